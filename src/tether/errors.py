@@ -1,0 +1,27 @@
+"""Host-side errors: everything in ``tether_rpc.errors`` plus the compiler's own.
+
+    TetherError
+    ├── ... (see tether_rpc.errors)
+    ├── CompileError             lowering or LLVM code generation failed
+    │   ├── ScheduleError        an illegal schedule; the message says why
+    │   └── UnsupportedOpError   an op / dtype / target combination tether cannot compile (also NotImplementedError)
+    └── LinkerNotFound           no ld.lld: install the ziglang wheel (pip install ziglang) or a system lld
+"""
+from tether_rpc.errors import *  # noqa: F401,F403 - one tree for host and device
+from tether_rpc.errors import TetherError
+
+
+class CompileError(TetherError):
+    pass
+
+
+class ScheduleError(CompileError):
+    pass
+
+
+class UnsupportedOpError(CompileError, NotImplementedError):
+    pass
+
+
+class LinkerNotFound(TetherError):
+    pass
