@@ -1,0 +1,1 @@
+"""Command-line interface: `tether` (a group), `rpc-server` and `rpc-tracker`."""
