@@ -1,0 +1,505 @@
+"""The tether wire protocol: framing, message types, limits, tensor/handle ext types and handshake helpers.
+
+Wire format (``docs/protocol.md`` is the language-neutral reference; a test keeps the two in step)::
+
+    frame   = length:u32 big-endian  body:length bytes
+    body    = msgpack array [msg_type:int, request_id:int, payload:map]   (map keys are strings)
+    bulk    = if payload has "nbytes": K, exactly K raw bytes follow the frame on the wire
+
+* A frame is written with one send call (header and body concatenated, or one ``sendmsg``), never two.
+* ``request_id`` is chosen by the caller of a CALL and echoed on every EVENT, RETURN and ERROR for it;
+  0 means "the session itself" (handshake frames, a crashed or timed-out session).
+* Message types 1-63 are the RPC core (:class:`MsgType`); 64-127 are reserved for the tracker, which defines
+  its own enum on top of the generic :func:`encode_frame` / :class:`FrameBuffer` below.
+* msgpack ext type 1 is a tensor, ext type 2 a remote handle; any other ext type is a protocol error.
+
+  tensor ext data = dtype_len:u8  dtype:ascii  ndim:u8  shape:ndim x u64 big-endian  raw element bytes
+                    (dtype is a numpy name such as "float32"; elements are little-endian, C order)
+  handle ext data = id:u64 big-endian
+
+Everything a peer sends is checked against :class:`Limits` before anything is allocated for it.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Optional, Tuple
+
+import msgpack
+import numpy as np
+
+from .errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError, TetherTimeout, VersionMismatch
+
+PROTOCOL_MAGIC = "tether-rpc"
+PROTOCOL_VERSION = 1
+#: Capabilities this implementation offers; a peer ignores names it does not know.
+CAPABILITIES = ("bulk", "events", "tensor-ext", "handle-ext", "auth-hmac-sha256")
+
+HEADER = struct.Struct(">I")
+HEADER_SIZE = HEADER.size
+
+EXT_TENSOR = 1
+EXT_HANDLE = 2
+
+#: Message types 64..127 belong to the tracker (see the tracker's own module).
+TRACKER_TYPE_MIN = 64
+TRACKER_TYPE_MAX = 127
+
+
+class MsgType(enum.IntEnum):
+    """Core message types. Values are part of the wire format: never renumber."""
+
+    HELLO = 1       # client -> server  {magic, version, caps, match?, wait?, client?}
+    CHALLENGE = 2   # server -> client  {algo, nonce}
+    AUTH = 3        # client -> server  {nonce, mac}
+    WELCOME = 4     # server -> client  {version, caps, server, session, proof?}
+    CALL = 5        # client -> server  {fn, args, nbytes?}
+    RETURN = 6      # server -> client  {value, nbytes?}
+    ERROR = 7       # either direction  {type, message, traceback}
+    EVENT = 8       # server -> client  {kind, ...}
+    CLOSE = 9       # either direction  {reason?}
+
+
+class ErrorType:
+    """Well-known ERROR ``type`` strings (a remote Python exception uses its class name)."""
+
+    VERSION_MISMATCH = "VersionMismatch"
+    AUTHENTICATION = "AuthenticationError"
+    PROTOCOL = "ProtocolError"
+    FRAME_TOO_LARGE = "FrameTooLarge"
+    DEVICE_BUSY = "DeviceBusy"
+    SESSION_CRASHED = "SessionCrashed"
+    TIMEOUT = "TetherTimeout"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on what a peer may make us allocate. Checked before allocation."""
+
+    max_frame: int = 16 << 20          # one msgpack body; larger data travels as bulk bytes
+    max_bulk: int = 4 << 30            # bytes following one frame
+    max_str: int = 1 << 20
+    max_bin: int = 16 << 20
+    max_array: int = 1 << 16
+    max_map: int = 1 << 12
+    max_ext: int = 16 << 20
+    max_depth: int = 32
+    max_ndim: int = 32
+
+    def unpack_options(self) -> dict:
+        return dict(max_str_len=self.max_str, max_bin_len=self.max_bin, max_array_len=self.max_array,
+                    max_map_len=self.max_map, max_ext_len=self.max_ext)
+
+
+DEFAULT_LIMITS = Limits()
+#: Tight limits for frames from a peer that has not finished its handshake (the server's parent process).
+HANDSHAKE_LIMITS = Limits(max_frame=64 << 10, max_bulk=0, max_str=4096, max_bin=4096, max_array=64, max_map=32,
+                          max_ext=0, max_depth=4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ext types
+
+class RemoteHandle:
+    """An object (array, module, function) living in a remote session, named by its 64-bit id."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int):
+        if not isinstance(id, int) or not 0 <= id < 1 << 64:
+            raise ProtocolError("a remote handle id must be an unsigned 64-bit int, got %r" % (id,))
+        self.id = id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteHandle) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("RemoteHandle", self.id))
+
+    def __repr__(self) -> str:
+        return "RemoteHandle(%d)" % self.id
+
+
+_U64 = struct.Struct(">Q")
+# Only plain numeric/bool dtypes cross the wire: never object arrays, never structured dtypes.
+TENSOR_DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                           "float16", "float32", "float64"])
+
+
+def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
+    """The ext-1 prefix for a tensor; the raw element bytes follow it."""
+    name = np.dtype(dtype).name
+    if name not in TENSOR_DTYPES:
+        raise ProtocolError("dtype %r cannot travel as a tensor (allowed: %s)" % (name, ", ".join(sorted(TENSOR_DTYPES))))
+    encoded = name.encode("ascii")
+    return (bytes((len(encoded),)) + encoded + bytes((len(shape),))
+            + b"".join(_U64.pack(int(d)) for d in shape))
+
+
+def encode_tensor(array: np.ndarray) -> msgpack.ExtType:
+    # ascontiguousarray turns 0-d arrays into 1-d ones, hence the reshape
+    arr = np.ascontiguousarray(array).reshape(np.shape(array))
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return msgpack.ExtType(EXT_TENSOR, tensor_header(arr.dtype.name, arr.shape) + arr.tobytes())
+
+
+def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
+    """Decode ext-1 data zero-copy (the array is a read-only view of ``data``)."""
+    try:
+        n = data[0]
+        name = bytes(data[1:1 + n]).decode("ascii")
+        pos = 1 + n
+        ndim = data[pos]
+        pos += 1
+    except (IndexError, UnicodeDecodeError):
+        raise ProtocolError("malformed tensor ext: truncated or non-ascii dtype") from None
+    if name not in TENSOR_DTYPES:
+        raise ProtocolError("tensor ext names dtype %r, which is not accepted" % name)
+    if ndim > limits.max_ndim:
+        raise ProtocolError("tensor ext has %d dimensions (limit %d)" % (ndim, limits.max_ndim))
+    if len(data) < pos + 8 * ndim:
+        raise ProtocolError("malformed tensor ext: shape truncated")
+    shape = tuple(_U64.unpack_from(data, pos + 8 * i)[0] for i in range(ndim))
+    pos += 8 * ndim
+    dtype = np.dtype(name).newbyteorder("<") if name not in ("bool", "int8", "uint8") else np.dtype(name)
+    count = 1
+    for d in shape:
+        count *= d
+    if count * dtype.itemsize != len(data) - pos:
+        raise ProtocolError("tensor ext of shape %s %s needs %d bytes, carries %d"
+                            % (shape, name, count * dtype.itemsize, len(data) - pos))
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=pos).reshape(shape)
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return encode_tensor(obj)
+    if isinstance(obj, RemoteHandle):
+        return msgpack.ExtType(EXT_HANDLE, _U64.pack(obj.id))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError("cannot send %s over tether rpc (use numbers, str, bytes, lists, dicts, numpy arrays)"
+                    % type(obj).__name__)
+
+
+def _make_ext_hook(limits: Limits):
+    def ext_hook(code: int, data: bytes) -> Any:
+        if code == EXT_TENSOR:
+            return decode_tensor(data, limits)
+        if code == EXT_HANDLE:
+            if len(data) != 8:
+                raise ProtocolError("handle ext must carry 8 bytes, got %d" % len(data))
+            return RemoteHandle(_U64.unpack(data)[0])
+        raise ProtocolError("unknown msgpack ext type %d" % code)
+    return ext_hook
+
+
+def _check_depth(obj: Any, max_depth: int) -> None:
+    # msgpack itself stops at 1024 levels; we want a much lower bound without a recursive walk.
+    stack = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise ProtocolError("frame nests deeper than %d levels" % max_depth)
+        if isinstance(item, list):
+            stack.extend((x, depth + 1) for x in item if isinstance(x, (list, dict)))
+        elif isinstance(item, dict):
+            stack.extend((x, depth + 1) for x in item.values() if isinstance(x, (list, dict)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# frames
+
+def encode_body(msg_type: int, request_id: int, payload: dict) -> bytes:
+    return msgpack.packb([int(msg_type), request_id, payload], default=_default, use_bin_type=True)
+
+
+def encode_frame(msg_type: int, request_id: int, payload: Optional[dict] = None) -> bytes:
+    """Header + body as one bytes object, ready for a single send call."""
+    body = encode_body(msg_type, request_id, {} if payload is None else payload)
+    return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: Any, limits: Limits = DEFAULT_LIMITS) -> Tuple[int, int, dict]:
+    """Decode one frame body (bytes-like) into ``(msg_type, request_id, payload)``."""
+    try:
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=True, ext_hook=_make_ext_hook(limits),
+                              **limits.unpack_options())
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises ValueError/FormatError/StackError/ExtraData/TypeError
+        raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from None
+    if not (isinstance(obj, list) and len(obj) == 3 and type(obj[0]) is int and type(obj[1]) is int
+            and isinstance(obj[2], dict)):
+        raise ProtocolError("a frame body must be [msg_type:int, request_id:int, payload:map], got %.80r" % (obj,))
+    if not 0 < obj[0] < 256 or obj[1] < 0:
+        raise ProtocolError("bad msg_type %d or request_id %d" % (obj[0], obj[1]))
+    _check_depth(obj[2], limits.max_depth)
+    return obj[0], obj[1], obj[2]
+
+
+def bulk_size(payload: dict, limits: Limits = DEFAULT_LIMITS) -> int:
+    """How many raw bytes follow the frame carrying ``payload`` (checked against the limit)."""
+    n = payload.get("nbytes", 0)
+    if type(n) is not int or n < 0:
+        raise ProtocolError("nbytes must be a non-negative int, got %r" % (n,))
+    if n > limits.max_bulk:
+        raise FrameTooLarge("bulk payload of %d bytes exceeds the limit of %d" % (n, limits.max_bulk))
+    return n
+
+
+class FrameBuffer:
+    """Sans-IO frame decoder over one reusable buffer: fill it (``recv_into`` :meth:`free_space`), then pop frames.
+
+    Small frames are decoded straight out of the buffer, so one ``recv_into`` usually yields whole frames.
+    The header's length is checked against ``limits.max_frame`` before any buffer grows for it.
+    """
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, size: int = 256 << 10):
+        self.limits = limits
+        self._buf = bytearray(size)
+        self._start = 0
+        self._end = 0
+
+    @property
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def free_space(self, need: int = 1) -> memoryview:
+        """A writable view after the buffered bytes, compacting/growing so that at least ``need`` bytes fit."""
+        if self._start == self._end:
+            self._start = self._end = 0
+        if len(self._buf) - self._end < need:
+            used = self._end - self._start
+            if used + need > len(self._buf):
+                new = bytearray(max(used + need, len(self._buf)))
+                new[:used] = self._buf[self._start:self._end]
+                self._buf = new
+            else:
+                self._buf[:used] = self._buf[self._start:self._end]
+            self._start, self._end = 0, used
+        return memoryview(self._buf)[self._end:]
+
+    def wrote(self, n: int) -> None:
+        self._end += n
+
+    def feed(self, data: bytes) -> None:
+        view = self.free_space(len(data))
+        view[:len(data)] = data
+        self._end += len(data)
+
+    def missing(self) -> int:
+        """Bytes still needed for the next complete frame (header included); 0 if one is ready."""
+        avail = self._end - self._start
+        if avail < HEADER_SIZE:
+            return HEADER_SIZE - avail
+        (n,) = HEADER.unpack_from(self._buf, self._start)
+        if n > self.limits.max_frame:
+            raise FrameTooLarge("frame of %d bytes exceeds the limit of %d" % (n, self.limits.max_frame))
+        return max(0, HEADER_SIZE + n - avail)
+
+    def next_frame(self) -> Optional[Tuple[int, int, dict]]:
+        """Pop one decoded frame, or None if not all of it has arrived."""
+        if self.missing():
+            return None
+        (n,) = HEADER.unpack_from(self._buf, self._start)
+        begin = self._start + HEADER_SIZE
+        with memoryview(self._buf) as view:
+            frame = decode_body(view[begin:begin + n], self.limits)
+        self._start = begin + n
+        return frame
+
+    def take(self, dest: memoryview) -> int:
+        """Move already-buffered bytes (the start of a bulk payload) into ``dest``; returns how many."""
+        n = min(len(dest), self._end - self._start)
+        if n:
+            dest[:n] = self._buf[self._start:self._start + n]
+            self._start += n
+        return n
+
+
+def _recv_some(sock: socket.socket, view: memoryview) -> int:
+    try:
+        n = sock.recv_into(view)
+    except socket.timeout:
+        raise TetherTimeout("timed out waiting for data from the peer") from None
+    except (ConnectionResetError, BrokenPipeError) as exc:
+        raise ConnectionClosed("connection lost: %s" % exc) from None
+    if n == 0:
+        raise ConnectionClosed("the peer closed the connection")
+    return n
+
+
+class FrameReader:
+    """Blocking frame reader over a socket (honours the socket's timeout)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, sock: socket.socket, limits: Limits = DEFAULT_LIMITS, buffer: Optional[FrameBuffer] = None):
+        self.sock = sock
+        self.buffer = buffer if buffer is not None else FrameBuffer(limits)
+
+    @property
+    def limits(self) -> Limits:
+        return self.buffer.limits
+
+    def read_frame(self) -> Tuple[int, int, dict]:
+        buf = self.buffer
+        while True:
+            need = buf.missing()
+            if not need:
+                return buf.next_frame()  # type: ignore[return-value]
+            buf.wrote(_recv_some(self.sock, buf.free_space(min(need, 1 << 20))))
+
+    def read_into(self, dest: memoryview) -> None:
+        """Fill ``dest`` exactly with bulk bytes: buffered leftovers first, then ``recv_into`` in place."""
+        dest = memoryview(dest).cast("B")
+        pos = self.buffer.take(dest)
+        total = len(dest)
+        while pos < total:
+            pos += _recv_some(self.sock, dest[pos:pos + self.CHUNK])
+
+    def read_bulk(self, n: int) -> bytearray:
+        if n > self.limits.max_bulk:
+            raise FrameTooLarge("bulk payload of %d bytes exceeds the limit of %d" % (n, self.limits.max_bulk))
+        out = bytearray(n)
+        self.read_into(memoryview(out))
+        return out
+
+    def skip(self, n: int) -> None:
+        """Discard ``n`` bulk bytes (a refused upload) without keeping them."""
+        scratch = memoryview(bytearray(min(n, self.CHUNK) or 1))
+        while n > 0:
+            step = min(n, len(scratch))
+            self.read_into(scratch[:step])
+            n -= step
+
+
+def send_buffers(sock: socket.socket, buffers: Iterable[Any]) -> None:
+    """Write several buffers with as few syscalls as possible (one ``sendmsg`` for small frames), no copies."""
+    views: List[memoryview] = [memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if len(v)]
+    try:
+        while views:
+            sent = sock.sendmsg(views[:64])
+            while sent and views:
+                if sent >= len(views[0]):
+                    sent -= len(views[0])
+                    views.pop(0)
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+    except socket.timeout:
+        raise TetherTimeout("timed out sending to the peer") from None
+    except (ConnectionResetError, BrokenPipeError) as exc:
+        raise ConnectionClosed("connection lost while sending: %s" % exc) from None
+
+
+def send_frame(sock: socket.socket, msg_type: int, request_id: int, payload: Optional[dict] = None,
+               bulk: Any = None) -> None:
+    """Send one frame (one send call); with ``bulk``, its size goes into ``payload["nbytes"]`` and its bytes follow."""
+    if bulk is None:
+        data = encode_frame(msg_type, request_id, payload)
+        try:
+            sock.sendall(data)
+        except socket.timeout:
+            raise TetherTimeout("timed out sending to the peer") from None
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise ConnectionClosed("connection lost while sending: %s" % exc) from None
+        return
+    view = memoryview(bulk).cast("B")
+    payload = dict(payload or {})
+    payload["nbytes"] = len(view)
+    send_buffers(sock, [encode_frame(msg_type, request_id, payload), view])
+
+
+def configure_socket(sock: socket.socket) -> None:
+    """TCP_NODELAY: small frames leave at once (Nagle + delayed ACK costs tens of ms per call otherwise)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def error_payload(exc: BaseException, traceback_text: Optional[str] = None) -> dict:
+    return {"type": getattr(exc, "remote_type", None) or type(exc).__name__, "message": str(exc),
+            "traceback": traceback_text or ""}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# handshake
+
+AUTH_ALGO = "hmac-sha256"
+NONCE_SIZE = 32
+_CLIENT_CONTEXT = b"tether-auth-v1/client"
+_SERVER_CONTEXT = b"tether-auth-v1/server"
+
+
+def make_nonce() -> bytes:
+    return os.urandom(NONCE_SIZE)
+
+
+def client_mac(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """What the client sends in AUTH: proof it knows the token, bound to both fresh nonces."""
+    return hmac.new(token.encode("utf-8"), _CLIENT_CONTEXT + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def server_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """What the server sends in WELCOME: proof that it knows the token too (mutual authentication)."""
+    return hmac.new(token.encode("utf-8"), _SERVER_CONTEXT + client_nonce + server_nonce, hashlib.sha256).digest()
+
+
+def macs_equal(a: Any, b: Any) -> bool:
+    return isinstance(a, bytes) and isinstance(b, bytes) and hmac.compare_digest(a, b)
+
+
+def hello_payload(caps: Iterable[str] = CAPABILITIES, match: Optional[str] = None, wait: bool = True,
+                  client: str = "tether-py", version: int = PROTOCOL_VERSION) -> dict:
+    payload = {"magic": PROTOCOL_MAGIC, "version": version, "caps": list(caps), "wait": wait, "client": client}
+    if match is not None:
+        payload["match"] = match
+    return payload
+
+
+def check_hello(payload: dict) -> dict:
+    """Validate a HELLO payload; raises ProtocolError / VersionMismatch naming both versions."""
+    if payload.get("magic") != PROTOCOL_MAGIC:
+        raise ProtocolError("not a tether client: HELLO magic is %.40r, expected %r" % (payload.get("magic"), PROTOCOL_MAGIC))
+    version = payload.get("version")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatch("client speaks tether protocol version %r, this server speaks version %d"
+                              % (version, PROTOCOL_VERSION))
+    caps = payload.get("caps", [])
+    if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+        raise ProtocolError("HELLO caps must be a list of strings")
+    match = payload.get("match")
+    if match is not None and not isinstance(match, str):
+        raise ProtocolError("HELLO match must be a string")
+    return {"caps": caps, "match": match, "wait": bool(payload.get("wait", True)),
+            "client": str(payload.get("client", ""))[:64]}
+
+
+def check_welcome(payload: dict) -> dict:
+    version = payload.get("version")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatch("server speaks tether protocol version %r, this client speaks version %d"
+                              % (version, PROTOCOL_VERSION))
+    return payload
+
+
+def check_auth(token: str, server_nonce: bytes, payload: dict) -> bytes:
+    """Verify an AUTH payload in constant time; returns the client nonce (for the server proof)."""
+    client_nonce = payload.get("nonce")
+    mac = payload.get("mac")
+    if not isinstance(client_nonce, bytes) or len(client_nonce) != NONCE_SIZE:
+        raise AuthenticationError("AUTH must carry a %d-byte nonce" % NONCE_SIZE)
+    if not macs_equal(mac, client_mac(token, server_nonce, client_nonce)):
+        raise AuthenticationError("wrong token: the server refused the authentication")
+    return client_nonce

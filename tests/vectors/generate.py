@@ -1,0 +1,117 @@
+"""Regenerate tests/vectors/frames.json from the meanings below (run only when the wire format changes on purpose).
+
+The JSON file, not this script, is the reference: every implementation (Python, the Android app's Java) must
+decode each ``valid`` frame's hex to its meaning, encode the meaning back to the same bytes, and reject each
+``invalid`` frame with the named error (``Incomplete``: the decoder must wait for more bytes).
+
+JSON encoding of a meaning's values: numbers, strings, booleans, null, lists and maps as themselves;
+``{"$bin": hex}`` for msgpack bin; ``{"$tensor": {"dtype", "shape", "data": hex}}`` for ext 1 (little-endian
+element bytes); ``{"$handle": id}`` for ext 2.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+from tether_rpc import protocol as p
+
+HERE = pathlib.Path(__file__).parent
+
+NONCE_S = "00" * 31 + "01"
+NONCE_C = "ff" * 31 + "02"
+
+VALID = [
+    ("hello", p.MsgType.HELLO, 0, {"magic": "tether-rpc", "version": 1, "caps": ["bulk", "events"], "wait": True,
+                                   "client": "tether-java"}),
+    ("hello_with_match", p.MsgType.HELLO, 0, {"magic": "tether-rpc", "version": 1, "caps": [], "wait": False,
+                                              "client": "x", "match": "grant-1234"}),
+    ("challenge", p.MsgType.CHALLENGE, 0, {"algo": "hmac-sha256", "nonce": {"$bin": NONCE_S}}),
+    ("auth", p.MsgType.AUTH, 0, {"nonce": {"$bin": NONCE_C}, "mac": {"$bin": "ab" * 32}}),
+    ("welcome", p.MsgType.WELCOME, 0, {"version": 1, "caps": ["bulk"], "server": "tether-rpc/0.1.0",
+                                       "session": 3}),
+    ("call_echo", p.MsgType.CALL, 1, {"fn": "tether.echo", "args": [1]}),
+    ("call_echo_values", p.MsgType.CALL, 2, {"fn": "tether.echo", "args": [
+        -1, 300, 1 << 40, 1.5, "héllo", None, True, {"$bin": "00ff"}, [1, [2, {"k": "v"}]]]}),
+    ("call_handle", p.MsgType.CALL, 9, {"fn": {"$handle": 42}, "args": [{"$handle": 1}, {"$handle": 2}]}),
+    ("call_tensor", p.MsgType.CALL, 10, {"fn": "tether.echo", "args": [
+        {"$tensor": {"dtype": "float32", "shape": [2, 2], "data": "0000803f000000400000404000008040"}}]}),
+    ("call_tensor_int8_scalar", p.MsgType.CALL, 11, {"fn": "tether.echo", "args": [
+        {"$tensor": {"dtype": "int8", "shape": [], "data": "fe"}}]}),
+    ("call_copy_in_bulk_header", p.MsgType.CALL, 12, {"fn": "tether.array.copy_in", "args": [{"$handle": 7}],
+                                                      "nbytes": 4096}),
+    ("return_value", p.MsgType.RETURN, 1, {"value": 1}),
+    ("return_bulk_header", p.MsgType.RETURN, 13, {"value": None, "nbytes": 65536}),
+    ("error", p.MsgType.ERROR, 5, {"type": "ValueError", "message": "bad", "traceback": "Traceback ...\n"}),
+    ("error_crash", p.MsgType.ERROR, 0, {"type": "SessionCrashed",
+                                         "message": "the session worker died from signal 11 (SIGSEGV)",
+                                         "traceback": ""}),
+    ("event_sample", p.MsgType.EVENT, 4, {"kind": "sample", "index": 0, "seconds": 0.00125}),
+    ("event_log", p.MsgType.EVENT, 4, {"kind": "log", "stream": "stdout", "line": "hello"}),
+    ("event_progress", p.MsgType.EVENT, 6, {"kind": "progress", "done": 512, "total": 1024}),
+    ("event_queued", p.MsgType.EVENT, 0, {"kind": "queued", "position": 1}),
+    ("close", p.MsgType.CLOSE, 0, {"reason": "bye"}),
+    ("tracker_range_type", 64, 3, {"key": "rasp4b"}),
+]
+
+INVALID = [
+    ("unknown_ext_type", "0000000993050181a161d40300", "ProtocolError"),
+    ("body_not_array", "00000001c0", "ProtocolError"),
+    ("body_wrong_arity", "000000039201 02", "ProtocolError"),
+    ("payload_not_map", "000000049305 0101", "ProtocolError"),
+    ("msg_type_not_int", "0000000593a1780180", "ProtocolError"),
+    ("int_map_key", "0000000693050181 0101", "ProtocolError"),
+    ("trailing_bytes", "000000059305018000", "ProtocolError"),
+    ("truncated_msgpack", "000000049305 0182", "ProtocolError"),
+    ("incomplete_frame", "000000069305018182", "Incomplete"),
+    ("tensor_size_mismatch", "0000001a93050181a161c7110107666c6f617433320100000000000000 02", "ProtocolError"),
+    ("tensor_object_dtype", "0000001193050181a161c70801 066f626a656374 00", "ProtocolError"),
+    ("oversized_frame", "7fffffff930501", "FrameTooLarge"),
+]
+
+
+def to_wire(value):
+    import numpy as np
+    if isinstance(value, dict):
+        if set(value) == {"$bin"}:
+            return bytes.fromhex(value["$bin"])
+        if set(value) == {"$handle"}:
+            return p.RemoteHandle(value["$handle"])
+        if set(value) == {"$tensor"}:
+            t = value["$tensor"]
+            return np.frombuffer(bytes.fromhex(t["data"]), dtype=np.dtype(t["dtype"]).newbyteorder("<")).reshape(
+                t["shape"])
+        return {k: to_wire(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_wire(v) for v in value]
+    return value
+
+
+def to_json(value):
+    import numpy as np
+    if isinstance(value, bytes):
+        return {"$bin": value.hex()}
+    if isinstance(value, p.RemoteHandle):
+        return {"$handle": value.id}
+    if isinstance(value, np.ndarray):
+        return {"$tensor": {"dtype": value.dtype.name, "shape": list(value.shape),
+                            "data": value.astype(value.dtype.newbyteorder("<")).tobytes().hex()}}
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    return value
+
+
+def main() -> None:
+    valid = [{"name": name, "hex": p.encode_frame(t, rid, to_wire(payload)).hex(),
+              "meaning": {"msg_type": int(t), "request_id": rid, "payload": payload}}
+             for name, t, rid, payload in VALID]
+    invalid = [{"name": name, "hex": hx.replace(" ", ""), "error": err} for name, hx, err in INVALID]
+    doc = {"protocol_version": p.PROTOCOL_VERSION,
+           "msg_types": {m.name: int(m) for m in p.MsgType},
+           "valid": valid, "invalid": invalid}
+    (HERE / "frames.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()
