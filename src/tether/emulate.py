@@ -1,0 +1,588 @@
+"""Emulated ARM devices: a Debian arm64/armhf userland run by qemu-user, with the real device server inside.
+
+A userland is ``mmdebstrap --variant=extract`` of python3 + python3-numpy + python3-msgpack (Debian bookworm),
+fixed up by hand because the extract variant runs no maintainer scripts, and cached once per user under
+``$XDG_CACHE_HOME/tether/userlands/<arch>`` (or ``~/.cache/...``). No binfmt_misc is needed: qemu is started
+explicitly with ``-L <rootfs>`` so the guest's absolute paths resolve inside the userland first.
+
+The device server reaches the userland the way it reaches a board: the single-file zipapp from
+``tether.bundle`` is copied in and run by Debian's own python3; the host package never enters the guest.
+
+Facts that shape this module (measured, see docs/emulation.md):
+- ``-L`` falls back to host paths for anything missing in the rootfs, writes included. We delete the rootfs
+  ``/tmp`` so session folders land in the host's ``/tmp``, and ``/proc`` is the host's (qemu fakes ``uname``).
+- The guest python cannot exec guest binaries, so everything inside uses fork, never spawn/subprocess.
+- ``-cpu max`` (qemu's default) enables SVE, which upsets OpenBLAS; we always pass a real board CPU.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Callable, Iterator, Optional, Sequence, Union
+
+from tether.errors import TetherError
+
+log = logging.getLogger(__name__)
+
+SUITE = "bookworm"
+PACKAGES = ("python3", "python3-numpy", "python3-msgpack")
+# Bump when the recipe changes, so cached userlands built by an older recipe are rebuilt.
+RECIPE_VERSION = 1
+STAMP_NAME = "userland.json"
+INSTALL_HINT = "apt-get install --no-install-recommends qemu-user mmdebstrap"
+BUILD_TIMEOUT_S = 1200.0
+MMDEBSTRAP_ATTEMPTS = 3
+GUEST_BUNDLE_DIR = "/opt/tether"
+
+
+class EmulationError(TetherError, RuntimeError):
+    """An emulated device could not be built or started; the message says what failed and what to do."""
+
+
+class EmulatorUnavailable(EmulationError):
+    """A tool (qemu-user, mmdebstrap) or a privilege (root) that emulation needs is missing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+    """One emulated architecture: tether's name, Debian's, qemu's, and the board it stands for."""
+    name: str          # tether arch name, as in module metadata
+    debian_arch: str
+    qemu: str          # qemu-user binary
+    default_cpu: str   # the CPU of the board the preset targets
+    multiarch: str     # Debian multiarch library folder
+    preset: str        # tether target preset compiled for this device
+    uname_machine: str
+
+
+ARCHES: dict[str, ArchSpec] = {
+    "aarch64": ArchSpec("aarch64", "arm64", "qemu-aarch64", "cortex-a72", "aarch64-linux-gnu", "rasp4b", "aarch64"),
+    "armv7": ArchSpec("armv7", "armhf", "qemu-arm", "cortex-a7", "arm-linux-gnueabihf", "rasp3b", "armv7l"),
+}
+_ALIASES = {"arm64": "aarch64", "armhf": "armv7", "arm": "armv7", "armv7l": "armv7", "armv7a": "armv7"}
+
+
+def arch_spec(arch: str) -> ArchSpec:
+    name = _ALIASES.get(arch, arch)
+    if name not in ARCHES:
+        raise EmulationError("unknown emulated arch %r: choose one of %s" % (arch, ", ".join(sorted(ARCHES))))
+    return ARCHES[name]
+
+
+def cache_root() -> pathlib.Path:
+    """Where userlands are cached: $TETHER_USERLAND_CACHE, else $XDG_CACHE_HOME/tether/userlands, else ~/.cache/..."""
+    explicit = os.environ.get("TETHER_USERLAND_CACHE")
+    if explicit:
+        return pathlib.Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "tether" / "userlands"
+
+
+def find_qemu(spec: ArchSpec) -> Optional[str]:
+    """The qemu-user binary for ``spec``: Debian's qemu-user, or qemu-user-static's ``-static`` name."""
+    return shutil.which(spec.qemu) or shutil.which(spec.qemu + "-static")
+
+
+def missing_tools(spec: ArchSpec, *, building: bool) -> list[str]:
+    """Human-readable list of what this machine lacks to build (``building``) or run a userland."""
+    missing = []
+    if find_qemu(spec) is None:
+        missing.append("%s (package qemu-user)" % spec.qemu)
+    if building:
+        if shutil.which("mmdebstrap") is None:
+            missing.append("mmdebstrap (package mmdebstrap)")
+        if os.geteuid() != 0:
+            missing.append("root privileges (mmdebstrap --mode=root)")
+    return missing
+
+
+def _require_tools(spec: ArchSpec, *, building: bool) -> None:
+    missing = missing_tools(spec, building=building)
+    if missing:
+        what = "build" if building else "run"
+        raise EmulatorUnavailable(
+            "cannot %s the emulated %s device: missing %s. Install the tools with `%s` (as root); a userland is "
+            "built once as root (e.g. `sudo scripts/setup_emulated_device.sh --arch %s --cache-dir DIR`) and then "
+            "runs as any user via TETHER_USERLAND_CACHE=DIR."
+            % (what, spec.name, ", ".join(missing), INSTALL_HINT, spec.name))
+
+
+@dataclasses.dataclass
+class Userland:
+    """A built, cached userland."""
+    spec: ArchSpec
+    path: pathlib.Path          # the folder holding rootfs/ and the stamp
+    stamp: dict
+
+    @property
+    def rootfs(self) -> pathlib.Path:
+        return self.path / "rootfs"
+
+    @property
+    def python(self) -> pathlib.Path:
+        return self.rootfs / "usr" / "bin" / "python3"
+
+    def command(self, args: Sequence[str], *, cpu: Optional[str] = None) -> list[str]:
+        """The host argv that runs ``python3 *args`` inside the userland under qemu-user."""
+        qemu = find_qemu(self.spec)
+        if qemu is None:
+            _require_tools(self.spec, building=False)
+        return [qemu, "-cpu", cpu or self.spec.default_cpu, "-L", str(self.rootfs), str(self.python), *args]
+
+    def guest_path(self, guest_abs: str) -> pathlib.Path:
+        """The host path of an absolute guest path inside the rootfs."""
+        return self.rootfs / guest_abs.lstrip("/")
+
+    def run_python(self, args: Sequence[str], *, cpu: Optional[str] = None, timeout: float = 120.0,
+                   check: bool = True) -> subprocess.CompletedProcess:
+        """Run the guest python to completion (used for checks, not for servers)."""
+        argv = self.command(args, cpu=cpu)
+        proc = subprocess.run(argv, env=guest_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=timeout, text=True)
+        if check and proc.returncode != 0:
+            raise EmulationError("guest python %s failed (exit %d): %s"
+                                 % (" ".join(args), proc.returncode, proc.stderr.strip()[-2000:]))
+        return proc
+
+
+def guest_env() -> dict:
+    """A clean environment for the guest: no host PYTHON*/QEMU_* variables leak into the emulated device."""
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp"}
+
+
+def _userland_dir(spec: ArchSpec, cache: Optional[pathlib.Path]) -> pathlib.Path:
+    return (cache or cache_root()) / spec.name
+
+
+def _read_stamp(path: pathlib.Path) -> Optional[dict]:
+    try:
+        stamp = json.loads((path / STAMP_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    if stamp.get("recipe") != RECIPE_VERSION or not (path / "rootfs" / "usr" / "bin" / "python3").exists():
+        return None
+    return stamp
+
+
+def cached_userland(arch: str, *, cache: Optional[pathlib.Path] = None) -> Optional[Userland]:
+    """The cached userland for ``arch`` if a complete one exists (no tools needed), else None."""
+    spec = arch_spec(arch)
+    path = _userland_dir(spec, cache)
+    stamp = _read_stamp(path)
+    return Userland(spec, path, stamp) if stamp is not None else None
+
+
+@contextlib.contextmanager
+def _build_lock(path: pathlib.Path, timeout: float) -> Iterator[None]:
+    """One builder per userland across processes (parallel test workers, a CLI and a test run)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / (".%s.lock" % path.name), "w") as fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise EmulationError("timed out after %.0f s waiting for another build of %s" % (timeout, path))
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_userland(arch: str, *, cache: Optional[pathlib.Path] = None, suite: str = SUITE,
+                    mirrors: Sequence[str] = (), force: bool = False,
+                    progress: Optional[Callable[[str], None]] = None) -> Userland:
+    """Return the cached userland for ``arch``, building it first if needed (idempotent; stamp-checked).
+
+    Raises EmulatorUnavailable (naming what to install) when qemu-user, mmdebstrap or root is missing.
+    """
+    spec = arch_spec(arch)
+    path = _userland_dir(spec, cache)
+    if not force:
+        stamp = _read_stamp(path)
+        if stamp is not None:
+            _require_tools(spec, building=False)
+            return Userland(spec, path, stamp)
+    _require_tools(spec, building=True)
+    with _build_lock(path, timeout=BUILD_TIMEOUT_S):
+        stamp = None if force else _read_stamp(path)   # another process may have finished it meanwhile
+        if stamp is None:
+            stamp = _build(spec, path, suite=suite, mirrors=mirrors, progress=progress or (lambda s: None))
+    return Userland(spec, path, stamp)
+
+
+def default_sources(suite: str = SUITE) -> list[str]:
+    """Debian's archive, updates and security sources for ``suite`` (mmdebstrap's own defaults, made explicit)."""
+    return ["deb http://deb.debian.org/debian %s main" % suite,
+            "deb http://deb.debian.org/debian %s-updates main" % suite,
+            "deb http://deb.debian.org/debian-security %s-security main" % suite]
+
+
+def _build(spec: ArchSpec, path: pathlib.Path, *, suite: str, mirrors: Sequence[str],
+           progress: Callable[[str], None]) -> dict:
+    t0 = time.monotonic()
+    path.mkdir(parents=True, exist_ok=True)
+    (path / STAMP_NAME).unlink(missing_ok=True)
+    staging = path / ("rootfs.partial-%d" % os.getpid())
+    _rmtree(staging)
+    logfile = path / "build.log"
+    sources = list(mirrors) if mirrors else default_sources(suite)
+    progress("mmdebstrap %s (%s) -> %s" % (suite, spec.debian_arch, path))
+    try:
+        for attempt in range(1, MMDEBSTRAP_ATTEMPTS + 1):
+            argv = ["mmdebstrap", "--variant=extract", "--mode=root", "--arch=" + spec.debian_arch,
+                    "--include=" + ",".join(PACKAGES), suite, str(staging), *sources]
+            with open(logfile, "w") as logfh:
+                proc = subprocess.run(argv, stdout=logfh, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S)
+            if proc.returncode == 0:
+                break
+            text = logfile.read_text(errors="replace")
+            tail = text.strip().splitlines()[-15:]
+            _rmtree(staging)
+            if attempt == MMDEBSTRAP_ATTEMPTS:
+                raise EmulationError("mmdebstrap failed for %s (exit %d, %d attempts; full log %s):\n%s"
+                                     % (spec.debian_arch, proc.returncode, attempt, logfile, "\n".join(tail)))
+            if not mirrors and re.search(r"Failed to fetch \S*-security/", text):
+                # A security mirror caught mid-sync fails every retry for hours; the point release still
+                # carries the packages we need, so drop it rather than fail the whole set-up.
+                sources = [src for src in sources if "-security" not in src]
+                log.warning("the %s-security index could not be fetched; building the %s userland without "
+                            "security updates", suite, spec.name)
+            log.warning("mmdebstrap attempt %d for %s failed (%s); retrying", attempt, spec.debian_arch,
+                        tail[-3:] if tail else "no output")
+            progress("mmdebstrap failed (attempt %d), retrying in %d s" % (attempt, 3 * attempt))
+            time.sleep(3 * attempt)
+        t_fetch = time.monotonic() - t0
+        progress("fixing up the extracted userland")
+        linked = _link_blas(staging, spec)
+        _rmtree(staging / "tmp")      # the guest then uses the host /tmp (-L falls back to host paths)
+        _rmtree(path / "rootfs")
+        os.replace(staging, path / "rootfs")
+    except BaseException:
+        _rmtree(staging)
+        raise
+    userland = Userland(spec, path, {})
+    progress("byte-compiling the guest python")
+    compiled_by = _byte_compile(userland)
+    progress("checking python3 + numpy + msgpack under qemu")
+    versions = _probe_versions(userland)
+    stamp = {
+        "recipe": RECIPE_VERSION, "arch": spec.name, "debian_arch": spec.debian_arch, "suite": suite,
+        "packages": list(PACKAGES), "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "build_seconds": round(time.monotonic() - t0, 2), "mmdebstrap_seconds": round(t_fetch, 2),
+        "sources": sources, "blas_links": linked, "byte_compiled_by": compiled_by, "size_bytes": _du(path / "rootfs"), **versions,
+    }
+    tmp = path / (STAMP_NAME + ".tmp")
+    tmp.write_text(json.dumps(stamp, indent=1))
+    os.replace(tmp, path / STAMP_NAME)   # the stamp appears last: its presence means "complete"
+    log.info("built %s userland in %.1f s at %s", spec.name, stamp["build_seconds"], path)
+    return stamp
+
+
+def _link_blas(rootfs: pathlib.Path, spec: ArchSpec) -> list[str]:
+    """Create libblas.so.3/liblapack.so.3 (normally made by update-alternatives, which extract skips).
+
+    Relative links: an absolute target would resolve against the host's /usr/lib under qemu -L.
+    """
+    libdir = rootfs / "usr" / "lib" / spec.multiarch
+    made = []
+    for soname, candidates in (("libblas.so.3", ("openblas-pthread", "openblas-openmp", "openblas-serial",
+                                                 "blis-pthread", "blis-openmp", "blis-serial", "atlas", "blas")),
+                               ("liblapack.so.3", ("openblas-pthread", "openblas-openmp", "openblas-serial",
+                                                   "atlas", "lapack"))):
+        link = libdir / soname
+        if link.exists():
+            continue
+        for sub in candidates:
+            if (libdir / sub / soname).exists():
+                if link.is_symlink():
+                    link.unlink()      # a dangling alternatives link pointing at the host
+                link.symlink_to(sub + "/" + soname)
+                made.append("%s -> %s/%s" % (soname, sub, soname))
+                break
+        else:
+            raise EmulationError("no %s provider found under %s; numpy will not import" % (soname, libdir))
+    return made
+
+
+_MAGIC_RE = re.compile(r"MAGIC_NUMBER\s*=\s*\((\d+)\)\.to_bytes\(2,\s*'little'\)")
+
+
+def _guest_python_dirs(rootfs: pathlib.Path) -> tuple[str, list[pathlib.Path]]:
+    target = os.readlink(rootfs / "usr" / "bin" / "python3")      # python3 -> python3.11
+    version = target.rsplit("python", 1)[-1]
+    dirs = [rootfs / "usr" / "lib" / ("python" + version), rootfs / "usr" / "lib" / "python3" / "dist-packages"]
+    return version, [d for d in dirs if d.is_dir()]
+
+
+def _guest_magic(rootfs: pathlib.Path, version: str) -> Optional[int]:
+    src = rootfs / "usr" / "lib" / ("python" + version) / "importlib" / "_bootstrap_external.py"
+    try:
+        m = _MAGIC_RE.search(src.read_text())
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def _byte_compile(userland: Userland) -> str:
+    """Byte-compile the guest's stdlib and dist-packages (numpy import: 3.7 s -> 1.5 s under qemu).
+
+    The host python does it in seconds when its bytecode magic equals the guest's; otherwise the guest python
+    does it under qemu (slower, same result).
+    """
+    import importlib.util
+    version, dirs = _guest_python_dirs(userland.rootfs)
+    host_magic = int.from_bytes(importlib.util.MAGIC_NUMBER[:2], "little")
+    guest_magic = _guest_magic(userland.rootfs, version)
+    if guest_magic == host_magic:
+        argv = [sys.executable, "-m", "compileall", "-q", "-j0", *map(str, dirs)]
+        who = "host python %d.%d (magic %d)" % (sys.version_info[0], sys.version_info[1], host_magic)
+        env = dict(os.environ)
+        env.pop("SOURCE_DATE_EPOCH", None)   # keep timestamp-based pycs, which need no source hashing at import
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600, env=env)
+    else:
+        who = "guest python %s under qemu (host magic %d != guest %s)" % (version, host_magic, guest_magic)
+        proc = subprocess.run(userland.command(["-m", "compileall", "-q", *map(str, dirs)]), env=guest_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
+    if proc.returncode != 0:
+        # A few files failing (e.g. deliberately broken test data) does not spoil the rest of the cache.
+        log.warning("byte-compile by %s reported errors:\n%s", who, proc.stdout.decode(errors="replace")[-2000:])
+    return who
+
+
+def _probe_versions(userland: Userland) -> dict:
+    code = ("import json, platform, sys, numpy, msgpack; print(json.dumps({'python_version': platform."
+            "python_version(), 'numpy_version': numpy.__version__, 'msgpack_version': '.'.join(map(str, "
+            "msgpack.version)), 'machine': platform.machine()}))")
+    proc = userland.run_python(["-c", code], timeout=300)
+    versions = json.loads(proc.stdout.strip().splitlines()[-1])
+    if versions["machine"] != userland.spec.uname_machine:
+        raise EmulationError("the %s userland reports machine %r, expected %r"
+                             % (userland.spec.name, versions["machine"], userland.spec.uname_machine))
+    return versions
+
+
+def _du(path: pathlib.Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _rmtree(path: pathlib.Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def list_userlands(*, cache: Optional[pathlib.Path] = None) -> list[dict]:
+    """One row per known arch: its status ('ready', 'incomplete', 'absent'), folder and stamp fields."""
+    rows = []
+    for spec in ARCHES.values():
+        path = _userland_dir(spec, cache)
+        stamp = _read_stamp(path)
+        status = "ready" if stamp is not None else ("incomplete" if path.exists() else "absent")
+        rows.append({"arch": spec.name, "status": status, "path": str(path), **(stamp or {})})
+    return rows
+
+
+def clean_userlands(arch: Optional[str] = None, *, cache: Optional[pathlib.Path] = None) -> list[pathlib.Path]:
+    """Delete the cached userland of ``arch`` (all of them if None); returns the folders removed."""
+    specs = [arch_spec(arch)] if arch else list(ARCHES.values())
+    removed = []
+    for spec in specs:
+        path = _userland_dir(spec, cache)
+        if path.exists():
+            with _build_lock(path, timeout=60.0):
+                shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the server still searches a range, so a lost race is harmless)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+_LISTENING_RE = re.compile(r"listening on \[?([0-9A-Za-z.:%-]*?)\]?:(\d+)\b")
+
+
+class EmulatedDevice:
+    """The tether device server running inside a userland under qemu-user, as a context manager.
+
+    The device zipapp is copied into the rootfs (``/opt/tether/<id>/tether-rpc.pyz``) and started by the guest
+    python, exactly as on a board. ``start()`` returns once the server logs where it listens; ``close()`` stops
+    it by PID (SIGTERM, wait, SIGKILL) and removes the shipped zipapp.
+    """
+
+    def __init__(self, userland: Userland, *, cpu: Optional[str] = None, host: str = "127.0.0.1",
+                 port: Optional[int] = None, port_end: Optional[int] = None, tracker: Optional[str] = None,
+                 key: Optional[str] = None, token: Optional[str] = None, extra_args: Sequence[str] = (),
+                 bundle: Union[str, os.PathLike, None] = None, startup_timeout: float = 120.0,
+                 on_line: Optional[Callable[[str], None]] = None):
+        self.userland = userland
+        self.cpu = cpu or userland.spec.default_cpu
+        self.host = host
+        self._port_arg = port
+        self._port_end = port_end
+        self._server_args = list(extra_args)
+        if tracker:
+            self._server_args += ["--tracker", tracker]
+        if key:
+            self._server_args += ["--key", key]
+        if token:
+            self._server_args += ["--token", token]
+        self._bundle = pathlib.Path(bundle) if bundle else None
+        self.startup_timeout = startup_timeout
+        self._on_line = on_line
+        self._proc: Optional[subprocess.Popen] = None
+        self._reader: Optional[threading.Thread] = None
+        self._lines: collections.deque = collections.deque(maxlen=400)
+        self._listening = threading.Event()
+        self._ship_dir: Optional[pathlib.Path] = None
+        self.port: Optional[int] = None
+        self.startup_seconds: Optional[float] = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def __enter__(self) -> "EmulatedDevice":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self.port is None:
+            raise EmulationError("the emulated device is not listening (call start() first)")
+        return (self.host, self.port)
+
+    @property
+    def output(self) -> str:
+        """The server's recent output (stdout and stderr interleaved)."""
+        return "\n".join(self._lines)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def ship(self) -> str:
+        """Copy the device zipapp into the rootfs; returns its guest path."""
+        from tether import bundle as bundle_mod
+        ship_id = "run-%d-%s" % (os.getpid(), uuid.uuid4().hex[:8])
+        guest = "%s/%s/%s" % (GUEST_BUNDLE_DIR, ship_id, bundle_mod.DEFAULT_NAME)
+        host_path = self.userland.guest_path(guest)
+        host_path.parent.mkdir(parents=True, exist_ok=True)
+        self._ship_dir = host_path.parent
+        if self._bundle is not None:
+            shutil.copyfile(self._bundle, host_path)
+        else:
+            bundle_mod.write_bundle(host_path)
+        return guest
+
+    def start(self) -> "EmulatedDevice":
+        if self._proc is not None:
+            raise EmulationError("this emulated device was already started")
+        t0 = time.monotonic()
+        guest_bundle = self.ship()
+        port = self._port_arg if self._port_arg is not None else free_port(self.host)
+        port_end = self._port_end if self._port_end is not None else port + 99
+        args = ["-E", "-s", "-u", "-B", guest_bundle, "--host", self.host, "--port", str(port),
+                "--port-end", str(port_end), *self._server_args]
+        argv = self.userland.command(args, cpu=self.cpu)
+        log.info("starting emulated %s device: %s", self.userland.spec.name, " ".join(argv))
+        # Own session: the server's forked workers share its process group, so close() can reap strays.
+        self._proc = subprocess.Popen(argv, env=guest_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self._reader = threading.Thread(target=self._read_output, name="emulated-%s-output" % self.pid,
+                                        daemon=True)
+        self._reader.start()
+        deadline = t0 + self.startup_timeout
+        while not self._listening.wait(0.05):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                why = ("exited with code %s" % self._proc.returncode if self._proc.poll() is not None
+                       else "did not report listening within %.0f s" % self.startup_timeout)
+                self._reader.join(timeout=2.0)   # collect the last lines for the message
+                output = self.output
+                self.close()
+                raise EmulationError("emulated %s device server %s; its output:\n%s"
+                                     % (self.userland.spec.name, why, output[-3000:]))
+        self.startup_seconds = time.monotonic() - t0
+        log.info("emulated %s device listening on %s:%d after %.2f s", self.userland.spec.name, self.host,
+                 self.port, self.startup_seconds)
+        return self
+
+    def _read_output(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for raw in iter(self._proc.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            self._lines.append(line)
+            if not self._listening.is_set():
+                m = _LISTENING_RE.search(line)
+                if m:
+                    self.port = int(m.group(2))
+                    self._listening.set()
+            if self._on_line is not None:
+                self._on_line(line)
+            else:
+                log.debug("[emulated %s] %s", self.userland.spec.name, line)
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Wait for the server to exit by itself (the CLI's foreground mode); returns its exit code."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the server by PID (SIGTERM, wait, SIGKILL), reap its workers, remove the shipped zipapp."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("emulated device pid %d ignored SIGTERM for %.0f s; killing it", proc.pid, timeout)
+                    proc.kill()
+                    proc.wait(timeout=timeout)
+            # Workers the server forked live in the process group we created for it (pgid == its pid).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            if self._reader is not None:
+                self._reader.join(timeout=2.0)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._ship_dir is not None:
+            shutil.rmtree(self._ship_dir, ignore_errors=True)
+            self._ship_dir = None
