@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Kernel benchmark: tether.ops kernels built for the host vs numpy (OpenBLAS) and onnxruntime, one run.
+
+    python scripts/bench_kernels.py [--sizes 256 512 1024] [--quick]
+
+Prints one table: matmul GFLOP/s at 1 and 2 threads against numpy at the same thread count (numpy is measured in
+child processes with OPENBLAS_NUM_THREADS set, because OpenBLAS fixes its thread count at load time), the fused
+relu(a*b+c) on 1M floats against numpy's three passes, mobilenet-sized depthwise and pointwise convolutions
+against a one-node onnxruntime model, and the compile time (build + link) of every kernel.  All figures are
+medians of repeated timings; ratios are against baselines measured in this same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ---- timing -----------------------------------------------------------------------------------------------------
+
+def median_time(fn, min_time: float = 0.2, repeat: int = 7, max_number: int = 10000) -> float:
+    """Median seconds per call over `repeat` samples, each sample long enough (>= min_time / repeat)."""
+    fn()  # warm-up (page faults, thread pool start)
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    number = int(min(max_number, max(1, (min_time / repeat) / one)))
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - t0) / number)
+    return statistics.median(samples)
+
+
+# ---- baselines in child processes (thread count fixed per process) -------------------------------------------
+
+def _child_numpy_matmul(sizes) -> dict:
+    out = {}
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = rng.standard_normal((n, n), dtype=np.float32)
+        c = np.empty((n, n), np.float32)
+        out[str(n)] = median_time(lambda: np.matmul(a, b, out=c))
+    return out
+
+
+def numpy_matmul_times(sizes, threads: int) -> dict:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    cmd = [sys.executable, os.path.abspath(__file__), "--child-numpy", *map(str, sizes)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=True)
+    return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+
+
+def ort_conv_time(x, w, stride, pad, group, threads: int) -> tuple:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride, stride], pads=[pad] * 4, group=group)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feed = {"x": x}
+    y = sess.run(None, feed)[0]
+    return median_time(lambda: sess.run(None, feed)), y
+
+
+# ---- tether kernels -----------------------------------------------------------------------------------------------
+
+class Built:
+    def __init__(self, fn, compile_s: float, module):
+        self.fn, self.compile_s, self.module = fn, compile_s, module
+
+
+def build(outs, inputs, name: str, workdir: str) -> Built:
+    import tether
+    from tether import ops, runtime
+
+    t0 = time.perf_counter()
+    s = ops.schedule(outs, target="host")
+    lib = tether.build(s, list(inputs) + list(outs), target="host", name=name)
+    path = os.path.join(workdir, name + ".so")
+    lib.export_library(path)
+    compile_s = time.perf_counter() - t0
+    mod = runtime.load_module(path)
+    return Built(mod[name], compile_s, mod)
+
+
+def tether_time(built: Built, args, threads: int) -> float:
+    from tether_rpc import parallel
+
+    parallel.set_num_threads(threads)
+    return median_time(lambda: built.fn(*args))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024])
+    ap.add_argument("--child-numpy", type=int, nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_numpy is not None:
+        print(json.dumps(_child_numpy_matmul(args.child_numpy)))
+        return 0
+
+    from tether import ops, te
+
+    rows = []  # (kernel, tether 1T, tether 2T, baseline 1T, baseline 2T, unit, compile s)
+    rng = np.random.default_rng(0)
+    np1 = numpy_matmul_times(args.sizes, 1)
+    np2 = numpy_matmul_times(args.sizes, 2)
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as work:
+        for n in args.sizes:
+            A = te.placeholder((n, n), "float32", name="A")
+            B = te.placeholder((n, n), "float32", name="B")
+            C = ops.matmul(A, B)
+            k = build([C], [A, B], f"matmul{n}", work)
+            a = rng.standard_normal((n, n), dtype=np.float32)
+            b = rng.standard_normal((n, n), dtype=np.float32)
+            c = np.empty((n, n), np.float32)
+            k.fn(a, b, c)
+            np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-2 * np.sqrt(n))
+            flop = 2.0 * n ** 3
+            t1, t2 = tether_time(k, (a, b, c), 1), tether_time(k, (a, b, c), 2)
+            rows.append((f"matmul {n}", flop / t1 / 1e9, flop / t2 / 1e9, flop / np1[n] / 1e9, flop / np2[n] / 1e9,
+                         "GFLOP/s", k.compile_s))
+
+        m = 1 << 20
+        A, B, Cc = (te.placeholder((m,), "float32", name=nm) for nm in "ABC")
+        out = ops.relu(ops.add(ops.multiply(A, B), Cc))
+        k = build([out], [A, B, Cc], "fused_relu_fma", work)
+        a, b, cc = (rng.standard_normal(m, dtype=np.float32) for _ in range(3))
+        y = np.empty(m, np.float32)
+        k.fn(a, b, cc, y)
+        np.testing.assert_allclose(y, np.maximum(a * b + cc, 0), rtol=1e-6, atol=1e-6)
+        t_np = median_time(lambda: np.maximum(a * b + cc, 0))
+        t1, t2 = tether_time(k, (a, b, cc, y), 1), tether_time(k, (a, b, cc, y), 2)
+        rows.append(("relu(a*b+c) 1M", t1 * 1e6, t2 * 1e6, t_np * 1e6, t_np * 1e6, "us (numpy 1 pass set)", k.compile_s))
+
+        convs = [("depthwise 3x3 1x32x112x112", (1, 32, 112, 112), (32, 1, 3, 3), 1, 1, 32),
+                 ("pointwise 1x1 32->64 @56x56", (1, 32, 56, 56), (64, 32, 1, 1), 1, 0, 1)]
+        for label, xs, ws, stride, pad, groups in convs:
+            X = te.placeholder(xs, "float32", name="X")
+            W = te.placeholder(ws, "float32", name="W")
+            Y = ops.conv2d(X, W, stride=stride, padding=pad, groups=groups)
+            k = build([Y], [X, W], "conv_" + label.split()[0], work)
+            x = rng.standard_normal(xs, dtype=np.float32)
+            w = rng.standard_normal(ws, dtype=np.float32)
+            y = np.empty(tuple(int(d) for d in Y.shape), np.float32)
+            k.fn(x, w, y)
+            o1, ref = ort_conv_time(x, w, stride, pad, groups, 1)
+            o2, _ = ort_conv_time(x, w, stride, pad, groups, 2)
+            np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)
+            t1, t2 = tether_time(k, (x, w, y), 1), tether_time(k, (x, w, y), 2)
+            rows.append((label, t1 * 1e6, t2 * 1e6, o1 * 1e6, o2 * 1e6, "us (vs onnxruntime)", k.compile_s))
+
+    _print_table(rows)
+    return 0
+
+
+def _print_table(rows) -> None:
+    hdr = ("kernel", "tether 1T", "tether 2T", "base 1T", "base 2T", "ratio 1T", "ratio 2T", "scale 2T/1T",
+           "unit", "compile ms")
+    lines = []
+    for kernel, t1, t2, b1, b2, unit, comp in rows:
+        if unit == "GFLOP/s":  # higher is better
+            r1, r2, sc = t1 / b1, t2 / b2, t2 / t1
+        else:  # times: speed ratio baseline / tether
+            r1, r2, sc = b1 / t1, b2 / t2, t1 / t2
+        lines.append((kernel, f"{t1:.1f}", f"{t2:.1f}", f"{b1:.1f}", f"{b2:.1f}", f"{r1:.2f}x", f"{r2:.2f}x",
+                      f"{sc:.2f}x", unit, f"{comp * 1e3:.0f}"))
+    widths = [max(len(str(r[i])) for r in [hdr] + lines) for i in range(len(hdr))]
+    fmt = "  ".join("{:<%d}" % w for w in widths)
+    print(fmt.format(*hdr))
+    for r in lines:
+        print(fmt.format(*r))
+    print("ratio = tether speed / baseline speed (matmul baseline: numpy/OpenBLAS at the same thread count; "
+          "relu: numpy np.maximum(a*b+c, 0); conv: onnxruntime one-node model)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

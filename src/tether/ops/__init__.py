@@ -1,0 +1,28 @@
+"""tether.ops: the operator library.  Every op returns te tensors; `schedule(outs, target)` gives each op its
+default schedule for the target family (x86, aarch64, armv7).
+
+    X = te.placeholder((64, 128), "float32", name="X"); W = te.placeholder((128, 32), "float32", name="W")
+    Y = ops.relu(ops.matmul(X, W))
+    s = ops.schedule([Y], target="rasp4b")
+    lib = tether.build(s, [X, W, Y], target="rasp4b", name="mlp")
+"""
+from .activation import clip, gelu, hard_sigmoid, hard_swish, leaky_relu, relu, relu6, sigmoid, tanh
+from .common import tag_of
+from .conv import conv2d, depthwise_conv2d
+from .elementwise import (abs, add, ceil, divide, erf, exp, floor, log, maximum, minimum, multiply, negative,
+                          power, rsqrt, sqrt, subtract)
+from .linear import batch_matmul, dense, matmul
+from .norm import batch_norm
+from .pooling import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
+from .reduction import log_softmax, max, mean, min, softmax, sum
+from .schedules import family_of, schedule
+from .shape import concat, expand_dims, flatten, pad, reshape, squeeze, transpose
+
+__all__ = [
+    "abs", "add", "avg_pool2d", "batch_matmul", "batch_norm", "ceil", "clip", "concat", "conv2d", "dense",
+    "depthwise_conv2d", "divide", "erf", "exp", "expand_dims", "family_of", "flatten", "floor", "gelu",
+    "global_avg_pool2d", "global_max_pool2d", "hard_sigmoid", "hard_swish", "leaky_relu", "log", "log_softmax",
+    "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply", "negative", "pad", "power",
+    "relu", "relu6", "reshape", "rsqrt", "schedule", "sigmoid", "softmax", "sqrt", "squeeze", "subtract", "sum",
+    "tag_of", "tanh", "transpose",
+]

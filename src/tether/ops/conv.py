@@ -1,0 +1,80 @@
+"""2-D convolution in NCHW / OIHW layout: strides, asymmetric padding, dilation, groups; depthwise."""
+from __future__ import annotations
+
+from tether import te
+
+from . import common as c
+from .shape import pad as pad_op
+
+
+def out_extent(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, dilation: int) -> int:
+    eff = (kernel - 1) * dilation + 1
+    return (size + pad_lo + pad_hi - eff) // stride + 1
+
+
+def _padded(x, padding4: tuple, name: str):
+    top, left, bottom, right = padding4
+    if not any(padding4):
+        return x
+    return pad_op(x, (0, 0, top, left), (0, 0, bottom, right), 0.0, name=f"{name}_pad")
+
+
+def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, name: str = "conv2d"):
+    """x (N, C, H, W) * w (O, C/groups, KH, KW) [+ bias (O,)] -> (N, O, OH, OW)."""
+    n, ch, h, wd = c.shape_of(x)
+    oc, icg, kh, kw = c.shape_of(w)
+    if ch % groups or oc % groups or icg != ch // groups:
+        raise ValueError(f"{name}: input {c.shape_of(x)} and weight {c.shape_of(w)} do not fit groups={groups}")
+    if groups == ch and icg == 1 and groups > 1:
+        return depthwise_conv2d(x, w, stride, padding, dilation, bias, name)
+    sh, sw = c.to_pair(stride, "stride")
+    dh, dw = c.to_pair(dilation, "dilation")
+    p4 = c.to_padding4(padding)
+    oh, ow = out_extent(h, kh, sh, p4[0], p4[2], dh), out_extent(wd, kw, sw, p4[1], p4[3], dw)
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"{name}: kernel {kh}x{kw} does not fit input {h}x{wd} with padding {p4}")
+    xp = _padded(x, p4, name)
+    ocg = oc // groups
+    rc = te.reduce_axis((0, icg), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def f(b, o, y, xx):
+        cin = rc if groups == 1 else (o // ocg) * icg + rc
+        return te.sum(xp[b, cin, y * sh + ry * dh, xx * sw + rx * dw] * w[o, rc, ry, rx], axis=[rc, ry, rx])
+
+    out = c.compute((n, oc, oh, ow), f, name if bias is None else f"{name}_conv", c.CONV2D)
+    return _add_bias(out, bias, name)
+
+
+def depthwise_conv2d(x, w, stride=1, padding=0, dilation=1, bias=None, name: str = "depthwise_conv2d"):
+    """x (N, C, H, W) * w (C*M, 1, KH, KW) -> (N, C*M, OH, OW): each input channel gets M filters."""
+    n, ch, h, wd = c.shape_of(x)
+    oc, one, kh, kw = c.shape_of(w)
+    if one != 1 or oc % ch:
+        raise ValueError(f"{name}: depthwise weight must be (C*M, 1, KH, KW) for {ch} channels, got {c.shape_of(w)}")
+    mult = oc // ch
+    sh, sw = c.to_pair(stride, "stride")
+    dh, dw = c.to_pair(dilation, "dilation")
+    p4 = c.to_padding4(padding)
+    oh, ow = out_extent(h, kh, sh, p4[0], p4[2], dh), out_extent(wd, kw, sw, p4[1], p4[3], dw)
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"{name}: kernel {kh}x{kw} does not fit input {h}x{wd} with padding {p4}")
+    xp = _padded(x, p4, name)
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def f(b, o, y, xx):
+        cin = o if mult == 1 else o // mult
+        return te.sum(xp[b, cin, y * sh + ry * dh, xx * sw + rx * dw] * w[o, 0, ry, rx], axis=[ry, rx])
+
+    out = c.compute((n, oc, oh, ow), f, name if bias is None else f"{name}_conv", c.DEPTHWISE_CONV2D)
+    return _add_bias(out, bias, name)
+
+
+def _add_bias(out, bias, name: str):
+    if bias is None:
+        return out
+    if c.shape_of(bias) != (c.shape_of(out)[1],):
+        raise ValueError(f"{name}: bias must have shape ({c.shape_of(out)[1]},), got {c.shape_of(bias)}")
+    return c.compute(out.shape, lambda b, o, y, xx: out[b, o, y, xx] + bias[o], name, c.BROADCAST)

@@ -1,0 +1,105 @@
+"""Linear algebra: matmul (X @ W), dense (X @ W.T + bias) and batch_matmul.
+
+Large products pack the right-hand operand into panels `P[n // NR, k, n % NR]` (zero padded up to a multiple
+of NR) so the micro-kernel reads B contiguously along k and never strides by a power-of-two row length, which
+aliases L1 cache sets.  The panel width is fixed at 16 float32: two AVX2 vectors or four NEON vectors, a width
+whose register-blocked micro-kernel fits the register file of every target family.
+"""
+from __future__ import annotations
+
+from tether import te
+
+from . import common as c
+
+PANEL = 16
+# Below this many rows of A the one-off packing pass costs more than it saves.
+PACK_MIN_ROWS = 16
+
+
+def _should_pack(m: int, n: int) -> bool:
+    return m >= PACK_MIN_ROWS and n >= PANEL
+
+
+def pack_panels(b, n_axis: int, name: str):
+    """Pack a 2-D operand whose output-column axis is `n_axis` into [ceil(N/PANEL), K, PANEL] panels."""
+    shape = c.shape_of(b)
+    n = shape[n_axis]
+    k = shape[1 - n_axis]
+    panels = -(-n // PANEL)
+    zero = c.const(0.0, b.dtype)
+
+    def f(jo, kk, ji):
+        j = jo * PANEL + ji
+        src = b[kk, j] if n_axis == 1 else b[j, kk]
+        if n % PANEL == 0:
+            return src
+        return te.if_then_else(j < n, src, zero)
+
+    return c.compute((panels, k, PANEL), f, name, c.MATMUL_PACK)
+
+
+def _product(a, b, n_axis: int, name: str):
+    """C[i, j] = sum_k a[i, k] * b'[k, j] with b' = b (n_axis=1) or b.T (n_axis=0)."""
+    m, k = c.shape_of(a)
+    kb = c.shape_of(b)[1 - n_axis]
+    n = c.shape_of(b)[n_axis]
+    if k != kb:
+        raise ValueError(f"{name}: inner dimensions differ: a is {c.shape_of(a)}, b is {c.shape_of(b)}"
+                         f"{' (transposed)' if n_axis == 0 else ''}")
+    r = te.reduce_axis((0, k), name="k")
+    if _should_pack(m, n):
+        p = pack_panels(b, n_axis, f"{name}_packed")
+        return c.compute((m, n), lambda i, j: te.sum(a[i, r] * p[j // PANEL, r, j % PANEL], axis=r), name, c.MATMUL)
+    if n_axis == 1:
+        return c.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name, c.MATMUL)
+    return c.compute((m, n), lambda i, j: te.sum(a[i, r] * b[j, r], axis=r), name, c.MATMUL)
+
+
+def matmul(a, b, name: str = "matmul"):
+    """a (M, K) @ b (K, N) -> (M, N)."""
+    _check_rank(a, 2, name, "a")
+    _check_rank(b, 2, name, "b")
+    return _product(a, b, 1, name)
+
+
+def dense(x, w, bias=None, name: str = "dense"):
+    """x (M, K) @ w (N, K).T [+ bias (N,)] -> (M, N), the fully connected layer."""
+    _check_rank(x, 2, name, "x")
+    _check_rank(w, 2, name, "w")
+    out = _product(x, w, 0, name if bias is None else f"{name}_matmul")
+    if bias is None:
+        return out
+    _check_rank(bias, 1, name, "bias")
+    return c.compute(out.shape, lambda i, j: out[i, j] + bias[j], name, c.BROADCAST)
+
+
+def batch_matmul(a, b, transpose_b: bool = False, name: str = "batch_matmul"):
+    """a (B, M, K) @ b (B, K, N) (or b (B, N, K) transposed) -> (B, M, N); a batch of 1 broadcasts."""
+    _check_rank(a, 3, name, "a")
+    _check_rank(b, 3, name, "b")
+    ba, m, k = c.shape_of(a)
+    bb = c.shape_of(b)[0]
+    n = c.shape_of(b)[1] if transpose_b else c.shape_of(b)[2]
+    kb = c.shape_of(b)[2] if transpose_b else c.shape_of(b)[1]
+    if k != kb or (ba != bb and 1 not in (ba, bb)):
+        raise ValueError(f"{name}: shapes {c.shape_of(a)} and {c.shape_of(b)} do not multiply"
+                         f"{' (b transposed)' if transpose_b else ''}")
+    batch = max(ba, bb)
+    r = te.reduce_axis((0, k), name="k")
+
+    def ia(bi):
+        return 0 if ba == 1 else bi
+
+    def ib(bi):
+        return 0 if bb == 1 else bi
+
+    if transpose_b:
+        return c.compute((batch, m, n), lambda bi, i, j: te.sum(a[ia(bi), i, r] * b[ib(bi), j, r], axis=r),
+                         name, c.MATMUL)
+    return c.compute((batch, m, n), lambda bi, i, j: te.sum(a[ia(bi), i, r] * b[ib(bi), r, j], axis=r),
+                     name, c.MATMUL)
+
+
+def _check_rank(t, rank: int, op: str, what: str) -> None:
+    if len(c.shape_of(t)) != rank:
+        raise ValueError(f"{op}: {what} must have rank {rank}, got shape {c.shape_of(t)}")

@@ -1,0 +1,123 @@
+"""2-D pooling over NCHW: max, average (count_include_pad either way, ceil_mode), global average / max."""
+from __future__ import annotations
+
+import numpy as np
+
+from tether import te
+
+from . import common as c
+from .shape import pad as pad_op
+
+# Padding value for max pooling: the lowest float32, not -inf, so a window never yields inf arithmetic.
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _pool_geometry(size: int, k: int, s: int, lo: int, hi: int, d: int, ceil_mode: bool) -> tuple:
+    """(output extent, extra high padding the padded input needs so every window is in bounds)."""
+    eff = (k - 1) * d + 1
+    span = size + lo + hi - eff
+    if span < 0:
+        raise ValueError(f"pool window {k} (dilation {d}) does not fit extent {size} with padding {lo}/{hi}")
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    # PyTorch/ONNX rule: the last window must start inside the input or the low padding
+    if ceil_mode and (out - 1) * s >= size + lo:
+        out -= 1
+    need = (out - 1) * s + eff
+    return out, max(hi, need - size - lo)
+
+
+def _window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name):
+    n, ch, h, w = c.shape_of(x)
+    kh, kw = c.to_pair(kernel, "kernel")
+    sh, sw = c.to_pair(kernel if stride is None else stride, "stride")
+    dh, dw = c.to_pair(dilation, "dilation")
+    top, left, bottom, right = c.to_padding4(padding)
+    oh, extra_b = _pool_geometry(h, kh, sh, top, bottom, dh, ceil_mode)
+    ow, extra_r = _pool_geometry(w, kw, sw, left, right, dw, ceil_mode)
+    if top or left or extra_b or extra_r:
+        xp = pad_op(x, (0, 0, top, left), (0, 0, extra_b, extra_r), fill, name=f"{name}_pad")
+    else:
+        xp = x
+    geo = dict(n=n, ch=ch, h=h, w=w, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, top=top, left=left,
+               bottom=bottom, right=right, oh=oh, ow=ow)
+    return xp, geo
+
+
+def max_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False, name: str = "max_pool2d"):
+    xp, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, _LOWEST, name)
+    ry = te.reduce_axis((0, g["kh"]), name="ry")
+    rx = te.reduce_axis((0, g["kw"]), name="rx")
+    return c.compute((g["n"], g["ch"], g["oh"], g["ow"]),
+                     lambda b, o, y, xx: te.max(xp[b, o, y * g["sh"] + ry * g["dh"], xx * g["sw"] + rx * g["dw"]],
+                                                axis=[ry, rx]), name, c.POOL)
+
+
+def _window_counts(out: int, k: int, s: int, d: int, lo: int, hi: int) -> np.ndarray:
+    """How many taps of each output position's window fall in [lo, hi) of the (unpadded) coordinate."""
+    start = np.arange(out)[:, None] * s + np.arange(k)[None, :] * d
+    return ((start >= lo) & (start < hi)).sum(axis=1)
+
+
+def avg_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               count_include_pad: bool = False, name: str = "avg_pool2d"):
+    """Average pooling; the divisor counts the taps inside the input (or inside input + padding when
+    `count_include_pad`), never the extra taps ceil_mode adds past the padding."""
+    xp, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, 0.0, name)
+    # window tap coordinates are in padded space: input occupies [top, top + h)
+    if count_include_pad:
+        ch_ = _window_counts(g["oh"], g["kh"], g["sh"], g["dh"], 0, g["top"] + g["h"] + g["bottom"])
+        cw_ = _window_counts(g["ow"], g["kw"], g["sw"], g["dw"], 0, g["left"] + g["w"] + g["right"])
+    else:
+        ch_ = _window_counts(g["oh"], g["kh"], g["sh"], g["dh"], g["top"], g["top"] + g["h"])
+        cw_ = _window_counts(g["ow"], g["kw"], g["sw"], g["dw"], g["left"], g["left"] + g["w"])
+    ry = te.reduce_axis((0, g["kh"]), name="ry")
+    rx = te.reduce_axis((0, g["kw"]), name="rx")
+    win = c.compute((g["n"], g["ch"], g["oh"], g["ow"]),
+                    lambda b, o, y, xx: te.sum(xp[b, o, y * g["sh"] + ry * g["dh"], xx * g["sw"] + rx * g["dw"]],
+                                               axis=[ry, rx]), f"{name}_sum", c.POOL)
+    uniform = len(set(ch_.tolist())) == 1 and len(set(cw_.tolist())) == 1
+    if uniform:
+        inv = c.const(1.0 / float(ch_[0] * cw_[0]), x.dtype)
+        return c.compute(win.shape, lambda b, o, y, xx: win[b, o, y, xx] * inv, name, c.ELEMWISE)
+    # divisors differ only near the borders: build 1/count from two small per-axis tables of constants
+    inv_h, inv_w = _const_table(1.0 / ch_, x.dtype), _const_table(1.0 / cw_, x.dtype)
+    return c.compute(win.shape, lambda b, o, y, xx: win[b, o, y, xx] * inv_h(y) * inv_w(xx), name, c.BROADCAST)
+
+
+def _const_table(values: np.ndarray, dtype: str):
+    """idx -> expression selecting values[idx]: a run-length chain of selects (tables are short)."""
+    vals = [float(v) for v in values]
+    runs = []  # (end, value)
+    for i, v in enumerate(vals):
+        if runs and runs[-1][1] == v:
+            runs[-1] = (i + 1, v)
+        else:
+            runs.append((i + 1, v))
+
+    def f(i):
+        expr = c.const(runs[-1][1], dtype)
+        for end, v in reversed(runs[:-1]):
+            expr = te.if_then_else(i < end, c.const(v, dtype), expr)
+        return expr
+
+    return f
+
+
+def _global(x, kind: str, name: str):
+    n, ch, h, w = c.shape_of(x)
+    ry = te.reduce_axis((0, h), name="ry")
+    rx = te.reduce_axis((0, w), name="rx")
+    if kind == "max":
+        return c.compute((n, ch, 1, 1), lambda b, o, _y, _x: te.max(x[b, o, ry, rx], axis=[ry, rx]), name,
+                         c.GLOBAL_POOL)
+    inv = c.const(1.0 / (h * w), x.dtype)
+    return c.compute((n, ch, 1, 1), lambda b, o, _y, _x: te.sum(x[b, o, ry, rx] * inv, axis=[ry, rx]), name,
+                     c.GLOBAL_POOL)
+
+
+def global_avg_pool2d(x, name: str = "global_avg_pool2d"):
+    return _global(x, "avg", name)
+
+
+def global_max_pool2d(x, name: str = "global_max_pool2d"):
+    return _global(x, "max", name)

@@ -1,0 +1,350 @@
+"""Default schedules of the op library, per target family (x86, aarch64, armv7).
+
+`schedule(outs, target)` walks the op graph from the outputs, inlines injective producers into their
+consumers, and gives every remaining stage the schedule its tag calls for:
+- injective roots: vectorize the innermost axis by the vector width, parallelize the fused outer axes;
+- matmul: a register-blocked MR x NR micro-kernel (accumulators in a local block, k outermost inside it,
+  rows unrolled, columns vectorized into NR/lanes vectors of FMAs) over packed B panels, with any
+  elementwise epilogue (bias, activation) fused into the write-back;
+- conv2d: the same register blocking over (output channels x output columns);
+- depthwise conv2d, pooling and other reductions: spatial innermost axis vectorized, reduction inside;
+- packing and padding stages: materialized and parallelized (they feed kernels that read them many times).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Dict, List, Sequence
+
+from tether import te
+from tether.target import Target
+
+from . import common as c
+
+log = logging.getLogger(__name__)
+
+# Tasks per parallel injective loop: enough for dynamic balancing on 2-8 cores, few enough that the per-task
+# cost of the runtime's launcher stays small next to the work.
+PARALLEL_TASKS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Tuning knobs of one target family (float32)."""
+
+    name: str
+    lanes: int  # float32 lanes per vector register
+    mm_rows: int  # micro-kernel rows (MR); MR * NR/lanes accumulators + NR/lanes B vectors fit the registers
+    conv_rows: int  # output channels blocked per conv micro-kernel
+    conv_cols: int  # output columns per conv micro-kernel (a multiple of lanes)
+    parallel_min: int = 1 << 14  # below this many output elements a parallel launch costs more than it saves
+
+
+def family_of(target: Target) -> Family:
+    lanes = target.vector_lanes(32)
+    arch = target.arch
+    if arch == "x86_64":
+        # 16 ymm (AVX2): 6 x 16 -> 12 accumulators + 2 B vectors + 1 broadcast; 16 zmm would allow more but
+        # the same blocking is near the load/FMA balance point.
+        return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, conv_rows=4, conv_cols=2 * lanes)
+    if arch == "aarch64":
+        # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
+        return Family("aarch64", lanes, mm_rows=6, conv_rows=4, conv_cols=4 * lanes)
+    # armv7: 16 q registers: 2 x 16 -> 8 accumulators + 4 B vectors
+    return Family("armv7", lanes, mm_rows=2, conv_rows=2, conv_cols=2 * lanes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# graph helpers
+
+def _is_compute(op) -> bool:
+    return isinstance(op, te.ComputeOp)
+
+
+def _extent(iv) -> int:
+    """Extent of an op's own axis (axes made by split/fuse have none until lowering)."""
+    return int(iv.extent)
+
+
+def _collect(outs: Sequence) -> tuple:
+    """(compute ops in topological order, consumers: op -> [ops])."""
+    order: List = []
+    seen = set()
+    consumers: Dict = {}
+
+    def visit(op):
+        if id(op) in seen:
+            return
+        seen.add(id(op))
+        for t in op.input_tensors:
+            consumers.setdefault(id(t.op), []).append(op)
+            visit(t.op)
+        if _is_compute(op):
+            order.append(op)
+
+    for t in outs:
+        visit(t.op)
+    return order, consumers
+
+
+def _numel(t) -> int:
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    return n
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# per-tag schedules
+
+def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True):
+    """Split the innermost axis by the lane count and vectorize; parallelize the fused outer axes."""
+    st = s[t]
+    axes = list(t.op.axis) if axes is None else list(axes)
+    if not axes:
+        return
+    inner = axes[-1]
+    outer = axes[:-1]
+    outer_size = _numel(t) // _extent(inner)
+    if _extent(inner) >= fam.lanes:
+        xo, xi = st.split(inner, factor=fam.lanes)
+        st.vectorize(xi)
+        outer = outer + [xo]
+        outer_size *= -(-_extent(inner) // fam.lanes)
+    if parallel and outer and _numel(t) >= fam.parallel_min:
+        fused = st.fuse(*outer) if len(outer) > 1 else outer[0]
+        # the runtime's launcher hands out task ids from Python, so a handful of big tasks beats many tiny ones
+        if outer_size > PARALLEL_TASKS:
+            po, _ = st.split(fused, nparts=PARALLEL_TASKS)
+            st.parallel(po)
+        else:
+            st.parallel(fused)
+
+
+def _schedule_injective(s, t, fam: Family, ctx):
+    _vectorize_inner(s, t, fam)
+
+
+def _schedule_reduce(s, t, fam: Family, ctx):
+    """Vectorize the innermost spatial axis with the reduction moved inside it, when that axis is wide."""
+    st = s[t]
+    sp = list(t.op.axis)
+    rd = list(t.op.reduce_axis)
+    outer = sp
+    if sp and _extent(sp[-1]) >= fam.lanes:
+        xo, xi = st.split(sp[-1], factor=fam.lanes)
+        st.reorder(*sp[:-1], xo, *rd, xi)
+        st.vectorize(xi)
+        outer = sp[:-1] + [xo]
+    if outer and _numel(t) * max(1, _reduce_size(t)) >= fam.parallel_min:
+        lead = [ax for ax in outer[:-1] if _extent(ax) > 1] or outer[:1]
+        fused = st.fuse(*lead) if len(lead) > 1 else lead[0]
+        st.parallel(fused)
+
+
+def _reduce_size(t) -> int:
+    n = 1
+    for r in t.op.reduce_axis:
+        n *= _extent(r)
+    return n
+
+
+def _epilogue_anchor(t, ctx):
+    """The output stage an op's elementwise consumers were inlined into (or None if t is itself an output)."""
+    return ctx["anchor"].get(id(t.op))
+
+
+def _schedule_matmul(s, t, fam: Family, ctx):
+    anchor = _epilogue_anchor(t, ctx)
+    rank = len(t.shape)
+    nr = 16 if fam.lanes >= 4 else 4 * fam.lanes
+    mr = fam.mm_rows
+    if anchor is None:
+        block = s.cache_write(t, "local")
+        out = t
+    else:
+        block, out = t, anchor
+    so = s[out]
+    axes = list(out.op.axis)
+    lead, (i, j) = axes[:-2], axes[-2:]
+    io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
+    so.reorder(*lead, jo, io, ii, ji)
+    so.vectorize(ji)
+    so.unroll(ii)
+    outer = lead + [jo]
+    if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
+        so.parallel(so.fuse(*outer) if len(outer) > 1 else outer[0])
+    s[block].compute_at(so, io)
+    sb = s[block]
+    bi, bj = list(block.op.axis)[-2:]
+    (k,) = list(block.op.reduce_axis)
+    ko, ki = sb.split(k, factor=4)
+    sb.reorder(ko, ki, bi, bj)
+    sb.unroll(ki)
+    sb.unroll(bi)
+    sb.vectorize(bj)
+
+
+def _schedule_pack(s, t, fam: Family, ctx):
+    st = s[t]
+    jo, kk, ji = t.op.axis
+    st.vectorize(ji)
+    if _numel(t) >= fam.parallel_min:
+        st.parallel(jo)
+
+
+def _schedule_conv2d(s, t, fam: Family, ctx):
+    """Register block (conv_rows output channels x conv_cols output columns); reduction inside the block."""
+    anchor = _epilogue_anchor(t, ctx)
+    n, oc, oh, ow = (int(d) for d in t.shape)
+    if anchor is None:
+        block = s.cache_write(t, "local")
+        out = t
+    else:
+        block, out = t, anchor
+    so = s[out]
+    b, o, y, x = out.op.axis
+    cols = fam.conv_cols if ow >= fam.conv_cols else fam.lanes
+    rows = fam.conv_rows if oc >= fam.conv_rows else 1
+    oo, oi = so.split(o, factor=rows)
+    xo, xi = so.split(x, factor=cols)
+    so.reorder(b, oo, y, xo, oi, xi)
+    so.unroll(oi)
+    so.vectorize(xi)
+    if _numel(out) >= fam.parallel_min:
+        so.parallel(so.fuse(b, oo) if n > 1 else oo)
+    s[block].compute_at(so, xo)
+    sb = s[block]
+    bb, bo, by, bx = block.op.axis
+    rc, ry, rx = block.op.reduce_axis
+    sb.reorder(bb, by, rc, ry, rx, bo, bx)
+    sb.unroll(bo)
+    sb.vectorize(bx)
+
+
+def _schedule_window(s, t, fam: Family, ctx):
+    """Depthwise conv and pooling: output columns vectorized, the (small) window reduction inside."""
+    anchor = _epilogue_anchor(t, ctx)
+    if anchor is not None:
+        so = s[anchor]
+        b, o, y, x = anchor.op.axis
+        xo, xi = so.split(x, factor=fam.lanes)
+        so.vectorize(xi)
+        if _numel(anchor) >= fam.parallel_min:
+            so.parallel(so.fuse(b, o))
+        s[t].compute_at(so, xo)
+        st = s[t]
+        bb, bo, by, bx = t.op.axis
+        st.reorder(bb, bo, by, *t.op.reduce_axis, bx)
+        for r in t.op.reduce_axis:
+            if _extent(r) <= 7:
+                st.unroll(r)
+        st.vectorize(bx)
+        return
+    st = s[t]
+    b, o, y, x = t.op.axis
+    rd = list(t.op.reduce_axis)
+    if _extent(x) >= fam.lanes:
+        xo, xi = st.split(x, factor=fam.lanes)
+        st.reorder(b, o, y, xo, *rd, xi)
+        st.vectorize(xi)
+    for r in rd:
+        if _extent(r) <= 7:
+            st.unroll(r)
+    if _numel(t) >= fam.parallel_min:
+        st.parallel(st.fuse(b, o))
+
+
+def _schedule_global_pool(s, t, fam: Family, ctx):
+    st = s[t]
+    b, o, _, _ = t.op.axis
+    if _numel(t) * _reduce_size(t) >= fam.parallel_min:
+        st.parallel(st.fuse(b, o))
+
+
+def _schedule_root(s, t, fam: Family, ctx):
+    """Materialized intermediate (padding, softmax exp): plain injective schedule."""
+    _vectorize_inner(s, t, fam)
+
+
+_BY_TAG: Dict[str, Callable] = {
+    c.ELEMWISE: _schedule_injective,
+    c.BROADCAST: _schedule_injective,
+    c.INJECTIVE: _schedule_injective,
+    c.PAD: _schedule_root,
+    c.SOFTMAX_STAGE: _schedule_root,
+    c.REDUCE: _schedule_reduce,
+    c.MATMUL: _schedule_matmul,
+    c.MATMUL_PACK: _schedule_pack,
+    c.CONV2D: _schedule_conv2d,
+    c.DEPTHWISE_CONV2D: _schedule_window,
+    c.POOL: _schedule_window,
+    c.GLOBAL_POOL: _schedule_global_pool,
+}
+
+# Kernels whose elementwise consumers are fused into their write-back loop.
+_EPILOGUE_KERNELS = frozenset({c.MATMUL, c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL})
+# Consumers that read their input many times per output: keep injective producers (padding) materialized.
+_MATERIALIZE_INPUTS_OF = frozenset({c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL, c.MATMUL})
+
+
+def schedule(outs, target="host"):
+    """A te schedule for `outs` (tensor or list of tensors built by tether.ops) with each op's default schedule
+    for `target` (a preset name, target string or Target)."""
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    tgt = target if isinstance(target, Target) else Target(target)
+    fam = family_of(tgt)
+    s = te.create_schedule([t.op for t in outs])
+    order, consumers = _collect(outs)
+    out_ids = {id(t.op) for t in outs}
+
+    inline = set()
+    for op in order:
+        if id(op) in out_ids or not c.is_injective(op):
+            continue
+        users = consumers.get(id(op), [])
+        if any(c.tag_of(u) in _MATERIALIZE_INPUTS_OF for u in users):
+            continue
+        inline.add(id(op))
+
+    # An epilogue kernel whose only consumers are (chains of) inlined injective ops ending in one output stage
+    # is computed block-wise inside that output stage.
+    anchor = {}
+    for op in order:
+        if c.tag_of(op) in _EPILOGUE_KERNELS and id(op) not in out_ids:
+            target_op = _single_injective_sink(op, consumers, inline, out_ids)
+            if target_op is not None and len(target_op.output(0).shape) == len(op.output(0).shape):
+                anchor[id(op)] = target_op.output(0)
+
+    ctx = {"anchor": anchor}
+    for op in order:
+        if id(op) in inline:
+            s[op].compute_inline()
+    anchored_outputs = {id(a.op) for a in anchor.values()}
+    for op in reversed(order):
+        if id(op) in inline or id(op) in anchored_outputs:
+            continue
+        fn = _BY_TAG.get(c.tag_of(op))
+        if fn is None:
+            log.debug("no default schedule for op %s (tag %r): left as written", op.name, c.tag_of(op))
+            continue
+        fn(s, op.output(0), fam, ctx)
+    return s
+
+
+def _single_injective_sink(op, consumers, inline, out_ids):
+    """Follow op's consumers through inlined injective ops; return the single output op they end in, if any."""
+    cur = op
+    for _ in range(64):
+        users = consumers.get(id(cur), [])
+        if len(users) != 1:
+            return None
+        (u,) = users
+        if not c.is_injective(u):
+            return None
+        if id(u) in out_ids:
+            return u
+        if id(u) not in inline:
+            return None
+        cur = u
+    return None

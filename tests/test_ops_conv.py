@@ -1,0 +1,142 @@
+"""conv2d / depthwise conv2d against numpy; pooling against onnxruntime (the semantics the ONNX frontend needs)."""
+import numpy as np
+import pytest
+
+from tether import ops, te
+
+
+def _conv_ref(x, w, stride, pad4, dilation, groups):
+    n, c, h, wd = x.shape
+    oc, icg, kh, kw = w.shape
+    sh, sw = stride
+    dh, dw = dilation
+    t, l, b, r = pad4
+    xp = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
+    oh = (h + t + b - (kh - 1) * dh - 1) // sh + 1
+    ow = (wd + l + r - (kw - 1) * dw - 1) // sw + 1
+    out = np.zeros((n, oc, oh, ow), np.float64)
+    ocg = oc // groups
+    for o in range(oc):
+        g = o // ocg
+        for ky in range(kh):
+            for kx in range(kw):
+                patch = xp[:, g * icg:(g + 1) * icg, ky * dh: ky * dh + (oh - 1) * sh + 1: sh,
+                           kx * dw: kx * dw + (ow - 1) * sw + 1: sw]
+                out[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, ky, kx])
+    return out
+
+
+CONV_CASES = [
+    # (N, C, H, W), (O, KH, KW), stride, padding, dilation, groups
+    ((1, 3, 9, 11), (5, 3, 3), 1, 1, 1, 1),
+    ((2, 4, 10, 13), (6, 3, 3), 2, (1, 1, 0, 2), 1, 1),
+    ((1, 6, 12, 12), (4, 3, 3), 1, 2, 2, 2),
+    ((1, 8, 7, 19), (16, 1, 1), 1, 0, 1, 1),
+    ((1, 5, 6, 6), (7, 2, 3), (1, 2), (0, 1), 1, 1),
+]
+
+
+@pytest.mark.parametrize("xs,wk,stride,padding,dilation,groups", CONV_CASES)
+def test_conv2d(run_ops, rng, xs, wk, stride, padding, dilation, groups):
+    oc, kh, kw = wk
+    x = rng.standard_normal(xs).astype("float32")
+    w = rng.standard_normal((oc, xs[1] // groups, kh, kw)).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder(w.shape, "float32", name="W")
+    (out,) = run_ops([(X, x), (W, w)], [ops.conv2d(X, W, stride, padding, dilation, groups)])
+    st = stride if isinstance(stride, tuple) else (stride, stride)
+    dl = (dilation, dilation)
+    p = padding
+    pad4 = (p,) * 4 if isinstance(p, int) else (p[0], p[1], p[0], p[1]) if len(p) == 2 else p
+    np.testing.assert_allclose(out, _conv_ref(x, w, st, pad4, dl, groups), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("xs,k,stride,padding,mult", [((1, 8, 13, 15), 3, 1, 1, 1), ((2, 3, 11, 10), 3, 2, 1, 2),
+                                                      ((1, 5, 9, 21), 5, 1, 2, 1)])
+def test_depthwise_conv2d_with_bias_relu6(run_ops, rng, xs, k, stride, padding, mult):
+    x = rng.standard_normal(xs).astype("float32")
+    w = rng.standard_normal((xs[1] * mult, 1, k, k)).astype("float32")
+    bias = rng.standard_normal(xs[1] * mult).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder(w.shape, "float32", name="W")
+    Bs = te.placeholder(bias.shape, "float32", name="bias")
+    plain, fused = run_ops([(X, x), (W, w), (Bs, bias)],
+                           [ops.depthwise_conv2d(X, W, stride, padding),
+                            ops.relu6(ops.conv2d(X, W, stride, padding, groups=xs[1], bias=Bs))])
+    ref = _conv_ref(x, w, (stride, stride), (padding,) * 4, (1, 1), xs[1])
+    np.testing.assert_allclose(plain, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fused, np.clip(ref + bias[None, :, None, None], 0, 6), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_bias(run_ops, rng):
+    x = rng.standard_normal((1, 4, 8, 9)).astype("float32")
+    w = rng.standard_normal((6, 4, 3, 3)).astype("float32")
+    bias = rng.standard_normal(6).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder(w.shape, "float32", name="W")
+    Bs = te.placeholder(bias.shape, "float32", name="bias")
+    (out,) = run_ops([(X, x), (W, w), (Bs, bias)], [ops.relu(ops.conv2d(X, W, padding=1, bias=Bs))])
+    ref = np.maximum(_conv_ref(x, w, (1, 1), (1,) * 4, (1, 1), 1) + bias[None, :, None, None], 0)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+# ---- pooling against onnxruntime ------------------------------------------------------------------------------
+
+def _ort_pool(op_type, x, **attrs):
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(op_type, ["x"], ["y"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+POOL_CASES = [
+    # kernel, stride, pads (t, l, b, r), ceil_mode
+    ((3, 3), (2, 2), (1, 1, 1, 1), 0),
+    ((2, 2), (2, 2), (0, 0, 0, 0), 1),
+    ((3, 3), (2, 2), (1, 0, 1, 0), 1),
+    ((3, 2), (1, 1), (0, 0, 0, 0), 0),
+]
+
+
+@pytest.mark.parametrize("kernel,stride,pads,ceil_mode", POOL_CASES)
+def test_max_pool(run_ops, rng, kernel, stride, pads, ceil_mode):
+    x = rng.standard_normal((1, 3, 11, 10)).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    (out,) = run_ops([(X, x)], [ops.max_pool2d(X, kernel, stride, pads, ceil_mode=bool(ceil_mode))])
+    ref = _ort_pool("MaxPool", x, kernel_shape=list(kernel), strides=list(stride),
+                    pads=[pads[0], pads[1], pads[2], pads[3]], ceil_mode=ceil_mode)
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+@pytest.mark.parametrize("kernel,stride,pads,ceil_mode", POOL_CASES)
+def test_avg_pool(run_ops, rng, kernel, stride, pads, ceil_mode, count_include_pad):
+    x = rng.standard_normal((2, 3, 11, 10)).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    (out,) = run_ops([(X, x)], [ops.avg_pool2d(X, kernel, stride, pads, ceil_mode=bool(ceil_mode),
+                                               count_include_pad=bool(count_include_pad))])
+    ref = _ort_pool("AveragePool", x, kernel_shape=list(kernel), strides=list(stride), pads=list(pads),
+                    ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_global_pools(run_ops, rng):
+    x = rng.standard_normal((2, 5, 7, 9)).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    avg, mx = run_ops([(X, x)], [ops.global_avg_pool2d(X), ops.global_max_pool2d(X)])
+    np.testing.assert_allclose(avg, x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mx, x.max(axis=(2, 3), keepdims=True), rtol=1e-6)
+
+
+def test_conv_group_mismatch_error():
+    X = te.placeholder((1, 6, 8, 8), "float32", name="X")
+    W = te.placeholder((4, 4, 3, 3), "float32", name="W")
+    with pytest.raises(ValueError, match="groups"):
+        ops.conv2d(X, W, groups=2)
