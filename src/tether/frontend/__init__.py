@@ -1,0 +1,4 @@
+"""Model importers: ``from_onnx(model, shape={...}) -> (graph, params)``."""
+from tether.frontend.onnx import from_onnx, unsupported_ops
+
+__all__ = ["from_onnx", "unsupported_ops"]

@@ -1,0 +1,651 @@
+"""ONNX -> tether graph.
+
+``from_onnx(model, shape={...})`` fixes the input shapes, then walks the ONNX nodes once, in order, through a
+dispatch table of converters (``CONVERTERS``, ONNX op type -> function). Every emitted op gets its output
+type at once (``tether.graph.ops``), and an op whose inputs are all constants is evaluated right away with
+its numpy definition. That is what folds the shape subgraphs real exporters write
+(Shape -> Gather/Slice -> Concat -> Reshape): once input shapes are fixed, ``Shape`` is a constant, and
+everything downstream of it folds before a single kernel exists.
+
+Before converting anything, the whole model is checked: one ``UnsupportedOpError`` lists every unsupported
+op type with the names of its nodes.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.graph import ops
+from tether.graph.ir import Graph, Node, TensorType, unique_name
+
+log = logging.getLogger(__name__)
+
+# ONNX TensorProto element types we accept, by enum value.
+_ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+                10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
+
+
+class _Importer:
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
+        self.nodes: List[Node] = []
+        self.types: Dict[str, TensorType] = {}
+        self.consts: Dict[str, np.ndarray] = {}
+        self.rename: Dict[str, str] = {}        # ONNX value name -> tether value name
+        self.counter = 0
+
+    # ---- values
+    def name(self, onnx_name: str) -> str:
+        return self.rename.get(onnx_name, onnx_name)
+
+    def const(self, value: str) -> Optional[np.ndarray]:
+        return self.consts.get(value)
+
+    def type(self, value: str) -> TensorType:
+        return self.types[value]
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        return unique_name("%s_%d" % (hint, self.counter), self.types)
+
+    def add_const(self, array: np.ndarray, hint: str = "const", name: Optional[str] = None) -> str:
+        array = np.ascontiguousarray(array)
+        name = name or self.fresh(hint)
+        self.consts[name] = array
+        self.types[name] = TensorType(array.shape, array.dtype)
+        return name
+
+    def emit(self, op: str, inputs: Sequence[str], attrs: Optional[dict] = None, name: str = "",
+             outputs: Optional[Sequence[str]] = None) -> str:
+        """Add one graph op (or fold it if every input is constant); returns its (first) output name."""
+        attrs = dict(attrs or {})
+        in_types = [self.types[i] for i in inputs]
+        out_types = ops.infer(op, attrs, in_types)
+        outs = list(outputs) if outputs else [self.fresh(op) for _ in out_types]
+        if all(i in self.consts for i in inputs):
+            values = ops.evaluate(op, attrs, [self.consts[i] for i in inputs])
+            for o, v in zip(outs, values):
+                self.add_const(v, name=o)
+            return outs[0]
+        for o, t in zip(outs, out_types):
+            self.types[o] = t
+        self.nodes.append(Node(op, name or self.fresh(op + "_node"), list(inputs), outs, attrs))
+        return outs[0]
+
+    def require_const(self, value: str, what: str, node_name: str) -> np.ndarray:
+        c = self.consts.get(value)
+        if c is None:
+            raise UnsupportedOpError(
+                "node %s: %s (%r) must be a constant once input shapes are fixed; it is computed at run time"
+                % (node_name, what, value))
+        return c
+
+
+# ---------------------------------------------------------------- helpers
+def _attrs(node) -> dict:
+    from onnx import helper
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _norm_axis(axis: int, ndim: int) -> int:
+    return axis + ndim if axis < 0 else axis
+
+
+def _reshape(im: _Importer, x: str, shape: Sequence[int], name: str = "", out: Optional[str] = None) -> str:
+    shape = tuple(int(d) for d in shape)
+    if im.type(x).shape == shape and out is None:
+        return x
+    return im.emit("reshape", [x], {"shape": shape}, name, [out] if out else None)
+
+
+def _out(node, i: int = 0) -> Optional[List[str]]:
+    return [node.output[i]] if len(node.output) > i and node.output[i] else None
+
+
+# ---------------------------------------------------------------- converters
+Converter = Callable[[_Importer, object, List[str], dict], None]
+CONVERTERS: Dict[str, Converter] = {}
+
+
+def converter(*op_types: str):
+    def deco(fn: Converter) -> Converter:
+        for t in op_types:
+            CONVERTERS[t] = fn
+        return fn
+    return deco
+
+
+_UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+          "Neg": "neg", "Abs": "abs", "HardSwish": "hard_swish"}
+
+
+@converter(*_UNARY)
+def _unary(im, node, ins, a):
+    im.emit(_UNARY[node.op_type], ins[:1], {}, node.name, _out(node))
+
+
+@converter("LeakyRelu")
+def _leaky(im, node, ins, a):
+    im.emit("leaky_relu", ins[:1], {"alpha": float(a.get("alpha", 0.01))}, node.name, _out(node))
+
+
+@converter("HardSigmoid")
+def _hsig(im, node, ins, a):
+    im.emit("hard_sigmoid", ins[:1], {"alpha": float(a.get("alpha", 0.2)), "beta": float(a.get("beta", 0.5))},
+            node.name, _out(node))
+
+
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
+
+
+@converter(*_BINARY)
+def _binary(im, node, ins, a):
+    im.emit(_BINARY[node.op_type], ins[:2], {}, node.name, _out(node))
+
+
+@converter("Sum", "Max", "Min")
+def _variadic(im, node, ins, a):
+    op = {"Sum": "add", "Max": "maximum", "Min": "minimum"}[node.op_type]
+    if len(ins) == 1:
+        _reshape_alias(im, ins[0], node)
+        return
+    acc = ins[0]
+    for k, x in enumerate(ins[1:]):
+        last = k == len(ins) - 2
+        acc = im.emit(op, [acc, x], {}, node.name if last else node.name + "_%d" % k, _out(node) if last else None)
+
+
+def _reshape_alias(im, x, node):
+    im.emit("reshape", [x], {"shape": im.type(x).shape}, node.name, _out(node))
+
+
+@converter("Identity")
+def _identity(im, node, ins, a):
+    _reshape_alias(im, ins[0], node)
+
+
+@converter("Dropout")
+def _dropout(im, node, ins, a):
+    # inference: dropout is the identity (training_mode, if given, must be a false constant)
+    if len(ins) > 2 and ins[2]:
+        tm = im.require_const(ins[2], "Dropout training_mode", node.name)
+        if bool(np.asarray(tm)):
+            raise UnsupportedOpError("node %s: Dropout with training_mode=true is not supported" % node.name)
+    _reshape_alias(im, ins[0], node)
+    if len(node.output) > 1 and node.output[1]:
+        im.add_const(np.ones(im.type(ins[0]).shape, dtype=bool), name=node.output[1])
+
+
+@converter("Clip")
+def _clip(im, node, ins, a):
+    lo, hi = a.get("min", -np.inf), a.get("max", np.inf)
+    x = ins[0]
+    rest = []
+    if im.opset >= 11:
+        for k, default in ((1, -np.inf), (2, np.inf)):
+            if len(ins) > k and ins[k]:
+                c = im.const(ins[k])
+                if c is None:
+                    rest.append((k, ins[k]))
+                elif k == 1:
+                    lo = float(c)
+                else:
+                    hi = float(c)
+    if not rest:
+        im.emit("clip", [x], {"min": float(lo), "max": float(hi)}, node.name, _out(node))
+        return
+    # bounds given at run time: max(x, lo) then min(., hi)
+    cur = x
+    if np.isfinite(lo):
+        cur = im.emit("maximum", [cur, im.add_const(np.array(lo, dtype=im.type(x).dtype))])
+    for k, v in rest:
+        last = (k, v) == rest[-1]
+        cur = im.emit("maximum" if k == 1 else "minimum", [cur, v], {}, node.name + "_%d" % k,
+                      _out(node) if last and not (k == 1 and np.isfinite(hi)) else None)
+    if np.isfinite(hi) and rest[-1][0] == 1:
+        im.emit("minimum", [cur, im.add_const(np.array(hi, dtype=im.type(x).dtype))], {}, node.name, _out(node))
+
+
+@converter("Constant")
+def _constant(im, node, ins, a):
+    from onnx import numpy_helper
+    if "value" in a:
+        v = numpy_helper.to_array(a["value"])
+    elif "value_float" in a:
+        v = np.array(a["value_float"], dtype=np.float32)
+    elif "value_floats" in a:
+        v = np.array(a["value_floats"], dtype=np.float32)
+    elif "value_int" in a:
+        v = np.array(a["value_int"], dtype=np.int64)
+    elif "value_ints" in a:
+        v = np.array(a["value_ints"], dtype=np.int64)
+    else:
+        raise UnsupportedOpError("node %s: Constant with attributes %s" % (node.name, sorted(a)))
+    im.add_const(v, name=node.output[0])
+
+
+@converter("ConstantOfShape")
+def _const_of_shape(im, node, ins, a):
+    from onnx import numpy_helper
+    shape = im.require_const(ins[0], "ConstantOfShape shape", node.name)
+    value = numpy_helper.to_array(a["value"]).reshape(-1)[0] if "value" in a else np.float32(0)
+    im.add_const(np.full(tuple(int(d) for d in shape), value, dtype=np.asarray(value).dtype), name=node.output[0])
+
+
+@converter("Shape")
+def _shape(im, node, ins, a):
+    shape = np.array(im.type(ins[0]).shape, dtype=np.int64)
+    start, end = a.get("start", 0), a.get("end", None)
+    im.add_const(shape[start:end], name=node.output[0])
+
+
+@converter("Cast")
+def _cast(im, node, ins, a):
+    to = _ONNX_DTYPES[a["to"]]
+    c = im.const(ins[0])
+    if c is not None:
+        im.add_const(c.astype(to), name=node.output[0])
+    elif im.type(ins[0]).dtype == to:
+        _reshape_alias(im, ins[0], node)
+    else:
+        raise UnsupportedOpError("node %s: Cast of a run-time tensor from %s to %s" % (node.name, im.type(ins[0]).dtype, to))
+
+
+@converter("Gather")
+def _gather(im, node, ins, a):
+    data = im.const(ins[0])
+    idx = im.require_const(ins[1], "Gather indices", node.name)
+    axis = a.get("axis", 0)
+    if data is not None:
+        im.add_const(np.take(data, idx.astype(np.int64), axis=axis), name=node.output[0])
+        return
+    t = im.type(ins[0])
+    axis = _norm_axis(axis, len(t.shape))
+    if idx.ndim == 0:
+        i = int(idx) % t.shape[axis]
+        begin = [0] * len(t.shape)
+        end = list(t.shape)
+        begin[axis], end[axis] = i, i + 1
+        y = im.emit("strided_slice", [ins[0]], {"begin": begin, "end": end, "step": [1] * len(t.shape)})
+        shape = t.shape[:axis] + t.shape[axis + 1:]
+        _reshape(im, y, shape, node.name, node.output[0])
+        return
+    raise UnsupportedOpError("node %s: Gather with tensor indices on a run-time tensor" % node.name)
+
+
+@converter("Slice")
+def _slice(im, node, ins, a):
+    t = im.type(ins[0])
+    nd = len(t.shape)
+    if im.opset < 10:
+        starts, ends = a["starts"], a["ends"]
+        axes = a.get("axes", list(range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts = im.require_const(ins[1], "Slice starts", node.name).tolist()
+        ends = im.require_const(ins[2], "Slice ends", node.name).tolist()
+        axes = im.require_const(ins[3], "Slice axes", node.name).tolist() if len(ins) > 3 and ins[3] \
+            else list(range(len(starts)))
+        steps = im.require_const(ins[4], "Slice steps", node.name).tolist() if len(ins) > 4 and ins[4] \
+            else [1] * len(starts)
+    begin, end, step = [0] * nd, list(t.shape), [1] * nd
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        ax = _norm_axis(int(ax), nd)
+        b, e2, _ = slice(int(s), int(e), int(st)).indices(t.shape[ax])
+        begin[ax], end[ax], step[ax] = b, e2, int(st)
+    c = im.const(ins[0])
+    if c is not None:
+        sl = tuple(slice(b, e if e >= 0 else None, s) for b, e, s in zip(begin, end, step))
+        im.add_const(c[sl], name=node.output[0])
+        return
+    im.emit("strided_slice", [ins[0]], {"begin": begin, "end": end, "step": step}, node.name, _out(node))
+
+
+@converter("Reshape")
+def _reshape_conv(im, node, ins, a):
+    t = im.type(ins[0])
+    if im.opset >= 5:
+        shape = [int(d) for d in im.require_const(ins[1], "Reshape shape", node.name)]
+    else:
+        shape = list(a["shape"])
+    allowzero = a.get("allowzero", 0)
+    out = []
+    for i, d in enumerate(shape):
+        out.append(t.shape[i] if d == 0 and not allowzero else d)
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
+        out[out.index(-1)] = t.size // known if known else 0
+    im.emit("reshape", [ins[0]], {"shape": tuple(out)}, node.name, _out(node))
+
+
+@converter("Flatten")
+def _flatten(im, node, ins, a):
+    t = im.type(ins[0])
+    axis = _norm_axis(a.get("axis", 1), len(t.shape))
+    lead = int(np.prod(t.shape[:axis], dtype=np.int64))
+    im.emit("reshape", [ins[0]], {"shape": (lead, t.size // lead if lead else 0)}, node.name, _out(node))
+
+
+def _axes_arg(im, node, ins, a) -> List[int]:
+    if "axes" in a:
+        return list(a["axes"])
+    if len(ins) > 1 and ins[1]:
+        return [int(v) for v in im.require_const(ins[1], node.op_type + " axes", node.name).reshape(-1)]
+    return []
+
+
+@converter("Squeeze")
+def _squeeze(im, node, ins, a):
+    t = im.type(ins[0])
+    axes = [_norm_axis(x, len(t.shape)) for x in _axes_arg(im, node, ins, a)]
+    if not axes:
+        axes = [i for i, d in enumerate(t.shape) if d == 1]
+    shape = tuple(d for i, d in enumerate(t.shape) if i not in axes)
+    im.emit("reshape", [ins[0]], {"shape": shape}, node.name, _out(node))
+
+
+@converter("Unsqueeze")
+def _unsqueeze(im, node, ins, a):
+    t = im.type(ins[0])
+    axes = _axes_arg(im, node, ins, a)
+    nd = len(t.shape) + len(axes)
+    axes = sorted(_norm_axis(x, nd) for x in axes)
+    shape = list(t.shape)
+    for ax in axes:
+        shape.insert(ax, 1)
+    im.emit("reshape", [ins[0]], {"shape": tuple(shape)}, node.name, _out(node))
+
+
+@converter("Transpose")
+def _transpose(im, node, ins, a):
+    nd = len(im.type(ins[0]).shape)
+    perm = list(a.get("perm", list(range(nd))[::-1]))
+    im.emit("transpose", [ins[0]], {"axes": perm}, node.name, _out(node))
+
+
+@converter("Concat")
+def _concat(im, node, ins, a):
+    nd = len(im.type(ins[0]).shape)
+    parts = [i for i in ins if i and (im.type(i).size > 0 or nd != 1)]
+    im.emit("concat", parts, {"axis": _norm_axis(a["axis"], nd)}, node.name, _out(node))
+
+
+@converter("Pad")
+def _pad(im, node, ins, a):
+    t = im.type(ins[0])
+    nd = len(t.shape)
+    mode = a.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if im.opset < 11:
+        pads = list(a.get("pads", a.get("paddings")))
+        value = float(a.get("value", 0.0))
+    else:
+        raw = [int(v) for v in im.require_const(ins[1], "Pad pads", node.name)]
+        value = 0.0
+        if len(ins) > 2 and ins[2]:
+            c = im.const(ins[2])
+            value = float(c) if c is not None else _reshape(im, ins[2], (1,))
+        if len(ins) > 3 and ins[3]:
+            axes = [_norm_axis(int(x), nd) for x in im.require_const(ins[3], "Pad axes", node.name)]
+        else:
+            axes = list(range(nd))
+        pads = [0] * (2 * nd)
+        for k, ax in enumerate(axes):
+            pads[ax] = raw[k]
+            pads[ax + nd] = raw[k + len(axes)]
+    if mode not in ("constant", "reflect", "edge"):
+        raise UnsupportedOpError("node %s: Pad mode %r" % (node.name, mode))
+    if isinstance(value, str):   # a run-time pad value
+        im.emit("pad", [ins[0], value], {"pads": pads, "mode": mode}, node.name, _out(node))
+    else:
+        im.emit("pad", [ins[0]], {"pads": pads, "value": value, "mode": mode}, node.name, _out(node))
+
+
+def _spatial_pads(a: dict, in_sp: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int]) -> List[int]:
+    nd = len(in_sp)
+    auto = a.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i in range(nd):
+            out = -(-in_sp[i] // s[i])
+            total = max((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i], 0)
+            small, big = total // 2, total - total // 2
+            begin.append(small if auto == "SAME_UPPER" else big)
+            end.append(big if auto == "SAME_UPPER" else small)
+        return begin + end
+    if auto == "VALID":
+        return [0] * (2 * nd)
+    return list(a.get("pads", [0] * (2 * nd)))
+
+
+@converter("Conv")
+def _conv(im, node, ins, a):
+    xt, wt = im.type(ins[0]), im.type(ins[1])
+    nd = len(xt.shape) - 2
+    k = list(a.get("kernel_shape", wt.shape[2:]))
+    s = list(a.get("strides", [1] * nd))
+    d = list(a.get("dilations", [1] * nd))
+    pads = _spatial_pads(a, xt.shape[2:], k, s, d)
+    group = int(a.get("group", 1))
+    x, w = ins[0], ins[1]
+    if nd == 1:     # a 1-D conv is a 2-D conv over a height of one
+        x = _reshape(im, x, xt.shape[:2] + (1,) + xt.shape[2:])
+        w = _reshape(im, w, wt.shape[:2] + (1,) + wt.shape[2:])
+        s, d, pads = [1] + s, [1] + d, [0, pads[0], 0, pads[1]]
+    elif nd != 2:
+        raise UnsupportedOpError("node %s: %d-D Conv (only 1-D and 2-D)" % (node.name, nd))
+    attrs = {"strides": s, "dilations": d, "pads": pads, "groups": group}
+    has_bias = len(ins) > 2 and ins[2]
+    final = _out(node) if nd == 2 and not has_bias else None
+    y = im.emit("conv2d", [x, w], attrs, node.name, final)
+    if has_bias:
+        b = _reshape(im, ins[2], (1, im.type(ins[2]).shape[0], 1, 1))
+        y = im.emit("add", [y, b], {}, node.name + "_bias", _out(node) if nd == 2 else None)
+    if nd == 1:
+        t = im.type(y)
+        _reshape(im, y, (t.shape[0], t.shape[1], t.shape[3]), node.name + "_squeeze", node.output[0])
+
+
+def _pool(kind):
+    def conv(im, node, ins, a):
+        if len(node.output) > 1 and node.output[1]:
+            raise UnsupportedOpError("node %s: MaxPool with an Indices output" % node.name)
+        xt = im.type(ins[0])
+        nd = len(xt.shape) - 2
+        k = list(a["kernel_shape"])
+        s = list(a.get("strides", [1] * nd))
+        d = list(a.get("dilations", [1] * nd))
+        attrs = {"kernel": k, "strides": s, "dilations": d, "pads": _spatial_pads(a, xt.shape[2:], k, s, d),
+                 "ceil_mode": int(a.get("ceil_mode", 0)), "count_include_pad": int(a.get("count_include_pad", 0))}
+        im.emit(kind, [ins[0]], attrs, node.name, _out(node))
+    return conv
+
+
+CONVERTERS["MaxPool"] = _pool("max_pool")
+CONVERTERS["AveragePool"] = _pool("avg_pool")
+
+
+@converter("GlobalAveragePool", "GlobalMaxPool")
+def _gpool(im, node, ins, a):
+    op = "global_avg_pool" if node.op_type == "GlobalAveragePool" else "global_max_pool"
+    im.emit(op, [ins[0]], {}, node.name, _out(node))
+
+
+@converter("BatchNormalization")
+def _bn(im, node, ins, a):
+    if a.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
+        _bn_training(im, node, ins, a)
+        return
+    im.emit("batch_norm", ins[:5], {"epsilon": float(a.get("epsilon", 1e-5))}, node.name, _out(node))
+
+
+def _bn_training(im, node, ins, a):
+    """Training-mode batch norm with batch statistics, all as constants: supported only when x is constant."""
+    x = im.const(ins[0])
+    if x is None:
+        raise UnsupportedOpError("node %s: BatchNormalization in training mode on a run-time tensor" % node.name)
+    raise UnsupportedOpError("node %s: BatchNormalization in training mode" % node.name)
+
+
+@converter("LRN")
+def _lrn(im, node, ins, a):
+    im.emit("lrn", [ins[0]], {"size": int(a["size"]), "alpha": float(a.get("alpha", 1e-4)),
+                              "beta": float(a.get("beta", 0.75)), "bias": float(a.get("bias", 1.0))},
+            node.name, _out(node))
+
+
+@converter("Softmax")
+def _softmax(im, node, ins, a):
+    t = im.type(ins[0])
+    nd = len(t.shape)
+    if im.opset >= 13:
+        im.emit("softmax", [ins[0]], {"axis": _norm_axis(a.get("axis", -1), nd)}, node.name, _out(node))
+        return
+    # before opset 13 softmax works on the input coerced to 2-D at `axis`
+    axis = _norm_axis(a.get("axis", 1), nd)
+    lead = int(np.prod(t.shape[:axis], dtype=np.int64))
+    flat = _reshape(im, ins[0], (lead, t.size // max(lead, 1)))
+    y = im.emit("softmax", [flat], {"axis": 1}, node.name)
+    _reshape(im, y, t.shape, node.name + "_reshape", node.output[0])
+
+
+@converter("Gemm")
+def _gemm(im, node, ins, a):
+    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
+    A, B = ins[0], ins[1]
+    if a.get("transA", 0):
+        A = im.emit("transpose", [A], {"axes": [1, 0]}, node.name + "_transA")
+    if not a.get("transB", 0):   # dense wants the weight as [N, K]; folds away when B is a constant
+        B = im.emit("transpose", [B], {"axes": [1, 0]}, node.name + "_transB")
+    has_c = len(ins) > 2 and bool(ins[2]) and beta != 0.0
+    last_is_dense = alpha == 1.0 and not has_c
+    y = im.emit("dense", [A, B], {}, node.name, _out(node) if last_is_dense else None)
+    if alpha != 1.0:
+        y = im.emit("scale_shift", [y], {"scale": alpha, "shift": 0.0}, node.name + "_alpha",
+                    _out(node) if not has_c else None)
+    if has_c:
+        C = ins[2]
+        if beta != 1.0:
+            C = im.emit("scale_shift", [C], {"scale": beta, "shift": 0.0}, node.name + "_beta")
+        im.emit("add", [y, C], {}, node.name + "_bias", _out(node))
+
+
+@converter("MatMul")
+def _matmul(im, node, ins, a):
+    at, bt = im.type(ins[0]), im.type(ins[1])
+    A, B = ins[0], ins[1]
+    a_shape, b_shape = list(at.shape), list(bt.shape)
+    if len(a_shape) == 1:
+        A = _reshape(im, A, [1] + a_shape)
+        a_shape = [1] + a_shape
+    if len(b_shape) == 1:
+        B = _reshape(im, B, b_shape + [1])
+        b_shape = b_shape + [1]
+    M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
+    batch = list(ops.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    final_shape = tuple(batch + [M, N])
+    onnx_shape = list(batch)
+    if len(at.shape) > 1:
+        onnx_shape.append(M)
+    if len(bt.shape) > 1:
+        onnx_shape.append(N)
+    nb = int(np.prod(batch, dtype=np.int64)) if batch else 1
+    if len(b_shape) == 2:
+        # one weight matrix shared by every row: a dense over the flattened rows of A
+        A2 = _reshape(im, A, (int(np.prod(a_shape[:-1], dtype=np.int64)), K))
+        Bt = im.emit("transpose", [B], {"axes": [1, 0]}, node.name + "_transB")
+        y = im.emit("dense", [A2, Bt], {}, node.name)
+    else:
+        Af = A if tuple(a_shape[:-2]) == tuple(batch) else im.emit("broadcast_to", [A], {"shape": batch + [M, K]})
+        Bf = B if tuple(b_shape[:-2]) == tuple(batch) else im.emit("broadcast_to", [B], {"shape": batch + [K, N]})
+        y = im.emit("batch_matmul", [_reshape(im, Af, (nb, M, K)), _reshape(im, Bf, (nb, K, N))], {}, node.name)
+    im.emit("reshape", [y], {"shape": tuple(onnx_shape)}, node.name + "_out", _out(node))
+
+
+# ---------------------------------------------------------------- entry point
+def unsupported_ops(model) -> Dict[str, List[str]]:
+    """Every ONNX op type in `model` with no converter, with the names of its nodes."""
+    missing: Dict[str, List[str]] = {}
+    for i, node in enumerate(model.graph.node):
+        if node.op_type not in CONVERTERS or (node.domain not in ("", "ai.onnx")):
+            missing.setdefault(node.op_type, []).append(node.name or "#%d" % i)
+    return missing
+
+
+def _value_info_type(vi) -> Tuple[Tuple[Optional[int], ...], str]:
+    tt = vi.type.tensor_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+    return dims, _ONNX_DTYPES.get(tt.elem_type, "elem_type_%d" % tt.elem_type)
+
+
+def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
+              dtype: Optional[Mapping[str, str]] = None,
+              constants: Optional[Mapping[str, np.ndarray]] = None) -> Tuple[Graph, Dict[str, np.ndarray]]:
+    """Import an ONNX ModelProto (or a path) as (graph, params).
+
+    ``shape`` fixes input shapes (needed for inputs with symbolic dimensions); ``constants`` binds run-time
+    inputs to fixed values (e.g. an int64 shape input), which then fold like initializers.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        model = onnx.load(model)
+    missing = unsupported_ops(model)
+    if missing:
+        listing = "; ".join("%s (%s)" % (op, ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
+                            for op, names in sorted(missing.items()))
+        raise UnsupportedOpError("the model uses %d unsupported op type(s): %s" % (len(missing), listing))
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
+    im = _Importer(opset)
+    shape = dict(shape or {})
+    dtype = dict(dtype or {})
+    constants = dict(constants or {})
+    for init in model.graph.initializer:
+        im.add_const(numpy_helper.to_array(init), name=init.name)
+    inputs: List[str] = []
+    for vi in model.graph.input:
+        if vi.name in im.consts:
+            continue
+        dims, dt = _value_info_type(vi)
+        dt = dtype.get(vi.name, dt)
+        if vi.name in constants:
+            im.add_const(np.asarray(constants[vi.name], dtype=dt), name=vi.name)
+            continue
+        if vi.name in shape:
+            dims = tuple(int(d) for d in shape[vi.name])
+        if any(d is None for d in dims):
+            raise ValueError("input %r has a symbolic shape %s: pass shape={%r: (...)} to from_onnx"
+                             % (vi.name, dims, vi.name))
+        if dt not in _ONNX_DTYPES.values():
+            raise UnsupportedOpError("input %r has an unsupported element type %s" % (vi.name, dt))
+        im.types[vi.name] = TensorType(dims, dt)
+        inputs.append(vi.name)
+    unknown = set(shape) - set(inputs)
+    if unknown:
+        raise ValueError("shape given for %s, which are not run-time inputs of the model (inputs: %s)"
+                         % (sorted(unknown), inputs))
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = "%s_%d" % (node.op_type, i)
+        ins = [x for x in node.input]
+        for x in ins:
+            if x and x not in im.types:
+                raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
+        CONVERTERS[node.op_type](im, node, ins, _attrs(node))
+        for o in node.output:
+            if o and o not in im.types:
+                raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
+    outputs = [o.name for o in model.graph.output]
+    graph = Graph(inputs, outputs, im.nodes, im.types, name=model.graph.name or "main")
+    used = {i for n in graph.nodes for i in n.inputs} | set(outputs)
+    params = {k: v for k, v in im.consts.items() if k in used}
+    graph.types = {k: v for k, v in graph.types.items() if k in used or k in inputs
+                   or any(k in n.outputs for n in graph.nodes)}
+    graph.validate(params)
+    log.info("imported %s: %d nodes, %d params", graph.name, len(graph.nodes), len(params))
+    return graph, params

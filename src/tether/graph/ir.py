@@ -1,0 +1,146 @@
+"""The graph IR: a topologically ordered list of nodes over named tensor values.
+
+A value is named by a string; its static type (shape + dtype) lives in ``Graph.types``. Constant values
+(weights and folded tensors) are not stored in the graph: they travel beside it in a ``params`` dict
+(name -> numpy array), so a pass can be written as ``graph, params = pass_(graph, params)`` and a graph can be
+printed without dumping megabytes of weights.
+
+Op names are tether's own (``conv2d``, ``dense``, ``add`` ...); their attributes, shape rules and numpy
+semantics are defined once in ``tether.graph.ops``. A fused node has op ``"fused"`` and carries its body
+(a list of nodes over the fused node's inputs) in ``attrs["body"]``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: Tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", str(np.dtype(self.dtype)))
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def __str__(self) -> str:
+        return "%s[%s]" % (self.dtype, ",".join(str(d) for d in self.shape))
+
+
+@dataclass
+class Node:
+    op: str
+    name: str
+    inputs: List[str]
+    outputs: List[str]
+    attrs: Dict[str, object] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return format_node(self)
+
+
+def _fmt_attr(v: object) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_fmt_attr(x) for x in v) + "]"
+    if isinstance(v, float):
+        return "%g" % v
+    if isinstance(v, np.ndarray):
+        return "array%s" % (list(v.shape),)
+    return str(v)
+
+
+def format_node(node: Node, types: Optional[Dict[str, TensorType]] = None) -> str:
+    outs = ", ".join("%" + o for o in node.outputs)
+    ins = ", ".join("%" + i for i in node.inputs)
+    if node.op == "fused":
+        body = "+".join(n.op for n in node.attrs["body"])
+        head = "fused[%s]" % body
+        attrs = ""
+    else:
+        head = node.op
+        shown = {k: v for k, v in sorted(node.attrs.items()) if not k.startswith("_")}
+        attrs = (" {" + ", ".join("%s=%s" % (k, _fmt_attr(v)) for k, v in shown.items()) + "}") if shown else ""
+    ty = ""
+    if types is not None:
+        ty = "  : " + ", ".join(str(types[o]) for o in node.outputs if o in types)
+    return "%s = %s(%s)%s%s    # %s" % (outs, head, ins, attrs, ty, node.name)
+
+
+@dataclass
+class Graph:
+    """Run-time inputs, outputs, nodes (in execution order) and the types of every value."""
+
+    inputs: List[str]
+    outputs: List[str]
+    nodes: List[Node]
+    types: Dict[str, TensorType]
+    name: str = "main"
+
+    def copy(self) -> "Graph":
+        return copy.deepcopy(self)
+
+    def producers(self) -> Dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs}
+
+    def consumers(self) -> Dict[str, List[Node]]:
+        out: Dict[str, List[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                out.setdefault(i, []).append(n)
+        return out
+
+    def ops_used(self) -> Dict[str, int]:
+        counts: Dict[str, int] = {}
+        for n in self.nodes:
+            counts[n.op] = counts.get(n.op, 0) + 1
+        return counts
+
+    def validate(self, params: Optional[Dict[str, np.ndarray]] = None) -> None:
+        """Every value is defined before use and typed; raises ValueError naming the first problem."""
+        defined = set(self.inputs) | set(params or {})
+        for n in self.nodes:
+            for i in n.inputs:
+                if i not in defined:
+                    raise ValueError("node %s (%s) uses %r before it is defined" % (n.name, n.op, i))
+            for o in n.outputs:
+                if o not in self.types:
+                    raise ValueError("node %s (%s) output %r has no type" % (n.name, n.op, o))
+                defined.add(o)
+        for o in self.outputs:
+            if o not in defined:
+                raise ValueError("graph output %r is never produced" % o)
+
+    def __str__(self) -> str:
+        lines = ["graph %s(%s) {" % (self.name, ", ".join("%%%s: %s" % (i, self.types[i]) for i in self.inputs))]
+        for n in self.nodes:
+            lines.append("  " + format_node(n, self.types))
+        lines.append("  return " + ", ".join("%" + o for o in self.outputs))
+        lines.append("}")
+        return "\n".join(lines)
+
+
+def summarize_params(params: Dict[str, np.ndarray]) -> str:
+    total = sum(int(v.nbytes) for v in params.values())
+    return "%d params, %.1f KiB" % (len(params), total / 1024.0)
+
+
+def unique_name(base: str, taken: Iterable[str]) -> str:
+    taken = set(taken)
+    if base not in taken:
+        return base
+    i = 1
+    while "%s_%d" % (base, i) in taken:
+        i += 1
+    return "%s_%d" % (base, i)

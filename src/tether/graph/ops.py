@@ -1,0 +1,326 @@
+"""Graph-level op definitions: attributes, shape/dtype inference, numpy semantics and fusion pattern.
+
+One table (``OPS``) keyed by op name. Each entry says
+- ``pattern``: how the op fuses (see below);
+- ``infer(attrs, in_types) -> [TensorType]``: static output types;
+- ``ref(attrs, *arrays) -> [ndarray]``: the numpy meaning of the op, used by constant folding and by the
+  reference interpreter that tests compare passes against.
+
+Patterns, from most to least fusable:
+- ``elemwise``: output element i depends only on input elements i (after broadcasting): fusable as an
+  epilogue into any producer;
+- ``alias``: a pure reinterpretation of the same bytes with another shape (reshape): no kernel at all, the
+  executor gives the output a view of its input's storage;
+- ``injective``: transpose, pad, concat ...: their own kernel;
+- ``complex``: conv2d, dense, pools ...: their own kernel, which accepts elementwise epilogues;
+- ``opaque``: softmax, lrn, batch_norm ...: their own kernel, nothing fused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from tether.graph.ir import TensorType
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    pattern: str
+    infer: Callable[..., List[TensorType]]
+    ref: Callable[..., List[np.ndarray]]
+
+
+OPS: Dict[str, OpDef] = {}
+
+
+def _register(name: str, pattern: str, infer: Callable, ref: Callable) -> None:
+    OPS[name] = OpDef(name, pattern, infer, ref)
+
+
+def _same(attrs, t, *rest):
+    return [t]
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
+    return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+
+
+# ---------------------------------------------------------------- elementwise
+def _f32(fn):
+    """numpy ufuncs may upcast (e.g. float32 * python float); keep the input dtype."""
+    def wrapped(attrs, x, *rest):
+        return [np.asarray(fn(attrs, x, *rest)).astype(x.dtype, copy=False)]
+    return wrapped
+
+
+def _sigmoid(a, x):
+    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+
+
+UNARY = {
+    "relu": lambda a, x: np.maximum(x, 0),
+    "sigmoid": _sigmoid,
+    "tanh": lambda a, x: np.tanh(x),
+    "exp": lambda a, x: np.exp(x),
+    "log": lambda a, x: np.log(x),
+    "sqrt": lambda a, x: np.sqrt(x),
+    "neg": lambda a, x: -x,
+    "abs": lambda a, x: np.abs(x),
+    "clip": lambda a, x: np.minimum(np.maximum(x, a.get("min", -np.inf)), a.get("max", np.inf)),
+    "leaky_relu": lambda a, x: np.where(x >= 0, x, x * a.get("alpha", 0.01)),
+    "hard_sigmoid": lambda a, x: np.clip(x * a.get("alpha", 0.2) + a.get("beta", 0.5), 0, 1),
+    "hard_swish": lambda a, x: x * np.clip(x / 6.0 + 0.5, 0, 1),
+    "scale_shift": lambda a, x: x * a.get("scale", 1.0) + a.get("shift", 0.0),
+}
+for _n, _fn in UNARY.items():
+    _register(_n, "elemwise", _same, _f32(_fn))
+
+
+def _binary_infer(attrs, a, b):
+    return [TensorType(broadcast_shapes(a.shape, b.shape), a.dtype)]
+
+
+BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": lambda a, b: (a / b) if np.issubdtype(np.asarray(a).dtype, np.floating) else np.trunc(a / b),
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "pow": np.power,
+}
+for _n, _fn in BINARY.items():
+    _register(_n, "elemwise", _binary_infer,
+              (lambda fn: lambda attrs, a, b: [np.asarray(fn(a, b)).astype(a.dtype, copy=False)])(_fn))
+
+
+# ---------------------------------------------------------------- shape ops
+def _reshape_infer(attrs, x):
+    shape = tuple(attrs["shape"])
+    if int(np.prod(shape, dtype=np.int64)) != x.size:
+        raise ValueError("reshape of %s to %s changes the element count" % (x, shape))
+    return [TensorType(shape, x.dtype)]
+
+
+_register("reshape", "alias", _reshape_infer, lambda attrs, x: [x.reshape(tuple(attrs["shape"]))])
+
+
+def _transpose_infer(attrs, x):
+    return [TensorType(tuple(x.shape[p] for p in attrs["axes"]), x.dtype)]
+
+
+_register("transpose", "injective", _transpose_infer,
+          lambda attrs, x: [np.ascontiguousarray(np.transpose(x, attrs["axes"]))])
+
+
+def _concat_infer(attrs, *xs):
+    axis = attrs["axis"]
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    return [TensorType(tuple(shape), xs[0].dtype)]
+
+
+_register("concat", "injective", _concat_infer, lambda attrs, *xs: [np.concatenate(xs, axis=attrs["axis"])])
+
+
+def _pad_infer(attrs, x, *value):
+    pads = attrs["pads"]
+    n = len(x.shape)
+    return [TensorType(tuple(x.shape[i] + pads[i] + pads[i + n] for i in range(n)), x.dtype)]
+
+
+def _pad_ref(attrs, x, *value):
+    # the pad value is an attribute, or a one-element tensor computed at run time (second input)
+    fill = float(np.asarray(value[0]).reshape(-1)[0]) if value else attrs.get("value", 0.0)
+    n = x.ndim
+    pads = attrs["pads"]
+    # negative pads crop
+    sl = tuple(slice(max(-pads[i], 0), x.shape[i] - max(-pads[i + n], 0)) for i in range(n))
+    x = x[sl]
+    width = [(max(pads[i], 0), max(pads[i + n], 0)) for i in range(n)]
+    mode = attrs.get("mode", "constant")
+    if mode == "constant":
+        return [np.pad(x, width, mode="constant", constant_values=fill).astype(x.dtype)]
+    return [np.pad(x, width, mode={"reflect": "reflect", "edge": "edge"}[mode])]
+
+
+_register("pad", "injective", _pad_infer, _pad_ref)
+
+
+def _slice_infer(attrs, x):
+    shape = [len(range(b, e, s)) for b, e, s in zip(attrs["begin"], attrs["end"], attrs["step"])]
+    return [TensorType(tuple(shape), x.dtype)]
+
+
+_register("strided_slice", "injective", _slice_infer,
+          lambda attrs, x: [np.ascontiguousarray(
+              x[tuple(slice(b, e if e >= 0 else None, s) for b, e, s in zip(attrs["begin"], attrs["end"],
+                                                                             attrs["step"]))])])
+
+
+def _bcast_to_infer(attrs, x):
+    return [TensorType(tuple(attrs["shape"]), x.dtype)]
+
+
+_register("broadcast_to", "injective", _bcast_to_infer,
+          lambda attrs, x: [np.ascontiguousarray(np.broadcast_to(x, tuple(attrs["shape"])))])
+
+
+# ---------------------------------------------------------------- linear algebra
+def _dense_infer(attrs, x, w):
+    return [TensorType((x.shape[0], w.shape[0]), x.dtype)]
+
+
+_register("dense", "complex", _dense_infer, lambda attrs, x, w: [(x @ w.T).astype(x.dtype)])
+
+
+def _bmm_infer(attrs, a, b):
+    return [TensorType((a.shape[0], a.shape[1], b.shape[2]), a.dtype)]
+
+
+_register("batch_matmul", "complex", _bmm_infer, lambda attrs, a, b: [np.matmul(a, b).astype(a.dtype)])
+
+
+# ---------------------------------------------------------------- convolution and pooling
+def conv_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int) -> int:
+    return (n + pb + pe - ((k - 1) * d + 1)) // s + 1
+
+
+def _conv_infer(attrs, x, w, *bias):
+    s, d, p = attrs["strides"], attrs["dilations"], attrs["pads"]
+    oh = conv_out_size(x.shape[2], w.shape[2], s[0], d[0], p[0], p[2])
+    ow = conv_out_size(x.shape[3], w.shape[3], s[1], d[1], p[1], p[3])
+    return [TensorType((x.shape[0], w.shape[0], oh, ow), x.dtype)]
+
+
+def _conv_ref(attrs, x, w, *bias):
+    (t,) = _conv_infer(attrs, TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype))
+    s, d, p, g = attrs["strides"], attrs["dilations"], attrs["pads"], attrs["groups"]
+    n, c, h, wd = x.shape
+    oc, icg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+    oh, ow = t.shape[2], t.shape[3]
+    xg = xp.reshape(n, g, c // g, xp.shape[2], xp.shape[3])
+    wg = w.reshape(g, oc // g, icg, kh, kw)
+    out = np.zeros((n, g, oc // g, oh, ow), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xg[:, :, :, i * d[0]: i * d[0] + (oh - 1) * s[0] + 1: s[0],
+                       j * d[1]: j * d[1] + (ow - 1) * s[1] + 1: s[1]]
+            out += np.einsum("ngchw,goc->ngohw", patch, wg[:, :, :, i, j], optimize=True)
+    out = out.reshape(n, oc, oh, ow)
+    if bias:
+        out += bias[0].reshape(1, oc, 1, 1)
+    return [out.astype(x.dtype)]
+
+
+_register("conv2d", "complex", _conv_infer, _conv_ref)
+
+
+def pool_out_size(n, k, s, d, pb, pe, ceil_mode) -> int:
+    span = n + pb + pe - ((k - 1) * d + 1)
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= n + pb:
+        out -= 1   # the last window would start inside the end padding
+    return out
+
+
+def _pool_infer(attrs, x):
+    nd = len(attrs["kernel"])
+    k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    spatial = tuple(pool_out_size(x.shape[2 + i], k[i], s[i], d[i], p[i], p[i + nd], attrs["ceil_mode"])
+                    for i in range(nd))
+    return [TensorType(tuple(x.shape[:2]) + spatial, x.dtype)]
+
+
+def _pool_ref(kind):
+    def ref(attrs, x):
+        (t,) = _pool_infer(attrs, TensorType(x.shape, x.dtype))
+        nd = len(attrs["kernel"])
+        k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+        out_sp = t.shape[2:]
+        # pad generously so ceil-mode windows never index out of range
+        extra = [max(0, (out_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - (x.shape[2 + i] + p[i] + p[i + nd]))
+                 for i in range(nd)]
+        width = [(0, 0), (0, 0)] + [(p[i], p[i + nd] + extra[i]) for i in range(nd)]
+        fill = -np.inf if kind == "max" else 0.0
+        xp = np.pad(x.astype(np.float64), width, constant_values=fill)
+        valid = np.pad(np.ones(x.shape[2:]), width[2:], constant_values=0.0)
+        # positions inside the declared padding (not the ceil-mode overhang) count when count_include_pad
+        inpad = np.pad(np.ones(tuple(x.shape[2 + i] + p[i] + p[i + nd] for i in range(nd))),
+                       [(0, extra[i]) for i in range(nd)], constant_values=0.0)
+        acc = np.full(x.shape[:2] + tuple(out_sp), fill, dtype=np.float64)
+        cnt = np.zeros(tuple(out_sp))
+        for off in np.ndindex(*k):
+            sl = tuple(slice(off[i] * d[i], off[i] * d[i] + (out_sp[i] - 1) * s[i] + 1, s[i]) for i in range(nd))
+            win = xp[(slice(None), slice(None)) + sl]
+            if kind == "max":
+                acc = np.maximum(acc, win)
+            else:
+                acc = acc + win
+                cnt = cnt + (inpad[sl] if attrs.get("count_include_pad") else valid[sl])
+        if kind == "avg":
+            acc = acc / np.maximum(cnt, 1)
+        return [acc.astype(x.dtype)]
+    return ref
+
+
+_register("max_pool", "complex", _pool_infer, _pool_ref("max"))
+_register("avg_pool", "complex", _pool_infer, _pool_ref("avg"))
+
+
+def _gpool_infer(attrs, x):
+    return [TensorType(tuple(x.shape[:2]) + (1,) * (len(x.shape) - 2), x.dtype)]
+
+
+_register("global_avg_pool", "complex", _gpool_infer,
+          lambda attrs, x: [x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float64).astype(x.dtype)])
+_register("global_max_pool", "complex", _gpool_infer,
+          lambda attrs, x: [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)])
+
+
+# ---------------------------------------------------------------- normalisation
+def _softmax_ref(attrs, x):
+    ax = attrs["axis"]
+    e = np.exp(x.astype(np.float64) - x.max(axis=ax, keepdims=True))
+    return [(e / e.sum(axis=ax, keepdims=True)).astype(x.dtype)]
+
+
+_register("softmax", "opaque", _same, _softmax_ref)
+
+
+def _bn_ref(attrs, x, scale, bias, mean, var):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    inv = scale / np.sqrt(var + attrs["epsilon"])
+    return [((x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape)).astype(x.dtype)]
+
+
+_register("batch_norm", "opaque", _same, _bn_ref)
+
+
+def _lrn_ref(attrs, x):
+    size, alpha, beta, bias = attrs["size"], attrs["alpha"], attrs["beta"], attrs["bias"]
+    sq = np.square(x.astype(np.float64))
+    c = x.shape[1]
+    lo, hi = (size - 1) // 2, size // 2
+    padded = np.pad(sq, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
+    acc = sum(padded[:, i:i + c] for i in range(size))
+    return [(x / (bias + alpha / size * acc) ** beta).astype(x.dtype)]
+
+
+_register("lrn", "opaque", _same, _lrn_ref)
+
+
+def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
+    return OPS[op].infer(attrs, *in_types)
+
+
+def evaluate(op: str, attrs: dict, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+    return [np.ascontiguousarray(a) for a in OPS[op].ref(attrs, *arrays)]
+
+
+def pattern(op: str) -> str:
+    return OPS[op].pattern

@@ -1,0 +1,38 @@
+"""Graph passes. Each is ``pass_(graph, params) -> (graph, params)``, pure (inputs are not modified) and testable
+alone; ``optimize`` runs the standard pipeline for an opt level, and ``str(graph)`` prints the result."""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+
+from tether.graph.ir import Graph
+from tether.graph.passes.constant_fold import constant_fold
+from tether.graph.passes.dce import dce
+from tether.graph.passes.fold_batchnorm import fold_batchnorm
+from tether.graph.passes.fuse import fuse
+from tether.graph.passes.memory_plan import MemoryPlan, plan_memory
+
+log = logging.getLogger(__name__)
+
+Pass = Callable[[Graph, Dict[str, np.ndarray]], Tuple[Graph, Dict[str, np.ndarray]]]
+
+# opt_level -> passes, in order. Level 0 still folds constants: kernels never take compile-time constants
+# computed at run time.
+PIPELINES: Dict[int, List[Pass]] = {
+    0: [constant_fold, dce],
+    1: [constant_fold, fold_batchnorm, constant_fold, dce],
+    2: [constant_fold, fold_batchnorm, constant_fold, dce, fuse],
+    3: [constant_fold, fold_batchnorm, constant_fold, dce, fuse],
+}
+
+
+def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) -> Tuple[Graph, Dict[str, np.ndarray]]:
+    for p in PIPELINES[max(0, min(3, opt_level))]:
+        graph, params = p(graph, params)
+        log.debug("after %s:\n%s", p.__name__, graph)
+    return graph, params
+
+
+__all__ = ["constant_fold", "dce", "fold_batchnorm", "fuse", "plan_memory", "MemoryPlan", "optimize", "PIPELINES"]
