@@ -275,6 +275,9 @@ def _build(spec: ArchSpec, path: pathlib.Path, *, suite: str, mirrors: Sequence[
         progress("fixing up the extracted userland")
         linked = _link_blas(staging, spec)
         _rmtree(staging / "tmp")      # the guest then uses the host /tmp (-L falls back to host paths)
+        ship_dir = staging / GUEST_BUNDLE_DIR.lstrip("/")
+        ship_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(ship_dir, 0o1777)    # any user may ship a device zipapp into a root-built userland, like /tmp
         _rmtree(path / "rootfs")
         os.replace(staging, path / "rootfs")
     except BaseException:

@@ -1,0 +1,86 @@
+"""`tether emulate`: an emulated ARM device (Debian userland under qemu-user) running the device server."""
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+import click
+
+from tether import emulate as emu
+
+
+def _list(cache) -> None:
+    for row in emu.list_userlands(cache=cache):
+        if row["status"] == "ready":
+            click.echo("%-8s ready   %s  (Debian %s %s: python %s, numpy %s, msgpack %s; %.0f MB; built in %.1f s)"
+                       % (row["arch"], row["path"], row["suite"], row["debian_arch"], row["python_version"],
+                          row["numpy_version"], row["msgpack_version"], row["size_bytes"] / 1e6,
+                          row["build_seconds"]))
+        else:
+            click.echo("%-8s %-7s %s" % (row["arch"], row["status"], row["path"]))
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt()
+
+
+@click.command("emulate")
+@click.option("--arch", type=click.Choice(sorted(emu.ARCHES)), default="aarch64", show_default=True,
+              help="Architecture to emulate (aarch64 stands for rasp4b, armv7 for rasp3b).")
+@click.option("--cpu", default=None, help="qemu CPU model (default: cortex-a72 on aarch64, cortex-a7 on armv7).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the device server binds.")
+@click.option("--port", type=int, default=9090, show_default=True, help="First port to try.")
+@click.option("--port-end", type=int, default=9199, show_default=True, help="Last port to try.")
+@click.option("--tracker", default=None, metavar="HOST:PORT", help="Register with this tracker.")
+@click.option("--key", default=None, help="Device key to register under (with --tracker).")
+@click.option("--token", default=None, help="Require this token from clients.")
+@click.option("--list", "list_", is_flag=True, help="List the cached userlands and exit.")
+@click.option("--clean", is_flag=True, help="Delete the cached userland(s) (only --arch's if given) and exit.")
+@click.option("--rebuild", is_flag=True, help="Rebuild the userland even if a cached one exists.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Userland cache folder (default: $TETHER_USERLAND_CACHE or $XDG_CACHE_HOME/tether/userlands).")
+@click.pass_context
+def command(ctx: click.Context, arch: str, cpu: Optional[str], host: str, port: int, port_end: int,
+            tracker: Optional[str], key: Optional[str], token: Optional[str], list_: bool, clean: bool,
+            rebuild: bool, cache_dir: Optional[str]) -> None:
+    """Run the device server on an emulated ARM device (qemu-user + a cached Debian userland).
+
+    The first run builds the userland (about 10-20 s, needs root, qemu-user and mmdebstrap); later runs start
+    in a few seconds. The server runs in the foreground until Ctrl-C.
+    """
+    import pathlib
+    cache = pathlib.Path(cache_dir) if cache_dir else None
+    if list_:
+        _list(cache)
+        return
+    if clean:
+        explicit = ctx.get_parameter_source("arch") == click.core.ParameterSource.COMMANDLINE
+        removed = emu.clean_userlands(arch if explicit else None, cache=cache)
+        for path in removed:
+            click.echo("removed %s" % path)
+        if not removed:
+            click.echo("nothing to clean under %s" % (cache or emu.cache_root()))
+        return
+    try:
+        userland = emu.ensure_userland(arch, cache=cache, force=rebuild,
+                                       progress=lambda msg: click.echo("[userland] " + msg, err=True))
+        device = emu.EmulatedDevice(userland, cpu=cpu, host=host, port=port, port_end=port_end, tracker=tracker,
+                                    key=key, token=token, on_line=lambda line: click.echo(line, err=True))
+        click.echo("starting an emulated %s device (qemu %s, -cpu %s) from %s"
+                   % (arch, userland.spec.qemu, device.cpu, userland.path), err=True)
+        device.start()
+    except emu.EmulationError as exc:
+        raise click.ClickException(str(exc))
+    # SIGTERM ends the foreground run like Ctrl-C, so close() always stops the server and its workers.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    with device:
+        click.echo("emulated %s device (%s, preset %s) listening on %s:%d (pid %d, up in %.1f s); Ctrl-C stops it"
+                   % (arch, device.cpu, userland.spec.preset, device.host, device.port, device.pid,
+                      device.startup_seconds))
+        try:
+            code = device.wait()
+        except KeyboardInterrupt:
+            click.echo("stopping the emulated device", err=True)
+            return
+    if code:
+        raise click.ClickException("the emulated device server exited with code %d" % code)
