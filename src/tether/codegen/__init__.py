@@ -1,0 +1,1 @@
+"""LLVM code generation: loop IR -> llvmlite IR (llvm.py), math, module boilerplate, object emission."""

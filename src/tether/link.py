@@ -1,0 +1,155 @@
+"""Linking: self-contained shared objects with ld.lld, plus object files and static archives for C users.
+
+ld.lld comes from the ``ziglang`` wheel (a pip dependency, so no cross toolchain is needed); a system ``ld.lld``
+is the fallback. Set ``TETHER_LD`` to a linker command to override both.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
+
+from tether.errors import CompileError, LinkerNotFound
+from tether.target import Target, as_target
+
+log = logging.getLogger(__name__)
+
+LINK_TIMEOUT_S = 120.0
+_DEFAULT = object()
+_cache: dict = {}
+
+
+def _zig_from_python(python: str) -> Optional[str]:
+    """Path of the zig binary shipped by the ziglang wheel of ``python`` (None if it has none)."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        spec = importlib.util.find_spec("ziglang")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        pkg_dir = list(spec.submodule_search_locations)[0]
+    else:
+        try:
+            out = subprocess.run([python, "-c", "import os, ziglang; print(os.path.dirname(ziglang.__file__))"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode != 0:
+            return None
+        pkg_dir = out.stdout.strip()
+    for exe in ("zig", "zig.exe"):
+        cand = os.path.join(pkg_dir, exe)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def find_linker(python: Union[str, None, object] = _DEFAULT, path: Union[str, None, object] = _DEFAULT) -> List[str]:
+    """The ld.lld command as an argv prefix.
+
+    Search order: $TETHER_LD; the ziglang wheel of ``python`` (default: this interpreter); ``ld.lld`` on ``path``
+    (default: $PATH). Pass ``python=None`` to skip the wheel. Raises LinkerNotFound naming what to install."""
+    default = python is _DEFAULT and path is _DEFAULT
+    if default:
+        override = os.environ.get("TETHER_LD")
+        if override:
+            return shlex.split(override)
+        if "default" in _cache:
+            return list(_cache["default"])
+    py = sys.executable if python is _DEFAULT else python
+    search_path = os.environ.get("PATH", "") if path is _DEFAULT else (path or "")
+    cmd: Optional[List[str]] = None
+    if py:
+        zig = _zig_from_python(str(py))
+        if zig:
+            cmd = [zig, "ld.lld"]
+    if cmd is None:
+        for name in ("ld.lld", "ld.lld-18", "ld.lld-17", "ld.lld-16", "ld.lld-15", "ld.lld-14"):
+            found = shutil.which(name, path=search_path)
+            if found:
+                cmd = [found]
+                break
+    if cmd is None:
+        raise LinkerNotFound("no ld.lld linker found: install the ziglang wheel (pip install ziglang), which ships "
+                             "ld.lld for every target, or put a system ld.lld on PATH (e.g. apt install lld); "
+                             "searched the ziglang package of %s and PATH=%r" % (py or "(none)", search_path))
+    if default:
+        _cache["default"] = list(cmd)
+    log.debug("linker: %s", " ".join(cmd))
+    return cmd
+
+
+def link_shared(objects: Sequence[bytes], target: Union[str, Target], out_path: str,
+                soname: Optional[str] = None, linker: Optional[Sequence[str]] = None) -> str:
+    """Link object files (bytes) into a self-contained shared object at ``out_path``: no libc, no DT_NEEDED,
+    no undefined symbols."""
+    target = as_target(target)
+    cmd = list(linker) if linker else find_linker()
+    out_path = os.path.abspath(os.fspath(out_path))
+    soname = soname or os.path.basename(out_path)
+    with tempfile.TemporaryDirectory(prefix="tether-link-") as tmp:
+        paths = []
+        for k, obj in enumerate(objects):
+            p = os.path.join(tmp, "obj%d.o" % k)
+            with open(p, "wb") as f:
+                f.write(obj)
+            paths.append(p)
+        tmp_out = os.path.join(tmp, "out.so")
+        argv = cmd + list(target.link_flags) + ["-soname", soname, "-o", tmp_out] + paths
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise CompileError("ld.lld did not finish within %.0fs: %s" % (LINK_TIMEOUT_S, " ".join(argv))) from None
+        except OSError as exc:
+            raise LinkerNotFound("cannot run the linker %r: %s (pip install ziglang)" % (cmd[0], exc)) from None
+        if proc.returncode != 0:
+            raise CompileError("linking %s for %s failed:\n%s" % (soname, target, (proc.stderr or proc.stdout).strip()))
+        os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+        shutil.move(tmp_out, out_path)
+    return out_path
+
+
+def write_object(obj: bytes, out_path: str) -> str:
+    out_path = os.fspath(out_path)
+    with open(out_path, "wb") as f:
+        f.write(obj)
+    return out_path
+
+
+def _ar_header(name: str, size: int) -> bytes:
+    hdr = "%-16s%-12d%-6d%-6d%-8s%-10d`\n" % (name, 0, 0, 0, "644", size)
+    assert len(hdr) == 60
+    return hdr.encode("ascii")
+
+
+def write_archive(members: Sequence[Tuple[str, bytes, Iterable[str]]], out_path: str) -> str:
+    """Write a GNU ``ar`` static archive with a symbol index (so ld needs no ranlib).
+
+    ``members``: (file name <= 15 chars, object bytes, global symbols the object defines)."""
+    entries = []
+    for name, data, syms in members:
+        if len(name) > 15 or "/" in name:
+            raise ValueError("archive member name %r must be at most 15 characters without '/'" % name)
+        entries.append((name + "/", bytes(data), [s for s in syms]))
+    symbols = [(s, k) for k, (_, _, syms) in enumerate(entries) for s in syms]
+    names = b"".join(s.encode("ascii") + b"\0" for s, _ in symbols)
+    index_size = 4 + 4 * len(symbols) + len(names)
+    index_padded = index_size + (index_size & 1)
+    offsets, pos = [], 8 + 60 + index_padded
+    for _, data, _ in entries:
+        offsets.append(pos)
+        pos += 60 + len(data) + (len(data) & 1)
+    out = [b"!<arch>\n", _ar_header("/", index_size), struct.pack(">I", len(symbols))]
+    out += [struct.pack(">I", offsets[k]) for _, k in symbols]
+    out.append(names + b"\n" * (index_size & 1))
+    for name, data, _ in entries:
+        out += [_ar_header(name, len(data)), data, b"\n" * (len(data) & 1)]
+    out_path = os.fspath(out_path)
+    with open(out_path, "wb") as f:
+        f.write(b"".join(out))
+    return out_path

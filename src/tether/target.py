@@ -1,0 +1,311 @@
+"""Compilation targets: an LLVM triple plus CPU and features, named by a preset or spelled out.
+
+    Target("rasp4b")
+    Target("aarch64-linux-gnu -mcpu=cortex-a72 -mattr=+neon")
+    Target.from_device_info(session.device_info())
+
+A Target is a frozen record; everything that depends on the machine (the data layout, vector width, whether a
+rounding instruction exists) is derived here so codegen never re-parses triples.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+from tether.errors import TetherError
+
+
+class UnknownTargetError(TetherError, ValueError):
+    """A preset name or target string tether cannot interpret."""
+
+
+# ELF e_machine per architecture (abi.md: metadata "arch" must agree with it).
+ELF_MACHINE = {"x86_64": 62, "aarch64": 183, "armv7": 40}
+ELF_CLASS = {"x86_64": 64, "aarch64": 64, "armv7": 32}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Preset:
+    triple: str
+    cpu: str
+    features: str
+    description: str
+
+
+# Hardware notes: rasp3b runs a 32-bit OS on its Cortex-A53 (AArch32), so it is an armv7 hard-float target.
+_PRESETS: Dict[str, _Preset] = {
+    "x86_64": _Preset("x86_64-unknown-linux-gnu", "x86-64", "", "generic x86-64 (SSE2)"),
+    "rasp4b": _Preset("aarch64-unknown-linux-gnu", "cortex-a72", "+neon", "Raspberry Pi 4 B, 64-bit OS"),
+    "rasp5": _Preset("aarch64-unknown-linux-gnu", "cortex-a76", "+neon", "Raspberry Pi 5, 64-bit OS"),
+    "rasp3b": _Preset("armv7a-unknown-linux-gnueabihf", "cortex-a53", "+neon,+vfp4",
+                      "Raspberry Pi 3 B, 32-bit OS, hard float"),
+    "armv7-a7": _Preset("armv7a-unknown-linux-gnueabihf", "cortex-a7", "+neon,+vfp4",
+                        "Cortex-A7 boards (Pi 2, Allwinner H3), hard float"),
+    "jetson-nano": _Preset("aarch64-unknown-linux-gnu", "cortex-a57", "+neon", "NVIDIA Jetson Nano CPU"),
+    "android-arm64": _Preset("aarch64-unknown-linux-android24", "generic", "+neon", "Android 7+ phones, arm64-v8a"),
+}
+PRESET_NAMES: Tuple[str, ...] = ("host",) + tuple(_PRESETS)
+
+
+def _arch_of_triple(triple: str) -> str:
+    head = triple.split("-", 1)[0].lower()
+    if head in ("x86_64", "amd64"):
+        return "x86_64"
+    if head in ("aarch64", "arm64"):
+        return "aarch64"
+    if head.startswith("armv7") or head.startswith("armv8") or head.startswith("thumbv7") or head == "arm":
+        return "armv7"
+    raise UnknownTargetError("unsupported architecture %r in triple %r: tether targets x86_64, aarch64 and armv7"
+                             % (head, triple))
+
+
+def _normalize_triple(triple: str) -> str:
+    """Spell triples with an explicit vendor ("aarch64-linux-gnu" -> "aarch64-unknown-linux-gnu")."""
+    parts = triple.strip().split("-")
+    if len(parts) == 3 and parts[1] in ("linux", "none"):
+        parts.insert(1, "unknown")
+    return "-".join(parts)
+
+
+def _host_cpu() -> Tuple[str, str, str]:
+    import llvmlite.binding as llvm  # lazily: `import tether` must stay cheap
+
+    triple = llvm.get_process_triple()
+    cpu = llvm.get_host_cpu_name()
+    try:
+        features = llvm.get_host_cpu_features().flatten()
+    except RuntimeError:  # LLVM cannot list features on some hosts; the CPU name still implies them
+        features = ""
+    return triple, cpu, features
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where code runs: triple, CPU, features and what follows from them."""
+
+    triple: str
+    cpu: str = "generic"
+    features: str = ""
+    preset: Optional[str] = None
+
+    def __init__(self, spec: Union[str, "Target", None] = "host", cpu: Optional[str] = None,
+                 features: Optional[str] = None, preset: Optional[str] = None) -> None:
+        """Build from a preset name ("rasp4b"), a target string ("aarch64-linux-gnu -mcpu=... -mattr=..."), or an
+        explicit triple with cpu/features keywords."""
+        triple, tcpu, tfeat, tpreset = _parse_spec(spec if spec is not None else "host")
+        object.__setattr__(self, "triple", triple)
+        object.__setattr__(self, "cpu", cpu if cpu is not None else tcpu)
+        object.__setattr__(self, "features", features if features is not None else tfeat)
+        object.__setattr__(self, "preset", preset if preset is not None else tpreset)
+        _arch_of_triple(self.triple)  # validate early
+
+    # ---- derived properties -------------------------------------------------------------------------------
+    @property
+    def arch(self) -> str:
+        """"x86_64", "aarch64" or "armv7" (the metadata and ELF vocabulary)."""
+        return _arch_of_triple(self.triple)
+
+    @property
+    def bits(self) -> int:
+        return ELF_CLASS[self.arch]
+
+    @property
+    def pointer_bytes(self) -> int:
+        return self.bits // 8
+
+    @property
+    def elf_machine(self) -> int:
+        return ELF_MACHINE[self.arch]
+
+    @property
+    def feature_set(self) -> frozenset:
+        return frozenset(f.strip() for f in self.features.split(",") if f.strip())
+
+    def has_feature(self, name: str) -> bool:
+        return ("+" + name) in self.feature_set
+
+    @property
+    def abi(self) -> str:
+        """The environment part of the triple: gnu, gnueabihf, android24 ..."""
+        parts = self.triple.split("-")
+        return parts[3] if len(parts) > 3 else ""
+
+    @property
+    def float_abi(self) -> str:
+        """"hard" or "soft" for armv7 (from the triple's environment); "native" elsewhere."""
+        if self.arch != "armv7":
+            return "native"
+        return "hard" if self.abi.endswith("hf") else "soft"
+
+    @property
+    def is_android(self) -> bool:
+        return "android" in self.abi
+
+    @property
+    def vector_bits(self) -> int:
+        """Width of the widest float SIMD register the target is sure to have."""
+        if self.arch == "x86_64":
+            fs = self.feature_set
+            if "+avx512f" in fs:
+                return 512
+            if "+avx" in fs or "+avx2" in fs:
+                return 256
+            return 128
+        if self.arch == "armv7":
+            return 128 if "-neon" not in self.feature_set else 64
+        return 128
+
+    def vector_lanes(self, dtype_bits: int = 32) -> int:
+        return max(1, self.vector_bits // dtype_bits)
+
+    @property
+    def native_rounding(self) -> bool:
+        """Whether llvm.floor/ceil lower to an instruction (not a libm call) for float vectors and scalars."""
+        if self.arch == "aarch64":
+            return True
+        if self.arch == "x86_64":
+            return "+sse4.1" in self.feature_set
+        return False  # armv7: VFPv4/NEON have no vrint (that is ARMv8), so LLVM would call floorf
+
+    @property
+    def link_flags(self) -> Tuple[str, ...]:
+        flags = ["-shared", "--no-undefined", "--hash-style=both", "-z", "noexecstack", "-z", "relro", "-z", "now",
+                 "--build-id=sha1", "--gc-sections"]
+        if self.arch == "aarch64":
+            # 16 KiB page-size devices (Android 15+, Pi 5 kernels) need segments aligned to at least that.
+            flags += ["-z", "max-page-size=65536"]
+        return tuple(flags)
+
+    # ---- llvmlite -----------------------------------------------------------------------------------------
+    def target_machine(self, opt: int = 3) -> Any:
+        """An llvmlite TargetMachine for this target (PIC, because every output is a shared object)."""
+        import llvmlite.binding as llvm
+
+        _init_llvm()
+        try:
+            llvm_target = llvm.Target.from_triple(self.triple)
+        except RuntimeError as exc:
+            raise UnknownTargetError("LLVM has no backend for %r: %s" % (self.triple, exc)) from None
+        return llvm_target.create_target_machine(cpu=self.cpu, features=self.features, opt=opt, reloc="pic",
+                                                 codemodel="default")
+
+    @property
+    def data_layout(self) -> str:
+        return str(self.target_machine().target_data)
+
+    # ---- description -------------------------------------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        """The "target" block of module metadata (abi.md)."""
+        return {"triple": self.triple, "cpu": self.cpu, "features": self.features, "arch": self.arch,
+                "preset": self.preset}
+
+    def __str__(self) -> str:
+        s = self.triple
+        if self.cpu and self.cpu != "generic":
+            s += " -mcpu=" + self.cpu
+        if self.features:
+            s += " -mattr=" + self.features
+        return s
+
+    def __repr__(self) -> str:
+        return "Target(%r%s)" % (str(self), ", preset=%r" % self.preset if self.preset else "")
+
+    # ---- constructors ------------------------------------------------------------------------------------
+    @classmethod
+    def from_device_info(cls, info: Mapping[str, Any]) -> "Target":
+        """The best Target for a device, from tether_rpc.device_info.device_info() output.
+
+        Uses the device's suggested preset when it names one of ours; otherwise the architecture plus the CPU name
+        the device reports."""
+        suggested = info.get("suggested_target")
+        if isinstance(suggested, str) and suggested in _PRESETS:
+            return cls(suggested)
+        if isinstance(suggested, str) and suggested and suggested != "host":
+            try:
+                return cls(suggested)
+            except UnknownTargetError:
+                pass
+        arch = str(info.get("arch") or info.get("machine") or "").lower()
+        cpu_info = info.get("cpu") if isinstance(info.get("cpu"), Mapping) else {}
+        cpu = info.get("llvm_cpu") or cpu_info.get("llvm_cpu") or cpu_info.get("name") or None
+        android = bool(info.get("android") or "android" in str(info.get("os", "")).lower())
+        if arch in ("aarch64", "arm64"):
+            triple = "aarch64-unknown-linux-android24" if android else "aarch64-unknown-linux-gnu"
+            return cls(triple, cpu=_llvm_cpu_name(cpu, "generic"), features="+neon")
+        if arch.startswith("armv7") or arch.startswith("armv8l") or arch == "armv7":
+            return cls("armv7a-unknown-linux-gnueabihf", cpu=_llvm_cpu_name(cpu, "cortex-a7"),
+                       features="+neon,+vfp4")
+        if arch in ("x86_64", "amd64"):
+            return cls("x86_64")
+        raise UnknownTargetError("cannot derive a target from device_info arch=%r; pass a preset explicitly (%s)"
+                                 % (arch, ", ".join(PRESET_NAMES)))
+
+
+def _llvm_cpu_name(cpu: Optional[str], default: str) -> str:
+    if not cpu:
+        return default
+    cpu = str(cpu).strip().lower().replace(" ", "-")
+    return cpu if cpu.startswith("cortex-") or cpu in ("generic", "neoverse-n1", "apple-m1") else default
+
+
+def _parse_spec(spec: Union[str, Target]) -> Tuple[str, str, str, Optional[str]]:
+    if isinstance(spec, Target):
+        return spec.triple, spec.cpu, spec.features, spec.preset
+    if not isinstance(spec, str) or not spec.strip():
+        raise UnknownTargetError("a target is a preset name or a triple string, got %r; presets: %s"
+                                 % (spec, ", ".join(PRESET_NAMES)))
+    text = spec.strip()
+    if text == "host":
+        triple, cpu, features = _host_cpu()
+        return _normalize_triple(triple), cpu, features, "host"
+    if text in _PRESETS:
+        p = _PRESETS[text]
+        return p.triple, p.cpu, p.features, text
+    tokens = shlex.split(text)
+    triple, cpu, features = tokens[0], "generic", ""
+    if "-" not in triple:
+        raise UnknownTargetError("unknown target preset %r; presets: %s (or a triple such as "
+                                 "\"aarch64-linux-gnu -mcpu=cortex-a72 -mattr=+neon\")"
+                                 % (text, ", ".join(PRESET_NAMES)))
+    for tok in tokens[1:]:
+        if tok.startswith("-mcpu="):
+            cpu = tok[len("-mcpu="):]
+        elif tok.startswith("-mattr="):
+            features = tok[len("-mattr="):]
+        else:
+            raise UnknownTargetError("unknown option %r in target %r (use -mcpu=NAME and -mattr=+f1,+f2)"
+                                     % (tok, text))
+    return _normalize_triple(triple), cpu, features, None
+
+
+def presets() -> Dict[str, Dict[str, str]]:
+    """Preset table for `tether targets`: name -> triple, cpu, features, description ("host" is detected)."""
+    table = {"host": {"triple": "(detected)", "cpu": "(detected)", "features": "(detected)",
+                      "description": "this machine's CPU and all of its features"}}
+    for name, p in _PRESETS.items():
+        table[name] = {"triple": p.triple, "cpu": p.cpu, "features": p.features, "description": p.description}
+    return table
+
+
+_LLVM_READY = False
+
+
+def _init_llvm() -> None:
+    global _LLVM_READY
+    if _LLVM_READY:
+        return
+    import llvmlite.binding as llvm
+
+    # llvmlite >= 0.45 initialises the native target itself; the cross targets still need registering.
+    for fn in ("initialize_all_targets", "initialize_all_asmprinters"):
+        if hasattr(llvm, fn):
+            try:
+                getattr(llvm, fn)()
+            except RuntimeError:
+                pass
+    _LLVM_READY = True
+
+
+def as_target(target: Union[str, Target, None]) -> Target:
+    return target if isinstance(target, Target) else Target(target or "host")
