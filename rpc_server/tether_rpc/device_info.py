@@ -1,0 +1,240 @@
+"""What this device is: architecture, CPU cores and features, memory, OS, versions, clocks and temperature,
+plus the tether target preset that most likely fits it.
+
+Everything is read from /proc, /sys and the standard library; any field that cannot be read is None (or an
+empty list) rather than an exception, because odd kernels, containers, Android and qemu-user all present
+partial or unusual files.
+
+Keys of :func:`device_info`::
+
+    arch             tether's arch name ("x86_64", "aarch64", "armv7", else platform.machine())
+    machine          platform.machine()
+    pointer_bits     32 or 64 (this interpreter)
+    cpu_model        model name / Hardware line from /proc/cpuinfo, or None
+    board            device-tree model (e.g. "Raspberry Pi 4 Model B Rev 1.4"), or None
+    cpu_cores        sorted unique core names from "CPU part" (e.g. ["cortex-a72"]); [] if unknown
+    cpu_features     sorted CPU feature flags ("Features"/"flags"); [] if unknown
+    num_cores        os.cpu_count();   usable_cores: CPUs this process may run on
+    memory_bytes / memory_available_bytes   from /proc/meminfo, or None
+    os               {"system", "release", "version", "name", "id", "android", "android_version"}
+    python, python_implementation, numpy, msgpack, tether_rpc   versions
+    governor         cpufreq scaling governor of cpu0, or None
+    cpu_max_khz / cpu_cur_khz   cpufreq of cpu0, or None
+    temperature_c    CPU/SoC temperature, or None
+    suggested_target a tether target preset name (see suggest_target)
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import sys
+from typing import Any, Dict, List, Optional
+
+from . import __version__
+from .elf import host_arch
+
+logger = logging.getLogger(__name__)
+
+# (implementer, part) from /proc/cpuinfo -> core name. ARM Ltd = 0x41; Qualcomm's Kryo parts map to the ARM
+# core each is derived from, because that is what code generation cares about.
+CPU_PARTS: Dict[tuple, str] = {
+    (0x41, 0xc05): "cortex-a5", (0x41, 0xc07): "cortex-a7", (0x41, 0xc08): "cortex-a8",
+    (0x41, 0xc09): "cortex-a9", (0x41, 0xc0d): "cortex-a12", (0x41, 0xc0e): "cortex-a17",
+    (0x41, 0xc0f): "cortex-a15", (0x41, 0xd02): "cortex-a34", (0x41, 0xd03): "cortex-a53",
+    (0x41, 0xd04): "cortex-a35", (0x41, 0xd05): "cortex-a55", (0x41, 0xd06): "cortex-a65",
+    (0x41, 0xd07): "cortex-a57", (0x41, 0xd08): "cortex-a72", (0x41, 0xd09): "cortex-a73",
+    (0x41, 0xd0a): "cortex-a75", (0x41, 0xd0b): "cortex-a76", (0x41, 0xd0c): "neoverse-n1",
+    (0x41, 0xd0d): "cortex-a77", (0x41, 0xd0e): "cortex-a76ae", (0x41, 0xd40): "neoverse-v1",
+    (0x41, 0xd41): "cortex-a78", (0x41, 0xd44): "cortex-x1", (0x41, 0xd46): "cortex-a510",
+    (0x41, 0xd47): "cortex-a710", (0x41, 0xd48): "cortex-x2", (0x41, 0xd49): "neoverse-n2",
+    (0x41, 0xd4d): "cortex-a715", (0x41, 0xd4e): "cortex-x3", (0x41, 0xd4f): "neoverse-v2",
+    (0x41, 0xd80): "cortex-a520", (0x41, 0xd81): "cortex-a720", (0x41, 0xd82): "cortex-x4",
+    (0x51, 0x800): "cortex-a73", (0x51, 0x801): "cortex-a53", (0x51, 0x802): "cortex-a75",
+    (0x51, 0x803): "cortex-a55", (0x51, 0x804): "cortex-a76", (0x51, 0x805): "cortex-a55",
+}
+
+# First matching core wins, so list the more specific boards first.
+_AARCH64_PRESETS = (("cortex-a76", "rasp5"), ("cortex-a72", "rasp4b"), ("cortex-a57", "jetson-nano"))
+_ARMV7_PRESETS = (("cortex-a53", "rasp3b"), ("cortex-a7", "armv7-a7"))
+
+
+def _read(path: str, limit: int = 1 << 20) -> Optional[str]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+
+
+def _read_int(path: str) -> Optional[int]:
+    text = _read(path, 64)
+    try:
+        return int(text.strip()) if text else None
+    except ValueError:
+        return None
+
+
+def _parse_int(text: str) -> Optional[int]:
+    try:
+        return int(text.strip(), 0)
+    except (ValueError, AttributeError):
+        return None
+
+
+def parse_cpuinfo(text: Optional[str]) -> Dict[str, Any]:
+    """``{"model", "cores", "features", "hardware"}`` from /proc/cpuinfo text (any architecture)."""
+    model = hardware = None
+    features: set = set()
+    cores: set = set()
+    implementer = None
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip().lower(), value.strip()
+        if key in ("model name", "processor") and value and not value.isdigit() and model is None:
+            model = value
+        elif key == "hardware" and value:
+            hardware = value
+        elif key in ("features", "flags"):
+            features.update(value.split())
+        elif key == "cpu implementer":
+            implementer = _parse_int(value)
+        elif key == "cpu part":
+            part = _parse_int(value)
+            name = CPU_PARTS.get((implementer, part)) if part is not None else None
+            if name is None and part is not None:
+                name = "unknown-0x%x-0x%03x" % (implementer or 0, part)
+            if name:
+                cores.add(name)
+    return {"model": model or hardware, "hardware": hardware, "cores": sorted(cores), "features": sorted(features)}
+
+
+def parse_meminfo(text: Optional[str]) -> Dict[str, Optional[int]]:
+    values: Dict[str, Optional[int]] = {"MemTotal": None, "MemAvailable": None}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key in values:
+            parts = value.split()
+            try:
+                values[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1].lower() == "kb" else 1)
+            except (ValueError, IndexError):
+                pass
+    return {"total": values["MemTotal"], "available": values["MemAvailable"]}
+
+
+def parse_os_release(text: Optional[str]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            out[key.strip()] = value.strip().strip("\"'")
+    return out
+
+
+def _is_android() -> bool:
+    return bool(os.environ.get("ANDROID_ROOT") or os.environ.get("ANDROID_DATA")) or \
+        os.path.exists("/system/build.prop") or hasattr(sys, "getandroidapilevel")
+
+
+def _android_version() -> Optional[str]:
+    getprop = shutil.which("getprop")
+    if getprop is None:
+        return None
+    try:
+        out = subprocess.run([getprop, "ro.build.version.release"], capture_output=True, text=True, timeout=2)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def _temperature_c() -> Optional[float]:
+    zones = sorted(glob.glob("/sys/class/thermal/thermal_zone*"))
+    preferred = [z for z in zones if any(k in (_read(z + "/type", 256) or "").lower()
+                                         for k in ("cpu", "soc", "x86_pkg", "cluster"))]
+    for zone in preferred + zones:
+        milli = _read_int(zone + "/temp")
+        if milli is not None and -50000 < milli < 200000:
+            return milli / 1000.0
+    return None
+
+
+def suggest_target(arch: str, cores: List[str], android: bool) -> str:
+    """The target preset most likely to fit: Android aarch64 -> android-arm64, known boards by core, x86_64;
+    otherwise the bare arch name (generic code for that architecture)."""
+    if arch == "aarch64":
+        if android:
+            return "android-arm64"
+        for core, preset in _AARCH64_PRESETS:
+            if core in cores:
+                return preset
+        return "aarch64"
+    if arch == "armv7":
+        for core, preset in _ARMV7_PRESETS:
+            if core in cores:
+                return preset
+        return "armv7"
+    return arch
+
+
+def _versions() -> Dict[str, Optional[str]]:
+    out: Dict[str, Optional[str]] = {"python": platform.python_version(),
+                                     "python_implementation": platform.python_implementation(),
+                                     "tether_rpc": __version__}
+    for mod in ("numpy", "msgpack"):
+        try:
+            m = __import__(mod)
+            v = getattr(m, "__version__", None) or ".".join(str(x) for x in getattr(m, "version", ()))
+            out[mod] = v or None
+        except Exception:
+            out[mod] = None
+    return out
+
+
+def device_info() -> Dict[str, Any]:
+    """A JSON/msgpack-friendly description of this device (never raises on odd /proc or /sys contents)."""
+    info: Dict[str, Any] = {}
+    try:
+        arch = host_arch()
+    except Exception:
+        arch = platform.machine() or "unknown"
+    cpu = parse_cpuinfo(_read("/proc/cpuinfo"))
+    mem = parse_meminfo(_read("/proc/meminfo"))
+    osr = parse_os_release(_read("/etc/os-release") or _read("/usr/lib/os-release"))
+    android = _is_android()
+    uname = platform.uname()
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    board = _read("/proc/device-tree/model", 256) or _read("/sys/firmware/devicetree/base/model", 256)
+    cpufreq = "/sys/devices/system/cpu/cpu0/cpufreq/"
+    governor = _read(cpufreq + "scaling_governor", 256)
+    info.update({
+        "arch": arch,
+        "machine": platform.machine(),
+        "pointer_bits": struct.calcsize("P") * 8,
+        "cpu_model": cpu["model"],
+        "board": board.strip("\0 \n") or None if board else None,
+        "cpu_cores": cpu["cores"],
+        "cpu_features": cpu["features"],
+        "num_cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_bytes": mem["total"],
+        "memory_available_bytes": mem["available"],
+        "os": {"system": uname.system, "release": uname.release, "version": uname.version,
+               "name": osr.get("PRETTY_NAME") or osr.get("NAME"), "id": osr.get("ID"),
+               "android": android, "android_version": _android_version() if android else None},
+        "governor": governor.strip() or None if governor else None,
+        "cpu_max_khz": _read_int(cpufreq + "cpuinfo_max_freq"),
+        "cpu_cur_khz": _read_int(cpufreq + "scaling_cur_freq"),
+        "temperature_c": _temperature_c(),
+    })
+    info.update(_versions())
+    info["suggested_target"] = suggest_target(arch, cpu["cores"], android)
+    return info

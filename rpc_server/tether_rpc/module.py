@@ -1,0 +1,356 @@
+"""Loading tether modules and calling their packed functions (docs/abi.md).
+
+``load_module`` vets the file before any of its code runs: ELF header (architecture, word size, byte order,
+ARM float ABI), then the JSON metadata in section ``.tether_meta`` (ABI version, target, the functions and
+their arguments); only then ``dlopen`` (ctypes.CDLL) and the parallel launcher installation.
+
+Packed-function arguments (one ``TetherValue`` + type code each):
+
+=====================  ==================  ================================================================
+Python value           type code           value
+=====================  ==================  ================================================================
+NDArray                TETHER_DLTENSOR     pointer to its cached DLTensor
+numpy array (C-order)  TETHER_DLTENSOR     pointer to a DLTensor over the array's own memory (zero-copy)
+int / numpy integer    TETHER_INT64        v_int64
+float / numpy float    TETHER_FLOAT64      v_float64
+str                    TETHER_STR          v_str: NUL-terminated UTF-8
+bytes / bytearray      TETHER_BYTES        v_handle: ``{const void* data; uint64_t size;}``
+None                   TETHER_NULL         0
+=====================  ==================  ================================================================
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import parallel
+from .dlpack import (DTYPE_TO_DL, TETHER_BYTES, TETHER_DLTENSOR, TETHER_FLOAT64, TETHER_INT64, TETHER_NULL,
+                     TETHER_STR, TYPE_CODE_NAMES, TetherBytes, TetherValue, make_dltensor)
+from .elf import ARCH_MACHINE, ElfFile, host_arch
+from .errors import ArchMismatch, KernelError, ModuleLoadError
+from .ndarray import NDArray
+
+logger = logging.getLogger(__name__)
+
+ABI_VERSION = 1
+META_SECTION = ".tether_meta"
+_ARCH_BITS = {"x86_64": 64, "aarch64": 64, "armv7": 32}
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+_host_float_abi_cache: List[Optional[str]] = []
+
+
+def _host_float_abi() -> Optional[str]:
+    """The float ABI of this interpreter's own binary (what the dynamic loader will demand), if ARM."""
+    if not _host_float_abi_cache:
+        abi = None
+        try:
+            with ElfFile(os.path.realpath(sys.executable)) as exe:
+                abi = exe.arm_float_abi
+        except Exception:  # an unreadable interpreter only costs us the early check
+            abi = None
+        _host_float_abi_cache.append(abi)
+    return _host_float_abi_cache[0]
+
+
+def _check_elf(elf: ElfFile, label: str) -> None:
+    here = host_arch()
+    built = elf.machine_name
+    expected_bits = _ARCH_BITS.get(elf.arch or "", elf.bits)
+    if elf.bits != expected_bits:
+        built += " (%d-bit ELF)" % elf.bits
+    if elf.endian != sys.byteorder:
+        built += " (%s-endian)" % elf.endian
+    if built != here:
+        raise ArchMismatch("%s was built for %s but this device is %s: rebuild it with the target for this device"
+                           " (e.g. `tether query` suggests one)" % (label, built, here))
+    if not elf.is_shared_object:
+        raise ModuleLoadError("%s is not a shared library (ELF type %d); export modules with export_library"
+                              % (label, elf.type))
+    if elf.arch == "armv7":
+        mine, theirs = _host_float_abi(), elf.arm_float_abi
+        if mine and theirs and mine != theirs:
+            raise ArchMismatch("%s uses the %s-float ARM ABI but this device's Python is %s-float: rebuild for a "
+                               "%s-float target" % (label, theirs, mine, mine))
+
+
+def _read_metadata(elf: ElfFile, label: str) -> Dict[str, Any]:
+    sec = elf.section(META_SECTION)
+    if sec is None:
+        raise ModuleLoadError("%s has no %s section: it is not a tether module (build it with tether.build and "
+                              "Module.export_library)" % (label, META_SECTION))
+    raw = elf.section_data(sec)
+    end = raw.find(b"\0")
+    if end < 0:
+        raise ModuleLoadError("%s: metadata in %s is not NUL-terminated (corrupt module)" % (label, META_SECTION))
+    try:
+        meta = json.loads(raw[:end].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ModuleLoadError("%s: metadata in %s is not valid JSON: %s" % (label, META_SECTION, exc)) from exc
+    if not isinstance(meta, dict):
+        raise ModuleLoadError("%s: metadata must be a JSON object, got %s" % (label, type(meta).__name__))
+    version = meta.get("abi_version")
+    if version != ABI_VERSION:
+        raise ModuleLoadError("%s uses tether ABI version %r but this runtime speaks version %d: update the device "
+                              "runtime or rebuild the module with a matching tether" % (label, version, ABI_VERSION))
+    target = meta.get("target") or {}
+    meta_arch = target.get("arch") if isinstance(target, dict) else None
+    if meta_arch is not None and ARCH_MACHINE.get(meta_arch) != elf.machine:
+        raise ModuleLoadError("%s: metadata says arch %r but the ELF header says %s (corrupt or mislabelled module)"
+                              % (label, meta_arch, elf.machine_name))
+    funcs = meta.get("functions")
+    if not isinstance(funcs, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str)
+                                              for f in funcs):
+        raise ModuleLoadError("%s: metadata 'functions' must be a list of objects with a 'name'" % label)
+    return meta
+
+
+def _describe(value: Any) -> Tuple[str, Optional[Tuple[int, ...]], Optional[str]]:
+    """(kind, shape, dtype) of an actual argument, for error messages."""
+    if isinstance(value, (NDArray, np.ndarray)):
+        return "array", tuple(value.shape), (value.dtype if isinstance(value, NDArray) else value.dtype.name)
+    return type(value).__name__, None, None
+
+
+def _fmt_shape(shape: Sequence[int]) -> str:
+    shape = tuple(shape)
+    return "(%s,)" % shape[0] if len(shape) == 1 else str(shape)
+
+
+class PackedFunc:
+    """A callable packed function of a loaded module."""
+
+    def __init__(self, module: "Module", name: str, cfunc, info: Dict[str, Any]):
+        self.module = module
+        self.name = name
+        self.info = info
+        self._cfunc = cfunc
+        self.arg_info: List[Dict[str, Any]] = [a for a in info.get("args", []) if isinstance(a, dict)]
+
+    def __repr__(self) -> str:
+        return "PackedFunc(%s(%s))" % (self.name, ", ".join(str(a.get("name", "?")) for a in self.arg_info))
+
+    # -- argument conversion ---------------------------------------------------------------------------------
+    def _pack(self, args: Sequence[Any]):
+        n = len(args)
+        values = (TetherValue * max(n, 1))()
+        codes = (ctypes.c_int32 * max(n, 1))()
+        keep: List[Any] = []
+        for i, a in enumerate(args):
+            if isinstance(a, NDArray):
+                values[i].v_handle = a.dltensor_address
+                codes[i] = TETHER_DLTENSOR
+                keep.append(a)
+            elif isinstance(a, np.ndarray):
+                dt = a.dtype.name
+                if dt not in DTYPE_TO_DL:
+                    raise KernelError("%s: argument %d%s is a %s array; tether kernels take %s"
+                                      % (self.name, i, self._argname(i), dt, ", ".join(DTYPE_TO_DL)))
+                if not a.flags.c_contiguous:
+                    raise KernelError("%s: argument %d%s is not C-contiguous; pass np.ascontiguousarray(x) (and copy "
+                                      "results back) or an NDArray" % (self.name, i, self._argname(i)))
+                t, shape_arr = make_dltensor(a.ctypes.data, a.shape, dt)
+                keep.extend((a, t, shape_arr))
+                values[i].v_handle = ctypes.addressof(t)
+                codes[i] = TETHER_DLTENSOR
+            elif isinstance(a, (bool, int, np.integer)):
+                v = int(a)
+                if not _INT64_MIN <= v <= _INT64_MAX:
+                    raise KernelError("%s: argument %d%s = %d does not fit in int64" % (self.name, i, self._argname(i), v))
+                values[i].v_int64 = v
+                codes[i] = TETHER_INT64
+            elif isinstance(a, (float, np.floating)):
+                values[i].v_float64 = float(a)
+                codes[i] = TETHER_FLOAT64
+            elif isinstance(a, str):
+                buf = ctypes.create_string_buffer(a.encode("utf-8"))
+                keep.append(buf)
+                values[i].v_str = ctypes.addressof(buf)
+                codes[i] = TETHER_STR
+            elif isinstance(a, (bytes, bytearray, memoryview)):
+                buf = ctypes.create_string_buffer(bytes(a), len(a) or 1)
+                desc = TetherBytes(ctypes.addressof(buf), len(a))
+                keep.extend((buf, desc))
+                values[i].v_handle = ctypes.addressof(desc)
+                codes[i] = TETHER_BYTES
+            elif a is None:
+                values[i].v_handle = None
+                codes[i] = TETHER_NULL
+            else:
+                raise KernelError("%s: argument %d%s has unsupported type %s (pass NDArray, numpy arrays, int, float, "
+                                  "str, bytes or None)" % (self.name, i, self._argname(i), type(a).__name__))
+        return values, codes, n, keep
+
+    def _argname(self, i: int) -> str:
+        if 0 <= i < len(self.arg_info) and "name" in self.arg_info[i]:
+            return " '%s'" % self.arg_info[i]["name"]
+        return ""
+
+    # -- calling ---------------------------------------------------------------------------------------------
+    def __call__(self, *args: Any) -> None:
+        values, codes, n, keep = self._pack(args)
+        rc = self._cfunc(values, codes, n)
+        if rc:
+            raise self.decode_error(rc, args)
+
+    def bind(self, *args: Any) -> Callable[[], None]:
+        """Convert ``args`` once and return a zero-argument callable that runs the function on them.
+
+        Used by timing loops: a call then costs one ctypes call and a return-code check. The arrays must stay
+        as they are (same objects, same shapes) while the bound callable is in use."""
+        values, codes, n, keep = self._pack(args)
+        cfunc = self._cfunc
+        decode = self.decode_error
+
+        def call() -> None:
+            rc = cfunc(values, codes, n)
+            if rc:
+                raise decode(rc, args)
+
+        call.keepalive = keep  # type: ignore[attr-defined]  # the DLTensors must outlive every call
+        return call
+
+    def decode_error(self, rc: int, args: Sequence[Any] = ()) -> KernelError:
+        """Turn a nonzero return code (docs/abi.md "Return codes") into a readable KernelError."""
+        rc &= 0xFFFFFFFF
+        kind, i, d, low24 = rc >> 24, (rc >> 8) & 0xFFFF, rc & 0xFF, rc & 0xFFFFFF
+        name = self.name
+        expected = self.arg_info[i] if i < len(self.arg_info) else {}
+        ename = " '%s'" % expected["name"] if "name" in expected else ""
+        actual_kind, actual_shape, actual_dtype = _describe(args[i]) if i < len(args) else ("?", None, None)
+        exp_shape = tuple(expected.get("shape", ())) if "shape" in expected else None
+        if kind == 1:
+            names = ", ".join(str(a.get("name", "?")) for a in self.arg_info)
+            msg = "%s: expected %d arguments (%s), got %d" % (name, len(self.arg_info), names, low24)
+        elif kind == 2:
+            msg = "%s: argument %d%s must be an array, got %s" % (name, i, ename, actual_kind)
+        elif kind == 3:
+            msg = "%s: argument %d%s has %s dimensions%s, expected %s%s" % (
+                name, i, ename, len(actual_shape) if actual_shape is not None else "the wrong number of",
+                " (shape %s)" % _fmt_shape(actual_shape) if actual_shape is not None else "",
+                len(exp_shape) if exp_shape is not None else "another number",
+                " (shape %s)" % _fmt_shape(exp_shape) if exp_shape is not None else "")
+        elif kind == 4:
+            msg = "%s: argument %d%s has dtype %s, expected %s" % (
+                name, i, ename, actual_dtype or "?", expected.get("dtype", "another dtype"))
+        elif kind == 5:
+            msg = "%s: argument %d%s has shape %s, expected %s (dimension %d differs)" % (
+                name, i, ename, _fmt_shape(actual_shape) if actual_shape is not None else "?",
+                _fmt_shape(exp_shape) if exp_shape is not None else "?", d)
+        elif kind == 6:
+            msg = "%s: argument %d%s is not a compact row-major array (dimension %d)" % (name, i, ename, d)
+        elif kind == 7:
+            msg = "%s: argument %d%s has a NULL data pointer" % (name, i, ename)
+        elif kind == 8:
+            if low24 == parallel.LAUNCHER_INTERNAL_ERROR:
+                msg = "%s: the parallel launcher failed (see the device log)" % name
+            else:
+                msg = "%s: a parallel task failed with code %d" % (name, low24)
+        else:
+            msg = "%s: failed with return code %d (0x%08x)" % (name, rc, rc)
+        err = KernelError(msg)
+        err.code = rc  # type: ignore[attr-defined]
+        return err
+
+
+class Module:
+    """A loaded tether module. ``m["name"]`` gives a :class:`PackedFunc`; ``close()`` is idempotent.
+
+    The library stays mapped while any PackedFunc of it is alive (ctypes offers no safe unload)."""
+
+    def __init__(self, path: str, lib: ctypes.CDLL, metadata: Dict[str, Any], has_launcher: bool):
+        self.path = path
+        self.metadata = metadata
+        self.has_parallel_launcher = has_launcher
+        self._lib: Optional[ctypes.CDLL] = lib
+        self._infos = {f["name"]: f for f in metadata["functions"]}
+        self._funcs: Dict[str, PackedFunc] = {}
+
+    @property
+    def function_names(self) -> List[str]:
+        return list(self._infos)
+
+    @property
+    def target(self) -> Dict[str, Any]:
+        return self.metadata.get("target") or {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._infos
+
+    def __getitem__(self, name: str) -> PackedFunc:
+        f = self._funcs.get(name)
+        if f is not None:
+            return f
+        if self._lib is None:
+            raise ModuleLoadError("module %s is closed" % os.path.basename(self.path))
+        if name not in self._infos:
+            raise KeyError("%s has no function %r; it has: %s" % (
+                os.path.basename(self.path), name, ", ".join(self._infos) or "(none)"))
+        cfunc = getattr(self._lib, name)
+        cfunc.argtypes = [ctypes.POINTER(TetherValue), ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]
+        cfunc.restype = ctypes.c_int32
+        f = self._funcs[name] = PackedFunc(self, name, cfunc, self._infos[name])
+        return f
+
+    get_function = __getitem__
+
+    def close(self) -> None:
+        self._funcs = {}
+        self._lib = None
+
+    def __enter__(self) -> "Module":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "Module(%s, functions=%s)" % (os.path.basename(self.path), self.function_names)
+
+
+def inspect_module(path: str) -> Dict[str, Any]:
+    """Vet ``path`` without loading it: returns its metadata or raises ArchMismatch / ModuleLoadError."""
+    label = os.path.basename(path)
+    with ElfFile(path, name=label) as elf:
+        _check_elf(elf, label)
+        meta = _read_metadata(elf, label)
+        exported = set(elf.exported_symbols)
+        missing = [f["name"] for f in meta["functions"] if f["name"] not in exported]
+        if missing:
+            raise ModuleLoadError("%s: metadata lists %s but the library does not export %s"
+                                  % (label, ", ".join(missing), "it" if len(missing) == 1 else "them"))
+        if elf.needed or elf.undefined_symbols:
+            # Not fatal (libc may provide them) but not a self-contained tether module: say so if dlopen fails.
+            meta = dict(meta, _needs={"needed": elf.needed, "undefined": elf.undefined_symbols[:20]})
+    return meta
+
+
+def load_module(path: str, parallel_launcher: bool = True) -> Module:
+    """Vet and load a tether module. Raises ArchMismatch / ModuleLoadError without running foreign code on a
+    module for another architecture or without tether metadata. ``parallel_launcher=False`` leaves the module's
+    parallel loops serial (the ABI's fallback)."""
+    path = os.path.abspath(os.fspath(path))  # dlopen searches the library path for names without a slash
+    label = os.path.basename(path)
+    meta = inspect_module(path)
+    needs = meta.pop("_needs", None)
+    if needs:
+        logger.warning("%s is not self-contained: needs libraries %s, undefined symbols %s",
+                       label, needs["needed"], needs["undefined"])
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as exc:
+        hint = ""
+        if needs:
+            hint = " (the library needs %s and leaves %s undefined; tether modules must be self-contained)" % (
+                ", ".join(needs["needed"]) or "no libraries", ", ".join(needs["undefined"]) or "nothing")
+        raise ModuleLoadError("dlopen failed for %s: %s%s" % (label, exc, hint)) from exc
+    has_launcher = parallel.install(lib) if parallel_launcher else False
+    logger.debug("loaded %s: functions %s, parallel launcher %s", label,
+                 [f["name"] for f in meta["functions"]], has_launcher)
+    return Module(path, lib, meta, has_launcher)

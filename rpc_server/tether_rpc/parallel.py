@@ -1,0 +1,239 @@
+"""The parallel launcher the runtime hands to every module (docs/abi.md "Parallel loops", docs/parallel.md).
+
+A module outlines each ``parallel`` loop into a task function and calls the launcher installed through
+``tether_set_parallel_launcher``. The launcher is a ctypes callback backed by a persistent thread pool:
+``num_threads - 1`` worker threads plus the calling thread pull task ids from one shared iterator (dynamic
+scheduling), each task running as a ctypes foreign call, which releases the GIL, so tasks run truly in
+parallel. Threads are plain Python threads (pthreads), which behave the same on glibc, musl, bionic and under
+qemu-user.
+
+Nested or concurrent launches (a task that itself launches, or two Python threads running kernels at once)
+run serially in the caller instead of waiting for the busy pool, so they can never deadlock.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from typing import Dict, List, Optional
+
+logger = logging.getLogger(__name__)
+
+TASK_TYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
+# The task arrives as a raw address: converting it to a TASK_TYPE ourselves lets us cache the callable.
+LAUNCHER_TYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+
+# Returned when the launcher itself fails (a Python exception): fits the 24-bit field of "8 << 24 | t".
+LAUNCHER_INTERNAL_ERROR = 0xFFFFFF
+_JOIN_TIMEOUT_S = 5.0
+_TASK_CACHE_MAX = 1024
+
+
+def default_num_threads() -> int:
+    """TETHER_NUM_THREADS if set to a positive int, else the CPUs this process may run on."""
+    env = os.environ.get("TETHER_NUM_THREADS", "").strip()
+    if env:
+        try:
+            n = int(env)
+            if n >= 1:
+                return n
+        except ValueError:
+            pass
+        logger.warning("ignoring TETHER_NUM_THREADS=%r: expected a positive integer", env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))  # respects taskset / container CPU sets
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class _Job:
+    """One launch: a shared id iterator that every participating thread drains."""
+
+    __slots__ = ("task", "closure", "num_tasks", "ids", "result", "_fail_lock")
+
+    def __init__(self, task, closure: Optional[int], num_tasks: int):
+        self.task = task
+        self.closure = closure
+        self.num_tasks = num_tasks
+        # next() on a range iterator is a single C call, atomic under the GIL: each id is handed out once.
+        self.ids = iter(range(num_tasks))
+        self.result = 0
+        self._fail_lock = threading.Lock()
+
+    def run(self) -> None:
+        task, closure, n = self.task, self.closure, self.num_tasks
+        try:
+            for tid in self.ids:
+                rc = task(tid, n, closure)
+                if rc:
+                    self._fail(rc)
+        except BaseException:  # never let an exception escape a worker or the ctypes callback
+            logger.exception("parallel task raised inside the launcher")
+            self._fail(LAUNCHER_INTERNAL_ERROR)
+
+    def _fail(self, rc: int) -> None:
+        with self._fail_lock:
+            if not self.result:
+                self.result = rc
+
+
+class _Worker:
+    """A persistent thread woken by releasing ``go``; it releases ``done`` when its share of a job is over."""
+
+    def __init__(self, index: int):
+        self.job: Optional[_Job] = None
+        self.go = threading.Lock()
+        self.go.acquire()
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.thread = threading.Thread(target=self._loop, name="tether-parallel-%d" % index, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self.go.acquire()
+            job = self.job
+            if job is None:  # shutdown
+                return
+            job.run()
+            self.job = None
+            self.done.release()
+
+    def start(self, job: _Job) -> None:
+        self.job = job
+        self.go.release()
+
+    def wait(self) -> None:
+        self.done.acquire()
+
+    def stop(self) -> None:
+        self.job = None
+        self.go.release()
+
+
+class ThreadPool:
+    """``num_threads`` threads in total: the caller plus ``num_threads - 1`` workers started on first use."""
+
+    def __init__(self, num_threads: int):
+        self.num_threads = max(1, int(num_threads))
+        self._workers: List[_Worker] = []
+        self._busy = threading.Lock()
+        self._closed = False
+
+    def _ensure_workers(self) -> None:
+        while len(self._workers) < self.num_threads - 1:
+            self._workers.append(_Worker(len(self._workers)))
+
+    def launch(self, task, closure: Optional[int], num_tasks: int) -> int:
+        if num_tasks <= 0:
+            return 0
+        job = _Job(task, closure, num_tasks)
+        if num_tasks == 1 or self.num_threads == 1 or self._closed or not self._busy.acquire(blocking=False):
+            job.run()  # serial: trivial job, 1 thread, or the pool is busy (nested/concurrent launch)
+            return job.result
+        try:
+            self._ensure_workers()
+            helpers = self._workers[:num_tasks - 1]
+            for w in helpers:
+                w.start(job)
+            job.run()
+            for w in helpers:
+                w.wait()
+            return job.result
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent). Waits for a running launch to finish first."""
+        if self._closed:
+            return
+        got = self._busy.acquire(timeout=_JOIN_TIMEOUT_S)
+        self._closed = True
+        try:
+            for w in self._workers:
+                w.stop()
+            for w in self._workers:
+                w.thread.join(_JOIN_TIMEOUT_S)
+            self._workers = []
+        finally:
+            if got:
+                self._busy.release()
+
+
+_pool: Optional[ThreadPool] = None
+_pool_lock = threading.Lock()
+_task_cache: Dict[int, object] = {}
+
+
+def get_pool() -> ThreadPool:
+    global _pool
+    pool = _pool
+    if pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPool(default_num_threads())
+            pool = _pool
+    return pool
+
+
+def set_num_threads(n: int) -> None:
+    """Use ``n`` threads (caller included) for parallel loops from now on; 1 means serial."""
+    global _pool
+    if int(n) < 1:
+        raise ValueError("set_num_threads: need at least 1 thread, got %r" % (n,))
+    with _pool_lock:
+        old, _pool = _pool, ThreadPool(int(n))
+    if old is not None:
+        old.close()
+
+
+def get_num_threads() -> int:
+    return get_pool().num_threads
+
+
+def _reset_after_fork() -> None:
+    # Threads do not survive fork: the child must never wake workers that exist only in the parent.
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _task_callable(task_ptr: int):
+    fn = _task_cache.get(task_ptr)
+    if fn is None:
+        if len(_task_cache) >= _TASK_CACHE_MAX:
+            _task_cache.clear()
+        fn = _task_cache[task_ptr] = TASK_TYPE(task_ptr)
+    return fn
+
+
+def _launch(task_ptr: Optional[int], closure: Optional[int], num_tasks: int) -> int:
+    try:
+        if not task_ptr:
+            logger.error("parallel launcher called with a NULL task")
+            return LAUNCHER_INTERNAL_ERROR
+        return get_pool().launch(_task_callable(task_ptr), closure, num_tasks)
+    except BaseException:  # an exception escaping a ctypes callback would be reported as success (0)
+        logger.exception("parallel launcher failed")
+        return LAUNCHER_INTERNAL_ERROR
+
+
+# One callback object for the whole process; it must stay alive as long as any module may call it.
+LAUNCHER = LAUNCHER_TYPE(_launch)
+
+
+def install(lib: ctypes.CDLL) -> bool:
+    """Hand the launcher to a loaded module; False if the module has no ``tether_set_parallel_launcher``."""
+    try:
+        setter = lib.tether_set_parallel_launcher
+    except AttributeError:
+        return False
+    setter.argtypes = [LAUNCHER_TYPE]
+    setter.restype = None
+    setter(LAUNCHER)
+    return True

@@ -1,0 +1,310 @@
+"""Loading and calling real gcc-built ABI modules; refusing wrong ones before dlopen; time_evaluator;
+device_info."""
+from __future__ import annotations
+
+import ctypes
+import json
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from kernels import build_kernel
+from tether import runtime
+from tether_rpc import device_info as dinfo
+from tether_rpc import elf, module, ndarray, timing
+from tether_rpc.errors import ArchMismatch, KernelError, ModuleLoadError
+
+N = 1024
+
+
+@pytest.fixture(scope="module")
+def kdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kernels")
+    for name in ("vadd", "nometa"):
+        build_kernel(name, d)
+    build_kernel("needs_extern", d, link_flags=())
+    return d
+
+
+@pytest.fixture(scope="module")
+def vadd_mod(kdir):
+    return module.load_module(str(kdir / "vadd.so"))
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(N).astype("float32"), rng.standard_normal(N).astype("float32")
+
+
+# -- arrays ---------------------------------------------------------------------------------------------------
+def test_ndarray_basics():
+    a = ndarray.empty((3, 5), "float64")
+    assert a.shape == (3, 5) and a.dtype == "float64" and a.nbytes == 120 and a.data_ptr % 64 == 0
+    src = np.arange(15, dtype="float64").reshape(3, 5)
+    a.copyfrom(src)
+    out = a.numpy()
+    np.testing.assert_array_equal(out, src)
+    out[0, 0] = 99  # numpy() is a copy
+    assert a.numpy()[0, 0] == 0
+    t = a.dltensor
+    assert t.ndim == 2 and [t.shape[0], t.shape[1]] == [3, 5] and (t.dtype.code, t.dtype.bits) == (2, 64)
+    assert t.data == a.data_ptr and not t.strides
+
+
+def test_ndarray_view_is_writable_flat_bytes():
+    a = ndarray.empty((4,), "int32")
+    v = a.view
+    assert v.nbytes == 16 and not v.readonly and v.format == "B"
+    v[:] = np.array([1, 2, 3, 4], dtype="int32").tobytes()
+    np.testing.assert_array_equal(a.numpy(), [1, 2, 3, 4])
+
+
+def test_ndarray_from_numpy_copies_any_layout_and_all_dtypes():
+    for dt in ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"):
+        src = (np.arange(24).reshape(4, 6) % 3).astype(dt).T  # non-contiguous source
+        a = ndarray.from_numpy(src)
+        assert a.dtype == dt and a.shape == (6, 4) and a.data_ptr % 64 == 0
+        np.testing.assert_array_equal(a.numpy(), src)
+
+
+def test_ndarray_copyfrom_checks_shape_and_dtype():
+    a = ndarray.empty((4,), "float32")
+    with pytest.raises(KernelError, match=r"shape \(5,\) does not match.*\(4,\)"):
+        a.copyfrom(np.zeros(5, "float32"))
+    with pytest.raises(KernelError, match="dtype float64 does not match.*float32"):
+        a.copyfrom(np.zeros(4, "float64"))
+    with pytest.raises(KernelError, match="complex128 is not supported"):
+        ndarray.empty((2,), "complex128")
+
+
+def test_zero_size_and_scalar_arrays():
+    z = ndarray.empty((0, 3), "float32")
+    assert z.nbytes == 0 and z.numpy().shape == (0, 3)
+    s = ndarray.from_numpy(np.float32(2.5))
+    assert s.shape == () and s.numpy() == np.float32(2.5)
+
+
+# -- calling --------------------------------------------------------------------------------------------------
+def test_vadd_with_numpy_arrays_is_zero_copy(vadd_mod):
+    a, b = _inputs()
+    c = np.zeros(N, "float32")
+    vadd_mod["vadd"](a, b, c)  # the result lands in the caller's array
+    np.testing.assert_array_equal(c, a + b)
+
+
+def test_vadd_with_ndarrays(vadd_mod):
+    a, b = _inputs(1)
+    A, B, C = ndarray.from_numpy(a), ndarray.from_numpy(b), ndarray.empty((N,), "float32")
+    vadd_mod["vadd"](A, B, C)
+    np.testing.assert_array_equal(C.numpy(), a + b)
+    # mixed NDArray / numpy and the host re-export
+    c2 = np.empty(N, "float32")
+    runtime.load_module(vadd_mod.path)["vadd"](A, b, c2)
+    np.testing.assert_array_equal(c2, a + b)
+
+
+def test_bound_call_reuses_converted_args(vadd_mod):
+    a, b = _inputs(2)
+    c = np.zeros(N, "float32")
+    call = vadd_mod["vadd"].bind(a, b, c)
+    call()
+    np.testing.assert_array_equal(c, a + b)
+    a += 1  # same buffers: the bound call sees new contents
+    call()
+    np.testing.assert_array_equal(c, a + b)
+
+
+def test_scalar_string_and_bytes_arguments(vadd_mod):
+    out = np.zeros(4, "int64")
+    vadd_mod["probe"](out, -(1 << 40), 2.25, "héllo", b"\x01\x02\x00\xff")
+    expected_bytes = (1 + 2 + 0 + 255) * 1000 + 4
+    np.testing.assert_array_equal(out, [-(1 << 40), 2250, len("héllo".encode()), expected_bytes])
+    vadd_mod["probe"](out, np.int32(7), np.float32(0.5), "", bytearray())
+    np.testing.assert_array_equal(out, [7, 500, 0, 0])
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (lambda a, b, c: (a, b), r"vadd: expected 3 arguments \(A, B, C\), got 2"),
+    (lambda a, b, c: (a, b[:1000], c), r"vadd: argument 1 'B' has shape \(1000,\), expected \(1024,\)"),
+    (lambda a, b, c: (a, b, c.astype("float64")), r"vadd: argument 2 'C' has dtype float64, expected float32"),
+    (lambda a, b, c: (a.reshape(32, 32), b, c),
+     r"vadd: argument 0 'A' has 2 dimensions \(shape \(32, 32\)\), expected 1 \(shape \(1024,\)\)"),
+    (lambda a, b, c: (a, 3, c), r"vadd: argument 1 'B' must be an array, got int"),
+    (lambda a, b, c: (a, b, c[:512]), r"argument 2 'C' has shape \(512,\), expected \(1024,\) \(dimension 0"),
+    (lambda a, b, c: (a, np.zeros((2, N), "float32")[:, 0], c), r"argument 1 'B' is not C-contiguous"),
+    (lambda a, b, c: (a, b, np.zeros(N, "complex64")), r"argument 2 'C' is a complex64 array"),
+    (lambda a, b, c: (a, b, object()), r"argument 2 'C' has unsupported type object"),
+])
+def test_bad_arguments_give_readable_kernel_errors(vadd_mod, args, pattern):
+    a, b = _inputs()
+    c = np.zeros(N, "float32")
+    with pytest.raises(KernelError, match=pattern):
+        vadd_mod["vadd"](*args(a, b, c))
+    np.testing.assert_array_equal(c, 0)  # refused before any work
+
+
+def test_decode_of_remaining_codes(vadd_mod):
+    f = vadd_mod["vadd"]
+    a = np.zeros(N, "float32")
+    assert "argument 1 'B' is not a compact row-major array (dimension 0)" in str(f.decode_error(6 << 24 | 1 << 8, (a, a, a)))
+    assert "argument 2 'C' has a NULL data pointer" in str(f.decode_error(7 << 24 | 2 << 8, (a, a, a)))
+    assert "a parallel task failed with code 42" in str(f.decode_error(8 << 24 | 42))
+    assert "return code" in str(f.decode_error(0x7F000001))
+
+
+def test_unknown_function_lists_available(vadd_mod):
+    with pytest.raises(KeyError, match="vadd.so has no function 'vmul'; it has: vadd, probe"):
+        vadd_mod["vmul"]
+    assert vadd_mod.function_names == ["vadd", "probe"]
+    assert vadd_mod.metadata["abi_version"] == 1 and vadd_mod.metadata["target"]["arch"] == elf.host_arch()
+
+
+# -- refusing modules before dlopen ----------------------------------------------------------------------------
+def _patched_copy(src, dst, offset, fmt, value):
+    data = bytearray(src.read_bytes())
+    struct.pack_into(fmt, data, offset, value)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def _loaded_paths():
+    with open("/proc/self/maps") as fh:
+        return fh.read()
+
+
+def test_wrong_arch_refused_before_dlopen(kdir, tmp_path):
+    foreign = "aarch64" if elf.host_arch() != "aarch64" else "x86_64"
+    bad = _patched_copy(kdir / "vadd.so", tmp_path / "vadd_foreign.so", 18, "<H", elf.ARCH_MACHINE[foreign])
+    with pytest.raises(ArchMismatch) as info:
+        module.load_module(str(bad))
+    assert str(info.value).startswith("vadd_foreign.so was built for %s but this device is %s"
+                                      % (foreign, elf.host_arch()))
+    assert str(bad) not in _loaded_paths()  # never mapped: no foreign code ran
+
+
+def test_unknown_machine_and_non_shared_object_refused(kdir, tmp_path):
+    mips = _patched_copy(kdir / "vadd.so", tmp_path / "mips.so", 18, "<H", 8)
+    with pytest.raises(ArchMismatch, match="built for mips"):
+        module.load_module(str(mips))
+    exe = _patched_copy(kdir / "vadd.so", tmp_path / "exec.so", 16, "<H", 2)  # ET_EXEC
+    with pytest.raises(ModuleLoadError, match="not a shared library"):
+        module.load_module(str(exe))
+
+
+def test_module_without_metadata_refused(kdir):
+    with pytest.raises(ModuleLoadError, match=r"nometa.so has no .tether_meta section: it is not a tether module"):
+        module.load_module(str(kdir / "nometa.so"))
+
+
+def test_bad_metadata_refused(kdir, tmp_path):
+    src = kdir / "vadd.so"
+    data = src.read_bytes()
+    start = data.index(b'{"abi_version": 1')
+    cases = [(b'{"abi_version": 1', b'{"abi_version": 9', "ABI version 9 but this runtime speaks version 1"),
+             (b'{"abi_version": 1', b'["abi_version": 1', "not valid JSON"),
+             (b'"arch": "' + elf.host_arch().encode(), b'"arch": "' + b"x" * len(elf.host_arch()),
+              "metadata says arch")]
+    for i, (old, new, pattern) in enumerate(cases):
+        pos = data.index(old, start)
+        bad = tmp_path / ("meta%d.so" % i)
+        bad.write_bytes(data[:pos] + new + data[pos + len(old):])
+        with pytest.raises(ModuleLoadError, match=pattern):
+            module.load_module(str(bad))
+
+
+def test_garbage_and_missing_files_refused(tmp_path):
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"\x7fELF" + b"\xff" * 10)
+    with pytest.raises(ModuleLoadError, match="junk.so"):
+        module.load_module(str(junk))
+    with pytest.raises(ModuleLoadError, match="cannot open"):
+        module.load_module(str(tmp_path / "absent.so"))
+
+
+def test_dlopen_failure_explains_missing_symbols(kdir):
+    with pytest.raises(ModuleLoadError, match="dlopen failed for needs_extern.so.*tether_no_such_symbol.*"
+                                              "self-contained"):
+        module.load_module(str(kdir / "needs_extern.so"))
+
+
+# -- timing ---------------------------------------------------------------------------------------------------
+def test_time_evaluator_samples_and_streaming(vadd_mod):
+    a, b = _inputs()
+    c = np.zeros(N, "float32")
+    seen = []
+    res = timing.time_evaluator(vadd_mod["vadd"], (a, b, c), number=5, repeat=4,
+                                on_sample=lambda i, s, n: seen.append((i, s, n)))
+    assert res["number"] == 5 and len(res["samples"]) == 4
+    assert [i for i, _, _ in seen] == [0, 1, 2, 3]
+    assert [s for _, s, _ in seen] == res["samples"] and all(n == 5 for _, _, n in seen)
+    assert all(0 < s < 0.1 for s in res["samples"])
+    np.testing.assert_array_equal(c, a + b)  # it really ran the kernel on these arrays
+
+
+def test_time_evaluator_grows_number_to_min_repeat_ms():
+    calls = []
+
+    def slow():  # ~0.2 ms per call
+        calls.append(1)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 2e-4:
+            pass
+
+    res = timing.time_evaluator(slow, number=1, repeat=2, min_repeat_ms=20, warmup=0)
+    assert res["number"] >= 20e-3 / 2e-4 * 0.5  # grown from 1 to roughly 100
+    assert all(s * res["number"] >= 0.018 for s in res["samples"])
+    assert all(1.9e-4 <= s < 2e-3 for s in res["samples"])
+
+
+def test_time_evaluator_warmup_and_cooldown():
+    calls = []
+    t0 = time.perf_counter()
+    res = timing.time_evaluator(lambda: calls.append(1), number=3, repeat=3, warmup=2, cooldown_ms=30)
+    assert len(calls) == 2 + 3 * 3
+    assert time.perf_counter() - t0 >= 0.06  # two cooldowns between three samples
+    assert res == {"samples": res["samples"], "number": 3}
+    with pytest.raises(ValueError):
+        timing.time_evaluator(lambda: None, number=0)
+
+
+def test_time_evaluator_fixed_cost_is_small(vadd_mod):
+    # One bound ctypes call per iteration: the whole loop cost, kernel included, stays far below 0.3 ms/call.
+    a, b = _inputs()
+    c = np.zeros(N, "float32")
+    res = timing.time_evaluator(vadd_mod["vadd"], (a, b, c), number=200, repeat=3)
+    assert min(res["samples"]) < 3e-4
+
+
+# -- device info ----------------------------------------------------------------------------------------------
+def test_device_info_keys_and_arch():
+    info = dinfo.device_info()
+    for key in ("arch", "machine", "cpu_model", "cpu_cores", "cpu_features", "num_cores", "memory_bytes", "os",
+                "python", "numpy", "msgpack", "governor", "temperature_c", "suggested_target"):
+        assert key in info, key
+    assert info["arch"] == elf.host_arch()
+    assert info["numpy"] == np.__version__
+    assert info["num_cores"] >= 1 and info["memory_bytes"] > 1 << 20
+    assert set(info["os"]) >= {"system", "release", "name", "android"}
+    json.dumps(info)  # plain data, ready for msgpack/JSON
+
+
+def test_cpuinfo_parsing_and_presets():
+    pi4 = "processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\nCPU implementer\t: 0x41\n" \
+          "CPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd08\nCPU revision\t: 3\n\nHardware\t: BCM2835\n"
+    cpu = dinfo.parse_cpuinfo(pi4)
+    assert cpu["cores"] == ["cortex-a72"] and "asimd" in cpu["features"] and cpu["model"] == "BCM2835"
+    assert dinfo.suggest_target("aarch64", cpu["cores"], android=False) == "rasp4b"
+    assert dinfo.suggest_target("aarch64", ["cortex-a76"], False) == "rasp5"
+    assert dinfo.suggest_target("aarch64", ["cortex-a57"], False) == "jetson-nano"
+    assert dinfo.suggest_target("aarch64", ["cortex-a76"], True) == "android-arm64"
+    assert dinfo.suggest_target("armv7", ["cortex-a53"], False) == "rasp3b"
+    assert dinfo.suggest_target("armv7", ["cortex-a7"], False) == "armv7-a7"
+    assert dinfo.suggest_target("x86_64", [], False) == "x86_64"
+    assert dinfo.suggest_target("aarch64", [], False) == "aarch64"
+    # odd contents never raise
+    for junk in (None, "", ":::\n\0\0", "CPU part : banana\nCPU implementer : 0xzz\n", "Features\n:"):
+        assert isinstance(dinfo.parse_cpuinfo(junk)["cores"], list)
+    assert dinfo.parse_meminfo("MemTotal: lots kB\nMemAvailable:\n") == {"total": None, "available": None}
+    assert dinfo.parse_meminfo("MemTotal:       1024 kB\n")["total"] == 1 << 20
