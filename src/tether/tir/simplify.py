@@ -1,0 +1,318 @@
+"""Arithmetic simplification of index expressions.
+
+Integer add/sub/mul-by-constant trees are put in a linear normal form (sum of coeff * atom + const), which folds
+constants, drops x*1 and x+0, cancels symbolic terms (so region extents like ``(i*4 + 3) - i*4 + 1`` become 4)
+and splits ``(a*c + b) // c`` into ``a + b // c`` (then ``a`` when ``0 <= b < c`` is provable from loop ranges).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+from tether.te.expr import Binary, Call, Cast, Compare, Const, Expr, Not, Select, Var, is_float, is_int
+
+Range = Tuple[int, int]          # inclusive [lo, hi]
+_INT_MAX = {"int8": 127, "int16": 32767, "int32": 2**31 - 1, "int64": 2**63 - 1, "uint8": 255}
+
+
+def simplify(e: Expr, ranges: Optional[Dict[Var, Range]] = None) -> Expr:
+    """Simplify ``e``; ``ranges`` maps loop Vars to inclusive integer ranges used to prove facts."""
+    return Simplifier(ranges or {}).visit(e)
+
+
+def const_bound(e: Expr, ranges: Optional[Dict[Var, Range]] = None) -> Optional[Range]:
+    """Numeric inclusive bounds of an integer expression, or None when unknown."""
+    return Simplifier(ranges or {}).bound(e)
+
+
+def _wrap_int(v: int, dtype: str) -> int:
+    if dtype.startswith("uint"):
+        return v & ((1 << int(dtype[4:])) - 1)
+    hi = _INT_MAX.get(dtype)
+    if hi is None:
+        return v
+    m = 2 * (hi + 1)
+    return (v + hi + 1) % m - hi - 1
+
+
+class Simplifier:
+    def __init__(self, ranges: Dict[Var, Range]):
+        self.ranges = ranges
+        self._keys: Dict[int, tuple] = {}
+
+    # structural identity -----------------------------------------------------------------------------------
+    def key(self, e: Expr) -> tuple:
+        k = self._keys.get(id(e))
+        if k is not None:
+            return k
+        from tether.tir.nodes import Load
+        if isinstance(e, Const):
+            k = ("c", e.dtype, e.value)
+        elif isinstance(e, Var):
+            k = ("v", id(e))
+        elif isinstance(e, (Binary, Compare)):
+            k = (type(e).__name__, e.op, e.dtype, self.key(e.a), self.key(e.b))
+        elif isinstance(e, Not):
+            k = ("not", self.key(e.a))
+        elif isinstance(e, Select):
+            k = ("sel", self.key(e.cond), self.key(e.t), self.key(e.f))
+        elif isinstance(e, Cast):
+            k = ("cast", e.dtype, self.key(e.value))
+        elif isinstance(e, Call):
+            k = ("call", e.name, e.dtype) + tuple(self.key(a) for a in e.args)
+        elif isinstance(e, Load):
+            k = ("load", id(e.buffer), self.key(e.index))
+        else:
+            k = ("obj", id(e))
+        self._keys[id(e)] = k
+        self._keep = getattr(self, "_keep", [])
+        self._keep.append(e)  # keep ids stable while cached
+        return k
+
+    # linear normal form -------------------------------------------------------------------------------------
+    def linear(self, e: Expr) -> tuple[dict, int]:
+        """(terms, const) with terms: key -> [atom, coeff] in first-seen order."""
+        if isinstance(e, Const) and is_int(e.dtype):
+            return {}, e.value
+        if isinstance(e, Binary) and is_int(e.dtype):
+            if e.op in ("add", "sub"):
+                ta, ca = self.linear(e.a)
+                tb, cb = self.linear(e.b)
+                sign = 1 if e.op == "add" else -1
+                out = {k: [a, c] for k, (a, c) in ta.items()}
+                for k, (a, c) in tb.items():
+                    if k in out:
+                        out[k][1] += sign * c
+                    else:
+                        out[k] = [a, sign * c]
+                return {k: v for k, v in out.items() if v[1] != 0}, ca + sign * cb
+            if e.op == "mul":
+                ta, ca = self.linear(e.a)
+                tb, cb = self.linear(e.b)
+                if not ta:
+                    return ({k: [a, c * ca] for k, (a, c) in tb.items() if c * ca != 0}, ca * cb)
+                if not tb:
+                    return ({k: [a, c * cb] for k, (a, c) in ta.items() if c * cb != 0}, ca * cb)
+                atom = Binary("mul", self.from_linear(ta, ca, e.dtype), self.from_linear(tb, cb, e.dtype))
+                return {self.key(atom): [atom, 1]}, 0
+        s = self.visit_atom(e)
+        if isinstance(s, Const) and is_int(s.dtype):
+            return {}, s.value
+        if isinstance(s, Binary) and s.op in ("add", "sub", "mul") and is_int(s.dtype) and s is not e:
+            return self.linear(s)
+        return {self.key(s): [s, 1]}, 0
+
+    def from_linear(self, terms: dict, const: int, dtype: str) -> Expr:
+        pos = [(a, c) for a, c in terms.values() if c > 0]
+        neg = [(a, -c) for a, c in terms.values() if c < 0]
+
+        def term(a: Expr, c: int) -> Expr:
+            return a if c == 1 else Binary("mul", a, Const(c, dtype))
+
+        out: Optional[Expr] = None
+        for a, c in pos:
+            out = term(a, c) if out is None else Binary("add", out, term(a, c))
+        if out is None:
+            out = Const(const, dtype) if (const != 0 or not neg) else None
+            const = 0
+            if out is None and neg:
+                a, c = neg.pop(0)
+                out = Binary("sub", Const(0, dtype), term(a, c))
+        for a, c in neg:
+            out = Binary("sub", out, term(a, c))
+        if const > 0:
+            out = Binary("add", out, Const(const, dtype))
+        elif const < 0:
+            out = Binary("sub", out, Const(-const, dtype))
+        return out
+
+    # bounds -------------------------------------------------------------------------------------------------
+    def bound(self, e: Expr) -> Optional[Range]:
+        if isinstance(e, Const):
+            return (int(e.value), int(e.value)) if not is_float(e.dtype) else None
+        if isinstance(e, Var):
+            return self.ranges.get(e)
+        if not (isinstance(e, Binary) and not is_float(e.dtype)):
+            if isinstance(e, Select):
+                bt, bf = self.bound(e.t), self.bound(e.f)
+                return None if bt is None or bf is None else (min(bt[0], bf[0]), max(bt[1], bf[1]))
+            return None
+        if e.op in ("add", "sub", "mul"):
+            terms, c = self.linear(e)
+            lo = hi = c
+            for a, k in terms.values():
+                b = self.bound(a) if not (isinstance(a, Binary) and a.op in ("add", "sub") and False) else None
+                if b is None:
+                    return None
+                x, y = b[0] * k, b[1] * k
+                lo += min(x, y)
+                hi += max(x, y)
+            return lo, hi
+        ba, bb = self.bound(e.a), self.bound(e.b)
+        if e.op in ("floordiv", "floormod") and bb is not None and bb[0] == bb[1] and bb[0] > 0:
+            c = bb[0]
+            if e.op == "floormod":
+                if ba is not None and ba[0] // c == ba[1] // c:
+                    return ba[0] % c, ba[1] % c
+                return 0, c - 1
+            if ba is None:
+                return None
+            return ba[0] // c, ba[1] // c
+        if ba is None or bb is None:
+            return None
+        if e.op == "min":
+            return min(ba[0], bb[0]), min(ba[1], bb[1])
+        if e.op == "max":
+            return max(ba[0], bb[0]), max(ba[1], bb[1])
+        return None
+
+    def prove_le(self, a: Expr, b: Expr) -> Optional[bool]:
+        """True if a <= b always, False if a > b always, None if unknown (integers)."""
+        d = self.bound(self.visit(Binary("sub", a, b)))
+        if d is None:
+            return None
+        if d[1] <= 0:
+            return True
+        if d[0] > 0:
+            return False
+        return None
+
+    # rewriting ----------------------------------------------------------------------------------------------
+    def visit(self, e: Expr) -> Expr:
+        if isinstance(e, Binary) and is_int(e.dtype) and e.op in ("add", "sub", "mul"):
+            terms, c = self.linear(e)
+            return self.from_linear(terms, c, e.dtype)
+        return self.visit_atom(e)
+
+    def visit_atom(self, e: Expr) -> Expr:
+        from tether.tir.nodes import Load
+        if isinstance(e, (Const, Var)):
+            return e
+        if isinstance(e, Binary):
+            return self.visit_binary(e)
+        if isinstance(e, Compare):
+            return self.visit_compare(e)
+        if isinstance(e, Not):
+            a = self.visit(e.a)
+            if isinstance(a, Const):
+                return Const(not a.value, "bool")
+            return e if a is e.a else Not(a)
+        if isinstance(e, Select):
+            c = self.visit(e.cond)
+            t, f = self.visit(e.t), self.visit(e.f)
+            if isinstance(c, Const):
+                return t if c.value else f
+            return e if (c is e.cond and t is e.t and f is e.f) else Select(c, t, f)
+        if isinstance(e, Cast):
+            v = self.visit(e.value)
+            if v.dtype == e.dtype:
+                return v
+            if isinstance(v, Const):
+                if is_float(e.dtype):
+                    return Const(float(v.value), e.dtype)
+                if e.dtype == "bool":
+                    return Const(bool(v.value), e.dtype)
+                if is_float(v.dtype) and not math.isfinite(v.value):
+                    return Cast(e.dtype, v)
+                return Const(_wrap_int(int(v.value), e.dtype), e.dtype)
+            return e if v is e.value else Cast(e.dtype, v)
+        if isinstance(e, Call):
+            args = [self.visit(a) for a in e.args]
+            return e if all(x is y for x, y in zip(args, e.args)) else Call(e.name, args, e.dtype)
+        if isinstance(e, Load):
+            idx = self.visit(e.index)
+            return e if idx is e.index else Load(e.buffer, idx)
+        return e
+
+    def visit_binary(self, e: Binary) -> Expr:
+        op = e.op
+        a, b = self.visit(e.a), self.visit(e.b)
+        ca, cb = isinstance(a, Const), isinstance(b, Const)
+        if op in ("and", "or"):
+            if ca and cb:
+                return Const((a.value and b.value) if op == "and" else (a.value or b.value), "bool")
+            for x, y in ((a, b), (b, a)):
+                if isinstance(x, Const):
+                    if op == "and":
+                        return y if x.value else Const(False, "bool")
+                    return Const(True, "bool") if x.value else y
+            return Binary(op, a, b, "bool")
+        if is_float(e.dtype):
+            if ca and cb:
+                v = _fold_float(op, a.value, b.value)
+                if v is not None:
+                    return Const(v, e.dtype)
+            if op == "mul" and cb and b.value == 1.0:
+                return a
+            if op == "mul" and ca and a.value == 1.0:
+                return b
+            if op == "div" and cb and b.value == 1.0:
+                return a
+            return e if (a is e.a and b is e.b) else Binary(op, a, b, e.dtype)
+        # integers
+        if op in ("floordiv", "floormod"):
+            if cb and b.value != 0:
+                c = b.value
+                if ca:
+                    return Const(a.value // c if op == "floordiv" else a.value % c, e.dtype)
+                if c == 1:
+                    return a if op == "floordiv" else Const(0, e.dtype)
+                if c > 0:
+                    return self._divmod_const(op, a, c, e.dtype)
+            return Binary(op, a, b, e.dtype)
+        if op in ("min", "max"):
+            if ca and cb:
+                return Const(min(a.value, b.value) if op == "min" else max(a.value, b.value), e.dtype)
+            le = self.prove_le(a, b)
+            if le is not None:
+                return (a if le else b) if op == "min" else (b if le else a)
+            return Binary(op, a, b, e.dtype)
+        return Binary(op, a, b, e.dtype)
+
+    def _divmod_const(self, op: str, a: Expr, c: int, dtype: str) -> Expr:
+        terms, k = self.linear(a)
+        q_terms = {key: [x, coef // c] for key, (x, coef) in terms.items() if coef % c == 0}
+        r_terms = {key: [x, coef] for key, (x, coef) in terms.items() if coef % c != 0}
+        qk, rk = divmod(k, c)
+        r = self.from_linear(r_terms, rk, dtype)
+        rb = self.bound(r)
+        if op == "floormod":
+            if rb is not None and rb[0] >= 0 and rb[1] < c:
+                return r
+            if rb is not None and rb[0] // c == rb[1] // c:
+                return self.visit(Binary("sub", r, Const(rb[0] // c * c, dtype)))
+            return Binary("floormod", r, Const(c, dtype), dtype)
+        if rb is not None and rb[0] // c == rb[1] // c:
+            return self.from_linear(q_terms, qk + rb[0] // c, dtype)
+        if not q_terms and qk == 0:
+            return Binary("floordiv", r, Const(c, dtype), dtype)
+        q = self.from_linear(q_terms, qk, dtype)
+        return Binary("add", q, Binary("floordiv", r, Const(c, dtype), dtype), dtype)
+
+    def visit_compare(self, e: Compare) -> Expr:
+        a, b = self.visit(e.a), self.visit(e.b)
+        if isinstance(a, Const) and isinstance(b, Const):
+            return Const(_CMP_FN[e.op](a.value, b.value), "bool")
+        if is_int(a.dtype) and is_int(b.dtype) and e.op in ("lt", "le", "gt", "ge"):
+            d = self.bound(self.visit(Binary("sub", a, b)))
+            if d is not None:
+                lo, hi = d
+                verdict = {"lt": (hi < 0, lo >= 0), "le": (hi <= 0, lo > 0),
+                           "gt": (lo > 0, hi <= 0), "ge": (lo >= 0, hi < 0)}[e.op]
+                if verdict[0]:
+                    return Const(True, "bool")
+                if verdict[1]:
+                    return Const(False, "bool")
+        return e if (a is e.a and b is e.b) else Compare(e.op, a, b)
+
+
+_CMP_FN = {"lt": lambda x, y: x < y, "le": lambda x, y: x <= y, "gt": lambda x, y: x > y,
+           "ge": lambda x, y: x >= y, "eq": lambda x, y: x == y, "ne": lambda x, y: x != y}
+
+
+def _fold_float(op: str, x: float, y: float) -> Optional[float]:
+    try:
+        return {"add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y,
+                "div": lambda: x / y, "min": lambda: min(x, y), "max": lambda: max(x, y)}[op]()
+    except (ZeroDivisionError, KeyError, OverflowError):
+        return None
