@@ -216,37 +216,32 @@ class Target:
     def from_device_info(cls, info: Mapping[str, Any]) -> "Target":
         """The best Target for a device, from tether_rpc.device_info.device_info() output.
 
-        Uses the device's suggested preset when it names one of ours; otherwise the architecture plus the CPU name
-        the device reports."""
+        Uses the device's suggested preset when it is one of ours; otherwise the architecture plus the fastest
+        CPU core the device reports ("cpu_cores", LLVM names such as "cortex-a55")."""
         suggested = info.get("suggested_target")
         if isinstance(suggested, str) and suggested in _PRESETS:
             return cls(suggested)
-        if isinstance(suggested, str) and suggested and suggested != "host":
-            try:
-                return cls(suggested)
-            except UnknownTargetError:
-                pass
-        arch = str(info.get("arch") or info.get("machine") or "").lower()
-        cpu_info = info.get("cpu") if isinstance(info.get("cpu"), Mapping) else {}
-        cpu = info.get("llvm_cpu") or cpu_info.get("llvm_cpu") or cpu_info.get("name") or None
-        android = bool(info.get("android") or "android" in str(info.get("os", "")).lower())
-        if arch in ("aarch64", "arm64"):
+        arch = str(info.get("arch") or info.get("machine") or suggested or "").lower()
+        cores = [str(c) for c in (info.get("cpu_cores") or []) if str(c).startswith(("cortex-", "neoverse-"))]
+        cpu = max(cores, key=_core_rank) if cores else None
+        os_info = info.get("os") if isinstance(info.get("os"), Mapping) else {}
+        android = bool(os_info.get("android") or info.get("android"))
+        if arch in ("aarch64", "arm64", "armv8"):
             triple = "aarch64-unknown-linux-android24" if android else "aarch64-unknown-linux-gnu"
-            return cls(triple, cpu=_llvm_cpu_name(cpu, "generic"), features="+neon")
-        if arch.startswith("armv7") or arch.startswith("armv8l") or arch == "armv7":
-            return cls("armv7a-unknown-linux-gnueabihf", cpu=_llvm_cpu_name(cpu, "cortex-a7"),
-                       features="+neon,+vfp4")
+            return cls(triple, cpu=cpu or "generic", features="+neon")
+        if arch.startswith(("armv7", "armv8l", "armhf", "arm")):
+            return cls("armv7a-unknown-linux-gnueabihf", cpu=cpu or "generic", features="+neon" if not cpu else
+                       "+neon,+vfp4")
         if arch in ("x86_64", "amd64"):
             return cls("x86_64")
         raise UnknownTargetError("cannot derive a target from device_info arch=%r; pass a preset explicitly (%s)"
                                  % (arch, ", ".join(PRESET_NAMES)))
 
 
-def _llvm_cpu_name(cpu: Optional[str], default: str) -> str:
-    if not cpu:
-        return default
-    cpu = str(cpu).strip().lower().replace(" ", "-")
-    return cpu if cpu.startswith("cortex-") or cpu in ("generic", "neoverse-n1", "apple-m1") else default
+def _core_rank(core: str) -> Tuple[int, str]:
+    """Bigger Cortex numbers are (roughly) the big cores of a big.LITTLE system."""
+    digits = "".join(ch for ch in core if ch.isdigit())
+    return (int(digits) if digits else 0, core)
 
 
 def _parse_spec(spec: Union[str, Target]) -> Tuple[str, str, str, Optional[str]]:
