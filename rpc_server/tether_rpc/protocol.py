@@ -330,7 +330,7 @@ class FrameBuffer:
 def _recv_some(sock: socket.socket, view: memoryview) -> int:
     try:
         n = sock.recv_into(view)
-    except socket.timeout:
+    except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out on a blocking socket
         raise TetherTimeout("timed out waiting for data from the peer") from None
     except (ConnectionResetError, BrokenPipeError) as exc:
         raise ConnectionClosed("connection lost: %s" % exc) from None
@@ -398,7 +398,7 @@ def send_buffers(sock: socket.socket, buffers: Iterable[Any]) -> None:
                 else:
                     views[0] = views[0][sent:]
                     sent = 0
-    except socket.timeout:
+    except (socket.timeout, BlockingIOError):
         raise TetherTimeout("timed out sending to the peer") from None
     except (ConnectionResetError, BrokenPipeError) as exc:
         raise ConnectionClosed("connection lost while sending: %s" % exc) from None
@@ -411,7 +411,7 @@ def send_frame(sock: socket.socket, msg_type: int, request_id: int, payload: Opt
         data = encode_frame(msg_type, request_id, payload)
         try:
             sock.sendall(data)
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):
             raise TetherTimeout("timed out sending to the peer") from None
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise ConnectionClosed("connection lost while sending: %s" % exc) from None

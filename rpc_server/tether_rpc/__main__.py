@@ -1,0 +1,40 @@
+"""`python -m tether_rpc` (or the zipapp): the device server, with argparse so the device needs no click.
+
+Same flags and the same implementation (:func:`tether_rpc.server.run`) as the host's `rpc-server` command.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m tether_rpc", description="tether device server (rpc-server)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=9090, help="first port to try (0 = any free port)")
+    ap.add_argument("--port-end", type=int, default=9199, help="last port to try")
+    ap.add_argument("--tracker", metavar="HOST:PORT", help="register with a tracker")
+    ap.add_argument("--key", help="device key for the tracker, e.g. rasp4b")
+    ap.add_argument("--reverse", action="store_true", help="dial out to the tracker instead of listening")
+    ap.add_argument("--token", help="require clients to prove this token (or set TETHER_TOKEN)")
+    ap.add_argument("--insecure", action="store_true", help="allow listening beyond loopback without a token")
+    ap.add_argument("--session-timeout", type=float, metavar="S", help="end sessions after S seconds")
+    ap.add_argument("--handshake-timeout", type=float, default=5.0, metavar="S", help="default 5")
+    ap.add_argument("--workdir", help="where session folders are created (default: system temp)")
+    ap.add_argument("-v", "--verbose", action="count", default=0)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .server import run
+
+    return run(host=args.host, port=args.port, port_end=args.port_end, tracker=args.tracker, key=args.key,
+               token=args.token, insecure=args.insecure, session_timeout=args.session_timeout,
+               workdir=args.workdir, reverse=args.reverse, handshake_timeout=args.handshake_timeout,
+               verbose=args.verbose)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

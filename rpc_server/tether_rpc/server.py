@@ -1,0 +1,736 @@
+"""The device server: one selectors loop in the parent, one forked worker per session.
+
+The parent never runs user code. It accepts connections, runs every handshake without blocking (a silent or
+hostile connection costs one fd until its handshake timeout, and never delays anyone else), admits one session at
+a time (the rest wait in a queue and are told their position, or are refused with DeviceBusy), forks a worker for
+the session with its own temporary folder, and reaps it:
+
+* a worker killed by a signal (a segfaulting kernel) -> the client gets ERROR SessionCrashed naming the signal;
+* a session that outlives ``session_timeout`` -> SIGKILL, and ERROR TetherTimeout;
+* however the session ends, its folder is deleted and the next queued client is admitted.
+
+Fork, not spawn: spawn re-executes the interpreter, which fails under qemu-user; fork also hands the worker a
+warm interpreter (numpy and the runtime are imported before the first session).
+
+The worker serves CALL frames with :class:`tether_rpc.session.SessionHandler`. A watchdog thread polls its
+socket for hang-up (POLLRDHUP), so a client that vanishes ends the session even while a kernel runs (ctypes
+releases the GIL during the call).
+
+Pluggable components (the tracker registration) subclass :class:`ServerHook`: they may add their own
+connections to the loop's selector, validate the tracker ``match`` token a client sends in HELLO, hand the server
+connections they dialled themselves (:meth:`Server.adopt`), and are told when sessions start and end.
+"""
+from __future__ import annotations
+
+import errno
+import importlib
+import ipaddress
+import logging
+import os
+import select
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+from . import __version__
+from . import protocol as p
+from .errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError, TetherError, TetherTimeout
+from .session import BulkIn, Reply, SessionHandler
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "tether-rpc/" + __version__
+#: The module the tracker registration lives in; it provides ``make_hook(config) -> ServerHook``.
+TRACKER_HOOK_MODULE = "tether_rpc.registration"
+
+_LOOP_TICK = 0.05  # how often the loop reaps workers and checks deadlines (bounds "server free again" latency)
+
+
+class ServerConfigError(TetherError, ValueError):
+    """The server was asked to start in an unsafe or impossible way."""
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 9090
+    port_end: Optional[int] = 9199
+    token: Optional[str] = None
+    insecure: bool = False
+    session_timeout: Optional[float] = None     # seconds; None = until the client leaves
+    handshake_timeout: float = 5.0
+    workdir: Optional[str] = None               # parent of the per-session folders (default: system temp)
+    max_queue: int = 16
+    max_pending: int = 64                       # connections still in their handshake
+    tracker: Optional[str] = None               # HOST:PORT
+    key: Optional[str] = None
+    reverse: bool = False                       # for the tracker hook: dial out instead of listening
+    limits: p.Limits = p.DEFAULT_LIMITS
+    hooks: List["ServerHook"] = field(default_factory=list)
+
+
+class ServerHook:
+    """Base class for components plugged into the server loop (e.g. tracker registration)."""
+
+    def attach(self, server: "Server") -> None:
+        """Called once the server listens; register sockets with ``server.register``."""
+
+    def check_match(self, match: Optional[str], hello: Dict[str, Any]) -> bool:
+        """Accept or refuse a client by the tracker match token in its HELLO (None if it sent none)."""
+        return True
+
+    def session_started(self, info: Dict[str, Any]) -> None:
+        pass
+
+    def session_ended(self, info: Dict[str, Any]) -> None:
+        pass
+
+    def after_fork_child(self) -> None:
+        """Runs in a fresh session worker: close the hook's own sockets there."""
+
+    def close(self) -> None:
+        pass
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def check_config(config: ServerConfig) -> None:
+    if not is_loopback(config.host) and not config.token and not config.insecure:
+        raise ServerConfigError(
+            "refusing to listen on %s without a token: anyone who can reach it could run code on this device. "
+            "Pass --token SECRET (clients then need the same token), or --insecure if the network is trusted."
+            % config.host)
+    if config.tracker and not config.key:
+        raise ServerConfigError("--tracker needs --key (the device key clients request, e.g. rasp4b)")
+    if config.session_timeout is not None and config.session_timeout <= 0:
+        raise ServerConfigError("--session-timeout must be positive")
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return "signal %d" % sig
+
+
+class _Conn:
+    """A connection in the parent: handshaking, queued, or handed to a worker."""
+
+    __slots__ = ("sock", "peer", "buffer", "deadline", "state", "nonce", "proof", "hello", "session_id")
+
+    def __init__(self, sock: socket.socket, peer: Any, deadline: float):
+        self.sock = sock
+        self.peer = peer
+        self.buffer = p.FrameBuffer(p.HANDSHAKE_LIMITS, size=4096)
+        self.deadline = deadline
+        self.state = "hello"
+        self.nonce = b""
+        self.proof: Optional[bytes] = None
+        self.hello: Dict[str, Any] = {}
+        self.session_id = 0
+
+
+class _Active:
+    __slots__ = ("conn", "pid", "folder", "started", "deadline", "timed_out", "info")
+
+    def __init__(self, conn: _Conn, pid: int, folder: str, deadline: Optional[float], info: Dict[str, Any]):
+        self.conn = conn
+        self.pid = pid
+        self.folder = folder
+        self.started = time.monotonic()
+        self.deadline = deadline
+        self.timed_out = False
+        self.info = info
+
+
+class Server:
+    """Listening socket + selector loop. Use as a context manager; ``serve_forever`` runs until ``stop``."""
+
+    def __init__(self, config: ServerConfig):
+        check_config(config)
+        self.config = config
+        self.selector = selectors.DefaultSelector()
+        self.listener = self._bind(config)
+        self.address: Tuple[str, int] = self.listener.getsockname()[:2]
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, self._on_accept)
+        self._pending: Dict[int, _Conn] = {}
+        self._queue: Deque[_Conn] = deque()
+        self._active: Optional[_Active] = None
+        self._sessions = 0
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
+        self.hooks: List[ServerHook] = list(config.hooks)
+        self._closed = False
+
+    # -- set-up ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _bind(config: ServerConfig) -> socket.socket:
+        last = 0
+        end = config.port if not config.port_end or config.port_end < config.port or config.port == 0 else config.port_end
+        infos = socket.getaddrinfo(config.host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        for port in range(config.port, end + 1):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((sockaddr[0], port) + tuple(sockaddr[2:]))
+                sock.listen(64)
+                return sock
+            except OSError as exc:
+                sock.close()
+                last = exc.errno or 0
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        raise ServerConfigError("no free port in %d..%d on %s (%s)" % (config.port, end, config.host,
+                                                                       os.strerror(last)))
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- public API for hooks ----------------------------------------------------------------------------------
+    def register(self, fileobj: Any, events: int, callback: Callable[[Any, int], None]) -> None:
+        """Watch ``fileobj``; ``callback(fileobj, mask)`` runs in the loop when it is ready."""
+        self.selector.register(fileobj, events, callback)
+
+    def unregister(self, fileobj: Any) -> None:
+        self.selector.unregister(fileobj)
+
+    def adopt(self, sock: socket.socket, peer: Any = "adopted") -> None:
+        """Serve an already connected socket (e.g. one a reverse-mode hook dialled) as if it had been accepted."""
+        self._new_conn(sock, peer)
+
+    @property
+    def busy(self) -> bool:
+        return self._active is not None
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from a signal handler or another thread)."""
+        self._stopping = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        for hook in self.hooks:
+            hook.attach(self)
+        while not self._stopping:
+            for key, mask in self.selector.select(_LOOP_TICK):
+                try:
+                    key.data(key.fileobj, mask)
+                except Exception:  # a bug in one callback must not take the server down
+                    log.exception("error in the server loop handling %r", key.fileobj)
+            self._reap()
+            self._check_deadlines()
+            self._admit_next()
+
+    def _on_wake(self, fd: int, mask: int) -> None:
+        try:
+            os.read(fd, 512)
+        except OSError:
+            pass
+
+    def _on_accept(self, listener: socket.socket, mask: int) -> None:
+        for _ in range(64):
+            try:
+                sock, peer = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: keep serving the connections we have
+                log.warning("accept failed: %s", exc)
+                return
+            self._new_conn(sock, peer)
+
+    def _new_conn(self, sock: socket.socket, peer: Any) -> None:
+        if len(self._pending) >= self.config.max_pending:
+            log.warning("refusing %s: %d handshakes already pending", peer, len(self._pending))
+            sock.close()
+            return
+        p.configure_socket(sock)
+        sock.setblocking(False)
+        conn = _Conn(sock, peer, time.monotonic() + self.config.handshake_timeout)
+        self._pending[sock.fileno()] = conn
+        self.selector.register(sock, selectors.EVENT_READ, self._on_pending)
+        log.debug("connection from %s", peer)
+
+    def _drop(self, conn: _Conn, error: Optional[BaseException] = None, quiet: bool = False) -> None:
+        if error is not None:
+            if not quiet:
+                log.info("closing %s: %s", conn.peer, error)
+            self._send_nb(conn, p.encode_frame(p.MsgType.ERROR, 0, p.error_payload(error)))
+        self._pending.pop(conn.sock.fileno(), None)
+        try:
+            self._queue.remove(conn)
+        except ValueError:
+            pass
+        try:
+            self.selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    @staticmethod
+    def _send_nb(conn: _Conn, data: bytes) -> bool:
+        """Best-effort send of one small frame on a non-blocking socket; a peer that cannot take it is dead."""
+        try:
+            return conn.sock.send(data) == len(data)
+        except OSError:
+            return False
+
+    def _on_pending(self, sock: socket.socket, mask: int) -> None:
+        conn = self._pending.get(sock.fileno())
+        if conn is None:
+            return
+        if conn.state == "queued":
+            # A queued client has nothing to say; data or EOF both mean it gives up its place.
+            self._drop(conn, quiet=True)
+            self._notify_queue()
+            return
+        try:
+            n = sock.recv_into(conn.buffer.free_space(1024), 1024)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            n = 0
+        if n == 0:
+            self._drop(conn, quiet=True)
+            return
+        conn.buffer.wrote(n)
+        try:
+            while conn.state in ("hello", "auth"):
+                frame = conn.buffer.next_frame()
+                if frame is None:
+                    return
+                self._handshake_step(conn, *frame)
+        except (ProtocolError, AuthenticationError) as exc:
+            self._drop(conn, exc)
+
+    def _handshake_step(self, conn: _Conn, msg_type: int, request_id: int, payload: dict) -> None:
+        if conn.state == "hello":
+            if msg_type != p.MsgType.HELLO:
+                raise ProtocolError("expected HELLO, got message type %d" % msg_type)
+            conn.hello = p.check_hello(payload)
+            if self.config.token:
+                conn.nonce = p.make_nonce()
+                conn.state = "auth"
+                self._send_nb(conn, p.encode_frame(p.MsgType.CHALLENGE, 0, {"algo": p.AUTH_ALGO, "nonce": conn.nonce}))
+                return
+        elif conn.state == "auth":
+            if msg_type != p.MsgType.AUTH:
+                raise ProtocolError("expected AUTH, got message type %d" % msg_type)
+            client_nonce = p.check_auth(self.config.token or "", conn.nonce, payload)
+            conn.proof = p.server_proof(self.config.token or "", conn.nonce, client_nonce)
+        for hook in self.hooks:
+            if not hook.check_match(conn.hello.get("match"), conn.hello):
+                raise AuthenticationError("this device does not accept the session's match token %r"
+                                          % (conn.hello.get("match"),))
+        self._admit(conn)
+
+    def _admit(self, conn: _Conn) -> None:
+        if self._active is None and not self._queue:
+            self._start_session(conn)
+            return
+        if not conn.hello.get("wait", True):
+            from .errors import DeviceBusy
+
+            self._drop(conn, DeviceBusy("the device is serving another session (%d waiting); connect with wait=True "
+                                        "to queue" % len(self._queue)), quiet=True)
+            return
+        if len(self._queue) >= self.config.max_queue:
+            from .errors import DeviceBusy
+
+            self._drop(conn, DeviceBusy("the device's queue is full (%d waiting)" % len(self._queue)), quiet=True)
+            return
+        conn.state = "queued"
+        self._queue.append(conn)
+        self._send_nb(conn, p.encode_frame(p.MsgType.EVENT, 0, {"kind": "queued", "position": len(self._queue)}))
+
+    def _notify_queue(self) -> None:
+        for i, conn in enumerate(list(self._queue)):
+            if not self._send_nb(conn, p.encode_frame(p.MsgType.EVENT, 0, {"kind": "queued", "position": i + 1})):
+                self._drop(conn, quiet=True)
+
+    def _admit_next(self) -> None:
+        if self._active is None and self._queue and not self._stopping:
+            conn = self._queue.popleft()
+            self._start_session(conn)
+            self._notify_queue()
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for conn in list(self._pending.values()):
+            if conn.state in ("hello", "auth") and now > conn.deadline:
+                self._drop(conn, TetherTimeout("no complete handshake within %.1f s" % self.config.handshake_timeout))
+        active = self._active
+        if active is not None and active.deadline is not None and now > active.deadline and not active.timed_out:
+            log.info("session %d ran past its %.1f s timeout: killing worker %d", active.conn.session_id,
+                     self.config.session_timeout, active.pid)
+            active.timed_out = True
+            try:
+                os.kill(active.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # -- sessions ----------------------------------------------------------------------------------------------
+    def _start_session(self, conn: _Conn) -> None:
+        self._pending.pop(conn.sock.fileno(), None)
+        try:
+            self.selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        self._sessions += 1
+        conn.session_id = self._sessions
+        conn.state = "session"
+        welcome = {"version": p.PROTOCOL_VERSION, "caps": list(p.CAPABILITIES), "server": SERVER_NAME,
+                   "session": conn.session_id}
+        if conn.proof is not None:
+            welcome["proof"] = conn.proof
+        folder = tempfile.mkdtemp(prefix="tether-session-%d-" % conn.session_id, dir=self.config.workdir)
+        if not self._send_nb(conn, p.encode_frame(p.MsgType.WELCOME, 0, welcome)):
+            shutil.rmtree(folder, ignore_errors=True)
+            conn.sock.close()
+            return
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 1
+            try:
+                self._become_worker(conn)
+                code = run_session(conn.sock, conn.buffer, folder, self.config.limits)
+            except BaseException:  # never return into the parent's loop from a worker
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + self.config.session_timeout if self.config.session_timeout else None
+        info = {"session": conn.session_id, "peer": conn.peer, "pid": pid, "folder": folder,
+                "client": conn.hello.get("client"), "match": conn.hello.get("match")}
+        self._active = _Active(conn, pid, folder, deadline, info)
+        log.info("session %d for %s started in worker %d", conn.session_id, conn.peer, pid)
+        for hook in self.hooks:
+            hook.session_started(info)
+
+    def _become_worker(self, conn: _Conn) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides when sessions end
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for hook in self.hooks:
+            hook.after_fork_child()
+        for other in list(self._pending.values()) + list(self._queue):
+            other.sock.close()
+        self.listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self.selector.close()
+
+    def _reap(self) -> None:
+        active = self._active
+        if active is None:
+            return
+        try:
+            pid, status = os.waitpid(active.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = active.pid, 0
+        if pid == 0:
+            return
+        self._end_session(active, status)
+
+    def _end_session(self, active: _Active, status: int) -> None:
+        self._active = None
+        conn = active.conn
+        error: Optional[Dict[str, Any]] = None
+        if active.timed_out:
+            error = {"type": p.ErrorType.TIMEOUT, "traceback": "",
+                     "message": "the session ran past the server's session timeout of %s s and was ended"
+                                % self.config.session_timeout}
+        elif os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            error = {"type": p.ErrorType.SESSION_CRASHED, "traceback": "",
+                     "message": "the session worker died from %s (%d), probably in a kernel; the server keeps "
+                                "serving, start a new session" % (_signal_name(sig), sig)}
+        elif os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
+            error = {"type": p.ErrorType.SESSION_CRASHED, "traceback": "",
+                     "message": "the session worker exited with status %d" % os.WEXITSTATUS(status)}
+        if error is not None:
+            log.warning("session %d: %s", conn.session_id, error["message"])
+            try:
+                conn.sock.settimeout(0.5)
+                conn.sock.sendall(p.encode_frame(p.MsgType.ERROR, 0, error))
+            except OSError:
+                pass
+        conn.sock.close()
+        shutil.rmtree(active.folder, ignore_errors=True)
+        active.info["duration"] = time.monotonic() - active.started
+        active.info["error"] = error["type"] if error else None
+        log.info("session %d ended after %.3f s", conn.session_id, active.info["duration"])
+        for hook in self.hooks:
+            try:
+                hook.session_ended(active.info)
+            except Exception:
+                log.exception("server hook %r failed in session_ended", hook)
+
+    # -- shutdown ----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        active = self._active
+        if active is not None:
+            try:
+                os.kill(active.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                _, status = os.waitpid(active.pid, 0)
+            except ChildProcessError:
+                status = 0
+            self._end_session(active, status)
+        for conn in list(self._pending.values()) + list(self._queue):
+            conn.sock.close()
+        self._pending.clear()
+        self._queue.clear()
+        for hook in self.hooks:
+            try:
+                hook.close()
+            except Exception:
+                log.exception("server hook %r failed to close", hook)
+        self.selector.close()
+        self.listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the session worker
+
+class _Channel:
+    """The worker's side of the socket: frames out under one lock (events may come from other threads)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.request_id = 0
+
+    def send(self, data: bytes, bulk: Any = None) -> None:
+        with self.lock:
+            if bulk is None:
+                self.sock.sendall(data)
+            else:
+                p.send_buffers(self.sock, [data, bulk])
+
+    def emit(self, kind: str, fields: Dict[str, Any]) -> None:
+        self.send(p.encode_frame(p.MsgType.EVENT, self.request_id, fields))
+
+
+class _EventLines:
+    """A text stream that forwards each complete line to the client as a log EVENT."""
+
+    def __init__(self, channel: _Channel, stream: str):
+        self._channel = channel
+        self._stream = stream
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        while "\n" in self._partial:
+            line, self._partial = self._partial.split("\n", 1)
+            try:
+                self._channel.emit("log", {"kind": "log", "stream": self._stream, "line": line})
+            except OSError:
+                pass
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _watchdog(sock: socket.socket) -> None:
+    """End the worker as soon as the client hangs up, even in the middle of a kernel."""
+    poller = select.poll()
+    hangup = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
+    poller.register(sock.fileno(), hangup)
+    while True:
+        for _, events in poller.poll(1000):
+            if events & hangup:
+                os._exit(0)
+
+
+def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: str,
+                limits: p.Limits = p.DEFAULT_LIMITS) -> int:
+    """Serve one session's CALLs on a connected, handshaken socket until CLOSE or hang-up; returns an exit code."""
+    sock.setblocking(True)
+    if buffer is None:
+        buffer = p.FrameBuffer(limits)
+    buffer.limits = limits
+    reader = p.FrameReader(sock, buffer=buffer)
+    channel = _Channel(sock)
+    threading.Thread(target=_watchdog, args=(sock,), name="tether-watchdog", daemon=True).start()
+    sys.stdout = _EventLines(channel, "stdout")  # type: ignore[assignment]
+    sys.stderr = _EventLines(channel, "stderr")  # type: ignore[assignment]
+    handler = SessionHandler(folder)
+    try:
+        while True:
+            try:
+                msg_type, request_id, payload = reader.read_frame()
+            except (ConnectionClosed, OSError):
+                return 0
+            except ProtocolError as exc:
+                _send_error(channel, 0, exc, "")
+                return 0
+            if msg_type == p.MsgType.CALL:
+                if not _serve_call(channel, reader, handler, request_id, payload, limits):
+                    return 0
+            elif msg_type == p.MsgType.CLOSE:
+                return 0
+            else:
+                _send_error(channel, 0, ProtocolError("unexpected message type %d in a session" % msg_type), "")
+                return 0
+    finally:
+        handler.close()
+
+
+def _send_error(channel: _Channel, request_id: int, exc: BaseException, tb: str) -> None:
+    try:
+        channel.send(p.encode_frame(p.MsgType.ERROR, request_id, p.error_payload(exc, tb)))
+    except OSError:
+        pass
+
+
+def _serve_call(channel: _Channel, reader: p.FrameReader, handler: SessionHandler, request_id: int,
+                payload: dict, limits: p.Limits) -> bool:
+    """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
+    channel.request_id = request_id
+    try:
+        nbytes = p.bulk_size(payload, limits)
+    except FrameTooLarge as exc:
+        _send_error(channel, request_id, exc, "")
+        return False  # we will not read that many bytes, so the stream cannot be resynchronised
+    except ProtocolError as exc:
+        _send_error(channel, request_id, exc, "")
+        return False
+    bulk = BulkIn(nbytes, reader.read_into, reader.skip) if nbytes else None
+    try:
+        reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
+        frame = p.encode_frame(p.MsgType.RETURN, request_id, reply.payload())
+    except (ConnectionClosed, TetherTimeout):
+        return False
+    except ProtocolError as exc:
+        _send_error(channel, request_id, exc, traceback.format_exc())
+        return False
+    except Exception as exc:
+        _send_error(channel, request_id, exc, traceback.format_exc())
+        return True
+    if reply.buffer is not None:
+        channel.send(frame, reply.buffer)
+    elif reply.file is not None:
+        with reply.file, channel.lock:
+            channel.sock.sendall(frame)
+            sent = channel.sock.sendfile(reply.file, 0, reply.size) if reply.size else 0
+            if sent != reply.size:
+                return False  # the file shrank under us: the stream is out of step
+    else:
+        channel.send(frame)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# entry point shared by `python -m tether_rpc` and the `rpc-server` click command
+
+def _preload_runtime() -> None:
+    """Import the runtime once in the parent so every forked session starts warm."""
+    for name in ("ndarray", "module", "timing", "device_info", "parallel"):
+        try:
+            importlib.import_module("tether_rpc." + name)
+        except ImportError as exc:
+            log.debug("runtime module tether_rpc.%s not available: %s", name, exc)
+
+
+def _tracker_hook(config: ServerConfig) -> ServerHook:
+    try:
+        mod = importlib.import_module(TRACKER_HOOK_MODULE)
+    except ImportError as exc:
+        raise ServerConfigError("--tracker needs %s, which this build lacks (%s)" % (TRACKER_HOOK_MODULE, exc))
+    return mod.make_hook(config)
+
+
+def serve(config: ServerConfig, ready: Optional[Callable[["Server"], None]] = None) -> None:
+    """Run a device server until SIGINT/SIGTERM (or ``server.stop()``)."""
+    check_config(config)
+    if config.tracker:
+        config.hooks.append(_tracker_hook(config))
+    t0 = time.perf_counter()
+    with Server(config) as server:
+        _preload_runtime()
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda *_: server.stop())
+        host, port = server.address[:2]
+        log.info("tether rpc-server listening on %s:%d (start-up %.0f ms)", host, port,
+                 1000 * (time.perf_counter() - t0))
+        if ready is not None:
+            ready(server)
+        try:
+            server.serve_forever()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        log.info("tether rpc-server on %s:%d stopped", host, port)
+
+
+def parse_hostport(text: str) -> Tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ServerConfigError("expected HOST:PORT, got %r" % text)
+    return host.strip("[]"), int(port)
+
+
+def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 9199, tracker: Optional[str] = None,
+        key: Optional[str] = None, token: Optional[str] = None, insecure: bool = False,
+        session_timeout: Optional[float] = None, workdir: Optional[str] = None, reverse: bool = False,
+        handshake_timeout: float = 5.0, verbose: int = 0) -> int:
+    """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""
+    logging.basicConfig(level=logging.INFO if verbose < 2 else logging.DEBUG, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if token is None:
+        token = os.environ.get("TETHER_TOKEN") or None
+    try:
+        if tracker:
+            parse_hostport(tracker)
+        if workdir:
+            os.makedirs(workdir, exist_ok=True)
+        config = ServerConfig(host=host, port=port, port_end=port_end, token=token, insecure=insecure,
+                              session_timeout=session_timeout, workdir=workdir, tracker=tracker, key=key,
+                              reverse=reverse, handshake_timeout=handshake_timeout)
+        serve(config)
+    except ServerConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    return 0

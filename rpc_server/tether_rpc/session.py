@@ -1,0 +1,336 @@
+"""One session's state and its built-in functions, independent of any transport.
+
+:class:`SessionHandler` owns the object table (device arrays, loaded modules, packed functions: each named by a
+64-bit handle id) and the session folder, and implements every built-in (``tether.echo``, ``tether.array.*``,
+``tether.upload``, ``tether.module.load``, ``tether.time_evaluator``, ...). The forked server worker drives it
+from frames on a socket; ``tether.rpc.LocalSession`` drives it in-process. Both therefore behave identically.
+
+Bulk bytes are transport-neutral: a call may receive a :class:`BulkIn` (read straight into its destination,
+e.g. an NDArray's memory) and may answer with a :class:`Reply` that carries a buffer or a file to stream back.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .errors import ProtocolError
+from .files import SessionFolder
+from .protocol import RemoteHandle
+
+log = logging.getLogger(__name__)
+
+EmitFn = Callable[[str, Dict[str, Any]], None]
+
+CHUNK = 1 << 20
+
+
+class BulkIn:
+    """Raw bytes arriving with a call, consumed in order by ``readinto``; unread bytes are drained afterwards."""
+
+    def __init__(self, nbytes: int, readinto: Callable[[memoryview], None], skip: Optional[Callable[[int], None]] = None):
+        self.nbytes = nbytes
+        self.consumed = 0
+        self._readinto = readinto
+        self._skip = skip
+
+    @classmethod
+    def from_buffer(cls, buffer: Any) -> "BulkIn":
+        src = memoryview(buffer).cast("B")
+        state = {"pos": 0}
+
+        def readinto(view: memoryview) -> None:
+            pos = state["pos"]
+            view[:] = src[pos:pos + len(view)]
+            state["pos"] = pos + len(view)
+
+        return cls(len(src), readinto)
+
+    @property
+    def remaining(self) -> int:
+        return self.nbytes - self.consumed
+
+    def readinto(self, view: memoryview) -> None:
+        view = memoryview(view).cast("B")
+        if len(view) > self.remaining:
+            raise ProtocolError("asked for %d bulk bytes, only %d remain" % (len(view), self.remaining))
+        self._readinto(view)
+        self.consumed += len(view)
+
+    def drain(self) -> None:
+        """Discard what the call did not read, so the byte stream stays in step with the frames."""
+        n = self.remaining
+        if n and self._skip is not None:
+            self._skip(n)
+        elif n:
+            scratch = memoryview(bytearray(min(n, CHUNK)))
+            while self.remaining:
+                self.readinto(scratch[:min(self.remaining, len(scratch))])
+        self.consumed = self.nbytes
+
+
+class Reply:
+    """A call's answer: a msgpack value plus optional tensors and optional bulk bytes (a buffer or a file)."""
+
+    __slots__ = ("value", "tensors", "buffer", "file", "size")
+
+    def __init__(self, value: Any = None, tensors: Optional[List[np.ndarray]] = None, buffer: Any = None,
+                 file: Any = None, size: int = 0):
+        self.value = value
+        self.tensors = tensors
+        self.buffer = buffer
+        self.file = file
+        self.size = len(memoryview(buffer).cast("B")) if buffer is not None else size
+
+    @property
+    def has_bulk(self) -> bool:
+        return self.buffer is not None or self.file is not None
+
+    def payload(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"value": self.value}
+        if self.tensors is not None:
+            out["tensors"] = self.tensors
+        if self.has_bulk:
+            out["nbytes"] = self.size
+        return out
+
+
+class CallContext:
+    """What a built-in may use besides its arguments: incoming bulk bytes and the event stream."""
+
+    __slots__ = ("bulk", "_emit")
+
+    def __init__(self, bulk: Optional[BulkIn], emit: Optional[EmitFn]):
+        self.bulk = bulk
+        self._emit = emit
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        if self._emit is not None:
+            fields["kind"] = kind
+            self._emit(kind, fields)
+
+    def require_bulk(self, what: str) -> BulkIn:
+        if self.bulk is None:
+            raise ValueError("%s needs bulk bytes after the CALL (payload 'nbytes')" % what)
+        return self.bulk
+
+
+# Built-in name -> SessionHandler method name. One row per built-in; docs/protocol.md lists the same table.
+BUILTINS = {
+    "tether.echo": "_echo",
+    "tether.functions": "_functions",
+    "tether.device_info": "_device_info",
+    "tether.array.empty": "_array_empty",
+    "tether.array.from_tensor": "_array_from_tensor",
+    "tether.array.copy_in": "_array_copy_in",
+    "tether.array.copy_out": "_array_copy_out",
+    "tether.array.free": "_free",
+    "tether.free": "_free",
+    "tether.upload": "_upload",
+    "tether.download": "_download",
+    "tether.listdir": "_listdir",
+    "tether.remove": "_remove",
+    "tether.module.load": "_module_load",
+    "tether.module.get_function": "_module_get_function",
+    "tether.time_evaluator": "_time_evaluator",
+}
+
+_KIND_ARRAY = "array"
+_KIND_MODULE = "module"
+_KIND_FUNCTION = "function"
+
+
+class SessionHandler:
+    """Object table + built-ins for one session, rooted in one session folder."""
+
+    def __init__(self, folder: str):
+        self.folder = SessionFolder(folder)
+        self._objects: Dict[int, Tuple[str, Any]] = {}
+        self._next_id = 1
+        self._builtins = {name: getattr(self, meth) for name, meth in BUILTINS.items()}
+
+    # -- dispatch ----------------------------------------------------------------------------------------------
+    def call(self, fn: Any, args: List[Any], bulk: Optional[BulkIn] = None, emit: Optional[EmitFn] = None) -> Reply:
+        """Run one call; exceptions propagate to the transport, which reports them. Unread bulk is drained."""
+        ctx = CallContext(bulk, emit)
+        try:
+            if not isinstance(args, list):
+                raise ProtocolError("CALL args must be a list, got %s" % type(args).__name__)
+            if isinstance(fn, str):
+                builtin = self._builtins.get(fn)
+                if builtin is None:
+                    raise KeyError("no built-in function %r (have: %s)" % (fn, ", ".join(sorted(self._builtins))))
+                result = builtin(ctx, *args)
+            elif isinstance(fn, RemoteHandle):
+                result = self._call_packed(self._get(fn, _KIND_FUNCTION), args)
+            else:
+                raise ProtocolError("CALL fn must be a built-in name or a function handle, got %s"
+                                    % type(fn).__name__)
+        finally:
+            if bulk is not None:
+                bulk.drain()
+        return result if isinstance(result, Reply) else Reply(result)
+
+    def close(self) -> None:
+        """Drop every object (arrays are freed; loaded libraries stay mapped until the process ends)."""
+        self._objects.clear()
+
+    @property
+    def object_count(self) -> int:
+        return len(self._objects)
+
+    # -- object table ------------------------------------------------------------------------------------------
+    def _put(self, kind: str, obj: Any) -> RemoteHandle:
+        handle = RemoteHandle(self._next_id)
+        self._next_id += 1
+        self._objects[handle.id] = (kind, obj)
+        return handle
+
+    def _get(self, handle: Any, kind: str) -> Any:
+        if not isinstance(handle, RemoteHandle):
+            raise TypeError("expected a %s handle, got %s" % (kind, type(handle).__name__))
+        entry = self._objects.get(handle.id)
+        if entry is None:
+            raise KeyError("handle %d does not exist in this session (freed already?)" % handle.id)
+        if entry[0] != kind:
+            raise TypeError("handle %d is a %s, expected a %s" % (handle.id, entry[0], kind))
+        return entry[1]
+
+    def _kernel_args(self, args: List[Any]) -> Tuple[List[Any], List[Any]]:
+        """Handles -> device arrays; tensors -> fresh writable device copies (returned so results travel back)."""
+        from . import ndarray
+
+        out: List[Any] = []
+        copies: List[Any] = []
+        for a in args:
+            if isinstance(a, RemoteHandle):
+                out.append(self._get(a, _KIND_ARRAY))
+            elif isinstance(a, np.ndarray):
+                copy = ndarray.from_numpy(a)
+                copies.append(copy)
+                out.append(copy)
+            else:
+                out.append(a)
+        return out, copies
+
+    def _call_packed(self, func: Any, args: List[Any]) -> Reply:
+        kargs, copies = self._kernel_args(args)
+        value = func(*kargs)
+        return Reply(value, tensors=[c.array for c in copies] if copies else None)
+
+    # -- built-ins ---------------------------------------------------------------------------------------------
+    def _echo(self, ctx: CallContext, *args: Any) -> Any:
+        return args[0] if len(args) == 1 else list(args)
+
+    def _functions(self, ctx: CallContext) -> List[str]:
+        return sorted(self._builtins)
+
+    def _device_info(self, ctx: CallContext) -> Dict[str, Any]:
+        from . import device_info
+
+        return device_info.device_info()
+
+    @staticmethod
+    def _array_info(handle: RemoteHandle, arr: Any) -> Dict[str, Any]:
+        return {"handle": handle, "shape": list(arr.shape), "dtype": arr.dtype}
+
+    def _array_empty(self, ctx: CallContext, shape: Any, dtype: str = "float32") -> Dict[str, Any]:
+        from . import ndarray
+
+        arr = ndarray.empty(shape, dtype)
+        return self._array_info(self._put(_KIND_ARRAY, arr), arr)
+
+    def _array_from_tensor(self, ctx: CallContext, tensor: Any) -> Dict[str, Any]:
+        from . import ndarray
+
+        if not isinstance(tensor, np.ndarray):
+            raise TypeError("tether.array.from_tensor takes a tensor, got %s" % type(tensor).__name__)
+        arr = ndarray.from_numpy(tensor)
+        return self._array_info(self._put(_KIND_ARRAY, arr), arr)
+
+    def _array_copy_in(self, ctx: CallContext, handle: Any) -> None:
+        arr = self._get(handle, _KIND_ARRAY)
+        bulk = ctx.require_bulk("tether.array.copy_in")
+        if bulk.nbytes != arr.nbytes:
+            raise ValueError("copy_in: %d bytes sent, the array %s %s holds %d"
+                             % (bulk.nbytes, arr.dtype, tuple(arr.shape), arr.nbytes))
+        bulk.readinto(arr.view)
+
+    def _array_copy_out(self, ctx: CallContext, handle: Any) -> Reply:
+        arr = self._get(handle, _KIND_ARRAY)
+        return Reply(None, buffer=arr.view)
+
+    def _free(self, ctx: CallContext, handle: Any) -> None:
+        if not isinstance(handle, RemoteHandle) or self._objects.pop(handle.id, None) is None:
+            raise KeyError("cannot free %r: no such handle in this session" % (handle,))
+
+    def _upload(self, ctx: CallContext, name: Any) -> Dict[str, Any]:
+        bulk = ctx.require_bulk("tether.upload")
+        path = self.folder.path_for(name)  # refuses unsafe names before anything is written
+        ok = False
+        try:
+            with open(path, "wb") as fh:
+                scratch = memoryview(bytearray(min(max(bulk.nbytes, 1), CHUNK)))
+                while bulk.remaining:
+                    piece = scratch[:min(bulk.remaining, len(scratch))]
+                    bulk.readinto(piece)
+                    fh.write(piece)
+            ok = True
+        finally:
+            if not ok:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+        return {"name": name, "size": bulk.nbytes}
+
+    def _download(self, ctx: CallContext, name: Any) -> Reply:
+        size = self.folder.size(name)
+        return Reply({"name": name, "size": size}, file=self.folder.open_read(name), size=size)
+
+    def _listdir(self, ctx: CallContext) -> List[str]:
+        return self.folder.listdir()
+
+    def _remove(self, ctx: CallContext, name: Any) -> None:
+        self.folder.remove(name)
+
+    def _module_load(self, ctx: CallContext, name: Any) -> Dict[str, Any]:
+        from . import module
+
+        mod = module.load_module(self.folder.existing(name))
+        handle = self._put(_KIND_MODULE, mod)
+        return {"handle": handle, "functions": list(mod.function_names), "metadata": mod.metadata}
+
+    def _module_get_function(self, ctx: CallContext, handle: Any, name: Any) -> Dict[str, Any]:
+        mod = self._get(handle, _KIND_MODULE)
+        if not isinstance(name, str) or name not in mod.function_names:
+            raise KeyError("module has no function %r (it has: %s)" % (name, ", ".join(mod.function_names)))
+        return {"handle": self._put(_KIND_FUNCTION, mod[name]), "name": name}
+
+    def _time_evaluator(self, ctx: CallContext, func_handle: Any, args: Any, options: Any = None) -> Dict[str, Any]:
+        from . import timing
+
+        func = self._get(func_handle, _KIND_FUNCTION)
+        if not isinstance(args, list):
+            raise TypeError("time_evaluator args must be a list")
+        opts = dict(options or {})
+        allowed = {"number", "repeat", "min_repeat_ms", "warmup", "cooldown_ms"}
+        unknown = set(opts) - allowed
+        if unknown:
+            raise TypeError("unknown time_evaluator options: %s (allowed: %s)"
+                            % (", ".join(sorted(unknown)), ", ".join(sorted(allowed))))
+        kargs, _ = self._kernel_args(args)
+        counter = {"i": 0}
+
+        def on_sample(*sample: Any) -> None:
+            # accepts (seconds) or (index, seconds)
+            seconds = float(sample[-1])
+            index = int(sample[0]) if len(sample) > 1 else counter["i"]
+            counter["i"] = index + 1
+            ctx.emit("sample", index=index, seconds=seconds)
+
+        result = timing.time_evaluator(func, kargs, on_sample=on_sample, **opts)
+        return {"samples": [float(s) for s in result["samples"]], "number": int(result["number"])}
+

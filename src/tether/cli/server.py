@@ -1,0 +1,33 @@
+"""`rpc-server`: the device server as a click command (same flags and implementation as `python -m tether_rpc`)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+
+@click.command(name="rpc-server", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=9090, show_default=True, help="First port to try (0 = any free port).")
+@click.option("--port-end", type=int, default=9199, show_default=True, help="Last port to try.")
+@click.option("--tracker", metavar="HOST:PORT", help="Register with a tracker.")
+@click.option("--key", help="Device key for the tracker, e.g. rasp4b.")
+@click.option("--reverse", is_flag=True, help="Dial out to the tracker instead of listening.")
+@click.option("--token", envvar="TETHER_TOKEN", help="Require clients to prove this token (env TETHER_TOKEN).")
+@click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
+@click.option("--session-timeout", type=float, metavar="S", help="End sessions after S seconds.")
+@click.option("--handshake-timeout", type=float, default=5.0, show_default=True, metavar="S")
+@click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
+@click.option("-v", "--verbose", count=True)
+def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
+         token: Optional[str], insecure: bool, session_timeout: Optional[float], handshake_timeout: float,
+         workdir: Optional[str], verbose: int) -> None:
+    """Serve sessions to tether clients: upload modules, run and time kernels, one session at a time."""
+    from tether_rpc.server import run
+
+    raise SystemExit(run(host=host, port=port, port_end=port_end, tracker=tracker, key=key, token=token,
+                         insecure=insecure, session_timeout=session_timeout, workdir=workdir, reverse=reverse,
+                         handshake_timeout=handshake_timeout, verbose=verbose))
+
+
+command = main

@@ -1,0 +1,683 @@
+"""The client API: :func:`connect` -> :class:`RemoteSession` (and, in ``local.py``, the in-process twin).
+
+Both sessions share :class:`SessionAPI`, which implements the whole surface (arrays, modules, functions,
+time_evaluator, files, device info) on one primitive, ``_call(fn, args, bulk, into)``. A remote session
+implements it with frames on a socket; a local one calls the same ``SessionHandler`` the device server uses.
+
+Events streamed before a reply (timing samples, remote stdout/stderr lines, progress, queue position) reach
+the callbacks ``on_event(payload)``, ``on_log(stream, line)`` and ``on_sample(index, seconds)``.
+"""
+from __future__ import annotations
+
+import builtins
+import logging
+import math
+import os
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from tether_rpc import errors
+from tether_rpc import protocol as p
+from tether_rpc.errors import (AuthenticationError, ConnectionClosed, ProtocolError, RemoteError, SessionCrashed,
+                               TetherError, TetherTimeout)
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+Progress = Callable[[int, int], None]
+
+#: numpy arguments up to this many bytes in total travel inside the CALL frame; bigger ones via device arrays.
+INLINE_TENSOR_LIMIT = 4 << 20
+_CHUNK = 4 << 20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# value objects
+
+@dataclass(frozen=True)
+class Timeout:
+    """Per-phase time limits in seconds (all finite).
+
+    connect: TCP connect + handshake; read / write: the longest a single receive / send may stall (a running
+    kernel counts as a stall); session: the longest to wait in the device's queue for a session.
+    """
+
+    connect: float = 10.0
+    read: float = 300.0
+    write: float = 60.0
+    session: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect", "read", "write", "session"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+                raise ValueError("Timeout.%s must be a positive finite number of seconds, got %r" % (name, value))
+
+    @classmethod
+    def coerce(cls, value: Union["Timeout", float, None]) -> "Timeout":
+        """None -> defaults; a number -> that many seconds for every phase; a Timeout as is."""
+        if value is None:
+            return cls()
+        if isinstance(value, Timeout):
+            return value
+        return cls(connect=value, read=value, write=value, session=value)
+
+
+@dataclass(frozen=True)
+class TimingResult:
+    """Per-call times in seconds, one sample per repeat (each the mean over ``number`` calls)."""
+
+    samples: Tuple[float, ...]
+    number: int
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.samples))
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.samples))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.samples))
+
+    @property
+    def min(self) -> float:
+        return float(np.min(self.samples))
+
+    @property
+    def max(self) -> float:
+        return float(np.max(self.samples))
+
+    def __repr__(self) -> str:
+        return ("TimingResult(median=%.3g s, mean=%.3g s, std=%.3g s, min=%.3g s, max=%.3g s, repeat=%d, number=%d)"
+                % (self.median, self.mean, self.std, self.min, self.max, len(self.samples), self.number))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# remote objects
+
+class RemoteArray:
+    """An array living in a session (device memory). ``numpy()`` copies out, ``copyfrom`` copies in."""
+
+    def __init__(self, session: "SessionAPI", handle: p.RemoteHandle, shape: Sequence[int], dtype: str):
+        self.session = session
+        self.handle = handle
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype).name
+        self._freed = False
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        self.session._call("tether.array.copy_out", [self.handle], into=memoryview(out).cast("B"))
+        return out
+
+    asnumpy = numpy
+
+    def copyto(self, target: np.ndarray) -> np.ndarray:
+        if target.shape != self.shape or target.dtype != np.dtype(self.dtype) or not target.flags.c_contiguous:
+            raise ValueError("copyto: target must be a C-contiguous %s array of shape %s" % (self.dtype, self.shape))
+        self.session._call("tether.array.copy_out", [self.handle], into=memoryview(target).cast("B"))
+        return target
+
+    def copyfrom(self, source: Any) -> "RemoteArray":
+        src = np.asarray(source)
+        if src.shape != self.shape:
+            raise ValueError("copyfrom: shape %s does not match the remote array's %s" % (src.shape, self.shape))
+        if src.dtype != np.dtype(self.dtype):
+            raise ValueError("copyfrom: dtype %s does not match the remote array's %s (convert with .astype(%r))"
+                             % (src.dtype.name, self.dtype, self.dtype))
+        src = np.ascontiguousarray(src)
+        self.session._call("tether.array.copy_in", [self.handle], bulk=memoryview(src).cast("B"))
+        return self
+
+    def free(self) -> None:
+        """Release the device memory now (otherwise it lives until the session ends). Idempotent."""
+        if not self._freed and not self.session.closed:
+            self.session._call("tether.array.free", [self.handle])
+        self._freed = True
+
+    def __enter__(self) -> "RemoteArray":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        return "RemoteArray(shape=%s, dtype=%s, handle=%d)" % (self.shape, self.dtype, self.handle.id)
+
+
+class RemoteFunction:
+    """A callable in a session: a packed function of a loaded module, or a built-in by name."""
+
+    def __init__(self, session: "SessionAPI", fn: Union[str, p.RemoteHandle], name: str):
+        self.session = session
+        self.fn = fn
+        self.name = name
+
+    def __call__(self, *args: Any) -> Any:
+        if isinstance(self.fn, str):  # built-ins take plain values; numpy arrays travel as tensors
+            return self.session._call(self.fn, [self.session._plain_arg(a) for a in args])["value"]
+        wire, restore = self.session._kernel_args(args)
+        try:
+            reply = self.session._call(self.fn, wire)
+            restore(reply.get("tensors"))
+        finally:
+            restore(None, cleanup_only=True)
+        return reply["value"]
+
+    def time_evaluator(self, number: int = 10, repeat: int = 3, min_repeat_ms: float = 0, warmup: int = 1,
+                       cooldown_ms: float = 0) -> Callable[..., TimingResult]:
+        """A callable that times this function on the device: ``repeat`` samples of ``number`` calls each.
+
+        ``number`` grows until one repeat takes at least ``min_repeat_ms``. Samples stream to ``on_sample`` as
+        they are measured.
+        """
+        if isinstance(self.fn, str):
+            raise TypeError("time_evaluator needs a module function, not the built-in %r" % self.fn)
+        options = {"number": int(number), "repeat": int(repeat), "min_repeat_ms": min_repeat_ms,
+                   "warmup": int(warmup), "cooldown_ms": cooldown_ms}
+
+        def evaluate(*args: Any) -> TimingResult:
+            wire, restore = self.session._kernel_args(args)
+            try:
+                value = self.session._call("tether.time_evaluator", [self.fn, wire, options])["value"]
+            finally:
+                restore(None, cleanup_only=True)
+            return TimingResult(tuple(float(s) for s in value["samples"]), int(value["number"]))
+
+        return evaluate
+
+    def __repr__(self) -> str:
+        return "RemoteFunction(%r)" % self.name
+
+
+class RemoteModule:
+    """A shared library loaded in a session; ``mod["name"]`` gives its packed functions."""
+
+    def __init__(self, session: "SessionAPI", handle: p.RemoteHandle, name: str, functions: List[str],
+                 metadata: Dict[str, Any]):
+        self.session = session
+        self.handle = handle
+        self.name = name
+        self.function_names = list(functions)
+        self.metadata = metadata
+        self._functions: Dict[str, RemoteFunction] = {}
+
+    def get_function(self, name: str) -> RemoteFunction:
+        if name not in self._functions:
+            if name not in self.function_names:
+                raise KeyError("module %r has no function %r (it has: %s)"
+                               % (self.name, name, ", ".join(self.function_names)))
+            value = self.session._call("tether.module.get_function", [self.handle, name])["value"]
+            self._functions[name] = RemoteFunction(self.session, value["handle"], name)
+        return self._functions[name]
+
+    __getitem__ = get_function
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.function_names
+
+    def __repr__(self) -> str:
+        return "RemoteModule(%r, functions=%s)" % (self.name, self.function_names)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the shared session surface
+
+class _FileSource:
+    """Upload from a file without reading it into memory."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.size = os.path.getsize(path)
+
+
+class SessionAPI:
+    """Everything a session offers, over the ``_call`` primitive its subclass provides."""
+
+    closed: bool
+
+    def __init__(self, on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
+                 on_log: Optional[Callable[[str, str], None]] = None,
+                 on_sample: Optional[Callable[[int, float], None]] = None):
+        self.on_event = on_event
+        self.on_log = on_log
+        self.on_sample = on_sample
+        self.closed = False
+
+    # -- subclass contract -------------------------------------------------------------------------------------
+    def _call(self, fn: Any, args: List[Any], bulk: Any = None, into: Optional[memoryview] = None,
+              progress: Optional[Progress] = None) -> Dict[str, Any]:
+        """Run one call; returns the RETURN payload (``value``, maybe ``tensors``; bulk bytes as ``data``)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "SessionAPI":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- events ------------------------------------------------------------------------------------------------
+    def _dispatch_event(self, payload: Dict[str, Any]) -> None:
+        kind = payload.get("kind")
+        if self.on_event is not None:
+            self.on_event(payload)
+        if kind == "log":
+            if self.on_log is not None:
+                self.on_log(str(payload.get("stream", "stdout")), str(payload.get("line", "")))
+            else:
+                log.info("remote %s: %s", payload.get("stream", "stdout"), payload.get("line", ""))
+        elif kind == "sample" and self.on_sample is not None:
+            self.on_sample(int(payload.get("index", 0)), float(payload.get("seconds", 0.0)))
+
+    # -- argument helpers --------------------------------------------------------------------------------------
+    def _own(self, arr: RemoteArray) -> p.RemoteHandle:
+        if arr.session is not self:
+            raise ValueError("%r belongs to another session" % (arr,))
+        if arr._freed:
+            raise ValueError("%r was freed" % (arr,))
+        return arr.handle
+
+    def _plain_arg(self, a: Any) -> Any:
+        if isinstance(a, RemoteArray):
+            return self._own(a)
+        if isinstance(a, RemoteFunction):
+            return a.fn
+        return a
+
+    def _kernel_args(self, args: Sequence[Any]) -> Tuple[List[Any], Callable[..., None]]:
+        """Arguments for a packed function; numpy arrays are copied in, and copied back out after the call.
+
+        Small numpy arrays travel inside the CALL (the device returns them after the call); big ones go through
+        temporary device arrays. Returns the wire arguments and ``restore(tensors, cleanup_only=False)``.
+        """
+        numpy_args = [a for a in args if isinstance(a, np.ndarray)]
+        inline = sum(a.nbytes for a in numpy_args) <= INLINE_TENSOR_LIMIT
+        temps: List[Tuple[np.ndarray, RemoteArray]] = []
+        wire: List[Any] = []
+        try:
+            for a in args:
+                if isinstance(a, np.ndarray) and not inline:
+                    tmp = self.array(a)
+                    temps.append((a, tmp))
+                    wire.append(tmp.handle)
+                else:
+                    wire.append(self._plain_arg(a))
+        except BaseException:
+            for _, tmp in temps:
+                tmp.free()
+            raise
+
+        def restore(tensors: Optional[List[np.ndarray]], cleanup_only: bool = False) -> None:
+            if cleanup_only:
+                for _, tmp in temps:
+                    if not self.closed:
+                        tmp.free()
+                temps.clear()
+                return
+            if tensors is not None:
+                for orig, new in zip(numpy_args, tensors):
+                    if orig.flags.writeable:
+                        np.copyto(orig, new.reshape(orig.shape))
+            for orig, tmp in temps:
+                if orig.flags.writeable:
+                    if orig.flags.c_contiguous:
+                        tmp.copyto(orig)
+                    else:
+                        np.copyto(orig, tmp.numpy())
+
+        return wire, restore
+
+    # -- the public surface ------------------------------------------------------------------------------------
+    def get_function(self, name: str) -> RemoteFunction:
+        """A built-in function by name, e.g. ``get_function("tether.echo")(1) == 1``."""
+        return RemoteFunction(self, name, name)
+
+    def device_info(self) -> Dict[str, Any]:
+        return self._call("tether.device_info", [])["value"]
+
+    def empty(self, shape: Union[int, Sequence[int]], dtype: str = "float32") -> RemoteArray:
+        shape_t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+        value = self._call("tether.array.empty", [list(shape_t), np.dtype(dtype).name])["value"]
+        return RemoteArray(self, value["handle"], value["shape"], value["dtype"])
+
+    def array(self, source: Any) -> RemoteArray:
+        """A device array holding a copy of ``source`` (numpy array or anything np.asarray takes)."""
+        src = np.ascontiguousarray(np.asarray(source))
+        arr = self.empty(src.shape, src.dtype.name)
+        try:
+            arr.copyfrom(src)
+        except BaseException:
+            arr.free()
+            raise
+        return arr
+
+    def upload(self, source: Union[PathLike, bytes, bytearray, memoryview], name: Optional[str] = None,
+               progress: Optional[Progress] = None) -> str:
+        """Put a file into the session folder; ``source`` is a path or bytes. Returns the remote name."""
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            if name is None:
+                raise ValueError("upload of bytes needs a name=")
+            bulk: Any = memoryview(source).cast("B")
+        else:
+            path = os.fspath(source)
+            if name is None:
+                name = os.path.basename(path)
+            bulk = _FileSource(path)
+        self._call("tether.upload", [name], bulk=bulk, progress=progress)
+        return name
+
+    def download(self, name: str, path: Optional[PathLike] = None, progress: Optional[Progress] = None) -> Any:
+        """A file from the session folder, as bytes (or written to ``path``, which is returned)."""
+        reply = self._call("tether.download", [name], progress=progress)
+        data = reply["data"]
+        if path is None:
+            return bytes(data)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        return path
+
+    def listdir(self) -> List[str]:
+        return self._call("tether.listdir", [])["value"]
+
+    def remove(self, name: str) -> None:
+        self._call("tether.remove", [name])
+
+    def load_module(self, name: str) -> RemoteModule:
+        """Load an uploaded shared library (refused before dlopen if built for another architecture)."""
+        value = self._call("tether.module.load", [name])["value"]
+        return RemoteModule(self, value["handle"], name, value["functions"], value["metadata"])
+
+    def functions(self) -> List[str]:
+        return self._call("tether.functions", [])["value"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# errors from the wire
+
+_REMOTE_CLASSES: Dict[type, type] = {}
+# Errors that describe the connection itself, raised as the local class (not as a RemoteError).
+_CONNECTION_ERRORS = {"VersionMismatch": errors.VersionMismatch, "AuthenticationError": AuthenticationError,
+                      "DeviceBusy": errors.DeviceBusy, "ProtocolError": ProtocolError,
+                      "FrameTooLarge": errors.FrameTooLarge}
+
+
+def remote_exception(payload: Dict[str, Any]) -> TetherError:
+    """An ERROR payload as an exception: a RemoteError that is also an instance of the remote class when that
+    class is a tether error or a Python built-in exception (so ``except KeyError`` works across the wire)."""
+    typ = str(payload.get("type") or "Exception")
+    message = str(payload.get("message", ""))
+    tb = str(payload.get("traceback") or "") or None
+    if typ == "SessionCrashed":
+        return SessionCrashed(message, typ, tb)
+    base = getattr(errors, typ, None)
+    if base is None:
+        base = getattr(builtins, typ, None)
+    if isinstance(base, type) and issubclass(base, Exception) and not issubclass(base, RemoteError):
+        cls = _REMOTE_CLASSES.get(base)
+        if cls is None:
+            try:
+                cls = type("Remote" + base.__name__, (RemoteError, base), {"__module__": __name__})
+            except TypeError:
+                cls = RemoteError
+            _REMOTE_CLASSES[base] = cls
+        try:
+            return cls(message, typ, tb)
+        except Exception:
+            pass
+    return RemoteError(message, typ, tb)
+
+
+def _handshake_error(payload: Dict[str, Any]) -> TetherError:
+    cls = _CONNECTION_ERRORS.get(str(payload.get("type")))
+    if cls is not None:
+        return cls(str(payload.get("message", "")))
+    if payload.get("type") == "TetherTimeout":
+        return TetherTimeout(str(payload.get("message", "")))
+    return remote_exception(payload)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the remote session
+
+def _set_kernel_timeouts(sock: socket.socket, read: float, write: float) -> bool:
+    """Timeouts via SO_RCVTIMEO/SO_SNDTIMEO on a blocking socket: no extra poll() per receive on the hot path."""
+    try:
+        for opt, seconds in ((socket.SO_RCVTIMEO, read), (socket.SO_SNDTIMEO, write)):
+            sec = int(seconds)
+            sock.setsockopt(socket.SOL_SOCKET, opt, struct.pack("ll", sec, int((seconds - sec) * 1e6)))
+        return True
+    except (OSError, struct.error):
+        return False
+
+
+class RemoteSession(SessionAPI):
+    """A session on a device server. Create with :func:`connect`; close with ``close()`` or ``with``."""
+
+    def __init__(self, host: str, port: int, *, timeout: Union[Timeout, float, None] = None,
+                 token: Optional[str] = None, wait: bool = True, match: Optional[str] = None,
+                 on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
+                 on_log: Optional[Callable[[str, str], None]] = None,
+                 on_sample: Optional[Callable[[int, float], None]] = None,
+                 on_queued: Optional[Callable[[int], None]] = None,
+                 limits: p.Limits = p.DEFAULT_LIMITS):
+        super().__init__(on_event=on_event, on_log=on_log, on_sample=on_sample)
+        self.host, self.port = host, port
+        self.timeout = Timeout.coerce(timeout)
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self.session_id = 0
+        self.server = ""
+        try:
+            sock = socket.create_connection((host, port), timeout=self.timeout.connect)
+        except socket.timeout:
+            raise TetherTimeout("could not connect to %s:%d within %.1f s" % (host, port, self.timeout.connect)) from None
+        except OSError as exc:
+            raise ConnectionClosed("could not connect to tether rpc-server at %s:%d: %s" % (host, port, exc)) from None
+        self.sock = sock
+        try:
+            p.configure_socket(sock)
+            self._reader = p.FrameReader(sock, limits)
+            self._handshake(token, wait, match, on_queued)
+            sock.settimeout(None)
+            if not _set_kernel_timeouts(sock, self.timeout.read, self.timeout.write):
+                sock.settimeout(self.timeout.read)
+        except BaseException:
+            self.closed = True
+            sock.close()
+            raise
+
+    def _handshake(self, token: Optional[str], wait: bool, match: Optional[str],
+                   on_queued: Optional[Callable[[int], None]]) -> None:
+        import time
+
+        sock = self.sock
+        sock.settimeout(self.timeout.connect)
+        sock.sendall(p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload(match=match, wait=wait)))
+        client_nonce = b""
+        server_nonce = b""
+        deadline = time.monotonic() + self.timeout.connect
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TetherTimeout("no session from %s:%d: handshake/queue wait ran out" % (self.host, self.port))
+            sock.settimeout(remaining)
+            try:
+                msg_type, _, payload = self._reader.read_frame()
+            except TetherTimeout:
+                raise TetherTimeout("no session from %s:%d within %.1f s (handshake or queue wait)"
+                                    % (self.host, self.port, self.timeout.connect)) from None
+            if msg_type == p.MsgType.CHALLENGE:
+                if not token:
+                    raise AuthenticationError("the server at %s:%d requires a token: connect(..., token=...)"
+                                              % (self.host, self.port))
+                server_nonce = payload.get("nonce") if isinstance(payload.get("nonce"), bytes) else b""
+                client_nonce = p.make_nonce()
+                sock.sendall(p.encode_frame(p.MsgType.AUTH, 0, {
+                    "nonce": client_nonce, "mac": p.client_mac(token, server_nonce, client_nonce)}))
+            elif msg_type == p.MsgType.WELCOME:
+                p.check_welcome(payload)
+                if token:
+                    if not p.macs_equal(payload.get("proof"), p.server_proof(token, server_nonce, client_nonce)):
+                        raise AuthenticationError("the server at %s:%d did not prove it knows the token"
+                                                  % (self.host, self.port))
+                self.session_id = int(payload.get("session", 0))
+                self.server = str(payload.get("server", ""))
+                return
+            elif msg_type == p.MsgType.EVENT and payload.get("kind") == "queued":
+                # Queued: from now on the session phase bounds the wait.
+                deadline = max(deadline, time.monotonic() + self.timeout.session)
+                position = int(payload.get("position", 0))
+                log.info("waiting for the device at %s:%d: position %d in its queue", self.host, self.port, position)
+                if on_queued is not None:
+                    on_queued(position)
+                self._dispatch_event(payload)
+            elif msg_type == p.MsgType.ERROR:
+                raise _handshake_error(payload)
+            else:
+                raise ProtocolError("unexpected message type %d during the handshake" % msg_type)
+
+    # -- the primitive -----------------------------------------------------------------------------------------
+    def _call(self, fn: Any, args: List[Any], bulk: Any = None, into: Optional[memoryview] = None,
+              progress: Optional[Progress] = None) -> Dict[str, Any]:
+        if self.closed:
+            raise ConnectionClosed("the session to %s:%d is closed" % (self.host, self.port))
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            try:
+                self._send_call(rid, fn, args, bulk, progress)
+                return self._receive_reply(rid, into, progress)
+            except RemoteError as exc:
+                if isinstance(exc, SessionCrashed) or exc.remote_type in ("ProtocolError", "FrameTooLarge"):
+                    self._abort()  # the worker is gone or closed the connection
+                raise
+            except (TetherError, OSError):
+                # The byte stream is no longer trustworthy (or gone): the session is over.
+                self._abort()
+                raise
+
+    def _send_call(self, rid: int, fn: Any, args: List[Any], bulk: Any, progress: Optional[Progress]) -> None:
+        payload = {"fn": fn, "args": args}
+        if bulk is None:
+            p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
+            return
+        if isinstance(bulk, _FileSource):
+            payload["nbytes"] = bulk.size
+            p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
+            with open(bulk.path, "rb") as fh:
+                sent = 0
+                while sent < bulk.size:
+                    step = min(_CHUNK if progress else bulk.size - sent, bulk.size - sent)
+                    n = self.sock.sendfile(fh, sent, step)
+                    if n == 0:
+                        raise ConnectionClosed("file %s shrank while uploading" % bulk.path)
+                    sent += n
+                    if progress is not None:
+                        progress(sent, bulk.size)
+            return
+        view = memoryview(bulk).cast("B")
+        payload["nbytes"] = len(view)
+        if progress is None:
+            p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload), view])
+            return
+        p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
+        for start in range(0, len(view), _CHUNK):
+            p.send_buffers(self.sock, [view[start:start + _CHUNK]])
+            progress(min(start + _CHUNK, len(view)), len(view))
+
+    def _receive_reply(self, rid: int, into: Optional[memoryview], progress: Optional[Progress]) -> Dict[str, Any]:
+        reader = self._reader
+        while True:
+            msg_type, reply_id, payload = reader.read_frame()
+            if msg_type == p.MsgType.EVENT:
+                self._dispatch_event(payload)
+                continue
+            if msg_type == p.MsgType.ERROR:
+                if reply_id == 0 and payload.get("type") == "TetherTimeout":
+                    raise TetherTimeout(str(payload.get("message", "")))
+                if reply_id not in (0, rid):
+                    raise ProtocolError("ERROR for request %d while waiting for request %d" % (reply_id, rid))
+                raise remote_exception(payload)
+            if msg_type != p.MsgType.RETURN or reply_id != rid:
+                raise ProtocolError("expected RETURN for request %d, got type %d for request %d"
+                                    % (rid, msg_type, reply_id))
+            nbytes = p.bulk_size(payload, reader.limits)
+            if nbytes or "nbytes" in payload:
+                if into is not None:
+                    if nbytes != len(into):
+                        reader.skip(nbytes)
+                        raise ProtocolError("the device sent %d bytes, the destination holds %d" % (nbytes, len(into)))
+                    reader.read_into(into)
+                    payload["data"] = into
+                elif progress is not None and nbytes:
+                    out = bytearray(nbytes)
+                    view = memoryview(out)
+                    for start in range(0, nbytes, _CHUNK):
+                        reader.read_into(view[start:start + _CHUNK])
+                        progress(min(start + _CHUNK, nbytes), nbytes)
+                    payload["data"] = out
+                else:
+                    payload["data"] = reader.read_bulk(nbytes)
+            return payload
+
+    # -- lifetime ----------------------------------------------------------------------------------------------
+    def _abort(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """End the session (the device is free at once). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.sock.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
+        except OSError:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __repr__(self) -> str:
+        return "RemoteSession(%s:%d, session=%d%s)" % (self.host, self.port, self.session_id,
+                                                       ", closed" if self.closed else "")
+
+
+def connect(host: str = "127.0.0.1", port: int = 9090, *, timeout: Union[Timeout, float, None] = None,
+            token: Optional[str] = None, wait: bool = True, match: Optional[str] = None,
+            on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
+            on_log: Optional[Callable[[str, str], None]] = None,
+            on_sample: Optional[Callable[[int, float], None]] = None,
+            on_queued: Optional[Callable[[int], None]] = None) -> RemoteSession:
+    """Open a session on a device server (waits in its queue if busy, unless ``wait=False``).
+
+    ``timeout`` is a :class:`Timeout` or a number of seconds for every phase. ``token`` must match the server's
+    ``--token`` (defaults to the TETHER_TOKEN environment variable).
+    """
+    if token is None:
+        token = os.environ.get("TETHER_TOKEN") or None
+    return RemoteSession(host, port, timeout=timeout, token=token, wait=wait, match=match, on_event=on_event,
+                         on_log=on_log, on_sample=on_sample, on_queued=on_queued)
