@@ -269,10 +269,14 @@ class Server:
             self._new_conn(sock, peer)
 
     def _new_conn(self, sock: socket.socket, peer: Any) -> None:
-        if len(self._pending) >= self.config.max_pending:
-            log.warning("refusing %s: %d handshakes already pending", peer, len(self._pending))
-            sock.close()
-            return
+        if len(self._pending) - len(self._queue) >= self.config.max_pending:
+            # Evict the oldest handshake rather than refuse the newcomer: a flood of idle connections then
+            # cannot lock real clients out for a whole handshake timeout.
+            oldest = min((c for c in self._pending.values() if c.state in ("hello", "auth")),
+                         key=lambda c: c.deadline, default=None)
+            if oldest is not None:
+                log.warning("%d handshakes pending: dropping the oldest, from %s", len(self._pending), oldest.peer)
+                self._drop(oldest, quiet=True)
         p.configure_socket(sock)
         sock.setblocking(False)
         conn = _Conn(sock, peer, time.monotonic() + self.config.handshake_timeout)

@@ -322,14 +322,9 @@ class SessionHandler:
             raise TypeError("unknown time_evaluator options: %s (allowed: %s)"
                             % (", ".join(sorted(unknown)), ", ".join(sorted(allowed))))
         kargs, _ = self._kernel_args(args)
-        counter = {"i": 0}
 
-        def on_sample(*sample: Any) -> None:
-            # accepts (seconds) or (index, seconds)
-            seconds = float(sample[-1])
-            index = int(sample[0]) if len(sample) > 1 else counter["i"]
-            counter["i"] = index + 1
-            ctx.emit("sample", index=index, seconds=seconds)
+        def on_sample(index: int, seconds: float, *_: Any) -> None:
+            ctx.emit("sample", index=int(index), seconds=float(seconds))
 
         result = timing.time_evaluator(func, kargs, on_sample=on_sample, **opts)
         return {"samples": [float(s) for s in result["samples"]], "number": int(result["number"])}
