@@ -52,7 +52,7 @@ class _Importer:
         return unique_name("%s_%d" % (hint, self.counter), self.types)
 
     def add_const(self, array: np.ndarray, hint: str = "const", name: Optional[str] = None) -> str:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")
         name = name or self.fresh(hint)
         self.consts[name] = array
         self.types[name] = TensorType(array.shape, array.dtype)

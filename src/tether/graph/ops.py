@@ -113,7 +113,7 @@ def _transpose_infer(attrs, x):
 
 
 _register("transpose", "injective", _transpose_infer,
-          lambda attrs, x: [np.ascontiguousarray(np.transpose(x, attrs["axes"]))])
+          lambda attrs, x: [np.asarray(np.transpose(x, attrs["axes"]), order="C")])
 
 
 def _concat_infer(attrs, *xs):
@@ -319,7 +319,7 @@ def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorTy
 
 
 def evaluate(op: str, attrs: dict, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
-    return [np.ascontiguousarray(a) for a in OPS[op].ref(attrs, *arrays)]
+    return [np.asarray(a, order="C") for a in OPS[op].ref(attrs, *arrays)]
 
 
 def pattern(op: str) -> str:

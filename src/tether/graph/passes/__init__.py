@@ -22,9 +22,9 @@ Pass = Callable[[Graph, Dict[str, np.ndarray]], Tuple[Graph, Dict[str, np.ndarra
 # computed at run time.
 PIPELINES: Dict[int, List[Pass]] = {
     0: [constant_fold, dce],
-    1: [constant_fold, fold_batchnorm, constant_fold, dce],
-    2: [constant_fold, fold_batchnorm, constant_fold, dce, fuse],
-    3: [constant_fold, fold_batchnorm, constant_fold, dce, fuse],
+    1: [constant_fold, dce, fold_batchnorm, constant_fold, dce],
+    2: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse],
+    3: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse],
 }
 
 

@@ -36,7 +36,7 @@ class _Rewriter:
 
     def new_param(self, value: np.ndarray, hint: str) -> str:
         name = unique_name(hint, set(self.params) | set(self.g.types))
-        self.params[name] = np.ascontiguousarray(value)
+        self.params[name] = np.asarray(value, order="C")
         self.g.types[name] = TensorType(value.shape, value.dtype)
         return name
 

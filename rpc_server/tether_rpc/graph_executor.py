@@ -1,0 +1,327 @@
+"""The graph executor: runs a compiled model (graph JSON + module + params) on the device.
+
+One code path for every caller: ``tether.graph_executor.load("out/")`` on the host uses this class directly,
+and the RPC session exposes it through the built-ins in ``BUILTINS`` (``tether.graph.create``, ...).
+
+The graph JSON (written by ``tether.build_graph``, described in docs/graph.md) lists storages (byte sizes),
+entries (a typed view of a storage: name, shape, dtype, storage id), the input/output/param entries and the
+nodes (a packed function of the module and its argument entries, inputs then output). At creation every node
+is bound once to numpy views of its storages (``PackedFunc.bind``), so ``run()`` is one ctypes call per node.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+
+import numpy as np
+
+from . import params as params_format
+from . import timing
+
+log = logging.getLogger(__name__)
+
+GRAPH_FORMAT = "tether-graph"
+GRAPH_VERSION = 1
+ALIGN = 64
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    raw = np.zeros(max(nbytes, 1) + ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start:start + max(nbytes, 1)]
+
+
+def _kernel_view(arr: np.ndarray) -> np.ndarray:
+    # kernels never take rank-0 tensors: a scalar travels as shape (1,)
+    return arr.reshape(1) if arr.ndim == 0 else arr
+
+
+class GraphExecutor:
+    """A model ready to run: set_input / run / get_output, plus benchmark and per-node profile."""
+
+    def __init__(self, graph: Union[str, bytes, Dict[str, Any]], module: Any,
+                 params: Union[None, bytes, str, Mapping[str, np.ndarray]] = None):
+        if isinstance(graph, (bytes, str)):
+            graph = json.loads(graph)
+        if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
+            raise ValueError("not a tether graph JSON (format %r)" % (graph.get("format") if isinstance(graph, dict)
+                                                                      else type(graph).__name__))
+        if graph.get("version") != GRAPH_VERSION:
+            raise ValueError("graph JSON version %r; this runtime reads version %d" % (graph.get("version"),
+                                                                                     GRAPH_VERSION))
+        self.graph = graph
+        self.module = module
+        self._storages = [_aligned(int(n)) for n in graph["storages"]]
+        self._entries: List[np.ndarray] = []
+        for k, e in enumerate(graph["entries"]):
+            dt = np.dtype(e["dtype"])
+            shape = tuple(int(d) for d in e["shape"])
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            store = self._storages[int(e["storage"])]
+            if nbytes > store.nbytes:
+                raise ValueError("graph entry %d (%s) needs %d bytes, its storage has %d"
+                                 % (k, e.get("name"), nbytes, store.nbytes))
+            self._entries.append(store[:nbytes].view(dt).reshape(shape))
+        self.input_names = [graph["entries"][i]["name"] for i in graph["inputs"]]
+        self.output_names = [graph["entries"][i]["name"] for i in graph["outputs"]]
+        self._param_index = {graph["entries"][i]["name"]: i for i in graph["params"]}
+        self._nodes: List[Dict[str, Any]] = []
+        self._calls: List[Callable[[], None]] = []
+        for node in graph["nodes"]:
+            func = module[node["func"]]
+            args = [_kernel_view(self._entries[i]) for i in node["args"]]
+            self._nodes.append(node)
+            self._calls.append(func.bind(*args))
+        if params is not None:
+            self.load_params(params)
+
+    # -- files -----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_files(cls, graph_path: str, lib_path: str, params_path: Optional[str],
+                   load_module: Optional[Callable[[str], Any]] = None) -> "GraphExecutor":
+        if load_module is None:
+            from .module import load_module as load_module_
+            load_module = load_module_
+        with open(graph_path, "r", encoding="utf-8") as fh:
+            graph = json.load(fh)
+        module = load_module(lib_path)
+        params = params_format.load_params(params_path) if params_path and os.path.exists(params_path) else None
+        return cls(graph, module, params)
+
+    @classmethod
+    def from_folder(cls, folder: str, load_module: Optional[Callable[[str], Any]] = None) -> "GraphExecutor":
+        """deploy.json + deploy.so + deploy.params in `folder` (names as the JSON's "lib" says)."""
+        with open(os.path.join(folder, "deploy.json"), "r", encoding="utf-8") as fh:
+            lib = json.load(fh).get("lib", "deploy.so")
+        return cls.from_files(os.path.join(folder, "deploy.json"), os.path.join(folder, lib),
+                              os.path.join(folder, "deploy.params"), load_module)
+
+    # -- inputs and params ------------------------------------------------------------------------------------
+    def _input_entry(self, key: Union[int, str]) -> int:
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            if not 0 <= int(key) < len(self.input_names):
+                raise IndexError("input index %d out of range: the model has %d input(s) %s"
+                                 % (key, len(self.input_names), self.input_names))
+            return self.graph["inputs"][int(key)]
+        if key in self.input_names:
+            return self.graph["inputs"][self.input_names.index(key)]
+        if key in self._param_index:
+            return self._param_index[key]
+        raise KeyError("the model has no input %r (inputs: %s)" % (key, ", ".join(self.input_names)))
+
+    def set_input(self, key: Union[int, str, None] = None, value: Any = None, **named: Any) -> None:
+        """set_input("data", x), set_input(0, x) or set_input(data=x, ...): copies into the input buffer."""
+        items = list(named.items())
+        if key is not None:
+            items.insert(0, (key, value))
+        for k, v in items:
+            dst = self._entries[self._input_entry(k)]
+            src = np.asarray(v)
+            if src.size != dst.size:
+                raise ValueError("input %r: got shape %s, the model expects %s %s"
+                                 % (k, src.shape, dst.dtype, dst.shape))
+            if src.shape != dst.shape and src.squeeze().shape != dst.squeeze().shape:
+                raise ValueError("input %r: got shape %s, the model expects %s" % (k, src.shape, dst.shape))
+            if src.dtype != dst.dtype and not np.can_cast(src.dtype, dst.dtype, casting="same_kind"):
+                raise ValueError("input %r: got %s, the model expects %s" % (k, src.dtype, dst.dtype))
+            np.copyto(dst, src.reshape(dst.shape), casting="unsafe")
+
+    def get_input(self, key: Union[int, str]) -> np.ndarray:
+        return self._entries[self._input_entry(key)].copy()
+
+    def load_params(self, params: Union[bytes, bytearray, str, Mapping[str, np.ndarray]]) -> None:
+        if not isinstance(params, Mapping):
+            params = params_format.load_params(params)
+        missing = [n for n in self._param_index if n not in params]
+        if missing:
+            raise KeyError("params lack %d tensor(s) the graph needs: %s" % (len(missing), ", ".join(missing[:10])))
+        for name, idx in self._param_index.items():
+            dst = self._entries[idx]
+            src = np.asarray(params[name])
+            if src.shape != dst.shape or src.dtype != dst.dtype:
+                raise ValueError("param %r is %s %s, the graph expects %s %s"
+                                 % (name, src.dtype, src.shape, dst.dtype, dst.shape))
+            np.copyto(dst, src)
+
+    # -- running -----------------------------------------------------------------------------------------------
+    def run(self, **inputs: Any) -> None:
+        if inputs:
+            self.set_input(**inputs)
+        for call in self._calls:
+            call()
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.output_names)
+
+    def get_num_outputs(self) -> int:
+        return self.num_outputs
+
+    def get_num_inputs(self) -> int:
+        return len(self.input_names)
+
+    def get_output(self, index: Union[int, str] = 0) -> np.ndarray:
+        if isinstance(index, str):
+            if index not in self.output_names:
+                raise KeyError("the model has no output %r (outputs: %s)" % (index, ", ".join(self.output_names)))
+            index = self.output_names.index(index)
+        if not 0 <= int(index) < self.num_outputs:
+            raise IndexError("output index %d out of range: the model has %d output(s)" % (index, self.num_outputs))
+        return self._entries[self.graph["outputs"][int(index)]].copy()
+
+    def info(self) -> Dict[str, Any]:
+        def describe(ids):
+            return [{"name": self.graph["entries"][i]["name"], "shape": list(self.graph["entries"][i]["shape"]),
+                     "dtype": self.graph["entries"][i]["dtype"]} for i in ids]
+        return {"inputs": describe(self.graph["inputs"]), "outputs": describe(self.graph["outputs"]),
+                "nodes": len(self._nodes), "storage_bytes": int(sum(s.nbytes for s in self._storages))}
+
+    # -- timing --------------------------------------------------------------------------------------------------
+    def benchmark(self, number: int = 10, repeat: int = 3, min_repeat_ms: float = 0, warmup: int = 1,
+                  cooldown_ms: float = 0, on_sample: Optional[Callable[..., None]] = None) -> Dict[str, Any]:
+        """Whole-model timing: ``{"samples": [seconds per run], "number", "median_ms", "mean_ms", "min_ms"}``."""
+        calls = self._calls
+
+        def run_all() -> None:
+            for call in calls:
+                call()
+
+        res = timing.time_evaluator(run_all, (), number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                                    warmup=warmup, cooldown_ms=cooldown_ms, on_sample=on_sample)
+        return _summarize(res)
+
+    def profile(self, number: int = 5, repeat: int = 1, warmup: int = 1,
+                on_node: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """Per-node timings in execution order; ``on_node(record)`` is called as each node is measured (the RPC
+        built-in streams these as events)."""
+        self.run()   # intermediates hold real values, so every node sees realistic data
+        records = []
+        t_start = time.perf_counter()
+        for k, (node, call) in enumerate(zip(self._nodes, self._calls)):
+            res = timing.time_evaluator(call, (), number=number, repeat=repeat, warmup=warmup)
+            rec = {"index": k, "name": node.get("name", ""), "func": node["func"], "ops": node.get("ops", ""),
+                   "seconds": float(sorted(res["samples"])[len(res["samples"]) // 2])}
+            records.append(rec)
+            if on_node is not None:
+                on_node(rec)
+        total = sum(r["seconds"] for r in records)
+        return {"nodes": records, "total_seconds": total, "wall_seconds": time.perf_counter() - t_start}
+
+    def close(self) -> None:
+        self._calls = []
+        self._nodes = []
+
+    def __enter__(self) -> "GraphExecutor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _summarize(res: Dict[str, Any]) -> Dict[str, Any]:
+    samples = [float(s) for s in res["samples"]]
+    ordered = sorted(samples)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+    return {"samples": samples, "number": int(res["number"]), "median_ms": median * 1e3,
+            "mean_ms": sum(samples) / len(samples) * 1e3, "min_ms": ordered[0] * 1e3}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RPC built-ins. Each is ``fn(session, ctx, *args)``, where `session` is a tether_rpc.session.SessionHandler
+# (object table: _put/_get; files: .folder) and `ctx` its CallContext (ctx.emit streams events).
+KIND_GRAPH = "graph"
+
+
+def _graph_create(session: Any, ctx: Any, graph_name: str = "deploy.json", lib_name: Optional[str] = None,
+                  params_name: Optional[str] = "deploy.params") -> Dict[str, Any]:
+    from .module import load_module
+
+    graph_path = session.folder.existing(graph_name)
+    with open(graph_path, "r", encoding="utf-8") as fh:
+        graph = json.load(fh)
+    lib_path = session.folder.existing(lib_name or graph.get("lib", "deploy.so"))
+    params = params_format.load_params(session.folder.existing(params_name)) if params_name else None
+    gm = GraphExecutor(graph, load_module(lib_path), params)
+    handle = session._put(KIND_GRAPH, gm)
+    return dict(gm.info(), handle=handle)
+
+
+def _graph_set_input(session: Any, ctx: Any, handle: Any, key: Any, value: Any) -> None:
+    session._get(handle, KIND_GRAPH).set_input(key, value)
+
+
+def _graph_set_inputs(session: Any, ctx: Any, handle: Any, values: Any) -> None:
+    gm = session._get(handle, KIND_GRAPH)
+    for k, v in dict(values).items():
+        gm.set_input(k, v)
+
+
+def _graph_load_params(session: Any, ctx: Any, handle: Any, params_name: str) -> None:
+    session._get(handle, KIND_GRAPH).load_params(params_format.load_params(session.folder.existing(params_name)))
+
+
+def _graph_run(session: Any, ctx: Any, handle: Any) -> None:
+    session._get(handle, KIND_GRAPH).run()
+
+
+def _graph_get_output(session: Any, ctx: Any, handle: Any, index: Any = 0) -> np.ndarray:
+    return session._get(handle, KIND_GRAPH).get_output(index)
+
+
+def _graph_info(session: Any, ctx: Any, handle: Any) -> Dict[str, Any]:
+    return session._get(handle, KIND_GRAPH).info()
+
+
+_BENCH_OPTIONS = ("number", "repeat", "min_repeat_ms", "warmup", "cooldown_ms")
+
+
+def _graph_benchmark(session: Any, ctx: Any, handle: Any, options: Any = None) -> Dict[str, Any]:
+    opts = dict(options or {})
+    unknown = set(opts) - set(_BENCH_OPTIONS)
+    if unknown:
+        raise TypeError("unknown benchmark options: %s (allowed: %s)" % (", ".join(sorted(unknown)),
+                                                                        ", ".join(_BENCH_OPTIONS)))
+
+    def on_sample(index: int, seconds: float, number: int) -> None:
+        ctx.emit("sample", index=int(index), seconds=float(seconds), number=int(number))
+
+    return session._get(handle, KIND_GRAPH).benchmark(on_sample=on_sample, **opts)
+
+
+def _graph_profile(session: Any, ctx: Any, handle: Any, options: Any = None) -> Dict[str, Any]:
+    opts = dict(options or {})
+    unknown = set(opts) - {"number", "repeat", "warmup"}
+    if unknown:
+        raise TypeError("unknown profile options: %s (allowed: number, repeat, warmup)" % ", ".join(sorted(unknown)))
+
+    def on_node(rec: Dict[str, Any]) -> None:
+        ctx.emit("node", **rec)
+
+    return session._get(handle, KIND_GRAPH).profile(on_node=on_node, **opts)
+
+
+BUILTINS: Dict[str, Callable[..., Any]] = {
+    "tether.graph.create": _graph_create,
+    "tether.graph.set_input": _graph_set_input,
+    "tether.graph.set_inputs": _graph_set_inputs,
+    "tether.graph.load_params": _graph_load_params,
+    "tether.graph.run": _graph_run,
+    "tether.graph.get_output": _graph_get_output,
+    "tether.graph.info": _graph_info,
+    "tether.graph.benchmark": _graph_benchmark,
+    "tether.graph.profile": _graph_profile,
+}
+
+
+def register_builtins(session: Any, table: Optional[Dict[str, Callable[..., Any]]] = None) -> None:
+    """Add the graph built-ins to a SessionHandler: ``table`` (default ``session._builtins``) maps each name to
+    a ``fn(ctx, *args)`` bound to `session`. Graph objects live in the session's object table (kind "graph"),
+    so ``tether.free`` releases them like any other handle."""
+    if table is None:
+        table = session._builtins
+    for name, fn in BUILTINS.items():
+        table[name] = (lambda f: lambda ctx, *args: f(session, ctx, *args))(fn)

@@ -1,0 +1,294 @@
+"""Graph op -> te tensors, through the op library (``tether.ops``).
+
+``LOWER[op](attrs, *te_inputs) -> te.Tensor``. A fused node lowers by walking its body in order, so
+conv2d -> add -> relu becomes one te expression tree whose elementwise tail ``ops.schedule`` inlines into the
+conv's write-back. The few ops the library does not cover in the needed generality (N-D pooling, LRN, slicing,
+reflect/edge padding, run-time pad values) are written here directly in te.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Sequence
+
+import numpy as np
+
+from tether import ops, te
+from tether.errors import UnsupportedOpError
+from tether.ops import common as c
+
+Lowering = Callable[..., "te.Tensor"]
+LOWER: Dict[str, Lowering] = {}
+
+
+def lowering(*names: str):
+    def deco(fn):
+        for n in names:
+            LOWER[n] = fn
+        return fn
+    return deco
+
+
+def _unary_expr(x, fn, name):
+    return c.compute(x.shape, lambda *i: fn(x[i]), name, c.ELEMWISE)
+
+
+for _n, _f in {"relu": ops.relu, "sigmoid": ops.sigmoid, "tanh": ops.tanh, "exp": ops.exp, "log": ops.log,
+               "sqrt": ops.sqrt, "neg": ops.negative, "abs": ops.abs, "hard_swish": ops.hard_swish}.items():
+    LOWER[_n] = (lambda f: lambda attrs, x: f(x))(_f)
+
+for _n, _f in {"add": ops.add, "sub": ops.subtract, "mul": ops.multiply, "div": ops.divide,
+               "maximum": ops.maximum, "minimum": ops.minimum, "pow": ops.power}.items():
+    LOWER[_n] = (lambda f: lambda attrs, a, b: f(a, b))(_f)
+
+
+@lowering("clip")
+def _clip(attrs, x):
+    lo, hi = attrs.get("min", -math.inf), attrs.get("max", math.inf)
+
+    def f(v):
+        if math.isfinite(lo):
+            v = c.max2(v, c.const(lo, x.dtype))
+        if math.isfinite(hi):
+            v = c.min2(v, c.const(hi, x.dtype))
+        return v
+    return _unary_expr(x, f, "clip")
+
+
+@lowering("leaky_relu")
+def _leaky(attrs, x):
+    return ops.leaky_relu(x, attrs.get("alpha", 0.01))
+
+
+@lowering("hard_sigmoid")
+def _hsig(attrs, x):
+    return ops.hard_sigmoid(x, attrs.get("alpha", 0.2), attrs.get("beta", 0.5))
+
+
+@lowering("scale_shift")
+def _scale_shift(attrs, x):
+    s, b = c.const(attrs.get("scale", 1.0), x.dtype), c.const(attrs.get("shift", 0.0), x.dtype)
+    return _unary_expr(x, lambda v: v * s + b, "scale_shift")
+
+
+@lowering("reshape")
+def _reshape(attrs, x):
+    return ops.reshape(x, attrs["shape"])
+
+
+@lowering("transpose")
+def _transpose(attrs, x):
+    return ops.transpose(x, attrs["axes"])
+
+
+@lowering("concat")
+def _concat(attrs, *xs):
+    return ops.concat(list(xs), attrs["axis"])
+
+
+@lowering("pad")
+def _pad(attrs, x, *value):
+    shape = c.shape_of(x)
+    n = len(shape)
+    pads = list(attrs["pads"])
+    if any(p < 0 for p in pads):    # negative pads crop first
+        begin = [max(-pads[i], 0) for i in range(n)]
+        end = [shape[i] - max(-pads[i + n], 0) for i in range(n)]
+        x = _strided_slice({"begin": begin, "end": end, "step": [1] * n}, x)
+        shape = c.shape_of(x)
+        pads = [max(p, 0) for p in pads]
+    before, after = pads[:n], pads[n:]
+    mode = attrs.get("mode", "constant")
+    if mode == "constant" and not value:
+        return ops.pad(x, before, after, attrs.get("value", 0.0))
+    out_shape = tuple(e + b + a for e, b, a in zip(shape, before, after))
+
+    def f(*idx):
+        if mode == "constant":
+            conds = [cond for i, e, b in zip(idx, shape, before) for cond in (i >= b, i < b + e)]
+            src = x[tuple(te.min(te.max(i - b, 0), e - 1) for i, e, b in zip(idx, shape, before))]
+            return te.if_then_else(c.all_of(conds), src, value[0][0])
+        src = []
+        for i, e, b in zip(idx, shape, before):
+            j = i - b
+            if mode == "edge":
+                src.append(te.min(te.max(j, 0), e - 1))
+            else:   # reflect (no edge repeat); pads are smaller than the extent
+                j = te.if_then_else(j < 0, 0 - j, j)
+                src.append(te.if_then_else(j > e - 1, 2 * (e - 1) - j, j))
+        return x[tuple(src)]
+    return c.compute(out_shape, f, "pad", c.INJECTIVE)
+
+
+@lowering("strided_slice")
+def _strided_slice(attrs, x):
+    begin, end, step = attrs["begin"], attrs["end"], attrs["step"]
+    out_shape = tuple(len(range(b, e, s)) for b, e, s in zip(begin, end, step))
+    return c.compute(out_shape, lambda *idx: x[tuple(b + i * s for i, b, s in zip(idx, begin, step))],
+                     "strided_slice", c.INJECTIVE)
+
+
+@lowering("broadcast_to")
+def _broadcast_to(attrs, x):
+    shape = tuple(attrs["shape"])
+    return c.compute(shape, lambda *idx: c.broadcast_load(x, idx, x.dtype), "broadcast_to", c.BROADCAST)
+
+
+@lowering("dense")
+def _dense(attrs, x, w):
+    return ops.dense(x, w)
+
+
+@lowering("batch_matmul")
+def _bmm(attrs, a, b):
+    return ops.batch_matmul(a, b)
+
+
+@lowering("conv2d")
+def _conv2d(attrs, x, w, *bias):
+    return ops.conv2d(x, w, stride=tuple(attrs["strides"]), padding=tuple(attrs["pads"]),
+                      dilation=tuple(attrs["dilations"]), groups=attrs["groups"], bias=bias[0] if bias else None)
+
+
+def _window_counts(out: int, k: int, s: int, d: int, lo: int, hi: int) -> np.ndarray:
+    start = np.arange(out)[:, None] * s + np.arange(k)[None, :] * d
+    return ((start >= lo) & (start < hi)).sum(axis=1)
+
+
+def _pool_nd(kind: str, attrs, x):
+    """N-D max/avg pooling written directly in te (the library covers 2-D)."""
+    from tether.graph.ops import pool_out_size
+    shape = c.shape_of(x)
+    nd = len(shape) - 2
+    k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    outs = [pool_out_size(shape[2 + i], k[i], s[i], d[i], p[i], p[i + nd], attrs["ceil_mode"]) for i in range(nd)]
+    hi = [max(p[i + nd], (outs[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - shape[2 + i] - p[i]) for i in range(nd)]
+    fill = float(np.finfo(np.float32).min) if kind == "max" else 0.0
+    xp = ops.pad(x, [0, 0] + list(p[:nd]), [0, 0] + hi, fill) if any(p[:nd]) or any(hi) else x
+    rs = [te.reduce_axis((0, k[i]), name="r%d" % i) for i in range(nd)]
+
+    def f(*idx):
+        src = tuple(idx[:2]) + tuple(idx[2 + i] * s[i] + rs[i] * d[i] for i in range(nd))
+        return te.max(xp[src], axis=rs) if kind == "max" else te.sum(xp[src], axis=rs)
+    win = c.compute(tuple(shape[:2]) + tuple(outs), f, kind + "_pool", c.REDUCE)
+    if kind == "max":
+        return win
+    tables = []
+    for i in range(nd):
+        lo_ = 0 if attrs.get("count_include_pad") else p[i]
+        hi_ = (p[i] + shape[2 + i] + p[i + nd]) if attrs.get("count_include_pad") else p[i] + shape[2 + i]
+        tables.append(_const_table(1.0 / _window_counts(outs[i], k[i], s[i], d[i], lo_, hi_), x.dtype))
+
+    def g(*idx):
+        v = win[idx]
+        for i in range(nd):
+            v = v * tables[i](idx[2 + i])
+        return v
+    return c.compute(win.shape, g, "avg_pool", c.BROADCAST)
+
+
+def _const_table(values: np.ndarray, dtype: str):
+    vals = [float(v) for v in values]
+    # run-length encode: the divisor only changes near the borders
+    runs = []
+    for i, v in enumerate(vals):
+        if runs and runs[-1][1] == v:
+            runs[-1] = (i + 1, v)
+        else:
+            runs.append((i + 1, v))
+
+    def table(i):
+        expr = c.const(runs[-1][1], dtype)
+        for end, v in reversed(runs[:-1]):
+            expr = te.if_then_else(i < end, c.const(v, dtype), expr)
+        return expr
+    return table
+
+
+def _pool(kind: str):
+    def lower(attrs, x):
+        nd = len(attrs["kernel"])
+        if nd == 2:
+            k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+            args = dict(kernel=tuple(k), stride=tuple(s), padding=tuple(p), dilation=tuple(d),
+                        ceil_mode=bool(attrs["ceil_mode"]))
+            if kind == "max":
+                return ops.max_pool2d(x, **args)
+            return ops.avg_pool2d(x, count_include_pad=bool(attrs.get("count_include_pad")), **args)
+        return _pool_nd(kind, attrs, x)
+    return lower
+
+
+LOWER["max_pool"] = _pool("max")
+LOWER["avg_pool"] = _pool("avg")
+
+
+def _global_pool(kind: str):
+    def lower(attrs, x):
+        shape = c.shape_of(x)
+        if len(shape) == 4:
+            return ops.global_max_pool2d(x) if kind == "max" else ops.global_avg_pool2d(x)
+        rs = [te.reduce_axis((0, e), name="r%d" % i) for i, e in enumerate(shape[2:])]
+        inv = c.const(1.0 / float(np.prod(shape[2:])), x.dtype)
+
+        def f(*idx):
+            src = tuple(idx[:2]) + tuple(rs)
+            return te.max(x[src], axis=rs) if kind == "max" else te.sum(x[src] * inv, axis=rs)
+        return c.compute(tuple(shape[:2]) + (1,) * (len(shape) - 2), f, "global_pool", c.REDUCE)
+    return lower
+
+
+LOWER["global_max_pool"] = _global_pool("max")
+LOWER["global_avg_pool"] = _global_pool("avg")
+
+
+@lowering("softmax")
+def _softmax(attrs, x):
+    return ops.softmax(x, attrs["axis"])
+
+
+@lowering("batch_norm")
+def _bn(attrs, x, scale, bias, mean, var):
+    return ops.batch_norm(x, scale, bias, mean, var, axis=1, epsilon=attrs["epsilon"])
+
+
+@lowering("lrn")
+def _lrn(attrs, x):
+    shape = c.shape_of(x)
+    size, alpha, beta, bias = attrs["size"], attrs["alpha"], attrs["beta"], attrs["bias"]
+    lo, hi = (size - 1) // 2, size // 2
+    nd = len(shape)
+    sq = c.compute(shape, lambda *i: x[i] * x[i], "lrn_sq", c.ELEMWISE)
+    padded = ops.pad(sq, [0, lo] + [0] * (nd - 2), [0, hi] + [0] * (nd - 2), 0.0)
+    r = te.reduce_axis((0, size), name="rc")
+    acc = c.compute(shape, lambda *i: te.sum(padded[(i[0], i[1] + r) + tuple(i[2:])], axis=r), "lrn_sum", c.REDUCE)
+    a, b, bt = c.const(alpha / size, x.dtype), c.const(bias, x.dtype), c.const(beta, x.dtype)
+    return c.compute(shape, lambda *i: x[i] / te.pow(b + a * acc[i], bt), "lrn", c.BROADCAST)
+
+
+def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
+    fn = LOWER.get(op)
+    if fn is None:
+        raise UnsupportedOpError("graph op %r has no lowering to te" % op)
+    return fn(attrs, *inputs)
+
+
+def kernel_shape(shape: Sequence[int]) -> tuple:
+    """Kernels never see rank-0 tensors: a scalar is passed as one element of shape (1,)."""
+    return tuple(int(d) for d in shape) or (1,)
+
+
+def lower_body(body: List, params: List[str], types: dict) -> tuple:
+    """Placeholders for `params` (in order) and the te tensor of the body's last output."""
+    env = {}
+    placeholders = []
+    for k, name in enumerate(params):
+        t = types[name]
+        ph = te.placeholder(kernel_shape(t.shape), t.dtype, name="in%d" % k)
+        env[name] = ph
+        placeholders.append(ph)
+    for node in body:
+        if node.op == "reshape":
+            env[node.outputs[0]] = ops.reshape(env[node.inputs[0]], kernel_shape(node.attrs["shape"]))
+            continue
+        env[node.outputs[0]] = lower_node(node.op, node.attrs, [env[i] for i in node.inputs])
+    return placeholders, env[body[-1].outputs[0]]

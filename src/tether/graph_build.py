@@ -1,0 +1,190 @@
+"""``tether.build_graph``: an imported graph -> one shared library + graph JSON + params.
+
+    graph, params = tether.frontend.from_onnx(onnx.load("model.onnx"), shape={"input": (1, 3, 224, 224)})
+    factory = tether.build_graph(graph, params, target="rasp4b", opt_level=3)
+    factory.export("out/")        # out/deploy.so, out/deploy.json, out/deploy.params
+
+Steps: the graph passes (``tether.graph.passes.optimize``), then every non-reshape node (a fused group or a
+single op) becomes one kernel: its body is lowered to te through ``tether.graph.lowering`` and scheduled with
+``ops.schedule``. Nodes with the same signature (ops, attributes, argument types) share one kernel, so a
+model's twenty identical 3x3 convs compile once. All kernels go into one ``tether.build`` call and one .so.
+Reshapes cost nothing: their output is a view of their input's storage (see the memory planner).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from tether.graph import ops as graph_ops
+from tether.graph.ir import Graph, Node
+from tether.graph.passes import optimize, plan_memory
+
+log = logging.getLogger(__name__)
+
+GRAPH_FORMAT = "tether-graph"
+GRAPH_VERSION = 1
+
+
+@dataclass
+class GraphFactory:
+    """The result of build_graph: the optimised graph, its params, the compiled library and the graph JSON."""
+
+    graph: Graph
+    params: Dict[str, np.ndarray]
+    lib: Any                       # tether.artifact.Module
+    graph_json: Dict[str, Any]
+    target: Any
+    timings: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kernel_count(self) -> int:
+        return len(self.lib.function_names)
+
+    def get_graph_json(self) -> str:
+        return json.dumps(self.graph_json, indent=1)
+
+    def get_params(self) -> Dict[str, np.ndarray]:
+        return dict(self.params)
+
+    def get_lib(self) -> Any:
+        return self.lib
+
+    def export(self, folder: str) -> Dict[str, str]:
+        """Write deploy.so, deploy.json and deploy.params into `folder` (created if needed)."""
+        from tether_rpc.params import save_params
+
+        os.makedirs(folder, exist_ok=True)
+        paths = {k: os.path.join(folder, "deploy." + k) for k in ("json", "params")}
+        paths["so"] = os.path.join(folder, self.graph_json["lib"])
+        self.lib.export_library(paths["so"])
+        with open(paths["json"], "w", encoding="utf-8") as fh:
+            fh.write(self.get_graph_json())
+        with open(paths["params"], "wb") as fh:
+            fh.write(save_params(self.params))
+        return paths
+
+
+# ---------------------------------------------------------------- kernel signatures
+def _body_of(node: Node) -> Tuple[List[Node], List[str]]:
+    if node.op == "fused":
+        return list(node.attrs["body"]), list(node.attrs["params"])
+    return [node], list(node.inputs)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    return v
+
+
+def kernel_signature(node: Node, types: Dict[str, Any]) -> str:
+    """Identical strings <=> the same kernel: ops, attributes and argument types, value names abstracted."""
+    body, params = _body_of(node)
+    local = {p: "in%d" % k for k, p in enumerate(params)}
+    parts = [[str(types[p]) for p in params]]
+    for j, b in enumerate(body):
+        for o in b.outputs:
+            local[o] = "t%d" % j
+        parts.append([b.op, sorted((k, _jsonable(v)) for k, v in b.attrs.items()),
+                      [local[i] for i in b.inputs], [str(types[o]) for o in b.outputs]])
+    return json.dumps(parts, sort_keys=True)
+
+
+def _ops_label(node: Node) -> str:
+    body, _ = _body_of(node)
+    return "+".join(b.op for b in body)
+
+
+def _is_alias(node: Node) -> bool:
+    return node.op != "fused" and graph_ops.pattern(node.op) == "alias"
+
+
+# ---------------------------------------------------------------- build
+def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
+                fast_math: bool = False, name: str = "deploy") -> GraphFactory:
+    import tether
+    from tether import ops
+    from tether.graph.lowering import lower_body
+    from tether.target import as_target
+
+    tgt = as_target(target)
+    t0 = time.perf_counter()
+    graph, params = optimize(graph, params, opt_level)
+    t_passes = time.perf_counter() - t0
+
+    # one kernel per distinct signature
+    func_of_sig: Dict[str, str] = {}
+    triples = []
+    node_funcs: List[Optional[str]] = []
+    for node in graph.nodes:
+        if _is_alias(node):
+            node_funcs.append(None)
+            continue
+        sig = kernel_signature(node, graph.types)
+        fname = func_of_sig.get(sig)
+        if fname is None:
+            fname = "%s_k%d_%s" % (name, len(func_of_sig), re.sub(r"[^A-Za-z0-9]+", "_", _ops_label(node))[:48])
+            func_of_sig[sig] = fname
+            body, bparams = _body_of(node)
+            placeholders, out = lower_body(body, bparams, graph.types)
+            sch = ops.schedule([out], tgt)
+            triples.append((sch, placeholders + [out], fname))
+        node_funcs.append(fname)
+    if not triples:
+        # a model with no kernel (constants / identity only) still ships a loadable library
+        from tether import te
+        a = te.placeholder((1,), "float32", name="a")
+        b = te.compute((1,), lambda i: a[i], name="b")
+        triples.append((te.create_schedule([b.op]), [a, b], "%s_noop" % name))
+    t1 = time.perf_counter()
+    lib = tether.build(triples, target=tgt, name=name, fast_math=fast_math)
+    t_build = time.perf_counter() - t1
+
+    plan = plan_memory(graph, params)
+    graph_json = _graph_json(graph, params, plan, node_funcs, tgt, name)
+    timings = {"passes": t_passes, "lower_codegen_llvm": t_build, "total": time.perf_counter() - t0}
+    log.info("build_graph %s for %s: %d nodes, %d kernels, %.2fs (passes %.2fs, build %.2fs)", graph.name,
+             tgt.preset or tgt.triple, len(graph.nodes), len(triples), timings["total"], t_passes, t_build)
+    return GraphFactory(graph, params, lib, graph_json, tgt, timings)
+
+
+def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: List[Optional[str]], tgt: Any,
+                name: str) -> Dict[str, Any]:
+    entries: List[Dict[str, Any]] = []
+    index: Dict[str, int] = {}
+
+    def entry(v: str) -> int:
+        if v not in index:
+            t = graph.types[v] if v in graph.types else None
+            shape = list(t.shape) if t is not None else list(params[v].shape)
+            dtype = t.dtype if t is not None else str(params[v].dtype)
+            index[v] = len(entries)
+            entries.append({"name": v, "shape": shape, "dtype": dtype, "storage": plan.storage_of[v]})
+        return index[v]
+
+    inputs = [entry(v) for v in graph.inputs]
+    param_ids = [entry(v) for v in sorted(params)]
+    nodes = []
+    for node, func in zip(graph.nodes, node_funcs):
+        ids = [entry(v) for v in list(node.inputs) + list(node.outputs)]
+        if func is None:
+            continue
+        nodes.append({"name": node.name, "func": func, "args": ids, "ops": _ops_label(node)})
+    outputs = [entry(v) for v in graph.outputs]
+    return {
+        "format": GRAPH_FORMAT, "version": GRAPH_VERSION, "name": graph.name, "lib": "%s.so" % name,
+        "target": {"arch": tgt.arch, "triple": tgt.triple, "preset": getattr(tgt, "preset", None)},
+        "storages": [int(s) for s in plan.sizes],
+        "entries": entries, "inputs": inputs, "outputs": outputs, "params": param_ids, "nodes": nodes,
+    }

@@ -1,0 +1,30 @@
+"""Run a compiled model on this machine: ``graph_executor.load("out/")``.
+
+The executor is the device runtime's own (``tether_rpc.graph_executor.GraphExecutor``), so a local run and a
+remote run execute the same code; only the module loading differs.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+
+from tether_rpc.graph_executor import GraphExecutor
+from tether_rpc.module import load_module
+
+__all__ = ["GraphExecutor", "load", "create"]
+
+
+def load(folder: str) -> GraphExecutor:
+    """Load deploy.json + deploy.so + deploy.params from `folder` (as written by ``GraphFactory.export``)."""
+    if not os.path.isfile(os.path.join(folder, "deploy.json")):
+        raise FileNotFoundError("%s has no deploy.json: export a model there with tether.build_graph(...).export()"
+                                % folder)
+    return GraphExecutor.from_folder(folder, load_module=load_module)
+
+
+def create(graph_json: Union[str, dict], lib_path: str,
+           params: Union[None, bytes, str, Mapping[str, np.ndarray]] = None) -> GraphExecutor:
+    """An executor from a graph JSON, a library path and params (dict, params-file bytes or path)."""
+    return GraphExecutor(graph_json, load_module(lib_path), params)
