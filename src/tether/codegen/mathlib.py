@@ -230,19 +230,21 @@ def _tanh(e: _E, x):
     if e.fmt.double:
         p = e.horner(z, [-9.64399179425052238628e-1, -9.92877231001918586564e1, -1.61468768441708447952e3])
         q = e.horner(z, [1.0, 1.12811678491632931402e2, 2.23548839060100448583e3, 4.84406305325125486048e3])
-        small = e.add(x, e.mul(e.mul(x, z), e.div(p, q)))
+        small = e.add(ax, e.mul(e.mul(ax, z), e.div(p, q)))
     else:
         p = e.horner(z, [-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
                          -3.33332819422e-1])
-        small = e.add(x, e.mul(e.mul(x, z), p))
+        small = e.add(ax, e.mul(e.mul(ax, z), p))
     ex = e.call("exp", e.add(ax, ax))
     large = e.sub(e.c(1.0), e.div(e.c(2.0), e.add(ex, e.c(1.0))))  # exp overflow -> inf -> exactly 1
-    return e.sel(e.lt(ax, e.c(0.625)), small, e.copysign(large, x))
+    return e.copysign(e.sel(e.lt(ax, e.c(0.625)), small, large), x)  # odd; keeps tanh(-0) = -0
 
 
 def _sigmoid(e: _E, x):
-    ex = e.call("exp", e.sub(e.c(0.0), x))
-    return e.div(e.c(1.0), e.add(e.c(1.0), ex))
+    # exp(-|x|) never overflows, and e/(1+e) keeps the tiny results for very negative x (down to subnormals).
+    ex = e.call("exp", e.sub(e.c(0.0), e.fabs(x)))
+    inv = e.div(e.c(1.0), e.add(e.c(1.0), ex))
+    return e.sel(e.lt(x, e.c(0.0)), e.mul(ex, inv), inv)
 
 
 def _erf(e: _E, x):
@@ -282,6 +284,7 @@ def _pow(e: _E, x, y):
     res = e.sel(b.and_(negative_sign, yodd), e.sub(e.c(0.0), base), base)
     res = e.sel(b.and_(e.lt(x, e.c(0.0)), b.not_(yint)), e.c(float("nan")), res)
     res = e.sel(e.eq(y, e.c(0.0)), e.c(1.0), res)
+    res = e.sel(b.and_(e.eq(ax, e.c(1.0)), e.eq(e.fabs(y), e.c(float("inf")))), e.c(1.0), res)  # (-1)**inf
     return e.sel(e.eq(x, e.c(1.0)), e.c(1.0), res)
 
 
