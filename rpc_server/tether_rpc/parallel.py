@@ -13,6 +13,7 @@ run serially in the caller instead of waiting for the busy pool, so they can nev
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import threading
@@ -27,6 +28,7 @@ LAUNCHER_TYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_
 # Returned when the launcher itself fails (a Python exception): fits the 24-bit field of "8 << 24 | t".
 LAUNCHER_INTERNAL_ERROR = 0xFFFFFF
 _JOIN_TIMEOUT_S = 5.0
+_WAIT_LOG_INTERVAL_S = 60.0
 _TASK_CACHE_MAX = 1024
 
 
@@ -48,29 +50,45 @@ def default_num_threads() -> int:
 
 
 class _Job:
-    """One launch: a shared id iterator that every participating thread drains."""
+    """One launch: a shared id iterator that every participating thread drains, and a completion count.
 
-    __slots__ = ("task", "closure", "num_tasks", "ids", "result", "_fail_lock")
+    The caller waits for the *tasks* to finish, not for the workers: a worker that wakes up after the caller
+    has already run every task finds nothing to do and goes back to sleep without delaying anyone.
+    """
+
+    __slots__ = ("task", "closure", "num_tasks", "ids", "finished", "all_done", "result", "_fail_lock")
 
     def __init__(self, task, closure: Optional[int], num_tasks: int):
         self.task = task
         self.closure = closure
         self.num_tasks = num_tasks
-        # next() on a range iterator is a single C call, atomic under the GIL: each id is handed out once.
+        # next() on a range iterator / itertools.count is one C call, atomic under the GIL: each id is handed
+        # out exactly once and each completion is counted exactly once.
         self.ids = iter(range(num_tasks))
+        self.finished = itertools.count(1)
+        self.all_done = threading.Lock()
+        self.all_done.acquire()
         self.result = 0
         self._fail_lock = threading.Lock()
 
     def run(self) -> None:
-        task, closure, n = self.task, self.closure, self.num_tasks
-        try:
-            for tid in self.ids:
+        task, closure, n, finished = self.task, self.closure, self.num_tasks, self.finished
+        for tid in self.ids:
+            try:
                 rc = task(tid, n, closure)
-                if rc:
-                    self._fail(rc)
-        except BaseException:  # never let an exception escape a worker or the ctypes callback
-            logger.exception("parallel task raised inside the launcher")
-            self._fail(LAUNCHER_INTERNAL_ERROR)
+            except BaseException:  # never let an exception escape a worker or the ctypes callback
+                logger.exception("parallel task %d raised inside the launcher", tid)
+                rc = LAUNCHER_INTERNAL_ERROR
+            if rc:
+                self._fail(rc)
+            if next(finished) == n:
+                self.all_done.release()
+
+    def wait(self) -> None:
+        # Tasks may legitimately run for minutes; a stuck kernel is at least made visible in the log.
+        while not self.all_done.acquire(timeout=_WAIT_LOG_INTERVAL_S):
+            logger.warning("parallel launch of %d tasks still running after another %.0f s",
+                           self.num_tasks, _WAIT_LOG_INTERVAL_S)
 
     def _fail(self, rc: int) -> None:
         with self._fail_lock:
@@ -79,37 +97,41 @@ class _Job:
 
 
 class _Worker:
-    """A persistent thread woken by releasing ``go``; it releases ``done`` when its share of a job is over."""
+    """A persistent thread, woken by releasing ``go`` only while ``idle`` (so ``go`` is never released twice)."""
 
     def __init__(self, index: int):
         self.job: Optional[_Job] = None
+        self.idle = True
+        self.stopping = False
         self.go = threading.Lock()
         self.go.acquire()
-        self.done = threading.Lock()
-        self.done.acquire()
         self.thread = threading.Thread(target=self._loop, name="tether-parallel-%d" % index, daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         while True:
             self.go.acquire()
-            job = self.job
-            if job is None:  # shutdown
+            job, self.job = self.job, None
+            if job is not None:
+                job.run()
+            self.idle = True
+            if self.stopping:
                 return
-            job.run()
-            self.job = None
-            self.done.release()
 
-    def start(self, job: _Job) -> None:
+    def try_start(self, job: _Job) -> bool:
+        if not self.idle or self.stopping:
+            return False  # still waking up for an earlier launch: this launch goes without it
+        self.idle = False
         self.job = job
         self.go.release()
-
-    def wait(self) -> None:
-        self.done.acquire()
+        return True
 
     def stop(self) -> None:
-        self.job = None
-        self.go.release()
+        self.stopping = True
+        if self.idle:
+            self.idle = False
+            self.job = None
+            self.go.release()
 
 
 class ThreadPool:
@@ -134,18 +156,20 @@ class ThreadPool:
             return job.result
         try:
             self._ensure_workers()
-            helpers = self._workers[:num_tasks - 1]
-            for w in helpers:
-                w.start(job)
+            wanted = num_tasks - 1
+            for w in self._workers:
+                if wanted <= 0:
+                    break
+                if w.try_start(job):
+                    wanted -= 1
             job.run()
-            for w in helpers:
-                w.wait()
+            job.wait()
             return job.result
         finally:
             self._busy.release()
 
     def close(self) -> None:
-        """Stop the workers (idempotent). Waits for a running launch to finish first."""
+        """Stop the workers (idempotent). Waits (bounded) for a running launch to finish first."""
         if self._closed:
             return
         got = self._busy.acquire(timeout=_JOIN_TIMEOUT_S)
@@ -178,7 +202,10 @@ def get_pool() -> ThreadPool:
 
 
 def set_num_threads(n: int) -> None:
-    """Use ``n`` threads (caller included) for parallel loops from now on; 1 means serial."""
+    """Use ``n`` threads (caller included) for parallel loops from now on; 1 means serial.
+
+    With one thread, loaded modules get a NULL launcher, so they run their tasks in their own serial loop at
+    native speed instead of paying a Python callback per task."""
     global _pool
     if int(n) < 1:
         raise ValueError("set_num_threads: need at least 1 thread, got %r" % (n,))
@@ -186,6 +213,7 @@ def set_num_threads(n: int) -> None:
         old, _pool = _pool, ThreadPool(int(n))
     if old is not None:
         old.close()
+    _reinstall_all()
 
 
 def get_num_threads() -> int:
@@ -225,6 +253,22 @@ def _launch(task_ptr: Optional[int], closure: Optional[int], num_tasks: int) -> 
 
 # One callback object for the whole process; it must stay alive as long as any module may call it.
 LAUNCHER = LAUNCHER_TYPE(_launch)
+LAUNCHER_ADDRESS = ctypes.cast(LAUNCHER, ctypes.c_void_p).value
+
+
+# The launcher setters of every module loaded so far, by dlopen handle (modules are never unloaded).
+_setters: Dict[int, object] = {}
+
+
+def _launcher_for_pool():
+    # NULL tells the module to run its tasks serially itself: the fastest choice when there is one thread.
+    return LAUNCHER_ADDRESS if get_num_threads() > 1 else None
+
+
+def _reinstall_all() -> None:
+    launcher = _launcher_for_pool()
+    for setter in list(_setters.values()):
+        setter(launcher)
 
 
 def install(lib: ctypes.CDLL) -> bool:
@@ -233,7 +277,8 @@ def install(lib: ctypes.CDLL) -> bool:
         setter = lib.tether_set_parallel_launcher
     except AttributeError:
         return False
-    setter.argtypes = [LAUNCHER_TYPE]
+    setter.argtypes = [ctypes.c_void_p]  # void* so that None installs NULL
     setter.restype = None
-    setter(LAUNCHER)
+    setter(_launcher_for_pool())
+    _setters[lib._handle] = setter
     return True

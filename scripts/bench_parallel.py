@@ -1,0 +1,98 @@
+"""Benchmark the device runtime's call path and parallel launcher against baselines measured in the same run.
+
+Builds the ABI test kernels (tests/kernels/*.c) with gcc, then prints medians of:
+  1. per-call cost: raw ctypes call vs PackedFunc(...) vs PackedFunc.bind(...)() on a 1024-element vadd;
+  2. launch overhead: empty tasks through the thread-pool launcher vs the module's serial fallback;
+  3. scaling: a compute-bound kernel, serial fallback vs the pool with 1 and 2 threads.
+Usage: python scripts/bench_parallel.py [--repeat 7] [--min-ms 100]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from kernels import build_kernel  # noqa: E402
+from tether_rpc import module, parallel, timing  # noqa: E402
+
+
+def median_time(call, repeat: int, min_ms: float) -> float:
+    res = timing.time_evaluator(call, (), number=1, repeat=repeat, min_repeat_ms=min_ms, warmup=3)
+    return statistics.median(res["samples"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--min-ms", type=float, default=100.0)
+    opts = ap.parse_args()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="tether-bench-"))
+    try:
+        run(tmp, opts.repeat, opts.min_ms)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(tmp: pathlib.Path, repeat: int, min_ms: float) -> None:
+    vadd = module.load_module(str(build_kernel("vadd", tmp)))
+    par_path = build_kernel("par", tmp)
+    serial_path = tmp / "par_serial.so"
+    shutil.copyfile(par_path, serial_path)
+    par = module.load_module(str(par_path))
+    ser = module.load_module(str(serial_path), parallel_launcher=False)
+    print("threads available: %d; pool default: %d" % (len(__import__("os").sched_getaffinity(0)),
+                                                      parallel.default_num_threads()))
+
+    # 1. call path
+    a, b, c = (np.ones(1024, "float32") for _ in range(3))
+    f = vadd["vadd"]
+    values, codes, n, _keep = f._pack((a, b, c))
+    raw = f._cfunc
+    t_raw = median_time(lambda: raw(values, codes, n), repeat, min_ms)
+    t_call = median_time(lambda: f(a, b, c), repeat, min_ms)
+    bound = f.bind(a, b, c)
+    t_bound = median_time(bound, repeat, min_ms)
+    print("\n[call path] vadd float32[1024], median per call")
+    print("  raw ctypes call (baseline)      %8.2f us" % (t_raw * 1e6))
+    print("  PackedFunc(a, b, c) numpy args  %8.2f us   (%.2fx baseline)" % (t_call * 1e6, t_call / t_raw))
+    print("  PackedFunc.bind(...)()          %8.2f us   (%.2fx baseline)" % (t_bound * 1e6, t_bound / t_raw))
+
+    # 2. launch overhead
+    counts = np.zeros(64, "int32")
+    print("\n[launch overhead] empty tasks; serial fallback is the baseline; median per launch")
+    print("  %-9s %12s %14s %14s" % ("tasks", "serial (us)", "pool=1 (us)", "pool=2 (us)"))
+    for k in (1, 2, 8, 64, 1024):
+        t_ser = median_time(ser["noop"].bind(counts, k), repeat, min_ms)
+        row = []
+        for threads in (1, 2):
+            parallel.set_num_threads(threads)
+            row.append(median_time(par["noop"].bind(counts, k), repeat, min_ms))
+        print("  %-9d %12.2f %14.2f %14.2f   (pool=2 overhead %.1f us, %.2f us/task)"
+              % (k, t_ser * 1e6, row[0] * 1e6, row[1] * 1e6, (row[1] - t_ser) * 1e6,
+                 (row[1] - t_ser) * 1e6 / k))
+
+    # 3. scaling of a compute-bound kernel
+    x = np.linspace(-1, 1, 65536).astype("float32")
+    y = np.zeros_like(x)
+    print("\n[scaling] heavy(): 65536 x 256 dependent float32 mul-adds; serial fallback is the baseline")
+    print("  %-9s %12s %12s %12s %10s" % ("tasks", "serial (ms)", "pool=1 (ms)", "pool=2 (ms)", "speedup"))
+    for k in (2, 8, 64, 1024):
+        t_ser = median_time(ser["heavy"].bind(x, y, k), repeat, min_ms)
+        row = []
+        for threads in (1, 2):
+            parallel.set_num_threads(threads)
+            row.append(median_time(par["heavy"].bind(x, y, k), repeat, min_ms))
+        print("  %-9d %12.3f %12.3f %12.3f %9.2fx" % (k, t_ser * 1e3, row[0] * 1e3, row[1] * 1e3, t_ser / row[1]))
+    parallel.set_num_threads(parallel.default_num_threads())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The parallel launcher with real gcc-built kernels: every task id runs exactly once, two threads really share
+the work, failures propagate, and modules without a launcher fall back to serial execution."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kernels import build_kernel
+from tether_rpc import module, parallel
+from tether_rpc.errors import KernelError
+
+T = 64      # tasks per launch in par.c
+N = 65536   # elements of the heavy kernel
+
+
+@pytest.fixture(scope="module")
+def par_paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("par")
+    path = build_kernel("par", d)
+    # A separate copy (separate inode => separate dlopen handle and launcher slot) for the serial fallback.
+    serial = d / "par_serial.so"
+    shutil.copyfile(path, serial)
+    return path, serial
+
+
+@pytest.fixture(scope="module")
+def par_mod(par_paths):
+    return module.load_module(str(par_paths[0]))
+
+
+@pytest.fixture
+def two_threads():
+    before = parallel.get_num_threads()
+    parallel.set_num_threads(2)
+    yield
+    parallel.set_num_threads(before)
+
+
+def _mark(mod, wait_for_other):
+    counts = np.zeros(T, "int32")
+    tids = np.zeros(T, "int64")
+    mod["mark"](counts, tids, wait_for_other)
+    return counts, tids
+
+
+def test_launcher_installed(par_mod):
+    assert par_mod.has_parallel_launcher
+
+
+def test_two_threads_share_the_tasks_each_exactly_once(par_mod, two_threads):
+    # Task 0 spins until some other task has finished: only a second thread can let it go (bounded spin).
+    counts, tids = _mark(par_mod, 1)
+    np.testing.assert_array_equal(counts, np.ones(T, "int32"))
+    assert len(set(tids.tolist())) == 2
+    assert 0 not in set(tids.tolist())
+
+
+def test_many_launches_stay_exact(par_mod, two_threads):
+    for _ in range(50):
+        counts, tids = _mark(par_mod, 0)
+        np.testing.assert_array_equal(counts, 1)
+        assert 1 <= len(set(tids.tolist())) <= 2
+
+
+def test_one_thread_runs_everything_in_the_caller(par_mod):
+    before = parallel.get_num_threads()
+    parallel.set_num_threads(1)
+    try:
+        counts, tids = _mark(par_mod, 0)
+    finally:
+        parallel.set_num_threads(before)
+    np.testing.assert_array_equal(counts, 1)
+    assert len(set(tids.tolist())) == 1
+
+
+def test_serial_fallback_without_launcher(par_paths):
+    m = module.load_module(str(par_paths[1]), parallel_launcher=False)
+    assert not m.has_parallel_launcher
+    counts, tids = _mark(m, 0)
+    np.testing.assert_array_equal(counts, 1)
+    assert len(set(tids.tolist())) == 1  # all in the calling thread
+    x = np.linspace(-1, 1, N).astype("float32")
+    y = np.zeros(N, "float32")
+    m["heavy"](x, y, 7)
+    np.testing.assert_allclose(y, _heavy_reference(x), rtol=1e-5, atol=1e-6)
+
+
+def _heavy_reference(x):
+    v = x.copy()
+    for _ in range(256):
+        v = v * np.float32(0.999) + np.float32(0.001)
+    return v
+
+
+@pytest.mark.parametrize("num_tasks", [1, 2, 3, 16, 1000])
+def test_compute_kernel_matches_numpy(par_mod, two_threads, num_tasks):
+    x = np.random.default_rng(num_tasks).standard_normal(N).astype("float32")
+    y = np.zeros(N, "float32")
+    par_mod["heavy"](x, y, num_tasks)
+    np.testing.assert_allclose(y, _heavy_reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_failing_task_is_reported_and_others_still_run_once(par_mod, two_threads):
+    counts = np.zeros(T, "int32")
+    with pytest.raises(KernelError, match="fail: a parallel task failed with code 42"):
+        par_mod["fail"](counts)
+    expected = np.ones(T, "int32")
+    expected[5] = 0  # task 5 fails before counting itself
+    np.testing.assert_array_equal(counts, expected)
+
+
+def test_zero_tasks_is_a_no_op(par_mod, two_threads):
+    par_mod["noop"](np.zeros(T, "int32"), 0)
+
+
+def test_concurrent_callers_do_not_deadlock(par_mod, two_threads):
+    # Two Python threads launch at once: one gets the pool, the other runs serially; both must be exact.
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(20):
+                results.append(_mark(par_mod, 0)[0])
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "launcher deadlocked"
+    assert not errors
+    assert len(results) == 40 and all((c == 1).all() for c in results)
+
+
+def test_pool_works_in_a_forked_child(par_mod, two_threads):
+    _mark(par_mod, 0)  # the parent's workers exist now; they do not survive fork
+    pid = os.fork()
+    if pid == 0:  # child: must rebuild its pool instead of waking threads that are not there
+        code = 1
+        try:
+            counts, tids = _mark(par_mod, 1)
+            code = 0 if (counts == 1).all() and len(set(tids.tolist())) == 2 else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("forked child hung in the parallel launcher")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_num_threads_from_environment(monkeypatch):
+    monkeypatch.setenv("TETHER_NUM_THREADS", "3")
+    assert parallel.default_num_threads() == 3
+    monkeypatch.setenv("TETHER_NUM_THREADS", "lots")
+    assert parallel.default_num_threads() >= 1
+    monkeypatch.delenv("TETHER_NUM_THREADS")
+    assert parallel.default_num_threads() == len(os.sched_getaffinity(0))
+    with pytest.raises(ValueError):
+        parallel.set_num_threads(0)
