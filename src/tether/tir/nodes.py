@@ -114,6 +114,10 @@ class PrimFunc:
     def has_parallel(self) -> bool:
         return any(isinstance(s, For) and s.kind == "parallel" for s in walk_stmts(self.body))
 
+    @property
+    def parallel(self) -> bool:  # read by ModuleBuilder for the metadata's "parallel" flag
+        return self.has_parallel
+
     def __str__(self) -> str:
         from tether.tir.printer import func_str
         return func_str(self)
