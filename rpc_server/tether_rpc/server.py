@@ -289,6 +289,14 @@ class Server:
             if not quiet:
                 log.info("closing %s: %s", conn.peer, error)
             self._send_nb(conn, p.encode_frame(p.MsgType.ERROR, 0, p.error_payload(error)))
+            # Closing with unread input makes the kernel send RST, which can destroy the ERROR just sent:
+            # swallow what has already arrived (bounded) first.
+            for _ in range(16):
+                try:
+                    if not conn.sock.recv(4096):
+                        break
+                except OSError:
+                    break
         self._pending.pop(conn.sock.fileno(), None)
         try:
             self._queue.remove(conn)

@@ -1,0 +1,196 @@
+"""Hostile input against a real server: none of it may block or kill the server, or cost it memory.
+
+After each attack the same server must still answer a well-behaved client promptly.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from tether import rpc
+from tether_rpc import errors, protocol as p
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory):
+    from fixtures.rpc import start_server
+
+    # A short handshake timeout keeps the silent-connection test quick.
+    server = start_server(tmp_path_factory.mktemp("hostile"), "--handshake-timeout", "1")
+    yield server
+    server.stop()
+
+
+def assert_serves(server, timeout=5.0):
+    """A normal client gets a session and a correct answer within ``timeout``."""
+    t0 = time.monotonic()
+    with rpc.connect(server.host, server.port, timeout=timeout, wait=True) as remote:
+        assert remote.get_function("tether.echo")([1, "ok"]) == [1, "ok"]
+    assert server.alive
+    return time.monotonic() - t0
+
+
+def closes_with_error(sock, timeout=3.0):
+    """Read until EOF; returns the ERROR payloads the server sent before closing."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    buf = p.FrameBuffer()
+    buf.feed(data)
+    frames = []
+    while True:
+        frame = buf.next_frame()
+        if frame is None:
+            break
+        frames.append(frame)
+    return [f[2] for f in frames if f[0] == p.MsgType.ERROR]
+
+
+def connect_raw(server):
+    sock = socket.create_connection((server.host, server.port), timeout=5)
+    return sock
+
+
+@pytest.mark.parametrize("garbage", [
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    os.urandom(4096),
+    b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1",                 # a frame of reserved msgpack bytes
+    p.encode_frame(p.MsgType.CALL, 1, {"fn": "tether.echo", "args": [1]}),  # a CALL before any handshake
+    p.HEADER.pack(3) + b"\x93\x01\x00",                     # a truncated body inside a complete frame
+], ids=["http", "random", "reserved-bytes", "call-before-hello", "truncated-msgpack"])
+def test_garbage_is_refused_and_the_server_carries_on(hostile_server, garbage):
+    sock = connect_raw(hostile_server)
+    try:
+        sock.sendall(garbage)
+        errs = closes_with_error(sock)
+        assert errs and errs[0]["type"] in ("ProtocolError", "FrameTooLarge")
+    finally:
+        sock.close()
+    assert_serves(hostile_server)
+
+
+def test_eight_byte_bad_handshake(hostile_server):
+    # TVM's RPC magic followed by a key length: 8 bytes that are not a tether frame.
+    sock = connect_raw(hostile_server)
+    try:
+        sock.sendall(struct.pack("<ii", 0xFF271, 4))
+        errs = closes_with_error(sock)
+        assert errs and errs[0]["type"] in ("FrameTooLarge", "ProtocolError")
+    finally:
+        sock.close()
+    assert_serves(hostile_server)
+
+
+def test_truncated_frame_then_silence_is_timed_out(hostile_server):
+    sock = connect_raw(hostile_server)
+    try:
+        frame = p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload())
+        sock.sendall(frame[:len(frame) // 2])
+        # the server is not blocked by the half frame
+        assert_serves(hostile_server)
+        t0 = time.monotonic()
+        errs = closes_with_error(sock, timeout=5)
+        assert errs and errs[0]["type"] == "TetherTimeout" and time.monotonic() - t0 < 3
+    finally:
+        sock.close()
+
+
+def test_connections_that_never_speak_do_not_block_others(hostile_server):
+    idle = [connect_raw(hostile_server) for _ in range(20)]
+    try:
+        assert assert_serves(hostile_server) < 2.0
+        # each silent connection is told and closed after the 1 s handshake timeout
+        for s in idle:
+            errs = closes_with_error(s, timeout=5)
+            assert [e["type"] for e in errs] == ["TetherTimeout"]
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_flood_of_idle_connections_cannot_lock_out_a_client(hostile_server):
+    idle = []
+    try:
+        for _ in range(100):  # more than the server's pending-handshake limit (64)
+            idle.append(connect_raw(hostile_server))
+        assert assert_serves(hostile_server) < 3.0
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_oversized_frame_is_refused_before_allocation(hostile_server):
+    # Before the handshake: a 2 GiB header is refused at once (no 2 GiB buffer, no waiting for the body).
+    sock = connect_raw(hostile_server)
+    try:
+        sock.sendall(p.HEADER.pack(0x7FFFFFFF) + b"\x93")
+        t0 = time.monotonic()
+        errs = closes_with_error(sock)
+        assert errs[0]["type"] == "FrameTooLarge" and "2147483647" in errs[0]["message"]
+        assert time.monotonic() - t0 < 1
+    finally:
+        sock.close()
+    # Inside a session: a frame over the session limit, and a bulk announcement over the bulk limit.
+    for attack in (p.HEADER.pack(p.DEFAULT_LIMITS.max_frame + 1),
+                   p.encode_frame(p.MsgType.CALL, 1, {"fn": "tether.upload", "args": ["x"],
+                                                      "nbytes": p.DEFAULT_LIMITS.max_bulk + 1})):
+        remote = rpc.connect(hostile_server.host, hostile_server.port, timeout=5)
+        try:
+            remote.sock.sendall(attack)
+            with pytest.raises(errors.FrameTooLarge):
+                remote._receive_reply(1, None, None)
+        finally:
+            remote.close()
+    assert_serves(hostile_server)
+
+
+def test_garbage_inside_a_session_ends_only_that_session(hostile_server):
+    remote = rpc.connect(hostile_server.host, hostile_server.port, timeout=5)
+    try:
+        remote.sock.sendall(p.HEADER.pack(8) + os.urandom(8))
+        with pytest.raises(errors.ProtocolError):
+            remote._receive_reply(1, None, None)
+    finally:
+        remote.close()
+    assert_serves(hostile_server)
+
+
+def test_unknown_ext_type_and_deep_nesting_in_a_session(hostile_server):
+    with rpc.connect(hostile_server.host, hostile_server.port, timeout=5) as remote:
+        deep = 0
+        for _ in range(100):
+            deep = [deep]
+        with pytest.raises(errors.ProtocolError):
+            remote.get_function("tether.echo")(deep)
+        assert remote.closed  # a protocol violation ends the session
+    assert_serves(hostile_server)
+
+
+def test_unsafe_upload_names_are_refused_and_nothing_is_written(hostile_server, tmp_path):
+    marker = "tether_hostile_%d" % os.getpid()
+    with rpc.connect(hostile_server.host, hostile_server.port, timeout=5) as remote:
+        for bad in ("../../" + marker, "/tmp/" + marker, marker + "\x00.so", "", ".", "..", "a/b", 7, None):
+            with pytest.raises(errors.UnsafePathError):
+                remote._call("tether.upload", [bad], bulk=memoryview(b"payload"))
+        assert remote.listdir() == []
+        assert remote.get_function("tether.echo")("fine") == "fine"  # the bulk bytes were drained
+    assert not os.path.exists("/tmp/" + marker)
+    assert not os.path.exists(os.path.join(os.path.dirname(os.path.dirname(str(tmp_path))), marker))
+
+
+def test_copy_in_with_the_wrong_size_is_refused_and_drained(hostile_server):
+    with rpc.connect(hostile_server.host, hostile_server.port, timeout=5) as remote:
+        arr = remote.empty((16,), "float32")
+        with pytest.raises(ValueError, match="64"):
+            remote._call("tether.array.copy_in", [arr.handle], bulk=memoryview(b"\x00" * 100))
+        arr.copyfrom(np.arange(16, dtype="float32"))
+        np.testing.assert_array_equal(arr.numpy(), np.arange(16, dtype="float32"))
