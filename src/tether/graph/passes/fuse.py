@@ -16,7 +16,7 @@ import numpy as np
 from tether.graph import ops
 from tether.graph.ir import Graph, Node
 
-_ANCHORS = ("complex", "elemwise")
+_ANCHORS = ("complex", "elemwise", "injective")
 
 
 def fuse(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:

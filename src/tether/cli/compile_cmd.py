@@ -1,0 +1,66 @@
+"""`tether compile model.onnx --target rasp4b --input-shape input:1,3,224,224 -o out/`."""
+from __future__ import annotations
+
+import time
+from typing import Dict, Tuple
+
+import click
+
+
+def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
+    """'name:1,3,224,224' (repeatable) -> {name: (1, 3, 224, 224)}; the name may itself contain ':'."""
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = spec.rpartition(":")
+        if not sep or not name:
+            raise click.BadParameter("expected NAME:D0,D1,... (e.g. input:1,3,224,224), got %r" % spec,
+                                     param_hint="--input-shape")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(",") if d.strip())
+        except ValueError:
+            raise click.BadParameter("dimensions of %r must be integers separated by commas" % spec,
+                                     param_hint="--input-shape") from None
+    return shapes
+
+
+@click.command("compile")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--target", "-t", default="host", show_default=True, help="Target preset or LLVM triple.")
+@click.option("--input-shape", "-s", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
+              help="Fix an input's shape (repeatable); needed for symbolic dimensions.")
+@click.option("--opt-level", "-O", default=3, show_default=True, type=click.IntRange(0, 3))
+@click.option("--fast-math", is_flag=True, help="Let LLVM reassociate float math (faster, not bit-exact).")
+@click.option("--output", "-o", "out_dir", default="out", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for deploy.so, deploy.json and deploy.params.")
+@click.option("--print-graph", is_flag=True, help="Print the optimised graph.")
+def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool, out_dir: str,
+            print_graph: bool) -> None:
+    """Compile an ONNX model into a deployable folder (library + graph JSON + params)."""
+    import onnx
+
+    import tether
+    from tether.errors import UnsupportedOpError
+    from tether.frontend import from_onnx
+
+    t0 = time.perf_counter()
+    try:
+        graph, params = from_onnx(onnx.load(model), shape=parse_input_shapes(input_shapes))
+    except (UnsupportedOpError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    t_import = time.perf_counter() - t0
+    factory = tether.build_graph(graph, params, target=target, opt_level=opt_level, fast_math=fast_math)
+    paths = factory.export(out_dir)
+    if print_graph:
+        click.echo(str(factory.graph))
+    click.echo("compiled %s for %s: %d nodes, %d kernels, %d params (%.1f MiB)"
+               % (model, target, len(factory.graph.nodes), factory.kernel_count, len(factory.params),
+                  sum(v.nbytes for v in factory.params.values()) / 2 ** 20))
+    click.echo("time: import %.2fs, passes %.2fs, lower+codegen+llvm %.2fs, total %.2fs"
+               % (t_import, factory.timings["passes"], factory.timings["lower_codegen_llvm"],
+                  time.perf_counter() - t0))
+    for g in factory.graph.inputs:
+        click.echo("input  %s: %s" % (g, factory.graph.types[g]))
+    for g in factory.graph.outputs:
+        t = factory.graph.types.get(g)
+        click.echo("output %s: %s" % (g, t if t is not None else "constant"))
+    click.echo("wrote %s" % ", ".join(sorted(paths.values())))
