@@ -28,7 +28,8 @@ _cache: dict = {}
 
 def _zig_from_python(python: str) -> Optional[str]:
     """Path of the zig binary shipped by the ziglang wheel of ``python`` (None if it has none)."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    # Compare paths without resolving symlinks: a venv's python is a symlink to another interpreter's binary.
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
         spec = importlib.util.find_spec("ziglang")
         if spec is None or not spec.submodule_search_locations:
             return None

@@ -1,0 +1,266 @@
+"""Module artifacts for every target preset: ELF checks, NEON in the assembly, the packed wrapper's error codes,
+and the object / static archive / header exports linked into a real C program.
+
+ELF files are read with the device runtime's reader (tether_rpc.elf)."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from fixtures.backend import PackedCaller, math_kernel, vadd_kernel
+from tether.build import build_ir
+from tether.codegen.module import ModuleBuilder, error_code
+from tether.errors import CompileError
+from tether.target import PRESET_NAMES, Target
+from tether_rpc import elf
+
+N = 1024
+EXPECTED_EXPORTS = {"vadd", "vexp", "tether_set_parallel_launcher", "__tether_metadata"}
+
+
+def _kernel_module(preset: str, name: str = "kern"):
+    mb = ModuleBuilder(preset, name)
+    mb.add_packed(*reversed(vadd_kernel(mb, "vadd", N)))
+    mb.add_packed(*reversed(math_kernel(mb, "vexp", "exp", N, ir.VectorType(ir.FloatType(), 4))))
+    return build_ir(mb)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, host_linker):
+    """preset -> (Module, path of the exported .so)."""
+    out = {}
+    d = tmp_path_factory.mktemp("presets")
+    for preset in PRESET_NAMES:
+        m = _kernel_module(preset)
+        out[preset] = (m, m.export_library(str(d / ("kern_%s.so" % preset))))
+    return out
+
+
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_elf_per_preset(built, preset):
+    module, path = built[preset]
+    target = Target(preset)
+    with elf.read_elf(path) as f:
+        assert f.is_shared_object
+        assert f.machine == target.elf_machine and f.arch == target.arch
+        assert f.bits == target.bits
+        assert f.needed == [], "DT_NEEDED must be empty"
+        assert f.undefined_symbols == []
+        assert set(f.exported_symbols) == EXPECTED_EXPORTS
+        assert f.soname == "kern_%s.so" % preset
+        meta_raw = f.section_data(".tether_meta")
+        if target.arch == "armv7":
+            assert f.arm_float_abi == "hard"
+            assert f.arm_attributes().get(elf.TAG_ABI_VFP_ARGS) == 1  # Tag_ABI_VFP_args: VFP registers
+    assert meta_raw.endswith(b"\0")
+    meta = json.loads(meta_raw.rstrip(b"\0").decode("utf-8"))
+    assert meta == module.metadata
+    assert meta["abi_version"] == 1 and meta["target"]["arch"] == target.arch
+    assert meta["target"]["triple"] == target.triple and meta["target"]["preset"] == preset
+    assert [f["name"] for f in meta["functions"]] == ["vadd", "vexp"]
+    assert meta["functions"][0]["args"][0] == {"name": "in0", "shape": [N], "dtype": "float32"}
+    assert meta["functions"][0]["parallel"] is False
+
+
+def test_neon_in_rasp4b_assembly(built):
+    asm = built["rasp4b"][0].get_source("asm")
+    assert re.search(r"\bfadd\s+v\d+\.4s", asm), "no 4 x f32 NEON add in the rasp4b vadd kernel"
+    assert re.search(r"\bfmul\s+v\d+\.4s", asm) or re.search(r"\bfmla\s+v\d+\.4s", asm)
+    assert "expf" not in asm
+    # The only calls are wrapper -> impl: exp is inlined vector code, not a libm call.
+    callees = set(re.findall(r"\bbl\s+(\S+)", asm))
+    assert callees <= {"vadd__impl", "vexp__impl"}, callees
+
+
+def test_neon_in_rasp3b_assembly(built):
+    asm = built["rasp3b"][0].get_source("asm")
+    assert re.search(r"\bvadd\.f32\s+q\d+", asm), "no NEON q-register add in the rasp3b vadd kernel"
+    assert re.search(r"\bvmul\.f32\s+q\d+", asm) or re.search(r"\bvfma\.f32\s+q\d+", asm)
+    assert "expf" not in asm and "__aeabi" not in asm
+    callees = set(re.findall(r"\bbl\s+(\S+)", asm))
+    assert callees <= {"vadd__impl", "vexp__impl"}, callees
+
+
+def test_host_module_runs_through_the_runtime(built):
+    a = np.random.default_rng(0).normal(size=N).astype(np.float32)
+    b = np.random.default_rng(1).normal(size=N).astype(np.float32)
+    c = np.zeros(N, np.float32)
+    m = built["host"][0].load()
+    assert set(m.function_names) == {"vadd", "vexp"}
+    m["vadd"](a, b, c)
+    np.testing.assert_array_equal(c, a + b)
+    m["vexp"](a, c)
+    np.testing.assert_allclose(c, np.exp(a.astype(np.float64)), rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def host_lib(built):
+    return ctypes.CDLL(built["host"][1])
+
+
+def test_packed_wrapper_error_codes(host_lib):
+    vadd = PackedCaller(host_lib, "vadd")
+    a, b = np.arange(N, dtype=np.float32), np.ones(N, np.float32)
+    c = np.zeros(N, np.float32)
+    assert vadd([a, b, c]) == 0
+    np.testing.assert_array_equal(c, a + 1)
+    assert vadd([a, b], num_args=2) == (1 << 24) | 2
+    assert vadd([a, b, c], type_codes=[3, 3, 4]) == error_code(2, 2) == (2 << 24) | (2 << 8)
+    assert vadd([a, b, c], num_args=5) == (1 << 24) | 5
+    assert vadd([a, b, c], type_codes=[3, 0, 3]) == (2 << 24) | (1 << 8)
+    assert vadd([a, b, c], ndims={2: 2}, shapes={2: (N, 1)}) == (3 << 24) | (2 << 8)
+    assert vadd([a, b.astype(np.float64), c]) == (4 << 24) | (1 << 8)
+    assert vadd([a, b, np.zeros(N, np.int32)]) == (4 << 24) | (2 << 8)
+    assert vadd([a, b[:1000], c], shapes={1: (1000,)}) == (5 << 24) | (1 << 8) | 0
+    assert vadd([a, b, c], strides={0: (2,)}) == (6 << 24) | (0 << 8) | 0
+    assert vadd([a, b, c], strides={1: (1,)}) == 0  # explicit compact strides are fine
+    assert vadd([a, b, c], null_data=[2]) == (7 << 24) | (2 << 8)
+
+
+def test_byte_offset_is_applied(host_lib):
+    vadd = PackedCaller(host_lib, "vadd")
+    big = np.arange(N + 8, dtype=np.float32)
+    b = np.ones(N, np.float32)
+    c = np.zeros(N, np.float32)
+    # Pass the whole buffer but tell the kernel its data starts 8 floats in.
+    assert vadd([big[:N], b, c], byte_offsets={0: 32}) == 0
+    np.testing.assert_array_equal(c, big[8:] + 1)
+
+
+def test_multidim_shape_and_strides_checks(tmp_path, host_linker):
+    mb = ModuleBuilder("host", "md")
+    impl, kf = vadd_kernel(mb, "add2d", 4 * 8)
+    for p in kf.params:
+        p.shape = (4, 1, 8)
+    mb.add_packed(kf, impl)
+    lib = ctypes.CDLL(build_ir(mb).export_library(str(tmp_path / "md.so")))
+    f = PackedCaller(lib, "add2d")
+    a, b, c = (np.full((4, 1, 8), v, np.float32) for v in (1.0, 2.0, 0.0))
+    assert f([a, b, c]) == 0 and (c == 3).all()
+    assert f([a, b, c], strides={0: (8, 8, 1)}) == 0
+    assert f([a, b, c], strides={0: (8, 12345, 1)}) == 0  # unit dimensions may carry any stride (numpy does)
+    assert f([a, b, c], strides={0: (16, 8, 1)}) == (6 << 24) | 0 | 0
+    assert f([a, b, c], strides={2: (8, 8, 2)}) == (6 << 24) | (2 << 8) | 2
+    assert f([a, b, c], shapes={1: (4, 1, 7)}) == (5 << 24) | (1 << 8) | 2
+
+
+def test_memcpy_from_intrinsics_is_self_contained(tmp_path, host_linker):
+    """A kernel using llvm.memcpy/memset on a large block calls the module's own hidden memcpy/memset."""
+    mb = ModuleBuilder("host", "mem")
+    ptr, i64, i32 = ir.PointerType(), ir.IntType(64), ir.IntType(32)
+    fn = ir.Function(mb.module, ir.FunctionType(i32, [ptr, ptr]), "copy__impl")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    memcpy = mb.module.declare_intrinsic("llvm.memcpy", [ptr, ptr, i64])
+    memset = mb.module.declare_intrinsic("llvm.memset", [ptr, i64])
+    half = ir.Constant(i64, 4 * 3000)
+    b.call(memcpy, [fn.args[1], fn.args[0], half, ir.Constant(ir.IntType(1), 0)])
+    hi = b.gep(fn.args[1], [ir.Constant(i64, 4 * 3000)], source_etype=ir.IntType(8))
+    b.call(memset, [hi, ir.Constant(ir.IntType(8), 0), ir.Constant(i64, 4 * 1000), ir.Constant(ir.IntType(1), 0)])
+    b.ret(ir.Constant(i32, 0))
+    from fixtures.backend import KernelFunc, Param
+    mb.add_packed(KernelFunc("copy", [Param("A", (4000,)), Param("B", (4000,))]), fn)
+    module = build_ir(mb)
+    path = module.export_library(str(tmp_path / "mem.so"))
+    asm = module.get_source("asm")
+    assert re.search(r"call\w*\s+memcpy", asm) or re.search(r"jmp\s+memcpy", asm), "expected a real memcpy call"
+    with elf.read_elf(path) as f:
+        assert f.undefined_symbols == [] and "memcpy" not in f.exported_symbols
+    a = np.arange(4000, dtype=np.float32)
+    out = np.full(4000, 7.0, np.float32)
+    assert PackedCaller(ctypes.CDLL(path), "copy")([a, out]) == 0
+    np.testing.assert_array_equal(out[:3000], a[:3000])
+    assert (out[3000:] == 0).all()
+
+
+def test_external_calls_are_refused_with_the_name():
+    mb = ModuleBuilder("rasp4b", "bad")
+    f32 = ir.FloatType()
+    expf = ir.Function(mb.module, ir.FunctionType(f32, [f32]), "expf")
+    from fixtures.backend import elementwise_kernel
+    impl, kf = elementwise_kernel(mb, "k", 16, f32, lambda b, x: b.call(expf, [x]))
+    mb.add_packed(kf, impl)
+    with pytest.raises(CompileError, match="expf"):
+        mb.finish()
+
+
+def test_bad_function_names_are_refused():
+    mb = ModuleBuilder("x86_64", "names")
+    impl, kf = vadd_kernel(mb, "memcpy")
+    with pytest.raises(CompileError, match="memcpy"):
+        mb.add_packed(kf, impl)
+    impl, kf = vadd_kernel(mb, "ok")
+    mb.add_packed(kf, impl)
+    with pytest.raises(CompileError, match="already has"):
+        mb.add_packed(kf, impl)
+
+
+def test_get_source_formats(built):
+    m = built["rasp4b"][0]
+    assert 'target triple = "aarch64-unknown-linux-gnu"' in m.get_source("ll")
+    assert "tether.math.exp.v4f32" in m.get_source("ll")
+    assert "tether.math.exp" not in m.get_source("ll-opt")
+    assert json.loads(m.get_source("meta")) == m.metadata
+    with pytest.raises(ValueError, match="unknown source format"):
+        m.get_source("ptx")
+
+
+def test_load_refuses_foreign_arch(built):
+    with pytest.raises(Exception, match="aarch64"):
+        built["rasp4b"][0].load()
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the C test program")
+@pytest.mark.parametrize("kind", ["static", "object"])
+def test_c_program_links_the_exports(built, tmp_path, kind):
+    """The static archive / object file plus the exported header link into a C program that calls vadd."""
+    m = built["host"][0]
+    header = m.export_header(str(tmp_path / "kern.h"))
+    lib = m.export_static(str(tmp_path / "libkern.a")) if kind == "static" else m.export_object(
+        str(tmp_path / "kern.o"))
+    src = tmp_path / "main.c"
+    src.write_text(r'''
+#include <stdio.h>
+#include <string.h>
+#include "kern.h"
+int main(void) {
+  static float a[1024], b[1024], c[1024];
+  int64_t shape[1] = {1024};
+  for (int i = 0; i < 1024; ++i) { a[i] = 0.5f * i; b[i] = 1.0f - i; }
+  DLTensor ta = {a, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, NULL, 0};
+  DLTensor tb = ta, tc = ta; tb.data = b; tc.data = c;
+  TetherValue args[3]; args[0].v_handle = &ta; args[1].v_handle = &tb; args[2].v_handle = &tc;
+  int32_t codes[3] = {TETHER_DLTENSOR, TETHER_DLTENSOR, TETHER_DLTENSOR};
+  int32_t rc = vadd(args, codes, 3);
+  int32_t bad = vadd(args, codes, 2);
+  printf("%d %d %d %s\n", rc, tether_error_kind(bad), strncmp(__tether_metadata, "{", 1) == 0,
+         strstr(__tether_metadata, "\"vadd\"") ? "meta" : "nometa");
+  for (int i = 0; i < 1024; i += 341) printf("%.6f\n", c[i]);
+  return 0;
+}
+''')
+    exe = tmp_path / "main"
+    link_args = [lib] if kind == "object" else ["-L", str(tmp_path), "-lkern"]
+    subprocess.run(["gcc", "-O1", "-I", str(tmp_path), "-o", str(exe), str(src)] + link_args, check=True,
+                   timeout=60, capture_output=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    assert out[:4] == ["0", "1", "1", "meta"]
+    idx = np.arange(0, 1024, 341)
+    np.testing.assert_allclose([float(v) for v in out[4:]], 0.5 * idx + (1.0 - idx), rtol=1e-6)
+    assert os.path.getsize(header) > 0
+
+
+def test_static_archive_index(built, tmp_path):
+    m = built["host"][0]
+    data = open(m.export_static(str(tmp_path / "k.a")), "rb").read()
+    assert data.startswith(b"!<arch>\n/               ")
+    count = int.from_bytes(data[68:72], "big")
+    names = data[72 + 4 * count:].split(b"\0")[:count]
+    assert {n.decode() for n in names} >= EXPECTED_EXPORTS
