@@ -1,0 +1,62 @@
+"""`rpc-tracker`: run the device tracker (a pool of device servers with queues, grants and a byte relay)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from typing import Optional
+
+import click
+
+from tether_rpc.tracker_protocol import DEFAULT_PORT
+
+
+@click.command("rpc-tracker", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Use 0.0.0.0 only on a trusted network, and with --token.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="TCP port (0 picks a free one).")
+@click.option("--token", default=None, envvar="TETHER_TRACKER_TOKEN",
+              help="Shared secret every device and client must prove it knows (env TETHER_TRACKER_TOKEN).")
+@click.option("--grant-timeout", default=1.0, show_default=True, type=float,
+              help="Seconds a granted device waits for its client before it returns to the pool.")
+@click.option("--heartbeat", default=1.0, show_default=True, type=float, help="Seconds between device heartbeats.")
+@click.option("--dead-after", default=3.0, show_default=True, type=float,
+              help="Seconds of silence after which a device is removed.")
+@click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
+              help="Write the bound port to this file once listening (for scripts and tests).")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def main(host: str, port: int, token: Optional[str], grant_timeout: float, heartbeat: float, dead_after: float,
+         ready_file: Optional[str], verbose: int) -> None:
+    """Run the tether tracker: devices register, clients request them by key or tag."""
+    from tether.tracker import TrackerServer
+
+    logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def run() -> None:
+        server = TrackerServer(host, port, token=token, grant_timeout=grant_timeout, heartbeat=heartbeat,
+                               dead_after=dead_after)
+        await server.start()
+        loop = asyncio.get_running_loop()
+        stop = loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+        click.echo("tether tracker listening on %s:%d%s" % (host, server.port, " (token required)" if token else ""))
+        if ready_file:
+            tmp = ready_file + ".tmp"
+            with open(tmp, "w") as f:
+                f.write("%d\n" % server.port)
+            os.replace(tmp, ready_file)
+        try:
+            await stop
+        finally:
+            server.close()
+
+    asyncio.run(run())
+
+
+command = main
+
+if __name__ == "__main__":
+    main()

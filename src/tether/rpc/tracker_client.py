@@ -1,0 +1,232 @@
+"""Asking a tracker for a device: ``rpc.connect_tracker(host, port).request("rasp4b")`` -> a RemoteSession.
+
+    from tether import rpc
+    tracker = rpc.connect_tracker("127.0.0.1", 9190, token=None)
+    with tracker.request("rasp*", priority=1, wait_timeout=60, session_timeout=600) as remote:
+        remote.device_info()
+    tracker.summary()     # {"devices": [...], "queues": {key: {"total", "free", "pending"}}}
+
+The session is exactly what :func:`tether.rpc.connect` returns: the tracker only picks the device and issues a
+one-time match token; the client then connects to the device itself (or, for a reverse-mode device, to the
+tracker's port, which relays the bytes).
+"""
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, Optional
+
+from tether_rpc import protocol as p
+from tether_rpc.errors import (AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout)
+from tether_rpc.tracker_protocol import DEFAULT_PORT, TRACKER_LIMITS, TrackerMsg, hello_payload
+
+from .client import RemoteSession, Timeout, connect, remote_exception
+
+log = logging.getLogger(__name__)
+
+#: Extra seconds the client waits beyond wait_timeout for the tracker's own timeout verdict.
+_GRACE = 5.0
+
+
+class TrackerClient:
+    """One connection to a tracker. States: open -> closed; ``close()`` is idempotent (also via ``with``)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, token: Optional[str] = None,
+                 timeout: float = 10.0, name: str = "", session_token: Optional[str] = None,
+                 session_timeouts: Optional[Timeout] = None):
+        self.host, self.port = host, port
+        self.timeout = timeout
+        self.session_token = session_token
+        self.session_timeouts = session_timeouts
+        self.closed = False
+        self._lock = threading.Lock()
+        self._next_id = 1
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except socket.timeout:
+            raise TetherTimeout("could not reach the tracker at %s:%d within %.1f s" % (host, port, timeout)) from None
+        except OSError as exc:
+            raise ConnectionClosed("could not connect to the tracker at %s:%d: %s" % (host, port, exc)) from None
+        self.sock = sock
+        try:
+            p.configure_socket(sock)
+            self._reader = p.FrameReader(sock, TRACKER_LIMITS)
+            self._handshake(token, name or _default_name())
+        except BaseException:
+            self.closed = True
+            sock.close()
+            raise
+
+    def _handshake(self, token: Optional[str], name: str) -> None:
+        p.send_frame(self.sock, TrackerMsg.HELLO, 0, hello_payload("client", name))
+        msg_type, _, payload = self._read()
+        server_nonce = client_nonce = b""
+        if msg_type == TrackerMsg.CHALLENGE:
+            if not token:
+                raise AuthenticationError("the tracker at %s:%d requires a token: connect_tracker(..., token=...)"
+                                          % (self.host, self.port))
+            server_nonce = payload.get("nonce") if isinstance(payload.get("nonce"), bytes) else b""
+            client_nonce = p.make_nonce()
+            p.send_frame(self.sock, TrackerMsg.AUTH, 0,
+                         {"nonce": client_nonce, "mac": p.client_mac(token, server_nonce, client_nonce)})
+            msg_type, _, payload = self._read()
+        if msg_type == p.MsgType.ERROR:
+            raise self._error(payload)
+        if msg_type != TrackerMsg.WELCOME:
+            raise ProtocolError("the tracker answered HELLO with message type %d" % msg_type)
+        if token and not p.macs_equal(payload.get("proof"), p.server_proof(token, server_nonce, client_nonce)):
+            raise AuthenticationError("the tracker at %s:%d did not prove it knows the token" % (self.host, self.port))
+
+    def _read(self) -> Any:
+        try:
+            return self._reader.read_frame()
+        except TetherTimeout:
+            raise TetherTimeout("the tracker at %s:%d did not answer within %.1f s"
+                                % (self.host, self.port, self.sock.gettimeout() or 0)) from None
+
+    def _error(self, payload: Dict[str, Any]) -> TetherError:
+        kind = payload.get("type")
+        message = "tracker %s:%d: %s" % (self.host, self.port, payload.get("message", ""))
+        if kind == p.ErrorType.TIMEOUT:
+            return TetherTimeout(message)
+        if kind == p.ErrorType.AUTHENTICATION:
+            return AuthenticationError(message)
+        return remote_exception(payload)
+
+    def _rid(self) -> int:
+        rid = self._next_id
+        self._next_id += 1
+        return rid
+
+    # ------------------------------------------------------------------------------------------------ API
+    def request(self, key: str, priority: float = 1, wait_timeout: float = 60, session_timeout: float = 600, *,
+                on_queued: Optional[Callable[[Dict[str, Any]], None]] = None, **connect_options: Any
+                ) -> RemoteSession:
+        """Wait (at most ``wait_timeout`` s) for a device matching ``key`` and open a session on it.
+
+        ``key`` is a device key (``rasp4b``), a glob (``rasp*``) or tags (``arch=aarch64,os=linux``). Higher
+        ``priority`` is served first, equal priorities in arrival order. The device ends the session after
+        ``session_timeout`` s. Raises TetherTimeout (a TimeoutError) naming the key and its queue state.
+        Extra keyword arguments go to :func:`tether.rpc.connect` (``token`` for a device's own token, ...).
+        """
+        deadline = time.monotonic() + wait_timeout
+        grant = self.reserve(key, priority, wait_timeout, session_timeout, on_queued=on_queued)
+        host = grant["host"] if grant.get("host") is not None else self.host
+        port = grant["port"] if grant.get("port") is not None else self.port
+        options: Dict[str, Any] = {"token": self.session_token}
+        if self.session_timeouts is not None:
+            options["timeout"] = self.session_timeouts
+        options.update(connect_options)
+        log.info("tracker granted %s (device %s) at %s:%d%s", grant.get("key"), grant.get("device"), host, port,
+                 " via relay" if grant.get("relay") else "")
+        try:
+            return connect(host, port, match=grant["match"], **options)
+        except (ConnectionClosed, TetherTimeout) as exc:
+            # the device vanished between grant and connect: ask again while the wait budget lasts
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            log.warning("granted device %s unreachable (%s); requesting another", grant.get("device"), exc)
+            return self.request(key, priority, left, session_timeout, on_queued=on_queued, **connect_options)
+
+    def reserve(self, key: str, priority: float = 1, wait_timeout: float = 60, session_timeout: float = 600, *,
+                on_queued: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """The grant alone: ``{host, port, match, key, device, relay, session_timeout}`` (host/port None means
+        "connect to the tracker itself"). The match token is good for one session, started within ~1 s."""
+        with self._lock:
+            self._check_open()
+            rid = self._rid()
+            p.send_frame(self.sock, TrackerMsg.REQUEST, rid, {"key": key, "priority": priority,
+                                                              "wait_timeout": wait_timeout,
+                                                              "session_timeout": session_timeout})
+            deadline = time.monotonic() + wait_timeout + _GRACE
+            try:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TetherTimeout("the tracker at %s:%d neither granted %r nor timed it out within "
+                                            "%.1f s" % (self.host, self.port, key, wait_timeout + _GRACE))
+                    self.sock.settimeout(left)
+                    msg_type, got_rid, payload = self._read()
+                    if got_rid != rid:
+                        continue            # a late answer to an earlier, abandoned request
+                    if msg_type == TrackerMsg.GRANT:
+                        return payload
+                    if msg_type == TrackerMsg.QUEUED:
+                        log.info("queued for %r at the tracker: %s", key, payload)
+                        if on_queued is not None:
+                            on_queued(payload)
+                    elif msg_type == p.MsgType.ERROR:
+                        raise self._error(payload)
+                    else:
+                        raise ProtocolError("the tracker answered REQUEST with message type %d" % msg_type)
+            except BaseException as exc:
+                if isinstance(exc, (ConnectionClosed, ProtocolError)):
+                    self._abort()
+                elif not self.closed and not isinstance(exc, TetherTimeout):
+                    # e.g. KeyboardInterrupt: withdraw the request so it cannot swallow a device later
+                    try:
+                        p.send_frame(self.sock, TrackerMsg.CANCEL, rid, {})
+                    except TetherError:
+                        self._abort()
+                raise
+
+    def summary(self) -> Dict[str, Any]:
+        """``{"devices": [...], "queues": {key: {"total", "free", "pending"}}, "stats": {...}}``."""
+        with self._lock:
+            self._check_open()
+            rid = self._rid()
+            p.send_frame(self.sock, TrackerMsg.SUMMARY, rid, {})
+            self.sock.settimeout(self.timeout)
+            while True:
+                msg_type, got_rid, payload = self._read()
+                if got_rid != rid:
+                    continue
+                if msg_type == TrackerMsg.SUMMARY_REPLY:
+                    return payload
+                if msg_type == p.MsgType.ERROR:
+                    raise self._error(payload)
+                raise ProtocolError("the tracker answered SUMMARY with message type %d" % msg_type)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ConnectionClosed("this tracker connection is closed")
+
+    def _abort(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Leave the tracker: every request still queued on this connection is withdrawn at once. Idempotent."""
+        if not self.closed:
+            self._abort()
+
+    def __enter__(self) -> "TrackerClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "TrackerClient(%s:%d%s)" % (self.host, self.port, ", closed" if self.closed else "")
+
+
+def _default_name() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "user"
+    return "%s@%s/%d" % (user, socket.gethostname(), os.getpid())
+
+
+def connect_tracker(host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: Optional[str] = None, *,
+                    timeout: float = 10.0, name: str = "", session_token: Optional[str] = None) -> TrackerClient:
+    """Connect to a tracker. ``token`` is the tracker's token; ``session_token`` the devices' own ``--token``."""
+    return TrackerClient(host, port, token=token, timeout=timeout, name=name, session_token=session_token)

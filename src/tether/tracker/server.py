@@ -1,0 +1,462 @@
+"""The asyncio tracker: one port for devices, clients and relayed sessions.
+
+Life of a grant (``docs/tracker.md`` has the diagrams)::
+
+    client REQUEST -> (queue) -> device chosen -> EXPECT {match} to device -> EXPECTED back
+        -> GRANT {host, port, match} to client -> client connects to the device with HELLO {match}
+        -> device reports SESSION started -> ... -> SESSION ended (or REGISTER again) -> device free
+
+The device learns the one-time match token *before* the client does (EXPECT is acknowledged), so the client's
+HELLO can never overtake it. A grant whose session has not started within ``grant_timeout`` is revoked and the
+device goes back to the pool. A device connection that stays silent for ``dead_after`` seconds, or closes, takes
+the device out of the pool; a client connection that closes withdraws its pending requests at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import time
+from typing import Any, Dict, Optional, Set, Tuple
+
+from tether_rpc import protocol as p
+from tether_rpc.errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError
+from tether_rpc.tracker_protocol import (TRACKER_LIMITS, TRACKER_VERSION, TrackerMsg, check_hello, check_match,
+                                         check_register, check_request)
+
+from .pool import Device, Pool, Request
+from .relay import relay
+
+log = logging.getLogger(__name__)
+
+
+class Conn:
+    """One peer connection: framed reads with limits, one write per frame."""
+
+    __slots__ = ("reader", "writer", "peer", "name", "role", "closed", "requests", "device")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        self.peer: Tuple[str, int] = (peer[0], peer[1])
+        self.name = "%s:%d" % self.peer
+        self.role = ""
+        self.closed = False
+        self.requests: Dict[int, Request] = {}
+        self.device: Optional[Device] = None
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    async def read_frame(self, limits: p.Limits) -> Tuple[int, int, dict, bytes]:
+        """Returns (msg_type, request_id, payload, raw frame bytes)."""
+        try:
+            header = await self.reader.readexactly(p.HEADER_SIZE)
+            (n,) = p.HEADER.unpack(header)
+            if n > limits.max_frame:
+                raise FrameTooLarge("frame of %d bytes exceeds the tracker's limit of %d" % (n, limits.max_frame))
+            body = await self.reader.readexactly(n)
+        except asyncio.IncompleteReadError:
+            raise ConnectionClosed("%s closed the connection" % self.name) from None
+        except (ConnectionError, OSError) as exc:
+            raise ConnectionClosed("%s: %s" % (self.name, exc)) from None
+        msg_type, rid, payload = p.decode_body(body, limits)
+        return msg_type, rid, payload, header + body
+
+    def send(self, msg_type: int, rid: int = 0, payload: Optional[dict] = None) -> None:
+        if self.closed:
+            return
+        try:
+            self.writer.write(p.encode_frame(msg_type, rid, payload))
+        except (ConnectionError, OSError, RuntimeError):
+            self.close()
+
+    def send_error(self, rid: int, exc: BaseException) -> None:
+        self.send(p.MsgType.ERROR, rid, p.error_payload(exc))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.writer.close()
+
+
+class TrackerServer:
+    """The tracker. ``await start()`` binds; ``await serve_forever()``; ``close()`` stops it."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 9190, *, token: Optional[str] = None,
+                 grant_timeout: float = 1.0, heartbeat: float = 1.0, dead_after: float = 3.0,
+                 handshake_timeout: float = 5.0, dial_timeout: float = 5.0):
+        self.host = host
+        self.port = port
+        self.token = token or None
+        self.grant_timeout = grant_timeout
+        self.heartbeat = heartbeat
+        self.dead_after = dead_after
+        self.handshake_timeout = handshake_timeout
+        self.dial_timeout = dial_timeout
+        self.pool = Pool()
+        self._by_match: Dict[str, Tuple[Device, Request]] = {}
+        self._dials: Dict[str, "asyncio.Future[Conn]"] = {}
+        self._server: Optional[asyncio.base_events.Server] = None
+        self._sweeper: Optional["asyncio.Task[None]"] = None
+        self._conns: Set[Conn] = set()
+        self.stats = {"grants": 0, "revoked": 0, "timeouts": 0, "relayed": 0}
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, backlog=1024,
+                                                  reuse_address=True)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        self._sweeper = asyncio.ensure_future(self._sweep())
+        log.info("tracker listening on %s:%d%s", self.host, self.port, " (token required)" if self.token else "")
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None, "call start() first"
+        await self._server.serve_forever()
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for conn in list(self._conns):
+            conn.close()
+
+    async def __aenter__(self) -> "TrackerServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --------------------------------------------------------------------------------------- connections
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Conn(reader, writer)
+        self._conns.add(conn)
+        handed_over = False
+        try:
+            msg_type, rid, payload, raw = await asyncio.wait_for(conn.read_frame(p.HANDSHAKE_LIMITS),
+                                                                 self.handshake_timeout)
+            if msg_type == p.MsgType.HELLO:
+                handed_over = True
+                await self._relay_client(conn, payload, raw)
+            elif msg_type == TrackerMsg.RELAY:
+                self._relay_device(conn, payload)
+                handed_over = True      # the client's relay task owns the connection now
+            elif msg_type == TrackerMsg.HELLO:
+                hello = check_hello(payload)
+                await self._authenticate(conn, hello)
+                loop = {"device": self._device_loop, "client": self._client_loop}.get(hello["role"])
+                if loop is None:
+                    raise ProtocolError("role %r must start with RELAY, not HELLO" % hello["role"])
+                await loop(conn)
+            else:
+                raise ProtocolError("a tracker connection must start with HELLO, got message type %d" % msg_type)
+        except asyncio.TimeoutError:
+            log.info("%s: closed after %.1f s without a handshake", conn.name, self.handshake_timeout)
+        except ConnectionClosed:
+            pass
+        except (ProtocolError, AuthenticationError) as exc:
+            log.info("%s: %s", conn.name, exc)
+            conn.send_error(0, exc)
+        except Exception:  # a bug in one connection must not take the tracker down
+            log.exception("%s: unexpected error", conn.name)
+        finally:
+            self._conns.discard(conn)
+            if not handed_over:
+                self._forget(conn)
+                conn.close()
+
+    async def _authenticate(self, conn: Conn, hello: dict) -> None:
+        conn.role = hello["role"]
+        if hello["name"]:
+            conn.name = "%s@%s:%d" % (hello["name"], conn.peer[0], conn.peer[1])
+        welcome: Dict[str, Any] = {"version": TRACKER_VERSION, "tracker": "tether-tracker", "peer": id(conn) & 0xFFFF}
+        if self.token:
+            nonce = p.make_nonce()
+            conn.send(TrackerMsg.CHALLENGE, 0, {"algo": p.AUTH_ALGO, "nonce": nonce})
+            msg_type, _, payload, _ = await asyncio.wait_for(conn.read_frame(p.HANDSHAKE_LIMITS),
+                                                             self.handshake_timeout)
+            if msg_type != TrackerMsg.AUTH:
+                raise AuthenticationError("this tracker requires a token: expected AUTH, got message type %d" % msg_type)
+            client_nonce = p.check_auth(self.token, nonce, payload)
+            welcome["proof"] = p.server_proof(self.token, nonce, client_nonce)
+        conn.send(TrackerMsg.WELCOME, 0, welcome)
+
+    def _forget(self, conn: Conn) -> None:
+        """A connection ended: withdraw its requests, drop its device."""
+        for request in list(conn.requests.values()):
+            self._finish_request(request, "withdrawn")
+        conn.requests.clear()
+        device = conn.device
+        if device is not None and self.pool.devices.get(device.id) is device:
+            log.info("device %d (%s) left", device.id, device.key)
+            self._drop_grant(device)
+            self.pool.remove_device(device)
+
+    # ---------------------------------------------------------------------------------------------- devices
+    async def _device_loop(self, conn: Conn) -> None:
+        handlers = {TrackerMsg.REGISTER: self._on_register, TrackerMsg.HEARTBEAT: self._on_heartbeat,
+                    TrackerMsg.EXPECTED: self._on_expected, TrackerMsg.SESSION: self._on_session}
+        while True:
+            msg_type, rid, payload, _ = await conn.read_frame(TRACKER_LIMITS)
+            if conn.device is not None:
+                conn.device.last_seen = time.monotonic()
+            handler = handlers.get(msg_type)
+            if handler is None:
+                raise ProtocolError("a device may not send message type %d" % msg_type)
+            if msg_type != TrackerMsg.REGISTER and conn.device is None:
+                raise ProtocolError("a device must REGISTER before anything else")
+            handler(conn, payload)
+
+    def _on_register(self, conn: Conn, payload: dict) -> None:
+        reg = check_register(payload)
+        device = conn.device
+        if device is not None and device.key != reg["key"]:
+            raise ProtocolError("a device cannot change its key from %r to %r; reconnect instead"
+                                % (device.key, reg["key"]))
+        if device is None:
+            host = reg["host"] or conn.peer[0]
+            stale = None if reg["reverse"] else self.pool.find_by_address(reg["key"], host, reg["port"])
+            if stale is not None:     # the same server came back on a new connection: the old one is dead
+                log.info("device %d (%s) re-registered from a new connection", stale.id, stale.key)
+                self._drop_grant(stale)
+                self.pool.remove_device(stale)
+                if stale.conn is not None:
+                    stale.conn.device = None
+                    stale.conn.close()
+            device = Device(self.pool.next_id(), reg["key"], reg["tags"], reg["info"], host, reg["port"],
+                            reg["reverse"], conn)
+            device.state = reg["state"]
+            conn.device = device
+            self.pool.add_device(device)
+            conn.send(TrackerMsg.REGISTERED, 0, {"device": device.id, "heartbeat": self.heartbeat})
+            log.info("device %d registered: key %s at %s:%d%s", device.id, device.key, host, reg["port"],
+                     " (reverse)" if reg["reverse"] else "")
+        else:
+            device.info = reg["info"] or device.info
+        if reg["state"] == "free":
+            self._device_free(device)
+        elif device.state == "free":
+            self.pool.set_state(device, "busy", "(direct session)")
+
+    def _on_heartbeat(self, conn: Conn, payload: dict) -> None:
+        conn.send(TrackerMsg.HEARTBEAT, 0, {})
+
+    def _on_expected(self, conn: Conn, payload: dict) -> None:
+        match = check_match(payload)
+        entry = self._by_match.get(match)
+        if entry is None or entry[0] is not conn.device:
+            return          # revoked meanwhile
+        device, request = entry
+        if request.conn.closed:
+            self._revoke(device, "the requester left before its grant was sent")
+            return
+        self._cancel_timer(device)
+        loop = asyncio.get_running_loop()
+        device.grant_timer = loop.call_later(self.grant_timeout, self._grant_expired, device, match)
+        grant = {"host": None if device.reverse else device.host, "port": None if device.reverse else device.port,
+                 "match": match, "key": device.key, "device": device.id, "relay": device.reverse,
+                 "session_timeout": request.session_timeout}
+        self.stats["grants"] += 1
+        request.conn.requests.pop(request.rid, None)
+        request.conn.send(TrackerMsg.GRANT, request.rid, grant)
+
+    def _on_session(self, conn: Conn, payload: dict) -> None:
+        device = conn.device
+        state = payload.get("state")
+        if state == "started":
+            match = payload.get("match")
+            self._cancel_timer(device)
+            if device.match is not None and device.match != match:
+                self._by_match.pop(device.match, None)
+            holder = device.holder if device.match == match and device.match else "(direct session)"
+            self.pool.set_state(device, "busy", holder)
+            device.match = match if isinstance(match, str) else None
+        elif state == "ended":
+            self._device_free(device)
+        else:
+            raise ProtocolError("SESSION state must be 'started' or 'ended', got %.20r" % (state,))
+
+    def _device_free(self, device: Device) -> None:
+        self._drop_grant(device)
+        self.pool.set_state(device, "free")
+        self._dispatch_device(device)
+
+    def _drop_grant(self, device: Device) -> None:
+        self._cancel_timer(device)
+        if device.match is not None:
+            self._by_match.pop(device.match, None)
+            dial = self._dials.pop(device.match, None)
+            if dial is not None and not dial.done():
+                dial.cancel()
+            device.match = None
+
+    @staticmethod
+    def _cancel_timer(device: Device) -> None:
+        if device.grant_timer is not None:
+            device.grant_timer.cancel()
+            device.grant_timer = None
+
+    def _grant_expired(self, device: Device, match: str) -> None:
+        device.grant_timer = None
+        if device.state == "granted" and device.match == match:
+            self._revoke(device, "its grant was not used within %.1f s" % self.grant_timeout)
+
+    def _revoke(self, device: Device, why: str) -> None:
+        log.info("device %d (%s) back to the pool: %s", device.id, device.key, why)
+        self.stats["revoked"] += 1
+        if device.match is not None and device.conn is not None:
+            device.conn.send(TrackerMsg.REVOKE, 0, {"match": device.match})
+        self._device_free(device)
+
+    async def _sweep(self) -> None:
+        """Drop devices whose connection went silent (a heartbeat is due every ``heartbeat`` seconds)."""
+        while True:
+            await asyncio.sleep(min(0.5, self.dead_after / 4))
+            deadline = time.monotonic() - self.dead_after
+            for device in [d for d in self.pool.devices.values() if d.last_seen < deadline]:
+                log.warning("device %d (%s) silent for %.1f s: removed", device.id, device.key, self.dead_after)
+                self._drop_grant(device)
+                self.pool.remove_device(device)
+                if device.conn is not None:
+                    device.conn.device = None
+                    device.conn.close()
+
+    # ---------------------------------------------------------------------------------------------- clients
+    async def _client_loop(self, conn: Conn) -> None:
+        while True:
+            msg_type, rid, payload, _ = await conn.read_frame(TRACKER_LIMITS)
+            if msg_type == TrackerMsg.REQUEST:
+                try:
+                    self._on_request(conn, rid, check_request(payload))
+                except ProtocolError as exc:
+                    conn.send_error(rid, exc)      # a bad request is refused; the connection stays
+            elif msg_type == TrackerMsg.CANCEL:
+                request = conn.requests.pop(rid, None)
+                if request is not None:
+                    self._finish_request(request, "withdrawn")
+            elif msg_type == TrackerMsg.SUMMARY:
+                summary = self.pool.summary()
+                summary["stats"] = dict(self.stats)
+                conn.send(TrackerMsg.SUMMARY_REPLY, rid, summary)
+            else:
+                raise ProtocolError("a client may not send message type %d" % msg_type)
+
+    def _on_request(self, conn: Conn, rid: int, req: dict) -> None:
+        if rid in conn.requests:
+            raise ProtocolError("request id %d is already waiting on this connection" % rid)
+        request = Request(self.pool.next_id(), conn, rid, req["key"], req["priority"], req["wait_timeout"],
+                          req["session_timeout"], conn.name)
+        conn.requests[rid] = request
+        device = self.pool.add_request(request)
+        if device is not None:
+            self._grant(device, request)
+            return
+        state = self.pool.queue_state(request.pattern_text)
+        conn.send(TrackerMsg.QUEUED, rid, dict(state, key=request.pattern_text))
+        request.timer = asyncio.get_running_loop().call_later(request.wait_timeout, self._request_timed_out,
+                                                              request)
+
+    def _finish_request(self, request: Request, state: str) -> None:
+        if request.timer is not None:
+            request.timer.cancel()
+            request.timer = None
+        self.pool.withdraw(request, state)
+
+    def _request_timed_out(self, request: Request) -> None:
+        request.timer = None
+        if request.state != "pending":
+            return
+        self.stats["timeouts"] += 1
+        self._finish_request(request, "timed_out")
+        request.conn.requests.pop(request.rid, None)
+        state = self.pool.queue_state(request.pattern_text)
+        busy = state["total"] - state["free"]
+        message = ("no device for %r within wait_timeout=%gs: %d device(s) match (%d busy or granted, %d free), "
+                   "%d other request(s) still queued for it"
+                   % (request.pattern_text, request.wait_timeout, state["total"], busy, state["free"],
+                      state["pending"]))
+        if state["total"] == 0:
+            message += "; no registered device has this key or tag (check `tether query`)"
+        request.conn.send(p.MsgType.ERROR, request.rid, {"type": p.ErrorType.TIMEOUT, "message": message,
+                                                         "traceback": ""})
+
+    def _grant(self, device: Device, request: Request) -> None:
+        """Reserve ``device`` for ``request``: tell the device the match token first (GRANT follows EXPECTED)."""
+        if request.timer is not None:
+            request.timer.cancel()
+            request.timer = None
+        match = secrets.token_urlsafe(18)
+        self.pool.set_state(device, "granted", request.name)
+        device.match = match
+        device.session_timeout = request.session_timeout
+        self._by_match[match] = (device, request)
+        device.conn.send(TrackerMsg.EXPECT, 0, {"match": match, "session_timeout": request.session_timeout,
+                                                "client": request.name, "grant": request.id})
+        # the device must acknowledge within the grant window too, or the grant is revoked
+        device.grant_timer = asyncio.get_running_loop().call_later(self.grant_timeout, self._grant_expired,
+                                                                   device, match)
+
+    def _dispatch_device(self, device: Device) -> None:
+        if device.state != "free":
+            return
+        while True:
+            request = self.pool.next_request_for(device)
+            if request is None:
+                return
+            if request.conn.closed:
+                continue
+            self._grant(device, request)
+            return
+
+    # ------------------------------------------------------------------------------------------------ relay
+    async def _relay_client(self, conn: Conn, payload: dict, raw_hello: bytes) -> None:
+        """A client sent the core HELLO to the tracker: it wants a reverse-mode device, named by its match."""
+        match = payload.get("match")
+        entry = self._by_match.get(match) if isinstance(match, str) else None
+        if entry is None or not entry[0].reverse or entry[0].state != "granted":
+            conn.send_error(0, AuthenticationError("the tracker relays only granted sessions of reverse-mode "
+                                                   "devices: this HELLO's match token is unknown or used"))
+            conn.close()
+            return
+        device = entry[0]
+        future: "asyncio.Future[Conn]" = asyncio.get_running_loop().create_future()
+        self._dials[match] = future
+        device.conn.send(TrackerMsg.DIAL, 0, {"match": match})
+        try:
+            data_conn = await asyncio.wait_for(future, self.dial_timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            self._dials.pop(match, None)
+            conn.send_error(0, ConnectionClosed("reverse-mode device %d (%s) did not dial back within %.1f s"
+                                                % (device.id, device.key, self.dial_timeout)))
+            conn.close()
+            return
+        self.stats["relayed"] += 1
+        data_conn.writer.write(raw_hello)
+        await relay((conn.reader, conn.writer), (data_conn.reader, data_conn.writer))
+
+    def _relay_device(self, conn: Conn, payload: dict) -> None:
+        match = check_match(payload)
+        future = self._dials.pop(match, None)
+        if future is None or future.done():
+            raise AuthenticationError("RELAY for a match token the tracker is not dialling")
+        future.set_result(conn)
+
+
+async def run_tracker(host: str = "127.0.0.1", port: int = 9190, token: Optional[str] = None,
+                      ready: Optional[Any] = None, **options: Any) -> None:
+    """Run a tracker until cancelled; ``ready(server)`` is called once it listens."""
+    server = TrackerServer(host, port, token=token, **options)
+    await server.start()
+    if ready is not None:
+        ready(server)
+    try:
+        await server.serve_forever()
+    finally:
+        server.close()
