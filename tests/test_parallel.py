@@ -3,6 +3,7 @@ the work, failures propagate, and modules without a launcher fall back to serial
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import threading
 import time
@@ -10,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from kernels import build_kernel
+from kernels import build_kernel, build_kernel_for
 from tether_rpc import module, parallel
 from tether_rpc.errors import KernelError
 
@@ -171,3 +172,51 @@ def test_num_threads_from_environment(monkeypatch):
     assert parallel.default_num_threads() == len(os.sched_getaffinity(0))
     with pytest.raises(ValueError):
         parallel.set_num_threads(0)
+
+
+GUEST_CHECK = """
+import sys
+sys.path.insert(0, sys.argv[3])
+import numpy as np
+from tether_rpc import elf, module, parallel
+from tether_rpc.errors import ArchMismatch
+arch, d = sys.argv[1], sys.argv[2]
+assert elf.host_arch() == arch, elf.host_arch()
+m = module.load_module(d + "/vadd_%s.so" % arch)
+a = np.arange(1024, dtype="float32"); b = np.full(1024, 0.5, "float32"); c = np.zeros(1024, "float32")
+m["vadd"](a, b, c)
+assert (c == a + b).all()
+p = module.load_module(d + "/par_%s.so" % arch)
+parallel.set_num_threads(2)
+counts = np.zeros(64, "int32"); tids = np.zeros(64, "int64")
+p["mark"](counts, tids, 1)
+assert (counts == 1).all(), counts
+assert len(set(tids.tolist())) == 2, tids
+x = np.linspace(-1, 1, 65536).astype("float32"); y = np.zeros_like(x); v = x.copy()
+p["heavy"](x, y, 16)
+for _ in range(256):
+    v = v * np.float32(0.999) + np.float32(0.001)
+assert np.allclose(y, v, rtol=1e-5, atol=1e-6)
+try:
+    module.load_module(d + "/vadd.so")
+    raise SystemExit("host module not refused")
+except ArchMismatch as exc:
+    assert "was built for x86_64 but this device is " + arch in str(exc), exc
+print("GUEST-OK")
+"""
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("arch", ["aarch64", "armv7"])
+def test_runtime_and_launcher_under_qemu(emulated_devices, tmp_path, arch):
+    """The same runtime on an emulated ARM userland (Debian, glibc) with zig-cross-compiled modules: load, call,
+    2-thread launcher, and refusal of the x86_64 build."""
+    userland = emulated_devices.userland(arch)
+    for name in ("vadd", "par"):
+        build_kernel_for(name, arch, tmp_path)
+    build_kernel("vadd", tmp_path)
+    script = tmp_path / "guest_check.py"
+    script.write_text(GUEST_CHECK)
+    rpc_server = pathlib.Path(module.__file__).resolve().parent.parent
+    proc = userland.run_python([str(script), arch, str(tmp_path), str(rpc_server)], timeout=240, check=False)
+    assert proc.returncode == 0 and "GUEST-OK" in proc.stdout, proc.stderr[-3000:]

@@ -313,8 +313,13 @@ class ElfFile:
 
     @property
     def undefined_symbols(self) -> List[str]:
-        """Symbols the library expects someone else to provide (a tether module has none)."""
-        return [s.name for s in self.dynamic_symbols() if not s.defined]
+        """Non-weak symbols the library needs someone else to provide, so dlopen fails without them (a tether
+        module has none). Weak undefined references (e.g. ARM unwinder personality routines) resolve to NULL."""
+        return [s.name for s in self.dynamic_symbols() if not s.defined and s.binding != 2]
+
+    @property
+    def weak_undefined_symbols(self) -> List[str]:
+        return [s.name for s in self.dynamic_symbols() if not s.defined and s.binding == 2]
 
     # -- ARM build attributes --------------------------------------------------------------------------------
     def arm_attributes(self) -> Dict[int, Union[int, str]]:

@@ -28,13 +28,24 @@ TETHER_META("{\"abi_version\": 1, \"tether_version\": \"0.1.0\", "
             "{\"name\": \"fail\", \"args\": [{\"name\": \"counts\", \"shape\": [" STR(T) "], \"dtype\": \"int32\"}], "
             "\"parallel\": true}]}");
 
+/* The thread pointer identifies the OS thread running a task (no libc needed to ask). */
+static int64_t thread_id(void) {
+#if defined(__arm__)
+  uint32_t tp;
+  __asm__ __volatile__("mrc p15, 0, %0, c13, c0, 3" : "=r"(tp)); /* TPIDRURO; avoids __aeabi_read_tp */
+  return (int64_t)tp;
+#else
+  return (int64_t)(intptr_t)__builtin_thread_pointer();
+#endif
+}
+
 typedef struct { int32_t* counts; int64_t* tids; int64_t wait; volatile int32_t finished; } MarkClosure;
 
 static int32_t mark_task(int32_t t, int32_t n, void* p) {
   MarkClosure* c = (MarkClosure*)p;
   (void)n;
   __atomic_add_fetch(&c->counts[t], 1, __ATOMIC_RELAXED);
-  c->tids[t] = (int64_t)(intptr_t)__builtin_thread_pointer();
+  c->tids[t] = thread_id();
   if (t == 0 && c->wait) {
     /* Bounded: ~1e9 pause iterations is seconds, far above any sane wake-up latency. */
     for (int64_t spin = 0; spin < 1000000000LL && !__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE); ++spin)
@@ -68,8 +79,11 @@ typedef struct { const float* x; float* y; } HeavyClosure;
 
 static int32_t heavy_task(int32_t t, int32_t n, void* p) {
   HeavyClosure* c = (HeavyClosure*)p;
-  int64_t begin = (int64_t)N * t / n, end = (int64_t)N * (t + 1) / n;
-  for (int64_t k = begin; k < end; ++k) {
+  /* 32-bit arithmetic: 64-bit division would need a libgcc/compiler-rt helper on 32-bit ARM. */
+  int32_t chunk = N / n, rem = N % n;
+  int32_t begin = chunk * t + (t < rem ? t : rem);
+  int32_t end = begin + chunk + (t < rem ? 1 : 0);
+  for (int32_t k = begin; k < end; ++k) {
     float v = c->x[k];
     for (int r = 0; r < 256; ++r) v = v * 0.999f + 0.001f;  /* a dependent chain: compute-bound */
     c->y[k] = v;

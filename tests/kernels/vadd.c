@@ -25,7 +25,7 @@ TETHER_EXPORT int32_t vadd(const TetherValue* args, const int32_t* codes, int32_
   return 0;
 }
 
-/* out[0] = i, out[1] = round(f * 1000), out[2] = strlen(s), out[3] = sum of the bytes of b * 1000 + len(b). */
+/* out[0] = i, out[1] = round(f * 1000) (|f| < 2e6), out[2] = strlen(s), out[3] = sum of the bytes of b * 1000 + len(b). */
 TETHER_EXPORT int32_t probe(const TetherValue* args, const int32_t* codes, int32_t num_args) {
   static const int64_t shape[1] = {4};
   CHECK_NARGS(5);
@@ -37,7 +37,8 @@ TETHER_EXPORT int32_t probe(const TetherValue* args, const int32_t* codes, int32
   int64_t* out = DATA(0, int64_t);
   out[0] = args[1].v_int64;
   double f = args[2].v_float64 * 1000.0;
-  out[1] = (int64_t)(f < 0 ? f - 0.5 : f + 0.5);
+  /* via int32: a double -> int64 conversion needs a runtime helper on 32-bit ARM */
+  out[1] = (int32_t)(f < 0 ? f - 0.5 : f + 0.5);
   int64_t n = 0;
   for (const char* s = args[3].v_str; *s; ++s) ++n;
   out[2] = n;
