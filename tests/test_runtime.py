@@ -308,3 +308,38 @@ def test_cpuinfo_parsing_and_presets():
         assert isinstance(dinfo.parse_cpuinfo(junk)["cores"], list)
     assert dinfo.parse_meminfo("MemTotal: lots kB\nMemAvailable:\n") == {"total": None, "available": None}
     assert dinfo.parse_meminfo("MemTotal:       1024 kB\n")["total"] == 1 << 20
+
+
+def test_reloading_a_replaced_file_runs_the_new_code(tmp_path):
+    # Same path, new contents (a rebuilt kernel uploaded under the same name): dlopen alone would hand back the
+    # library it mapped first; load_module must run the file it just vetted.
+    d1, d2 = tmp_path / "v1", tmp_path / "v2"
+    d1.mkdir()
+    d2.mkdir()
+    first = build_kernel("vadd", d1)
+    second = build_kernel("vadd", d2, defines=["N=512"])
+    target = tmp_path / "vadd.so"
+    target.write_bytes(first.read_bytes())
+    m1 = module.load_module(str(target))
+    target.unlink()  # the usual "write new file, rename over" upload leaves the old inode mapped
+    target.write_bytes(second.read_bytes())
+    m2 = module.load_module(str(target))
+    a, b = np.arange(512, dtype="float32"), np.ones(512, "float32")
+    c = np.zeros(512, "float32")
+    m2["vadd"](a, b, c)
+    np.testing.assert_array_equal(c, a + b)
+    with pytest.raises(KernelError, match=r"has shape \(512,\), expected \(1024,\)"):
+        m1["vadd"](a, b, c)  # the first module keeps its own code
+    assert not [p for p in tmp_path.iterdir() if ".tether-" in p.name]  # aliases are cleaned up
+    # loading the unchanged file again reuses the mapping
+    m3 = module.load_module(str(target))
+    assert m3._lib._handle == m2._lib._handle
+
+
+def test_read_only_numpy_inputs_are_accepted(vadd_mod):
+    a, b = _inputs(3)
+    ra = np.frombuffer(a.tobytes(), dtype="float32")  # read-only buffer, as decoded from the wire
+    assert not ra.flags.writeable
+    c = np.zeros(N, "float32")
+    vadd_mod["vadd"](ra, b, c)
+    np.testing.assert_array_equal(c, a + b)

@@ -21,10 +21,14 @@ None                   TETHER_NULL         0
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -357,6 +361,59 @@ def inspect_module(path: str) -> Dict[str, Any]:
     return meta
 
 
+# dlopen returns the already-loaded library when it is asked for a path it has loaded before, even if the file
+# was replaced since (a re-uploaded kernel of the same name). We remember what each path held when it was
+# dlopened and load a changed file through a fresh alias, so the code that runs is always the file we vetted.
+_loaded_files: Dict[str, Tuple[Tuple[int, int, int, int], ctypes.CDLL]] = {}
+_load_lock = threading.Lock()
+_alias_counter = itertools.count()
+
+
+def _file_signature(path: str) -> Tuple[int, int, int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _make_alias(path: str, label: str) -> str:
+    name = ".%s.tether-%d-%d.so" % (label, os.getpid(), next(_alias_counter))
+    for folder in (os.path.dirname(path), tempfile.gettempdir()):  # the module's folder may be read-only
+        alias = os.path.join(folder, name)
+        try:
+            shutil.copyfile(path, alias)
+            return alias
+        except OSError:
+            continue
+    raise ModuleLoadError("cannot reload %s: no writable folder for a fresh copy (tried %s and %s)"
+                          % (label, os.path.dirname(path), tempfile.gettempdir()))
+
+
+def _dlopen(path: str, label: str, needs: Optional[Dict[str, Any]]) -> ctypes.CDLL:
+    mode = os.RTLD_LOCAL | os.RTLD_NOW
+    try:
+        with _load_lock:
+            sig = _file_signature(path)
+            seen = _loaded_files.get(path)
+            if seen is not None and seen[0] == sig:
+                return seen[1]
+            if seen is None:
+                lib = ctypes.CDLL(path, mode=mode)
+            else:
+                alias = _make_alias(path, label)
+                try:
+                    logger.debug("%s changed since it was loaded: loading it as %s", label, alias)
+                    lib = ctypes.CDLL(alias, mode=mode)
+                finally:
+                    os.remove(alias)  # the mapping outlives the name
+            _loaded_files[path] = (sig, lib)
+            return lib
+    except OSError as exc:
+        hint = ""
+        if needs:
+            hint = " (the library needs %s and leaves %s undefined; tether modules must be self-contained)" % (
+                ", ".join(needs["needed"]) or "no libraries", ", ".join(needs["undefined"]) or "nothing")
+        raise ModuleLoadError("dlopen failed for %s: %s%s" % (label, exc, hint)) from exc
+
+
 def load_module(path: str, parallel_launcher: bool = True) -> Module:
     """Vet and load a tether module. Raises ArchMismatch / ModuleLoadError without running foreign code on a
     module for another architecture or without tether metadata. ``parallel_launcher=False`` leaves the module's
@@ -368,14 +425,7 @@ def load_module(path: str, parallel_launcher: bool = True) -> Module:
     if needs:
         logger.warning("%s is not self-contained: needs libraries %s, undefined symbols %s",
                        label, needs["needed"], needs["undefined"])
-    try:
-        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
-    except OSError as exc:
-        hint = ""
-        if needs:
-            hint = " (the library needs %s and leaves %s undefined; tether modules must be self-contained)" % (
-                ", ".join(needs["needed"]) or "no libraries", ", ".join(needs["undefined"]) or "nothing")
-        raise ModuleLoadError("dlopen failed for %s: %s%s" % (label, exc, hint)) from exc
+    lib = _dlopen(path, label, needs)
     has_launcher = parallel.install(lib) if parallel_launcher else False
     logger.debug("loaded %s: functions %s, parallel launcher %s", label,
                  [f["name"] for f in meta["functions"]], has_launcher)
