@@ -28,7 +28,6 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -73,9 +72,29 @@ class ArchSpec:
 
 ARCHES: dict[str, ArchSpec] = {
     "aarch64": ArchSpec("aarch64", "arm64", "qemu-aarch64", "cortex-a72", "aarch64-linux-gnu", "rasp4b", "aarch64"),
-    "armv7": ArchSpec("armv7", "armhf", "qemu-arm", "cortex-a7", "arm-linux-gnueabihf", "rasp3b", "armv7l"),
+    "armv7": ArchSpec("armv7", "armhf", "qemu-arm", "cortex-a7", "arm-linux-gnueabihf", "armv7-a7", "armv7l"),
 }
 _ALIASES = {"arm64": "aarch64", "armhf": "armv7", "arm": "armv7", "armv7l": "armv7", "armv7a": "armv7"}
+
+# Which emulated CPU stands for each target preset's board. rasp3b is a Cortex-A53 running a 32-bit OS: its code
+# is ARMv8-A AArch32 (vsel, vrint, vmaxnm...), which a Cortex-A7 lacks (SIGILL), and qemu-arm has no cortex-a53,
+# so its closest stand-in is qemu-arm's "max" (an ARMv8-A AArch32 CPU). Never qemu-aarch64's "max": it enables SVE.
+PRESET_DEVICES: dict[str, tuple[str, str]] = {
+    "rasp4b": ("aarch64", "cortex-a72"),
+    "rasp5": ("aarch64", "cortex-a76"),
+    "jetson-nano": ("aarch64", "cortex-a57"),
+    "android-arm64": ("aarch64", "cortex-a53"),
+    "rasp3b": ("armv7", "max"),
+    "armv7-a7": ("armv7", "cortex-a7"),
+}
+
+
+def preset_device(preset: str) -> tuple[str, str]:
+    """(arch, qemu cpu) of the emulated device that runs code built for target ``preset``."""
+    if preset not in PRESET_DEVICES:
+        raise EmulationError("no emulated device for target preset %r: choose one of %s"
+                             % (preset, ", ".join(sorted(PRESET_DEVICES))))
+    return PRESET_DEVICES[preset]
 
 
 def arch_spec(arch: str) -> ArchSpec:
@@ -426,13 +445,6 @@ def clean_userlands(arch: Optional[str] = None, *, cache: Optional[pathlib.Path]
     return removed
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the server still searches a range, so a lost race is harmless)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 _LISTENING_RE = re.compile(r"listening on \[?([0-9A-Za-z.:%-]*?)\]?:(\d+)\b")
 
 
@@ -440,7 +452,7 @@ class EmulatedDevice:
     """The tether device server running inside a userland under qemu-user, as a context manager.
 
     The device zipapp is copied into the rootfs (``/opt/tether/<id>/tether-rpc.pyz``) and started by the guest
-    python, exactly as on a board. ``start()`` returns once the server logs where it listens; ``close()`` stops
+    python, as on a board (``python3 tether-rpc.pyz --port ...``). ``start()`` returns once the server logs where it listens; ``close()`` stops
     it by PID (SIGTERM, wait, SIGKILL) and removes the shipped zipapp.
     """
 
@@ -448,9 +460,12 @@ class EmulatedDevice:
                  port: Optional[int] = None, port_end: Optional[int] = None, tracker: Optional[str] = None,
                  key: Optional[str] = None, token: Optional[str] = None, extra_args: Sequence[str] = (),
                  bundle: Union[str, os.PathLike, None] = None, startup_timeout: float = 120.0,
-                 on_line: Optional[Callable[[str], None]] = None):
+                 on_line: Optional[Callable[[str], None]] = None, preset: Optional[str] = None):
         self.userland = userland
         self.cpu = cpu or userland.spec.default_cpu
+        # The target preset this device stands for (informational: tests and the CLI report it).
+        self.preset = preset or next((p for p, (a, c) in PRESET_DEVICES.items()
+                                      if a == userland.spec.name and c == self.cpu), None)
         self.host = host
         self._port_arg = port
         self._port_end = port_end
@@ -474,7 +489,7 @@ class EmulatedDevice:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedDevice":
-        return self.start()
+        return self if self._proc is not None else self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -498,28 +513,38 @@ class EmulatedDevice:
         return self._proc is not None and self._proc.poll() is None
 
     def ship(self) -> str:
-        """Copy the device zipapp into the rootfs; returns its guest path."""
+        """Copy the device zipapp into the rootfs (``/opt/tether/<id>/``); returns the path the guest runs.
+
+        That path is the file's *host* path: qemu 7.2 does not apply ``-L`` to ``statx``, which 32-bit guests'
+        glibc uses for every stat, so on armv7 ``/opt/tether/...`` is invisible to ``os.stat``/zipimport while
+        the host path resolves identically through both the translated and the untranslated syscalls.
+        """
         from tether import bundle as bundle_mod
         ship_id = "run-%d-%s" % (os.getpid(), uuid.uuid4().hex[:8])
-        guest = "%s/%s/%s" % (GUEST_BUNDLE_DIR, ship_id, bundle_mod.DEFAULT_NAME)
-        host_path = self.userland.guest_path(guest)
-        host_path.parent.mkdir(parents=True, exist_ok=True)
+        host_path = self.userland.guest_path("%s/%s/%s" % (GUEST_BUNDLE_DIR, ship_id, bundle_mod.DEFAULT_NAME))
+        try:
+            host_path.parent.mkdir(parents=True, exist_ok=True)
+        except PermissionError:
+            raise EmulationError("cannot ship the device zipapp into %s: rebuild the userland with this tether "
+                                 "(it makes /opt/tether world-writable) or run as its owner" % host_path.parent)
         self._ship_dir = host_path.parent
         if self._bundle is not None:
             shutil.copyfile(self._bundle, host_path)
         else:
             bundle_mod.write_bundle(host_path)
-        return guest
+        return str(host_path)
 
     def start(self) -> "EmulatedDevice":
         if self._proc is not None:
             raise EmulationError("this emulated device was already started")
         t0 = time.monotonic()
-        guest_bundle = self.ship()
-        port = self._port_arg if self._port_arg is not None else free_port(self.host)
-        port_end = self._port_end if self._port_end is not None else port + 99
-        args = ["-E", "-s", "-u", "-B", guest_bundle, "--host", self.host, "--port", str(port),
-                "--port-end", str(port_end), *self._server_args]
+        bundle_path = self.ship()
+        # Port 0 lets the server pick a free port, which it then logs; no race with other test sessions.
+        port = self._port_arg if self._port_arg is not None else 0
+        args = ["-E", "-s", "-u", "-B", bundle_path, "--host", self.host, "--port", str(port)]
+        if self._port_end is not None:
+            args += ["--port-end", str(self._port_end)]
+        args += self._server_args
         argv = self.userland.command(args, cpu=self.cpu)
         log.info("starting emulated %s device: %s", self.userland.spec.name, " ".join(argv))
         # Own session: the server's forked workers share its process group, so close() can reap strays.

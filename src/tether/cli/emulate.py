@@ -26,7 +26,11 @@ def _raise_interrupt(signum, frame) -> None:
 
 @click.command("emulate")
 @click.option("--arch", type=click.Choice(sorted(emu.ARCHES)), default="aarch64", show_default=True,
-              help="Architecture to emulate (aarch64 stands for rasp4b, armv7 for rasp3b).")
+              help="Architecture to emulate: aarch64 (cortex-a72, runs rasp4b code) or armv7 (cortex-a7, runs "
+                   "armv7-a7 code).")
+@click.option("--preset", type=click.Choice(sorted(emu.PRESET_DEVICES)), default=None,
+              help="Emulate the board of this target preset (sets --arch and --cpu; rasp3b -> armv7 on qemu's "
+                   "ARMv8 AArch32 'max' CPU).")
 @click.option("--cpu", default=None, help="qemu CPU model (default: cortex-a72 on aarch64, cortex-a7 on armv7).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the device server binds.")
 @click.option("--port", type=int, default=9090, show_default=True, help="First port to try.")
@@ -40,7 +44,7 @@ def _raise_interrupt(signum, frame) -> None:
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Userland cache folder (default: $TETHER_USERLAND_CACHE or $XDG_CACHE_HOME/tether/userlands).")
 @click.pass_context
-def command(ctx: click.Context, arch: str, cpu: Optional[str], host: str, port: int, port_end: int,
+def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[str], host: str, port: int, port_end: int,
             tracker: Optional[str], key: Optional[str], token: Optional[str], list_: bool, clean: bool,
             rebuild: bool, cache_dir: Optional[str]) -> None:
     """Run the device server on an emulated ARM device (qemu-user + a cached Debian userland).
@@ -61,11 +65,15 @@ def command(ctx: click.Context, arch: str, cpu: Optional[str], host: str, port: 
         if not removed:
             click.echo("nothing to clean under %s" % (cache or emu.cache_root()))
         return
+    if preset:
+        arch, preset_cpu = emu.preset_device(preset)
+        cpu = cpu or preset_cpu
     try:
         userland = emu.ensure_userland(arch, cache=cache, force=rebuild,
                                        progress=lambda msg: click.echo("[userland] " + msg, err=True))
         device = emu.EmulatedDevice(userland, cpu=cpu, host=host, port=port, port_end=port_end, tracker=tracker,
-                                    key=key, token=token, on_line=lambda line: click.echo(line, err=True))
+                                    key=key, token=token, on_line=lambda line: click.echo(line, err=True),
+                                    preset=preset)
         click.echo("starting an emulated %s device (qemu %s, -cpu %s) from %s"
                    % (arch, userland.spec.qemu, device.cpu, userland.path), err=True)
         device.start()
@@ -74,9 +82,9 @@ def command(ctx: click.Context, arch: str, cpu: Optional[str], host: str, port: 
     # SIGTERM ends the foreground run like Ctrl-C, so close() always stops the server and its workers.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     with device:
-        click.echo("emulated %s device (%s, preset %s) listening on %s:%d (pid %d, up in %.1f s); Ctrl-C stops it"
-                   % (arch, device.cpu, userland.spec.preset, device.host, device.port, device.pid,
-                      device.startup_seconds))
+        click.echo("emulated %s device (-cpu %s, runs target %s) listening on %s:%d (pid %d, up in %.1f s); "
+                   "Ctrl-C stops it" % (arch, device.cpu, device.preset or "(custom cpu)", device.host, device.port,
+                                         device.pid, device.startup_seconds))
         try:
             code = device.wait()
         except KeyboardInterrupt:
