@@ -79,6 +79,20 @@ def test_one_thread_runs_everything_in_the_caller(par_mod):
     assert len(set(tids.tolist())) == 1
 
 
+def test_back_to_two_threads_after_one(par_mod):
+    # At 1 thread the modules get a NULL launcher (native serial loop); going back to 2 reinstalls the pool.
+    before = parallel.get_num_threads()
+    try:
+        parallel.set_num_threads(1)
+        assert len(set(_mark(par_mod, 0)[1].tolist())) == 1
+        parallel.set_num_threads(2)
+        counts, tids = _mark(par_mod, 1)
+        np.testing.assert_array_equal(counts, 1)
+        assert len(set(tids.tolist())) == 2
+    finally:
+        parallel.set_num_threads(before)
+
+
 def test_serial_fallback_without_launcher(par_paths):
     m = module.load_module(str(par_paths[1]), parallel_launcher=False)
     assert not m.has_parallel_launcher

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from kernels import build_kernel
+from kernels import build_kernel, build_kernel_for
 from tether import runtime
 from tether_rpc import device_info as dinfo
 from tether_rpc import elf, module, ndarray, timing
@@ -343,3 +343,26 @@ def test_read_only_numpy_inputs_are_accepted(vadd_mod):
     c = np.zeros(N, "float32")
     vadd_mod["vadd"](ra, b, c)
     np.testing.assert_array_equal(c, a + b)
+
+
+def test_arm_float_abi_mismatch_refused(tmp_path, monkeypatch):
+    # A real armv7 module (zig cc, hard-float) checked as if this were an armv7 device whose Python is soft-float:
+    # glibc would refuse it with a cryptic message, load_module says what is wrong before dlopen.
+    hard = build_kernel_for("vadd", "armv7", tmp_path)
+    with elf.ElfFile(hard) as e:
+        assert e.arch == "armv7" and e.bits == 32 and e.arm_float_abi == "hard"
+        assert e.arm_attributes().get(elf.TAG_ABI_VFP_ARGS) == 1
+        flags_offset = 0x24  # e_flags in a 32-bit ELF header
+        assert struct.unpack_from("<I", hard.read_bytes(), flags_offset)[0] == e.flags
+    soft = tmp_path / "vadd_soft.so"
+    data = bytearray(hard.read_bytes())
+    struct.pack_into("<I", data, flags_offset, (e.flags & ~elf.EF_ARM_ABI_FLOAT_HARD) | elf.EF_ARM_ABI_FLOAT_SOFT)
+    soft.write_bytes(bytes(data))
+    with elf.ElfFile(soft) as e:
+        assert e.arm_float_abi == "soft"
+    monkeypatch.setattr(module, "host_arch", lambda: "armv7")
+    monkeypatch.setattr(module, "_host_float_abi", lambda: "hard")
+    with pytest.raises(ArchMismatch, match="vadd_soft.so uses the soft-float ARM ABI but this device's Python is "
+                                           "hard-float"):
+        module.load_module(str(soft))
+    assert module.inspect_module(str(hard))["target"]["arch"] == "armv7"  # the matching one passes the checks
