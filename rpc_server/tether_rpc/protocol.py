@@ -27,8 +27,9 @@ import hmac
 import os
 import socket
 import struct
+import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import msgpack
 import numpy as np
@@ -204,23 +205,49 @@ def _make_ext_hook(limits: Limits):
 
 
 def _check_depth(obj: Any, max_depth: int) -> None:
-    # msgpack itself stops at 1024 levels; we want a much lower bound without a recursive walk.
-    stack = [(obj, 1)]
-    while stack:
-        item, depth = stack.pop()
+    """Level-by-level walk (no recursion) refusing nesting deeper than ``max_depth``."""
+    level = [obj]
+    depth = 1
+    while level:
         if depth > max_depth:
             raise ProtocolError("frame nests deeper than %d levels" % max_depth)
-        if isinstance(item, list):
-            stack.extend((x, depth + 1) for x in item if isinstance(x, (list, dict)))
-        elif isinstance(item, dict):
-            stack.extend((x, depth + 1) for x in item.values() if isinstance(x, (list, dict)))
+        nxt = []
+        for item in level:
+            children = item.values() if type(item) is dict else item
+            for x in children:
+                if type(x) is list or type(x) is dict:
+                    nxt.append(x)
+        level = nxt
+        depth += 1
+
+
+_UNPACK_OPTIONS: Dict[Limits, dict] = {}
+
+
+def _unpack_options(limits: Limits) -> dict:
+    opts = _UNPACK_OPTIONS.get(limits)
+    if opts is None:
+        opts = dict(raw=False, strict_map_key=True, ext_hook=_make_ext_hook(limits), **limits.unpack_options())
+        _UNPACK_OPTIONS[limits] = opts
+    return opts
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # frames
 
+_local = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    # A Packer per thread: reusing it is ~2x faster than msgpack.packb, which builds one per call.
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(default=_default, use_bin_type=True)
+    return packer
+
+
 def encode_body(msg_type: int, request_id: int, payload: dict) -> bytes:
-    return msgpack.packb([int(msg_type), request_id, payload], default=_default, use_bin_type=True)
+    return _packer().pack([int(msg_type), request_id, payload])
 
 
 def encode_frame(msg_type: int, request_id: int, payload: Optional[dict] = None) -> bytes:
@@ -232,18 +259,23 @@ def encode_frame(msg_type: int, request_id: int, payload: Optional[dict] = None)
 def decode_body(body: Any, limits: Limits = DEFAULT_LIMITS) -> Tuple[int, int, dict]:
     """Decode one frame body (bytes-like) into ``(msg_type, request_id, payload)``."""
     try:
-        obj = msgpack.unpackb(body, raw=False, strict_map_key=True, ext_hook=_make_ext_hook(limits),
-                              **limits.unpack_options())
+        obj = msgpack.unpackb(body, **_unpack_options(limits))
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises ValueError/FormatError/StackError/ExtraData/TypeError
         raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from None
-    if not (isinstance(obj, list) and len(obj) == 3 and type(obj[0]) is int and type(obj[1]) is int
-            and isinstance(obj[2], dict)):
+    return _check_frame(obj, len(body), limits)
+
+
+def _check_frame(obj: Any, size: int, limits: Limits) -> Tuple[int, int, dict]:
+    if not (type(obj) is list and len(obj) == 3 and type(obj[0]) is int and type(obj[1]) is int
+            and type(obj[2]) is dict):
         raise ProtocolError("a frame body must be [msg_type:int, request_id:int, payload:map], got %.80r" % (obj,))
     if not 0 < obj[0] < 256 or obj[1] < 0:
         raise ProtocolError("bad msg_type %d or request_id %d" % (obj[0], obj[1]))
-    _check_depth(obj[2], limits.max_depth)
+    # Each level of nesting costs at least one byte, so short bodies need no walk (the hot path: small calls).
+    if size > limits.max_depth:
+        _check_depth(obj[2], limits.max_depth)
     return obj[0], obj[1], obj[2]
 
 
@@ -265,10 +297,40 @@ class FrameBuffer:
     """
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, size: int = 256 << 10):
-        self.limits = limits
         self._buf = bytearray(size)
         self._start = 0
         self._end = 0
+        self.limits = limits
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self._limits = limits
+        self._unpacker = self._new_unpacker()
+
+    def _new_unpacker(self) -> msgpack.Unpacker:
+        # A persistent Unpacker per connection decodes small frames ~1.6x faster than msgpack.unpackb.
+        return msgpack.Unpacker(max_buffer_size=max(self._limits.max_frame, 1), **_unpack_options(self._limits))
+
+    def _decode(self, body: memoryview) -> Tuple[int, int, dict]:
+        unpacker = self._unpacker
+        before = unpacker.tell()
+        try:
+            unpacker.feed(body)
+            obj = unpacker.unpack()
+        except ProtocolError:
+            self._unpacker = self._new_unpacker()
+            raise
+        except Exception as exc:  # OutOfData (truncated), FormatError, StackError, ValueError, ...
+            self._unpacker = self._new_unpacker()
+            raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from None
+        if unpacker.tell() - before != len(body):
+            self._unpacker = self._new_unpacker()
+            raise ProtocolError("frame body has %d bytes after its msgpack object" % (len(body) - (unpacker.tell() - before)))
+        return _check_frame(obj, len(body), self._limits)
 
     @property
     def buffered(self) -> int:
@@ -309,13 +371,21 @@ class FrameBuffer:
 
     def next_frame(self) -> Optional[Tuple[int, int, dict]]:
         """Pop one decoded frame, or None if not all of it has arrived."""
-        if self.missing():
+        start = self._start
+        avail = self._end - start
+        if avail < HEADER_SIZE:
             return None
-        (n,) = HEADER.unpack_from(self._buf, self._start)
-        begin = self._start + HEADER_SIZE
+        (n,) = HEADER.unpack_from(self._buf, start)
+        if n > self._limits.max_frame:
+            raise FrameTooLarge("frame of %d bytes exceeds the limit of %d" % (n, self._limits.max_frame))
+        if avail < HEADER_SIZE + n:
+            return None
+        begin = start + HEADER_SIZE
         with memoryview(self._buf) as view:
-            frame = decode_body(view[begin:begin + n], self.limits)
-        self._start = begin + n
+            try:
+                frame = self._decode(view[begin:begin + n])
+            finally:
+                self._start = begin + n
         return frame
 
     def take(self, dest: memoryview) -> int:
@@ -355,10 +425,10 @@ class FrameReader:
     def read_frame(self) -> Tuple[int, int, dict]:
         buf = self.buffer
         while True:
-            need = buf.missing()
-            if not need:
-                return buf.next_frame()  # type: ignore[return-value]
-            buf.wrote(_recv_some(self.sock, buf.free_space(min(need, 1 << 20))))
+            frame = buf.next_frame()
+            if frame is not None:
+                return frame
+            buf.wrote(_recv_some(self.sock, buf.free_space(min(buf.missing(), 1 << 20))))
 
     def read_into(self, dest: memoryview) -> None:
         """Fill ``dest`` exactly with bulk bytes: buffered leftovers first, then ``recv_into`` in place."""

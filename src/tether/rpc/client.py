@@ -564,8 +564,14 @@ class RemoteSession(SessionAPI):
             rid = self._next_id
             self._next_id += 1
             try:
-                self._send_call(rid, fn, args, bulk, progress)
+                if bulk is None:  # the hot path: one small frame out, one small frame back
+                    self.sock.sendall(p.encode_frame(p.MsgType.CALL, rid, {"fn": fn, "args": args}))
+                else:
+                    self._send_call(rid, fn, args, bulk, progress)
                 return self._receive_reply(rid, into, progress)
+            except BlockingIOError:  # SO_SNDTIMEO ran out
+                self._abort()
+                raise TetherTimeout("timed out sending to %s:%d" % (self.host, self.port)) from None
             except RemoteError as exc:
                 if isinstance(exc, SessionCrashed) or exc.remote_type in ("ProtocolError", "FrameTooLarge"):
                     self._abort()  # the worker is gone or closed the connection
@@ -608,6 +614,8 @@ class RemoteSession(SessionAPI):
         reader = self._reader
         while True:
             msg_type, reply_id, payload = reader.read_frame()
+            if msg_type == 6 and reply_id == rid and "nbytes" not in payload:  # RETURN without bulk
+                return payload
             if msg_type == p.MsgType.EVENT:
                 self._dispatch_event(payload)
                 continue

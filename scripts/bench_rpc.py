@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Benchmark tether RPC against raw Python sockets on loopback, in one run; prints medians and ratios.
+
+    python scripts/bench_rpc.py [--quick]
+
+Rows (goals from the RPC foundation issue; TVM manages 25 us per call and 45 MB/s):
+  small-call RTT        tether echo(1) vs a raw 8-byte TCP_NODELAY socket echo         goal <= 1.3x raw
+  64 MB host->device    RemoteArray.copyfrom vs raw socket sendall/recv_into          goal >= 1 GB/s and >= 30% raw
+  64 MB device->host    RemoteArray.copyto   vs raw socket (server sends)             goal >= 1 GB/s and >= 30% raw
+  10 MB upload          RemoteSession.upload(path)                                     goal >= 1 GB/s
+  session open          connect + handshake + close
+  time_evaluator cost   one time_evaluator(number=1, repeat=1) call of an empty kernel goal <= 0.3 ms
+Both sides of every baseline are Python processes, as tether's are: the ratios compare protocols, not
+languages. Loopback only.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "rpc_server"))
+
+from tether import rpc  # noqa: E402
+
+NOP_KERNEL = r"""
+#include "tether_abi.h"
+TETHER_META("{\"abi_version\": 1, \"tether_version\": \"0.1.0\", \"target\": {\"arch\": \"" TETHER_ARCH "\"}, "
+            "\"functions\": [{\"name\": \"nop\", \"args\": [], \"parallel\": false}]}");
+TETHER_EXPORT int32_t nop(const TetherValue* args, const int32_t* codes, int32_t num_args) { return 0; }
+"""
+
+MB = 1 << 20
+
+
+# -- raw socket baselines (a forked Python peer, blocking sockets, TCP_NODELAY) -----------------------------------
+def _raw_peer(listener: socket.socket, mode: str, nbytes: int) -> None:
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if mode == "echo":
+        buf = bytearray(8)
+        view = memoryview(buf)
+        while True:
+            got = 0
+            while got < 8:
+                n = conn.recv_into(view[got:])
+                if n == 0:
+                    return
+                got += n
+            conn.sendall(view)
+    elif mode == "sink":  # receive nbytes into one buffer per round, ack with 1 byte
+        buf = memoryview(bytearray(nbytes))
+        while True:
+            got = 0
+            while got < nbytes:
+                n = conn.recv_into(buf[got:])
+                if n == 0:
+                    return
+                got += n
+            conn.sendall(b"k")
+    elif mode == "source":  # on each 1-byte request, send nbytes
+        data = memoryview(bytearray(os.urandom(16)) * (nbytes // 16))
+        while conn.recv(1):
+            conn.sendall(data)
+
+
+class RawPeer:
+    def __init__(self, mode: str, nbytes: int = 8):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                _raw_peer(self.listener, mode, nbytes)
+            finally:
+                os._exit(0)
+        self.sock = socket.create_connection(self.listener.getsockname(), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.listener.close()
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed")
+        got += n
+
+
+def median_of(fn, rounds: int) -> float:
+    return statistics.median(fn() for _ in range(rounds))
+
+
+def raw_echo_rtt(calls: int, rounds: int) -> float:
+    peer = RawPeer("echo")
+    try:
+        msg = b"12345678"
+        buf = memoryview(bytearray(8))
+        for _ in range(200):
+            peer.sock.sendall(msg)
+            recv_exact(peer.sock, buf)
+
+        def one() -> float:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                peer.sock.sendall(msg)
+                recv_exact(peer.sock, buf)
+            return (time.perf_counter() - t0) / calls
+
+        return median_of(one, rounds)
+    finally:
+        peer.close()
+
+
+def raw_upload(nbytes: int, rounds: int) -> float:
+    peer = RawPeer("sink", nbytes)
+    try:
+        data = memoryview(np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8))
+        ack = memoryview(bytearray(1))
+
+        def one() -> float:
+            t0 = time.perf_counter()
+            peer.sock.sendall(data)
+            recv_exact(peer.sock, ack)
+            return time.perf_counter() - t0
+
+        one()
+        return median_of(one, rounds)
+    finally:
+        peer.close()
+
+
+def raw_download(nbytes: int, rounds: int) -> float:
+    peer = RawPeer("source", nbytes)
+    try:
+        out = memoryview(bytearray(nbytes))
+
+        def one() -> float:
+            t0 = time.perf_counter()
+            peer.sock.sendall(b"g")
+            recv_exact(peer.sock, out)
+            return time.perf_counter() - t0
+
+        one()
+        return median_of(one, rounds)
+    finally:
+        peer.close()
+
+
+# -- tether -----------------------------------------------------------------------------------------------------
+class Server:
+    def __init__(self, workdir: pathlib.Path):
+        self.log = open(workdir / "server.log", "w+")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-m", "tether_rpc", "--port", "0", "--workdir", str(workdir)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = re.search(r"listening on (\S+):(\d+)", (workdir / "server.log").read_text())
+            if m:
+                self.startup = time.perf_counter() - t0
+                self.host, self.port = m.group(1), int(m.group(2))
+                return
+            time.sleep(0.002)
+        raise RuntimeError("server did not start")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()
+
+
+def build_nop(tmp: pathlib.Path) -> pathlib.Path:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise SystemExit("gcc is needed to build the empty benchmark kernel")
+    src = tmp / "nop.c"
+    src.write_text(NOP_KERNEL)
+    out = tmp / "nop.so"
+    subprocess.run([gcc, "-O2", "-shared", "-fPIC", "-nostdlib", "-fvisibility=hidden", "-fno-stack-protector",
+                    "-I", str(ROOT / "tests" / "kernels"), str(src), "-o", str(out), "-Wl,--no-undefined"],
+                   check=True, timeout=60)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    args = ap.parse_args()
+    rounds = 5 if args.quick else 9
+    calls = 1000 if args.quick else 3000
+    big = 64 * MB
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="tether-bench-"))
+    rows = []
+    try:
+        nop = build_nop(tmp)
+        upload_file = tmp / "upload.bin"
+        upload_file.write_bytes(os.urandom(10 * MB))
+        startups = []
+        for _ in range(3):
+            s = Server(tmp)
+            startups.append(s.startup)
+            s.close()
+        server = Server(tmp)
+        try:
+            raw_rtt = raw_echo_rtt(calls, rounds)
+            with rpc.connect(server.host, server.port, timeout=60) as remote:
+                echo = remote.get_function("tether.echo")
+                for _ in range(200):
+                    echo(1)
+
+                def call_rtt() -> float:
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        echo(1)
+                    return (time.perf_counter() - t0) / calls
+
+                rtt = median_of(call_rtt, rounds)
+
+                host = np.random.default_rng(0).standard_normal(big // 4).astype(np.float32)
+                dev = remote.empty(host.shape, "float32")
+                back = np.empty_like(host)
+
+                def h2d() -> float:
+                    t0 = time.perf_counter()
+                    dev.copyfrom(host)
+                    return time.perf_counter() - t0
+
+                def d2h() -> float:
+                    t0 = time.perf_counter()
+                    dev.copyto(back)
+                    return time.perf_counter() - t0
+
+                h2d()
+                t_h2d = median_of(h2d, rounds)
+                t_d2h = median_of(d2h, rounds)
+                assert np.array_equal(back, host), "device->host copy returned different data"
+                dev.free()
+
+                def upload() -> float:
+                    t0 = time.perf_counter()
+                    remote.upload(upload_file, name="upload.bin")
+                    return time.perf_counter() - t0
+
+                upload()
+                t_up = median_of(upload, rounds)
+
+                remote.upload(nop)
+                f = remote.load_module("nop.so")["nop"]
+                te = f.time_evaluator(number=1, repeat=1, warmup=0)
+                for _ in range(50):
+                    te()
+
+                def te_cost() -> float:
+                    t0 = time.perf_counter()
+                    for _ in range(200):
+                        te()
+                    return (time.perf_counter() - t0) / 200
+
+                t_te = median_of(te_cost, rounds)
+
+                def plain_call() -> float:
+                    t0 = time.perf_counter()
+                    for _ in range(200):
+                        f()
+                    return (time.perf_counter() - t0) / 200
+
+                t_call = median_of(plain_call, rounds)
+
+            def open_close() -> float:
+                t0 = time.perf_counter()
+                rpc.connect(server.host, server.port, timeout=10).close()
+                return time.perf_counter() - t0
+
+            for _ in range(3):
+                open_close()
+                time.sleep(0.06)  # let the parent reap the worker so the next open is not queued
+
+            def open_only() -> float:
+                time.sleep(0.06)
+                return open_close()
+
+            t_open = median_of(open_only, rounds * 2)
+        finally:
+            server.close()
+        raw_up = raw_upload(big, rounds)
+        raw_down = raw_download(big, rounds)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    gbs = lambda n, t: n / t / 1e9  # noqa: E731
+    rows = [
+        ("small-call RTT (echo)", "%.1f us" % (rtt * 1e6), "%.1f us" % (raw_rtt * 1e6), "%.2fx raw" % (rtt / raw_rtt),
+         "<= 1.3x", rtt / raw_rtt <= 1.3),
+        ("64 MB host->device", "%.2f GB/s" % gbs(big, t_h2d), "%.2f GB/s" % gbs(big, raw_up),
+         "%.0f%% raw" % (100 * raw_up / t_h2d), ">= 1 GB/s, >= 30%", gbs(big, t_h2d) >= 1 and raw_up / t_h2d >= 0.3),
+        ("64 MB device->host", "%.2f GB/s" % gbs(big, t_d2h), "%.2f GB/s" % gbs(big, raw_down),
+         "%.0f%% raw" % (100 * raw_down / t_d2h), ">= 1 GB/s, >= 30%", gbs(big, t_d2h) >= 1 and raw_down / t_d2h >= 0.3),
+        ("10 MB upload (file)", "%.2f GB/s" % gbs(10 * MB, t_up), "%.2f GB/s" % gbs(big, raw_up),
+         "%.0f%% raw" % (100 * gbs(10 * MB, t_up) / gbs(big, raw_up)), ">= 1 GB/s", gbs(10 * MB, t_up) >= 1),
+        ("session open+close", "%.2f ms" % (t_open * 1e3), "-", "-", "", True),
+        ("time_evaluator call (nop)", "%.3f ms" % (t_te * 1e3), "%.3f ms call" % (t_call * 1e3),
+         "+%.0f us over call" % ((t_te - t_call) * 1e6), "<= 0.3 ms", t_te <= 0.3e-3),
+        ("server start-up (to listening)", "%.0f ms" % (statistics.median(startups) * 1e3), "-", "-", "< 500 ms",
+         statistics.median(startups) < 0.5),
+    ]
+    widths = [max(len(str(r[i])) for r in rows + [("what", "tether", "baseline", "ratio", "goal", "")])
+              for i in range(5)]
+    header = ("what", "tether", "baseline", "ratio", "goal")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  met")
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r[:5], widths)) + "  " + ("yes" if r[5] else "NO"))
+    print("(medians of %d rounds; small calls: %d per round; loopback 127.0.0.1; python %s, numpy %s)"
+          % (rounds, calls, sys.version.split()[0], np.__version__))
+
+
+if __name__ == "__main__":
+    main()
