@@ -168,3 +168,47 @@ def test_local_session_upload_from_path_with_progress(tmp_path):
         assert local.upload(src, progress=lambda d, t: seen.append((d, t))) == "blob.bin"
         assert local.download("blob.bin") == data
     assert seen and seen[-1] == (len(data), len(data))
+
+
+def test_streamed_events_reach_the_callbacks_over_a_real_socket():
+    """A scripted device (the worker's own event channel on a real socket) streams log and progress EVENTs
+    before its RETURN; the client delivers them to on_log / on_event in order, then returns the value."""
+    import socket
+    import threading
+
+    from tether_rpc import protocol as p
+    from tether_rpc.server import _Channel, _EventLines
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def device():
+        conn, _ = listener.accept()
+        with conn:
+            reader = p.FrameReader(conn)
+            assert reader.read_frame()[0] == p.MsgType.HELLO
+            conn.sendall(p.encode_frame(p.MsgType.WELCOME, 0, {"version": p.PROTOCOL_VERSION, "session": 1}))
+            _, rid, payload = reader.read_frame()
+            channel = _Channel(conn)
+            channel.request_id = rid
+            out = _EventLines(channel, "stdout")
+            out.write("first line\nsecond ")
+            out.write("line\n")
+            channel.emit("progress", {"kind": "progress", "done": 1, "total": 2})
+            conn.sendall(p.encode_frame(p.MsgType.RETURN, rid, {"value": payload["args"][0]}))
+            reader.read_frame()  # CLOSE
+
+    th = threading.Thread(target=device, daemon=True)
+    th.start()
+    logs, events = [], []
+    try:
+        with rpc.connect("127.0.0.1", listener.getsockname()[1], timeout=5,
+                         on_log=lambda stream, line: logs.append((stream, line)),
+                         on_event=lambda e: events.append(e["kind"])) as remote:
+            assert remote.get_function("tether.echo")("v") == "v"
+        th.join(5)
+    finally:
+        listener.close()
+    assert logs == [("stdout", "first line"), ("stdout", "second line")]
+    assert events == ["log", "log", "progress"]

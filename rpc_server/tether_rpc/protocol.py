@@ -175,6 +175,8 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
     if count * dtype.itemsize != len(data) - pos:
         raise ProtocolError("tensor ext of shape %s %s needs %d bytes, carries %d"
                             % (shape, name, count * dtype.itemsize, len(data) - pos))
+    if count == 0:  # old numpy refuses frombuffer at the very end of a buffer
+        return np.empty(shape, dtype.newbyteorder("="))
     arr = np.frombuffer(data, dtype=dtype, count=count, offset=pos).reshape(shape)
     return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
 
