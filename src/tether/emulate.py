@@ -445,6 +445,28 @@ def clean_userlands(arch: Optional[str] = None, *, cache: Optional[pathlib.Path]
     return removed
 
 
+def _remove_stale_shipments(folder: pathlib.Path) -> None:
+    """Delete zipapps shipped by processes that no longer exist (a host process killed before its close())."""
+    for entry in folder.glob("run-*-*"):
+        try:
+            pid = int(entry.name.split("-")[1])
+            os.kill(pid, 0)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except PermissionError:
+            pass   # alive, someone else's
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when its parent dies, so a killed CLI or test run leaves no server."""
+    import ctypes
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
 _LISTENING_RE = re.compile(r"listening on \[?([0-9A-Za-z.:%-]*?)\]?:(\d+)\b")
 
 
@@ -520,6 +542,7 @@ class EmulatedDevice:
         the host path resolves identically through both the translated and the untranslated syscalls.
         """
         from tether import bundle as bundle_mod
+        _remove_stale_shipments(self.userland.guest_path(GUEST_BUNDLE_DIR))
         ship_id = "run-%d-%s" % (os.getpid(), uuid.uuid4().hex[:8])
         host_path = self.userland.guest_path("%s/%s/%s" % (GUEST_BUNDLE_DIR, ship_id, bundle_mod.DEFAULT_NAME))
         try:
@@ -549,7 +572,7 @@ class EmulatedDevice:
         log.info("starting emulated %s device: %s", self.userland.spec.name, " ".join(argv))
         # Own session: the server's forked workers share its process group, so close() can reap strays.
         self._proc = subprocess.Popen(argv, env=guest_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+                                      stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._read_output, name="emulated-%s-output" % self.pid,
                                         daemon=True)
         self._reader.start()

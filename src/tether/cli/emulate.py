@@ -68,6 +68,8 @@ def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[
     if preset:
         arch, preset_cpu = emu.preset_device(preset)
         cpu = cpu or preset_cpu
+    # SIGTERM ends the foreground run like Ctrl-C, so the server and its workers are always stopped.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         userland = emu.ensure_userland(arch, cache=cache, force=rebuild,
                                        progress=lambda msg: click.echo("[userland] " + msg, err=True))
@@ -76,19 +78,15 @@ def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[
                                     preset=preset)
         click.echo("starting an emulated %s device (qemu %s, -cpu %s) from %s"
                    % (arch, userland.spec.qemu, device.cpu, userland.path), err=True)
-        device.start()
+        with device:   # starts it, and stops it however this block is left
+            click.echo("emulated %s device (-cpu %s, runs target %s) listening on %s:%d (pid %d, up in %.1f s); "
+                       "Ctrl-C stops it" % (arch, device.cpu, device.preset or "(custom cpu)", device.host,
+                                             device.port, device.pid, device.startup_seconds))
+            code = device.wait()
+    except KeyboardInterrupt:
+        click.echo("stopped the emulated device", err=True)
+        return
     except emu.EmulationError as exc:
         raise click.ClickException(str(exc))
-    # SIGTERM ends the foreground run like Ctrl-C, so close() always stops the server and its workers.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    with device:
-        click.echo("emulated %s device (-cpu %s, runs target %s) listening on %s:%d (pid %d, up in %.1f s); "
-                   "Ctrl-C stops it" % (arch, device.cpu, device.preset or "(custom cpu)", device.host, device.port,
-                                         device.pid, device.startup_seconds))
-        try:
-            code = device.wait()
-        except KeyboardInterrupt:
-            click.echo("stopping the emulated device", err=True)
-            return
     if code:
         raise click.ClickException("the emulated device server exited with code %d" % code)
