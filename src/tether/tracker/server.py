@@ -26,7 +26,7 @@ from tether_rpc.tracker_protocol import (TRACKER_LIMITS, TRACKER_VERSION, Tracke
                                          check_register, check_request)
 
 from .pool import Device, Pool, Request
-from .relay import relay
+from .relay import Relay, take_socket
 
 log = logging.getLogger(__name__)
 
@@ -438,8 +438,10 @@ class TrackerServer:
             conn.close()
             return
         self.stats["relayed"] += 1
-        data_conn.writer.write(raw_hello)
-        await relay((conn.reader, conn.writer), (data_conn.reader, data_conn.writer))
+        client_sock, client_extra = take_socket(conn.reader, conn.writer)
+        device_sock, device_extra = take_socket(data_conn.reader, data_conn.writer)
+        conn.closed = data_conn.closed = True
+        Relay(client_sock, device_sock, "relay-%s" % match[:6]).start(raw_hello + client_extra, device_extra)
 
     def _relay_device(self, conn: Conn, payload: dict) -> None:
         match = check_match(payload)
