@@ -132,6 +132,7 @@ class Lowering:
         for b in reversed(root_locals):
             body = Allocate(b, body)
         _check_loops(body)
+        body = _partition_tails(body, frozenset())
         return PrimFunc(self.name, args, param_buffers, body)
 
     # ---------------------------------------------------------------------------------------------------------
@@ -471,6 +472,94 @@ def _check_loops(body: Stmt) -> None:
         for c in stmt_children(s):
             visit(c, vec, par)
     visit(body, None, None)
+
+
+def _expr_var_ids(e: Expr) -> set:
+    return {id(n) for n in walk(e) if isinstance(n, Var)}
+
+
+def _with_body(s: For, body: Stmt) -> For:
+    out = For(s.var, s.min, s.extent, s.kind, body, s.max_extent)
+    out.tail = s.tail
+    return out
+
+
+def _map_loops(s: Stmt, fn) -> Stmt:
+    """Rebuild ``s`` with every For replaced by ``fn(for_with_mapped_body)``."""
+    from tether.tir.nodes import SeqStmt
+    if isinstance(s, For):
+        return fn(_with_body(s, _map_loops(s.body, fn)))
+    if isinstance(s, SeqStmt):
+        return SeqStmt([_map_loops(x, fn) for x in s.stmts])
+    if isinstance(s, IfThenElse):
+        return IfThenElse(s.cond, _map_loops(s.then_case, fn),
+                          None if s.else_case is None else _map_loops(s.else_case, fn))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, _map_loops(s.body, fn))
+    return s
+
+
+def _partition_tails(s: Stmt, bound: frozenset) -> Stmt:
+    """Loop partitioning for clamped vectorized/unrolled loops.
+
+    Inside the loop whose variable their tail clamp depends on, emit ``if all clamps are full: <body with
+    constant extents> else: <body with those loops serial>``, so the hot path has no per-iteration tail checks
+    and the code size stays linear in the number of clamped loops.
+    """
+    from tether.tir.nodes import SeqStmt
+    if isinstance(s, For):
+        inner = bound | {id(s.var)}
+        clamps = [f for f in walk_stmts(s.body)
+                  if isinstance(f, For) and f.kind in ("vectorized", "unrolled") and not isinstance(f.extent, Const)
+                  and id(s.var) in _expr_var_ids(f.extent) and _expr_var_ids(f.extent) <= inner]
+        body = s.body
+        if clamps:
+            ids = {id(f) for f in clamps}
+            cond: Optional[Expr] = None
+            seen_keys = set()
+            keyer = Simplifier({})
+            for f in clamps:
+                c = Compare("eq", f.extent, _c(f.max_extent))
+                k = keyer.key(c)
+                if k in seen_keys:
+                    continue
+                seen_keys.add(k)
+                cond = c if cond is None else Binary("and", cond, c, "bool")
+            full = _map_loops_by_id(body, ids, full=True)
+            generic = _map_loops_by_id(body, ids, full=False)
+            body = IfThenElse(cond, _partition_tails(full, inner), _partition_tails(generic, inner))
+        else:
+            body = _partition_tails(body, inner)
+        return _with_body(s, body)
+    if isinstance(s, SeqStmt):
+        return SeqStmt([_partition_tails(x, bound) for x in s.stmts])
+    if isinstance(s, IfThenElse):
+        return IfThenElse(s.cond, _partition_tails(s.then_case, bound),
+                          None if s.else_case is None else _partition_tails(s.else_case, bound))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, _partition_tails(s.body, bound))
+    return s
+
+
+def _map_loops_by_id(s: Stmt, ids: set, full: bool) -> Stmt:
+    from tether.tir.nodes import SeqStmt
+    if isinstance(s, For):
+        body = _map_loops_by_id(s.body, ids, full)
+        if id(s) in ids:
+            if full:
+                return For(s.var, s.min, _c(s.max_extent), s.kind, body, s.max_extent)
+            tail = For(s.var, s.min, s.extent, "serial", body, s.max_extent)
+            tail.tail = True    # a cold remainder: codegen keeps LLVM from vectorizing/unrolling it
+            return tail
+        return _with_body(s, body)
+    if isinstance(s, SeqStmt):
+        return SeqStmt([_map_loops_by_id(x, ids, full) for x in s.stmts])
+    if isinstance(s, IfThenElse):
+        return IfThenElse(s.cond, _map_loops_by_id(s.then_case, ids, full),
+                          None if s.else_case is None else _map_loops_by_id(s.else_case, ids, full))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, _map_loops_by_id(s.body, ids, full))
+    return s
 
 
 def lower(sch: Schedule, args: Sequence[Tensor], name: str = "default", simple_mode: bool = False) -> PrimFunc:

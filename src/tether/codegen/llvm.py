@@ -241,7 +241,7 @@ class _FunctionEmitter:
         emit_full(s, start)
         self.b.branch(end_bb)
         self.b.position_at_end(tail_bb)
-        self.serial_range(s.var, start, extent, lambda: self.stmt(s.body))
+        self.serial_range(s.var, start, extent, lambda: self.stmt(s.body), tail=True)
         self.b.branch(end_bb)
         self.b.position_at_end(end_bb)
 
@@ -269,10 +269,23 @@ class _FunctionEmitter:
         start = self.ev(s.min)
         extent = self.ev(s.extent)
         self.serial_range(s.var, start, extent, lambda: self.stmt(s.body),
-                          known_positive=isinstance(s.extent, Const) and s.extent.value > 0)
+                          known_positive=isinstance(s.extent, Const) and s.extent.value > 0,
+                          tail=getattr(s, "tail", False))
+
+    def tail_loop_md(self):
+        """Loop metadata for tail loops: no LLVM vectorization/unrolling (cold code; keeps compile time low)."""
+        mod = self.ctx.module
+        md = getattr(mod, "_tether_tail_loop_md", None)
+        if md is None:
+            novec = mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"), ir.Constant(I1, 0)])
+            nounroll = mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.unroll.disable")])
+            md = mod.add_metadata([novec, nounroll, ir.MetaDataString(mod, "tether.tail")])
+            md.operands = (md,) + md.operands   # loop IDs refer to themselves
+            mod._tether_tail_loop_md = md
+        return md
 
     def serial_range(self, var: Var, start: ir.Value, extent: ir.Value, body: Callable[[], None],
-                     known_positive: bool = False) -> None:
+                     known_positive: bool = False, tail: bool = False) -> None:
         if _is_vec(start) or _is_vec(extent):
             raise CompileError(f"codegen: loop {var.name!r} has lane-dependent bounds inside a vectorized loop")
         end = self.b.add(start, extent, flags=("nsw",))
@@ -291,7 +304,9 @@ class _FunctionEmitter:
         body()
         nxt = self.b.add(phi, ir.Constant(I32, 1), flags=("nsw",))
         phi.add_incoming(nxt, self.b.block)
-        self.b.cbranch(self.b.icmp_signed("<", nxt, end), body_bb, exit_bb)
+        latch = self.b.cbranch(self.b.icmp_signed("<", nxt, end), body_bb, exit_bb)
+        if tail:
+            latch.set_metadata("llvm.loop", self.tail_loop_md())
         self.b.position_at_end(exit_bb)
         if saved is None:
             self.env.pop(var, None)

@@ -68,6 +68,7 @@ class For(Stmt):
     def __init__(self, var: Var, min: Expr, extent: Expr, kind: str, body: Stmt, max_extent: int | None = None):
         self.var, self.min, self.extent, self.kind, self.body = var, min, extent, kind, body
         self.max_extent = max_extent
+        self.tail = False   # set on remainder loops split off by loop partitioning
 
 
 class Store(Stmt):

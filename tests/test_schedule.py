@@ -1,0 +1,324 @@
+"""Schedule primitives: each one compiled for the host and checked against numpy (odd sizes included), and
+illegal schedules rejected with a ScheduleError that says why."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tether
+from tether import runtime, te
+from tether.errors import CompileError, ScheduleError
+
+RNG = np.random.default_rng(11)
+
+
+def run(tmp_path, s, args, inputs, name="k"):
+    lib = tether.build(s, args, target="host", name=name)
+    path = lib.export_library(str(tmp_path / f"{name}.so"))
+    f = runtime.load_module(path)[name]
+    outs = [np.zeros(t.shape, dtype=t.dtype) for t in args[len(inputs):]]
+    f(*inputs, *outs)
+    return outs
+
+
+def vadd(n):
+    a = te.placeholder((n,), "float32", name="A")
+    b = te.placeholder((n,), "float32", name="B")
+    c = te.compute((n,), lambda i: a[i] * 2.0 + b[i], name="C")
+    return a, b, c
+
+
+def matmul(m, n, k):
+    a = te.placeholder((m, k), "float32", name="A")
+    b = te.placeholder((k, n), "float32", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return a, b, c
+
+
+def rand(*shape):
+    return RNG.uniform(-1, 1, shape).astype("float32")
+
+
+@pytest.mark.parametrize("n,factor", [(64, 8), (67, 8), (5, 8), (100, 7)])
+def test_split_vectorize_parallel_any_size(tmp_path, n, factor):
+    a, b, c = vadd(n)
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=factor)
+    s[c].vectorize(xi)
+    s[c].parallel(xo)
+    x, y = rand(n), rand(n)
+    (got,) = run(tmp_path, s, [a, b, c], [x, y])
+    np.testing.assert_allclose(got, x * 2 + y, rtol=1e-6)
+
+
+def test_split_nparts_and_nested_split_with_tails(tmp_path):
+    a, b, c = vadd(103)
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], nparts=3)
+    xio, xii = s[c].split(xi, factor=4)
+    s[c].unroll(xii)
+    x, y = rand(103), rand(103)
+    (got,) = run(tmp_path, s, [a, b, c], [x, y])
+    np.testing.assert_allclose(got, x * 2 + y, rtol=1e-6)
+
+
+def test_tile_reorder_unroll_2d(tmp_path):
+    m, n = 13, 21
+    a = te.placeholder((m, n), "float32", name="A")
+    c = te.compute((n, m), lambda j, i: a[i, j] + 1.0, name="T")  # transpose: strided (gathered) loads
+    s = te.create_schedule(c.op)
+    jo, io, ji, ii = s[c].tile(c.op.axis[0], c.op.axis[1], 4, 8)
+    s[c].vectorize(ii)
+    s[c].unroll(ji)
+    x = rand(m, n)
+    (got,) = run(tmp_path, s, [a, c], [x])
+    np.testing.assert_allclose(got, x.T + 1)
+
+
+def test_fuse_then_split_parallel(tmp_path):
+    shape = (7, 9, 5)
+    a = te.placeholder(shape, "float32", name="A")
+    c = te.compute(shape, lambda i, j, k: a[i, j, k] * a[i, j, k], name="Sq")
+    s = te.create_schedule(c.op)
+    f = s[c].fuse(c.op.axis[0], c.op.axis[1])
+    fo, fi = s[c].split(f, factor=4)   # 63 is not a multiple of 4: an if-guard on fused indices
+    s[c].parallel(fo)
+    s[c].vectorize(c.op.axis[2])
+    x = rand(*shape)
+    (got,) = run(tmp_path, s, [a, c], [x])
+    np.testing.assert_allclose(got, x * x, rtol=1e-6)
+
+
+def test_fuse_all_axes_and_vectorize_fused_tail(tmp_path):
+    shape = (3, 11)
+    a = te.placeholder(shape, "float32", name="A")
+    c = te.compute(shape, lambda i, j: a[i, j] - 3.0, name="C")
+    s = te.create_schedule(c.op)
+    f = s[c].fuse(*c.op.axis)
+    _, fi = s[c].split(f, factor=8)
+    s[c].vectorize(fi)
+    x = rand(*shape)
+    (got,) = run(tmp_path, s, [a, c], [x])
+    np.testing.assert_allclose(got, x - 3)
+
+
+def test_compute_inline_chain(tmp_path):
+    a, b, _ = vadd(50)
+    t1 = te.compute((50,), lambda i: a[i] * b[i], name="T1")
+    t2 = te.compute((50,), lambda i: te.exp(t1[i]) + t1[i], name="T2")
+    out = te.compute((50,), lambda i: te.max(t2[i], 0.5), name="Out")
+    s = te.create_schedule(out.op)
+    s[t1].compute_inline()
+    s[t2].compute_inline()
+    _, xi = s[out].split(out.op.axis[0], factor=8)
+    s[out].vectorize(xi)
+    text = str(tether.lower(s, [a, b, out], "fused"))
+    assert "T1" not in text and "T2" not in text and "allocate" not in text
+    x, y = rand(50), rand(50)
+    (got,) = run(tmp_path, s, [a, b, out], [x, y])
+    np.testing.assert_allclose(got, np.maximum(np.exp(x * y) + x * y, 0.5), rtol=1e-5)
+
+
+def test_intermediate_stage_at_root_gets_a_buffer(tmp_path):
+    a, b, _ = vadd(37)
+    t = te.compute((37,), lambda i: a[i] + b[i], name="T")
+    out = te.compute((37,), lambda i: t[36 - i] * 2.0, name="Out")
+    s = te.create_schedule(out.op)
+    x, y = rand(37), rand(37)
+    (got,) = run(tmp_path, s, [a, b, out], [x, y])
+    np.testing.assert_allclose(got, (x + y)[::-1] * 2, rtol=1e-6)
+
+
+def test_compute_at_stencil_region(tmp_path):
+    n = 45
+    a = te.placeholder((n + 2,), "float32", name="A")
+    p = te.compute((n + 2,), lambda i: a[i] * 3.0, name="P")
+    c = te.compute((n,), lambda i: p[i] + p[i + 1] + p[i + 2], name="C")
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=8)
+    s[p].compute_at(s[c], xo)
+    s[c].vectorize(xi)
+    text = str(tether.lower(s, [a, c], "stencil"))
+    assert "allocate P: float32[10]" in text    # 8 outputs need 8 + 2 inputs
+    x = rand(n + 2)
+    (got,) = run(tmp_path, s, [a, c], [x])
+    y = x * 3
+    np.testing.assert_allclose(got, y[:-2] + y[1:-1] + y[2:], rtol=1e-5)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 48, 32), (67, 45, 33), (3, 5, 7)])
+def test_cache_write_register_blocked_matmul(tmp_path, m, n, k):
+    a, b, c = matmul(m, n, k)
+    s = te.create_schedule(c.op)
+    cl = s.cache_write(c, "local")
+    io, jo, ii, ji = s[c].tile(c.op.axis[0], c.op.axis[1], 4, 16)
+    s[c].vectorize(ji)
+    s[c].parallel(io)
+    s[cl].compute_at(s[c], jo)
+    ci, cj = s[cl].op.axis
+    (ck,) = s[cl].op.reduce_axis
+    ko, ki = s[cl].split(ck, factor=4)
+    s[cl].reorder(ko, ki, ci, cj)
+    s[cl].unroll(ki)
+    s[cl].unroll(ci)
+    s[cl].vectorize(cj)
+    x, y = rand(m, k), rand(k, n)
+    (got,) = run(tmp_path, s, [a, b, c], [x, y])
+    np.testing.assert_allclose(got, x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_reduction_axis_split_and_reordered_outside_spatial(tmp_path):
+    a, b, c = matmul(9, 19, 13)
+    s = te.create_schedule(c.op)
+    i, j = c.op.axis
+    (k,) = c.op.reduce_axis
+    ko, ki = s[c].split(k, factor=5)
+    jo, ji = s[c].split(j, factor=8)
+    s[c].reorder(i, jo, ko, ki, ji)
+    s[c].vectorize(ji)
+    s[c].parallel(i)
+    x, y = rand(9, 13), rand(13, 19)
+    (got,) = run(tmp_path, s, [a, b, c], [x, y])
+    np.testing.assert_allclose(got, x @ y, rtol=1e-4, atol=1e-5)
+
+
+def test_compute_root_undoes_inline(tmp_path):
+    a, b, _ = vadd(10)
+    t = te.compute((10,), lambda i: a[i] + b[i], name="T")
+    out = te.compute((10,), lambda i: t[i] * t[i], name="Out")
+    s = te.create_schedule(out.op)
+    s[t].compute_inline()
+    s[t].compute_root()
+    assert "allocate T" in str(tether.lower(s, [a, b, out], "k"))
+    x, y = rand(10), rand(10)
+    (got,) = run(tmp_path, s, [a, b, out], [x, y])
+    np.testing.assert_allclose(got, (x + y) ** 2, rtol=1e-6)
+
+
+# ---- illegal schedules -----------------------------------------------------------------------------------------
+
+def test_error_vectorize_reduction_axis():
+    _, _, c = matmul(4, 4, 4)
+    s = te.create_schedule(c.op)
+    with pytest.raises(ScheduleError, match="reduction axis"):
+        s[c].vectorize(c.op.reduce_axis[0])
+
+
+def test_error_parallel_reduction_axis():
+    _, _, c = matmul(4, 4, 4)
+    s = te.create_schedule(c.op)
+    with pytest.raises(ScheduleError, match="race"):
+        s[c].parallel(c.op.reduce_axis[0])
+
+
+def test_error_split_axis_of_another_stage():
+    a, b, c = vadd(8)
+    d = te.compute((8,), lambda i: c[i] + 1.0, name="D")
+    s = te.create_schedule(d.op)
+    with pytest.raises(ScheduleError, match="does not belong to stage 'D'"):
+        s[d].split(c.op.axis[0], factor=2)
+
+
+def test_error_split_twice_and_bad_factor():
+    _, _, c = vadd(8)
+    s = te.create_schedule(c.op)
+    s[c].split(c.op.axis[0], factor=2)
+    with pytest.raises(ScheduleError, match="already split"):
+        s[c].split(c.op.axis[0], factor=2)
+    s2 = te.create_schedule(c.op)
+    with pytest.raises(ScheduleError, match="positive int"):
+        s2[c].split(c.op.axis[0], factor=0)
+    with pytest.raises(ScheduleError, match="exactly one"):
+        s2[c].split(c.op.axis[0])
+
+
+def test_error_compute_inline_reduction_and_output():
+    a, b, c = matmul(4, 4, 4)
+    s = te.create_schedule(c.op)
+    with pytest.raises(ScheduleError, match="reduction"):
+        s[c].compute_inline()
+    x, y, z = vadd(4)
+    s = te.create_schedule(z.op)
+    s[z].compute_inline()
+    with pytest.raises(ScheduleError, match="kernel argument"):
+        tether.lower(s, [x, y, z], "k")
+
+
+def test_error_parallel_inside_vectorized():
+    _, _, c = vadd(64)
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=8)
+    s[c].vectorize(xo)
+    s[c].parallel(xi)
+    a, b = c.op.input_tensors
+    with pytest.raises(ScheduleError, match="inside vectorized loop"):
+        tether.lower(s, [a, b, c], "k")
+
+
+def test_error_vectorize_too_wide_and_nested():
+    a, b, c = vadd(1000)
+    s = te.create_schedule(c.op)
+    s[c].vectorize(c.op.axis[0])
+    with pytest.raises(ScheduleError, match="too wide"):
+        tether.lower(s, [a, b, c], "k")
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=4)
+    s[c].vectorize(xo)
+    with pytest.raises(ScheduleError, match="too wide"):
+        tether.lower(s, [a, b, c], "k")
+
+
+def test_error_nested_parallel():
+    a = te.placeholder((8, 8), "float32", name="A")
+    c = te.compute((8, 8), lambda i, j: a[i, j], name="C")
+    s = te.create_schedule(c.op)
+    s[c].parallel(c.op.axis[0])
+    s[c].parallel(c.op.axis[1])
+    with pytest.raises(ScheduleError, match="nested inside parallel"):
+        tether.lower(s, [a, c], "k")
+
+
+def test_error_fuse_not_adjacent_or_mixed():
+    a, b, c = matmul(4, 4, 4)
+    s = te.create_schedule(c.op)
+    i, j = c.op.axis
+    with pytest.raises(ScheduleError, match="adjacent"):
+        s[c].fuse(j, i)
+    with pytest.raises(ScheduleError, match="data and reduction"):
+        s[c].fuse(j, c.op.reduce_axis[0])
+
+
+def test_error_compute_at_non_consumer():
+    a, b, c = vadd(8)
+    t = te.compute((8,), lambda i: a[i] + 1.0, name="T")
+    u = te.compute((8,), lambda i: t[i] * 2.0, name="U")
+    d = te.compute((8,), lambda i: u[i] + t[i], name="D")
+    s = te.create_schedule(d.op)
+    s[t].compute_at(s[u], u.op.axis[0])   # T is also read by D
+    with pytest.raises(ScheduleError, match="read by"):
+        tether.lower(s, [a, d], "k")
+    with pytest.raises(ScheduleError, match="itself"):
+        s[t].compute_at(s[t], t.op.axis[0])
+
+
+def test_error_placeholder_stage_and_cache_write_after_split():
+    a, b, c = vadd(8)
+    s = te.create_schedule(c.op)
+    with pytest.raises(ScheduleError, match="placeholder"):
+        s[a].split(a.op.output(0).shape[0], factor=2) if False else s[a].compute_inline()
+    s[c].split(c.op.axis[0], factor=2)
+    with pytest.raises(ScheduleError, match="before splitting"):
+        s.cache_write(c, "local")
+
+
+def test_error_missing_input_and_unused_stage():
+    a, b, c = vadd(8)
+    s = te.create_schedule(c.op)
+    with pytest.raises(CompileError, match="not in args"):
+        tether.lower(s, [a, c], "k")
+    t = te.compute((8,), lambda i: a[i], name="T")
+    d = te.compute((8,), lambda i: t[i], name="D")
+    s = te.create_schedule(d.op)
+    with pytest.raises(CompileError, match="neither passed"):
+        tether.lower(s, [a, t], "k")
