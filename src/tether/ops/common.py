@@ -116,6 +116,12 @@ def all_of(conds: Iterable):
     return result
 
 
+def clamp_index(i, extent: int):
+    """i clamped into [0, extent): te.if_then_else evaluates both branches (a select), so a load in the branch
+    that is not taken must still be in bounds."""
+    return te.max(te.min(i, extent - 1), 0)
+
+
 def max2(a, b):
     return te.max(a, b)
 

@@ -30,10 +30,10 @@ def pack_panels(b, n_axis: int, name: str):
 
     def f(jo, kk, ji):
         j = jo * PANEL + ji
-        src = b[kk, j] if n_axis == 1 else b[j, kk]
         if n % PANEL == 0:
-            return src
-        return te.if_then_else(j < n, src, zero)
+            return b[kk, j] if n_axis == 1 else b[j, kk]
+        jc = c.clamp_index(j, n)  # the select below evaluates the load even in the zero padding
+        return te.if_then_else(j < n, b[kk, jc] if n_axis == 1 else b[jc, kk], zero)
 
     return c.compute((panels, k, PANEL), f, name, c.MATMUL_PACK)
 

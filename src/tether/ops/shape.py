@@ -28,7 +28,7 @@ def pad(x, pad_before: Sequence[int], pad_after: Sequence[int] | None = None, va
                 conds.append(i >= b)
             if a:
                 conds.append(i < b + e)
-        src = x[tuple(i - b if b else i for i, b in zip(idx, before))]
+        src = x[tuple(c.clamp_index(i - b, e) if (b or a) else i for i, e, b, a in zip(idx, shape, before, after))]
         cond = c.all_of(conds)
         return src if cond is None else te.if_then_else(cond, src, fill)
 
@@ -128,7 +128,8 @@ def concat(xs: Sequence, axis: int = 0, name: str = "concat"):
         i = idx[axis]
 
         def load(t, off):
-            return t[idx[:axis] + (i - off,) + idx[axis + 1:]]
+            j = i - off if len(xs) == 1 else c.clamp_index(i - off, c.shape_of(t)[axis])
+            return t[idx[:axis] + (j,) + idx[axis + 1:]]
 
         # innermost first: the last tensor is the fallback of the chain of selects
         expr = load(xs[-1], offsets[-2])
