@@ -430,7 +430,8 @@ class FrameReader:
             frame = buf.next_frame()
             if frame is not None:
                 return frame
-            buf.wrote(_recv_some(self.sock, buf.free_space(min(buf.missing(), 1 << 20))))
+            # missing() has checked the frame against the limit, so growing to fit it whole is safe
+            buf.wrote(_recv_some(self.sock, buf.free_space(buf.missing())))
 
     def read_into(self, dest: memoryview) -> None:
         """Fill ``dest`` exactly with bulk bytes: buffered leftovers first, then ``recv_into`` in place."""

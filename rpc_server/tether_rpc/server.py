@@ -52,6 +52,7 @@ SERVER_NAME = "tether-rpc/" + __version__
 #: The module the tracker registration lives in; it provides ``make_hook(config) -> ServerHook``.
 TRACKER_HOOK_MODULE = "tether_rpc.registration"
 
+DEFAULT_SESSION_TIMEOUT = 3600.0  # every session is bounded; raise it with --session-timeout for long jobs
 _LOOP_TICK = 0.05  # how often the loop reaps workers and checks deadlines (bounds "server free again" latency)
 
 
@@ -66,7 +67,7 @@ class ServerConfig:
     port_end: Optional[int] = 9199
     token: Optional[str] = None
     insecure: bool = False
-    session_timeout: Optional[float] = None     # seconds; None = until the client leaves
+    session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT  # seconds; None = until the client leaves
     handshake_timeout: float = 5.0
     workdir: Optional[str] = None               # parent of the per-session folders (default: system temp)
     max_queue: int = 16
@@ -450,6 +451,7 @@ class Server:
     def _become_worker(self, conn: _Conn) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides when sessions end
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with_parent()
         for hook in self.hooks:
             hook.after_fork_child()
         for other in list(self._pending.values()) + list(self._queue):
@@ -581,6 +583,19 @@ class _EventLines:
 
     def isatty(self) -> bool:
         return False
+
+
+def _die_with_parent() -> None:
+    """Linux/Android: SIGKILL this worker if the server process dies, so no orphan keeps the device busy."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _watchdog(sock: socket.socket) -> None:
@@ -726,7 +741,7 @@ def parse_hostport(text: str) -> Tuple[str, int]:
 
 def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 9199, tracker: Optional[str] = None,
         key: Optional[str] = None, token: Optional[str] = None, insecure: bool = False,
-        session_timeout: Optional[float] = None, workdir: Optional[str] = None, reverse: bool = False,
+        session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT, workdir: Optional[str] = None, reverse: bool = False,
         handshake_timeout: float = 5.0, verbose: int = 0) -> int:
     """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""
     logging.basicConfig(level=logging.INFO if verbose < 2 else logging.DEBUG, stream=sys.stderr,

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 EmitFn = Callable[[str, Dict[str, Any]], None]
 
-CHUNK = 1 << 20
+CHUNK = 4 << 20  # upload pieces: few syscalls, bounded memory
 
 
 class BulkIn:

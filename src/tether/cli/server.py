@@ -15,12 +15,13 @@ import click
 @click.option("--reverse", is_flag=True, help="Dial out to the tracker instead of listening.")
 @click.option("--token", envvar="TETHER_TOKEN", help="Require clients to prove this token (env TETHER_TOKEN).")
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
-@click.option("--session-timeout", type=float, metavar="S", help="End sessions after S seconds.")
+@click.option("--session-timeout", type=float, default=3600.0, show_default=True, metavar="S",
+              help="End sessions after S seconds.")
 @click.option("--handshake-timeout", type=float, default=5.0, show_default=True, metavar="S")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
 @click.option("-v", "--verbose", count=True)
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
-         token: Optional[str], insecure: bool, session_timeout: Optional[float], handshake_timeout: float,
+         token: Optional[str], insecure: bool, session_timeout: float, handshake_timeout: float,
          workdir: Optional[str], verbose: int) -> None:
     """Serve sessions to tether clients: upload modules, run and time kernels, one session at a time."""
     from tether_rpc.server import run
