@@ -75,7 +75,7 @@ class GraphFactory:
 def _body_of(node: Node) -> Tuple[List[Node], List[str]]:
     if node.op == "fused":
         return list(node.attrs["body"]), list(node.attrs["params"])
-    return [node], list(node.inputs)
+    return [node], list(dict.fromkeys(node.inputs))   # x * x reads one argument
 
 
 def _jsonable(v: Any) -> Any:
@@ -177,7 +177,7 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
     param_ids = [entry(v) for v in sorted(params)]
     nodes = []
     for node, func in zip(graph.nodes, node_funcs):
-        ids = [entry(v) for v in list(node.inputs) + list(node.outputs)]
+        ids = [entry(v) for v in _body_of(node)[1] + list(node.outputs)]
         if func is None:
             continue
         nodes.append({"name": node.name, "func": func, "args": ids, "ops": _ops_label(node)})

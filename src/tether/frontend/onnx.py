@@ -484,11 +484,28 @@ def _bn(im, node, ins, a):
 
 
 def _bn_training(im, node, ins, a):
-    """Training-mode batch norm with batch statistics, all as constants: supported only when x is constant."""
-    x = im.const(ins[0])
-    if x is None:
-        raise UnsupportedOpError("node %s: BatchNormalization in training mode on a run-time tensor" % node.name)
-    raise UnsupportedOpError("node %s: BatchNormalization in training mode" % node.name)
+    """Training-mode batch norm: normalise with the batch's own statistics and update the running ones."""
+    x = ins[0]
+    t = im.type(x)
+    nd = len(t.shape)
+    eps, momentum = float(a.get("epsilon", 1e-5)), float(a.get("momentum", 0.9))
+    axes = [i for i in range(nd) if i != 1]
+    vec = (1, t.shape[1]) + (1,) * (nd - 2)
+    dt = t.dtype
+
+    def const(v):
+        return im.add_const(np.array(v, dtype=dt))
+
+    m = im.emit("mean", [x], {"axes": axes, "keepdims": True}, node.name + "_mean")
+    d = im.emit("sub", [x, m])
+    var = im.emit("mean", [im.emit("mul", [d, d])], {"axes": axes, "keepdims": True}, node.name + "_var")
+    inv = im.emit("div", [_reshape(im, ins[1], vec), im.emit("sqrt", [im.emit("add", [var, const(eps)])])])
+    im.emit("add", [im.emit("mul", [d, inv]), _reshape(im, ins[2], vec)], {}, node.name, _out(node, 0))
+    for k, (running, batch) in enumerate(((ins[3], m), (ins[4], var)), start=1):
+        if len(node.output) > k and node.output[k]:
+            upd = im.emit("mul", [_reshape(im, batch, (t.shape[1],)), const(1.0 - momentum)])
+            im.emit("add", [im.emit("mul", [running, const(momentum)]), upd], {}, node.name + "_running%d" % k,
+                    _out(node, k))
 
 
 @converter("LRN")

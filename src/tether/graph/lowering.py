@@ -251,6 +251,11 @@ def _bn(attrs, x, scale, bias, mean, var):
     return ops.batch_norm(x, scale, bias, mean, var, axis=1, epsilon=attrs["epsilon"])
 
 
+@lowering("mean")
+def _mean(attrs, x):
+    return ops.mean(x, tuple(attrs["axes"]), bool(attrs.get("keepdims", True)))
+
+
 @lowering("lrn")
 def _lrn(attrs, x):
     shape = c.shape_of(x)

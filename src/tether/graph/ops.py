@@ -314,6 +314,20 @@ def _lrn_ref(attrs, x):
 _register("lrn", "opaque", _same, _lrn_ref)
 
 
+def _reduce_infer(attrs, x):
+    axes = attrs["axes"]
+    if attrs.get("keepdims", True):
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return [TensorType(shape, x.dtype)]
+
+
+_register("mean", "opaque", _reduce_infer,
+          lambda attrs, x: [x.mean(axis=tuple(attrs["axes"]), keepdims=bool(attrs.get("keepdims", True)),
+                                   dtype=np.float64).astype(x.dtype)])
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 
