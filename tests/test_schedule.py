@@ -103,6 +103,18 @@ def test_fuse_all_axes_and_vectorize_fused_tail(tmp_path):
     np.testing.assert_allclose(got, x - 3)
 
 
+def test_vectorized_loop_with_lane_dependent_guard_falls_back_to_scalar(tmp_path):
+    a = te.placeholder((7, 9), "float32", name="A")
+    c = te.compute((7, 9), lambda i, j: a[i, j] + 0.5, name="C")
+    s = te.create_schedule(c.op)
+    io, ii = s[c].split(c.op.axis[0], factor=2)
+    f = s[c].fuse(ii, c.op.axis[1])
+    s[c].vectorize(f)                                   # guard `io*2 + f // 9 < 7` depends on the lane
+    x = rand(7, 9)
+    (got,) = run(tmp_path, s, [a, c], [x])
+    np.testing.assert_allclose(got, x + 0.5)
+
+
 def test_compute_inline_chain(tmp_path):
     a, b, _ = vadd(50)
     t1 = te.compute((50,), lambda i: a[i] * b[i], name="T1")

@@ -85,7 +85,8 @@ class Simplifier:
                         out[k][1] += sign * c
                     else:
                         out[k] = [a, sign * c]
-                return {k: v for k, v in out.items() if v[1] != 0}, ca + sign * cb
+                out, extra = self._merge_divmod({k: v for k, v in out.items() if v[1] != 0})
+                return out, ca + sign * cb + extra
             if e.op == "mul":
                 ta, ca = self.linear(e.a)
                 tb, cb = self.linear(e.b)
@@ -101,6 +102,26 @@ class Simplifier:
         if isinstance(s, Binary) and s.op in ("add", "sub", "mul") and is_int(s.dtype) and s is not e:
             return self.linear(s)
         return {self.key(s): [s, 1]}, 0
+
+    def _merge_divmod(self, terms: dict) -> tuple[dict, int]:
+        """Rewrite ``k*c*(x // c) + k*(x % c)`` to ``k*x`` (what fuse-then-index produces)."""
+        extra = 0
+        mods = [(key, a, c) for key, (a, c) in terms.items()
+                if isinstance(a, Binary) and a.op == "floormod" and isinstance(a.b, Const)]
+        for key, a, k in mods:
+            div_key = ("Binary", "floordiv", a.dtype, self.key(a.a), self.key(a.b))
+            div = terms.get(div_key)
+            if div is None or div[1] != k * a.b.value or key not in terms:
+                continue
+            del terms[key], terms[div_key]
+            xt, xc = self.linear(a.a)
+            extra += k * xc
+            for xk, (xa, c) in xt.items():
+                if xk in terms:
+                    terms[xk][1] += k * c
+                else:
+                    terms[xk] = [xa, k * c]
+        return {key: v for key, v in terms.items() if v[1] != 0}, extra
 
     def from_linear(self, terms: dict, const: int, dtype: str) -> Expr:
         pos = [(a, c) for a, c in terms.values() if c > 0]

@@ -1,0 +1,188 @@
+"""Lowering to loop IR: loop structure and kinds, tails, simplified index arithmetic, the printed form."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import tether
+from tether import te, tir
+from tether.te.expr import Binary, Const
+from tether.tir.simplify import const_bound, simplify
+
+
+def loops(pf):
+    return [s for s in tir.walk_stmts(pf.body) if isinstance(s, tir.For)]
+
+
+def vadd(n):
+    a = te.placeholder((n,), "float32", name="A")
+    b = te.placeholder((n,), "float32", name="B")
+    c = te.compute((n,), lambda i: a[i] + b[i], name="C")
+    return a, b, c
+
+
+def test_split_vectorize_parallel_structure_and_text():
+    a, b, c = vadd(1024)
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=8)
+    s[c].vectorize(xi)
+    s[c].parallel(xo)
+    pf = tether.lower(s, [a, b, c], "vadd")
+    assert pf.name == "vadd"
+    assert [p.name for p in pf.params] == ["A", "B", "C"]
+    assert pf.params[2].shape == (1024,) and pf.params[2].dtype == "float32"
+    ls = loops(pf)
+    assert [(l.var.name, l.kind, l.extent.value) for l in ls] == [("i.outer", "parallel", 128),
+                                                                 ("i.inner", "vectorized", 8)]
+    text = str(pf)
+    assert text.splitlines() == [
+        "def vadd(A: float32[1024], B: float32[1024], C: float32[1024]):",
+        "  for i.outer in range(128) parallel:",
+        "    for i.inner in range(8) vectorized:",
+        "      C[i.outer * 8 + i.inner] = A[i.outer * 8 + i.inner] + B[i.outer * 8 + i.inner]",
+    ]
+    assert pf.parallel
+
+
+def test_non_dividing_split_gets_clamped_tail_and_partition():
+    a, b, c = vadd(1003)
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=8)
+    s[c].vectorize(xi)
+    pf = tether.lower(s, [a, b, c], "vadd")
+    outer = loops(pf)[0]
+    assert outer.extent.value == 126                  # ceil(1003 / 8)
+    branch = outer.body
+    assert isinstance(branch, tir.IfThenElse)         # full vector body vs. scalar remainder
+    full, rest = branch.then_case, branch.else_case
+    assert isinstance(full, tir.For) and full.kind == "vectorized" and full.extent.value == 8
+    assert isinstance(rest, tir.For) and rest.kind == "serial" and rest.tail
+    assert str(rest.extent) == "min(8, 1003 - i.outer * 8)"
+    assert "if min(8, 1003 - i.outer * 8) == 8:" in str(pf)
+
+
+def test_fused_index_simplifies_back_to_linear():
+    a = te.placeholder((7, 9), "float32", name="A")
+    c = te.compute((7, 9), lambda i, j: a[i, j] * 2.0, name="C")
+    s = te.create_schedule(c.op)
+    f = s[c].fuse(*c.op.axis)
+    s[c].split(f, factor=5)   # 63 = 12*5 + 3: the guard is linear in the inner loop -> a clamp
+    text = str(tether.lower(s, [a, c], "k"))
+    assert "for i.j.fused.inner in range(min(5, 63 - i.j.fused.outer * 5)):" in text
+    # (x // 9) * 9 + x % 9 folds back to x
+    assert "C[i.j.fused.outer * 5 + i.j.fused.inner] = A[i.j.fused.outer * 5 + i.j.fused.inner] * 2.0f" in text
+
+
+def test_non_linear_guard_becomes_if():
+    a = te.placeholder((7, 9), "float32", name="A")
+    c = te.compute((7, 9), lambda i, j: a[i, j] * 2.0, name="C")
+    s = te.create_schedule(c.op)
+    io, ii = s[c].split(c.op.axis[0], factor=2)       # 7 rows: a tail
+    s[c].fuse(ii, c.op.axis[1])                       # the tail guard now divides the fused index
+    pf = tether.lower(s, [a, c], "k")
+    ifs = [x for x in tir.walk_stmts(pf.body) if isinstance(x, tir.IfThenElse)]
+    assert len(ifs) == 1 and str(ifs[0].cond) == "i.outer * 2 + i.inner.j.fused // 9 < 7"
+
+
+def test_reduction_init_and_update_nests():
+    m, n, k = 6, 10, 5
+    a = te.placeholder((m, k), "float32", name="A")
+    b = te.placeholder((k, n), "float32", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    s = te.create_schedule(c.op)
+    i, j = c.op.axis
+    s[c].reorder(i, r, j)
+    pf = tether.lower(s, [a, b, c], "mm")
+    text = str(pf).splitlines()
+    assert text[1:] == [
+        "  for i in range(6):",
+        "    for j in range(10):",
+        "      C[i * 10 + j] = 0.0f",
+        "    for k in range(5):",
+        "      for j in range(10):",
+        "        C[i * 10 + j] = C[i * 10 + j] + A[i * 5 + k] * B[k * 10 + j]",
+    ]
+
+
+def test_cache_write_compute_at_allocates_tile_buffer():
+    m, n, k = 16, 32, 8
+    a = te.placeholder((m, k), "float32", name="A")
+    b = te.placeholder((k, n), "float32", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    s = te.create_schedule(c.op)
+    cl = s.cache_write(c, "local")
+    io, jo, ii, ji = s[c].tile(c.op.axis[0], c.op.axis[1], 4, 8)
+    s[cl].compute_at(s[c], jo)
+    ci, cj = s[cl].op.axis
+    s[cl].reorder(s[cl].op.reduce_axis[0], ci, cj)
+    s[cl].unroll(ci)
+    s[cl].vectorize(cj)
+    pf = tether.lower(s, [a, b, c], "mm")
+    allocs = [x for x in tir.walk_stmts(pf.body) if isinstance(x, tir.Allocate)]
+    assert len(allocs) == 1 and allocs[0].buffer.size == 32 and allocs[0].buffer.name == "C.local"
+    kinds = [(l.var.name, l.kind, l.extent.value) for l in loops(pf)]
+    assert kinds == [("i.outer", "serial", 4), ("j.outer", "serial", 4),
+                     ("i.c", "unrolled", 4), ("j.c", "vectorized", 8),          # init
+                     ("k", "serial", 8), ("i.c", "unrolled", 4), ("j.c", "vectorized", 8),   # update
+                     ("i.inner", "serial", 4), ("j.inner", "serial", 8)]        # copy out
+    text = str(pf)
+    # the local tile is addressed relative to the tile origin: constant offsets once i.c is unrolled
+    assert "C.local[i.c * 8 + j.c] = C.local[i.c * 8 + j.c] + A[i.outer * 32 + i.c * 8 + k]" in text
+
+
+def test_index_arithmetic_is_simplified():
+    a = te.placeholder((4, 6), "float32", name="A")
+    c = te.compute((4, 6), lambda i, j: a[i * 1 + 0, (j + 2) - 2], name="C")
+    s = te.create_schedule(c.op)
+    text = str(tether.lower(s, [a, c], "k"))
+    assert "C[i * 6 + j] = A[i * 6 + j]" in text
+    assert "* 1" not in text and "+ 0" not in text
+
+
+def test_simplifier_rules():
+    i, j = te.var("i"), te.var("j")
+    assert str(simplify((i * 4 + 3) - i * 4 + 1)) == "4"
+    assert str(simplify(i * 1 + 0 + j * 2 - j)) == "i + j"
+    assert str(simplify((i * 8 + j) // 8, {j: (0, 7)})) == "i"
+    assert str(simplify((i * 8 + j) % 8, {j: (0, 7)})) == "j"
+    assert str(simplify((i * 8 + j + 3) // 4)) == "i * 2 + (j + 3) // 4"
+    assert str(simplify(te.min(8, 10 - i * 8), {i: (0, 0)})) == "8"
+    assert simplify(i * 8 + j < 10, {i: (0, 0), j: (0, 7)}).value is True
+    assert const_bound(i * 3 - j, {i: (0, 2), j: (1, 4)}) == (-4, 5)
+    assert isinstance(simplify(Binary("add", Const(2, "int32"), Const(3, "int32"))), Const)
+    assert str(simplify(te.const(2.0) * te.const(3.0) + 1.0)) == "7.0f"
+
+
+def test_lower_is_callable_as_module_and_function():
+    a, b, c = vadd(16)
+    s = te.create_schedule(c.op)
+    mod = importlib.import_module("tether.lower")
+    assert str(mod(s, [a, b, c], "f")) == str(mod.lower(s, [a, b, c], "f")) == str(tether.lower(s, [a, b, c], "f"))
+
+
+def test_compute_at_region_for_stencil_and_guards():
+    n = 20
+    a = te.placeholder((n + 2,), "float32", name="A")
+    p = te.compute((n + 2,), lambda i: a[i] + 1.0, name="P")
+    c = te.compute((n,), lambda i: p[i] + p[i + 2], name="C")
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=6)   # 20 = 3*6 + 2: the last region runs past P's end
+    s[p].compute_at(s[c], xo)
+    pf = tether.lower(s, [a, c], "k")
+    text = str(pf)
+    assert "allocate P: float32[8]" in text
+    # P's loop is clamped to P's extent (22) in the last tile
+    assert "min(8, 22 - i.outer * 6)" in text
+
+
+@pytest.mark.parametrize("kind", ["vectorize", "unroll", "parallel"])
+def test_loop_kind_annotations_in_text(kind):
+    a, b, c = vadd(32)
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=4)
+    getattr(s[c], kind)(xi if kind != "parallel" else xo)
+    word = {"vectorize": "vectorized", "unroll": "unrolled", "parallel": "parallel"}[kind]
+    assert f") {word}:" in str(tether.lower(s, [a, b, c], "k"))
