@@ -67,30 +67,38 @@ def run(tmp: pathlib.Path, repeat: int, min_ms: float) -> None:
 
     # 2. launch overhead
     counts = np.zeros(64, "int32")
-    print("\n[launch overhead] empty tasks; serial fallback is the baseline; median per launch")
-    print("  %-9s %12s %14s %14s" % ("tasks", "serial (us)", "pool=1 (us)", "pool=2 (us)"))
+    default_min_us = parallel.get_min_parallel_work_us()
+
+    def pool_times(fn, *args):
+        times = []
+        for threads, min_us in ((1, 0.0), (2, 0.0), (2, default_min_us)):
+            parallel.set_num_threads(threads)
+            parallel.set_min_parallel_work_us(min_us)
+            times.append(median_time(fn.bind(*args), repeat, min_ms))
+        return times
+
+    print("\n[launch overhead] empty tasks; serial fallback (NULL launcher) is the baseline; median per launch")
+    print("  pool=1 installs NULL (native loop); 'forced' always wakes the worker; 'auto' = default %.0f us rule"
+          % default_min_us)
+    print("  %-7s %11s %11s %14s %12s" % ("tasks", "serial us", "pool=1 us", "pool=2 forced", "pool=2 auto"))
     for k in (1, 2, 8, 64, 1024):
         t_ser = median_time(ser["noop"].bind(counts, k), repeat, min_ms)
-        row = []
-        for threads in (1, 2):
-            parallel.set_num_threads(threads)
-            row.append(median_time(par["noop"].bind(counts, k), repeat, min_ms))
-        print("  %-9d %12.2f %14.2f %14.2f   (pool=2 overhead %.1f us, %.2f us/task)"
-              % (k, t_ser * 1e6, row[0] * 1e6, row[1] * 1e6, (row[1] - t_ser) * 1e6,
-                 (row[1] - t_ser) * 1e6 / k))
+        p1, p2, auto = pool_times(par["noop"], counts, k)
+        print("  %-7d %11.2f %11.2f %14.2f %12.2f   (forced: +%.1f us/launch, %.2f us/task)"
+              % (k, t_ser * 1e6, p1 * 1e6, p2 * 1e6, auto * 1e6, (p2 - t_ser) * 1e6, (p2 - t_ser) * 1e6 / k))
 
     # 3. scaling of a compute-bound kernel
     x = np.linspace(-1, 1, 65536).astype("float32")
     y = np.zeros_like(x)
     print("\n[scaling] heavy(): 65536 x 256 dependent float32 mul-adds; serial fallback is the baseline")
-    print("  %-9s %12s %12s %12s %10s" % ("tasks", "serial (ms)", "pool=1 (ms)", "pool=2 (ms)", "speedup"))
+    print("  %-7s %11s %11s %14s %12s %9s" % ("tasks", "serial ms", "pool=1 ms", "pool=2 forced", "pool=2 auto",
+                                               "speedup"))
     for k in (2, 8, 64, 1024):
         t_ser = median_time(ser["heavy"].bind(x, y, k), repeat, min_ms)
-        row = []
-        for threads in (1, 2):
-            parallel.set_num_threads(threads)
-            row.append(median_time(par["heavy"].bind(x, y, k), repeat, min_ms))
-        print("  %-9d %12.3f %12.3f %12.3f %9.2fx" % (k, t_ser * 1e3, row[0] * 1e3, row[1] * 1e3, t_ser / row[1]))
+        p1, p2, auto = pool_times(par["heavy"], x, y, k)
+        print("  %-7d %11.3f %11.3f %14.3f %12.3f %8.2fx" % (k, t_ser * 1e3, p1 * 1e3, p2 * 1e3, auto * 1e3,
+                                                             t_ser / auto))
+    parallel.set_min_parallel_work_us(default_min_us)
     parallel.set_num_threads(parallel.default_num_threads())
 
 

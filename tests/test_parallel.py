@@ -34,6 +34,15 @@ def par_mod(par_paths):
     return module.load_module(str(par_paths[0]))
 
 
+@pytest.fixture(autouse=True)
+def always_use_pool():
+    # These tests check how work is shared, so tiny launches must not be short-cut to the caller.
+    before = parallel.get_min_parallel_work_us()
+    parallel.set_min_parallel_work_us(0)
+    yield
+    parallel.set_min_parallel_work_us(before)
+
+
 @pytest.fixture
 def two_threads():
     before = parallel.get_num_threads()
@@ -177,6 +186,28 @@ def test_pool_works_in_a_forked_child(par_mod, two_threads):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+def test_tiny_launches_run_in_the_caller(par_paths, tmp_path, two_threads):
+    # With a threshold, the first launch of a task is measured serially; tiny ones then stay in the caller, big
+    # ones go to the pool. A fresh copy of the module gives fresh task addresses (no earlier measurements).
+    fresh = tmp_path / "par_fresh.so"
+    shutil.copyfile(par_paths[0], fresh)
+    m = module.load_module(str(fresh))
+    parallel.set_min_parallel_work_us(5000)  # far between mark's ~0.1 ms and heavy's ~30 ms
+    for _ in range(5):
+        counts, tids = _mark(m, 0)
+        np.testing.assert_array_equal(counts, 1)
+        assert len(set(tids.tolist())) == 1
+    x = np.linspace(-1, 1, N).astype("float32")
+    y = np.zeros(N, "float32")
+    m["heavy"](x, y, 8)  # tens of ms of work, measured serially on the first launch
+    works = sorted(i.work for i in parallel._task_cache.values() if i.work is not None)
+    assert works[-1] > 5e-3 and works[0] < 5e-3
+    m["heavy"](x, y, 8)  # now through the pool
+    np.testing.assert_allclose(y, _heavy_reference(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        parallel.set_min_parallel_work_us(-1)
+
+
 def test_num_threads_from_environment(monkeypatch):
     monkeypatch.setenv("TETHER_NUM_THREADS", "3")
     assert parallel.default_num_threads() == 3
@@ -202,6 +233,7 @@ m["vadd"](a, b, c)
 assert (c == a + b).all()
 p = module.load_module(d + "/par_%s.so" % arch)
 parallel.set_num_threads(2)
+parallel.set_min_parallel_work_us(0)
 counts = np.zeros(64, "int32"); tids = np.zeros(64, "int64")
 p["mark"](counts, tids, 1)
 assert (counts == 1).all(), counts

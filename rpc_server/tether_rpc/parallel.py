@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from typing import Dict, List, Optional
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,21 @@ LAUNCHER_TYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_
 # Returned when the launcher itself fails (a Python exception): fits the 24-bit field of "8 << 24 | t".
 LAUNCHER_INTERNAL_ERROR = 0xFFFFFF
 _JOIN_TIMEOUT_S = 5.0
+_clock = time.perf_counter
+
+
+def _env_min_work_us() -> float:
+    env = os.environ.get("TETHER_PARALLEL_MIN_WORK_US", "").strip()
+    if env:
+        try:
+            return max(0.0, float(env))
+        except ValueError:
+            logger.warning("ignoring TETHER_PARALLEL_MIN_WORK_US=%r: expected a number of microseconds", env)
+    return 50.0
+
+
+# Below this much measured work a launch runs in the caller (docs/parallel.md: about twice the wake-up cost).
+_min_parallel_work_s = _env_min_work_us() / 1e6
 _WAIT_LOG_INTERVAL_S = 60.0
 _TASK_CACHE_MAX = 1024
 
@@ -168,6 +184,12 @@ class ThreadPool:
         finally:
             self._busy.release()
 
+    @staticmethod
+    def run_serial(task, closure: Optional[int], num_tasks: int) -> int:
+        job = _Job(task, closure, num_tasks)
+        job.run()
+        return job.result
+
     def close(self) -> None:
         """Stop the workers (idempotent). Waits (bounded) for a running launch to finish first."""
         if self._closed:
@@ -187,7 +209,7 @@ class ThreadPool:
 
 _pool: Optional[ThreadPool] = None
 _pool_lock = threading.Lock()
-_task_cache: Dict[int, object] = {}
+_task_cache: Dict[int, "_TaskInfo"] = {}
 
 
 def get_pool() -> ThreadPool:
@@ -231,13 +253,36 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _task_callable(task_ptr: int):
-    fn = _task_cache.get(task_ptr)
-    if fn is None:
+class _TaskInfo:
+    """A task function seen before: its ctypes callable and the measured work of its last launch."""
+
+    __slots__ = ("fn", "work")
+
+    def __init__(self, task_ptr: int):
+        self.fn = TASK_TYPE(task_ptr)
+        self.work: Optional[float] = None  # seconds one thread needed for the last measured (serial) launch
+
+
+def _task_info(task_ptr: int) -> _TaskInfo:
+    info = _task_cache.get(task_ptr)
+    if info is None:
         if len(_task_cache) >= _TASK_CACHE_MAX:
             _task_cache.clear()
-        fn = _task_cache[task_ptr] = TASK_TYPE(task_ptr)
-    return fn
+        info = _task_cache[task_ptr] = _TaskInfo(task_ptr)
+    return info
+
+
+def set_min_parallel_work_us(us: float) -> None:
+    """Launches whose last run did less than ``us`` microseconds of work run in the caller alone (waking a
+    worker costs more than it saves); 0 always uses the pool."""
+    global _min_parallel_work_s
+    if us < 0:
+        raise ValueError("set_min_parallel_work_us: need >= 0, got %r" % (us,))
+    _min_parallel_work_s = us / 1e6
+
+
+def get_min_parallel_work_us() -> float:
+    return _min_parallel_work_s * 1e6
 
 
 def _launch(task_ptr: Optional[int], closure: Optional[int], num_tasks: int) -> int:
@@ -245,7 +290,19 @@ def _launch(task_ptr: Optional[int], closure: Optional[int], num_tasks: int) -> 
         if not task_ptr:
             logger.error("parallel launcher called with a NULL task")
             return LAUNCHER_INTERNAL_ERROR
-        return get_pool().launch(_task_callable(task_ptr), closure, num_tasks)
+        info = _task_info(task_ptr)
+        pool = get_pool()
+        threshold = _min_parallel_work_s
+        # Kernels have static shapes, so a task function does about the same work at every launch: its first
+        # launch runs serially in the caller to measure that work exactly, and launches of tiny work stay
+        # serial (re-measured each time, so growth is noticed). Parallel launches are not re-measured: their
+        # wall time mixes work with wake-up and GIL hand-off costs.
+        if threshold > 0 and (info.work is None or info.work < threshold):
+            t0 = _clock()
+            rc = pool.run_serial(info.fn, closure, num_tasks)
+            info.work = _clock() - t0
+            return rc
+        return pool.launch(info.fn, closure, num_tasks)
     except BaseException:  # an exception escaping a ctypes callback would be reported as success (0)
         logger.exception("parallel launcher failed")
         return LAUNCHER_INTERNAL_ERROR
