@@ -1,0 +1,236 @@
+"""LLVM code generation of loop IR: the emitted IR's shape (vector types, noalias, fast-math, no libm), the
+parallel launcher protocol (NULL launcher -> serial, chunked tasks, failing tasks), and NEON for ARM targets.
+
+Impl functions are JIT-compiled with llvmlite's MCJIT and called with ctypes pointers into numpy arrays, so the
+launcher slot can be driven directly from the test.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+
+import numpy as np
+import pytest
+
+import tether
+from tether import te
+from tether.codegen.llvm import MAX_PARALLEL_TASKS, emit_function
+from tether.codegen.module import ModuleBuilder
+from tether.codegen.emit import compile_module
+
+RNG = np.random.default_rng(3)
+TASK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
+LAUNCHER = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+
+
+def vadd_schedule(n, factor=8, parallel=True, fn=lambda a, b: a + b):
+    a = te.placeholder((n,), "float32", name="A")
+    b = te.placeholder((n,), "float32", name="B")
+    c = te.compute((n,), lambda i: fn(a[i], b[i]), name="C")
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=factor)
+    s[c].vectorize(xi)
+    if parallel:
+        s[c].parallel(xo)
+    return s, [a, b, c]
+
+
+def emit(s, args, name, target="host", fast_math=False):
+    pf = tether.lower(s, args, name)
+    mb = ModuleBuilder(target, name, fast_math=fast_math)
+    impl = emit_function(mb, pf)
+    mb.add_packed(pf, impl)
+    return mb, impl, mb.finish()
+
+
+class Jit:
+    """MCJIT-compiled module text; keeps the engine alive while functions are called."""
+
+    def __init__(self, text):
+        import llvmlite.binding as llvm
+        self.mod = llvm.parse_assembly(text)
+        self.mod.verify()
+        tm = llvm.Target.from_default_triple().create_target_machine(opt=2)
+        self.ee = llvm.create_mcjit_compiler(self.mod, tm)
+        self.ee.finalize_object()
+
+    def impl(self, name, nargs):
+        addr = self.ee.get_function_address(f"{name}__impl")
+        assert addr
+        return ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.c_void_p] * nargs)(addr)
+
+    def set_launcher(self, launcher):
+        addr = self.ee.get_function_address("tether_set_parallel_launcher")
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(addr)(ctypes.cast(launcher, ctypes.c_void_p) if launcher else None)
+
+
+def ptrs(*arrays):
+    return [a.ctypes.data for a in arrays]
+
+
+def test_impl_signature_noalias_vector_types_alignment():
+    s, args = vadd_schedule(1024, parallel=False)
+    _, impl, text = emit(s, args, "vadd")
+    assert impl.name == "vadd__impl"
+    assert re.search(r'define .*i32 @"vadd__impl"\(ptr noalias %"p_A", ptr noalias %"p_B", ptr noalias %"p_C"\)',
+                     text)
+    assert re.search(r"load <8 x float>, ptr %[^,]+, align 4", text)
+    assert re.search(r"store <8 x float> %[^,]+, ptr %[^,]+, align 4", text)
+    assert "fadd contract <8 x float>" in text
+
+
+def test_fast_math_flags_only_on_request():
+    s, args = vadd_schedule(64, parallel=False, fn=lambda a, b: a * b + te.exp(a))
+    _, _, text = emit(s, args, "k", fast_math=True)
+    assert "fmul fast <8 x float>" in text
+    _, impl, _ = emit(s, args, "k", fast_math=False)
+    body = str(impl)
+    assert "fmul contract <8 x float>" in body
+    assert " fast " not in body
+
+
+def test_math_uses_module_mathlib_not_libm():
+    s, args = vadd_schedule(40, parallel=False,
+                            fn=lambda a, b: te.exp(a) + te.log(b) + te.tanh(a) + te.erf(b) + te.sigmoid(a)
+                            + te.pow(b, a) + te.floor(a))
+    _, _, text = emit(s, args, "k")
+    declared = re.findall(r'^declare [^@]*@"?([\w.]+)"?', text, flags=re.M)
+    assert all(d.startswith("llvm.") for d in declared), declared
+    for libm in ("expf", "logf", "tanhf", "erff", "powf", "floorf"):
+        assert f'@"{libm}"' not in text and f"@{libm}(" not in text
+
+
+def test_serial_fallback_when_no_launcher_installed():
+    n = 1003
+    s, args = vadd_schedule(n)
+    _, _, text = emit(s, args, "vadd")
+    jit = Jit(text)
+    f = jit.impl("vadd", 3)
+    a, b = RNG.random(n, dtype=np.float32), RNG.random(n, dtype=np.float32)
+    c = np.zeros(n, np.float32)
+    assert f(*ptrs(a, b, c)) == 0
+    np.testing.assert_allclose(c, a + b)
+
+
+def test_launcher_gets_chunked_tasks_each_run_once():
+    n = 1000                                  # 125 parallel iterations -> at most MAX_PARALLEL_TASKS tasks
+    s, args = vadd_schedule(n)
+    _, _, text = emit(s, args, "vadd")
+    jit = Jit(text)
+    calls = []
+
+    @LAUNCHER
+    def launcher(task, closure, num_tasks):
+        calls.append(num_tasks)
+        fn = TASK(task)
+        order = list(range(num_tasks))[::-1]  # any order must work
+        for t in order:
+            rc = fn(t, num_tasks, closure)
+            if rc:
+                return rc
+        return 0
+
+    jit.set_launcher(launcher)
+    try:
+        a, b = RNG.random(n, dtype=np.float32), RNG.random(n, dtype=np.float32)
+        c = np.zeros(n, np.float32)
+        assert jit.impl("vadd", 3)(*ptrs(a, b, c)) == 0
+        np.testing.assert_allclose(c, a + b)
+        assert calls == [MAX_PARALLEL_TASKS]
+    finally:
+        jit.set_launcher(None)
+
+
+def test_launcher_failure_becomes_parallel_error_code():
+    s, args = vadd_schedule(64)
+    _, _, text = emit(s, args, "vadd")
+    jit = Jit(text)
+
+    @LAUNCHER
+    def failing(task, closure, num_tasks):
+        return 42
+
+    jit.set_launcher(failing)
+    try:
+        a = np.zeros(64, np.float32)
+        assert jit.impl("vadd", 3)(*ptrs(a, a.copy(), a.copy())) == (8 << 24) | 42
+    finally:
+        jit.set_launcher(None)
+
+
+def test_parallel_closure_carries_outer_loop_values_and_buffers():
+    # the parallel loop is inside a serial loop and reads a root-level intermediate buffer
+    m, n = 5, 37
+    a = te.placeholder((m, n), "float32", name="A")
+    t = te.compute((m, n), lambda i, j: a[i, j] * 2.0, name="T")
+    c = te.compute((m, n), lambda i, j: t[i, j] + a[i, n - 1 - j], name="C")
+    s = te.create_schedule(c.op)
+    jo, ji = s[c].split(c.op.axis[1], factor=4)
+    s[c].parallel(jo)
+    s[c].vectorize(ji)
+    _, _, text = emit(s, [a, c], "k")
+    assert "k__task0" in text
+    jit = Jit(text)
+    x = RNG.random((m, n), dtype=np.float32)
+    out = np.zeros((m, n), np.float32)
+    assert jit.impl("k", 2)(*ptrs(x, out)) == 0
+    np.testing.assert_allclose(out, x * 2 + x[:, ::-1])
+
+
+@pytest.mark.parametrize("target,patterns", [
+    ("rasp4b", [r"\bfadd\s+v\d+\.4s", r"\bldr\s+q\d+|\bld1\s"]),
+    ("rasp3b", [r"\bvadd\.f32\s+q\d+", r"\bvld1\.32\b"]),
+])
+def test_vectorized_kernel_uses_neon(target, patterns):
+    s, args = vadd_schedule(1024, factor=4, parallel=False)
+    _, _, text = emit(s, args, "vadd", target=target)
+    asm = compile_module(text, target).asm
+    for p in patterns:
+        assert re.search(p, asm), (p, asm[:2000])
+
+
+def test_matmul_micro_kernel_is_fma_loop_with_register_accumulators():
+    m = n = k = 64
+    a = te.placeholder((m, k), "float32", name="A")
+    b = te.placeholder((k, n), "float32", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    s = te.create_schedule(c.op)
+    cl = s.cache_write(c, "local")
+    io, jo, ii, ji = s[c].tile(c.op.axis[0], c.op.axis[1], 4, 8)
+    s[c].vectorize(ji)
+    s[cl].compute_at(s[c], jo)
+    ci, cj = s[cl].op.axis
+    s[cl].reorder(s[cl].op.reduce_axis[0], ci, cj)
+    s[cl].unroll(ci)
+    s[cl].vectorize(cj)
+    _, _, text = emit(s, [a, b, c], "mm", target="rasp4b")
+    compiled = compile_module(text, "rasp4b")
+    asm = compiled.asm
+    # 4 rows x 2 float32x4 vectors: fused multiply-adds by lane or vector, accumulators never spilled to the tile
+    assert len(re.findall(r"\bfmla\s+v\d+\.4s", asm)) >= 8
+    opt = compiled.optimized_ir
+    impl = opt[opt.index("mm__impl"):]
+    assert "alloca" not in impl.split("\n}\n")[0]          # SROA promoted C.local to registers
+
+
+def test_int_and_bool_vectors_compile_for_armv7():
+    a = te.placeholder((35,), "int8", name="A")
+    b = te.placeholder((35,), "int32", name="B")
+    c = te.compute((35,), lambda i: te.if_then_else(a[i] > 0, b[i] // 3, b[i] % 5 + a[i].astype("int32")),
+                   name="C")
+    d = te.compute((35,), lambda i: (b[i] > 2) & (a[i] < 7), name="D")
+    s = te.create_schedule([c.op, d.op])
+    for t in (c, d):
+        _, xi = s[t].split(t.op.axis[0], factor=8)
+        s[t].vectorize(xi)
+    _, _, text = emit(s, [a, b, c, d], "k", target="rasp3b")
+    assert "<8 x i32>" in text and "<8 x i1>" in text
+    compile_module(text, "rasp3b")
+    jit = Jit(emit(s, [a, b, c, d], "k")[2])
+    x = RNG.integers(-20, 20, 35).astype(np.int8)
+    y = RNG.integers(-50, 50, 35).astype(np.int32)
+    oc, od = np.zeros(35, np.int32), np.zeros(35, np.bool_)
+    assert jit.impl("k", 4)(*ptrs(x, y, oc, od)) == 0
+    np.testing.assert_array_equal(oc, np.where(x > 0, y // 3, y % 5 + x))
+    np.testing.assert_array_equal(od, (y > 2) & (x < 7))
