@@ -27,13 +27,14 @@ import hmac
 import os
 import socket
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import msgpack
-import numpy as np
 
+# numpy is imported on first use (tensors only): the server then listens before the slow numpy import.
 from .errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError, TetherTimeout, VersionMismatch
 
 PROTOCOL_MAGIC = "tether-rpc"
@@ -134,6 +135,8 @@ TENSOR_DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "
 
 def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
     """The ext-1 prefix for a tensor; the raw element bytes follow it."""
+    import numpy as np
+
     name = np.dtype(dtype).name
     if name not in TENSOR_DTYPES:
         raise ProtocolError("dtype %r cannot travel as a tensor (allowed: %s)" % (name, ", ".join(sorted(TENSOR_DTYPES))))
@@ -142,7 +145,9 @@ def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
             + b"".join(_U64.pack(int(d)) for d in shape))
 
 
-def encode_tensor(array: np.ndarray) -> msgpack.ExtType:
+def encode_tensor(array: Any) -> msgpack.ExtType:
+    import numpy as np
+
     # ascontiguousarray turns 0-d arrays into 1-d ones, hence the reshape
     arr = np.ascontiguousarray(array).reshape(np.shape(array))
     if arr.dtype.byteorder == ">":
@@ -150,8 +155,10 @@ def encode_tensor(array: np.ndarray) -> msgpack.ExtType:
     return msgpack.ExtType(EXT_TENSOR, tensor_header(arr.dtype.name, arr.shape) + arr.tobytes())
 
 
-def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
-    """Decode ext-1 data zero-copy (the array is a read-only view of ``data``)."""
+def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """Decode ext-1 data zero-copy (the array is a read-only numpy view of ``data``)."""
+    import numpy as np
+
     try:
         n = data[0]
         name = bytes(data[1:1 + n]).decode("ascii")
@@ -182,12 +189,14 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> np.ndarray:
 
 
 def _default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return encode_tensor(obj)
     if isinstance(obj, RemoteHandle):
         return msgpack.ExtType(EXT_HANDLE, _U64.pack(obj.id))
-    if isinstance(obj, np.generic):
-        return obj.item()
+    np = sys.modules.get("numpy")  # no numpy loaded -> obj cannot be a numpy object
+    if np is not None:
+        if isinstance(obj, np.ndarray):
+            return encode_tensor(obj)
+        if isinstance(obj, np.generic):
+            return obj.item()
     if isinstance(obj, tuple):
         return list(obj)
     raise TypeError("cannot send %s over tether rpc (use numbers, str, bytes, lists, dicts, numpy arrays)"

@@ -44,7 +44,6 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from . import __version__
 from . import protocol as p
 from .errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError, TetherError, TetherTimeout
-from .session import BulkIn, Reply, SessionHandler
 
 log = logging.getLogger(__name__)
 
@@ -612,6 +611,8 @@ def _watchdog(sock: socket.socket) -> None:
 def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: str,
                 limits: p.Limits = p.DEFAULT_LIMITS) -> int:
     """Serve one session's CALLs on a connected, handshaken socket until CLOSE or hang-up; returns an exit code."""
+    from .session import BulkIn, SessionHandler  # noqa: F401 (imported in the parent already by the preload)
+
     sock.setblocking(True)
     if buffer is None:
         buffer = p.FrameBuffer(limits)
@@ -650,7 +651,7 @@ def _send_error(channel: _Channel, request_id: int, exc: BaseException, tb: str)
         pass
 
 
-def _serve_call(channel: _Channel, reader: p.FrameReader, handler: SessionHandler, request_id: int,
+def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_id: int,
                 payload: dict, limits: p.Limits) -> bool:
     """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
     channel.request_id = request_id
@@ -662,6 +663,8 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: SessionHandle
     except ProtocolError as exc:
         _send_error(channel, request_id, exc, "")
         return False
+    from .session import BulkIn
+
     bulk = BulkIn(nbytes, reader.read_into, reader.skip) if nbytes else None
     try:
         reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
@@ -692,7 +695,7 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: SessionHandle
 
 def _preload_runtime() -> None:
     """Import the runtime once in the parent so every forked session starts warm."""
-    for name in ("ndarray", "module", "timing", "device_info", "parallel"):
+    for name in ("session", "ndarray", "module", "timing", "device_info", "parallel"):
         try:
             importlib.import_module("tether_rpc." + name)
         except ImportError as exc:
@@ -714,7 +717,6 @@ def serve(config: ServerConfig, ready: Optional[Callable[["Server"], None]] = No
         config.hooks.append(_tracker_hook(config))
     t0 = time.perf_counter()
     with Server(config) as server:
-        _preload_runtime()
         previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -722,6 +724,10 @@ def serve(config: ServerConfig, ready: Optional[Callable[["Server"], None]] = No
         host, port = server.address[:2]
         log.info("tether rpc-server listening on %s:%d (start-up %.0f ms)", host, port,
                  1000 * (time.perf_counter() - t0))
+        # Connections queue in the kernel's backlog meanwhile; forked sessions then start warm.
+        t1 = time.perf_counter()
+        _preload_runtime()
+        log.info("runtime loaded in %.0f ms", 1000 * (time.perf_counter() - t1))
         if ready is not None:
             ready(server)
         try:
