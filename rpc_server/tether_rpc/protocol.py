@@ -309,6 +309,7 @@ class FrameBuffer:
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, size: int = 256 << 10):
         self._buf = bytearray(size)
+        self._view = memoryview(self._buf)  # the buffer is replaced, never resized, so this view stays valid
         self._start = 0
         self._end = 0
         self.limits = limits
@@ -355,12 +356,13 @@ class FrameBuffer:
             used = self._end - self._start
             if used + need > len(self._buf):
                 new = bytearray(max(used + need, len(self._buf)))
-                new[:used] = self._buf[self._start:self._end]
+                new[:used] = self._view[self._start:self._end]
                 self._buf = new
+                self._view = memoryview(new)
             else:
                 self._buf[:used] = self._buf[self._start:self._end]
             self._start, self._end = 0, used
-        return memoryview(self._buf)[self._end:]
+        return self._view[self._end:]
 
     def wrote(self, n: int) -> None:
         self._end += n
@@ -392,18 +394,14 @@ class FrameBuffer:
         if avail < HEADER_SIZE + n:
             return None
         begin = start + HEADER_SIZE
-        with memoryview(self._buf) as view:
-            try:
-                frame = self._decode(view[begin:begin + n])
-            finally:
-                self._start = begin + n
-        return frame
+        self._start = begin + n
+        return self._decode(self._view[begin:begin + n])
 
     def take(self, dest: memoryview) -> int:
         """Move already-buffered bytes (the start of a bulk payload) into ``dest``; returns how many."""
         n = min(len(dest), self._end - self._start)
         if n:
-            dest[:n] = self._buf[self._start:self._start + n]
+            dest[:n] = self._view[self._start:self._start + n]
             self._start += n
         return n
 
@@ -436,9 +434,10 @@ class FrameReader:
     def read_frame(self) -> Tuple[int, int, dict]:
         buf = self.buffer
         while True:
-            frame = buf.next_frame()
-            if frame is not None:
-                return frame
+            if buf._end - buf._start >= HEADER_SIZE:
+                frame = buf.next_frame()
+                if frame is not None:
+                    return frame
             # missing() has checked the frame against the limit, so growing to fit it whole is safe
             buf.wrote(_recv_some(self.sock, buf.free_space(buf.missing())))
 
