@@ -204,3 +204,126 @@ def test_get_caches_per_module_and_rejects_unknown_names():
         mathlib.get(m1, "cbrt", F32)
     with pytest.raises(UnsupportedOpError, match="float, double or vectors"):
         mathlib.get(m1, "exp", ir.IntType(32))
+
+
+# ---- the same math on emulated ARM -----------------------------------------------------------------------------
+_HARNESS = r"""
+#include "kern.h"
+#if defined(__aarch64__)
+enum { NR_READ = 63, NR_WRITE = 64, NR_EXIT = 93 };
+static long sys3(long n, long a, long b, long c) {
+  register long x8 __asm__("x8") = n; register long x0 __asm__("x0") = a;
+  register long x1 __asm__("x1") = b; register long x2 __asm__("x2") = c;
+  __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory");
+  return x0;
+}
+#elif defined(__arm__)
+enum { NR_READ = 3, NR_WRITE = 4, NR_EXIT = 1 };
+static long sys3(long n, long a, long b, long c) {
+  register long r7 __asm__("r7") = n; register long r0 __asm__("r0") = a;
+  register long r1 __asm__("r1") = b; register long r2 __asm__("r2") = c;
+  __asm__ volatile("svc #0" : "+r"(r0) : "r"(r7), "r"(r1), "r"(r2) : "memory");
+  return r0;
+}
+#endif
+#define N %(n)d
+static float x[N], y[N], out[N];
+static int64_t shape[1] = {N};
+static int fill(char* p, long want) {
+  while (want > 0) { long got = sys3(NR_READ, 0, (long)p, want); if (got <= 0) return -1; p += got; want -= got; }
+  return 0;
+}
+typedef int32_t (*fn_t)(const TetherValue*, const int32_t*, int32_t);
+static const fn_t fns[] = {%(fns)s};
+static const int nargs[] = {%(nargs)s};
+void _start(void) {
+  int failures = 0;
+  for (unsigned k = 0; k < sizeof(fns) / sizeof(fns[0]); ++k) {
+    if (fill((char*)x, sizeof x) || fill((char*)y, sizeof y)) sys3(NR_EXIT, 100, 0, 0);
+    DLTensor t[3] = {{x, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, 0, 0}, {y, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, 0, 0},
+                     {out, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, 0, 0}};
+    if (nargs[k] == 2) t[1] = t[2];
+    TetherValue args[3]; int32_t codes[3] = {TETHER_DLTENSOR, TETHER_DLTENSOR, TETHER_DLTENSOR};
+    for (int i = 0; i < 3; ++i) args[i].v_handle = &t[i];
+    if (fns[k](args, codes, nargs[k]) != 0) failures++;
+    sys3(NR_WRITE, 1, (long)out, sizeof out);
+  }
+  sys3(NR_EXIT, failures, 0, 0);
+  for (;;) {}
+}
+"""
+_EMULATED = {"rasp4b": ("aarch64-linux-musl", [], "qemu-aarch64"),
+             "rasp3b": ("arm-linux-musleabihf", ["-mcpu=cortex_a53"], "qemu-arm"),
+             "armv7-a7": ("arm-linux-musleabihf", ["-mcpu=cortex_a7"], "qemu-arm")}
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("preset", list(_EMULATED))
+def test_math_on_emulated_arm(preset, tmp_path, host_linker):
+    """float32 scalar and NEON math on ARM under qemu-user: the kernel object is linked into a freestanding C
+    harness (zig cc, no libc), which streams inputs from stdin and results to stdout.
+
+    NEON on armv7 flushes subnormals to zero, so only normal inputs and results are compared there."""
+    import shutil
+    import subprocess
+    import sys
+
+    zig_cc = [sys.executable, "-m", "ziglang", "cc"]
+    triple, cflags, qemu = _EMULATED[preset]
+    if shutil.which(qemu) is None:
+        pytest.skip("%s is not installed" % qemu)
+    pytest.importorskip("ziglang")
+    kernels = []
+    mb = ModuleBuilder(preset, "armmath")
+    for fname in FUNCS:
+        for tname in ("f32", "v4f32"):
+            name = "%s_%s" % (fname, tname)
+            impl, kf = math_kernel(mb, name, fname, N, TYPES[tname])
+            mb.add_packed(kf, impl)
+            kernels.append((fname, name))
+    module = build_ir(mb)
+    module.export_object(str(tmp_path / "kern.o"))
+    module.export_header(str(tmp_path / "kern.h"))
+    (tmp_path / "h.c").write_text(_HARNESS % {
+        "n": N, "fns": ", ".join(n for _, n in kernels),
+        "nargs": ", ".join("3" if f == "pow" else "2" for f, _ in kernels)})
+    exe = tmp_path / "harness"
+    subprocess.run(zig_cc + ["-target", triple] + cflags + ["-nostdlib", "-ffreestanding", "-static", "-O1",
+                   "-fno-stack-protector", "-I", str(tmp_path), "-o", str(exe), str(tmp_path / "h.c"),
+                   str(tmp_path / "kern.o")], check=True, timeout=300, capture_output=True)
+    blocks, refs = [], []
+    px, py = _pow_points()
+    for fname, _ in kernels:
+        with np.errstate(over="ignore"):
+            if fname == "pow":
+                x, y = _pad(px).astype(np.float32), _pad(py).astype(np.float32)
+            else:
+                x, y = _pad(CASES[fname][1]).astype(np.float32), np.zeros(N, np.float32)
+        with np.errstate(all="ignore"):
+            ref = (np.power(x.astype(np.float64), y.astype(np.float64)) if fname == "pow"
+                   else CASES[fname][0](x.astype(np.float64))).astype(np.float32)
+        blocks += [x.tobytes(), y.tobytes()]
+        refs.append((x, ref))
+    proc = subprocess.run([qemu, str(exe)], input=b"".join(blocks), capture_output=True, timeout=120)
+    assert proc.returncode == 0, "harness: %d kernels returned an error" % proc.returncode
+    got_all = np.frombuffer(proc.stdout, np.float32).reshape(len(kernels), N)
+    tiny = np.finfo(np.float32).tiny
+    for (fname, name), (x, ref), got in zip(kernels, refs, got_all):
+        keep = ~((np.abs(x) < tiny) & (x != 0)) & ~((np.abs(ref) < tiny) & (ref != 0))
+        rtol = {"floor": 0.0, "ceil": 0.0, "abs": 0.0, "sqrt": 1e-7}.get(fname, 1e-6)
+        _check(got[keep], ref[keep], rtol, 0.0, "%s on %s" % (name, preset))
+
+
+@pytest.mark.parametrize("preset", ["x86_64", "rasp4b", "armv7-a7"])
+def test_every_function_links_without_libm(preset, tmp_path, host_linker):
+    """No math function may become a library call on any target (the .so links with --no-undefined)."""
+    from tether_rpc import elf
+
+    mb = ModuleBuilder(preset, "nolibm")
+    for fname in FUNCS:
+        for tname in ("v4f32", "f64"):
+            impl, kf = math_kernel(mb, "%s_%s" % (fname, tname), fname, 16, TYPES[tname])
+            mb.add_packed(kf, impl)
+    path = build_ir(mb).export_library(str(tmp_path / "nolibm.so"))
+    with elf.read_elf(path) as f:
+        assert f.undefined_symbols == [] and f.needed == []
