@@ -311,7 +311,8 @@ def _build(spec: ArchSpec, path: pathlib.Path, *, suite: str, mirrors: Sequence[
         "recipe": RECIPE_VERSION, "arch": spec.name, "debian_arch": spec.debian_arch, "suite": suite,
         "packages": list(PACKAGES), "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "build_seconds": round(time.monotonic() - t0, 2), "mmdebstrap_seconds": round(t_fetch, 2),
-        "sources": sources, "blas_links": linked, "byte_compiled_by": compiled_by, "size_bytes": _du(path / "rootfs"), **versions,
+        "sources": sources, "blas_links": linked, "byte_compiled_by": compiled_by,
+        "size_bytes": _du(path / "rootfs"), **versions,
     }
     tmp = path / (STAMP_NAME + ".tmp")
     tmp.write_text(json.dumps(stamp, indent=1))
@@ -474,8 +475,8 @@ class EmulatedDevice:
     """The tether device server running inside a userland under qemu-user, as a context manager.
 
     The device zipapp is copied into the rootfs (``/opt/tether/<id>/tether-rpc.pyz``) and started by the guest
-    python, as on a board (``python3 tether-rpc.pyz --port ...``). ``start()`` returns once the server logs where it listens; ``close()`` stops
-    it by PID (SIGTERM, wait, SIGKILL) and removes the shipped zipapp.
+    python, as on a board (``python3 tether-rpc.pyz --port ...``). ``start()`` returns once the server logs where
+    it listens; ``close()`` stops it by PID (SIGTERM, wait, SIGKILL) and removes the shipped zipapp.
     """
 
     def __init__(self, userland: Userland, *, cpu: Optional[str] = None, host: str = "127.0.0.1",

@@ -44,9 +44,9 @@ def _raise_interrupt(signum, frame) -> None:
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Userland cache folder (default: $TETHER_USERLAND_CACHE or $XDG_CACHE_HOME/tether/userlands).")
 @click.pass_context
-def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[str], host: str, port: int, port_end: int,
-            tracker: Optional[str], key: Optional[str], token: Optional[str], list_: bool, clean: bool,
-            rebuild: bool, cache_dir: Optional[str]) -> None:
+def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[str], host: str, port: int,
+            port_end: int, tracker: Optional[str], key: Optional[str], token: Optional[str], list_: bool,
+            clean: bool, rebuild: bool, cache_dir: Optional[str]) -> None:
     """Run the device server on an emulated ARM device (qemu-user + a cached Debian userland).
 
     The first run builds the userland (about 10-20 s, needs root, qemu-user and mmdebstrap); later runs start
