@@ -223,10 +223,12 @@ GUEST_CHECK = """
 import sys
 sys.path.insert(0, sys.argv[3])
 import numpy as np
-from tether_rpc import elf, module, parallel
+from tether_rpc import device_info, elf, module, parallel
 from tether_rpc.errors import ArchMismatch
 arch, d = sys.argv[1], sys.argv[2]
 assert elf.host_arch() == arch, elf.host_arch()
+info = device_info.device_info()
+assert info["arch"] == arch and info["suggested_target"], info
 m = module.load_module(d + "/vadd_%s.so" % arch)
 a = np.arange(1024, dtype="float32"); b = np.full(1024, 0.5, "float32"); c = np.zeros(1024, "float32")
 m["vadd"](a, b, c)

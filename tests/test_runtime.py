@@ -281,7 +281,7 @@ def test_time_evaluator_fixed_cost_is_small(vadd_mod):
 def test_device_info_keys_and_arch():
     info = dinfo.device_info()
     for key in ("arch", "machine", "cpu_model", "cpu_cores", "cpu_features", "num_cores", "memory_bytes", "os",
-                "python", "numpy", "msgpack", "governor", "temperature_c", "suggested_target"):
+                "python", "numpy", "msgpack", "governor", "temperature_c", "suggested_target", "parallel_threads"):
         assert key in info, key
     assert info["arch"] == elf.host_arch()
     assert info["numpy"] == np.__version__

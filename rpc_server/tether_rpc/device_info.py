@@ -15,6 +15,7 @@ Keys of :func:`device_info`::
     cpu_cores        sorted unique core names from "CPU part" (e.g. ["cortex-a72"]); [] if unknown
     cpu_features     sorted CPU feature flags ("Features"/"flags"); [] if unknown
     num_cores        os.cpu_count();   usable_cores: CPUs this process may run on
+    parallel_threads threads the parallel launcher uses by default (TETHER_NUM_THREADS or usable_cores)
     memory_bytes / memory_available_bytes   from /proc/meminfo, or None
     os               {"system", "release", "version", "name", "id", "android", "android_version"}
     python, python_implementation, numpy, msgpack, tether_rpc   versions
@@ -182,6 +183,14 @@ def suggest_target(arch: str, cores: List[str], android: bool) -> str:
     return arch
 
 
+def _parallel_threads() -> Optional[int]:
+    try:
+        from .parallel import default_num_threads
+        return default_num_threads()
+    except Exception:
+        return None
+
+
 def _versions() -> Dict[str, Optional[str]]:
     out: Dict[str, Optional[str]] = {"python": platform.python_version(),
                                      "python_implementation": platform.python_implementation(),
@@ -225,6 +234,7 @@ def device_info() -> Dict[str, Any]:
         "cpu_features": cpu["features"],
         "num_cores": os.cpu_count(),
         "usable_cores": usable,
+        "parallel_threads": _parallel_threads(),
         "memory_bytes": mem["total"],
         "memory_available_bytes": mem["available"],
         "os": {"system": uname.system, "release": uname.release, "version": uname.version,
