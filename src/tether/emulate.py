@@ -261,8 +261,9 @@ def _build(spec: ArchSpec, path: pathlib.Path, *, suite: str, mirrors: Sequence[
     t0 = time.monotonic()
     path.mkdir(parents=True, exist_ok=True)
     (path / STAMP_NAME).unlink(missing_ok=True)
+    for stale in path.glob("rootfs.partial-*"):   # left by a builder that was killed; we hold the lock
+        _rmtree(stale)
     staging = path / ("rootfs.partial-%d" % os.getpid())
-    _rmtree(staging)
     logfile = path / "build.log"
     sources = list(mirrors) if mirrors else default_sources(suite)
     progress("mmdebstrap %s (%s) -> %s" % (suite, spec.debian_arch, path))
