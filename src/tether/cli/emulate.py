@@ -38,6 +38,7 @@ def _raise_interrupt(signum, frame) -> None:
 @click.option("--tracker", default=None, metavar="HOST:PORT", help="Register with this tracker.")
 @click.option("--key", default=None, help="Device key to register under (with --tracker).")
 @click.option("--token", default=None, help="Require this token from clients.")
+@click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
 @click.option("--list", "list_", is_flag=True, help="List the cached userlands and exit.")
 @click.option("--clean", is_flag=True, help="Delete the cached userland(s) (only --arch's if given) and exit.")
 @click.option("--rebuild", is_flag=True, help="Rebuild the userland even if a cached one exists.")
@@ -45,8 +46,8 @@ def _raise_interrupt(signum, frame) -> None:
               help="Userland cache folder (default: $TETHER_USERLAND_CACHE or $XDG_CACHE_HOME/tether/userlands).")
 @click.pass_context
 def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[str], host: str, port: int,
-            port_end: int, tracker: Optional[str], key: Optional[str], token: Optional[str], list_: bool,
-            clean: bool, rebuild: bool, cache_dir: Optional[str]) -> None:
+            port_end: int, tracker: Optional[str], key: Optional[str], token: Optional[str], insecure: bool,
+            list_: bool, clean: bool, rebuild: bool, cache_dir: Optional[str]) -> None:
     """Run the device server on an emulated ARM device (qemu-user + a cached Debian userland).
 
     The first run builds the userland (about 10-20 s, needs root, qemu-user and mmdebstrap); later runs start
@@ -75,7 +76,7 @@ def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[
                                        progress=lambda msg: click.echo("[userland] " + msg, err=True))
         device = emu.EmulatedDevice(userland, cpu=cpu, host=host, port=port, port_end=port_end, tracker=tracker,
                                     key=key, token=token, on_line=lambda line: click.echo(line, err=True),
-                                    preset=preset)
+                                    preset=preset, extra_args=["--insecure"] if insecure else ())
         click.echo("starting an emulated %s device (qemu %s, -cpu %s) from %s"
                    % (arch, userland.spec.qemu, device.cpu, userland.path), err=True)
         with device:   # starts it, and stops it however this block is left
