@@ -212,3 +212,16 @@ def test_streamed_events_reach_the_callbacks_over_a_real_socket():
         listener.close()
     assert logs == [("stdout", "first line"), ("stdout", "second line")]
     assert events == ["log", "log", "progress"]
+
+
+@pytest.mark.parametrize("kind", ["local", "remote"])
+def test_empty_arrays_and_files(kind, rpc_server):
+    session = rpc.LocalSession() if kind == "local" else rpc.connect(rpc_server.host, rpc_server.port, timeout=5)
+    with session:
+        arr = session.array(np.zeros((0, 3), "float64"))
+        assert arr.shape == (0, 3) and arr.numpy().shape == (0, 3)
+        session.upload(b"", name="empty.bin")
+        assert session.download("empty.bin") == b""
+        assert session.listdir() == ["empty.bin"]
+        scalar = session.array(np.array(7, "int64"))
+        assert scalar.shape == () and scalar.numpy() == 7

@@ -443,7 +443,7 @@ class FrameReader:
 
     def read_into(self, dest: memoryview) -> None:
         """Fill ``dest`` exactly with bulk bytes: buffered leftovers first, then ``recv_into`` in place."""
-        dest = memoryview(dest).cast("B")
+        dest = byte_view(dest)
         pos = self.buffer.take(dest)
         total = len(dest)
         while pos < total:
@@ -465,9 +465,19 @@ class FrameReader:
             n -= step
 
 
+def byte_view(obj: Any) -> memoryview:
+    """A flat unsigned-byte view of any C-contiguous buffer (numpy arrays included, even empty ones)."""
+    view = obj if isinstance(obj, memoryview) else memoryview(obj)
+    if view.ndim == 1 and view.format == "B":
+        return view
+    if view.nbytes == 0:  # memoryview.cast refuses zeros in the shape
+        return memoryview(b"")
+    return view.cast("B")
+
+
 def send_buffers(sock: socket.socket, buffers: Iterable[Any]) -> None:
     """Write several buffers with as few syscalls as possible (one ``sendmsg`` for small frames), no copies."""
-    views: List[memoryview] = [memoryview(b).cast("B") for b in buffers]
+    views: List[memoryview] = [byte_view(b) for b in buffers]
     views = [v for v in views if len(v)]
     try:
         while views:
@@ -497,7 +507,7 @@ def send_frame(sock: socket.socket, msg_type: int, request_id: int, payload: Opt
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise ConnectionClosed("connection lost while sending: %s" % exc) from None
         return
-    view = memoryview(bulk).cast("B")
+    view = byte_view(bulk)
     payload = dict(payload or {})
     payload["nbytes"] = len(view)
     send_buffers(sock, [encode_frame(msg_type, request_id, payload), view])

@@ -665,7 +665,7 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_
         return False
     from .session import BulkIn
 
-    bulk = BulkIn(nbytes, reader.read_into, reader.skip) if nbytes else None
+    bulk = BulkIn(nbytes, reader.read_into, reader.skip) if "nbytes" in payload else None
     try:
         reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
         frame = p.encode_frame(p.MsgType.RETURN, request_id, reply.payload())

@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ProtocolError
 from .files import SessionFolder
-from .protocol import RemoteHandle
+from .protocol import RemoteHandle, byte_view
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class BulkIn:
 
     @classmethod
     def from_buffer(cls, buffer: Any) -> "BulkIn":
-        src = memoryview(buffer).cast("B")
+        src = byte_view(buffer)
         state = {"pos": 0}
 
         def readinto(view: memoryview) -> None:
@@ -53,7 +53,7 @@ class BulkIn:
         return self.nbytes - self.consumed
 
     def readinto(self, view: memoryview) -> None:
-        view = memoryview(view).cast("B")
+        view = byte_view(view)
         if len(view) > self.remaining:
             raise ProtocolError("asked for %d bulk bytes, only %d remain" % (len(view), self.remaining))
         self._readinto(view)
@@ -82,7 +82,7 @@ class Reply:
         self.tensors = tensors
         self.buffer = buffer
         self.file = file
-        self.size = len(memoryview(buffer).cast("B")) if buffer is not None else size
+        self.size = byte_view(buffer).nbytes if buffer is not None else size
 
     @property
     def has_bulk(self) -> bool:

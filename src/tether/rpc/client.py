@@ -103,6 +103,12 @@ class TimingResult:
 # ---------------------------------------------------------------------------------------------------------------
 # remote objects
 
+def _contiguous(source: Any) -> np.ndarray:
+    """C-contiguous without np.ascontiguousarray's habit of turning 0-d arrays into 1-d ones."""
+    src = np.asarray(source)
+    return src if src.flags.c_contiguous else np.ascontiguousarray(src).reshape(src.shape)
+
+
 class RemoteArray:
     """An array living in a session (device memory). ``numpy()`` copies out, ``copyfrom`` copies in."""
 
@@ -123,7 +129,7 @@ class RemoteArray:
 
     def numpy(self) -> np.ndarray:
         out = np.empty(self.shape, self.dtype)
-        self.session._call("tether.array.copy_out", [self.handle], into=memoryview(out).cast("B"))
+        self.session._call("tether.array.copy_out", [self.handle], into=p.byte_view(out))
         return out
 
     asnumpy = numpy
@@ -131,7 +137,7 @@ class RemoteArray:
     def copyto(self, target: np.ndarray) -> np.ndarray:
         if target.shape != self.shape or target.dtype != np.dtype(self.dtype) or not target.flags.c_contiguous:
             raise ValueError("copyto: target must be a C-contiguous %s array of shape %s" % (self.dtype, self.shape))
-        self.session._call("tether.array.copy_out", [self.handle], into=memoryview(target).cast("B"))
+        self.session._call("tether.array.copy_out", [self.handle], into=p.byte_view(target))
         return target
 
     def copyfrom(self, source: Any) -> "RemoteArray":
@@ -141,8 +147,8 @@ class RemoteArray:
         if src.dtype != np.dtype(self.dtype):
             raise ValueError("copyfrom: dtype %s does not match the remote array's %s (convert with .astype(%r))"
                              % (src.dtype.name, self.dtype, self.dtype))
-        src = np.ascontiguousarray(src)
-        self.session._call("tether.array.copy_in", [self.handle], bulk=memoryview(src).cast("B"))
+        src = _contiguous(src)
+        self.session._call("tether.array.copy_in", [self.handle], bulk=p.byte_view(src))
         return self
 
     def free(self) -> None:
@@ -361,7 +367,7 @@ class SessionAPI:
 
     def array(self, source: Any) -> RemoteArray:
         """A device array holding a copy of ``source`` (numpy array or anything np.asarray takes)."""
-        src = np.ascontiguousarray(np.asarray(source))
+        src = _contiguous(source)
         arr = self.empty(src.shape, src.dtype.name)
         try:
             arr.copyfrom(src)
@@ -376,7 +382,7 @@ class SessionAPI:
         if isinstance(source, (bytes, bytearray, memoryview)):
             if name is None:
                 raise ValueError("upload of bytes needs a name=")
-            bulk: Any = memoryview(source).cast("B")
+            bulk: Any = p.byte_view(source)
         else:
             path = os.fspath(source)
             if name is None:
@@ -600,7 +606,7 @@ class RemoteSession(SessionAPI):
                     if progress is not None:
                         progress(sent, bulk.size)
             return
-        view = memoryview(bulk).cast("B")
+        view = p.byte_view(bulk)
         payload["nbytes"] = len(view)
         if progress is None:
             p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload), view])

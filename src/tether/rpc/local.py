@@ -12,6 +12,7 @@ import tempfile
 from typing import Any, Callable, Dict, List, Optional
 
 from tether_rpc.errors import ConnectionClosed
+from tether_rpc.protocol import byte_view
 from tether_rpc.session import BulkIn, SessionHandler
 
 from .client import Progress, SessionAPI, _FileSource
@@ -47,9 +48,10 @@ class LocalSession(SessionAPI):
         payload = reply.payload()
         if reply.has_bulk:
             if reply.buffer is not None:
-                data = memoryview(reply.buffer).cast("B")
+                data = byte_view(reply.buffer)
                 if into is not None:
-                    into[:] = data
+                    if data.nbytes:
+                        into[:] = data
                     payload["data"] = into
                 else:
                     payload["data"] = bytearray(data)
