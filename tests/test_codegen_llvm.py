@@ -234,3 +234,58 @@ def test_int_and_bool_vectors_compile_for_armv7():
     assert jit.impl("k", 4)(*ptrs(x, y, oc, od)) == 0
     np.testing.assert_array_equal(oc, np.where(x > 0, y // 3, y % 5 + x))
     np.testing.assert_array_equal(od, (y > 2) & (x < 7))
+
+
+class _As32Bit:
+    """A ModuleBuilder seen as a 32-bit target: codegen then emulates 64-bit division and int64<->float
+    conversions (compiler-rt calls on armv7) with plain instructions, which we can run and check on the host."""
+
+    def __init__(self, mb):
+        self._mb = mb
+
+    def __getattr__(self, name):
+        return getattr(self._mb, name)
+
+    @property
+    def target(self):
+        class T:
+            bits = 32
+        return T()
+
+
+def test_int64_emulation_for_32bit_targets_matches_numpy():
+    n = 24
+    a = te.placeholder((n,), "int64", name="A")
+    b = te.placeholder((n,), "int64", name="B")
+    f = te.placeholder((n,), "float32", name="F")
+    q = te.compute((n,), lambda i: a[i] // b[i] + a[i] % 7, name="Q")
+    r = te.compute((n,), lambda i: a[i] % b[i], name="R")
+    to_i = te.compute((n,), lambda i: f[i].astype("int64"), name="ToI")
+    to_f = te.compute((n,), lambda i: a[i].astype("float32") + a[i].astype("float64").astype("float32"),
+                      name="ToF")
+    outs = [q, r, to_i, to_f]
+    s = te.create_schedule([o.op for o in outs])
+    _, xi = s[q].split(q.op.axis[0], factor=4)
+    s[q].vectorize(xi)                     # the vector path divides lane by lane
+    pf = tether.lower(s, [a, b, f] + outs, "k")
+    mb = ModuleBuilder("host", "k")
+    impl = emit_function(_As32Bit(mb), pf)
+    mb.add_packed(pf, impl)
+    text = mb.finish()
+    assert "tether.udivmod64" in text
+    assert not re.search(r"\b(sdiv|srem) (<\d+ x )?i64|sitofp (<\d+ x )?i64|fpto[su]i [^\n]* to (<\d+ x )?i64\b",
+                         text)
+    jit = Jit(text)
+    x = RNG.integers(-(2 ** 62), 2 ** 62, n).astype(np.int64)
+    x[:4] = [0, -1, 7, -(2 ** 40) - 3]
+    y = RNG.integers(-(2 ** 20), 2 ** 20, n).astype(np.int64)
+    y[y == 0] = 3
+    y[:4] = [5, -3, -7, 2 ** 33 + 1]
+    fl = RNG.uniform(-1e9, 1e9, n).astype(np.float32)
+    fl[:4] = [-1.5, 1.5, -0.0, 3e12]
+    o = [np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.float32)]
+    assert jit.impl("k", 7)(*ptrs(x, y, fl, *o)) == 0
+    np.testing.assert_array_equal(o[0], x // y + x % 7)
+    np.testing.assert_array_equal(o[1], x % y)
+    np.testing.assert_array_equal(o[2], fl.astype(np.int64))
+    np.testing.assert_allclose(o[3], x.astype(np.float32) * 2, rtol=1e-6)

@@ -72,7 +72,7 @@ class Lowering:
             if id(t) in seen:
                 raise CompileError(f"lower {self.name!r}: tensor {t.name!r} is listed twice in args")
             seen.add(id(t))
-            if t.op not in sch.stage_map:
+            if t.op not in sch.stage_map and not isinstance(t.op, PlaceholderOp):  # unused inputs are fine
                 raise CompileError(f"lower {self.name!r}: tensor {t.name!r} is not part of the schedule")
         arg_ops = {t.op for t in args}
         param_buffers = []

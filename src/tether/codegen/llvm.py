@@ -536,8 +536,11 @@ class _FunctionEmitter:
         if op in ("floordiv", "floormod", "div"):
             if not signed:
                 return B.udiv(a, b) if op != "floormod" else B.urem(a, b)
-            q = B.sdiv(a, b)
-            r = B.srem(a, b)
+            if self.target_bits == 32 and (a.type.element if _is_vec(a) else a.type).width == 64:
+                q, r = self.sdivrem64(a, b)     # no __aeabi_ldivmod in a self-contained module
+            else:
+                q = B.sdiv(a, b)
+                r = B.srem(a, b)
             zero = ir.Constant(a.type, [0] * a.type.count) if _is_vec(a) else ir.Constant(a.type, 0)
             adjust = B.and_(B.icmp_signed("!=", r, zero), B.icmp_signed("<", B.xor(r, b), zero))
             if op == "floormod":
@@ -576,9 +579,13 @@ class _FunctionEmitter:
                 return B.fpext(v, vty) if dst == "float64" else B.fptrunc(v, vty)
             if src.startswith("uint") or src == "bool":
                 return B.uitofp(v, vty)
+            if self.target_bits == 32 and src == "int64":
+                return self.i64_to_float(v, dst)
             return B.sitofp(v, vty)
         # integer destination
         if is_float(src):
+            if self.target_bits == 32 and dst == "int64":
+                return self.float_to_i64(v, src)
             return B.fptoui(v, vty) if dst.startswith("uint") else B.fptosi(v, vty)
         sb, db = v.type.element.width if n else v.type.width, ty.width
         if sb == db:
@@ -586,6 +593,56 @@ class _FunctionEmitter:
         if sb > db:
             return B.trunc(v, vty)
         return B.zext(v, vty) if (src.startswith("uint") or src == "bool") else B.sext(v, vty)
+
+    # ---- 64-bit integer helpers for 32-bit targets (LLVM would call compiler-rt, which the module lacks) ------
+    def _c(self, like: ir.Value, ty: ir.Type, value) -> ir.Constant:
+        if _is_vec(like):
+            return ir.Constant(ir.VectorType(ty, like.type.count), [value] * like.type.count)
+        return ir.Constant(ty, value)
+
+    def _ty(self, like: ir.Value, ty: ir.Type) -> ir.Type:
+        return ir.VectorType(ty, like.type.count) if _is_vec(like) else ty
+
+    def i64_to_float(self, v: ir.Value, dst: str) -> ir.Value:
+        B, D = self.b, ir.DoubleType()
+        hi = B.trunc(B.ashr(v, self._c(v, I64, 32)), self._ty(v, I32))
+        lo = B.trunc(v, self._ty(v, I32))
+        r = B.fadd(B.fmul(B.sitofp(hi, self._ty(v, D)), self._c(v, D, 4294967296.0)),
+                   B.uitofp(lo, self._ty(v, D)))
+        return r if dst == "float64" else B.fptrunc(r, self._ty(v, scalar_type(dst)))
+
+    def float_to_i64(self, v: ir.Value, src: str) -> ir.Value:
+        B, D = self.b, ir.DoubleType()
+        x = v if src == "float64" else B.fpext(v, self._ty(v, D))
+        dty = x.type
+        trunc = B.select(B.fcmp_ordered(">=", x, self._c(x, D, 0.0)), B.call(self.ctx.math("floor", dty), [x]),
+                         B.call(self.ctx.math("ceil", dty), [x]))
+        hi_f = B.call(self.ctx.math("floor", dty), [B.fmul(trunc, self._c(x, D, 2.0 ** -32))])
+        lo_f = B.fsub(trunc, B.fmul(hi_f, self._c(x, D, 4294967296.0)))
+        hi = B.sext(B.fptosi(hi_f, self._ty(x, I32)), self._ty(x, I64))
+        lo = B.zext(B.fptoui(lo_f, self._ty(x, I32)), self._ty(x, I64))
+        return B.or_(B.shl(hi, self._c(x, I64, 32)), lo)
+
+    def sdivrem64(self, a: ir.Value, b: ir.Value):
+        """Truncating i64 quotient and remainder (lane by lane for vectors) through a shift-subtract helper."""
+        if _is_vec(a):
+            q = ir.Constant(a.type, ir.Undefined)
+            r = ir.Constant(a.type, ir.Undefined)
+            for lane in range(a.type.count):
+                k = ir.Constant(I32, lane)
+                ql, rl = self.sdivrem64(self.b.extract_element(a, k), self.b.extract_element(b, k))
+                q, r = self.b.insert_element(q, ql, k), self.b.insert_element(r, rl, k)
+            return q, r
+        B = self.b
+        zero = ir.Constant(I64, 0)
+        na, nb = B.icmp_signed("<", a, zero), B.icmp_signed("<", b, zero)
+        ua = B.select(na, B.sub(zero, a), a)
+        ub = B.select(nb, B.sub(zero, b), b)
+        res = B.call(_udivmod64(self.ctx.module), [ua, ub])
+        uq, ur = B.extract_value(res, 0), B.extract_value(res, 1)
+        q = B.select(B.xor(na, nb), B.sub(zero, uq), uq)
+        r = B.select(na, B.sub(zero, ur), ur)
+        return q, r
 
     def call(self, e: Call) -> ir.Value:
         args = [self.ev(a) for a in e.args]
@@ -600,6 +657,44 @@ class _FunctionEmitter:
             return self.b.select(self.b.icmp_signed("<", a, zero), self.b.sub(zero, a), a)
         fn = self.ctx.math(e.name, ty)
         return self.b.call(fn, args, fastmath=self.fm if getattr(self.ctx, "fast_math", False) else ())
+
+
+def _udivmod64(module: ir.Module) -> ir.Function:
+    """``{i64 q, i64 r} tether.udivmod64(i64 n, i64 d)``: restoring binary long division (d != 0)."""
+    name = "tether.udivmod64"
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn
+    sty = ir.LiteralStructType([I64, I64])
+    fn = ir.Function(module, ir.FunctionType(sty, [I64, I64]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    n, d = fn.args
+    entry, loop, done = (fn.append_basic_block(x) for x in ("entry", "loop", "done"))
+    b = ir.IRBuilder(entry)
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(I64)
+    q = b.phi(I64)
+    r = b.phi(I64)
+    one = ir.Constant(I64, 1)
+    bit = b.and_(b.lshr(n, i), one)
+    r2 = b.or_(b.shl(r, one), bit)
+    ge = b.icmp_unsigned(">=", r2, d)
+    r3 = b.select(ge, b.sub(r2, d), r2)
+    q3 = b.select(ge, b.or_(q, b.shl(one, i)), q)
+    i2 = b.sub(i, one)
+    i.add_incoming(ir.Constant(I64, 63), entry)
+    q.add_incoming(ir.Constant(I64, 0), entry)
+    r.add_incoming(ir.Constant(I64, 0), entry)
+    i.add_incoming(i2, loop)
+    q.add_incoming(q3, loop)
+    r.add_incoming(r3, loop)
+    b.cbranch(b.icmp_signed(">=", i2, ir.Constant(I64, 0)), loop, done)
+    b.position_at_end(done)
+    out = b.insert_value(ir.Constant(sty, ir.Undefined), q3, 0)
+    b.ret(b.insert_value(out, r3, 1))
+    return fn
 
 
 def _vectorizable(body: Stmt, var: Var) -> bool:
