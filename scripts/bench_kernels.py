@@ -43,27 +43,67 @@ def median_time(fn, min_time: float = 0.2, repeat: int = 7, max_number: int = 10
     return statistics.median(samples)
 
 
-# ---- baselines in child processes (thread count fixed per process) -------------------------------------------
+# ---- numpy baselines in child processes (OpenBLAS fixes its thread count when it loads) -------------------------
 
-def _child_numpy_matmul(sizes) -> dict:
-    out = {}
+class NumpyWorker:
+    """A child python with OPENBLAS_NUM_THREADS=threads that times `a @ b` on request (one JSON line each way),
+    so numpy and tether samples can be interleaved: load from other processes hits both alike."""
+
+    def __init__(self, threads: int):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--numpy-worker"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def matmul_time(self, n: int, min_time: float) -> float:
+        self.proc.stdin.write(json.dumps({"n": n, "min_time": min_time}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("numpy benchmark worker exited early")
+        return float(json.loads(line)["seconds"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _numpy_worker_loop() -> None:
     rng = np.random.default_rng(0)
-    for n in sizes:
-        a = rng.standard_normal((n, n), dtype=np.float32)
-        b = rng.standard_normal((n, n), dtype=np.float32)
-        c = np.empty((n, n), np.float32)
-        out[str(n)] = median_time(lambda: np.matmul(a, b, out=c))
-    return out
+    cache = {}
+    for line in sys.stdin:
+        req = json.loads(line)
+        n = int(req["n"])
+        if n not in cache:
+            cache[n] = (rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32),
+                        np.empty((n, n), np.float32))
+        a, b, c = cache[n]
+        secs = median_time(lambda: np.matmul(a, b, out=c), min_time=float(req["min_time"]))
+        sys.stdout.write(json.dumps({"seconds": secs}) + "\n")
+        sys.stdout.flush()
 
 
-def numpy_matmul_times(sizes, threads: int) -> dict:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, os.path.abspath(__file__), "--child-numpy", *map(str, sizes)]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=True)
-    return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+def _interleaved(rounds: int, *measures):
+    """Median of each measurement over `rounds` rounds, the measurements alternating within a round."""
+    samples = [[] for _ in measures]
+    for _ in range(rounds):
+        for lst, m in zip(samples, measures):
+            lst.append(m())
+    return [statistics.median(lst) for lst in samples]
 
 
-def ort_conv_time(x, w, stride, pad, group, threads: int) -> tuple:
+def ort_conv(x, w, stride, pad, group, threads: int) -> tuple:
+    """(a zero-argument callable running a one-node onnxruntime Conv, its output)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -79,7 +119,7 @@ def ort_conv_time(x, w, stride, pad, group, threads: int) -> tuple:
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     feed = {"x": x}
     y = sess.run(None, feed)[0]
-    return median_time(lambda: sess.run(None, feed)), y
+    return (lambda: sess.run(None, feed)), y
 
 
 # ---- tether kernels -----------------------------------------------------------------------------------------------
@@ -113,19 +153,18 @@ def tether_time(built: Built, args, threads: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024])
-    ap.add_argument("--child-numpy", type=int, nargs="*", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved tether/baseline rounds (median taken)")
+    ap.add_argument("--numpy-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.child_numpy is not None:
-        print(json.dumps(_child_numpy_matmul(args.child_numpy)))
+    if args.numpy_worker:
+        _numpy_worker_loop()
         return 0
 
     from tether import ops, te
 
     rows = []  # (kernel, tether 1T, tether 2T, baseline 1T, baseline 2T, unit, compile s)
     rng = np.random.default_rng(0)
-    np1 = numpy_matmul_times(args.sizes, 1)
-    np2 = numpy_matmul_times(args.sizes, 2)
-    with tempfile.TemporaryDirectory(prefix="tether-bench-") as work:
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as work, NumpyWorker(1) as np1, NumpyWorker(2) as np2:
         for n in args.sizes:
             A = te.placeholder((n, n), "float32", name="A")
             B = te.placeholder((n, n), "float32", name="B")
@@ -137,8 +176,14 @@ def main() -> int:
             k.fn(a, b, c)
             np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-2 * np.sqrt(n))
             flop = 2.0 * n ** 3
-            t1, t2 = tether_time(k, (a, b, c), 1), tether_time(k, (a, b, c), 2)
-            rows.append((f"matmul {n}", flop / t1 / 1e9, flop / t2 / 1e9, flop / np1[n] / 1e9, flop / np2[n] / 1e9,
+            samples = {"t1": [], "t2": [], "b1": [], "b2": []}
+            for _ in range(args.rounds):
+                samples["b1"].append(np1.matmul_time(n, 0.2))
+                samples["t1"].append(tether_time(k, (a, b, c), 1))
+                samples["b2"].append(np2.matmul_time(n, 0.2))
+                samples["t2"].append(tether_time(k, (a, b, c), 2))
+            t1, t2, b1, b2 = (statistics.median(samples[key]) for key in ("t1", "t2", "b1", "b2"))
+            rows.append((f"matmul {n}", flop / t1 / 1e9, flop / t2 / 1e9, flop / b1 / 1e9, flop / b2 / 1e9,
                          "GFLOP/s", k.compile_s))
 
         m = 1 << 20
@@ -149,9 +194,9 @@ def main() -> int:
         y = np.empty(m, np.float32)
         k.fn(a, b, cc, y)
         np.testing.assert_allclose(y, np.maximum(a * b + cc, 0), rtol=1e-6, atol=1e-6)
-        t_np = median_time(lambda: np.maximum(a * b + cc, 0))
-        t1, t2 = tether_time(k, (a, b, cc, y), 1), tether_time(k, (a, b, cc, y), 2)
-        rows.append(("relu(a*b+c) 1M", t1 * 1e6, t2 * 1e6, t_np * 1e6, t_np * 1e6, "us (numpy 1 pass set)", k.compile_s))
+        t_np, t1, t2 = _interleaved(args.rounds, lambda: median_time(lambda: np.maximum(a * b + cc, 0)),
+                                    lambda: tether_time(k, (a, b, cc, y), 1), lambda: tether_time(k, (a, b, cc, y), 2))
+        rows.append(("relu(a*b+c) 1M", t1 * 1e6, t2 * 1e6, t_np * 1e6, t_np * 1e6, "us (vs numpy)", k.compile_s))
 
         convs = [("depthwise 3x3 1x32x112x112", (1, 32, 112, 112), (32, 1, 3, 3), 1, 1, 32),
                  ("pointwise 1x1 32->64 @56x56", (1, 32, 56, 56), (64, 32, 1, 1), 1, 0, 1)]
@@ -164,10 +209,11 @@ def main() -> int:
             w = rng.standard_normal(ws, dtype=np.float32)
             y = np.empty(tuple(int(d) for d in Y.shape), np.float32)
             k.fn(x, w, y)
-            o1, ref = ort_conv_time(x, w, stride, pad, groups, 1)
-            o2, _ = ort_conv_time(x, w, stride, pad, groups, 2)
+            ort1, ref = ort_conv(x, w, stride, pad, groups, 1)
+            ort2, _ = ort_conv(x, w, stride, pad, groups, 2)
             np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)
-            t1, t2 = tether_time(k, (x, w, y), 1), tether_time(k, (x, w, y), 2)
+            o1, o2, t1, t2 = _interleaved(args.rounds, lambda: median_time(ort1), lambda: median_time(ort2),
+                                          lambda: tether_time(k, (x, w, y), 1), lambda: tether_time(k, (x, w, y), 2))
             rows.append((label, t1 * 1e6, t2 * 1e6, o1 * 1e6, o2 * 1e6, "us (vs onnxruntime)", k.compile_s))
 
     _print_table(rows)

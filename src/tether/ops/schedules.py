@@ -35,8 +35,8 @@ class Family:
     name: str
     lanes: int  # float32 lanes per vector register
     mm_rows: int  # micro-kernel rows (MR); MR * NR/lanes accumulators + NR/lanes B vectors fit the registers
-    conv_rows: int  # output channels blocked per conv micro-kernel
-    conv_cols: int  # output columns per conv micro-kernel (a multiple of lanes)
+    acc_regs: int  # vector registers a micro-kernel may spend on accumulators
+    max_col_vectors: int  # widest conv micro-kernel row, in vectors
     parallel_min: int = 1 << 14  # below this many output elements a parallel launch costs more than it saves
 
 
@@ -46,12 +46,13 @@ def family_of(target: Target) -> Family:
     if arch == "x86_64":
         # 16 ymm (AVX2): 6 x 16 -> 12 accumulators + 2 B vectors + 1 broadcast; 16 zmm would allow more but
         # the same blocking is near the load/FMA balance point.
-        return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, conv_rows=4, conv_cols=2 * lanes)
+        return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, acc_regs=12 if lanes < 16 else 24,
+                      max_col_vectors=2)
     if arch == "aarch64":
         # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
-        return Family("aarch64", lanes, mm_rows=6, conv_rows=4, conv_cols=4 * lanes)
+        return Family("aarch64", lanes, mm_rows=6, acc_regs=24, max_col_vectors=4)
     # armv7: 16 q registers: 2 x 16 -> 8 accumulators + 4 B vectors
-    return Family("armv7", lanes, mm_rows=2, conv_rows=2, conv_cols=2 * lanes)
+    return Family("armv7", lanes, mm_rows=2, acc_regs=8, max_col_vectors=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,27 +99,30 @@ def _numel(t) -> int:
 # per-tag schedules
 
 def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True):
-    """Split the innermost axis by the lane count and vectorize; parallelize the fused outer axes."""
+    """Split the innermost axis by the lane count and vectorize it; parallelize the fused outer axes (rows), so
+    the inner loop's index stays affine and only the row index pays for the fuse's div/mod."""
     st = s[t]
     axes = list(t.op.axis) if axes is None else list(axes)
     if not axes:
         return
     inner = axes[-1]
     outer = axes[:-1]
-    outer_size = _numel(t) // _extent(inner)
+    rows = _numel(t) // _extent(inner)
+    xo = None
     if _extent(inner) >= fam.lanes:
         xo, xi = st.split(inner, factor=fam.lanes)
         st.vectorize(xi)
-        outer = outer + [xo]
-        outer_size *= -(-_extent(inner) // fam.lanes)
-    if parallel and outer and _numel(t) >= fam.parallel_min:
+    if not parallel or _numel(t) < fam.parallel_min:
+        return
+    if outer and rows >= 2:
         fused = st.fuse(*outer) if len(outer) > 1 else outer[0]
-        # the runtime's launcher hands out task ids from Python, so a handful of big tasks beats many tiny ones
-        if outer_size > PARALLEL_TASKS:
-            po, _ = st.split(fused, nparts=PARALLEL_TASKS)
-            st.parallel(po)
-        else:
-            st.parallel(fused)
+        # the runtime's launcher hands out task ids from Python: a few big tasks beat many tiny ones
+        if rows > PARALLEL_TASKS:
+            fused, _ = st.split(fused, nparts=PARALLEL_TASKS)
+        st.parallel(fused)
+    elif xo is not None:
+        po, _ = st.split(xo, nparts=PARALLEL_TASKS)
+        st.parallel(po)
 
 
 def _schedule_injective(s, t, fam: Family, ctx):
@@ -204,8 +208,7 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
         block, out = t, anchor
     so = s[out]
     b, o, y, x = out.op.axis
-    cols = fam.conv_cols if ow >= fam.conv_cols else fam.lanes
-    rows = fam.conv_rows if oc >= fam.conv_rows else 1
+    cols, rows = _conv_block(fam, oc, ow)
     oo, oi = so.split(o, factor=rows)
     xo, xi = so.split(x, factor=cols)
     so.reorder(b, oo, y, xo, oi, xi)
@@ -222,37 +225,68 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
     sb.vectorize(bx)
 
 
+def _pick(extent: int, candidates) -> int:
+    """The first candidate that divides `extent` (no tail), else the first that fits, else 1."""
+    fits = [x for x in candidates if x <= extent]
+    for x in fits:
+        if extent % x == 0:
+            return x
+    return fits[0] if fits else 1
+
+
+def _conv_block(fam: Family, oc: int, ow: int) -> tuple:
+    """(columns, output channels) of the conv micro-kernel: as many accumulators as the family allows, with
+    column counts that divide the output width preferred (a tail runs as a slower scalar loop)."""
+    vecs = _pick(-(-ow // fam.lanes), list(range(fam.max_col_vectors, 0, -1)))
+    cols = vecs * fam.lanes
+    if ow % cols:
+        for v in range(fam.max_col_vectors, 0, -1):
+            if ow % (v * fam.lanes) == 0:
+                cols = v * fam.lanes
+                break
+    budget = max(1, fam.acc_regs // (cols // fam.lanes))
+    rows = _pick(oc, list(range(min(budget, oc), 0, -1)))
+    return cols, rows
+
+
 def _schedule_window(s, t, fam: Family, ctx):
-    """Depthwise conv and pooling: output columns vectorized, the (small) window reduction inside."""
+    """Depthwise conv and pooling: output columns vectorized, the (small) window reduction inside, one channel
+    per parallel task, and the channel's padded input computed inside that task (it stays in cache)."""
     anchor = _epilogue_anchor(t, ctx)
-    if anchor is not None:
-        so = s[anchor]
-        b, o, y, x = anchor.op.axis
-        xo, xi = so.split(x, factor=fam.lanes)
-        so.vectorize(xi)
-        if _numel(anchor) >= fam.parallel_min:
-            so.parallel(so.fuse(b, o))
-        s[t].compute_at(so, xo)
-        st = s[t]
-        bb, bo, by, bx = t.op.axis
-        st.reorder(bb, bo, by, *t.op.reduce_axis, bx)
-        for r in t.op.reduce_axis:
-            if _extent(r) <= 7:
-                st.unroll(r)
-        st.vectorize(bx)
-        return
-    st = s[t]
-    b, o, y, x = t.op.axis
-    rd = list(t.op.reduce_axis)
+    out = anchor if anchor is not None else t
+    so = s[out]
+    b, o, y, x = out.op.axis
+    ow = int(out.shape[3])
+    cols = fam.lanes * _pick(-(-ow // fam.lanes), list(range(fam.max_col_vectors, 0, -1))) \
+        if ow % fam.lanes else fam.lanes * _pick(ow // fam.lanes, list(range(fam.max_col_vectors, 0, -1)))
+    chan = so.fuse(b, o)
     if _extent(x) >= fam.lanes:
-        xo, xi = st.split(x, factor=fam.lanes)
-        st.reorder(b, o, y, xo, *rd, xi)
-        st.vectorize(xi)
+        xo, xi = so.split(x, factor=cols)
+        so.vectorize(xi)
+    else:
+        xo = None
+    if _numel(out) >= fam.parallel_min:
+        so.parallel(chan)
+    rd = list(t.op.reduce_axis)
+    if anchor is not None:
+        st = s[t]
+        st.compute_at(so, xo if xo is not None else y)
+        bb, bo, by, bx = t.op.axis
+        st.reorder(bb, bo, by, *rd, bx)
+        st.vectorize(bx)
+    elif xo is not None:
+        st = so
+        st.reorder(chan, y, xo, *rd, xi)
+    else:
+        st = so
     for r in rd:
         if _extent(r) <= 7:
             st.unroll(r)
-    if _numel(t) >= fam.parallel_min:
-        st.parallel(st.fuse(b, o))
+    # (a stage may only be attached inside its direct consumer, so not when t itself is attached to the epilogue)
+    for src in t.op.input_tensors if anchor is None else ():
+        if c.tag_of(src.op) == c.PAD and ctx["consumers"].get(id(src.op)) == [t.op]:
+            s[src].compute_at(so, chan)
+            ctx["serial"].add(id(src.op))
 
 
 def _schedule_global_pool(s, t, fam: Family, ctx):
@@ -263,8 +297,9 @@ def _schedule_global_pool(s, t, fam: Family, ctx):
 
 
 def _schedule_root(s, t, fam: Family, ctx):
-    """Materialized intermediate (padding, softmax exp): plain injective schedule."""
-    _vectorize_inner(s, t, fam)
+    """Materialized intermediate (padding, softmax exp): plain injective schedule (serial when it was attached
+    inside a consumer's parallel loop)."""
+    _vectorize_inner(s, t, fam, parallel=id(t.op) not in ctx["serial"])
 
 
 _BY_TAG: Dict[str, Callable] = {
@@ -316,7 +351,7 @@ def schedule(outs, target="host"):
             if target_op is not None and len(target_op.output(0).shape) == len(op.output(0).shape):
                 anchor[id(op)] = target_op.output(0)
 
-    ctx = {"anchor": anchor}
+    ctx = {"anchor": anchor, "consumers": consumers, "serial": set()}
     for op in order:
         if id(op) in inline:
             s[op].compute_inline()
