@@ -334,3 +334,32 @@ def test_error_missing_input_and_unused_stage():
     s = te.create_schedule(d.op)
     with pytest.raises(CompileError, match="neither passed"):
         tether.lower(s, [a, t], "k")
+
+
+def test_compute_at_of_an_output_and_nested_compute_at(tmp_path):
+    n = 21
+    a = te.placeholder((n,), "float32", name="A")
+    t = te.compute((n,), lambda i: a[i] * 2.0, name="T")          # an output computed inside C's loop
+    c = te.compute((n,), lambda i: t[i] + 1.0, name="C")
+    s = te.create_schedule(c.op)
+    xo, _ = s[c].split(c.op.axis[0], factor=4)
+    s[t].compute_at(s[c], xo)
+    x = rand(n)
+    got_t, got_c = run(tmp_path, s, [a, t, c], [x], name="two")
+    np.testing.assert_allclose(got_t, x * 2)
+    np.testing.assert_allclose(got_c, x * 2 + 1, rtol=1e-6)
+
+    p = te.compute((n,), lambda i: a[i] + 3.0, name="P")
+    q = te.compute((n,), lambda i: p[i] * p[i], name="Q")
+    r = te.compute((n,), lambda i: q[i] - 1.0, name="R")
+    s = te.create_schedule(r.op)
+    ro, ri = s[r].split(r.op.axis[0], factor=8)
+    s[q].compute_at(s[r], ro)
+    qo, _ = s[q].split(q.op.axis[0], factor=2)
+    s[p].compute_at(s[q], qo)                                      # P inside Q inside R
+    s[r].vectorize(ri)
+    text = str(tether.lower(s, [a, r], "nest"))
+    assert "allocate Q: float32[8]" in text and "allocate P: float32[2]" in text
+    assert "i.outer_1" in text                                     # same-named loops print distinctly
+    (got,) = run(tmp_path, s, [a, r], [x], name="nest")
+    np.testing.assert_allclose(got, (x + 3) ** 2 - 1, rtol=1e-5)

@@ -18,6 +18,15 @@ def _prec(e: Expr) -> int:
     return 9
 
 
+# Printing names for the function being printed: distinct Vars that share a name (the same axis name in two
+# stages) get a numeric suffix so the text is unambiguous.
+_NAMES: dict = {}
+
+
+def _name(v: Var) -> str:
+    return _NAMES.get(id(v), v.name)
+
+
 def expr_str(e: Expr) -> str:
     from tether.tir.nodes import Load
     if isinstance(e, Const):
@@ -28,7 +37,7 @@ def expr_str(e: Expr) -> str:
             return s + "f" if e.dtype == "float32" else s
         return str(e.value) if e.dtype == "int32" else f"{e.dtype}({e.value})"
     if isinstance(e, Var):
-        return e.name
+        return _name(e)
     if isinstance(e, Binary):
         if e.op in ("min", "max"):
             return f"{e.op}({expr_str(e.a)}, {expr_str(e.b)})"
@@ -74,7 +83,7 @@ def stmt_lines(s, indent: int, out: list[str]) -> None:
         kind = "" if s.kind == "serial" else f" {s.kind}"
         rng = expr_str(s.extent) if isinstance(s.min, Const) and s.min.value == 0 else \
             f"{expr_str(s.min)}, {expr_str(s.min)} + {_wrap(s.extent, 5)}"
-        out.append(f"{pad}for {s.var.name} in range({rng}){kind}:")
+        out.append(f"{pad}for {_name(s.var)} in range({rng}){kind}:")
         stmt_lines(s.body, indent + 1, out)
     elif isinstance(s, Store):
         out.append(f"{pad}{s.buffer.name}[{expr_str(s.index)}] = {expr_str(s.value)}")
@@ -97,7 +106,30 @@ def stmt_str(s) -> str:
     return "\n".join(out)
 
 
+def _unique_names(body) -> dict:
+    from tether.tir.nodes import For, walk_stmts
+    names: dict = {}
+    used: dict = {}
+    for s in walk_stmts(body):
+        if isinstance(s, For) and id(s.var) not in names:
+            base = s.var.name
+            n = used.get(base, 0)
+            names[id(s.var)] = base if n == 0 else f"{base}_{n}"
+            used[base] = n + 1
+    return names
+
+
 def func_str(f) -> str:
+    global _NAMES
+    saved = _NAMES
+    _NAMES = _unique_names(f.body)
+    try:
+        return _func_str(f)
+    finally:
+        _NAMES = saved
+
+
+def _func_str(f) -> str:
     params = ", ".join(f"{b.name}: {b.dtype}[{', '.join(str(d) for d in b.shape)}]" for b in f.param_buffers)
     out = [f"def {f.name}({params}):"]
     stmt_lines(f.body, 1, out)
