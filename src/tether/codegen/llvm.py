@@ -17,7 +17,7 @@ from llvmlite import ir
 
 from tether.errors import CompileError
 from tether.te.expr import (Binary, Call, Cast, Compare, Const, Expr, Not, Select, Var, is_bool, is_float)
-from tether.te.tensor import walk
+from tether.te.tensor import children as _children, walk
 from tether.tir.nodes import (Allocate, Buffer, For, IfThenElse, Load, PrimFunc, SeqStmt, Stmt, Store,
                               walk_stmts)
 from tether.tir.simplify import Simplifier
@@ -87,6 +87,8 @@ class _FunctionEmitter:
         self.bufs: Dict[Buffer, ir.Value] = {}
         self.vec: Optional[tuple] = None   # (var, lanes, base scalar)
         self.vec_index: Optional[ir.Value] = None
+        self.lane_memo: Dict[int, bool] = {}
+        self.lane_keep: List[Expr] = []     # keeps memo keys (ids) alive
         self.in_task = False
         self.fm = ("fast",) if getattr(ctx, "fast_math", False) else ("contract",)
         self.target_bits = getattr(getattr(ctx, "target", None), "bits", 64)
@@ -183,7 +185,7 @@ class _FunctionEmitter:
         ety = mem_type(buf.dtype)
         align = elem_bytes(buf.dtype)
         value = self.ev(s.value)
-        if self.vec is not None and _uses(s.index, self.vec[0]):
+        if self.vec is not None and self.uses_lane(s.index):
             coef = self.lane_stride(s.index)
             n = self.lanes()
             if coef == 1:
@@ -255,6 +257,7 @@ class _FunctionEmitter:
         n = s.max_extent
         saved = (self.vec, self.vec_index)
         self.vec = (s.var, n, start)
+        self.lane_memo, self.lane_keep = {}, []
         # Built up front so it dominates every use inside the body.
         self.vec_index = self.b.add(self.splat(start, n), ir.Constant(ir.VectorType(I32, n), list(range(n))),
                                     flags=("nsw",))
@@ -435,8 +438,18 @@ class _FunctionEmitter:
             self.env[var] = base
             self.vec = saved
 
+    def uses_lane(self, e: Expr) -> bool:
+        """Whether ``e`` depends on the vector loop variable (memoised per vector body: ev asks at every node)."""
+        key = id(e)
+        hit = self.lane_memo.get(key)
+        if hit is None:
+            var = self.vec[0]
+            hit = self.lane_memo[key] = (e is var) or any(self.uses_lane(c) for c in _children(e))
+            self.lane_keep.append(e)
+        return hit
+
     def ev(self, e: Expr) -> ir.Value:
-        if self.vec is not None and not _uses(e, self.vec[0]):
+        if self.vec is not None and not self.uses_lane(e):
             return self.ev_at_base(e)
         if isinstance(e, Const):
             return self.const(e.dtype, e.value)
@@ -477,7 +490,7 @@ class _FunctionEmitter:
         align = elem_bytes(buf.dtype)
         if buf not in self.bufs:
             raise CompileError(f"codegen: buffer {buf.name!r} is used outside its allocation")
-        if self.vec is not None and _uses(e.index, self.vec[0]):
+        if self.vec is not None and self.uses_lane(e.index):
             n = self.lanes()
             coef = self.lane_stride(e.index)
             if coef == 1:

@@ -132,8 +132,23 @@ class IterVar(Var):
         return self
 
     @property
-    def dom(self):
-        return (self.dom_min, self.extent)
+    def dom(self) -> "Range":
+        return Range(self.dom_min, self.extent)
+
+
+class Range:
+    """An axis domain (TVM spelling): ``.min`` and ``.extent``; unpacks as ``lo, extent``."""
+
+    __slots__ = ("min", "extent")
+
+    def __init__(self, lo: int, extent: int | None):
+        self.min, self.extent = lo, extent
+
+    def __iter__(self):
+        return iter((self.min, self.extent))
+
+    def __repr__(self) -> str:
+        return f"Range(min={self.min}, extent={self.extent})"
 
 
 class Binary(Expr):

@@ -37,6 +37,9 @@ class Tensor:
             idx.append(e if e.dtype == "int32" else e.astype("int32"))
         return TensorLoad(self, idx)
 
+    def __call__(self, *indices: Any) -> TensorLoad:
+        return self[indices]
+
     def __repr__(self) -> str:
         return f"Tensor({self.name}, shape={self.shape}, dtype={self.dtype})"
 
