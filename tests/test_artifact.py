@@ -264,3 +264,162 @@ def test_static_archive_index(built, tmp_path):
     count = int.from_bytes(data[68:72], "big")
     names = data[72 + 4 * count:].split(b"\0")[:count]
     assert {n.decode() for n in names} >= EXPECTED_EXPORTS
+
+
+# ---- armv7 run-time helpers (__aeabi_*) under qemu-arm -------------------------------------------------------
+_RT_HARNESS = r"""
+#include "kern.h"
+enum { NR_READ = 3, NR_WRITE = 4, NR_EXIT = 1 };
+static long sys3(long n, long a, long b, long c) {
+  register long r7 __asm__("r7") = n; register long r0 __asm__("r0") = a;
+  register long r1 __asm__("r1") = b; register long r2 __asm__("r2") = c;
+  __asm__ volatile("svc #0" : "+r"(r0) : "r"(r7), "r"(r1), "r"(r2) : "memory");
+  return r0;
+}
+#define N %(n)d
+static uint64_t buf[3][N];
+static int64_t shape[1] = {N};
+typedef int32_t (*fn_t)(const TetherValue*, const int32_t*, int32_t);
+struct kernel { fn_t fn; int nin; uint8_t code[3], bits[3]; };
+static const struct kernel ks[] = {%(table)s};
+static int fill(char* p, long want) {
+  while (want > 0) { long got = sys3(NR_READ, 0, (long)p, want); if (got <= 0) return -1; p += got; want -= got; }
+  return 0;
+}
+void _start(void) {
+  int failures = 0;
+  for (unsigned k = 0; k < sizeof(ks) / sizeof(ks[0]); ++k) {
+    DLTensor t[3]; TetherValue args[3]; int32_t codes[3] = {TETHER_DLTENSOR, TETHER_DLTENSOR, TETHER_DLTENSOR};
+    int nargs = ks[k].nin + 1;
+    for (int i = 0; i < nargs; ++i) {
+      int slot = i == nargs - 1 ? 2 : i;
+      DLTensor ti = {buf[slot], {kDLCPU, 0}, 1, {ks[k].code[slot], ks[k].bits[slot], 1}, shape, 0, 0};
+      t[i] = ti; args[i].v_handle = &t[i];
+      if (i < ks[k].nin && fill((char*)buf[slot], N * ks[k].bits[slot] / 8)) sys3(NR_EXIT, 100, 0, 0);
+    }
+    if (ks[k].fn(args, codes, nargs) != 0) failures++;
+    sys3(NR_WRITE, 1, (long)buf[2], N * ks[k].bits[2] / 8);
+  }
+  sys3(NR_EXIT, failures, 0, 0);
+  for (;;) {}
+}
+"""
+
+_IR_TY = {"int32": ir.IntType(32), "int64": ir.IntType(64), "uint32": ir.IntType(32), "uint64": ir.IntType(64),
+          "float32": ir.FloatType(), "float64": ir.DoubleType()}
+_DL = {"int32": (0, 32), "int64": (0, 64), "uint32": (1, 32), "uint64": (1, 64), "float32": (2, 32),
+       "float64": (2, 64)}
+
+
+def _scalar_kernel(mb, name, n, in_dtypes, out_dtype, body):
+    from fixtures.backend import KernelFunc, Param
+
+    i32, i64, ptr = ir.IntType(32), ir.IntType(64), ir.PointerType()
+    fn = ir.Function(mb.module, ir.FunctionType(i32, [ptr] * (len(in_dtypes) + 1)), name + "__impl")
+    entry, loop, done = (fn.append_basic_block(x) for x in ("entry", "loop", "done"))
+    b = ir.IRBuilder(entry)
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(i64)
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    vals = [b.load(b.gep(fn.args[k], [i], source_etype=_IR_TY[d]), typ=_IR_TY[d]) for k, d in enumerate(in_dtypes)]
+    b.store(body(b, *vals), b.gep(fn.args[-1], [i], source_etype=_IR_TY[out_dtype]))
+    nxt = b.add(i, ir.Constant(i64, 1))
+    i.add_incoming(nxt, loop)
+    b.cbranch(b.icmp_signed("<", nxt, ir.Constant(i64, n)), loop, done)
+    b.position_at_end(done)
+    b.ret(ir.Constant(i32, 0))
+    params = [Param("in%d" % k, (n,), d) for k, d in enumerate(in_dtypes)] + [Param("out", (n,), out_dtype)]
+    mb.add_packed(KernelFunc(name, params), fn)
+
+
+def _trunc_divmod(a, b):
+    """C's truncating division, in Python integers (np.abs(INT_MIN) would overflow)."""
+    q = [(abs(x) // abs(y)) * (-1 if (x < 0) != (y < 0) else 1) for x, y in zip(a.tolist(), b.tolist())]
+    r = [x - qq * y for x, y, qq in zip(a.tolist(), b.tolist(), q)]
+    return np.array(q, dtype=a.dtype), np.array(r, dtype=a.dtype)
+
+
+@pytest.mark.emulated
+def test_armv7_runtime_helpers_on_qemu(tmp_path, host_linker):
+    """Generic armv7 (no hardware divide): integer division and 64-bit int <-> float conversions call the
+    module's own __aeabi_* helpers, which give the same answers as numpy when run under qemu-arm."""
+    import sys
+
+    if shutil.which("qemu-arm") is None:
+        pytest.skip("qemu-arm is not installed")
+    pytest.importorskip("ziglang")
+    n = 512
+    rng = np.random.default_rng(7)
+    i32a = np.concatenate([rng.integers(-2**31, 2**31, n - 8), [7, -7, 7, -7, 2**31 - 1, -2**31, 0, 5]]).astype(np.int32)
+    i32b = np.concatenate([rng.integers(1, 2**31, n - 8) * rng.choice([-1, 1], n - 8),
+                           [2, 2, -2, -2, 3, 7, 9, 1]]).astype(np.int32)
+    i32b[np.abs(rng.normal(size=n)) > 1.5] = 3  # some small divisors too
+    i64a = np.concatenate([rng.integers(-2**63, 2**63, n - 4, dtype=np.int64), [7, -7, -2**63, 2**62]])
+    i64b = np.concatenate([rng.integers(1, 2**40, n - 4) * rng.choice([-1, 1], n - 4), [2, 2, 3, -5]]).astype(np.int64)
+    u64a = rng.integers(0, 2**64, n, dtype=np.uint64)
+    u64b = np.maximum(rng.integers(1, 2**64, n, dtype=np.uint64) >> rng.integers(0, 63, n).astype(np.uint64),
+                      np.uint64(1))
+    conv_i64 = np.concatenate([rng.integers(-2**63, 2**63, n - 6, dtype=np.int64),
+                               [0, -1, 2**53 + 1, 2**62 + 2**39 + 1, -2**63, 16777217]]).astype(np.int64)
+    conv_u64 = np.concatenate([rng.integers(0, 2**64, n - 3, dtype=np.uint64),
+                               np.array([2**64 - 1, 2**63 + 2**40 + 1, 16777217], dtype=np.uint64)])
+    conv_f64 = np.concatenate([rng.uniform(-9e18, 9e18, n // 2), rng.uniform(-1e6, 1e6, n // 2)])
+    conv_f64[:4] = [0.0, -0.5, 1.5, -2.0 ** 62]
+    conv_uf64 = np.abs(rng.uniform(0, 1.8e19, n))
+    with np.errstate(all="ignore"):
+        cases = [  # name, inputs, out dtype, llvm op, numpy reference
+            ("sdiv32", [i32a, i32b], "int32", lambda b, x, y: b.sdiv(x, y), _trunc_divmod(i32a, i32b)[0]),
+            ("srem32", [i32a, i32b], "int32", lambda b, x, y: b.srem(x, y), _trunc_divmod(i32a, i32b)[1]),
+            ("udiv32", [i32a.view(np.uint32), i32b.view(np.uint32)], "uint32", lambda b, x, y: b.udiv(x, y),
+             i32a.view(np.uint32) // i32b.view(np.uint32)),
+            ("urem32", [i32a.view(np.uint32), i32b.view(np.uint32)], "uint32", lambda b, x, y: b.urem(x, y),
+             i32a.view(np.uint32) % i32b.view(np.uint32)),
+            ("sdiv64", [i64a, i64b], "int64", lambda b, x, y: b.sdiv(x, y), _trunc_divmod(i64a, i64b)[0]),
+            ("srem64", [i64a, i64b], "int64", lambda b, x, y: b.srem(x, y), _trunc_divmod(i64a, i64b)[1]),
+            ("udiv64", [u64a, u64b], "uint64", lambda b, x, y: b.udiv(x, y), u64a // u64b),
+            ("urem64", [u64a, u64b], "uint64", lambda b, x, y: b.urem(x, y), u64a % u64b),
+            ("l2f", [conv_i64], "float32", lambda b, x: b.sitofp(x, ir.FloatType()), conv_i64.astype(np.float32)),
+            ("ul2f", [conv_u64], "float32", lambda b, x: b.uitofp(x, ir.FloatType()), conv_u64.astype(np.float32)),
+            ("l2d", [conv_i64], "float64", lambda b, x: b.sitofp(x, ir.DoubleType()), conv_i64.astype(np.float64)),
+            ("ul2d", [conv_u64], "float64", lambda b, x: b.uitofp(x, ir.DoubleType()),
+             conv_u64.astype(np.float64)),
+            ("d2lz", [conv_f64], "int64", lambda b, x: b.fptosi(x, ir.IntType(64)), np.trunc(conv_f64).astype(np.int64)),
+            ("d2ulz", [conv_uf64], "uint64", lambda b, x: b.fptoui(x, ir.IntType(64)),
+             np.trunc(conv_uf64).astype(np.uint64)),
+            ("f2lz", [conv_f64.astype(np.float32)], "int64", lambda b, x: b.fptosi(x, ir.IntType(64)),
+             np.trunc(conv_f64.astype(np.float32)).astype(np.int64)),
+            ("f2ulz", [conv_uf64.astype(np.float32)], "uint64", lambda b, x: b.fptoui(x, ir.IntType(64)),
+             np.trunc(conv_uf64.astype(np.float32).astype(np.float64)).astype(np.uint64)),
+        ]
+    mb = ModuleBuilder("armv7a-linux-gnueabihf -mattr=+neon", "rt")
+    table = []
+    for name, ins, out_dtype, op, _ in cases:
+        in_dtypes = [a.dtype.name for a in ins]
+        _scalar_kernel(mb, name, n, in_dtypes, out_dtype, op)
+        dls = [_DL[d] for d in in_dtypes] + [(0, 8)] * (2 - len(ins)) + [_DL[out_dtype]]
+        table.append("{%s, %d, {%s}, {%s}}" % (name, len(ins), ", ".join(str(c) for c, _ in dls),
+                                               ", ".join(str(b) for _, b in dls)))
+    module = build_ir(mb)
+    asm = module.get_source("asm")
+    for helper in ("__aeabi_idiv", "__aeabi_uidivmod", "__aeabi_ldivmod", "__aeabi_uldivmod", "__aeabi_l2f",
+                   "__aeabi_d2lz"):
+        assert re.search(r"\bbl\s+%s\b" % helper, asm), "expected a call to %s in the generic armv7 code" % helper
+    module.export_object(str(tmp_path / "kern.o"))
+    module.export_header(str(tmp_path / "kern.h"))
+    (tmp_path / "h.c").write_text(_RT_HARNESS % {"n": n, "table": ", ".join(table)})
+    exe = tmp_path / "rt"
+    subprocess.run([sys.executable, "-m", "ziglang", "cc", "-target", "arm-linux-musleabihf", "-mcpu=generic+v7a",
+                    "-nostdlib", "-ffreestanding", "-static", "-O1", "-fno-stack-protector", "-I", str(tmp_path),
+                    "-o", str(exe), str(tmp_path / "h.c"), str(tmp_path / "kern.o")], check=True, timeout=300,
+                   capture_output=True)
+    proc = subprocess.run(["qemu-arm", str(exe)], input=b"".join(a.tobytes() for c in cases for a in c[1]),
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0
+    pos = 0
+    for name, _, out_dtype, _, ref in cases:
+        nbytes = n * np.dtype(out_dtype).itemsize
+        got = np.frombuffer(proc.stdout[pos:pos + nbytes], out_dtype)
+        pos += nbytes
+        np.testing.assert_array_equal(got, ref.astype(out_dtype), err_msg=name)
+    assert pos == len(proc.stdout)

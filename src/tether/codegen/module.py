@@ -35,6 +35,10 @@ DTYPES: Dict[str, Tuple[int, int]] = {
 
 EXPORTED_RUNTIME_SYMBOLS = ("tether_set_parallel_launcher", "__tether_metadata")
 MEMORY_FUNCTIONS = ("memcpy", "memmove", "memset")
+# What LLVM calls on armv7 for integer division (without hardware divide) and 64-bit int <-> float conversions.
+ARM_RUNTIME_FUNCTIONS = ("__aeabi_uidiv", "__aeabi_idiv", "__aeabi_uidivmod", "__aeabi_idivmod", "__aeabi_uldivmod",
+                         "__aeabi_ldivmod", "__aeabi_l2d", "__aeabi_ul2d", "__aeabi_l2f", "__aeabi_ul2f",
+                         "__aeabi_d2lz", "__aeabi_d2ulz", "__aeabi_f2lz", "__aeabi_f2ulz")
 _C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = set(EXPORTED_RUNTIME_SYMBOLS) | set(MEMORY_FUNCTIONS)
 
@@ -160,7 +164,7 @@ class ModuleBuilder:
             if gv.name in exported:
                 continue
             if isinstance(gv, ir.Function) and gv.is_declaration:
-                if not gv.name.startswith("llvm.") and gv.name not in MEMORY_FUNCTIONS:
+                if not gv.name.startswith("llvm.") and gv.name not in MEMORY_FUNCTIONS + ARM_RUNTIME_FUNCTIONS:
                     undefined.append(gv.name)
                 continue
             linkage = gv.linkage or ""
@@ -173,9 +177,11 @@ class ModuleBuilder:
                                % (self.name, ", ".join(sorted(undefined))))
         text = str(self.module)
         # A module that declares memcpy itself (instead of using llvm.memcpy) gets the definition in its place.
-        for fname in MEMORY_FUNCTIONS:
+        for fname in MEMORY_FUNCTIONS + (ARM_RUNTIME_FUNCTIONS if self.target.arch == "armv7" else ()):
             text = re.sub(r"^declare [^\n]*@\"?%s\"?\([^\n]*\n" % fname, "", text, flags=re.M)
         self._text = text + memory_functions_ir(self.target)
+        if self.target.arch == "armv7":
+            self._text += arm_runtime_ir()
         return self._text
 
     def _uses_launcher(self, name: str) -> bool:
@@ -359,3 +365,184 @@ done:
   ret ptr %d
 }}
 """.format(sz=sz, attrs=attrs)
+
+
+def _udivmod_ir(bits: int) -> str:
+    """Shift-subtract unsigned division (no division instruction, so it can never call itself)."""
+    t = "i%d" % bits
+    return """
+define internal {{{t}, {t}}} @tether.aeabi.udivmod{b}({t} %n, {t} %d) nounwind "no-builtins" {{
+entry:
+  br label %loop
+loop:
+  %i = phi {t} [ {top}, %entry ], [ %i1, %loop ]
+  %q = phi {t} [ 0, %entry ], [ %q2, %loop ]
+  %r = phi {t} [ 0, %entry ], [ %r2, %loop ]
+  %bit = lshr {t} %n, %i
+  %b1 = and {t} %bit, 1
+  %rtop = lshr {t} %r, {top}
+  %over = icmp ne {t} %rtop, 0
+  %rs = shl {t} %r, 1
+  %r1 = or {t} %rs, %b1
+  %ge0 = icmp uge {t} %r1, %d
+  %ge = or i1 %ge0, %over
+  %rsub = sub {t} %r1, %d
+  %r2 = select i1 %ge, {t} %rsub, {t} %r1
+  %qb = zext i1 %ge to {t}
+  %qbs = shl {t} %qb, %i
+  %q2 = or {t} %q, %qbs
+  %i1 = sub {t} %i, 1
+  %done = icmp slt {t} %i1, 0
+  br i1 %done, label %exit, label %loop
+exit:
+  %v0 = insertvalue {{{t}, {t}}} undef, {t} %q2, 0
+  %v1 = insertvalue {{{t}, {t}}} %v0, {t} %r2, 1
+  ret {{{t}, {t}}} %v1
+}}
+
+define internal {{{t}, {t}}} @tether.aeabi.sdivmod{b}({t} %a, {t} %b) nounwind "no-builtins" {{
+entry:
+  %sa = icmp slt {t} %a, 0
+  %sb = icmp slt {t} %b, 0
+  %na = sub {t} 0, %a
+  %nb = sub {t} 0, %b
+  %ua = select i1 %sa, {t} %na, {t} %a
+  %ub = select i1 %sb, {t} %nb, {t} %b
+  %qr = call {{{t}, {t}}} @tether.aeabi.udivmod{b}({t} %ua, {t} %ub)
+  %q = extractvalue {{{t}, {t}}} %qr, 0
+  %r = extractvalue {{{t}, {t}}} %qr, 1
+  %sq = xor i1 %sa, %sb
+  %nq = sub {t} 0, %q
+  %nr = sub {t} 0, %r
+  %q1 = select i1 %sq, {t} %nq, {t} %q
+  %r1 = select i1 %sa, {t} %nr, {t} %r
+  %v0 = insertvalue {{{t}, {t}}} undef, {t} %q1, 0
+  %v1 = insertvalue {{{t}, {t}}} %v0, {t} %r1, 1
+  ret {{{t}, {t}}} %v1
+}}
+""".format(t=t, b=bits, top=bits - 1)
+
+
+def arm_runtime_ir() -> str:
+    """The armv7 run-time ABI helpers (RTABI __aeabi_*) LLVM may call, as hidden weak definitions.
+
+    They use the base AAPCS (arm_aapcscc: values in core registers even on hard-float targets) as the RTABI
+    requires. Conversions use only 32-bit int <-> float instructions, which VFP has."""
+    attrs = 'nounwind "no-builtins"'
+    fns = [_udivmod_ir(32), _udivmod_ir(64)]
+    for name, kind, t in (("__aeabi_uidivmod", "u", "i32"), ("__aeabi_idivmod", "s", "i32"),
+                          ("__aeabi_uldivmod", "u", "i64"), ("__aeabi_ldivmod", "s", "i64")):
+        fns.append("""
+define weak hidden arm_aapcscc {{{t}, {t}}} @{name}({t} %a, {t} %b) {attrs} {{
+  %r = call {{{t}, {t}}} @tether.aeabi.{kind}divmod{bits}({t} %a, {t} %b)
+  ret {{{t}, {t}}} %r
+}}""".format(name=name, t=t, kind=kind, bits=t[1:], attrs=attrs))
+    for name, kind in (("__aeabi_uidiv", "u"), ("__aeabi_idiv", "s")):
+        fns.append("""
+define weak hidden arm_aapcscc i32 @{name}(i32 %a, i32 %b) {attrs} {{
+  %r = call {{i32, i32}} @tether.aeabi.{kind}divmod32(i32 %a, i32 %b)
+  %q = extractvalue {{i32, i32}} %r, 0
+  ret i32 %q
+}}""".format(name=name, kind=kind, attrs=attrs))
+    fns.append("""
+define internal double @tether.aeabi.u64_to_f64(i64 %x) nounwind "no-builtins" {{
+  %h = lshr i64 %x, 32
+  %h32 = trunc i64 %h to i32
+  %l32 = trunc i64 %x to i32
+  %hd = uitofp i32 %h32 to double
+  %ld = uitofp i32 %l32 to double
+  %hs = fmul double %hd, 4294967296.0
+  %r = fadd double %hs, %ld
+  ret double %r
+}}
+
+define weak hidden arm_aapcscc double @__aeabi_ul2d(i64 %x) {attrs} {{
+  %r = call double @tether.aeabi.u64_to_f64(i64 %x)
+  ret double %r
+}}
+
+define weak hidden arm_aapcscc double @__aeabi_l2d(i64 %x) {attrs} {{
+  %neg = icmp slt i64 %x, 0
+  %nx = sub i64 0, %x
+  %ax = select i1 %neg, i64 %nx, i64 %x
+  %d = call double @tether.aeabi.u64_to_f64(i64 %ax)
+  %nd = fneg double %d
+  %r = select i1 %neg, double %nd, double %d
+  ret double %r
+}}
+
+; u64 -> float with one correct rounding: above 2**53 the bits a double would drop are folded into a sticky bit
+; (bit 11) first, so the double is exact and only the final float rounding happens.
+define internal float @tether.aeabi.u64_to_f32(i64 %x) nounwind "no-builtins" {{
+  %big = icmp uge i64 %x, 9007199254740992
+  %low = and i64 %x, 2047
+  %has = icmp ne i64 %low, 0
+  %hi = and i64 %x, -2048
+  %st = select i1 %has, i64 2048, i64 0
+  %sticky = or i64 %hi, %st
+  %y = select i1 %big, i64 %sticky, i64 %x
+  %d = call double @tether.aeabi.u64_to_f64(i64 %y)
+  %f = fptrunc double %d to float
+  ret float %f
+}}
+
+define weak hidden arm_aapcscc float @__aeabi_ul2f(i64 %x) {attrs} {{
+  %r = call float @tether.aeabi.u64_to_f32(i64 %x)
+  ret float %r
+}}
+
+define weak hidden arm_aapcscc float @__aeabi_l2f(i64 %x) {attrs} {{
+  %neg = icmp slt i64 %x, 0
+  %nx = sub i64 0, %x
+  %ax = select i1 %neg, i64 %nx, i64 %x
+  %f = call float @tether.aeabi.u64_to_f32(i64 %ax)
+  %nf = fneg float %f
+  %r = select i1 %neg, float %nf, float %f
+  ret float %r
+}}
+
+; |d| -> u64 by truncation, for |d| < 2**64 (larger values and NaN are undefined in C, as in compiler-rt).
+define internal i64 @tether.aeabi.f64_to_u64(double %a) nounwind "no-builtins" {{
+  %s = fmul double %a, 0x3DF0000000000000
+  %h32 = fptoui double %s to i32
+  %hd = uitofp i32 %h32 to double
+  %hs = fmul double %hd, 4294967296.0
+  %rest = fsub double %a, %hs
+  %l32 = fptoui double %rest to i32
+  %h = zext i32 %h32 to i64
+  %hh = shl i64 %h, 32
+  %l = zext i32 %l32 to i64
+  %r = or i64 %hh, %l
+  ret i64 %r
+}}
+
+define weak hidden arm_aapcscc i64 @__aeabi_d2ulz(double %d) {attrs} {{
+  %pos = fcmp ogt double %d, 0.0
+  %a = select i1 %pos, double %d, double 0.0
+  %r = call i64 @tether.aeabi.f64_to_u64(double %a)
+  ret i64 %r
+}}
+
+define weak hidden arm_aapcscc i64 @__aeabi_d2lz(double %d) {attrs} {{
+  %neg = fcmp olt double %d, 0.0
+  %nd = fneg double %d
+  %a = select i1 %neg, double %nd, double %d
+  %u = call i64 @tether.aeabi.f64_to_u64(double %a)
+  %nu = sub i64 0, %u
+  %r = select i1 %neg, i64 %nu, i64 %u
+  ret i64 %r
+}}
+
+define weak hidden arm_aapcscc i64 @__aeabi_f2ulz(float %f) {attrs} {{
+  %d = fpext float %f to double
+  %r = call arm_aapcscc i64 @__aeabi_d2ulz(double %d)
+  ret i64 %r
+}}
+
+define weak hidden arm_aapcscc i64 @__aeabi_f2lz(float %f) {attrs} {{
+  %d = fpext float %f to double
+  %r = call arm_aapcscc i64 @__aeabi_d2lz(double %d)
+  ret i64 %r
+}}
+""".format(attrs=attrs))
+    return "\n".join(fns) + "\n"
