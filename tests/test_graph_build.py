@@ -1,0 +1,119 @@
+"""build_graph end to end on the host: export, load with the graph executor (the device runtime's), and compare
+with onnxruntime; the executor's API (inputs by name/index, errors, benchmark, profile); kernel sharing."""
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tether
+from tether import graph_executor
+from tether.frontend import from_onnx
+
+RNG = np.random.default_rng(0)
+
+
+def _model():
+    """Two identical conv blocks (one kernel), a residual add, pooling, a dense head and softmax."""
+    inits = []
+
+    def w(name, *shape):
+        inits.append(numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name))
+        return name
+    nodes = [
+        helper.make_node("Conv", ["x", w("w0", 8, 3, 3, 3), w("b0", 8)], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", w("w1", 8, 8, 3, 3), w("b1", 8)], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", w("w2", 8, 8, 3, 3), w("b2", 8)], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Add", ["r2", "r0"], ["s"]),
+        helper.make_node("Conv", ["s", w("w3", 8, 8, 3, 3), w("b3", 8)], ["c3"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("AveragePool", ["r3"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", w("fc", 10, 8 * 8 * 8), w("fcb", 10)], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=1),
+    ]
+    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+                          [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [2, 10]),
+                           helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 10])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    model = _model()
+    graph, params = from_onnx(model)
+    factory = tether.build_graph(graph, params, target="host", opt_level=3)
+    out = tmp_path_factory.mktemp("deploy")
+    factory.export(str(out))
+    return model, factory, out
+
+
+def test_export_writes_three_files_and_shares_kernels(built):
+    _, factory, out = built
+    assert sorted(p.name for p in out.iterdir()) == ["deploy.json", "deploy.params", "deploy.so"]
+    doc = json.loads((out / "deploy.json").read_text())
+    funcs = [n["func"] for n in doc["nodes"]]
+    # conv1 and conv3 have the same signature: one kernel, two nodes
+    assert len(set(funcs)) < len(funcs)
+    assert factory.kernel_count == len(set(funcs))
+    assert any(n["ops"] == "conv2d+add+relu" for n in doc["nodes"])
+
+
+def test_outputs_match_onnxruntime_by_name_and_index(built):
+    model, _, out = built
+    x = RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    gm = graph_executor.load(str(out))
+    gm.set_input("x", x)
+    gm.run()
+    np.testing.assert_allclose(gm.get_output(0), ref[0], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(gm.get_output("logits"), ref[1], rtol=1e-4, atol=1e-5)
+    gm.set_input(0, np.zeros_like(x))
+    gm.run()
+    assert not np.allclose(gm.get_output(1), ref[1])
+    gm.run(x=x)
+    np.testing.assert_allclose(gm.get_output(1), ref[1], rtol=1e-4, atol=1e-5)
+
+
+def test_bad_inputs_give_clear_errors(built):
+    gm = graph_executor.load(str(built[2]))
+    with pytest.raises(KeyError, match="no input 'nope'.*inputs: x"):
+        gm.set_input("nope", np.zeros((2, 3, 16, 16), np.float32))
+    with pytest.raises(ValueError, match="expects float32 \\(2, 3, 16, 16\\)"):
+        gm.set_input("x", np.zeros((2, 3, 16, 15), np.float32))
+    with pytest.raises(IndexError, match="2 output"):
+        gm.get_output(5)
+
+
+def test_benchmark_and_profile_report_real_timings(built):
+    gm = graph_executor.load(str(built[2]))
+    gm.set_input("x", RNG.standard_normal((2, 3, 16, 16)).astype(np.float32))
+    seen = []
+    res = gm.benchmark(number=3, repeat=4, on_sample=lambda i, s, n: seen.append((i, s)))
+    assert len(res["samples"]) == 4 and [i for i, _ in seen] == [0, 1, 2, 3]
+    assert all(s > 0 for s in res["samples"]) and res["median_ms"] > 0
+    streamed = []
+    prof = gm.profile(number=2, on_node=streamed.append)
+    doc = json.loads((built[2] / "deploy.json").read_text())
+    assert [r["name"] for r in prof["nodes"]] == [n["name"] for n in doc["nodes"]] == [r["name"] for r in streamed]
+    assert all(r["seconds"] > 0 for r in prof["nodes"])
+
+
+def test_model_without_kernels_still_builds(tmp_path):
+    """An Identity / Constant-only model: outputs are the input's storage or a param."""
+    nodes = [helper.make_node("Identity", ["x"], ["y"]),
+             helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.arange(3, dtype=np.float32)))]
+    g = helper.make_graph(nodes, "noop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
+                           helper.make_tensor_value_info("k", TensorProto.FLOAT, [3])])
+    graph, params = from_onnx(helper.make_model(g, ir_version=8))
+    tether.build_graph(graph, params).export(str(tmp_path))
+    gm = graph_executor.load(str(tmp_path))
+    gm.run(x=np.array([1, 2, 3, 4], np.float32))
+    np.testing.assert_array_equal(gm.get_output(0), [1, 2, 3, 4])
+    np.testing.assert_array_equal(gm.get_output(1), [0, 1, 2])

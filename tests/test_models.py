@@ -1,0 +1,63 @@
+"""Real models through the whole flow (ONNX -> graph -> passes -> one .so -> graph executor) on the host:
+the digits CNN trained in this repo (real weights) and mobilenet_v2 with random weights, against onnxruntime."""
+import importlib.util
+import pathlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import tether
+from tether import graph_executor
+from tether.frontend import from_onnx
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DIGITS = ROOT / "tests" / "data" / "digits_cnn.onnx"
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / (name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _compile(model, shape, folder):
+    graph, params = from_onnx(model, shape=shape)
+    factory = tether.build_graph(graph, params, target="host", opt_level=3)
+    factory.export(str(folder))
+    return factory, graph_executor.load(str(folder))
+
+
+def test_digits_cnn_accuracy_equals_onnxruntime(tmp_path):
+    pytest.importorskip("sklearn", reason="scikit-learn ships the digits data set (pip install scikit-learn)")
+    digits = _script("make_digits_model")
+    x, y = digits.load_digits_nchw()
+    _, _, x_test, y_test = digits.held_out_split(x, y)
+    model = onnx.load(str(DIGITS))
+    factory, gm = _compile(model, {"input": (len(x_test), 1, 8, 8)}, tmp_path)
+    # batch norm folded into the conv, conv+bias+relu fused
+    assert "batch_norm" not in str(factory.graph) and "fused[conv2d+add+relu]" in str(factory.graph)
+    gm.set_input("input", x_test)
+    gm.run()
+    probs = gm.get_output(0)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x_test})[0]
+    np.testing.assert_allclose(probs, ref, rtol=1e-4, atol=1e-5)
+    acc_tether = float((probs.argmax(axis=1) == y_test).mean())
+    acc_ort = float((ref.argmax(axis=1) == y_test).mean())
+    assert acc_tether == acc_ort and acc_tether > 0.9, (acc_tether, acc_ort)
+
+
+def test_mobilenet_v2_random_weights_matches_onnxruntime(tmp_path):
+    """A narrow, small-input mobilenet_v2 keeps the compile short; the structure is the full network's."""
+    model = _script("make_mobilenet_v2").build_mobilenet_v2(seed=1, size=64, width=0.5, classes=100)
+    factory, gm = _compile(model, {}, tmp_path)
+    ops_used = factory.graph.ops_used()
+    assert set(ops_used) <= {"fused", "global_avg_pool", "reshape", "conv2d"}, ops_used
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    gm.run(input=x)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x})[0]
+    np.testing.assert_allclose(gm.get_output(0), ref, rtol=1e-3, atol=1e-4 * float(np.abs(ref).max()))
