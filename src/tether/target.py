@@ -10,6 +10,7 @@ rounding instruction exists) is derived here so codegen never re-parses triples.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shlex
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
@@ -179,16 +180,8 @@ class Target:
 
     # ---- llvmlite -----------------------------------------------------------------------------------------
     def target_machine(self, opt: int = 3) -> Any:
-        """An llvmlite TargetMachine for this target (PIC, because every output is a shared object)."""
-        import llvmlite.binding as llvm
-
-        _init_llvm()
-        try:
-            llvm_target = llvm.Target.from_triple(self.triple)
-        except RuntimeError as exc:
-            raise UnknownTargetError("LLVM has no backend for %r: %s" % (self.triple, exc)) from None
-        return llvm_target.create_target_machine(cpu=self.cpu, features=self.features, opt=opt, reloc="pic",
-                                                 codemodel="default")
+        """An llvmlite TargetMachine for this target (PIC, because every output is a shared object); cached."""
+        return _target_machine(self.triple, self.cpu, self.features, int(opt))
 
     @property
     def data_layout(self) -> str:
@@ -284,6 +277,18 @@ def presets() -> Dict[str, Dict[str, str]]:
 
 
 _LLVM_READY = False
+
+
+@functools.lru_cache(maxsize=64)
+def _target_machine(triple: str, cpu: str, features: str, opt: int) -> Any:
+    import llvmlite.binding as llvm
+
+    _init_llvm()
+    try:
+        llvm_target = llvm.Target.from_triple(triple)
+    except RuntimeError as exc:
+        raise UnknownTargetError("LLVM has no backend for %r: %s" % (triple, exc)) from None
+    return llvm_target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic", codemodel="default")
 
 
 def _init_llvm() -> None:
