@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 missing=()
 command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
-command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap debian-archive-keyring)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v javac >/dev/null || missing+=(default-jdk-headless)
 if ((${#missing[@]})); then
