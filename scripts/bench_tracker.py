@@ -241,7 +241,8 @@ class Frames:
         return p.decode_body(body)
 
     def send(self, t: int, rid: int = 0, payload: Optional[dict] = None) -> None:
-        self.writer.write(p.encode_frame(t, rid, payload))
+        if not self.writer.is_closing():
+            self.writer.write(p.encode_frame(t, rid, payload))
 
 
 async def _open(port: int, role: str, name: str) -> Frames:
@@ -261,7 +262,7 @@ async def _sim_device(port: int, i: int, release: asyncio.Event, stop: asyncio.E
     f.send(TrackerMsg.REGISTER, 0, reg)
 
     async def beat() -> None:
-        while not stop.is_set():
+        while not stop.is_set() and not f.writer.is_closing():
             await asyncio.sleep(1.0)
             f.send(TrackerMsg.HEARTBEAT)
 

@@ -68,7 +68,9 @@ class Request:
         self.wait_timeout = wait_timeout
         self.session_timeout = session_timeout
         self.name = name
-        self.state = "pending"         # pending -> granted | withdrawn | timed_out
+        # pending -> expecting (device told, not yet acknowledged) -> granted (client told); or withdrawn / timed_out.
+        # An "expecting" request whose device falls through goes back to pending with its original place.
+        self.state = "pending"
         self.timer: Any = None
         self.created = time.monotonic()
 
@@ -83,6 +85,8 @@ class Pool:
         self._free: Dict[str, Dict[int, Device]] = {}
         self._queues: Dict[str, List[Tuple[float, int, Request]]] = {}
         self._pending_count: Dict[str, int] = {}
+        self._total: Dict[str, int] = {}                        # key -> registered devices with it
+        self._by_address: Dict[Tuple[str, str, int], Device] = {}
         self._ids = itertools.count(1)
 
     def next_id(self) -> int:
@@ -91,11 +95,22 @@ class Pool:
     # ----------------------------------------------------------------------------------------------- devices
     def add_device(self, device: Device) -> None:
         self.devices[device.id] = device
+        self._total[device.key] = self._total.get(device.key, 0) + 1
+        if not device.reverse:
+            self._by_address[(device.key, device.host, device.port)] = device
         if device.state == "free":
             self._free.setdefault(device.key, {})[device.id] = device
 
     def remove_device(self, device: Device) -> None:
-        self.devices.pop(device.id, None)
+        if self.devices.pop(device.id, None) is None:
+            return
+        n = self._total.get(device.key, 1) - 1
+        if n:
+            self._total[device.key] = n
+        else:
+            self._total.pop(device.key, None)
+        if self._by_address.get((device.key, device.host, device.port)) is device:
+            del self._by_address[(device.key, device.host, device.port)]
         self._drop_free(device)
 
     def _drop_free(self, device: Device) -> None:
@@ -116,10 +131,7 @@ class Pool:
             self._drop_free(device)
 
     def find_by_address(self, key: str, host: str, port: int) -> Optional[Device]:
-        for device in self.devices.values():
-            if not device.reverse and device.key == key and device.host == host and device.port == port:
-                return device
-        return None
+        return self._by_address.get((key, host, port))
 
     # ---------------------------------------------------------------------------------------------- requests
     def _free_matching(self, request: Request) -> Optional[Device]:
@@ -141,7 +153,7 @@ class Pool:
         """Queue ``request``, or return the free device it takes at once (the caller then grants it)."""
         device = self._free_matching(request)
         if device is not None:
-            request.state = "granted"
+            request.state = "expecting"
             return device
         heapq.heappush(self._queues.setdefault(request.pattern_text, []), (-request.priority, request.seq, request))
         self._pending_count[request.pattern_text] = self._pending_count.get(request.pattern_text, 0) + 1
@@ -174,7 +186,7 @@ class Pool:
         if best_heap is None:
             return None
         request = heapq.heappop(best_heap)[2]
-        self.withdraw(request, "granted")
+        self.withdraw(request, "expecting")
         if not best_heap:
             self._queues.pop(best_text, None)
         return request
@@ -191,6 +203,10 @@ class Pool:
     # ---------------------------------------------------------------------------------------------- summary
     def queue_state(self, pattern_text: str) -> dict:
         pattern = parse_pattern(pattern_text)
+        key = pattern.get("key")
+        if key is not None and len(pattern) == 1 and not _GLOB_CHARS.intersection(key):
+            return {"total": self._total.get(key, 0), "free": len(self._free.get(key, ())),
+                    "pending": self.pending(pattern_text)}
         total = free = 0
         for device in self.devices.values():
             if pattern_matches(pattern, device.key, device.tags):

@@ -264,6 +264,7 @@ class TrackerServer:
                  "match": match, "key": device.key, "device": device.id, "relay": device.reverse,
                  "session_timeout": request.session_timeout}
         self.stats["grants"] += 1
+        request.state = "granted"
         request.conn.requests.pop(request.rid, None)
         request.conn.send(TrackerMsg.GRANT, request.rid, grant)
 
@@ -274,7 +275,8 @@ class TrackerServer:
             match = payload.get("match")
             self._cancel_timer(device)
             if device.match is not None and device.match != match:
-                self._by_match.pop(device.match, None)
+                # a session other than the one we granted (an older grant used late, or a direct client)
+                self._drop_grant(device)
             holder = device.holder if device.match == match and device.match else "(direct session)"
             self.pool.set_state(device, "busy", holder)
             device.match = match if isinstance(match, str) else None
@@ -291,7 +293,10 @@ class TrackerServer:
     def _drop_grant(self, device: Device) -> None:
         self._cancel_timer(device)
         if device.match is not None:
-            self._by_match.pop(device.match, None)
+            entry = self._by_match.pop(device.match, None)
+            if entry is not None and entry[1].state == "expecting":
+                # the device fell through before the client heard of it: the request keeps its place in line
+                self._requeue(entry[1])
             dial = self._dials.pop(device.match, None)
             if dial is not None and not dial.done():
                 dial.cancel()
@@ -317,8 +322,15 @@ class TrackerServer:
 
     async def _sweep(self) -> None:
         """Drop devices whose connection went silent (a heartbeat is due every ``heartbeat`` seconds)."""
+        period = min(0.5, self.dead_after / 4)
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(min(0.5, self.dead_after / 4))
+            before = loop.time()
+            await asyncio.sleep(period)
+            if loop.time() - before > period + self.dead_after / 2:
+                # this loop was blocked (a huge burst of work): heartbeats may sit unread in socket buffers,
+                # so silence measured now would be ours, not the devices'
+                continue
             deadline = time.monotonic() - self.dead_after
             for device in [d for d in self.pool.devices.values() if d.last_seen < deadline]:
                 log.warning("device %d (%s) silent for %.1f s: removed", device.id, device.key, self.dead_after)
@@ -386,6 +398,18 @@ class TrackerServer:
             message += "; no registered device has this key or tag (check `tether query`)"
         request.conn.send(p.MsgType.ERROR, request.rid, {"type": p.ErrorType.TIMEOUT, "message": message,
                                                          "traceback": ""})
+
+    def _requeue(self, request: Request) -> None:
+        if request.conn.closed:
+            request.state = "withdrawn"
+            return
+        request.state = "pending"
+        device = self.pool.add_request(request)
+        if device is not None:
+            self._grant(device, request)
+            return
+        left = request.created + request.wait_timeout - time.monotonic()
+        request.timer = asyncio.get_running_loop().call_later(max(0.0, left), self._request_timed_out, request)
 
     def _grant(self, device: Device, request: Request) -> None:
         """Reserve ``device`` for ``request``: tell the device the match token first (GRANT follows EXPECTED)."""
