@@ -289,3 +289,51 @@ def test_int64_emulation_for_32bit_targets_matches_numpy():
     np.testing.assert_array_equal(o[1], x % y)
     np.testing.assert_array_equal(o[2], fl.astype(np.int64))
     np.testing.assert_allclose(o[3], x.astype(np.float32) * 2, rtol=1e-6)
+
+
+_GUARD_PAGE_SCRIPT = r"""
+import ctypes, mmap, sys
+import numpy as np
+import tether
+from tether import te, runtime
+H, W, vec = 16, 1024, int(sys.argv[2])
+A = te.placeholder((H, W), name="A")
+P = te.compute((H + 2, W + 2), lambda h, w: te.if_then_else(te.all(h >= 1, h < H + 1, w >= 1, w < W + 1),
+                                                           A[h - 1, w - 1], 0.0), name="P")
+D = te.placeholder((H + 2, W + 2), "int32", name="D")
+Q = te.compute((H + 2, W + 2), lambda h, w: te.if_then_else(D[h, w] != 0, 100 // D[h, w], -1), name="Q")
+s = te.create_schedule([P.op, Q.op])
+if vec:
+    for t in (P, Q):
+        _, wi = s[t].split(t.op.axis[1], 8)
+        s[t].vectorize(wi)
+path = tether.build(s, [A, D, P, Q], name="pad").export_library(sys.argv[1])
+f = runtime.load_module(path)["pad"]
+page, nbytes = mmap.PAGESIZE, H * W * 4
+m = mmap.mmap(-1, nbytes + page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + nbytes), page, 0) == 0   # A ends at a guard page
+a = np.frombuffer(m, dtype=np.float32, count=H * W).reshape(H, W)
+a[:] = np.random.rand(H, W)
+d = np.random.randint(-2, 3, (H + 2, W + 2)).astype("int32")
+p, q = np.zeros((H + 2, W + 2), "float32"), np.zeros((H + 2, W + 2), "int32")
+f(a, d, p, q)
+want_p = np.zeros_like(p)
+want_p[1:-1, 1:-1] = a
+assert np.array_equal(p, want_p)
+assert np.array_equal(q, np.where(d != 0, 100 // np.where(d == 0, 1, d), -1))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("vec", [0, 1])
+def test_if_then_else_does_not_touch_memory_or_divide_where_condition_is_false(tmp_path, vec):
+    """Padding reads A[h-1, w-1] only where in range (the row past A's end is a guard page), and 100 // D
+    only where D != 0 (an eager integer division by zero traps)."""
+    import subprocess
+    import sys
+    script = tmp_path / "pad.py"
+    script.write_text(_GUARD_PAGE_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "pad.so"), str(vec)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr[-2000:])

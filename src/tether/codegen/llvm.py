@@ -87,6 +87,9 @@ class _FunctionEmitter:
         self.bufs: Dict[Buffer, ir.Value] = {}
         self.vec: Optional[tuple] = None   # (var, lanes, base scalar)
         self.vec_index: Optional[ir.Value] = None
+        self.mask: Optional[ir.Value] = None  # <N x i1>: lanes whose (conditional) value is actually used
+        self.unsafe_memo: Dict[int, bool] = {}
+        self.unsafe_keep: List[Expr] = []
         self.lane_memo: Dict[int, bool] = {}
         self.lane_keep: List[Expr] = []     # keeps memo keys (ids) alive
         self.in_task = False
@@ -470,6 +473,8 @@ class _FunctionEmitter:
             a = self.ev(e.a)
             return self.b.xor(a, self.splat(ir.Constant(I1, 1), a.type.count) if _is_vec(a) else ir.Constant(I1, 1))
         if isinstance(e, Select):
+            if self.unsafe(e.t) or self.unsafe(e.f):
+                return self.guarded_select(e)
             c, t, f = self.ev(e.cond), self.ev(e.t), self.ev(e.f)
             t, f = self.match(t, f)
             if _is_vec(c) and not _is_vec(t):
@@ -490,6 +495,8 @@ class _FunctionEmitter:
         align = elem_bytes(buf.dtype)
         if buf not in self.bufs:
             raise CompileError(f"codegen: buffer {buf.name!r} is used outside its allocation")
+        if self.mask is not None:
+            return self.masked_load(e)
         if self.vec is not None and self.uses_lane(e.index):
             n = self.lanes()
             coef = self.lane_stride(e.index)
@@ -511,6 +518,151 @@ class _FunctionEmitter:
         if buf.dtype == "bool":
             v = self.b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
         return v
+
+    # ---- lazily evaluated if_then_else ------------------------------------------------------------------------
+    def unsafe(self, e: Expr) -> bool:
+        """Whether evaluating ``e`` where its condition is false could fault: a load (out-of-bounds padding
+        reads) or an integer division by a non-constant."""
+        key = id(e)
+        hit = self.unsafe_memo.get(key)
+        if hit is None:
+            here = isinstance(e, Load) or (isinstance(e, Binary) and e.op in ("floordiv", "floormod", "div")
+                                           and not is_float(e.dtype) and not isinstance(e.b, Const))
+            hit = self.unsafe_memo[key] = here or any(self.unsafe(c) for c in _children(e))
+            self.unsafe_keep.append(e)
+        return hit
+
+    def guarded_select(self, e: Select) -> ir.Value:
+        c = self.ev(e.cond)
+        if _is_vec(c):
+            # lanes differ: evaluate both sides under masks (loads of switched-off lanes are skipped)
+            outer = self.mask
+            not_c = self.b.xor(c, ir.Constant(c.type, [1] * c.type.count))
+            if outer is not None:
+                c_t, c_f = self.b.and_(self.splat(outer, c.type.count), c), self.b.and_(
+                    self.splat(outer, c.type.count), not_c)
+            else:
+                c_t, c_f = c, not_c
+            try:
+                self.mask = c_t
+                t = self.ev(e.t)
+                self.mask = c_f
+                f = self.ev(e.f)
+            finally:
+                self.mask = outer
+            t, f = self.match(t, f)
+            if not _is_vec(t):
+                t, f = self.splat(t, c.type.count), self.splat(f, c.type.count)
+            return self.b.select(c, t, f)
+        want_vec = self.vec is not None and (self.uses_lane(e.t) or self.uses_lane(e.f))
+        then_bb = self.fn.append_basic_block("sel.then")
+        else_bb = self.fn.append_basic_block("sel.else")
+        end_bb = self.fn.append_basic_block("sel.end")
+        self.b.cbranch(c, then_bb, else_bb)
+        vals = []
+        for bb, sub in ((then_bb, e.t), (else_bb, e.f)):
+            self.b.position_at_end(bb)
+            v = self.ev(sub)
+            if want_vec:
+                v = self.splat(v, self.lanes())
+            vals.append((v, self.b.block))
+            self.b.branch(end_bb)
+        self.b.position_at_end(end_bb)
+        phi = self.b.phi(vals[0][0].type)
+        for v, bb in vals:
+            phi.add_incoming(v, bb)
+        return phi
+
+    def masked_load(self, e: Load) -> ir.Value:
+        """A load under ``self.mask``: only active lanes touch memory; inactive lanes read as zero."""
+        buf = e.buffer
+        ety = mem_type(buf.dtype)
+        align = elem_bytes(buf.dtype)
+        mask = self.mask
+        n = mask.type.count
+        B = self.b
+        mask_bits = B.bitcast(mask, ir.IntType(n))
+        vty = ir.VectorType(ety, n)
+        zero = ir.Constant(vty, [0] * n)
+        lane_dep = self.vec is not None and self.uses_lane(e.index)
+        if not lane_dep:            # one address: load it if any lane is active
+            saved = self.mask
+            self.mask = None
+            try:
+                idx = self.ev(e.index)
+            finally:
+                self.mask = saved
+            ld_bb, end_bb = self.fn.append_basic_block("mload"), self.fn.append_basic_block("mload.end")
+            pre = B.block
+            B.cbranch(B.icmp_unsigned("!=", mask_bits, ir.Constant(ir.IntType(n), 0)), ld_bb, end_bb)
+            B.position_at_end(ld_bb)
+            x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
+            B.branch(end_bb)
+            B.position_at_end(end_bb)
+            v = B.phi(ety)
+            v.add_incoming(x, ld_bb)
+            v.add_incoming(ir.Constant(ety, 0), pre)
+        else:
+            coef = self.lane_stride(e.index)
+            all_on = B.icmp_unsigned("==", mask_bits, ir.Constant(ir.IntType(n), (1 << n) - 1))
+            full_bb = self.fn.append_basic_block("mload.full") if coef == 1 else None
+            part_bb = self.fn.append_basic_block("mload.lanes")
+            end_bb = self.fn.append_basic_block("mload.end")
+            incoming = []
+            if full_bb is not None:
+                B.cbranch(all_on, full_bb, part_bb)
+                B.position_at_end(full_bb)
+                ptr = B.gep(self.bufs[buf], [self.ev_at_base_unmasked(e.index)], inbounds=True, source_etype=ety)
+                incoming.append((B.load(ptr, typ=vty, align=align), B.block))
+                B.branch(end_bb)
+            else:
+                B.branch(part_bb)
+            B.position_at_end(part_bb)
+            v = zero
+            for lane in range(n):
+                on = B.extract_element(mask, ir.Constant(I32, lane))
+                ld_bb = self.fn.append_basic_block("mload.lane")
+                nxt_bb = self.fn.append_basic_block("mload.next")
+                pre = B.block
+                B.cbranch(on, ld_bb, nxt_bb)
+                B.position_at_end(ld_bb)
+                idx = self.ev_at_lane_unmasked(e.index, lane)
+                x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
+                v_on = B.insert_element(v, x, ir.Constant(I32, lane))
+                ld_end = B.block
+                B.branch(nxt_bb)
+                B.position_at_end(nxt_bb)
+                phi = B.phi(vty)
+                phi.add_incoming(v_on, ld_end)
+                phi.add_incoming(v, pre)
+                v = phi
+            incoming.append((v, B.block))
+            B.branch(end_bb)
+            B.position_at_end(end_bb)
+            out = B.phi(vty)
+            for val, bb in incoming:
+                out.add_incoming(val, bb)
+            v = out
+        if buf.dtype == "bool":
+            z = ir.Constant(v.type, [0] * n) if _is_vec(v) else ir.Constant(I8, 0)
+            v = B.icmp_unsigned("!=", v, z)
+        return v
+
+    def ev_at_base_unmasked(self, e: Expr) -> ir.Value:
+        saved = self.mask
+        self.mask = None
+        try:
+            return self.ev_at_base(e)
+        finally:
+            self.mask = saved
+
+    def ev_at_lane_unmasked(self, e: Expr, lane: int) -> ir.Value:
+        saved = self.mask
+        self.mask = None
+        try:
+            return self.ev_at_lane(e, lane)
+        finally:
+            self.mask = saved
 
     def binary(self, e: Binary) -> ir.Value:
         a, b = self.match(self.ev(e.a), self.ev(e.b))
@@ -549,6 +701,13 @@ class _FunctionEmitter:
         if op in ("floordiv", "floormod", "div"):
             if not signed:
                 return B.udiv(a, b) if op != "floormod" else B.urem(a, b)
+            if self.mask is not None and not isinstance(e.b, Const):
+                # lanes the mask switches off may divide by zero (which traps): divide them by one instead
+                m = self.mask
+                if not _is_vec(b):   # one divisor for all lanes: it matters if any lane is on
+                    m = B.icmp_unsigned("!=", B.bitcast(m, ir.IntType(m.type.count)),
+                                        ir.Constant(ir.IntType(m.type.count), 0))
+                b = B.select(m, b, ir.Constant(b.type, [1] * b.type.count) if _is_vec(b) else ir.Constant(b.type, 1))
             if self.target_bits == 32 and (a.type.element if _is_vec(a) else a.type).width == 64:
                 q, r = self.sdivrem64(a, b)     # no __aeabi_ldivmod in a self-contained module
             else:
