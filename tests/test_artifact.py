@@ -468,3 +468,26 @@ def test_issue_surface_vadd_end_to_end(tmp_path, host_linker):
     c = np.zeros(n, np.float32)
     f(a, b, c)
     np.testing.assert_array_equal(c, a + b)
+
+
+def test_several_functions_in_one_module(tmp_path, host_linker):
+    """build() takes (schedule, args, name) triples and puts every function into one library."""
+    import tether
+    from tether import runtime, te
+
+    n = 256
+    A = te.placeholder((n,), "float32", name="A")
+    B = te.compute((n,), lambda i: te.exp(A[i]), name="B")
+    C = te.compute((n,), lambda i: A[i] * 2.0, name="C")
+    sb, sc = te.create_schedule(B.op), te.create_schedule(C.op)
+    lib = tether.build([(sb, [A, B], "vexp"), (sc, [A, C], "vdouble")], target="host", name="pair")
+    assert lib.function_names == ["vexp", "vdouble"]
+    m = runtime.load_module(lib.export_library(str(tmp_path / "pair.so")))
+    a = np.linspace(-3, 3, n).astype(np.float32)
+    b, c = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    m["vexp"](a, b)
+    m["vdouble"](a, c)
+    np.testing.assert_allclose(b, np.exp(a.astype(np.float64)), rtol=1e-6)
+    np.testing.assert_array_equal(c, a * 2)
+    with pytest.raises(Exception, match="shape"):
+        m["vdouble"](a[:100], c)

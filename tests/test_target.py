@@ -102,3 +102,9 @@ def test_targets_command_lists_presets():
     assert rows[PRESET_NAMES.index("rasp3b")][1:4] == ["armv7a-unknown-linux-gnueabihf", "cortex-a53", "+neon,+vfp4"]
     result = CliRunner().invoke(cli, ["targets"])
     assert result.exit_code == 0 and "rasp4b" in result.output
+
+
+def test_to_dict_round_trip():
+    for name in PRESET_NAMES:
+        t = Target(name)
+        assert Target.from_dict(t.to_dict()) == t

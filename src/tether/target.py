@@ -206,6 +206,12 @@ class Target:
 
     # ---- constructors ------------------------------------------------------------------------------------
     @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Target":
+        """Inverse of to_dict() (e.g. the "target" block of a module's metadata)."""
+        return cls(d["triple"], cpu=d.get("cpu") or "generic", features=d.get("features") or "",
+                   preset=d.get("preset"))
+
+    @classmethod
     def from_device_info(cls, info: Mapping[str, Any]) -> "Target":
         """The best Target for a device, from tether_rpc.device_info.device_info() output.
 
