@@ -312,3 +312,25 @@ def test_token_authentication(tracker_lab):
     assert intruder.proc.poll() is None and anonymous.proc.poll() is None, "a refused device keeps retrying"
     with tracker.client() as t, t.request("pi", wait_timeout=5) as s:
         assert _echo(s, 1) == 1
+
+
+def test_device_that_never_acknowledges_does_not_lose_the_request(tracker_lab):
+    tracker = tracker_lab.tracker()
+    # a device that registers, then ignores its EXPECT (hung right after registering)
+    mute = socket.create_connection(("127.0.0.1", tracker.port), timeout=5)
+    reader = p.FrameReader(mute, p.DEFAULT_LIMITS)
+    p.send_frame(mute, TrackerMsg.HELLO, 0, hello_payload("device", "mute"))
+    assert reader.read_frame()[0] == TrackerMsg.WELCOME
+    p.send_frame(mute, TrackerMsg.REGISTER, 0, {"key": "pi", "port": 9, "tags": {}, "info": {}, "state": "free"})
+    assert reader.read_frame()[0] == TrackerMsg.REGISTERED
+    try:
+        tracker_lab.device(tracker, "pi")          # registered second: the mute one is first in line
+        with tracker.client() as t:
+            t0 = time.monotonic()
+            with t.request("pi", wait_timeout=10) as s:
+                assert _echo(s, 5) == 5
+            assert time.monotonic() - t0 < 3.0
+        seen = [reader.read_frame()[0] for _ in range(2)]
+        assert seen == [TrackerMsg.EXPECT, TrackerMsg.REVOKE]
+    finally:
+        mute.close()

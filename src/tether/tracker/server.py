@@ -87,7 +87,7 @@ class TrackerServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 9190, *, token: Optional[str] = None,
                  grant_timeout: float = 1.0, heartbeat: float = 1.0, dead_after: float = 3.0,
-                 handshake_timeout: float = 5.0, dial_timeout: float = 5.0):
+                 handshake_timeout: float = 5.0, dial_timeout: float = 5.0, max_requests_per_conn: int = 1024):
         self.host = host
         self.port = port
         self.token = token or None
@@ -96,6 +96,7 @@ class TrackerServer:
         self.dead_after = dead_after
         self.handshake_timeout = handshake_timeout
         self.dial_timeout = dial_timeout
+        self.max_requests_per_conn = max_requests_per_conn
         self.pool = Pool()
         self._by_match: Dict[str, Tuple[Device, Request]] = {}
         self._dials: Dict[str, "asyncio.Future[Conn]"] = {}
@@ -363,6 +364,8 @@ class TrackerServer:
     def _on_request(self, conn: Conn, rid: int, req: dict) -> None:
         if rid in conn.requests:
             raise ProtocolError("request id %d is already waiting on this connection" % rid)
+        if len(conn.requests) >= self.max_requests_per_conn:
+            raise ProtocolError("this connection already has %d requests waiting (the limit)" % len(conn.requests))
         request = Request(self.pool.next_id(), conn, rid, req["key"], req["priority"], req["wait_timeout"],
                           req["session_timeout"], conn.name)
         conn.requests[rid] = request
