@@ -10,7 +10,7 @@ rounding instruction exists) is derived here so codegen never re-parses triples.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import threading
 import shlex
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
@@ -285,8 +285,20 @@ def presets() -> Dict[str, Dict[str, str]]:
 _LLVM_READY = False
 
 
-@functools.lru_cache(maxsize=64)
+_TM_CACHE = threading.local()  # LLVM target machines are not meant to be shared across threads
+
+
 def _target_machine(triple: str, cpu: str, features: str, opt: int) -> Any:
+    cache = getattr(_TM_CACHE, "machines", None)
+    if cache is None:
+        cache = _TM_CACHE.machines = {}
+    key = (triple, cpu, features, opt)
+    if key not in cache:
+        cache[key] = _create_target_machine(*key)
+    return cache[key]
+
+
+def _create_target_machine(triple: str, cpu: str, features: str, opt: int) -> Any:
     import llvmlite.binding as llvm
 
     _init_llvm()
