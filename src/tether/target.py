@@ -10,8 +10,8 @@ rounding instruction exists) is derived here so codegen never re-parses triples.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import shlex
+import threading
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from tether.errors import TetherError
