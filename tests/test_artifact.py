@@ -491,3 +491,27 @@ def test_several_functions_in_one_module(tmp_path, host_linker):
     np.testing.assert_array_equal(c, a * 2)
     with pytest.raises(Exception, match="shape"):
         m["vdouble"](a[:100], c)
+
+
+def test_build_command_writes_artifacts(tmp_path, host_linker):
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    src = tmp_path / "k.py"
+    src.write_text("from tether import te\n"
+                   "def make():\n"
+                   "    A = te.placeholder((64,), 'float32', name='A')\n"
+                   "    B = te.compute((64,), lambda i: te.tanh(A[i]), name='B')\n"
+                   "    return [(te.create_schedule(B.op), [A, B], 'vtanh')]\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["build", "%s:make" % src, "-t", "rasp3b", "-n", "act", "-o", str(out),
+                                      "--emit", "so,a,h,asm"])
+    assert result.exit_code == 0, result.output
+    with elf.read_elf(str(out / "act.so")) as f:
+        assert f.arch == "armv7" and f.arm_float_abi == "hard" and "vtanh" in f.exported_symbols
+    assert "int32_t vtanh(" in (out / "act.h").read_text()
+    assert (out / "libact.a").read_bytes().startswith(b"!<arch>\n")
+    assert "tanhf" not in (out / "act.s").read_text()
+    bad = CliRunner().invoke(cli, ["build", "%s:nothing" % src, "-o", str(out)])
+    assert bad.exit_code != 0 and "no function 'nothing'" in bad.output
