@@ -337,3 +337,17 @@ def test_if_then_else_does_not_touch_memory_or_divide_where_condition_is_false(t
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "pad.so"), str(vec)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("n", [1000, 1003])
+def test_in_bounds_conditional_loads_stay_plain_selects(n):
+    # A[i] is provably in bounds, tail clamp included, so leaky-relu style selects need no guarded loads
+    a = te.placeholder((n,), "float32", name="A")
+    c = te.compute((n,), lambda i: te.if_then_else(a[i] > 0, a[i], a[i] * 0.1), name="C")
+    s = te.create_schedule(c.op)
+    _, xi = s[c].split(c.op.axis[0], factor=8)
+    s[c].vectorize(xi)
+    _, impl, _ = emit(s, [a, c], "lrelu")
+    body = str(impl)
+    assert "mload" not in body and "sel.then" not in body
+    assert re.search(r"select\s+<8 x i1> %[^,]+, <8 x float>", body)

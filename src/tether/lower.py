@@ -480,7 +480,7 @@ def _expr_var_ids(e: Expr) -> set:
 
 def _with_body(s: For, body: Stmt) -> For:
     out = For(s.var, s.min, s.extent, s.kind, body, s.max_extent)
-    out.tail = s.tail
+    out.tail, out.bound_extent = s.tail, s.bound_extent
     return out
 
 
@@ -547,7 +547,9 @@ def _map_loops_by_id(s: Stmt, ids: set, full: bool) -> Stmt:
         body = _map_loops_by_id(s.body, ids, full)
         if id(s) in ids:
             if full:
-                return For(s.var, s.min, _c(s.max_extent), s.kind, body, s.max_extent)
+                out = For(s.var, s.min, _c(s.max_extent), s.kind, body, s.max_extent)
+                out.bound_extent = s.extent
+                return out
             tail = For(s.var, s.min, s.extent, "serial", body, s.max_extent)
             tail.tail = True    # a cold remainder: codegen keeps LLVM from vectorizing/unrolling it
             return tail

@@ -88,6 +88,8 @@ class _FunctionEmitter:
         self.vec: Optional[tuple] = None   # (var, lanes, base scalar)
         self.vec_index: Optional[ir.Value] = None
         self.mask: Optional[ir.Value] = None  # <N x i1>: lanes whose (conditional) value is actually used
+        self.ranges: Dict[Var, tuple] = {}   # loop variable -> inclusive range, for bounds proofs
+        self.clamps: Dict[Var, Expr] = {}    # loop variable -> its symbolic last value (clamped tails)
         self.unsafe_memo: Dict[int, bool] = {}
         self.unsafe_keep: List[Expr] = []
         self.lane_memo: Dict[int, bool] = {}
@@ -217,6 +219,13 @@ class _FunctionEmitter:
 
     # ---- loops ----------------------------------------------------------------------------------------------
     def loop(self, s: For) -> None:
+        lo = s.min.value if isinstance(s.min, Const) else None
+        ext = s.max_extent if s.max_extent is not None else (s.extent.value if isinstance(s.extent, Const) else None)
+        if lo is not None and ext is not None:
+            self.ranges[s.var] = (lo, lo + max(ext, 1) - 1)   # proves loads in bounds (see unsafe())
+        clamp = s.extent if not isinstance(s.extent, Const) else s.bound_extent
+        if clamp is not None and lo is not None:
+            self.clamps[s.var] = Binary("sub", Binary("add", clamp, Const(lo, "int32")), Const(1, "int32"))
         if s.kind == "parallel" and not self.in_task:
             self.parallel(s)
         elif s.kind == "vectorized" and self.vec is None and _vectorizable(s.body, s.var):
@@ -386,6 +395,8 @@ class _FunctionEmitter:
         tid.name, ntasks.name, closure.name = "task_id", "num_tasks", "closure"
         em = _FunctionEmitter(self.ctx, fn, self.name, self.counter)
         em.in_task = True
+        em.ranges = dict(self.ranges)
+        em.clamps = dict(self.clamps)
         b = em.b
 
         def field(k: int, ty: ir.Type) -> ir.Value:
@@ -521,13 +532,24 @@ class _FunctionEmitter:
 
     # ---- lazily evaluated if_then_else ------------------------------------------------------------------------
     def unsafe(self, e: Expr) -> bool:
-        """Whether evaluating ``e`` where its condition is false could fault: a load (out-of-bounds padding
-        reads) or an integer division by a non-constant."""
+        """Whether evaluating ``e`` where its condition is false could fault: a load not provably in bounds
+        (padding reads) or an integer division by something that may be zero."""
         key = id(e)
         hit = self.unsafe_memo.get(key)
         if hit is None:
-            here = isinstance(e, Load) or (isinstance(e, Binary) and e.op in ("floordiv", "floormod", "div")
-                                           and not is_float(e.dtype) and not isinstance(e.b, Const))
+            if isinstance(e, Load):
+                idx = e.index
+                clamped = {v: Binary("min", v, last, "int32") for v, last in self.clamps.items() if _uses(idx, v)}
+                if clamped:   # v == min(v, last): exposes the tail clamp to the bound
+                    from tether.te.tensor import substitute
+                    idx = substitute(idx, clamped)
+                b = Simplifier(self.ranges).bound(idx)
+                here = b is None or b[0] < 0 or b[1] >= e.buffer.size
+            elif isinstance(e, Binary) and e.op in ("floordiv", "floormod", "div") and not is_float(e.dtype):
+                b = Simplifier(self.ranges).bound(e.b)
+                here = b is None or b[0] <= 0 <= b[1]
+            else:
+                here = False
             hit = self.unsafe_memo[key] = here or any(self.unsafe(c) for c in _children(e))
             self.unsafe_keep.append(e)
         return hit

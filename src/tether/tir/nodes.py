@@ -69,6 +69,9 @@ class For(Stmt):
         self.var, self.min, self.extent, self.kind, self.body = var, min, extent, kind, body
         self.max_extent = max_extent
         self.tail = False   # set on remainder loops split off by loop partitioning
+        # On the full-tile side of a partition the extent is the constant max_extent, which equals this clamp
+        # expression there; codegen uses it to prove that accesses stay in bounds.
+        self.bound_extent: Expr | None = None
 
 
 class Store(Stmt):

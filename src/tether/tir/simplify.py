@@ -159,16 +159,7 @@ class Simplifier:
                 return None if bt is None or bf is None else (min(bt[0], bf[0]), max(bt[1], bf[1]))
             return None
         if e.op in ("add", "sub", "mul"):
-            terms, c = self.linear(e)
-            lo = hi = c
-            for a, k in terms.values():
-                b = self.bound(a) if not (isinstance(a, Binary) and a.op in ("add", "sub") and False) else None
-                if b is None:
-                    return None
-                x, y = b[0] * k, b[1] * k
-                lo += min(x, y)
-                hi += max(x, y)
-            return lo, hi
+            return self._linear_bound(*self.linear(e), e.dtype)
         ba, bb = self.bound(e.a), self.bound(e.b)
         if e.op in ("floordiv", "floormod") and bb is not None and bb[0] == bb[1] and bb[0] > 0:
             c = bb[0]
@@ -186,6 +177,40 @@ class Simplifier:
         if e.op == "max":
             return max(ba[0], bb[0]), max(ba[1], bb[1])
         return None
+
+    def _linear_bound(self, terms: dict, c: int, dtype: str) -> Optional[Range]:
+        out: Optional[Range] = (c, c)
+        for a, k in terms.values():
+            b = self.bound(a)
+            if b is None:
+                out = None
+                break
+            x, y = b[0] * k, b[1] * k
+            out = (out[0] + min(x, y), out[1] + max(x, y))
+        # rest + k*min(a, b) == min(rest + k*a, rest + k*b) (max when k < 0): bounding the two sums keeps the
+        # correlation between rest and a clamp such as min(8, n - 8*i), which proves tail accesses in bounds.
+        for key, (atom, k) in terms.items():
+            if not (isinstance(atom, Binary) and atom.op in ("min", "max")):
+                continue
+            rest = {kk: v for kk, v in terms.items() if kk != key}
+            sides = []
+            for side in (atom.a, atom.b):
+                st, sc = self.linear(Binary("mul", side, Const(k, dtype), dtype))
+                merged = {kk: [v[0], v[1]] for kk, v in rest.items()}
+                for kk, (sa, sk) in st.items():
+                    if kk in merged:
+                        merged[kk][1] += sk
+                    else:
+                        merged[kk] = [sa, sk]
+                sides.append(self._linear_bound({kk: v for kk, v in merged.items() if v[1]}, c + sc, dtype))
+            if sides[0] is None or sides[1] is None:
+                break
+            take_min = (atom.op == "min") == (k > 0)
+            pick = min if take_min else max
+            alt = (pick(sides[0][0], sides[1][0]), pick(sides[0][1], sides[1][1]))
+            out = alt if out is None else (max(out[0], alt[0]), min(out[1], alt[1]))
+            break
+        return out
 
     def prove_le(self, a: Expr, b: Expr) -> Optional[bool]:
         """True if a <= b always, False if a > b always, None if unknown (integers)."""
