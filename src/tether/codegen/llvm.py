@@ -386,27 +386,45 @@ class _FunctionEmitter:
         return a
 
     def make_task(self, s: For, bufs: List[Buffer], fvars: List[Var], cty: ir.Type) -> ir.Function:
+        """The task function (closure unpacking and chunking) around a body function whose buffer pointers are
+        ``noalias`` parameters, so the loop body keeps the aliasing facts the impl's parameters carry."""
         k = self.counter[0]
         self.counter[0] += 1
-        fn = ir.Function(self.ctx.module, TASK_FN_TYPE, f"{self.name}__task{k}")
+        module = self.ctx.module
+        var_types = [scalar_type(v.dtype) for v in fvars]
+        body_fn = ir.Function(module, ir.FunctionType(I32, [PTR] * len(bufs) + var_types + [I32, I32]),
+                              f"{self.name}__task{k}.body")
+        body_fn.linkage = "internal"
+        body_fn.attributes.add("nounwind")
+        em = _FunctionEmitter(self.ctx, body_fn, self.name, self.counter)
+        em.in_task = True
+        em.ranges = dict(self.ranges)
+        em.clamps = dict(self.clamps)
+        for arg, buf in zip(body_fn.args, bufs):
+            arg.add_attribute("noalias")
+            arg.name = "p_" + "".join(ch if ch.isalnum() else "_" for ch in buf.name)
+            em.bufs[buf] = arg
+        for arg, v in zip(body_fn.args[len(bufs):], fvars):
+            arg.name = v.name
+            em.env[v] = arg
+        lo, hi = body_fn.args[-2:]
+        em.serial_range(s.var, lo, em.b.sub(hi, lo), lambda: em.stmt(s.body))
+        em.b.ret(ir.Constant(I32, 0))
+        em.seal()
+
+        fn = ir.Function(module, TASK_FN_TYPE, f"{self.name}__task{k}")
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
         tid, ntasks, closure = fn.args
         tid.name, ntasks.name, closure.name = "task_id", "num_tasks", "closure"
-        em = _FunctionEmitter(self.ctx, fn, self.name, self.counter)
-        em.in_task = True
-        em.ranges = dict(self.ranges)
-        em.clamps = dict(self.clamps)
-        b = em.b
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
 
-        def field(k: int, ty: ir.Type) -> ir.Value:
-            p = b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True, source_etype=cty)
+        def field(n: int, ty: ir.Type) -> ir.Value:
+            p = b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, n)], inbounds=True, source_etype=cty)
             return b.load(p, typ=ty)
 
-        for n, buf in enumerate(bufs):
-            em.bufs[buf] = field(n, PTR)
-        for n, v in enumerate(fvars):
-            em.env[v] = field(len(bufs) + n, scalar_type(v.dtype))
+        values = [field(n, PTR) for n in range(len(bufs))]
+        values += [field(len(bufs) + n, t) for n, t in enumerate(var_types)]
         start = field(len(bufs) + len(fvars), I32)
         extent = field(len(bufs) + len(fvars) + 1, I32)
         one = ir.Constant(I32, 1)
@@ -414,9 +432,7 @@ class _FunctionEmitter:
         lo = b.mul(tid, chunk)
         hi = b.add(lo, chunk)
         hi = b.select(b.icmp_signed("<", hi, extent), hi, extent)
-        em.serial_range(s.var, b.add(start, lo), b.sub(hi, lo), lambda: em.stmt(s.body))
-        b.ret(ir.Constant(I32, 0))
-        em.seal()
+        b.ret(b.call(body_fn, values + [b.add(start, lo), b.add(start, hi)]))
         return fn
 
     # ---- expressions ----------------------------------------------------------------------------------------
