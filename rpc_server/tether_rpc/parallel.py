@@ -46,6 +46,7 @@ def _env_min_work_us() -> float:
 _min_parallel_work_s = _env_min_work_us() / 1e6
 _WAIT_LOG_INTERVAL_S = 60.0
 _TASK_CACHE_MAX = 1024
+_PROBE_LAUNCHES = 2
 
 
 def default_num_threads() -> int:
@@ -256,11 +257,12 @@ if hasattr(os, "register_at_fork"):
 class _TaskInfo:
     """A task function seen before: its ctypes callable and the measured work of its last launch."""
 
-    __slots__ = ("fn", "work")
+    __slots__ = ("fn", "work", "probes")
 
     def __init__(self, task_ptr: int):
         self.fn = TASK_TYPE(task_ptr)
-        self.work: Optional[float] = None  # seconds one thread needed for the last measured (serial) launch
+        self.work = float("inf")  # seconds one thread needed for a serial launch (min over the probes)
+        self.probes = 0
 
 
 def _task_info(task_ptr: int) -> _TaskInfo:
@@ -293,15 +295,18 @@ def _launch(task_ptr: Optional[int], closure: Optional[int], num_tasks: int) -> 
         info = _task_info(task_ptr)
         pool = get_pool()
         threshold = _min_parallel_work_s
-        # Kernels have static shapes, so a task function does about the same work at every launch: its first
-        # launch runs serially in the caller to measure that work exactly, and launches of tiny work stay
-        # serial (re-measured each time, so growth is noticed). Parallel launches are not re-measured: their
-        # wall time mixes work with wake-up and GIL hand-off costs.
-        if threshold > 0 and (info.work is None or info.work < threshold):
-            t0 = _clock()
-            rc = pool.run_serial(info.fn, closure, num_tasks)
-            info.work = _clock() - t0
-            return rc
+        # Kernels have static shapes, so a task function does the same work at every launch: its first launches
+        # run serially in the caller to measure that work (the minimum, as the first call pays one-time costs
+        # and any run can be preempted), and tasks whose whole launch is tiny then always run in the caller.
+        if threshold > 0:
+            if info.probes < _PROBE_LAUNCHES:
+                t0 = _clock()
+                rc = pool.run_serial(info.fn, closure, num_tasks)
+                info.work = min(info.work, _clock() - t0)
+                info.probes += 1
+                return rc
+            if info.work < threshold:
+                return pool.run_serial(info.fn, closure, num_tasks)
         return pool.launch(info.fn, closure, num_tasks)
     except BaseException:  # an exception escaping a ctypes callback would be reported as success (0)
         logger.exception("parallel launcher failed")
