@@ -258,7 +258,8 @@ def _packer() -> msgpack.Packer:
 
 
 def encode_body(msg_type: int, request_id: int, payload: dict) -> bytes:
-    return _packer().pack([int(msg_type), request_id, payload])
+    # msgpack packs IntEnum members as plain ints; int() here would cost a microsecond per frame
+    return _packer().pack([msg_type, request_id, payload])
 
 
 def encode_frame(msg_type: int, request_id: int, payload: Optional[dict] = None) -> bytes:
@@ -279,15 +280,18 @@ def decode_body(body: Any, limits: Limits = DEFAULT_LIMITS) -> Tuple[int, int, d
 
 
 def _check_frame(obj: Any, size: int, limits: Limits) -> Tuple[int, int, dict]:
-    if not (type(obj) is list and len(obj) == 3 and type(obj[0]) is int and type(obj[1]) is int
-            and type(obj[2]) is dict):
+    try:
+        msg_type, request_id, payload = obj
+    except (TypeError, ValueError):
+        msg_type = request_id = payload = None
+    if type(msg_type) is not int or type(request_id) is not int or type(payload) is not dict or type(obj) is not list:
         raise ProtocolError("a frame body must be [msg_type:int, request_id:int, payload:map], got %.80r" % (obj,))
-    if not 0 < obj[0] < 256 or obj[1] < 0:
-        raise ProtocolError("bad msg_type %d or request_id %d" % (obj[0], obj[1]))
+    if not 0 < msg_type < 256 or request_id < 0:
+        raise ProtocolError("bad msg_type %d or request_id %d" % (msg_type, request_id))
     # Each level of nesting costs at least one byte, so short bodies need no walk (the hot path: small calls).
     if size > limits.max_depth:
-        _check_depth(obj[2], limits.max_depth)
-    return obj[0], obj[1], obj[2]
+        _check_depth(payload, limits.max_depth)
+    return msg_type, request_id, payload
 
 
 def bulk_size(payload: dict, limits: Limits = DEFAULT_LIMITS) -> int:

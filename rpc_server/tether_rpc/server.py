@@ -611,7 +611,7 @@ def _watchdog(sock: socket.socket) -> None:
 def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: str,
                 limits: p.Limits = p.DEFAULT_LIMITS) -> int:
     """Serve one session's CALLs on a connected, handshaken socket until CLOSE or hang-up; returns an exit code."""
-    from .session import BulkIn, SessionHandler  # noqa: F401 (imported in the parent already by the preload)
+    from .session import BulkIn, SessionHandler  # imported in the parent already by the preload
 
     sock.setblocking(True)
     if buffer is None:
@@ -633,7 +633,7 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
                 _send_error(channel, 0, exc, "")
                 return 0
             if msg_type == p.MsgType.CALL:
-                if not _serve_call(channel, reader, handler, request_id, payload, limits):
+                if not _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn):
                     return 0
             elif msg_type == p.MsgType.CLOSE:
                 return 0
@@ -652,23 +652,20 @@ def _send_error(channel: _Channel, request_id: int, exc: BaseException, tb: str)
 
 
 def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_id: int,
-                payload: dict, limits: p.Limits) -> bool:
+                payload: dict, limits: p.Limits, bulk_type: Any) -> bool:
     """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
     channel.request_id = request_id
-    try:
-        nbytes = p.bulk_size(payload, limits)
-    except FrameTooLarge as exc:
-        _send_error(channel, request_id, exc, "")
-        return False  # we will not read that many bytes, so the stream cannot be resynchronised
-    except ProtocolError as exc:
-        _send_error(channel, request_id, exc, "")
-        return False
-    from .session import BulkIn
-
-    bulk = BulkIn(nbytes, reader.read_into, reader.skip) if "nbytes" in payload else None
+    bulk = None
+    if "nbytes" in payload:
+        try:
+            nbytes = p.bulk_size(payload, limits)
+        except ProtocolError as exc:  # FrameTooLarge included: we will not read that many bytes, so the
+            _send_error(channel, request_id, exc, "")  # stream cannot be resynchronised
+            return False
+        bulk = bulk_type(nbytes, reader.read_into, reader.skip)
     try:
         reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
-        frame = p.encode_frame(p.MsgType.RETURN, request_id, reply.payload())
+        frame = p.encode_frame(6, request_id, reply.payload())  # 6 = MsgType.RETURN (hot path: plain int)
     except (ConnectionClosed, TetherTimeout):
         return False
     except ProtocolError as exc:
