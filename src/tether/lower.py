@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from tether.errors import CompileError, ScheduleError
 from tether.te.expr import Binary, Compare, Const, Expr, IterVar, Reduce, TensorLoad, Var, is_int
-from tether.te.schedule import MAX_VECTOR_LANES, Fuse, Schedule, Split, Stage
+from tether.te.schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
 from tether.te.tensor import PlaceholderOp, Tensor, rebuild, substitute, walk
 from tether.tir.nodes import Allocate, Buffer, For, IfThenElse, Load, PrimFunc, Stmt, Store, seq, walk_stmts
 from tether.tir.simplify import Simplifier, simplify
@@ -230,7 +230,7 @@ class Lowering:
             src_abs = substitute(body, mapping)
 
         # regions of the stages attached inside this one (before converting loads: they define the offsets)
-        attached: Dict[int, List[Tuple[Stage, Optional[Buffer]]]] = {}
+        attached: Dict[int, list] = {}     # id(leaf) -> [(child stage, its new local buffer or None, region)]
         for pos, leaf in enumerate(info.leaves):
             for child in self.children.get(id(leaf), []):
                 if child.attach_stage is not st:
@@ -238,15 +238,11 @@ class Lowering:
                 creg = self._infer_region(child, src_abs, info, pos)
                 ct = child.op.output(0)
                 new_buf = None
-                if ct in self.buffers:          # an output attached inside: absolute coordinates
-                    creg_use = creg
-                else:
+                if ct not in self.buffers:      # an output attached inside keeps its (absolute) param buffer
                     new_buf = Buffer(ct.name, [e for _, e in creg], ct.dtype, getattr(child, "scope", "local"))
                     self.buffers[ct] = (new_buf, [lo for lo, _ in creg])
-                    creg_use = creg
-                attached.setdefault(id(leaf), []).append((child, new_buf, creg_use))
+                attached.setdefault(id(leaf), []).append((child, new_buf, creg))
 
-        buf, _ = self.buffers[t]
         out_idx = [info.root_abs[iv] for iv in st.axis]
         sbuf, sidx = self._address(t, out_idx)
         value = self._to_loads(src_abs)

@@ -6,6 +6,7 @@ which keeps ``x in list_of_vars`` working.
 """
 from __future__ import annotations
 
+import builtins as _builtins
 from typing import Any, Sequence
 
 # Promotion order for mixed-dtype arithmetic: later wins.
@@ -462,9 +463,7 @@ def _is_reduce_axis(x: Any) -> bool:
     return isinstance(x, (list, tuple)) and len(x) > 0 and builtins_all(isinstance(a, IterVar) for a in x)
 
 
-import builtins as _builtins  # noqa: E402
-
-builtins_all = _builtins.all
+builtins_all = _builtins.all  # te.all shadows the builtin in this module
 
 
 def _reduce(combiner: str, source: Any, axis: Any, where: Any = None, init: Any = None) -> Reduce:
