@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import shlex
 import shutil
 import struct
@@ -109,7 +110,14 @@ def link_shared(objects: Sequence[bytes], target: Union[str, Target], out_path: 
         except OSError as exc:
             raise LinkerNotFound("cannot run the linker %r: %s (pip install ziglang)" % (cmd[0], exc)) from None
         if proc.returncode != 0:
-            raise CompileError("linking %s for %s failed:\n%s" % (soname, target, (proc.stderr or proc.stdout).strip()))
+            detail = (proc.stderr or proc.stdout).strip()
+            missing = sorted(set(re.findall(r"undefined symbol: (\S+)", detail)))
+            hint = ""
+            if missing:
+                hint = ("\nhint: tether modules link without libc/libm, so the code must not call %s. LLVM turns some "
+                        "intrinsics into such calls on this target (e.g. llvm.maxnum/round/trunc on armv7); use "
+                        "ModuleBuilder.math(...) or compare/select code instead." % ", ".join(missing))
+            raise CompileError("linking %s for %s failed:\n%s%s" % (soname, target, detail, hint))
         os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
         shutil.move(tmp_out, out_path)
     return out_path
