@@ -19,6 +19,30 @@ def _padded(x, padding4: tuple, name: str):
     return pad_op(x, (0, 0, top, left), (0, 0, bottom, right), 0.0, name=f"{name}_pad")
 
 
+def _input_reader(x, p4: tuple, sw: int, dw: int, kw: int, ow: int, name: str):
+    """(b, c, row, xx, rx) -> the padded input at row `row`, column xx*sw + rx*dw.
+
+    With a column stride the padded input is stored split into its `sw` column phases,
+    P[b, c, row, phase, j] = padded[b, c, row, j*sw + phase], so the kernel's loads along output columns are
+    contiguous (a strided vector load would be a gather); the split costs one pass over the input."""
+    if sw == 1:
+        xp = _padded(x, p4, name)
+        return lambda b, ch, row, xx, rx: xp[b, ch, row, xx + rx * dw]
+    n, ch, h, w = c.shape_of(x)
+    top, left, bottom, _ = p4
+    cols = ow + ((kw - 1) * dw) // sw
+    zero = c.const(0.0, x.dtype)
+
+    def f(b, cc, i, ph, j):
+        row, col = i - top, j * sw + ph - left
+        conds = [col >= 0, col < w] + ([row >= 0, row < h] if (top or bottom) else [])
+        src = x[b, cc, c.clamp_index(row, h) if (top or bottom) else row, c.clamp_index(col, w)]
+        return te.if_then_else(c.all_of(conds), src, zero)
+
+    phases = c.compute((n, ch, h + top + bottom, sw, cols), f, f"{name}_phases", c.PAD)
+    return lambda b, cc, row, xx, rx: phases[b, cc, row, (rx * dw) % sw, xx + (rx * dw) // sw]
+
+
 def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, name: str = "conv2d"):
     """x (N, C, H, W) * w (O, C/groups, KH, KW) [+ bias (O,)] -> (N, O, OH, OW)."""
     n, ch, h, wd = c.shape_of(x)
@@ -33,7 +57,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
     oh, ow = out_extent(h, kh, sh, p4[0], p4[2], dh), out_extent(wd, kw, sw, p4[1], p4[3], dw)
     if oh <= 0 or ow <= 0:
         raise ValueError(f"{name}: kernel {kh}x{kw} does not fit input {h}x{wd} with padding {p4}")
-    xp = _padded(x, p4, name)
+    read = _input_reader(x, p4, sw, dw, kw, ow, name)
     ocg = oc // groups
     rc = te.reduce_axis((0, icg), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
@@ -41,7 +65,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
 
     def f(b, o, y, xx):
         cin = rc if groups == 1 else (o // ocg) * icg + rc
-        return te.sum(xp[b, cin, y * sh + ry * dh, xx * sw + rx * dw] * w[o, rc, ry, rx], axis=[rc, ry, rx])
+        return te.sum(read(b, cin, y * sh + ry * dh, xx, rx) * w[o, rc, ry, rx], axis=[rc, ry, rx])
 
     out = c.compute((n, oc, oh, ow), f, name if bias is None else f"{name}_conv", c.CONV2D)
     return _add_bias(out, bias, name)
@@ -60,13 +84,13 @@ def depthwise_conv2d(x, w, stride=1, padding=0, dilation=1, bias=None, name: str
     oh, ow = out_extent(h, kh, sh, p4[0], p4[2], dh), out_extent(wd, kw, sw, p4[1], p4[3], dw)
     if oh <= 0 or ow <= 0:
         raise ValueError(f"{name}: kernel {kh}x{kw} does not fit input {h}x{wd} with padding {p4}")
-    xp = _padded(x, p4, name)
+    read = _input_reader(x, p4, sw, dw, kw, ow, name)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
     def f(b, o, y, xx):
         cin = o if mult == 1 else o // mult
-        return te.sum(xp[b, cin, y * sh + ry * dh, xx * sw + rx * dw] * w[o, 0, ry, rx], axis=[ry, rx])
+        return te.sum(read(b, cin, y * sh + ry * dh, xx, rx) * w[o, 0, ry, rx], axis=[ry, rx])
 
     out = c.compute((n, oc, oh, ow), f, name if bias is None else f"{name}_conv", c.DEPTHWISE_CONV2D)
     return _add_bias(out, bias, name)

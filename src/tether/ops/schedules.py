@@ -198,7 +198,8 @@ def _schedule_pack(s, t, fam: Family, ctx):
 
 
 def _schedule_conv2d(s, t, fam: Family, ctx):
-    """Register block (conv_rows output channels x conv_cols output columns); reduction inside the block."""
+    """Register block (output channels x output rows x output columns) accumulated in a local buffer over the
+    whole reduction, then written back through the fused epilogue (bias, activation) if any."""
     anchor = _epilogue_anchor(t, ctx)
     n, oc, oh, ow = (int(d) for d in t.shape)
     if anchor is None:
@@ -208,20 +209,27 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
         block, out = t, anchor
     so = s[out]
     b, o, y, x = out.op.axis
-    cols, rows = _conv_block(fam, oc, ow)
-    oo, oi = so.split(o, factor=rows)
+    cols, rows_y, rows_o = _conv_block(fam, oc, oh, ow)
+    oo, oi = so.split(o, factor=rows_o)
+    yo, yi = so.split(y, factor=rows_y)
     xo, xi = so.split(x, factor=cols)
-    so.reorder(b, oo, y, xo, oi, xi)
+    # rows outermost: one row block of input (all channels) stays in cache while every channel block uses it
+    so.reorder(b, yo, oo, xo, oi, yi, xi)
     so.unroll(oi)
+    so.unroll(yi)
     so.vectorize(xi)
     if _numel(out) >= fam.parallel_min:
-        so.parallel(so.fuse(b, oo) if n > 1 else oo)
+        lead = [b, yo] if n > 1 else [yo]
+        if n * -(-oh // rows_y) < 2 * PARALLEL_TASKS:
+            lead.append(oo)
+        so.parallel(so.fuse(*lead) if len(lead) > 1 else lead[0])
     s[block].compute_at(so, xo)
     sb = s[block]
     bb, bo, by, bx = block.op.axis
     rc, ry, rx = block.op.reduce_axis
-    sb.reorder(bb, by, rc, ry, rx, bo, bx)
+    sb.reorder(bb, rc, ry, rx, bo, by, bx)
     sb.unroll(bo)
+    sb.unroll(by)
     sb.vectorize(bx)
 
 
@@ -234,9 +242,16 @@ def _pick(extent: int, candidates) -> int:
     return fits[0] if fits else 1
 
 
-def _conv_block(fam: Family, oc: int, ow: int) -> tuple:
-    """(columns, output channels) of the conv micro-kernel: as many accumulators as the family allows, with
-    column counts that divide the output width preferred (a tail runs as a slower scalar loop)."""
+def _divisors_upto(n: int, limit: int) -> list:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _conv_block(fam: Family, oc: int, oh: int, ow: int) -> tuple:
+    """(columns, output rows, output channels) of the conv micro-kernel.
+
+    Columns: whole vectors, preferring a count that divides the output width (a tail column block runs as a
+    scalar loop).  Then as many accumulators as the family allows, split between output channels (each weight
+    broadcast once per block) and output rows (each input vector reused), preferring exact divisors."""
     vecs = _pick(-(-ow // fam.lanes), list(range(fam.max_col_vectors, 0, -1)))
     cols = vecs * fam.lanes
     if ow % cols:
@@ -245,8 +260,14 @@ def _conv_block(fam: Family, oc: int, ow: int) -> tuple:
                 cols = v * fam.lanes
                 break
     budget = max(1, fam.acc_regs // (cols // fam.lanes))
-    rows = _pick(oc, list(range(min(budget, oc), 0, -1)))
-    return cols, rows
+    best = (1, 1)
+    for ro in _divisors_upto(oc, budget):
+        for ry in _divisors_upto(oh, budget // ro):
+            # most accumulators; then fewer loads per FMA (ro broadcasts + ry vectors); then more channels
+            key = (ro * ry, -(ro + ry), ro)
+            if key > (best[0] * best[1], -(best[0] + best[1]), best[0]):
+                best = (ro, ry)
+    return cols, best[1], best[0]
 
 
 def _schedule_window(s, t, fam: Family, ctx):
