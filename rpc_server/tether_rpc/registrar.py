@@ -1,19 +1,27 @@
 """A device server's link to the tracker: registration, heartbeats, match tokens, and reverse-mode dial-out.
 
-:class:`Registrar` runs in one daemon thread next to the device server's own loop and talks to the server only
-through these thread-safe calls, which is the whole hook a server needs::
+Two layers:
+
+* :class:`Registrar` owns the tracker connection in one daemon thread. Its thread-safe calls are everything a
+  server loop needs::
 
     reg = Registrar(("tracker", 9190), key="rasp4b", port=server_port, token=None, reverse=False,
-                    on_connection=server.adopt)          # reverse mode: sockets dialled out for sessions
+                    on_connection=adopt)                 # reverse mode: sockets it dialled out, for sessions
     reg.start()
-    grant = reg.accept_match(hello["match"])             # in HELLO: None -> refuse; else {session_timeout, ...}
-    reg.session_started(match)                           # when the session's WELCOME goes out
-    reg.session_ended()                                  # when the session worker is gone (re-registers)
-    reg.after_fork()                                     # in a forked session worker: drop the tracker socket
+    terms = reg.accept_match(hello["match"])             # None -> refuse; else {match, session_timeout, client}
+    reg.session_started(match)                           # the session's WELCOME went out
+    reg.session_ended()                                  # the worker is gone: re-register as free
+    reg.after_fork()                                     # in a forked session worker: drop our descriptor
     reg.close()
 
+* :class:`TrackerHook` adapts it to :class:`tether_rpc.server.ServerHook` (``rpc-server --tracker H:P --key K``
+  loads it through :func:`make_hook`). Work that must happen on the server's loop thread (adopting reverse
+  sockets, killing a session that outlives its grant's ``session_timeout``) is handed over through a wake-up
+  pipe; a pidfd on the session worker wakes the loop the moment the worker exits, for a fast handoff.
+
 The thread never gives up: a refused, lost or restarted tracker is retried forever with capped exponential
-backoff plus jitter, and every reconnect re-registers with the server's current state.
+backoff plus jitter, and every reconnect re-registers with the server's current state. Wire format:
+:mod:`tether_rpc.tracker_protocol`, ``docs/tracker.md``.
 """
 from __future__ import annotations
 
@@ -192,7 +200,7 @@ class Registrar:
         msg_type, _, payload = reader.read_frame()
         if msg_type == TrackerMsg.CHALLENGE:
             if not self.token:
-                raise AuthenticationError("the tracker requires a token; start the server with --tracker-token")
+                raise AuthenticationError("the tracker requires a token: set TETHER_TRACKER_TOKEN for this device server")
             nonce = p.make_nonce()
             server_nonce = payload.get("nonce")
             if not isinstance(server_nonce, bytes):

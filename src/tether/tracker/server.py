@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional, Set, Tuple
 from tether_rpc import protocol as p
 from tether_rpc.errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError
 from tether_rpc.tracker_protocol import (TRACKER_LIMITS, TRACKER_VERSION, TrackerMsg, check_hello, check_match,
-                                         check_register, check_request)
+                                         check_register, check_request, device_tags)
 
 from .pool import Device, Pool, Request
 from .relay import Relay, take_socket
@@ -241,6 +241,7 @@ class TrackerServer:
                      " (reverse)" if reg["reverse"] else "")
         else:
             device.info = reg["info"] or device.info
+            device.tags = device_tags(device.key, reg["tags"], device.info)
         if reg["state"] == "free":
             self._device_free(device)
         elif device.state == "free":
