@@ -351,3 +351,19 @@ def test_in_bounds_conditional_loads_stay_plain_selects(n):
     body = str(impl)
     assert "mload" not in body and "sel.then" not in body
     assert re.search(r"select\s+<8 x i1> %[^,]+, <8 x float>", body)
+
+
+def test_sum_reduction_update_is_reassociable_but_other_math_is_not():
+    a = te.placeholder((16, 64), "float32", name="A")
+    k = te.reduce_axis((0, 64), name="k")
+    s_t = te.compute((16,), lambda i: te.sum(a[i, k] * 2.0 + 1.0, axis=k), name="S")
+    s = te.create_schedule(s_t.op)
+    _, impl, text = emit(s, [a, s_t], "rowsum")
+    body = str(impl)
+    assert len(re.findall(r"fadd contract reassoc float", body)) == 1     # only the accumulation
+    assert "fmul contract float" in body and "fadd contract float" in body
+    jit = Jit(text)
+    x = RNG.random((16, 64), dtype=np.float32)
+    out = np.zeros(16, np.float32)
+    assert jit.impl("rowsum", 2)(*ptrs(x, out)) == 0
+    np.testing.assert_allclose(out, (x * 2 + 1).sum(axis=1), rtol=1e-5)

@@ -262,7 +262,8 @@ class Lowering:
             g_outer, g_tail = self._split_guards(info.guards, outer, tail)
             red_vars = [lv for lv in tail if lv.kind == "reduce"]
             init = Store(sbuf, sidx, body.identity)
-            update = Store(sbuf, sidx, simplify(_combine(body.combiner, Load(sbuf, sidx), value), self.ranges))
+            update = Store(sbuf, sidx, simplify(_combine(body.combiner, Load(sbuf, sidx), value), self.ranges),
+                           reduction=body.combiner)
             init_stmt = self._make_loops(st, info, init_leaves, init,
                                          [g for g in g_tail if not _uses_var(g, red_vars)], None)
             upd_stmt = self._make_loops(st, info, tail, update, g_tail, attach_stmts)

@@ -75,8 +75,11 @@ class For(Stmt):
 
 
 class Store(Stmt):
-    def __init__(self, buffer: Buffer, index: Expr, value: Expr):
+    """``buffer[index] = value``; ``reduction`` names the combiner when this is a reduction's update."""
+
+    def __init__(self, buffer: Buffer, index: Expr, value: Expr, reduction: str | None = None):
         self.buffer, self.index, self.value = buffer, index, value
+        self.reduction = reduction
 
 
 class Allocate(Stmt):
