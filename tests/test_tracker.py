@@ -334,3 +334,47 @@ def test_device_that_never_acknowledges_does_not_lose_the_request(tracker_lab):
         assert seen == [TrackerMsg.EXPECT, TrackerMsg.REVOKE]
     finally:
         mute.close()
+
+
+# ----------------------------------------------------------------------------------------------- CLI and plugin
+
+def test_query_cli_prints_devices_and_queues(shared_lab):
+    from click.testing import CliRunner
+
+    from tether.cli.query import command
+
+    tracker = shared_lab.trackers[0]
+    runner = CliRunner()
+    result = runner.invoke(command, ["--tracker", "127.0.0.1:%d" % tracker.port, "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    summary = json.loads(result.output)
+    assert summary["queues"]["rasp4b"]["total"] == 2 and len(summary["devices"]) == 3
+    table = runner.invoke(command, ["--tracker", "127.0.0.1:%d" % tracker.port])
+    assert table.exit_code == 0 and "rasp4b" in table.output and "pending" in table.output
+    refused = runner.invoke(command, ["--tracker", "127.0.0.1:1"])
+    assert refused.exit_code != 0 and "could not connect to the tracker" in refused.output
+
+
+def test_pytest_plugin_runs_tests_on_granted_devices(shared_lab, tmp_path):
+    tracker = shared_lab.trackers[0]
+    (tmp_path / "test_on_device.py").write_text(
+        "import pytest\n"
+        "def test_echo(tether_session):\n"
+        "    assert tether_session.get_function('tether.echo')(41) == 41\n"
+        "@pytest.mark.tether_device('board=pi5')\n"
+        "def test_marker(tether_session):\n"
+        "    assert tether_session.device_info()['arch']\n"
+        "@pytest.mark.tether_device('no-such-device')\n"
+        "def test_missing(tether_session):\n"
+        "    pass\n")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "tether.testing.pytest_plugin", "-p", "no:cacheprovider",
+           "--rootdir", str(tmp_path), "--tether-tracker", "127.0.0.1:%d" % tracker.port, "--tether-key", "rasp*",
+           str(tmp_path / "test_on_device.py")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert "2 passed, 1 skipped" in out.stdout, out.stdout + out.stderr
+    assert "no device matching 'no-such-device'" in out.stdout
+    skipped = subprocess.run(cmd[:9] + [str(tmp_path / "test_on_device.py")], capture_output=True, text=True,
+                             timeout=120, cwd=str(tmp_path))
+    assert "3 skipped" in skipped.stdout and "--tether-tracker" in skipped.stdout, skipped.stdout
