@@ -49,3 +49,16 @@ def test_matmul_shape_error():
     B = te.placeholder((5, 6), "float32", name="B")
     with pytest.raises(ValueError, match="inner dimensions"):
         ops.matmul(A, B)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1280, 37), (3, 77, 10), (2, 32, 5)])
+def test_dense_few_rows_row_dot_path(run_ops, rng, m, k, n):
+    """Few rows, long k: the partial-sum (row dot) formulation, with and without a k tail."""
+    x = rng.standard_normal((m, k)).astype("float32")
+    w = rng.standard_normal((n, k)).astype("float32")
+    X = te.placeholder((m, k), "float32", name="X")
+    W = te.placeholder((n, k), "float32", name="W")
+    y = ops.dense(X, W)
+    assert ops.tag_of(y.op) == "rowdot_final"
+    (out,) = run_ops([(X, x), (W, w)], [y])
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-3)

@@ -38,6 +38,35 @@ def pack_panels(b, n_axis: int, name: str):
     return c.compute((panels, k, PANEL), f, name, c.MATMUL_PACK)
 
 
+# Row dot products (dense with few rows): partial sums over this many interleaved k lanes, vectorized.
+ROWDOT_LANES = 16
+
+
+def _rowdot(a, b, name: str):
+    """C[i, j] = sum_k a[i, k] * b[j, k] for few rows i: both operands are read contiguously along k.
+
+    A first stage keeps ROWDOT_LANES partial sums per output, P[i, j, l] = sum_ko a[i, ko*L + l] * b[j, ko*L + l]
+    (vectorized over l), and a second adds them up together with the k tail that L does not divide."""
+    m, k = c.shape_of(a)
+    n = c.shape_of(b)[0]
+    lanes = ROWDOT_LANES
+    body = k - k % lanes
+    ko = te.reduce_axis((0, body // lanes), name="ko")
+    part = c.compute((m, n, lanes), lambda i, j, l: te.sum(a[i, ko * lanes + l] * b[j, ko * lanes + l], axis=ko),
+                     f"{name}_partial", c.ROWDOT_PARTIAL)
+    tail = k - body
+    r = te.reduce_axis((0, lanes + tail), name="r")
+
+    def final(i, j):
+        if not tail:
+            return te.sum(part[i, j, r], axis=r)
+        # the select evaluates both sides, so both loads get in-bounds indices
+        kt = body + te.max(r - lanes, 0)
+        return te.sum(te.if_then_else(r < lanes, part[i, j, te.min(r, lanes - 1)], a[i, kt] * b[j, kt]), axis=r)
+
+    return c.compute((m, n), final, name, c.ROWDOT_FINAL)
+
+
 def _product(a, b, n_axis: int, name: str):
     """C[i, j] = sum_k a[i, k] * b'[k, j] with b' = b (n_axis=1) or b.T (n_axis=0)."""
     m, k = c.shape_of(a)
@@ -52,6 +81,8 @@ def _product(a, b, n_axis: int, name: str):
         return c.compute((m, n), lambda i, j: te.sum(a[i, r] * p[j // PANEL, r, j % PANEL], axis=r), name, c.MATMUL)
     if n_axis == 1:
         return c.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name, c.MATMUL)
+    if k >= 2 * ROWDOT_LANES:
+        return _rowdot(a, b, name)
     return c.compute((m, n), lambda i, j: te.sum(a[i, r] * b[j, r], axis=r), name, c.MATMUL)
 
 

@@ -189,6 +189,23 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     sb.vectorize(bj)
 
 
+def _schedule_rowdot_partial(s, t, fam: Family, ctx):
+    st = s[t]
+    i, j, l = t.op.axis
+    (ko,) = t.op.reduce_axis
+    st.reorder(i, j, ko, l)
+    st.vectorize(l)
+    if _numel(t) * _reduce_size(t) >= fam.parallel_min * 4:
+        fused = st.fuse(i, j)
+        if _numel(t) // _extent(l) > PARALLEL_TASKS:
+            fused, _ = st.split(fused, nparts=PARALLEL_TASKS)
+        st.parallel(fused)
+
+
+def _schedule_rowdot_final(s, t, fam: Family, ctx):
+    pass  # N*(16 + k tail) scalar adds: not worth a parallel launch
+
+
 def _schedule_pack(s, t, fam: Family, ctx):
     st = s[t]
     jo, kk, ji = t.op.axis
@@ -332,6 +349,8 @@ _BY_TAG: Dict[str, Callable] = {
     c.REDUCE: _schedule_reduce,
     c.MATMUL: _schedule_matmul,
     c.MATMUL_PACK: _schedule_pack,
+    c.ROWDOT_PARTIAL: _schedule_rowdot_partial,
+    c.ROWDOT_FINAL: _schedule_rowdot_final,
     c.CONV2D: _schedule_conv2d,
     c.DEPTHWISE_CONV2D: _schedule_window,
     c.POOL: _schedule_window,
