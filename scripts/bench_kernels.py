@@ -164,7 +164,11 @@ def main() -> int:
 
     rows = []  # (kernel, tether 1T, tether 2T, baseline 1T, baseline 2T, unit, compile s)
     rng = np.random.default_rng(0)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as work, NumpyWorker(1) as np1, NumpyWorker(2) as np2:
+        # one throw-away build first, so the compile column shows per-kernel cost, not LLVM's start-up
+        W0 = te.placeholder((8,), "float32", name="W0")
+        build([ops.relu(W0)], [W0], "warmup", work)
         for n in args.sizes:
             A = te.placeholder((n, n), "float32", name="A")
             B = te.placeholder((n, n), "float32", name="B")
@@ -217,6 +221,8 @@ def main() -> int:
             rows.append((label, t1 * 1e6, t2 * 1e6, o1 * 1e6, o2 * 1e6, "us (vs onnxruntime)", k.compile_s))
 
     _print_table(rows)
+    print(f"load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f} on "
+          f"{os.cpu_count()} CPUs; other processes' load skews the 2-thread figures most")
     return 0
 
 
