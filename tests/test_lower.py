@@ -186,3 +186,20 @@ def test_loop_kind_annotations_in_text(kind):
     getattr(s[c], kind)(xi if kind != "parallel" else xo)
     word = {"vectorize": "vectorized", "unroll": "unrolled", "parallel": "parallel"}[kind]
     assert f") {word}:" in str(tether.lower(s, [a, b, c], "k"))
+
+
+def test_unit_extent_loops_are_not_emitted():
+    a = te.placeholder((1, 8), "float32", name="A")
+    c = te.compute((1, 8), lambda b, j: a[b, j] + 1.0, name="C")
+    s = te.create_schedule(c.op)
+    pf = tether.lower(s, [a, c], "k")
+    assert [l.var.name for l in loops(pf)] == ["j"]
+    assert "C[j] = A[j] + 1.0f" in str(pf)
+
+
+def test_zero_dimensional_output():
+    a = te.placeholder((10,), "float32", name="A")
+    k = te.reduce_axis((0, 10), name="k")
+    out = te.compute((), lambda: te.sum(a[k], axis=k), name="S")
+    pf = tether.lower(te.create_schedule(out.op), [a, out], "k")
+    assert str(pf).splitlines()[1:] == ["  S[0] = 0.0f", "  for k in range(10):", "    S[0] = S[0] + A[k]"]

@@ -172,7 +172,8 @@ class Lowering:
             else:
                 info.ext[r.fused] = info.ext[r.outer] * info.ext[r.inner]
         for leaf in info.leaves:
-            info.value[leaf] = leaf
+            # a loop of one iteration is not emitted: its variable is simply 0
+            info.value[leaf] = _c(0) if info.ext[leaf] == 1 else leaf
             self.ranges[leaf] = (0, info.ext[leaf] - 1)
         for r in reversed(st.relations):
             if isinstance(r, Split):
@@ -319,6 +320,8 @@ class Lowering:
                 for g in ifs[1:]:
                     cond = Binary("and", cond, g, "bool")
                 stmt = IfThenElse(cond, stmt)
+            if ext == 1 and isinstance(extent, Const):
+                continue
             kind = st.iter_kind.get(lv, "serial")
             stmt = For(lv, _c(0), extent, kind, stmt, max_extent=ext)
         if top_guards:
