@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable, Dict, List, Optional
 
 from llvmlite import ir
@@ -21,6 +22,8 @@ from tether.te.tensor import children as _children, walk
 from tether.tir.nodes import (Allocate, Buffer, For, IfThenElse, Load, PrimFunc, SeqStmt, Stmt, Store,
                               walk_stmts)
 from tether.tir.simplify import Simplifier
+
+log = logging.getLogger(__name__)
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -165,6 +168,9 @@ class _FunctionEmitter:
             gv.align = 16
             ptr = gv
         else:
+            if nbytes > STACK_BYTES:
+                log.warning("%s: buffer %r (%d bytes) is allocated on the stack of every parallel task; "
+                            "attach it at an inner loop (compute_at) to shrink it", self.name, buf.name, nbytes)
             ptr = self.alloca(ety, buf.size, buf.name, 16)
         self.bufs[buf] = ptr
         self.stmt(s.body)
