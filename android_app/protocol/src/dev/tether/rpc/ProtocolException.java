@@ -1,0 +1,15 @@
+package dev.tether.rpc;
+
+/** The peer sent something the protocol does not allow (malformed msgpack, a bad frame shape, a limit exceeded). */
+public class ProtocolException extends TetherException {
+    private static final long serialVersionUID = 1L;
+
+    public ProtocolException(String message) {
+        super(message);
+    }
+
+    @Override
+    public String wireType() {
+        return "ProtocolError";
+    }
+}
