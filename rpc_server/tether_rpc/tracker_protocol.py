@@ -36,6 +36,10 @@ DEFAULT_PORT = 9190
 TRACKER_LIMITS = Limits(max_frame=8 << 20, max_bulk=0, max_str=64 << 10, max_bin=4096, max_array=1 << 16,
                         max_map=1 << 12, max_ext=0, max_depth=8)
 
+#: What a client accepts from the tracker: a summary of thousands of devices with their info can pass 8 MiB.
+REPLY_LIMITS = Limits(max_frame=64 << 20, max_bulk=0, max_str=64 << 10, max_bin=4096, max_array=1 << 20,
+                      max_map=1 << 12, max_ext=0, max_depth=8)
+
 ROLES = ("device", "client", "relay")
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Optional
 
 from tether_rpc import protocol as p
 from tether_rpc.errors import (AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout)
-from tether_rpc.tracker_protocol import DEFAULT_PORT, TRACKER_LIMITS, TrackerMsg, hello_payload
+from tether_rpc.tracker_protocol import DEFAULT_PORT, REPLY_LIMITS, TrackerMsg, hello_payload
 
 from .client import RemoteSession, Timeout, connect, remote_exception
 
@@ -54,7 +54,7 @@ class TrackerClient:
         self.sock = sock
         try:
             p.configure_socket(sock)
-            self._reader = p.FrameReader(sock, TRACKER_LIMITS)
+            self._reader = p.FrameReader(sock, REPLY_LIMITS)
             self._handshake(token, name or _default_name())
         except BaseException:
             self.closed = True
