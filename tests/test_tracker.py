@@ -378,3 +378,19 @@ def test_pytest_plugin_runs_tests_on_granted_devices(shared_lab, tmp_path):
     skipped = subprocess.run(cmd[:9] + [str(tmp_path / "test_on_device.py")], capture_output=True, text=True,
                              timeout=120, cwd=str(tmp_path))
     assert "3 skipped" in skipped.stdout and "--tether-tracker" in skipped.stdout, skipped.stdout
+
+
+def test_registrar_never_gives_up_on_a_missing_tracker(tracker_lab):
+    from tether_rpc.registrar import Registrar
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()                    # nothing listens there now
+    reg = Registrar(("127.0.0.1", port), "lonely", port=9, max_backoff=0.05, connect_timeout=1.0)
+    with reg:
+        time.sleep(2.0)              # dozens of refused attempts with this short backoff cap
+        assert reg.registrations == 0 and reg._thread.is_alive()
+        tracker = tracker_lab.tracker(port=port)
+        assert reg.wait_registered(5.0), "the registrar stopped retrying"
+        assert tracker.count("lonely") == 1

@@ -25,11 +25,18 @@ from tether_rpc.tracker_protocol import DEFAULT_PORT
               help="Seconds of silence after which a device is removed.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="Write the bound port to this file once listening (for scripts and tests).")
+@click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def main(host: str, port: int, token: Optional[str], grant_timeout: float, heartbeat: float, dead_after: float,
-         ready_file: Optional[str], verbose: int) -> None:
+         ready_file: Optional[str], insecure: bool, verbose: int) -> None:
     """Run the tether tracker: devices register, clients request them by key or tag."""
     from tether.tracker import TrackerServer
+    from tether_rpc.server import is_loopback
+
+    if not token and not insecure and not is_loopback(host):
+        raise click.UsageError("refusing to listen on %s without --token: anyone who can reach it could register "
+                               "fake devices or take real ones. Pass --token SECRET (devices set "
+                               "TETHER_TRACKER_TOKEN), or --insecure on a trusted network." % host)
 
     logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
