@@ -205,7 +205,8 @@ def test_bad_metadata_refused(kdir, tmp_path):
     cases = [(b'{"abi_version": 1', b'{"abi_version": 9', "ABI version 9 but this runtime speaks version 1"),
              (b'{"abi_version": 1', b'["abi_version": 1', "not valid JSON"),
              (b'"arch": "' + elf.host_arch().encode(), b'"arch": "' + b"x" * len(elf.host_arch()),
-              "metadata says arch")]
+              "metadata says arch"),
+             (b'{"name": "probe"', b'{"name": "probX"', "metadata lists probX but the library does not export it")]
     for i, (old, new, pattern) in enumerate(cases):
         pos = data.index(old, start)
         bad = tmp_path / ("meta%d.so" % i)
@@ -221,6 +222,18 @@ def test_garbage_and_missing_files_refused(tmp_path):
         module.load_module(str(junk))
     with pytest.raises(ModuleLoadError, match="cannot open"):
         module.load_module(str(tmp_path / "absent.so"))
+
+
+def test_big_endian_header_refused(tmp_path):
+    # A hand-made big-endian aarch64 shared object header (no sections): refused as a mismatch, naming why.
+    ident = b"\x7fELF" + bytes([2, 2, 1, 0]) + bytes(8)
+    header = ident + struct.pack(">HHIQQQIHHHHHH", 3, 183, 1, 0, 0, 0, 0, 64, 0, 0, 64, 0, 0)
+    path = tmp_path / "be.so"
+    path.write_bytes(header)
+    with elf.ElfFile(path) as e:
+        assert (e.endian, e.bits, e.arch, e.sections) == ("big", 64, "aarch64", [])
+    with pytest.raises(ArchMismatch, match=r"be.so was built for aarch64 \(big-endian\) but this device is"):
+        module.load_module(str(path))
 
 
 def test_dlopen_failure_explains_missing_symbols(kdir):
@@ -288,6 +301,20 @@ def test_device_info_keys_and_arch():
     assert info["num_cores"] >= 1 and info["memory_bytes"] > 1 << 20
     assert set(info["os"]) >= {"system", "release", "name", "android"}
     json.dumps(info)  # plain data, ready for msgpack/JSON
+
+
+def test_device_info_survives_odd_files(monkeypatch):
+    junk = {"/proc/cpuinfo": "\0\0\xff garbage\nCPU part : 0xd08\nCPU implementer : nope\n",
+            "/proc/meminfo": "MemTotal: -- kB\n", "/etc/os-release": "=\n==\nNAME\n"}
+    monkeypatch.setattr(dinfo, "_read", lambda path, limit=1 << 20: junk.get(path, "not a number\n"))
+    info = dinfo.device_info()
+    assert info["arch"] == elf.host_arch()
+    assert info["memory_bytes"] is None and info["governor"] == "not a number" and info["temperature_c"] is None
+    assert info["cpu_max_khz"] is None and isinstance(info["cpu_cores"], list)
+    monkeypatch.setattr(dinfo, "_read", lambda path, limit=1 << 20: None)  # nothing readable at all
+    info = dinfo.device_info()
+    assert info["cpu_model"] is None and info["cpu_cores"] == [] and info["memory_bytes"] is None
+    assert info["suggested_target"] == dinfo.suggest_target(elf.host_arch(), [], info["os"]["android"])
 
 
 def test_cpuinfo_parsing_and_presets():
