@@ -2,7 +2,6 @@
 device_info."""
 from __future__ import annotations
 
-import ctypes
 import json
 import struct
 import time

@@ -35,7 +35,7 @@ import numpy as np
 
 from . import parallel
 from .dlpack import (DTYPE_TO_DL, TETHER_BYTES, TETHER_DLTENSOR, TETHER_FLOAT64, TETHER_INT64, TETHER_NULL,
-                     TETHER_STR, TYPE_CODE_NAMES, TetherBytes, TetherValue, make_dltensor)
+                     TETHER_STR, TetherBytes, TetherValue, make_dltensor)
 from .elf import ARCH_MACHINE, ElfFile, host_arch
 from .errors import ArchMismatch, KernelError, ModuleLoadError
 from .ndarray import NDArray
