@@ -394,3 +394,32 @@ def test_registrar_never_gives_up_on_a_missing_tracker(tracker_lab):
         tracker = tracker_lab.tracker(port=port)
         assert reg.wait_registered(5.0), "the registrar stopped retrying"
         assert tracker.count("lonely") == 1
+
+
+def _old_device_python():
+    """A Python 3.9 with numpy 1.19 and msgpack 1.0 (the oldest device this project supports), if installed."""
+    import glob
+    import shutil
+
+    for candidate in [shutil.which("python3.9")] + sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python"))):
+        if not candidate:
+            continue
+        probe = subprocess.run([candidate, "-c", "import numpy, msgpack; print(numpy.__version__)"],
+                               capture_output=True, text=True, timeout=30)
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+def test_registrar_on_the_oldest_device_python(tracker_lab):
+    python = _old_device_python()
+    if python is None:
+        pytest.skip("no Python 3.9 with numpy and msgpack on this machine")
+    tracker = tracker_lab.tracker()
+    tracker_lab.device(tracker, "old", python=python)
+    tracker_lab.device(tracker, "old-rev", reverse=True, python=python)
+    with tracker.client() as t:
+        for key in ("old", "old-rev"):
+            with t.request(key, wait_timeout=5, session_timeout=30) as s:
+                assert s.device_info()["python"].startswith("3.9")
+                assert _echo(s, [1, 2]) == [1, 2]
