@@ -33,6 +33,10 @@ CONV_CASES = [
     ((1, 6, 12, 12), (4, 3, 3), 1, 2, 2, 2),
     ((1, 8, 7, 19), (16, 1, 1), 1, 0, 1, 1),
     ((1, 5, 6, 6), (7, 2, 3), (1, 2), (0, 1), 1, 1),
+    # widths that are multiples of the aligned padding block (8): the block-clamped padding path
+    ((1, 4, 6, 16), (5, 3, 3), 1, (1, 2, 0, 1), 1, 1),
+    ((1, 3, 9, 8), (4, 3, 3), 1, 2, 2, 1),
+    ((1, 2, 5, 8), (3, 3, 5), 1, (0, 9, 1, 3), 1, 1),
 ]
 
 
@@ -52,7 +56,8 @@ def test_conv2d(run_ops, rng, xs, wk, stride, padding, dilation, groups):
 
 
 @pytest.mark.parametrize("xs,k,stride,padding,mult", [((1, 8, 13, 15), 3, 1, 1, 1), ((2, 3, 11, 10), 3, 2, 1, 2),
-                                                      ((1, 5, 9, 21), 5, 1, 2, 1)])
+                                                      ((1, 5, 9, 21), 5, 1, 2, 1), ((2, 3, 7, 16), 3, 1, 1, 1),
+                                                      ((1, 2, 4, 8), 3, 1, 1, 3)])
 def test_depthwise_conv2d_with_bias_relu6(run_ops, rng, xs, k, stride, padding, mult):
     x = rng.standard_normal(xs).astype("float32")
     w = rng.standard_normal((xs[1] * mult, 1, k, k)).astype("float32")

@@ -31,10 +31,10 @@ INJECTIVE_TAGS = frozenset({ELEMWISE, BROADCAST, INJECTIVE, PAD})
 _TAG_ATTR = "tag"
 
 
-def compute(shape: Sequence[int], fcompute: Callable, name: str, tag: str) -> "te.Tensor":
-    """te.compute that records `tag` on the op (read back with `tag_of`)."""
-    out = te.compute(tuple(int(d) for d in shape), fcompute, name=name, tag=tag)
-    return out
+def compute(shape: Sequence[int], fcompute: Callable, name: str, tag: str, attrs: dict | None = None) -> "te.Tensor":
+    """te.compute that records `tag` on the op (read back with `tag_of`); `attrs` are hints for the schedules
+    (e.g. "vector_block": the split factor an aligned padding stage was laid out for)."""
+    return te.compute(tuple(int(d) for d in shape), fcompute, name=name, tag=tag, attrs=attrs or {})
 
 
 def tag_of(op) -> str:

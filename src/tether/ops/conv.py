@@ -19,6 +19,37 @@ def _padded(x, padding4: tuple, name: str):
     return pad_op(x, (0, 0, top, left), (0, 0, bottom, right), 0.0, name=f"{name}_pad")
 
 
+# Column block of the aligned padding stage: its interior starts at a multiple of this, so every vector of that
+# many columns is wholly interior or wholly padding (when the width is a multiple of it).
+PAD_BLOCK = 8
+
+
+def _aligned_padded(x, p4: tuple, cols_needed: int, name: str):
+    """(P, shift): x zero-padded into P[n, c, top + h + bottom, width] with the interior starting at column
+    `margin` (a multiple of PAD_BLOCK >= left), so padded column q of the usual layout is P column q + shift.
+
+    Why: te.if_then_else evaluates both branches, so the load under a padding select needs an in-bounds index.
+    Clamping the column per lane turns the load into a gather; here the clamp is of the column *block*, which
+    is the same for all lanes of a vector, so loads stay contiguous vectors."""
+    n, ch, h, w = c.shape_of(x)
+    top, left, bottom, _ = p4
+    blk = PAD_BLOCK
+    margin = -(-left // blk) * blk if left else 0
+    shift = margin - left
+    width = -(-(cols_needed + shift) // blk) * blk
+    zero = c.const(0.0, x.dtype)
+    rows = h + top + bottom
+
+    def f(b, cc, i, j):
+        col = c.clamp_index(j // blk - margin // blk, w // blk) * blk + j % blk
+        conds = [j >= margin, j < margin + w] + ([i >= top, i < top + h] if (top or bottom) else [])
+        row = c.clamp_index(i - top, h) if (top or bottom) else i
+        return te.if_then_else(c.all_of(conds), x[b, cc, row, col], zero)
+
+    pad = c.compute((n, ch, rows, width), f, f"{name}_pad", c.PAD, attrs={"vector_block": blk})
+    return pad, shift
+
+
 def _input_reader(x, p4: tuple, sw: int, dw: int, kw: int, ow: int, name: str):
     """(b, c, row, xx, rx) -> the padded input at row `row`, column xx*sw + rx*dw.
 
@@ -26,6 +57,10 @@ def _input_reader(x, p4: tuple, sw: int, dw: int, kw: int, ow: int, name: str):
     P[b, c, row, phase, j] = padded[b, c, row, j*sw + phase], so the kernel's loads along output columns are
     contiguous (a strided vector load would be a gather); the split costs one pass over the input."""
     if sw == 1:
+        w = c.shape_of(x)[3]
+        if w % PAD_BLOCK == 0 and (p4[1] or p4[3]):
+            xp, shift = _aligned_padded(x, p4, ow + (kw - 1) * dw, name)
+            return lambda b, ch, row, xx, rx: xp[b, ch, row, xx + rx * dw + shift]
         xp = _padded(x, p4, name)
         return lambda b, ch, row, xx, rx: xp[b, ch, row, xx + rx * dw]
     n, ch, h, w = c.shape_of(x)

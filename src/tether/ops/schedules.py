@@ -98,7 +98,7 @@ def _numel(t) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # per-tag schedules
 
-def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True):
+def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block: int | None = None):
     """Split the innermost axis by the lane count and vectorize it; parallelize the fused outer axes (rows), so
     the inner loop's index stays affine and only the row index pays for the fuse's div/mod."""
     st = s[t]
@@ -109,7 +109,10 @@ def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True):
     outer = axes[:-1]
     rows = _numel(t) // _extent(inner)
     xo = None
-    if _extent(inner) >= fam.lanes:
+    if block:
+        xo, xi = st.split(inner, factor=block)
+        st.vectorize(xi)
+    elif _extent(inner) >= fam.lanes:
         xo, xi = st.split(inner, factor=fam.lanes)
         st.vectorize(xi)
     if not parallel or _numel(t) < fam.parallel_min:
@@ -288,43 +291,33 @@ def _conv_block(fam: Family, oc: int, oh: int, ow: int) -> tuple:
 
 
 def _schedule_window(s, t, fam: Family, ctx):
-    """Depthwise conv and pooling: output columns vectorized, the (small) window reduction inside, one channel
-    per parallel task, and the channel's padded input computed inside that task (it stays in cache)."""
+    """Depthwise conv and pooling: a block of output columns accumulated in registers over the (small) window,
+    vectorized along the columns, one channel per parallel task; any epilogue is fused into the write-back."""
     anchor = _epilogue_anchor(t, ctx)
-    out = anchor if anchor is not None else t
+    if anchor is None:
+        block = s.cache_write(t, "local")
+        out = t
+    else:
+        block, out = t, anchor
     so = s[out]
     b, o, y, x = out.op.axis
     ow = int(out.shape[3])
-    cols = fam.lanes * _pick(-(-ow // fam.lanes), list(range(fam.max_col_vectors, 0, -1))) \
-        if ow % fam.lanes else fam.lanes * _pick(ow // fam.lanes, list(range(fam.max_col_vectors, 0, -1)))
+    vecs = list(range(fam.max_col_vectors, 0, -1))
+    cols = fam.lanes * (_pick(ow // fam.lanes, vecs) if ow % fam.lanes == 0 else _pick(-(-ow // fam.lanes), vecs))
     chan = so.fuse(b, o)
-    if _extent(x) >= fam.lanes:
-        xo, xi = so.split(x, factor=cols)
-        so.vectorize(xi)
-    else:
-        xo = None
     if _numel(out) >= fam.parallel_min:
         so.parallel(chan)
-    rd = list(t.op.reduce_axis)
-    if anchor is not None:
-        st = s[t]
-        st.compute_at(so, xo if xo is not None else y)
-        bb, bo, by, bx = t.op.axis
-        st.reorder(bb, bo, by, *rd, bx)
-        st.vectorize(bx)
-    elif xo is not None:
-        st = so
-        st.reorder(chan, y, xo, *rd, xi)
-    else:
-        st = so
+    xo, xi = so.split(x, factor=cols)
+    so.vectorize(xi)
+    sb = s[block]
+    sb.compute_at(so, xo)
+    bb, bo, by, bx = block.op.axis
+    rd = list(block.op.reduce_axis)
+    sb.reorder(bb, bo, by, *rd, bx)
+    sb.vectorize(bx)
     for r in rd:
         if _extent(r) <= 7:
-            st.unroll(r)
-    # (a stage may only be attached inside its direct consumer, so not when t itself is attached to the epilogue)
-    for src in t.op.input_tensors if anchor is None else ():
-        if c.tag_of(src.op) == c.PAD and ctx["consumers"].get(id(src.op)) == [t.op]:
-            s[src].compute_at(so, chan)
-            ctx["serial"].add(id(src.op))
+            sb.unroll(r)
 
 
 def _schedule_global_pool(s, t, fam: Family, ctx):
@@ -337,7 +330,7 @@ def _schedule_global_pool(s, t, fam: Family, ctx):
 def _schedule_root(s, t, fam: Family, ctx):
     """Materialized intermediate (padding, softmax exp): plain injective schedule (serial when it was attached
     inside a consumer's parallel loop)."""
-    _vectorize_inner(s, t, fam, parallel=id(t.op) not in ctx["serial"])
+    _vectorize_inner(s, t, fam, parallel=id(t.op) not in ctx["serial"], block=t.op.attrs.get("vector_block"))
 
 
 _BY_TAG: Dict[str, Callable] = {
