@@ -78,6 +78,13 @@ def test_ndarray_copyfrom_checks_shape_and_dtype():
         ndarray.empty((2,), "complex128")
 
 
+def test_impossible_allocation_names_the_array():
+    with pytest.raises(MemoryError, match=r"cannot allocate a float64 array of shape \(1099511627776,\)"):
+        ndarray.empty((1 << 40,), "float64")
+    with pytest.raises(KernelError, match="non-negative"):
+        ndarray.empty((-1, 3), "float32")
+
+
 def test_zero_size_and_scalar_arrays():
     z = ndarray.empty((0, 3), "float32")
     assert z.nbytes == 0 and z.numpy().shape == (0, 3)

@@ -408,6 +408,9 @@ def _dlopen(path: str, label: str, needs: Optional[Dict[str, Any]]) -> ctypes.CD
             return lib
     except OSError as exc:
         hint = ""
+        text = str(exc).lower()
+        if "permission" in text or "map segment" in text or "not permitted" in text:
+            hint = " (is its folder on a filesystem mounted noexec? load modules from an executable location)"
         if needs:
             hint = " (the library needs %s and leaves %s undefined; tether modules must be self-contained)" % (
                 ", ".join(needs["needed"]) or "no libraries", ", ".join(needs["undefined"]) or "nothing")

@@ -51,7 +51,11 @@ class NDArray:
         count = 1
         for d in shape_t:
             count *= d
-        self._bytes = _aligned_buffer(count * itemsize)
+        try:
+            self._bytes = _aligned_buffer(count * itemsize)
+        except MemoryError as exc:
+            raise MemoryError("cannot allocate a %s array of shape %s (%.1f MB)"
+                              % (name, shape_t, count * itemsize / 1e6)) from exc
         self._arr = self._bytes.view(name).reshape(shape_t)
         self._dltensor, self._keep = make_dltensor(self._bytes.ctypes.data, shape_t, name)
 
