@@ -294,3 +294,76 @@ def test_click_entry_point_shares_the_implementation():
         assert flag in result.output
     result = CliRunner().invoke(main, ["--host", "0.0.0.0", "--port", "0"], env={"TETHER_TOKEN": ""})
     assert result.exit_code == 2
+
+
+# -- the hook for pluggable components (tracker registration) ---------------------------------------------------
+HOOK_SERVER = textwrap.dedent("""
+    import json, logging, socket, sys
+    from tether_rpc import server as S
+
+    logging.basicConfig(level=logging.INFO)
+
+    report = open(sys.argv[1], "a", buffering=1)
+
+    class Hook(S.ServerHook):
+        def attach(self, server):
+            # reverse mode in miniature: dial out, and let the server serve the dialled connection
+            sock = socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=5)
+            server.adopt(sock, "dialled")
+            report.write(json.dumps(["attach"]) + "\\n")
+
+        def check_match(self, match, hello):
+            report.write(json.dumps(["match", match]) + "\\n")
+            return match != "bad"
+
+        def session_started(self, info):
+            report.write(json.dumps(["started", info["session"], info["match"]]) + "\\n")
+
+        def session_ended(self, info):
+            report.write(json.dumps(["ended", info["session"], info["error"]]) + "\\n")
+
+    S.serve(S.ServerConfig(port=0, hooks=[Hook()]))
+""")
+
+
+def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_path):
+    import json
+
+    relay = socket.socket()
+    relay.bind(("127.0.0.1", 0))
+    relay.listen(1)
+    relay.settimeout(20)
+    report = tmp_path / "hook.jsonl"
+    log = open(tmp_path / "hook-server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", HOOK_SERVER, str(report), str(relay.getsockname()[1])],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        dialled, _ = relay.accept()  # the device dialled us: we are its client now
+        dialled.settimeout(5)
+        reader = p.FrameReader(dialled)
+        dialled.sendall(p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload(match="good")))
+        assert reader.read_frame()[0] == p.MsgType.WELCOME
+        dialled.sendall(p.encode_frame(p.MsgType.CALL, 1, {"fn": "tether.echo", "args": ["via adopt"]}))
+        assert reader.read_frame() == (p.MsgType.RETURN, 1, {"value": "via adopt"})
+        dialled.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
+        assert dialled.recv(1) == b""
+        dialled.close()
+        assert wait_until(lambda: "listening on" in (tmp_path / "hook-server.log").read_text(), 10)
+        m = __import__("re").search(r"listening on (\S+):(\d+)", (tmp_path / "hook-server.log").read_text())
+        with pytest.raises(errors.AuthenticationError, match="match token"):
+            rpc.connect(m.group(1), int(m.group(2)), timeout=5, match="bad")
+        assert wait_until(lambda: report.read_text().count("ended") == 1, 5)
+        lines = [json.loads(line) for line in report.read_text().splitlines()]
+        assert lines[0] == ["attach"]
+        assert ["match", "good"] in lines and ["match", "bad"] in lines
+        assert ["started", 1, "good"] in lines and ["ended", 1, None] in lines
+        assert not any(line[0] == "started" and line[2] == "bad" for line in lines)
+    finally:
+        relay.close()
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
