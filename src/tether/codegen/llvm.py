@@ -196,7 +196,7 @@ class _FunctionEmitter:
         buf = s.buffer
         ety = mem_type(buf.dtype)
         align = elem_bytes(buf.dtype)
-        if s.reduction in ("sum", "prod") and isinstance(s.value, Binary) and is_float(s.value.dtype):
+        if s.reduction in ("sum", "prod", "max", "min") and isinstance(s.value, Binary) and is_float(s.value.dtype):
             # A reduction's order is unspecified: reassociation lets LLVM keep several partial sums in vector
             # registers (a row sum runs ~6x faster) at the cost of last-bit differences.
             self.reassoc_node = s.value
@@ -736,10 +736,12 @@ class _FunctionEmitter:
                 return B.fmul(a, b, flags=fm)
             if op == "div":
                 return B.fdiv(a, b, flags=fm)
-            if op == "min":
-                return B.select(B.fcmp_ordered("<", a, b, flags=fm), a, b)
-            if op == "max":
-                return B.select(B.fcmp_ordered(">", a, b, flags=fm), a, b)
+            if op in ("min", "max"):
+                if e is self.reassoc_node and "fast" not in fm:
+                    # a max/min reduction: without these flags LLVM will not keep per-lane running maxima
+                    fm = fm + ("nnan", "nsz")
+                cmp = B.fcmp_ordered("<" if op == "min" else ">", a, b, flags=fm)
+                return B.select(cmp, a, b, flags=fm)
             raise CompileError(f"codegen: float operator {op!r} is not supported")
         signed = not dt.startswith("uint") and dt != "bool"
         nsw = ("nsw",) if dt in ("int32", "int64") else ()
