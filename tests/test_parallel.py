@@ -163,14 +163,17 @@ def test_concurrent_callers_do_not_deadlock(par_mod, two_threads):
     assert len(results) == 40 and all((c == 1).all() for c in results)
 
 
-def test_pool_works_in_a_forked_child(par_mod, two_threads):
+def test_pool_works_in_a_forked_child(par_mod, two_threads, monkeypatch):
+    # The child must keep the parent's configured count, not fall back to the default (3 here).
+    monkeypatch.setenv("TETHER_NUM_THREADS", "3")
     _mark(par_mod, 0)  # the parent's workers exist now; they do not survive fork
     pid = os.fork()
     if pid == 0:  # child: must rebuild its pool instead of waking threads that are not there
         code = 1
         try:
             counts, tids = _mark(par_mod, 1)
-            code = 0 if (counts == 1).all() and len(set(tids.tolist())) == 2 else 2
+            ok = (counts == 1).all() and len(set(tids.tolist())) == 2 and parallel.get_num_threads() == 2
+            code = 0 if ok else 2
         finally:
             os._exit(code)
     deadline = time.monotonic() + 30

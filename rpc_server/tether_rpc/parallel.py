@@ -245,8 +245,10 @@ def get_num_threads() -> int:
 
 def _reset_after_fork() -> None:
     # Threads do not survive fork: the child must never wake workers that exist only in the parent.
+    # The child keeps the configured thread count (set_num_threads in the parent) with a fresh, empty pool.
     global _pool, _pool_lock
-    _pool = None
+    if _pool is not None:
+        _pool = ThreadPool(_pool.num_threads)
     _pool_lock = threading.Lock()
 
 
