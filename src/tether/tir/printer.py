@@ -1,6 +1,8 @@
 """Readable text for expressions and loop IR (TVM-TIR-like: nested for loops annotated with their kind)."""
 from __future__ import annotations
 
+import threading
+
 from tether.te.expr import Binary, Call, Cast, Compare, Const, Expr, Not, Reduce, Select, TensorLoad, Var
 
 _BIN = {"add": ("+", 4), "sub": ("-", 4), "mul": ("*", 5), "div": ("/", 5), "floordiv": ("//", 5),
@@ -18,13 +20,14 @@ def _prec(e: Expr) -> int:
     return 9
 
 
-# Printing names for the function being printed: distinct Vars that share a name (the same axis name in two
-# stages) get a numeric suffix so the text is unambiguous.
-_NAMES: dict = {}
+# Printing names for the function being printed (per thread): distinct Vars that share a name (the same axis
+# name in two stages) get a numeric suffix so the text is unambiguous.
+_STATE = threading.local()
 
 
 def _name(v: Var) -> str:
-    return _NAMES.get(id(v), v.name)
+    names = getattr(_STATE, "names", None)
+    return names.get(id(v), v.name) if names else v.name
 
 
 def expr_str(e: Expr) -> str:
@@ -120,13 +123,12 @@ def _unique_names(body) -> dict:
 
 
 def func_str(f) -> str:
-    global _NAMES
-    saved = _NAMES
-    _NAMES = _unique_names(f.body)
+    saved = getattr(_STATE, "names", None)
+    _STATE.names = _unique_names(f.body)
     try:
         return _func_str(f)
     finally:
-        _NAMES = saved
+        _STATE.names = saved
 
 
 def _func_str(f) -> str:
