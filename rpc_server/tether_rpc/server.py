@@ -18,7 +18,9 @@ releases the GIL during the call).
 
 Pluggable components (the tracker registration) subclass :class:`ServerHook`: they may add their own
 connections to the loop's selector, validate the tracker ``match`` token a client sends in HELLO, hand the server
-connections they dialled themselves (:meth:`Server.adopt`), and are told when sessions start and end.
+connections they dialled themselves (:meth:`Server.adopt`), and are told when sessions start and end. Hooks run
+in the loop and must not block or start threads (the loop forks; a lock held by another thread at fork time
+would stay locked in the worker).
 """
 from __future__ import annotations
 
@@ -429,7 +431,16 @@ class Server:
             shutil.rmtree(folder, ignore_errors=True)
             conn.sock.close()
             return
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes or memory: refuse this session, keep serving
+            log.error("cannot fork a session worker: %s", exc)
+            shutil.rmtree(folder, ignore_errors=True)
+            self._send_nb(conn, p.encode_frame(p.MsgType.ERROR, 0, {
+                "type": p.ErrorType.SESSION_CRASHED, "traceback": "",
+                "message": "the device could not start a session worker: %s" % exc}))
+            conn.sock.close()
+            return
         if pid == 0:  # the worker
             code = 1
             try:
