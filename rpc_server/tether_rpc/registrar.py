@@ -397,6 +397,8 @@ class TrackerHook(ServerHook):
         if terms is None:
             return False
         self._terms[match] = terms       # type: ignore[index]
+        while len(self._terms) > 64:     # accepted clients that left the device's queue before their session
+            del self._terms[next(iter(self._terms))]
         return True
 
     def session_started(self, info: Dict[str, Any]) -> None:
