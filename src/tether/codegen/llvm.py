@@ -545,12 +545,7 @@ class _FunctionEmitter:
                 ptr = self.b.gep(self.bufs[buf], [self.ev_at_base(e.index)], inbounds=True, source_etype=ety)
                 v = self.b.load(ptr, typ=ir.VectorType(ety, n), align=align)
             else:
-                v = ir.Constant(ir.VectorType(ety, n), ir.Undefined)
-                for lane in range(n):
-                    ptr = self.b.gep(self.bufs[buf], [self.ev_at_lane(e.index, lane)], inbounds=True,
-                                     source_etype=ety)
-                    x = self.b.load(ptr, typ=ety, align=align)
-                    v = self.b.insert_element(v, x, ir.Constant(I32, lane))
+                v = self.gather(buf, self.ev(e.index), check_contiguous=coef is None)
             if buf.dtype == "bool":
                 v = self.b.icmp_unsigned("!=", v, ir.Constant(v.type, [0] * n))
             return v
@@ -715,6 +710,44 @@ class _FunctionEmitter:
             return self.ev_at_lane(e, lane)
         finally:
             self.mask = saved
+
+    def gather(self, buf: Buffer, idxv: ir.Value, check_contiguous: bool) -> ir.Value:
+        """Load the lanes of index vector ``idxv`` one by one. For non-linear indices (clamped or wrapped, as
+        in padding) first test at run time whether they happen to be consecutive, and then load one vector."""
+        B = self.b
+        ety = mem_type(buf.dtype)
+        align = elem_bytes(buf.dtype)
+        n = idxv.type.count
+        vty = ir.VectorType(ety, n)
+        first = B.extract_element(idxv, ir.Constant(I32, 0))
+        incoming = []
+        end_bb = None
+        if check_contiguous:
+            expect = B.add(self.splat(first, n), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            same = B.bitcast(B.icmp_signed("==", idxv, expect), ir.IntType(n))
+            vec_bb = self.fn.append_basic_block("gather.contig")
+            lanes_bb = self.fn.append_basic_block("gather.lanes")
+            end_bb = self.fn.append_basic_block("gather.end")
+            B.cbranch(B.icmp_unsigned("==", same, ir.Constant(ir.IntType(n), (1 << n) - 1)), vec_bb, lanes_bb)
+            B.position_at_end(vec_bb)
+            ptr = B.gep(self.bufs[buf], [first], inbounds=True, source_etype=ety)
+            incoming.append((B.load(ptr, typ=vty, align=align), B.block))
+            B.branch(end_bb)
+            B.position_at_end(lanes_bb)
+        v = ir.Constant(vty, ir.Undefined)
+        for lane in range(n):
+            idx = first if lane == 0 else B.extract_element(idxv, ir.Constant(I32, lane))
+            x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
+            v = B.insert_element(v, x, ir.Constant(I32, lane))
+        if end_bb is None:
+            return v
+        incoming.append((v, B.block))
+        B.branch(end_bb)
+        B.position_at_end(end_bb)
+        phi = B.phi(vty)
+        for val, bb in incoming:
+            phi.add_incoming(val, bb)
+        return phi
 
     def binary(self, e: Binary) -> ir.Value:
         a, b = self.match(self.ev(e.a), self.ev(e.b))
