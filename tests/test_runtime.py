@@ -399,3 +399,7 @@ def test_arm_float_abi_mismatch_refused(tmp_path, monkeypatch):
                                            "hard-float"):
         module.load_module(str(soft))
     assert module.inspect_module(str(hard))["target"]["arch"] == "armv7"  # the matching one passes the checks
+    monkeypatch.undo()
+    # host tools can read any module's metadata without loading it
+    meta = runtime.read_metadata(str(hard))
+    assert meta["target"]["arch"] == "armv7" and [f["name"] for f in meta["functions"]] == ["vadd", "probe"]

@@ -344,6 +344,13 @@ class Module:
         return "Module(%s, functions=%s)" % (os.path.basename(self.path), self.function_names)
 
 
+def read_metadata(path: str) -> Dict[str, Any]:
+    """The metadata of a module built for any architecture (no arch check, nothing loaded): for host tools."""
+    label = os.path.basename(path)
+    with ElfFile(path, name=label) as elf:
+        return _read_metadata(elf, label)
+
+
 def inspect_module(path: str) -> Dict[str, Any]:
     """Vet ``path`` without loading it: returns its metadata or raises ArchMismatch / ModuleLoadError."""
     label = os.path.basename(path)
