@@ -8,7 +8,9 @@ parallel. Threads are plain Python threads (pthreads), which behave the same on 
 qemu-user.
 
 Nested or concurrent launches (a task that itself launches, or two Python threads running kernels at once)
-run serially in the caller instead of waiting for the busy pool, so they can never deadlock.
+run serially in the caller instead of waiting for the busy pool, so they can never deadlock. Launches whose
+measured work is tiny run in the caller too (waking a worker would cost more), and at one thread the modules
+get a NULL launcher so their own native serial loop runs. A forked child starts a fresh pool.
 """
 from __future__ import annotations
 
