@@ -16,6 +16,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -502,7 +503,12 @@ class RemoteSession(SessionAPI):
         try:
             p.configure_socket(sock)
             self._reader = p.FrameReader(sock, limits)
-            self._handshake(token, wait, match, on_queued)
+            try:
+                self._handshake(token, wait, match, on_queued)
+            except socket.timeout:
+                raise TetherTimeout("handshake with %s:%d timed out" % (host, port)) from None
+            except OSError as exc:
+                raise ConnectionClosed("handshake with %s:%d failed: %s" % (host, port, exc)) from None
             sock.settimeout(None)
             if not _set_kernel_timeouts(sock, self.timeout.read, self.timeout.write):
                 sock.settimeout(self.timeout.read)
@@ -513,8 +519,6 @@ class RemoteSession(SessionAPI):
 
     def _handshake(self, token: Optional[str], wait: bool, match: Optional[str],
                    on_queued: Optional[Callable[[int], None]]) -> None:
-        import time
-
         sock = self.sock
         sock.settimeout(self.timeout.connect)
         sock.sendall(p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload(match=match, wait=wait)))
