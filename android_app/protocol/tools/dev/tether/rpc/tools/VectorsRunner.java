@@ -124,31 +124,34 @@ public final class VectorsRunner {
             fail(name, "refused: " + e.wireType() + ": " + e.getMessage());
             return null;
         }
-        boolean ok = true;
+        List<String> problems = new ArrayList<String>();
         if (meaning != null) {
             long type = (Long) meaning.get("msg_type");
             long rid = (Long) meaning.get("request_id");
             Map<String, Object> payload = (Map<String, Object>) Values.toWire(meaning.get("payload"));
             if (f.type != type || f.requestId != rid || !Values.deepEquals(f.payload, payload)) {
-                fail(name, "decoded " + f.type + "/" + f.requestId + " " + Values.show(f.payload) + ", meaning is "
+                problems.add("decoded " + f.type + "/" + f.requestId + " " + Values.show(f.payload) + ", meaning is "
                         + type + "/" + rid + " " + Values.show(payload));
-                ok = false;
             }
             byte[] fromMeaning = FrameCodec.encodeFrame((int) type, rid, payload);
             if (!Arrays.equals(fromMeaning, bytes)) {
-                fail(name, "meaning encodes to " + Values.hex(fromMeaning) + ", expected " + Values.hex(bytes));
-                ok = false;
+                problems.add("meaning encodes to " + Values.hex(fromMeaning) + ", expected " + Values.hex(bytes));
             }
         }
         byte[] again = FrameCodec.encodeFrame(f.type, f.requestId, f.payload);
         if (!Arrays.equals(again, bytes)) {
-            fail(name, "decoded frame re-encodes to " + Values.hex(again) + ", expected " + Values.hex(bytes));
-            ok = false;
+            problems.add("decoded frame re-encodes to " + Values.hex(again) + ", expected " + Values.hex(bytes));
         }
-        if (ok) {
-            pass();
+        if (!problems.isEmpty()) {
+            StringBuilder why = new StringBuilder();
+            for (String problem : problems) {
+                why.append(why.length() > 0 ? "; " : "").append(problem);
+            }
+            fail(name, why.toString());
+            return null;
         }
-        return ok ? f : null;
+        pass();
+        return f;
     }
 
     /** All valid frames back to back, fed one byte at a time: each frame appears exactly when complete. */

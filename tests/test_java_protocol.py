@@ -1,0 +1,252 @@
+"""The Java implementation of the protocol (android_app/protocol) against the shared vectors and a real server.
+
+The Java sources are compiled with ``javac --release 8`` (what the Android app needs) into a temporary folder, and
+two Java mains are run with ``java``:
+
+* ``VectorsRunner`` round-trips every frame of ``tests/vectors/frames.json``, plus edge-of-limit frames built
+  here whose verdicts come from the Python implementation, so both sides enforce the same limits;
+* ``InteropRunner`` drives real ``python -m tether_rpc`` servers (with and without a token) with the Java client:
+  echo of every value kind and a float32 tensor, device_info, remote exceptions, bulk both ways, a gcc-built
+  vadd kernel, sample EVENTs from time_evaluator, and the busy/queued paths.
+
+Without a JDK the module is skipped, except under CI (env ``CI`` set), where a missing JDK is a failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import msgpack
+import pytest
+
+from tether_rpc import protocol as p
+from tether_rpc.errors import FrameTooLarge, ProtocolError
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+JAVA_ROOT = ROOT / "android_app" / "protocol"
+VECTORS = ROOT / "tests" / "vectors" / "frames.json"
+SUMMARY_RE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
+TIMEOUT = 120
+
+
+def _jdk():
+    javac, java = shutil.which("javac"), shutil.which("java")
+    if javac is None or java is None:
+        reason = "no JDK on PATH (javac/java): the Java protocol implementation cannot be built (apt install openjdk-17-jdk-headless)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return javac, java
+
+
+@pytest.fixture(scope="module")
+def java_classes(tmp_path_factory):
+    """Compile the library and the runners exactly as the Android build does (Java 8 bytecode)."""
+    javac, java = _jdk()
+    out = tmp_path_factory.mktemp("java-classes")
+    sources = sorted(str(s) for s in JAVA_ROOT.rglob("*.java"))
+    assert sources, "no Java sources under %s" % JAVA_ROOT
+    proc = subprocess.run([javac, "--release", "8", "-Xlint:all", "-encoding", "UTF-8", "-d", str(out), *sources],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, "javac failed:\n%s" % proc.stderr
+    assert "warning" not in proc.stderr, proc.stderr
+    return java, out
+
+
+def run_java(java_classes, main: str, *args: str) -> subprocess.CompletedProcess:
+    java, classes = java_classes
+    return subprocess.run([java, "-Xmx512m", "-cp", str(classes), "dev.tether.rpc.tools." + main, *args],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def summary(proc: subprocess.CompletedProcess):
+    m = SUMMARY_RE.search(proc.stdout)
+    assert m, "no summary line in the output:\n%s\n%s" % (proc.stdout, proc.stderr)
+    return int(m.group(1)), int(m.group(2))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# test vectors
+
+def test_shared_vectors_round_trip(java_classes):
+    doc = json.loads(VECTORS.read_text())
+    proc = run_java(java_classes, "VectorsRunner", str(VECTORS))
+    passed, failed = summary(proc)
+    assert proc.returncode == 0 and failed == 0, proc.stdout + proc.stderr
+    # one check per valid and invalid frame, per message type, the version and the byte-by-byte stream
+    assert passed == len(doc["valid"]) + len(doc["invalid"]) + len(doc["msg_types"]) + 2
+
+
+def test_vectors_runner_reports_a_broken_vector(java_classes, tmp_path):
+    """The runner must notice a frame whose bytes and meaning disagree (so a passing run means something)."""
+    doc = json.loads(VECTORS.read_text())
+    bad = doc["valid"][5]
+    bad["meaning"]["payload"]["args"] = [2]  # the bytes still say 1
+    doc["invalid"][0]["error"] = "FrameTooLarge"  # it is a ProtocolError
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(doc))
+    proc = run_java(java_classes, "VectorsRunner", str(path))
+    passed, failed = summary(proc)
+    assert proc.returncode == 1
+    assert failed == 2, proc.stdout
+    assert "FAIL %s" % bad["name"] in proc.stdout and "FAIL %s" % doc["invalid"][0]["name"] in proc.stdout
+
+
+def _frame(body: bytes) -> bytes:
+    return p.HEADER.pack(len(body)) + body
+
+
+def _call(*args) -> bytes:
+    return msgpack.packb([5, 1, {"fn": "tether.echo", "args": list(args)}], use_bin_type=True)
+
+
+def _raw_call(arg: bytes) -> bytes:
+    """A CALL body whose single argument is the given raw msgpack bytes."""
+    return bytes.fromhex("930501") + bytes.fromhex("82a2666eab") + b"tether.echo" + bytes.fromhex("a46172677391") + arg
+
+
+def _tensor_ext(ndim: int) -> bytes:
+    data = bytes((7,)) + b"float32" + bytes((ndim,)) + b"\x00\x00\x00\x00\x00\x00\x00\x01" * ndim + b"\x00\x00\x80\x3f"
+    return bytes((0xc8,)) + len(data).to_bytes(2, "big") + bytes((1,)) + data  # ext 16
+
+
+def _nested(levels: int) -> dict:
+    """A payload nesting ``levels`` containers deep (the payload map itself is level 1)."""
+    value: object = 0
+    for _ in range(levels - 1):
+        value = [value]
+    return {"a": value}
+
+
+def _edge_cases():
+    lim = p.DEFAULT_LIMITS
+    big_str = "s" * lim.max_str
+    return [
+        ("str_at_limit", _frame(_call(big_str))),
+        ("str_over_limit", _frame(_call(big_str + "s"))),
+        ("str32_claims_4g", _frame(_raw_call(bytes.fromhex("dbffffffff") + b"x"))),
+        ("bin_over_limit_header_only", _frame(_raw_call(bytes.fromhex("c6") + (lim.max_bin + 1).to_bytes(4, "big")))),
+        ("array_at_limit", _frame(_call(list(range(100)) + [0] * (lim.max_array - 100)))),
+        ("array_over_limit", _frame(_call([0] * (lim.max_array + 1)))),
+        ("array32_claims_4g", _frame(_raw_call(bytes.fromhex("ddffffffff00")))),
+        ("map_at_limit", _frame(_call({"k%d" % i: i for i in range(lim.max_map)}))),
+        ("map_over_limit", _frame(_call({"k%d" % i: i for i in range(lim.max_map + 1)}))),
+        ("map32_claims_4g", _frame(_raw_call(bytes.fromhex("dfffffffffa16b00")))),
+        ("depth_at_limit", _frame(msgpack.packb([5, 1, _nested(lim.max_depth)]))),
+        ("depth_over_limit", _frame(msgpack.packb([5, 1, _nested(lim.max_depth + 1)]))),
+        ("tensor_ndim_at_limit", _frame(_raw_call(_tensor_ext(lim.max_ndim)))),
+        ("tensor_ndim_over_limit", _frame(_raw_call(_tensor_ext(lim.max_ndim + 1)))),
+        ("tensor_huge_dim_times_zero", _frame(_raw_call(bytes.fromhex("c71501") + b"\x05uint8\x02" + b"\xff" * 8
+                                                        + b"\x00" * 8))),
+        ("ext32_claims_4g", _frame(_raw_call(bytes.fromhex("c9ffffffff01")))),
+        ("handle_ext_7_bytes", _frame(_raw_call(bytes.fromhex("c70702") + b"\x00" * 7))),
+        ("frame_over_limit", p.HEADER.pack(lim.max_frame + 1) + b"\x93"),
+        ("frame_at_limit_incomplete", p.HEADER.pack(lim.max_frame) + b"\x93"),
+        ("invalid_utf8_str", _frame(_raw_call(bytes.fromhex("a2c328")))),
+        ("never_used_byte_c1", _frame(_raw_call(bytes.fromhex("c1")))),
+        ("msg_type_zero", _frame(msgpack.packb([0, 1, {}]))),
+        ("msg_type_256", _frame(msgpack.packb([256, 1, {}]))),
+        ("request_id_negative", _frame(msgpack.packb([5, -1, {}]))),
+        ("uint64_max_value", _frame(_call((1 << 64) - 1, -(1 << 63), 1 << 63))),
+        ("float32_value", _frame(_raw_call(bytes.fromhex("ca3fc00000")))),
+        ("bin32_and_str16", _frame(_call(b"\x01" * 70000, "t" * 300))),
+    ]
+
+
+# The Python implementation accepts these, although docs/protocol.md says it must not: msgpack-python decodes ext
+# type -1 as a msgpack Timestamp without calling ext_hook, and strict_map_key admits bin keys. Java follows the
+# document (refuses both); they are left out of the agreement check until the Python side is fixed.
+DOC_OVER_PYTHON = [
+    ("timestamp_ext_minus_1", _frame(_raw_call(bytes.fromhex("d6ff00000001"))), "ProtocolError"),
+    ("bin_map_key", _frame(msgpack.packb([5, 1, {b"k": 1}], use_bin_type=True)), "ProtocolError"),
+]
+
+
+def python_verdict(data: bytes) -> str:
+    buf = p.FrameBuffer(p.DEFAULT_LIMITS)
+    buf.feed(data)
+    try:
+        frame = buf.next_frame()
+    except FrameTooLarge:
+        return "FrameTooLarge"
+    except ProtocolError:
+        return "ProtocolError"
+    return "ok" if frame is not None else "Incomplete"
+
+
+def test_limits_agree_with_python(java_classes, tmp_path):
+    """Frames at and just over every limit: Java decodes exactly what Python decodes and refuses the rest the same way."""
+    valid, invalid = [], []
+    for name, data in _edge_cases():
+        verdict = python_verdict(data)
+        if verdict == "ok":
+            valid.append({"name": name, "hex": data.hex()})
+        else:
+            invalid.append({"name": name, "hex": data.hex(), "error": verdict})
+    for name, data, error in DOC_OVER_PYTHON:
+        invalid.append({"name": name, "hex": data.hex(), "error": error})
+    # the "at limit" cases are the ones that must pass, or the comparison says little
+    assert {v["name"] for v in valid} >= {"str_at_limit", "array_at_limit", "map_at_limit", "depth_at_limit",
+                                          "tensor_ndim_at_limit", "uint64_max_value"}
+    assert {v["name"] for v in invalid} >= {"str_over_limit", "array_over_limit", "map_over_limit",
+                                            "depth_over_limit", "tensor_ndim_over_limit", "frame_over_limit"}
+    path = tmp_path / "edges.json"
+    path.write_text(json.dumps({"valid": valid, "invalid": invalid}))
+    proc = run_java(java_classes, "VectorsRunner", str(path))
+    passed, failed = summary(proc)
+    assert proc.returncode == 0 and failed == 0, proc.stdout + proc.stderr
+    assert passed == len(valid) + len(invalid) + 1  # + the byte-by-byte stream of the valid ones
+
+
+# ------------------------------------------------------------------------------------------------------------
+# a real device server
+
+@pytest.fixture
+def device_server(tmp_path):
+    """Start ``python -m tether_rpc --host 127.0.0.1 --port 0`` (optionally with a token); stopped by PID."""
+    from tether.launch import start_rpc_server
+
+    started = []
+
+    def start(*flags: str):
+        env = dict(os.environ)
+        env.pop("TETHER_TOKEN", None)
+        workdir = tmp_path / ("sessions%d" % len(started))
+        workdir.mkdir()
+        server = start_rpc_server("--host", "127.0.0.1", "--port", "0", "--workdir", str(workdir), *flags, env=env,
+                                  log_path=tmp_path / ("server%d.log" % len(started)))
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _facts(stdout: str) -> dict:
+    return dict(line[5:].split("=", 1) for line in stdout.splitlines() if line.startswith("fact "))
+
+
+@pytest.mark.parametrize("token", [None, "j4va-t0ken"], ids=["no-token", "token"])
+def test_java_client_against_real_server(java_classes, device_server, rpc_kernels, token):
+    from tether_rpc import device_info
+
+    server = device_server(*(["--token", token] if token else []))
+    args = ["--host", server.host, "--port", str(server.port), "--vadd", str(rpc_kernels["vadd"])]
+    if token:
+        args += ["--token", token]
+    proc = run_java(java_classes, "InteropRunner", *args)
+    passed, failed = summary(proc)
+    detail = proc.stdout + proc.stderr + "\nserver log:\n" + server.log_text()[-3000:]
+    assert proc.returncode == 0 and failed == 0, detail
+    expected_checks = 24 if token else 23  # two refused-token checks instead of one "server cannot prove"
+    assert passed == expected_checks, detail
+    facts = _facts(proc.stdout)
+    assert facts["device_info.arch"] == device_info.device_info()["arch"]
+    assert facts["server"].startswith("tether-rpc/")
+    assert server.alive(), "the server died during the Java session:\n" + server.log_text()[-3000:]
