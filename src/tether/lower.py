@@ -4,6 +4,12 @@ Per stage: leaf loops come from the split/fuse relations, tails of non-dividing 
 extents (``min(f, n - xo*f)``) or, when the condition is not linear in the innermost loop, an ``if`` guard.
 Stages attached with compute_at compute only the region their consumer's inner loops read (interval bound
 inference over the consumer's index expressions) into a small buffer offset by the region's start.
+Clamped vectorized/unrolled loops are then partitioned (``if full: constant extents else: serial remainder``)
+at the loop their clamp depends on, so hot loops carry no tail checks.
+
+Intermediate buffers are ``Allocate`` nodes; codegen puts them on the stack (entry-block allocas that LLVM
+promotes to registers) or, when large and outside parallel loops, in static scratch memory: such a kernel must
+not run concurrently with itself (the module has no heap).
 """
 from __future__ import annotations
 
