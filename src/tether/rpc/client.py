@@ -177,11 +177,15 @@ class RemoteFunction:
         self.name = name
 
     def __call__(self, *args: Any) -> Any:
-        if isinstance(self.fn, str):  # built-ins take plain values; numpy arrays travel as tensors
-            return self.session._call(self.fn, [self.session._plain_arg(a) for a in args])["value"]
-        wire, restore = self.session._kernel_args(args)
+        session = self.session
+        # Built-ins take plain values (numpy arrays travel as tensors); so do kernels given only device arrays
+        # and scalars: the hot path, one frame each way.
+        if type(self.fn) is str or not any(isinstance(a, np.ndarray) for a in args):
+            plain = session._plain_arg
+            return session._call(self.fn, [plain(a) for a in args])["value"]
+        wire, restore = session._kernel_args(args)
         try:
-            reply = self.session._call(self.fn, wire)
+            reply = session._call(self.fn, wire)
             restore(reply.get("tensors"))
         finally:
             restore(None, cleanup_only=True)
