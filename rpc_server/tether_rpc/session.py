@@ -227,14 +227,14 @@ class SessionHandler:
 
     def _kernel_args(self, args: List[Any]) -> Tuple[List[Any], List[Any]]:
         """Handles -> device arrays; tensors -> fresh writable device copies (returned so results travel back)."""
-        from . import ndarray
-
         out: List[Any] = []
         copies: List[Any] = []
         for a in args:
             if isinstance(a, RemoteHandle):
                 out.append(self._get(a, _KIND_ARRAY))
             elif isinstance(a, np.ndarray):
+                from . import ndarray
+
                 copy = ndarray.from_numpy(a)
                 copies.append(copy)
                 out.append(copy)
