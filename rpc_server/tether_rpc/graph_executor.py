@@ -73,6 +73,8 @@ class GraphExecutor:
         for node in graph["nodes"]:
             func = module[node["func"]]
             args = [_kernel_view(self._entries[i]) for i in node["args"]]
+            if "shapes" in node:    # same bytes, the kernel's view (e.g. NCHW conv input as a matrix)
+                args = [a.reshape(tuple(int(d) for d in shp)) for a, shp in zip(args, node["shapes"])]
             self._nodes.append(node)
             self._calls.append(func.bind(*args))
         if params is not None:

@@ -127,6 +127,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     func_of_sig: Dict[str, str] = {}
     triples = []
     node_funcs: List[Optional[str]] = []
+    shapes_of_func: Dict[str, Optional[list]] = {}
     for node in graph.nodes:
         if _is_alias(node):
             node_funcs.append(None)
@@ -137,7 +138,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
             fname = "%s_k%d_%s" % (name, len(func_of_sig), re.sub(r"[^A-Za-z0-9]+", "_", _ops_label(node))[:48])
             func_of_sig[sig] = fname
             body, bparams = _body_of(node)
-            placeholders, out = lower_body(body, bparams, graph.types)
+            placeholders, out, shapes_of_func[fname] = lower_body(body, bparams, graph.types)
             sch = ops.schedule([out], tgt)
             triples.append((sch, placeholders + [out], fname))
         node_funcs.append(fname)
@@ -152,7 +153,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     t_build = time.perf_counter() - t1
 
     plan = plan_memory(graph, params)
-    graph_json = _graph_json(graph, params, plan, node_funcs, tgt, name)
+    graph_json = _graph_json(graph, params, plan, node_funcs, tgt, name, shapes_of_func)
     timings = {"passes": t_passes, "lower_codegen_llvm": t_build, "total": time.perf_counter() - t0}
     log.info("build_graph %s for %s: %d nodes, %d kernels, %.2fs (passes %.2fs, build %.2fs)", graph.name,
              tgt.preset or tgt.triple, len(graph.nodes), len(triples), timings["total"], t_passes, t_build)
@@ -160,7 +161,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
 
 
 def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: List[Optional[str]], tgt: Any,
-                name: str) -> Dict[str, Any]:
+                name: str, shapes_of_func: Dict[str, Optional[list]]) -> Dict[str, Any]:
     entries: List[Dict[str, Any]] = []
     index: Dict[str, int] = {}
 
@@ -180,7 +181,11 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
         ids = [entry(v) for v in _body_of(node)[1] + list(node.outputs)]
         if func is None:
             continue
-        nodes.append({"name": node.name, "func": func, "args": ids, "ops": _ops_label(node)})
+        rec = {"name": node.name, "func": func, "args": ids, "ops": _ops_label(node)}
+        if shapes_of_func.get(func):
+            # the kernel views some arguments with other (same-size) shapes, e.g. a conv run as a GEMM
+            rec["shapes"] = shapes_of_func[func]
+        nodes.append(rec)
     outputs = [entry(v) for v in graph.outputs]
     return {
         "format": GRAPH_FORMAT, "version": GRAPH_VERSION, "name": graph.name, "lib": "%s.so" % name,
