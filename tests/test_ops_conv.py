@@ -107,12 +107,14 @@ POOL_CASES = [
     ((2, 2), (2, 2), (0, 0, 0, 0), 1),
     ((3, 3), (2, 2), (1, 0, 1, 0), 1),
     ((3, 2), (1, 1), (0, 0, 0, 0), 0),
+    ((3, 3), (1, 1), (1, 1, 1, 1), 0),
 ]
 
 
 @pytest.mark.parametrize("kernel,stride,pads,ceil_mode", POOL_CASES)
-def test_max_pool(run_ops, rng, kernel, stride, pads, ceil_mode):
-    x = rng.standard_normal((1, 3, 11, 10)).astype("float32")
+@pytest.mark.parametrize("width", [10, 16])
+def test_max_pool(run_ops, rng, kernel, stride, pads, ceil_mode, width):
+    x = rng.standard_normal((1, 3, 11, width)).astype("float32")
     X = te.placeholder(x.shape, "float32", name="X")
     (out,) = run_ops([(X, x)], [ops.max_pool2d(X, kernel, stride, pads, ceil_mode=bool(ceil_mode))])
     ref = _ort_pool("MaxPool", x, kernel_shape=list(kernel), strides=list(stride),
@@ -122,8 +124,9 @@ def test_max_pool(run_ops, rng, kernel, stride, pads, ceil_mode):
 
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 @pytest.mark.parametrize("kernel,stride,pads,ceil_mode", POOL_CASES)
-def test_avg_pool(run_ops, rng, kernel, stride, pads, ceil_mode, count_include_pad):
-    x = rng.standard_normal((2, 3, 11, 10)).astype("float32")
+@pytest.mark.parametrize("width", [10, 16])
+def test_avg_pool(run_ops, rng, kernel, stride, pads, ceil_mode, count_include_pad, width):
+    x = rng.standard_normal((2, 3, 11, width)).astype("float32")
     X = te.placeholder(x.shape, "float32", name="X")
     (out,) = run_ops([(X, x)], [ops.avg_pool2d(X, kernel, stride, pads, ceil_mode=bool(ceil_mode),
                                                count_include_pad=bool(count_include_pad))])

@@ -6,7 +6,7 @@ import numpy as np
 from tether import te
 
 from . import common as c
-from .shape import pad as pad_op
+from .window import padded_reader
 
 # Padding value for max pooling: the lowest float32, not -inf, so a window never yields inf arithmetic.
 _LOWEST = float(np.finfo(np.float32).min)
@@ -34,22 +34,23 @@ def _window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name):
     top, left, bottom, right = c.to_padding4(padding)
     oh, extra_b = _pool_geometry(h, kh, sh, top, bottom, dh, ceil_mode)
     ow, extra_r = _pool_geometry(w, kw, sw, left, right, dw, ceil_mode)
-    if top or left or extra_b or extra_r:
-        xp = pad_op(x, (0, 0, top, left), (0, 0, extra_b, extra_r), fill, name=f"{name}_pad")
+    if top or left or extra_b or extra_r or sw > 1:
+        read = padded_reader(x, (top, left, extra_b, extra_r), sw, dw, kw, ow, name, fill)
     else:
-        xp = x
+        def read(b, cc, row, xx, rx):
+            return x[b, cc, row, xx + rx * dw]
     geo = dict(n=n, ch=ch, h=h, w=w, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, top=top, left=left,
                bottom=bottom, right=right, oh=oh, ow=ow)
-    return xp, geo
+    return read, geo
 
 
 def max_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False, name: str = "max_pool2d"):
-    xp, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, _LOWEST, name)
+    read, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, _LOWEST, name)
     ry = te.reduce_axis((0, g["kh"]), name="ry")
     rx = te.reduce_axis((0, g["kw"]), name="rx")
     return c.compute((g["n"], g["ch"], g["oh"], g["ow"]),
-                     lambda b, o, y, xx: te.max(xp[b, o, y * g["sh"] + ry * g["dh"], xx * g["sw"] + rx * g["dw"]],
-                                                axis=[ry, rx]), name, c.POOL)
+                     lambda b, o, y, xx: te.max(read(b, o, y * g["sh"] + ry * g["dh"], xx, rx), axis=[ry, rx]),
+                     name, c.POOL)
 
 
 def _window_counts(out: int, k: int, s: int, d: int, lo: int, hi: int) -> np.ndarray:
@@ -62,7 +63,7 @@ def avg_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = 
                count_include_pad: bool = False, name: str = "avg_pool2d"):
     """Average pooling; the divisor counts the taps inside the input (or inside input + padding when
     `count_include_pad`), never the extra taps ceil_mode adds past the padding."""
-    xp, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, 0.0, name)
+    read, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, 0.0, name)
     # window tap coordinates are in padded space: input occupies [top, top + h)
     if count_include_pad:
         ch_ = _window_counts(g["oh"], g["kh"], g["sh"], g["dh"], 0, g["top"] + g["h"] + g["bottom"])
@@ -73,8 +74,8 @@ def avg_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = 
     ry = te.reduce_axis((0, g["kh"]), name="ry")
     rx = te.reduce_axis((0, g["kw"]), name="rx")
     win = c.compute((g["n"], g["ch"], g["oh"], g["ow"]),
-                    lambda b, o, y, xx: te.sum(xp[b, o, y * g["sh"] + ry * g["dh"], xx * g["sw"] + rx * g["dw"]],
-                                               axis=[ry, rx]), f"{name}_sum", c.POOL)
+                    lambda b, o, y, xx: te.sum(read(b, o, y * g["sh"] + ry * g["dh"], xx, rx), axis=[ry, rx]),
+                    f"{name}_sum", c.POOL)
     uniform = len(set(ch_.tolist())) == 1 and len(set(cw_.tolist())) == 1
     if uniform:
         inv = c.const(1.0 / float(ch_[0] * cw_[0]), x.dtype)
