@@ -367,3 +367,34 @@ def test_sum_reduction_update_is_reassociable_but_other_math_is_not():
     out = np.zeros(16, np.float32)
     assert jit.impl("rowsum", 2)(*ptrs(x, out)) == 0
     np.testing.assert_allclose(out, (x * 2 + 1).sum(axis=1), rtol=1e-5)
+
+
+def test_static_scratch_kernel_is_safe_to_call_from_several_threads(tmp_path):
+    import threading
+    from tether import runtime
+    n = 100_000
+    a = te.placeholder((n,), "float32", name="A")
+    t = te.compute((n,), lambda i: a[i] * 2.0, name="T")        # 400 KB: static scratch, not the stack
+    c = te.compute((n,), lambda i: t[n - 1 - i] + a[i], name="C")
+    s = te.create_schedule(c.op)
+    lib = tether.build(s, [a, c], name="k")
+    assert "scratch_lock" in lib.get_source("ll")
+    f = runtime.load_module(lib.export_library(str(tmp_path / "k.so")))["k"]
+    bad = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            x = rng.random(n, dtype=np.float32)
+            out = np.zeros(n, np.float32)
+            f(x, out)
+            if not np.allclose(out, 2 * x[::-1] + x):
+                bad.append(seed)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not any(th.is_alive() for th in threads)
+    assert bad == []

@@ -90,6 +90,8 @@ class _FunctionEmitter:
         self.bufs: Dict[Buffer, ir.Value] = {}
         self.vec: Optional[tuple] = None   # (var, lanes, base scalar)
         self.vec_index: Optional[ir.Value] = None
+        self.static_used = False            # static scratch buffers: calls must not overlap (see emit_function)
+        self.rets: List[ir.Instruction] = []
         self.reassoc_node: Optional[Expr] = None   # the combine of the reduction update being emitted
         self.mask: Optional[ir.Value] = None  # <N x i1>: lanes whose (conditional) value is actually used
         self.ranges: Dict[Var, tuple] = {}   # loop variable -> inclusive range, for bounds proofs
@@ -110,8 +112,8 @@ class _FunctionEmitter:
         a.type = PTR  # llvmlite types allocas as typed pointers; the module uses opaque pointers throughout
         return a
 
-    def seal(self) -> None:
-        ir.IRBuilder(self.entry).branch(self.fn.blocks[1])
+    def seal(self, first: Optional[ir.Block] = None) -> None:
+        ir.IRBuilder(self.entry).branch(first or self.fn.blocks[1])
 
     def lanes(self) -> int:
         return self.vec[1]
@@ -166,7 +168,9 @@ class _FunctionEmitter:
             gv.linkage = "internal"
             gv.initializer = ir.Constant(ir.ArrayType(ety, buf.size), None)
             gv.align = 16
+            gv.type = PTR   # opaque pointer, like every other buffer (llvmlite types globals as typed pointers)
             ptr = gv
+            self.static_used = True
         else:
             if nbytes > STACK_BYTES:
                 log.warning("%s: buffer %r (%d bytes) is allocated on the stack of every parallel task; "
@@ -390,7 +394,8 @@ class _FunctionEmitter:
         rc.add_incoming(rc_t, loop_bb)
         self.b.cbranch(self.b.icmp_signed("==", rc, ir.Constant(I32, 0)), done_bb, fail_bb)
         self.b.position_at_end(fail_bb)
-        self.b.ret(self.b.or_(self.b.and_(rc, ir.Constant(I32, 0xFFFFFF)), ir.Constant(I32, PARALLEL_ERROR)))
+        self.rets.append(self.b.ret(self.b.or_(self.b.and_(rc, ir.Constant(I32, 0xFFFFFF)),
+                                               ir.Constant(I32, PARALLEL_ERROR))))
         self.b.position_at_end(done_bb)
 
     def alloca_struct(self, ty: ir.Type) -> ir.Value:
@@ -1017,7 +1022,24 @@ def emit_function(ctx, primfunc: PrimFunc) -> ir.Function:
     em = _FunctionEmitter(ctx, fn, primfunc.name, [0])
     for a, buf in zip(fn.args, params):
         em.bufs[buf] = a
+    body_bb = em.b.block
     em.stmt(primfunc.body)
-    em.b.ret(ir.Constant(I32, 0))
-    em.seal()
+    em.rets.append(em.b.ret(ir.Constant(I32, 0)))
+    if not em.static_used:
+        em.seal()
+        return fn
+    # Static scratch is shared by every call: a spin lock serialises concurrent calls (from several threads of
+    # the host program) instead of letting them corrupt each other's intermediates.
+    lock = ir.GlobalVariable(ctx.module, I32, f"{primfunc.name}.scratch_lock")
+    lock.linkage = "internal"
+    lock.initializer = ir.Constant(I32, 0)
+    lock.align = 4
+    spin = fn.append_basic_block("scratch.lock")
+    b = ir.IRBuilder(spin)
+    old = b.atomic_rmw("xchg", lock, ir.Constant(I32, 1), "acquire")
+    b.cbranch(b.icmp_unsigned("==", old, ir.Constant(I32, 0)), body_bb, spin)
+    for ret in em.rets:
+        b.position_before(ret)
+        b.store_atomic(ir.Constant(I32, 0), lock, "release", 4)
+    em.seal(spin)
     return fn
