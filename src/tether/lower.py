@@ -8,8 +8,8 @@ Clamped vectorized/unrolled loops are then partitioned (``if full: constant exte
 at the loop their clamp depends on, so hot loops carry no tail checks.
 
 Intermediate buffers are ``Allocate`` nodes; codegen puts them on the stack (entry-block allocas that LLVM
-promotes to registers) or, when large and outside parallel loops, in static scratch memory: such a kernel must
-not run concurrently with itself (the module has no heap).
+promotes to registers) or, when large and outside parallel loops, in static scratch memory (the module has no
+heap); a spin lock then serialises concurrent calls of that kernel.
 """
 from __future__ import annotations
 
