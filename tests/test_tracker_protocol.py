@@ -60,8 +60,10 @@ def test_register_and_request_defaults():
                    "state": "free"}
     assert check_request({"key": "rasp*"}) == {"key": "rasp*", "priority": 1, "wait_timeout": 60.0,
                                                "session_timeout": 600.0}
-    with pytest.raises(ProtocolError):
-        check_request({"key": "pi", "wait_timeout": -1})
+    for bad in ({"wait_timeout": -1}, {"wait_timeout": float("inf")}, {"priority": float("nan")},
+                {"session_timeout": 0}, {"session_timeout": 1e12}, {"priority": "high"}):
+        with pytest.raises(ProtocolError):
+            check_request(dict({"key": "pi"}, **bad))
 
 
 @pytest.mark.parametrize("pattern, key, tags, expected", [

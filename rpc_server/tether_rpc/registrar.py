@@ -260,8 +260,10 @@ class Registrar:
     def _on_expect(self, sock: socket.socket, payload: dict) -> None:
         match = check_match(payload)
         session_timeout = payload.get("session_timeout")
-        terms = {"match": match, "client": str(payload.get("client", "")),
-                 "session_timeout": float(session_timeout) if isinstance(session_timeout, (int, float)) else None}
+        if not (isinstance(session_timeout, (int, float)) and 0 < session_timeout < float("inf")):
+            session_timeout = None        # no limit from the tracker; the server's own --session-timeout holds
+        terms = {"match": match, "client": str(payload.get("client", ""))[:128],
+                 "session_timeout": float(session_timeout) if session_timeout is not None else None}
         with self._lock:
             now = time.monotonic()
             for old in [m for m, (dl, _) in self._expected.items() if dl < now]:

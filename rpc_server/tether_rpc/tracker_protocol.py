@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import math
 from typing import Any, Dict, Optional
 
 from .errors import ProtocolError
@@ -31,6 +32,8 @@ from .protocol import TRACKER_TYPE_MAX, TRACKER_TYPE_MIN, Limits
 TRACKER_MAGIC = "tether-tracker"
 TRACKER_VERSION = 1
 DEFAULT_PORT = 9190
+#: Longest wait or session a REQUEST may ask for (30 days).
+MAX_TIMEOUT = 30 * 24 * 3600
 
 #: Frames from an authenticated tracker peer: device info and summaries are small maps, never bulk.
 TRACKER_LIMITS = Limits(max_frame=8 << 20, max_bulk=0, max_str=64 << 10, max_bin=4096, max_array=1 << 16,
@@ -131,8 +134,12 @@ def check_request(payload: dict) -> dict:
     priority = _field(payload, "priority", (int, float), 1)
     wait = _field(payload, "wait_timeout", (int, float), 60.0)
     session = _field(payload, "session_timeout", (int, float), 600.0)
-    if wait < 0 or session <= 0:
-        raise ProtocolError("REQUEST timeouts must be positive (wait_timeout >= 0, session_timeout > 0)")
+    # NaN would break the queue's ordering and inf the event loop's timers: refuse both
+    if not all(math.isfinite(x) for x in (priority, wait, session)):
+        raise ProtocolError("REQUEST priority and timeouts must be finite numbers")
+    if not 0 <= wait <= MAX_TIMEOUT or not 0 < session <= MAX_TIMEOUT:
+        raise ProtocolError("REQUEST timeouts must lie in 0 <= wait_timeout <= %d and 0 < session_timeout <= %d "
+                            "seconds" % (MAX_TIMEOUT, MAX_TIMEOUT))
     return {"key": check_key(payload.get("key")), "priority": priority, "wait_timeout": float(wait),
             "session_timeout": float(session)}
 
