@@ -195,7 +195,7 @@ class Server:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((sockaddr[0], port) + tuple(sockaddr[2:]))
-                sock.listen(64)
+                sock.listen(socket.SOMAXCONN)
                 return sock
             except OSError as exc:
                 sock.close()
@@ -260,7 +260,7 @@ class Server:
             pass
 
     def _on_accept(self, listener: socket.socket, mask: int) -> None:
-        for _ in range(64):
+        for _ in range(256):  # drain the backlog (bounded, so a flood cannot starve the rest of the loop)
             try:
                 sock, peer = listener.accept()
             except (BlockingIOError, InterruptedError):
