@@ -33,8 +33,8 @@ def _session(host: Optional[str], port: int, tracker: Optional[str], key: Option
             connect_tracker = rpc.connect_tracker
         except (AttributeError, ImportError):
             raise click.ClickException("this install has no tracker client (tether.rpc.tracker_client)") from None
-        with connect_tracker(thost or "127.0.0.1", int(tport)) as tr:
-            with tr.request(key, timeout=timeout) as sess:
+        with connect_tracker(thost or "127.0.0.1", int(tport), timeout=timeout) as tr:
+            with tr.request(key, wait_timeout=timeout) as sess:
                 yield sess
         return
     if host:

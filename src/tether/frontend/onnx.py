@@ -625,6 +625,11 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
     for init in model.graph.initializer:
         im.add_const(numpy_helper.to_array(init), name=init.name)
     inputs: List[str] = []
+    runtime = [vi.name for vi in model.graph.input if vi.name not in im.consts and vi.name not in constants]
+    unknown = set(shape) - set(runtime)
+    if unknown:
+        raise ValueError("shape given for %s, which are not run-time inputs of the model (inputs: %s)"
+                         % (sorted(unknown), runtime))
     for vi in model.graph.input:
         if vi.name in im.consts:
             continue
@@ -636,16 +641,12 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         if vi.name in shape:
             dims = tuple(int(d) for d in shape[vi.name])
         if any(d is None for d in dims):
-            raise ValueError("input %r has a symbolic shape %s: pass shape={%r: (...)} to from_onnx"
-                             % (vi.name, dims, vi.name))
+            raise ValueError("input %r has a symbolic shape %s: fix it with from_onnx(..., shape={%r: (...)}) "
+                             "(CLI: --input-shape %s:D0,D1,...)" % (vi.name, dims, vi.name, vi.name))
         if dt not in _ONNX_DTYPES.values():
             raise UnsupportedOpError("input %r has an unsupported element type %s" % (vi.name, dt))
         im.types[vi.name] = TensorType(dims, dt)
         inputs.append(vi.name)
-    unknown = set(shape) - set(inputs)
-    if unknown:
-        raise ValueError("shape given for %s, which are not run-time inputs of the model (inputs: %s)"
-                         % (sorted(unknown), inputs))
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = "%s_%d" % (node.op_type, i)
