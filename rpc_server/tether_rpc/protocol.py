@@ -425,7 +425,7 @@ def _recv_some(sock: socket.socket, view: memoryview) -> int:
 class FrameReader:
     """Blocking frame reader over a socket (honours the socket's timeout)."""
 
-    CHUNK = 1 << 20
+    CHUNK = 16 << 20  # per recv_into call: large, so bulk reads take few syscalls
 
     def __init__(self, sock: socket.socket, limits: Limits = DEFAULT_LIMITS, buffer: Optional[FrameBuffer] = None):
         self.sock = sock
@@ -462,7 +462,7 @@ class FrameReader:
 
     def skip(self, n: int) -> None:
         """Discard ``n`` bulk bytes (a refused upload) without keeping them."""
-        scratch = memoryview(bytearray(min(n, self.CHUNK) or 1))
+        scratch = memoryview(bytearray(min(n, 1 << 20) or 1))
         while n > 0:
             step = min(n, len(scratch))
             self.read_into(scratch[:step])
