@@ -398,3 +398,32 @@ def test_static_scratch_kernel_is_safe_to_call_from_several_threads(tmp_path):
         th.join(timeout=60)
     assert not any(th.is_alive() for th in threads)
     assert bad == []
+
+
+@pytest.mark.parametrize("target", ["rasp3b", "rasp4b"])
+def test_every_expression_kind_links_self_contained_for_arm(tmp_path, target):
+    """Math, float64, int8/int32/int64 division and conversions, bool and uint8: nothing may turn into a
+    compiler-rt or libm call (the link uses --no-undefined)."""
+    n = 37
+    a, b = te.placeholder((n,), name="A"), te.placeholder((n,), name="B")
+    i8, i32 = te.placeholder((n,), "int8", name="I8"), te.placeholder((n,), "int32", name="I32")
+    i64, f64 = te.placeholder((n,), "int64", name="I64"), te.placeholder((n,), "float64", name="F64")
+    m = te.placeholder((n,), "bool", name="M")
+    outs = [
+        te.compute((n,), lambda i: te.exp(a[i]) + te.log(b[i]) + te.tanh(a[i]) + te.erf(b[i]) + te.sigmoid(a[i])
+                   + te.pow(b[i], a[i]) + te.floor(a[i]) + te.ceil(b[i]) + te.sqrt(a[i]) + te.rsqrt(b[i])
+                   + te.abs(a[i]), name="O1"),
+        te.compute((n,), lambda i: te.exp(f64[i]) + te.log(f64[i]) + te.pow(f64[i], f64[i]), name="O2"),
+        te.compute((n,), lambda i: i8[i] // 3 + i8[i] % 5 + i32[i].astype("int8") // i8[i], name="O3"),
+        te.compute((n,), lambda i: i64[i] // i64[i] + i64[i] % 7 + a[i].astype("int64") + f64[i].astype("int64"),
+                   name="O4"),
+        te.compute((n,), lambda i: i64[i].astype("float32") + i64[i].astype("float64").astype("float32")
+                   + a[i].astype("uint8").astype("float32"), name="O5"),
+        te.compute((n,), lambda i: te.if_then_else(m[i] & (a[i] > 0), a[i], b[i]), name="O6"),
+    ]
+    s = te.create_schedule([o.op for o in outs])
+    for o in outs:
+        _, xi = s[o].split(o.op.axis[0], factor=8)
+        s[o].vectorize(xi)
+    lib = tether.build(s, [a, b, i8, i32, i64, f64, m] + outs, target=target, name="k")
+    lib.export_library(str(tmp_path / "k.so"))   # raises if ld.lld finds an undefined symbol
