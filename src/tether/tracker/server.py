@@ -243,7 +243,10 @@ class TrackerServer:
             device.info = reg["info"] or device.info
             device.tags = device_tags(device.key, reg["tags"], device.info)
         if reg["state"] == "free":
-            self._device_free(device)
+            # "free" from a device holding an outstanding grant means a different session just ended (an older
+            # grant used late); the grant stands, its client may be connecting right now
+            if device.state != "granted":
+                self._device_free(device)
         elif device.state == "free":
             self.pool.set_state(device, "busy", "(direct session)")
 
