@@ -250,3 +250,22 @@ def test_java_client_against_real_server(java_classes, device_server, rpc_kernel
     assert facts["device_info.arch"] == device_info.device_info()["arch"]
     assert facts["server"].startswith("tether-rpc/")
     assert server.alive(), "the server died during the Java session:\n" + server.log_text()[-3000:]
+
+
+@pytest.mark.parametrize("token", [None, "trk-t0ken"], ids=["no-token", "token"])
+def test_java_tracker_client(java_classes, tracker_lab, token):
+    """Summary, a direct and a relayed (reverse-mode) device session through a real tracker, one-time matches."""
+    tracker = tracker_lab.tracker(token=token)
+    tracker_lab.device(tracker, "java-direct")
+    tracker_lab.device(tracker, "java-reverse", reverse=True)
+    args = ["--host", "127.0.0.1", "--port", str(tracker.port), "--tracker-key", "java-direct",
+            "--tracker-key", "java-reverse"]
+    if token:
+        args += ["--tracker-token", token]
+    proc = run_java(java_classes, "InteropRunner", *args)
+    passed, failed = summary(proc)
+    detail = proc.stdout + proc.stderr + "\ntracker log:\n" + tracker.log()[-3000:]
+    assert proc.returncode == 0 and failed == 0, detail
+    assert passed == (7 if token else 5), detail
+    facts = _facts(proc.stdout)
+    assert facts["grant.java-direct"] == "direct" and facts["grant.java-reverse"] == "relay"

@@ -1,13 +1,7 @@
 package dev.tether.rpc;
 
-import java.io.BufferedInputStream;
 import java.io.Closeable;
 import java.io.IOException;
-import java.io.InputStream;
-import java.io.OutputStream;
-import java.net.InetSocketAddress;
-import java.net.Socket;
-import java.net.SocketTimeoutException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.LinkedHashMap;
@@ -96,16 +90,10 @@ public final class TetherClient implements Closeable {
         }
     }
 
-    private static final int SMALL_BULK = 64 << 10;
-    private static final int CHUNK = 1 << 20;
-
     private final String host;
     private final int port;
     private final Options options;
-    private final Socket socket;
-    private final InputStream in;
-    private final OutputStream out;
-    private final byte[] header = new byte[Protocol.HEADER_SIZE];
+    private final FrameConnection conn;
     private long nextRequestId = 1;
     private long sessionId;
     private String serverName = "";
@@ -116,14 +104,9 @@ public final class TetherClient implements Closeable {
         this.host = host;
         this.port = port;
         this.options = options;
-        socket = new Socket();
+        conn = new FrameConnection(host, port, options.connectTimeoutMs, options.readTimeoutMs, options.limits);
         boolean ok = false;
         try {
-            socket.setTcpNoDelay(true);
-            socket.connect(new InetSocketAddress(host, port), options.connectTimeoutMs);
-            socket.setTcpNoDelay(true);
-            in = new BufferedInputStream(socket.getInputStream(), 64 << 10);
-            out = socket.getOutputStream();
             handshake();
             ok = true;
         } finally {
@@ -351,83 +334,20 @@ public final class TetherClient implements Closeable {
     }
 
     // -- transport ---------------------------------------------------------------------------------------------
-    /** One write for the frame (and a small bulk with it); a large bulk follows in chunks. */
     private void send(byte[] frame, byte[] bulk) throws IOException {
-        try {
-            if (bulk == null || bulk.length == 0) {
-                out.write(frame);
-            } else if (bulk.length <= SMALL_BULK) {
-                byte[] both = Arrays.copyOf(frame, frame.length + bulk.length);
-                System.arraycopy(bulk, 0, both, frame.length, bulk.length);
-                out.write(both);
-            } else {
-                out.write(frame);
-                for (int off = 0; off < bulk.length; off += CHUNK) {
-                    out.write(bulk, off, Math.min(CHUNK, bulk.length - off));
-                }
-            }
-            out.flush();
-        } catch (IOException e) {
-            throw new ConnectionClosedException("connection to " + host + ":" + port + " lost while sending: " + e);
-        }
+        conn.send(frame, bulk);
     }
 
-    /** Reads one frame; {@code deadline} (ms since epoch, 0 = none) bounds the wait besides the read timeout. */
     private Frame readFrame(long deadline, String what) throws IOException {
-        int timeout = options.readTimeoutMs;
-        if (deadline != 0) {
-            long left = deadline - System.currentTimeMillis();
-            if (left <= 0) {
-                throw new TetherException("timed out waiting for " + what);
-            }
-            timeout = (int) Math.min(left, timeout > 0 ? timeout : Integer.MAX_VALUE);
-        }
-        try {
-            socket.setSoTimeout(timeout);
-            readFullyRaw(header, 0, header.length);
-            int n = FrameCodec.checkedLength(header, 0, options.limits);
-            byte[] body = new byte[n];
-            readFullyRaw(body, 0, n);
-            return FrameCodec.decodeBody(body, 0, n, options.limits);
-        } catch (SocketTimeoutException e) {
-            throw new TetherException("timed out after " + timeout + " ms waiting for " + what, e);
-        }
+        return conn.readFrame(deadline, what);
     }
 
     private void readFully(byte[] dest, int off, int len) throws IOException {
-        try {
-            socket.setSoTimeout(options.readTimeoutMs);
-            readFullyRaw(dest, off, len);
-        } catch (SocketTimeoutException e) {
-            throw new TetherException("timed out after " + options.readTimeoutMs + " ms reading bulk bytes", e);
-        }
-    }
-
-    private void readFullyRaw(byte[] dest, int off, int len) throws IOException {
-        int pos = 0;
-        while (pos < len) {
-            int n;
-            try {
-                n = in.read(dest, off + pos, len - pos);
-            } catch (SocketTimeoutException e) {
-                throw e;
-            } catch (IOException e) {
-                throw new ConnectionClosedException("connection to " + host + ":" + port + " lost: " + e);
-            }
-            if (n < 0) {
-                throw new ConnectionClosedException("the server at " + host + ":" + port + " closed the connection");
-            }
-            pos += n;
-        }
+        conn.readFully(dest, off, len);
     }
 
     private void skip(long n) throws IOException {
-        byte[] scratch = new byte[(int) Math.min(Math.max(n, 1), CHUNK)];
-        while (n > 0) {
-            int step = (int) Math.min(n, scratch.length);
-            readFully(scratch, 0, step);
-            n -= step;
-        }
+        conn.skip(n);
     }
 
     /** Ends the session (CLOSE, then the socket); idempotent. */
@@ -439,7 +359,7 @@ public final class TetherClient implements Closeable {
         try {
             Map<String, Object> p = new LinkedHashMap<String, Object>();
             p.put("reason", "client closed");
-            out.write(FrameCodec.encodeFrame(MsgType.CLOSE, 0, p));
+            conn.send(FrameCodec.encodeFrame(MsgType.CLOSE, 0, p), null);
         } catch (IOException ignored) {
             // the connection is gone already: closing the socket below is all that is left to do
         }
@@ -448,10 +368,6 @@ public final class TetherClient implements Closeable {
 
     private void closeQuietly() {
         closed = true;
-        try {
-            socket.close();
-        } catch (IOException ignored) {
-            // nothing more to release
-        }
+        conn.close();
     }
 }

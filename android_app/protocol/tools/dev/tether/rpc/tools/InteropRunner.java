@@ -7,6 +7,7 @@ import dev.tether.rpc.RemoteHandle;
 import dev.tether.rpc.Reply;
 import dev.tether.rpc.Tensor;
 import dev.tether.rpc.TetherClient;
+import dev.tether.rpc.TrackerClient;
 
 import java.io.IOException;
 import java.math.BigInteger;
@@ -39,6 +40,8 @@ public final class InteropRunner {
     private int port = -1;
     private String token;
     private String vaddPath;
+    private final List<String> trackerKeys = new ArrayList<String>();
+    private String trackerToken;
 
     interface Check {
         void run() throws Exception;
@@ -84,16 +87,25 @@ public final class InteropRunner {
                 r.token = v;
             } else if ("--vadd".equals(args[i])) {
                 r.vaddPath = v;
+            } else if ("--tracker-key".equals(args[i])) {
+                r.trackerKeys.add(v);
+            } else if ("--tracker-token".equals(args[i])) {
+                r.trackerToken = v;
             } else {
                 System.err.println("unknown argument " + args[i]);
                 System.exit(2);
             }
         }
         if (r.port <= 0) {
-            System.err.println("usage: InteropRunner --host H --port P [--token T] [--vadd PATH]");
+            System.err.println("usage: InteropRunner --host H --port P [--token T] [--vadd PATH]\n"
+                    + "       InteropRunner --host H --port TRACKER_PORT --tracker-key KEY... [--tracker-token T]");
             System.exit(2);
         }
-        r.run();
+        if (r.trackerKeys.isEmpty()) {
+            r.run();
+        } else {
+            r.runTracker();
+        }
         System.out.println(r.passed + " passed, " + r.failed + " failed");
         System.exit(r.failed == 0 && r.passed > 0 ? 0 : 1);
     }
@@ -125,6 +137,90 @@ public final class InteropRunner {
             busyChecks(c);
         } finally {
             c.close();
+        }
+    }
+
+    // -- through a tracker -------------------------------------------------------------------------------------
+    private void runTracker() {
+        if (trackerToken != null) {
+            check("tracker: no token refused", new Check() {
+                public void run() throws Exception {
+                    try {
+                        TrackerClient.connect(host, port, null).close();
+                        throw new AssertionError("connected without a token");
+                    } catch (AuthenticationException e) {
+                        expect(e.getMessage().contains("requires a token"), e.getMessage());
+                    }
+                }
+            });
+            check("tracker: wrong token refused", new Check() {
+                public void run() throws Exception {
+                    try {
+                        TrackerClient.connect(host, port, trackerToken + "-wrong").close();
+                        throw new AssertionError("connected with a wrong token");
+                    } catch (AuthenticationException e) {
+                        expect(!e.getMessage().contains("requires a token"), e.getMessage());
+                    }
+                }
+            });
+        }
+        final AtomicReference<TrackerClient> holder = new AtomicReference<TrackerClient>();
+        check("tracker: connect", new Check() {
+            public void run() throws Exception {
+                holder.set(TrackerClient.connect(host, port, trackerToken));
+                System.out.println("fact tracker=" + holder.get().trackerName());
+            }
+        });
+        final TrackerClient t = holder.get();
+        if (t == null) {
+            return;
+        }
+        try {
+            check("tracker: summary lists the devices", new Check() {
+                @SuppressWarnings("unchecked")
+                public void run() throws Exception {
+                    Map<String, Object> s = t.summary();
+                    List<Object> keys = new ArrayList<Object>();
+                    for (Object d : (List<Object>) s.get("devices")) {
+                        keys.add(((Map<String, Object>) d).get("key"));
+                    }
+                    for (String k : trackerKeys) {
+                        expect(keys.contains(k), "no device " + k + " in " + keys);
+                    }
+                }
+            });
+            for (final String key : trackerKeys) {
+                check("tracker: session on " + key, new Check() {
+                    public void run() throws Exception {
+                        TrackerClient.Grant g = t.request(key, 1, 20, 60, null);
+                        System.out.println("fact grant." + key + "=" + (g.relay ? "relay" : "direct"));
+                        TetherClient c = TetherClient.connect(g.host, g.port, options().token(null).match(g.match));
+                        try {
+                            expectEqual(c.call("tether.echo", key), key);
+                            Tensor x = Tensor.fromFloats(new float[]{1f, 2f, 3f});
+                            expectEqual(c.call("tether.echo", x), x);
+                            System.out.println("fact device_info.arch=" + c.deviceInfo().get("arch"));
+                        } finally {
+                            c.close();
+                        }
+                    }
+                });
+            }
+            check("tracker: a used match is refused", new Check() {
+                public void run() throws Exception {
+                    TrackerClient.Grant g = t.request(trackerKeys.get(0), 1, 20, 60, null);
+                    TetherClient c = TetherClient.connect(g.host, g.port, options().token(null).match(g.match));
+                    c.close();
+                    try {
+                        TetherClient.connect(g.host, g.port, options().token(null).match(g.match)).close();
+                        throw new AssertionError("a one-time match opened a second session");
+                    } catch (AuthenticationException e) {
+                        expect(e.getMessage().contains("match"), e.getMessage());
+                    }
+                }
+            });
+        } finally {
+            t.close();
         }
     }
 
