@@ -795,6 +795,11 @@ class _FunctionEmitter:
         if op in ("floordiv", "floormod", "div"):
             if not signed:
                 return B.udiv(a, b) if op != "floormod" else B.urem(a, b)
+            if isinstance(e.b, Const) and e.b.value > 0 and dt in ("int32", "int64") and \
+                    not (self.target_bits == 32 and dt == "int64"):
+                lo = Simplifier(self.ranges).bound(e.a)
+                if lo is not None and lo[0] >= 0:   # index math: floor == truncation, unsigned is cheapest
+                    return B.udiv(a, b) if op != "floormod" else B.urem(a, b)
             if self.mask is not None and not isinstance(e.b, Const):
                 # lanes the mask switches off may divide by zero (which traps): divide them by one instead
                 m = self.mask
