@@ -118,8 +118,16 @@ class TetherBackend(onnx.backend.base.Backend):
 
 backend_test = onnx.backend.test.BackendTest(TetherBackend, __name__)
 _names = NODE_CASES_F32 + NODE_CASES_INT64_SHAPES + LIGHT_MODELS
-backend_test.include("^test_(%s)_cpu$" % "|".join(re.escape(n) for n in _names))
-globals().update(backend_test.test_cases)
+_selected = re.compile("^test_(%s)_cpu$" % "|".join(re.escape(n) for n in _names))
+backend_test.include(_selected.pattern)
+_cases = backend_test.test_cases        # a fresh dict of fresh classes on every access: take it once
+for _name, _cls in list(_cases.items()):
+    # drop the ~4000 cases outside the selection instead of reporting each as skipped
+    for _attr in [a for a in vars(_cls) if a.startswith("test_") and not _selected.match(a)]:
+        delattr(_cls, _attr)
+    if not any(a.startswith("test_") for a in vars(_cls)):
+        del _cases[_name]
+globals().update(_cases)
 
 
 def test_selection_is_the_documented_size():
