@@ -117,6 +117,7 @@ def bench_open(tport: int, direct_port: int, n: int) -> Dict[str, float]:
             rtts.append(time.perf_counter() - t0)
         for _ in range(n):
             wait_until(lambda: device_state(t, "bench") == "free", 5, "bench device free")
+            time.sleep(0.06)      # same idle pause as the direct opens below: both measure an idle device
             t0 = time.perf_counter()
             s = t.request("bench", wait_timeout=10)
             opens.append(time.perf_counter() - t0)
