@@ -118,30 +118,14 @@ class CallContext:
 
 
 def _receive_file(fh: Any, bulk: BulkIn) -> None:
-    """Bulk bytes straight into the file's pages through mmap (one copy: socket -> page cache); plain writes
-    from a bounded scratch buffer where mmap is unavailable."""
-    try:
-        import mmap
-
-        # Reserve the blocks first: writing through a mapping of a sparse file on a full disk raises SIGBUS,
-        # whereas posix_fallocate fails cleanly with ENOSPC (then the plain path reports the error).
-        os.posix_fallocate(fh.fileno(), 0, bulk.nbytes)
-        mapped = mmap.mmap(fh.fileno(), bulk.nbytes)
-    except (ImportError, AttributeError, OSError, ValueError):
-        fh.seek(0)
-        fh.truncate(0)
-        scratch = memoryview(bytearray(min(bulk.nbytes, CHUNK)))
-        while bulk.remaining:
-            piece = scratch[:min(bulk.remaining, len(scratch))]
-            bulk.readinto(piece)
-            fh.write(piece)
-        return
-    with mapped:
-        view = memoryview(mapped)
-        try:
-            bulk.readinto(view)
-        finally:
-            view.release()
+    """Bulk bytes into the file through one bounded scratch buffer (CHUNK), so memory stays flat however big
+    the upload. (Receiving straight into an mmap of the file was measured slower: page faults cost more than
+    the copy they save.)"""
+    scratch = memoryview(bytearray(min(bulk.nbytes, CHUNK)))
+    while bulk.remaining:
+        piece = scratch[:min(bulk.remaining, len(scratch))]
+        bulk.readinto(piece)
+        fh.write(piece)
 
 
 # Built-in name -> SessionHandler method name. One row per built-in; docs/protocol.md lists the same table.
@@ -298,7 +282,7 @@ class SessionHandler:
         path = self.folder.path_for(name)  # refuses unsafe names before anything is written
         ok = False
         try:
-            with open(path, "wb+") as fh:
+            with open(path, "wb") as fh:
                 if bulk.nbytes:
                     _receive_file(fh, bulk)
             ok = True
