@@ -228,5 +228,8 @@ def _default_name() -> str:
 
 def connect_tracker(host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: Optional[str] = None, *,
                     timeout: float = 10.0, name: str = "", session_token: Optional[str] = None) -> TrackerClient:
-    """Connect to a tracker. ``token`` is the tracker's token; ``session_token`` the devices' own ``--token``."""
+    """Connect to a tracker. ``token`` is the tracker's token (default: env TETHER_TRACKER_TOKEN);
+    ``session_token`` the devices' own ``--token`` (default: env TETHER_TOKEN, as for rpc.connect)."""
+    if token is None:
+        token = os.environ.get("TETHER_TRACKER_TOKEN") or None
     return TrackerClient(host, port, token=token, timeout=timeout, name=name, session_token=session_token)
