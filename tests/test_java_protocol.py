@@ -269,3 +269,43 @@ def test_java_tracker_client(java_classes, tracker_lab, token):
     assert passed == (7 if token else 5), detail
     facts = _facts(proc.stdout)
     assert facts["grant.java-direct"] == "direct" and facts["grant.java-reverse"] == "relay"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the APK (offline only: it runs when the Android toolchain is already on this machine)
+
+def _android_toolchain_missing():
+    tools = ["aapt2", "aapt", "zipalign", "apksigner", "zip", "dpkg", "keytool"]
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        return "missing %s (apt-get install aapt apksigner zipalign zip)" % ", ".join(missing)
+    places = [pathlib.Path("/usr/share/java"), ROOT / "android_app" / ".toolchain" / "usr" / "share" / "java"]
+    have_jars = any((d / "com.android.android-23.jar").exists() and list(d.glob("com.android.dx*.jar")) for d in places)
+    debs = os.environ.get("TETHER_ANDROID_DEBS")
+    if not have_jars and not (debs and list(pathlib.Path(debs).glob("dalvik-exchange_*.deb"))):
+        return ("android-23.jar and dx are not on this machine: run android_app/build_apk.sh once (it fetches them) "
+                "or set TETHER_ANDROID_DEBS to a folder with the two Debian 11 packages (docs/android.md)")
+    return None
+
+
+def test_apk_builds_offline(tmp_path):
+    missing = _android_toolchain_missing()
+    if missing:
+        pytest.skip(missing)
+    apk = tmp_path / "tether.apk"
+    proc = subprocess.run(["bash", str(ROOT / "android_app" / "build_apk.sh"), "--offline", "--build-dir",
+                           str(tmp_path / "build"), "--out", str(apk)], capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    badging = subprocess.run(["aapt", "dump", "badging", str(apk)], capture_output=True, text=True, timeout=60).stdout
+    assert "package: name='dev.tether.app'" in badging
+    assert "launchable-activity: name='dev.tether.app.MainActivity'" in badging
+    assert "uses-permission: name='android.permission.INTERNET'" in badging
+    import zipfile
+
+    with zipfile.ZipFile(apk) as z:
+        dex = z.read("classes.dex")
+    assert dex.startswith(b"dex\n035")
+    for cls in (b"Ldev/tether/app/MainActivity;", b"Ldev/tether/rpc/TetherClient;", b"Ldev/tether/rpc/TrackerClient;"):
+        assert cls in dex
+    verify = subprocess.run(["apksigner", "verify", str(apk)], capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0, verify.stderr
