@@ -363,3 +363,77 @@ def test_compute_at_of_an_output_and_nested_compute_at(tmp_path):
     assert "i.outer_1" in text                                     # same-named loops print distinctly
     (got,) = run(tmp_path, s, [a, r], [x], name="nest")
     np.testing.assert_allclose(got, (x + 3) ** 2 - 1, rtol=1e-5)
+
+
+def _random_schedule(rng, s, st, prod):
+    """Apply random splits/fuses/reorders/annotations (and inline/compute_at of ``prod``) to stage ``st``;
+    ``rng`` is a random.Random."""
+    for _ in range(rng.randint(0, 3)):
+        leaves = list(st.leaf_iter_vars)
+        ax = rng.choice(leaves)
+        op = rng.choice(["split", "split", "fuse", "reorder"])
+        if op == "split":
+            if rng.random() < 0.7:
+                st.split(ax, factor=rng.randint(1, 9))
+            else:
+                st.split(ax, nparts=rng.randint(1, 5))
+        elif op == "fuse":
+            n = leaves.index(ax)
+            if n + 1 < len(leaves) and leaves[n + 1].kind == ax.kind:
+                st.fuse(ax, leaves[n + 1])
+        else:
+            rng.shuffle(leaves)
+            st.reorder(*leaves)
+    leaves = list(st.leaf_iter_vars)
+    data = [lv for lv in leaves if lv.kind == "data"]
+    if data and rng.random() < 0.6:
+        st.vectorize(data[-1])
+    if data and rng.random() < 0.4 and data[0] not in list(st.iter_kind):
+        st.parallel(data[0])
+    if rng.random() < 0.3:
+        u = rng.choice(leaves)
+        if u not in list(st.iter_kind):
+            st.unroll(u)
+    if prod is not None:
+        c = rng.random()
+        if c < 0.3:
+            s[prod].compute_inline()
+        elif c < 0.6:
+            s[prod].compute_at(st, rng.choice(list(st.leaf_iter_vars)))
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_random_schedules_match_numpy(tmp_path, seed):
+    """Random legal schedules of an elementwise pair, a matmul and a max-reduction, on random (odd) shapes."""
+    import random
+    rng = random.Random(seed)
+    ran = 0
+    for case in range(6):
+        kind = ("ew", "mm", "red")[case % 3]
+        if kind == "ew":
+            shape = (rng.randint(1, 9), rng.randint(1, 40))
+            a, b = te.placeholder(shape, name="A"), te.placeholder(shape, name="B")
+            prod = te.compute(shape, lambda i, j: a[i, j] * b[i, j], name="T")
+            out = te.compute(shape, lambda i, j: prod[i, j] + a[i, shape[1] - 1 - j], name="C")
+            ref = lambda x, y: x * y + x[:, ::-1]  # noqa: E731
+        elif kind == "mm":
+            m, n, k = rng.randint(1, 20), rng.randint(1, 40), rng.randint(1, 17)
+            a, b, out = matmul(m, n, k)
+            prod, ref = None, lambda x, y: x @ y  # noqa: E731
+        else:
+            m, n = rng.randint(1, 12), rng.randint(1, 30)
+            a, b = te.placeholder((m, n), name="A"), te.placeholder((n,), name="B")
+            r = te.reduce_axis((0, n), name="r")
+            out = te.compute((m,), lambda i: te.max(a[i, r] + b[r], axis=r), name="C")
+            prod, ref = None, lambda x, y: (x + y).max(axis=1)  # noqa: E731
+        s = te.create_schedule(out.op)
+        try:
+            _random_schedule(rng, s, s[out], prod)
+            tether.lower(s, [a, b, out], "k")
+        except ScheduleError:
+            continue   # an illegal combination, rejected with a reason: fine
+        x, y = rand(*a.shape), rand(*b.shape)
+        (got,) = run(tmp_path, s, [a, b, out], [x, y], name=f"k{case}")
+        np.testing.assert_allclose(got, ref(x, y), rtol=1e-4, atol=1e-5)
+        ran += 1
+    assert ran >= 3
