@@ -18,6 +18,8 @@ from typing import Callable, Dict, List, Sequence
 
 from tether import te
 from tether.target import Target
+from tether.te.expr import Binary, Reduce, TensorLoad
+from tether.te.tensor import walk
 
 from . import common as c
 
@@ -88,6 +90,54 @@ def _collect(outs: Sequence) -> tuple:
     return order, consumers
 
 
+def _coef(e, var):
+    """Coefficient of `var` in index expression `e` if `e` is affine in it (0 when absent), else None."""
+    if e is var:
+        return 1
+    if isinstance(e, (te.Const,)) or (isinstance(e, te.Var) and e is not var):
+        return 0
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        a, b = _coef(e.a, var), _coef(e.b, var)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a - b
+    if isinstance(e, Binary) and e.op == "mul":
+        a, b = _coef(e.a, var), _coef(e.b, var)
+        if a is None or b is None:
+            return None
+        if a and isinstance(e.b, te.Const):
+            return a * int(e.b.value)
+        if b and isinstance(e.a, te.Const):
+            return b * int(e.a.value)
+        return None if (a or b) else 0
+    return 0 if not any(n is var for n in walk(e)) else None
+
+
+def _contiguous_along(op, var, inline: set, depth: int = 0) -> bool:
+    """Whether every load in op's body (looking through inlined producers) moves by one element per step of
+    `var` (or does not move): then a vectorized `var` loop loads whole vectors. Otherwise the codegen would
+    gather lane by lane, which is slower than LLVM's own handling of a scalar loop."""
+    if depth > 16:
+        return False
+    body = op.body.source if isinstance(op.body, Reduce) else op.body
+    for node in walk(body):
+        if not isinstance(node, TensorLoad):
+            continue
+        coefs = [_coef(i, var) for i in node.indices]
+        if any(k is None for k in coefs) or any(coefs[:-1]):
+            return False
+        if not coefs or coefs[-1] == 0:
+            continue
+        if coefs[-1] != 1:
+            return False
+        prod = node.tensor.op
+        if id(prod) in inline:
+            # the producer's last axis stands in for var
+            if not _contiguous_along(prod, prod.axis[-1], inline, depth + 1):
+                return False
+    return True
+
+
 def _numel(t) -> int:
     n = 1
     for d in t.shape:
@@ -99,8 +149,8 @@ def _numel(t) -> int:
 # per-tag schedules
 
 def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block: int | None = None):
-    """Split the innermost axis by the lane count and vectorize it; parallelize the fused outer axes (rows), so
-    the inner loop's index stays affine and only the row index pays for the fuse's div/mod."""
+    """Vectorize the innermost axis by the lane count when its loads are contiguous, and run the outermost
+    non-trivial axis in parallel."""
     st = s[t]
     axes = list(t.op.axis) if axes is None else list(axes)
     if not axes:
@@ -109,23 +159,29 @@ def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block:
     outer = axes[:-1]
     rows = _numel(t) // _extent(inner)
     xo = None
-    if block:
+    if block:  # laid out for vectors of `block` columns (contiguous once split by exactly that)
         xo, xi = st.split(inner, factor=block)
         st.vectorize(xi)
+    elif not _contiguous_along(t.op, inner, ctx_inline(s)):
+        pass  # strided or gathered loads: a scalar inner loop (LLVM handles it better than lane-by-lane loads)
     elif _extent(inner) >= fam.lanes:
         xo, xi = st.split(inner, factor=fam.lanes)
         st.vectorize(xi)
     if not parallel or _numel(t) < fam.parallel_min:
         return
-    if outer and rows >= 2:
-        fused = st.fuse(*outer) if len(outer) > 1 else outer[0]
-        # the runtime's launcher hands out task ids from Python: a few big tasks beat many tiny ones
-        if rows > PARALLEL_TASKS:
-            fused, _ = st.split(fused, nparts=PARALLEL_TASKS)
-        st.parallel(fused)
+    # parallel over the outermost axis that has more than one iteration; not over a fused axis, whose index
+    # decode (div/mod) inside the task body costs more than the balance it buys
+    lead = next((ax for ax in outer if _extent(ax) > 1), None)
+    if lead is not None:
+        st.parallel(lead)
     elif xo is not None:
         po, _ = st.split(xo, nparts=PARALLEL_TASKS)
         st.parallel(po)
+
+
+def ctx_inline(s) -> set:
+    """ids of the ops this schedule inlines."""
+    return {id(st.op) for st in s.stages if st.attach_type == "inline"}
 
 
 def _schedule_injective(s, t, fam: Family, ctx):
@@ -138,7 +194,7 @@ def _schedule_reduce(s, t, fam: Family, ctx):
     sp = list(t.op.axis)
     rd = list(t.op.reduce_axis)
     outer = sp
-    if sp and _extent(sp[-1]) >= fam.lanes:
+    if sp and _extent(sp[-1]) >= fam.lanes and _contiguous_along(t.op, sp[-1], ctx_inline(s)):
         xo, xi = st.split(sp[-1], factor=fam.lanes)
         st.reorder(*sp[:-1], xo, *rd, xi)
         st.vectorize(xi)
@@ -212,7 +268,8 @@ def _schedule_rowdot_final(s, t, fam: Family, ctx):
 def _schedule_pack(s, t, fam: Family, ctx):
     st = s[t]
     jo, kk, ji = t.op.axis
-    st.vectorize(ji)
+    if _contiguous_along(t.op, ji, ctx_inline(s)):
+        st.vectorize(ji)
     if _numel(t) >= fam.parallel_min:
         st.parallel(jo)
 
