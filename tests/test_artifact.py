@@ -13,6 +13,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from fixtures.prereq import require_module, require_tool
 from llvmlite import ir
 
 from fixtures.backend import PackedCaller, math_kernel, vadd_kernel
@@ -217,10 +218,10 @@ def test_load_refuses_foreign_arch(built):
         built["rasp4b"][0].load()
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the C test program")
 @pytest.mark.parametrize("kind", ["static", "object"])
 def test_c_program_links_the_exports(built, tmp_path, kind):
     """The static archive / object file plus the exported header link into a C program that calls vadd."""
+    require_tool("gcc")
     m = built["host"][0]
     header = m.export_header(str(tmp_path / "kern.h"))
     lib = m.export_static(str(tmp_path / "libkern.a")) if kind == "static" else m.export_object(
@@ -346,9 +347,8 @@ def test_armv7_runtime_helpers_on_qemu(tmp_path, host_linker):
     module's own __aeabi_* helpers, which give the same answers as numpy when run under qemu-arm."""
     import sys
 
-    if shutil.which("qemu-arm") is None:
-        pytest.skip("qemu-arm is not installed")
-    pytest.importorskip("ziglang")
+    require_tool("qemu-arm", "apt-get install qemu-user")
+    require_module("ziglang")
     n = 512
     rng = np.random.default_rng(7)
     i32a = np.concatenate([rng.integers(-2**31, 2**31, n - 8), [7, -7, 7, -7, 2**31 - 1, -2**31, 0, 5]]).astype(np.int32)

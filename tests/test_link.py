@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from fixtures.prereq import require_module
 
 from tether import link
 from tether.codegen.emit import compile_ir
@@ -40,7 +41,7 @@ def test_default_linker_is_lld(host_linker):
 
 
 def test_ziglang_wheel_is_preferred(host_linker):
-    pytest.importorskip("ziglang")
+    require_module("ziglang")
     cmd = link.find_linker(python=sys.executable, path="")
     assert cmd[-1] == "ld.lld" and os.path.basename(cmd[0]).startswith("zig")
 

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from fixtures.prereq import require_module, require_tool
 from llvmlite import ir
 
 from fixtures.backend import PackedCaller, math_kernel
@@ -270,9 +271,8 @@ def test_math_on_emulated_arm(preset, tmp_path, host_linker):
 
     zig_cc = [sys.executable, "-m", "ziglang", "cc"]
     triple, cflags, qemu = _EMULATED[preset]
-    if shutil.which(qemu) is None:
-        pytest.skip("%s is not installed" % qemu)
-    pytest.importorskip("ziglang")
+    require_tool(qemu, "apt-get install qemu-user")
+    require_module("ziglang")
     kernels = []
     mb = ModuleBuilder(preset, "armmath")
     for fname in FUNCS:
