@@ -8,7 +8,6 @@ import ctypes
 import json
 import os
 import re
-import shutil
 import subprocess
 
 import numpy as np

@@ -265,7 +265,6 @@ def test_math_on_emulated_arm(preset, tmp_path, host_linker):
     harness (zig cc, no libc), which streams inputs from stdin and results to stdout.
 
     NEON on armv7 flushes subnormals to zero, so only normal inputs and results are compared there."""
-    import shutil
     import subprocess
     import sys
 
