@@ -19,7 +19,6 @@ import pathlib
 import re
 import shutil
 import subprocess
-import sys
 
 import msgpack
 import pytest
@@ -37,7 +36,8 @@ TIMEOUT = 120
 def _jdk():
     javac, java = shutil.which("javac"), shutil.which("java")
     if javac is None or java is None:
-        reason = "no JDK on PATH (javac/java): the Java protocol implementation cannot be built (apt install openjdk-17-jdk-headless)"
+        reason = ("no JDK on PATH (javac/java): the Java protocol implementation cannot be built "
+                  "(apt install openjdk-17-jdk-headless)")
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
@@ -180,7 +180,7 @@ def python_verdict(data: bytes) -> str:
 
 
 def test_limits_agree_with_python(java_classes, tmp_path):
-    """Frames at and just over every limit: Java decodes exactly what Python decodes and refuses the rest the same way."""
+    """Frames at and just over every limit: Java decodes what Python decodes and refuses the rest the same way."""
     valid, invalid = [], []
     for name, data in _edge_cases():
         verdict = python_verdict(data)
