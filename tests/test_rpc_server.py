@@ -154,6 +154,7 @@ def test_segfaulting_kernel_ends_only_its_session(rpc_server, rpc_kernels):
         with pytest.raises(errors.SessionCrashed, match="SIGSEGV"):
             crash()
         assert remote.closed
+        assert wait_until(lambda: session_dirs(rpc_server) == [], 2), "crashed session's folder was not deleted"
         with pytest.raises(errors.ConnectionClosed):
             remote.listdir()
     assert rpc_server.alive
@@ -184,6 +185,7 @@ def test_client_killed_mid_call_frees_the_server_within_a_second(rpc_server, rpc
         client.wait(5)
         t0 = time.monotonic()
         assert wait_until(lambda: not rpc_server.worker_pids(), 1.0), "worker still running 1 s after the client died"
+        assert wait_until(lambda: session_dirs(rpc_server) == [], 1.0)
         with rpc.connect(rpc_server.host, rpc_server.port, timeout=5, wait=False) as remote:
             assert remote.get_function("tether.echo")(3) == 3
         assert time.monotonic() - t0 < 1.0
