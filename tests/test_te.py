@@ -220,3 +220,24 @@ def test_reduction_must_be_top_level():
 def test_compute_arg_count_mismatch():
     with pytest.raises(TypeError, match="2 dimensions"):
         te.compute((3, 4), lambda i: i, name="Bad")
+
+
+def test_literals_adopt_the_expression_dtype():
+    a = te.placeholder((4,), "float32", name="A")
+    b = te.placeholder((4,), "int8", name="B")
+    i = te.var("i")
+    for e, want in [(np.float32(2) * a[i], "float32"), (a[i] + np.int64(3), "float32"), (i + 0.5, "float32"),
+                    (b[i] + 3, "int8"), (b[i] + 3.5, "float32"), (a[i] + b[i], "float32"), (i + 2 ** 40, "int64")]:
+        assert e.dtype == want and e.a.dtype == e.b.dtype == want, (str(e), e.a.dtype, e.b.dtype)
+    wide = b[i] < 200      # 200 does not fit int8: the comparison happens in int32
+    assert wide.a.dtype == wide.b.dtype == "int32"
+
+
+def test_int8_compare_with_out_of_range_literal(tmp_path):
+    b_t = te.placeholder((16,), "int8", name="B")
+    out = te.compute((16,), lambda i: te.if_then_else(b_t[i] < 200, b_t[i] + 1, b_t[i]), name="O")
+    s = te.create_schedule(out.op)
+    b = rand((16,), "int8")
+    b[0] = 127
+    (got,) = run(tmp_path, s, [b_t, out], [b])
+    np.testing.assert_array_equal(got, (b.astype(np.int32) + 1).astype(np.int8))

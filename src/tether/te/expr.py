@@ -254,24 +254,25 @@ def convert(x: Any, like: str | None = None) -> Expr:
     if isinstance(x, bool):
         return Const(x, "bool")
     if isinstance(x, int):
-        return Const(x, like if like is not None and not is_bool(like) else "int32")
+        if like is None or is_bool(like):
+            return Const(x, "int32" if -2**31 <= x < 2**31 else "int64")
+        if is_int(like) and not (min_value(like).value <= x <= max_value(like).value):
+            return convert(x)   # does not fit the expression's type: promotion widens the expression instead
+        return Const(x, like)
     if isinstance(x, float):
         return Const(x, like if like is not None and is_float(like) else "float32")
-    if hasattr(x, "dtype") and hasattr(x, "item"):  # numpy scalar
-        return Const(x.item(), str(x.dtype))
+    if hasattr(x, "dtype") and hasattr(x, "item"):  # numpy scalar: a literal, like the Python number
+        return convert(x.item(), like) if like is not None else Const(x.item(), str(x.dtype))
     raise TypeError(f"cannot use {x!r} ({type(x).__name__}) in a tensor expression")
 
 
 def _promote(a: Any, b: Any) -> tuple[Expr, Expr]:
+    """Make both operands Exprs of one dtype: literals adopt the expression's dtype (a float literal with an
+    integer expression makes both float32); two expressions promote to the wider dtype."""
     if not isinstance(a, Expr) and isinstance(b, Expr):
-        b_ = b
-        a_ = convert(a, b.dtype)
-        if is_float(a_.dtype) and not is_float(b.dtype):
-            b_ = Cast(a_.dtype, b)
-        return a_, b_
-    if isinstance(a, Expr) and not isinstance(b, Expr):
-        b_, a_ = _promote(b, a)
-        return a_, b_
+        a = convert(a, b.dtype)
+    elif isinstance(a, Expr) and not isinstance(b, Expr):
+        b = convert(b, a.dtype)
     a, b = convert(a), convert(b)
     if a.dtype != b.dtype:
         target = a.dtype if _RANK[a.dtype] > _RANK[b.dtype] else b.dtype
