@@ -18,7 +18,9 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
+import threading
 
 import msgpack
 import pytest
@@ -309,3 +311,142 @@ def test_apk_builds_offline(tmp_path):
         assert cls in dex
     verify = subprocess.run(["apksigner", "verify", str(apk)], capture_output=True, text=True, timeout=60)
     assert verify.returncode == 0, verify.stderr
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the Java client against a misbehaving server (a real loopback socket playing a script)
+
+class ScriptedServer:
+    """Answers one client on 127.0.0.1 with ``script(conn, reader)`` in a thread; every wait is bounded."""
+
+    def __init__(self, script):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.sock.settimeout(15)
+        self.port = self.sock.getsockname()[1]
+        self.error = None
+        self._script = script
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        try:
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.settimeout(15)
+                self._script(conn, p.FrameReader(conn))
+                _until_closed(conn)
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+    def close(self):
+        self.sock.close()
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+
+
+def _until_closed(conn):
+    """Wait (bounded by the socket timeout) for the client to hang up, discarding what it sends."""
+    for _ in range(10000):
+        try:
+            if not conn.recv(65536):
+                return
+        except OSError:
+            return
+
+
+def _welcome(conn, reader):
+    msg_type, _, _ = reader.read_frame()
+    assert msg_type == p.MsgType.HELLO
+    conn.sendall(p.encode_frame(p.MsgType.WELCOME, 0, {"version": 1, "caps": [], "server": "scripted",
+                                                       "session": 1}))
+
+
+def _after_call(reply):
+    """A script: WELCOME, wait for the CALL, then ``reply(conn, request_id)``."""
+    def script(conn, reader):
+        _welcome(conn, reader)
+        msg_type, rid, payload = reader.read_frame()
+        assert msg_type == p.MsgType.CALL and payload["fn"] == "tether.echo"
+        reply(conn, rid)
+    return script
+
+
+def _hello_then(data: bytes):
+    def script(conn, reader):
+        reader.read_frame()
+        if data:
+            conn.sendall(data)
+    return script
+
+
+def _hang_up(conn, reader):
+    reader.read_frame()
+    conn.shutdown(socket.SHUT_RDWR)
+
+
+def _bad_proof(conn, reader):
+    reader.read_frame()
+    conn.sendall(p.encode_frame(p.MsgType.CHALLENGE, 0, {"algo": "hmac-sha256", "nonce": b"\x01" * 32}))
+    msg_type, _, auth = reader.read_frame()
+    assert msg_type == p.MsgType.AUTH and len(auth["mac"]) == 32
+    # the mac is right, but this server does not know the token: its proof is wrong
+    assert p.macs_equal(auth["mac"], p.client_mac("tok", b"\x01" * 32, auth["nonce"]))
+    conn.sendall(p.encode_frame(p.MsgType.WELCOME, 0, {"version": 1, "caps": [], "server": "x", "session": 1,
+                                                       "proof": b"\x00" * 32}))
+
+
+def _events_then_return(conn, rid):
+    for i in range(3):
+        conn.sendall(p.encode_frame(p.MsgType.EVENT, rid, {"kind": "log", "stream": "stdout", "line": str(i)}))
+    conn.sendall(p.encode_frame(p.MsgType.RETURN, rid, {"value": "probe"}))
+
+
+HOSTILE = {
+    # name: (script, probe flags, expected "error: ..." / "result: ..." prefix, closed afterwards)
+    "oversized_frame": (_hello_then(p.HEADER.pack(0x7fffffff) + b"\x93"), [], "error: FrameTooLargeException", True),
+    "garbage_body": (_hello_then(_frame(b"\xc1")), [], "error: ProtocolException", True),
+    "silent_server": (_hello_then(b""), [], "error: TetherException: timed out", True),
+    "hang_up": (_hang_up, [], "error: ConnectionClosedException", True),
+    "welcome_version_2": (_hello_then(p.encode_frame(p.MsgType.WELCOME, 0, {"version": 2})), [],
+                          "error: VersionMismatchException", True),
+    "challenge_without_token": (_hello_then(p.encode_frame(p.MsgType.CHALLENGE, 0, {
+        "algo": "hmac-sha256", "nonce": b"\x00" * 32})), [], "error: AuthenticationException", True),
+    "server_without_proof": (_bad_proof, ["--token", "tok"], "error: AuthenticationException", True),
+    "bulk_of_1_tib": (_after_call(lambda c, rid: c.sendall(p.encode_frame(
+        p.MsgType.RETURN, rid, {"value": None, "nbytes": 1 << 40}))), ["--call"], "error: FrameTooLargeException", True),
+    "str_claiming_4_gib": (_after_call(lambda c, rid: c.sendall(_frame(
+        bytes.fromhex("9306") + msgpack.packb(rid) + bytes.fromhex("81a576616c7565dbffffffff") + b"x"))),
+        ["--call"], "error: ProtocolException", True),
+    "reply_for_another_request": (_after_call(lambda c, rid: c.sendall(p.encode_frame(
+        p.MsgType.RETURN, rid + 98, {"value": 1}))), ["--call"], "error: ProtocolException", True),
+    "session_crashed": (_after_call(lambda c, rid: c.sendall(p.encode_frame(p.MsgType.ERROR, 0, {
+        "type": "SessionCrashed", "message": "signal 11", "traceback": ""}))), ["--call"],
+        "error: RemoteException: SessionCrashed", True),
+    "remote_error_keeps_session": (_after_call(lambda c, rid: c.sendall(p.encode_frame(p.MsgType.ERROR, rid, {
+        "type": "TypeError", "message": "no", "traceback": "Traceback ..."}))), ["--call"],
+        "error: RemoteException: TypeError", False),
+    "events_then_return": (_after_call(_events_then_return), ["--call"], 'result: "probe"', False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_java_client_against_misbehaving_server(java_classes, name):
+    script, flags, expected, closed = HOSTILE[name]
+    server = ScriptedServer(script)
+    try:
+        proc = run_java(java_classes, "ClientProbe", "--port", str(server.port), "--timeout-ms", "1000", *flags)
+    finally:
+        server.close()
+    out = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outcome = "result: " + out["result"] if "result" in out else "error: " + out.get("error", "?")
+    assert outcome.startswith(expected), proc.stdout
+    assert out["closed"] == ("true" if closed else "false"), proc.stdout
+    assert int(out["elapsed_ms"]) < 5000, proc.stdout  # every refusal is prompt; the silent server costs 1 s
+    if name == "silent_server":
+        assert int(out["elapsed_ms"]) >= 900
+    if name == "events_then_return":
+        assert out["events"] == "3"
+    assert server.error is None, "the scripted server failed: %r" % (server.error,)
