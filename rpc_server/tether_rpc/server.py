@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "tether-rpc/" + __version__
 #: The module the tracker registration lives in; it provides ``make_hook(config) -> ServerHook``.
-TRACKER_HOOK_MODULE = "tether_rpc.registration"
+TRACKER_HOOK_MODULE = "tether_rpc.registrar"
 
 DEFAULT_SESSION_TIMEOUT = 3600.0  # every session is bounded; raise it with --session-timeout for long jobs
 _LOOP_TICK = 0.05  # how often the loop reaps workers and checks deadlines (bounds "server free again" latency)
@@ -76,6 +76,9 @@ class ServerConfig:
     tracker: Optional[str] = None               # HOST:PORT
     key: Optional[str] = None
     reverse: bool = False                       # for the tracker hook: dial out instead of listening
+    tracker_token: Optional[str] = None         # for the tracker hook (else env TETHER_TRACKER_TOKEN)
+    tags: Dict[str, str] = field(default_factory=dict)  # device tags for the tracker (else env TETHER_DEVICE_TAGS)
+    advertise_host: Optional[str] = None        # the address the tracker hands to clients (default: as it sees us)
     limits: p.Limits = p.DEFAULT_LIMITS
     hooks: List["ServerHook"] = field(default_factory=list)
 
@@ -85,6 +88,11 @@ class ServerHook:
 
     def attach(self, server: "Server") -> None:
         """Called once the server listens; register sockets with ``server.register``."""
+
+    def tick(self, now: float) -> Optional[float]:
+        """Called on every loop iteration (``now``: time.monotonic()); run due timers here. Returns the monotonic
+        time the hook next needs a tick (the loop sleeps no longer than that), or None."""
+        return None
 
     def check_match(self, match: Optional[str], hello: Dict[str, Any]) -> bool:
         """Accept or refuse a client by the tracker match token in its HELLO (None if it sent none)."""
@@ -148,7 +156,7 @@ class _Conn:
 
 
 class _Active:
-    __slots__ = ("conn", "pid", "folder", "started", "deadline", "timed_out", "info")
+    __slots__ = ("conn", "pid", "folder", "started", "deadline", "timed_out", "info", "limit", "pidfd")
 
     def __init__(self, conn: _Conn, pid: int, folder: str, deadline: Optional[float], info: Dict[str, Any]):
         self.conn = conn
@@ -158,6 +166,8 @@ class _Active:
         self.deadline = deadline
         self.timed_out = False
         self.info = info
+        self.limit = None if deadline is None else deadline - self.started   # seconds, for the timeout message
+        self.pidfd = -1
 
 
 class Server:
@@ -223,6 +233,16 @@ class Server:
         """Serve an already connected socket (e.g. one a reverse-mode hook dialled) as if it had been accepted."""
         self._new_conn(sock, peer)
 
+    def limit_session(self, seconds: float) -> None:
+        """Shorten the running session's time limit (e.g. to a tracker grant's session_timeout); when it runs
+        out the worker is killed and the client gets ERROR TetherTimeout."""
+        active = self._active
+        if active is None or seconds <= 0:
+            return
+        deadline = active.started + seconds
+        if active.deadline is None or deadline < active.deadline:
+            active.deadline, active.limit = deadline, seconds
+
     @property
     def busy(self) -> bool:
         return self._active is not None
@@ -243,8 +263,10 @@ class Server:
     def serve_forever(self) -> None:
         for hook in self.hooks:
             hook.attach(self)
+        wake_at: Optional[float] = None
         while not self._stopping:
-            for key, mask in self.selector.select(_LOOP_TICK):
+            timeout = _LOOP_TICK if wake_at is None else min(_LOOP_TICK, max(0.0, wake_at - time.monotonic()))
+            for key, mask in self.selector.select(timeout):
                 try:
                     key.data(key.fileobj, mask)
                 except Exception:  # a bug in one callback must not take the server down
@@ -252,6 +274,20 @@ class Server:
             self._reap()
             self._check_deadlines()
             self._admit_next()
+            wake_at = self._tick_hooks()
+
+    def _tick_hooks(self) -> Optional[float]:
+        now = time.monotonic()
+        wake_at: Optional[float] = None
+        for hook in self.hooks:
+            try:
+                due = hook.tick(now)
+            except Exception:
+                log.exception("server hook %r failed in tick", hook)
+                continue
+            if due is not None and (wake_at is None or due < wake_at):
+                wake_at = due
+        return wake_at
 
     def _on_wake(self, fd: int, mask: int) -> None:
         try:
@@ -405,7 +441,7 @@ class Server:
         active = self._active
         if active is not None and active.deadline is not None and now > active.deadline and not active.timed_out:
             log.info("session %d ran past its %.1f s timeout: killing worker %d", active.conn.session_id,
-                     self.config.session_timeout, active.pid)
+                     active.limit, active.pid)
             active.timed_out = True
             try:
                 os.kill(active.pid, signal.SIGKILL)
@@ -454,9 +490,33 @@ class Server:
         info = {"session": conn.session_id, "peer": conn.peer, "pid": pid, "folder": folder,
                 "client": conn.hello.get("client"), "match": conn.hello.get("match")}
         self._active = _Active(conn, pid, folder, deadline, info)
+        self._watch_worker(self._active)
         log.info("session %d for %s started in worker %d", conn.session_id, conn.peer, pid)
         for hook in self.hooks:
             hook.session_started(info)
+
+    def _watch_worker(self, active: _Active) -> None:
+        # A pidfd turns readable the moment the worker exits, which wakes the loop to reap it at once instead
+        # of on its next tick: most of the handoff time between two clients otherwise. Linux >= 5.3.
+        if not hasattr(os, "pidfd_open"):
+            return
+        try:
+            active.pidfd = os.pidfd_open(active.pid)
+            self.selector.register(active.pidfd, selectors.EVENT_READ, self._on_worker_exit)
+        except (OSError, ValueError, KeyError):
+            self._unwatch_worker(active)
+
+    def _on_worker_exit(self, fd: int, mask: int) -> None:
+        pass  # waking the loop is the point; _reap runs right after the callbacks
+
+    def _unwatch_worker(self, active: _Active) -> None:
+        if active.pidfd >= 0:
+            try:
+                self.selector.unregister(active.pidfd)
+            except (KeyError, ValueError):
+                pass
+            os.close(active.pidfd)
+            active.pidfd = -1
 
     def _become_worker(self, conn: _Conn) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides when sessions end
@@ -485,12 +545,12 @@ class Server:
 
     def _end_session(self, active: _Active, status: int) -> None:
         self._active = None
+        self._unwatch_worker(active)
         conn = active.conn
         error: Optional[Dict[str, Any]] = None
         if active.timed_out:
             error = {"type": p.ErrorType.TIMEOUT, "traceback": "",
-                     "message": "the session ran past the server's session timeout of %s s and was ended"
-                                % self.config.session_timeout}
+                     "message": "the session ran past its session timeout of %s s and was ended" % active.limit}
         elif os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             error = {"type": p.ErrorType.SESSION_CRASHED, "traceback": "",
@@ -753,10 +813,25 @@ def parse_hostport(text: str) -> Tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def parse_tags(items: Optional[List[str]]) -> Dict[str, str]:
+    """``["board=pi4", "lab=b12,room=3"]`` (``--tag``, repeatable) -> dict; falls back to env TETHER_DEVICE_TAGS."""
+    out: Dict[str, str] = {}
+    for text in list(items or []) or [os.environ.get("TETHER_DEVICE_TAGS", "")]:
+        for part in text.split(","):
+            if not part.strip():
+                continue
+            name, sep, value = part.partition("=")
+            if not sep or not name.strip():
+                raise ServerConfigError("a device tag must look like name=value, got %r" % part)
+            out[name.strip()] = value.strip()
+    return out
+
+
 def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 9199, tracker: Optional[str] = None,
         key: Optional[str] = None, token: Optional[str] = None, insecure: bool = False,
         session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT, workdir: Optional[str] = None, reverse: bool = False,
-        handshake_timeout: float = 5.0, verbose: int = 0) -> int:
+        handshake_timeout: float = 5.0, verbose: int = 0, tracker_token: Optional[str] = None,
+        tags: Optional[List[str]] = None, advertise_host: Optional[str] = None) -> int:
     """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""
     logging.basicConfig(level=logging.INFO if verbose < 2 else logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -769,7 +844,9 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
             os.makedirs(workdir, exist_ok=True)
         config = ServerConfig(host=host, port=port, port_end=port_end, token=token, insecure=insecure,
                               session_timeout=session_timeout, workdir=workdir, tracker=tracker, key=key,
-                              reverse=reverse, handshake_timeout=handshake_timeout)
+                              reverse=reverse, handshake_timeout=handshake_timeout,
+                              tracker_token=tracker_token or os.environ.get("TETHER_TRACKER_TOKEN") or None,
+                              tags=parse_tags(tags), advertise_host=advertise_host)
         serve(config)
     except ServerConfigError as exc:
         log.error("%s", exc)
