@@ -17,6 +17,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tracker", metavar="HOST:PORT", help="register with a tracker")
     ap.add_argument("--key", help="device key for the tracker, e.g. rasp4b")
     ap.add_argument("--reverse", action="store_true", help="dial out to the tracker instead of listening")
+    ap.add_argument("--tracker-token", help="prove this token to the tracker (or set TETHER_TRACKER_TOKEN)")
+    ap.add_argument("--tag", action="append", metavar="NAME=VALUE",
+                    help="device tag for the tracker, repeatable (or set TETHER_DEVICE_TAGS=a=b,c=d)")
+    ap.add_argument("--advertise-host", metavar="HOST",
+                    help="address the tracker hands to clients (default: the address it sees)")
     ap.add_argument("--token", help="require clients to prove this token (or set TETHER_TOKEN)")
     ap.add_argument("--insecure", action="store_true", help="allow listening beyond loopback without a token")
     ap.add_argument("--session-timeout", type=float, default=3600.0, metavar="S",
@@ -34,7 +39,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     return run(host=args.host, port=args.port, port_end=args.port_end, tracker=args.tracker, key=args.key,
                token=args.token, insecure=args.insecure, session_timeout=args.session_timeout,
                workdir=args.workdir, reverse=args.reverse, handshake_timeout=args.handshake_timeout,
-               verbose=args.verbose)
+               verbose=args.verbose, tracker_token=args.tracker_token, tags=args.tag,
+               advertise_host=args.advertise_host)
 
 
 if __name__ == "__main__":

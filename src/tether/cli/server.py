@@ -1,7 +1,7 @@
 """`rpc-server`: the device server as a click command (same flags and implementation as `python -m tether_rpc`)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import click
 
@@ -13,6 +13,11 @@ import click
 @click.option("--tracker", metavar="HOST:PORT", help="Register with a tracker.")
 @click.option("--key", help="Device key for the tracker, e.g. rasp4b.")
 @click.option("--reverse", is_flag=True, help="Dial out to the tracker instead of listening.")
+@click.option("--tracker-token", envvar="TETHER_TRACKER_TOKEN",
+              help="Prove this token to the tracker (env TETHER_TRACKER_TOKEN).")
+@click.option("--tag", "tags", multiple=True, metavar="NAME=VALUE",
+              help="Device tag for the tracker, repeatable (env TETHER_DEVICE_TAGS=a=b,c=d).")
+@click.option("--advertise-host", metavar="HOST", help="Address the tracker hands to clients (default: as it sees us).")
 @click.option("--token", envvar="TETHER_TOKEN", help="Require clients to prove this token (env TETHER_TOKEN).")
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
 @click.option("--session-timeout", type=float, default=3600.0, show_default=True, metavar="S",
@@ -21,14 +26,15 @@ import click
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
 @click.option("-v", "--verbose", count=True)
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
-         token: Optional[str], insecure: bool, session_timeout: float, handshake_timeout: float,
+         tracker_token: Optional[str], tags: Tuple[str, ...], advertise_host: Optional[str], token: Optional[str], insecure: bool, session_timeout: float, handshake_timeout: float,
          workdir: Optional[str], verbose: int) -> None:
     """Serve sessions to tether clients: upload modules, run and time kernels, one session at a time."""
     from tether_rpc.server import run
 
     raise SystemExit(run(host=host, port=port, port_end=port_end, tracker=tracker, key=key, token=token,
                          insecure=insecure, session_timeout=session_timeout, workdir=workdir, reverse=reverse,
-                         handshake_timeout=handshake_timeout, verbose=verbose))
+                         handshake_timeout=handshake_timeout, verbose=verbose, tracker_token=tracker_token,
+                         tags=list(tags), advertise_host=advertise_host))
 
 
 command = main
