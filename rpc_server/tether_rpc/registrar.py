@@ -1,53 +1,94 @@
 """A device server's link to the tracker: registration, heartbeats, match tokens, and reverse-mode dial-out.
 
-Two layers:
+Everything here is event driven and thread-free, because it runs inside the device server's parent process, which
+forks a worker per session: a thread alive at fork time can leave a lock held in the worker, and under qemu-user a
+child forked from a multi-threaded process aborts as soon as it starts a thread of its own (docs/emulation.md).
 
-* :class:`Registrar` owns the tracker connection in one daemon thread. Its thread-safe calls are everything a
-  server loop needs::
+* :class:`Registrar` is a state machine over non-blocking sockets. It registers its sockets in a selector whose
+  key data are callbacks (``key.data(fileobj, mask)``, the device server's convention) and needs :meth:`tick`
+  called now and then: ``tick(now)`` runs due timers (connect and handshake deadlines, heartbeats, the silence
+  check, reconnect backoff, dial deadlines) and returns when it next needs to be called::
 
     reg = Registrar(("tracker", 9190), key="rasp4b", port=server_port, token=None, reverse=False,
                     on_connection=adopt)                 # reverse mode: sockets it dialled out, for sessions
-    reg.start()
+    reg.attach(selector)                                 # the server's selector; then call reg.tick(now)
     terms = reg.accept_match(hello["match"])             # None -> refuse; else {match, session_timeout, client}
     reg.session_started(match)                           # the session's WELCOME went out
     reg.session_ended()                                  # the worker is gone: re-register as free
-    reg.after_fork()                                     # in a forked session worker: drop our descriptor
+    reg.after_fork()                                     # in a forked session worker: drop our descriptors
     reg.close()
 
-* :class:`TrackerHook` adapts it to :class:`tether_rpc.server.ServerHook` (``rpc-server --tracker H:P --key K``
-  loads it through :func:`make_hook`). Work that must happen on the server's loop thread (adopting reverse
-  sockets, killing a session that outlives its grant's ``session_timeout``) is handed over through a wake-up
-  pipe; a pidfd on the session worker wakes the loop the moment the worker exits, for a fast handoff.
+  Outside a device server (a tool, a test) ``reg.start()`` drives the same machine from its own selector in a
+  daemon thread; in that mode only :meth:`wait_registered` and :meth:`close` may be called from other threads.
 
-The thread never gives up: a refused, lost or restarted tracker is retried forever with capped exponential
-backoff plus jitter, and every reconnect re-registers with the server's current state. Wire format:
-:mod:`tether_rpc.tracker_protocol`, ``docs/tracker.md``.
+* :class:`TrackerHook` adapts it to :class:`tether_rpc.server.ServerHook` (``rpc-server --tracker H:P --key K``
+  loads it through :func:`make_hook`): it shares the server's selector, is ticked by the server's loop, hands
+  reverse-mode sockets to :meth:`Server.adopt` and gives a granted session the grant's ``session_timeout`` through
+  :meth:`Server.limit_session`.
+
+The link never gives up: a refused, lost, silent, garbage-speaking or restarted tracker is retried forever with
+capped exponential backoff plus jitter, and every reconnect re-registers with the server's current state. Nothing
+a tracker sends can raise out of the registrar into the server. Wire format: :mod:`tether_rpc.tracker_protocol`,
+``docs/tracker.md``.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
-import select
 import selectors
-import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import protocol as p
-from .server import ServerHook, parse_hostport
 from .errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout
+from .server import ServerHook, parse_hostport
 from .tracker_protocol import TRACKER_LIMITS, TrackerMsg, check_match, hello_payload
 
 log = logging.getLogger(__name__)
 
 #: How long an acknowledged match token stays acceptable without a REVOKE (the tracker's grant window is 1 s).
 MATCH_TTL = 30.0
+MIN_BACKOFF = 0.1
+#: A link that stayed up this long starts the backoff ladder again when it is lost.
+STABLE_AFTER = 5.0
+#: More unsent bytes than this means the tracker stopped reading: drop the link rather than buffer forever.
+MAX_UNSENT = 1 << 20
+MAX_DIALS = 16
+_RECV_CHUNK = 64 << 10
+
+_READ = selectors.EVENT_READ
+_WRITE = selectors.EVENT_WRITE
+_IN_PROGRESS = (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY, errno.EINTR)
+
+
+class _LinkLost(Exception):
+    """Internal: the tracker link is unusable; the message says why (logged once, then reconnect)."""
+
+
+class _Dial:
+    """A reverse-mode data connection being opened: non-blocking connect, then one RELAY frame, then adopt."""
+
+    __slots__ = ("sock", "match", "deadline", "out", "connected")
+
+    def __init__(self, sock: socket.socket, match: str, deadline: float):
+        self.sock = sock
+        self.match = match
+        self.deadline = deadline
+        self.out = p.encode_frame(TrackerMsg.RELAY, 0, {"match": match})
+        self.connected = False
 
 
 class Registrar:
+    """One device's registration with one tracker, as a non-blocking state machine (see the module docstring).
+
+    States: ``idle`` (waiting out the backoff) -> ``connecting`` -> ``hello`` -> [``auth``] -> ``register`` ->
+    ``registered``; any failure goes back to ``idle``.
+    """
+
     def __init__(self, tracker: Tuple[str, int], key: str, *, port: int, host: Optional[str] = None,
                  token: Optional[str] = None, tags: Optional[Dict[str, str]] = None,
                  info: Optional[Callable[[], dict]] = None, reverse: bool = False,
@@ -69,66 +110,121 @@ class Registrar:
         self.max_backoff = max_backoff
         self.device_id: Optional[int] = None
         self.registrations = 0             # completed REGISTER exchanges, for tests and logs
-        self._lock = threading.Lock()      # guards the state below and every send on _sock
+        self.state = "idle"
+        self._selector: Optional[selectors.BaseSelector] = None
         self._sock: Optional[socket.socket] = None
-        self._expected: Dict[str, Tuple[float, dict]] = {}
-        self._busy_match: Optional[str] = None
-        self._busy = False
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._events = 0
+        self._buf = p.FrameBuffer(TRACKER_LIMITS, size=_RECV_CHUNK)
+        self._out = bytearray()
+        self._deadline = 0.0               # connect / handshake deadline
+        self._retry_at = 0.0
+        self._backoff = MIN_BACKOFF
+        self._linked_at = 0.0
+        self._last_heard = 0.0
+        self._next_beat = 0.0
         self._heartbeat = 1.0
-        self._registered = threading.Event()
+        self._nonce = b""
+        self._server_nonce = b""
+        self._addrs: List[Tuple[Any, ...]] = []
+        self._addr: Optional[Tuple[Any, ...]] = None
+        self._addr_failures = 0
+        self._expected: Dict[str, Tuple[float, dict]] = {}
+        self._busy = False
+        self._busy_match: Optional[str] = None
+        self._sent_busy: Optional[bool] = None
         self._info_cache: Optional[dict] = None
+        self._dials: Dict[int, _Dial] = {}
+        self._registered = threading.Event()   # a flag other threads may wait on; never a thread itself
+        self._closed = False
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None   # only in standalone mode (start())
+        self._own_selector = False
 
     # ------------------------------------------------------------------------------------- server-facing API
+    def attach(self, selector: selectors.BaseSelector) -> None:
+        """Use ``selector`` (key data are ``callback(fileobj, mask)``); the first connect happens on the next tick."""
+        self._selector = selector
+        self._retry_at = 0.0
+
+    def tick(self, now: Optional[float] = None) -> float:
+        """Run due timers; returns the monotonic time by which the next tick is needed."""
+        if now is None:
+            now = time.monotonic()
+        if self._closed or self._selector is None:
+            return now + 3600.0
+        try:
+            self._timers(now)
+        except _LinkLost as exc:
+            self._lose(str(exc))
+        except Exception:  # the registrar must never take the server down: log, drop the link, retry
+            log.exception("registrar error")
+            self._lose("internal error")
+        return self._next_deadline(time.monotonic())
+
     def start(self) -> "Registrar":
+        """Standalone mode: drive the machine from a private selector in a daemon thread (never in a server)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tether-registrar", daemon=True)
+            self.attach(selectors.DefaultSelector())
+            self._own_selector = True
+            self._thread = threading.Thread(target=self._drive, name="tether-registrar", daemon=True)
             self._thread.start()
         return self
 
     def wait_registered(self, timeout: float) -> bool:
         return self._registered.wait(timeout)
 
+    @property
+    def registered(self) -> bool:
+        return self.state == "registered"
+
     def accept_match(self, match: Optional[str]) -> Optional[dict]:
         """Consume a one-time match token from a HELLO; returns the grant's terms, or None to refuse."""
         if not isinstance(match, str):
             return None
-        with self._lock:
-            entry = self._expected.pop(match, None)
+        entry = self._expected.pop(match, None)
         if entry is None or entry[0] < time.monotonic():
             return None
         return entry[1]
 
     def session_started(self, match: Optional[str]) -> None:
-        with self._lock:
-            self._busy, self._busy_match = True, match
-            self._send_locked(TrackerMsg.SESSION, {"state": "started", "match": match})
+        self._busy, self._busy_match = True, match
+        if self.state == "registered":
+            self._send(TrackerMsg.SESSION, {"state": "started", "match": match})
 
     def session_ended(self) -> None:
         """The session is over: register again, so the tracker hands the device to the next client."""
-        with self._lock:
-            self._busy, self._busy_match = False, None
-            self._send_locked(TrackerMsg.REGISTER, self._register_payload())
+        self._busy, self._busy_match = False, None
+        if self.state == "registered":
+            self._send(TrackerMsg.REGISTER, self._register_payload())
 
     def after_fork(self) -> None:
-        """In a forked child: close our copy of the tracker socket so only the parent speaks for the device."""
-        sock = self._sock     # no lock: the thread holding it may not exist in the child
-        if sock is not None:
-            sock.close()      # drops only the child's descriptor; the parent's connection stays up
+        """In a forked child: close our descriptors so only the parent speaks for the device.
+
+        Only close, never unregister: the child's selector shares the parent's epoll instance, and an unregister
+        here would silently remove the parent's registration.
+        """
+        for sock in [self._sock] + [d.sock for d in self._dials.values()]:
+            if sock is not None:
+                sock.close()
+        self._sock = None
+        self._dials.clear()
+        self._closed = True
 
     def close(self) -> None:
-        self._stop.set()
-        with self._lock:
-            sock, self._sock = self._sock, None
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+        """Drop the tracker link and any dial in progress (the tracker then removes the device at once)."""
+        self._stopping = True
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)      # the driver notices _stopping within one select timeout
+        if self._closed and self._sock is None and not self._dials:
+            return
+        self._closed = True
+        self._drop_link()
+        for dial in list(self._dials.values()):
+            self._drop_dial(dial)
+        self._registered.clear()
+        if self._own_selector and self._selector is not None:
+            self._selector.close()
 
     def __enter__(self) -> "Registrar":
         return self.start()
@@ -136,7 +232,263 @@ class Registrar:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # -------------------------------------------------------------------------------------------- the thread
+    # ----------------------------------------------------------------------------------------- standalone loop
+    def _drive(self) -> None:
+        selector = self._selector
+        assert selector is not None
+        while not self._stopping:
+            timeout = max(0.0, min(0.1, self.tick() - time.monotonic()))
+            for key, mask in selector.select(timeout):
+                key.data(key.fileobj, mask)
+
+    # --------------------------------------------------------------------------------------------- timers
+    def _timers(self, now: float) -> None:
+        state = self.state
+        if state == "idle":
+            if now >= self._retry_at:
+                self._connect(now)
+        elif state == "registered":
+            if now - self._last_heard > 3 * self._heartbeat + 2.0:
+                raise _LinkLost("no word from the tracker for %.1f s" % (now - self._last_heard))
+            if now >= self._next_beat:
+                self._send(TrackerMsg.HEARTBEAT, {})
+                self._next_beat = now + self._heartbeat
+        elif now >= self._deadline:
+            raise _LinkLost("the tracker did not %s within %.1f s"
+                            % ("accept the connection" if state == "connecting" else "complete the handshake",
+                               self.connect_timeout))
+        for dial in [d for d in self._dials.values() if now >= d.deadline]:
+            log.warning("reverse dial to the tracker for match %.8s... timed out after %.1f s", dial.match,
+                        self.connect_timeout)
+            self._drop_dial(dial)
+
+    def _next_deadline(self, now: float) -> float:
+        state = self.state
+        if state == "idle":
+            nxt = self._retry_at
+        elif state == "registered":
+            nxt = min(self._next_beat, self._last_heard + 3 * self._heartbeat + 2.0)
+        else:
+            nxt = self._deadline
+        for dial in self._dials.values():
+            nxt = min(nxt, dial.deadline)
+        return max(nxt, now)
+
+    # ------------------------------------------------------------------------------------------ connecting
+    def _resolve(self) -> List[Tuple[Any, ...]]:
+        host, port = self.tracker
+        try:  # a numeric address never blocks
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        except socket.gaierror:
+            # a name: this lookup blocks the loop, so it is cached and redone only after repeated failures
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except (socket.gaierror, UnicodeError) as exc:
+                raise _LinkLost("cannot resolve the tracker host %r: %s" % (host, exc))
+        return [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+
+    def _connect(self, now: float) -> None:
+        if self._info_cache is None:
+            self._register_payload()   # gather device info before the connection exists, not while it waits
+        if not self._addrs or self._addr_failures >= 3:
+            self._addrs = self._resolve()
+            self._addr_failures = 0
+        family, sockaddr = self._addrs[0]
+        self._addrs.append(self._addrs.pop(0))   # the next attempt tries the next address
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        err = sock.connect_ex(sockaddr)
+        if err not in (0,) + _IN_PROGRESS:
+            sock.close()
+            self._addr_failures += 1
+            raise _LinkLost(os.strerror(err))
+        self._sock = sock
+        self._addr = (family, sockaddr)
+        self._buf = p.FrameBuffer(TRACKER_LIMITS, size=_RECV_CHUNK)
+        self._out = bytearray()
+        self._sent_busy = None
+        self.state = "connecting"
+        self._deadline = now + self.connect_timeout
+        self._events = _WRITE
+        assert self._selector is not None
+        self._selector.register(sock, _WRITE, self._on_link)
+
+    def _on_link(self, sock: socket.socket, mask: int) -> None:
+        if sock is not self._sock:
+            return
+        try:
+            if self.state == "connecting":
+                if mask & (_WRITE | _READ):
+                    self._connected()
+                return
+            if mask & _WRITE:
+                self._flush()
+            if mask & _READ:
+                self._receive()
+        except _LinkLost as exc:
+            self._lose(str(exc))
+        except AuthenticationError as exc:
+            log.error("tracker %s:%d refused this device: %s (retrying)", self.tracker[0], self.tracker[1], exc)
+            self._lose(None)
+        except (TetherError, OSError) as exc:
+            self._lose("%s: %s" % (type(exc).__name__, exc))
+        except Exception:  # a bug must not take the server down: log, drop the link, retry
+            log.exception("registrar error")
+            self._lose("internal error")
+
+    def _connected(self) -> None:
+        assert self._sock is not None
+        err = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self._addr_failures += 1
+            raise _LinkLost(os.strerror(err))
+        p.configure_socket(self._sock)
+        self._addr_failures = 0
+        self.state = "hello"
+        self._deadline = time.monotonic() + self.connect_timeout
+        self._set_events(_READ)
+        self._send(TrackerMsg.HELLO, hello_payload("device", self.name))
+
+    # --------------------------------------------------------------------------------------------- I/O
+    def _set_events(self, events: int) -> None:
+        if events != self._events and self._sock is not None and self._selector is not None:
+            self._selector.modify(self._sock, events, self._on_link)
+            self._events = events
+
+    def _send(self, msg_type: int, payload: dict) -> None:
+        """Queue one frame; sent at once if the socket takes it, else when it turns writable."""
+        if self._sock is None or self.state == "connecting":
+            return
+        self._out += p.encode_frame(msg_type, 0, payload)
+        if len(self._out) > MAX_UNSENT:
+            raise _LinkLost("the tracker stopped reading (%d bytes unsent)" % len(self._out))
+        self._flush()
+
+    def _flush(self) -> None:
+        assert self._sock is not None
+        if self._out:
+            try:
+                n = self._sock.send(self._out)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as exc:
+                raise _LinkLost("send to the tracker failed: %s" % exc)
+            del self._out[:n]
+        self._set_events(_READ | _WRITE if self._out else _READ)
+
+    def _receive(self) -> None:
+        assert self._sock is not None
+        for _ in range(16):  # bounded: a chatty tracker cannot starve the server's other connections
+            try:
+                n = self._sock.recv_into(self._buf.free_space(_RECV_CHUNK), _RECV_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                raise _LinkLost("connection lost: %s" % exc)
+            if n == 0:
+                raise _LinkLost("the tracker closed the connection")
+            self._buf.wrote(n)
+            self._last_heard = time.monotonic()
+            while self._sock is not None:
+                frame = self._buf.next_frame()
+                if frame is None:
+                    break
+                self._on_frame(*frame)
+            if n < _RECV_CHUNK or self._sock is None:
+                break
+
+    # ------------------------------------------------------------------------------------------ protocol
+    def _on_frame(self, msg_type: int, request_id: int, payload: dict) -> None:
+        if msg_type == p.MsgType.ERROR:
+            text = "%s: %s" % (payload.get("type"), payload.get("message"))
+            if payload.get("type") == p.ErrorType.AUTHENTICATION:
+                raise AuthenticationError("tracker refused: " + text)
+            raise ConnectionClosed("tracker sent an error: " + text)
+        handler = self._HANDLERS.get((self.state, msg_type))
+        if handler is None:
+            raise ProtocolError("tracker sent message type %d to a device in state %s" % (msg_type, self.state))
+        handler(self, payload)
+
+    def _on_challenge(self, payload: dict) -> None:
+        if not self.token:
+            raise AuthenticationError("the tracker requires a token: set TETHER_TRACKER_TOKEN for this device server")
+        server_nonce = payload.get("nonce")
+        if not isinstance(server_nonce, bytes) or len(server_nonce) != p.NONCE_SIZE:
+            raise ProtocolError("tracker CHALLENGE lacks a %d-byte nonce" % p.NONCE_SIZE)
+        self._server_nonce = server_nonce
+        self._nonce = p.make_nonce()
+        self.state = "auth"
+        self._send(TrackerMsg.AUTH, {"nonce": self._nonce, "mac": p.client_mac(self.token, server_nonce, self._nonce)})
+
+    def _on_welcome(self, payload: dict) -> None:
+        if self.state == "auth" and not p.macs_equal(payload.get("proof"),
+                                                     p.server_proof(self.token or "", self._server_nonce, self._nonce)):
+            raise AuthenticationError("the tracker could not prove it knows the token")
+        self.state = "register"
+        self._send_register()
+
+    def _send_register(self) -> None:
+        self._sent_busy = self._busy
+        self._send(TrackerMsg.REGISTER, self._register_payload())
+
+    def _on_registered(self, payload: dict) -> None:
+        device = payload.get("device")
+        self.device_id = device if isinstance(device, int) else None
+        hb = payload.get("heartbeat", 1.0)
+        self._heartbeat = float(hb) if isinstance(hb, (int, float)) and 0.05 <= hb <= 60 else 1.0
+        now = time.monotonic()
+        self.state = "registered"
+        self._linked_at = now
+        self._next_beat = now + self._heartbeat
+        self.registrations += 1
+        self._registered.set()
+        log.info("registered with tracker %s:%d as device %s (key %s)", self.tracker[0], self.tracker[1],
+                 self.device_id, self.key)
+        if self._sent_busy != self._busy:   # a session started or ended while the REGISTER was in flight
+            self._send_register()
+
+    def _on_expect(self, payload: dict) -> None:
+        match = check_match(payload)
+        session_timeout = payload.get("session_timeout")
+        if isinstance(session_timeout, bool) or not (isinstance(session_timeout, (int, float))
+                                                     and 0 < session_timeout < float("inf")):
+            session_timeout = None        # no limit from the tracker; the server's own --session-timeout holds
+        terms = {"match": match, "client": str(payload.get("client", ""))[:128],
+                 "session_timeout": float(session_timeout) if session_timeout is not None else None}
+        now = time.monotonic()
+        for old in [m for m, (dl, _) in self._expected.items() if dl < now]:
+            del self._expected[old]
+        if len(self._expected) >= 64:     # a tracker flooding EXPECTs cannot grow this without bound
+            del self._expected[next(iter(self._expected))]
+        self._expected[match] = (now + MATCH_TTL, terms)
+        self._send(TrackerMsg.EXPECTED, {"match": match})
+
+    def _on_revoke(self, payload: dict) -> None:
+        match = payload.get("match")
+        if isinstance(match, str):
+            self._expected.pop(match, None)
+
+    def _on_dial(self, payload: dict) -> None:
+        match = check_match(payload)
+        if not self.reverse or self.on_connection is None:
+            raise ProtocolError("tracker asked a device that is not in reverse mode to dial back")
+        self._dial(match)
+
+    def _ignore(self, payload: dict) -> None:
+        pass
+
+    _HANDLERS: Dict[Tuple[str, int], Callable[["Registrar", dict], None]] = {
+        ("hello", TrackerMsg.CHALLENGE): _on_challenge,
+        ("hello", TrackerMsg.WELCOME): _on_welcome,
+        ("auth", TrackerMsg.WELCOME): _on_welcome,
+        ("register", TrackerMsg.REGISTERED): _on_registered,
+        ("registered", TrackerMsg.EXPECT): _on_expect,
+        ("registered", TrackerMsg.REVOKE): _on_revoke,
+        ("registered", TrackerMsg.DIAL): _on_dial,
+        ("registered", TrackerMsg.HEARTBEAT): _ignore,    # the tracker's echo: _last_heard is all it is for
+        ("registered", TrackerMsg.REGISTERED): _ignore,
+    }
+
     def _register_payload(self) -> dict:
         # device info is gathered once (it reads /proc and /sys: ~0.2 s) and re-sent on every re-registration
         if self._info_cache is None:
@@ -146,163 +498,103 @@ class Registrar:
                     self._info_cache = self.info()
                 except Exception:  # device info is a courtesy; never let it stop registration
                     log.exception("device info failed; registering without it")
-        info = self._info_cache
-        payload = {"key": self.key, "port": self.port, "tags": self.tags, "info": info, "reverse": self.reverse,
-                   "state": "busy" if self._busy else "free"}
+        payload = {"key": self.key, "port": 0 if self.reverse else self.port, "tags": self.tags,
+                   "info": self._info_cache, "reverse": self.reverse, "state": "busy" if self._busy else "free"}
         if self.host:
             payload["host"] = self.host
         return payload
 
-    def _send_locked(self, msg_type: int, payload: dict) -> None:
-        if self._sock is None:
-            return          # not connected: the next registration carries the current state
-        try:
-            p.send_frame(self._sock, msg_type, 0, payload)
-        except (TetherError, OSError) as exc:
-            log.info("tracker send failed (%s); the registrar reconnects", exc)
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    # ---------------------------------------------------------------------------------------- losing the link
+    def _drop_link(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            if self._selector is not None:
+                try:
+                    self._selector.unregister(sock)
+                except (KeyError, ValueError):
+                    pass
+            sock.close()
+        self._out = bytearray()
+        self._events = 0
 
-    def _run(self) -> None:
-        backoff = 0.1
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self._session()
-            except AuthenticationError as exc:
-                log.error("tracker %s:%d refused this device: %s (retrying)", self.tracker[0], self.tracker[1], exc)
-            except (TetherError, OSError) as exc:
-                if not self._stop.is_set():
-                    log.info("tracker %s:%d unreachable or lost: %s", self.tracker[0], self.tracker[1], exc)
-            except Exception:  # the registrar must never die: log and retry
-                log.exception("registrar error")
-            finally:
-                with self._lock:
-                    sock, self._sock = self._sock, None
-                    self._expected.clear()
-                if sock is not None:
-                    sock.close()
-                self._registered.clear()
-            if time.monotonic() - started > 5.0:
-                backoff = 0.1          # we were connected for a while: the next loss starts the ladder again
-            delay = backoff * (0.5 + random.random())
-            backoff = min(backoff * 2, self.max_backoff)
-            self._stop.wait(delay)
+    def _lose(self, why: Optional[str]) -> None:
+        """Drop the link and schedule a reconnect (capped exponential backoff with jitter)."""
+        was_registered = self.state == "registered"
+        self._drop_link()
+        self._expected.clear()
+        self._registered.clear()
+        now = time.monotonic()
+        if was_registered and now - self._linked_at > STABLE_AFTER:
+            self._backoff = MIN_BACKOFF   # we were connected for a while: the next loss starts the ladder again
+        delay = self._backoff * (0.5 + random.random())
+        self._backoff = min(self._backoff * 2, self.max_backoff)
+        self.state = "idle"
+        self._retry_at = now + delay
+        if why is not None and not self._closed:
+            log.info("tracker %s:%d unreachable or lost: %s (retrying in %.2f s)", self.tracker[0], self.tracker[1],
+                     why, delay)
 
-    def _session(self) -> None:
-        self._register_payload()      # gather device info before the connection exists, not while it waits
-        sock = socket.create_connection(self.tracker, timeout=self.connect_timeout)
-        p.configure_socket(sock)
-        reader = p.FrameReader(sock, TRACKER_LIMITS)
-        p.send_frame(sock, TrackerMsg.HELLO, 0, hello_payload("device", self.name))
-        msg_type, _, payload = reader.read_frame()
-        if msg_type == TrackerMsg.CHALLENGE:
-            if not self.token:
-                raise AuthenticationError("the tracker requires a token: set TETHER_TRACKER_TOKEN for this device server")
-            nonce = p.make_nonce()
-            server_nonce = payload.get("nonce")
-            if not isinstance(server_nonce, bytes):
-                raise ProtocolError("tracker CHALLENGE lacks a nonce")
-            p.send_frame(sock, TrackerMsg.AUTH, 0, {"nonce": nonce, "mac": p.client_mac(self.token, server_nonce, nonce)})
-            msg_type, _, payload = reader.read_frame()
-            if msg_type == TrackerMsg.WELCOME and not p.macs_equal(payload.get("proof"),
-                                                                   p.server_proof(self.token, server_nonce, nonce)):
-                raise AuthenticationError("the tracker could not prove it knows the token")
-        _raise_if_error(msg_type, payload)
-        if msg_type != TrackerMsg.WELCOME:
-            raise ProtocolError("tracker answered HELLO with message type %d" % msg_type)
-        with self._lock:
-            self._sock = sock
-            p.send_frame(sock, TrackerMsg.REGISTER, 0, self._register_payload())
-        msg_type, _, payload = reader.read_frame()
-        _raise_if_error(msg_type, payload)
-        if msg_type != TrackerMsg.REGISTERED:
-            raise ProtocolError("tracker answered REGISTER with message type %d" % msg_type)
-        self.device_id = payload.get("device")
-        hb = payload.get("heartbeat", 1.0)
-        self._heartbeat = float(hb) if isinstance(hb, (int, float)) and 0.05 <= hb <= 60 else 1.0
-        self.registrations += 1
-        self._registered.set()
-        log.info("registered with tracker %s:%d as device %s (key %s)", self.tracker[0], self.tracker[1],
-                 self.device_id, self.key)
-        self._serve(sock, reader)
-
-    def _serve(self, sock: socket.socket, reader: p.FrameReader) -> None:
-        handlers = {TrackerMsg.EXPECT: self._on_expect, TrackerMsg.REVOKE: self._on_revoke,
-                    TrackerMsg.DIAL: self._on_dial, TrackerMsg.HEARTBEAT: lambda s, pl: None,
-                    TrackerMsg.REGISTERED: lambda s, pl: None}
-        next_beat = time.monotonic() + self._heartbeat
-        last_heard = time.monotonic()
-        while not self._stop.is_set():
-            now = time.monotonic()
-            if now >= next_beat:
-                with self._lock:
-                    p.send_frame(sock, TrackerMsg.HEARTBEAT, 0, {})
-                next_beat = now + self._heartbeat
-            if now - last_heard > 3 * self._heartbeat + 2.0:
-                raise TetherTimeout("no word from the tracker for %.1f s" % (now - last_heard))
-            if not reader.buffer.buffered:
-                ready, _, _ = select.select([sock], [], [], max(0.0, next_beat - time.monotonic()))
-                if not ready:
-                    continue
-            # the socket keeps connect_timeout: a started frame must finish, and a send to a stuck tracker
-            # cannot block the device server's loop (which calls session_started/ended) for longer
-            msg_type, _, payload = reader.read_frame()
-            last_heard = time.monotonic()
-            _raise_if_error(msg_type, payload)
-            handler = handlers.get(msg_type)
-            if handler is None:
-                raise ProtocolError("tracker sent message type %d to a device" % msg_type)
-            handler(sock, payload)
-
-    def _on_expect(self, sock: socket.socket, payload: dict) -> None:
-        match = check_match(payload)
-        session_timeout = payload.get("session_timeout")
-        if not (isinstance(session_timeout, (int, float)) and 0 < session_timeout < float("inf")):
-            session_timeout = None        # no limit from the tracker; the server's own --session-timeout holds
-        terms = {"match": match, "client": str(payload.get("client", ""))[:128],
-                 "session_timeout": float(session_timeout) if session_timeout is not None else None}
-        with self._lock:
-            now = time.monotonic()
-            for old in [m for m, (dl, _) in self._expected.items() if dl < now]:
-                del self._expected[old]
-            self._expected[match] = (now + MATCH_TTL, terms)
-            p.send_frame(sock, TrackerMsg.EXPECTED, 0, {"match": match})
-
-    def _on_revoke(self, sock: socket.socket, payload: dict) -> None:
-        with self._lock:
-            self._expected.pop(payload.get("match"), None)
-
-    def _on_dial(self, sock: socket.socket, payload: dict) -> None:
-        match = check_match(payload)
-        if not self.reverse or self.on_connection is None:
-            raise ProtocolError("tracker asked a device that is not in reverse mode to dial back")
-        # dial from a helper thread: a slow connect must not stall heartbeats
-        threading.Thread(target=self._dial, args=(match,), name="tether-dial", daemon=True).start()
-
+    # ------------------------------------------------------------------------------------- reverse-mode dial
     def _dial(self, match: str) -> None:
-        try:
-            data = socket.create_connection(self.tracker, timeout=self.connect_timeout)
-            p.configure_socket(data)
-            p.send_frame(data, TrackerMsg.RELAY, 0, {"match": match})
-            data.settimeout(None)
-        except (OSError, TetherError) as exc:
-            log.warning("reverse dial to the tracker failed: %s", exc)
+        if len(self._dials) >= MAX_DIALS:
+            log.warning("%d reverse dials already open: ignoring DIAL for match %.8s...", len(self._dials), match)
             return
+        family, sockaddr = self._addr if self._addr is not None else self._resolve()[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        err = sock.connect_ex(sockaddr)
+        if err not in (0,) + _IN_PROGRESS:
+            sock.close()
+            log.warning("reverse dial to the tracker failed: %s", os.strerror(err))
+            return
+        dial = _Dial(sock, match, time.monotonic() + self.connect_timeout)
+        self._dials[sock.fileno()] = dial
+        assert self._selector is not None
+        self._selector.register(sock, _WRITE, self._on_dial_ready)
+
+    def _on_dial_ready(self, sock: socket.socket, mask: int) -> None:
+        dial = self._dials.get(sock.fileno())
+        if dial is None or dial.sock is not sock:
+            return
+        try:
+            if not dial.connected:
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    raise OSError(err, os.strerror(err))
+                p.configure_socket(sock)
+                dial.connected = True
+            n = sock.send(dial.out)
+            dial.out = dial.out[n:]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            log.warning("reverse dial to the tracker failed: %s", exc)
+            self._drop_dial(dial)
+            return
+        if dial.out:
+            return            # the rest of RELAY goes when the socket is writable again
+        del self._dials[sock.fileno()]
+        assert self._selector is not None
+        self._selector.unregister(sock)
         assert self.on_connection is not None
         try:
-            self.on_connection(data)
+            self.on_connection(sock)     # the server now owns it; the tracker forwards the client's HELLO
         except Exception:
             log.exception("the server refused a reverse-mode connection")
-            data.close()
+            sock.close()
+
+    def _drop_dial(self, dial: _Dial) -> None:
+        self._dials.pop(dial.sock.fileno(), None)
+        if self._selector is not None:
+            try:
+                self._selector.unregister(dial.sock)
+            except (KeyError, ValueError):
+                pass
+        dial.sock.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the device server's hook (tether_rpc.server.ServerHook): the server loop calls these, the Registrar's thread
-# does the talking. Everything that touches the server (adopting reverse sockets, killing a session that ran past
-# its grant's session_timeout) is handed to the loop thread through a wake-up pipe.
+# the device server's hook (tether_rpc.server.ServerHook)
 
 def parse_tags(text: Optional[str]) -> Dict[str, str]:
     """``"board=rpi4,lab=b12"`` -> dict; empty parts are ignored."""
@@ -328,7 +620,7 @@ def _device_info() -> dict:
     return info
 
 
-def make_hook(config: Any) -> Any:
+def make_hook(config: Any) -> "TrackerHook":
     """The tracker hook for :func:`tether_rpc.server.serve` (``config`` is its ServerConfig)."""
     token = getattr(config, "tracker_token", None) or os.environ.get("TETHER_TRACKER_TOKEN") or None
     tags = getattr(config, "tags", None) or parse_tags(os.environ.get("TETHER_DEVICE_TAGS"))
@@ -337,63 +629,29 @@ def make_hook(config: Any) -> Any:
 
 
 class TrackerHook(ServerHook):
-    """Registers the server with a tracker; accepts only sessions the tracker granted."""
+    """Registers the server with a tracker; accepts only sessions the tracker granted. Runs in the server loop."""
 
     def __init__(self, tracker: Tuple[str, int], key: str, *, token: Optional[str] = None,
                  tags: Optional[Dict[str, str]] = None, reverse: bool = False,
-                 advertise_host: Optional[str] = None, info: Optional[Callable[[], dict]] = _device_info):
+                 advertise_host: Optional[str] = None, info: Optional[Callable[[], dict]] = _device_info,
+                 connect_timeout: float = 5.0, max_backoff: float = 10.0):
         self._args = dict(tracker=tracker, key=key, token=token, tags=tags, reverse=reverse,
-                          host=advertise_host, info=info)
+                          host=advertise_host, info=info, connect_timeout=connect_timeout, max_backoff=max_backoff)
         self.registrar: Optional[Registrar] = None
         self._server: Any = None
-        self._wake_r = self._wake_w = -1
-        self._adopt: "list[socket.socket]" = []
         self._terms: Dict[str, dict] = {}
-        self._kill_at: Optional[Tuple[float, int]] = None    # (monotonic deadline, worker pid)
-        self._timer: Optional[threading.Timer] = None
-        self._mutex = threading.Lock()
-        self._pidfd = -1
 
     def attach(self, server: Any) -> None:
         self._server = server
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        server.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
-        self.registrar = Registrar(port=server.address[1], on_connection=self._hand_over,
-                                   **self._args).start()
+        self.registrar = Registrar(port=server.address[1], on_connection=self._adopt, **self._args)
+        self.registrar.attach(server.selector)
 
-    # registrar thread -> loop thread
-    def _hand_over(self, sock: socket.socket) -> None:
-        with self._mutex:
-            self._adopt.append(sock)
-        self._wake()
+    def _adopt(self, sock: socket.socket) -> None:
+        self._server.adopt(sock, "reverse-relay")
 
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+    def tick(self, now: float) -> Optional[float]:
+        return self.registrar.tick(now) if self.registrar is not None else None
 
-    def _on_wake(self, fd: int, mask: int) -> None:
-        try:
-            os.read(fd, 512)
-        except OSError:
-            pass
-        with self._mutex:
-            adopt, self._adopt = self._adopt, []
-            kill_at = self._kill_at
-        for sock in adopt:
-            self._server.adopt(sock, "reverse-relay")
-        if kill_at is not None and time.monotonic() >= kill_at[0] and self._server.busy:
-            log.info("session ran past its grant's session_timeout: killing worker %d", kill_at[1])
-            self._kill_at = None
-            try:
-                os.kill(kill_at[1], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    # server loop thread
     def check_match(self, match: Optional[str], hello: Dict[str, Any]) -> bool:
         terms = self.registrar.accept_match(match) if self.registrar is not None else None
         if terms is None:
@@ -406,78 +664,21 @@ class TrackerHook(ServerHook):
     def session_started(self, info: Dict[str, Any]) -> None:
         match = info.get("match")
         terms = self._terms.pop(match, None) if isinstance(match, str) else None
+        limit = terms.get("session_timeout") if terms else None
+        if limit and self._server is not None and hasattr(self._server, "limit_session"):
+            self._server.limit_session(limit)   # the server ends it with ERROR TetherTimeout
         if self.registrar is not None:
             self.registrar.session_started(match)
-        limit = terms.get("session_timeout") if terms else None
-        if limit and info.get("pid"):
-            with self._mutex:
-                self._kill_at = (time.monotonic() + limit, int(info["pid"]))
-            self._timer = threading.Timer(limit, self._wake)
-            self._timer.daemon = True
-            self._timer.start()
-        self._watch_worker(info.get("pid"))
-
-    def _watch_worker(self, pid: Any) -> None:
-        # A pidfd turns readable when the worker exits (without reaping it), which wakes the server loop at
-        # once; it then reaps on its own and calls session_ended. Without it the loop notices on its next tick
-        # (tens of ms), which is most of the handoff time between two clients. Linux >= 5.3 only.
-        if not isinstance(pid, int) or not hasattr(os, "pidfd_open") or self._server is None:
-            return
-        self._close_pidfd()
-        try:
-            self._pidfd = os.pidfd_open(pid)
-            self._server.register(self._pidfd, selectors.EVENT_READ, self._on_worker_exit)
-        except (OSError, ValueError, KeyError):
-            self._close_pidfd()
-
-    def _on_worker_exit(self, fd: int, mask: int) -> None:
-        self._close_pidfd()
-
-    def _close_pidfd(self) -> None:
-        if self._pidfd >= 0:
-            try:
-                self._server.unregister(self._pidfd)
-            except (KeyError, ValueError):
-                pass
-            os.close(self._pidfd)
-            self._pidfd = -1
 
     def session_ended(self, info: Dict[str, Any]) -> None:
-        with self._mutex:
-            self._kill_at = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._close_pidfd()
         if self.registrar is not None:
             self.registrar.session_ended()
 
     def after_fork_child(self) -> None:
         if self.registrar is not None:
             self.registrar.after_fork()
-        for fd in (self._wake_r, self._wake_w, self._pidfd):
-            if fd >= 0:
-                os.close(fd)
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._close_pidfd()
         if self.registrar is not None:
             self.registrar.close()
             self.registrar = None
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self._wake_r = self._wake_w = -1
-
-
-def _raise_if_error(msg_type: int, payload: dict) -> None:
-    if msg_type == p.MsgType.ERROR:
-        text = "%s: %s" % (payload.get("type"), payload.get("message"))
-        if payload.get("type") == p.ErrorType.AUTHENTICATION:
-            raise AuthenticationError("tracker refused: " + text)
-        raise ConnectionClosed("tracker sent an error: " + text)
