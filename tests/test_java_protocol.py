@@ -416,7 +416,8 @@ HOSTILE = {
         "algo": "hmac-sha256", "nonce": b"\x00" * 32})), [], "error: AuthenticationException", True),
     "server_without_proof": (_bad_proof, ["--token", "tok"], "error: AuthenticationException", True),
     "bulk_of_1_tib": (_after_call(lambda c, rid: c.sendall(p.encode_frame(
-        p.MsgType.RETURN, rid, {"value": None, "nbytes": 1 << 40}))), ["--call"], "error: FrameTooLargeException", True),
+        p.MsgType.RETURN, rid, {"value": None, "nbytes": 1 << 40}))), ["--call"], "error: FrameTooLargeException",
+        True),
     "str_claiming_4_gib": (_after_call(lambda c, rid: c.sendall(_frame(
         bytes.fromhex("9306") + msgpack.packb(rid) + bytes.fromhex("81a576616c7565dbffffffff") + b"x"))),
         ["--call"], "error: ProtocolException", True),
