@@ -475,12 +475,8 @@ def test_target_choice_matters_on_cortex_a7(emulated_cortex_a7, kernels):
 
 
 # qemu-user 7.2 (Debian bookworm) aborts a forked child of a multi-threaded process as soon as the child starts a
-# thread (plugins/core.c:221 / cpu-exec.c:954 assertions, exit 127). With --tracker the device server has a
-# registrar thread when it forks session workers, so every session crashes under emulation. strict: this test
-# turns red the moment the server keeps its forking process single-threaded, so the mark is then removed.
-@pytest.mark.xfail(strict=True, raises=SessionCrashed,
-                   reason="device server forks session workers from a multi-threaded process (tracker registrar "
-                          "thread); qemu-user 7.2 aborts such children when they start threads")
+# thread (plugins/core.c:221 / cpu-exec.c:954 assertions, exit 127): this test guards that the device server's
+# tracker link (tether_rpc.registrar) keeps the forking parent single-threaded.
 def test_emulated_device_registers_with_a_tracker(emulated_devices, tracker_lab):
     """`tether emulate --tracker HOST:PORT --key KEY`: the emulated board joins a tracker's pool like a real one."""
     from fixtures.tracker import wait_until
