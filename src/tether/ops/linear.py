@@ -78,7 +78,15 @@ def _product(a, b, n_axis: int, name: str):
     r = te.reduce_axis((0, k), name="k")
     if _should_pack(m, n):
         p = pack_panels(b, n_axis, f"{name}_packed")
-        return c.compute((m, n), lambda i, j: te.sum(a[i, r] * p[j // PANEL, r, j % PANEL], axis=r), name, c.MATMUL)
+        npad = -(-n // PANEL) * PANEL
+        if npad == n:
+            return c.compute((m, n), lambda i, j: te.sum(a[i, r] * p[j // PANEL, r, j % PANEL], axis=r), name,
+                             c.MATMUL)
+        # A partial last panel would run its columns as a scalar tail: compute the zero-padded panel in full
+        # (it is packed anyway) and copy the valid columns out, fused with any epilogue.
+        full = c.compute((m, npad), lambda i, j: te.sum(a[i, r] * p[j // PANEL, r, j % PANEL], axis=r),
+                         f"{name}_padded", c.MATMUL, attrs={"padded_from": n})
+        return c.compute((m, n), lambda i, j: full[i, j], name, c.INJECTIVE)
     if n_axis == 1:
         return c.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name, c.MATMUL)
     if k >= 2 * ROWDOT_LANES:

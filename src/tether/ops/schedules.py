@@ -319,6 +319,22 @@ def _pick(extent: int, candidates) -> int:
     return fits[0] if fits else 1
 
 
+def _columns(fam: Family, ow: int) -> int:
+    """Output columns per micro-kernel row (the vectorized extent): whole vectors dividing the width if possible,
+    else any divisor of the width from half a vector up, else the whole (short) row, else whole vectors with a
+    scalar tail. A tail block runs as a scalar loop, so dividing the width matters more than full vectors."""
+    widest = fam.max_col_vectors * fam.lanes
+    for cols in range(widest, fam.lanes - 1, -fam.lanes):
+        if ow % cols == 0:
+            return cols
+    for cols in range(min(widest, ow), max(1, fam.lanes // 2) - 1, -1):
+        if ow % cols == 0:
+            return cols
+    if ow <= widest:
+        return ow
+    return widest
+
+
 def _divisors_upto(n: int, limit: int) -> list:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
@@ -329,14 +345,8 @@ def _conv_block(fam: Family, oc: int, oh: int, ow: int) -> tuple:
     Columns: whole vectors, preferring a count that divides the output width (a tail column block runs as a
     scalar loop).  Then as many accumulators as the family allows, split between output channels (each weight
     broadcast once per block) and output rows (each input vector reused), preferring exact divisors."""
-    vecs = _pick(-(-ow // fam.lanes), list(range(fam.max_col_vectors, 0, -1)))
-    cols = vecs * fam.lanes
-    if ow % cols:
-        for v in range(fam.max_col_vectors, 0, -1):
-            if ow % (v * fam.lanes) == 0:
-                cols = v * fam.lanes
-                break
-    budget = max(1, fam.acc_regs // (cols // fam.lanes))
+    cols = _columns(fam, ow)
+    budget = max(1, fam.acc_regs // -(-cols // fam.lanes))
     best = (1, 1)
     for ro in _divisors_upto(oc, budget):
         for ry in _divisors_upto(oh, budget // ro):
@@ -359,8 +369,7 @@ def _schedule_window(s, t, fam: Family, ctx):
     so = s[out]
     b, o, y, x = out.op.axis
     ow = int(out.shape[3])
-    vecs = list(range(fam.max_col_vectors, 0, -1))
-    cols = fam.lanes * (_pick(ow // fam.lanes, vecs) if ow % fam.lanes == 0 else _pick(-(-ow // fam.lanes), vecs))
+    cols = _columns(fam, ow)
     chan = so.fuse(b, o)
     if _numel(out) >= fam.parallel_min:
         so.parallel(chan)
@@ -436,7 +445,8 @@ def schedule(outs, target="host"):
     # is computed block-wise inside that output stage.
     anchor = {}
     for op in order:
-        if c.tag_of(op) in _EPILOGUE_KERNELS and id(op) not in out_ids:
+        # (a padded product keeps its own full-width tiles; only its unpadding copy carries the epilogue)
+        if c.tag_of(op) in _EPILOGUE_KERNELS and id(op) not in out_ids and "padded_from" not in op.attrs:
             target_op = _single_injective_sink(op, consumers, inline, out_ids)
             if target_op is not None and len(target_op.output(0).shape) == len(op.output(0).shape):
                 anchor[id(op)] = target_op.output(0)

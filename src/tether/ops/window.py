@@ -1,6 +1,6 @@
 """Padded views of an NCHW input for windowed ops (convolution, pooling), laid out so the kernels' vector loads
 along output columns are contiguous:
-- stride 1, width a multiple of PAD_BLOCK: an aligned padding stage (interior starts at a block boundary);
+- stride 1, width a multiple of a PAD_BLOCKS entry: an aligned padding stage (interior starts at a block boundary);
 - stride 1 otherwise: a plain padding stage;
 - column stride s > 1: the padded input split into its s column phases.
 """
@@ -19,21 +19,20 @@ def _padded(x, padding4: tuple, name: str, fill: float):
     return pad_op(x, (0, 0, top, left), (0, 0, bottom, right), fill, name=f"{name}_pad")
 
 
-# Column block of the aligned padding stage: its interior starts at a multiple of this, so every vector of that
-# many columns is wholly interior or wholly padding (when the width is a multiple of it).
-PAD_BLOCK = 8
+# Column blocks of the aligned padding stage (the first that divides the width): its interior starts at a
+# multiple of the block, so every vector of that many columns is wholly interior or wholly padding.
+PAD_BLOCKS = (8, 4)
 
 
-def _aligned_padded(x, p4: tuple, cols_needed: int, name: str, fill: float):
+def _aligned_padded(x, p4: tuple, cols_needed: int, name: str, fill: float, blk: int):
     """(P, shift): x padded with `fill` into P[n, c, top + h + bottom, width] with the interior starting at column
-    `margin` (a multiple of PAD_BLOCK >= left), so padded column q of the usual layout is P column q + shift.
+    `margin` (a multiple of the block `blk` >= left), so padded column q of the usual layout is P column q + shift.
 
     Why: te.if_then_else evaluates both branches, so the load under a padding select needs an in-bounds index.
     Clamping the column per lane turns the load into a gather; here the clamp is of the column *block*, which
     is the same for all lanes of a vector, so loads stay contiguous vectors."""
     n, ch, h, w = c.shape_of(x)
     top, left, bottom, _ = p4
-    blk = PAD_BLOCK
     margin = -(-left // blk) * blk if left else 0
     shift = margin - left
     width = -(-(cols_needed + shift) // blk) * blk
@@ -59,8 +58,9 @@ def padded_reader(x, p4: tuple, sw: int, dw: int, kw: int, ow: int, name: str, f
     contiguous (a strided vector load would be a gather); the split costs one pass over the input."""
     if sw == 1:
         w = c.shape_of(x)[3]
-        if w % PAD_BLOCK == 0 and (p4[1] or p4[3]):
-            xp, shift = _aligned_padded(x, p4, ow + (kw - 1) * dw, name, fill)
+        blk = next((b for b in PAD_BLOCKS if w % b == 0), None)
+        if blk is not None and (p4[1] or p4[3]):
+            xp, shift = _aligned_padded(x, p4, ow + (kw - 1) * dw, name, fill, blk)
             return lambda b, ch, row, xx, rx: xp[b, ch, row, xx + rx * dw + shift]
         xp = _padded(x, p4, name, fill)
         return lambda b, ch, row, xx, rx: xp[b, ch, row, xx + rx * dw]
