@@ -13,6 +13,9 @@ command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap debian-archive-keyring)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v javac >/dev/null || missing+=(default-jdk-headless)
+for tool in aapt2 zipalign apksigner zip; do  # the Android app is built offline in the suite
+  command -v $tool >/dev/null || missing+=($([ $tool = aapt2 ] && echo aapt || echo $tool))
+done
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "scripts/test.sh: installing ${missing[*]} with apt-get" >&2
