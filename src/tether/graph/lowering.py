@@ -300,7 +300,8 @@ def _gemm_plan(body: List, params: List[str], types: dict):
     oc, _, kh, kw = ws
     oh, ow = os_[2], os_[3]
     pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
-    if n != 1 or ow >= GEMM_MAX_OUT_WIDTH or conv.inputs[0] == conv.inputs[1]:
+    # a pointwise conv is a plain matrix product at any width (no column buffer at all)
+    if n != 1 or (ow >= GEMM_MAX_OUT_WIDTH and not pointwise) or conv.inputs[0] == conv.inputs[1]:
         return None
     if not pointwise and ic * kh * kw * oh * ow * 4 > GEMM_MAX_COLUMN_BYTES:
         return None
@@ -346,10 +347,11 @@ def _conv_as_gemm(conv, x, w, xs, ws, os_):
     return ops.matmul(w, cols)
 
 
-def lower_body(body: List, params: List[str], types: dict) -> tuple:
+def lower_body(body: List, params: List[str], types: dict, conv_gemm: bool = True) -> tuple:
     """Placeholders for `params` (in order), the te tensor of the body's last output, and the kernel's argument
-    shapes (params then output) when they differ from the graph's (None otherwise)."""
-    plan = _gemm_plan(body, params, types)
+    shapes (params then output) when they differ from the graph's (None otherwise). ``conv_gemm`` allows
+    running narrow convolutions as GEMMs (faster kernels, about twice the LLVM time)."""
+    plan = _gemm_plan(body, params, types) if conv_gemm else None
     env = {}
     placeholders = []
     for k, name in enumerate(params):
