@@ -36,6 +36,7 @@ class _Importer:
         self.consts: Dict[str, np.ndarray] = {}
         self.rename: Dict[str, str] = {}        # ONNX value name -> tether value name
         self.counter = 0
+        self.reserved: set = set()              # every value name the ONNX graph uses, fresh names avoid them
 
     # ---- values
     def name(self, onnx_name: str) -> str:
@@ -49,7 +50,11 @@ class _Importer:
 
     def fresh(self, hint: str) -> str:
         self.counter += 1
-        return unique_name("%s_%d" % (hint, self.counter), self.types)
+        name = "%s_%d" % (hint, self.counter)
+        while name in self.types or name in self.reserved:
+            self.counter += 1
+            name = "%s_%d" % (hint, self.counter)
+        return name
 
     def add_const(self, array: np.ndarray, hint: str = "const", name: Optional[str] = None) -> str:
         array = np.asarray(array, order="C")
@@ -619,6 +624,8 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         raise UnsupportedOpError("the model uses %d unsupported op type(s): %s" % (len(missing), listing))
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
     im = _Importer(opset)
+    im.reserved = {v for n in model.graph.node for v in list(n.input) + list(n.output)} | \
+        {v.name for v in list(model.graph.input) + list(model.graph.output)}
     shape = dict(shape or {})
     dtype = dict(dtype or {})
     constants = dict(constants or {})
