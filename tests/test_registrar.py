@@ -269,3 +269,12 @@ def test_registrar_in_a_plain_loop_registers_and_answers_expect(tracker_lab):
         reg.close()
         sel.close()
     wait_until(lambda: tracker.count("loop") == 0, 3, "the closed registrar's device to leave")
+
+
+def test_device_with_a_token_refuses_a_tracker_that_cannot_prove_it(tracker_lab, caplog):
+    tracker = tracker_lab.tracker()          # no token: it never challenges, so it cannot prove one either
+    reg = Registrar(("127.0.0.1", tracker.port), "careful", port=9, token="s3cret", max_backoff=0.05)
+    with caplog.at_level("ERROR", logger="tether_rpc.registrar"):
+        _drive(reg, 1.0)
+    assert reg.registrations == 0 and tracker.count("careful") == 0
+    assert "did not ask for the token" in caplog.text

@@ -189,13 +189,20 @@ class Registrar:
     def session_started(self, match: Optional[str]) -> None:
         self._busy, self._busy_match = True, match
         if self.state == "registered":
-            self._send(TrackerMsg.SESSION, {"state": "started", "match": match})
+            self._send_or_lose(TrackerMsg.SESSION, {"state": "started", "match": match})
 
     def session_ended(self) -> None:
         """The session is over: register again, so the tracker hands the device to the next client."""
         self._busy, self._busy_match = False, None
         if self.state == "registered":
-            self._send(TrackerMsg.REGISTER, self._register_payload())
+            self._send_or_lose(TrackerMsg.REGISTER, self._register_payload())
+
+    def _send_or_lose(self, msg_type: int, payload: dict) -> None:
+        # called from the server's own code paths: a broken link must not raise there
+        try:
+            self._send(msg_type, payload)
+        except _LinkLost as exc:
+            self._lose(str(exc))
 
     def after_fork(self) -> None:
         """In a forked child: close our descriptors so only the parent speaks for the device.
@@ -340,7 +347,6 @@ class Registrar:
         assert self._sock is not None
         err = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if err:
-            self._addr_failures += 1
             raise _LinkLost(os.strerror(err))
         p.configure_socket(self._sock)
         self._addr_failures = 0
@@ -421,6 +427,11 @@ class Registrar:
         self._send(TrackerMsg.AUTH, {"nonce": self._nonce, "mac": p.client_mac(self.token, server_nonce, self._nonce)})
 
     def _on_welcome(self, payload: dict) -> None:
+        if self.state == "hello" and self.token:
+            # a tracker that grants sessions without proving the token could let anyone into this device
+            raise AuthenticationError("the tracker did not ask for the token this device holds, so it cannot prove "
+                                      "it is the real tracker; give it the same --token, or unset "
+                                      "TETHER_TRACKER_TOKEN on the device")
         if self.state == "auth" and not p.macs_equal(payload.get("proof"),
                                                      p.server_proof(self.token or "", self._server_nonce, self._nonce)):
             raise AuthenticationError("the tracker could not prove it knows the token")
@@ -520,6 +531,8 @@ class Registrar:
     def _lose(self, why: Optional[str]) -> None:
         """Drop the link and schedule a reconnect (capped exponential backoff with jitter)."""
         was_registered = self.state == "registered"
+        if self.state == "connecting":
+            self._addr_failures += 1   # after a few, the address is looked up again
         self._drop_link()
         self._expected.clear()
         self._registered.clear()
