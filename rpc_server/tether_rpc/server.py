@@ -263,7 +263,7 @@ class Server:
     def serve_forever(self) -> None:
         for hook in self.hooks:
             hook.attach(self)
-        wake_at: Optional[float] = None
+        wake_at = self._tick_hooks()   # hooks start their timers (a tracker connect) without waiting a tick
         while not self._stopping:
             timeout = _LOOP_TICK if wake_at is None else min(_LOOP_TICK, max(0.0, wake_at - time.monotonic()))
             for key, mask in self.selector.select(timeout):
