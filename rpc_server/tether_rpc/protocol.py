@@ -262,10 +262,12 @@ def encode_body(msg_type: int, request_id: int, payload: dict) -> bytes:
     return _packer().pack([msg_type, request_id, payload])
 
 
-def encode_frame(msg_type: int, request_id: int, payload: Optional[dict] = None) -> bytes:
+def encode_frame(msg_type: int, request_id: int, payload: Optional[dict] = None,
+                 _pack_header: Any = HEADER.pack) -> bytes:
     """Header + body as one bytes object, ready for a single send call."""
-    body = encode_body(msg_type, request_id, {} if payload is None else payload)
-    return HEADER.pack(len(body)) + body
+    packer = getattr(_local, "packer", None) or _packer()
+    body = packer.pack([msg_type, request_id, {} if payload is None else payload])
+    return _pack_header(len(body)) + body
 
 
 def decode_body(body: Any, limits: Limits = DEFAULT_LIMITS) -> Tuple[int, int, dict]:
@@ -437,13 +439,23 @@ class FrameReader:
 
     def read_frame(self) -> Tuple[int, int, dict]:
         buf = self.buffer
+        sock = self.sock
         while True:
             if buf._end - buf._start >= HEADER_SIZE:
                 frame = buf.next_frame()
                 if frame is not None:
                     return frame
             # missing() has checked the frame against the limit, so growing to fit it whole is safe
-            buf.wrote(_recv_some(self.sock, buf.free_space(buf.missing())))
+            view = buf.free_space(buf.missing())
+            try:
+                n = sock.recv_into(view)
+            except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
+                raise TetherTimeout("timed out waiting for data from the peer") from None
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                raise ConnectionClosed("connection lost: %s" % exc) from None
+            if n == 0:
+                raise ConnectionClosed("the peer closed the connection")
+            buf._end += n
 
     def read_into(self, dest: memoryview) -> None:
         """Fill ``dest`` exactly with bulk bytes: buffered leftovers first, then ``recv_into`` in place."""

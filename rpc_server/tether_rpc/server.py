@@ -703,7 +703,7 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
             except ProtocolError as exc:
                 _send_error(channel, 0, exc, "")
                 return 0
-            if msg_type == p.MsgType.CALL:
+            if msg_type == 5:  # MsgType.CALL (a plain int: this is the per-call hot path)
                 if not _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn):
                     return 0
             elif msg_type == p.MsgType.CLOSE:
@@ -736,7 +736,11 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_
         bulk = bulk_type(nbytes, reader.read_into, reader.skip)
     try:
         reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
-        frame = p.encode_frame(6, request_id, reply.payload())  # 6 = MsgType.RETURN (hot path: plain int)
+        # 6 = MsgType.RETURN (a plain int on the hot path)
+        if reply.buffer is None and reply.file is None and reply.tensors is None:
+            frame = p.encode_frame(6, request_id, {"value": reply.value})
+        else:
+            frame = p.encode_frame(6, request_id, reply.payload())
     except (ConnectionClosed, TetherTimeout):
         return False
     except ProtocolError as exc:

@@ -579,7 +579,7 @@ class RemoteSession(SessionAPI):
             self._next_id += 1
             try:
                 if bulk is None:  # the hot path: one small frame out, one small frame back
-                    self.sock.sendall(p.encode_frame(p.MsgType.CALL, rid, {"fn": fn, "args": args}))
+                    self.sock.sendall(p.encode_frame(5, rid, {"fn": fn, "args": args}))  # 5 = MsgType.CALL
                 else:
                     self._send_call(rid, fn, args, bulk, progress)
                 return self._receive_reply(rid, into, progress)
