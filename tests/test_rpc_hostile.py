@@ -194,3 +194,18 @@ def test_copy_in_with_the_wrong_size_is_refused_and_drained(hostile_server):
             remote._call("tether.array.copy_in", [arr.handle], bulk=memoryview(b"\x00" * 100))
         arr.copyfrom(np.arange(16, dtype="float32"))
         np.testing.assert_array_equal(arr.numpy(), np.arange(16, dtype="float32"))
+
+
+def test_safe_names_and_planted_symlinks(tmp_path):
+    from tether_rpc.files import SessionFolder, safe_name
+
+    for ok in ("vadd.so", ".hidden", "a..b", "ünïcode.bin", "x" * 255):
+        assert safe_name(ok) == ok
+    for bad in ("", ".", "..", "../x", "a/b", "a\\b", "/abs", "nul\x00", "tab\tname", "x" * 256, b"bytes", 3):
+        with pytest.raises(errors.UnsafePathError):
+            safe_name(bad)
+    folder = SessionFolder(str(tmp_path / "session"))
+    os.symlink(str(tmp_path), os.path.join(folder.path, "escape"))  # planted from outside the protocol
+    with pytest.raises(errors.UnsafePathError, match="outside"):
+        folder.path_for("escape")
+    assert folder.listdir() == []  # symlinks are not listed as files
