@@ -210,3 +210,11 @@ def test_handshake_helpers():
         p.check_auth("secret", ns, {"nonce": b"short", "mac": mac})
     assert p.server_proof("secret", ns, nc) != mac
     assert not p.macs_equal("str", "str")
+
+
+def test_docs_list_every_built_in_function():
+    from tether_rpc.session import BUILTINS
+
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    missing = [name for name in BUILTINS if "`%s`" % name not in text]
+    assert not missing, "docs/protocol.md does not document: %s" % missing
