@@ -42,7 +42,8 @@ def test_every_core_message_type_round_trips_over_a_server(make_rpc_server, rpc_
         t, rid, challenge = reader.read_frame()
         assert (t, rid, challenge["algo"]) == (p.MsgType.CHALLENGE, 0, "hmac-sha256")
         nc = p.make_nonce()
-        sock.sendall(p.encode_frame(p.MsgType.AUTH, 0, {"nonce": nc, "mac": p.client_mac("s3cret", challenge["nonce"], nc)}))
+        mac = p.client_mac("s3cret", challenge["nonce"], nc)
+        sock.sendall(p.encode_frame(p.MsgType.AUTH, 0, {"nonce": nc, "mac": mac}))
         t, _, welcome = reader.read_frame()
         assert t == p.MsgType.WELCOME and welcome["version"] == p.PROTOCOL_VERSION
         assert p.macs_equal(welcome["proof"], p.server_proof("s3cret", challenge["nonce"], nc))
@@ -64,7 +65,8 @@ def test_every_core_message_type_round_trips_over_a_server(make_rpc_server, rpc_
         assert reader.read_frame()[0] == p.MsgType.RETURN
         sock.sendall(p.encode_frame(p.MsgType.CALL, 8, {"fn": "tether.module.load", "args": ["misc.so"]}))
         mod = reader.read_frame()[2]["value"]
-        sock.sendall(p.encode_frame(p.MsgType.CALL, 9, {"fn": "tether.module.get_function", "args": [mod["handle"], "nop"]}))
+        sock.sendall(p.encode_frame(p.MsgType.CALL, 9, {"fn": "tether.module.get_function",
+                                                        "args": [mod["handle"], "nop"]}))
         fn = reader.read_frame()[2]["value"]["handle"]
         sock.sendall(p.encode_frame(p.MsgType.CALL, 10, {"fn": "tether.time_evaluator",
                                                          "args": [fn, [], {"number": 5, "repeat": 3}]}))

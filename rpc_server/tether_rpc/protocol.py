@@ -139,7 +139,8 @@ def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
 
     name = np.dtype(dtype).name
     if name not in TENSOR_DTYPES:
-        raise ProtocolError("dtype %r cannot travel as a tensor (allowed: %s)" % (name, ", ".join(sorted(TENSOR_DTYPES))))
+        raise ProtocolError("dtype %r cannot travel as a tensor (allowed: %s)"
+                            % (name, ", ".join(sorted(TENSOR_DTYPES))))
     encoded = name.encode("ascii")
     return (bytes((len(encoded),)) + encoded + bytes((len(shape),))
             + b"".join(_U64.pack(int(d)) for d in shape))
@@ -347,7 +348,8 @@ class FrameBuffer:
             raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from None
         if unpacker.tell() - before != len(body):
             self._unpacker = self._new_unpacker()
-            raise ProtocolError("frame body has %d bytes after its msgpack object" % (len(body) - (unpacker.tell() - before)))
+            raise ProtocolError("frame body has %d bytes after its msgpack object"
+                                % (len(body) - (unpacker.tell() - before)))
         return _check_frame(obj, len(body), self._limits)
 
     @property
@@ -578,7 +580,8 @@ def hello_payload(caps: Iterable[str] = CAPABILITIES, match: Optional[str] = Non
 def check_hello(payload: dict) -> dict:
     """Validate a HELLO payload; raises ProtocolError / VersionMismatch naming both versions."""
     if payload.get("magic") != PROTOCOL_MAGIC:
-        raise ProtocolError("not a tether client: HELLO magic is %.40r, expected %r" % (payload.get("magic"), PROTOCOL_MAGIC))
+        raise ProtocolError("not a tether client: HELLO magic is %.40r, expected %r"
+                            % (payload.get("magic"), PROTOCOL_MAGIC))
     version = payload.get("version")
     if version != PROTOCOL_VERSION:
         raise VersionMismatch("client speaks tether protocol version %r, this server speaks version %d"

@@ -45,7 +45,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import __version__
 from . import protocol as p
-from .errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError, TetherError, TetherTimeout
+from .errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,8 @@ class Server:
     @staticmethod
     def _bind(config: ServerConfig) -> socket.socket:
         last = 0
-        end = config.port if not config.port_end or config.port_end < config.port or config.port == 0 else config.port_end
+        single = not config.port_end or config.port_end < config.port or config.port == 0
+        end = config.port if single else config.port_end
         infos = socket.getaddrinfo(config.host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, sockaddr = infos[0]
         for port in range(config.port, end + 1):
@@ -833,7 +834,8 @@ def parse_tags(items: Optional[List[str]]) -> Dict[str, str]:
 
 def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 9199, tracker: Optional[str] = None,
         key: Optional[str] = None, token: Optional[str] = None, insecure: bool = False,
-        session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT, workdir: Optional[str] = None, reverse: bool = False,
+        session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT, workdir: Optional[str] = None,
+        reverse: bool = False,
         handshake_timeout: float = 5.0, verbose: int = 0, tracker_token: Optional[str] = None,
         tags: Optional[List[str]] = None, advertise_host: Optional[str] = None) -> int:
     """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""

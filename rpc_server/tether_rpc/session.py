@@ -30,7 +30,8 @@ CHUNK = 4 << 20  # upload pieces: few syscalls, bounded memory
 class BulkIn:
     """Raw bytes arriving with a call, consumed in order by ``readinto``; unread bytes are drained afterwards."""
 
-    def __init__(self, nbytes: int, readinto: Callable[[memoryview], None], skip: Optional[Callable[[int], None]] = None):
+    def __init__(self, nbytes: int, readinto: Callable[[memoryview], None],
+                 skip: Optional[Callable[[int], None]] = None):
         self.nbytes = nbytes
         self.consumed = 0
         self._readinto = readinto

@@ -17,8 +17,8 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -500,7 +500,8 @@ class RemoteSession(SessionAPI):
         try:
             sock = socket.create_connection((host, port), timeout=self.timeout.connect)
         except socket.timeout:
-            raise TetherTimeout("could not connect to %s:%d within %.1f s" % (host, port, self.timeout.connect)) from None
+            raise TetherTimeout("could not connect to %s:%d within %.1f s"
+                                % (host, port, self.timeout.connect)) from None
         except OSError as exc:
             raise ConnectionClosed("could not connect to tether rpc-server at %s:%d: %s" % (host, port, exc)) from None
         self.sock = sock
