@@ -27,7 +27,8 @@ import click
 @click.option("-v", "--verbose", count=True)
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
          tracker_token: Optional[str], tags: Tuple[str, ...], advertise_host: Optional[str],
-         token: Optional[str], insecure: bool, session_timeout: float, handshake_timeout: float, workdir: Optional[str], verbose: int) -> None:
+         token: Optional[str], insecure: bool, session_timeout: float, handshake_timeout: float,
+         workdir: Optional[str], verbose: int) -> None:
     """Serve sessions to tether clients: upload modules, run and time kernels, one session at a time."""
     from tether_rpc.server import run
 
