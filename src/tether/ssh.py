@@ -96,6 +96,10 @@ except Exception:
     r["cpuinfo"] = None
 r["android"] = bool(os.environ.get("ANDROID_ROOT") or os.environ.get("ANDROID_DATA")) or \
     os.path.exists("/system/build.prop") or hasattr(sys, "getandroidapilevel")
+if len(sys.argv) > 1 and os.path.isfile(sys.argv[1]):  # the zipapp already there: its hash decides the upload
+    import hashlib
+    with open(sys.argv[1], "rb") as f:
+        r["bundle_sha256"] = hashlib.sha256(f.read()).hexdigest()
 sys.stdout.write(json.dumps(r) + "\n")
 """
 
@@ -135,6 +139,8 @@ class DeviceCheck:
     android: bool = False
     arch: str = "unknown"                 # tether's arch name
     suggested_target: Optional[str] = None
+    executable: Optional[str] = None      # the interpreter's full path (sys.executable)
+    bundle_sha256: Optional[str] = None   # of the zipapp already on the device, when asked and present
     problems: List[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -168,6 +174,7 @@ def _evaluate(machine: str, python: str, probe: Optional[Dict[str, Any]], probe_
         return check
     check.python_version, check.numpy, check.msgpack = probe.get("python"), probe.get("numpy"), probe.get("msgpack")
     check.android = bool(probe.get("android"))
+    check.executable, check.bundle_sha256 = probe.get("executable") or None, probe.get("bundle_sha256")
     check.arch = _tether_arch(probe.get("machine") or machine, int(probe.get("bits") or 64))
     check.suggested_target = suggest_target(check.arch, parse_cpuinfo(probe.get("cpuinfo"))["cores"], check.android)
     for name, have, need in (("python", check.python_version, MIN_PYTHON), ("numpy", check.numpy, MIN_NUMPY),
@@ -372,18 +379,24 @@ class DeviceConnection:
         self.close()
 
 
-def check_device(conn: DeviceConnection, python: str = "python3") -> DeviceCheck:
-    """Probe the device's ``uname -m``, python, numpy and msgpack (never raises for a missing package)."""
-    code, out, _ = conn.run("uname -m", check=False)
-    machine = out.strip() if code == 0 else "unknown"
-    code, out, err = conn.run("%s -c %s" % (shlex.quote(python), shlex.quote(_PROBE)), check=False)
+def check_device(conn: DeviceConnection, python: str = "python3", bundle_path: Optional[str] = None) -> DeviceCheck:
+    """Probe the device's ``uname -m``, python, numpy and msgpack (never raises for a missing package).
+
+    With ``bundle_path`` the probe also hashes the zipapp there (one round trip instead of two).
+    """
+    marker = "--tether-probe--"
+    command = "uname -m; echo %s; %s -c %s%s" % (marker, shlex.quote(python), shlex.quote(_PROBE),
+                                                 " " + shlex.quote(bundle_path) if bundle_path else "")
+    code, out, err = conn.run(command, check=False)
+    head, _, tail = out.partition(marker + "\n")
+    machine = head.strip() or "unknown"
     probe = None
     if code == 0:
         try:
-            probe = json.loads(out.strip().splitlines()[-1])
+            probe = json.loads(tail.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            err = "unreadable probe output: %r" % out[-200:]
-    check = _evaluate(machine, python, probe, err or out)
+            err = "unreadable probe output: %r" % tail[-200:]
+    check = _evaluate(machine, python, probe, err or tail)
     log.info("device %s: %s", conn.host, check.summary().replace("\n", "; "))
     return check
 
@@ -672,33 +685,23 @@ def bootstrap(host: str, user: Optional[str] = None, *, port: int = 22, identity
     conn = DeviceConnection(host, user, port=port, identity=identity, password=password, known_hosts=known_hosts,
                             accept_new_host_key=accept_new_host_key, timeout=timeout)
     try:
-        check = check_device(conn, python)
+        paths = RemotePaths.under(conn.resolve(remote_dir))
+        check = check_device(conn, python, paths.bundle)
         if not check.ok:
             raise DeviceNotReady("the device %s cannot run the tether server yet:\n  %s\ninstall on the device: %s"
                                  % (conn.host, "\n  ".join(check.problems), check.install_hint), check)
-        paths = RemotePaths.under(conn.resolve(remote_dir))
         conn.makedirs(paths.dir)
-
         data = bundle_bytes()
         sha = hashlib.sha256(data).hexdigest()
-        remote_sha = None
-        if conn.is_file(paths.bundle):
-            code, out, _ = conn.run("%s -c %s %s" % (shlex.quote(python), shlex.quote(
-                "import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())"),
-                shlex.quote(paths.bundle)))
-            remote_sha = out.strip() if code == 0 else None
-        uploaded = remote_sha != sha
+        uploaded = check.bundle_sha256 != sha
         if uploaded:
             conn.put_atomic(data, paths.bundle, 0o755)
             log.info("uploaded %s (%d bytes, sha256 %s) to %s:%s", BUNDLE_NAME, len(data), sha[:12], conn.host,
                      paths.bundle)
         else:
             log.info("%s on %s is up to date (sha256 %s)", BUNDLE_NAME, conn.host, sha[:12])
-
         # `python` may be a bare command: the launcher's execve needs the interpreter's own path.
-        code, out, _ = conn.run("%s -c %s" % (shlex.quote(python), shlex.quote("import sys;print(sys.executable)")),
-                                check=True)
-        interpreter = out.strip() or python
+        interpreter = check.executable or python
         if reverse is None:
             reverse = bool(tracker) and bind in LOOPBACK_HOSTS
         argv = [interpreter, paths.bundle, "--host", bind, "--port", str(remote_port)]
