@@ -234,3 +234,25 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(sshd, tmp_path):
         ssh.bootstrap(sshd.host, sshd.user, **_ssh_args(sshd), python=sys.executable, remote_dir=str(busy),
                       remote_port=0, extra_args=["--session-timeout", "not-a-number"])
     assert "session-timeout" in str(info.value)
+
+
+def test_with_a_tracker_the_device_dials_out_and_serves_through_it(sshd, tmp_path, tracker_lab):
+    from fixtures.tracker import wait_until
+
+    tracker = tracker_lab.tracker()
+    remote_dir = tmp_path / "device"
+    result = CliRunner().invoke(cli, _cli_args(sshd, "--python", sys.executable, "--remote-dir", str(remote_dir),
+                                               "--remote-port", "0", "--tracker", "127.0.0.1:%d" % tracker.port,
+                                               "--key", "ssh-board"))
+    assert result.exit_code == 0, result.output
+    assert "registered with tracker" in result.output and "rpc.connect" not in result.output   # no tunnel
+    pid = int((remote_dir / ssh.PID_NAME).read_text())
+    try:
+        wait_until(lambda: tracker.count("ssh-board") == 1, 15, "the bootstrapped device to register")
+        device = [d for d in tracker.summary()["devices"] if d["key"] == "ssh-board"][0]
+        assert device["reverse"]                     # a loopback-bound server dials out to the tracker
+        with tracker.client() as t, t.request("ssh-board", wait_timeout=10) as remote:
+            assert remote.get_function("tether.echo")("via", "tracker") == ["via", "tracker"]
+    finally:
+        stopped = CliRunner().invoke(cli, _cli_args(sshd, "--stop", "--remote-dir", str(remote_dir)))
+    assert "stopped %d" % pid in stopped.output and _wait_gone(pid)
