@@ -39,6 +39,10 @@ class Family:
     mm_rows: int  # micro-kernel rows (MR); MR * NR/lanes accumulators + NR/lanes B vectors fit the registers
     acc_regs: int  # vector registers a micro-kernel may spend on accumulators
     max_col_vectors: int  # widest conv micro-kernel row, in vectors
+    # matmul accumulates in the output itself (one parallel launch, panels packed per task) rather than in a
+    # local block: only where LLVM was seen to keep that output block in vector registers (AVX2; on armv7 it
+    # scalarized the unaligned vector accumulators)
+    direct_matmul: bool = False
     parallel_min: int = 1 << 14  # below this many output elements a parallel launch costs more than it saves
 
 
@@ -49,7 +53,7 @@ def family_of(target: Target) -> Family:
         # 16 ymm (AVX2): 6 x 16 -> 12 accumulators + 2 B vectors + 1 broadcast; 16 zmm would allow more but
         # the same blocking is near the load/FMA balance point.
         return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, acc_regs=12 if lanes < 16 else 24,
-                      max_col_vectors=2)
+                      max_col_vectors=2, direct_matmul=lanes >= 8)
     if arch == "aarch64":
         # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
         return Family("aarch64", lanes, mm_rows=6, acc_regs=24, max_col_vectors=4)
@@ -218,10 +222,39 @@ def _epilogue_anchor(t, ctx):
 
 
 def _schedule_matmul(s, t, fam: Family, ctx):
-    anchor = _epilogue_anchor(t, ctx)
-    rank = len(t.shape)
-    nr = 16 if fam.lanes >= 4 else 4 * fam.lanes
+    """MR x NR register-blocked micro-kernel: k outermost inside the block, MR rows unrolled, NR columns as
+    NR/lanes vectors; column panels outermost (parallel), each packing its own panel of B inside its task."""
+    nr = 16
     mr = fam.mm_rows
+    anchor = _epilogue_anchor(t, ctx)
+    packed = any(c.tag_of(src.op) == c.MATMUL_PACK for src in t.op.input_tensors)
+    # packed panels are read as p[j // NR, k, j % NR]: contiguous once j is split by NR, as below
+    contiguous = packed or _contiguous_along(t.op, t.op.axis[-1], ctx_inline(s))
+    if anchor is None and fam.direct_matmul:
+        # The output itself accumulates: LLVM keeps the MR x NR block in registers across the k loop (the
+        # output is noalias), and the packed panel's only consumer is this stage, so it can be packed per task.
+        st = s[t]
+        axes = list(t.op.axis)
+        lead, (i, j) = axes[:-2], axes[-2:]
+        (k,) = list(t.op.reduce_axis)
+        io, ii = st.split(i, factor=mr)
+        jo, ji = st.split(j, factor=nr)
+        ko, ki = st.split(k, factor=4)
+        st.reorder(*lead, jo, io, ko, ki, ii, ji)
+        if contiguous:
+            st.vectorize(ji)
+        st.unroll(ii)
+        st.unroll(ki)
+        outer = lead + [jo]
+        if _numel(t) * _reduce_size(t) >= fam.parallel_min * 64:
+            st.parallel(st.fuse(*outer) if len(outer) > 1 else outer[0])
+        for src in t.op.input_tensors:
+            if c.tag_of(src.op) == c.MATMUL_PACK and ctx["consumers"].get(id(src.op)) == [t.op] and not lead:
+                s[src].compute_at(st, jo)
+                ctx["serial"].add(id(src.op))
+        return
+    # Otherwise a local MR x NR block (cache_write, or the kernel itself when an epilogue consumes it) is
+    # computed inside the output's tile loops, and the packed operand stays a root stage of its own.
     if anchor is None:
         block = s.cache_write(t, "local")
         out = t
@@ -232,7 +265,8 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     lead, (i, j) = axes[:-2], axes[-2:]
     io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
     so.reorder(*lead, jo, io, ii, ji)
-    so.vectorize(ji)
+    if contiguous:
+        so.vectorize(ji)
     so.unroll(ii)
     outer = lead + [jo]
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
@@ -245,7 +279,8 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     sb.reorder(ko, ki, bi, bj)
     sb.unroll(ki)
     sb.unroll(bi)
-    sb.vectorize(bj)
+    if contiguous:
+        sb.vectorize(bj)
 
 
 def _schedule_rowdot_partial(s, t, fam: Family, ctx):
@@ -270,7 +305,7 @@ def _schedule_pack(s, t, fam: Family, ctx):
     jo, kk, ji = t.op.axis
     if _contiguous_along(t.op, ji, ctx_inline(s)):
         st.vectorize(ji)
-    if _numel(t) >= fam.parallel_min:
+    if _numel(t) >= fam.parallel_min and id(t.op) not in ctx["serial"]:
         st.parallel(jo)
 
 
