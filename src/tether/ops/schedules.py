@@ -204,9 +204,8 @@ def _schedule_reduce(s, t, fam: Family, ctx):
         st.vectorize(xi)
         outer = sp[:-1] + [xo]
     if outer and _numel(t) * max(1, _reduce_size(t)) >= fam.parallel_min:
-        lead = [ax for ax in outer[:-1] if _extent(ax) > 1] or outer[:1]
-        fused = st.fuse(*lead) if len(lead) > 1 else lead[0]
-        st.parallel(fused)
+        lead = next((ax for ax in sp[:-1] if _extent(ax) > 1), None)
+        st.parallel(lead if lead is not None else outer[0])
 
 
 def _reduce_size(t) -> int:
