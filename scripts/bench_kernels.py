@@ -27,8 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # ---- timing -----------------------------------------------------------------------------------------------------
 
-def median_time(fn, min_time: float = 0.2, repeat: int = 7, max_number: int = 10000) -> float:
-    """Median seconds per call over `repeat` samples, each sample long enough (>= min_time / repeat)."""
+def time_samples(fn, min_time: float = 0.2, repeat: int = 7, max_number: int = 10000) -> list:
+    """`repeat` samples of seconds per call, each sample long enough (>= min_time / repeat)."""
     fn()  # warm-up (page faults, thread pool start)
     t0 = time.perf_counter()
     fn()
@@ -40,7 +40,7 @@ def median_time(fn, min_time: float = 0.2, repeat: int = 7, max_number: int = 10
         for _ in range(number):
             fn()
         samples.append((time.perf_counter() - t0) / number)
-    return statistics.median(samples)
+    return samples
 
 
 # ---- numpy baselines in child processes (OpenBLAS fixes its thread count when it loads) -------------------------
@@ -54,13 +54,13 @@ class NumpyWorker:
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--numpy-worker"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def matmul_time(self, n: int, min_time: float) -> float:
+    def matmul_samples(self, n: int, min_time: float) -> list:
         self.proc.stdin.write(json.dumps({"n": n, "min_time": min_time}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("numpy benchmark worker exited early")
-        return float(json.loads(line)["seconds"])
+        return [float(x) for x in json.loads(line)["samples"]]
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -88,18 +88,18 @@ def _numpy_worker_loop() -> None:
             cache[n] = (rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32),
                         np.empty((n, n), np.float32))
         a, b, c = cache[n]
-        secs = median_time(lambda: np.matmul(a, b, out=c), min_time=float(req["min_time"]))
-        sys.stdout.write(json.dumps({"seconds": secs}) + "\n")
+        secs = time_samples(lambda: np.matmul(a, b, out=c), min_time=float(req["min_time"]))
+        sys.stdout.write(json.dumps({"samples": secs}) + "\n")
         sys.stdout.flush()
 
 
 def _interleaved(rounds: int, *measures):
-    """Median of each measurement over `rounds` rounds, the measurements alternating within a round."""
+    """All samples of each measurement over `rounds` rounds, the measurements alternating within a round."""
     samples = [[] for _ in measures]
     for _ in range(rounds):
         for lst, m in zip(samples, measures):
-            lst.append(m())
-    return [statistics.median(lst) for lst in samples]
+            lst.extend(m())
+    return samples
 
 
 def ort_conv(x, w, stride, pad, group, threads: int) -> tuple:
@@ -143,11 +143,11 @@ def build(outs, inputs, name: str, workdir: str) -> Built:
     return Built(mod[name], compile_s, mod)
 
 
-def tether_time(built: Built, args, threads: int) -> float:
+def tether_samples(built: Built, args, threads: int) -> list:
     from tether_rpc import parallel
 
     parallel.set_num_threads(threads)
-    return median_time(lambda: built.fn(*args))
+    return time_samples(lambda: built.fn(*args))
 
 
 def main() -> int:
@@ -180,15 +180,10 @@ def main() -> int:
             k.fn(a, b, c)
             np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-2 * np.sqrt(n))
             flop = 2.0 * n ** 3
-            samples = {"t1": [], "t2": [], "b1": [], "b2": []}
-            for _ in range(args.rounds):
-                samples["b1"].append(np1.matmul_time(n, 0.2))
-                samples["t1"].append(tether_time(k, (a, b, c), 1))
-                samples["b2"].append(np2.matmul_time(n, 0.2))
-                samples["t2"].append(tether_time(k, (a, b, c), 2))
-            t1, t2, b1, b2 = (statistics.median(samples[key]) for key in ("t1", "t2", "b1", "b2"))
-            rows.append((f"matmul {n}", flop / t1 / 1e9, flop / t2 / 1e9, flop / b1 / 1e9, flop / b2 / 1e9,
-                         "GFLOP/s", k.compile_s))
+            t1, t2, b1, b2 = _interleaved(args.rounds, lambda: tether_samples(k, (a, b, c), 1),
+                                          lambda: tether_samples(k, (a, b, c), 2),
+                                          lambda: np1.matmul_samples(n, 0.2), lambda: np2.matmul_samples(n, 0.2))
+            rows.append((f"matmul {n}", t1, t2, b1, b2, "GFLOP/s", k.compile_s, flop))
 
         m = 1 << 20
         A, B, Cc = (te.placeholder((m,), "float32", name=nm) for nm in "ABC")
@@ -198,9 +193,10 @@ def main() -> int:
         y = np.empty(m, np.float32)
         k.fn(a, b, cc, y)
         np.testing.assert_allclose(y, np.maximum(a * b + cc, 0), rtol=1e-6, atol=1e-6)
-        t_np, t1, t2 = _interleaved(args.rounds, lambda: median_time(lambda: np.maximum(a * b + cc, 0)),
-                                    lambda: tether_time(k, (a, b, cc, y), 1), lambda: tether_time(k, (a, b, cc, y), 2))
-        rows.append(("relu(a*b+c) 1M", t1 * 1e6, t2 * 1e6, t_np * 1e6, t_np * 1e6, "us (vs numpy)", k.compile_s))
+        t_np, t1, t2 = _interleaved(args.rounds, lambda: time_samples(lambda: np.maximum(a * b + cc, 0)),
+                                    lambda: tether_samples(k, (a, b, cc, y), 1),
+                                    lambda: tether_samples(k, (a, b, cc, y), 2))
+        rows.append(("relu(a*b+c) 1M", t1, t2, t_np, t_np, "us (vs numpy)", k.compile_s, None))
 
         convs = [("depthwise 3x3 1x32x112x112", (1, 32, 112, 112), (32, 1, 3, 3), 1, 1, 32),
                  ("pointwise 1x1 32->64 @56x56", (1, 32, 56, 56), (64, 32, 1, 1), 1, 0, 1)]
@@ -216,24 +212,31 @@ def main() -> int:
             ort1, ref = ort_conv(x, w, stride, pad, groups, 1)
             ort2, _ = ort_conv(x, w, stride, pad, groups, 2)
             np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)
-            o1, o2, t1, t2 = _interleaved(args.rounds, lambda: median_time(ort1), lambda: median_time(ort2),
-                                          lambda: tether_time(k, (x, w, y), 1), lambda: tether_time(k, (x, w, y), 2))
-            rows.append((label, t1 * 1e6, t2 * 1e6, o1 * 1e6, o2 * 1e6, "us (vs onnxruntime)", k.compile_s))
+            o1, o2, t1, t2 = _interleaved(args.rounds, lambda: time_samples(ort1), lambda: time_samples(ort2),
+                                          lambda: tether_samples(k, (x, w, y), 1),
+                                          lambda: tether_samples(k, (x, w, y), 2))
+            rows.append((label, t1, t2, o1, o2, "us (vs onnxruntime)", k.compile_s, None))
 
-    _print_table(rows)
+    print("medians of all samples:")
+    _print_table(rows, statistics.median)
+    print("\nbest samples (the least disturbed by other processes on a shared machine):")
+    _print_table(rows, min)
     print(f"load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f} on "
           f"{os.cpu_count()} CPUs; other processes' load skews the 2-thread figures most")
     return 0
 
 
-def _print_table(rows) -> None:
+def _print_table(rows, stat) -> None:
     hdr = ("kernel", "tether 1T", "tether 2T", "base 1T", "base 2T", "ratio 1T", "ratio 2T", "scale 2T/1T",
            "unit", "compile ms")
     lines = []
-    for kernel, t1, t2, b1, b2, unit, comp in rows:
-        if unit == "GFLOP/s":  # higher is better
+    for kernel, *samples, unit, comp, flop in rows:
+        secs = [stat(x) for x in samples]
+        if flop:  # GFLOP/s: higher is better
+            t1, t2, b1, b2 = (flop / x / 1e9 for x in secs)
             r1, r2, sc = t1 / b1, t2 / b2, t2 / t1
-        else:  # times: speed ratio baseline / tether
+        else:  # microseconds; ratio = baseline time / tether time
+            t1, t2, b1, b2 = (x * 1e6 for x in secs)
             r1, r2, sc = b1 / t1, b2 / t2, t1 / t2
         lines.append((kernel, f"{t1:.1f}", f"{t2:.1f}", f"{b1:.1f}", f"{b2:.1f}", f"{r1:.2f}x", f"{r2:.2f}x",
                       f"{sc:.2f}x", unit, f"{comp * 1e3:.0f}"))
