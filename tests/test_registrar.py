@@ -278,3 +278,26 @@ def test_device_with_a_token_refuses_a_tracker_that_cannot_prove_it(tracker_lab,
         _drive(reg, 1.0)
     assert reg.registrations == 0 and tracker.count("careful") == 0
     assert "did not ask for the token" in caplog.text
+
+
+def test_cli_flags_reach_the_tracker(tracker_lab):
+    import subprocess
+    import sys
+
+    from fixtures.tracker import stop_process
+
+    tracker = tracker_lab.tracker(token="flag-token")
+    env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TRACKER_TOKEN", "TETHER_DEVICE_TAGS")}
+    log = open(os.path.join(tracker_lab.workdir, "flags.log"), "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "tether_rpc", "--port", "0", "--tracker",
+                             "127.0.0.1:%d" % tracker.port, "--key", "flagged", "--tracker-token", "flag-token",
+                             "--tag", "board=pi4", "--tag", "lab=b12,room=3", "--advertise-host", "localhost",
+                             "--workdir", tracker_lab.workdir], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until(lambda: tracker.count("flagged") == 1 or proc.poll() is not None, 15, "the device to register")
+        (dev,) = [d for d in tracker.summary()["devices"] if d["key"] == "flagged"]
+        assert {k: dev["tags"][k] for k in ("board", "lab", "room")} == {"board": "pi4", "lab": "b12", "room": "3"}
+        assert dev["host"] == "localhost"
+    finally:
+        stop_process(proc)
+        log.close()
