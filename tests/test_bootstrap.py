@@ -3,12 +3,12 @@
 (through which a compiled vadd runs and is compared with numpy), idempotent re-runs and --stop by PID."""
 from __future__ import annotations
 
-import os
 import pathlib
 import platform
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +21,7 @@ from click.testing import CliRunner
 import tether
 from tether import rpc, ssh, te
 from tether.cli.main import cli
+from tether.errors import TetherTimeout
 
 
 def _alive(pid: int) -> bool:
@@ -256,3 +257,15 @@ def test_with_a_tracker_the_device_dials_out_and_serves_through_it(sshd, tmp_pat
     finally:
         stopped = CliRunner().invoke(cli, _cli_args(sshd, "--stop", "--remote-dir", str(remote_dir)))
     assert "stopped %d" % pid in stopped.output and _wait_gone(pid)
+
+
+def test_a_wrong_key_and_a_silent_port_fail_clearly_and_in_bounded_time(sshd):
+    with pytest.raises(ssh.BootstrapError, match="authentication failed"):
+        ssh.connect(sshd.host, sshd.user, **_ssh_args(sshd, identity=str(sshd.dir / "host_key")))
+    with socket.socket() as silent:                # accepts TCP (backlog) but never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        t0 = time.monotonic()
+        with pytest.raises(TetherTimeout, match="no SSH server answered"):
+            ssh.connect("127.0.0.1", sshd.user, **_ssh_args(sshd, port=silent.getsockname()[1], timeout=1.0))
+        assert time.monotonic() - t0 < 5

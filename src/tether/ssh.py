@@ -241,12 +241,22 @@ class DeviceConnection:
                                % (where, exc.key.get_name(), self.known_hosts, self.known_hosts,
                                   host if port == 22 else "'[%s]:%d'" % (host, port))) from None
         except paramiko.SSHException as exc:
+            transport = client.get_transport()
+            got_banner = transport is not None and bool(getattr(transport, "remote_version", ""))
             client.close()
             if "not found in known_hosts" in str(exc):
                 raise HostKeyError("the SSH host key of %s is not in %s: check it and add it (ssh %s%s once), or "
                                    "pass --accept-new-host-key to trust it on first contact"
                                    % (where, self.known_hosts, "-p %d " % port if port != 22 else "",
                                       "%s@%s" % (user, host) if user else host)) from None
+            if not got_banner:
+                raise TetherTimeout("SSH to %s: no SSH server answered within %.0f s (%s)"
+                                    % (where, timeout, exc)) from None
+            if isinstance(exc, paramiko.AuthenticationException) or "No existing session" in str(exc):
+                # paramiko may report a refused key as "No existing session" when the server hangs up first
+                raise BootstrapError("SSH login to %s failed: authentication failed (%s). Check --identity or "
+                                     "--password-env, and that your public key is in the device's "
+                                     "~/.ssh/authorized_keys" % (where, exc)) from None
             raise BootstrapError("SSH to %s failed: %s" % (where, exc)) from None
         except socket.timeout:
             client.close()
