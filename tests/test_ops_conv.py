@@ -88,7 +88,6 @@ def test_conv2d_bias(run_ops, rng):
 # ---- pooling against onnxruntime ------------------------------------------------------------------------------
 
 def _ort_pool(op_type, x, **attrs):
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
 

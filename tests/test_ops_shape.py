@@ -5,7 +5,8 @@ import pytest
 from tether import ops, te
 
 
-@pytest.mark.parametrize("shape,before,after,value", [((5, 7), (1, 2), (3, 0), 0.0), ((2, 3, 9), (0, 1, 4), None, -1.5)])
+@pytest.mark.parametrize("shape,before,after,value", [((5, 7), (1, 2), (3, 0), 0.0),
+                                                      ((2, 3, 9), (0, 1, 4), None, -1.5)])
 def test_pad(run_ops, rng, shape, before, after, value):
     x = rng.standard_normal(shape).astype("float32")
     X = te.placeholder(shape, "float32", name="X")

@@ -2,13 +2,15 @@
 
 `schedule(outs, target)` walks the op graph from the outputs, inlines injective producers into their
 consumers, and gives every remaining stage the schedule its tag calls for:
-- injective roots: vectorize the innermost axis by the vector width, parallelize the fused outer axes;
-- matmul: a register-blocked MR x NR micro-kernel (accumulators in a local block, k outermost inside it,
-  rows unrolled, columns vectorized into NR/lanes vectors of FMAs) over packed B panels, with any
-  elementwise epilogue (bias, activation) fused into the write-back;
-- conv2d: the same register blocking over (output channels x output columns);
-- depthwise conv2d, pooling and other reductions: spatial innermost axis vectorized, reduction inside;
-- packing and padding stages: materialized and parallelized (they feed kernels that read them many times).
+- injective roots: the innermost axis vectorized by the lane count when its loads are contiguous (a scalar loop
+  otherwise: LLVM handles it better than lane-by-lane gathers), the outermost non-trivial axis parallel;
+- matmul: an MR x NR register-blocked micro-kernel (k outermost inside the block, MR rows unrolled, NR columns
+  as NR/lanes vector FMAs) over B packed into NR-wide panels; elementwise epilogues (bias, activation) are
+  fused into the block's write-back;
+- conv2d: the same register blocking over (output channels x output rows x output columns);
+- depthwise conv2d and pooling: a block of output columns accumulated in registers over the window;
+- reductions: the innermost spatial axis vectorized with the reduction inside it when that is contiguous;
+- packing and padding stages: materialized (their consumers read them many times).
 """
 from __future__ import annotations
 
@@ -161,7 +163,6 @@ def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block:
         return
     inner = axes[-1]
     outer = axes[:-1]
-    rows = _numel(t) // _extent(inner)
     xo = None
     if block:  # laid out for vectors of `block` columns (contiguous once split by exactly that)
         xo, xi = st.split(inner, factor=block)
@@ -342,15 +343,6 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
     sb.unroll(bo)
     sb.unroll(by)
     sb.vectorize(bx)
-
-
-def _pick(extent: int, candidates) -> int:
-    """The first candidate that divides `extent` (no tail), else the first that fits, else 1."""
-    fits = [x for x in candidates if x <= extent]
-    for x in fits:
-        if extent % x == 0:
-            return x
-    return fits[0] if fits else 1
 
 
 def _columns(fam: Family, ow: int) -> int:
