@@ -160,6 +160,8 @@ def test_bootstrap_tunnels_to_a_real_server_that_runs_vadd(sshd, tmp_path, vadd_
             a, b, c = remote.array(a_np), remote.array(b_np), remote.empty((1024,), "float32")
             f(a, b, c)
             np.testing.assert_array_equal(c.numpy(), a_np + b_np)
+            big = rng.random(1 << 19, dtype=np.float32)                # 2 MiB each way through the pump
+            np.testing.assert_array_equal(remote.array(big).numpy(), big)
         first_pid, first_port = boot.pid, boot.remote_port
     boot.close()   # idempotent
     assert _alive(first_pid)   # closing the SSH side leaves the server running

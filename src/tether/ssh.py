@@ -52,6 +52,7 @@ DEBIAN_HINT = "sudo apt-get install python3-numpy python3-msgpack"
 TERMUX_HINT = "pkg install python python-numpy && pip install msgpack"
 LISTEN_RE = re.compile(r"listening on (\S+):(\d+)")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+PIPE_SEND_TIMEOUT = 60.0
 
 
 class BootstrapError(TetherError):
@@ -204,9 +205,8 @@ class _AcceptNewPolicy:
         if directory:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         client.save_host_keys(self.known_hosts)
-        log.warning("accepted new %s host key for %s (fingerprint SHA256 %s), saved to %s", key.get_name(),
-                    hostname, key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()[:16],
-                    self.known_hosts)
+        log.warning("accepted new %s host key for %s (%s), saved to %s", key.get_name(), hostname,
+                    getattr(key, "fingerprint", key.get_base64()[:24]), self.known_hosts)
 
 
 class DeviceConnection:
@@ -557,6 +557,9 @@ class _Forwarder:
                 sock.close()
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # Bounds a send to a peer that stopped reading; idle waits (a long kernel call) are select()s, unbounded.
+            sock.settimeout(PIPE_SEND_TIMEOUT)
+            chan.settimeout(PIPE_SEND_TIMEOUT)
             thread = threading.Thread(target=self._pump, args=(sock, chan), daemon=True,
                                       name="tether-ssh-pipe-%d" % peer[1])
             with self._lock:
