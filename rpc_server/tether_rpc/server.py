@@ -768,7 +768,7 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_
 
 def _preload_runtime() -> None:
     """Import the runtime once in the parent so every forked session starts warm."""
-    for name in ("session", "ndarray", "module", "timing", "device_info", "parallel"):
+    for name in ("session", "ndarray", "module", "timing", "device_info", "parallel", "graph_executor"):
         try:
             importlib.import_module("tether_rpc." + name)
         except ImportError as exc:

@@ -10,6 +10,7 @@ e.g. an NDArray's memory) and may answer with a :class:`Reply` that carries a bu
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -149,6 +150,10 @@ BUILTINS = {
     "tether.time_evaluator": "_time_evaluator",
 }
 
+# Device modules that add their own built-ins: each provides ``register_builtins(handler)`` (a module missing
+# from a trimmed device install is skipped).
+EXTENSIONS = ("graph_executor",)
+
 _KIND_ARRAY = "array"
 _KIND_MODULE = "module"
 _KIND_FUNCTION = "function"
@@ -162,6 +167,13 @@ class SessionHandler:
         self._objects: Dict[int, Tuple[str, Any]] = {}
         self._next_id = 1
         self._builtins = {name: getattr(self, meth) for name, meth in BUILTINS.items()}
+        for name in EXTENSIONS:
+            try:
+                ext = importlib.import_module("." + name, __package__)
+            except ImportError as exc:
+                log.debug("session extension %s unavailable: %s", name, exc)
+                continue
+            ext.register_builtins(self)
 
     # -- dispatch ----------------------------------------------------------------------------------------------
     def call(self, fn: Any, args: List[Any], bulk: Optional[BulkIn] = None, emit: Optional[EmitFn] = None) -> Reply:

@@ -420,6 +420,12 @@ class SessionAPI:
     def functions(self) -> List[str]:
         return self._call("tether.functions", [])["value"]
 
+    def graph_executor(self, folder: Optional[PathLike] = None, **kwargs: Any) -> Any:
+        """A graph executor for a compiled model on this session (see ``tether.rpc.graph_client``)."""
+        from .graph_client import graph_executor
+
+        return graph_executor(self, folder, **kwargs)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # errors from the wire
