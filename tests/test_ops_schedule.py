@@ -1,0 +1,50 @@
+"""What ops.schedule does to the loop nest (read from the lowered IR): fusion, vectorization, parallel loops."""
+import pytest
+
+import tether
+from tether import ops, te
+
+
+def _ir(outs, ins, target="host"):
+    return str(tether.lower(ops.schedule(outs, target=target), ins + outs, "k"))
+
+
+def test_elementwise_chain_is_one_loop_nest():
+    n = 1 << 16
+    A, B, C = (te.placeholder((n,), "float32", name=nm) for nm in "ABC")
+    ir = _ir([ops.relu(ops.add(ops.multiply(A, B), C))], [A, B, C])
+    assert "allocate" not in ir            # the multiply and add are inlined, no intermediate buffers
+    assert "vectorized" in ir and "parallel" in ir
+
+
+def test_matmul_has_vector_micro_kernel_and_parallel_panels():
+    X = te.placeholder((192, 256), "float32", name="X")  # big enough to be worth a parallel launch
+    W = te.placeholder((256, 128), "float32", name="W")
+    ir = _ir([ops.matmul(X, W)], [X, W])
+    assert "parallel" in ir and "vectorized" in ir and "unrolled" in ir
+    assert "matmul_packed" in ir
+
+
+def test_epilogue_is_fused_into_the_conv_write_back():
+    x = te.placeholder((1, 16, 28, 28), "float32", name="x")
+    w = te.placeholder((32, 16, 1, 1), "float32", name="w")
+    b = te.placeholder((32,), "float32", name="b")
+    y = ops.relu6(ops.conv2d(x, w, bias=b))
+    ir = _ir([y], [x, w, b])
+    # the conv accumulates in a small local block; no full-size conv output buffer exists
+    assert "conv2d_conv: float32[25088]" not in ir
+    assert "vectorized" in ir
+
+
+def test_strided_loads_are_left_scalar():
+    x = te.placeholder((64, 48), "float32", name="x")
+    ir = _ir([ops.transpose(x)], [x])
+    assert "vectorized" not in ir
+
+
+@pytest.mark.parametrize("preset", ["host", "rasp4b", "rasp3b"])
+def test_family_vector_width(preset):
+    from tether.target import Target
+    fam = ops.family_of(Target(preset))
+    assert fam.lanes == Target(preset).vector_lanes(32)
+    assert fam.mm_rows * (16 // fam.lanes) <= fam.acc_regs  # the matmul block fits the accumulator budget
