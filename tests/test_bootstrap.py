@@ -3,6 +3,7 @@
 (through which a compiled vadd runs and is compared with numpy), idempotent re-runs and --stop by PID."""
 from __future__ import annotations
 
+import os
 import pathlib
 import platform
 import queue
@@ -49,6 +50,26 @@ def _ssh_args(sshd, **overrides):
 def _cli_args(sshd, *extra, known_hosts=None):
     return ["bootstrap", "%s@%s" % (sshd.user, sshd.host), "--port", str(sshd.port), "--identity", sshd.identity,
             "--known-hosts", known_hosts or sshd.known_hosts, "--timeout", "10", *extra]
+
+
+@pytest.fixture
+def device_dir(tmp_path):
+    """The bootstrap folder on the "device"; a server still running there after the test is stopped by PID."""
+    path = tmp_path / "device"
+    yield path
+    pidfile = path / ssh.PID_NAME
+    if not pidfile.exists():
+        return
+    pid = int(pidfile.read_text())
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            ours = str(path / ssh.BUNDLE_NAME).encode() in f.read()
+    except FileNotFoundError:
+        ours = False
+    if ours and _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, 5):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +158,8 @@ def test_check_only_reports_a_missing_numpy_and_what_to_install(sshd, tmp_path, 
 # ---------------------------------------------------------------------------------------------------------------
 # upload, start, tunnel, re-run, stop
 
-def test_bootstrap_tunnels_to_a_real_server_that_runs_vadd(sshd, tmp_path, vadd_so):
-    remote_dir = tmp_path / "device"
+def test_bootstrap_tunnels_to_a_real_server_that_runs_vadd(sshd, device_dir, vadd_so):
+    remote_dir = device_dir
     bundle = remote_dir / ssh.BUNDLE_NAME
     opts = dict(_ssh_args(sshd), python=sys.executable, remote_dir=str(remote_dir), remote_port=0)
     with ssh.bootstrap(sshd.host, sshd.user, **opts) as boot:
@@ -187,8 +208,8 @@ def test_bootstrap_tunnels_to_a_real_server_that_runs_vadd(sshd, tmp_path, vadd_
         assert third.stop() == "none"
 
 
-def test_cli_keeps_a_tunnel_until_terminated_and_stop_ends_the_server(sshd, tmp_path):
-    remote_dir = tmp_path / "device"
+def test_cli_keeps_a_tunnel_until_terminated_and_stop_ends_the_server(sshd, device_dir):
+    remote_dir = device_dir
     argv = _cli_args(sshd, "--python", sys.executable, "--remote-dir", str(remote_dir), "--remote-port", "0",
                      "--forward", "0")
     proc = subprocess.Popen([sys.executable, "-c", "from tether.cli.main import cli; cli()", *argv],
@@ -227,8 +248,8 @@ def test_cli_keeps_a_tunnel_until_terminated_and_stop_ends_the_server(sshd, tmp_
     assert result.exit_code == 0 and ": none" in result.output
 
 
-def test_a_server_that_cannot_start_is_reported_with_its_log(sshd, tmp_path):
-    busy = tmp_path / "busy"
+def test_a_server_that_cannot_start_is_reported_with_its_log(sshd, device_dir):
+    busy = device_dir
     # a token-less server asked to listen beyond loopback refuses to start: bootstrap must say so, not hang
     with pytest.raises(ssh.BootstrapError, match="needs a token"):
         ssh.bootstrap(sshd.host, sshd.user, **_ssh_args(sshd), python=sys.executable, remote_dir=str(busy),
@@ -239,11 +260,11 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(sshd, tmp_path):
     assert "session-timeout" in str(info.value)
 
 
-def test_with_a_tracker_the_device_dials_out_and_serves_through_it(sshd, tmp_path, tracker_lab):
+def test_with_a_tracker_the_device_dials_out_and_serves_through_it(sshd, device_dir, tracker_lab):
     from fixtures.tracker import wait_until
 
     tracker = tracker_lab.tracker()
-    remote_dir = tmp_path / "device"
+    remote_dir = device_dir
     result = CliRunner().invoke(cli, _cli_args(sshd, "--python", sys.executable, "--remote-dir", str(remote_dir),
                                                "--remote-port", "0", "--tracker", "127.0.0.1:%d" % tracker.port,
                                                "--key", "ssh-board"))
