@@ -447,8 +447,11 @@ class FrameReader:
                 frame = buf.next_frame()
                 if frame is not None:
                     return frame
-            # missing() has checked the frame against the limit, so growing to fit it whole is safe
-            view = buf.free_space(buf.missing())
+            if buf._start == buf._end:  # the common case between calls: an empty buffer, read into all of it
+                buf._start = buf._end = 0
+                view = buf._view
+            else:  # missing() has checked the frame against the limit, so growing to fit it whole is safe
+                view = buf.free_space(buf.missing())
             try:
                 n = sock.recv_into(view)
             except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
