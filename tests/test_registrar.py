@@ -301,3 +301,57 @@ def test_cli_flags_reach_the_tracker(tracker_lab):
     finally:
         stop_process(proc)
         log.close()
+
+
+def test_tracker_host_name_is_looked_up_in_a_child_process(tracker_lab):
+    tracker = tracker_lab.tracker()
+    reg = Registrar(("localhost", tracker.port), "named", port=9)
+    states = set()
+    sel = selectors.DefaultSelector()
+    reg.attach(sel)
+    try:
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not reg.registered:
+            for key, mask in sel.select(max(0.0, min(0.05, reg.tick() - time.monotonic()))):
+                key.data(key.fileobj, mask)
+            states.add(reg.state)
+        assert reg.registered and "resolving" in states, states
+        assert tracker.count("named") == 1
+        wait_until(lambda: not reg._unreaped and reg.tick() > 0, 2, "the lookup child to be reaped")
+        zombies = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                   if _stat_field(pid, 3) == str(os.getpid()) and _stat_field(pid, 2) == "Z"]
+        assert not zombies
+    finally:
+        reg.close()
+        sel.close()
+
+
+def test_device_server_with_a_named_tracker(tracker_lab):
+    import subprocess
+    import sys
+
+    from fixtures.tracker import stop_process
+
+    tracker = tracker_lab.tracker()
+    log = open(os.path.join(tracker_lab.workdir, "named.log"), "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "tether_rpc", "--port", "0", "--tracker",
+                             "localhost:%d" % tracker.port, "--key", "named", "--workdir", tracker_lab.workdir],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: tracker.count("named") == 1 or proc.poll() is not None, 15, "the device to register")
+        assert proc.poll() is None
+        with tracker.client() as t, t.request("named", wait_timeout=5) as s:
+            assert _echo(s, 1) == 1
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+def _stat_field(pid: int, index: int) -> str:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    fields = text[text.rindex(")") + 2:].split()     # after "pid (comm) "
+    return fields[index - 2] if index >= 2 else ""

@@ -26,7 +26,8 @@ child forked from a multi-threaded process aborts as soon as it starts a thread 
   reverse-mode sockets to :meth:`Server.adopt` and gives a granted session the grant's ``session_timeout`` through
   :meth:`Server.limit_session`.
 
-The link never gives up: a refused, lost, silent, garbage-speaking or restarted tracker is retried forever with
+A tracker given by name is looked up in a short-lived forked child (:class:`_Lookup`), never in the loop: a dead
+DNS server must not stall the server. The link never gives up: a refused, lost, silent, garbage-speaking or restarted tracker is retried forever with
 capped exponential backoff plus jitter, and every reconnect re-registers with the server's current state. Nothing
 a tracker sends can raise out of the registrar into the server. Wire format: :mod:`tether_rpc.tracker_protocol`,
 ``docs/tracker.md``.
@@ -38,10 +39,14 @@ import logging
 import os
 import random
 import selectors
+import signal
 import socket
+import stat
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import msgpack
 
 from . import protocol as p
 from .errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout
@@ -67,6 +72,94 @@ _IN_PROGRESS = (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY, errno.EINT
 
 class _LinkLost(Exception):
     """Internal: the tracker link is unusable; the message says why (logged once, then reconnect)."""
+
+
+class _Lookup:
+    """The tracker's host name looked up in a forked child, so a dead DNS server cannot stall the server's loop.
+
+    The device server's parent is single-threaded, so forking it is safe (and, copy-on-write, cheap). The child
+    closes its copies of every socket (a peer must see the parent's close at once), resolves, writes the
+    addresses to a pipe as msgpack and exits; the parent reads the pipe from its selector and reaps the child.
+    """
+
+    def __init__(self, host: str, port: int):
+        r, w = os.pipe()
+        try:
+            self.pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            raise
+        if self.pid == 0:  # the child: never returns
+            self._child(w, host, port)
+        os.close(w)
+        os.set_blocking(r, False)
+        self.fd = r
+        self.data = bytearray()
+
+    @staticmethod
+    def _child(w: int, host: str, port: int) -> None:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            try:
+                fds = [int(name) for name in os.listdir("/proc/self/fd")]
+            except OSError:
+                fds = []
+            for fd in fds:
+                try:
+                    if fd != w and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                        os.close(fd)
+                except OSError:
+                    pass
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                out = msgpack.packb([[family, list(sockaddr)] for family, _, _, _, sockaddr in infos])
+            except (OSError, UnicodeError) as exc:
+                out = msgpack.packb("cannot resolve the tracker host %r: %s" % (host, exc))
+            os.write(w, out)
+        finally:
+            os._exit(0)
+
+    def read(self) -> bool:
+        """Take what the child wrote; True once it is done (end of file)."""
+        try:
+            chunk = os.read(self.fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if chunk and len(self.data) < (1 << 20):
+            self.data += chunk
+            return False
+        return True
+
+    def result(self) -> List[Tuple[int, Tuple[Any, ...]]]:
+        try:
+            value = msgpack.unpackb(bytes(self.data), raw=False)
+        except Exception as exc:
+            raise _LinkLost("the tracker host lookup failed: %s" % exc)
+        if isinstance(value, str):
+            raise _LinkLost(value)
+        addrs = [(int(family), tuple(sockaddr)) for family, sockaddr in value
+                 if isinstance(family, int) and isinstance(sockaddr, list) and sockaddr]
+        if not addrs:
+            raise _LinkLost("the tracker host lookup returned no address")
+        return addrs
+
+    def close(self) -> bool:
+        """Stop and reap the child if it is done; False if it still has to be reaped later."""
+        os.close(self.fd)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return _reaped(self.pid)
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
 
 
 class _Dial:
@@ -116,7 +209,8 @@ class Registrar:
         self._events = 0
         self._buf = p.FrameBuffer(TRACKER_LIMITS, size=_RECV_CHUNK)
         self._out = bytearray()
-        self._deadline = 0.0               # connect / handshake deadline
+        self._deadline = 0.0               # lookup / connect / handshake deadline
+        self._state_since = 0.0
         self._retry_at = 0.0
         self._backoff = MIN_BACKOFF
         self._linked_at = 0.0
@@ -128,6 +222,8 @@ class Registrar:
         self._addrs: List[Tuple[Any, ...]] = []
         self._addr: Optional[Tuple[Any, ...]] = None
         self._addr_failures = 0
+        self._lookup: Optional[_Lookup] = None
+        self._unreaped: List[int] = []     # lookup children killed or finished but not yet reaped
         self._expected: Dict[str, Tuple[float, dict]] = {}
         self._busy = False
         self._busy_match: Optional[str] = None
@@ -213,6 +309,10 @@ class Registrar:
         for sock in [self._sock] + [d.sock for d in self._dials.values()]:
             if sock is not None:
                 sock.close()
+        if self._lookup is not None:
+            os.close(self._lookup.fd)
+            self._lookup = None
+        self._unreaped = []             # not our children in the worker
         self._sock = None
         self._dials.clear()
         self._closed = True
@@ -230,6 +330,12 @@ class Registrar:
         for dial in list(self._dials.values()):
             self._drop_dial(dial)
         self._registered.clear()
+        for pid in self._unreaped:       # killed lookup children: gone in a moment
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self._unreaped = []
         if self._own_selector and self._selector is not None:
             self._selector.close()
 
@@ -250,6 +356,8 @@ class Registrar:
 
     # --------------------------------------------------------------------------------------------- timers
     def _timers(self, now: float) -> None:
+        if self._unreaped:
+            self._unreaped = [pid for pid in self._unreaped if not _reaped(pid)]
         state = self.state
         if state == "idle":
             if now >= self._retry_at:
@@ -261,9 +369,10 @@ class Registrar:
                 self._send(TrackerMsg.HEARTBEAT, {})
                 self._next_beat = now + self._heartbeat
         elif now >= self._deadline:
-            raise _LinkLost("the tracker did not %s within %.1f s"
-                            % ("accept the connection" if state == "connecting" else "complete the handshake",
-                               self.connect_timeout))
+            what = {"resolving": "the lookup of the tracker host %r did not finish" % self.tracker[0],
+                    "connecting": "the tracker did not accept the connection"}.get(
+                state, "the tracker did not complete the handshake")
+            raise _LinkLost("%s within %.1f s" % (what, self._deadline - self._state_since))
         for dial in [d for d in self._dials.values() if now >= d.deadline]:
             log.warning("reverse dial to the tracker for match %.8s... timed out after %.1f s", dial.match,
                         self.connect_timeout)
@@ -279,27 +388,66 @@ class Registrar:
             nxt = self._deadline
         for dial in self._dials.values():
             nxt = min(nxt, dial.deadline)
+        if self._unreaped:
+            nxt = min(nxt, now + 0.05)
         return max(nxt, now)
 
     # ------------------------------------------------------------------------------------------ connecting
-    def _resolve(self) -> List[Tuple[Any, ...]]:
+    def _numeric_address(self) -> Optional[List[Tuple[Any, ...]]]:
         host, port = self.tracker
         try:  # a numeric address never blocks
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
-        except socket.gaierror:
-            # a name: this lookup blocks the loop, so it is cached and redone only after repeated failures
-            try:
-                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except (socket.gaierror, UnicodeError) as exc:
-                raise _LinkLost("cannot resolve the tracker host %r: %s" % (host, exc))
+        except (socket.gaierror, UnicodeError):
+            return None
         return [(family, sockaddr) for family, _, _, _, sockaddr in infos]
 
     def _connect(self, now: float) -> None:
         if self._info_cache is None:
             self._register_payload()   # gather device info before the connection exists, not while it waits
         if not self._addrs or self._addr_failures >= 3:
-            self._addrs = self._resolve()
+            numeric = self._numeric_address()
+            if numeric is None:      # a name: look it up in a child; _on_lookup connects when it is done
+                try:
+                    self._lookup = _Lookup(self.tracker[0], self.tracker[1])
+                except OSError as exc:
+                    raise _LinkLost("cannot start the tracker host lookup: %s" % exc)
+                self.state = "resolving"
+                self._state_since = now
+                self._deadline = now + max(self.connect_timeout, 10.0)   # resolvers retry for several seconds
+                assert self._selector is not None
+                self._selector.register(self._lookup.fd, _READ, self._on_lookup)
+                return
+            self._addrs = numeric
             self._addr_failures = 0
+        self._open(now)
+
+    def _on_lookup(self, fd: int, mask: int) -> None:
+        lookup = self._lookup
+        if lookup is None or lookup.fd != fd or not lookup.read():
+            return
+        try:
+            self._end_lookup()
+            self._addrs = lookup.result()
+            self._addr_failures = 0
+            self._open(time.monotonic())
+        except _LinkLost as exc:
+            self._lose(str(exc))
+        except Exception:
+            log.exception("registrar error")
+            self._lose("internal error")
+
+    def _end_lookup(self) -> None:
+        lookup, self._lookup = self._lookup, None
+        if lookup is not None:
+            if self._selector is not None:
+                try:
+                    self._selector.unregister(lookup.fd)
+                except (KeyError, ValueError):
+                    pass
+            if not lookup.close():
+                self._unreaped.append(lookup.pid)
+
+    def _open(self, now: float) -> None:
         family, sockaddr = self._addrs[0]
         self._addrs.append(self._addrs.pop(0))   # the next attempt tries the next address
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -315,6 +463,7 @@ class Registrar:
         self._out = bytearray()
         self._sent_busy = None
         self.state = "connecting"
+        self._state_since = now
         self._deadline = now + self.connect_timeout
         self._events = _WRITE
         assert self._selector is not None
@@ -351,7 +500,8 @@ class Registrar:
         p.configure_socket(self._sock)
         self._addr_failures = 0
         self.state = "hello"
-        self._deadline = time.monotonic() + self.connect_timeout
+        self._state_since = time.monotonic()
+        self._deadline = self._state_since + self.connect_timeout
         self._set_events(_READ)
         self._send(TrackerMsg.HELLO, hello_payload("device", self.name))
 
@@ -517,6 +667,7 @@ class Registrar:
 
     # ---------------------------------------------------------------------------------------- losing the link
     def _drop_link(self) -> None:
+        self._end_lookup()
         sock, self._sock = self._sock, None
         if sock is not None:
             if self._selector is not None:
@@ -552,7 +703,10 @@ class Registrar:
         if len(self._dials) >= MAX_DIALS:
             log.warning("%d reverse dials already open: ignoring DIAL for match %.8s...", len(self._dials), match)
             return
-        family, sockaddr = self._addr if self._addr is not None else self._resolve()[0]
+        if self._addr is None:
+            log.warning("DIAL before the tracker's address is known: ignored")
+            return
+        family, sockaddr = self._addr
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
         err = sock.connect_ex(sockaddr)
