@@ -27,10 +27,10 @@ child forked from a multi-threaded process aborts as soon as it starts a thread 
   :meth:`Server.limit_session`.
 
 A tracker given by name is looked up in a short-lived forked child (:class:`_Lookup`), never in the loop: a dead
-DNS server must not stall the server. The link never gives up: a refused, lost, silent, garbage-speaking or restarted tracker is retried forever with
-capped exponential backoff plus jitter, and every reconnect re-registers with the server's current state. Nothing
-a tracker sends can raise out of the registrar into the server. Wire format: :mod:`tether_rpc.tracker_protocol`,
-``docs/tracker.md``.
+DNS server must not stall the server. The link never gives up: a refused, lost, silent, garbage-speaking or
+restarted tracker is retried forever with capped exponential backoff plus jitter, and every reconnect re-registers
+with the server's current state. Nothing a tracker sends can raise out of the registrar into the server. Wire
+format: :mod:`tether_rpc.tracker_protocol`, ``docs/tracker.md``.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import msgpack
 
 from . import protocol as p
-from .errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout
+from .errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError
 from .server import ServerHook, parse_hostport
 from .tracker_protocol import TRACKER_LIMITS, TrackerMsg, check_match, hello_payload
 
@@ -178,8 +178,8 @@ class _Dial:
 class Registrar:
     """One device's registration with one tracker, as a non-blocking state machine (see the module docstring).
 
-    States: ``idle`` (waiting out the backoff) -> ``connecting`` -> ``hello`` -> [``auth``] -> ``register`` ->
-    ``registered``; any failure goes back to ``idle``.
+    States: ``idle`` (waiting out the backoff) -> [``resolving``: a host name, looked up in a child] ->
+    ``connecting`` -> ``hello`` -> [``auth``] -> ``register`` -> ``registered``; any failure goes back to ``idle``.
     """
 
     def __init__(self, tracker: Tuple[str, int], key: str, *, port: int, host: Optional[str] = None,
