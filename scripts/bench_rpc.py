@@ -89,6 +89,7 @@ class RawPeer:
             finally:
                 os._exit(0)
         self.sock = socket.create_connection(self.listener.getsockname(), timeout=30)
+        self.sock.settimeout(None)  # blocking, as the floor is defined: a timeout adds a poll() per receive
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def close(self) -> None:
@@ -112,6 +113,9 @@ def recv_exact(sock: socket.socket, view: memoryview) -> None:
 
 def median_of(fn, rounds: int) -> float:
     return statistics.median(fn() for _ in range(rounds))
+
+
+best = {}  # the fastest batch of each measurement: what an idle machine would show
 
 
 def interleaved_rtt(tether_call, calls: int, rounds: int):
@@ -141,6 +145,7 @@ def interleaved_rtt(tether_call, calls: int, rounds: int):
         for _ in range(rounds):
             raws.append(raw_batch())
             tethers.append(tether_batch())
+        best["rtt"] = (min(raws), min(tethers))
         return statistics.median(raws), statistics.median(tethers)
     finally:
         peer.close()
@@ -300,7 +305,8 @@ def main() -> None:
                         te()
                     return (time.perf_counter() - t0) / 200
 
-                t_te = median_of(te_cost, rounds)
+                te_runs = [te_cost() for _ in range(rounds)]
+                t_te = statistics.median(te_runs)
 
                 def plain_call() -> float:
                     t0 = time.perf_counter()
@@ -308,7 +314,9 @@ def main() -> None:
                         f()
                     return (time.perf_counter() - t0) / 200
 
-                t_call = median_of(plain_call, rounds)
+                call_runs = [plain_call() for _ in range(rounds)]
+                t_call = statistics.median(call_runs)
+                best["te"] = (min(call_runs), min(te_runs))
 
             def open_close() -> float:
                 t0 = time.perf_counter()
@@ -335,7 +343,8 @@ def main() -> None:
     gbs = lambda n, t: n / t / 1e9  # noqa: E731
     rows = [
         ("small-call RTT (echo)", "%.1f us" % (rtt * 1e6), "%.1f us" % (raw_rtt * 1e6), "%.2fx raw" % (rtt / raw_rtt),
-         "<= 1.3x", rtt / raw_rtt <= 1.3),
+         "<= 1.3x",
+         rtt / raw_rtt <= 1.3 and best["rtt"][1] / best["rtt"][0] <= 1.3),
         ("64 MB host->device", "%.2f GB/s" % gbs(big, t_h2d), "%.2f GB/s" % gbs(big, raw_up),
          "%.0f%% raw" % (100 * raw_up / t_h2d), ">= 1 GB/s, >= 30%", gbs(big, t_h2d) >= 1 and raw_up / t_h2d >= 0.3),
         ("64 MB device->host", "%.2f GB/s" % gbs(big, t_d2h), "%.2f GB/s" % gbs(big, raw_down),
@@ -357,6 +366,11 @@ def main() -> None:
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  met")
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r[:5], widths)) + "  " + ("yes" if r[5] else "NO"))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print("fastest batch (less exposed to other load; load average %.1f on %d CPUs): small call %.1f us vs raw %.1f us"
+          " = %.2fx; time_evaluator %.3f ms (plain call %.3f ms)"
+          % (load, os.cpu_count() or 0, best["rtt"][1] * 1e6, best["rtt"][0] * 1e6, best["rtt"][1] / best["rtt"][0],
+             best["te"][1] * 1e3, best["te"][0] * 1e3))
     print("(medians of %d rounds; small calls: %d per round; loopback 127.0.0.1; python %s, numpy %s;"
           " session folders in %s)" % (rounds, calls, sys.version.split()[0], np.__version__, session_dir_kind))
 
