@@ -40,7 +40,7 @@ def digits_host(tmp_path_factory):
 
 def _exercise(session, folder, x, ref):
     samples, nodes = [], []
-    with RemoteGraphExecutor(session, folder) as gm:
+    with session.graph_executor(folder) as gm:      # the surface: remote.graph_executor("out/")
         assert gm.input_names == ["input"] and gm.output_names == ["probs"]
         gm.set_input("input", x)
         gm.run()
@@ -56,17 +56,13 @@ def _exercise(session, folder, x, ref):
 
 def test_local_session(digits_host):
     with rpc.LocalSession() as sess:
-        if not _wired(sess):
-            # the session module predates the graph built-ins: add them the way the server will
-            from tether_rpc.graph_executor import register_builtins
-            register_builtins(sess._handler)
+        assert _wired(sess), "every session registers the tether.graph.* built-ins (session.EXTENSIONS)"
         _exercise(sess, *digits_host)
 
 
 def test_real_server_on_loopback(rpc_server, digits_host):
     with rpc.connect(rpc_server.host, rpc_server.port, timeout=30) as sess:
-        if not _wired(sess):
-            pytest.skip("tether.graph.* built-ins are not wired into tether_rpc.session yet")
+        assert _wired(sess), "the device server must offer the tether.graph.* built-ins"
         _exercise(sess, *digits_host)
         with pytest.raises(tether.errors.TetherError, match="no input"):
             gm = RemoteGraphExecutor(sess, None, uploaded=True)
@@ -107,8 +103,7 @@ def test_emulated_onnx_node_cases(emulated_device, node_cases, tmp_path):
     host, port = emulated_device.address
     passed = []
     with rpc.connect(host, port, timeout=120) as sess:
-        if not _wired(sess):
-            pytest.skip("tether.graph.* built-ins are not wired into tether_rpc.session yet")
+        assert _wired(sess), "the device server must offer the tether.graph.* built-ins"
         for name, case in node_cases.items():
             model = case.model
             inputs, outputs = case.data_sets[0]
@@ -144,8 +139,7 @@ def test_emulated_aarch64_light_models(emulated_devices, model_name, tmp_path):
     n = int(np.prod(shape))
     x = (np.arange(n).reshape(shape) / n).astype(np.float32)   # the suite's dummy input for light models
     with rpc.connect(*device.address, timeout=300) as sess:
-        if not _wired(sess):
-            pytest.skip("tether.graph.* built-ins are not wired into tether_rpc.session yet")
+        assert _wired(sess), "the device server must offer the tether.graph.* built-ins"
         with RemoteGraphExecutor(sess, str(tmp_path)) as gm:
             gm.run(**{graph.inputs[0]: x})
             np.testing.assert_allclose(gm.get_output(0), ref, rtol=1e-3, atol=1e-7)
