@@ -230,9 +230,9 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     packed = any(c.tag_of(src.op) == c.MATMUL_PACK for src in t.op.input_tensors)
     # packed panels are read as p[j // NR, k, j % NR]: contiguous once j is split by NR, as below
     contiguous = packed or _contiguous_along(t.op, t.op.axis[-1], ctx_inline(s))
-    if anchor is None and fam.direct_matmul:
-        # The output itself accumulates: LLVM keeps the MR x NR block in registers across the k loop (the
-        # output is noalias), and the packed panel's only consumer is this stage, so it can be packed per task.
+    if anchor is None and fam.direct_matmul and id(t.op) in ctx["outputs"]:
+        # The output itself accumulates: LLVM keeps the MR x NR block in registers across the k loop (a kernel
+        # output is a noalias argument; an internal buffer is not, so those get a local block below), and the packed panel's only consumer is this stage, so it can be packed per task.
         st = s[t]
         axes = list(t.op.axis)
         lead, (i, j) = axes[:-2], axes[-2:]
@@ -477,7 +477,7 @@ def schedule(outs, target="host"):
             if target_op is not None and len(target_op.output(0).shape) == len(op.output(0).shape):
                 anchor[id(op)] = target_op.output(0)
 
-    ctx = {"anchor": anchor, "consumers": consumers, "serial": set()}
+    ctx = {"anchor": anchor, "consumers": consumers, "serial": set(), "outputs": out_ids}
     for op in order:
         if id(op) in inline:
             s[op].compute_inline()
