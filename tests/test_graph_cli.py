@@ -57,3 +57,14 @@ def test_run_on_a_loopback_server(compiled, rpc_server):
                                    str(rpc_server.port), "--number", "1", "--repeat", "2"])
     assert res.exit_code == 0, res.output
     assert "on %s:%d" % (rpc_server.host, rpc_server.port) in res.output
+
+
+def test_run_through_a_tracker(compiled, tracker_lab):
+    """`tether run --tracker --key`: a real tracker process, a real device server registered under a key."""
+    tracker = tracker_lab.tracker()
+    tracker_lab.device(tracker, "hostdev")
+    res = CliRunner().invoke(cli, ["run", str(compiled[0]), "--tracker", "127.0.0.1:%d" % tracker.port,
+                                   "--key", "hostdev", "--number", "1", "--repeat", "2", "--timeout", "30"])
+    assert res.exit_code == 0, res.output
+    assert "tracker 127.0.0.1:%d key hostdev" % tracker.port in res.output
+    assert "output 0: float32 (4, 10)" in res.output
