@@ -619,16 +619,35 @@ class _Channel:
         self.sock = sock
         self.lock = threading.Lock()
         self.request_id = 0
+        self._deferred: List[bytes] = []  # EVENT frames that leave with the next frame (one write, one wake-up)
 
     def send(self, data: bytes, bulk: Any = None) -> None:
         with self.lock:
-            if bulk is None:
+            if bulk is None and not self._deferred:
                 self.sock.sendall(data)
             else:
-                p.send_buffers(self.sock, [data, bulk])
+                self._send_locked(data, bulk)
 
-    def emit(self, kind: str, fields: Dict[str, Any]) -> None:
-        self.send(p.encode_frame(p.MsgType.EVENT, self.request_id, fields))
+    def _send_locked(self, data: bytes, bulk: Any = None) -> None:
+        buffers = self._deferred + [data]
+        self._deferred = []
+        if bulk is not None:
+            buffers.append(bulk)
+        p.send_buffers(self.sock, buffers)
+
+    def send_with_file(self, data: bytes, fh: Any, size: int) -> bool:
+        """A frame followed by a file's bytes (sendfile: no copy through Python); False if the file shrank."""
+        with self.lock:
+            self._send_locked(data)
+            return (self.sock.sendfile(fh, 0, size) if size else 0) == size
+
+    def emit(self, kind: str, fields: Dict[str, Any], defer: bool = False) -> None:
+        frame = p.encode_frame(p.MsgType.EVENT, self.request_id, fields)
+        if defer:  # the caller knows the next frame follows at once (e.g. the last timing sample, then RETURN)
+            with self.lock:
+                self._deferred.append(frame)
+        else:
+            self.send(frame)
 
 
 class _EventLines:
@@ -753,10 +772,8 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_
     if reply.buffer is not None:
         channel.send(frame, reply.buffer)
     elif reply.file is not None:
-        with reply.file, channel.lock:
-            channel.sock.sendall(frame)
-            sent = channel.sock.sendfile(reply.file, 0, reply.size) if reply.size else 0
-            if sent != reply.size:
+        with reply.file:
+            if not channel.send_with_file(frame, reply.file, reply.size):
                 return False  # the file shrank under us: the stream is out of step
     else:
         channel.send(frame)

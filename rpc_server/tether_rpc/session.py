@@ -23,7 +23,9 @@ from .protocol import RemoteHandle, byte_view
 
 log = logging.getLogger(__name__)
 
-EmitFn = Callable[[str, Dict[str, Any]], None]
+# emit(kind, fields, defer): ``defer`` lets the transport send the event together with the frame that follows
+# at once (saving the peer a wake-up); it must still be delivered before that frame.
+EmitFn = Callable[..., None]
 
 CHUNK = 4 << 20  # upload pieces: few syscalls, bounded memory
 
@@ -108,10 +110,14 @@ class CallContext:
         self.bulk = bulk
         self._emit = emit
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, kind: str, _defer: bool = False, **fields: Any) -> None:
+        """Stream an EVENT to the caller; ``_defer=True`` when the call's reply follows immediately."""
         if self._emit is not None:
             fields["kind"] = kind
-            self._emit(kind, fields)
+            if _defer:
+                self._emit(kind, fields, True)
+            else:
+                self._emit(kind, fields)
 
     def require_bulk(self, what: str) -> BulkIn:
         if self.bulk is None:
@@ -344,8 +350,11 @@ class SessionHandler:
                             % (", ".join(sorted(unknown)), ", ".join(sorted(allowed))))
         kargs, _ = self._kernel_args(args)
 
+        last = int(opts.get("repeat", 3)) - 1
+
         def on_sample(index: int, seconds: float, *_: Any) -> None:
-            ctx.emit("sample", index=int(index), seconds=float(seconds))
+            # the last sample leaves together with the RETURN that follows it
+            ctx.emit("sample", _defer=int(index) == last, index=int(index), seconds=float(seconds))
 
         result = timing.time_evaluator(func, kargs, on_sample=on_sample, **opts)
         return {"samples": [float(s) for s in result["samples"]], "number": int(result["number"])}

@@ -28,7 +28,7 @@ class LocalSession(SessionAPI):
         self.folder = tempfile.mkdtemp(prefix="tether-local-")
         self._handler = SessionHandler(self.folder)
 
-    def _emit(self, kind: str, fields: Dict[str, Any]) -> None:
+    def _emit(self, kind: str, fields: Dict[str, Any], defer: bool = False) -> None:
         self._dispatch_event(fields)
 
     def _call(self, fn: Any, args: List[Any], bulk: Any = None, into: Optional[memoryview] = None,
