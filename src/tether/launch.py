@@ -100,3 +100,8 @@ def rpc_server_argv(*args: str, python: Optional[str] = None) -> List[str]:
 def start_rpc_server(*args: str, **kw) -> ServiceProcess:
     """Start ``python -m tether_rpc ARGS`` on loopback (defaults: 127.0.0.1, a free port from 9090)."""
     return ServiceProcess(rpc_server_argv(*args), name="rpc-server", **kw)
+
+
+def start_tracker(*args: str, **kw) -> ServiceProcess:
+    """Start ``rpc-tracker ARGS`` (``python -m tether.cli.tracker``) on loopback."""
+    return ServiceProcess([sys.executable, "-m", "tether.cli.tracker", *args], name="rpc-tracker", **kw)

@@ -29,3 +29,7 @@ for _name in COMMAND_MODULES:
     _qualified = "tether.cli." + _name
     if importlib.util.find_spec(_qualified) is not None:
         cli.add_command(importlib.import_module(_qualified).command)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,6 +1,6 @@
 """`tether quickstart`: the main job on the embedded default, end to end on loopback.
 
-It starts a local device server (and, when available, a local tracker that the server registers with), compiles
+It starts a local tracker and a device server that registers with it (both on loopback), compiles
 small kernels for this machine with tether.build, uploads them, runs them remotely, checks every result against
 numpy, and prints a timing table measured on the device next to numpy's time for the same work.
 """
@@ -54,20 +54,26 @@ def _median_seconds(fn: Callable[[], object], repeat: int = 7) -> float:
 @click.option("--matmul-size", default=256, show_default=True, help="Matrix size of the matmul kernel.")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds allowed for any single step.")
 def command(size: int, matmul_size: int, timeout: float) -> None:
-    """Start a local device server, compile kernels for this machine, run them remotely, check and time them."""
+    """Start a local tracker and device server, compile kernels for this machine, run them remotely through the
+    tracker, check them against numpy and time them on the device."""
     import tether
     from rich.console import Console
     from rich.table import Table
 
     from tether import rpc
-    from tether.launch import start_rpc_server
+    from tether.launch import start_rpc_server, start_tracker
 
     console = Console()
+    key = "local"
     with tempfile.TemporaryDirectory(prefix="tether-quickstart-") as tmp, \
-            start_rpc_server("--host", "127.0.0.1", "--port", "0", start_timeout=timeout) as server:
-        console.print("device server listening on [bold]%s[/] (pid %d)" % (server.address, server.pid))
+            start_tracker("--host", "127.0.0.1", "--port", "0", start_timeout=timeout) as tracker_proc, \
+            start_rpc_server("--host", "127.0.0.1", "--port", "0", "--tracker", tracker_proc.address, "--key", key,
+                             start_timeout=timeout) as server:
+        console.print("tracker listening on [bold]%s[/] (pid %d); device server on [bold]%s[/] (pid %d), key %r"
+                      % (tracker_proc.address, tracker_proc.pid, server.address, server.pid, key))
         rows: List[Tuple[str, str, float, float]] = []
-        with rpc.connect(server.host, server.port, timeout=timeout) as remote:
+        tracker = rpc.connect_tracker(tracker_proc.host, tracker_proc.port)
+        with tracker, tracker.request(key, wait_timeout=timeout, session_timeout=600) as remote:
             info = remote.device_info()
             console.print("device: %s, %s cores, suggested target %s"
                           % (info.get("arch"), info.get("num_cores"), info.get("suggested_target")))
