@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Kernel benchmark: tether.ops kernels built for the host vs numpy (OpenBLAS) and onnxruntime, one run.
 
-    python scripts/bench_kernels.py [--sizes 256 512 1024] [--quick]
+    python scripts/bench_kernels.py [--sizes 256 512 1024] [--rounds 3]
 
-Prints one table: matmul GFLOP/s at 1 and 2 threads against numpy at the same thread count (numpy is measured in
-child processes with OPENBLAS_NUM_THREADS set, because OpenBLAS fixes its thread count at load time), the fused
-relu(a*b+c) on 1M floats against numpy's three passes, mobilenet-sized depthwise and pointwise convolutions
-against a one-node onnxruntime model, and the compile time (build + link) of every kernel.  All figures are
-medians of repeated timings; ratios are against baselines measured in this same run.
+Prints matmul GFLOP/s at 1 and 2 threads against numpy at the same thread count (numpy runs in worker processes
+with OPENBLAS_NUM_THREADS set, because OpenBLAS fixes its thread count at load time), the fused relu(a*b+c) on
+1M floats against numpy's three passes, mobilenet-sized depthwise and pointwise convolutions against a one-node
+onnxruntime model, and the compile time (schedule + build + link) of every kernel.  tether and baseline samples
+alternate over `--rounds` rounds, so load from other processes hits both; ratios are against baselines measured
+in this same run.  Two tables: medians of all samples, and best samples (on a shared machine the least
+disturbed ones).  tether's thread count is set with tether_rpc.parallel.set_num_threads.
 """
 from __future__ import annotations
 
