@@ -111,3 +111,16 @@ def test_broadcast_shape_error():
     B = te.placeholder((5,), "float32", name="B")
     with pytest.raises(ValueError, match="cannot be broadcast"):
         ops.add(A, B)
+
+
+def test_int32_elementwise_and_reduce(run_ops, rng):
+    a = rng.integers(-50, 50, 37).astype("int32")
+    b = rng.integers(-50, 50, 37).astype("int32")
+    A = te.placeholder((37,), "int32", name="A")
+    B = te.placeholder((37,), "int32", name="B")
+    outs = run_ops([(A, a), (B, b)], [ops.add(A, B), ops.relu(A), ops.maximum(A, B), ops.multiply(A, 3),
+                                      ops.sum(A, axis=0, keepdims=True), ops.max(B, axis=0)])
+    refs = [a + b, np.maximum(a, 0), np.maximum(a, b), a * 3, a.sum(keepdims=True), b.max()]
+    for got, ref in zip(outs, refs):
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, ref)
