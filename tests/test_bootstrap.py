@@ -22,7 +22,7 @@ from click.testing import CliRunner
 import tether
 from tether import rpc, ssh, te
 from tether.cli.main import cli
-from tether.errors import TetherTimeout
+from tether.errors import AuthenticationError, TetherTimeout
 
 
 def _alive(pid: int) -> bool:
@@ -212,8 +212,9 @@ def test_cli_keeps_a_tunnel_until_terminated_and_stop_ends_the_server(sshd, devi
     remote_dir = device_dir
     argv = _cli_args(sshd, "--python", sys.executable, "--remote-dir", str(remote_dir), "--remote-port", "0",
                      "--forward", "0")
+    env = dict(os.environ, TETHER_TOKEN="s3cret-for-bootstrap")     # --token's environment variable
     proc = subprocess.Popen([sys.executable, "-c", "from tether.cli.main import cli; cli()", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: "queue.Queue[str]" = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     try:
@@ -223,13 +224,19 @@ def test_cli_keeps_a_tunnel_until_terminated_and_stop_ends_the_server(sshd, devi
                 output.append(lines.get(timeout=0.5))
             except queue.Empty:
                 continue
-            m = re.search(r'rpc\.connect\("127\.0\.0\.1", (\d+)\)', output[-1])
+            m = re.search(r'rpc\.connect\("127\.0\.0\.1", (\d+)[,)]', output[-1])
             port = int(m.group(1)) if m else None
         assert port is not None, "no connect line from `tether bootstrap`:\n" + "".join(output)
         assert "zipapp uploaded; device server started" in "".join(output)
-        with rpc.connect("127.0.0.1", port, timeout=10) as remote:
+        with pytest.raises(AuthenticationError):
+            rpc.connect("127.0.0.1", port, timeout=10, token="wrong")
+        with rpc.connect("127.0.0.1", port, timeout=10, token="s3cret-for-bootstrap") as remote:
             assert remote.get_function("tether.echo")("through", "the CLI tunnel") == ["through", "the CLI tunnel"]
         pid = int((remote_dir / ssh.PID_NAME).read_text())
+        # the token reached the server through its environment, never through a command line or a file
+        assert b"s3cret" not in pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()
+        assert b"TETHER_TOKEN=s3cret-for-bootstrap" in pathlib.Path("/proc/%d/environ" % pid).read_bytes()
+        assert not [p for p in remote_dir.iterdir() if b"s3cret" in p.read_bytes()]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -292,3 +299,30 @@ def test_a_wrong_key_and_a_silent_port_fail_clearly_and_in_bounded_time(sshd):
         with pytest.raises(TetherTimeout, match="no SSH server answered"):
             ssh.connect("127.0.0.1", sshd.user, **_ssh_args(sshd, port=silent.getsockname()[1], timeout=1.0))
         assert time.monotonic() - t0 < 5
+
+
+def test_check_only_without_a_python_says_to_install_one(sshd, tmp_path):
+    result = CliRunner().invoke(cli, _cli_args(sshd, "--check-only", "--python", str(tmp_path / "no-python3")))
+    assert result.exit_code == 1
+    assert "no usable python" in result.output and "no-python3" in result.output
+    assert "sudo apt-get install python3 python3-numpy python3-msgpack" in result.output
+
+
+def test_device_check_verdicts_for_an_old_pi_and_a_termux_phone():
+    # probe answers as a Raspberry Pi 4 on Debian buster and a Termux phone would send them
+    pi4 = {"python": "3.7.3", "numpy": "1.16.2", "msgpack": "0.5.6", "machine": "aarch64", "bits": 64,
+           "android": False, "cpuinfo": "processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd08"}
+    check = ssh._evaluate("aarch64", "python3", pi4, "")
+    assert (check.arch, check.suggested_target) == ("aarch64", "rasp4b")
+    assert [p.split()[0] for p in check.problems] == ["python", "numpy", "msgpack"]
+    assert "python 3.7.3 is too old" in check.problems[0] and check.install_hint.startswith(
+        "sudo apt-get install python3 python3-numpy python3-msgpack")
+    armhf = dict(pi4, machine="armv7l", bits=32, python="3.9.2", numpy="1.19.5", msgpack="1.0.0")
+    check = ssh._evaluate("aarch64", "python3", armhf, "")   # 32-bit userland on a 64-bit kernel
+    assert check.ok and check.arch == "armv7"
+    phone = dict(pi4, python="3.12.1", numpy=None, numpy_error="ModuleNotFoundError: No module named 'numpy'",
+                 msgpack="1.0.8", android=True)
+    check = ssh._evaluate("aarch64", "python", phone, "")
+    assert check.suggested_target == "android-arm64" and check.problems == [
+        "numpy is missing on the device (ModuleNotFoundError: No module named 'numpy'); >= 1.19 is needed"]
+    assert check.install_hint == "pkg install python python-numpy && pip install msgpack"

@@ -150,7 +150,12 @@ class DeviceCheck:
 
     @property
     def install_hint(self) -> str:
-        return TERMUX_HINT if self.android else DEBIAN_HINT
+        if self.android:
+            return TERMUX_HINT
+        if self.python_version is None or _version_tuple(self.python_version) < MIN_PYTHON:
+            return DEBIAN_HINT.replace("install ", "install python3 ", 1) + \
+                " (Debian 11 bullseye / Raspberry Pi OS 11 or newer has Python >= 3.9)"
+        return DEBIAN_HINT
 
     def summary(self) -> str:
         lines = ["device: %s (tether arch %s), suggested target %s" % (self.machine, self.arch,
