@@ -233,13 +233,35 @@ def _check_depth(obj: Any, max_depth: int) -> None:
         depth += 1
 
 
+_Timestamp = msgpack.Timestamp
+
+
+def _checked_map(d: dict) -> dict:
+    # strict_map_key still admits bin keys, and msgpack decodes ext -1 (timestamp) itself without asking
+    # ext_hook: both are outside the wire format, so refuse them here (docs/protocol.md).
+    for k, v in d.items():
+        if type(k) is not str:
+            raise ProtocolError("map keys must be strings, got %s %.40r" % (type(k).__name__, k))
+        if type(v) is _Timestamp:
+            raise ProtocolError("unknown msgpack ext type -1 (timestamp) in map value %r" % k)
+    return d
+
+
+def _checked_list(items: list) -> list:
+    for v in items:
+        if type(v) is _Timestamp:
+            raise ProtocolError("unknown msgpack ext type -1 (timestamp) in an array")
+    return items
+
+
 _UNPACK_OPTIONS: Dict[Limits, dict] = {}
 
 
 def _unpack_options(limits: Limits) -> dict:
     opts = _UNPACK_OPTIONS.get(limits)
     if opts is None:
-        opts = dict(raw=False, strict_map_key=True, ext_hook=_make_ext_hook(limits), **limits.unpack_options())
+        opts = dict(raw=False, strict_map_key=True, ext_hook=_make_ext_hook(limits), object_hook=_checked_map,
+                    list_hook=_checked_list, **limits.unpack_options())
         _UNPACK_OPTIONS[limits] = opts
     return opts
 
