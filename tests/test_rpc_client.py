@@ -225,3 +225,19 @@ def test_empty_arrays_and_files(kind, rpc_server):
         assert session.listdir() == ["empty.bin"]
         scalar = session.array(np.array(7, "int64"))
         assert scalar.shape == () and scalar.numpy() == 7
+
+
+def test_reuploading_a_loaded_library_keeps_the_loaded_one_working(rpc_server, rpc_kernels):
+    """An upload replaces the file by rename: a library already loaded from that name keeps running (writing over
+    a mapped library in place would change its code under the session)."""
+    n = 1024
+    a, b = np.arange(n, dtype="float32"), np.ones(n, dtype="float32")
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=10) as remote:
+        remote.upload(str(rpc_kernels["vadd"]), name="k.so")
+        vadd = remote.load_module("k.so")["vadd"]
+        remote.upload(str(rpc_kernels["misc"]), name="k.so")       # a different library under the same name
+        assert remote.listdir() == ["k.so"]                          # no temporary left behind
+        c = remote.empty((n,), "float32")
+        vadd(remote.array(a), remote.array(b), c)
+        np.testing.assert_array_equal(c.numpy(), a + b)
+        assert "nop" in remote.load_module("k.so").function_names    # the new file is what loads now

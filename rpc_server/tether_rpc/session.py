@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import tempfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -299,18 +300,20 @@ class SessionHandler:
     def _upload(self, ctx: CallContext, name: Any) -> Dict[str, Any]:
         bulk = ctx.require_bulk("tether.upload")
         path = self.folder.path_for(name)  # refuses unsafe names before anything is written
-        ok = False
+        # Write beside it and rename over it: rewriting a library that is still mapped (loaded earlier in
+        # this session) in place would change code under a running process and can crash it.
+        fd, part = tempfile.mkstemp(prefix=".upload-", dir=os.path.dirname(path))
         try:
-            with open(path, "wb") as fh:
+            with os.fdopen(fd, "wb") as fh:
                 if bulk.nbytes:
                     _receive_file(fh, bulk)
-            ok = True
-        finally:
-            if not ok:
-                try:
-                    os.remove(path)
-                except OSError:
-                    pass
+            os.replace(part, path)
+        except BaseException:
+            try:
+                os.remove(part)
+            except OSError:
+                pass
+            raise
         return {"name": name, "size": bulk.nbytes}
 
     def _download(self, ctx: CallContext, name: Any) -> Reply:
