@@ -147,3 +147,23 @@ def test_conv_group_mismatch_error():
     W = te.placeholder((4, 4, 3, 3), "float32", name="W")
     with pytest.raises(ValueError, match="groups"):
         ops.conv2d(X, W, groups=2)
+
+
+def test_tiny_outputs_and_dilated_pool(run_ops, rng):
+    """1x1 outputs (a one-lane column block) and a dilated max pool."""
+    x = rng.standard_normal((1, 4, 3, 3)).astype("float32")
+    w = rng.standard_normal((5, 4, 3, 3)).astype("float32")
+    wd = rng.standard_normal((4, 1, 3, 3)).astype("float32")
+    xb = rng.standard_normal((1, 2, 9, 12)).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder(w.shape, "float32", name="W")
+    WD = te.placeholder(wd.shape, "float32", name="WD")
+    XB = te.placeholder(xb.shape, "float32", name="XB")
+    conv, dw, mp, dil = run_ops([(X, x), (W, w), (WD, wd), (XB, xb)],
+                                [ops.conv2d(X, W), ops.conv2d(X, WD, groups=4), ops.max_pool2d(X, 3),
+                                 ops.max_pool2d(XB, 2, 1, 1, dilation=2)])
+    np.testing.assert_allclose(conv, _conv_ref(x, w, (1, 1), (0,) * 4, (1, 1), 1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, _conv_ref(x, wd, (1, 1), (0,) * 4, (1, 1), 4), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mp, x.max(axis=(2, 3), keepdims=True), rtol=1e-6)
+    ref = _ort_pool("MaxPool", xb, kernel_shape=[2, 2], strides=[1, 1], pads=[1, 1, 1, 1], dilations=[2, 2])
+    np.testing.assert_allclose(dil, ref, rtol=1e-6)
