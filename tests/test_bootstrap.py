@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 import tether
+import tether.bundle
 from tether import rpc, ssh, te
 from tether.cli.main import cli
 from tether.errors import AuthenticationError, TetherTimeout
@@ -161,10 +162,12 @@ def test_check_only_reports_a_missing_numpy_and_what_to_install(sshd, tmp_path, 
 def test_bootstrap_tunnels_to_a_real_server_that_runs_vadd(sshd, device_dir, vadd_so):
     remote_dir = device_dir
     bundle = remote_dir / ssh.BUNDLE_NAME
-    opts = dict(_ssh_args(sshd), python=sys.executable, remote_dir=str(remote_dir), remote_port=0)
+    # one zipapp for every run below: the device package may be edited while the test runs
+    zipapp = tether.bundle.bundle_bytes()
+    opts = dict(_ssh_args(sshd), python=sys.executable, remote_dir=str(remote_dir), remote_port=0, bundle=zipapp)
     with ssh.bootstrap(sshd.host, sshd.user, **opts) as boot:
         assert boot.uploaded and not boot.reused
-        assert bundle.read_bytes() == tether.bundle.bundle_bytes()
+        assert bundle.read_bytes() == zipapp
         assert int((remote_dir / ssh.PID_NAME).read_text()) == boot.pid and _alive(boot.pid)
         assert boot.remote_host == "127.0.0.1"                        # loopback only on the device
         assert "listening on 127.0.0.1:%d" % boot.remote_port in (remote_dir / ssh.LOG_NAME).read_text()
@@ -198,7 +201,7 @@ def test_bootstrap_tunnels_to_a_real_server_that_runs_vadd(sshd, device_dir, vad
     bundle.write_bytes(b"an older zipapp")                         # a different hash: upload and restart
     with ssh.bootstrap(sshd.host, sshd.user, **opts) as third:
         assert third.uploaded and not third.reused and third.pid != first_pid
-        assert bundle.read_bytes() == tether.bundle.bundle_bytes()
+        assert bundle.read_bytes() == zipapp
         assert _wait_gone(first_pid), "the old server was not stopped"
         with rpc.connect("127.0.0.1", third.forward(), timeout=10) as remote:
             assert remote.get_function("tether.echo")(3, 4) == [3, 4]

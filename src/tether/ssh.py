@@ -684,12 +684,13 @@ def bootstrap(host: str, user: Optional[str] = None, *, port: int = 22, identity
               remote_port: int = 9090, token: Optional[str] = None, tracker: Optional[str] = None,
               key: Optional[str] = None, reverse: Optional[bool] = None, tracker_token: Optional[str] = None,
               extra_args: Sequence[str] = (), restart: bool = False, timeout: float = 15.0,
-              start_timeout: float = 30.0) -> Bootstrap:
+              start_timeout: float = 30.0, bundle: Optional[bytes] = None) -> Bootstrap:
     """Connect over SSH, check the device, upload the zipapp if it changed, and start (or reuse) the server.
 
     ``host`` may be ``user@host``. ``bind`` is the address the server listens on *on the device* (loopback by
     default; anything else needs ``token``). With ``tracker`` (``HOST:PORT``, as the device sees it) and ``key``
     the server registers there; a loopback-bound server then dials out (``reverse``) unless told otherwise.
+    ``bundle`` is the zipapp to install (default: :func:`tether.bundle.bundle_bytes` of this checkout).
     Raises :class:`DeviceNotReady` (with what to install), :class:`HostKeyError`, :class:`BootstrapError` or
     ``TetherTimeout``.
     """
@@ -709,7 +710,7 @@ def bootstrap(host: str, user: Optional[str] = None, *, port: int = 22, identity
             raise DeviceNotReady("the device %s cannot run the tether server yet:\n  %s\ninstall on the device: %s"
                                  % (conn.host, "\n  ".join(check.problems), check.install_hint), check)
         conn.makedirs(paths.dir)
-        data = bundle_bytes()
+        data = bundle_bytes() if bundle is None else bytes(bundle)
         sha = hashlib.sha256(data).hexdigest()
         uploaded = check.bundle_sha256 != sha
         if uploaded:

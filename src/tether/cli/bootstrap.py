@@ -49,7 +49,7 @@ def command(destination: str, ssh_port: int, identity: Optional[str], password_e
             remote_port: int, token: Optional[str], tracker: Optional[str], key: Optional[str],
             tracker_token: Optional[str], forward_port: Optional[int], no_forward: bool, check_only: bool,
             stop: bool, restart: bool, timeout: float, start_timeout: float) -> None:
-    """Check a device over SSH, upload the device server, start it and tunnel to it.
+    """Start the device server on a board over SSH and tunnel to it.
 
     The server listens on the device's loopback; this command then keeps an SSH tunnel from 127.0.0.1:LOCAL_PORT
     here to it until Ctrl-C (the server keeps running; `--stop` ends it). With --tracker the device registers
