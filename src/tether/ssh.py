@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -234,11 +235,14 @@ class DeviceConnection:
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         where = "%s@%s:%d" % (user or "(current user)", host, port)
+        timeouts = dict(timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+        if "channel_timeout" in inspect.signature(client.connect).parameters:   # paramiko >= 3.1
+            timeouts["channel_timeout"] = timeout
         try:
             client.connect(host, port=port, username=user, password=password,
                            key_filename=os.path.expanduser(identity) if identity else None,
                            look_for_keys=identity is None and password is None, allow_agent=identity is None,
-                           timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout)
+                           **timeouts)
         except paramiko.BadHostKeyException as exc:
             client.close()
             raise HostKeyError("the SSH host key of %s CHANGED (got %s, %s has another): refusing to connect. If the "
