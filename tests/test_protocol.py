@@ -11,25 +11,10 @@ import numpy as np
 import pytest
 
 from tether_rpc import errors, protocol as p
+from vectors.generate import to_wire  # the same JSON -> wire-value mapping that wrote the vectors
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VECTORS = json.loads((ROOT / "tests" / "vectors" / "frames.json").read_text())
-
-
-def to_wire(value):
-    if isinstance(value, dict):
-        if set(value) == {"$bin"}:
-            return bytes.fromhex(value["$bin"])
-        if set(value) == {"$handle"}:
-            return p.RemoteHandle(value["$handle"])
-        if set(value) == {"$tensor"}:
-            t = value["$tensor"]
-            return np.frombuffer(bytes.fromhex(t["data"]), dtype=np.dtype(t["dtype"]).newbyteorder("<")).reshape(
-                t["shape"])
-        return {k: to_wire(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_wire(v) for v in value]
-    return value
 
 
 def assert_same(decoded, expected):
