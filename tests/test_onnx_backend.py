@@ -67,9 +67,9 @@ LIGHT_MODELS = """bvlc_alexnet densenet121 inception_v1 inception_v2 resnet50 sh
 zfnet512""".split()
 
 TARGET = "host"   # the emulated-device runs of these cases live in test_graph_remote.py
-# Light models other than these two compile at opt_level 2 (everything but conv-as-GEMM, which doubles LLVM
+# Light models other than these compile at opt_level 2 (everything but conv-as-GEMM, which doubles LLVM
 # time): keeps the suite's compile time down while squeezenet/resnet50 and every node case cover level 3.
-FULL_OPT_MODELS = {"squeezenet_old", "resnet50"}
+FULL_OPT_MODELS = {"squeezenet_old", "resnet50", "shufflenet"}
 
 
 class TetherRep(onnx.backend.base.BackendRep):

@@ -293,19 +293,28 @@ GEMM_MAX_COLUMN_BYTES = 16 << 20
 def _gemm_plan(body: List, params: List[str], types: dict):
     """Kernel-argument shapes for running a conv2d(+elementwise epilogue) body as a GEMM, or None."""
     conv = body[0]
-    if conv.op != "conv2d" or len(conv.inputs) != 2 or conv.attrs["groups"] != 1:
+    if conv.op != "conv2d" or len(conv.inputs) != 2:
         return None
     xs, ws, os_ = types[conv.inputs[0]].shape, types[conv.inputs[1]].shape, types[conv.outputs[0]].shape
     n, ic, h, w = xs
     oc, _, kh, kw = ws
     oh, ow = os_[2], os_[3]
+    g = conv.attrs["groups"]
     pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
-    # a pointwise conv is a plain matrix product at any width (no column buffer at all)
-    if n != 1 or (ow >= GEMM_MAX_OUT_WIDTH and not pointwise) or conv.inputs[0] == conv.inputs[1]:
+    # a pointwise conv is a plain matrix product at any width (no column buffer at all); a grouped pointwise
+    # conv is a batch of them, one per group
+    if n != 1 or conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise):
+        return None
+    if ow >= GEMM_MAX_OUT_WIDTH and not pointwise:
         return None
     if not pointwise and ic * kh * kw * oh * ow * 4 > GEMM_MAX_COLUMN_BYTES:
         return None
-    shapes = {conv.inputs[0]: (ic, h * w) if pointwise else (ic, h, w), conv.inputs[1]: (oc, ic * kh * kw)}
+    if g == 1:
+        shapes = {conv.inputs[0]: (ic, h * w) if pointwise else (ic, h, w), conv.inputs[1]: (oc, ic * kh * kw)}
+        lead, rows = (), oc
+    else:
+        shapes = {conv.inputs[0]: (g, ic // g, h * w), conv.inputs[1]: (g, oc // g, ic // g)}
+        lead, rows = (g,), oc // g
     for node in body[1:]:
         if ops_pattern(node.op) != "elemwise":
             return None
@@ -315,10 +324,15 @@ def _gemm_plan(body: List, params: List[str], types: dict):
             t = (1,) * (4 - len(types[v].shape)) + tuple(types[v].shape)
             if len(t) != 4 or t[0] != 1 or t[1] not in (1, oc) or t[2:] not in ((oh, ow), (1, 1)):
                 return None
-            shapes[v] = (t[1], t[2] * t[3])
+            if g == 1:
+                shapes[v] = (t[1], t[2] * t[3])
+            elif t[1] == 1:
+                shapes[v] = (1, 1, t[2] * t[3])
+            else:
+                shapes[v] = (g, oc // g, t[2] * t[3])
     if any(p in (conv.inputs[0], conv.inputs[1]) for node in body[1:] for p in node.inputs):
         return None
-    shapes["__out__"] = (oc, oh * ow)
+    shapes["__out__"] = lead + (rows, oh * ow)
     return shapes
 
 
@@ -331,6 +345,8 @@ def _conv_as_gemm(conv, x, w, xs, ws, os_):
     _, ic, h, wd = xs
     oc, _, kh, kw = ws
     oh, ow = os_[2], os_[3]
+    if len(c.shape_of(w)) == 3:     # grouped pointwise: (g, ocg, icg) x (g, icg, h*w)
+        return ops.batch_matmul(w, x)
     if len(c.shape_of(x)) == 2:     # pointwise: the input already is the (ic, h*w) column matrix
         return ops.matmul(w, x)
     (sh, sw), (dh, dw), (pt, pl) = conv.attrs["strides"], conv.attrs["dilations"], conv.attrs["pads"][:2]
