@@ -24,7 +24,7 @@ import threading
 
 import msgpack
 import pytest
-from fixtures.prereq import unavailable
+from fixtures.prereq import require_tool, unavailable
 
 from tether_rpc import protocol as p
 from tether_rpc.errors import FrameTooLarge, ProtocolError
@@ -37,14 +37,8 @@ TIMEOUT = 120
 
 
 def _jdk():
-    javac, java = shutil.which("javac"), shutil.which("java")
-    if javac is None or java is None:
-        reason = ("no JDK on PATH (javac/java): the Java protocol implementation cannot be built "
-                  "(apt install openjdk-17-jdk-headless)")
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return javac, java
+    hint = "apt-get install default-jdk-headless"  # what scripts/test.sh installs
+    return require_tool("javac", hint), require_tool("java", hint)
 
 
 @pytest.fixture(scope="module")
