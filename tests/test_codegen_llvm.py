@@ -17,6 +17,7 @@ from tether import te
 from tether.codegen.llvm import MAX_PARALLEL_TASKS, emit_function
 from tether.codegen.module import ModuleBuilder
 from tether.codegen.emit import compile_module
+from tether_rpc import elf
 
 RNG = np.random.default_rng(3)
 TASK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
@@ -427,3 +428,7 @@ def test_every_expression_kind_links_self_contained_for_arm(tmp_path, target):
         s[o].vectorize(xi)
     lib = tether.build(s, [a, b, i8, i32, i64, f64, m] + outs, target=target, name="k")
     lib.export_library(str(tmp_path / "k.so"))   # raises if ld.lld finds an undefined symbol
+    with elf.ElfFile(str(tmp_path / "k.so")) as so:  # and the library says so itself
+        assert so.arch == tether.target.Target(target).arch
+        assert so.needed == [] and so.undefined_symbols == [], (so.needed, so.undefined_symbols)
+        assert "k" in so.exported_symbols
