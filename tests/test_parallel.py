@@ -139,7 +139,14 @@ def test_failing_task_is_reported_and_others_still_run_once(par_mod, two_threads
 
 
 def test_zero_tasks_is_a_no_op(par_mod, two_threads):
-    par_mod["noop"](np.zeros(T, "int32"), 0)
+    t0 = time.monotonic()
+    for num_tasks in (0, -1, 0):  # a kernel error would raise KernelError here
+        par_mod["noop"](np.zeros(T, "int32"), num_tasks)
+    assert time.monotonic() - t0 < 1.0
+    # ... and it leaves the pool free: a launch that needs both threads to finish still gets them
+    counts, tids = _mark(par_mod, 1)
+    np.testing.assert_array_equal(counts, np.ones(T, "int32"))
+    assert len(set(tids.tolist())) == 2
 
 
 def test_concurrent_callers_do_not_deadlock(par_mod, two_threads):
