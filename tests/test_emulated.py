@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tether import emulate
-from tether.errors import ArchMismatch, DeviceBusy, SessionCrashed
+from tether.errors import ArchMismatch, ConnectionClosed, DeviceBusy, SessionCrashed
 
 pytestmark = [pytest.mark.emulated]
 
@@ -282,7 +282,7 @@ def test_cli_emulate_runs_in_the_foreground(emulated_devices):
             assert remote.device_info()["arch"] == "aarch64"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        with pytest.raises(Exception):
+        with pytest.raises(ConnectionClosed, match="127.0.0.1:%d" % port):  # refused: nothing listens any more
             rpc.connect("127.0.0.1", port, timeout=2).close()
     finally:
         if proc.poll() is None:
