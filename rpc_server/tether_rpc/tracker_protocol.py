@@ -53,9 +53,9 @@ class TrackerMsg(enum.IntEnum):
     CHALLENGE = 65      # tracker -> peer   {algo, nonce}                      (only with a tracker token)
     AUTH = 66           # peer -> tracker   {nonce, mac}
     WELCOME = 67        # tracker -> peer   {version, tracker, peer, proof?}
-    REGISTER = 68       # device -> tracker {key, port, host?, tags, info, reverse, state, match?}
+    REGISTER = 68       # device -> tracker {key, port, host?, tags, info, reverse, state}
     REGISTERED = 69     # tracker -> device {device, heartbeat}
-    HEARTBEAT = 70      # device -> tracker {}
+    HEARTBEAT = 70      # both directions {}  (the tracker echoes each device heartbeat)
     EXPECT = 71         # tracker -> device {match, grant, session_timeout, client}
     EXPECTED = 72       # device -> tracker {match}
     REVOKE = 73         # tracker -> device {match}
@@ -63,7 +63,7 @@ class TrackerMsg(enum.IntEnum):
     DIAL = 75           # tracker -> device {match}                             (reverse mode)
     RELAY = 76          # device -> tracker {match}, then raw bytes              (reverse mode data connection)
     REQUEST = 80        # client -> tracker {key, priority, wait_timeout, session_timeout}
-    QUEUED = 81         # tracker -> client {key, position, total, free, pending}
+    QUEUED = 81         # tracker -> client {key, total, free, pending}
     GRANT = 82          # tracker -> client {host, port, match, key, device, session_timeout, relay}
     SUMMARY = 83        # client -> tracker {}
     SUMMARY_REPLY = 84  # tracker -> client {devices: [...], queues: {...}}
