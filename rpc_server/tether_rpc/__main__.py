@@ -26,9 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--insecure", action="store_true", help="allow listening beyond loopback without a token")
     ap.add_argument("--session-timeout", type=float, default=3600.0, metavar="S",
                     help="end sessions after S seconds (default 3600)")
-    ap.add_argument("--handshake-timeout", type=float, default=5.0, metavar="S", help="default 5")
+    ap.add_argument("--handshake-timeout", type=float, default=5.0, metavar="S",
+                    help="close a connection that has not completed its handshake within S seconds (default 5)")
     ap.add_argument("--workdir", help="where session folders are created (default: system temp)")
-    ap.add_argument("-v", "--verbose", action="count", default=0)
+    ap.add_argument("-v", "--verbose", action="count", default=0,
+                    help="-vv: debug log (the default log level is info)")
     return ap
 
 

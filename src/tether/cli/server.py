@@ -22,9 +22,10 @@ import click
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
 @click.option("--session-timeout", type=float, default=3600.0, show_default=True, metavar="S",
               help="End sessions after S seconds.")
-@click.option("--handshake-timeout", type=float, default=5.0, show_default=True, metavar="S")
+@click.option("--handshake-timeout", type=float, default=5.0, show_default=True, metavar="S",
+              help="Close a connection that has not completed its handshake within S seconds.")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
-@click.option("-v", "--verbose", count=True)
+@click.option("-v", "--verbose", count=True, help="-vv: debug log (the default log level is info).")
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
          tracker_token: Optional[str], tags: Tuple[str, ...], advertise_host: Optional[str],
          token: Optional[str], insecure: bool, session_timeout: float, handshake_timeout: float,
