@@ -20,18 +20,18 @@ def _load_kernels(spec: str) -> Any:
     path, _, func = spec.partition(":")
     func = func or "kernels"
     if not os.path.isfile(path):
-        raise click.BadParameter("no such file: %s" % path, param_hint="KERNELS")
+        raise click.BadParameter("no such file: %s" % path, param_hint="FILE.py[:FUNCTION]")
     mod_name = "tether_user_kernels_%d" % abs(hash(os.path.abspath(path)))
     loader_spec = importlib.util.spec_from_file_location(mod_name, path)
     if loader_spec is None or loader_spec.loader is None:
-        raise click.BadParameter("cannot import %s as Python" % path, param_hint="KERNELS")
+        raise click.BadParameter("cannot import %s as Python" % path, param_hint="FILE.py[:FUNCTION]")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[mod_name] = module
     loader_spec.loader.exec_module(module)
     maker = getattr(module, func, None)
     if not callable(maker):
         raise click.BadParameter("%s defines no function %r (use FILE.py:FUNCTION)" % (path, func),
-                                 param_hint="KERNELS")
+                                 param_hint="FILE.py[:FUNCTION]")
     return maker()
 
 
@@ -44,7 +44,10 @@ def _load_kernels(spec: str) -> Any:
               help="Comma-separated artifacts: %s." % ", ".join(EMIT_KINDS))
 @click.option("--fast-math", is_flag=True, help="Let LLVM reassociate float math (faster, not bit-exact).")
 def command(kernels: str, target: str, name: str, out_dir: str, emit: str, fast_math: bool) -> None:
-    """Compile kernels defined in a Python file into a library, archive, object and/or C header."""
+    """Compile kernels defined in a Python file into a library, archive, object and/or C header.
+
+    FUNCTION (default: kernels) takes no arguments and returns (schedule, args), a list of (schedule, args, name)
+    triples, or PrimFuncs."""
     import tether
 
     kinds: Tuple[str, ...] = tuple(k.strip() for k in emit.split(",") if k.strip())
