@@ -98,6 +98,12 @@ def test_vadd_with_numpy_arrays_is_zero_copy(vadd_mod):
     c = np.zeros(N, "float32")
     vadd_mod["vadd"](a, b, c)  # the result lands in the caller's array
     np.testing.assert_array_equal(c, a + b)
+    # The kernel works in the caller's memory: with C one element ahead of A in the same buffer, each result feeds
+    # the next addition (a running sum). A call that copied its arguments in and out would give buf[:N] + steps.
+    buf = np.zeros(N + 1, "float32")
+    steps = np.random.default_rng(5).integers(-8, 9, N).astype("float32")  # small integers: exact in float32
+    vadd_mod["vadd"](buf[:N], steps, buf[1:])
+    np.testing.assert_array_equal(buf[1:], np.cumsum(steps))
 
 
 def test_vadd_with_ndarrays(vadd_mod):
