@@ -143,3 +143,19 @@ def test_emulated_aarch64_light_models(emulated_devices, model_name, tmp_path):
         with RemoteGraphExecutor(sess, str(tmp_path)) as gm:
             gm.run(**{graph.inputs[0]: x})
             np.testing.assert_allclose(gm.get_output(0), ref, rtol=1e-3, atol=1e-7)
+
+
+def test_large_tensors_travel_as_bulk(rpc_server, tmp_path):
+    """Inputs/outputs above one frame's limit (16 MiB) go through device arrays."""
+    from onnx import TensorProto, helper
+    shape = [1, 3, 1200, 1200]        # 17.3 MB of float32
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "big",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    graph, params = from_onnx(helper.make_model(g, ir_version=8))
+    tether.build_graph(graph, params).export(str(tmp_path))
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=60) as sess:
+        with sess.graph_executor(str(tmp_path)) as gm:
+            gm.run(x=x)
+            np.testing.assert_array_equal(gm.get_output(0), np.maximum(x, 0))

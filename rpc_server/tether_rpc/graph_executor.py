@@ -252,14 +252,22 @@ def _graph_create(session: Any, ctx: Any, graph_name: str = "deploy.json", lib_n
     return dict(gm.info(), handle=handle)
 
 
+def _array_value(session: Any, value: Any) -> Any:
+    """A tensor, or a device-array handle: large inputs travel as device arrays (bulk copy, no frame limit)."""
+    from .protocol import RemoteHandle
+    if isinstance(value, RemoteHandle):
+        return session._get(value, "array").array
+    return value
+
+
 def _graph_set_input(session: Any, ctx: Any, handle: Any, key: Any, value: Any) -> None:
-    session._get(handle, KIND_GRAPH).set_input(key, value)
+    session._get(handle, KIND_GRAPH).set_input(key, _array_value(session, value))
 
 
 def _graph_set_inputs(session: Any, ctx: Any, handle: Any, values: Any) -> None:
     gm = session._get(handle, KIND_GRAPH)
     for k, v in dict(values).items():
-        gm.set_input(k, v)
+        gm.set_input(k, _array_value(session, v))
 
 
 def _graph_load_params(session: Any, ctx: Any, handle: Any, params_name: str) -> None:
@@ -272,6 +280,12 @@ def _graph_run(session: Any, ctx: Any, handle: Any) -> None:
 
 def _graph_get_output(session: Any, ctx: Any, handle: Any, index: Any = 0) -> np.ndarray:
     return session._get(handle, KIND_GRAPH).get_output(index)
+
+
+def _graph_copy_output(session: Any, ctx: Any, handle: Any, index: Any, array_handle: Any) -> None:
+    """Copy output `index` into a device array (how large outputs leave: then a bulk copy_out)."""
+    out = session._get(handle, KIND_GRAPH).get_output(index)
+    session._get(array_handle, "array").copyfrom(out)
 
 
 def _graph_info(session: Any, ctx: Any, handle: Any) -> Dict[str, Any]:
@@ -313,6 +327,7 @@ BUILTINS: Dict[str, Callable[..., Any]] = {
     "tether.graph.load_params": _graph_load_params,
     "tether.graph.run": _graph_run,
     "tether.graph.get_output": _graph_get_output,
+    "tether.graph.copy_output": _graph_copy_output,
     "tether.graph.info": _graph_info,
     "tether.graph.benchmark": _graph_benchmark,
     "tether.graph.profile": _graph_profile,

@@ -17,6 +17,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 DEPLOY_FILES = ("deploy.json", "deploy.so", "deploy.params")
+# Tensors above this travel through a temporary device array (bulk bytes) instead of inside one frame.
+INLINE_LIMIT = 4 << 20
 
 
 class RemoteGraphExecutor:
@@ -57,9 +59,13 @@ class RemoteGraphExecutor:
         if key is not None:
             items.insert(0, (key, value))
         for k, v in items:
-            arr = np.asarray(v)
-            self._call("tether.graph.set_input", int(k) if isinstance(k, (int, np.integer)) else k,
-                       np.asarray(arr, order="C"))
+            arr = np.asarray(v, order="C")
+            key = int(k) if isinstance(k, (int, np.integer)) else k
+            if arr.nbytes <= INLINE_LIMIT:
+                self._call("tether.graph.set_input", key, arr)
+                continue
+            with self.session.array(arr) as tmp:
+                self._call("tether.graph.set_input", key, tmp.handle)
 
     def run(self, **inputs: Any) -> None:
         if inputs:
@@ -67,7 +73,16 @@ class RemoteGraphExecutor:
         self._call("tether.graph.run")
 
     def get_output(self, index: Union[int, str] = 0) -> np.ndarray:
-        return np.asarray(self._call("tether.graph.get_output", int(index) if not isinstance(index, str) else index))
+        i = self.output_names.index(index) if isinstance(index, str) else int(index)
+        if not 0 <= i < len(self.outputs):
+            raise IndexError("output index %d out of range: the model has %d output(s)" % (i, len(self.outputs)))
+        info = self.outputs[i]
+        nbytes = int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(info["dtype"]).itemsize
+        if nbytes <= INLINE_LIMIT:
+            return np.asarray(self._call("tether.graph.get_output", i))
+        with self.session.empty(info["shape"], info["dtype"]) as tmp:
+            self._call("tether.graph.copy_output", i, tmp.handle)
+            return tmp.numpy()
 
     def get_num_outputs(self) -> int:
         return len(self.outputs)
