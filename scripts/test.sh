@@ -4,8 +4,8 @@
 #     openssh-server for the SSH bootstrap tests, a JDK and aapt/zipalign/apksigner for the Android app's tests
 #     (android-23.jar and dx are fetched once by android_app/build_apk.sh);
 #   - Python packages: this project with its test extras (pip install -e '.[test]');
-#   - checked, not installed: a Python 3.9 with numpy 1.19 and msgpack 1.0 (the oldest device stack; python3.9 on
-#     PATH or a pyenv 3.9.x), which tests/test_tracker.py runs a device server under.
+#   - numpy 1.19.5 + msgpack 1.0.2 into a Python 3.9 (python3.9 on PATH or a pyenv 3.9.x; must exist): the oldest
+#     device stack, which tests/test_tracker.py runs a device server under.
 # Missing prerequisites that cannot be installed stop the run here with a message (never a silent skip).
 # Extra arguments go to pytest, e.g.  scripts/test.sh -k protocol
 set -euo pipefail
@@ -31,18 +31,28 @@ if ((${#missing[@]})); then
   fi
 fi
 
-old_device_python=no
+# The oldest supported device stack: a Python 3.9 (python3.9 on PATH or a pyenv 3.9.x) with numpy 1.19 and
+# msgpack 1.0, which tests/test_tracker.py runs a device server under. Installed into that Python when missing.
+old_device_python=""
 for py in $(command -v python3.9 || true) ~/.pyenv/versions/3.9*/bin/python; do
-  if [ -x "$py" ] && "$py" -c 'import numpy, msgpack' >/dev/null 2>&1; then old_device_python=yes; break; fi
+  if [ -x "$py" ]; then old_device_python=$py; break; fi
 done
-if [ $old_device_python = no ]; then
-  echo "scripts/test.sh: no Python 3.9 with numpy and msgpack (the oldest supported device stack)" >&2
-  echo "  install one with: pyenv install 3.9 && ~/.pyenv/versions/3.9*/bin/python -m pip install numpy==1.19.5 msgpack==1.0.2" >&2
+if [ -z "$old_device_python" ]; then
+  echo "scripts/test.sh: no Python 3.9 found (the oldest supported device stack)" >&2
+  echo "  install one with: pyenv install 3.9" >&2
   exit 1
+fi
+if ! "$old_device_python" -c 'import numpy, msgpack' >/dev/null 2>&1; then
+  echo "scripts/test.sh: installing numpy 1.19.5 and msgpack 1.0.2 into $old_device_python" >&2
+  "$old_device_python" -m pip install -q --disable-pip-version-check numpy==1.19.5 msgpack==1.0.2
 fi
 
 # The APK test also needs android-23.jar and dx, which Debian 12 lacks: build_apk.sh fetches them once from two
 # Debian 11 packages into android_app/.toolchain (network), after which the suite builds the APK offline.
+# CI has the two packages in ../shared/android-toolchain beside the checkout: use them, no network needed.
+if [ -z "${TETHER_ANDROID_DEBS:-}" ] && ls ../shared/android-toolchain/dalvik-exchange_*.deb >/dev/null 2>&1; then
+  export TETHER_ANDROID_DEBS="$(cd ../shared/android-toolchain && pwd)"
+fi
 if [ -z "${TETHER_ANDROID_DEBS:-}" ] && [ ! -e /usr/share/java/com.android.android-23.jar ] \
     && [ ! -e android_app/.toolchain/usr/share/java/com.android.android-23.jar ]; then
   echo "scripts/test.sh: fetching the Android toolchain (android-23.jar, dx) with android_app/build_apk.sh" >&2
