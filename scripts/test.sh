@@ -35,7 +35,10 @@ fi
 # msgpack 1.0, which tests/test_tracker.py runs a device server under. Installed into that Python when missing.
 old_device_python=""
 for py in $(command -v python3.9 || true) ~/.pyenv/versions/3.9*/bin/python; do
-  if [ -x "$py" ]; then old_device_python=$py; break; fi
+  # a pyenv shim may exist without running: ask the interpreter itself
+  if [ -x "$py" ] && "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' >/dev/null 2>&1; then
+    old_device_python=$py; break
+  fi
 done
 if [ -z "$old_device_python" ]; then
   echo "scripts/test.sh: no Python 3.9 found (the oldest supported device stack)" >&2
