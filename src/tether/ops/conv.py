@@ -12,6 +12,17 @@ def out_extent(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, di
     return (size + pad_lo + pad_hi - eff) // stride + 1
 
 
+def _geometry(h, wd, kh, kw, stride, padding, dilation, name):
+    """Strides, dilations, 4-sided padding and the output extent of a 2-D window, checked to be non-empty."""
+    sh, sw = c.to_pair(stride, "stride")
+    dh, dw = c.to_pair(dilation, "dilation")
+    p4 = c.to_padding4(padding)
+    oh, ow = out_extent(h, kh, sh, p4[0], p4[2], dh), out_extent(wd, kw, sw, p4[1], p4[3], dw)
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"{name}: kernel {kh}x{kw} does not fit input {h}x{wd} with padding {p4}")
+    return sh, sw, dh, dw, p4, oh, ow
+
+
 def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, name: str = "conv2d"):
     """x (N, C, H, W) * w (O, C/groups, KH, KW) [+ bias (O,)] -> (N, O, OH, OW)."""
     n, ch, h, wd = c.shape_of(x)
@@ -20,12 +31,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
         raise ValueError(f"{name}: input {c.shape_of(x)} and weight {c.shape_of(w)} do not fit groups={groups}")
     if groups == ch and icg == 1 and groups > 1:
         return depthwise_conv2d(x, w, stride, padding, dilation, bias, name)
-    sh, sw = c.to_pair(stride, "stride")
-    dh, dw = c.to_pair(dilation, "dilation")
-    p4 = c.to_padding4(padding)
-    oh, ow = out_extent(h, kh, sh, p4[0], p4[2], dh), out_extent(wd, kw, sw, p4[1], p4[3], dw)
-    if oh <= 0 or ow <= 0:
-        raise ValueError(f"{name}: kernel {kh}x{kw} does not fit input {h}x{wd} with padding {p4}")
+    sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
     read = padded_reader(x, p4, sw, dw, kw, ow, name)
     ocg = oc // groups
     rc = te.reduce_axis((0, icg), name="rc")
@@ -47,12 +53,7 @@ def depthwise_conv2d(x, w, stride=1, padding=0, dilation=1, bias=None, name: str
     if one != 1 or oc % ch:
         raise ValueError(f"{name}: depthwise weight must be (C*M, 1, KH, KW) for {ch} channels, got {c.shape_of(w)}")
     mult = oc // ch
-    sh, sw = c.to_pair(stride, "stride")
-    dh, dw = c.to_pair(dilation, "dilation")
-    p4 = c.to_padding4(padding)
-    oh, ow = out_extent(h, kh, sh, p4[0], p4[2], dh), out_extent(wd, kw, sw, p4[1], p4[3], dw)
-    if oh <= 0 or ow <= 0:
-        raise ValueError(f"{name}: kernel {kh}x{kw} does not fit input {h}x{wd} with padding {p4}")
+    sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
     read = padded_reader(x, p4, sw, dw, kw, ow, name)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
