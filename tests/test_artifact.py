@@ -12,6 +12,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from kernels import KERNEL_DIR
 from fixtures.prereq import require_module, require_tool
 from llvmlite import ir
 
@@ -269,23 +270,13 @@ def test_static_archive_index(built, tmp_path):
 # ---- armv7 run-time helpers (__aeabi_*) under qemu-arm -------------------------------------------------------
 _RT_HARNESS = r"""
 #include "kern.h"
-enum { NR_READ = 3, NR_WRITE = 4, NR_EXIT = 1 };
-static long sys3(long n, long a, long b, long c) {
-  register long r7 __asm__("r7") = n; register long r0 __asm__("r0") = a;
-  register long r1 __asm__("r1") = b; register long r2 __asm__("r2") = c;
-  __asm__ volatile("svc #0" : "+r"(r0) : "r"(r7), "r"(r1), "r"(r2) : "memory");
-  return r0;
-}
+#include "freestanding_io.h"
 #define N %(n)d
 static uint64_t buf[3][N];
 static int64_t shape[1] = {N};
 typedef int32_t (*fn_t)(const TetherValue*, const int32_t*, int32_t);
 struct kernel { fn_t fn; int nin; uint8_t code[3], bits[3]; };
 static const struct kernel ks[] = {%(table)s};
-static int fill(char* p, long want) {
-  while (want > 0) { long got = sys3(NR_READ, 0, (long)p, want); if (got <= 0) return -1; p += got; want -= got; }
-  return 0;
-}
 void _start(void) {
   int failures = 0;
   for (unsigned k = 0; k < sizeof(ks) / sizeof(ks[0]); ++k) {
@@ -409,7 +400,7 @@ def test_armv7_runtime_helpers_on_qemu(tmp_path, host_linker):
     (tmp_path / "h.c").write_text(_RT_HARNESS % {"n": n, "table": ", ".join(table)})
     exe = tmp_path / "rt"
     subprocess.run([sys.executable, "-m", "ziglang", "cc", "-target", "arm-linux-musleabihf", "-mcpu=generic+v7a",
-                    "-nostdlib", "-ffreestanding", "-static", "-O1", "-fno-stack-protector", "-I", str(tmp_path),
+                    "-nostdlib", "-ffreestanding", "-static", "-O1", "-fno-stack-protector", "-I", str(tmp_path), "-I", str(KERNEL_DIR),
                     "-o", str(exe), str(tmp_path / "h.c"), str(tmp_path / "kern.o")], check=True, timeout=300,
                    capture_output=True)
     proc = subprocess.run(["qemu-arm", str(exe)], input=b"".join(a.tobytes() for c in cases for a in c[1]),

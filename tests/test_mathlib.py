@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from kernels import KERNEL_DIR
 from fixtures.prereq import require_module, require_tool
 from llvmlite import ir
 
@@ -210,30 +211,10 @@ def test_get_caches_per_module_and_rejects_unknown_names():
 # ---- the same math on emulated ARM -----------------------------------------------------------------------------
 _HARNESS = r"""
 #include "kern.h"
-#if defined(__aarch64__)
-enum { NR_READ = 63, NR_WRITE = 64, NR_EXIT = 93 };
-static long sys3(long n, long a, long b, long c) {
-  register long x8 __asm__("x8") = n; register long x0 __asm__("x0") = a;
-  register long x1 __asm__("x1") = b; register long x2 __asm__("x2") = c;
-  __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory");
-  return x0;
-}
-#elif defined(__arm__)
-enum { NR_READ = 3, NR_WRITE = 4, NR_EXIT = 1 };
-static long sys3(long n, long a, long b, long c) {
-  register long r7 __asm__("r7") = n; register long r0 __asm__("r0") = a;
-  register long r1 __asm__("r1") = b; register long r2 __asm__("r2") = c;
-  __asm__ volatile("svc #0" : "+r"(r0) : "r"(r7), "r"(r1), "r"(r2) : "memory");
-  return r0;
-}
-#endif
+#include "freestanding_io.h"
 #define N %(n)d
 static float x[N], y[N], out[N];
 static int64_t shape[1] = {N};
-static int fill(char* p, long want) {
-  while (want > 0) { long got = sys3(NR_READ, 0, (long)p, want); if (got <= 0) return -1; p += got; want -= got; }
-  return 0;
-}
 typedef int32_t (*fn_t)(const TetherValue*, const int32_t*, int32_t);
 static const fn_t fns[] = {%(fns)s};
 static const int nargs[] = {%(nargs)s};
@@ -288,7 +269,7 @@ def test_math_on_emulated_arm(preset, tmp_path, host_linker):
         "nargs": ", ".join("3" if f == "pow" else "2" for f, _ in kernels)})
     exe = tmp_path / "harness"
     subprocess.run(zig_cc + ["-target", triple] + cflags + ["-nostdlib", "-ffreestanding", "-static", "-O1",
-                   "-fno-stack-protector", "-I", str(tmp_path), "-o", str(exe), str(tmp_path / "h.c"),
+                   "-fno-stack-protector", "-I", str(tmp_path), "-I", str(KERNEL_DIR), "-o", str(exe), str(tmp_path / "h.c"),
                    str(tmp_path / "kern.o")], check=True, timeout=300, capture_output=True)
     blocks, refs = [], []
     px, py = _pow_points()
