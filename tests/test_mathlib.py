@@ -12,7 +12,7 @@ from fixtures.prereq import require_module, require_tool
 from llvmlite import ir
 
 from fixtures.backend import PackedCaller, math_kernel
-from tether.build import build_ir
+from tether.driver import build_ir
 from tether.codegen import mathlib
 from tether.codegen.module import ModuleBuilder
 from tether.errors import UnsupportedOpError

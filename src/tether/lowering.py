@@ -13,8 +13,6 @@ heap); a spin lock then serialises concurrent calls of that kernel.
 """
 from __future__ import annotations
 
-import sys
-import types
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tether.errors import CompileError, ScheduleError
@@ -575,13 +573,3 @@ def lower(sch: Schedule, args: Sequence[Tensor], name: str = "default", simple_m
     if not isinstance(sch, Schedule):
         raise CompileError(f"lower: expected a te Schedule (te.create_schedule), got {type(sch).__name__}")
     return Lowering(sch, args, name).run()
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``tether.lower(s, args)`` work whether ``tether.lower`` resolves to this module or the function."""
-
-    def __call__(self, *args, **kwargs):
-        return lower(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
