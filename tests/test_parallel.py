@@ -219,6 +219,73 @@ def test_tiny_launches_run_in_the_caller(par_paths, tmp_path, two_threads):
         parallel.set_min_parallel_work_us(-1)
 
 
+def test_big_launches_time_both_ways_and_keep_exploring(par_paths, tmp_path, two_threads, monkeypatch):
+    # Above the threshold, the first two launches after the serial probes go through the pool and are timed
+    # too; later launches take the faster way, and every _EXPLORE_EVERY-th tries the other way again (the load
+    # on the cores changes).
+    fresh = tmp_path / "par_adaptive.so"
+    shutil.copyfile(par_paths[0], fresh)
+    m = module.load_module(str(fresh))
+    parallel.set_min_parallel_work_us(5000)  # heavy (tens of ms) is above it
+    x = np.linspace(-1, 1, N).astype("float32")
+    ways = []
+    real_launch = parallel.ThreadPool.launch
+    real_whole = parallel._run_whole
+
+    def pooled(self, task, closure, num_tasks):
+        ways.append("pool")
+        return real_launch(self, task, closure, num_tasks)
+
+    def whole(fn, closure, num_tasks, chunked):
+        ways.append("serial")
+        return real_whole(fn, closure, num_tasks, chunked)
+
+    monkeypatch.setattr(parallel.ThreadPool, "launch", pooled)
+    monkeypatch.setattr(parallel, "_run_whole", whole)
+    monkeypatch.setattr(parallel, "_EXPLORE_EVERY", 8)
+    want = _heavy_reference(x)
+    for _ in range(2 + 2 + 8):
+        y = np.zeros(N, "float32")
+        m["heavy"](x, y, 8)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    assert ways[:4] == ["serial", "serial", "pool", "pool"]
+    assert set(ways[4:]) == {"serial", "pool"}  # the faster way, and at least one exploring launch the other way
+    info = max((i for i in parallel._task_cache.values() if i.pool_probes), key=lambda i: i.work)  # heavy's
+    assert 1e-3 < info.work < 10 and 1e-3 < info.pooled < 10  # real timings of a ~30 ms launch, both ways
+
+
+def test_tether_modules_run_a_serial_launch_as_one_task(tmp_path, host_linker, two_threads):
+    # Modules built by tether declare chunked tasks: a launch that stays in the caller is one native call of
+    # task 0 of 1, not one ctypes call per task.
+    import tether
+    from tether import te
+
+    n = 1 << 16
+    a = te.placeholder((n,), "float32", name="A")
+    c = te.compute((n,), lambda i: a[i] * 2.0 + 1.0, name="C")
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=64)
+    s[c].parallel(xo)
+    lib = tether.build(s, [a, c], target="host", name="affine")
+    assert lib.metadata["parallel_tasks"] == "chunked"
+    m = module.load_module(lib.export_library(str(tmp_path / "affine.so")))
+    parallel.set_min_parallel_work_us(1e9)  # every launch stays in the caller
+    calls = []
+    known = set(parallel._task_cache)
+    x = np.random.default_rng(0).random(n, dtype=np.float32)
+    for k in range(3):
+        y = np.zeros(n, "float32")
+        m["affine"](x, y)
+        np.testing.assert_allclose(y, x * 2 + 1, rtol=1e-6)
+        if k == 0:  # the task is known now: count its native calls (task_id, num_tasks) from here on
+            (ptr,) = set(parallel._task_cache) - known
+            info = parallel._task_cache[ptr]
+            real = info.fn
+            info.fn = lambda tid, ntasks, closure: (calls.append((tid, ntasks)), real(tid, ntasks, closure))[1]
+    info.fn = real
+    assert calls == [(0, 1), (0, 1)]
+
+
 def test_num_threads_from_environment(monkeypatch):
     monkeypatch.setenv("TETHER_NUM_THREADS", "3")
     assert parallel.default_num_threads() == 3

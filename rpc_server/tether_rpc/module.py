@@ -436,7 +436,8 @@ def load_module(path: str, parallel_launcher: bool = True) -> Module:
         logger.warning("%s is not self-contained: needs libraries %s, undefined symbols %s",
                        label, needs["needed"], needs["undefined"])
     lib = _dlopen(path, label, needs)
-    has_launcher = parallel.install(lib) if parallel_launcher else False
+    chunked = meta.get("parallel_tasks") == "chunked"  # tasks accept any num_tasks (docs/abi.md)
+    has_launcher = parallel.install(lib, chunked=chunked) if parallel_launcher else False
     logger.debug("loaded %s: functions %s, parallel launcher %s", label,
                  [f["name"] for f in meta["functions"]], has_launcher)
     return Module(path, lib, meta, has_launcher)

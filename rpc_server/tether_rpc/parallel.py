@@ -9,8 +9,10 @@ qemu-user.
 
 Nested or concurrent launches (a task that itself launches, or two Python threads running kernels at once)
 run serially in the caller instead of waiting for the busy pool, so they can never deadlock. Launches whose
-measured work is tiny run in the caller too (waking a worker would cost more), and at one thread the modules
-get a NULL launcher so their own native serial loop runs. A forked child starts a fresh pool.
+measured work is tiny run in the caller too (waking a worker would cost more); bigger ones are timed both ways
+and take the faster (with the cores busy elsewhere, the pool loses). At one thread the modules get a NULL
+launcher so their own native serial loop runs. A launch of a tether-built module that stays in the caller is
+one native call (its tasks accept any task count). A forked child starts a fresh pool.
 """
 from __future__ import annotations
 
@@ -46,6 +48,10 @@ def _env_min_work_us() -> float:
 
 # Below this much measured work a launch runs in the caller (docs/parallel.md: about twice the wake-up cost).
 _min_parallel_work_s = _env_min_work_us() / 1e6
+# Above it, serial and pool launches of a task are both timed and the faster one is used; every
+# _EXPLORE_EVERY-th launch tries the other one again, because the answer changes with the load on the cores.
+_EXPLORE_EVERY = 32
+_TIMES_KEPT = 3
 _WAIT_LOG_INTERVAL_S = 60.0
 _TASK_CACHE_MAX = 1024
 _PROBE_LAUNCHES = 2
@@ -259,14 +265,43 @@ if hasattr(os, "register_at_fork"):
 
 
 class _TaskInfo:
-    """A task function seen before: its ctypes callable and the measured work of its last launch."""
+    """A task function seen before: its ctypes callable and what its launches cost in the caller alone (serial)
+    and through the pool."""
 
-    __slots__ = ("fn", "work", "probes")
+    __slots__ = ("fn", "work", "probes", "serial_times", "pool_times", "launches")
 
     def __init__(self, task_ptr: int):
         self.fn = TASK_TYPE(task_ptr)
         self.work = float("inf")  # seconds one thread needed for a serial launch (min over the probes)
         self.probes = 0
+        # the latest launch times each way (seconds): medians decide, so one preempted launch cannot flip it
+        self.serial_times: List[float] = []
+        self.pool_times: List[float] = []
+        self.launches = 0
+
+    @property
+    def pool_probes(self) -> int:
+        return len(self.pool_times)
+
+    @property
+    def serial(self) -> float:
+        return _median(self.serial_times)
+
+    @property
+    def pooled(self) -> float:
+        return _median(self.pool_times)
+
+
+def _median(times: List[float]) -> float:
+    if not times:
+        return float("inf")
+    return sorted(times)[len(times) // 2]
+
+
+def _record(times: List[float], dt: float) -> None:
+    times.append(dt)
+    if len(times) > _TIMES_KEPT:
+        del times[0]
 
 
 def _task_info(task_ptr: int) -> _TaskInfo:
@@ -291,7 +326,16 @@ def get_min_parallel_work_us() -> float:
     return _min_parallel_work_s * 1e6
 
 
-def _launch(task_ptr: Optional[int], closure: Optional[int], num_tasks: int) -> int:
+def _run_whole(fn, closure: Optional[int], num_tasks: int, chunked: bool) -> int:
+    """Every task of one launch in the calling thread. A chunked module's task covers chunk ``task_id`` of
+    ``num_tasks`` equal chunks for any ``num_tasks``, so the whole loop is one native call (task 0 of 1) instead
+    of one ctypes call per task."""
+    if chunked:
+        return fn(0, 1, closure)
+    return ThreadPool.run_serial(fn, closure, num_tasks)
+
+
+def _launch(task_ptr: Optional[int], closure: Optional[int], num_tasks: int, chunked: bool = False) -> int:
     try:
         if not task_ptr:
             logger.error("parallel launcher called with a NULL task")
@@ -305,46 +349,93 @@ def _launch(task_ptr: Optional[int], closure: Optional[int], num_tasks: int) -> 
         if threshold > 0:
             if info.probes < _PROBE_LAUNCHES:
                 t0 = _clock()
-                rc = pool.run_serial(info.fn, closure, num_tasks)
-                info.work = min(info.work, _clock() - t0)
+                rc = _run_whole(info.fn, closure, num_tasks, chunked)
+                dt = _clock() - t0
+                info.work = min(info.work, dt)
                 info.probes += 1
+                _record(info.serial_times, dt)
                 return rc
             if info.work < threshold:
-                return pool.run_serial(info.fn, closure, num_tasks)
+                return _run_whole(info.fn, closure, num_tasks, chunked)
+            return _adaptive(pool, info, closure, num_tasks, chunked)
         return pool.launch(info.fn, closure, num_tasks)
     except BaseException:  # an exception escaping a ctypes callback would be reported as success (0)
         logger.exception("parallel launcher failed")
         return LAUNCHER_INTERNAL_ERROR
 
 
-# One callback object for the whole process; it must stay alive as long as any module may call it.
+# Tasks per thread of a pool launch of chunked tasks: enough that a thread that arrives late leaves work to the
+# others, few enough to keep the per-task cost (a ctypes call and a GIL hand-over, 1 to 3 us) low.
+_CHUNKS_PER_THREAD = 4
+
+
+def _pool_tasks(pool: ThreadPool, num_tasks: int) -> int:
+    """How many tasks a pool launch of a chunked task function uses (never more than the module asked for)."""
+    return min(num_tasks, _CHUNKS_PER_THREAD * pool.num_threads)
+
+
+def _adaptive(pool: ThreadPool, info: _TaskInfo, closure: Optional[int], num_tasks: int, chunked: bool) -> int:
+    """Run a launch big enough to be worth the pool the faster way, serial or pooled, as measured so far.
+
+    Whether waking a worker pays depends on the other load on the cores, not only on the work: with every core
+    busy elsewhere, the second thread only adds hand-over costs (docs/parallel.md)."""
+    info.launches += 1
+    if len(info.pool_times) < _PROBE_LAUNCHES:
+        use_pool = True
+    else:
+        use_pool = info.pooled < info.serial
+        if info.launches % _EXPLORE_EVERY == 0:
+            use_pool = not use_pool
+    t0 = _clock()
+    if use_pool:
+        rc = pool.launch(info.fn, closure, _pool_tasks(pool, num_tasks) if chunked else num_tasks)
+    else:
+        rc = _run_whole(info.fn, closure, num_tasks, chunked)
+    _record(info.pool_times if use_pool else info.serial_times, _clock() - t0)
+    return rc
+
+
+def _launch_chunked(task_ptr: Optional[int], closure: Optional[int], num_tasks: int) -> int:
+    return _launch(task_ptr, closure, num_tasks, True)
+
+
+# One callback object per task convention for the whole process; they must stay alive as long as any module
+# may call them. Modules built by tether declare chunked tasks (metadata "parallel_tasks": "chunked"); other
+# modules (hand-written C) get the launcher that runs each task id exactly as the module numbered it.
 LAUNCHER = LAUNCHER_TYPE(_launch)
 LAUNCHER_ADDRESS = ctypes.cast(LAUNCHER, ctypes.c_void_p).value
+LAUNCHER_CHUNKED = LAUNCHER_TYPE(_launch_chunked)
+LAUNCHER_CHUNKED_ADDRESS = ctypes.cast(LAUNCHER_CHUNKED, ctypes.c_void_p).value
 
 
-# The launcher setters of every module loaded so far, by dlopen handle (modules are never unloaded).
-_setters: Dict[int, object] = {}
+# The launcher setters of every module loaded so far and whether its tasks are chunked, by dlopen handle
+# (modules are never unloaded).
+_setters: Dict[int, tuple] = {}
 
 
-def _launcher_for_pool():
+def _launcher_for_pool(chunked: bool = False):
     # NULL tells the module to run its tasks serially itself: the fastest choice when there is one thread.
-    return LAUNCHER_ADDRESS if get_num_threads() > 1 else None
+    if get_num_threads() <= 1:
+        return None
+    return LAUNCHER_CHUNKED_ADDRESS if chunked else LAUNCHER_ADDRESS
 
 
 def _reinstall_all() -> None:
-    launcher = _launcher_for_pool()
-    for setter in list(_setters.values()):
-        setter(launcher)
+    for setter, chunked in list(_setters.values()):
+        setter(_launcher_for_pool(chunked))
 
 
-def install(lib: ctypes.CDLL) -> bool:
-    """Hand the launcher to a loaded module; False if the module has no ``tether_set_parallel_launcher``."""
+def install(lib: ctypes.CDLL, chunked: bool = False) -> bool:
+    """Hand the launcher to a loaded module; False if the module has no ``tether_set_parallel_launcher``.
+
+    ``chunked``: the module declares (metadata ``"parallel_tasks": "chunked"``) that its task functions accept
+    any ``num_tasks``, so launches that stay in the caller run as one native call."""
     try:
         setter = lib.tether_set_parallel_launcher
     except AttributeError:
         return False
     setter.argtypes = [ctypes.c_void_p]  # void* so that None installs NULL
     setter.restype = None
-    setter(_launcher_for_pool())
-    _setters[lib._handle] = setter
+    setter(_launcher_for_pool(chunked))
+    _setters[lib._handle] = (setter, bool(chunked))
     return True

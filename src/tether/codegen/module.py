@@ -148,8 +148,12 @@ class ModuleBuilder:
             if entry["parallel"] is None:
                 entry["parallel"] = self._uses_launcher(entry["name"])
             entry["parallel"] = bool(entry["parallel"])
+        # "parallel_tasks": "chunked": every task function (codegen/llvm.py make_task) runs chunk task_id of
+        # num_tasks equal chunks of its loop for ANY num_tasks >= 1, so the runtime may run a whole loop as one
+        # task (docs/abi.md "Parallel loops", docs/parallel.md).
         self.metadata = {"abi_version": ABI_VERSION, "tether_version": __version__,
-                         "target": self.target.to_dict(), "functions": self._functions}
+                         "target": self.target.to_dict(), "functions": self._functions,
+                         "parallel_tasks": "chunked"}
         blob = json.dumps(self.metadata, separators=(",", ":"), sort_keys=False).encode("utf-8") + b"\0"
         meta_ty = ir.ArrayType(I8, len(blob))
         meta = ir.GlobalVariable(self.module, meta_ty, "__tether_metadata")
