@@ -52,6 +52,9 @@ _min_parallel_work_s = _env_min_work_us() / 1e6
 # _EXPLORE_EVERY-th launch tries the other one again, because the answer changes with the load on the cores.
 _EXPLORE_EVERY = 32
 _TIMES_KEPT = 3
+# The pool keeps a launch unless serial was clearly faster: per-launch times are noisy, and on a quiet box a
+# wrong serial choice costs more (up to the whole second core) than a wrong pool choice under load.
+_SERIAL_MARGIN = 1.25
 _WAIT_LOG_INTERVAL_S = 60.0
 _TASK_CACHE_MAX = 1024
 _PROBE_LAUNCHES = 2
@@ -383,7 +386,7 @@ def _adaptive(pool: ThreadPool, info: _TaskInfo, closure: Optional[int], num_tas
     if len(info.pool_times) < _PROBE_LAUNCHES:
         use_pool = True
     else:
-        use_pool = info.pooled < info.serial
+        use_pool = info.pooled < info.serial * _SERIAL_MARGIN
         if info.launches % _EXPLORE_EVERY == 0:
             use_pool = not use_pool
     t0 = _clock()
