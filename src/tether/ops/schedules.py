@@ -221,6 +221,15 @@ def _epilogue_anchor(t, ctx):
     return ctx["anchor"].get(id(t.op))
 
 
+def _accumulator_and_output(s, t, ctx):
+    """(block, out): where a reduction accumulates and which stage writes the result. With a fused epilogue, t
+    itself is the block and the epilogue's stage writes; without one, t accumulates in a local cache_write block."""
+    anchor = _epilogue_anchor(t, ctx)
+    if anchor is None:
+        return s.cache_write(t, "local"), t
+    return t, anchor
+
+
 def _schedule_matmul(s, t, fam: Family, ctx):
     """MR x NR register-blocked micro-kernel: k outermost inside the block, MR rows unrolled, NR columns as
     NR/lanes vectors; column panels outermost (parallel), each packing its own panel of B inside its task."""
@@ -312,13 +321,8 @@ def _schedule_pack(s, t, fam: Family, ctx):
 def _schedule_conv2d(s, t, fam: Family, ctx):
     """Register block (output channels x output rows x output columns) accumulated in a local buffer over the
     whole reduction, then written back through the fused epilogue (bias, activation) if any."""
-    anchor = _epilogue_anchor(t, ctx)
     n, oc, oh, ow = (int(d) for d in t.shape)
-    if anchor is None:
-        block = s.cache_write(t, "local")
-        out = t
-    else:
-        block, out = t, anchor
+    block, out = _accumulator_and_output(s, t, ctx)
     so = s[out]
     b, o, y, x = out.op.axis
     cols, rows_y, rows_o = _conv_block(fam, oc, oh, ow)
@@ -386,12 +390,7 @@ def _conv_block(fam: Family, oc: int, oh: int, ow: int) -> tuple:
 def _schedule_window(s, t, fam: Family, ctx):
     """Depthwise conv and pooling: a block of output columns accumulated in registers over the (small) window,
     vectorized along the columns, one channel per parallel task; any epilogue is fused into the write-back."""
-    anchor = _epilogue_anchor(t, ctx)
-    if anchor is None:
-        block = s.cache_write(t, "local")
-        out = t
-    else:
-        block, out = t, anchor
+    block, out = _accumulator_and_output(s, t, ctx)
     so = s[out]
     b, o, y, x = out.op.axis
     ow = int(out.shape[3])
