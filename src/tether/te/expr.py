@@ -342,26 +342,24 @@ def logical_not(a: Any) -> Expr:
     return Not(_as_bool(a))
 
 
-def all(*conds: Any) -> Expr:  # noqa: A001 - te.all, TVM spelling
+def _fold_conditions(conds: tuple, empty: bool, combine: Any) -> Expr:
+    """Fold conditions (given as arguments or one list) with ``combine``; ``empty`` is the value of no conditions."""
     if len(conds) == 1 and isinstance(conds[0], (list, tuple)):
         conds = tuple(conds[0])
     if not conds:
-        return Const(True, "bool")
+        return Const(empty, "bool")
     out = _as_bool(conds[0])
     for c in conds[1:]:
-        out = logical_and(out, c)
+        out = combine(out, c)
     return out
+
+
+def all(*conds: Any) -> Expr:  # noqa: A001 - te.all, TVM spelling
+    return _fold_conditions(conds, True, logical_and)
 
 
 def any(*conds: Any) -> Expr:  # noqa: A001 - te.any, TVM spelling
-    if len(conds) == 1 and isinstance(conds[0], (list, tuple)):
-        conds = tuple(conds[0])
-    if not conds:
-        return Const(False, "bool")
-    out = _as_bool(conds[0])
-    for c in conds[1:]:
-        out = logical_or(out, c)
-    return out
+    return _fold_conditions(conds, False, logical_or)
 
 
 def if_then_else(cond: Any, t: Any, f: Any) -> Expr:
