@@ -1,5 +1,9 @@
-"""The parallel launcher with real gcc-built kernels: every task id runs exactly once, two threads really share
-the work, failures propagate, and modules without a launcher fall back to serial execution."""
+"""The Python launcher with real gcc-built kernels: every task id runs exactly once, two threads really share
+the work, failures propagate, and modules without a launcher fall back to serial execution.
+
+The Python launcher is the fallback for processes that load no module with a native pool (hand-written C,
+older tether builds). Any tether-built module loaded earlier in the same process would provide the native pool
+(tests/test_threadpool.py), so every test here switches it off for its duration."""
 from __future__ import annotations
 
 import os
@@ -35,7 +39,15 @@ def par_mod(par_paths):
 
 
 @pytest.fixture(autouse=True)
-def always_use_pool():
+def python_launcher():
+    before = parallel.get_native_pool_enabled()
+    parallel.set_native_pool_enabled(False)
+    yield
+    parallel.set_native_pool_enabled(before)
+
+
+@pytest.fixture(autouse=True)
+def always_use_pool(python_launcher):
     # These tests check how work is shared, so tiny launches must not be short-cut to the caller.
     before = parallel.get_min_parallel_work_us()
     parallel.set_min_parallel_work_us(0)

@@ -437,7 +437,9 @@ def load_module(path: str, parallel_launcher: bool = True) -> Module:
                        label, needs["needed"], needs["undefined"])
     lib = _dlopen(path, label, needs)
     chunked = meta.get("parallel_tasks") == "chunked"  # tasks accept any num_tasks (docs/abi.md)
-    has_launcher = parallel.install(lib, chunked=chunked) if parallel_launcher else False
+    # "thread_pool": the module carries the native pool (codegen/threadpool.py); the first one becomes the provider
+    has_launcher = (parallel.install(lib, chunked=chunked, thread_pool=meta.get("thread_pool"))
+                    if parallel_launcher else False)
     logger.debug("loaded %s: functions %s, parallel launcher %s", label,
                  [f["name"] for f in meta["functions"]], has_launcher)
     return Module(path, lib, meta, has_launcher)

@@ -1,5 +1,11 @@
 """The parallel launcher the runtime hands to every module (docs/abi.md "Parallel loops", docs/parallel.md).
 
+Modules built by tether carry a native thread pool (metadata ``"thread_pool": 1``, exports ``tether_pool_*``).
+The first such module loaded becomes the *provider*: its ``tether_pool_launch`` is installed as the launcher of
+every loaded module, and ``num_threads - 1`` daemon Python threads call its ``tether_pool_worker`` through ctypes
+(which releases the GIL) and stay parked in native code, so a launch involves no Python at all. The rest of this
+module is the fallback for processes that load no such module (hand-written C, older tether builds):
+
 A module outlines each ``parallel`` loop into a task function and calls the launcher installed through
 ``tether_set_parallel_launcher``. The launcher is a ctypes callback backed by a persistent thread pool:
 ``num_threads - 1`` worker threads plus the calling thread pull task ids from one shared iterator (dynamic
@@ -16,6 +22,7 @@ one native call (its tasks accept any task count). A forked child starts a fresh
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
 import logging
@@ -239,7 +246,7 @@ def set_num_threads(n: int) -> None:
     """Use ``n`` threads (caller included) for parallel loops from now on; 1 means serial.
 
     With one thread, loaded modules get a NULL launcher, so they run their tasks in their own serial loop at
-    native speed instead of paying a Python callback per task."""
+    native speed. The native pool's workers are stopped, joined (bounded) and started anew."""
     global _pool
     if int(n) < 1:
         raise ValueError("set_num_threads: need at least 1 thread, got %r" % (n,))
@@ -247,6 +254,7 @@ def set_num_threads(n: int) -> None:
         old, _pool = _pool, ThreadPool(int(n))
     if old is not None:
         old.close()
+    _restart_native(int(n))
     _reinstall_all()
 
 
@@ -261,6 +269,7 @@ def _reset_after_fork() -> None:
     if _pool is not None:
         _pool = ThreadPool(_pool.num_threads)
     _pool_lock = threading.Lock()
+    _native_after_fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -420,6 +429,9 @@ def _launcher_for_pool(chunked: bool = False):
     # NULL tells the module to run its tasks serially itself: the fastest choice when there is one thread.
     if get_num_threads() <= 1:
         return None
+    native = _native if _native_enabled else None
+    if native is not None:
+        return native.launch_address
     return LAUNCHER_CHUNKED_ADDRESS if chunked else LAUNCHER_ADDRESS
 
 
@@ -428,17 +440,214 @@ def _reinstall_all() -> None:
         setter(_launcher_for_pool(chunked))
 
 
-def install(lib: ctypes.CDLL, chunked: bool = False) -> bool:
+def install(lib: ctypes.CDLL, chunked: bool = False, thread_pool: Optional[int] = None) -> bool:
     """Hand the launcher to a loaded module; False if the module has no ``tether_set_parallel_launcher``.
 
     ``chunked``: the module declares (metadata ``"parallel_tasks": "chunked"``) that its task functions accept
-    any ``num_tasks``, so launches that stay in the caller run as one native call."""
+    any ``num_tasks``, so launches that stay in the Python launcher's caller run as one native call.
+    ``thread_pool``: the module's metadata ``"thread_pool"`` (the native pool's protocol version); the first
+    module with a version this runtime knows becomes the provider of the native pool for every module."""
     try:
         setter = lib.tether_set_parallel_launcher
     except AttributeError:
         return False
     setter.argtypes = [ctypes.c_void_p]  # void* so that None installs NULL
     setter.restype = None
-    setter(_launcher_for_pool(chunked))
     _setters[lib._handle] = (setter, bool(chunked))
+    if thread_pool == NATIVE_POOL_VERSION and _native is None:
+        _adopt_provider(lib)  # installs the native launcher everywhere, this module included
+    else:
+        setter(_launcher_for_pool(chunked))
     return True
+
+
+# ---- the native pool ------------------------------------------------------------------------------------------
+
+# The protocol version of codegen/threadpool.py this runtime drives (metadata "thread_pool").
+NATIVE_POOL_VERSION = 1
+_NATIVE_SYMBOLS = ("tether_pool_launch", "tether_pool_worker", "tether_pool_shutdown", "tether_pool_reset",
+                   "tether_pool_set_spin", "tether_pool_num_workers")
+_WORKERS_READY_TIMEOUT_S = 10.0
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    env = os.environ.get(name, "").strip().lower()
+    if not env:
+        return default
+    if env in ("0", "false", "no", "off"):
+        return False
+    if env in ("1", "true", "yes", "on"):
+        return True
+    logger.warning("ignoring %s=%r: expected 0 or 1", name, env)
+    return default
+
+
+def _env_spin() -> Optional[int]:
+    env = os.environ.get("TETHER_POOL_SPIN", "").strip()
+    if env:
+        try:
+            return max(0, int(env))
+        except ValueError:
+            logger.warning("ignoring TETHER_POOL_SPIN=%r: expected a number of spin iterations", env)
+    return None
+
+
+class NativePool:
+    """The native pool of the provider module: worker threads parked inside ``tether_pool_worker``.
+
+    The threads are ordinary daemon Python threads, so the module needs no thread creation of its own (no
+    libc, safe under qemu-user). Start and stop are serialised by the module-level lock of this file."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        missing = [name for name in _NATIVE_SYMBOLS if not hasattr(lib, name)]
+        if missing:
+            raise AttributeError("module declares a thread pool but lacks %s" % ", ".join(missing))
+        self.launch_address = ctypes.cast(lib.tether_pool_launch, ctypes.c_void_p).value
+        self._worker = lib.tether_pool_worker
+        self._worker.argtypes, self._worker.restype = [], None
+        self._shutdown = lib.tether_pool_shutdown
+        self._shutdown.argtypes, self._shutdown.restype = [], None
+        self._reset = lib.tether_pool_reset
+        self._reset.argtypes, self._reset.restype = [], None
+        self._set_spin = lib.tether_pool_set_spin
+        self._set_spin.argtypes, self._set_spin.restype = [ctypes.c_int32], None
+        self._num_workers = lib.tether_pool_num_workers
+        self._num_workers.argtypes, self._num_workers.restype = [], ctypes.c_int32
+        self.threads: List[threading.Thread] = []
+        self._started = 0
+
+    @property
+    def num_workers(self) -> int:
+        """Threads currently inside ``tether_pool_worker`` (the launcher's helpers)."""
+        return int(self._num_workers())
+
+    def set_spin(self, iterations: int) -> None:
+        self._set_spin(int(iterations))
+
+    def start(self, num_threads: int) -> None:
+        """Start ``num_threads - 1`` workers and wait (bounded) until they are inside the pool."""
+        want = max(0, int(num_threads) - 1)
+        for _ in range(want):
+            self._started += 1
+            t = threading.Thread(target=self._worker, name="tether-pool-%d" % self._started, daemon=True)
+            t.start()
+            self.threads.append(t)
+        deadline = time.monotonic() + _WORKERS_READY_TIMEOUT_S
+        while self.num_workers < want and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        if self.num_workers < want:
+            logger.warning("only %d of %d tether pool workers started within %.0f s; launches run with fewer "
+                           "threads until they do", self.num_workers, want, _WORKERS_READY_TIMEOUT_S)
+
+    def stop(self, timeout: float = _JOIN_TIMEOUT_S) -> bool:
+        """Make every worker return and join it (bounded). False if some worker is still inside a long task:
+        it leaves when that task ends, and is joined at the next stop."""
+        if not self.threads:
+            return True
+        self._shutdown()
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        alive = [t for t in self.threads if t.is_alive()]
+        self.threads = alive
+        if alive:
+            logger.warning("%d tether pool worker(s) still running a task after %.1f s; they leave when it ends",
+                           len(alive), timeout)
+        return not alive
+
+    def after_fork_in_child(self) -> None:
+        # The child has none of the parent's threads but inherits the pool's counters: zero them. Safe because
+        # the forking thread is the only thread of the child.
+        self._reset()
+        self.threads = []
+
+
+_native: Optional[NativePool] = None
+_native_enabled = _env_flag("TETHER_NATIVE_POOL", True)
+_native_lock = threading.Lock()
+_pool_spin: Optional[int] = _env_spin()   # None: the module's default (codegen/threadpool.py DEFAULT_SPIN)
+
+
+def _adopt_provider(lib: ctypes.CDLL) -> None:
+    global _native
+    with _native_lock:
+        if _native is not None:
+            return
+        try:
+            pool = NativePool(lib)
+        except AttributeError as exc:
+            logger.warning("not using the native thread pool: %s", exc)
+            return
+        if _pool_spin is not None:
+            pool.set_spin(_pool_spin)
+        _native = pool
+        if _native_enabled and get_num_threads() > 1:
+            pool.start(get_num_threads())
+    _reinstall_all()
+
+
+def native_pool() -> Optional[NativePool]:
+    """The native pool in use, or None (no provider module loaded, or disabled): then the Python launcher runs."""
+    return _native if _native_enabled else None
+
+
+def get_native_pool_enabled() -> bool:
+    return _native_enabled
+
+
+def set_native_pool_enabled(enabled: bool) -> None:
+    """Use the provider's native pool (the default; env TETHER_NATIVE_POOL=0 turns it off) or the Python
+    launcher. Mostly for comparisons (scripts/bench_parallel.py) and as an escape hatch."""
+    global _native_enabled
+    enabled = bool(enabled)
+    with _native_lock:
+        if enabled == _native_enabled:
+            return
+        _native_enabled = enabled
+        if _native is not None:
+            if enabled and get_num_threads() > 1:
+                _native.start(get_num_threads())
+            elif not enabled:
+                _native.stop()
+    _reinstall_all()
+
+
+def set_pool_spin(iterations: int) -> None:
+    """Idle iterations (a pause hint each) a native worker, and a waiting launcher, spin before sleeping on a
+    futex; 0 sleeps at once. More keeps back-to-back launches fast, less frees the core sooner."""
+    global _pool_spin
+    if int(iterations) < 0:
+        raise ValueError("set_pool_spin: need >= 0 iterations, got %r" % (iterations,))
+    _pool_spin = int(iterations)
+    if _native is not None:
+        _native.set_spin(_pool_spin)
+
+
+def _restart_native(num_threads: int) -> None:
+    with _native_lock:
+        if _native is None or not _native_enabled:
+            return
+        _native.stop()
+        if num_threads > 1:
+            _native.start(num_threads)
+
+
+def _native_after_fork() -> None:
+    global _native_lock
+    _native_lock = threading.Lock()
+    if _native is None:
+        return
+    _native.after_fork_in_child()
+    if _native_enabled and _pool is not None and _pool.num_threads > 1:
+        # Restarted at once: a launch is pure native code, so no later Python call could restart it lazily.
+        _native.start(_pool.num_threads)
+
+
+def _native_at_exit() -> None:
+    with _native_lock:
+        if _native is not None:
+            _native.stop(timeout=1.0)
+
+
+atexit.register(_native_at_exit)

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from llvmlite import ir
 
-from tether.codegen import mathlib
+from tether.codegen import mathlib, threadpool
 from tether.errors import CompileError
 from tether.target import Target, as_target
 
@@ -33,7 +33,9 @@ DTYPES: Dict[str, Tuple[int, int]] = {
     "bool": (6, 8),
 }
 
-EXPORTED_RUNTIME_SYMBOLS = ("tether_set_parallel_launcher", "__tether_metadata")
+# The native thread pool (codegen/threadpool.py) is exported too: the runtime installs one module's
+# tether_pool_launch as every module's launcher (docs/parallel.md "The native pool").
+EXPORTED_RUNTIME_SYMBOLS = ("tether_set_parallel_launcher", "__tether_metadata") + threadpool.EXPORTED_SYMBOLS
 MEMORY_FUNCTIONS = ("memcpy", "memmove", "memset")
 # What LLVM calls on armv7 for integer division (without hardware divide) and 64-bit int <-> float conversions.
 ARM_RUNTIME_FUNCTIONS = ("__aeabi_uidiv", "__aeabi_idiv", "__aeabi_uidivmod", "__aeabi_idivmod", "__aeabi_uldivmod",
@@ -150,10 +152,11 @@ class ModuleBuilder:
             entry["parallel"] = bool(entry["parallel"])
         # "parallel_tasks": "chunked": every task function (codegen/llvm.py make_task) runs chunk task_id of
         # num_tasks equal chunks of its loop for ANY num_tasks >= 1, so the runtime may run a whole loop as one
-        # task (docs/abi.md "Parallel loops", docs/parallel.md).
+        # task (docs/abi.md "Parallel loops", docs/parallel.md). "thread_pool": the version of the native pool
+        # protocol this module exports (codegen/threadpool.py).
         self.metadata = {"abi_version": ABI_VERSION, "tether_version": __version__,
                          "target": self.target.to_dict(), "functions": self._functions,
-                         "parallel_tasks": "chunked"}
+                         "parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION}
         blob = json.dumps(self.metadata, separators=(",", ":"), sort_keys=False).encode("utf-8") + b"\0"
         meta_ty = ir.ArrayType(I8, len(blob))
         meta = ir.GlobalVariable(self.module, meta_ty, "__tether_metadata")
@@ -183,7 +186,7 @@ class ModuleBuilder:
         # A module that declares memcpy itself (instead of using llvm.memcpy) gets the definition in its place.
         for fname in MEMORY_FUNCTIONS + (ARM_RUNTIME_FUNCTIONS if self.target.arch == "armv7" else ()):
             text = re.sub(r"^declare [^\n]*@\"?%s\"?\([^\n]*\n" % fname, "", text, flags=re.M)
-        self._text = text + memory_functions_ir(self.target)
+        self._text = text + memory_functions_ir(self.target) + threadpool.thread_pool_ir(self.target)
         if self.target.arch == "armv7":
             self._text += arm_runtime_ir()
         return self._text
