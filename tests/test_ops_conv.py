@@ -55,6 +55,33 @@ def test_conv2d(run_ops, rng, xs, wk, stride, padding, dilation, groups):
     np.testing.assert_allclose(out, _conv_ref(x, w, st, pad4, dl, groups), rtol=1e-4, atol=1e-4)
 
 
+PIXEL_CASES = [
+    # (C, H, W), (O, KH, KW), stride, padding (top, left, bottom, right), dilation
+    ((16, 13, 13), (32, 3, 3), 1, (1, 1, 1, 1), 1),     # 169 pixels: a partial last pixel block
+    ((3, 23, 21), (20, 3, 3), 2, (0, 1, 1, 0), 1),      # stride 2, asymmetric padding, channels not a panel multiple
+    ((5, 12, 11), (16, 3, 5), (1, 2), (2, 1, 2, 3), 2),  # dilation, unequal strides
+    ((4, 9, 9), (7, 7, 7), 2, (3, 3, 3, 3), 1),         # a 7x7 stem-like kernel, fewer channels than a vector
+]
+
+
+@pytest.mark.parametrize("xs,wk,stride,padding,dilation", PIXEL_CASES)
+def test_conv2d_pixels_with_epilogue(run_ops, rng, xs, wk, stride, padding, dilation):
+    """The implicit-GEMM conv over flattened pixels (what models use), with a fused bias + relu write-back."""
+    oc, kh, kw = wk
+    x = rng.standard_normal(xs).astype("float32")
+    w = rng.standard_normal((oc, xs[0], kh, kw)).astype("float32")
+    bias = rng.standard_normal((oc, 1)).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder((oc, xs[0] * kh * kw), "float32", name="W")
+    B = te.placeholder(bias.shape, "float32", name="B")
+    conv = ops.conv2d_pixels(X, W, (kh, kw), stride, padding, dilation)
+    (out,) = run_ops([(X, x), (W, w.reshape(oc, -1)), (B, bias)], [ops.relu(ops.add(conv, B))])
+    st = stride if isinstance(stride, tuple) else (stride, stride)
+    ref = _conv_ref(x[None], w, st, padding, (dilation, dilation), 1)[0]
+    ref = np.maximum(ref + bias[:, :, None], 0)
+    np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("xs,k,stride,padding,mult", [((1, 8, 13, 15), 3, 1, 1, 1), ((2, 3, 11, 10), 3, 2, 1, 2),
                                                       ((1, 5, 9, 21), 5, 1, 2, 1), ((2, 3, 7, 16), 3, 1, 1, 1),
                                                       ((1, 2, 4, 8), 3, 1, 1, 3)])

@@ -282,12 +282,10 @@ def kernel_shape(shape: Sequence[int]) -> tuple:
     return tuple(int(d) for d in shape) or (1,)
 
 
-# Convolutions with narrow outputs run faster as one matrix product (weights (oc, K) x columns (K, oh*ow)) than
-# as a direct convolution, whose register blocking wastes most lanes on a 13- or 27-wide row: measured 2-6x on
-# squeezenet/resnet layers. Wide rows (>= 64) keep the direct kernel, and the column buffer (static scratch in
-# the kernel) is capped.
-GEMM_MAX_OUT_WIDTH = 64
-GEMM_MAX_COLUMN_BYTES = 16 << 20
+# Convolutions of one image run as matrix products with output channels as the vector axis: pointwise ones as
+# a plain matmul (weights (oc, ic) x input (ic, h*w)), the others as an implicit GEMM over flattened output pixels
+# (ops.conv2d_pixels). Both fill whole vectors at any output width, where the row-vectorized direct convolution
+# wastes most lanes of a 13- to 55-wide row: measured 1.3-3x on squeezenet/resnet layers.
 
 
 def _gemm_plan(body: List, params: List[str], types: dict):
@@ -304,10 +302,6 @@ def _gemm_plan(body: List, params: List[str], types: dict):
     # a pointwise conv is a plain matrix product at any width (no column buffer at all); a grouped pointwise
     # conv is a batch of them, one per group
     if n != 1 or conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise):
-        return None
-    if ow >= GEMM_MAX_OUT_WIDTH and not pointwise:
-        return None
-    if not pointwise and ic * kh * kw * oh * ow * 4 > GEMM_MAX_COLUMN_BYTES:
         return None
     if g == 1:
         shapes = {conv.inputs[0]: (ic, h * w) if pointwise else (ic, h, w), conv.inputs[1]: (oc, ic * kh * kw)}
@@ -341,32 +335,21 @@ def ops_pattern(op: str) -> str:
     return graph_ops.pattern(op)
 
 
-def _conv_as_gemm(conv, x, w, xs, ws, os_):
-    _, ic, h, wd = xs
-    oc, _, kh, kw = ws
-    oh, ow = os_[2], os_[3]
+def _conv_as_gemm(conv, x, w, ws):
+    kh, kw = ws[2], ws[3]
     if len(c.shape_of(w)) == 3:     # grouped pointwise: (g, ocg, icg) x (g, icg, h*w)
         return ops.batch_matmul(w, x)
     if len(c.shape_of(x)) == 2:     # pointwise: the input already is the (ic, h*w) column matrix
         return ops.matmul(w, x)
-    (sh, sw), (dh, dw), (pt, pl) = conv.attrs["strides"], conv.attrs["dilations"], conv.attrs["pads"][:2]
-    kk = kh * kw
-    zero = c.const(0.0, x.dtype)
-
-    def col(k, p):
-        ci, r = k // kk, k % kk
-        iy = (p // ow) * sh + (r // kw) * dh - pt
-        ix = (p % ow) * sw + (r % kw) * dw - pl
-        inside = te.all(iy >= 0, iy < h, ix >= 0, ix < wd)
-        return te.if_then_else(inside, x[ci, te.min(te.max(iy, 0), h - 1), te.min(te.max(ix, 0), wd - 1)], zero)
-    cols = c.compute((ic * kk, oh * ow), col, "im2col", c.INJECTIVE)
-    return ops.matmul(w, cols)
+    pads = conv.attrs["pads"]
+    return ops.conv2d_pixels(x, w, (kh, kw), conv.attrs["strides"], (pads[0], pads[1], pads[2], pads[3]),
+                             conv.attrs["dilations"], name="conv2d")
 
 
 def lower_body(body: List, params: List[str], types: dict, conv_gemm: bool = True) -> tuple:
     """Placeholders for `params` (in order), the te tensor of the body's last output, and the kernel's argument
     shapes (params then output) when they differ from the graph's (None otherwise). ``conv_gemm`` allows
-    running narrow convolutions as GEMMs (faster kernels, about twice the LLVM time)."""
+    running single-image convolutions as GEMMs (docs/graph.md)."""
     plan = _gemm_plan(body, params, types) if conv_gemm else None
     env = {}
     placeholders = []
@@ -380,8 +363,7 @@ def lower_body(body: List, params: List[str], types: dict, conv_gemm: bool = Tru
     if plan is not None:
         conv = body[0]
         env[conv.outputs[0]] = _conv_as_gemm(conv, env[conv.inputs[0]], env[conv.inputs[1]],
-                                             types[conv.inputs[0]].shape, types[conv.inputs[1]].shape,
-                                             types[conv.outputs[0]].shape)
+                                             types[conv.inputs[1]].shape)
         start = 1
     for node in body[start:]:
         if node.op == "reshape":

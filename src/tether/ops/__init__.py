@@ -8,7 +8,7 @@ default schedule for the target family (x86, aarch64, armv7).
 """
 from .activation import clip, gelu, hard_sigmoid, hard_swish, leaky_relu, relu, relu6, sigmoid, tanh
 from .common import tag_of
-from .conv import conv2d, depthwise_conv2d
+from .conv import conv2d, conv2d_pixels, depthwise_conv2d
 from .elementwise import (abs, add, ceil, divide, erf, exp, floor, log, maximum, minimum, multiply, negative,
                           power, rsqrt, sqrt, subtract)
 from .linear import batch_matmul, dense, matmul
@@ -19,7 +19,7 @@ from .schedules import family_of, schedule
 from .shape import concat, expand_dims, flatten, pad, reshape, squeeze, transpose
 
 __all__ = [
-    "abs", "add", "avg_pool2d", "batch_matmul", "batch_norm", "ceil", "clip", "concat", "conv2d", "dense",
+    "abs", "add", "avg_pool2d", "batch_matmul", "batch_norm", "ceil", "clip", "concat", "conv2d", "conv2d_pixels", "dense",
     "depthwise_conv2d", "divide", "erf", "exp", "expand_dims", "family_of", "flatten", "floor", "gelu",
     "global_avg_pool2d", "global_max_pool2d", "hard_sigmoid", "hard_swish", "leaky_relu", "log", "log_softmax",
     "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply", "negative", "pad", "power",

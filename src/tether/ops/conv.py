@@ -4,6 +4,8 @@ from __future__ import annotations
 from tether import te
 
 from . import common as c
+from .linear import pack_panels
+from .shape import pad as pad_op
 from .window import padded_reader
 
 
@@ -44,6 +46,39 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
 
     out = c.compute((n, oc, oh, ow), f, name if bias is None else f"{name}_conv", c.CONV2D)
     return _add_bias(out, bias, name)
+
+
+def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, name: str = "conv2d_pixels"):
+    """x (C, H, W) * w (O, C*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened.
+
+    Computed as an implicit GEMM with output channels as the vector axis: conv[p, o] = sum_k xpad[patch(p, k)] *
+    panels[o // PANEL, k, o % PANEL], the weights packed into the matmul's PANEL-wide panels. A register block is a
+    few output pixels times one panel of channels (the matmul micro-kernel, with the input patch element broadcast
+    where matmul broadcasts A), so it fills whole vectors at any output width; the flattened pixel axis leaves
+    only one partial block per image rather than one per row. Narrow rows (13..55 wide) waste most lanes of a
+    row-vectorized direct convolution, and an explicit im2col column buffer costs a pass over memory and an
+    index decode per element."""
+    ch, h, wd = c.shape_of(x)
+    oc, kk = c.shape_of(w)
+    kh, kw = kernel
+    if kk != ch * kh * kw:
+        raise ValueError(f"{name}: weight {c.shape_of(w)} does not fit {ch} channels of a {kh}x{kw} kernel")
+    sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
+    top, left, bottom, right = p4
+    xp = pad_op(x, (0, top, left), (0, bottom, right), name=f"{name}_pad") if any(p4) else x
+    panels = pack_panels(w, 0, f"{name}_panels")
+    rc = te.reduce_axis((0, ch), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    pw = panels.shape[2]
+
+    def f(p, o):
+        y, xx = p // ow, p % ow
+        k = (rc * kh + ry) * kw + rx
+        return te.sum(xp[rc, y * sh + ry * dh, xx * sw + rx * dw] * panels[o // pw, k, o % pw], axis=[rc, ry, rx])
+
+    conv = c.compute((oh * ow, oc), f, f"{name}_nc", c.CONV2D_PIXELS)
+    return c.compute((oc, oh * ow), lambda o, p: conv[p, o], name, c.INJECTIVE)
 
 
 def depthwise_conv2d(x, w, stride=1, padding=0, dilation=1, bias=None, name: str = "depthwise_conv2d"):

@@ -349,6 +349,30 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
     sb.vectorize(bx)
 
 
+def _schedule_conv_pixels(s, t, fam: Family, ctx):
+    """Implicit-GEMM convolution (ops.conv2d_pixels): the matmul micro-kernel's MR x NR block, MR output pixels by
+    one NR-wide panel of output channels, accumulated over the whole reduction and written back transposed to
+    (channels, pixels) through the fused epilogue. Pixel blocks outermost and parallel: each task reads its
+    pixels' input patches once for every channel panel."""
+    block, out = _accumulator_and_output(s, t, ctx)
+    so = s[out]
+    o, p = list(out.op.axis)[-2:]
+    nr = int(t.op.input_tensors[-1].shape[-1]) if c.tag_of(t.op.input_tensors[-1].op) == c.MATMUL_PACK else 16
+    oo, oi = so.split(o, factor=nr)
+    po, pi = so.split(p, factor=fam.mm_rows)
+    so.reorder(po, oo, oi, pi)
+    so.unroll(oi)
+    so.unroll(pi)
+    if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
+        so.parallel(po)
+    s[block].compute_at(so, oo)
+    sb = s[block]
+    bp, bo = block.op.axis
+    sb.reorder(*block.op.reduce_axis, bp, bo)
+    sb.unroll(bp)
+    sb.vectorize(bo)
+
+
 def _columns(fam: Family, ow: int) -> int:
     """Output columns per micro-kernel row (the vectorized extent): whole vectors dividing the width if possible,
     else any divisor of the width from half a vector up, else the whole (short) row, else whole vectors with a
@@ -436,15 +460,16 @@ _BY_TAG: Dict[str, Callable] = {
     c.ROWDOT_PARTIAL: _schedule_rowdot_partial,
     c.ROWDOT_FINAL: _schedule_rowdot_final,
     c.CONV2D: _schedule_conv2d,
+    c.CONV2D_PIXELS: _schedule_conv_pixels,
     c.DEPTHWISE_CONV2D: _schedule_window,
     c.POOL: _schedule_window,
     c.GLOBAL_POOL: _schedule_global_pool,
 }
 
 # Kernels whose elementwise consumers are fused into their write-back loop.
-_EPILOGUE_KERNELS = frozenset({c.MATMUL, c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL})
+_EPILOGUE_KERNELS = frozenset({c.MATMUL, c.CONV2D, c.CONV2D_PIXELS, c.DEPTHWISE_CONV2D, c.POOL})
 # Consumers that read their input many times per output: keep injective producers (padding) materialized.
-_MATERIALIZE_INPUTS_OF = frozenset({c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL, c.MATMUL})
+_MATERIALIZE_INPUTS_OF = frozenset({c.CONV2D, c.CONV2D_PIXELS, c.DEPTHWISE_CONV2D, c.POOL, c.MATMUL})
 
 
 def schedule(outs, target="host"):
