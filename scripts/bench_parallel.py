@@ -3,8 +3,11 @@
 Builds the ABI test kernels (tests/kernels/*.c) with gcc, then prints medians of:
   1. per-call cost: raw ctypes call vs PackedFunc(...) vs PackedFunc.bind(...)() on a 1024-element vadd;
   2. launch overhead: empty tasks through the thread-pool launcher vs the module's serial fallback;
-  3. scaling: a compute-bound kernel, serial fallback vs the pool with 1 and 2 threads.
-Usage: python scripts/bench_parallel.py [--repeat 7] [--min-ms 100]
+  3. scaling: a compute-bound kernel, serial fallback vs the pool with 1 and 2 threads;
+  4. the native pool (a tether-built module is loaded and becomes its provider): launch overhead and scaling
+     of the same kernels through the native pool vs the Python launcher vs serial, in alternating rounds.
+Sections 1-3 run before any tether-built module is loaded, so they measure the Python launcher.
+Usage: python scripts/bench_parallel.py [--repeat 7] [--min-ms 100] [--native-only]
 """
 from __future__ import annotations
 
@@ -33,10 +36,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--min-ms", type=float, default=100.0)
+    ap.add_argument("--native-only", action="store_true", help="only section 4 (the native pool)")
     opts = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="tether-bench-"))
     try:
-        run(tmp, opts.repeat, opts.min_ms)
+        if not opts.native_only:
+            run(tmp, opts.repeat, opts.min_ms)
+        run_native(tmp, opts.repeat, opts.min_ms)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -109,6 +115,121 @@ def run(tmp: pathlib.Path, repeat: int, min_ms: float) -> None:
                                                            statistics.median(ratios), ratios[0], ratios[-1]))
     parallel.set_min_parallel_work_us(default_min_us)
     parallel.set_num_threads(parallel.default_num_threads())
+
+
+def _alternating(calls, repeat: int, min_ms: float):
+    """Median time of each (setup, call) pair, measured in alternating rounds so all see the same load."""
+    samples = [[] for _ in calls]
+    for _ in range(repeat):
+        for i, (setup, call) in enumerate(calls):
+            setup()
+            samples[i].append(median_time(call, 1, min_ms))
+    return [statistics.median(t) for t in samples]
+
+
+def _provider_module(tmp: pathlib.Path):
+    """A small tether-built parallel kernel (y = 2x + 1 over 65536 floats): loading it provides the native pool."""
+    import tether
+    from tether import te
+
+    n = 65536
+    a = te.placeholder((n,), "float32", name="A")
+    c = te.compute((n,), lambda i: a[i] * 2.0 + 1.0, name="C")
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=1024)
+    s[c].parallel(xo)
+    lib = tether.build(s, [a, c], target="host", name="affine")
+    return module.load_module(lib.export_library(str(tmp / "affine.so")))
+
+
+def run_native(tmp: pathlib.Path, repeat: int, min_ms: float) -> None:
+    par_path = tmp / "par.so"
+    if not par_path.exists():
+        par_path = build_kernel("par", tmp)
+    serial_path = tmp / "par_serial_native.so"
+    shutil.copyfile(par_path, serial_path)
+    par = module.load_module(str(par_path))
+    ser = module.load_module(str(serial_path), parallel_launcher=False)
+    affine = _provider_module(tmp)
+    pool = parallel.native_pool()
+    if pool is None:
+        print("\n[native pool] not available (TETHER_NATIVE_POOL=0?): skipped")
+        return
+    default_min_us = parallel.get_min_parallel_work_us()
+    parallel.set_num_threads(2)
+
+    def python_forced():
+        parallel.set_native_pool_enabled(False)
+        parallel.set_min_parallel_work_us(0)
+
+    def python_auto():
+        parallel.set_native_pool_enabled(False)
+        parallel.set_min_parallel_work_us(default_min_us)
+
+    def native(spin=None):
+        def setup():
+            parallel.set_native_pool_enabled(True)
+            parallel.set_pool_spin(spin if spin is not None else _default_spin())
+        return setup
+
+    def nothing():
+        pass
+
+    counts = np.zeros(64, "int32")
+    print("\n[native pool] 2 threads; empty tasks of a hand-written module; serial fallback (NULL launcher) is "
+          "the baseline;")
+    print("  %d alternating rounds, medians per launch; 'python' = the ctypes-callback launcher (forced: always "
+          "the pool)" % repeat)
+    print("  %-6s %10s %14s %12s %14s %13s %16s" % ("tasks", "serial us", "python forced", "python auto",
+                                                    "native spin=0", "native spin", "native vs python"))
+    for k in (2, 8, 16, 64):
+        t_ser, t_py, t_auto, t_n0, t_nat = _alternating(
+            [(nothing, ser["noop"].bind(counts, k)), (python_forced, par["noop"].bind(counts, k)),
+             (python_auto, par["noop"].bind(counts, k)), (native(0), par["noop"].bind(counts, k)),
+             (native(), par["noop"].bind(counts, k))], repeat, min_ms)
+        print("  %-6d %10.2f %14.2f %12.2f %14.2f %13.2f %15.1fx   (native: +%.2f us over serial)"
+              % (k, t_ser * 1e6, t_py * 1e6, t_auto * 1e6, t_n0 * 1e6, t_nat * 1e6, t_py / t_nat,
+                 (t_nat - t_ser) * 1e6))
+
+    x = np.linspace(-1, 1, 65536).astype("float32")
+    y = np.zeros_like(x)
+    print("\n[native pool scaling] heavy() as in [scaling]; speedup over the serial fallback, medians")
+    print("  %-6s %10s %14s %14s %16s" % ("tasks", "serial ms", "python ms", "native ms", "native speedup"))
+    for k in (2, 16, 64):
+        t_ser, t_py, t_nat = _alternating(
+            [(nothing, ser["heavy"].bind(x, y, k)), (python_auto, par["heavy"].bind(x, y, k)),
+             (native(), par["heavy"].bind(x, y, k))], repeat, min_ms)
+        print("  %-6d %10.3f %14.3f %14.3f %15.2fx" % (k, t_ser * 1e3, t_py * 1e3, t_nat * 1e3, t_ser / t_nat))
+
+    # A tether-built kernel of model-launch size (tens of us): 16 chunked tasks of y = 2x + 1.
+    xa = np.random.default_rng(0).random(65536, dtype=np.float32)
+    ya = np.zeros_like(xa)
+
+    def one_thread():
+        parallel.set_num_threads(1)
+
+    def two(setup):
+        def both():
+            parallel.set_num_threads(2)
+            setup()
+        return both
+
+    call = affine["affine"].bind(xa, ya)
+    t1, t_py, t_nat = _alternating([(one_thread, call), (two(python_auto), call), (two(native()), call)],
+                                   repeat, min_ms)
+    print("\n[native pool, compiled kernel] y = 2x + 1 over 65536 float32 (16 tasks), medians per call")
+    print("  1 thread (NULL launcher)  %8.2f us" % (t1 * 1e6))
+    print("  2 threads, python (auto)  %8.2f us   (%.2fx of 1 thread)" % (t_py * 1e6, t1 / t_py))
+    print("  2 threads, native pool    %8.2f us   (%.2fx of 1 thread)" % (t_nat * 1e6, t1 / t_nat))
+    parallel.set_native_pool_enabled(True)
+    parallel.set_pool_spin(_default_spin())
+    parallel.set_min_parallel_work_us(default_min_us)
+    parallel.set_num_threads(parallel.default_num_threads())
+
+
+def _default_spin() -> int:
+    from tether.codegen import threadpool
+    return threadpool.DEFAULT_SPIN
 
 
 if __name__ == "__main__":

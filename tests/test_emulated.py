@@ -490,3 +490,74 @@ def test_emulated_device_registers_with_a_tracker(emulated_devices, tracker_lab)
         assert device.alive(), device.output
         with tracker.client() as client, client.request(key, wait_timeout=SESSION_TIMEOUT) as remote:
             assert remote.device_info()["arch"] == "aarch64"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the native thread pool (codegen/threadpool.py) on emulated ARM: futex and sched_yield through the module's own
+# system-call stub, worker threads started by the guest Python
+
+NATIVE_POOL_GUEST = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from tether_rpc import module, parallel
+folder, preset, arch = sys.argv[2], sys.argv[3], sys.argv[4]
+parallel.set_num_threads(2)
+m = module.load_module("%s/pool_%s.so" % (folder, preset))
+pool = parallel.native_pool()
+assert pool is not None and pool.num_workers == 1, "the tether module must provide the native pool"
+a = np.load(folder + "/a.npy"); b = np.load(folder + "/b.npy"); c = np.zeros_like(a)
+for spin in (0, 20000):           # every launch through the futex wake-up, then through the spinning worker
+    parallel.set_pool_spin(spin)
+    for _ in range(25):
+        c[:] = 0
+        m["pool_ew"](a, b, c)
+np.save(folder + "/c_%s.npy" % preset, c)
+# a hand-written module (no pool of its own) gets the provider's launcher: task 0 waits until another thread
+# has finished a task, so this only returns if the native pool runs a second thread
+p = module.load_module("%s/par_%s.so" % (folder, arch))
+counts = np.zeros(64, "int32"); tids = np.zeros(64, "int64")
+p["mark"](counts, tids, 1)
+assert (counts == 1).all(), counts
+assert len(set(tids.tolist())) == 2, tids
+assert not parallel._task_cache, "the Python launcher must not have run"
+parallel.set_num_threads(1)
+assert pool.num_workers == 0
+print("NATIVE-POOL-OK")
+"""
+
+
+@pytest.mark.parametrize("preset", ["rasp4b", "armv7-a7"])
+def test_native_pool_runs_a_parallel_kernel_on_two_threads(emulated_devices, tmp_path, preset):
+    """aarch64 and armv7: a tether kernel through the native pool at 2 threads matches numpy, under qemu-user."""
+    import tether
+    from kernels import build_kernel_for
+    from tether import te
+    from tether_rpc import module as runtime_module
+    arch, cpu = emulate.preset_device(preset)
+    userland = emulated_devices.userland(arch)
+    n = 1 << 16
+    A = te.placeholder((n,), "float32", name="A")
+    B = te.placeholder((n,), "float32", name="B")
+    C = te.compute((n,), lambda i: A[i] * B[i] + A[i] * 0.5, name="C")
+    s = te.create_schedule(C.op)
+    xo, xi = s[C].split(C.op.axis[0], factor=1024)
+    xio, xii = s[C].split(xi, factor=4)
+    s[C].vectorize(xii)
+    s[C].parallel(xo)
+    lib = tether.build(s, [A, B, C], target=preset, name="pool_ew")
+    assert lib.metadata["thread_pool"] == 1
+    lib.export_library(str(tmp_path / ("pool_%s.so" % preset)))
+    build_kernel_for("par", arch, tmp_path)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    script = tmp_path / "native_pool_guest.py"
+    script.write_text(NATIVE_POOL_GUEST)
+    rpc_server = pathlib.Path(runtime_module.__file__).resolve().parent.parent
+    proc = userland.run_python([str(script), str(rpc_server), str(tmp_path), preset, arch], cpu=cpu, timeout=300,
+                               check=False)
+    assert proc.returncode == 0 and "NATIVE-POOL-OK" in proc.stdout, proc.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / ("c_%s.npy" % preset)), a * b + a * np.float32(0.5),
+                               rtol=1e-6, atol=1e-6)
