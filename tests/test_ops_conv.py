@@ -64,18 +64,23 @@ PIXEL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("prepacked", [False, True], ids=["packed-per-call", "prepacked"])
 @pytest.mark.parametrize("xs,wk,stride,padding,dilation", PIXEL_CASES)
-def test_conv2d_pixels_with_epilogue(run_ops, rng, xs, wk, stride, padding, dilation):
-    """The implicit-GEMM conv over flattened pixels (what models use), with a fused bias + relu write-back."""
+def test_conv2d_pixels_with_epilogue(run_ops, rng, xs, wk, stride, padding, dilation, prepacked):
+    """The implicit-GEMM conv over flattened pixels (what models use), with a fused bias + relu write-back; the
+    weights packed by the kernel or ahead of time (what build_graph does with constant weights)."""
+    from tether.ops.linear import pack_panels_array
+
     oc, kh, kw = wk
     x = rng.standard_normal(xs).astype("float32")
     w = rng.standard_normal((oc, xs[0], kh, kw)).astype("float32")
     bias = rng.standard_normal((oc, 1)).astype("float32")
+    wk_arr = pack_panels_array(w.reshape(oc, -1)) if prepacked else w.reshape(oc, -1)
     X = te.placeholder(x.shape, "float32", name="X")
-    W = te.placeholder((oc, xs[0] * kh * kw), "float32", name="W")
+    W = te.placeholder(wk_arr.shape, "float32", name="W")
     B = te.placeholder(bias.shape, "float32", name="B")
-    conv = ops.conv2d_pixels(X, W, (kh, kw), stride, padding, dilation)
-    (out,) = run_ops([(X, x), (W, w.reshape(oc, -1)), (B, bias)], [ops.relu(ops.add(conv, B))])
+    conv = ops.conv2d_pixels(X, W, (kh, kw), stride, padding, dilation, out_channels=oc if prepacked else None)
+    (out,) = run_ops([(X, x), (W, wk_arr), (B, bias)], [ops.relu(ops.add(conv, B))])
     st = stride if isinstance(stride, tuple) else (stride, stride)
     ref = _conv_ref(x[None], w, st, padding, (dilation, dilation), 1)[0]
     ref = np.maximum(ref + bias[:, :, None], 0)

@@ -119,12 +119,16 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
                 fast_math: bool = False, name: str = "deploy") -> GraphFactory:
     import tether
     from tether import ops
-    from tether.graph.lowering import lower_body
+    from tether.graph.lowering import lower_body, pack_conv_weights
     from tether.target import as_target
 
     tgt = as_target(target)
     t0 = time.perf_counter()
     graph, params = optimize(graph, params, opt_level)
+    panel_weights = {}
+    if opt_level >= 3:
+        graph, params = graph.copy(), dict(params)
+        panel_weights = pack_conv_weights(graph, params, _body_of)
     t_passes = time.perf_counter() - t0
 
     # one kernel per distinct signature
@@ -143,7 +147,8 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
             func_of_sig[sig] = fname
             body, bparams = _body_of(node)
             placeholders, out, shapes_of_func[fname] = lower_body(body, bparams, graph.types,
-                                                                  conv_gemm=opt_level >= 3)
+                                                                  conv_gemm=opt_level >= 3,
+                                                                  panel_weights=panel_weights)
             sch = ops.schedule([out], tgt)
             triples.append((sch, placeholders + [out], fname))
         node_funcs.append(fname)

@@ -48,8 +48,11 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
     return _add_bias(out, bias, name)
 
 
-def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, name: str = "conv2d_pixels"):
+def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_channels: int | None = None,
+                  name: str = "conv2d_pixels"):
     """x (C, H, W) * w (O, C*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened.
+    ``w`` may also come packed already (ops.linear.pack_panels_array: (ceil(O/16), C*KH*KW, 16)); then
+    ``out_channels`` gives O.
 
     Computed as an implicit GEMM with output channels as the vector axis: conv[p, o] = sum_k xpad[patch(p, k)] *
     panels[o // PANEL, k, o % PANEL], the weights packed into the matmul's PANEL-wide panels. A register block is a
@@ -59,14 +62,18 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, name: st
     row-vectorized direct convolution, and an explicit im2col column buffer costs a pass over memory and an
     index decode per element."""
     ch, h, wd = c.shape_of(x)
-    oc, kk = c.shape_of(w)
+    prepacked = len(c.shape_of(w)) == 3
+    kk = c.shape_of(w)[1]
+    oc = out_channels if prepacked else c.shape_of(w)[0]
+    if prepacked and (oc is None or not 0 < oc <= c.shape_of(w)[0] * c.shape_of(w)[2]):
+        raise ValueError(f"{name}: packed weight {c.shape_of(w)} needs out_channels within its panels, got {oc}")
     kh, kw = kernel
     if kk != ch * kh * kw:
         raise ValueError(f"{name}: weight {c.shape_of(w)} does not fit {ch} channels of a {kh}x{kw} kernel")
     sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
     top, left, bottom, right = p4
     xp = pad_op(x, (0, top, left), (0, bottom, right), name=f"{name}_pad") if any(p4) else x
-    panels = pack_panels(w, 0, f"{name}_panels")
+    panels = w if prepacked else pack_panels(w, 0, f"{name}_panels")
     rc = te.reduce_axis((0, ch), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")

@@ -38,6 +38,16 @@ def pack_panels(b, n_axis: int, name: str):
     return c.compute((panels, k, PANEL), f, name, c.MATMUL_PACK)
 
 
+def pack_panels_array(w):
+    """numpy: the layout of pack_panels(w, n_axis=0) for a constant (N, K) operand, packed ahead of time."""
+    import numpy as np
+
+    n, k = w.shape
+    padded = np.zeros((-(-n // PANEL) * PANEL, k), w.dtype)
+    padded[:n] = w
+    return np.ascontiguousarray(padded.reshape(-1, PANEL, k).transpose(0, 2, 1))
+
+
 # Row dot products (dense with few rows): partial sums over this many interleaved k lanes, vectorized.
 ROWDOT_LANES = 16
 
