@@ -371,3 +371,96 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
             proc.kill()
             proc.wait(5)
         log.close()
+
+
+# -- session end without pidfd, idle sessions -------------------------------------------------------------------
+NO_PIDFD_SERVER = textwrap.dedent("""
+    import sys
+    from tether_rpc import server as S
+
+    S._USE_PIDFD = False   # as on Linux < 5.3: no pidfd to wake the loop when a worker exits
+    S._LOOP_TICK = 5.0     # and a tick so long that only the SIGCHLD wake-up can make a handoff prompt
+    sys.exit(S.run(port=0, workdir=sys.argv[1]))
+""")
+
+
+def children(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as fh:
+            return fh.read().split()
+    except OSError:
+        return []
+
+
+def test_handoff_is_prompt_without_pidfd(tmp_path):
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", NO_PIDFD_SERVER, str(tmp_path)], stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: "listening on" in (tmp_path / "server.log").read_text(), 20)
+        m = __import__("re").search(r"listening on (\S+):(\d+)", (tmp_path / "server.log").read_text())
+        host, port = m.group(1), int(m.group(2))
+        handoffs = []
+        for _ in range(3):
+            first = rpc.connect(host, port, timeout=10)
+            queued = socket.create_connection((host, port), timeout=10)
+            try:
+                queued.sendall(p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload()))
+                reader = p.FrameReader(queued)
+                assert reader.read_frame()[2].get("kind") == "queued"
+                t0 = time.monotonic()
+                first.close()  # the worker exits; the parent must notice without waiting for its 5 s tick
+                assert reader.read_frame()[0] == p.MsgType.WELCOME
+                handoffs.append(time.monotonic() - t0)
+                queued.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
+                assert queued.recv(1) == b""
+            finally:
+                first.close()
+                queued.close()
+            assert wait_until(lambda: not children(proc.pid), 5)  # the next round starts on a free device
+        assert max(handoffs) < 1.0, handoffs  # vs up to 5 s if only the tick noticed the exit
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def test_idle_session_is_ended_and_frees_the_device(make_rpc_server, rpc_kernels):
+    server = make_rpc_server("--idle-timeout", "0.5")
+    with rpc.connect(server.host, server.port, timeout=10) as busy:
+        # a call that runs longer than the idle timeout is not idleness
+        busy.upload(rpc_kernels["misc"])
+        spin = busy.load_module("misc.so")["spin"]
+        t0 = time.monotonic()
+        n = 1 << 20
+        while time.monotonic() - t0 < 0.05 and n < 1 << 34:  # calibrate to about 0.8 s (bounded)
+            t0 = time.monotonic()
+            spin(n)
+            n *= 4
+        per = (time.monotonic() - t0) / (n // 4)
+        spin(int(0.8 / per))
+        # calls in a row, each gap far below the timeout, for longer than the timeout
+        t0 = time.monotonic()
+        for _ in range(30):
+            assert busy.get_function("tether.echo")(1) == 1
+            time.sleep(0.05)
+        assert time.monotonic() - t0 > 1.0
+    idle = rpc.connect(server.host, server.port, timeout=10)
+    try:
+        t0 = time.monotonic()
+        waiting = rpc.connect(server.host, server.port, timeout=10, wait=True)  # queued behind the idle one
+        try:
+            assert 0.3 < time.monotonic() - t0 < 3.0  # admitted once the idle session was ended
+            assert waiting.get_function("tether.echo")("next") == "next"
+        finally:
+            waiting.close()
+        with pytest.raises(errors.TetherTimeout, match="idle"):
+            idle.get_function("tether.echo")(1)
+    finally:
+        idle.close()
+    assert server.alive

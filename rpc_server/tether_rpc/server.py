@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import struct
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
@@ -54,7 +55,12 @@ SERVER_NAME = "tether-rpc/" + __version__
 TRACKER_HOOK_MODULE = "tether_rpc.registrar"
 
 DEFAULT_SESSION_TIMEOUT = 3600.0  # every session is bounded; raise it with --session-timeout for long jobs
+DEFAULT_IDLE_TIMEOUT = 300.0     # a client that holds a session and sends nothing frees the device after this
+DEFAULT_SPIN = 0.0  # seconds (see FrameReader.spin)
 _LOOP_TICK = 0.05  # how often the loop reaps workers and checks deadlines (bounds "server free again" latency)
+#: Watch workers through a pidfd when the kernel has them (Linux >= 5.3); otherwise, or with this off, SIGCHLD
+#: wakes the loop through signal.set_wakeup_fd. (A module switch so tests can force the fallback.)
+_USE_PIDFD = True
 
 
 class ServerConfigError(TetherError, ValueError):
@@ -70,6 +76,8 @@ class ServerConfig:
     insecure: bool = False
     session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT  # seconds; None = until the client leaves
     handshake_timeout: float = 5.0
+    idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT  # seconds a session may send nothing; None = no limit
+    spin: float = DEFAULT_SPIN                  # seconds a worker polls for the next call before it sleeps
     workdir: Optional[str] = None               # parent of the per-session folders (default: system temp)
     max_queue: int = 16
     max_pending: int = 64                       # connections still in their handshake
@@ -129,6 +137,29 @@ def check_config(config: ServerConfig) -> None:
         raise ServerConfigError("--tracker needs --key (the device key clients request, e.g. rasp4b)")
     if config.session_timeout is not None and config.session_timeout <= 0:
         raise ServerConfigError("--session-timeout must be positive")
+    if config.idle_timeout is not None and config.idle_timeout <= 0:
+        raise ServerConfigError("--idle-timeout must be positive (or 0 on the command line: no idle limit)")
+
+
+def _on_sigchld(signum: int, frame: Any) -> None:
+    pass  # the wake-up fd has been written already; the loop reaps after select() returns
+
+
+_PIDFD_OK: Optional[bool] = None
+
+
+def _pidfd_works() -> bool:
+    """os.pidfd_open exists and the kernel supports it (Python may have it on a kernel that does not)."""
+    global _PIDFD_OK
+    if not _USE_PIDFD:
+        return False
+    if _PIDFD_OK is None:
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+            _PIDFD_OK = True
+        except (AttributeError, OSError):
+            _PIDFD_OK = False
+    return _PIDFD_OK
 
 
 def _signal_name(sig: int) -> str:
@@ -264,6 +295,37 @@ class Server:
     def serve_forever(self) -> None:
         for hook in self.hooks:
             hook.attach(self)
+        restore_signals = self._wake_on_sigchld() if not _pidfd_works() else None
+        try:
+            self._serve_loop()
+        finally:
+            if restore_signals is not None:
+                restore_signals()
+
+    def _wake_on_sigchld(self) -> Optional[Callable[[], None]]:
+        """Without pidfds, a worker's exit would wait for the next loop tick: make SIGCHLD write to the wake-up
+        pipe instead (signal.set_wakeup_fd). Main thread only, and only if no one else uses the wake-up fd.
+        Returns what undoes it, or None."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        try:
+            previous_fd = signal.set_wakeup_fd(self._wake_w)
+        except (ValueError, OSError):
+            return None
+        if previous_fd != -1:  # someone else's (an event loop's): leave it to them, and live with the tick
+            signal.set_wakeup_fd(previous_fd)
+            return None
+        # A Python-level handler (not SIG_IGN, which would auto-reap the workers and lose their exit status);
+        # the C-level handler behind it writes the signal number to the wake-up fd, which wakes select().
+        previous_handler = signal.signal(signal.SIGCHLD, _on_sigchld)
+        log.debug("no pidfd: worker exits wake the loop through SIGCHLD")
+
+        def restore() -> None:
+            signal.signal(signal.SIGCHLD, previous_handler)
+            signal.set_wakeup_fd(-1)
+        return restore
+
+    def _serve_loop(self) -> None:
         wake_at = self._tick_hooks()   # hooks start their timers (a tracker connect) without waiting a tick
         while not self._stopping:
             timeout = _LOOP_TICK if wake_at is None else min(_LOOP_TICK, max(0.0, wake_at - time.monotonic()))
@@ -482,7 +544,8 @@ class Server:
             code = 1
             try:
                 self._become_worker(conn)
-                code = run_session(conn.sock, conn.buffer, folder, self.config.limits)
+                code = run_session(conn.sock, conn.buffer, folder, self.config.limits,
+                                   idle_timeout=self.config.idle_timeout, spin=self.config.spin)
             except BaseException:  # never return into the parent's loop from a worker
                 traceback.print_exc()
             finally:
@@ -498,8 +561,9 @@ class Server:
 
     def _watch_worker(self, active: _Active) -> None:
         # A pidfd turns readable the moment the worker exits, which wakes the loop to reap it at once instead
-        # of on its next tick: most of the handoff time between two clients otherwise. Linux >= 5.3.
-        if not hasattr(os, "pidfd_open"):
+        # of on its next tick: most of the handoff time between two clients otherwise. Linux >= 5.3 (else
+        # SIGCHLD does it, see _wake_on_sigchld).
+        if not _pidfd_works():
             return
         try:
             active.pidfd = os.pidfd_open(active.pid)
@@ -522,6 +586,11 @@ class Server:
     def _become_worker(self, conn: _Conn) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides when sessions end
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        try:
+            signal.set_wakeup_fd(-1)  # the parent's wake-up pipe is closed below
+        except ValueError:  # not the main thread: then it was never set
+            pass
         _die_with_parent()
         for hook in self.hooks:
             hook.after_fork_child()
@@ -699,32 +768,63 @@ def _watchdog(sock: socket.socket) -> None:
                 os._exit(0)
 
 
+def _set_idle_timeout(sock: socket.socket, seconds: Optional[float]) -> None:
+    """SO_RCVTIMEO on the (blocking) worker socket: a receive that waits longer fails with EAGAIN. The worker only
+    receives between calls (and bulk bytes inside one), so a running kernel never counts as idle."""
+    if not seconds:
+        return
+    sec = int(seconds)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((seconds - sec) * 1e6)))
+    except (OSError, struct.error):  # no SO_RCVTIMEO: a socket timeout does the same, one poll() per receive
+        sock.settimeout(seconds)
+
+
 def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: str,
-                limits: p.Limits = p.DEFAULT_LIMITS) -> int:
-    """Serve one session's CALLs on a connected, handshaken socket until CLOSE or hang-up; returns an exit code."""
-    from .session import BulkIn, SessionHandler  # imported in the parent already by the preload
+                limits: p.Limits = p.DEFAULT_LIMITS, idle_timeout: Optional[float] = None,
+                spin: float = 0.0) -> int:
+    """Serve one session's CALLs on a connected, handshaken socket until CLOSE, hang-up or ``idle_timeout``
+    seconds without a frame; returns an exit code. ``spin``: see :class:`tether_rpc.protocol.FrameReader`."""
+    from .session import BulkIn, Reply, SessionHandler  # imported in the parent already by the preload
 
     sock.setblocking(True)
+    _set_idle_timeout(sock, idle_timeout)
     if buffer is None:
         buffer = p.FrameBuffer(limits)
     buffer.limits = limits
-    reader = p.FrameReader(sock, buffer=buffer)
+    reader = p.FrameReader(sock, buffer=buffer, spin=spin)
     channel = _Channel(sock)
     threading.Thread(target=_watchdog, args=(sock,), name="tether-watchdog", daemon=True).start()
     sys.stdout = _EventLines(channel, "stdout")  # type: ignore[assignment]
     sys.stderr = _EventLines(channel, "stderr")  # type: ignore[assignment]
     handler = SessionHandler(folder)
+    plain = _PlainCalls(channel, handler, Reply)
+    read_plain_frame = reader.read_plain_frame
     try:
         while True:
             try:
-                msg_type, request_id, payload = reader.read_frame()
+                frame = read_plain_frame()
+                fast = frame is not None
+                if not fast:
+                    frame = reader.read_frame()
+            except TetherTimeout:
+                _send_error(channel, 0, TetherTimeout(
+                    "the session sent nothing for %s s and was ended (the server's --idle-timeout); "
+                    "open a new session" % idle_timeout), "")
+                return 0
             except (ConnectionClosed, OSError):
                 return 0
             except ProtocolError as exc:
                 _send_error(channel, 0, exc, "")
                 return 0
+            msg_type, request_id, payload = frame
             if msg_type == 5:  # MsgType.CALL (a plain int: this is the per-call hot path)
-                if not _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn):
+                # A plain frame with exactly {fn, args} carries no tensors and no bulk: the fast path.
+                if fast and len(payload) == 2 and type(payload.get("args")) is list:
+                    ok = plain.serve(request_id, payload["fn"], payload["args"])
+                else:
+                    ok = _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn)
+                if not ok:
                     return 0
             elif msg_type == p.MsgType.CLOSE:
                 return 0
@@ -742,6 +842,42 @@ def _send_error(channel: _Channel, request_id: int, exc: BaseException, tb: str)
         pass
 
 
+class _PlainCalls:
+    """The small-call fast path: a CALL of a built-in or function handle with plain arguments, answered with one
+    RETURN ``{value}`` packed by a reused Packer and written with one send."""
+
+    def __init__(self, channel: _Channel, handler: Any, reply_type: type):
+        self.channel = channel
+        self.call_plain = handler.call_plain
+        self.emit = channel.emit
+        self.reply_type = reply_type
+        self.pack = p.new_packer().pack
+        self.pack_header = p.HEADER.pack
+
+    def serve(self, request_id: int, fn: Any, args: List[Any]) -> bool:
+        """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
+        channel = self.channel
+        channel.request_id = request_id
+        try:
+            value = self.call_plain(fn, args, self.emit)
+            if type(value) is self.reply_type:  # a built-in with bulk bytes or tensors in its answer
+                return _send_reply(channel, request_id, value)
+            body = self.pack([6, request_id, {"value": value}])  # 6 = MsgType.RETURN
+        except (ConnectionClosed, TetherTimeout):
+            return False
+        except ProtocolError as exc:
+            _send_error(channel, request_id, exc, traceback.format_exc())
+            return False
+        except Exception as exc:  # (a Packer that fails resets itself)
+            _send_error(channel, request_id, exc, traceback.format_exc())
+            return True
+        try:
+            channel.send(self.pack_header(len(body)) + body)
+        except OSError:
+            return False
+        return True
+
+
 def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_id: int,
                 payload: dict, limits: p.Limits, bulk_type: Any) -> bool:
     """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
@@ -756,11 +892,6 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_
         bulk = bulk_type(nbytes, reader.read_into, reader.skip)
     try:
         reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
-        # 6 = MsgType.RETURN (a plain int on the hot path)
-        if reply.buffer is None and reply.file is None and reply.tensors is None:
-            frame = p.encode_frame(6, request_id, {"value": reply.value})
-        else:
-            frame = p.encode_frame(6, request_id, reply.payload())
     except (ConnectionClosed, TetherTimeout):
         return False
     except ProtocolError as exc:
@@ -769,14 +900,29 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_
     except Exception as exc:
         _send_error(channel, request_id, exc, traceback.format_exc())
         return True
-    if reply.buffer is not None:
-        channel.send(frame, reply.buffer)
-    elif reply.file is not None:
-        with reply.file:
-            if not channel.send_with_file(frame, reply.file, reply.size):
-                return False  # the file shrank under us: the stream is out of step
-    else:
-        channel.send(frame)
+    return _send_reply(channel, request_id, reply)
+
+
+def _send_reply(channel: _Channel, request_id: int, reply: Any) -> bool:
+    """RETURN for a call's :class:`Reply`, with its bulk bytes (a buffer or a file) if any."""
+    try:
+        frame = p.encode_frame(6, request_id, reply.payload())  # 6 = MsgType.RETURN
+    except Exception as exc:  # a value msgpack cannot carry
+        _send_error(channel, request_id, exc, traceback.format_exc())
+        if reply.file is not None:
+            reply.file.close()
+        return True
+    try:
+        if reply.buffer is not None:
+            channel.send(frame, reply.buffer)
+        elif reply.file is not None:
+            with reply.file:
+                if not channel.send_with_file(frame, reply.file, reply.size):
+                    return False  # the file shrank under us: the stream is out of step
+        else:
+            channel.send(frame)
+    except OSError:
+        return False
     return True
 
 
@@ -854,7 +1000,8 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
         session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT, workdir: Optional[str] = None,
         reverse: bool = False,
         handshake_timeout: float = 5.0, verbose: int = 0, tracker_token: Optional[str] = None,
-        tags: Optional[List[str]] = None, advertise_host: Optional[str] = None) -> int:
+        tags: Optional[List[str]] = None, advertise_host: Optional[str] = None,
+        idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT, spin_us: float = DEFAULT_SPIN * 1e6) -> int:
     """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""
     logging.basicConfig(level=logging.INFO if verbose < 2 else logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -869,7 +1016,8 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
                               session_timeout=session_timeout, workdir=workdir, tracker=tracker, key=key,
                               reverse=reverse, handshake_timeout=handshake_timeout,
                               tracker_token=tracker_token or os.environ.get("TETHER_TRACKER_TOKEN") or None,
-                              tags=parse_tags(tags), advertise_host=advertise_host)
+                              tags=parse_tags(tags), advertise_host=advertise_host,
+                              idle_timeout=idle_timeout or None, spin=max(0.0, spin_us) * 1e-6)
         serve(config)
     except ServerConfigError as exc:
         log.error("%s", exc)

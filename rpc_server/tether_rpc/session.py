@@ -204,6 +204,30 @@ class SessionHandler:
                 bulk.drain()
         return result if isinstance(result, Reply) else Reply(result)
 
+    def call_plain(self, fn: Any, args: List[Any], emit: Optional[EmitFn] = None) -> Any:
+        """:meth:`call` for the small-call fast path: no bulk bytes, and ``args`` a list of plain values and
+        handles only (no tensors: the transport checked). Returns the bare value, or a :class:`Reply` when the
+        built-in made one; raises exactly what :meth:`call` raises."""
+        if type(fn) is str:
+            builtin = self._builtins.get(fn)
+            if builtin is None:
+                raise KeyError("no built-in function %r (have: %s)" % (fn, ", ".join(sorted(self._builtins))))
+            return builtin(CallContext(None, emit), *args)
+        if type(fn) is not RemoteHandle:
+            raise ProtocolError("CALL fn must be a built-in name or a function handle, got %s" % type(fn).__name__)
+        objects = self._objects
+        entry = objects.get(fn.id)
+        if entry is None or entry[0] != _KIND_FUNCTION:
+            self._get(fn, _KIND_FUNCTION)  # raises the error that names the problem
+        kargs = args
+        for i, a in enumerate(args):
+            if type(a) is RemoteHandle:
+                if kargs is args:
+                    kargs = list(args)
+                arr = objects.get(a.id)
+                kargs[i] = arr[1] if arr is not None and arr[0] == _KIND_ARRAY else self._get(a, _KIND_ARRAY)
+        return entry[1](*kargs)
+
     def close(self) -> None:
         """Drop every object (arrays are freed; loaded libraries stay mapped until the process ends)."""
         self._objects.clear()

@@ -22,21 +22,28 @@ import click
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
 @click.option("--session-timeout", type=float, default=3600.0, show_default=True, metavar="S",
               help="End sessions after S seconds.")
+@click.option("--idle-timeout", type=float, default=300.0, show_default=True, metavar="S",
+              help="End a session that sends nothing for S seconds, freeing the device (0 = never). "
+                   "A running call does not count as idle.")
+@click.option("--spin-us", type=float, default=None, metavar="US",
+              help="After a reply, poll for the next call for up to US microseconds before sleeping, while calls "
+                   "keep coming that fast (default: the server's built-in value; 0 = never poll).")
 @click.option("--handshake-timeout", type=float, default=5.0, show_default=True, metavar="S",
               help="Close a connection that has not completed its handshake within S seconds.")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
 @click.option("-v", "--verbose", count=True, help="-vv: debug log (the default log level is info).")
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
          tracker_token: Optional[str], tags: Tuple[str, ...], advertise_host: Optional[str],
-         token: Optional[str], insecure: bool, session_timeout: float, handshake_timeout: float,
-         workdir: Optional[str], verbose: int) -> None:
+         token: Optional[str], insecure: bool, session_timeout: float, idle_timeout: float,
+         spin_us: Optional[float], handshake_timeout: float, workdir: Optional[str], verbose: int) -> None:
     """Serve sessions to tether clients: upload modules, run and time kernels, one session at a time."""
     from tether_rpc.server import run
 
     raise SystemExit(run(host=host, port=port, port_end=port_end, tracker=tracker, key=key, token=token,
                          insecure=insecure, session_timeout=session_timeout, workdir=workdir, reverse=reverse,
                          handshake_timeout=handshake_timeout, verbose=verbose, tracker_token=tracker_token,
-                         tags=list(tags), advertise_host=advertise_host))
+                         tags=list(tags), advertise_host=advertise_host, idle_timeout=idle_timeout,
+                         **({} if spin_us is None else {"spin_us": spin_us})))
 
 
 command = main

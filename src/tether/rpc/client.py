@@ -32,9 +32,13 @@ log = logging.getLogger(__name__)
 PathLike = Union[str, "os.PathLike[str]"]
 Progress = Callable[[int, int], None]
 
+#: Argument types sent as they are (checked by type identity: the per-call fast path).
+_PLAIN_TYPES = frozenset((int, float, str, bytes, bool, type(None), p.RemoteHandle))
 #: numpy arguments up to this many bytes in total travel inside the CALL frame; bigger ones via device arrays.
 INLINE_TENSOR_LIMIT = 4 << 20
 _CHUNK = 4 << 20
+#: How long a client polls for a reply before it sleeps (seconds; see connect()).
+DEFAULT_SPIN = 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -178,11 +182,22 @@ class RemoteFunction:
 
     def __call__(self, *args: Any) -> Any:
         session = self.session
-        # Built-ins take plain values (numpy arrays travel as tensors); so do kernels given only device arrays
-        # and scalars: the hot path, one frame each way.
-        if type(self.fn) is str or not any(isinstance(a, np.ndarray) for a in args):
-            plain = session._plain_arg
-            return session._call(self.fn, [plain(a) for a in args])["value"]
+        # The hot path: scalars, device arrays and handles travel as they are, one small frame each way. Built-ins
+        # take numpy arrays as tensors too; a kernel given numpy arrays copies them in and back (_call_arrays).
+        wire = []
+        for a in args:
+            if type(a) in _PLAIN_TYPES:
+                wire.append(a)
+            elif type(a) is RemoteArray:
+                wire.append(session._own(a))
+            elif type(self.fn) is not str and isinstance(a, np.ndarray):
+                return self._call_arrays(args)
+            else:
+                wire.append(session._plain_arg(a))
+        return session._call(self.fn, wire)["value"]
+
+    def _call_arrays(self, args: Sequence[Any]) -> Any:
+        session = self.session
         wire, restore = session._kernel_args(args)
         try:
             reply = session._call(self.fn, wire)
@@ -495,12 +510,14 @@ class RemoteSession(SessionAPI):
                  on_log: Optional[Callable[[str, str], None]] = None,
                  on_sample: Optional[Callable[[int, float], None]] = None,
                  on_queued: Optional[Callable[[int], None]] = None,
-                 limits: p.Limits = p.DEFAULT_LIMITS):
+                 limits: p.Limits = p.DEFAULT_LIMITS, spin: float = DEFAULT_SPIN):
         super().__init__(on_event=on_event, on_log=on_log, on_sample=on_sample)
         self.host, self.port = host, port
         self.timeout = Timeout.coerce(timeout)
         self._lock = threading.Lock()
         self._next_id = 1
+        self._pack = p.new_packer().pack  # used under self._lock only
+        self._pack_header = p.HEADER.pack
         self.session_id = 0
         self.server = ""
         try:
@@ -523,6 +540,7 @@ class RemoteSession(SessionAPI):
             sock.settimeout(None)
             if not _set_kernel_timeouts(sock, self.timeout.read, self.timeout.write):
                 sock.settimeout(self.timeout.read)
+            self._reader.spin = spin if spin > 0 else 0.0
         except BaseException:
             self.closed = True
             sock.close()
@@ -583,13 +601,18 @@ class RemoteSession(SessionAPI):
             raise ConnectionClosed("the session to %s:%d is closed" % (self.host, self.port))
         with self._lock:
             rid = self._next_id
-            self._next_id += 1
+            self._next_id = rid + 1
             try:
+                frame = None
                 if bulk is None:  # the hot path: one small frame out, one small frame back
-                    self.sock.sendall(p.encode_frame(5, rid, {"fn": fn, "args": args}))  # 5 = MsgType.CALL
+                    body = self._pack([5, rid, {"fn": fn, "args": args}])  # 5 = MsgType.CALL
+                    self.sock.sendall(self._pack_header(len(body)) + body)
+                    frame = self._reader.read_plain_frame()
+                    if frame is not None and frame[0] == 6 and frame[1] == rid and "nbytes" not in frame[2]:
+                        return frame[2]  # RETURN without bulk bytes
                 else:
                     self._send_call(rid, fn, args, bulk, progress)
-                return self._receive_reply(rid, into, progress)
+                return self._receive_reply(rid, into, progress, frame)
             except BlockingIOError:  # SO_SNDTIMEO ran out
                 self._abort()
                 raise TetherTimeout("timed out sending to %s:%d" % (self.host, self.port)) from None
@@ -631,10 +654,13 @@ class RemoteSession(SessionAPI):
             p.send_buffers(self.sock, [view[start:start + _CHUNK]])
             progress(min(start + _CHUNK, len(view)), len(view))
 
-    def _receive_reply(self, rid: int, into: Optional[memoryview], progress: Optional[Progress]) -> Dict[str, Any]:
+    def _receive_reply(self, rid: int, into: Optional[memoryview], progress: Optional[Progress],
+                       frame: Optional[Tuple[int, int, Dict[str, Any]]] = None) -> Dict[str, Any]:
+        """Frames up to the call's RETURN (EVENTs dispatched, ERROR raised); ``frame``: one read already."""
         reader = self._reader
         while True:
-            msg_type, reply_id, payload = reader.read_frame()
+            msg_type, reply_id, payload = frame if frame is not None else reader.read_frame()
+            frame = None
             if msg_type == 6 and reply_id == rid and "nbytes" not in payload:  # RETURN without bulk
                 return payload
             if msg_type == p.MsgType.EVENT:
@@ -700,13 +726,14 @@ def connect(host: str = "127.0.0.1", port: int = 9090, *, timeout: Union[Timeout
             on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
             on_log: Optional[Callable[[str, str], None]] = None,
             on_sample: Optional[Callable[[int, float], None]] = None,
-            on_queued: Optional[Callable[[int], None]] = None) -> RemoteSession:
+            on_queued: Optional[Callable[[int], None]] = None, spin: float = DEFAULT_SPIN) -> RemoteSession:
     """Open a session on a device server (waits in its queue if busy, unless ``wait=False``).
 
     ``timeout`` is a :class:`Timeout` or a number of seconds for every phase. ``token`` must match the server's
-    ``--token`` (defaults to the TETHER_TOKEN environment variable).
+    ``--token`` (defaults to the TETHER_TOKEN environment variable). ``spin``: seconds to poll for a reply before
+    sleeping, while replies keep coming that fast (adaptive; 0 = always sleep): it saves a wake-up per small call.
     """
     if token is None:
         token = os.environ.get("TETHER_TOKEN") or None
     return RemoteSession(host, port, timeout=timeout, token=token, wait=wait, match=match, on_event=on_event,
-                         on_log=on_log, on_sample=on_sample, on_queued=on_queued)
+                         on_log=on_log, on_sample=on_sample, on_queued=on_queued, spin=spin)
