@@ -507,7 +507,7 @@ m = module.load_module("%s/pool_%s.so" % (folder, preset))
 pool = parallel.native_pool()
 assert pool is not None and pool.num_workers == 1, "the tether module must provide the native pool"
 a = np.load(folder + "/a.npy"); b = np.load(folder + "/b.npy"); c = np.zeros_like(a)
-for spin in (0, 20000):           # every launch through the futex wake-up, then through the spinning worker
+for spin in (0, 10000):           # every launch through the futex wake-up, then through the spinning worker
     parallel.set_pool_spin(spin)
     for _ in range(25):
         c[:] = 0

@@ -51,8 +51,9 @@ EXPORTED_SYMBOLS = ("tether_pool_launch", "tether_pool_worker", "tether_pool_shu
                     "tether_pool_set_spin", "tether_pool_num_workers")
 
 # Idle iterations (one load and one pause hint each) before a worker sleeps, and before a waiting launcher
-# sleeps. About 100 to 500 us on current cores: back-to-back kernels of a model then find the worker awake.
-DEFAULT_SPIN = 20000
+# sleeps: about 300 us on the 2-vCPU x86_64 development VM (30 ns per iteration). Back-to-back kernels of a
+# model then find the worker awake.
+DEFAULT_SPIN = 10000
 # Every this many idle iterations the spinner also calls sched_yield, so a spinning worker gives its core away
 # when the machine is oversubscribed.
 _YIELD_EVERY = 256
