@@ -84,7 +84,9 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
         k = (rc * kh + ry) * kw + rx
         return te.sum(xp[rc, y * sh + ry * dh, xx * sw + rx * dw] * panels[o // pw, k, o % pw], axis=[rc, ry, rx])
 
-    conv = c.compute((oh * ow, oc), f, f"{name}_nc", c.CONV2D_PIXELS)
+    # over whole panels: the padding channels are zero weights, and a partial panel would otherwise run its
+    # vector of channels as a scalar remainder loop
+    conv = c.compute((oh * ow, int(panels.shape[0]) * pw), f, f"{name}_nc", c.CONV2D_PIXELS)
     return c.compute((oc, oh * ow), lambda o, p: conv[p, o], name, c.INJECTIVE)
 
 
