@@ -118,9 +118,9 @@ def median_of(fn, rounds: int) -> float:
 best = {}  # the fastest batch of each measurement: what an idle machine would show
 
 
-def interleaved_rtt(tether_call, calls: int, rounds: int):
-    """Median per-call RTT of a raw 8-byte echo and of ``tether_call``, measured in alternating batches so that
-    load from other processes hits both alike."""
+def interleaved_rtt(tether_calls, calls: int, rounds: int):
+    """Median per-call RTT of a raw 8-byte echo and of each of ``tether_calls``, measured in alternating batches
+    so that load from other processes hits all alike. Returns (raw, [tether...])."""
     peer = RawPeer("echo")
     try:
         msg = b"12345678"
@@ -133,20 +133,22 @@ def interleaved_rtt(tether_call, calls: int, rounds: int):
                 recv_exact(peer.sock, buf)
             return (time.perf_counter() - t0) / calls
 
-        def tether_batch() -> float:
+        def tether_batch(call) -> float:
             t0 = time.perf_counter()
             for _ in range(calls):
-                tether_call()
+                call()
             return (time.perf_counter() - t0) / calls
 
         raw_batch()
-        tether_batch()
-        raws, tethers = [], []
+        for call in tether_calls:
+            tether_batch(call)
+        raws, tethers = [], [[] for _ in tether_calls]
         for _ in range(rounds):
             raws.append(raw_batch())
-            tethers.append(tether_batch())
-        best["rtt"] = (min(raws), min(tethers))
-        return statistics.median(raws), statistics.median(tethers)
+            for call, out in zip(tether_calls, tethers):
+                out.append(tether_batch(call))
+        best["rtt"] = (min(raws), min(tethers[0]))
+        return statistics.median(raws), [statistics.median(t) for t in tethers]
     finally:
         peer.close()
 
@@ -186,14 +188,15 @@ def interleaved(fa, fb, rounds: int):
 
 # -- tether -----------------------------------------------------------------------------------------------------
 class Server:
-    def __init__(self, workdir: pathlib.Path):
-        self.log = open(workdir / "server.log", "w+")
+    def __init__(self, workdir: pathlib.Path, *flags: str, name: str = "server"):
+        log_path = workdir / (name + ".log")
+        self.log = open(log_path, "w+")
         self.t0 = t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tether_rpc", "--port", "0", "--workdir", str(workdir)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tether_rpc", "--port", "0", "--workdir", str(workdir),
+                                      *flags], stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            m = re.search(r"listening on (\S+):(\d+)", (workdir / "server.log").read_text())
+            m = re.search(r"listening on (\S+):(\d+)", log_path.read_text())
             if m:
                 self.startup = time.perf_counter() - t0
                 self.host, self.port = m.group(1), int(m.group(2))
@@ -248,10 +251,16 @@ def main() -> None:
         session_root = pathlib.Path(tempfile.mkdtemp(prefix="tether-bench-", dir=str(shm))) \
             if shm.is_dir() and os.access(str(shm), os.W_OK) else tmp
         server = Server(session_root)
+        # The same calls with adaptive polling off at both ends (a second server, and a client with spin=0): what
+        # the wake-ups cost (a busy machine turns polling off by itself; this row shows that floor).
+        sleeper = Server(session_root, "--spin-us", "0", name="server-nopoll")
         try:
-            with rpc.connect(server.host, server.port, timeout=60) as remote:
+            with rpc.connect(server.host, server.port, timeout=60) as remote, \
+                    rpc.connect(sleeper.host, sleeper.port, timeout=60, spin=0) as remote_nopoll:
                 echo = remote.get_function("tether.echo")
-                raw_rtt, rtt = interleaved_rtt(lambda: echo(1), calls // 10, rounds * 10)
+                echo_nopoll = remote_nopoll.get_function("tether.echo")
+                raw_rtt, (rtt, rtt_nopoll) = interleaved_rtt([lambda: echo(1), lambda: echo_nopoll(1)],
+                                                             calls // 10, rounds * 10)
 
                 host = np.random.default_rng(0).standard_normal(big // 4).astype(np.float32)
                 dev = remote.empty(host.shape, "float32")
@@ -334,6 +343,7 @@ def main() -> None:
             t_open = median_of(open_only, rounds * 2)
         finally:
             server.close()
+            sleeper.close()
             if session_root != tmp:
                 shutil.rmtree(session_root, ignore_errors=True)
     finally:
@@ -345,6 +355,8 @@ def main() -> None:
         ("small-call RTT (echo)", "%.1f us" % (rtt * 1e6), "%.1f us" % (raw_rtt * 1e6), "%.2fx raw" % (rtt / raw_rtt),
          "<= 1.3x",
          rtt / raw_rtt <= 1.3 and best["rtt"][1] / best["rtt"][0] <= 1.3),
+        ("  the same, polling off", "%.1f us" % (rtt_nopoll * 1e6), "%.1f us" % (raw_rtt * 1e6),
+         "%.2fx raw" % (rtt_nopoll / raw_rtt), "(info)", True),
         ("64 MB host->device", "%.2f GB/s" % gbs(big, t_h2d), "%.2f GB/s" % gbs(big, raw_up),
          "%.0f%% raw" % (100 * raw_up / t_h2d), ">= 1 GB/s, >= 30%", gbs(big, t_h2d) >= 1 and raw_up / t_h2d >= 0.3),
         ("64 MB device->host", "%.2f GB/s" % gbs(big, t_d2h), "%.2f GB/s" % gbs(big, raw_down),

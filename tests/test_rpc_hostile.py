@@ -209,3 +209,122 @@ def test_safe_names_and_planted_symlinks(tmp_path):
     with pytest.raises(errors.UnsafePathError, match="outside"):
         folder.path_for("escape")
     assert folder.listdir() == []  # symlinks are not listed as files
+
+
+# -- the small-call fast path (hook-free decode of plain frames) must refuse exactly what the full decoder does ----
+def _crafted_bodies():
+    import msgpack
+
+    call = {"fn": "tether.echo", "args": [1]}
+    return {
+        "timestamp_in_args": msgpack.packb([5, 1, {"fn": "tether.echo", "args": [msgpack.Timestamp(1, 0)]}]),
+        "timestamp_as_value": msgpack.packb([5, 1, {"fn": "tether.echo", "args": [], "t": msgpack.Timestamp(1)}]),
+        "bin_key": msgpack.packb([5, 1, {b"fn": "tether.echo", "args": [1]}], use_bin_type=True),
+        "int_key": msgpack.packb([5, 1, {1: "x", "args": [1]}]),
+        "trailing_nil": msgpack.packb([5, 1, call]) + b"\xc0",
+        "bool_request_id": msgpack.packb([5, True, call]),
+        "negative_request_id": msgpack.packb([5, -1, call]),
+        "msg_type_zero": msgpack.packb([0, 1, call]),
+        "bad_handle_ext": msgpack.packb([5, 1, {"fn": msgpack.ExtType(2, b"\x00" * 7), "args": []}]),
+        "unknown_ext_in_args": msgpack.packb([5, 1, {"fn": "tether.echo", "args": [msgpack.ExtType(9, b"x")]}]),
+        "four_elements": msgpack.packb([5, 1, call, 0]),
+    }
+
+
+def _read_both_ways(data):
+    """Decode ``data`` with FrameReader over a real socket pair: plain path first, then the full one."""
+    a, b = socket.socketpair()
+    try:
+        a.sendall(data)
+        a.close()
+        reader = p.FrameReader(b)
+        frame = reader.read_plain_frame()
+        return frame if frame is not None else reader.read_frame()
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("name", sorted(_crafted_bodies()))
+def test_fast_path_refuses_what_the_full_decoder_refuses(name):
+    body = _crafted_bodies()[name]
+    with pytest.raises(errors.ProtocolError):
+        p.decode_body(body)  # the reference: the checked decoder
+    buf = p.FrameBuffer()
+    assert buf.decode_plain(memoryview(body)) is None  # the fast decoder declines it...
+    with pytest.raises(errors.ProtocolError):  # ...and the reader then reports the error
+        _read_both_ways(p.HEADER.pack(len(body)) + body)
+
+
+def test_fast_path_agrees_with_the_vectors():
+    import json
+    import pathlib
+
+    vectors = json.loads((pathlib.Path(__file__).parent / "vectors" / "frames.json").read_text())
+    plain = 0
+    for vector in vectors["valid"]:
+        raw = bytes.fromhex(vector["hex"])
+        expected = p.decode_body(raw[4:])
+        got = p.FrameBuffer().decode_plain(memoryview(raw[4:]))
+        if got is not None:
+            plain += 1
+            assert got == expected, vector["name"]
+        frame = _read_both_ways(raw)
+        assert (frame[0], frame[1]) == expected[:2] and list(frame[2]) == list(expected[2]), vector["name"]
+    assert plain >= 5  # the plain path is really taken for the simple frames
+    for vector in vectors["invalid"]:
+        if vector["error"] == "Incomplete":
+            continue
+        with pytest.raises(getattr(errors, vector["error"])):
+            _read_both_ways(bytes.fromhex(vector["hex"]))
+
+
+@pytest.mark.parametrize("name", ["timestamp_in_args", "bin_key", "trailing_nil", "bad_handle_ext"])
+def test_hostile_plain_sized_calls_inside_a_session(hostile_server, name):
+    body = _crafted_bodies()[name]
+    remote = rpc.connect(hostile_server.host, hostile_server.port, timeout=5)
+    try:
+        remote.sock.sendall(p.HEADER.pack(len(body)) + body)
+        with pytest.raises(errors.ProtocolError):
+            remote._receive_reply(1, None, None)
+    finally:
+        remote.close()
+    assert_serves(hostile_server)
+
+
+def test_fast_path_errors_keep_the_session(hostile_server):
+    with rpc.connect(hostile_server.host, hostile_server.port, timeout=5) as remote:
+        with pytest.raises(KeyError, match="no built-in"):
+            remote.get_function("tether.nope")(1)
+        with pytest.raises(KeyError, match="does not exist"):
+            remote._call(p.RemoteHandle(12345), [1])
+        with pytest.raises(TypeError):  # an unknown built-in argument count: a Python error, reported
+            remote.get_function("tether.listdir")(1, 2, 3)
+        assert remote.get_function("tether.echo")(2.5) == 2.5
+        assert not remote.closed
+
+
+def test_upload_cut_off_midway_ends_only_that_session(hostile_server):
+    remote = rpc.connect(hostile_server.host, hostile_server.port, timeout=5)
+    try:
+        frame = p.encode_frame(p.MsgType.CALL, 1, {"fn": "tether.upload", "args": ["half.bin"], "nbytes": 8 << 20})
+        remote.sock.sendall(frame + os.urandom(3 << 20))
+    finally:
+        remote.sock.close()  # gone with 5 MiB still owed
+    assert_serves(hostile_server)
+    with rpc.connect(hostile_server.host, hostile_server.port, timeout=5) as remote:
+        assert remote.listdir() == []  # a fresh session folder; the partial file never became visible
+
+
+def test_stalled_upload_is_ended_by_the_idle_timeout(make_rpc_server):
+    server = make_rpc_server("--idle-timeout", "0.5")
+    remote = rpc.connect(server.host, server.port, timeout=5)
+    try:
+        frame = p.encode_frame(p.MsgType.CALL, 1, {"fn": "tether.upload", "args": ["slow.bin"], "nbytes": 4 << 20})
+        remote.sock.sendall(frame + os.urandom(1 << 20))  # then silence, connection open
+        t0 = time.monotonic()
+        with pytest.raises(errors.TetherTimeout):
+            remote._receive_reply(1, None, None)
+        assert time.monotonic() - t0 < 5
+    finally:
+        remote.close()
+    assert_serves(server)

@@ -863,7 +863,10 @@ class _PlainCalls:
             if type(value) is self.reply_type:  # a built-in with bulk bytes or tensors in its answer
                 return _send_reply(channel, request_id, value)
             body = self.pack([6, request_id, {"value": value}])  # 6 = MsgType.RETURN
-        except (ConnectionClosed, TetherTimeout):
+        except ConnectionClosed:
+            return False
+        except TetherTimeout as exc:
+            _send_error(channel, 0, TetherTimeout("%s; the session has ended" % exc), "")
             return False
         except ProtocolError as exc:
             _send_error(channel, request_id, exc, traceback.format_exc())
@@ -889,10 +892,13 @@ def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_
         except ProtocolError as exc:  # FrameTooLarge included: we will not read that many bytes, so the
             _send_error(channel, request_id, exc, "")  # stream cannot be resynchronised
             return False
-        bulk = bulk_type(nbytes, reader.read_into, reader.skip)
+        bulk = bulk_type(nbytes, reader.read_into, reader.skip, reader.read_into_fd)
     try:
         reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
-    except (ConnectionClosed, TetherTimeout):
+    except ConnectionClosed:
+        return False
+    except TetherTimeout as exc:  # bulk bytes stopped coming: the stream cannot be resynchronised
+        _send_error(channel, 0, TetherTimeout("%s; the session has ended" % exc), "")
         return False
     except ProtocolError as exc:
         _send_error(channel, request_id, exc, traceback.format_exc())
