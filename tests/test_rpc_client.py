@@ -241,3 +241,52 @@ def test_reuploading_a_loaded_library_keeps_the_loaded_one_working(rpc_server, r
         vadd(remote.array(a), remote.array(b), c)
         np.testing.assert_array_equal(c.numpy(), a + b)
         assert "nop" in remote.load_module("k.so").function_names    # the new file is what loads now
+
+
+# -- adaptive polling for replies (tether_rpc.protocol.FrameReader.spin) -----------------------------------------
+def _reader_fed_with(intervals_by_mode, epochs):
+    """A FrameReader whose epochs see the given frame intervals (seconds) in each mode; returns the modes used."""
+    import socket
+
+    from tether_rpc import protocol as p
+
+    a, b = socket.socketpair()
+    try:
+        reader = p.FrameReader(b, spin=100e-6)
+        modes = []
+        for _ in range(epochs):
+            modes.append(reader.polling)
+            reader._intervals = [intervals_by_mode[reader.polling]] * reader.EPOCH
+            reader._end_epoch()
+        return modes, reader
+    finally:
+        a.close()
+        b.close()
+
+
+def test_polling_is_kept_only_while_it_measures_faster():
+    from tether_rpc import protocol as p
+
+    stay = p.FrameReader.STAY
+    # polling twice as fast: measured first, sleeping measured once, then polling for STAY epochs, then re-checked
+    modes, reader = _reader_fed_with({True: 25e-6, False: 50e-6}, 3 + stay)
+    assert modes[:2] == [True, False] and modes[2:2 + stay] == [True] * stay and modes[2 + stay] is False
+    assert reader.medians == {True: 25e-6, False: 50e-6}
+    # polling slower (a busy machine): sleeping wins after the first comparison
+    modes, _ = _reader_fed_with({True: 60e-6, False: 50e-6}, 3 + stay)
+    assert modes[:2] == [True, False] and modes[2:2 + stay] == [False] * stay and modes[2 + stay] is True
+    # polling barely faster (within the margin) is not worth its CPU time
+    modes, _ = _reader_fed_with({True: 48e-6, False: 50e-6}, 4)
+    assert modes[2:] == [False, False]
+
+
+def test_polling_client_and_server_answer_correctly(rpc_server):
+    # many small calls with polling at both ends (the defaults), across several measurement epochs
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=10, spin=100e-6) as remote:
+        echo = remote.get_function("tether.echo")
+        for i in range(3 * remote._reader.EPOCH):
+            assert echo(i) == i
+        assert remote._reader.medians  # it measured
+        assert echo("x" * 5000) == "x" * 5000  # a frame beyond the plain-frame size still works
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=10, spin=0) as remote:
+        assert remote.get_function("tether.echo")([1, 2]) == [1, 2] and not remote._reader.medians

@@ -29,9 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
                     help="end a session that sends nothing for S seconds, freeing the device (default 300; 0 = "
                          "never). A running call does not count as idle")
-    ap.add_argument("--spin-us", type=float, default=None, metavar="US",
-                    help="after a reply, poll for the next call for up to US microseconds before sleeping, while "
-                         "calls keep coming that fast (default %(default)s = built-in default; 0 = never poll)")
+    ap.add_argument("--spin-us", type=float, default=100.0, metavar="US",
+                    help="after a reply, poll up to US microseconds for the next call before sleeping, while that "
+                         "measures faster (default 100; 0 = never poll)")
     ap.add_argument("--handshake-timeout", type=float, default=5.0, metavar="S",
                     help="close a connection that has not completed its handshake within S seconds (default 5)")
     ap.add_argument("--workdir", help="where session folders are created (default: system temp)")
@@ -48,8 +48,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                token=args.token, insecure=args.insecure, session_timeout=args.session_timeout,
                workdir=args.workdir, reverse=args.reverse, handshake_timeout=args.handshake_timeout,
                verbose=args.verbose, tracker_token=args.tracker_token, tags=args.tag,
-               advertise_host=args.advertise_host, idle_timeout=args.idle_timeout,
-               **({} if args.spin_us is None else {"spin_us": args.spin_us}))
+               advertise_host=args.advertise_host, idle_timeout=args.idle_timeout, spin_us=args.spin_us)
 
 
 if __name__ == "__main__":

@@ -517,48 +517,56 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031) if fcntl is not None else 1
 FILE_CHUNK = 1 << 20
 _yield = getattr(os, "sched_yield", lambda: None)
 _clock = time.perf_counter
-_BACKOFF_MIN, _BACKOFF_MAX = 0.05, 2.0  # seconds without polling after it lost the CPU to other work
 
 
 class FrameReader:
     """Blocking frame reader over a socket (honours the socket's timeout).
 
-    ``spin`` (seconds): before blocking for the next frame, poll the socket for up to this long, while frames keep
-    arriving within that window (adaptive: a peer that pauses longer turns polling off until it is quick again).
-    A peer in a call loop answers within microseconds, and sleeping costs a wake-up per frame (an IPI, an idle
-    exit, caches gone cold) that is most of a small call's round trip. 0 disables it.
+    ``spin`` (seconds) lets :meth:`read_plain_frame` poll the socket for up to that long before it sleeps. A peer
+    in a call loop answers within microseconds, and sleeping costs a wake-up per frame (an IPI, an idle exit,
+    caches gone cold: most of a small call's round trip on a quiet machine). But polling only pays while a core
+    is free: on a busy machine the scheduler treats a poller as CPU-bound and it waits behind the other work. So
+    the reader measures: it alternates epochs of polling and of sleeping, compares the median time from one frame
+    to the next (the wait, and the work after it, which runs slower from cold caches after a sleep), and keeps
+    polling only while that is clearly shorter, re-measuring now and then. 0 disables polling.
     """
 
     CHUNK = 16 << 20  # per recv_into call: large, so bulk reads take few syscalls
+    EPOCH = 128       # frames per measurement of a waiting mode
+    STAY = 32         # epochs in the chosen mode before the other one is measured again
+    MARGIN = 0.9      # polling must cut the median frame interval by this factor to be chosen (it costs CPU)
 
     def __init__(self, sock: socket.socket, limits: Limits = DEFAULT_LIMITS, buffer: Optional[FrameBuffer] = None,
                  spin: float = 0.0):
         self.sock = sock
         self.buffer = buffer if buffer is not None else FrameBuffer(limits)
         self.spin = spin if _DONTWAIT else 0.0
-        self._polling = True
-        self._quiet_until = 0.0
-        self._backoff = _BACKOFF_MIN
+        self.polling = True          # the current mode; measured first, then sleeping, then the faster one wins
+        self._exploring = False
+        self._epochs_left = 1
+        self._last = 0.0                        # when the previous frame arrived
+        self._intervals: List[float] = []       # between frame arrivals, this epoch
+        self.medians: Dict[bool, float] = {}    # the last measured median interval of each mode
 
     @property
     def limits(self) -> Limits:
         return self.buffer.limits
 
     def _recv_frame_start(self, view: memoryview) -> int:
-        """One receive into an empty buffer (polling first, see ``spin``); errors as tether exceptions."""
+        """One receive into an empty buffer (polling first when that pays, see ``spin``); tether exceptions."""
         sock = self.sock
         try:
             if not self.spin or sock.gettimeout() is not None:  # (a socket timeout would poll() before each try)
                 n = sock.recv_into(view)
-            elif self._polling:
-                n = self._poll_recv(view)
             else:
-                # Sleep, but time the wait: a frame that would have arrived within the window turns polling on
-                # again (unless polling lost the CPU to other work lately).
                 t0 = _clock()
-                n = sock.recv_into(view)
-                t1 = _clock()
-                self._polling = t1 - t0 <= self.spin and t1 >= self._quiet_until
+                n = self._poll_recv(view, t0) if self.polling else sock.recv_into(view)
+                now = _clock()
+                intervals = self._intervals
+                intervals.append(now - self._last)
+                self._last = now
+                if len(intervals) >= self.EPOCH:
+                    self._end_epoch()
         except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
             raise TetherTimeout("timed out waiting for data from the peer") from None
         except (ConnectionResetError, BrokenPipeError) as exc:
@@ -567,32 +575,38 @@ class FrameReader:
             raise ConnectionClosed("the peer closed the connection")
         return n
 
-    def _poll_recv(self, view: memoryview) -> int:
+    def _poll_recv(self, view: memoryview, t0: float) -> int:
         # Non-blocking receives for up to ``spin`` seconds, yielding the CPU between them (the peer may need this
-        # very CPU to send what we wait for). Polling stops when the window passes without a frame (the peer is
-        # slow: sleeping costs nothing then), and backs off for a while when a yield gave the CPU away for long
-        # (another busy process shares it: polling would only queue behind it).
+        # very CPU to send what we wait for); then, or as soon as one yield gave the CPU away for long (another
+        # busy process shares it), a blocking receive.
         recv_into = self.sock.recv_into
-        last = _clock()
-        end = last + self.spin
+        end = t0 + self.spin
         ceiling = self.spin / 2
+        last = t0
         while True:
             try:
-                n = recv_into(view, 0, _DONTWAIT)
-                self._backoff = _BACKOFF_MIN
-                return n
+                return recv_into(view, 0, _DONTWAIT)
             except BlockingIOError:
                 now = _clock()
-                if now - last > ceiling:
-                    self._quiet_until = now + self._backoff
-                    self._backoff = min(2 * self._backoff, _BACKOFF_MAX)
-                    break
-                if now > end:
-                    break
+                if now > end or now - last > ceiling:
+                    return recv_into(view)
                 last = now
                 _yield()
-        self._polling = False
-        return recv_into(view)
+
+    def _end_epoch(self) -> None:
+        intervals = sorted(self._intervals)
+        self._intervals = []
+        self.medians[self.polling] = intervals[len(intervals) // 2]
+        if self._exploring:  # both modes measured just now: keep the faster
+            self._exploring = False
+            poll, sleep = self.medians.get(True), self.medians.get(False)
+            self.polling = poll is not None and sleep is not None and poll < self.MARGIN * sleep
+            self._epochs_left = self.STAY
+        else:
+            self._epochs_left -= 1
+            if self._epochs_left <= 0:
+                self._exploring = True
+                self.polling = not self.polling
 
     def read_plain_frame(self) -> Optional[Tuple[int, int, dict]]:
         """The fast path for small calls and replies: when nothing is buffered, receive once, and if exactly one

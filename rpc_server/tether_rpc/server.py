@@ -56,7 +56,7 @@ TRACKER_HOOK_MODULE = "tether_rpc.registrar"
 
 DEFAULT_SESSION_TIMEOUT = 3600.0  # every session is bounded; raise it with --session-timeout for long jobs
 DEFAULT_IDLE_TIMEOUT = 300.0     # a client that holds a session and sends nothing frees the device after this
-DEFAULT_SPIN = 0.0  # seconds (see FrameReader.spin)
+DEFAULT_SPIN = 100e-6  # seconds (see FrameReader.spin)
 _LOOP_TICK = 0.05  # how often the loop reaps workers and checks deadlines (bounds "server free again" latency)
 #: Watch workers through a pidfd when the kernel has them (Linux >= 5.3); otherwise, or with this off, SIGCHLD
 #: wakes the loop through signal.set_wakeup_fd. (A module switch so tests can force the fallback.)

@@ -25,9 +25,9 @@ import click
 @click.option("--idle-timeout", type=float, default=300.0, show_default=True, metavar="S",
               help="End a session that sends nothing for S seconds, freeing the device (0 = never). "
                    "A running call does not count as idle.")
-@click.option("--spin-us", type=float, default=None, metavar="US",
-              help="After a reply, poll for the next call for up to US microseconds before sleeping, while calls "
-                   "keep coming that fast (default: the server's built-in value; 0 = never poll).")
+@click.option("--spin-us", type=float, default=100.0, show_default=True, metavar="US",
+              help="After a reply, poll up to US microseconds for the next call before sleeping, while that "
+                   "measures faster (0 = never poll).")
 @click.option("--handshake-timeout", type=float, default=5.0, show_default=True, metavar="S",
               help="Close a connection that has not completed its handshake within S seconds.")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
@@ -35,7 +35,7 @@ import click
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
          tracker_token: Optional[str], tags: Tuple[str, ...], advertise_host: Optional[str],
          token: Optional[str], insecure: bool, session_timeout: float, idle_timeout: float,
-         spin_us: Optional[float], handshake_timeout: float, workdir: Optional[str], verbose: int) -> None:
+         spin_us: float, handshake_timeout: float, workdir: Optional[str], verbose: int) -> None:
     """Serve sessions to tether clients: upload modules, run and time kernels, one session at a time."""
     from tether_rpc.server import run
 
@@ -43,7 +43,7 @@ def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optio
                          insecure=insecure, session_timeout=session_timeout, workdir=workdir, reverse=reverse,
                          handshake_timeout=handshake_timeout, verbose=verbose, tracker_token=tracker_token,
                          tags=list(tags), advertise_host=advertise_host, idle_timeout=idle_timeout,
-                         **({} if spin_us is None else {"spin_us": spin_us})))
+                         spin_us=spin_us))
 
 
 command = main

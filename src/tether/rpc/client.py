@@ -38,7 +38,7 @@ _PLAIN_TYPES = frozenset((int, float, str, bytes, bool, type(None), p.RemoteHand
 INLINE_TENSOR_LIMIT = 4 << 20
 _CHUNK = 4 << 20
 #: How long a client polls for a reply before it sleeps (seconds; see connect()).
-DEFAULT_SPIN = 0.0
+DEFAULT_SPIN = 100e-6
 
 
 # ---------------------------------------------------------------------------------------------------------------
