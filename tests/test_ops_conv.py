@@ -87,6 +87,24 @@ def test_conv2d_pixels_with_epilogue(run_ops, rng, xs, wk, stride, padding, dila
     np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
 
 
+def test_grouped_conv2d_pixels(run_ops, rng):
+    """Groups whose output channels fill whole panels (alexnet's two-group layers): each panel reads its group."""
+    from tether.ops.linear import pack_panels_array
+
+    groups, ch, oc, kh, kw = 2, 6, 32, 3, 3
+    x = rng.standard_normal((ch, 9, 10)).astype("float32")
+    w = rng.standard_normal((oc, ch // groups, kh, kw)).astype("float32")
+    packed = pack_panels_array(w.reshape(oc, -1))
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder(packed.shape, "float32", name="W")
+    (out,) = run_ops([(X, x), (W, packed)], [ops.conv2d_pixels(X, W, (kh, kw), 1, 1, out_channels=oc,
+                                                                  groups=groups)])
+    ref = _conv_ref(x[None], w, (1, 1), (1, 1, 1, 1), (1, 1), groups)[0]
+    np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="whole 16-wide panels"):
+        ops.conv2d_pixels(X, te.placeholder((1, 27, 16), "float32"), (kh, kw), out_channels=8, groups=2)
+
+
 @pytest.mark.parametrize("xs,k,stride,padding,mult", [((1, 8, 13, 15), 3, 1, 1, 1), ((2, 3, 11, 10), 3, 2, 1, 2),
                                                       ((1, 5, 9, 21), 5, 1, 2, 1), ((2, 3, 7, 16), 3, 1, 1, 1),
                                                       ((1, 2, 4, 8), 3, 1, 1, 3)])

@@ -313,9 +313,15 @@ def _gemm_plan(body: List, params: List[str], types: dict, panel_weights: Option
     # a pointwise conv is a plain matrix product (a grouped one a batch of them, one per group); with few input
     # channels conv2d_pixels runs it faster (no per-run packing of the activations)
     as_matmul = pointwise and (g != 1 or oc > POINTWISE_PIXELS_MAX_CHANNELS)
-    if n != 1 or conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise):
+    # a grouped conv runs as conv2d_pixels when every group's output channels fill whole panels
+    grouped_pixels = g != 1 and not pointwise and (oc // g) % ops.linear.PANEL == 0
+    if n != 1 or conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise and not grouped_pixels):
         return None
-    if g == 1:
+    if grouped_pixels:
+        shapes = {conv.inputs[0]: (ic, h, w),
+                  wname: types[wname].shape if wname in panel_weights else (oc, ic // g * kh * kw)}
+        lead, rows = (), oc
+    elif g == 1:
         shapes = {conv.inputs[0]: (ic, h * w) if as_matmul else (ic, h, w),
                   wname: types[wname].shape if wname in panel_weights else (oc, ic * kh * kw)}
         lead, rows = (), oc
@@ -331,7 +337,7 @@ def _gemm_plan(body: List, params: List[str], types: dict, panel_weights: Option
             t = (1,) * (4 - len(types[v].shape)) + tuple(types[v].shape)
             if len(t) != 4 or t[0] != 1 or t[1] not in (1, oc) or t[2:] not in ((oh, ow), (1, 1)):
                 return None
-            if g == 1:
+            if not lead:
                 shapes[v] = (t[1], t[2] * t[3])
             elif t[1] == 1:
                 shapes[v] = (1, 1, t[2] * t[3])
@@ -356,7 +362,7 @@ def _conv_as_gemm(conv, x, w, ws, prepacked: bool):
         return ops.matmul(w, x)
     pads = conv.attrs["pads"]
     return ops.conv2d_pixels(x, w, (kh, kw), conv.attrs["strides"], (pads[0], pads[1], pads[2], pads[3]),
-                             conv.attrs["dilations"], out_channels=oc, name="conv2d")
+                             conv.attrs["dilations"], out_channels=oc, groups=conv.attrs["groups"], name="conv2d")
 
 
 def pack_conv_weights(graph, params: Dict[str, np.ndarray], body_of) -> Dict[str, tuple]:

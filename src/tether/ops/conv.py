@@ -49,10 +49,11 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
 
 
 def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_channels: int | None = None,
-                  name: str = "conv2d_pixels"):
-    """x (C, H, W) * w (O, C*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened.
-    ``w`` may also come packed already (ops.linear.pack_panels_array: (ceil(O/16), C*KH*KW, 16)); then
-    ``out_channels`` gives O.
+                  groups: int = 1, name: str = "conv2d_pixels"):
+    """x (C, H, W) * w (O, C/groups*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened.
+    ``w`` may also come packed already (ops.linear.pack_panels_array: (ceil(O/16), C/groups*KH*KW, 16)); then
+    ``out_channels`` gives O. With groups, each group's output channels must fill whole panels (O/groups a
+    multiple of 16), so that a panel reads one group's input channels.
 
     Computed as an implicit GEMM with output channels as the vector axis: conv[p, o] = sum_k xpad[patch(p, k)] *
     panels[o // PANEL, k, o % PANEL], the weights packed into the matmul's PANEL-wide panels. A register block is a
@@ -68,21 +69,27 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     if prepacked and (oc is None or not 0 < oc <= c.shape_of(w)[0] * c.shape_of(w)[2]):
         raise ValueError(f"{name}: packed weight {c.shape_of(w)} needs out_channels within its panels, got {oc}")
     kh, kw = kernel
-    if kk != ch * kh * kw:
-        raise ValueError(f"{name}: weight {c.shape_of(w)} does not fit {ch} channels of a {kh}x{kw} kernel")
+    if ch % groups or kk != ch // groups * kh * kw:
+        raise ValueError(f"{name}: weight {c.shape_of(w)} does not fit {ch} channels in {groups} group(s) of a "
+                         f"{kh}x{kw} kernel")
     sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
     top, left, bottom, right = p4
     xp = pad_op(x, (0, top, left), (0, bottom, right), name=f"{name}_pad") if any(p4) else x
     panels = w if prepacked else pack_panels(w, 0, f"{name}_panels")
-    rc = te.reduce_axis((0, ch), name="rc")
+    pw = int(panels.shape[2])
+    icg = ch // groups
+    if groups > 1 and (oc % groups or (oc // groups) % pw):
+        raise ValueError(f"{name}: {oc} output channels in {groups} groups do not fill whole {pw}-wide panels")
+    rc = te.reduce_axis((0, icg), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
-    pw = panels.shape[2]
 
     def f(p, o):
         y, xx = p // ow, p % ow
         k = (rc * kh + ry) * kw + rx
-        return te.sum(xp[rc, y * sh + ry * dh, xx * sw + rx * dw] * panels[o // pw, k, o % pw], axis=[rc, ry, rx])
+        # a panel lies in one group: its input channels follow from the panel index, the same for all lanes
+        cin = rc if groups == 1 else (o // pw) // (oc // groups // pw) * icg + rc
+        return te.sum(xp[cin, y * sh + ry * dh, xx * sw + rx * dw] * panels[o // pw, k, o % pw], axis=[rc, ry, rx])
 
     # over whole panels: the padding channels are zero weights, and a partial panel would otherwise run its
     # vector of channels as a scalar remainder loop
