@@ -25,6 +25,7 @@ import enum
 import errno
 import hashlib
 import hmac
+import logging
 import os
 import socket
 import struct
@@ -43,6 +44,8 @@ except ImportError:  # not on Windows (hosts only: devices are Linux/Android)
 
 # numpy is imported on first use (tensors only): the server then listens before the slow numpy import.
 from .errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError, TetherTimeout, VersionMismatch
+
+log = logging.getLogger(__name__)
 
 PROTOCOL_MAGIC = "tether-rpc"
 PROTOCOL_VERSION = 1
@@ -117,12 +120,21 @@ HANDSHAKE_LIMITS = Limits(max_frame=64 << 10, max_bulk=0, max_str=4096, max_bin=
 class RemoteHandle:
     """An object (array, module, function) living in a remote session, named by its 64-bit id."""
 
-    __slots__ = ("id",)
+    __slots__ = ("id", "_ext")
 
     def __init__(self, id: int):
         if not isinstance(id, int) or not 0 <= id < 1 << 64:
             raise ProtocolError("a remote handle id must be an unsigned 64-bit int, got %r" % (id,))
         self.id = id
+        self._ext: Optional[msgpack.ExtType] = None  # its wire form, made on first send (handles are resent often)
+
+    @classmethod
+    def _decoded(cls, data: bytes) -> "RemoteHandle":
+        # from the 8 bytes of an ext-2 payload: any u64 is valid, so no checks (ext_hook runs once per handle)
+        handle = cls.__new__(cls)
+        handle.id = _U64.unpack(data)[0]
+        handle._ext = None
+        return handle
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RemoteHandle) and other.id == self.id
@@ -197,6 +209,11 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
 
 
 def _default(obj: Any) -> Any:
+    if type(obj) is RemoteHandle:
+        ext = obj._ext
+        if ext is None:
+            ext = obj._ext = msgpack.ExtType(EXT_HANDLE, _U64.pack(obj.id))
+        return ext
     if isinstance(obj, RemoteHandle):
         return msgpack.ExtType(EXT_HANDLE, _U64.pack(obj.id))
     np = sys.modules.get("numpy")  # no numpy loaded -> obj cannot be a numpy object
@@ -212,13 +229,15 @@ def _default(obj: Any) -> Any:
 
 
 def _make_ext_hook(limits: Limits):
+    decoded_handle = RemoteHandle._decoded
+
     def ext_hook(code: int, data: bytes) -> Any:
         if code == EXT_TENSOR:
             return decode_tensor(data, limits)
         if code == EXT_HANDLE:
             if len(data) != 8:
                 raise ProtocolError("handle ext must carry 8 bytes, got %d" % len(data))
-            return RemoteHandle(_U64.unpack(data)[0])
+            return decoded_handle(data)
         raise ProtocolError("unknown msgpack ext type %d" % code)
     return ext_hook
 
@@ -602,6 +621,9 @@ class FrameReader:
             poll, sleep = self.medians.get(True), self.medians.get(False)
             self.polling = poll is not None and sleep is not None and poll < self.MARGIN * sleep
             self._epochs_left = self.STAY
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("frame interval %.1f us polling, %.1f us sleeping: %s", 1e6 * (poll or 0),
+                          1e6 * (sleep or 0), "polling" if self.polling else "sleeping")
         else:
             self._epochs_left -= 1
             if self._epochs_left <= 0:
