@@ -464,3 +464,31 @@ def test_idle_session_is_ended_and_frees_the_device(make_rpc_server, rpc_kernels
     finally:
         idle.close()
     assert server.alive
+
+
+def test_repeated_kernel_calls_on_device_arrays(rpc_server, rpc_kernels):
+    # the worker reuses the ctypes arguments of a (function, arrays) call: results must follow the data, a
+    # freed array must be refused, and a wrong call must still name its problem
+    rng = np.random.default_rng(7)
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=10) as remote:
+        remote.upload(rpc_kernels["vadd"])
+        f = remote.load_module("vadd.so")["vadd"]
+        A, B, C = remote.empty(1024), remote.empty(1024), remote.empty(1024)
+        for _ in range(3):
+            a, b = rng.standard_normal(1024).astype("float32"), rng.standard_normal(1024).astype("float32")
+            A.copyfrom(a)
+            B.copyfrom(b)
+            f(A, B, C)
+            f(A, B, C)
+            np.testing.assert_array_equal(C.numpy(), a + b)
+        f(B, B, C)  # another combination of the same arrays
+        np.testing.assert_array_equal(C.numpy(), b + b)
+        handle = B.handle
+        B.free()
+        with pytest.raises(KeyError, match="does not exist"):
+            remote._call(f.fn, [A.handle, handle, C.handle])
+        with pytest.raises(errors.KernelError, match="expected 3 arguments"):
+            remote._call(f.fn, [A.handle, C.handle])
+        f(A, A, C)
+        np.testing.assert_array_equal(C.numpy(), a + a)
+        assert remote.get_function("tether.echo")(1) == 1
