@@ -244,8 +244,9 @@ def test_reuploading_a_loaded_library_keeps_the_loaded_one_working(rpc_server, r
 
 
 # -- adaptive polling for replies (tether_rpc.protocol.FrameReader.spin) -----------------------------------------
-def _reader_fed_with(intervals_by_mode, epochs):
-    """A FrameReader whose epochs see the given frame intervals (seconds) in each mode; returns the modes used."""
+def _modes_per_epoch(intervals_by_mode, epochs):
+    """Drive a FrameReader's mode choice epoch by epoch, feeding measuring epochs the given frame intervals
+    (seconds) for their mode; returns the mode of each epoch and the reader."""
     import socket
 
     from tether_rpc import protocol as p
@@ -256,8 +257,13 @@ def _reader_fed_with(intervals_by_mode, epochs):
         modes = []
         for _ in range(epochs):
             modes.append(reader.polling)
-            reader._intervals = [intervals_by_mode[reader.polling]] * reader.EPOCH
-            reader._end_epoch()
+            if reader._timing:
+                reader._intervals = [intervals_by_mode[reader.polling]] * (reader.EPOCH + 1)
+                reader._next_phase()
+            else:  # staying: no timing; the phase lasts STAY epochs
+                reader._left -= reader.EPOCH
+                if reader._left <= 0:
+                    reader._next_phase()
         return modes, reader
     finally:
         a.close()
@@ -268,15 +274,16 @@ def test_polling_is_kept_only_while_it_measures_faster():
     from tether_rpc import protocol as p
 
     stay = p.FrameReader.STAY
-    # polling twice as fast: measured first, sleeping measured once, then polling for STAY epochs, then re-checked
-    modes, reader = _reader_fed_with({True: 25e-6, False: 50e-6}, 3 + stay)
-    assert modes[:2] == [True, False] and modes[2:2 + stay] == [True] * stay and modes[2 + stay] is False
+    # polling twice as fast: measured first, sleeping once, then polling for STAY epochs, then both again
+    modes, reader = _modes_per_epoch({True: 25e-6, False: 50e-6}, 2 + stay + 3)
+    assert modes[:2] == [True, False] and modes[2:2 + stay] == [True] * stay
+    assert modes[2 + stay:] == [True, False, True]
     assert reader.medians == {True: 25e-6, False: 50e-6}
-    # polling slower (a busy machine): sleeping wins after the first comparison
-    modes, _ = _reader_fed_with({True: 60e-6, False: 50e-6}, 3 + stay)
-    assert modes[:2] == [True, False] and modes[2:2 + stay] == [False] * stay and modes[2 + stay] is True
+    # polling slower (a busy machine): sleeping wins, and the next round measures sleeping first
+    modes, _ = _modes_per_epoch({True: 60e-6, False: 50e-6}, 2 + stay + 2)
+    assert modes[:2] == [True, False] and modes[2:2 + stay] == [False] * stay and modes[2 + stay:] == [False, True]
     # polling barely faster (within the margin) is not worth its CPU time
-    modes, _ = _reader_fed_with({True: 48e-6, False: 50e-6}, 4)
+    modes, _ = _modes_per_epoch({True: 48e-6, False: 50e-6}, 4)
     assert modes[2:] == [False, False]
 
 

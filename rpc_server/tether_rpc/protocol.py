@@ -545,14 +545,15 @@ class FrameReader:
     in a call loop answers within microseconds, and sleeping costs a wake-up per frame (an IPI, an idle exit,
     caches gone cold: most of a small call's round trip on a quiet machine). But polling only pays while a core
     is free: on a busy machine the scheduler treats a poller as CPU-bound and it waits behind the other work. So
-    the reader measures: it alternates epochs of polling and of sleeping, compares the median time from one frame
-    to the next (the wait, and the work after it, which runs slower from cold caches after a sleep), and keeps
-    polling only while that is clearly shorter, re-measuring now and then. 0 disables polling.
+    the reader measures: an epoch of each mode, comparing the median time from one frame to the next (the wait,
+    and the work after it, which runs slower from cold caches after a sleep); it then keeps the clearly faster
+    mode, sleeping unless polling wins by MARGIN, for STAY epochs without timing anything, and measures again.
+    0 disables polling.
     """
 
     CHUNK = 16 << 20  # per recv_into call: large, so bulk reads take few syscalls
     EPOCH = 128       # frames per measurement of a waiting mode
-    STAY = 32         # epochs in the chosen mode before the other one is measured again
+    STAY = 32         # epochs in the chosen mode before both are measured again
     MARGIN = 0.9      # polling must cut the median frame interval by this factor to be chosen (it costs CPU)
 
     def __init__(self, sock: socket.socket, limits: Limits = DEFAULT_LIMITS, buffer: Optional[FrameBuffer] = None,
@@ -560,10 +561,11 @@ class FrameReader:
         self.sock = sock
         self.buffer = buffer if buffer is not None else FrameBuffer(limits)
         self.spin = spin if _DONTWAIT else 0.0
-        self.polling = True          # the current mode; measured first, then sleeping, then the faster one wins
-        self._exploring = False
-        self._epochs_left = 1
-        self._last = 0.0                        # when the previous frame arrived
+        self.polling = True                     # the current mode: polling is measured first, then sleeping
+        self._timing = True                     # measuring (else staying with the chosen mode)
+        self._other_done = False                # this round measured one mode already
+        self._left = self.EPOCH                 # frames left in this phase
+        self._last = 0.0                        # when the previous frame arrived (while timing)
         self._intervals: List[float] = []       # between frame arrivals, this epoch
         self.medians: Dict[bool, float] = {}    # the last measured median interval of each mode
 
@@ -578,14 +580,14 @@ class FrameReader:
             if not self.spin or sock.gettimeout() is not None:  # (a socket timeout would poll() before each try)
                 n = sock.recv_into(view)
             else:
-                t0 = _clock()
-                n = self._poll_recv(view, t0) if self.polling else sock.recv_into(view)
-                now = _clock()
-                intervals = self._intervals
-                intervals.append(now - self._last)
-                self._last = now
-                if len(intervals) >= self.EPOCH:
-                    self._end_epoch()
+                n = self._poll_recv(view, _clock()) if self.polling else sock.recv_into(view)
+                if self._timing:
+                    now = _clock()
+                    self._intervals.append(now - self._last)
+                    self._last = now
+                self._left -= 1
+                if self._left <= 0:
+                    self._next_phase()
         except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
             raise TetherTimeout("timed out waiting for data from the peer") from None
         except (ConnectionResetError, BrokenPipeError) as exc:
@@ -612,23 +614,30 @@ class FrameReader:
                 last = now
                 _yield()
 
-    def _end_epoch(self) -> None:
-        intervals = sorted(self._intervals)
+    def _next_phase(self) -> None:
+        self._left = self.EPOCH
+        if not self._timing:  # the stay is over: measure the current mode, then the other one
+            self._timing = True
+            self._intervals = []
+            self._last = _clock()
+            return
+        intervals = sorted(self._intervals[1:])  # (the first interval began before this epoch did)
         self._intervals = []
-        self.medians[self.polling] = intervals[len(intervals) // 2]
-        if self._exploring:  # both modes measured just now: keep the faster
-            self._exploring = False
-            poll, sleep = self.medians.get(True), self.medians.get(False)
-            self.polling = poll is not None and sleep is not None and poll < self.MARGIN * sleep
-            self._epochs_left = self.STAY
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("frame interval %.1f us polling, %.1f us sleeping: %s", 1e6 * (poll or 0),
-                          1e6 * (sleep or 0), "polling" if self.polling else "sleeping")
-        else:
-            self._epochs_left -= 1
-            if self._epochs_left <= 0:
-                self._exploring = True
-                self.polling = not self.polling
+        self._last = _clock()
+        if intervals:
+            self.medians[self.polling] = intervals[len(intervals) // 2]
+        if not self._other_done:
+            self._other_done = True
+            self.polling = not self.polling
+            return
+        poll, sleep = self.medians.get(True), self.medians.get(False)
+        self.polling = poll is not None and sleep is not None and poll < self.MARGIN * sleep
+        self._timing = False
+        self._other_done = False
+        self._left = self.STAY * self.EPOCH
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("frame interval %.1f us polling, %.1f us sleeping: %s", 1e6 * (poll or 0), 1e6 * (sleep or 0),
+                      "polling" if self.polling else "sleeping")
 
     def read_plain_frame(self) -> Optional[Tuple[int, int, dict]]:
         """The fast path for small calls and replies: when nothing is buffered, receive once, and if exactly one
