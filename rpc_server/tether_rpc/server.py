@@ -809,8 +809,8 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
                     frame = reader.read_frame()
             except TetherTimeout:
                 _send_error(channel, 0, TetherTimeout(
-                    "the session sent nothing for %s s and was ended (the server's --idle-timeout); "
-                    "open a new session" % idle_timeout), "")
+                    "the session was idle (nothing received for %s s, the server's --idle-timeout) and has "
+                    "ended; open a new session" % idle_timeout), "")
                 return 0
             except (ConnectionClosed, OSError):
                 return 0
