@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import pytest
 
 import tether
@@ -46,20 +47,37 @@ def test_split_vectorize_parallel_structure_and_text():
 
 
 def test_non_dividing_split_gets_clamped_tail_and_partition():
+    """A constant outer loop splits into its full iterations (constant vector body, no checks) and the one
+    partial iteration (scalar remainder) after it."""
     a, b, c = vadd(1003)
     s = te.create_schedule(c.op)
     xo, xi = s[c].split(c.op.axis[0], factor=8)
     s[c].vectorize(xi)
     pf = tether.lower(s, [a, b, c], "vadd")
-    outer = loops(pf)[0]
-    assert outer.extent.value == 126                  # ceil(1003 / 8)
-    branch = outer.body
-    assert isinstance(branch, tir.IfThenElse)         # full vector body vs. scalar remainder
-    full, rest = branch.then_case, branch.else_case
+    head, tail = [f for f in loops(pf) if f.var.name == "i.outer"]
+    assert head.extent.value == 125 and head.min.value == 0             # floor(1003 / 8) full vectors
+    assert tail.min.value == 125 and tail.extent.value == 1             # ceil(1003 / 8) - 125
+    full, rest = head.body, tail.body
     assert isinstance(full, tir.For) and full.kind == "vectorized" and full.extent.value == 8
     assert isinstance(rest, tir.For) and rest.kind == "serial" and rest.tail
     assert str(rest.extent) == "min(8, 1003 - i.outer * 8)"
-    assert "if min(8, 1003 - i.outer * 8) == 8:" in str(pf)
+    np_a, np_b = np.arange(1003, dtype=np.float32), np.ones(1003, np.float32)
+    out = np.zeros(1003, np.float32)
+    tether.build(s, [a, b, c], name="vadd").load()["vadd"](np_a, np_b, out)
+    np.testing.assert_array_equal(out, np_a + 1)
+
+
+def test_partition_stays_an_if_when_the_outer_loop_is_not_constant():
+    """Inside another loop's clamp the partial test cannot be resolved at compile time: if full / else."""
+    a = te.placeholder((37, 29), "float32", name="A")
+    c = te.compute((37, 29), lambda i, j: a[i, j] * 2.0, name="C")
+    s = te.create_schedule(c.op)
+    f = s[c].fuse(*c.op.axis)
+    fo, fi = s[c].split(f, factor=64)
+    fio, fii = s[c].split(fi, factor=8)
+    s[c].vectorize(fii)
+    text = str(tether.lower(s, [a, c], "k"))
+    assert "if " in text and "== 8:" in text, text
 
 
 def test_fused_index_simplifies_back_to_linear():

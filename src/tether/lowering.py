@@ -529,9 +529,12 @@ def _partition_tails(s: Stmt, bound: frozenset) -> Stmt:
                     continue
                 seen_keys.add(k)
                 cond = c if cond is None else Binary("and", cond, c, "bool")
-            full = _map_loops_by_id(body, ids, full=True)
-            generic = _map_loops_by_id(body, ids, full=False)
-            body = IfThenElse(cond, _partition_tails(full, inner), _partition_tails(generic, inner))
+            full = _partition_tails(_map_loops_by_id(body, ids, full=True), inner)
+            generic = _partition_tails(_map_loops_by_id(body, ids, full=False), inner)
+            split = _full_prefix(s, cond)
+            if split is not None:
+                return _split_loop(s, split, full, generic)
+            body = IfThenElse(cond, full, generic)
         else:
             body = _partition_tails(body, inner)
         return _with_body(s, body)
@@ -543,6 +546,47 @@ def _partition_tails(s: Stmt, bound: frozenset) -> Stmt:
     if isinstance(s, Allocate):
         return Allocate(s.buffer, _partition_tails(s.body, bound))
     return s
+
+
+def _full_prefix(s: For, cond: Expr) -> Optional[int]:
+    """How many leading iterations of constant loop ``s`` have every tail clamp full, when ``cond`` depends on
+    ``s``'s variable alone and holds on a prefix of the iterations (clamps ``min(f, n - v*f)`` do); else None."""
+    if not (isinstance(s.min, Const) and isinstance(s.extent, Const)) or _expr_var_ids(cond) != {id(s.var)}:
+        return None
+    lo, n = int(s.min.value), int(s.extent.value)
+
+    def full_at(k: int) -> Optional[bool]:
+        v = simplify(substitute(cond, {s.var: _c(lo + k)}))
+        return bool(v.value) if isinstance(v, Const) else None
+
+    if n <= 0 or full_at(0) is not True:
+        return None if n <= 0 or full_at(0) is None else (0 if full_at(n - 1) is False else None)
+    good, bad = 0, n        # full_at(good) holds; bad is the first iteration known not to (or n)
+    if full_at(n - 1) is True:
+        return n
+    bad = n - 1
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        r = full_at(mid)
+        if r is None:
+            return None
+        good, bad = (mid, bad) if r else (good, mid)
+    # the clamps are monotone in the loop variable, but check the remainder really is partial
+    return bad if all(full_at(k) is False for k in range(bad, n)) else None
+
+
+def _split_loop(s: For, k: int, full: Stmt, generic: Stmt) -> Stmt:
+    """``s`` as its first ``k`` iterations over ``full`` (constant extents, no checks) followed by the remaining
+    partial ones over ``generic``: the tail runs once, after the loop, instead of a test in every iteration."""
+    lo, n = int(s.min.value), int(s.extent.value)
+    parts = []
+    if k > 0:
+        head = For(s.var, _c(lo), _c(k), s.kind, full, k)
+        parts.append(head)
+    if k < n:
+        tail = For(s.var, _c(lo + k), _c(n - k), "serial" if s.kind == "parallel" else s.kind, generic, n - k)
+        parts.append(tail)
+    return seq(*parts)
 
 
 def _map_loops_by_id(s: Stmt, ids: set, full: bool) -> Stmt:

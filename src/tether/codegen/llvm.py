@@ -415,6 +415,9 @@ class _FunctionEmitter:
                               f"{self.name}__task{k}.body")
         body_fn.linkage = "internal"
         body_fn.attributes.add("nounwind")
+        # One copy of the loop body: the task is both launched and called by the impl's serial fallback, and
+        # LLVM would otherwise inline (and optimise) the body into each, doubling the compile time.
+        body_fn.attributes.add("noinline")
         em = _FunctionEmitter(self.ctx, body_fn, self.name, self.counter)
         em.in_task = True
         em.ranges = dict(self.ranges)
@@ -1024,6 +1027,9 @@ def emit_function(ctx, primfunc: PrimFunc) -> ir.Function:
         a.name = "p_" + "".join(ch if ch.isalnum() else "_" for ch in buf.name)
         a.add_attribute("noalias")
     fn.attributes.add("nounwind")
+    # the impl stays a symbol of its own (hidden, for C users of the object): not inlined into the packed
+    # wrapper as a second copy to optimise
+    fn.attributes.add("noinline")
     em = _FunctionEmitter(ctx, fn, primfunc.name, [0])
     for a, buf in zip(fn.args, params):
         em.bufs[buf] = a
