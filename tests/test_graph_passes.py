@@ -95,3 +95,156 @@ def test_memory_plan_reuses_storage_along_a_chain():
     for n in nodes:                 # a kernel never writes a buffer it reads
         assert plan.storage_of[n.inputs[0]] != plan.storage_of[n.outputs[0]]
     assert "memory plan:" in str(plan)
+
+
+# ---------------------------------------------------------------- concat views + the memory plan
+def _densenet_like_graph(c0=5, growth=3, layers=3, hw=7, late_reader=True):
+    """stem -> [bn/relu -> conv -> concat with everything before] x layers, bn/relu on the last concat; with
+    `late_reader`, the first concat is read again at the very end (its bytes must survive the whole block)."""
+    types = {"x": TensorType((1, 2, hw, hw), "float32")}
+    params = {}
+
+    def p(name, arr):
+        params[name] = arr.astype(np.float32)
+        types[name] = TensorType(arr.shape, "float32")
+        return name
+    conv = {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "groups": 1}
+    nodes = [Node("conv2d", "stem", ["x", p("w_stem", RNG.standard_normal((c0, 2, 3, 3)))], ["s0"], conv)]
+    types["s0"] = TensorType((1, c0, hw, hw), "float32")
+    prev, ch = "s0", c0
+    for k in range(layers):
+        sc = p("sc%d" % k, RNG.uniform(0.5, 1.5, (1, ch, 1, 1)))
+        nodes += [Node("mul", "bn%d" % k, [prev, sc], ["b%d" % k]),
+                  Node("relu", "relu%d" % k, ["b%d" % k], ["r%d" % k]),
+                  Node("conv2d", "conv%d" % k, ["r%d" % k, p("w%d" % k, RNG.standard_normal((growth, ch, 3, 3)))],
+                       ["n%d" % k], conv),
+                  Node("concat", "cat%d" % k, [prev, "n%d" % k], ["c%d" % k], {"axis": 1})]
+        types["b%d" % k] = types["r%d" % k] = TensorType((1, ch, hw, hw), "float32")
+        types["n%d" % k] = TensorType((1, growth, hw, hw), "float32")
+        ch += growth
+        types["c%d" % k] = TensorType((1, ch, hw, hw), "float32")
+        prev = "c%d" % k
+    nodes += [Node("mul", "bn_last", [prev, p("sc_last", RNG.uniform(0.5, 1.5, (1, ch, 1, 1)))], ["bl"]),
+              Node("relu", "relu_last", ["bl"], ["y"])]
+    types["bl"] = types["y"] = TensorType((1, ch, hw, hw), "float32")
+    outputs = ["y"]
+    if late_reader:
+        nodes.append(Node("sigmoid", "late", ["c0"], ["late"]))
+        types["late"] = types["c0"]
+        outputs.append("late")
+    return Graph(["x"], outputs, nodes, types, "dense"), params
+
+
+def _run_planned(graph, params, plan, x):
+    """Interpret `graph` with every value living in its planned bytes: a write lands in the storage, a read comes
+    from it. A view (reshape, concat view) writes nothing; its bytes must already hold its value. So any
+    clobbered or misplaced byte shows up as a wrong output or a failed view check."""
+    from tether.graph.passes import is_concat_view
+    stores = [np.full(n, 0xFF, np.uint8) for n in plan.sizes]    # NaN-filled: unwritten bytes are visible
+
+    def view(v):
+        t = graph.types[v] if v in graph.types else None
+        shape, dtype = (t.shape, t.dtype) if t else (params[v].shape, params[v].dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        off = plan.offset_of.get(v, 0)
+        return stores[plan.storage_of[v]][off:off + n].view(dtype).reshape(shape)
+    for k, v in params.items():
+        view(k)[...] = v
+    view("x")[...] = x
+    for node in graph.nodes:
+        env = {i: view(i).copy() for i in node.inputs}
+        reference.run_nodes([node], env)
+        for o in node.outputs:
+            if is_concat_view(node) or node.op == "reshape":
+                np.testing.assert_array_equal(view(o), env[o], err_msg="view %s" % node.name)
+            else:
+                view(o)[...] = env[o]
+    return [view(o).copy() for o in graph.outputs]
+
+
+@pytest.mark.parametrize("opt_level", [1, 3])
+def test_concat_views_chain_shares_one_storage_and_stays_correct(opt_level):
+    g, p = _densenet_like_graph()
+    g2, p2 = optimize(g, p, opt_level=opt_level)
+    views = [n for n in g2.nodes if n.op == "concat"]
+    assert len(views) == 3 and all(n.attrs.get("view") for n in views), str(g2)
+    plan = plan_memory(g2, p2)
+    # the stem, every new layer and every concat live in the last concat's storage, at their channel offsets
+    sid = plan.storage_of["c2"]
+    assert {plan.storage_of[v] for v in ("s0", "n0", "n1", "n2", "c0", "c1", "c2")} == {sid}
+    plane = 7 * 7 * 4
+    assert [plan.offset_of[v] for v in ("s0", "c0", "c1", "c2", "n0", "n1", "n2")] == \
+        [0, 0, 0, 0, 5 * plane, 8 * plane, 11 * plane]
+    assert plan.sizes[sid] >= g2.types["c2"].nbytes
+    x = RNG.standard_normal((1, 2, 7, 7)).astype(np.float32)
+    for got, want in zip(_run_planned(g2, p2, plan, x), reference.run(g, p, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_concat_views_split_a_fused_concat_head():
+    """Without the late reader the last concat feeds only its bn: fuse makes concat+mul+relu one group, and the
+    view pass splits it back into a free concat and a mul+relu kernel."""
+    g, p = _densenet_like_graph(late_reader=False)
+    fused, _ = fuse(*optimize(g, p, opt_level=1))
+    assert any(n.op == "fused" and n.attrs["body"][0].op == "concat" for n in fused.nodes)
+    g2, p2 = optimize(g, p, opt_level=3)
+    assert not any(n.op == "fused" and n.attrs["body"][0].op == "concat" for n in g2.nodes), str(g2)
+    assert sum(1 for n in g2.nodes if n.op == "concat" and n.attrs.get("view")) == 3
+    _check_same(g, p, g2, p2)
+    plan = plan_memory(g2, p2)
+    x = RNG.standard_normal((1, 2, 7, 7)).astype(np.float32)
+    np.testing.assert_allclose(_run_planned(g2, p2, plan, x)[0], reference.run(g, p, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def _two_concat_graph(first_inputs, second_inputs, x_shape=(1, 4, 3, 3), axis=1):
+    types = {"x": TensorType(x_shape, "float32")}
+    nodes = [Node("relu", "ra", ["x"], ["a"]), Node("sigmoid", "sb", ["x"], ["b"]), Node("tanh", "tc", ["x"], ["c"])]
+    for v in "abc":
+        types[v] = types["x"]
+
+    def cat_type(ins):
+        shape = list(x_shape)
+        shape[axis] *= len(ins)
+        return TensorType(tuple(shape), "float32")
+    nodes.append(Node("concat", "cat1", list(first_inputs), ["y1"], {"axis": axis}))
+    types["y1"] = cat_type(first_inputs)
+    outputs = ["y1"]
+    if second_inputs:
+        nodes.append(Node("concat", "cat2", list(second_inputs), ["y2"], {"axis": axis}))
+        types["y2"] = cat_type(second_inputs)
+        outputs.append("y2")
+    return Graph(["x"], outputs, nodes, types, "cats"), {}
+
+
+@pytest.mark.parametrize("case, viewed", [
+    ((("a", "b", "c"), None, (1, 4, 3, 3), 1), {"cat1"}),            # graph output, three producers
+    ((("a", "b"), ("b", "c"), (1, 4, 3, 3), 1), set()),              # b in two concats
+    ((("a", "a"), None, (1, 4, 3, 3), 1), set()),                    # read twice by one concat
+    ((("x", "a"), ("b", "c"), (1, 4, 3, 3), 1), {"cat2"}),           # a graph input falls back alone
+    ((("a", "b"), None, (2, 4, 3, 3), 1), set()),                    # batch 2: slices are not contiguous
+    ((("a", "b"), None, (2, 4, 3, 3), 0), {"cat1"}),                 # axis 0 always is
+    ((("a", "b"), None, (1, 1, 3, 3), 2), {"cat1"}),                 # leading ones
+    ((("a", "b"), None, (1, 2, 3, 3), 2), set()),
+])
+def test_concat_views_eligibility(case, viewed):
+    g, p = _two_concat_graph(*case)
+    g2, p2 = optimize(g, p, opt_level=3)
+    assert {n.name for n in g2.nodes if n.op == "concat" and n.attrs.get("view")} == viewed, str(g2)
+    plan = plan_memory(g2, p2)
+    x = RNG.standard_normal(g.types["x"].shape).astype(np.float32)
+    for got, want in zip(_run_planned(g2, p2, plan, x), reference.run(g, p, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_memory_plan_keeps_view_storage_until_the_last_view_is_read():
+    """c0 (a prefix view of the block's storage) is read after the block: nothing else may take those bytes
+    in between, although ping-pong buffers of the same size are free all along."""
+    g, p = optimize(*_densenet_like_graph(late_reader=True), opt_level=3)
+    plan = plan_memory(g, p)
+    sid = plan.storage_of["c2"]
+    order = {o: k for k, n in enumerate(g.nodes) for o in n.outputs}
+    first, last = order["s0"], order["late"]
+    for v, s in plan.storage_of.items():
+        if s == sid and v in order:
+            assert v in ("s0", "n0", "n1", "n2", "c0", "c1", "c2") or order[v] > last or order[v] < first, v

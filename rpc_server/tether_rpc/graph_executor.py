@@ -4,8 +4,9 @@ One code path for every caller: ``tether.graph_executor.load("out/")`` on the ho
 and the RPC session exposes it through the built-ins in ``BUILTINS`` (``tether.graph.create``, ...).
 
 The graph JSON (written by ``tether.build_graph``, described in docs/graph.md) lists storages (byte sizes),
-entries (a typed view of a storage: name, shape, dtype, storage id), the input/output/param entries and the
-nodes (a packed function of the module and its argument entries, inputs then output). At creation every node
+entries (a typed view of a storage: name, shape, dtype, storage id and, from version 2, a byte offset), the
+input/output/param entries and the nodes (a packed function of the module and its argument entries, inputs
+then output). Entries at offsets are how a concat costs nothing: its inputs are slices of its output. At creation every node
 is bound once to numpy views of its storages (``PackedFunc.bind``), so ``run()`` is one ctypes call per node.
 """
 from __future__ import annotations
@@ -24,7 +25,9 @@ from . import timing
 log = logging.getLogger(__name__)
 
 GRAPH_FORMAT = "tether-graph"
-GRAPH_VERSION = 1
+GRAPH_VERSION = 2
+# versions this runtime reads: 1 (every entry at the start of its storage), 2 (entries may carry "offset")
+GRAPH_VERSIONS = (1, 2)
 ALIGN = 64
 
 
@@ -49,9 +52,9 @@ class GraphExecutor:
         if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
             raise ValueError("not a tether graph JSON (format %r)" % (graph.get("format") if isinstance(graph, dict)
                                                                       else type(graph).__name__))
-        if graph.get("version") != GRAPH_VERSION:
-            raise ValueError("graph JSON version %r; this runtime reads version %d" % (graph.get("version"),
-                                                                                     GRAPH_VERSION))
+        if graph.get("version") not in GRAPH_VERSIONS:
+            raise ValueError("graph JSON version %r; this runtime reads versions %s (update the device runtime)"
+                             % (graph.get("version"), ", ".join(str(v) for v in GRAPH_VERSIONS)))
         self.graph = graph
         self.module = module
         self._storages = [_aligned(int(n)) for n in graph["storages"]]
@@ -61,10 +64,15 @@ class GraphExecutor:
             shape = tuple(int(d) for d in e["shape"])
             nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             store = self._storages[int(e["storage"])]
-            if nbytes > store.nbytes:
-                raise ValueError("graph entry %d (%s) needs %d bytes, its storage has %d"
-                                 % (k, e.get("name"), nbytes, store.nbytes))
-            self._entries.append(store[:nbytes].view(dt).reshape(shape))
+            offset = int(e.get("offset", 0))
+            # kernels assume element alignment only (docs/abi.md), so an offset must be a whole element
+            if offset < 0 or offset % dt.itemsize:
+                raise ValueError("graph entry %d (%s): offset %d is not a multiple of its element size %d"
+                                 % (k, e.get("name"), offset, dt.itemsize))
+            if offset + nbytes > store.nbytes:
+                raise ValueError("graph entry %d (%s) needs bytes %d..%d, its storage has %d"
+                                 % (k, e.get("name"), offset, offset + nbytes, store.nbytes))
+            self._entries.append(store[offset:offset + nbytes].view(dt).reshape(shape))
         self.input_names = [graph["entries"][i]["name"] for i in graph["inputs"]]
         self.output_names = [graph["entries"][i]["name"] for i in graph["outputs"]]
         self._param_index = {graph["entries"][i]["name"]: i for i in graph["params"]}

@@ -8,7 +8,8 @@ Steps: the graph passes (``tether.graph.passes.optimize``), then every non-resha
 single op) becomes one kernel: its body is lowered to te through ``tether.graph.lowering`` and scheduled with
 ``ops.schedule``. Nodes with the same signature (ops, attributes, argument types) share one kernel, so a
 model's twenty identical 3x3 convs compile once. All kernels go into one ``tether.build`` call and one .so.
-Reshapes cost nothing: their output is a view of their input's storage (see the memory planner).
+Reshapes cost nothing: their output is a view of their input's storage (see the memory planner), and so do
+concats whose inputs can live inside their output (``graph/passes/concat_views.py``): no kernel, no copy.
 
 opt_level: 0 folds constants only; 1 adds batch-norm folding and DCE; 2 adds operator fusion; 3 (default) also
 runs single-image convolutions as GEMMs vectorized along output channels (docs/graph.md), much faster on the
@@ -28,12 +29,12 @@ import numpy as np
 
 from tether.graph import ops as graph_ops
 from tether.graph.ir import Graph, Node
-from tether.graph.passes import optimize, plan_memory
+from tether.graph.passes import is_concat_view, optimize, plan_memory
 
 log = logging.getLogger(__name__)
 
 GRAPH_FORMAT = "tether-graph"
-GRAPH_VERSION = 1
+GRAPH_VERSION = 2      # 2: entries may carry a byte "offset" into their storage (1 had none)
 
 
 @dataclass
@@ -111,7 +112,8 @@ def _ops_label(node: Node) -> str:
 
 
 def _is_alias(node: Node) -> bool:
-    return node.op != "fused" and graph_ops.pattern(node.op) == "alias"
+    """No kernel: the output is a view of bytes the inputs already hold (reshape, concat views)."""
+    return node.op != "fused" and (graph_ops.pattern(node.op) == "alias" or is_concat_view(node))
 
 
 # ---------------------------------------------------------------- build
@@ -181,7 +183,10 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
             shape = list(t.shape) if t is not None else list(params[v].shape)
             dtype = t.dtype if t is not None else str(params[v].dtype)
             index[v] = len(entries)
-            entries.append({"name": v, "shape": shape, "dtype": dtype, "storage": plan.storage_of[v]})
+            rec = {"name": v, "shape": shape, "dtype": dtype, "storage": plan.storage_of[v]}
+            if plan.offset_of.get(v, 0):
+                rec["offset"] = int(plan.offset_of[v])
+            entries.append(rec)
         return index[v]
 
     inputs = [entry(v) for v in graph.inputs]

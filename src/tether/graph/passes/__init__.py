@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 
 from tether.graph.ir import Graph
+from tether.graph.passes.concat_views import concat_views, is_concat_view, view_layout
 from tether.graph.passes.constant_fold import constant_fold
 from tether.graph.passes.dce import dce
 from tether.graph.passes.fold_batchnorm import fold_batchnorm
@@ -19,12 +20,12 @@ log = logging.getLogger(__name__)
 Pass = Callable[[Graph, Dict[str, np.ndarray]], Tuple[Graph, Dict[str, np.ndarray]]]
 
 # opt_level -> passes, in order. Level 0 still folds constants: kernels never take compile-time constants
-# computed at run time.
+# computed at run time. concat_views runs last: it splits fused groups headed by a concat it makes free.
 PIPELINES: Dict[int, List[Pass]] = {
     0: [constant_fold, dce],
-    1: [constant_fold, dce, fold_batchnorm, constant_fold, dce],
-    2: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse],
-    3: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse],
+    1: [constant_fold, dce, fold_batchnorm, constant_fold, dce, concat_views],
+    2: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse, concat_views],
+    3: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse, concat_views],
 }
 
 
@@ -35,4 +36,5 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) ->
     return graph, params
 
 
-__all__ = ["constant_fold", "dce", "fold_batchnorm", "fuse", "plan_memory", "MemoryPlan", "optimize", "PIPELINES"]
+__all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
+           "plan_memory", "MemoryPlan", "optimize", "PIPELINES"]

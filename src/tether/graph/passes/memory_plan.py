@@ -1,24 +1,30 @@
 """A simple static memory planner.
 
-Every value gets a storage id. Graph inputs, outputs and params own their storage. A ``reshape`` (the only
-``alias`` op) shares its input's storage. Every other intermediate takes the best-fitting free storage (the
-smallest one large enough, else the largest one, grown), and gives it back after its last reader runs. Outputs
-are allocated before the node's inputs are released, so a kernel never reads and writes the same buffer.
+Every value gets a storage id and a byte offset in it. Graph inputs, outputs and params own their storage. A
+``reshape`` (the only ``alias`` op) shares its input's storage and offset. The inputs of a concat marked as a
+view (``passes/concat_views.py``) live inside the concat's output at their offsets, nested concats too, so a
+whole view tree is one storage the size of its root, allocated when its first member is written and kept until
+the last read of any member (so nobody else writes it while a view is live). Every other intermediate takes the
+best-fitting free storage (the smallest one large enough, else the largest one, grown), and gives it back after
+its last reader runs. Outputs are allocated before the node's inputs are released, so a kernel never reads and
+writes the same bytes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 
 from tether.graph import ops
 from tether.graph.ir import Graph
+from tether.graph.passes.concat_views import is_concat_view, view_layout
 
 
 @dataclass
 class MemoryPlan:
     storage_of: Dict[str, int] = field(default_factory=dict)   # value name -> storage id
+    offset_of: Dict[str, int] = field(default_factory=dict)    # value name -> byte offset in its storage
     sizes: List[int] = field(default_factory=list)             # storage id -> bytes
     naive_bytes: int = 0                                       # one buffer per intermediate value
 
@@ -31,10 +37,15 @@ class MemoryPlan:
                  % (len(self.sizes), self.total_bytes / 1024.0, self.naive_bytes / 1024.0)]
         by_sid: Dict[int, List[str]] = {}
         for v, s in self.storage_of.items():
-            by_sid.setdefault(s, []).append(v)
+            off = self.offset_of.get(v, 0)
+            by_sid.setdefault(s, []).append("%s@%d" % (v, off) if off else v)
         for s, size in enumerate(self.sizes):
             lines.append("  s%d %d B: %s" % (s, size, ", ".join(by_sid.get(s, []))))
         return "\n".join(lines)
+
+
+def _is_alias(node) -> bool:
+    return node.op != "fused" and ops.pattern(node.op) == "alias"
 
 
 def plan_memory(graph: Graph, params: Dict[str, np.ndarray]) -> MemoryPlan:
@@ -47,45 +58,55 @@ def plan_memory(graph: Graph, params: Dict[str, np.ndarray]) -> MemoryPlan:
 
     for name in list(graph.inputs) + sorted(params):
         plan.storage_of[name] = new_storage(graph.types[name].nbytes if name in graph.types else params[name].nbytes)
+        plan.offset_of[name] = 0
         pinned.add(plan.storage_of[name])
-    # pending reads per storage, counting reads through aliases
-    pending: Dict[int, int] = {}
-    free: List[int] = []
-    alias_root: Dict[str, str] = {}
+    # home: value -> (the value that owns the bytes, offset in it). The owner's storage holds the value.
+    home: Dict[str, Tuple[str, int]] = dict(view_layout(graph))
     for node in graph.nodes:
-        if ops.pattern(node.op) == "alias" if node.op != "fused" else False:
-            alias_root[node.outputs[0]] = alias_root.get(node.inputs[0], node.inputs[0])
+        if _is_alias(node):
+            home[node.outputs[0]] = home.get(node.inputs[0], (node.inputs[0], 0))
+    # pending reads per storage, counting reads of every value that shares the owner's bytes
     reads: Dict[str, int] = {}
     for node in graph.nodes:
         for i in node.inputs:
-            root = alias_root.get(i, i)
-            reads[root] = reads.get(root, 0) + 1
-    outputs_roots = {alias_root.get(o, o) for o in graph.outputs}
+            owner = home.get(i, (i, 0))[0]
+            reads[owner] = reads.get(owner, 0) + 1
+    output_owners = {home.get(o, (o, 0))[0] for o in graph.outputs}
+    sid_of_owner: Dict[str, int] = {name: plan.storage_of[name] for name in plan.storage_of}
+    pending: Dict[int, int] = {}
+    free: List[int] = []
 
     for node in graph.nodes:
-        is_alias = node.op != "fused" and ops.pattern(node.op) == "alias"
+        free_view = _is_alias(node) or is_concat_view(node)
         for o in node.outputs:
-            if is_alias:
-                plan.storage_of[o] = plan.storage_of[node.inputs[0]]
+            owner, offset = home.get(o, (o, 0))
+            plan.offset_of[o] = offset
+            if not _is_alias(node):
+                plan.naive_bytes += graph.types[o].nbytes
+            if owner in sid_of_owner:       # a view of bytes that already have a place
+                plan.storage_of[o] = sid_of_owner[owner]
                 continue
-            t = graph.types[o]
-            plan.naive_bytes += t.nbytes
-            if o in outputs_roots:
-                sid = new_storage(t.nbytes)
+            if free_view:
+                raise ValueError("memory plan: %s (%s) is a view of %r, which has no storage yet"
+                                 % (node.name, node.op, owner))
+            nbytes = graph.types[owner].nbytes
+            if owner in output_owners:
+                sid = new_storage(nbytes)
                 pinned.add(sid)
             else:
-                fits = [s for s in free if plan.sizes[s] >= t.nbytes]
+                fits = [s for s in free if plan.sizes[s] >= nbytes]
                 if fits:
                     sid = min(fits, key=lambda s: plan.sizes[s])
                 elif free:
                     sid = max(free, key=lambda s: plan.sizes[s])
-                    plan.sizes[sid] = t.nbytes
+                    plan.sizes[sid] = nbytes
                 else:
-                    sid = new_storage(t.nbytes)
+                    sid = new_storage(nbytes)
                 if sid in free:
                     free.remove(sid)
+            sid_of_owner[owner] = sid
             plan.storage_of[o] = sid
-            pending[sid] = pending.get(sid, 0) + reads.get(o, 0)
+            pending[sid] = pending.get(sid, 0) + reads.get(owner, 0)
         for i in node.inputs:
             sid = plan.storage_of[i]
             if sid in pinned:
