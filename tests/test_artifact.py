@@ -18,13 +18,15 @@ from llvmlite import ir
 
 from fixtures.backend import PackedCaller, math_kernel, vadd_kernel
 from tether.driver import build_ir
+from tether.codegen import threadpool
 from tether.codegen.module import ModuleBuilder, error_code
 from tether.errors import CompileError
 from tether.target import PRESET_NAMES, Target
 from tether_rpc import elf
 
 N = 1024
-EXPECTED_EXPORTS = {"vadd", "vexp", "tether_set_parallel_launcher", "__tether_metadata"}
+EXPECTED_EXPORTS = {"vadd", "vexp", "tether_set_parallel_launcher", "__tether_metadata"} | set(
+    threadpool.EXPORTED_SYMBOLS)
 
 
 def _kernel_module(preset: str, name: str = "kern"):
@@ -71,14 +73,20 @@ def test_elf_per_preset(built, preset):
     assert meta["functions"][0]["parallel"] is False
 
 
+def _assert_calls_are_internal(asm: str) -> None:
+    callees = set(re.findall(r"\bbl\s+(\S+)", asm))
+    defined = set(re.findall(r"^\"?([\w.$]+)\"?:", asm, re.M))
+    assert callees and callees <= defined, sorted(callees - defined)
+
+
 def test_neon_in_rasp4b_assembly(built):
     asm = built["rasp4b"][0].get_source("asm")
     assert re.search(r"\bfadd\s+v\d+\.4s", asm), "no 4 x f32 NEON add in the rasp4b vadd kernel"
     assert re.search(r"\bfmul\s+v\d+\.4s", asm) or re.search(r"\bfmla\s+v\d+\.4s", asm)
     assert "expf" not in asm
-    # The only calls are wrapper -> impl: exp is inlined vector code, not a libm call.
-    callees = set(re.findall(r"\bbl\s+(\S+)", asm))
-    assert callees <= {"vadd__impl", "vexp__impl"}, callees
+    # Every call stays inside the module (wrapper -> impl -> loop body, the pool): exp is inlined vector code,
+    # not a libm call.
+    _assert_calls_are_internal(asm)
 
 
 def test_neon_in_rasp3b_assembly(built):
@@ -86,8 +94,7 @@ def test_neon_in_rasp3b_assembly(built):
     assert re.search(r"\bvadd\.f32\s+q\d+", asm), "no NEON q-register add in the rasp3b vadd kernel"
     assert re.search(r"\bvmul\.f32\s+q\d+", asm) or re.search(r"\bvfma\.f32\s+q\d+", asm)
     assert "expf" not in asm and not re.search(r"\bbl\s+__aeabi", asm)
-    callees = set(re.findall(r"\bbl\s+(\S+)", asm))
-    assert callees <= {"vadd__impl", "vexp__impl"}, callees
+    _assert_calls_are_internal(asm)
 
 
 def test_host_module_runs_through_the_runtime(built):
@@ -448,7 +455,8 @@ def test_issue_surface_vadd_end_to_end(tmp_path, host_linker):
     path = lib.export_library(str(tmp_path / "vadd.so"))
     with elf.read_elf(path) as f:
         assert f.arch == "aarch64" and f.needed == [] and f.undefined_symbols == []
-        assert set(f.exported_symbols) == {"vadd", "tether_set_parallel_launcher", "__tether_metadata"}
+        assert set(f.exported_symbols) == {"vadd", "tether_set_parallel_launcher", "__tether_metadata"} | set(
+            threadpool.EXPORTED_SYMBOLS)
     assert lib.metadata["functions"][0]["parallel"] is True
     assert re.search(r"\bfadd\s+v\d+\.4s", lib.get_source("asm"))
     host = tether.build(s, [A, B, C], target="host", name="vadd").export_library(str(tmp_path / "vadd_host.so"))

@@ -86,6 +86,34 @@ def find_linker(python: Union[str, None, object] = _DEFAULT, path: Union[str, No
     return cmd
 
 
+def _write_objects(objects: Sequence[bytes], folder: str) -> List[str]:
+    paths = []
+    for k, obj in enumerate(objects):
+        p = os.path.join(folder, "obj%d.o" % k)
+        with open(p, "wb") as f:
+            f.write(obj)
+        paths.append(p)
+    return paths
+
+
+def _run_linker(argv: List[str], what: str, target: Target) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise CompileError("ld.lld did not finish within %.0fs: %s" % (LINK_TIMEOUT_S, " ".join(argv))) from None
+    except OSError as exc:
+        raise LinkerNotFound("cannot run the linker %r: %s (pip install ziglang)" % (argv[0], exc)) from None
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip()
+        missing = sorted(set(re.findall(r"undefined symbol: (\S+)", detail)))
+        hint = ""
+        if missing:
+            hint = ("\nhint: tether modules link without libc/libm, so the code must not call %s. LLVM turns some "
+                    "intrinsics into such calls on this target (e.g. llvm.maxnum/round/trunc on armv7); use "
+                    "ModuleBuilder.math(...) or compare/select code instead." % ", ".join(missing))
+        raise CompileError("linking %s for %s failed:\n%s%s" % (what, target, detail, hint))
+
+
 def link_shared(objects: Sequence[bytes], target: Union[str, Target], out_path: str,
                 soname: Optional[str] = None, linker: Optional[Sequence[str]] = None) -> str:
     """Link object files (bytes) into a self-contained shared object at ``out_path``: no libc, no DT_NEEDED,
@@ -95,32 +123,28 @@ def link_shared(objects: Sequence[bytes], target: Union[str, Target], out_path: 
     out_path = os.path.abspath(os.fspath(out_path))
     soname = soname or os.path.basename(out_path)
     with tempfile.TemporaryDirectory(prefix="tether-link-") as tmp:
-        paths = []
-        for k, obj in enumerate(objects):
-            p = os.path.join(tmp, "obj%d.o" % k)
-            with open(p, "wb") as f:
-                f.write(obj)
-            paths.append(p)
+        paths = _write_objects(objects, tmp)
         tmp_out = os.path.join(tmp, "out.so")
-        argv = cmd + list(target.link_flags) + ["-soname", soname, "-o", tmp_out] + paths
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise CompileError("ld.lld did not finish within %.0fs: %s" % (LINK_TIMEOUT_S, " ".join(argv))) from None
-        except OSError as exc:
-            raise LinkerNotFound("cannot run the linker %r: %s (pip install ziglang)" % (cmd[0], exc)) from None
-        if proc.returncode != 0:
-            detail = (proc.stderr or proc.stdout).strip()
-            missing = sorted(set(re.findall(r"undefined symbol: (\S+)", detail)))
-            hint = ""
-            if missing:
-                hint = ("\nhint: tether modules link without libc/libm, so the code must not call %s. LLVM turns some "
-                        "intrinsics into such calls on this target (e.g. llvm.maxnum/round/trunc on armv7); use "
-                        "ModuleBuilder.math(...) or compare/select code instead." % ", ".join(missing))
-            raise CompileError("linking %s for %s failed:\n%s%s" % (soname, target, detail, hint))
+        _run_linker(cmd + list(target.link_flags) + ["-soname", soname, "-o", tmp_out] + paths, soname, target)
         os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
         shutil.move(tmp_out, out_path)
     return out_path
+
+
+def link_relocatable(objects: Sequence[bytes], target: Union[str, Target],
+                     linker: Optional[Sequence[str]] = None) -> bytes:
+    """Merge object files into one relocatable object (``ld.lld -r``): a module compiled in parts stays one
+    object for export_object/export_static and for the final shared link."""
+    target = as_target(target)
+    if len(objects) == 1:
+        return bytes(objects[0])
+    cmd = list(linker) if linker else find_linker()
+    with tempfile.TemporaryDirectory(prefix="tether-link-") as tmp:
+        paths = _write_objects(objects, tmp)
+        out = os.path.join(tmp, "merged.o")
+        _run_linker(cmd + ["-r", "-o", out] + paths, "a merged object", target)
+        with open(out, "rb") as f:
+            return f.read()
 
 
 def write_object(obj: bytes, out_path: str) -> str:

@@ -23,11 +23,16 @@ class CompiledObject:
     opt: int
     seconds: float
     _asm: Optional[str] = None
+    # a module compiled in parts (driver.build): one object merged from these, each with its own IR and assembly
+    parts: Tuple["CompiledObject", ...] = ()
 
     @property
     def asm(self) -> str:
         if self._asm is None:
-            self._asm = _emit_asm(self.optimized_ir, self.target, self.opt)
+            if self.parts:
+                self._asm = "\n".join(p.asm for p in self.parts)
+            else:
+                self._asm = _emit_asm(self.optimized_ir, self.target, self.opt)
         return self._asm
 
 

@@ -73,9 +73,15 @@ class ModuleBuilder:
     ``.parallel_launch_slot``, ``add_packed(primfunc, impl_fn)``, ``finish() -> str``.
     """
 
-    def __init__(self, target: Any, name: str = "default", fast_math: bool = False) -> None:
+    def __init__(self, target: Any, name: str = "default", fast_math: bool = False, part: str = "whole") -> None:
+        """``part``: "whole" (a complete module), or one piece of a module compiled in parts and merged into one
+        object (driver.build): "kernels" (packed functions only; the launcher slot is the runtime part's) or
+        "runtime" (launcher slot and setter, metadata, native pool; the functions come from add_metadata)."""
+        if part not in ("whole", "kernels", "runtime"):
+            raise CompileError("ModuleBuilder part must be whole, kernels or runtime, not %r" % (part,))
         self.target: Target = as_target(target)
         self.name = name
+        self.part = part
         self.fast_math = bool(fast_math)
         self.module = ir.Module(name=name)
         self.module.triple = self.target.triple
@@ -85,11 +91,16 @@ class ModuleBuilder:
         self._text: Optional[str] = None
         self.metadata: Optional[Dict[str, Any]] = None
 
-        # The launcher the runtime installs (docs/parallel.md); NULL means "run tasks serially".
+        # The launcher the runtime installs (docs/parallel.md); NULL means "run tasks serially". Across the parts of
+        # a module it is one hidden symbol, defined by the runtime part.
         self.parallel_launch_slot = ir.GlobalVariable(self.module, PTR, "__tether_parallel_launcher")
-        self.parallel_launch_slot.linkage = "internal"
-        self.parallel_launch_slot.initializer = ir.Constant(PTR, None)
         self.parallel_launch_slot.align = self.target.pointer_bytes
+        if part == "kernels":
+            # (llvmlite cannot print a hidden declaration; the hidden definition keeps it out of the exports)
+            self.parallel_launch_slot.linkage = "external"
+            return
+        self.parallel_launch_slot.linkage = "internal" if part == "whole" else "hidden"
+        self.parallel_launch_slot.initializer = ir.Constant(PTR, None)
         setter = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), "tether_set_parallel_launcher")
         b = ir.IRBuilder(setter.append_basic_block("entry"))
         b.store(setter.args[0], self.parallel_launch_slot, align=self.target.pointer_bytes)
@@ -137,6 +148,20 @@ class ModuleBuilder:
         self._impls[name] = impl_fn
         return fn
 
+    def add_metadata(self, entries: Sequence[Dict[str, Any]]) -> None:
+        """A runtime part lists the functions its kernels parts define (their ``function_entries()``)."""
+        if self.part != "runtime":
+            raise CompileError("add_metadata is for the runtime part of a module built in parts")
+        self._functions.extend(dict(e) for e in entries)
+
+    def function_entries(self) -> List[Dict[str, Any]]:
+        """The metadata entries of this builder's functions (name, args, parallel), resolved."""
+        for entry in self._functions:
+            if entry["parallel"] is None:
+                entry["parallel"] = self._uses_launcher(entry["name"])
+            entry["parallel"] = bool(entry["parallel"])
+        return [dict(e) for e in self._functions]
+
     # ---- finishing --------------------------------------------------------------------------------------------
     def finish(self) -> str:
         """Add metadata and memory functions, hide internals, and return the module's LLVM IR text."""
@@ -146,10 +171,9 @@ class ModuleBuilder:
             raise CompileError("module %r has no functions; call add_packed() first" % self.name)
         from tether import __version__
 
-        for entry in self._functions:
-            if entry["parallel"] is None:
-                entry["parallel"] = self._uses_launcher(entry["name"])
-            entry["parallel"] = bool(entry["parallel"])
+        self.function_entries()
+        if self.part == "kernels":
+            return self._finish_text(set(self.function_names), runtime=False)
         # "parallel_tasks": "chunked": every task function (codegen/llvm.py make_task) runs chunk task_id of
         # num_tasks equal chunks of its loop for ANY num_tasks >= 1, so the runtime may run a whole loop as one
         # task (docs/abi.md "Parallel loops", docs/parallel.md). "thread_pool": the version of the native pool
@@ -164,8 +188,10 @@ class ModuleBuilder:
         meta.global_constant = True
         meta.section = ".tether_meta"
         meta.align = 1
+        own = set() if self.part == "runtime" else set(self.function_names)
+        return self._finish_text(own | set(EXPORTED_RUNTIME_SYMBOLS), runtime=True)
 
-        exported = set(self.function_names) | set(EXPORTED_RUNTIME_SYMBOLS)
+    def _finish_text(self, exported: set, runtime: bool) -> str:
         undefined = []
         for gv in self.module.global_values:
             if gv.name in exported:
@@ -175,8 +201,8 @@ class ModuleBuilder:
                     undefined.append(gv.name)
                 continue
             linkage = gv.linkage or ""
-            if linkage in ("internal", "private") or "hidden" in linkage:
-                continue
+            if linkage in ("internal", "private", "external") or "hidden" in linkage:
+                continue    # ("external": the launcher slot a kernels part declares)
             gv.linkage = (linkage + " hidden").strip()
         if undefined:
             raise CompileError("module %r calls external functions %s; a self-contained module cannot (use "
@@ -186,7 +212,9 @@ class ModuleBuilder:
         # A module that declares memcpy itself (instead of using llvm.memcpy) gets the definition in its place.
         for fname in MEMORY_FUNCTIONS + (ARM_RUNTIME_FUNCTIONS if self.target.arch == "armv7" else ()):
             text = re.sub(r"^declare [^\n]*@\"?%s\"?\([^\n]*\n" % fname, "", text, flags=re.M)
-        self._text = text + memory_functions_ir(self.target) + threadpool.thread_pool_ir(self.target)
+        self._text = text + memory_functions_ir(self.target)
+        if runtime:
+            self._text += threadpool.thread_pool_ir(self.target)
         if self.target.arch == "armv7":
             self._text += arm_runtime_ir()
         return self._text
