@@ -21,7 +21,8 @@ import tether
 from kernels import GCC_FLAGS, KERNEL_DIR, build_kernel
 from tether import ops, te
 from tether.codegen import threadpool
-from tether_rpc import module, parallel
+from tether.target import PRESET_NAMES
+from tether_rpc import elf, module, parallel
 from tether_rpc.errors import KernelError
 
 T = 64            # tasks per launch of par.c's kernels
@@ -381,3 +382,23 @@ def test_native_pool_can_be_switched_off(built, native):
     assert native.num_workers == 1
     counts, tids = _mark(built["par"], 1)
     assert (counts == 1).all() and len(set(tids.tolist())) == 2
+
+
+SHF_EXECINSTR = 0x4
+
+
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_pool_keeps_every_preset_self_contained(tmp_path, preset):
+    # The pool adds exports and a system-call stub, but no libc: no DT_NEEDED, no undefined symbol, and the stub
+    # (emitted into a .text.* section) ends up in the executable .text of the linked library.
+    a = te.placeholder((4096,), "float32", name="A")
+    c = te.compute((4096,), lambda i: a[i] + 1.0, name="C")
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=256)
+    s[c].parallel(xo)
+    lib = tether.build(s, [a, c], target=preset, name="inc")
+    with elf.read_elf(lib.export_library(str(tmp_path / "inc.so"))) as f:
+        assert f.needed == [] and f.undefined_symbols == []
+        assert set(threadpool.EXPORTED_SYMBOLS) <= set(f.exported_symbols)
+        assert f.section(".text.tether_pool_syscall") is None
+        assert f.section(".text").flags & SHF_EXECINSTR
