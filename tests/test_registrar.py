@@ -319,7 +319,7 @@ def test_tracker_host_name_is_looked_up_in_a_child_process(tracker_lab):
             states.add(reg.state)
         assert reg.registered and "resolving" in states, states
         assert tracker.count("named") == 1
-        wait_until(lambda: not reg._unreaped and reg.tick() > 0, 2, "the lookup child to be reaped")
+        wait_until(lambda: not reg._unreaped and reg.tick() > 0, 10, "the lookup child to be reaped")
         zombies = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                    if _stat_field(pid, 3) == str(os.getpid()) and _stat_field(pid, 2) == "Z"]
         assert not zombies
