@@ -154,13 +154,43 @@ def _numel(t) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # per-tag schedules
 
+def _trailing_fusable(op, h, w, inline: set, depth: int = 0) -> bool:
+    """Whether every load in op's body (looking through inlined producers) either ignores the two innermost axes
+    h, w or reads them as its own two innermost dimensions of the same extents: then h and w fuse into one
+    contiguous axis (a 28x28 map is one 784-long vector loop, not 28 rows of 28 with a tail each)."""
+    if depth > 16:
+        return False
+    body = op.body.source if isinstance(op.body, Reduce) else op.body
+    eh, ew = _extent(h), _extent(w)
+    for node in walk(body):
+        if not isinstance(node, TensorLoad):
+            continue
+        idx = node.indices
+        uses = [any(n is h or n is w for n in walk(i)) for i in idx]
+        if not any(uses):
+            continue
+        shape = [int(d) for d in node.tensor.shape]
+        if (len(idx) < 2 or idx[-2] is not h or idx[-1] is not w or any(uses[:-2])
+                or shape[-2] != eh or shape[-1] != ew):
+            return False
+        prod = node.tensor.op
+        if id(prod) in inline and not _trailing_fusable(prod, prod.axis[-2], prod.axis[-1], inline, depth + 1):
+            return False
+    return True
+
+
 def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block: int | None = None):
-    """Vectorize the innermost axis by the lane count when its loads are contiguous, and run the outermost
-    non-trivial axis in parallel."""
+    """Vectorize the innermost axis by the lane count when its loads are contiguous (fusing the two innermost
+    axes first when they are contiguous together), and run the outermost non-trivial axis in parallel."""
     st = s[t]
     axes = list(t.op.axis) if axes is None else list(axes)
     if not axes:
         return
+    inner_extent = _extent(axes[-1])
+    if (not block and len(axes) >= 3 and axes == list(t.op.axis) and inner_extent % fam.lanes
+            and _trailing_fusable(t.op, axes[-2], axes[-1], ctx_inline(s))):
+        inner_extent *= _extent(axes[-2])
+        axes = axes[:-2] + [st.fuse(axes[-2], axes[-1])]
     inner = axes[-1]
     outer = axes[:-1]
     xo = None
@@ -169,7 +199,7 @@ def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block:
         st.vectorize(xi)
     elif not _contiguous_along(t.op, inner, ctx_inline(s)):
         pass  # strided or gathered loads: a scalar inner loop (LLVM handles it better than lane-by-lane loads)
-    elif _extent(inner) >= fam.lanes:
+    elif inner_extent >= fam.lanes:
         xo, xi = st.split(inner, factor=fam.lanes)
         st.vectorize(xi)
     if not parallel or _numel(t) < fam.parallel_min:
