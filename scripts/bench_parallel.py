@@ -17,6 +17,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -193,13 +194,22 @@ def run_native(tmp: pathlib.Path, repeat: int, min_ms: float) -> None:
 
     x = np.linspace(-1, 1, 65536).astype("float32")
     y = np.zeros_like(x)
-    print("\n[native pool scaling] heavy() as in [scaling]; speedup over the serial fallback, medians")
-    print("  %-6s %10s %14s %14s %16s" % ("tasks", "serial ms", "python ms", "native ms", "native speedup"))
+    print("\n[native pool scaling] heavy() as in [scaling]; speedup over the serial fallback, medians;")
+    print("  'cores' = process CPU time / wall time over native launches: 1.0 means the box lent this process one")
+    print("  core only (another job holds the other), and no launcher can win then")
+    print("  %-6s %10s %14s %14s %16s %7s" % ("tasks", "serial ms", "python ms", "native ms", "native speedup",
+                                              "cores"))
     for k in (2, 16, 64):
         t_ser, t_py, t_nat = _alternating(
             [(nothing, ser["heavy"].bind(x, y, k)), (python_auto, par["heavy"].bind(x, y, k)),
              (native(), par["heavy"].bind(x, y, k))], repeat, min_ms)
-        print("  %-6d %10.3f %14.3f %14.3f %15.2fx" % (k, t_ser * 1e3, t_py * 1e3, t_nat * 1e3, t_ser / t_nat))
+        call = par["heavy"].bind(x, y, k)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for _ in range(5):
+            call()
+        cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+        print("  %-6d %10.3f %14.3f %14.3f %15.2fx %7.2f" % (k, t_ser * 1e3, t_py * 1e3, t_nat * 1e3, t_ser / t_nat,
+                                                             cores))
 
     # A tether-built kernel of model-launch size (tens of us): 16 chunked tasks of y = 2x + 1.
     xa = np.random.default_rng(0).random(65536, dtype=np.float32)
