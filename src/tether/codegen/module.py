@@ -306,7 +306,7 @@ def _arg_checker(module: ir.Module) -> ir.Function:
 # argument error, in the order the ABI documents (count, then per argument: type code, handle, ndim, dtype, each
 # extent, strides, data). table (i64): num_args, then per argument ndim, dtype word, numel != 0, extents...
 ARG_CHECKER_IR = r"""
-define internal i32 @"tether.check_args"(ptr %args, ptr %codes, i32 %num, ptr %table, ptr %out) nounwind {
+define internal i32 @"tether.check_args"(ptr %args, ptr %codes, i32 %num, ptr %table, ptr %out) nounwind noinline {
 entry:
   %n64 = load i64, ptr %table, align 8
   %n = trunc i64 %n64 to i32
