@@ -205,3 +205,28 @@ def test_executor_reads_version_1_and_checks_offsets(tmp_path):
     e["offset"] = bad["storages"][e["storage"]]
     with pytest.raises(ValueError, match="needs bytes %d\\.\\." % e["offset"]):
         GraphExecutor(bad, module)
+
+
+@pytest.mark.emulated
+def test_emulated_arm_writes_unaligned_slices(emulated_target_device, tmp_path):
+    """The same views on emulated aarch64 / armv7 (NEON kernels writing and reading slices that start at
+    4-byte but not 16-byte boundaries), through a real device server."""
+    from tether import rpc
+    from tether.rpc.graph_client import RemoteGraphExecutor
+
+    host, port = emulated_target_device.address
+    with rpc.connect(host, port, timeout=120) as sess:
+        for k, (model, shape) in enumerate([(densenet_like(), (1, 3, 7, 7)), (inception_like(), (1, 3, 5, 5))]):
+            folder = tmp_path / ("m%d" % k)
+            graph, params = from_onnx(model)
+            tether.build_graph(graph, params, target=emulated_target_device.preset).export(str(folder))
+            doc = json.loads((folder / "deploy.json").read_text())
+            assert _concat_nodes(doc) == [] and any(e.get("offset", 0) % 16 for e in doc["entries"])
+            x = RNG.standard_normal(shape).astype(np.float32)
+            ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+                None, {"x": x})
+            with RemoteGraphExecutor(sess, str(folder), prefix="m%d_" % k) as gm:
+                gm.run(x=x)
+                for i, want in enumerate(ref):
+                    np.testing.assert_allclose(gm.get_output(i), want, rtol=1e-4, atol=1e-5,
+                                               err_msg="%s output %d" % (emulated_target_device.preset, i))

@@ -248,3 +248,24 @@ def test_memory_plan_keeps_view_storage_until_the_last_view_is_read():
     for v, s in plan.storage_of.items():
         if s == sid and v in order:
             assert v in ("s0", "n0", "n1", "n2", "c0", "c1", "c2") or order[v] > last or order[v] < first, v
+
+
+def test_concat_view_of_a_graph_output_pins_the_whole_tree():
+    """An input of a view concat that is itself a graph output lives in the concat's storage, which no later
+    value may reuse (a sigmoid of the same size runs after the concat's last reader)."""
+    g, p = _two_concat_graph(("a", "b"), None)
+    g.outputs = ["a"]                 # only the slice, not the concat, leaves the graph
+    # z and u have two readers each (nothing fuses); u is allocated after y1's last read
+    g.nodes += [Node("relu", "after", ["y1"], ["z"]), Node("sigmoid", "later", ["z"], ["u"]),
+                Node("tanh", "t", ["u"], ["w1"]), Node("relu", "r", ["u"], ["w2"]), Node("add", "s", ["z", "u"], ["w3"])]
+    for v in ("z", "u", "w1", "w2", "w3"):
+        g.types[v] = g.types["y1"]
+    g.outputs += ["w1", "w2", "w3"]
+    g2, p2 = optimize(g, p, opt_level=3)
+    assert next(n for n in g2.nodes if n.op == "concat").attrs.get("view")
+    plan = plan_memory(g2, p2)
+    assert plan.storage_of["a"] == plan.storage_of["b"] == plan.storage_of["y1"] and plan.offset_of["b"] == 36 * 4
+    assert plan.storage_of["u"] != plan.storage_of["y1"] and "b@144" in str(plan)
+    x = RNG.standard_normal(g.types["x"].shape).astype(np.float32)
+    for got, want in zip(_run_planned(g2, p2, plan, x), reference.run(g, p, {"x": x})):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
