@@ -18,6 +18,7 @@ import pytest
 from kernels import build_kernel, build_kernel_for
 from tether_rpc import module, parallel
 from tether_rpc.errors import KernelError
+from fixtures.children import wait_forked_child
 
 T = 64      # tasks per launch in par.c
 N = 65536   # elements of the heavy kernel
@@ -195,16 +196,7 @@ def test_pool_works_in_a_forked_child(par_mod, two_threads, monkeypatch):
             code = 0 if ok else 2
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.01)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("forked child hung in the parallel launcher")
+    status = wait_forked_child(pid, 30, "in the parallel launcher")
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 

@@ -24,6 +24,7 @@ from tether.codegen import threadpool
 from tether.target import PRESET_NAMES
 from tether_rpc import elf, module, parallel
 from tether_rpc.errors import KernelError
+from fixtures.children import wait_forked_child
 
 T = 64            # tasks per launch of par.c's kernels
 N_ELEM = 1 << 20  # elements of the elementwise kernel
@@ -304,16 +305,7 @@ def test_pool_works_in_a_forked_child(built, native):
             code = 0 if ok else 2
         finally:
             os._exit(code)
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.01)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("forked child hung in the native pool")
+    status = wait_forked_child(pid, WAIT_S, "in the native pool")
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     counts, _ = _mark(built["par"], 1)  # and the parent's pool is untouched
     assert (counts == 1).all()

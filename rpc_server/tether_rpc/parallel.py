@@ -43,18 +43,19 @@ _JOIN_TIMEOUT_S = 5.0
 _clock = time.perf_counter
 
 
-def _env_min_work_us() -> float:
-    env = os.environ.get("TETHER_PARALLEL_MIN_WORK_US", "").strip()
+def _env_number(name: str, cast, default, what: str):
+    """A non-negative number from the environment variable ``name``, or ``default`` if unset or unreadable."""
+    env = os.environ.get(name, "").strip()
     if env:
         try:
-            return max(0.0, float(env))
+            return max(cast(0), cast(env))
         except ValueError:
-            logger.warning("ignoring TETHER_PARALLEL_MIN_WORK_US=%r: expected a number of microseconds", env)
-    return 50.0
+            logger.warning("ignoring %s=%r: expected %s", name, env, what)
+    return default
 
 
 # Below this much measured work a launch runs in the caller (docs/parallel.md: about twice the wake-up cost).
-_min_parallel_work_s = _env_min_work_us() / 1e6
+_min_parallel_work_s = _env_number("TETHER_PARALLEL_MIN_WORK_US", float, 50.0, "a number of microseconds") / 1e6
 # Above it, serial and pool launches of a task are both timed and the faster one is used; every
 # _EXPLORE_EVERY-th launch tries the other one again, because the answer changes with the load on the cores.
 _EXPLORE_EVERY = 32
@@ -482,16 +483,6 @@ def _env_flag(name: str, default: bool) -> bool:
     return default
 
 
-def _env_spin() -> Optional[int]:
-    env = os.environ.get("TETHER_POOL_SPIN", "").strip()
-    if env:
-        try:
-            return max(0, int(env))
-        except ValueError:
-            logger.warning("ignoring TETHER_POOL_SPIN=%r: expected a number of spin iterations", env)
-    return None
-
-
 class NativePool:
     """The native pool of the provider module: worker threads parked inside ``tether_pool_worker``.
 
@@ -566,7 +557,7 @@ class NativePool:
 _native: Optional[NativePool] = None
 _native_enabled = _env_flag("TETHER_NATIVE_POOL", True)
 _native_lock = threading.Lock()
-_pool_spin: Optional[int] = _env_spin()   # None: the module's default (codegen/threadpool.py DEFAULT_SPIN)
+_pool_spin: Optional[int] = _env_number("TETHER_POOL_SPIN", int, None, "a number of spin iterations")  # None: the module's default (codegen/threadpool.py DEFAULT_SPIN)
 
 
 def _adopt_provider(lib: ctypes.CDLL) -> None:

@@ -671,15 +671,7 @@ class FrameReader:
                 view = buf._view
             else:  # missing() has checked the frame against the limit, so growing to fit it whole is safe
                 view = buf.free_space(buf.missing())
-            try:
-                n = sock.recv_into(view)
-            except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
-                raise TetherTimeout("timed out waiting for data from the peer") from None
-            except (ConnectionResetError, BrokenPipeError) as exc:
-                raise ConnectionClosed("connection lost: %s" % exc) from None
-            if n == 0:
-                raise ConnectionClosed("the peer closed the connection")
-            buf._end += n
+            buf._end += _recv_some(sock, view)
 
     def read_into(self, dest: memoryview) -> None:
         """Fill ``dest`` exactly with bulk bytes: buffered leftovers first, then ``recv_into`` in place."""

@@ -46,6 +46,7 @@ class Family:
     # scalarized the unaligned vector accumulators)
     direct_matmul: bool = False
     parallel_min: int = 1 << 14  # below this many output elements a parallel launch costs more than it saves
+    conv_pixels: int = 0  # output pixels per conv2d_pixels block (0: mm_rows)
 
 
 def family_of(target: Target) -> Family:
@@ -54,8 +55,10 @@ def family_of(target: Target) -> Family:
     if arch == "x86_64":
         # 16 ymm (AVX2): 6 x 16 -> 12 accumulators + 2 B vectors + 1 broadcast; 16 zmm would allow more but
         # the same blocking is near the load/FMA balance point.
+        # conv2d_pixels: 4 pixels x 16 channels (8 accumulators); 6 x 16 measured 1.2-1.5x slower on vgg/resnet
+        # layers (its six broadcast addresses plus twelve accumulators strain the 16 ymm / 16 GPR files)
         return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, acc_regs=12 if lanes < 16 else 24,
-                      max_col_vectors=2, direct_matmul=lanes >= 8)
+                      max_col_vectors=2, direct_matmul=lanes >= 8, conv_pixels=4)
     if arch == "aarch64":
         # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
         return Family("aarch64", lanes, mm_rows=6, acc_regs=24, max_col_vectors=4)
@@ -379,6 +382,10 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
     sb.vectorize(bx)
 
 
+# Weights up to this size stay in cache (L2) while pixel blocks stream past them.
+CONV_WEIGHTS_IN_CACHE = 256 << 10
+
+
 def _schedule_conv_pixels(s, t, fam: Family, ctx):
     """Implicit-GEMM convolution (ops.conv2d_pixels): the matmul micro-kernel's MR x NR block, MR output pixels by
     one NR-wide panel of output channels, accumulated over the whole reduction and written back transposed to
@@ -389,13 +396,25 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     o, p = list(out.op.axis)[-2:]
     nr = int(t.op.input_tensors[-1].shape[-1]) if c.tag_of(t.op.input_tensors[-1].op) == c.MATMUL_PACK else 16
     oo, oi = so.split(o, factor=nr)
-    po, pi = so.split(p, factor=fam.mm_rows)
-    so.reorder(po, oo, oi, pi)
+    rows = fam.conv_pixels or fam.mm_rows
+    po, pi = so.split(p, factor=rows)
+    # Which operand streams from memory: with pixel blocks outermost the whole weight tensor is read once per
+    # block, with channel panels outermost the whole input once per panel. Deep layers (512 channels, 3x3: 9 MB of
+    # weights, few pixels) must keep a panel in cache across the pixel blocks; shallow ones the input patch.
+    n_blocks = -(-int(t.shape[0]) // rows)
+    n_panels = -(-int(t.shape[1]) // nr)
+    w_bytes = int(t.shape[1]) * _reduce_size(t) * 4
+    x_bytes = sum(_numel(src) * 4 for src in t.op.input_tensors if c.tag_of(src.op) != c.MATMUL_PACK)
+    panels_outer = w_bytes > CONV_WEIGHTS_IN_CACHE and n_panels * x_bytes < n_blocks * w_bytes
+    outer, inner = (oo, po) if panels_outer else (po, oo)
+    so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
     so.unroll(pi)
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
-        so.parallel(po)
-    s[block].compute_at(so, oo)
+        if panels_outer and n_panels < 2 * PARALLEL_TASKS:   # too few panels to balance the threads on
+            inner = outer = so.fuse(outer, inner)
+        so.parallel(outer)
+    s[block].compute_at(so, inner)
     sb = s[block]
     bp, bo = block.op.axis
     sb.reorder(*block.op.reduce_axis, bp, bo)
