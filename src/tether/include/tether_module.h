@@ -1,7 +1,8 @@
 /* tether_module.h: the packed-function ABI (version 1) of modules built by tether.
  *
  * A tether module is a self-contained shared object (or object file / static archive) that exports one packed
- * function per kernel, tether_set_parallel_launcher and __tether_metadata. See docs/abi.md.
+ * function per kernel, tether_set_parallel_launcher, the tether_pool_* functions and __tether_metadata.
+ * See docs/abi.md.
  *
  * Calling a kernel from C:
  *
@@ -76,6 +77,15 @@ typedef int32_t (*TetherTask)(int32_t task_id, int32_t num_tasks, void* closure)
 typedef int32_t (*TetherParallelLauncher)(TetherTask task, void* closure, int32_t num_tasks);
 /* Without a launcher the module runs parallel loops serially in the calling thread. */
 void tether_set_parallel_launcher(TetherParallelLauncher launcher);
+
+/* The native pool every tether module carries (docs/abi.md "The native pool"): install tether_pool_launch as the
+ * launcher, and call tether_pool_worker from each worker thread you own; no libc is used. */
+int32_t tether_pool_launch(TetherTask task, void* closure, int32_t num_tasks);
+void tether_pool_worker(void);            /* serve launches until tether_pool_shutdown() */
+void tether_pool_shutdown(void);          /* every thread inside tether_pool_worker returns after its task */
+void tether_pool_reset(void);             /* only while no thread is inside (e.g. in a fork child) */
+void tether_pool_set_spin(int32_t n);     /* idle spin iterations before sleeping; 0 = sleep at once */
+int32_t tether_pool_num_workers(void);    /* threads currently inside tether_pool_worker */
 
 /* NUL-terminated JSON: functions, argument shapes and dtypes, target, versions. */
 extern const char __tether_metadata[];
