@@ -404,7 +404,7 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     n_blocks = -(-int(t.shape[0]) // rows)
     n_panels = -(-int(t.shape[1]) // nr)
     w_bytes = int(t.shape[1]) * _reduce_size(t) * 4
-    x_bytes = sum(_numel(src) * 4 for src in t.op.input_tensors if c.tag_of(src.op) != c.MATMUL_PACK)
+    x_bytes = _numel(t.op.input_tensors[0]) * 4      # the (padded) input; [-1] is the weight panels
     panels_outer = w_bytes > CONV_WEIGHTS_IN_CACHE and n_panels * x_bytes < n_blocks * w_bytes
     outer, inner = (oo, po) if panels_outer else (po, oo)
     so.reorder(outer, inner, oi, pi)
