@@ -137,7 +137,8 @@ def summarize_params(params: Dict[str, np.ndarray]) -> str:
 
 
 def unique_name(base: str, taken: Iterable[str]) -> str:
-    taken = set(taken)
+    if not isinstance(taken, (set, frozenset, dict)):   # (membership tests only: no copy of a big set per call)
+        taken = set(taken)
     if base not in taken:
         return base
     i = 1

@@ -33,15 +33,18 @@ class _Rewriter:
     def __init__(self, graph: Graph, params: Dict[str, np.ndarray]):
         self.g = graph
         self.params = params
+        self.taken = set(params) | set(graph.types)
 
     def new_param(self, value: np.ndarray, hint: str) -> str:
-        name = unique_name(hint, set(self.params) | set(self.g.types))
+        name = unique_name(hint, self.taken)
+        self.taken.add(name)
         self.params[name] = np.asarray(value, order="C")
         self.g.types[name] = TensorType(value.shape, value.dtype)
         return name
 
     def new_value(self, like: str, hint: str) -> str:
-        name = unique_name(hint, set(self.params) | set(self.g.types))
+        name = unique_name(hint, self.taken)
+        self.taken.add(name)
         self.g.types[name] = self.g.types[like]
         return name
 
@@ -73,49 +76,72 @@ class _Rewriter:
                 n.inputs = [n.inputs[1], n.inputs[0]]
 
     def try_once(self) -> bool:
+        """One scan over the graph applying every rewrite whose values no earlier rewrite of this scan touched (the
+        producer/consumer maps stay exact for those); True if anything changed. Rewriting one pair per scan made
+        the pass quadratic: 1.3 s on densenet121."""
         producers = self.g.producers()
         consumers = self.g.consumers()
         outputs = set(self.g.outputs)
+        dirty: set = set()
+        removed: set = set()
+        changed = False
 
         def single_use(v: str) -> bool:
             return len(consumers.get(v, [])) == 1 and v not in outputs
 
-        for n in self.g.nodes:
-            if n.op not in ("mul", "add") or n.inputs[1] not in self.params:
+        def touch(*nodes: Node) -> None:
+            for x in nodes:
+                dirty.update(x.inputs)
+                dirty.update(x.outputs)
+
+        for n in list(self.g.nodes):
+            if id(n) in removed or n.op not in ("mul", "add") or n.inputs[1] not in self.params:
                 continue
             v, c_name = n.inputs
+            if v in dirty or any(o in dirty for o in n.outputs):
+                continue
             vt = self.g.types[v]
             if vt.shape != self.g.types[n.outputs[0]].shape or len(vt.shape) < 2:
                 continue
-            vec = _per_channel(self.params[c_name], len(vt.shape), vt.shape[1])
             p = producers.get(v)
-            if vec is None or p is None or not single_use(v):
+            if p is None or id(p) in removed or any(x in dirty for x in p.inputs + p.outputs) or not single_use(v):
+                continue
+            vec = _per_channel(self.params[c_name], len(vt.shape), vt.shape[1])
+            if vec is None:
                 continue
             if n.op == "mul" and p.op == "add" and p.inputs[1] in self.params:
                 bvec = _per_channel(self.params[p.inputs[1]], len(vt.shape), vt.shape[1])
                 if bvec is None:
                     continue
                 # (u + b) * s  ->  u * s + b * s
+                touch(n, p)
                 u = p.inputs[0]
                 new_b = self.new_param((bvec * vec).reshape(self.vec_shape(v)), p.name + "_bias")
                 p.op, p.inputs, p.outputs = "mul", [u, c_name], [v]
                 n.op, n.inputs = "add", [v, new_b]
-                return True
-            if n.op == "mul" and p.op == "conv2d" and len(p.inputs) == 2 and p.inputs[1] in self.params:
+                touch(n, p)
+                changed = True
+            elif n.op == "mul" and p.op == "conv2d" and len(p.inputs) == 2 and p.inputs[1] in self.params:
+                touch(n, p)
                 w = self.params[p.inputs[1]]
                 p.inputs = [p.inputs[0], self.new_param((w * vec.reshape(-1, 1, 1, 1)).astype(w.dtype),
                                                         p.name + "_weight")]
                 p.outputs = list(n.outputs)
-                self.g.nodes.remove(n)
-                return True
-            if n.op == "add" and p.op == "add" and p.inputs[1] in self.params:
+                removed.add(id(n))
+                touch(p)
+                changed = True
+            elif n.op == "add" and p.op == "add" and p.inputs[1] in self.params:
                 bvec = _per_channel(self.params[p.inputs[1]], len(vt.shape), vt.shape[1])
                 if bvec is None:
                     continue
+                touch(n, p)
                 n.inputs = [p.inputs[0], self.new_param((bvec + vec).reshape(self.vec_shape(v)), n.name + "_bias")]
-                self.g.nodes.remove(p)
-                return True
-        return False
+                removed.add(id(p))
+                touch(n)
+                changed = True
+        if removed:
+            self.g.nodes = [x for x in self.g.nodes if id(x) not in removed]
+        return changed
 
 
 def fold_batchnorm(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
