@@ -157,3 +157,47 @@ def test_convs_as_gemm_match_onnxruntime(tmp_path, opt_level):
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x, "r": r})[0]
     np.testing.assert_allclose(gm.get_output(0), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_pre_activation_batchnorm_relu_joins_the_next_conv(tmp_path):
+    """densenet's BN -> ReLU -> conv: at opt_level 3 the elementwise chain becomes the conv kernel's prologue (one
+    kernel instead of two), for a 3x3 conv (conv2d_pixels) and a wide 1x1 conv (matmul); outputs still match
+    onnxruntime. A chain whose result is also read by another node stays its own kernel."""
+    rng = np.random.default_rng(5)
+    inits = []
+
+    def w(name, *shape, positive=False):
+        a = rng.standard_normal(shape).astype(np.float32)
+        inits.append(numpy_helper.from_array(np.abs(a) + 0.5 if positive else a, name))
+        return name
+
+    def bn(x, c, tag):
+        return helper.make_node("BatchNormalization", [x, w("s" + tag, c), w("b" + tag, c), w("m" + tag, c),
+                                                       w("v" + tag, c, positive=True)], ["bn" + tag])
+    nodes = [
+        bn("x", 24, "x"), helper.make_node("Relu", ["bnx"], ["rx"]),
+        helper.make_node("Conv", ["rx", w("w3", 16, 24, 3, 3), w("c3", 16)], ["y3"], pads=[1, 1, 1, 1]),
+        bn("z", 32, "z"), helper.make_node("Relu", ["bnz"], ["rz"]),
+        helper.make_node("Conv", ["rz", w("w1", 96, 32, 1, 1)], ["y1"]),
+        bn("u", 8, "u"), helper.make_node("Relu", ["bnu"], ["ru"]),
+        helper.make_node("Conv", ["ru", w("wu", 16, 8, 1, 1)], ["yu"]),
+        helper.make_node("Add", ["ru", "ru"], ["yv"]),
+    ]
+    shape = {"x": [1, 24, 9, 11], "z": [1, 32, 9, 11], "u": [1, 8, 9, 11]}
+    g = helper.make_graph(nodes, "preact", [helper.make_tensor_value_info(k, TensorProto.FLOAT, v)
+                                            for k, v in shape.items()],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y3", "y1", "yu", "yv")],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, opt_level=3).export(str(tmp_path))
+    doc = json.loads((tmp_path / "deploy.json").read_text())
+    labels = sorted(n["ops"] for n in doc["nodes"])
+    assert labels == sorted(["mul+add+relu+conv2d+add", "mul+add+relu+conv2d", "mul+add+relu", "conv2d", "add"]), \
+        labels
+    feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in shape.items()}
+    gm = graph_executor.load(str(tmp_path))
+    gm.run(**feeds)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for k in range(4):
+        np.testing.assert_allclose(gm.get_output(k), ref[k], rtol=1e-4, atol=1e-4)

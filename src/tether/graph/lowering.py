@@ -298,9 +298,10 @@ POINTWISE_PIXELS_MAX_CHANNELS = 64
 def _gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optional[dict] = None):
     """Kernel-argument shapes for running a conv2d(+elementwise epilogue) body as a GEMM, or None.
     ``panel_weights`` maps weights already packed into panels (pack_conv_weights) to their conv shapes."""
-    conv = body[0]
-    if conv.op != "conv2d" or len(conv.inputs) != 2:
+    ci = _conv_index(body)
+    if ci is None:
         return None
+    conv = body[ci]
     panel_weights = panel_weights or {}
     wname = conv.inputs[1]
     ws = panel_weights.get(wname) or types[wname].shape
@@ -317,6 +318,9 @@ def _gemm_plan(body: List, params: List[str], types: dict, panel_weights: Option
     grouped_pixels = g != 1 and not pointwise and (oc // g) % ops.linear.PANEL == 0
     if n != 1 or conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise and not grouped_pixels):
         return None
+    data = conv.inputs[0] if ci == 0 else _prologue_input(body[:ci], conv.inputs[0], params, types)
+    if data is None:
+        return None
     if grouped_pixels:
         shapes = {conv.inputs[0]: (ic, h, w),
                   wname: types[wname].shape if wname in panel_weights else (oc, ic // g * kh * kw)}
@@ -328,7 +332,16 @@ def _gemm_plan(body: List, params: List[str], types: dict, panel_weights: Option
     else:
         shapes = {conv.inputs[0]: (g, ic // g, h * w), conv.inputs[1]: (g, oc // g, ic // g)}
         lead, rows = (g,), oc // g
-    for node in body[1:]:
+    # a prologue (elementwise ops on the conv's input: a pre-activation batch norm + relu) runs on the input's view,
+    # its per-channel operands as (channels, 1[, 1])
+    view = shapes.pop(conv.inputs[0])
+    shapes[data] = view
+    for node in body[:ci]:
+        for v in node.inputs:
+            if v != data and v in params and v not in shapes:
+                per_channel = int(np.prod(types[v].shape, dtype=np.int64)) == ic
+                shapes[v] = (ic if per_channel else 1,) + (1,) * (len(view) - 1)
+    for node in body[ci + 1:]:
         if ops_pattern(node.op) != "elemwise":
             return None
         for v in node.inputs:
@@ -343,10 +356,48 @@ def _gemm_plan(body: List, params: List[str], types: dict, panel_weights: Option
                 shapes[v] = (1, 1, t[2] * t[3])
             else:
                 shapes[v] = (g, oc // g, t[2] * t[3])
-    if any(p in (conv.inputs[0], conv.inputs[1]) for node in body[1:] for p in node.inputs):
+    if any(p in (conv.inputs[0], conv.inputs[1], data) for node in body[ci + 1:] for p in node.inputs):
         return None
     shapes["__out__"] = lead + (rows, oh * ow)
+    shapes["__data__"] = data
     return shapes
+
+
+def _conv_index(body: List) -> Optional[int]:
+    """Where the body's conv2d is: first, or after an elementwise prologue (fuse_prologues), else None."""
+    for k, node in enumerate(body):
+        if node.op == "conv2d":
+            return k if len(node.inputs) == 2 else None
+        if ops_pattern(node.op) != "elemwise":
+            return None
+    return None
+
+
+def _prologue_input(prologue: List, conv_input: str, params: List[str], types: dict) -> Optional[str]:
+    """The one full-size kernel argument an elementwise prologue maps to the conv's input, when every other
+    operand is per channel ((1, C, 1, 1) or a scalar), else None."""
+    full = tuple(types[conv_input].shape)
+    internal = {o for node in prologue for o in node.outputs}
+    if prologue[-1].outputs != [conv_input]:
+        return None
+    data = None
+    for node in prologue:
+        if tuple(types[node.outputs[0]].shape) != full:
+            return None
+        for v in node.inputs:
+            if v in internal:
+                continue
+            if v not in params:
+                return None
+            shape = tuple(types[v].shape)
+            if shape == full:
+                if data not in (None, v):
+                    return None
+                data = v
+            elif not (len(shape) <= 4 and all(d == 1 for i, d in enumerate((1,) * (4 - len(shape)) + shape)
+                                                  if i != 1) and (shape[-3:-2] or (1,))[0] in (1, full[1])):
+                return None
+    return data
 
 
 def ops_pattern(op: str) -> str:
@@ -377,14 +428,15 @@ def pack_conv_weights(graph, params: Dict[str, np.ndarray], body_of) -> Dict[str
     packed: Dict[str, tuple] = {}
     for node in graph.nodes:
         body, bparams = body_of(node)
-        conv = body[0]
-        if conv.op != "conv2d" or len(conv.inputs) != 2:
+        ci = _conv_index(body)
+        if ci is None:
             continue
+        conv = body[ci]
         wname = conv.inputs[1]
         if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
             continue
         plan = _gemm_plan(body, bparams, graph.types)
-        if plan is None or len(plan[wname]) != 2 or len(plan[conv.inputs[0]]) != 3:
+        if plan is None or len(plan[wname]) != 2 or len(plan[plan["__data__"]]) != 3:
             continue      # not run as conv2d_pixels (pointwise, grouped or batched)
         w = np.asarray(params[wname])
         params[wname] = ops.linear.pack_panels_array(w.reshape(w.shape[0], -1))
@@ -407,15 +459,14 @@ def lower_body(body: List, params: List[str], types: dict, conv_gemm: bool = Tru
         ph = te.placeholder(shape, t.dtype, name="in%d" % k)
         env[name] = ph
         placeholders.append(ph)
-    start = 0
-    if plan is not None:
-        conv = body[0]
-        wname = conv.inputs[1]
-        packed_shape = (panel_weights or {}).get(wname)
-        env[conv.outputs[0]] = _conv_as_gemm(conv, env[conv.inputs[0]], env[wname],
-                                             packed_shape or types[wname].shape, packed_shape is not None)
-        start = 1
-    for node in body[start:]:
+    planned = body[_conv_index(body)] if plan is not None else None
+    for node in body:
+        if node is planned:
+            wname = node.inputs[1]
+            packed_shape = (panel_weights or {}).get(wname)
+            env[node.outputs[0]] = _conv_as_gemm(node, env[node.inputs[0]], env[wname],
+                                                 packed_shape or types[wname].shape, packed_shape is not None)
+            continue
         if node.op == "reshape":
             env[node.outputs[0]] = ops.reshape(env[node.inputs[0]], kernel_shape(node.attrs["shape"]))
             continue

@@ -12,7 +12,7 @@ from tether.graph.passes.concat_views import concat_views, is_concat_view, view_
 from tether.graph.passes.constant_fold import constant_fold
 from tether.graph.passes.dce import dce
 from tether.graph.passes.fold_batchnorm import fold_batchnorm
-from tether.graph.passes.fuse import fuse
+from tether.graph.passes.fuse import fuse, fuse_prologues
 from tether.graph.passes.memory_plan import MemoryPlan, plan_memory
 
 log = logging.getLogger(__name__)
@@ -20,12 +20,14 @@ log = logging.getLogger(__name__)
 Pass = Callable[[Graph, Dict[str, np.ndarray]], Tuple[Graph, Dict[str, np.ndarray]]]
 
 # opt_level -> passes, in order. Level 0 still folds constants: kernels never take compile-time constants
-# computed at run time. concat_views runs last: it splits fused groups headed by a concat it makes free.
+# computed at run time. concat_views splits fused groups headed by a concat it makes free; fuse_prologues (level 3
+# only, where batch-1 convs run as GEMMs that read their input once) then moves elementwise chains into the conv
+# that reads them.
 PIPELINES: Dict[int, List[Pass]] = {
     0: [constant_fold, dce],
     1: [constant_fold, dce, fold_batchnorm, constant_fold, dce, concat_views],
     2: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse, concat_views],
-    3: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse, concat_views],
+    3: [constant_fold, dce, fold_batchnorm, constant_fold, dce, fuse, concat_views, fuse_prologues],
 }
 
 
@@ -37,4 +39,4 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) ->
 
 
 __all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
-           "plan_memory", "MemoryPlan", "optimize", "PIPELINES"]
+           "fuse_prologues", "plan_memory", "MemoryPlan", "optimize", "PIPELINES"]
