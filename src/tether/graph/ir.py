@@ -136,6 +136,24 @@ def summarize_params(params: Dict[str, np.ndarray]) -> str:
     return "%d params, %.1f KiB" % (len(params), total / 1024.0)
 
 
+def body_inputs(body: List[Node]) -> List[str]:
+    """The values a fused body reads from outside it, in order of first use (its ``params``)."""
+    internal = {o for b in body for o in b.outputs}
+    ext: List[str] = []
+    for b in body:
+        for i in b.inputs:
+            if i not in internal and i not in ext:
+                ext.append(i)
+    return ext
+
+
+def fused_node(name: str, body: List[Node]) -> Node:
+    """One ``fused`` node running ``body`` (its last member's outputs are the results)."""
+    ext = body_inputs(body)
+    results = list(body[-1].outputs)
+    return Node("fused", name, ext, results, {"body": list(body), "params": list(ext), "results": list(results)})
+
+
 def unique_name(base: str, taken: Iterable[str]) -> str:
     if not isinstance(taken, (set, frozenset, dict)):   # (membership tests only: no copy of a big set per call)
         taken = set(taken)

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from tether.graph import ops
-from tether.graph.ir import Graph, Node
+from tether.graph.ir import Graph, Node, body_inputs
 
 VIEW_ATTR = "view"
 
@@ -75,12 +75,7 @@ def _split_fused(node: Node) -> List[Node]:
     concat, rest = body[0], body[1:]
     outer = dict(zip(node.attrs["params"], node.inputs))
     head = Node("concat", concat.name, [outer[i] for i in concat.inputs], list(concat.outputs), dict(concat.attrs))
-    internal = {o for b in rest for o in b.outputs}
-    ext: List[str] = []
-    for b in rest:
-        for i in b.inputs:
-            if i not in internal and i not in ext:
-                ext.append(i)
+    ext = body_inputs(rest)
     # the rest reads the concat's output under its body name, which is now a graph value of that name
     outer[concat.outputs[0]] = concat.outputs[0]
     if len(rest) == 1:

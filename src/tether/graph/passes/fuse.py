@@ -14,7 +14,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from tether.graph import ops
-from tether.graph.ir import Graph, Node
+from tether.graph.ir import Graph, Node, fused_node
 
 _ANCHORS = ("complex", "elemwise", "injective")
 
@@ -58,15 +58,7 @@ def fuse(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, 
             new_nodes.append(node)
             continue
         body = [graph.nodes[m] for m in ms]
-        internal = {o for b in body for o in b.outputs}
-        ext: List[str] = []
-        for b in body:
-            for i in b.inputs:
-                if i not in internal and i not in ext:
-                    ext.append(i)
-        anchor = body[0]
-        new_nodes.append(Node("fused", anchor.name, ext, list(body[-1].outputs),
-                              {"body": body, "params": list(ext), "results": list(body[-1].outputs)}))
+        new_nodes.append(fused_node(body[0].name, body))
     graph.nodes = new_nodes
     return graph, params
 
@@ -110,14 +102,6 @@ def fuse_prologues(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         if k not in prologue_of:
             new_nodes.append(node)
             continue
-        body = _body(prologue_of[k]) + _body(node)
-        internal = {o for b in body for o in b.outputs}
-        ext: List[str] = []
-        for b in body:
-            for i in b.inputs:
-                if i not in internal and i not in ext:
-                    ext.append(i)
-        new_nodes.append(Node("fused", node.name, ext, list(node.outputs),
-                              {"body": body, "params": list(ext), "results": list(node.outputs)}))
+        new_nodes.append(fused_node(node.name, _body(prologue_of[k]) + _body(node)))
     graph.nodes = new_nodes
     return graph, params
