@@ -8,7 +8,7 @@ import pytest
 
 import tether
 from tether import te, tir
-from tether.te.expr import Binary, Const
+from tether.tir import Binary, Const
 from tether.tir.simplify import const_bound, simplify
 
 
@@ -177,7 +177,7 @@ def test_simplifier_rules():
 def test_tether_lower_is_the_lowering_entry_point():
     a, b, c = vadd(16)
     s = te.create_schedule(c.op)
-    mod = importlib.import_module("tether.lowering")
+    mod = importlib.import_module("tether.te.lower")
     assert str(mod.lower(s, [a, b, c], "f")) == str(tether.lower(s, [a, b, c], "f"))
 
 

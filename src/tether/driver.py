@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 def lower(sch: Any, args: Sequence[Any], name: str = "default") -> Any:
     """Lower a schedule to a ``tether.tir.PrimFunc`` (``print()`` it to read the loop IR)."""
-    from tether.lowering import lower as _lower
+    from tether.te.lower import lower as _lower
 
     return _lower(sch, list(args), name)
 

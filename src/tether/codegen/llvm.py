@@ -17,10 +17,9 @@ from typing import Callable, Dict, List, Optional
 from llvmlite import ir
 
 from tether.errors import CompileError
-from tether.te.expr import (Binary, Call, Cast, Compare, Const, Expr, Not, Select, Var, is_bool, is_float)
-from tether.te.tensor import children as _children, walk
-from tether.tir.nodes import (Allocate, Buffer, For, IfThenElse, Load, PrimFunc, SeqStmt, Stmt, Store,
-                              walk_stmts)
+from tether.tir import (Allocate, Binary, Buffer, Call, Cast, Compare, Const, Expr, For, IfThenElse, Load, Not,
+                        PrimFunc, Select, SeqStmt, Stmt, Store, Var, children as _children, is_bool, is_float,
+                        substitute, walk, walk_stmts)
 from tether.tir.simplify import Simplifier
 
 log = logging.getLogger(__name__)
@@ -573,7 +572,6 @@ class _FunctionEmitter:
                 idx = e.index
                 clamped = {v: Binary("min", v, last, "int32") for v, last in self.clamps.items() if _uses(idx, v)}
                 if clamped:   # v == min(v, last): exposes the tail clamp to the bound
-                    from tether.te.tensor import substitute
                     idx = substitute(idx, clamped)
                 b = Simplifier(self.ranges).bound(idx)
                 here = b is None or b[0] < 0 or b[1] >= e.buffer.size

@@ -20,8 +20,7 @@ from typing import Callable, Dict, List, Sequence
 
 from tether import te
 from tether.target import Target
-from tether.te.expr import Binary, Reduce, TensorLoad
-from tether.te.tensor import walk
+from tether.tir import Binary, Reduce, TensorLoad, walk
 
 from . import common as c
 

@@ -1,10 +1,10 @@
 """Tensor expressions: describe what a kernel computes (placeholder/compute/reduce) and how (schedules)."""
-from tether.te.expr import (Expr, Var, IterVar, Const, const, convert, cast, if_then_else, all, any,  # noqa: F401
-                            logical_and, logical_or, logical_not, max_value, min_value, floordiv, floormod,
-                            exp, log, sqrt, rsqrt, tanh, sigmoid, erf, pow, power, floor, ceil, abs,
-                            sum, prod, max, min, reduce_axis)
-from tether.te.tensor import Tensor, Operation, PlaceholderOp, ComputeOp, placeholder, compute  # noqa: F401
+from tether.te.expr import IterVar, max, min, prod, reduce_axis, sum  # noqa: F401
 from tether.te.schedule import Schedule, Stage, create_schedule  # noqa: F401
+from tether.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor, compute, placeholder  # noqa: F401
+from tether.tir.expr import (Const, Expr, Var, all, any, cast, const, convert, floordiv, floormod,  # noqa: F401
+                             if_then_else, logical_and, logical_not, logical_or, max_value, min_value)
+from tether.tir.op import abs, ceil, erf, exp, floor, log, pow, power, rsqrt, sigmoid, sqrt, tanh  # noqa: F401
 
 
 def var(name: str = "v", dtype: str = "int32") -> Var:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from tether.errors import ScheduleError
-from tether.te.expr import Expr, IterVar, Reduce
-from tether.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor, substitute
+from tether.te.expr import IterVar
+from tether.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor
+from tether.tir.expr import Expr, Reduce
+from tether.tir.visit import substitute
 
 LOOP_KINDS = ("serial", "vectorized", "unrolled", "parallel")
-MAX_VECTOR_LANES = 64
 
 
 class Split:

@@ -5,8 +5,10 @@ import inspect
 from typing import Any, Callable, Sequence
 
 from tether.errors import CompileError
-from tether.te.expr import (Binary, Call, Cast, Compare, Const, Expr, IterVar, Not, Reduce, Select, TensorLoad,
-                            Var, check_dtype, convert)
+from tether.te.expr import IterVar
+from tether.tir.dtype import check_dtype, is_int
+from tether.tir.expr import Expr, Reduce, TensorLoad, convert
+from tether.tir.visit import walk
 
 
 class Tensor:
@@ -32,7 +34,7 @@ class Tensor:
         idx = []
         for x in indices:
             e = convert(x)
-            if e.dtype.startswith("float") or e.dtype == "bool":
+            if not is_int(e.dtype):
                 raise TypeError(f"index into {self.name!r} must be an integer expression, got {e.dtype}")
             idx.append(e if e.dtype == "int32" else e.astype("int32"))
         return TensorLoad(self, idx)
@@ -96,13 +98,18 @@ class ComputeOp(Operation):
 
 
 def placeholder(shape: Sequence[int] | int, dtype: str = "float32", name: str = "placeholder") -> Tensor:
+    return PlaceholderOp(_shape(shape, "placeholder", name), check_dtype(dtype), name).output(0)
+
+
+def _shape(shape: Sequence[int] | int, what: str, name: str) -> tuple:
+    """``shape`` as a tuple of positive ints (an int is a 1-d shape)."""
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(int(d) for d in shape)
     for d in shape:
         if d <= 0:
-            raise ValueError(f"placeholder {name!r}: every extent must be positive, got shape {shape}")
-    return PlaceholderOp(shape, check_dtype(dtype), name).output(0)
+            raise ValueError(f"{what} {name!r}: every extent must be positive, got shape {shape}")
+    return shape
 
 
 def _arg_names(fcompute: Callable, ndim: int) -> list[str]:
@@ -122,12 +129,7 @@ def _arg_names(fcompute: Callable, ndim: int) -> list[str]:
 def compute(shape: Sequence[int] | int, fcompute: Callable, name: str = "compute", tag: str = "",
             attrs: dict | None = None) -> Tensor:
     """``out[i, j, ...] = fcompute(i, j, ...)`` for every index of ``shape``."""
-    if isinstance(shape, int):
-        shape = (shape,)
-    shape = tuple(int(d) for d in shape)
-    for d in shape:
-        if d <= 0:
-            raise ValueError(f"compute {name!r}: every extent must be positive, got shape {shape}")
+    shape = _shape(shape, "compute", name)
     axis = [IterVar(n, d, "data") for n, d in zip(_arg_names(fcompute, len(shape)), shape)]
     body = fcompute(*axis)
     if isinstance(body, (list, tuple)):
@@ -145,86 +147,9 @@ def _check_reduce_placement(body: Expr, name: str) -> None:
                                "compute; compute the reduction in its own te.compute and use it from another")
 
 
-def children(e: Expr) -> list[Expr]:
-    if isinstance(e, (Binary, Compare)):
-        return [e.a, e.b]
-    if isinstance(e, Not):
-        return [e.a]
-    if isinstance(e, Select):
-        return [e.cond, e.t, e.f]
-    if isinstance(e, Cast):
-        return [e.value]
-    if isinstance(e, Call):
-        return list(e.args)
-    if isinstance(e, TensorLoad):
-        return list(e.indices)
-    if isinstance(e, Reduce):
-        return [e.source, e.identity]
-    load_children = getattr(e, "children", None)  # tir nodes (Load) define their own
-    return load_children() if callable(load_children) else []
-
-
-def walk(e: Expr):
-    """Pre-order traversal of an expression tree."""
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(reversed(children(node)))
-
-
 def collect_tensors(e: Expr) -> list[Tensor]:
     seen: dict[int, Tensor] = {}
     for node in walk(e):
         if isinstance(node, TensorLoad) and id(node.tensor) not in seen:
             seen[id(node.tensor)] = node.tensor
     return list(seen.values())
-
-
-def rebuild(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Post-order rewrite: ``fn(node)`` returns a replacement or None to keep (rebuilt) node."""
-    r = fn(e)
-    if r is not None:
-        return r
-    if isinstance(e, (Const, Var)):
-        return e
-    if isinstance(e, Binary):
-        a, b = rebuild(e.a, fn), rebuild(e.b, fn)
-        return e if a is e.a and b is e.b else Binary(e.op, a, b, e.dtype)
-    if isinstance(e, Compare):
-        a, b = rebuild(e.a, fn), rebuild(e.b, fn)
-        return e if a is e.a and b is e.b else Compare(e.op, a, b)
-    if isinstance(e, Not):
-        a = rebuild(e.a, fn)
-        return e if a is e.a else Not(a)
-    if isinstance(e, Select):
-        c, t, f = rebuild(e.cond, fn), rebuild(e.t, fn), rebuild(e.f, fn)
-        return e if c is e.cond and t is e.t and f is e.f else Select(c, t, f)
-    if isinstance(e, Cast):
-        v = rebuild(e.value, fn)
-        return e if v is e.value else Cast(e.dtype, v)
-    if isinstance(e, Call):
-        args = [rebuild(a, fn) for a in e.args]
-        return e if all_same(args, e.args) else Call(e.name, args, e.dtype)
-    if isinstance(e, TensorLoad):
-        idx = [rebuild(a, fn) for a in e.indices]
-        return e if all_same(idx, e.indices) else TensorLoad(e.tensor, idx)
-    if isinstance(e, Reduce):
-        src = rebuild(e.source, fn)
-        axis = [rebuild(a, fn) for a in e.axis]
-        return e if src is e.source and all_same(axis, e.axis) else Reduce(e.combiner, src, axis, e.identity)
-    rb = getattr(e, "rebuild", None)
-    if callable(rb):
-        return rb(lambda x: rebuild(x, fn))
-    raise TypeError(f"cannot rewrite expression node {type(e).__name__}")
-
-
-def all_same(xs: Sequence[Any], ys: Sequence[Any]) -> bool:
-    return len(xs) == len(ys) and not any(x is not y for x, y in zip(xs, ys))
-
-
-def substitute(e: Expr, mapping: dict) -> Expr:
-    """Replace Vars (by identity) with expressions."""
-    if not mapping:
-        return e
-    return rebuild(e, lambda n: mapping.get(n) if isinstance(n, Var) else None)

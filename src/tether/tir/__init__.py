@@ -1,3 +1,8 @@
-"""Loop IR produced by lowering and consumed by LLVM code generation."""
-from tether.tir.nodes import (Buffer, Load, Stmt, For, Store, Allocate, IfThenElse, SeqStmt, PrimFunc,  # noqa: F401
-                              seq, walk_stmts)
+"""The loop IR: scalar expressions (expr), buffers and statements (stmt) forming a PrimFunc, generic traversal
+(visit), arithmetic simplification (simplify) and passes (transform). te lowers to it; codegen reads it."""
+from tether.tir.buffer import Buffer  # noqa: F401
+from tether.tir.dtype import DTYPES, bits, check_dtype, is_bool, is_float, is_int, is_unsigned, rank  # noqa: F401
+from tether.tir.expr import (Binary, Call, Cast, Compare, Const, Expr, Load, Not, Reduce, Select,  # noqa: F401
+                             TensorLoad, Var)
+from tether.tir.stmt import Allocate, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, seq  # noqa: F401
+from tether.tir.visit import children, map_children, rebuild, replace, substitute, walk, walk_stmts  # noqa: F401

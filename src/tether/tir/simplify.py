@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import Dict, Optional, Tuple
 
-from tether.te.expr import Binary, Call, Cast, Compare, Const, Expr, Not, Select, Var, is_float, is_int
+from tether.tir.dtype import bits, is_float, is_int, is_unsigned
+from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
 
 Range = Tuple[int, int]          # inclusive [lo, hi]
-_INT_MAX = {"int8": 127, "int16": 32767, "int32": 2**31 - 1, "int64": 2**63 - 1, "uint8": 255}
 
 
 def simplify(e: Expr, ranges: Optional[Dict[Var, Range]] = None) -> Expr:
@@ -26,13 +26,13 @@ def const_bound(e: Expr, ranges: Optional[Dict[Var, Range]] = None) -> Optional[
 
 
 def _wrap_int(v: int, dtype: str) -> int:
-    if dtype.startswith("uint"):
-        return v & ((1 << int(dtype[4:])) - 1)
-    hi = _INT_MAX.get(dtype)
-    if hi is None:
+    """``v`` wrapped to integer type ``dtype`` (two's complement), as a cast to it would."""
+    if not is_int(dtype):
         return v
-    m = 2 * (hi + 1)
-    return (v + hi + 1) % m - hi - 1
+    if is_unsigned(dtype):
+        return v & ((1 << bits(dtype)) - 1)
+    half = 1 << (bits(dtype) - 1)
+    return (v + half) % (2 * half) - half
 
 
 class Simplifier:
@@ -45,7 +45,6 @@ class Simplifier:
         k = self._keys.get(id(e))
         if k is not None:
             return k
-        from tether.tir.nodes import Load
         if isinstance(e, Const):
             k = ("c", e.dtype, e.value)
         elif isinstance(e, Var):
@@ -231,7 +230,6 @@ class Simplifier:
         return self.visit_atom(e)
 
     def visit_atom(self, e: Expr) -> Expr:
-        from tether.tir.nodes import Load
         if isinstance(e, (Const, Var)):
             return e
         if isinstance(e, Binary):

@@ -16,13 +16,16 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tether.errors import CompileError, ScheduleError
-from tether.te.expr import Binary, Compare, Const, Expr, IterVar, Reduce, TensorLoad, Var, is_int
-from tether.te.schedule import MAX_VECTOR_LANES, Schedule, Split, Stage
-from tether.te.tensor import PlaceholderOp, Tensor, rebuild, substitute, walk
-from tether.tir.nodes import Allocate, Buffer, For, IfThenElse, Load, PrimFunc, Stmt, Store, seq, walk_stmts
+from tether.te.expr import IterVar
+from tether.te.schedule import Schedule, Split, Stage
+from tether.te.tensor import PlaceholderOp, Tensor, collect_tensors
+from tether.tir.buffer import Buffer
+from tether.tir.dtype import is_int
+from tether.tir.expr import Binary, Compare, Const, Expr, Load, Reduce, TensorLoad, Var
 from tether.tir.simplify import Simplifier, simplify
-
-MAX_UNROLL = 1024
+from tether.tir.stmt import Allocate, For, IfThenElse, PrimFunc, Stmt, Store, seq
+from tether.tir.transform import check_loops, partition_tails
+from tether.tir.visit import rebuild, substitute, uses_var, walk
 
 
 def _c(v: int) -> Const:
@@ -35,11 +38,6 @@ def _combine(combiner: str, acc: Expr, x: Expr) -> Expr:
     if combiner == "prod":
         return Binary("mul", acc, x, acc.dtype)
     return Binary(combiner, acc, x, acc.dtype)
-
-
-def _uses_var(e: Expr, vs) -> bool:
-    ids = {id(v) for v in vs}
-    return any(isinstance(n, Var) and id(n) in ids for n in walk(e))
 
 
 class _StageInfo:
@@ -99,7 +97,7 @@ class Lowering:
         for st in stages:
             if st.is_placeholder or st.attach_type == "inline":
                 continue
-            for t in _loaded_tensors(self.eff_body[st]):
+            for t in collect_tensors(self.eff_body[st]):
                 readers.setdefault(id(t.op), []).append(st)
                 if isinstance(t.op, PlaceholderOp) and t.op not in arg_ops:
                     raise CompileError(f"lower {self.name!r}: input {t.name!r} is used by {st.name!r} but is not "
@@ -135,8 +133,8 @@ class Lowering:
         body = seq(*body_parts)
         for b in reversed(root_locals):
             body = Allocate(b, body)
-        _check_loops(body)
-        body = _partition_tails(body, frozenset())
+        check_loops(body)
+        body = partition_tails(body)
         return PrimFunc(self.name, args, param_buffers, body)
 
     # ---------------------------------------------------------------------------------------------------------
@@ -270,7 +268,7 @@ class Lowering:
             update = Store(sbuf, sidx, simplify(_combine(body.combiner, Load(sbuf, sidx), value), self.ranges),
                            reduction=body.combiner)
             init_stmt = self._make_loops(st, info, init_leaves, init,
-                                         [g for g in g_tail if not _uses_var(g, red_vars)], None)
+                                         [g for g in g_tail if not uses_var(g, red_vars)], None)
             upd_stmt = self._make_loops(st, info, tail, update, g_tail, attach_stmts)
             return self._make_loops(st, info, outer, seq(init_stmt, upd_stmt), g_outer, attach_stmts, top=True)
         store = Store(sbuf, sidx, value)
@@ -279,7 +277,7 @@ class Lowering:
     def _split_guards(self, guards: List[Expr], outer: List[IterVar], tail: List[IterVar]):
         g_outer, g_tail = [], []
         for g in guards:
-            (g_tail if _uses_var(g, tail) else g_outer).append(g)
+            (g_tail if uses_var(g, tail) else g_outer).append(g)
         return g_outer, g_tail
 
     def _make_loops(self, st: Stage, info: _StageInfo, loops: List[IterVar], inner: Stmt, guards: List[Expr],
@@ -346,7 +344,7 @@ class Lowering:
         for k, (atom, c) in terms.items():
             if atom is lv:
                 coef = c
-            elif _uses_var(atom, [lv]):
+            elif uses_var(atom, [lv]):
                 return None
             else:
                 rest[k] = [atom, c]
@@ -438,181 +436,7 @@ def _sym_bound_atom(e: Expr, varying, ranges) -> Optional[Tuple[Expr, Expr]]:
     return None
 
 
-def _loaded_tensors(e: Expr) -> List[Tensor]:
-    seen = {}
-    for n in walk(e):
-        if isinstance(n, TensorLoad):
-            seen.setdefault(id(n.tensor), n.tensor)
-    return list(seen.values())
-
-
-def _check_loops(body: Stmt) -> None:
-    """Reject loop-kind nestings the code generator cannot honour, naming the loops involved."""
-    def visit(s: Stmt, vec: Optional[For], par: Optional[For]) -> None:
-        if isinstance(s, For):
-            if s.kind == "vectorized":
-                if vec is not None:
-                    raise ScheduleError(f"vectorized loop {s.var.name!r} is nested inside vectorized loop "
-                                        f"{vec.var.name!r}; vectorize only one (the innermost) loop")
-                if s.max_extent > MAX_VECTOR_LANES:
-                    raise ScheduleError(f"vectorize {s.var.name!r}: extent {s.max_extent} is too wide (max "
-                                        f"{MAX_VECTOR_LANES} lanes); split it and vectorize the inner part")
-            if s.kind == "parallel":
-                if vec is not None:
-                    raise ScheduleError(f"parallel loop {s.var.name!r} is inside vectorized loop "
-                                        f"{vec.var.name!r}; parallelize an outer loop")
-                if par is not None:
-                    raise ScheduleError(f"parallel loop {s.var.name!r} is nested inside parallel loop "
-                                        f"{par.var.name!r}; mark only one loop of a nest parallel (fuse them)")
-            if s.kind == "unrolled" and s.max_extent > MAX_UNROLL:
-                raise ScheduleError(f"unroll {s.var.name!r}: extent {s.max_extent} is too large to unroll "
-                                    f"(max {MAX_UNROLL}); split it first")
-            visit(s.body, s if s.kind == "vectorized" else vec, s if s.kind == "parallel" else par)
-            return
-        if isinstance(s, Allocate) and vec is not None:
-            raise ScheduleError(f"compute_at inside vectorized loop {vec.var.name!r} ({s.buffer.name!r}); "
-                                "attach it at an outer loop")
-        from tether.tir.nodes import stmt_children
-        for c in stmt_children(s):
-            visit(c, vec, par)
-    visit(body, None, None)
-
-
-def _expr_var_ids(e: Expr) -> set:
-    return {id(n) for n in walk(e) if isinstance(n, Var)}
-
-
-def _with_body(s: For, body: Stmt) -> For:
-    out = For(s.var, s.min, s.extent, s.kind, body, s.max_extent)
-    out.tail, out.bound_extent = s.tail, s.bound_extent
-    return out
-
-
-def _map_loops(s: Stmt, fn) -> Stmt:
-    """Rebuild ``s`` with every For replaced by ``fn(for_with_mapped_body)``."""
-    from tether.tir.nodes import SeqStmt
-    if isinstance(s, For):
-        return fn(_with_body(s, _map_loops(s.body, fn)))
-    if isinstance(s, SeqStmt):
-        return SeqStmt([_map_loops(x, fn) for x in s.stmts])
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, _map_loops(s.then_case, fn),
-                          None if s.else_case is None else _map_loops(s.else_case, fn))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _map_loops(s.body, fn))
-    return s
-
-
-def _partition_tails(s: Stmt, bound: frozenset) -> Stmt:
-    """Loop partitioning for clamped vectorized/unrolled loops.
-
-    Inside the loop whose variable their tail clamp depends on, emit ``if all clamps are full: <body with
-    constant extents> else: <body with those loops serial>``, so the hot path has no per-iteration tail checks
-    and the code size stays linear in the number of clamped loops.
-    """
-    from tether.tir.nodes import SeqStmt
-    if isinstance(s, For):
-        inner = bound | {id(s.var)}
-        clamps = [f for f in walk_stmts(s.body)
-                  if isinstance(f, For) and f.kind in ("vectorized", "unrolled") and not isinstance(f.extent, Const)
-                  and id(s.var) in _expr_var_ids(f.extent) and _expr_var_ids(f.extent) <= inner]
-        body = s.body
-        if clamps:
-            ids = {id(f) for f in clamps}
-            cond: Optional[Expr] = None
-            seen_keys = set()
-            keyer = Simplifier({})
-            for f in clamps:
-                c = Compare("eq", f.extent, _c(f.max_extent))
-                k = keyer.key(c)
-                if k in seen_keys:
-                    continue
-                seen_keys.add(k)
-                cond = c if cond is None else Binary("and", cond, c, "bool")
-            full = _partition_tails(_map_loops_by_id(body, ids, full=True), inner)
-            generic = _partition_tails(_map_loops_by_id(body, ids, full=False), inner)
-            split = _full_prefix(s, cond)
-            if split is not None:
-                return _split_loop(s, split, full, generic)
-            body = IfThenElse(cond, full, generic)
-        else:
-            body = _partition_tails(body, inner)
-        return _with_body(s, body)
-    if isinstance(s, SeqStmt):
-        return SeqStmt([_partition_tails(x, bound) for x in s.stmts])
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, _partition_tails(s.then_case, bound),
-                          None if s.else_case is None else _partition_tails(s.else_case, bound))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _partition_tails(s.body, bound))
-    return s
-
-
-def _full_prefix(s: For, cond: Expr) -> Optional[int]:
-    """How many leading iterations of constant loop ``s`` have every tail clamp full, when ``cond`` depends on
-    ``s``'s variable alone and holds on a prefix of the iterations (clamps ``min(f, n - v*f)`` do); else None."""
-    if not (isinstance(s.min, Const) and isinstance(s.extent, Const)) or _expr_var_ids(cond) != {id(s.var)}:
-        return None
-    lo, n = int(s.min.value), int(s.extent.value)
-
-    def full_at(k: int) -> Optional[bool]:
-        v = simplify(substitute(cond, {s.var: _c(lo + k)}))
-        return bool(v.value) if isinstance(v, Const) else None
-
-    if n <= 0 or full_at(0) is not True:
-        return None if n <= 0 or full_at(0) is None else (0 if full_at(n - 1) is False else None)
-    good, bad = 0, n        # full_at(good) holds; bad is the first iteration known not to (or n)
-    if full_at(n - 1) is True:
-        return n
-    bad = n - 1
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        r = full_at(mid)
-        if r is None:
-            return None
-        good, bad = (mid, bad) if r else (good, mid)
-    # the clamps are monotone in the loop variable, but check the remainder really is partial
-    return bad if all(full_at(k) is False for k in range(bad, n)) else None
-
-
-def _split_loop(s: For, k: int, full: Stmt, generic: Stmt) -> Stmt:
-    """``s`` as its first ``k`` iterations over ``full`` (constant extents, no checks) followed by the remaining
-    partial ones over ``generic``: the tail runs once, after the loop, instead of a test in every iteration."""
-    lo, n = int(s.min.value), int(s.extent.value)
-    parts = []
-    if k > 0:
-        head = For(s.var, _c(lo), _c(k), s.kind, full, k)
-        parts.append(head)
-    if k < n:
-        tail = For(s.var, _c(lo + k), _c(n - k), "serial" if s.kind == "parallel" else s.kind, generic, n - k)
-        parts.append(tail)
-    return seq(*parts)
-
-
-def _map_loops_by_id(s: Stmt, ids: set, full: bool) -> Stmt:
-    from tether.tir.nodes import SeqStmt
-    if isinstance(s, For):
-        body = _map_loops_by_id(s.body, ids, full)
-        if id(s) in ids:
-            if full:
-                out = For(s.var, s.min, _c(s.max_extent), s.kind, body, s.max_extent)
-                out.bound_extent = s.extent
-                return out
-            tail = For(s.var, s.min, s.extent, "serial", body, s.max_extent)
-            tail.tail = True    # a cold remainder: codegen keeps LLVM from vectorizing/unrolling it
-            return tail
-        return _with_body(s, body)
-    if isinstance(s, SeqStmt):
-        return SeqStmt([_map_loops_by_id(x, ids, full) for x in s.stmts])
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, _map_loops_by_id(s.then_case, ids, full),
-                          None if s.else_case is None else _map_loops_by_id(s.else_case, ids, full))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _map_loops_by_id(s.body, ids, full))
-    return s
-
-
-def lower(sch: Schedule, args: Sequence[Tensor], name: str = "default", simple_mode: bool = False) -> PrimFunc:
+def lower(sch: Schedule, args: Sequence[Tensor], name: str = "default") -> PrimFunc:
     """Lower schedule ``sch`` with kernel parameters ``args`` (inputs then outputs) to a tir.PrimFunc."""
     if not isinstance(sch, Schedule):
         raise CompileError(f"lower: expected a te Schedule (te.create_schedule), got {type(sch).__name__}")
