@@ -19,21 +19,11 @@ from tether.codegen.module import ModuleBuilder
 from tether.codegen.emit import compile_module
 from tether_rpc import elf
 
+from fixtures.te_kernels import matmul, vadd_schedule
+
 RNG = np.random.default_rng(3)
 TASK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
 LAUNCHER = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
-
-
-def vadd_schedule(n, factor=8, parallel=True, fn=lambda a, b: a + b):
-    a = te.placeholder((n,), "float32", name="A")
-    b = te.placeholder((n,), "float32", name="B")
-    c = te.compute((n,), lambda i: fn(a[i], b[i]), name="C")
-    s = te.create_schedule(c.op)
-    xo, xi = s[c].split(c.op.axis[0], factor=factor)
-    s[c].vectorize(xi)
-    if parallel:
-        s[c].parallel(xo)
-    return s, [a, b, c]
 
 
 def emit(s, args, name, target="host", fast_math=False):
@@ -191,11 +181,7 @@ def test_vectorized_kernel_uses_neon(target, patterns):
 
 
 def test_matmul_micro_kernel_is_fma_loop_with_register_accumulators():
-    m = n = k = 64
-    a = te.placeholder((m, k), "float32", name="A")
-    b = te.placeholder((k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    a, b, c = matmul(64, 64, 64)
     s = te.create_schedule(c.op)
     cl = s.cache_write(c, "local")
     io, jo, ii, ji = s[c].tile(c.op.axis[0], c.op.axis[1], 4, 8)

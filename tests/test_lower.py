@@ -11,25 +11,16 @@ from tether import te, tir
 from tether.tir import Binary, Const
 from tether.tir.simplify import const_bound, simplify
 
+from fixtures.te_kernels import matmul, vadd, vadd_schedule
+
 
 def loops(pf):
     return [s for s in tir.walk_stmts(pf.body) if isinstance(s, tir.For)]
 
 
-def vadd(n):
-    a = te.placeholder((n,), "float32", name="A")
-    b = te.placeholder((n,), "float32", name="B")
-    c = te.compute((n,), lambda i: a[i] + b[i], name="C")
-    return a, b, c
-
-
 def test_split_vectorize_parallel_structure_and_text():
-    a, b, c = vadd(1024)
-    s = te.create_schedule(c.op)
-    xo, xi = s[c].split(c.op.axis[0], factor=8)
-    s[c].vectorize(xi)
-    s[c].parallel(xo)
-    pf = tether.lower(s, [a, b, c], "vadd")
+    s, args = vadd_schedule(1024, factor=8)
+    pf = tether.lower(s, args, "vadd")
     assert pf.name == "vadd"
     assert [p.name for p in pf.params] == ["A", "B", "C"]
     assert pf.params[2].shape == (1024,) and pf.params[2].dtype == "float32"
@@ -104,14 +95,10 @@ def test_non_linear_guard_becomes_if():
 
 
 def test_reduction_init_and_update_nests():
-    m, n, k = 6, 10, 5
-    a = te.placeholder((m, k), "float32", name="A")
-    b = te.placeholder((k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    a, b, c = matmul(6, 10, 5)
     s = te.create_schedule(c.op)
     i, j = c.op.axis
-    s[c].reorder(i, r, j)
+    s[c].reorder(i, c.op.reduce_axis[0], j)
     pf = tether.lower(s, [a, b, c], "mm")
     text = str(pf).splitlines()
     assert text[1:] == [
@@ -125,11 +112,7 @@ def test_reduction_init_and_update_nests():
 
 
 def test_cache_write_compute_at_allocates_tile_buffer():
-    m, n, k = 16, 32, 8
-    a = te.placeholder((m, k), "float32", name="A")
-    b = te.placeholder((k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    a, b, c = matmul(16, 32, 8)
     s = te.create_schedule(c.op)
     cl = s.cache_write(c, "local")
     io, jo, ii, ji = s[c].tile(c.op.axis[0], c.op.axis[1], 4, 8)

@@ -9,6 +9,8 @@ import tether
 from tether import runtime, te
 from tether.errors import CompileError, ScheduleError
 
+from fixtures.te_kernels import matmul, vadd as _vadd
+
 RNG = np.random.default_rng(11)
 
 
@@ -22,18 +24,7 @@ def run(tmp_path, s, args, inputs, name="k"):
 
 
 def vadd(n):
-    a = te.placeholder((n,), "float32", name="A")
-    b = te.placeholder((n,), "float32", name="B")
-    c = te.compute((n,), lambda i: a[i] * 2.0 + b[i], name="C")
-    return a, b, c
-
-
-def matmul(m, n, k):
-    a = te.placeholder((m, k), "float32", name="A")
-    b = te.placeholder((k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    return a, b, c
+    return _vadd(n, lambda x, y: x * 2.0 + y)
 
 
 def rand(*shape):
@@ -210,18 +201,12 @@ def test_compute_root_undoes_inline(tmp_path):
 
 # ---- illegal schedules -----------------------------------------------------------------------------------------
 
-def test_error_vectorize_reduction_axis():
+@pytest.mark.parametrize("primitive, why", [("vectorize", "reduction axis"), ("parallel", "race")])
+def test_error_vectorize_or_parallel_reduction_axis(primitive, why):
     _, _, c = matmul(4, 4, 4)
     s = te.create_schedule(c.op)
-    with pytest.raises(ScheduleError, match="reduction axis"):
-        s[c].vectorize(c.op.reduce_axis[0])
-
-
-def test_error_parallel_reduction_axis():
-    _, _, c = matmul(4, 4, 4)
-    s = te.create_schedule(c.op)
-    with pytest.raises(ScheduleError, match="race"):
-        s[c].parallel(c.op.reduce_axis[0])
+    with pytest.raises(ScheduleError, match=why):
+        getattr(s[c], primitive)(c.op.reduce_axis[0])
 
 
 def test_error_split_axis_of_another_stage():
