@@ -90,6 +90,10 @@ def parenthesized(e: Expr, prec: int) -> str:
     return f"({s})" if e._prec < prec else s
 
 
+def _call_text(name: str, *args: Expr) -> str:
+    return f"{name}({', '.join(a._text() for a in args)})"
+
+
 # Printing names for the function being printed (per thread): distinct Vars that share a name (the same axis
 # name in two stages) get a numeric suffix so the text is unambiguous.
 _PRINTING = threading.local()
@@ -107,6 +111,8 @@ def var_names(names: Dict[int, str]) -> Iterator[None]:
 
 
 class Const(Expr):
+    """A literal of ``dtype`` (``value`` is a Python float, int or bool to match)."""
+
     __slots__ = ("value",)
 
     def __init__(self, value, dtype: str):
@@ -132,6 +138,8 @@ class Const(Expr):
 
 
 class Var(Expr):
+    """A named scalar variable (a loop index, or a parameter of a te.compute), compared by identity."""
+
     __slots__ = ("name",)
 
     def __init__(self, name: str = "v", dtype: str = "int32"):
@@ -159,13 +167,15 @@ class Binary(Expr):
 
     def _text(self) -> str:
         if self.op in ("min", "max"):
-            return f"{self.op}({self.a._text()}, {self.b._text()})"
+            return _call_text(self.op, self.a, self.b)
         sym, p = _BIN[self.op]
         # left-associative: an equally strong right operand needs parentheses, a left one does not
         return f"{parenthesized(self.a, p)} {sym} {parenthesized(self.b, p + 1)}"
 
 
 class Compare(Expr):
+    """``a <op> b`` (lt le gt ge eq ne), a bool."""
+
     __slots__ = ("op", "a", "b")
     _fields = ("a", "b")
     _prec = 2
@@ -187,6 +197,8 @@ class Compare(Expr):
 
 
 class Not(Expr):
+    """Logical negation of a bool expression."""
+
     __slots__ = ("a",)
     _fields = ("a",)
 
@@ -199,6 +211,8 @@ class Not(Expr):
 
 
 class Select(Expr):
+    """``t if cond else f`` (codegen evaluates an arm that might fault only where it is selected)."""
+
     __slots__ = ("cond", "t", "f")
     _fields = ("cond", "t", "f")
 
@@ -207,10 +221,12 @@ class Select(Expr):
         self.dtype = t.dtype
 
     def _text(self) -> str:
-        return f"select({self.cond._text()}, {self.t._text()}, {self.f._text()})"
+        return _call_text("select", self.cond, self.t, self.f)
 
 
 class Cast(Expr):
+    """``value`` converted to ``dtype``."""
+
     __slots__ = ("value",)
     _fields = ("value",)
 
@@ -219,7 +235,7 @@ class Cast(Expr):
         self.value = value
 
     def _text(self) -> str:
-        return f"{self.dtype}({self.value._text()})"
+        return _call_text(self.dtype, self.value)
 
 
 class Call(Expr):
@@ -234,7 +250,7 @@ class Call(Expr):
         self.dtype = dtype
 
     def _text(self) -> str:
-        return f"{self.name}({', '.join(a._text() for a in self.args)})"
+        return _call_text(self.name, *self.args)
 
 
 class Load(Expr):

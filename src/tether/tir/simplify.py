@@ -11,6 +11,7 @@ from typing import Dict, Optional, Tuple
 
 from tether.tir.dtype import bits, is_float, is_int, is_unsigned
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
+from tether.tir.visit import map_children
 
 Range = Tuple[int, int]          # inclusive [lo, hi]
 
@@ -230,43 +231,39 @@ class Simplifier:
         return self.visit_atom(e)
 
     def visit_atom(self, e: Expr) -> Expr:
-        if isinstance(e, (Const, Var)):
-            return e
-        if isinstance(e, Binary):
-            return self.visit_binary(e)
-        if isinstance(e, Compare):
-            return self.visit_compare(e)
-        if isinstance(e, Not):
-            a = self.visit(e.a)
-            if isinstance(a, Const):
-                return Const(not a.value, "bool")
-            return e if a is e.a else Not(a)
-        if isinstance(e, Select):
-            c = self.visit(e.cond)
-            t, f = self.visit(e.t), self.visit(e.f)
-            if isinstance(c, Const):
-                return t if c.value else f
-            return e if (c is e.cond and t is e.t and f is e.f) else Select(c, t, f)
-        if isinstance(e, Cast):
-            v = self.visit(e.value)
-            if v.dtype == e.dtype:
-                return v
-            if isinstance(v, Const):
-                if is_float(e.dtype):
-                    return Const(float(v.value), e.dtype)
-                if e.dtype == "bool":
-                    return Const(bool(v.value), e.dtype)
-                if is_float(v.dtype) and not math.isfinite(v.value):
-                    return Cast(e.dtype, v)
-                return Const(_wrap_int(int(v.value), e.dtype), e.dtype)
-            return e if v is e.value else Cast(e.dtype, v)
-        if isinstance(e, Call):
-            args = [self.visit(a) for a in e.args]
-            return e if all(x is y for x, y in zip(args, e.args)) else Call(e.name, args, e.dtype)
-        if isinstance(e, Load):
-            idx = self.visit(e.index)
-            return e if idx is e.index else Load(e.buffer, idx)
-        return e
+        """Simplify a node outside the linear form (leaves and nodes without rules are kept as they are)."""
+        rule = _RULES.get(type(e))
+        return e if rule is None else rule(self, e)
+
+    def _visit_children(self, e: Expr) -> Expr:
+        return map_children(e, self.visit)
+
+    def visit_not(self, e: Not) -> Expr:
+        a = self.visit(e.a)
+        if isinstance(a, Const):
+            return Const(not a.value, "bool")
+        return e if a is e.a else Not(a)
+
+    def visit_select(self, e: Select) -> Expr:
+        c = self.visit(e.cond)
+        t, f = self.visit(e.t), self.visit(e.f)
+        if isinstance(c, Const):
+            return t if c.value else f
+        return e if (c is e.cond and t is e.t and f is e.f) else Select(c, t, f)
+
+    def visit_cast(self, e: Cast) -> Expr:
+        v = self.visit(e.value)
+        if v.dtype == e.dtype:
+            return v
+        if isinstance(v, Const):
+            if is_float(e.dtype):
+                return Const(float(v.value), e.dtype)
+            if e.dtype == "bool":
+                return Const(bool(v.value), e.dtype)
+            if is_float(v.dtype) and not math.isfinite(v.value):
+                return Cast(e.dtype, v)
+            return Const(_wrap_int(int(v.value), e.dtype), e.dtype)
+        return e if v is e.value else Cast(e.dtype, v)
 
     def visit_binary(self, e: Binary) -> Expr:
         op = e.op
@@ -349,6 +346,10 @@ class Simplifier:
                     return Const(False, "bool")
         return e if (a is e.a and b is e.b) else Compare(e.op, a, b)
 
+
+_RULES = {Binary: Simplifier.visit_binary, Compare: Simplifier.visit_compare, Not: Simplifier.visit_not,
+          Select: Simplifier.visit_select, Cast: Simplifier.visit_cast, Call: Simplifier._visit_children,
+          Load: Simplifier._visit_children}
 
 _CMP_FN = {"lt": lambda x, y: x < y, "le": lambda x, y: x <= y, "gt": lambda x, y: x > y,
            "ge": lambda x, y: x >= y, "eq": lambda x, y: x == y, "ne": lambda x, y: x != y}
