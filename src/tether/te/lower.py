@@ -318,19 +318,13 @@ class Lowering:
                         if b is not None:
                             stmt = Allocate(b, stmt)
             if ifs:
-                cond = ifs[0]
-                for g in ifs[1:]:
-                    cond = Binary("and", cond, g, "bool")
-                stmt = IfThenElse(cond, stmt)
+                stmt = IfThenElse(_conjunction(ifs), stmt)
             if ext == 1 and isinstance(extent, Const):
                 continue
             kind = st.iter_kind.get(lv, "serial")
             stmt = For(lv, _c(0), extent, kind, stmt, max_extent=ext)
         if top_guards:
-            cond = top_guards[0]
-            for g in top_guards[1:]:
-                cond = Binary("and", cond, g, "bool")
-            stmt = IfThenElse(cond, stmt)
+            stmt = IfThenElse(_conjunction(top_guards), stmt)
         return stmt
 
     def _clamp(self, g: Expr, lv: IterVar) -> Optional[Expr]:
@@ -387,6 +381,14 @@ class Lowering:
         return region
 
 
+def _conjunction(conds: List[Expr]) -> Expr:
+    """``conds[0] && conds[1] && ...`` (left-nested)."""
+    out = conds[0]
+    for c in conds[1:]:
+        out = Binary("and", out, c, "bool")
+    return out
+
+
 def _sym_pick(a: Expr, b: Expr, op: str, ranges) -> Optional[Expr]:
     d = simplify(Binary("sub", a, b), ranges)
     if not isinstance(d, Const):
@@ -406,7 +408,7 @@ def _sym_bound(e: Expr, varying: Dict[IterVar, int], ranges) -> Optional[Tuple[E
     for atom, c in terms.values():
         if isinstance(atom, Var) and id(atom) in vids:
             b = (_c(0), _c(varying[atom] - 1))
-        elif not any(isinstance(n, Var) and id(n) in vids for n in walk(atom)):
+        elif not uses_var(atom, varying):
             b = (atom, atom)
         else:
             b = _sym_bound_atom(atom, varying, ranges)
