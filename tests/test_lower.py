@@ -15,7 +15,7 @@ from fixtures.te_kernels import matmul, vadd, vadd_schedule
 
 
 def loops(pf):
-    return [s for s in tir.walk_stmts(pf.body) if isinstance(s, tir.For)]
+    return [s for s in tir.walk(pf.body) if isinstance(s, tir.For)]
 
 
 def test_split_vectorize_parallel_structure_and_text():
@@ -90,7 +90,7 @@ def test_non_linear_guard_becomes_if():
     io, ii = s[c].split(c.op.axis[0], factor=2)       # 7 rows: a tail
     s[c].fuse(ii, c.op.axis[1])                       # the tail guard now divides the fused index
     pf = tether.lower(s, [a, c], "k")
-    ifs = [x for x in tir.walk_stmts(pf.body) if isinstance(x, tir.IfThenElse)]
+    ifs = [x for x in tir.walk(pf.body) if isinstance(x, tir.IfThenElse)]
     assert len(ifs) == 1 and str(ifs[0].cond) == "i.outer * 2 + i.inner.j.fused // 9 < 7"
 
 
@@ -122,7 +122,7 @@ def test_cache_write_compute_at_allocates_tile_buffer():
     s[cl].unroll(ci)
     s[cl].vectorize(cj)
     pf = tether.lower(s, [a, b, c], "mm")
-    allocs = [x for x in tir.walk_stmts(pf.body) if isinstance(x, tir.Allocate)]
+    allocs = [x for x in tir.walk(pf.body) if isinstance(x, tir.Allocate)]
     assert len(allocs) == 1 and allocs[0].buffer.size == 32 and allocs[0].buffer.name == "C.local"
     kinds = [(l.var.name, l.kind, l.extent.value) for l in loops(pf)]
     assert kinds == [("i.outer", "serial", 4), ("j.outer", "serial", 4),
