@@ -22,7 +22,8 @@ import tether
 from tether import te
 from tether.codegen import threadpool
 from tether.codegen.function import emit_function
-from tether.codegen.module import ModuleBuilder, error_code
+from tether.codegen.module import ModuleBuilder
+from tether.codegen.packed import error_code
 from tether.errors import CompileError
 from tether.target import PRESET_NAMES, Target
 from tether_rpc import elf

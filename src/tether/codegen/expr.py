@@ -106,24 +106,25 @@ class ExprEmitter:
                 return None
         return coef
 
-    def ev_at_base(self, e: Expr) -> ir.Value:
-        saved = self.vec
+    def ev_at_base(self, e: Expr, unmasked: bool = False) -> ir.Value:
+        """``e`` as a scalar, the vector loop variable at its first lane (``unmasked``: with every lane on)."""
+        saved = self.vec, self.mask
         self.vec = None
+        if unmasked:
+            self.mask = None
         try:
             return self.ev(e)
         finally:
-            self.vec = saved
+            self.vec, self.mask = saved
 
-    def ev_at_lane(self, e: Expr, lane: int) -> ir.Value:
+    def ev_at_lane(self, e: Expr, lane: int, unmasked: bool = False) -> ir.Value:
+        """``e`` as a scalar for one lane of the vector loop."""
         var, _, base = self.vec
-        saved = self.vec
-        self.vec = None
         self.env[var] = self.b.add(base, ir.Constant(I32, lane), flags=("nsw",)) if lane else base
         try:
-            return self.ev(e)
+            return self.ev_at_base(e, unmasked)
         finally:
             self.env[var] = base
-            self.vec = saved
 
     def uses_lane(self, e: Expr) -> bool:
         """Whether ``e`` depends on the vector loop variable (memoised per vector body: ev asks at every node)."""
@@ -272,12 +273,7 @@ class ExprEmitter:
         zero = ir.Constant(vty, [0] * n)
         lane_dep = self.vec is not None and self.uses_lane(e.index)
         if not lane_dep:            # one address: load it if any lane is active
-            saved = self.mask
-            self.mask = None
-            try:
-                idx = self.ev(e.index)
-            finally:
-                self.mask = saved
+            idx = self.ev_at_base(e.index, unmasked=True)
             ld_bb, end_bb = self.fn.append_basic_block("mload"), self.fn.append_basic_block("mload.end")
             pre = B.block
             B.cbranch(B.icmp_unsigned("!=", mask_bits, ir.Constant(ir.IntType(n), 0)), ld_bb, end_bb)
@@ -298,7 +294,7 @@ class ExprEmitter:
             if full_bb is not None:
                 B.cbranch(all_on, full_bb, part_bb)
                 B.position_at_end(full_bb)
-                ptr = B.gep(self.bufs[buf], [self.ev_at_base_unmasked(e.index)], inbounds=True, source_etype=ety)
+                ptr = B.gep(self.bufs[buf], [self.ev_at_base(e.index, unmasked=True)], inbounds=True, source_etype=ety)
                 incoming.append((B.load(ptr, typ=vty, align=align), B.block))
                 B.branch(end_bb)
             else:
@@ -312,7 +308,7 @@ class ExprEmitter:
                 pre = B.block
                 B.cbranch(on, ld_bb, nxt_bb)
                 B.position_at_end(ld_bb)
-                idx = self.ev_at_lane_unmasked(e.index, lane)
+                idx = self.ev_at_lane(e.index, lane, unmasked=True)
                 x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
                 v_on = B.insert_element(v, x, ir.Constant(I32, lane))
                 ld_end = B.block
@@ -333,22 +329,6 @@ class ExprEmitter:
             z = ir.Constant(v.type, [0] * n) if is_vec(v) else ir.Constant(I8, 0)
             v = B.icmp_unsigned("!=", v, z)
         return v
-
-    def ev_at_base_unmasked(self, e: Expr) -> ir.Value:
-        saved = self.mask
-        self.mask = None
-        try:
-            return self.ev_at_base(e)
-        finally:
-            self.mask = saved
-
-    def ev_at_lane_unmasked(self, e: Expr, lane: int) -> ir.Value:
-        saved = self.mask
-        self.mask = None
-        try:
-            return self.ev_at_lane(e, lane)
-        finally:
-            self.mask = saved
 
     def gather(self, buf: Buffer, idxv: ir.Value, check_contiguous: bool) -> ir.Value:
         """Load the lanes of index vector ``idxv`` one by one. For non-linear indices (clamped or wrapped, as
