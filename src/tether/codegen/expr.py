@@ -319,12 +319,7 @@ class ExprEmitter:
                 phi.add_incoming(v, pre)
                 v = phi
             incoming.append((v, B.block))
-            B.branch(end_bb)
-            B.position_at_end(end_bb)
-            out = B.phi(vty)
-            for val, bb in incoming:
-                out.add_incoming(val, bb)
-            v = out
+            v = self.join(end_bb, incoming, vty)
         if buf.dtype == "bool":
             z = ir.Constant(v.type, [0] * n) if is_vec(v) else ir.Constant(I8, 0)
             v = B.icmp_unsigned("!=", v, z)
@@ -361,9 +356,14 @@ class ExprEmitter:
         if end_bb is None:
             return v
         incoming.append((v, B.block))
+        return self.join(end_bb, incoming, vty)
+
+    def join(self, end_bb: ir.Block, incoming: List[tuple], ty: ir.Type) -> ir.Value:
+        """Branch to ``end_bb`` and merge the (value, block) pairs of the paths that reach it in one phi."""
+        B = self.b
         B.branch(end_bb)
         B.position_at_end(end_bb)
-        phi = B.phi(vty)
+        phi = B.phi(ty)
         for val, bb in incoming:
             phi.add_incoming(val, bb)
         return phi
