@@ -173,14 +173,26 @@ class FunctionEmitter(ExprEmitter):
         clamp = s.extent if not isinstance(s.extent, Const) else s.bound_extent
         if clamp is not None and lo is not None:
             self.clamps[s.var] = Binary("sub", Binary("add", clamp, Const(lo, "int32")), Const(1, "int32"))
-        if s.kind == "parallel" and not self.in_task:
-            parallel.emit_parallel(self, s)
-        elif s.kind == "vectorized" and self.vec is None and vectorizable(s.body, s.var):
-            self.specialised(s, self.vector_body)
-        elif s.kind == "unrolled":
-            self.specialised(s, self.unrolled_body)
-        else:
+        emit = _LOOP_EMITTERS.get(s.kind)
+        if emit is None or not emit(self, s):
             self.serial(s)
+
+    # Loop kinds other than serial: each emits the loop and returns True, or declines (False: a serial loop).
+    def parallel_loop(self, s: For) -> bool:
+        if self.in_task:     # nested parallelism runs serially inside the task
+            return False
+        parallel.emit_parallel(self, s)
+        return True
+
+    def vectorized_loop(self, s: For) -> bool:
+        if self.vec is not None or not vectorizable(s.body, s.var):
+            return False
+        self.specialised(s, self.vector_body)
+        return True
+
+    def unrolled_loop(self, s: For) -> bool:
+        self.specialised(s, self.unrolled_body)
+        return True
 
     def specialised(self, s: For, emit_full: Callable[[For, ir.Value], None]) -> None:
         """Emit ``emit_full`` when the loop runs its full constant extent, else (a tail) a serial loop."""
@@ -330,4 +342,11 @@ _STMT_EMITTERS = {
     For: FunctionEmitter.loop,
     IfThenElse: FunctionEmitter.if_then_else,
     Allocate: FunctionEmitter.allocate,
+}
+
+# For.kind -> its emitter ("serial" and unknown kinds: a plain loop)
+_LOOP_EMITTERS = {
+    "parallel": FunctionEmitter.parallel_loop,
+    "vectorized": FunctionEmitter.vectorized_loop,
+    "unrolled": FunctionEmitter.unrolled_loop,
 }
