@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, Sequence
 
 from llvmlite import ir
+from tether_rpc.dlpack import TETHER_DLTENSOR
 
 from tether.codegen.types import I32, I64, PTR, dtype_word
 
@@ -80,10 +81,27 @@ def _arg_checker(module: ir.Module) -> ir.Function:
         return ir.Function(module, ir.FunctionType(I32, [PTR, PTR, I32, PTR, PTR]), ARG_CHECKER)
 
 
+# The DLTensor struct (DLPack 0.x): data, device{type,id}, ndim, dtype{code,bits,lanes}, shape, strides, byte_offset.
+_DLTENSOR_IR = "{ ptr, { i32, i32 }, i32, { i8, i8, i16 }, ptr, ptr, i64 }"
+
+
+def _fill(template: str) -> str:
+    """The checker's IR with the ABI's constants (``$NAME``) spelled in: error kinds as ``kind << 24``."""
+    values = {"DLTENSOR": _DLTENSOR_IR, "TETHER_DLTENSOR": str(TETHER_DLTENSOR)}
+    values.update((name, str(kind << 24)) for name, kind in (
+        ("ERR_NUM_ARGS", ERR_NUM_ARGS), ("ERR_TYPE_CODE", ERR_TYPE_CODE), ("ERR_NDIM", ERR_NDIM),
+        ("ERR_DTYPE", ERR_DTYPE), ("ERR_SHAPE", ERR_SHAPE), ("ERR_STRIDES", ERR_STRIDES),
+        ("ERR_NULL_DATA", ERR_NULL_DATA)))
+    # longest names first: $DLTENSOR must not eat the start of a longer name
+    for name in sorted(values, key=len, reverse=True):
+        template = template.replace("$" + name, values[name])
+    return template
+
+
 # i32 check(ptr args, ptr type_codes, i32 num_args, ptr table, ptr out_data_ptrs): 0, or the abi.md code of the first
 # argument error, in the order the ABI documents (count, then per argument: type code, handle, ndim, dtype, each
 # extent, strides, data). table (i64): num_args, then per argument ndim, dtype word, numel != 0, extents...
-ARG_CHECKER_IR = r"""
+ARG_CHECKER_IR = _fill(r"""
 define internal i32 @"tether.check_args"(ptr %args, ptr %codes, i32 %num, ptr %table, ptr %out) nounwind noinline {
 entry:
   %n64 = load i64, ptr %table, align 8
@@ -92,7 +110,7 @@ entry:
   br i1 %countok, label %arg.head, label %bad.count
 bad.count:
   %nm = and i32 %num, 16777215
-  %rcn = or i32 %nm, 16777216
+  %rcn = or i32 %nm, $ERR_NUM_ARGS
   ret i32 %rcn
 arg.head:
   %i = phi i32 [ 0, %entry ], [ %i1, %arg.next ]
@@ -117,10 +135,10 @@ arg.body:
   %i64i = zext i32 %i to i64
   %cp = getelementptr inbounds i32, ptr %codes, i64 %i64i
   %code = load i32, ptr %cp, align 4
-  %codeok = icmp eq i32 %code, 3
+  %codeok = icmp eq i32 %code, $TETHER_DLTENSOR
   br i1 %codeok, label %chk.handle, label %bad.code
 bad.code:
-  %rc_code = or i32 %argbits, 33554432
+  %rc_code = or i32 %argbits, $ERR_TYPE_CODE
   ret i32 %rc_code
 chk.handle:
   %off8 = mul i64 %i64i, 8
@@ -129,29 +147,29 @@ chk.handle:
   %hnull = icmp eq ptr %h, null
   br i1 %hnull, label %bad.null, label %chk.ndim
 bad.null:
-  %rc_null = or i32 %argbits, 117440512
+  %rc_null = or i32 %argbits, $ERR_NULL_DATA
   ret i32 %rc_null
 chk.ndim:
-  %ndp = getelementptr inbounds { ptr, { i32, i32 }, i32, { i8, i8, i16 }, ptr, ptr, i64 }, ptr %h, i32 0, i32 2
+  %ndp = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 2
   %ndim = load i32, ptr %ndp, align 4
   %ndok = icmp eq i32 %ndim, %ndim_e
   br i1 %ndok, label %chk.dtype, label %bad.ndim
 bad.ndim:
-  %rc_nd = or i32 %argbits, 50331648
+  %rc_nd = or i32 %argbits, $ERR_NDIM
   ret i32 %rc_nd
 chk.dtype:
-  %dp = getelementptr inbounds { ptr, { i32, i32 }, i32, { i8, i8, i16 }, ptr, ptr, i64 }, ptr %h, i32 0, i32 3
+  %dp = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 3
   %dt = load i32, ptr %dp, align 4
   %dtok = icmp eq i32 %dt, %dt_e
   br i1 %dtok, label %chk.rank, label %bad.dtype
 bad.dtype:
-  %rc_dt = or i32 %argbits, 67108864
+  %rc_dt = or i32 %argbits, $ERR_DTYPE
   ret i32 %rc_dt
 chk.rank:
   %scalar = icmp eq i32 %ndim_e, 0
   br i1 %scalar, label %chk.data, label %shape.pre
 shape.pre:
-  %shpp = getelementptr inbounds { ptr, { i32, i32 }, i32, { i8, i8, i16 }, ptr, ptr, i64 }, ptr %h, i32 0, i32 4
+  %shpp = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 4
   %shp = load ptr, ptr %shpp, align 4
   br label %shape.head
 shape.head:
@@ -173,10 +191,10 @@ shape.ok:
 bad.shape:
   %dbits = and i32 %d, 255
   %rc_s0 = or i32 %argbits, %dbits
-  %rc_s = or i32 %rc_s0, 83886080
+  %rc_s = or i32 %rc_s0, $ERR_SHAPE
   ret i32 %rc_s
 strides.pre:
-  %stpp = getelementptr inbounds { ptr, { i32, i32 }, i32, { i8, i8, i16 }, ptr, ptr, i64 }, ptr %h, i32 0, i32 5
+  %stpp = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 5
   %stp = load ptr, ptr %stpp, align 4
   %stnull = icmp eq ptr %stp, null
   br i1 %stnull, label %chk.data, label %strides.first
@@ -203,21 +221,21 @@ strides.cmp:
 bad.stride:
   %sdbits = and i32 %sd, 255
   %rc_t0 = or i32 %argbits, %sdbits
-  %rc_t = or i32 %rc_t0, 100663296
+  %rc_t = or i32 %rc_t0, $ERR_STRIDES
   ret i32 %rc_t
 strides.next:
   %expect1 = mul i64 %expect, %sext
   %sd1 = sub i32 %sd, 1
   br label %strides.head
 chk.data:
-  %datap = getelementptr inbounds { ptr, { i32, i32 }, i32, { i8, i8, i16 }, ptr, ptr, i64 }, ptr %h, i32 0, i32 0
+  %datap = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 0
   %data = load ptr, ptr %datap, align 4
   %dnull = icmp eq ptr %data, null
   %needdata = icmp ne i64 %nonempty, 0
   %baddata = and i1 %dnull, %needdata
   br i1 %baddata, label %bad.null, label %store
 store:
-  %offp = getelementptr inbounds { ptr, { i32, i32 }, i32, { i8, i8, i16 }, ptr, ptr, i64 }, ptr %h, i32 0, i32 6
+  %offp = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 6
   %off = load i64, ptr %offp, align 4
   %pdata = getelementptr inbounds i8, ptr %data, i64 %off
   %outp = getelementptr inbounds ptr, ptr %out, i64 %i64i
@@ -229,6 +247,6 @@ arg.next:
   %posn = add i64 %ext0, %ndim_e64b
   br label %arg.head
 }
-"""
+""")
 
 
