@@ -52,6 +52,20 @@ def add_metadata_blob(module: ir.Module, blob: bytes) -> None:
     meta.align = 1
 
 
+def _forward_copy_ir(label: str, pred: str, sz: str) -> str:
+    """The byte loop copying %n bytes from %s to %d upwards (memcpy, and memmove when %d <= %s)."""
+    return """{label}:
+  %i = phi {sz} [ 0, %{pred} ], [ %i1, %{label} ]
+  %sp = getelementptr inbounds i8, ptr %s, {sz} %i
+  %v = load i8, ptr %sp, align 1
+  %dp = getelementptr inbounds i8, ptr %d, {sz} %i
+  store i8 %v, ptr %dp, align 1
+  %i1 = add nuw {sz} %i, 1
+  %c = icmp ult {sz} %i1, %n
+  br i1 %c, label %{label}, label %done
+""".format(label=label, pred=pred, sz=sz)
+
+
 def memory_functions_ir(target: Target) -> str:
     """Hidden memcpy/memmove/memset for modules without libc.
 
@@ -64,16 +78,7 @@ define weak hidden ptr @memcpy(ptr noalias %d, ptr noalias %s, {sz} %n) {attrs} 
 entry:
   %z = icmp eq {sz} %n, 0
   br i1 %z, label %done, label %loop
-loop:
-  %i = phi {sz} [ 0, %entry ], [ %i1, %loop ]
-  %sp = getelementptr inbounds i8, ptr %s, {sz} %i
-  %v = load i8, ptr %sp, align 1
-  %dp = getelementptr inbounds i8, ptr %d, {sz} %i
-  store i8 %v, ptr %dp, align 1
-  %i1 = add nuw {sz} %i, 1
-  %c = icmp ult {sz} %i1, %n
-  br i1 %c, label %loop, label %done
-done:
+{copy_loop}done:
   ret ptr %d
 }}
 
@@ -102,16 +107,7 @@ pick:
   %si = ptrtoint ptr %s to {sz}
   %fwd = icmp ule {sz} %di, %si
   br i1 %fwd, label %floop, label %bloop
-floop:
-  %i = phi {sz} [ 0, %pick ], [ %i1, %floop ]
-  %sp = getelementptr inbounds i8, ptr %s, {sz} %i
-  %v = load i8, ptr %sp, align 1
-  %dp = getelementptr inbounds i8, ptr %d, {sz} %i
-  store i8 %v, ptr %dp, align 1
-  %i1 = add nuw {sz} %i, 1
-  %c = icmp ult {sz} %i1, %n
-  br i1 %c, label %floop, label %done
-bloop:
+{copy_floop}bloop:
   %j = phi {sz} [ %n, %pick ], [ %j1, %bloop ]
   %j1 = sub nuw {sz} %j, 1
   %sq = getelementptr inbounds i8, ptr %s, {sz} %j1
@@ -123,7 +119,8 @@ bloop:
 done:
   ret ptr %d
 }}
-""".format(sz=sz, attrs=attrs)
+""".format(sz=sz, attrs=attrs, copy_loop=_forward_copy_ir("loop", "entry", sz),
+           copy_floop=_forward_copy_ir("floop", "pick", sz))
 
 
 def _udivmod_ir(bits: int) -> str:
