@@ -85,8 +85,23 @@ def _arg_checker(module: ir.Module) -> ir.Function:
 _DLTENSOR_IR = "{ ptr, { i32, i32 }, i32, { i8, i8, i16 }, ptr, ptr, i64 }"
 
 
+def _field_check(check: str, field: int, value: str, short: str, err: str, next_block: str) -> str:
+    """Blocks ``chk.<check>``/``bad.<check>``: the i32 DLTensor field ``field`` must equal ``%<value>_e``."""
+    return """chk.{check}:
+  %{short}p = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 {field}
+  %{value} = load i32, ptr %{short}p, align 4
+  %{short}ok = icmp eq i32 %{value}, %{value}_e
+  br i1 %{short}ok, label %{next_block}, label %bad.{check}
+bad.{check}:
+  %rc_{short} = or i32 %argbits, ${err}
+  ret i32 %rc_{short}
+""".format(check=check, field=field, value=value, short=short, err=err, next_block=next_block)
+
+
 def _fill(template: str) -> str:
     """The checker's IR with the ABI's constants (``$NAME``) spelled in: error kinds as ``kind << 24``."""
+    template = template.replace("$CHECK_NDIM", _field_check("ndim", 2, "ndim", "nd", "ERR_NDIM", "chk.dtype"))
+    template = template.replace("$CHECK_DTYPE", _field_check("dtype", 3, "dt", "d", "ERR_DTYPE", "chk.rank"))
     values = {"DLTENSOR": _DLTENSOR_IR, "TETHER_DLTENSOR": str(TETHER_DLTENSOR)}
     values.update((name, str(kind << 24)) for name, kind in (
         ("ERR_NUM_ARGS", ERR_NUM_ARGS), ("ERR_TYPE_CODE", ERR_TYPE_CODE), ("ERR_NDIM", ERR_NDIM),
@@ -149,23 +164,7 @@ chk.handle:
 bad.null:
   %rc_null = or i32 %argbits, $ERR_NULL_DATA
   ret i32 %rc_null
-chk.ndim:
-  %ndp = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 2
-  %ndim = load i32, ptr %ndp, align 4
-  %ndok = icmp eq i32 %ndim, %ndim_e
-  br i1 %ndok, label %chk.dtype, label %bad.ndim
-bad.ndim:
-  %rc_nd = or i32 %argbits, $ERR_NDIM
-  ret i32 %rc_nd
-chk.dtype:
-  %dp = getelementptr inbounds $DLTENSOR, ptr %h, i32 0, i32 3
-  %dt = load i32, ptr %dp, align 4
-  %dtok = icmp eq i32 %dt, %dt_e
-  br i1 %dtok, label %chk.rank, label %bad.dtype
-bad.dtype:
-  %rc_dt = or i32 %argbits, $ERR_DTYPE
-  ret i32 %rc_dt
-chk.rank:
+$CHECK_NDIM$CHECK_DTYPEchk.rank:
   %scalar = icmp eq i32 %ndim_e, 0
   br i1 %scalar, label %chk.data, label %shape.pre
 shape.pre:
