@@ -18,8 +18,12 @@ from llvmlite import ir
 
 from fixtures.backend import PackedCaller, math_kernel, vadd_kernel
 from tether.driver import build_ir
+import tether
+from tether import te
 from tether.codegen import threadpool
-from tether.codegen.module import ModuleBuilder, error_code
+from tether.codegen.function import emit_function
+from tether.codegen.module import ModuleBuilder
+from tether.codegen.packed import error_code
 from tether.errors import CompileError
 from tether.target import PRESET_NAMES, Target
 from tether_rpc import elf
@@ -331,6 +335,23 @@ def _scalar_kernel(mb, name, n, in_dtypes, out_dtype, body):
     mb.add_packed(KernelFunc(name, params), fn)
 
 
+class _TeKernel:
+    """A te elementwise kernel over 1-d inputs, compiled by tether's own code generator."""
+
+    def __init__(self, fcompute, vector=0):
+        self.fcompute, self.vector = fcompute, vector
+
+    def add(self, mb, name, n, in_dtypes, out_dtype):
+        ins = [te.placeholder((n,), d, name="in%d" % k) for k, d in enumerate(in_dtypes)]
+        out = te.compute((n,), lambda i: self.fcompute(*[x[i] for x in ins]), name="out")
+        s = te.create_schedule(out.op)
+        if self.vector:
+            _, xi = s[out].split(out.op.axis[0], factor=self.vector)
+            s[out].vectorize(xi)
+        pf = tether.lower(s, ins + [out], name)
+        mb.add_packed(pf, emit_function(mb, pf))
+
+
 def _trunc_divmod(a, b):
     """C's truncating division, in Python integers (np.abs(INT_MIN) would overflow)."""
     q = [(abs(x) // abs(y)) * (-1 if (x < 0) != (y < 0) else 1) for x, y in zip(a.tolist(), b.tolist())]
@@ -389,11 +410,24 @@ def test_armv7_runtime_helpers_on_qemu(tmp_path, host_linker):
             ("f2ulz", [conv_uf64.astype(np.float32)], "uint64", lambda b, x: b.fptoui(x, ir.IntType(64)),
              np.trunc(conv_uf64.astype(np.float32).astype(np.float64)).astype(np.uint64)),
         ]
+        # te kernels: codegen emits plain 64-bit IR (vectorized too), which LLVM lowers to the same helpers
+        cases += [
+            ("te_floordiv64", [i64a, i64b], "int64", _TeKernel(lambda x, y: te.floordiv(x, y), vector=4),
+             i64a // i64b),
+            ("te_floormod64", [i64a, i64b], "int64", _TeKernel(lambda x, y: te.floormod(x, y), vector=4),
+             i64a % i64b),
+            ("te_l2f", [conv_i64], "float32", _TeKernel(lambda x: x.astype("float32")), conv_i64.astype(np.float32)),
+            ("te_f2l", [conv_f64.astype(np.float32)], "int64", _TeKernel(lambda x: x.astype("int64")),
+             np.trunc(conv_f64.astype(np.float32)).astype(np.int64)),
+        ]
     mb = ModuleBuilder("armv7a-linux-gnueabihf -mattr=+neon", "rt")
     table = []
     for name, ins, out_dtype, op, _ in cases:
         in_dtypes = [a.dtype.name for a in ins]
-        _scalar_kernel(mb, name, n, in_dtypes, out_dtype, op)
+        if isinstance(op, _TeKernel):
+            op.add(mb, name, n, in_dtypes, out_dtype)
+        else:
+            _scalar_kernel(mb, name, n, in_dtypes, out_dtype, op)
         dls = [_DL[d] for d in in_dtypes] + [(0, 8)] * (2 - len(ins)) + [_DL[out_dtype]]
         table.append("{%s, %d, {%s}, {%s}}" % (name, len(ins), ", ".join(str(c) for c, _ in dls),
                                                ", ".join(str(b) for _, b in dls)))

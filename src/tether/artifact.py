@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from tether import link
 from tether.codegen.emit import CompiledObject
-from tether.codegen.module import EXPORTED_RUNTIME_SYMBOLS, MEMORY_FUNCTIONS
+from tether.codegen.runtime import EXPORTED_RUNTIME_SYMBOLS, MEMORY_FUNCTIONS
 from tether.errors import TetherError
 from tether.target import Target
 

@@ -100,7 +100,7 @@ def build(sch_or_funcs: Any, args: Optional[Sequence[Any]] = None, target: Union
     n_jobs = build_jobs(jobs, len(items))
     if n_jobs > 1:
         return _build_in_parts(items, names, tgt, name, fast_math, opt, n_jobs)
-    from tether.codegen.llvm import emit_function
+    from tether.codegen.function import emit_function
 
     t0 = time.perf_counter()
     funcs = [_lowered(it) for it in items]
@@ -120,7 +120,7 @@ def build(sch_or_funcs: Any, args: Optional[Sequence[Any]] = None, target: Union
 
 def _build_kernels_part(items: Sequence[Any], tgt: Target, name: str, fast_math: bool, opt: int) -> dict:
     """Lower, generate and compile some kernels as a "kernels" part (runs in a build worker)."""
-    from tether.codegen.llvm import emit_function
+    from tether.codegen.function import emit_function
 
     mb = ModuleBuilder(tgt, name, fast_math=fast_math, part="kernels")
     for item in items:

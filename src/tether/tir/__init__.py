@@ -5,4 +5,4 @@ from tether.tir.dtype import DTYPES, bits, check_dtype, is_bool, is_float, is_in
 from tether.tir.expr import (Binary, Call, Cast, Compare, Const, Expr, Load, Not, Reduce, Select,  # noqa: F401
                              TensorLoad, Var)
 from tether.tir.stmt import Allocate, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, seq  # noqa: F401
-from tether.tir.visit import children, map_children, rebuild, replace, substitute, walk, walk_stmts  # noqa: F401
+from tether.tir.visit import children, map_children, rebuild, replace, substitute, walk  # noqa: F401

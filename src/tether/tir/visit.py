@@ -33,10 +33,6 @@ def walk(node: Any) -> Iterator[Any]:
         stack.extend(reversed(children(n)))
 
 
-# codegen's name for walking statements: the same pre-order walk
-walk_stmts = walk
-
-
 @lru_cache(maxsize=None)
 def _slots(cls: type) -> tuple:
     return tuple(name for klass in cls.__mro__ for name in klass.__dict__.get("__slots__", ()))

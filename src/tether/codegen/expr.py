@@ -1,0 +1,488 @@
+"""Expression emission: tir expressions -> llvmlite values, scalar or ``<N x T>`` inside a vectorized loop.
+
+Inside a vectorized loop (``self.vec``) an expression that does not depend on the loop variable is emitted once
+as a scalar (splatted where it meets a vector); a load whose index moves by one element per lane is one vector
+load; any other index is gathered lane by lane. ``self.mask`` (a select whose arms might fault) switches lanes
+off: their loads are skipped and their divisors replaced by one.
+
+Each expression node type, binary operator and cast is one row of a table below.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from llvmlite import ir
+
+from tether.codegen.types import (I1, I8, I32, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
+                                  mem_type, scalar_type)
+from tether.errors import CompileError
+from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var, children,
+                        is_bool, is_float, substitute, walk)
+from tether.tir.simplify import Simplifier
+
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+# operator -> IRBuilder method, for the operators that are one instruction
+_FLOAT_OPS = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+_INT_OPS = {"add": "add", "sub": "sub", "mul": "mul"}
+_BOOL_OPS = {"and": "and_", "or": "or_"}
+_DIV_OPS = ("floordiv", "floormod", "div")
+_MINMAX = {"min": "<", "max": ">"}
+# integer dtypes whose arithmetic cannot wrap (lowering's index math): add/sub/mul carry nsw
+_NSW_DTYPES = ("int32", "int64")
+
+
+def uses(e: Expr, var: Var) -> bool:
+    return any(n is var for n in walk(e))
+
+
+def by_class(table: dict, cls: type):
+    """The row of a node-type table for ``cls`` or its nearest base class (an IterVar is a Var), remembered."""
+    for base in cls.__mro__:
+        if base in table:
+            table[cls] = table[base]
+            return table[base]
+    return None
+
+
+class ExprEmitter:
+    """The expression half of a function emitter (codegen/function.py supplies ``b``, ``fn``, ``bufs``, ``env``,
+    ``vec``, ``vec_index``, ``mask``, ``ranges``, ``clamps``, the memo tables, ``fm`` and ``ctx``)."""
+
+    b: ir.IRBuilder
+    fn: ir.Function
+    env: Dict[Var, ir.Value]
+    bufs: Dict[Buffer, ir.Value]
+    vec: Optional[tuple]
+    vec_index: Optional[ir.Value]
+    mask: Optional[ir.Value]
+    reassoc_node: Optional[Expr]
+    ranges: Dict[Var, tuple]
+    clamps: Dict[Var, Expr]
+    unsafe_memo: Dict[int, bool]
+    unsafe_keep: List[Expr]
+    lane_memo: Dict[int, bool]
+    lane_keep: List[Expr]
+    fm: tuple
+    ctx: Any
+
+    # ---- helpers --------------------------------------------------------------------------------------------
+    def lanes(self) -> int:
+        return self.vec[1]
+
+    def splat(self, v: ir.Value, n: int) -> ir.Value:
+        if is_vec(v):
+            return v
+        vty = ir.VectorType(v.type, n)
+        if isinstance(v, ir.Constant):
+            return ir.Constant(vty, [v.constant] * n)
+        undef = ir.Constant(vty, ir.Undefined)
+        one = self.b.insert_element(undef, v, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+    def match(self, a: ir.Value, b: ir.Value):
+        if is_vec(a) and not is_vec(b):
+            return a, self.splat(b, a.type.count)
+        if is_vec(b) and not is_vec(a):
+            return self.splat(a, b.type.count), b
+        return a, b
+
+    def const(self, dtype: str, value) -> ir.Constant:
+        ty = scalar_type(dtype)
+        if is_bool(dtype):
+            return ir.Constant(I1, 1 if value else 0)
+        return ir.Constant(ty, value)
+
+    # ---- expressions ----------------------------------------------------------------------------------------
+    def lane_stride(self, index: Expr) -> Optional[int]:
+        """How far ``index`` moves per lane of the vector loop: an int, or None when it is not linear."""
+        var = self.vec[0]
+        s = Simplifier({})
+        terms, _ = s.linear(index)
+        coef = 0
+        for atom, c in terms.values():
+            if atom is var:
+                coef += c
+            elif uses(atom, var):
+                return None
+        return coef
+
+    def ev_at_base(self, e: Expr, unmasked: bool = False) -> ir.Value:
+        """``e`` as a scalar, the vector loop variable at its first lane (``unmasked``: with every lane on)."""
+        saved = self.vec, self.mask
+        self.vec = None
+        if unmasked:
+            self.mask = None
+        try:
+            return self.ev(e)
+        finally:
+            self.vec, self.mask = saved
+
+    def ev_at_lane(self, e: Expr, lane: int, unmasked: bool = False) -> ir.Value:
+        """``e`` as a scalar for one lane of the vector loop."""
+        var, _, base = self.vec
+        self.env[var] = self.b.add(base, ir.Constant(I32, lane), flags=("nsw",)) if lane else base
+        try:
+            return self.ev_at_base(e, unmasked)
+        finally:
+            self.env[var] = base
+
+    def uses_lane(self, e: Expr) -> bool:
+        """Whether ``e`` depends on the vector loop variable (memoised per vector body: ev asks at every node)."""
+        key = id(e)
+        hit = self.lane_memo.get(key)
+        if hit is None:
+            var = self.vec[0]
+            hit = self.lane_memo[key] = (e is var) or any(self.uses_lane(c) for c in children(e))
+            self.lane_keep.append(e)
+        return hit
+
+    def ev(self, e: Expr) -> ir.Value:
+        if self.vec is not None and not self.uses_lane(e):
+            return self.ev_at_base(e)
+        emit = _EXPR_EMITTERS.get(type(e)) or by_class(_EXPR_EMITTERS, type(e))
+        if emit is None:
+            raise CompileError(f"codegen: cannot generate code for {type(e).__name__} ({e})")
+        return emit(self, e)
+
+    def ev_const(self, e: Const) -> ir.Value:
+        return self.const(e.dtype, e.value)
+
+    def ev_var(self, e: Var) -> ir.Value:
+        if self.vec is not None and e is self.vec[0]:
+            return self.vec_index
+        try:
+            return self.env[e]
+        except KeyError:
+            raise CompileError(f"codegen: variable {e.name!r} is used outside its loop") from None
+
+    def ev_not(self, e: Not) -> ir.Value:
+        a = self.ev(e.a)
+        return self.b.xor(a, self.splat(ir.Constant(I1, 1), a.type.count) if is_vec(a) else ir.Constant(I1, 1))
+
+    def select(self, e: Select) -> ir.Value:
+        if self.unsafe(e.t) or self.unsafe(e.f):
+            return self.guarded_select(e)
+        c, t, f = self.ev(e.cond), self.ev(e.t), self.ev(e.f)
+        t, f = self.match(t, f)
+        if is_vec(c) and not is_vec(t):
+            t, f = self.splat(t, c.type.count), self.splat(f, c.type.count)
+        return self.b.select(c, t, f)
+
+    def ev_cast(self, e: Cast) -> ir.Value:
+        return self.cast(self.ev(e.value), e.value.dtype, e.dtype)
+
+    def load(self, e: Load) -> ir.Value:
+        buf = e.buffer
+        ety = mem_type(buf.dtype)
+        align = elem_bytes(buf.dtype)
+        if buf not in self.bufs:
+            raise CompileError(f"codegen: buffer {buf.name!r} is used outside its allocation")
+        if self.mask is not None:
+            return self.masked_load(e)
+        if self.vec is not None and self.uses_lane(e.index):
+            n = self.lanes()
+            coef = self.lane_stride(e.index)
+            if coef == 1:
+                ptr = self.b.gep(self.bufs[buf], [self.ev_at_base(e.index)], inbounds=True, source_etype=ety)
+                v = self.b.load(ptr, typ=ir.VectorType(ety, n), align=align)
+            else:
+                v = self.gather(buf, self.ev(e.index), check_contiguous=coef is None)
+            if buf.dtype == "bool":
+                v = self.b.icmp_unsigned("!=", v, ir.Constant(v.type, [0] * n))
+            return v
+        ptr = self.b.gep(self.bufs[buf], [self.ev(e.index)], inbounds=True, source_etype=ety)
+        v = self.b.load(ptr, typ=ety, align=align)
+        if buf.dtype == "bool":
+            v = self.b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+        return v
+
+    # ---- lazily evaluated if_then_else ------------------------------------------------------------------------
+    def unsafe(self, e: Expr) -> bool:
+        """Whether evaluating ``e`` where its condition is false could fault: a load not provably in bounds
+        (padding reads) or an integer division by something that may be zero."""
+        key = id(e)
+        hit = self.unsafe_memo.get(key)
+        if hit is None:
+            if isinstance(e, Load):
+                idx = e.index
+                clamped = {v: Binary("min", v, last, "int32") for v, last in self.clamps.items() if uses(idx, v)}
+                if clamped:   # v == min(v, last): exposes the tail clamp to the bound
+                    idx = substitute(idx, clamped)
+                b = Simplifier(self.ranges).bound(idx)
+                here = b is None or b[0] < 0 or b[1] >= e.buffer.size
+            elif isinstance(e, Binary) and e.op in ("floordiv", "floormod", "div") and not is_float(e.dtype):
+                b = Simplifier(self.ranges).bound(e.b)
+                here = b is None or b[0] <= 0 <= b[1]
+            else:
+                here = False
+            hit = self.unsafe_memo[key] = here or any(self.unsafe(c) for c in children(e))
+            self.unsafe_keep.append(e)
+        return hit
+
+    def guarded_select(self, e: Select) -> ir.Value:
+        c = self.ev(e.cond)
+        if is_vec(c):
+            # lanes differ: evaluate both sides under masks (loads of switched-off lanes are skipped)
+            outer = self.mask
+            not_c = self.b.xor(c, ir.Constant(c.type, [1] * c.type.count))
+            if outer is not None:
+                c_t, c_f = self.b.and_(self.splat(outer, c.type.count), c), self.b.and_(
+                    self.splat(outer, c.type.count), not_c)
+            else:
+                c_t, c_f = c, not_c
+            try:
+                self.mask = c_t
+                t = self.ev(e.t)
+                self.mask = c_f
+                f = self.ev(e.f)
+            finally:
+                self.mask = outer
+            t, f = self.match(t, f)
+            if not is_vec(t):
+                t, f = self.splat(t, c.type.count), self.splat(f, c.type.count)
+            return self.b.select(c, t, f)
+        want_vec = self.vec is not None and (self.uses_lane(e.t) or self.uses_lane(e.f))
+        then_bb = self.fn.append_basic_block("sel.then")
+        else_bb = self.fn.append_basic_block("sel.else")
+        end_bb = self.fn.append_basic_block("sel.end")
+        self.b.cbranch(c, then_bb, else_bb)
+        vals = []
+        for bb, sub in ((then_bb, e.t), (else_bb, e.f)):
+            self.b.position_at_end(bb)
+            v = self.ev(sub)
+            if want_vec:
+                v = self.splat(v, self.lanes())
+            vals.append((v, self.b.block))
+            self.b.branch(end_bb)
+        self.b.position_at_end(end_bb)
+        phi = self.b.phi(vals[0][0].type)
+        for v, bb in vals:
+            phi.add_incoming(v, bb)
+        return phi
+
+    def masked_load(self, e: Load) -> ir.Value:
+        """A load under ``self.mask``: only active lanes touch memory; inactive lanes read as zero."""
+        buf = e.buffer
+        ety = mem_type(buf.dtype)
+        align = elem_bytes(buf.dtype)
+        mask = self.mask
+        n = mask.type.count
+        B = self.b
+        mask_bits = B.bitcast(mask, ir.IntType(n))
+        vty = ir.VectorType(ety, n)
+        zero = ir.Constant(vty, [0] * n)
+        lane_dep = self.vec is not None and self.uses_lane(e.index)
+        if not lane_dep:            # one address: load it if any lane is active
+            idx = self.ev_at_base(e.index, unmasked=True)
+            ld_bb, end_bb = self.fn.append_basic_block("mload"), self.fn.append_basic_block("mload.end")
+            pre = B.block
+            B.cbranch(B.icmp_unsigned("!=", mask_bits, ir.Constant(ir.IntType(n), 0)), ld_bb, end_bb)
+            B.position_at_end(ld_bb)
+            x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
+            B.branch(end_bb)
+            B.position_at_end(end_bb)
+            v = B.phi(ety)
+            v.add_incoming(x, ld_bb)
+            v.add_incoming(ir.Constant(ety, 0), pre)
+        else:
+            coef = self.lane_stride(e.index)
+            all_on = B.icmp_unsigned("==", mask_bits, ir.Constant(ir.IntType(n), (1 << n) - 1))
+            full_bb = self.fn.append_basic_block("mload.full") if coef == 1 else None
+            part_bb = self.fn.append_basic_block("mload.lanes")
+            end_bb = self.fn.append_basic_block("mload.end")
+            incoming = []
+            if full_bb is not None:
+                B.cbranch(all_on, full_bb, part_bb)
+                B.position_at_end(full_bb)
+                ptr = B.gep(self.bufs[buf], [self.ev_at_base(e.index, unmasked=True)], inbounds=True, source_etype=ety)
+                incoming.append((B.load(ptr, typ=vty, align=align), B.block))
+                B.branch(end_bb)
+            else:
+                B.branch(part_bb)
+            B.position_at_end(part_bb)
+            v = zero
+            for lane in range(n):
+                on = B.extract_element(mask, ir.Constant(I32, lane))
+                ld_bb = self.fn.append_basic_block("mload.lane")
+                nxt_bb = self.fn.append_basic_block("mload.next")
+                pre = B.block
+                B.cbranch(on, ld_bb, nxt_bb)
+                B.position_at_end(ld_bb)
+                idx = self.ev_at_lane(e.index, lane, unmasked=True)
+                x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
+                v_on = B.insert_element(v, x, ir.Constant(I32, lane))
+                ld_end = B.block
+                B.branch(nxt_bb)
+                B.position_at_end(nxt_bb)
+                phi = B.phi(vty)
+                phi.add_incoming(v_on, ld_end)
+                phi.add_incoming(v, pre)
+                v = phi
+            incoming.append((v, B.block))
+            v = self.join(end_bb, incoming, vty)
+        if buf.dtype == "bool":
+            z = ir.Constant(v.type, [0] * n) if is_vec(v) else ir.Constant(I8, 0)
+            v = B.icmp_unsigned("!=", v, z)
+        return v
+
+    def gather(self, buf: Buffer, idxv: ir.Value, check_contiguous: bool) -> ir.Value:
+        """Load the lanes of index vector ``idxv`` one by one. For non-linear indices (clamped or wrapped, as
+        in padding) first test at run time whether they happen to be consecutive, and then load one vector."""
+        B = self.b
+        ety = mem_type(buf.dtype)
+        align = elem_bytes(buf.dtype)
+        n = idxv.type.count
+        vty = ir.VectorType(ety, n)
+        first = B.extract_element(idxv, ir.Constant(I32, 0))
+        incoming = []
+        end_bb = None
+        if check_contiguous:
+            expect = B.add(self.splat(first, n), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            same = B.bitcast(B.icmp_signed("==", idxv, expect), ir.IntType(n))
+            vec_bb = self.fn.append_basic_block("gather.contig")
+            lanes_bb = self.fn.append_basic_block("gather.lanes")
+            end_bb = self.fn.append_basic_block("gather.end")
+            B.cbranch(B.icmp_unsigned("==", same, ir.Constant(ir.IntType(n), (1 << n) - 1)), vec_bb, lanes_bb)
+            B.position_at_end(vec_bb)
+            ptr = B.gep(self.bufs[buf], [first], inbounds=True, source_etype=ety)
+            incoming.append((B.load(ptr, typ=vty, align=align), B.block))
+            B.branch(end_bb)
+            B.position_at_end(lanes_bb)
+        v = ir.Constant(vty, ir.Undefined)
+        for lane in range(n):
+            idx = first if lane == 0 else B.extract_element(idxv, ir.Constant(I32, lane))
+            x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
+            v = B.insert_element(v, x, ir.Constant(I32, lane))
+        if end_bb is None:
+            return v
+        incoming.append((v, B.block))
+        return self.join(end_bb, incoming, vty)
+
+    def join(self, end_bb: ir.Block, incoming: List[tuple], ty: ir.Type) -> ir.Value:
+        """Branch to ``end_bb`` and merge the (value, block) pairs of the paths that reach it in one phi."""
+        B = self.b
+        B.branch(end_bb)
+        B.position_at_end(end_bb)
+        phi = B.phi(ty)
+        for val, bb in incoming:
+            phi.add_incoming(val, bb)
+        return phi
+
+    def binary(self, e: Binary) -> ir.Value:
+        a, b = self.match(self.ev(e.a), self.ev(e.b))
+        op, dt = e.op, e.a.dtype
+        B = self.b
+        if op in _BOOL_OPS:
+            return getattr(B, _BOOL_OPS[op])(a, b)
+        if is_float(dt):
+            return self.float_binary(e, a, b)
+        if op in _INT_OPS:
+            return getattr(B, _INT_OPS[op])(a, b, flags=("nsw",) if dt in _NSW_DTYPES else ())
+        if op in _MINMAX:
+            cmp = (B.icmp_unsigned if is_unsigned(dt) else B.icmp_signed)(_MINMAX[op], a, b)
+            return B.select(cmp, a, b)
+        if op in _DIV_OPS:
+            return self.int_division(e, a, b)
+        raise CompileError(f"codegen: integer operator {op!r} is not supported")
+
+    def float_binary(self, e: Binary, a: ir.Value, b: ir.Value) -> ir.Value:
+        B = self.b
+        fm = self.fm
+        # A reduction's order is unspecified (see FunctionEmitter.store): its combine may be reassociated.
+        reduction = e is self.reassoc_node and "fast" not in fm
+        if reduction:
+            fm = fm + ("reassoc",)
+        if e.op in _FLOAT_OPS:
+            return getattr(B, _FLOAT_OPS[e.op])(a, b, flags=fm)
+        if e.op in _MINMAX:
+            if reduction:
+                # a max/min reduction: without these flags LLVM will not keep per-lane running maxima
+                fm = fm + ("nnan", "nsz")
+            cmp = B.fcmp_ordered(_MINMAX[e.op], a, b, flags=fm)
+            return B.select(cmp, a, b, flags=fm)
+        raise CompileError(f"codegen: float operator {e.op!r} is not supported")
+
+    def int_division(self, e: Binary, a: ir.Value, b: ir.Value) -> ir.Value:
+        """floordiv/floormod (and div, which floors too) of integers. 64-bit division on armv7 becomes a call of
+        the module's own __aeabi_ldivmod (codegen/runtime.py), so it is emitted as plain sdiv/srem here."""
+        op, dt, B = e.op, e.a.dtype, self.b
+        if is_unsigned(dt):
+            return B.udiv(a, b) if op != "floormod" else B.urem(a, b)
+        if isinstance(e.b, Const) and e.b.value > 0 and dt in _NSW_DTYPES:
+            lo = Simplifier(self.ranges).bound(e.a)
+            if lo is not None and lo[0] >= 0:   # index math: floor == truncation, unsigned is cheapest
+                return B.udiv(a, b) if op != "floormod" else B.urem(a, b)
+        if self.mask is not None and not isinstance(e.b, Const):
+            # lanes the mask switches off may divide by zero (which traps): divide them by one instead
+            m = self.mask
+            if not is_vec(b):   # one divisor for all lanes: it matters if any lane is on
+                m = B.icmp_unsigned("!=", B.bitcast(m, ir.IntType(m.type.count)),
+                                    ir.Constant(ir.IntType(m.type.count), 0))
+            b = B.select(m, b, const_of(b, 1))
+        q = B.sdiv(a, b)
+        r = B.srem(a, b)
+        zero = const_of(a, 0)
+        adjust = B.and_(B.icmp_signed("!=", r, zero), B.icmp_signed("<", B.xor(r, b), zero))
+        if op == "floormod":
+            return B.add(r, B.select(adjust, b, zero))
+        return B.sub(q, B.zext(adjust, a.type))
+
+    def compare(self, e: Compare) -> ir.Value:
+        a, b = self.match(self.ev(e.a), self.ev(e.b))
+        dt = e.a.dtype
+        sym = _CMP[e.op]
+        if is_float(dt):
+            if e.op == "ne":
+                return self.b.fcmp_unordered("!=", a, b)
+            return self.b.fcmp_ordered(sym, a, b)
+        return (self.b.icmp_unsigned if is_unsigned(dt) else self.b.icmp_signed)(sym, a, b)
+
+    def cast(self, v: ir.Value, src: str, dst: str) -> ir.Value:
+        if src == dst:
+            return v
+        B = self.b
+        ty = scalar_type(dst)
+        vty = like(v, ty)
+        if dst == "bool":
+            zero = const_like(v, scalar_type(src), 0)
+            return B.fcmp_unordered("!=", v, zero) if is_float(src) else B.icmp_unsigned("!=", v, zero)
+        if is_float(dst):
+            if is_float(src):
+                return B.fpext(v, vty) if dst == "float64" else B.fptrunc(v, vty)
+            return (B.uitofp if is_unsigned(src) else B.sitofp)(v, vty)
+        # integer destination (64-bit conversions on armv7 become calls of the module's __aeabi_* helpers)
+        if is_float(src):
+            return (B.fptoui if is_unsigned(dst) else B.fptosi)(v, vty)
+        sb, db = (v.type.element if is_vec(v) else v.type).width, ty.width
+        if sb == db:
+            return v
+        if sb > db:
+            return B.trunc(v, vty)
+        return (B.zext if is_unsigned(src) else B.sext)(v, vty)
+
+    def call(self, e: Call) -> ir.Value:
+        args = [self.ev(a) for a in e.args]
+        if len(args) == 2:
+            args = list(self.match(args[0], args[1]))
+        if e.name == "abs" and not is_float(e.dtype):
+            a = args[0]
+            if is_unsigned(e.dtype):
+                return a
+            zero = const_of(a, 0)
+            return self.b.select(self.b.icmp_signed("<", a, zero), self.b.sub(zero, a), a)
+        fn = self.ctx.math(e.name, args[0].type)
+        return self.b.call(fn, args, fastmath=self.fm if getattr(self.ctx, "fast_math", False) else ())
+
+
+# expression node type -> its emitter (a new node type is one row)
+_EXPR_EMITTERS = {
+    Const: ExprEmitter.ev_const,
+    Var: ExprEmitter.ev_var,
+    Load: ExprEmitter.load,
+    Binary: ExprEmitter.binary,
+    Compare: ExprEmitter.compare,
+    Not: ExprEmitter.ev_not,
+    Select: ExprEmitter.select,
+    Cast: ExprEmitter.ev_cast,
+    Call: ExprEmitter.call,
+}

@@ -1,0 +1,352 @@
+"""Function emission: a tir.PrimFunc body -> one llvmlite function (``i32 @<name>__impl(ptr noalias p0, ...)``,
+docs/design.md "Compiler contracts"); statements, loops, allocation and stores.
+
+- ``vectorized`` loops are emitted once with explicit ``<N x T>`` values (codegen/expr.py). A clamped tail
+  (extent ``min(N, rest)``) gets a scalar loop beside the vector body. Bodies that cannot be vectorized (a
+  lane-dependent ``if``) fall back to a scalar loop.
+- ``unrolled`` loops are copied with constant loop variables, so small local buffers (cache_write "local")
+  are only addressed at constant offsets and LLVM's SROA keeps them in registers.
+- ``parallel`` loops are outlined into task functions (codegen/parallel.py).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional
+
+from llvmlite import ir
+
+from tether.codegen import parallel
+from tether.codegen.expr import ExprEmitter, by_class, uses
+from tether.codegen.types import I1, I8, I32, PTR, elem_bytes, is_vec, mem_type
+from tether.errors import CompileError
+from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, Var,
+                        is_float, walk)
+
+log = logging.getLogger(__name__)
+
+# Internal buffers up to this size live on the stack (entry-block allocas, promotable to registers); larger
+# ones outside parallel loops become static zero-initialised scratch (the module has no malloc).
+STACK_BYTES = 64 * 1024
+
+
+class FunctionEmitter(ExprEmitter):
+    """Emits one LLVM function body (the impl or a parallel task's body) from loop IR."""
+
+    def __init__(self, ctx: Any, fn: ir.Function, name: str, counter: List[int]):
+        self.ctx = ctx
+        self.fn = fn
+        self.name = name
+        self.counter = counter             # shared task counter for unique task names
+        # Allocas go to their own entry block (closed by seal()), so inserting one never disturbs the builder.
+        self.entry = fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(fn.append_basic_block("body"))
+        self.env: Dict[Var, ir.Value] = {}
+        self.bufs: Dict[Buffer, ir.Value] = {}
+        self.vec: Optional[tuple] = None   # (var, lanes, base scalar)
+        self.vec_index: Optional[ir.Value] = None
+        self.static_used = False            # static scratch buffers: calls must not overlap (see emit_function)
+        self.rets: List[ir.Instruction] = []
+        self.reassoc_node: Optional[Expr] = None   # the combine of the reduction update being emitted
+        self.mask: Optional[ir.Value] = None  # <N x i1>: lanes whose (conditional) value is actually used
+        self.ranges: Dict[Var, tuple] = {}   # loop variable -> inclusive range, for bounds proofs
+        self.clamps: Dict[Var, Expr] = {}    # loop variable -> its symbolic last value (clamped tails)
+        self.unsafe_memo: Dict[int, bool] = {}
+        self.unsafe_keep: List[Expr] = []
+        self.lane_memo: Dict[int, bool] = {}
+        self.lane_keep: List[Expr] = []     # keeps memo keys (ids) alive
+        self.in_task = False
+        self.fm = ("fast",) if getattr(ctx, "fast_math", False) else ("contract",)
+
+    # ---- helpers --------------------------------------------------------------------------------------------
+    def alloca(self, ty: ir.Type, count: int, name: str, align: int) -> ir.Value:
+        # Entry-block allocas of constant size are what SROA/mem2reg promote to registers.
+        a = ir.IRBuilder(self.entry).alloca(ir.ArrayType(ty, count), name=name)
+        a.align = align
+        a.type = PTR  # llvmlite types allocas as typed pointers; the module uses opaque pointers throughout
+        return a
+
+    def seal(self, first: Optional[ir.Block] = None) -> None:
+        ir.IRBuilder(self.entry).branch(first or self.fn.blocks[1])
+
+    # ---- statements -----------------------------------------------------------------------------------------
+    def stmt(self, s: Stmt) -> None:
+        emit = _STMT_EMITTERS.get(type(s)) or by_class(_STMT_EMITTERS, type(s))
+        if emit is None:
+            raise CompileError(f"codegen: unknown statement {type(s).__name__}")
+        emit(self, s)
+
+    def seq(self, s: SeqStmt) -> None:
+        for x in s.stmts:
+            self.stmt(x)
+
+    def bind_buffers(self, args, bufs: List[Buffer]) -> None:
+        """Name the pointer parameters ``args`` after ``bufs`` and mark them noalias (buffers never overlap)."""
+        for arg, buf in zip(args, bufs):
+            arg.name = "p_" + "".join(ch if ch.isalnum() else "_" for ch in buf.name)
+            arg.add_attribute("noalias")
+            self.bufs[buf] = arg
+
+    def allocate(self, s: Allocate) -> None:
+        buf = s.buffer
+        ety = mem_type(buf.dtype)
+        nbytes = buf.size * elem_bytes(buf.dtype)
+        if nbytes > STACK_BYTES and not self.in_task:
+            gv = ir.GlobalVariable(self.ctx.module, ir.ArrayType(ety, buf.size),
+                                   f"{self.name}.{buf.name}.scratch.{self.counter[0]}")
+            self.counter[0] += 1
+            gv.linkage = "internal"
+            gv.initializer = ir.Constant(ir.ArrayType(ety, buf.size), None)
+            gv.align = 16
+            gv.type = PTR   # opaque pointer, like every other buffer (llvmlite types globals as typed pointers)
+            ptr = gv
+            self.static_used = True
+        else:
+            if nbytes > STACK_BYTES:
+                log.warning("%s: buffer %r (%d bytes) is allocated on the stack of every parallel task; "
+                            "attach it at an inner loop (compute_at) to shrink it", self.name, buf.name, nbytes)
+            ptr = self.alloca(ety, buf.size, buf.name, 16)
+        self.bufs[buf] = ptr
+        self.stmt(s.body)
+
+    def if_then_else(self, s: IfThenElse) -> None:
+        cond = self.ev(s.cond)
+        if is_vec(cond):
+            raise CompileError("codegen: a lane-dependent condition reached a vectorized body")
+        then_bb = self.fn.append_basic_block("if.then")
+        end_bb = self.fn.append_basic_block("if.end")
+        else_bb = self.fn.append_basic_block("if.else") if s.else_case is not None else end_bb
+        self.b.cbranch(cond, then_bb, else_bb)
+        self.b.position_at_end(then_bb)
+        self.stmt(s.then_case)
+        self.b.branch(end_bb)
+        if s.else_case is not None:
+            self.b.position_at_end(else_bb)
+            self.stmt(s.else_case)
+            self.b.branch(end_bb)
+        self.b.position_at_end(end_bb)
+
+    def store(self, s: Store) -> None:
+        buf = s.buffer
+        ety = mem_type(buf.dtype)
+        align = elem_bytes(buf.dtype)
+        if s.reduction in ("sum", "prod", "max", "min") and isinstance(s.value, Binary) and is_float(s.value.dtype):
+            # A reduction's order is unspecified: reassociation lets LLVM keep several partial sums in vector
+            # registers (a row sum runs ~6x faster) at the cost of last-bit differences.
+            self.reassoc_node = s.value
+        try:
+            value = self.ev(s.value)
+        finally:
+            self.reassoc_node = None
+        if self.vec is not None and self.uses_lane(s.index):
+            coef = self.lane_stride(s.index)
+            n = self.lanes()
+            if coef == 1:
+                idx = self.ev_at_base(s.index)
+                ptr = self.b.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety)
+                v = self.to_mem(self.splat(value, n), buf.dtype)
+                self.b.store(v, ptr, align=align)
+                return
+            for lane in range(n):
+                idx = self.ev_at_lane(s.index, lane)
+                ptr = self.b.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety)
+                x = self.b.extract_element(value, ir.Constant(I32, lane)) if is_vec(value) else value
+                self.b.store(self.to_mem(x, buf.dtype), ptr, align=align)
+            return
+        if is_vec(value):  # a lane-invariant location written by every lane: the last lane wins, as in a loop
+            value = self.b.extract_element(value, ir.Constant(I32, value.type.count - 1))
+        idx = self.ev(s.index)
+        ptr = self.b.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety)
+        self.b.store(self.to_mem(value, buf.dtype), ptr, align=align)
+
+    def to_mem(self, v: ir.Value, dtype: str) -> ir.Value:
+        if dtype != "bool":
+            return v
+        ty = ir.VectorType(I8, v.type.count) if is_vec(v) else I8
+        return self.b.zext(v, ty)
+
+    # ---- loops ----------------------------------------------------------------------------------------------
+    def loop(self, s: For) -> None:
+        lo = s.min.value if isinstance(s.min, Const) else None
+        ext = s.max_extent if s.max_extent is not None else (s.extent.value if isinstance(s.extent, Const) else None)
+        if lo is not None and ext is not None:
+            self.ranges[s.var] = (lo, lo + max(ext, 1) - 1)   # proves loads in bounds (see unsafe())
+        clamp = s.extent if not isinstance(s.extent, Const) else s.bound_extent
+        if clamp is not None and lo is not None:
+            self.clamps[s.var] = Binary("sub", Binary("add", clamp, Const(lo, "int32")), Const(1, "int32"))
+        emit = _LOOP_EMITTERS.get(s.kind)
+        if emit is None or not emit(self, s):
+            self.serial(s)
+
+    # Loop kinds other than serial: each emits the loop and returns True, or declines (False: a serial loop).
+    def parallel_loop(self, s: For) -> bool:
+        if self.in_task:     # nested parallelism runs serially inside the task
+            return False
+        parallel.emit_parallel(self, s)
+        return True
+
+    def vectorized_loop(self, s: For) -> bool:
+        if self.vec is not None or not vectorizable(s.body, s.var):
+            return False
+        self.specialised(s, self.vector_body)
+        return True
+
+    def unrolled_loop(self, s: For) -> bool:
+        self.specialised(s, self.unrolled_body)
+        return True
+
+    def specialised(self, s: For, emit_full: Callable[[For, ir.Value], None]) -> None:
+        """Emit ``emit_full`` when the loop runs its full constant extent, else (a tail) a serial loop."""
+        start = self.ev(s.min)
+        full = s.max_extent
+        if isinstance(s.extent, Const):
+            if s.extent.value == full:
+                emit_full(s, start)
+            elif s.extent.value > 0:
+                self.serial(s)
+            return
+        extent = self.ev(s.extent)
+        is_full = self.b.icmp_signed("==", extent, ir.Constant(I32, full))
+        full_bb = self.fn.append_basic_block(f"{s.var.name}.full")
+        tail_bb = self.fn.append_basic_block(f"{s.var.name}.tail")
+        end_bb = self.fn.append_basic_block(f"{s.var.name}.end")
+        self.b.cbranch(is_full, full_bb, tail_bb)
+        self.b.position_at_end(full_bb)
+        emit_full(s, start)
+        self.b.branch(end_bb)
+        self.b.position_at_end(tail_bb)
+        self.serial_range(s.var, start, extent, lambda: self.stmt(s.body), tail=True)
+        self.b.branch(end_bb)
+        self.b.position_at_end(end_bb)
+
+    def unrolled_body(self, s: For, start: ir.Value) -> None:
+        for k in range(s.max_extent):
+            self.env[s.var] = self.b.add(start, ir.Constant(I32, k), flags=("nsw",)) if k else start
+            self.stmt(s.body)
+        self.env.pop(s.var, None)
+
+    def vector_body(self, s: For, start: ir.Value) -> None:
+        n = s.max_extent
+        saved = (self.vec, self.vec_index)
+        self.vec = (s.var, n, start)
+        self.lane_memo, self.lane_keep = {}, []
+        # Built up front so it dominates every use inside the body.
+        self.vec_index = self.b.add(self.splat(start, n), ir.Constant(ir.VectorType(I32, n), list(range(n))),
+                                    flags=("nsw",))
+        self.env[s.var] = start
+        try:
+            self.stmt(s.body)
+        finally:
+            self.vec, self.vec_index = saved
+            self.env.pop(s.var, None)
+
+    def serial(self, s: For) -> None:
+        start = self.ev(s.min)
+        extent = self.ev(s.extent)
+        self.serial_range(s.var, start, extent, lambda: self.stmt(s.body),
+                          known_positive=isinstance(s.extent, Const) and s.extent.value > 0,
+                          tail=getattr(s, "tail", False))
+
+    def tail_loop_md(self):
+        """Loop metadata for tail loops: no LLVM vectorization/unrolling (cold code; keeps compile time low)."""
+        mod = self.ctx.module
+        md = getattr(mod, "_tether_tail_loop_md", None)
+        if md is None:
+            novec = mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"), ir.Constant(I1, 0)])
+            nounroll = mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.unroll.disable")])
+            md = mod.add_metadata([novec, nounroll, ir.MetaDataString(mod, "tether.tail")])
+            md.operands = (md,) + md.operands   # loop IDs refer to themselves
+            mod._tether_tail_loop_md = md
+        return md
+
+    def serial_range(self, var: Var, start: ir.Value, extent: ir.Value, body: Callable[[], None],
+                     known_positive: bool = False, tail: bool = False) -> None:
+        if is_vec(start) or is_vec(extent):
+            raise CompileError(f"codegen: loop {var.name!r} has lane-dependent bounds inside a vectorized loop")
+        end = self.b.add(start, extent, flags=("nsw",))
+        pre = self.b.block
+        body_bb = self.fn.append_basic_block(f"{var.name}.body")
+        exit_bb = self.fn.append_basic_block(f"{var.name}.exit")
+        if known_positive:
+            self.b.branch(body_bb)
+        else:
+            self.b.cbranch(self.b.icmp_signed("<", start, end), body_bb, exit_bb)
+        self.b.position_at_end(body_bb)
+        phi = self.b.phi(I32, name=var.name)
+        phi.add_incoming(start, pre)
+        saved = self.env.get(var)
+        self.env[var] = phi
+        body()
+        nxt = self.b.add(phi, ir.Constant(I32, 1), flags=("nsw",))
+        phi.add_incoming(nxt, self.b.block)
+        latch = self.b.cbranch(self.b.icmp_signed("<", nxt, end), body_bb, exit_bb)
+        if tail:
+            latch.set_metadata("llvm.loop", self.tail_loop_md())
+        self.b.position_at_end(exit_bb)
+        if saved is None:
+            self.env.pop(var, None)
+        else:
+            self.env[var] = saved
+
+
+def vectorizable(body: Stmt, var: Var) -> bool:
+    """Whether every control-flow decision inside a vectorized loop is the same for all lanes."""
+    for s in walk(body):
+        if isinstance(s, IfThenElse) and uses(s.cond, var):
+            return False
+        if isinstance(s, For) and (uses(s.min, var) or uses(s.extent, var) or s.kind == "parallel"):
+            return False
+        if isinstance(s, Allocate):
+            return False
+    return True
+
+
+def emit_function(ctx: Any, primfunc: PrimFunc) -> ir.Function:
+    """Emit ``i32 @<name>__impl(ptr noalias p0, ...)`` for ``primfunc`` into ``ctx.module`` (``ctx``: a
+    codegen.module.ModuleBuilder)."""
+    params = primfunc.param_buffers
+    fnty = ir.FunctionType(I32, [PTR] * len(params))
+    fn = ir.Function(ctx.module, fnty, f"{primfunc.name}__impl")
+    fn.attributes.add("nounwind")
+    # the impl stays a symbol of its own (hidden, for C users of the object): not inlined into the packed
+    # wrapper as a second copy to optimise
+    fn.attributes.add("noinline")
+    em = FunctionEmitter(ctx, fn, primfunc.name, [0])
+    em.bind_buffers(fn.args, params)
+    body_bb = em.b.block
+    em.stmt(primfunc.body)
+    em.rets.append(em.b.ret(ir.Constant(I32, 0)))
+    if not em.static_used:
+        em.seal()
+        return fn
+    # Static scratch is shared by every call: a spin lock serialises concurrent calls (from several threads of
+    # the host program) instead of letting them corrupt each other's intermediates.
+    lock = ir.GlobalVariable(ctx.module, I32, f"{primfunc.name}.scratch_lock")
+    lock.linkage = "internal"
+    lock.initializer = ir.Constant(I32, 0)
+    lock.align = 4
+    spin = fn.append_basic_block("scratch.lock")
+    b = ir.IRBuilder(spin)
+    old = b.atomic_rmw("xchg", lock, ir.Constant(I32, 1), "acquire")
+    b.cbranch(b.icmp_unsigned("==", old, ir.Constant(I32, 0)), body_bb, spin)
+    for ret in em.rets:
+        b.position_before(ret)
+        b.store_atomic(ir.Constant(I32, 0), lock, "release", 4)
+    em.seal(spin)
+    return fn
+
+
+# statement node type -> its emitter (a new statement type is one row)
+_STMT_EMITTERS = {
+    SeqStmt: FunctionEmitter.seq,
+    Store: FunctionEmitter.store,
+    For: FunctionEmitter.loop,
+    IfThenElse: FunctionEmitter.if_then_else,
+    Allocate: FunctionEmitter.allocate,
+}
+
+# For.kind -> its emitter ("serial" and unknown kinds: a plain loop)
+_LOOP_EMITTERS = {
+    "parallel": FunctionEmitter.parallel_loop,
+    "vectorized": FunctionEmitter.vectorized_loop,
+    "unrolled": FunctionEmitter.unrolled_loop,
+}

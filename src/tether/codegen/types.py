@@ -1,0 +1,90 @@
+"""tether dtypes as LLVM types: one table from (kind, bits) of the dtype table to llvmlite types.
+
+A dtype the code generator can compute with is one row of ``_IR_TYPES``; its storage width and DLPack code come
+from ``tether_rpc.dtypes`` (the one dtype table), so codegen and the packed ABI cannot disagree with the runtime.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from tether_rpc.dtypes import DTYPES, DType
+
+from tether.errors import CompileError
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32, F64 = ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+
+# (kind, bits) -> the type values of that dtype have in registers. bool computes as i1 and is stored as a byte.
+_IR_TYPES = {
+    ("bool", 8): I1,
+    ("int", 8): I8, ("int", 16): I16, ("int", 32): I32, ("int", 64): I64,
+    ("uint", 8): I8,
+    ("float", 32): F32, ("float", 64): F64,
+}
+
+# The dtypes a packed wrapper can check (a DLPack code and width): every dtype of the table but bfloat16.
+PACKED_DTYPES = tuple(name for name, row in DTYPES.items() if row.kind != "bfloat")
+
+
+def dtype_row(dtype: str) -> DType:
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise CompileError(f"dtype {dtype!r} is not supported by the LLVM code generator") from None
+
+
+def scalar_type(dtype: str) -> ir.Type:
+    """The register type of one ``dtype`` value."""
+    row = DTYPES.get(dtype)
+    ty = _IR_TYPES.get((row.kind, row.bits)) if row is not None else None
+    if ty is None:
+        raise CompileError(f"dtype {dtype!r} is not supported by the LLVM code generator")
+    return ty
+
+
+def mem_type(dtype: str) -> ir.Type:
+    """The in-memory type of one ``dtype`` element (bool is a byte)."""
+    return I8 if dtype == "bool" else scalar_type(dtype)
+
+
+def elem_bytes(dtype: str) -> int:
+    return dtype_row(dtype).itemsize
+
+
+def is_unsigned(dtype: str) -> bool:
+    """Integers compared, divided and widened without sign (uint*, bool)."""
+    return not dtype_row(dtype).is_signed
+
+
+def dtype_word(dtype: Any) -> int:
+    """DLDataType {code, bits, lanes=1} as the little-endian 32-bit word the packed wrapper compares against."""
+    name = str(dtype)
+    if name not in PACKED_DTYPES:
+        raise CompileError("dtype %r has no DLPack code; supported: %s" % (dtype, ", ".join(PACKED_DTYPES)))
+    row = DTYPES[name]
+    return row.dl_code | (row.bits << 8) | (1 << 16)
+
+
+def is_vec(v: ir.Value) -> bool:
+    return isinstance(v.type, ir.VectorType)
+
+
+def like(v: ir.Value, ty: ir.Type) -> ir.Type:
+    """``ty``, or a vector of ``ty`` as wide as ``v``."""
+    return ir.VectorType(ty, v.type.count) if is_vec(v) else ty
+
+
+def const_like(v: ir.Value, ty: ir.Type, value: Any) -> ir.Constant:
+    """The constant ``value`` of type ``ty``, splatted when ``v`` is a vector."""
+    if is_vec(v):
+        return ir.Constant(ir.VectorType(ty, v.type.count), [value] * v.type.count)
+    return ir.Constant(ty, value)
+
+
+def const_of(v: ir.Value, value: Any) -> ir.Constant:
+    """The constant ``value`` of ``v``'s own type (every lane, for a vector)."""
+    if is_vec(v):
+        return ir.Constant(v.type, [value] * v.type.count)
+    return ir.Constant(v.type, value)
