@@ -15,7 +15,8 @@ from typing import Callable, List
 
 import pytest
 
-from fixtures.tracker import DeviceProcess, wait_until
+from fixtures.polling import wait_until
+from fixtures.tracker import DeviceProcess
 from tether import rpc
 from tether_rpc import protocol as p
 from tether_rpc.errors import AuthenticationError, TetherTimeout
