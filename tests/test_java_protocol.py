@@ -26,7 +26,7 @@ import msgpack
 import pytest
 from fixtures.prereq import require_tool, unavailable
 
-from tether_rpc import protocol as p
+from tether_rpc import dtypes, protocol as p
 from tether_rpc.errors import FrameTooLarge, ProtocolError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -199,6 +199,16 @@ def test_limits_agree_with_python(java_classes, tmp_path):
     passed, failed = summary(proc)
     assert proc.returncode == 0 and failed == 0, proc.stdout + proc.stderr
     assert passed == len(valid) + len(invalid) + 1  # + the byte-by-byte stream of the valid ones
+
+
+def test_java_tensor_dtypes_are_the_wire_dtypes():
+    """Tensor.java keeps its own copy of the wire dtype table (Java cannot read tether_rpc.dtypes): same names and
+    item sizes as WIRE_DTYPES."""
+    source = (JAVA_ROOT / "src" / "dev" / "tether" / "rpc" / "Tensor.java").read_text()
+    names = re.findall(r'"(\w+)"', re.search(r"String\[\] DTYPES = \{(.*?)\};", source, re.S).group(1))
+    sizes = [int(x) for x in re.findall(r"\d+", re.search(r"int\[\] ITEMSIZES = \{(.*?)\};", source, re.S).group(1))]
+    assert sorted(names) == sorted(dtypes.WIRE_DTYPES)
+    assert sizes == [dtypes.DTYPES[name].itemsize for name in names]
 
 
 # ------------------------------------------------------------------------------------------------------------
