@@ -19,6 +19,13 @@ import java.util.Map;
  */
 public final class MsgPackReader {
     private static final Charset UTF8 = Charset.forName("UTF-8");
+    /**
+     * What each type byte from 0xc4 to 0xdf reads, one letter per byte: b bin, e ext, f float, u uint, i int,
+     * x fixext, s str, a array, m map; FIELD_LOG2 is log2 of its field's width (the length, the value, or for
+     * fixext the data). msgpack lays these families out in this order, so the table is the spec's.
+     */
+    private static final String FAMILY = "bbbeeeffuuuuiiiixxxxxsssaamm";
+    private static final String FIELD_LOG2 = "0120122301230123012340121212";
 
     private final byte[] buf;
     private final int end;
@@ -82,14 +89,6 @@ public final class MsgPackReader {
         pos += n;
         return v;
     }
-
-    /**
-     * What each type byte from 0xc4 to 0xdf reads, one letter per byte: b bin, e ext, f float, u uint, i int,
-     * x fixext, s str, a array, m map; FIELD_LOG2 is log2 of its field's width (the length, the value, or for
-     * fixext the data). msgpack lays these families out in this order, so the table is the spec's.
-     */
-    private static final String FAMILY = "bbbeeeffuuuuiiiixxxxxsssaamm";
-    private static final String FIELD_LOG2 = "0120122301230123012340121212";
 
     /** Reads one value. */
     public Object read() throws ProtocolException {
