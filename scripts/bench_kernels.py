@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from _timing import per_call_samples
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -36,13 +38,7 @@ def time_samples(fn, min_time: float = 0.2, repeat: int = 7, max_number: int = 1
     fn()
     one = max(time.perf_counter() - t0, 1e-7)
     number = int(min(max_number, max(1, (min_time / repeat) / one)))
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - t0) / number)
-    return samples
+    return per_call_samples(fn, number, repeat)
 
 
 # ---- numpy baselines in child processes (OpenBLAS fixes its thread count when it loads) -------------------------

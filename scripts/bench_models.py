@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from _timing import per_call_samples
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIGHT = ["squeezenet", "shufflenet", "resnet50", "densenet121", "inception_v1", "inception_v2", "bvlc_alexnet",
          "vgg19", "zfnet512"]
@@ -47,14 +49,8 @@ def load_model(name: str):
 
 
 def median_ms(fn, number: int, repeat: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - t0) / number)
-    return statistics.median(samples) * 1e3
+    fn()  # warm-up
+    return statistics.median(per_call_samples(fn, number, repeat)) * 1e3
 
 
 def bench(name: str, number: int, repeat: int, target: str) -> dict:

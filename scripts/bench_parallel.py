@@ -24,6 +24,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from fixtures.schedules import elementwise  # noqa: E402
 from kernels import build_kernel  # noqa: E402
 from tether_rpc import module, parallel, timing  # noqa: E402
 
@@ -131,15 +132,9 @@ def _alternating(calls, repeat: int, min_ms: float):
 def _provider_module(tmp: pathlib.Path):
     """A small tether-built parallel kernel (y = 2x + 1 over 65536 floats): loading it provides the native pool."""
     import tether
-    from tether import te
 
-    n = 65536
-    a = te.placeholder((n,), "float32", name="A")
-    c = te.compute((n,), lambda i: a[i] * 2.0 + 1.0, name="C")
-    s = te.create_schedule(c.op)
-    xo, xi = s[c].split(c.op.axis[0], factor=1024)
-    s[c].parallel(xo)
-    lib = tether.build(s, [a, c], target="host", name="affine")
+    s, args = elementwise(65536, lambda a: a * 2.0 + 1.0, inputs=1, factor=1024, vectorize=False)
+    lib = tether.build(s, args, target="host", name="affine")
     return module.load_module(lib.export_library(str(tmp / "affine.so")))
 
 

@@ -34,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "rpc_server"))
 
+from _timing import per_call_samples  # noqa: E402
 from tether import rpc  # noqa: E402
 
 NOP_KERNEL = r"""
@@ -308,22 +309,9 @@ def main() -> None:
                 for _ in range(50):
                     te()
 
-                def te_cost() -> float:
-                    t0 = time.perf_counter()
-                    for _ in range(200):
-                        te()
-                    return (time.perf_counter() - t0) / 200
-
-                te_runs = [te_cost() for _ in range(rounds)]
+                te_runs = per_call_samples(te, 200, rounds)
                 t_te = statistics.median(te_runs)
-
-                def plain_call() -> float:
-                    t0 = time.perf_counter()
-                    for _ in range(200):
-                        f()
-                    return (time.perf_counter() - t0) / 200
-
-                call_runs = [plain_call() for _ in range(rounds)]
+                call_runs = per_call_samples(f, 200, rounds)
                 t_call = statistics.median(call_runs)
                 best["te"] = (min(call_runs), min(te_runs))
 

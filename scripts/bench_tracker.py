@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
+import pathlib
 import socket
 import statistics
 import subprocess
@@ -26,25 +28,21 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from tether import rpc
-from tether.rpc.tracker_client import connect_tracker
-from tether_rpc import protocol as p
-from tether_rpc.tracker_protocol import TrackerMsg, hello_payload
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
 
+from fixtures import polling  # noqa: E402
+from tether import rpc  # noqa: E402
+from tether.rpc.tracker_client import connect_tracker  # noqa: E402
+from tether_rpc import protocol as p  # noqa: E402
+from tether_rpc.tracker_protocol import TrackerMsg, hello_payload  # noqa: E402
 
-def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise RuntimeError("timed out waiting for " + what)
-        time.sleep(0.002)
+# Poll fast: a slow poll would add its step to the setup between timed rounds.
+wait_until = functools.partial(polling.wait_until, step=0.002)
 
 
 class Procs:

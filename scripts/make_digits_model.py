@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Tuple
 
 import numpy as np
+
+# the scripts' shared helpers, also when a test or benchmark loads this file by its path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _onnx_model import checked_model  # noqa: E402
 
 
 def load_digits_nchw() -> Tuple[np.ndarray, np.ndarray]:
@@ -133,8 +138,7 @@ def train(x, y, epochs: int, seed: int = 0) -> Model:
 
 
 def to_onnx(model: Model):
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     p = model.p
     # A batch norm with non-trivial but exactly-compensated parameters: y = (x - mean) / sqrt(var + eps) * g + b
@@ -158,13 +162,8 @@ def to_onnx(model: Model):
         helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"], transB=1, name="fc"),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=1, name="softmax"),
     ]
-    graph = helper.make_graph(nodes, "digits_cnn",
-                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 1, 8, 8])],
-                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])], inits)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8,
-                          producer_name="tether scripts/make_digits_model.py")
-    onnx.checker.check_model(m)
-    return m
+    return checked_model("digits_cnn", nodes, inits, ("input", ["N", 1, 8, 8]), ("probs", ["N", 10]),
+                         "tether scripts/make_digits_model.py")
 
 
 def main() -> None:

@@ -11,9 +11,15 @@ batch-norm statistics random, so BN folding and every kernel see non-trivial num
 from __future__ import annotations
 
 import argparse
-from typing import List, Tuple
+import os
+import sys
+from typing import List
 
 import numpy as np
+
+# the scripts' shared helpers, also when a test or benchmark loads this file by its path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _onnx_model import checked_model  # noqa: E402
 
 # (expansion t, output channels c, repeats n, first stride s), from the MobileNetV2 paper
 INVERTED_RESIDUAL_SETTING = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
@@ -64,8 +70,7 @@ class _Builder:
 
 
 def build_mobilenet_v2(seed: int = 0, size: int = 224, width: float = 1.0, classes: int = 1000):
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     b = _Builder(seed)
     b.inits += [numpy_helper.from_array(np.array(0.0, np.float32), "clip_min"),
@@ -92,13 +97,8 @@ def build_mobilenet_v2(seed: int = 0, size: int = 224, width: float = 1.0, class
     fc_w = b.init("fc_w", b.rng.standard_normal((classes, last)) * np.sqrt(1.0 / last))
     fc_b = b.init("fc_b", np.zeros(classes))
     b.nodes.append(helper.make_node("Gemm", ["flat", fc_w, fc_b], ["output"], transB=1, name="fc"))
-    graph = helper.make_graph(b.nodes, "mobilenet_v2",
-                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, classes])], b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8,
-                              producer_name="tether scripts/make_mobilenet_v2.py")
-    onnx.checker.check_model(model)
-    return model
+    return checked_model("mobilenet_v2", b.nodes, b.inits, ("input", [1, 3, size, size]), ("output", [1, classes]),
+                         "tether scripts/make_mobilenet_v2.py")
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from fixtures.prereq import require_module, require_tool
 from llvmlite import ir
 
 from fixtures.backend import PackedCaller, math_kernel, vadd_kernel
+from fixtures.schedules import elementwise
 from tether.driver import build_ir
 import tether
 from tether import te
@@ -474,18 +475,12 @@ def test_import_tether_is_lazy_and_build_lower_are_callable():
 def test_issue_surface_vadd_end_to_end(tmp_path, host_linker):
     """The snippet from the issue: split/vectorize/parallel vadd, built for rasp4b and for the host."""
     import tether
-    from tether import runtime, te
+    from tether import runtime
 
     n = 1024
-    A = te.placeholder((n,), "float32", name="A")
-    B = te.placeholder((n,), "float32", name="B")
-    C = te.compute((n,), lambda i: A[i] + B[i], name="C")
-    s = te.create_schedule(C.op)
-    xo, xi = s[C].split(C.op.axis[0], factor=8)
-    s[C].vectorize(xi)
-    s[C].parallel(xo)
-    assert "parallel" in str(tether.lower(s, [A, B, C]))
-    lib = tether.build(s, [A, B, C], target="rasp4b", name="vadd")
+    s, args = elementwise(n, lambda a, b: a + b, factor=8)
+    assert "parallel" in str(tether.lower(s, args))
+    lib = tether.build(s, args, target="rasp4b", name="vadd")
     path = lib.export_library(str(tmp_path / "vadd.so"))
     with elf.read_elf(path) as f:
         assert f.arch == "aarch64" and f.needed == [] and f.undefined_symbols == []
@@ -493,7 +488,7 @@ def test_issue_surface_vadd_end_to_end(tmp_path, host_linker):
             threadpool.EXPORTED_SYMBOLS)
     assert lib.metadata["functions"][0]["parallel"] is True
     assert re.search(r"\bfadd\s+v\d+\.4s", lib.get_source("asm"))
-    host = tether.build(s, [A, B, C], target="host", name="vadd").export_library(str(tmp_path / "vadd_host.so"))
+    host = tether.build(s, args, target="host", name="vadd").export_library(str(tmp_path / "vadd_host.so"))
     f = runtime.load_module(host)["vadd"]
     a, b = np.random.default_rng(3).random((2, n), dtype=np.float32)
     c = np.zeros(n, np.float32)

@@ -21,7 +21,9 @@ from click.testing import CliRunner
 
 import tether
 import tether.bundle
-from tether import rpc, ssh, te
+from fixtures.children import stop_process
+from fixtures.schedules import elementwise
+from tether import rpc, ssh
 from tether.cli.main import cli
 from tether.errors import AuthenticationError, TetherTimeout
 
@@ -75,16 +77,9 @@ def device_dir(tmp_path):
 
 @pytest.fixture(scope="module")
 def vadd_so(tmp_path_factory) -> pathlib.Path:
-    n = 1024
-    A = te.placeholder((n,), "float32", name="A")
-    B = te.placeholder((n,), "float32", name="B")
-    C = te.compute((n,), lambda i: A[i] + B[i], name="C")
-    s = te.create_schedule(C.op)
-    xo, xi = s[C].split(C.op.axis[0], factor=8)
-    s[C].vectorize(xi)
-    s[C].parallel(xo)
+    s, args = elementwise(1024, lambda a, b: a + b, factor=8)
     path = tmp_path_factory.mktemp("vadd") / "vadd.so"
-    tether.build(s, [A, B, C], target="host", name="vadd").export_library(str(path))
+    tether.build(s, args, target="host", name="vadd").export_library(str(path))
     return path
 
 
@@ -241,13 +236,7 @@ def test_cli_keeps_a_tunnel_until_terminated_and_stop_ends_the_server(sshd, devi
         assert b"TETHER_TOKEN=s3cret-for-bootstrap" in pathlib.Path("/proc/%d/environ" % pid).read_bytes()
         assert not [p for p in remote_dir.iterdir() if b"s3cret" in p.read_bytes()]
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, timeout=10)
     assert proc.returncode == 0
     assert _alive(pid)                          # the tunnel ended, the server did not
 
@@ -271,7 +260,7 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(sshd, device_dir):
 
 
 def test_with_a_tracker_the_device_dials_out_and_serves_through_it(sshd, device_dir, tracker_lab):
-    from fixtures.tracker import wait_until
+    from fixtures.polling import wait_until
 
     tracker = tracker_lab.tracker()
     remote_dir = device_dir

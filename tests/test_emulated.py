@@ -22,6 +22,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from fixtures.schedules import elementwise
 from tether import emulate
 from tether.errors import ArchMismatch, ConnectionClosed, DeviceBusy, SessionCrashed
 
@@ -39,17 +40,7 @@ def connect(device):
 # kernels: (build(target) -> (schedule, args), inputs(rng) -> list of arrays, reference(inputs) -> expected output)
 
 def _vadd(target):
-    from tether import te
-    n = 4096
-    A = te.placeholder((n,), "float32", name="A")
-    B = te.placeholder((n,), "float32", name="B")
-    C = te.compute((n,), lambda i: A[i] + B[i], name="C")
-    s = te.create_schedule(C.op)
-    xo, xi = s[C].split(C.op.axis[0], factor=512)
-    xio, xii = s[C].split(xi, factor=4)
-    s[C].vectorize(xii)
-    s[C].parallel(xo)
-    return s, [A, B, C]
+    return elementwise(4096, lambda a, b: a + b, factor=512, lanes=4)
 
 
 def _with_default_schedule(make):
@@ -199,6 +190,18 @@ def _server_alive_and_serving(device, pid_before: int) -> None:
     assert device.pid == pid_before, "the emulated server was restarted"
     with connect(device) as remote:
         assert remote.get_function("tether.echo")(41, "next") == [41, "next"]
+
+
+def _crash_ends_only_its_session(device, path, fn: str, signal_name: str) -> None:
+    """Calling ``fn`` of the module at ``path`` kills the session with ``signal_name``; the server lives on."""
+    pid = device.pid
+    with connect(device) as remote:
+        remote.upload(str(path))
+        f = remote.load_module(path.name)[fn]
+        with pytest.raises(SessionCrashed) as info:
+            f()
+    assert signal_name in str(info.value)
+    _server_alive_and_serving(device, pid)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -375,14 +378,7 @@ def test_segfaulting_kernel_ends_only_its_session(emulated_device, tmp_path):
     arch = _arch_of(emulated_device)
     path = tmp_path / ("segv_%s.so" % arch)
     raw_module(path, emulated_device.preset, "segv", SEGFAULT_BODY.format(int="i64" if arch == "aarch64" else "i32"))
-    pid = emulated_device.pid
-    with connect(emulated_device) as remote:
-        remote.upload(str(path))
-        f = remote.load_module(path.name)["segv"]
-        with pytest.raises(SessionCrashed) as info:
-            f()
-    assert "SIGSEGV" in str(info.value)
-    _server_alive_and_serving(emulated_device, pid)
+    _crash_ends_only_its_session(emulated_device, path, "segv", "SIGSEGV")
 
 
 _KILLED_CLIENT = textwrap.dedent('''\
@@ -440,14 +436,7 @@ def test_armv8_32bit_module_dies_with_sigill_on_cortex_a7(emulated_cortex_a7, tm
     path = tmp_path / "floor_a53.so"
     asm = raw_module(path, "armv7a-linux-gnueabihf -mcpu=cortex-a53", "floor_v8", FLOOR_BODY, FLOOR_DECL)
     assert "vrintm.f32" in asm, "expected an ARMv8-only rounding instruction in:\n" + asm
-    pid = device.pid
-    with connect(device) as remote:
-        remote.upload(str(path))
-        f = remote.load_module(path.name)["floor_v8"]
-        with pytest.raises(SessionCrashed) as info:
-            f()
-    assert "SIGILL" in str(info.value)
-    _server_alive_and_serving(device, pid)
+    _crash_ends_only_its_session(device, path, "floor_v8", "SIGILL")
 
 
 def test_target_choice_matters_on_cortex_a7(emulated_cortex_a7, kernels):
@@ -483,7 +472,7 @@ def test_target_choice_matters_on_cortex_a7(emulated_cortex_a7, kernels):
 # tracker link (tether_rpc.registrar) keeps the forking parent single-threaded.
 def test_emulated_device_registers_with_a_tracker(emulated_devices, tracker_lab):
     """`tether emulate --tracker HOST:PORT --key KEY`: the emulated board joins a tracker's pool like a real one."""
-    from fixtures.tracker import wait_until
+    from fixtures.polling import wait_until
     userland = emulated_devices.userland("aarch64")
     tracker = tracker_lab.tracker()
     key = "rasp4b-emulated"
@@ -536,20 +525,12 @@ def test_native_pool_runs_a_parallel_kernel_on_two_threads(emulated_devices, tmp
     """aarch64 and armv7: a tether kernel through the native pool at 2 threads matches numpy, under qemu-user."""
     import tether
     from kernels import build_kernel_for
-    from tether import te
     from tether_rpc import module as runtime_module
     arch, cpu = emulate.preset_device(preset)
     userland = emulated_devices.userland(arch)
     n = 1 << 16
-    A = te.placeholder((n,), "float32", name="A")
-    B = te.placeholder((n,), "float32", name="B")
-    C = te.compute((n,), lambda i: A[i] * B[i] + A[i] * 0.5, name="C")
-    s = te.create_schedule(C.op)
-    xo, xi = s[C].split(C.op.axis[0], factor=1024)
-    xio, xii = s[C].split(xi, factor=4)
-    s[C].vectorize(xii)
-    s[C].parallel(xo)
-    lib = tether.build(s, [A, B, C], target=preset, name="pool_ew")
+    s, args = elementwise(n, lambda a, b: a * b + a * 0.5, factor=1024, lanes=4)
+    lib = tether.build(s, args, target=preset, name="pool_ew")
     assert lib.metadata["thread_pool"] == 1
     lib.export_library(str(tmp_path / ("pool_%s.so" % preset)))
     build_kernel_for("par", arch, tmp_path)

@@ -26,7 +26,7 @@ import msgpack
 import pytest
 from fixtures.prereq import require_tool, unavailable
 
-from tether_rpc import protocol as p
+from tether_rpc import dtypes, protocol as p
 from tether_rpc.errors import FrameTooLarge, ProtocolError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -201,6 +201,16 @@ def test_limits_agree_with_python(java_classes, tmp_path):
     assert passed == len(valid) + len(invalid) + 1  # + the byte-by-byte stream of the valid ones
 
 
+def test_java_tensor_dtypes_are_the_wire_dtypes():
+    """Tensor.java keeps its own copy of the wire dtype table (Java cannot read tether_rpc.dtypes): same names and
+    item sizes as WIRE_DTYPES."""
+    source = (JAVA_ROOT / "src" / "dev" / "tether" / "rpc" / "Tensor.java").read_text()
+    names = re.findall(r'"(\w+)"', re.search(r"String\[\] DTYPES = \{(.*?)\};", source, re.S).group(1))
+    sizes = [int(x) for x in re.findall(r"\d+", re.search(r"int\[\] ITEMSIZES = \{(.*?)\};", source, re.S).group(1))]
+    assert sorted(names) == sorted(dtypes.WIRE_DTYPES)
+    assert sizes == [dtypes.DTYPES[name].itemsize for name in names]
+
+
 # ------------------------------------------------------------------------------------------------------------
 # a real device server
 
@@ -230,6 +240,18 @@ def _facts(stdout: str) -> dict:
     return dict(line[5:].split("=", 1) for line in stdout.splitlines() if line.startswith("fact "))
 
 
+def run_interop(java_classes, args: list, checks: int, peer: str, peer_log) -> str:
+    """Runs InteropRunner, asserts it passed exactly ``checks`` checks and none failed, returns its stdout.
+
+    A failure shows the runner's output and the tail of ``peer_log()`` (the server's or tracker's log)."""
+    proc = run_java(java_classes, "InteropRunner", *args)
+    passed, failed = summary(proc)
+    detail = proc.stdout + proc.stderr + "\n%s log:\n%s" % (peer, peer_log()[-3000:])
+    assert proc.returncode == 0 and failed == 0, detail
+    assert passed == checks, detail
+    return proc.stdout
+
+
 @pytest.mark.parametrize("token", [None, "j4va-t0ken"], ids=["no-token", "token"])
 def test_java_client_against_real_server(java_classes, device_server, rpc_kernels, token):
     from tether_rpc import device_info
@@ -238,13 +260,9 @@ def test_java_client_against_real_server(java_classes, device_server, rpc_kernel
     args = ["--host", server.host, "--port", str(server.port), "--vadd", str(rpc_kernels["vadd"])]
     if token:
         args += ["--token", token]
-    proc = run_java(java_classes, "InteropRunner", *args)
-    passed, failed = summary(proc)
-    detail = proc.stdout + proc.stderr + "\nserver log:\n" + server.log_text()[-3000:]
-    assert proc.returncode == 0 and failed == 0, detail
-    expected_checks = 24 if token else 23  # two refused-token checks instead of one "server cannot prove"
-    assert passed == expected_checks, detail
-    facts = _facts(proc.stdout)
+    # with a token: two refused-token checks instead of one "server cannot prove"
+    stdout = run_interop(java_classes, args, 24 if token else 23, "server", server.log_text)
+    facts = _facts(stdout)
     assert facts["device_info.arch"] == device_info.device_info()["arch"]
     assert facts["server"].startswith("tether-rpc/")
     assert server.alive(), "the server died during the Java session:\n" + server.log_text()[-3000:]
@@ -260,12 +278,7 @@ def test_java_tracker_client(java_classes, tracker_lab, token):
             "--tracker-key", "java-reverse"]
     if token:
         args += ["--tracker-token", token]
-    proc = run_java(java_classes, "InteropRunner", *args)
-    passed, failed = summary(proc)
-    detail = proc.stdout + proc.stderr + "\ntracker log:\n" + tracker.log()[-3000:]
-    assert proc.returncode == 0 and failed == 0, detail
-    assert passed == (7 if token else 5), detail
-    facts = _facts(proc.stdout)
+    facts = _facts(run_interop(java_classes, args, 7 if token else 5, "tracker", tracker.log))
     assert facts["grant.java-direct"] == "direct" and facts["grant.java-reverse"] == "relay"
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 import tether
 from fixtures.prereq import require_tool
-from tether import te
+from fixtures.schedules import elementwise
 
 LOADER = r"""
 #include <dlfcn.h>
@@ -41,13 +41,8 @@ int main(int argc, char** argv) {
 def test_module_loads_and_runs_under_musl(tmp_path: pathlib.Path):
     musl_gcc = require_tool("musl-gcc", "apt-get install musl-tools")
     n = 37
-    A = te.placeholder((n,), "float32", name="A")
-    B = te.placeholder((n,), "float32", name="B")
-    C = te.compute((n,), lambda i: A[i] * B[i] + A[i], name="C")
-    s = te.create_schedule(C.op)
-    xo, xi = s[C].split(C.op.axis[0], factor=8)
-    s[C].vectorize(xi)
-    lib = tether.build(s, [A, B, C], target="host", name="vadd")
+    s, args = elementwise(n, lambda a, b: a * b + a, factor=8, parallel=False)
+    lib = tether.build(s, args, target="host", name="vadd")
     so = tmp_path / "vadd.so"
     lib.export_library(str(so))
     lib.export_header(str(tmp_path / "tether_module.h"))

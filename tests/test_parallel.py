@@ -19,6 +19,7 @@ from kernels import build_kernel, build_kernel_for
 from tether_rpc import module, parallel
 from tether_rpc.errors import KernelError
 from fixtures.children import wait_forked_child
+from fixtures.schedules import elementwise
 
 T = 64      # tasks per launch in par.c
 N = 65536   # elements of the heavy kernel
@@ -262,15 +263,10 @@ def test_tether_modules_run_a_serial_launch_as_one_task(tmp_path, host_linker, t
     # Modules built by tether declare chunked tasks: a launch that stays in the caller is one native call of
     # task 0 of 1, not one ctypes call per task.
     import tether
-    from tether import te
 
     n = 1 << 16
-    a = te.placeholder((n,), "float32", name="A")
-    c = te.compute((n,), lambda i: a[i] * 2.0 + 1.0, name="C")
-    s = te.create_schedule(c.op)
-    xo, xi = s[c].split(c.op.axis[0], factor=64)
-    s[c].parallel(xo)
-    lib = tether.build(s, [a, c], target="host", name="affine")
+    s, args = elementwise(n, lambda a: a * 2.0 + 1.0, inputs=1, factor=64, vectorize=False)
+    lib = tether.build(s, args, target="host", name="affine")
     assert lib.metadata["parallel_tasks"] == "chunked"
     m = module.load_module(lib.export_library(str(tmp_path / "affine.so")))
     parallel.set_min_parallel_work_us(1e9)  # every launch stays in the caller

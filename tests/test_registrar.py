@@ -15,7 +15,8 @@ from typing import Callable, List
 
 import pytest
 
-from fixtures.tracker import DeviceProcess, wait_until
+from fixtures.polling import wait_until
+from fixtures.tracker import DeviceProcess
 from tether import rpc
 from tether_rpc import protocol as p
 from tether_rpc.errors import AuthenticationError, TetherTimeout
@@ -286,7 +287,7 @@ def test_cli_flags_reach_the_tracker(tracker_lab):
     import subprocess
     import sys
 
-    from fixtures.tracker import stop_process
+    from fixtures.children import stop_process
 
     tracker = tracker_lab.tracker(token="flag-token")
     env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TRACKER_TOKEN", "TETHER_DEVICE_TAGS")}
@@ -332,7 +333,7 @@ def test_device_server_with_a_named_tracker(tracker_lab):
     import subprocess
     import sys
 
-    from fixtures.tracker import stop_process
+    from fixtures.children import stop_process
 
     tracker = tracker_lab.tracker()
     log = open(os.path.join(tracker_lab.workdir, "named.log"), "wb")

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from fixtures.rpc import wait_until
+from fixtures.polling import wait_until
 from tether import rpc
 from tether_rpc import errors, protocol as p
 
@@ -80,7 +80,7 @@ def test_every_core_message_type_round_trips_over_a_server(make_rpc_server, rpc_
         assert sock.recv(1) == b""  # the session ends and the connection closes
     finally:
         sock.close()
-    assert wait_until(lambda: not session_dirs(server), 2), "session folder was not deleted"
+    wait_until(lambda: not session_dirs(server), 2, "the session folder to be deleted")
 
 
 def test_version_mismatch_names_both_versions(rpc_server):
@@ -156,7 +156,7 @@ def test_segfaulting_kernel_ends_only_its_session(rpc_server, rpc_kernels):
         with pytest.raises(errors.SessionCrashed, match="SIGSEGV"):
             crash()
         assert remote.closed
-        assert wait_until(lambda: session_dirs(rpc_server) == [], 2), "crashed session's folder was not deleted"
+        wait_until(lambda: session_dirs(rpc_server) == [], 2, "the crashed session's folder to be deleted")
         with pytest.raises(errors.ConnectionClosed):
             remote.listdir()
     assert rpc_server.alive
@@ -181,13 +181,13 @@ def test_client_killed_mid_call_frees_the_server_within_a_second(rpc_server, rpc
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "calling"
-        assert wait_until(lambda: rpc_server.worker_pids(), 5)
+        wait_until(lambda: rpc_server.worker_pids(), 5, "a worker process")
         time.sleep(0.2)  # the kernel is running now
         client.send_signal(signal.SIGKILL)
         client.wait(5)
         t0 = time.monotonic()
-        assert wait_until(lambda: not rpc_server.worker_pids(), 1.0), "worker still running 1 s after the client died"
-        assert wait_until(lambda: session_dirs(rpc_server) == [], 1.0)
+        wait_until(lambda: not rpc_server.worker_pids(), 1.0, "the worker to exit after its client died")
+        wait_until(lambda: session_dirs(rpc_server) == [], 1.0, "the session folder to be deleted")
         with rpc.connect(rpc_server.host, rpc_server.port, timeout=5, wait=False) as remote:
             assert remote.get_function("tether.echo")(3) == 3
         assert time.monotonic() - t0 < 1.0
@@ -226,7 +226,7 @@ def test_one_session_at_a_time_with_a_queue(rpc_server):
 
         th = threading.Thread(target=second)
         th.start()
-        assert wait_until(lambda: positions == [1], 5)
+        wait_until(lambda: positions == [1], 5, "the queue position event")
         assert first.get_function("tether.echo")("first") == "first"  # the queue does not disturb the session
         assert "echo" not in result
         first.close()
@@ -352,11 +352,11 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
         dialled.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
         assert dialled.recv(1) == b""
         dialled.close()
-        assert wait_until(lambda: "listening on" in (tmp_path / "hook-server.log").read_text(), 10)
+        wait_until(lambda: "listening on" in (tmp_path / "hook-server.log").read_text(), 10, "the hook server")
         m = __import__("re").search(r"listening on (\S+):(\d+)", (tmp_path / "hook-server.log").read_text())
         with pytest.raises(errors.AuthenticationError, match="match token"):
             rpc.connect(m.group(1), int(m.group(2)), timeout=5, match="bad")
-        assert wait_until(lambda: report.read_text().count("ended") == 1, 5)
+        wait_until(lambda: report.read_text().count("ended") == 1, 5, "the hook to report the session ended")
         lines = [json.loads(line) for line in report.read_text().splitlines()]
         assert lines[0] == ["attach"]
         assert ["match", "good"] in lines and ["match", "bad"] in lines
@@ -397,7 +397,7 @@ def test_handoff_is_prompt_without_pidfd(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", NO_PIDFD_SERVER, str(tmp_path)], stdout=log,
                             stderr=subprocess.STDOUT)
     try:
-        assert wait_until(lambda: "listening on" in (tmp_path / "server.log").read_text(), 20)
+        wait_until(lambda: "listening on" in (tmp_path / "server.log").read_text(), 20, "the server to listen")
         m = __import__("re").search(r"listening on (\S+):(\d+)", (tmp_path / "server.log").read_text())
         host, port = m.group(1), int(m.group(2))
         handoffs = []
@@ -417,7 +417,8 @@ def test_handoff_is_prompt_without_pidfd(tmp_path):
             finally:
                 first.close()
                 queued.close()
-            assert wait_until(lambda: not children(proc.pid), 5)  # the next round starts on a free device
+            # the next round starts on a free device
+            wait_until(lambda: not children(proc.pid), 5, "the server's children to exit")
         assert max(handoffs) < 1.0, handoffs  # vs up to 5 s if only the tick noticed the exit
         assert proc.poll() is None
     finally:

@@ -25,6 +25,7 @@ from tether.target import PRESET_NAMES
 from tether_rpc import elf, module, parallel
 from tether_rpc.errors import KernelError
 from fixtures.children import wait_forked_child
+from fixtures.schedules import elementwise
 
 T = 64            # tasks per launch of par.c's kernels
 N_ELEM = 1 << 20  # elements of the elementwise kernel
@@ -32,15 +33,7 @@ WAIT_S = 60.0     # upper bound for any multi-threaded scenario below
 
 
 def _elementwise():
-    a = te.placeholder((N_ELEM,), "float32", name="A")
-    b = te.placeholder((N_ELEM,), "float32", name="B")
-    c = te.compute((N_ELEM,), lambda i: a[i] * b[i] + a[i] * 0.5, name="C")
-    s = te.create_schedule(c.op)
-    xo, xi = s[c].split(c.op.axis[0], factor=1024)
-    xio, xii = s[c].split(xi, factor=8)
-    s[c].vectorize(xii)
-    s[c].parallel(xo)
-    return s, [a, b, c]
+    return elementwise(N_ELEM, lambda a, b: a * b + a * 0.5, factor=1024, lanes=8)
 
 
 def _matmul():

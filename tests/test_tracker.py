@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fixtures.prereq import unavailable
-from fixtures.tracker import wait_until
+from fixtures.polling import wait_until
 from tether import rpc
 from tether_rpc import protocol as p
 from tether_rpc.errors import AuthenticationError, TetherError, TetherTimeout

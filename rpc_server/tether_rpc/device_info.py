@@ -41,23 +41,24 @@ from .elf import host_arch
 
 logger = logging.getLogger(__name__)
 
-# (implementer, part) from /proc/cpuinfo -> core name. ARM Ltd = 0x41; Qualcomm's Kryo parts map to the ARM
+# /proc/cpuinfo's "CPU implementer" -> {"CPU part" -> core name}. Qualcomm's (0x51) Kryo parts map to the ARM
 # core each is derived from, because that is what code generation cares about.
-CPU_PARTS: Dict[tuple, str] = {
-    (0x41, 0xc05): "cortex-a5", (0x41, 0xc07): "cortex-a7", (0x41, 0xc08): "cortex-a8",
-    (0x41, 0xc09): "cortex-a9", (0x41, 0xc0d): "cortex-a12", (0x41, 0xc0e): "cortex-a17",
-    (0x41, 0xc0f): "cortex-a15", (0x41, 0xd02): "cortex-a34", (0x41, 0xd03): "cortex-a53",
-    (0x41, 0xd04): "cortex-a35", (0x41, 0xd05): "cortex-a55", (0x41, 0xd06): "cortex-a65",
-    (0x41, 0xd07): "cortex-a57", (0x41, 0xd08): "cortex-a72", (0x41, 0xd09): "cortex-a73",
-    (0x41, 0xd0a): "cortex-a75", (0x41, 0xd0b): "cortex-a76", (0x41, 0xd0c): "neoverse-n1",
-    (0x41, 0xd0d): "cortex-a77", (0x41, 0xd0e): "cortex-a76ae", (0x41, 0xd40): "neoverse-v1",
-    (0x41, 0xd41): "cortex-a78", (0x41, 0xd44): "cortex-x1", (0x41, 0xd46): "cortex-a510",
-    (0x41, 0xd47): "cortex-a710", (0x41, 0xd48): "cortex-x2", (0x41, 0xd49): "neoverse-n2",
-    (0x41, 0xd4d): "cortex-a715", (0x41, 0xd4e): "cortex-x3", (0x41, 0xd4f): "neoverse-v2",
-    (0x41, 0xd80): "cortex-a520", (0x41, 0xd81): "cortex-a720", (0x41, 0xd82): "cortex-x4",
-    (0x51, 0x800): "cortex-a73", (0x51, 0x801): "cortex-a53", (0x51, 0x802): "cortex-a75",
-    (0x51, 0x803): "cortex-a55", (0x51, 0x804): "cortex-a76", (0x51, 0x805): "cortex-a55",
+_PARTS_BY_IMPLEMENTER: Dict[int, Dict[int, str]] = {
+    0x41: {  # ARM Ltd
+        0xc05: "cortex-a5", 0xc07: "cortex-a7", 0xc08: "cortex-a8", 0xc09: "cortex-a9", 0xc0d: "cortex-a12",
+        0xc0e: "cortex-a17", 0xc0f: "cortex-a15", 0xd02: "cortex-a34", 0xd03: "cortex-a53", 0xd04: "cortex-a35",
+        0xd05: "cortex-a55", 0xd06: "cortex-a65", 0xd07: "cortex-a57", 0xd08: "cortex-a72", 0xd09: "cortex-a73",
+        0xd0a: "cortex-a75", 0xd0b: "cortex-a76", 0xd0c: "neoverse-n1", 0xd0d: "cortex-a77", 0xd0e: "cortex-a76ae",
+        0xd40: "neoverse-v1", 0xd41: "cortex-a78", 0xd44: "cortex-x1", 0xd46: "cortex-a510", 0xd47: "cortex-a710",
+        0xd48: "cortex-x2", 0xd49: "neoverse-n2", 0xd4d: "cortex-a715", 0xd4e: "cortex-x3", 0xd4f: "neoverse-v2",
+        0xd80: "cortex-a520", 0xd81: "cortex-a720", 0xd82: "cortex-x4",
+    },
+    0x51: {0x800: "cortex-a73", 0x801: "cortex-a53", 0x802: "cortex-a75", 0x803: "cortex-a55", 0x804: "cortex-a76",
+           0x805: "cortex-a55"},  # Qualcomm
 }
+# (implementer, part) -> core name
+CPU_PARTS: Dict[tuple, str] = {(implementer, part): core for implementer, parts in _PARTS_BY_IMPLEMENTER.items()
+                               for part, core in parts.items()}
 
 # First matching core wins, so list the more specific boards first.
 _AARCH64_PRESETS = (("cortex-a76", "rasp5"), ("cortex-a72", "rasp4b"), ("cortex-a57", "jetson-nano"))

@@ -3,25 +3,26 @@
 #ifndef TETHER_TEST_FREESTANDING_IO_H
 #define TETHER_TEST_FREESTANDING_IO_H
 
+/* Linux's syscall convention differs only in its numbers and registers: the number in x8/r7, arguments and
+   result in x0../r0.. */
 #if defined(__aarch64__)
 enum { NR_READ = 63, NR_WRITE = 64, NR_EXIT = 93 };
-static long sys3(long n, long a, long b, long c) {
-  register long x8 __asm__("x8") = n; register long x0 __asm__("x0") = a;
-  register long x1 __asm__("x1") = b; register long x2 __asm__("x2") = c;
-  __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory");
-  return x0;
-}
+#define SYS_REG_NR "x8"
+#define SYS_REG_ARG(i) "x" #i
 #elif defined(__arm__)
 enum { NR_READ = 3, NR_WRITE = 4, NR_EXIT = 1 };
-static long sys3(long n, long a, long b, long c) {
-  register long r7 __asm__("r7") = n; register long r0 __asm__("r0") = a;
-  register long r1 __asm__("r1") = b; register long r2 __asm__("r2") = c;
-  __asm__ volatile("svc #0" : "+r"(r0) : "r"(r7), "r"(r1), "r"(r2) : "memory");
-  return r0;
-}
+#define SYS_REG_NR "r7"
+#define SYS_REG_ARG(i) "r" #i
 #else
 #error "freestanding_io.h supports aarch64 and arm"
 #endif
+
+static long sys3(long n, long a, long b, long c) {
+  register long nr __asm__(SYS_REG_NR) = n; register long a0 __asm__(SYS_REG_ARG(0)) = a;
+  register long a1 __asm__(SYS_REG_ARG(1)) = b; register long a2 __asm__(SYS_REG_ARG(2)) = c;
+  __asm__ volatile("svc #0" : "+r"(a0) : "r"(nr), "r"(a1), "r"(a2) : "memory");
+  return a0;
+}
 
 /* Read exactly `want` bytes from stdin; -1 on a short read. */
 static int fill(char* p, long want) {

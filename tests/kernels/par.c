@@ -39,6 +39,21 @@ static int64_t thread_id(void) {
 #endif
 }
 
+static const int64_t SHAPE_T[1] = {T};
+static const int64_t SHAPE_N[1] = {N};
+
+/* The (tensor, tensor, int) arguments of mark and heavy: 1-d tensors of `shape`, dtypes (code0, bits0) and
+   (code1, bits1); 0 or the ABI error code. */
+static int32_t check_two_tensors_and_int(const TetherValue* args, const int32_t* codes, int32_t num_args,
+                                         const int64_t* shape, uint8_t code0, uint8_t bits0, uint8_t code1,
+                                         uint8_t bits1) {
+  CHECK_NARGS(3);
+  CHECK(check_tensor(args, codes, 0, 1, shape, code0, bits0));
+  CHECK(check_tensor(args, codes, 1, 1, shape, code1, bits1));
+  if (codes[2] != TETHER_INT64) return ERR(2, 2, 0);
+  return 0;
+}
+
 typedef struct { int32_t* counts; int64_t* tids; int64_t wait; volatile int32_t finished; } MarkClosure;
 
 static int32_t mark_task(int32_t t, int32_t n, void* p) {
@@ -56,11 +71,7 @@ static int32_t mark_task(int32_t t, int32_t n, void* p) {
 }
 
 TETHER_EXPORT int32_t mark(const TetherValue* args, const int32_t* codes, int32_t num_args) {
-  static const int64_t shape[1] = {T};
-  CHECK_NARGS(3);
-  CHECK(check_tensor(args, codes, 0, 1, shape, 0, 32));
-  CHECK(check_tensor(args, codes, 1, 1, shape, 0, 64));
-  if (codes[2] != TETHER_INT64) return ERR(2, 2, 0);
+  CHECK(check_two_tensors_and_int(args, codes, num_args, SHAPE_T, 0, 32, 0, 64));
   MarkClosure c = {DATA(0, int32_t), DATA(1, int64_t), args[2].v_int64, 0};
   return tether_parallel(mark_task, &c, T);
 }
@@ -68,9 +79,8 @@ TETHER_EXPORT int32_t mark(const TetherValue* args, const int32_t* codes, int32_
 static int32_t noop_task(int32_t t, int32_t n, void* p) { (void)t; (void)n; (void)p; return 0; }
 
 TETHER_EXPORT int32_t noop(const TetherValue* args, const int32_t* codes, int32_t num_args) {
-  static const int64_t shape[1] = {T};
   CHECK_NARGS(2);
-  CHECK(check_tensor(args, codes, 0, 1, shape, 0, 32));
+  CHECK(check_tensor(args, codes, 0, 1, SHAPE_T, 0, 32));
   if (codes[1] != TETHER_INT64) return ERR(2, 1, 0);
   return tether_parallel(noop_task, 0, (int32_t)args[1].v_int64);
 }
@@ -92,11 +102,7 @@ static int32_t heavy_task(int32_t t, int32_t n, void* p) {
 }
 
 TETHER_EXPORT int32_t heavy(const TetherValue* args, const int32_t* codes, int32_t num_args) {
-  static const int64_t shape[1] = {N};
-  CHECK_NARGS(3);
-  CHECK(check_tensor(args, codes, 0, 1, shape, 2, 32));
-  CHECK(check_tensor(args, codes, 1, 1, shape, 2, 32));
-  if (codes[2] != TETHER_INT64) return ERR(2, 2, 0);
+  CHECK(check_two_tensors_and_int(args, codes, num_args, SHAPE_N, 2, 32, 2, 32));
   HeavyClosure c = {DATA(0, float), DATA(1, float)};
   return tether_parallel(heavy_task, &c, (int32_t)args[2].v_int64);
 }
@@ -109,8 +115,7 @@ static int32_t fail_task(int32_t t, int32_t n, void* p) {
 }
 
 TETHER_EXPORT int32_t fail(const TetherValue* args, const int32_t* codes, int32_t num_args) {
-  static const int64_t shape[1] = {T};
   CHECK_NARGS(1);
-  CHECK(check_tensor(args, codes, 0, 1, shape, 0, 32));
+  CHECK(check_tensor(args, codes, 0, 1, SHAPE_T, 0, 32));
   return tether_parallel(fail_task, DATA(0, int32_t), T);
 }

@@ -5,11 +5,6 @@ public class AuthenticationException extends TetherException {
     private static final long serialVersionUID = 1L;
 
     public AuthenticationException(String message) {
-        super(message);
-    }
-
-    @Override
-    public String wireType() {
-        return "AuthenticationError";
+        super("AuthenticationError", message);
     }
 }

@@ -5,11 +5,6 @@ public class ConnectionClosedException extends TetherException {
     private static final long serialVersionUID = 1L;
 
     public ConnectionClosedException(String message) {
-        super(message);
-    }
-
-    @Override
-    public String wireType() {
-        return "ConnectionClosed";
+        super("ConnectionClosed", message);
     }
 }

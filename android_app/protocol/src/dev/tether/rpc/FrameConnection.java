@@ -28,6 +28,7 @@ final class FrameConnection implements Closeable {
     private final int readTimeoutMs;
     Limits limits;
     private boolean closed;
+    private long nextRequestId = 1;
 
     FrameConnection(String host, int port, int connectTimeoutMs, int readTimeoutMs, Limits limits)
             throws IOException {
@@ -51,6 +52,11 @@ final class FrameConnection implements Closeable {
                 close();
             }
         }
+    }
+
+    /** The id for the next request on this connection (ids count from 1; 0 is the session's own). */
+    long nextRequestId() {
+        return nextRequestId++;
     }
 
     String where() {

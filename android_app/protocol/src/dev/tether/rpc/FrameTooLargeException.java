@@ -5,11 +5,6 @@ public class FrameTooLargeException extends ProtocolException {
     private static final long serialVersionUID = 1L;
 
     public FrameTooLargeException(String message) {
-        super(message);
-    }
-
-    @Override
-    public String wireType() {
-        return "FrameTooLarge";
+        super("FrameTooLarge", message);
     }
 }

@@ -19,6 +19,13 @@ import java.util.Map;
  */
 public final class MsgPackReader {
     private static final Charset UTF8 = Charset.forName("UTF-8");
+    /**
+     * What each type byte from 0xc4 to 0xdf reads, one letter per byte: b bin, e ext, f float, u uint, i int,
+     * x fixext, s str, a array, m map; FIELD_LOG2 is log2 of its field's width (the length, the value, or for
+     * fixext the data). msgpack lays these families out in this order, so the table is the spec's.
+     */
+    private static final String FAMILY = "bbbeeeffuuuuiiiixxxxxsssaamm";
+    private static final String FIELD_LOG2 = "0120122301230123012340121212";
 
     private final byte[] buf;
     private final int end;
@@ -72,116 +79,58 @@ public final class MsgPackReader {
         return buf[pos++] & 0xff;
     }
 
-    private int u16() throws ProtocolException {
-        need(2, "a 16-bit field");
-        int v = ((buf[pos] & 0xff) << 8) | (buf[pos + 1] & 0xff);
-        pos += 2;
-        return v;
-    }
-
-    private long u32() throws ProtocolException {
-        need(4, "a 32-bit field");
-        long v = ((buf[pos] & 0xffL) << 24) | ((buf[pos + 1] & 0xffL) << 16) | ((buf[pos + 2] & 0xffL) << 8)
-                | (buf[pos + 3] & 0xffL);
-        pos += 4;
-        return v;
-    }
-
-    private long u64() throws ProtocolException {
-        need(8, "a 64-bit field");
+    /** A big-endian unsigned field of {@code n} bytes (1, 2, 4 or 8; 8 gives the raw 64 bits). */
+    private long uint(int n) throws ProtocolException {
+        need(n, n == 1 ? "a byte" : "a " + 8 * n + "-bit field");
         long v = 0;
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < n; i++) {
             v = (v << 8) | (buf[pos + i] & 0xffL);
         }
-        pos += 8;
+        pos += n;
         return v;
     }
 
     /** Reads one value. */
     public Object read() throws ProtocolException {
         int b = u8();
-        if (b <= 0x7f) {
-            return (long) b;
+        if (b <= 0x7f || b >= 0xe0) {
+            return (long) (byte) b; // positive and negative fixint: the byte's signed value
         }
-        if (b >= 0xe0) {
-            return (long) (byte) b;
-        }
-        if (b >= 0xa0 && b <= 0xbf) {
-            return str(b & 0x1f);
-        }
-        if (b >= 0x90 && b <= 0x9f) {
-            return array(b & 0x0f);
-        }
-        if (b >= 0x80 && b <= 0x8f) {
+        if (b <= 0x8f) {
             return map(b & 0x0f);
         }
-        switch (b) {
-            case 0xc0:
-                return null;
-            case 0xc2:
-                return Boolean.FALSE;
-            case 0xc3:
-                return Boolean.TRUE;
-            case 0xc4:
-                return bin(u8());
-            case 0xc5:
-                return bin(u16());
-            case 0xc6:
-                return bin(u32());
-            case 0xc7:
-                return ext(u8());
-            case 0xc8:
-                return ext(u16());
-            case 0xc9:
-                return ext(u32());
-            case 0xca:
-                return Float.intBitsToFloat((int) u32());
-            case 0xcb:
-                return Double.longBitsToDouble(u64());
-            case 0xcc:
-                return (long) u8();
-            case 0xcd:
-                return (long) u16();
-            case 0xce:
-                return u32();
-            case 0xcf: {
-                long v = u64();
-                return v >= 0 ? (Object) v : BigInteger.valueOf(v).add(BigInteger.ONE.shiftLeft(64));
-            }
-            case 0xd0:
-                return (long) (byte) u8();
-            case 0xd1:
-                return (long) (short) u16();
-            case 0xd2:
-                return (long) (int) u32();
-            case 0xd3:
-                return u64();
-            case 0xd4:
-                return ext(1);
-            case 0xd5:
-                return ext(2);
-            case 0xd6:
-                return ext(4);
-            case 0xd7:
-                return ext(8);
-            case 0xd8:
-                return ext(16);
-            case 0xd9:
-                return str(u8());
-            case 0xda:
-                return str(u16());
-            case 0xdb:
-                return str(u32());
-            case 0xdc:
-                return array(u16());
-            case 0xdd:
-                return array(u32());
-            case 0xde:
-                return map(u16());
-            case 0xdf:
-                return map(u32());
-            default: // 0xc1 is "never used"
-                throw new ProtocolException(String.format("invalid msgpack type byte 0x%02x", b));
+        if (b <= 0x9f) {
+            return array(b & 0x0f);
+        }
+        if (b <= 0xbf) {
+            return str(b & 0x1f);
+        }
+        if (b == 0xc0) {
+            return null;
+        }
+        if (b == 0xc2 || b == 0xc3) {
+            return b == 0xc3;
+        }
+        if (b == 0xc1) { // "never used"
+            throw new ProtocolException(String.format("invalid msgpack type byte 0x%02x", b));
+        }
+        int width = 1 << (FIELD_LOG2.charAt(b - 0xc4) - '0');
+        char family = FAMILY.charAt(b - 0xc4);
+        if (family == 'x') {
+            return ext(width);
+        }
+        long field = uint(width);
+        int unused = 64 - 8 * width;
+        switch (family) {
+            case 'b': return bin(field);
+            case 'e': return ext(field);
+            case 's': return str(field);
+            case 'a': return array(field);
+            case 'm': return map(field);
+            case 'f': return width == 4 ? (Object) Float.intBitsToFloat((int) field) : Double.longBitsToDouble(field);
+            case 'i': return (field << unused) >> unused; // sign-extend
+            default: // 'u'
+                return field >= 0 ? (Object) field : BigInteger.valueOf(field).add(BigInteger.ONE.shiftLeft(64));
         }
     }
 

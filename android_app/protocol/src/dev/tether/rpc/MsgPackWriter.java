@@ -84,25 +84,16 @@ public final class MsgPackWriter {
         len += n;
     }
 
-    private void writeRaw16(int v) {
-        ensure(2);
-        buf[len++] = (byte) (v >>> 8);
-        buf[len++] = (byte) v;
-    }
-
-    private void writeRaw32(long v) {
-        ensure(4);
-        buf[len++] = (byte) (v >>> 24);
-        buf[len++] = (byte) (v >>> 16);
-        buf[len++] = (byte) (v >>> 8);
-        buf[len++] = (byte) v;
+    /** {@code v}'s low {@code n} bytes, big-endian. */
+    private void writeRawBigEndian(long v, int n) {
+        ensure(n);
+        for (int shift = 8 * (n - 1); shift >= 0; shift -= 8) {
+            buf[len++] = (byte) (v >>> shift);
+        }
     }
 
     void writeRawLong(long v) {
-        ensure(8);
-        for (int i = 56; i >= 0; i -= 8) {
-            buf[len++] = (byte) (v >>> i);
-        }
+        writeRawBigEndian(v, 8);
     }
 
     /** Overwrites 4 bytes at {@code pos} with {@code v} big-endian (the frame header). */
@@ -184,41 +175,23 @@ public final class MsgPackWriter {
         writeRawByte(b ? 0xc3 : 0xc2);
     }
 
-    /** The smallest encoding: positive values use the unsigned forms, negative ones the signed forms. */
+    /**
+     * The smallest encoding: a fixint when it fits, else the unsigned forms (0xcc.. for 1/2/4/8 bytes) for positive
+     * values and the signed forms (0xd0..) for negative ones.
+     */
     public void writeInt(long v) {
-        if (v >= 0) {
-            if (v < 0x80) {
-                writeRawByte((int) v);
-            } else if (v <= 0xff) {
-                writeRawByte(0xcc);
-                writeRawByte((int) v);
-            } else if (v <= 0xffff) {
-                writeRawByte(0xcd);
-                writeRaw16((int) v);
-            } else if (v <= 0xffffffffL) {
-                writeRawByte(0xce);
-                writeRaw32(v);
-            } else {
-                writeRawByte(0xcf);
-                writeRawLong(v);
-            }
-        } else {
-            if (v >= -32) {
-                writeRawByte((int) v);
-            } else if (v >= -0x80) {
-                writeRawByte(0xd0);
-                writeRawByte((int) v);
-            } else if (v >= -0x8000) {
-                writeRawByte(0xd1);
-                writeRaw16((int) v);
-            } else if (v >= -0x80000000L) {
-                writeRawByte(0xd2);
-                writeRaw32(v);
-            } else {
-                writeRawByte(0xd3);
-                writeRawLong(v);
-            }
+        if (v >= -32 && v < 0x80) {
+            writeRawByte((int) v);
+            return;
         }
+        int log2;
+        if (v >= 0) {
+            log2 = v <= 0xff ? 0 : v <= 0xffff ? 1 : v <= 0xffffffffL ? 2 : 3;
+        } else {
+            log2 = v >= -0x80 ? 0 : v >= -0x8000 ? 1 : v >= -0x80000000L ? 2 : 3;
+        }
+        writeRawByte((v >= 0 ? 0xcc : 0xd0) + log2);
+        writeRawBigEndian(v, 1 << log2);
     }
 
     /** Writes an unsigned 64-bit value given as its bits (for ids above 2^63-1). */
@@ -248,95 +221,53 @@ public final class MsgPackWriter {
 
     public void writeFloat(float f) {
         writeRawByte(0xca);
-        writeRaw32(Float.floatToRawIntBits(f) & 0xffffffffL);
+        writeRawBigEndian(Float.floatToRawIntBits(f), 4);
     }
 
     public void writeString(String s) {
         byte[] b = s.getBytes(UTF8);
-        int n = b.length;
-        if (n < 32) {
-            writeRawByte(0xa0 | n);
-        } else if (n <= 0xff) {
-            writeRawByte(0xd9);
-            writeRawByte(n);
-        } else if (n <= 0xffff) {
-            writeRawByte(0xda);
-            writeRaw16(n);
-        } else {
-            writeRawByte(0xdb);
-            writeRaw32(n);
-        }
-        writeRaw(b, 0, n);
+        writeLength(b.length, 0xa0, 32, 0xd9, 0xda);
+        writeRaw(b, 0, b.length);
     }
 
     public void writeBin(byte[] b, int off, int n) {
-        if (n <= 0xff) {
-            writeRawByte(0xc4);
-            writeRawByte(n);
-        } else if (n <= 0xffff) {
-            writeRawByte(0xc5);
-            writeRaw16(n);
-        } else {
-            writeRawByte(0xc6);
-            writeRaw32(n);
-        }
+        writeLength(n, 0, 0, 0xc4, 0xc5);
         writeRaw(b, off, n);
     }
 
     public void writeArrayHeader(int n) {
-        if (n < 16) {
-            writeRawByte(0x90 | n);
-        } else if (n <= 0xffff) {
-            writeRawByte(0xdc);
-            writeRaw16(n);
-        } else {
-            writeRawByte(0xdd);
-            writeRaw32(n);
-        }
+        writeLength(n, 0x90, 16, -1, 0xdc);
     }
 
     public void writeMapHeader(int n) {
-        if (n < 16) {
-            writeRawByte(0x80 | n);
-        } else if (n <= 0xffff) {
-            writeRawByte(0xde);
-            writeRaw16(n);
-        } else {
-            writeRawByte(0xdf);
-            writeRaw32(n);
-        }
+        writeLength(n, 0x80, 16, -1, 0xde);
     }
 
-    /** fixext 1/2/4/8/16 for those exact sizes, else ext 8/16/32 (msgpack-python's choice). */
+    /** fixext 1/2/4/8/16 (0xd4..0xd8) for those exact sizes, else ext 8/16/32 (msgpack-python's choice). */
     public void writeExtHeader(int type, int n) {
-        switch (n) {
-            case 1:
-                writeRawByte(0xd4);
-                break;
-            case 2:
-                writeRawByte(0xd5);
-                break;
-            case 4:
-                writeRawByte(0xd6);
-                break;
-            case 8:
-                writeRawByte(0xd7);
-                break;
-            case 16:
-                writeRawByte(0xd8);
-                break;
-            default:
-                if (n <= 0xff) {
-                    writeRawByte(0xc7);
-                    writeRawByte(n);
-                } else if (n <= 0xffff) {
-                    writeRawByte(0xc8);
-                    writeRaw16(n);
-                } else {
-                    writeRawByte(0xc9);
-                    writeRaw32(n);
-                }
+        if (n >= 1 && n <= 16 && Integer.bitCount(n) == 1) {
+            writeRawByte(0xd4 + Integer.numberOfTrailingZeros(n));
+        } else {
+            writeLength(n, 0, 0, 0xc7, 0xc8);
         }
         writeRawByte(type);
+    }
+
+    /**
+     * The smallest length header of a str/bin/array/map/ext: {@code fixBase | n} below {@code fixLimit}, then
+     * {@code code8} with one length byte (none when negative), {@code code16} with two, {@code code16 + 1} with
+     * four (msgpack puts the 32-bit form right after the 16-bit one for every type).
+     */
+    private void writeLength(int n, int fixBase, int fixLimit, int code8, int code16) {
+        if (n < fixLimit) {
+            writeRawByte(fixBase | n);
+        } else if (code8 >= 0 && n <= 0xff) {
+            writeRawByte(code8);
+            writeRawByte(n);
+        } else {
+            int log2 = n <= 0xffff ? 1 : 2;
+            writeRawByte(code16 + log2 - 1);
+            writeRawBigEndian(n, 1 << log2);
+        }
     }
 }

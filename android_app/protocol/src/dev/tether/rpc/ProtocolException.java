@@ -5,11 +5,11 @@ public class ProtocolException extends TetherException {
     private static final long serialVersionUID = 1L;
 
     public ProtocolException(String message) {
-        super(message);
+        super("ProtocolError", message);
     }
 
-    @Override
-    public String wireType() {
-        return "ProtocolError";
+    /** For subclasses: a narrower protocol violation with its own wire type. */
+    protected ProtocolException(String wireType, String message) {
+        super(wireType, message);
     }
 }

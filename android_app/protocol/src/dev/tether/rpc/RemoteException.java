@@ -14,7 +14,7 @@ public class RemoteException extends TetherException {
     private final long requestId;
 
     public RemoteException(long requestId, String remoteType, String remoteMessage, String remoteTraceback) {
-        super(remoteType + ": " + remoteMessage);
+        super(remoteType, remoteType + ": " + remoteMessage);
         this.requestId = requestId;
         this.remoteType = remoteType;
         this.remoteMessage = remoteMessage;
@@ -50,10 +50,5 @@ public class RemoteException extends TetherException {
     /** True when the ERROR ended the whole session (request id 0), e.g. SessionCrashed or TetherTimeout. */
     public boolean endsSession() {
         return requestId == 0;
-    }
-
-    @Override
-    public String wireType() {
-        return remoteType;
     }
 }

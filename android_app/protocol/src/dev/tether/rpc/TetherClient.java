@@ -94,7 +94,6 @@ public final class TetherClient implements Closeable {
     private final int port;
     private final Options options;
     private final FrameConnection conn;
-    private long nextRequestId = 1;
     private long sessionId;
     private String serverName = "";
     private List<Object> serverCaps = new ArrayList<Object>();
@@ -105,14 +104,11 @@ public final class TetherClient implements Closeable {
         this.port = port;
         this.options = options;
         conn = new FrameConnection(host, port, options.connectTimeoutMs, options.readTimeoutMs, options.limits);
-        boolean ok = false;
         try {
             handshake();
-            ok = true;
-        } finally {
-            if (!ok) {
-                closeQuietly();
-            }
+        } catch (Throwable t) { // rethrown as is: handshake() throws only IOException and unchecked ones
+            closeQuietly();
+            throw t;
         }
     }
 
@@ -230,7 +226,7 @@ public final class TetherClient implements Closeable {
         if (closed) {
             throw new ConnectionClosedException("this client is closed");
         }
-        long rid = nextRequestId++;
+        long rid = conn.nextRequestId();
         Map<String, Object> payload = new LinkedHashMap<String, Object>();
         payload.put("fn", fn);
         payload.put("args", args == null ? new ArrayList<Object>() : args);

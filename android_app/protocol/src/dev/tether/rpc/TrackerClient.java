@@ -56,7 +56,6 @@ public final class TrackerClient implements Closeable {
     private final FrameConnection conn;
     private final String token;
     private final int connectTimeoutMs;
-    private long nextRequestId = 1;
     private long peerId;
     private String trackerName = "";
 
@@ -65,14 +64,11 @@ public final class TrackerClient implements Closeable {
         this.token = token == null || token.isEmpty() ? null : token;
         this.connectTimeoutMs = connectTimeoutMs;
         conn = new FrameConnection(host, port, connectTimeoutMs, readTimeoutMs, Limits.DEFAULT);
-        boolean ok = false;
         try {
             handshake();
-            ok = true;
-        } finally {
-            if (!ok) {
-                conn.close();
-            }
+        } catch (Throwable t) { // rethrown as is: handshake() throws only IOException and unchecked ones
+            conn.close();
+            throw t;
         }
     }
 
@@ -148,7 +144,7 @@ public final class TrackerClient implements Closeable {
 
     /** {@code {devices: [...], queues: {...}, stats: {...}}}. */
     public synchronized Map<String, Object> summary() throws IOException {
-        long rid = nextRequestId++;
+        long rid = conn.nextRequestId();
         conn.send(FrameCodec.encodeFrame(SUMMARY, rid, new LinkedHashMap<String, Object>()), null);
         Frame f = await(rid, SUMMARY_REPLY, 0, null);
         return f.payload;
@@ -160,7 +156,7 @@ public final class TrackerClient implements Closeable {
      */
     public synchronized Grant request(String key, double priority, double waitTimeoutS, double sessionTimeoutS,
                                       EventListener queued) throws IOException {
-        long rid = nextRequestId++;
+        long rid = conn.nextRequestId();
         Map<String, Object> req = new LinkedHashMap<String, Object>();
         req.put("key", key);
         req.put("priority", priority);

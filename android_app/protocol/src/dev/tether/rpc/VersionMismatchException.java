@@ -5,11 +5,6 @@ public class VersionMismatchException extends TetherException {
     private static final long serialVersionUID = 1L;
 
     public VersionMismatchException(String message) {
-        super(message);
-    }
-
-    @Override
-    public String wireType() {
-        return "VersionMismatch";
+        super("VersionMismatch", message);
     }
 }

@@ -9,6 +9,7 @@ import dev.tether.rpc.Tensor;
 import dev.tether.rpc.TetherClient;
 import dev.tether.rpc.TrackerClient;
 
+import java.io.Closeable;
 import java.io.IOException;
 import java.math.BigInteger;
 import java.nio.file.Files;
@@ -56,6 +57,42 @@ public final class InteropRunner {
             failed++;
             System.out.println("FAIL " + name + ": " + e);
         }
+    }
+
+    /** Opens a client holding {@code token} (null: none); a refusal check expects it to be refused. */
+    interface Attempt {
+        Closeable open(String token) throws IOException;
+    }
+
+    /** With {@code token} required by the peer: connecting without a token and with a wrong one are refused. */
+    private void tokenRefusalChecks(String who, String token, Attempt attempt) {
+        checkRefused(who + ": no token refused", "requires a token", true, attempt, null);
+        // the peer's ERROR AuthenticationError, not our own "requires a token" refusal
+        checkRefused(who + ": wrong token refused", "requires a token", false, attempt, token + "-wrong");
+    }
+
+    /** A check that {@code attempt} with {@code token} is refused as {@link #expectRefused} says. */
+    private void checkRefused(String name, final String text, final boolean mentioned, final Attempt attempt,
+                              final String token) {
+        check(name, new Check() {
+            public void run() throws Exception {
+                expectRefused(text, mentioned, attempt, token);
+            }
+        });
+    }
+
+    /** {@code attempt} must throw AuthenticationException whose message mentions {@code text} (or, with
+     *  {@code mentioned} false, does not). */
+    static void expectRefused(String text, boolean mentioned, Attempt attempt, String token) throws IOException {
+        Closeable opened;
+        try {
+            opened = attempt.open(token);
+        } catch (AuthenticationException e) {
+            expect(e.getMessage().contains(text) == mentioned, e.getMessage());
+            return;
+        }
+        opened.close();
+        throw new AssertionError("not refused");
     }
 
     static void expect(boolean cond, String why) {
@@ -143,24 +180,9 @@ public final class InteropRunner {
     // -- through a tracker -------------------------------------------------------------------------------------
     private void runTracker() {
         if (trackerToken != null) {
-            check("tracker: no token refused", new Check() {
-                public void run() throws Exception {
-                    try {
-                        TrackerClient.connect(host, port, null).close();
-                        throw new AssertionError("connected without a token");
-                    } catch (AuthenticationException e) {
-                        expect(e.getMessage().contains("requires a token"), e.getMessage());
-                    }
-                }
-            });
-            check("tracker: wrong token refused", new Check() {
-                public void run() throws Exception {
-                    try {
-                        TrackerClient.connect(host, port, trackerToken + "-wrong").close();
-                        throw new AssertionError("connected with a wrong token");
-                    } catch (AuthenticationException e) {
-                        expect(!e.getMessage().contains("requires a token"), e.getMessage());
-                    }
+            tokenRefusalChecks("tracker", trackerToken, new Attempt() {
+                public Closeable open(String t) throws IOException {
+                    return TrackerClient.connect(host, port, t);
                 }
             });
         }
@@ -208,15 +230,14 @@ public final class InteropRunner {
             }
             check("tracker: a used match is refused", new Check() {
                 public void run() throws Exception {
-                    TrackerClient.Grant g = t.request(trackerKeys.get(0), 1, 20, 60, null);
-                    TetherClient c = TetherClient.connect(g.host, g.port, options().token(null).match(g.match));
-                    c.close();
-                    try {
-                        TetherClient.connect(g.host, g.port, options().token(null).match(g.match)).close();
-                        throw new AssertionError("a one-time match opened a second session");
-                    } catch (AuthenticationException e) {
-                        expect(e.getMessage().contains("match"), e.getMessage());
-                    }
+                    final TrackerClient.Grant g = t.request(trackerKeys.get(0), 1, 20, 60, null);
+                    TetherClient.connect(g.host, g.port, options().token(null).match(g.match)).close();
+                    // a one-time match cannot open a second session
+                    expectRefused("match", true, new Attempt() {
+                        public Closeable open(String none) throws IOException {
+                            return TetherClient.connect(g.host, g.port, options().token(none).match(g.match));
+                        }
+                    }, null);
                 }
             });
         } finally {
@@ -226,39 +247,15 @@ public final class InteropRunner {
 
     // -- authentication ----------------------------------------------------------------------------------------
     private void authChecks() {
+        Attempt connect = new Attempt() {
+            public Closeable open(String t) throws IOException {
+                return TetherClient.connect(host, port, options().token(t));
+            }
+        };
         if (token != null) {
-            check("auth: no token refused", new Check() {
-                public void run() throws Exception {
-                    try {
-                        TetherClient.connect(host, port, options().token(null)).close();
-                        throw new AssertionError("connected without a token");
-                    } catch (AuthenticationException e) {
-                        expect(e.getMessage().contains("requires a token"), e.getMessage());
-                    }
-                }
-            });
-            check("auth: wrong token refused", new Check() {
-                public void run() throws Exception {
-                    try {
-                        TetherClient.connect(host, port, options().token(token + "-wrong")).close();
-                        throw new AssertionError("connected with a wrong token");
-                    } catch (AuthenticationException e) {
-                        // the server's ERROR AuthenticationError, not our own "requires a token" refusal
-                        expect(!e.getMessage().contains("requires a token"), e.getMessage());
-                    }
-                }
-            });
+            tokenRefusalChecks("auth", token, connect);
         } else {
-            check("auth: token-less server cannot prove a token", new Check() {
-                public void run() throws Exception {
-                    try {
-                        TetherClient.connect(host, port, options().token("some-token")).close();
-                        throw new AssertionError("accepted a server that did not prove the token");
-                    } catch (AuthenticationException e) {
-                        expect(e.getMessage().contains("did not prove"), e.getMessage());
-                    }
-                }
-            });
+            checkRefused("auth: token-less server cannot prove a token", "did not prove", true, connect, "some-token");
         }
     }
 

@@ -10,6 +10,12 @@ import java.util.Map;
  * ArrayList, integers to Long, other numbers to Double, strings, booleans and null as themselves.
  */
 final class Json {
+    private static final String[] WORDS = {"true", "false", "null"};
+    private static final Object[] WORD_VALUES = {Boolean.TRUE, Boolean.FALSE, null};
+    /** The one-letter escapes after a backslash and the characters they stand for. */
+    private static final String ESCAPES = "ntrbf";
+    private static final String ESCAPED = "\n\t\r\b\f";
+
     private final String s;
     private int pos;
 
@@ -50,72 +56,54 @@ final class Json {
             throw error("unexpected end");
         }
         char c = s.charAt(pos);
-        switch (c) {
-            case '{': {
-                pos++;
-                Map<String, Object> m = new LinkedHashMap<String, Object>();
-                ws();
-                if (s.charAt(pos) == '}') {
-                    pos++;
-                    return m;
-                }
-                while (true) {
+        if (c == '"') {
+            return string();
+        }
+        if (c == '{') {
+            pos++;
+            Map<String, Object> m = new LinkedHashMap<String, Object>();
+            if (!skip('}')) {
+                do {
                     ws();
                     String k = string();
                     ws();
                     expect(':');
                     ws();
                     m.put(k, value());
-                    ws();
-                    if (s.charAt(pos) == ',') {
-                        pos++;
-                    } else {
-                        expect('}');
-                        return m;
-                    }
-                }
+                } while (skip(','));
+                expect('}');
             }
-            case '[': {
-                pos++;
-                List<Object> l = new ArrayList<Object>();
-                ws();
-                if (s.charAt(pos) == ']') {
-                    pos++;
-                    return l;
-                }
-                while (true) {
+            return m;
+        }
+        if (c == '[') {
+            pos++;
+            List<Object> l = new ArrayList<Object>();
+            if (!skip(']')) {
+                do {
                     ws();
                     l.add(value());
-                    ws();
-                    if (s.charAt(pos) == ',') {
-                        pos++;
-                    } else {
-                        expect(']');
-                        return l;
-                    }
-                }
+                } while (skip(','));
+                expect(']');
             }
-            case '"':
-                return string();
-            case 't':
-                word("true");
-                return Boolean.TRUE;
-            case 'f':
-                word("false");
-                return Boolean.FALSE;
-            case 'n':
-                word("null");
-                return null;
-            default:
-                return number();
+            return l;
         }
+        for (int i = 0; i < WORDS.length; i++) {
+            if (s.startsWith(WORDS[i], pos)) {
+                pos += WORDS[i].length();
+                return WORD_VALUES[i];
+            }
+        }
+        return number();
     }
 
-    private void word(String w) {
-        if (!s.startsWith(w, pos)) {
-            throw error("expected " + w);
+    /** Skips white space, then {@code c} if it comes next; says whether it did. */
+    private boolean skip(char c) {
+        ws();
+        if (pos < s.length() && s.charAt(pos) == c) {
+            pos++;
+            return true;
         }
-        pos += w.length();
+        return false;
     }
 
     private Object number() {
@@ -149,28 +137,12 @@ final class Json {
                 continue;
             }
             char e = s.charAt(pos++);
-            switch (e) {
-                case 'n':
-                    b.append('\n');
-                    break;
-                case 't':
-                    b.append('\t');
-                    break;
-                case 'r':
-                    b.append('\r');
-                    break;
-                case 'b':
-                    b.append('\b');
-                    break;
-                case 'f':
-                    b.append('\f');
-                    break;
-                case 'u':
-                    b.append((char) Integer.parseInt(s.substring(pos, pos + 4), 16));
-                    pos += 4;
-                    break;
-                default:
-                    b.append(e);
+            if (e == 'u') {
+                b.append((char) Integer.parseInt(s.substring(pos, pos + 4), 16));
+                pos += 4;
+            } else {
+                int k = ESCAPES.indexOf(e);
+                b.append(k >= 0 ? ESCAPED.charAt(k) : e); // \" \\ and \/ stand for themselves
             }
         }
     }
