@@ -41,8 +41,8 @@ def _concat_of(node: Node) -> Optional[Node]:
     """The concat at the head of `node` (itself, or the anchor of a fused group), else None."""
     if node.op == "concat":
         return node
-    if node.op == "fused" and node.attrs["body"][0].op == "concat":
-        return node.attrs["body"][0]
+    if node.op == "fused" and node.body()[0].op == "concat":
+        return node.body()[0]
     return None
 
 
@@ -62,7 +62,7 @@ def _eligible(graph: Graph, params: Dict[str, np.ndarray], concat: Node, produce
         prod = producers.get(v)
         if v in params or v in graph.inputs or prod is None:
             return False
-        if prod.op != "fused" and ops.pattern(prod.op) == "alias":
+        if ops.is_alias(prod):
             return False
         if concat_reads.get(v, 0) != 1:
             return False

@@ -1,9 +1,11 @@
-"""Graph op -> te tensors, through the op library (``tether.ops``).
+"""Graph node -> te tensors of one kernel, through the op library (``tether.ops``).
 
-``LOWER[op](attrs, *te_inputs) -> te.Tensor``. A fused node lowers by walking its body in order, so
-conv2d -> add -> relu becomes one te expression tree whose elementwise tail ``ops.schedule`` inlines into the
-conv's write-back. The few ops the library does not cover in the needed generality (N-D pooling, LRN, slicing,
-reflect/edge padding, run-time pad values) are written here directly in te.
+``LOWER[op](attrs, *te_inputs) -> te.Tensor`` lowers one op; ``lower_kernel(node, types)`` lowers a whole node
+(a fused one by walking its body in order), so conv2d -> add -> relu becomes one te expression tree whose
+elementwise tail ``ops.schedule`` inlines into the conv's write-back. The few ops the library does not cover in
+the needed generality (N-D pooling, LRN, slicing, reflect/edge padding, run-time pad values) are written here
+directly in te. Single-image convolutions can run as GEMMs (``conv_gemm``), with constant weights packed into
+panels once at build time (``pack_conv_weights``).
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import numpy as np
 
 from tether import ops, te
 from tether.errors import UnsupportedOpError
-from tether.graph.ir import TensorType
+from tether.graph import ops as graph_ops
+from tether.graph.ir import Graph, Node, TensorType
+from tether.graph.ops import pool_out_size
 from tether.ops import common as c
 
 Lowering = Callable[..., "te.Tensor"]
@@ -157,7 +161,6 @@ def _window_counts(out: int, k: int, s: int, d: int, lo: int, hi: int) -> np.nda
 
 def _pool_nd(kind: str, attrs, x):
     """N-D max/avg pooling written directly in te (the library covers 2-D)."""
-    from tether.graph.ops import pool_out_size
     shape = c.shape_of(x)
     nd = len(shape) - 2
     k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
@@ -342,7 +345,7 @@ def _gemm_plan(body: List, params: List[str], types: dict, panel_weights: Option
                 per_channel = int(np.prod(types[v].shape, dtype=np.int64)) == ic
                 shapes[v] = (ic if per_channel else 1,) + (1,) * (len(view) - 1)
     for node in body[ci + 1:]:
-        if ops_pattern(node.op) != "elemwise":
+        if graph_ops.pattern(node.op) != "elemwise":
             return None
         for v in node.inputs:
             if v in shapes or v not in params:
@@ -368,7 +371,7 @@ def _conv_index(body: List) -> Optional[int]:
     for k, node in enumerate(body):
         if node.op == "conv2d":
             return k if len(node.inputs) == 2 else None
-        if ops_pattern(node.op) != "elemwise":
+        if graph_ops.pattern(node.op) != "elemwise":
             return None
     return None
 
@@ -400,11 +403,6 @@ def _prologue_input(prologue: List, conv_input: str, params: List[str], types: d
     return data
 
 
-def ops_pattern(op: str) -> str:
-    from tether.graph import ops as graph_ops
-    return graph_ops.pattern(op)
-
-
 def _conv_as_gemm(conv, x, w, ws, prepacked: bool):
     oc, _, kh, kw = ws
     if len(c.shape_of(w)) == 3 and not prepacked:     # grouped pointwise: (g, ocg, icg) x (g, icg, h*w)
@@ -416,18 +414,18 @@ def _conv_as_gemm(conv, x, w, ws, prepacked: bool):
                              conv.attrs["dilations"], out_channels=oc, groups=conv.attrs["groups"], name="conv2d")
 
 
-def pack_conv_weights(graph, params: Dict[str, np.ndarray], body_of) -> Dict[str, tuple]:
+def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray]) -> Dict[str, tuple]:
     """Pack the constant weights of convs that run as ops.conv2d_pixels into its panels once, at build time,
     instead of in every run (a pass over all the weights per call: about 1 ms on resnet50's 512-channel layers).
     Rewrites ``params`` and ``graph.types`` in place and returns {weight name: its conv shape (O, C, KH, KW)}
-    for lower_body. A weight read by more than one node keeps its layout."""
+    for lower_kernel. A weight read by more than one node keeps its layout."""
     uses: Dict[str, int] = {}
     for node in graph.nodes:
         for v in set(node.inputs):
             uses[v] = uses.get(v, 0) + 1
     packed: Dict[str, tuple] = {}
     for node in graph.nodes:
-        body, bparams = body_of(node)
+        body = node.body()
         ci = _conv_index(body)
         if ci is None:
             continue
@@ -435,7 +433,7 @@ def pack_conv_weights(graph, params: Dict[str, np.ndarray], body_of) -> Dict[str
         wname = conv.inputs[1]
         if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
             continue
-        plan = _gemm_plan(body, bparams, graph.types)
+        plan = _gemm_plan(body, node.body_params(), graph.types)
         if plan is None or len(plan[wname]) != 2 or len(plan[plan["__data__"]]) != 3:
             continue      # not run as conv2d_pixels (pointwise, grouped or batched)
         w = np.asarray(params[wname])
@@ -445,11 +443,13 @@ def pack_conv_weights(graph, params: Dict[str, np.ndarray], body_of) -> Dict[str
     return packed
 
 
-def lower_body(body: List, params: List[str], types: dict, conv_gemm: bool = True,
-               panel_weights: Optional[dict] = None) -> tuple:
-    """Placeholders for `params` (in order), the te tensor of the body's last output, and the kernel's argument
-    shapes (params then output) when they differ from the graph's (None otherwise). ``conv_gemm`` allows
-    running single-image convolutions as GEMMs (docs/graph.md); ``panel_weights`` comes from pack_conv_weights."""
+def lower_kernel(node: Node, types: Dict[str, TensorType], conv_gemm: bool = True,
+                 panel_weights: Optional[Dict[str, tuple]] = None) -> tuple:
+    """The kernel of `node`: placeholders for its ``body_params()`` (in order), the te tensor of the body's last
+    output, and the kernel's argument shapes (params then output) when they differ from the graph's (None
+    otherwise). ``conv_gemm`` allows running single-image convolutions as GEMMs (docs/graph.md);
+    ``panel_weights`` comes from pack_conv_weights."""
+    body, params = node.body(), node.body_params()
     plan = _gemm_plan(body, params, types, panel_weights) if conv_gemm else None
     env = {}
     placeholders = []
