@@ -32,7 +32,8 @@ from tether_rpc.params import save_params
 from tether import driver, ops, te
 from tether.graph.ir import Graph, Node
 from tether.graph.passes import needs_kernel, optimize, plan_memory
-from tether.graph.to_te import lower_kernel, pack_conv_weights
+from tether.graph.conv_gemm import pack_conv_weights
+from tether.graph.to_te import lower_kernel
 from tether.target import as_target
 
 log = logging.getLogger(__name__)

@@ -68,7 +68,7 @@ def fuse_prologues(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
     conv's kernel as a prologue (densenet's pre-activation batch norm + relu before every conv).
 
     At opt_level 3 such a conv runs as a GEMM whose input is read once into a packing or padding stage
-    (graph/to_te.py), where the prologue is computed per element for free; this saves a kernel and a pass over
+    (graph/conv_gemm.py), where the prologue is computed per element for free; this saves a kernel and a pass over
     memory per layer (densenet121: 62 kernels)."""
     graph = graph.copy()
     consumers = graph.consumers()
