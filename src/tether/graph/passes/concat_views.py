@@ -71,9 +71,9 @@ def _eligible(graph: Graph, params: Dict[str, np.ndarray], concat: Node, produce
 
 def _split_fused(node: Node) -> List[Node]:
     """fused[concat+elementwise...] -> the concat and the elementwise rest (one node or a smaller fused one)."""
-    body = node.attrs["body"]
+    body = node.body()
     concat, rest = body[0], body[1:]
-    outer = dict(zip(node.attrs["params"], node.inputs))
+    outer = dict(zip(node.body_params(), node.inputs))
     head = Node("concat", concat.name, [outer[i] for i in concat.inputs], list(concat.outputs), dict(concat.attrs))
     ext = body_inputs(rest)
     # the rest reads the concat's output under its body name, which is now a graph value of that name
@@ -97,7 +97,7 @@ def concat_views(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Di
         c = _concat_of(node)
         if c is None:
             continue
-        outer = dict(zip(node.attrs["params"], node.inputs)) if node.op == "fused" else {}
+        outer = dict(zip(node.body_params(), node.inputs)) if node.op == "fused" else {}
         for i in c.inputs:
             v = outer.get(i, i)
             concat_reads[v] = concat_reads.get(v, 0) + 1
