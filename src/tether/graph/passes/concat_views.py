@@ -39,11 +39,8 @@ def is_concat_view(node: Node) -> bool:
 
 def _concat_of(node: Node) -> Optional[Node]:
     """The concat at the head of `node` (itself, or the anchor of a fused group), else None."""
-    if node.op == "concat":
-        return node
-    if node.op == "fused" and node.body()[0].op == "concat":
-        return node.body()[0]
-    return None
+    head = node.body()[0]
+    return head if head.op == "concat" else None
 
 
 def _layout_fits(graph: Graph, concat: Node) -> bool:
