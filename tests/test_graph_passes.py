@@ -66,16 +66,24 @@ def test_fuse_makes_conv_bias_relu_one_node():
     g, p = optimize(*_conv_bn_relu_graph(), opt_level=1)
     g2, p2 = fuse(g, p)
     assert len(g2.nodes) == 1 and g2.nodes[0].op == "fused"
-    assert [n.op for n in g2.nodes[0].attrs["body"]] == ["conv2d", "add", "relu"]
+    fused = g2.nodes[0]
+    assert [n.op for n in fused.body()] == ["conv2d", "add", "relu"] and fused.ops_label() == "conv2d+add+relu"
+    # the kernel's arguments: what the body reads from outside, in order (the conv's data and weight, the bias)
+    assert fused.body_params() == fused.inputs and fused.body_params()[:1] == [g.nodes[0].inputs[0]]
     assert "fused[conv2d+add+relu]" in str(g2)
     _check_same(g, p, g2, p2)
+
+
+def test_a_single_node_is_its_own_body_and_reads_a_repeated_value_once():
+    sq = Node("mul", "sq", ["x", "x"], ["y"])
+    assert sq.body() == [sq] and sq.body_params() == ["x"] and sq.ops_label() == "mul"
 
 
 def test_fuse_keeps_values_with_two_readers():
     g, p = _conv_bn_relu_graph()
     g.outputs = ["y", "dead"]     # c now feeds bn and sigmoid: neither may swallow the conv
     g2, _ = fuse(*optimize(g, p, opt_level=1))
-    conv_nodes = [n for n in g2.nodes if n.op == "conv2d" or (n.op == "fused" and n.attrs["body"][0].op == "conv2d")]
+    conv_nodes = [n for n in g2.nodes if n.body()[0].op == "conv2d"]
     assert len(conv_nodes) == 1
 
 
@@ -186,9 +194,9 @@ def test_concat_views_split_a_fused_concat_head():
     view pass splits it back into a free concat and a mul+relu kernel."""
     g, p = _densenet_like_graph(late_reader=False)
     fused, _ = fuse(*optimize(g, p, opt_level=1))
-    assert any(n.op == "fused" and n.attrs["body"][0].op == "concat" for n in fused.nodes)
+    assert any(n.op == "fused" and n.body()[0].op == "concat" for n in fused.nodes)
     g2, p2 = optimize(g, p, opt_level=3)
-    assert not any(n.op == "fused" and n.attrs["body"][0].op == "concat" for n in g2.nodes), str(g2)
+    assert not any(n.op == "fused" and n.body()[0].op == "concat" for n in g2.nodes), str(g2)
     assert sum(1 for n in g2.nodes if n.op == "concat" and n.attrs.get("view")) == 3
     _check_same(g, p, g2, p2)
     plan = plan_memory(g2, p2)

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "build": ("tether.driver", "build"),
     "lower": ("tether.driver", "lower"),
-    "build_graph": ("tether.graph_build", "build_graph"),
+    "build_graph": ("tether.graph.build", "build_graph"),
     "Target": ("tether.target", "Target"),
 }
 _LAZY_SUBMODULES = ("te", "tir", "ops", "runtime", "target", "errors", "codegen", "artifact", "link", "frontend",

@@ -47,6 +47,23 @@ class Node:
     outputs: List[str]
     attrs: Dict[str, object] = field(default_factory=dict)
 
+    def body(self) -> List["Node"]:
+        """The single ops this node runs, in order: a fused node's body, else the node itself."""
+        if self.op == "fused":
+            return list(self.attrs["body"])
+        return [self]
+
+    def body_params(self) -> List[str]:
+        """The values the body reads from outside it, in order: the arguments of the node's kernel (a value read
+        twice, as in ``x * x``, is one argument)."""
+        if self.op == "fused":
+            return list(self.attrs["params"])
+        return list(dict.fromkeys(self.inputs))
+
+    def ops_label(self) -> str:
+        """The body's ops joined by ``+`` (``conv2d+add+relu``): how logs, kernel names and deploy.json name it."""
+        return "+".join(b.op for b in self.body())
+
     def __str__(self) -> str:
         return format_node(self)
 
@@ -65,8 +82,7 @@ def format_node(node: Node, types: Optional[Dict[str, TensorType]] = None) -> st
     outs = ", ".join("%" + o for o in node.outputs)
     ins = ", ".join("%" + i for i in node.inputs)
     if node.op == "fused":
-        body = "+".join(n.op for n in node.attrs["body"])
-        head = "fused[%s]" % body
+        head = "fused[%s]" % node.ops_label()
         attrs = ""
     else:
         head = node.op

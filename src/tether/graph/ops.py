@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from tether.graph.ir import TensorType
+from tether.graph.ir import Node, TensorType
 
 
 @dataclass(frozen=True)
@@ -338,3 +338,9 @@ def evaluate(op: str, attrs: dict, arrays: Sequence[np.ndarray]) -> List[np.ndar
 
 def pattern(op: str) -> str:
     return OPS[op].pattern
+
+
+def is_alias(node: Node) -> bool:
+    """A single (unfused) node whose output reinterprets its input's bytes (pattern ``alias``: a reshape): it gets
+    no kernel and no storage of its own."""
+    return node.op != "fused" and pattern(node.op) == "alias"

@@ -16,8 +16,8 @@ from tether.graph.ir import Graph, Node
 def run_nodes(nodes: List[Node], env: Dict[str, np.ndarray]) -> None:
     for node in nodes:
         if node.op == "fused":
-            inner = {name: env[src] for name, src in zip(node.attrs["params"], node.inputs)}
-            run_nodes(node.attrs["body"], inner)
+            inner = {name: env[src] for name, src in zip(node.body_params(), node.inputs)}
+            run_nodes(node.body(), inner)
             for out, src in zip(node.outputs, node.attrs["results"]):
                 env[out] = inner[src]
             continue

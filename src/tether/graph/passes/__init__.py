@@ -13,7 +13,7 @@ from tether.graph.passes.constant_fold import constant_fold
 from tether.graph.passes.dce import dce
 from tether.graph.passes.fold_batchnorm import fold_batchnorm
 from tether.graph.passes.fuse import fuse, fuse_prologues
-from tether.graph.passes.memory_plan import MemoryPlan, plan_memory
+from tether.graph.passes.memory_plan import MemoryPlan, needs_kernel, plan_memory
 
 log = logging.getLogger(__name__)
 
@@ -39,4 +39,4 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) ->
 
 
 __all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
-           "fuse_prologues", "plan_memory", "MemoryPlan", "optimize", "PIPELINES"]
+           "fuse_prologues", "plan_memory", "MemoryPlan", "needs_kernel", "optimize", "PIPELINES"]

@@ -39,11 +39,8 @@ def is_concat_view(node: Node) -> bool:
 
 def _concat_of(node: Node) -> Optional[Node]:
     """The concat at the head of `node` (itself, or the anchor of a fused group), else None."""
-    if node.op == "concat":
-        return node
-    if node.op == "fused" and node.attrs["body"][0].op == "concat":
-        return node.attrs["body"][0]
-    return None
+    head = node.body()[0]
+    return head if head.op == "concat" else None
 
 
 def _layout_fits(graph: Graph, concat: Node) -> bool:
@@ -62,7 +59,7 @@ def _eligible(graph: Graph, params: Dict[str, np.ndarray], concat: Node, produce
         prod = producers.get(v)
         if v in params or v in graph.inputs or prod is None:
             return False
-        if prod.op != "fused" and ops.pattern(prod.op) == "alias":
+        if ops.is_alias(prod):
             return False
         if concat_reads.get(v, 0) != 1:
             return False
@@ -71,9 +68,9 @@ def _eligible(graph: Graph, params: Dict[str, np.ndarray], concat: Node, produce
 
 def _split_fused(node: Node) -> List[Node]:
     """fused[concat+elementwise...] -> the concat and the elementwise rest (one node or a smaller fused one)."""
-    body = node.attrs["body"]
+    body = node.body()
     concat, rest = body[0], body[1:]
-    outer = dict(zip(node.attrs["params"], node.inputs))
+    outer = dict(zip(node.body_params(), node.inputs))
     head = Node("concat", concat.name, [outer[i] for i in concat.inputs], list(concat.outputs), dict(concat.attrs))
     ext = body_inputs(rest)
     # the rest reads the concat's output under its body name, which is now a graph value of that name
@@ -97,7 +94,7 @@ def concat_views(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Di
         c = _concat_of(node)
         if c is None:
             continue
-        outer = dict(zip(node.attrs["params"], node.inputs)) if node.op == "fused" else {}
+        outer = dict(zip(node.body_params(), node.inputs)) if node.op == "fused" else {}
         for i in c.inputs:
             v = outer.get(i, i)
             concat_reads[v] = concat_reads.get(v, 0) + 1

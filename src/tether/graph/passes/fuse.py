@@ -63,16 +63,12 @@ def fuse(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, 
     return graph, params
 
 
-def _body(node: Node) -> List[Node]:
-    return list(node.attrs["body"]) if node.op == "fused" else [node]
-
-
 def fuse_prologues(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
     """opt_level 3: an elementwise chain whose only reader is a batch-1 conv2d, as that conv's data input, joins the
     conv's kernel as a prologue (densenet's pre-activation batch norm + relu before every conv).
 
     At opt_level 3 such a conv runs as a GEMM whose input is read once into a packing or padding stage
-    (graph/lowering.py), where the prologue is computed per element for free; this saves a kernel and a pass over
+    (graph/conv_gemm.py), where the prologue is computed per element for free; this saves a kernel and a pass over
     memory per layer (densenet121: 62 kernels)."""
     graph = graph.copy()
     consumers = graph.consumers()
@@ -80,7 +76,7 @@ def fuse_prologues(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
     position = {id(n): k for k, n in enumerate(graph.nodes)}
     prologue_of: Dict[int, Node] = {}       # consumer position -> the prologue node it absorbs
     for node in graph.nodes:
-        body = _body(node)
+        body = node.body()
         if len(node.outputs) != 1 or not all(ops.pattern(b.op) == "elemwise" for b in body):
             continue
         v = node.outputs[0]
@@ -88,7 +84,7 @@ def fuse_prologues(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         if v in outputs or len(users) != 1 or graph.types[v].shape[:1] != (1,):
             continue
         user = users[0]
-        ubody = _body(user)
+        ubody = user.body()
         conv = ubody[0]
         if (conv.op != "conv2d" or len(conv.inputs) != 2 or conv.inputs[0] != v or conv.inputs[1] == v
                 or any(v in b.inputs for b in ubody[1:]) or position[id(user)] in prologue_of):
@@ -102,6 +98,6 @@ def fuse_prologues(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         if k not in prologue_of:
             new_nodes.append(node)
             continue
-        new_nodes.append(fused_node(node.name, _body(prologue_of[k]) + _body(node)))
+        new_nodes.append(fused_node(node.name, prologue_of[k].body() + node.body()))
     graph.nodes = new_nodes
     return graph, params

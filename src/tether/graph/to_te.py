@@ -1,20 +1,23 @@
-"""Graph op -> te tensors, through the op library (``tether.ops``).
+"""Graph node -> te tensors of one kernel, through the op library (``tether.ops``).
 
-``LOWER[op](attrs, *te_inputs) -> te.Tensor``. A fused node lowers by walking its body in order, so
-conv2d -> add -> relu becomes one te expression tree whose elementwise tail ``ops.schedule`` inlines into the
-conv's write-back. The few ops the library does not cover in the needed generality (N-D pooling, LRN, slicing,
-reflect/edge padding, run-time pad values) are written here directly in te.
+``LOWER[op](attrs, *te_inputs) -> te.Tensor`` lowers one op; ``lower_kernel(node, types)`` lowers a whole node
+(a fused one by walking its body in order), so conv2d -> add -> relu becomes one te expression tree whose
+elementwise tail ``ops.schedule`` inlines into the conv's write-back. The few ops the library does not cover in
+the needed generality (N-D pooling, LRN, slicing, reflect/edge padding, run-time pad values) are written here
+directly in te. With ``conv_gemm`` single-image convolutions run as GEMMs (``graph/conv_gemm.py``).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
 from tether import ops, te
 from tether.errors import UnsupportedOpError
-from tether.graph.ir import TensorType
+from tether.graph.conv_gemm import conv_as_gemm, conv_index, gemm_plan
+from tether.graph.ir import Node, TensorType
+from tether.graph.ops import pool_out_size
 from tether.ops import common as c
 
 Lowering = Callable[..., "te.Tensor"]
@@ -157,7 +160,6 @@ def _window_counts(out: int, k: int, s: int, d: int, lo: int, hi: int) -> np.nda
 
 def _pool_nd(kind: str, attrs, x):
     """N-D max/avg pooling written directly in te (the library covers 2-D)."""
-    from tether.graph.ops import pool_out_size
     shape = c.shape_of(x)
     nd = len(shape) - 2
     k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
@@ -283,174 +285,14 @@ def kernel_shape(shape: Sequence[int]) -> tuple:
     return tuple(int(d) for d in shape) or (1,)
 
 
-# Convolutions of one image run as matrix products with output channels as the vector axis: pointwise ones as
-# a plain matmul (weights (oc, ic) x input (ic, h*w)), the others as an implicit GEMM over flattened output pixels
-# (ops.conv2d_pixels). Both fill whole vectors at any output width, where the row-vectorized direct convolution
-# wastes most lanes of a 13- to 55-wide row: measured 1.3-3x on squeezenet/resnet layers.
-
-
-# A pointwise conv with at most this many output channels runs as conv2d_pixels rather than a matmul (in
-# squeezenet's and mobilenet_v2's 1x1 layers 1.2-1.5x faster at 16..64 channels; slower when expanding to
-# 96..576, where the matmul's packed activations pay off).
-POINTWISE_PIXELS_MAX_CHANNELS = 64
-
-
-def _gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optional[dict] = None):
-    """Kernel-argument shapes for running a conv2d(+elementwise epilogue) body as a GEMM, or None.
-    ``panel_weights`` maps weights already packed into panels (pack_conv_weights) to their conv shapes."""
-    ci = _conv_index(body)
-    if ci is None:
-        return None
-    conv = body[ci]
-    panel_weights = panel_weights or {}
-    wname = conv.inputs[1]
-    ws = panel_weights.get(wname) or types[wname].shape
-    xs, os_ = types[conv.inputs[0]].shape, types[conv.outputs[0]].shape
-    n, ic, h, w = xs
-    oc, _, kh, kw = ws
-    oh, ow = os_[2], os_[3]
-    g = conv.attrs["groups"]
-    pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
-    # a pointwise conv is a plain matrix product (a grouped one a batch of them, one per group); with few input
-    # channels conv2d_pixels runs it faster (no per-run packing of the activations)
-    as_matmul = pointwise and (g != 1 or oc > POINTWISE_PIXELS_MAX_CHANNELS)
-    # a grouped conv runs as conv2d_pixels when every group's output channels fill whole panels
-    grouped_pixels = g != 1 and not pointwise and (oc // g) % ops.linear.PANEL == 0
-    if n != 1 or conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise and not grouped_pixels):
-        return None
-    data = conv.inputs[0] if ci == 0 else _prologue_input(body[:ci], conv.inputs[0], params, types)
-    if data is None:
-        return None
-    if grouped_pixels:
-        shapes = {conv.inputs[0]: (ic, h, w),
-                  wname: types[wname].shape if wname in panel_weights else (oc, ic // g * kh * kw)}
-        lead, rows = (), oc
-    elif g == 1:
-        shapes = {conv.inputs[0]: (ic, h * w) if as_matmul else (ic, h, w),
-                  wname: types[wname].shape if wname in panel_weights else (oc, ic * kh * kw)}
-        lead, rows = (), oc
-    else:
-        shapes = {conv.inputs[0]: (g, ic // g, h * w), conv.inputs[1]: (g, oc // g, ic // g)}
-        lead, rows = (g,), oc // g
-    # a prologue (elementwise ops on the conv's input: a pre-activation batch norm + relu) runs on the input's view,
-    # its per-channel operands as (channels, 1[, 1])
-    view = shapes.pop(conv.inputs[0])
-    shapes[data] = view
-    for node in body[:ci]:
-        for v in node.inputs:
-            if v != data and v in params and v not in shapes:
-                per_channel = int(np.prod(types[v].shape, dtype=np.int64)) == ic
-                shapes[v] = (ic if per_channel else 1,) + (1,) * (len(view) - 1)
-    for node in body[ci + 1:]:
-        if ops_pattern(node.op) != "elemwise":
-            return None
-        for v in node.inputs:
-            if v in shapes or v not in params:
-                continue
-            t = (1,) * (4 - len(types[v].shape)) + tuple(types[v].shape)
-            if len(t) != 4 or t[0] != 1 or t[1] not in (1, oc) or t[2:] not in ((oh, ow), (1, 1)):
-                return None
-            if not lead:
-                shapes[v] = (t[1], t[2] * t[3])
-            elif t[1] == 1:
-                shapes[v] = (1, 1, t[2] * t[3])
-            else:
-                shapes[v] = (g, oc // g, t[2] * t[3])
-    if any(p in (conv.inputs[0], conv.inputs[1], data) for node in body[ci + 1:] for p in node.inputs):
-        return None
-    shapes["__out__"] = lead + (rows, oh * ow)
-    shapes["__data__"] = data
-    return shapes
-
-
-def _conv_index(body: List) -> Optional[int]:
-    """Where the body's conv2d is: first, or after an elementwise prologue (fuse_prologues), else None."""
-    for k, node in enumerate(body):
-        if node.op == "conv2d":
-            return k if len(node.inputs) == 2 else None
-        if ops_pattern(node.op) != "elemwise":
-            return None
-    return None
-
-
-def _prologue_input(prologue: List, conv_input: str, params: List[str], types: dict) -> Optional[str]:
-    """The one full-size kernel argument an elementwise prologue maps to the conv's input, when every other
-    operand is per channel ((1, C, 1, 1) or a scalar), else None."""
-    full = tuple(types[conv_input].shape)
-    internal = {o for node in prologue for o in node.outputs}
-    if prologue[-1].outputs != [conv_input]:
-        return None
-    data = None
-    for node in prologue:
-        if tuple(types[node.outputs[0]].shape) != full:
-            return None
-        for v in node.inputs:
-            if v in internal:
-                continue
-            if v not in params:
-                return None
-            shape = tuple(types[v].shape)
-            if shape == full:
-                if data not in (None, v):
-                    return None
-                data = v
-            elif not (len(shape) <= 4 and all(d == 1 for i, d in enumerate((1,) * (4 - len(shape)) + shape)
-                                                  if i != 1) and (shape[-3:-2] or (1,))[0] in (1, full[1])):
-                return None
-    return data
-
-
-def ops_pattern(op: str) -> str:
-    from tether.graph import ops as graph_ops
-    return graph_ops.pattern(op)
-
-
-def _conv_as_gemm(conv, x, w, ws, prepacked: bool):
-    oc, _, kh, kw = ws
-    if len(c.shape_of(w)) == 3 and not prepacked:     # grouped pointwise: (g, ocg, icg) x (g, icg, h*w)
-        return ops.batch_matmul(w, x)
-    if len(c.shape_of(x)) == 2:     # pointwise: the input already is the (ic, h*w) column matrix
-        return ops.matmul(w, x)
-    pads = conv.attrs["pads"]
-    return ops.conv2d_pixels(x, w, (kh, kw), conv.attrs["strides"], (pads[0], pads[1], pads[2], pads[3]),
-                             conv.attrs["dilations"], out_channels=oc, groups=conv.attrs["groups"], name="conv2d")
-
-
-def pack_conv_weights(graph, params: Dict[str, np.ndarray], body_of) -> Dict[str, tuple]:
-    """Pack the constant weights of convs that run as ops.conv2d_pixels into its panels once, at build time,
-    instead of in every run (a pass over all the weights per call: about 1 ms on resnet50's 512-channel layers).
-    Rewrites ``params`` and ``graph.types`` in place and returns {weight name: its conv shape (O, C, KH, KW)}
-    for lower_body. A weight read by more than one node keeps its layout."""
-    uses: Dict[str, int] = {}
-    for node in graph.nodes:
-        for v in set(node.inputs):
-            uses[v] = uses.get(v, 0) + 1
-    packed: Dict[str, tuple] = {}
-    for node in graph.nodes:
-        body, bparams = body_of(node)
-        ci = _conv_index(body)
-        if ci is None:
-            continue
-        conv = body[ci]
-        wname = conv.inputs[1]
-        if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
-            continue
-        plan = _gemm_plan(body, bparams, graph.types)
-        if plan is None or len(plan[wname]) != 2 or len(plan[plan["__data__"]]) != 3:
-            continue      # not run as conv2d_pixels (pointwise, grouped or batched)
-        w = np.asarray(params[wname])
-        params[wname] = ops.linear.pack_panels_array(w.reshape(w.shape[0], -1))
-        graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
-        packed[wname] = tuple(w.shape)
-    return packed
-
-
-def lower_body(body: List, params: List[str], types: dict, conv_gemm: bool = True,
-               panel_weights: Optional[dict] = None) -> tuple:
-    """Placeholders for `params` (in order), the te tensor of the body's last output, and the kernel's argument
-    shapes (params then output) when they differ from the graph's (None otherwise). ``conv_gemm`` allows
-    running single-image convolutions as GEMMs (docs/graph.md); ``panel_weights`` comes from pack_conv_weights."""
-    plan = _gemm_plan(body, params, types, panel_weights) if conv_gemm else None
+def lower_kernel(node: Node, types: Dict[str, TensorType], conv_gemm: bool = True,
+                 panel_weights: Optional[Dict[str, tuple]] = None) -> tuple:
+    """The kernel of `node`: placeholders for its ``body_params()`` (in order), the te tensor of the body's last
+    output, and the kernel's argument shapes (params then output) when they differ from the graph's (None
+    otherwise). ``conv_gemm`` allows running single-image convolutions as GEMMs (docs/graph.md);
+    ``panel_weights`` comes from conv_gemm.pack_conv_weights."""
+    body, params = node.body(), node.body_params()
+    plan = gemm_plan(body, params, types, panel_weights) if conv_gemm else None
     env = {}
     placeholders = []
     for k, name in enumerate(params):
@@ -459,18 +301,18 @@ def lower_body(body: List, params: List[str], types: dict, conv_gemm: bool = Tru
         ph = te.placeholder(shape, t.dtype, name="in%d" % k)
         env[name] = ph
         placeholders.append(ph)
-    planned = body[_conv_index(body)] if plan is not None else None
-    for node in body:
-        if node is planned:
-            wname = node.inputs[1]
+    planned = body[conv_index(body)] if plan is not None else None
+    for b in body:
+        if b is planned:
+            wname = b.inputs[1]
             packed_shape = (panel_weights or {}).get(wname)
-            env[node.outputs[0]] = _conv_as_gemm(node, env[node.inputs[0]], env[wname],
-                                                 packed_shape or types[wname].shape, packed_shape is not None)
+            env[b.outputs[0]] = conv_as_gemm(b, env[b.inputs[0]], env[wname], packed_shape or types[wname].shape,
+                                             packed_shape is not None)
             continue
-        if node.op == "reshape":
-            env[node.outputs[0]] = ops.reshape(env[node.inputs[0]], kernel_shape(node.attrs["shape"]))
+        if b.op == "reshape":
+            env[b.outputs[0]] = ops.reshape(env[b.inputs[0]], kernel_shape(b.attrs["shape"]))
             continue
-        env[node.outputs[0]] = lower_node(node.op, node.attrs, [env[i] for i in node.inputs])
+        env[b.outputs[0]] = lower_node(b.op, b.attrs, [env[i] for i in b.inputs])
     out = env[body[-1].outputs[0]]
     shapes = None
     if plan is not None:

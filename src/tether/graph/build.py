@@ -4,9 +4,8 @@
     factory = tether.build_graph(graph, params, target="rasp4b", opt_level=3)
     factory.export("out/")        # out/deploy.so, out/deploy.json, out/deploy.params
 
-Steps: the graph passes (``tether.graph.passes.optimize``), then every non-reshape node (a fused group or a
-single op) becomes one kernel: its body is lowered to te through ``tether.graph.lowering`` and scheduled with
-``ops.schedule``. Nodes with the same signature (ops, attributes, argument types) share one kernel, so a
+Steps: the graph passes (``tether.graph.passes.optimize``), then every node that needs a kernel (a fused group or
+a single op) becomes one: it is lowered to te by ``tether.graph.to_te`` and scheduled with ``ops.schedule``. Nodes with the same signature (ops, attributes, argument types) share one kernel, so a
 model's twenty identical 3x3 convs compile once. All kernels go into one ``tether.build`` call and one .so.
 Reshapes cost nothing: their output is a view of their input's storage (see the memory planner), and so do
 concats whose inputs can live inside their output (``graph/passes/concat_views.py``): no kernel, no copy.
@@ -23,18 +22,21 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from tether.graph import ops as graph_ops
+from tether_rpc.graph_executor import GRAPH_FORMAT, GRAPH_VERSION
+from tether_rpc.params import save_params
+
+from tether import driver, ops, te
 from tether.graph.ir import Graph, Node
-from tether.graph.passes import is_concat_view, optimize, plan_memory
+from tether.graph.passes import needs_kernel, optimize, plan_memory
+from tether.graph.conv_gemm import pack_conv_weights
+from tether.graph.to_te import lower_kernel
+from tether.target import as_target
 
 log = logging.getLogger(__name__)
-
-GRAPH_FORMAT = "tether-graph"
-GRAPH_VERSION = 2      # 2: entries may carry a byte "offset" into their storage (1 had none)
 
 
 @dataclass
@@ -63,8 +65,6 @@ class GraphFactory:
 
     def export(self, folder: str) -> Dict[str, str]:
         """Write deploy.so, deploy.json and deploy.params into `folder` (created if needed)."""
-        from tether_rpc.params import save_params
-
         os.makedirs(folder, exist_ok=True)
         paths = {k: os.path.join(folder, "deploy." + k) for k in ("json", "params")}
         paths["so"] = os.path.join(folder, self.graph_json["lib"])
@@ -77,12 +77,6 @@ class GraphFactory:
 
 
 # ---------------------------------------------------------------- kernel signatures
-def _body_of(node: Node) -> Tuple[List[Node], List[str]]:
-    if node.op == "fused":
-        return list(node.attrs["body"]), list(node.attrs["params"])
-    return [node], list(dict.fromkeys(node.inputs))   # x * x reads one argument
-
-
 def _jsonable(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
@@ -95,10 +89,10 @@ def _jsonable(v: Any) -> Any:
 
 def kernel_signature(node: Node, types: Dict[str, Any]) -> str:
     """Identical strings <=> the same kernel: ops, attributes and argument types, value names abstracted."""
-    body, params = _body_of(node)
+    params = node.body_params()
     local = {p: "in%d" % k for k, p in enumerate(params)}
     parts = [[str(types[p]) for p in params]]
-    for j, b in enumerate(body):
+    for j, b in enumerate(node.body()):
         for o in b.outputs:
             local[o] = "t%d" % j
         parts.append([b.op, sorted((k, _jsonable(v)) for k, v in b.attrs.items()),
@@ -106,31 +100,18 @@ def kernel_signature(node: Node, types: Dict[str, Any]) -> str:
     return json.dumps(parts, sort_keys=True)
 
 
-def _ops_label(node: Node) -> str:
-    body, _ = _body_of(node)
-    return "+".join(b.op for b in body)
-
-
-def _is_alias(node: Node) -> bool:
-    """No kernel: the output is a view of bytes the inputs already hold (reshape, concat views)."""
-    return node.op != "fused" and (graph_ops.pattern(node.op) == "alias" or is_concat_view(node))
-
-
 # ---------------------------------------------------------------- build
 def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
                 fast_math: bool = False, name: str = "deploy") -> GraphFactory:
-    import tether
-    from tether import ops
-    from tether.graph.lowering import lower_body, pack_conv_weights
-    from tether.target import as_target
-
+    """Optimise `graph` for `opt_level`, compile one kernel per distinct node into one library for `target`, plan
+    the memory and write the graph JSON; ``.export(folder)`` on the result writes the deploy.* files."""
     tgt = as_target(target)
     t0 = time.perf_counter()
     graph, params = optimize(graph, params, opt_level)
-    panel_weights = {}
+    panel_weights: Dict[str, tuple] = {}
     if opt_level >= 3:
         graph, params = graph.copy(), dict(params)
-        panel_weights = pack_conv_weights(graph, params, _body_of)
+        panel_weights = pack_conv_weights(graph, params)
     t_passes = time.perf_counter() - t0
 
     # one kernel per distinct signature
@@ -139,29 +120,26 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     node_funcs: List[Optional[str]] = []
     shapes_of_func: Dict[str, Optional[list]] = {}
     for node in graph.nodes:
-        if _is_alias(node):
+        if not needs_kernel(node):
             node_funcs.append(None)
             continue
         sig = kernel_signature(node, graph.types)
         fname = func_of_sig.get(sig)
         if fname is None:
-            fname = "%s_k%d_%s" % (name, len(func_of_sig), re.sub(r"[^A-Za-z0-9]+", "_", _ops_label(node))[:48])
+            fname = "%s_k%d_%s" % (name, len(func_of_sig), re.sub(r"[^A-Za-z0-9]+", "_", node.ops_label())[:48])
             func_of_sig[sig] = fname
-            body, bparams = _body_of(node)
-            placeholders, out, shapes_of_func[fname] = lower_body(body, bparams, graph.types,
-                                                                  conv_gemm=opt_level >= 3,
-                                                                  panel_weights=panel_weights)
+            placeholders, out, shapes_of_func[fname] = lower_kernel(node, graph.types, conv_gemm=opt_level >= 3,
+                                                                    panel_weights=panel_weights)
             sch = ops.schedule([out], tgt)
             triples.append((sch, placeholders + [out], fname))
         node_funcs.append(fname)
     if not triples:
         # a model with no kernel (constants / identity only) still ships a loadable library
-        from tether import te
         a = te.placeholder((1,), "float32", name="a")
         b = te.compute((1,), lambda i: a[i], name="b")
         triples.append((te.create_schedule([b.op]), [a, b], "%s_noop" % name))
     t1 = time.perf_counter()
-    lib = tether.build(triples, target=tgt, name=name, fast_math=fast_math)
+    lib = driver.build(triples, target=tgt, name=name, fast_math=fast_math)
     t_build = time.perf_counter() - t1
 
     plan = plan_memory(graph, params)
@@ -193,10 +171,10 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
     param_ids = [entry(v) for v in sorted(params)]
     nodes = []
     for node, func in zip(graph.nodes, node_funcs):
-        ids = [entry(v) for v in _body_of(node)[1] + list(node.outputs)]
+        ids = [entry(v) for v in node.body_params() + list(node.outputs)]
         if func is None:
             continue
-        rec = {"name": node.name, "func": func, "args": ids, "ops": _ops_label(node)}
+        rec = {"name": node.name, "func": func, "args": ids, "ops": node.ops_label()}
         if shapes_of_func.get(func):
             # the kernel views some arguments with other (same-size) shapes, e.g. a conv run as a GEMM
             rec["shapes"] = shapes_of_func[func]
