@@ -13,7 +13,7 @@ import sys
 import types
 from typing import Any
 
-__version__ = "0.1.0"
+from tether.version import __version__  # noqa: F401
 
 # Attributes resolved on first use: name -> (module, attribute or None for the module itself).
 _LAZY = {

@@ -17,6 +17,7 @@ from tether.codegen.runtime import (ARM_RUNTIME_FUNCTIONS, EXPORTED_RUNTIME_SYMB
 from tether.codegen.types import I32, PTR, dtype_word
 from tether.errors import CompileError
 from tether.target import Target, as_target
+from tether.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,6 @@ class ModuleBuilder:
             return self._text
         if not self._functions:
             raise CompileError("module %r has no functions; call add_packed() first" % self.name)
-        from tether import __version__
 
         self.function_entries()
         if self.part == "kernels":
