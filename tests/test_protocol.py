@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from tether_rpc import errors, protocol as p
+from tether_rpc import dtypes, errors, protocol as p
 from vectors.generate import to_wire  # the same JSON -> wire-value mapping that wrote the vectors
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_docs_table_agrees_with_the_enum():
     assert p.PROTOCOL_MAGIC in text
 
 
-@pytest.mark.parametrize("dtype", sorted(p.TENSOR_DTYPES))
+@pytest.mark.parametrize("dtype", sorted(dtypes.WIRE_DTYPES))
 def test_tensor_ext_round_trips_every_dtype(dtype):
     rng = np.random.default_rng(0)
     arr = (rng.standard_normal((3, 4, 5)) * 50).astype(dtype)

@@ -43,6 +43,7 @@ except ImportError:  # not on Windows (hosts only: devices are Linux/Android)
     fcntl = None  # type: ignore[assignment]
 
 # numpy is imported on first use (tensors only): the server then listens before the slow numpy import.
+from .dtypes import WIRE_DTYPES
 from .errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError, TetherTimeout, VersionMismatch
 
 log = logging.getLogger(__name__)
@@ -147,9 +148,6 @@ class RemoteHandle:
 
 
 _U64 = struct.Struct(">Q")
-# Only plain numeric/bool dtypes cross the wire: never object arrays, never structured dtypes.
-TENSOR_DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                           "float16", "float32", "float64"])
 
 
 def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
@@ -157,9 +155,9 @@ def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
     import numpy as np
 
     name = np.dtype(dtype).name
-    if name not in TENSOR_DTYPES:
+    if name not in WIRE_DTYPES:
         raise ProtocolError("dtype %r cannot travel as a tensor (allowed: %s)"
-                            % (name, ", ".join(sorted(TENSOR_DTYPES))))
+                            % (name, ", ".join(sorted(WIRE_DTYPES))))
     encoded = name.encode("ascii")
     return (bytes((len(encoded),)) + encoded + bytes((len(shape),))
             + b"".join(_U64.pack(int(d)) for d in shape))
@@ -187,7 +185,7 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
         pos += 1
     except (IndexError, UnicodeDecodeError):
         raise ProtocolError("malformed tensor ext: truncated or non-ascii dtype") from None
-    if name not in TENSOR_DTYPES:
+    if name not in WIRE_DTYPES:
         raise ProtocolError("tensor ext names dtype %r, which is not accepted" % name)
     if ndim > limits.max_ndim:
         raise ProtocolError("tensor ext has %d dimensions (limit %d)" % (ndim, limits.max_ndim))
@@ -319,11 +317,6 @@ def _packer() -> msgpack.Packer:
     if packer is None:
         packer = _local.packer = new_packer()
     return packer
-
-
-def encode_body(msg_type: int, request_id: int, payload: dict) -> bytes:
-    # msgpack packs IntEnum members as plain ints; int() here would cost a microsecond per frame
-    return _packer().pack([msg_type, request_id, payload])
 
 
 def encode_frame(msg_type: int, request_id: int, payload: Optional[dict] = None,

@@ -279,10 +279,6 @@ class Server:
     def busy(self) -> bool:
         return self._active is not None
 
-    @property
-    def queue_length(self) -> int:
-        return len(self._queue)
-
     def stop(self) -> None:
         """Ask the loop to finish (safe from a signal handler or another thread)."""
         self._stopping = True

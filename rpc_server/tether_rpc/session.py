@@ -271,10 +271,6 @@ class SessionHandler:
         self._bound.clear()
         self._objects.clear()
 
-    @property
-    def object_count(self) -> int:
-        return len(self._objects)
-
     # -- object table ------------------------------------------------------------------------------------------
     def _put(self, kind: str, obj: Any) -> RemoteHandle:
         handle = RemoteHandle(self._next_id)
