@@ -17,7 +17,7 @@ import pytest
 
 from fixtures.tracker import DeviceProcess, wait_until
 from tether import rpc
-from tether_rpc import protocol as p
+from tether_rpc import protocol as p, transport
 from tether_rpc.errors import AuthenticationError, TetherTimeout
 from tether_rpc.registrar import Registrar
 from tether_rpc.tracker_protocol import TrackerMsg
@@ -79,7 +79,7 @@ class FakeTracker:
 
 
 def _read_hello(conn: socket.socket) -> None:
-    msg_type, _, payload = p.FrameReader(conn, p.HANDSHAKE_LIMITS).read_frame()
+    msg_type, _, payload = transport.FrameReader(conn, p.HANDSHAKE_LIMITS).read_frame()
     assert msg_type == TrackerMsg.HELLO and payload["role"] == "device"
 
 
@@ -105,7 +105,7 @@ def unknown_type_after_welcome(conn: socket.socket) -> None:
 
 
 def dial_to_a_listening_device(conn: socket.socket) -> None:
-    reader = p.FrameReader(conn, p.DEFAULT_LIMITS)
+    reader = transport.FrameReader(conn, p.DEFAULT_LIMITS)
     _read_hello(conn)
     conn.sendall(p.encode_frame(TrackerMsg.WELCOME, 0, {"version": 1}))
     assert reader.read_frame()[0] == TrackerMsg.REGISTER

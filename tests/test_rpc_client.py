@@ -176,8 +176,8 @@ def test_streamed_events_reach_the_callbacks_over_a_real_socket():
     import socket
     import threading
 
-    from tether_rpc import protocol as p
-    from tether_rpc.server import _Channel, _EventLines
+    from tether_rpc import protocol as p, transport
+    from tether_rpc.worker import _Channel, _EventLines
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -186,7 +186,7 @@ def test_streamed_events_reach_the_callbacks_over_a_real_socket():
     def device():
         conn, _ = listener.accept()
         with conn:
-            reader = p.FrameReader(conn)
+            reader = transport.FrameReader(conn)
             assert reader.read_frame()[0] == p.MsgType.HELLO
             conn.sendall(p.encode_frame(p.MsgType.WELCOME, 0, {"version": p.PROTOCOL_VERSION, "session": 1}))
             _, rid, payload = reader.read_frame()
@@ -249,11 +249,11 @@ def _modes_per_epoch(intervals_by_mode, epochs):
     (seconds) for their mode; returns the mode of each epoch and the reader."""
     import socket
 
-    from tether_rpc import protocol as p
+    from tether_rpc import transport
 
     a, b = socket.socketpair()
     try:
-        reader = p.FrameReader(b, spin=100e-6)
+        reader = transport.FrameReader(b, spin=100e-6)
         modes = []
         for _ in range(epochs):
             modes.append(reader.polling)
@@ -271,9 +271,9 @@ def _modes_per_epoch(intervals_by_mode, epochs):
 
 
 def test_polling_is_kept_only_while_it_measures_faster():
-    from tether_rpc import protocol as p
+    from tether_rpc import transport
 
-    stay = p.FrameReader.STAY
+    stay = transport.FrameReader.STAY
     # polling twice as fast: measured first, sleeping once, then polling for STAY epochs, then both again
     modes, reader = _modes_per_epoch({True: 25e-6, False: 50e-6}, 2 + stay + 3)
     assert modes[:2] == [True, False] and modes[2:2 + stay] == [True] * stay

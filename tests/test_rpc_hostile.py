@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tether import rpc
-from tether_rpc import errors, protocol as p
+from tether_rpc import errors, handshake, protocol as p, transport
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_eight_byte_bad_handshake(hostile_server):
 def test_truncated_frame_then_silence_is_timed_out(hostile_server):
     sock = connect_raw(hostile_server)
     try:
-        frame = p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload())
+        frame = p.encode_frame(p.MsgType.HELLO, 0, handshake.hello_payload())
         sock.sendall(frame[:len(frame) // 2])
         # the server is not blocked by the half frame
         assert_serves(hostile_server)
@@ -237,7 +237,7 @@ def _read_both_ways(data):
     try:
         a.sendall(data)
         a.close()
-        reader = p.FrameReader(b)
+        reader = transport.FrameReader(b)
         frame = reader.read_plain_frame()
         return frame if frame is not None else reader.read_frame()
     finally:

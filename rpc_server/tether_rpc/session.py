@@ -20,7 +20,8 @@ import numpy as np
 
 from .errors import ProtocolError
 from .files import SessionFolder
-from .protocol import RemoteHandle, byte_view
+from .protocol import RemoteHandle
+from .transport import byte_view
 
 log = logging.getLogger(__name__)
 

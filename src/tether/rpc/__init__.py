@@ -7,9 +7,11 @@ for a device from a tracker's pool, ``rpc.LocalSession()`` in-process.
 """
 from __future__ import annotations
 
-from .client import (RemoteArray, RemoteFunction, RemoteModule, RemoteSession, SessionAPI, Timeout, TimingResult,
-                     connect, remote_exception)
+from tether_rpc.error_mapping import remote_exception
+
+from .client import RemoteArray, RemoteFunction, RemoteModule, RemoteSession, SessionAPI, TimingResult, connect
 from .local import LocalSession
+from .timeout import Timeout
 from .tracker_client import TrackerClient, connect_tracker
 
 __all__ = ["connect", "connect_tracker", "RemoteSession", "LocalSession", "SessionAPI", "RemoteArray",
