@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -35,16 +35,8 @@ from tether.rpc.tracker_client import connect_tracker
 from tether_rpc import protocol as p
 from tether_rpc.tracker_protocol import TrackerMsg, hello_payload
 
-
-def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise RuntimeError("timed out waiting for " + what)
-        time.sleep(0.002)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from fixtures.tracker import wait_until  # noqa: E402  (the tests' bounded poll)
 
 
 class Procs:

@@ -230,21 +230,27 @@ def _facts(stdout: str) -> dict:
     return dict(line[5:].split("=", 1) for line in stdout.splitlines() if line.startswith("fact "))
 
 
+def run_interop(java_classes, args, peer_log):
+    """Run the Java InteropRunner; it must exit cleanly with no failed check. Returns (stdout, checks passed,
+    the detail to show on failure: its output and ``peer_log()``)."""
+    proc = run_java(java_classes, "InteropRunner", *args)
+    passed, failed = summary(proc)
+    detail = proc.stdout + proc.stderr + "\n" + peer_log()
+    assert proc.returncode == 0 and failed == 0, detail
+    return proc.stdout, passed, detail
+
+
 @pytest.mark.parametrize("token", [None, "j4va-t0ken"], ids=["no-token", "token"])
 def test_java_client_against_real_server(java_classes, device_server, rpc_kernels, token):
     from tether_rpc import device_info
 
     server = device_server(*(["--token", token] if token else []))
     args = ["--host", server.host, "--port", str(server.port), "--vadd", str(rpc_kernels["vadd"])]
-    if token:
-        args += ["--token", token]
-    proc = run_java(java_classes, "InteropRunner", *args)
-    passed, failed = summary(proc)
-    detail = proc.stdout + proc.stderr + "\nserver log:\n" + server.log_text()[-3000:]
-    assert proc.returncode == 0 and failed == 0, detail
+    stdout, passed, detail = run_interop(java_classes, args + (["--token", token] if token else []),
+                                         lambda: "server log:\n" + server.log_text()[-3000:])
     expected_checks = 24 if token else 23  # two refused-token checks instead of one "server cannot prove"
     assert passed == expected_checks, detail
-    facts = _facts(proc.stdout)
+    facts = _facts(stdout)
     assert facts["device_info.arch"] == device_info.device_info()["arch"]
     assert facts["server"].startswith("tether-rpc/")
     assert server.alive(), "the server died during the Java session:\n" + server.log_text()[-3000:]
@@ -258,14 +264,10 @@ def test_java_tracker_client(java_classes, tracker_lab, token):
     tracker_lab.device(tracker, "java-reverse", reverse=True)
     args = ["--host", "127.0.0.1", "--port", str(tracker.port), "--tracker-key", "java-direct",
             "--tracker-key", "java-reverse"]
-    if token:
-        args += ["--tracker-token", token]
-    proc = run_java(java_classes, "InteropRunner", *args)
-    passed, failed = summary(proc)
-    detail = proc.stdout + proc.stderr + "\ntracker log:\n" + tracker.log()[-3000:]
-    assert proc.returncode == 0 and failed == 0, detail
+    stdout, passed, detail = run_interop(java_classes, args + (["--tracker-token", token] if token else []),
+                                         lambda: "tracker log:\n" + tracker.log()[-3000:])
     assert passed == (7 if token else 5), detail
-    facts = _facts(proc.stdout)
+    facts = _facts(stdout)
     assert facts["grant.java-direct"] == "direct" and facts["grant.java-reverse"] == "relay"
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import selectors
 import socket
+import socketserver
 import threading
 import time
 from typing import Callable, List
@@ -38,44 +39,36 @@ def _device_port(device) -> int:
 
 # ------------------------------------------------------------------------------------------- a scripted tracker
 
-class FakeTracker:
+class FakeTracker(socketserver.TCPServer):
     """Accepts connections one at a time and runs the next scripted behaviour on each (the last one repeats)."""
+
+    allow_reuse_address = True
+    request_queue_size = 16
 
     def __init__(self, behaviours: List[Callable[[socket.socket], None]]):
         self.behaviours = behaviours
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
-        self.listener.settimeout(0.2)
-        self.port = self.listener.getsockname()[1]
         self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(("127.0.0.1", 0), _ScriptedConnection)
+        self.port = self.server_address[1]
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            behaviour = self.behaviours[min(self.connections, len(self.behaviours) - 1)]
-            self.connections += 1
-            conn.settimeout(5)
-            try:
-                behaviour(conn)
-            except OSError:
-                pass
-            finally:
-                conn.close()
-
     def close(self) -> None:
-        self._stop.set()
+        self.shutdown()
         self._thread.join(5)
-        self.listener.close()
+        self.server_close()
+
+
+class _ScriptedConnection(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        tracker = self.server
+        behaviour = tracker.behaviours[min(tracker.connections, len(tracker.behaviours) - 1)]
+        tracker.connections += 1
+        self.request.settimeout(5)
+        try:
+            behaviour(self.request)
+        except OSError:
+            pass
 
 
 def _read_hello(conn: socket.socket) -> None:

@@ -15,11 +15,27 @@ def test_timeout_value_object():
     t = rpc.Timeout.coerce(None)
     assert all(0 < getattr(t, ph) < float("inf") for ph in ("connect", "read", "write", "session"))
     assert rpc.Timeout.coerce(3) == rpc.Timeout(connect=3, read=3, write=3, session=3)
+    assert rpc.Timeout.coerce(rpc.Timeout.DEFAULT) == rpc.Timeout.coerce(None) == rpc.Timeout()
     custom = rpc.Timeout(connect=1, read=100)
     assert rpc.Timeout.coerce(custom) is custom
+    unlimited = rpc.Timeout(read=None, session=None)  # None: that phase waits without limit
+    assert unlimited.read is None and unlimited.session is None and unlimited.connect == rpc.Timeout().connect
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="Timeout"):
             rpc.Timeout(read=bad)
+
+
+def test_a_phase_set_to_none_waits_without_limit(rpc_server):
+    import socket
+    import struct
+
+    unlimited = rpc.Timeout(connect=None, read=None, write=None, session=None)
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=unlimited) as remote:
+        size = struct.calcsize("ll")
+        for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            assert remote.sock.getsockopt(socket.SOL_SOCKET, opt, size) == bytes(size)
+        assert remote.sock.gettimeout() is None
+        assert remote.get_function("tether.echo")(3) == 3
 
 
 def test_timing_result_statistics_match_numpy():

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from fixtures.rpc import wait_until
+from fixtures.rpc import ServerProcess, wait_until
 from tether import rpc
 from tether_rpc import errors, handshake, protocol as p, transport
 
@@ -338,10 +338,11 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
     relay.listen(1)
     relay.settimeout(20)
     report = tmp_path / "hook.jsonl"
-    log = open(tmp_path / "hook-server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", HOOK_SERVER, str(report), str(relay.getsockname()[1])],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = None
     try:
+        # the hook dials us as the server starts (the connection waits in relay's backlog until accepted)
+        proc = ServerProcess([str(report), str(relay.getsockname()[1])], tmp_path / "hook-server.log",
+                             command=[sys.executable, "-c", HOOK_SERVER])
         dialled, _ = relay.accept()  # the device dialled us: we are its client now
         dialled.settimeout(5)
         reader = transport.FrameReader(dialled)
@@ -352,10 +353,8 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
         dialled.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
         assert dialled.recv(1) == b""
         dialled.close()
-        assert wait_until(lambda: "listening on" in (tmp_path / "hook-server.log").read_text(), 10)
-        m = __import__("re").search(r"listening on (\S+):(\d+)", (tmp_path / "hook-server.log").read_text())
         with pytest.raises(errors.AuthenticationError, match="match token"):
-            rpc.connect(m.group(1), int(m.group(2)), timeout=5, match="bad")
+            rpc.connect(proc.host, proc.port, timeout=5, match="bad")
         assert wait_until(lambda: report.read_text().count("ended") == 1, 5)
         lines = [json.loads(line) for line in report.read_text().splitlines()]
         assert lines[0] == ["attach"]
@@ -364,13 +363,8 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
         assert not any(line[0] == "started" and line[2] == "bad" for line in lines)
     finally:
         relay.close()
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+        if proc is not None:
+            proc.stop()
 
 
 # -- session end without pidfd, idle sessions -------------------------------------------------------------------
@@ -384,22 +378,10 @@ NO_PIDFD_SERVER = textwrap.dedent("""
 """)
 
 
-def children(pid):
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as fh:
-            return fh.read().split()
-    except OSError:
-        return []
-
-
 def test_handoff_is_prompt_without_pidfd(tmp_path):
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", NO_PIDFD_SERVER, str(tmp_path)], stdout=log,
-                            stderr=subprocess.STDOUT)
+    server = ServerProcess([str(tmp_path)], tmp_path / "server.log", command=[sys.executable, "-c", NO_PIDFD_SERVER])
     try:
-        assert wait_until(lambda: "listening on" in (tmp_path / "server.log").read_text(), 20)
-        m = __import__("re").search(r"listening on (\S+):(\d+)", (tmp_path / "server.log").read_text())
-        host, port = m.group(1), int(m.group(2))
+        host, port = server.host, server.port
         handoffs = []
         for _ in range(3):
             first = rpc.connect(host, port, timeout=10)
@@ -417,17 +399,11 @@ def test_handoff_is_prompt_without_pidfd(tmp_path):
             finally:
                 first.close()
                 queued.close()
-            assert wait_until(lambda: not children(proc.pid), 5)  # the next round starts on a free device
+            assert wait_until(lambda: not server.worker_pids(), 5)  # the next round starts on a free device
         assert max(handoffs) < 1.0, handoffs  # vs up to 5 s if only the tick noticed the exit
-        assert proc.poll() is None
+        assert server.alive
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+        server.stop()
 
 
 def test_idle_session_is_ended_and_frees_the_device(make_rpc_server, rpc_kernels):

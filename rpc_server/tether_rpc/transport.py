@@ -292,6 +292,14 @@ def send_frame(sock: socket.socket, msg_type: int, request_id: int, payload: Opt
     send_buffers(sock, [encode_frame(msg_type, request_id, payload), view])
 
 
+def close_quietly(sock: socket.socket) -> None:
+    """Close a socket whose peer may be gone already (nothing to report then)."""
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
 def configure_socket(sock: socket.socket) -> None:
     """TCP_NODELAY: small frames leave at once (Nagle + delayed ACK costs tens of ms per call otherwise)."""
     if sock.family in (socket.AF_INET, socket.AF_INET6):

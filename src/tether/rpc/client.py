@@ -605,10 +605,7 @@ class RemoteSession(SessionAPI):
     # -- lifetime ----------------------------------------------------------------------------------------------
     def _abort(self) -> None:
         self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        transport.close_quietly(self.sock)
 
     def close(self) -> None:
         """End the session (the device is free at once). Idempotent."""
@@ -619,10 +616,7 @@ class RemoteSession(SessionAPI):
             self.sock.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
         except OSError:
             pass
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        transport.close_quietly(self.sock)
 
     def __repr__(self) -> str:
         return "RemoteSession(%s:%d, session=%d%s)" % (self.host, self.port, self.session_id,

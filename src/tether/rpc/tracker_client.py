@@ -180,10 +180,7 @@ class TrackerClient:
 
     def _abort(self) -> None:
         self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        transport.close_quietly(self.sock)
 
     def close(self) -> None:
         """Leave the tracker: every request still queued on this connection is withdrawn at once. Idempotent."""
