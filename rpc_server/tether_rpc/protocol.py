@@ -173,8 +173,8 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
         pos = 1 + n
         ndim = data[pos]
         pos += 1
-    except (IndexError, UnicodeDecodeError):
-        raise ProtocolError("malformed tensor ext: truncated or non-ascii dtype") from None
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise ProtocolError("malformed tensor ext: truncated or non-ascii dtype") from exc
     if name not in WIRE_DTYPES:
         raise ProtocolError("tensor ext names dtype %r, which is not accepted" % name)
     if ndim > limits.max_ndim:
@@ -324,7 +324,7 @@ def decode_body(body: Any, limits: Limits = DEFAULT_LIMITS) -> Tuple[int, int, d
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises ValueError/FormatError/StackError/ExtraData/TypeError
-        raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from None
+        raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from exc
     return _check_frame(obj, len(body), limits)
 
 
@@ -434,7 +434,7 @@ class FrameBuffer:
             raise
         except Exception as exc:  # OutOfData (truncated), FormatError, StackError, ValueError, ...
             self._unpacker = self._new_unpacker()
-            raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from None
+            raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from exc
         if unpacker.tell() - before != len(body):
             self._unpacker = self._new_unpacker()
             raise ProtocolError("frame body has %d bytes after its msgpack object"

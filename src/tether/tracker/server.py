@@ -58,10 +58,10 @@ class Conn:
             if n > limits.max_frame:
                 raise FrameTooLarge("frame of %d bytes exceeds the tracker's limit of %d" % (n, limits.max_frame))
             body = await self.reader.readexactly(n)
-        except asyncio.IncompleteReadError:
-            raise ConnectionClosed("%s closed the connection" % self.name) from None
-        except (ConnectionError, OSError) as exc:
-            raise ConnectionClosed("%s: %s" % (self.name, exc)) from None
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionClosed("%s closed the connection" % self.name) from exc
+        except OSError as exc:
+            raise error_mapping.socket_error(exc, "timed out reading from %s" % self.name, self.name) from exc
         msg_type, rid, payload = p.decode_body(body, limits)
         return msg_type, rid, payload, header + body
 
