@@ -30,7 +30,7 @@ import struct
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import msgpack
 
@@ -356,8 +356,8 @@ def bulk_size(payload: dict, limits: Limits = DEFAULT_LIMITS) -> int:
 class FrameBuffer:
     """Sans-IO frame decoder over one reusable buffer: fill it (``recv_into`` :meth:`free_space`, then
     :meth:`wrote`), then pop frames (:meth:`next_frame`) and bulk bytes (:meth:`take`, :meth:`pop_bytes`).
-    The small-call fast path fills an empty buffer (:meth:`empty_view`) and pops a plain frame from exactly what
-    arrived (:meth:`received_plain`).
+    The small-call fast path receives into an empty buffer and pops a plain frame from exactly what arrived
+    (:meth:`read_plain`).
 
     Small frames are decoded straight out of the buffer, so one ``recv_into`` usually yields whole frames.
     The header's length is checked against ``limits.max_frame`` before any buffer grows for it.
@@ -509,17 +509,14 @@ class FrameBuffer:
         self._start = start + k
         return self._view[start:start + k]
 
-    def empty_view(self) -> Optional[memoryview]:
-        """The whole buffer to receive into if nothing is buffered (then :meth:`received_plain`), else None."""
+    def read_plain(self, recv_into: Callable[[memoryview], int]) -> Optional[Tuple[int, int, dict]]:
+        """The small-call fast path: if nothing is buffered, ``recv_into`` the whole buffer once, and if exactly one
+        small plain frame arrived, pop it decoded. Otherwise (or if bytes were buffered already) return None and
+        keep what arrived for :meth:`next_frame`, which decodes it with every check."""
         if self._start != self._end:
             return None
-        self._start = self._end = 0
-        return self._view
-
-    def received_plain(self, n: int) -> Optional[Tuple[int, int, dict]]:
-        """``n`` bytes arrived in :meth:`empty_view`: if they are exactly one small plain frame, pop it decoded.
-        Otherwise return None and keep them buffered for :meth:`next_frame`, which decodes with every check."""
-        self._end = n
+        self._start = 0
+        n = self._end = recv_into(self._view)
         if n > HEADER_SIZE:
             (size,) = HEADER.unpack_from(self._buf, 0)
             if size + HEADER_SIZE == n and size <= self.plain_max:

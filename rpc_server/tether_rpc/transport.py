@@ -152,11 +152,7 @@ class FrameReader:
         """The fast path for small calls and replies: when nothing is buffered, receive once, and if exactly one
         small plain frame arrived, return it decoded. Otherwise (or if bytes were buffered already) return None
         and leave what arrived buffered for :meth:`read_frame`, which decodes it with every check."""
-        buf = self.buffer
-        view = buf.empty_view()
-        if view is None:
-            return None
-        return buf.received_plain(self._recv_frame_start(view))
+        return self.buffer.read_plain(self._recv_frame_start)
 
     def read_frame(self) -> Tuple[int, int, dict]:
         buf = self.buffer
