@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import os
 import socket
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, NamedTuple, Optional, Tuple
 
 from .error_mapping import HANDSHAKE_ERRORS, error_from_payload
@@ -102,6 +103,7 @@ class HandshakeTypes(NamedTuple):
 CORE_HANDSHAKE = HandshakeTypes(MsgType.HELLO, MsgType.CHALLENGE, MsgType.AUTH, MsgType.WELCOME, True)
 
 
+@dataclass
 class ClientHandshake:
     """The client's side of one handshake, without I/O: send :meth:`hello_frame`, feed each frame the server
     sends to :meth:`on_frame` (sending what it returns) until :attr:`welcome` is set.
@@ -110,17 +112,15 @@ class ClientHandshake:
     a token the server asks for; ``error_context`` goes before the message of an ERROR raised as a local class.
     """
 
-    def __init__(self, types: HandshakeTypes, hello: Dict[str, Any], token: Optional[str], *, peer: str,
-                 token_hint: str, error_context: str = ""):
-        self.types = types
-        self.hello = hello
-        self.token = token
-        self.peer = peer
-        self.token_hint = token_hint
-        self.error_context = error_context
-        self.welcome: Optional[Dict[str, Any]] = None
-        self._server_nonce: Optional[bytes] = None
-        self._client_nonce = b""
+    types: HandshakeTypes
+    hello: Dict[str, Any]
+    token: Optional[str]
+    peer: str
+    token_hint: str
+    error_context: str = ""
+    welcome: Optional[Dict[str, Any]] = field(default=None, init=False)
+    _server_nonce: Optional[bytes] = field(default=None, init=False, repr=False)
+    _client_nonce: bytes = field(default=b"", init=False, repr=False)
 
     def hello_frame(self) -> bytes:
         return encode_frame(self.types.hello, 0, self.hello)

@@ -48,6 +48,16 @@ _SESSION_ENDED = frozenset([p.ErrorType.TIMEOUT])
 # ---------------------------------------------------------------------------------------------------------------
 # value objects
 
+class _Statistic:
+    """A read-only TimingResult attribute: one numpy reduction of its samples, as a float (seconds)."""
+
+    def __init__(self, reduce: Callable[[Any], Any]):
+        self.reduce = reduce
+
+    def __get__(self, result: Optional["TimingResult"], owner: Optional[type] = None) -> Any:
+        return self if result is None else float(self.reduce(result.samples))
+
+
 @dataclass(frozen=True)
 class TimingResult:
     """Per-call times in seconds, one sample per repeat (each the mean over ``number`` calls)."""
@@ -55,25 +65,11 @@ class TimingResult:
     samples: Tuple[float, ...]
     number: int
 
-    @property
-    def median(self) -> float:
-        return float(np.median(self.samples))
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.samples))
-
-    @property
-    def std(self) -> float:
-        return float(np.std(self.samples))
-
-    @property
-    def min(self) -> float:
-        return float(np.min(self.samples))
-
-    @property
-    def max(self) -> float:
-        return float(np.max(self.samples))
+    median = _Statistic(np.median)
+    mean = _Statistic(np.mean)
+    std = _Statistic(np.std)
+    min = _Statistic(np.min)
+    max = _Statistic(np.max)
 
     def __repr__(self) -> str:
         return ("TimingResult(median=%.3g s, mean=%.3g s, std=%.3g s, min=%.3g s, max=%.3g s, repeat=%d, number=%d)"
