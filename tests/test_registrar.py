@@ -312,7 +312,8 @@ def test_tracker_host_name_is_looked_up_in_a_child_process(tracker_lab):
             states.add(reg.state)
         assert reg.registered and "resolving" in states, states
         assert tracker.count("named") == 1
-        wait_until(lambda: not reg._unreaped and reg.tick() > 0, 10, "the lookup child to be reaped")
+        # tick first: it is what reaps a child that was still dying when the lookup ended
+        wait_until(lambda: reg.tick() > 0 and not reg._unreaped, 10, "the lookup child to be reaped")
         zombies = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                    if _stat_field(pid, 3) == str(os.getpid()) and _stat_field(pid, 2) == "Z"]
         assert not zombies
