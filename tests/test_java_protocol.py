@@ -26,7 +26,7 @@ import msgpack
 import pytest
 from fixtures.prereq import require_tool, unavailable
 
-from tether_rpc import dtypes, protocol as p
+from tether_rpc import dtypes, handshake, protocol as p, transport
 from tether_rpc.errors import FrameTooLarge, ProtocolError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -354,7 +354,7 @@ class ScriptedServer:
             conn, _ = self.sock.accept()
             with conn:
                 conn.settimeout(15)
-                self._script(conn, p.FrameReader(conn))
+                self._script(conn, transport.FrameReader(conn))
                 _until_closed(conn)
         except Exception as exc:  # reported by the test
             self.error = exc
@@ -411,7 +411,7 @@ def _bad_proof(conn, reader):
     msg_type, _, auth = reader.read_frame()
     assert msg_type == p.MsgType.AUTH and len(auth["mac"]) == 32
     # the mac is right, but this server does not know the token: its proof is wrong
-    assert p.macs_equal(auth["mac"], p.client_mac("tok", b"\x01" * 32, auth["nonce"]))
+    assert handshake.macs_equal(auth["mac"], handshake.client_mac("tok", b"\x01" * 32, auth["nonce"]))
     conn.sendall(p.encode_frame(p.MsgType.WELCOME, 0, {"version": 1, "caps": [], "server": "x", "session": 1,
                                                        "proof": b"\x00" * 32}))
 

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from tether_rpc import errors, protocol as p
+from tether_rpc import dtypes, errors, handshake, protocol as p, transport
 from vectors.generate import to_wire  # the same JSON -> wire-value mapping that wrote the vectors
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_docs_table_agrees_with_the_enum():
     assert p.PROTOCOL_MAGIC in text
 
 
-@pytest.mark.parametrize("dtype", sorted(p.TENSOR_DTYPES))
+@pytest.mark.parametrize("dtype", sorted(dtypes.WIRE_DTYPES))
 def test_tensor_ext_round_trips_every_dtype(dtype):
     rng = np.random.default_rng(0)
     arr = (rng.standard_normal((3, 4, 5)) * 50).astype(dtype)
@@ -145,11 +145,11 @@ def test_frames_split_and_coalesced_over_a_real_socket():
     try:
         big = np.arange(1 << 20, dtype=np.float32)
         sender = threading.Thread(target=lambda: [
-            p.send_frame(a, p.MsgType.EVENT, i, {"kind": "log", "line": "l%d" % i}) for i in range(100)
-        ] + [p.send_frame(a, p.MsgType.RETURN, 100, {"value": None}, bulk=big),
-             p.send_frame(a, p.MsgType.CLOSE, 0, {})])
+            transport.send_frame(a, p.MsgType.EVENT, i, {"kind": "log", "line": "l%d" % i}) for i in range(100)
+        ] + [transport.send_frame(a, p.MsgType.RETURN, 100, {"value": None}, bulk=big),
+             transport.send_frame(a, p.MsgType.CLOSE, 0, {})])
         sender.start()
-        reader = p.FrameReader(b)
+        reader = transport.FrameReader(b)
         for i in range(100):
             assert reader.read_frame() == (p.MsgType.EVENT, i, {"kind": "log", "line": "l%d" % i})
         t, rid, payload = reader.read_frame()
@@ -172,29 +172,29 @@ def test_reader_times_out():
     b.settimeout(0.05)
     try:
         with pytest.raises(errors.TetherTimeout):
-            p.FrameReader(b).read_frame()
+            transport.FrameReader(b).read_frame()
     finally:
         a.close()
         b.close()
 
 
 def test_handshake_helpers():
-    hello = p.check_hello(p.hello_payload(match="m1", wait=False))
+    hello = handshake.check_hello(handshake.hello_payload(match="m1", wait=False))
     assert hello["match"] == "m1" and hello["wait"] is False
     with pytest.raises(errors.VersionMismatch, match=r"version 99.*version 1"):
-        p.check_hello(p.hello_payload(version=99))
+        handshake.check_hello(handshake.hello_payload(version=99))
     with pytest.raises(errors.ProtocolError, match="magic"):
-        p.check_hello({"magic": "GET / HTTP", "version": 1})
-    ns, nc = p.make_nonce(), p.make_nonce()
-    assert ns != nc and len(ns) == p.NONCE_SIZE
-    mac = p.client_mac("secret", ns, nc)
-    assert p.check_auth("secret", ns, {"nonce": nc, "mac": mac}) == nc
+        handshake.check_hello({"magic": "GET / HTTP", "version": 1})
+    ns, nc = handshake.make_nonce(), handshake.make_nonce()
+    assert ns != nc and len(ns) == handshake.NONCE_SIZE
+    mac = handshake.client_mac("secret", ns, nc)
+    assert handshake.check_auth("secret", ns, {"nonce": nc, "mac": mac}) == nc
     with pytest.raises(errors.AuthenticationError):
-        p.check_auth("other", ns, {"nonce": nc, "mac": mac})
+        handshake.check_auth("other", ns, {"nonce": nc, "mac": mac})
     with pytest.raises(errors.AuthenticationError):
-        p.check_auth("secret", ns, {"nonce": b"short", "mac": mac})
-    assert p.server_proof("secret", ns, nc) != mac
-    assert not p.macs_equal("str", "str")
+        handshake.check_auth("secret", ns, {"nonce": b"short", "mac": mac})
+    assert handshake.server_proof("secret", ns, nc) != mac
+    assert not handshake.macs_equal("str", "str")
 
 
 def test_docs_list_every_built_in_function():

@@ -9,6 +9,7 @@ import os
 import re
 import selectors
 import socket
+import socketserver
 import threading
 import time
 from typing import Callable, List
@@ -18,7 +19,7 @@ import pytest
 from fixtures.polling import wait_until
 from fixtures.tracker import DeviceProcess
 from tether import rpc
-from tether_rpc import protocol as p
+from tether_rpc import protocol as p, transport
 from tether_rpc.errors import AuthenticationError, TetherTimeout
 from tether_rpc.registrar import Registrar
 from tether_rpc.tracker_protocol import TrackerMsg
@@ -39,48 +40,40 @@ def _device_port(device) -> int:
 
 # ------------------------------------------------------------------------------------------- a scripted tracker
 
-class FakeTracker:
+class FakeTracker(socketserver.TCPServer):
     """Accepts connections one at a time and runs the next scripted behaviour on each (the last one repeats)."""
+
+    allow_reuse_address = True
+    request_queue_size = 16
 
     def __init__(self, behaviours: List[Callable[[socket.socket], None]]):
         self.behaviours = behaviours
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
-        self.listener.settimeout(0.2)
-        self.port = self.listener.getsockname()[1]
         self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(("127.0.0.1", 0), _ScriptedConnection)
+        self.port = self.server_address[1]
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            behaviour = self.behaviours[min(self.connections, len(self.behaviours) - 1)]
-            self.connections += 1
-            conn.settimeout(5)
-            try:
-                behaviour(conn)
-            except OSError:
-                pass
-            finally:
-                conn.close()
-
     def close(self) -> None:
-        self._stop.set()
+        self.shutdown()
         self._thread.join(5)
-        self.listener.close()
+        self.server_close()
+
+
+class _ScriptedConnection(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        tracker = self.server
+        behaviour = tracker.behaviours[min(tracker.connections, len(tracker.behaviours) - 1)]
+        tracker.connections += 1
+        self.request.settimeout(5)
+        try:
+            behaviour(self.request)
+        except OSError:
+            pass
 
 
 def _read_hello(conn: socket.socket) -> None:
-    msg_type, _, payload = p.FrameReader(conn, p.HANDSHAKE_LIMITS).read_frame()
+    msg_type, _, payload = transport.FrameReader(conn, p.HANDSHAKE_LIMITS).read_frame()
     assert msg_type == TrackerMsg.HELLO and payload["role"] == "device"
 
 
@@ -106,7 +99,7 @@ def unknown_type_after_welcome(conn: socket.socket) -> None:
 
 
 def dial_to_a_listening_device(conn: socket.socket) -> None:
-    reader = p.FrameReader(conn, p.DEFAULT_LIMITS)
+    reader = transport.FrameReader(conn, p.DEFAULT_LIMITS)
     _read_hello(conn)
     conn.sendall(p.encode_frame(TrackerMsg.WELCOME, 0, {"version": 1}))
     assert reader.read_frame()[0] == TrackerMsg.REGISTER
@@ -320,7 +313,8 @@ def test_tracker_host_name_is_looked_up_in_a_child_process(tracker_lab):
             states.add(reg.state)
         assert reg.registered and "resolving" in states, states
         assert tracker.count("named") == 1
-        wait_until(lambda: not reg._unreaped and reg.tick() > 0, 10, "the lookup child to be reaped")
+        # tick first: it is what reaps a child that was still dying when the lookup ended
+        wait_until(lambda: reg.tick() > 0 and not reg._unreaped, 10, "the lookup child to be reaped")
         zombies = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                    if _stat_field(pid, 3) == str(os.getpid()) and _stat_field(pid, 2) == "Z"]
         assert not zombies

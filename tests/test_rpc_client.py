@@ -15,11 +15,27 @@ def test_timeout_value_object():
     t = rpc.Timeout.coerce(None)
     assert all(0 < getattr(t, ph) < float("inf") for ph in ("connect", "read", "write", "session"))
     assert rpc.Timeout.coerce(3) == rpc.Timeout(connect=3, read=3, write=3, session=3)
+    assert rpc.Timeout.coerce(rpc.Timeout.DEFAULT) == rpc.Timeout.coerce(None) == rpc.Timeout()
     custom = rpc.Timeout(connect=1, read=100)
     assert rpc.Timeout.coerce(custom) is custom
+    unlimited = rpc.Timeout(read=None, session=None)  # None: that phase waits without limit
+    assert unlimited.read is None and unlimited.session is None and unlimited.connect == rpc.Timeout().connect
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="Timeout"):
             rpc.Timeout(read=bad)
+
+
+def test_a_phase_set_to_none_waits_without_limit(rpc_server):
+    import socket
+    import struct
+
+    unlimited = rpc.Timeout(connect=None, read=None, write=None, session=None)
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=unlimited) as remote:
+        size = struct.calcsize("ll")
+        for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            assert remote.sock.getsockopt(socket.SOL_SOCKET, opt, size) == bytes(size)
+        assert remote.sock.gettimeout() is None
+        assert remote.get_function("tether.echo")(3) == 3
 
 
 def test_timing_result_statistics_match_numpy():
@@ -176,8 +192,8 @@ def test_streamed_events_reach_the_callbacks_over_a_real_socket():
     import socket
     import threading
 
-    from tether_rpc import protocol as p
-    from tether_rpc.server import _Channel, _EventLines
+    from tether_rpc import protocol as p, transport
+    from tether_rpc.worker import _Channel, _EventLines
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -186,7 +202,7 @@ def test_streamed_events_reach_the_callbacks_over_a_real_socket():
     def device():
         conn, _ = listener.accept()
         with conn:
-            reader = p.FrameReader(conn)
+            reader = transport.FrameReader(conn)
             assert reader.read_frame()[0] == p.MsgType.HELLO
             conn.sendall(p.encode_frame(p.MsgType.WELCOME, 0, {"version": p.PROTOCOL_VERSION, "session": 1}))
             _, rid, payload = reader.read_frame()
@@ -249,11 +265,11 @@ def _modes_per_epoch(intervals_by_mode, epochs):
     (seconds) for their mode; returns the mode of each epoch and the reader."""
     import socket
 
-    from tether_rpc import protocol as p
+    from tether_rpc import transport
 
     a, b = socket.socketpair()
     try:
-        reader = p.FrameReader(b, spin=100e-6)
+        reader = transport.FrameReader(b, spin=100e-6)
         modes = []
         for _ in range(epochs):
             modes.append(reader.polling)
@@ -271,9 +287,9 @@ def _modes_per_epoch(intervals_by_mode, epochs):
 
 
 def test_polling_is_kept_only_while_it_measures_faster():
-    from tether_rpc import protocol as p
+    from tether_rpc import transport
 
-    stay = p.FrameReader.STAY
+    stay = transport.FrameReader.STAY
     # polling twice as fast: measured first, sleeping once, then polling for STAY epochs, then both again
     modes, reader = _modes_per_epoch({True: 25e-6, False: 50e-6}, 2 + stay + 3)
     assert modes[:2] == [True, False] and modes[2:2 + stay] == [True] * stay

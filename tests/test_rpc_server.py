@@ -17,16 +17,17 @@ import numpy as np
 import pytest
 
 from fixtures.polling import wait_until
+from fixtures.rpc import ServerProcess
 from tether import rpc
-from tether_rpc import errors, protocol as p
+from tether_rpc import errors, handshake, protocol as p, transport
 
 
 def raw_connect(server, hello=None):
     """A hand-driven protocol client: returns (sock, reader) after HELLO (and before WELCOME is read)."""
     sock = socket.create_connection((server.host, server.port), timeout=5)
-    p.configure_socket(sock)
-    sock.sendall(p.encode_frame(p.MsgType.HELLO, 0, hello or p.hello_payload()))
-    return sock, p.FrameReader(sock)
+    transport.configure_socket(sock)
+    sock.sendall(p.encode_frame(p.MsgType.HELLO, 0, hello or handshake.hello_payload()))
+    return sock, transport.FrameReader(sock)
 
 
 def session_dirs(server):
@@ -41,12 +42,12 @@ def test_every_core_message_type_round_trips_over_a_server(make_rpc_server, rpc_
     try:
         t, rid, challenge = reader.read_frame()
         assert (t, rid, challenge["algo"]) == (p.MsgType.CHALLENGE, 0, "hmac-sha256")
-        nc = p.make_nonce()
-        mac = p.client_mac("s3cret", challenge["nonce"], nc)
+        nc = handshake.make_nonce()
+        mac = handshake.client_mac("s3cret", challenge["nonce"], nc)
         sock.sendall(p.encode_frame(p.MsgType.AUTH, 0, {"nonce": nc, "mac": mac}))
         t, _, welcome = reader.read_frame()
         assert t == p.MsgType.WELCOME and welcome["version"] == p.PROTOCOL_VERSION
-        assert p.macs_equal(welcome["proof"], p.server_proof("s3cret", challenge["nonce"], nc))
+        assert handshake.macs_equal(welcome["proof"], handshake.server_proof("s3cret", challenge["nonce"], nc))
 
         arr = np.arange(12, dtype=np.int16).reshape(3, 4)
         sock.sendall(p.encode_frame(p.MsgType.CALL, 5, {"fn": "tether.echo", "args": [arr]}))
@@ -60,7 +61,7 @@ def test_every_core_message_type_round_trips_over_a_server(make_rpc_server, rpc_
         assert "tether.echo" in err["message"] and "Traceback" in err["traceback"]
 
         # EVENT: time a real kernel; one sample event per repeat precedes the RETURN.
-        p.send_frame(sock, p.MsgType.CALL, 7, {"fn": "tether.upload", "args": ["misc.so"]},
+        transport.send_frame(sock, p.MsgType.CALL, 7, {"fn": "tether.upload", "args": ["misc.so"]},
                      bulk=rpc_kernels["misc"].read_bytes())
         assert reader.read_frame()[0] == p.MsgType.RETURN
         sock.sendall(p.encode_frame(p.MsgType.CALL, 8, {"fn": "tether.module.load", "args": ["misc.so"]}))
@@ -84,7 +85,7 @@ def test_every_core_message_type_round_trips_over_a_server(make_rpc_server, rpc_
 
 
 def test_version_mismatch_names_both_versions(rpc_server):
-    sock, reader = raw_connect(rpc_server, p.hello_payload(version=7))
+    sock, reader = raw_connect(rpc_server, handshake.hello_payload(version=7))
     try:
         t, _, err = reader.read_frame()
         assert t == p.MsgType.ERROR and err["type"] == "VersionMismatch"
@@ -303,13 +304,13 @@ def test_click_entry_point_shares_the_implementation():
 # -- the hook for pluggable components (tracker registration) ---------------------------------------------------
 HOOK_SERVER = textwrap.dedent("""
     import json, logging, socket, sys
-    from tether_rpc import server as S
+    from tether_rpc import config, hooks, server as S
 
     logging.basicConfig(level=logging.INFO)
 
     report = open(sys.argv[1], "a", buffering=1)
 
-    class Hook(S.ServerHook):
+    class Hook(hooks.ServerHook):
         def attach(self, server):
             # reverse mode in miniature: dial out, and let the server serve the dialled connection
             sock = socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=5)
@@ -326,7 +327,7 @@ HOOK_SERVER = textwrap.dedent("""
         def session_ended(self, info):
             report.write(json.dumps(["ended", info["session"], info["error"]]) + "\\n")
 
-    S.serve(S.ServerConfig(port=0, hooks=[Hook()]))
+    S.serve(config.ServerConfig(port=0, hooks=[Hook()]))
 """)
 
 
@@ -338,24 +339,23 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
     relay.listen(1)
     relay.settimeout(20)
     report = tmp_path / "hook.jsonl"
-    log = open(tmp_path / "hook-server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", HOOK_SERVER, str(report), str(relay.getsockname()[1])],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = None
     try:
+        # the hook dials us as the server starts (the connection waits in relay's backlog until accepted)
+        proc = ServerProcess([str(report), str(relay.getsockname()[1])], tmp_path / "hook-server.log",
+                             command=[sys.executable, "-c", HOOK_SERVER])
         dialled, _ = relay.accept()  # the device dialled us: we are its client now
         dialled.settimeout(5)
-        reader = p.FrameReader(dialled)
-        dialled.sendall(p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload(match="good")))
+        reader = transport.FrameReader(dialled)
+        dialled.sendall(p.encode_frame(p.MsgType.HELLO, 0, handshake.hello_payload(match="good")))
         assert reader.read_frame()[0] == p.MsgType.WELCOME
         dialled.sendall(p.encode_frame(p.MsgType.CALL, 1, {"fn": "tether.echo", "args": ["via adopt"]}))
         assert reader.read_frame() == (p.MsgType.RETURN, 1, {"value": "via adopt"})
         dialled.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
         assert dialled.recv(1) == b""
         dialled.close()
-        wait_until(lambda: "listening on" in (tmp_path / "hook-server.log").read_text(), 10, "the hook server")
-        m = __import__("re").search(r"listening on (\S+):(\d+)", (tmp_path / "hook-server.log").read_text())
         with pytest.raises(errors.AuthenticationError, match="match token"):
-            rpc.connect(m.group(1), int(m.group(2)), timeout=5, match="bad")
+            rpc.connect(proc.host, proc.port, timeout=5, match="bad")
         wait_until(lambda: report.read_text().count("ended") == 1, 5, "the hook to report the session ended")
         lines = [json.loads(line) for line in report.read_text().splitlines()]
         assert lines[0] == ["attach"]
@@ -364,13 +364,8 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
         assert not any(line[0] == "started" and line[2] == "bad" for line in lines)
     finally:
         relay.close()
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+        if proc is not None:
+            proc.stop()
 
 
 # -- session end without pidfd, idle sessions -------------------------------------------------------------------
@@ -384,29 +379,17 @@ NO_PIDFD_SERVER = textwrap.dedent("""
 """)
 
 
-def children(pid):
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as fh:
-            return fh.read().split()
-    except OSError:
-        return []
-
-
 def test_handoff_is_prompt_without_pidfd(tmp_path):
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", NO_PIDFD_SERVER, str(tmp_path)], stdout=log,
-                            stderr=subprocess.STDOUT)
+    server = ServerProcess([str(tmp_path)], tmp_path / "server.log", command=[sys.executable, "-c", NO_PIDFD_SERVER])
     try:
-        wait_until(lambda: "listening on" in (tmp_path / "server.log").read_text(), 20, "the server to listen")
-        m = __import__("re").search(r"listening on (\S+):(\d+)", (tmp_path / "server.log").read_text())
-        host, port = m.group(1), int(m.group(2))
+        host, port = server.host, server.port
         handoffs = []
         for _ in range(3):
             first = rpc.connect(host, port, timeout=10)
             queued = socket.create_connection((host, port), timeout=10)
             try:
-                queued.sendall(p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload()))
-                reader = p.FrameReader(queued)
+                queued.sendall(p.encode_frame(p.MsgType.HELLO, 0, handshake.hello_payload()))
+                reader = transport.FrameReader(queued)
                 assert reader.read_frame()[2].get("kind") == "queued"
                 t0 = time.monotonic()
                 first.close()  # the worker exits; the parent must notice without waiting for its 5 s tick
@@ -418,17 +401,11 @@ def test_handoff_is_prompt_without_pidfd(tmp_path):
                 first.close()
                 queued.close()
             # the next round starts on a free device
-            wait_until(lambda: not children(proc.pid), 5, "the server's children to exit")
+            wait_until(lambda: not server.worker_pids(), 5, "the server's session workers to exit")
         assert max(handoffs) < 1.0, handoffs  # vs up to 5 s if only the tick noticed the exit
-        assert proc.poll() is None
+        assert server.alive
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+        server.stop()
 
 
 def test_idle_session_is_ended_and_frees_the_device(make_rpc_server, rpc_kernels):

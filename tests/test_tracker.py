@@ -15,7 +15,7 @@ import pytest
 from fixtures.prereq import unavailable
 from fixtures.polling import wait_until
 from tether import rpc
-from tether_rpc import protocol as p
+from tether_rpc import protocol as p, transport
 from tether_rpc.errors import AuthenticationError, TetherError, TetherTimeout
 from tether_rpc.tracker_protocol import TrackerMsg, hello_payload
 
@@ -319,10 +319,10 @@ def test_device_that_never_acknowledges_does_not_lose_the_request(tracker_lab):
     tracker = tracker_lab.tracker()
     # a device that registers, then ignores its EXPECT (hung right after registering)
     mute = socket.create_connection(("127.0.0.1", tracker.port), timeout=5)
-    reader = p.FrameReader(mute, p.DEFAULT_LIMITS)
-    p.send_frame(mute, TrackerMsg.HELLO, 0, hello_payload("device", "mute"))
+    reader = transport.FrameReader(mute, p.DEFAULT_LIMITS)
+    transport.send_frame(mute, TrackerMsg.HELLO, 0, hello_payload("device", "mute"))
     assert reader.read_frame()[0] == TrackerMsg.WELCOME
-    p.send_frame(mute, TrackerMsg.REGISTER, 0, {"key": "pi", "port": 9, "tags": {}, "info": {}, "state": "free"})
+    transport.send_frame(mute, TrackerMsg.REGISTER, 0, {"key": "pi", "port": 9, "tags": {}, "info": {}, "state": "free"})
     assert reader.read_frame()[0] == TrackerMsg.REGISTERED
     try:
         tracker_lab.device(tracker, "pi")          # registered second: the mute one is first in line

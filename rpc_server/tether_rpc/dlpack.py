@@ -10,6 +10,7 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
+from .dtypes import ARRAY_DTYPES, DTYPES
 from .errors import KernelError
 
 # TetherValue type codes.
@@ -26,7 +27,6 @@ TYPE_CODE_NAMES: Dict[int, str] = {TETHER_INT64: "int", TETHER_FLOAT64: "float",
                                    TETHER_NULL: "None"}
 
 KDL_CPU = 1
-DL_INT, DL_UINT, DL_FLOAT, DL_BOOL = 0, 1, 2, 6
 
 
 class DLDevice(ctypes.Structure):
@@ -57,18 +57,9 @@ class TetherValue(ctypes.Union):
                 ("v_str", ctypes.c_void_p)]  # a char*: kept as void* so ctypes never copies or converts it
 
 
-# numpy dtype name -> (DLPack type code, bits)
-DTYPE_TO_DL: Dict[str, Tuple[int, int]] = {
-    "float16": (DL_FLOAT, 16),
-    "float32": (DL_FLOAT, 32),
-    "float64": (DL_FLOAT, 64),
-    "int8": (DL_INT, 8),
-    "int16": (DL_INT, 16),
-    "int32": (DL_INT, 32),
-    "int64": (DL_INT, 64),
-    "uint8": (DL_UINT, 8),
-    "bool": (DL_BOOL, 8),
-}
+# numpy dtype name -> (DLPack type code, bits), for the dtypes a device array may hold (tether_rpc.dtypes)
+DTYPE_TO_DL: Dict[str, Tuple[int, int]] = {row.name: (row.dl_code, row.bits) for row in DTYPES.values()
+                                           if row.name in ARRAY_DTYPES}
 DL_TO_DTYPE: Dict[Tuple[int, int], str] = {v: k for k, v in DTYPE_TO_DL.items()}
 SUPPORTED_DTYPES = tuple(DTYPE_TO_DL)
 

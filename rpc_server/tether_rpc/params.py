@@ -18,14 +18,17 @@ from typing import Dict, Mapping, Union
 
 import numpy as np
 
+from .dtypes import WIRE_DTYPES
+
 MAGIC = b"TTHRPRM\x00"
 VERSION = 1
 ALIGN = 64
 # Refuse absurd headers before allocating anything for them.
 MAX_NDIM = 32
 MAX_NAME = 4096
-DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-          "uint64", "bool")
+#: The numpy-stored dtypes (tether_rpc.dtypes.WIRE_DTYPES): a file names its dtype by numpy name, so bfloat16,
+#: which numpy lacks, is not carried.
+DTYPES = tuple(sorted(WIRE_DTYPES))
 
 _HEAD = struct.Struct("<8sII")
 

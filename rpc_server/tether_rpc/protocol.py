@@ -1,4 +1,8 @@
-"""The tether wire protocol: framing, message types, limits, tensor/handle ext types and handshake helpers.
+"""The tether wire protocol's frames: message types, limits, the msgpack codec with its tensor/handle ext types,
+and :class:`FrameBuffer`, the sans-IO frame decoder.
+
+Sending and receiving frames over a socket is :mod:`tether_rpc.transport`; the HELLO/CHALLENGE/AUTH/WELCOME
+exchange (payloads, token MACs, the client's side of it) is :mod:`tether_rpc.handshake`.
 
 Wire format (``docs/protocol.md`` is the language-neutral reference; a test keeps the two in step)::
 
@@ -22,30 +26,17 @@ Everything a peer sends is checked against :class:`Limits` before anything is al
 from __future__ import annotations
 
 import enum
-import errno
-import hashlib
-import hmac
-import logging
-import os
-import socket
 import struct
 import sys
 import threading
-import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import msgpack
 
-try:
-    import fcntl
-except ImportError:  # not on Windows (hosts only: devices are Linux/Android)
-    fcntl = None  # type: ignore[assignment]
-
 # numpy is imported on first use (tensors only): the server then listens before the slow numpy import.
-from .errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError, TetherTimeout, VersionMismatch
-
-log = logging.getLogger(__name__)
+from .dtypes import WIRE_DTYPES
+from .errors import FrameTooLarge, ProtocolError
 
 PROTOCOL_MAGIC = "tether-rpc"
 PROTOCOL_VERSION = 1
@@ -147,9 +138,6 @@ class RemoteHandle:
 
 
 _U64 = struct.Struct(">Q")
-# Only plain numeric/bool dtypes cross the wire: never object arrays, never structured dtypes.
-TENSOR_DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                           "float16", "float32", "float64"])
 
 
 def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
@@ -157,9 +145,9 @@ def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
     import numpy as np
 
     name = np.dtype(dtype).name
-    if name not in TENSOR_DTYPES:
+    if name not in WIRE_DTYPES:
         raise ProtocolError("dtype %r cannot travel as a tensor (allowed: %s)"
-                            % (name, ", ".join(sorted(TENSOR_DTYPES))))
+                            % (name, ", ".join(sorted(WIRE_DTYPES))))
     encoded = name.encode("ascii")
     return (bytes((len(encoded),)) + encoded + bytes((len(shape),))
             + b"".join(_U64.pack(int(d)) for d in shape))
@@ -185,9 +173,9 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
         pos = 1 + n
         ndim = data[pos]
         pos += 1
-    except (IndexError, UnicodeDecodeError):
-        raise ProtocolError("malformed tensor ext: truncated or non-ascii dtype") from None
-    if name not in TENSOR_DTYPES:
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise ProtocolError("malformed tensor ext: truncated or non-ascii dtype") from exc
+    if name not in WIRE_DTYPES:
         raise ProtocolError("tensor ext names dtype %r, which is not accepted" % name)
     if ndim > limits.max_ndim:
         raise ProtocolError("tensor ext has %d dimensions (limit %d)" % (ndim, limits.max_ndim))
@@ -321,11 +309,6 @@ def _packer() -> msgpack.Packer:
     return packer
 
 
-def encode_body(msg_type: int, request_id: int, payload: dict) -> bytes:
-    # msgpack packs IntEnum members as plain ints; int() here would cost a microsecond per frame
-    return _packer().pack([msg_type, request_id, payload])
-
-
 def encode_frame(msg_type: int, request_id: int, payload: Optional[dict] = None,
                  _pack_header: Any = HEADER.pack) -> bytes:
     """Header + body as one bytes object, ready for a single send call."""
@@ -341,7 +324,7 @@ def decode_body(body: Any, limits: Limits = DEFAULT_LIMITS) -> Tuple[int, int, d
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises ValueError/FormatError/StackError/ExtraData/TypeError
-        raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from None
+        raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from exc
     return _check_frame(obj, len(body), limits)
 
 
@@ -371,7 +354,10 @@ def bulk_size(payload: dict, limits: Limits = DEFAULT_LIMITS) -> int:
 
 
 class FrameBuffer:
-    """Sans-IO frame decoder over one reusable buffer: fill it (``recv_into`` :meth:`free_space`), then pop frames.
+    """Sans-IO frame decoder over one reusable buffer: fill it (``recv_into`` :meth:`free_space`, then
+    :meth:`wrote`), then pop frames (:meth:`next_frame`) and bulk bytes (:meth:`take`, :meth:`pop_bytes`).
+    The small-call fast path receives into an empty buffer and pops a plain frame from exactly what arrived
+    (:meth:`read_plain`).
 
     Small frames are decoded straight out of the buffer, so one ``recv_into`` usually yields whole frames.
     The header's length is checked against ``limits.max_frame`` before any buffer grows for it.
@@ -448,7 +434,7 @@ class FrameBuffer:
             raise
         except Exception as exc:  # OutOfData (truncated), FormatError, StackError, ValueError, ...
             self._unpacker = self._new_unpacker()
-            raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from None
+            raise ProtocolError("undecodable frame body: %s: %s" % (type(exc).__name__, exc)) from exc
         if unpacker.tell() - before != len(body):
             self._unpacker = self._new_unpacker()
             raise ProtocolError("frame body has %d bytes after its msgpack object"
@@ -516,373 +502,26 @@ class FrameBuffer:
             self._start += n
         return n
 
+    def pop_bytes(self, n: int) -> memoryview:
+        """Up to ``n`` already-buffered bytes (the start of a bulk payload), consumed; valid until the next fill."""
+        start = self._start
+        k = min(n, self._end - start)
+        self._start = start + k
+        return self._view[start:start + k]
 
-def _recv_some(sock: socket.socket, view: memoryview) -> int:
-    try:
-        n = sock.recv_into(view)
-    except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out on a blocking socket
-        raise TetherTimeout("timed out waiting for data from the peer") from None
-    except (ConnectionResetError, BrokenPipeError) as exc:
-        raise ConnectionClosed("connection lost: %s" % exc) from None
-    if n == 0:
-        raise ConnectionClosed("the peer closed the connection")
-    return n
-
-
-_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
-_splice = getattr(os, "splice", None)  # Python 3.10+, Linux
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031) if fcntl is not None else 1031
-#: Pieces in which uploads move into files: measured faster than 4 MiB (it stays in the caches) or 64 KiB.
-FILE_CHUNK = 1 << 20
-_yield = getattr(os, "sched_yield", lambda: None)
-_clock = time.perf_counter
-
-
-class FrameReader:
-    """Blocking frame reader over a socket (honours the socket's timeout).
-
-    ``spin`` (seconds) lets :meth:`read_plain_frame` poll the socket for up to that long before it sleeps. A peer
-    in a call loop answers within microseconds, and sleeping costs a wake-up per frame (an IPI, an idle exit,
-    caches gone cold: most of a small call's round trip on a quiet machine). But polling only pays while a core
-    is free: on a busy machine the scheduler treats a poller as CPU-bound and it waits behind the other work. So
-    the reader measures: an epoch of each mode, comparing the median time from one frame to the next (the wait,
-    and the work after it, which runs slower from cold caches after a sleep); it then keeps the clearly faster
-    mode, sleeping unless polling wins by MARGIN, for STAY epochs without timing anything, and measures again.
-    0 disables polling.
-    """
-
-    CHUNK = 16 << 20  # per recv_into call: large, so bulk reads take few syscalls
-    EPOCH = 128       # frames per measurement of a waiting mode
-    STAY = 32         # epochs in the chosen mode before both are measured again
-    MARGIN = 0.9      # polling must cut the median frame interval by this factor to be chosen (it costs CPU)
-
-    def __init__(self, sock: socket.socket, limits: Limits = DEFAULT_LIMITS, buffer: Optional[FrameBuffer] = None,
-                 spin: float = 0.0):
-        self.sock = sock
-        self.buffer = buffer if buffer is not None else FrameBuffer(limits)
-        self.spin = spin if _DONTWAIT else 0.0
-        self.polling = True                     # the current mode: polling is measured first, then sleeping
-        self._timing = True                     # measuring (else staying with the chosen mode)
-        self._other_done = False                # this round measured one mode already
-        self._left = self.EPOCH                 # frames left in this phase
-        self._last = 0.0                        # when the previous frame arrived (while timing)
-        self._intervals: List[float] = []       # between frame arrivals, this epoch
-        self.medians: Dict[bool, float] = {}    # the last measured median interval of each mode
-
-    @property
-    def limits(self) -> Limits:
-        return self.buffer.limits
-
-    def _recv_frame_start(self, view: memoryview) -> int:
-        """One receive into an empty buffer (polling first when that pays, see ``spin``); tether exceptions."""
-        sock = self.sock
-        try:
-            if not self.spin or sock.gettimeout() is not None:  # (a socket timeout would poll() before each try)
-                n = sock.recv_into(view)
-            else:
-                n = self._poll_recv(view, _clock()) if self.polling else sock.recv_into(view)
-                if self._timing:
-                    now = _clock()
-                    self._intervals.append(now - self._last)
-                    self._last = now
-                self._left -= 1
-                if self._left <= 0:
-                    self._next_phase()
-        except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
-            raise TetherTimeout("timed out waiting for data from the peer") from None
-        except (ConnectionResetError, BrokenPipeError) as exc:
-            raise ConnectionClosed("connection lost: %s" % exc) from None
-        if n == 0:
-            raise ConnectionClosed("the peer closed the connection")
-        return n
-
-    def _poll_recv(self, view: memoryview, t0: float) -> int:
-        # Non-blocking receives for up to ``spin`` seconds, yielding the CPU between them (the peer may need this
-        # very CPU to send what we wait for); then, or as soon as one yield gave the CPU away for long (another
-        # busy process shares it), a blocking receive.
-        recv_into = self.sock.recv_into
-        end = t0 + self.spin
-        ceiling = self.spin / 2
-        last = t0
-        while True:
-            try:
-                return recv_into(view, 0, _DONTWAIT)
-            except BlockingIOError:
-                now = _clock()
-                if now > end or now - last > ceiling:
-                    return recv_into(view)
-                last = now
-                _yield()
-
-    def _next_phase(self) -> None:
-        self._left = self.EPOCH
-        if not self._timing:  # the stay is over: measure the current mode, then the other one
-            self._timing = True
-            self._intervals = []
-            self._last = _clock()
-            return
-        intervals = sorted(self._intervals[1:])  # (the first interval began before this epoch did)
-        self._intervals = []
-        self._last = _clock()
-        if intervals:
-            self.medians[self.polling] = intervals[len(intervals) // 2]
-        if not self._other_done:
-            self._other_done = True
-            self.polling = not self.polling
-            return
-        poll, sleep = self.medians.get(True), self.medians.get(False)
-        self.polling = poll is not None and sleep is not None and poll < self.MARGIN * sleep
-        self._timing = False
-        self._other_done = False
-        self._left = self.STAY * self.EPOCH
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("frame interval %.1f us polling, %.1f us sleeping: %s", 1e6 * (poll or 0), 1e6 * (sleep or 0),
-                      "polling" if self.polling else "sleeping")
-
-    def read_plain_frame(self) -> Optional[Tuple[int, int, dict]]:
-        """The fast path for small calls and replies: when nothing is buffered, receive once, and if exactly one
-        small plain frame arrived, return it decoded. Otherwise (or if bytes were buffered already) return None
-        and leave what arrived buffered for :meth:`read_frame`, which decodes it with every check."""
-        buf = self.buffer
-        if buf._start != buf._end:
+    def read_plain(self, recv_into: Callable[[memoryview], int]) -> Optional[Tuple[int, int, dict]]:
+        """The small-call fast path: if nothing is buffered, ``recv_into`` the whole buffer once, and if exactly one
+        small plain frame arrived, pop it decoded. Otherwise (or if bytes were buffered already) return None and
+        keep what arrived for :meth:`next_frame`, which decodes it with every check."""
+        if self._start != self._end:
             return None
-        buf._start = buf._end = 0
-        n = self._recv_frame_start(buf._view)
-        buf._end = n
+        self._start = 0
+        n = self._end = recv_into(self._view)
         if n > HEADER_SIZE:
-            (size,) = HEADER.unpack_from(buf._buf, 0)
-            if size + HEADER_SIZE == n and size <= buf.plain_max:
-                frame = buf.decode_plain(buf._view[HEADER_SIZE:n])
+            (size,) = HEADER.unpack_from(self._buf, 0)
+            if size + HEADER_SIZE == n and size <= self.plain_max:
+                frame = self.decode_plain(self._view[HEADER_SIZE:n])
                 if frame is not None:
-                    buf._start = n
+                    self._start = n
                     return frame
         return None
-
-    def read_frame(self) -> Tuple[int, int, dict]:
-        buf = self.buffer
-        sock = self.sock
-        while True:
-            if buf._end - buf._start >= HEADER_SIZE:
-                frame = buf.next_frame()
-                if frame is not None:
-                    return frame
-            if buf._start == buf._end:  # the common case between calls: an empty buffer, read into all of it
-                buf._start = buf._end = 0
-                view = buf._view
-            else:  # missing() has checked the frame against the limit, so growing to fit it whole is safe
-                view = buf.free_space(buf.missing())
-            buf._end += _recv_some(sock, view)
-
-    def read_into(self, dest: memoryview) -> None:
-        """Fill ``dest`` exactly with bulk bytes: buffered leftovers first, then ``recv_into`` in place."""
-        dest = byte_view(dest)
-        pos = self.buffer.take(dest)
-        total = len(dest)
-        while pos < total:
-            pos += _recv_some(self.sock, dest[pos:pos + self.CHUNK])
-
-    def read_into_fd(self, fd: int, n: int) -> None:
-        """Move exactly ``n`` bulk bytes into the file descriptor ``fd`` (an upload): buffered leftovers first, then
-        splice(2) through a pipe where Python has it (3.10+: the bytes never enter Python, and are copied once
-        instead of twice), else recv_into a scratch buffer and os.write."""
-        buf = self.buffer
-        k = min(n, buf._end - buf._start)
-        if k:
-            _write_all(fd, buf._view[buf._start:buf._start + k])
-            buf._start += k
-            n -= k
-        if n and _splice is not None:
-            n = self._splice_into(fd, n)
-        if n:
-            scratch = memoryview(bytearray(min(n, FILE_CHUNK)))
-            while n:
-                got = _recv_some(self.sock, scratch[:min(n, len(scratch))])
-                _write_all(fd, scratch[:got])
-                n -= got
-
-    def _splice_into(self, fd: int, n: int) -> int:
-        """splice socket -> pipe -> fd; returns how many bytes are left for the fallback (all of them if this
-        kernel or file system cannot splice)."""
-        try:
-            pipe_r, pipe_w = os.pipe()
-        except OSError:
-            return n
-        try:
-            try:
-                fcntl.fcntl(pipe_w, _F_SETPIPE_SZ, FILE_CHUNK)  # 1 MiB: few calls (the default 64 KiB is slower)
-            except OSError:
-                pass
-            src = self.sock.fileno()
-            while n:
-                try:
-                    got = _splice(src, pipe_w, min(n, FILE_CHUNK))
-                except (BlockingIOError, socket.timeout):  # SO_RCVTIMEO ran out
-                    raise TetherTimeout("timed out waiting for bulk bytes from the peer") from None
-                except (ConnectionResetError, BrokenPipeError) as exc:
-                    raise ConnectionClosed("connection lost: %s" % exc) from None
-                except OSError as exc:
-                    if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                        return n  # nothing moved by this call: the fallback takes over from here
-                    raise
-                if got == 0:
-                    raise ConnectionClosed("the peer closed the connection in the middle of bulk bytes")
-                left = got
-                while left:
-                    left -= _splice(pipe_r, fd, left)
-                n -= got
-            return 0
-        finally:
-            os.close(pipe_r)
-            os.close(pipe_w)
-
-    def read_bulk(self, n: int) -> bytearray:
-        if n > self.limits.max_bulk:
-            raise FrameTooLarge("bulk payload of %d bytes exceeds the limit of %d" % (n, self.limits.max_bulk))
-        out = bytearray(n)
-        self.read_into(memoryview(out))
-        return out
-
-    def skip(self, n: int) -> None:
-        """Discard ``n`` bulk bytes (a refused upload) without keeping them."""
-        scratch = memoryview(bytearray(min(n, 1 << 20) or 1))
-        while n > 0:
-            step = min(n, len(scratch))
-            self.read_into(scratch[:step])
-            n -= step
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while len(view):
-        view = view[os.write(fd, view):]
-
-
-def byte_view(obj: Any) -> memoryview:
-    """A flat unsigned-byte view of any C-contiguous buffer (numpy arrays included, even empty ones)."""
-    view = obj if isinstance(obj, memoryview) else memoryview(obj)
-    if view.ndim == 1 and view.format == "B":
-        return view
-    if view.nbytes == 0:  # memoryview.cast refuses zeros in the shape
-        return memoryview(b"")
-    return view.cast("B")
-
-
-def send_buffers(sock: socket.socket, buffers: Iterable[Any]) -> None:
-    """Write several buffers with as few syscalls as possible (one ``sendmsg`` for small frames), no copies."""
-    views: List[memoryview] = [byte_view(b) for b in buffers]
-    views = [v for v in views if len(v)]
-    try:
-        while views:
-            sent = sock.sendmsg(views[:64])
-            while sent and views:
-                if sent >= len(views[0]):
-                    sent -= len(views[0])
-                    views.pop(0)
-                else:
-                    views[0] = views[0][sent:]
-                    sent = 0
-    except (socket.timeout, BlockingIOError):
-        raise TetherTimeout("timed out sending to the peer") from None
-    except (ConnectionResetError, BrokenPipeError) as exc:
-        raise ConnectionClosed("connection lost while sending: %s" % exc) from None
-
-
-def send_frame(sock: socket.socket, msg_type: int, request_id: int, payload: Optional[dict] = None,
-               bulk: Any = None) -> None:
-    """Send one frame (one send call); with ``bulk``, its size goes into ``payload["nbytes"]`` and its bytes follow."""
-    if bulk is None:
-        data = encode_frame(msg_type, request_id, payload)
-        try:
-            sock.sendall(data)
-        except (socket.timeout, BlockingIOError):
-            raise TetherTimeout("timed out sending to the peer") from None
-        except (ConnectionResetError, BrokenPipeError) as exc:
-            raise ConnectionClosed("connection lost while sending: %s" % exc) from None
-        return
-    view = byte_view(bulk)
-    payload = dict(payload or {})
-    payload["nbytes"] = len(view)
-    send_buffers(sock, [encode_frame(msg_type, request_id, payload), view])
-
-
-def configure_socket(sock: socket.socket) -> None:
-    """TCP_NODELAY: small frames leave at once (Nagle + delayed ACK costs tens of ms per call otherwise)."""
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def error_payload(exc: BaseException, traceback_text: Optional[str] = None) -> dict:
-    return {"type": getattr(exc, "remote_type", None) or type(exc).__name__, "message": str(exc),
-            "traceback": traceback_text or ""}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# handshake
-
-AUTH_ALGO = "hmac-sha256"
-NONCE_SIZE = 32
-_CLIENT_CONTEXT = b"tether-auth-v1/client"
-_SERVER_CONTEXT = b"tether-auth-v1/server"
-
-
-def make_nonce() -> bytes:
-    return os.urandom(NONCE_SIZE)
-
-
-def client_mac(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """What the client sends in AUTH: proof it knows the token, bound to both fresh nonces."""
-    return hmac.new(token.encode("utf-8"), _CLIENT_CONTEXT + server_nonce + client_nonce, hashlib.sha256).digest()
-
-
-def server_proof(token: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    """What the server sends in WELCOME: proof that it knows the token too (mutual authentication)."""
-    return hmac.new(token.encode("utf-8"), _SERVER_CONTEXT + client_nonce + server_nonce, hashlib.sha256).digest()
-
-
-def macs_equal(a: Any, b: Any) -> bool:
-    return isinstance(a, bytes) and isinstance(b, bytes) and hmac.compare_digest(a, b)
-
-
-def hello_payload(caps: Iterable[str] = CAPABILITIES, match: Optional[str] = None, wait: bool = True,
-                  client: str = "tether-py", version: int = PROTOCOL_VERSION) -> dict:
-    payload = {"magic": PROTOCOL_MAGIC, "version": version, "caps": list(caps), "wait": wait, "client": client}
-    if match is not None:
-        payload["match"] = match
-    return payload
-
-
-def check_hello(payload: dict) -> dict:
-    """Validate a HELLO payload; raises ProtocolError / VersionMismatch naming both versions."""
-    if payload.get("magic") != PROTOCOL_MAGIC:
-        raise ProtocolError("not a tether client: HELLO magic is %.40r, expected %r"
-                            % (payload.get("magic"), PROTOCOL_MAGIC))
-    version = payload.get("version")
-    if version != PROTOCOL_VERSION:
-        raise VersionMismatch("client speaks tether protocol version %r, this server speaks version %d"
-                              % (version, PROTOCOL_VERSION))
-    caps = payload.get("caps", [])
-    if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
-        raise ProtocolError("HELLO caps must be a list of strings")
-    match = payload.get("match")
-    if match is not None and not isinstance(match, str):
-        raise ProtocolError("HELLO match must be a string")
-    return {"caps": caps, "match": match, "wait": bool(payload.get("wait", True)),
-            "client": str(payload.get("client", ""))[:64]}
-
-
-def check_welcome(payload: dict) -> dict:
-    version = payload.get("version")
-    if version != PROTOCOL_VERSION:
-        raise VersionMismatch("server speaks tether protocol version %r, this client speaks version %d"
-                              % (version, PROTOCOL_VERSION))
-    return payload
-
-
-def check_auth(token: str, server_nonce: bytes, payload: dict) -> bytes:
-    """Verify an AUTH payload in constant time; returns the client nonce (for the server proof)."""
-    client_nonce = payload.get("nonce")
-    mac = payload.get("mac")
-    if not isinstance(client_nonce, bytes) or len(client_nonce) != NONCE_SIZE:
-        raise AuthenticationError("AUTH must carry a %d-byte nonce" % NONCE_SIZE)
-    if not macs_equal(mac, client_mac(token, server_nonce, client_nonce)):
-        raise AuthenticationError("wrong token: the server refused the authentication")
-    return client_nonce

@@ -21,7 +21,7 @@ child forked from a multi-threaded process aborts as soon as it starts a thread 
   Outside a device server (a tool, a test) ``reg.start()`` drives the same machine from its own selector in a
   daemon thread; in that mode only :meth:`wait_registered` and :meth:`close` may be called from other threads.
 
-* :class:`TrackerHook` adapts it to :class:`tether_rpc.server.ServerHook` (``rpc-server --tracker H:P --key K``
+* :class:`TrackerHook` adapts it to :class:`tether_rpc.hooks.ServerHook` (``rpc-server --tracker H:P --key K``
   loads it through :func:`make_hook`): it shares the server's selector, is ticked by the server's loop, hands
   reverse-mode sockets to :meth:`Server.adopt` and gives a granted session the grant's ``session_timeout`` through
   :meth:`Server.limit_session`.
@@ -48,10 +48,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import msgpack
 
-from . import protocol as p
-from .errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError
-from .server import ServerHook, parse_hostport
-from .tracker_protocol import TRACKER_LIMITS, TrackerMsg, check_match, hello_payload
+from . import protocol as p, transport
+from .config import ServerConfig, parse_hostport
+from .error_mapping import HANDSHAKE_ERRORS, error_from_payload
+from .errors import AuthenticationError, ProtocolError, TetherError
+from .handshake import ClientHandshake
+from .hooks import ServerHook
+from .tracker_protocol import TRACKER_HANDSHAKE, TRACKER_LIMITS, TrackerMsg, check_match, hello_payload
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +220,7 @@ class Registrar:
         self._last_heard = 0.0
         self._next_beat = 0.0
         self._heartbeat = 1.0
-        self._nonce = b""
-        self._server_nonce = b""
+        self._handshake: Optional[ClientHandshake] = None
         self._addrs: List[Tuple[Any, ...]] = []
         self._addr: Optional[Tuple[Any, ...]] = None
         self._addr_failures = 0
@@ -497,13 +499,16 @@ class Registrar:
         err = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if err:
             raise _LinkLost(os.strerror(err))
-        p.configure_socket(self._sock)
+        transport.configure_socket(self._sock)
         self._addr_failures = 0
         self.state = "hello"
         self._state_since = time.monotonic()
         self._deadline = self._state_since + self.connect_timeout
         self._set_events(_READ)
-        self._send(TrackerMsg.HELLO, hello_payload("device", self.name))
+        self._handshake = ClientHandshake(TRACKER_HANDSHAKE, hello_payload("device", self.name), self.token,
+                                          peer="the tracker",
+                                          token_hint="set TETHER_TRACKER_TOKEN for this device server")
+        self._send_frame(self._handshake.hello_frame())
 
     # --------------------------------------------------------------------------------------------- I/O
     def _set_events(self, events: int) -> None:
@@ -513,9 +518,12 @@ class Registrar:
 
     def _send(self, msg_type: int, payload: dict) -> None:
         """Queue one frame; sent at once if the socket takes it, else when it turns writable."""
+        self._send_frame(p.encode_frame(msg_type, 0, payload))
+
+    def _send_frame(self, frame: bytes) -> None:
         if self._sock is None or self.state == "connecting":
             return
-        self._out += p.encode_frame(msg_type, 0, payload)
+        self._out += frame
         if len(self._out) > MAX_UNSENT:
             raise _LinkLost("the tracker stopped reading (%d bytes unsent)" % len(self._out))
         self._flush()
@@ -556,37 +564,24 @@ class Registrar:
     # ------------------------------------------------------------------------------------------ protocol
     def _on_frame(self, msg_type: int, request_id: int, payload: dict) -> None:
         if msg_type == p.MsgType.ERROR:
-            text = "%s: %s" % (payload.get("type"), payload.get("message"))
-            if payload.get("type") == p.ErrorType.AUTHENTICATION:
-                raise AuthenticationError("tracker refused: " + text)
-            raise ConnectionClosed("tracker sent an error: " + text)
+            raise error_from_payload(payload, HANDSHAKE_ERRORS, "tracker refused: ")
+        if self.state in ("hello", "auth"):
+            self._on_handshake(msg_type, payload)
+            return
         handler = self._HANDLERS.get((self.state, msg_type))
         if handler is None:
             raise ProtocolError("tracker sent message type %d to a device in state %s" % (msg_type, self.state))
         handler(self, payload)
 
-    def _on_challenge(self, payload: dict) -> None:
-        if not self.token:
-            raise AuthenticationError("the tracker requires a token: set TETHER_TRACKER_TOKEN for this device server")
-        server_nonce = payload.get("nonce")
-        if not isinstance(server_nonce, bytes) or len(server_nonce) != p.NONCE_SIZE:
-            raise ProtocolError("tracker CHALLENGE lacks a %d-byte nonce" % p.NONCE_SIZE)
-        self._server_nonce = server_nonce
-        self._nonce = p.make_nonce()
-        self.state = "auth"
-        self._send(TrackerMsg.AUTH, {"nonce": self._nonce, "mac": p.client_mac(self.token, server_nonce, self._nonce)})
-
-    def _on_welcome(self, payload: dict) -> None:
-        if self.state == "hello" and self.token:
-            # a tracker that grants sessions without proving the token could let anyone into this device
-            raise AuthenticationError("the tracker did not ask for the token this device holds, so it cannot prove "
-                                      "it is the real tracker; give it the same --token, or unset "
-                                      "TETHER_TRACKER_TOKEN on the device")
-        if self.state == "auth" and not p.macs_equal(payload.get("proof"),
-                                                     p.server_proof(self.token or "", self._server_nonce, self._nonce)):
-            raise AuthenticationError("the tracker could not prove it knows the token")
-        self.state = "register"
-        self._send_register()
+    def _on_handshake(self, msg_type: int, payload: dict) -> None:
+        assert self._handshake is not None
+        reply = self._handshake.on_frame(msg_type, payload)
+        if reply is not None:
+            self.state = "auth"
+            self._send_frame(reply)
+        elif self._handshake.welcome is not None:
+            self.state = "register"
+            self._send_register()
 
     def _send_register(self) -> None:
         self._sent_busy = self._busy
@@ -639,9 +634,6 @@ class Registrar:
         pass
 
     _HANDLERS: Dict[Tuple[str, int], Callable[["Registrar", dict], None]] = {
-        ("hello", TrackerMsg.CHALLENGE): _on_challenge,
-        ("hello", TrackerMsg.WELCOME): _on_welcome,
-        ("auth", TrackerMsg.WELCOME): _on_welcome,
         ("register", TrackerMsg.REGISTERED): _on_registered,
         ("registered", TrackerMsg.EXPECT): _on_expect,
         ("registered", TrackerMsg.REVOKE): _on_revoke,
@@ -728,7 +720,7 @@ class Registrar:
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
                     raise OSError(err, os.strerror(err))
-                p.configure_socket(sock)
+                transport.configure_socket(sock)
                 dial.connected = True
             n = sock.send(dial.out)
             dial.out = dial.out[n:]
@@ -761,19 +753,7 @@ class Registrar:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the device server's hook (tether_rpc.server.ServerHook)
-
-def parse_tags(text: Optional[str]) -> Dict[str, str]:
-    """``"board=rpi4,lab=b12"`` -> dict; empty parts are ignored."""
-    out: Dict[str, str] = {}
-    for part in (text or "").split(","):
-        name, sep, value = part.partition("=")
-        if part.strip() and not sep:
-            raise ValueError("a device tag must look like name=value, got %r" % part)
-        if part.strip():
-            out[name.strip()] = value.strip()
-    return out
-
+# the device server's hook (tether_rpc.hooks.ServerHook)
 
 def _device_info() -> dict:
     from . import device_info
@@ -787,12 +767,10 @@ def _device_info() -> dict:
     return info
 
 
-def make_hook(config: Any) -> "TrackerHook":
-    """The tracker hook for :func:`tether_rpc.server.serve` (``config`` is its ServerConfig)."""
-    token = getattr(config, "tracker_token", None) or os.environ.get("TETHER_TRACKER_TOKEN") or None
-    tags = getattr(config, "tags", None) or parse_tags(os.environ.get("TETHER_DEVICE_TAGS"))
-    return TrackerHook(parse_hostport(config.tracker), config.key, token=token, tags=tags,
-                       reverse=bool(config.reverse), advertise_host=getattr(config, "advertise_host", None))
+def make_hook(config: ServerConfig) -> "TrackerHook":
+    """The tracker hook for :func:`tether_rpc.server.serve`."""
+    return TrackerHook(parse_hostport(config.tracker), config.key, token=config.tracker_token, tags=config.tags,
+                       reverse=bool(config.reverse), advertise_host=config.advertise_host)
 
 
 class TrackerHook(ServerHook):

@@ -12,11 +12,10 @@ the session with its own temporary folder, and reaps it:
 Fork, not spawn: spawn re-executes the interpreter, which fails under qemu-user; fork also hands the worker a
 warm interpreter (numpy and the runtime are imported before the first session).
 
-The worker serves CALL frames with :class:`tether_rpc.session.SessionHandler`. A watchdog thread polls its
-socket for hang-up (POLLRDHUP), so a client that vanishes ends the session even while a kernel runs (ctypes
-releases the GIL during the call).
+The worker is :mod:`tether_rpc.worker`; the configuration, and the environment it reads, :mod:`tether_rpc.config`.
 
-Pluggable components (the tracker registration) subclass :class:`ServerHook`: they may add their own
+Pluggable components (the tracker registration, :mod:`tether_rpc.registrar`) subclass
+:class:`tether_rpc.hooks.ServerHook`: they may add their own
 connections to the loop's selector, validate the tracker ``match`` token a client sends in HELLO, hand the server
 connections they dialled themselves (:meth:`Server.adopt`), and are told when sessions start and end. Hooks run
 in the loop and must not block or start threads (the loop forks; a lock held by another thread at fork time
@@ -26,10 +25,8 @@ from __future__ import annotations
 
 import errno
 import importlib
-import ipaddress
 import logging
 import os
-import select
 import selectors
 import shutil
 import signal
@@ -38,107 +35,28 @@ import sys
 import tempfile
 import threading
 import time
-import struct
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import __version__
-from . import protocol as p
-from .errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout
+from . import handshake, protocol as p, transport
+from .config import (DEFAULT_IDLE_TIMEOUT, DEFAULT_SESSION_TIMEOUT, DEFAULT_SPIN, ServerConfig, ServerConfigError,
+                     check_config, config_from_options)
+from .error_mapping import error_payload
+from .errors import AuthenticationError, DeviceBusy, ProtocolError, TetherTimeout
+from .hooks import ServerHook
+from .registrar import make_hook
+from .worker import die_with_parent, run_session
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "tether-rpc/" + __version__
-#: The module the tracker registration lives in; it provides ``make_hook(config) -> ServerHook``.
-TRACKER_HOOK_MODULE = "tether_rpc.registrar"
 
-DEFAULT_SESSION_TIMEOUT = 3600.0  # every session is bounded; raise it with --session-timeout for long jobs
-DEFAULT_IDLE_TIMEOUT = 300.0     # a client that holds a session and sends nothing frees the device after this
-DEFAULT_SPIN = 100e-6  # seconds (see FrameReader.spin)
 _LOOP_TICK = 0.05  # how often the loop reaps workers and checks deadlines (bounds "server free again" latency)
 #: Watch workers through a pidfd when the kernel has them (Linux >= 5.3); otherwise, or with this off, SIGCHLD
 #: wakes the loop through signal.set_wakeup_fd. (A module switch so tests can force the fallback.)
 _USE_PIDFD = True
-
-
-class ServerConfigError(TetherError, ValueError):
-    """The server was asked to start in an unsafe or impossible way."""
-
-
-@dataclass
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 9090
-    port_end: Optional[int] = 9199
-    token: Optional[str] = None
-    insecure: bool = False
-    session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT  # seconds; None = until the client leaves
-    handshake_timeout: float = 5.0
-    idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT  # seconds a session may send nothing; None = no limit
-    spin: float = DEFAULT_SPIN                  # seconds a worker polls for the next call before it sleeps
-    workdir: Optional[str] = None               # parent of the per-session folders (default: system temp)
-    max_queue: int = 16
-    max_pending: int = 64                       # connections still in their handshake
-    tracker: Optional[str] = None               # HOST:PORT
-    key: Optional[str] = None
-    reverse: bool = False                       # for the tracker hook: dial out instead of listening
-    tracker_token: Optional[str] = None         # for the tracker hook (else env TETHER_TRACKER_TOKEN)
-    tags: Dict[str, str] = field(default_factory=dict)  # device tags for the tracker (else env TETHER_DEVICE_TAGS)
-    advertise_host: Optional[str] = None        # the address the tracker hands to clients (default: as it sees us)
-    limits: p.Limits = p.DEFAULT_LIMITS
-    hooks: List["ServerHook"] = field(default_factory=list)
-
-
-class ServerHook:
-    """Base class for components plugged into the server loop (e.g. tracker registration)."""
-
-    def attach(self, server: "Server") -> None:
-        """Called once the server listens; register sockets with ``server.register``."""
-
-    def tick(self, now: float) -> Optional[float]:
-        """Called on every loop iteration (``now``: time.monotonic()); run due timers here. Returns the monotonic
-        time the hook next needs a tick (the loop sleeps no longer than that), or None."""
-        return None
-
-    def check_match(self, match: Optional[str], hello: Dict[str, Any]) -> bool:
-        """Accept or refuse a client by the tracker match token in its HELLO (None if it sent none)."""
-        return True
-
-    def session_started(self, info: Dict[str, Any]) -> None:
-        pass
-
-    def session_ended(self, info: Dict[str, Any]) -> None:
-        pass
-
-    def after_fork_child(self) -> None:
-        """Runs in a fresh session worker: close the hook's own sockets there."""
-
-    def close(self) -> None:
-        pass
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
-
-
-def check_config(config: ServerConfig) -> None:
-    if not is_loopback(config.host) and not config.token and not config.insecure:
-        raise ServerConfigError(
-            "refusing to listen on %s without a token: anyone who can reach it could run code on this device. "
-            "Pass --token SECRET (clients then need the same token), or --insecure if the network is trusted."
-            % config.host)
-    if config.tracker and not config.key:
-        raise ServerConfigError("--tracker needs --key (the device key clients request, e.g. rasp4b)")
-    if config.session_timeout is not None and config.session_timeout <= 0:
-        raise ServerConfigError("--session-timeout must be positive")
-    if config.idle_timeout is not None and config.idle_timeout <= 0:
-        raise ServerConfigError("--idle-timeout must be positive (or 0 on the command line: no idle limit)")
 
 
 def _on_sigchld(signum: int, frame: Any) -> None:
@@ -279,10 +197,6 @@ class Server:
     def busy(self) -> bool:
         return self._active is not None
 
-    @property
-    def queue_length(self) -> int:
-        return len(self._queue)
-
     def stop(self) -> None:
         """Ask the loop to finish (safe from a signal handler or another thread)."""
         self._stopping = True
@@ -378,7 +292,7 @@ class Server:
             if oldest is not None:
                 log.warning("%d handshakes pending: dropping the oldest, from %s", len(self._pending), oldest.peer)
                 self._drop(oldest, quiet=True)
-        p.configure_socket(sock)
+        transport.configure_socket(sock)
         sock.setblocking(False)
         conn = _Conn(sock, peer, time.monotonic() + self.config.handshake_timeout)
         self._pending[sock.fileno()] = conn
@@ -389,7 +303,7 @@ class Server:
         if error is not None:
             if not quiet:
                 log.info("closing %s: %s", conn.peer, error)
-            self._send_nb(conn, p.encode_frame(p.MsgType.ERROR, 0, p.error_payload(error)))
+            self._send_nb(conn, p.encode_frame(p.MsgType.ERROR, 0, error_payload(error)))
             # Closing with unread input makes the kernel send RST, which can destroy the ERROR just sent:
             # swallow what has already arrived (bounded) first.
             for _ in range(16):
@@ -449,17 +363,18 @@ class Server:
         if conn.state == "hello":
             if msg_type != p.MsgType.HELLO:
                 raise ProtocolError("expected HELLO, got message type %d" % msg_type)
-            conn.hello = p.check_hello(payload)
+            conn.hello = handshake.check_hello(payload)
             if self.config.token:
-                conn.nonce = p.make_nonce()
+                conn.nonce = handshake.make_nonce()
                 conn.state = "auth"
-                self._send_nb(conn, p.encode_frame(p.MsgType.CHALLENGE, 0, {"algo": p.AUTH_ALGO, "nonce": conn.nonce}))
+                self._send_nb(conn, p.encode_frame(p.MsgType.CHALLENGE, 0,
+                                                   {"algo": handshake.AUTH_ALGO, "nonce": conn.nonce}))
                 return
         elif conn.state == "auth":
             if msg_type != p.MsgType.AUTH:
                 raise ProtocolError("expected AUTH, got message type %d" % msg_type)
-            client_nonce = p.check_auth(self.config.token or "", conn.nonce, payload)
-            conn.proof = p.server_proof(self.config.token or "", conn.nonce, client_nonce)
+            client_nonce = handshake.check_auth(self.config.token or "", conn.nonce, payload)
+            conn.proof = handshake.server_proof(self.config.token or "", conn.nonce, client_nonce)
         for hook in self.hooks:
             if not hook.check_match(conn.hello.get("match"), conn.hello):
                 raise AuthenticationError("this device does not accept the session's match token %r"
@@ -471,14 +386,10 @@ class Server:
             self._start_session(conn)
             return
         if not conn.hello.get("wait", True):
-            from .errors import DeviceBusy
-
             self._drop(conn, DeviceBusy("the device is serving another session (%d waiting); connect with wait=True "
                                         "to queue" % len(self._queue)), quiet=True)
             return
         if len(self._queue) >= self.config.max_queue:
-            from .errors import DeviceBusy
-
             self._drop(conn, DeviceBusy("the device's queue is full (%d waiting)" % len(self._queue)), quiet=True)
             return
         conn.state = "queued"
@@ -591,7 +502,7 @@ class Server:
             signal.set_wakeup_fd(-1)  # the parent's wake-up pipe is closed below
         except ValueError:  # not the main thread: then it was never set
             pass
-        _die_with_parent()
+        die_with_parent()
         for hook in self.hooks:
             hook.after_fork_child()
         for other in list(self._pending.values()) + list(self._queue):
@@ -679,260 +590,6 @@ class Server:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the session worker
-
-class _Channel:
-    """The worker's side of the socket: frames out under one lock (events may come from other threads)."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.lock = threading.Lock()
-        self.request_id = 0
-        self._deferred: List[bytes] = []  # EVENT frames that leave with the next frame (one write, one wake-up)
-
-    def send(self, data: bytes, bulk: Any = None) -> None:
-        with self.lock:
-            if bulk is None and not self._deferred:
-                self.sock.sendall(data)
-            else:
-                self._send_locked(data, bulk)
-
-    def _send_locked(self, data: bytes, bulk: Any = None) -> None:
-        buffers = self._deferred + [data]
-        self._deferred = []
-        if bulk is not None:
-            buffers.append(bulk)
-        p.send_buffers(self.sock, buffers)
-
-    def send_with_file(self, data: bytes, fh: Any, size: int) -> bool:
-        """A frame followed by a file's bytes (sendfile: no copy through Python); False if the file shrank."""
-        with self.lock:
-            self._send_locked(data)
-            return (self.sock.sendfile(fh, 0, size) if size else 0) == size
-
-    def emit(self, kind: str, fields: Dict[str, Any], defer: bool = False) -> None:
-        frame = p.encode_frame(p.MsgType.EVENT, self.request_id, fields)
-        if defer:  # the caller knows the next frame follows at once (e.g. the last timing sample, then RETURN)
-            with self.lock:
-                self._deferred.append(frame)
-        else:
-            self.send(frame)
-
-
-class _EventLines:
-    """A text stream that forwards each complete line to the client as a log EVENT."""
-
-    def __init__(self, channel: _Channel, stream: str):
-        self._channel = channel
-        self._stream = stream
-        self._partial = ""
-
-    def write(self, text: str) -> int:
-        self._partial += text
-        while "\n" in self._partial:
-            line, self._partial = self._partial.split("\n", 1)
-            try:
-                self._channel.emit("log", {"kind": "log", "stream": self._stream, "line": line})
-            except OSError:
-                pass
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
-def _die_with_parent() -> None:
-    """Linux/Android: SIGKILL this worker if the server process dies, so no orphan keeps the device busy."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _watchdog(sock: socket.socket) -> None:
-    """End the worker as soon as the client hangs up, even in the middle of a kernel."""
-    poller = select.poll()
-    hangup = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
-    poller.register(sock.fileno(), hangup)
-    while True:
-        for _, events in poller.poll(1000):
-            if events & hangup:
-                os._exit(0)
-
-
-def _set_idle_timeout(sock: socket.socket, seconds: Optional[float]) -> None:
-    """SO_RCVTIMEO on the (blocking) worker socket: a receive that waits longer fails with EAGAIN. The worker only
-    receives between calls (and bulk bytes inside one), so a running kernel never counts as idle."""
-    if not seconds:
-        return
-    sec = int(seconds)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", sec, int((seconds - sec) * 1e6)))
-    except (OSError, struct.error):  # no SO_RCVTIMEO: a socket timeout does the same, one poll() per receive
-        sock.settimeout(seconds)
-
-
-def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: str,
-                limits: p.Limits = p.DEFAULT_LIMITS, idle_timeout: Optional[float] = None,
-                spin: float = 0.0) -> int:
-    """Serve one session's CALLs on a connected, handshaken socket until CLOSE, hang-up or ``idle_timeout``
-    seconds without a frame; returns an exit code. ``spin``: see :class:`tether_rpc.protocol.FrameReader`."""
-    from .session import BulkIn, Reply, SessionHandler  # imported in the parent already by the preload
-
-    sock.setblocking(True)
-    _set_idle_timeout(sock, idle_timeout)
-    if buffer is None:
-        buffer = p.FrameBuffer(limits)
-    buffer.limits = limits
-    reader = p.FrameReader(sock, buffer=buffer, spin=spin)
-    channel = _Channel(sock)
-    threading.Thread(target=_watchdog, args=(sock,), name="tether-watchdog", daemon=True).start()
-    sys.stdout = _EventLines(channel, "stdout")  # type: ignore[assignment]
-    sys.stderr = _EventLines(channel, "stderr")  # type: ignore[assignment]
-    handler = SessionHandler(folder)
-    plain = _PlainCalls(channel, handler, Reply)
-    read_plain_frame = reader.read_plain_frame
-    try:
-        while True:
-            try:
-                frame = read_plain_frame()
-                fast = frame is not None
-                if not fast:
-                    frame = reader.read_frame()
-            except TetherTimeout:
-                _send_error(channel, 0, TetherTimeout(
-                    "the session was idle (nothing received for %s s, the server's --idle-timeout) and has "
-                    "ended; open a new session" % idle_timeout), "")
-                return 0
-            except (ConnectionClosed, OSError):
-                return 0
-            except ProtocolError as exc:
-                _send_error(channel, 0, exc, "")
-                return 0
-            msg_type, request_id, payload = frame
-            if msg_type == 5:  # MsgType.CALL (a plain int: this is the per-call hot path)
-                # A plain frame with exactly {fn, args} carries no tensors and no bulk: the fast path.
-                if fast and len(payload) == 2 and type(payload.get("args")) is list:
-                    ok = plain.serve(request_id, payload["fn"], payload["args"])
-                else:
-                    ok = _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn)
-                if not ok:
-                    return 0
-            elif msg_type == p.MsgType.CLOSE:
-                return 0
-            else:
-                _send_error(channel, 0, ProtocolError("unexpected message type %d in a session" % msg_type), "")
-                return 0
-    finally:
-        handler.close()
-
-
-def _send_error(channel: _Channel, request_id: int, exc: BaseException, tb: str) -> None:
-    try:
-        channel.send(p.encode_frame(p.MsgType.ERROR, request_id, p.error_payload(exc, tb)))
-    except OSError:
-        pass
-
-
-class _PlainCalls:
-    """The small-call fast path: a CALL of a built-in or function handle with plain arguments, answered with one
-    RETURN ``{value}`` packed by a reused Packer and written with one send."""
-
-    def __init__(self, channel: _Channel, handler: Any, reply_type: type):
-        self.channel = channel
-        self.call_plain = handler.call_plain
-        self.emit = channel.emit
-        self.reply_type = reply_type
-        self.pack = p.new_packer().pack
-        self.pack_header = p.HEADER.pack
-
-    def serve(self, request_id: int, fn: Any, args: List[Any]) -> bool:
-        """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
-        channel = self.channel
-        channel.request_id = request_id
-        try:
-            value = self.call_plain(fn, args, self.emit)
-            if type(value) is self.reply_type:  # a built-in with bulk bytes or tensors in its answer
-                return _send_reply(channel, request_id, value)
-            body = self.pack([6, request_id, {"value": value}])  # 6 = MsgType.RETURN
-        except ConnectionClosed:
-            return False
-        except TetherTimeout as exc:
-            _send_error(channel, 0, TetherTimeout("%s; the session has ended" % exc), "")
-            return False
-        except ProtocolError as exc:
-            _send_error(channel, request_id, exc, traceback.format_exc())
-            return False
-        except Exception as exc:  # (a Packer that fails resets itself)
-            _send_error(channel, request_id, exc, traceback.format_exc())
-            return True
-        try:
-            channel.send(self.pack_header(len(body)) + body)
-        except OSError:
-            return False
-        return True
-
-
-def _serve_call(channel: _Channel, reader: p.FrameReader, handler: Any, request_id: int,
-                payload: dict, limits: p.Limits, bulk_type: Any) -> bool:
-    """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
-    channel.request_id = request_id
-    bulk = None
-    if "nbytes" in payload:
-        try:
-            nbytes = p.bulk_size(payload, limits)
-        except ProtocolError as exc:  # FrameTooLarge included: we will not read that many bytes, so the
-            _send_error(channel, request_id, exc, "")  # stream cannot be resynchronised
-            return False
-        bulk = bulk_type(nbytes, reader.read_into, reader.skip, reader.read_into_fd)
-    try:
-        reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
-    except ConnectionClosed:
-        return False
-    except TetherTimeout as exc:  # bulk bytes stopped coming: the stream cannot be resynchronised
-        _send_error(channel, 0, TetherTimeout("%s; the session has ended" % exc), "")
-        return False
-    except ProtocolError as exc:
-        _send_error(channel, request_id, exc, traceback.format_exc())
-        return False
-    except Exception as exc:
-        _send_error(channel, request_id, exc, traceback.format_exc())
-        return True
-    return _send_reply(channel, request_id, reply)
-
-
-def _send_reply(channel: _Channel, request_id: int, reply: Any) -> bool:
-    """RETURN for a call's :class:`Reply`, with its bulk bytes (a buffer or a file) if any."""
-    try:
-        frame = p.encode_frame(6, request_id, reply.payload())  # 6 = MsgType.RETURN
-    except Exception as exc:  # a value msgpack cannot carry
-        _send_error(channel, request_id, exc, traceback.format_exc())
-        if reply.file is not None:
-            reply.file.close()
-        return True
-    try:
-        if reply.buffer is not None:
-            channel.send(frame, reply.buffer)
-        elif reply.file is not None:
-            with reply.file:
-                if not channel.send_with_file(frame, reply.file, reply.size):
-                    return False  # the file shrank under us: the stream is out of step
-        else:
-            channel.send(frame)
-    except OSError:
-        return False
-    return True
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # entry point shared by `python -m tether_rpc` and the `rpc-server` click command
 
 def _preload_runtime() -> None:
@@ -944,19 +601,11 @@ def _preload_runtime() -> None:
             log.debug("runtime module tether_rpc.%s not available: %s", name, exc)
 
 
-def _tracker_hook(config: ServerConfig) -> ServerHook:
-    try:
-        mod = importlib.import_module(TRACKER_HOOK_MODULE)
-    except ImportError as exc:
-        raise ServerConfigError("--tracker needs %s, which this build lacks (%s)" % (TRACKER_HOOK_MODULE, exc))
-    return mod.make_hook(config)
-
-
 def serve(config: ServerConfig, ready: Optional[Callable[["Server"], None]] = None) -> None:
     """Run a device server until SIGINT/SIGTERM (or ``server.stop()``)."""
     check_config(config)
     if config.tracker:
-        config.hooks.append(_tracker_hook(config))
+        config.hooks.append(make_hook(config))
     t0 = time.perf_counter()
     with Server(config) as server:
         previous = {}
@@ -980,27 +629,6 @@ def serve(config: ServerConfig, ready: Optional[Callable[["Server"], None]] = No
         log.info("tether rpc-server on %s:%d stopped", host, port)
 
 
-def parse_hostport(text: str) -> Tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ServerConfigError("expected HOST:PORT, got %r" % text)
-    return host.strip("[]"), int(port)
-
-
-def parse_tags(items: Optional[List[str]]) -> Dict[str, str]:
-    """``["board=pi4", "lab=b12,room=3"]`` (``--tag``, repeatable) -> dict; falls back to env TETHER_DEVICE_TAGS."""
-    out: Dict[str, str] = {}
-    for text in list(items or []) or [os.environ.get("TETHER_DEVICE_TAGS", "")]:
-        for part in text.split(","):
-            if not part.strip():
-                continue
-            name, sep, value = part.partition("=")
-            if not sep or not name.strip():
-                raise ServerConfigError("a device tag must look like name=value, got %r" % part)
-            out[name.strip()] = value.strip()
-    return out
-
-
 def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 9199, tracker: Optional[str] = None,
         key: Optional[str] = None, token: Optional[str] = None, insecure: bool = False,
         session_timeout: Optional[float] = DEFAULT_SESSION_TIMEOUT, workdir: Optional[str] = None,
@@ -1011,20 +639,12 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
     """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""
     logging.basicConfig(level=logging.INFO if verbose < 2 else logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if token is None:
-        token = os.environ.get("TETHER_TOKEN") or None
     try:
-        if tracker:
-            parse_hostport(tracker)
-        if workdir:
-            os.makedirs(workdir, exist_ok=True)
-        config = ServerConfig(host=host, port=port, port_end=port_end, token=token, insecure=insecure,
-                              session_timeout=session_timeout, workdir=workdir, tracker=tracker, key=key,
-                              reverse=reverse, handshake_timeout=handshake_timeout,
-                              tracker_token=tracker_token or os.environ.get("TETHER_TRACKER_TOKEN") or None,
-                              tags=parse_tags(tags), advertise_host=advertise_host,
-                              idle_timeout=idle_timeout or None, spin=max(0.0, spin_us) * 1e-6)
-        serve(config)
+        serve(config_from_options(host=host, port=port, port_end=port_end, tracker=tracker, key=key, token=token,
+                                  insecure=insecure, session_timeout=session_timeout, workdir=workdir,
+                                  reverse=reverse, handshake_timeout=handshake_timeout,
+                                  tracker_token=tracker_token, tags=tags, advertise_host=advertise_host,
+                                  idle_timeout=idle_timeout, spin_us=spin_us))
     except ServerConfigError as exc:
         log.error("%s", exc)
         return 2

@@ -20,7 +20,8 @@ import numpy as np
 
 from .errors import ProtocolError
 from .files import SessionFolder
-from .protocol import RemoteHandle, byte_view
+from .protocol import RemoteHandle
+from .transport import byte_view
 
 log = logging.getLogger(__name__)
 
@@ -270,10 +271,6 @@ class SessionHandler:
         """Drop every object (arrays are freed; loaded libraries stay mapped until the process ends)."""
         self._bound.clear()
         self._objects.clear()
-
-    @property
-    def object_count(self) -> int:
-        return len(self._objects)
 
     # -- object table ------------------------------------------------------------------------------------------
     def _put(self, kind: str, obj: Any) -> RemoteHandle:

@@ -27,6 +27,7 @@ import math
 from typing import Any, Dict, Optional
 
 from .errors import ProtocolError
+from .handshake import HandshakeTypes
 from .protocol import TRACKER_TYPE_MAX, TRACKER_TYPE_MIN, Limits
 
 TRACKER_MAGIC = "tether-tracker"
@@ -71,6 +72,10 @@ class TrackerMsg(enum.IntEnum):
 
 
 assert all(TRACKER_TYPE_MIN <= m <= TRACKER_TYPE_MAX for m in TrackerMsg)
+
+#: The tracker's handshake (tether_rpc.handshake.ClientHandshake); its WELCOME carries the tracker's version.
+TRACKER_HANDSHAKE = HandshakeTypes(TrackerMsg.HELLO, TrackerMsg.CHALLENGE, TrackerMsg.AUTH, TrackerMsg.WELCOME,
+                                   check_version=False)
 
 
 def hello_payload(role: str, name: str = "") -> dict:

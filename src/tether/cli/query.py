@@ -9,10 +9,12 @@ import click
 
 
 def _parse_hostport(text: str) -> "tuple[str, int]":
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise click.BadParameter("expected HOST:PORT, got %r" % text, param_hint="--tracker")
-    return host.strip("[]"), int(port)
+    from tether_rpc.config import parse_hostport
+
+    try:
+        return parse_hostport(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tracker") from exc
 
 
 def _age(since: Optional[float]) -> str:

@@ -28,12 +28,13 @@ def _session(host: Optional[str], port: int, tracker: Optional[str], key: Option
     if tracker:
         if not key:
             raise click.UsageError("--tracker needs --key (the device kind to request)")
-        thost, _, tport = tracker.rpartition(":")
+        from tether_rpc.config import parse_hostport
+
         try:
-            connect_tracker = rpc.connect_tracker
-        except (AttributeError, ImportError):
-            raise click.ClickException("this install has no tracker client (tether.rpc.tracker_client)") from None
-        with connect_tracker(thost or "127.0.0.1", int(tport), timeout=timeout) as tr:
+            thost, tport = parse_hostport(tracker, default_host="127.0.0.1")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tracker") from exc
+        with rpc.connect_tracker(thost, tport, timeout=timeout) as tr:
             with tr.request(key, wait_timeout=timeout) as sess:
                 yield sess
         return

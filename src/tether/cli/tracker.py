@@ -31,7 +31,7 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
          ready_file: Optional[str], insecure: bool, verbose: int) -> None:
     """Run the tether tracker: devices register, clients request them by key or tag."""
     from tether.tracker import TrackerServer
-    from tether_rpc.server import is_loopback
+    from tether_rpc.config import is_loopback
 
     if not token and not insecure and not is_loopback(host):
         raise click.UsageError("refusing to listen on %s without --token: anyone who can reach it could register "

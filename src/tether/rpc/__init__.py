@@ -1,4 +1,5 @@
-"""Client side of tether's RPC: ``rpc.connect(host, port)`` for a device server, ``rpc.LocalSession()`` in-process.
+"""Client side of tether's RPC: ``rpc.connect(host, port)`` for a device server, ``rpc.connect_tracker(host, port)``
+for a device from a tracker's pool, ``rpc.LocalSession()`` in-process.
 
     from tether import rpc
     with rpc.connect("127.0.0.1", 9090) as remote:
@@ -6,18 +7,12 @@
 """
 from __future__ import annotations
 
-from .client import (RemoteArray, RemoteFunction, RemoteModule, RemoteSession, SessionAPI, Timeout, TimingResult,
-                     connect, remote_exception)
+from tether_rpc.error_mapping import remote_exception
+
+from .client import RemoteArray, RemoteFunction, RemoteModule, RemoteSession, SessionAPI, TimingResult, connect
 from .local import LocalSession
+from .timeout import Timeout
+from .tracker_client import TrackerClient, connect_tracker
 
-__all__ = ["connect", "RemoteSession", "LocalSession", "SessionAPI", "RemoteArray", "RemoteFunction", "RemoteModule",
-           "Timeout", "TimingResult", "remote_exception"]
-
-
-def __getattr__(name: str):
-    # The tracker client lives in its own module (another area); expose it lazily when it exists.
-    if name == "connect_tracker":
-        from .tracker_client import connect_tracker
-
-        return connect_tracker
-    raise AttributeError("module 'tether.rpc' has no attribute %r" % name)
+__all__ = ["connect", "connect_tracker", "RemoteSession", "LocalSession", "SessionAPI", "RemoteArray",
+           "RemoteFunction", "RemoteModule", "Timeout", "TimingResult", "TrackerClient", "remote_exception"]

@@ -9,12 +9,9 @@ the callbacks ``on_event(payload)``, ``on_log(stream, line)`` and ``on_sample(in
 """
 from __future__ import annotations
 
-import builtins
 import logging
-import math
 import os
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -22,10 +19,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from tether_rpc import errors
-from tether_rpc import protocol as p
-from tether_rpc.errors import (AuthenticationError, ConnectionClosed, ProtocolError, RemoteError, SessionCrashed,
-                               TetherError, TetherTimeout)
+from tether_rpc import protocol as p, transport
+from tether_rpc.error_mapping import SOCKET_ERRORS, error_from_payload, socket_error
+from tether_rpc.errors import ConnectionClosed, ProtocolError, RemoteError, SessionCrashed, TetherError, TetherTimeout
+from tether_rpc.handshake import CORE_HANDSHAKE, ClientHandshake, hello_payload
+
+from .timeout import DEFAULT, Timeout, _UseDefault
 
 log = logging.getLogger(__name__)
 
@@ -39,38 +38,24 @@ INLINE_TENSOR_LIMIT = 4 << 20
 _CHUNK = 4 << 20
 #: How long a client polls for a reply before it sleeps (seconds; see connect()).
 DEFAULT_SPIN = 100e-6
+# Message types as plain ints for the per-call hot path (an IntEnum member costs an attribute lookup).
+_CALL = int(p.MsgType.CALL)
+_RETURN = int(p.MsgType.RETURN)
+#: An ERROR for request 0 of these types ends the whole session (the server's verdict, not a remote exception).
+_SESSION_ENDED = frozenset([p.ErrorType.TIMEOUT])
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # value objects
 
-@dataclass(frozen=True)
-class Timeout:
-    """Per-phase time limits in seconds (all finite).
+class _Statistic:
+    """A read-only TimingResult attribute: one numpy reduction of its samples, as a float (seconds)."""
 
-    connect: TCP connect + handshake; read / write: the longest a single receive / send may stall (a running
-    kernel counts as a stall); session: the longest to wait in the device's queue for a session.
-    """
+    def __init__(self, reduce: Callable[[Any], Any]):
+        self.reduce = reduce
 
-    connect: float = 10.0
-    read: float = 300.0
-    write: float = 60.0
-    session: float = 600.0
-
-    def __post_init__(self) -> None:
-        for name in ("connect", "read", "write", "session"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
-                raise ValueError("Timeout.%s must be a positive finite number of seconds, got %r" % (name, value))
-
-    @classmethod
-    def coerce(cls, value: Union["Timeout", float, None]) -> "Timeout":
-        """None -> defaults; a number -> that many seconds for every phase; a Timeout as is."""
-        if value is None:
-            return cls()
-        if isinstance(value, Timeout):
-            return value
-        return cls(connect=value, read=value, write=value, session=value)
+    def __get__(self, result: Optional["TimingResult"], owner: Optional[type] = None) -> Any:
+        return self if result is None else float(self.reduce(result.samples))
 
 
 @dataclass(frozen=True)
@@ -80,25 +65,11 @@ class TimingResult:
     samples: Tuple[float, ...]
     number: int
 
-    @property
-    def median(self) -> float:
-        return float(np.median(self.samples))
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.samples))
-
-    @property
-    def std(self) -> float:
-        return float(np.std(self.samples))
-
-    @property
-    def min(self) -> float:
-        return float(np.min(self.samples))
-
-    @property
-    def max(self) -> float:
-        return float(np.max(self.samples))
+    median = _Statistic(np.median)
+    mean = _Statistic(np.mean)
+    std = _Statistic(np.std)
+    min = _Statistic(np.min)
+    max = _Statistic(np.max)
 
     def __repr__(self) -> str:
         return ("TimingResult(median=%.3g s, mean=%.3g s, std=%.3g s, min=%.3g s, max=%.3g s, repeat=%d, number=%d)"
@@ -134,7 +105,7 @@ class RemoteArray:
 
     def numpy(self) -> np.ndarray:
         out = np.empty(self.shape, self.dtype)
-        self.session._call("tether.array.copy_out", [self.handle], into=p.byte_view(out))
+        self.session._call("tether.array.copy_out", [self.handle], into=transport.byte_view(out))
         return out
 
     asnumpy = numpy
@@ -142,7 +113,7 @@ class RemoteArray:
     def copyto(self, target: np.ndarray) -> np.ndarray:
         if target.shape != self.shape or target.dtype != np.dtype(self.dtype) or not target.flags.c_contiguous:
             raise ValueError("copyto: target must be a C-contiguous %s array of shape %s" % (self.dtype, self.shape))
-        self.session._call("tether.array.copy_out", [self.handle], into=p.byte_view(target))
+        self.session._call("tether.array.copy_out", [self.handle], into=transport.byte_view(target))
         return target
 
     def copyfrom(self, source: Any) -> "RemoteArray":
@@ -153,7 +124,7 @@ class RemoteArray:
             raise ValueError("copyfrom: dtype %s does not match the remote array's %s (convert with .astype(%r))"
                              % (src.dtype.name, self.dtype, self.dtype))
         src = _contiguous(src)
-        self.session._call("tether.array.copy_in", [self.handle], bulk=p.byte_view(src))
+        self.session._call("tether.array.copy_in", [self.handle], bulk=transport.byte_view(src))
         return self
 
     def free(self) -> None:
@@ -402,7 +373,7 @@ class SessionAPI:
         if isinstance(source, (bytes, bytearray, memoryview)):
             if name is None:
                 raise ValueError("upload of bytes needs a name=")
-            bulk: Any = p.byte_view(source)
+            bulk: Any = transport.byte_view(source)
         else:
             path = os.fspath(source)
             if name is None:
@@ -443,68 +414,12 @@ class SessionAPI:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# errors from the wire
-
-_REMOTE_CLASSES: Dict[type, type] = {}
-# Errors that describe the connection itself, raised as the local class (not as a RemoteError).
-_CONNECTION_ERRORS = {"VersionMismatch": errors.VersionMismatch, "AuthenticationError": AuthenticationError,
-                      "DeviceBusy": errors.DeviceBusy, "ProtocolError": ProtocolError,
-                      "FrameTooLarge": errors.FrameTooLarge}
-
-
-def remote_exception(payload: Dict[str, Any]) -> TetherError:
-    """An ERROR payload as an exception: a RemoteError that is also an instance of the remote class when that
-    class is a tether error or a Python built-in exception (so ``except KeyError`` works across the wire)."""
-    typ = str(payload.get("type") or "Exception")
-    message = str(payload.get("message", ""))
-    tb = str(payload.get("traceback") or "") or None
-    if typ == "SessionCrashed":
-        return SessionCrashed(message, typ, tb)
-    base = getattr(errors, typ, None)
-    if base is None:
-        base = getattr(builtins, typ, None)
-    if isinstance(base, type) and issubclass(base, Exception) and not issubclass(base, RemoteError):
-        cls = _REMOTE_CLASSES.get(base)
-        if cls is None:
-            try:
-                cls = type("Remote" + base.__name__, (RemoteError, base), {"__module__": __name__})
-            except TypeError:
-                cls = RemoteError
-            _REMOTE_CLASSES[base] = cls
-        try:
-            return cls(message, typ, tb)
-        except Exception:
-            pass
-    return RemoteError(message, typ, tb)
-
-
-def _handshake_error(payload: Dict[str, Any]) -> TetherError:
-    cls = _CONNECTION_ERRORS.get(str(payload.get("type")))
-    if cls is not None:
-        return cls(str(payload.get("message", "")))
-    if payload.get("type") == "TetherTimeout":
-        return TetherTimeout(str(payload.get("message", "")))
-    return remote_exception(payload)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # the remote session
-
-def _set_kernel_timeouts(sock: socket.socket, read: float, write: float) -> bool:
-    """Timeouts via SO_RCVTIMEO/SO_SNDTIMEO on a blocking socket: no extra poll() per receive on the hot path."""
-    try:
-        for opt, seconds in ((socket.SO_RCVTIMEO, read), (socket.SO_SNDTIMEO, write)):
-            sec = int(seconds)
-            sock.setsockopt(socket.SOL_SOCKET, opt, struct.pack("ll", sec, int((seconds - sec) * 1e6)))
-        return True
-    except (OSError, struct.error):
-        return False
-
 
 class RemoteSession(SessionAPI):
     """A session on a device server. Create with :func:`connect`; close with ``close()`` or ``with``."""
 
-    def __init__(self, host: str, port: int, *, timeout: Union[Timeout, float, None] = None,
+    def __init__(self, host: str, port: int, *, timeout: Union[Timeout, float, None, _UseDefault] = DEFAULT,
                  token: Optional[str] = None, wait: bool = True, match: Optional[str] = None,
                  on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
                  on_log: Optional[Callable[[str, str], None]] = None,
@@ -522,23 +437,20 @@ class RemoteSession(SessionAPI):
         self.server = ""
         try:
             sock = socket.create_connection((host, port), timeout=self.timeout.connect)
-        except socket.timeout:
-            raise TetherTimeout("could not connect to %s:%d within %.1f s"
-                                % (host, port, self.timeout.connect)) from None
         except OSError as exc:
-            raise ConnectionClosed("could not connect to tether rpc-server at %s:%d: %s" % (host, port, exc)) from None
+            raise socket_error(exc, "could not connect to %s:%d within %s s" % (host, port, self.timeout.connect),
+                               "could not connect to tether rpc-server at %s:%d" % (host, port)) from exc
         self.sock = sock
         try:
-            p.configure_socket(sock)
-            self._reader = p.FrameReader(sock, limits)
+            transport.configure_socket(sock)
+            self._reader = transport.FrameReader(sock, limits)
             try:
                 self._handshake(token, wait, match, on_queued)
-            except socket.timeout:
-                raise TetherTimeout("handshake with %s:%d timed out" % (host, port)) from None
-            except OSError as exc:
-                raise ConnectionClosed("handshake with %s:%d failed: %s" % (host, port, exc)) from None
+            except SOCKET_ERRORS as exc:
+                raise socket_error(exc, "handshake with %s:%d timed out" % (host, port),
+                                   "handshake with %s:%d failed" % (host, port)) from exc
             sock.settimeout(None)
-            if not _set_kernel_timeouts(sock, self.timeout.read, self.timeout.write):
+            if not transport.set_kernel_timeouts(sock, self.timeout.read, self.timeout.write):
                 sock.settimeout(self.timeout.read)
             self._reader.spin = spin if spin > 0 else 0.0
         except BaseException:
@@ -548,51 +460,45 @@ class RemoteSession(SessionAPI):
 
     def _handshake(self, token: Optional[str], wait: bool, match: Optional[str],
                    on_queued: Optional[Callable[[int], None]]) -> None:
+        where = "%s:%d" % (self.host, self.port)
+        handshake = ClientHandshake(CORE_HANDSHAKE, hello_payload(match=match, wait=wait), token,
+                                    peer="the server at " + where, token_hint="connect(..., token=...)")
+        limit = self.timeout.connect
+        deadline = None if limit is None else time.monotonic() + limit
         sock = self.sock
-        sock.settimeout(self.timeout.connect)
-        sock.sendall(p.encode_frame(p.MsgType.HELLO, 0, p.hello_payload(match=match, wait=wait)))
-        client_nonce = b""
-        server_nonce = b""
-        deadline = time.monotonic() + self.timeout.connect
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TetherTimeout("no session from %s:%d: handshake/queue wait ran out" % (self.host, self.port))
-            sock.settimeout(remaining)
-            try:
-                msg_type, _, payload = self._reader.read_frame()
-            except TetherTimeout:
-                raise TetherTimeout("no session from %s:%d within %.1f s (handshake or queue wait)"
-                                    % (self.host, self.port, self.timeout.connect)) from None
-            if msg_type == p.MsgType.CHALLENGE:
-                if not token:
-                    raise AuthenticationError("the server at %s:%d requires a token: connect(..., token=...)"
-                                              % (self.host, self.port))
-                server_nonce = payload.get("nonce") if isinstance(payload.get("nonce"), bytes) else b""
-                client_nonce = p.make_nonce()
-                sock.sendall(p.encode_frame(p.MsgType.AUTH, 0, {
-                    "nonce": client_nonce, "mac": p.client_mac(token, server_nonce, client_nonce)}))
-            elif msg_type == p.MsgType.WELCOME:
-                p.check_welcome(payload)
-                if token:
-                    if not p.macs_equal(payload.get("proof"), p.server_proof(token, server_nonce, client_nonce)):
-                        raise AuthenticationError("the server at %s:%d did not prove it knows the token"
-                                                  % (self.host, self.port))
-                self.session_id = int(payload.get("session", 0))
-                self.server = str(payload.get("server", ""))
-                return
-            elif msg_type == p.MsgType.EVENT and payload.get("kind") == "queued":
-                # Queued: from now on the session phase bounds the wait.
-                deadline = max(deadline, time.monotonic() + self.timeout.session)
-                position = int(payload.get("position", 0))
-                log.info("waiting for the device at %s:%d: position %d in its queue", self.host, self.port, position)
-                if on_queued is not None:
-                    on_queued(position)
-                self._dispatch_event(payload)
-            elif msg_type == p.MsgType.ERROR:
-                raise _handshake_error(payload)
+
+        def read_frame() -> Tuple[int, int, Dict[str, Any]]:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TetherTimeout("no session from %s: handshake/queue wait ran out" % where)
+                sock.settimeout(remaining)
             else:
-                raise ProtocolError("unexpected message type %d during the handshake" % msg_type)
+                sock.settimeout(None)
+            try:
+                return self._reader.read_frame()
+            except TetherTimeout as exc:
+                raise TetherTimeout("no session from %s within %s s (handshake or queue wait)"
+                                    % (where, limit)) from exc
+
+        def queued(msg_type: int, payload: Dict[str, Any]) -> bool:
+            nonlocal deadline
+            if msg_type != p.MsgType.EVENT or payload.get("kind") != "queued":
+                return False
+            # Queued: from now on the session phase bounds the wait.
+            if deadline is not None:
+                session = self.timeout.session
+                deadline = None if session is None else max(deadline, time.monotonic() + session)
+            position = int(payload.get("position", 0))
+            log.info("waiting for the device at %s: position %d in its queue", where, position)
+            if on_queued is not None:
+                on_queued(position)
+            self._dispatch_event(payload)
+            return True
+
+        welcome = handshake.run(sock, read_frame, queued)
+        self.session_id = int(welcome.get("session", 0))
+        self.server = str(welcome.get("server", ""))
 
     # -- the primitive -----------------------------------------------------------------------------------------
     def _call(self, fn: Any, args: List[Any], bulk: Any = None, into: Optional[memoryview] = None,
@@ -605,17 +511,17 @@ class RemoteSession(SessionAPI):
             try:
                 frame = None
                 if bulk is None:  # the hot path: one small frame out, one small frame back
-                    body = self._pack([5, rid, {"fn": fn, "args": args}])  # 5 = MsgType.CALL
+                    body = self._pack([_CALL, rid, {"fn": fn, "args": args}])
                     self.sock.sendall(self._pack_header(len(body)) + body)
                     frame = self._reader.read_plain_frame()
-                    if frame is not None and frame[0] == 6 and frame[1] == rid and "nbytes" not in frame[2]:
+                    if frame is not None and frame[0] == _RETURN and frame[1] == rid and "nbytes" not in frame[2]:
                         return frame[2]  # RETURN without bulk bytes
                 else:
                     self._send_call(rid, fn, args, bulk, progress)
                 return self._receive_reply(rid, into, progress, frame)
-            except BlockingIOError:  # SO_SNDTIMEO ran out
+            except BlockingIOError as exc:  # SO_SNDTIMEO ran out
                 self._abort()
-                raise TetherTimeout("timed out sending to %s:%d" % (self.host, self.port)) from None
+                raise TetherTimeout("timed out sending to %s:%d" % (self.host, self.port)) from exc
             except RemoteError as exc:
                 if isinstance(exc, SessionCrashed) or exc.remote_type in ("ProtocolError", "FrameTooLarge"):
                     self._abort()  # the worker is gone or closed the connection
@@ -628,11 +534,11 @@ class RemoteSession(SessionAPI):
     def _send_call(self, rid: int, fn: Any, args: List[Any], bulk: Any, progress: Optional[Progress]) -> None:
         payload = {"fn": fn, "args": args}
         if bulk is None:
-            p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
+            transport.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
             return
         if isinstance(bulk, _FileSource):
             payload["nbytes"] = bulk.size
-            p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
+            transport.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
             with open(bulk.path, "rb") as fh:
                 sent = 0
                 while sent < bulk.size:
@@ -644,14 +550,14 @@ class RemoteSession(SessionAPI):
                     if progress is not None:
                         progress(sent, bulk.size)
             return
-        view = p.byte_view(bulk)
+        view = transport.byte_view(bulk)
         payload["nbytes"] = len(view)
         if progress is None:
-            p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload), view])
+            transport.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload), view])
             return
-        p.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
+        transport.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
         for start in range(0, len(view), _CHUNK):
-            p.send_buffers(self.sock, [view[start:start + _CHUNK]])
+            transport.send_buffers(self.sock, [view[start:start + _CHUNK]])
             progress(min(start + _CHUNK, len(view)), len(view))
 
     def _receive_reply(self, rid: int, into: Optional[memoryview], progress: Optional[Progress],
@@ -661,17 +567,15 @@ class RemoteSession(SessionAPI):
         while True:
             msg_type, reply_id, payload = frame if frame is not None else reader.read_frame()
             frame = None
-            if msg_type == 6 and reply_id == rid and "nbytes" not in payload:  # RETURN without bulk
+            if msg_type == _RETURN and reply_id == rid and "nbytes" not in payload:  # RETURN without bulk
                 return payload
             if msg_type == p.MsgType.EVENT:
                 self._dispatch_event(payload)
                 continue
             if msg_type == p.MsgType.ERROR:
-                if reply_id == 0 and payload.get("type") == "TetherTimeout":
-                    raise TetherTimeout(str(payload.get("message", "")))
                 if reply_id not in (0, rid):
                     raise ProtocolError("ERROR for request %d while waiting for request %d" % (reply_id, rid))
-                raise remote_exception(payload)
+                raise error_from_payload(payload, _SESSION_ENDED if reply_id == 0 else frozenset())
             if msg_type != p.MsgType.RETURN or reply_id != rid:
                 raise ProtocolError("expected RETURN for request %d, got type %d for request %d"
                                     % (rid, msg_type, reply_id))
@@ -697,10 +601,7 @@ class RemoteSession(SessionAPI):
     # -- lifetime ----------------------------------------------------------------------------------------------
     def _abort(self) -> None:
         self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        transport.close_quietly(self.sock)
 
     def close(self) -> None:
         """End the session (the device is free at once). Idempotent."""
@@ -711,17 +612,15 @@ class RemoteSession(SessionAPI):
             self.sock.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
         except OSError:
             pass
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        transport.close_quietly(self.sock)
 
     def __repr__(self) -> str:
         return "RemoteSession(%s:%d, session=%d%s)" % (self.host, self.port, self.session_id,
                                                        ", closed" if self.closed else "")
 
 
-def connect(host: str = "127.0.0.1", port: int = 9090, *, timeout: Union[Timeout, float, None] = None,
+def connect(host: str = "127.0.0.1", port: int = 9090, *,
+            timeout: Union[Timeout, float, None, _UseDefault] = DEFAULT,
             token: Optional[str] = None, wait: bool = True, match: Optional[str] = None,
             on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
             on_log: Optional[Callable[[str, str], None]] = None,
@@ -729,7 +628,8 @@ def connect(host: str = "127.0.0.1", port: int = 9090, *, timeout: Union[Timeout
             on_queued: Optional[Callable[[int], None]] = None, spin: float = DEFAULT_SPIN) -> RemoteSession:
     """Open a session on a device server (waits in its queue if busy, unless ``wait=False``).
 
-    ``timeout`` is a :class:`Timeout` or a number of seconds for every phase. ``token`` must match the server's
+    ``timeout`` is a :class:`Timeout` (a phase set to None waits without limit) or a number of seconds for every
+    phase. ``token`` must match the server's
     ``--token`` (defaults to the TETHER_TOKEN environment variable). ``spin``: seconds to poll for a reply before
     sleeping, while replies keep coming that fast (adaptive; 0 = always sleep): it saves a wake-up per small call.
     """

@@ -12,7 +12,7 @@ import tempfile
 from typing import Any, Callable, Dict, List, Optional
 
 from tether_rpc.errors import ConnectionClosed
-from tether_rpc.protocol import byte_view
+from tether_rpc.transport import byte_view
 from tether_rpc.session import BulkIn, SessionHandler
 
 from .client import Progress, SessionAPI, _FileSource

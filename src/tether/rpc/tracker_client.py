@@ -18,84 +18,66 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
-from tether_rpc import protocol as p
-from tether_rpc.errors import (AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout)
-from tether_rpc.tracker_protocol import DEFAULT_PORT, REPLY_LIMITS, TrackerMsg, hello_payload
+from tether_rpc import protocol as p, transport
+from tether_rpc.error_mapping import error_from_payload, socket_error
+from tether_rpc.errors import ConnectionClosed, ProtocolError, TetherError, TetherTimeout
+from tether_rpc.handshake import ClientHandshake
+from tether_rpc.tracker_protocol import DEFAULT_PORT, REPLY_LIMITS, TRACKER_HANDSHAKE, TrackerMsg, hello_payload
 
-from .client import RemoteSession, Timeout, connect, remote_exception
+from .client import RemoteSession, connect
+from .timeout import Timeout
 
 log = logging.getLogger(__name__)
 
 #: Extra seconds the client waits beyond wait_timeout for the tracker's own timeout verdict.
 _GRACE = 5.0
+#: ERROR types from the tracker raised as the local class (the rest as remote exceptions).
+_LOCAL_ERRORS = frozenset([p.ErrorType.TIMEOUT, p.ErrorType.AUTHENTICATION])
 
 
 class TrackerClient:
     """One connection to a tracker. States: open -> closed; ``close()`` is idempotent (also via ``with``)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, token: Optional[str] = None,
-                 timeout: float = 10.0, name: str = "", session_token: Optional[str] = None,
+                 timeout: Union[Timeout, float, None] = 10.0, name: str = "", session_token: Optional[str] = None,
                  session_timeouts: Optional[Timeout] = None):
+        # timeout: connect + handshake (connect), and the wait for a SUMMARY (read); a number sets both
         self.host, self.port = host, port
-        self.timeout = timeout
+        self.timeout = Timeout.coerce(timeout)
         self.session_token = session_token
         self.session_timeouts = session_timeouts
         self.closed = False
         self._lock = threading.Lock()
         self._next_id = 1
+        self._where = "the tracker at %s:%d" % (host, port)
         try:
-            sock = socket.create_connection((host, port), timeout=timeout)
-        except socket.timeout:
-            raise TetherTimeout("could not reach the tracker at %s:%d within %.1f s" % (host, port, timeout)) from None
+            sock = socket.create_connection((host, port), timeout=self.timeout.connect)
         except OSError as exc:
-            raise ConnectionClosed("could not connect to the tracker at %s:%d: %s" % (host, port, exc)) from None
+            raise socket_error(exc, "could not reach %s within %s s" % (self._where, self.timeout.connect),
+                               "could not connect to %s" % self._where) from exc
         self.sock = sock
         try:
-            p.configure_socket(sock)
-            self._reader = p.FrameReader(sock, REPLY_LIMITS)
-            self._handshake(token, name or _default_name())
+            transport.configure_socket(sock)
+            self._reader = transport.FrameReader(sock, REPLY_LIMITS)
+            ClientHandshake(TRACKER_HANDSHAKE, hello_payload("client", name or _default_name()), token,
+                            peer=self._where, token_hint="connect_tracker(..., token=...)",
+                            error_context="tracker %s:%d: " % (host, port)).run(sock, self._read)
         except BaseException:
             self.closed = True
             sock.close()
             raise
 
-    def _handshake(self, token: Optional[str], name: str) -> None:
-        p.send_frame(self.sock, TrackerMsg.HELLO, 0, hello_payload("client", name))
-        msg_type, _, payload = self._read()
-        server_nonce = client_nonce = b""
-        if msg_type == TrackerMsg.CHALLENGE:
-            if not token:
-                raise AuthenticationError("the tracker at %s:%d requires a token: connect_tracker(..., token=...)"
-                                          % (self.host, self.port))
-            server_nonce = payload.get("nonce") if isinstance(payload.get("nonce"), bytes) else b""
-            client_nonce = p.make_nonce()
-            p.send_frame(self.sock, TrackerMsg.AUTH, 0,
-                         {"nonce": client_nonce, "mac": p.client_mac(token, server_nonce, client_nonce)})
-            msg_type, _, payload = self._read()
-        if msg_type == p.MsgType.ERROR:
-            raise self._error(payload)
-        if msg_type != TrackerMsg.WELCOME:
-            raise ProtocolError("the tracker answered HELLO with message type %d" % msg_type)
-        if token and not p.macs_equal(payload.get("proof"), p.server_proof(token, server_nonce, client_nonce)):
-            raise AuthenticationError("the tracker at %s:%d did not prove it knows the token" % (self.host, self.port))
-
     def _read(self) -> Any:
         try:
             return self._reader.read_frame()
-        except TetherTimeout:
-            raise TetherTimeout("the tracker at %s:%d did not answer within %.1f s"
-                                % (self.host, self.port, self.sock.gettimeout() or 0)) from None
+        except TetherTimeout as exc:
+            raise TetherTimeout("%s did not answer within %.1f s"
+                                % (self._where, self.sock.gettimeout() or 0)) from exc
 
     def _error(self, payload: Dict[str, Any]) -> TetherError:
-        kind = payload.get("type")
-        message = "tracker %s:%d: %s" % (self.host, self.port, payload.get("message", ""))
-        if kind == p.ErrorType.TIMEOUT:
-            return TetherTimeout(message)
-        if kind == p.ErrorType.AUTHENTICATION:
-            return AuthenticationError(message)
-        return remote_exception(payload)
+        return error_from_payload(payload, _LOCAL_ERRORS, "tracker %s:%d: " % (self.host, self.port))
 
     def _rid(self) -> int:
         rid = self._next_id
@@ -140,7 +122,7 @@ class TrackerClient:
         with self._lock:
             self._check_open()
             rid = self._rid()
-            p.send_frame(self.sock, TrackerMsg.REQUEST, rid, {"key": key, "priority": priority,
+            transport.send_frame(self.sock, TrackerMsg.REQUEST, rid, {"key": key, "priority": priority,
                                                               "wait_timeout": wait_timeout,
                                                               "session_timeout": session_timeout})
             deadline = time.monotonic() + wait_timeout + _GRACE
@@ -170,7 +152,7 @@ class TrackerClient:
                 elif not self.closed and not isinstance(exc, TetherTimeout):
                     # e.g. KeyboardInterrupt: withdraw the request so it cannot swallow a device later
                     try:
-                        p.send_frame(self.sock, TrackerMsg.CANCEL, rid, {})
+                        transport.send_frame(self.sock, TrackerMsg.CANCEL, rid, {})
                     except TetherError:
                         self._abort()
                 raise
@@ -180,8 +162,8 @@ class TrackerClient:
         with self._lock:
             self._check_open()
             rid = self._rid()
-            p.send_frame(self.sock, TrackerMsg.SUMMARY, rid, {})
-            self.sock.settimeout(self.timeout)
+            transport.send_frame(self.sock, TrackerMsg.SUMMARY, rid, {})
+            self.sock.settimeout(self.timeout.read)
             while True:
                 msg_type, got_rid, payload = self._read()
                 if got_rid != rid:
@@ -198,10 +180,7 @@ class TrackerClient:
 
     def _abort(self) -> None:
         self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        transport.close_quietly(self.sock)
 
     def close(self) -> None:
         """Leave the tracker: every request still queued on this connection is withdrawn at once. Idempotent."""
@@ -227,7 +206,7 @@ def _default_name() -> str:
 
 
 def connect_tracker(host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: Optional[str] = None, *,
-                    timeout: float = 10.0, name: str = "", session_token: Optional[str] = None) -> TrackerClient:
+                    timeout: Union[Timeout, float, None] = 10.0, name: str = "", session_token: Optional[str] = None) -> TrackerClient:
     """Connect to a tracker. ``token`` is the tracker's token (default: env TETHER_TRACKER_TOKEN);
     ``session_token`` the devices' own ``--token`` (default: env TETHER_TOKEN, as for rpc.connect)."""
     if token is None:

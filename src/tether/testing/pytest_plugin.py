@@ -53,14 +53,16 @@ def pytest_configure(config: pytest.Config) -> None:
 def tether_tracker(pytestconfig: pytest.Config) -> Iterator[Any]:
     """The tracker connection (a :class:`tether.rpc.tracker_client.TrackerClient`)."""
     from tether.rpc.tracker_client import connect_tracker
+    from tether_rpc.config import parse_hostport
 
     opts = pytestconfig.stash[_OPTIONS]
     if not opts["tracker"]:
         pytest.skip("no tether tracker: pass --tether-tracker HOST:PORT (or set TETHER_TRACKER)")
-    host, sep, port = str(opts["tracker"]).rpartition(":")
-    if not sep or not port.isdigit():
-        raise pytest.UsageError("--tether-tracker must be HOST:PORT, got %r" % opts["tracker"])
-    client = connect_tracker(host.strip("[]"), int(port), token=opts["token"], name="pytest")
+    try:
+        host, port = parse_hostport(str(opts["tracker"]), default_host="127.0.0.1")
+    except ValueError:
+        raise pytest.UsageError("--tether-tracker must be HOST:PORT, got %r" % opts["tracker"]) from None
+    client = connect_tracker(host, port, token=opts["token"], name="pytest")
     try:
         yield client
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from tether_rpc.tracker_protocol import device_tags, parse_pattern, pattern_matches
 
@@ -193,12 +193,6 @@ class Pool:
 
     def pending(self, pattern_text: str) -> int:
         return self._pending_count.get(pattern_text, 0)
-
-    def pending_requests(self) -> Iterator[Request]:
-        for heap in self._queues.values():
-            for _, _, request in heap:
-                if request.state == "pending":
-                    yield request
 
     # ---------------------------------------------------------------------------------------------- summary
     def queue_state(self, pattern_text: str) -> dict:

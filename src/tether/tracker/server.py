@@ -20,7 +20,7 @@ import socket
 import time
 from typing import Any, Dict, Optional, Set, Tuple
 
-from tether_rpc import protocol as p
+from tether_rpc import error_mapping, handshake, protocol as p
 from tether_rpc.errors import AuthenticationError, ConnectionClosed, FrameTooLarge, ProtocolError
 from tether_rpc.tracker_protocol import (TRACKER_LIMITS, TRACKER_VERSION, TrackerMsg, check_hello, check_match,
                                          check_register, check_request, device_tags)
@@ -58,10 +58,10 @@ class Conn:
             if n > limits.max_frame:
                 raise FrameTooLarge("frame of %d bytes exceeds the tracker's limit of %d" % (n, limits.max_frame))
             body = await self.reader.readexactly(n)
-        except asyncio.IncompleteReadError:
-            raise ConnectionClosed("%s closed the connection" % self.name) from None
-        except (ConnectionError, OSError) as exc:
-            raise ConnectionClosed("%s: %s" % (self.name, exc)) from None
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionClosed("%s closed the connection" % self.name) from exc
+        except OSError as exc:
+            raise error_mapping.socket_error(exc, "timed out reading from %s" % self.name, self.name) from exc
         msg_type, rid, payload = p.decode_body(body, limits)
         return msg_type, rid, payload, header + body
 
@@ -74,7 +74,7 @@ class Conn:
             self.close()
 
     def send_error(self, rid: int, exc: BaseException) -> None:
-        self.send(p.MsgType.ERROR, rid, p.error_payload(exc))
+        self.send(p.MsgType.ERROR, rid, error_mapping.error_payload(exc))
 
     def close(self) -> None:
         if not self.closed:
@@ -179,14 +179,14 @@ class TrackerServer:
             conn.name = "%s@%s:%d" % (hello["name"], conn.peer[0], conn.peer[1])
         welcome: Dict[str, Any] = {"version": TRACKER_VERSION, "tracker": "tether-tracker", "peer": id(conn) & 0xFFFF}
         if self.token:
-            nonce = p.make_nonce()
-            conn.send(TrackerMsg.CHALLENGE, 0, {"algo": p.AUTH_ALGO, "nonce": nonce})
+            nonce = handshake.make_nonce()
+            conn.send(TrackerMsg.CHALLENGE, 0, {"algo": handshake.AUTH_ALGO, "nonce": nonce})
             msg_type, _, payload, _ = await asyncio.wait_for(conn.read_frame(p.HANDSHAKE_LIMITS),
                                                              self.handshake_timeout)
             if msg_type != TrackerMsg.AUTH:
                 raise AuthenticationError("this tracker requires a token: expected AUTH, got message type %d" % msg_type)
-            client_nonce = p.check_auth(self.token, nonce, payload)
-            welcome["proof"] = p.server_proof(self.token, nonce, client_nonce)
+            client_nonce = handshake.check_auth(self.token, nonce, payload)
+            welcome["proof"] = handshake.server_proof(self.token, nonce, client_nonce)
         conn.send(TrackerMsg.WELCOME, 0, welcome)
 
     def _forget(self, conn: Conn) -> None:
