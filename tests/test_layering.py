@@ -106,7 +106,9 @@ def _place(module: str) -> tuple:
     best = None
     for index, entries in enumerate(LAYERS):
         for entry in entries:
-            if module == entry or module.startswith(entry + "."):
+            # a top-level package (``tether``, ``tether_rpc``) names its __init__ only, so that no module falls
+            # into the facade's layer by default
+            if module == entry or ("." in entry and module.startswith(entry + ".")):
                 if best is None or len(entry) > len(best[1]):
                     best = (index, entry)
     return best
