@@ -13,7 +13,7 @@ import click
 
 # One row per sub-command module; a module that is not there yet is simply not offered.
 COMMAND_MODULES = ("quickstart", "targets", "build_cmd", "bundle", "emulate", "query", "compile_cmd", "run_cmd",
-                   "bootstrap")
+                   "bootstrap", "bench_cmd")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
