@@ -391,7 +391,8 @@ def pool_summary(results: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
         medians = [r["stats"]["median"] for r in rs]
         out.append({"target": name, "devices": [r["device"] for r in rs], "medians": medians,
                     "median_of_medians": float(np.median(medians)), "min_median": float(min(medians)),
-                    "max_median": float(max(medians)), **(comp or {})})
+                    "max_median": float(max(medians)),
+                    **{k: v for k, v in (comp or {}).items() if k != "groups"}})
     return out
 
 

@@ -113,5 +113,5 @@ def variance_components(groups: Sequence[Sequence[float]]) -> Optional[Dict[str,
     between = max(0.0, (ms_between - ms_within) / n0) if n0 > 0 else 0.0
     total = between + ms_within
     return {"within_var": ms_within, "between_var": between, "between_share": between / total if total > 0 else 0.0,
-            "devices": k, "spread_of_medians": float(max(np.median(a) for a in arrays) /
+            "groups": k, "spread_of_medians": float(max(np.median(a) for a in arrays) /
                                                       min(np.median(a) for a in arrays) - 1.0)}

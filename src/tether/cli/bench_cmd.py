@@ -268,7 +268,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
     console.print(_results_table(doc))
     for p in doc.get("pool", []):
         console.print("%s across %d devices: medians %s-%s (spread %.1f%%), between-device share of variance %.0f%%"
-                      % (p["target"], p["devices"], _fmt_time(p["min_median"]), _fmt_time(p["max_median"]),
+                      % (p["target"], len(p["devices"]), _fmt_time(p["min_median"]), _fmt_time(p["max_median"]),
                          100 * p["spread_of_medians"], 100 * p["between_share"]))
     if json_path:
         bench_io.write_json(doc, json_path)
