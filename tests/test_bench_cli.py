@@ -47,8 +47,11 @@ def check_document(doc, schema):
     ids = {d["id"] for d in doc["devices"]}
     for r in doc["results"]:
         assert r["device"] in ids
-        steady = np.array([s["s"] for s in r["samples"] if not s["warmup"]])
-        assert len(steady) == r["stats"]["n"] >= doc["options"]["samples"]
+        steady = np.array([s["s"] for s in r["samples"] if s["used"]])
+        assert len(steady) == r["stats"]["n"] >= doc["options"]["samples"] // 2
+        assert not any(s["used"] and s["warmup"] for s in r["samples"])
+        if r["stats"]["n"] < len(r["samples"]) - r["warmup"]["count"]:
+            assert all(not s["disturbed"] for s in r["samples"] if s["used"]), "left out: interrupted samples"
         assert r["stats"]["median"] == pytest.approx(np.median(steady))
         assert r["stats"]["p90"] == pytest.approx(np.percentile(steady, 90))
         assert r["stats"]["min"] == pytest.approx(steady.min())

@@ -39,8 +39,12 @@ BATTERY_TEMP_PATHS = ("/sys/class/power_supply/battery/temp", "/sys/class/power_
 DEFAULT_HOT_C = 80.0          # used when no passive trip point is published
 CPU_ZONE_HINTS = ("cpu", "soc", "x86_pkg", "cluster", "bigcore", "littlecore")
 
+#: A sample is "disturbed" when the thread waited for a CPU for more than this share of it.
+DISTURBED_FRACTION = 0.02
+DISTURBED_RETRY_FACTOR = 10
 RUN_OPTIONS = {"min_sample_ms": 10.0, "samples": 20, "max_warmup": 10, "warmup_window": 5, "pin": None,
-               "state": True, "hot_c": None, "max_seconds": 120.0, "max_number": 1 << 30}
+               "state": True, "hot_c": None, "max_seconds": 120.0, "max_number": 1 << 30,
+               "retry_disturbed": True}
 MAX_SAMPLES = 20000           # keeps a reply far below the protocol's array and frame limits
 _MAX_CALIBRATION_ROUNDS = 40
 
@@ -345,6 +349,32 @@ def unpin_threads(previous: Optional[Dict[int, Any]]) -> None:
 
 # -- the measurement loop ----------------------------------------------------------------------------------------
 
+class _RunQueueWait:
+    """Nanoseconds this thread has spent runnable but waiting for a CPU (``/proc/thread-self/schedstat``, field
+    2): the time other programs took from the measurement. Absent on kernels without schedstat."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd: Optional[int] = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+        if self.fd is not None and self.read() is None:
+            self.close()
+
+    def read(self) -> Optional[int]:
+        if self.fd is None:
+            return None
+        try:
+            return int(os.pread(self.fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def _timed(call: Callable[[], Any], number: int, clock: Callable[[], float] = time.perf_counter) -> float:
     loop = range(number)
     t0 = clock()
@@ -397,6 +427,7 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
     state_start = snapshot(hot_c) if opts["state"] else {}
     previous = pin_threads(opts["pin"])
     sampler = DeviceStateSampler(hot_c) if opts["state"] else None
+    waits = _RunQueueWait()
     try:
         t_start = clock()
         deadline = t_start + float(opts["max_seconds"])
@@ -407,13 +438,21 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
         series: List[float] = []
         records: List[Dict[str, Any]] = []
         warm: Optional[int] = None
+        disturbed_steady = 0
         converged = False
         exhausted = False
         sample = sampler.sample if sampler is not None else dict
+        wait_ns = waits.read if waits.fd is not None else None
         while True:
-            per_run = _timed(call, number, clock) / number
+            w0 = wait_ns() if wait_ns is not None else None
+            elapsed = _timed(call, number, clock)
+            w1 = wait_ns() if wait_ns is not None else None
             now = clock()
+            per_run = elapsed / number
             rec = sample()
+            if w0 is not None and w1 is not None:
+                rec["wait_s"] = (w1 - w0) * 1e-9
+                rec["disturbed"] = (w1 - w0) * 1e-9 > DISTURBED_FRACTION * elapsed
             rec["i"] = len(series)
             rec["t"] = now - t_start
             rec["s"] = per_run
@@ -423,8 +462,17 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
                 emit(rec)
             if warm is None:
                 warm, converged = detect_warmup(series, window, max_warmup)
-            if warm is not None and len(series) - warm >= wanted:
-                break
+                if warm is not None:
+                    disturbed_steady = sum(1 for r in records[warm:] if r.get("disturbed"))
+            elif rec.get("disturbed"):
+                disturbed_steady += 1
+            if warm is not None:
+                steady = len(series) - warm
+                clean = steady - (disturbed_steady if opts["retry_disturbed"] else 0)
+                # enough clean steady samples: a disturbed one is replaced, up to ten times the wanted count
+                # (on a busy machine, most samples longer than a scheduler slice are disturbed)
+                if clean >= wanted or steady >= DISTURBED_RETRY_FACTOR * wanted:
+                    break
             if now > deadline or len(series) >= MAX_SAMPLES:
                 exhausted = True
                 if warm is None:  # undecided: keep everything, but say the warm-up was not detected
@@ -432,6 +480,7 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
                 break
         wall = clock() - t_start
     finally:
+        waits.close()
         if sampler is not None:
             sampler.close()
         unpin_threads(previous)

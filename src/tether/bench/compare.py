@@ -14,7 +14,7 @@ DEFAULT_MIN_EFFECT = 0.05
 
 
 def _steady(result: Dict[str, Any]) -> List[float]:
-    return [s["s"] for s in result["samples"] if not s.get("warmup")]
+    return [s["s"] for s in result["samples"] if s.get("used", not s.get("warmup"))]
 
 
 def _fingerprints(doc: Dict[str, Any]) -> Dict[str, str]:

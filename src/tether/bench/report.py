@@ -54,7 +54,7 @@ def _unit(values: Sequence[float]) -> tuple:
 
 
 def _steady(result: Dict[str, Any]) -> List[float]:
-    return [s["s"] for s in result["samples"] if not s.get("warmup")]
+    return [s["s"] for s in result["samples"] if s.get("used", not s.get("warmup"))]
 
 
 def _esc(x: Any) -> str:
@@ -105,6 +105,10 @@ def timeline_plot(result: Dict[str, Any]) -> str:
         ax.plot(t, y / scale, color="#2b59c3", lw=1, label="time per run")
         if warm.any():
             ax.scatter(t[warm], y[warm] / scale, color="#d98c00", s=14, zorder=3, label="warm-up (dropped)")
+        disturbed = np.array([bool(s.get("disturbed")) and not s.get("warmup") for s in samples])
+        if disturbed.any():
+            ax.scatter(t[disturbed], y[disturbed] / scale, color="#999", s=10, zorder=3,
+                       label="interrupted by other programs")
         flagged = np.array([bool(s.get("hot") or s.get("throttled")) for s in samples])
         if flagged.any():
             ax.scatter(t[flagged], y[flagged] / scale, color="#b00020", marker="x", s=20, zorder=4,
@@ -244,11 +248,14 @@ def render_compare(cmp: Dict[str, Any], base: Dict[str, Any], new: Dict[str, Any
             "<p>base %s &middot; new %s &middot; U test at alpha %.3g, fail above %.1f%%</p>"
             % (_esc(base.get("created")), _esc(new.get("created")), cmp["alpha"], cmp["fail_above_pct"])]
     head = ("target", "device", "base median", "new median", "ratio", "95% CI", "p (U test)", "verdict")
-    rows = "".join("<tr>%s</tr>" % "".join(
-        '<td%s>%s</td>' % (' class="%s"' % c[1] if c[1] else "", _esc(c[0])) for c in (
-            (r["target"], "l"), (r["device"], "l"), (_fmt(r["base_median"]), ""), (_fmt(r["new_median"]), ""),
-            ("%.3f" % r["ratio"], ""), ("%.3f - %.3f" % tuple(r["ratio_ci95"]), ""), ("%.2g" % r["p_value"], ""),
-            (r["verdict"], r["verdict"])))) for r in cmp["rows"])
+    rows = []
+    for r in cmp["rows"]:
+        cells = ((r["target"], "l"), (r["device"], "l"), (_fmt(r["base_median"]), ""), (_fmt(r["new_median"]), ""),
+                 ("%.3f" % r["ratio"], ""), ("%.3f - %.3f" % tuple(r["ratio_ci95"]), ""), ("%.2g" % r["p_value"], ""),
+                 (r["verdict"], r["verdict"]))
+        rows.append("<tr>%s</tr>" % "".join('<td%s>%s</td>' % (' class="%s"' % c if c else "", _esc(v))
+                                            for v, c in cells))
+    rows = "".join(rows)
     body.append('<table id="compare"><tr>%s</tr>%s</table>' % ("".join("<th>%s</th>" % h for h in head), rows))
     if cmp["notes"]:
         body.append("<ul>%s</ul>" % "".join('<li class="warn">%s</li>' % _esc(n) for n in cmp["notes"]))

@@ -54,12 +54,13 @@ class BenchOptions:
     compile_target: Optional[str] = None
     opt_level: int = 3
     fast_math: bool = False
+    keep_disturbed: bool = False
 
     def device_options(self) -> Dict[str, Any]:
         return {"min_sample_ms": float(self.min_sample_ms), "samples": int(self.samples),
                 "max_warmup": int(self.max_warmup), "warmup_window": int(self.warmup_window),
                 "max_seconds": float(self.max_seconds), "pin": list(self.pin) if self.pin else None,
-                "hot_c": self.hot_c}
+                "hot_c": self.hot_c, "retry_disturbed": not self.keep_disturbed}
 
 
 @dataclasses.dataclass
@@ -279,14 +280,23 @@ def _result(target: BenchTarget, device_id: str, measured: Dict[str, Any], optio
         rec = dict(rec)
         rec["warmup"] = rec["i"] < warm
         records.append(rec)
-    steady = [r["s"] for r in records if not r["warmup"]]
+    steady_records = [r for r in records if not r["warmup"]]
+    clean = [r for r in steady_records if not r.get("disturbed")]
+    # Statistics use the steady samples no other program interrupted; when too few are clean (a machine busy
+    # all the time), all steady samples, with a warning.
+    enough = len(clean) >= max(3, min(options.samples, len(steady_records)) // 2)
+    use_clean = not options.keep_disturbed and enough
+    for r in records:
+        r["used"] = not r["warmup"] and (not use_clean or not r.get("disturbed"))
+    steady = [r["s"] for r in records if r["used"]]
     summary = stats.summarize(steady)
     phases = dict(measured["phases"])
     phases.update({"first_run_s": float(raw["first_run_s"]), "calibration_s": float(raw["calibration_s"]),
                    "warmup_s": float(sum(r["s"] for r in records if r["warmup"]) * raw["number"]),
-                   "steady_s": float(sum(steady) * raw["number"]), "device_wall_s": float(raw["wall_s"])})
-    flags = {"hot": sum(1 for r in records if not r["warmup"] and r.get("hot")),
-             "throttled": sum(1 for r in records if not r["warmup"] and r.get("throttled"))}
+                   "steady_s": float(sum(r["s"] for r in steady_records) * raw["number"]), "device_wall_s": float(raw["wall_s"])})
+    flags = {"hot": sum(1 for r in steady_records if r.get("hot")),
+             "throttled": sum(1 for r in steady_records if r.get("throttled")),
+             "disturbed": sum(1 for r in steady_records if r.get("disturbed"))}
     warnings = []
     if summary["unstable"]:
         warnings.append("unstable: coefficient of variation %.1f%% > %.0f%% (close other programs, pin with --pin, "
@@ -296,6 +306,14 @@ def _result(target: BenchTarget, device_id: str, measured: Dict[str, Any], optio
                         % (flags["hot"], raw.get("state_start", {}).get("hot_c", options.hot_c or 80.0)))
     if flags["throttled"]:
         warnings.append("%d steady sample(s) taken while the firmware reported throttling" % flags["throttled"])
+    if flags["disturbed"] and not options.keep_disturbed:
+        if use_clean:
+            log.info("%s: %d steady sample(s) interrupted by other programs left out of the statistics",
+                     target.name, flags["disturbed"])
+        else:
+            warnings.append("%d of %d steady samples were interrupted by other programs (the CPU was busy); all are "
+                            "in the statistics (a smaller --min-sample-ms makes clean samples likelier)"
+                            % (flags["disturbed"], len(steady_records)))
     if not raw["warmup_converged"]:
         warnings.append("warm-up not detected within %d samples; the first %d were dropped"
                         % (options.max_warmup, warm))
@@ -386,7 +404,7 @@ def pool_summary(results: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for name, rs in by_target.items():
         if len(rs) < 2:
             continue
-        groups = [[s["s"] for s in r["samples"] if not s["warmup"]] for r in rs]
+        groups = [[s["s"] for s in r["samples"] if s["used"]] for r in rs]
         comp = stats.variance_components(groups)
         medians = [r["stats"]["median"] for r in rs]
         out.append({"target": name, "devices": [r["device"] for r in rs], "medians": medians,

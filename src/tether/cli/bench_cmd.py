@@ -56,6 +56,18 @@ def _split_hostport(text: str, option: str) -> Tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def _unit(seconds: float) -> Tuple[str, float]:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return unit, scale
+    return "ns", 1e-9
+
+
+def _fmt_ci(lo: float, hi: float) -> str:
+    unit, scale = _unit(hi)
+    return "%.3g-%.3g %s" % (lo / scale, hi / scale, unit)
+
+
 def _fmt_time(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
@@ -116,25 +128,30 @@ class _Live:
         self.progress.update(task, advance=1, info=info)
 
 
-def _results_table(doc: Dict[str, Any]) -> Any:
+def _results_tables(doc: Dict[str, Any]) -> List[Any]:
     from rich.table import Table
 
-    table = Table(title="tether bench", show_lines=False)
-    for col in ("target", "device", "median", "95% CI", "mean", "min", "p90", "p99", "IQR", "CV", "n x runs",
-                "warm-up", "first run", "peak RSS"):
+    table = Table(title="tether bench: time per run", show_lines=False)
+    for col in ("target", "device", "median", "95% CI", "min", "p90", "p99", "IQR", "CV", "n x runs", "warm-up"):
         table.add_column(col, justify="left" if col in ("target", "device") else "right")
+    phases = Table(title="phases and memory")
+    for col in ("target", "device", "compile", "upload", "load", "first run", "steady", "peak RSS", "arena"):
+        phases.add_column(col, justify="left" if col in ("target", "device") else "right")
     for r in doc["results"]:
         s = r["stats"]
         cv = "%.1f%%" % (100 * s["cv"])
         if s["unstable"]:
             cv = "[yellow]%s ![/yellow]" % cv
-        rss = r["memory"].get("peak_rss_bytes")
         table.add_row(r["target"], r["device"], _fmt_time(s["median"]),
-                      "%s-%s" % (_fmt_time(s["ci95_median"][0]), _fmt_time(s["ci95_median"][1])),
-                      _fmt_time(s["mean"]), _fmt_time(s["min"]), _fmt_time(s["p90"]), _fmt_time(s["p99"]),
-                      _fmt_time(s["iqr"]), cv, "%d x %d" % (s["n"], r["number"]), str(r["warmup"]["count"]),
-                      _fmt_time(r["phases"].get("first_run_s")), "%.1f MiB" % (rss / 2 ** 20) if rss else "-")
-    return table
+                      _fmt_ci(*s["ci95_median"]),
+                      _fmt_time(s["min"]), _fmt_time(s["p90"]), _fmt_time(s["p99"]), _fmt_time(s["iqr"]), cv,
+                      "%d x %d" % (s["n"], r["number"]), str(r["warmup"]["count"]))
+        ph, mem = r["phases"], r["memory"]
+        phases.add_row(r["target"], r["device"], _fmt_time(ph.get("compile_s")), _fmt_time(ph.get("upload_s")),
+                       _fmt_time(ph.get("load_s")), _fmt_time(ph.get("first_run_s")), _fmt_time(ph.get("steady_s")),
+                       "%.1f MiB" % (mem["peak_rss_bytes"] / 2 ** 20) if "peak_rss_bytes" in mem else "-",
+                       "%.1f KiB" % (mem["arena_bytes"] / 2 ** 10) if "arena_bytes" in mem else "-")
+    return [table, phases]
 
 
 @command.command("run")
@@ -169,6 +186,8 @@ def _results_table(doc: Dict[str, Any]) -> Any:
 @click.option("--hot-temp", type=float, default=None, metavar="C",
               help="Flag samples at or above C (default: the thermal zone's passive trip point, else 80).")
 @click.option("--pin", default=None, metavar="CPUS", help="Pin the run to these device CPUs, e.g. 0-3 or 2.")
+@click.option("--keep-disturbed", is_flag=True,
+              help="Keep samples during which other programs took the CPU in the statistics.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
 @click.option("--profile", is_flag=True, help="Per-layer times of models.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the run document (raw samples).")
@@ -182,7 +201,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                 shapes: Tuple[str, ...], dtypes: Tuple[str, ...], input_shapes: Tuple[str, ...],
                 compile_target: Optional[str], opt_level: int, fast_math: bool, samples: int, min_sample_ms: float,
                 max_warmup: int, max_seconds: float, cooldown_temp: Optional[float], cooldown_timeout: float,
-                hot_temp: Optional[float], pin: Optional[str], seed: int, profile: bool, json_path: Optional[str],
+                hot_temp: Optional[float], pin: Optional[str], keep_disturbed: bool, seed: int, profile: bool, json_path: Optional[str],
                 csv_path: Optional[str], html_path: Optional[str], timeout: float, quiet: bool) -> None:
     """Benchmark TARGETs: LIB.so:FUNC, model folders (from `tether compile`) or ONNX files.
 
@@ -204,13 +223,16 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                                   max_seconds=max_seconds, pin=_parse_cpus(pin), hot_c=hot_temp,
                                   cooldown_temp=cooldown_temp, cooldown_timeout=cooldown_timeout, seed=seed,
                                   profile=profile, compile_target=compile_target, opt_level=opt_level,
-                                  fast_math=fast_math)
+                                  fast_math=fast_math, keep_disturbed=keep_disturbed)
     try:
         parsed = [runner.parse_target(t, [_parse_shape(s) for s in shapes] or None, list(dtypes) or None,
                                       parse_input_shapes(input_shapes)) for t in targets]
     except runner.BenchError as exc:
         raise click.UsageError(str(exc)) from None
     console = Console(stderr=True)
+    out = Console()
+    if not out.is_terminal:  # a pipe or a file: no terminal width to respect, so no wrapped cells
+        out = Console(width=200)
     live = _Live(console, samples, enabled=not quiet and console.is_terminal)
     devices: List[Dict[str, Any]] = []
     results: List[Dict[str, Any]] = []
@@ -265,9 +287,10 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
         except (runner.BenchError, TetherError, OSError) as exc:
             raise click.ClickException(str(exc)) from None
     doc = runner.run_document(devices, results, options, sys.argv)
-    console.print(_results_table(doc))
+    for table in _results_tables(doc):
+        out.print(table)
     for p in doc.get("pool", []):
-        console.print("%s across %d devices: medians %s-%s (spread %.1f%%), between-device share of variance %.0f%%"
+        out.print("%s across %d devices: medians %s-%s (spread %.1f%%), between-device share of variance %.0f%%"
                       % (p["target"], len(p["devices"]), _fmt_time(p["min_median"]), _fmt_time(p["max_median"]),
                          100 * p["spread_of_medians"], 100 * p["between_share"]))
     if json_path:
@@ -302,6 +325,8 @@ def compare_command(base: str, new: str, fail_above: float, alpha: float, json_p
         raise click.ClickException(str(exc)) from None
     cmp = compare.compare_documents(base_doc, new_doc, alpha=alpha, fail_above=fail_above)
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
     table = Table(title="tether bench compare")
     for col in ("target", "device", "base median", "new median", "ratio", "95% CI", "p (U test)", "verdict"):
         table.add_column(col)
