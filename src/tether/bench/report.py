@@ -78,7 +78,12 @@ def distribution_plot(label: str, groups: List[tuple]) -> str:
         data = [np.asarray(s) / scale for _, s in groups]
         pos = np.arange(1, len(groups) + 1)
         if all(len(d) > 1 for d in data):
-            parts = ax.violinplot(data, positions=pos, vert=False, showmedians=True, widths=0.8)
+            import inspect
+
+            # matplotlib 3.10 renamed vert=False to orientation="horizontal" (and deprecated the old name)
+            horizontal = ({"orientation": "horizontal"} if "orientation" in inspect.signature(ax.violinplot).parameters
+                          else {"vert": False})
+            parts = ax.violinplot(data, positions=pos, showmedians=True, widths=0.8, **horizontal)
             for body in parts["bodies"]:
                 body.set_alpha(0.35)
         rng = np.random.default_rng(0)
