@@ -42,9 +42,12 @@ CPU_ZONE_HINTS = ("cpu", "soc", "x86_pkg", "cluster", "bigcore", "littlecore")
 #: A sample is "disturbed" when the thread waited for a CPU for more than this share of it.
 DISTURBED_FRACTION = 0.02
 DISTURBED_RETRY_FACTOR = 10
+#: Sample EVENTs go out at most this often (seconds): enough for a live display, and a sample of a fast kernel
+#: does not pay for a frame (every sample is in the reply anyway).
+EVENT_INTERVAL = 0.05
 RUN_OPTIONS = {"min_sample_ms": 10.0, "samples": 20, "max_warmup": 10, "warmup_window": 5, "pin": None,
                "state": True, "hot_c": None, "max_seconds": 120.0, "max_number": 1 << 30,
-               "retry_disturbed": True}
+               "retry_disturbed": True, "number": None}
 MAX_SAMPLES = 20000           # keeps a reply far below the protocol's array and frame limits
 _MAX_CALIBRATION_ROUNDS = 40
 
@@ -405,6 +408,7 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
     """Measure ``call``: the first run, a calibration, then samples until ``samples`` steady ones follow the
     detected warm-up (or ``max_seconds`` run out). Device state is sampled after each sample.
 
+    ``emit(record)`` is called with a sample's record at most every ``EVENT_INTERVAL`` seconds (live progress).
     Result: ``number``, ``first_run_s``, ``calibration_s``, ``samples`` (one record per sample: ``i``, ``t``
     seconds since the start, ``s`` seconds per run, and the state fields the board has), ``warmup`` (leading
     samples that are warm-up), ``warmup_converged``, ``budget_exhausted``, ``state_start``/``state_end``
@@ -434,10 +438,16 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
         t0 = clock()
         call()
         first = clock() - t0
-        number, cal_s = calibrate(call, float(opts["min_sample_ms"]) / 1e3, int(opts["max_number"]))
+        if opts["number"]:  # fixed runs per sample: no calibration
+            number, cal_s = int(opts["number"]), 0.0
+            if number < 1:
+                raise ValueError("bench: number must be >= 1, got %r" % number)
+        else:
+            number, cal_s = calibrate(call, float(opts["min_sample_ms"]) / 1e3, int(opts["max_number"]))
         series: List[float] = []
         records: List[Dict[str, Any]] = []
         warm: Optional[int] = None
+        last_emit = -1.0
         disturbed_steady = 0
         converged = False
         exhausted = False
@@ -458,7 +468,8 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
             rec["s"] = per_run
             series.append(per_run)
             records.append(rec)
-            if emit is not None:
+            if emit is not None and now - last_emit >= EVENT_INTERVAL:
+                last_emit = now
                 emit(rec)
             if warm is None:
                 warm, converged = detect_warmup(series, window, max_warmup)
