@@ -111,6 +111,22 @@ def random_input(rng: np.random.Generator, shape: Sequence[int], dtype: str) -> 
     return np.zeros(tuple(shape), dt)
 
 
+def _target_label(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    return getattr(target, "preset", None) or str(target)
+
+
+def compile_target_for(info: Dict[str, Any], options: BenchOptions) -> Any:
+    """What an ONNX target is compiled for on this device: ``--target``, else the device's suggested preset,
+    else a generic target for its architecture and cores (``Target.from_device_info``)."""
+    if options.compile_target:
+        return options.compile_target
+    from tether.target import Target
+
+    return Target.from_device_info(info)
+
+
 # -- compiling ONNX on the fly ---------------------------------------------------------------------------------
 
 class OnnxCache:
@@ -121,7 +137,9 @@ class OnnxCache:
         self._lock = threading.Lock()
         self._done: Dict[Tuple[str, str], Tuple[str, float]] = {}
 
-    def compile(self, target: BenchTarget, preset: str, options: BenchOptions) -> Tuple[str, float]:
+    def compile(self, target: BenchTarget, compile_for: Any, options: BenchOptions) -> Tuple[str, float]:
+        """``compile_for``: a preset name, a triple or a ``tether.target.Target``."""
+        preset = _target_label(compile_for)
         key = (os.path.abspath(target.path), preset)
         with self._lock:  # one build at a time: builds use every core already
             if key not in self._done:
@@ -132,10 +150,9 @@ class OnnxCache:
 
                 t0 = time.perf_counter()
                 graph, params = from_onnx(onnx.load(target.path), shape=dict(target.input_shapes or {}))
-                factory = tether.build_graph(graph, params, target=preset, opt_level=options.opt_level,
+                factory = tether.build_graph(graph, params, target=compile_for, opt_level=options.opt_level,
                                              fast_math=options.fast_math)
-                out = os.path.join(self.workdir, "%s-%s-%d" % (os.path.basename(target.path), preset,
-                                                               len(self._done)))
+                out = os.path.join(self.workdir, "%s-%d" % (os.path.basename(target.path), len(self._done)))
                 factory.export(out)
                 self._done[key] = (out, time.perf_counter() - t0)
                 log.info("compiled %s for %s in %.2f s", target.path, preset, self._done[key][1])
@@ -351,11 +368,11 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
     elif target.kind == "model":
         measured = _bench_model(session, target.path, target, options, on_sample, {})
     elif target.kind == "onnx":
-        preset = options.compile_target or (device_info or session.device_info()).get("suggested_target") or "host"
+        compile_for = compile_target_for(device_info or session.device_info(), options)
         if onnx_cache is None:
             raise BenchError("ONNX targets need an OnnxCache (a work folder for the compiled model)")
-        folder, compile_s = onnx_cache.compile(target, preset, options)
-        extra = {"target": preset, "compile_options": {"opt_level": options.opt_level, "fast_math": options.fast_math,
+        folder, compile_s = onnx_cache.compile(target, compile_for, options)
+        extra = {"target": _target_label(compile_for), "compile_options": {"opt_level": options.opt_level, "fast_math": options.fast_math,
                                                         "input_shapes": {k: list(v) for k, v in
                                                                          (target.input_shapes or {}).items()}},
                  "onnx_sha256": fingerprint.file_sha256([target.path])}
