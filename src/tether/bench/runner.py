@@ -389,6 +389,40 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
     return result
 
 
+def bench_remote_object(session: Any, obj: Any, args: Sequence[Any], options: BenchOptions, name: str,
+                        device_id: str, on_sample: Optional[OnSample] = None) -> Dict[str, Any]:
+    """Measure something the caller already put on the session: a module function (``RemoteFunction``, called on
+    ``args``: RemoteArrays or scalars) or a ``RemoteGraphExecutor`` (its inputs as the caller set them)."""
+    if "tether.bench.run" not in session.functions():
+        raise BenchError("the device runtime has no tether.bench.run: update its tether_rpc (`tether bundle`)")
+    from tether.rpc.graph_client import RemoteGraphExecutor
+
+    memory: Dict[str, Any] = {}
+    if isinstance(obj, RemoteGraphExecutor):
+        kind, handle, wire = "model", obj.handle, []
+        info = session.get_function("tether.graph.info")(obj.handle)
+        memory["arena_bytes"] = int(info.get("storage_bytes", 0))
+        memory["nodes"] = int(info.get("nodes", 0))
+    elif isinstance(getattr(obj, "fn", None), _remote_handle_type()):
+        kind, handle = "kernel", obj.fn
+        wire = [a.handle if hasattr(a, "handle") and hasattr(a, "numpy") else a for a in args]
+    else:
+        raise BenchError("remote_benchmark measures a module function or a remote graph executor, not %r" % (obj,))
+    raw = _measure(session, handle, wire, options, name, on_sample)
+    target = BenchTarget(name, kind, name)
+    run = {"artifact_sha256": None, "target": None, "compile_options": None, "input_seed": options.seed,
+           "inputs": [{"shape": list(a.shape), "dtype": a.dtype} for a in args if hasattr(a, "shape")]}
+    result = _result(target, device_id, {"phases": {}, "raw": raw, "run": run, "memory": memory}, options)
+    result["target"] = name
+    return result
+
+
+def _remote_handle_type() -> type:
+    from tether_rpc.protocol import RemoteHandle
+
+    return RemoteHandle
+
+
 def describe_device(session: Any, device_id: str, connection: Dict[str, Any]) -> Dict[str, Any]:
     info = session.device_info()
     state = session.get_function("tether.bench.state")() if "tether.bench.state" in session.functions() else {}
