@@ -55,12 +55,14 @@ class BenchOptions:
     opt_level: int = 3
     fast_math: bool = False
     keep_disturbed: bool = False
+    number: Optional[int] = None
 
     def device_options(self) -> Dict[str, Any]:
         return {"min_sample_ms": float(self.min_sample_ms), "samples": int(self.samples),
                 "max_warmup": int(self.max_warmup), "warmup_window": int(self.warmup_window),
                 "max_seconds": float(self.max_seconds), "pin": list(self.pin) if self.pin else None,
-                "hot_c": self.hot_c, "retry_disturbed": not self.keep_disturbed}
+                "hot_c": self.hot_c, "retry_disturbed": not self.keep_disturbed,
+                "number": int(self.number) if self.number else None}
 
 
 @dataclasses.dataclass

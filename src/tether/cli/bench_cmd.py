@@ -178,6 +178,8 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
               help="Steady-state samples (at least this many after the warm-up).")
 @click.option("--min-sample-ms", default=10.0, show_default=True, type=float,
               help="Runs per sample are calibrated so one sample lasts at least this long.")
+@click.option("--number", type=click.IntRange(1), default=None,
+              help="Fixed runs per sample (default: calibrated from --min-sample-ms).")
 @click.option("--max-warmup", default=10, show_default=True, type=click.IntRange(0, 1000),
               help="At most this many leading samples are dropped as warm-up.")
 @click.option("--max-seconds", default=120.0, show_default=True, type=float, help="Time budget per target.")
@@ -201,7 +203,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                 tracker: Optional[str], key: Optional[str], tracker_token: Optional[str], all_devices: bool,
                 shapes: Tuple[str, ...], dtypes: Tuple[str, ...], input_shapes: Tuple[str, ...],
                 compile_target: Optional[str], opt_level: int, fast_math: bool, samples: int, min_sample_ms: float,
-                max_warmup: int, max_seconds: float, cooldown_temp: Optional[float], cooldown_timeout: float,
+                number: Optional[int], max_warmup: int, max_seconds: float, cooldown_temp: Optional[float], cooldown_timeout: float,
                 hot_temp: Optional[float], pin: Optional[str], keep_disturbed: bool, seed: int, profile: bool, json_path: Optional[str],
                 csv_path: Optional[str], html_path: Optional[str], timeout: float, quiet: bool) -> None:
     """Benchmark TARGETs: LIB.so:FUNC, model folders (from `tether compile`) or ONNX files.
@@ -224,7 +226,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                                   max_seconds=max_seconds, pin=_parse_cpus(pin), hot_c=hot_temp,
                                   cooldown_temp=cooldown_temp, cooldown_timeout=cooldown_timeout, seed=seed,
                                   profile=profile, compile_target=compile_target, opt_level=opt_level,
-                                  fast_math=fast_math, keep_disturbed=keep_disturbed)
+                                  fast_math=fast_math, keep_disturbed=keep_disturbed, number=number)
     try:
         parsed = [runner.parse_target(t, [_parse_shape(s) for s in shapes] or None, list(dtypes) or None,
                                       parse_input_shapes(input_shapes)) for t in targets]
