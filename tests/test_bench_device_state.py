@@ -92,3 +92,31 @@ def test_state_fields_absent_without_board_files(rpc_server, rpc_kernels, tmp_pa
     (r,) = doc["results"]
     assert not {"temp_c", "hot", "freq_khz", "throttled", "battery_c"} & set(r["samples"][0])
     assert "temp_c" not in doc["devices"][0]["state"] and "cpufreq" not in doc["devices"][0]["state"]
+
+
+def test_bench_on_the_oldest_device_python(tracker_lab, rpc_kernels, tmp_path):
+    """The device side of `tether bench` (device_state.py) on Python 3.9 + numpy 1.19 + msgpack 1.0."""
+    import glob
+    import shutil
+    import subprocess
+
+    python = None
+    for candidate in [shutil.which("python3.9")] + sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python"))):
+        if candidate and subprocess.run([candidate, "-c", "import numpy, msgpack"], capture_output=True,
+                                        timeout=30).returncode == 0:
+            python = candidate
+            break
+    if python is None:
+        if os.environ.get("CI"):
+            pytest.fail("no Python 3.9 with numpy and msgpack (scripts/test.sh installs them)", pytrace=False)
+        pytest.skip("no Python 3.9 with numpy 1.19 and msgpack 1.0 (the oldest device stack)")
+    tracker = tracker_lab.tracker()
+    tracker_lab.device(tracker, "old", python=python)
+    out = tmp_path / "old.json"
+    res = CliRunner().invoke(cli, ["bench", "%s:vadd" % rpc_kernels["vadd"], "--tracker", "127.0.0.1:%d" % tracker.port,
+                                   "--key", "old", "--json", str(out), "--timeout", "30", *FAST])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["devices"][0]["fingerprint"]["python"].startswith("3.9")
+    assert doc["devices"][0]["fingerprint"]["numpy"].startswith("1.19")
+    assert doc["results"][0]["stats"]["n"] >= 3
