@@ -146,3 +146,30 @@ def test_bench_run_calibrates_samples_and_pins():
     assert res["pinned"] == [cpu] and res["state_start"]["affinity"] == sorted(os.sched_getaffinity(0))
     with pytest.raises(TypeError, match="unknown bench options"):
         device_state.bench_run(call, {"sampels": 3})
+
+
+def _doc(pairs):
+    """A minimal run document: [(target, device id, fingerprint id, samples)]."""
+    devices = {d: {"id": d, "fingerprint": {"id": fp}} for _, d, fp, _ in pairs}
+    return {"devices": list(devices.values()), "results": [
+        {"target": t, "device": d, "run": {}, "stats": {"median": float(np.median(s)), "n": len(s)},
+         "samples": [{"s": x, "warmup": False, "used": True} for x in s]} for t, d, _, s in pairs]}
+
+
+def test_compare_matches_by_device_then_fingerprint_then_target():
+    from tether.bench import compare
+
+    rng = np.random.default_rng(6)
+    same = lambda: list(rng.normal(1.0, 0.01, 20))  # noqa: E731
+    base = _doc([("k", "pool/device-1", "aaaa", same()), ("k", "pool/device-2", "aaaa", same()),
+                 ("m", "pi", "bbbb", same()), ("gone", "pi", "bbbb", same())])
+    new = _doc([("k", "pool/device-1", "aaaa", same()), ("k", "pool/device-7", "aaaa", same()),
+                ("m", "other-pi", "cccc", list(rng.normal(1.3, 0.01, 20))), ("added", "pi", "bbbb", same())])
+    cmp = compare.compare_documents(base, new)
+    rows = {(r["target"], r["base_device"], r["device"]): r["verdict"] for r in cmp["rows"]}
+    assert rows == {("k", "pool/device-1", "pool/device-1"): "same", ("k", "pool/device-2", "pool/device-7"): "same",
+                    ("m", "pi", "other-pi"): "slower"}
+    assert any("different devices" in n for n in cmp["notes"])
+    assert any("gone on pi: only in the base" in n for n in cmp["notes"])
+    assert any("added on pi: only in the new" in n for n in cmp["notes"])
+    assert [r["target"] for r in cmp["failed"]] == ["m"]

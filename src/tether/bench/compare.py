@@ -1,8 +1,6 @@
 """`tether bench compare`: two run documents, matched per target and device, judged faster / slower / same.
 
-Results are matched by target name and device fingerprint id (so a device that got another tracker id between
-runs still matches); a target measured on one device in each document matches even if the devices differ
-(with a note). The judgement is :func:`tether.bench.stats.verdict` on the steady samples.
+Results are matched per target and device (see :func:`match_results`). The judgement is :func:`tether.bench.stats.verdict` on the steady samples.
 """
 from __future__ import annotations
 
@@ -21,9 +19,37 @@ def _fingerprints(doc: Dict[str, Any]) -> Dict[str, str]:
     return {d["id"]: d.get("fingerprint", {}).get("id", d["id"]) for d in doc.get("devices", [])}
 
 
-def _keyed(doc: Dict[str, Any]) -> Dict[Tuple[str, str], Dict[str, Any]]:
-    fps = _fingerprints(doc)
-    return {(r["target"], fps.get(r["device"], r["device"])): r for r in doc["results"]}
+def match_results(base: Dict[str, Any], new: Dict[str, Any]) -> Tuple[List[Tuple[Dict[str, Any], Dict[str, Any]]],
+                                                                      List[str]]:
+    """Pairs of results to compare, and notes on what did not pair up.
+
+    In order: the same target on the same device id; then the same target on devices with the same fingerprint,
+    when that pairs them unambiguously (a tracker gave the board another id); then a target that is left on
+    exactly one device in each document (compared across devices, with a note)."""
+    fb, fn = _fingerprints(base), _fingerprints(new)
+    left_b = list(base["results"])
+    left_n = list(new["results"])
+    pairs: List[Tuple[Dict[str, Any], Dict[str, Any]]] = []
+    notes: List[str] = []
+
+    def take(key_b: Any, key_n: Any, unique: bool) -> None:
+        for rb in list(left_b):
+            cands = [rn for rn in left_n if key_n(rn) == key_b(rb)]
+            twins = [x for x in left_b if key_b(x) == key_b(rb)]
+            if cands and (not unique or (len(cands) == 1 and len(twins) == 1)):
+                pairs.append((rb, cands[0]))
+                left_b.remove(rb)
+                left_n.remove(cands[0])
+
+    take(lambda r: (r["target"], r["device"]), lambda r: (r["target"], r["device"]), False)
+    take(lambda r: (r["target"], fb.get(r["device"])), lambda r: (r["target"], fn.get(r["device"])), True)
+    before = len(pairs)
+    take(lambda r: r["target"], lambda r: r["target"], True)
+    for rb, rn in pairs[before:]:
+        notes.append("%s: measured on different devices (%s vs %s)" % (rb["target"], rb["device"], rn["device"]))
+    notes += ["%s on %s: only in the base document" % (r["target"], r["device"]) for r in left_b]
+    notes += ["%s on %s: only in the new document" % (r["target"], r["device"]) for r in left_n]
+    return pairs, notes
 
 
 def compare_documents(base: Dict[str, Any], new: Dict[str, Any], alpha: float = 0.01, fail_above: float = 5.0,
@@ -34,24 +60,8 @@ def compare_documents(base: Dict[str, Any], new: Dict[str, Any], alpha: float = 
     ``fail_above``, so that a failure threshold below 5% is still reachable."""
     if min_effect is None:
         min_effect = min(DEFAULT_MIN_EFFECT, max(fail_above, 0.0) / 100.0)
-    b, n = _keyed(base), _keyed(new)
-    pairs = [(k, b[k], n[k]) for k in b if k in n]
-    notes: List[str] = []
-    matched_b = {k for k, _, _ in pairs}
-    matched_n = set(matched_b)
-    # a target alone on one device in each document: compare across devices, but say so
-    for target in sorted({k[0] for k in b} | {k[0] for k in n}):
-        bk = [k for k in b if k[0] == target and k not in matched_b]
-        nk = [k for k in n if k[0] == target and k not in matched_n]
-        if len(bk) == 1 and len(nk) == 1:
-            pairs.append((bk[0], b[bk[0]], n[nk[0]]))
-            notes.append("%s: measured on different devices (%s vs %s)" % (target, b[bk[0]]["device"],
-                                                                          n[nk[0]]["device"]))
-        else:
-            for k in bk:
-                notes.append("%s on %s: only in the base document" % (k[0], b[k]["device"]))
-            for k in nk:
-                notes.append("%s on %s: only in the new document" % (k[0], n[k]["device"]))
+    matched, notes = match_results(base, new)
+    pairs = [(None, rb, rn) for rb, rn in matched]
     rows = []
     for _, rb, rn in pairs:
         v = stats.verdict(_steady(rb), _steady(rn), alpha=alpha, min_effect=min_effect)
