@@ -120,3 +120,50 @@ def test_bench_on_the_oldest_device_python(tracker_lab, rpc_kernels, tmp_path):
     assert doc["devices"][0]["fingerprint"]["python"].startswith("3.9")
     assert doc["devices"][0]["fingerprint"]["numpy"].startswith("1.19")
     assert doc["results"][0]["stats"]["n"] >= 3
+
+
+def test_bench_on_a_device_runtime_without_the_bench_builtins(rpc_kernels, model_folder_for_fallback, tmp_path):
+    """An older device runtime (here: tether_rpc without device_state.py, which a trimmed install skips): bench
+    falls back to time_evaluator / graph benchmark, detects the warm-up on the host and says what is missing."""
+    import shutil
+
+    import jsonschema
+
+    from fixtures.rpc import ServerProcess
+    from tether.bench import io
+
+    trimmed = tmp_path / "old-device"
+    shutil.copytree(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rpc_server",
+                                 "tether_rpc"), trimmed / "tether_rpc", ignore=shutil.ignore_patterns("__pycache__"))
+    (trimmed / "tether_rpc" / "device_state.py").unlink()
+    (tmp_path / "sessions").mkdir()
+    env = dict(os.environ, PYTHONPATH=str(trimmed))
+    env.pop("TETHER_TEST_DEVICE_PYTHON", None)
+    server = ServerProcess(["--host", "127.0.0.1", "--port", "0", "--workdir", str(tmp_path / "sessions")],
+                           tmp_path / "old.log", env=env)
+    try:
+        out = tmp_path / "old.json"
+        res = CliRunner().invoke(cli, ["bench", "%s:vadd" % rpc_kernels["vadd"], str(model_folder_for_fallback),
+                                       "--host", server.host, "--port", str(server.port), "--json", str(out),
+                                       "--cooldown-temp", "50", *FAST])
+        assert res.exit_code == 0, res.output
+    finally:
+        server.stop()
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, io.schema())
+    assert len(doc["results"]) == 2
+    for r in doc["results"]:
+        assert any("no tether.bench.run" in w for w in r["warnings"])
+        assert len(r["samples"]) == 5 + 2 and r["stats"]["n"] == 7 - r["warmup"]["count"]
+        assert r["phases"]["first_run_s"] > 0 and "cooldown" not in r
+        assert any("--cooldown-temp ignored" in w for w in r["warnings"])
+
+
+@pytest.fixture(scope="module")
+def model_folder_for_fallback(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-model") / "digits"
+    digits = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits_cnn.onnx")
+    res = CliRunner().invoke(cli, ["compile", digits, "--target", "host", "--input-shape", "input:4,1,8,8",
+                                   "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return out

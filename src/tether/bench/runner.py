@@ -208,11 +208,42 @@ def _uid() -> str:
     return uuid.uuid4().hex[:8]
 
 
+Evaluate = Callable[[int, float], Tuple[Sequence[float], int]]   # (repeat, min_repeat_ms) -> (samples, number)
+
+
 def _measure(session: Any, handle: Any, args: List[Any], options: BenchOptions, name: str,
-             on_sample: Optional[OnSample]) -> Dict[str, Any]:
+             on_sample: Optional[OnSample], first: Callable[[], Any], evaluate: Evaluate) -> Dict[str, Any]:
+    """The device's ``tether.bench.run`` when it has one, else :func:`_measure_fallback`."""
+    if "tether.bench.run" not in session.functions():
+        return _measure_fallback(options, first, evaluate)
     bench = session.get_function("tether.bench.run")
     with _sample_events(session, name, on_sample):
         return bench(handle, args, options.device_options())
+
+
+def _measure_fallback(options: BenchOptions, first: Callable[[], Any], evaluate: Evaluate) -> Dict[str, Any]:
+    """For a device runtime without ``tether.bench.*`` (an older tether_rpc, another implementation of the
+    protocol): the first run timed by the host (round trip included), then time_evaluator's samples, the
+    warm-up detected here with the same rule. No device state, no interruption check; the result says so."""
+    from tether_rpc.device_state import detect_warmup
+
+    t0 = time.perf_counter()
+    first()
+    first_s = time.perf_counter() - t0
+    repeat = int(options.samples) + int(options.max_warmup)
+    t0 = time.perf_counter()
+    series, number = evaluate(repeat, 0.0 if options.number else float(options.min_sample_ms))
+    wall = time.perf_counter() - t0
+    warm, converged = detect_warmup(list(series), options.warmup_window, options.max_warmup)
+    if warm is None:
+        warm, converged = 0, False
+    records, t = [], 0.0
+    for i, sec in enumerate(series):
+        t += float(sec) * number  # the device reports no timestamps: the sum of the samples so far
+        records.append({"i": i, "t": t, "s": float(sec)})
+    return {"number": int(number), "first_run_s": first_s, "calibration_s": 0.0, "samples": records,
+            "warmup": warm, "warmup_converged": converged, "budget_exhausted": False, "wall_s": wall,
+            "pinned": None, "fallback": "time_evaluator"}
 
 
 def _bench_kernel(session: Any, target: BenchTarget, options: BenchOptions, on_sample: Optional[OnSample]
@@ -234,7 +265,13 @@ def _bench_kernel(session: Any, target: BenchTarget, options: BenchOptions, on_s
     rng = np.random.default_rng(options.seed)
     arrays = [session.array(random_input(rng, shape, dtype)) for shape, dtype in specs]
     try:
-        raw = _measure(session, func.fn, [a.handle for a in arrays], options, target.name, on_sample)
+        def evaluate(repeat: int, min_ms: float) -> Tuple[Sequence[float], int]:
+            res = func.time_evaluator(number=options.number or 1, repeat=repeat, min_repeat_ms=min_ms,
+                                      warmup=0)(*arrays)
+            return res.samples, res.number
+
+        raw = _measure(session, func.fn, [a.handle for a in arrays], options, target.name, on_sample,
+                       lambda: func(*arrays), evaluate)
     finally:
         for a in arrays:
             a.free()
@@ -242,6 +279,14 @@ def _bench_kernel(session: Any, target: BenchTarget, options: BenchOptions, on_s
            "target": (mod.metadata.get("target") or {}).get("preset"), "compile_options": None,
            "input_seed": options.seed, "inputs": [{"shape": list(s), "dtype": d} for s, d in specs]}
     return {"phases": phases, "raw": raw, "run": run, "memory": {}}
+
+
+def _graph_evaluate(gm: Any, options: BenchOptions) -> Evaluate:
+    def evaluate(repeat: int, min_ms: float) -> Tuple[Sequence[float], int]:
+        res = gm.benchmark(number=options.number or 1, repeat=repeat, min_repeat_ms=min_ms, warmup=0)
+        return res["samples"], int(res["number"])
+
+    return evaluate
 
 
 def _bench_model(session: Any, folder: str, target: BenchTarget, options: BenchOptions,
@@ -270,7 +315,7 @@ def _bench_model(session: Any, folder: str, target: BenchTarget, options: BenchO
         rng = np.random.default_rng(options.seed)
         for inp in gm.inputs:
             gm.set_input(inp["name"], random_input(rng, inp["shape"], inp["dtype"]))
-        raw = _measure(session, gm.handle, [], options, target.name, on_sample)
+        raw = _measure(session, gm.handle, [], options, target.name, on_sample, gm.run, _graph_evaluate(gm, options))
         info = session.get_function("tether.graph.info")(gm.handle)
         memory["arena_bytes"] = int(info.get("storage_bytes", 0))
         memory["nodes"] = int(info.get("nodes", 0))
@@ -325,6 +370,9 @@ def _result(target: BenchTarget, device_id: str, measured: Dict[str, Any], optio
                         % (flags["hot"], raw.get("state_start", {}).get("hot_c", options.hot_c or 80.0)))
     if flags["throttled"]:
         warnings.append("%d steady sample(s) taken while the firmware reported throttling" % flags["throttled"])
+    if raw.get("fallback"):
+        warnings.append("the device runtime has no tether.bench.run (update it with `tether bundle`): samples from "
+                        "time_evaluator, no device state, no check for interrupted samples")
     if flags["disturbed"] and not options.keep_disturbed:
         if use_clean:
             log.info("%s: %d steady sample(s) interrupted by other programs left out of the statistics",
@@ -358,9 +406,7 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
                  device_info: Optional[Dict[str, Any]] = None, onnx_cache: Optional[OnnxCache] = None,
                  on_sample: Optional[OnSample] = None) -> Dict[str, Any]:
     """Measure one target on one session and return its result record."""
-    if "tether.bench.run" not in session.functions():
-        raise BenchError("the device runtime has no tether.bench.run: update its tether_rpc (`tether bundle`)")
-    if options.cooldown_temp is not None:
+    if options.cooldown_temp is not None and "tether.bench.cooldown" in session.functions():
         cool = session.get_function("tether.bench.cooldown")(float(options.cooldown_temp),
                                                               float(options.cooldown_timeout))
     else:
@@ -383,6 +429,8 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
     else:
         raise BenchError("unknown target kind %r" % target.kind)
     result = _result(target, device_id, measured, options)
+    if cool is None and options.cooldown_temp is not None:
+        result["warnings"].append("--cooldown-temp ignored: the device runtime has no tether.bench.cooldown")
     if cool is not None:
         result["cooldown"] = cool
         if not cool.get("reached", True):
@@ -395,8 +443,6 @@ def bench_remote_object(session: Any, obj: Any, args: Sequence[Any], options: Be
                         device_id: str, on_sample: Optional[OnSample] = None) -> Dict[str, Any]:
     """Measure something the caller already put on the session: a module function (``RemoteFunction``, called on
     ``args``: RemoteArrays or scalars) or a ``RemoteGraphExecutor`` (its inputs as the caller set them)."""
-    if "tether.bench.run" not in session.functions():
-        raise BenchError("the device runtime has no tether.bench.run: update its tether_rpc (`tether bundle`)")
     from tether.rpc.graph_client import RemoteGraphExecutor
 
     memory: Dict[str, Any] = {}
@@ -410,7 +456,15 @@ def bench_remote_object(session: Any, obj: Any, args: Sequence[Any], options: Be
         wire = [a.handle if hasattr(a, "handle") and hasattr(a, "numpy") else a for a in args]
     else:
         raise BenchError("remote_benchmark measures a module function or a remote graph executor, not %r" % (obj,))
-    raw = _measure(session, handle, wire, options, name, on_sample)
+    if kind == "model":
+        raw = _measure(session, handle, wire, options, name, on_sample, obj.run, _graph_evaluate(obj, options))
+    else:
+        def evaluate(repeat: int, min_ms: float) -> Tuple[Sequence[float], int]:
+            res = obj.time_evaluator(number=options.number or 1, repeat=repeat, min_repeat_ms=min_ms,
+                                     warmup=0)(*args)
+            return res.samples, res.number
+
+        raw = _measure(session, handle, wire, options, name, on_sample, lambda: obj(*args), evaluate)
     target = BenchTarget(name, kind, name)
     run = {"artifact_sha256": None, "target": None, "compile_options": None, "input_seed": options.seed,
            "inputs": [{"shape": list(a.shape), "dtype": a.dtype} for a in args if hasattr(a, "shape")]}
