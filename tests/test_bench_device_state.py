@@ -3,7 +3,6 @@
 and gives up at its timeout, and fields a board lacks are absent."""
 import json
 import os
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -101,7 +100,9 @@ def test_bench_on_the_oldest_device_python(tracker_lab, rpc_kernels, tmp_path):
     import subprocess
 
     python = None
-    for candidate in [shutil.which("python3.9")] + sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python"))):
+    candidates = [shutil.which("python3.9")] + \
+        sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python")))
+    for candidate in candidates:
         if candidate and subprocess.run([candidate, "-c", "import numpy, msgpack"], capture_output=True,
                                         timeout=30).returncode == 0:
             python = candidate

@@ -3,7 +3,6 @@ Cortex-A72, the device zipapp as shipped to a Pi): a kernel cross-built for the 
 for rasp4b and an ONNX file compiled on the fly for the board's suggested target; the JSON validates."""
 import json
 import os
-import tempfile
 
 import pytest
 from click.testing import CliRunner

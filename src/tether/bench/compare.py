@@ -1,6 +1,7 @@
 """`tether bench compare`: two run documents, matched per target and device, judged faster / slower / same.
 
-Results are matched per target and device (see :func:`match_results`). The judgement is :func:`tether.bench.stats.verdict` on the steady samples.
+Results are matched per target and device (see :func:`match_results`); the judgement is
+:func:`tether.bench.stats.verdict` on the samples each result uses.
 """
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ def csv_rows(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
     rows = []
     for r in doc["results"]:
         s = r["stats"]
-        rows.append({"target": r["target"], "kind": r["kind"], "device": r["device"], "n": s["n"], "number": r["number"],
+        rows.append({"target": r["target"], "kind": r["kind"], "device": r["device"], "n": s["n"],
+                     "number": r["number"],
                      "median_s": s["median"], "mean_s": s["mean"], "min_s": s["min"], "max_s": s["max"],
                      "p90_s": s["p90"], "p99_s": s["p99"], "iqr_s": s["iqr"], "ci95_lo_s": s["ci95_median"][0],
                      "ci95_hi_s": s["ci95_median"][1], "cv": s["cv"], "unstable": s["unstable"],

@@ -357,7 +357,8 @@ def _result(target: BenchTarget, device_id: str, measured: Dict[str, Any], optio
     phases = dict(measured["phases"])
     phases.update({"first_run_s": float(raw["first_run_s"]), "calibration_s": float(raw["calibration_s"]),
                    "warmup_s": float(sum(r["s"] for r in records if r["warmup"]) * raw["number"]),
-                   "steady_s": float(sum(r["s"] for r in steady_records) * raw["number"]), "device_wall_s": float(raw["wall_s"])})
+                   "steady_s": float(sum(r["s"] for r in steady_records) * raw["number"]),
+                   "device_wall_s": float(raw["wall_s"])})
     flags = {"hot": sum(1 for r in steady_records if r.get("hot")),
              "throttled": sum(1 for r in steady_records if r.get("throttled")),
              "disturbed": sum(1 for r in steady_records if r.get("disturbed"))}
@@ -420,9 +421,10 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
         if onnx_cache is None:
             raise BenchError("ONNX targets need an OnnxCache (a work folder for the compiled model)")
         folder, compile_s = onnx_cache.compile(target, compile_for, options)
-        extra = {"target": _target_label(compile_for), "compile_options": {"opt_level": options.opt_level, "fast_math": options.fast_math,
-                                                        "input_shapes": {k: list(v) for k, v in
-                                                                         (target.input_shapes or {}).items()}},
+        shapes = {k: list(v) for k, v in (target.input_shapes or {}).items()}
+        extra = {"target": _target_label(compile_for),
+                 "compile_options": {"opt_level": options.opt_level, "fast_math": options.fast_math,
+                                     "input_shapes": shapes},
                  "onnx_sha256": fingerprint.file_sha256([target.path])}
         measured = _bench_model(session, folder, target, options, on_sample, extra)
         measured["phases"]["compile_s"] = compile_s

@@ -203,9 +203,10 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                 tracker: Optional[str], key: Optional[str], tracker_token: Optional[str], all_devices: bool,
                 shapes: Tuple[str, ...], dtypes: Tuple[str, ...], input_shapes: Tuple[str, ...],
                 compile_target: Optional[str], opt_level: int, fast_math: bool, samples: int, min_sample_ms: float,
-                number: Optional[int], max_warmup: int, max_seconds: float, cooldown_temp: Optional[float], cooldown_timeout: float,
-                hot_temp: Optional[float], pin: Optional[str], keep_disturbed: bool, seed: int, profile: bool, json_path: Optional[str],
-                csv_path: Optional[str], html_path: Optional[str], timeout: float, quiet: bool) -> None:
+                number: Optional[int], max_warmup: int, max_seconds: float, cooldown_temp: Optional[float],
+                cooldown_timeout: float, hot_temp: Optional[float], pin: Optional[str], keep_disturbed: bool,
+                seed: int, profile: bool, json_path: Optional[str], csv_path: Optional[str],
+                html_path: Optional[str], timeout: float, quiet: bool) -> None:
     """Benchmark TARGETs: LIB.so:FUNC, model folders (from `tether compile`) or ONNX files.
 
     Also: `tether bench compare BASE.json NEW.json [--fail-above PCT]`.
