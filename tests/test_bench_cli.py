@@ -97,8 +97,10 @@ def test_bench_through_a_tracker_on_all_devices(tracker_lab, rpc_kernels, schema
     tracker_lab.device(tracker, "benchdev")
     out = tmp_path / "pool.json"
     res = run_bench("%s:vadd" % rpc_kernels["vadd"], "--tracker", "127.0.0.1:%d" % tracker.port, "--key", "benchdev",
-                    "--all-devices", "--json", out, "--timeout", "30", *FAST)
+                    "--all-devices", "--json", out, "--html", tmp_path / "pool.html", "--timeout", "30", *FAST)
     assert res.exit_code == 0, res.output
+    page = (tmp_path / "pool.html").read_text()
+    assert "Across devices" in page and "between-device share" in page and page.count('data-plot="timeline"') == 2
     doc = json.loads(out.read_text())
     check_document(doc, schema)
     assert len(doc["devices"]) == 2 and len({d["id"] for d in doc["devices"]}) == 2
@@ -137,3 +139,24 @@ def test_bench_usage_errors(rpc_kernels, tmp_path):
     assert res.exit_code == 1 and "shape" in res.output.lower()
     res = run_bench("%s:vadd" % rpc_kernels["vadd"], "--tracker", "127.0.0.1:1")
     assert res.exit_code == 2 and "--key" in res.output
+
+
+def test_live_progress_display():
+    """The rich progress: one bar per (device, target), moved by the device's (rate-limited) sample events."""
+    import io
+
+    from rich.console import Console
+
+    from tether.cli.bench_cmd import _Live
+
+    buf = io.StringIO()
+    live = _Live(Console(file=buf, force_terminal=True, width=120), expected=10, enabled=True)
+    with live.progress:
+        for i in (0, 4, 9, 12):
+            live.on_sample("pi/device-1", "vadd.so:vadd", {"index": i, "seconds": 2.5e-6, "temp_c": 51.5})
+        live.on_sample("pi/device-2", "vadd.so:vadd", {"index": 3, "seconds": 3e-6})
+    text = buf.getvalue()
+    assert "vadd.so:vadd on pi/device-1" in text and "vadd.so:vadd on pi/device-2" in text
+    assert "2.5 us" in text and "51.5 C" in text
+    tasks = {t.description: t for t in live.progress.tasks}
+    assert tasks["vadd.so:vadd on pi/device-1"].completed == 10 and tasks["vadd.so:vadd on pi/device-2"].completed == 4
