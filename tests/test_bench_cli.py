@@ -137,6 +137,8 @@ def test_bench_usage_errors(rpc_kernels, tmp_path):
     res = run_bench("%s:vadd" % rpc_kernels["vadd"], "--local", "--shape", "1024", "--shape", "16", "--shape", "1024",
                     "-q")
     assert res.exit_code == 1 and "shape" in res.output.lower()
+    res = run_bench("%s:vadd" % rpc_kernels["vadd"], "--local", "--pin", "4095", "-q")
+    assert res.exit_code == 1 and "cannot pin to CPUs [4095]" in res.output
     res = run_bench("%s:vadd" % rpc_kernels["vadd"], "--tracker", "127.0.0.1:1")
     assert res.exit_code == 2 and "--key" in res.output
 

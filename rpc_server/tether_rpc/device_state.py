@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -303,14 +304,20 @@ def detect_warmup(series: Sequence[float], window: int = 5, max_warmup: int = 10
     every earlier one was slower than its own look-ahead (caches, page faults, clocks ramping up). Past
     ``max_warmup`` leading samples, the warm-up is cut there and reported as not converged.
     """
-    look = 2 * max(1, int(window))
-    for k in range(0, int(max_warmup) + 1):
+    k, converged, _ = _scan_warmup(series, 2 * max(1, int(window)), int(max_warmup), 0)
+    return k, converged
+
+
+def _scan_warmup(series: Sequence[float], look: int, max_warmup: int, start: int) -> Tuple[Optional[int], bool, int]:
+    """:func:`detect_warmup` from sample ``start`` on; also returns where to resume while undecided (a sample
+    whose look-ahead was complete and slower stays warm-up, so the bench loop never judges it twice)."""
+    for k in range(start, max_warmup + 1):
         later = series[k + 1:k + 1 + look]
         if len(later) < look:
-            return None, False
+            return None, False, k
         if series[k] <= warmup_fence(later):
-            return k, True
-    return int(max_warmup), False
+            return k, True, k
+    return max_warmup, False, max_warmup
 
 
 # -- pinning ---------------------------------------------------------------------------------------------------
@@ -329,16 +336,19 @@ def pin_threads(cpus: Optional[Sequence[int]]) -> Optional[Dict[int, Any]]:
     if not cpus:
         return None
     wanted = {int(c) for c in cpus}
+    me = threading.get_native_id()
     previous: Dict[int, Any] = {}
     for tid in _thread_ids():
         try:
-            previous[tid] = os.sched_getaffinity(tid)
+            mask = os.sched_getaffinity(tid)
             os.sched_setaffinity(tid, wanted)
+            previous[tid] = mask
         except OSError as exc:
-            if tid == _thread_ids()[0] or not previous:
-                unpin_threads(previous)
-                raise ValueError("cannot pin to CPUs %s: %s (this device may use %s)"
-                                 % (sorted(wanted), exc, sorted(os.sched_getaffinity(0)))) from None
+            if tid != me:
+                continue  # a pool thread that has just exited
+            unpin_threads(previous)
+            raise ValueError("cannot pin to CPUs %s: %s (this device may use %s)"
+                             % (sorted(wanted), exc, sorted(os.sched_getaffinity(0)))) from None
     return previous
 
 
@@ -425,7 +435,7 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
     if not 1 <= wanted <= MAX_SAMPLES - max_warmup or max_warmup < 0:
         raise ValueError("bench: samples must be 1..%d and max_warmup >= 0 (got %r, %r)"
                          % (MAX_SAMPLES - max(max_warmup, 0), wanted, max_warmup))
-    window = int(opts["warmup_window"])
+    look = 2 * max(1, int(opts["warmup_window"]))
     clock = time.perf_counter
     hot_c = opts["hot_c"]
     state_start = snapshot(hot_c) if opts["state"] else {}
@@ -447,6 +457,7 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
         series: List[float] = []
         records: List[Dict[str, Any]] = []
         warm: Optional[int] = None
+        scan_from = 0
         last_emit = -1.0
         disturbed_steady = 0
         converged = False
@@ -472,7 +483,7 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
                 last_emit = now
                 emit(rec)
             if warm is None:
-                warm, converged = detect_warmup(series, window, max_warmup)
+                warm, converged, scan_from = _scan_warmup(series, look, max_warmup, scan_from)
                 if warm is not None:
                     disturbed_steady = sum(1 for r in records[warm:] if r.get("disturbed"))
             elif rec.get("disturbed"):

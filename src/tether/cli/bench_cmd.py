@@ -288,7 +288,8 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                     dev, res = job(direct_session if host else local_session)
                     devices.append(dev)
                     results.extend(res)
-        except (runner.BenchError, TetherError, OSError) as exc:
+        except (runner.BenchError, TetherError, OSError, ValueError) as exc:
+            # ValueError: a bad option the device refused (--pin to a CPU it lacks), raised as is by --local
             raise click.ClickException(str(exc)) from None
     doc = runner.run_document(devices, results, options, sys.argv)
     for table in _results_tables(doc):
