@@ -173,3 +173,17 @@ def test_compare_matches_by_device_then_fingerprint_then_target():
     assert any("gone on pi: only in the base" in n for n in cmp["notes"])
     assert any("added on pi: only in the new" in n for n in cmp["notes"])
     assert [r["target"] for r in cmp["failed"]] == ["m"]
+
+
+def test_peak_rss_is_the_peak_of_the_run():
+    big = np.ones(100 << 17)           # 100 MiB touched and freed before the run: the session's old peak
+    del big
+
+    def call():
+        np.ones(40 << 17).sum()        # 40 MiB touched and freed by every run
+
+    res = device_state.bench_run(call, {"samples": 3, "min_sample_ms": 0, "max_warmup": 0, "warmup_window": 1})
+    if res["peak_rss_scope"] != "run":
+        pytest.skip("this kernel does not let a process reset its VmHWM (/proc/self/clear_refs)")
+    grew = res["peak_rss_bytes"] - res["rss_start_bytes"]
+    assert 30 << 20 <= grew < 90 << 20, grew / 2 ** 20

@@ -177,6 +177,17 @@ def cpufreq_policies() -> List[Dict[str, Any]]:
     return out
 
 
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (``5`` to /proc/self/clear_refs, Linux >= 4.0), so that the peak read
+    afterwards is the peak of what ran since. False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _status_kb(field: str) -> Optional[int]:
     """A ``Vm*`` field of /proc/self/status in bytes."""
     text = _read("/proc/self/status", 1 << 16)
@@ -422,7 +433,8 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
     Result: ``number``, ``first_run_s``, ``calibration_s``, ``samples`` (one record per sample: ``i``, ``t``
     seconds since the start, ``s`` seconds per run, and the state fields the board has), ``warmup`` (leading
     samples that are warm-up), ``warmup_converged``, ``budget_exhausted``, ``state_start``/``state_end``
-    (snapshots), ``peak_rss_bytes`` and ``rss_start_bytes``, ``pinned`` (CPUs), ``wall_s``.
+    (snapshots), ``peak_rss_bytes`` (VmHWM, reset before the run where the kernel allows: ``peak_rss_scope``
+    "run", else "session") and ``rss_start_bytes``, ``pinned`` (CPUs), ``wall_s``.
     """
     opts = dict(RUN_OPTIONS)
     unknown = set(options or {}) - set(RUN_OPTIONS)
@@ -439,6 +451,7 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
     clock = time.perf_counter
     hot_c = opts["hot_c"]
     state_start = snapshot(hot_c) if opts["state"] else {}
+    peak_reset = reset_peak_rss() if opts["state"] else False
     previous = pin_threads(opts["pin"])
     sampler = DeviceStateSampler(hot_c) if opts["state"] else None
     waits = _RunQueueWait()
@@ -519,6 +532,8 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
             value = (result["state_end"] if key == "peak_rss_bytes" else state_start).get(src)
             if value is not None:
                 result[key] = value
+        # the peak of this run when the kernel let us reset it, else of the whole session so far
+        result["peak_rss_scope"] = "run" if peak_reset else "session"
     return result
 
 

@@ -392,6 +392,8 @@ def _result(target: BenchTarget, device_id: str, measured: Dict[str, Any], optio
     for key in ("peak_rss_bytes", "rss_start_bytes"):
         if key in raw:
             memory[key] = int(raw[key])
+    if "peak_rss_scope" in raw:
+        memory["peak_rss_scope"] = str(raw["peak_rss_scope"])
     out = {"target": target.name, "kind": target.kind, "spec": target.spec, "device": device_id,
            "run": measured["run"], "phases": phases, "number": int(raw["number"]),
            "warmup": {"count": warm, "converged": bool(raw["warmup_converged"])}, "stats": summary,
