@@ -61,11 +61,14 @@ def builds(tmp_path_factory):
 OPTIONS = runner.BenchOptions(samples=15, min_sample_ms=1, max_warmup=5, max_seconds=30)
 
 
-def measure(session, path, device="dev"):
-    """One `tether bench` run document for one library (the target is named the same for both builds, as a
-    CI job comparing yesterday's work.so with today's would see it)."""
+def measure(server, path, device="dev"):
+    """One `tether bench` run document for one library, in a session of its own as each `tether bench` of a CI
+    job has (the target is named the same for both builds, as a job comparing yesterday's work.so with today's
+    would see it)."""
+    from tether import rpc
+
     target = runner.BenchTarget("work.so:work", "kernel", str(path), "work")
-    with runner.temp_workdir() as work:
+    with runner.temp_workdir() as work, rpc.connect(server.host, server.port, timeout=60) as session:
         dev, results = runner.bench_on_session(session, [target], OPTIONS, device, {"mode": "direct"},
                                                runner.OnnxCache(work))
     for r in results:
@@ -73,27 +76,30 @@ def measure(session, path, device="dev"):
     return runner.run_document([dev], results, OPTIONS)
 
 
+# The CI gate: a change of more than 10% fails. Between re-runs of one artifact, this shared 2-core VM drifts by up
+# to ~7% (clean samples, the host's clocks and neighbours), so a tighter gate would flag noise here; a quiet board
+# can use a tighter one (measure the drift with re-runs first, as this test does).
+GATE_PCT = 10
+
+
 @pytest.mark.slow
 def test_compare_detects_a_20_percent_slower_build_and_calls_reruns_same(rpc_server, builds, record_property):
-    from tether import rpc
-
     detected = same = 0
     ratios_slow, ratios_same = [], []
-    with rpc.connect(rpc_server.host, rpc_server.port, timeout=60) as session:
-        for k in range(TRIES):
-            # interleaved, each comparison between neighbours, so slow drifts of the machine (its load, the
-            # clock of a shared host) hit both sides of a comparison alike
-            base = measure(session, builds["base"])
-            again = measure(session, builds["base"])
-            slow = measure(session, builds["slow"])
-            c_slow = compare.compare_documents(base, slow, fail_above=5)
-            c_same = compare.compare_documents(base, again, fail_above=5)
-            (row_slow,), (row_same,) = c_slow["rows"], c_same["rows"]
-            detected += row_slow["verdict"] == "slower" and bool(c_slow["failed"])
-            same += row_same["verdict"] == "same" and not c_same["failed"]
-            ratios_slow.append(round(row_slow["ratio"], 3))
-            ratios_same.append(round(row_same["ratio"], 3))
-            assert row_same["same_artifact"] and not row_slow["same_artifact"]
+    for k in range(TRIES):
+        # interleaved, each comparison between neighbours, so slow drifts of the machine (its load, the clock
+        # of a shared host) hit both sides of a comparison alike
+        base = measure(rpc_server, builds["base"])
+        again = measure(rpc_server, builds["base"])
+        slow = measure(rpc_server, builds["slow"])
+        c_slow = compare.compare_documents(base, slow, fail_above=GATE_PCT)
+        c_same = compare.compare_documents(base, again, fail_above=GATE_PCT)
+        (row_slow,), (row_same,) = c_slow["rows"], c_same["rows"]
+        detected += row_slow["verdict"] == "slower" and bool(c_slow["failed"])
+        same += row_same["verdict"] == "same" and not c_same["failed"]
+        ratios_slow.append(round(row_slow["ratio"], 3))
+        ratios_same.append(round(row_same["ratio"], 3))
+        assert row_same["same_artifact"] and not row_slow["same_artifact"]
     record_property("bench_compare_detection_rate", "%d/%d" % (detected, TRIES))
     record_property("bench_compare_same_rate", "%d/%d" % (same, TRIES))
     log.warning("bench compare: 20%%-slower build flagged %d/%d (ratios %s); same artifact called same %d/%d "
@@ -103,17 +109,14 @@ def test_compare_detects_a_20_percent_slower_build_and_calls_reruns_same(rpc_ser
 
 
 def test_compare_cli_exit_status_json_and_notes(rpc_server, builds, tmp_path):
-    from tether import rpc
-
-    with rpc.connect(rpc_server.host, rpc_server.port, timeout=60) as session:
-        docs = {name: measure(session, builds[name]) for name in ("base", "slow")}
-        docs["again"] = measure(session, builds["base"])
+    docs = {name: measure(rpc_server, builds[name]) for name in ("base", "slow")}
+    docs["again"] = measure(rpc_server, builds["base"])
     paths = {}
     for name, doc in docs.items():
         paths[name] = tmp_path / (name + ".json")
         paths[name].write_text(json.dumps(doc))
-    res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["slow"]), "--fail-above", "5",
-                                   "--json", str(tmp_path / "cmp.json")])
+    res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["slow"]), "--fail-above",
+                                   str(GATE_PCT), "--json", str(tmp_path / "cmp.json")])
     assert res.exit_code == 1, res.output
     assert "slower" in res.output and "FAIL" in res.output
     cmp = json.loads((tmp_path / "cmp.json").read_text())
@@ -121,13 +124,15 @@ def test_compare_cli_exit_status_json_and_notes(rpc_server, builds, tmp_path):
     # a 20% slowdown does not fail a gate set at 50%
     res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["slow"]), "--fail-above", "50"])
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["again"])])
+    res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["again"]), "--fail-above",
+                                   str(GATE_PCT)])
     assert res.exit_code == 0 and "same" in res.output, res.output
     # the reverse direction is "faster"; a target only in one document is named in a note
     other = dict(docs["base"], results=[dict(docs["base"]["results"][0], target="other.so:f")])
     paths["other"] = tmp_path / "other.json"
     paths["other"].write_text(json.dumps(other))
-    res = CliRunner().invoke(cli, ["bench", "compare", str(paths["slow"]), str(paths["base"])])
+    res = CliRunner().invoke(cli, ["bench", "compare", str(paths["slow"]), str(paths["base"]), "--fail-above",
+                                   str(GATE_PCT)])
     assert res.exit_code == 0 and "faster" in res.output
     res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["other"])])
     assert res.exit_code == 0 and "only in the new document" in res.output

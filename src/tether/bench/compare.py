@@ -9,7 +9,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import stats
 
-DEFAULT_MIN_EFFECT = 0.05
 
 
 def _steady(result: Dict[str, Any]) -> List[float]:
@@ -57,10 +56,10 @@ def compare_documents(base: Dict[str, Any], new: Dict[str, Any], alpha: float = 
                       min_effect: Optional[float] = None) -> Dict[str, Any]:
     """``{"rows": [...], "failed": [rows slower by more than fail_above %], "notes": [...]}``.
 
-    ``min_effect`` (a fraction) is the smallest change called faster/slower; default: the smaller of 5% and
-    ``fail_above``, so that a failure threshold below 5% is still reachable."""
+    ``min_effect`` (a fraction) is the smallest change called faster/slower; default ``fail_above`` percent:
+    one threshold says both what counts as a change and what fails the gate."""
     if min_effect is None:
-        min_effect = min(DEFAULT_MIN_EFFECT, max(fail_above, 0.0) / 100.0)
+        min_effect = max(fail_above, 0.0) / 100.0
     matched, notes = match_results(base, new)
     pairs = [(None, rb, rn) for rb, rn in matched]
     rows = []

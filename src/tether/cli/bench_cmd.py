@@ -311,7 +311,8 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
 @click.argument("base", type=click.Path(exists=True, dir_okay=False))
 @click.argument("new", type=click.Path(exists=True, dir_okay=False))
 @click.option("--fail-above", default=5.0, show_default=True, type=float, metavar="PCT",
-              help="Exit 1 when something is significantly slower by more than PCT percent.")
+              help="Smallest change called faster/slower; exit 1 when something is significantly slower by more "
+                   "than PCT percent.")
 @click.option("--alpha", default=0.01, show_default=True, type=float, help="Significance level of the U test.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the comparison as JSON.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the comparison as a report.")
