@@ -78,15 +78,16 @@ def _fmt_time(seconds: Optional[float]) -> str:
 
 
 @contextlib.contextmanager
-def _tracker_session(tracker: str, key: str, timeout: float, token: Optional[str]) -> Iterator[Tuple[Any, str, Dict]]:
+def _tracker_session(tracker: str, key: str, timeout: float, token: Optional[str], call_timeout: Any,
+                     session_seconds: float) -> Iterator[Tuple[Any, str, Dict]]:
     from tether import rpc
 
     thost, tport = _split_hostport(tracker, "--tracker")
     with rpc.connect_tracker(thost, tport, token=token, timeout=min(timeout, 30.0)) as tr:
-        grant = tr.reserve(key, wait_timeout=timeout, session_timeout=max(600.0, timeout))
+        grant = tr.reserve(key, wait_timeout=timeout, session_timeout=session_seconds)
         host = grant["host"] if grant.get("host") is not None else thost
         port = grant["port"] if grant.get("port") is not None else tport
-        with rpc.connect(host, port, match=grant["match"], timeout=max(timeout, 300.0)) as sess:
+        with rpc.connect(host, port, match=grant["match"], timeout=call_timeout) as sess:
             device_id = "%s/device-%s" % (grant.get("key", key), grant.get("device"))
             yield sess, device_id, {"mode": "tracker", "tracker": tracker, "key": key, "device": grant.get("device"),
                                     "relay": bool(grant.get("relay"))}
@@ -233,6 +234,14 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                                       parse_input_shapes(input_shapes)) for t in targets]
     except runner.BenchError as exc:
         raise click.UsageError(str(exc)) from None
+    from tether.rpc import Timeout
+
+    # One bench.run call lasts up to --max-seconds plus the first run and the calibration: the read timeout
+    # (the longest a reply may take) must outlast it, and a granted session must outlast every target.
+    per_target = max_seconds + 300.0
+    call_timeout = Timeout(connect=timeout, read=max(timeout, per_target), write=max(timeout, 60.0),
+                           session=max(timeout, 600.0))
+    session_seconds = max(600.0, len(parsed) * per_target + 60.0)
     console = Console(stderr=True)
     out = Console()
     if not out.is_terminal:  # a pipe or a file: no terminal width to respect, so no wrapped cells
@@ -260,7 +269,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
     def direct_session() -> Iterator[Tuple[Any, str, Dict]]:
         from tether import rpc
 
-        with rpc.connect(host, port, token=token, timeout=max(timeout, 300.0)) as sess:
+        with rpc.connect(host, port, token=token, timeout=call_timeout) as sess:
             yield sess, "%s:%d" % (host, port), {"mode": "direct", "host": host, "port": port}
 
     from tether.errors import TetherError
@@ -273,15 +282,19 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                     count = _count_devices(tracker, key, tracker_token)
                     if count == 0:
                         raise click.ClickException("the tracker has no device matching %r" % key)
+                    def pooled() -> Any:
+                        return _tracker_session(tracker, key, timeout, tracker_token, call_timeout, session_seconds)
+
+                    # one session per device, all at once: each request is granted a different free device
                     with concurrent.futures.ThreadPoolExecutor(count) as pool:
-                        futures = [pool.submit(job, lambda: _tracker_session(tracker, key, timeout, tracker_token))
-                                   for _ in range(count)]
+                        futures = [pool.submit(job, pooled) for _ in range(count)]
                         for fut in futures:
                             dev, res = fut.result()
                             devices.append(dev)
                             results.extend(res)
                 elif tracker:
-                    dev, res = job(lambda: _tracker_session(tracker, key, timeout, tracker_token))
+                    dev, res = job(lambda: _tracker_session(tracker, key, timeout, tracker_token, call_timeout,
+                                                                   session_seconds))
                     devices.append(dev)
                     results.extend(res)
                 else:
