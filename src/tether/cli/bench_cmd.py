@@ -22,6 +22,14 @@ class _BenchGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
+class _RunCommand(click.Command):
+    """`run` is the group's default: its usage line reads `tether bench [OPTIONS] TARGETS...`."""
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        path = ctx.parent.command_path if ctx.parent is not None else ctx.command_path
+        formatter.write_usage(path, " ".join(self.collect_usage_pieces(ctx)))
+
+
 @click.group("bench", cls=_BenchGroup)
 def command() -> None:
     """Benchmark kernels and models on a device (see `tether bench run --help`, `tether bench compare --help`)."""
@@ -156,7 +164,7 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
     return [table, phases]
 
 
-@command.command("run")
+@command.command("run", cls=_RunCommand)
 @click.argument("targets", nargs=-1, required=True)
 @click.option("--local", is_flag=True, help="Measure in this process (the default when no device is named).")
 @click.option("--host", help="A device server to connect to.")
