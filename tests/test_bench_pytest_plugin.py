@@ -23,6 +23,10 @@ def test_vadd(tether_session, remote_benchmark):
     assert result["stats"]["n"] >= 3 and result["stats"]["median"] > 0
     np.testing.assert_array_equal(c.numpy(), x + y)   # the measured calls computed the right thing
 
+def test_spec(tether_session, remote_benchmark):
+    result = remote_benchmark(os.environ["BENCH_VADD"] + ":vadd", samples=3, min_sample_ms=1)
+    assert result["kind"] == "kernel" and result["run"]["artifact_sha256"]
+
 def test_twice(tether_session, remote_benchmark):
     tether_session.upload(os.environ["BENCH_VADD"], name="vadd.so")
     f = tether_session.load_module("vadd.so")["vadd"]
@@ -51,8 +55,9 @@ def test_remote_benchmark_fixture_writes_the_bench_json(tracker_lab, rpc_kernels
     doc = json.loads(out.read_text())
     jsonschema.validate(doc, io.schema())
     names = [r["target"] for r in doc["results"]]
-    assert names == ["test_speed.py::test_vadd", "vadd-empty", "test_speed.py::test_twice#1"]
-    assert {r["test"] for r in doc["results"]} == {"test_speed.py::test_vadd", "test_speed.py::test_twice"}
+    assert names == ["test_speed.py::test_vadd", "vadd.so:vadd", "vadd-empty", "test_speed.py::test_twice#1"]
+    assert {r["test"] for r in doc["results"]} == {"test_speed.py::test_vadd", "test_speed.py::test_spec",
+                                                   "test_speed.py::test_twice"}
     assert len(doc["devices"]) == 1 and doc["devices"][0]["connection"]["mode"] == "pytest"
     first = doc["results"][0]
     steady = np.array([s["s"] for s in first["samples"] if s["used"]])

@@ -138,8 +138,10 @@ class RemoteBenchmark:
     """``remote_benchmark(obj, *args, **options)``: measure on the test's device, like pytest-benchmark's
     ``benchmark`` but with the timing loop on the device (tether.bench.run).
 
-    ``obj`` is a function of a module loaded on ``tether_session`` (called on ``args``: RemoteArrays, numbers)
-    or a ``RemoteGraphExecutor`` (inputs as set). Options are those of :class:`tether.bench.runner.BenchOptions`
+    ``obj`` is a function of a module loaded on ``tether_session`` (called on ``args``: RemoteArrays, numbers),
+    a ``RemoteGraphExecutor`` (inputs as set), or a `tether bench` TARGET as a string or path (``"lib.so:func"``,
+    a model folder, an ONNX file; ``shapes=``/``dtypes=``/``input_shapes=`` as on the command line), which is
+    uploaded and given random inputs. Options are those of :class:`tether.bench.runner.BenchOptions`
     (``samples``, ``min_sample_ms``, ``max_warmup``, ``pin``, ...). Returns the result record (``stats``,
     ``samples``, ...) and keeps it for ``--tether-bench-json``.
     """
@@ -153,13 +155,22 @@ class RemoteBenchmark:
     def __call__(self, obj: Any, *args: Any, name: Optional[str] = None, **options: Any) -> Dict[str, Any]:
         from tether.bench import runner
 
+        spec_args = {k: options.pop(k) for k in ("shapes", "dtypes", "input_shapes") if k in options}
         opts = runner.BenchOptions(**options)
         device_id = "%s:%s" % (getattr(self.session, "host", "local"), getattr(self.session, "port", ""))
         if device_id not in self._store["devices"]:
             device = runner.describe_device(self.session, device_id, {"mode": "pytest"})
             self._store["devices"][device_id] = {k: v for k, v in device.items() if k != "info"}
         label = name or (self.node_id if not self.results else "%s#%d" % (self.node_id, len(self.results)))
-        result = runner.bench_remote_object(self.session, obj, args, opts, label, device_id)
+        if isinstance(obj, (str, os.PathLike)):
+            target = runner.parse_target(os.fspath(obj), spec_args.get("shapes"), spec_args.get("dtypes"),
+                                         spec_args.get("input_shapes"))
+            with runner.temp_workdir() as work:
+                result = runner.bench_target(self.session, target, opts, device_id, onnx_cache=runner.OnnxCache(work))
+            if name:
+                result["target"] = name
+        else:
+            result = runner.bench_remote_object(self.session, obj, args, opts, label, device_id)
         result["test"] = self.node_id
         self.results.append(result)
         self._store["results"].append(result)
