@@ -162,3 +162,16 @@ def test_live_progress_display():
     assert "2.5 us" in text and "51.5 C" in text
     tasks = {t.description: t for t in live.progress.tasks}
     assert tasks["vadd.so:vadd on pi/device-1"].completed == 10 and tasks["vadd.so:vadd on pi/device-2"].completed == 4
+
+
+def test_bench_through_the_relay_to_a_reverse_device(tracker_lab, rpc_kernels, schema, tmp_path):
+    """A device that can only dial out (--reverse): the grant has no host, the session goes through the tracker."""
+    tracker = tracker_lab.tracker()
+    tracker_lab.device(tracker, "behind-nat", reverse=True)
+    out = tmp_path / "relay.json"
+    res = run_bench("%s:vadd" % rpc_kernels["vadd"], "--tracker", "127.0.0.1:%d" % tracker.port, "--key",
+                    "behind-nat", "--json", out, "--timeout", "30", *FAST)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    check_document(doc, schema)
+    assert doc["devices"][0]["connection"]["relay"] is True
