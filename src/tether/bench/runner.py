@@ -373,7 +373,8 @@ def _result(target: BenchTarget, device_id: str, measured: Dict[str, Any], optio
         warnings.append("%d steady sample(s) taken while the firmware reported throttling" % flags["throttled"])
     if raw.get("fallback"):
         warnings.append("the device runtime has no tether.bench.run (update it with `tether bundle`): samples from "
-                        "time_evaluator, no device state, no check for interrupted samples")
+                        "time_evaluator, no device state, no check for interrupted samples" +
+                        (", --pin ignored" if options.pin else ""))
     if flags["disturbed"] and not options.keep_disturbed:
         if use_clean:
             log.info("%s: %d steady sample(s) interrupted by other programs left out of the statistics",
