@@ -13,7 +13,6 @@ import numpy as np
 import onnx
 
 import tether
-
 from fixtures.golang import GoCases, run_go_test
 from tether import graph_executor
 from tether.frontend import from_onnx
