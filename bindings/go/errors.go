@@ -81,7 +81,20 @@ func (f *Function) decodeError(rc int32, args []any) *KernelError {
 		msg = fmt.Sprintf("%s: argument %d%s is not a compact row-major array (dimension %d)", name, i, ename, d)
 	case 7:
 		msg = fmt.Sprintf("%s: argument %d%s has a NULL data pointer", name, i, ename)
+	case errHostCall:
+		hname, herr := takeHostError()
+		if hname == "" && int(low24) < len(f.hostNames) {
+			hname = f.hostNames[low24]
+		}
+		if herr == nil {
+			herr = fmt.Errorf("no host caller installed or it returned an error")
+		}
+		msg = fmt.Sprintf("%s: host function '%s' failed: %v", name, hname, herr)
 	case 8:
+		if hname, herr := takeHostError(); herr != nil {
+			msg = fmt.Sprintf("%s: in a parallel task: host function '%s' failed: %v", name, hname, herr)
+			break
+		}
 		if low24 == launcherInternalError {
 			msg = fmt.Sprintf("%s: the parallel launcher failed", name)
 		} else {

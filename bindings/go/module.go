@@ -194,16 +194,17 @@ func (m *Module) GetFunction(name string) (*Function, error) {
 	if sym == nil {
 		return nil, &LoadError{Path: filepath.Base(m.Path), Reason: "does not export " + name}
 	}
-	f := &Function{name: name, sym: sym, info: info}
+	f := &Function{name: name, sym: sym, info: info, hostNames: m.Metadata.HostFunctions}
 	m.funcs[name] = f
 	return f, nil
 }
 
 // Function is a packed function of a loaded module. It is safe to call from several goroutines at once.
 type Function struct {
-	name string
-	sym  unsafe.Pointer
-	info *FuncInfo
+	name      string
+	sym       unsafe.Pointer
+	info      *FuncInfo
+	hostNames []string
 }
 
 func (f *Function) Name() string   { return f.name }
