@@ -72,3 +72,46 @@ def test_go_runtime_matches_python_runtime(go_cases):
     for name in ("TestCasesMatchPython", "TestErrorsMatchPython", "TestPoolRunsOnTwoOSThreads",
                  "TestInspectRefusesForeignModules"):
         assert "--- PASS: " + name in out, out
+
+
+def test_go_packed_call_benchmark_runs(go_cases):
+    """The benchmark scripts/bench_go_calls.py reads: both sub-benchmarks run and report a cost per call."""
+    import re
+    import subprocess
+
+    from fixtures.golang import GO_DIR, go_env
+    from fixtures.prereq import require_tool
+
+    go = require_tool("go", "apt-get install golang-go")
+    env = go_env(None, {"TETHER_GO_BENCH_MODULE": str(go_cases / "vadd.so"), "TETHER_GO_BENCH_FUNC": "vadd"})
+    proc = subprocess.run([go, "test", "-run", "^$", "-bench", "BenchmarkPackedCall", "-benchtime", "2000x", "."],
+                          cwd=GO_DIR, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    costs = dict(re.findall(r"^BenchmarkPackedCall/(\w+)\S*\s+2000\s+([\d.]+) ns/op", proc.stdout, re.M))
+    assert set(costs) == {"Call", "Bound"} and all(float(v) > 0 for v in costs.values()), proc.stdout
+
+
+def test_go_readme_example_compiles(tmp_path):
+    """bindings/go/README.md's complete example builds against the current API (through a go build overlay, so
+    nothing is written into the source tree)."""
+    import json
+    import re
+    import subprocess
+
+    from fixtures.golang import GO_DIR, go_env
+    from fixtures.prereq import require_tool
+
+    go = require_tool("go", "apt-get install golang-go")
+    text = (GO_DIR / "README.md").read_text()
+    blocks = re.findall(r"```go\n(.*?)```", text, re.S)
+    assert len(blocks) == 1 and "func main()" in blocks[0]
+    src = tmp_path / "main.go"
+    src.write_text(blocks[0])
+    virtual = GO_DIR / "internal" / "readmeexample" / "main.go"
+    overlay = tmp_path / "overlay.json"
+    overlay.write_text(json.dumps({"Replace": {str(virtual): str(src)}}))
+    proc = subprocess.run([go, "build", "-overlay", str(overlay), "-o", str(tmp_path / "example"),
+                           "./internal/readmeexample"], cwd=GO_DIR, env=go_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "example").exists()
