@@ -1,6 +1,6 @@
 """The pure-Go RPC client (bindings/go/rpc) against the shared protocol vectors, the limit edge cases with the
 Python implementation's verdicts (as the Java library is checked in tests/test_java_protocol.py), a real
-device server with a token, and a real tracker with a direct and a reverse (relayed) device: upload a kernel,
+device server with a token (and a host function from --functions), and a real tracker with a direct and a reverse (relayed) device: upload a kernel,
 run it on device arrays and on tensors, stream time_evaluator samples, device_info, remote errors."""
 from __future__ import annotations
 
@@ -29,7 +29,10 @@ def test_go_rpc_client(tmp_path, rpc_kernels, tracker_lab):
 
     rng = np.random.default_rng(11)
     a, b = rng.standard_normal(N).astype("float32"), rng.standard_normal(N).astype("float32")
-    server = start_server(tmp_path, "--token", TOKEN)
+    functions = tmp_path / "functions.py"
+    functions.write_text("from tether_rpc.host_functions import register_func\n"
+                         "register_func('device.greet', lambda name, times: len(name) * times + 0.5)\n")
+    server = start_server(tmp_path, "--token", TOKEN, "--functions", str(functions))
     tracker = tracker_lab.tracker()
     tracker_lab.device(tracker, "go-direct")
     tracker_lab.device(tracker, "go-reverse", reverse=True)

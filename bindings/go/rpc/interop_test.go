@@ -178,6 +178,17 @@ func TestServer(t *testing.T) {
 	if err := sess.Upload("../escape", []byte("x")); err == nil {
 		t.Fatal("an unsafe upload name was accepted")
 	}
+	// a host function the server loaded with --functions, called by name (it runs in the session worker)
+	greet, err := sess.GetFunction("device.greet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _, err := greet.Call("héllo", 3); err != nil || v != 15.5 {
+		t.Fatalf("device.greet: %v %v", v, err)
+	}
+	if _, err := sess.GetFunction("nope"); err == nil || !strings.Contains(err.Error(), "offers no function 'nope'") {
+		t.Fatalf("an unknown host function: %v", err)
+	}
 	runVadd(t, s, sess)
 	if err := sess.Close(); err != nil {
 		t.Fatal(err)
