@@ -49,8 +49,7 @@ def test_go_graph_executor_matches_python_bit_for_bit(tmp_path):
     rng = np.random.default_rng(3)
     models = {
         "digits": (onnx.load(str(DIGITS)), {"input": (8, 1, 8, 8)}),
-        "mobilenet_v2": (_script("make_mobilenet_v2").build_mobilenet_v2(seed=1, size=64, width=0.5, classes=100),
-                         {}),
+        "mobilenet_v2": (_script("make_mobilenet_v2").build_mobilenet_v2(seed=1), {}),  # 224x224, 1000 classes
         "densenet_offsets": (densenet_like(), {}),
     }
     for name, (model, shape) in models.items():

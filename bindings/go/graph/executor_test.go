@@ -111,31 +111,34 @@ func TestModelsMatchPython(t *testing.T) {
 
 func TestBenchmark(t *testing.T) {
 	_, models := fixtures(t)
-	e, err := Load(models[0].Folder)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	var seen []int
-	o := tether.DefaultTimeOptions()
-	o.Repeat = 4
-	o.OnSample = func(i int, perCall time.Duration, number int) {
-		if perCall <= 0 || number != 10 {
-			t.Errorf("sample %d: %v per call over %d calls", i, perCall, number)
+	for _, m := range models {
+		e, err := Load(m.Folder)
+		if err != nil {
+			t.Fatal(err)
 		}
-		seen = append(seen, i)
+		var seen []int
+		o := tether.DefaultTimeOptions()
+		o.Repeat = 4
+		o.OnSample = func(i int, perCall time.Duration, number int) {
+			if perCall <= 0 || number != 10 {
+				t.Errorf("sample %d: %v per call over %d calls", i, perCall, number)
+			}
+			seen = append(seen, i)
+		}
+		res, err := e.Benchmark(o)
+		e.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Samples) != 4 || res.Number != 10 || !(res.MinMs > 0 && res.MinMs <= res.MedianMs) {
+			t.Fatalf("benchmark %+v", res)
+		}
+		if len(seen) != 4 || seen[3] != 3 {
+			t.Fatalf("samples streamed: %v", seen)
+		}
+		t.Logf("%s: median %.3f ms per run over %d samples of 10 (%d threads)", m.Name, res.MedianMs, len(res.Samples),
+			tether.NumThreads())
 	}
-	res, err := e.Benchmark(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Samples) != 4 || res.Number != 10 || !(res.MinMs > 0 && res.MinMs <= res.MedianMs) {
-		t.Fatalf("benchmark %+v", res)
-	}
-	if len(seen) != 4 || seen[3] != 3 {
-		t.Fatalf("samples streamed: %v", seen)
-	}
-	t.Logf("%s: median %.3f ms over %d samples", models[0].Name, res.MedianMs, len(res.Samples))
 }
 
 func TestParams(t *testing.T) {
