@@ -72,6 +72,9 @@ def test_go_runtime_matches_python_runtime(go_cases):
     for name in ("TestCasesMatchPython", "TestErrorsMatchPython", "TestPoolRunsOnTwoOSThreads",
                  "TestInspectRefusesForeignModules"):
         assert "--- PASS: " + name in out, out
+    # alone, in a fresh process: the C module is loaded before the pool's provider
+    out = run_go_test(["."], go_cases, run="^TestPoolProviderAfterCModule$")
+    assert "--- PASS: TestPoolProviderAfterCModule" in out, out
 
 
 def test_go_packed_call_benchmark_runs(go_cases):

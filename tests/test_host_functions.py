@@ -154,3 +154,16 @@ def test_go_kernel_calls_a_go_closure(built, registry):
     cases.add("go_affine", libs["go_affine"], "go_affine", [a, np.zeros(N, "float32")], {1: c})
     out = run_go_test(["."], cases.write(), run="^TestHostFunc")
     assert "--- PASS: TestHostFuncCalledFromKernel" in out, out
+
+
+def test_call_packed_prints_and_refuses_vector_loops():
+    A = te.placeholder((64,), "float32", name="A")
+    C = te.compute((64,), lambda i: te.call_packed("f", A[i], dtype="float32"), name="C")
+    s = te.create_schedule(C.op)
+    assert "call_packed('f', A[" in str(tether.lower(s, [A, C], name="v"))
+    _, xi = s[C].split(C.op.axis[0], factor=8)
+    s[C].vectorize(xi)
+    with pytest.raises(NotImplementedError, match=r"call_packed\('f'\) inside a vectorized loop \(dtype float32\)"):
+        tether.build(s, [A, C], target="host", name="v")
+    with pytest.raises(ValueError, match="needs a function name"):
+        te.call_packed("", A[0])

@@ -241,3 +241,32 @@ func TestTensorViews(t *testing.T) {
 		t.Fatal("an unknown dtype was accepted")
 	}
 }
+
+// TestPoolProviderAfterCModule: a hand-written C module loaded before any pool-carrying module gets the
+// launcher once the provider arrives (tests/test_go_runtime.py runs it alone in a fresh process).
+func TestPoolProviderAfterCModule(t *testing.T) {
+	dir := fixtureDir(t)
+	mark, err := load(t, dir, "par.so").GetFunction("mark")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer SetNumThreads(DefaultNumThreads())
+	if err := SetNumThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	load(t, dir, "ew.so")
+	counts, _ := NewTensor([]int64{64}, "int32")
+	tids, _ := NewTensor([]int64{64}, "int64")
+	defer counts.Close()
+	defer tids.Close()
+	if err := mark.Call(counts, tids, int64(1)); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int64]bool{}
+	for _, id := range tids.Int64s() {
+		seen[id] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("the C module loaded first ran its tasks on %d thread(s)", len(seen))
+	}
+}

@@ -72,7 +72,11 @@ func installLauncher(m *Module) {
 		}
 	}
 	poolState.setters = append(poolState.setters, m.setter)
-	setLauncher(m.setter, launcherLocked())
+	// every module, also one loaded before the provider (a hand-written C module), gets the current launcher
+	l := launcherLocked()
+	for _, s := range poolState.setters {
+		setLauncher(s, l)
+	}
 }
 
 func launcherLocked() unsafe.Pointer {
