@@ -5,6 +5,9 @@ run it on device arrays and on tensors, stream time_evaluator samples, device_in
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import threading
 
 import numpy as np
 
@@ -14,6 +17,48 @@ from test_java_protocol import DOC_OVER_PYTHON, _edge_cases, python_verdict
 
 TOKEN = "go-s3cret"
 N = 1024
+
+
+class HostileServer:
+    """A loopback listener that answers every client's first bytes with ``reply`` (then keeps the connection
+    open until the test ends), to check that the Go client refuses it with a clear error and no hang."""
+
+    def __init__(self, reply: bytes):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.sock.settimeout(0.2)
+        self.reply, self.conns, self.stopping = reply, [], False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def addr(self) -> str:
+        return "127.0.0.1:%d" % self.sock.getsockname()[1]
+
+    def _serve(self) -> None:
+        for _ in range(600):  # bounded: at most 2 minutes
+            if self.stopping:
+                return
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            self.conns.append(conn)
+            conn.settimeout(5)
+            try:
+                conn.recv(4096)
+                if self.reply:
+                    conn.sendall(self.reply)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stopping = True
+        self.thread.join(5)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
 
 
 def test_go_rpc_client(tmp_path, rpc_kernels, tracker_lab):
@@ -36,12 +81,17 @@ def test_go_rpc_client(tmp_path, rpc_kernels, tracker_lab):
     tracker = tracker_lab.tracker()
     tracker_lab.device(tracker, "go-direct")
     tracker_lab.device(tracker, "go-reverse", reverse=True)
+    hostile = {"oversized": HostileServer(struct.pack(">I", (64 << 10) + 1) + b"\x93"),
+               "garbage": HostileServer(struct.pack(">I", 3) + b"\xc1\xc1\xc1"),
+               "silent": HostileServer(b"")}
     try:
-        cases.write(server="%s:%d" % (server.host, server.port), token=TOKEN, tracker="127.0.0.1:%d" % tracker.port,
+        cases.write(hostile={k: v.addr for k, v in hostile.items()}, server="%s:%d" % (server.host, server.port), token=TOKEN, tracker="127.0.0.1:%d" % tracker.port,
                     vadd=str(rpc_kernels["vadd"]), a=cases.tensor(a), b=cases.tensor(b), sum=cases.tensor(a + b))
         out = run_go_test(["./rpc"], cases.folder)
     finally:
         server.stop()
-    for name in ("TestSharedVectors", "TestVectorCheckNoticesBrokenVectors", "TestEdgeVectors", "TestServer",
+        for h in hostile.values():
+            h.close()
+    for name in ("TestHostileServers", "TestSharedVectors", "TestVectorCheckNoticesBrokenVectors", "TestEdgeVectors", "TestServer",
                  "TestTracker"):
         assert "--- PASS: " + name in out, out

@@ -107,6 +107,12 @@ type Reply struct {
 // RETURN or ERROR, passing EVENTs to onEvent. A *RemoteError leaves the session usable; a request-id-0 ERROR
 // (the session crashed or timed out) and protocol errors close it.
 func (s *Session) Call(fn any, args []any, bulk []byte, onEvent func(Event)) (*Reply, error) {
+	return s.call(fn, args, bulk, onEvent, -1)
+}
+
+// call is Call with expectBulk >= 0 when the reply's bulk size is known: a different size is refused before
+// anything is allocated for it (a peer cannot make the client allocate what it did not ask for).
+func (s *Session) call(fn any, args []any, bulk []byte, onEvent func(Event), expectBulk int64) (*Reply, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -153,9 +159,9 @@ func (s *Session) Call(fn any, args []any, bulk []byte, onEvent func(Event)) (*R
 			r.Value, _ = fr.Payload.Get("value")
 			if nb, ok := fr.Payload.Get("nbytes"); ok {
 				n, ok := nb.(int64)
-				if !ok || n < 0 {
+				if !ok || n < 0 || (expectBulk >= 0 && n != expectBulk) {
 					s.fail()
-					return nil, &ProtocolError{Msg: fmt.Sprintf("nbytes must be a non-negative int, got %v", nb)}
+					return nil, &ProtocolError{Msg: fmt.Sprintf("reply announces %v bulk bytes (expected %d)", nb, expectBulk)}
 				}
 				if r.Bulk, err = s.conn.readBulk(n, s.opts.Timeout); err != nil {
 					s.fail()
@@ -483,7 +489,7 @@ func (a *RemoteArray) CopyIn(data []byte) error {
 
 // Bytes copies the array's contents back.
 func (a *RemoteArray) Bytes() ([]byte, error) {
-	r, err := a.s.Call("tether.array.copy_out", []any{a.Handle}, nil, nil)
+	r, err := a.s.call("tether.array.copy_out", []any{a.Handle}, nil, nil, a.NBytes)
 	if err != nil {
 		return nil, err
 	}

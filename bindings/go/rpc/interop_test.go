@@ -21,6 +21,7 @@ type tensorFile struct {
 }
 
 type interopSetup struct {
+	Hostile                      map[string]string
 	Server, Token, Tracker, Vadd string
 	A, B, Sum                    tensorFile
 	dir                          string
@@ -224,5 +225,28 @@ func TestTracker(t *testing.T) {
 	}
 	if _, err := tr.Reserve("no-such-key", 1, 500*time.Millisecond, 10*time.Second, nil); err == nil {
 		t.Fatal("a request for a key nobody registered was granted")
+	}
+}
+
+// TestHostileServers: a server that announces an oversized frame, sends garbage or stays silent gets a typed
+// error within the timeout, never a hang or a huge allocation.
+func TestHostileServers(t *testing.T) {
+	s := setup(t)
+	opts := Options{Timeout: 2 * time.Second, ConnectTimeout: 2 * time.Second}
+	_, err := Connect(s.Hostile["oversized"], opts)
+	var ft *FrameTooLarge
+	if !errors.As(err, &ft) || !strings.Contains(err.Error(), "exceeds the limit of 65536") {
+		t.Fatalf("oversized frame: %v", err)
+	}
+	_, err = Connect(s.Hostile["garbage"], opts)
+	var pe *ProtocolError
+	if !errors.As(err, &pe) {
+		t.Fatalf("garbage: %v", err)
+	}
+	t0 := time.Now()
+	_, err = Connect(s.Hostile["silent"], opts)
+	var te *TimeoutError
+	if !errors.As(err, &te) || time.Since(t0) > 10*time.Second {
+		t.Fatalf("silent server: %v after %v", err, time.Since(t0))
 	}
 }
