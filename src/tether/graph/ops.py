@@ -83,11 +83,18 @@ def _binary_infer(attrs, a, b):
     return [TensorType(broadcast_shapes(a.shape, b.shape), a.dtype)]
 
 
+def _int_trunc_div(a, b):
+    """Integer division truncating toward zero (ONNX Div, C), exact for int64 (a float quotient is not)."""
+    a, b = np.asarray(a), np.asarray(b)
+    q = np.floor_divide(a, b)
+    return q + ((q * b != a) & (q < 0))
+
+
 BINARY = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
-    "div": lambda a, b: (a / b) if np.issubdtype(np.asarray(a).dtype, np.floating) else np.trunc(a / b),
+    "div": lambda a, b: (a / b) if np.issubdtype(np.asarray(a).dtype, np.floating) else _int_trunc_div(a, b),
     "maximum": np.maximum,
     "minimum": np.minimum,
     "pow": np.power,
