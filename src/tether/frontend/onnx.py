@@ -762,6 +762,21 @@ def _cast(im, node, ins, a):
     im.emit("cast", ins[:1], {"to": to}, node.name, _out(node))
 
 
+@converter("CastLike")
+def _cast_like(im, node, ins, a):
+    # CastLike(x, like) is Cast(x, to=like's dtype); saturate only concerns float8 targets, which are refused
+    inv = {v: k for k, v in _ONNX_DTYPES.items()}
+    dt = str(im.type(ins[1]).dtype)
+    if dt not in inv:
+        raise UnsupportedOpError("node %s: CastLike to %s" % (node.name, dt))
+    _cast(im, node, ins[:1], {"to": inv[dt]})
+
+
+@converter("Size")
+def _size(im, node, ins, a):
+    im.add_const(np.array(im.type(ins[0]).size, dtype=np.int64), name=node.output[0])
+
+
 # ---------------------------------------------------------------- entry point
 def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""

@@ -448,6 +448,27 @@ def _hardmax(attrs, x):
                                                        c.const(0.0, x.dtype)), "hardmax", c.BROADCAST)
 
 
+@lowering("pow")
+def _pow_typed(attrs, a, b):
+    """ONNX Pow: the output has the base's dtype, whatever the exponent's. Same-dtype float pow is unchanged."""
+    if a.dtype == b.dtype and "float" in a.dtype:
+        return ops.power(a, b)
+
+    def f(x, y):
+        if "float" in x.dtype:
+            return te.pow(x, y.astype(x.dtype))
+        # integer base: pow in float64 (exact below 2**53 for integral exponents), then back to the integer type:
+        # rounded for an integral exponent, truncated (as the spec's cast does) otherwise, nudged up by 2**-40
+        # so that an exact integer result computed as 1.9999999... does not truncate to 1
+        xd, yd = x.astype("float64"), y.astype("float64")
+        r = te.pow(xd, yd)
+        integral = te.floor(yd) == yd
+        rounded = te.floor(r + c.const(0.5, "float64"))
+        nudged = _trunc(r * c.const(1.0 + 2.0 ** -40, "float64"))
+        return te.if_then_else(integral, rounded, nudged).astype("int64").astype(x.dtype)
+    return ops.elementwise(f, [a, b], "pow")
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:
