@@ -787,6 +787,22 @@ def unsupported_ops(model) -> Dict[str, List[str]]:
     return missing
 
 
+def op_coverage(model) -> List[dict]:
+    """Per (domain, op type) of ``model``: its opset, whether a converter covers it, and its nodes' names, in
+    order of first use. Covered means there is a converter; a converter may still refuse an attribute value
+    or dtype when the model is imported."""
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    rows: Dict[Tuple[str, str], dict] = {}
+    for i, node in enumerate(model.graph.node):
+        domain = node.domain or "ai.onnx"
+        key = (domain, node.op_type)
+        if key not in rows:
+            rows[key] = {"domain": domain, "op_type": node.op_type, "opset": opsets.get(domain),
+                         "covered": domain == "ai.onnx" and node.op_type in CONVERTERS, "nodes": []}
+        rows[key]["nodes"].append(node.name or "#%d" % i)
+    return list(rows.values())
+
+
 def _value_info_type(vi) -> Tuple[Tuple[Optional[int], ...], str]:
     tt = vi.type.tensor_type
     dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
