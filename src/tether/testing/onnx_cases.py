@@ -5,8 +5,8 @@ Shared by ``scripts/onnx_conformance.py`` (the whole suite, with a per-op table)
 
 - tether: ``frontend.from_onnx`` -> ``tether.build_graph`` for the host -> the graph executor, compiled at the
   opt_level the backend test (tests/test_onnx_backend.py) uses. Every input is first a run-time input; when the
-  import needs an int64 input as a constant (a Reshape shape, Pad pads, ...), the case is retried with the int64
-  inputs bound as constants, as the backend test does.
+  import needs an integer input as a constant (a Reshape shape, Pad pads, Gather indices), the case is retried
+  with the int64/int32 inputs bound as constants, as the backend test does with int64 ones.
 - Outcome: ``pass``; ``refused`` (an error while importing or compiling: UnsupportedOpError or any other, with
   its message); ``wrong`` (it ran, and an output's shape, dtype or values differ from the expected ones);
   ``crash`` (it compiled but running raised, or the worker died or timed out).
@@ -81,7 +81,11 @@ def case_inputs(case: Any) -> List[Dict[str, Any]]:
     for inputs, _ in case.data_sets:
         d = {}
         for n, v in zip(names, inputs):
-            d[n] = numpy_helper.to_array(v) if hasattr(v, "data_type") else v
+            if hasattr(v, "data_type"):
+                v = numpy_helper.to_array(v)
+            elif isinstance(v, np.generic):     # a numpy scalar is a rank-0 tensor
+                v = np.asarray(v)
+            d[n] = v
         feeds.append(d)
     return feeds
 
@@ -124,14 +128,17 @@ class TetherCase:
         try:
             graph, params = from_onnx(model)
         except Exception as first:
-            # shape arguments (Reshape shape, axes, pads) arrive as int64 inputs: bind them as constants
-            consts = {k: v for k, v in feeds.items() if v.dtype == np.int64}
+            # shape arguments (Reshape shape, axes, pads, Gather indices) arrive as integer inputs: bind them
+            consts = {k: v for k, v in feeds.items() if v.dtype in (np.int64, np.int32)}
             if not consts:
                 raise
             try:
                 graph, params = from_onnx(model, constants=consts)
-            except Exception:
-                raise first from None
+            except Exception as second:
+                if str(second) == str(first):
+                    raise first from None
+                raise type(second)("%s; with %s bound as constants: %s"
+                                   % (first, ", ".join(sorted(consts)), second)) from None
             self.consts = consts
         factory = tether.build_graph(graph, params, target="host", opt_level=opt_level_for(model))
         self._dir = tempfile.TemporaryDirectory(prefix="tether-case-")
