@@ -462,7 +462,8 @@ def _pow_typed(attrs, a, b):
         # so that an exact integer result computed as 1.9999999... does not truncate to 1
         xd, yd = x.astype("float64"), y.astype("float64")
         r = te.pow(xd, yd)
-        integral = te.floor(yd) == yd
+        # a negative integral exponent gives a fraction (or +-1 exactly), which truncates like C's integer pow
+        integral = te.all(te.floor(yd) == yd, yd >= c.const(0.0, "float64"))
         rounded = te.floor(r + c.const(0.5, "float64"))
         nudged = _trunc(r * c.const(1.0 + 2.0 ** -40, "float64"))
         return te.if_then_else(integral, rounded, nudged).astype("int64").astype(x.dtype)
