@@ -777,6 +777,34 @@ def _size(im, node, ins, a):
     im.add_const(np.array(im.type(ins[0]).size, dtype=np.int64), name=node.output[0])
 
 
+# ---------------------------------------------------------------- bitwise ops and BitShift (issue 11)
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
+
+
+@converter(*_BITWISE)
+def _bitwise(im, node, ins, a):
+    dt = _require_dtype(im, node, ins[0], _INTS)
+    _require_dtype(im, node, ins[1], (dt,))
+    im.emit(_BITWISE[node.op_type], ins[:2], {}, node.name, _out(node))
+
+
+@converter("BitwiseNot")
+def _bitwise_not(im, node, ins, a):
+    _require_dtype(im, node, ins[0], _INTS)
+    im.emit("bitwise_not", ins[:1], {}, node.name, _out(node))
+
+
+@converter("BitShift")
+def _bit_shift(im, node, ins, a):
+    # unsigned types, and from opset 28 signed ones (arithmetic right shift); the kernels lack uint16..uint64
+    dt = _require_dtype(im, node, ins[0], _INTS)
+    _require_dtype(im, node, ins[1], (dt,))
+    direction = _str_attr(a, "direction", "")
+    if direction not in ("LEFT", "RIGHT"):
+        raise UnsupportedOpError("node %s: BitShift direction %r (LEFT or RIGHT)" % (node.name, direction))
+    im.emit("bit_shift", ins[:2], {"direction": direction}, node.name, _out(node))
+
+
 # ---------------------------------------------------------------- entry point
 def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""

@@ -469,6 +469,30 @@ _register("log_softmax", "opaque", _same, _axis_softmax_like(_log_softmax_np))
 _register("hardmax", "opaque", _same, _axis_softmax_like(_hardmax_np))
 
 
+# ---------------------------------------------------------------- ONNX bitwise ops and BitShift (issue 11)
+def _shift_ref(attrs, x, y):
+    x, y = np.broadcast_arrays(x, y)
+    bits = x.dtype.itemsize * 8
+    out_of_range = (y < 0) | (y >= bits)
+    safe = np.where(out_of_range, 0, y)
+    if attrs["direction"] == "LEFT":
+        u = np.dtype("u%d" % x.dtype.itemsize)
+        out = np.left_shift(x.view(u), safe.astype(u)).view(x.dtype)
+        fill = np.zeros_like(x)
+    else:
+        out = np.right_shift(x, safe.astype(x.dtype))
+        fill = np.where(x < 0, -1, 0).astype(x.dtype)
+    return [np.where(out_of_range, fill, out).astype(x.dtype)]
+
+
+for _n, _fn in {"bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+                "bitwise_xor": np.bitwise_xor}.items():
+    _register(_n, "elemwise", _bcast_infer(),
+              (lambda fn: lambda attrs, a, b: [np.asarray(fn(a, b)).astype(a.dtype)])(_fn))
+_register("bitwise_not", "elemwise", _same, lambda attrs, x: [np.invert(x)])
+_register("bit_shift", "elemwise", _bcast_infer(), _shift_ref)
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -470,6 +470,35 @@ def _pow_typed(attrs, a, b):
     return ops.elementwise(f, [a, b], "pow")
 
 
+# ---------------------------------------------------------------- ONNX bitwise ops and BitShift (issue 11)
+for _n, _b in {"bitwise_and": "bitand", "bitwise_or": "bitor", "bitwise_xor": "bitxor"}.items():
+    LOWER[_n] = (lambda n, b: lambda attrs, x, y: ops.elementwise(lambda u, v: te.bitwise(b, u, v), [x, y], n))(
+        _n, _b)
+
+
+@lowering("bitwise_not")
+def _bitwise_not(attrs, x):
+    return ops.elementwise(lambda v: te.bitwise("bitxor", v, c.const(-1 if not v.dtype.startswith("uint")
+                                                                         else 255, v.dtype)), [x], "bitwise_not")
+
+
+@lowering("bit_shift")
+def _bit_shift(attrs, x, y):
+    op = "shl" if attrs["direction"] == "LEFT" else "shr"
+
+    def f(u, v):
+        zero = c.const(0, u.dtype)
+        width = c.const(int(u.dtype.lstrip("uint")), u.dtype)
+        # a shift by a negative amount or by the width or more (undefined in LLVM) leaves only the sign fill:
+        # -1 for a right shift of a negative signed value, 0 otherwise (the ONNX spec)
+        fill = zero
+        if op == "shr" and not u.dtype.startswith("uint"):
+            fill = te.if_then_else(u < zero, c.const(-1, u.dtype), zero)
+        out = te.any(v < zero, v >= width) if not u.dtype.startswith("uint") else v >= width
+        return te.if_then_else(out, fill, te.bitwise(op, u, v))
+    return ops.elementwise(f, [x, y], "bit_shift")
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:
