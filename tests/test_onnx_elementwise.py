@@ -319,3 +319,18 @@ def test_bit_shift_including_out_of_range_amounts(direction, dtype):
             case.close()
     else:
         check(m, feeds)
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_max_min_propagate_nan(op, dtype):
+    a = np.array([np.nan, 1, 2, np.nan, -np.inf, 0.0], dtype)
+    b = np.array([1, np.nan, 3, np.nan, 0, -0.0], dtype)
+    check(model_of(op, {"a": a, "b": b}, opset=13), {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64"])
+def test_max_min_integers(op, dtype):
+    feeds = {"a": ints((2, 5), dtype), "b": ints((5,), dtype), "c": ints((1, 1), dtype)}
+    check(model_of(op, feeds, opset=13), feeds)

@@ -805,6 +805,24 @@ def _bit_shift(im, node, ins, a):
     im.emit("bit_shift", ins[:2], {"direction": direction}, node.name, _out(node))
 
 
+# ---------------------------------------------------------------- Max/Min: NaN propagates on floats (issue 11)
+@converter("Max", "Min")
+def _max_min(im, node, ins, a):
+    """Variadic, broadcasting Max/Min; a NaN operand makes the element NaN (numpy, onnxruntime). Replaces the
+    generic variadic converter for these two."""
+    dt = _require_dtype(im, node, ins[0], _NUMERIC)
+    for x in ins[1:]:
+        _require_dtype(im, node, x, (dt,))
+    if len(ins) == 1:
+        _reshape_alias(im, ins[0], node)
+        return
+    op = ("maximum" if node.op_type == "Max" else "minimum") + ("_nan" if dt in _FLOATS else "")
+    acc = ins[0]
+    for k, x in enumerate(ins[1:]):
+        last = k == len(ins) - 2
+        acc = im.emit(op, [acc, x], {}, node.name if last else node.name + "_%d" % k, _out(node) if last else None)
+
+
 # ---------------------------------------------------------------- entry point
 def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""

@@ -493,6 +493,12 @@ _register("bitwise_not", "elemwise", _same, lambda attrs, x: [np.invert(x)])
 _register("bit_shift", "elemwise", _bcast_infer(), _shift_ref)
 
 
+# ---------------------------------------------------------------- ONNX Max/Min on floats: NaN propagates (issue 11)
+for _n, _fn in {"maximum_nan": np.maximum, "minimum_nan": np.minimum}.items():
+    _register(_n, "elemwise", _bcast_infer(),
+              (lambda fn: lambda attrs, a, b: [np.asarray(fn(a, b)).astype(a.dtype)])(_fn))
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -499,6 +499,13 @@ def _bit_shift(attrs, x, y):
     return ops.elementwise(f, [x, y], "bit_shift")
 
 
+# ---------------------------------------------------------------- ONNX Max/Min on floats: NaN propagates (issue 11)
+# (ops.maximum keeps the other operand, which is what relu/clip want and what Max/Min must not do)
+for _n, _f in {"maximum_nan": c.max2, "minimum_nan": c.min2}.items():
+    LOWER[_n] = (lambda n, f: lambda attrs, x, y: ops.elementwise(
+        lambda u, v: te.if_then_else(u != u, u, te.if_then_else(v != v, v, f(u, v))), [x, y], n))(_n, _f)
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:
