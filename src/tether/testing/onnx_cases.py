@@ -225,6 +225,12 @@ def run_forked(cases: Sequence[Any], ops: Dict[str, str], jobs: int = 1, timeout
 
     ctx = mp.get_context("fork")
     os.environ.setdefault("TETHER_BUILD_JOBS", "1")     # the workers are the parallelism
+    # import the compiler once, before forking: workers start warm, and all of them run the same code even if
+    # the source tree changes during a long run
+    import importlib
+    for mod in ("tether", "tether.frontend.onnx", "tether.graph.build", "tether.graph.to_te", "tether.driver",
+                "tether.codegen.module", "tether.codegen.emit", "tether.graph_executor", "onnx.backend.test.runner"):
+        importlib.import_module(mod)
     results: Dict[int, CaseResult] = {}
     pending = list(range(len(cases)))
     running: Dict[int, tuple] = {}
