@@ -823,6 +823,19 @@ def _max_min(im, node, ins, a):
         acc = im.emit(op, [acc, x], {}, node.name if last else node.name + "_%d" % k, _out(node) if last else None)
 
 
+# ---------------------------------------------------------------- run-time dtypes the kernels implement (issue 11)
+_KERNEL_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float32", "float64")
+
+
+def _onnx_type_name(vi) -> str:
+    import onnx
+    elem = vi.type.tensor_type.elem_type
+    try:
+        return onnx.TensorProto.DataType.Name(elem).lower()
+    except ValueError:
+        return "elem_type_%d" % elem
+
+
 # ---------------------------------------------------------------- entry point
 def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""
@@ -901,8 +914,9 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         if any(d is None for d in dims):
             raise ValueError("input %r has a symbolic shape %s: fix it with from_onnx(..., shape={%r: (...)}) "
                              "(CLI: --input-shape %s:D0,D1,...)" % (vi.name, dims, vi.name, vi.name))
-        if dt not in _ONNX_DTYPES.values():
-            raise UnsupportedOpError("input %r has an unsupported element type %s" % (vi.name, dt))
+        if dt not in _KERNEL_DTYPES:
+            raise UnsupportedOpError("input %r has element type %s, which tether's kernels do not implement "
+                                     "(they take %s)" % (vi.name, _onnx_type_name(vi), ", ".join(_KERNEL_DTYPES)))
         im.types[vi.name] = TensorType(dims, dt)
         inputs.append(vi.name)
     for i, node in enumerate(model.graph.node):
