@@ -33,10 +33,16 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
 @click.option("--output", "-o", "out_dir", default="out", show_default=True, type=click.Path(file_okay=False),
               help="Folder for deploy.so, deploy.json and deploy.params.")
 @click.option("--print-graph", is_flag=True, help="Print the optimised graph.")
+@click.option("--check", is_flag=True,
+              help="Only report which op types tether covers (exit status 1 if any is not); compiles nothing.")
 def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool, out_dir: str,
-            print_graph: bool) -> None:
+            print_graph: bool, check: bool) -> None:
     """Compile an ONNX model into a deployable folder (library + graph JSON + params)."""
     import onnx
+
+    if check:
+        _check(onnx.load(model), model)
+        return
 
     import tether
     from tether.errors import UnsupportedOpError
@@ -64,3 +70,25 @@ def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: i
         t = factory.graph.types.get(g)
         click.echo("output %s: %s" % (g, t if t is not None else "constant"))
     click.echo("wrote %s" % ", ".join(sorted(paths.values())))
+
+
+def _check(model, path: str) -> None:
+    """Print the op coverage table of ``model``; exit status 1 when an op type is not covered."""
+    from tether.frontend.onnx import op_coverage
+
+    rows = op_coverage(model)
+    width = max([len(r["op_type"]) for r in rows] + [7])
+    click.echo("%-*s  %-16s %5s  %s" % (width, "op type", "domain", "opset", "status"))
+    for r in rows:
+        click.echo("%-*s  %-16s %5s  %s (%d node%s)" % (width, r["op_type"], r["domain"], r["opset"],
+                                                       "covered" if r["covered"] else "NOT COVERED",
+                                                       len(r["nodes"]), "" if len(r["nodes"]) == 1 else "s"))
+    missing = [r for r in rows if not r["covered"]]
+    for r in missing:
+        names = r["nodes"]
+        click.echo("uncovered %s (%s): %s" % (r["op_type"], r["domain"],
+                                              ", ".join(names[:20]) + (" ..." if len(names) > 20 else "")))
+    click.echo("%s: %d op type(s), %d covered, %d not covered"
+               % (path, len(rows), len(rows) - len(missing), len(missing)))
+    if missing:
+        raise click.exceptions.Exit(1)

@@ -26,6 +26,7 @@ _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _FLOAT_OPS = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
 _INT_OPS = {"add": "add", "sub": "sub", "mul": "mul"}
 _BOOL_OPS = {"and": "and_", "or": "or_"}
+_BIT_OPS = {"bitand": "and_", "bitor": "or_", "bitxor": "xor", "shl": "shl"}
 _DIV_OPS = ("floordiv", "floormod", "div")
 _MINMAX = {"min": "<", "max": ">"}
 # integer dtypes whose arithmetic cannot wrap (lowering's index math): add/sub/mul carry nsw
@@ -382,6 +383,10 @@ class ExprEmitter:
         if op in _MINMAX:
             cmp = (B.icmp_unsigned if is_unsigned(dt) else B.icmp_signed)(_MINMAX[op], a, b)
             return B.select(cmp, a, b)
+        if op in _BIT_OPS:
+            return getattr(B, _BIT_OPS[op])(a, b)
+        if op == "shr":
+            return (B.lshr if is_unsigned(dt) else B.ashr)(a, b)
         if op in _DIV_OPS:
             return self.int_division(e, a, b)
         raise CompileError(f"codegen: integer operator {op!r} is not supported")

@@ -247,18 +247,6 @@ def _shape(im, node, ins, a):
     im.add_const(shape[start:end], name=node.output[0])
 
 
-@converter("Cast")
-def _cast(im, node, ins, a):
-    to = _ONNX_DTYPES[a["to"]]
-    c = im.const(ins[0])
-    if c is not None:
-        im.add_const(c.astype(to), name=node.output[0])
-    elif im.type(ins[0]).dtype == to:
-        _reshape_alias(im, ins[0], node)
-    else:
-        raise UnsupportedOpError("node %s: Cast of a run-time tensor from %s to %s" % (node.name, im.type(ins[0]).dtype, to))
-
-
 @converter("Gather")
 def _gather(im, node, ins, a):
     data = im.const(ins[0])
@@ -588,6 +576,266 @@ def _matmul(im, node, ins, a):
     im.emit("reshape", [y], {"shape": tuple(onnx_shape)}, node.name + "_out", _out(node))
 
 
+# ---------------------------------------------------------------- elementwise: comparison, logic, selection, math
+# with attributes, casts (issue 11). dtypes outside what the kernels implement are refused by name.
+_FLOATS = ("float32", "float64")
+_INTS = ("int8", "uint8", "int16", "int32", "int64")
+_NUMERIC = _FLOATS + _INTS
+
+
+def _require_dtype(im, node, value: str, allowed: Sequence[str]) -> str:
+    dt = str(im.type(value).dtype)
+    if dt not in allowed:
+        raise UnsupportedOpError("node %s: %s on %s tensors is not supported (tether implements %s for %s)"
+                                 % (node.name, node.op_type, dt, node.op_type, ", ".join(allowed)))
+    return dt
+
+
+def _no_legacy_broadcast(node, a):
+    # opset < 7 binary ops broadcast only with broadcast=1 and an explicit axis; numpy-style is what we implement
+    if "axis" in a:
+        raise UnsupportedOpError("node %s: %s with the legacy 'axis' attribute (opset < 7)" % (node.name, node.op_type))
+
+
+_COMPARE = {"Equal": "equal", "Less": "less", "LessOrEqual": "less_equal", "Greater": "greater",
+            "GreaterOrEqual": "greater_equal"}
+_LOGICAL = {"And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
+
+
+@converter(*_COMPARE)
+def _compare(im, node, ins, a):
+    _no_legacy_broadcast(node, a)
+    allowed = _NUMERIC + ("bool",) if node.op_type == "Equal" else _NUMERIC
+    dt = _require_dtype(im, node, ins[0], allowed)
+    _require_dtype(im, node, ins[1], (dt,))
+    im.emit(_COMPARE[node.op_type], ins[:2], {}, node.name, _out(node))
+
+
+@converter(*_LOGICAL)
+def _logical(im, node, ins, a):
+    _no_legacy_broadcast(node, a)
+    for x in ins[:2]:
+        _require_dtype(im, node, x, ("bool",))
+    im.emit(_LOGICAL[node.op_type], ins[:2], {}, node.name, _out(node))
+
+
+@converter("Not")
+def _not(im, node, ins, a):
+    _require_dtype(im, node, ins[0], ("bool",))
+    im.emit("logical_not", ins[:1], {}, node.name, _out(node))
+
+
+@converter("Where")
+def _where(im, node, ins, a):
+    _require_dtype(im, node, ins[0], ("bool",))
+    dt = _require_dtype(im, node, ins[1], _NUMERIC + ("bool",))
+    _require_dtype(im, node, ins[2], (dt,))
+    im.emit("where", ins[:3], {}, node.name, _out(node))
+
+
+@converter("Mod")
+def _mod(im, node, ins, a):
+    fmod = int(a.get("fmod", 0))
+    dt = _require_dtype(im, node, ins[0], _NUMERIC)
+    _require_dtype(im, node, ins[1], (dt,))
+    if dt in _FLOATS and not fmod:
+        raise UnsupportedOpError("node %s: Mod of %s tensors needs fmod=1 (the spec leaves fmod=0 undefined for "
+                                 "floats)" % (node.name, dt))
+    im.emit("mod", ins[:2], {"fmod": fmod}, node.name, _out(node))
+
+
+@converter("PRelu")
+def _prelu(im, node, ins, a):
+    dt = _require_dtype(im, node, ins[0], _FLOATS + ("int32", "int64"))
+    _require_dtype(im, node, ins[1], (dt,))
+    xs, ss = im.type(ins[0]).shape, im.type(ins[1]).shape
+    slope = ins[1]
+    if im.opset < 7 and len(ss) == 1 and len(xs) > 2 and ss[0] == xs[1]:
+        slope = _reshape(im, slope, (ss[0],) + (1,) * (len(xs) - 2))   # opset 6: a per-channel slope
+        ss = im.type(slope).shape
+    try:
+        ok = ops.broadcast_shapes(xs, ss) == tuple(xs)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UnsupportedOpError("node %s: PRelu slope of shape %s does not broadcast to the input's %s"
+                                 % (node.name, ss, xs))
+    im.emit("prelu", [ins[0], slope], {}, node.name, _out(node))
+
+
+def _str_attr(a, key, default):
+    v = a.get(key, default)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+# ONNX op -> (graph op, attribute defaults, dtypes)
+_MATH_OPS = {
+    "Erf": ("erf", {}, _FLOATS), "Reciprocal": ("reciprocal", {}, _FLOATS), "Floor": ("floor", {}, _FLOATS),
+    "Ceil": ("ceil", {}, _FLOATS), "Round": ("round", {}, _FLOATS), "Sign": ("sign", {}, _NUMERIC),
+    "IsNaN": ("isnan", {}, _FLOATS), "IsInf": ("isinf", {"detect_positive": 1, "detect_negative": 1}, _FLOATS),
+    "Elu": ("elu", {"alpha": 1.0}, _FLOATS),
+    "Selu": ("selu", {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}, _FLOATS),
+    "Celu": ("celu", {"alpha": 1.0}, _FLOATS), "Softplus": ("softplus", {}, _FLOATS),
+    "Softsign": ("softsign", {}, _FLOATS), "Mish": ("mish", {}, _FLOATS),
+    "ThresholdedRelu": ("thresholded_relu", {"alpha": 1.0}, _FLOATS),
+    "Sinh": ("sinh", {}, _FLOATS), "Cosh": ("cosh", {}, _FLOATS), "Asinh": ("asinh", {}, _FLOATS),
+    "Acosh": ("acosh", {}, _FLOATS), "Atanh": ("atanh", {}, _FLOATS),
+}
+
+
+@converter(*_MATH_OPS)
+def _math(im, node, ins, a):
+    op, defaults, dtypes = _MATH_OPS[node.op_type]
+    _require_dtype(im, node, ins[0], dtypes)
+    attrs = {k: type(v)(a.get(k, v)) for k, v in defaults.items()}
+    im.emit(op, ins[:1], attrs, node.name, _out(node))
+
+
+@converter("Gelu")
+def _gelu(im, node, ins, a):
+    _require_dtype(im, node, ins[0], _FLOATS)
+    approx = _str_attr(a, "approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise UnsupportedOpError("node %s: Gelu approximate=%r (the spec has 'none' and 'tanh')" % (node.name, approx))
+    im.emit("gelu", ins[:1], {"approximate": approx}, node.name, _out(node))
+
+
+@converter("Mean")
+def _mean_variadic(im, node, ins, a):
+    dt = _require_dtype(im, node, ins[0], _FLOATS)
+    for x in ins[1:]:
+        _require_dtype(im, node, x, (dt,))
+    if len(ins) == 1:
+        _reshape_alias(im, ins[0], node)
+        return
+    acc = ins[0]
+    for k, x in enumerate(ins[1:]):
+        acc = im.emit("add", [acc, x], {}, node.name + "_%d" % k)
+    im.emit("div", [acc, im.add_const(np.array(len(ins), dtype=dt))], {}, node.name, _out(node))
+
+
+def _coerced_2d(im, node, ins, op: str, a):
+    """Softmax-family ops: from opset 13 along one axis; before, over the input coerced to 2-D at ``axis``."""
+    t = im.type(ins[0])
+    _require_dtype(im, node, ins[0], _FLOATS)
+    nd = len(t.shape)
+    if im.opset >= 13:
+        im.emit(op, [ins[0]], {"axis": _norm_axis(a.get("axis", -1), nd)}, node.name, _out(node))
+        return
+    axis = _norm_axis(a.get("axis", 1), nd)
+    lead = int(np.prod(t.shape[:axis], dtype=np.int64))
+    flat = _reshape(im, ins[0], (lead, t.size // max(lead, 1)))
+    y = im.emit(op, [flat], {"axis": 1}, node.name)
+    _reshape(im, y, t.shape, node.name + "_reshape", node.output[0])
+
+
+@converter("LogSoftmax")
+def _log_softmax(im, node, ins, a):
+    _coerced_2d(im, node, ins, "log_softmax", a)
+
+
+@converter("Hardmax")
+def _hardmax(im, node, ins, a):
+    _coerced_2d(im, node, ins, "hardmax", a)
+
+
+# Cast: every dtype the kernels implement, in both directions; others (float16, strings, ...) are refused.
+_CAST_DTYPES = _NUMERIC + ("bool",)
+
+
+@converter("Cast")
+def _cast(im, node, ins, a):
+    to = _ONNX_DTYPES.get(a["to"], "elem_type_%d" % a["to"])
+    if "saturate" in a and not a["saturate"] and to.startswith("float8"):
+        raise UnsupportedOpError("node %s: Cast with saturate=0" % node.name)
+    c = im.const(ins[0])
+    if to not in _CAST_DTYPES:
+        raise UnsupportedOpError("node %s: Cast to %s (tether casts between %s)" % (node.name, to,
+                                                                                 ", ".join(_CAST_DTYPES)))
+    if c is not None and c.dtype != object:
+        im.add_const(ops.evaluate("cast", {"to": to}, [c])[0], name=node.output[0])
+        return
+    src = _require_dtype(im, node, ins[0], _CAST_DTYPES)
+    if src == to:
+        _reshape_alias(im, ins[0], node)
+        return
+    im.emit("cast", ins[:1], {"to": to}, node.name, _out(node))
+
+
+@converter("CastLike")
+def _cast_like(im, node, ins, a):
+    # CastLike(x, like) is Cast(x, to=like's dtype); saturate only concerns float8 targets, which are refused
+    inv = {v: k for k, v in _ONNX_DTYPES.items()}
+    dt = str(im.type(ins[1]).dtype)
+    if dt not in inv:
+        raise UnsupportedOpError("node %s: CastLike to %s" % (node.name, dt))
+    _cast(im, node, ins[:1], {"to": inv[dt]})
+
+
+@converter("Size")
+def _size(im, node, ins, a):
+    im.add_const(np.array(im.type(ins[0]).size, dtype=np.int64), name=node.output[0])
+
+
+# ---------------------------------------------------------------- bitwise ops and BitShift (issue 11)
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
+
+
+@converter(*_BITWISE)
+def _bitwise(im, node, ins, a):
+    dt = _require_dtype(im, node, ins[0], _INTS)
+    _require_dtype(im, node, ins[1], (dt,))
+    im.emit(_BITWISE[node.op_type], ins[:2], {}, node.name, _out(node))
+
+
+@converter("BitwiseNot")
+def _bitwise_not(im, node, ins, a):
+    _require_dtype(im, node, ins[0], _INTS)
+    im.emit("bitwise_not", ins[:1], {}, node.name, _out(node))
+
+
+@converter("BitShift")
+def _bit_shift(im, node, ins, a):
+    # unsigned types, and from opset 28 signed ones (arithmetic right shift); the kernels lack uint16..uint64
+    dt = _require_dtype(im, node, ins[0], _INTS)
+    _require_dtype(im, node, ins[1], (dt,))
+    direction = _str_attr(a, "direction", "")
+    if direction not in ("LEFT", "RIGHT"):
+        raise UnsupportedOpError("node %s: BitShift direction %r (LEFT or RIGHT)" % (node.name, direction))
+    im.emit("bit_shift", ins[:2], {"direction": direction}, node.name, _out(node))
+
+
+# ---------------------------------------------------------------- Max/Min: NaN propagates on floats (issue 11)
+@converter("Max", "Min")
+def _max_min(im, node, ins, a):
+    """Variadic, broadcasting Max/Min; a NaN operand makes the element NaN (numpy, onnxruntime). Replaces the
+    generic variadic converter for these two."""
+    dt = _require_dtype(im, node, ins[0], _NUMERIC)
+    for x in ins[1:]:
+        _require_dtype(im, node, x, (dt,))
+    if len(ins) == 1:
+        _reshape_alias(im, ins[0], node)
+        return
+    op = ("maximum" if node.op_type == "Max" else "minimum") + ("_nan" if dt in _FLOATS else "")
+    acc = ins[0]
+    for k, x in enumerate(ins[1:]):
+        last = k == len(ins) - 2
+        acc = im.emit(op, [acc, x], {}, node.name if last else node.name + "_%d" % k, _out(node) if last else None)
+
+
+# ---------------------------------------------------------------- run-time dtypes the kernels implement (issue 11)
+_KERNEL_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float32", "float64")
+
+
+def _onnx_type_name(vi) -> str:
+    import onnx
+    elem = vi.type.tensor_type.elem_type
+    try:
+        return onnx.TensorProto.DataType.Name(elem).lower()
+    except ValueError:
+        return "elem_type_%d" % elem
+
+
 # ---------------------------------------------------------------- entry point
 def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""
@@ -596,6 +844,22 @@ def unsupported_ops(model) -> Dict[str, List[str]]:
         if node.op_type not in CONVERTERS or (node.domain not in ("", "ai.onnx")):
             missing.setdefault(node.op_type, []).append(node.name or "#%d" % i)
     return missing
+
+
+def op_coverage(model) -> List[dict]:
+    """Per (domain, op type) of ``model``: its opset, whether a converter covers it, and its nodes' names, in
+    order of first use. Covered means there is a converter; a converter may still refuse an attribute value
+    or dtype when the model is imported."""
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    rows: Dict[Tuple[str, str], dict] = {}
+    for i, node in enumerate(model.graph.node):
+        domain = node.domain or "ai.onnx"
+        key = (domain, node.op_type)
+        if key not in rows:
+            rows[key] = {"domain": domain, "op_type": node.op_type, "opset": opsets.get(domain),
+                         "covered": domain == "ai.onnx" and node.op_type in CONVERTERS, "nodes": []}
+        rows[key]["nodes"].append(node.name or "#%d" % i)
+    return list(rows.values())
 
 
 def _value_info_type(vi) -> Tuple[Tuple[Optional[int], ...], str]:
@@ -650,8 +914,9 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         if any(d is None for d in dims):
             raise ValueError("input %r has a symbolic shape %s: fix it with from_onnx(..., shape={%r: (...)}) "
                              "(CLI: --input-shape %s:D0,D1,...)" % (vi.name, dims, vi.name, vi.name))
-        if dt not in _ONNX_DTYPES.values():
-            raise UnsupportedOpError("input %r has an unsupported element type %s" % (vi.name, dt))
+        if dt not in _KERNEL_DTYPES:
+            raise UnsupportedOpError("input %r has element type %s, which tether's kernels do not implement "
+                                     "(they take %s)" % (vi.name, _onnx_type_name(vi), ", ".join(_KERNEL_DTYPES)))
         im.types[vi.name] = TensorType(dims, dt)
         inputs.append(vi.name)
     for i, node in enumerate(model.graph.node):

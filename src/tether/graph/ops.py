@@ -83,11 +83,18 @@ def _binary_infer(attrs, a, b):
     return [TensorType(broadcast_shapes(a.shape, b.shape), a.dtype)]
 
 
+def _int_trunc_div(a, b):
+    """Integer division truncating toward zero (ONNX Div, C), exact for int64 (a float quotient is not)."""
+    a, b = np.asarray(a), np.asarray(b)
+    q = np.floor_divide(a, b)
+    return q + ((q * b != a) & (q < 0))
+
+
 BINARY = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
-    "div": lambda a, b: (a / b) if np.issubdtype(np.asarray(a).dtype, np.floating) else np.trunc(a / b),
+    "div": lambda a, b: (a / b) if np.issubdtype(np.asarray(a).dtype, np.floating) else _int_trunc_div(a, b),
     "maximum": np.maximum,
     "minimum": np.minimum,
     "pow": np.power,
@@ -326,6 +333,170 @@ def _reduce_infer(attrs, x):
 _register("mean", "opaque", _reduce_infer,
           lambda attrs, x: [x.mean(axis=tuple(attrs["axes"]), keepdims=bool(attrs.get("keepdims", True)),
                                    dtype=np.float64).astype(x.dtype)])
+
+
+# ---------------------------------------------------------------- ONNX elementwise: comparison, logic, selection,
+# math with attributes, casts (issue 11). Output dtypes follow ONNX: comparisons and IsNaN/IsInf give bool.
+def _bcast_infer(dtype=None):
+    def infer(attrs, *xs):
+        return [TensorType(broadcast_shapes(*[x.shape for x in xs]), dtype or xs[-1].dtype)]
+    return infer
+
+
+def _as(dtype_of_first=True):
+    def wrap(fn):
+        def ref(attrs, *xs):
+            out = np.asarray(fn(attrs, *xs))
+            return [out.astype(xs[0].dtype if dtype_of_first else out.dtype, copy=False)]
+        return ref
+    return wrap
+
+
+COMPARE = {"equal": np.equal, "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
+           "greater_equal": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
+           "logical_xor": np.logical_xor}
+for _n, _fn in COMPARE.items():
+    _register(_n, "elemwise", _bcast_infer("bool"),
+              (lambda fn: lambda attrs, a, b: [np.asarray(fn(a, b), dtype=bool)])(_fn))
+_register("logical_not", "elemwise", lambda attrs, x: [TensorType(x.shape, "bool")],
+          lambda attrs, x: [np.logical_not(x)])
+_register("where", "elemwise", lambda attrs, cnd, x, y: [TensorType(broadcast_shapes(cnd.shape, x.shape, y.shape),
+                                                                     x.dtype)],
+          lambda attrs, cnd, x, y: [np.where(cnd, x, y).astype(x.dtype, copy=False)])
+
+
+def _mod_ref(attrs, a, b):
+    if attrs.get("fmod", 0):
+        if np.issubdtype(a.dtype, np.floating):
+            return [np.fmod(a, b)]
+        return [(a - b * _int_trunc_div(a, b)).astype(a.dtype)]
+    return [np.mod(a, b).astype(a.dtype)]
+
+
+_register("mod", "elemwise", _bcast_infer(), _mod_ref)
+_register("prelu", "elemwise", lambda attrs, x, s: [x],
+          lambda attrs, x, s: [np.where(x < 0, x * s, x).astype(x.dtype)])
+
+
+def _erf_np(x):
+    import math
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _round_half_even(x):
+    return np.round(x)
+
+
+def _softplus(x):
+    x = x.astype(np.float64)
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+def _gelu_ref(a, x):
+    x64 = x.astype(np.float64)
+    if a.get("approximate", "none") == "tanh":
+        return 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    return 0.5 * x64 * (1 + _erf_np(x64 / np.sqrt(2)))
+
+
+def _isinf_ref(a, x):
+    pos, neg = a.get("detect_positive", 1), a.get("detect_negative", 1)
+    return [((np.isposinf(x) & bool(pos)) | (np.isneginf(x) & bool(neg)))]
+
+
+def _expm1(x):
+    return np.expm1(x.astype(np.float64))
+
+
+MATH = {
+    "erf": lambda a, x: _erf_np(x),
+    "gelu": _gelu_ref,
+    "reciprocal": lambda a, x: 1.0 / x,
+    "floor": lambda a, x: np.floor(x),
+    "ceil": lambda a, x: np.ceil(x),
+    "round": lambda a, x: _round_half_even(x),
+    "sign": lambda a, x: np.sign(x),
+    "elu": lambda a, x: np.where(x > 0, x, a["alpha"] * _expm1(x)),
+    "selu": lambda a, x: a["gamma"] * np.where(x > 0, x, a["alpha"] * _expm1(x)),
+    "celu": lambda a, x: np.maximum(x, 0) + np.minimum(0, a["alpha"] * _expm1(x / a["alpha"])),
+    "softplus": lambda a, x: _softplus(x),
+    "softsign": lambda a, x: x / (1 + np.abs(x)),
+    "mish": lambda a, x: x * np.tanh(_softplus(x)),
+    "thresholded_relu": lambda a, x: np.where(x > a["alpha"], x, 0),
+    "sinh": lambda a, x: np.sinh(x.astype(np.float64)),
+    "cosh": lambda a, x: np.cosh(x.astype(np.float64)),
+    "asinh": lambda a, x: np.arcsinh(x.astype(np.float64)),
+    "acosh": lambda a, x: np.arccosh(x.astype(np.float64)),
+    "atanh": lambda a, x: np.arctanh(x.astype(np.float64)),
+}
+for _n, _fn in MATH.items():
+    _register(_n, "elemwise", _same, _f32(_fn))
+_register("isnan", "elemwise", lambda attrs, x: [TensorType(x.shape, "bool")], lambda attrs, x: [np.isnan(x)])
+_register("isinf", "elemwise", lambda attrs, x: [TensorType(x.shape, "bool")], _isinf_ref)
+
+
+def _cast_ref(attrs, x):
+    to = attrs["to"]
+    if np.issubdtype(x.dtype, np.floating) and np.issubdtype(np.dtype(to), np.integer):
+        # float -> integer truncates toward zero; out-of-range values wrap through int64 as the kernel does
+        return [np.trunc(x).astype(np.int64).astype(to)]
+    return [x.astype(to)]
+
+
+_register("cast", "elemwise", lambda attrs, x: [TensorType(x.shape, attrs["to"])], _cast_ref)
+
+
+def _axis_softmax_like(fn):
+    def ref(attrs, x):
+        return [fn(x, attrs["axis"]).astype(x.dtype)]
+    return ref
+
+
+def _log_softmax_np(x, ax):
+    x64 = x.astype(np.float64)
+    m = x64.max(axis=ax, keepdims=True)
+    return x64 - m - np.log(np.exp(x64 - m).sum(axis=ax, keepdims=True))
+
+
+def _hardmax_np(x, ax):
+    idx = np.expand_dims(np.argmax(x, axis=ax), ax)
+    out = np.zeros_like(x)
+    np.put_along_axis(out, idx, 1, axis=ax)
+    return out
+
+
+_register("log_softmax", "opaque", _same, _axis_softmax_like(_log_softmax_np))
+_register("hardmax", "opaque", _same, _axis_softmax_like(_hardmax_np))
+
+
+# ---------------------------------------------------------------- ONNX bitwise ops and BitShift (issue 11)
+def _shift_ref(attrs, x, y):
+    x, y = np.broadcast_arrays(x, y)
+    bits = x.dtype.itemsize * 8
+    out_of_range = (y < 0) | (y >= bits)
+    safe = np.where(out_of_range, 0, y)
+    if attrs["direction"] == "LEFT":
+        u = np.dtype("u%d" % x.dtype.itemsize)
+        out = np.left_shift(x.view(u), safe.astype(u)).view(x.dtype)
+        fill = np.zeros_like(x)
+    else:
+        out = np.right_shift(x, safe.astype(x.dtype))
+        fill = np.where(x < 0, -1, 0).astype(x.dtype)
+    return [np.where(out_of_range, fill, out).astype(x.dtype)]
+
+
+for _n, _fn in {"bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+                "bitwise_xor": np.bitwise_xor}.items():
+    _register(_n, "elemwise", _bcast_infer(),
+              (lambda fn: lambda attrs, a, b: [np.asarray(fn(a, b)).astype(a.dtype)])(_fn))
+_register("bitwise_not", "elemwise", _same, lambda attrs, x: [np.invert(x)])
+_register("bit_shift", "elemwise", _bcast_infer(), _shift_ref)
+
+
+# ---------------------------------------------------------------- ONNX Max/Min on floats: NaN propagates (issue 11)
+for _n, _fn in {"maximum_nan": np.maximum, "minimum_nan": np.minimum}.items():
+    _register(_n, "elemwise", _bcast_infer(),
+              (lambda fn: lambda attrs, a, b: [np.asarray(fn(a, b)).astype(a.dtype)])(_fn))
 
 
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:

@@ -273,6 +273,239 @@ def _lrn(attrs, x):
     return c.compute(shape, lambda *i: x[i] / te.pow(b + a * acc[i], bt), "lrn", c.BROADCAST)
 
 
+# ---------------------------------------------------------------- ONNX elementwise: comparison, logic, selection,
+# math with attributes, casts (issue 11). Each op is a scalar function mapped over broadcast inputs
+# (ops.elementwise). Float32 math whose plain formula cancels (expm1, sinh, round's +0.5) runs in float64.
+_CMP = {"equal": lambda a, b: a == b, "less": lambda a, b: a < b, "less_equal": lambda a, b: a <= b,
+        "greater": lambda a, b: a > b, "greater_equal": lambda a, b: a >= b,
+        "logical_and": lambda a, b: te.all(a, b), "logical_or": lambda a, b: te.any(a, b),
+        "logical_xor": lambda a, b: a != b}
+for _n, _f in _CMP.items():
+    LOWER[_n] = (lambda n, f: lambda attrs, a, b: ops.elementwise(f, [a, b], n))(_n, _f)
+
+
+@lowering("logical_not")
+def _logical_not(attrs, x):
+    return ops.elementwise(lambda v: te.if_then_else(v, te.const(False, "bool"), te.const(True, "bool")), [x],
+                           "logical_not")
+
+
+@lowering("where")
+def _where(attrs, cond, x, y):
+    return ops.elementwise(lambda cv, a, b: te.if_then_else(cv, a, b), [cond, x, y], "where")
+
+
+def _trunc(v):
+    return te.if_then_else(v < c.const(0.0, v.dtype), te.ceil(v), te.floor(v))
+
+
+def _wide(v):
+    """float32 -> float64 for the formulas that lose float32 precision; float64 stays."""
+    return v.astype("float64") if v.dtype == "float32" else v
+
+
+@lowering("mod")
+def _mod(attrs, a, b):
+    def int_fmod(x, y):     # C's %: the sign of the dividend
+        q = x // y
+        q = te.if_then_else(te.all(q * y != x, q < 0), q + 1, q)
+        return x - q * y
+
+    def float_fmod(x, y):
+        xw, yw = _wide(x), _wide(y)
+        return (xw - _trunc(xw / yw) * yw).astype(x.dtype)
+    if attrs.get("fmod", 0):
+        f = float_fmod if "float" in a.dtype else int_fmod
+    else:
+        f = te.floormod     # Python's %: the sign of the divisor (integers only, checked by the frontend)
+    return ops.elementwise(f, [a, b], "mod")
+
+
+@lowering("prelu")
+def _prelu(attrs, x, slope):
+    return ops.elementwise(lambda v, s: te.if_then_else(v < c.const(0, v.dtype), v * s, v), [x, slope], "prelu")
+
+
+def _expm1(v):
+    w = _wide(v)
+    return (te.exp(w) - c.const(1.0, w.dtype)).astype(v.dtype)
+
+
+def _softplus(v):
+    zero, one = c.const(0.0, v.dtype), c.const(1.0, v.dtype)
+    return c.max2(v, zero) + te.log(one + te.exp(zero - te.abs(v)))
+
+
+def _round_even(v):
+    w = _wide(v)
+    half, one, two = c.const(0.5, w.dtype), c.const(1.0, w.dtype), c.const(2.0, w.dtype)
+    r = te.floor(w + half)
+    odd = (r - two * te.floor(r * half)) == one
+    r = te.if_then_else(te.all((r - w) == half, odd), r - one, r)
+    # |x| >= 2**52 is an integer already (and x + 0.5 would round)
+    r = te.if_then_else(te.abs(w) >= c.const(2.0 ** 52, w.dtype), w, r)
+    return r.astype(v.dtype)
+
+
+def _sign(v):
+    one, zero = c.const(1, v.dtype), c.const(0, v.dtype)
+    neg = c.const(-1, v.dtype) if not v.dtype.startswith("uint") else zero
+    s = te.if_then_else(v > zero, one, te.if_then_else(v < zero, neg, zero))
+    return te.if_then_else(v == v, s, v) if "float" in v.dtype else s     # NaN stays NaN
+
+
+def _gelu(a, v):
+    half, one = c.const(0.5, v.dtype), c.const(1.0, v.dtype)
+    if a.get("approximate", "none") == "tanh":
+        k, b = c.const(math.sqrt(2.0 / math.pi), v.dtype), c.const(0.044715, v.dtype)
+        return half * v * (one + te.tanh(k * (v + b * v * v * v)))
+    return half * v * (one + te.erf(v * c.const(1.0 / math.sqrt(2.0), v.dtype)))
+
+
+def _in_wide(fn):
+    def f(a, v):
+        w = _wide(v)
+        return fn(a, w).astype(v.dtype)
+    return f
+
+
+def _k(v, x):
+    return c.const(x, v.dtype)
+
+
+_MATH = {
+    "erf": lambda a, v: te.erf(v),
+    "gelu": _gelu,
+    "reciprocal": lambda a, v: _k(v, 1.0) / v,
+    "floor": lambda a, v: te.floor(v),
+    "ceil": lambda a, v: te.ceil(v),
+    "round": lambda a, v: _round_even(v),
+    "sign": lambda a, v: _sign(v),
+    "elu": lambda a, v: te.if_then_else(v > _k(v, 0.0), v, _k(v, a["alpha"]) * _expm1(v)),
+    "selu": lambda a, v: _k(v, a["gamma"]) * te.if_then_else(v > _k(v, 0.0), v, _k(v, a["alpha"]) * _expm1(v)),
+    "celu": lambda a, v: c.max2(v, _k(v, 0.0)) + c.min2(_k(v, 0.0),
+                                                          _k(v, a["alpha"]) * _expm1(v / _k(v, a["alpha"]))),
+    "softplus": lambda a, v: _softplus(v),
+    "softsign": lambda a, v: v / (_k(v, 1.0) + te.abs(v)),
+    "mish": lambda a, v: v * te.tanh(_softplus(v)),
+    "thresholded_relu": lambda a, v: te.if_then_else(v > _k(v, a["alpha"]), v, _k(v, 0.0)),
+    "sinh": _in_wide(lambda a, w: (te.exp(w) - te.exp(_k(w, 0.0) - w)) * _k(w, 0.5)),
+    "cosh": _in_wide(lambda a, w: (te.exp(w) + te.exp(_k(w, 0.0) - w)) * _k(w, 0.5)),
+    "asinh": _in_wide(lambda a, w: te.if_then_else(w < _k(w, 0.0), _k(w, -1.0), _k(w, 1.0))
+                      * te.log(te.abs(w) + te.sqrt(w * w + _k(w, 1.0)))),
+    "acosh": _in_wide(lambda a, w: te.log(w + te.sqrt(w * w - _k(w, 1.0)))),
+    "atanh": _in_wide(lambda a, w: _k(w, 0.5) * te.log((_k(w, 1.0) + w) / (_k(w, 1.0) - w))),
+    "isnan": lambda a, v: v != v,
+}
+for _n, _f in _MATH.items():
+    LOWER[_n] = (lambda n, f: lambda attrs, x: ops.elementwise(lambda v: f(attrs, v), [x], n))(_n, _f)
+
+
+@lowering("isinf")
+def _isinf(attrs, x):
+    def f(v):
+        conds = []
+        if attrs.get("detect_positive", 1):
+            conds.append(v == c.const(math.inf, v.dtype))
+        if attrs.get("detect_negative", 1):
+            conds.append(v == c.const(-math.inf, v.dtype))
+        return te.any(*conds) if conds else te.const(False, "bool")
+    return ops.elementwise(f, [x], "isinf")
+
+
+@lowering("cast")
+def _cast(attrs, x):
+    to = attrs["to"]
+
+    def f(v):
+        if v.dtype == "bool":      # true is 1 (a plain int conversion of the 1-bit value would sign-extend)
+            return te.if_then_else(v, c.const(1, to), c.const(0, to))
+        if "float" in v.dtype and to != "bool" and "float" not in to:
+            # truncate toward zero through int64, then wrap to the narrower type as numpy does
+            return te.cast(te.cast(v, "int64"), to)
+        return te.cast(v, to)
+    return ops.elementwise(f, [x], "cast")
+
+
+@lowering("log_softmax")
+def _log_softmax(attrs, x):
+    return ops.log_softmax(x, attrs["axis"])
+
+
+@lowering("hardmax")
+def _hardmax(attrs, x):
+    shape = c.shape_of(x)
+    ax = attrs["axis"]
+    n = shape[ax]
+    r = te.reduce_axis((0, n), name="rmax")
+    mx = c.compute(shape[:ax] + shape[ax + 1:], lambda *i: te.max(x[i[:ax] + (r,) + i[ax:]], axis=r),
+                   "hardmax_max", c.REDUCE)
+    r2 = te.reduce_axis((0, n), name="rarg")
+    first = c.compute(shape[:ax] + shape[ax + 1:],
+                      lambda *i: te.min(te.if_then_else(x[i[:ax] + (r2,) + i[ax:]] == mx[i], r2, n), axis=r2),
+                      "hardmax_arg", c.REDUCE)
+    return c.compute(shape, lambda *i: te.if_then_else(first[i[:ax] + i[ax + 1:]] == i[ax], c.const(1.0, x.dtype),
+                                                       c.const(0.0, x.dtype)), "hardmax", c.BROADCAST)
+
+
+@lowering("pow")
+def _pow_typed(attrs, a, b):
+    """ONNX Pow: the output has the base's dtype, whatever the exponent's. Same-dtype float pow is unchanged."""
+    if a.dtype == b.dtype and "float" in a.dtype:
+        return ops.power(a, b)
+
+    def f(x, y):
+        if "float" in x.dtype:
+            return te.pow(x, y.astype(x.dtype))
+        # integer base: pow in float64 (exact below 2**53 for integral exponents), then back to the integer type:
+        # rounded for an integral exponent, truncated (as the spec's cast does) otherwise, nudged up by 2**-40
+        # so that an exact integer result computed as 1.9999999... does not truncate to 1
+        xd, yd = x.astype("float64"), y.astype("float64")
+        r = te.pow(xd, yd)
+        # a negative integral exponent gives a fraction (or +-1 exactly), which truncates like C's integer pow
+        integral = te.all(te.floor(yd) == yd, yd >= c.const(0.0, "float64"))
+        rounded = te.floor(r + c.const(0.5, "float64"))
+        nudged = _trunc(r * c.const(1.0 + 2.0 ** -40, "float64"))
+        return te.if_then_else(integral, rounded, nudged).astype("int64").astype(x.dtype)
+    return ops.elementwise(f, [a, b], "pow")
+
+
+# ---------------------------------------------------------------- ONNX bitwise ops and BitShift (issue 11)
+for _n, _b in {"bitwise_and": "bitand", "bitwise_or": "bitor", "bitwise_xor": "bitxor"}.items():
+    LOWER[_n] = (lambda n, b: lambda attrs, x, y: ops.elementwise(lambda u, v: te.bitwise(b, u, v), [x, y], n))(
+        _n, _b)
+
+
+@lowering("bitwise_not")
+def _bitwise_not(attrs, x):
+    return ops.elementwise(lambda v: te.bitwise("bitxor", v, c.const(-1 if not v.dtype.startswith("uint")
+                                                                         else 255, v.dtype)), [x], "bitwise_not")
+
+
+@lowering("bit_shift")
+def _bit_shift(attrs, x, y):
+    op = "shl" if attrs["direction"] == "LEFT" else "shr"
+
+    def f(u, v):
+        zero = c.const(0, u.dtype)
+        width = c.const(int(u.dtype.lstrip("uint")), u.dtype)
+        # a shift by a negative amount or by the width or more (undefined in LLVM) leaves only the sign fill:
+        # -1 for a right shift of a negative signed value, 0 otherwise (the ONNX spec)
+        fill = zero
+        if op == "shr" and not u.dtype.startswith("uint"):
+            fill = te.if_then_else(u < zero, c.const(-1, u.dtype), zero)
+        out = te.any(v < zero, v >= width) if not u.dtype.startswith("uint") else v >= width
+        return te.if_then_else(out, fill, te.bitwise(op, u, v))
+    return ops.elementwise(f, [x, y], "bit_shift")
+
+
+# ---------------------------------------------------------------- ONNX Max/Min on floats: NaN propagates (issue 11)
+# (ops.maximum keeps the other operand, which is what relu/clip want and what Max/Min must not do)
+for _n, _f in {"maximum_nan": c.max2, "minimum_nan": c.min2}.items():
+    LOWER[_n] = (lambda n, f: lambda attrs, x, y: ops.elementwise(
+        lambda u, v: te.if_then_else(u != u, u, te.if_then_else(v != v, v, f(u, v))), [x, y], n))(_n, _f)
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:

@@ -11,6 +11,7 @@ from .common import tag_of
 from .conv import conv2d, conv2d_pixels, depthwise_conv2d
 from .elementwise import (abs, add, ceil, divide, erf, exp, floor, log, maximum, minimum, multiply, negative,
                           power, rsqrt, sqrt, subtract)
+from .nary import elementwise
 from .linear import batch_matmul, dense, matmul
 from .norm import batch_norm
 from .pooling import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
@@ -20,7 +21,7 @@ from .shape import concat, expand_dims, flatten, pad, reshape, squeeze, transpos
 
 __all__ = [
     "abs", "add", "avg_pool2d", "batch_matmul", "batch_norm", "ceil", "clip", "concat", "conv2d", "conv2d_pixels", "dense",
-    "depthwise_conv2d", "divide", "erf", "exp", "expand_dims", "family_of", "flatten", "floor", "gelu",
+    "depthwise_conv2d", "divide", "elementwise", "erf", "exp", "expand_dims", "family_of", "flatten", "floor", "gelu",
     "global_avg_pool2d", "global_max_pool2d", "hard_sigmoid", "hard_swish", "leaky_relu", "log", "log_softmax",
     "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply", "negative", "pad", "power",
     "relu", "relu6", "reshape", "rsqrt", "schedule", "sigmoid", "softmax", "sqrt", "squeeze", "subtract", "sum",

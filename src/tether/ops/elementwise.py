@@ -7,11 +7,21 @@ from tether import te
 
 from . import common as c
 
+def _divide(a, b):
+    """a / b; integers truncate toward zero (C and ONNX ``Div``), where tir's ``/`` on integers floors."""
+    a, b = te.convert(a, getattr(b, "dtype", None)), te.convert(b, getattr(a, "dtype", None))
+    if "float" in a.dtype or "float" in b.dtype or a.dtype.startswith("uint") or a.dtype == "bool":
+        return a / b
+    q = a // b
+    # floor and truncation differ by one when the division is inexact and the quotient negative
+    return te.if_then_else(te.all(q * b != a, q < 0), q + 1, q)
+
+
 _BINARY: dict[str, Callable] = {
     "add": lambda a, b: a + b,
     "subtract": lambda a, b: a - b,
     "multiply": lambda a, b: a * b,
-    "divide": lambda a, b: a / b,
+    "divide": lambda a, b: _divide(a, b),
     "maximum": c.max2,
     "minimum": c.min2,
     "power": lambda a, b: te.pow(a, b),

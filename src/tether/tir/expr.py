@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from tether.tir.buffer import Buffer
 
 _BIN = {"add": ("+", 4), "sub": ("-", 4), "mul": ("*", 5), "div": ("/", 5), "floordiv": ("//", 5),
-        "floormod": ("%", 5), "and": ("&&", 1), "or": ("||", 0)}
+        "floormod": ("%", 5), "and": ("&&", 1), "or": ("||", 0),
+        "bitand": ("&", 3), "bitor": ("|", 2), "bitxor": ("^", 2), "shl": ("<<", 3), "shr": (">>", 3)}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -404,6 +405,17 @@ def floormod(a: Any, b: Any) -> Expr:
 def minmax(op: str, a: Any, b: Any) -> Expr:
     """The elementwise ``min`` or ``max`` of two operands (promoted to one dtype)."""
     a, b = promote(a, b)
+    return Binary(op, a, b)
+
+
+def bitwise(op: str, a: Any, b: Any) -> Expr:
+    """Integer bit operations: ``bitand``, ``bitor``, ``bitxor``, ``shl``, ``shr`` (logical for unsigned types,
+    arithmetic for signed ones). A shift by the type's width or more is undefined: callers guard it."""
+    if op not in ("bitand", "bitor", "bitxor", "shl", "shr"):
+        raise ValueError(f"unknown bit operation {op!r}")
+    a, b = promote(a, b)
+    if not is_int(a.dtype):
+        raise TypeError(f"{op} needs integer operands, got {a.dtype}")
     return Binary(op, a, b)
 
 

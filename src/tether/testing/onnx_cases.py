@@ -1,0 +1,298 @@
+"""ONNX's node conformance cases run through tether (and onnxruntime), one case at a time.
+
+Shared by ``scripts/onnx_conformance.py`` (the whole suite, with a per-op table) and
+``tests/test_onnx_conformance.py`` (a CI selection), so both judge a case the same way:
+
+- tether: ``frontend.from_onnx`` -> ``tether.build_graph`` for the host -> the graph executor, compiled at the
+  opt_level the backend test (tests/test_onnx_backend.py) uses. Every input is first a run-time input; when the
+  import needs an integer input as a constant (a Reshape shape, Pad pads, Gather indices), the case is retried
+  with the int64/int32 inputs bound as constants, as the backend test does with int64 ones.
+- Outcome: ``pass``; ``refused`` (an error while importing or compiling: UnsupportedOpError or any other, with
+  its message); ``wrong`` (it ran, and an output's shape, dtype or values differ from the expected ones);
+  ``crash`` (it compiled but running raised, or the worker died or timed out).
+- onnxruntime runs the same model on the same inputs and is judged by the same comparison.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+PASS, REFUSED, WRONG, CRASH = "pass", "refused", "wrong", "crash"
+
+
+@dataclasses.dataclass
+class CaseResult:
+    name: str
+    op_type: str
+    ort: str = ""                 # pass / fail / skipped
+    ort_message: str = ""
+    tether: str = ""              # pass / refused / wrong / crash
+    tether_message: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def collect(include: Optional[str] = None) -> List[Any]:
+    """The node cases of the installed onnx (``onnx.backend.test.case.node``), optionally those whose name
+    matches the regular expression ``include`` (searched, not anchored)."""
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():     # the case generators overflow casts on purpose
+        warnings.simplefilter("ignore")
+        cases = list(collect_testcases())
+    if include:
+        pattern = re.compile(include)
+        cases = [c for c in cases if pattern.search(c.name)]
+    return cases
+
+
+def op_types(cases: Sequence[Any]) -> Dict[str, str]:
+    """Case name -> the ONNX op type it tests. A plain case is one node; an ``_expanded`` case (the op's function
+    body) counts for the op of the case it expands."""
+    out: Dict[str, str] = {}
+    for c in cases:
+        nodes = c.model.graph.node
+        if "_expanded" not in c.name and len(nodes) == 1:
+            out[c.name] = nodes[0].op_type
+    for c in cases:
+        if c.name not in out:
+            base = c.name.split("_expanded")[0]
+            out[c.name] = out.get(base) or (c.model.graph.node[-1].op_type if c.model.graph.node else "?")
+    return out
+
+
+def case_inputs(case: Any) -> List[Dict[str, Any]]:
+    """The data sets of a case as {input name: value} (the values are numpy arrays, or lists for sequences)."""
+    from onnx import numpy_helper
+
+    inits = {i.name for i in case.model.graph.initializer}
+    names = [i.name for i in case.model.graph.input if i.name not in inits]
+    feeds = []
+    for inputs, _ in case.data_sets:
+        d = {}
+        for n, v in zip(names, inputs):
+            if hasattr(v, "data_type"):
+                v = numpy_helper.to_array(v)
+            elif isinstance(v, np.generic):     # a numpy scalar is a rank-0 tensor
+                v = np.asarray(v)
+            d[n] = v
+        feeds.append(d)
+    return feeds
+
+
+def case_outputs(case: Any) -> List[List[Any]]:
+    from onnx import numpy_helper
+    return [[numpy_helper.to_array(v) if hasattr(v, "data_type") else v for v in outputs]
+            for _, outputs in case.data_sets]
+
+
+def compare(case: Any, expected: Sequence[Any], actual: Sequence[Any]) -> Optional[str]:
+    """None when ``actual`` matches ``expected`` by the backend runner's rule (shape, dtype, allclose with the
+    case's rtol/atol); otherwise the mismatch, as text."""
+    from onnx.backend.test.runner import Runner
+
+    try:
+        Runner.assert_similar_outputs(list(expected), list(actual), rtol=case.rtol, atol=case.atol)
+    except (AssertionError, TypeError, ValueError) as exc:
+        return str(exc).strip()
+    return None
+
+
+def opt_level_for(model: Any) -> int:
+    """The opt_level tests/test_onnx_backend.py compiles a model of this size at."""
+    return 2 if len(model.graph.node) > 40 else 3
+
+
+class TetherCase:
+    """One model compiled for the host; ``run(feeds)`` returns its outputs."""
+
+    def __init__(self, model: Any, feeds: Dict[str, Any]) -> None:
+        import tether
+        from tether import graph_executor
+        from tether.frontend import from_onnx
+
+        self.consts: Dict[str, np.ndarray] = {}
+        for v in feeds.values():
+            if not isinstance(v, np.ndarray):
+                raise TypeError("input of type %s: tether takes tensors only" % type(v).__name__)
+        try:
+            graph, params = from_onnx(model)
+        except Exception as first:
+            # shape arguments (Reshape shape, axes, pads, Gather indices) arrive as integer inputs: bind them
+            consts = {k: v for k, v in feeds.items() if v.dtype in (np.int64, np.int32)}
+            if not consts:
+                raise
+            try:
+                graph, params = from_onnx(model, constants=consts)
+            except Exception as second:
+                if str(second) == str(first):
+                    raise first from None
+                raise type(second)("%s; with %s bound as constants: %s"
+                                   % (first, ", ".join(sorted(consts)), second)) from None
+            self.consts = consts
+        factory = tether.build_graph(graph, params, target="host", opt_level=opt_level_for(model))
+        self._dir = tempfile.TemporaryDirectory(prefix="tether-case-")
+        factory.export(self._dir.name)
+        self.gm = graph_executor.load(self._dir.name)
+
+    def run(self, feeds: Dict[str, Any]) -> List[np.ndarray]:
+        for k, v in feeds.items():
+            if k in self.consts:
+                if not np.array_equal(self.consts[k], v):
+                    raise ValueError("input %s differs from the value the model was compiled with" % k)
+                continue
+            self.gm.set_input(k, v)
+        self.gm.run()
+        return [self.gm.get_output(i) for i in range(self.gm.get_num_outputs())]
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
+def _short(exc: BaseException, limit: int = 400) -> str:
+    text = "%s: %s" % (type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+    return text[:limit]
+
+
+def run_tether(case: Any) -> tuple:
+    """(status, message) of ``case`` through tether on the host."""
+    feeds, expected = case_inputs(case), case_outputs(case)
+    try:
+        compiled = TetherCase(case.model, feeds[0])
+    except Exception as exc:    # any import/compile failure is a refusal, its message the reason
+        return REFUSED, _short(exc)
+    try:
+        for f, e in zip(feeds, expected):
+            try:
+                actual = compiled.run(f)
+            except Exception as exc:
+                return CRASH, _short(exc)
+            diff = compare(case, e, actual)
+            if diff is not None:
+                return WRONG, diff[:1000]
+        return PASS, ""
+    finally:
+        compiled.close()
+
+
+def run_ort(case: Any) -> tuple:
+    """("pass" | "fail", message) of ``case`` through onnxruntime (one thread)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return "skipped", "onnxruntime is not installed"
+    try:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(case.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        for f, e in zip(case_inputs(case), case_outputs(case)):
+            actual = sess.run(None, f)
+            diff = compare(case, e, actual)
+            if diff is not None:
+                return "fail", diff[:400]
+    except Exception as exc:
+        return "fail", _short(exc)
+    return "pass", ""
+
+
+def run_case(case: Any, op_type: str, ort: bool = True) -> CaseResult:
+    t0 = time.perf_counter()
+    r = CaseResult(case.name, op_type)
+    if ort:
+        r.ort, r.ort_message = run_ort(case)
+    r.tether, r.tether_message = run_tether(case)
+    r.seconds = time.perf_counter() - t0
+    return r
+
+
+def run_forked(cases: Sequence[Any], ops: Dict[str, str], jobs: int = 1, timeout: float = 300.0,
+               ort: bool = True, on_result=None) -> List[CaseResult]:
+    """Run every case in its own forked process, ``jobs`` at a time; a case that hangs past ``timeout`` seconds
+    or kills its process is a ``crash`` (so one bad case never stalls or ends the run)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    os.environ.setdefault("TETHER_BUILD_JOBS", "1")     # the workers are the parallelism
+    # import the compiler once, before forking: workers start warm, and all of them run the same code even if
+    # the source tree changes during a long run
+    import importlib
+    for mod in ("tether", "tether.frontend.onnx", "tether.graph.build", "tether.graph.to_te", "tether.driver",
+                "tether.codegen.module", "tether.codegen.emit", "tether.graph_executor", "onnx.backend.test.runner"):
+        importlib.import_module(mod)
+    results: Dict[int, CaseResult] = {}
+    pending = list(range(len(cases)))
+    running: Dict[int, tuple] = {}
+
+    def child(i: int, conn) -> None:
+        try:
+            res = run_case(cases[i], ops[cases[i].name], ort)
+            conn.send(res.to_json())
+        except BaseException as exc:    # report, never leave the parent waiting
+            conn.send(CaseResult(cases[i].name, ops[cases[i].name], tether=CRASH,
+                                 tether_message=_short(exc)).to_json())
+        finally:
+            conn.close()
+
+    def finish(i: int, res: CaseResult) -> None:
+        results[i] = res
+        if on_result is not None:
+            on_result(res)
+
+    while pending or running:
+        while pending and len(running) < max(1, jobs):
+            i = pending.pop(0)
+            parent, kid = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=child, args=(i, kid), daemon=True)
+            p.start()
+            kid.close()
+            running[i] = (p, parent, time.monotonic())
+        from multiprocessing.connection import wait
+        wait([r[1] for r in running.values()], timeout=1.0)
+        for i, (p, conn, t0) in list(running.items()):
+            name, op = cases[i].name, ops[cases[i].name]
+            if conn.poll():
+                try:
+                    finish(i, CaseResult(**conn.recv()))
+                except EOFError:
+                    p.join(5)
+                    finish(i, CaseResult(name, op, tether=CRASH,
+                                         tether_message="worker died (exit code %s)" % p.exitcode))
+                p.join(5)
+                conn.close()
+                del running[i]
+            elif not p.is_alive():
+                finish(i, CaseResult(name, op, tether=CRASH, tether_message="worker died (exit code %s)"
+                                     % p.exitcode))
+                conn.close()
+                del running[i]
+            elif time.monotonic() - t0 > timeout:
+                p.kill()
+                p.join(5)
+                finish(i, CaseResult(name, op, tether=CRASH, tether_message="timed out after %gs" % timeout,
+                                     seconds=timeout))
+                conn.close()
+                del running[i]
+    return [results[i] for i in range(len(cases))]
+
+
+def summarize(results: Sequence[CaseResult]) -> Dict[str, Dict[str, int]]:
+    """Op type -> counts: cases, ort (passes), pass, refused, wrong, crash."""
+    table: Dict[str, Dict[str, int]] = {}
+    for r in results:
+        row = table.setdefault(r.op_type, {"cases": 0, "ort": 0, PASS: 0, REFUSED: 0, WRONG: 0, CRASH: 0})
+        row["cases"] += 1
+        row["ort"] += r.ort == "pass"
+        row[r.tether] = row.get(r.tether, 0) + 1
+    return table
