@@ -151,9 +151,8 @@ def _binary(im, node, ins, a):
     im.emit(_BINARY[node.op_type], ins[:2], {}, node.name, _out(node))
 
 
-@converter("Sum", "Max", "Min")
-def _variadic(im, node, ins, a):
-    op = {"Sum": "add", "Max": "maximum", "Min": "minimum"}[node.op_type]
+def _fold_variadic(im, node, ins, op: str) -> None:
+    """A variadic op as a chain of broadcasting binary ``op`` nodes; one input is an alias of it."""
     if len(ins) == 1:
         _reshape_alias(im, ins[0], node)
         return
@@ -161,6 +160,11 @@ def _variadic(im, node, ins, a):
     for k, x in enumerate(ins[1:]):
         last = k == len(ins) - 2
         acc = im.emit(op, [acc, x], {}, node.name if last else node.name + "_%d" % k, _out(node) if last else None)
+
+
+@converter("Sum")
+def _sum(im, node, ins, a):
+    _fold_variadic(im, node, ins, "add")
 
 
 def _reshape_alias(im, x, node):
@@ -808,19 +812,12 @@ def _bit_shift(im, node, ins, a):
 # ---------------------------------------------------------------- Max/Min: NaN propagates on floats (issue 11)
 @converter("Max", "Min")
 def _max_min(im, node, ins, a):
-    """Variadic, broadcasting Max/Min; a NaN operand makes the element NaN (numpy, onnxruntime). Replaces the
-    generic variadic converter for these two."""
+    """Variadic, broadcasting Max/Min; a NaN operand makes the element NaN (numpy, onnxruntime)."""
     dt = _require_dtype(im, node, ins[0], _NUMERIC)
     for x in ins[1:]:
         _require_dtype(im, node, x, (dt,))
-    if len(ins) == 1:
-        _reshape_alias(im, ins[0], node)
-        return
     op = ("maximum" if node.op_type == "Max" else "minimum") + ("_nan" if dt in _FLOATS else "")
-    acc = ins[0]
-    for k, x in enumerate(ins[1:]):
-        last = k == len(ins) - 2
-        acc = im.emit(op, [acc, x], {}, node.name if last else node.name + "_%d" % k, _out(node) if last else None)
+    _fold_variadic(im, node, ins, op)
 
 
 # ---------------------------------------------------------------- run-time dtypes the kernels implement (issue 11)

@@ -41,7 +41,7 @@ for _n, _f in {"relu": ops.relu, "sigmoid": ops.sigmoid, "tanh": ops.tanh, "exp"
     LOWER[_n] = (lambda f: lambda attrs, x: f(x))(_f)
 
 for _n, _f in {"add": ops.add, "sub": ops.subtract, "mul": ops.multiply, "div": ops.divide,
-               "maximum": ops.maximum, "minimum": ops.minimum, "pow": ops.power}.items():
+               "maximum": ops.maximum, "minimum": ops.minimum}.items():
     LOWER[_n] = (lambda f: lambda attrs, a, b: f(a, b))(_f)
 
 
