@@ -328,6 +328,73 @@ _register("mean", "opaque", _reduce_infer,
                                    dtype=np.float64).astype(x.dtype)])
 
 
+
+# ---------------------------------------------------------------- reductions (ONNX Reduce*, ArgMax/ArgMin)
+# One op "reduce" for every ONNX Reduce* kind; ``axes`` are normalised and sorted, and may be empty (a reduction
+# over no axis is the kind's per-element transform: abs for l1, x*x for sum_square, ... as the ONNX reference).
+def _reduce_np(kind: str, x: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
+    f = x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
+    if kind == "sum":
+        r = np.sum(f, axis=axes, keepdims=keepdims)
+    elif kind == "mean":
+        r = np.mean(f, axis=axes, keepdims=keepdims)
+    elif kind == "max":
+        r = np.max(f, axis=axes, keepdims=keepdims) if axes else f
+    elif kind == "min":
+        r = np.min(f, axis=axes, keepdims=keepdims) if axes else f
+    elif kind == "prod":
+        r = np.prod(f, axis=axes, keepdims=keepdims)
+    elif kind == "l1":
+        r = np.sum(np.abs(f), axis=axes, keepdims=keepdims)
+    elif kind == "l2":
+        r = np.sqrt(np.sum(f * f, axis=axes, keepdims=keepdims))
+    elif kind == "sum_square":
+        r = np.sum(f * f, axis=axes, keepdims=keepdims)
+    elif kind == "log_sum":
+        r = np.log(np.sum(f, axis=axes, keepdims=keepdims))
+    elif kind == "log_sum_exp":
+        m = np.max(f, axis=axes, keepdims=True) if axes else f
+        r = np.log(np.sum(np.exp(f - m), axis=axes, keepdims=True)) + m
+        if not keepdims:
+            r = np.squeeze(r, axis=axes)
+    else:
+        raise ValueError("reduce: unknown kind %r" % kind)
+    return np.asarray(r).astype(x.dtype)
+
+
+def _reduce_kind_infer(attrs, x):
+    return _reduce_infer(attrs, x)
+
+
+_register("reduce", "opaque", _reduce_kind_infer,
+          lambda attrs, x: [_reduce_np(attrs["kind"], x, tuple(attrs["axes"]), bool(attrs.get("keepdims", True)))])
+
+
+def _argreduce_infer(attrs, x):
+    ax = attrs["axis"]
+    if attrs.get("keepdims", True):
+        shape = tuple(1 if i == ax else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i != ax)
+    return [TensorType(shape, "int64")]
+
+
+def _argreduce_ref(attrs, x):
+    ax, keep = attrs["axis"], bool(attrs.get("keepdims", True))
+    fn = np.argmax if attrs["kind"] == "max" else np.argmin
+    if attrs.get("select_last_index"):
+        n = x.shape[ax]
+        r = n - 1 - fn(np.flip(x, axis=ax), axis=ax)
+    else:
+        r = fn(x, axis=ax)
+    if keep:
+        r = np.expand_dims(r, ax)
+    return [np.asarray(r, dtype=np.int64)]
+
+
+_register("arg_reduce", "opaque", _argreduce_infer, _argreduce_ref)
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -273,6 +273,18 @@ def _lrn(attrs, x):
     return c.compute(shape, lambda *i: x[i] / te.pow(b + a * acc[i], bt), "lrn", c.BROADCAST)
 
 
+# ---------------------------------------------------------------- reductions (ONNX Reduce*, ArgMax/ArgMin)
+@lowering("reduce")
+def _reduce_kind(attrs, x):
+    return ops.reduce(x, attrs["kind"], tuple(attrs["axes"]), bool(attrs.get("keepdims", True)))
+
+
+@lowering("arg_reduce")
+def _arg_reduce(attrs, x):
+    return ops.arg_reduce(x, attrs["kind"], attrs["axis"], bool(attrs.get("keepdims", True)),
+                          bool(attrs.get("select_last_index", 0)))
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:

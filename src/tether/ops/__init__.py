@@ -26,3 +26,5 @@ __all__ = [
     "relu", "relu6", "reshape", "rsqrt", "schedule", "sigmoid", "softmax", "sqrt", "squeeze", "subtract", "sum",
     "tag_of", "tanh", "transpose",
 ]
+from .reduction import arg_reduce, reduce  # noqa: E402  ONNX Reduce* kinds and ArgMax/ArgMin
+__all__ += ["arg_reduce", "reduce"]
