@@ -395,6 +395,26 @@ def _argreduce_ref(attrs, x):
 _register("arg_reduce", "opaque", _argreduce_infer, _argreduce_ref)
 
 
+# ---------------------------------------------------------------- layer / instance / group normalization
+# "normalize": inputs x[, scale][, bias] (attrs has_scale/has_bias say which), statistics over axes
+# [axis, ndim); scale and bias broadcast to x (right-aligned).
+def _normalize_ref(attrs, x, *rest):
+    axes = tuple(range(attrs["axis"], x.ndim))
+    f = x.astype(np.float64)
+    m = f.mean(axis=axes, keepdims=True)
+    v = ((f - m) ** 2).mean(axis=axes, keepdims=True)
+    y = (f - m) / np.sqrt(v + attrs["epsilon"])
+    rest = list(rest)
+    if attrs.get("has_scale"):
+        y = y * rest.pop(0)
+    if attrs.get("has_bias"):
+        y = y + rest.pop(0)
+    return [y.astype(x.dtype)]
+
+
+_register("normalize", "opaque", _same, _normalize_ref)
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -285,6 +285,15 @@ def _arg_reduce(attrs, x):
                           bool(attrs.get("select_last_index", 0)))
 
 
+# ---------------------------------------------------------------- layer / instance / group normalization
+@lowering("normalize")
+def _normalize(attrs, x, *rest):
+    rest = list(rest)
+    scale = rest.pop(0) if attrs.get("has_scale") else None
+    bias = rest.pop(0) if attrs.get("has_bias") else None
+    return ops.normalize(x, attrs["axis"], attrs["epsilon"], scale, bias)
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:

@@ -28,3 +28,5 @@ __all__ = [
 ]
 from .reduction import arg_reduce, reduce  # noqa: E402  ONNX Reduce* kinds and ArgMax/ArgMin
 __all__ += ["arg_reduce", "reduce"]
+from .norm import normalize  # noqa: E402  layer/instance/group normalization
+__all__ += ["normalize"]
