@@ -751,6 +751,99 @@ def _group_norm(im, node, ins, a):
     _reshape(im, y, t.shape, node.name + "_unflatten", node.output[0])
 
 
+# ---------------------------------------------------------------- shape ops: Split, Expand, Tile, Range, Size
+@converter("Split")
+def _split(im, node, ins, a):
+    t = im.type(ins[0])
+    nd = len(t.shape)
+    axis = _norm_axis(int(a.get("axis", 0)), nd)
+    dim = t.shape[axis]
+    outs = list(node.output)
+    if im.opset >= 13:
+        sizes = None
+        if len(ins) > 1 and ins[1]:
+            sizes = [int(v) for v in im.require_const(ins[1], "Split split", node.name).reshape(-1)]
+    else:
+        sizes = list(a["split"]) if "split" in a else None
+    if sizes is None:
+        n = int(a["num_outputs"]) if "num_outputs" in a else len(outs)
+        if "num_outputs" in a and n != len(outs):
+            raise UnsupportedOpError("node %s: Split num_outputs=%d but %d outputs" % (node.name, n, len(outs)))
+        if im.opset >= 18:
+            # equal chunks of ceil(dim / n), the last one smaller
+            chunk = -(-dim // n)
+            sizes = [max(0, min(chunk, dim - k * chunk)) for k in range(n)]
+        else:
+            if dim % n:
+                raise UnsupportedOpError("node %s: Split of extent %d into %d equal parts" % (node.name, dim, n))
+            sizes = [dim // n] * n
+    if len(sizes) != len(outs) or sum(sizes) != dim or any(v < 0 for v in sizes):
+        raise UnsupportedOpError("node %s: Split sizes %s do not cover extent %d in %d outputs"
+                                 % (node.name, sizes, dim, len(outs)))
+    start = 0
+    c = im.const(ins[0])
+    for k, (o, size) in enumerate(zip(outs, sizes)):
+        begin, end = [0] * nd, list(t.shape)
+        begin[axis], end[axis] = start, start + size
+        start += size
+        if not o:
+            continue
+        if c is not None:
+            im.add_const(np.ascontiguousarray(c[tuple(slice(b, e) for b, e in zip(begin, end))]), name=o)
+        elif size == 0:
+            im.add_const(np.zeros(tuple(e - b for b, e in zip(begin, end)), dtype=t.dtype), name=o)
+        elif size == dim:
+            im.emit("reshape", [ins[0]], {"shape": t.shape}, node.name, [o])
+        else:
+            im.emit("strided_slice", [ins[0]], {"begin": begin, "end": end, "step": [1] * nd},
+                    node.name + "_%d" % k, [o])
+
+
+@converter("Expand")
+def _expand(im, node, ins, a):
+    t = im.type(ins[0])
+    shape = [int(d) for d in im.require_const(ins[1], "Expand shape", node.name).reshape(-1)]
+    out = tuple(ops.broadcast_shapes(t.shape, shape))   # bidirectional: a 1 in `shape` keeps x's extent
+    if out == tuple(t.shape):
+        _reshape_alias(im, ins[0], node)
+        return
+    im.emit("broadcast_to", [ins[0]], {"shape": list(out)}, node.name, _out(node))
+
+
+@converter("Tile")
+def _tile(im, node, ins, a):
+    t = im.type(ins[0])
+    reps = [int(v) for v in im.require_const(ins[1], "Tile repeats", node.name).reshape(-1)]
+    if len(reps) != len(t.shape) or any(r < 0 for r in reps):
+        raise UnsupportedOpError("node %s: Tile repeats %s for a rank-%d input" % (node.name, reps, len(t.shape)))
+    c = im.const(ins[0])
+    if c is not None:
+        im.add_const(np.tile(c, reps), name=node.output[0])
+        return
+    if all(r == 1 for r in reps):
+        _reshape_alias(im, ins[0], node)
+        return
+    # x (d0, d1, ...) tiled (r0, r1, ...) is x viewed as (1, d0, 1, d1, ...) broadcast to (r0, d0, r1, d1, ...)
+    inter = [v for d in t.shape for v in (1, d)]
+    full = [v for r, d in zip(reps, t.shape) for v in (r, d)]
+    y = im.emit("broadcast_to", [_reshape(im, ins[0], inter)], {"shape": full}, node.name)
+    _reshape(im, y, [r * d for r, d in zip(reps, t.shape)], node.name + "_merge", node.output[0])
+
+
+@converter("Range")
+def _range(im, node, ins, a):
+    start, limit, delta = (im.require_const(ins[k], "Range " + w, node.name)
+                           for k, w in enumerate(("start", "limit", "delta")))
+    dt = np.asarray(start).dtype
+    n = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    im.add_const((np.asarray(start) + np.arange(n, dtype=dt) * np.asarray(delta)).astype(dt), name=node.output[0])
+
+
+@converter("Size")
+def _size(im, node, ins, a):
+    im.add_const(np.array(im.type(ins[0]).size, dtype=np.int64), name=node.output[0])
+
+
 # ---------------------------------------------------------------- entry point
 def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""
