@@ -140,7 +140,34 @@ split_variable_parts_2d_opset13 split_equal_parts_default_axis_opset13 split_var
 split_zero_size_splits_opset13 split_equal_parts_1d_opset18 split_variable_parts_1d_opset18 split_equal_parts_2d
 split_variable_parts_2d_opset18 split_equal_parts_default_axis_opset18 split_variable_parts_default_axis_opset18
 split_zero_size_splits_opset18 split_1d_uneven_split_opset18 split_2d_uneven_split_opset18 tile tile_precomputed
+resize_upsample_scales_nearest resize_downsample_scales_nearest resize_upsample_sizes_nearest
+resize_downsample_sizes_nearest resize_upsample_scales_linear resize_upsample_scales_linear_align_corners
+resize_downsample_scales_linear resize_upsample_scales_cubic resize_upsample_scales_cubic_align_corners
+resize_downsample_scales_cubic resize_upsample_sizes_cubic resize_downsample_sizes_cubic
+resize_upsample_scales_cubic_A_n0p5_exclude_outside resize_downsample_scales_cubic_A_n0p5_exclude_outside
+resize_upsample_scales_cubic_asymmetric resize_tf_crop_and_resize resize_tf_crop_and_resize_extrapolation_value
+resize_downsample_sizes_linear_pytorch_half_pixel resize_upsample_sizes_nearest_floor_align_corners
+resize_upsample_sizes_nearest_round_prefer_ceil_asymmetric resize_upsample_sizes_nearest_ceil_half_pixel
+resize_downsample_scales_linear_antialias resize_downsample_sizes_linear_antialias
+resize_downsample_scales_cubic_antialias resize_downsample_sizes_cubic_antialias
+resize_upsample_scales_nearest_axes_2_3 resize_upsample_scales_nearest_axes_3_2 resize_upsample_sizes_nearest_axes_2_3
+resize_upsample_sizes_nearest_axes_3_2 resize_tf_crop_and_resize_axes_2_3 resize_tf_crop_and_resize_axes_3_2
+resize_upsample_sizes_nearest_not_larger resize_upsample_sizes_nearest_not_smaller
+resize_downsample_sizes_nearest_not_larger resize_downsample_sizes_nearest_not_smaller
+resize_downsample_scales_linear_half_pixel_symmetric resize_upsample_scales_linear_half_pixel_symmetric
+upsample_nearest
 """.split()
+# resize_downsample_scales_{linear,cubic}_align_corners are left out: their expected data divide by the
+# fractional output width, where the spec and onnxruntime (which tether follows) use the integer one.
+
+# Float inputs that are shape arguments (Resize roi/scales, Upsample scales): bound as constants like int64 ones.
+SHAPE_ARG_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,)}
+
+
+def _shape_arg_names(model) -> set:
+    return {n.input[k] for n in model.graph.node for k in SHAPE_ARG_INPUTS.get(n.op_type, ())
+            if k < len(n.input) and n.input[k]}
+
 
 LIGHT_MODELS = """bvlc_alexnet densenet121 inception_v1 inception_v2 resnet50 shufflenet squeezenet vgg19
 zfnet512""".split()
@@ -179,7 +206,8 @@ class TetherRep(onnx.backend.base.BackendRep):
             feeds = {k: np.asarray(v) for k, v in inputs.items()}
         else:
             feeds = {n: np.asarray(v) for n, v in zip(self.input_names, inputs)}  # numpy scalars -> arrays
-        consts = {k: v for k, v in feeds.items() if v.dtype == np.int64}
+        shape_args = _shape_arg_names(self.model)
+        consts = {k: v for k, v in feeds.items() if v.dtype == np.int64 or k in shape_args}
         gm = self._executor(consts)
         for k, v in feeds.items():
             if k not in consts:

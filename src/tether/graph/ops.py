@@ -415,6 +415,35 @@ def _normalize_ref(attrs, x, *rest):
 _register("normalize", "opaque", _same, _normalize_ref)
 
 
+# ---------------------------------------------------------------- resize (ONNX Resize/Upsample)
+# "resize": inputs x, then per resized axis (attrs["axes"], in order) its int32 index table (out, taps), its
+# weight table (out, taps) when "weights", its 1/0 inside table (out,) when "inside" (tf_crop_and_resize).
+def _resize_infer(attrs, x, *tables):
+    return [TensorType(tuple(attrs["shape"]), x.dtype)]
+
+
+def _resize_ref(attrs, x, *tables):
+    it = iter(tables)
+    y = x.astype(np.float64)
+    inside_all = np.ones(tuple(attrs["shape"]), dtype=bool)
+    for a in attrs["axes"]:
+        d = a["axis"]
+        idx = next(it)
+        w = next(it) if a["weights"] else np.ones(idx.shape)
+        g = np.take(y, idx.astype(np.int64), axis=d)          # (..., out, taps, ...)
+        wshape = (1,) * d + w.shape + (1,) * (y.ndim - d - 1)
+        y = (g * w.reshape(wshape)).sum(axis=d + 1)
+        if a["inside"]:
+            ins = next(it).astype(bool)
+            inside_all &= ins.reshape((1,) * d + ins.shape + (1,) * (y.ndim - d - 1))
+    if not inside_all.all():
+        y = np.where(inside_all, y, attrs.get("extrapolation", 0.0))
+    return [y.astype(x.dtype)]
+
+
+_register("resize", "injective", _resize_infer, _resize_ref)
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -294,6 +294,12 @@ def _normalize(attrs, x, *rest):
     return ops.normalize(x, attrs["axis"], attrs["epsilon"], scale, bias)
 
 
+# ---------------------------------------------------------------- resize (ONNX Resize/Upsample)
+@lowering("resize")
+def _resize(attrs, x, *tables):
+    return ops.resize_tables(x, attrs["shape"], attrs["axes"], tables, attrs.get("extrapolation"))
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:

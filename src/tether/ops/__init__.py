@@ -30,3 +30,5 @@ from .reduction import arg_reduce, reduce  # noqa: E402  ONNX Reduce* kinds and 
 __all__ += ["arg_reduce", "reduce"]
 from .norm import normalize  # noqa: E402  layer/instance/group normalization
 __all__ += ["normalize"]
+from .resize import resize_tables  # noqa: E402  ONNX Resize/Upsample from per-axis tap tables
+__all__ += ["resize_tables"]
