@@ -1079,6 +1079,95 @@ def _resize_conv(im, node, ins, a):
                  float(a.get("extrapolation_value", 0.0)), antialias)
 
 
+# ---------------------------------------------------------------- ConvTranspose
+# A transposed convolution is a stride-1 convolution of the input with zeros inserted between its elements
+# (stride - 1 per gap), padded by dilation * (kernel - 1) - pad on each side (negative: cropped), with the kernel
+# flipped and its in/out channels swapped per group. That reuses the conv2d kernels (and their GEMM paths); the
+# weight rearrangement folds at import when the weight is a constant.
+def _conv_transpose_pads(node, a: dict, in_sp, k, s, d, out_pad) -> List[int]:
+    nd = len(in_sp)
+    auto = _str_attr(a, "auto_pad", "NOTSET")
+    if "output_shape" in a or auto in ("SAME_UPPER", "SAME_LOWER"):
+        if "output_shape" in a:
+            target = list(a["output_shape"])[-nd:]
+        else:
+            target = [in_sp[i] * s[i] for i in range(nd)]
+        begin, end = [], []
+        for i in range(nd):
+            total = s[i] * (in_sp[i] - 1) + out_pad[i] + ((k[i] - 1) * d[i] + 1) - target[i]
+            # onnxruntime (which tether follows): SAME_UPPER puts the odd unit at the end, anything else at
+            # the start
+            if auto == "SAME_UPPER":
+                begin.append(total // 2)
+                end.append(total - total // 2)
+            else:
+                begin.append(total - total // 2)
+                end.append(total // 2)
+        return begin + end
+    if auto == "VALID":
+        return [0] * (2 * nd)
+    if auto != "NOTSET":
+        raise UnsupportedOpError("node %s: ConvTranspose auto_pad %r" % (node.name, auto))
+    return list(a.get("pads", [0] * (2 * nd)))
+
+
+@converter("ConvTranspose")
+def _conv_transpose(im, node, ins, a):
+    xt, wt = im.type(ins[0]), im.type(ins[1])
+    if xt.dtype != "float32":
+        raise UnsupportedOpError("node %s: ConvTranspose on %s tensors (float32 only)" % (node.name, xt.dtype))
+    nd = len(xt.shape) - 2
+    if nd not in (1, 2):
+        raise UnsupportedOpError("node %s: %d-D ConvTranspose (only 1-D and 2-D)" % (node.name, nd))
+    g = int(a.get("group", 1))
+    n, c = xt.shape[:2]
+    cin, mg = wt.shape[:2]
+    k = list(a.get("kernel_shape", wt.shape[2:]))
+    s = list(a.get("strides", [1] * nd))
+    d = list(a.get("dilations", [1] * nd))
+    out_pad = list(a.get("output_padding", [0] * nd))
+    if cin != c or c % g or list(wt.shape[2:]) != k:
+        raise UnsupportedOpError("node %s: ConvTranspose weight %s for input %s, group %d, kernel %s"
+                                 % (node.name, wt.shape, xt.shape, g, k))
+    pads = _conv_transpose_pads(node, a, list(xt.shape[2:]), k, s, d, out_pad)
+    x, w = ins[0], ins[1]
+    in_sp = list(xt.shape[2:])
+    if nd == 1:     # as 2-D over a height of one
+        x = _reshape(im, x, (n, c, 1, in_sp[0]))
+        w = _reshape(im, w, (cin, mg, 1, k[0]))
+        in_sp, k, s, d, out_pad = [1] + in_sp, [1] + k, [1] + s, [1] + d, [0] + out_pad
+        pads = [0, pads[0], 0, pads[1]]
+    h, wd = in_sp
+    # zeros between elements: (n, c, h, 1, w, 1) padded to (n, c, h, s0, w, s1), flattened, the tail cropped
+    if s[0] > 1 or s[1] > 1:
+        x6 = _reshape(im, x, (n, c, h, 1, wd, 1))
+        x6 = im.emit("pad", [x6], {"pads": [0] * 6 + [0, 0, 0, s[0] - 1, 0, s[1] - 1], "value": 0.0,
+                                   "mode": "constant"}, node.name + "_dilate")
+        x = _reshape(im, x6, (n, c, h * s[0], wd * s[1]))
+    crop = [s[0] - 1, s[1] - 1]
+    begin = [d[i] * (k[i] - 1) - pads[i] for i in range(2)]
+    end = [d[i] * (k[i] - 1) - pads[i + 2] + out_pad[i] - crop[i] for i in range(2)]
+    if any(begin) or any(end):
+        x = im.emit("pad", [x], {"pads": [0, 0] + begin + [0, 0] + end, "value": 0.0, "mode": "constant"},
+                    node.name + "_pad")
+    # weight (c, m/g, kh, kw) -> (g, c/g, m/g, kh, kw) -> (g, m/g, c/g, kh, kw) -> (m, c/g, kh, kw), flipped
+    w5 = _reshape(im, w, (g, c // g, mg, k[0], k[1]))
+    w5 = im.emit("transpose", [w5], {"axes": [0, 2, 1, 3, 4]}, node.name + "_wT")
+    w4 = _reshape(im, w5, (g * mg, c // g, k[0], k[1]))
+    w4 = im.emit("strided_slice", [w4], {"begin": [0, 0, k[0] - 1, k[1] - 1], "end": [g * mg, c // g, -1, -1],
+                                         "step": [1, 1, -1, -1]}, node.name + "_wflip")
+    attrs = {"strides": [1, 1], "dilations": d, "pads": [0, 0, 0, 0], "groups": g}
+    has_bias = len(ins) > 2 and bool(ins[2])
+    final = _out(node) if nd == 2 and not has_bias else None
+    y = im.emit("conv2d", [x, w4], attrs, node.name, final)
+    if has_bias:
+        b = _reshape(im, ins[2], (1, g * mg, 1, 1))
+        y = im.emit("add", [y, b], {}, node.name + "_bias", _out(node) if nd == 2 else None)
+    if nd == 1:
+        t = im.type(y)
+        _reshape(im, y, (t.shape[0], t.shape[1], t.shape[3]), node.name + "_squeeze", node.output[0])
+
+
 # ---------------------------------------------------------------- entry point
 def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""
