@@ -157,12 +157,21 @@ resize_downsample_sizes_nearest_not_larger resize_downsample_sizes_nearest_not_s
 resize_downsample_scales_linear_half_pixel_symmetric resize_upsample_scales_linear_half_pixel_symmetric
 upsample_nearest convtranspose convtranspose_1d convtranspose_output_shape convtranspose_pad convtranspose_kernel_shape
 convtranspose_pads convtranspose_dilations convtranspose_autopad_same convtranspose_group_2 convtranspose_group_2_image_3
+depthtospace_example depthtospace_example_expanded depthtospace_crd_mode_example depthtospace_crd_mode_example_expanded
+eyelike_without_dtype eyelike_with_dtype eyelike_populate_off_main_diagonal gather_0 gather_1 gather_2d_indices
+gather_negative_indices gather_elements_0 gather_elements_1 gather_elements_negative_indices gathernd_example_int32
+gathernd_example_float32 gathernd_example_int32_batch_dim1 spacetodepth spacetodepth_expanded spacetodepth_example
+spacetodepth_example_expanded spacetodepth_dcr_mode_example spacetodepth_dcr_mode_example_expanded
+spacetodepth_crd_mode_example spacetodepth_crd_mode_example_expanded triu triu_neg triu_out_neg_out triu_pos
+triu_out_pos triu_square triu_square_neg triu_one_row triu_zero tril tril_neg tril_out_neg tril_pos tril_out_pos
+tril_square tril_square_neg tril_one_row_neg tril_zero onehot_without_axis onehot_with_axis onehot_negative_indices
+onehot_out_of_range_indices onehot_with_negative_axis
 """.split()
 # resize_downsample_scales_{linear,cubic}_align_corners are left out: their expected data divide by the
 # fractional output width, where the spec and onnxruntime (which tether follows) use the integer one.
 
-# Float inputs that are shape arguments (Resize roi/scales, Upsample scales): bound as constants like int64 ones.
-SHAPE_ARG_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,)}
+# Float inputs that are shape arguments (Resize roi/scales, Upsample scales, OneHot depth): bound as constants like int64 ones.
+SHAPE_ARG_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,), "OneHot": (1,)}
 
 
 def _shape_arg_names(model) -> set:

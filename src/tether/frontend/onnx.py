@@ -262,8 +262,11 @@ def _cast(im, node, ins, a):
 @converter("Gather")
 def _gather(im, node, ins, a):
     data = im.const(ins[0])
-    idx = im.require_const(ins[1], "Gather indices", node.name)
+    idx = im.const(ins[1])
     axis = a.get("axis", 0)
+    if idx is None:     # indices computed at run time (embedding lookups): the general gather kernel
+        _gather_general(im, node, ins, a)
+        return
     if data is not None:
         im.add_const(np.take(data, idx.astype(np.int64), axis=axis), name=node.output[0])
         return
@@ -278,7 +281,7 @@ def _gather(im, node, ins, a):
         shape = t.shape[:axis] + t.shape[axis + 1:]
         _reshape(im, y, shape, node.name, node.output[0])
         return
-    raise UnsupportedOpError("node %s: Gather with tensor indices on a run-time tensor" % node.name)
+    _gather_general(im, node, ins, a)
 
 
 @converter("Slice")
@@ -1166,6 +1169,122 @@ def _conv_transpose(im, node, ins, a):
     if nd == 1:
         t = im.type(y)
         _reshape(im, y, (t.shape[0], t.shape[1], t.shape[3]), node.name + "_squeeze", node.output[0])
+
+
+# ---------------------------------------------------------------- index-driven ops: Gather (general),
+# GatherElements, GatherND, OneHot, Trilu, EyeLike, DepthToSpace, SpaceToDepth
+_INDEX_DTYPES = ("int32", "int64")
+
+
+def _check_index_dtype(im, node, name: str) -> None:
+    dt = im.type(name).dtype
+    if dt not in _INDEX_DTYPES:
+        raise UnsupportedOpError("node %s: %s indices of type %s (int32 or int64)" % (node.name, node.op_type, dt))
+
+
+def _gather_general(im, node, ins, a) -> None:
+    _check_index_dtype(im, node, ins[1])
+    t, it = im.type(ins[0]), im.type(ins[1])
+    axis = _norm_axis(int(a.get("axis", 0)), len(t.shape))
+    shape = tuple(t.shape[:axis]) + tuple(it.shape) + tuple(t.shape[axis + 1:])
+    if not shape:     # kernels never write rank-0 tensors
+        y = im.emit("gather", [ins[0], _reshape(im, ins[1], (1,))], {"axis": axis, "shape": [1]}, node.name)
+        _reshape(im, y, (), node.name + "_scalar", node.output[0])
+        return
+    im.emit("gather", [ins[0], ins[1]], {"axis": axis, "shape": list(shape)}, node.name, _out(node))
+
+
+@converter("GatherElements")
+def _gather_elements(im, node, ins, a):
+    _check_index_dtype(im, node, ins[1])
+    axis = _norm_axis(int(a.get("axis", 0)), len(im.type(ins[0]).shape))
+    im.emit("gather_elements", [ins[0], ins[1]], {"axis": axis}, node.name, _out(node))
+
+
+@converter("GatherND")
+def _gather_nd(im, node, ins, a):
+    _check_index_dtype(im, node, ins[1])
+    t, it = im.type(ins[0]), im.type(ins[1])
+    b = int(a.get("batch_dims", 0))
+    k = it.shape[-1]
+    if b + k > len(t.shape) or tuple(it.shape[:b]) != tuple(t.shape[:b]):
+        raise UnsupportedOpError("node %s: GatherND indices %s with batch_dims %d on data %s"
+                                 % (node.name, it.shape, b, t.shape))
+    shape = tuple(it.shape[:-1]) + tuple(t.shape[b + k:])
+    if not shape:
+        raise UnsupportedOpError("node %s: GatherND to a scalar" % node.name)
+    im.emit("gather_nd", [ins[0], ins[1]], {"batch_dims": b, "shape": list(shape)}, node.name, _out(node))
+
+
+@converter("OneHot")
+def _one_hot_conv(im, node, ins, a):
+    it = im.type(ins[0])
+    if it.dtype not in _INDEX_DTYPES + ("float32",):
+        raise UnsupportedOpError("node %s: OneHot indices of type %s" % (node.name, it.dtype))
+    depth_v = im.require_const(ins[1], "OneHot depth", node.name).reshape(-1)[0]
+    depth = int(depth_v)
+    values = ins[2]
+    if im.type(values).size != 2:
+        raise UnsupportedOpError("node %s: OneHot values must hold [off, on]" % node.name)
+    values = _reshape(im, values, (2,))
+    nd = len(it.shape) + 1
+    axis = _norm_axis(int(a.get("axis", -1)), nd)
+    shape = list(it.shape)
+    shape.insert(axis, depth)
+    im.emit("one_hot", [ins[0], values], {"depth": depth, "axis": axis, "shape": shape}, node.name, _out(node))
+
+
+@converter("Trilu")
+def _trilu_conv(im, node, ins, a):
+    t = im.type(ins[0])
+    if len(t.shape) < 2:
+        raise UnsupportedOpError("node %s: Trilu of a rank-%d tensor" % (node.name, len(t.shape)))
+    k = int(im.require_const(ins[1], "Trilu k", node.name).reshape(-1)[0]) if len(ins) > 1 and ins[1] else 0
+    im.emit("trilu", [ins[0]], {"k": k, "upper": int(a.get("upper", 1))}, node.name, _out(node))
+
+
+@converter("EyeLike")
+def _eye_like(im, node, ins, a):
+    t = im.type(ins[0])
+    if len(t.shape) != 2:
+        raise UnsupportedOpError("node %s: EyeLike of a rank-%d tensor (2-D only)" % (node.name, len(t.shape)))
+    dt = _ONNX_DTYPES[a["dtype"]] if "dtype" in a else t.dtype
+    im.add_const(np.eye(t.shape[0], t.shape[1], k=int(a.get("k", 0)), dtype=dt), name=node.output[0])
+
+
+@converter("DepthToSpace")
+def _depth_to_space(im, node, ins, a):
+    n, c, h, w = im.type(ins[0]).shape
+    b = int(a["blocksize"])
+    mode = _str_attr(a, "mode", "DCR")
+    if c % (b * b):
+        raise UnsupportedOpError("node %s: DepthToSpace of %d channels by blocksize %d" % (node.name, c, b))
+    if mode == "DCR":
+        x6 = _reshape(im, ins[0], (n, b, b, c // (b * b), h, w))
+        perm = [0, 3, 4, 1, 5, 2]
+    elif mode == "CRD":
+        x6 = _reshape(im, ins[0], (n, c // (b * b), b, b, h, w))
+        perm = [0, 1, 4, 2, 5, 3]
+    else:
+        raise UnsupportedOpError("node %s: DepthToSpace mode %r (DCR or CRD)" % (node.name, mode))
+    y = im.emit("transpose", [x6], {"axes": perm}, node.name)
+    _reshape(im, y, (n, c // (b * b), h * b, w * b), node.name + "_merge", node.output[0])
+
+
+@converter("SpaceToDepth")
+def _space_to_depth(im, node, ins, a):
+    n, c, h, w = im.type(ins[0]).shape
+    b = int(a["blocksize"])
+    if h % b or w % b:
+        raise UnsupportedOpError("node %s: SpaceToDepth of %dx%d by blocksize %d" % (node.name, h, w, b))
+    mode = _str_attr(a, "mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise UnsupportedOpError("node %s: SpaceToDepth mode %r (DCR or CRD)" % (node.name, mode))
+    x6 = _reshape(im, ins[0], (n, c, h // b, b, w // b, b))
+    # DCR puts the block offsets before the channels, CRD after (the inverses of DepthToSpace's modes)
+    perm = [0, 3, 5, 1, 2, 4] if mode == "DCR" else [0, 1, 3, 5, 2, 4]
+    y = im.emit("transpose", [x6], {"axes": perm}, node.name)
+    _reshape(im, y, (n, c * b * b, h // b, w // b), node.name + "_merge", node.output[0])
 
 
 # ---------------------------------------------------------------- entry point

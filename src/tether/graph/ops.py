@@ -444,6 +444,74 @@ def _resize_ref(attrs, x, *tables):
 _register("resize", "injective", _resize_infer, _resize_ref)
 
 
+# ---------------------------------------------------------------- index-driven ops (Gather*, OneHot, Trilu)
+def _wrap_np(idx: np.ndarray, n: int) -> np.ndarray:
+    idx = idx.astype(np.int64)
+    return np.clip(np.where(idx < 0, idx + n, idx), 0, n - 1)
+
+
+def _gather_infer(attrs, data, idx):
+    ax = attrs["axis"]
+    return [TensorType(tuple(data.shape[:ax]) + tuple(idx.shape) + tuple(data.shape[ax + 1:]), data.dtype)]
+
+
+_register("gather", "injective", _gather_infer,
+          lambda attrs, data, idx: [np.take(data, _wrap_np(idx, data.shape[attrs["axis"]]), axis=attrs["axis"])])
+
+
+def _gather_elements_infer(attrs, data, idx):
+    return [TensorType(tuple(idx.shape), data.dtype)]
+
+
+_register("gather_elements", "injective", _gather_elements_infer,
+          lambda attrs, data, idx: [np.take_along_axis(data, _wrap_np(idx, data.shape[attrs["axis"]]),
+                                                       axis=attrs["axis"])])
+
+
+def _gather_nd_infer(attrs, data, idx):
+    b, k = attrs["batch_dims"], idx.shape[-1]
+    return [TensorType(tuple(idx.shape[:-1]) + tuple(data.shape[b + k:]), data.dtype)]
+
+
+def _gather_nd_ref(attrs, data, idx):
+    b = attrs["batch_dims"]
+    k = idx.shape[-1]
+    (t,) = _gather_nd_infer(attrs, TensorType(data.shape, data.dtype), TensorType(idx.shape, idx.dtype))
+    out = np.empty(t.shape, data.dtype)
+    for pos in np.ndindex(*idx.shape[:-1]):
+        src = tuple(pos[:b]) + tuple(int(_wrap_np(np.array(idx[pos + (j,)]), data.shape[b + j])) for j in range(k))
+        out[pos] = data[src]
+    return [out]
+
+
+_register("gather_nd", "injective", _gather_nd_infer, _gather_nd_ref)
+
+
+def _one_hot_infer(attrs, idx, values):
+    shape = list(idx.shape)
+    shape.insert(attrs["axis"], attrs["depth"])
+    return [TensorType(tuple(shape), values.dtype)]
+
+
+def _one_hot_ref(attrs, idx, values):
+    depth, axis = attrs["depth"], attrs["axis"]
+    j = idx.astype(np.int64)
+    j = np.where(j < 0, j + depth, j)
+    hot = np.expand_dims(j, axis) == np.arange(depth).reshape((-1,) + (1,) * (idx.ndim - axis))
+    return [np.where(hot, values[1], values[0]).astype(values.dtype)]
+
+
+_register("one_hot", "injective", _one_hot_infer, _one_hot_ref)
+
+
+def _trilu_ref(attrs, x):
+    k = attrs["k"]
+    return [np.triu(x, k) if attrs["upper"] else np.tril(x, k)]
+
+
+_register("trilu", "injective", _same, _trilu_ref)
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -300,6 +300,32 @@ def _resize(attrs, x, *tables):
     return ops.resize_tables(x, attrs["shape"], attrs["axes"], tables, attrs.get("extrapolation"))
 
 
+# ---------------------------------------------------------------- index-driven ops (Gather*, OneHot, Trilu)
+@lowering("gather")
+def _gather(attrs, data, idx):
+    return ops.gather(data, idx, attrs["axis"], attrs["shape"])
+
+
+@lowering("gather_elements")
+def _gather_elements(attrs, data, idx):
+    return ops.gather_elements(data, idx, attrs["axis"])
+
+
+@lowering("gather_nd")
+def _gather_nd(attrs, data, idx):
+    return ops.gather_nd(data, idx, attrs["batch_dims"], attrs["shape"])
+
+
+@lowering("one_hot")
+def _one_hot(attrs, idx, values):
+    return ops.one_hot(idx, values, attrs["depth"], attrs["axis"], attrs["shape"])
+
+
+@lowering("trilu")
+def _trilu(attrs, x):
+    return ops.trilu(x, attrs["k"], bool(attrs["upper"]))
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:

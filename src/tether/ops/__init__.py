@@ -32,3 +32,5 @@ from .norm import normalize  # noqa: E402  layer/instance/group normalization
 __all__ += ["normalize"]
 from .resize import resize_tables  # noqa: E402  ONNX Resize/Upsample from per-axis tap tables
 __all__ += ["resize_tables"]
+from .indexing import gather, gather_elements, gather_nd, one_hot, trilu  # noqa: E402  index-driven ops
+__all__ += ["gather", "gather_elements", "gather_nd", "one_hot", "trilu"]
