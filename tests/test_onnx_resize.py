@@ -92,3 +92,10 @@ def test_refusals():
                        initializers={"roi": EMPTY, "scales": np.array([1, 1, 0.5, 0.5], np.float32)})
     with pytest.raises(UnsupportedOpError, match="antialias"):
         from_onnx(model)
+
+
+def test_upsample7_scales_attribute(onnx_compare):
+    onnx_compare(make_model("Upsample", {"x": X}, {"mode": "nearest", "scales": [1.0, 1.0, 2.0, 3.0]}, opset=7),
+                 {"x": X})
+    onnx_compare(make_model("Upsample", {"x": X}, {"mode": "linear", "scales": [1.0, 1.0, 2.0, 2.0]}, opset=7),
+                 {"x": X})
