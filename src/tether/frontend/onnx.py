@@ -1114,6 +1114,62 @@ def _conv_transpose_pads(node, a: dict, in_sp, k, s, d, out_pad) -> List[int]:
     return list(a.get("pads", [0] * (2 * nd)))
 
 
+def _conv_transpose_phases(im, node, ins, x, w, xshape, k, s, pads, out_pad, g, mg, nd) -> None:
+    """Strided transposed conv as s0*s1 stride-1 convs, one per output phase (oy % s0, ox % s1), each with the
+    sub-kernel of the taps that reach that phase: s0*s1 times fewer multiply-adds than convolving the
+    zero-inserted input. Output rows oy = s*q + a get sum_t x[q + c_a - t] * w[k0_a + s*t] with
+    k0_a = (a + pad) % s and c_a = (a + pad) // s: a correlation with the reversed sub-kernel. The phases are
+    stacked (a view concat: each conv writes its slice), interleaved by one transpose, and cropped."""
+    n, c, h, wd = xshape
+    out = [s[i] * (xshape[2 + i] - 1) + out_pad[i] + k[i] - pads[i] - pads[i + 2] for i in range(2)]
+    qmax = [-(-out[i] // s[i]) for i in range(2)]
+    # weight (c, m/g, kh, kw) -> (m, c/g, kh, kw), not flipped: each phase slices its taps in reverse
+    w5 = _reshape(im, w, (g, c // g, mg, k[0], k[1]))
+    w5 = im.emit("transpose", [w5], {"axes": [0, 2, 1, 3, 4]}, node.name + "_wT")
+    w4 = _reshape(im, w5, (g * mg, c // g, k[0], k[1]))
+    has_bias = len(ins) > 2 and bool(ins[2])
+    bias = _reshape(im, ins[2], (1, g * mg, 1, 1)) if has_bias else None
+    phases = []
+    for a0 in range(s[0]):
+        for a1 in range(s[1]):
+            begin, end, step, conv_pads = [0, 0], [g * mg, c // g], [1, 1], [0, 0, 0, 0]
+            for i, ai in enumerate((a0, a1)):
+                k0, ci = (ai + pads[i]) % s[i], (ai + pads[i]) // s[i]
+                taps = -(-(k[i] - k0) // s[i])
+                last = k0 + s[i] * (taps - 1)
+                begin.append(last)
+                end.append(k0 - 1)
+                step.append(-s[i])
+                conv_pads[i] = taps - 1 - ci                                   # may be negative: cropped
+                conv_pads[i + 2] = qmax[i] - xshape[2 + i] - conv_pads[i] + taps - 1
+            wp = im.emit("strided_slice", [w4], {"begin": begin, "end": end, "step": step},
+                         node.name + "_w%d%d" % (a0, a1))
+            xp = x
+            if any(p < 0 for p in conv_pads):     # conv2d takes non-negative pads: crop (and pad) first
+                xp = im.emit("pad", [x], {"pads": [0, 0, conv_pads[0], conv_pads[1], 0, 0, conv_pads[2],
+                                                   conv_pads[3]], "value": 0.0, "mode": "constant"},
+                             node.name + "_crop%d%d" % (a0, a1))
+                conv_pads = [0, 0, 0, 0]
+            y = im.emit("conv2d", [xp, wp], {"strides": [1, 1], "dilations": [1, 1],
+                                             "pads": [conv_pads[0], conv_pads[1], conv_pads[2], conv_pads[3]],
+                                             "groups": g}, node.name + "_phase%d%d" % (a0, a1))
+            if bias is not None:
+                y = im.emit("add", [y, bias], {}, node.name + "_bias%d%d" % (a0, a1))
+            phases.append(y)
+    # phase-major along the batch axis: (s0*s1*n, m, q0, q1), a view concat the convs write into directly
+    stacked = im.emit("concat", phases, {"axis": 0}, node.name + "_phases") if len(phases) > 1 else phases[0]
+    six = _reshape(im, stacked, (s[0], s[1], n, g * mg, qmax[0], qmax[1]))
+    inter = im.emit("transpose", [six], {"axes": [2, 3, 4, 0, 5, 1]}, node.name + "_interleave")
+    full = _reshape(im, inter, (n, g * mg, qmax[0] * s[0], qmax[1] * s[1]))
+    if list(out) != [qmax[0] * s[0], qmax[1] * s[1]]:
+        full = im.emit("strided_slice", [full], {"begin": [0, 0, 0, 0], "end": [n, g * mg, out[0], out[1]],
+                                                 "step": [1, 1, 1, 1]}, node.name + "_crop")
+    if nd == 1:
+        _reshape(im, full, (n, g * mg, out[1]), node.name + "_squeeze", node.output[0])
+    else:
+        _reshape(im, full, (n, g * mg, out[0], out[1]), node.name + "_out", node.output[0])
+
+
 @converter("ConvTranspose")
 def _conv_transpose(im, node, ins, a):
     xt, wt = im.type(ins[0]), im.type(ins[1])
@@ -1141,6 +1197,9 @@ def _conv_transpose(im, node, ins, a):
         in_sp, k, s, d, out_pad = [1] + in_sp, [1] + k, [1] + s, [1] + d, [0] + out_pad
         pads = [0, pads[0], 0, pads[1]]
     h, wd = in_sp
+    if (s[0] > 1 or s[1] > 1) and d == [1, 1] and all(k[i] >= s[i] for i in range(2)):
+        _conv_transpose_phases(im, node, ins, x, w, (n, c, h, wd), k, s, pads, out_pad, g, mg, nd)
+        return
     # zeros between elements: (n, c, h, 1, w, 1) padded to (n, c, h, s0, w, s1), flattened, the tail cropped
     if s[0] > 1 or s[1] > 1:
         x6 = _reshape(im, x, (n, c, h, 1, wd, 1))
