@@ -77,3 +77,16 @@ def test_arg_reduce(onnx_compare, op, axis, keepdims, last):
     x = np.random.default_rng(2).integers(0, 4, (3, 6, 5)).astype(np.float32)
     model = make_model(op, {"x": x}, {"axis": axis, "keepdims": keepdims, "select_last_index": last}, opset=13)
     onnx_compare(model, {"x": x})
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_reduce_empty_set_identity(onnx_compare, op, dtype):
+    """Reducing over an axis of extent 0 gives the reduction's identity (opset 18)."""
+    x = np.zeros((2, 0, 3), dtype)
+    model = make_model(op, {"x": x}, {"keepdims": 1}, opset=18, initializers={"axes": np.array([1], np.int64)})
+    graph, params = from_onnx(model)
+    ref = np.full((2, 1, 3), {"ReduceMax": np.iinfo(np.int64).min if dtype == np.int64 else -np.inf,
+                              "ReduceMin": np.iinfo(np.int64).max if dtype == np.int64 else np.inf,
+                              "ReduceSum": 0, "ReduceProd": 1}[op], dtype)
+    np.testing.assert_array_equal(params["y0"], ref)

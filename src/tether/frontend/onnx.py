@@ -603,8 +603,9 @@ _FLOAT_ONLY_KINDS = ("mean", "l2", "log_sum", "log_sum_exp")
 
 def _reduce_identity(kind: str, dtype: str):
     """The value a reduction over an empty set yields (ONNX opset 18 'empty set' semantics)."""
-    big = np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).max
-    return {"sum": 0, "l1": 0, "l2": 0, "sum_square": 0, "prod": 1, "max": -big, "min": big,
+    lo = -np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).min
+    hi = np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).max
+    return {"sum": 0, "l1": 0, "l2": 0, "sum_square": 0, "prod": 1, "max": lo, "min": hi,
             "log_sum": -np.inf, "log_sum_exp": -np.inf}[kind]
 
 
