@@ -253,3 +253,8 @@ globals().update(_cases)
 
 def test_selection_is_the_documented_size():
     assert len(NODE_CASES_F32) == 143 and len(NODE_CASES_INT64_SHAPES) == 22 and len(LIGHT_MODELS) == 9
+
+
+def test_structural_selection_size():
+    """issue 11 structural families: 143 reduce/arg, 25 norm, 36 shape, 38 resize, 10 convtranspose, 48 index."""
+    assert len(NODE_CASES_STRUCT) == len(set(NODE_CASES_STRUCT)) == 300
