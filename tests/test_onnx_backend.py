@@ -101,6 +101,7 @@ reduce_l2_negative_axes_keep_dims_random reduce_l2_empty_set reduce_max_do_not_k
 reduce_max_do_not_keepdims_random reduce_max_keepdims_example reduce_max_keepdims_random
 reduce_max_default_axes_keepdim_example reduce_max_default_axes_keepdims_random
 reduce_max_negative_axes_keepdims_example reduce_max_negative_axes_keepdims_random reduce_max_empty_set
+reduce_max_bool_inputs reduce_max_empty_set_bool reduce_min_bool_inputs
 reduce_mean_do_not_keepdims_example reduce_mean_do_not_keepdims_random reduce_mean_keepdims_example
 reduce_mean_keepdims_random reduce_mean_default_axes_keepdims_example reduce_mean_default_axes_keepdims_random
 reduce_mean_negative_axes_keepdims_example reduce_mean_negative_axes_keepdims_random
@@ -256,5 +257,5 @@ def test_selection_is_the_documented_size():
 
 
 def test_structural_selection_size():
-    """issue 11 structural families: 143 reduce/arg, 25 norm, 36 shape, 38 resize, 10 convtranspose, 48 index."""
-    assert len(NODE_CASES_STRUCT) == len(set(NODE_CASES_STRUCT)) == 300
+    """issue 11 structural families: 146 reduce/arg, 25 norm, 36 shape, 38 resize, 10 convtranspose, 48 index."""
+    assert len(NODE_CASES_STRUCT) == len(set(NODE_CASES_STRUCT)) == 303

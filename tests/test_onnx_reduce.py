@@ -90,3 +90,11 @@ def test_reduce_empty_set_identity(onnx_compare, op, dtype):
                               "ReduceMin": np.iinfo(np.int64).max if dtype == np.int64 else np.inf,
                               "ReduceSum": 0, "ReduceProd": 1}[op], dtype)
     np.testing.assert_array_equal(params["y0"], ref)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce_bool_any_all(onnx_compare, op, keepdims):
+    x = np.random.default_rng(3).random((3, 4, 5)) > 0.7
+    model = make_model(op, {"x": x}, {"keepdims": keepdims}, opset=20, initializers={"axes": np.array([1], np.int64)})
+    onnx_compare(model, {"x": x})

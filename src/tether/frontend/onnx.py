@@ -603,8 +603,11 @@ _FLOAT_ONLY_KINDS = ("mean", "l2", "log_sum", "log_sum_exp")
 
 def _reduce_identity(kind: str, dtype: str):
     """The value a reduction over an empty set yields (ONNX opset 18 'empty set' semantics)."""
-    lo = -np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).min
-    hi = np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).max
+    if dtype == "bool":
+        lo, hi = False, True
+    else:
+        lo = -np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).min
+        hi = np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).max
     return {"sum": 0, "l1": 0, "l2": 0, "sum_square": 0, "prod": 1, "max": lo, "min": hi,
             "log_sum": -np.inf, "log_sum_exp": -np.inf}[kind]
 
@@ -615,6 +618,8 @@ def _reduce_conv(im, node, ins, a):
     t = im.type(ins[0])
     nd = len(t.shape)
     allowed = _FLOAT_DTYPES if kind in _FLOAT_ONLY_KINDS else _FLOAT_DTYPES + _INT_DTYPES
+    if kind in ("max", "min"):
+        allowed = allowed + ("bool",)     # any / all (opset 20)
     if t.dtype not in allowed:
         raise UnsupportedOpError("node %s: %s on %s tensors (supported: %s)"
                                  % (node.name, node.op_type, t.dtype, ", ".join(allowed)))

@@ -127,6 +127,10 @@ def reduce(x, kind: str, axis=None, keepdims: bool = False, name: str = "reduce"
         per = {"l1": lambda v: te.abs(v), "l2": lambda v: te.abs(v), "sum_square": lambda v: v * v,
                "log_sum": lambda v: te.log(v)}.get(kind, lambda v: v)
         return c.compute(shape, lambda *i: per(x[i]), name, c.ELEMWISE)
+    if dt == "bool" and kind in ("max", "min"):
+        # te reduces booleans as int32 (any / all): reduce, then narrow back
+        r = _reduce_expr(kind, x, axes, keepdims, f"{name}_int")
+        return c.compute(c.shape_of(r), lambda *i: te.cast(r[i], "bool"), name, c.ELEMWISE)
     if kind in ("sum", "max", "min", "prod"):
         return _reduce_expr(kind, x, axes, keepdims, name)
     if kind == "mean":
