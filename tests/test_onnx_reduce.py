@@ -98,3 +98,16 @@ def test_reduce_bool_any_all(onnx_compare, op, keepdims):
     x = np.random.default_rng(3).random((3, 4, 5)) > 0.7
     model = make_model(op, {"x": x}, {"keepdims": keepdims}, opset=20, initializers={"axes": np.array([1], np.int64)})
     onnx_compare(model, {"x": x})
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceLogSumExp", "ReduceL2"])
+def test_reduce_float64(onnx_compare, op):
+    x = np.random.default_rng(4).standard_normal((2, 3, 4))
+    model = make_model(op, {"x": x}, {"keepdims": 0}, opset=18, initializers={"axes": np.array([0, 2], np.int64)})
+    onnx_compare(model, {"x": x}, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64])
+def test_arg_reduce_dtypes(onnx_compare, dtype):
+    x = np.random.default_rng(5).integers(-3, 3, (4, 5)).astype(dtype)
+    onnx_compare(make_model("ArgMax", {"x": x}, {"axis": 1}, opset=13), {"x": x})
