@@ -157,7 +157,8 @@ resize_upsample_sizes_nearest_not_larger resize_upsample_sizes_nearest_not_small
 resize_downsample_sizes_nearest_not_larger resize_downsample_sizes_nearest_not_smaller
 resize_downsample_scales_linear_half_pixel_symmetric resize_upsample_scales_linear_half_pixel_symmetric
 upsample_nearest convtranspose convtranspose_1d convtranspose_output_shape convtranspose_pad convtranspose_kernel_shape
-convtranspose_pads convtranspose_dilations convtranspose_autopad_same convtranspose_group_2 convtranspose_group_2_image_3
+convtranspose_pads convtranspose_dilations convtranspose_autopad_same convtranspose_group_2
+convtranspose_group_2_image_3
 depthtospace_example depthtospace_example_expanded depthtospace_crd_mode_example depthtospace_crd_mode_example_expanded
 eyelike_without_dtype eyelike_with_dtype eyelike_populate_off_main_diagonal gather_0 gather_1 gather_2d_indices
 gather_negative_indices gather_elements_0 gather_elements_1 gather_elements_negative_indices gathernd_example_int32
@@ -171,7 +172,8 @@ onehot_out_of_range_indices onehot_with_negative_axis
 # resize_downsample_scales_{linear,cubic}_align_corners are left out: their expected data divide by the
 # fractional output width, where the spec and onnxruntime (which tether follows) use the integer one.
 
-# Float inputs that are shape arguments (Resize roi/scales, Upsample scales, OneHot depth): bound as constants like int64 ones.
+# Float inputs that are shape arguments (Resize roi/scales, Upsample scales, OneHot depth): bound as constants
+# like the int64 ones.
 SHAPE_ARG_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,), "OneHot": (1,)}
 
 

@@ -24,7 +24,8 @@ def test_gather_runtime_indices(onnx_compare, dshape, ishape, axis, dtype):
 
 def test_gather_constant_indices_runtime_data(onnx_compare):
     x = _r(4, 5, 6)
-    model = make_model("Gather", {"x": x}, {"axis": 2}, opset=13, initializers={"i": np.array([[0, 5], [-1, 2]], np.int64)})
+    model = make_model("Gather", {"x": x}, {"axis": 2}, opset=13,
+                       initializers={"i": np.array([[0, 5], [-1, 2]], np.int64)})
     onnx_compare(model, {"x": x})
 
 
@@ -39,7 +40,8 @@ def test_gather_elements(onnx_compare, axis):
     onnx_compare(model, {"x": x, "i": idx})
 
 
-@pytest.mark.parametrize("dshape,ishape,b", [((4, 5, 6), (3, 2), 0), ((4, 5, 6), (2, 3, 1), 0), ((2, 5, 6), (2, 3, 1), 1),
+@pytest.mark.parametrize("dshape,ishape,b", [((4, 5, 6), (3, 2), 0), ((4, 5, 6), (2, 3, 1), 0),
+                                             ((2, 5, 6), (2, 3, 1), 1),
                                              ((3, 4, 5, 2), (3, 4, 1), 2), ((4, 5), (7, 2), 0)])
 def test_gather_nd(onnx_compare, dshape, ishape, b):
     x = _r(*dshape)

@@ -16,5 +16,6 @@ def test_matmul_broadcast(onnx_compare, a, b):
 
 def test_matmul_constant_weight_3d(onnx_compare):
     x = RNG.standard_normal((2, 5, 8)).astype(np.float32)
-    model = make_model("MatMul", {"a": x}, {}, opset=13, initializers={"w": RNG.standard_normal((8, 3)).astype(np.float32)})
+    w = RNG.standard_normal((8, 3)).astype(np.float32)
+    model = make_model("MatMul", {"a": x}, {}, opset=13, initializers={"w": w})
     onnx_compare(model, {"a": x})

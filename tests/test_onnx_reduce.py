@@ -41,7 +41,8 @@ def test_reduce_sum_opset13_axes_input_and_noop(onnx_compare):
     model = make_model("ReduceSum", {"x": x}, {"keepdims": 1, "noop_with_empty_axes": 1}, opset=13,
                        initializers={"axes": np.zeros((0,), np.int64)})
     onnx_compare(model, {"x": x})
-    model = make_model("ReduceSum", {"x": x}, {"keepdims": 0}, opset=13, initializers={"axes": np.zeros((0,), np.int64)})
+    model = make_model("ReduceSum", {"x": x}, {"keepdims": 0}, opset=13,
+                       initializers={"axes": np.zeros((0,), np.int64)})
     onnx_compare(model, {"x": x})
 
 
@@ -59,8 +60,7 @@ def test_reduce_mean_spatial_is_global_pool(onnx_compare, keepdims):
     model = make_model("ReduceMean", {"x": x}, {"keepdims": keepdims}, opset=18,
                        initializers={"axes": np.array([-2, -1], np.int64)})
     graph, _ = from_onnx(model)
-    assert graph.ops_used() == ({"global_avg_pool"} if keepdims else {"global_avg_pool", "reshape"}) or \
-        set(graph.ops_used()) <= {"global_avg_pool", "reshape"}
+    assert set(graph.ops_used()) == ({"global_avg_pool"} if keepdims else {"global_avg_pool", "reshape"})
     onnx_compare(model, {"x": x})
 
 

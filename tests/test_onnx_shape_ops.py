@@ -60,7 +60,8 @@ def test_shape_subgraph_folds_to_reshape(onnx_compare):
         helper.make_node("Range", ["zero", "twelve", "one"], ["r"]),              # 0..11
         helper.make_node("Cast", ["r"], ["rf"], to=1),
         helper.make_node("Add", ["flat", "rf"], ["y0"]),
-        helper.make_node("ConstantOfShape", ["tail"], ["c"], value=numpy_helper.from_array(np.array([2.0], np.float32))),
+        helper.make_node("ConstantOfShape", ["tail"], ["c"],
+                         value=numpy_helper.from_array(np.array([2.0], np.float32))),
         helper.make_node("Unsqueeze", ["c", "ax1"], ["cu"]),                     # (3, 1)
         helper.make_node("Mul", ["cu", "nf"], ["c2"]),
         helper.make_node("Expand", ["c2", "s"], ["y1"]),

@@ -920,7 +920,8 @@ def _resize_coeffs(kind: str, r: float, scale: float, A: float, antialias: bool)
 
 
 def _resize_axis_tables(kind: str, x_src: np.ndarray, in_w: int, scale: float, nearest_mode: str,
-                        cubic_a: float, exclude_outside: bool, antialias: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+                        cubic_a: float, exclude_outside: bool,
+                        antialias: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     """(int32 indices, float32 weights), both (out, taps), for one axis."""
     base = np.floor(x_src)
     integer = x_src == base

@@ -53,7 +53,6 @@ def gather_nd(data, indices, batch_dims: int, out_shape: Sequence[int], name: st
 
 def one_hot(indices, values, depth: int, axis: int, out_shape: Sequence[int], name: str = "one_hot"):
     """out[..., d, ...] = values[1] if indices[...] (negative counting from depth) == d else values[0]."""
-    dt = values.dtype
 
     def f(*o):
         rest = tuple(o[:axis]) + tuple(o[axis + 1:])

@@ -17,8 +17,8 @@ from tether import te
 from . import common as c
 
 
-def resize_tables(x, out_shape: Sequence[int], axes: Sequence[dict], tables: Sequence, extrapolation: Optional[float] = None,
-                  name: str = "resize"):
+def resize_tables(x, out_shape: Sequence[int], axes: Sequence[dict], tables: Sequence,
+                  extrapolation: Optional[float] = None, name: str = "resize"):
     """`axes`: one dict per resized axis, {"axis", "taps", "weights": bool, "inside": bool}; `tables`: the te
     tensors of those axes in order (idx, then w if weights, then inside if inside)."""
     it = iter(tables)
