@@ -254,8 +254,11 @@ def _shape(im, node, ins, a):
 @converter("Gather")
 def _gather(im, node, ins, a):
     data = im.const(ins[0])
-    idx = im.require_const(ins[1], "Gather indices", node.name)
+    idx = im.const(ins[1])
     axis = a.get("axis", 0)
+    if idx is None:     # indices computed at run time (embedding lookups): the general gather kernel
+        _gather_general(im, node, ins, a)
+        return
     if data is not None:
         im.add_const(np.take(data, idx.astype(np.int64), axis=axis), name=node.output[0])
         return
@@ -270,7 +273,7 @@ def _gather(im, node, ins, a):
         shape = t.shape[:axis] + t.shape[axis + 1:]
         _reshape(im, y, shape, node.name, node.output[0])
         return
-    raise UnsupportedOpError("node %s: Gather with tensor indices on a run-time tensor" % node.name)
+    _gather_general(im, node, ins, a)
 
 
 @converter("Slice")
@@ -667,7 +670,7 @@ def _prelu(im, node, ins, a):
     im.emit("prelu", [ins[0], slope], {}, node.name, _out(node))
 
 
-def _str_attr(a, key, default):
+def _str_attr(a: dict, key: str, default: str) -> str:
     v = a.get(key, default)
     return v.decode() if isinstance(v, bytes) else v
 
@@ -776,6 +779,263 @@ def _cast_like(im, node, ins, a):
     _cast(im, node, ins[:1], {"to": inv[dt]})
 
 
+# ---------------------------------------------------------------- reductions (ONNX Reduce*, ArgMax/ArgMin)
+_REDUCE_KINDS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
+                 "ReduceProd": "prod", "ReduceL1": "l1", "ReduceL2": "l2", "ReduceSumSquare": "sum_square",
+                 "ReduceLogSum": "log_sum", "ReduceLogSumExp": "log_sum_exp"}
+_INT_DTYPES = ("int32", "int64")
+_FLOAT_DTYPES = ("float32", "float64")
+# kinds whose integer result would need rounding rules (mean) or a float function (sqrt, log): floats only
+_FLOAT_ONLY_KINDS = ("mean", "l2", "log_sum", "log_sum_exp")
+
+
+def _reduce_identity(kind: str, dtype: str):
+    """The value a reduction over an empty set yields (ONNX opset 18 'empty set' semantics)."""
+    if dtype == "bool":
+        lo, hi = False, True
+    else:
+        lo = -np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).min
+        hi = np.inf if dtype in _FLOAT_DTYPES else np.iinfo(dtype).max
+    return {"sum": 0, "l1": 0, "l2": 0, "sum_square": 0, "prod": 1, "max": lo, "min": hi,
+            "log_sum": -np.inf, "log_sum_exp": -np.inf}[kind]
+
+
+@converter(*_REDUCE_KINDS)
+def _reduce_conv(im, node, ins, a):
+    kind = _REDUCE_KINDS[node.op_type]
+    t = im.type(ins[0])
+    nd = len(t.shape)
+    allowed = _FLOAT_DTYPES if kind in _FLOAT_ONLY_KINDS else _FLOAT_DTYPES + _INT_DTYPES
+    if kind in ("max", "min"):
+        allowed = allowed + ("bool",)     # any / all (opset 20)
+    if t.dtype not in allowed:
+        raise UnsupportedOpError("node %s: %s on %s tensors (supported: %s)"
+                                 % (node.name, node.op_type, t.dtype, ", ".join(allowed)))
+    axes_as_input = im.opset >= (13 if node.op_type == "ReduceSum" else 18)
+    if axes_as_input:
+        axes = None
+        if len(ins) > 1 and ins[1]:
+            axes = [int(v) for v in im.require_const(ins[1], node.op_type + " axes", node.name).reshape(-1)]
+    else:
+        axes = list(a["axes"]) if "axes" in a else None
+    keepdims = bool(a.get("keepdims", 1))
+    if not axes:
+        # absent or empty axes: every axis, or none at all with noop_with_empty_axes
+        axes = [] if (axes_as_input and a.get("noop_with_empty_axes", 0)) else list(range(nd))
+    axes = sorted({_norm_axis(int(x), nd) for x in axes})
+    for x in axes:
+        if not 0 <= x < nd:
+            raise UnsupportedOpError("node %s: %s axis out of range for rank %d" % (node.name, node.op_type, nd))
+    out_shape = tuple(1 if i in axes else d for i, d in enumerate(t.shape)) if keepdims else \
+        tuple(d for i, d in enumerate(t.shape) if i not in axes)
+    if axes and any(t.shape[i] == 0 for i in axes):
+        if kind == "mean":
+            raise UnsupportedOpError("node %s: ReduceMean over an empty axis (the mean of nothing)" % node.name)
+        im.add_const(np.full(out_shape, _reduce_identity(kind, t.dtype), dtype=t.dtype), name=node.output[0])
+        return
+    if t.size == 0:
+        im.add_const(np.zeros(out_shape, dtype=t.dtype), name=node.output[0])
+        return
+    if kind in ("mean", "max") and nd >= 3 and axes == list(range(2, nd)) and t.dtype == "float32":
+        # torch's dynamo exporter writes adaptive average pooling as ReduceMean over the spatial axes: run it
+        # as the global-pool kernel (one channel per task, parallel over channels)
+        op = "global_avg_pool" if kind == "mean" else "global_max_pool"
+        y = im.emit(op, [ins[0]], {}, node.name, _out(node) if keepdims else None)
+        if not keepdims:
+            _reshape(im, y, out_shape, node.name + "_squeeze", node.output[0])
+        return
+    if not out_shape:   # kernels never write rank-0 tensors: reduce keeping dims, then reshape to a scalar
+        y = im.emit("reduce", [ins[0]], {"kind": kind, "axes": axes, "keepdims": True}, node.name)
+        _reshape(im, y, (), node.name + "_scalar", node.output[0])
+        return
+    im.emit("reduce", [ins[0]], {"kind": kind, "axes": axes, "keepdims": keepdims}, node.name, _out(node))
+
+
+@converter("ArgMax", "ArgMin")
+def _arg_reduce_conv(im, node, ins, a):
+    t = im.type(ins[0])
+    nd = len(t.shape)
+    if t.dtype not in _FLOAT_DTYPES + _INT_DTYPES:
+        raise UnsupportedOpError("node %s: %s on %s tensors" % (node.name, node.op_type, t.dtype))
+    axis = _norm_axis(int(a.get("axis", 0)), nd)
+    if t.shape[axis] == 0:
+        raise UnsupportedOpError("node %s: %s over an empty axis" % (node.name, node.op_type))
+    keepdims = bool(a.get("keepdims", 1))
+    scalar = nd == 1 and not keepdims     # kernels never write rank-0 tensors
+    y = im.emit("arg_reduce", [ins[0]], {"kind": "max" if node.op_type == "ArgMax" else "min", "axis": axis,
+                                         "keepdims": keepdims or scalar,
+                                         "select_last_index": int(a.get("select_last_index", 0))},
+                node.name, None if scalar else _out(node))
+    if scalar:
+        _reshape(im, y, (), node.name + "_scalar", node.output[0])
+
+
+# ---------------------------------------------------------------- layer / instance / group normalization
+def _stash_check(node, a, dtype: str) -> None:
+    # stash_type 1 (float32 statistics) is the only kind: on float32 inputs it changes nothing
+    if dtype != "float32":
+        raise UnsupportedOpError("node %s: %s on %s tensors (float32 only)" % (node.name, node.op_type, dtype))
+    if int(a.get("stash_type", 1)) != 1:
+        raise UnsupportedOpError("node %s: %s stash_type=%d (only 1, float32)"
+                                 % (node.name, node.op_type, int(a["stash_type"])))
+
+
+@converter("LayerNormalization")
+def _layer_norm(im, node, ins, a):
+    t = im.type(ins[0])
+    _stash_check(node, a, t.dtype)
+    nd = len(t.shape)
+    axis = _norm_axis(int(a.get("axis", -1)), nd)
+    eps = float(a.get("epsilon", 1e-5))
+    inputs = [ins[0], ins[1]]
+    has_bias = len(ins) > 2 and bool(ins[2])
+    if has_bias:
+        inputs.append(ins[2])
+    im.emit("normalize", inputs, {"axis": axis, "epsilon": eps, "has_scale": True, "has_bias": has_bias},
+            node.name, _out(node))
+    want_mean = len(node.output) > 1 and node.output[1]
+    want_inv = len(node.output) > 2 and node.output[2]
+    if want_mean or want_inv:
+        # the optional statistics outputs (training exports): mean and 1/sqrt(var + eps) over [axis, ndim)
+        axes = list(range(axis, nd))
+        m = im.emit("reduce", [ins[0]], {"kind": "mean", "axes": axes, "keepdims": True}, node.name + "_mean",
+                    _out(node, 1) if want_mean else None)
+        if want_inv:
+            d = im.emit("sub", [ins[0], m])
+            v = im.emit("reduce", [im.emit("mul", [d, d])], {"kind": "mean", "axes": axes, "keepdims": True})
+            sd = im.emit("sqrt", [im.emit("add", [v, im.add_const(np.array(eps, np.float32))])])
+            im.emit("div", [im.add_const(np.array(1.0, np.float32)), sd], {}, node.name + "_invstd", _out(node, 2))
+
+
+@converter("InstanceNormalization")
+def _instance_norm(im, node, ins, a):
+    t = im.type(ins[0])
+    _stash_check(node, a, t.dtype)
+    nd = len(t.shape)
+    if nd < 3:
+        raise UnsupportedOpError("node %s: InstanceNormalization of a rank-%d tensor (needs N, C, D1, ...)"
+                                 % (node.name, nd))
+    vec = (t.shape[1],) + (1,) * (nd - 2)
+    im.emit("normalize", [ins[0], _reshape(im, ins[1], vec), _reshape(im, ins[2], vec)],
+            {"axis": 2, "epsilon": float(a.get("epsilon", 1e-5)), "has_scale": True, "has_bias": True},
+            node.name, _out(node))
+
+
+@converter("GroupNormalization")
+def _group_norm(im, node, ins, a):
+    t = im.type(ins[0])
+    _stash_check(node, a, t.dtype)
+    nd = len(t.shape)
+    g = int(a["num_groups"])
+    n, ch = t.shape[0], t.shape[1]
+    if nd < 3 or g <= 0 or ch % g:
+        raise UnsupportedOpError("node %s: GroupNormalization with num_groups=%d on shape %s (channels must "
+                                 "split into the groups)" % (node.name, g, t.shape))
+    spatial = int(np.prod(t.shape[2:], dtype=np.int64))
+    x = _reshape(im, ins[0], (n, g, ch // g, spatial))
+    # opset 18 took scale/bias per group, opset 21 per channel (18's form was withdrawn as ambiguous)
+    per_channel = im.opset >= 21
+    want = ch if per_channel else g
+    for k in (1, 2):
+        if im.type(ins[k]).shape != (want,):
+            raise UnsupportedOpError("node %s: GroupNormalization (opset %d) wants %s of shape (%d,), got %s"
+                                     % (node.name, im.opset, "scale" if k == 1 else "bias", want,
+                                        im.type(ins[k]).shape))
+    vec = (g, ch // g, 1) if per_channel else (g, 1, 1)
+    y = im.emit("normalize", [x, _reshape(im, ins[1], vec), _reshape(im, ins[2], vec)],
+                {"axis": 2, "epsilon": float(a.get("epsilon", 1e-5)), "has_scale": True, "has_bias": True},
+                node.name)
+    _reshape(im, y, t.shape, node.name + "_unflatten", node.output[0])
+
+
+# ---------------------------------------------------------------- shape ops: Split, Expand, Tile, Range, Size
+@converter("Split")
+def _split(im, node, ins, a):
+    t = im.type(ins[0])
+    nd = len(t.shape)
+    axis = _norm_axis(int(a.get("axis", 0)), nd)
+    dim = t.shape[axis]
+    outs = list(node.output)
+    if im.opset >= 13:
+        sizes = None
+        if len(ins) > 1 and ins[1]:
+            sizes = [int(v) for v in im.require_const(ins[1], "Split split", node.name).reshape(-1)]
+    else:
+        sizes = list(a["split"]) if "split" in a else None
+    if sizes is None:
+        n = int(a["num_outputs"]) if "num_outputs" in a else len(outs)
+        if "num_outputs" in a and n != len(outs):
+            raise UnsupportedOpError("node %s: Split num_outputs=%d but %d outputs" % (node.name, n, len(outs)))
+        if im.opset >= 18:
+            # equal chunks of ceil(dim / n), the last one smaller
+            chunk = -(-dim // n)
+            sizes = [max(0, min(chunk, dim - k * chunk)) for k in range(n)]
+        else:
+            if dim % n:
+                raise UnsupportedOpError("node %s: Split of extent %d into %d equal parts" % (node.name, dim, n))
+            sizes = [dim // n] * n
+    if len(sizes) != len(outs) or sum(sizes) != dim or any(v < 0 for v in sizes):
+        raise UnsupportedOpError("node %s: Split sizes %s do not cover extent %d in %d outputs"
+                                 % (node.name, sizes, dim, len(outs)))
+    start = 0
+    c = im.const(ins[0])
+    for k, (o, size) in enumerate(zip(outs, sizes)):
+        begin, end = [0] * nd, list(t.shape)
+        begin[axis], end[axis] = start, start + size
+        start += size
+        if not o:
+            continue
+        if c is not None:
+            im.add_const(np.ascontiguousarray(c[tuple(slice(b, e) for b, e in zip(begin, end))]), name=o)
+        elif size == 0:
+            im.add_const(np.zeros(tuple(e - b for b, e in zip(begin, end)), dtype=t.dtype), name=o)
+        elif size == dim:
+            im.emit("reshape", [ins[0]], {"shape": t.shape}, node.name, [o])
+        else:
+            im.emit("strided_slice", [ins[0]], {"begin": begin, "end": end, "step": [1] * nd},
+                    node.name + "_%d" % k, [o])
+
+
+@converter("Expand")
+def _expand(im, node, ins, a):
+    t = im.type(ins[0])
+    shape = [int(d) for d in im.require_const(ins[1], "Expand shape", node.name).reshape(-1)]
+    out = tuple(ops.broadcast_shapes(t.shape, shape))   # bidirectional: a 1 in `shape` keeps x's extent
+    if out == tuple(t.shape):
+        _reshape_alias(im, ins[0], node)
+        return
+    im.emit("broadcast_to", [ins[0]], {"shape": list(out)}, node.name, _out(node))
+
+
+@converter("Tile")
+def _tile(im, node, ins, a):
+    t = im.type(ins[0])
+    reps = [int(v) for v in im.require_const(ins[1], "Tile repeats", node.name).reshape(-1)]
+    if len(reps) != len(t.shape) or any(r < 0 for r in reps):
+        raise UnsupportedOpError("node %s: Tile repeats %s for a rank-%d input" % (node.name, reps, len(t.shape)))
+    c = im.const(ins[0])
+    if c is not None:
+        im.add_const(np.tile(c, reps), name=node.output[0])
+        return
+    if all(r == 1 for r in reps):
+        _reshape_alias(im, ins[0], node)
+        return
+    # x (d0, d1, ...) tiled (r0, r1, ...) is x viewed as (1, d0, 1, d1, ...) broadcast to (r0, d0, r1, d1, ...)
+    inter = [v for d in t.shape for v in (1, d)]
+    full = [v for r, d in zip(reps, t.shape) for v in (r, d)]
+    y = im.emit("broadcast_to", [_reshape(im, ins[0], inter)], {"shape": full}, node.name)
+    _reshape(im, y, [r * d for r, d in zip(reps, t.shape)], node.name + "_merge", node.output[0])
+
+
+@converter("Range")
+def _range(im, node, ins, a):
+    start, limit, delta = (im.require_const(ins[k], "Range " + w, node.name)
+                           for k, w in enumerate(("start", "limit", "delta")))
+    dt = np.asarray(start).dtype
+    n = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    im.add_const((np.asarray(start) + np.arange(n, dtype=dt) * np.asarray(delta)).astype(dt), name=node.output[0])
+
+
 @converter("Size")
 def _size(im, node, ins, a):
     im.add_const(np.array(im.type(ins[0]).size, dtype=np.int64), name=node.output[0])
@@ -831,6 +1091,501 @@ def _onnx_type_name(vi) -> str:
         return onnx.TensorProto.DataType.Name(elem).lower()
     except ValueError:
         return "elem_type_%d" % elem
+
+
+# ---------------------------------------------------------------- resize (ONNX Resize, Upsample)
+# Scales and sizes are constants once input shapes are fixed, so every output position's source taps and
+# weights are computed here, per axis, exactly as ONNX's reference does it (edge-clamped neighbours, ratio 1 on
+# integer coordinates), and the kernel only gathers and blends (ops/resize.py).
+_RESIZE_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+                       "tf_crop_and_resize")
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _resize_source_coords(mode: str, out_int: int, in_w: int, scale: float, roi: Optional[Tuple[float, float]]):
+    """Source coordinate of each output position along one axis, and a mask of positions outside the input
+    (tf_crop_and_resize only, else None). As the spec and onnxruntime (not the ONNX reference, which uses the
+    fractional in_w * scale there): align_corners, tf_crop_and_resize and pytorch_half_pixel's length test use
+    the integer output length; and in float32 arithmetic as onnxruntime, so coordinates that land exactly on
+    a rounding boundary (a scale of 0.6 maps output 1 to 2.0 in float32, 1.9999999 in float64) round alike."""
+    f = np.float32
+    y = np.arange(out_int, dtype=f)
+    sc, n_in, half = f(scale), f(in_w), f(0.5)
+    outside = None
+    if mode == "align_corners":
+        x = np.zeros(out_int, f) if out_int == 1 else y * (n_in - f(1)) / f(out_int - 1)
+    elif mode == "asymmetric":
+        x = y / sc
+    elif mode == "tf_crop_and_resize":
+        r0, r1 = f(roi[0]), f(roi[1])
+        x = np.full(out_int, half * (r0 + r1) * (n_in - f(1)), f) if out_int == 1 else \
+            r0 * (n_in - f(1)) + (y * (r1 - r0) * (n_in - f(1))) / f(out_int - 1)
+        outside = (x < 0) | (x > in_w - 1)
+    elif mode == "pytorch_half_pixel":
+        x = np.zeros(out_int, f) if out_int == 1 else (y + half) / sc - half
+    elif mode == "half_pixel":
+        x = (y + half) / sc - half
+    else:   # half_pixel_symmetric
+        offset = n_in / f(2) * (f(1) - f(out_int) / (sc * n_in))
+        x = offset + (y + half) / sc - half
+    return x.astype(np.float64), outside
+
+
+def _resize_coeffs(kind: str, r: float, scale: float, A: float, antialias: bool) -> np.ndarray:
+    """Weights of the neighbours of a source coordinate whose distance past the lower neighbour is `r` in
+    (0, 1]. With antialias (downscaling) the kernel is stretched by 1/scale, so more taps (ONNX reference)."""
+    if antialias:
+        s = min(scale, 1.0)
+        if kind == "linear":
+            lo = int(np.floor(-1 / s) + 1)
+            args = (np.arange(lo, lo + 2 - 2 * lo) - r) * s
+            c = np.clip(1 - np.abs(args), 0, 1)
+        else:
+            lo = int(np.floor(-2 / s) + 1)
+            xs = np.abs(np.array([s * (i - r) for i in range(lo, 2 - lo)]))
+            c = np.where(xs <= 1, (A + 2) * xs ** 3 - (A + 3) * xs ** 2 + 1,
+                         np.where(xs < 2, A * xs ** 3 - 5 * A * xs ** 2 + 8 * A * xs - 4 * A, 0.0))
+        return c / c.sum()
+    if kind == "linear":
+        return np.array([1 - r, r])
+    return np.array([((A * (r + 1) - 5 * A) * (r + 1) + 8 * A) * (r + 1) - 4 * A,
+                     ((A + 2) * r - (A + 3)) * r * r + 1,
+                     ((A + 2) * (1 - r) - (A + 3)) * (1 - r) * (1 - r) + 1,
+                     ((A * ((1 - r) + 1) - 5 * A) * ((1 - r) + 1) + 8 * A) * ((1 - r) + 1) - 4 * A])
+
+
+def _resize_axis_tables(kind: str, x_src: np.ndarray, in_w: int, scale: float, nearest_mode: str,
+                        cubic_a: float, exclude_outside: bool,
+                        antialias: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """(int32 indices, float32 weights), both (out, taps), for one axis."""
+    base = np.floor(x_src)
+    integer = x_src == base
+    ratio = np.where(integer, 1.0, x_src - base)
+    if kind == "nearest":
+        if nearest_mode == "simple":       # Resize-10 / Upsample (onnxruntime): floor, or ceil when shrinking
+            src = np.ceil(x_src) if scale < 1 else np.floor(x_src)
+            return np.clip(src, 0, in_w - 1).astype(np.int32)[:, None], np.ones((len(x_src), 1), np.float32)
+        pick_second = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5,
+                       "floor": np.zeros_like(ratio, dtype=bool), "ceil": np.ones_like(ratio, dtype=bool)}[nearest_mode]
+        pick_second = pick_second | integer       # an integer coordinate is its own second neighbour
+        # two neighbours: floor and floor+1 (or x-1 and x on integers)
+        first = np.where(integer, x_src - 1, base)
+        src = first + pick_second
+        return np.clip(src, 0, in_w - 1).astype(np.int32)[:, None], np.ones((len(x_src), 1), np.float32)
+    coeffs = np.stack([_resize_coeffs(kind, float(r), scale, cubic_a, antialias) for r in ratio])
+    taps = coeffs.shape[1]
+    # the `taps` neighbours nearest x, preferring lower ones (ONNX reference, edge-clamped below)
+    pad = -(-taps // 2)
+    xp = x_src + pad
+    p = np.floor(xp)
+    frac = xp - p
+    if taps % 2 == 0:
+        offset = np.where(frac == 0, -(taps // 2), -(taps // 2) + 1)
+    else:
+        offset = np.where(frac <= 0.5, -((taps - 1) // 2), -((taps - 1) // 2) + 1)
+    start = p + offset - pad
+    idx = start[:, None] + np.arange(taps)[None, :]
+    if exclude_outside:
+        coeffs = np.where((idx < 0) | (idx >= in_w), 0.0, coeffs)
+        total = coeffs.sum(axis=1, keepdims=True)
+        coeffs = coeffs / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, in_w - 1).astype(np.int32), coeffs.astype(np.float32)
+
+
+def _resize_emit(im, node, x: str, kind: str, coord: str, nearest_mode: str, scales: List[float],
+                 out_shape: List[int], roi: Optional[List[float]], cubic_a: float, exclude_outside: bool,
+                 extrapolation: float, antialias: bool = False) -> None:
+    t = im.type(x)
+    nd = len(t.shape)
+    if t.dtype != "float32":
+        raise UnsupportedOpError("node %s: %s on %s tensors (float32 only)" % (node.name, node.op_type, t.dtype))
+    if any(d <= 0 for d in out_shape):
+        raise UnsupportedOpError("node %s: %s to an empty output %s" % (node.name, node.op_type, out_shape))
+    axes_meta, tables = [], []
+    for d in range(nd):
+        axis_roi = (roi[d], roi[d + nd]) if roi is not None else (0.0, 1.0)
+        if coord != "tf_crop_and_resize" or axis_roi == (0.0, 1.0):
+            if out_shape[d] == t.shape[d] and np.isclose(scales[d], 1.0):
+                continue          # an untouched axis (batch, channels)
+        src, outside = _resize_source_coords(coord, out_shape[d], t.shape[d], scales[d], axis_roi)
+        idx, w = _resize_axis_tables(kind, src, t.shape[d], scales[d], nearest_mode, cubic_a, exclude_outside,
+                                     antialias)
+        meta = {"axis": d, "taps": int(idx.shape[1]), "weights": kind != "nearest",
+                "inside": outside is not None and bool(outside.any())}
+        if meta["taps"] == 1 and not meta["inside"] and np.array_equal(idx[:, 0], np.arange(t.shape[d])):
+            continue              # identity along this axis
+        tables.append(im.add_const(idx, "resize_idx"))
+        if meta["weights"]:
+            tables.append(im.add_const(w, "resize_w"))
+        if meta["inside"]:
+            tables.append(im.add_const((~outside).astype(np.float32), "resize_inside"))
+        axes_meta.append(meta)
+    if not axes_meta:
+        _reshape_alias(im, x, node)
+        return
+    terms = int(np.prod([m["taps"] for m in axes_meta]))
+    if terms > 256:
+        raise UnsupportedOpError("node %s: %s reads %d input elements per output (antialiased downscale by a "
+                                 "large factor); at most 256 are supported" % (node.name, node.op_type, terms))
+    im.emit("resize", [x] + tables, {"shape": list(out_shape), "axes": axes_meta,
+                                     "extrapolation": float(extrapolation)}, node.name, _out(node))
+
+
+def _resize_kind(node, a: dict, allowed=("nearest", "linear", "cubic")) -> str:
+    mode = _str_attr(a, "mode", "nearest")
+    if mode in ("bilinear", "trilinear"):     # Upsample-7's spellings
+        mode = "linear"
+    if mode not in allowed:
+        raise UnsupportedOpError("node %s: %s mode %r (supported: %s)" % (node.name, node.op_type, mode,
+                                                                          ", ".join(allowed)))
+    return mode
+
+
+@converter("Upsample")
+def _upsample(im, node, ins, a):
+    t = im.type(ins[0])
+    kind = _resize_kind(node, a, ("nearest", "linear"))
+    if im.opset >= 9 and len(ins) > 1:
+        scales = [float(v) for v in im.require_const(ins[1], "Upsample scales", node.name).reshape(-1)]
+    else:
+        scales = [float(v) for v in a["scales"]]
+    out_shape = [int(np.floor(d * s)) for d, s in zip(t.shape, scales)]
+    _resize_emit(im, node, ins[0], kind, "asymmetric", "simple", scales, out_shape, None, -0.75, False, 0.0)
+
+
+@converter("Resize")
+def _resize_conv(im, node, ins, a):
+    t = im.type(ins[0])
+    nd = len(t.shape)
+    kind = _resize_kind(node, a, ("nearest", "linear") if im.opset < 11 else ("nearest", "linear", "cubic"))
+    if im.opset < 11:     # Resize-10: X, scales; asymmetric coordinates, onnxruntime's "simple" nearest
+        scales = [float(v) for v in im.require_const(ins[1], "Resize scales", node.name).reshape(-1)]
+        out_shape = [int(np.floor(d * s)) for d, s in zip(t.shape, scales)]
+        _resize_emit(im, node, ins[0], kind, "asymmetric", "simple", scales, out_shape, None, -0.75, False, 0.0)
+        return
+    coord = _str_attr(a, "coordinate_transformation_mode", "half_pixel")
+    if coord not in _RESIZE_COORD_MODES:
+        raise UnsupportedOpError("node %s: Resize coordinate_transformation_mode %r (supported: %s)"
+                                 % (node.name, coord, ", ".join(_RESIZE_COORD_MODES)))
+    nearest_mode = _str_attr(a, "nearest_mode", "round_prefer_floor")
+    if kind == "nearest" and nearest_mode not in _NEAREST_MODES:
+        raise UnsupportedOpError("node %s: Resize nearest_mode %r" % (node.name, nearest_mode))
+    antialias = bool(int(a.get("antialias", 0)))
+    if antialias and kind == "nearest":
+        raise UnsupportedOpError("node %s: Resize antialias=1 with mode nearest (undefined)" % node.name)
+    policy = _str_attr(a, "keep_aspect_ratio_policy", "stretch")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise UnsupportedOpError("node %s: Resize keep_aspect_ratio_policy %r" % (node.name, policy))
+    axes = [_norm_axis(int(v), nd) for v in a.get("axes", range(nd))]
+
+    def opt(k, what):
+        if len(ins) > k and ins[k]:
+            v = im.require_const(ins[k], "Resize " + what, node.name).reshape(-1)
+            return v if v.size else None
+        return None
+    roi_in, scales_in, sizes_in = opt(1, "roi"), opt(2, "scales"), opt(3, "sizes")
+    if (scales_in is None) == (sizes_in is None):
+        raise UnsupportedOpError("node %s: Resize needs exactly one of scales and sizes" % node.name)
+    roi = None
+    if coord == "tf_crop_and_resize":
+        if roi_in is None:
+            raise UnsupportedOpError("node %s: Resize tf_crop_and_resize without roi" % node.name)
+        roi = [0.0] * nd + [1.0] * nd
+        for k, d in enumerate(axes):
+            roi[d], roi[d + nd] = float(roi_in[k]), float(roi_in[k + len(axes)])
+    if scales_in is not None:
+        if len(scales_in) != len(axes):
+            raise UnsupportedOpError("node %s: Resize has %d scales for %d axes" % (node.name, len(scales_in),
+                                                                                  len(axes)))
+        scales = [1.0] * nd
+        for k, d in enumerate(axes):
+            scales[d] = float(scales_in[k])
+        if any(s <= 0 for s in scales):
+            raise UnsupportedOpError("node %s: Resize scales %s must be positive" % (node.name, scales))
+        out_shape = []
+        for d in range(nd):
+            extent = t.shape[d] * (roi[d + nd] - roi[d] if roi is not None else 1.0)
+            out_shape.append(int(np.floor(extent * scales[d])))
+    else:
+        if len(sizes_in) != len(axes):
+            raise UnsupportedOpError("node %s: Resize has %d sizes for %d axes" % (node.name, len(sizes_in),
+                                                                                 len(axes)))
+        out_shape = list(t.shape)
+        for k, d in enumerate(axes):
+            out_shape[d] = int(sizes_in[k])
+        scales = [out_shape[d] / t.shape[d] for d in range(nd)]
+        if policy != "stretch":
+            pick = min if policy == "not_larger" else max
+            s = pick(scales[d] for d in axes)
+            scales = [s if d in axes else 1.0 for d in range(nd)]
+            out_shape = [int(s * t.shape[d] + 0.5) if d in axes else t.shape[d] for d in range(nd)]
+    _resize_emit(im, node, ins[0], kind, coord, nearest_mode, scales, out_shape, roi,
+                 float(a.get("cubic_coeff_a", -0.75)), bool(a.get("exclude_outside", 0)),
+                 float(a.get("extrapolation_value", 0.0)), antialias)
+
+
+# ---------------------------------------------------------------- ConvTranspose
+# A transposed convolution is a stride-1 convolution of the input with zeros inserted between its elements
+# (stride - 1 per gap), padded by dilation * (kernel - 1) - pad on each side (negative: cropped), with the kernel
+# flipped and its in/out channels swapped per group. That reuses the conv2d kernels (and their GEMM paths); the
+# weight rearrangement folds at import when the weight is a constant.
+def _conv_transpose_pads(node, a: dict, in_sp, k, s, d, out_pad) -> List[int]:
+    nd = len(in_sp)
+    auto = _str_attr(a, "auto_pad", "NOTSET")
+    if "output_shape" in a or auto in ("SAME_UPPER", "SAME_LOWER"):
+        if "output_shape" in a:
+            target = list(a["output_shape"])[-nd:]
+        else:
+            target = [in_sp[i] * s[i] for i in range(nd)]
+        begin, end = [], []
+        for i in range(nd):
+            total = s[i] * (in_sp[i] - 1) + out_pad[i] + ((k[i] - 1) * d[i] + 1) - target[i]
+            # onnxruntime (which tether follows): SAME_UPPER puts the odd unit at the end, anything else at
+            # the start
+            if auto == "SAME_UPPER":
+                begin.append(total // 2)
+                end.append(total - total // 2)
+            else:
+                begin.append(total - total // 2)
+                end.append(total // 2)
+        return begin + end
+    if auto == "VALID":
+        return [0] * (2 * nd)
+    if auto != "NOTSET":
+        raise UnsupportedOpError("node %s: ConvTranspose auto_pad %r" % (node.name, auto))
+    return list(a.get("pads", [0] * (2 * nd)))
+
+
+def _conv_transpose_phases(im, node, ins, x, w, xshape, k, s, pads, out_pad, g, mg, nd) -> None:
+    """Strided transposed conv as s0*s1 stride-1 convs, one per output phase (oy % s0, ox % s1), each with the
+    sub-kernel of the taps that reach that phase: s0*s1 times fewer multiply-adds than convolving the
+    zero-inserted input. Output rows oy = s*q + a get sum_t x[q + c_a - t] * w[k0_a + s*t] with
+    k0_a = (a + pad) % s and c_a = (a + pad) // s: a correlation with the reversed sub-kernel. The phases are
+    stacked (a view concat: each conv writes its slice), interleaved by one transpose, and cropped."""
+    n, c, h, wd = xshape
+    out = [s[i] * (xshape[2 + i] - 1) + out_pad[i] + k[i] - pads[i] - pads[i + 2] for i in range(2)]
+    qmax = [-(-out[i] // s[i]) for i in range(2)]
+    # weight (c, m/g, kh, kw) -> (m, c/g, kh, kw), not flipped: each phase slices its taps in reverse
+    w5 = _reshape(im, w, (g, c // g, mg, k[0], k[1]))
+    w5 = im.emit("transpose", [w5], {"axes": [0, 2, 1, 3, 4]}, node.name + "_wT")
+    w4 = _reshape(im, w5, (g * mg, c // g, k[0], k[1]))
+    has_bias = len(ins) > 2 and bool(ins[2])
+    bias = _reshape(im, ins[2], (1, g * mg, 1, 1)) if has_bias else None
+    phases = []
+    for a0 in range(s[0]):
+        for a1 in range(s[1]):
+            begin, end, step, conv_pads = [0, 0], [g * mg, c // g], [1, 1], [0, 0, 0, 0]
+            for i, ai in enumerate((a0, a1)):
+                k0, ci = (ai + pads[i]) % s[i], (ai + pads[i]) // s[i]
+                taps = -(-(k[i] - k0) // s[i])
+                last = k0 + s[i] * (taps - 1)
+                begin.append(last)
+                end.append(k0 - 1)
+                step.append(-s[i])
+                conv_pads[i] = taps - 1 - ci                                   # may be negative: cropped
+                conv_pads[i + 2] = qmax[i] - xshape[2 + i] - conv_pads[i] + taps - 1
+            wp = im.emit("strided_slice", [w4], {"begin": begin, "end": end, "step": step},
+                         node.name + "_w%d%d" % (a0, a1))
+            xp = x
+            if any(p < 0 for p in conv_pads):     # conv2d takes non-negative pads: crop (and pad) first
+                xp = im.emit("pad", [x], {"pads": [0, 0, conv_pads[0], conv_pads[1], 0, 0, conv_pads[2],
+                                                   conv_pads[3]], "value": 0.0, "mode": "constant"},
+                             node.name + "_crop%d%d" % (a0, a1))
+                conv_pads = [0, 0, 0, 0]
+            y = im.emit("conv2d", [xp, wp], {"strides": [1, 1], "dilations": [1, 1],
+                                             "pads": [conv_pads[0], conv_pads[1], conv_pads[2], conv_pads[3]],
+                                             "groups": g}, node.name + "_phase%d%d" % (a0, a1))
+            if bias is not None:
+                y = im.emit("add", [y, bias], {}, node.name + "_bias%d%d" % (a0, a1))
+            phases.append(y)
+    # phase-major along the batch axis: (s0*s1*n, m, q0, q1), a view concat the convs write into directly
+    stacked = im.emit("concat", phases, {"axis": 0}, node.name + "_phases") if len(phases) > 1 else phases[0]
+    six = _reshape(im, stacked, (s[0], s[1], n, g * mg, qmax[0], qmax[1]))
+    inter = im.emit("transpose", [six], {"axes": [2, 3, 4, 0, 5, 1]}, node.name + "_interleave")
+    full = _reshape(im, inter, (n, g * mg, qmax[0] * s[0], qmax[1] * s[1]))
+    if list(out) != [qmax[0] * s[0], qmax[1] * s[1]]:
+        full = im.emit("strided_slice", [full], {"begin": [0, 0, 0, 0], "end": [n, g * mg, out[0], out[1]],
+                                                 "step": [1, 1, 1, 1]}, node.name + "_crop")
+    if nd == 1:
+        _reshape(im, full, (n, g * mg, out[1]), node.name + "_squeeze", node.output[0])
+    else:
+        _reshape(im, full, (n, g * mg, out[0], out[1]), node.name + "_out", node.output[0])
+
+
+@converter("ConvTranspose")
+def _conv_transpose(im, node, ins, a):
+    xt, wt = im.type(ins[0]), im.type(ins[1])
+    if xt.dtype != "float32":
+        raise UnsupportedOpError("node %s: ConvTranspose on %s tensors (float32 only)" % (node.name, xt.dtype))
+    nd = len(xt.shape) - 2
+    if nd not in (1, 2):
+        raise UnsupportedOpError("node %s: %d-D ConvTranspose (only 1-D and 2-D)" % (node.name, nd))
+    g = int(a.get("group", 1))
+    n, c = xt.shape[:2]
+    cin, mg = wt.shape[:2]
+    k = list(a.get("kernel_shape", wt.shape[2:]))
+    s = list(a.get("strides", [1] * nd))
+    d = list(a.get("dilations", [1] * nd))
+    out_pad = list(a.get("output_padding", [0] * nd))
+    if cin != c or c % g or list(wt.shape[2:]) != k:
+        raise UnsupportedOpError("node %s: ConvTranspose weight %s for input %s, group %d, kernel %s"
+                                 % (node.name, wt.shape, xt.shape, g, k))
+    pads = _conv_transpose_pads(node, a, list(xt.shape[2:]), k, s, d, out_pad)
+    x, w = ins[0], ins[1]
+    in_sp = list(xt.shape[2:])
+    if nd == 1:     # as 2-D over a height of one
+        x = _reshape(im, x, (n, c, 1, in_sp[0]))
+        w = _reshape(im, w, (cin, mg, 1, k[0]))
+        in_sp, k, s, d, out_pad = [1] + in_sp, [1] + k, [1] + s, [1] + d, [0] + out_pad
+        pads = [0, pads[0], 0, pads[1]]
+    h, wd = in_sp
+    if (s[0] > 1 or s[1] > 1) and d == [1, 1] and all(k[i] >= s[i] for i in range(2)):
+        _conv_transpose_phases(im, node, ins, x, w, (n, c, h, wd), k, s, pads, out_pad, g, mg, nd)
+        return
+    # zeros between elements: (n, c, h, 1, w, 1) padded to (n, c, h, s0, w, s1), flattened, the tail cropped
+    if s[0] > 1 or s[1] > 1:
+        x6 = _reshape(im, x, (n, c, h, 1, wd, 1))
+        x6 = im.emit("pad", [x6], {"pads": [0] * 6 + [0, 0, 0, s[0] - 1, 0, s[1] - 1], "value": 0.0,
+                                   "mode": "constant"}, node.name + "_dilate")
+        x = _reshape(im, x6, (n, c, h * s[0], wd * s[1]))
+    crop = [s[0] - 1, s[1] - 1]
+    begin = [d[i] * (k[i] - 1) - pads[i] for i in range(2)]
+    end = [d[i] * (k[i] - 1) - pads[i + 2] + out_pad[i] - crop[i] for i in range(2)]
+    if any(begin) or any(end):
+        x = im.emit("pad", [x], {"pads": [0, 0] + begin + [0, 0] + end, "value": 0.0, "mode": "constant"},
+                    node.name + "_pad")
+    # weight (c, m/g, kh, kw) -> (g, c/g, m/g, kh, kw) -> (g, m/g, c/g, kh, kw) -> (m, c/g, kh, kw), flipped
+    w5 = _reshape(im, w, (g, c // g, mg, k[0], k[1]))
+    w5 = im.emit("transpose", [w5], {"axes": [0, 2, 1, 3, 4]}, node.name + "_wT")
+    w4 = _reshape(im, w5, (g * mg, c // g, k[0], k[1]))
+    w4 = im.emit("strided_slice", [w4], {"begin": [0, 0, k[0] - 1, k[1] - 1], "end": [g * mg, c // g, -1, -1],
+                                         "step": [1, 1, -1, -1]}, node.name + "_wflip")
+    attrs = {"strides": [1, 1], "dilations": d, "pads": [0, 0, 0, 0], "groups": g}
+    has_bias = len(ins) > 2 and bool(ins[2])
+    final = _out(node) if nd == 2 and not has_bias else None
+    y = im.emit("conv2d", [x, w4], attrs, node.name, final)
+    if has_bias:
+        b = _reshape(im, ins[2], (1, g * mg, 1, 1))
+        y = im.emit("add", [y, b], {}, node.name + "_bias", _out(node) if nd == 2 else None)
+    if nd == 1:
+        t = im.type(y)
+        _reshape(im, y, (t.shape[0], t.shape[1], t.shape[3]), node.name + "_squeeze", node.output[0])
+
+
+# ---------------------------------------------------------------- index-driven ops: Gather (general),
+# GatherElements, GatherND, OneHot, Trilu, EyeLike, DepthToSpace, SpaceToDepth
+_INDEX_DTYPES = ("int32", "int64")
+
+
+def _check_index_dtype(im, node, name: str) -> None:
+    dt = im.type(name).dtype
+    if dt not in _INDEX_DTYPES:
+        raise UnsupportedOpError("node %s: %s indices of type %s (int32 or int64)" % (node.name, node.op_type, dt))
+
+
+def _gather_general(im, node, ins, a) -> None:
+    _check_index_dtype(im, node, ins[1])
+    t, it = im.type(ins[0]), im.type(ins[1])
+    axis = _norm_axis(int(a.get("axis", 0)), len(t.shape))
+    shape = tuple(t.shape[:axis]) + tuple(it.shape) + tuple(t.shape[axis + 1:])
+    if not shape:     # kernels never write rank-0 tensors
+        y = im.emit("gather", [ins[0], _reshape(im, ins[1], (1,))], {"axis": axis, "shape": [1]}, node.name)
+        _reshape(im, y, (), node.name + "_scalar", node.output[0])
+        return
+    im.emit("gather", [ins[0], ins[1]], {"axis": axis, "shape": list(shape)}, node.name, _out(node))
+
+
+@converter("GatherElements")
+def _gather_elements(im, node, ins, a):
+    _check_index_dtype(im, node, ins[1])
+    axis = _norm_axis(int(a.get("axis", 0)), len(im.type(ins[0]).shape))
+    im.emit("gather_elements", [ins[0], ins[1]], {"axis": axis}, node.name, _out(node))
+
+
+@converter("GatherND")
+def _gather_nd(im, node, ins, a):
+    _check_index_dtype(im, node, ins[1])
+    t, it = im.type(ins[0]), im.type(ins[1])
+    b = int(a.get("batch_dims", 0))
+    k = it.shape[-1]
+    if b + k > len(t.shape) or tuple(it.shape[:b]) != tuple(t.shape[:b]):
+        raise UnsupportedOpError("node %s: GatherND indices %s with batch_dims %d on data %s"
+                                 % (node.name, it.shape, b, t.shape))
+    shape = tuple(it.shape[:-1]) + tuple(t.shape[b + k:])
+    if not shape:
+        raise UnsupportedOpError("node %s: GatherND to a scalar" % node.name)
+    im.emit("gather_nd", [ins[0], ins[1]], {"batch_dims": b, "shape": list(shape)}, node.name, _out(node))
+
+
+@converter("OneHot")
+def _one_hot_conv(im, node, ins, a):
+    it = im.type(ins[0])
+    if it.dtype not in _INDEX_DTYPES + ("float32",):
+        raise UnsupportedOpError("node %s: OneHot indices of type %s" % (node.name, it.dtype))
+    depth_v = im.require_const(ins[1], "OneHot depth", node.name).reshape(-1)[0]
+    depth = int(depth_v)
+    values = ins[2]
+    if im.type(values).size != 2:
+        raise UnsupportedOpError("node %s: OneHot values must hold [off, on]" % node.name)
+    values = _reshape(im, values, (2,))
+    nd = len(it.shape) + 1
+    axis = _norm_axis(int(a.get("axis", -1)), nd)
+    shape = list(it.shape)
+    shape.insert(axis, depth)
+    im.emit("one_hot", [ins[0], values], {"depth": depth, "axis": axis, "shape": shape}, node.name, _out(node))
+
+
+@converter("Trilu")
+def _trilu_conv(im, node, ins, a):
+    t = im.type(ins[0])
+    if len(t.shape) < 2:
+        raise UnsupportedOpError("node %s: Trilu of a rank-%d tensor" % (node.name, len(t.shape)))
+    k = int(im.require_const(ins[1], "Trilu k", node.name).reshape(-1)[0]) if len(ins) > 1 and ins[1] else 0
+    im.emit("trilu", [ins[0]], {"k": k, "upper": int(a.get("upper", 1))}, node.name, _out(node))
+
+
+@converter("EyeLike")
+def _eye_like(im, node, ins, a):
+    t = im.type(ins[0])
+    if len(t.shape) != 2:
+        raise UnsupportedOpError("node %s: EyeLike of a rank-%d tensor (2-D only)" % (node.name, len(t.shape)))
+    dt = _ONNX_DTYPES[a["dtype"]] if "dtype" in a else t.dtype
+    im.add_const(np.eye(t.shape[0], t.shape[1], k=int(a.get("k", 0)), dtype=dt), name=node.output[0])
+
+
+@converter("DepthToSpace")
+def _depth_to_space(im, node, ins, a):
+    n, c, h, w = im.type(ins[0]).shape
+    b = int(a["blocksize"])
+    mode = _str_attr(a, "mode", "DCR")
+    if c % (b * b):
+        raise UnsupportedOpError("node %s: DepthToSpace of %d channels by blocksize %d" % (node.name, c, b))
+    if mode == "DCR":
+        x6 = _reshape(im, ins[0], (n, b, b, c // (b * b), h, w))
+        perm = [0, 3, 4, 1, 5, 2]
+    elif mode == "CRD":
+        x6 = _reshape(im, ins[0], (n, c // (b * b), b, b, h, w))
+        perm = [0, 1, 4, 2, 5, 3]
+    else:
+        raise UnsupportedOpError("node %s: DepthToSpace mode %r (DCR or CRD)" % (node.name, mode))
+    y = im.emit("transpose", [x6], {"axes": perm}, node.name)
+    _reshape(im, y, (n, c // (b * b), h * b, w * b), node.name + "_merge", node.output[0])
+
+
+@converter("SpaceToDepth")
+def _space_to_depth(im, node, ins, a):
+    n, c, h, w = im.type(ins[0]).shape
+    b = int(a["blocksize"])
+    if h % b or w % b:
+        raise UnsupportedOpError("node %s: SpaceToDepth of %dx%d by blocksize %d" % (node.name, h, w, b))
+    mode = _str_attr(a, "mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise UnsupportedOpError("node %s: SpaceToDepth mode %r (DCR or CRD)" % (node.name, mode))
+    x6 = _reshape(im, ins[0], (n, c, h // b, b, w // b, b))
+    # DCR puts the block offsets before the channels, CRD after (the inverses of DepthToSpace's modes)
+    perm = [0, 3, 5, 1, 2, 4] if mode == "DCR" else [0, 1, 3, 5, 2, 4]
+    y = im.emit("transpose", [x6], {"axes": perm}, node.name)
+    _reshape(im, y, (n, c * b * b, h // b, w // b), node.name + "_merge", node.output[0])
 
 
 # ---------------------------------------------------------------- entry point

@@ -499,6 +499,190 @@ for _n, _fn in {"maximum_nan": np.maximum, "minimum_nan": np.minimum}.items():
               (lambda fn: lambda attrs, a, b: [np.asarray(fn(a, b)).astype(a.dtype)])(_fn))
 
 
+
+# ---------------------------------------------------------------- reductions (ONNX Reduce*, ArgMax/ArgMin)
+# One op "reduce" for every ONNX Reduce* kind; ``axes`` are normalised and sorted, and may be empty (a reduction
+# over no axis is the kind's per-element transform: abs for l1, x*x for sum_square, ... as the ONNX reference).
+def _reduce_np(kind: str, x: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
+    f = x.astype(np.float64) if np.issubdtype(x.dtype, np.floating) else x
+    if kind == "sum":
+        r = np.sum(f, axis=axes, keepdims=keepdims)
+    elif kind == "mean":
+        r = np.mean(f, axis=axes, keepdims=keepdims)
+    elif kind == "max":
+        r = np.max(f, axis=axes, keepdims=keepdims) if axes else f
+    elif kind == "min":
+        r = np.min(f, axis=axes, keepdims=keepdims) if axes else f
+    elif kind == "prod":
+        r = np.prod(f, axis=axes, keepdims=keepdims)
+    elif kind == "l1":
+        r = np.sum(np.abs(f), axis=axes, keepdims=keepdims)
+    elif kind == "l2":
+        r = np.sqrt(np.sum(f * f, axis=axes, keepdims=keepdims))
+    elif kind == "sum_square":
+        r = np.sum(f * f, axis=axes, keepdims=keepdims)
+    elif kind == "log_sum":
+        r = np.log(np.sum(f, axis=axes, keepdims=keepdims))
+    elif kind == "log_sum_exp":
+        m = np.max(f, axis=axes, keepdims=True) if axes else f
+        r = np.log(np.sum(np.exp(f - m), axis=axes, keepdims=True)) + m
+        if not keepdims:
+            r = np.squeeze(r, axis=axes)
+    else:
+        raise ValueError("reduce: unknown kind %r" % kind)
+    return np.asarray(r).astype(x.dtype)
+
+
+def _reduce_kind_infer(attrs, x):
+    return _reduce_infer(attrs, x)
+
+
+_register("reduce", "opaque", _reduce_kind_infer,
+          lambda attrs, x: [_reduce_np(attrs["kind"], x, tuple(attrs["axes"]), bool(attrs.get("keepdims", True)))])
+
+
+def _argreduce_infer(attrs, x):
+    ax = attrs["axis"]
+    if attrs.get("keepdims", True):
+        shape = tuple(1 if i == ax else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i != ax)
+    return [TensorType(shape, "int64")]
+
+
+def _argreduce_ref(attrs, x):
+    ax, keep = attrs["axis"], bool(attrs.get("keepdims", True))
+    fn = np.argmax if attrs["kind"] == "max" else np.argmin
+    if attrs.get("select_last_index"):
+        n = x.shape[ax]
+        r = n - 1 - fn(np.flip(x, axis=ax), axis=ax)
+    else:
+        r = fn(x, axis=ax)
+    if keep:
+        r = np.expand_dims(r, ax)
+    return [np.asarray(r, dtype=np.int64)]
+
+
+_register("arg_reduce", "opaque", _argreduce_infer, _argreduce_ref)
+
+
+# ---------------------------------------------------------------- layer / instance / group normalization
+# "normalize": inputs x[, scale][, bias] (attrs has_scale/has_bias say which), statistics over axes
+# [axis, ndim); scale and bias broadcast to x (right-aligned).
+def _normalize_ref(attrs, x, *rest):
+    axes = tuple(range(attrs["axis"], x.ndim))
+    f = x.astype(np.float64)
+    m = f.mean(axis=axes, keepdims=True)
+    v = ((f - m) ** 2).mean(axis=axes, keepdims=True)
+    y = (f - m) / np.sqrt(v + attrs["epsilon"])
+    rest = list(rest)
+    if attrs.get("has_scale"):
+        y = y * rest.pop(0)
+    if attrs.get("has_bias"):
+        y = y + rest.pop(0)
+    return [y.astype(x.dtype)]
+
+
+_register("normalize", "opaque", _same, _normalize_ref)
+
+
+# ---------------------------------------------------------------- resize (ONNX Resize/Upsample)
+# "resize": inputs x, then per resized axis (attrs["axes"], in order) its int32 index table (out, taps), its
+# weight table (out, taps) when "weights", its 1/0 inside table (out,) when "inside" (tf_crop_and_resize).
+def _resize_infer(attrs, x, *tables):
+    return [TensorType(tuple(attrs["shape"]), x.dtype)]
+
+
+def _resize_ref(attrs, x, *tables):
+    it = iter(tables)
+    y = x.astype(np.float64)
+    inside_all = np.ones(tuple(attrs["shape"]), dtype=bool)
+    for a in attrs["axes"]:
+        d = a["axis"]
+        idx = next(it)
+        w = next(it) if a["weights"] else np.ones(idx.shape)
+        g = np.take(y, idx.astype(np.int64), axis=d)          # (..., out, taps, ...)
+        wshape = (1,) * d + w.shape + (1,) * (y.ndim - d - 1)
+        y = (g * w.reshape(wshape)).sum(axis=d + 1)
+        if a["inside"]:
+            ins = next(it).astype(bool)
+            inside_all &= ins.reshape((1,) * d + ins.shape + (1,) * (y.ndim - d - 1))
+    if not inside_all.all():
+        y = np.where(inside_all, y, attrs.get("extrapolation", 0.0))
+    return [y.astype(x.dtype)]
+
+
+_register("resize", "injective", _resize_infer, _resize_ref)
+
+
+# ---------------------------------------------------------------- index-driven ops (Gather*, OneHot, Trilu)
+def _wrap_np(idx: np.ndarray, n: int) -> np.ndarray:
+    idx = idx.astype(np.int64)
+    return np.clip(np.where(idx < 0, idx + n, idx), 0, n - 1)
+
+
+def _gather_infer(attrs, data, idx):
+    ax = attrs["axis"]
+    return [TensorType(tuple(data.shape[:ax]) + tuple(idx.shape) + tuple(data.shape[ax + 1:]), data.dtype)]
+
+
+_register("gather", "injective", _gather_infer,
+          lambda attrs, data, idx: [np.take(data, _wrap_np(idx, data.shape[attrs["axis"]]), axis=attrs["axis"])])
+
+
+def _gather_elements_infer(attrs, data, idx):
+    return [TensorType(tuple(idx.shape), data.dtype)]
+
+
+_register("gather_elements", "injective", _gather_elements_infer,
+          lambda attrs, data, idx: [np.take_along_axis(data, _wrap_np(idx, data.shape[attrs["axis"]]),
+                                                       axis=attrs["axis"])])
+
+
+def _gather_nd_infer(attrs, data, idx):
+    b, k = attrs["batch_dims"], idx.shape[-1]
+    return [TensorType(tuple(idx.shape[:-1]) + tuple(data.shape[b + k:]), data.dtype)]
+
+
+def _gather_nd_ref(attrs, data, idx):
+    b = attrs["batch_dims"]
+    k = idx.shape[-1]
+    (t,) = _gather_nd_infer(attrs, TensorType(data.shape, data.dtype), TensorType(idx.shape, idx.dtype))
+    out = np.empty(t.shape, data.dtype)
+    for pos in np.ndindex(*idx.shape[:-1]):
+        src = tuple(pos[:b]) + tuple(int(_wrap_np(np.array(idx[pos + (j,)]), data.shape[b + j])) for j in range(k))
+        out[pos] = data[src]
+    return [out]
+
+
+_register("gather_nd", "injective", _gather_nd_infer, _gather_nd_ref)
+
+
+def _one_hot_infer(attrs, idx, values):
+    shape = list(idx.shape)
+    shape.insert(attrs["axis"], attrs["depth"])
+    return [TensorType(tuple(shape), values.dtype)]
+
+
+def _one_hot_ref(attrs, idx, values):
+    depth, axis = attrs["depth"], attrs["axis"]
+    j = idx.astype(np.int64)
+    j = np.where(j < 0, j + depth, j)
+    hot = np.expand_dims(j, axis) == np.arange(depth).reshape((-1,) + (1,) * (idx.ndim - axis))
+    return [np.where(hot, values[1], values[0]).astype(values.dtype)]
+
+
+_register("one_hot", "injective", _one_hot_infer, _one_hot_ref)
+
+
+def _trilu_ref(attrs, x):
+    k = attrs["k"]
+    return [np.triu(x, k) if attrs["upper"] else np.tril(x, k)]
+
+
+_register("trilu", "injective", _same, _trilu_ref)
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

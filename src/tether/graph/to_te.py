@@ -506,6 +506,59 @@ for _n, _f in {"maximum_nan": c.max2, "minimum_nan": c.min2}.items():
         lambda u, v: te.if_then_else(u != u, u, te.if_then_else(v != v, v, f(u, v))), [x, y], n))(_n, _f)
 
 
+# ---------------------------------------------------------------- reductions (ONNX Reduce*, ArgMax/ArgMin)
+@lowering("reduce")
+def _reduce_kind(attrs, x):
+    return ops.reduce(x, attrs["kind"], tuple(attrs["axes"]), bool(attrs.get("keepdims", True)))
+
+
+@lowering("arg_reduce")
+def _arg_reduce(attrs, x):
+    return ops.arg_reduce(x, attrs["kind"], attrs["axis"], bool(attrs.get("keepdims", True)),
+                          bool(attrs.get("select_last_index", 0)))
+
+
+# ---------------------------------------------------------------- layer / instance / group normalization
+@lowering("normalize")
+def _normalize(attrs, x, *rest):
+    rest = list(rest)
+    scale = rest.pop(0) if attrs.get("has_scale") else None
+    bias = rest.pop(0) if attrs.get("has_bias") else None
+    return ops.normalize(x, attrs["axis"], attrs["epsilon"], scale, bias)
+
+
+# ---------------------------------------------------------------- resize (ONNX Resize/Upsample)
+@lowering("resize")
+def _resize(attrs, x, *tables):
+    return ops.resize_tables(x, attrs["shape"], attrs["axes"], tables, attrs.get("extrapolation"))
+
+
+# ---------------------------------------------------------------- index-driven ops (Gather*, OneHot, Trilu)
+@lowering("gather")
+def _gather(attrs, data, idx):
+    return ops.gather(data, idx, attrs["axis"], attrs["shape"])
+
+
+@lowering("gather_elements")
+def _gather_elements(attrs, data, idx):
+    return ops.gather_elements(data, idx, attrs["axis"])
+
+
+@lowering("gather_nd")
+def _gather_nd(attrs, data, idx):
+    return ops.gather_nd(data, idx, attrs["batch_dims"], attrs["shape"])
+
+
+@lowering("one_hot")
+def _one_hot(attrs, idx, values):
+    return ops.one_hot(idx, values, attrs["depth"], attrs["axis"], attrs["shape"])
+
+
+@lowering("trilu")
+def _trilu(attrs, x):
+    return ops.trilu(x, attrs["k"], bool(attrs["upper"]))
+
+
 def lower_node(op: str, attrs: dict, inputs: Sequence["te.Tensor"]) -> "te.Tensor":
     fn = LOWER.get(op)
     if fn is None:

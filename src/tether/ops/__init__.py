@@ -27,3 +27,11 @@ __all__ = [
     "relu", "relu6", "reshape", "rsqrt", "schedule", "sigmoid", "softmax", "sqrt", "squeeze", "subtract", "sum",
     "tag_of", "tanh", "transpose",
 ]
+from .reduction import arg_reduce, reduce  # noqa: E402  ONNX Reduce* kinds and ArgMax/ArgMin
+__all__ += ["arg_reduce", "reduce"]
+from .norm import normalize  # noqa: E402  layer/instance/group normalization
+__all__ += ["normalize"]
+from .resize import resize_tables  # noqa: E402  ONNX Resize/Upsample from per-axis tap tables
+__all__ += ["resize_tables"]
+from .indexing import gather, gather_elements, gather_nd, one_hot, trilu  # noqa: E402  index-driven ops
+__all__ += ["gather", "gather_elements", "gather_nd", "one_hot", "trilu"]

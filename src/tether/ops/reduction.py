@@ -78,3 +78,111 @@ def log_softmax(x, axis: int = -1, name: str = "log_softmax"):
     return c.compute(c.shape_of(x),
                      lambda *i: x[i] - mx[i[:ax] + (0,) + i[ax + 1:]] - te.log(sm[i[:ax] + (0,) + i[ax + 1:]]),
                      name, c.BROADCAST)
+
+
+# ---------------------------------------------------------------- ONNX Reduce* kinds and arg-reductions
+def _keep_index(idx, shape, axes, keepdims: bool, raxes):
+    """The input index of output index `idx` with reduction variables `raxes` on `axes`."""
+    it, r = iter(idx), iter(raxes)
+    full = []
+    for d in range(len(shape)):
+        if d in axes:
+            if keepdims:
+                next(it)
+            full.append(next(r))
+        else:
+            full.append(next(it))
+    return tuple(full)
+
+
+def _out_shape(shape, axes, keepdims: bool) -> tuple:
+    return tuple(1 if d in axes else e for d, e in enumerate(shape)) if keepdims else \
+        tuple(e for d, e in enumerate(shape) if d not in axes)
+
+
+def _reduce_expr(kind: str, x, axes, keepdims: bool, name: str, pre=None):
+    """A single reduce stage `kind` (sum/max/min/prod) over `axes` of pre(x[...]) (pre: per-element transform)."""
+    shape = c.shape_of(x)
+    raxes = [te.reduce_axis((0, shape[a]), name=f"k{a}") for a in axes]
+    reducer = {"sum": te.sum, "max": te.max, "min": te.min, "prod": te.prod}[kind]
+
+    def f(*idx):
+        v = x[_keep_index(idx, shape, axes, keepdims, raxes)]
+        return reducer(pre(v) if pre is not None else v, axis=raxes)
+    return c.compute(_out_shape(shape, axes, keepdims), f, name, c.REDUCE)
+
+
+REDUCE_KINDS = ("sum", "mean", "max", "min", "prod", "l1", "l2", "sum_square", "log_sum", "log_sum_exp")
+
+
+def reduce(x, kind: str, axis=None, keepdims: bool = False, name: str = "reduce"):
+    """The ONNX Reduce* family: `kind` in REDUCE_KINDS over `axis` (None: all; () : no axis, which leaves the
+    per-element transform of the kind: |x| for l1, x*x for sum_square, log(x) for log_sum, ...)."""
+    shape = c.shape_of(x)
+    axes = () if axis == () else c.normalize_axes(axis, len(shape))
+    dt = x.dtype
+    if kind not in REDUCE_KINDS:
+        raise ValueError(f"reduce: unknown kind {kind!r} (one of {REDUCE_KINDS})")
+    if not axes:
+        per = {"l1": lambda v: te.abs(v), "l2": lambda v: te.abs(v), "sum_square": lambda v: v * v,
+               "log_sum": lambda v: te.log(v)}.get(kind, lambda v: v)
+        return c.compute(shape, lambda *i: per(x[i]), name, c.ELEMWISE)
+    if dt == "bool" and kind in ("max", "min"):
+        # te reduces booleans as int32 (any / all): reduce, then narrow back
+        r = _reduce_expr(kind, x, axes, keepdims, f"{name}_int")
+        return c.compute(c.shape_of(r), lambda *i: te.cast(r[i], "bool"), name, c.ELEMWISE)
+    if kind in ("sum", "max", "min", "prod"):
+        return _reduce_expr(kind, x, axes, keepdims, name)
+    if kind == "mean":
+        count = 1
+        for a in axes:
+            count *= shape[a]
+        inv = c.const(1.0 / count, dt)
+        return _reduce_expr("sum", x, axes, keepdims, name, pre=lambda v: v * inv)
+    if kind == "l1":
+        return _reduce_expr("sum", x, axes, keepdims, name, pre=lambda v: te.abs(v))
+    if kind == "sum_square":
+        return _reduce_expr("sum", x, axes, keepdims, name, pre=lambda v: v * v)
+    if kind == "l2":
+        s = _reduce_expr("sum", x, axes, keepdims, f"{name}_sumsq", pre=lambda v: v * v)
+        return c.compute(c.shape_of(s), lambda *i: te.sqrt(s[i]), name, c.ELEMWISE)
+    if kind == "log_sum":
+        s = _reduce_expr("sum", x, axes, keepdims, f"{name}_sum")
+        return c.compute(c.shape_of(s), lambda *i: te.log(s[i]), name, c.ELEMWISE)
+    # log_sum_exp: max-shifted so large inputs do not overflow exp
+    mx = _reduce_expr("max", x, axes, True, f"{name}_max")
+    raxes = [te.reduce_axis((0, shape[a]), name=f"k{a}") for a in axes]
+
+    def f(*idx):
+        full = _keep_index(idx, shape, axes, keepdims, raxes)
+        m = mx[tuple(0 if d in axes else full[d] for d in range(len(shape)))]
+        return te.sum(te.exp(x[full] - m), axis=raxes)
+    s = c.compute(_out_shape(shape, axes, keepdims), f, f"{name}_sumexp", c.REDUCE)
+
+    def g(*idx):
+        it = iter(idx)
+        m_idx = tuple(0 if d in axes else idx[d] for d in range(len(shape))) if keepdims else \
+            tuple(0 if d in axes else next(it) for d in range(len(shape)))
+        return te.log(s[idx]) + mx[m_idx]
+    return c.compute(c.shape_of(s), g, name, c.BROADCAST)
+
+
+def arg_reduce(x, kind: str, axis: int, keepdims: bool = True, select_last_index: bool = False,
+               name: str = "arg_reduce"):
+    """ONNX ArgMax/ArgMin along `axis` as int64: the first (or last) index holding the max (min). Two stages:
+    the extreme value, then the min (max) index where the input equals it."""
+    shape = c.shape_of(x)
+    ax = c.normalize_axes(axis, len(shape))[0]
+    ext = _reduce_expr("max" if kind == "max" else "min", x, (ax,), True, f"{name}_value")
+    n = shape[ax]
+    k = te.reduce_axis((0, n), name="k")
+
+    def f(*idx):
+        full = _keep_index(idx, shape, (ax,), keepdims, [k])
+        e_idx = tuple(0 if d == ax else full[d] for d in range(len(shape)))
+        kk = te.cast(k, "int64")
+        hit = x[full] == ext[e_idx]
+        if select_last_index:
+            return te.max(te.if_then_else(hit, kk, c.const(-1, "int64")), axis=k)
+        return te.min(te.if_then_else(hit, kk, c.const(n, "int64")), axis=k)
+    return c.compute(_out_shape(shape, (ax,), keepdims), f, name, c.REDUCE)

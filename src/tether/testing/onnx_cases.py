@@ -6,7 +6,8 @@ Shared by ``scripts/onnx_conformance.py`` (the whole suite, with a per-op table)
 - tether: ``frontend.from_onnx`` -> ``tether.build_graph`` for the host -> the graph executor, compiled at the
   opt_level the backend test (tests/test_onnx_backend.py) uses. Every input is first a run-time input; when the
   import needs an integer input as a constant (a Reshape shape, Pad pads, Gather indices), the case is retried
-  with the int64/int32 inputs bound as constants, as the backend test does with int64 ones.
+  with the int64/int32 inputs and the float shape arguments (Resize scales, OneHot depth) bound as constants, as
+  the backend test does.
 - Outcome: ``pass``; ``refused`` (an error while importing or compiling: UnsupportedOpError or any other, with
   its message); ``wrong`` (it ran, and an output's shape, dtype or values differ from the expected ones);
   ``crash`` (it compiled but running raised, or the worker died or timed out).
@@ -113,6 +114,17 @@ def opt_level_for(model: Any) -> int:
     return 2 if len(model.graph.node) > 40 else 3
 
 
+# Float inputs that are shape arguments (Resize roi/scales, Upsample scales, OneHot depth, Range bounds): bound as
+# constants like the integer ones, since tether fixes every shape at compile time.
+SHAPE_ARG_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,), "OneHot": (1,), "Range": (0, 1, 2)}
+
+
+def shape_arg_names(model: Any) -> set:
+    """Graph inputs of ``model`` that feed a float shape argument of some node."""
+    return {n.input[k] for n in model.graph.node for k in SHAPE_ARG_INPUTS.get(n.op_type, ())
+            if k < len(n.input) and n.input[k]}
+
+
 class TetherCase:
     """One model compiled for the host; ``run(feeds)`` returns its outputs."""
 
@@ -129,7 +141,8 @@ class TetherCase:
             graph, params = from_onnx(model)
         except Exception as first:
             # shape arguments (Reshape shape, axes, pads, Gather indices) arrive as integer inputs: bind them
-            consts = {k: v for k, v in feeds.items() if v.dtype in (np.int64, np.int32)}
+            shape_args = shape_arg_names(model)
+            consts = {k: v for k, v in feeds.items() if v.dtype in (np.int64, np.int32) or k in shape_args}
             if not consts:
                 raise
             try:
