@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import parallel
+from . import cpu_features, device_info, parallel
 from .dlpack import (DTYPE_TO_DL, TETHER_BYTES, TETHER_DLTENSOR, TETHER_FLOAT64, TETHER_INT64, TETHER_NULL,
                      TETHER_STR, TetherBytes, TetherValue, make_dltensor)
 from .elf import ARCH_MACHINE, ElfFile, host_arch
@@ -107,6 +107,24 @@ def _check_elf(elf: ElfFile, label: str) -> None:
         if mine and theirs and mine != theirs:
             raise ArchMismatch("%s uses the %s-float ARM ABI but this device's Python is %s-float: rebuild for a "
                                "%s-float target" % (label, theirs, mine, mine))
+
+
+def _check_cpu(meta: Dict[str, Any], label: str) -> None:
+    """Refuse a module whose code needs an ISA level or CPU features this device lacks (metadata "requires";
+    modules built before it existed have none and load as before)."""
+    requires = meta.get("requires")
+    if not isinstance(requires, dict):
+        return
+    caps = device_info.cpu_capabilities()
+    lacking = cpu_features.missing(requires, caps)
+    if not lacking:
+        return
+    preset = caps.get("suggested_target")
+    target = (meta.get("target") or {}) if isinstance(meta.get("target"), dict) else {}
+    built = target.get("preset") or target.get("cpu") or "another CPU"
+    hint = ("rebuild it with target=%r" % preset) if preset else "rebuild it for this device's CPU"
+    raise ArchMismatch("%s was built for %s and needs %s, which this device's CPU (%s) lacks: %s"
+                       % (label, built, ", ".join(lacking), caps.get("isa"), hint))
 
 
 def _read_metadata(elf: ElfFile, label: str) -> Dict[str, Any]:
@@ -357,6 +375,7 @@ def inspect_module(path: str) -> Dict[str, Any]:
     with ElfFile(path, name=label) as elf:
         _check_elf(elf, label)
         meta = _read_metadata(elf, label)
+        _check_cpu(meta, label)
         exported = set(elf.exported_symbols)
         missing = [f["name"] for f in meta["functions"] if f["name"] not in exported]
         if missing:

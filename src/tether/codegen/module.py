@@ -127,7 +127,8 @@ class ModuleBuilder:
         # task (docs/abi.md "Parallel loops", docs/parallel.md). "thread_pool": the version of the native pool
         # protocol this module exports (codegen/threadpool.py).
         self.metadata = {"abi_version": ABI_VERSION, "tether_version": __version__,
-                         "target": self.target.to_dict(), "functions": self._functions,
+                         "target": self.target.to_dict(),
+                         "requires": self.target.requirements(), "functions": self._functions,
                          "parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION}
         blob = json.dumps(self.metadata, separators=(",", ":"), sort_keys=False).encode("utf-8") + b"\0"
         add_metadata_blob(self.module, blob)
