@@ -32,6 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--spin-us", type=float, default=100.0, metavar="US",
                     help="after a reply, poll up to US microseconds for the next call before sleeping, while that "
                          "measures faster (default 100; 0 = never poll)")
+    ap.add_argument("--session-memory", metavar="SIZE",
+                    help="device memory one session's arrays may hold, e.g. 512MB or 2GiB (default 3/4 of RAM; 0 = "
+                         "no limit)")
+    ap.add_argument("--session-disk", metavar="SIZE", help="bytes one session may upload (default 4GiB; 0 = no limit)")
+    ap.add_argument("--session-handles", type=int, metavar="N",
+                    help="objects (arrays, modules, functions) one session may hold (default 65536; 0 = no limit)")
+    ap.add_argument("--call-timeout", type=float, metavar="S",
+                    help="abort a call that runs longer than S seconds, ending its session (default 1800; 0 = no "
+                         "limit)")
     ap.add_argument("--handshake-timeout", type=float, default=5.0, metavar="S",
                     help="close a connection that has not completed its handshake within S seconds (default 5)")
     ap.add_argument("--workdir", help="where session folders are created (default: system temp)")
@@ -48,7 +57,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                token=args.token, insecure=args.insecure, session_timeout=args.session_timeout,
                workdir=args.workdir, reverse=args.reverse, handshake_timeout=args.handshake_timeout,
                verbose=args.verbose, tracker_token=args.tracker_token, tags=args.tag,
-               advertise_host=args.advertise_host, idle_timeout=args.idle_timeout, spin_us=args.spin_us)
+               advertise_host=args.advertise_host, idle_timeout=args.idle_timeout, spin_us=args.spin_us,
+               session_memory=args.session_memory, session_disk=args.session_disk,
+               session_handles=args.session_handles, call_timeout=args.call_timeout)
 
 
 if __name__ == "__main__":

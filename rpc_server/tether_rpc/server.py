@@ -456,7 +456,8 @@ class Server:
             try:
                 self._become_worker(conn)
                 code = run_session(conn.sock, conn.buffer, folder, self.config.limits,
-                                   idle_timeout=self.config.idle_timeout, spin=self.config.spin)
+                                   idle_timeout=self.config.idle_timeout, spin=self.config.spin,
+                                   session_limits=self.config.session_limits)
             except BaseException:  # never return into the parent's loop from a worker
                 traceback.print_exc()
             finally:
@@ -532,6 +533,12 @@ class Server:
         if active.timed_out:
             error = {"type": p.ErrorType.TIMEOUT, "traceback": "",
                      "message": "the session ran past its session timeout of %s s and was ended" % active.limit}
+        elif (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
+              and self.config.session_limits.call_timeout):
+            error = {"type": p.ErrorType.TIMEOUT, "traceback": "",
+                     "message": "a call ran past the server's call timeout of %s s (--call-timeout) and was "
+                                "aborted; the session has ended, start a new one"
+                                % self.config.session_limits.call_timeout}
         elif os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             error = {"type": p.ErrorType.SESSION_CRASHED, "traceback": "",
@@ -635,7 +642,9 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
         reverse: bool = False,
         handshake_timeout: float = 5.0, verbose: int = 0, tracker_token: Optional[str] = None,
         tags: Optional[List[str]] = None, advertise_host: Optional[str] = None,
-        idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT, spin_us: float = DEFAULT_SPIN * 1e6) -> int:
+        idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT, spin_us: float = DEFAULT_SPIN * 1e6,
+        session_memory: Optional[str] = None, session_disk: Optional[str] = None,
+        session_handles: Optional[int] = None, call_timeout: Optional[float] = None) -> int:
     """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""
     logging.basicConfig(level=logging.INFO if verbose < 2 else logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -644,7 +653,9 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
                                   insecure=insecure, session_timeout=session_timeout, workdir=workdir,
                                   reverse=reverse, handshake_timeout=handshake_timeout,
                                   tracker_token=tracker_token, tags=tags, advertise_host=advertise_host,
-                                  idle_timeout=idle_timeout, spin_us=spin_us))
+                                  idle_timeout=idle_timeout, spin_us=spin_us, session_memory=session_memory,
+                                  session_disk=session_disk, session_handles=session_handles,
+                                  call_timeout=call_timeout))
     except ServerConfigError as exc:
         log.error("%s", exc)
         return 2

@@ -20,6 +20,7 @@ import numpy as np
 
 from .errors import ProtocolError
 from .files import SessionFolder
+from .limits import Budget, SessionLimits, folder_bytes
 from .protocol import RemoteHandle
 from .transport import byte_view
 
@@ -181,8 +182,10 @@ _KIND_FUNCTION = "function"
 class SessionHandler:
     """Object table + built-ins for one session, rooted in one session folder."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, limits: Optional[SessionLimits] = None):
         self.folder = SessionFolder(folder)
+        self.limits = limits if limits is not None else SessionLimits(handles=None, disk=None, call_timeout=None)
+        self.budget = Budget(self.limits)
         self._objects: Dict[int, Tuple[str, Any]] = {}
         self._bound: Dict[Tuple[int, ...], Callable[[], Any]] = {}  # (function id, array ids...): see call_plain
         self._next_id = 1
@@ -274,6 +277,7 @@ class SessionHandler:
 
     # -- object table ------------------------------------------------------------------------------------------
     def _put(self, kind: str, obj: Any) -> RemoteHandle:
+        self.budget.check_handles(len(self._objects))
         handle = RemoteHandle(self._next_id)
         self._next_id += 1
         self._objects[handle.id] = (kind, obj)
@@ -321,7 +325,9 @@ class SessionHandler:
     def _device_info(self, ctx: CallContext) -> Dict[str, Any]:
         from . import device_info
 
-        return device_info.device_info()
+        info = device_info.device_info()
+        info["session_limits"] = self.limits.describe()
+        return info
 
     @staticmethod
     def _array_info(handle: RemoteHandle, arr: Any) -> Dict[str, Any]:
@@ -330,16 +336,27 @@ class SessionHandler:
     def _array_empty(self, ctx: CallContext, shape: Any, dtype: str = "float32") -> Dict[str, Any]:
         from . import ndarray
 
-        arr = ndarray.empty(shape, dtype)
-        return self._array_info(self._put(_KIND_ARRAY, arr), arr)
+        nbytes = ndarray.nbytes_of(shape, dtype)
+        self.budget.reserve_memory(nbytes, "an array of shape %s %s" % (shape, dtype))
+        return self._keep_array(ndarray.empty, (shape, dtype), nbytes)
 
     def _array_from_tensor(self, ctx: CallContext, tensor: Any) -> Dict[str, Any]:
         from . import ndarray
 
         if not isinstance(tensor, np.ndarray):
             raise TypeError("tether.array.from_tensor takes a tensor, got %s" % type(tensor).__name__)
-        arr = ndarray.from_numpy(tensor)
-        return self._array_info(self._put(_KIND_ARRAY, arr), arr)
+        self.budget.reserve_memory(int(tensor.nbytes), "an array of shape %s %s" % (tensor.shape, tensor.dtype))
+        return self._keep_array(ndarray.from_numpy, (tensor,), int(tensor.nbytes))
+
+    def _keep_array(self, make: Callable[..., Any], args: Tuple[Any, ...], nbytes: int) -> Dict[str, Any]:
+        """Make an array whose ``nbytes`` are already reserved and put it in the table (or give them back)."""
+        try:
+            arr = make(*args)
+            handle = self._put(_KIND_ARRAY, arr)
+        except BaseException:
+            self.budget.release_memory(nbytes)
+            raise
+        return self._array_info(handle, arr)
 
     def _array_copy_in(self, ctx: CallContext, handle: Any) -> None:
         arr = self._get(handle, _KIND_ARRAY)
@@ -355,12 +372,18 @@ class SessionHandler:
 
     def _free(self, ctx: CallContext, handle: Any) -> None:
         self._bound.clear()  # bound calls keep their arrays' memory alive
-        if not isinstance(handle, RemoteHandle) or self._objects.pop(handle.id, None) is None:
+        entry = self._objects.pop(handle.id, None) if isinstance(handle, RemoteHandle) else None
+        if entry is None:
             raise KeyError("cannot free %r: no such handle in this session" % (handle,))
+        if entry[0] == _KIND_ARRAY:
+            self.budget.release_memory(int(entry[1].nbytes))
 
     def _upload(self, ctx: CallContext, name: Any) -> Dict[str, Any]:
         bulk = ctx.require_bulk("tether.upload")
         path = self.folder.path_for(name)  # refuses unsafe names before anything is written
+        if self.limits.disk is not None:   # (a file of the same name is replaced: its bytes do not count)
+            replaced = os.path.getsize(path) if os.path.isfile(path) else 0
+            self.budget.check_disk(folder_bytes(self.folder.path) - replaced, bulk.nbytes, str(name))
         # Write beside it and rename over it: rewriting a library that is still mapped (loaded earlier in
         # this session) in place would change code under a running process and can crash it.
         # Memory stays flat however big the upload: the bytes move in bounded pieces (splice(2) where there is

@@ -18,7 +18,7 @@ import threading
 import traceback
 from typing import Any, Dict, List, Optional
 
-from . import protocol as p, transport
+from . import limits as session_limits_mod, protocol as p, transport
 from .error_mapping import error_payload
 from .errors import ConnectionClosed, ProtocolError, TetherTimeout
 
@@ -123,9 +123,11 @@ def _set_idle_timeout(sock: socket.socket, seconds: Optional[float]) -> None:
 
 def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: str,
                 limits: p.Limits = p.DEFAULT_LIMITS, idle_timeout: Optional[float] = None,
-                spin: float = 0.0) -> int:
+                spin: float = 0.0, session_limits: Optional[session_limits_mod.SessionLimits] = None) -> int:
     """Serve one session's CALLs on a connected, handshaken socket until CLOSE, hang-up or ``idle_timeout``
-    seconds without a frame; returns an exit code. ``spin``: see :class:`tether_rpc.protocol.FrameReader`."""
+    seconds without a frame; returns an exit code. ``spin``: see :class:`tether_rpc.protocol.FrameReader`.
+    ``session_limits``: tether_rpc.limits; a call that runs past ``call_timeout`` ends this process by SIGALRM
+    (an interval timer armed per call: a kernel stuck in native code cannot ignore it), which the server reports."""
     from .session import BulkIn, Reply, SessionHandler  # imported in the parent already by the preload
 
     sock.setblocking(True)
@@ -138,7 +140,15 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
     threading.Thread(target=_watchdog, args=(sock,), name="tether-watchdog", daemon=True).start()
     sys.stdout = _EventLines(channel, "stdout")  # type: ignore[assignment]
     sys.stderr = _EventLines(channel, "stderr")  # type: ignore[assignment]
-    handler = SessionHandler(folder)
+    handler = SessionHandler(folder, session_limits)
+    call_timeout = session_limits.call_timeout if session_limits is not None else None
+    if session_limits is not None:
+        session_limits_mod.apply_memory_backstop(session_limits)
+    if call_timeout:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        arm = signal.setitimer
+    else:
+        arm = None
     plain = _PlainCalls(channel, handler, Reply)
     read_plain_frame = reader.read_plain_frame
     try:
@@ -160,11 +170,15 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
                 return 0
             msg_type, request_id, payload = frame
             if msg_type == _CALL:
+                if arm is not None:
+                    arm(signal.ITIMER_REAL, call_timeout)
                 # A plain frame with exactly {fn, args} carries no tensors and no bulk: the fast path.
                 if fast and len(payload) == 2 and type(payload.get("args")) is list:
                     ok = plain.serve(request_id, payload["fn"], payload["args"])
                 else:
                     ok = _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn)
+                if arm is not None:
+                    arm(signal.ITIMER_REAL, 0)
                 if not ok:
                     return 0
             elif msg_type == p.MsgType.CLOSE:

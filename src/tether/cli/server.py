@@ -28,6 +28,14 @@ import click
 @click.option("--spin-us", type=float, default=100.0, show_default=True, metavar="US",
               help="After a reply, poll up to US microseconds for the next call before sleeping, while that "
                    "measures faster (0 = never poll).")
+@click.option("--session-memory", metavar="SIZE",
+              help="Device memory one session's arrays may hold, e.g. 512MB or 2GiB [default: 3/4 of RAM; 0 = no "
+                   "limit].")
+@click.option("--session-disk", metavar="SIZE", help="Bytes one session may upload [default: 4GiB; 0 = no limit].")
+@click.option("--session-handles", type=int, metavar="N",
+              help="Objects (arrays, modules, functions) one session may hold [default: 65536; 0 = no limit].")
+@click.option("--call-timeout", type=float, metavar="S",
+              help="Abort a call that runs longer than S seconds, ending its session [default: 1800; 0 = no limit].")
 @click.option("--handshake-timeout", type=float, default=5.0, show_default=True, metavar="S",
               help="Close a connection that has not completed its handshake within S seconds.")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
@@ -35,7 +43,9 @@ import click
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
          tracker_token: Optional[str], tags: Tuple[str, ...], advertise_host: Optional[str],
          token: Optional[str], insecure: bool, session_timeout: float, idle_timeout: float,
-         spin_us: float, handshake_timeout: float, workdir: Optional[str], verbose: int) -> None:
+         spin_us: float, session_memory: Optional[str], session_disk: Optional[str],
+         session_handles: Optional[int], call_timeout: Optional[float], handshake_timeout: float,
+         workdir: Optional[str], verbose: int) -> None:
     """Serve sessions to tether clients: upload modules, run and time kernels, one session at a time."""
     from tether_rpc.server import run
 
@@ -43,7 +53,8 @@ def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optio
                          insecure=insecure, session_timeout=session_timeout, workdir=workdir, reverse=reverse,
                          handshake_timeout=handshake_timeout, verbose=verbose, tracker_token=tracker_token,
                          tags=list(tags), advertise_host=advertise_host, idle_timeout=idle_timeout,
-                         spin_us=spin_us))
+                         spin_us=spin_us, session_memory=session_memory, session_disk=session_disk,
+                         session_handles=session_handles, call_timeout=call_timeout))
 
 
 command = main
