@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--advertise-host", metavar="HOST",
                     help="address the tracker hands to clients (default: the address it sees)")
     ap.add_argument("--token", help="require clients to prove this token (or set TETHER_TOKEN)")
+    ap.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (chain); see docs/tls.md")
+    ap.add_argument("--tls-key", metavar="PEM", help="the certificate's private key (default: in --tls-cert)")
     ap.add_argument("--insecure", action="store_true", help="allow listening beyond loopback without a token")
     ap.add_argument("--session-timeout", type=float, default=3600.0, metavar="S",
                     help="end sessions after S seconds (default 3600)")
@@ -59,7 +61,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                verbose=args.verbose, tracker_token=args.tracker_token, tags=args.tag,
                advertise_host=args.advertise_host, idle_timeout=args.idle_timeout, spin_us=args.spin_us,
                session_memory=args.session_memory, session_disk=args.session_disk,
-               session_handles=args.session_handles, call_timeout=args.call_timeout)
+               session_handles=args.session_handles, call_timeout=args.call_timeout, tls_cert=args.tls_cert,
+               tls_key=args.tls_key)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple, Union
 from .errors import TetherError
 from .limits import SessionLimits, default_memory, parse_size
 from .protocol import DEFAULT_LIMITS, Limits
+from .tls import TLSError, server_context
 
 if TYPE_CHECKING:
     from .hooks import ServerHook
@@ -55,6 +56,8 @@ class ServerConfig:
     tags: Dict[str, str] = field(default_factory=dict)  # device tags for the tracker
     advertise_host: Optional[str] = None        # the address the tracker hands to clients (default: as it sees us)
     limits: Limits = DEFAULT_LIMITS
+    tls_cert: Optional[str] = None              # PEM certificate (chain): serve TLS (docs/tls.md)
+    tls_key: Optional[str] = None               # its private key (default: in the certificate file)
     # per-session limits (tether_rpc.limits, docs/limits.md); by default 3/4 of RAM, 4 GiB, 65536, 1800 s
     session_limits: SessionLimits = field(default_factory=lambda: SessionLimits(memory=default_memory()))
     hooks: List["ServerHook"] = field(default_factory=list)
@@ -80,6 +83,13 @@ def check_config(config: ServerConfig) -> None:
         raise ServerConfigError("--session-timeout must be positive")
     if config.idle_timeout is not None and config.idle_timeout <= 0:
         raise ServerConfigError("--idle-timeout must be positive (or 0 on the command line: no idle limit)")
+    if config.tls_key and not config.tls_cert:
+        raise ServerConfigError("--tls-key needs --tls-cert (the certificate that goes with the key)")
+    if config.tls_cert:
+        try:
+            server_context(config.tls_cert, config.tls_key)
+        except TLSError as exc:
+            raise ServerConfigError(str(exc)) from None
     try:
         config.session_limits.check()
     except ValueError as exc:
@@ -144,7 +154,8 @@ def config_from_options(host: str = "127.0.0.1", port: int = 9090, port_end: Opt
                         idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT,
                         spin_us: float = DEFAULT_SPIN * 1e6, session_memory: Optional[str] = None,
                         session_disk: Optional[str] = None, session_handles: Optional[int] = None,
-                        call_timeout: Optional[float] = None) -> ServerConfig:
+                        call_timeout: Optional[float] = None, tls_cert: Optional[str] = None,
+                        tls_key: Optional[str] = None) -> ServerConfig:
     """The command line's options as a checked ServerConfig; what they leave out comes from the environment
     (TETHER_TOKEN, TETHER_TRACKER_TOKEN, TETHER_DEVICE_TAGS), read here and nowhere else."""
     if token is None:
@@ -159,6 +170,7 @@ def config_from_options(host: str = "127.0.0.1", port: int = 9090, port_end: Opt
                           tracker_token=tracker_token or os.environ.get(ENV_TRACKER_TOKEN) or None,
                           tags=parse_tags(tags or os.environ.get(ENV_DEVICE_TAGS)), advertise_host=advertise_host,
                           idle_timeout=idle_timeout or None, spin=max(0.0, spin_us) * 1e-6,
+                          tls_cert=tls_cert, tls_key=tls_key,
                           session_limits=session_limits_from_options(session_memory, session_disk, session_handles,
                                                                      call_timeout))
     check_config(config)

@@ -19,6 +19,8 @@ import click
               help="Device tag for the tracker, repeatable (env TETHER_DEVICE_TAGS=a=b,c=d).")
 @click.option("--advertise-host", metavar="HOST", help="Address the tracker hands to clients (default: as it sees us).")
 @click.option("--token", envvar="TETHER_TOKEN", help="Require clients to prove this token (env TETHER_TOKEN).")
+@click.option("--tls-cert", metavar="PEM", help="Serve TLS with this certificate (chain); see docs/tls.md.")
+@click.option("--tls-key", metavar="PEM", help="The certificate's private key (default: in --tls-cert).")
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
 @click.option("--session-timeout", type=float, default=3600.0, show_default=True, metavar="S",
               help="End sessions after S seconds.")
@@ -42,7 +44,8 @@ import click
 @click.option("-v", "--verbose", count=True, help="-vv: debug log (the default log level is info).")
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
          tracker_token: Optional[str], tags: Tuple[str, ...], advertise_host: Optional[str],
-         token: Optional[str], insecure: bool, session_timeout: float, idle_timeout: float,
+         token: Optional[str], tls_cert: Optional[str], tls_key: Optional[str], insecure: bool,
+         session_timeout: float, idle_timeout: float,
          spin_us: float, session_memory: Optional[str], session_disk: Optional[str],
          session_handles: Optional[int], call_timeout: Optional[float], handshake_timeout: float,
          workdir: Optional[str], verbose: int) -> None:
@@ -54,7 +57,8 @@ def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optio
                          handshake_timeout=handshake_timeout, verbose=verbose, tracker_token=tracker_token,
                          tags=list(tags), advertise_host=advertise_host, idle_timeout=idle_timeout,
                          spin_us=spin_us, session_memory=session_memory, session_disk=session_disk,
-                         session_handles=session_handles, call_timeout=call_timeout))
+                         session_handles=session_handles, call_timeout=call_timeout, tls_cert=tls_cert,
+                         tls_key=tls_key))
 
 
 command = main
