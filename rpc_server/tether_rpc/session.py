@@ -179,6 +179,17 @@ _KIND_MODULE = "module"
 _KIND_FUNCTION = "function"
 
 
+def _release(kind: str, obj: Any) -> None:
+    """What freeing a handle does besides forgetting it: a module's own reference and each function handle's
+    hold on its module go, and the library is unloaded when none is left (tether_rpc.module.Module)."""
+    if kind == _KIND_MODULE:
+        obj.close()
+    elif kind == _KIND_FUNCTION:
+        module = getattr(obj, "module", None)
+        if module is not None and hasattr(module, "release"):
+            module.release()
+
+
 class SessionHandler:
     """Object table + built-ins for one session, rooted in one session folder."""
 
@@ -271,9 +282,14 @@ class SessionHandler:
         return bound
 
     def close(self) -> None:
-        """Drop every object (arrays are freed; loaded libraries stay mapped until the process ends)."""
+        """Drop every object: arrays are freed, modules unloaded (dlclose) once none of their functions is held."""
         self._bound.clear()
-        self._objects.clear()
+        objects, self._objects = self._objects, {}
+        for kind, obj in objects.values():
+            try:
+                _release(kind, obj)
+            except Exception:  # one object's failure must not keep the others (or the session) alive
+                log.exception("releasing a %s at the end of the session failed", kind)
 
     # -- object table ------------------------------------------------------------------------------------------
     def _put(self, kind: str, obj: Any) -> RemoteHandle:
@@ -377,6 +393,7 @@ class SessionHandler:
             raise KeyError("cannot free %r: no such handle in this session" % (handle,))
         if entry[0] == _KIND_ARRAY:
             self.budget.release_memory(int(entry[1].nbytes))
+        _release(*entry)
 
     def _upload(self, ctx: CallContext, name: Any) -> Dict[str, Any]:
         bulk = ctx.require_bulk("tether.upload")
@@ -426,7 +443,10 @@ class SessionHandler:
         mod = self._get(handle, _KIND_MODULE)
         if not isinstance(name, str) or name not in mod.function_names:
             raise KeyError("module has no function %r (it has: %s)" % (name, ", ".join(mod.function_names)))
-        return {"handle": self._put(_KIND_FUNCTION, mod[name]), "name": name}
+        func = mod[name]
+        handle = self._put(_KIND_FUNCTION, func)
+        mod.acquire()   # the library stays loaded while this handle exists, even if the module's is freed
+        return {"handle": handle, "name": name}
 
     def _time_evaluator(self, ctx: CallContext, func_handle: Any, args: Any, options: Any = None) -> Dict[str, Any]:
         from . import timing
