@@ -436,7 +436,11 @@ class SessionHandler:
         from . import module
 
         mod = module.load_module(self.folder.existing(name))
-        handle = self._put(_KIND_MODULE, mod)
+        try:
+            handle = self._put(_KIND_MODULE, mod)
+        except BaseException:   # (over --session-handles) the library is not kept loaded for nothing
+            mod.close()
+            raise
         return {"handle": handle, "functions": list(mod.function_names), "metadata": mod.metadata}
 
     def _module_get_function(self, ctx: CallContext, handle: Any, name: Any) -> Dict[str, Any]:
