@@ -121,3 +121,59 @@ def test_bad_certificate_files_stop_the_server_with_a_message(tmp_path, certs):
         config_from_options(tls_cert=str(tmp_path / "missing.pem"))
     with pytest.raises(ServerConfigError, match="--tls-key needs --tls-cert"):
         config_from_options(tls_key=str(certs[3]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the tracker over TLS: rpc-tracker --tls-cert, a device registering with --tracker-ca, connect_tracker(ca=)
+
+def _start(cmd, log_path, env=None):
+    import os
+    import subprocess
+    log = open(log_path, "wb")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ)), log
+
+
+def test_tracker_and_device_registration_over_tls(tmp_path, certs):
+    import os
+    import sys
+
+    from fixtures.children import stop_process
+    from fixtures.polling import wait_until
+    from tether.rpc.tracker_client import connect_tracker
+    ca, _, cert, key = (str(c) for c in certs)
+    ready = tmp_path / "tracker.port"
+    env = dict(os.environ, TETHER_TRACKER_TOKEN="trk")
+    tracker, tlog = _start([sys.executable, "-m", "tether.cli.tracker", "--port", "0", "--ready-file", str(ready),
+                            "--tls-cert", cert, "--tls-key", key, "-v"], tmp_path / "tracker.log", env)
+    procs = [(tracker, tlog)]
+    try:
+        wait_until(lambda: ready.exists() or tracker.poll() is not None, 20, "the TLS tracker to listen")
+        port = int(ready.read_text())
+        device, dlog = _start([sys.executable, "-m", "tether_rpc", "--port", "0", "--tracker", "127.0.0.1:%d" % port,
+                               "--key", "tlsdev", "--tracker-ca", ca, "--tls-cert", cert, "--tls-key", key,
+                               "--workdir", str(tmp_path)], tmp_path / "device.log", env)
+        procs.append((device, dlog))
+
+        def registered() -> bool:
+            with connect_tracker("127.0.0.1", port, token="trk", ca=ca, timeout=10) as t:
+                return any(d["key"] == "tlsdev" for d in t.summary()["devices"])
+        wait_until(registered, 30, "the device to register over TLS")
+        with connect_tracker("127.0.0.1", port, token="trk", ca=ca, timeout=10) as t:
+            with t.request("tlsdev", wait_timeout=20, ca=ca, timeout=TIMEOUT) as remote:   # the session: TLS too
+                x = np.arange(1000, dtype="float32")
+                np.testing.assert_array_equal(remote.array(x).numpy(), x)
+        with pytest.raises((ConnectionClosed, ProtocolError, TetherError)):
+            connect_tracker("127.0.0.1", port, token="trk", timeout=5)          # plain TCP to a TLS tracker
+        with pytest.raises(AuthenticationError, match="does not trust"):
+            connect_tracker("127.0.0.1", port, token="trk", ca=str(certs[1]), timeout=5)
+        assert tracker.poll() is None and device.poll() is None
+    finally:
+        for proc, log in procs:
+            stop_process(proc)
+            log.close()
+
+
+def test_reverse_mode_cannot_use_a_tls_tracker(certs):
+    from tether_rpc.config import ServerConfigError, config_from_options
+    with pytest.raises(ServerConfigError, match="--reverse cannot be combined with a TLS tracker"):
+        config_from_options(tracker="127.0.0.1:9190", key="k", reverse=True, tracker_ca=str(certs[0]))

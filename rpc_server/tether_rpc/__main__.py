@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tracker", metavar="HOST:PORT", help="register with a tracker")
     ap.add_argument("--key", help="device key for the tracker, e.g. rasp4b")
     ap.add_argument("--reverse", action="store_true", help="dial out to the tracker instead of listening")
+    ap.add_argument("--tracker-tls", action="store_true", help="speak TLS to the tracker (its certificate checked "
+                    "against the system's CAs, or --tracker-ca)")
+    ap.add_argument("--tracker-ca", metavar="PEM", help="trust this CA certificate for the tracker (implies TLS)")
     ap.add_argument("--tracker-token", help="prove this token to the tracker (or set TETHER_TRACKER_TOKEN)")
     ap.add_argument("--tag", action="append", metavar="NAME=VALUE",
                     help="device tag for the tracker, repeatable (or set TETHER_DEVICE_TAGS=a=b,c=d)")
@@ -62,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                advertise_host=args.advertise_host, idle_timeout=args.idle_timeout, spin_us=args.spin_us,
                session_memory=args.session_memory, session_disk=args.session_disk,
                session_handles=args.session_handles, call_timeout=args.call_timeout, tls_cert=args.tls_cert,
-               tls_key=args.tls_key)
+               tls_key=args.tls_key, tracker_tls=args.tracker_tls, tracker_ca=args.tracker_ca)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ class ServerConfig:
     limits: Limits = DEFAULT_LIMITS
     tls_cert: Optional[str] = None              # PEM certificate (chain): serve TLS (docs/tls.md)
     tls_key: Optional[str] = None               # its private key (default: in the certificate file)
+    tracker_tls: bool = False                   # speak TLS to the tracker (the system's CAs, or tracker_ca)
+    tracker_ca: Optional[str] = None            # PEM CA certificate to trust for the tracker (implies TLS)
     # per-session limits (tether_rpc.limits, docs/limits.md); by default 3/4 of RAM, 4 GiB, 65536, 1800 s
     session_limits: SessionLimits = field(default_factory=lambda: SessionLimits(memory=default_memory()))
     hooks: List["ServerHook"] = field(default_factory=list)
@@ -83,6 +85,9 @@ def check_config(config: ServerConfig) -> None:
         raise ServerConfigError("--session-timeout must be positive")
     if config.idle_timeout is not None and config.idle_timeout <= 0:
         raise ServerConfigError("--idle-timeout must be positive (or 0 on the command line: no idle limit)")
+    if config.reverse and (config.tracker_tls or config.tracker_ca):
+        raise ServerConfigError("--reverse cannot be combined with a TLS tracker (--tracker-tls/--tracker-ca): the "
+                                "tracker relays a reverse device's sessions as raw bytes")
     if config.tls_key and not config.tls_cert:
         raise ServerConfigError("--tls-key needs --tls-cert (the certificate that goes with the key)")
     if config.tls_cert:
@@ -155,7 +160,8 @@ def config_from_options(host: str = "127.0.0.1", port: int = 9090, port_end: Opt
                         spin_us: float = DEFAULT_SPIN * 1e6, session_memory: Optional[str] = None,
                         session_disk: Optional[str] = None, session_handles: Optional[int] = None,
                         call_timeout: Optional[float] = None, tls_cert: Optional[str] = None,
-                        tls_key: Optional[str] = None) -> ServerConfig:
+                        tls_key: Optional[str] = None, tracker_tls: bool = False,
+                        tracker_ca: Optional[str] = None) -> ServerConfig:
     """The command line's options as a checked ServerConfig; what they leave out comes from the environment
     (TETHER_TOKEN, TETHER_TRACKER_TOKEN, TETHER_DEVICE_TAGS), read here and nowhere else."""
     if token is None:
@@ -170,7 +176,7 @@ def config_from_options(host: str = "127.0.0.1", port: int = 9090, port_end: Opt
                           tracker_token=tracker_token or os.environ.get(ENV_TRACKER_TOKEN) or None,
                           tags=parse_tags(tags or os.environ.get(ENV_DEVICE_TAGS)), advertise_host=advertise_host,
                           idle_timeout=idle_timeout or None, spin=max(0.0, spin_us) * 1e-6,
-                          tls_cert=tls_cert, tls_key=tls_key,
+                          tls_cert=tls_cert, tls_key=tls_key, tracker_tls=tracker_tls, tracker_ca=tracker_ca,
                           session_limits=session_limits_from_options(session_memory, session_disk, session_handles,
                                                                      call_timeout))
     check_config(config)

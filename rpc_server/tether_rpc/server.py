@@ -676,7 +676,8 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
         idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT, spin_us: float = DEFAULT_SPIN * 1e6,
         session_memory: Optional[str] = None, session_disk: Optional[str] = None,
         session_handles: Optional[int] = None, call_timeout: Optional[float] = None,
-        tls_cert: Optional[str] = None, tls_key: Optional[str] = None) -> int:
+        tls_cert: Optional[str] = None, tls_key: Optional[str] = None, tracker_tls: bool = False,
+        tracker_ca: Optional[str] = None) -> int:
     """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""
     logging.basicConfig(level=logging.INFO if verbose < 2 else logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -687,7 +688,8 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
                                   tracker_token=tracker_token, tags=tags, advertise_host=advertise_host,
                                   idle_timeout=idle_timeout, spin_us=spin_us, session_memory=session_memory,
                                   session_disk=session_disk, session_handles=session_handles,
-                                  call_timeout=call_timeout, tls_cert=tls_cert, tls_key=tls_key))
+                                  call_timeout=call_timeout, tls_cert=tls_cert, tls_key=tls_key,
+                                  tracker_tls=tracker_tls, tracker_ca=tracker_ca))
     except ServerConfigError as exc:
         log.error("%s", exc)
         return 2

@@ -13,6 +13,9 @@ import click
 @click.option("--tracker", metavar="HOST:PORT", help="Register with a tracker.")
 @click.option("--key", help="Device key for the tracker, e.g. rasp4b.")
 @click.option("--reverse", is_flag=True, help="Dial out to the tracker instead of listening.")
+@click.option("--tracker-tls", is_flag=True,
+              help="Speak TLS to the tracker (its certificate checked against the system's CAs, or --tracker-ca).")
+@click.option("--tracker-ca", metavar="PEM", help="Trust this CA certificate for the tracker (implies TLS).")
 @click.option("--tracker-token", envvar="TETHER_TRACKER_TOKEN",
               help="Prove this token to the tracker (env TETHER_TRACKER_TOKEN).")
 @click.option("--tag", "tags", multiple=True, metavar="NAME=VALUE",
@@ -43,7 +46,8 @@ import click
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
 @click.option("-v", "--verbose", count=True, help="-vv: debug log (the default log level is info).")
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
-         tracker_token: Optional[str], tags: Tuple[str, ...], advertise_host: Optional[str],
+         tracker_tls: bool, tracker_ca: Optional[str], tracker_token: Optional[str], tags: Tuple[str, ...],
+         advertise_host: Optional[str],
          token: Optional[str], tls_cert: Optional[str], tls_key: Optional[str], insecure: bool,
          session_timeout: float, idle_timeout: float,
          spin_us: float, session_memory: Optional[str], session_disk: Optional[str],
@@ -58,7 +62,7 @@ def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optio
                          tags=list(tags), advertise_host=advertise_host, idle_timeout=idle_timeout,
                          spin_us=spin_us, session_memory=session_memory, session_disk=session_disk,
                          session_handles=session_handles, call_timeout=call_timeout, tls_cert=tls_cert,
-                         tls_key=tls_key))
+                         tls_key=tls_key, tracker_tls=tracker_tls, tracker_ca=tracker_ca))
 
 
 command = main
