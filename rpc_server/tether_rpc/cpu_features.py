@@ -9,7 +9,7 @@ The device side reads its own capabilities from the auxiliary vector (``getauxva
 through ctypes, else /proc/self/auxv) on ARM, and from /proc/cpuinfo "flags" on x86_64. On ARM the auxiliary vector
 comes first because qemu-user shows the *host's* /proc/cpuinfo to the guest but emulates the auxiliary vector,
 and because a 32-bit kernel on an ARMv8 core may say "CPU architecture: 7". A module whose needs the CPU does not
-meet is refused before dlopen, with :func:`check`, instead of dying of SIGILL in the middle of a call.
+meet is refused before dlopen (tether_rpc.module, with :func:`missing`), instead of dying of SIGILL mid-call.
 """
 from __future__ import annotations
 

@@ -637,6 +637,10 @@ def _preload_runtime() -> None:
             importlib.import_module("tether_rpc." + name)
         except ImportError as exc:
             log.debug("runtime module tether_rpc.%s not available: %s", name, exc)
+    try:  # what modules may need of this CPU (module.load_module checks it): read once, inherited by workers
+        importlib.import_module("tether_rpc.device_info").cpu_capabilities()
+    except Exception as exc:  # an odd /proc must not stop the server; the check then runs in the worker
+        log.debug("CPU capabilities not read at start: %s", exc)
 
 
 def serve(config: ServerConfig, ready: Optional[Callable[["Server"], None]] = None) -> None:
