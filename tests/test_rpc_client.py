@@ -12,10 +12,12 @@ from tether_rpc import errors
 
 
 def test_timeout_value_object():
-    t = rpc.Timeout.coerce(None)
+    t = rpc.Timeout.coerce(rpc.Timeout.DEFAULT)
     assert all(0 < getattr(t, ph) < float("inf") for ph in ("connect", "read", "write", "session"))
+    assert t == rpc.Timeout()
     assert rpc.Timeout.coerce(3) == rpc.Timeout(connect=3, read=3, write=3, session=3)
-    assert rpc.Timeout.coerce(rpc.Timeout.DEFAULT) == rpc.Timeout.coerce(None) == rpc.Timeout()
+    # only an explicit None disables waiting limits (httpx's rule): timeout=None means no limit on any phase
+    assert rpc.Timeout.coerce(None) == rpc.Timeout(connect=None, read=None, write=None, session=None)
     custom = rpc.Timeout(connect=1, read=100)
     assert rpc.Timeout.coerce(custom) is custom
     unlimited = rpc.Timeout(read=None, session=None)  # None: that phase waits without limit
@@ -30,12 +32,13 @@ def test_a_phase_set_to_none_waits_without_limit(rpc_server):
     import struct
 
     unlimited = rpc.Timeout(connect=None, read=None, write=None, session=None)
-    with rpc.connect(rpc_server.host, rpc_server.port, timeout=unlimited) as remote:
-        size = struct.calcsize("ll")
-        for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
-            assert remote.sock.getsockopt(socket.SOL_SOCKET, opt, size) == bytes(size)
-        assert remote.sock.gettimeout() is None
-        assert remote.get_function("tether.echo")(3) == 3
+    for timeout in (unlimited, None):  # timeout=None is the same as every phase None
+        with rpc.connect(rpc_server.host, rpc_server.port, timeout=timeout) as remote:
+            size = struct.calcsize("ll")
+            for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                assert remote.sock.getsockopt(socket.SOL_SOCKET, opt, size) == bytes(size)
+            assert remote.sock.gettimeout() is None
+            assert remote.get_function("tether.echo")(3) == 3
 
 
 def test_timing_result_statistics_match_numpy():

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "limit)")
     ap.add_argument("--handshake-timeout", type=float, default=5.0, metavar="S",
                     help="close a connection that has not completed its handshake within S seconds (default 5)")
+    ap.add_argument("--functions", action="append", metavar="FILE.py",
+                    help="run FILE.py at start (repeatable): the host functions it registers with register_func are "
+                         "offered to clients (remote.get_function) and to modules. This runs its code on the device")
     ap.add_argument("--workdir", help="where session folders are created (default: system temp)")
     ap.add_argument("-v", "--verbose", action="count", default=0,
                     help="-vv: debug log (the default log level is info)")
@@ -58,6 +61,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from .server import run
 
+    if args.functions:
+        from .host_functions import load_file
+        for path in args.functions:
+            load_file(path)
     return run(host=args.host, port=args.port, port_end=args.port_end, tracker=args.tracker, key=args.key,
                token=args.token, insecure=args.insecure, session_timeout=args.session_timeout,
                workdir=args.workdir, reverse=args.reverse, handshake_timeout=args.handshake_timeout,

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import cpu_features, device_info, parallel
+from . import cpu_features, device_info, host_functions, parallel
 from .dlpack import (DTYPE_TO_DL, TETHER_BYTES, TETHER_DLTENSOR, TETHER_FLOAT64, TETHER_INT64, TETHER_NULL,
                      TETHER_STR, TetherBytes, TetherValue, make_dltensor)
 from .elf import ARCH_MACHINE, ElfFile, host_arch
@@ -302,6 +302,10 @@ class PackedFunc:
             msg = "%s: argument %d%s is not a compact row-major array (dimension %d)" % (name, i, ename, d)
         elif kind == 7:
             msg = "%s: argument %d%s has a NULL data pointer" % (name, i, ename)
+        elif kind == host_functions.ERR_HOST_CALL:
+            msg = "%s: %s" % (name, host_functions.take_error(self.module.metadata.get("host_functions") or [], low24))
+        elif kind == 8 and host_functions.pending_error():  # a host call failed inside a parallel task
+            msg = "%s: in a parallel task: %s" % (name, host_functions.take_error([], -1))
         elif kind == 8:
             if low24 == parallel.LAUNCHER_INTERNAL_ERROR:
                 msg = "%s: the parallel launcher failed (see the device log)" % name
@@ -519,7 +523,14 @@ def load_module(path: str, parallel_launcher: bool = True) -> Module:
     if needs:
         logger.warning("%s is not self-contained: needs libraries %s, undefined symbols %s",
                        label, needs["needed"], needs["undefined"])
+    host = meta.get("host_functions")
+    if host:  # checked before dlopen too: a missing host function is a load error, not a run-time one
+        missing = [n for n in host if not isinstance(n, str) or host_functions.get_func(n) is None]
+        if missing:
+            host_functions.install(None, host, label)  # raises the ModuleLoadError naming them
     lib = _dlopen(path, label, needs)
+    if host:
+        host_functions.install(lib, host, label)
     chunked = meta.get("parallel_tasks") == "chunked"  # tasks accept any num_tasks (docs/abi.md)
     # "thread_pool": the module carries the native pool (codegen/threadpool.py); the first one becomes the provider
     has_launcher = (parallel.install(lib, chunked=chunked, thread_pool=meta.get("thread_pool"))

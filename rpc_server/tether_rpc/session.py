@@ -170,7 +170,7 @@ BUILTINS = {
 
 # Device modules that add their own built-ins: each provides ``register_builtins(handler)`` (a module missing
 # from a trimmed device install is skipped).
-EXTENSIONS = ("graph_executor", "device_state")
+EXTENSIONS = ("graph_executor", "device_state", "host_functions")
 
 _BOUND_MAX = 256  # cached kernel calls per session (cleared when full)
 

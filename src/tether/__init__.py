@@ -18,6 +18,7 @@ from tether.version import __version__  # noqa: F401
 # Attributes resolved on first use: name -> (module, attribute or None for the module itself).
 _LAZY = {
     "build": ("tether.driver", "build"),
+    "register_func": ("tether.runtime", "register_func"),
     "lower": ("tether.driver", "lower"),
     "build_graph": ("tether.graph.build", "build_graph"),
     "Target": ("tether.target", "Target"),

@@ -43,6 +43,9 @@ import click
               help="Abort a call that runs longer than S seconds, ending its session [default: 1800; 0 = no limit].")
 @click.option("--handshake-timeout", type=float, default=5.0, show_default=True, metavar="S",
               help="Close a connection that has not completed its handshake within S seconds.")
+@click.option("--functions", "functions", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              metavar="FILE.py", help="Run FILE.py at start (repeatable): the host functions it registers with "
+              "register_func are offered to clients and modules. This runs its code on the device.")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where session folders are created.")
 @click.option("-v", "--verbose", count=True, help="-vv: debug log (the default log level is info).")
 def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optional[str], reverse: bool,
@@ -52,10 +55,13 @@ def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optio
          session_timeout: float, idle_timeout: float,
          spin_us: float, session_memory: Optional[str], session_disk: Optional[str],
          session_handles: Optional[int], call_timeout: Optional[float], handshake_timeout: float,
-         workdir: Optional[str], verbose: int) -> None:
+         functions: Tuple[str, ...], workdir: Optional[str], verbose: int) -> None:
     """Serve sessions to tether clients: upload modules, run and time kernels, one session at a time."""
+    from tether_rpc.host_functions import load_file
     from tether_rpc.server import run
 
+    for path in functions:
+        load_file(path)
     raise SystemExit(run(host=host, port=port, port_end=port_end, tracker=tracker, key=key, token=token,
                          insecure=insecure, session_timeout=session_timeout, workdir=workdir, reverse=reverse,
                          handshake_timeout=handshake_timeout, verbose=verbose, tracker_token=tracker_token,

@@ -13,11 +13,12 @@ from typing import Any, Dict, List, Optional
 
 from llvmlite import ir
 
+from tether.codegen import hostcall
 from tether.codegen.types import (I1, I8, I32, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
                                   mem_type, scalar_type)
 from tether.errors import CompileError
-from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var, children,
-                        is_bool, is_float, substitute, walk)
+from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
+                        children, is_bool, is_float, substitute, walk)
 from tether.tir.simplify import Simplifier
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -485,4 +486,5 @@ _EXPR_EMITTERS = {
     Select: ExprEmitter.select,
     Cast: ExprEmitter.ev_cast,
     Call: ExprEmitter.call,
+    PackedCall: lambda em, e: hostcall.emit_packed_call(em, e),
 }

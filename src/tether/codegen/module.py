@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from llvmlite import ir
 
-from tether.codegen import mathlib, threadpool
+from tether.codegen import hostcall, mathlib, threadpool
 from tether.codegen.packed import ARG_CHECKER, ARG_CHECKER_IR, WrapperWriter
 from tether.codegen.runtime import (ARM_RUNTIME_FUNCTIONS, EXPORTED_RUNTIME_SYMBOLS, MEMORY_FUNCTIONS,
                                     add_launcher_slot, add_metadata_blob, arm_runtime_ir, memory_functions_ir)
@@ -130,10 +130,14 @@ class ModuleBuilder:
                          "target": self.target.to_dict(),
                          "requires": self.target.requirements(), "functions": self._functions,
                          "parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION}
+        host = hostcall.host_functions(self)  # names resolved by the runtime at load (docs/abi.md "Host callbacks")
+        if host:
+            self.metadata["host_functions"] = list(host)
         blob = json.dumps(self.metadata, separators=(",", ":"), sort_keys=False).encode("utf-8") + b"\0"
         add_metadata_blob(self.module, blob)
         own = set() if self.part == "runtime" else set(self.function_names)
-        return self._finish_text(own | set(EXPORTED_RUNTIME_SYMBOLS), runtime=True)
+        exported = own | set(EXPORTED_RUNTIME_SYMBOLS) | ({hostcall.HOST_CALLER_SETTER} if host else set())
+        return self._finish_text(exported, runtime=True)
 
     def _finish_text(self, exported: set, runtime: bool) -> str:
         undefined = []

@@ -66,7 +66,8 @@ enum {
   TETHER_ERR_SHAPE = 5,        /* (5 << 24) | arg << 8 | dim       */
   TETHER_ERR_STRIDES = 6,      /* (6 << 24) | arg << 8 | dim       */
   TETHER_ERR_NULL_DATA = 7,    /* (7 << 24) | arg << 8             */
-  TETHER_ERR_PARALLEL = 8      /* (8 << 24) | launcher code        */
+  TETHER_ERR_PARALLEL = 8,     /* (8 << 24) | launcher code        */
+  TETHER_ERR_HOST_CALL = 9     /* (9 << 24) | host function index  */
 };
 static inline int32_t tether_error_kind(int32_t rc) { return (int32_t)((uint32_t)rc >> 24); }
 static inline int32_t tether_error_arg(int32_t rc) { return (rc >> 8) & 0xFFFF; }
@@ -86,6 +87,13 @@ void tether_pool_shutdown(void);          /* every thread inside tether_pool_wor
 void tether_pool_reset(void);             /* only while no thread is inside (e.g. in a fork child) */
 void tether_pool_set_spin(int32_t n);     /* idle spin iterations before sleeping; 0 = sleep at once */
 int32_t tether_pool_num_workers(void);    /* threads currently inside tether_pool_worker */
+
+/* ---- host callbacks (docs/abi.md "Host callbacks") -------------------------------------------------------- */
+/* A module whose metadata lists "host_functions" calls them by name through this caller; it exports
+ * tether_set_host_caller only then (declared weak here so that other modules still link). */
+typedef int32_t (*TetherHostCaller)(const char* name, const TetherValue* args, const int32_t* type_codes,
+                                    int32_t num_args, TetherValue* ret, int32_t* ret_code);
+void tether_set_host_caller(TetherHostCaller caller) __attribute__((weak));
 
 /* NUL-terminated JSON: functions, argument shapes and dtypes, target, versions. */
 extern const char __tether_metadata[];

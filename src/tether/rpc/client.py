@@ -345,8 +345,12 @@ class SessionAPI:
 
     # -- the public surface ------------------------------------------------------------------------------------
     def get_function(self, name: str) -> RemoteFunction:
-        """A built-in function by name, e.g. ``get_function("tether.echo")(1) == 1``."""
-        return RemoteFunction(self, name, name)
+        """A built-in function by name, e.g. ``get_function("tether.echo")(1) == 1``, or a host function the
+        device registered (``rpc-server --functions FILE.py``), which runs in the session worker."""
+        if name.startswith("tether."):
+            return RemoteFunction(self, name, name)
+        value = self._call("tether.get_function", [name])["value"]
+        return RemoteFunction(self, value["handle"], name)
 
     def device_info(self) -> Dict[str, Any]:
         return self._call("tether.device_info", [])["value"]

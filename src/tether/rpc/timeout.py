@@ -43,10 +43,12 @@ class Timeout:
 
     @classmethod
     def coerce(cls, value: Union["Timeout", float, None, _UseDefault]) -> "Timeout":
-        """DEFAULT (or None, as before it existed) -> the defaults; a number -> that many seconds for every phase;
-        a Timeout as is."""
-        if value is None or value is DEFAULT:
+        """DEFAULT -> the defaults; None -> no limit on any phase (only an explicit None disables a wait);
+        a number -> that many seconds for every phase; a Timeout as is."""
+        if value is DEFAULT:
             return cls()
+        if value is None:
+            return cls(connect=None, read=None, write=None, session=None)
         if isinstance(value, Timeout):
             return value
         return cls(connect=value, read=value, write=value, session=value)  # type: ignore[arg-type]

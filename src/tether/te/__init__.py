@@ -2,7 +2,7 @@
 from tether.te.expr import IterVar, max, min, prod, reduce_axis, sum  # noqa: F401
 from tether.te.schedule import Schedule, Stage, create_schedule  # noqa: F401
 from tether.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor, compute, placeholder  # noqa: F401
-from tether.tir.expr import (Const, Expr, Var, all, any, cast, const, convert, floordiv, floormod,  # noqa: F401
+from tether.tir.expr import (Const, Expr, Var, all, any, call_packed, cast, const, convert, floordiv, floormod,  # noqa: F401
                              if_then_else, logical_and, logical_not, logical_or, max_value, min_value)
 from tether.tir.op import abs, ceil, erf, exp, floor, log, pow, power, rsqrt, sigmoid, sqrt, tanh  # noqa: F401
 

@@ -2,7 +2,7 @@
 (visit), arithmetic simplification (simplify) and passes (transform). te lowers to it; codegen reads it."""
 from tether.tir.buffer import Buffer  # noqa: F401
 from tether.tir.dtype import DTYPES, bits, check_dtype, is_bool, is_float, is_int, is_unsigned, rank  # noqa: F401
-from tether.tir.expr import (Binary, Call, Cast, Compare, Const, Expr, Load, Not, Reduce, Select,  # noqa: F401
-                             TensorLoad, Var)
+from tether.tir.expr import (Binary, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Reduce,  # noqa: F401
+                             Select, TensorLoad, Var, call_packed)
 from tether.tir.stmt import Allocate, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, seq  # noqa: F401
 from tether.tir.visit import children, map_children, rebuild, replace, substitute, walk  # noqa: F401

@@ -253,6 +253,30 @@ class Call(Expr):
         return _call_text(self.name, *self.args)
 
 
+class PackedCall(Expr):
+    """A call of the host function registered as ``name`` (TVM's call_packed): scalar arguments, one scalar
+    result of ``dtype``. The module records ``name`` in its metadata; the runtime resolves it when the module
+    loads and the call goes through the host-caller slot (docs/abi.md "Host callbacks")."""
+
+    __slots__ = ("name", "args")
+    _fields = ("args",)
+
+    def __init__(self, name: str, args: Sequence[Expr], dtype: str):
+        if not isinstance(name, str) or not name:
+            raise ValueError("call_packed needs a function name, got %r" % (name,))
+        self.name = name
+        self.args = list(args)
+        self.dtype = check_dtype(dtype)
+
+    def _text(self) -> str:
+        return "call_packed(%s)" % ", ".join([repr(self.name)] + [a._text() for a in self.args])
+
+
+def call_packed(name: str, *args: Any, dtype: str = "float32") -> PackedCall:
+    """``call_packed("f", x, y, dtype="float32")``: call host function ``f`` at run time (docs/abi.md)."""
+    return PackedCall(name, [convert(a) for a in args], dtype)
+
+
 class Load(Expr):
     """``buffer[index]``: one element of a flat buffer (what lowering turns every TensorLoad into)."""
 

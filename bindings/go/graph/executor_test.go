@@ -1,0 +1,190 @@
+package graph
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	tether "github.com/tether-ml/tether/bindings/go"
+)
+
+// Fixtures come from tests/test_go_graph.py: model folders exported by tether.build_graph, inputs, and the
+// Python graph executor's outputs on them, in the folder TETHER_GO_FIXTURES names.
+
+type tensorFile struct {
+	File  string  `json:"file"`
+	Shape []int64 `json:"shape"`
+	DType string  `json:"dtype"`
+}
+
+type modelRecord struct {
+	Name   string `json:"name"`
+	Folder string `json:"folder"`
+	Runs   []struct {
+		Inputs  map[string]tensorFile `json:"inputs"`
+		Outputs []tensorFile          `json:"outputs"`
+	} `json:"runs"`
+}
+
+func fixtures(t *testing.T) (string, []modelRecord) {
+	dir := os.Getenv("TETHER_GO_FIXTURES")
+	if dir == "" {
+		msg := "TETHER_GO_FIXTURES is not set: run through pytest tests/test_go_graph.py, which exports the models"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "cases.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cf struct {
+		Models []modelRecord `json:"models"`
+	}
+	if err := json.Unmarshal(raw, &cf); err != nil {
+		t.Fatal(err)
+	}
+	if len(cf.Models) == 0 {
+		t.Fatal("no models in the fixtures")
+	}
+	return dir, cf.Models
+}
+
+func readTensor(t *testing.T, dir string, tf tensorFile) *tether.Tensor {
+	tt, err := tether.NewTensor(tf.Shape, tf.DType)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, tf.File))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tt.CopyFrom(raw); err != nil {
+		t.Fatal(err)
+	}
+	return tt
+}
+
+func TestModelsMatchPython(t *testing.T) {
+	dir, models := fixtures(t)
+	for _, m := range models {
+		e, err := Load(m.Folder)
+		if err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		for r, run := range m.Runs {
+			for name, tf := range run.Inputs {
+				x := readTensor(t, dir, tf)
+				if err := e.SetInput(name, x); err != nil {
+					t.Fatalf("%s: %v", m.Name, err)
+				}
+				x.Close()
+			}
+			if err := e.Run(); err != nil {
+				t.Fatalf("%s: %v", m.Name, err)
+			}
+			if e.GetNumOutputs() != len(run.Outputs) {
+				t.Fatalf("%s: %d outputs, Python has %d", m.Name, e.GetNumOutputs(), len(run.Outputs))
+			}
+			for i, want := range run.Outputs {
+				got, err := e.GetOutput(i)
+				if err != nil {
+					t.Fatal(err)
+				}
+				exp := readTensor(t, dir, want)
+				if !bytes.Equal(got.Bytes(), exp.Bytes()) {
+					t.Fatalf("%s run %d: output %d differs from the Python graph executor's", m.Name, r, i)
+				}
+				got.Close()
+				exp.Close()
+			}
+		}
+		t.Logf("%s: %d run(s) equal to Python bit for bit", m.Name, len(m.Runs))
+		e.Close()
+	}
+}
+
+func TestBenchmark(t *testing.T) {
+	_, models := fixtures(t)
+	for _, m := range models {
+		e, err := Load(m.Folder)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen []int
+		o := tether.DefaultTimeOptions()
+		o.Repeat = 4
+		o.OnSample = func(i int, perCall time.Duration, number int) {
+			if perCall <= 0 || number != 10 {
+				t.Errorf("sample %d: %v per call over %d calls", i, perCall, number)
+			}
+			seen = append(seen, i)
+		}
+		res, err := e.Benchmark(o)
+		e.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Samples) != 4 || res.Number != 10 || !(res.MinMs > 0 && res.MinMs <= res.MedianMs) {
+			t.Fatalf("benchmark %+v", res)
+		}
+		if len(seen) != 4 || seen[3] != 3 {
+			t.Fatalf("samples streamed: %v", seen)
+		}
+		t.Logf("%s: median %.3f ms per run over %d samples of 10 (%d threads)", m.Name, res.MedianMs, len(res.Samples),
+			tether.NumThreads())
+	}
+}
+
+func TestParams(t *testing.T) {
+	_, models := fixtures(t)
+	folder := models[0].Folder
+	raw, err := os.ReadFile(filepath.Join(folder, "deploy.params"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ParseParams(raw)
+	if err != nil || len(p) == 0 {
+		t.Fatalf("params: %v (%d tensors)", err, len(p))
+	}
+	for cut := 0; cut < len(raw); cut += 1 + len(raw)/97 {
+		if _, err := ParseParams(raw[:cut]); err == nil {
+			t.Fatalf("a params file cut at %d bytes was accepted", cut)
+		}
+	}
+	bad := append([]byte(nil), raw...)
+	bad[0] = 'X'
+	if _, err := ParseParams(bad); err == nil || !strings.Contains(err.Error(), "magic") {
+		t.Fatalf("wrong magic: %v", err)
+	}
+	e, err := Load(folder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	var one string
+	for name := range p {
+		one = name
+		break
+	}
+	delete(p, one)
+	if err := e.LoadParams(p); err == nil || !strings.Contains(err.Error(), one) {
+		t.Fatalf("missing param %q: %v", one, err)
+	}
+	wrong, _ := tether.NewTensor([]int64{3}, "float32")
+	defer wrong.Close()
+	if err := e.SetInput(e.InputNames()[0], wrong); err == nil {
+		t.Fatal("an input of the wrong shape was accepted")
+	}
+	if err := e.SetInput("nope", wrong); err == nil {
+		t.Fatal("an unknown input was accepted")
+	}
+	if _, err := e.GetOutput(e.GetNumOutputs()); err == nil {
+		t.Fatal("an output index out of range was accepted")
+	}
+}
