@@ -106,11 +106,11 @@ SPIN_IR = textwrap.dedent('''\
     ''')
 
 
-def _spin_module(path):
+def _spin_module(path, t=None):
     from tether.codegen.emit import compile_ir
     from tether.link import link_shared
     from tether.target import Target
-    t = Target("x86_64")
+    t = t or Target("x86_64")
     meta = json.dumps({"abi_version": 1, "tether_version": "0.1.0", "target": t.to_dict(),
                        "requires": t.requirements(),
                        "functions": [{"name": "spin", "args": [], "parallel": False}]}).encode() + b"\0"
@@ -158,3 +158,30 @@ def test_memory_nobody_accounted_fails_in_the_worker_not_by_the_oom_killer():
     out = subprocess.run([sys.executable, "-c", _BACKSTOP], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["refused", "True", "True"], out.stdout + out.stderr
+
+
+@pytest.mark.emulated
+def test_limits_on_an_emulated_arm_device(emulated_devices, emulated_bundle, tmp_path):
+    """The same call timeout (SIGALRM from setitimer, as qemu-user delivers it to the guest) and handle limit on
+    the device server running under qemu-aarch64 from the zipapp."""
+    from tether import emulate
+    from tether.target import Target
+    userland = emulated_devices.userland("aarch64")
+    path = tmp_path / "spin_a64.so"
+    _spin_module(path, Target("rasp4b"))
+    with emulate.EmulatedDevice(userland, bundle=emulated_bundle, startup_timeout=120.0,
+                                extra_args=["--call-timeout", "3", "--session-handles", "4"]) as device:
+        pid = device.pid
+        with rpc.connect(*device.address, timeout=120) as remote:
+            assert remote.device_info()["session_limits"]["handles"] == 4
+            remote.upload(str(path))
+            spin = remote.load_module(path.name)["spin"]                 # 2 handles: module, function
+            keep = [remote.empty((4,), "float32") for _ in range(2)]
+            with pytest.raises(LimitExceeded, match="--session-handles"):
+                remote.empty((4,), "float32")
+            keep[0].free()
+            with pytest.raises(TetherTimeout, match="call timeout of 3.0 s"):
+                spin()
+        with rpc.connect(*device.address, timeout=120) as remote:
+            assert remote.get_function("tether.echo")("next") == "next"
+        assert device.alive() and device.pid == pid
