@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tether import rpc
-from tether.errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError
+from tether.errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout
 
 TIMEOUT = 30.0
 
@@ -85,6 +85,26 @@ def test_calls_uploads_and_bulk_copies_over_tls(tls_server, certs, tmp_path):
         np.testing.assert_array_equal(b.numpy(), x * 2)
         assert sorted(remote.listdir()) == ["blob.bin", "small.bin"]
     assert tls_server.alive
+
+
+def test_call_timeout_reaches_a_tls_client(make_rpc_server, certs, tmp_path):
+    """Over TLS the worker itself reports a call past --call-timeout (the server's parent cannot write there)."""
+    from test_limits import _spin_module
+    ca, _, cert, key = (str(c) for c in certs)
+    server = make_rpc_server("--tls-cert", cert, "--tls-key", key, "--call-timeout", "1")
+    path = _spin_module(tmp_path / "spin.so")
+    with rpc.connect(server.host, server.port, ca=ca, timeout=TIMEOUT) as remote:
+        remote.upload(str(path))
+        spin = remote.load_module("spin.so")["spin"]
+        for i in range(50):                                  # calls within the limit: the timer is re-armed each time
+            assert remote.get_function("tether.echo")(i) == i
+        t0 = time.monotonic()
+        with pytest.raises(TetherTimeout, match="call timeout of 1.0 s.*--call-timeout"):
+            spin()
+        assert time.monotonic() - t0 < 10
+    with rpc.connect(server.host, server.port, ca=ca, timeout=TIMEOUT) as remote:
+        assert remote.get_function("tether.echo")("after") == "after"
+    assert server.alive
 
 
 def test_token_is_still_checked_inside_tls(tls_server, certs):

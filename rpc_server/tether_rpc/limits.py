@@ -46,6 +46,12 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2,
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*$")
 
 
+def call_timeout_message(seconds: float) -> str:
+    """What the client is told when a call ran past --call-timeout (the same words from server and worker)."""
+    return ("a call ran past the server's call timeout of %s s (--call-timeout) and was aborted; the session has "
+            "ended, start a new one" % float(seconds))
+
+
 def parse_size(text: Any) -> int:
     """``"512MB"`` -> 512000000, ``"2GiB"`` -> 2147483648, ``"1024"`` -> 1024 bytes (ValueError naming the text)."""
     if isinstance(text, int):

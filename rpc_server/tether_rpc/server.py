@@ -46,8 +46,9 @@ from .config import (DEFAULT_IDLE_TIMEOUT, DEFAULT_SESSION_TIMEOUT, DEFAULT_SPIN
 from .error_mapping import error_payload
 from .errors import AuthenticationError, DeviceBusy, ProtocolError, TetherTimeout
 from .hooks import ServerHook
+from .limits import call_timeout_message
 from .registrar import make_hook
-from .worker import die_with_parent, run_session
+from .worker import CALL_TIMEOUT_EXIT, die_with_parent, run_session
 
 log = logging.getLogger(__name__)
 
@@ -560,12 +561,11 @@ class Server:
         if active.timed_out:
             error = {"type": p.ErrorType.TIMEOUT, "traceback": "",
                      "message": "the session ran past its session timeout of %s s and was ended" % active.limit}
-        elif (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
-              and self.config.session_limits.call_timeout):
+        elif self.config.session_limits.call_timeout and (
+                (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM)
+                or (os.WIFEXITED(status) and os.WEXITSTATUS(status) == CALL_TIMEOUT_EXIT)):
             error = {"type": p.ErrorType.TIMEOUT, "traceback": "",
-                     "message": "a call ran past the server's call timeout of %s s (--call-timeout) and was "
-                                "aborted; the session has ended, start a new one"
-                                % self.config.session_limits.call_timeout}
+                     "message": call_timeout_message(self.config.session_limits.call_timeout)}
         elif os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             error = {"type": p.ErrorType.SESSION_CRASHED, "traceback": "",
@@ -576,7 +576,8 @@ class Server:
                      "message": "the session worker exited with status %d" % os.WEXITSTATUS(status)}
         if error is not None and tls.is_tls(conn.sock):
             # the worker advanced the TLS state this process holds a stale copy of: it cannot write a record
-            log.warning("session %d: %s (the TLS client sees its connection closed)", conn.session_id,
+            log.warning("session %d: %s (over TLS only the worker can write to the client: a call timeout reached "
+                        "it from there, anything else shows as a closed connection)", conn.session_id,
                         error["message"])
         elif error is not None:
             log.warning("session %d: %s", conn.session_id, error["message"])
