@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark tether RPC against raw Python sockets on loopback, in one run; prints medians and ratios.
 
-    python scripts/bench_rpc.py [--quick]
+    python scripts/bench_rpc.py [--quick] [--tls]
 
 Rows (goals from the RPC foundation issue; TVM manages 25 us per call and 45 MB/s):
   small-call RTT        tether echo(1) vs a raw 8-byte TCP_NODELAY socket echo         goal <= 1.3x raw
@@ -12,6 +12,9 @@ Rows (goals from the RPC foundation issue; TVM manages 25 us per call and 45 MB/
   time_evaluator cost   one time_evaluator(number=1, repeat=1) call of an empty kernel goal <= 0.3 ms
 Both sides of every baseline are Python processes, as tether's are: the ratios compare protocols, not
 languages. Loopback only.
+
+--tls measures instead what TLS costs (docs/tls.md): the same server with and without --tls-cert (a
+self-signed certificate made with the openssl command), small-call RTT and 64 MB copies both ways, interleaved.
 """
 from __future__ import annotations
 
@@ -224,13 +227,87 @@ def build_nop(tmp: pathlib.Path) -> pathlib.Path:
     return out
 
 
+def self_signed(tmp: pathlib.Path):
+    """(cert, key) for 127.0.0.1, made with the openssl command."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise SystemExit("--tls needs the openssl command to make a test certificate")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, timeout=60, capture_output=True)
+    return cert, key
+
+
+def tls_cost(rounds: int, calls: int, big: int) -> None:
+    """What TLS costs a small call and a 64 MB copy: plain and TLS servers measured in alternation."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="tether-bench-tls-"))
+    try:
+        cert, key = self_signed(tmp)
+        plain, secure = Server(tmp, name="plain"), Server(tmp, "--tls-cert", str(cert), "--tls-key", str(key),
+                                                          name="tls")
+        try:
+            with rpc.connect(plain.host, plain.port, timeout=60) as rp, \
+                    rpc.connect(secure.host, secure.port, timeout=60, ca=str(cert)) as rt:
+                ep, et = rp.get_function("tether.echo"), rt.get_function("tether.echo")
+
+                def batch(fn):
+                    def run() -> float:
+                        t0 = time.perf_counter()
+                        for _ in range(calls // 10):
+                            fn(1)
+                        return (time.perf_counter() - t0) / (calls // 10)
+                    return run
+
+                rtt_plain, rtt_tls = interleaved(batch(ep), batch(et), rounds * 3)
+                host = np.random.default_rng(0).standard_normal(big // 4).astype(np.float32)
+                back = np.empty_like(host)
+                dp, dt = rp.empty(host.shape, "float32"), rt.empty(host.shape, "float32")
+
+                def timed(fn):
+                    def run() -> float:
+                        t0 = time.perf_counter()
+                        fn()
+                        return time.perf_counter() - t0
+                    return run
+
+                up_plain, up_tls = interleaved(timed(lambda: dp.copyfrom(host)), timed(lambda: dt.copyfrom(host)),
+                                               rounds)
+                down_plain, down_tls = interleaved(timed(lambda: dp.copyto(back)), timed(lambda: dt.copyto(back)),
+                                                   rounds)
+                assert np.array_equal(back, host), "a device->host copy over TLS returned different data"
+        finally:
+            plain.close()
+            secure.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    gbs = lambda t: big / t / 1e9  # noqa: E731
+    rows = [("small-call RTT (echo)", "%.1f us" % (rtt_tls * 1e6), "%.1f us" % (rtt_plain * 1e6),
+             "%.2fx plain" % (rtt_tls / rtt_plain)),
+            ("64 MB host->device", "%.2f GB/s" % gbs(up_tls), "%.2f GB/s" % gbs(up_plain),
+             "%.2fx plain time" % (up_tls / up_plain)),
+            ("64 MB device->host", "%.2f GB/s" % gbs(down_tls), "%.2f GB/s" % gbs(down_plain),
+             "%.2fx plain time" % (down_tls / down_plain))]
+    header = ("what", "TLS", "plain TCP", "cost")
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
+    for r in [header] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    import ssl
+    print("(medians; %s; loopback 127.0.0.1; python %s; both servers with adaptive polling on, which TLS turns off)"
+          % (ssl.OPENSSL_VERSION, sys.version.split()[0]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--tls", action="store_true", help="measure what TLS costs instead (see above)")
     args = ap.parse_args()
     rounds = 5 if args.quick else 9
     calls = 1000 if args.quick else 3000
     big = 64 * MB
+    if args.tls:
+        tls_cost(rounds, calls, big)
+        return
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="tether-bench-"))
     rows = []

@@ -429,8 +429,9 @@ def test_client_killed_mid_call_frees_the_device(emulated_device, tmp_path):
 
 
 def test_armv8_32bit_module_dies_with_sigill_on_cortex_a7(emulated_cortex_a7, tmp_path):
-    """Code for a Cortex-A53 in 32-bit mode (ARMv8-A AArch32) may use instructions a Cortex-A7 lacks: the kernel
-    dies with SIGILL, the session ends with a clear error, and the device server lives on."""
+    """Code for a Cortex-A53 in 32-bit mode (ARMv8-A AArch32) may use instructions a Cortex-A7 lacks: a module
+    without metadata "requires" (as built before it existed) loads, the kernel dies with SIGILL, the session ends
+    with a clear error, and the device server lives on."""
     device = emulated_cortex_a7
     assert device.cpu == "cortex-a7"
     path = tmp_path / "floor_a53.so"
@@ -441,8 +442,8 @@ def test_armv8_32bit_module_dies_with_sigill_on_cortex_a7(emulated_cortex_a7, tm
 
 def test_target_choice_matters_on_cortex_a7(emulated_cortex_a7, kernels):
     """The same softmax, built for rasp3b (Cortex-A53, ARMv8 AArch32) and for armv7-a7 (Cortex-A7), on a
-    Cortex-A7: the armv7-a7 build is right; the rasp3b build dies with SIGILL exactly when LLVM used an ARMv8-only
-    instruction in it (and is right otherwise)."""
+    Cortex-A7: the armv7-a7 build is right; the rasp3b build, whose code may use ARMv8-only instructions, is
+    refused at load with ArchMismatch (before the change it died with SIGILL)."""
     device = emulated_cortex_a7
     x = np.random.default_rng(7).standard_normal((6, 37)).astype("float32") * 4
     expected = _softmax_ref(x)
@@ -454,11 +455,11 @@ def test_target_choice_matters_on_cortex_a7(emulated_cortex_a7, kernels):
             assert not v8, "armv7-a7 code must be plain ARMv7-A, found %s" % v8
         with connect(device) as remote:
             remote.upload(str(path))
-            if v8:
-                # at 2 threads the native pool's workers start at load time and die first; at 1 the kernel does
-                with pytest.raises(SessionCrashed, match="SIGILL"):
-                    f = remote.load_module(path.name)["softmax"]
-                    f(remote.array(x), remote.empty((6, 37), "float32"))
+            if preset == "rasp3b":
+                # refused at load (metadata "requires": ARMv8), before any ARMv8-only instruction can run
+                with pytest.raises(ArchMismatch, match="ARMv8"):
+                    remote.load_module(path.name)
+                assert remote.get_function("tether.echo")("on") == "on"
                 continue
             f = remote.load_module(path.name)["softmax"]
             out = remote.empty((6, 37), "float32")

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 
 import msgpack
 import pytest
@@ -422,6 +423,12 @@ def _events_then_return(conn, rid):
     conn.sendall(p.encode_frame(p.MsgType.RETURN, rid, {"value": "probe"}))
 
 
+def _stops_reading(conn, reader):
+    """WELCOME, then read nothing more for 3 s (bounded): a client's large send fills the buffers and blocks."""
+    _welcome(conn, reader)
+    time.sleep(3)
+
+
 HOSTILE = {
     # name: (script, probe flags, expected "error: ..." / "result: ..." prefix, closed afterwards)
     "oversized_frame": (_hello_then(p.HEADER.pack(0x7fffffff) + b"\x93"), [], "error: FrameTooLargeException", True),
@@ -448,6 +455,8 @@ HOSTILE = {
         "type": "TypeError", "message": "no", "traceback": "Traceback ..."}))), ["--call"],
         "error: RemoteException: TypeError", False),
     "events_then_return": (_after_call(_events_then_return), ["--call"], 'result: "probe"', False),
+    "server_stops_reading": (_stops_reading, ["--upload-mb", "64"], "error: TetherException: timed out after 1000 ms "
+                             "sending", True),
 }
 
 
@@ -465,7 +474,7 @@ def test_java_client_against_misbehaving_server(java_classes, name):
     assert outcome.startswith(expected), proc.stdout
     assert out["closed"] == ("true" if closed else "false"), proc.stdout
     assert int(out["elapsed_ms"]) < 5000, proc.stdout  # every refusal is prompt; the silent server costs 1 s
-    if name == "silent_server":
+    if name in ("silent_server", "server_stops_reading"):
         assert int(out["elapsed_ms"]) >= 900
     if name == "events_then_return":
         assert out["events"] == "3"

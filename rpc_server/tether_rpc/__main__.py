@@ -17,12 +17,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tracker", metavar="HOST:PORT", help="register with a tracker")
     ap.add_argument("--key", help="device key for the tracker, e.g. rasp4b")
     ap.add_argument("--reverse", action="store_true", help="dial out to the tracker instead of listening")
+    ap.add_argument("--tracker-tls", action="store_true", help="speak TLS to the tracker (its certificate checked "
+                    "against the system's CAs, or --tracker-ca)")
+    ap.add_argument("--tracker-ca", metavar="PEM", help="trust this CA certificate for the tracker (implies TLS)")
     ap.add_argument("--tracker-token", help="prove this token to the tracker (or set TETHER_TRACKER_TOKEN)")
     ap.add_argument("--tag", action="append", metavar="NAME=VALUE",
                     help="device tag for the tracker, repeatable (or set TETHER_DEVICE_TAGS=a=b,c=d)")
     ap.add_argument("--advertise-host", metavar="HOST",
                     help="address the tracker hands to clients (default: the address it sees)")
     ap.add_argument("--token", help="require clients to prove this token (or set TETHER_TOKEN)")
+    ap.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (chain); see docs/tls.md")
+    ap.add_argument("--tls-key", metavar="PEM", help="the certificate's private key (default: in --tls-cert)")
     ap.add_argument("--insecure", action="store_true", help="allow listening beyond loopback without a token")
     ap.add_argument("--session-timeout", type=float, default=3600.0, metavar="S",
                     help="end sessions after S seconds (default 3600)")
@@ -32,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--spin-us", type=float, default=100.0, metavar="US",
                     help="after a reply, poll up to US microseconds for the next call before sleeping, while that "
                          "measures faster (default 100; 0 = never poll)")
+    ap.add_argument("--session-memory", metavar="SIZE",
+                    help="device memory one session's arrays may hold, e.g. 512MB or 2GiB (default 3/4 of RAM; 0 = "
+                         "no limit)")
+    ap.add_argument("--session-disk", metavar="SIZE", help="bytes one session may upload (default 4GiB; 0 = no limit)")
+    ap.add_argument("--session-handles", type=int, metavar="N",
+                    help="objects (arrays, modules, functions) one session may hold (default 65536; 0 = no limit)")
+    ap.add_argument("--call-timeout", type=float, metavar="S",
+                    help="abort a call that runs longer than S seconds, ending its session (default 1800; 0 = no "
+                         "limit)")
     ap.add_argument("--handshake-timeout", type=float, default=5.0, metavar="S",
                     help="close a connection that has not completed its handshake within S seconds (default 5)")
     ap.add_argument("--functions", action="append", metavar="FILE.py",
@@ -55,7 +69,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                token=args.token, insecure=args.insecure, session_timeout=args.session_timeout,
                workdir=args.workdir, reverse=args.reverse, handshake_timeout=args.handshake_timeout,
                verbose=args.verbose, tracker_token=args.tracker_token, tags=args.tag,
-               advertise_host=args.advertise_host, idle_timeout=args.idle_timeout, spin_us=args.spin_us)
+               advertise_host=args.advertise_host, idle_timeout=args.idle_timeout, spin_us=args.spin_us,
+               session_memory=args.session_memory, session_disk=args.session_disk,
+               session_handles=args.session_handles, call_timeout=args.call_timeout, tls_cert=args.tls_cert,
+               tls_key=args.tls_key, tracker_tls=args.tracker_tls, tracker_ca=args.tracker_ca)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple, Union
 
 from .errors import TetherError
+from .limits import SessionLimits, default_memory, parse_size
 from .protocol import DEFAULT_LIMITS, Limits
+from .tls import TLSError, server_context
 
 if TYPE_CHECKING:
     from .hooks import ServerHook
@@ -54,6 +56,12 @@ class ServerConfig:
     tags: Dict[str, str] = field(default_factory=dict)  # device tags for the tracker
     advertise_host: Optional[str] = None        # the address the tracker hands to clients (default: as it sees us)
     limits: Limits = DEFAULT_LIMITS
+    tls_cert: Optional[str] = None              # PEM certificate (chain): serve TLS (docs/tls.md)
+    tls_key: Optional[str] = None               # its private key (default: in the certificate file)
+    tracker_tls: bool = False                   # speak TLS to the tracker (the system's CAs, or tracker_ca)
+    tracker_ca: Optional[str] = None            # PEM CA certificate to trust for the tracker (implies TLS)
+    # per-session limits (tether_rpc.limits, docs/limits.md); by default 3/4 of RAM, 4 GiB, 65536, 1800 s
+    session_limits: SessionLimits = field(default_factory=lambda: SessionLimits(memory=default_memory()))
     hooks: List["ServerHook"] = field(default_factory=list)
 
 
@@ -77,6 +85,43 @@ def check_config(config: ServerConfig) -> None:
         raise ServerConfigError("--session-timeout must be positive")
     if config.idle_timeout is not None and config.idle_timeout <= 0:
         raise ServerConfigError("--idle-timeout must be positive (or 0 on the command line: no idle limit)")
+    if config.reverse and (config.tracker_tls or config.tracker_ca):
+        raise ServerConfigError("--reverse cannot be combined with a TLS tracker (--tracker-tls/--tracker-ca): the "
+                                "tracker relays a reverse device's sessions as raw bytes")
+    if config.tls_key and not config.tls_cert:
+        raise ServerConfigError("--tls-key needs --tls-cert (the certificate that goes with the key)")
+    if config.tls_cert:
+        try:
+            server_context(config.tls_cert, config.tls_key)
+        except TLSError as exc:
+            raise ServerConfigError(str(exc)) from None
+    try:
+        config.session_limits.check()
+    except ValueError as exc:
+        raise ServerConfigError(str(exc)) from None
+
+
+def session_limits_from_options(session_memory: Optional[str] = None, session_disk: Optional[str] = None,
+                                session_handles: Optional[int] = None,
+                                call_timeout: Optional[float] = None) -> SessionLimits:
+    """The --session-* and --call-timeout options (sizes take units: 512MB, 2GiB; 0 = no limit; None = the
+    default, see tether_rpc.limits) as SessionLimits."""
+    defaults = SessionLimits()
+
+    def size(text: Optional[str], default: Optional[int], flag: str) -> Optional[int]:
+        if text is None:
+            return default
+        try:
+            n = parse_size(text)
+        except ValueError as exc:
+            raise ServerConfigError("%s: %s" % (flag, exc)) from None
+        return n or None
+
+    return SessionLimits(
+        memory=size(session_memory, default_memory(), "--session-memory"),
+        disk=size(session_disk, defaults.disk, "--session-disk"),
+        handles=defaults.handles if session_handles is None else (int(session_handles) or None),
+        call_timeout=defaults.call_timeout if call_timeout is None else (float(call_timeout) or None))
 
 
 def parse_hostport(text: str, default_host: Optional[str] = None) -> Tuple[str, int]:
@@ -112,7 +157,11 @@ def config_from_options(host: str = "127.0.0.1", port: int = 9090, port_end: Opt
                         tracker_token: Optional[str] = None, tags: Optional[List[str]] = None,
                         advertise_host: Optional[str] = None,
                         idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT,
-                        spin_us: float = DEFAULT_SPIN * 1e6) -> ServerConfig:
+                        spin_us: float = DEFAULT_SPIN * 1e6, session_memory: Optional[str] = None,
+                        session_disk: Optional[str] = None, session_handles: Optional[int] = None,
+                        call_timeout: Optional[float] = None, tls_cert: Optional[str] = None,
+                        tls_key: Optional[str] = None, tracker_tls: bool = False,
+                        tracker_ca: Optional[str] = None) -> ServerConfig:
     """The command line's options as a checked ServerConfig; what they leave out comes from the environment
     (TETHER_TOKEN, TETHER_TRACKER_TOKEN, TETHER_DEVICE_TAGS), read here and nowhere else."""
     if token is None:
@@ -126,6 +175,9 @@ def config_from_options(host: str = "127.0.0.1", port: int = 9090, port_end: Opt
                           reverse=reverse, handshake_timeout=handshake_timeout,
                           tracker_token=tracker_token or os.environ.get(ENV_TRACKER_TOKEN) or None,
                           tags=parse_tags(tags or os.environ.get(ENV_DEVICE_TAGS)), advertise_host=advertise_host,
-                          idle_timeout=idle_timeout or None, spin=max(0.0, spin_us) * 1e-6)
+                          idle_timeout=idle_timeout or None, spin=max(0.0, spin_us) * 1e-6,
+                          tls_cert=tls_cert, tls_key=tls_key, tracker_tls=tracker_tls, tracker_ca=tracker_ca,
+                          session_limits=session_limits_from_options(session_memory, session_disk, session_handles,
+                                                                     call_timeout))
     check_config(config)
     return config

@@ -14,6 +14,7 @@ Keys of :func:`device_info`::
     board            device-tree model (e.g. "Raspberry Pi 4 Model B Rev 1.4"), or None
     cpu_cores        sorted unique core names from "CPU part" (e.g. ["cortex-a72"]); [] if unknown
     cpu_features     sorted CPU feature flags ("Features"/"flags"); [] if unknown
+    cpu_capabilities {"isa", "features", "source"}: what modules may need of this CPU (tether_rpc.cpu_features)
     num_cores        os.cpu_count();   usable_cores: CPUs this process may run on
     parallel_threads threads the parallel launcher uses by default (TETHER_NUM_THREADS or usable_cores)
     memory_bytes / memory_available_bytes   from /proc/meminfo, or None
@@ -36,7 +37,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional
 
-from . import __version__
+from . import __version__, cpu_features
 from .elf import host_arch
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def _parse_int(text: str) -> Optional[int]:
 
 def parse_cpuinfo(text: Optional[str]) -> Dict[str, Any]:
     """``{"model", "cores", "features", "hardware"}`` from /proc/cpuinfo text (any architecture)."""
-    model = hardware = None
+    model = hardware = architecture = features_key = None
     features: set = set()
     cores: set = set()
     implementer = None
@@ -105,6 +106,9 @@ def parse_cpuinfo(text: Optional[str]) -> Dict[str, Any]:
             hardware = value
         elif key in ("features", "flags"):
             features.update(value.split())
+            features_key = key
+        elif key == "cpu architecture" and architecture is None:
+            architecture = value
         elif key == "cpu implementer":
             implementer = _parse_int(value)
         elif key == "cpu part":
@@ -114,7 +118,8 @@ def parse_cpuinfo(text: Optional[str]) -> Dict[str, Any]:
                 name = "unknown-0x%x-0x%03x" % (implementer or 0, part)
             if name:
                 cores.add(name)
-    return {"model": model or hardware, "hardware": hardware, "cores": sorted(cores), "features": sorted(features)}
+    return {"model": model or hardware, "hardware": hardware, "cores": sorted(cores), "features": sorted(features),
+            "features_key": features_key, "architecture": architecture}
 
 
 def parse_meminfo(text: Optional[str]) -> Dict[str, Optional[int]]:
@@ -184,6 +189,29 @@ def suggest_target(arch: str, cores: List[str], android: bool) -> str:
     return arch
 
 
+_capabilities: List[Dict[str, Any]] = []
+
+
+def cpu_capabilities() -> Dict[str, Any]:
+    """What modules may need of this CPU: cpu_features.capabilities() plus "suggested_target", the preset whose
+    code it runs (by its cores when a board is recognised, else by its features). Computed once per process."""
+    if _capabilities:
+        return _capabilities[0]
+    try:
+        arch = host_arch()
+    except Exception:
+        arch = platform.machine() or "unknown"
+    cpu = parse_cpuinfo(_read("/proc/cpuinfo"))
+    caps = dict(cpu_features.this_cpu(arch, cpu))
+    android = _is_android()
+    preset = suggest_target(arch, cpu["cores"], android)
+    if preset in (arch, "aarch64", "armv7"):   # no board recognised: judge by what the CPU can do
+        preset = cpu_features.suggest_preset(arch, caps, android)
+    caps["suggested_target"] = preset
+    _capabilities.append(caps)
+    return caps
+
+
 def _parallel_threads() -> Optional[int]:
     try:
         from .parallel import default_num_threads
@@ -233,6 +261,7 @@ def device_info() -> Dict[str, Any]:
         "board": board.strip("\0 \n") or None if board else None,
         "cpu_cores": cpu["cores"],
         "cpu_features": cpu["features"],
+        "cpu_capabilities": cpu_features.this_cpu(arch, cpu),
         "num_cores": os.cpu_count(),
         "usable_cores": usable,
         "parallel_threads": _parallel_threads(),

@@ -18,15 +18,25 @@ from typing import Any, Dict, FrozenSet, Optional
 from . import errors
 from .errors import ConnectionClosed, RemoteError, SessionCrashed, TetherError, TetherTimeout
 
+try:
+    import ssl
+    # On a TLS socket SO_RCVTIMEO running out surfaces as "want read/write"; any other SSLError means the stream
+    # is unusable (a corrupt record, a peer that is not speaking TLS).
+    _TLS_WAIT: tuple = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
+    _TLS_ERRORS: tuple = (ssl.SSLError,)
+except ImportError:
+    _TLS_WAIT = _TLS_ERRORS = ()
+
 #: Socket failures meaning "the wait ran out" (BlockingIOError: SO_RCVTIMEO/SO_SNDTIMEO ran out on a blocking
 #: socket) or "the peer is gone". Catch these, then raise :func:`socket_error` ``from`` the caught exception.
-SOCKET_ERRORS = (socket.timeout, BlockingIOError, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+SOCKET_ERRORS = (socket.timeout, BlockingIOError, ConnectionResetError, BrokenPipeError,
+                 ConnectionAbortedError) + _TLS_ERRORS
 
 
 def socket_error(exc: BaseException, timed_out: str, lost: str) -> TetherError:
     """The tether exception for a socket failure: ``timed_out`` is the whole TetherTimeout message; ``lost``
     starts the ConnectionClosed message, which goes on with the socket's own words."""
-    if isinstance(exc, (socket.timeout, BlockingIOError, TimeoutError)):
+    if isinstance(exc, (socket.timeout, BlockingIOError, TimeoutError) + _TLS_WAIT):
         return TetherTimeout(timed_out)
     return ConnectionClosed("%s: %s" % (lost, exc))
 

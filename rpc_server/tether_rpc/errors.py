@@ -15,6 +15,8 @@ Grouped by what the caller can do about it::
     │   └── ArchMismatch         the library was built for another architecture (both are named)
     ├── KernelError              a packed function refused its arguments or failed
     ├── UnsafePathError          an upload name tried to leave the session folder (also a ValueError)
+    ├── LimitExceeded            a per-session limit (upload bytes, handles) was reached; the session goes on
+    │   └── OutOfMemory          an array does not fit the session's memory (also a MemoryError)
     └── DeviceBusy               the device serves another session and the caller chose not to wait
 The host package adds compiler errors (CompileError, ScheduleError, LinkerNotFound, UnsupportedOpError)
 under the same root in ``tether.errors``.
@@ -84,6 +86,14 @@ class KernelError(TetherError):
 
 
 class UnsafePathError(TetherError, ValueError):
+    pass
+
+
+class LimitExceeded(TetherError):
+    pass
+
+
+class OutOfMemory(LimitExceeded, MemoryError):
     pass
 
 

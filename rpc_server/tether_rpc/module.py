@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import host_functions, parallel
+from . import cpu_features, device_info, host_functions, parallel
 from .dlpack import (DTYPE_TO_DL, TETHER_BYTES, TETHER_DLTENSOR, TETHER_FLOAT64, TETHER_INT64, TETHER_NULL,
                      TETHER_STR, TetherBytes, TetherValue, make_dltensor)
 from .elf import ARCH_MACHINE, ElfFile, host_arch
@@ -107,6 +107,24 @@ def _check_elf(elf: ElfFile, label: str) -> None:
         if mine and theirs and mine != theirs:
             raise ArchMismatch("%s uses the %s-float ARM ABI but this device's Python is %s-float: rebuild for a "
                                "%s-float target" % (label, theirs, mine, mine))
+
+
+def _check_cpu(meta: Dict[str, Any], label: str) -> None:
+    """Refuse a module whose code needs an ISA level or CPU features this device lacks (metadata "requires";
+    modules built before it existed have none and load as before)."""
+    requires = meta.get("requires")
+    if not isinstance(requires, dict):
+        return
+    caps = device_info.cpu_capabilities()
+    lacking = cpu_features.missing(requires, caps)
+    if not lacking:
+        return
+    preset = caps.get("suggested_target")
+    target = (meta.get("target") or {}) if isinstance(meta.get("target"), dict) else {}
+    built = target.get("preset") or target.get("cpu") or "another CPU"
+    hint = ("rebuild it with target=%r" % preset) if preset else "rebuild it for this device's CPU"
+    raise ArchMismatch("%s was built for %s and needs %s, which this device's CPU (%s) lacks: %s"
+                       % (label, built, ", ".join(lacking), caps.get("isa"), hint))
 
 
 def _read_metadata(elf: ElfFile, label: str) -> Dict[str, Any]:
@@ -224,6 +242,8 @@ class PackedFunc:
 
     # -- calling ---------------------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> None:
+        if self.module._lib is None:
+            raise self.module.closed_error(self.name)
         values, codes, n, keep = self._pack(args)
         rc = self._cfunc(values, codes, n)
         if rc:
@@ -234,11 +254,16 @@ class PackedFunc:
 
         Used by timing loops: a call then costs one ctypes call and a return-code check. The arrays must stay
         as they are (same objects, same shapes) while the bound callable is in use."""
+        if self.module._lib is None:
+            raise self.module.closed_error(self.name)
         values, codes, n, keep = self._pack(args)
         cfunc = self._cfunc
         decode = self.decode_error
+        module = self.module
 
         def call() -> None:
+            if module._lib is None:
+                raise module.closed_error(self.name)
             rc = cfunc(values, codes, n)
             if rc:
                 raise decode(rc, args)
@@ -296,7 +321,10 @@ class PackedFunc:
 class Module:
     """A loaded tether module. ``m["name"]`` gives a :class:`PackedFunc`; ``close()`` is idempotent.
 
-    The library stays mapped while any PackedFunc of it is alive (ctypes offers no safe unload)."""
+    Unloading (dlclose): ``close()`` drops the module's own reference, :meth:`acquire`/:meth:`release` count
+    other holders (the session's function handles); when none is left the library is unloaded, unless another
+    open Module object shares it or its native pool cannot stop. A PackedFunc of an unloaded module raises
+    ModuleLoadError instead of calling into unmapped code."""
 
     def __init__(self, path: str, lib: ctypes.CDLL, metadata: Dict[str, Any], has_launcher: bool):
         self.path = path
@@ -305,6 +333,23 @@ class Module:
         self._lib: Optional[ctypes.CDLL] = lib
         self._infos = {f["name"]: f for f in metadata["functions"]}
         self._funcs: Dict[str, PackedFunc] = {}
+        self._refs = 1          # this object's own; acquire() adds holders
+        self._closed = False
+        self.unloaded = False   # dlclose happened
+
+    def acquire(self) -> None:
+        """Another holder (e.g. a function handle) keeps the library loaded until its :meth:`release`."""
+        self._refs += 1
+
+    def release(self) -> None:
+        if self._refs > 0:
+            self._refs -= 1
+            if self._refs == 0:
+                self._unload()
+
+    def closed_error(self, fn: str) -> ModuleLoadError:
+        return ModuleLoadError("%s: module %s was closed and unloaded; load it again"
+                               % (fn, os.path.basename(self.path)))
 
     @property
     def function_names(self) -> List[str]:
@@ -335,8 +380,16 @@ class Module:
     get_function = __getitem__
 
     def close(self) -> None:
+        """Drop this object's reference (idempotent); the library is unloaded when no holder is left."""
+        if not self._closed:
+            self._closed = True
+            self.release()
+
+    def _unload(self) -> None:
+        lib, self._lib = self._lib, None
         self._funcs = {}
-        self._lib = None
+        if lib is not None:
+            self.unloaded = _unload_library(self.path, lib)
 
     def __enter__(self) -> "Module":
         return self
@@ -361,6 +414,7 @@ def inspect_module(path: str) -> Dict[str, Any]:
     with ElfFile(path, name=label) as elf:
         _check_elf(elf, label)
         meta = _read_metadata(elf, label)
+        _check_cpu(meta, label)
         exported = set(elf.exported_symbols)
         missing = [f["name"] for f in meta["functions"] if f["name"] not in exported]
         if missing:
@@ -398,6 +452,34 @@ def _make_alias(path: str, label: str) -> str:
                           % (label, os.path.dirname(path), tempfile.gettempdir()))
 
 
+# dlopen handle -> open Module objects using it (a path loaded twice unchanged shares one handle)
+_users: Dict[int, int] = {}
+
+
+def _unload_library(path: str, lib: ctypes.CDLL) -> bool:
+    """dlclose ``lib`` once no open Module uses it and its native pool (if it provides one) has stopped."""
+    with _load_lock:
+        handle = lib._handle
+        _users[handle] = _users.get(handle, 1) - 1
+        if _users[handle] > 0:
+            return False
+        if not parallel.uninstall(lib):
+            logger.warning("%s stays loaded: a thread of its pool is still running a task", os.path.basename(path))
+            return False
+        del _users[handle]
+        seen = _loaded_files.get(path)
+        if seen is not None and seen[1] is lib:
+            del _loaded_files[path]
+        try:
+            import _ctypes
+            _ctypes.dlclose(handle)
+        except (ImportError, AttributeError, OSError) as exc:
+            logger.warning("cannot unload %s: %s", os.path.basename(path), exc)
+            return False
+    logger.debug("unloaded %s", os.path.basename(path))
+    return True
+
+
 def _dlopen(path: str, label: str, needs: Optional[Dict[str, Any]]) -> ctypes.CDLL:
     mode = os.RTLD_LOCAL | os.RTLD_NOW
     try:
@@ -405,6 +487,7 @@ def _dlopen(path: str, label: str, needs: Optional[Dict[str, Any]]) -> ctypes.CD
             sig = _file_signature(path)
             seen = _loaded_files.get(path)
             if seen is not None and seen[0] == sig:
+                _users[seen[1]._handle] = _users.get(seen[1]._handle, 0) + 1
                 return seen[1]
             if seen is None:
                 lib = ctypes.CDLL(path, mode=mode)
@@ -416,6 +499,7 @@ def _dlopen(path: str, label: str, needs: Optional[Dict[str, Any]]) -> ctypes.CD
                 finally:
                     os.remove(alias)  # the mapping outlives the name
             _loaded_files[path] = (sig, lib)
+            _users[lib._handle] = _users.get(lib._handle, 0) + 1
             return lib
     except OSError as exc:
         hint = ""

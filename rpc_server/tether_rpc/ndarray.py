@@ -12,7 +12,7 @@ from typing import Iterable, Optional, Tuple, Union
 import numpy as np
 
 from .dlpack import DLTensor, dtype_name, make_dltensor
-from .errors import KernelError
+from .errors import KernelError, OutOfMemory
 
 ALIGNMENT = 64  # a cache line; also what vector loads/stores and NEON prefer
 
@@ -54,7 +54,7 @@ class NDArray:
         try:
             self._bytes = _aligned_buffer(count * itemsize)
         except MemoryError as exc:
-            raise MemoryError("cannot allocate a %s array of shape %s (%.1f MB)"
+            raise OutOfMemory("the device cannot allocate a %s array of shape %s (%.1f MB)"
                               % (name, shape_t, count * itemsize / 1e6)) from exc
         self._arr = self._bytes.view(name).reshape(shape_t)
         self._dltensor, self._keep = make_dltensor(self._bytes.ctypes.data, shape_t, name)
@@ -136,6 +136,14 @@ class NDArray:
     @property
     def dltensor_address(self) -> int:
         return ctypes.addressof(self._dltensor)
+
+
+def nbytes_of(shape: ShapeLike, dtype="float32") -> int:
+    """The bytes an array of ``shape`` and ``dtype`` holds (checked like NDArray's, nothing allocated)."""
+    count = np.dtype(dtype_name(dtype)).itemsize
+    for d in _normalize_shape(shape):
+        count *= d
+    return count
 
 
 def empty(shape: ShapeLike, dtype="float32") -> NDArray:

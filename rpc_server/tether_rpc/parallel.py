@@ -421,8 +421,8 @@ LAUNCHER_CHUNKED = LAUNCHER_TYPE(_launch_chunked)
 LAUNCHER_CHUNKED_ADDRESS = ctypes.cast(LAUNCHER_CHUNKED, ctypes.c_void_p).value
 
 
-# The launcher setters of every module loaded so far and whether its tasks are chunked, by dlopen handle
-# (modules are never unloaded).
+# The launcher setters of every module loaded and whether its tasks are chunked, by dlopen handle (until the
+# module is unloaded: uninstall).
 _setters: Dict[int, tuple] = {}
 
 
@@ -441,6 +441,31 @@ def _reinstall_all() -> None:
         setter(_launcher_for_pool(chunked))
 
 
+# handle -> (lib, metadata "thread_pool") of every module with a launcher slot: the candidates for provider
+_pool_libs: Dict[int, tuple] = {}
+
+
+def uninstall(lib: ctypes.CDLL) -> bool:
+    """Forget a module about to be unloaded. If it provides the native pool, the pool's workers leave first and
+    another loaded module with a pool (if any) takes over. False if a worker is still inside a long task: the
+    module must then stay loaded (its code is running)."""
+    global _native
+    handle = lib._handle
+    with _native_lock:
+        if _native is not None and _native.lib is lib:
+            if not _native.stop():
+                return False
+            _native = None
+        _setters.pop(handle, None)
+        _pool_libs.pop(handle, None)
+        successor = next((other for other, version in _pool_libs.values() if version == NATIVE_POOL_VERSION), None)
+    if successor is not None and _native is None:
+        _adopt_provider(successor)
+    else:
+        _reinstall_all()
+    return True
+
+
 def install(lib: ctypes.CDLL, chunked: bool = False, thread_pool: Optional[int] = None) -> bool:
     """Hand the launcher to a loaded module; False if the module has no ``tether_set_parallel_launcher``.
 
@@ -455,6 +480,7 @@ def install(lib: ctypes.CDLL, chunked: bool = False, thread_pool: Optional[int] 
     setter.argtypes = [ctypes.c_void_p]  # void* so that None installs NULL
     setter.restype = None
     _setters[lib._handle] = (setter, bool(chunked))
+    _pool_libs[lib._handle] = (lib, thread_pool)
     if thread_pool == NATIVE_POOL_VERSION and _native is None:
         _adopt_provider(lib)  # installs the native launcher everywhere, this module included
     else:

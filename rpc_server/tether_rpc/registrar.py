@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import msgpack
 
-from . import protocol as p, transport
+from . import protocol as p, tls, transport
 from .config import ServerConfig, parse_hostport
 from .error_mapping import HANDSHAKE_ERRORS, error_from_payload
 from .errors import AuthenticationError, ProtocolError, TetherError
@@ -178,6 +178,11 @@ class _Dial:
         self.connected = False
 
 
+def _tls_wait(exc: BaseException) -> bool:
+    """A non-blocking TLS socket's "try again when readable/writable" (not a failure)."""
+    return tls.ssl is not None and isinstance(exc, (tls.ssl.SSLWantReadError, tls.ssl.SSLWantWriteError))
+
+
 class Registrar:
     """One device's registration with one tracker, as a non-blocking state machine (see the module docstring).
 
@@ -189,7 +194,10 @@ class Registrar:
                  token: Optional[str] = None, tags: Optional[Dict[str, str]] = None,
                  info: Optional[Callable[[], dict]] = None, reverse: bool = False,
                  on_connection: Optional[Callable[[socket.socket], None]] = None, name: str = "",
-                 connect_timeout: float = 5.0, max_backoff: float = 10.0):
+                 connect_timeout: float = 5.0, max_backoff: float = 10.0, tls_context: Any = None):
+        """``tls_context``: speak TLS to the tracker (tether_rpc.tls.client_context); not with ``reverse``."""
+        if reverse and tls_context is not None:
+            raise ValueError("a reverse-mode device cannot use a TLS tracker: the tracker relays raw bytes")
         if reverse and on_connection is None:
             raise ValueError("reverse mode needs on_connection: the server must adopt the sockets dialled out")
         self.tracker = tracker
@@ -204,6 +212,7 @@ class Registrar:
         self.name = name or key
         self.connect_timeout = connect_timeout
         self.max_backoff = max_backoff
+        self.tls_context = tls_context
         self.device_id: Optional[int] = None
         self.registrations = 0             # completed REGISTER exchanges, for tests and logs
         self.state = "idle"
@@ -479,6 +488,9 @@ class Registrar:
                 if mask & (_WRITE | _READ):
                     self._connected()
                 return
+            if self.state == "tls":
+                self._tls_step()
+                return
             if mask & _WRITE:
                 self._flush()
             if mask & _READ:
@@ -501,6 +513,36 @@ class Registrar:
             raise _LinkLost(os.strerror(err))
         transport.configure_socket(self._sock)
         self._addr_failures = 0
+        if self.tls_context is not None:
+            assert self._selector is not None
+            self._selector.unregister(self._sock)
+            self._sock = self.tls_context.wrap_socket(self._sock, server_hostname=self.tracker[0],
+                                                      do_handshake_on_connect=False)
+            self._events = _READ
+            self._selector.register(self._sock, _READ, self._on_link)
+            self.state = "tls"
+            self._state_since = time.monotonic()
+            self._deadline = self._state_since + self.connect_timeout
+            self._tls_step()
+            return
+        self._start_hello()
+
+    def _tls_step(self) -> None:
+        """One step of the non-blocking TLS handshake; the tether HELLO follows when it is done."""
+        assert self._sock is not None
+        try:
+            self._sock.do_handshake()
+        except tls.ssl.SSLWantReadError:
+            self._set_events(_READ)
+            return
+        except tls.ssl.SSLWantWriteError:
+            self._set_events(_WRITE)
+            return
+        except (OSError, ValueError) as exc:
+            raise _LinkLost("TLS handshake with the tracker failed: %s" % exc)
+        self._start_hello()
+
+    def _start_hello(self) -> None:
         self.state = "hello"
         self._state_since = time.monotonic()
         self._deadline = self._state_since + self.connect_timeout
@@ -521,7 +563,7 @@ class Registrar:
         self._send_frame(p.encode_frame(msg_type, 0, payload))
 
     def _send_frame(self, frame: bytes) -> None:
-        if self._sock is None or self.state == "connecting":
+        if self._sock is None or self.state in ("connecting", "tls"):
             return
         self._out += frame
         if len(self._out) > MAX_UNSENT:
@@ -536,7 +578,10 @@ class Registrar:
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as exc:
-                raise _LinkLost("send to the tracker failed: %s" % exc)
+                if _tls_wait(exc):
+                    n = 0
+                else:
+                    raise _LinkLost("send to the tracker failed: %s" % exc)
             del self._out[:n]
         self._set_events(_READ | _WRITE if self._out else _READ)
 
@@ -548,6 +593,8 @@ class Registrar:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
+                if _tls_wait(exc):
+                    break
                 raise _LinkLost("connection lost: %s" % exc)
             if n == 0:
                 raise _LinkLost("the tracker closed the connection")
@@ -558,8 +605,8 @@ class Registrar:
                 if frame is None:
                     break
                 self._on_frame(*frame)
-            if n < _RECV_CHUNK or self._sock is None:
-                break
+            if self._sock is None or (n < _RECV_CHUNK and not (tls.is_tls(self._sock) and self._sock.pending())):
+                break   # (a TLS socket may hold decrypted bytes the selector cannot see: read them first)
 
     # ------------------------------------------------------------------------------------------ protocol
     def _on_frame(self, msg_type: int, request_id: int, payload: dict) -> None:
@@ -769,8 +816,9 @@ def _device_info() -> dict:
 
 def make_hook(config: ServerConfig) -> "TrackerHook":
     """The tracker hook for :func:`tether_rpc.server.serve`."""
+    tracker_tls = tls.client_context(config.tracker_tls or None, config.tracker_ca)
     return TrackerHook(parse_hostport(config.tracker), config.key, token=config.tracker_token, tags=config.tags,
-                       reverse=bool(config.reverse), advertise_host=config.advertise_host)
+                       reverse=bool(config.reverse), advertise_host=config.advertise_host, tls_context=tracker_tls)
 
 
 class TrackerHook(ServerHook):
@@ -779,9 +827,10 @@ class TrackerHook(ServerHook):
     def __init__(self, tracker: Tuple[str, int], key: str, *, token: Optional[str] = None,
                  tags: Optional[Dict[str, str]] = None, reverse: bool = False,
                  advertise_host: Optional[str] = None, info: Optional[Callable[[], dict]] = _device_info,
-                 connect_timeout: float = 5.0, max_backoff: float = 10.0):
+                 connect_timeout: float = 5.0, max_backoff: float = 10.0, tls_context: Any = None):
         self._args = dict(tracker=tracker, key=key, token=token, tags=tags, reverse=reverse,
-                          host=advertise_host, info=info, connect_timeout=connect_timeout, max_backoff=max_backoff)
+                          host=advertise_host, info=info, connect_timeout=connect_timeout, max_backoff=max_backoff,
+                          tls_context=tls_context)
         self.registrar: Optional[Registrar] = None
         self._server: Any = None
         self._terms: Dict[str, dict] = {}

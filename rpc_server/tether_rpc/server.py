@@ -40,14 +40,15 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import __version__
-from . import handshake, protocol as p, transport
+from . import handshake, protocol as p, tls, transport
 from .config import (DEFAULT_IDLE_TIMEOUT, DEFAULT_SESSION_TIMEOUT, DEFAULT_SPIN, ServerConfig, ServerConfigError,
                      check_config, config_from_options)
 from .error_mapping import error_payload
 from .errors import AuthenticationError, DeviceBusy, ProtocolError, TetherTimeout
 from .hooks import ServerHook
+from .limits import call_timeout_message
 from .registrar import make_hook
-from .worker import die_with_parent, run_session
+from .worker import CALL_TIMEOUT_EXIT, die_with_parent, run_session
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def _signal_name(sig: int) -> str:
 class _Conn:
     """A connection in the parent: handshaking, queued, or handed to a worker."""
 
-    __slots__ = ("sock", "peer", "buffer", "deadline", "state", "nonce", "proof", "hello", "session_id")
+    __slots__ = ("sock", "peer", "buffer", "deadline", "state", "nonce", "proof", "hello", "session_id", "tls_wait")
 
     def __init__(self, sock: socket.socket, peer: Any, deadline: float):
         self.sock = sock
@@ -102,6 +103,7 @@ class _Conn:
         self.proof: Optional[bytes] = None
         self.hello: Dict[str, Any] = {}
         self.session_id = 0
+        self.tls_wait = False        # the TLS handshake is still under way
 
 
 class _Active:
@@ -125,6 +127,7 @@ class Server:
     def __init__(self, config: ServerConfig):
         check_config(config)
         self.config = config
+        self._tls = tls.server_context(config.tls_cert, config.tls_key) if config.tls_cert else None
         self.selector = selectors.DefaultSelector()
         self.listener = self._bind(config)
         self.address: Tuple[str, int] = self.listener.getsockname()[:2]
@@ -294,7 +297,15 @@ class Server:
                 self._drop(oldest, quiet=True)
         transport.configure_socket(sock)
         sock.setblocking(False)
+        if self._tls is not None:
+            try:
+                sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except OSError as exc:
+                log.info("TLS set-up for %s failed: %s", peer, exc)
+                sock.close()
+                return
         conn = _Conn(sock, peer, time.monotonic() + self.config.handshake_timeout)
+        conn.tls_wait = self._tls is not None
         self._pending[sock.fileno()] = conn
         self.selector.register(sock, selectors.EVENT_READ, self._on_pending)
         log.debug("connection from %s", peer)
@@ -340,16 +351,33 @@ class Server:
             self._drop(conn, quiet=True)
             self._notify_queue()
             return
+        if conn.tls_wait:
+            try:
+                sock.do_handshake()  # (non-blocking: a step per readable event)
+            except tls.ssl.SSLWantReadError:
+                return
+            except (OSError, ValueError) as exc:  # includes SSLError: not TLS, a bad certificate, ...
+                log.info("TLS handshake with %s failed: %s", conn.peer, exc)
+                self._drop(conn, quiet=True)
+                return
+            conn.tls_wait = False
         try:
             n = sock.recv_into(conn.buffer.free_space(1024), 1024)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
+        except OSError as exc:
+            if tls.is_tls(sock) and isinstance(exc, (tls.ssl.SSLWantReadError, tls.ssl.SSLWantWriteError)):
+                return
             n = 0
         if n == 0:
             self._drop(conn, quiet=True)
             return
         conn.buffer.wrote(n)
+        if tls.is_tls(sock) and sock.pending():
+            # decrypted bytes the selector cannot see (the rest of a record: at most 16 KiB, so this recursion is
+            # bounded); the frames are decoded by the innermost call
+            self._on_pending(sock, mask)
+            return
         try:
             while conn.state in ("hello", "auth"):
                 frame = conn.buffer.next_frame()
@@ -456,7 +484,8 @@ class Server:
             try:
                 self._become_worker(conn)
                 code = run_session(conn.sock, conn.buffer, folder, self.config.limits,
-                                   idle_timeout=self.config.idle_timeout, spin=self.config.spin)
+                                   idle_timeout=self.config.idle_timeout, spin=self.config.spin,
+                                   session_limits=self.config.session_limits)
             except BaseException:  # never return into the parent's loop from a worker
                 traceback.print_exc()
             finally:
@@ -532,6 +561,11 @@ class Server:
         if active.timed_out:
             error = {"type": p.ErrorType.TIMEOUT, "traceback": "",
                      "message": "the session ran past its session timeout of %s s and was ended" % active.limit}
+        elif self.config.session_limits.call_timeout and (
+                (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM)
+                or (os.WIFEXITED(status) and os.WEXITSTATUS(status) == CALL_TIMEOUT_EXIT)):
+            error = {"type": p.ErrorType.TIMEOUT, "traceback": "",
+                     "message": call_timeout_message(self.config.session_limits.call_timeout)}
         elif os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             error = {"type": p.ErrorType.SESSION_CRASHED, "traceback": "",
@@ -540,7 +574,12 @@ class Server:
         elif os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
             error = {"type": p.ErrorType.SESSION_CRASHED, "traceback": "",
                      "message": "the session worker exited with status %d" % os.WEXITSTATUS(status)}
-        if error is not None:
+        if error is not None and tls.is_tls(conn.sock):
+            # the worker advanced the TLS state this process holds a stale copy of: it cannot write a record
+            log.warning("session %d: %s (over TLS only the worker can write to the client: a call timeout reached "
+                        "it from there, anything else shows as a closed connection)", conn.session_id,
+                        error["message"])
+        elif error is not None:
             log.warning("session %d: %s", conn.session_id, error["message"])
             try:
                 conn.sock.settimeout(0.5)
@@ -599,6 +638,10 @@ def _preload_runtime() -> None:
             importlib.import_module("tether_rpc." + name)
         except ImportError as exc:
             log.debug("runtime module tether_rpc.%s not available: %s", name, exc)
+    try:  # what modules may need of this CPU (module.load_module checks it): read once, inherited by workers
+        importlib.import_module("tether_rpc.device_info").cpu_capabilities()
+    except Exception as exc:  # an odd /proc must not stop the server; the check then runs in the worker
+        log.debug("CPU capabilities not read at start: %s", exc)
 
 
 def serve(config: ServerConfig, ready: Optional[Callable[["Server"], None]] = None) -> None:
@@ -635,7 +678,11 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
         reverse: bool = False,
         handshake_timeout: float = 5.0, verbose: int = 0, tracker_token: Optional[str] = None,
         tags: Optional[List[str]] = None, advertise_host: Optional[str] = None,
-        idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT, spin_us: float = DEFAULT_SPIN * 1e6) -> int:
+        idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT, spin_us: float = DEFAULT_SPIN * 1e6,
+        session_memory: Optional[str] = None, session_disk: Optional[str] = None,
+        session_handles: Optional[int] = None, call_timeout: Optional[float] = None,
+        tls_cert: Optional[str] = None, tls_key: Optional[str] = None, tracker_tls: bool = False,
+        tracker_ca: Optional[str] = None) -> int:
     """The whole `rpc-server` / `python -m tether_rpc` command: logging, config, serve. Returns an exit code."""
     logging.basicConfig(level=logging.INFO if verbose < 2 else logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -644,7 +691,10 @@ def run(host: str = "127.0.0.1", port: int = 9090, port_end: Optional[int] = 919
                                   insecure=insecure, session_timeout=session_timeout, workdir=workdir,
                                   reverse=reverse, handshake_timeout=handshake_timeout,
                                   tracker_token=tracker_token, tags=tags, advertise_host=advertise_host,
-                                  idle_timeout=idle_timeout, spin_us=spin_us))
+                                  idle_timeout=idle_timeout, spin_us=spin_us, session_memory=session_memory,
+                                  session_disk=session_disk, session_handles=session_handles,
+                                  call_timeout=call_timeout, tls_cert=tls_cert, tls_key=tls_key,
+                                  tracker_tls=tracker_tls, tracker_ca=tracker_ca))
     except ServerConfigError as exc:
         log.error("%s", exc)
         return 2

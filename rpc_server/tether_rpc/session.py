@@ -20,6 +20,7 @@ import numpy as np
 
 from .errors import ProtocolError
 from .files import SessionFolder
+from .limits import Budget, SessionLimits, folder_bytes
 from .protocol import RemoteHandle
 from .transport import byte_view
 
@@ -178,11 +179,24 @@ _KIND_MODULE = "module"
 _KIND_FUNCTION = "function"
 
 
+def _release(kind: str, obj: Any) -> None:
+    """What freeing a handle does besides forgetting it: a module's own reference and each function handle's
+    hold on its module go, and the library is unloaded when none is left (tether_rpc.module.Module)."""
+    if kind == _KIND_MODULE:
+        obj.close()
+    elif kind == _KIND_FUNCTION:
+        module = getattr(obj, "module", None)
+        if module is not None and hasattr(module, "release"):
+            module.release()
+
+
 class SessionHandler:
     """Object table + built-ins for one session, rooted in one session folder."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, limits: Optional[SessionLimits] = None):
         self.folder = SessionFolder(folder)
+        self.limits = limits if limits is not None else SessionLimits(handles=None, disk=None, call_timeout=None)
+        self.budget = Budget(self.limits)
         self._objects: Dict[int, Tuple[str, Any]] = {}
         self._bound: Dict[Tuple[int, ...], Callable[[], Any]] = {}  # (function id, array ids...): see call_plain
         self._next_id = 1
@@ -268,12 +282,18 @@ class SessionHandler:
         return bound
 
     def close(self) -> None:
-        """Drop every object (arrays are freed; loaded libraries stay mapped until the process ends)."""
+        """Drop every object: arrays are freed, modules unloaded (dlclose) once none of their functions is held."""
         self._bound.clear()
-        self._objects.clear()
+        objects, self._objects = self._objects, {}
+        for kind, obj in objects.values():
+            try:
+                _release(kind, obj)
+            except Exception:  # one object's failure must not keep the others (or the session) alive
+                log.exception("releasing a %s at the end of the session failed", kind)
 
     # -- object table ------------------------------------------------------------------------------------------
     def _put(self, kind: str, obj: Any) -> RemoteHandle:
+        self.budget.check_handles(len(self._objects))
         handle = RemoteHandle(self._next_id)
         self._next_id += 1
         self._objects[handle.id] = (kind, obj)
@@ -321,7 +341,9 @@ class SessionHandler:
     def _device_info(self, ctx: CallContext) -> Dict[str, Any]:
         from . import device_info
 
-        return device_info.device_info()
+        info = device_info.device_info()
+        info["session_limits"] = self.limits.describe()
+        return info
 
     @staticmethod
     def _array_info(handle: RemoteHandle, arr: Any) -> Dict[str, Any]:
@@ -330,16 +352,27 @@ class SessionHandler:
     def _array_empty(self, ctx: CallContext, shape: Any, dtype: str = "float32") -> Dict[str, Any]:
         from . import ndarray
 
-        arr = ndarray.empty(shape, dtype)
-        return self._array_info(self._put(_KIND_ARRAY, arr), arr)
+        nbytes = ndarray.nbytes_of(shape, dtype)
+        self.budget.reserve_memory(nbytes, "an array of shape %s %s" % (shape, dtype))
+        return self._keep_array(ndarray.empty, (shape, dtype), nbytes)
 
     def _array_from_tensor(self, ctx: CallContext, tensor: Any) -> Dict[str, Any]:
         from . import ndarray
 
         if not isinstance(tensor, np.ndarray):
             raise TypeError("tether.array.from_tensor takes a tensor, got %s" % type(tensor).__name__)
-        arr = ndarray.from_numpy(tensor)
-        return self._array_info(self._put(_KIND_ARRAY, arr), arr)
+        self.budget.reserve_memory(int(tensor.nbytes), "an array of shape %s %s" % (tensor.shape, tensor.dtype))
+        return self._keep_array(ndarray.from_numpy, (tensor,), int(tensor.nbytes))
+
+    def _keep_array(self, make: Callable[..., Any], args: Tuple[Any, ...], nbytes: int) -> Dict[str, Any]:
+        """Make an array whose ``nbytes`` are already reserved and put it in the table (or give them back)."""
+        try:
+            arr = make(*args)
+            handle = self._put(_KIND_ARRAY, arr)
+        except BaseException:
+            self.budget.release_memory(nbytes)
+            raise
+        return self._array_info(handle, arr)
 
     def _array_copy_in(self, ctx: CallContext, handle: Any) -> None:
         arr = self._get(handle, _KIND_ARRAY)
@@ -355,12 +388,19 @@ class SessionHandler:
 
     def _free(self, ctx: CallContext, handle: Any) -> None:
         self._bound.clear()  # bound calls keep their arrays' memory alive
-        if not isinstance(handle, RemoteHandle) or self._objects.pop(handle.id, None) is None:
+        entry = self._objects.pop(handle.id, None) if isinstance(handle, RemoteHandle) else None
+        if entry is None:
             raise KeyError("cannot free %r: no such handle in this session" % (handle,))
+        if entry[0] == _KIND_ARRAY:
+            self.budget.release_memory(int(entry[1].nbytes))
+        _release(*entry)
 
     def _upload(self, ctx: CallContext, name: Any) -> Dict[str, Any]:
         bulk = ctx.require_bulk("tether.upload")
         path = self.folder.path_for(name)  # refuses unsafe names before anything is written
+        if self.limits.disk is not None:   # (a file of the same name is replaced: its bytes do not count)
+            replaced = os.path.getsize(path) if os.path.isfile(path) else 0
+            self.budget.check_disk(folder_bytes(self.folder.path) - replaced, bulk.nbytes, str(name))
         # Write beside it and rename over it: rewriting a library that is still mapped (loaded earlier in
         # this session) in place would change code under a running process and can crash it.
         # Memory stays flat however big the upload: the bytes move in bounded pieces (splice(2) where there is
@@ -396,14 +436,21 @@ class SessionHandler:
         from . import module
 
         mod = module.load_module(self.folder.existing(name))
-        handle = self._put(_KIND_MODULE, mod)
+        try:
+            handle = self._put(_KIND_MODULE, mod)
+        except BaseException:   # (over --session-handles) the library is not kept loaded for nothing
+            mod.close()
+            raise
         return {"handle": handle, "functions": list(mod.function_names), "metadata": mod.metadata}
 
     def _module_get_function(self, ctx: CallContext, handle: Any, name: Any) -> Dict[str, Any]:
         mod = self._get(handle, _KIND_MODULE)
         if not isinstance(name, str) or name not in mod.function_names:
             raise KeyError("module has no function %r (it has: %s)" % (name, ", ".join(mod.function_names)))
-        return {"handle": self._put(_KIND_FUNCTION, mod[name]), "name": name}
+        func = mod[name]
+        handle = self._put(_KIND_FUNCTION, func)
+        mod.acquire()   # the library stays loaded while this handle exists, even if the module's is freed
+        return {"handle": handle, "name": name}
 
     def _time_evaluator(self, ctx: CallContext, func_handle: Any, args: Any, options: Any = None) -> Dict[str, Any]:
         from . import timing

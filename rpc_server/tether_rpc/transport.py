@@ -23,6 +23,7 @@ except ImportError:  # not on Windows (hosts only: devices are Linux/Android)
 from .error_mapping import SOCKET_ERRORS, socket_error
 from .errors import ConnectionClosed, FrameTooLarge
 from .protocol import DEFAULT_LIMITS, FrameBuffer, Limits, encode_frame
+from .tls import is_tls
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class FrameReader:
                  spin: float = 0.0):
         self.sock = sock
         self.buffer = buffer if buffer is not None else FrameBuffer(limits)
+        self.tls = is_tls(sock)                 # every byte through the ssl object: no polling, no splice
         self.spin = spin if _DONTWAIT else 0.0
         self.polling = True                     # the current mode: polling is measured first, then sleeping
         self._timing = True                     # measuring (else staying with the chosen mode)
@@ -88,7 +90,7 @@ class FrameReader:
         """One receive into an empty buffer (polling first when that pays, see ``spin``); tether exceptions."""
         sock = self.sock
         try:
-            if not self.spin or sock.gettimeout() is not None:  # (a socket timeout would poll() before each try)
+            if not self.spin or self.tls or sock.gettimeout() is not None:  # (a timeout polls before each try)
                 n = sock.recv_into(view)
             else:
                 n = self._poll_recv(view, _clock()) if self.polling else sock.recv_into(view)
@@ -180,7 +182,7 @@ class FrameReader:
         if len(buffered):
             _write_all(fd, buffered)
             n -= len(buffered)
-        if n and _splice is not None:
+        if n and _splice is not None and not self.tls:
             n = self._splice_into(fd, n)
         if n:
             scratch = memoryview(bytearray(min(n, FILE_CHUNK)))
@@ -258,6 +260,9 @@ def send_buffers(sock: socket.socket, buffers: Iterable[Any]) -> None:
     """Write several buffers with as few syscalls as possible (one ``sendmsg`` for small frames), no copies."""
     views: List[memoryview] = [byte_view(b) for b in buffers]
     views = [v for v in views if len(v)]
+    if is_tls(sock):  # an SSLSocket has no sendmsg: small pieces joined into one record, large ones as they are
+        _send_tls(sock, views)
+        return
     try:
         while views:
             sent = sock.sendmsg(views[:64])
@@ -268,6 +273,23 @@ def send_buffers(sock: socket.socket, buffers: Iterable[Any]) -> None:
                 else:
                     views[0] = views[0][sent:]
                     sent = 0
+    except SOCKET_ERRORS as exc:
+        raise socket_error(exc, _SEND_TIMED_OUT, "connection lost while sending") from exc
+
+
+def _send_tls(sock: socket.socket, views: List[memoryview]) -> None:
+    small: List[memoryview] = []
+    try:
+        for v in views:
+            if len(v) < 65536:
+                small.append(v)
+                continue
+            if small:
+                sock.sendall(b"".join(small))
+                small = []
+            sock.sendall(v)
+        if small:
+            sock.sendall(b"".join(small))
     except SOCKET_ERRORS as exc:
         raise socket_error(exc, _SEND_TIMED_OUT, "connection lost while sending") from exc
 

@@ -15,12 +15,16 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Dict, List, Optional
 
-from . import protocol as p, transport
+from . import limits as session_limits_mod, protocol as p, tls, transport
 from .error_mapping import error_payload
 from .errors import ConnectionClosed, ProtocolError, TetherTimeout
+
+#: The exit status of a worker that ended a call past --call-timeout itself (TLS; see _TlsCallTimer).
+CALL_TIMEOUT_EXIT = 3
 
 # Message types as plain ints: compared and packed once per call on the hot path.
 _CALL = int(p.MsgType.CALL)
@@ -114,6 +118,45 @@ def _watchdog(sock: socket.socket) -> None:
                 os._exit(0)
 
 
+class _TlsCallTimer:
+    """The call timeout on a TLS connection. The server's parent reports a worker killed by SIGALRM, but over TLS
+    it cannot write to the connection any more (the worker advanced the TLS state it holds a stale copy of), so
+    here a thread waits out each call's deadline, sends the client the ERROR itself and ends the process.
+    ``arm(which, seconds)`` has signal.setitimer's signature (``seconds`` 0 disarms)."""
+
+    def __init__(self, channel: "_Channel", seconds: float):
+        self._channel = channel
+        self._seconds = seconds
+        self._cond = threading.Condition()
+        self._deadline: Optional[float] = None
+        threading.Thread(target=self._run, name="tether-call-timer", daemon=True).start()
+
+    def arm(self, which: int, seconds: float) -> None:
+        with self._cond:
+            self._deadline = time.monotonic() + seconds if seconds else None
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        frame = p.encode_frame(p.MsgType.ERROR, 0, {"type": p.ErrorType.TIMEOUT, "traceback": "",
+                                                    "message": session_limits_mod.call_timeout_message(self._seconds)})
+        # a kernel holds no lock; a stuck send does, for at most a second, and then the client just sees the close
+        if self._channel.lock.acquire(timeout=1.0):
+            try:
+                self._channel.sock.sendall(frame)
+            except OSError:
+                pass
+        os._exit(CALL_TIMEOUT_EXIT)
+
+
 def _set_idle_timeout(sock: socket.socket, seconds: Optional[float]) -> None:
     """A receive on the (blocking) worker socket that waits longer fails. The worker only receives between calls
     (and bulk bytes inside one), so a running kernel never counts as idle."""
@@ -123,9 +166,11 @@ def _set_idle_timeout(sock: socket.socket, seconds: Optional[float]) -> None:
 
 def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: str,
                 limits: p.Limits = p.DEFAULT_LIMITS, idle_timeout: Optional[float] = None,
-                spin: float = 0.0) -> int:
+                spin: float = 0.0, session_limits: Optional[session_limits_mod.SessionLimits] = None) -> int:
     """Serve one session's CALLs on a connected, handshaken socket until CLOSE, hang-up or ``idle_timeout``
-    seconds without a frame; returns an exit code. ``spin``: see :class:`tether_rpc.protocol.FrameReader`."""
+    seconds without a frame; returns an exit code. ``spin``: see :class:`tether_rpc.protocol.FrameReader`.
+    ``session_limits``: tether_rpc.limits; a call that runs past ``call_timeout`` ends this process by SIGALRM
+    (an interval timer armed per call: a kernel stuck in native code cannot ignore it), which the server reports."""
     from .session import BulkIn, Reply, SessionHandler  # imported in the parent already by the preload
 
     sock.setblocking(True)
@@ -138,7 +183,17 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
     threading.Thread(target=_watchdog, args=(sock,), name="tether-watchdog", daemon=True).start()
     sys.stdout = _EventLines(channel, "stdout")  # type: ignore[assignment]
     sys.stderr = _EventLines(channel, "stderr")  # type: ignore[assignment]
-    handler = SessionHandler(folder)
+    handler = SessionHandler(folder, session_limits)
+    call_timeout = session_limits.call_timeout if session_limits is not None else None
+    if session_limits is not None:
+        session_limits_mod.apply_memory_backstop(session_limits)
+    if call_timeout and tls.is_tls(sock):
+        arm = _TlsCallTimer(channel, call_timeout).arm
+    elif call_timeout:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        arm = signal.setitimer
+    else:
+        arm = None
     plain = _PlainCalls(channel, handler, Reply)
     read_plain_frame = reader.read_plain_frame
     try:
@@ -160,11 +215,15 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
                 return 0
             msg_type, request_id, payload = frame
             if msg_type == _CALL:
+                if arm is not None:
+                    arm(signal.ITIMER_REAL, call_timeout)
                 # A plain frame with exactly {fn, args} carries no tensors and no bulk: the fast path.
                 if fast and len(payload) == 2 and type(payload.get("args")) is list:
                     ok = plain.serve(request_id, payload["fn"], payload["args"])
                 else:
                     ok = _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn)
+                if arm is not None:
+                    arm(signal.ITIMER_REAL, 0)
                 if not ok:
                     return 0
             elif msg_type == p.MsgType.CLOSE:

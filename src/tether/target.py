@@ -81,6 +81,74 @@ def _host_cpu() -> Tuple[str, str, str]:
     return triple, cpu, features
 
 
+# ---- what a module's code needs from the CPU (metadata "requires", checked by the device runtime) -----------
+# Names are the device's own: Linux hwcap names as /proc/cpuinfo "Features"/"flags" print them. Only features
+# LLVM may emit for tether's code are listed (never aes/sha/crc32: no tether kernel uses those instructions).
+_ARMV7_CORES_VFP4 = {"cortex-a5", "cortex-a7", "cortex-a12", "cortex-a15", "cortex-a17"}
+_ARMV7_CORES_IDIV = {"cortex-a7", "cortex-a12", "cortex-a15", "cortex-a17"}
+_ARMV7_CORES_NEON = {"cortex-a7", "cortex-a8", "cortex-a9", "cortex-a12", "cortex-a15", "cortex-a17"}
+# ARMv8.2+ cores: LSE atomics, RCpc loads, dot product, fp16 arithmetic (LLVM uses them for atomics and vectors)
+_ARM_V82_CORES = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a76ae", "cortex-a77", "cortex-a78",
+                  "cortex-a78c", "cortex-x1", "cortex-x2", "cortex-x3", "cortex-x4", "cortex-a510", "cortex-a520",
+                  "cortex-a710", "cortex-a715", "cortex-a720", "neoverse-n1", "neoverse-n2", "neoverse-v1",
+                  "neoverse-v2", "apple-m1", "apple-m2"}
+_ARM_V82_FEATURES = ("atomics", "lrcpc", "asimddp", "fphp", "asimdhp")
+# LLVM -mattr name -> hwcap name, per architecture
+_ARM64_ATTRS = {"lse": ("atomics",), "rcpc": ("lrcpc",), "dotprod": ("asimddp",), "fullfp16": ("fphp", "asimdhp"),
+                "i8mm": ("i8mm",), "bf16": ("bf16",), "sve": ("sve",), "sve2": ("sve2",)}
+_X86_ATTRS = {"ssse3": "ssse3", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "popcnt": "popcnt", "avx": "avx",
+              "avx2": "avx2", "fma": "fma", "f16c": "f16c", "bmi": "bmi1", "bmi2": "bmi2", "avx512f": "avx512f",
+              "avx512bw": "avx512bw", "avx512cd": "avx512cd", "avx512dq": "avx512dq", "avx512vl": "avx512vl",
+              "avx512vnni": "avx512_vnni"}
+_X86_V2 = ("ssse3", "sse4_1", "sse4_2", "popcnt")
+_X86_V3 = _X86_V2 + ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2")
+_X86_V4 = _X86_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+_X86_CPUS = {"x86-64-v2": _X86_V2, "nehalem": _X86_V2, "x86-64-v3": _X86_V3, "haswell": _X86_V3,
+             "skylake": _X86_V3, "znver1": _X86_V3, "znver2": _X86_V3, "znver3": _X86_V3, "x86-64-v4": _X86_V4,
+             "skylake-avx512": _X86_V4, "icelake-server": _X86_V4, "znver4": _X86_V4}
+
+
+def _is_armv8_core(cpu: str) -> bool:
+    if cpu.startswith(("cortex-x", "neoverse-", "apple-")):
+        return True
+    digits = cpu[len("cortex-a"):] if cpu.startswith("cortex-a") else ""
+    return digits.isdigit() and int(digits) >= 32 and int(digits) not in (5, 7, 8, 9, 12, 15, 17)
+
+
+def cpu_requirements(arch: str, triple: str, cpu: str, features: frozenset) -> Dict[str, Any]:
+    """``{"isa": "armv7"|"armv8"|"x86_64", "features": [...]}``: what code built for this CPU and these -mattr
+    features may execute, in the device's hwcap vocabulary (docs/abi.md, metadata "requires")."""
+    on = {f[1:] for f in features if f.startswith("+")}
+    off = {f[1:] for f in features if f.startswith("-")}
+    need: set = set()
+    if arch == "x86_64":
+        need.update(_X86_CPUS.get(cpu, ()))
+        need.update(name for attr, name in _X86_ATTRS.items() if attr in on)
+        need.difference_update(name for attr, name in _X86_ATTRS.items() if attr in off)
+        return {"isa": "x86_64", "features": sorted(need)}
+    v8 = _is_armv8_core(cpu) or triple.startswith(("armv8", "thumbv8")) or bool(
+        on & {"v8", "armv8-a", "fp-armv8", "v8.1a", "v8.2a", "crypto", "crc"})
+    if arch == "aarch64":
+        if "neon" not in off:
+            need.update(("fp", "asimd"))
+        if cpu in _ARM_V82_CORES or on & {"v8.2a", "v8.3a", "v8.4a", "v8.5a", "v9a"}:
+            need.update(_ARM_V82_FEATURES)
+        for attr, names in _ARM64_ATTRS.items():
+            if attr in on:
+                need.update(names)
+            elif attr in off:
+                need.difference_update(names)
+        return {"isa": "armv8", "features": sorted(need)}
+    # armv7 triples (32-bit ARM, also ARMv8 cores in AArch32 state)
+    if ("neon" in on or cpu in _ARMV7_CORES_NEON or v8) and "neon" not in off:
+        need.add("neon")
+    if ("vfp4" in on or cpu in _ARMV7_CORES_VFP4 or v8) and "vfp4" not in off:
+        need.add("vfpv4")
+    if ("hwdiv-arm" in on or cpu in _ARMV7_CORES_IDIV or v8) and "hwdiv-arm" not in off:
+        need.add("idiva")
+    return {"isa": "armv8" if v8 else "armv7", "features": sorted(need)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     """Where code runs: triple, CPU, features and what follows from them."""
@@ -177,6 +245,11 @@ class Target:
             # 16 KiB page-size devices (Android 15+, Pi 5 kernels) need segments aligned to at least that.
             flags += ["-z", "max-page-size=65536"]
         return tuple(flags)
+
+    def requirements(self) -> Dict[str, Any]:
+        """What this target's code needs from the device's CPU: ``{"isa", "features"}`` (module metadata
+        "requires"; the device runtime refuses a module whose needs its CPU does not meet)."""
+        return cpu_requirements(self.arch, self.triple, self.cpu, self.feature_set)
 
     # ---- llvmlite -----------------------------------------------------------------------------------------
     def target_machine(self, opt: int = 3) -> Any:

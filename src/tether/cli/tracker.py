@@ -25,10 +25,13 @@ from tether_rpc.tracker_protocol import DEFAULT_PORT
               help="Seconds of silence after which a device is removed.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="Write the bound port to this file once listening (for scripts and tests).")
+@click.option("--tls-cert", metavar="PEM", help="Serve TLS with this certificate (chain); see docs/tls.md.")
+@click.option("--tls-key", metavar="PEM", help="The certificate's private key (default: in --tls-cert).")
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def main(host: str, port: int, token: Optional[str], grant_timeout: float, heartbeat: float, dead_after: float,
-         ready_file: Optional[str], insecure: bool, verbose: int) -> None:
+         ready_file: Optional[str], tls_cert: Optional[str], tls_key: Optional[str], insecure: bool,
+         verbose: int) -> None:
     """Run the tether tracker: devices register, clients request them by key or tag."""
     from tether.tracker import TrackerServer
     from tether_rpc.config import is_loopback
@@ -38,12 +41,22 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
                                "fake devices or take real ones. Pass --token SECRET (devices set "
                                "TETHER_TRACKER_TOKEN), or --insecure on a trusted network." % host)
 
+    ssl_context = None
+    if tls_cert or tls_key:
+        from tether_rpc.tls import TLSError, server_context
+        if not tls_cert:
+            raise click.UsageError("--tls-key needs --tls-cert (the certificate that goes with the key)")
+        try:
+            ssl_context = server_context(tls_cert, tls_key)
+        except TLSError as exc:
+            raise click.UsageError(str(exc))
+
     logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def run() -> None:
         server = TrackerServer(host, port, token=token, grant_timeout=grant_timeout, heartbeat=heartbeat,
-                               dead_after=dead_after)
+                               dead_after=dead_after, ssl_context=ssl_context)
         await server.start()
         loop = asyncio.get_running_loop()
         stop = loop.create_future()

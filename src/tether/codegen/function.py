@@ -88,6 +88,7 @@ class FunctionEmitter(ExprEmitter):
 
     def allocate(self, s: Allocate) -> None:
         buf = s.buffer
+        check_index_range(self.name, buf)
         ety = mem_type(buf.dtype)
         nbytes = buf.size * elem_bytes(buf.dtype)
         if nbytes > STACK_BYTES and not self.in_task:
@@ -300,10 +301,24 @@ def vectorizable(body: Stmt, var: Var) -> bool:
     return True
 
 
+INDEX_LIMIT = 2 ** 31 - 1  # indices are int32 (tir): an element beyond this would wrap around
+
+
+def check_index_range(func: str, buf: Buffer) -> None:
+    """Refuse, at build time, a buffer with more elements than an int32 index reaches."""
+    if buf.size > INDEX_LIMIT:
+        raise CompileError("%s: buffer %r has %d elements (shape %s), but tether indexes buffers with 32-bit "
+                           "integers, so a buffer may hold at most 2**31 - 1 = %d: split the tensor (e.g. compute "
+                           "it in pieces along its outer axis)" % (func, buf.name, buf.size, tuple(buf.shape),
+                                                                    INDEX_LIMIT))
+
+
 def emit_function(ctx: Any, primfunc: PrimFunc) -> ir.Function:
     """Emit ``i32 @<name>__impl(ptr noalias p0, ...)`` for ``primfunc`` into ``ctx.module`` (``ctx``: a
     codegen.module.ModuleBuilder)."""
     params = primfunc.param_buffers
+    for buf in params:
+        check_index_range(primfunc.name, buf)
     fnty = ir.FunctionType(I32, [PTR] * len(params))
     fn = ir.Function(ctx.module, fnty, f"{primfunc.name}__impl")
     fn.attributes.add("nounwind")

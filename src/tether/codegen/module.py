@@ -127,7 +127,8 @@ class ModuleBuilder:
         # task (docs/abi.md "Parallel loops", docs/parallel.md). "thread_pool": the version of the native pool
         # protocol this module exports (codegen/threadpool.py).
         self.metadata = {"abi_version": ABI_VERSION, "tether_version": __version__,
-                         "target": self.target.to_dict(), "functions": self._functions,
+                         "target": self.target.to_dict(),
+                         "requires": self.target.requirements(), "functions": self._functions,
                          "parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION}
         host = hostcall.host_functions(self)  # names resolved by the runtime at load (docs/abi.md "Host callbacks")
         if host:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from tether_rpc import protocol as p, transport
+from tether_rpc import protocol as p, tls as tether_tls, transport
 from tether_rpc.error_mapping import SOCKET_ERRORS, error_from_payload, socket_error
 from tether_rpc.errors import ConnectionClosed, ProtocolError, RemoteError, SessionCrashed, TetherError, TetherTimeout
 from tether_rpc.handshake import CORE_HANDSHAKE, ClientHandshake, hello_payload
@@ -429,7 +429,8 @@ class RemoteSession(SessionAPI):
                  on_log: Optional[Callable[[str, str], None]] = None,
                  on_sample: Optional[Callable[[int, float], None]] = None,
                  on_queued: Optional[Callable[[int], None]] = None,
-                 limits: p.Limits = p.DEFAULT_LIMITS, spin: float = DEFAULT_SPIN):
+                 limits: p.Limits = p.DEFAULT_LIMITS, spin: float = DEFAULT_SPIN,
+                 tls: Any = None, ca: Optional[str] = None):
         super().__init__(on_event=on_event, on_log=on_log, on_sample=on_sample)
         self.host, self.port = host, port
         self.timeout = Timeout.coerce(timeout)
@@ -444,6 +445,9 @@ class RemoteSession(SessionAPI):
         except OSError as exc:
             raise socket_error(exc, "could not connect to %s:%d within %s s" % (host, port, self.timeout.connect),
                                "could not connect to tether rpc-server at %s:%d" % (host, port)) from exc
+        context = tether_tls.client_context(tls, ca)
+        if context is not None:
+            sock = tether_tls.wrap_client(sock, context, host, "the server at %s:%d" % (host, port))
         self.sock = sock
         try:
             transport.configure_socket(sock)
@@ -629,15 +633,19 @@ def connect(host: str = "127.0.0.1", port: int = 9090, *,
             on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
             on_log: Optional[Callable[[str, str], None]] = None,
             on_sample: Optional[Callable[[int, float], None]] = None,
-            on_queued: Optional[Callable[[int], None]] = None, spin: float = DEFAULT_SPIN) -> RemoteSession:
+            on_queued: Optional[Callable[[int], None]] = None, spin: float = DEFAULT_SPIN,
+            tls: Any = None, ca: Optional[str] = None) -> RemoteSession:
     """Open a session on a device server (waits in its queue if busy, unless ``wait=False``).
 
     ``timeout`` is a :class:`Timeout` (a phase set to None waits without limit) or a number of seconds for every
     phase. ``token`` must match the server's
     ``--token`` (defaults to the TETHER_TOKEN environment variable). ``spin``: seconds to poll for a reply before
     sleeping, while replies keep coming that fast (adaptive; 0 = always sleep): it saves a wake-up per small call.
+    ``tls``: True (check the server's certificate against the system's CAs), an ``ssl.SSLContext``, or None/False
+    for plain TCP; ``ca``: a PEM file of the CA (or self-signed certificate) to trust, which implies TLS
+    (docs/tls.md). The token handshake runs inside TLS unchanged.
     """
     if token is None:
         token = os.environ.get("TETHER_TOKEN") or None
     return RemoteSession(host, port, timeout=timeout, token=token, wait=wait, match=match, on_event=on_event,
-                         on_log=on_log, on_sample=on_sample, on_queued=on_queued, spin=spin)
+                         on_log=on_log, on_sample=on_sample, on_queued=on_queued, spin=spin, tls=tls, ca=ca)

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Union
 
-from tether_rpc import protocol as p, transport
+from tether_rpc import protocol as p, tls as tether_tls, transport
 from tether_rpc.error_mapping import error_from_payload, socket_error
 from tether_rpc.errors import ConnectionClosed, ProtocolError, TetherError, TetherTimeout
 from tether_rpc.handshake import ClientHandshake
@@ -42,7 +42,7 @@ class TrackerClient:
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, token: Optional[str] = None,
                  timeout: Union[Timeout, float, None] = 10.0, name: str = "", session_token: Optional[str] = None,
-                 session_timeouts: Optional[Timeout] = None):
+                 session_timeouts: Optional[Timeout] = None, tls: Any = None, ca: Optional[str] = None):
         # timeout: connect + handshake (connect), and the wait for a SUMMARY (read); a number sets both
         self.host, self.port = host, port
         self.timeout = Timeout.coerce(timeout)
@@ -57,6 +57,9 @@ class TrackerClient:
         except OSError as exc:
             raise socket_error(exc, "could not reach %s within %s s" % (self._where, self.timeout.connect),
                                "could not connect to %s" % self._where) from exc
+        context = tether_tls.client_context(tls, ca)
+        if context is not None:
+            sock = tether_tls.wrap_client(sock, context, host, self._where)
         self.sock = sock
         try:
             transport.configure_socket(sock)
@@ -206,9 +209,12 @@ def _default_name() -> str:
 
 
 def connect_tracker(host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: Optional[str] = None, *,
-                    timeout: Union[Timeout, float, None] = 10.0, name: str = "", session_token: Optional[str] = None) -> TrackerClient:
+                    timeout: Union[Timeout, float, None] = 10.0, name: str = "", session_token: Optional[str] = None,
+                    tls: Any = None, ca: Optional[str] = None) -> TrackerClient:
     """Connect to a tracker. ``token`` is the tracker's token (default: env TETHER_TRACKER_TOKEN);
-    ``session_token`` the devices' own ``--token`` (default: env TETHER_TOKEN, as for rpc.connect)."""
+    ``session_token`` the devices' own ``--token`` (default: env TETHER_TOKEN, as for rpc.connect).
+    ``tls``/``ca``: as for rpc.connect, for the tracker's own connection (docs/tls.md)."""
     if token is None:
         token = os.environ.get("TETHER_TRACKER_TOKEN") or None
-    return TrackerClient(host, port, token=token, timeout=timeout, name=name, session_token=session_token)
+    return TrackerClient(host, port, token=token, timeout=timeout, name=name, session_token=session_token, tls=tls,
+                         ca=ca)

@@ -87,8 +87,12 @@ class TrackerServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 9190, *, token: Optional[str] = None,
                  grant_timeout: float = 1.0, heartbeat: float = 1.0, dead_after: float = 3.0,
-                 handshake_timeout: float = 5.0, dial_timeout: float = 5.0, max_requests_per_conn: int = 1024):
+                 handshake_timeout: float = 5.0, dial_timeout: float = 5.0, max_requests_per_conn: int = 1024,
+                 ssl_context: Any = None):
+        """``ssl_context``: serve TLS (tether_rpc.tls.server_context; docs/tls.md). Reverse-mode devices cannot
+        be relayed then (the relay copies raw bytes, and each side's TLS ends at the tracker)."""
         self.host = host
+        self.ssl_context = ssl_context
         self.port = port
         self.token = token or None
         self.grant_timeout = grant_timeout
@@ -107,8 +111,9 @@ class TrackerServer:
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        tls = {"ssl": self.ssl_context, "ssl_handshake_timeout": self.handshake_timeout} if self.ssl_context else {}
         self._server = await asyncio.start_server(self._handle, self.host, self.port, backlog=1024,
-                                                  reuse_address=True)
+                                                  reuse_address=True, **tls)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         self._sweeper = asyncio.ensure_future(self._sweep())
@@ -221,6 +226,9 @@ class TrackerServer:
         if device is not None and device.key != reg["key"]:
             raise ProtocolError("a device cannot change its key from %r to %r; reconnect instead"
                                 % (device.key, reg["key"]))
+        if device is None and reg["reverse"] and self.ssl_context is not None:
+            raise ProtocolError("this tracker serves TLS and cannot relay reverse-mode devices (each side's TLS "
+                                "ends at the tracker); register the device without --reverse")
         if device is None:
             host = reg["host"] or conn.peer[0]
             stale = None if reg["reverse"] else self.pool.find_by_address(reg["key"], host, reg["port"])

@@ -9,15 +9,32 @@ import java.net.InetSocketAddress;
 import java.net.Socket;
 import java.net.SocketTimeoutException;
 import java.util.Arrays;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ThreadFactory;
+import java.util.concurrent.TimeUnit;
 
 /**
  * A TCP connection carrying tether frames: TCP_NODELAY, one write per frame, every read bounded by a timeout,
  * frame lengths and bulk sizes checked against {@link Limits} before allocating. Shared by {@link TetherClient}
  * and {@link TrackerClient}.
+ *
+ * <p>Every write is bounded too: Java sockets have no send timeout, so a shared watchdog thread closes the socket
+ * when one {@link #send} takes longer than the write timeout (a peer that stopped reading), which ends the blocked
+ * write; the caller gets a {@link TetherException} saying so.
  */
 final class FrameConnection implements Closeable {
     private static final int SMALL_BULK = 64 << 10;
     private static final int CHUNK = 1 << 20;
+    private static final ScheduledExecutorService WATCHDOG = Executors.newSingleThreadScheduledExecutor(
+            new ThreadFactory() {
+                public Thread newThread(Runnable r) {
+                    Thread t = new Thread(r, "tether-write-watchdog");
+                    t.setDaemon(true);
+                    return t;
+                }
+            });
 
     final String host;
     final int port;
@@ -26,15 +43,18 @@ final class FrameConnection implements Closeable {
     private final OutputStream out;
     private final byte[] header = new byte[Protocol.HEADER_SIZE];
     private final int readTimeoutMs;
+    private final int writeTimeoutMs;
+    private volatile boolean writeTimedOut;
     Limits limits;
-    private boolean closed;
+    private volatile boolean closed;
     private long nextRequestId = 1;
 
-    FrameConnection(String host, int port, int connectTimeoutMs, int readTimeoutMs, Limits limits)
-            throws IOException {
+    FrameConnection(String host, int port, int connectTimeoutMs, int readTimeoutMs, int writeTimeoutMs,
+            Limits limits) throws IOException {
         this.host = host;
         this.port = port;
         this.readTimeoutMs = readTimeoutMs;
+        this.writeTimeoutMs = writeTimeoutMs;
         this.limits = limits;
         socket = new Socket();
         boolean ok = false;
@@ -67,8 +87,36 @@ final class FrameConnection implements Closeable {
         return closed;
     }
 
-    /** One write for the frame (and a small bulk with it); a large bulk follows in chunks. */
+    /** One write for the frame (and a small bulk with it); a large bulk follows in chunks. The whole send is
+     * bounded by the write timeout (0 = none). */
     void send(byte[] frame, byte[] bulk) throws IOException {
+        ScheduledFuture<?> guard = null;
+        if (writeTimeoutMs > 0) {
+            guard = WATCHDOG.schedule(new Runnable() {
+                public void run() {
+                    writeTimedOut = true;
+                    close();
+                }
+            }, writeTimeoutMs, TimeUnit.MILLISECONDS);
+        }
+        try {
+            sendUnguarded(frame, bulk);
+        } finally {
+            if (guard != null) {
+                guard.cancel(false);
+            }
+        }
+        if (writeTimedOut) { // the write finished just as the watchdog closed the socket
+            throw writeTimeout(null);
+        }
+    }
+
+    private TetherException writeTimeout(IOException cause) {
+        return new TetherException("timed out after " + writeTimeoutMs + " ms sending to " + where()
+                + " (the peer stopped reading); the connection is closed", cause);
+    }
+
+    private void sendUnguarded(byte[] frame, byte[] bulk) throws IOException {
         try {
             if (bulk == null || bulk.length == 0) {
                 out.write(frame);
@@ -84,6 +132,9 @@ final class FrameConnection implements Closeable {
             }
             out.flush();
         } catch (IOException e) {
+            if (writeTimedOut) {
+                throw writeTimeout(e);
+            }
             throw new ConnectionClosedException("connection to " + where() + " lost while sending: " + e);
         }
     }

@@ -30,6 +30,7 @@ public final class TetherClient implements Closeable {
     public static final class Options {
         int connectTimeoutMs = 10000;
         int readTimeoutMs = 60000;
+        int writeTimeoutMs = 60000;
         int queueTimeoutMs = 600000;
         String token;
         String match;
@@ -47,6 +48,12 @@ public final class TetherClient implements Closeable {
         /** Longest silence while waiting for any reply frame or bulk bytes. Default 60 s. */
         public Options readTimeoutMs(int ms) {
             readTimeoutMs = ms;
+            return this;
+        }
+
+        /** Longest time one frame (with its bulk bytes) may take to send; 0 = no limit. Default 60 s. */
+        public Options writeTimeoutMs(int ms) {
+            writeTimeoutMs = ms;
             return this;
         }
 
@@ -103,7 +110,8 @@ public final class TetherClient implements Closeable {
         this.host = host;
         this.port = port;
         this.options = options;
-        conn = new FrameConnection(host, port, options.connectTimeoutMs, options.readTimeoutMs, options.limits);
+        conn = new FrameConnection(host, port, options.connectTimeoutMs, options.readTimeoutMs,
+                options.writeTimeoutMs, options.limits);
         try {
             handshake();
         } catch (Throwable t) { // rethrown as is: handshake() throws only IOException and unchecked ones

@@ -63,7 +63,7 @@ public final class TrackerClient implements Closeable {
             throws IOException {
         this.token = token == null || token.isEmpty() ? null : token;
         this.connectTimeoutMs = connectTimeoutMs;
-        conn = new FrameConnection(host, port, connectTimeoutMs, readTimeoutMs, Limits.DEFAULT);
+        conn = new FrameConnection(host, port, connectTimeoutMs, readTimeoutMs, readTimeoutMs, Limits.DEFAULT);
         try {
             handshake();
         } catch (Throwable t) { // rethrown as is: handshake() throws only IOException and unchecked ones

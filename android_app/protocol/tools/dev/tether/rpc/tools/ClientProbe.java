@@ -16,7 +16,8 @@ import java.util.Map;
  * "error: ExceptionClass: message" (plus "remote_type: T" for a RemoteException), then "elapsed_ms: N" and
  * "closed: true|false". Exits 0 whatever the outcome (the caller judges it), 2 on bad arguments.
  *
- * <pre>java dev.tether.rpc.tools.ClientProbe --host H --port P [--timeout-ms N] [--token T] [--call]</pre>
+ * <pre>java dev.tether.rpc.tools.ClientProbe --host H --port P [--timeout-ms N] [--token T] [--call]
+ *     [--upload-mb N]</pre>
  */
 public final class ClientProbe {
     public static void main(String[] args) {
@@ -25,6 +26,7 @@ public final class ClientProbe {
         int timeout = 2000;
         String token = null;
         boolean call = false;
+        int uploadMb = 0;
         for (int i = 0; i < args.length; i++) {
             if ("--host".equals(args[i])) {
                 host = args[++i];
@@ -36,6 +38,8 @@ public final class ClientProbe {
                 token = args[++i];
             } else if ("--call".equals(args[i])) {
                 call = true;
+            } else if ("--upload-mb".equals(args[i])) {
+                uploadMb = Integer.parseInt(args[++i]);
             } else {
                 System.err.println("unknown argument " + args[i]);
                 System.exit(2);
@@ -50,8 +54,10 @@ public final class ClientProbe {
         final List<Object> events = new ArrayList<Object>();
         try {
             c = TetherClient.connect(host, port, new TetherClient.Options().token(token).connectTimeoutMs(timeout)
-                    .readTimeoutMs(timeout).queueTimeoutMs(timeout));
-            if (call) {
+                    .readTimeoutMs(timeout).writeTimeoutMs(timeout).queueTimeoutMs(timeout));
+            if (uploadMb > 0) {
+                System.out.println("result: " + Values.show(c.upload("probe.bin", new byte[uploadMb << 20])));
+            } else if (call) {
                 Reply r = c.call("tether.echo", Arrays.<Object>asList("probe"), null, new EventListener() {
                     public void onEvent(long requestId, Map<String, Object> event) {
                         events.add(event.get("kind"));
