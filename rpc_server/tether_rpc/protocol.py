@@ -445,6 +445,10 @@ class FrameBuffer:
     def buffered(self) -> int:
         return self._end - self._start
 
+    def pending(self) -> bytes:
+        """A copy of the buffered bytes not yet popped (the session watchdog looks in them for a CLOSE)."""
+        return bytes(self._view[self._start:self._end])
+
     def free_space(self, need: int = 1) -> memoryview:
         """A writable view after the buffered bytes, compacting/growing so that at least ``need`` bytes fit."""
         if self._start == self._end:

@@ -3,14 +3,12 @@
 The parent (:mod:`tether_rpc.server`) has run the handshake; :func:`run_session` takes the connected socket and
 answers each CALL with EVENTs and one RETURN or ERROR, through
 :class:`tether_rpc.session.SessionHandler`. Small calls with plain arguments take a fast path (:class:`_PlainCalls`:
-one receive, one reused Packer, one send). A watchdog thread polls the socket for hang-up (POLLRDHUP), so a client
-that vanishes ends the session even while a kernel runs (ctypes releases the GIL during the call). The worker's
+one receive, one reused Packer, one send). A watchdog thread (:mod:`tether_rpc.watchdog`) ends the worker when the
+client hangs up or sends CLOSE, even while a kernel runs (ctypes releases the GIL during the call). The worker's
 stdout and stderr go to the client as log EVENTs.
 """
 from __future__ import annotations
 
-import os
-import select
 import signal
 import socket
 import sys
@@ -18,7 +16,7 @@ import threading
 import traceback
 from typing import Any, Dict, List, Optional
 
-from . import protocol as p, transport
+from . import protocol as p, transport, watchdog
 from .error_mapping import error_payload
 from .errors import ConnectionClosed, ProtocolError, TetherTimeout
 
@@ -103,17 +101,6 @@ def die_with_parent() -> None:
         pass
 
 
-def _watchdog(sock: socket.socket) -> None:
-    """End the worker as soon as the client hangs up, even in the middle of a kernel."""
-    poller = select.poll()
-    hangup = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
-    poller.register(sock.fileno(), hangup)
-    while True:
-        for _, events in poller.poll(1000):
-            if events & hangup:
-                os._exit(0)
-
-
 def _set_idle_timeout(sock: socket.socket, seconds: Optional[float]) -> None:
     """A receive on the (blocking) worker socket that waits longer fails. The worker only receives between calls
     (and bulk bytes inside one), so a running kernel never counts as idle."""
@@ -135,11 +122,12 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
     buffer.limits = limits
     reader = transport.FrameReader(sock, buffer=buffer, spin=spin)
     channel = _Channel(sock)
-    threading.Thread(target=_watchdog, args=(sock,), name="tether-watchdog", daemon=True).start()
+    calls = watchdog.CallState()
+    watchdog.watch(sock, calls, buffer.pending, limits)
     sys.stdout = _EventLines(channel, "stdout")  # type: ignore[assignment]
     sys.stderr = _EventLines(channel, "stderr")  # type: ignore[assignment]
     handler = SessionHandler(folder)
-    plain = _PlainCalls(channel, handler, Reply)
+    plain = _PlainCalls(channel, handler, Reply, calls)
     read_plain_frame = reader.read_plain_frame
     try:
         while True:
@@ -164,7 +152,7 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
                 if fast and len(payload) == 2 and type(payload.get("args")) is list:
                     ok = plain.serve(request_id, payload["fn"], payload["args"])
                 else:
-                    ok = _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn)
+                    ok = _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn, calls)
                 if not ok:
                     return 0
             elif msg_type == p.MsgType.CLOSE:
@@ -187,8 +175,9 @@ class _PlainCalls:
     """The small-call fast path: a CALL of a built-in or function handle with plain arguments, answered with one
     RETURN ``{value}`` packed by a reused Packer and written with one send."""
 
-    def __init__(self, channel: _Channel, handler: Any, reply_type: type):
+    def __init__(self, channel: _Channel, handler: Any, reply_type: type, calls: watchdog.CallState):
         self.channel = channel
+        self.calls = calls
         self.call_plain = handler.call_plain
         self.emit = channel.emit
         self.reply_type = reply_type
@@ -199,6 +188,8 @@ class _PlainCalls:
         """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
         channel = self.channel
         channel.request_id = request_id
+        calls = self.calls
+        calls.begin()
         try:
             value = self.call_plain(fn, args, self.emit)
             if type(value) is self.reply_type:  # a built-in with bulk bytes or tensors in its answer
@@ -215,6 +206,8 @@ class _PlainCalls:
         except Exception as exc:  # (a Packer that fails resets itself)
             _send_error(channel, request_id, exc, traceback.format_exc())
             return True
+        finally:
+            calls.running = False
         try:
             channel.send(self.pack_header(len(body)) + body)
         except OSError:
@@ -223,7 +216,7 @@ class _PlainCalls:
 
 
 def _serve_call(channel: _Channel, reader: transport.FrameReader, handler: Any, request_id: int,
-                payload: dict, limits: p.Limits, bulk_type: Any) -> bool:
+                payload: dict, limits: p.Limits, bulk_type: Any, calls: watchdog.CallState) -> bool:
     """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
     channel.request_id = request_id
     bulk = None
@@ -234,6 +227,8 @@ def _serve_call(channel: _Channel, reader: transport.FrameReader, handler: Any, 
             _send_error(channel, request_id, exc, "")  # stream cannot be resynchronised
             return False
         bulk = bulk_type(nbytes, reader.read_into, reader.skip, reader.read_into_fd)
+    else:
+        calls.begin()  # no bulk bytes to read: the watchdog may look at the input queued behind this call
     try:
         reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
     except ConnectionClosed:
@@ -247,6 +242,8 @@ def _serve_call(channel: _Channel, reader: transport.FrameReader, handler: Any, 
     except Exception as exc:
         _send_error(channel, request_id, exc, traceback.format_exc())
         return True
+    finally:
+        calls.running = False
     return _send_reply(channel, request_id, reply)
 
 
