@@ -76,8 +76,11 @@ def test_shared_vectors_round_trip(java_classes):
     proc = run_java(java_classes, "VectorsRunner", str(VECTORS))
     passed, failed = summary(proc)
     assert proc.returncode == 0 and failed == 0, proc.stdout + proc.stderr
-    # one check per valid and invalid frame, per message type, the version and the byte-by-byte stream
-    assert passed == len(doc["valid"]) + len(doc["invalid"]) + len(doc["msg_types"]) + 2
+    # one check per valid and invalid frame, per message type, per auth exchange, the version and the
+    # byte-by-byte stream
+    assert doc["auth_exchanges"]
+    assert passed == (len(doc["valid"]) + len(doc["invalid"]) + len(doc["msg_types"]) + len(doc["auth_exchanges"])
+                      + 2)
 
 
 def test_vectors_runner_reports_a_broken_vector(java_classes, tmp_path):
@@ -86,12 +89,14 @@ def test_vectors_runner_reports_a_broken_vector(java_classes, tmp_path):
     bad = doc["valid"][5]
     bad["meaning"]["payload"]["args"] = [2]  # the bytes still say 1
     doc["invalid"][0]["error"] = "FrameTooLarge"  # it is a ProtocolError
+    doc["auth_exchanges"][0]["token"] += "x"  # the MACs no longer follow from the token
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(doc))
     proc = run_java(java_classes, "VectorsRunner", str(path))
     passed, failed = summary(proc)
     assert proc.returncode == 1
-    assert failed == 2, proc.stdout
+    assert failed == 3, proc.stdout
+    assert "FAIL %s" % doc["auth_exchanges"][0]["name"] in proc.stdout
     assert "FAIL %s" % bad["name"] in proc.stdout and "FAIL %s" % doc["invalid"][0]["name"] in proc.stdout
 
 

@@ -63,9 +63,9 @@ class MsgType(enum.IntEnum):
     WELCOME = 4     # server -> client  {version, caps, server, session, proof?}
     CALL = 5        # client -> server  {fn, args, nbytes?}
     RETURN = 6      # server -> client  {value, nbytes?}
-    ERROR = 7       # either direction  {type, message, traceback}
+    ERROR = 7       # server -> client  {type, message, traceback} (a client's ERROR is a ProtocolError)
     EVENT = 8       # server -> client  {kind, ...}
-    CLOSE = 9       # either direction  {reason?}
+    CLOSE = 9       # client -> server  {reason?}
 
 
 class ErrorType:
