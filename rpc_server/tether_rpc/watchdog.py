@@ -76,7 +76,11 @@ def queued_close(data: bytes, limits: p.Limits = p.DEFAULT_LIMITS) -> bool:
     return False
 
 
-def _peek(sock: socket.socket) -> bytes:
+def _peek(sock: socket.socket, readable: "select.poll") -> bytes:
+    # only when input is waiting: on a socket with a Python-level timeout (no SO_RCVTIMEO), recv would first
+    # wait for input even with MSG_DONTWAIT
+    if not readable.poll(0):
+        return b""
     try:
         return sock.recv(PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except (BlockingIOError, InterruptedError):
@@ -88,9 +92,13 @@ def _peek(sock: socket.socket) -> bytes:
 def _drain_and_exit(sock: socket.socket) -> None:
     """Exit after swallowing the input already queued (bounded): a socket closed with unread input sends RST
     instead of FIN, and the client then sees "connection reset" instead of the end of the session it asked for."""
+    try:
+        sock.setblocking(False)  # (a Python-level timeout would make each recv below wait for input first)
+    except OSError:
+        os._exit(0)
     for _ in range(64):
         try:
-            if not sock.recv(PEEK_BYTES, socket.MSG_DONTWAIT):
+            if not sock.recv(PEEK_BYTES):
                 break
         except OSError:
             break
@@ -123,7 +131,7 @@ def _run(sock: socket.socket, state: CallState, buffered: Callable[[], bytes], l
                 os._exit(0)
         if not (state.running and state.seq == seq):
             continue
-        data = buffered() + _peek(sock)
+        data = buffered() + _peek(sock, with_input)
         if (seq, len(data)) == seen:
             continue
         if queued_close(data, limits) and state.running and state.seq == seq:
