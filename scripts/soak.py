@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "rpc_server"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from fixtures.polling import wait_until  # noqa: E402
 from fixtures.rpc import EXTRA_KERNELS  # noqa: E402  (the crash/spin/nop kernels the RPC tests use)
 from kernels import GCC_FLAGS, KERNEL_DIR, build_kernel  # noqa: E402
 from tether.launch import start_rpc_server, start_tracker  # noqa: E402
@@ -72,17 +73,6 @@ def children(pid: int) -> List[int]:
         return []
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError("timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(0.05)
-
-
 # -- the lab --------------------------------------------------------------------------------------------------
 class Lab:
     """A tracker and two device servers registered under KEY, with the kernels built."""
@@ -104,7 +94,7 @@ class Lab:
         host, port = self.tracker.address.rsplit(":", 1)
         self.tracker_host, self.tracker_port = host, int(port)
         with self.client() as t:
-            wait_for(lambda: t.summary()["queues"].get(KEY, {}).get("free") == 2, 30, "both servers to register")
+            wait_until(lambda: t.summary()["queues"].get(KEY, {}).get("free") == 2, 30, "both servers to register")
 
     def _build_misc(self) -> pathlib.Path:
         import shutil
@@ -269,7 +259,7 @@ def soak(minutes: float, clients: int, seed: int) -> Dict[str, Any]:
         with lab.client() as tracker:  # warm-up: every action once, so imports and caches settle
             for name in sorted(ACTIONS):
                 ACTIONS[name](lab, tracker, rng)
-        wait_for(lab.idle, 15, "the lab to be idle after the warm-up")
+        wait_until(lab.idle, 15, "the lab to be idle after the warm-up")
         baseline = lab.figures()
         counts: Dict[str, int] = {}
         errors: List[str] = []
@@ -292,8 +282,8 @@ def soak(minutes: float, clients: int, seed: int) -> Dict[str, Any]:
         elapsed = time.monotonic() - t0
         idle = True
         try:
-            wait_for(lab.idle, 15, "the lab to be idle after the run")
-        except RuntimeError as exc:
+            wait_until(lab.idle, 15, "the lab to be idle after the run")
+        except AssertionError as exc:  # (what wait_until raises when time runs out)
             idle = False
             errors.append(str(exc))
         final = lab.figures()

@@ -20,7 +20,7 @@ import pytest
 
 from fuzz import mutate
 from fuzz.targets import TARGETS, FuzzFailure, Target, check_one, corpus
-from test_java_protocol import java_classes, run_java  # noqa: F401  (the module's compiled-classes fixture)
+from test_java_protocol import java_classes  # noqa: F401  (the compiled-classes fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "tests" / "fuzz" / "run_atheris.py"

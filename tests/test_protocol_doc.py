@@ -21,6 +21,7 @@ from fixtures.polling import wait_until
 from tether import rpc
 from tether_rpc import dtypes, errors, handshake, protocol as p, transport
 from tether_rpc.worker import _Channel, _EventLines
+from test_java_protocol import _nested  # a payload nested n levels deep
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "protocol.md").read_text()
@@ -204,13 +205,6 @@ def test_request_ids_are_u64_and_pipelined_calls_run_in_order(rpc_server):
     buf.feed(p.HEADER.pack(len(body)) + body)
     with pytest.raises(errors.ProtocolError):
         buf.next_frame()
-
-
-def _nested(levels: int) -> dict:
-    value: object = 0
-    for _ in range(levels - 1):
-        value = [value]
-    return {"a": value}
 
 
 def test_nesting_depth_counts_from_the_payload_map():
