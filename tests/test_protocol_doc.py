@@ -363,3 +363,48 @@ def test_event_vectors_have_the_key_order_the_server_sends(rpc_server, rpc_kerne
     finally:
         a.close()
         b.close()
+
+
+def test_builtin_examples_of_the_doc_over_a_real_server(rpc_server, rpc_kernels):
+    """The example frames of docs/protocol.md's "Built-in functions", replayed: same payload keys and values."""
+    sock, reader = connect_raw(rpc_server)
+
+    def call(rid, fn, args, bulk=None):
+        transport.send_frame(sock, p.MsgType.CALL, rid, {"fn": fn, "args": args}, bulk=bulk)
+        msg_type, got, payload = reader.read_frame()
+        assert (msg_type, got) == (p.MsgType.RETURN, rid), payload
+        data = reader.read_bulk(payload["nbytes"]) if "nbytes" in payload else None
+        return payload, data
+
+    vadd = rpc_kernels["vadd"].read_bytes()
+    try:
+        assert call(1, "tether.echo", [1, "a"]) == ({"value": [1, "a"]}, None)
+        names = call(2, "tether.functions", [])[0]["value"]
+        assert names == sorted(names) and names[0] == "tether.array.copy_in"
+        ret = call(3, "tether.array.empty", [[2, 3], "float32"])[0]["value"]
+        assert list(ret) == ["handle", "shape", "dtype"] and ret["shape"] == [2, 3] and ret["dtype"] == "float32"
+        ret = call(4, "tether.array.from_tensor", [np.array([1, 2], "int32")])[0]["value"]
+        assert (ret["shape"], ret["dtype"]) == ([2], "int32")
+        arr = ret["handle"]
+        transport.send_frame(sock, p.MsgType.CALL, 5, {"fn": "tether.array.copy_in", "args": [arr], "nbytes": 8},
+                             bulk=np.array([7, 9], "<i4").tobytes())
+        assert reader.read_frame() == (p.MsgType.RETURN, 5, {"value": None})
+        payload, data = call(6, "tether.array.copy_out", [arr])
+        assert payload == {"value": None, "nbytes": 8} and bytes(data) == np.array([7, 9], "<i4").tobytes()
+        assert call(7, "tether.free", [arr]) == ({"value": None}, None)
+        transport.send_frame(sock, p.MsgType.CALL, 8, {"fn": "tether.upload", "args": ["vadd.so"]}, bulk=vadd)
+        assert reader.read_frame() == (p.MsgType.RETURN, 8, {"value": {"name": "vadd.so", "size": len(vadd)}})
+        payload, data = call(9, "tether.download", ["vadd.so"])
+        assert payload == {"value": {"name": "vadd.so", "size": len(vadd)}, "nbytes": len(vadd)}
+        assert bytes(data) == vadd
+        assert call(10, "tether.listdir", []) == ({"value": ["vadd.so"]}, None)
+        ret = call(12, "tether.module.load", ["vadd.so"])[0]["value"]
+        assert list(ret) == ["handle", "functions", "metadata"] and "vadd" in ret["functions"]
+        assert [f["name"] for f in ret["metadata"]["functions"]] == ret["functions"]
+        ret = call(13, "tether.module.get_function", [ret["handle"], "vadd"])[0]["value"]
+        assert list(ret) == ["handle", "name"] and ret["name"] == "vadd"
+        assert isinstance(ret["handle"], p.RemoteHandle)
+        assert call(11, "tether.remove", ["vadd.so"]) == ({"value": None}, None)
+        assert call(14, "tether.listdir", []) == ({"value": []}, None)
+    finally:
+        sock.close()
