@@ -13,7 +13,7 @@ import numpy as np
 
 from fixtures.golang import GoCases, run_go_test
 from fixtures.rpc import start_server
-from test_java_protocol import DOC_OVER_PYTHON, _edge_cases, python_verdict
+from test_java_protocol import _edge_cases, python_verdict
 
 TOKEN = "go-s3cret"
 N = 1024
@@ -67,7 +67,6 @@ def test_go_rpc_client(tmp_path, rpc_kernels, tracker_lab):
         verdict = python_verdict(data)
         (valid if verdict == "ok" else invalid).append(
             dict({"name": name, "hex": data.hex()}, **({} if verdict == "ok" else {"error": verdict})))
-    invalid += [{"name": n, "hex": d.hex(), "error": e} for n, d, e in DOC_OVER_PYTHON]
     assert len(valid) >= 6 and len(invalid) >= 6
     cases = GoCases(tmp_path / "cases")
     (cases.folder / "edges.json").write_text(json.dumps({"valid": valid, "invalid": invalid}))

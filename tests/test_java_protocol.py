@@ -77,8 +77,11 @@ def test_shared_vectors_round_trip(java_classes):
     proc = run_java(java_classes, "VectorsRunner", str(VECTORS))
     passed, failed = summary(proc)
     assert proc.returncode == 0 and failed == 0, proc.stdout + proc.stderr
-    # one check per valid and invalid frame, per message type, the version and the byte-by-byte stream
-    assert passed == len(doc["valid"]) + len(doc["invalid"]) + len(doc["msg_types"]) + 2
+    # one check per valid and invalid frame, per message type, per auth exchange, the version and the
+    # byte-by-byte stream
+    assert doc["auth_exchanges"]
+    assert passed == (len(doc["valid"]) + len(doc["invalid"]) + len(doc["msg_types"]) + len(doc["auth_exchanges"])
+                      + 2)
 
 
 def test_vectors_runner_reports_a_broken_vector(java_classes, tmp_path):
@@ -87,12 +90,14 @@ def test_vectors_runner_reports_a_broken_vector(java_classes, tmp_path):
     bad = doc["valid"][5]
     bad["meaning"]["payload"]["args"] = [2]  # the bytes still say 1
     doc["invalid"][0]["error"] = "FrameTooLarge"  # it is a ProtocolError
+    doc["auth_exchanges"][0]["token"] += "x"  # the MACs no longer follow from the token
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(doc))
     proc = run_java(java_classes, "VectorsRunner", str(path))
     passed, failed = summary(proc)
     assert proc.returncode == 1
-    assert failed == 2, proc.stdout
+    assert failed == 3, proc.stdout
+    assert "FAIL %s" % doc["auth_exchanges"][0]["name"] in proc.stdout
     assert "FAIL %s" % bad["name"] in proc.stdout and "FAIL %s" % doc["invalid"][0]["name"] in proc.stdout
 
 
@@ -154,16 +159,10 @@ def _edge_cases():
         ("uint64_max_value", _frame(_call((1 << 64) - 1, -(1 << 63), 1 << 63))),
         ("float32_value", _frame(_raw_call(bytes.fromhex("ca3fc00000")))),
         ("bin32_and_str16", _frame(_call(b"\x01" * 70000, "t" * 300))),
+        # outside the wire format although msgpack itself has them (docs/protocol.md, "Extension types")
+        ("timestamp_ext_minus_1", _frame(_raw_call(bytes.fromhex("d6ff00000001")))),
+        ("bin_map_key", _frame(msgpack.packb([5, 1, {b"k": 1}], use_bin_type=True))),
     ]
-
-
-# The Python implementation accepts these, although docs/protocol.md says it must not: msgpack-python decodes ext
-# type -1 as a msgpack Timestamp without calling ext_hook, and strict_map_key admits bin keys. Java follows the
-# document (refuses both); they are left out of the agreement check until the Python side is fixed.
-DOC_OVER_PYTHON = [
-    ("timestamp_ext_minus_1", _frame(_raw_call(bytes.fromhex("d6ff00000001"))), "ProtocolError"),
-    ("bin_map_key", _frame(msgpack.packb([5, 1, {b"k": 1}], use_bin_type=True)), "ProtocolError"),
-]
 
 
 def python_verdict(data: bytes) -> str:
@@ -187,13 +186,12 @@ def test_limits_agree_with_python(java_classes, tmp_path):
             valid.append({"name": name, "hex": data.hex()})
         else:
             invalid.append({"name": name, "hex": data.hex(), "error": verdict})
-    for name, data, error in DOC_OVER_PYTHON:
-        invalid.append({"name": name, "hex": data.hex(), "error": error})
     # the "at limit" cases are the ones that must pass, or the comparison says little
     assert {v["name"] for v in valid} >= {"str_at_limit", "array_at_limit", "map_at_limit", "depth_at_limit",
                                           "tensor_ndim_at_limit", "uint64_max_value"}
     assert {v["name"] for v in invalid} >= {"str_over_limit", "array_over_limit", "map_over_limit",
-                                            "depth_over_limit", "tensor_ndim_over_limit", "frame_over_limit"}
+                                            "depth_over_limit", "tensor_ndim_over_limit", "frame_over_limit",
+                                            "timestamp_ext_minus_1", "bin_map_key"}
     path = tmp_path / "edges.json"
     path.write_text(json.dumps({"valid": valid, "invalid": invalid}))
     proc = run_java(java_classes, "VectorsRunner", str(path))

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 import numpy as np
 
 from . import params as params_format
+from .dtypes import WIRE_DTYPES
 from . import timing
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,9 @@ GRAPH_FORMAT = "tether-graph"
 GRAPH_VERSION = 2
 # versions this runtime reads: 1 (every entry at the start of its storage), 2 (entries may carry "offset")
 GRAPH_VERSIONS = (1, 2)
+#: The most memory a graph's storages may claim together (deploy.json is uploaded, so it is checked before any
+#: allocation): 4 GiB, the bulk limit, far above what a model for a small board needs.
+MAX_STORAGE_BYTES = 4 << 30
 ALIGN = 64
 
 
@@ -46,7 +50,19 @@ class GraphExecutor:
     """A model ready to run: set_input / run / get_output, plus benchmark and per-node profile."""
 
     def __init__(self, graph: Union[str, bytes, Dict[str, Any]], module: Any,
-                 params: Union[None, bytes, str, Mapping[str, np.ndarray]] = None):
+                 params: Union[None, bytes, str, Mapping[str, np.ndarray]] = None, max_bytes: int = MAX_STORAGE_BYTES):
+        """Check the graph (JSON text or its decoded dict) against ``module`` and allocate its storages (at most
+        ``max_bytes`` together). A malformed graph raises ValueError; a node whose arrays do not fit its function,
+        KernelError (from the module)."""
+        try:
+            self._setup(graph, module, max_bytes)
+        except (KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+            # the graph is untrusted input (an uploaded deploy.json): any shape it has must end in one error type
+            raise ValueError("malformed graph JSON: %s: %s" % (type(exc).__name__, exc)) from exc
+        if params is not None:
+            self.load_params(params)
+
+    def _setup(self, graph: Union[str, bytes, Dict[str, Any]], module: Any, max_bytes: int) -> None:
         if isinstance(graph, (bytes, str)):
             graph = json.loads(graph)
         if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
@@ -57,9 +73,16 @@ class GraphExecutor:
                              % (graph.get("version"), ", ".join(str(v) for v in GRAPH_VERSIONS)))
         self.graph = graph
         self.module = module
-        self._storages = [_aligned(int(n)) for n in graph["storages"]]
+        sizes = [int(n) for n in graph["storages"]]
+        if any(n < 0 for n in sizes) or sum(sizes) > max_bytes:
+            raise ValueError("graph storages of %s bytes: sizes must be >= 0 and total at most %d"
+                             % (sizes[:8], max_bytes))
+        self._storages = [_aligned(n) for n in sizes]
         self._entries: List[np.ndarray] = []
         for k, e in enumerate(graph["entries"]):
+            if e["dtype"] not in WIRE_DTYPES:
+                raise ValueError("graph entry %d has dtype %.40r (allowed: %s)"
+                                 % (k, e["dtype"], ", ".join(sorted(WIRE_DTYPES))))
             dt = np.dtype(e["dtype"])
             shape = tuple(int(d) for d in e["shape"])
             nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -85,8 +108,6 @@ class GraphExecutor:
                 args = [a.reshape(tuple(int(d) for d in shp)) for a, shp in zip(args, node["shapes"])]
             self._nodes.append(node)
             self._calls.append(func.bind(*args))
-        if params is not None:
-            self.load_params(params)
 
     # -- files -----------------------------------------------------------------------------------------------
     @classmethod

@@ -121,11 +121,19 @@ def _parse(buf: np.ndarray) -> Dict[str, np.ndarray]:
         off += n
         return b
 
+    def text(n: int, encoding: str, what: str) -> str:
+        raw_text = take_bytes(n)
+        try:
+            return raw_text.decode(encoding)
+        except UnicodeDecodeError as exc:
+            raise ParamsFormatError("params file: record %d's %s is not %s: %r" % (len(out), what, encoding,
+                                                                                   raw_text[:40])) from exc
+
     for _ in range(count):
         (name_len,) = take("<H")
-        name = take_bytes(name_len).decode("utf-8")
+        name = text(name_len, "utf-8", "name")
         (dlen,) = take("<B")
-        dtype = take_bytes(dlen).decode("ascii")
+        dtype = text(dlen, "ascii", "dtype")
         if dtype not in DTYPES:
             raise ParamsFormatError("param %r has unknown dtype %r" % (name, dtype))
         (ndim,) = take("<B")
@@ -136,14 +144,20 @@ def _parse(buf: np.ndarray) -> Dict[str, np.ndarray]:
             raise ParamsFormatError("param %r has a negative extent in %s" % (name, shape))
         (nbytes,) = take("<Q")
         dt = np.dtype(dtype).newbyteorder("<")
-        expect = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        expect = dt.itemsize
+        for d in shape:  # exact (np.prod would wrap around at 2**63 and let a forged size through)
+            expect *= d
         if nbytes != expect:
             raise ParamsFormatError("param %r: %d data bytes for %s %s (expected %d)"
                                     % (name, nbytes, dtype, tuple(shape), expect))
         off += _pad(off)
         if off + nbytes > size:
             raise ParamsFormatError("param %r: data runs past the end of the file" % name)
-        arr = buf[off:off + nbytes].view(dt).reshape(shape)
+        try:
+            arr = buf[off:off + nbytes].view(dt).reshape(shape)
+        except ValueError as exc:  # a zero extent beside absurd ones: 0 bytes, but no array numpy can shape
+            raise ParamsFormatError("param %r: numpy cannot hold the shape %s: %s" % (name, tuple(shape), exc)) \
+                from exc
         out[name] = arr if dt.isnative else arr.astype(dt.newbyteorder("="))
         off += nbytes
     return out

@@ -63,9 +63,9 @@ class MsgType(enum.IntEnum):
     WELCOME = 4     # server -> client  {version, caps, server, session, proof?}
     CALL = 5        # client -> server  {fn, args, nbytes?}
     RETURN = 6      # server -> client  {value, nbytes?}
-    ERROR = 7       # either direction  {type, message, traceback}
+    ERROR = 7       # server -> client  {type, message, traceback} (a client's ERROR is a ProtocolError)
     EVENT = 8       # server -> client  {kind, ...}
-    CLOSE = 9       # either direction  {reason?}
+    CLOSE = 9       # client -> server  {reason?}
 
 
 class ErrorType:
@@ -444,6 +444,10 @@ class FrameBuffer:
     @property
     def buffered(self) -> int:
         return self._end - self._start
+
+    def pending(self) -> bytes:
+        """A copy of the buffered bytes not yet popped (the session watchdog looks in them for a CLOSE)."""
+        return bytes(self._view[self._start:self._end])
 
     def free_space(self, need: int = 1) -> memoryview:
         """A writable view after the buffered bytes, compacting/growing so that at least ``need`` bytes fit."""

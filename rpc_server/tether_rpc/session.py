@@ -136,11 +136,12 @@ class CallContext:
     def emit(self, kind: str, _defer: bool = False, **fields: Any) -> None:
         """Stream an EVENT to the caller; ``_defer=True`` when the call's reply follows immediately."""
         if self._emit is not None:
-            fields["kind"] = kind
+            event = {"kind": kind}  # kind first, like every EVENT on the wire (tests/vectors/frames.json)
+            event.update(fields)
             if _defer:
-                self._emit(kind, fields, True)
+                self._emit(kind, event, True)
             else:
-                self._emit(kind, fields)
+                self._emit(kind, event)
 
     def require_bulk(self, what: str) -> BulkIn:
         if self.bulk is None:

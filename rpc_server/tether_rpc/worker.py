@@ -3,14 +3,13 @@
 The parent (:mod:`tether_rpc.server`) has run the handshake; :func:`run_session` takes the connected socket and
 answers each CALL with EVENTs and one RETURN or ERROR, through
 :class:`tether_rpc.session.SessionHandler`. Small calls with plain arguments take a fast path (:class:`_PlainCalls`:
-one receive, one reused Packer, one send). A watchdog thread polls the socket for hang-up (POLLRDHUP), so a client
-that vanishes ends the session even while a kernel runs (ctypes releases the GIL during the call). The worker's
+one receive, one reused Packer, one send). A watchdog thread (:mod:`tether_rpc.watchdog`) ends the worker when the
+client hangs up or sends CLOSE, even while a kernel runs (ctypes releases the GIL during the call). The worker's
 stdout and stderr go to the client as log EVENTs.
 """
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import sys
@@ -19,7 +18,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional
 
-from . import limits as session_limits_mod, protocol as p, tls, transport
+from . import limits as session_limits_mod, protocol as p, tls, transport, watchdog
 from .error_mapping import error_payload
 from .errors import ConnectionClosed, ProtocolError, TetherTimeout
 
@@ -107,17 +106,6 @@ def die_with_parent() -> None:
         pass
 
 
-def _watchdog(sock: socket.socket) -> None:
-    """End the worker as soon as the client hangs up, even in the middle of a kernel."""
-    poller = select.poll()
-    hangup = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
-    poller.register(sock.fileno(), hangup)
-    while True:
-        for _, events in poller.poll(1000):
-            if events & hangup:
-                os._exit(0)
-
-
 class _TlsCallTimer:
     """The call timeout on a TLS connection. The server's parent reports a worker killed by SIGALRM, but over TLS
     it cannot write to the connection any more (the worker advanced the TLS state it holds a stale copy of), so
@@ -180,7 +168,8 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
     buffer.limits = limits
     reader = transport.FrameReader(sock, buffer=buffer, spin=spin)
     channel = _Channel(sock)
-    threading.Thread(target=_watchdog, args=(sock,), name="tether-watchdog", daemon=True).start()
+    calls = watchdog.CallState()
+    watchdog.watch(sock, calls, buffer.pending, limits, peek=not tls.is_tls(sock))
     sys.stdout = _EventLines(channel, "stdout")  # type: ignore[assignment]
     sys.stderr = _EventLines(channel, "stderr")  # type: ignore[assignment]
     handler = SessionHandler(folder, session_limits)
@@ -194,7 +183,7 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
         arm = signal.setitimer
     else:
         arm = None
-    plain = _PlainCalls(channel, handler, Reply)
+    plain = _PlainCalls(channel, handler, Reply, calls)
     read_plain_frame = reader.read_plain_frame
     try:
         while True:
@@ -221,7 +210,7 @@ def run_session(sock: socket.socket, buffer: Optional[p.FrameBuffer], folder: st
                 if fast and len(payload) == 2 and type(payload.get("args")) is list:
                     ok = plain.serve(request_id, payload["fn"], payload["args"])
                 else:
-                    ok = _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn)
+                    ok = _serve_call(channel, reader, handler, request_id, payload, limits, BulkIn, calls)
                 if arm is not None:
                     arm(signal.ITIMER_REAL, 0)
                 if not ok:
@@ -246,8 +235,9 @@ class _PlainCalls:
     """The small-call fast path: a CALL of a built-in or function handle with plain arguments, answered with one
     RETURN ``{value}`` packed by a reused Packer and written with one send."""
 
-    def __init__(self, channel: _Channel, handler: Any, reply_type: type):
+    def __init__(self, channel: _Channel, handler: Any, reply_type: type, calls: watchdog.CallState):
         self.channel = channel
+        self.calls = calls
         self.call_plain = handler.call_plain
         self.emit = channel.emit
         self.reply_type = reply_type
@@ -258,6 +248,8 @@ class _PlainCalls:
         """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
         channel = self.channel
         channel.request_id = request_id
+        calls = self.calls
+        calls.begin()
         try:
             value = self.call_plain(fn, args, self.emit)
             if type(value) is self.reply_type:  # a built-in with bulk bytes or tensors in its answer
@@ -274,6 +266,8 @@ class _PlainCalls:
         except Exception as exc:  # (a Packer that fails resets itself)
             _send_error(channel, request_id, exc, traceback.format_exc())
             return True
+        finally:
+            calls.running = False
         try:
             channel.send(self.pack_header(len(body)) + body)
         except OSError:
@@ -282,7 +276,7 @@ class _PlainCalls:
 
 
 def _serve_call(channel: _Channel, reader: transport.FrameReader, handler: Any, request_id: int,
-                payload: dict, limits: p.Limits, bulk_type: Any) -> bool:
+                payload: dict, limits: p.Limits, bulk_type: Any, calls: watchdog.CallState) -> bool:
     """One CALL -> EVENTs* + RETURN/ERROR. False when the connection is unusable."""
     channel.request_id = request_id
     bulk = None
@@ -293,6 +287,8 @@ def _serve_call(channel: _Channel, reader: transport.FrameReader, handler: Any, 
             _send_error(channel, request_id, exc, "")  # stream cannot be resynchronised
             return False
         bulk = bulk_type(nbytes, reader.read_into, reader.skip, reader.read_into_fd)
+    else:
+        calls.begin()  # no bulk bytes to read: the watchdog may look at the input queued behind this call
     try:
         reply = handler.call(payload.get("fn"), payload.get("args", []), bulk, channel.emit)
     except ConnectionClosed:
@@ -306,6 +302,8 @@ def _serve_call(channel: _Channel, reader: transport.FrameReader, handler: Any, 
     except Exception as exc:
         _send_error(channel, request_id, exc, traceback.format_exc())
         return True
+    finally:
+        calls.running = False
     return _send_reply(channel, request_id, reply)
 
 

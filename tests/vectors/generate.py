@@ -13,12 +13,29 @@ from __future__ import annotations
 import json
 import pathlib
 
-from tether_rpc import protocol as p
+from tether_rpc import handshake, protocol as p
 
 HERE = pathlib.Path(__file__).parent
 
 NONCE_S = "00" * 31 + "01"
 NONCE_C = "ff" * 31 + "02"
+
+# A whole authenticated handshake with a known token and nonces. The token is not ASCII: its UTF-8 bytes are the
+# HMAC key (docs/protocol.md, "Handshake").
+AUTH_TOKEN = "s3cret-tök€n"
+AUTH_NONCE_S = bytes(range(32)).hex()
+AUTH_NONCE_C = bytes(range(255, 223, -1)).hex()
+AUTH_MAC = handshake.client_mac(AUTH_TOKEN, bytes.fromhex(AUTH_NONCE_S), bytes.fromhex(AUTH_NONCE_C)).hex()
+AUTH_PROOF = handshake.server_proof(AUTH_TOKEN, bytes.fromhex(AUTH_NONCE_S), bytes.fromhex(AUTH_NONCE_C)).hex()
+AUTH_EXCHANGE = [
+    ("auth_exchange_hello", p.MsgType.HELLO, 0, {"magic": "tether-rpc", "version": 1, "caps": ["auth-hmac-sha256"],
+                                                 "wait": True, "client": "tether-py"}),
+    ("auth_exchange_challenge", p.MsgType.CHALLENGE, 0, {"algo": "hmac-sha256", "nonce": {"$bin": AUTH_NONCE_S}}),
+    ("auth_exchange_auth", p.MsgType.AUTH, 0, {"nonce": {"$bin": AUTH_NONCE_C}, "mac": {"$bin": AUTH_MAC}}),
+    ("auth_exchange_welcome", p.MsgType.WELCOME, 0, {"version": 1, "caps": list(p.CAPABILITIES),
+                                                     "server": "tether-rpc/0.1.0", "session": 1,
+                                                     "proof": {"$bin": AUTH_PROOF}}),
+]
 
 VALID = [
     ("hello", p.MsgType.HELLO, 0, {"magic": "tether-rpc", "version": 1, "caps": ["bulk", "events"], "wait": True,
@@ -37,6 +54,9 @@ VALID = [
         {"$tensor": {"dtype": "float32", "shape": [2, 2], "data": "0000803f000000400000404000008040"}}]}),
     ("call_tensor_int8_scalar", p.MsgType.CALL, 11, {"fn": "tether.echo", "args": [
         {"$tensor": {"dtype": "int8", "shape": [], "data": "fe"}}]}),
+    ("call_tensor_uint8_scalar", p.MsgType.CALL, 14, {"fn": "tether.echo", "args": [
+        {"$tensor": {"dtype": "uint8", "shape": [], "data": "c8"}}]}),
+    ("call_echo_float_2", p.MsgType.CALL, 15, {"fn": "tether.echo", "args": [2.0]}),  # float64, always
     ("call_copy_in_bulk_header", p.MsgType.CALL, 12, {"fn": "tether.array.copy_in", "args": [{"$handle": 7}],
                                                       "nbytes": 4096}),
     ("return_value", p.MsgType.RETURN, 1, {"value": 1}),
@@ -51,7 +71,7 @@ VALID = [
     ("event_queued", p.MsgType.EVENT, 0, {"kind": "queued", "position": 1}),
     ("close", p.MsgType.CLOSE, 0, {"reason": "bye"}),
     ("tracker_range_type", 64, 3, {"key": "rasp4b"}),
-]
+] + AUTH_EXCHANGE
 
 INVALID = [
     ("unknown_ext_type", "0000000993050181a161d40300", "ProtocolError"),
@@ -107,9 +127,12 @@ def main() -> None:
               "meaning": {"msg_type": int(t), "request_id": rid, "payload": payload}}
              for name, t, rid, payload in VALID]
     invalid = [{"name": name, "hex": hx.replace(" ", ""), "error": err} for name, hx, err in INVALID]
+    auth = [{"name": "auth_exchange", "token": AUTH_TOKEN, "server_nonce": AUTH_NONCE_S,
+             "client_nonce": AUTH_NONCE_C, "mac": AUTH_MAC, "proof": AUTH_PROOF,
+             "frames": [name for name, *_ in AUTH_EXCHANGE]}]
     doc = {"protocol_version": p.PROTOCOL_VERSION,
            "msg_types": {m.name: int(m) for m in p.MsgType},
-           "valid": valid, "invalid": invalid}
+           "valid": valid, "invalid": invalid, "auth_exchanges": auth}
     (HERE / "frames.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
 
 

@@ -3,6 +3,7 @@ package dev.tether.rpc.tools;
 import dev.tether.rpc.Frame;
 import dev.tether.rpc.FrameCodec;
 import dev.tether.rpc.FrameDecoder;
+import dev.tether.rpc.Handshake;
 import dev.tether.rpc.Limits;
 import dev.tether.rpc.MsgType;
 import dev.tether.rpc.Protocol;
@@ -16,6 +17,7 @@ import java.nio.file.Files;
 import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
@@ -23,8 +25,10 @@ import java.util.Map;
  * Checks this implementation against protocol test vector files (tests/vectors/frames.json and files in the same
  * format). For each {@code valid} frame: decode its bytes, compare with its {@code meaning} (when given), encode
  * the meaning and the decoded frame back and compare the bytes. For each {@code invalid} frame: it must be refused
- * with the named error ({@code Incomplete}: the decoder waits for more bytes without error). Prints one line per
- * failure and "N passed, M failed"; exits 1 on any failure.
+ * with the named error ({@code Incomplete}: the decoder waits for more bytes without error). For each
+ * {@code auth_exchanges} entry: the MAC and proof computed from its token and nonces must equal the ones given and
+ * the ones inside its named CHALLENGE, AUTH and WELCOME frames. Prints one line per failure and
+ * "N passed, M failed"; exits 1 on any failure.
  *
  * <pre>java dev.tether.rpc.tools.VectorsRunner tests/vectors/frames.json [more.json ...]</pre>
  */
@@ -77,6 +81,7 @@ public final class VectorsRunner {
         List<Object> valid = doc.containsKey("valid") ? (List<Object>) doc.get("valid") : new ArrayList<Object>();
         ByteArrayOutputStream stream = new ByteArrayOutputStream();
         List<Frame> expected = new ArrayList<Frame>();
+        Map<String, Frame> byName = new HashMap<String, Frame>();
         for (Object o : valid) {
             Map<String, Object> v = (Map<String, Object>) o;
             byte[] bytes = Values.unhex((String) v.get("hex"));
@@ -84,6 +89,12 @@ public final class VectorsRunner {
             if (f != null) {
                 stream.write(bytes, 0, bytes.length);
                 expected.add(f);
+                byName.put((String) v.get("name"), f);
+            }
+        }
+        if (doc.containsKey("auth_exchanges")) {
+            for (Object o : (List<Object>) doc.get("auth_exchanges")) {
+                runAuth((Map<String, Object>) o, byName);
             }
         }
         if (!expected.isEmpty()) {
@@ -95,6 +106,38 @@ public final class VectorsRunner {
                 runInvalid((String) v.get("name"), Values.unhex((String) v.get("hex")), (String) v.get("error"));
             }
         }
+    }
+
+    /** One authenticated handshake: token + nonces -> MAC and proof, as given and as carried by its frames. */
+    @SuppressWarnings("unchecked")
+    private void runAuth(Map<String, Object> a, Map<String, Frame> byName) {
+        String name = (String) a.get("name");
+        String token = (String) a.get("token");
+        byte[] ns = Values.unhex((String) a.get("server_nonce"));
+        byte[] nc = Values.unhex((String) a.get("client_nonce"));
+        byte[] mac = Handshake.clientMac(token, ns, nc);
+        byte[] proof = Handshake.serverProof(token, ns, nc);
+        List<String> problems = new ArrayList<String>();
+        if (!Values.hex(mac).equals(a.get("mac"))) {
+            problems.add("client MAC is " + Values.hex(mac) + ", the file says " + a.get("mac"));
+        }
+        if (!Values.hex(proof).equals(a.get("proof"))) {
+            problems.add("server proof is " + Values.hex(proof) + ", the file says " + a.get("proof"));
+        }
+        for (Object frameName : (List<Object>) a.get("frames")) {
+            Frame f = byName.get(frameName);
+            if (f == null) {
+                problems.add("frame " + frameName + " is missing or failed");
+            } else if (f.type == MsgType.CHALLENGE.value() && !Arrays.equals((byte[]) f.payload.get("nonce"), ns)) {
+                problems.add(frameName + " carries another server nonce");
+            } else if (f.type == MsgType.AUTH.value() && (!Arrays.equals((byte[]) f.payload.get("nonce"), nc)
+                    || !Arrays.equals((byte[]) f.payload.get("mac"), mac))) {
+                problems.add(frameName + " carries another client nonce or MAC");
+            } else if (f.type == MsgType.WELCOME.value() && !Arrays.equals((byte[]) f.payload.get("proof"), proof)) {
+                problems.add(frameName + " carries another proof");
+            }
+        }
+        check(name, problems.isEmpty(), problems.toString());
     }
 
     private void check(String name, boolean ok, String why) {
