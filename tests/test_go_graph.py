@@ -4,7 +4,6 @@ mobilenet_v2 (scripts/make_mobilenet_v2.py), a densenet-like graph whose concats
 executor's bit for bit on the same inputs."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -13,19 +12,13 @@ import numpy as np
 import onnx
 
 import tether
+from fixtures.scripts import load_script
 from fixtures.golang import GoCases, run_go_test
 from tether import graph_executor
 from tether.frontend import from_onnx
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "tests" / "data" / "digits_cnn.onnx"
-
-
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / (name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _export(model, shape, folder: pathlib.Path) -> None:
@@ -49,7 +42,7 @@ def test_go_graph_executor_matches_python_bit_for_bit(tmp_path):
     rng = np.random.default_rng(3)
     models = {
         "digits": (onnx.load(str(DIGITS)), {"input": (8, 1, 8, 8)}),
-        "mobilenet_v2": (_script("make_mobilenet_v2").build_mobilenet_v2(seed=1), {}),  # 224x224, 1000 classes
+        "mobilenet_v2": (load_script("make_mobilenet_v2").build_mobilenet_v2(seed=1), {}),  # 224x224, 1000 classes
         "densenet_offsets": (densenet_like(), {}),
     }
     for name, (model, shape) in models.items():

@@ -1,7 +1,6 @@
 """The graph executor through RPC: a LocalSession, a real forked device server on loopback, and emulated
 aarch64 / armv7 devices (qemu-user) running ONNX conformance cases and light models compiled for them."""
 import os
-import tempfile
 
 import numpy as np
 import onnx
@@ -13,6 +12,8 @@ import tether
 from tether import rpc
 from tether.frontend import from_onnx
 from tether.rpc.graph_client import RemoteGraphExecutor
+
+from fixtures import remote_cases
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DIGITS = os.path.join(HERE, "data", "digits_cnn.onnx")
@@ -80,22 +81,9 @@ maxpool_1d_default mul_bcast relu sigmoid softmax_axis_1 softmax_large_number su
 transpose_all_permutations_3 reshape_negative_dim unsqueeze_two_axes constant_pad""".split()
 
 
-def _node_case(name):
-    from onnx.backend.test.loader import load_model_tests
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = {c.name: c for c in load_model_tests(kind="node")}
-    return cases["test_" + name]
-
-
-def _arr(v):
-    return np.asarray(numpy_helper.to_array(v) if hasattr(v, "raw_data") else v)
-
-
 @pytest.fixture(scope="module")
 def node_cases():
-    return {n: _node_case(n) for n in REMOTE_NODE_CASES}
+    return remote_cases.node_cases(*REMOTE_NODE_CASES)
 
 
 @pytest.mark.emulated
@@ -105,21 +93,8 @@ def test_emulated_onnx_node_cases(emulated_device, node_cases, tmp_path):
     with rpc.connect(host, port, timeout=120) as sess:
         assert _wired(sess), "the device server must offer the tether.graph.* built-ins"
         for name, case in node_cases.items():
-            model = case.model
-            inputs, outputs = case.data_sets[0]
-            names = [i.name for i in model.graph.input]
-            feeds = {k: _arr(v) for k, v in zip(names, inputs)}
-            consts = {k: v for k, v in feeds.items() if v.dtype == np.int64}
-            graph, params = from_onnx(model, constants=consts)
-            folder = str(tmp_path / name)
-            tether.build_graph(graph, params, target=emulated_device.preset).export(folder)
-            with RemoteGraphExecutor(sess, folder, prefix=name + "_") as gm:
-                for k, v in feeds.items():
-                    if k not in consts:
-                        gm.set_input(k, v)
-                gm.run()
-                for i, ref in enumerate(outputs):
-                    np.testing.assert_allclose(gm.get_output(i), _arr(ref), rtol=1e-3, atol=1e-6, err_msg=name)
+            remote_cases.check_case_on_device(sess, name, case, str(tmp_path / name), emulated_device.preset,
+                                              lambda _, v: v.dtype == np.int64, atol=1e-6)
             passed.append(name)
     assert len(passed) >= 30
 

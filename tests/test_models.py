@@ -1,6 +1,5 @@
 """Real models through the whole flow (ONNX -> graph -> passes -> one .so -> graph executor) on the host:
 the digits CNN trained in this repo (real weights) and mobilenet_v2 with random weights, against onnxruntime."""
-import importlib.util
 import pathlib
 
 import numpy as np
@@ -9,18 +8,12 @@ import onnxruntime as ort
 import pytest
 
 import tether
+from fixtures.scripts import load_script
 from tether import graph_executor
 from tether.frontend import from_onnx
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "tests" / "data" / "digits_cnn.onnx"
-
-
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / (name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _compile(model, shape, folder):
@@ -32,7 +25,7 @@ def _compile(model, shape, folder):
 
 def test_digits_cnn_accuracy_equals_onnxruntime(tmp_path):
     pytest.importorskip("sklearn", reason="scikit-learn ships the digits data set (pip install scikit-learn)")
-    digits = _script("make_digits_model")
+    digits = load_script("make_digits_model")
     x, y = digits.load_digits_nchw()
     _, _, x_test, y_test = digits.held_out_split(x, y)
     model = onnx.load(str(DIGITS))
@@ -52,7 +45,7 @@ def test_digits_cnn_accuracy_equals_onnxruntime(tmp_path):
 
 def test_mobilenet_v2_random_weights_matches_onnxruntime(tmp_path):
     """A narrow, small-input mobilenet_v2 keeps the compile short; the structure is the full network's."""
-    model = _script("make_mobilenet_v2").build_mobilenet_v2(seed=1, size=64, width=0.5, classes=100)
+    model = load_script("make_mobilenet_v2").build_mobilenet_v2(seed=1, size=64, width=0.5, classes=100)
     factory, gm = _compile(model, {}, tmp_path)
     ops_used = factory.graph.ops_used()
     assert set(ops_used) <= {"fused", "global_avg_pool", "reshape", "conv2d"}, ops_used

@@ -4,12 +4,10 @@ against ONNX's conformance data: the index-driven kernels load int32/int64 indic
 32-bit target must address correctly."""
 import numpy as np
 import pytest
-from onnx import numpy_helper
 
-import tether
+from fixtures import remote_cases
 from tether import rpc
-from tether.frontend import from_onnx
-from tether.rpc.graph_client import RemoteGraphExecutor
+from tether.testing.onnx_cases import shape_arg_names
 
 CASES = """argmax_keepdims_random_select_last_index argmin_no_keepdims_random reduce_log_sum_exp_keepdims_random
 reduce_l2_do_not_keepdims_random reduce_prod_negative_axes_keepdims_random reduce_mean_keepdims_random
@@ -19,43 +17,14 @@ resize_upsample_sizes_nearest_axes_2_3 resize_tf_crop_and_resize convtranspose_p
 convtranspose_1d gather_negative_indices gather_elements_negative_indices gathernd_example_int32_batch_dim1
 onehot_with_axis depthtospace_crd_mode_example triu_neg""".split()
 
-SHAPE_ARGS = {"Resize": (1, 2, 3), "OneHot": (1,)}
-
-
-def _case(name):
-    import warnings
-
-    from onnx.backend.test.loader import load_model_tests
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return {c.name: c for c in load_model_tests(kind="node")}["test_" + name]
-
-
-def _arr(v):
-    return np.asarray(numpy_helper.to_array(v) if hasattr(v, "raw_data") else v)
-
 
 @pytest.mark.emulated
 def test_emulated_structural_node_cases(emulated_device, tmp_path):
     host, port = emulated_device.address
     with rpc.connect(host, port, timeout=120) as sess:
-        for name in CASES:
-            case = _case(name)
-            model = case.model
-            inputs, outputs = case.data_sets[0]
-            names = [i.name for i in model.graph.input]
-            feeds = {k: _arr(v) for k, v in zip(names, inputs)}
-            shape_args = {n.input[k] for n in model.graph.node for k in SHAPE_ARGS.get(n.op_type, ())
-                          if k < len(n.input) and n.input[k]}
-            consts = {k: v for k, v in feeds.items() if (v.dtype == np.int64 and k not in
-                      {n.input[1] for n in model.graph.node if n.op_type.startswith("Gather")}) or k in shape_args}
-            graph, params = from_onnx(model, constants=consts)
-            folder = str(tmp_path / name)
-            tether.build_graph(graph, params, target=emulated_device.preset).export(folder)
-            with RemoteGraphExecutor(sess, folder, prefix=name + "_") as gm:
-                for k, v in feeds.items():
-                    if k not in consts:
-                        gm.set_input(k, v)
-                gm.run()
-                for i, ref in enumerate(outputs):
-                    np.testing.assert_allclose(gm.get_output(i), _arr(ref), rtol=1e-3, atol=1e-5, err_msg=name)
+        for name, case in remote_cases.node_cases(*CASES).items():
+            shape_args = shape_arg_names(case.model)
+            gather_indices = {n.input[1] for n in case.model.graph.node if n.op_type.startswith("Gather")}
+            remote_cases.check_case_on_device(
+                sess, name, case, str(tmp_path / name), emulated_device.preset,
+                lambda k, v: (v.dtype == np.int64 and k not in gather_indices) or k in shape_args, atol=1e-5)

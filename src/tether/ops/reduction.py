@@ -10,6 +10,20 @@ from . import common as c
 _REDUCERS: dict[str, Callable] = {"sum": te.sum, "max": te.max, "min": te.min}
 
 
+def _keep_index(idx, shape, axes, keepdims: bool, raxes):
+    """The input index of output index `idx` with reduction variables `raxes` on `axes`."""
+    it, r = iter(idx), iter(raxes)
+    full = []
+    for d in range(len(shape)):
+        if d in axes:
+            if keepdims:
+                next(it)
+            full.append(next(r))
+        else:
+            full.append(next(it))
+    return tuple(full)
+
+
 def _reduce(kind: str, x, axis, keepdims: bool, name: str, scale: float | None = None):
     shape = c.shape_of(x)
     axes = c.normalize_axes(axis, len(shape))
@@ -20,17 +34,7 @@ def _reduce(kind: str, x, axis, keepdims: bool, name: str, scale: float | None =
     scale_c = c.const(scale, x.dtype) if scale is not None else None
 
     def f(*idx):
-        it = iter(idx)
-        r = iter(raxes)
-        full = []
-        for d in range(len(shape)):
-            if d in axes:
-                if keepdims:
-                    next(it)
-                full.append(next(r))
-            else:
-                full.append(next(it))
-        v = x[tuple(full)]
+        v = x[_keep_index(idx, shape, axes, keepdims, raxes)]
         return reducer(v * scale_c if scale_c is not None else v, axis=raxes)
 
     return c.compute(out_shape, f, name, c.REDUCE)
@@ -81,20 +85,6 @@ def log_softmax(x, axis: int = -1, name: str = "log_softmax"):
 
 
 # ---------------------------------------------------------------- ONNX Reduce* kinds and arg-reductions
-def _keep_index(idx, shape, axes, keepdims: bool, raxes):
-    """The input index of output index `idx` with reduction variables `raxes` on `axes`."""
-    it, r = iter(idx), iter(raxes)
-    full = []
-    for d in range(len(shape)):
-        if d in axes:
-            if keepdims:
-                next(it)
-            full.append(next(r))
-        else:
-            full.append(next(it))
-    return tuple(full)
-
-
 def _out_shape(shape, axes, keepdims: bool) -> tuple:
     return tuple(1 if d in axes else e for d, e in enumerate(shape)) if keepdims else \
         tuple(e for d, e in enumerate(shape) if d not in axes)
