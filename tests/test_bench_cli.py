@@ -8,18 +8,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from fixtures.digits import DIGITS, compile_digits
 from tether.cli.main import cli
 
-DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits_cnn.onnx")
 FAST = ["--samples", "6", "--min-sample-ms", "1", "--max-warmup", "3", "--max-seconds", "30", "-q"]
 
 
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-model") / "digits"
-    res = CliRunner().invoke(cli, ["compile", DIGITS, "--target", "host", "--input-shape", "input:4,1,8,8",
-                                   "-o", str(out)])
-    assert res.exit_code == 0, res.output
+    compile_digits(out)
     return out
 
 

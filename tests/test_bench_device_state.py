@@ -8,26 +8,20 @@ import re
 import pytest
 from click.testing import CliRunner
 
+from fixtures.sysfs import thermal_zone, throttled_flag
 from tether.cli.main import cli
 
 FAST = ["--samples", "5", "--min-sample-ms", "1", "--max-warmup", "2", "-q"]
 
 
 def pi_board(root, temp_milli=45000, throttled="0x0"):
-    zone = root / "sys/class/thermal/thermal_zone0"
-    zone.mkdir(parents=True)
-    (zone / "type").write_text("cpu-thermal\n")
-    (zone / "temp").write_text("%d\n" % temp_milli)
-    (zone / "trip_point_0_type").write_text("passive\n")
-    (zone / "trip_point_0_temp").write_text("60000\n")
+    zone = thermal_zone(root, temp_milli)
     policy = root / "sys/devices/system/cpu/cpufreq/policy0"
     policy.mkdir(parents=True)
     for name, value in (("scaling_cur_freq", "1500000"), ("cpuinfo_max_freq", "1800000"),
                         ("scaling_min_freq", "600000"), ("scaling_governor", "ondemand"), ("affected_cpus", "0 1 2 3")):
         (policy / name).write_text(value + "\n")
-    fw = root / "sys/devices/platform/soc/soc:firmware"
-    fw.mkdir(parents=True)
-    (fw / "get_throttled").write_text(throttled + "\n")
+    throttled_flag(root, throttled)
     return zone
 
 

@@ -4,6 +4,7 @@ import os
 import numpy as np
 import pytest
 
+from fixtures.sysfs import thermal_zone, throttled_flag
 from tether.bench import stats
 from tether_rpc import device_state
 
@@ -75,12 +76,7 @@ def test_warmup_undecided_then_capped():
 
 
 def _fake_board(root, temp_milli=45000, throttled="0x0", freqs=(1500000, 600000)):
-    z = root / "sys/class/thermal/thermal_zone0"
-    z.mkdir(parents=True)
-    (z / "type").write_text("cpu-thermal\n")
-    (z / "temp").write_text("%d\n" % temp_milli)
-    (z / "trip_point_0_type").write_text("passive\n")
-    (z / "trip_point_0_temp").write_text("60000\n")
+    z = thermal_zone(root, temp_milli)
     for k, f in enumerate(freqs):
         p = root / ("sys/devices/system/cpu/cpufreq/policy%d" % (k * 4))
         p.mkdir(parents=True)
@@ -88,9 +84,7 @@ def _fake_board(root, temp_milli=45000, throttled="0x0", freqs=(1500000, 600000)
         (p / "cpuinfo_max_freq").write_text("1800000\n")
         (p / "scaling_governor").write_text("ondemand\n")
         (p / "affected_cpus").write_text(" ".join(str(c) for c in range(k * 4, k * 4 + 4)) + "\n")
-    fw = root / "sys/devices/platform/soc/soc:firmware"
-    fw.mkdir(parents=True)
-    (fw / "get_throttled").write_text(throttled + "\n")
+    throttled_flag(root, throttled)
     return z
 
 

@@ -6,18 +6,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from fixtures.digits import DIGITS, compile_digits
 from tether.cli.main import cli
-
-DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits_cnn.onnx")
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "out"
-    res = CliRunner().invoke(cli, ["compile", DIGITS, "--target", "host", "--input-shape", "input:4,1,8,8",
-                                   "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    return out, res.output
+    return out, compile_digits(out).output
 
 
 def test_compile_writes_the_deploy_folder_and_a_summary(compiled):

@@ -1,20 +1,15 @@
 package tether
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"testing"
+
+	"github.com/tether-ml/tether/bindings/go/internal/gofixtures"
 )
 
 // The fixtures come from tests/test_go_*.py (tests/fixtures/golang.py): modules, inputs and the outputs the
 // Python runtime computed, in the folder TETHER_GO_FIXTURES names.
 
-type tensorFile struct {
-	File  string  `json:"file"`
-	Shape []int64 `json:"shape"`
-	DType string  `json:"dtype"`
-}
+type tensorFile = gofixtures.TensorFile
 
 type caseArg struct {
 	Tensor *tensorFile `json:"tensor"`
@@ -39,41 +34,16 @@ type caseFile struct {
 }
 
 func fixtureDir(t testing.TB) string {
-	dir := os.Getenv("TETHER_GO_FIXTURES")
-	if dir == "" {
-		msg := "TETHER_GO_FIXTURES is not set: run these tests through pytest (tests/test_go_*.py), which builds the modules and expected outputs"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return dir
+	return gofixtures.Dir(t, "run these tests through pytest (tests/test_go_*.py), which builds the modules and expected outputs")
 }
 
 func loadCases(t testing.TB) (string, *caseFile) {
 	dir := fixtureDir(t)
-	raw, err := os.ReadFile(filepath.Join(dir, "cases.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var cf caseFile
-	if err := json.Unmarshal(raw, &cf); err != nil {
-		t.Fatal(err)
-	}
+	gofixtures.ReadJSON(t, dir, "cases.json", &cf)
 	return dir, &cf
 }
 
 func readTensor(t testing.TB, dir string, tf tensorFile) *Tensor {
-	tt, err := NewTensor(tf.Shape, tf.DType)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, tf.File))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tt.CopyFrom(raw); err != nil {
-		t.Fatal(err)
-	}
-	return tt
+	return gofixtures.ReadTensor(t, dir, tf, NewTensor)
 }

@@ -30,17 +30,25 @@ func numel(shape []int64) (int64, error) {
 	return n, nil
 }
 
-// NewTensor allocates a zero-filled tensor of the given shape and dtype name.
-func NewTensor(shape []int64, dtype string) (*Tensor, error) {
+// layout resolves a dtype name and a shape to the dtype and the byte size of a dense tensor of them.
+func layout(shape []int64, dtype string) (DType, int, error) {
 	dt, err := LookupDType(dtype)
 	if err != nil {
-		return nil, err
+		return DType{}, 0, err
 	}
 	n, err := numel(shape)
 	if err != nil {
+		return DType{}, 0, err
+	}
+	return dt, int(n) * dt.Size(), nil
+}
+
+// NewTensor allocates a zero-filled tensor of the given shape and dtype name.
+func NewTensor(shape []int64, dtype string) (*Tensor, error) {
+	dt, nbytes, err := layout(shape, dtype)
+	if err != nil {
 		return nil, err
 	}
-	nbytes := int(n) * dt.Size()
 	data := cAlloc(nbytes)
 	if data == nil {
 		return nil, fmt.Errorf("tether: out of memory allocating %d bytes for a %s%v tensor", nbytes, dtype, shape)
@@ -58,15 +66,10 @@ func newTensorOver(data unsafe.Pointer, nbytes int, shape []int64, dt DType) *Te
 // View returns a tensor over nbytes of this tensor's memory starting at byteOffset, with its own shape and
 // dtype (how the graph executor lays entries over shared storages). The view must not outlive t.
 func (t *Tensor) View(byteOffset int, shape []int64, dtype string) (*Tensor, error) {
-	dt, err := LookupDType(dtype)
+	dt, nbytes, err := layout(shape, dtype)
 	if err != nil {
 		return nil, err
 	}
-	n, err := numel(shape)
-	if err != nil {
-		return nil, err
-	}
-	nbytes := int(n) * dt.Size()
 	if byteOffset < 0 || byteOffset%dt.Size() != 0 {
 		return nil, fmt.Errorf("tether: view offset %d is not a multiple of the %s element size %d", byteOffset, dtype, dt.Size())
 	}

@@ -271,16 +271,7 @@ func sameSqueezed(a, b []int64) bool {
 		}
 		return o
 	}
-	x, y := sq(a), sq(b)
-	if len(x) != len(y) {
-		return false
-	}
-	for i := range x {
-		if x[i] != y[i] {
-			return false
-		}
-	}
-	return true
+	return equalShape(sq(a), sq(b))
 }
 
 // LoadParamsFile loads a deploy.params file.

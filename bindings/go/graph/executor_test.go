@@ -2,7 +2,6 @@ package graph
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,16 +9,13 @@ import (
 	"time"
 
 	tether "github.com/tether-ml/tether/bindings/go"
+	"github.com/tether-ml/tether/bindings/go/internal/gofixtures"
 )
 
 // Fixtures come from tests/test_go_graph.py: model folders exported by tether.build_graph, inputs, and the
 // Python graph executor's outputs on them, in the folder TETHER_GO_FIXTURES names.
 
-type tensorFile struct {
-	File  string  `json:"file"`
-	Shape []int64 `json:"shape"`
-	DType string  `json:"dtype"`
-}
+type tensorFile = gofixtures.TensorFile
 
 type modelRecord struct {
 	Name   string `json:"name"`
@@ -31,24 +27,11 @@ type modelRecord struct {
 }
 
 func fixtures(t *testing.T) (string, []modelRecord) {
-	dir := os.Getenv("TETHER_GO_FIXTURES")
-	if dir == "" {
-		msg := "TETHER_GO_FIXTURES is not set: run through pytest tests/test_go_graph.py, which exports the models"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, "cases.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := gofixtures.Dir(t, "run through pytest tests/test_go_graph.py, which exports the models")
 	var cf struct {
 		Models []modelRecord `json:"models"`
 	}
-	if err := json.Unmarshal(raw, &cf); err != nil {
-		t.Fatal(err)
-	}
+	gofixtures.ReadJSON(t, dir, "cases.json", &cf)
 	if len(cf.Models) == 0 {
 		t.Fatal("no models in the fixtures")
 	}
@@ -56,18 +39,7 @@ func fixtures(t *testing.T) (string, []modelRecord) {
 }
 
 func readTensor(t *testing.T, dir string, tf tensorFile) *tether.Tensor {
-	tt, err := tether.NewTensor(tf.Shape, tf.DType)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, tf.File))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tt.CopyFrom(raw); err != nil {
-		t.Fatal(err)
-	}
-	return tt
+	return gofixtures.ReadTensor(t, dir, tf, tether.NewTensor)
 }
 
 func TestModelsMatchPython(t *testing.T) {

@@ -247,6 +247,24 @@ func (s *Session) Download(name string) ([]byte, error) {
 	return r.Bulk, nil
 }
 
+// handleCall calls fn and returns the handle the reply's map names under "handle", and that map, for the
+// calls that create a remote object.
+func (s *Session) handleCall(fn string, args ...any) (Handle, *Map, error) {
+	v, err := s.simple(fn, args...)
+	if err != nil {
+		return 0, nil, err
+	}
+	m, err := asMap(v, fn)
+	if err != nil {
+		return 0, nil, err
+	}
+	h, err := field[Handle](m, "handle", fn)
+	if err != nil {
+		return 0, nil, err
+	}
+	return h, m, nil
+}
+
 // Free releases a remote object.
 func (s *Session) Free(h Handle) error {
 	_, err := s.simple("tether.free", h)
@@ -263,15 +281,7 @@ type RemoteModule struct {
 
 // LoadModule loads an uploaded module by name.
 func (s *Session) LoadModule(name string) (*RemoteModule, error) {
-	v, err := s.simple("tether.module.load", name)
-	if err != nil {
-		return nil, err
-	}
-	m, err := asMap(v, "tether.module.load")
-	if err != nil {
-		return nil, err
-	}
-	h, err := field[Handle](m, "handle", "tether.module.load")
+	h, m, err := s.handleCall("tether.module.load", name)
 	if err != nil {
 		return nil, err
 	}
@@ -295,15 +305,7 @@ type RemoteFunc struct {
 
 // GetFunction returns the module's function called name.
 func (m *RemoteModule) GetFunction(name string) (*RemoteFunc, error) {
-	v, err := m.s.simple("tether.module.get_function", m.Handle, name)
-	if err != nil {
-		return nil, err
-	}
-	mm, err := asMap(v, "tether.module.get_function")
-	if err != nil {
-		return nil, err
-	}
-	h, err := field[Handle](mm, "handle", "tether.module.get_function")
+	h, _, err := m.s.handleCall("tether.module.get_function", m.Handle, name)
 	if err != nil {
 		return nil, err
 	}
@@ -312,15 +314,7 @@ func (m *RemoteModule) GetFunction(name string) (*RemoteFunc, error) {
 
 // GetFunction returns a function the device offers by name (e.g. one loaded with rpc-server --functions).
 func (s *Session) GetFunction(name string) (*RemoteFunc, error) {
-	v, err := s.simple("tether.get_function", name)
-	if err != nil {
-		return nil, err
-	}
-	mm, err := asMap(v, "tether.get_function")
-	if err != nil {
-		return nil, err
-	}
-	h, err := field[Handle](mm, "handle", "tether.get_function")
+	h, _, err := s.handleCall("tether.get_function", name)
 	if err != nil {
 		return nil, err
 	}

@@ -2,23 +2,23 @@ package rpc
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-ml/tether/bindings/go/internal/gofixtures"
 )
+
+// rpcFixturesHint: how to get $TETHER_GO_FIXTURES set for this package's tests.
+const rpcFixturesHint = "run through pytest tests/test_go_rpc.py"
 
 // Interop with a real device server and a real tracker, started by tests/test_go_rpc.py, which writes their
 // addresses, the kernel, its inputs and numpy's result into $TETHER_GO_FIXTURES/cases.json.
 
-type tensorFile struct {
-	File  string  `json:"file"`
-	Shape []int64 `json:"shape"`
-	DType string  `json:"dtype"`
-}
+type tensorFile = gofixtures.TensorFile
 
 type interopSetup struct {
 	Hostile                      map[string]string
@@ -28,21 +28,9 @@ type interopSetup struct {
 }
 
 func setup(t *testing.T) *interopSetup {
-	dir := os.Getenv("TETHER_GO_FIXTURES")
-	if dir == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("TETHER_GO_FIXTURES is not set: run through pytest tests/test_go_rpc.py")
-		}
-		t.Skip("TETHER_GO_FIXTURES is not set: run through pytest tests/test_go_rpc.py")
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, "cases.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := gofixtures.Dir(t, rpcFixturesHint)
 	var s interopSetup
-	if err := json.Unmarshal(raw, &s); err != nil {
-		t.Fatal(err)
-	}
+	gofixtures.ReadJSON(t, dir, "cases.json", &s)
 	s.dir = dir
 	return &s
 }

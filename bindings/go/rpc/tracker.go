@@ -82,15 +82,10 @@ func (t *Tracker) Reserve(key string, priority float64, waitTimeout, sessionTime
 	onQueued func(*Map)) (*Grant, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		return nil, fmt.Errorf("tether/rpc: the tracker connection to %s is closed", t.addr)
-	}
-	rid := t.nextID
-	t.nextID++
 	req := NewMap("key", key, "priority", priority, "wait_timeout", waitTimeout.Seconds(),
 		"session_timeout", sessionTimeout.Seconds())
-	if err := t.conn.send(trackerRequest, rid, req, nil, t.Timeout); err != nil {
-		t.abort()
+	rid, err := t.send(trackerRequest, req)
+	if err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(waitTimeout + grantGrace)
@@ -141,6 +136,21 @@ func (t *Tracker) Reserve(key string, priority float64, waitTimeout, sessionTime
 	}
 }
 
+// send sends a request under a fresh request id and returns the id (t.mu held). A failed send aborts the
+// connection: a partly written frame leaves the stream unusable.
+func (t *Tracker) send(msgType int, payload *Map) (int64, error) {
+	if t.closed {
+		return 0, fmt.Errorf("tether/rpc: the tracker connection to %s is closed", t.addr)
+	}
+	rid := t.nextID
+	t.nextID++
+	if err := t.conn.send(msgType, rid, payload, nil, t.Timeout); err != nil {
+		t.abort()
+		return 0, err
+	}
+	return rid, nil
+}
+
 func (t *Tracker) abort() {
 	t.closed = true
 	t.conn.close()
@@ -173,13 +183,8 @@ func (t *Tracker) Request(key string, priority float64, waitTimeout, sessionTime
 func (t *Tracker) Summary() (*Map, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		return nil, fmt.Errorf("tether/rpc: the tracker connection to %s is closed", t.addr)
-	}
-	rid := t.nextID
-	t.nextID++
-	if err := t.conn.send(trackerSummary, rid, NewMap(), nil, t.Timeout); err != nil {
-		t.abort()
+	rid, err := t.send(trackerSummary, NewMap())
+	if err != nil {
 		return nil, err
 	}
 	for {

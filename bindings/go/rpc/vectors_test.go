@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tether-ml/tether/bindings/go/internal/gofixtures"
 )
 
 // The shared protocol vectors (tests/vectors/frames.json, docs/protocol.md): every valid frame decodes to its
@@ -232,13 +234,7 @@ func TestSharedVectors(t *testing.T) {
 // TestEdgeVectors: frames at and just over every limit, with the Python implementation's verdicts
 // (tests/test_go_rpc.py writes them to $TETHER_GO_FIXTURES/edges.json).
 func TestEdgeVectors(t *testing.T) {
-	dir := os.Getenv("TETHER_GO_FIXTURES")
-	if dir == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("TETHER_GO_FIXTURES is not set: run through pytest tests/test_go_rpc.py")
-		}
-		t.Skip("TETHER_GO_FIXTURES is not set: run through pytest tests/test_go_rpc.py")
-	}
+	dir := gofixtures.Dir(t, rpcFixturesHint)
 	t.Logf("%d edge frames agree with Python", checkVectorFile(t, filepath.Join(dir, "edges.json"), false))
 }
 
