@@ -50,6 +50,7 @@ from tether_rpc.errors import ConnectionClosed, SessionCrashed  # noqa: E402
 KEY = "soak"
 N = 1024  # vadd's array length
 RSS_SLACK = 0.10
+SETTLE_S = 10.0  # how long fds may take to return to the baseline once the lab is idle
 
 
 # -- process figures (Linux /proc) ------------------------------------------------------------------------------
@@ -286,7 +287,14 @@ def soak(minutes: float, clients: int, seed: int) -> Dict[str, Any]:
         except AssertionError as exc:  # (what wait_until raises when time runs out)
             idle = False
             errors.append(str(exc))
+        # A connection a client dropped a moment ago may still be closing on the other side: give every process
+        # a few seconds to get back to its baseline, so that what is left over is a leak, not a close in flight.
+        settle_until = time.monotonic() + SETTLE_S
         final = lab.figures()
+        while time.monotonic() < settle_until and any(
+                n > baseline["fds"][name] for name, n in final["fds"].items()):
+            time.sleep(0.2)
+            final = lab.figures()
         leaks = []
         for name, n in final["fds"].items():
             if n > baseline["fds"][name]:
