@@ -2,7 +2,8 @@
 
 Inside a vectorized loop (``self.vec``) an expression that does not depend on the loop variable is emitted once
 as a scalar (splatted where it meets a vector); a load whose index moves by one element per lane is one vector
-load; any other index is gathered lane by lane. ``self.mask`` (a select whose arms might fault) switches lanes
+load; one moving by a small constant stride is one load of the lanes' span and a shufflevector, by a larger
+constant stride one llvm.masked.gather; any other index is gathered lane by lane. ``self.mask`` (a select whose arms might fault) switches lanes
 off: their loads are skipped and their divisors replaced by one.
 
 Each expression node type, binary operator and cast is one row of a table below.
@@ -14,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from llvmlite import ir
 
 from tether.codegen import hostcall
-from tether.codegen.types import (I1, I8, I32, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
+from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
                                   mem_type, scalar_type)
 from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
@@ -187,6 +188,8 @@ class ExprEmitter:
             if coef == 1:
                 ptr = self.b.gep(self.bufs[buf], [self.ev_at_base(e.index)], inbounds=True, source_etype=ety)
                 v = self.b.load(ptr, typ=ir.VectorType(ety, n), align=align)
+            elif coef is not None and coef != 0:
+                v = self.strided_load(buf, e.index, coef)
             else:
                 v = self.gather(buf, self.ev(e.index), check_contiguous=coef is None)
             if buf.dtype == "bool":
@@ -326,6 +329,44 @@ class ExprEmitter:
             z = ir.Constant(v.type, [0] * n) if is_vec(v) else ir.Constant(I8, 0)
             v = B.icmp_unsigned("!=", v, z)
         return v
+
+    def strided_load(self, buf: Buffer, index: Expr, stride: int) -> ir.Value:
+        """The lanes of ``index``, which moves by the constant ``stride`` (not 0 or 1) per lane. A small stride
+        loads the span from the lowest to the highest lane's element ((n-1)*|stride|+1 elements, none the lanes
+        do not cover at either end) as one vector and shuffles the lanes out; a large one is one llvm.masked.gather
+        with every lane on (vgather on AVX2, scalar loads where the target has no gathers)."""
+        B = self.b
+        ety = mem_type(buf.dtype)
+        align = elem_bytes(buf.dtype)
+        n = self.lanes()
+        base = self.ev_at_base(index)
+        if 2 <= abs(stride) <= _SHUFFLE_MAX_STRIDE:
+            span = (n - 1) * abs(stride) + 1
+            lo = base if stride > 0 else B.add(base, ir.Constant(base.type, (n - 1) * stride), flags=("nsw",))
+            ptr = B.gep(self.bufs[buf], [lo], inbounds=True, source_etype=ety)
+            wide = B.load(ptr, typ=ir.VectorType(ety, span), align=align)
+            picks = [lane * stride if stride > 0 else span - 1 + lane * stride for lane in range(n)]
+            return B.shuffle_vector(wide, ir.Constant(ir.VectorType(ety, span), ir.Undefined),
+                                    ir.Constant(ir.VectorType(I32, n), picks))
+        idxv = B.add(self.splat(base, n), ir.Constant(ir.VectorType(base.type, n), [lane * stride for lane in range(n)]),
+                     flags=("nsw",))
+        return self.masked_gather(buf, idxv, ir.Constant(ir.VectorType(I1, n), [1] * n))
+
+    def masked_gather(self, buf: Buffer, idxv: ir.Value, mask: ir.Value) -> ir.Value:
+        """``llvm.masked.gather`` of the elements of ``buf`` at index vector ``idxv`` (lanes off in ``mask`` read
+        no memory and give zero)."""
+        B = self.b
+        ety = mem_type(buf.dtype)
+        n = idxv.type.count
+        vty = ir.VectorType(ety, n)
+        ptrs = _vector_gep(B, self.bufs[buf], idxv, ety)
+        name = "llvm.masked.gather.v%d%s.v%dp0" % (n, _intrinsic_suffix(ety), n)
+        module = B.module
+        fn = module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(module, ir.FunctionType(vty, [ir.VectorType(PTR, n), I32, ir.VectorType(I1, n), vty]),
+                             name)
+        return B.call(fn, [ptrs, ir.Constant(I32, elem_bytes(buf.dtype)), mask, ir.Constant(vty, [0] * n)])
 
     def gather(self, buf: Buffer, idxv: ir.Value, check_contiguous: bool) -> ir.Value:
         """Load the lanes of index vector ``idxv`` one by one. For non-linear indices (clamped or wrapped, as
@@ -478,6 +519,26 @@ class ExprEmitter:
             return self.b.select(self.b.icmp_signed("<", a, zero), self.b.sub(zero, a), a)
         fn = self.ctx.math(e.name, args[0].type)
         return self.b.call(fn, args, fastmath=self.fm if getattr(self.ctx, "fast_math", False) else ())
+
+
+# strides up to this many elements per lane load their span as one vector and shuffle; larger ones gather
+_SHUFFLE_MAX_STRIDE = 4
+
+
+def _intrinsic_suffix(ty: ir.Type) -> str:
+    """The type suffix of an overloaded intrinsic's name: f32, f64, half, i8, i32, ..."""
+    if isinstance(ty, ir.IntType):
+        return "i%d" % ty.width
+    return {"float": "f32", "double": "f64", "half": "f16", "bfloat": "bf16"}[str(ty)]
+
+
+def _vector_gep(B: ir.IRBuilder, base: ir.Value, idxv: ir.Value, ety: ir.Type) -> ir.Value:
+    """``getelementptr inbounds ety, ptr base, <n x iK> idxv``: a vector of n pointers (llvmlite's gep types a
+    vector index as one pointer, so the instruction is built here with the right type)."""
+    instr = ir.instructions.GEPInstr(B.block, base, [idxv], inbounds=True, name="", source_etype=ety)
+    instr.type = ir.VectorType(PTR, idxv.type.count)
+    B._insert(instr)
+    return instr
 
 
 # expression node type -> its emitter (a new node type is one row)
