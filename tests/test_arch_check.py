@@ -6,12 +6,10 @@ the real device server under qemu-user (tests/fixtures/emulated.py) with the CPU
 """
 from __future__ import annotations
 
-import json
-import textwrap
-
 import numpy as np
 import pytest
 
+from fixtures.arch_modules import absent_x86_feature, module_with_requires
 from tether.errors import ArchMismatch
 from tether.target import Target
 from tether_rpc import cpu_features, device_info
@@ -88,30 +86,12 @@ def test_host_modules_load_and_run(tmp_path):
 
 def _module_with_requires(tmp_path, requires):
     """A real x86_64 module whose metadata claims ``requires`` (None: an old module without the field)."""
-    from tether.codegen.emit import compile_ir
-    from tether.link import link_shared
-    t = Target("x86_64")
-    meta = {"abi_version": 1, "tether_version": "0.1.0", "target": t.to_dict(),
-            "functions": [{"name": "nop", "args": [], "parallel": False}]}
-    if requires is not None:
-        meta["requires"] = requires
-    blob = json.dumps(meta).encode() + b"\0"
-    ir = textwrap.dedent('''\
-        @__tether_metadata = constant [{n} x i8] c"{meta}", section ".tether_meta", align 1
-        @llvm.used = appending global [1 x ptr] [ptr @__tether_metadata], section "llvm.metadata"
-        define i32 @nop(ptr %args, ptr %codes, i32 %num_args) {{
-          ret i32 0
-        }}
-        ''').format(n=len(blob), meta="".join("\\%02X" % b for b in blob))
-    obj, _ = compile_ir(ir, t, opt=2)
-    path = tmp_path / ("nop_%d.so" % len(blob))
-    link_shared([obj], t, str(path))
-    return path
+    return module_with_requires(tmp_path, requires)
 
 
 def test_missing_x86_feature_is_named(tmp_path):
     caps = device_info.cpu_capabilities()
-    absent = next(f for f in ("sse4a", "xop", "fma4", "avx512_fp16", "amx_tile", "avx2") if f not in caps["features"])
+    absent = absent_x86_feature(caps["features"])
     path = _module_with_requires(tmp_path, {"isa": "x86_64", "features": ["sse2", absent]})
     with pytest.raises(ArchMismatch) as info:
         load_module(str(path))

@@ -41,6 +41,8 @@ type Metadata struct {
 	ThreadPool    int            `json:"thread_pool"`
 	// HostFunctions lists the registered host functions the module calls at run time (docs/abi.md "Host callbacks").
 	HostFunctions []string `json:"host_functions"`
+	// Requires is what the code needs of the CPU ({"isa", "features"}; docs/abi.md): checked before dlopen.
+	Requires any `json:"requires"`
 }
 
 var archMachine = map[string]elf.Machine{"x86_64": elf.EM_X86_64, "aarch64": elf.EM_AARCH64, "armv7": elf.EM_ARM}
@@ -108,6 +110,9 @@ func InspectModule(path string) (*Metadata, error) {
 	}
 	if a, ok := meta.Target["arch"].(string); ok && archMachine[a] != f.Machine {
 		return fail("metadata says arch %q but the ELF header says %s (corrupt or mislabelled module)", a, built)
+	}
+	if err := checkCPU(&meta, label); err != nil {
+		return nil, err
 	}
 	syms, _ := f.DynamicSymbols()
 	exported := map[string]bool{}

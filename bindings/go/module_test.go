@@ -270,3 +270,34 @@ func TestPoolProviderAfterCModule(t *testing.T) {
 		t.Fatalf("the C module loaded first ran its tasks on %d thread(s)", len(seen))
 	}
 }
+
+// A module whose metadata "requires" names a CPU feature this CPU lacks is refused before dlopen, as an arch
+// mismatch with the Python runtime's ArchMismatch text; one asking only for what the CPU has loads and runs.
+func TestLoadRefusesMissingCPUFeatures(t *testing.T) {
+	dir, cf := loadCases(t)
+	want, ok := cf.Errors["arch_features"]
+	if !ok {
+		t.Skip("the fixtures have no module needing a missing CPU feature (they are made on x86_64 hosts)")
+	}
+	_, err := LoadModule(filepath.Join(dir, "needs_absent.so"))
+	var le *LoadError
+	if !errors.As(err, &le) || !le.ArchMismatch {
+		t.Fatalf("a module needing a missing CPU feature was not refused as an arch mismatch: %v", err)
+	}
+	if got := le.Path + " " + le.Reason; got != want {
+		t.Fatalf("message differs from the Python runtime's:\n go: %s\npy: %s", got, want)
+	}
+	if _, err := InspectModule(filepath.Join(dir, "needs_absent.so")); !errors.As(err, &le) || !le.ArchMismatch {
+		t.Fatalf("InspectModule did not refuse it: %v", err)
+	}
+	f, err := load(t, dir, "needs_sse2.so").GetFunction("nop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Call(); err != nil {
+		t.Fatal(err)
+	}
+	if caps := ThisCPU(); caps.ISA != "x86_64" || caps.Source != "cpuinfo" || caps.SuggestedTarget != "host" {
+		t.Fatalf("capabilities of this x86_64 CPU: %+v", caps)
+	}
+}

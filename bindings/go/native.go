@@ -9,6 +9,7 @@ package tether
 #cgo CFLAGS: -I${SRCDIR}/../../src/tether/include -O2
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
+#include <sys/auxv.h>
 #include <stdlib.h>
 #include <string.h>
 #include "tether_module.h"
@@ -31,6 +32,9 @@ static void* tg_aligned_alloc(size_t n) {
   return p;
 }
 static void* tg_dlopen(const char* path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
+// The auxiliary vector (cpufeatures.go): AT_PLATFORM is a pointer to a string in the process's own stack.
+static unsigned long tg_getauxval(unsigned long type) { return getauxval(type); }
+static const char* tg_auxv_platform(void) { return (const char*)getauxval(AT_PLATFORM); }
 static const char* tg_dlerror(void) { const char* e = dlerror(); return e ? e : "unknown dlopen error"; }
 
 // One allocation holds the DLTensor and its shape.
@@ -53,6 +57,15 @@ import (
 )
 
 const valueSize = C.sizeof_TetherValue
+
+// auxv reads AT_HWCAP, AT_HWCAP2 and AT_PLATFORM of this process with getauxval (0 and "" when absent).
+func auxv() (hwcap, hwcap2 uint64, platform string) {
+	hwcap, hwcap2 = uint64(C.tg_getauxval(C.AT_HWCAP)), uint64(C.tg_getauxval(C.AT_HWCAP2))
+	if p := C.tg_auxv_platform(); p != nil {
+		platform = C.GoString(p)
+	}
+	return
+}
 
 // Type codes of packed arguments (docs/abi.md "Packed functions").
 const (
