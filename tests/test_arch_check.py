@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fixtures.arch_modules import absent_x86_feature, module_with_requires
+from fixtures.arch_modules import QEMU_AUXV, absent_x86_feature, module_with_requires
 from tether.errors import ArchMismatch
 from tether.target import Target
 from tether_rpc import cpu_features, device_info
@@ -17,14 +17,7 @@ from tether_rpc.module import load_module
 
 SESSION_TIMEOUT = 120.0
 
-# The auxiliary vectors qemu-user 7.2 gives a guest, read with getauxval in the emulated userlands:
-# (AT_HWCAP, AT_HWCAP2, AT_PLATFORM) of qemu-arm -cpu cortex-a7 / -cpu max and qemu-aarch64 -cpu cortex-a72/a76.
-AUXV = {
-    "cortex-a7": ("armv7", {16: 0x1fb8d7, 26: 0x0, 15: "v7l"}),
-    "max-arm": ("armv7", {16: 0x1fb0d7, 26: 0x1f, 15: "v8l"}),
-    "cortex-a72": ("aarch64", {16: 0x8fb, 26: 0x0, 15: "aarch64"}),
-    "cortex-a76": ("aarch64", {16: 0x119ffb, 26: 0x0, 15: "aarch64"}),
-}
+AUXV = QEMU_AUXV
 # An x86 host's /proc/cpuinfo as qemu-user shows it to an ARM guest: it must not count as the guest's features.
 HOST_CPUINFO_UNDER_QEMU = {"features": ["avx2", "fma", "sse2"], "features_key": "flags", "cores": []}
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tether
-from fixtures.arch_modules import absent_x86_feature, module_with_requires
+from fixtures.arch_modules import QEMU_AUXV, absent_x86_feature, module_with_requires
 from fixtures.golang import GoCases, run_go_test
 from fixtures.schedules import elementwise
 from kernels import build_kernel
@@ -77,7 +77,41 @@ def go_cases(tmp_path_factory):
             module.load_module(str(wrong))
         errors["arch_features"] = str(info.value)
         module.load_module(str(right))["nop"]()
-    return cases.write(errors=errors)
+    return cases.write(errors=errors, cpu_tables=_cpu_tables())
+
+
+# /proc/cpuinfo as an x86 host shows it (also to a qemu-user ARM guest) and as a 32-bit kernel on a Pi 3 does
+X86_CPUINFO = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu SSE2 avx2 fma\n"
+PI3_ARMV7_CPUINFO = ("processor\t: 0\nmodel name\t: ARMv7 Processor rev 4 (v7l)\nFeatures\t: half thumb fastmult vfp "
+                     "edsp neon vfpv3 tls vfpv4 idiva idivt vfpd32 lpae evtstrm\nCPU implementer\t: 0x41\n"
+                     "CPU architecture: 7\nCPU part\t: 0xd03\n")
+A7_CPUINFO = ("processor\t: 0\nFeatures\t: half thumb fastmult vfp edsp neon vfpv3 tls vfpv4 idiva idivt\n"
+              "CPU implementer\t: 0x41\nCPU architecture: 7\nCPU part\t: 0xc07\n")
+
+
+def _cpu_tables():
+    """What tether_rpc.cpu_features makes of these CPUs (qemu's auxiliary vectors, cpuinfo texts without one),
+    and what each preset's requirements lack there: the Go runtime's mirror must agree on every one."""
+    from tether.target import Target
+    from tether_rpc import cpu_features
+    presets = ("x86_64", "armv7-a7", "rasp3b", "rasp4b", "rasp5", "android-arm64")
+    requires = [Target(p).requirements() for p in presets] + [
+        {"isa": "armv8", "features": ["neon", 3]}, {"isa": "armv9"}, {"features": None}, "armv8"]
+    cpus = [(name, arch, X86_CPUINFO, auxv) for name, (arch, auxv) in QEMU_AUXV.items()] + [
+        ("pi3-armv7-cpuinfo", "armv7", PI3_ARMV7_CPUINFO, {}), ("a7-cpuinfo", "armv7", A7_CPUINFO, {}),
+        ("crc32-cpuinfo", "armv7", "Features\t: neon vfpv4 idiva crc32\n", {}),
+        ("arm-under-qemu-no-auxv", "armv7", X86_CPUINFO, {}), ("aarch64-nothing", "aarch64", "", {}),
+        ("x86_64", "x86_64", X86_CPUINFO, {}), ("x86_64-nothing", "x86_64", "", {}), ("riscv", "riscv64", "", {})]
+    out = []
+    for name, arch, text, auxv in cpus:
+        info = device_info.parse_cpuinfo(text)
+        caps = cpu_features.capabilities(arch, info, auxv=auxv)
+        out.append({"name": name, "arch": arch, "cpuinfo": text, "hwcap": auxv.get(16, 0), "hwcap2": auxv.get(26, 0),
+                    "platform": auxv.get(15, ""), "caps": caps, "requires": requires,
+                    "missing": [cpu_features.missing(r, caps) for r in requires],
+                    "preset": cpu_features.suggest_preset(arch, caps) or "",
+                    "target": device_info.suggest_target(arch, info["cores"], False)})
+    return out
 
 
 def _cases_errors(d) -> dict:
@@ -85,9 +119,10 @@ def _cases_errors(d) -> dict:
 
 
 def test_go_runtime_matches_python_runtime(go_cases):
-    out = run_go_test(["."], go_cases, run="^Test(Load|Inspect|Cases|Errors|Pool|Tensor)")
+    out = run_go_test(["."], go_cases, run="^Test(Load|Inspect|Cases|Errors|Pool|Tensor|CPUFeatures)")
     for name in ("TestCasesMatchPython", "TestErrorsMatchPython", "TestPoolRunsOnTwoOSThreads",
-                 "TestInspectRefusesForeignModules", "TestLoadRefusesMissingCPUFeatures"):
+                 "TestInspectRefusesForeignModules", "TestLoadRefusesMissingCPUFeatures",
+                 "TestCPUFeaturesMatchPython"):
         if name == "TestLoadRefusesMissingCPUFeatures" and "arch_features" not in _cases_errors(go_cases):
             continue   # the fixture makes those modules on x86_64 hosts only
         assert "--- PASS: " + name in out, out

@@ -6,7 +6,10 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/tether-ml/tether/bindings/go/internal/gofixtures"
 )
 
 var modules = map[string]*Module{}
@@ -299,5 +302,50 @@ func TestLoadRefusesMissingCPUFeatures(t *testing.T) {
 	}
 	if caps := ThisCPU(); caps.ISA != "x86_64" || caps.Source != "cpuinfo" || caps.SuggestedTarget != "host" {
 		t.Fatalf("capabilities of this x86_64 CPU: %+v", caps)
+	}
+}
+
+// cpufeatures.go agrees with tether_rpc.cpu_features (and device_info's cpuinfo parsing and board presets) on
+// the CPUs qemu emulates, on ARM cpuinfo without an auxiliary vector and on x86_64.
+func TestCPUFeaturesMatchPython(t *testing.T) {
+	dir := fixtureDir(t)
+	var cf struct {
+		CPUTables []struct {
+			Name, Arch, Cpuinfo, Platform, Preset, Target string
+			Hwcap, Hwcap2                                 uint64
+			Caps                                          struct {
+				ISA      string   `json:"isa"`
+				Features []string `json:"features"`
+				Source   *string  `json:"source"`
+			}
+			Requires []any
+			Missing  [][]string
+		} `json:"cpu_tables"`
+	}
+	gofixtures.ReadJSON(t, dir, "cases.json", &cf)
+	if len(cf.CPUTables) == 0 {
+		t.Fatal("no cpu_tables in cases.json")
+	}
+	for _, c := range cf.CPUTables {
+		info := parseCPUInfo(c.Cpuinfo)
+		caps := capabilities(c.Arch, info, c.Hwcap, c.Hwcap2, c.Platform)
+		src := ""
+		if c.Caps.Source != nil {
+			src = *c.Caps.Source
+		}
+		if caps.ISA != c.Caps.ISA || caps.Source != src || strings.Join(caps.Features, " ") != strings.Join(c.Caps.Features, " ") {
+			t.Errorf("%s: go %+v, python %+v (source %q)", c.Name, caps, c.Caps, src)
+		}
+		for i, r := range c.Requires {
+			if got := missingFeatures(r, caps); strings.Join(got, "|") != strings.Join(c.Missing[i], "|") {
+				t.Errorf("%s: requires %v: go lacks %q, python %q", c.Name, r, got, c.Missing[i])
+			}
+		}
+		if p := suggestPreset(c.Arch, caps, false); p != c.Preset {
+			t.Errorf("%s: suggested preset go %q, python %q", c.Name, p, c.Preset)
+		}
+		if p := suggestTarget(c.Arch, info.cores, false); p != c.Target {
+			t.Errorf("%s: suggested target go %q, python %q", c.Name, p, c.Target)
+		}
 	}
 }
