@@ -13,7 +13,11 @@ os.environ.setdefault("ONNX_HOME", os.path.join(tempfile.gettempdir(), "tether-o
 
 # cases that once ran and gave a wrong answer, or crashed at run time: they must pass from now on
 EVER_WRONG = ["test_div_int32_trunc", "test_pow_types_int32_float32", "test_pow_types_int64_float32",
-              "test_pow_types_int32_int32", "test_pow_types_int64_int64"]
+              "test_pow_types_int32_int32", "test_pow_types_int64_int64",
+              # a float ReduceMax over an all -inf row started from the lowest finite value, not -inf
+              "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
+              "test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded",
+              "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded"]
 # cases refused by design, passed over when picking an op's case (the reason says why)
 REFUSED_BY_DESIGN: dict = {}
 # op types tether converts only in the forms real exporters write, none of which onnx's cases use

@@ -4,9 +4,10 @@ Scalar expressions themselves are tir's (tether.tir.expr); a reduction is a tir 
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from tether.tir.dtype import is_bool
+from tether.tir.dtype import is_bool, is_float
 from tether.tir.expr import Const, Expr, Reduce, Select, Var, as_bool, convert, max_value, min_value, minmax
 
 
@@ -48,11 +49,13 @@ class Range:
         return f"Range(min={self.min}, extent={self.extent})"
 
 
+# The identity each reduction starts from. A float max starts at -inf, not at the lowest finite value: the max of
+# a row that is all -inf (a fully masked attention row) must be -inf, as in numpy and onnxruntime.
 _COMBINERS = {
     "sum": lambda dt: Const(0, dt),
     "prod": lambda dt: Const(1, dt),
-    "max": min_value,
-    "min": max_value,
+    "max": lambda dt: Const(-math.inf, dt) if is_float(dt) else min_value(dt),
+    "min": lambda dt: Const(math.inf, dt) if is_float(dt) else max_value(dt),
 }
 
 
