@@ -1,0 +1,22 @@
+"""ONNX -> tether graph.
+
+``from_onnx(model, shape={...})`` fixes the input shapes, then walks the ONNX nodes once, in order, through a
+dispatch table of converters (``CONVERTERS``, ONNX op type -> function). Every emitted op gets its output
+type at once (``tether.graph.ops``), and an op whose inputs are all constants is evaluated right away with
+its numpy definition. That is what folds the shape subgraphs real exporters write
+(Shape -> Gather/Slice -> Concat -> Reshape): once input shapes are fixed, ``Shape`` is a constant, and
+everything downstream of it folds before a single kernel exists.
+
+Before converting anything, the whole model is checked: one ``UnsupportedOpError`` lists every unsupported
+op type with the names of its nodes.
+
+The package: ``importer`` (the import state and the converter registry), one module per op family
+(``elementwise``, ``tensor``, ``nn``, ``reduce``, ``norm``, ``resize``, ``indexing``), and ``model`` (the entry
+points). A converter module registers itself on import; add a new family by adding a module and importing it
+here.
+"""
+from tether.frontend.onnx import elementwise, indexing, nn, norm, reduce, resize, tensor  # noqa: F401  (register)
+from tether.frontend.onnx.importer import CONVERTERS
+from tether.frontend.onnx.model import from_onnx, op_coverage, unsupported_ops
+
+__all__ = ["CONVERTERS", "from_onnx", "op_coverage", "unsupported_ops"]

@@ -1,0 +1,148 @@
+"""The import state (`Importer`: values, constants, types, the emit-or-fold step), the converter registry and
+the helpers every converter family shares."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.graph import ops
+from tether.graph.ir import Node, TensorType
+
+
+
+ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+                10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
+
+
+class Importer:
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
+        self.nodes: List[Node] = []
+        self.types: Dict[str, TensorType] = {}
+        self.consts: Dict[str, np.ndarray] = {}
+        self.rename: Dict[str, str] = {}        # ONNX value name -> tether value name
+        self.counter = 0
+        self.reserved: set = set()              # every value name the ONNX graph uses, fresh names avoid them
+
+    # ---- values
+    def name(self, onnx_name: str) -> str:
+        return self.rename.get(onnx_name, onnx_name)
+
+    def const(self, value: str) -> Optional[np.ndarray]:
+        return self.consts.get(value)
+
+    def type(self, value: str) -> TensorType:
+        return self.types[value]
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        name = "%s_%d" % (hint, self.counter)
+        while name in self.types or name in self.reserved:
+            self.counter += 1
+            name = "%s_%d" % (hint, self.counter)
+        return name
+
+    def add_const(self, array: np.ndarray, hint: str = "const", name: Optional[str] = None) -> str:
+        array = np.asarray(array, order="C")
+        name = name or self.fresh(hint)
+        self.consts[name] = array
+        self.types[name] = TensorType(array.shape, array.dtype)
+        return name
+
+    def emit(self, op: str, inputs: Sequence[str], attrs: Optional[dict] = None, name: str = "",
+             outputs: Optional[Sequence[str]] = None) -> str:
+        """Add one graph op (or fold it if every input is constant); returns its (first) output name."""
+        attrs = dict(attrs or {})
+        in_types = [self.types[i] for i in inputs]
+        out_types = ops.infer(op, attrs, in_types)
+        outs = list(outputs) if outputs else [self.fresh(op) for _ in out_types]
+        if all(i in self.consts for i in inputs):
+            values = ops.evaluate(op, attrs, [self.consts[i] for i in inputs])
+            for o, v in zip(outs, values):
+                self.add_const(v, name=o)
+            return outs[0]
+        for o, t in zip(outs, out_types):
+            self.types[o] = t
+        self.nodes.append(Node(op, name or self.fresh(op + "_node"), list(inputs), outs, attrs))
+        return outs[0]
+
+    def require_const(self, value: str, what: str, node_name: str) -> np.ndarray:
+        c = self.consts.get(value)
+        if c is None:
+            raise UnsupportedOpError(
+                "node %s: %s (%r) must be a constant once input shapes are fixed; it is computed at run time"
+                % (node_name, what, value))
+        return c
+
+
+# ---------------------------------------------------------------- helpers
+def node_attrs(node) -> dict:
+    from onnx import helper
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def norm_axis(axis: int, ndim: int) -> int:
+    return axis + ndim if axis < 0 else axis
+
+
+def emit_reshape(im: Importer, x: str, shape: Sequence[int], name: str = "", out: Optional[str] = None) -> str:
+    shape = tuple(int(d) for d in shape)
+    if im.type(x).shape == shape and out is None:
+        return x
+    return im.emit("reshape", [x], {"shape": shape}, name, [out] if out else None)
+
+
+def node_output(node, i: int = 0) -> Optional[List[str]]:
+    return [node.output[i]] if len(node.output) > i and node.output[i] else None
+
+
+# ---------------------------------------------------------------- converters
+Converter = Callable[[Importer, object, List[str], dict], None]
+CONVERTERS: Dict[str, Converter] = {}
+
+
+def converter(*op_types: str):
+    def deco(fn: Converter) -> Converter:
+        for t in op_types:
+            CONVERTERS[t] = fn
+        return fn
+    return deco
+
+FLOATS = ("float32", "float64")
+INTS = ("int8", "uint8", "int16", "int32", "int64")
+NUMERIC = FLOATS + INTS
+
+
+def require_dtype(im, node, value: str, allowed: Sequence[str]) -> str:
+    dt = str(im.type(value).dtype)
+    if dt not in allowed:
+        raise UnsupportedOpError("node %s: %s on %s tensors is not supported (tether implements %s for %s)"
+                                 % (node.name, node.op_type, dt, node.op_type, ", ".join(allowed)))
+    return dt
+
+
+def no_legacy_broadcast(node, a):
+    # opset < 7 binary ops broadcast only with broadcast=1 and an explicit axis; numpy-style is what we implement
+    if "axis" in a:
+        raise UnsupportedOpError("node %s: %s with the legacy 'axis' attribute (opset < 7)" % (node.name, node.op_type))
+
+# ---------------------------------------------------------------- run-time dtypes the kernels implement (issue 11)
+KERNEL_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float32", "float64")
+
+
+def onnx_type_name(vi) -> str:
+    import onnx
+    elem = vi.type.tensor_type.elem_type
+    try:
+        return onnx.TensorProto.DataType.Name(elem).lower()
+    except ValueError:
+        return "elem_type_%d" % elem
+
+def str_attr(a: dict, key: str, default: str) -> str:
+    v = a.get(key, default)
+    return v.decode() if isinstance(v, bytes) else v
+
+def reshape_alias(im, x, node):
+    im.emit("reshape", [x], {"shape": im.type(x).shape}, node.name, node_output(node))

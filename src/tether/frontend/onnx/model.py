@@ -1,0 +1,118 @@
+"""The entry points: `from_onnx` (model -> graph, params), `unsupported_ops` and `op_coverage`."""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.graph.ir import Graph, TensorType
+from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, node_attrs, onnx_type_name
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- entry point
+def unsupported_ops(model) -> Dict[str, List[str]]:
+    """Every ONNX op type in `model` with no converter, with the names of its nodes."""
+    missing: Dict[str, List[str]] = {}
+    for i, node in enumerate(model.graph.node):
+        if node.op_type not in CONVERTERS or (node.domain not in ("", "ai.onnx")):
+            missing.setdefault(node.op_type, []).append(node.name or "#%d" % i)
+    return missing
+
+
+def op_coverage(model) -> List[dict]:
+    """Per (domain, op type) of ``model``: its opset, whether a converter covers it, and its nodes' names, in
+    order of first use. Covered means there is a converter; a converter may still refuse an attribute value
+    or dtype when the model is imported."""
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    rows: Dict[Tuple[str, str], dict] = {}
+    for i, node in enumerate(model.graph.node):
+        domain = node.domain or "ai.onnx"
+        key = (domain, node.op_type)
+        if key not in rows:
+            rows[key] = {"domain": domain, "op_type": node.op_type, "opset": opsets.get(domain),
+                         "covered": domain == "ai.onnx" and node.op_type in CONVERTERS, "nodes": []}
+        rows[key]["nodes"].append(node.name or "#%d" % i)
+    return list(rows.values())
+
+
+def _value_info_type(vi) -> Tuple[Tuple[Optional[int], ...], str]:
+    tt = vi.type.tensor_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+    return dims, ONNX_DTYPES.get(tt.elem_type, "elem_type_%d" % tt.elem_type)
+
+
+def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
+              dtype: Optional[Mapping[str, str]] = None,
+              constants: Optional[Mapping[str, np.ndarray]] = None) -> Tuple[Graph, Dict[str, np.ndarray]]:
+    """Import an ONNX ModelProto (or a path) as (graph, params).
+
+    ``shape`` fixes input shapes (needed for inputs with symbolic dimensions); ``constants`` binds run-time
+    inputs to fixed values (e.g. an int64 shape input), which then fold like initializers.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        model = onnx.load(model)
+    missing = unsupported_ops(model)
+    if missing:
+        listing = "; ".join("%s (%s)" % (op, ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
+                            for op, names in sorted(missing.items()))
+        raise UnsupportedOpError("the model uses %d unsupported op type(s): %s" % (len(missing), listing))
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
+    im = Importer(opset)
+    im.reserved = {v for n in model.graph.node for v in list(n.input) + list(n.output)} | \
+        {v.name for v in list(model.graph.input) + list(model.graph.output)}
+    shape = dict(shape or {})
+    dtype = dict(dtype or {})
+    constants = dict(constants or {})
+    for init in model.graph.initializer:
+        im.add_const(numpy_helper.to_array(init), name=init.name)
+    inputs: List[str] = []
+    runtime = [vi.name for vi in model.graph.input if vi.name not in im.consts and vi.name not in constants]
+    unknown = set(shape) - set(runtime)
+    if unknown:
+        raise ValueError("shape given for %s, which are not run-time inputs of the model (inputs: %s)"
+                         % (sorted(unknown), runtime))
+    for vi in model.graph.input:
+        if vi.name in im.consts:
+            continue
+        dims, dt = _value_info_type(vi)
+        dt = dtype.get(vi.name, dt)
+        if vi.name in constants:
+            im.add_const(np.asarray(constants[vi.name], dtype=dt), name=vi.name)
+            continue
+        if vi.name in shape:
+            dims = tuple(int(d) for d in shape[vi.name])
+        if any(d is None for d in dims):
+            raise ValueError("input %r has a symbolic shape %s: fix it with from_onnx(..., shape={%r: (...)}) "
+                             "(CLI: --input-shape %s:D0,D1,...)" % (vi.name, dims, vi.name, vi.name))
+        if dt not in KERNEL_DTYPES:
+            raise UnsupportedOpError("input %r has element type %s, which tether's kernels do not implement "
+                                     "(they take %s)" % (vi.name, onnx_type_name(vi), ", ".join(KERNEL_DTYPES)))
+        im.types[vi.name] = TensorType(dims, dt)
+        inputs.append(vi.name)
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = "%s_%d" % (node.op_type, i)
+        ins = [x for x in node.input]
+        for x in ins:
+            if x and x not in im.types:
+                raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
+        CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+        for o in node.output:
+            if o and o not in im.types:
+                raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
+    outputs = [o.name for o in model.graph.output]
+    graph = Graph(inputs, outputs, im.nodes, im.types, name=model.graph.name or "main")
+    used = {i for n in graph.nodes for i in n.inputs} | set(outputs)
+    params = {k: v for k, v in im.consts.items() if k in used}
+    graph.types = {k: v for k, v in graph.types.items() if k in used or k in inputs
+                   or any(k in n.outputs for n in graph.nodes)}
+    graph.validate(params)
+    log.info("imported %s: %d nodes, %d params", graph.name, len(graph.nodes), len(params))
+    return graph, params

@@ -1,0 +1,90 @@
+"""Converters of layer, instance and group normalization."""
+from __future__ import annotations
+
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.frontend.onnx.importer import converter, emit_reshape, node_output, norm_axis
+
+
+# ---------------------------------------------------------------- layer / instance / group normalization
+def _stash_check(node, a, dtype: str) -> None:
+    # stash_type 1 (float32 statistics) is the only kind: on float32 inputs it changes nothing
+    if dtype != "float32":
+        raise UnsupportedOpError("node %s: %s on %s tensors (float32 only)" % (node.name, node.op_type, dtype))
+    if int(a.get("stash_type", 1)) != 1:
+        raise UnsupportedOpError("node %s: %s stash_type=%d (only 1, float32)"
+                                 % (node.name, node.op_type, int(a["stash_type"])))
+
+
+@converter("LayerNormalization")
+def _layer_norm(im, node, ins, a):
+    t = im.type(ins[0])
+    _stash_check(node, a, t.dtype)
+    nd = len(t.shape)
+    axis = norm_axis(int(a.get("axis", -1)), nd)
+    eps = float(a.get("epsilon", 1e-5))
+    inputs = [ins[0], ins[1]]
+    has_bias = len(ins) > 2 and bool(ins[2])
+    if has_bias:
+        inputs.append(ins[2])
+    im.emit("normalize", inputs, {"axis": axis, "epsilon": eps, "has_scale": True, "has_bias": has_bias},
+            node.name, node_output(node))
+    want_mean = len(node.output) > 1 and node.output[1]
+    want_inv = len(node.output) > 2 and node.output[2]
+    if want_mean or want_inv:
+        # the optional statistics outputs (training exports): mean and 1/sqrt(var + eps) over [axis, ndim)
+        axes = list(range(axis, nd))
+        m = im.emit("reduce", [ins[0]], {"kind": "mean", "axes": axes, "keepdims": True}, node.name + "_mean",
+                    node_output(node, 1) if want_mean else None)
+        if want_inv:
+            d = im.emit("sub", [ins[0], m])
+            v = im.emit("reduce", [im.emit("mul", [d, d])], {"kind": "mean", "axes": axes, "keepdims": True})
+            sd = im.emit("sqrt", [im.emit("add", [v, im.add_const(np.array(eps, np.float32))])])
+            im.emit("div", [im.add_const(np.array(1.0, np.float32)), sd], {}, node.name + "_invstd",
+                    node_output(node, 2))
+
+
+@converter("InstanceNormalization")
+def _instance_norm(im, node, ins, a):
+    t = im.type(ins[0])
+    _stash_check(node, a, t.dtype)
+    nd = len(t.shape)
+    if nd < 3:
+        raise UnsupportedOpError("node %s: InstanceNormalization of a rank-%d tensor (needs N, C, D1, ...)"
+                                 % (node.name, nd))
+    vec = (t.shape[1],) + (1,) * (nd - 2)
+    im.emit("normalize", [ins[0], emit_reshape(im, ins[1], vec), emit_reshape(im, ins[2], vec)],
+            {"axis": 2, "epsilon": float(a.get("epsilon", 1e-5)), "has_scale": True, "has_bias": True},
+            node.name, node_output(node))
+
+
+@converter("GroupNormalization")
+def _group_norm(im, node, ins, a):
+    t = im.type(ins[0])
+    _stash_check(node, a, t.dtype)
+    nd = len(t.shape)
+    g = int(a["num_groups"])
+    n, ch = t.shape[0], t.shape[1]
+    if nd < 3 or g <= 0 or ch % g:
+        raise UnsupportedOpError("node %s: GroupNormalization with num_groups=%d on shape %s (channels must "
+                                 "split into the groups)" % (node.name, g, t.shape))
+    spatial = int(np.prod(t.shape[2:], dtype=np.int64))
+    x = emit_reshape(im, ins[0], (n, g, ch // g, spatial))
+    # opset 18 took scale/bias per group, opset 21 per channel (18's form was withdrawn as ambiguous)
+    per_channel = im.opset >= 21
+    want = ch if per_channel else g
+    for k in (1, 2):
+        if im.type(ins[k]).shape != (want,):
+            raise UnsupportedOpError("node %s: GroupNormalization (opset %d) wants %s of shape (%d,), got %s"
+                                     % (node.name, im.opset, "scale" if k == 1 else "bias", want,
+                                        im.type(ins[k]).shape))
+    vec = (g, ch // g, 1) if per_channel else (g, 1, 1)
+    y = im.emit("normalize", [x, emit_reshape(im, ins[1], vec), emit_reshape(im, ins[2], vec)],
+                {"axis": 2, "epsilon": float(a.get("epsilon", 1e-5)), "has_scale": True, "has_bias": True},
+                node.name)
+    emit_reshape(im, y, t.shape, node.name + "_unflatten", node.output[0])
+
+
+# ---------------------------------------------------------------- shape ops: Split, Expand, Tile, Range, Size
