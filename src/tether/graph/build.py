@@ -33,6 +33,7 @@ from tether import driver, ops, te
 from tether.graph.ir import Graph, Node
 from tether.graph.passes import needs_kernel, optimize, plan_memory
 from tether.graph.conv_gemm import pack_conv_weights
+from tether.graph.recurrent_kernel import DIRECT_KERNELS
 from tether.graph.to_te import lower_kernel
 from tether.target import as_target
 
@@ -128,6 +129,12 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
         if fname is None:
             fname = "%s_k%d_%s" % (name, len(func_of_sig), re.sub(r"[^A-Za-z0-9]+", "_", node.ops_label())[:48])
             func_of_sig[sig] = fname
+            # ---- kernels written directly as loop IR (recurrent cells: a serial loop over time carrying state)
+            if node.op in DIRECT_KERNELS:
+                triples.append(DIRECT_KERNELS[node.op](node, graph.types, tgt, fname))
+                shapes_of_func[fname] = None
+                node_funcs.append(fname)
+                continue
             placeholders, out, shapes_of_func[fname] = lower_kernel(node, graph.types, conv_gemm=opt_level >= 3,
                                                                     panel_weights=panel_weights)
             sch = ops.schedule([out], tgt)

@@ -1,0 +1,216 @@
+"""The ``recurrent`` op's kernel, written directly as loop IR: te describes one value per output element and has
+no loop that carries state, so the recurrence over time is a serial tir loop around each step's work.
+
+Per direction (unrolled at build time) and time step:
+1. the recurrent product ``gates[b, :] = xw[t, b, d, :] + h[b, :] @ rt[d]``: a register block of ``U`` vectors of
+   output columns accumulates over the hidden units (each step reads ``rt`` once per batch row: the step is a
+   matrix-vector product at batch 1, bound by the weights' bytes, as in onnxruntime);
+2. the gate arithmetic for each hidden unit, vectorized: activations, the cell update and the ``seq_lens`` mask,
+   writing ``y`` and the running state, which lives in the ``y_h`` (and ``y_c``) outputs themselves.
+A GRU without ``linear_before_reset`` runs the product in two parts: z and r first, then ``(r * h) @ Rh``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+from tether import te
+from tether.errors import UnsupportedOpError
+from tether.graph.ir import Node, TensorType
+from tether.graph.recurrent import GATES, input_names
+from tether.ops.schedules import family_of
+from tether.tir import Allocate, Buffer, Const, Expr, For, Load, PrimFunc, Stmt, Store, Var, seq
+
+Act = Callable[[Expr], Expr]
+
+
+def _k(v: float, dtype: str) -> Expr:
+    return te.const(float(v), dtype)
+
+
+def activation(name: str, alpha: float, beta: float, dtype: str) -> Act:
+    zero, one = _k(0.0, dtype), _k(1.0, dtype)
+    a, b = _k(alpha, dtype), _k(beta, dtype)
+    table: Dict[str, Act] = {
+        "relu": lambda x: te.max(x, zero),
+        "tanh": te.tanh,
+        "sigmoid": te.sigmoid,
+        "affine": lambda x: a * x + b,
+        "leakyrelu": lambda x: te.if_then_else(x >= zero, x, a * x),
+        "thresholdedrelu": lambda x: te.if_then_else(x > a, x, zero),
+        "scaledtanh": lambda x: a * te.tanh(b * x),
+        "hardsigmoid": lambda x: te.min(te.max(a * x + b, zero), one),
+        "elu": lambda x: te.if_then_else(x >= zero, x, a * (te.exp(x) - one)),
+        "softsign": lambda x: x / (one + te.abs(x)),
+        "softplus": lambda x: te.max(x, zero) + te.log(one + te.exp(zero - te.abs(x))),
+    }
+    return table[name]
+
+
+class _Builder:
+    def __init__(self, node: Node, types: Dict[str, TensorType], target, name: str):
+        a = node.attrs
+        self.a = a
+        self.cell = a["cell"]
+        self.H = a["hidden"]
+        self.G = GATES[self.cell]
+        self.N = self.G * self.H
+        xw_t = types[node.inputs[0]]
+        self.S, self.B = xw_t.shape[0], xw_t.shape[1]
+        self.D = len(a["directions"])
+        self.dtype = xw_t.dtype
+        if self.dtype != "float32":
+            raise UnsupportedOpError("node %s: %s on %s tensors (tether implements float32)"
+                                     % (node.name, self.cell.upper(), self.dtype))
+        fam = family_of(target)
+        self.V = fam.lanes if self.H % fam.lanes == 0 else 1
+        self.U_max = 8 if fam.name == "aarch64" else 4
+        names = input_names(a)
+        self.params = [te.placeholder(types[v].shape, types[v].dtype, name=n) for n, v in zip(names, node.inputs)]
+        out_names = ["y", "y_h", "y_c"][:len(node.outputs)]
+        self.params += [te.placeholder(types[v].shape, types[v].dtype, name=n) for n, v in zip(out_names,
+                                                                                              node.outputs)]
+        self.buf = {p.name: Buffer(p.name, p.shape, p.dtype, "param") for p in self.params}
+        self.name = name
+        clip = a.get("clip")
+        self.clip = None if clip is None else (_k(-clip, self.dtype), _k(clip, self.dtype))
+
+    # ---- helpers
+    def ld(self, buf: str, idx: Expr) -> Expr:
+        return Load(self.buf[buf], idx)
+
+    def cl(self, x: Expr) -> Expr:
+        return x if self.clip is None else te.min(te.max(x, self.clip[0]), self.clip[1])
+
+    def loop(self, name: str, extent: int, body: Callable[[Expr], Stmt], kind: str = "serial") -> Stmt:
+        v = Var(name)
+        return For(v, Const(0, "int32"), Const(extent, "int32"), kind, body(v),
+                   max_extent=extent if kind in ("vectorized", "unrolled") else None)
+
+    def vloop(self, name: str, extent: int, body: Callable[[Expr], Stmt]) -> Stmt:
+        """``for j in range(extent)`` as vectors of V lanes (extent is a multiple of V)."""
+        if self.V == 1:
+            return self.loop(name, extent, body)
+        return self.loop(name + "o", extent // self.V,
+                         lambda jo: self.loop(name + "i", self.V, lambda ji: body(jo * self.V + ji), "vectorized"))
+
+    # ---- step 1: the recurrent product over columns [c0, c1) of one direction
+    def product(self, d: int, c0: int, c1: int, init: Callable[[Expr, Expr], Expr], src: Callable[[Expr, Expr], Expr],
+                gates: Buffer) -> Stmt:
+        n, V = c1 - c0, self.V
+        U = next(u for u in range(self.U_max, 0, -1) if n % (u * V) == 0)
+        acc = Buffer("acc", (U * V,), self.dtype, "local")
+
+        def block(b, jo):
+            def lanes(fn):
+                return self.loop("u", U, lambda u: self.loop("l", V, lambda l: fn(u * V + l), "vectorized")
+                                 if V > 1 else fn(u), "unrolled")
+            col = lambda i: jo * (U * V) + c0 + i           # noqa: E731
+            first = lanes(lambda i: Store(acc, i, init(b, col(i))))
+            upd = self.loop("k", self.H, lambda k: lanes(lambda i: Store(
+                acc, i, Load(acc, i) + self.ld("rt", (d * self.H + k) * self.N + col(i)) * src(b, k))))
+            out = lanes(lambda i: Store(gates, b * self.N + col(i), Load(acc, i)))
+            return Allocate(acc, seq(first, upd, out))
+        return self.loop("b", self.B, lambda b: self.loop("jo", n // (U * V), lambda jo: block(b, jo)))
+
+    # ---- step 2: the cell update
+    def state(self, name: str, d: int, b: Expr, j: Expr) -> Expr:
+        return (d * self.B + b) * self.H + j
+
+    def update(self, d: int, t: Expr, gates: Buffer, acts: List[Act], rh: Buffer = None) -> Stmt:
+        H, N, dt = self.H, self.N, self.dtype
+        zero, one = _k(0.0, dt), _k(1.0, dt)
+        has_lens = self.a.get("has_seq_lens")
+
+        def unit(b, j):
+            g = lambda k: Load(gates, b * N + k * H + j)    # noqa: E731
+            x = lambda k: self.ld("xw", ((t * self.B + b) * self.D + d) * N + k * H + j)   # noqa: E731
+            si = self.state("h", d, b, j)
+            h = self.ld("y_h", si)
+            stores = []
+            if self.cell == "lstm":
+                c = self.ld("y_c", si)
+                peep = (lambda k, v: self.ld("p", d * 3 * H + k * H + j) * v) if self.a.get("has_peephole") \
+                    else (lambda k, v: zero)
+                i = acts[0](self.cl(g(0) + peep(0, c)))
+                f = one - i if self.a.get("input_forget") else acts[0](self.cl(g(2) + peep(2, c)))
+                cn = f * c + i * acts[1](self.cl(g(3)))
+                o = acts[0](self.cl(g(1) + peep(1, cn)))
+                hn = o * acts[2](cn)
+                new_c = cn
+            elif self.cell == "gru":
+                z = acts[0](self.cl(g(0)))
+                if self.a.get("linear_before_reset"):
+                    r = acts[0](self.cl(g(1)))
+                    hh = acts[1](self.cl(x(2) + r * (g(2) + self.ld("rbh", d * H + j))))
+                else:
+                    hh = acts[1](self.cl(g(2)))
+                hn = (one - z) * hh + z * h
+            else:
+                hn = acts[0](self.cl(g(0)))
+            yi = ((t * self.D + d) * self.B + b) * H + j
+            # Expressions are trees evaluated at each store: ``hn`` reads the old c and h, so y_c is written last
+            # and y_h after y (the new c reads neither h nor y); LLVM merges the repeated arithmetic.
+            if has_lens:
+                valid = t < self.ld("seq_lens", b)
+                stores.append(Store(self.buf["y"], yi, te.if_then_else(valid, hn, zero)))
+                stores.append(Store(self.buf["y_h"], si, te.if_then_else(valid, hn, h)))
+                if self.cell == "lstm":
+                    stores.append(Store(self.buf["y_c"], si, te.if_then_else(valid, new_c, c)))
+            else:
+                stores.append(Store(self.buf["y"], yi, hn))
+                stores.append(Store(self.buf["y_h"], si, hn))
+                if self.cell == "lstm":
+                    stores.append(Store(self.buf["y_c"], si, new_c))
+            return seq(*stores)
+        return self.loop("b", self.B, lambda b: self.vloop("j", H, lambda j: unit(b, j)))
+
+    def gru_reset(self, d: int, gates: Buffer, rh: Buffer, act: Act) -> Stmt:
+        """``rh = r * h`` for the second part of a GRU product (without linear_before_reset)."""
+        H, N = self.H, self.N
+        return self.loop("b", self.B, lambda b: self.vloop("j", H, lambda j: Store(
+            rh, b * H + j, act(self.cl(Load(gates, b * N + H + j))) * self.ld("y_h", self.state("h", d, b, j)))))
+
+    # ---- the whole kernel
+    def build(self) -> PrimFunc:
+        a, dt, H, N = self.a, self.dtype, self.H, self.N
+        gates = Buffer("gates", (self.B * N,), dt, "local")
+        rh = Buffer("rh", (self.B * H,), dt, "local")
+        n_state = self.D * self.B * H
+        init = [self.loop("s", n_state, lambda i: Store(self.buf["y_h"], i, self.ld("h0", i)))]
+        if self.cell == "lstm":
+            init.append(self.loop("s", n_state, lambda i: Store(self.buf["y_c"], i, self.ld("c0", i))))
+        body = list(init)
+        for d, direction in enumerate(a["directions"]):
+            acts = [activation(n, al, be, dt) for n, al, be in a["acts"][d]]
+
+            def step(s, d=d, direction=direction, acts=acts):
+                t = s if direction == "forward" else (self.S - 1) - s
+                xrow = lambda b, col: self.ld("xw", ((t * self.B + b) * self.D + d) * N + col)   # noqa: E731
+                hsrc = lambda b, k: self.ld("y_h", self.state("h", d, b, k))                    # noqa: E731
+                parts = []
+                if self.cell == "gru" and not a.get("linear_before_reset"):
+                    parts.append(self.product(d, 0, 2 * H, xrow, hsrc, gates))
+                    parts.append(self.gru_reset(d, gates, rh, acts[0]))
+                    parts.append(self.product(d, 2 * H, 3 * H, xrow, lambda b, k: Load(rh, b * H + k), gates))
+                elif self.cell == "gru":
+                    zero = _k(0.0, dt)
+                    parts.append(self.product(d, 0, 2 * H, xrow, hsrc, gates))
+                    parts.append(self.product(d, 2 * H, 3 * H, lambda b, col: zero, hsrc, gates))
+                else:
+                    parts.append(self.product(d, 0, N, xrow, hsrc, gates))
+                parts.append(self.update(d, t, gates, acts))
+                return seq(*parts)
+            body.append(self.loop("t", self.S, step))
+        stmt = Allocate(gates, seq(*body))
+        if self.cell == "gru" and not a.get("linear_before_reset"):
+            stmt = Allocate(rh, stmt)
+        return PrimFunc(self.name, self.params, [self.buf[p.name] for p in self.params], stmt)
+
+
+def recurrent_kernel(node: Node, types: Dict[str, TensorType], target, name: str) -> PrimFunc:
+    """The PrimFunc of one ``recurrent`` node: arguments are the node's inputs, then its outputs."""
+    return _Builder(node, types, target, name).build()
+
+
+# graph op -> builder of a kernel written as loop IR (build_graph asks here before lowering through te)
+DIRECT_KERNELS = {"recurrent": recurrent_kernel}
