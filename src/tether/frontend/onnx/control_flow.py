@@ -1,0 +1,227 @@
+"""ONNX control flow: If, Loop and Scan, converted by inlining their subgraphs into the parent graph.
+
+A subgraph is converted in the parent's import state (``inline_subgraph``): it reads outer-scope values by name,
+its formal inputs are bound to actual values, and every value it defines gets a fresh name, so a body inlined
+once per iteration never collides with itself. Names are resolved through ``Importer.rename``, scoped per
+inlining, which is what lets nested subgraphs (an If inside a Loop body) see the right values.
+
+- ``If`` with a condition known at import (a constant, or folded from shapes) inlines the taken branch only.
+  On a run-time condition both branches are inlined and each output is ``where(cond, then, else)``: ONNX
+  subgraphs are side-effect free, so this computes exactly the taken branch's values (the untaken branch's work
+  is wasted, and its NaNs never leak through the select). Branch outputs must have the same shape and dtype.
+- ``Loop`` with a trip count and condition known at import is unrolled: the body once per iteration, loop-carried
+  values threaded through, scan outputs stacked along a new axis 0. A condition the body computes must fold to a
+  constant each iteration (an early exit decided at run time is refused). At most ``MAX_UNROLL`` iterations.
+- ``Scan`` (opset 9+) is unrolled over its sequence axis the same way: per-input axes and directions, per-output
+  axes and directions.
+Identical kernels of the unrolled iterations compile once (build_graph shares kernels by signature).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.frontend.onnx.importer import CONVERTERS, Importer, converter, emit_reshape, node_attrs, norm_axis
+
+# iterations a Loop or Scan may unroll to: the graph grows by a body per iteration
+MAX_UNROLL = 256
+
+
+def inline_subgraph(im: Importer, graph, bindings: Dict[str, str], scope: str) -> List[str]:
+    """Convert ``graph`` (a GraphProto) into ``im`` with its inputs bound to ``bindings`` (formal name -> value);
+    returns the tether value names of its outputs."""
+    import onnx
+
+    saved = dict(im.rename)
+    try:
+        for vi in graph.input:
+            if vi.name not in bindings:
+                raise UnsupportedOpError("subgraph %s: input %r is not bound" % (graph.name, vi.name))
+        im.rename.update(bindings)
+        for init in graph.initializer:
+            im.rename[init.name] = im.add_const(onnx.numpy_helper.to_array(init), hint=scope + "_init")
+        for i, node in enumerate(graph.node):
+            if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
+                raise UnsupportedOpError("subgraph %s: op %s (node %s) is not supported"
+                                         % (graph.name, node.op_type, node.name or "#%d" % i))
+            local = onnx.NodeProto()
+            local.CopyFrom(node)
+            local.name = "%s/%s" % (scope, node.name or "%s_%d" % (node.op_type, i))
+            ins = [im.name(x) if x else "" for x in node.input]
+            for x in ins:
+                if x and x not in im.types:
+                    raise ValueError("node %s (%s) reads %r, which nothing defines" % (local.name, node.op_type, x))
+            del local.input[:]
+            local.input.extend(ins)
+            outs = []
+            for o in node.output:
+                if o:
+                    im.rename[o] = im.fresh(scope + "_" + o)
+                outs.append(im.rename[o] if o else "")
+            del local.output[:]
+            local.output.extend(outs)
+            CONVERTERS[node.op_type](im, local, ins, node_attrs(local))
+            for o in outs:
+                if o and o not in im.types:
+                    raise UnsupportedOpError("node %s (%s): output %r was not produced" % (local.name, node.op_type, o))
+        return [im.name(o.name) for o in graph.output]
+    finally:
+        im.rename.clear()
+        im.rename.update(saved)
+
+
+def _bind_output(im: Importer, value: str, out: str) -> None:
+    """Make ONNX output ``out`` the value ``value`` (a view: no kernel, no copy)."""
+    if value in im.consts:
+        im.add_const(im.consts[value], name=out)
+    else:
+        im.emit("reshape", [value], {"shape": im.type(value).shape}, outputs=[out])
+
+
+def _scalar_const(im: Importer, value: str, what: str, node) -> np.ndarray:
+    c = im.const(value)
+    if c is None:
+        raise UnsupportedOpError("node %s: %s %s is computed at run time; tether needs it at compile time"
+                                 % (node.name, node.op_type, what))
+    return np.asarray(c).reshape(-1)
+
+
+# ---------------------------------------------------------------- If
+@converter("If")
+def _if(im: Importer, node, ins: List[str], a: dict) -> None:
+    cond = ins[0]
+    c = im.const(cond)
+    if c is not None:
+        branch = a["then_branch"] if bool(np.asarray(c).reshape(-1)[0]) else a["else_branch"]
+        results = inline_subgraph(im, branch, {}, node.name)
+        for out, value in zip(node.output, results):
+            if out:
+                _bind_output(im, value, out)
+        return
+    then_vals = inline_subgraph(im, a["then_branch"], {}, node.name + "_then")
+    else_vals = inline_subgraph(im, a["else_branch"], {}, node.name + "_else")
+    if im.type(cond).size != 1:
+        raise UnsupportedOpError("node %s: If condition of shape %s (one element expected)"
+                                 % (node.name, im.type(cond).shape))
+    flag = emit_reshape(im, cond, ())
+    if im.type(flag).dtype != "bool":
+        flag = im.emit("cast", [flag], {"to": "bool"})
+    for out, tv, ev in zip(node.output, then_vals, else_vals):
+        if not out:
+            continue
+        tt, et = im.type(tv), im.type(ev)
+        if tt != et:
+            raise UnsupportedOpError("node %s: If branches give output %r as %s and %s; tether selects between "
+                                     "branches of one type" % (node.name, out, tt, et))
+        im.emit("where", [flag, tv, ev], outputs=[out])
+
+
+# ---------------------------------------------------------------- Loop
+def _stack(im: Importer, values: Sequence[str], axis: int, out: str) -> None:
+    """values (each of one shape) stacked along a new ``axis`` into ``out``."""
+    parts = []
+    for v in values:
+        shape = list(im.type(v).shape)
+        shape.insert(axis, 1)
+        parts.append(emit_reshape(im, v, shape))
+    if len(parts) == 1:
+        _bind_output(im, parts[0], out)
+    else:
+        im.emit("concat", parts, {"axis": axis}, outputs=[out])
+
+
+@converter("Loop")
+def _loop(im: Importer, node, ins: List[str], a: dict) -> None:
+    body = a["body"]
+    m_name = ins[0] if ins and ins[0] else None
+    c_name = ins[1] if len(ins) > 1 and ins[1] else None
+    carried = list(ins[2:])
+    trips = int(_scalar_const(im, m_name, "trip count M", node)[0]) if m_name else None
+    cond = bool(_scalar_const(im, c_name, "condition", node)[0]) if c_name else True
+    if trips is None:
+        raise UnsupportedOpError("node %s: Loop without a trip count (a loop until a run-time condition)"
+                                 % node.name)
+    if trips > MAX_UNROLL:
+        raise UnsupportedOpError("node %s: Loop of %d iterations; tether unrolls loops of at most %d"
+                                 % (node.name, trips, MAX_UNROLL))
+    n_carried = len(carried)
+    n_scan = len(body.output) - 1 - n_carried
+    formal = [vi.name for vi in body.input]
+    values = list(carried)
+    scans: List[List[str]] = [[] for _ in range(n_scan)]
+    it_dtype = "int64"
+    i = 0
+    while i < trips and cond:
+        bindings = {formal[0]: im.add_const(np.array(i, dtype=it_dtype), hint="iter"),
+                    formal[1]: im.add_const(np.array(cond), hint="cond")}
+        bindings.update(dict(zip(formal[2:], values)))
+        results = inline_subgraph(im, body, bindings, "%s_it%d" % (node.name, i))
+        cond = bool(_scalar_const(im, results[0], "body condition output", node)[0])
+        values = results[1:1 + n_carried]
+        for k in range(n_scan):
+            scans[k].append(results[1 + n_carried + k])
+        i += 1
+    for out, v in zip(node.output[:n_carried], values):
+        if out:
+            _bind_output(im, v, out)
+    for out, vs in zip(node.output[n_carried:], scans):
+        if not out:
+            continue
+        if not vs:
+            raise UnsupportedOpError("node %s: Loop scan output %r of zero iterations (its shape is unknown)"
+                                     % (node.name, out))
+        _stack(im, vs, 0, out)
+
+
+# ---------------------------------------------------------------- Scan
+@converter("Scan")
+def _scan(im: Importer, node, ins: List[str], a: dict) -> None:
+    if im.opset < 9:
+        raise UnsupportedOpError("node %s: Scan before opset 9 (batched form with sequence_lens)" % node.name)
+    body = a["body"]
+    n_in = int(a["num_scan_inputs"])
+    states, xs = list(ins[:len(ins) - n_in]), list(ins[len(ins) - n_in:])
+    n_state = len(states)
+    n_out = len(body.output) - n_state
+    in_axes = [norm_axis(int(x), len(im.type(v).shape)) for x, v in zip(a.get("scan_input_axes", [0] * n_in), xs)]
+    in_dirs = list(a.get("scan_input_directions", [0] * n_in))
+    out_dirs = list(a.get("scan_output_directions", [0] * n_out))
+    lengths = {im.type(v).shape[ax] for v, ax in zip(xs, in_axes)}
+    if len(lengths) != 1:
+        raise UnsupportedOpError("node %s: Scan inputs of different lengths %s" % (node.name, sorted(lengths)))
+    steps = lengths.pop()
+    if steps > MAX_UNROLL:
+        raise UnsupportedOpError("node %s: Scan over %d steps; tether unrolls at most %d" % (node.name, steps,
+                                                                                             MAX_UNROLL))
+    formal = [vi.name for vi in body.input]
+    values = list(states)
+    outs: List[List[str]] = [[] for _ in range(n_out)]
+    for t in range(steps):
+        bindings = dict(zip(formal[:n_state], values))
+        for k, (x, ax, rev) in enumerate(zip(xs, in_axes, in_dirs)):
+            pos = steps - 1 - t if rev else t
+            shape = im.type(x).shape
+            begin = [0] * len(shape)
+            end = list(shape)
+            begin[ax], end[ax] = pos, pos + 1
+            sl = im.emit("strided_slice", [x], {"begin": begin, "end": end, "step": [1] * len(shape)})
+            bindings[formal[n_state + k]] = emit_reshape(im, sl, shape[:ax] + shape[ax + 1:])
+        results = inline_subgraph(im, body, bindings, "%s_t%d" % (node.name, t))
+        values = results[:n_state]
+        for k in range(n_out):
+            outs[k].append(results[n_state + k])
+    for out, v in zip(node.output[:n_state], values):
+        if out:
+            _bind_output(im, v, out)
+    for k, (out, vs) in enumerate(zip(node.output[n_state:], outs)):
+        if not out:
+            continue
+        if not vs:
+            raise UnsupportedOpError("node %s: Scan output %r over zero steps" % (node.name, out))
+        rank = len(im.type(vs[0]).shape) + 1
+        axes = a.get("scan_output_axes", [0] * n_out)
+        ax = norm_axis(int(axes[k]), rank)
+        _stack(im, list(reversed(vs)) if out_dirs[k] else vs, ax, out)
+

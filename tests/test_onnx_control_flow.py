@@ -1,0 +1,229 @@
+"""ONNX If, Loop and Scan through tether against onnxruntime: If on a compile-time condition (inlined branch) and
+on a run-time one (both branches, a select), outer-scope reads, nesting; Loop unrolled with loop-carried values,
+scan outputs and a body condition that ends it early; Scan over every input/output axis and direction; the
+refusals; and a VAD-like model (1-D convs, ReduceMean, an LSTM with state inputs/outputs, a run-time If)."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import tether
+from tether import graph_executor
+from tether.errors import UnsupportedOpError
+from tether.frontend import from_onnx
+from tether.frontend.onnx.control_flow import MAX_UNROLL
+
+
+def model_of(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "cf", inputs, [helper.make_tensor_value_info(o, TP.FLOAT, None)
+                                                    if isinstance(o, str) else o for o in outputs], list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def const(name, value, dtype=np.float32):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, dtype), name))
+
+
+def vi(name, shape, elem=TP.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def check(model, feeds, tmp_path, constants=None):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    expected = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, feeds)
+    graph, params = from_onnx(model, constants=constants)
+    tether.build_graph(graph, params).export(str(tmp_path))
+    gm = graph_executor.load(str(tmp_path))
+    gm.run(**{k: v for k, v in feeds.items() if k not in (constants or {})})
+    for i, e in enumerate(expected):
+        np.testing.assert_allclose(gm.get_output(i), e, rtol=1e-4, atol=1e-6)
+    return graph
+
+
+def branches(then_nodes, then_out, else_nodes, else_out):
+    return (helper.make_graph(then_nodes, "then", [], [vi(then_out, None)]),
+            helper.make_graph(else_nodes, "else", [], [vi(else_out, None)]))
+
+
+def if_model(cond_node, nested=False):
+    """y = If(cond) then x * 2 + w else sigmoid(x) - w, reading x and w from the outer scope."""
+    then_nodes = [const("two", 2.0), helper.make_node("Mul", ["x", "two"], ["t1"]),
+                  helper.make_node("Add", ["t1", "w"], ["t_out"])]
+    if nested:      # the then-branch holds an If of its own on the same condition
+        inner = branches([helper.make_node("Neg", ["t_out"], ["n_out"])], "n_out",
+                         [helper.make_node("Abs", ["t_out"], ["a_out"])], "a_out")
+        then_nodes.append(helper.make_node("If", ["c"], ["t_out2"], then_branch=inner[0], else_branch=inner[1]))
+    then_g, else_g = branches(then_nodes, "t_out2" if nested else "t_out",
+                              [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Sub", ["s", "w"],
+                                                                                          ["e_out"])], "e_out")
+    w = numpy_helper.from_array(np.linspace(-1, 1, 12).astype(np.float32).reshape(3, 4), "w")
+    nodes = cond_node + [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    return model_of(nodes, [vi("x", (3, 4))], ["y"], [w])
+
+
+X = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_if_on_a_constant_inlines_one_branch(value, tmp_path):
+    model = if_model([const("c", value, bool)])
+    graph = check(model, {"x": X}, tmp_path)
+    ops = graph.ops_used()
+    assert "where" not in ops and ("sigmoid" in ops) != value
+
+
+def test_if_on_a_shape_condition_folds(tmp_path):
+    # c = Shape(x)[0] == 3: known once the input shape is fixed
+    cond = [helper.make_node("Shape", ["x"], ["shp"]), const("zero", [0], np.int64),
+            helper.make_node("Gather", ["shp", "zero"], ["d0"]), const("three", [3], np.int64),
+            helper.make_node("Equal", ["d0", "three"], ["c1"]), helper.make_node("Squeeze", ["c1"], ["c"])]
+    graph = check(if_model(cond), {"x": X}, tmp_path)
+    assert "where" not in graph.ops_used() and "sigmoid" not in graph.ops_used()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("value", [True, False])
+def test_if_on_a_run_time_condition(value, nested, tmp_path):
+    model = if_model([], nested=nested)
+    model.graph.input.append(vi("c", (), TP.BOOL))
+    feeds = {"x": X, "c": np.array(value)}
+    graph = check(model, feeds, tmp_path)
+    assert "where" in graph.ops_used()
+    # the same compiled model follows the condition at run time
+    gm = graph_executor.load(str(tmp_path))
+    gm.run(x=X, c=np.array(not value))
+    other = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": X, "c": np.array(not value)})
+    np.testing.assert_allclose(gm.get_output(0), other[0], rtol=1e-4, atol=1e-6)
+
+
+def test_if_branches_of_different_shapes_are_refused():
+    then_g, else_g = branches([helper.make_node("Identity", ["x"], ["t"])], "t",
+                              [helper.make_node("ReduceSum", ["x"], ["e"], keepdims=1)], "e")
+    model = model_of([helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)],
+                     [vi("x", (3, 4)), vi("c", (), TP.BOOL)], ["y"])
+    with pytest.raises(UnsupportedOpError, match="If branches give output"):
+        from_onnx(model)
+
+
+def loop_body(early_exit=None):
+    """carried (acc, k): acc = acc * 0.5 + x[iter] ; k = k + 1; scan output acc (and iter as float)."""
+    nodes = [helper.make_node("Gather", ["xs", "it"], ["row"], axis=0),
+             const("half", 0.5), helper.make_node("Mul", ["acc_in", "half"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "row"], ["acc_out"]),
+             const("one", 1.0), helper.make_node("Add", ["k_in", "one"], ["k_out"]),
+             helper.make_node("Cast", ["it"], ["itf"], to=TP.FLOAT),
+             helper.make_node("Identity", ["acc_out"], ["scan1"])]
+    if early_exit is None:
+        nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    else:   # stop after iteration `early_exit` (computed from the iteration number: folds each iteration)
+        nodes += [const("stop", early_exit, np.int64), helper.make_node("Less", ["it", "stop"], ["cond_out"])]
+    return helper.make_graph(nodes, "body", [vi("it", (), TP.INT64), vi("cond_in", (), TP.BOOL),
+                                             vi("acc_in", (4,)), vi("k_in", ())],
+                             [vi("cond_out", (), TP.BOOL), vi("acc_out", (4,)), vi("k_out", ()), vi("scan1", (4,)),
+                              vi("itf", ())])
+
+
+@pytest.mark.parametrize("trips,early_exit", [(1, None), (5, None), (6, 2)])
+def test_loop_unrolls_with_carried_values_and_scan_outputs(trips, early_exit, tmp_path):
+    xs = np.random.default_rng(1).standard_normal((6, 4)).astype(np.float32)
+    nodes = [const("M", trips, np.int64), const("cond", True, bool),
+             helper.make_node("Loop", ["M", "cond", "acc0", "k0"], ["acc", "k", "accs", "its"],
+                              body=loop_body(early_exit))]
+    model = model_of(nodes, [vi("acc0", (4,)), vi("k0", ())], ["acc", "k", "accs", "its"],
+                     [numpy_helper.from_array(xs, "xs")])
+    check(model, {"acc0": np.ones(4, np.float32), "k0": np.array(3.0, np.float32)}, tmp_path)
+
+
+def test_loop_on_a_run_time_trip_count_is_refused():
+    model = model_of([helper.make_node("Loop", ["M", "", "acc0", "k0"], ["acc", "k", "accs", "its"],
+                                       body=loop_body())],
+                     [vi("M", (), TP.INT64), vi("acc0", (4,)), vi("k0", ())], ["acc"],
+                     [numpy_helper.from_array(np.zeros((6, 4), np.float32), "xs")])
+    with pytest.raises(UnsupportedOpError, match="trip count M is computed at run time"):
+        from_onnx(model)
+
+
+def test_loop_longer_than_the_unroll_limit_is_refused():
+    model = model_of([const("M", MAX_UNROLL + 1, np.int64),
+                      helper.make_node("Loop", ["M", "", "acc0", "k0"], ["acc", "k", "accs", "its"],
+                                       body=loop_body())],
+                     [vi("acc0", (4,)), vi("k0", ())], ["acc"],
+                     [numpy_helper.from_array(np.zeros((6, 4), np.float32), "xs")])
+    with pytest.raises(UnsupportedOpError, match="unrolls loops of at most %d" % MAX_UNROLL):
+        from_onnx(model)
+
+
+@pytest.mark.parametrize("in_axis", [0, 1])
+@pytest.mark.parametrize("in_dir", [0, 1])
+@pytest.mark.parametrize("out_axis", [0, 1])
+@pytest.mark.parametrize("out_dir", [0, 1])
+def test_scan_axes_and_directions(in_axis, in_dir, out_axis, out_dir, tmp_path):
+    """state s (2,): s = tanh(s + x_t @ w); scan output s * x_t[:2]."""
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x_t", "w"], ["xw"]), helper.make_node("Add", ["s_in", "xw"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["s_out"]),
+         const("st", [0], np.int64), const("en", [2], np.int64),
+         helper.make_node("Slice", ["x_t", "st", "en"], ["x2"]), helper.make_node("Mul", ["s_out", "x2"], ["y_t"])],
+        "body", [vi("s_in", (2,)), vi("x_t", (3,))], [vi("s_out", (2,)), vi("y_t", (2,))])
+    steps = 5
+    xshape = (steps, 3) if in_axis == 0 else (3, steps)
+    nodes = [helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1,
+                              scan_input_axes=[in_axis], scan_input_directions=[in_dir],
+                              scan_output_axes=[out_axis], scan_output_directions=[out_dir])]
+    w = numpy_helper.from_array(np.random.default_rng(2).standard_normal((3, 2)).astype(np.float32), "w")
+    model = model_of(nodes, [vi("s0", (2,)), vi("xs", xshape)], ["s", "ys"], [w])
+    rng = np.random.default_rng(3)
+    check(model, {"s0": rng.standard_normal(2).astype(np.float32),
+                  "xs": rng.standard_normal(xshape).astype(np.float32)}, tmp_path)
+
+
+def vad_model(seed=0, hid=16, frames=12, feats=8):
+    """Voice-activity detector: 1-D convs over frames -> LSTM (state in, state out) -> per-frame speech
+    probability; an If on the run-time energy (ReduceMean of the input) returns the probabilities or zeros."""
+    rng = np.random.default_rng(seed)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+    ch = 12
+    nodes = [
+        helper.make_node("Conv", ["audio", "cw1", "cb1"], ["c1"], pads=[1, 1]),               # (1, ch, frames)
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "cw2", "cb2"], ["c2"], pads=[2, 2], kernel_shape=[5]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Transpose", ["r2"], ["seq"], perm=[2, 0, 1]),                      # (frames, 1, ch)
+        helper.make_node("LSTM", ["seq", "W", "R", "B", "", "h0", "c0"], ["Y", "h1", "c1s"], hidden_size=hid),
+        helper.make_node("Squeeze", ["Y", "ax12"], ["ys"]),                                   # (frames, hid)
+        helper.make_node("MatMul", ["ys", "fc"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], ["prob"]),                                     # (frames, 1)
+        helper.make_node("Mul", ["audio", "audio"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["energy"], keepdims=0),
+        const("thr", 0.5), helper.make_node("Greater", ["energy", "thr"], ["loud"]),
+        helper.make_node("If", ["loud"], ["speech"],
+                         then_branch=helper.make_graph([helper.make_node("Identity", ["prob"], ["p_out"])], "loud",
+                                                       [], [vi("p_out", None)]),
+                         else_branch=helper.make_graph([helper.make_node("Mul", ["prob", "zero"], ["z_out"])],
+                                                       "quiet", [], [vi("z_out", None)])),
+    ]
+    inits = [w("cw1", ch, feats, 3), w("cb1", ch), w("cw2", ch, ch, 5), w("cb2", ch),
+             w("W", 1, 4 * hid, ch), w("R", 1, 4 * hid, hid), w("B", 1, 8 * hid), w("fc", hid, 1),
+             numpy_helper.from_array(np.array([1, 2], np.int64), "ax12"),
+             numpy_helper.from_array(np.zeros((frames, 1), np.float32), "zero")]
+    inputs = [vi("audio", (1, feats, frames)), vi("h0", (1, 1, hid)), vi("c0", (1, 1, hid))]
+    model = model_of(nodes, inputs, ["speech", "h1", "c1s"], inits)
+    feeds = {"audio": rng.standard_normal((1, feats, frames)).astype(np.float32),
+             "h0": rng.standard_normal((1, 1, hid)).astype(np.float32) * 0.5,
+             "c0": rng.standard_normal((1, 1, hid)).astype(np.float32) * 0.5}
+    return model, feeds
+
+
+@pytest.mark.parametrize("loud", [True, False])
+def test_vad_like_model(loud, tmp_path):
+    model, feeds = vad_model()
+    feeds["audio"] = feeds["audio"] * (2.0 if loud else 0.3)
+    check(model, feeds, tmp_path)
