@@ -63,7 +63,7 @@ class _Builder:
                                      % (node.name, self.cell.upper(), self.dtype))
         fam = family_of(target)
         self.V = fam.lanes if self.H % fam.lanes == 0 else 1
-        self.U_max = 8 if fam.name == "aarch64" else 4
+        self.U_max = 4 if fam.name == "armv7" else 8     # accumulator vectors: half the register file
         names = input_names(a)
         self.params = [te.placeholder(types[v].shape, types[v].dtype, name=n) for n, v in zip(names, node.inputs)]
         out_names = ["y", "y_h", "y_c"][:len(node.outputs)]
