@@ -227,3 +227,61 @@ def test_vad_like_model(loud, tmp_path):
     model, feeds = vad_model()
     feeds["audio"] = feeds["audio"] * (2.0 if loud else 0.3)
     check(model, feeds, tmp_path)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_run_time_if_runs_only_the_taken_branch(value, tmp_path):
+    import json
+    model = if_model([], nested=True)
+    model.graph.input.append(vi("c", (), TP.BOOL))
+    check(model, {"x": X, "c": np.array(value)}, tmp_path)
+    with open(tmp_path / "deploy.json") as fh:
+        nodes = json.load(fh)["nodes"]
+    truths = {w[1] for n in nodes for w in n.get("when", [])}
+    assert truths == {True, False}, "both branches' kernels carry their condition"
+    gm = graph_executor.load(str(tmp_path))
+    gm.set_input("x", X)
+    gm.set_input("c", np.array(value))
+    records = gm.profile(number=1)["nodes"]
+    for rec, node in zip(records, nodes):
+        taken = all(w[1] == value for w in node.get("when", []))
+        assert rec.get("skipped", False) == (not taken), rec
+    assert any(r.get("skipped") for r in records) and not all(r.get("skipped") for r in records)
+
+
+def test_a_malformed_guard_is_refused_at_load(tmp_path):
+    import json
+    model = if_model([])
+    model.graph.input.append(vi("c", (), TP.BOOL))
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params).export(str(tmp_path))
+    path = tmp_path / "deploy.json"
+    doc = json.loads(path.read_text())
+    guarded = [n for n in doc["nodes"] if "when" in n]
+    assert guarded
+    guarded[0]["when"] = [[len(doc["entries"]) + 5, True]]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="malformed \"when\""):
+        graph_executor.load(str(tmp_path))
+
+
+def test_guards_keep_every_read_value_computed():
+    """A reader without a guard keeps its producer unguarded; a fused group runs unless all members are guarded;
+    only an unfused where may read a skipped choice."""
+    from tether.graph.guards import GUARD_ATTR, node_guards
+    from tether.graph.ir import Graph, Node, TensorType, fused_node
+    t = TensorType((2,), "float32")
+    g_then, g_else = [["f", True]], [["f", False]]
+    a = Node("relu", "a", ["x"], ["va"], {GUARD_ATTR: g_then})
+    b = Node("neg", "b", ["x"], ["vb"], {GUARD_ATTR: g_else})
+    leak = Node("neg", "leak", ["x"], ["vl"], {GUARD_ATTR: g_then})
+    w = Node("where", "w", ["f", "va", "vb"], ["y"])
+    r = Node("add", "r", ["y", "vl"], ["z"])        # reads a guarded value without the guard
+    graph = Graph(["x", "f"], ["z"], [a, b, leak, w, r], {v: t for v in ("x", "va", "vb", "vl", "y", "z")})
+    graph.types["f"] = TensorType((), "bool")
+    guards = node_guards(graph, {})
+    assert guards[0] == {("f", True)} and guards[1] == {("f", False)}
+    assert guards[2] == frozenset() and guards[3] == frozenset() and guards[4] == frozenset()
+    mixed = fused_node("m", [Node("relu", "p", ["x"], ["vp"], {GUARD_ATTR: g_then}), Node("neg", "q", ["vp"], ["vq"])])
+    g2 = Graph(["x", "f"], ["vq"], [mixed], {"x": t, "vp": t, "vq": t, "f": TensorType((), "bool")})
+    assert node_guards(g2, {}) == [frozenset()]

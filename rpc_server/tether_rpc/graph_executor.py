@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -101,6 +101,7 @@ class GraphExecutor:
         self._param_index = {graph["entries"][i]["name"]: i for i in graph["params"]}
         self._nodes: List[Dict[str, Any]] = []
         self._calls: List[Callable[[], None]] = []
+        self._whens: List[Optional[List[Tuple[np.ndarray, bool]]]] = []
         for node in graph["nodes"]:
             func = module[node["func"]]
             args = [_kernel_view(self._entries[i]) for i in node["args"]]
@@ -108,6 +109,7 @@ class GraphExecutor:
                 args = [a.reshape(tuple(int(d) for d in shp)) for a, shp in zip(args, node["shapes"])]
             self._nodes.append(node)
             self._calls.append(func.bind(*args))
+            self._whens.append(self._guard(node))
 
     # -- files -----------------------------------------------------------------------------------------------
     @classmethod
@@ -181,8 +183,34 @@ class GraphExecutor:
     def run(self, **inputs: Any) -> None:
         if inputs:
             self.set_input(**inputs)
-        for call in self._calls:
-            call()
+        for call, when in zip(self._calls, self._whens):
+            if when is None or self._holds(when):
+                call()
+
+    # -- run-time branches: a node with "when" [[entry, truth], ...] runs only if every flag entry has its truth
+    def _guard(self, node: Dict[str, Any]) -> Optional[List[Tuple[np.ndarray, bool]]]:
+        when = node.get("when")
+        if not when:
+            return None
+        guard = []
+        for item in when:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
+                    and 0 <= item[0] < len(self._entries) and isinstance(item[1], bool)):
+                raise ValueError("node %s: malformed \"when\" item %r (expected [entry id, true|false])"
+                                 % (node.get("name"), item))
+            flag = self._entries[item[0]]
+            if flag.size != 1:
+                raise ValueError("node %s: \"when\" flag entry %d has %d elements (one expected)"
+                                 % (node.get("name"), item[0], flag.size))
+            guard.append((flag.reshape(-1), item[1]))
+        return guard
+
+    @staticmethod
+    def _holds(when: List[Tuple[np.ndarray, bool]]) -> bool:
+        for flag, truth in when:
+            if bool(flag[0]) != truth:
+                return False
+        return True
 
     @property
     def num_outputs(self) -> int:
@@ -231,10 +259,14 @@ class GraphExecutor:
         self.run()   # intermediates hold real values, so every node sees realistic data
         records = []
         t_start = time.perf_counter()
-        for k, (node, call) in enumerate(zip(self._nodes, self._calls)):
-            res = timing.time_evaluator(call, (), number=number, repeat=repeat, warmup=warmup)
+        for k, (node, call, when) in enumerate(zip(self._nodes, self._calls, self._whens)):
             rec = {"index": k, "name": node.get("name", ""), "func": node["func"], "ops": node.get("ops", ""),
-                   "seconds": float(sorted(res["samples"])[len(res["samples"]) // 2])}
+                   "seconds": 0.0}
+            if when is not None and not self._holds(when):
+                rec["skipped"] = True       # an untaken branch: its inputs were never computed
+            else:
+                res = timing.time_evaluator(call, (), number=number, repeat=repeat, warmup=warmup)
+                rec["seconds"] = float(sorted(res["samples"])[len(res["samples"]) // 2])
             records.append(rec)
             if on_node is not None:
                 on_node(rec)

@@ -33,6 +33,7 @@ from tether import driver, ops, te
 from tether.graph.ir import Graph, Node
 from tether.graph.passes import needs_kernel, optimize, plan_memory
 from tether.graph.conv_gemm import pack_conv_weights
+from tether.graph.guards import node_guards
 from tether.graph.recurrent_kernel import DIRECT_KERNELS
 from tether.graph.to_te import lower_kernel
 from tether.target import as_target
@@ -177,11 +178,15 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
     inputs = [entry(v) for v in graph.inputs]
     param_ids = [entry(v) for v in sorted(params)]
     nodes = []
-    for node, func in zip(graph.nodes, node_funcs):
+    guards = node_guards(graph, params)
+    for k, (node, func) in enumerate(zip(graph.nodes, node_funcs)):
         ids = [entry(v) for v in node.body_params() + list(node.outputs)]
         if func is None:
             continue
         rec = {"name": node.name, "func": func, "args": ids, "ops": node.ops_label()}
+        # ---- run-time If: the node runs only when these flags hold (graph/guards.py; executors may ignore it)
+        if guards[k]:
+            rec["when"] = [[entry(v), bool(t)] for v, t in sorted(guards[k])]
         if shapes_of_func.get(func):
             # the kernel views some arguments with other (same-size) shapes, e.g. a conv run as a GEMM
             rec["shapes"] = shapes_of_func[func]

@@ -7,8 +7,9 @@ inlining, which is what lets nested subgraphs (an If inside a Loop body) see the
 
 - ``If`` with a condition known at import (a constant, or folded from shapes) inlines the taken branch only.
   On a run-time condition both branches are inlined and each output is ``where(cond, then, else)``: ONNX
-  subgraphs are side-effect free, so this computes exactly the taken branch's values (the untaken branch's work
-  is wasted, and its NaNs never leak through the select). Branch outputs must have the same shape and dtype.
+  subgraphs are side-effect free, so running both computes exactly the taken branch's values. Each branch's
+  nodes are marked with their condition (graph/guards.py), so the graph executor runs only the taken branch's
+  kernels. Branch outputs must have the same shape and dtype.
 - ``Loop`` with a trip count and condition known at import is unrolled: the body once per iteration, loop-carried
   values threaded through, scan outputs stacked along a new axis 0. A condition the body computes must fold to a
   constant each iteration (an early exit decided at run time is refused). At most ``MAX_UNROLL`` iterations.
@@ -24,6 +25,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import CONVERTERS, Importer, converter, emit_reshape, node_attrs, norm_axis
+from tether.graph.guards import GUARD_ATTR
 
 # iterations a Loop or Scan may unroll to: the graph grows by a body per iteration
 MAX_UNROLL = 256
@@ -89,6 +91,19 @@ def _scalar_const(im: Importer, value: str, what: str, node) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- If
+def _guarded_branch(im: Importer, branch, scope: str, flag: str, taken: bool) -> List[str]:
+    """Inline a branch of a run-time If, marking its nodes to run only when ``flag`` is ``taken``
+    (``GUARD_ATTR``, read by graph/guards.py)."""
+    start = len(im.nodes)
+    values = inline_subgraph(im, branch, {}, scope)
+    # each output reaches the select through a view, so no kernel of the branch fuses with the select (which
+    # runs always) and the branch's kernels keep their guard
+    values = [v if v in im.consts else im.emit("reshape", [v], {"shape": im.type(v).shape}) for v in values]
+    for n in im.nodes[start:]:
+        n.attrs[GUARD_ATTR] = [[flag, taken]] + list(n.attrs.get(GUARD_ATTR, []))
+    return values
+
+
 @converter("If")
 def _if(im: Importer, node, ins: List[str], a: dict) -> None:
     cond = ins[0]
@@ -100,14 +115,15 @@ def _if(im: Importer, node, ins: List[str], a: dict) -> None:
             if out:
                 _bind_output(im, value, out)
         return
-    then_vals = inline_subgraph(im, a["then_branch"], {}, node.name + "_then")
-    else_vals = inline_subgraph(im, a["else_branch"], {}, node.name + "_else")
     if im.type(cond).size != 1:
         raise UnsupportedOpError("node %s: If condition of shape %s (one element expected)"
                                  % (node.name, im.type(cond).shape))
-    flag = emit_reshape(im, cond, ())
-    if im.type(flag).dtype != "bool":
-        flag = im.emit("cast", [flag], {"to": "bool"})
+    if im.type(cond).dtype != "bool":
+        cond = im.emit("cast", [cond], {"to": "bool"})
+    # an explicit view (not fusable), so the flag keeps its own bytes for the executor to read
+    flag = im.emit("reshape", [cond], {"shape": ()}, node.name + "_flag")
+    then_vals = _guarded_branch(im, a["then_branch"], node.name + "_then", flag, True)
+    else_vals = _guarded_branch(im, a["else_branch"], node.name + "_else", flag, False)
     for out, tv, ev in zip(node.output, then_vals, else_vals):
         if not out:
             continue
