@@ -143,6 +143,25 @@ def test_loop_unrolls_with_carried_values_and_scan_outputs(trips, early_exit, tm
     check(model, {"acc0": np.ones(4, np.float32), "k0": np.array(3.0, np.float32)}, tmp_path)
 
 
+def test_if_inside_a_loop_body_reads_the_body_scope(tmp_path):
+    """acc = If(it < 2) then acc + x[it] else acc * x[it]: the If folds per iteration and its branches read the
+    body's values (renamed per iteration) and the model's."""
+    then_g = helper.make_graph([helper.make_node("Add", ["acc_in", "row"], ["t"])], "then", [], [vi("t", (4,))])
+    else_g = helper.make_graph([helper.make_node("Mul", ["acc_in", "row"], ["e"])], "else", [], [vi("e", (4,))])
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["xs", "it"], ["row"], axis=0), const("two", 2, np.int64),
+         helper.make_node("Less", ["it", "two"], ["small"]),
+         helper.make_node("If", ["small"], ["acc_out"], then_branch=then_g, else_branch=else_g),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [vi("it", (), TP.INT64), vi("cond_in", (), TP.BOOL), vi("acc_in", (4,))],
+        [vi("cond_out", (), TP.BOOL), vi("acc_out", (4,))])
+    xs = np.random.default_rng(4).standard_normal((5, 4)).astype(np.float32)
+    model = model_of([const("M", 5, np.int64), helper.make_node("Loop", ["M", "", "acc0"], ["acc"], body=body)],
+                     [vi("acc0", (4,))], ["acc"], [numpy_helper.from_array(xs, "xs")])
+    graph = check(model, {"acc0": np.ones(4, np.float32)}, tmp_path)
+    assert "where" not in graph.ops_used()
+
+
 def test_loop_on_a_run_time_trip_count_is_refused():
     model = model_of([helper.make_node("Loop", ["M", "", "acc0", "k0"], ["acc", "k", "accs", "its"],
                                        body=loop_body())],

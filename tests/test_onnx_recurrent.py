@@ -1,7 +1,7 @@
 """ONNX LSTM, GRU and RNN through tether (the input GEMM + the time-looping ``recurrent`` kernel) against
 onnxruntime: every direction, layout, sequence_lens, initial states, peepholes, clip, every activation with its
 alpha/beta, input_forget, linear_before_reset, omitted outputs, run-time weights, opsets 7..22; a CRNN-like
-model; the refusals; and one model on emulated aarch64."""
+model; the refusals; and the CRNN on emulated aarch64 and armv7."""
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -216,12 +216,13 @@ def test_crnn_like_model(tmp_path):
 
 
 @pytest.mark.emulated
-def test_crnn_on_emulated_aarch64(emulated_devices, tmp_path):
+@pytest.mark.parametrize("preset", ["rasp4b", "rasp3b"])     # aarch64 (8 accumulator vectors), armv7 (4)
+def test_crnn_on_emulated_arm(emulated_devices, preset, tmp_path):
     model, feeds = crnn_model(seed=1)
     expected = ort_run(model, feeds)
     graph, params = from_onnx(model)
-    tether.build_graph(graph, params, target="rasp4b").export(str(tmp_path))
-    device = emulated_devices.for_preset("rasp4b")
+    tether.build_graph(graph, params, target=preset).export(str(tmp_path))
+    device = emulated_devices.for_preset(preset)
     with rpc.connect(*device.address, timeout=300) as sess:
         with RemoteGraphExecutor(sess, str(tmp_path)) as gm:
             gm.run(**feeds)
