@@ -25,7 +25,7 @@ Attributes: ``cell``, ``hidden``, ``directions`` (list of "forward"/"reverse"), 
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 import numpy as np
 
@@ -133,9 +133,3 @@ def _ref(attrs, *arrays):
 
 _register("recurrent", "opaque", _infer, _ref)
 
-
-def check_attrs(attrs: dict, names: Sequence[str]) -> None:
-    """The kernel's inputs are what ``input_names`` says (a programming error otherwise)."""
-    if list(names) != input_names(attrs):
-        raise ValueError("recurrent: inputs %s do not match attributes (expected %s)" % (list(names),
-                                                                                       input_names(attrs)))

@@ -113,10 +113,11 @@ class _Builder:
         return self.loop("b", self.B, lambda b: self.loop("jo", n // (U * V), lambda jo: block(b, jo)))
 
     # ---- step 2: the cell update
-    def state(self, name: str, d: int, b: Expr, j: Expr) -> Expr:
+    def state(self, d: int, b: Expr, j: Expr) -> Expr:
+        """The flat index of unit j of batch row b, direction d, in the state outputs (D, B, H)."""
         return (d * self.B + b) * self.H + j
 
-    def update(self, d: int, t: Expr, gates: Buffer, acts: List[Act], rh: Buffer = None) -> Stmt:
+    def update(self, d: int, t: Expr, gates: Buffer, acts: List[Act]) -> Stmt:
         H, N, dt = self.H, self.N, self.dtype
         zero, one = _k(0.0, dt), _k(1.0, dt)
         has_lens = self.a.get("has_seq_lens")
@@ -124,7 +125,7 @@ class _Builder:
         def unit(b, j):
             g = lambda k: Load(gates, b * N + k * H + j)    # noqa: E731
             x = lambda k: self.ld("xw", ((t * self.B + b) * self.D + d) * N + k * H + j)   # noqa: E731
-            si = self.state("h", d, b, j)
+            si = self.state(d, b, j)
             h = self.ld("y_h", si)
             stores = []
             if self.cell == "lstm":
@@ -168,7 +169,7 @@ class _Builder:
         """``rh = r * h`` for the second part of a GRU product (without linear_before_reset)."""
         H, N = self.H, self.N
         return self.loop("b", self.B, lambda b: self.vloop("j", H, lambda j: Store(
-            rh, b * H + j, act(self.cl(Load(gates, b * N + H + j))) * self.ld("y_h", self.state("h", d, b, j)))))
+            rh, b * H + j, act(self.cl(Load(gates, b * N + H + j))) * self.ld("y_h", self.state(d, b, j)))))
 
     # ---- the whole kernel
     def build(self) -> PrimFunc:
@@ -186,7 +187,7 @@ class _Builder:
             def step(s, d=d, direction=direction, acts=acts):
                 t = s if direction == "forward" else (self.S - 1) - s
                 xrow = lambda b, col: self.ld("xw", ((t * self.B + b) * self.D + d) * N + col)   # noqa: E731
-                hsrc = lambda b, k: self.ld("y_h", self.state("h", d, b, k))                    # noqa: E731
+                hsrc = lambda b, k: self.ld("y_h", self.state(d, b, k))                    # noqa: E731
                 parts = []
                 if self.cell == "gru" and not a.get("linear_before_reset"):
                     parts.append(self.product(d, 0, 2 * H, xrow, hsrc, gates))
