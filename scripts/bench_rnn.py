@@ -4,7 +4,7 @@
     python scripts/bench_rnn.py [--cases crnn512,vad64_s16,...] [--number 20] [--repeat 7] [--json out.json]
 
 Cases are single ONNX LSTM/GRU nodes with random constant weights: a CRNN-like bidirectional LSTM (seq 40,
-batch 1, input 256 or 512, hidden 256) and VAD-like LSTMs (hidden 64/128, seq 1..64, state inputs), plus a GRU.
+batch 1 or 4, input 256 or 512, hidden 256) and VAD-like LSTMs (hidden 64/128, seq 1..64, state inputs), plus a GRU.
 Latency is the median over ``--repeat`` samples, each the mean of ``--number`` runs after a warm-up; the ratio is
 tether / onnxruntime (lower is better), the median of the ratios of
 alternating samples. Outputs are checked against onnxruntime first.
@@ -22,20 +22,21 @@ import numpy as np
 
 from _timing import per_call_samples
 
-# name -> (cell, seq, input, hidden, direction, state inputs)
+# name -> (cell, seq, input, hidden, direction, state inputs, batch)
 CASES = {
-    "crnn256": ("LSTM", 40, 256, 256, "bidirectional", False),
-    "crnn512": ("LSTM", 40, 512, 256, "bidirectional", False),
-    "vad64_s1": ("LSTM", 1, 64, 64, "forward", True),
-    "vad64_s16": ("LSTM", 16, 64, 64, "forward", True),
-    "vad64_s64": ("LSTM", 64, 64, 64, "forward", True),
-    "vad128_s1": ("LSTM", 1, 64, 128, "forward", True),
-    "vad128_s64": ("LSTM", 64, 64, 128, "forward", True),
-    "gru128_s32": ("GRU", 32, 64, 128, "bidirectional", False),
+    "crnn256": ("LSTM", 40, 256, 256, "bidirectional", False, 1),
+    "crnn512": ("LSTM", 40, 512, 256, "bidirectional", False, 1),
+    "crnn256_b4": ("LSTM", 40, 256, 256, "bidirectional", False, 4),
+    "vad64_s1": ("LSTM", 1, 64, 64, "forward", True, 1),
+    "vad64_s16": ("LSTM", 16, 64, 64, "forward", True, 1),
+    "vad64_s64": ("LSTM", 64, 64, 64, "forward", True, 1),
+    "vad128_s1": ("LSTM", 1, 64, 128, "forward", True, 1),
+    "vad128_s64": ("LSTM", 64, 64, 128, "forward", True, 1),
+    "gru128_s32": ("GRU", 32, 64, 128, "bidirectional", False, 1),
 }
 
 
-def make_model(cell: str, seq: int, nin: int, hid: int, direction: str, state: bool):
+def make_model(cell: str, seq: int, nin: int, hid: int, direction: str, state: bool, batch: int = 1):
     from onnx import TensorProto as TP
     from onnx import helper, numpy_helper
 
@@ -45,11 +46,11 @@ def make_model(cell: str, seq: int, nin: int, hid: int, direction: str, state: b
     inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.1).astype(np.float32), n)
              for n, s in (("W", (d, g * hid, nin)), ("R", (d, g * hid, hid)), ("B", (d, 2 * g * hid)))]
     ins = ["X", "W", "R", "B", ""]
-    graph_in = [helper.make_tensor_value_info("X", TP.FLOAT, (seq, 1, nin))]
+    graph_in = [helper.make_tensor_value_info("X", TP.FLOAT, (seq, batch, nin))]
     outs = ["Y", "Y_h"]
     if state:
         ins += ["h0", "c0"] if cell == "LSTM" else ["h0"]
-        graph_in += [helper.make_tensor_value_info(n, TP.FLOAT, (d, 1, hid)) for n in ins[5:]]
+        graph_in += [helper.make_tensor_value_info(n, TP.FLOAT, (d, batch, hid)) for n in ins[5:]]
         outs += ["Y_c"] if cell == "LSTM" else []
     node = helper.make_node(cell, ins, outs, hidden_size=hid, direction=direction)
     graph = helper.make_graph([node], "rnn", graph_in, [helper.make_tensor_value_info(o, TP.FLOAT, None)

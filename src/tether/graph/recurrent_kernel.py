@@ -96,21 +96,30 @@ class _Builder:
     # ---- step 1: the recurrent product over columns [c0, c1) of one direction
     def product(self, d: int, c0: int, c1: int, init: Callable[[Expr, Expr], Expr], src: Callable[[Expr, Expr], Expr],
                 gates: Buffer) -> Stmt:
+        """A register block of Bb batch rows x U vectors of columns: each vector of R^T loaded per k serves Bb
+        rows, so a batch reads the weights once per step, not once per row."""
         n, V = c1 - c0, self.V
-        U = next(u for u in range(self.U_max, 0, -1) if n % (u * V) == 0)
-        acc = Buffer("acc", (U * V,), self.dtype, "local")
+        Bb = max(r for r in range(1, min(self.B, self.U_max // 2, 4) + 1) if self.B % r == 0) if self.B > 1 else 1
+        U = next(u for u in range(max(1, self.U_max // Bb), 0, -1) if n % (u * V) == 0)
+        acc = Buffer("acc", (Bb * U * V,), self.dtype, "local")
 
-        def block(b, jo):
+        def block(bo, jo):
             def lanes(fn):
-                return self.loop("u", U, lambda u: self.loop("l", V, lambda l: fn(u * V + l), "vectorized")
-                                 if V > 1 else fn(u), "unrolled")
+                """fn(row in block, column in block, accumulator index) over the Bb x U x V block"""
+                def vec(bi, u):
+                    if V == 1:
+                        return fn(bi, u, bi * U + u)
+                    return self.loop("l", V, lambda l: fn(bi, u * V + l, (bi * U + u) * V + l), "vectorized")
+                return self.loop("bi", Bb, lambda bi: self.loop("u", U, lambda u: vec(bi, u), "unrolled"),
+                                 "unrolled")
+            row = lambda bi: bo * Bb + bi                   # noqa: E731
             col = lambda i: jo * (U * V) + c0 + i           # noqa: E731
-            first = lanes(lambda i: Store(acc, i, init(b, col(i))))
-            upd = self.loop("k", self.H, lambda k: lanes(lambda i: Store(
-                acc, i, Load(acc, i) + self.ld("rt", (d * self.H + k) * self.N + col(i)) * src(b, k))))
-            out = lanes(lambda i: Store(gates, b * self.N + col(i), Load(acc, i)))
+            first = lanes(lambda bi, i, a: Store(acc, a, init(row(bi), col(i))))
+            upd = self.loop("k", self.H, lambda k: lanes(lambda bi, i, a: Store(
+                acc, a, Load(acc, a) + self.ld("rt", (d * self.H + k) * self.N + col(i)) * src(row(bi), k))))
+            out = lanes(lambda bi, i, a: Store(gates, row(bi) * self.N + col(i), Load(acc, a)))
             return Allocate(acc, seq(first, upd, out))
-        return self.loop("b", self.B, lambda b: self.loop("jo", n // (U * V), lambda jo: block(b, jo)))
+        return self.loop("bo", self.B // Bb, lambda bo: self.loop("jo", n // (U * V), lambda jo: block(bo, jo)))
 
     # ---- step 2: the cell update
     def state(self, d: int, b: Expr, j: Expr) -> Expr:
