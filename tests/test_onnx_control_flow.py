@@ -171,13 +171,14 @@ def test_loop_on_a_run_time_trip_count_is_refused():
         from_onnx(model)
 
 
-def test_loop_longer_than_the_unroll_limit_is_refused():
+def test_a_long_loop_exiting_on_a_run_time_condition_is_refused():
+    """Past MAX_UNROLL iterations only the compiled loop is possible, and it runs every iteration."""
     model = model_of([const("M", MAX_UNROLL + 1, np.int64),
                       helper.make_node("Loop", ["M", "", "acc0", "k0"], ["acc", "k", "accs", "its"],
-                                       body=loop_body())],
+                                       body=loop_body(early_exit=3))],
                      [vi("acc0", (4,)), vi("k0", ())], ["acc"],
-                     [numpy_helper.from_array(np.zeros((6, 4), np.float32), "xs")])
-    with pytest.raises(UnsupportedOpError, match="unrolls loops of at most %d" % MAX_UNROLL):
+                     [numpy_helper.from_array(np.zeros((MAX_UNROLL + 1, 4), np.float32), "xs")])
+    with pytest.raises(UnsupportedOpError, match="condition is computed at run time"):
         from_onnx(model)
 
 
@@ -348,3 +349,43 @@ def test_onnx_node_case(name):
         assert status == oc.REFUSED and REFUSED_NODE_CASES[name] in message, (status, message)
     else:
         assert status == oc.PASS, (status, message)
+
+
+@pytest.mark.parametrize("trips", [40, 1000])
+def test_a_long_loop_compiles_to_one_looping_kernel(trips, tmp_path):
+    """Past UNROLL_UP_TO iterations the body is converted once and runs inside one kernel's loop: loop-carried
+    values, the iteration number (a run-time Gather index), outer values and scan outputs."""
+    from tether.frontend.onnx.control_flow import UNROLL_UP_TO
+    assert trips > UNROLL_UP_TO
+    xs = np.random.default_rng(5).standard_normal((trips, 4)).astype(np.float32)
+    nodes = [const("M", trips, np.int64),
+             helper.make_node("Loop", ["M", "", "acc0", "k0"], ["acc", "k", "accs", "its"], body=loop_body())]
+    model = model_of(nodes, [vi("acc0", (4,)), vi("k0", ())], ["acc", "k", "accs", "its"],
+                     [numpy_helper.from_array(xs, "xs")])
+    graph = check(model, {"acc0": np.ones(4, np.float32), "k0": np.array(3.0, np.float32)}, tmp_path)
+    assert graph.ops_used().get("loop") == 1 and "concat" not in graph.ops_used()
+
+
+def test_a_long_loop_with_an_lstm_in_its_body(tmp_path):
+    """A recurrent layer inside a compiled loop: direct kernels nest."""
+    hid = 8
+    rng = np.random.default_rng(6)
+    w = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+         for n, s in (("W", (1, 4 * hid, 4)), ("R", (1, 4 * hid, hid)))]
+    body = helper.make_graph(
+        [helper.make_node("Reshape", ["h_in", "shp"], ["x3"]),
+         helper.make_node("LSTM", ["x3", "W", "R"], ["", "h_out3"], hidden_size=hid),
+         helper.make_node("Slice", ["h_out3", "s0", "s1", "s2"], ["h4"]),
+         helper.make_node("Reshape", ["h4", "flat"], ["h_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [vi("it", (), TP.INT64), vi("cond_in", (), TP.BOOL), vi("h_in", (4,))],
+        [vi("cond_out", (), TP.BOOL), vi("h_out", (4,))], w + [
+            numpy_helper.from_array(np.array([1, 1, 4], np.int64), "shp"),
+            numpy_helper.from_array(np.array([0], np.int64), "s0"),
+            numpy_helper.from_array(np.array([4], np.int64), "s1"),
+            numpy_helper.from_array(np.array([2], np.int64), "s2"),
+            numpy_helper.from_array(np.array([4], np.int64), "flat")])
+    model = model_of([const("M", 20, np.int64), helper.make_node("Loop", ["M", "", "h0"], ["h"], body=body)],
+                     [vi("h0", (4,))], ["h"])
+    graph = check(model, {"h0": rng.standard_normal(4).astype(np.float32)}, tmp_path)
+    assert graph.ops_used().get("loop") == 1

@@ -34,7 +34,7 @@ from tether.graph.ir import Graph, Node
 from tether.graph.passes import needs_kernel, optimize, plan_memory
 from tether.graph.conv_gemm import pack_conv_weights
 from tether.graph.guards import node_guards
-from tether.graph.recurrent_kernel import DIRECT_KERNELS
+from tether.graph.loop_kernel import DIRECT_KERNELS
 from tether.graph.to_te import lower_kernel
 from tether.target import as_target
 
@@ -97,7 +97,9 @@ def kernel_signature(node: Node, types: Dict[str, Any]) -> str:
     for j, b in enumerate(node.body()):
         for o in b.outputs:
             local[o] = "t%d" % j
-        parts.append([b.op, sorted((k, _jsonable(v)) for k, v in b.attrs.items()),
+        # attributes named "_..." do not change the kernel (a branch guard) or are summarised by another
+        # attribute (a loop body, by "body_sig")
+        parts.append([b.op, sorted((k, _jsonable(v)) for k, v in b.attrs.items() if not k.startswith("_")),
                       [local[i] for i in b.inputs], [str(types[o]) for o in b.outputs]])
     return json.dumps(parts, sort_keys=True)
 

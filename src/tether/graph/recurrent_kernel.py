@@ -221,6 +221,3 @@ def recurrent_kernel(node: Node, types: Dict[str, TensorType], target, name: str
     """The PrimFunc of one ``recurrent`` node: arguments are the node's inputs, then its outputs."""
     return _Builder(node, types, target, name).build()
 
-
-# graph op -> builder of a kernel written as loop IR (build_graph asks here before lowering through te)
-DIRECT_KERNELS = {"recurrent": recurrent_kernel}

@@ -19,16 +19,23 @@ Identical kernels of the unrolled iterations compile once (build_graph shares ke
 """
 from __future__ import annotations
 
+import logging
 from typing import Dict, List, Sequence
 
 import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import CONVERTERS, Importer, converter, emit_reshape, node_attrs, norm_axis
+from tether.graph import loop_kernel  # noqa: F401  (registers the "loop" op)
 from tether.graph.guards import GUARD_ATTR
+from tether.graph.ir import TensorType
+
+log = logging.getLogger(__name__)
 
 # iterations a Loop or Scan may unroll to: the graph grows by a body per iteration
 MAX_UNROLL = 256
+# a Loop of more iterations compiles to one kernel looping inside when it can (graph/loop_kernel.py)
+UNROLL_UP_TO = 16
 
 
 def inline_subgraph(im: Importer, graph, bindings: Dict[str, str], scope: str) -> List[str]:
@@ -159,6 +166,14 @@ def _loop(im: Importer, node, ins: List[str], a: dict) -> None:
     if trips is None:
         raise UnsupportedOpError("node %s: Loop without a trip count (a loop until a run-time condition)"
                                  % node.name)
+    if trips > UNROLL_UP_TO and cond:
+        try:
+            _compiled_loop(im, node, a["body"], trips, ins[2:])
+            return
+        except UnsupportedOpError as exc:
+            if trips > MAX_UNROLL:
+                raise
+            log.info("node %s: Loop unrolled (%s)", node.name, exc)
     if trips > MAX_UNROLL:
         raise UnsupportedOpError("node %s: Loop of %d iterations; tether unrolls loops of at most %d"
                                  % (node.name, trips, MAX_UNROLL))
@@ -189,6 +204,51 @@ def _loop(im: Importer, node, ins: List[str], a: dict) -> None:
             raise UnsupportedOpError("node %s: Loop scan output %r of zero iterations (its shape is unknown)"
                                      % (node.name, out))
         _stack(im, vs, 0, out)
+
+
+def _compiled_loop(im: Importer, node, body, trips: int, carried: List[str]) -> None:
+    """The Loop as one ``loop`` op whose kernel loops inside (graph/loop_kernel.py): the body is converted once,
+    with the iteration number and the carried values as free inputs. Its condition must fold to true."""
+    sub = Importer(im.opset)
+    sub.types, sub.consts = dict(im.types), dict(im.consts)
+    sub.counter, sub.reserved = im.counter, set(im.reserved) | set(im.types)
+    formal = [vi.name for vi in body.input]
+    it = sub.fresh("iter")
+    sub.types[it] = TensorType((), "int64")
+    cins = []
+    for v in carried:
+        c = sub.fresh("carry")
+        sub.types[c] = im.type(v)
+        cins.append(c)
+    bindings = {formal[0]: it, formal[1]: sub.add_const(np.array(True), hint="cond")}
+    bindings.update(zip(formal[2:], cins))
+    results = inline_subgraph(sub, body, bindings, node.name + "_body")
+    im.counter = sub.counter
+    c = sub.const(results[0])
+    if c is None or not bool(np.asarray(c).reshape(-1)[0]):
+        raise UnsupportedOpError("node %s: the Loop body's condition is computed at run time or false"
+                                 % node.name)
+    n = len(carried)
+    couts, scans = results[1:1 + n], results[1 + n:]
+    for ci, co in zip(cins, couts):
+        if sub.type(ci) != sub.type(co):
+            raise UnsupportedOpError("node %s: loop-carried value changes type %s -> %s"
+                                     % (node.name, sub.type(ci), sub.type(co)))
+    inside = {it, *cins} | {o for nd in sub.nodes for o in nd.outputs}
+    ext: List[str] = []
+    for v in [i for nd in sub.nodes for i in nd.inputs] + list(couts) + list(scans):
+        if v not in inside and v not in ext:
+            ext.append(v)
+    for v in ext:
+        if v in sub.consts and v not in im.consts:
+            im.add_const(sub.consts[v], name=v)
+    body_types = {v: sub.types[v] for v in set(ext) | inside}
+    attrs = {"trips": trips, "n_carried": n,
+             "body_sig": "\n".join(str(nd) for nd in sub.nodes) + "|%s|%s|%s" % (cins, couts, scans),
+             "_body": {"nodes": sub.nodes, "types": body_types, "it": it, "carried_in": cins,
+                       "carried_out": list(couts), "scans": list(scans), "ext": ext}}
+    outs = [o if o else im.fresh(node.name + "_unused") for o in list(node.output) + [""] * (n + len(scans))]
+    im.emit("loop", list(carried) + ext, attrs, node.name, outs[:n + len(scans)])
 
 
 # ---------------------------------------------------------------- Scan

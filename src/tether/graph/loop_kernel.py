@@ -1,0 +1,151 @@
+"""The ``loop`` graph op: an ONNX Loop with a static trip count, compiled into one kernel that loops inside.
+
+The frontend converts the body once, into its own node list (``attrs["_body"]``), with a run-time iteration
+number and the loop-carried values as free inputs. The kernel (``loop_kernel``) lowers every body node to loop IR
+as usual (te + the op library's schedules, or a direct kernel), points each one's buffers at the loop's buffers,
+and wraps them all in one serial loop:
+
+    carry = init
+    for it in range(trips):
+        <body kernels>              # read it, carry and the values from outside; write body values
+        stage = carried outputs; carry = stage      # (two steps: an output may be another input)
+        out_scan[k][it] = scan value k
+    final outputs = carry
+
+Body values live in the kernel's scratch memory. Parallel loops inside body kernels run serially (one kernel,
+one thread). Inputs: the initial carried values, then every value from outside the body (``ext``: outer graph
+values and constants). Outputs: the final carried values, then each scan output stacked along a new axis 0.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+
+from tether import ops, te
+from tether.graph import ops as graph_ops
+from tether.graph.ir import Node, TensorType
+from tether.graph.recurrent_kernel import recurrent_kernel
+from tether.graph.reference import run_nodes
+from tether.graph.to_te import lower_kernel
+from tether.te.lower import lower as te_lower
+from tether.tir import (Allocate, Buffer, Cast, Const, For, IfThenElse, Load, PrimFunc, Store, Var, rebuild,
+                        replace, seq)
+
+
+def _infer(attrs, *in_types):
+    b = attrs["_body"]
+    n = attrs["n_carried"]
+    outs = [TensorType(t.shape, t.dtype) for t in in_types[:n]]
+    for s in b["scans"]:
+        t = b["types"][s]
+        outs.append(TensorType((attrs["trips"],) + tuple(t.shape), t.dtype))
+    return outs
+
+
+def _ref(attrs, *arrays):
+    b = attrs["_body"]
+    n = attrs["n_carried"]
+    carry = [np.asarray(a) for a in arrays[:n]]
+    ext = dict(zip(b["ext"], arrays[n:]))
+    scans: List[List[np.ndarray]] = [[] for _ in b["scans"]]
+    for i in range(attrs["trips"]):
+        env: Dict[str, np.ndarray] = dict(ext)
+        env[b["it"]] = np.array(i, dtype=np.int64)
+        env.update(zip(b["carried_in"], carry))
+        run_nodes(b["nodes"], env)
+        carry = [np.asarray(env[o]).astype(a.dtype) for o, a in zip(b["carried_out"], carry)]
+        for k, s in enumerate(b["scans"]):
+            scans[k].append(np.asarray(env[s]))
+    outs = list(carry)
+    for k, s in enumerate(b["scans"]):
+        t = b["types"][s]
+        outs.append(np.stack(scans[k]) if scans[k] else np.zeros((0,) + tuple(t.shape), t.dtype))
+    return outs
+
+
+graph_ops._register("loop", "opaque", _infer, _ref)
+
+
+# ---------------------------------------------------------------- the kernel
+def _remap(stmt, mapping: Dict[Buffer, Buffer]):
+    """``stmt`` reading and writing ``mapping``'s buffers instead, with parallel loops made serial."""
+    def fn(n):
+        if isinstance(n, Load) and n.buffer in mapping:
+            return Load(mapping[n.buffer], rebuild(n.index, fn))
+        if isinstance(n, Store):
+            return Store(mapping.get(n.buffer, n.buffer), rebuild(n.index, fn), rebuild(n.value, fn), n.reduction)
+        if isinstance(n, IfThenElse):
+            return IfThenElse(rebuild(n.cond, fn), rebuild(n.then_case, fn),
+                              None if n.else_case is None else rebuild(n.else_case, fn))
+        if isinstance(n, For):
+            return replace(n, min=rebuild(n.min, fn), extent=rebuild(n.extent, fn), body=rebuild(n.body, fn),
+                           kind="serial" if n.kind == "parallel" else n.kind)
+        return None
+    return rebuild(stmt, fn)
+
+
+def _copy(dst: Buffer, src: Buffer, size: int, offset=0):
+    i = Var("c")
+    return For(i, Const(0, "int32"), Const(size, "int32"), "serial", Store(dst, i + offset, Load(src, i)))
+
+
+def _kernel_shape(shape) -> tuple:
+    return tuple(int(d) for d in shape) or (1,)
+
+
+def loop_kernel(node: Node, types: Dict[str, TensorType], target, name: str) -> PrimFunc:
+    a = node.attrs
+    b = a["_body"]
+    btypes = b["types"]
+    n = a["n_carried"]
+    args = list(node.inputs) + list(node.outputs)
+    params = [te.placeholder(_kernel_shape(types[v].shape), types[v].dtype, name="a%d" % k)
+              for k, v in enumerate(args)]
+    pbuf = [Buffer(p.name, p.shape, p.dtype, "param") for p in params]
+    locals_: List[Buffer] = []
+
+    def local(v: str) -> Buffer:
+        t = btypes[v]
+        buf = Buffer("v%d" % len(locals_), (max(t.size, 1),), t.dtype, "local")
+        locals_.append(buf)
+        return buf
+    buf_of: Dict[str, Buffer] = {v: pbuf[n + k] for k, v in enumerate(b["ext"])}
+    buf_of[b["it"]] = local(b["it"])
+    for v in b["carried_in"]:
+        buf_of[v] = local(v)
+    steps = []
+    for k, bn in enumerate(b["nodes"]):
+        if graph_ops.is_alias(bn):
+            buf_of[bn.outputs[0]] = buf_of[bn.inputs[0]]
+            continue
+        for o in bn.outputs:
+            if o not in buf_of:
+                buf_of[o] = local(o)
+        kname = "%s_b%d" % (name, k)
+        if bn.op in DIRECT_KERNELS:
+            pf = DIRECT_KERNELS[bn.op](bn, btypes, target, kname)
+        else:
+            phs, out, _ = lower_kernel(bn, btypes, conv_gemm=False)
+            pf = te_lower(ops.schedule([out], target), phs + [out], kname)
+        vals = bn.body_params() + list(bn.outputs)
+        steps.append(_remap(pf.body, {pb: buf_of[v] for pb, v in zip(pf.param_buffers, vals)}))
+    it = Var("it")
+    body = [Store(buf_of[b["it"]], Const(0, "int32"), Cast("int64", it))] + steps
+    stages = [local(v) for v in b["carried_out"]]
+    body += [_copy(st, buf_of[v], st.size) for st, v in zip(stages, b["carried_out"])]
+    body += [_copy(buf_of[c], st, st.size) for st, c in zip(stages, b["carried_in"])]
+    n_in = len(node.inputs)
+    for k, s in enumerate(b["scans"]):
+        size = max(btypes[s].size, 1)
+        body.append(_copy(pbuf[n_in + n + k], buf_of[s], size, it * size))
+    stmt = seq(*[_copy(buf_of[c], pbuf[j], buf_of[c].size) for j, c in enumerate(b["carried_in"])],
+               For(it, Const(0, "int32"), Const(a["trips"], "int32"), "serial", seq(*body)),
+               *[_copy(pbuf[n_in + j], buf_of[c], buf_of[c].size) for j, c in enumerate(b["carried_in"])])
+    for buf in reversed(locals_):
+        stmt = Allocate(buf, stmt)
+    return PrimFunc(name, params, pbuf, stmt)
+
+
+# every kernel written directly as loop IR, by graph op: build_graph asks here before lowering through te
+DIRECT_KERNELS = {"recurrent": recurrent_kernel, "loop": loop_kernel}
