@@ -11,6 +11,8 @@ and wraps them all in one serial loop:
         stage = carried outputs; carry = stage      # (two steps: an output may be another input)
         out_scan[k][it] = scan value k
     final outputs = carry
+(a Scan is the same loop with per-iteration slices of its scan inputs, ``scan_in``, and scan outputs placed at
+any axis, either direction.)
 
 Body values live in the kernel's scratch memory. Parallel loops inside body kernels run serially (one kernel,
 one thread). Inputs: the initial carried values, then every value from outside the body (``ext``: outer graph
@@ -33,13 +35,19 @@ from tether.tir import (Allocate, Buffer, Cast, Const, For, IfThenElse, Load, Pr
                         replace, seq)
 
 
+def _scan_out_shape(attrs, k: int, shape) -> tuple:
+    shape = list(shape)
+    shape.insert(attrs["_body"].get("scan_out_axes", [0] * (k + 1))[k], attrs["trips"])
+    return tuple(shape)
+
+
 def _infer(attrs, *in_types):
     b = attrs["_body"]
     n = attrs["n_carried"]
     outs = [TensorType(t.shape, t.dtype) for t in in_types[:n]]
-    for s in b["scans"]:
+    for k, s in enumerate(b["scans"]):
         t = b["types"][s]
-        outs.append(TensorType((attrs["trips"],) + tuple(t.shape), t.dtype))
+        outs.append(TensorType(_scan_out_shape(attrs, k, t.shape), t.dtype))
     return outs
 
 
@@ -49,18 +57,26 @@ def _ref(attrs, *arrays):
     carry = [np.asarray(a) for a in arrays[:n]]
     ext = dict(zip(b["ext"], arrays[n:]))
     scans: List[List[np.ndarray]] = [[] for _ in b["scans"]]
-    for i in range(attrs["trips"]):
+    trips = attrs["trips"]
+    for i in range(trips):
         env: Dict[str, np.ndarray] = dict(ext)
         env[b["it"]] = np.array(i, dtype=np.int64)
         env.update(zip(b["carried_in"], carry))
+        for name, pos, axis, rev in b.get("scan_in", []):
+            env[name] = np.take(arrays[pos], trips - 1 - i if rev else i, axis=axis)
         run_nodes(b["nodes"], env)
         carry = [np.asarray(env[o]).astype(a.dtype) for o, a in zip(b["carried_out"], carry)]
         for k, s in enumerate(b["scans"]):
             scans[k].append(np.asarray(env[s]))
     outs = list(carry)
+    dirs = b.get("scan_out_dirs", [0] * len(b["scans"]))
     for k, s in enumerate(b["scans"]):
         t = b["types"][s]
-        outs.append(np.stack(scans[k]) if scans[k] else np.zeros((0,) + tuple(t.shape), t.dtype))
+        if not scans[k]:
+            outs.append(np.zeros(_scan_out_shape(attrs, k, t.shape), t.dtype))
+            continue
+        vals = scans[k][::-1] if dirs[k] else scans[k]
+        outs.append(np.stack(vals, axis=b.get("scan_out_axes", [0] * len(b["scans"]))[k]))
     return outs
 
 
@@ -90,6 +106,19 @@ def _copy(dst: Buffer, src: Buffer, size: int, offset=0):
     return For(i, Const(0, "int32"), Const(size, "int32"), "serial", Store(dst, i + offset, Load(src, i)))
 
 
+def _slice_copy(whole: Buffer, part: Buffer, shape, axis: int, pos, to_whole: bool):
+    """Copy between ``part`` (``shape`` without ``axis``) and position ``pos`` of ``whole`` along ``axis``."""
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    length = int(shape[axis])
+    o, i = Var("o"), Var("i")
+    w_idx = o * (length * inner) + pos * inner + i
+    p_idx = o * inner + i
+    body = Store(whole, w_idx, Load(part, p_idx)) if to_whole else Store(part, p_idx, Load(whole, w_idx))
+    return For(o, Const(0, "int32"), Const(outer, "int32"), "serial",
+               For(i, Const(0, "int32"), Const(inner, "int32"), "serial", body))
+
+
 def _kernel_shape(shape) -> tuple:
     return tuple(int(d) for d in shape) or (1,)
 
@@ -114,6 +143,8 @@ def loop_kernel(node: Node, types: Dict[str, TensorType], target, name: str) -> 
     buf_of[b["it"]] = local(b["it"])
     for v in b["carried_in"]:
         buf_of[v] = local(v)
+    for v, _, _, _ in b.get("scan_in", []):
+        buf_of[v] = local(v)
     steps = []
     for k, bn in enumerate(b["nodes"]):
         if graph_ops.is_alias(bn):
@@ -131,16 +162,23 @@ def loop_kernel(node: Node, types: Dict[str, TensorType], target, name: str) -> 
         vals = bn.body_params() + list(bn.outputs)
         steps.append(_remap(pf.body, {pb: buf_of[v] for pb, v in zip(pf.param_buffers, vals)}))
     it = Var("it")
-    body = [Store(buf_of[b["it"]], Const(0, "int32"), Cast("int64", it))] + steps
+    trips = a["trips"]
+    body = [Store(buf_of[b["it"]], Const(0, "int32"), Cast("int64", it))]
+    for v, p, axis, rev in b.get("scan_in", []):
+        body.append(_slice_copy(pbuf[p], buf_of[v], types[node.inputs[p]].shape, axis,
+                                (trips - 1) - it if rev else it, to_whole=False))
+    body += steps
     stages = [local(v) for v in b["carried_out"]]
     body += [_copy(st, buf_of[v], st.size) for st, v in zip(stages, b["carried_out"])]
     body += [_copy(buf_of[c], st, st.size) for st, c in zip(stages, b["carried_in"])]
     n_in = len(node.inputs)
+    axes = b.get("scan_out_axes", [0] * len(b["scans"]))
+    dirs = b.get("scan_out_dirs", [0] * len(b["scans"]))
     for k, s in enumerate(b["scans"]):
-        size = max(btypes[s].size, 1)
-        body.append(_copy(pbuf[n_in + n + k], buf_of[s], size, it * size))
+        body.append(_slice_copy(pbuf[n_in + n + k], buf_of[s], types[node.outputs[n + k]].shape, axes[k],
+                                (trips - 1) - it if dirs[k] else it, to_whole=True))
     stmt = seq(*[_copy(buf_of[c], pbuf[j], buf_of[c].size) for j, c in enumerate(b["carried_in"])],
-               For(it, Const(0, "int32"), Const(a["trips"], "int32"), "serial", seq(*body)),
+               For(it, Const(0, "int32"), Const(trips, "int32"), "serial", seq(*body)),
                *[_copy(pbuf[n_in + j], buf_of[c], buf_of[c].size) for j, c in enumerate(b["carried_in"])])
     for buf in reversed(locals_):
         stmt = Allocate(buf, stmt)

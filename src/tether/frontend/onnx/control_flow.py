@@ -26,7 +26,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import CONVERTERS, Importer, converter, emit_reshape, node_attrs, norm_axis
-from tether.graph import loop_kernel  # noqa: F401  (registers the "loop" op)
+from tether.graph import loop_kernel  # noqa: F401 - registers the "loop" op
 from tether.graph.guards import GUARD_ATTR
 from tether.graph.ir import TensorType
 
@@ -209,10 +209,22 @@ def _loop(im: Importer, node, ins: List[str], a: dict) -> None:
 def _compiled_loop(im: Importer, node, body, trips: int, carried: List[str]) -> None:
     """The Loop as one ``loop`` op whose kernel loops inside (graph/loop_kernel.py): the body is converted once,
     with the iteration number and the carried values as free inputs. Its condition must fold to true."""
+    formal = [vi.name for vi in body.input]
+
+    def bind(sub: Importer, it: str, cins: List[str], slices: List[str]) -> Dict[str, str]:
+        bindings = {formal[0]: it, formal[1]: sub.add_const(np.array(True), hint="cond")}
+        bindings.update(zip(formal[2:], cins))
+        return bindings
+    _loop_op(im, node, body, trips, carried, [], bind, has_cond=True)
+
+
+def _loop_op(im: Importer, node, body, trips: int, carried: List[str], scan_in: List[tuple], bind,
+             has_cond: bool, out_axes: Sequence[int] = (), out_dirs: Sequence[int] = ()) -> None:
+    """Convert ``body`` once into its own node list and emit one ``loop`` op over it. ``scan_in``: per scan
+    input (outer value, axis, reverse); ``bind(sub, it, carried_in, slices)`` maps the body's inputs."""
     sub = Importer(im.opset)
     sub.types, sub.consts = dict(im.types), dict(im.consts)
     sub.counter, sub.reserved = im.counter, set(im.reserved) | set(im.types)
-    formal = [vi.name for vi in body.input]
     it = sub.fresh("iter")
     sub.types[it] = TensorType((), "int64")
     cins = []
@@ -220,21 +232,27 @@ def _compiled_loop(im: Importer, node, body, trips: int, carried: List[str]) -> 
         c = sub.fresh("carry")
         sub.types[c] = im.type(v)
         cins.append(c)
-    bindings = {formal[0]: it, formal[1]: sub.add_const(np.array(True), hint="cond")}
-    bindings.update(zip(formal[2:], cins))
-    results = inline_subgraph(sub, body, bindings, node.name + "_body")
+    slices = []
+    for v, axis, _ in scan_in:
+        c = sub.fresh("slice")
+        shape = im.type(v).shape
+        sub.types[c] = TensorType(shape[:axis] + shape[axis + 1:], im.type(v).dtype)
+        slices.append(c)
+    results = inline_subgraph(sub, body, bind(sub, it, cins, slices), node.name + "_body")
     im.counter = sub.counter
-    c = sub.const(results[0])
-    if c is None or not bool(np.asarray(c).reshape(-1)[0]):
-        raise UnsupportedOpError("node %s: the Loop body's condition is computed at run time or false"
-                                 % node.name)
+    if has_cond:
+        c = sub.const(results[0])
+        if c is None or not bool(np.asarray(c).reshape(-1)[0]):
+            raise UnsupportedOpError("node %s: the Loop body's condition is computed at run time or false"
+                                     % node.name)
+        results = results[1:]
     n = len(carried)
-    couts, scans = results[1:1 + n], results[1 + n:]
+    couts, scans = results[:n], results[n:]
     for ci, co in zip(cins, couts):
         if sub.type(ci) != sub.type(co):
             raise UnsupportedOpError("node %s: loop-carried value changes type %s -> %s"
                                      % (node.name, sub.type(ci), sub.type(co)))
-    inside = {it, *cins} | {o for nd in sub.nodes for o in nd.outputs}
+    inside = {it, *cins, *slices} | {o for nd in sub.nodes for o in nd.outputs}
     ext: List[str] = []
     for v in [i for nd in sub.nodes for i in nd.inputs] + list(couts) + list(scans):
         if v not in inside and v not in ext:
@@ -242,13 +260,22 @@ def _compiled_loop(im: Importer, node, body, trips: int, carried: List[str]) -> 
     for v in ext:
         if v in sub.consts and v not in im.consts:
             im.add_const(sub.consts[v], name=v)
-    body_types = {v: sub.types[v] for v in set(ext) | inside}
+    inputs = list(carried) + ext + [v for v, _, _ in scan_in]
+    first_scan = n + len(ext)
+    body_rec = {"nodes": sub.nodes, "types": {v: sub.types[v] for v in set(ext) | inside}, "it": it,
+                "carried_in": cins, "carried_out": list(couts), "scans": list(scans), "ext": ext,
+                "scan_in": [[s, first_scan + k, axis, int(rev)] for k, (s, (_, axis, rev)) in
+                            enumerate(zip(slices, scan_in))],
+                "scan_out_axes": [norm_axis(int(x), len(sub.type(v).shape) + 1) for x, v in zip(out_axes, scans)]
+                if out_axes else [0] * len(scans),
+                "scan_out_dirs": [int(d) for d in out_dirs] or [0] * len(scans)}
     attrs = {"trips": trips, "n_carried": n,
-             "body_sig": "\n".join(str(nd) for nd in sub.nodes) + "|%s|%s|%s" % (cins, couts, scans),
-             "_body": {"nodes": sub.nodes, "types": body_types, "it": it, "carried_in": cins,
-                       "carried_out": list(couts), "scans": list(scans), "ext": ext}}
-    outs = [o if o else im.fresh(node.name + "_unused") for o in list(node.output) + [""] * (n + len(scans))]
-    im.emit("loop", list(carried) + ext, attrs, node.name, outs[:n + len(scans)])
+             "body_sig": "\n".join(str(nd) for nd in sub.nodes) + "|%r" % {k: v for k, v in body_rec.items()
+                                                                          if k not in ("nodes", "types")},
+             "_body": body_rec}
+    n_out = n + len(scans)
+    outs = [o if o else im.fresh(node.name + "_unused") for o in (list(node.output) + [""] * n_out)[:n_out]]
+    im.emit("loop", inputs, attrs, node.name, outs)
 
 
 # ---------------------------------------------------------------- Scan
@@ -268,10 +295,22 @@ def _scan(im: Importer, node, ins: List[str], a: dict) -> None:
     if len(lengths) != 1:
         raise UnsupportedOpError("node %s: Scan inputs of different lengths %s" % (node.name, sorted(lengths)))
     steps = lengths.pop()
+    formal = [vi.name for vi in body.input]
+    out_axes = [int(x) for x in a.get("scan_output_axes", [0] * n_out)]
+    if steps > UNROLL_UP_TO:
+        def bind(sub: Importer, it: str, cins: List[str], slices: List[str]) -> Dict[str, str]:
+            return dict(zip(formal, cins + slices))
+        try:
+            _loop_op(im, node, body, steps, states, list(zip(xs, in_axes, in_dirs)), bind, has_cond=False,
+                     out_axes=out_axes, out_dirs=out_dirs)
+            return
+        except UnsupportedOpError as exc:
+            if steps > MAX_UNROLL:
+                raise
+            log.info("node %s: Scan unrolled (%s)", node.name, exc)
     if steps > MAX_UNROLL:
         raise UnsupportedOpError("node %s: Scan over %d steps; tether unrolls at most %d" % (node.name, steps,
                                                                                              MAX_UNROLL))
-    formal = [vi.name for vi in body.input]
     values = list(states)
     outs: List[List[str]] = [[] for _ in range(n_out)]
     for t in range(steps):
