@@ -10,12 +10,15 @@ inlining, which is what lets nested subgraphs (an If inside a Loop body) see the
   subgraphs are side-effect free, so running both computes exactly the taken branch's values. Each branch's
   nodes are marked with their condition (graph/guards.py), so the graph executor runs only the taken branch's
   kernels. Branch outputs must have the same shape and dtype.
-- ``Loop`` with a trip count and condition known at import is unrolled: the body once per iteration, loop-carried
-  values threaded through, scan outputs stacked along a new axis 0. A condition the body computes must fold to a
-  constant each iteration (an early exit decided at run time is refused). At most ``MAX_UNROLL`` iterations.
-- ``Scan`` (opset 9+) is unrolled over its sequence axis the same way: per-input axes and directions, per-output
-  axes and directions.
-Identical kernels of the unrolled iterations compile once (build_graph shares kernels by signature).
+- ``Loop`` with a trip count and initial condition known at import: up to ``UNROLL_UP_TO`` iterations it is
+  unrolled (the body once per iteration, loop-carried values threaded through, scan outputs stacked along a new
+  axis 0; a condition the body computes may end it early if it folds each iteration). Longer loops compile to
+  one ``loop`` op whose kernel loops inside (graph/loop_kernel.py): the body converted once, with the iteration
+  number and the carried values as run-time inputs; its condition must then fold to true. A loop that can
+  only be unrolled is refused past ``MAX_UNROLL`` iterations.
+- ``Scan`` (opset 9+) likewise: unrolled up to ``UNROLL_UP_TO`` steps, one looping kernel beyond, with
+  per-input axes and directions and per-output axes and directions.
+Identical kernels of unrolled iterations compile once (build_graph shares kernels by signature).
 """
 from __future__ import annotations
 
