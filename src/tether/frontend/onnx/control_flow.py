@@ -22,6 +22,7 @@ Identical kernels of unrolled iterations compile once (build_graph shares kernel
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Dict, List, Sequence
 
@@ -272,9 +273,10 @@ def _loop_op(im: Importer, node, body, trips: int, carried: List[str], scan_in: 
                 "scan_out_axes": [norm_axis(int(x), len(sub.type(v).shape) + 1) for x, v in zip(out_axes, scans)]
                 if out_axes else [0] * len(scans),
                 "scan_out_dirs": [int(d) for d in out_dirs] or [0] * len(scans)}
-    attrs = {"trips": trips, "n_carried": n,
-             "body_sig": "\n".join(str(nd) for nd in sub.nodes) + "|%r" % {k: v for k, v in body_rec.items()
-                                                                          if k not in ("nodes", "types")},
+    text = "\n".join(str(nd) for nd in sub.nodes) + "|%r" % {k: v for k, v in body_rec.items()
+                                                              if k not in ("nodes", "types")}
+    # the body's fingerprint stands for it in kernel signatures (build.py skips "_" attributes)
+    attrs = {"trips": trips, "n_carried": n, "body_sig": hashlib.sha256(text.encode()).hexdigest()[:20],
              "_body": body_rec}
     n_out = n + len(scans)
     outs = [o if o else im.fresh(node.name + "_unused") for o in (list(node.output) + [""] * n_out)[:n_out]]
