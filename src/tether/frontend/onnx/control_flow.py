@@ -170,17 +170,8 @@ def _loop(im: Importer, node, ins: List[str], a: dict) -> None:
     if trips is None:
         raise UnsupportedOpError("node %s: Loop without a trip count (a loop until a run-time condition)"
                                  % node.name)
-    if trips > UNROLL_UP_TO and cond:
-        try:
-            _compiled_loop(im, node, a["body"], trips, ins[2:])
-            return
-        except UnsupportedOpError as exc:
-            if trips > MAX_UNROLL:
-                raise
-            log.info("node %s: Loop unrolled (%s)", node.name, exc)
-    if trips > MAX_UNROLL:
-        raise UnsupportedOpError("node %s: Loop of %d iterations; tether unrolls loops of at most %d"
-                                 % (node.name, trips, MAX_UNROLL))
+    if _compiled(node, "Loop", trips if cond else 0, lambda: _compiled_loop(im, node, a["body"], trips, ins[2:])):
+        return
     n_carried = len(carried)
     n_scan = len(body.output) - 1 - n_carried
     formal = [vi.name for vi in body.input]
@@ -208,6 +199,23 @@ def _loop(im: Importer, node, ins: List[str], a: dict) -> None:
             raise UnsupportedOpError("node %s: Loop scan output %r of zero iterations (its shape is unknown)"
                                      % (node.name, out))
         _stack(im, vs, 0, out)
+
+
+def _compiled(node, what: str, count: int, compile_body) -> bool:
+    """Past UNROLL_UP_TO iterations try ``compile_body()`` (one looping kernel): True if it did. False means
+    unroll, which is refused past MAX_UNROLL."""
+    if count > UNROLL_UP_TO:
+        try:
+            compile_body()
+            return True
+        except UnsupportedOpError as exc:
+            if count > MAX_UNROLL:
+                raise
+            log.info("node %s: %s unrolled (%s)", node.name, what, exc)
+    if count > MAX_UNROLL:
+        raise UnsupportedOpError("node %s: %s of %d iterations; tether unrolls at most %d"
+                                 % (node.name, what, count, MAX_UNROLL))
+    return False
 
 
 def _compiled_loop(im: Importer, node, body, trips: int, carried: List[str]) -> None:
@@ -302,20 +310,11 @@ def _scan(im: Importer, node, ins: List[str], a: dict) -> None:
     steps = lengths.pop()
     formal = [vi.name for vi in body.input]
     out_axes = [int(x) for x in a.get("scan_output_axes", [0] * n_out)]
-    if steps > UNROLL_UP_TO:
-        def bind(sub: Importer, it: str, cins: List[str], slices: List[str]) -> Dict[str, str]:
-            return dict(zip(formal, cins + slices))
-        try:
-            _loop_op(im, node, body, steps, states, list(zip(xs, in_axes, in_dirs)), bind, has_cond=False,
-                     out_axes=out_axes, out_dirs=out_dirs)
-            return
-        except UnsupportedOpError as exc:
-            if steps > MAX_UNROLL:
-                raise
-            log.info("node %s: Scan unrolled (%s)", node.name, exc)
-    if steps > MAX_UNROLL:
-        raise UnsupportedOpError("node %s: Scan over %d steps; tether unrolls at most %d" % (node.name, steps,
-                                                                                             MAX_UNROLL))
+    def bind(sub: Importer, it: str, cins: List[str], slices: List[str]) -> Dict[str, str]:
+        return dict(zip(formal, cins + slices))
+    if _compiled(node, "Scan", steps, lambda: _loop_op(im, node, body, steps, states, list(zip(xs, in_axes, in_dirs)),
+                                                       bind, has_cond=False, out_axes=out_axes, out_dirs=out_dirs)):
+        return
     values = list(states)
     outs: List[List[str]] = [[] for _ in range(n_out)]
     for t in range(steps):
