@@ -409,3 +409,35 @@ def test_a_long_scan_compiles_to_one_looping_kernel(in_axis, in_dir, out_axis, o
     graph = check(model, {"s0": rng.standard_normal(2).astype(np.float32),
                           "xs": rng.standard_normal(xshape).astype(np.float32)}, tmp_path)
     assert graph.ops_used().get("loop") == 1
+
+
+def test_go_graph_executor_runs_these_models_bit_for_bit(tmp_path):
+    """The Go graph executor ignores "when" (runs both branches of a run-time If) and runs compiled loops as the
+    ordinary kernels they are: its outputs equal the Python executor's bit for bit, both branches taken."""
+    from fixtures.golang import GoCases, run_go_test
+    xs = np.random.default_rng(7).standard_normal((40, 4)).astype(np.float32)
+    loop = model_of([const("M", 40, np.int64),
+                     helper.make_node("Loop", ["M", "", "acc0", "k0"], ["acc", "k", "accs", "its"],
+                                      body=loop_body())],
+                    [vi("acc0", (4,)), vi("k0", ())], ["acc", "k", "accs", "its"],
+                    [numpy_helper.from_array(xs, "xs")])
+    vad, vad_feeds = vad_model(seed=3)
+    rng = np.random.default_rng(8)
+    runs_of = {"vad": [dict(vad_feeds, audio=vad_feeds["audio"] * g) for g in (2.0, 0.3)],
+               "loop": [{"acc0": rng.standard_normal(4).astype(np.float32), "k0": np.array(1.5, np.float32)}]}
+    cases = GoCases(tmp_path / "cases")
+    records = []
+    for name, model in (("vad", vad), ("loop", loop)):
+        folder = tmp_path / name
+        graph, params = from_onnx(model)
+        tether.build_graph(graph, params).export(str(folder))
+        gm = graph_executor.load(str(folder))
+        runs = []
+        for feeds in runs_of[name]:
+            gm.run(**feeds)
+            runs.append({"inputs": {k: cases.tensor(v) for k, v in feeds.items()},
+                         "outputs": [cases.tensor(gm.get_output(i)) for i in range(gm.get_num_outputs())]})
+        records.append({"name": name, "folder": str(folder), "runs": runs, "nodes": gm.info()["nodes"]})
+    cases.write(models=records)
+    out = run_go_test(["./graph"], tmp_path / "cases", run="TestModelsMatchPython")
+    assert "--- PASS: TestModelsMatchPython" in out, out
