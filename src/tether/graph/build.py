@@ -132,7 +132,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
         if fname is None:
             fname = "%s_k%d_%s" % (name, len(func_of_sig), re.sub(r"[^A-Za-z0-9]+", "_", node.ops_label())[:48])
             func_of_sig[sig] = fname
-            # ---- kernels written directly as loop IR (recurrent cells: a serial loop over time carrying state)
+            # ---- kernels written directly as loop IR (recurrent cells, compiled Loop/Scan: loops carrying state)
             if node.op in DIRECT_KERNELS:
                 triples.append(DIRECT_KERNELS[node.op](node, graph.types, tgt, fname))
                 shapes_of_func[fname] = None
