@@ -182,28 +182,31 @@ def test_a_long_loop_exiting_on_a_run_time_condition_is_refused():
         from_onnx(model)
 
 
-@pytest.mark.parametrize("in_axis", [0, 1])
-@pytest.mark.parametrize("in_dir", [0, 1])
-@pytest.mark.parametrize("out_axis", [0, 1])
-@pytest.mark.parametrize("out_dir", [0, 1])
-def test_scan_axes_and_directions(in_axis, in_dir, out_axis, out_dir, tmp_path):
-    """state s (2,): s = tanh(s + x_t @ w); scan output s * x_t[:2]."""
+def scan_model(steps, in_axis, in_dir, out_axis, out_dir, w_scale=1.0):
+    """state s (2,): s = tanh(s + x_t @ w); scan output s * x_t[:2]. Returns (model, feeds)."""
     body = helper.make_graph(
         [helper.make_node("MatMul", ["x_t", "w"], ["xw"]), helper.make_node("Add", ["s_in", "xw"], ["pre"]),
          helper.make_node("Tanh", ["pre"], ["s_out"]),
          const("st", [0], np.int64), const("en", [2], np.int64),
          helper.make_node("Slice", ["x_t", "st", "en"], ["x2"]), helper.make_node("Mul", ["s_out", "x2"], ["y_t"])],
         "body", [vi("s_in", (2,)), vi("x_t", (3,))], [vi("s_out", (2,)), vi("y_t", (2,))])
-    steps = 5
     xshape = (steps, 3) if in_axis == 0 else (3, steps)
     nodes = [helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1,
                               scan_input_axes=[in_axis], scan_input_directions=[in_dir],
                               scan_output_axes=[out_axis], scan_output_directions=[out_dir])]
-    w = numpy_helper.from_array(np.random.default_rng(2).standard_normal((3, 2)).astype(np.float32), "w")
-    model = model_of(nodes, [vi("s0", (2,)), vi("xs", xshape)], ["s", "ys"], [w])
+    w = np.random.default_rng(2).standard_normal((3, 2)).astype(np.float32) * np.float32(w_scale)
+    model = model_of(nodes, [vi("s0", (2,)), vi("xs", xshape)], ["s", "ys"], [numpy_helper.from_array(w, "w")])
     rng = np.random.default_rng(3)
-    check(model, {"s0": rng.standard_normal(2).astype(np.float32),
-                  "xs": rng.standard_normal(xshape).astype(np.float32)}, tmp_path)
+    return model, {"s0": rng.standard_normal(2).astype(np.float32),
+                   "xs": rng.standard_normal(xshape).astype(np.float32)}
+
+
+@pytest.mark.parametrize("in_axis", [0, 1])
+@pytest.mark.parametrize("in_dir", [0, 1])
+@pytest.mark.parametrize("out_axis", [0, 1])
+@pytest.mark.parametrize("out_dir", [0, 1])
+def test_scan_axes_and_directions(in_axis, in_dir, out_axis, out_dir, tmp_path):
+    check(*scan_model(5, in_axis, in_dir, out_axis, out_dir), tmp_path)
 
 
 def vad_model(seed=0, hid=16, frames=12, feats=8):
@@ -393,21 +396,7 @@ def test_a_long_loop_with_an_lstm_in_its_body(tmp_path):
 
 @pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir", [(0, 0, 0, 0), (1, 1, 1, 0), (0, 1, -1, 1)])
 def test_a_long_scan_compiles_to_one_looping_kernel(in_axis, in_dir, out_axis, out_dir, tmp_path):
-    body = helper.make_graph(
-        [helper.make_node("MatMul", ["x_t", "w"], ["xw"]), helper.make_node("Add", ["s_in", "xw"], ["pre"]),
-         helper.make_node("Tanh", ["pre"], ["s_out"]), const("st", [0], np.int64), const("en", [2], np.int64),
-         helper.make_node("Slice", ["x_t", "st", "en"], ["x2"]), helper.make_node("Mul", ["s_out", "x2"], ["y_t"])],
-        "body", [vi("s_in", (2,)), vi("x_t", (3,))], [vi("s_out", (2,)), vi("y_t", (2,))])
-    steps = 50
-    xshape = (steps, 3) if in_axis == 0 else (3, steps)
-    nodes = [helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1,
-                              scan_input_axes=[in_axis], scan_input_directions=[in_dir],
-                              scan_output_axes=[out_axis], scan_output_directions=[out_dir])]
-    w = numpy_helper.from_array(np.random.default_rng(2).standard_normal((3, 2)).astype(np.float32) * 0.5, "w")
-    model = model_of(nodes, [vi("s0", (2,)), vi("xs", xshape)], ["s", "ys"], [w])
-    rng = np.random.default_rng(3)
-    graph = check(model, {"s0": rng.standard_normal(2).astype(np.float32),
-                          "xs": rng.standard_normal(xshape).astype(np.float32)}, tmp_path)
+    graph = check(*scan_model(50, in_axis, in_dir, out_axis, out_dir, w_scale=0.5), tmp_path)
     assert graph.ops_used().get("loop") == 1
 
 
