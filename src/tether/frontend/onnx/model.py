@@ -8,6 +8,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
+from tether.frontend.onnx.external_data import initializer_array, load_model
 from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, node_attrs, onnx_type_name
 
 log = logging.getLogger(__name__)
@@ -47,17 +48,16 @@ def _value_info_type(vi) -> Tuple[Tuple[Optional[int], ...], str]:
 
 def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
               dtype: Optional[Mapping[str, str]] = None,
-              constants: Optional[Mapping[str, np.ndarray]] = None) -> Tuple[Graph, Dict[str, np.ndarray]]:
+              constants: Optional[Mapping[str, np.ndarray]] = None,
+              base_dir: Optional[str] = None) -> Tuple[Graph, Dict[str, np.ndarray]]:
     """Import an ONNX ModelProto (or a path) as (graph, params).
 
     ``shape`` fixes input shapes (needed for inputs with symbolic dimensions); ``constants`` binds run-time
-    inputs to fixed values (e.g. an int64 shape input), which then fold like initializers.
+    inputs to fixed values (e.g. an int64 shape input), which then fold like initializers. Weights in external
+    data files are read from the model's folder when ``model`` is a path, else from ``base_dir``.
     """
-    import onnx
-    from onnx import numpy_helper
-
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        model = onnx.load(model)
+        model, base_dir = load_model(model)
     missing = unsupported_ops(model)
     if missing:
         listing = "; ".join("%s (%s)" % (op, ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
@@ -71,7 +71,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
     dtype = dict(dtype or {})
     constants = dict(constants or {})
     for init in model.graph.initializer:
-        im.add_const(numpy_helper.to_array(init), name=init.name)
+        im.add_const(initializer_array(init, base_dir), name=init.name)
     inputs: List[str] = []
     runtime = [vi.name for vi in model.graph.input if vi.name not in im.consts and vi.name not in constants]
     unknown = set(shape) - set(runtime)
