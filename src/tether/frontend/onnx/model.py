@@ -8,6 +8,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
+from tether.frontend.onnx import half
 from tether.frontend.onnx.external_data import initializer_array, load_model
 from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, node_attrs, onnx_type_name
 
@@ -96,6 +97,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
                                      "(they take %s)" % (vi.name, onnx_type_name(vi), ", ".join(KERNEL_DTYPES)))
         im.types[vi.name] = TensorType(dims, dt)
         inputs.append(vi.name)
+    declared = None     # value types from ONNX shape inference, computed on the first float16 node
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = "%s_%d" % (node.op_type, i)
@@ -103,7 +105,12 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         for x in ins:
             if x and x not in im.types:
                 raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
-        CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+        if node.op_type not in half.NATIVE and half.reads_half(im, ins):
+            declared = declared if declared is not None else half.declared_types(model)
+            half.convert_in_float32(im, node, ins, node_attrs(node), CONVERTERS[node.op_type], declared)
+        else:
+            CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+            half.pass_through(im, node, ins)
         for o in node.output:
             if o and o not in im.types:
                 raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
