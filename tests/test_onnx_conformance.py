@@ -25,7 +25,8 @@ REFUSED_BY_DESIGN: dict = {}
 # op types tether converts only in the forms real exporters write, none of which onnx's cases use
 NO_PASSING_CASE = {"Gather": "every case gathers a run-time tensor with tensor indices, which is refused"}
 # dtypes the kernels implement: a case reading others is refused by design and is not a candidate
-_DTYPES = {"bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64"}
+_DTYPES = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+           "float64"}
 
 CASES = oc.collect()
 OPS = oc.op_types(CASES)

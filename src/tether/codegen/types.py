@@ -20,7 +20,7 @@ PTR = ir.PointerType()
 _IR_TYPES = {
     ("bool", 8): I1,
     ("int", 8): I8, ("int", 16): I16, ("int", 32): I32, ("int", 64): I64,
-    ("uint", 8): I8,
+    ("uint", 8): I8, ("uint", 16): I16, ("uint", 32): I32, ("uint", 64): I64,
     ("float", 32): F32, ("float", 64): F64,
     # float16 and bfloat16 are stored as 16-bit patterns and computed with as float32 (codegen/halfconv.py)
     ("float", 16): F32, ("bfloat", 16): F32,
