@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
+from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import ONNX_DTYPES, Importer
 
 HALF = "float16"
@@ -75,7 +76,10 @@ def convert_in_float32(im: Importer, node, ins: List[str], attrs: dict, convert:
         temps.append(t or None)
     del shadow.input[:]
     shadow.input.extend(f32_ins)
-    convert(im, shadow, f32_ins, attrs)
+    try:
+        convert(im, shadow, f32_ins, attrs)
+    except UnsupportedOpError as exc:
+        raise UnsupportedOpError("%s (the node reads float16, which tether converts as float32)" % exc) from None
     for o, t in zip(node.output, temps):
         if not o or t is None or t not in im.types:
             continue
