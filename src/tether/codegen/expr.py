@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from llvmlite import ir
 
 from tether.codegen import hostcall
-from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, half_value
+from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
                                   mem_type, scalar_type)
 from tether.errors import CompileError
@@ -503,6 +503,8 @@ class ExprEmitter:
         if is_float(dst):
             if not is_float(src):
                 v = (B.uitofp if is_unsigned(src) else B.sitofp)(v, vty)
+            elif src == "float64" and dst in TO_STORAGE:
+                v = f64_to_f32_odd(B, v)    # so that the rounding to the half type below is the only one
             elif scalar_type(src) != ty:
                 v = B.fpext(v, vty) if dst == "float64" else B.fptrunc(v, vty)
             if dst in TO_STORAGE:   # a float16/bfloat16 value is a float32 holding only that type's values

@@ -83,6 +83,32 @@ def f32_to_bf16(b: ir.IRBuilder, f: ir.Value) -> ir.Value:
     return b.trunc(b.select(is_nan, nan, rounded), like(f, I16))
 
 
+def f64_to_f32_odd(b: ir.IRBuilder, d: ir.Value) -> ir.Value:
+    """float64 -> float32 rounded to odd (toward zero, low bit set when inexact). Rounding that result once more
+    to float16/bfloat16 (nearest even) equals rounding the float64 directly: float32 keeps more than two extra
+    bits, and the odd low bit stands for everything dropped, so a value just off a float16 tie is not rounded
+    onto the tie first (plain float64 -> float32 -> float16 would round twice)."""
+    r = b.fptrunc(d, like(d, F32))
+    rb = b.bitcast(r, like(d, I32))
+    back = b.fpext(r, d.type)
+    inexact = b.fcmp_unordered("!=", back, d)
+    # rounded away from zero: one step back toward zero (the magnitude bits, sign untouched)
+    away = b.fcmp_ordered(">", b.call(_fabs(b, d.type), [back]), b.call(_fabs(b, d.type), [d]))
+    toward = b.select(b.and_(inexact, away), b.sub(rb, _u32(b, rb, 1)), rb)
+    odd = b.select(inexact, b.or_(toward, _u32(b, rb, 1)), toward)
+    return b.bitcast(odd, like(d, F32))
+
+
+def _fabs(b: ir.IRBuilder, ty: ir.Type) -> ir.Function:
+    suffix = ("v%df64" % ty.count) if isinstance(ty, ir.VectorType) else "f64"
+    name = "llvm.fabs." + suffix
+    module = b.module
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ty, [ty]), name)
+    return fn
+
+
 FROM_STORAGE = {"float16": f16_to_f32, "bfloat16": bf16_to_f32}
 TO_STORAGE = {"float16": f32_to_f16, "bfloat16": f32_to_bf16}
 
