@@ -34,10 +34,11 @@ def _floats() -> np.ndarray:
     return x[: (len(x) // 16) * 16]
 
 
-def _near_ties() -> np.ndarray:
-    """float64 values a hair off the midpoint of two neighbouring float16 values: rounding them to float32 first
-    would land on the tie and round to even, the wrong way half the time."""
-    h = _all_halves().astype(np.float64)
+def _near_ties(half=np.float16) -> np.ndarray:
+    """float64 values a hair off the midpoint of two neighbouring float16 (or bfloat16) values: rounding them to
+    float32 first would land on the tie and round to even, the wrong way half the time."""
+    h = _all_halves().view(np.uint16).view(half).astype(np.float64)
+    h = np.unique(h)
     h = h[np.isfinite(h) & (h > 0)]
     mid = (h[:-1] + h[1:]) / 2
     eps = np.abs(mid) * 2.0 ** -40
@@ -52,6 +53,39 @@ def _cast_kernel(src: str, dst: str, n: int, vectorize: bool):
     if vectorize:
         _, xi = s[b].split(b.op.axis[0], factor=8)
         s[b].vectorize(xi)
+    return s, [a, b]
+
+
+def _bf16_nearest(x: np.ndarray) -> np.ndarray:
+    """float64 -> the nearest bfloat16 (ties to even), as float32. Not ml_dtypes: it goes through float32 and so
+    rounds twice. Of the two bfloat16 neighbours of x, the nearer one wins (the float64 distances are exact:
+    Sterbenz)."""
+    import ml_dtypes
+
+    ax = np.abs(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        lo_bits = (ax.astype(np.float32).view(np.uint32) >> 16).astype(np.int64)
+    lo = (lo_bits << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+    lo_bits = np.where(lo > ax, lo_bits - 1, lo_bits)      # float32 rounding may have crossed a bfloat16 value
+    lo = (lo_bits << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+    hi = ((lo_bits + 1) << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+    d_lo, d_hi = ax - lo, hi - ax
+    up = (d_hi < d_lo) | ((d_hi == d_lo) & (lo_bits % 2 == 1))
+    bits = np.where(up, lo_bits + 1, lo_bits)
+    out = np.copysign((bits << 16).astype(np.uint32).view(np.float32), x).astype(np.float32)
+    special = ~np.isfinite(x) | (ax >= 3.3961775292304797e38)     # NaN, infinities, overflow: the direct cast
+    with np.errstate(over="ignore", invalid="ignore"):
+        out[special] = x[special].astype(ml_dtypes.bfloat16).astype(np.float32)
+    return out
+
+
+def _via_kernel(src: str, half: str, n: int):
+    """B = float32(half(A)): the rounding to a half type that a cast in registers does."""
+    a = te.placeholder((n,), name="A", dtype=src)
+    b = te.compute((n,), lambda i: a[i].astype(half).astype("float32"), name="B")
+    s = te.create_schedule(b.op)
+    _, xi = s[b].split(b.op.axis[0], factor=8)
+    s[b].vectorize(xi)
     return s, [a, b]
 
 
@@ -91,6 +125,15 @@ def _cases():
             doubles = np.concatenate([floats.astype(np.float64), _near_ties()])
             cases.append(("f64_to_h_" + tag, _cast_kernel("float64", "float16", len(doubles), vec), [doubles],
                           [doubles.astype(np.float16)]))
+    # bfloat16 inside a kernel (device arrays cannot hold it: numpy has no bfloat16): float32 and float64 rounded
+    # to bfloat16 and read back, against ml_dtypes' bfloat16 (round to nearest even)
+    import ml_dtypes
+    bf_doubles = np.concatenate([floats.astype(np.float64), _near_ties(ml_dtypes.bfloat16)])
+    with np.errstate(over="ignore", invalid="ignore"):
+        cases.append(("float32_via_bf16", _via_kernel("float32", "bfloat16", len(floats)), [floats],
+                      [floats.astype(ml_dtypes.bfloat16).astype(np.float32)]))
+        cases.append(("float64_via_bf16", _via_kernel("float64", "bfloat16", len(bf_doubles)), [bf_doubles],
+                      [_bf16_nearest(bf_doubles)]))
     ints = np.arange(-70000, 70000, 7, dtype=np.int32)[: 20000]
     with np.errstate(over="ignore"):
         cases.append(("i32_to_h", _cast_kernel("int32", "float16", len(ints), True), [ints],
