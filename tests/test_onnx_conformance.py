@@ -17,14 +17,17 @@ EVER_WRONG = ["test_div_int32_trunc", "test_pow_types_int32_float32", "test_pow_
               # a float ReduceMax over an all -inf row started from the lowest finite value, not -inf
               "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
               "test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded",
-              "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded"]
+              "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded",
+              # float16 results rounded at a no-op Cast(to=float16) between float32-computed nodes (issue 11)
+              "test_attention_4d_causal_fp16_expanded"]
 # cases refused by design, passed over when picking an op's case (the reason says why)
 REFUSED_BY_DESIGN: dict = {
     "test_scan_sum": "opset-8 Scan (batch axis, sequence_lens input): tether converts Scan from opset 9"}
 # op types tether converts only in the forms real exporters write, none of which onnx's cases use
 NO_PASSING_CASE = {"Gather": "every case gathers a run-time tensor with tensor indices, which is refused"}
 # dtypes the kernels implement: a case reading others is refused by design and is not a candidate
-_DTYPES = {"bool", "int8", "uint8", "int16", "int32", "int64", "float32", "float64"}
+_DTYPES = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+           "float64"}
 
 CASES = oc.collect()
 OPS = oc.op_types(CASES)

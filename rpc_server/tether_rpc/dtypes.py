@@ -9,8 +9,8 @@ storage width, its DLPack type code, and the numpy dtype that stores it. ``bfloa
 elements are stored as ``uint16`` bit patterns (the same convention onnx and onnxruntime use on the host side).
 
 ``rank`` orders the types for mixed arithmetic in tensor expressions (the higher rank wins); ``wire`` says whether
-a tensor of this type may travel in a frame (every plain numeric type may; uint16/32/64 may travel but device
-arrays refuse them, see ``ARRAY_DTYPES``).
+a tensor of this type may travel in a frame (every type numpy stores natively may, and so may device arrays hold
+it, see ``ARRAY_DTYPES``).
 """
 from __future__ import annotations
 
@@ -67,9 +67,8 @@ BY_DLPACK: Dict[Tuple[int, int], DType] = {(row.dl_code, row.bits): row for row 
 # Which dtypes each consumer accepts. They differ on purpose, and each set is a subset of DTYPES:
 # - a tensor in a frame may hold any type numpy stores natively (bfloat16 has no numpy dtype to decode into);
 WIRE_DTYPES = frozenset(name for name, row in DTYPES.items() if row.kind != "bfloat")
-# - a device array (and so a kernel argument passed from Python) refuses the wide unsigned types, which no
-#   compiled kernel takes (docs/protocol.md);
-ARRAY_DTYPES = frozenset(WIRE_DTYPES - {"uint16", "uint32", "uint64"})
+# - a device array (and so a kernel argument passed from Python) may hold any of them (docs/protocol.md);
+ARRAY_DTYPES = frozenset(WIRE_DTYPES)
 # - a params file stores every type, bfloat16 as its uint16 bit pattern (docs/params.md).
 PARAMS_DTYPES = frozenset(DTYPES)
 

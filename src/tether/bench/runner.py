@@ -145,13 +145,12 @@ class OnnxCache:
         key = (os.path.abspath(target.path), preset)
         with self._lock:  # one build at a time: builds use every core already
             if key not in self._done:
-                import onnx
 
                 import tether
                 from tether.frontend import from_onnx
 
                 t0 = time.perf_counter()
-                graph, params = from_onnx(onnx.load(target.path), shape=dict(target.input_shapes or {}))
+                graph, params = from_onnx(target.path, shape=dict(target.input_shapes or {}))
                 factory = tether.build_graph(graph, params, target=compile_for, opt_level=options.opt_level,
                                              fast_math=options.fast_math)
                 out = os.path.join(self.workdir, "%s-%d" % (os.path.basename(target.path), len(self._done)))

@@ -41,7 +41,7 @@ def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: i
     import onnx
 
     if check:
-        _check(onnx.load(model), model)
+        _check(onnx.load(model, load_external_data=False), model)
         return
 
     import tether
@@ -50,7 +50,7 @@ def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: i
 
     t0 = time.perf_counter()
     try:
-        graph, params = from_onnx(onnx.load(model), shape=parse_input_shapes(input_shapes))
+        graph, params = from_onnx(model, shape=parse_input_shapes(input_shapes))  # a path: reads external data
     except (UnsupportedOpError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     t_import = time.perf_counter() - t0

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from llvmlite import ir
 
 from tether.codegen import hostcall
+from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
                                   mem_type, scalar_type)
 from tether.errors import CompileError
@@ -93,6 +94,8 @@ class ExprEmitter:
         ty = scalar_type(dtype)
         if is_bool(dtype):
             return ir.Constant(I1, 1 if value else 0)
+        if dtype in TO_STORAGE:     # a float16/bfloat16 constant holds that type's nearest value
+            value = half_value(dtype, value)
         return ir.Constant(ty, value)
 
     # ---- expressions ----------------------------------------------------------------------------------------
@@ -194,12 +197,16 @@ class ExprEmitter:
                 v = self.gather(buf, self.ev(e.index), check_contiguous=coef is None)
             if buf.dtype == "bool":
                 v = self.b.icmp_unsigned("!=", v, ir.Constant(v.type, [0] * n))
-            return v
+            return self.from_half(v, buf.dtype)
         ptr = self.b.gep(self.bufs[buf], [self.ev(e.index)], inbounds=True, source_etype=ety)
         v = self.b.load(ptr, typ=ety, align=align)
         if buf.dtype == "bool":
             v = self.b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
-        return v
+        return self.from_half(v, buf.dtype)
+
+    def from_half(self, v: ir.Value, dtype: str) -> ir.Value:
+        """A loaded float16/bfloat16 bit pattern as the float32 it is computed with; other values unchanged."""
+        return FROM_STORAGE[dtype](self.b, v) if dtype in FROM_STORAGE else v
 
     # ---- lazily evaluated if_then_else ------------------------------------------------------------------------
     def unsafe(self, e: Expr) -> bool:
@@ -328,7 +335,7 @@ class ExprEmitter:
         if buf.dtype == "bool":
             z = ir.Constant(v.type, [0] * n) if is_vec(v) else ir.Constant(I8, 0)
             v = B.icmp_unsigned("!=", v, z)
-        return v
+        return self.from_half(v, buf.dtype)
 
     def strided_load(self, buf: Buffer, index: Expr, stride: int) -> ir.Value:
         """The lanes of ``index``, which moves by the constant ``stride`` (not 0 or 1) per lane. A small stride
@@ -494,9 +501,15 @@ class ExprEmitter:
             zero = const_like(v, scalar_type(src), 0)
             return B.fcmp_unordered("!=", v, zero) if is_float(src) else B.icmp_unsigned("!=", v, zero)
         if is_float(dst):
-            if is_float(src):
-                return B.fpext(v, vty) if dst == "float64" else B.fptrunc(v, vty)
-            return (B.uitofp if is_unsigned(src) else B.sitofp)(v, vty)
+            if not is_float(src):
+                v = (B.uitofp if is_unsigned(src) else B.sitofp)(v, vty)
+            elif src == "float64" and dst in TO_STORAGE:
+                v = f64_to_f32_odd(B, v)    # so that the rounding to the half type below is the only one
+            elif scalar_type(src) != ty:
+                v = B.fpext(v, vty) if dst == "float64" else B.fptrunc(v, vty)
+            if dst in TO_STORAGE:   # a float16/bfloat16 value is a float32 holding only that type's values
+                v = FROM_STORAGE[dst](B, TO_STORAGE[dst](B, v))
+            return v
         # integer destination (64-bit conversions on armv7 become calls of the module's __aeabi_* helpers)
         if is_float(src):
             return (B.fptoui if is_unsigned(dst) else B.fptosi)(v, vty)

@@ -17,6 +17,7 @@ from llvmlite import ir
 
 from tether.codegen import parallel
 from tether.codegen.expr import ExprEmitter, by_class, uses
+from tether.codegen.halfconv import TO_STORAGE
 from tether.codegen.types import I1, I8, I32, PTR, elem_bytes, is_vec, mem_type
 from tether.errors import CompileError
 from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, Var,
@@ -160,6 +161,8 @@ class FunctionEmitter(ExprEmitter):
         self.b.store(self.to_mem(value, buf.dtype), ptr, align=align)
 
     def to_mem(self, v: ir.Value, dtype: str) -> ir.Value:
+        if dtype in TO_STORAGE:     # float16/bfloat16: round the float32 to the stored bit pattern
+            return TO_STORAGE[dtype](self.b, v)
         if dtype != "bool":
             return v
         ty = ir.VectorType(I8, v.type.count) if is_vec(v) else I8

@@ -20,9 +20,13 @@ PTR = ir.PointerType()
 _IR_TYPES = {
     ("bool", 8): I1,
     ("int", 8): I8, ("int", 16): I16, ("int", 32): I32, ("int", 64): I64,
-    ("uint", 8): I8,
+    ("uint", 8): I8, ("uint", 16): I16, ("uint", 32): I32, ("uint", 64): I64,
     ("float", 32): F32, ("float", 64): F64,
+    # float16 and bfloat16 are stored as 16-bit patterns and computed with as float32 (codegen/halfconv.py)
+    ("float", 16): F32, ("bfloat", 16): F32,
 }
+# dtypes whose memory type differs from their register type, beyond bool's byte
+HALF_DTYPES = ("float16", "bfloat16")
 
 # The dtypes a packed wrapper can check (a DLPack code and width): every dtype of the table but bfloat16.
 PACKED_DTYPES = tuple(name for name, row in DTYPES.items() if row.kind != "bfloat")
@@ -45,7 +49,9 @@ def scalar_type(dtype: str) -> ir.Type:
 
 
 def mem_type(dtype: str) -> ir.Type:
-    """The in-memory type of one ``dtype`` element (bool is a byte)."""
+    """The in-memory type of one ``dtype`` element (bool is a byte, float16/bfloat16 a 16-bit pattern)."""
+    if dtype in HALF_DTYPES:
+        return I16
     return I8 if dtype == "bool" else scalar_type(dtype)
 
 

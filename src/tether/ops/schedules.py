@@ -42,7 +42,8 @@ class Family:
     max_col_vectors: int  # widest conv micro-kernel row, in vectors
     # matmul accumulates in the output itself (one parallel launch, panels packed per task) rather than in a
     # local block: only where LLVM was seen to keep that output block in vector registers (AVX2; on armv7 it
-    # scalarized the unaligned vector accumulators)
+    # scalarized the unaligned vector accumulators; with AVX-512's 16 lanes it reloads the block every k step:
+    # a (64x128) @ (128x384) dense ran at 3-4 GMAC/s against 39 with the local block)
     direct_matmul: bool = False
     parallel_min: int = 1 << 14  # below this many output elements a parallel launch costs more than it saves
     conv_pixels: int = 0  # output pixels per conv2d_pixels block (0: mm_rows)
@@ -57,7 +58,7 @@ def family_of(target: Target) -> Family:
         # conv2d_pixels: 4 pixels x 16 channels (8 accumulators); 6 x 16 measured 1.2-1.5x slower on vgg/resnet
         # layers (its six broadcast addresses plus twelve accumulators strain the 16 ymm / 16 GPR files)
         return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, acc_regs=12 if lanes < 16 else 24,
-                      max_col_vectors=2, direct_matmul=lanes >= 8, conv_pixels=4)
+                      max_col_vectors=2, direct_matmul=lanes == 8, conv_pixels=4)
     if arch == "aarch64":
         # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
         return Family("aarch64", lanes, mm_rows=6, acc_regs=24, max_col_vectors=4)

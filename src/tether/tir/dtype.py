@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from tether_rpc.dtypes import DTYPES as _TABLE
 
-# What te/tir accept today; the other table rows (float16, bfloat16, wide unsigned) have no code generation.
-DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float32", "float64")
+# What te/tir accept: every row of the table. float16 and bfloat16 are computed with as float32 and rounded on
+# store (codegen/halfconv.py); unsigned integers divide, compare, shift and widen without sign.
+DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
+          "float32", "float64")
 
 _ROWS = {name: _TABLE[name] for name in DTYPES}
 _FLOAT = frozenset(name for name, row in _TABLE.items() if row.is_float)

@@ -477,6 +477,10 @@ def max_value(dtype: str) -> Const:
         return Const(3.4028234663852886e38, dtype)
     if dtype == "float64":
         return Const(1.7976931348623157e308, dtype)
+    if dtype == "float16":
+        return Const(65504.0, dtype)
+    if dtype == "bfloat16":
+        return Const(3.3895313892515355e38, dtype)
     if dtype == "bool":
         return Const(True, dtype)
     if is_unsigned(dtype):

@@ -244,8 +244,8 @@ def _hardmax(im, node, ins, a):
     _coerced_2d(im, node, ins, "hardmax", a)
 
 
-# Cast: every dtype the kernels implement, in both directions; others (float16, strings, ...) are refused.
-_CAST_DTYPES = NUMERIC + ("bool",)
+# Cast: every dtype the kernels implement, in both directions; others (bfloat16, strings, ...) are refused.
+_CAST_DTYPES = NUMERIC + ("bool", "float16")
 
 
 @converter("Cast")

@@ -12,8 +12,8 @@ from tether.graph.ir import Node, TensorType
 
 
 
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-                10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
+ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+                10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
 
 
 class Importer:
@@ -111,7 +111,7 @@ def converter(*op_types: str):
     return deco
 
 FLOATS = ("float32", "float64")
-INTS = ("int8", "uint8", "int16", "int32", "int64")
+INTS = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
 NUMERIC = FLOATS + INTS
 
 
@@ -129,7 +129,8 @@ def no_legacy_broadcast(node, a):
         raise UnsupportedOpError("node %s: %s with the legacy 'axis' attribute (opset < 7)" % (node.name, node.op_type))
 
 # ---------------------------------------------------------------- run-time dtypes the kernels implement (issue 11)
-KERNEL_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float32", "float64")
+KERNEL_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
+                 "float32", "float64")
 
 
 def onnx_type_name(vi) -> str:

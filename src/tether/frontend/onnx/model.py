@@ -8,6 +8,8 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
+from tether.frontend.onnx import half
+from tether.frontend.onnx.external_data import initializer_array, load_model
 from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, node_attrs, onnx_type_name
 
 log = logging.getLogger(__name__)
@@ -47,17 +49,16 @@ def _value_info_type(vi) -> Tuple[Tuple[Optional[int], ...], str]:
 
 def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
               dtype: Optional[Mapping[str, str]] = None,
-              constants: Optional[Mapping[str, np.ndarray]] = None) -> Tuple[Graph, Dict[str, np.ndarray]]:
+              constants: Optional[Mapping[str, np.ndarray]] = None,
+              base_dir: Optional[str] = None) -> Tuple[Graph, Dict[str, np.ndarray]]:
     """Import an ONNX ModelProto (or a path) as (graph, params).
 
     ``shape`` fixes input shapes (needed for inputs with symbolic dimensions); ``constants`` binds run-time
-    inputs to fixed values (e.g. an int64 shape input), which then fold like initializers.
+    inputs to fixed values (e.g. an int64 shape input), which then fold like initializers. Weights in external
+    data files are read from the model's folder when ``model`` is a path, else from ``base_dir``.
     """
-    import onnx
-    from onnx import numpy_helper
-
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        model = onnx.load(model)
+        model, base_dir = load_model(model)
     missing = unsupported_ops(model)
     if missing:
         listing = "; ".join("%s (%s)" % (op, ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
@@ -71,7 +72,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
     dtype = dict(dtype or {})
     constants = dict(constants or {})
     for init in model.graph.initializer:
-        im.add_const(numpy_helper.to_array(init), name=init.name)
+        im.add_const(initializer_array(init, base_dir), name=init.name)
     inputs: List[str] = []
     runtime = [vi.name for vi in model.graph.input if vi.name not in im.consts and vi.name not in constants]
     unknown = set(shape) - set(runtime)
@@ -96,6 +97,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
                                      "(they take %s)" % (vi.name, onnx_type_name(vi), ", ".join(KERNEL_DTYPES)))
         im.types[vi.name] = TensorType(dims, dt)
         inputs.append(vi.name)
+    declared = None     # value types from ONNX shape inference, computed on the first float16 node
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = "%s_%d" % (node.op_type, i)
@@ -103,7 +105,12 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         for x in ins:
             if x and x not in im.types:
                 raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
-        CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+        if node.op_type not in half.NATIVE and half.reads_half(im, ins):
+            declared = declared if declared is not None else half.declared_types(model)
+            half.convert_in_float32(im, node, ins, node_attrs(node), CONVERTERS[node.op_type], declared)
+        else:
+            CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+            half.pass_through(im, node, ins)
         for o in node.output:
             if o and o not in im.types:
                 raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
