@@ -54,6 +54,8 @@ cat > "$WORK/stub_c.c" <<'C'
 int clock_gettime(int c, void *ts) { return 0; }
 void *calloc(unsigned long n, unsigned long s) { return 0; }
 void free(void *p) {}
+int dup(int fd) { return 0; }
+int dup2(int fd, int fd2) { return 0; }
 C
 
 build_one() {

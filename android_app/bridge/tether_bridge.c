@@ -23,6 +23,8 @@ extern int pthread_join(bridge_pthread_t thread, void **ret);
 extern int clock_gettime(int clock, struct bridge_timespec *ts);
 extern void *calloc(unsigned long n, unsigned long size);
 extern void free(void *p);
+extern int dup(int fd);
+extern int dup2(int fd, int fd2);
 
 #if defined(__ANDROID__) && !defined(__LP64__)
 #define BRIDGE_RTLD_NOW 0    /* 32-bit bionic: RTLD_NOW is 0 (2 would be RTLD_GLOBAL there) */
@@ -98,6 +100,15 @@ JNIEXPORT void FN(callWithPointer)(JNIEnv *env, jclass cls, jlong fn, jlong arg)
 JNIEXPORT void FN(callVoid)(JNIEnv *env, jclass cls, jlong fn) { ((void (*)(void))ptr(fn))(); }
 
 JNIEXPORT jint FN(callInt)(JNIEnv *env, jclass cls, jlong fn) { return ((int32_t (*)(void))ptr(fn))(); }
+
+/* Keeps the protocol stream away from anything else that writes to stdout (the JVM's fatal-error report, a
+ * kernel's debug output): file descriptor 1 becomes a copy of 2, and the returned descriptor is the old stdout. */
+JNIEXPORT jint FN(takeStdout)(JNIEnv *env, jclass cls) {
+  int fd = dup(1);
+  if (fd < 0) return -1;
+  if (dup2(2, 1) < 0) return -1;
+  return fd;
+}
 
 /* -- pool threads: borrowed by a module's tether_pool_worker until tether_pool_shutdown ----------------------- */
 typedef struct {

@@ -75,6 +75,12 @@ public final class NativeBridge {
      */
     public static native long startThreads(long worker, int count);
 
+    /**
+     * Makes file descriptor 1 a copy of 2 and returns a new descriptor for the old stdout (or -1): a session
+     * worker JVM then owns its protocol stream alone (the JVM's fatal-error report goes to fd 1).
+     */
+    public static native int takeStdout();
+
     /** Waits for the threads of {@link #startThreads} to return (after tether_pool_shutdown) and frees the handle. */
     public static native void joinThreads(long threads);
 }

@@ -39,7 +39,12 @@ public final class SessionMain {
         NativeBridge.load(libDir);
         NativeBridge.pointerSize();
         InputStream in = new BufferedInputStream(new java.io.FileInputStream(FileDescriptor.in), 1 << 16);
-        OutputStream out = new BufferedOutputStream(new FileOutputStream(FileDescriptor.out), 1 << 16);
+        int fd = NativeBridge.takeStdout();
+        if (fd < 0) {
+            throw new IOException("cannot move stdout aside for the protocol stream");
+        }
+        // (Linux: /proc/self/fd names the descriptor; java.io has no public way to wrap a raw one)
+        OutputStream out = new BufferedOutputStream(new FileOutputStream("/proc/self/fd/" + fd), 1 << 16);
         String folder = readLine(in);
         if (folder == null || folder.isEmpty()) {
             return;  // the server stopped before handing us a session
