@@ -287,3 +287,56 @@ def test_idle_and_session_timeouts_free_the_device(make_java_device, rpc_kernels
     with rpc.connect(server.host, server.port, timeout=20) as remote:
         assert remote.get_function("tether.echo")(4) == 4
     assert server.alive
+
+
+# -- device_info and the graph executor ---------------------------------------------------------------------------
+def test_device_info_matches_the_python_server(java_device):
+    from tether_rpc import device_info as py_info
+
+    with rpc.connect(java_device.host, java_device.port, timeout=20) as remote:
+        info = remote.get_function("tether.device_info")()
+    ref = py_info.device_info()
+    for key in ("arch", "cpu_model", "cpu_cores", "cpu_features", "num_cores", "suggested_target", "memory_bytes"):
+        assert info[key] == ref[key], key
+    assert info["cpu_capabilities"] == ref["cpu_capabilities"]
+    assert info["os"]["android"] is False and info["os"]["android_version"] is None
+    assert info["pointer_bits"] == 64 and info["java"] and info["session_limits"]["handles"] is None
+    assert set(ref) - set(info) == set(), "keys of the Python server's device_info missing here"
+
+
+def test_graph_executor_runs_an_onnx_model_like_onnxruntime(java_device, tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    import tether
+    from tether.frontend import from_onnx
+
+    model = onnx.load(str(pathlib.Path(__file__).parent / "data" / "digits_cnn.onnx"))
+    graph, params = from_onnx(model, shape={"input": (4, 1, 8, 8)})
+    folder = str(tmp_path / "digits")
+    tether.build_graph(graph, params, target="host").export(folder)
+    x = np.random.default_rng(0).uniform(0, 1, (4, 1, 8, 8)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    samples, nodes = [], []
+    with rpc.connect(java_device.host, java_device.port, timeout=60) as remote:
+        assert "tether.graph.create" in remote.functions()
+        with remote.graph_executor(folder) as gm:
+            assert gm.input_names == ["input"] and gm.output_names == ["probs"]
+            gm.set_input("input", x)
+            gm.run()
+            np.testing.assert_allclose(gm.get_output(0), ref, rtol=1e-4, atol=1e-6)
+            gm.set_input(0, x.astype(np.float64))    # same_kind cast, as the Python server allows
+            gm.run()
+            np.testing.assert_allclose(gm.get_output("probs"), ref, rtol=1e-4, atol=1e-6)
+            gm.set_input(0, np.zeros_like(x))
+            gm.run()
+            assert not np.allclose(gm.get_output(0), ref)
+            res = gm.benchmark(number=2, repeat=3, on_sample=samples.append)
+            assert len(res["samples"]) == 3 and [s["index"] for s in samples] == [0, 1, 2]
+            assert res["min_ms"] <= res["median_ms"]
+            prof = gm.profile(number=1, on_node=nodes.append)
+            assert len(prof["nodes"]) == len(nodes) >= 3 and all(r["seconds"] > 0 for r in prof["nodes"])
+            with pytest.raises(KeyError, match="no input"):
+                gm.set_input("nope", x)
+            with pytest.raises(ValueError, match="expects"):
+                gm.set_input("input", x[:2])

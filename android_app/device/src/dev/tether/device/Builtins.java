@@ -30,7 +30,15 @@ final class Builtins {
         });
         s.builtins.put("tether.device_info", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) {
-                return DeviceInfo.collect();
+                Map<String, Object> info = DeviceInfo.collect();
+                // this server sets no per-session budgets (rpc-server's --session-memory and friends)
+                Map<String, Object> limits = new LinkedHashMap<String, Object>();
+                limits.put("memory_bytes", null);
+                limits.put("disk_bytes", null);
+                limits.put("handles", null);
+                limits.put("call_timeout_s", null);
+                info.put("session_limits", limits);
+                return info;
             }
         });
         s.builtins.put("tether.array.empty", new Session.Builtin() {

@@ -55,24 +55,39 @@ final class DeviceArray {
         return n;
     }
 
-    DeviceArray(long[] shape, String dtype) throws DeviceError {
-        this.dtype = dtype;
-        this.shape = shape.clone();
-        this.nbytes = nbytesOf(shape, dtype);
-        int idx = dtypeIndex(dtype);
+    /** {@code n} zeroed bytes at a 64-byte-aligned address, as a little-endian buffer of exactly n bytes. */
+    static ByteBuffer aligned(long n, String what) throws DeviceError {
         ByteBuffer raw;
         try {
-            raw = ByteBuffer.allocateDirect((int) nbytes + ALIGN);
+            raw = ByteBuffer.allocateDirect((int) n + ALIGN);
         } catch (OutOfMemoryError e) {
-            throw new DeviceError("OutOfMemory", "cannot allocate " + nbytes + " bytes for an array of shape "
-                    + Text.shape(shape) + " " + dtype);
+            throw new DeviceError("OutOfMemory", "cannot allocate " + n + " bytes for " + what);
         }
         long base = NativeBridge.address(raw);
         int skew = (int) ((ALIGN - (base % ALIGN)) % ALIGN);
         raw.position(skew);
-        raw.limit(skew + (int) nbytes);
-        data = raw.slice().order(ByteOrder.LITTLE_ENDIAN);
-        address = base + skew;
+        raw.limit(skew + (int) n);
+        return raw.slice().order(ByteOrder.LITTLE_ENDIAN);
+    }
+
+    DeviceArray(long[] shape, String dtype) throws DeviceError {
+        this(shape, dtype, null);
+    }
+
+    /** An array over {@code memory} (exactly its bytes, e.g. a slice of a graph storage), or a fresh one. */
+    DeviceArray(long[] shape, String dtype, ByteBuffer memory) throws DeviceError {
+        this.dtype = dtype;
+        this.shape = shape.clone();
+        this.nbytes = nbytesOf(shape, dtype);
+        int idx = dtypeIndex(dtype);
+        if (memory == null) {
+            memory = aligned(nbytes, "an array of shape " + Text.shape(shape) + " " + dtype);
+        } else if (memory.remaining() != nbytes) {
+            throw new DeviceError("ValueError", "an array of shape " + Text.shape(shape) + " " + dtype + " needs "
+                    + nbytes + " bytes, its memory has " + memory.remaining());
+        }
+        data = memory.slice().order(ByteOrder.LITTLE_ENDIAN);
+        address = NativeBridge.address(memory) + memory.position();
 
         int ptr = NativeBridge.pointerSize();
         int ndim = shape.length;

@@ -12,7 +12,7 @@ import java.util.Map;
  * and {@code int32_t codes[n]} in direct buffers, plus whatever they point to (DLTensors, strings, byte
  * descriptors), kept alive as long as this object. Built once and reusable (time_evaluator calls it many times).
  */
-final class PackedCall {
+final class PackedCall implements Timing.Timed {
     static final int INT64 = 0;
     static final int FLOAT64 = 1;
     static final int DLTENSOR = 3;
@@ -107,7 +107,7 @@ final class PackedCall {
         return ByteBuffer.allocateDirect(n).order(ByteOrder.nativeOrder());
     }
 
-    void call() throws DeviceError {
+    public void call() throws DeviceError {
         checkLoaded();
         int rc = NativeBridge.callPacked(function.address, values, codes, n);
         if (rc != 0) {
@@ -116,7 +116,7 @@ final class PackedCall {
     }
 
     /** Seconds per call over {@code number} calls, timed in native code. */
-    double time(int number) throws DeviceError {
+    public double time(int number) throws DeviceError {
         checkLoaded();
         long ns = NativeBridge.timeCalls(function.address, values, codes, n, number);
         if (ns < 0) {

@@ -40,25 +40,39 @@ final class Timing {
         throw new DeviceError("TypeError", "time_evaluator option " + key + " must be a number, got " + Builtins.typeName(v));
     }
 
+    /** Something to time: one call, or {@code number} calls returning seconds per call. */
+    interface Timed {
+        void call() throws DeviceError;
+
+        double time(int number) throws DeviceError;
+    }
+
+    /** Told each sample as it is measured. */
+    interface OnSample {
+        void sample(long index, double seconds, long number) throws java.io.IOException;
+    }
+
+    /** Checks the options map against the allowed keys (TypeError naming the unknown ones). */
     @SuppressWarnings("unchecked")
-    static Object timeEvaluator(Session s, Session.Call c, List<Object> a) throws Exception {
-        PackedCall.Function func = s.get(a.get(0), PackedCall.Function.class, "function");
-        if (!(a.get(1) instanceof List)) {
-            throw new DeviceError("TypeError", "time_evaluator args must be a list");
-        }
+    static Map<String, Object> options(Object o, String what, Set<String> allowed) throws DeviceError {
         Map<String, Object> opts = new LinkedHashMap<String, Object>();
-        if (a.size() > 2 && a.get(2) != null) {
-            if (!(a.get(2) instanceof Map)) {
-                throw new DeviceError("TypeError", "time_evaluator options must be a map");
+        if (o != null) {
+            if (!(o instanceof Map)) {
+                throw new DeviceError("TypeError", what + " options must be a map");
             }
-            opts.putAll((Map<String, Object>) a.get(2));
+            opts.putAll((Map<String, Object>) o);
         }
         Set<String> unknown = new TreeSet<String>(opts.keySet());
-        unknown.removeAll(OPTIONS);
+        unknown.removeAll(allowed);
         if (!unknown.isEmpty()) {
-            throw new DeviceError("TypeError", "unknown time_evaluator options: " + Text.join(unknown)
-                    + " (allowed: cooldown_ms, min_repeat_ms, number, repeat, warmup)");
+            throw new DeviceError("TypeError", "unknown " + what + " options: " + Text.join(unknown)
+                    + " (allowed: " + Text.join(new TreeSet<String>(allowed)) + ")");
         }
+        return opts;
+    }
+
+    /** timing.time_evaluator: returns {"samples": [...], "number": n}. */
+    static Map<String, Object> measure(Timed t, Map<String, Object> opts, OnSample on) throws Exception {
         long number = (long) num(opts, "number", 10);
         long repeat = (long) num(opts, "repeat", 3);
         if (number < 1 || repeat < 1) {
@@ -68,19 +82,12 @@ final class Timing {
         long warmup = Math.max(0, (long) num(opts, "warmup", 1));
         double minS = Math.max(0, num(opts, "min_repeat_ms", 0)) / 1e3;
         double cooldownMs = num(opts, "cooldown_ms", 0);
-
-        List<Object> args = (List<Object>) a.get(1);
-        Object[] kargs = new Object[args.size()];
-        for (int i = 0; i < kargs.length; i++) {
-            kargs[i] = s.kernelArg(args.get(i), null);
-        }
-        PackedCall call = new PackedCall(func, kargs);
         for (long i = 0; i < warmup; i++) {
-            call.call();
+            t.call();
         }
         if (minS > 0) {
             for (int round = 0; round < MAX_CALIBRATION_ROUNDS; round++) {
-                double elapsed = call.time((int) number) * number;
+                double elapsed = t.time((int) number) * number;
                 if (elapsed >= minS || number >= MAX_NUMBER) {
                     break;
                 }
@@ -93,17 +100,38 @@ final class Timing {
             if (cooldownMs > 0 && i > 0) {
                 Thread.sleep((long) cooldownMs);
             }
-            double perCall = call.time((int) number);
+            double perCall = t.time((int) number);
             samples.add(perCall);
-            Map<String, Object> ev = new LinkedHashMap<String, Object>();
-            ev.put("kind", "sample");
-            ev.put("index", i);
-            ev.put("seconds", perCall);
-            c.emit(ev);
+            if (on != null) {
+                on.sample(i, perCall, number);
+            }
         }
         Map<String, Object> r = new LinkedHashMap<String, Object>();
         r.put("samples", samples);
         r.put("number", number);
         return r;
+    }
+
+    @SuppressWarnings("unchecked")
+    static Object timeEvaluator(Session s, final Session.Call c, List<Object> a) throws Exception {
+        PackedCall.Function func = s.get(a.get(0), PackedCall.Function.class, "function");
+        if (!(a.get(1) instanceof List)) {
+            throw new DeviceError("TypeError", "time_evaluator args must be a list");
+        }
+        Map<String, Object> opts = options(a.size() > 2 ? a.get(2) : null, "time_evaluator", OPTIONS);
+        List<Object> args = (List<Object>) a.get(1);
+        Object[] kargs = new Object[args.size()];
+        for (int i = 0; i < kargs.length; i++) {
+            kargs[i] = s.kernelArg(args.get(i), null);
+        }
+        return measure(new PackedCall(func, kargs), opts, new OnSample() {
+            public void sample(long index, double seconds, long number) throws java.io.IOException {
+                Map<String, Object> ev = new LinkedHashMap<String, Object>();
+                ev.put("kind", "sample");
+                ev.put("index", index);
+                ev.put("seconds", seconds);
+                c.emit(ev);
+            }
+        });
     }
 }
