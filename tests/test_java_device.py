@@ -340,3 +340,26 @@ def test_graph_executor_runs_an_onnx_model_like_onnxruntime(java_device, tmp_pat
                 gm.set_input("nope", x)
             with pytest.raises(ValueError, match="expects"):
                 gm.set_input("input", x[:2])
+
+
+# -- a tracker: direct and reverse registration ------------------------------------------------------------------
+def test_registers_with_a_tracker_direct_and_reverse(make_java_device, tracker_lab):
+    tracker = tracker_lab.tracker(token="trk")
+    make_java_device("--tracker", "127.0.0.1:%d" % tracker.port, "--key", "jdirect", "--tracker-token", "trk")
+    rev = make_java_device("--tracker", "127.0.0.1:%d" % tracker.port, "--key", "jreverse", "--tracker-token", "trk",
+                           "--reverse")
+    wait_until(lambda: tracker.count("jdirect") == 1 and tracker.count("jreverse") == 1, 60,
+               "both Java devices to register")
+    assert "registered with tracker" in rev.log_path.read_text()
+    devices = {d["key"]: d for d in tracker.summary()["devices"]}
+    assert devices["jreverse"]["reverse"] is True and devices["jdirect"]["reverse"] is False
+    assert devices["jdirect"]["info"]["os"] == "linux" and devices["jdirect"]["info"]["arch"] == "x86_64"
+    a = np.arange(1 << 16, dtype=np.float32)
+    with tracker.client() as t:
+        for key in ("jdirect", "jreverse", "jreverse"):   # a device re-registers as free after each session
+            with t.request(key, wait_timeout=30) as s:
+                if key == "jreverse":
+                    assert (s.host, s.port) == ("127.0.0.1", tracker.port)   # through the tracker's relay
+                assert s.get_function("tether.echo")(key) == key
+                np.testing.assert_array_equal(s.array(a).numpy(), a)
+        wait_until(lambda: tracker.count("jreverse", "free") == 1, 10, "the reverse device to be free again")

@@ -199,6 +199,7 @@ public final class DeviceServer implements AutoCloseable {
         final Wire wire;
         final InputStream in;
         boolean admitted;
+        String match;
 
         Conn(Socket socket, InputStream in, OutputStream out) {
             this.socket = socket;
@@ -282,6 +283,7 @@ public final class DeviceServer implements AutoCloseable {
                 }
                 welcome.put("proof", Handshake.serverProof(config.token, nonce, clientNonce));
             }
+            conn.match = (String) match;
             Registrar r = registrar;
             if (r != null && !r.checkMatch((String) match)) {
                 conn.wire.sendError(0, "AuthenticationError", "this device does not accept the session's match token "
@@ -441,7 +443,7 @@ public final class DeviceServer implements AutoCloseable {
         }
         Registrar r = registrar;
         if (r != null) {
-            r.sessionStarted();
+            r.sessionStarted(conn.match);
         }
         publish();
         try {
@@ -651,16 +653,7 @@ public final class DeviceServer implements AutoCloseable {
             System.exit(2);
             return;
         }
-        final DeviceServer server = new DeviceServer(c, new StatusListener() {
-            private boolean wasRegistered;
-
-            public void onStatus(Status s) {
-                if (s.registered && !wasRegistered) {
-                    System.err.println("tether device: registered with the tracker");
-                }
-                wasRegistered = s.registered;
-            }
-        });
+        final DeviceServer server = new DeviceServer(c, null);  // the registrar prints "registered" itself
         Runtime.getRuntime().addShutdownHook(new Thread(new Runnable() {
             public void run() {
                 server.close();
