@@ -122,7 +122,7 @@ final class PackedCall implements Timing.Timed {
         if (ns < 0) {
             throw decodeError((int) (-1 - ns));
         }
-        return ns / 1e9;
+        return ns / 1e9 / number;
     }
 
     private void checkLoaded() throws DeviceError {

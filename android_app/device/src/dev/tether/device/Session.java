@@ -97,6 +97,9 @@ final class Session {
     private long nextId = 1;
     final Map<String, Builtin> builtins = new TreeMap<String, Builtin>();
     final NativePool pool = new NativePool();
+    private static final int BOUND_MAX = 256;
+    /** Bound kernel calls by "function id,array ids..." (cleared whenever an object is freed). */
+    final Map<String, PackedCall> bound = new HashMap<String, PackedCall>();
     private volatile long waitingSince;   // System.nanoTime() when the loop started waiting for a frame; 0 = busy
     private volatile boolean ended;
 
@@ -146,6 +149,7 @@ final class Session {
     }
 
     void release(Object o) {
+        bound.clear();  // bound calls hold their arrays' memory
         if (o instanceof NativeModule) {
             ((NativeModule) o).release();
         } else if (o instanceof PackedCall.Function) {
@@ -298,7 +302,7 @@ final class Session {
             } else {
                 PackedCall.Function func = get(fn, PackedCall.Function.class, "function");
                 name = func.name;
-                result = callPacked(func, argList);
+                result = callPacked(func, ((RemoteHandle) fn).id(), argList);
             }
         } catch (DeviceError e) {
             drain(call);
@@ -332,7 +336,34 @@ final class Session {
         }
     }
 
-    private Object callPacked(PackedCall.Function func, List<Object> args) throws DeviceError {
+    private Object callPacked(PackedCall.Function func, long funcId, List<Object> args) throws DeviceError {
+        // The common kernel call: device arrays only. Its arguments are laid out once per (function, arrays)
+        // and reused until an object is freed (as tether_rpc's session does), so a call allocates nothing.
+        StringBuilder key = new StringBuilder().append(funcId);
+        for (Object a : args) {
+            if (!(a instanceof RemoteHandle)) {
+                key = null;
+                break;
+            }
+            key.append(',').append(((RemoteHandle) a).id());
+        }
+        if (key != null) {
+            String k = key.toString();
+            PackedCall bound = this.bound.get(k);
+            if (bound == null) {
+                Object[] arrays = new Object[args.size()];
+                for (int i = 0; i < arrays.length; i++) {
+                    arrays[i] = get(args.get(i), DeviceArray.class, "array");
+                }
+                bound = new PackedCall(func, arrays);
+                if (this.bound.size() >= BOUND_MAX) {
+                    this.bound.clear();
+                }
+                this.bound.put(k, bound);
+            }
+            bound.call();
+            return null;
+        }
         List<DeviceArray> copies = new ArrayList<DeviceArray>();
         Object[] kargs = new Object[args.size()];
         for (int i = 0; i < kargs.length; i++) {

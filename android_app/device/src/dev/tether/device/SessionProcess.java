@@ -162,6 +162,7 @@ final class SessionProcess {
                 while (true) {
                     int n;
                     try {
+                        Wire.spin(in);
                         n = in.read(buf);
                     } catch (IOException e) {
                         n = client.isClosed() ? 0 : -1;  // closed by the server: the session is over anyway
@@ -190,7 +191,11 @@ final class SessionProcess {
                     InputStream in = process.getInputStream();
                     OutputStream out = client.getOutputStream();
                     int n;
-                    while ((n = in.read(buf)) > 0) {
+                    while (true) {
+                        Wire.spin(in);
+                        if ((n = in.read(buf)) <= 0) {
+                            break;
+                        }
                         out.write(buf, 0, n);
                         out.flush();
                     }
