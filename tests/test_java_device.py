@@ -124,8 +124,11 @@ def test_vadd_against_numpy_with_handles_tensors_and_timing(java_device, rpc_ker
         np.testing.assert_array_equal(c, a + b)
         C.copyfrom(np.ones(1024, "float32"))
         np.testing.assert_array_equal(C.numpy(), np.ones(1024, "float32"))
+        t0 = time.perf_counter()
         res = f.time_evaluator(number=20, repeat=4)(A, B, C)
+        wall = time.perf_counter() - t0
         assert len(res.samples) == 4 and res.number == 20 and all(s > 0 for s in res.samples)
+        assert sum(res.samples) * res.number < wall  # a sample is the time of one call, not of all `number`
         assert [s for _, s in samples] == list(res.samples) and [i for i, _ in samples] == [0, 1, 2, 3]
         grown = f.time_evaluator(number=1, repeat=1, min_repeat_ms=5)(A, B, C)
         assert grown.number > 1 and grown.number * grown.samples[0] >= 0.004
@@ -363,3 +366,27 @@ def test_registers_with_a_tracker_direct_and_reverse(make_java_device, tracker_l
                 assert s.get_function("tether.echo")(key) == key
                 np.testing.assert_array_equal(s.array(a).numpy(), a)
         wait_until(lambda: tracker.count("jreverse", "free") == 1, 10, "the reverse device to be free again")
+
+
+def test_sessions_in_the_server_process(make_java_device, rpc_kernels):
+    # --isolation thread: what the Android app runs (a phone cannot start a child JVM); same protocol
+    server = make_java_device("--isolation", "thread", "--idle-timeout", "1")
+    assert "sessions in this process" in server.log_text()
+    a = np.arange(1024, dtype=np.float32)
+    for _ in range(2):   # the second session starts clean
+        with rpc.connect(server.host, server.port, timeout=20) as remote:
+            assert remote.listdir() == []
+            remote.upload(rpc_kernels["vadd"])
+            f = remote.load_module("vadd.so")["vadd"]
+            c = np.zeros(1024, np.float32)
+            f(a, a, c)
+            np.testing.assert_array_equal(c, a + a)
+    idle = rpc.connect(server.host, server.port, timeout=20)
+    try:
+        time.sleep(1.5)
+        with pytest.raises(errors.TetherTimeout, match="idle"):
+            idle.get_function("tether.echo")(1)
+    finally:
+        idle.close()
+    with rpc.connect(server.host, server.port, timeout=20) as remote:
+        assert remote.get_function("tether.echo")("after idle") == "after idle"
