@@ -370,23 +370,83 @@ def test_registers_with_a_tracker_direct_and_reverse(make_java_device, tracker_l
 
 def test_sessions_in_the_server_process(make_java_device, rpc_kernels):
     # --isolation thread: what the Android app runs (a phone cannot start a child JVM); same protocol
-    server = make_java_device("--isolation", "thread", "--idle-timeout", "1")
+    server = make_java_device("--isolation", "thread", "--idle-timeout", "2", "--handshake-timeout", "1")
     assert "sessions in this process" in server.log_text()
     a = np.arange(1024, dtype=np.float32)
     for _ in range(2):   # the second session starts clean
         with rpc.connect(server.host, server.port, timeout=20) as remote:
             assert remote.listdir() == []
             remote.upload(rpc_kernels["vadd"])
+            time.sleep(1.3)   # quiet for longer than the handshake timeout, less than the idle timeout
             f = remote.load_module("vadd.so")["vadd"]
             c = np.zeros(1024, np.float32)
             f(a, a, c)
             np.testing.assert_array_equal(c, a + a)
     idle = rpc.connect(server.host, server.port, timeout=20)
     try:
-        time.sleep(1.5)
+        time.sleep(2.5)
         with pytest.raises(errors.TetherTimeout, match="idle"):
             idle.get_function("tether.echo")(1)
     finally:
         idle.close()
     with rpc.connect(server.host, server.port, timeout=20) as remote:
         assert remote.get_function("tether.echo")("after idle") == "after idle"
+
+
+def _children(server):
+    """PIDs of the server JVM's children (the session worker JVMs), whichever of its threads started them."""
+    pids = []
+    for task in pathlib.Path("/proc/%d/task" % server.proc.pid).glob("*"):
+        try:
+            pids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def _threads(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open("/proc/%d/status" % pid) as fh:
+                total += int(next(line for line in fh if line.startswith("Threads:")).split()[1])
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def test_tether_built_parallel_kernels_use_the_modules_native_pool(make_java_device, tmp_path):
+    import tether
+    from fixtures.te_kernels import matmul, vadd_schedule
+    from tether import te
+
+    server = make_java_device("--handshake-timeout", "1", env_extra={"TETHER_NUM_THREADS": "3"})
+    s, args = vadd_schedule(1 << 14, factor=8, parallel=True)
+    tether.build(s, args, target="host", name="pvadd").export_library(str(tmp_path / "pvadd.so"))
+    a, b, c = matmul(64, 48, 32)
+    sched = te.create_schedule(c.op)
+    sched[c].parallel(c.op.axis[0])
+    tether.build(sched, [a, b, c], target="host", name="pmm").export_library(str(tmp_path / "pmm.so"))
+    rng = np.random.default_rng(5)
+    with rpc.connect(server.host, server.port, timeout=30) as remote:
+        assert remote.get_function("tether.device_info")()["parallel_threads"] == 3
+        wait_until(lambda: _children(server), 10, "the session's worker JVM")
+        time.sleep(1.5)   # a session may be quiet longer than the handshake timeout
+        before = _threads(_children(server))
+        remote.upload(tmp_path / "pvadd.so")
+        mod = remote.load_module("pvadd.so")
+        assert mod.metadata.get("thread_pool") == 1
+        # the first module with a pool provides it: two threads (3 - the caller) now sit in its native worker loop
+        wait_until(lambda: _threads(_children(server)) >= before + 2, 5, "the pool's two native threads")
+        x, y = rng.standard_normal(1 << 14).astype("float32"), rng.standard_normal(1 << 14).astype("float32")
+        z = np.zeros(1 << 14, "float32")
+        mod["pvadd"](x, y, z)
+        np.testing.assert_array_equal(z, x + y)
+        remote.upload(tmp_path / "pmm.so")
+        mm = remote.load_module("pmm.so")["pmm"]   # a second module gets the same pool as its launcher
+        p, q = rng.standard_normal((64, 32)).astype("float32"), rng.standard_normal((32, 48)).astype("float32")
+        r = np.zeros((64, 48), "float32")
+        for _ in range(3):
+            mm(p, q, r)
+            np.testing.assert_allclose(r, p @ q, rtol=1e-5, atol=1e-5)
+        assert _threads(_children(server)) == before + 2   # no more threads for the second module

@@ -40,7 +40,7 @@ public final class DeviceConfig {
     public int handshakeTimeoutMs = 5000;
 
     /** Parses {@code --tracker HOST:PORT --key KEY --host H --port P --token T --tracker-token T --reverse
-     *  --session-timeout S --idle-timeout S --workdir DIR --native-lib-dir DIR --isolation process|thread|auto}. */
+     *  --session-timeout S --idle-timeout S --handshake-timeout S --workdir DIR --native-lib-dir DIR --isolation process|thread|auto}. */
     public static DeviceConfig fromArgs(String[] args) {
         DeviceConfig c = new DeviceConfig();
         for (int i = 0; i < args.length; i++) {
@@ -74,6 +74,11 @@ public final class DeviceConfig {
                 c.sessionTimeoutS = parseSeconds(v, a);
             } else if (a.equals("--idle-timeout")) {
                 c.idleTimeoutS = parseSeconds(v, a);
+            } else if (a.equals("--handshake-timeout")) {
+                c.handshakeTimeoutMs = parseSeconds(v, a) * 1000;
+                if (c.handshakeTimeoutMs == 0) {
+                    throw new IllegalArgumentException("--handshake-timeout must be at least 1 s");
+                }
             } else if (a.equals("--workdir")) {
                 c.workDir = new File(v);
             } else if (a.equals("--native-lib-dir")) {

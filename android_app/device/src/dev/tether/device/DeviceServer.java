@@ -304,6 +304,11 @@ public final class DeviceServer implements AutoCloseable {
             return;
         }
         try {
+            conn.socket.setSoTimeout(0);  // the handshake's deadline is over: a session may be quiet (idle timeout)
+        } catch (IOException e) {
+            return;
+        }
+        try {
             runSession(conn, welcome);
         } finally {
             synchronized (lock) {
@@ -513,6 +518,8 @@ public final class DeviceServer implements AutoCloseable {
         }
         String type = null;
         String message = null;
+        System.err.println("tether device: session worker exited with status " + out.exitCode
+                + (out.clientGone ? " (the client hung up)" : ""));
         if (timedOut[0]) {
             type = "TetherTimeout";
             message = "the session ran past its session timeout of " + config.sessionTimeoutS + " s and was ended";

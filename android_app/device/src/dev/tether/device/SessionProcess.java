@@ -60,6 +60,7 @@ final class SessionProcess {
         cmd.add("-XX:+DisplayVMOutputToStderr");
         cmd.add("-XX:+ErrorFileToStderr");
         cmd.add("-XX:-CreateCoredumpOnCrash");
+        cmd.add("-XX:-UseDynamicNumberOfCompilerThreads");  // a steady thread count (the pool's threads show)
         cmd.add("-cp");
         cmd.add(System.getProperty("java.class.path"));
         cmd.add(SessionMain.class.getName());
