@@ -194,26 +194,13 @@ final class Builtins {
         }
     }
 
+    /** Python's type names for the values a frame decodes to. */
+    private static final Object[][] PY_TYPES = {{Boolean.class, "bool"}, {Long.class, "int"}, {Double.class, "float"},
+            {String.class, "str"}, {byte[].class, "bytes"}, {List.class, "list"}, {Map.class, "dict"},
+            {Tensor.class, "ndarray"}, {RemoteHandle.class, "RemoteHandle"}, {DeviceArray.class, "array"}};
+
     static String typeName(Object o) {
-        if (o == null) {
-            return "NoneType";
-        }
-        if (o instanceof Long) {
-            return "int";
-        }
-        if (o instanceof Double) {
-            return "float";
-        }
-        if (o instanceof String) {
-            return "str";
-        }
-        if (o instanceof List) {
-            return "list";
-        }
-        if (o instanceof Map) {
-            return "dict";
-        }
-        return o.getClass().getSimpleName();
+        return o == null ? "NoneType" : Text.nameOf(o, PY_TYPES);
     }
 
     static String str(Object o, String what) throws DeviceError {

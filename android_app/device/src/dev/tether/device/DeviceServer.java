@@ -484,22 +484,12 @@ public final class DeviceServer implements AutoCloseable {
             running = w;
         }
         final boolean[] timedOut = new boolean[1];
-        Thread timer = null;
-        if (config.sessionTimeoutS > 0) {
-            timer = new Thread(new Runnable() {
-                public void run() {
-                    try {
-                        Thread.sleep(config.sessionTimeoutS * 1000L);
-                    } catch (InterruptedException e) {
-                        return;
-                    }
-                    timedOut[0] = true;
-                    w.kill();
-                }
-            }, "tether-session-timeout");
-            timer.setDaemon(true);
-            timer.start();
-        }
+        Thread timer = sessionTimer(new Runnable() {
+            public void run() {
+                timedOut[0] = true;
+                w.kill();
+            }
+        });
         SessionProcess.Outcome out;
         try {
             out = w.serve(conn.socket, folder, new SessionProcess.Listener() {
@@ -522,7 +512,7 @@ public final class DeviceServer implements AutoCloseable {
                 + (out.clientGone ? " (the client hung up)" : ""));
         if (timedOut[0]) {
             type = "TetherTimeout";
-            message = "the session ran past its session timeout of " + config.sessionTimeoutS + " s and was ended";
+            message = sessionTimeoutMessage();
         } else if (out.exitCode != 0 && !out.clientGone) {
             type = "SessionCrashed";
             if (out.signal != null) {
@@ -556,24 +546,13 @@ public final class DeviceServer implements AutoCloseable {
                 closeQuietly(conn.socket);
             }
         };
-        Thread timer = null;
-        if (config.sessionTimeoutS > 0) {
-            timer = new Thread(new Runnable() {
-                public void run() {
-                    try {
-                        Thread.sleep(config.sessionTimeoutS * 1000L);
-                    } catch (InterruptedException e) {
-                        return;
-                    }
-                    // a kernel running in this process cannot be stopped; the client is told and let go
-                    sendQuietly(conn, "TetherTimeout", "the session ran past its session timeout of "
-                            + config.sessionTimeoutS + " s and was ended");
-                    closeQuietly(conn.socket);
-                }
-            }, "tether-session-timeout");
-            timer.setDaemon(true);
-            timer.start();
-        }
+        Thread timer = sessionTimer(new Runnable() {
+            public void run() {
+                // a kernel running in this process cannot be stopped; the client is told and let go
+                sendQuietly(conn, "TetherTimeout", sessionTimeoutMessage());
+                closeQuietly(conn.socket);
+            }
+        });
         try {
             s.serve();
         } finally {
@@ -581,6 +560,30 @@ public final class DeviceServer implements AutoCloseable {
                 timer.interrupt();
             }
         }
+    }
+
+    private String sessionTimeoutMessage() {
+        return "the session ran past its session timeout of " + config.sessionTimeoutS + " s and was ended";
+    }
+
+    /** Runs {@code onTimeout} when the session timeout runs out, unless interrupted first (null: no limit). */
+    private Thread sessionTimer(final Runnable onTimeout) {
+        if (config.sessionTimeoutS <= 0) {
+            return null;
+        }
+        Thread t = new Thread(new Runnable() {
+            public void run() {
+                try {
+                    Thread.sleep(config.sessionTimeoutS * 1000L);
+                } catch (InterruptedException e) {
+                    return;
+                }
+                onTimeout.run();
+            }
+        }, "tether-session-timeout");
+        t.setDaemon(true);
+        t.start();
+        return t;
     }
 
     private void prepareSpare() {

@@ -182,7 +182,7 @@ final class PackedCall implements Timing.Timed {
             }
             case 2:
                 msg = name + ": argument " + i + ename + " must be an array, got "
-                        + (actual == null ? "NoneType" : pyType(actual));
+                        + Builtins.typeName(actual);
                 break;
             case 3:
                 msg = name + ": argument " + i + ename + " has "
@@ -212,21 +212,5 @@ final class PackedCall implements Timing.Timed {
                 msg = name + ": failed with return code " + urc + String.format(" (0x%08x)", urc);
         }
         return new DeviceError("KernelError", msg);
-    }
-
-    private static String pyType(Object o) {
-        if (o instanceof Long || o instanceof Boolean) {
-            return "int";
-        }
-        if (o instanceof Double) {
-            return "float";
-        }
-        if (o instanceof String) {
-            return "str";
-        }
-        if (o instanceof byte[]) {
-            return "bytes";
-        }
-        return o.getClass().getSimpleName();
     }
 }

@@ -135,17 +135,11 @@ final class Session {
         return kind.cast(o);
     }
 
+    private static final Object[][] KINDS = {{DeviceArray.class, "array"}, {NativeModule.class, "module"},
+            {PackedCall.Function.class, "function"}, {GraphExecutor.class, "graph"}};
+
     static String kindName(Object o) {
-        if (o instanceof DeviceArray) {
-            return "array";
-        }
-        if (o instanceof NativeModule) {
-            return "module";
-        }
-        if (o instanceof PackedCall.Function) {
-            return "function";
-        }
-        return "graph";
+        return Text.nameOf(o, KINDS);
     }
 
     void release(Object o) {
@@ -408,20 +402,13 @@ final class Session {
     }
 
     /** Java exceptions under the names Python gives the same failures. */
+    private static final Object[][] PY_ERRORS = {{IllegalArgumentException.class, "ValueError"},
+            {ArithmeticException.class, "ValueError"}, {ClassCastException.class, "TypeError"},
+            {NullPointerException.class, "TypeError"}, {IndexOutOfBoundsException.class, "IndexError"},
+            {IOException.class, "OSError"}};
+
     static String pythonType(Exception e) {
-        if (e instanceof IllegalArgumentException || e instanceof ArithmeticException) {
-            return "ValueError";
-        }
-        if (e instanceof ClassCastException || e instanceof NullPointerException) {
-            return "TypeError";
-        }
-        if (e instanceof IndexOutOfBoundsException) {
-            return "IndexError";
-        }
-        if (e instanceof IOException) {
-            return "OSError";
-        }
-        return e.getClass().getSimpleName();
+        return Text.nameOf(e, PY_ERRORS);
     }
 
     static String traceback(Throwable e) {

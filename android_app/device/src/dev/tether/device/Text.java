@@ -18,6 +18,17 @@ final class Text {
         return b.toString();
     }
 
+    /** The name the first row of {@code table} ({class, name} pairs) whose class {@code o} is an instance of
+     *  gives it, else its Java class name. */
+    static String nameOf(Object o, Object[][] table) {
+        for (Object[] row : table) {
+            if (((Class<?>) row[0]).isInstance(o)) {
+                return (String) row[1];
+            }
+        }
+        return o.getClass().getSimpleName();
+    }
+
     /** Python's repr of a shape: (1024,) or (2, 3). */
     static String shape(long[] shape) {
         if (shape.length == 1) {
