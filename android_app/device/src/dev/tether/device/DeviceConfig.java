@@ -27,6 +27,8 @@ public final class DeviceConfig {
     public int sessionTimeoutS = 3600;
     /** A session that sends nothing for this many seconds is ended (0 = no limit). */
     public int idleTimeoutS = 300;
+    /** The idle timeout in milliseconds when given with a fraction ({@code --idle-timeout 0.5}); else 0. */
+    public long idleTimeoutMs;
     /** Where session folders are made (default: java.io.tmpdir). */
     public File workDir;
     /** Folder holding libtether_bridge.so (null: System.loadLibrary searches java.library.path). */
@@ -73,7 +75,9 @@ public final class DeviceConfig {
             } else if (a.equals("--session-timeout")) {
                 c.sessionTimeoutS = parseSeconds(v, a);
             } else if (a.equals("--idle-timeout")) {
-                c.idleTimeoutS = parseSeconds(v, a);
+                double s = parseFraction(v, a);
+                c.idleTimeoutS = (int) Math.ceil(s);
+                c.idleTimeoutMs = Math.round(s * 1000);
             } else if (a.equals("--handshake-timeout")) {
                 c.handshakeTimeoutMs = parseSeconds(v, a) * 1000;
                 if (c.handshakeTimeoutMs == 0) {
@@ -118,6 +122,23 @@ public final class DeviceConfig {
             // reported below
         }
         throw new IllegalArgumentException(opt + " takes a port number 0-65535, got " + v);
+    }
+
+    private static double parseFraction(String v, String opt) {
+        try {
+            double s = Double.parseDouble(v);
+            if (s >= 0 && s < Integer.MAX_VALUE) {
+                return s;
+            }
+        } catch (NumberFormatException e) {
+            // reported below
+        }
+        throw new IllegalArgumentException(opt + " takes seconds >= 0 (0 = no limit), got " + v);
+    }
+
+    /** The idle timeout in milliseconds (0 = none). */
+    long idleMs() {
+        return idleTimeoutMs > 0 ? idleTimeoutMs : idleTimeoutS * 1000L;
     }
 
     private static int parseSeconds(String v, String opt) {

@@ -535,7 +535,7 @@ public final class DeviceServer implements AutoCloseable {
     }
 
     private void runInProcess(final Conn conn, File folder) throws IOException {
-        final Session s = new Session(folder, conn.in, conn.socket.getOutputStream(), config.idleTimeoutS,
+        final Session s = new Session(folder, conn.in, conn.socket.getOutputStream(), config.idleMs(),
                 new Session.CallListener() {
                     public void onCall(String name, double ms) {
                         DeviceServer.this.onCall(name, ms);

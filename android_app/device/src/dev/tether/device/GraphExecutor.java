@@ -167,17 +167,7 @@ final class GraphExecutor implements Timing.Timed {
         if (size > Integer.MAX_VALUE) {
             throw new DeviceError("ValueError", "params file of " + size + " bytes is too large for this device server");
         }
-        byte[] raw = new byte[(int) size];
-        InputStream in = new FileInputStream(f);
-        try {
-            int n = 0;
-            int r;
-            while (n < raw.length && (r = in.read(raw, n, raw.length - n)) > 0) {
-                n += r;
-            }
-        } finally {
-            in.close();
-        }
+        byte[] raw = readAll(f, Integer.MAX_VALUE);
         ByteBuffer b = ByteBuffer.wrap(raw).order(ByteOrder.LITTLE_ENDIAN);
         try {
             byte[] magic = new byte[8];
@@ -373,7 +363,7 @@ final class GraphExecutor implements Timing.Timed {
                 Object libName = a.size() > 1 ? a.get(1) : null;
                 Object paramsName = a.size() > 2 ? a.get(2) : "deploy.params";
                 File graphFile = s.folder.existing(graphName);
-                byte[] text = readAll(graphFile);
+                byte[] text = readAll(graphFile, 64 << 20);
                 Object parsed = Json.parse(new String(text, UTF8));
                 if (libName == null && parsed instanceof Map) {
                     Object lib = ((Map<?, ?>) parsed).get("lib");
@@ -560,9 +550,9 @@ final class GraphExecutor implements Timing.Timed {
         }
     }
 
-    static byte[] readAll(File f) throws IOException, DeviceError {
-        if (f.length() > (64 << 20)) {
-            throw new DeviceError("ValueError", f.getName() + " is larger than 64 MiB");
+    static byte[] readAll(File f, long max) throws IOException, DeviceError {
+        if (f.length() > max) {
+            throw new DeviceError("ValueError", f.getName() + " is larger than " + max + " bytes");
         }
         byte[] b = new byte[(int) f.length()];
         InputStream in = new FileInputStream(f);

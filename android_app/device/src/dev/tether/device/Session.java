@@ -91,7 +91,7 @@ final class Session {
 
     final SessionFolder folder;
     final Wire wire;
-    private final int idleTimeoutS;
+    private final long idleMs;
     private final CallListener listener;
     final Map<Long, Object> objects = new HashMap<Long, Object>();
     private long nextId = 1;
@@ -103,10 +103,10 @@ final class Session {
     private volatile long waitingSince;   // System.nanoTime() when the loop started waiting for a frame; 0 = busy
     private volatile boolean ended;
 
-    Session(File folder, InputStream in, OutputStream out, int idleTimeoutS, CallListener listener) throws IOException {
+    Session(File folder, InputStream in, OutputStream out, long idleMs, CallListener listener) throws IOException {
         this.folder = new SessionFolder(folder);
         this.wire = new Wire(in, out);
-        this.idleTimeoutS = idleTimeoutS;
+        this.idleMs = idleMs;
         this.listener = listener;
         Builtins.register(this);
         GraphExecutor.register(this);
@@ -178,7 +178,7 @@ final class Session {
     // -- the loop -----------------------------------------------------------------------------------------------
     /** Serves calls until CLOSE or hang-up; an idle session gets ERROR TetherTimeout and ends. */
     void serve() throws IOException {
-        Thread watchdog = idleTimeoutS > 0 ? startIdleWatchdog() : null;
+        Thread watchdog = idleMs > 0 ? startIdleWatchdog() : null;
         try {
             while (!ended) {
                 waitingSince = System.nanoTime();
@@ -219,7 +219,7 @@ final class Session {
         Thread t = new Thread(new Runnable() {
             @Override
             public void run() {
-                long limit = idleTimeoutS * 1000000000L;
+                long limit = idleMs * 1000000L;
                 while (!ended) {
                     try {
                         Thread.sleep(50);
@@ -231,7 +231,7 @@ final class Session {
                         ended = true;
                         try {
                             wire.sendError(0, "TetherTimeout", "the session was idle (nothing received for "
-                                    + idleTimeoutS + " s, the server's --idle-timeout) and has ended; open a new "
+                                    + idleMs / 1000.0 + " s, the server's --idle-timeout) and has ended; open a new "
                                     + "session", "");
                         } catch (IOException e) {
                             // the client is gone already

@@ -18,7 +18,7 @@ import java.io.PrintStream;
  * Status lines for the server go to stderr ({@code @status call MS NAME}); System.out is stderr too, so nothing
  * but frames reaches the protocol stream.
  *
- * <pre>java dev.tether.device.SessionMain --idle-timeout S [--native-lib-dir DIR]</pre>
+ * <pre>java dev.tether.device.SessionMain --idle-ms MS [--native-lib-dir DIR]</pre>
  */
 public final class SessionMain {
     private SessionMain() {
@@ -27,11 +27,11 @@ public final class SessionMain {
     public static void main(String[] args) throws IOException {
         final PrintStream err = System.err;
         System.setOut(err);
-        int idle = 0;
+        long idleMs = 0;
         String libDir = null;
         for (int i = 0; i + 1 < args.length; i += 2) {
-            if (args[i].equals("--idle-timeout")) {
-                idle = Integer.parseInt(args[i + 1]);
+            if (args[i].equals("--idle-ms")) {
+                idleMs = Long.parseLong(args[i + 1]);
             } else if (args[i].equals("--native-lib-dir")) {
                 libDir = args[i + 1];
             }
@@ -49,7 +49,7 @@ public final class SessionMain {
         if (folder == null || folder.isEmpty()) {
             return;  // the server stopped before handing us a session
         }
-        Session s = new Session(new File(folder), in, out, idle, new Session.CallListener() {
+        Session s = new Session(new File(folder), in, out, idleMs, new Session.CallListener() {
             public void onCall(String name, double ms) {
                 err.println("@status call " + ms + " " + name);
             }

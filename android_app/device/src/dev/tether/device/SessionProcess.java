@@ -64,8 +64,8 @@ final class SessionProcess {
         cmd.add("-cp");
         cmd.add(System.getProperty("java.class.path"));
         cmd.add(SessionMain.class.getName());
-        cmd.add("--idle-timeout");
-        cmd.add(Integer.toString(c.idleTimeoutS));
+        cmd.add("--idle-ms");
+        cmd.add(Long.toString(c.idleMs()));
         if (c.nativeLibDir != null) {
             cmd.add("--native-lib-dir");
             cmd.add(c.nativeLibDir);

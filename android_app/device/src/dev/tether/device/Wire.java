@@ -89,16 +89,18 @@ final class Wire {
     }
 
     /** Reads exactly {@code n} bulk bytes into {@code dst} (from its position). */
-    void readBulk(ByteBuffer dst, long n) throws IOException {
-        byte[] c = chunk();
-        while (n > 0) {
-            int k = (int) Math.min(n, c.length);
-            if (!readFully(c, 0, k)) {
-                throw new EOFException("the peer closed the connection during bulk bytes");
+    void readBulk(final ByteBuffer dst, long n) throws IOException {
+        readBulk(new OutputStream() {
+            @Override
+            public void write(int b) {
+                dst.put((byte) b);
             }
-            dst.put(c, 0, k);
-            n -= k;
-        }
+
+            @Override
+            public void write(byte[] b, int off, int len) {
+                dst.put(b, off, len);
+            }
+        }, n);
     }
 
     void readBulk(OutputStream dst, long n) throws IOException {
