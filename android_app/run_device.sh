@@ -12,7 +12,7 @@
 # session. Without --port the server takes a free port (rpc-server's default is 9090: pass --port 9090).
 # --userland DIR runs the server in the aarch64 JVM of an emulated Debian userland (DIR/rootfs, built by
 # tether.emulate with the "java" extra) under qemu-aarch64 -cpu CPU (default cortex-a72), with the aarch64 bridge;
-# sessions then run in that JVM (--isolation thread): a guest process cannot start another guest JVM.
+# its session worker JVMs run under qemu too.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,8 +39,13 @@ if [ -n "$USERLAND" ]; then
   GUEST_JAVA="$USERLAND/rootfs/usr/lib/jvm/java-17-openjdk-arm64/bin/java"
   [ -x "$GUEST_JAVA" ] || die "no JRE in $USERLAND (add it: python -c 'from tether import emulate; emulate.ensure_extra(emulate.ensure_userland(\"aarch64\"), \"java\")')"
   command -v qemu-aarch64 >/dev/null || die "qemu-aarch64 not found: apt-get install qemu-user"
-  JAVA=(qemu-aarch64 -cpu "$CPU" -L "$USERLAND/rootfs" "$GUEST_JAVA")
-  case " ${ARGS[*]-} " in *" --isolation "*) ;; *) ARGS+=(--isolation thread) ;; esac
+  QEMU="$(command -v qemu-aarch64)"
+  JAVA=("$QEMU" -cpu "$CPU" -L "$USERLAND/rootfs" "$GUEST_JAVA")
+  # Session worker JVMs: a guest process cannot exec a guest binary (no binfmt_misc), so the server forks and
+  # execs the host's qemu, which runs the guest java (FORK: the default launcher first execs jspawnhelper, a guest
+  # binary too)
+  export TETHER_DEVICE_CHILD_PREFIX="$QEMU -cpu $CPU -L $USERLAND/rootfs"
+  JAVA+=(-Djdk.lang.Process.launchMechanism=FORK)
 else
   case "$(uname -m)" in
     x86_64|amd64) ABI=x86_64 ;;

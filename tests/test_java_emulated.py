@@ -1,7 +1,9 @@
 """The Java device server in an aarch64 JVM under qemu-user: the same classes run_device.sh runs on the desktop,
 in the emulated Debian arm64 userland (tether.emulate, with the "java" extra: openjdk-17-jre-headless) with the
 aarch64 JNI bridge. Kernels compiled by tether for android-arm64 and rasp4b (a parallel, vectorized schedule:
-the module's native pool runs on threads the bridge starts) run through it and are compared with numpy.
+the module's native pool runs on threads the bridge starts) run through it and are compared with numpy. The
+session workers are aarch64 JVMs too (the server starts them through the host's qemu), so a segfaulting aarch64
+kernel ends only its session here as well.
 
 Uses the emulated fixtures: a skip with the reason on a machine without qemu-user/mmdebstrap/root, a failure
 under CI.
@@ -91,3 +93,30 @@ def test_kernels_for_arm_boards_run_in_the_aarch64_jvm(java_aarch64_device, pres
         remote.upload(_vadd("host", tmp_path)[1])   # an x86_64 module is refused before dlopen
         with pytest.raises(tether.errors.TetherError, match="x86_64"):
             remote.load_module("vadd_host.so")
+
+
+def test_a_segfaulting_kernel_ends_only_its_session_under_qemu(java_aarch64_device, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from fixtures.rpc import EXTRA_KERNELS
+    from kernels import KERNEL_DIR, ZIG_FLAGS, ZIG_TARGETS
+    from tether import errors
+
+    src = tmp_path / "misc.c"
+    src.write_text(EXTRA_KERNELS)
+    misc = tmp_path / "misc.so"
+    subprocess.run([sys.executable, "-m", "ziglang", "cc", *ZIG_TARGETS["aarch64"], *ZIG_FLAGS, "-I", str(KERNEL_DIR),
+                    str(src), "-o", str(misc), "-Wl,--no-undefined"], check=True, timeout=180)
+    with rpc.connect(java_aarch64_device.host, java_aarch64_device.port, timeout=120) as remote:
+        remote.upload(misc)
+        crash = remote.load_module("misc.so")["crash"]
+        with pytest.raises(errors.SessionCrashed, match="SIGSEGV"):
+            crash()
+        t0 = time.monotonic()
+    assert java_aarch64_device.alive
+    with rpc.connect(java_aarch64_device.host, java_aarch64_device.port, timeout=120) as remote:
+        assert remote.get_function("tether.echo")("next") == "next"
+        assert remote.listdir() == []
+    assert time.monotonic() - t0 < 10   # a fresh worker JVM under qemu (started ahead of time)

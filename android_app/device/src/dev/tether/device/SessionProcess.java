@@ -51,6 +51,14 @@ final class SessionProcess {
     static SessionProcess start(DeviceConfig c) throws IOException {
         String java = new File(new File(System.getProperty("java.home"), "bin"), "java").getPath();
         List<String> cmd = new ArrayList<String>();
+        // Under qemu-user a guest cannot exec a guest binary: the launcher (run_device.sh --userland) names the
+        // host's qemu, which then runs the guest java
+        String prefix = System.getenv("TETHER_DEVICE_CHILD_PREFIX");
+        if (prefix != null && !prefix.trim().isEmpty()) {
+            for (String part : prefix.trim().split("\\s+")) {
+                cmd.add(part);
+            }
+        }
         cmd.add(java);
         // start fast and small; the fatal-error report (naming the signal) goes to stderr, never into the
         // protocol stream on stdout, and leaves no core dump or hs_err file behind
