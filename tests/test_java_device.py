@@ -271,6 +271,14 @@ def _children(server):
     return pids
 
 
+def _running(pid):
+    try:
+        with open("/proc/%d/status" % pid) as fh:
+            return "zombie" not in fh.read()
+    except OSError:
+        return False
+
+
 def _threads(pids):
     total = 0
     for pid in pids:
@@ -317,3 +325,18 @@ def test_tether_built_parallel_kernels_use_the_modules_native_pool(make_java_dev
             mm(p, q, r)
             np.testing.assert_allclose(r, p @ q, rtol=1e-5, atol=1e-5)
         assert _threads(_children(server)) == before + 2   # no more threads for the second module
+
+
+def test_sigterm_stops_the_server_and_its_session_workers(make_java_device, rpc_kernels):
+    server = make_java_device()
+    remote = rpc.connect(server.host, server.port, timeout=20)
+    try:
+        assert remote.get_function("tether.echo")(1) == 1
+        wait_until(lambda: len(_children(server)) >= 1, 10, "the session's worker JVM")
+        workers = _children(server)
+        t0 = time.monotonic()
+        server.stop()                      # SIGTERM, then wait (SIGKILL only after 5 s)
+        assert time.monotonic() - t0 < 4 and server.proc.returncode is not None
+        wait_until(lambda: not any(_running(pid) for pid in workers), 5, "the session worker JVMs to be gone")
+    finally:
+        remote.close()
