@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import os
 import pathlib
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -25,7 +23,7 @@ import pytest
 import test_rpc_server as rpc_cases
 from fixtures.polling import wait_until
 from tether import rpc
-from tether_rpc import errors, handshake, protocol as p, transport
+from tether_rpc import errors
 
 
 def session_dirs(server):
@@ -142,6 +140,7 @@ spin(1 << 40)
 
 
 def test_client_killed_mid_call_frees_the_device(java_device, rpc_kernels):
+    # (rpc-server's version waits until no worker process is left: here a spare worker JVM is always up)
     client = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, str(java_device.port), str(rpc_kernels["misc"])],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -260,17 +259,6 @@ def test_sessions_in_the_server_process(make_java_device, rpc_kernels):
         assert remote.get_function("tether.echo")("after idle") == "after idle"
 
 
-def _children(server):
-    """PIDs of the server JVM's children (the session worker JVMs), whichever of its threads started them."""
-    pids = []
-    for task in pathlib.Path("/proc/%d/task" % server.proc.pid).glob("*"):
-        try:
-            pids += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return pids
-
-
 def _running(pid):
     try:
         with open("/proc/%d/status" % pid) as fh:
@@ -305,14 +293,14 @@ def test_tether_built_parallel_kernels_use_the_modules_native_pool(make_java_dev
     rng = np.random.default_rng(5)
     with rpc.connect(server.host, server.port, timeout=30) as remote:
         assert remote.get_function("tether.device_info")()["parallel_threads"] == 3
-        wait_until(lambda: _children(server), 10, "the session's worker JVM")
+        wait_until(lambda: server.worker_pids(), 10, "the session's worker JVM")
         time.sleep(1.5)   # a session may be quiet longer than the handshake timeout
-        before = _threads(_children(server))
+        before = _threads(server.worker_pids())
         remote.upload(tmp_path / "pvadd.so")
         mod = remote.load_module("pvadd.so")
         assert mod.metadata.get("thread_pool") == 1
         # the first module with a pool provides it: two threads (3 - the caller) now sit in its native worker loop
-        wait_until(lambda: _threads(_children(server)) >= before + 2, 5, "the pool's two native threads")
+        wait_until(lambda: _threads(server.worker_pids()) >= before + 2, 5, "the pool's two native threads")
         x, y = rng.standard_normal(1 << 14).astype("float32"), rng.standard_normal(1 << 14).astype("float32")
         z = np.zeros(1 << 14, "float32")
         mod["pvadd"](x, y, z)
@@ -324,7 +312,7 @@ def test_tether_built_parallel_kernels_use_the_modules_native_pool(make_java_dev
         for _ in range(3):
             mm(p, q, r)
             np.testing.assert_allclose(r, p @ q, rtol=1e-5, atol=1e-5)
-        assert _threads(_children(server)) == before + 2   # no more threads for the second module
+        assert _threads(server.worker_pids()) == before + 2   # no more threads for the second module
 
 
 def test_sigterm_stops_the_server_and_its_session_workers(make_java_device, rpc_kernels):
@@ -332,8 +320,8 @@ def test_sigterm_stops_the_server_and_its_session_workers(make_java_device, rpc_
     remote = rpc.connect(server.host, server.port, timeout=20)
     try:
         assert remote.get_function("tether.echo")(1) == 1
-        wait_until(lambda: len(_children(server)) >= 1, 10, "the session's worker JVM")
-        workers = _children(server)
+        wait_until(lambda: len(server.worker_pids()) >= 1, 10, "the session's worker JVM")
+        workers = server.worker_pids()
         t0 = time.monotonic()
         server.stop()                      # SIGTERM, then wait (SIGKILL only after 5 s)
         assert time.monotonic() - t0 < 4 and server.proc.returncode is not None
