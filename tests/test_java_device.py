@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -212,9 +213,9 @@ def test_graph_executor_runs_an_onnx_model_like_onnxruntime(java_device, tmp_pat
 
 
 # -- a tracker: direct and reverse registration ------------------------------------------------------------------
-def test_registers_with_a_tracker_direct_and_reverse(make_java_device, tracker_lab):
+def test_registers_with_a_tracker_direct_and_reverse(make_java_device, tracker_lab, rpc_kernels):
     tracker = tracker_lab.tracker(token="trk")
-    make_java_device("--tracker", "127.0.0.1:%d" % tracker.port, "--key", "jdirect", "--tracker-token", "trk")
+    direct = make_java_device("--tracker", "127.0.0.1:%d" % tracker.port, "--key", "jdirect", "--tracker-token", "trk")
     rev = make_java_device("--tracker", "127.0.0.1:%d" % tracker.port, "--key", "jreverse", "--tracker-token", "trk",
                            "--reverse")
     wait_until(lambda: tracker.count("jdirect") == 1 and tracker.count("jreverse") == 1, 60,
@@ -232,6 +233,16 @@ def test_registers_with_a_tracker_direct_and_reverse(make_java_device, tracker_l
                 assert s.get_function("tether.echo")(key) == key
                 np.testing.assert_array_equal(s.array(a).numpy(), a)
         wait_until(lambda: tracker.count("jreverse", "free") == 1, 10, "the reverse device to be free again")
+        with t.request("jdirect", wait_timeout=30, session_timeout=2) as s:   # the grant's limit is kept
+            s.upload(rpc_kernels["misc"])
+            spin = s.load_module("misc.so")["spin"]
+            t0 = time.monotonic()
+            with pytest.raises(errors.TetherTimeout, match="session timeout of 2.0 s"):
+                spin(1 << 40)
+            assert time.monotonic() - t0 < 4
+    with pytest.raises(errors.AuthenticationError, match="match token"):   # a registered device serves grants only
+        port = int(re.search(r"listening on \S+:(\d+)", direct.log_text()).group(1))
+        rpc.connect("127.0.0.1", port, timeout=10)
 
 
 def test_sessions_in_the_server_process(make_java_device, rpc_kernels):

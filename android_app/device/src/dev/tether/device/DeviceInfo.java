@@ -178,6 +178,14 @@ final class DeviceInfo {
         return arch;
     }
 
+    /** The native ABI this server's bridge is built for: Android's names on Android, tether's arch elsewhere. */
+    static String abi(String arch, boolean android) {
+        if (!android) {
+            return arch;
+        }
+        return arch.equals("aarch64") ? "arm64-v8a" : arch.equals("armv7") ? "armeabi-v7a" : arch;
+    }
+
     private static Double temperature() {
         File[] zones = new File("/sys/class/thermal").listFiles();
         if (zones == null) {
@@ -223,6 +231,7 @@ final class DeviceInfo {
         info.put("arch", arch);
         info.put("machine", System.getProperty("os.arch"));
         info.put("pointer_bits", (long) NativeBridge.pointerSize() * 8);
+        info.put("abi", abi(arch, android));
         info.put("cpu_model", cpu.model);
         String board = read("/proc/device-tree/model", 256);
         if (board == null) {

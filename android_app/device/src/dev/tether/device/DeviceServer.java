@@ -200,6 +200,7 @@ public final class DeviceServer implements AutoCloseable {
         final InputStream in;
         boolean admitted;
         String match;
+        long grantTimeoutMs;   // a tracker grant's session timeout (0: none)
 
         Conn(Socket socket, InputStream in, OutputStream out) {
             this.socket = socket;
@@ -285,11 +286,13 @@ public final class DeviceServer implements AutoCloseable {
             }
             conn.match = (String) match;
             Registrar r = registrar;
-            if (r != null && !r.checkMatch((String) match)) {
+            Long grant = r != null ? r.acceptMatch((String) match) : Long.valueOf(0);
+            if (grant == null) {
                 conn.wire.sendError(0, "AuthenticationError", "this device does not accept the session's match token "
                         + repr(match), "");
                 return;
             }
+            conn.grantTimeoutMs = grant;
         } catch (SocketTimeoutException e) {
             sendQuietly(conn, "TetherTimeout", "no complete handshake within "
                     + (config.handshakeTimeoutMs / 1000.0) + " s");
@@ -484,7 +487,7 @@ public final class DeviceServer implements AutoCloseable {
             running = w;
         }
         final boolean[] timedOut = new boolean[1];
-        Thread timer = sessionTimer(new Runnable() {
+        Thread timer = sessionTimer(conn, new Runnable() {
             public void run() {
                 timedOut[0] = true;
                 w.kill();
@@ -512,7 +515,7 @@ public final class DeviceServer implements AutoCloseable {
                 + (out.clientGone ? " (the client hung up)" : ""));
         if (timedOut[0]) {
             type = "TetherTimeout";
-            message = sessionTimeoutMessage();
+            message = sessionTimeoutMessage(conn);
         } else if (out.exitCode != 0 && !out.clientGone) {
             type = "SessionCrashed";
             if (out.signal != null) {
@@ -546,10 +549,10 @@ public final class DeviceServer implements AutoCloseable {
                 closeQuietly(conn.socket);
             }
         };
-        Thread timer = sessionTimer(new Runnable() {
+        Thread timer = sessionTimer(conn, new Runnable() {
             public void run() {
                 // a kernel running in this process cannot be stopped; the client is told and let go
-                sendQuietly(conn, "TetherTimeout", sessionTimeoutMessage());
+                sendQuietly(conn, "TetherTimeout", sessionTimeoutMessage(conn));
                 closeQuietly(conn.socket);
             }
         });
@@ -562,19 +565,27 @@ public final class DeviceServer implements AutoCloseable {
         }
     }
 
-    private String sessionTimeoutMessage() {
-        return "the session ran past its session timeout of " + config.sessionTimeoutS + " s and was ended";
+    /** The session's time limit in ms: the server's --session-timeout, or a tracker grant's if shorter (0: none). */
+    private long sessionLimitMs(Conn conn) {
+        long own = config.sessionTimeoutS * 1000L;
+        long grant = conn.grantTimeoutMs;
+        return own > 0 && grant > 0 ? Math.min(own, grant) : Math.max(own, grant);
     }
 
-    /** Runs {@code onTimeout} when the session timeout runs out, unless interrupted first (null: no limit). */
-    private Thread sessionTimer(final Runnable onTimeout) {
-        if (config.sessionTimeoutS <= 0) {
+    private String sessionTimeoutMessage(Conn conn) {
+        return "the session ran past its session timeout of " + sessionLimitMs(conn) / 1000.0 + " s and was ended";
+    }
+
+    /** Runs {@code onTimeout} when the session's time limit runs out, unless interrupted first (null: no limit). */
+    private Thread sessionTimer(Conn conn, final Runnable onTimeout) {
+        final long limit = sessionLimitMs(conn);
+        if (limit <= 0) {
             return null;
         }
         Thread t = new Thread(new Runnable() {
             public void run() {
                 try {
-                    Thread.sleep(config.sessionTimeoutS * 1000L);
+                    Thread.sleep(limit);
                 } catch (InterruptedException e) {
                     return;
                 }

@@ -47,7 +47,8 @@ final class Registrar {
     private final DeviceServer server;
     private final int port;
     private final Random random = new Random();
-    private final Map<String, Long> expected = new HashMap<String, Long>();   // match -> deadline (ms)
+    /** match token -> {deadline (ms), the grant's session timeout in ms (0: none)} */
+    private final Map<String, long[]> expected = new HashMap<String, long[]>();
     private volatile boolean closed;
     private volatile Socket link;
     private volatile Wire wire;
@@ -207,13 +208,16 @@ final class Registrar {
                     String match = checkMatch(f.payload);
                     synchronized (expected) {
                         long t = System.currentTimeMillis();
-                        for (Iterator<Map.Entry<String, Long>> it = expected.entrySet().iterator(); it.hasNext(); ) {
-                            if (it.next().getValue() < t) {
+                        for (Iterator<Map.Entry<String, long[]>> it = expected.entrySet().iterator(); it.hasNext(); ) {
+                            if (it.next().getValue()[0] < t) {
                                 it.remove();
                             }
                         }
                         if (expected.size() < 64) {
-                            expected.put(match, t + MATCH_TTL_MS);
+                            Object st = f.payload.get("session_timeout");
+                            double limit = st instanceof Double ? (Double) st : st instanceof Long ? (Long) st : 0;
+                            long ms = limit > 0 && limit < 1e9 ? (long) Math.ceil(limit * 1000) : 0;
+                            expected.put(match, new long[]{t + MATCH_TTL_MS, ms});
                         }
                     }
                     Map<String, Object> p = new LinkedHashMap<String, Object>();
@@ -307,14 +311,17 @@ final class Registrar {
         }
     }
 
-    /** Consumes a one-time match token from a HELLO: true if the tracker announced it (and did not revoke it). */
-    boolean checkMatch(String match) {
+    /**
+     * Consumes a one-time match token from a HELLO: null to refuse it (not announced by the tracker, revoked or
+     * expired), else the grant's session timeout in ms (0: the tracker set none).
+     */
+    Long acceptMatch(String match) {
         if (match == null) {
-            return false;
+            return null;
         }
         synchronized (expected) {
-            Long deadline = expected.remove(match);
-            return deadline != null && deadline >= System.currentTimeMillis();
+            long[] terms = expected.remove(match);
+            return terms != null && terms[0] >= System.currentTimeMillis() ? terms[1] : null;
         }
     }
 
