@@ -220,7 +220,7 @@ def test_registers_with_a_tracker_direct_and_reverse(make_java_device, tracker_l
                            "--reverse")
     wait_until(lambda: tracker.count("jdirect") == 1 and tracker.count("jreverse") == 1, 60,
                "both Java devices to register")
-    assert "registered with tracker" in rev.log_path.read_text()
+    wait_until(lambda: "registered with tracker" in rev.log_path.read_text(), 10, "the reverse device to log it")
     devices = {d["key"]: d for d in tracker.summary()["devices"]}
     assert devices["jreverse"]["reverse"] is True and devices["jdirect"]["reverse"] is False
     assert devices["jdirect"]["info"]["os"] == "linux" and devices["jdirect"]["info"]["arch"] == "x86_64"

@@ -23,6 +23,8 @@ import java.util.LinkedHashMap;
 import java.util.LinkedList;
 import java.util.List;
 import java.util.Map;
+import java.util.logging.Level;
+import java.util.logging.Logger;
 import java.util.concurrent.CountDownLatch;
 
 /**
@@ -34,6 +36,7 @@ import java.util.concurrent.CountDownLatch;
  * client gets SessionCrashed) or, on Android, in this process.
  */
 public final class DeviceServer implements AutoCloseable {
+    private static final Logger LOG = Logger.getLogger(DeviceServer.class.getName());
     public static final String SERVER_NAME = "tether-rpc-java/0.1.0";
     private static final int MAX_PENDING = 64;
     private static final long QUEUE_POLL_MS = 20;
@@ -126,7 +129,7 @@ public final class DeviceServer implements AutoCloseable {
         try {
             listener.onStatus(s);
         } catch (RuntimeException e) {
-            System.err.println("tether device: status listener failed: " + e);
+            LOG.log(Level.WARNING, "the status listener failed", e);
         }
     }
 
@@ -152,7 +155,7 @@ public final class DeviceServer implements AutoCloseable {
                 s = listenerSocket.accept();
             } catch (IOException e) {
                 if (!closed) {
-                    System.err.println("tether device: accept failed: " + e);
+                    LOG.log(Level.WARNING, "accept failed; no more connections", e);
                 }
                 return;
             }
@@ -511,8 +514,7 @@ public final class DeviceServer implements AutoCloseable {
         }
         String type = null;
         String message = null;
-        System.err.println("tether device: session worker exited with status " + out.exitCode
-                + (out.clientGone ? " (the client hung up)" : ""));
+        LOG.info("session worker exited with status " + out.exitCode + (out.clientGone ? " (the client hung up)" : ""));
         if (timedOut[0]) {
             type = "TetherTimeout";
             message = sessionTimeoutMessage(conn);
@@ -532,7 +534,7 @@ public final class DeviceServer implements AutoCloseable {
             synchronized (lock) {
                 lastError = message;
             }
-            System.err.println("tether device: session: " + message);
+            LOG.warning("session: " + message);
             sendQuietly(conn, type, message);
         }
     }
@@ -616,7 +618,7 @@ public final class DeviceServer implements AutoCloseable {
             }
             p.kill();
         } catch (IOException e) {
-            System.err.println("tether device: cannot start a session worker JVM: " + e.getMessage());
+            LOG.log(Level.SEVERE, "cannot start a session worker JVM", e);
         }
     }
 
@@ -666,6 +668,9 @@ public final class DeviceServer implements AutoCloseable {
 
     /** The desktop entry (android_app/run_device.sh): serve until SIGTERM or SIGINT. */
     public static void main(String[] args) throws Exception {
+        if (System.getProperty("java.util.logging.SimpleFormatter.format") == null) {
+            System.setProperty("java.util.logging.SimpleFormatter.format", "%1$tT %3$s %4$s %5$s%6$s%n");
+        }
         DeviceConfig c;
         try {
             c = DeviceConfig.fromArgs(args);
@@ -682,7 +687,7 @@ public final class DeviceServer implements AutoCloseable {
         }, "tether-shutdown"));
         server.start();
         if (server.address() != null) {
-            System.err.println("tether device server (Java, " + ElfInfo.hostArch() + ", sessions in "
+            LOG.info("tether device server (Java, " + ElfInfo.hostArch() + ", sessions in "
                     + (server.childSessions ? "child JVMs" : "this process") + ") listening on " + server.address());
         }
         server.awaitClose();

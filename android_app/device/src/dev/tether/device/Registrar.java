@@ -13,6 +13,7 @@ import java.util.HashMap;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.Map;
+import java.util.logging.Logger;
 import java.util.Random;
 
 /**
@@ -24,6 +25,7 @@ import java.util.Random;
  * ever with capped exponential backoff and jitter. One daemon thread; nothing the tracker sends reaches the server.
  */
 final class Registrar {
+    private static final Logger LOG = Logger.getLogger(Registrar.class.getName());
     static final int HELLO = 64;
     static final int CHALLENGE = 65;
     static final int AUTH = 66;
@@ -95,7 +97,7 @@ final class Registrar {
             }
             double delay = backoff * (0.5 + random.nextDouble());
             backoff = Math.min(backoff * 2, MAX_BACKOFF_S);
-            System.err.println("tether device: tracker " + config.trackerHost + ":" + config.trackerPort
+            LOG.info("tracker " + config.trackerHost + ":" + config.trackerPort
                     + " unreachable or lost: " + why + String.format(" (retrying in %.2f s)", delay));
             try {
                 Thread.sleep((long) (delay * 1000));
@@ -197,7 +199,7 @@ final class Registrar {
                     nextBeat = System.currentTimeMillis() + (long) (heartbeat * 1000);
                     if (!registered) {
                         registered = true;
-                        System.err.println("tether device: registered with tracker " + config.trackerHost + ":"
+                        LOG.info("registered with tracker " + config.trackerHost + ":"
                                 + config.trackerPort + " as device " + f.payload.get("device") + " (key " + config.key
                                 + (config.reverse ? ", reverse" : "") + ")");
                         server.setRegistered(true, null);
@@ -266,7 +268,7 @@ final class Registrar {
                     new Wire(null, s.getOutputStream()).send(RELAY, 0, p);
                     server.adopt(s);
                 } catch (IOException e) {
-                    System.err.println("tether device: reverse dial to the tracker failed: " + e.getMessage());
+                    LOG.warning("reverse dial to the tracker failed: " + e.getMessage());
                 }
             }
         }, "tether-dial");

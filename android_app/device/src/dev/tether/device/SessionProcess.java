@@ -11,6 +11,7 @@ import java.net.Socket;
 import java.nio.charset.Charset;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.logging.Logger;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -22,6 +23,7 @@ import java.util.regex.Pattern;
  * its time limit ERROR TetherTimeout, both on request id 0, as rpc-server does.
  */
 final class SessionProcess {
+    private static final Logger LOG = Logger.getLogger(SessionProcess.class.getName());
     private static final Pattern SIGNAL = Pattern.compile("\\b(SIG[A-Z]+) \\(0x([0-9a-f]+)\\)");
     private static final Charset UTF8 = Charset.forName("UTF-8");
 
@@ -109,7 +111,7 @@ final class SessionProcess {
                         lastLines.add(line);
                     }
                 }
-                System.err.println("[session] " + line);
+                LOG.info("[session] " + line);
             }
         } catch (IOException e) {
             // the worker is gone
