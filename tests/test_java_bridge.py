@@ -70,3 +70,45 @@ def test_the_lint_catches_what_it_claims_to(bridges, tmp_path):
     assert any("text relocations" in p for p in problems), problems
     assert any("SONAME" in p for p in problems) and any("undefined" in p for p in problems)
     assert all(h[4] == 4096 for h in program_headers(bad) if h[0] == PT_LOAD)
+
+
+def _android_jars(tmp_path: pathlib.Path):
+    """(android-23.jar, [dx jars]): installed, left by build_apk.sh, or unpacked here from the two Debian 11
+    packages (TETHER_ANDROID_DEBS, or ../shared/android-toolchain beside the checkout, as scripts/test.sh sets)."""
+    import os
+
+    from fixtures.prereq import unavailable
+
+    for d in (pathlib.Path("/usr/share/java"), ROOT / "android_app" / ".toolchain" / "usr" / "share" / "java"):
+        if (d / "com.android.android-23.jar").exists() and list(d.glob("com.android.dx*.jar")):
+            return d / "com.android.android-23.jar", sorted(d.glob("*.jar"))
+    for place in (os.environ.get("TETHER_ANDROID_DEBS"), ROOT.parent / "shared" / "android-toolchain"):
+        debs = sorted(pathlib.Path(place).glob("*.deb")) if place else []
+        if any(d.name.startswith("dalvik-exchange") for d in debs) and shutil.which("dpkg"):
+            out = tmp_path / "debs"
+            for deb in debs:
+                subprocess.run(["dpkg", "-x", str(deb), str(out)], check=True, timeout=120)
+            d = out / "usr" / "share" / "java"
+            return d / "com.android.android-23.jar", sorted(d.glob("*.jar"))
+    unavailable("android-23.jar and dx", "run android_app/build_apk.sh once, or set TETHER_ANDROID_DEBS")
+
+
+def test_device_classes_compile_for_android_5_and_dex(tmp_path):
+    # what the APK ships: the device server and the protocol library against android-23.jar (nothing newer than
+    # the app's API level), dexed by dx (no lambdas, Java 8 bytecode)
+    require_java_device_tools()
+    android_jar, jars = _android_jars(tmp_path)
+    classes = tmp_path / "classes"
+    sources = sorted(str(p) for p in (ROOT / "android_app").glob("*/src/dev/tether/[dr]*/**/*.java"))
+    assert any("/device/" in s for s in sources) and any("/rpc/" in s for s in sources)
+    proc = subprocess.run(["javac", "-source", "8", "-target", "8", "-bootclasspath", str(android_jar),
+                           "-Xlint:-options", "-encoding", "UTF-8", "-d", str(classes), *sources],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    dex = tmp_path / "classes.dex"
+    proc = subprocess.run(["java", "-cp", ":".join(str(j) for j in jars), "com.android.dx.command.Main", "--dex",
+                           "--min-sdk-version=21", "--output=" + str(dex), str(classes)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert b"Ldev/tether/device/DeviceServer;" in dex.read_bytes()
+    assert b"Ldev/tether/device/NativeBridge;" in dex.read_bytes()
