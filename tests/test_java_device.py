@@ -11,7 +11,6 @@ registration direct and reverse, sessions in the server process (Android's way),
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import subprocess
@@ -27,62 +26,27 @@ from tether import rpc
 from tether_rpc import errors
 
 
-def session_dirs(server):
-    workdir = server.log_path.parent / (server.log_path.stem + "-sessions")
-    return [d for d in os.listdir(workdir) if d.startswith("tether-session-")]
-
-
 # -- rpc-server's own tests, run unchanged against the Java server ------------------------------------------------
-# (test_rpc_server.py's fixtures rpc_server/make_rpc_server are replaced by java_device/make_java_device; its
-# Python-only tests - the click entry point, server hooks, pidfd, worker_pids - are left out)
-def test_every_core_message_type_round_trips_over_a_server(make_java_device, rpc_kernels):
-    rpc_cases.test_every_core_message_type_round_trips_over_a_server(make_java_device, rpc_kernels)
+# Imported, they are collected here with this module's rpc_server/make_rpc_server: the Java server. Left out:
+# its Python-only tests (the click entry point, server hooks, pidfd) and the one that waits for no worker process
+# to be left (here a spare worker JVM is always up: test_client_killed_mid_call_frees_the_device below).
+from test_rpc_server import (  # noqa: E402,F401
+    test_every_core_message_type_round_trips_over_a_server, test_files_are_confined_to_the_session_folder,
+    test_idle_session_is_ended_and_frees_the_device, test_one_session_at_a_time_with_a_queue,
+    test_remote_exception_keeps_the_session_usable, test_repeated_kernel_calls_on_device_arrays,
+    test_segfaulting_kernel_ends_only_its_session, test_session_timeout_kills_a_long_kernel,
+    test_token_authentication_accepted_and_refused, test_vadd_end_to_end_against_numpy,
+    test_version_mismatch_names_both_versions, test_wrong_architecture_module_is_refused_before_dlopen)
 
 
-def test_version_mismatch_names_both_versions(java_device):
-    rpc_cases.test_version_mismatch_names_both_versions(java_device)
+@pytest.fixture(scope="module")
+def rpc_server(java_device):
+    return java_device
 
 
-def test_vadd_end_to_end_against_numpy(java_device, rpc_kernels):
-    rpc_cases.test_vadd_end_to_end_against_numpy(java_device, rpc_kernels)
-
-
-def test_remote_exception_keeps_the_session_usable(java_device, rpc_kernels):
-    rpc_cases.test_remote_exception_keeps_the_session_usable(java_device, rpc_kernels)
-
-
-def test_wrong_architecture_module_is_refused_before_dlopen(java_device, rpc_kernels):
-    rpc_cases.test_wrong_architecture_module_is_refused_before_dlopen(java_device, rpc_kernels)
-
-
-def test_segfaulting_kernel_ends_only_its_session(java_device, rpc_kernels):
-    t0 = time.monotonic()
-    rpc_cases.test_segfaulting_kernel_ends_only_its_session(java_device, rpc_kernels)
-    assert time.monotonic() - t0 < 10
-
-
-def test_session_timeout_kills_a_long_kernel(make_java_device, rpc_kernels):
-    rpc_cases.test_session_timeout_kills_a_long_kernel(make_java_device, rpc_kernels)
-
-
-def test_one_session_at_a_time_with_a_queue(java_device):
-    rpc_cases.test_one_session_at_a_time_with_a_queue(java_device)
-
-
-def test_files_are_confined_to_the_session_folder(java_device, tmp_path):
-    rpc_cases.test_files_are_confined_to_the_session_folder(java_device, tmp_path)
-
-
-def test_token_authentication_accepted_and_refused(make_java_device):
-    rpc_cases.test_token_authentication_accepted_and_refused(make_java_device)
-
-
-def test_idle_session_is_ended_and_frees_the_device(make_java_device, rpc_kernels):
-    rpc_cases.test_idle_session_is_ended_and_frees_the_device(make_java_device, rpc_kernels)
-
-
-def test_repeated_kernel_calls_on_device_arrays(java_device, rpc_kernels):
-    rpc_cases.test_repeated_kernel_calls_on_device_arrays(java_device, rpc_kernels)
+@pytest.fixture
+def make_rpc_server(make_java_device):
+    return make_java_device
 
 
 # -- beyond rpc-server's tests ------------------------------------------------------------------------------------
@@ -129,21 +93,10 @@ def test_scalar_arguments_reach_the_kernel(java_device, rpc_kernels):
         assert remote.get_function("tether.echo")(2.5, b"\x00\x01", None, True) == [2.5, b"\x00\x01", None, True]
 
 
-CLIENT_SCRIPT = """
-import sys
-from tether import rpc
-remote = rpc.connect("127.0.0.1", int(sys.argv[1]), timeout=60)
-remote.upload(sys.argv[2])
-spin = remote.load_module("misc.so")["spin"]
-print("calling", flush=True)
-spin(1 << 40)
-"""
-
-
 def test_client_killed_mid_call_frees_the_device(java_device, rpc_kernels):
     # (rpc-server's version waits until no worker process is left: here a spare worker JVM is always up)
-    client = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, str(java_device.port), str(rpc_kernels["misc"])],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = subprocess.Popen([sys.executable, "-c", rpc_cases.CLIENT_SCRIPT, str(java_device.port),
+                               str(rpc_kernels["misc"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "calling"
         time.sleep(0.3)  # the kernel is running now
