@@ -24,12 +24,14 @@ final class Builtins {
             }
         });
         s.builtins.put("tether.functions", new Session.Builtin() {
-            public Object call(Session.Call c, List<Object> a) {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.functions", a, 0, 0);
                 return new ArrayList<Object>(s.builtins.keySet());
             }
         });
         s.builtins.put("tether.device_info", new Session.Builtin() {
-            public Object call(Session.Call c, List<Object> a) {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.device_info", a, 0, 0);
                 Map<String, Object> info = DeviceInfo.collect();
                 // this server sets no per-session budgets (rpc-server's --session-memory and friends)
                 Map<String, Object> limits = new LinkedHashMap<String, Object>();
@@ -134,7 +136,8 @@ final class Builtins {
             }
         });
         s.builtins.put("tether.listdir", new Session.Builtin() {
-            public Object call(Session.Call c, List<Object> a) {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.listdir", a, 0, 0);
                 return new ArrayList<Object>(s.folder.list());
             }
         });

@@ -48,7 +48,8 @@ public final class DeviceServer implements AutoCloseable {
     private final Object lock = new Object();
     private final LinkedList<Conn> queue = new LinkedList<Conn>();
     private Conn active;
-    private int pending;
+    /** Connections still in their handshake, oldest first (at most MAX_PENDING). */
+    private final java.util.LinkedHashSet<Socket> handshaking = new java.util.LinkedHashSet<Socket>();
     private long sessions;
     private ServerSocket listenerSocket;
     private Thread acceptThread;
@@ -166,26 +167,37 @@ public final class DeviceServer implements AutoCloseable {
     /** Serve a connection (accepted here, or dialled to a tracker by the registrar). */
     void adopt(final Socket s) {
         synchronized (lock) {
-            if (pending >= MAX_PENDING || closed) {
+            if (closed) {
                 closeQuietly(s);
                 return;
             }
-            pending++;
+            // Evict the oldest handshake rather than refuse the newcomer: a flood of silent connections then
+            // cannot lock a real client out (as rpc-server does)
+            if (handshaking.size() >= MAX_PENDING) {
+                Socket oldest = handshaking.iterator().next();
+                handshaking.remove(oldest);
+                closeQuietly(oldest);
+            }
+            handshaking.add(s);
         }
         Thread t = new Thread(new Runnable() {
             public void run() {
                 try {
                     handle(s);
                 } finally {
-                    synchronized (lock) {
-                        pending--;
-                    }
+                    handshakeOver(s);
                     closeQuietly(s);
                 }
             }
         }, "tether-conn");
         t.setDaemon(true);
         t.start();
+    }
+
+    private void handshakeOver(Socket s) {
+        synchronized (lock) {
+            handshaking.remove(s);
+        }
     }
 
     static void closeQuietly(Socket s) {
@@ -306,6 +318,7 @@ public final class DeviceServer implements AutoCloseable {
         } catch (IOException e) {
             return;
         }
+        handshakeOver(s);
         if (!admit(conn, wait)) {
             return;
         }

@@ -100,7 +100,6 @@ final class Session {
     private static final int BOUND_MAX = 256;
     /** Bound kernel calls by "function id,array ids..." (cleared whenever an object is freed). */
     final Map<String, PackedCall> bound = new HashMap<String, PackedCall>();
-    private volatile long waitingSince;   // System.nanoTime() when the loop started waiting for a frame; 0 = busy
     private volatile boolean ended;
 
     Session(File folder, InputStream in, OutputStream out, long idleMs, CallListener listener) throws IOException {
@@ -181,7 +180,6 @@ final class Session {
         Thread watchdog = idleMs > 0 ? startIdleWatchdog() : null;
         try {
             while (!ended) {
-                waitingSince = System.nanoTime();
                 Frame f;
                 try {
                     f = wire.read(Limits.DEFAULT);
@@ -191,8 +189,6 @@ final class Session {
                 } catch (ProtocolException e) {
                     wire.sendError(0, "ProtocolError", e.getMessage(), "");
                     return;
-                } finally {
-                    waitingSince = 0;
                 }
                 if (f == null || ended || f.type == Wire.CLOSE) {
                     return;
@@ -226,7 +222,7 @@ final class Session {
                     } catch (InterruptedException e) {
                         return;
                     }
-                    long since = waitingSince;
+                    long since = wire.readingSince;
                     if (since != 0 && System.nanoTime() - since > limit && !ended) {
                         ended = true;
                         try {

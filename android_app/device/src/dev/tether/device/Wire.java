@@ -36,6 +36,10 @@ final class Wire {
     private final MsgPackWriter writer = new MsgPackWriter(4096);
     private final byte[] header = new byte[4];
     private byte[] chunk;
+    /** System.nanoTime() when the current blocking read began, 0 when not reading: the idle clock. A running
+     *  kernel is not a read, so it never counts as idle; a peer that stops in the middle of a frame or of its
+     *  bulk bytes does. */
+    volatile long readingSince;
 
     Wire(InputStream in, OutputStream out) {
         this.in = in;
@@ -62,7 +66,13 @@ final class Wire {
     boolean readFully(byte[] b, int off, int n) throws IOException {
         int done = 0;
         while (done < n) {
-            int r = in.read(b, off + done, n - done);
+            readingSince = System.nanoTime();
+            int r;
+            try {
+                r = in.read(b, off + done, n - done);
+            } finally {
+                readingSince = 0;
+            }
             if (r < 0) {
                 if (done == 0) {
                     return false;
