@@ -28,8 +28,11 @@ from tether_rpc import errors
 
 # -- rpc-server's own tests, run unchanged against the Java server ------------------------------------------------
 # Imported, they are collected here with this module's rpc_server/make_rpc_server: the Java server. Left out:
-# its Python-only tests (the click entry point, server hooks, pidfd) and the one that waits for no worker process
-# to be left (here a spare worker JVM is always up: test_client_killed_mid_call_frees_the_device below).
+# its Python-only tests (the click entry point, server hooks, pidfd) and the ones that wait for no worker process
+# to be left (here a spare worker JVM is always up: test_client_killed_mid_call_frees_the_device below). Also
+# rpc-server's CLOSE-mid-kernel tests (tests/test_rpc_close.py).
+from test_rpc_close import (  # noqa: E402,F401
+    test_close_behind_pipelined_calls_aborts_them_all, test_close_mid_kernel_frees_the_device_within_100_ms)
 from test_rpc_server import (  # noqa: E402,F401
     test_every_core_message_type_round_trips_over_a_server, test_files_are_confined_to_the_session_folder,
     test_idle_session_is_ended_and_frees_the_device, test_one_session_at_a_time_with_a_queue,

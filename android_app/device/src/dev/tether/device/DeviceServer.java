@@ -511,7 +511,7 @@ public final class DeviceServer implements AutoCloseable {
         });
         SessionProcess.Outcome out;
         try {
-            out = w.serve(conn.socket, folder, new SessionProcess.Listener() {
+            out = w.serve(conn.socket, conn.in, folder, new SessionProcess.Listener() {
                 public void onCall(String name, double ms) {
                     DeviceServer.this.onCall(name, ms);
                 }
@@ -527,7 +527,8 @@ public final class DeviceServer implements AutoCloseable {
         }
         String type = null;
         String message = null;
-        LOG.info("session worker exited with status " + out.exitCode + (out.clientGone ? " (the client hung up)" : ""));
+        LOG.info("session worker exited with status " + out.exitCode
+                + (out.clientGone ? " (the client hung up or sent CLOSE)" : ""));
         if (timedOut[0]) {
             type = "TetherTimeout";
             message = sessionTimeoutMessage(conn);

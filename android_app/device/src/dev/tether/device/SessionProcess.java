@@ -153,48 +153,20 @@ final class SessionProcess {
 
     /**
      * Serves one session: the folder goes to the worker, then bytes flow both ways until the worker exits. The
-     * client hanging up kills the worker at once (even mid-kernel), so the device is free again.
+     * client hanging up, or sending CLOSE, kills the worker at once (even mid-kernel): the device is free again.
      */
-    Outcome serve(final Socket client, File folder, Listener l) throws IOException, InterruptedException {
+    Outcome serve(final Socket client, InputStream clientIn, File folder, Listener l)
+            throws IOException, InterruptedException {
         listener = l;
         final OutputStream toWorker = process.getOutputStream();
         toWorker.write((folder.getPath() + "\n").getBytes(UTF8));
         toWorker.flush();
-        final boolean[] clientGone = new boolean[1];
-        Thread up = new Thread(new Runnable() {
+        ClientRelay relay = new ClientRelay(client, clientIn, toWorker, new Runnable() {
             public void run() {
-                byte[] buf = new byte[1 << 16];
-                InputStream in;
-                try {
-                    in = client.getInputStream();
-                } catch (IOException e) {
-                    return;
-                }
-                while (true) {
-                    int n;
-                    try {
-                        Wire.spin(in);
-                        n = in.read(buf);
-                    } catch (IOException e) {
-                        n = client.isClosed() ? 0 : -1;  // closed by the server: the session is over anyway
-                        if (n == 0) {
-                            return;
-                        }
-                    }
-                    if (n < 0) {
-                        clientGone[0] = true;  // the client hung up: free the device at once, even mid-kernel
-                        kill();
-                        return;
-                    }
-                    try {
-                        toWorker.write(buf, 0, n);
-                        toWorker.flush();
-                    } catch (IOException e) {
-                        return;  // the worker is gone; its exit status says why
-                    }
-                }
+                kill();
             }
-        }, "tether-relay-up");
+        });
+        Thread up = new Thread(relay, "tether-relay-up");
         Thread down = new Thread(new Runnable() {
             public void run() {
                 byte[] buf = new byte[1 << 16];
@@ -222,6 +194,7 @@ final class SessionProcess {
         int code = process.waitFor();
         down.join(2000);
         stderrReader.join(2000);
-        return new Outcome(code, clientGone[0], signal, signalNumber);
+        ClientRelay.End end = relay.end();
+        return new Outcome(code, end == ClientRelay.End.CLOSE || end == ClientRelay.End.HANG_UP, signal, signalNumber);
     }
 }
