@@ -24,6 +24,7 @@ final class ClientRelay implements Runnable {
     private final InputStream in;
     private final OutputStream toWorker;
     private final Runnable killWorker;
+    private final Wire reader;
     private volatile End end;
 
     ClientRelay(Socket client, InputStream in, OutputStream toWorker, Runnable killWorker) {
@@ -31,6 +32,7 @@ final class ClientRelay implements Runnable {
         this.in = in;
         this.toWorker = toWorker;
         this.killWorker = killWorker;
+        this.reader = new Wire(in, null);
     }
 
     End end() {
@@ -48,21 +50,9 @@ final class ClientRelay implements Runnable {
         }
     }
 
-    /** Reads exactly b.length bytes; false at a clean end of stream before the first. */
     private boolean readFully(byte[] b) throws IOException {
-        int done = 0;
-        while (done < b.length) {
-            Wire.spin(in);
-            int n = in.read(b, done, b.length - done);
-            if (n < 0) {
-                if (done == 0) {
-                    return false;
-                }
-                throw new IOException("the client hung up in the middle of a frame");
-            }
-            done += n;
-        }
-        return true;
+        Wire.spin(in);
+        return reader.readFully(b, 0, b.length);
     }
 
     private End relay() throws IOException {
