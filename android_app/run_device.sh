@@ -3,7 +3,8 @@
 #
 #   android_app/run_device.sh [--host H] [--port P] [--token T] [--tracker HOST:PORT --key KEY [--reverse]]
 #                             [--session-timeout S] [--idle-timeout S] [--workdir DIR] [--isolation process|thread]
-#                             [--userland DIR [--cpu CPU]]
+#                             [--session-memory SIZE] [--session-disk SIZE] [--session-handles N] [--call-timeout S]
+#                             [--handshake-timeout S] [--userland DIR [--cpu CPU]]
 #
 # First use builds what it needs into android_app/build/ (javac --release 8 of the sources, and the JNI bridge
 # for this machine with android_app/bridge/build.sh: x86_64 or aarch64, glibc); later runs reuse it while the
@@ -17,7 +18,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BUILD="${TETHER_DEVICE_BUILD:-$HERE/build}"
-case "${1:-}" in -h|--help) sed -n '2,15p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,17p' "$0"; exit 0 ;; esac
 
 USERLAND=""
 CPU=cortex-a72

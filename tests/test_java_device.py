@@ -30,7 +30,10 @@ from tether_rpc import errors
 # Imported, they are collected here with this module's rpc_server/make_rpc_server: the Java server. Left out:
 # its Python-only tests (the click entry point, server hooks, pidfd) and the ones that wait for no worker process
 # to be left (here a spare worker JVM is always up: test_client_killed_mid_call_frees_the_device below). Also
-# rpc-server's CLOSE-mid-kernel tests (tests/test_rpc_close.py).
+# rpc-server's CLOSE-mid-kernel tests (tests/test_rpc_close.py) and per-session limit tests (tests/test_limits.py).
+from test_limits import (  # noqa: E402,F401
+    test_array_memory, test_call_timeout_aborts_a_stuck_kernel, test_defaults_are_finite_and_shown_in_device_info,
+    test_open_handles, test_upload_bytes)
 from test_rpc_close import (  # noqa: E402,F401
     test_close_behind_pipelined_calls_aborts_them_all, test_close_mid_kernel_frees_the_device_within_100_ms)
 from test_rpc_server import (  # noqa: E402,F401
@@ -126,7 +129,7 @@ def test_device_info_matches_the_python_server(java_device):
         assert info[key] == ref[key], key
     assert info["cpu_capabilities"] == ref["cpu_capabilities"]
     assert info["os"]["android"] is False and info["os"]["android_version"] is None
-    assert info["pointer_bits"] == 64 and info["java"] and info["session_limits"]["handles"] is None
+    assert info["pointer_bits"] == 64 and info["java"] and info["session_limits"]["handles"] == 65536
     assert set(ref) - set(info) == set(), "keys of the Python server's device_info missing here"
 
 

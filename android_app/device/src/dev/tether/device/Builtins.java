@@ -33,13 +33,7 @@ final class Builtins {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
                 arity("tether.device_info", a, 0, 0);
                 Map<String, Object> info = DeviceInfo.collect();
-                // this server sets no per-session budgets (rpc-server's --session-memory and friends)
-                Map<String, Object> limits = new LinkedHashMap<String, Object>();
-                limits.put("memory_bytes", null);
-                limits.put("disk_bytes", null);
-                limits.put("handles", null);
-                limits.put("call_timeout_s", null);
-                info.put("session_limits", limits);
+                info.put("session_limits", s.limits.describe());
                 return info;
             }
         });
@@ -47,8 +41,8 @@ final class Builtins {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
                 arity("tether.array.empty", a, 1, 2);
                 String dtype = a.size() > 1 ? str(a.get(1), "dtype") : "float32";
-                DeviceArray arr = new DeviceArray(shape(a.get(0)), dtype);
-                return info(s.put(arr), arr);
+                long[] shape = shape(a.get(0));
+                return keep(s, shape, dtype, null);
             }
         });
         s.builtins.put("tether.array.from_tensor", new Session.Builtin() {
@@ -57,8 +51,8 @@ final class Builtins {
                 if (!(a.get(0) instanceof Tensor)) {
                     throw new DeviceError("TypeError", "tether.array.from_tensor takes a tensor, got " + typeName(a.get(0)));
                 }
-                DeviceArray arr = fromTensor((Tensor) a.get(0));
-                return info(s.put(arr), arr);
+                Tensor t = (Tensor) a.get(0);
+                return keep(s, t.shape(), t.dtype(), t);
             }
         });
         s.builtins.put("tether.array.copy_in", new Session.Builtin() {
@@ -90,6 +84,9 @@ final class Builtins {
                     throw new DeviceError("KeyError", "cannot free " + h + ": no such handle in this session");
                 }
                 s.release(o);
+                if (o instanceof DeviceArray) {
+                    s.limits.release(((DeviceArray) o).nbytes);
+                }
                 return null;
             }
         };
@@ -100,6 +97,8 @@ final class Builtins {
                 arity("tether.upload", a, 1, 1);
                 long n = c.requireBulk("tether.upload");
                 File dst = s.folder.pathFor(a.get(0));  // refuses unsafe names before anything is written
+                // (a file of the same name is replaced: its bytes do not count)
+                s.limits.checkDisk(s.folder.bytes() - (dst.isFile() ? dst.length() : 0), n, (String) a.get(0));
                 // written beside it and renamed over it: rewriting a loaded library in place could crash the process
                 File part = File.createTempFile(".upload-", "", s.folder.dir);
                 boolean ok = false;
@@ -229,6 +228,19 @@ final class Builtins {
             out[i] = (Long) l.get(i);
         }
         return out;
+    }
+
+    /** A new array (zeroed, or a copy of {@code t}) charged to the session's memory budget, in the table. */
+    static Map<String, Object> keep(Session s, long[] shape, String dtype, Tensor t) throws DeviceError {
+        long nbytes = DeviceArray.nbytesOf(shape, dtype);
+        s.limits.reserve(nbytes, "an array of shape " + Text.shape(shape) + " " + dtype);
+        try {
+            DeviceArray arr = t != null ? fromTensor(t) : new DeviceArray(shape, dtype);
+            return info(s.put(arr), arr);
+        } catch (DeviceError | RuntimeException e) {
+            s.limits.release(nbytes);
+            throw e;
+        }
     }
 
     static Map<String, Object> info(RemoteHandle h, DeviceArray arr) {

@@ -38,6 +38,12 @@ public final class DeviceConfig {
      * "thread": sessions run in this process (Android, where a child JVM cannot be started); "auto" picks.
      */
     public String isolation = "auto";
+    /** Per-session limits (docs/limits.md): array memory and upload bytes as sizes ("512MB", "2GiB"; null: the
+     *  defaults, 3/4 of the RAM and 4 GiB), open handles, one call's wall time in seconds. */
+    public String sessionMemory;
+    public String sessionDisk;
+    public int sessionHandles = SessionLimits.DEFAULT_HANDLES;
+    public double callTimeoutS = SessionLimits.DEFAULT_CALL_TIMEOUT_S;
     /** Handshake timeout in milliseconds. */
     public int handshakeTimeoutMs = 5000;
 
@@ -83,6 +89,16 @@ public final class DeviceConfig {
                 if (c.handshakeTimeoutMs == 0) {
                     throw new IllegalArgumentException("--handshake-timeout must be at least 1 s");
                 }
+            } else if (a.equals("--session-memory")) {
+                SessionLimits.parseSize(v);
+                c.sessionMemory = v;
+            } else if (a.equals("--session-disk")) {
+                SessionLimits.parseSize(v);
+                c.sessionDisk = v;
+            } else if (a.equals("--session-handles")) {
+                c.sessionHandles = parseSeconds(v, a);
+            } else if (a.equals("--call-timeout")) {
+                c.callTimeoutS = parseFraction(v, a);
             } else if (a.equals("--workdir")) {
                 c.workDir = new File(v);
             } else if (a.equals("--native-lib-dir")) {
@@ -134,6 +150,13 @@ public final class DeviceConfig {
             // reported below
         }
         throw new IllegalArgumentException(opt + " takes seconds >= 0 (0 = no limit), got " + v);
+    }
+
+    /** The limits every session of this server gets. */
+    SessionLimits limits() {
+        return new SessionLimits(sessionMemory != null ? SessionLimits.parseSize(sessionMemory)
+                : SessionLimits.defaultMemory(), sessionDisk != null ? SessionLimits.parseSize(sessionDisk)
+                : SessionLimits.DEFAULT_DISK, sessionHandles, callTimeoutS);
     }
 
     /** The idle timeout in milliseconds (0 = none). */

@@ -554,7 +554,7 @@ public final class DeviceServer implements AutoCloseable {
     }
 
     private void runInProcess(final Conn conn, File folder) throws IOException {
-        final Session s = new Session(folder, conn.in, conn.socket.getOutputStream(), config.idleMs(),
+        final Session s = new Session(folder, conn.in, conn.socket.getOutputStream(), config.idleMs(), config.limits(),
                 new Session.CallListener() {
                     public void onCall(String name, double ms) {
                         DeviceServer.this.onCall(name, ms);

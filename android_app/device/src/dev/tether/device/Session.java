@@ -92,6 +92,8 @@ final class Session {
     final SessionFolder folder;
     final Wire wire;
     private final long idleMs;
+    final SessionLimits limits;
+    private volatile long callStartedAt;   // System.nanoTime() when the running call began; 0 between calls
     private final CallListener listener;
     final Map<Long, Object> objects = new HashMap<Long, Object>();
     private long nextId = 1;
@@ -102,17 +104,20 @@ final class Session {
     final Map<String, PackedCall> bound = new HashMap<String, PackedCall>();
     private volatile boolean ended;
 
-    Session(File folder, InputStream in, OutputStream out, long idleMs, CallListener listener) throws IOException {
+    Session(File folder, InputStream in, OutputStream out, long idleMs, SessionLimits limits, CallListener listener)
+            throws IOException {
         this.folder = new SessionFolder(folder);
         this.wire = new Wire(in, out);
         this.idleMs = idleMs;
+        this.limits = limits;
         this.listener = listener;
         Builtins.register(this);
         GraphExecutor.register(this);
     }
 
     // -- object table -------------------------------------------------------------------------------------------
-    RemoteHandle put(Object o) {
+    RemoteHandle put(Object o) throws DeviceError {
+        limits.checkHandles(objects.size());
         long id = nextId++;
         objects.put(id, o);
         return new RemoteHandle(id);
@@ -177,7 +182,7 @@ final class Session {
     // -- the loop -----------------------------------------------------------------------------------------------
     /** Serves calls until CLOSE or hang-up; an idle session gets ERROR TetherTimeout and ends. */
     void serve() throws IOException {
-        Thread watchdog = idleMs > 0 ? startIdleWatchdog() : null;
+        Thread watchdog = idleMs > 0 || limits.callTimeoutS > 0 ? startIdleWatchdog() : null;
         try {
             while (!ended) {
                 Frame f;
@@ -215,20 +220,26 @@ final class Session {
         Thread t = new Thread(new Runnable() {
             @Override
             public void run() {
-                long limit = idleMs * 1000000L;
                 while (!ended) {
                     try {
                         Thread.sleep(50);
                     } catch (InterruptedException e) {
                         return;
                     }
+                    long now = System.nanoTime();
                     long since = wire.readingSince;
-                    if (since != 0 && System.nanoTime() - since > limit && !ended) {
+                    long call = callStartedAt;
+                    String message = null;
+                    if (idleMs > 0 && since != 0 && now - since > idleMs * 1000000L) {
+                        message = "the session was idle (nothing received for " + idleMs / 1000.0 + " s, the "
+                                + "server's --idle-timeout) and has ended; open a new session";
+                    } else if (limits.callTimeoutS > 0 && call != 0 && now - call > limits.callTimeoutS * 1e9) {
+                        message = SessionLimits.callTimeoutMessage(limits.callTimeoutS);
+                    }
+                    if (message != null && !ended) {
                         ended = true;
                         try {
-                            wire.sendError(0, "TetherTimeout", "the session was idle (nothing received for "
-                                    + idleMs / 1000.0 + " s, the server's --idle-timeout) and has ended; open a new "
-                                    + "session", "");
+                            wire.sendError(0, "TetherTimeout", message, "");
                         } catch (IOException e) {
                             // the client is gone already
                         }
@@ -279,6 +290,7 @@ final class Session {
         Call call = new Call(f.requestId, bulk);
         call.hadBulk = f.payload.containsKey("nbytes");
         long t0 = System.nanoTime();
+        callStartedAt = t0;
         String name = fn instanceof String ? (String) fn : "function";
         Object result;
         try {
@@ -314,6 +326,7 @@ final class Session {
     }
 
     private void report(String name, long t0) {
+        callStartedAt = 0;
         if (listener != null) {
             listener.onCall(name, (System.nanoTime() - t0) / 1e6);
         }

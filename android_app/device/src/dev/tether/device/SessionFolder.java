@@ -89,6 +89,20 @@ final class SessionFolder {
         return out;
     }
 
+    /** Bytes of the regular files in the folder (what --session-disk counts). */
+    long bytes() {
+        long total = 0;
+        File[] files = dir.listFiles();
+        if (files != null) {
+            for (File f : files) {
+                if (f.isFile()) {
+                    total += f.length();
+                }
+            }
+        }
+        return total;
+    }
+
     /** Deletes the folder and everything in it (no symlinks are followed: only plain files are made here). */
     static void delete(File dir) {
         File[] files = dir.listFiles();

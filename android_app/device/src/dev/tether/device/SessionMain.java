@@ -18,7 +18,7 @@ import java.io.PrintStream;
  * Status lines for the server go to stderr ({@code @status call MS NAME}); System.out is stderr too, so nothing
  * but frames reaches the protocol stream.
  *
- * <pre>java dev.tether.device.SessionMain --idle-ms MS [--native-lib-dir DIR]</pre>
+ * <pre>java dev.tether.device.SessionMain --idle-ms MS --limits MEMORY,DISK,HANDLES,CALL_S [--native-lib-dir DIR]</pre>
  */
 public final class SessionMain {
     private SessionMain() {
@@ -28,10 +28,15 @@ public final class SessionMain {
         final PrintStream err = System.err;
         System.setOut(err);
         long idleMs = 0;
+        SessionLimits limits = new SessionLimits(Long.MAX_VALUE, Long.MAX_VALUE, Integer.MAX_VALUE, 0);
         String libDir = null;
         for (int i = 0; i + 1 < args.length; i += 2) {
             if (args[i].equals("--idle-ms")) {
                 idleMs = Long.parseLong(args[i + 1]);
+            } else if (args[i].equals("--limits")) {
+                String[] v = args[i + 1].split(",");
+                limits = new SessionLimits(Long.parseLong(v[0]), Long.parseLong(v[1]), Integer.parseInt(v[2]),
+                        Double.parseDouble(v[3]));
             } else if (args[i].equals("--native-lib-dir")) {
                 libDir = args[i + 1];
             }
@@ -49,7 +54,7 @@ public final class SessionMain {
         if (folder == null || folder.isEmpty()) {
             return;  // the server stopped before handing us a session
         }
-        Session s = new Session(new File(folder), in, out, idleMs, new Session.CallListener() {
+        Session s = new Session(new File(folder), in, out, idleMs, limits, new Session.CallListener() {
             public void onCall(String name, double ms) {
                 err.println("@status call " + ms + " " + name);
             }

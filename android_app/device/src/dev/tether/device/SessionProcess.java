@@ -76,6 +76,9 @@ final class SessionProcess {
         cmd.add(SessionMain.class.getName());
         cmd.add("--idle-ms");
         cmd.add(Long.toString(c.idleMs()));
+        SessionLimits limits = c.limits();
+        cmd.add("--limits");
+        cmd.add(limits.memory + "," + limits.disk + "," + limits.handles + "," + limits.callTimeoutS);
         if (c.nativeLibDir != null) {
             cmd.add("--native-lib-dir");
             cmd.add(c.nativeLibDir);
