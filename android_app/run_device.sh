@@ -18,7 +18,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BUILD="${TETHER_DEVICE_BUILD:-$HERE/build}"
-case "${1:-}" in -h|--help) sed -n '2,17p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,16p' "$0"; exit 0 ;; esac
 
 USERLAND=""
 CPU=cortex-a72
