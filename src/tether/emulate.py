@@ -639,3 +639,83 @@ class EmulatedDevice:
         if self._ship_dir is not None:
             shutil.rmtree(self._ship_dir, ignore_errors=True)
             self._ship_dir = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Extras: packages added on demand to a cached userland, recorded in its stamp ("extras"), so the userlands of
+# everyone who needs only python stay as they are, and one that lacks an extra is extended, never rebuilt.
+
+#: extra name -> Debian packages. "java": the JRE that runs the Java device server (android_app/run_device.sh
+#: --userland) under qemu-user.
+EXTRAS: dict[str, tuple] = {"java": ("openjdk-17-jre-headless",)}
+
+
+def java_path(userland: Userland) -> pathlib.Path:
+    """The host path of the guest's java (the extract variant runs no update-alternatives: no /usr/bin/java)."""
+    return userland.rootfs / "usr" / "lib" / "jvm" / ("java-17-openjdk-%s" % userland.spec.debian_arch) / "bin" / "java"
+
+
+def ensure_extra(userland: Userland, extra: str, *, progress: Optional[Callable[[str], None]] = None) -> Userland:
+    """Return ``userland`` with the packages of ``extra`` (EXTRAS) in its rootfs, adding them first if needed.
+
+    The packages are extracted by mmdebstrap into a staging folder and every file the rootfs lacks is moved in
+    (the base packages they share are the same suite's, already there). Needs what a build needs (root).
+    """
+    if extra not in EXTRAS:
+        raise ValueError("unknown userland extra %r (known: %s)" % (extra, ", ".join(sorted(EXTRAS))))
+    if extra in (userland.stamp.get("extras") or {}):
+        return userland
+    progress = progress or (lambda s: None)
+    _require_tools(userland.spec, building=True)
+    with _build_lock(userland.path, timeout=BUILD_TIMEOUT_S):
+        stamp = _read_stamp(userland.path) or userland.stamp   # another process may have added it meanwhile
+        if extra not in (stamp.get("extras") or {}):
+            t0 = time.monotonic()
+            staging = userland.path / ("extra-%s.partial-%d" % (extra, os.getpid()))
+            _rmtree(staging)
+            argv = ["mmdebstrap", "--variant=extract", "--mode=root", "--arch=" + userland.spec.debian_arch,
+                    "--include=" + ",".join(EXTRAS[extra]), stamp.get("suite", SUITE), str(staging),
+                    *(stamp.get("sources") or default_sources())]
+            progress("mmdebstrap %s for the %s userland" % (", ".join(EXTRAS[extra]), userland.spec.name))
+            try:
+                with open(userland.path / ("extra-%s.log" % extra), "w") as logfh:
+                    proc = subprocess.run(argv, stdout=logfh, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S)
+                if proc.returncode != 0:
+                    raise EmulationError("mmdebstrap failed adding %s to the %s userland (exit %d; log %s)"
+                                         % (extra, userland.spec.name, proc.returncode,
+                                            userland.path / ("extra-%s.log" % extra)))
+                moved = _merge_tree(staging, userland.rootfs)
+            finally:
+                _rmtree(staging)
+            stamp = dict(stamp, extras=dict(stamp.get("extras") or {},
+                                            **{extra: {"packages": list(EXTRAS[extra]), "files": moved,
+                                                       "seconds": round(time.monotonic() - t0, 2)}}))
+            tmp = userland.path / (STAMP_NAME + ".tmp")
+            tmp.write_text(json.dumps(stamp, indent=1))
+            os.replace(tmp, userland.path / STAMP_NAME)
+            log.info("added %s to the %s userland in %.1f s", extra, userland.spec.name, time.monotonic() - t0)
+    return Userland(userland.spec, userland.path, stamp)
+
+
+def _merge_tree(src: pathlib.Path, dst: pathlib.Path) -> int:
+    """Move every file and symlink of ``src`` that ``dst`` lacks into ``dst`` (folders are created); returns how
+    many. /tmp, /proc, /dev and /sys stay out (the guest uses the host's, see the module docstring)."""
+    moved = 0
+    for root, dirs, files in os.walk(src):
+        rel = pathlib.Path(root).relative_to(src)
+        if rel.parts[:1] in (("tmp",), ("proc",), ("dev",), ("sys",)):
+            dirs[:] = []
+            continue
+        target_dir = dst / rel
+        for name in list(dirs):
+            if (pathlib.Path(root) / name).is_symlink():   # os.walk lists symlinked folders as folders
+                dirs.remove(name)
+                files.append(name)
+        if not os.path.lexists(target_dir):
+            target_dir.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            target = target_dir / name
+            if not os.path.lexists(target):
+                os.rename(pathlib.Path(root) / name, target)
+                moved += 1
+    return moved
