@@ -1,0 +1,259 @@
+package dev.tether.device;
+
+import dev.tether.rpc.RemoteHandle;
+import dev.tether.rpc.Tensor;
+
+import java.io.File;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+/** The core built-ins of a session (docs/protocol.md "Built-in functions"); same names and values as Python. */
+final class Builtins {
+    private Builtins() {
+    }
+
+    static void register(final Session s) {
+        s.builtins.put("tether.echo", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) {
+                return a.size() == 1 ? a.get(0) : new ArrayList<Object>(a);
+            }
+        });
+        s.builtins.put("tether.functions", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) {
+                return new ArrayList<Object>(s.builtins.keySet());
+            }
+        });
+        s.builtins.put("tether.device_info", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) {
+                return DeviceInfo.collect();
+            }
+        });
+        s.builtins.put("tether.array.empty", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.array.empty", a, 1, 2);
+                String dtype = a.size() > 1 ? str(a.get(1), "dtype") : "float32";
+                DeviceArray arr = new DeviceArray(shape(a.get(0)), dtype);
+                return info(s.put(arr), arr);
+            }
+        });
+        s.builtins.put("tether.array.from_tensor", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.array.from_tensor", a, 1, 1);
+                if (!(a.get(0) instanceof Tensor)) {
+                    throw new DeviceError("TypeError", "tether.array.from_tensor takes a tensor, got " + typeName(a.get(0)));
+                }
+                DeviceArray arr = fromTensor((Tensor) a.get(0));
+                return info(s.put(arr), arr);
+            }
+        });
+        s.builtins.put("tether.array.copy_in", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError, IOException {
+                arity("tether.array.copy_in", a, 1, 1);
+                DeviceArray arr = s.get(a.get(0), DeviceArray.class, "array");
+                long n = c.requireBulk("tether.array.copy_in");
+                if (n != arr.nbytes) {
+                    throw new DeviceError("ValueError", "copy_in: " + n + " bytes sent, the array " + arr.dtype + " "
+                            + Text.shape(arr.shape) + " holds " + arr.nbytes);
+                }
+                s.readBulkTo(c, arr.view(), n);
+                return null;
+            }
+        });
+        s.builtins.put("tether.array.copy_out", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.array.copy_out", a, 1, 1);
+                DeviceArray arr = s.get(a.get(0), DeviceArray.class, "array");
+                return new Session.BulkReply(null, arr.view(), null, arr.nbytes);
+            }
+        });
+        Session.Builtin free = new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.free", a, 1, 1);
+                Object h = a.get(0);
+                Object o = h instanceof RemoteHandle ? s.objects.remove(((RemoteHandle) h).id()) : null;
+                if (o == null) {
+                    throw new DeviceError("KeyError", "cannot free " + h + ": no such handle in this session");
+                }
+                s.release(o);
+                return null;
+            }
+        };
+        s.builtins.put("tether.array.free", free);
+        s.builtins.put("tether.free", free);
+        s.builtins.put("tether.upload", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError, IOException {
+                arity("tether.upload", a, 1, 1);
+                long n = c.requireBulk("tether.upload");
+                File dst = s.folder.pathFor(a.get(0));  // refuses unsafe names before anything is written
+                // written beside it and renamed over it: rewriting a loaded library in place could crash the process
+                File part = File.createTempFile(".upload-", "", s.folder.dir);
+                boolean ok = false;
+                try {
+                    FileOutputStream out = new FileOutputStream(part);
+                    try {
+                        s.readBulkTo(c, out, n);
+                    } finally {
+                        out.close();
+                    }
+                    if (!part.renameTo(dst)) {
+                        throw new IOException("cannot rename the upload to " + dst.getName());
+                    }
+                    ok = true;
+                } finally {
+                    if (!ok) {
+                        part.delete();
+                    }
+                }
+                Map<String, Object> r = new LinkedHashMap<String, Object>();
+                r.put("name", a.get(0));
+                r.put("size", n);
+                return r;
+            }
+        });
+        s.builtins.put("tether.download", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError, IOException {
+                arity("tether.download", a, 1, 1);
+                File f = s.folder.existing(a.get(0));
+                Map<String, Object> r = new LinkedHashMap<String, Object>();
+                r.put("name", a.get(0));
+                r.put("size", f.length());
+                return new Session.BulkReply(r, null, f, f.length());
+            }
+        });
+        s.builtins.put("tether.listdir", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) {
+                return new ArrayList<Object>(s.folder.list());
+            }
+        });
+        s.builtins.put("tether.remove", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError, IOException {
+                arity("tether.remove", a, 1, 1);
+                File f = s.folder.existing(a.get(0));
+                if (!f.delete()) {
+                    throw new DeviceError("OSError", "cannot remove " + f.getName());
+                }
+                return null;
+            }
+        });
+        s.builtins.put("tether.module.load", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError, IOException {
+                arity("tether.module.load", a, 1, 1);
+                NativeModule m = NativeModule.load(s.folder.existing(a.get(0)));
+                s.pool.add(m);
+                Map<String, Object> r = new LinkedHashMap<String, Object>();
+                r.put("handle", s.put(m));
+                r.put("functions", new ArrayList<Object>(m.functions.keySet()));
+                r.put("metadata", m.metadata);
+                return r;
+            }
+        });
+        s.builtins.put("tether.module.get_function", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.module.get_function", a, 2, 2);
+                NativeModule m = s.get(a.get(0), NativeModule.class, "module");
+                Object name = a.get(1);
+                if (!(name instanceof String) || !m.functions.containsKey(name)) {
+                    throw new DeviceError("KeyError", "module has no function '" + name + "' (it has: "
+                            + Text.join(m.functions.keySet()) + ")");
+                }
+                if (!m.loaded()) {
+                    throw new DeviceError("ModuleLoadError", "module " + m.label + " is closed");
+                }
+                m.acquire();  // the library stays loaded while this handle exists
+                Map<String, Object> r = new LinkedHashMap<String, Object>();
+                r.put("handle", s.put(new PackedCall.Function(m, (String) name)));
+                r.put("name", name);
+                return r;
+            }
+        });
+        s.builtins.put("tether.time_evaluator", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws Exception {
+                arity("tether.time_evaluator", a, 2, 3);
+                return Timing.timeEvaluator(s, c, a);
+            }
+        });
+    }
+
+    static void arity(String name, List<Object> a, int min, int max) throws DeviceError {
+        if (a.size() < min || a.size() > max) {
+            throw new DeviceError("TypeError", name + " takes " + (min == max ? "" + min : min + " to " + max)
+                    + " arguments, got " + a.size());
+        }
+    }
+
+    static String typeName(Object o) {
+        if (o == null) {
+            return "NoneType";
+        }
+        if (o instanceof Long) {
+            return "int";
+        }
+        if (o instanceof Double) {
+            return "float";
+        }
+        if (o instanceof String) {
+            return "str";
+        }
+        if (o instanceof List) {
+            return "list";
+        }
+        if (o instanceof Map) {
+            return "dict";
+        }
+        return o.getClass().getSimpleName();
+    }
+
+    static String str(Object o, String what) throws DeviceError {
+        if (!(o instanceof String)) {
+            throw new DeviceError("TypeError", what + " must be a str, got " + typeName(o));
+        }
+        return (String) o;
+    }
+
+    static long[] shape(Object o) throws DeviceError {
+        if (o instanceof Long) {
+            return new long[]{(Long) o};
+        }
+        if (!(o instanceof List)) {
+            throw new DeviceError("TypeError", "shape must be a list of ints, got " + typeName(o));
+        }
+        List<?> l = (List<?>) o;
+        long[] out = new long[l.size()];
+        for (int i = 0; i < out.length; i++) {
+            if (!(l.get(i) instanceof Long)) {
+                throw new DeviceError("TypeError", "shape must be a list of ints, got " + o);
+            }
+            out[i] = (Long) l.get(i);
+        }
+        return out;
+    }
+
+    static Map<String, Object> info(RemoteHandle h, DeviceArray arr) {
+        Map<String, Object> r = new LinkedHashMap<String, Object>();
+        r.put("handle", h);
+        List<Object> shape = new ArrayList<Object>();
+        for (long d : arr.shape) {
+            shape.add(d);
+        }
+        r.put("shape", shape);
+        r.put("dtype", arr.dtype);
+        return r;
+    }
+
+    static DeviceArray fromTensor(Tensor t) throws DeviceError {
+        DeviceArray arr = new DeviceArray(t.shape(), t.dtype());
+        arr.view().put(t.data());
+        return arr;
+    }
+
+    static Tensor toTensor(DeviceArray arr) {
+        byte[] b = new byte[(int) arr.nbytes];
+        arr.view().get(b);
+        return Tensor.of(arr.dtype, arr.shape, b);
+    }
+}

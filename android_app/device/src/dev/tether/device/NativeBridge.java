@@ -1,0 +1,80 @@
+package dev.tether.device;
+
+import java.io.File;
+import java.nio.ByteBuffer;
+
+/**
+ * The JNI bridge to tether modules (libtether_bridge.so, android_app/bridge/tether_bridge.c): dlopen/dlsym, the
+ * packed call over argument arrays built in direct buffers, the timing loop in native code, and the threads
+ * a module's native pool borrows (they stay parked in native code, never in Java).
+ *
+ * Addresses are passed as longs (a 32-bit ARM pointer fits). Everything here is static: the library is global.
+ */
+public final class NativeBridge {
+    public static final String LIBRARY = "tether_bridge";
+
+    private static boolean loaded;
+
+    private NativeBridge() {
+    }
+
+    /** Load libtether_bridge.so from {@code dir} (if given) or from java.library.path. Idempotent. */
+    public static synchronized void load(String dir) {
+        if (loaded) {
+            return;
+        }
+        if (dir != null) {
+            File f = new File(dir, System.mapLibraryName(LIBRARY));
+            if (f.isFile()) {
+                System.load(f.getAbsolutePath());
+                loaded = true;
+                return;
+            }
+        }
+        System.loadLibrary(LIBRARY);
+        loaded = true;
+    }
+
+    /** dlopen(path, RTLD_NOW | RTLD_LOCAL); 0 on failure (then {@link #dlerror} says why). */
+    public static native long dlopen(String path);
+
+    public static native String dlerror();
+
+    /** dlsym; 0 if the symbol is missing. */
+    public static native long dlsym(long lib, String name);
+
+    public static native int dlclose(long lib);
+
+    /** The address of a direct buffer's first byte. */
+    public static native long address(ByteBuffer direct);
+
+    /** sizeof(void*) of this process: 8 or 4. */
+    public static native int pointerSize();
+
+    /** {@code int32_t fn(const TetherValue* values, const int32_t* codes, int32_t n)}: the packed call. */
+    public static native int callPacked(long fn, long values, long codes, int n);
+
+    /**
+     * Calls the packed function {@code number} times in a native loop and returns the elapsed CLOCK_MONOTONIC
+     * nanoseconds, or {@code -1 - (rc & 0xffffffff)} if a call returned {@code rc != 0} (the loop stops there).
+     */
+    public static native long timeCalls(long fn, long values, long codes, int n, int number);
+
+    /** {@code void fn(void* arg)}: tether_set_parallel_launcher and the like. */
+    public static native void callWithPointer(long fn, long arg);
+
+    /** {@code void fn(void)}: tether_pool_shutdown, tether_pool_reset. */
+    public static native void callVoid(long fn);
+
+    /** {@code int32_t fn(void)}: tether_pool_num_workers. */
+    public static native int callInt(long fn);
+
+    /**
+     * Starts {@code count} native threads that each call {@code void worker(void)} (a module's
+     * tether_pool_worker) and returns a handle for {@link #joinThreads}, or 0 if no thread could start.
+     */
+    public static native long startThreads(long worker, int count);
+
+    /** Waits for the threads of {@link #startThreads} to return (after tether_pool_shutdown) and frees the handle. */
+    public static native void joinThreads(long threads);
+}
