@@ -1,0 +1,248 @@
+"""The Android app as a tether device (android_app/app): its Android-free logic on a desktop JVM, and the APK.
+
+* ``AppLogicRunner`` (android_app/app/tests) checks ``Settings`` (stored form, the adb intent extras, the device
+  server configuration through ``DeviceConfig.fromArgs`` itself), ``Backoff`` and ``DeviceState`` (the status
+  line, the wake-lock and lost-registration decisions), compiled with ``javac --release 8`` together with the
+  real protocol and device-server sources: no Android classes are needed, so none are stubbed.
+* ``tools/align_apk.py`` is checked on zips built here: stored native libraries land on 16 KiB, contents and
+  compression are kept, and the checker names what is misaligned.
+* The APK is built offline by ``build_apk.sh`` and taken apart: the manifest (``aapt2 dump xmltree``) has the
+  device service in the ":device" process with its foreground-service type, the watchdog in the UI process, the
+  permissions and extracted native libraries; the dex holds the app, the device server and the protocol; both
+  ABIs' ``libtether_bridge.so`` are ELF files of the right machine, 16 KiB-aligned in the zip and in their
+  segments; the signature verifies.
+
+What cannot run here (no phone, no emulator): the UI, the service's start, wake lock, notification, the crash
+restart within 2 s. docs/android.md says what was verified only by building and inspection.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from fixtures.prereq import require_tool, unavailable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+APP = ROOT / "android_app"
+ALIGN = APP / "tools" / "align_apk.py"
+SUMMARY_RE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
+TIMEOUT = 300
+PURE_APP_CLASSES = ("Settings", "Backoff", "DeviceState")  # the app classes without Android types
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the app's logic on a desktop JVM
+
+@pytest.fixture(scope="module")
+def app_logic_classes(tmp_path_factory):
+    hint = "apt-get install default-jdk-headless"
+    javac, java = require_tool("javac", hint), require_tool("java", hint)
+    out = tmp_path_factory.mktemp("app-classes")
+    sources = sorted(str(s) for d in ("protocol/src", "device/src") for s in (APP / d).rglob("*.java"))
+    sources += [str(APP / "app" / "src" / "dev" / "tether" / "app" / (c + ".java")) for c in PURE_APP_CLASSES]
+    sources += [str(APP / "app" / "tests" / "dev" / "tether" / "app" / "AppLogicRunner.java")]
+    proc = subprocess.run([javac, "--release", "8", "-Xlint:all,-options", "-encoding", "UTF-8", "-d", str(out),
+                           *sources], capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, "javac failed:\n%s" % proc.stderr
+    return java, out
+
+
+def test_app_logic_on_a_desktop_jvm(app_logic_classes):
+    java, classes = app_logic_classes
+    proc = subprocess.run([java, "-cp", str(classes), "dev.tether.app.AppLogicRunner"], capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    m = SUMMARY_RE.search(proc.stdout)
+    assert m, proc.stdout + proc.stderr
+    passed, failed = int(m.group(1)), int(m.group(2))
+    assert proc.returncode == 0 and failed == 0, proc.stdout + proc.stderr
+    # the runner's checks, counted: a check dropped by accident shows up here
+    assert passed >= 72, proc.stdout
+
+
+def test_pure_app_classes_use_no_android_types():
+    """They are what the desktop test covers: an android.* import would make them untestable there."""
+    for c in PURE_APP_CLASSES:
+        text = (APP / "app" / "src" / "dev" / "tether" / "app" / (c + ".java")).read_text()
+        assert not re.search(r"^import android\.", text, re.M), c
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 16 KiB alignment of native libraries
+
+def _run_align(*args):
+    return subprocess.run([sys.executable, str(ALIGN), *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def _data_offsets(path):
+    """name -> offset of the entry's data, from the local headers (what a device mmaps)."""
+    offsets = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            f.seek(info.header_offset)
+            header = f.read(30)
+            assert header[:4] == b"PK\x03\x04"
+            name_len, extra_len = struct.unpack("<HH", header[26:30])
+            offsets[info.filename] = info.header_offset + 30 + name_len + extra_len
+    return offsets
+
+
+def test_align_apk_puts_libraries_on_16k(tmp_path):
+    src = tmp_path / "in.apk"
+    payload = {"AndroidManifest.xml": b"<m/>" * 50, "resources.arsc": b"\x02\x00" * 33,
+               "lib/arm64-v8a/libx.so": bytes(range(256)) * 9 + b"\x7f", "classes.dex": b"dex\n035\0" + b"d" * 777,
+               "lib/armeabi-v7a/libx.so": b"\x01" * 5001, "assets/odd.bin": b"o" * 3}
+    stored = {"resources.arsc", "lib/arm64-v8a/libx.so", "lib/armeabi-v7a/libx.so", "assets/odd.bin"}
+    with zipfile.ZipFile(src, "w") as z:
+        for name, data in payload.items():
+            z.writestr(name, data, zipfile.ZIP_STORED if name in stored else zipfile.ZIP_DEFLATED)
+    before = _data_offsets(src)
+    assert any(before[n] % 16384 for n in stored if n.endswith(".so")), "the input must start misaligned"
+    check = _run_align("--check", src)
+    assert check.returncode == 1 and "libx.so" in check.stderr, check.stderr
+
+    out = tmp_path / "out.apk"
+    assert _run_align(src, out).returncode == 0
+    after = _data_offsets(out)
+    for name in stored:
+        assert after[name] % (16384 if name.endswith(".so") else 4) == 0, (name, after[name])
+    with zipfile.ZipFile(out) as z:
+        assert [i.filename for i in z.infolist()] == list(payload)
+        for info in z.infolist():
+            assert z.read(info) == payload[info.filename]
+            assert info.compress_type == (zipfile.ZIP_STORED if info.filename in stored else zipfile.ZIP_DEFLATED)
+    assert _run_align("--check", out).returncode == 0
+    # aligning again changes nothing (the old padding is replaced, not stacked)
+    again = tmp_path / "again.apk"
+    assert _run_align(out, again).returncode == 0
+    assert again.read_bytes() == out.read_bytes()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the APK
+
+def _android_debs():
+    import os
+
+    for place in (os.environ.get("TETHER_ANDROID_DEBS"), ROOT.parent / "shared" / "android-toolchain"):
+        if place and list(pathlib.Path(place).glob("dalvik-exchange_*.deb")):
+            return pathlib.Path(place)
+    return None
+
+
+@pytest.fixture(scope="module")
+def apk(tmp_path_factory):
+    tools = {"aapt2": "aapt", "aapt": "aapt", "zipalign": "zipalign", "apksigner": "apksigner", "zip": "zip",
+             "dpkg": "dpkg", "keytool": "default-jdk-headless", "clang": "clang", "ld.lld": "lld"}
+    missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+    if missing:
+        unavailable("the Android build tools", "apt-get install " + " ".join(missing))
+    places = [pathlib.Path("/usr/share/java"), APP / ".toolchain" / "usr" / "share" / "java"]
+    have_jars = any((d / "com.android.android-23.jar").exists() and list(d.glob("com.android.dx*.jar"))
+                    for d in places)
+    debs = _android_debs()
+    if not have_jars and debs is None:
+        unavailable("android-23.jar and dx", "set TETHER_ANDROID_DEBS to a folder with the two Debian 11 packages "
+                    "(docs/android.md)")
+    tmp = tmp_path_factory.mktemp("apk")
+    out = tmp / "tether.apk"
+    proc = subprocess.run(["bash", str(APP / "build_apk.sh"), "--offline", "--build-dir", str(tmp / "build"),
+                           "--out", str(out)] + (["--debs", str(debs)] if debs else []),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def _manifest(apk_path):
+    proc = subprocess.run(["aapt2", "dump", "xmltree", "--file", "AndroidManifest.xml", str(apk_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _element(tree, kind, name):
+    """The attribute lines of the first ``E: kind`` element whose android:name is ``name``."""
+    blocks = re.split(r"\n\s*E: ", tree)
+    for b in blocks:
+        if b.startswith(kind + " ") and ('android:name(0x01010003)="%s"' % name) in b:
+            return b
+    raise AssertionError("no <%s android:name=%s> in the manifest:\n%s" % (kind, name, tree))
+
+
+def test_manifest_declares_the_device_service(apk):
+    tree = _manifest(apk)
+    service = _element(tree, "service", ".DeviceService")
+    assert 'android:process(0x01010011)=":device"' in service
+    # android.R.attr.foregroundServiceType, specialUse (ServiceInfo.FOREGROUND_SERVICE_TYPE_SPECIAL_USE)
+    assert "android:foregroundServiceType(0x01010599)=0x40000000" in service
+    assert "android:exported(0x01010010)=false" in service
+    watchdog = _element(tree, "service", ".WatchdogService")
+    assert "android:process" not in watchdog, "the watchdog must live in the UI process, apart from :device"
+    activity = _element(tree, "activity", ".MainActivity")
+    assert "android:launchMode(0x0101001d)=1" in activity  # singleTop: the adb intent reaches onNewIntent
+    assert "android:extractNativeLibs(0x010104ea)=true" in tree
+    for perm in ("INTERNET", "FOREGROUND_SERVICE", "FOREGROUND_SERVICE_SPECIAL_USE", "WAKE_LOCK",
+                 "POST_NOTIFICATIONS"):
+        assert '"android.permission.%s"' % perm in tree, perm
+    badging = subprocess.run(["aapt", "dump", "badging", str(apk)], capture_output=True, text=True,
+                             timeout=60).stdout
+    assert "native-code: 'arm64-v8a' 'armeabi-v7a'" in badging
+    assert "launchable-activity: name='dev.tether.app.MainActivity'" in badging
+
+
+def test_dex_holds_app_device_server_and_protocol(apk):
+    with zipfile.ZipFile(apk) as z:
+        dex = z.read("classes.dex")
+    assert dex.startswith(b"dex\n035")
+    for cls in ("dev/tether/app/MainActivity", "dev/tether/app/DeviceService", "dev/tether/app/WatchdogService",
+                "dev/tether/app/Settings", "dev/tether/app/Backoff", "dev/tether/app/DeviceState",
+                "dev/tether/device/DeviceServer", "dev/tether/device/DeviceConfig", "dev/tether/device/NativeBridge",
+                "dev/tether/device/Status", "dev/tether/rpc/TetherClient", "dev/tether/rpc/FrameDecoder"):
+        assert ("L%s;" % cls).encode() in dex, cls
+
+
+ELF_MACHINE = {"arm64-v8a": (2, 183), "armeabi-v7a": (1, 40)}  # (ELFCLASS64/32, EM_AARCH64 / EM_ARM)
+
+
+def _load_alignments(elf: bytes):
+    """p_align of every PT_LOAD segment."""
+    is64 = elf[4] == 2
+    if is64:
+        phoff, = struct.unpack_from("<Q", elf, 0x20)
+        phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    else:
+        phoff, = struct.unpack_from("<I", elf, 0x1C)
+        phentsize, phnum = struct.unpack_from("<HH", elf, 0x2A)
+    out = []
+    for i in range(phnum):
+        at = phoff + i * phentsize
+        p_type, = struct.unpack_from("<I", elf, at)
+        if p_type == 1:
+            out.append(struct.unpack_from("<Q", elf, at + 48)[0] if is64 else struct.unpack_from("<I", elf, at + 28)[0])
+    return out
+
+
+def test_native_bridge_for_both_abis_16k_aligned(apk):
+    offsets = _data_offsets(apk)
+    with zipfile.ZipFile(apk) as z:
+        libs = sorted(n for n in z.namelist() if n.startswith("lib/"))
+        assert libs == ["lib/arm64-v8a/libtether_bridge.so", "lib/armeabi-v7a/libtether_bridge.so"]
+        for name in libs:
+            info = z.getinfo(name)
+            assert info.compress_type == zipfile.ZIP_STORED, name
+            assert offsets[name] % 16384 == 0, (name, offsets[name])
+            elf = z.read(name)
+            assert elf[:4] == b"\x7fELF", name
+            cls, machine = ELF_MACHINE[name.split("/")[1]]
+            assert elf[4] == cls and struct.unpack_from("<H", elf, 18)[0] == machine, name
+            aligns = _load_alignments(elf)
+            assert aligns and all(a >= 16384 for a in aligns), (name, aligns)
+    assert _run_align("--check", apk).returncode == 0
+    assert subprocess.run(["zipalign", "-c", "-p", "4", str(apk)], capture_output=True, timeout=60).returncode == 0
+    verify = subprocess.run(["apksigner", "verify", str(apk)], capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0, verify.stderr
