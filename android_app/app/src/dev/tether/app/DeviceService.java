@@ -65,7 +65,7 @@ public final class DeviceService extends Service {
     /** The UI and the notification hear of calls at most this often; state changes go out at once. */
     private static final long PUBLISH_INTERVAL_MS = 1000;
 
-    private Supervisor supervisor;
+    private volatile Supervisor supervisor;
     private PowerManager.WakeLock wakeLock;
     private WifiManager.WifiLock wifiLock;
     private boolean watchdogBound;
@@ -123,7 +123,13 @@ public final class DeviceService extends Service {
         // settings come in the intent (written by the UI a moment ago) or, after a crash, from the stored copy
         Settings settings = Settings.fromStored(prefs.getAll());
         if (intent != null && intent.getExtras() != null) {
-            settings = settings.withExtras(toMap(intent.getExtras()), new ArrayList<String>());
+            try {
+                settings = settings.withExtras(toMap(intent.getExtras()), new ArrayList<String>());
+            } catch (IllegalArgumentException e) {
+                // the UI checks before it starts us; an exception here would crash this process into the watchdog
+                stopDevice("not started: " + e.getMessage());
+                return START_NOT_STICKY;
+            }
         }
         if (supervisor == null || !supervisor.settings.equals(settings)) {
             if (supervisor != null) {

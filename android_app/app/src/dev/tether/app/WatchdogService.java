@@ -2,10 +2,13 @@ package dev.tether.app;
 
 import android.app.Service;
 import android.content.ComponentName;
+import android.content.Context;
 import android.content.Intent;
 import android.content.ServiceConnection;
 import android.os.Binder;
+import android.os.Handler;
 import android.os.IBinder;
+import android.os.Looper;
 import android.os.RemoteException;
 import android.os.SystemClock;
 import android.util.Log;
@@ -22,21 +25,32 @@ import android.util.Log;
  */
 public final class WatchdogService extends Service {
     private static final String TAG = "tether.watchdog";
+    /** Process-wide: this service is destroyed with each death it reports, the history must outlive it. */
+    private static final RestartPolicy POLICY = new RestartPolicy(Backoff.standard());
+    private static final Handler MAIN = new Handler(Looper.getMainLooper());
     private IBinder device;
     private boolean bound;
 
     private final IBinder.DeathRecipient onDeath = new IBinder.DeathRecipient() {
         @Override
         public void binderDied() {
-            long t0 = SystemClock.elapsedRealtime();
-            boolean run = getSharedPreferences(DeviceService.PREFS, MODE_MULTI_PROCESS)
-                    .getBoolean(DeviceService.PREF_RUN, false);
-            Log.w(TAG, "the device process died" + (run ? "; starting it again" : " after a stop"));
-            if (run) {
-                // the application context: this service may be unbound (and destroyed) by the same death
-                getApplicationContext().startService(new Intent(getApplicationContext(), DeviceService.class)
-                        .setAction(DeviceService.ACTION_START));
-                Log.i(TAG, "restart requested " + (SystemClock.elapsedRealtime() - t0) + " ms after the death");
+            final Context app = getApplicationContext(); // this service may be unbound (and destroyed) by the death
+            long delay = POLICY.delayAfterDeath(SystemClock.elapsedRealtime());
+            Log.w(TAG, "the device process died; " + (delay == 0 ? "starting it again"
+                    : "crashing on start-up (" + POLICY.quickDeaths() + " times): next start in " + delay + " ms"));
+            Runnable restart = new Runnable() {
+                @Override
+                public void run() {
+                    if (app.getSharedPreferences(DeviceService.PREFS, MODE_MULTI_PROCESS)
+                            .getBoolean(DeviceService.PREF_RUN, false)) {
+                        app.startService(new Intent(app, DeviceService.class).setAction(DeviceService.ACTION_START));
+                    }
+                }
+            };
+            if (delay == 0) {
+                restart.run();
+            } else {
+                MAIN.postDelayed(restart, delay);
             }
         }
     };
@@ -47,6 +61,7 @@ public final class WatchdogService extends Service {
             try {
                 binder.linkToDeath(onDeath, 0);
                 device = binder;
+                POLICY.started(SystemClock.elapsedRealtime());
             } catch (RemoteException e) {
                 onDeath.binderDied(); // it died between the bind and now
             }

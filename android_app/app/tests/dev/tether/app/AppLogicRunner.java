@@ -236,10 +236,39 @@ public final class AppLogicRunner {
         checkEq("hours", "2 h 5 min", DeviceState.ago((2 * 3600 + 5 * 60 + 9) * 1000L));
     }
 
+    static void restartPolicy() {
+        RestartPolicy r = new RestartPolicy(new Backoff(500, 30000, 0, new Random(3)));
+        checkEq("a death before any start is answered at once", 0L, r.delayAfterDeath(100));
+        r.started(1000);
+        checkEq("a session crash after 10 s: restart now", 0L, r.delayAfterDeath(11000));
+        // a client that crashes one kernel after another: each process lives for a few seconds
+        for (int i = 0; i < 20; i++) {
+            long t = 20000 + i * 3000L;
+            r.started(t);
+            checkEq("repeated session crashes are all answered at once (" + i + ")", 0L, r.delayAfterDeath(t + 2500));
+        }
+        // a crash on start-up: the process dies within 2 s of each start
+        long t = 100000;
+        long[] want = {0, 0, 0, 500, 1000, 2000, 4000};
+        for (int i = 0; i < want.length; i++) {
+            r.started(t);
+            t += 300;
+            checkEq("start-up crash loop, death " + (i + 1), want[i], r.delayAfterDeath(t));
+            t += want[i];
+        }
+        checkEq("quick deaths counted", want.length, r.quickDeaths());
+        r.started(t);
+        checkEq("a process that lived past 2 s ends the loop", 0L, r.delayAfterDeath(t + 2000));
+        checkEq("and resets the count", 0, r.quickDeaths());
+        r.started(t + 3000);
+        checkEq("the next quick death starts from scratch", 0L, r.delayAfterDeath(t + 3100));
+    }
+
     public static void main(String[] args) {
         settings();
         backoff();
         statusLine();
+        restartPolicy();
         for (String f : failures) {
             System.out.println("FAIL " + f);
         }
