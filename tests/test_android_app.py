@@ -5,6 +5,10 @@
   line, the wake-lock and lost-registration decisions) and ``RestartPolicy`` (the watchdog: at once after a
   session crash, backoff only in a start-up crash loop), compiled with ``javac --release 8`` together with the
   real protocol and device-server sources: no Android classes are needed, so none are stubbed.
+* ``SupervisorRunner`` hosts ``DeviceSupervisor`` (the service's reconnect loop) with the real device server on a
+  desktop JVM: a listen port held by another socket gives "reconnecting" with growing delays, freeing it brings
+  the server up, a real tether client's session turns the wake-lock decision on and off and shows its last call
+  in the status line, and "stop" ends it all.
 * ``tools/align_apk.py`` is checked on zips built here: stored native libraries land on 16 KiB, contents and
   compression are kept, and the checker names what is misaligned.
 * The APK is built offline by ``build_apk.sh`` and taken apart: the manifest (``aapt2 dump xmltree``) has the
@@ -34,7 +38,7 @@ APP = ROOT / "android_app"
 ALIGN = APP / "tools" / "align_apk.py"
 SUMMARY_RE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
 TIMEOUT = 300
-PURE_APP_CLASSES = ("Settings", "Backoff", "DeviceState", "RestartPolicy")  # the app classes without Android types
+PURE_APP_CLASSES = ("Settings", "Backoff", "DeviceState", "RestartPolicy", "DeviceSupervisor")  # the app classes without Android types
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -47,7 +51,7 @@ def app_logic_classes(tmp_path_factory):
     out = tmp_path_factory.mktemp("app-classes")
     sources = sorted(str(s) for d in ("protocol/src", "device/src") for s in (APP / d).rglob("*.java"))
     sources += [str(APP / "app" / "src" / "dev" / "tether" / "app" / (c + ".java")) for c in PURE_APP_CLASSES]
-    sources += [str(APP / "app" / "tests" / "dev" / "tether" / "app" / "AppLogicRunner.java")]
+    sources += [str(s) for s in (APP / "app" / "tests").rglob("*.java")]
     proc = subprocess.run([javac, "--release", "8", "-Xlint:all,-options", "-encoding", "UTF-8", "-d", str(out),
                            *sources], capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, "javac failed:\n%s" % proc.stderr
@@ -71,6 +75,108 @@ def test_pure_app_classes_use_no_android_types():
     for c in PURE_APP_CLASSES:
         text = (APP / "app" / "src" / "dev" / "tether" / "app" / (c + ".java")).read_text()
         assert not re.search(r"^import android\.", text, re.M), c
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the service's reconnect loop with a real device server on a desktop JVM
+
+class Lines:
+    """The runner's stdout, read in a thread; ``wait(pred)`` returns the first new line that matches."""
+
+    def __init__(self, proc):
+        import queue
+        import threading
+
+        self.proc = proc
+        self.seen = []
+        self._q = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self._q.put(line.rstrip("\n"))
+        self._q.put(None)
+
+    def wait(self, pred, timeout=30.0):
+        import queue
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                line = self._q.get(timeout=max(0.01, left))
+            except queue.Empty:
+                line = None if left <= 0 else ""
+            if line is None:
+                raise AssertionError("no matching line in time; output so far:\n" + "\n".join(self.seen))
+            if line:
+                self.seen.append(line)
+                if pred(line):
+                    return line
+
+
+def _native_abi():
+    import platform
+
+    machine = platform.machine().lower()
+    abi = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(machine)
+    if abi is None:
+        pytest.fail("the JNI bridge has no desktop build for %s (x86_64 and aarch64 only)" % machine)
+    return abi
+
+
+def test_supervisor_reconnects_and_reports_a_real_session(app_logic_classes, tmp_path):
+    import socket
+
+    from tether import rpc
+
+    require_tool("clang", "apt-get install clang lld")
+    require_tool("ld.lld", "apt-get install clang lld")
+    abi = _native_abi()
+    built = subprocess.run(["bash", str(APP / "bridge" / "build.sh"), "--out", str(tmp_path / "bridge"), abi],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert built.returncode == 0, built.stderr
+    java, classes = app_logic_classes
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    port = blocker.getsockname()[1]
+    (tmp_path / "work").mkdir()
+    proc = subprocess.Popen([java, "-cp", str(classes), "dev.tether.app.SupervisorRunner",
+                             str(tmp_path / "bridge" / abi), str(tmp_path / "work"), "tracker=", "port=%d" % port],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        out = Lines(proc)
+        # the port is taken: the loop retries with growing delays, and says so
+        out.wait(lambda l: l.startswith("publish true reconnecting in 0.2 s (attempt 1); error: "))
+        out.wait(lambda l: l.startswith("publish true reconnecting in 0.4 s (attempt 2)"))
+        blocker.close()
+        out.wait(lambda l: l == "publish false listening on 127.0.0.1:%d; no session" % port)
+        with rpc.connect("127.0.0.1", port, timeout=30) as remote:
+            out.wait(lambda l: l == "session true")
+            assert remote.get_function("tether.echo")(41) == 41
+            out.wait(lambda l: "session active; last call tether.echo (" in l)
+        out.wait(lambda l: l == "session false")
+        out.wait(lambda l: "no session; last call tether.echo (" in l)
+        assert not any(l.startswith("publish") and "error" in l for l in out.seen[-3:]), out.seen
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        out.wait(lambda l: l == "stopped true")
+        assert proc.wait(timeout=30) == 0
+        # the server is gone with the supervisor: its port is free again
+        again = socket.socket()
+        again.bind(("127.0.0.1", port))
+        again.close()
+    finally:
+        blocker.close()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -18,20 +18,15 @@ import android.os.IBinder;
 import android.os.PowerManager;
 import android.util.Log;
 
-import dev.tether.device.DeviceConfig;
-import dev.tether.device.DeviceServer;
-import dev.tether.device.Status;
-import dev.tether.device.StatusListener;
 
 import java.io.File;
-import java.io.IOException;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.Map;
 
 /**
  * This phone as a tether device: a foreground service, alone in the ":device" process (AndroidManifest.xml), that
- * hosts {@link DeviceServer} and keeps it registered with the tracker.
+ * hosts the device server through {@link DeviceSupervisor} and keeps it registered with the tracker.
  *
  * <ul>
  * <li>Sessions run kernels in this process (Android cannot start a child JVM), so a kernel that segfaults takes
@@ -64,8 +59,10 @@ public final class DeviceService extends Service {
     private static final long WAKE_LOCK_UNLIMITED_MS = 6 * 3600 * 1000L;
     /** The UI and the notification hear of calls at most this often; state changes go out at once. */
     private static final long PUBLISH_INTERVAL_MS = 1000;
+    /** How long Stop (on the main thread) waits for the device server's loop to end. */
+    private static final long SHUTDOWN_WAIT_MS = 2000;
 
-    private volatile Supervisor supervisor;
+    private volatile DeviceSupervisor supervisor;
     private PowerManager.WakeLock wakeLock;
     private WifiManager.WifiLock wifiLock;
     private boolean watchdogBound;
@@ -81,6 +78,23 @@ public final class DeviceService extends Service {
         @Override
         public void onServiceDisconnected(ComponentName name) {
             // the UI process died; the binding stays and brings the watchdog back with it
+        }
+    };
+
+    private final DeviceSupervisor.Host host = new DeviceSupervisor.Host() {
+        @Override
+        public void publish(DeviceState state, boolean force) {
+            DeviceService.this.publish(force);
+        }
+
+        @Override
+        public void sessionActive(boolean active, int sessionTimeoutS) {
+            holdLocks(active, sessionTimeoutS);
+        }
+
+        @Override
+        public void log(String message) {
+            Log.i(TAG, message);
         }
     };
 
@@ -133,9 +147,10 @@ public final class DeviceService extends Service {
         }
         if (supervisor == null || !supervisor.settings.equals(settings)) {
             if (supervisor != null) {
-                supervisor.shutdown();
+                supervisor.shutdown(SHUTDOWN_WAIT_MS);
             }
-            supervisor = new Supervisor(settings);
+            supervisor = new DeviceSupervisor(settings, workDir(), getApplicationInfo().nativeLibraryDir,
+                    Backoff.standard(), host);
             supervisor.start();
         }
         return START_STICKY;
@@ -150,7 +165,7 @@ public final class DeviceService extends Service {
     @Override
     public void onDestroy() {
         if (supervisor != null) {
-            supervisor.shutdown();
+            supervisor.shutdown(SHUTDOWN_WAIT_MS);
             supervisor = null;
         }
         releaseLocks();
@@ -164,7 +179,7 @@ public final class DeviceService extends Service {
 
     private void stopDevice(String why) {
         if (supervisor != null) {
-            supervisor.shutdown();
+            supervisor.shutdown(SHUTDOWN_WAIT_MS);
             supervisor = null;
         }
         releaseLocks();
@@ -229,7 +244,7 @@ public final class DeviceService extends Service {
 
     /** Tell the UI and the notification; {@code force}, or a changed state, goes out at once, calls at most 1/s. */
     private void publish(boolean force) {
-        Supervisor s = supervisor;
+        DeviceSupervisor s = supervisor;
         if (s == null) {
             broadcast("stopped", false);
             return;
@@ -252,140 +267,5 @@ public final class DeviceService extends Service {
     private void broadcast(String line, boolean running) {
         sendBroadcast(new Intent(ACTION_STATUS).setPackage(getPackageName()).putExtra(EXTRA_LINE, line)
                 .putExtra(EXTRA_RUNNING, running));
-    }
-
-    // -- the reconnect loop ---------------------------------------------------------------------------------------
-
-    /** Starts the device server, waits while it serves, and starts it again with backoff when it fails. */
-    private final class Supervisor extends Thread implements StatusListener {
-        final Settings settings;
-        final DeviceState state;
-        private final Object lock = new Object();
-        private boolean stopping;
-        private boolean lost;
-        private volatile boolean healthy;
-        private DeviceServer server;
-        private int sessionTimeoutS;
-
-        Supervisor(Settings settings) {
-            super("tether-device-supervisor");
-            this.settings = settings;
-            this.state = new DeviceState(settings.tracker);
-        }
-
-        @Override
-        public void onStatus(Status s) {
-            state.update(s, System.currentTimeMillis());
-            if (s.registered || (settings.tracker.isEmpty() && s.listening != null)) {
-                healthy = true;
-            }
-            holdLocks(s.sessionActive, sessionTimeoutS);
-            if (state.registrationLost()) {
-                synchronized (lock) {
-                    lost = true;
-                    lock.notifyAll();
-                }
-            }
-            publish(false);
-        }
-
-        @Override
-        public void run() {
-            Backoff backoff = Backoff.standard();
-            while (true) {
-                String error;
-                try {
-                    DeviceConfig config = settings.toConfig(workDir(), getApplicationInfo().nativeLibraryDir);
-                    sessionTimeoutS = config.sessionTimeoutS;
-                    DeviceServer srv = new DeviceServer(config, this);
-                    synchronized (lock) {
-                        if (stopping) {
-                            return;
-                        }
-                        server = srv;
-                        lost = false;
-                    }
-                    healthy = false;
-                    srv.start();
-                    Log.i(TAG, "device server started: " + settings);
-                    synchronized (lock) {
-                        while (!stopping && !lost) {
-                            lock.wait();
-                        }
-                        if (stopping) {
-                            return;
-                        }
-                    }
-                    error = "lost the tracker";
-                } catch (IllegalArgumentException e) {
-                    // the settings are wrong: retrying cannot help, the user has to change them
-                    state.stopped("settings: " + e.getMessage());
-                    publish(true);
-                    return;
-                } catch (UnsatisfiedLinkError e) {
-                    state.stopped("the native bridge does not load: " + e.getMessage());
-                    publish(true);
-                    return;
-                } catch (IOException e) {
-                    error = e.getMessage() == null ? e.toString() : e.getMessage();
-                } catch (InterruptedException e) {
-                    return;
-                } catch (RuntimeException e) {
-                    Log.e(TAG, "device server failed", e);
-                    error = e.toString();
-                } finally {
-                    closeServer();
-                }
-                if (healthy) {
-                    backoff.reset();
-                }
-                long delay = backoff.nextDelayMs();
-                Log.w(TAG, "device server: " + error + "; next attempt in " + delay + " ms");
-                state.reconnecting(error, delay, backoff.attempts());
-                publish(true);
-                synchronized (lock) {
-                    long until = System.currentTimeMillis() + delay;
-                    for (long left = delay; !stopping && left > 0; left = until - System.currentTimeMillis()) {
-                        try {
-                            lock.wait(left);
-                        } catch (InterruptedException e) {
-                            return;
-                        }
-                    }
-                    if (stopping) {
-                        return;
-                    }
-                }
-            }
-        }
-
-        private void closeServer() {
-            DeviceServer srv;
-            synchronized (lock) {
-                srv = server;
-                server = null;
-            }
-            if (srv != null) {
-                try {
-                    srv.close();
-                } catch (Exception e) {
-                    Log.w(TAG, "closing the device server: " + e);
-                }
-            }
-        }
-
-        /** Ends the loop and closes the server; returns once the thread has stopped (bounded). */
-        void shutdown() {
-            synchronized (lock) {
-                stopping = true;
-                lock.notifyAll();
-            }
-            closeServer();
-            try {
-                join(5000);
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-            }
-        }
     }
 }
