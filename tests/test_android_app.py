@@ -23,15 +23,22 @@ restart within 2 s. docs/android.md says what was verified only by building and 
 from __future__ import annotations
 
 import pathlib
+import platform
+import queue
 import re
-import shutil
+import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 import zipfile
 
 import pytest
+from fixtures.android_build import android_toolchain_missing, build_apk
 from fixtures.prereq import require_tool, unavailable
+
+from tether import rpc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 APP = ROOT / "android_app"
@@ -84,9 +91,6 @@ class Lines:
     """The runner's stdout, read in a thread; ``wait(pred)`` returns the first new line that matches."""
 
     def __init__(self, proc):
-        import queue
-        import threading
-
         self.proc = proc
         self.seen = []
         self._q = queue.Queue()
@@ -98,9 +102,6 @@ class Lines:
         self._q.put(None)
 
     def wait(self, pred, timeout=30.0):
-        import queue
-        import time
-
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -117,8 +118,6 @@ class Lines:
 
 
 def _native_abi():
-    import platform
-
     machine = platform.machine().lower()
     abi = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(machine)
     if abi is None:
@@ -127,10 +126,6 @@ def _native_abi():
 
 
 def test_supervisor_reconnects_and_reports_a_real_session(app_logic_classes, tmp_path):
-    import socket
-
-    from tether import rpc
-
     require_tool("clang", "apt-get install clang lld")
     require_tool("ld.lld", "apt-get install clang lld")
     abi = _native_abi()
@@ -233,34 +228,14 @@ def test_align_apk_puts_libraries_on_16k(tmp_path):
 # ------------------------------------------------------------------------------------------------------------
 # the APK
 
-def _android_debs():
-    import os
-
-    for place in (os.environ.get("TETHER_ANDROID_DEBS"), ROOT.parent / "shared" / "android-toolchain"):
-        if place and list(pathlib.Path(place).glob("dalvik-exchange_*.deb")):
-            return pathlib.Path(place)
-    return None
-
-
 @pytest.fixture(scope="module")
 def apk(tmp_path_factory):
-    tools = {"aapt2": "aapt", "aapt": "aapt", "zipalign": "zipalign", "apksigner": "apksigner", "zip": "zip",
-             "dpkg": "dpkg", "keytool": "default-jdk-headless", "clang": "clang", "ld.lld": "lld"}
-    missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+    missing = android_toolchain_missing()
     if missing:
-        unavailable("the Android build tools", "apt-get install " + " ".join(missing))
-    places = [pathlib.Path("/usr/share/java"), APP / ".toolchain" / "usr" / "share" / "java"]
-    have_jars = any((d / "com.android.android-23.jar").exists() and list(d.glob("com.android.dx*.jar"))
-                    for d in places)
-    debs = _android_debs()
-    if not have_jars and debs is None:
-        unavailable("android-23.jar and dx", "set TETHER_ANDROID_DEBS to a folder with the two Debian 11 packages "
-                    "(docs/android.md)")
+        unavailable("the Android build tools", missing)
     tmp = tmp_path_factory.mktemp("apk")
     out = tmp / "tether.apk"
-    proc = subprocess.run(["bash", str(APP / "build_apk.sh"), "--offline", "--build-dir", str(tmp / "build"),
-                           "--out", str(out)] + (["--debs", str(debs)] if debs else []),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = build_apk(tmp / "build", out, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
