@@ -2,11 +2,11 @@
 
 * ``AppLogicRunner`` (android_app/app/tests) checks ``Settings`` (stored form, the adb intent extras, the device
   server configuration through ``DeviceConfig.fromArgs`` itself), ``Backoff`` and ``DeviceState`` (the status
-  line, the wake-lock and lost-registration decisions) and ``RestartPolicy`` (the watchdog: at once after a
+  line and the wake-lock decision) and ``RestartPolicy`` (the watchdog: at once after a
   session crash, backoff only in a start-up crash loop), compiled with ``javac --release 8`` together with the
   real protocol and device-server sources: no Android classes are needed, so none are stubbed.
-* ``SupervisorRunner`` hosts ``DeviceSupervisor`` (the service's reconnect loop) with the real device server on a
-  desktop JVM: a listen port held by another socket gives "reconnecting" with growing delays, freeing it brings
+* ``SupervisorRunner`` hosts ``DeviceSupervisor`` (the service's start-retry loop) with the real device server on a
+  desktop JVM: a listen port held by another socket gives "retrying" with growing delays, freeing it brings
   the server up, a real tether client's session turns the wake-lock decision on and off and shows its last call
   in the status line, and "stop" ends it all.
 * ``tools/align_apk.py`` is checked on zips built here: stored native libraries land on 16 KiB, contents and
@@ -74,7 +74,7 @@ def test_app_logic_on_a_desktop_jvm(app_logic_classes):
     passed, failed = int(m.group(1)), int(m.group(2))
     assert proc.returncode == 0 and failed == 0, proc.stdout + proc.stderr
     # the runner's checks, counted: a check dropped by accident shows up here
-    assert passed >= 105, proc.stdout
+    assert passed >= 100, proc.stdout
 
 
 def test_pure_app_classes_use_no_android_types():
@@ -85,7 +85,7 @@ def test_pure_app_classes_use_no_android_types():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# the service's reconnect loop with a real device server on a desktop JVM
+# the service's start-retry loop with a real device server on a desktop JVM
 
 class Lines:
     """The runner's stdout, read in a thread; ``wait(pred)`` returns the first new line that matches."""
@@ -125,7 +125,7 @@ def _native_abi():
     return abi
 
 
-def test_supervisor_reconnects_and_reports_a_real_session(app_logic_classes, tmp_path):
+def test_supervisor_retries_and_reports_a_real_session(app_logic_classes, tmp_path):
     require_tool("clang", "apt-get install clang lld")
     require_tool("ld.lld", "apt-get install clang lld")
     abi = _native_abi()
@@ -144,8 +144,8 @@ def test_supervisor_reconnects_and_reports_a_real_session(app_logic_classes, tmp
     try:
         out = Lines(proc)
         # the port is taken: the loop retries with growing delays, and says so
-        out.wait(lambda l: l.startswith("publish true reconnecting in 0.2 s (attempt 1); error: "))
-        out.wait(lambda l: l.startswith("publish true reconnecting in 0.4 s (attempt 2)"))
+        out.wait(lambda l: l.startswith("publish true retrying in 0.2 s (attempt 1); error: "))
+        out.wait(lambda l: l.startswith("publish true retrying in 0.4 s (attempt 2)"))
         blocker.close()
         out.wait(lambda l: l == "publish false listening on 127.0.0.1:%d; no session" % port)
         with rpc.connect("127.0.0.1", port, timeout=30) as remote:

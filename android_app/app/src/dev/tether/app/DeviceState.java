@@ -7,8 +7,8 @@ import java.util.Locale;
 /**
  * What the device process tells the user, in words: registered or not, listening where, a session or none, the
  * last call with how long it took and how long ago, and the last error; plus what the service itself is doing
- * (stopped, starting, waiting to reconnect). Fed from the device server's {@link Status} callbacks and the
- * service's reconnect loop; plain Java so the wording is tested on a desktop JVM.
+ * (stopped, starting, waiting to retry a start). Fed from the device server's {@link Status} callbacks and the
+ * service's retry loop; plain Java so the wording is tested on a desktop JVM.
  */
 public final class DeviceState {
     private final String tracker;
@@ -16,7 +16,6 @@ public final class DeviceState {
     private long lastCallAtMs = -1;
     private String service = "starting";
     private String serviceError;
-    private boolean wasRegistered;
 
     /** @param tracker "HOST:PORT" of the tracker, or "" when the device only listens */
     public DeviceState(String tracker) {
@@ -32,15 +31,13 @@ public final class DeviceState {
             lastCallAtMs = nowMs;
         }
         status = s;
-        wasRegistered |= s.registered;
         service = "running";
         serviceError = null;
     }
 
-    /** The server could not start or lost the tracker; the next attempt is in {@code delayMs}. */
-    public synchronized void reconnecting(String error, long delayMs, int attempt) {
-        wasRegistered = false;
-        service = String.format(Locale.ROOT, "reconnecting in %.1f s (attempt %d)", delayMs / 1e3, attempt);
+    /** The server could not start; the next attempt is in {@code delayMs}. */
+    public synchronized void retrying(String error, long delayMs, int attempt) {
+        service = String.format(Locale.ROOT, "retrying in %.1f s (attempt %d)", delayMs / 1e3, attempt);
         serviceError = error;
     }
 
@@ -53,15 +50,6 @@ public final class DeviceState {
     /** Whether a client holds a session now: the service holds a wake lock exactly then. */
     public synchronized boolean sessionActive() {
         return status != null && status.sessionActive;
-    }
-
-    /**
-     * The tracker registration was up and is now down with an error, outside a session: the device server is to
-     * be started again (with backoff). A session in progress is left alone; the check is repeated when it ends.
-     */
-    public synchronized boolean registrationLost() {
-        return !tracker.isEmpty() && wasRegistered && status != null && !status.registered && status.error != null
-                && !status.sessionActive;
     }
 
     public synchronized boolean registered() {

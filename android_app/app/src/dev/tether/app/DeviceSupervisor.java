@@ -9,10 +9,11 @@ import java.io.File;
 import java.io.IOException;
 
 /**
- * Keeps one device server up: starts it from {@link Settings}, waits while it serves, and when it cannot start
- * (tracker unreachable, port in use) or loses its tracker registration ({@link DeviceState#registrationLost}),
- * closes it and starts a new one after a {@link Backoff} delay. Settings the device server refuses, or a native
- * bridge that does not load, stop the loop: retrying cannot help, the user has to act.
+ * Keeps one device server up: starts it from {@link Settings}, and when it cannot start (the listen port is taken,
+ * the network is not up yet) starts a new one after a {@link Backoff} delay. A tracker that goes away is the
+ * device server's own business: its registrar reconnects with backoff and reports through {@link Status}, which
+ * lands on the status line. Settings the device server refuses, or a native bridge that does not load, stop the
+ * loop: retrying cannot help, the user has to act.
  *
  * <p>Plain Java: {@link DeviceService} is its Android host (notification, wake lock, broadcasts); the desktop
  * tests host it with a real device server on loopback.
@@ -38,8 +39,6 @@ public final class DeviceSupervisor implements StatusListener {
     private final Object lock = new Object();
     private final Thread thread;
     private boolean stopping;
-    private boolean lost;
-    private volatile boolean healthy;
     private boolean wasSession;
     private DeviceServer server;
     private volatile int sessionTimeoutS;
@@ -67,17 +66,10 @@ public final class DeviceSupervisor implements StatusListener {
     @Override
     public void onStatus(Status s) {
         state.update(s, System.currentTimeMillis());
-        if (s.registered || (settings.tracker.isEmpty() && s.listening != null)) {
-            healthy = true;
-        }
         boolean changed;
         synchronized (lock) {
             changed = s.sessionActive != wasSession;
             wasSession = s.sessionActive;
-            if (state.registrationLost()) {
-                lost = true;
-                lock.notifyAll();
-            }
         }
         if (changed) {
             host.sessionActive(s.sessionActive, sessionTimeoutS);
@@ -97,20 +89,15 @@ public final class DeviceSupervisor implements StatusListener {
                         return;
                     }
                     server = srv;
-                    lost = false;
                 }
-                healthy = false;
                 srv.start();
                 host.log("device server started: " + settings);
                 synchronized (lock) {
-                    while (!stopping && !lost) {
+                    while (!stopping) {
                         lock.wait();
                     }
-                    if (stopping) {
-                        return;
-                    }
+                    return;
                 }
-                error = "lost the tracker";
             } catch (IllegalArgumentException e) {
                 state.stopped("settings: " + e.getMessage());
                 host.publish(state, true);
@@ -128,12 +115,9 @@ public final class DeviceSupervisor implements StatusListener {
             } finally {
                 closeServer();
             }
-            if (healthy) {
-                backoff.reset();
-            }
             long delay = backoff.nextDelayMs();
             host.log("device server: " + error + "; next attempt in " + delay + " ms");
-            state.reconnecting(error, delay, backoff.attempts());
+            state.retrying(error, delay, backoff.attempts());
             host.publish(state, true);
             synchronized (lock) {
                 long until = System.currentTimeMillis() + delay;

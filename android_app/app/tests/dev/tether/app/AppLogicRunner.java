@@ -210,26 +210,22 @@ public final class AppLogicRunner {
         st.update(new Status(true, true, "vadd", 1500, null, null), 62000);
         checkEq("a new call", "registered with 127.0.0.1:9190 as k; session active; last call vadd (1.50 s) 0 s ago",
                 st.line("k", 62000));
-        check("registered: nothing lost", !st.registrationLost(), "registrationLost");
         st.update(new Status(false, true, "vadd", 1500, "tracker 127.0.0.1:9190 closed the connection", null),
                 62500);
-        check("a session in progress is left alone", !st.registrationLost(), "registrationLost");
         st.update(new Status(false, false, "vadd", 1500, "tracker 127.0.0.1:9190 closed the connection", null),
                 70000);
-        check("a lost registration is seen", st.registrationLost(), "registrationLost");
+
         checkEq("an error in words", "not registered with 127.0.0.1:9190; no session; last call vadd (1.50 s) "
                 + "16 s ago; error: tracker 127.0.0.1:9190 closed the connection", st.line("k", 78000));
-        st.reconnecting("connection refused", 2000, 3);
-        check("a reconnect forgets the old registration", !st.registrationLost(), "registrationLost");
-        checkEq("reconnecting", "not registered with 127.0.0.1:9190; no session; reconnecting in 2.0 s (attempt 3); "
+        st.retrying("connection refused", 2000, 3);
+        checkEq("retrying", "not registered with 127.0.0.1:9190; no session; retrying in 2.0 s (attempt 3); "
                 + "last call vadd (1.50 s) 16 s ago; error: connection refused", st.line("k", 78000));
         st.stopped(null);
         checkEq("stopped", "stopped", st.line("k", 80000));
 
         DeviceState listen = new DeviceState("");
-        listen.reconnecting("port 9090 is in use", 500, 1);
-        check("never registered: nothing lost", !listen.registrationLost(), "registrationLost");
-        checkEq("not started yet", "reconnecting in 0.5 s (attempt 1); error: port 9090 is in use",
+        listen.retrying("port 9090 is in use", 500, 1);
+        checkEq("not started yet", "retrying in 0.5 s (attempt 1); error: port 9090 is in use",
                 listen.line("k", 0));
         listen.update(new Status(false, false, null, 0, null, "127.0.0.1:9090"), 0);
         checkEq("listening only", "listening on 127.0.0.1:9090; no session", listen.line("k", 0));
