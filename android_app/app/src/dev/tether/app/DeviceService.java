@@ -36,8 +36,8 @@ import java.util.Map;
  * <li>Foreground: a visible notification keeps the process at foreground-service priority (a plain background
  * service is killed or throttled within minutes on Android 8+), and a partial wake lock plus a Wi-Fi lock are held
  * while a session is active, so neither the CPU nor the radio sleeps under a benchmark.</li>
- * <li>A device server that cannot start (tracker unreachable, port in use) is retried with {@link Backoff}; so is
- * one whose tracker registration is lost, when the device server does not retry by itself.</li>
+ * <li>A device server that cannot start (port in use, network not up) is retried with {@link Backoff}; a tracker
+ * that goes away is re-dialled by the device server's own registrar.</li>
  * </ul>
  * The status line ({@link DeviceState}) goes to the notification and, as a package-local broadcast, to the UI.
  */
