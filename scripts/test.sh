@@ -22,6 +22,9 @@ command -v go >/dev/null || missing+=(golang-go)  # bindings/go: tests/test_go_*
 for tool in aapt2 zipalign apksigner zip; do  # the Android app is built offline in the suite
   command -v $tool >/dev/null || missing+=($([ $tool = aapt2 ] && echo aapt || echo $tool))
 done
+# -- the JNI bridge (android_app/bridge/build.sh), built for the APK and for the Java device server's tests
+command -v clang >/dev/null || missing+=(clang)
+command -v ld.lld >/dev/null || missing+=(lld)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "scripts/test.sh: installing ${missing[*]} with apt-get" >&2
