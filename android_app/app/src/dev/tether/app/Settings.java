@@ -31,6 +31,8 @@ public final class Settings {
     /** Dial out to the tracker and serve sessions over that connection (works behind NAT and `adb reverse`). */
     public static final String REVERSE = "reverse";
     public static final String KEEP_RUNNING = "keep_running";
+    /** The value of {@link #TRACKER} that means none, for the adb recipe. */
+    public static final String NO_TRACKER = "none";
     /** Every name the stored form and the intent extras accept. */
     public static final List<String> EXTRAS = Collections.unmodifiableList(java.util.Arrays.asList(
             TRACKER, KEY, TOKEN, TRACKER_TOKEN, HOST, PORT, REVERSE, KEEP_RUNNING));
@@ -110,7 +112,9 @@ public final class Settings {
             }
             if (name.equals(TRACKER)) {
                 tr = text(name, v).trim();
-                if (!tr.isEmpty()) {
+                if (tr.equals(NO_TRACKER)) {
+                    tr = ""; // an empty string does not survive `adb shell` quoting
+                } else if (!tr.isEmpty()) {
                     parseTracker(tr);
                 }
             } else if (name.equals(KEY)) {

@@ -127,6 +127,7 @@ public final class AppLogicRunner {
             }
         }, "true or false");
 
+        checkEq("tracker none (adb) means no tracker", "", d.withExtras(extras("tracker", "none"), ignored).tracker);
         final Settings none = d.withExtras(extras("tracker", "", "port", 0), ignored);
         checkRefused("neither tracker nor port", new Runnable() {
             public void run() {
