@@ -22,7 +22,7 @@ DEBS="${TETHER_ANDROID_DEBS:-}"
 OFFLINE=0
 OUT=""
 MIN_SDK=21
-TARGET_SDK=23
+TARGET_SDK=24  # Android 15 refuses to install a target below 24 (INSTALL_FAILED_DEPRECATED_SDK_VERSION)
 
 while [ $# -gt 0 ]; do
   case "$1" in

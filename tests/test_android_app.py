@@ -274,6 +274,7 @@ def test_manifest_declares_the_device_service(apk):
     badging = subprocess.run(["aapt", "dump", "badging", str(apk)], capture_output=True, text=True,
                              timeout=60).stdout
     assert "native-code: 'arm64-v8a' 'armeabi-v7a'" in badging
+    assert "targetSdkVersion:'24'" in badging  # Android 15 refuses to install a lower target
     assert "launchable-activity: name='dev.tether.app.MainActivity'" in badging
 
 
