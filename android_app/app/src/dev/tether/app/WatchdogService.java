@@ -28,7 +28,6 @@ public final class WatchdogService extends Service {
     /** Process-wide: this service is destroyed with each death it reports, the history must outlive it. */
     private static final RestartPolicy POLICY = new RestartPolicy(Backoff.standard());
     private static final Handler MAIN = new Handler(Looper.getMainLooper());
-    private IBinder device;
     private boolean bound;
 
     private final IBinder.DeathRecipient onDeath = new IBinder.DeathRecipient() {
@@ -60,7 +59,6 @@ public final class WatchdogService extends Service {
         public void onServiceConnected(ComponentName name, IBinder binder) {
             try {
                 binder.linkToDeath(onDeath, 0);
-                device = binder;
                 POLICY.started(SystemClock.elapsedRealtime());
             } catch (RemoteException e) {
                 onDeath.binderDied(); // it died between the bind and now
@@ -69,7 +67,7 @@ public final class WatchdogService extends Service {
 
         @Override
         public void onServiceDisconnected(ComponentName name) {
-            device = null; // the death recipient has it in hand
+            // the death recipient has it in hand
         }
     };
 
@@ -87,7 +85,6 @@ public final class WatchdogService extends Service {
         // the device service went away: stopped, or its process died. The death recipient stays linked: after a
         // death this call may come before binderDied runs (they arrive on different threads), and after a stop
         // it only reads PREF_RUN, which the UI has cleared.
-        device = null;
         if (bound) {
             unbindService(connection);
             bound = false;
