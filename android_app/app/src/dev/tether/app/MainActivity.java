@@ -17,6 +17,7 @@ import android.widget.CheckBox;
 import android.widget.EditText;
 import android.widget.LinearLayout;
 import android.widget.ScrollView;
+import android.widget.Switch;
 import android.widget.TextView;
 
 import dev.tether.rpc.RemoteException;
@@ -54,7 +55,7 @@ public final class MainActivity extends Activity {
     private EditText devHost;
     private EditText devPort;
     private CheckBox devReverse;
-    private CheckBox devKeepRunning;
+    private Switch devKeepRunning;
     private TextView devStatus;
 
     private EditText host;
@@ -101,7 +102,10 @@ public final class MainActivity extends Activity {
         devHost = field(root, "listen address (127.0.0.1)", ds.host, InputType.TYPE_CLASS_TEXT);
         devPort = field(root, "listen port (0: none)", Integer.toString(ds.port), InputType.TYPE_CLASS_NUMBER);
         devReverse = check(root, "reverse: dial out to the tracker (NAT, adb reverse)", ds.reverse);
-        devKeepRunning = check(root, "keep running after leaving the app", ds.keepRunning);
+        devKeepRunning = new Switch(this);
+        devKeepRunning.setText("keep running after leaving the app");
+        devKeepRunning.setChecked(ds.keepRunning);
+        root.addView(devKeepRunning);
         LinearLayout devButtons = new LinearLayout(this);
         devButtons.setOrientation(LinearLayout.HORIZONTAL);
         Button startButton = new Button(this);
