@@ -159,9 +159,12 @@ def test_supervisor_retries_and_reports_a_real_session(app_logic_classes, tmp_pa
         proc.stdin.flush()
         out.wait(lambda l: l == "stopped true")
         assert proc.wait(timeout=30) == 0
-        # the server is gone with the supervisor: its port is free again
+        # the server is gone with the supervisor: nothing listens on its port (SO_REUSEADDR: a TIME_WAIT left by
+        # the session's connection does not count, a listener still would)
         again = socket.socket()
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
+        again.listen(1)
         again.close()
     finally:
         blocker.close()
