@@ -22,7 +22,7 @@ command -v go >/dev/null || missing+=(golang-go)  # bindings/go: tests/test_go_*
 for tool in aapt2 zipalign apksigner zip; do  # the Android app is built offline in the suite
   command -v $tool >/dev/null || missing+=($([ $tool = aapt2 ] && echo aapt || echo $tool))
 done
-# -- the JNI bridge (android_app/bridge/build.sh), built for the APK and for the Java device server's tests
+# The Java device server's JNI bridge (android_app/bridge/build.sh) is built offline with Debian's clang + ld.lld
 command -v clang >/dev/null || missing+=(clang)
 command -v ld.lld >/dev/null || missing+=(lld)
 if ((${#missing[@]})); then
