@@ -17,7 +17,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import socket
 import subprocess
 import threading
@@ -25,6 +24,7 @@ import time
 
 import msgpack
 import pytest
+from fixtures.android_build import android_toolchain_missing, build_apk
 from fixtures.prereq import require_tool, unavailable
 
 from tether_rpc import dtypes, handshake, protocol as p, transport
@@ -284,37 +284,12 @@ def test_java_tracker_client(java_classes, tracker_lab, token):
 # ------------------------------------------------------------------------------------------------------------
 # the APK (offline only: it runs when the Android toolchain is already on this machine)
 
-def _android_debs():
-    """A folder with the two Debian 11 packages: $TETHER_ANDROID_DEBS, or the copy in ../shared/ beside the
-    checkout (CI has it there)."""
-    for place in (os.environ.get("TETHER_ANDROID_DEBS"), ROOT.parent / "shared" / "android-toolchain"):
-        if place and list(pathlib.Path(place).glob("dalvik-exchange_*.deb")):
-            return pathlib.Path(place)
-    return None
-
-
-def _android_toolchain_missing():
-    tools = ["aapt2", "aapt", "zipalign", "apksigner", "zip", "dpkg", "keytool"]
-    missing = [t for t in tools if shutil.which(t) is None]
-    if missing:
-        return "missing %s (apt-get install aapt apksigner zipalign zip)" % ", ".join(missing)
-    places = [pathlib.Path("/usr/share/java"), ROOT / "android_app" / ".toolchain" / "usr" / "share" / "java"]
-    have_jars = any((d / "com.android.android-23.jar").exists() and list(d.glob("com.android.dx*.jar")) for d in places)
-    debs = _android_debs()
-    if not have_jars and debs is None:
-        return ("android-23.jar and dx are not on this machine: run android_app/build_apk.sh once (it fetches them) "
-                "or set TETHER_ANDROID_DEBS to a folder with the two Debian 11 packages (docs/android.md)")
-    return None
-
-
 def test_apk_builds_offline(tmp_path):
-    missing = _android_toolchain_missing()
+    missing = android_toolchain_missing()
     if missing:
         unavailable("the Android build tools", missing)
     apk = tmp_path / "tether.apk"
-    debs = _android_debs()
-    proc = subprocess.run(["bash", str(ROOT / "android_app" / "build_apk.sh"), "--offline", "--build-dir",
-                           str(tmp_path / "build"), "--out", str(apk)] + (["--debs", str(debs)] if debs else []), capture_output=True, text=True, timeout=TIMEOUT)
+    proc = build_apk(tmp_path / "build", apk, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     badging = subprocess.run(["aapt", "dump", "badging", str(apk)], capture_output=True, text=True, timeout=60).stdout
     assert "package: name='dev.tether.app'" in badging
