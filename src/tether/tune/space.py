@@ -7,11 +7,10 @@ elementwise/reductions (vector width); every space also has the parallel grain (
 many elements no parallel launch; ``parallel_tasks``: tasks of a split loop). The first value of every knob is
 the family's default, so ``space.default()`` is exactly the untuned schedule.
 
-A config is a plain ``{knob: value}`` dict; ``config_key`` is its canonical text (the log's identity of a config).
+A config is a plain ``{knob: value}`` dict; ``config_key`` (log.config_text) is its canonical text.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -19,16 +18,13 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from tether.ops import common as c
 from tether.ops.schedules import Family
+from tether.tune.log import config_text as config_key
 
 Config = Dict[str, Any]
 
 # main op, most specific first: the first tag found among a kernel's stages names its space
 _MAIN_TAGS = (c.CONV2D_PIXELS, c.MATMUL, c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL, c.REDUCE, c.GLOBAL_POOL)
 NEVER_PARALLEL = 1 << 40       # a parallel_min no kernel reaches: the kernel runs on one thread
-
-
-def config_key(config: Config) -> str:
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 def _uniq(values: Sequence[Any]) -> Tuple[Any, ...]:
