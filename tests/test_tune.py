@@ -274,3 +274,13 @@ def test_kill_then_resume_measures_nothing_twice(tiny, tracker_lab, tmp_path):
     assert rep.returncode == 0, rep.stderr
     text = open(html_path, encoding="utf-8").read()
     assert text.count('data-plot="tuning-curve"') == len(tasks) and "<script" not in text
+
+
+def test_time_evaluator_flushes_between_samples():
+    from tether_rpc import timing
+
+    calls = []
+    res = timing.time_evaluator(lambda: calls.append(1), number=1, repeat=3, warmup=0, flush_bytes=1 << 20)
+    assert len(res["samples"]) == 3 and len(calls) == 3
+    with pytest.raises(ValueError, match="flush_bytes"):
+        timing.time_evaluator(lambda: None, flush_bytes=timing.MAX_FLUSH_BYTES + 1)

@@ -59,6 +59,8 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(1), help="Timed repeats per config.")
 @click.option("--min-repeat-ms", default=5.0, show_default=True, type=click.FloatRange(min=0),
               help="Each repeat runs the kernel for at least this long.")
+@click.option("--flush-mb", default=8.0, show_default=True, type=click.FloatRange(min=0, max=256),
+              help="MiB written on the device before each timed repeat, to start from cold caches (0: none).")
 @click.option("--timeout", default=20.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a measurement may stay silent before its device counts as hung.")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -67,14 +69,17 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--no-progress", is_flag=True, help="No live table (logging only).")
 def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Optional[str], key: Optional[str],
             log_path: str, trials: int, time_budget: Optional[float], resume: bool, target: str, opt_level: int,
-            only: Tuple[str, ...], build_jobs: int, repeat: int, min_repeat_ms: float, timeout: float, seed: int,
-            report_path: Optional[str], no_progress: bool) -> None:
+            only: Tuple[str, ...], build_jobs: int, repeat: int, min_repeat_ms: float, flush_mb: float, timeout: float,
+            seed: int, report_path: Optional[str], no_progress: bool) -> None:
     """Tune MODEL's kernels on the devices of --key at --tracker, logging every measurement to --log."""
     if model is not None:
         if not tracker or not key:
             raise click.UsageError("tuning needs --tracker HOST:PORT and --key KEY")
+        from tether.tune.measure import MeasureOptions
+
         _tune(model, input_shapes, tracker, key, log_path, trials, time_budget, resume, target, opt_level, only,
-              build_jobs, repeat, min_repeat_ms, timeout, seed, no_progress)
+              build_jobs, MeasureOptions(repeat=repeat, min_repeat_ms=min_repeat_ms, timeout=timeout,
+                                         flush_bytes=int(flush_mb * (1 << 20))), seed, no_progress)
     elif report_path is None:
         raise click.UsageError("give a MODEL to tune, or --report to write the report of --log")
     if report_path is not None:
@@ -86,14 +91,13 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
 
 def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log_path: str, trials: int,
           time_budget: Optional[float], resume: bool, target: str, opt_level: int, only: Tuple[str, ...],
-          build_jobs: int, repeat: int, min_repeat_ms: float, timeout: float, seed: int, no_progress: bool) -> None:
+          build_jobs: int, measure: Any, seed: int, no_progress: bool) -> None:
     import onnx
     from rich.console import Console
     from rich.live import Live
 
     from tether.errors import TetherError, UnsupportedOpError
     from tether.frontend import from_onnx
-    from tether.tune.measure import MeasureOptions
     from tether.tune.search import Tuner, TuneOptions
     from tether.tune.tasks import extract_tasks
 
@@ -105,7 +109,7 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
     if not tasks:
         raise click.ClickException("%s has no kernel to tune%s" % (model, " matching --only" if only else ""))
     options = TuneOptions(trials=trials, time_budget=time_budget, build_jobs=build_jobs, seed=seed,
-                          measure=MeasureOptions(repeat=repeat, min_repeat_ms=min_repeat_ms, timeout=timeout))
+                          measure=measure)
     console = Console()
     live: Any = None
 

@@ -7,7 +7,8 @@ A worker writes the candidate's .so and returns its path, or the build error's t
 DevicePool: one runner thread per device registered under the key. A runner holds one session on one device (the
 tracker picks it) and measures one candidate at a time on it: upload the .so, load it, run it once on fixed random
 inputs into an output poisoned with NaN (or a fixed pattern), compare the output with the task's reference (the
-default config's output), then ``time_evaluator`` (repeats of at least ``min_repeat_ms``). The module is freed and
+default config's output), then ``time_evaluator`` (repeats of at least ``min_repeat_ms``, each after a write of
+``flush_bytes`` that evicts the caches). The module is freed and
 the file removed at once, so a long session holds one candidate at a time.
 
 Failures (the log's ``status``):
@@ -158,6 +159,7 @@ def _unless_closed(session: Any, cleanup: Callable[[], Any]) -> None:
 class MeasureOptions:
     repeat: int = 3
     min_repeat_ms: float = 5.0
+    flush_bytes: int = 8 << 20      # written before each timed repeat: every config starts from cold caches
     timeout: float = 20.0           # a measurement's longest silence before the device counts as hung
     max_attempts: int = 2           # crash/timeout: tries (on different devices) before the config is invalid
     wait_timeout: float = 5.0       # one wait for a device at the tracker (the runner then asks again)
@@ -375,4 +377,5 @@ class DevicePool:
                 return {"status": "wrong_result", "error": problem}
         if not cand.timed:
             return {"status": OK, "latency_s": None, "samples": []}
-        return fn.time_evaluator(number=1, repeat=self.options.repeat, min_repeat_ms=self.options.min_repeat_ms)(*args)
+        return fn.time_evaluator(number=1, repeat=self.options.repeat, min_repeat_ms=self.options.min_repeat_ms,
+                                 flush_bytes=self.options.flush_bytes)(*args)
