@@ -121,45 +121,59 @@ def test_build_graph_takes_the_best_config_of_the_log(tiny, tmp_path):
 
 
 @dataclass(eq=False)
-class _WrongWhenSerial(Task):
-    """A task whose kernel computes out + 1 when built with parallel_min=NEVER_PARALLEL: a real wrong kernel."""
+class _Misbehaving(Task):
+    """A task whose kernel is real but wrong (out + 1) with parallel_min=NEVER_PARALLEL, and hangs (billions of
+    dependent float adds per element) with window_unroll=3: what a broken schedule could do on a device."""
 
     def build(self, config):
-        if config.get("parallel_min") != NEVER_PARALLEL:
+        if config.get("parallel_min") != NEVER_PARALLEL and config.get("window_unroll") != 3:
             return super().build(config)
         from tether import driver, ops
         from tether.tune.tasks import KERNEL_NAME
 
         placeholders, out = self.lower()
-        wrong = te.compute(out.shape, lambda *i: out(*i) + 1.0, name="wrong")
-        sch = ops.schedule([wrong], self.target, config=config)
-        return driver.build(sch, placeholders + [wrong], target=self.target, name=KERNEL_NAME, jobs=1)
+        if config.get("window_unroll") == 3:
+            x = placeholders[0]
+            k = te.reduce_axis((0, 1 << 24), name="k")
+            slow = te.compute(out.shape, lambda *i: te.sum(x[0, 0, (k + i[-1]) % 12, k % 12], axis=k), name="slow")
+            bad = te.compute(out.shape, lambda *i: out(*i) + slow(*i), name="hang")
+        else:
+            bad = te.compute(out.shape, lambda *i: out(*i) + 1.0, name="wrong")
+        sch = ops.schedule([bad], self.target, config=config)
+        return driver.build(sch, placeholders + [bad], target=self.target, name=KERNEL_NAME, jobs=1)
 
 
-def test_wrong_result_and_build_error_are_recorded(tiny, tracker_lab, tmp_path):
+def test_failures_are_recorded_with_their_reason(tiny, tracker_lab, tmp_path):
     _, graph, params = tiny
     pool = next(t for t in extract_tasks(graph, params, "host") if t.name == "max_pool")
     fam_default = pool.space.default()["parallel_min"]
     fields = {f: getattr(pool, f) for f in Task.__dataclass_fields__}
     fields["space"] = ConfigSpace("pool", (("parallel_min", (fam_default, NEVER_PARALLEL)),
-                                           ("window_unroll", (7, 0))))     # 0 is not a valid knob value
-    task = _WrongWhenSerial(**fields)
+                                           ("window_unroll", (7, 0, 3))))     # 0 is not a valid knob value
+    task = _Misbehaving(**fields)
     tracker = tracker_lab.tracker()
     tracker_lab.device(tracker, "tunebox")
     path = str(tmp_path / "tune.jsonl")
     tuner = Tuner([task], path, "127.0.0.1:%d" % tracker.port, "tunebox",
-                  options=TuneOptions(trials=4, build_jobs=1, measure=FAST))
+                  options=TuneOptions(trials=6, build_jobs=1, measure=MeasureOptions(
+                      repeat=2, min_repeat_ms=1.0, timeout=1.0, max_attempts=2)))
     summary = tuner.run()
     by_cfg = {config_key(r["config"]): r for r in _results(path)}
-    assert len(by_cfg) == 4
-    ok = by_cfg[config_key({"parallel_min": fam_default, "window_unroll": 7})]
+    assert len(by_cfg) == 6
+
+    def rec(pm, wu):
+        return by_cfg[config_key({"parallel_min": pm, "window_unroll": wu})]
+    ok = rec(fam_default, 7)
     assert ok["status"] == "ok" and ok["latency_s"] > 0
-    wrong = by_cfg[config_key({"parallel_min": NEVER_PARALLEL, "window_unroll": 7})]
+    wrong = rec(NEVER_PARALLEL, 7)
     assert wrong["status"] == "wrong_result" and "differ" in wrong["error"]
     for pm in (fam_default, NEVER_PARALLEL):
-        bad = by_cfg[config_key({"parallel_min": pm, "window_unroll": 0})]
+        bad = rec(pm, 0)
         assert bad["status"] == "build_error" and "window_unroll" in bad["error"]
-    assert summary["tasks"][0]["failures"] == {"wrong_result": 1, "build_error": 2}
+        hung = rec(pm, 3)
+        assert hung["status"] == "timeout", hung
+        assert [a["status"] for a in hung["attempts"]] == ["timeout", "timeout"]
+    assert summary["tasks"][0]["failures"] == {"wrong_result": 1, "build_error": 2, "timeout": 2}
 
 
 def _listening_pid(port: int, candidates) -> int:

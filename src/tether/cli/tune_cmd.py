@@ -57,7 +57,7 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--only", multiple=True, metavar="TEXT", help="Tune only kernels whose ops label contains TEXT.")
 @click.option("--build-jobs", default=2, show_default=True, type=click.IntRange(1), help="Forked build workers.")
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(1), help="Timed repeats per config.")
-@click.option("--min-repeat-ms", default=5.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--min-repeat-ms", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Each repeat runs the kernel for at least this long.")
 @click.option("--flush-mb", default=8.0, show_default=True, type=click.FloatRange(min=0, max=256),
               help="MiB written on the device before each timed repeat, to start from cold caches (0: none).")

@@ -158,7 +158,7 @@ def _unless_closed(session: Any, cleanup: Callable[[], Any]) -> None:
 @dataclass
 class MeasureOptions:
     repeat: int = 3
-    min_repeat_ms: float = 5.0
+    min_repeat_ms: float = 2.0
     flush_bytes: int = 8 << 20      # written before each timed repeat: every config starts from cold caches
     timeout: float = 20.0           # a measurement's longest silence before the device counts as hung
     max_attempts: int = 2           # crash/timeout: tries (on different devices) before the config is invalid
