@@ -5,21 +5,22 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-from typing import Iterator
+from typing import Dict, Iterator, Optional
 
 from tether.launch import start_rpc_server, start_tracker
 from tether.rpc.tracker_client import connect_tracker
 
 
 @contextlib.contextmanager
-def device_pool(n: int, key: str = "host", timeout: float = 60.0) -> Iterator[str]:
-    """Yields the tracker's HOST:PORT once `n` devices are registered under `key`."""
+def device_pool(n: int, key: str = "host", timeout: float = 60.0, env: Optional[Dict[str, str]] = None
+                ) -> Iterator[str]:
+    """Yields the tracker's HOST:PORT once `n` devices (environment `env`) are registered under `key`."""
     with tempfile.TemporaryDirectory(prefix="tether-tune-lab-") as workdir:
         with contextlib.ExitStack() as stack:
             tracker = stack.enter_context(start_tracker("--port", "0"))
             for i in range(n):
                 stack.enter_context(start_rpc_server("--port", "0", "--tracker", tracker.address, "--key", key,
-                                                     "--workdir", "%s/d%d" % (workdir, i)))
+                                                     "--workdir", "%s/d%d" % (workdir, i), env=env))
             deadline = time.monotonic() + timeout
             while True:
                 with connect_tracker(tracker.host, tracker.port) as tc:

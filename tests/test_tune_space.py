@@ -120,3 +120,15 @@ def test_neighbour_moves_one_knob_within_the_space():
         assert sum(nxt[k] != cfg[k] for k in cfg) == 1
         assert all(nxt[k] in choices[k] for k in nxt)
         cfg = nxt
+
+
+def test_docs_name_every_knob_and_option():
+    import pathlib
+
+    from tether.cli import tune_cmd
+    from tether.ops.schedules import KNOBS
+
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "tune.md").read_text()
+    missing = [k for k in KNOBS if "`%s`" % k not in doc]
+    missing += [p.opts[0] for p in tune_cmd.command.params if p.opts[0].startswith("--") and p.opts[0] not in doc]
+    assert not missing, "docs/tune.md does not mention: %s" % ", ".join(missing)
