@@ -99,6 +99,16 @@ def test_build_graph_takes_the_best_config_of_the_log(tiny, tmp_path):
                    "status": "wrong_result", "latency_s": None, "error": "differs"})
     assert tlog.best_configs(path, "host") == {conv.key: fast}
     assert tlog.best_configs(path, "rasp4b") == {}
+    # a verification that finds the default faster overrules the search's single measurement
+    verify_path = str(tmp_path / "verified.jsonl")
+    with open(path) as src, open(verify_path, "w") as dst:
+        dst.write(src.read())
+    with tlog.TuningLog(verify_path) as out:
+        for cfg, lats in ((fast, (2.1e-3, 1.9e-3, 2.0e-3)), (conv.space.default(), (1.5e-3, 1.6e-3, 9e-3))):
+            for lat in lats:
+                out.write({"kind": "verify", "task": conv.key, "target": tlog.target_id("host"), "config": cfg,
+                           "status": "ok", "latency_s": lat})
+    assert tlog.best_configs(verify_path, "host") == {conv.key: conv.space.default()}
     default = tether.build_graph(graph, params, target="host")
     tuned = tether.build_graph(graph, params, target="host", tuning_log=path)
     assert tuned.lib.get_source("ll") != default.lib.get_source("ll")
@@ -239,6 +249,12 @@ def test_device_killed_mid_measurement_is_retried_on_another(tiny, tracker_lab, 
     (r,) = retried
     assert r["attempts"][0]["device"] == state["killed"] and r["attempts"][0]["status"] == "crash"
     assert r["status"] == "ok" and r["device"] != state["killed"]
+    # the end of the run measured each improved task's best and default again, in turns
+    verify = [r for r in tlog.read_log(path) if r.get("kind") == "verify"]
+    best = {k: config_key(r["config"]) for k, r in tlog.best_results(
+        [r for r in tlog.read_log(path) if r.get("kind") == "result"]).items()}
+    defaults = {t.key: config_key(t.space.default()) for t in tasks}
+    assert verify and all(config_key(r["config"]) in (best[r["task"]], defaults[r["task"]]) for r in verify)
     used = {x["device"] for x in results}
     assert "tunebox#%s" % state["new"] in used, "the re-registered device was never used: %s" % used
     assert all(x["status"] == "ok" for x in results)

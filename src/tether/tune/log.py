@@ -3,6 +3,8 @@
 Two kinds of line (``"kind"``):
 - ``task``: one of a model's kernels: ``task`` (key), ``name``, ``target``, ``weight`` (how often the model runs
   it), ``space`` (knob -> choices), ``args`` (shapes and dtypes);
+- ``verify``: a re-measurement, at the end of a run, of a task's best config and of its default, in turns (same
+  fields as ``result``); when a task has them, their medians choose between the two;
 - ``result``: one config measured: ``task``, ``target``, ``config`` ({knob: value}), ``status`` (``ok``,
   ``timeout``, ``crash``, ``wrong_result``, ``build_error``, ``error``), ``latency_s`` (median seconds per call,
   ``ok`` only), ``samples``, ``device``, ``error`` (the reason, for a failure), ``attempts`` (the failures of
@@ -78,8 +80,10 @@ def measured_keys(records: Iterable[Dict[str, Any]]) -> Set[Tuple[str, str]]:
 
 
 def best_results(records: Iterable[Dict[str, Any]], target: Any = None) -> Dict[str, Dict[str, Any]]:
-    """task key -> its fastest ``ok`` result (for `target` only, when given)."""
+    """task key -> its best ``ok`` result (for `target` only, when given): the fastest, unless the task was
+    verified (``verify`` lines: the best and the default config measured again, in turns), whose median decides."""
     want = target_id(target) if target is not None else None
+    records = list(records)
     best: Dict[str, Dict[str, Any]] = {}
     for r in results(records):
         if r.get("status") != OK or (want is not None and r.get("target") != want):
@@ -87,7 +91,24 @@ def best_results(records: Iterable[Dict[str, Any]], target: Any = None) -> Dict[
         cur = best.get(r["task"])
         if cur is None or r["latency_s"] < cur["latency_s"]:
             best[r["task"]] = r
+    for task, rec in verified(records, want).items():
+        best[task] = rec
     return best
+
+
+def verified(records: Iterable[Dict[str, Any]], want: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+    """task key -> a record of the config whose verification median is lowest (over all ``verify`` lines)."""
+    by_task: Dict[str, Dict[str, Tuple[Dict[str, Any], List[float]]]] = {}
+    for r in records:
+        if r.get("kind") != "verify" or r.get("status") != OK or (want is not None and r.get("target") != want):
+            continue
+        per = by_task.setdefault(r["task"], {})
+        per.setdefault(config_text(r["config"]), (r["config"], []))[1].append(r["latency_s"])
+    out = {}
+    for task, per in by_task.items():
+        config, lats = min(per.values(), key=lambda cl: sorted(cl[1])[len(cl[1]) // 2])
+        out[task] = {"task": task, "config": config, "status": OK, "latency_s": sorted(lats)[len(lats) // 2]}
+    return out
 
 
 def best_configs(path: str, target: Any) -> Dict[str, Dict[str, Any]]:

@@ -58,6 +58,7 @@ class Candidate:
     task: int
     config: Dict[str, Any]
     reference: bool = False          # the default config: its output becomes the task's reference
+    verify: bool = False             # a re-measurement of the best or the default config (the log's "verify")
     timed: bool = True               # False: a reference run only (after --resume), nothing to log
     path: Optional[str] = None
     build_s: float = 0.0
@@ -327,12 +328,7 @@ class DevicePool:
     def _finish(self, cand: Candidate, record: Dict[str, Any]) -> None:
         with self._lock:
             self.measurements += 1
-        if cand.path:
-            try:
-                os.unlink(cand.path)
-            except OSError:
-                pass
-        self.on_result(cand, record)
+        self.on_result(cand, record)       # the .so stays: the caller may measure it again (verification)
 
     def _measure(self, session: Any, cand: Candidate, args_of: Dict[int, list]) -> Dict[str, Any]:
         task = self.tasks[cand.task]

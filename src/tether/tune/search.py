@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import random
 import tempfile
@@ -94,6 +95,7 @@ class TaskState:
     best_s: Optional[float] = None
     best_config: Optional[Dict[str, Any]] = None
     reference: str = "pending"       # pending -> ready | failed (the task is then left alone)
+    paths: Dict[str, str] = field(default_factory=dict)   # config key -> .so of the best and the default
     in_flight: int = 0
     failures: Dict[str, int] = field(default_factory=dict)
     model: Optional[CostModel] = None
@@ -123,6 +125,8 @@ class TuneOptions:
     time_budget: Optional[float] = None
     build_jobs: int = 2
     seed: int = 0
+    verify_rounds: int = 3            # the best and the default of each task measured again this often, in turns
+    verify_share: float = 0.1         # of the time budget kept for verification
     measure: MeasureOptions = field(default_factory=MeasureOptions)
 
 
@@ -150,6 +154,8 @@ class Tuner:
         self.started = time.monotonic()
         self.measured_now = 0
         self.in_flight = 0
+        self.verifying = False
+        self.verified: List[Dict[str, Any]] = []
 
     # -- set-up ------------------------------------------------------------------------------------------------
     def _load_log(self) -> None:
@@ -193,7 +199,7 @@ class Tuner:
 
     def _deadline(self) -> float:
         budget = self.options.time_budget
-        return self.started + budget if budget else math.inf
+        return self.started + budget * (1 - self.options.verify_share) if budget else math.inf
 
     def _loop(self, builder: Builder, out: tlog.TuningLog, devices: int) -> None:
         self.started = time.monotonic()
@@ -220,7 +226,9 @@ class Tuner:
                     for cand in batch:
                         self._submit(builder, cand)
             if self.in_flight == 0 and (not open_time or not self._has_work()):
-                break
+                if self.verifying or not self._verify():
+                    break
+                continue
             if not open_time and now > self._deadline() + grace:
                 log.warning("time budget over: %d measurements still running are abandoned", self.in_flight)
                 break
@@ -239,6 +247,44 @@ class Tuner:
                 self.on_progress(self)
         if self.on_progress is not None:
             self.on_progress(self)
+
+    def _verify(self) -> bool:
+        """Queue the verification of every task whose best config is not its default: both measured again
+        `verify_rounds` times, in turns, on whichever devices are free. False if there is nothing to verify."""
+        self.verifying = True
+        jobs = []
+        for i, st in enumerate(self.states):
+            default = st.task.space.default()
+            if st.best_config is None or st.best_config == default:
+                continue
+            best_path = st.paths.get(config_key(st.best_config))
+            default_path = st.paths.get(config_key(default))
+            if not best_path or not default_path:
+                continue        # measured by an earlier run (--resume): nothing built to verify with
+            for _ in range(self.options.verify_rounds):
+                for cfg, path in ((default, default_path), (st.best_config, best_path)):
+                    jobs.append(Candidate(i, cfg, verify=True, path=path))
+        if not jobs or self.pool is None:
+            return False
+        log.info("verifying the best config of %d tasks against their defaults (%d measurements)",
+                 len(jobs) // (2 * self.options.verify_rounds), len(jobs))
+        for cand in jobs:
+            self.in_flight += 1
+            self.states[cand.task].in_flight += 1
+            self.pool.submit(cand)
+        return True
+
+    def _keep_path(self, st: TaskState, cand: Candidate, default: bool) -> None:
+        """Keep the .so of the task's default and current best (verification measures them again)."""
+        if not cand.path or cand.verify:
+            return
+        key = config_key(cand.config)
+        if default or (st.best_config is not None and config_key(st.best_config) == key):
+            for old_key in [k for k in st.paths if k != key and k != config_key(st.task.space.default())]:
+                _unlink(st.paths.pop(old_key))
+            st.paths[key] = cand.path
+        else:
+            _unlink(cand.path)
 
     def _has_work(self) -> bool:
         return any(self._open(st) for st in self.states)
@@ -292,26 +338,63 @@ class Tuner:
                 log.warning("task %s (%s): the default config failed (%s: %s); not tuned", st.task.key,
                             st.task.name, record["status"], record.get("error"))
         if not cand.timed:
+            if record["status"] == tlog.OK and cand.path:
+                st.paths[config_key(cand.config)] = cand.path
             return
         full = {"task": st.task.key, "target": tlog.target_id(st.task.target), "config": cand.config,
                 "latency_s": None, "error": None, "build_s": round(cand.build_s, 4),
                 "attempts": cand.attempts, **record}
+        if cand.verify:
+            full["kind"] = "verify"
+            out.write(full)
+            self.verified.append(full)
+            return
         out.write(full)
         self.measured_now += 1
         st.add(cand.config, full["status"], full.get("latency_s"), cand.reference)
+        self._keep_path(st, cand, cand.reference and full["status"] == tlog.OK)
 
     # -- results -----------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
     def summary(self) -> Dict[str, Any]:
+        """Per task: trials, default and best latency (the search's), failures; with verification, the medians of
+        the re-measured default and best (`verified_default_s`, `verified_best_s`) and the config the log now gives
+        build_graph. `kernel_speedup`: the model's kernel time (weighted), default / tuned, from the verified
+        medians where a task has them."""
+        medians: Dict[str, Dict[str, List[float]]] = {}
+        for r in self.verified:
+            if r["status"] == tlog.OK:
+                medians.setdefault(r["task"], {}).setdefault(config_key(r["config"]), []).append(r["latency_s"])
         rows = []
+        default_total = best_total = 0.0
         for st in self.states:
-            rows.append({"task": st.task.key, "name": st.task.name, "weight": st.task.weight, "trials": st.trials,
-                         "default_s": st.default_s, "best_s": st.best_s, "best_config": st.best_config,
-                         "failures": dict(st.failures), "reference": st.reference})
-        timed = [r for r in rows if r["default_s"] and r["best_s"]]
-        default_total = sum(r["weight"] * r["default_s"] for r in timed)
-        best_total = sum(r["weight"] * r["best_s"] for r in timed)
-        return {"tasks": rows, "measured": self.measured_now, "elapsed_s": self.elapsed(),
-                "kernel_speedup": (default_total / best_total) if best_total else None}
+            row = {"task": st.task.key, "name": st.task.name, "weight": st.task.weight, "trials": st.trials,
+                   "default_s": st.default_s, "best_s": st.best_s, "best_config": st.best_config,
+                   "failures": dict(st.failures), "reference": st.reference}
+            per = medians.get(st.task.key, {})
+            d_key = config_key(st.task.space.default())
+            b_key = config_key(st.best_config) if st.best_config is not None else None
+            if d_key in per and b_key in per:
+                row["verified_default_s"] = _median(per[d_key])
+                row["verified_best_s"] = min(_median(per[b_key]), row["verified_default_s"])
+            rows.append(row)
+            d = row.get("verified_default_s", st.default_s)
+            b = row.get("verified_best_s", st.best_s)
+            if d and b:
+                default_total += st.task.weight * d
+                best_total += st.task.weight * b
+        return {"tasks": rows, "measured": self.measured_now, "verified": len(self.verified),
+                "elapsed_s": self.elapsed(), "kernel_speedup": (default_total / best_total) if best_total else None}
+
+
+def _median(values: List[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
