@@ -25,12 +25,15 @@ def _table(tuner: Any) -> Any:
              % (tuner.measured_now, tuner.measured_now / elapsed, tuner.in_flight, elapsed, len(devices),
                 ", ".join(devices) or "-"))
     table = Table(title=title, title_justify="left")
-    for col in ("task", "kernel", "weight", "trials", "default", "best", "speedup", "invalid"):
+    verified = {r["task"]: r for r in tuner.summary()["tasks"] if "verified_best_s" in r}
+    for col in ("task", "kernel", "weight", "trials", "default", "best", "speedup", "verified", "invalid"):
         table.add_column(col, justify="left" if col in ("task", "kernel", "invalid") else "right")
     for st in tuner.states:
         speed = "%.2fx" % (st.default_s / st.best_s) if st.default_s and st.best_s else "-"
+        v = verified.get(st.task.key)
+        checked = "%.2fx" % (v["verified_default_s"] / v["verified_best_s"]) if v else "-"
         table.add_row(st.task.key[:8], st.task.name[:40], str(st.task.weight), str(st.trials), _ms(st.default_s),
-                      _ms(st.best_s), speed, ", ".join("%s %d" % kv for kv in sorted(st.failures.items()))
+                      _ms(st.best_s), speed, checked, ", ".join("%s %d" % kv for kv in sorted(st.failures.items()))
                       or ("default failed" if st.reference == "failed" else ""))
     return table
 

@@ -345,7 +345,7 @@ class DevicePool:
             try:
                 fn = mod[KERNEL_NAME]
                 try:
-                    res = self._run_checked(fn, args, cand)
+                    res = self._run_checked(fn, args, cand, args_of)
                 finally:
                     _unless_closed(session, lambda: session._call("tether.free", [fn.fn]))
             finally:
@@ -358,7 +358,7 @@ class DevicePool:
         return {"status": OK, "latency_s": float(np.median(res.samples)), "samples": list(res.samples),
                 "number": res.number}
 
-    def _run_checked(self, fn: Any, args: list, cand: Candidate) -> Any:
+    def _run_checked(self, fn: Any, args: list, cand: Candidate, session_state: Dict[Any, Any]) -> Any:
         """One run into a poisoned output, the check against the reference, then the timing (a TimingResult),
         or the log fields of a wrong result / an untimed reference run."""
         shape, dtype = self.tasks[cand.task].args[-1]
@@ -373,5 +373,16 @@ class DevicePool:
                 return {"status": "wrong_result", "error": problem}
         if not cand.timed:
             return {"status": OK, "latency_s": None, "samples": []}
-        return fn.time_evaluator(number=1, repeat=self.options.repeat, min_repeat_ms=self.options.min_repeat_ms,
-                                 flush_bytes=self.options.flush_bytes)(*args)
+        flush = session_state.get("flush_bytes", self.options.flush_bytes)
+        try:
+            return fn.time_evaluator(number=1, repeat=self.options.repeat, min_repeat_ms=self.options.min_repeat_ms,
+                                     flush_bytes=flush)(*args)
+        except TetherError as exc:
+            if not flush or "flush_bytes" not in str(exc):
+                raise
+            # a device server older than the flush option: measure there without it
+            log.warning("this device's time_evaluator cannot flush caches (an older tether_rpc): measuring with "
+                        "warm caches")
+            session_state["flush_bytes"] = 0
+            return fn.time_evaluator(number=1, repeat=self.options.repeat,
+                                     min_repeat_ms=self.options.min_repeat_ms)(*args)
