@@ -14,7 +14,6 @@ absolute times move with the load; the interleaved ratios are what the run shows
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -26,21 +25,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _tune_lab import device_pool  # noqa: E402
+from bench_models import load_model  # noqa: E402  (the same models as the model benchmark)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_model(name: str):
-    import onnx
-
-    if name == "mobilenet_v2":
-        spec = importlib.util.spec_from_file_location("make_mobilenet_v2",
-                                                      os.path.join(ROOT, "scripts", "make_mobilenet_v2.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod.build_mobilenet_v2(seed=0)
-    return onnx.load(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
-                                  "light_%s.onnx" % name))
 
 
 def tune(name: str, graph, params, log_path: str, args) -> dict:

@@ -18,13 +18,14 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from tether.ops import common as c
 from tether.ops.schedules import Family
-from tether.tune.log import config_text as config_key
+from tether.tune.log import config_text
 
 Config = Dict[str, Any]
 
 # main op, most specific first: the first tag found among a kernel's stages names its space
 _MAIN_TAGS = (c.CONV2D_PIXELS, c.MATMUL, c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL, c.REDUCE, c.GLOBAL_POOL)
-NEVER_PARALLEL = 1 << 40       # a parallel_min no kernel reaches: the kernel runs on one thread
+NEVER_PARALLEL = 1 << 40
+config_key = config_text       # a config's canonical text: its identity in the log       # a parallel_min no kernel reaches: the kernel runs on one thread
 
 
 def _uniq(values: Sequence[Any]) -> Tuple[Any, ...]:
