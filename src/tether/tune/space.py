@@ -24,8 +24,8 @@ Config = Dict[str, Any]
 
 # main op, most specific first: the first tag found among a kernel's stages names its space
 _MAIN_TAGS = (c.CONV2D_PIXELS, c.MATMUL, c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL, c.REDUCE, c.GLOBAL_POOL)
-NEVER_PARALLEL = 1 << 40
-config_key = config_text       # a config's canonical text: its identity in the log       # a parallel_min no kernel reaches: the kernel runs on one thread
+NEVER_PARALLEL = 1 << 40       # a parallel_min no kernel reaches: the kernel runs on one thread
+config_key = config_text       # a config's canonical text: its identity in the log
 
 
 def _uniq(values: Sequence[Any]) -> Tuple[Any, ...]:
