@@ -260,6 +260,18 @@ def test_device_killed_mid_measurement_is_retried_on_another(tiny, tracker_lab, 
     assert all(x["status"] == "ok" for x in results)
 
 
+def _processes_mentioning(text):
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                if text.encode() in fh.read():
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
 def _tune_cmd(model, tracker_port, log_path, *extra):
     return [sys.executable, "-m", "tether.cli.main", "tune", model, "--tracker", "127.0.0.1:%d" % tracker_port,
             "--key", "tunebox", "--log", log_path, "--build-jobs", "1", "--repeat", "2", "--min-repeat-ms", "1",
@@ -281,6 +293,8 @@ def test_kill_then_resume_measures_nothing_twice(tiny, tracker_lab, tmp_path):
         first.wait(10)
     before = _results(path)
     assert len(before) >= 4
+    # its forked build workers leave with it
+    wait_until(lambda: not _processes_mentioning(path), 10, "the killed run's build workers to exit")
     # without --resume the log is not silently measured again
     _, graph, params = tiny
     task = [t for t in extract_tasks(graph, params, "host") if t.name == "max_pool"]

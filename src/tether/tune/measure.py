@@ -86,6 +86,16 @@ def _ready(_: int) -> int:
     return os.getpid()
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: leave when the tuner is gone (killed, even by SIGKILL), instead of waiting forever on a
+    queue whose other end this worker itself keeps open."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 class Builder:
     """Builds candidates in `jobs` forked worker processes (create it before starting any thread)."""
 
@@ -95,7 +105,8 @@ class Builder:
         self.workdir = workdir
         self.jobs = max(1, int(jobs))
         self._seq = itertools.count()
-        self._pool = cf.ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"))
+        self._pool = cf.ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"),
+                                            initializer=_exit_with_parent, initargs=(os.getpid(),))
         # fork every worker now, while this process has no other threads
         list(self._pool.map(_ready, range(self.jobs), timeout=60))
 
