@@ -4,9 +4,9 @@ Two kinds of line (``"kind"``):
 - ``task``: one of a model's kernels: ``task`` (key), ``name``, ``target``, ``weight`` (how often the model runs
   it), ``space`` (knob -> choices), ``args`` (shapes and dtypes);
 - ``verify``: a re-measurement, at the end of a run, of a task's best config and of its default, in turns (same
-  fields as ``result``); when a task has them, their medians choose between the two;
+  fields as ``result``); when a task has them, their fastest choose between the two;
 - ``result``: one config measured: ``task``, ``target``, ``config`` ({knob: value}), ``status`` (``ok``,
-  ``timeout``, ``crash``, ``wrong_result``, ``build_error``, ``error``), ``latency_s`` (median seconds per call,
+  ``timeout``, ``crash``, ``wrong_result``, ``build_error``, ``error``), ``latency_s`` (the fastest sample's seconds per call,
   ``ok`` only), ``samples``, ``device``, ``error`` (the reason, for a failure), ``attempts`` (the failures of
   earlier attempts of the same config, e.g. a device that died mid-measurement), ``time`` (unix seconds).
 
@@ -81,7 +81,7 @@ def measured_keys(records: Iterable[Dict[str, Any]]) -> Set[Tuple[str, str]]:
 
 def best_results(records: Iterable[Dict[str, Any]], target: Any = None) -> Dict[str, Dict[str, Any]]:
     """task key -> its best ``ok`` result (for `target` only, when given): the fastest, unless the task was
-    verified (``verify`` lines: the best and the default config measured again, in turns), whose median decides."""
+    verified (``verify`` lines: the best and the default config measured again, in turns), whose fastest decides."""
     want = target_id(target) if target is not None else None
     records = list(records)
     best: Dict[str, Dict[str, Any]] = {}
@@ -97,7 +97,7 @@ def best_results(records: Iterable[Dict[str, Any]], target: Any = None) -> Dict[
 
 
 def verified(records: Iterable[Dict[str, Any]], want: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
-    """task key -> a record of the config whose verification median is lowest (over all ``verify`` lines)."""
+    """task key -> a record of the config with the fastest verification (over all ``verify`` lines)."""
     by_task: Dict[str, Dict[str, Tuple[Dict[str, Any], List[float]]]] = {}
     for r in records:
         if r.get("kind") != "verify" or r.get("status") != OK or (want is not None and r.get("target") != want):
@@ -106,8 +106,8 @@ def verified(records: Iterable[Dict[str, Any]], want: Optional[str] = None) -> D
         per.setdefault(config_text(r["config"]), (r["config"], []))[1].append(r["latency_s"])
     out = {}
     for task, per in by_task.items():
-        config, lats = min(per.values(), key=lambda cl: sorted(cl[1])[len(cl[1]) // 2])
-        out[task] = {"task": task, "config": config, "status": OK, "latency_s": sorted(lats)[len(lats) // 2]}
+        config, lats = min(per.values(), key=lambda cl: min(cl[1]))
+        out[task] = {"task": task, "config": config, "status": OK, "latency_s": min(lats)}
     return out
 
 
