@@ -7,7 +7,7 @@ of a bare time_evaluator call on an already loaded function, measured in the sam
 
 Kernels: the digits CNN's five kernels (tests/data/digits_cnn.onnx: microsecond-sized conv, pooling, dense,
 softmax), candidates drawn at random from their config spaces. Measurement options are `tether tune`'s defaults
-(3 repeats of >= 2 ms, 8 MiB cache flush before each). On a shared box absolute rates move with the load; the
+(8 repeats of >= 0.5 ms, 4 MiB cache flush before each). On a shared box absolute rates move with the load; the
 ratio to the floor says what the tuner itself costs.
 """
 from __future__ import annotations

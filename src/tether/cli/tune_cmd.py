@@ -59,10 +59,10 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--opt-level", "-O", default=3, show_default=True, type=click.IntRange(0, 3))
 @click.option("--only", multiple=True, metavar="TEXT", help="Tune only kernels whose ops label contains TEXT.")
 @click.option("--build-jobs", default=2, show_default=True, type=click.IntRange(1), help="Forked build workers.")
-@click.option("--repeat", default=3, show_default=True, type=click.IntRange(1), help="Timed repeats per config.")
-@click.option("--min-repeat-ms", default=2.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--repeat", default=8, show_default=True, type=click.IntRange(1), help="Timed repeats per config.")
+@click.option("--min-repeat-ms", default=0.5, show_default=True, type=click.FloatRange(min=0),
               help="Each repeat runs the kernel for at least this long.")
-@click.option("--flush-mb", default=8.0, show_default=True, type=click.FloatRange(min=0, max=256),
+@click.option("--flush-mb", default=4.0, show_default=True, type=click.FloatRange(min=0, max=256),
               help="MiB written on the device before each timed repeat, to start from cold caches (0: none).")
 @click.option("--timeout", default=20.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a measurement may stay silent before its device counts as hung.")
