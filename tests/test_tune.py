@@ -129,6 +129,15 @@ def test_build_graph_takes_the_best_config_of_the_log(tiny, tmp_path):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(FileNotFoundError, match="tether tune"):
         tether.build_graph(graph, params, target="host", tuning_log=str(tmp_path / "missing.jsonl"))
+    # and `tether compile --tuning-log`
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    out = CliRunner().invoke(cli, ["compile", tiny[0], "--tuning-log", path, "-o", str(tmp_path / "cli")])
+    assert out.exit_code == 0, out.output
+    with open(tmp_path / "cli" / "deploy.so", "rb") as fh, open(out_dir / "deploy.so", "rb") as tuned_so:
+        assert fh.read() == tuned_so.read()
 
 
 @dataclass(eq=False)
