@@ -59,30 +59,49 @@ def curve_plot(name: str, trials: List[tuple]) -> str:
         return _svg(fig)
 
 
+def _verified(records: List[Dict[str, Any]]) -> Dict[str, tuple]:
+    """task key -> (fastest verify run of the default, of the chosen config) for verified tasks."""
+    space = {r["task"]: {k: v[0] for k, v in r.get("space", {}).items()} for r in records if r.get("kind") == "task"}
+    out = {}
+    for task, chosen in tlog.verified(records).items():
+        defaults = [r["latency_s"] for r in records if r.get("kind") == "verify" and r["task"] == task
+                    and r.get("status") == tlog.OK and r["config"] == space.get(task)]
+        if defaults:
+            out[task] = (min(defaults), chosen["latency_s"])
+    return out
+
+
 def render(records: List[Dict[str, Any]], title: str = "tether tune") -> str:
     tasks = curves(records)
+    verified = _verified(records)
     rows, plots = [], []
     total_default = total_best = 0.0
     for key, t in sorted(tasks.items(), key=lambda kv: -kv[1]["weight"] * (_best(kv[1]) or 0.0)):
         best = _best(t)
         speedup = (t["default_s"] / best) if (t["default_s"] and best) else None
-        if speedup:
+        checked = verified.get(key)
+        if checked:
+            total_default += t["weight"] * checked[0]
+            total_best += t["weight"] * checked[1]
+        elif speedup:
             total_default += t["weight"] * t["default_s"]
             total_best += t["weight"] * best
         rows.append("<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%d</td><td>%d</td><td>%s</td><td>%s</td>"
-                    "<td>%s</td><td class=\"l\">%s</td><td class=\"l\">%s</td></tr>"
+                    "<td>%s</td><td>%s</td><td class=\"l\">%s</td><td class=\"l\">%s</td></tr>"
                     % (_esc(key), _esc(t["name"]), t["weight"], len(t["trials"]), _fmt(t["default_s"]), _fmt(best),
                        "%.2fx" % speedup if speedup else "-",
+                       "%.2fx" % (checked[0] / checked[1]) if checked else "-",
                        _esc(", ".join("%s %d" % kv for kv in sorted(t["failures"].items()))),
                        _esc(t["best_config"] or "")))
         if t["trials"]:
             plots.append("<h3>%s (%s, weight %d)</h3>" % (_esc(t["name"]), _esc(key), t["weight"])
                          + _plot_block("tuning-curve", curve_plot(t["name"], t["trials"])))
-    overall = ("<p>kernel time of the model (weighted by how often each kernel runs): default %s, tuned %s, "
+    overall = ("<p>kernel time of the model (weighted by how often each kernel runs; verified figures where a task "
+               "has them): default %s, tuned %s, "
                "<b>%.2fx</b></p>" % (_fmt(total_default), _fmt(total_best), total_default / total_best)
                if total_best else "")
     head = ("<table><tr><th class=\"l\">task</th><th class=\"l\">kernel</th><th>weight</th><th>trials</th>"
-            "<th>default</th><th>best</th><th>speedup</th><th class=\"l\">invalid</th>"
+            "<th>default</th><th>best</th><th>speedup</th><th>verified</th><th class=\"l\">invalid</th>"
             "<th class=\"l\">best config</th></tr>%s</table>" % "".join(rows))
     return _page(title, ["<h1>%s</h1>" % _esc(title), overall, "<h2>Tasks</h2>", head,
                          "<h2>Tuning curves</h2>"] + plots)
