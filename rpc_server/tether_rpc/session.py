@@ -460,7 +460,7 @@ class SessionHandler:
         if not isinstance(args, list):
             raise TypeError("time_evaluator args must be a list")
         opts = dict(options or {})
-        allowed = {"number", "repeat", "min_repeat_ms", "warmup", "cooldown_ms"}
+        allowed = {"number", "repeat", "min_repeat_ms", "warmup", "cooldown_ms", "flush_bytes"}
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError("unknown time_evaluator options: %s (allowed: %s)"

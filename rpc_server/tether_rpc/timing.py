@@ -36,13 +36,15 @@ def _run(call: Callable[[], None], number: int) -> float:
 
 
 def time_evaluator(func: Any, args: Sequence[Any] = (), number: int = 10, repeat: int = 3, min_repeat_ms: float = 0,
-                   warmup: int = 1, cooldown_ms: float = 0, on_sample: Optional[OnSample] = None) -> Dict[str, Any]:
+                   warmup: int = 1, cooldown_ms: float = 0, on_sample: Optional[OnSample] = None,
+                   flush_bytes: int = 0) -> Dict[str, Any]:
     """Time ``func(*args)``.
 
     ``warmup`` untimed calls first; then ``repeat`` samples of ``number`` calls each, where ``number`` is first
     grown until a sample takes at least ``min_repeat_ms``; ``cooldown_ms`` of sleep between samples (thermal
     throttling on small boards). Returns ``{"samples": [seconds per call, ...], "number": number_used}`` and
-    calls ``on_sample(index, seconds_per_call, number)`` as each sample is measured.
+    calls ``on_sample(index, seconds_per_call, number)`` as each sample is measured. ``flush_bytes`` > 0: that
+    many bytes are written before each sample (untimed), evicting the kernel's data from the caches.
     """
     number = int(number)
     repeat = int(repeat)
@@ -63,12 +65,36 @@ def time_evaluator(func: Any, args: Sequence[Any] = (), number: int = 10, repeat
             guess = number * 1.2 * min_s / elapsed if elapsed > 0 else number * 10
             number = min(_MAX_NUMBER, max(number * 2, int(math.ceil(guess))))
 
+    flush = _flusher(flush_bytes)
     samples = []
     for i in range(repeat):
         if cooldown_ms > 0 and i > 0:
             time.sleep(cooldown_ms / 1e3)
+        flush()
         per_call = _run(call, number) / number
         samples.append(per_call)
         if on_sample is not None:
             on_sample(i, per_call, number)
     return {"samples": samples, "number": number}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cache flush between samples (tether tune: each config measured from cold caches, as AutoTVM's flush does)
+MAX_FLUSH_BYTES = 1 << 28
+
+
+def _flusher(flush_bytes: int) -> Callable[[], None]:
+    n = int(flush_bytes)
+    if n < 0 or n > MAX_FLUSH_BYTES:
+        raise ValueError("time_evaluator: flush_bytes must be within 0..%d (got %r)" % (MAX_FLUSH_BYTES, flush_bytes))
+    if n == 0:
+        return lambda: None
+    import numpy as np
+
+    buf = np.zeros(n, np.uint8)
+    state = [0]
+
+    def flush() -> None:
+        state[0] = (state[0] + 1) & 0xFF
+        buf.fill(state[0])      # a write to every cache line of a buffer larger than the caches
+    return flush

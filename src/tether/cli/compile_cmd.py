@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import click
 
@@ -35,8 +35,10 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
 @click.option("--print-graph", is_flag=True, help="Print the optimised graph.")
 @click.option("--check", is_flag=True,
               help="Only report which op types tether covers (exit status 1 if any is not); compiles nothing.")
+@click.option("--tuning-log", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A `tether tune` log: each kernel it has results for gets its best config (docs/tune.md).")
 def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool, out_dir: str,
-            print_graph: bool, check: bool) -> None:
+            print_graph: bool, check: bool, tuning_log: Optional[str]) -> None:
     """Compile an ONNX model into a deployable folder (library + graph JSON + params)."""
     import onnx
 
@@ -54,7 +56,8 @@ def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: i
     except (UnsupportedOpError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     t_import = time.perf_counter() - t0
-    factory = tether.build_graph(graph, params, target=target, opt_level=opt_level, fast_math=fast_math)
+    factory = tether.build_graph(graph, params, target=target, opt_level=opt_level, fast_math=fast_math,
+                                  tuning_log=tuning_log)
     paths = factory.export(out_dir)
     if print_graph:
         click.echo(str(factory.graph))

@@ -12,7 +12,7 @@ import click
 
 # One row per sub-command module (each defines a click command named ``command``).
 COMMAND_MODULES = ("quickstart", "targets", "build_cmd", "bundle", "emulate", "query", "compile_cmd", "run_cmd",
-                   "bootstrap", "bench_cmd")
+                   "bootstrap", "bench_cmd", "tune_cmd")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -37,6 +37,7 @@ from tether.graph.guards import node_guards
 from tether.graph.loop_kernel import DIRECT_KERNELS
 from tether.graph.to_te import lower_kernel
 from tether.target import as_target
+from tether.tune.log import best_configs, task_key
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +106,27 @@ def kernel_signature(node: Node, types: Dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------- build
-def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
-                fast_math: bool = False, name: str = "deploy") -> GraphFactory:
-    """Optimise `graph` for `opt_level`, compile one kernel per distinct node into one library for `target`, plan
-    the memory and write the graph JSON; ``.export(folder)`` on the result writes the deploy.* files."""
-    tgt = as_target(target)
-    t0 = time.perf_counter()
+def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) -> tuple:
+    """(graph, params, panel_weights) as the kernels see them: the passes of `opt_level`, then (at 3) conv weights
+    packed into panels once (conv_gemm.pack_conv_weights)."""
     graph, params = optimize(graph, params, opt_level)
     panel_weights: Dict[str, tuple] = {}
     if opt_level >= 3:
         graph, params = graph.copy(), dict(params)
         panel_weights = pack_conv_weights(graph, params)
+    return graph, params, panel_weights
+
+
+def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
+                fast_math: bool = False, name: str = "deploy", tuning_log: Optional[str] = None) -> GraphFactory:
+    """Optimise `graph` for `opt_level`, compile one kernel per distinct node into one library for `target`, plan
+    the memory and write the graph JSON; ``.export(folder)`` on the result writes the deploy.* files.
+    ``tuning_log``: a `tether tune` log; each kernel it has results for (on this target) gets its best config,
+    the others their default schedule."""
+    tgt = as_target(target)
+    t0 = time.perf_counter()
+    graph, params, panel_weights = prepare_graph(graph, params, opt_level)
+    configs = tuned_configs(tuning_log, tgt)
     t_passes = time.perf_counter() - t0
 
     # one kernel per distinct signature
@@ -140,7 +151,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
                 continue
             placeholders, out, shapes_of_func[fname] = lower_kernel(node, graph.types, conv_gemm=opt_level >= 3,
                                                                     panel_weights=panel_weights)
-            sch = ops.schedule([out], tgt)
+            sch = ops.schedule([out], tgt, config=configs.get(task_key(sig, tgt)))
             triples.append((sch, placeholders + [out], fname))
         node_funcs.append(fname)
     if not triples:
@@ -158,6 +169,16 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     log.info("build_graph %s for %s: %d nodes, %d kernels, %.2fs (passes %.2fs, build %.2fs)", graph.name,
              tgt.preset or tgt.triple, len(graph.nodes), len(triples), timings["total"], t_passes, t_build)
     return GraphFactory(graph, params, lib, graph_json, tgt, timings)
+
+
+# ---------------------------------------------------------------- tuning logs (issue 15)
+def tuned_configs(tuning_log: Optional[str], tgt: Any) -> Dict[str, Dict[str, Any]]:
+    """task key -> best config for `tgt` in `tuning_log` ({} without a log)."""
+    if not tuning_log:
+        return {}
+    configs = best_configs(tuning_log, tgt)
+    log.info("tuning log %s: best configs for %d kernels on this target", tuning_log, len(configs))
+    return configs
 
 
 def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: List[Optional[str]], tgt: Any,

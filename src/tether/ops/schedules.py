@@ -19,6 +19,7 @@ import logging
 from typing import Callable, Dict, List, Sequence
 
 from tether import te
+from tether.errors import ScheduleError
 from tether.target import Target
 from tether.tir import Binary, Reduce, TensorLoad, walk
 
@@ -47,6 +48,13 @@ class Family:
     direct_matmul: bool = False
     parallel_min: int = 1 << 14  # below this many output elements a parallel launch costs more than it saves
     conv_pixels: int = 0  # output pixels per conv2d_pixels block (0: mm_rows)
+    # -- more knobs, set only by a tuning config (issue 15, docs/tune.md); these defaults are the hand-made choices
+    mm_cols: int = 16  # matmul micro-kernel columns (NR) when B is not packed into panels
+    k_unroll: int = 4  # reduction steps unrolled inside a matmul block
+    parallel_tasks: int = 8  # tasks of a parallel loop split by count (the grain)
+    conv_order: str = "auto"  # conv2d_pixels outer loop: "auto" (by cache_bytes), "pixels" or "panels"
+    cache_bytes: int = 256 << 10  # conv2d_pixels: weights up to this size stay in cache across pixel blocks
+    window_unroll: int = 7  # depthwise/pooling: window axes up to this extent are unrolled
 
 
 def family_of(target: Target) -> Family:
@@ -213,7 +221,7 @@ def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block:
     if lead is not None:
         st.parallel(lead)
     elif xo is not None:
-        po, _ = st.split(xo, nparts=PARALLEL_TASKS)
+        po, _ = st.split(xo, nparts=fam.parallel_tasks)
         st.parallel(po)
 
 
@@ -266,7 +274,7 @@ def _accumulator_and_output(s, t, ctx):
 def _schedule_matmul(s, t, fam: Family, ctx):
     """MR x NR register-blocked micro-kernel: k outermost inside the block, MR rows unrolled, NR columns as
     NR/lanes vectors; column panels outermost (parallel), each packing its own panel of B inside its task."""
-    nr = 16
+    nr = fam.mm_cols
     mr = fam.mm_rows
     anchor = _epilogue_anchor(t, ctx)
     packed = any(c.tag_of(src.op) == c.MATMUL_PACK for src in t.op.input_tensors)
@@ -281,7 +289,7 @@ def _schedule_matmul(s, t, fam: Family, ctx):
         (k,) = list(t.op.reduce_axis)
         io, ii = st.split(i, factor=mr)
         jo, ji = st.split(j, factor=nr)
-        ko, ki = st.split(k, factor=4)
+        ko, ki = st.split(k, factor=fam.k_unroll)
         st.reorder(*lead, jo, io, ko, ki, ii, ji)
         if contiguous:
             st.vectorize(ji)
@@ -317,7 +325,7 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     sb = s[block]
     bi, bj = list(block.op.axis)[-2:]
     (k,) = list(block.op.reduce_axis)
-    ko, ki = sb.split(k, factor=4)
+    ko, ki = sb.split(k, factor=fam.k_unroll)
     sb.reorder(ko, ki, bi, bj)
     sb.unroll(ki)
     sb.unroll(bi)
@@ -333,8 +341,8 @@ def _schedule_rowdot_partial(s, t, fam: Family, ctx):
     st.vectorize(l)
     if _numel(t) * _reduce_size(t) >= fam.parallel_min * 4:
         fused = st.fuse(i, j)
-        if _numel(t) // _extent(l) > PARALLEL_TASKS:
-            fused, _ = st.split(fused, nparts=PARALLEL_TASKS)
+        if _numel(t) // _extent(l) > fam.parallel_tasks:
+            fused, _ = st.split(fused, nparts=fam.parallel_tasks)
         st.parallel(fused)
 
 
@@ -369,7 +377,7 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
     so.vectorize(xi)
     if _numel(out) >= fam.parallel_min:
         lead = [b, yo] if n > 1 else [yo]
-        if n * -(-oh // rows_y) < 2 * PARALLEL_TASKS:
+        if n * -(-oh // rows_y) < 2 * fam.parallel_tasks:
             lead.append(oo)
         so.parallel(so.fuse(*lead) if len(lead) > 1 else lead[0])
     s[block].compute_at(so, xo)
@@ -405,13 +413,15 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     n_panels = -(-int(t.shape[1]) // nr)
     w_bytes = int(t.shape[1]) * _reduce_size(t) * 4
     x_bytes = _numel(t.op.input_tensors[0]) * 4      # the (padded) input; [-1] is the weight panels
-    panels_outer = w_bytes > CONV_WEIGHTS_IN_CACHE and n_panels * x_bytes < n_blocks * w_bytes
+    panels_outer = w_bytes > fam.cache_bytes and n_panels * x_bytes < n_blocks * w_bytes
+    if fam.conv_order != "auto":
+        panels_outer = fam.conv_order == "panels"
     outer, inner = (oo, po) if panels_outer else (po, oo)
     so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
     so.unroll(pi)
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
-        if panels_outer and n_panels < 2 * PARALLEL_TASKS:   # too few panels to balance the threads on
+        if panels_outer and n_panels < 2 * fam.parallel_tasks:   # too few panels to balance the threads on
             inner = outer = so.fuse(outer, inner)
         so.parallel(outer)
     s[block].compute_at(so, inner)
@@ -480,7 +490,7 @@ def _schedule_window(s, t, fam: Family, ctx):
     sb.reorder(bb, bo, by, *rd, bx)
     sb.vectorize(bx)
     for r in rd:
-        if _extent(r) <= 7:
+        if _extent(r) <= fam.window_unroll:
             sb.unroll(r)
 
 
@@ -521,12 +531,13 @@ _EPILOGUE_KERNELS = frozenset({c.MATMUL, c.CONV2D, c.CONV2D_PIXELS, c.DEPTHWISE_
 _MATERIALIZE_INPUTS_OF = frozenset({c.CONV2D, c.CONV2D_PIXELS, c.DEPTHWISE_CONV2D, c.POOL, c.MATMUL})
 
 
-def schedule(outs, target="host"):
+def schedule(outs, target="host", config=None):
     """A te schedule for `outs` (tensor or list of tensors built by tether.ops) with each op's default schedule
-    for `target` (a preset name, target string or Target)."""
+    for `target` (a preset name, target string or Target). ``config`` ({knob: value}, see `KNOBS`) replaces
+    some of the family's defaults, e.g. a config found by ``tether tune``; None or {} is the default schedule."""
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     tgt = target if isinstance(target, Target) else Target(target)
-    fam = family_of(tgt)
+    fam = with_config(family_of(tgt), config)
     s = te.create_schedule([t.op for t in outs])
     order, consumers = _collect(outs)
     out_ids = {id(t.op) for t in outs}
@@ -582,3 +593,31 @@ def _single_injective_sink(op, consumers, inline, out_ids):
             return None
         cur = u
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tuning configs (issue 15): a config is {knob: value} over the Family fields below; tether.tune searches them
+
+#: knob -> its type; every knob is a Family field, so a config is the family with some fields replaced
+KNOBS: Dict[str, type] = {f.name: (bool if f.type in ("bool", bool) else str if f.type in ("str", str) else int)
+                          for f in dataclasses.fields(Family) if f.name != "name"}
+CONV_ORDERS = ("auto", "pixels", "panels")
+
+
+def with_config(fam: Family, config) -> Family:
+    """`fam` with the knobs of `config` replaced; a knob or value the schedules cannot take raises ScheduleError
+    naming it (a config never silently means something else)."""
+    if not config:
+        return fam
+    bad = sorted(set(config) - set(KNOBS))
+    if bad:
+        raise ScheduleError("unknown schedule knob(s) %s; the knobs are: %s" % (", ".join(bad), ", ".join(KNOBS)))
+    for k, v in config.items():
+        kind = KNOBS[k]
+        if kind is str:
+            ok = k != "conv_order" or v in CONV_ORDERS
+        else:
+            ok = isinstance(v, (int, bool)) and (kind is bool or (int(v) >= 1 if k != "conv_pixels" else v >= 0))
+        if not ok or (kind is str and not isinstance(v, str)):
+            raise ScheduleError("schedule knob %s=%r is not a valid %s" % (k, v, kind.__name__))
+    return dataclasses.replace(fam, **{k: (bool(v) if KNOBS[k] is bool else v) for k, v in config.items()})

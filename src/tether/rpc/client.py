@@ -178,7 +178,7 @@ class RemoteFunction:
         return reply["value"]
 
     def time_evaluator(self, number: int = 10, repeat: int = 3, min_repeat_ms: float = 0, warmup: int = 1,
-                       cooldown_ms: float = 0) -> Callable[..., TimingResult]:
+                       cooldown_ms: float = 0, flush_bytes: int = 0) -> Callable[..., TimingResult]:
         """A callable that times this function on the device: ``repeat`` samples of ``number`` calls each.
 
         ``number`` grows until one repeat takes at least ``min_repeat_ms``. Samples stream to ``on_sample`` as
@@ -188,6 +188,8 @@ class RemoteFunction:
             raise TypeError("time_evaluator needs a module function, not the built-in %r" % self.fn)
         options = {"number": int(number), "repeat": int(repeat), "min_repeat_ms": min_repeat_ms,
                    "warmup": int(warmup), "cooldown_ms": cooldown_ms}
+        if flush_bytes:     # sent only when asked for: servers before it refuse the key
+            options["flush_bytes"] = int(flush_bytes)
 
         def evaluate(*args: Any) -> TimingResult:
             wire, restore = self.session._kernel_args(args)

@@ -1,0 +1,137 @@
+"""`tether tune`: search the schedule configs of a model's kernels on the devices of a tracker key (docs/tune.md).
+
+    tether tune model.onnx --tracker 127.0.0.1:9190 --key host --log tune.jsonl --time-budget 600
+    tether tune model.onnx ... --resume          # after a kill: continues, measuring nothing twice
+    tether tune --log tune.jsonl --report tune.html
+    tether compile model.onnx --tuning-log tune.jsonl
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Tuple
+
+import click
+
+from tether.cli.compile_cmd import parse_input_shapes
+
+
+def _table(tuner: Any) -> Any:
+    from rich.table import Table
+
+    pool = tuner.pool
+    elapsed = max(tuner.elapsed(), 1e-6)
+    devices = pool.devices_in_use() if pool is not None else []
+    title = ("tether tune: %d measured, %.1f/s, %d in flight, %.0f s; devices in use (%d): %s"
+             % (tuner.measured_now, tuner.measured_now / elapsed, tuner.in_flight, elapsed, len(devices),
+                ", ".join(devices) or "-"))
+    table = Table(title=title, title_justify="left")
+    verified = {r["task"]: r for r in tuner.summary()["tasks"] if "verified_best_s" in r}
+    for col in ("task", "kernel", "weight", "trials", "default", "best", "speedup", "verified", "invalid"):
+        table.add_column(col, justify="left" if col in ("task", "kernel", "invalid") else "right")
+    for st in tuner.states:
+        speed = "%.2fx" % (st.default_s / st.best_s) if st.default_s and st.best_s else "-"
+        v = verified.get(st.task.key)
+        checked = "%.2fx" % (v["verified_default_s"] / v["verified_best_s"]) if v else "-"
+        table.add_row(st.task.key[:8], st.task.name[:40], str(st.task.weight), str(st.trials), _ms(st.default_s),
+                      _ms(st.best_s), speed, checked, ", ".join("%s %d" % kv for kv in sorted(st.failures.items()))
+                      or ("default failed" if st.reference == "failed" else ""))
+    return table
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else "%.4f ms" % (seconds * 1e3)
+
+
+@click.command("tune")
+@click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--input-shape", "-s", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
+              help="Fix an input's shape (repeatable).")
+@click.option("--tracker", metavar="HOST:PORT", help="The tracker the devices registered with.")
+@click.option("--key", help="Device key (or glob) at the tracker; every device under it measures in parallel.")
+@click.option("--log", "log_path", required=True, type=click.Path(dir_okay=False),
+              help="The tuning log (JSON lines, appended as results arrive).")
+@click.option("--trials", default=200, show_default=True, type=click.IntRange(1),
+              help="Configs measured per kernel at most (its default config included).")
+@click.option("--time-budget", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Stop proposing configs after this long (running measurements finish).")
+@click.option("--resume", is_flag=True, help="Continue the log: nothing measured in it is measured again.")
+@click.option("--target", "-t", default="host", show_default=True, help="Target preset or LLVM triple.")
+@click.option("--opt-level", "-O", default=3, show_default=True, type=click.IntRange(0, 3))
+@click.option("--only", multiple=True, metavar="TEXT", help="Tune only kernels whose ops label contains TEXT.")
+@click.option("--build-jobs", default=2, show_default=True, type=click.IntRange(1), help="Forked build workers.")
+@click.option("--repeat", default=8, show_default=True, type=click.IntRange(1), help="Timed repeats per config.")
+@click.option("--min-repeat-ms", default=0.5, show_default=True, type=click.FloatRange(min=0),
+              help="Each repeat runs the kernel for at least this long.")
+@click.option("--flush-mb", default=4.0, show_default=True, type=click.FloatRange(min=0, max=256),
+              help="MiB written on the device before each timed repeat, to start from cold caches (0: none).")
+@click.option("--timeout", default=20.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds a measurement may stay silent before its device counts as hung.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the HTML tuning curves of the log here (alone, or after tuning).")
+@click.option("--no-progress", is_flag=True, help="No live table (logging only).")
+def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Optional[str], key: Optional[str],
+            log_path: str, trials: int, time_budget: Optional[float], resume: bool, target: str, opt_level: int,
+            only: Tuple[str, ...], build_jobs: int, repeat: int, min_repeat_ms: float, flush_mb: float, timeout: float,
+            seed: int, report_path: Optional[str], no_progress: bool) -> None:
+    """Tune MODEL's kernels on the devices of --key at --tracker, logging every measurement to --log."""
+    if model is not None:
+        if not tracker or not key:
+            raise click.UsageError("tuning needs --tracker HOST:PORT and --key KEY")
+        from tether.tune.measure import MeasureOptions
+
+        _tune(model, input_shapes, tracker, key, log_path, trials, time_budget, resume, target, opt_level, only,
+              build_jobs, MeasureOptions(repeat=repeat, min_repeat_ms=min_repeat_ms, timeout=timeout,
+                                         flush_bytes=int(flush_mb * (1 << 20))), seed, no_progress)
+    elif report_path is None:
+        raise click.UsageError("give a MODEL to tune, or --report to write the report of --log")
+    if report_path is not None:
+        from tether.tune.report import write_report
+
+        n = write_report(log_path, report_path)
+        click.echo("wrote %s (%d tasks)" % (report_path, n))
+
+
+def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log_path: str, trials: int,
+          time_budget: Optional[float], resume: bool, target: str, opt_level: int, only: Tuple[str, ...],
+          build_jobs: int, measure: Any, seed: int, no_progress: bool) -> None:
+    import onnx
+    from rich.console import Console
+    from rich.live import Live
+
+    from tether.errors import TetherError, UnsupportedOpError
+    from tether.frontend import from_onnx
+    from tether.tune.search import Tuner, TuneOptions
+    from tether.tune.tasks import extract_tasks
+
+    try:
+        graph, params = from_onnx(onnx.load(model), shape=parse_input_shapes(input_shapes))
+    except (UnsupportedOpError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    tasks = extract_tasks(graph, params, target, opt_level, only=list(only) or None)
+    if not tasks:
+        raise click.ClickException("%s has no kernel to tune%s" % (model, " matching --only" if only else ""))
+    options = TuneOptions(trials=trials, time_budget=time_budget, build_jobs=build_jobs, seed=seed,
+                          measure=measure)
+    console = Console()
+    live: Any = None
+
+    def progress(tuner: Any) -> None:
+        if live is not None:
+            live.update(_table(tuner))
+
+    tuner = Tuner(tasks, log_path, tracker, key, options=options, resume=resume,
+                  on_progress=None if no_progress else progress)
+    t0 = time.monotonic()
+    try:
+        if no_progress:
+            summary = tuner.run()
+        else:
+            with Live(console=console, refresh_per_second=4) as live:
+                summary = tuner.run()
+    except TetherError as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(_table(tuner))
+    speed = summary["kernel_speedup"]
+    click.echo("%d measurements in %.0f s; kernel time of the model (weighted), default / tuned: %s; log %s"
+               % (summary["measured"], time.monotonic() - t0, "%.2fx" % speed if speed else "-", log_path))

@@ -1,0 +1,146 @@
+"""Config spaces: which schedule knobs (``ops.schedules.KNOBS``) a kernel exposes, and the values each may take.
+
+A kernel's space follows its main op (the stage whose schedule matters most): conv2d_pixels (pixels per block,
+loop order, the cache threshold that picks the order), matmul (micro-kernel rows x columns, k unroll, direct
+accumulation), direct conv2d (accumulator budget, columns), depthwise/pooling (columns, window unroll),
+elementwise/reductions (vector width); every space also has the parallel grain (``parallel_min``: below this
+many elements no parallel launch; ``parallel_tasks``: tasks of a split loop). The first value of every knob is
+the family's default, so ``space.default()`` is exactly the untuned schedule.
+
+A config is a plain ``{knob: value}`` dict; ``config_key`` (log.config_text) is its canonical text.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence, Tuple
+
+from tether.ops import common as c
+from tether.ops.schedules import Family
+from tether.tune.log import config_text
+
+Config = Dict[str, Any]
+
+# main op, most specific first: the first tag found among a kernel's stages names its space
+_MAIN_TAGS = (c.CONV2D_PIXELS, c.MATMUL, c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL, c.REDUCE, c.GLOBAL_POOL)
+NEVER_PARALLEL = 1 << 40       # a parallel_min no kernel reaches: the kernel runs on one thread
+config_key = config_text       # a config's canonical text: its identity in the log
+
+
+def _uniq(values: Sequence[Any]) -> Tuple[Any, ...]:
+    out: List[Any] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ConfigSpace:
+    """The knobs of one kernel and their choices (each tuple starts with the default)."""
+
+    kind: str                              # the main op's tag ("elemwise" when none)
+    knobs: Tuple[Tuple[str, Tuple[Any, ...]], ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(ch) for _, ch in self.knobs)
+
+    def default(self) -> Config:
+        return {k: ch[0] for k, ch in self.knobs}
+
+    def sample(self, rng: random.Random) -> Config:
+        return {k: rng.choice(ch) for k, ch in self.knobs}
+
+    def neighbour(self, config: Config, rng: random.Random) -> Config:
+        """`config` with one knob moved to another of its values (an adjacent one, mostly)."""
+        movable = [(k, ch) for k, ch in self.knobs if len(ch) > 1]
+        if not movable:
+            return dict(config)
+        k, ch = rng.choice(movable)
+        i = ch.index(config[k]) if config.get(k) in ch else 0
+        if rng.random() < 0.7:
+            j = min(len(ch) - 1, max(0, i + rng.choice((-1, 1))))
+            j = j if j != i else (i + 1) % len(ch)
+        else:
+            j = rng.choice([x for x in range(len(ch)) if x != i])
+        out = dict(config)
+        out[k] = ch[j]
+        return out
+
+    def features(self, config: Config) -> List[float]:
+        """Numbers for the cost model: log2 of numeric knobs, the index of the others."""
+        out = []
+        for k, ch in self.knobs:
+            v = config.get(k, ch[0])
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                out.append(float(ch.index(v)) if v in ch else -1.0)
+            else:
+                out.append(math.log2(v) if v > 0 else -1.0)
+        return out
+
+    def all_configs(self, limit: int) -> List[Config]:
+        """Every config, in a fixed order, when there are at most `limit` (else an empty list)."""
+        if self.size > limit:
+            return []
+        configs: List[Config] = [{}]
+        for k, ch in self.knobs:
+            configs = [dict(cfg, **{k: v}) for cfg in configs for v in ch]
+        return configs
+
+
+def main_tag(out) -> str:
+    """The tag of the stage whose schedule dominates the kernel computing te tensor `out`."""
+    tags = set()
+    seen = set()
+    stack = [out.op]
+    while stack:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        tags.add(c.tag_of(op))
+        stack.extend(t.op for t in op.input_tensors)
+    return next((t for t in _MAIN_TAGS if t in tags), c.ELEMWISE)
+
+
+def _packed(out) -> bool:
+    stack, seen = [out.op], set()
+    while stack:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        if c.tag_of(op) == c.MATMUL_PACK:
+            return True
+        stack.extend(t.op for t in op.input_tensors)
+    return False
+
+
+def space_for(out, fam: Family) -> ConfigSpace:
+    """The config space of the kernel computing te tensor `out` for target family `fam`."""
+    kind = main_tag(out)
+    grain = ("parallel_min", _uniq([fam.parallel_min, fam.parallel_min >> 2, fam.parallel_min << 2,
+                                    NEVER_PARALLEL]))
+    tasks = ("parallel_tasks", _uniq([fam.parallel_tasks, 4, 16, 32]))
+    knobs: List[Tuple[str, Tuple[Any, ...]]]
+    if kind == c.CONV2D_PIXELS:
+        knobs = [("conv_pixels", _uniq([fam.conv_pixels or fam.mm_rows, 1, 2, 3, 4, 5, 6, 8])),
+                 ("conv_order", ("auto", "pixels", "panels")),
+                 ("cache_bytes", _uniq([fam.cache_bytes, 64 << 10, 1 << 20, 4 << 20])), grain, tasks]
+    elif kind == c.MATMUL:
+        cols = [fam.mm_cols] if _packed(out) else [fam.mm_cols, fam.lanes, 2 * fam.lanes, 32]
+        knobs = [("mm_rows", _uniq([fam.mm_rows, 1, 2, 3, 4, 5, 6, 8])), ("mm_cols", _uniq(cols)),
+                 ("k_unroll", _uniq([fam.k_unroll, 1, 2, 8])), ("direct_matmul", _uniq([fam.direct_matmul,
+                                                                                       not fam.direct_matmul])),
+                 grain]
+    elif kind == c.CONV2D:
+        knobs = [("acc_regs", _uniq([fam.acc_regs, 4, 8, 16, 24])),
+                 ("max_col_vectors", _uniq([fam.max_col_vectors, 1, 2, 4])), grain, tasks]
+    elif kind in (c.DEPTHWISE_CONV2D, c.POOL):
+        knobs = [("max_col_vectors", _uniq([fam.max_col_vectors, 1, 2, 4])),
+                 ("window_unroll", _uniq([fam.window_unroll, 1, 3, 11])), grain]
+    else:   # elementwise, reductions, global pooling: vector width and the grain
+        knobs = [("lanes", _uniq([fam.lanes, max(1, fam.lanes // 2), 2 * fam.lanes, 4 * fam.lanes])), grain, tasks]
+    return ConfigSpace(kind, tuple(knobs))
