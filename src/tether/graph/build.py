@@ -35,6 +35,7 @@ from tether.graph.passes import needs_kernel, optimize, plan_memory
 from tether.graph.conv_gemm import pack_conv_weights
 from tether.graph.to_te import lower_kernel
 from tether.target import as_target
+from tether.graph import qnn as _qnn  # noqa: F401  (registers the quantized graph ops, issue 12)
 
 log = logging.getLogger(__name__)
 
