@@ -5,6 +5,7 @@
 - ``requantize(acc, multiplier, zp)``: the same with ``float(acc) * multiplier`` for the division: an int32
   accumulator brought to the output's scale (MLAS's MlasRequantizeOutput).
 - ``dequantize(x, scale, zp)``: ``float(int32(x) - int32(zp)) * scale``.
+- ``qadd(a, b, ra, rb, fixed)``: the sum of two quantized tensors in a third's scale (MLAS's QLinearAdd).
 
 Scales and zero points are tensors broadcast against the data (per tensor: one element; per channel: shaped
 to broadcast along the channel axis).
@@ -50,6 +51,19 @@ def dequantize(x, scale, zp, name: str = "dequantize"):
     """integer x -> scale's dtype: float(int32(x) - int32(zp)) * scale."""
     return elementwise(lambda v, s, z: (v.astype("int32") - z.astype("int32")).astype(s.dtype) * s,
                        [x, scale, zp], name)
+
+
+def qadd(a, b, ra, rb, fixed, out_dtype: str, name: str = "qadd"):
+    """a, b integer -> out_dtype: saturate(round_half_even(a * ra + (b * rb + fixed))), the zero points folded into
+    ``fixed``; each multiply-add contracts to one fused multiply-add where the target has one, as MLAS's."""
+    _check_out(out_dtype, name)
+    lo, hi = RANGES[out_dtype]
+
+    def f(x, y, p, q, k):
+        v = x.astype(p.dtype) * p + (y.astype(q.dtype) * q + k)
+        v = c.min2(c.max2(v, c.const(float(lo), v.dtype)), c.const(float(hi), v.dtype))
+        return round_half_even(v).astype("int32").astype(out_dtype)
+    return elementwise(f, [a, b, ra, rb, fixed], name)
 
 
 def _check_out(out_dtype: str, name: str) -> None:

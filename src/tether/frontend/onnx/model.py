@@ -8,7 +8,8 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
-from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, node_attrs, onnx_type_name
+from tether.frontend.onnx.importer import (CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key, node_attrs,
+                                           onnx_type_name)
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""
     missing: Dict[str, List[str]] = {}
     for i, node in enumerate(model.graph.node):
-        if node.op_type not in CONVERTERS or (node.domain not in ("", "ai.onnx")):
+        if converter_key(node) not in CONVERTERS:
             missing.setdefault(node.op_type, []).append(node.name or "#%d" % i)
     return missing
 
@@ -34,7 +35,7 @@ def op_coverage(model) -> List[dict]:
         key = (domain, node.op_type)
         if key not in rows:
             rows[key] = {"domain": domain, "op_type": node.op_type, "opset": opsets.get(domain),
-                         "covered": domain == "ai.onnx" and node.op_type in CONVERTERS, "nodes": []}
+                         "covered": converter_key(node) in CONVERTERS, "nodes": []}
         rows[key]["nodes"].append(node.name or "#%d" % i)
     return list(rows.values())
 
@@ -103,7 +104,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         for x in ins:
             if x and x not in im.types:
                 raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
-        CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+        CONVERTERS[converter_key(node)](im, node, ins, node_attrs(node))
         for o in node.output:
             if o and o not in im.types:
                 raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
