@@ -99,7 +99,21 @@ def _emit_q_or_dq(im, node, op: str, x: str, scale: str, zp: str, attrs: dict, a
         return
     s = _broadcast_param(im, node, scale, shape, axis, "scale")
     z = _broadcast_param(im, node, zp, shape, axis, "zero point")
+    if op == "dequantize" and im.const(x) is not None:
+        _emit_unfolded(im, op, [x, s, z], attrs, node.name, node.output[0])
+        return
     im.emit(op, [x, s, z], attrs, node.name, node_output(node))
+
+
+def _emit_unfolded(im, op: str, inputs: Sequence[str], attrs: dict, name: str, out: str) -> None:
+    """A node over constants kept as a node: the dequantized int8 weights and int32 biases of the QDQ form stay
+    visible to the quantize pass (graph/passes/quantize.py), which runs their consumer as an integer kernel;
+    constant folding folds whatever it leaves."""
+    from tether.graph import ops
+    from tether.graph.ir import Node
+    (t,) = ops.infer(op, attrs, [im.type(i) for i in inputs])
+    im.types[out] = t
+    im.nodes.append(Node(op, name, list(inputs), [out], dict(attrs)))
 
 
 @converter("QuantizeLinear")

@@ -40,3 +40,12 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) ->
 
 __all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
            "fuse_prologues", "plan_memory", "MemoryPlan", "needs_kernel", "optimize", "PIPELINES"]
+
+# ---------------------------------------------------------------- int8 models (issue 12)
+# The QDQ form's DQ -> op -> Q groups become integer kernels first, before constant folding dequantizes their
+# int8 weights (passes/quantize.py); at every level, since it decides the rounding (onnxruntime's).
+from tether.graph.passes.quantize import fuse_qdq  # noqa: E402
+
+for _passes in PIPELINES.values():
+    _passes.insert(0, fuse_qdq)
+__all__ += ["fuse_qdq"]
