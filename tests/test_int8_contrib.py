@@ -89,3 +89,45 @@ def test_qlinear_mul_concat_sigmoid_within_one_step(onnx_compare):
         got, ref = onnx_compare(_model(op, feeds, inits, order, attrs), feeds, check=False)
         assert got[0].dtype == ref[0].dtype and got[0].shape == ref[0].shape
         _check_steps(got[0], ref[0], 1)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dynamic_quantize_matmul(onnx_compare, with_bias):
+    a = RNG.standard_normal((5, 48)).astype(np.float32)
+    b = _q((48, 20), "int8")
+    inits = {"b": b, "sb": RNG.uniform(0.001, 0.01, 20).astype(np.float32), "zb": np.zeros(20, np.int8)}
+    order = ["a", "b", "sb", "zb"]
+    if with_bias:
+        inits["bias"] = RNG.standard_normal(20).astype(np.float32)
+        order.append("bias")
+    model = _model("DynamicQuantizeMatMul", {"a": a}, inits, order, out_type=1)
+    onnx_compare(model, {"a": a}, rtol=1e-6, atol=1e-6)
+
+
+def test_matmul_integer_to_float(onnx_compare):
+    a, b = _q((6, 32), "uint8"), _q((32, 12), "int8")
+    sa, za = _sz("uint8")
+    inits = {"b": b, "sa": sa, "sb": np.array(0.004, np.float32), "za": za, "zb": np.array(0, np.int8)}
+    model = _model("MatMulIntegerToFloat", {"a": a}, inits, ["a", "b", "sa", "sb", "za", "zb"], out_type=1)
+    onnx_compare(model, {"a": a}, rtol=1e-6, atol=1e-6)
+
+
+def test_quantize_dynamic_mlp(onnx_compare, tmp_path):
+    """quantize_dynamic's MatMuls (DynamicQuantizeLinear, MatMulInteger, Cast, Mul) against onnxruntime, which
+    fuses them into its DynamicQuantizeMatMul kernel."""
+    import onnx
+    from fixtures.onnx_struct_compare import make_graph_model
+    from onnx import helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    w1 = RNG.standard_normal((32, 64)).astype(np.float32) * 0.2
+    w2 = RNG.standard_normal((64, 10)).astype(np.float32) * 0.2
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Relu", ["m1"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    x = RNG.standard_normal((4, 32)).astype(np.float32)
+    onnx.save(make_graph_model(nodes, {"x": x}, ["y"], {"w1": w1, "w2": w2}, opset=13), str(tmp_path / "f.onnx"))
+    quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8)
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    assert {n.op_type for n in model.graph.node} >= {"DynamicQuantizeLinear", "MatMulInteger"}
+    for _ in range(3):
+        x = RNG.standard_normal((4, 32)).astype(np.float32)
+        onnx_compare(model, {"x": x}, rtol=1e-6, atol=1e-6)

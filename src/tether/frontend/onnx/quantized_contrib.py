@@ -7,17 +7,21 @@ QLinearSigmoid, computed as onnxruntime's CPU kernels do:
 - QGemm: the integer product plus the int32 bias, requantized with ``alpha * sa * sb / sy`` (or scaled to float
   when there is no ``y_scale``);
 - QLinearMul, QLinearConcat and QLinearSigmoid: dequantize, the float op, quantize (onnxruntime's lookup tables
-  are built the same way).
+  are built the same way);
+- MatMulIntegerToFloat and DynamicQuantizeMatMul (what onnxruntime fuses quantize_dynamic's MatMuls into):
+  ``float(acc) * (sa * sb) + bias``, A quantized as DynamicQuantizeLinear does for the latter.
 """
 from __future__ import annotations
+
+import types
 
 import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph.qnn import qadd_constants
 from tether.frontend.onnx.importer import CONVERTERS, emit_reshape, node_output, norm_axis
-from tether.frontend.onnx.quantized import (PRODUCT_DTYPES, _check_scale, _dtype, _input, _minus_zero_point,
-                                            _zero)
+from tether.frontend.onnx.quantized import (PRODUCT_DTYPES, _check_scale, _dtype, _input, _int_matmul,
+                                            _minus_zero_point, _zero)
 
 MS = "com.microsoft."
 
@@ -152,7 +156,43 @@ def _qlinear_sigmoid(im, node, ins, a):
     _requant_float(im, node, v, sy, _input(ins, 4), X)
 
 
+def _to_float(im, node, acc: str, scales, bias) -> str:
+    """float(acc) * (a_scale * b_scale) [+ bias]: MatMulIntegerToFloat's and DynamicQuantizeMatMul's output."""
+    n = im.type(acc).shape[-1]
+    sa = _scalar(im, node, scales[0], "A scale")
+    sb = scales[1] if im.type(scales[1]).shape == (n,) else _scalar(im, node, scales[1], "B scale")
+    for s in scales:
+        _check_scale(im, node, s)
+    last = bias is None
+    y = im.emit("mul", [im.emit("cast", [acc], {"to": "float32"}), im.emit("mul", [sa, sb])], {}, node.name,
+                node_output(node) if last else None)
+    if not last:
+        _dtype(im, node, bias, ("float32",), "a bias")
+        y = im.emit("add", [y, bias], {}, node.name + "_bias", node_output(node))
+    return y
+
+
+def _matmul_integer_to_float(im, node, ins, a):
+    A, B, sa, sb = ins[:4]
+    za, zb, bias = _input(ins, 4), _input(ins, 5), _input(ins, 6)
+    acc = _int_matmul(im, node, A, B, za, zb, im.fresh(node.name + "_acc"))
+    _to_float(im, node, acc, (sa, sb), bias)
+
+
+def _dynamic_quantize_matmul(im, node, ins, a):
+    A, B, sb = ins[:3]
+    zb, bias = _input(ins, 3), _input(ins, 4)
+    _dtype(im, node, A, ("float32",), "an A operand")
+    q, sa, za = (im.fresh(node.name + suffix) for suffix in ("_a_quantized", "_a_scale", "_a_zero_point"))
+    dql = types.SimpleNamespace(name=node.name + "_quantize_a", op_type="DynamicQuantizeLinear", output=[q, sa, za],
+                                input=[A])
+    CONVERTERS["DynamicQuantizeLinear"](im, dql, [A], {})
+    acc = _int_matmul(im, node, q, B, za, zb, im.fresh(node.name + "_acc"))
+    _to_float(im, node, acc, (sa, sb), bias)
+
+
 for _op, _fn in {"QLinearAdd": _qlinear_add, "QLinearMul": _qlinear_mul,
                  "QLinearGlobalAveragePool": _qlinear_gap, "QGemm": _qgemm, "QLinearConcat": _qlinear_concat,
-                 "QLinearSigmoid": _qlinear_sigmoid}.items():
+                 "QLinearSigmoid": _qlinear_sigmoid, "MatMulIntegerToFloat": _matmul_integer_to_float,
+                 "DynamicQuantizeMatMul": _dynamic_quantize_matmul}.items():
     CONVERTERS[MS + _op] = _fn
