@@ -8,7 +8,7 @@ matches:
 
 | pattern (per-tensor activations, constant weights, scales and zero points) | becomes |
 |---|---|
-| ``Q(conv2d(DQ(x), DQ(w)) [+ DQ(bias int32)])`` | ``requantize(conv2d(int32(x) - zx, w - zw) + bias, sx * sw / sy, zy)`` |
+| ``Q(conv2d(DQ(x), DQ(w)) [+ DQ(bias int32, scale sx * sw)])`` | ``requantize(conv2d(int32(x) - zx, w - zw) + bias, sx * sw / sy, zy)`` |
 | ``Q([reshape](dense([reshape](DQ(a)), [transpose](DQ(w))) [+ DQ(bias)]))`` | the same with ``dense`` (Gemm, MatMul) |
 | ``Q(add(DQ(a), DQ(b)))`` | ``qadd(a, b, ...)`` (onnxruntime's QLinearAdd) |
 | ``Q(global_avg_pool(DQ(x)))`` | ``requantize(sum(int32(x)) - zx * HW, sx / (sy * HW), zy)`` |
@@ -124,8 +124,10 @@ class _Rewriter:
             return None
         return np.ascontiguousarray(w32), s2[:, 0].astype(F32)
 
-    def bias(self, value: str, channels: int) -> Optional[np.ndarray]:
-        """An int32 bias: a dequantize (zero point 0) of a constant, seen through reshapes, as (channels,)."""
+    def bias(self, value: str, channels: int, scale: np.ndarray) -> Optional[np.ndarray]:
+        """An int32 bias: a dequantize (zero point 0) of a constant, seen through reshapes, as (channels,), whose
+        scale is the accumulator's (``scale``, sx * sw in float32, as quantize_static writes it): only then are its
+        integers in the accumulator's units."""
         n = self.producer.get(value)
         while n is not None and n.op == "reshape":
             n = self.producer.get(n.inputs[0])
@@ -135,6 +137,8 @@ class _Rewriter:
         b = self.params[d[0]]
         if b.dtype != np.int32 or b.size != channels or np.any(d[2] != 0):
             return None
+        if not np.array_equal(np.broadcast_to(d[1].reshape(-1), (channels,)), np.broadcast_to(scale, (channels,))):
+            return None
         return b.reshape(channels)
 
 
@@ -143,6 +147,13 @@ def _output_params(rw: _Rewriter, q: Node) -> Optional[Tuple[float, str]]:
     if s not in rw.params or z not in rw.params or rw.params[s].size != 1 or rw.params[z].size != 1:
         return None
     return float(rw.params[s].reshape(-1)[0]), rw.const(rw.params[z].reshape(()), "zy")
+
+
+def _head(rw: _Rewriter, q: Node, op: str) -> Tuple[Optional[Node], Optional[Tuple[float, str]]]:
+    """The ``op`` node that only ``q`` reads, and q's output scale and zero point; (None, None) if either fails."""
+    n = rw.only_use(q.inputs[0], op)
+    out = _output_params(rw, q) if n is not None else None
+    return (n, out) if out is not None else (None, None)
 
 
 def _int_input(rw: _Rewriter, x: str, zx: int) -> str:
@@ -180,7 +191,7 @@ def _product(rw: _Rewriter, q: Node) -> bool:
     x, sx, zx = a
     w32, sw = w
     oc = w32.shape[0]
-    bias = rw.bias(bias_value, oc) if bias_value is not None else None
+    bias = rw.bias(bias_value, oc, F32(sx) * sw) if bias_value is not None else None
     if bias_value is not None and bias is None:
         return False
     mult = (F32(sx) * sw) / F32(sy)
@@ -199,9 +210,8 @@ def _product(rw: _Rewriter, q: Node) -> bool:
 
 
 def _add(rw: _Rewriter, q: Node) -> bool:
-    add = rw.only_use(q.inputs[0], "add")
-    out = _output_params(rw, q)
-    if add is None or out is None:
+    add, out = _head(rw, q, "add")
+    if add is None:
         return False
     a, b = rw.dq_tensor(add.inputs[0]), rw.dq_tensor(add.inputs[1])
     if a is None or b is None:
@@ -215,9 +225,8 @@ def _add(rw: _Rewriter, q: Node) -> bool:
 
 
 def _global_avg_pool(rw: _Rewriter, q: Node) -> bool:
-    pool = rw.only_use(q.inputs[0], "global_avg_pool")
-    out = _output_params(rw, q)
-    if pool is None or out is None:
+    pool, out = _head(rw, q, "global_avg_pool")
+    if pool is None:
         return False
     a = rw.dq_tensor(pool.inputs[0])
     if a is None:
@@ -236,9 +245,8 @@ def _global_avg_pool(rw: _Rewriter, q: Node) -> bool:
 
 
 def _same_scale_reshape(rw: _Rewriter, q: Node) -> bool:
-    r = rw.only_use(q.inputs[0], "reshape")
-    out = _output_params(rw, q)
-    if r is None or out is None:
+    r, out = _head(rw, q, "reshape")
+    if r is None:
         return False
     a = rw.dq_tensor(q.inputs[0])
     if a is None or a[1] != out[0] or a[2] != int(rw.params[out[1]]) or \
