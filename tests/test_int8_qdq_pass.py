@@ -71,3 +71,22 @@ def test_conv_with_per_channel_weights(onnx_compare, bias_scale):
     (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
     got, _ = onnx_compare(model, {"x": x}, expected=[expected], check=False)
     assert np.abs(got[0].astype(int) - expected.astype(int)).max() <= 1   # float conv sums in another order
+
+
+@pytest.mark.parametrize("act", ["Relu", "Clip"])
+def test_activation_that_the_quantize_saturates_is_looked_through(onnx_compare, act):
+    x = RNG.integers(0, 256, (1, 4, 8, 8)).astype(np.uint8)
+    inits = _scales(sx=0.02, zx=128, sy=0.02, zy=0)
+    sw = RNG.uniform(0.001, 0.01, 6).astype(np.float32)
+    inits.update(w=RNG.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8), sw=sw, zw=np.zeros(6, np.int8),
+                 lo=np.array(0.0, np.float32), hi=np.array(6.0, np.float32))
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"], axis=0),
+             helper.make_node("Conv", ["xf", "wf"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node(act, ["c"] + (["lo", "hi"] if act == "Clip" else []), ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["y"])]
+    model = _qdq(nodes, x, inits)
+    graph, params = from_onnx(model)
+    fused, _ = fuse_qdq(graph, params)
+    assert "requantize" in [n.op for n in fused.nodes]     # 0.02 * 255 = 5.1 <= 6: the clip changes nothing
+    onnx_compare(model, {"x": x}, rtol=0, atol=0)

@@ -14,6 +14,9 @@ matches:
 | ``Q(global_avg_pool(DQ(x)))`` | ``requantize(sum(int32(x)) - zx * HW, sx / (sy * HW), zy)`` |
 | ``Q(reshape*(DQ(x)))`` with the same scale, zero point and type | ``reshape*(x)`` (Flatten, Reshape: no arithmetic) |
 
+A Relu or Clip right before the Q is looked through when Q's saturation already does what it does (zero point at
+the type's minimum; clip bounds covering Q's range), as onnxruntime removes it.
+
 Weights are per channel along the output channels (conv axis 0, dense rows) or per tensor. A group that does not
 match (a per-channel activation, a run-time scale, an op outside the table) stays as it is: dequantize, the float
 op, quantize, which computes what the ONNX model says, one rounding apart from onnxruntime's integer kernel.
@@ -259,6 +262,27 @@ def _same_scale_reshape(rw: _Rewriter, q: Node) -> bool:
 PATTERNS = (_product, _add, _global_avg_pool, _same_scale_reshape)
 
 
+def _skip_saturated_activation(rw: _Rewriter, q: Node) -> Node:
+    """Q(relu(v)) is Q(v) when Q's zero point is its type's minimum, and Q(clip(v, a, b)) is Q(v) when [a, b]
+    covers Q's range: Q saturates there anyway (onnxruntime's ReluQuantFusion/ClipQuantFusion). Returns q reading
+    v in that case, else q."""
+    n = rw.producer.get(q.inputs[0])
+    if n is None or n.op not in ("relu", "clip") or rw.uses.get(q.inputs[0]) != 1:
+        return q
+    if q.inputs[1] not in rw.params or q.inputs[2] not in rw.params or rw.params[q.inputs[1]].size != 1:
+        return q
+    lo, hi = qnn.RANGES[q.attrs["dtype"]]
+    s = float(rw.params[q.inputs[1]].reshape(-1)[0])
+    z = int(rw.params[q.inputs[2]].reshape(-1)[0])
+    if n.op == "relu":
+        redundant = z == lo
+    else:
+        redundant = n.attrs.get("min", -np.inf) <= (lo - z) * s and n.attrs.get("max", np.inf) >= (hi - z) * s
+    if not redundant:
+        return q
+    return Node(q.op, q.name, [n.inputs[0]] + list(q.inputs[1:]), list(q.outputs), dict(q.attrs))
+
+
 def fuse_qdq(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
     if not any(n.op == "quantize" for n in graph.nodes):
         return graph, params
@@ -271,7 +295,7 @@ def fuse_qdq(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[s
     for n in graph.nodes:
         if n.op == "quantize":
             rw.out = []
-            if any(p(rw, n) for p in PATTERNS):
+            if any(p(rw, _skip_saturated_activation(rw, n)) for p in PATTERNS):
                 nodes.extend(rw.out)
                 fused += 1
                 continue
