@@ -17,10 +17,11 @@ from tether.graph.passes import optimize
 N_INPUTS = 4
 
 
-@pytest.mark.parametrize("name,size", [("mobilenet_v2", 224), ("resnet50", 112)])
-@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
-def test_quantized_model_matches_onnxruntime(int8_model, tmp_path, name, size, fmt):
-    path = int8_model(name, fmt, size)
+@pytest.mark.parametrize("name,size,fmt,activations", [
+    ("mobilenet_v2", 224, "qdq", "uint8"), ("mobilenet_v2", 224, "qoperator", "uint8"),
+    ("resnet50", 112, "qdq", "uint8"), ("resnet50", 112, "qoperator", "uint8")])
+def test_quantized_model_matches_onnxruntime(int8_model, tmp_path, name, size, fmt, activations):
+    path = int8_model(name, fmt, size, activations)
     model = onnx.load(path)
     graph, params = from_onnx(model)
     tether.build_graph(graph, params, target="host").export(str(tmp_path))

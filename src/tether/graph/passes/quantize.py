@@ -14,7 +14,8 @@ matches:
 | ``Q(global_avg_pool(DQ(x)))`` | ``requantize(sum(int32(x)) - zx * HW, sx / (sy * HW), zy)`` |
 | ``Q(reshape*(DQ(x)))`` with the same scale, zero point and type | ``reshape*(x)`` (Flatten, Reshape: no arithmetic) |
 
-A Relu or Clip right before the Q is looked through when Q's saturation already does what it does (zero point at
+With int8 activations the Add row and convs whose input dequantize has other readers stay unfused, as onnxruntime
+on x86 leaves them. A Relu or Clip right before the Q is looked through when Q's saturation already does what it does (zero point at
 the type's minimum; clip bounds covering Q's range), as onnxruntime removes it.
 
 Weights are per channel along the output channels (conv axis 0, dense rows) or per tensor. A group that does not
@@ -152,6 +153,13 @@ def _output_params(rw: _Rewriter, q: Node) -> Optional[Tuple[float, str]]:
     return float(rw.params[s].reshape(-1)[0]), rw.const(rw.params[z].reshape(()), "zy")
 
 
+def _int8_activation(rw: _Rewriter, x: str) -> bool:
+    """onnxruntime on x86 (tether's reference) fuses fewer QDQ groups with int8 activations than with uint8: no
+    QLinearAdd, and no conv whose input's DequantizeLinear also feeds another node. Matching it keeps the roundings
+    where onnxruntime has them."""
+    return str(rw.graph.types[x].dtype) == "int8"
+
+
 def _head(rw: _Rewriter, q: Node, op: str) -> Tuple[Optional[Node], Optional[Tuple[float, str]]]:
     """The ``op`` node that only ``q`` reads, and q's output scale and zero point; (None, None) if either fails."""
     n = rw.only_use(q.inputs[0], op)
@@ -188,6 +196,8 @@ def _product(rw: _Rewriter, q: Node) -> bool:
     if prod is None or prod.op not in ("conv2d", "dense") or (add is None and rw.uses.get(v) != 1):
         return False
     a = rw.dq_tensor(prod.inputs[0])
+    if a is not None and _int8_activation(rw, a[0]) and rw.uses.get(prod.inputs[0], 0) > 1:
+        return False
     w = rw.weight(prod.inputs[1], transposed_ok=prod.op == "dense")
     if a is None or w is None or len(prod.inputs) > 2:
         return False
@@ -214,7 +224,7 @@ def _product(rw: _Rewriter, q: Node) -> bool:
 
 def _add(rw: _Rewriter, q: Node) -> bool:
     add, out = _head(rw, q, "add")
-    if add is None:
+    if add is None or q.attrs["dtype"] == "int8":
         return False
     a, b = rw.dq_tensor(add.inputs[0]), rw.dq_tensor(add.inputs[1])
     if a is None or b is None:
