@@ -400,3 +400,47 @@ def _init_llvm() -> None:
 
 def as_target(target: Union[str, Target, None]) -> Target:
     return target if isinstance(target, Target) else Target(target or "host")
+
+
+# ---- int8 instructions (issue 12) ---------------------------------------------------------------------------
+# What an int8 dot product may be built from on a target: the widest integer multiply-accumulate its features
+# allow, best first. A preset that covers CPUs with and without an extension (android-arm64: phones with and
+# without the Armv8.2 dot product) lists the extension's instructions as chosen at load time, from what the
+# device reports (tether_rpc.cpu_features), never assumed at build time.
+_INT8_LOAD_TIME: Dict[str, Tuple[str, ...]] = {"android-arm64": ("asimddp",)}
+_INT8_BY_FEATURE = (   # (architecture, hwcap/flag name, instructions)
+    ("x86_64", "avx512_vnni", "vpdpbusd (AVX512-VNNI)"),
+    ("x86_64", "avx_vnni", "vpdpbusd (AVX-VNNI)"),
+    ("x86_64", "avx2", "vpmaddubsw+vpmaddwd (AVX2)"),
+    ("x86_64", "ssse3", "pmaddubsw (SSSE3)"),
+    ("aarch64", "i8mm", "smmla/ummla (i8mm)"),
+    ("aarch64", "asimddp", "sdot/udot (dotprod)"),
+    ("aarch64", "asimd", "smull/smlal/sadalp (NEON)"),
+    ("armv7", "neon", "vmull.s8/vmlal.s16/vpadal (NEON)"),
+)
+_INT8_BASELINE = {"x86_64": "pmaddwd (SSE2)", "aarch64": "mul/add (scalar)", "armv7": "mul/add (scalar)"}
+
+
+def _x86_host_flags(t: "Target") -> set:
+    flags = set(t.requirements()["features"])
+    if "+avxvnni" in t.feature_set:
+        flags.add("avx_vnni")
+    return flags
+
+
+def int8_instructions(target: Union[str, "Target", None]) -> list:
+    """``[(instructions, when)]`` an int8 kernel may use on ``target``, best first; ``when`` is "always" or
+    "if the device reports FEATURE" (a load-time choice)."""
+    t = as_target(target)
+    have = _x86_host_flags(t) if t.arch == "x86_64" else set(t.requirements()["features"])
+    optional = set(_INT8_LOAD_TIME.get(t.preset or "", ()))
+    out = []
+    for arch, flag, insns in _INT8_BY_FEATURE:
+        if arch != t.arch:
+            continue
+        if flag in have:
+            out.append((insns, "always"))
+        elif flag in optional:
+            out.append((insns, "if the device reports %s" % flag))
+    out.append((_INT8_BASELINE[t.arch], "always"))
+    return out

@@ -19,7 +19,7 @@ def command(plain: bool, show_host: bool) -> None:
             triple, cpu = t.triple, t.cpu
             features = "%d features, %d-bit vectors" % (len([f for f in t.feature_set if f.startswith("+")]),
                                                         t.vector_bits)
-        rows.append((name, triple, cpu, features or "-", p["description"]))
+        rows.append((name, triple, cpu, features or "-", _int8_column(name), p["description"]))
     if not plain:
         try:
             from rich.console import Console
@@ -31,9 +31,17 @@ def command(plain: bool, show_host: bool) -> None:
             click.echo("\t".join(row))
         return
     table = Table(title="tether target presets")
-    for col in ("preset", "triple", "cpu", "features", "description"):
+    for col in ("preset", "triple", "cpu", "features", "int8", "description"):
         table.add_column(col, no_wrap=col in ("preset", "triple", "cpu"))
     for row in rows:
         table.add_row(*row)
     Console().print(table)
     click.echo('Any LLVM triple works too: --target "aarch64-linux-gnu -mcpu=cortex-a55 -mattr=+neon"')
+
+
+def _int8_column(preset: str) -> str:
+    """The int8 instructions a preset's kernels may use, best first (issue 12); load-time choices marked."""
+    from tether.target import int8_instructions
+
+    return "; ".join(insns if when == "always" else "%s [%s]" % (insns, when)
+                     for insns, when in int8_instructions(preset))

@@ -38,6 +38,7 @@ from tether.graph.loop_kernel import DIRECT_KERNELS
 from tether.graph.to_te import lower_kernel
 from tether.target import as_target
 from tether.tune.log import best_configs, task_key
+from tether.graph import qnn as _qnn  # noqa: F401  (registers the quantized graph ops, issue 12)
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,8 @@ from typing import Dict, List, Sequence
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import CONVERTERS, Importer, converter, emit_reshape, node_attrs, norm_axis
+from tether.frontend.onnx.importer import (CONVERTERS, Importer, converter, converter_key, emit_reshape, node_attrs,
+                                           norm_axis)
 from tether.graph import loop_kernel  # noqa: F401 - registers the "loop" op
 from tether.graph.guards import GUARD_ATTR
 from tether.graph.ir import TensorType
@@ -75,7 +76,11 @@ def inline_subgraph(im: Importer, graph, bindings: Dict[str, str], scope: str) -
                 outs.append(im.rename[o] if o else "")
             del local.output[:]
             local.output.extend(outs)
-            CONVERTERS[node.op_type](im, local, ins, node_attrs(local))
+            convert = CONVERTERS.get(converter_key(node))
+            if convert is None:
+                raise UnsupportedOpError("node %s: op type %s (domain %r) inside a subgraph has no converter"
+                                         % (local.name, node.op_type, node.domain or "ai.onnx"))
+            convert(im, local, ins, node_attrs(local))
             for o in outs:
                 if o and o not in im.types:
                     raise UnsupportedOpError("node %s (%s): output %r was not produced" % (local.name, node.op_type, o))

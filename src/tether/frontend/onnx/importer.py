@@ -147,3 +147,10 @@ def str_attr(a: dict, key: str, default: str) -> str:
 
 def reshape_alias(im, x, node):
     im.emit("reshape", [x], {"shape": im.type(x).shape}, node.name, node_output(node))
+
+
+# ---------------------------------------------------------------- ops of other domains (issue 12)
+# A converter of an op outside the default ONNX domain registers as "domain.OpType" (e.g. the onnxruntime contrib
+# op "com.microsoft.QLinearAdd"); an op of the default domain by its type alone.
+def converter_key(node) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else "%s.%s" % (node.domain, node.op_type)

@@ -10,7 +10,8 @@ from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
 from tether.frontend.onnx import half
 from tether.frontend.onnx.external_data import initializer_array, load_model
-from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, node_attrs, onnx_type_name
+from tether.frontend.onnx.importer import (CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key, node_attrs,
+                                           onnx_type_name)
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ def unsupported_ops(model) -> Dict[str, List[str]]:
     """Every ONNX op type in `model` with no converter, with the names of its nodes."""
     missing: Dict[str, List[str]] = {}
     for i, node in enumerate(model.graph.node):
-        if node.op_type not in CONVERTERS or (node.domain not in ("", "ai.onnx")):
+        if converter_key(node) not in CONVERTERS:
             missing.setdefault(node.op_type, []).append(node.name or "#%d" % i)
     return missing
 
@@ -36,7 +37,7 @@ def op_coverage(model) -> List[dict]:
         key = (domain, node.op_type)
         if key not in rows:
             rows[key] = {"domain": domain, "op_type": node.op_type, "opset": opsets.get(domain),
-                         "covered": domain == "ai.onnx" and node.op_type in CONVERTERS, "nodes": []}
+                         "covered": converter_key(node) in CONVERTERS, "nodes": []}
         rows[key]["nodes"].append(node.name or "#%d" % i)
     return list(rows.values())
 
@@ -107,9 +108,9 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
                 raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
         if node.op_type not in half.NATIVE and half.reads_half(im, ins):
             declared = declared if declared is not None else half.declared_types(model)
-            half.convert_in_float32(im, node, ins, node_attrs(node), CONVERTERS[node.op_type], declared)
+            half.convert_in_float32(im, node, ins, node_attrs(node), CONVERTERS[converter_key(node)], declared)
         else:
-            CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+            CONVERTERS[converter_key(node)](im, node, ins, node_attrs(node))
             half.pass_through(im, node, ins)
         for o in node.output:
             if o and o not in im.types:

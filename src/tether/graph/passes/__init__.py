@@ -40,3 +40,17 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) ->
 
 __all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
            "fuse_prologues", "plan_memory", "MemoryPlan", "needs_kernel", "optimize", "PIPELINES"]
+
+# ---------------------------------------------------------------- int8 models (issue 12)
+# The QDQ form's DQ -> op -> Q groups become integer kernels first, before constant folding dequantizes their
+# int8 weights (passes/quantize.py); at every level, since it decides the rounding (onnxruntime's).
+# Then (level >= 1, after folding) integer products whose sums provably fit float32's 24 bits run as the fp32
+# kernels (passes/quantize_float.py).
+from tether.graph.passes.quantize import fuse_qdq  # noqa: E402
+from tether.graph.passes.quantize_float import exact_float_products  # noqa: E402
+
+for _level, _passes in PIPELINES.items():
+    _passes.insert(0, fuse_qdq)
+    if _level >= 1:
+        _passes.insert(_passes.index(dce) + 1, exact_float_products)
+__all__ += ["fuse_qdq", "exact_float_products"]

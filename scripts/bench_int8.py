@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""int8 model latency (issue 12): tether's int8 build vs tether's fp32 build of the same network, and vs
+onnxruntime's int8, at 1 and 2 threads.
+
+    python scripts/bench_int8.py [--models mobilenet_v2,resnet50] [--format qdq|qoperator] [--size 224]
+        [--number 3] [--repeat 7] [--json out.json]
+
+Each model (random weights: scripts/make_mobilenet_v2.py, scripts/make_resnet50.py) is quantized with
+onnxruntime's quantize_static (scripts/quantize_model.py, per-channel weights, uint8 activations). The printed
+ratios: fp32/int8 (tether's speed-up from int8, higher is better) and tether/ort (tether's int8 over onnxruntime's
+int8, lower is better). Medians over --repeat samples of --number runs after warm-up, all measured in the same run
+(the machine is shared: ratios mean something, absolute times less). The int8 outputs are checked against
+onnxruntime's first (share of outputs within one quantization step).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import numpy as np
+
+from _timing import per_call_samples
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _build(model, folder: str):
+    import tether
+    from tether import graph_executor
+    from tether.frontend import from_onnx
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, target="host", opt_level=3).export(folder)
+    return graph_executor.load(folder)
+
+
+def _median_ms(fn, number: int, repeat: int) -> float:
+    fn()
+    return statistics.median(per_call_samples(fn, number, repeat)) * 1e3
+
+
+def bench(name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
+    import onnx
+    import onnxruntime as ort
+    from tether_rpc import parallel
+
+    from make_mobilenet_v2 import build_mobilenet_v2
+    from make_resnet50 import build_resnet50
+    from quantize_model import quantize
+
+    work = tempfile.mkdtemp(prefix="bench-int8-%s-" % name)
+    fp32 = (build_mobilenet_v2 if name == "mobilenet_v2" else build_resnet50)(0, size)
+    fp32_path = os.path.join(work, "fp32.onnx")
+    onnx.save(fp32, fp32_path)
+    int8_path = quantize(fp32_path, os.path.join(work, "int8.onnx"), fmt, per_channel=True)
+    int8 = onnx.load(int8_path)
+    gm8 = _build(int8, os.path.join(work, "int8"))
+    gm32 = _build(fp32, os.path.join(work, "fp32"))
+    x = np.random.default_rng(0).random((1, 3, size, size), dtype=np.float32)
+    for gm in (gm8, gm32):
+        gm.set_input("input", x)
+    row = {"model": name, "format": fmt, "size": size}
+    for threads in (1, 2):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(int8_path, so, providers=["CPUExecutionProvider"])
+        if threads == 1:
+            gm8.run()
+            ref = sess.run(None, {"input": x})[0]
+            inits = {i.name: onnx.numpy_helper.to_array(i) for i in int8.graph.initializer}
+            (dq,) = [n for n in int8.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "output"]
+            step = float(inits[dq.input[1]])
+            row["within_one_step"] = float(np.mean(np.abs(gm8.get_output(0) - ref) <= step * 1.001))
+        parallel.set_num_threads(threads)
+        row["int8_ms_%dt" % threads] = _median_ms(gm8.run, number, repeat)
+        row["fp32_ms_%dt" % threads] = _median_ms(gm32.run, number, repeat)
+        row["ort_ms_%dt" % threads] = _median_ms(lambda: sess.run(None, {"input": x}), number, repeat)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="mobilenet_v2,resnet50")
+    ap.add_argument("--format", choices=["qdq", "qoperator"], default="qdq")
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--number", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    print("%-13s %3s %9s %9s %9s %8s %8s %8s" % ("model", "thr", "int8", "fp32", "ort int8", "fp32/i8", "i8/ort",
+                                                  "1-step"))
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        r = bench(name, args.format, args.size, args.number, args.repeat)
+        rows.append(r)
+        for t in (1, 2):
+            i8, f32, o = r["int8_ms_%dt" % t], r["fp32_ms_%dt" % t], r["ort_ms_%dt" % t]
+            print("%-13s %3d %7.2fms %7.2fms %7.2fms %7.2fx %7.2fx %8.4f" % (name, t, i8, f32, o, f32 / i8, i8 / o,
+                                                                        r["within_one_step"]))
+        sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Quantized graph ops (int8 models, issue 12): ``quantize``, ``requantize`` and ``dequantize``, each elementwise
+with its scale and zero point as broadcast inputs, registered in ``graph.ops.OPS`` (shape/dtype rule, numpy
+reference) and in ``graph.to_te.LOWER`` (the ``ops.qnn`` kernels).
+
+- ``quantize(x, scale, zp) {dtype}``: float -> dtype, ``saturate(round_half_even(x / scale) + zp)``;
+- ``requantize(acc, multiplier, zp) {dtype}``: int32 -> dtype, ``saturate(round_half_even(acc * multiplier) + zp)``:
+  the epilogue of an integer conv/matmul (fused into it like any elementwise op);
+- ``dequantize(x, scale, zp)``: integer -> float, ``(int32(x) - zp) * scale``;
+- ``qadd(a, b, ra, rb, fixed) {dtype}``: ``saturate(round_half_even(a * ra + (b * rb + fixed)))``, the sum of two
+  quantized tensors with ``ra = sa / sc``, ``rb = sb / sc``, ``fixed = zc - (ra * za + rb * zb)`` (MLAS's
+  QLinearAdd, its multiply-adds fused where the target has FMA).
+
+Integer convolutions and matrix products are the ordinary ``conv2d``/``dense``/``batch_matmul`` ops on int32
+operands (the zero points subtracted first), so they take every existing path through the passes and the build.
+Importing this module registers the ops; ``tether.graph.build`` and the ONNX frontend import it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tether.graph import ops, to_te
+from tether.graph.ir import TensorType
+from tether.ops import qnn
+
+RANGES = qnn.RANGES
+
+
+def saturate_round(v: np.ndarray, zp: np.ndarray, dtype: str) -> np.ndarray:
+    """numpy: the kernels' last step: clamp into [lo - zp, hi - zp], round half to even, add zp, in v's dtype."""
+    lo, hi = RANGES[dtype]
+    zf = np.asarray(zp).astype(v.dtype)
+    v = np.minimum(np.maximum(v, np.asarray(lo, v.dtype) - zf), np.asarray(hi, v.dtype) - zf)
+    return (np.rint(v) + zf).astype(np.int32).astype(dtype)
+
+
+def _quantize_ref(attrs, x, scale, zp):
+    return [saturate_round(x.astype(scale.dtype) / scale, zp, attrs["dtype"])]
+
+
+def _requantize_ref(attrs, acc, mult, zp):
+    return [saturate_round(acc.astype(mult.dtype) * mult, zp, attrs["dtype"])]
+
+
+def _dequantize_ref(attrs, x, scale, zp):
+    return [(x.astype(np.int32) - np.asarray(zp).astype(np.int32)).astype(scale.dtype) * scale]
+
+
+def _qadd_ref(attrs, a, b, ra, rb, fixed):
+    """float64 holds a * ra and b * rb exactly: each multiply-add rounds once to float32, as a fused one does."""
+    f32 = np.float32
+    inner = (b.astype(np.float64) * np.float64(rb) + np.float64(fixed)).astype(f32)
+    v = (a.astype(np.float64) * np.float64(ra) + inner.astype(np.float64)).astype(f32)
+    return [saturate_round(v, np.zeros((), np.int32), attrs["dtype"])]
+
+
+def qadd_constants(sa, za, sb, zb, sc, zc):
+    """(ra, rb, fixed) of ``qadd`` for constant scales and zero points: ra = sa / sc, rb = sb / sc and
+    fixed = zc - fma(ra, za, rb * zb) in float32 (onnxruntime's compiled MLAS fuses that multiply-add)."""
+    f32 = np.float32
+    ra, rb = f32(f32(sa) / f32(sc)), f32(f32(sb) / f32(sc))
+    prod = f32(rb * f32(int(zb)))
+    fused = f32(np.float64(ra) * np.float64(int(za)) + np.float64(prod))
+    return np.array(ra, f32), np.array(rb, f32), np.array(f32(f32(int(zc)) - fused), f32)
+
+
+def _typed(dtype_of):
+    def infer(attrs, *xs):
+        return [TensorType(ops.broadcast_shapes(*[x.shape for x in xs]), dtype_of(attrs, *xs))]
+    return infer
+
+
+ops._register("quantize", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _quantize_ref)
+ops._register("requantize", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _requantize_ref)
+ops._register("qadd", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _qadd_ref)
+ops._register("dequantize", "elemwise", _typed(lambda attrs, x, s, z: s.dtype), _dequantize_ref)
+
+to_te.LOWER["quantize"] = lambda attrs, x, s, z: qnn.quantize(x, s, z, attrs["dtype"])
+to_te.LOWER["requantize"] = lambda attrs, a, m, z: qnn.requantize(a, m, z, attrs["dtype"])
+to_te.LOWER["qadd"] = lambda attrs, a, b, ra, rb, k: qnn.qadd(a, b, ra, rb, k, attrs["dtype"])
+to_te.LOWER["dequantize"] = lambda attrs, x, s, z: qnn.dequantize(x, s, z)

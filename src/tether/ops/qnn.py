@@ -1,0 +1,71 @@
+"""Quantized elementwise steps (int8/uint8/int16): quantize, requantize, dequantize, as onnxruntime computes them.
+
+- ``quantize(x, scale, zp)``: ``clamp(x / scale, lo - zp, hi - zp)``, rounded half to even, ``+ zp`` (MLAS's
+  QuantizeLinear: the clamp comes before the rounding, so the value rounded is small and exact in float32).
+- ``requantize(acc, multiplier, zp)``: the same with ``float(acc) * multiplier`` for the division: an int32
+  accumulator brought to the output's scale (MLAS's MlasRequantizeOutput).
+- ``dequantize(x, scale, zp)``: ``float(int32(x) - int32(zp)) * scale``.
+- ``qadd(a, b, ra, rb, fixed)``: the sum of two quantized tensors in a third's scale (MLAS's QLinearAdd).
+
+Scales and zero points are tensors broadcast against the data (per tensor: one element; per channel: shaped
+to broadcast along the channel axis).
+"""
+from __future__ import annotations
+
+from tether import te
+
+from . import common as c
+from .nary import elementwise
+
+RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
+
+
+def round_half_even(v):
+    """float -> the nearest integer value (ties to even), as a float. Exact for |v| < 2**22 (callers clamp first)."""
+    half, one, two = c.const(0.5, v.dtype), c.const(1.0, v.dtype), c.const(2.0, v.dtype)
+    r = te.floor(v + half)
+    odd = (r - two * te.floor(r * half)) == one
+    return te.if_then_else(te.all((r - v) == half, odd), r - one, r)
+
+
+def _to_int(v, zp, out_dtype: str):
+    lo, hi = RANGES[out_dtype]
+    zf = zp.astype(v.dtype)
+    v = c.min2(c.max2(v, c.const(float(lo), v.dtype) - zf), c.const(float(hi), v.dtype) - zf)
+    return (round_half_even(v) + zf).astype("int32").astype(out_dtype)
+
+
+def quantize(x, scale, zp, out_dtype: str, name: str = "quantize"):
+    """float32 x -> out_dtype: saturate(round_half_even(x / scale) + zp)."""
+    _check_out(out_dtype, name)
+    return elementwise(lambda v, s, z: _to_int(v / s, z, out_dtype), [x, scale, zp], name)
+
+
+def requantize(acc, multiplier, zp, out_dtype: str, name: str = "requantize"):
+    """int32 acc -> out_dtype: saturate(round_half_even(float(acc) * multiplier) + zp)."""
+    _check_out(out_dtype, name)
+    return elementwise(lambda v, m, z: _to_int(v.astype(m.dtype) * m, z, out_dtype), [acc, multiplier, zp], name)
+
+
+def dequantize(x, scale, zp, name: str = "dequantize"):
+    """integer x -> scale's dtype: float(int32(x) - int32(zp)) * scale."""
+    return elementwise(lambda v, s, z: (v.astype("int32") - z.astype("int32")).astype(s.dtype) * s,
+                       [x, scale, zp], name)
+
+
+def qadd(a, b, ra, rb, fixed, out_dtype: str, name: str = "qadd"):
+    """a, b integer -> out_dtype: saturate(round_half_even(a * ra + (b * rb + fixed))), the zero points folded into
+    ``fixed``; each multiply-add contracts to one fused multiply-add where the target has one, as MLAS's."""
+    _check_out(out_dtype, name)
+    lo, hi = RANGES[out_dtype]
+
+    def f(x, y, p, q, k):
+        v = x.astype(p.dtype) * p + (y.astype(q.dtype) * q + k)
+        v = c.min2(c.max2(v, c.const(float(lo), v.dtype)), c.const(float(hi), v.dtype))
+        return round_half_even(v).astype("int32").astype(out_dtype)
+    return elementwise(f, [a, b, ra, rb, fixed], name)
+
+
+def _check_out(out_dtype: str, name: str) -> None:
+    if out_dtype not in RANGES:
+        raise ValueError(f"{name}: output dtype {out_dtype} is not one of {sorted(RANGES)}")
