@@ -8,17 +8,28 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
+from tether.frontend.onnx.functions import expand_node, has_function_body
 from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, node_attrs, onnx_type_name
 
 log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- entry point
+def _model_opset(model) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
+
+
+def _covered(op_type: str, domain: str, opset: int) -> bool:
+    # no converter but a function body in the spec: the node converts through its body (functions.py)
+    return domain in ("", "ai.onnx") and (op_type in CONVERTERS or has_function_body(op_type, opset))
+
+
 def unsupported_ops(model) -> Dict[str, List[str]]:
-    """Every ONNX op type in `model` with no converter, with the names of its nodes."""
+    """Every ONNX op type in `model` with no converter (and no function body to expand), with its nodes' names."""
     missing: Dict[str, List[str]] = {}
+    opset = _model_opset(model)
     for i, node in enumerate(model.graph.node):
-        if node.op_type not in CONVERTERS or (node.domain not in ("", "ai.onnx")):
+        if not _covered(node.op_type, node.domain, opset):
             missing.setdefault(node.op_type, []).append(node.name or "#%d" % i)
     return missing
 
@@ -28,13 +39,14 @@ def op_coverage(model) -> List[dict]:
     order of first use. Covered means there is a converter; a converter may still refuse an attribute value
     or dtype when the model is imported."""
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    opset = _model_opset(model)
     rows: Dict[Tuple[str, str], dict] = {}
     for i, node in enumerate(model.graph.node):
         domain = node.domain or "ai.onnx"
         key = (domain, node.op_type)
         if key not in rows:
             rows[key] = {"domain": domain, "op_type": node.op_type, "opset": opsets.get(domain),
-                         "covered": domain == "ai.onnx" and node.op_type in CONVERTERS, "nodes": []}
+                         "covered": _covered(node.op_type, domain, opset), "nodes": []}
         rows[key]["nodes"].append(node.name or "#%d" % i)
     return list(rows.values())
 
@@ -43,6 +55,20 @@ def _value_info_type(vi) -> Tuple[Tuple[Optional[int], ...], str]:
     tt = vi.type.tensor_type
     dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
     return dims, ONNX_DTYPES.get(tt.elem_type, "elem_type_%d" % tt.elem_type)
+
+
+def _convert_node(im: Importer, node) -> None:
+    ins = [x for x in node.input]
+    for x in ins:
+        if x and x not in im.types:
+            raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
+    if node.op_type in CONVERTERS:
+        CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+    else:
+        expand_node(im, node, ins, _convert_node)
+    for o in node.output:
+        if o and o not in im.types:
+            raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
 
 
 def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
@@ -63,8 +89,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         listing = "; ".join("%s (%s)" % (op, ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
                             for op, names in sorted(missing.items()))
         raise UnsupportedOpError("the model uses %d unsupported op type(s): %s" % (len(missing), listing))
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
-    im = Importer(opset)
+    im = Importer(_model_opset(model))
     im.reserved = {v for n in model.graph.node for v in list(n.input) + list(n.output)} | \
         {v.name for v in list(model.graph.input) + list(model.graph.output)}
     shape = dict(shape or {})
@@ -99,14 +124,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = "%s_%d" % (node.op_type, i)
-        ins = [x for x in node.input]
-        for x in ins:
-            if x and x not in im.types:
-                raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
-        CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
-        for o in node.output:
-            if o and o not in im.types:
-                raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
+        _convert_node(im, node)
     outputs = [o.name for o in model.graph.output]
     graph = Graph(inputs, outputs, im.nodes, im.types, name=model.graph.name or "main")
     used = {i for n in graph.nodes for i in n.inputs} | set(outputs)
