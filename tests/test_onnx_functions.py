@@ -67,16 +67,6 @@ def test_function_ops_count_as_covered():
     assert op_coverage(m)[0]["covered"] is True
 
 
-def test_a_body_using_a_subgraph_op_is_refused_naming_the_node():
-    # LinearAttention's body runs a Scan: refused with the node's name, never approximated
-    q = _r(1, 2, 3, 4)
-    m = make_model("LinearAttention", {"q": q, "k": _r(1, 2, 3, 4), "v": _r(1, 2, 3, 4)},
-                   {"q_num_heads": 2, "kv_num_heads": 2}, opset=27)
-    m.graph.node[0].name = "la0"
-    with pytest.raises(UnsupportedOpError, match="la0"):
-        from_onnx(m)
-
-
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("rotary_dim", [0, 4])
 def test_rotary_embedding(onnx_compare, interleaved, rotary_dim):
