@@ -88,3 +88,20 @@ def _group_norm(im, node, ins, a):
 
 
 # ---------------------------------------------------------------- shape ops: Split, Expand, Tile, Range, Size
+
+
+# ---------------------------------------------------------------- LpNormalization (issue 11)
+@converter("LpNormalization")
+def _lp_norm(im, node, ins, a):
+    from tether.frontend.onnx.importer import require_dtype
+    dt = require_dtype(im, node, ins[0], ("float32", "float64"))
+    p = int(a.get("p", 2))
+    if p not in (1, 2):
+        raise UnsupportedOpError("node %s: LpNormalization p=%d (the spec allows 1 and 2)" % (node.name, p))
+    axis = norm_axis(int(a.get("axis", -1)), len(im.type(ins[0]).shape))
+    norm = im.emit("reduce", [ins[0]], {"kind": "l1" if p == 1 else "l2", "axes": [axis], "keepdims": True})
+    zero = im.add_const(np.array(0, dt))
+    # a zero norm (an all-zero slice) gives zeros, not 0/0
+    is_zero = im.emit("equal", [norm, zero])
+    safe = im.emit("where", [is_zero, im.add_const(np.array(1, dt)), norm])
+    im.emit("where", [is_zero, zero, im.emit("div", [ins[0], safe])], {}, node.name, node_output(node))
