@@ -699,3 +699,18 @@ def is_alias(node: Node) -> bool:
     """A single (unfused) node whose output reinterprets its input's bytes (pattern ``alias``: a reshape): it gets
     no kernel and no storage of its own."""
     return node.op != "fused" and pattern(node.op) == "alias"
+
+
+# ---------------------------------------------------------------- RMS normalization (issue 11)
+# "rms_normalize": inputs x[, scale] (attrs has_scale), the mean square over axes [axis, ndim); scale broadcasts
+# to x (right-aligned).
+def _rms_normalize_ref(attrs, x, *rest):
+    axes = tuple(range(attrs["axis"], x.ndim))
+    f = x.astype(np.float64)
+    y = f / np.sqrt((f * f).mean(axis=axes, keepdims=True) + attrs["epsilon"])
+    if attrs.get("has_scale"):
+        y = y * rest[0]
+    return [y.astype(x.dtype)]
+
+
+_register("rms_normalize", "opaque", _same, _rms_normalize_ref)

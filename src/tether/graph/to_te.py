@@ -604,3 +604,9 @@ def lower_kernel(node: Node, types: Dict[str, TensorType], conv_gemm: bool = Tru
     if plan is not None:
         shapes = [list(c.shape_of(ph)) for ph in placeholders] + [list(c.shape_of(out))]
     return placeholders, out, shapes
+
+
+# ---------------------------------------------------------------- RMS normalization (issue 11)
+@lowering("rms_normalize")
+def _rms_normalize(attrs, x, *rest):
+    return ops.rms_normalize(x, attrs["axis"], attrs["epsilon"], rest[0] if attrs.get("has_scale") else None)

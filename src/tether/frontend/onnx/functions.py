@@ -5,10 +5,10 @@ converted one by one like any other node. The body is written for the function's
 convert under that opset. What the body uses and tether lacks is refused, naming the node it came from."""
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import CONVERTERS, ONNX_DTYPES, Importer
+from tether.frontend.onnx.importer import CONVERTERS, ONNX_DTYPES, Importer, node_attrs
 
 _ONNX_ELEM = {v: k for k, v in ONNX_DTYPES.items()}
 
@@ -116,8 +116,24 @@ def _expand(node, fn, prefix: str):
     return body
 
 
-def expand_node(im: Importer, node, ins: List[str], convert: Callable[[Importer, object], None]) -> None:
-    """Convert ``node`` by converting the nodes of its function body (with ``convert``)."""
+def convert_node(im: Importer, node) -> None:
+    """Convert one ONNX node: through its converter, or else through its function body."""
+    ins = [x for x in node.input]
+    for x in ins:
+        if x and x not in im.types:
+            raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
+    if node.op_type in CONVERTERS:
+        CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
+    else:
+        expand_node(im, node, ins)
+    for o in node.output:
+        if o and o not in im.types:
+            raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
+
+
+def expand_node(im: Importer, node, ins: List[str]) -> None:
+    """Convert ``node`` by converting the nodes of its function body. A converter that implements only part of
+    an op's attribute space calls this for the rest."""
     schema = _schema(node.op_type, im.opset)
     if schema is None or not _versions(schema):
         raise UnsupportedOpError("node %s: %s has no converter and no function body" % (node.name, node.op_type))
@@ -143,6 +159,6 @@ def expand_node(im: Importer, node, ins: List[str], convert: Callable[[Importer,
     im.opset = fn_opset or outer
     try:
         for n in body:
-            convert(im, n)
+            convert_node(im, n)
     finally:
         im.opset = outer

@@ -8,8 +8,8 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
-from tether.frontend.onnx.functions import expand_node, has_function_body
-from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, node_attrs, onnx_type_name
+from tether.frontend.onnx.functions import convert_node, has_function_body
+from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, onnx_type_name
 
 log = logging.getLogger(__name__)
 
@@ -55,20 +55,6 @@ def _value_info_type(vi) -> Tuple[Tuple[Optional[int], ...], str]:
     tt = vi.type.tensor_type
     dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
     return dims, ONNX_DTYPES.get(tt.elem_type, "elem_type_%d" % tt.elem_type)
-
-
-def _convert_node(im: Importer, node) -> None:
-    ins = [x for x in node.input]
-    for x in ins:
-        if x and x not in im.types:
-            raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
-    if node.op_type in CONVERTERS:
-        CONVERTERS[node.op_type](im, node, ins, node_attrs(node))
-    else:
-        expand_node(im, node, ins, _convert_node)
-    for o in node.output:
-        if o and o not in im.types:
-            raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
 
 
 def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
@@ -124,7 +110,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = "%s_%d" % (node.op_type, i)
-        _convert_node(im, node)
+        convert_node(im, node)
     outputs = [o.name for o in model.graph.output]
     graph = Graph(inputs, outputs, im.nodes, im.types, name=model.graph.name or "main")
     used = {i for n in graph.nodes for i in n.inputs} | set(outputs)
