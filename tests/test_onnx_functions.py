@@ -67,19 +67,6 @@ def test_function_ops_count_as_covered():
     assert op_coverage(m)[0]["covered"] is True
 
 
-@pytest.mark.parametrize("interleaved", [0, 1])
-@pytest.mark.parametrize("rotary_dim", [0, 4])
-def test_rotary_embedding(onnx_compare, interleaved, rotary_dim):
-    # rotary_dim 0 rotates the whole head: the body's pass-through part is empty, a constant, not a kernel
-    b, n, s, h = 2, 3, 5, 8
-    half = (rotary_dim or h) // 2
-    x = _r(b, n, s, h)
-    pos = RNG.integers(0, 10, (b, s)).astype(np.int64)
-    m = make_model("RotaryEmbedding", {"x": x}, {"interleaved": interleaved, "rotary_embedding_dim": rotary_dim},
-                   opset=23, initializers={"cos": _r(10, half), "sin": _r(10, half), "pos": pos})
-    onnx_compare(m, {"x": x})
-
-
 def test_concat_with_an_empty_piece_drops_it(onnx_compare):
     x = _r(2, 3)
     empty = np.zeros((2, 0), np.float32)

@@ -610,3 +610,9 @@ def lower_kernel(node: Node, types: Dict[str, TensorType], conv_gemm: bool = Tru
 @lowering("rms_normalize")
 def _rms_normalize(attrs, x, *rest):
     return ops.rms_normalize(x, attrs["axis"], attrs["epsilon"], rest[0] if attrs.get("has_scale") else None)
+
+
+# ---------------------------------------------------------------- rotary position embedding (issue 11)
+@lowering("rotary_embedding")
+def _rotary_embedding(attrs, x, cos, sin):
+    return ops.rotary_embedding(x, cos, sin, attrs["seq_axis"], attrs["rotary_dim"], bool(attrs["interleaved"]))

@@ -37,3 +37,5 @@ from .indexing import gather, gather_elements, gather_nd, one_hot, trilu  # noqa
 __all__ += ["gather", "gather_elements", "gather_nd", "one_hot", "trilu"]
 from .rms_norm import rms_normalize  # noqa: E402  RMS normalization (issue 11)
 __all__ += ["rms_normalize"]
+from .rotary import rotary_embedding  # noqa: E402  rotary position embedding (issue 11)
+__all__ += ["rotary_embedding"]
