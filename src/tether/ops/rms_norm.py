@@ -5,18 +5,12 @@ from __future__ import annotations
 from tether import te
 
 from . import common as c
+from .norm import trailing_statistics
 
 
 def rms_normalize(x, axis: int, epsilon: float = 1e-5, scale=None, name: str = "rms_normalize"):
     """x * rsqrt(mean(x*x over axes [axis, ndim)) + eps) * scale; ``scale`` broadcasts to x (right-aligned)."""
-    shape = c.shape_of(x)
-    nd = len(shape)
-    axis = c.normalize_axes(axis, nd)[0]
-    count = 1
-    for d in shape[axis:]:
-        count *= d
-    inv = c.const(1.0 / count, x.dtype)
-    stat_shape = tuple(shape[:axis]) + (1,) * (nd - axis)
+    shape, nd, axis, inv, stat_shape = trailing_statistics(x, axis)
     r = [te.reduce_axis((0, shape[d]), name="r%d" % d) for d in range(axis, nd)]
 
     def ms_f(*i):
