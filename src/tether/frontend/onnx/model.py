@@ -36,8 +36,8 @@ def unsupported_ops(model) -> Dict[str, List[str]]:
 
 def op_coverage(model) -> List[dict]:
     """Per (domain, op type) of ``model``: its opset, whether a converter covers it, and its nodes' names, in
-    order of first use. Covered means there is a converter; a converter may still refuse an attribute value
-    or dtype when the model is imported."""
+    order of first use. Covered means there is a converter or a function body in the spec to convert through;
+    either may still refuse an attribute value, a dtype or an op inside the body when the model is imported."""
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     opset = _model_opset(model)
     rows: Dict[Tuple[str, str], dict] = {}
