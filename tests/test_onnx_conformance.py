@@ -88,6 +88,6 @@ FUNCTION_BODY_CASES = ["test_sce_none", "test_nllloss_NC", "test_mvn", "test_shr
 def test_function_body_case_passes(name):
     from tether.frontend.onnx.functions import has_function_body
     case = BY_NAME[name]
-    assert OPS[name] not in CONVERTERS and has_function_body(OPS[name], 100)
+    assert has_function_body(OPS[name], 100)    # (a converter added later takes precedence; the case must pass)
     status, message = oc.run_tether(case)
     assert status == oc.PASS, "%s: %s %s" % (name, status, message)
