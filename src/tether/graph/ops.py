@@ -699,3 +699,39 @@ def is_alias(node: Node) -> bool:
     """A single (unfused) node whose output reinterprets its input's bytes (pattern ``alias``: a reshape): it gets
     no kernel and no storage of its own."""
     return node.op != "fused" and pattern(node.op) == "alias"
+
+
+# ---------------------------------------------------------------- RMS normalization (issue 11)
+# "rms_normalize": inputs x[, scale] (attrs has_scale), the mean square over axes [axis, ndim); scale broadcasts
+# to x (right-aligned).
+def _rms_normalize_ref(attrs, x, *rest):
+    axes = tuple(range(attrs["axis"], x.ndim))
+    f = x.astype(np.float64)
+    y = f / np.sqrt((f * f).mean(axis=axes, keepdims=True) + attrs["epsilon"])
+    if attrs.get("has_scale"):
+        y = y * rest[0]
+    return [y.astype(x.dtype)]
+
+
+_register("rms_normalize", "opaque", _same, _rms_normalize_ref)
+
+
+# ---------------------------------------------------------------- rotary position embedding (issue 11)
+# "rotary_embedding": inputs x (rank 4, heads last: (B, S, N, H) for seq_axis 1, (B, N, S, H) for 2), cos and
+# sin (B, S, rotary_dim / 2); attrs seq_axis, rotary_dim, interleaved.
+def _rotary_ref(attrs, x, cos, sin):
+    rd, half = attrs["rotary_dim"], attrs["rotary_dim"] // 2
+    f = x.astype(np.float64)
+    shape = (cos.shape[0], cos.shape[1], 1, half) if attrs["seq_axis"] == 1 else (cos.shape[0], 1, cos.shape[1], half)
+    co, si = cos.reshape(shape), sin.reshape(shape)
+    rot = f[..., :rd]
+    x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if attrs["interleaved"] else (rot[..., :half], rot[..., half:])
+    real, imag = x1 * co - x2 * si, x1 * si + x2 * co
+    if attrs["interleaved"]:
+        rot = np.stack([real, imag], axis=-1).reshape(rot.shape)
+    else:
+        rot = np.concatenate([real, imag], axis=-1)
+    return [np.concatenate([rot, f[..., rd:]], axis=-1).astype(x.dtype)]
+
+
+_register("rotary_embedding", "injective", lambda attrs, x, cos, sin: [x], _rotary_ref)

@@ -604,3 +604,15 @@ def lower_kernel(node: Node, types: Dict[str, TensorType], conv_gemm: bool = Tru
     if plan is not None:
         shapes = [list(c.shape_of(ph)) for ph in placeholders] + [list(c.shape_of(out))]
     return placeholders, out, shapes
+
+
+# ---------------------------------------------------------------- RMS normalization (issue 11)
+@lowering("rms_normalize")
+def _rms_normalize(attrs, x, *rest):
+    return ops.rms_normalize(x, attrs["axis"], attrs["epsilon"], rest[0] if attrs.get("has_scale") else None)
+
+
+# ---------------------------------------------------------------- rotary position embedding (issue 11)
+@lowering("rotary_embedding")
+def _rotary_embedding(attrs, x, cos, sin):
+    return ops.rotary_embedding(x, cos, sin, attrs["seq_axis"], attrs["rotary_dim"], bool(attrs["interleaved"]))

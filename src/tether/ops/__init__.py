@@ -35,3 +35,7 @@ from .resize import resize_tables  # noqa: E402  ONNX Resize/Upsample from per-a
 __all__ += ["resize_tables"]
 from .indexing import gather, gather_elements, gather_nd, one_hot, trilu  # noqa: E402  index-driven ops
 __all__ += ["gather", "gather_elements", "gather_nd", "one_hot", "trilu"]
+from .rms_norm import rms_normalize  # noqa: E402  RMS normalization (issue 11)
+__all__ += ["rms_normalize"]
+from .rotary import rotary_embedding  # noqa: E402  rotary position embedding (issue 11)
+__all__ += ["rotary_embedding"]

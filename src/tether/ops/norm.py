@@ -23,18 +23,22 @@ def batch_norm(x, gamma, beta, mean, var, axis: int = 1, epsilon: float = 1e-5, 
 
 
 # ---------------------------------------------------------------- layer / instance / group normalization
-def normalize(x, axis: int, epsilon: float = 1e-5, scale=None, bias=None, name: str = "normalize"):
-    """(x - mean) / sqrt(var + eps) * scale + bias, mean and (biased) variance taken over axes [axis, ndim) for
-    each index of the leading axes; `scale`/`bias` broadcast to x's shape (numpy rules, right-aligned). ONNX
-    LayerNormalization is this directly; Instance- and GroupNormalization are it on a reshaped x."""
+def trailing_statistics(x, axis: int):
+    """(shape, rank, axis, 1/count, statistics shape) of statistics over x's axes [axis, ndim)."""
     shape = c.shape_of(x)
     nd = len(shape)
     axis = c.normalize_axes(axis, nd)[0]
     count = 1
     for d in shape[axis:]:
         count *= d
-    inv = c.const(1.0 / count, x.dtype)
-    stat_shape = tuple(shape[:axis]) + (1,) * (nd - axis)
+    return shape, nd, axis, c.const(1.0 / count, x.dtype), tuple(shape[:axis]) + (1,) * (nd - axis)
+
+
+def normalize(x, axis: int, epsilon: float = 1e-5, scale=None, bias=None, name: str = "normalize"):
+    """(x - mean) / sqrt(var + eps) * scale + bias, mean and (biased) variance taken over axes [axis, ndim) for
+    each index of the leading axes; `scale`/`bias` broadcast to x's shape (numpy rules, right-aligned). ONNX
+    LayerNormalization is this directly; Instance- and GroupNormalization are it on a reshaped x."""
+    shape, nd, axis, inv, stat_shape = trailing_statistics(x, axis)
 
     def stat_index(idx):
         return tuple(idx[:axis]) + (0,) * (nd - axis)

@@ -50,6 +50,20 @@ def _twins(im: Importer) -> Dict[str, str]:
     return im.half_twins
 
 
+class DeclaredTypes:
+    """``declared_types(model)``, computed once and only when a float16 node needs it (shape inference over a
+    whole model is not free)."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+        self._types: Optional[Dict[str, str]] = None
+
+    def get(self) -> Dict[str, str]:
+        if self._types is None:
+            self._types = declared_types(self._model)
+        return self._types
+
+
 def reads_half(im: Importer, ins: List[str]) -> bool:
     return any(x and str(im.type(x).dtype) == HALF for x in ins)
 

@@ -55,9 +55,15 @@ class Importer:
              outputs: Optional[Sequence[str]] = None) -> str:
         """Add one graph op (or fold it if every input is constant); returns its (first) output name."""
         attrs = dict(attrs or {})
+        inputs = _drop_empty_concat_inputs(self, op, list(inputs))
         in_types = [self.types[i] for i in inputs]
         out_types = ops.infer(op, attrs, in_types)
         outs = list(outputs) if outputs else [self.fresh(op) for _ in out_types]
+        if all(_empty(t) for t in out_types):
+            # an empty tensor is known from its type alone: a constant, never a kernel with a zero extent
+            for o, t in zip(outs, out_types):
+                self.add_const(np.zeros(t.shape, t.dtype), name=o)
+            return outs[0]
         if all(i in self.consts for i in inputs):
             values = ops.evaluate(op, attrs, [self.consts[i] for i in inputs])
             for o, v in zip(outs, values):
@@ -75,6 +81,20 @@ class Importer:
                 "node %s: %s (%r) must be a constant once input shapes are fixed; it is computed at run time"
                 % (node_name, what, value))
         return c
+
+
+# ---------------------------------------------------------------- empty tensors (issue 11)
+def _empty(t: TensorType) -> bool:
+    return any(int(d) == 0 for d in t.shape)
+
+
+def _drop_empty_concat_inputs(im: "Importer", op: str, inputs: List[str]) -> List[str]:
+    # concatenating an empty piece adds nothing (onnx's RotaryEmbedding body concatenates an empty pass-through
+    # part when the whole head rotates); keep one input if all are empty
+    if op != "concat" or len(inputs) < 2:
+        return inputs
+    kept = [i for i in inputs if not _empty(im.types[i])]
+    return kept or inputs[:1]
 
 
 # ---------------------------------------------------------------- helpers

@@ -10,34 +10,46 @@ from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
 from tether.frontend.onnx import half
 from tether.frontend.onnx.external_data import initializer_array, load_model
-from tether.frontend.onnx.importer import (CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key, node_attrs,
-                                           onnx_type_name)
+from tether.frontend.onnx.functions import convert_node, has_function_body
+from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key, onnx_type_name
 
 log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- entry point
+def _model_opset(model) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
+
+
+def _covered(node, opset: int) -> bool:
+    # no converter but a function body in the spec: the node converts through its body (functions.py)
+    return converter_key(node) in CONVERTERS or (
+        node.domain in ("", "ai.onnx") and has_function_body(node.op_type, opset))
+
+
 def unsupported_ops(model) -> Dict[str, List[str]]:
-    """Every ONNX op type in `model` with no converter, with the names of its nodes."""
+    """Every ONNX op type in `model` with no converter (and no function body to expand), with its nodes' names."""
     missing: Dict[str, List[str]] = {}
+    opset = _model_opset(model)
     for i, node in enumerate(model.graph.node):
-        if converter_key(node) not in CONVERTERS:
+        if not _covered(node, opset):
             missing.setdefault(node.op_type, []).append(node.name or "#%d" % i)
     return missing
 
 
 def op_coverage(model) -> List[dict]:
     """Per (domain, op type) of ``model``: its opset, whether a converter covers it, and its nodes' names, in
-    order of first use. Covered means there is a converter; a converter may still refuse an attribute value
-    or dtype when the model is imported."""
+    order of first use. Covered means there is a converter or a function body in the spec to convert through;
+    either may still refuse an attribute value, a dtype or an op inside the body when the model is imported."""
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    opset = _model_opset(model)
     rows: Dict[Tuple[str, str], dict] = {}
     for i, node in enumerate(model.graph.node):
         domain = node.domain or "ai.onnx"
         key = (domain, node.op_type)
         if key not in rows:
             rows[key] = {"domain": domain, "op_type": node.op_type, "opset": opsets.get(domain),
-                         "covered": converter_key(node) in CONVERTERS, "nodes": []}
+                         "covered": _covered(node, opset), "nodes": []}
         rows[key]["nodes"].append(node.name or "#%d" % i)
     return list(rows.values())
 
@@ -65,8 +77,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         listing = "; ".join("%s (%s)" % (op, ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
                             for op, names in sorted(missing.items()))
         raise UnsupportedOpError("the model uses %d unsupported op type(s): %s" % (len(missing), listing))
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
-    im = Importer(opset)
+    im = Importer(_model_opset(model))
     im.reserved = {v for n in model.graph.node for v in list(n.input) + list(n.output)} | \
         {v.name for v in list(model.graph.input) + list(model.graph.output)}
     shape = dict(shape or {})
@@ -98,23 +109,11 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
                                      "(they take %s)" % (vi.name, onnx_type_name(vi), ", ".join(KERNEL_DTYPES)))
         im.types[vi.name] = TensorType(dims, dt)
         inputs.append(vi.name)
-    declared = None     # value types from ONNX shape inference, computed on the first float16 node
+    declared = half.DeclaredTypes(model)    # ONNX shape inference's value types, computed on the first float16 node
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = "%s_%d" % (node.op_type, i)
-        ins = [x for x in node.input]
-        for x in ins:
-            if x and x not in im.types:
-                raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
-        if node.op_type not in half.NATIVE and half.reads_half(im, ins):
-            declared = declared if declared is not None else half.declared_types(model)
-            half.convert_in_float32(im, node, ins, node_attrs(node), CONVERTERS[converter_key(node)], declared)
-        else:
-            CONVERTERS[converter_key(node)](im, node, ins, node_attrs(node))
-            half.pass_through(im, node, ins)
-        for o in node.output:
-            if o and o not in im.types:
-                raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
+        convert_node(im, node, declared)
     outputs = [o.name for o in model.graph.output]
     graph = Graph(inputs, outputs, im.nodes, im.types, name=model.graph.name or "main")
     used = {i for n in graph.nodes for i in n.inputs} | set(outputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import converter, emit_reshape, node_output, norm_axis
+from tether.frontend.onnx.importer import converter, emit_reshape, node_output, norm_axis, require_dtype
 
 
 # ---------------------------------------------------------------- layer / instance / group normalization
@@ -88,3 +88,39 @@ def _group_norm(im, node, ins, a):
 
 
 # ---------------------------------------------------------------- shape ops: Split, Expand, Tile, Range, Size
+
+
+# ---------------------------------------------------------------- LpNormalization (issue 11)
+@converter("LpNormalization")
+def _lp_norm(im, node, ins, a):
+    dt = require_dtype(im, node, ins[0], ("float32", "float64"))
+    p = int(a.get("p", 2))
+    if p not in (1, 2):
+        raise UnsupportedOpError("node %s: LpNormalization p=%d (the spec allows 1 and 2)" % (node.name, p))
+    axis = norm_axis(int(a.get("axis", -1)), len(im.type(ins[0]).shape))
+    norm = im.emit("reduce", [ins[0]], {"kind": "l1" if p == 1 else "l2", "axes": [axis], "keepdims": True})
+    zero = im.add_const(np.array(0, dt))
+    # a zero norm (an all-zero slice) gives zeros, not 0/0
+    is_zero = im.emit("equal", [norm, zero])
+    safe = im.emit("where", [is_zero, im.add_const(np.array(1, dt)), norm])
+    im.emit("where", [is_zero, zero, im.emit("div", [ins[0], safe])], {}, node.name, node_output(node))
+
+
+# ---------------------------------------------------------------- RMSNormalization (issue 11)
+@converter("RMSNormalization")
+def _rms_norm(im, node, ins, a):
+    from tether.frontend.onnx.functions import expand_node
+    t = im.type(ins[0])
+    if str(t.dtype) != "float32" or int(a.get("stash_type", 1)) != 1:
+        # other dtypes compute in the stash type and cast back: the spec's function body says exactly how
+        expand_node(im, node, ins)
+        return
+    nd = len(t.shape)
+    axis = norm_axis(int(a.get("axis", -1)), nd)
+    st = im.type(ins[1])
+    tail = tuple(t.shape[nd - len(st.shape):]) if len(st.shape) <= nd else None
+    if str(st.dtype) != "float32" or tail is None or any(s not in (1, d) for s, d in zip(st.shape, tail)):
+        raise UnsupportedOpError("node %s: RMSNormalization scale %s %s does not broadcast to X %s"
+                                 % (node.name, st.dtype, st.shape, t.shape))
+    im.emit("rms_normalize", [ins[0], ins[1]], {"axis": axis, "epsilon": float(a.get("epsilon", 1e-5)),
+                                                "has_scale": True}, node.name, node_output(node))

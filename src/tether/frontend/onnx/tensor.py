@@ -181,7 +181,7 @@ def _pad(im, node, ins, a):
         value = 0.0
         if len(ins) > 2 and ins[2]:
             c = im.const(ins[2])
-            # a scalar by the spec; exporters also write a one-element tensor
+            # a one-element constant_value of shape (1,) (exporters and onnx's own function bodies write one)
             value = float(c.reshape(-1)[0]) if c is not None and c.size == 1 else emit_reshape(im, ins[2], (1,))
         if len(ins) > 3 and ins[3]:
             axes = [norm_axis(int(x), nd) for x in im.require_const(ins[3], "Pad axes", node.name)]
