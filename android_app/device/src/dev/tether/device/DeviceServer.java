@@ -74,6 +74,9 @@ public final class DeviceServer implements AutoCloseable {
     /** Binds (unless only registering in reverse), starts accepting and, with a tracker, registering. */
     public void start() throws IOException {
         NativeBridge.load(config.nativeLibDir);
+        if (!childSessions) {
+            CrashReport.install();   // a kernel's crash still reaches the client as SessionCrashed
+        }
         if (config.workDir == null) {
             config.workDir = new File(System.getProperty("java.io.tmpdir"));
         }
@@ -572,9 +575,13 @@ public final class DeviceServer implements AutoCloseable {
                 closeQuietly(conn.socket);
             }
         });
+        CrashReport report = CrashReport.arm(conn.socket);
         try {
             s.serve();
         } finally {
+            if (report != null) {
+                report.close();
+            }
             if (timer != null) {
                 timer.interrupt();
             }

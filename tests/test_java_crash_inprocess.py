@@ -1,0 +1,96 @@
+"""A crashing kernel in a session run in the Java server's own process (`--isolation thread`, what the Android
+app runs): the bridge's signal handler writes ERROR SessionCrashed (request id 0, the signal named, as rpc-server
+sends for a crashed worker) to the client before the process dies by the signal; the JVM's own uses of SIGSEGV
+(implicit null checks, stack banging) still reach HotSpot's handler. Real JVMs, real sockets, a gcc-built kernel
+that writes to an unmapped address.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+
+from fixtures.java_device import start_java_device
+from tether import rpc
+from tether_rpc import errors
+
+
+def test_a_segfaulting_kernel_in_process_gives_session_crashed(java_device_build, tmp_path, rpc_kernels):
+    server = start_java_device(java_device_build, tmp_path, "--isolation", "thread")
+    try:
+        assert "sessions in this process" in server.log_text()
+        a = np.arange(1024, dtype=np.float32)
+        with rpc.connect(server.host, server.port, timeout=20) as remote:
+            remote.upload(rpc_kernels["vadd"])
+            remote.upload(rpc_kernels["misc"])
+            vadd = remote.load_module("vadd.so")["vadd"]
+            for i in range(50):   # many ordinary calls and remote errors first: Java code paths run as usual
+                c = np.zeros(1024, np.float32)
+                vadd(a, a + i, c)
+                np.testing.assert_array_equal(c, a + a + i)
+                with pytest.raises(errors.RemoteError, match="shape"):   # a bad argument: KernelError
+                    vadd(a[:256], a[:256], c[:256])
+                assert remote.get_function("tether.echo")({"i": [i, None]}) == {"i": [i, None]}
+            crash = remote.load_module("misc.so")["crash"]
+            with pytest.raises(errors.SessionCrashed, match=r"SIGSEGV \(11\)") as info:
+                crash()
+            assert remote.closed
+        # the session ran in the server's process: it died by the signal (on Android a watchdog restarts it)
+        assert server.proc.wait(10) == -signal.SIGSEGV
+    finally:
+        server.stop()
+
+
+PROBE = textwrap.dedent("""
+    import dev.tether.device.NativeBridge;
+
+    public class CrashProbe {
+        static final class Box { int v; }
+        static int depth;
+
+        static int read(Box b) { return b.v; }
+
+        static void recurse() { depth++; recurse(); }
+
+        public static void main(String[] args) {
+            NativeBridge.load(args[0]);
+            if (!NativeBridge.installCrashHandler()) throw new AssertionError("no handler");
+            Box box = new Box();
+            long sum = 0;
+            for (int i = 0; i < 200000; i++) sum += read(box);   // compiled with an implicit null check
+            int npes = 0;
+            for (int i = 0; i < 1000; i++) {
+                try { sum += read(i % 2 == 0 ? null : box); } catch (NullPointerException e) { npes++; }
+            }
+            int overflows = 0;
+            for (int i = 0; i < 3; i++) {
+                depth = 0;
+                try { recurse(); } catch (StackOverflowError e) { overflows++; }
+            }
+            System.out.println("npes=" + npes + " overflows=" + overflows + " chained="
+                    + NativeBridge.chainedSignals() + " sum=" + sum);
+        }
+    }
+""")
+
+
+def test_the_jvms_own_sigsegv_still_reaches_hotspot(java_device_build, tmp_path):
+    # the server's first start builds the classes and the bridge into java_device_build
+    start_java_device(java_device_build, tmp_path, "--isolation", "thread").stop()
+    classes = java_device_build / "device-classes"
+    bridge = java_device_build / "bridge" / "x86_64"
+    (tmp_path / "CrashProbe.java").write_text(PROBE)
+    subprocess.run(["javac", "-cp", str(classes), "-d", str(tmp_path), str(tmp_path / "CrashProbe.java")],
+                   check=True, timeout=120)
+    out = subprocess.run(["java", "-Xss512k", "-cp", "%s:%s" % (classes, tmp_path), "CrashProbe", str(bridge)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    fields = dict(kv.split("=") for kv in out.stdout.split())
+    assert int(fields["npes"]) == 500 and int(fields["overflows"]) == 3
+    assert int(fields["sum"]) == 0
+    # HotSpot took SIGSEGV for those (implicit null checks in compiled code, the stack's guard pages), and each
+    # one went through the bridge's handler on to HotSpot's
+    assert int(fields["chained"]) >= 3, out.stdout   # at least the stack overflows (guard pages always fault)
