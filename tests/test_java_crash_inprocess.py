@@ -94,3 +94,21 @@ def test_the_jvms_own_sigsegv_still_reaches_hotspot(java_device_build, tmp_path)
     # HotSpot took SIGSEGV for those (implicit null checks in compiled code, the stack's guard pages), and each
     # one went through the bridge's handler on to HotSpot's
     assert int(fields["chained"]) >= 3, out.stdout   # at least the stack overflows (guard pages always fault)
+
+
+def test_a_segfaulting_aarch64_kernel_in_process_under_qemu(emulated_devices, java_device_build, tmp_path):
+    # the aarch64 bridge in an aarch64 JVM (qemu-user delivers the guest's SIGSEGV to the guest's handlers)
+    from test_java_emulated import aarch64_misc_kernels, start_aarch64_java_device
+
+    misc = aarch64_misc_kernels(tmp_path)
+    server = start_aarch64_java_device(emulated_devices, java_device_build, tmp_path, "--isolation", "thread")
+    try:
+        with rpc.connect(server.host, server.port, timeout=120) as remote:
+            assert remote.get_function("tether.echo")("before") == "before"
+            remote.upload(misc)
+            crash = remote.load_module("misc.so")["crash"]
+            with pytest.raises(errors.SessionCrashed, match=r"SIGSEGV \(11\)"):
+                crash()
+        assert server.proc.wait(60) != 0
+    finally:
+        server.stop()
