@@ -112,3 +112,55 @@ def test_a_segfaulting_aarch64_kernel_in_process_under_qemu(emulated_devices, ja
         assert server.proc.wait(60) != 0
     finally:
         server.stop()
+
+
+# A module with a native pool whose worker faults once told to: the fault happens on a pool thread the bridge
+# started, never on the session's thread (a real tether pool claims tasks dynamically, so which thread ran the
+# faulting task would be chance). The packed function waits for the worker, up to 10 s.
+POOL_MODULE = r"""
+#include "tether_abi.h"
+TETHER_META("{\"abi_version\": 1, \"tether_version\": \"0.1.0\", \"thread_pool\": 1, "
+            "\"target\": {\"arch\": \"" TETHER_ARCH "\", \"preset\": \"test\"}, \"functions\": ["
+            "{\"name\": \"fault_in_pool\", \"args\": [], \"parallel\": false}]}");
+
+static volatile int armed, stop;
+
+TETHER_EXPORT int32_t tether_pool_launch(void *task, void *closure, int32_t n) { return -1; }
+TETHER_EXPORT void tether_pool_shutdown(void) { stop = 1; }
+TETHER_EXPORT void tether_pool_worker(void) {   /* no libc (-nostdlib): a bounded spin, a few seconds at most */
+  for (volatile long i = 0; !stop && i < 3000000000L; ++i) {
+    if (armed) {
+      volatile uintptr_t addr = 16;  /* unmapped */
+      *(volatile int32_t *)addr = 42;
+    }
+  }
+}
+TETHER_EXPORT int32_t fault_in_pool(const TetherValue *args, const int32_t *codes, int32_t n) {
+  armed = 1;
+  for (volatile long i = 0; i < 3000000000L; ++i) {
+  }
+  return 0;
+}
+"""
+
+
+def test_a_fault_on_a_native_pool_thread(java_device_build, tmp_path):
+    import shutil
+
+    from kernels import GCC_FLAGS, KERNEL_DIR
+
+    (tmp_path / "pool.c").write_text(POOL_MODULE)
+    subprocess.run([shutil.which("gcc"), *GCC_FLAGS, "-I", str(KERNEL_DIR), str(tmp_path / "pool.c"), "-o",
+                    str(tmp_path / "pool.so"), "-Wl,--no-undefined"], check=True, timeout=60)
+    server = start_java_device(java_device_build, tmp_path, "--isolation", "thread",
+                               env_extra={"TETHER_NUM_THREADS": "2"})
+    try:
+        with rpc.connect(server.host, server.port, timeout=20) as remote:
+            remote.upload(tmp_path / "pool.so")
+            mod = remote.load_module("pool.so")
+            assert remote.get_function("tether.device_info")()["parallel_threads"] == 2
+            with pytest.raises(errors.SessionCrashed, match=r"SIGSEGV \(11\)"):
+                mod["fault_in_pool"]()
+        assert server.proc.wait(10) == -signal.SIGSEGV
+    finally:
+        server.stop()

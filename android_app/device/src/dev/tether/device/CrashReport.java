@@ -14,7 +14,7 @@ import java.util.logging.Logger;
  * to the socket by the bridge's signal handler just before the process dies. The frames, one per fatal signal, are
  * encoded here before the session starts, so the handler only has to write(2) bytes it is given.
  */
-final class CrashReport implements AutoCloseable {
+final class CrashReport {
     private static final Logger LOG = Logger.getLogger(CrashReport.class.getName());
     /** The fatal signals the bridge handles; their numbers are the same on x86_64, arm and arm64 Linux. */
     static final String[] NAMES = {"SIGILL", "SIGABRT", "SIGBUS", "SIGFPE", "SIGSEGV"};
@@ -69,13 +69,13 @@ final class CrashReport implements AutoCloseable {
         return new CrashReport(frames);
     }
 
-    /** Disarms: the socket is about to close (its descriptor may be reused) and the frames to be freed. */
-    @Override
-    public void close() {
-        NativeBridge.setCrashFd(-1);
-        for (int n : NUMBERS) {
-            NativeBridge.setCrashFrame(n, 0, 0);
+    /**
+     * Disarms {@code report} (null: nothing armed) before its socket closes (its descriptor may be reused). The
+     * frames stay in place until the report is unreachable: a kernel still running may be reading them.
+     */
+    static void disarm(CrashReport report) {
+        if (report != null) {
+            NativeBridge.setCrashFd(-1);
         }
-        frames.clear();
     }
 }

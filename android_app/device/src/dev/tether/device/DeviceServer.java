@@ -563,8 +563,12 @@ public final class DeviceServer implements AutoCloseable {
                         DeviceServer.this.onCall(name, ms);
                     }
                 });
+        // a timeout closes the socket under a kernel that may still run: its descriptor number can then be reused,
+        // so the crash report is disarmed first (the client has its TetherTimeout)
+        final CrashReport report = CrashReport.arm(conn.socket);
         s.onIdle = new Runnable() {
             public void run() {
+                CrashReport.disarm(report);
                 closeQuietly(conn.socket);
             }
         };
@@ -572,16 +576,14 @@ public final class DeviceServer implements AutoCloseable {
             public void run() {
                 // a kernel running in this process cannot be stopped; the client is told and let go
                 sendQuietly(conn, "TetherTimeout", sessionTimeoutMessage(conn));
+                CrashReport.disarm(report);
                 closeQuietly(conn.socket);
             }
         });
-        CrashReport report = CrashReport.arm(conn.socket);
         try {
             s.serve();
         } finally {
-            if (report != null) {
-                report.close();
-            }
+            CrashReport.disarm(report);
             if (timer != null) {
                 timer.interrupt();
             }
