@@ -20,8 +20,10 @@ from fixtures.te_kernels import matmul, vadd_schedule
 from tether import rpc, te
 
 
-@pytest.fixture(scope="module")
-def java_aarch64_device(emulated_devices, java_device_build, tmp_path_factory):
+def start_aarch64_java_device(emulated_devices, java_device_build, tmp, *flags):
+    """run_device.sh in the emulated aarch64 userland (with its JRE extra) on a free loopback port."""
+    import os
+
     from fixtures.rpc import ServerProcess
     from tether import emulate
 
@@ -31,16 +33,18 @@ def java_aarch64_device(emulated_devices, java_device_build, tmp_path_factory):
         userland = emulate.ensure_extra(userland, "java")
     except emulate.EmulatorUnavailable as exc:
         unavailable(str(exc))
-    tmp = tmp_path_factory.mktemp("jdev-qemu")
     workdir = tmp / "sessions"
     workdir.mkdir()
-    import os
-
     env = dict(os.environ, TETHER_DEVICE_BUILD=str(java_device_build))
     env.pop("TETHER_TOKEN", None)
-    server = ServerProcess(["--userland", str(userland.path), "--host", "127.0.0.1", "--port", "0",
-                            "--workdir", str(workdir)], tmp / "server.log", env=env, start_timeout=180.0,
-                           command=[str(RUN_DEVICE)])
+    return ServerProcess(["--userland", str(userland.path), "--host", "127.0.0.1", "--port", "0",
+                          "--workdir", str(workdir), *flags], tmp / "server.log", env=env, start_timeout=180.0,
+                         command=[str(RUN_DEVICE)])
+
+
+@pytest.fixture(scope="module")
+def java_aarch64_device(emulated_devices, java_device_build, tmp_path_factory):
+    server = start_aarch64_java_device(emulated_devices, java_device_build, tmp_path_factory.mktemp("jdev-qemu"))
     yield server
     server.stop()
 
@@ -95,20 +99,28 @@ def test_kernels_for_arm_boards_run_in_the_aarch64_jvm(java_aarch64_device, pres
             remote.load_module("vadd_host.so")
 
 
-def test_a_segfaulting_kernel_ends_only_its_session_under_qemu(java_aarch64_device, tmp_path):
+def aarch64_misc_kernels(tmp_path):
+    """misc.so (crash/spin/nop, tests/fixtures/rpc.py) for aarch64, built with zig cc."""
     import subprocess
     import sys
-    import time
 
     from fixtures.rpc import EXTRA_KERNELS
     from kernels import KERNEL_DIR, ZIG_FLAGS, ZIG_TARGETS
-    from tether import errors
 
     src = tmp_path / "misc.c"
     src.write_text(EXTRA_KERNELS)
     misc = tmp_path / "misc.so"
     subprocess.run([sys.executable, "-m", "ziglang", "cc", *ZIG_TARGETS["aarch64"], *ZIG_FLAGS, "-I", str(KERNEL_DIR),
                     str(src), "-o", str(misc), "-Wl,--no-undefined"], check=True, timeout=180)
+    return misc
+
+
+def test_a_segfaulting_kernel_ends_only_its_session_under_qemu(java_aarch64_device, tmp_path):
+    import time
+
+    from tether import errors
+
+    misc = aarch64_misc_kernels(tmp_path)
     with rpc.connect(java_aarch64_device.host, java_aarch64_device.port, timeout=120) as remote:
         remote.upload(misc)
         crash = remote.load_module("misc.so")["crash"]

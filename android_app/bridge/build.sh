@@ -56,6 +56,12 @@ void *calloc(unsigned long n, unsigned long s) { return 0; }
 void free(void *p) {}
 int dup(int fd) { return 0; }
 int dup2(int fd, int fd2) { return 0; }
+int sigaction(int s, const void *a, void *o) { return 0; }
+int raise(int s) { return 0; }
+long write(int fd, const void *b, unsigned long n) { return 0; }
+unsigned long pthread_self(void) { return 0; }
+int getsockname(int fd, void *a, unsigned int *l) { return 0; }
+int getpeername(int fd, void *a, unsigned int *l) { return 0; }
 C
 
 build_one() {

@@ -74,6 +74,9 @@ public final class DeviceServer implements AutoCloseable {
     /** Binds (unless only registering in reverse), starts accepting and, with a tracker, registering. */
     public void start() throws IOException {
         NativeBridge.load(config.nativeLibDir);
+        if (!childSessions) {
+            CrashReport.install();   // a kernel's crash still reaches the client as SessionCrashed
+        }
         if (config.workDir == null) {
             config.workDir = new File(System.getProperty("java.io.tmpdir"));
         }
@@ -560,8 +563,12 @@ public final class DeviceServer implements AutoCloseable {
                         DeviceServer.this.onCall(name, ms);
                     }
                 });
+        // a timeout closes the socket under a kernel that may still run: its descriptor number can then be reused,
+        // so the crash report is disarmed first (the client has its TetherTimeout)
+        final CrashReport report = CrashReport.arm(conn.socket);
         s.onIdle = new Runnable() {
             public void run() {
+                CrashReport.disarm(report);
                 closeQuietly(conn.socket);
             }
         };
@@ -569,12 +576,14 @@ public final class DeviceServer implements AutoCloseable {
             public void run() {
                 // a kernel running in this process cannot be stopped; the client is told and let go
                 sendQuietly(conn, "TetherTimeout", sessionTimeoutMessage(conn));
+                CrashReport.disarm(report);
                 closeQuietly(conn.socket);
             }
         });
         try {
             s.serve();
         } finally {
+            CrashReport.disarm(report);
             if (timer != null) {
                 timer.interrupt();
             }

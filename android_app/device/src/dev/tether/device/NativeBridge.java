@@ -81,6 +81,27 @@ public final class NativeBridge {
      */
     public static native int takeStdout();
 
+    // -- the crash report of in-process sessions (CrashReport) --------------------------------------------------
+
+    /**
+     * Installs the handler of SIGILL, SIGABRT, SIGBUS, SIGFPE and SIGSEGV once (after the VM's own): a signal
+     * raised in module code writes the frame of {@link #setCrashFrame} to the descriptor of {@link #setCrashFd}
+     * and kills the process; any other goes on to the VM's handler. False if sigaction failed.
+     */
+    public static native boolean installCrashHandler();
+
+    /** The frame ({@code length} bytes at {@code address}, kept alive by the caller) for {@code signal}. */
+    public static native void setCrashFrame(int signal, long address, int length);
+
+    /** The session socket's descriptor, or -1 for none. */
+    public static native void setCrashFd(int fd);
+
+    /** How many fatal signals the handler passed on to the VM's handler (a test's proof that it chains). */
+    public static native long chainedSignals();
+
+    /** The descriptor of this process's TCP socket with these local and peer ports, or -1. */
+    public static native int socketFd(int localPort, int peerPort);
+
     /** Waits for the threads of {@link #startThreads} to return (after tether_pool_shutdown) and frees the handle. */
     public static native void joinThreads(long threads);
 }
