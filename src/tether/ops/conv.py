@@ -52,8 +52,9 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
                   groups: int = 1, name: str = "conv2d_pixels", panel: int = PANEL):
     """x (C, H, W) * w (O, C/groups*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened.
     ``w`` may also come packed already (ops.linear.pack_panels_array: (ceil(O/P), C/groups*KH*KW, P) for a panel
-    width P, 16 by default); then ``out_channels`` gives O and the packing its panel width, else ``panel`` does. With groups, each group's output channels must fill whole panels (O/groups a
-    multiple of 16), so that a panel reads one group's input channels.
+    width P, 16 by default); then ``out_channels`` gives O and the packing its panel width, else ``panel`` does.
+    With groups, each group's output channels must fill whole panels (O/groups a multiple of the width), so that a
+    panel reads one group's input channels.
 
     Computed as an implicit GEMM with output channels as the vector axis: conv[p, o] = sum_k xpad[patch(p, k)] *
     panels[o // PANEL, k, o % PANEL], the weights packed into the matmul's PANEL-wide panels. A register block is a

@@ -644,7 +644,8 @@ def with_config(fam: Family, config) -> Family:
         if kind is str:
             ok = v in _STR_CHOICES.get(k, (v,))
         else:
-            ok = isinstance(v, (int, bool)) and (kind is bool or (int(v) >= 1 if k not in ("conv_pixels", "conv_panel") else v >= 0))
+            zero_ok = k in ("conv_pixels", "conv_panel")      # 0: derived (mm_rows; the kernel's packing)
+            ok = isinstance(v, (int, bool)) and (kind is bool or int(v) >= (0 if zero_ok else 1))
         if not ok or (kind is str and not isinstance(v, str)):
             raise ScheduleError("schedule knob %s=%r is not a valid %s" % (k, v, kind.__name__))
     return dataclasses.replace(fam, **{k: (bool(v) if KNOBS[k] is bool else v) for k, v in config.items()})

@@ -2,7 +2,8 @@
 
 A kernel's space follows its main op (the stage whose schedule matters most): conv2d_pixels (pixels per block,
 loop order, the cache threshold that picks the order, the channel panel width its weights are packed with, the
-parallel axis), matmul (micro-kernel rows x columns, k unroll, direct accumulation, the parallel axis), direct conv2d (accumulator budget, columns), depthwise/pooling (columns, window unroll),
+parallel axis), matmul (micro-kernel rows x columns, k unroll, direct accumulation, the parallel axis), direct
+conv2d (accumulator budget, columns), depthwise/pooling (columns, window unroll),
 elementwise/reductions (vector width); every space also has the parallel grain (``parallel_min``: below this
 many elements no parallel launch; ``parallel_tasks``: tasks of a split loop). The first value of every knob is
 the family's default, so ``space.default()`` is exactly the untuned schedule.
