@@ -118,7 +118,7 @@ def main() -> None:
                 src = cands[len(tasks)]
                 session.upload(src.path if os.path.exists(src.path) else _rebuild(tasks, src, workdir), name="f.so")
                 fn = session.load_module("f.so")[KERNEL_NAME]
-                arrs = [session.array(x) for x in tasks[src.task].inputs()]
+                arrs = [session.array(x) for x in tasks[src.task].inputs(config=src.config)]
                 shape, dtype = tasks[src.task].args[-1]
                 arrs.append(session.empty(shape, dtype))
                 evaluate = fn.time_evaluator(number=1, repeat=options.repeat, min_repeat_ms=options.min_repeat_ms,

@@ -32,7 +32,7 @@ from tether_rpc.params import save_params
 from tether import driver, ops, te
 from tether.graph.ir import Graph, Node
 from tether.graph.passes import needs_kernel, optimize, plan_memory
-from tether.graph.conv_gemm import pack_conv_weights
+from tether.graph.conv_gemm import pack_conv_weights, repack_conv_weight
 from tether.graph.guards import node_guards
 from tether.graph.loop_kernel import DIRECT_KERNELS
 from tether.graph.to_te import lower_kernel
@@ -140,6 +140,10 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
             node_funcs.append(None)
             continue
         sig = kernel_signature(node, graph.types)
+        # ---- a tuned channel panel (issue 15): this node's conv weights are packed with the config's width
+        config = configs.get(task_key(sig, tgt))
+        if config and config.get("conv_panel"):
+            repack_conv_weight(node, graph, params, panel_weights, config["conv_panel"])
         fname = func_of_sig.get(sig)
         if fname is None:
             fname = "%s_k%d_%s" % (name, len(func_of_sig), re.sub(r"[^A-Za-z0-9]+", "_", node.ops_label())[:48])

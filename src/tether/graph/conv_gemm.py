@@ -168,3 +168,34 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray]) -> Dict[str, 
         graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
         packed[wname] = tuple(w.shape)
     return packed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the channel panel of a tuning config (issue 15: schedules.Family.conv_panel)
+
+def panel_weight(node, panel_weights: Dict[str, tuple]) -> Optional[str]:
+    """The build-time packed weight (pack_conv_weights) that `node`'s conv2d_pixels kernel reads, or None."""
+    ci = conv_index(node.body())
+    if ci is None:
+        return None
+    wname = node.body()[ci].inputs[1]
+    return wname if wname in panel_weights else None
+
+
+def panel_type(types: Dict[str, TensorType], wname: str, out_channels: int, width: int) -> TensorType:
+    """The type of weight `wname` (packed, out_channels rows) when packed into `width`-wide panels instead."""
+    _, k, _ = types[wname].shape
+    return TensorType((-(-out_channels // width), k, width), types[wname].dtype)
+
+
+def repack_conv_weight(node, graph: Graph, params: Dict[str, np.ndarray], panel_weights: Dict[str, tuple],
+                       width: int) -> None:
+    """Repack the build-time packed weight of `node`'s conv into `width`-wide panels (a tuned config's
+    ``conv_panel``), in ``params`` and ``graph.types``; a no-op when it has that width or is not packed."""
+    wname = panel_weight(node, panel_weights)
+    if wname is None or not width or int(params[wname].shape[2]) == width:
+        return
+    oc = panel_weights[wname][0]
+    params[wname] = ops.linear.pack_panels_array(ops.linear.unpack_panels_array(np.asarray(params[wname]), oc),
+                                                 width)
+    graph.types[wname] = panel_type(graph.types, wname, oc, width)

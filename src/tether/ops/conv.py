@@ -4,7 +4,7 @@ from __future__ import annotations
 from tether import te
 
 from . import common as c
-from .linear import pack_panels
+from .linear import PANEL, pack_panels
 from .shape import pad as pad_op
 from .window import padded_reader
 
@@ -49,11 +49,12 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
 
 
 def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_channels: int | None = None,
-                  groups: int = 1, name: str = "conv2d_pixels"):
+                  groups: int = 1, name: str = "conv2d_pixels", panel: int = PANEL):
     """x (C, H, W) * w (O, C/groups*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened.
-    ``w`` may also come packed already (ops.linear.pack_panels_array: (ceil(O/16), C/groups*KH*KW, 16)); then
-    ``out_channels`` gives O. With groups, each group's output channels must fill whole panels (O/groups a
-    multiple of 16), so that a panel reads one group's input channels.
+    ``w`` may also come packed already (ops.linear.pack_panels_array: (ceil(O/P), C/groups*KH*KW, P) for a panel
+    width P, 16 by default); then ``out_channels`` gives O and the packing its panel width, else ``panel`` does.
+    With groups, each group's output channels must fill whole panels (O/groups a multiple of the width), so that a
+    panel reads one group's input channels.
 
     Computed as an implicit GEMM with output channels as the vector axis: conv[p, o] = sum_k xpad[patch(p, k)] *
     panels[o // PANEL, k, o % PANEL], the weights packed into the matmul's PANEL-wide panels. A register block is a
@@ -75,7 +76,7 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
     top, left, bottom, right = p4
     xp = pad_op(x, (0, top, left), (0, bottom, right), name=f"{name}_pad") if any(p4) else x
-    panels = w if prepacked else pack_panels(w, 0, f"{name}_panels")
+    panels = w if prepacked else pack_panels(w, 0, f"{name}_panels", width=panel)
     pw = int(panels.shape[2])
     icg = ch // groups
     if groups > 1 and (oc % groups or (oc // groups) % pw):
@@ -93,7 +94,9 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
 
     # over whole panels: the padding channels are zero weights, and a partial panel would otherwise run its
     # vector of channels as a scalar remainder loop
-    conv = c.compute((oh * ow, int(panels.shape[0]) * pw), f, f"{name}_nc", c.CONV2D_PIXELS)
+    # "panel": the width the schedule blocks channels by; "group_channels": the widths a packing may choose divide it
+    conv = c.compute((oh * ow, int(panels.shape[0]) * pw), f, f"{name}_nc", c.CONV2D_PIXELS,
+                     attrs={"panel": pw, "group_channels": oc // groups if groups > 1 else 0})
     return c.compute((oc, oh * ow), lambda o, p: conv[p, o], name, c.INJECTIVE)
 
 

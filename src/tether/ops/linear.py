@@ -20,32 +20,51 @@ def _should_pack(m: int, n: int) -> bool:
     return m >= PACK_MIN_ROWS and n >= PANEL
 
 
-def pack_panels(b, n_axis: int, name: str):
-    """Pack a 2-D operand whose output-column axis is `n_axis` into [ceil(N/PANEL), K, PANEL] panels."""
+def _check_width(width: int) -> int:
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"panel width must be a positive int, got {width!r}")
+    return width
+
+
+def pack_panels(b, n_axis: int, name: str, width: int = PANEL):
+    """Pack a 2-D operand whose output-column axis is `n_axis` into [ceil(N/width), K, width] panels."""
+    width = _check_width(width)
     shape = c.shape_of(b)
     n = shape[n_axis]
     k = shape[1 - n_axis]
-    panels = -(-n // PANEL)
+    panels = -(-n // width)
     zero = c.const(0.0, b.dtype)
 
     def f(jo, kk, ji):
-        j = jo * PANEL + ji
-        if n % PANEL == 0:
+        j = jo * width + ji
+        if n % width == 0:
             return b[kk, j] if n_axis == 1 else b[j, kk]
         jc = c.clamp_index(j, n)  # the select below evaluates the load even in the zero padding
         return te.if_then_else(j < n, b[kk, jc] if n_axis == 1 else b[jc, kk], zero)
 
-    return c.compute((panels, k, PANEL), f, name, c.MATMUL_PACK)
+    return c.compute((panels, k, width), f, name, c.MATMUL_PACK)
 
 
-def pack_panels_array(w):
-    """numpy: the layout of pack_panels(w, n_axis=0) for a constant (N, K) operand, packed ahead of time."""
+def pack_panels_array(w, width: int = PANEL):
+    """numpy: the layout of pack_panels(w, n_axis=0, width=width) for a constant (N, K) operand, packed ahead of
+    time."""
     import numpy as np
 
+    width = _check_width(width)
     n, k = w.shape
-    padded = np.zeros((-(-n // PANEL) * PANEL, k), w.dtype)
+    padded = np.zeros((-(-n // width) * width, k), w.dtype)
     padded[:n] = w
-    return np.ascontiguousarray(padded.reshape(-1, PANEL, k).transpose(0, 2, 1))
+    return np.ascontiguousarray(padded.reshape(-1, width, k).transpose(0, 2, 1))
+
+
+def unpack_panels_array(panels, n: int):
+    """numpy: the (n, K) operand that pack_panels_array packed into `panels` (any width)."""
+    import numpy as np
+
+    count, k, width = panels.shape
+    if not 0 < n <= count * width:
+        raise ValueError(f"unpack_panels_array: {n} rows do not fit panels of shape {panels.shape}")
+    return np.ascontiguousarray(panels.transpose(0, 2, 1).reshape(count * width, k)[:n])
 
 
 # Row dot products (dense with few rows): partial sums over this many interleaved k lanes, vectorized.

@@ -24,6 +24,7 @@ from tether.target import Target
 from tether.tir import Binary, Reduce, TensorLoad, walk
 
 from . import common as c
+from .linear import PANEL
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,14 @@ class Family:
     conv_order: str = "auto"  # conv2d_pixels outer loop: "auto" (by cache_bytes), "pixels" or "panels"
     cache_bytes: int = 256 << 10  # conv2d_pixels: weights up to this size stay in cache across pixel blocks
     window_unroll: int = 7  # depthwise/pooling: window axes up to this extent are unrolled
+    # conv2d_pixels: output channels per weight panel (0: as the kernel packs them, ops.linear.PANEL by default).
+    # A layout, not a loop: the packing (build_graph's, for a config's width) makes it, so a schedule asking for a
+    # width the kernel was not packed with is refused, never re-blocked
+    conv_panel: int = 0
+    # which block loop runs across threads: "auto" (matmul: column panels; conv2d_pixels: the outer loop, fused
+    # with the inner one when there are few panels), "rows" (matmul rows / conv pixels), "cols" (column / channel
+    # panels) or "fused" (both block loops fused into one parallel loop)
+    parallel_axis: str = "auto"
 
 
 def family_of(target: Target) -> Family:
@@ -290,16 +299,20 @@ def _schedule_matmul(s, t, fam: Family, ctx):
         io, ii = st.split(i, factor=mr)
         jo, ji = st.split(j, factor=nr)
         ko, ki = st.split(k, factor=fam.k_unroll)
-        st.reorder(*lead, jo, io, ko, ki, ii, ji)
+        first, second = (io, jo) if fam.parallel_axis == "rows" else (jo, io)
+        st.reorder(*lead, first, second, ko, ki, ii, ji)
         if contiguous:
             st.vectorize(ji)
         st.unroll(ii)
         st.unroll(ki)
-        outer = lead + [jo]
+        outer = lead + ([first, second] if fam.parallel_axis == "fused" else [first])
         if _numel(t) * _reduce_size(t) >= fam.parallel_min * 64:
             st.parallel(st.fuse(*outer) if len(outer) > 1 else outer[0])
+        # a task packs its own panel of B only when a task is one column panel (else the packing stays a stage)
+        by_panel = fam.parallel_axis in ("auto", "cols")
         for src in t.op.input_tensors:
-            if c.tag_of(src.op) == c.MATMUL_PACK and ctx["consumers"].get(id(src.op)) == [t.op] and not lead:
+            if (by_panel and c.tag_of(src.op) == c.MATMUL_PACK and ctx["consumers"].get(id(src.op)) == [t.op]
+                    and not lead):
                 s[src].compute_at(st, jo)
                 ctx["serial"].add(id(src.op))
         return
@@ -314,14 +327,19 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     axes = list(out.op.axis)
     lead, (i, j) = axes[:-2], axes[-2:]
     io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
-    so.reorder(*lead, jo, io, ii, ji)
+    first, second = (io, jo) if fam.parallel_axis == "rows" else (jo, io)
+    so.reorder(*lead, first, second, ii, ji)
     if contiguous:
         so.vectorize(ji)
     so.unroll(ii)
-    outer = lead + [jo]
+    fuse_both = fam.parallel_axis == "fused"
+    outer = lead + ([first, second] if fuse_both else [first])
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
-        so.parallel(so.fuse(*outer) if len(outer) > 1 else outer[0])
-    s[block].compute_at(so, io)
+        par = so.fuse(*outer) if len(outer) > 1 else outer[0]
+        so.parallel(par)
+        if fuse_both:
+            second = par
+    s[block].compute_at(so, second)
     sb = s[block]
     bi, bj = list(block.op.axis)[-2:]
     (k,) = list(block.op.reduce_axis)
@@ -402,7 +420,11 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     block, out = _accumulator_and_output(s, t, ctx)
     so = s[out]
     o, p = list(out.op.axis)[-2:]
-    nr = int(t.op.input_tensors[-1].shape[-1]) if c.tag_of(t.op.input_tensors[-1].op) == c.MATMUL_PACK else 16
+    nr = int(t.op.attrs.get("panel", PANEL))
+    if fam.conv_panel and nr != fam.conv_panel:
+        raise ScheduleError("%s packs its weights into %d-wide panels but the schedule asks for conv_panel=%d: "
+                            "lower it with that panel width (build_graph(tuning_log=) and tether tune do)"
+                            % (t.op.name, nr, fam.conv_panel))
     oo, oi = so.split(o, factor=nr)
     rows = fam.conv_pixels or fam.mm_rows
     po, pi = so.split(p, factor=rows)
@@ -421,9 +443,12 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     so.unroll(oi)
     so.unroll(pi)
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
-        if panels_outer and n_panels < 2 * fam.parallel_tasks:   # too few panels to balance the threads on
+        axis = fam.parallel_axis
+        if axis == "fused" or (axis == "auto" and panels_outer and n_panels < 2 * fam.parallel_tasks):
+            # (auto: too few panels to balance the threads on)
             inner = outer = so.fuse(outer, inner)
-        so.parallel(outer)
+        # "rows"/"cols" name the loop, wherever conv_order put it (an inner one: a parallel launch per outer step)
+        so.parallel({"rows": po, "cols": oo}.get(axis, outer))
     s[block].compute_at(so, inner)
     sb = s[block]
     bp, bo = block.op.axis
@@ -602,6 +627,8 @@ def _single_injective_sink(op, consumers, inline, out_ids):
 KNOBS: Dict[str, type] = {f.name: (bool if f.type in ("bool", bool) else str if f.type in ("str", str) else int)
                           for f in dataclasses.fields(Family) if f.name != "name"}
 CONV_ORDERS = ("auto", "pixels", "panels")
+PARALLEL_AXES = ("auto", "rows", "cols", "fused")
+_STR_CHOICES = {"conv_order": CONV_ORDERS, "parallel_axis": PARALLEL_AXES}
 
 
 def with_config(fam: Family, config) -> Family:
@@ -615,9 +642,10 @@ def with_config(fam: Family, config) -> Family:
     for k, v in config.items():
         kind = KNOBS[k]
         if kind is str:
-            ok = k != "conv_order" or v in CONV_ORDERS
+            ok = v in _STR_CHOICES.get(k, (v,))
         else:
-            ok = isinstance(v, (int, bool)) and (kind is bool or (int(v) >= 1 if k != "conv_pixels" else v >= 0))
+            zero_ok = k in ("conv_pixels", "conv_panel")      # 0: derived (mm_rows; the kernel's packing)
+            ok = isinstance(v, (int, bool)) and (kind is bool or int(v) >= (0 if zero_ok else 1))
         if not ok or (kind is str and not isinstance(v, str)):
             raise ScheduleError("schedule knob %s=%r is not a valid %s" % (k, v, kind.__name__))
     return dataclasses.replace(fam, **{k: (bool(v) if KNOBS[k] is bool else v) for k, v in config.items()})

@@ -121,8 +121,12 @@ def _full_prefix(s: For, cond: Expr) -> Optional[int]:
         if r is None:
             return None
         good, bad = (mid, bad) if r else (good, mid)
-    # the clamps are monotone in the loop variable, but check the remainder really is partial
-    return bad if all(full_at(k) is False for k in range(bad, n)) else None
+    # the clamps of one split are monotone in the loop variable, but a fused loop's are not (fuse(jo, io) with a
+    # tail in io: full, partial, full, partial...): check every iteration before the split is full and every one
+    # after it partial, else keep the per-iteration test
+    if not all(full_at(k) is False for k in range(bad, n)) or not all(full_at(k) is True for k in range(1, good)):
+        return None
+    return bad
 
 
 def _split_loop(s: For, k: int, full: Stmt, generic: Stmt) -> Stmt:

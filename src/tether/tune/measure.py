@@ -345,12 +345,13 @@ class DevicePool:
 
     def _measure(self, session: Any, cand: Candidate, args_of: Dict[int, list]) -> Dict[str, Any]:
         task = self.tasks[cand.task]
-        args = args_of.get(cand.task)
+        key = (cand.task, task.layout(cand.config))      # a config's conv_panel changes the weight argument
+        args = args_of.get(key)
         if args is None:
-            args = [session.array(x) for x in task.inputs()]
+            args = [session.array(x) for x in task.inputs(config=cand.config)]
             shape, dtype = task.args[-1]
             args.append(session.empty(shape, dtype))
-            args_of[cand.task] = args
+            args_of[key] = args
         name = "cand%d.so" % next(self._names)
         session.upload(cand.path, name=name)
         try:

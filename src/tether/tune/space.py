@@ -1,8 +1,9 @@
 """Config spaces: which schedule knobs (``ops.schedules.KNOBS``) a kernel exposes, and the values each may take.
 
 A kernel's space follows its main op (the stage whose schedule matters most): conv2d_pixels (pixels per block,
-loop order, the cache threshold that picks the order), matmul (micro-kernel rows x columns, k unroll, direct
-accumulation), direct conv2d (accumulator budget, columns), depthwise/pooling (columns, window unroll),
+loop order, the cache threshold that picks the order, the channel panel width its weights are packed with, the
+parallel axis), matmul (micro-kernel rows x columns, k unroll, direct accumulation, the parallel axis), direct
+conv2d (accumulator budget, columns), depthwise/pooling (columns, window unroll),
 elementwise/reductions (vector width); every space also has the parallel grain (``parallel_min``: below this
 many elements no parallel launch; ``parallel_tasks``: tasks of a split loop). The first value of every knob is
 the family's default, so ``space.default()`` is exactly the untuned schedule.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
 from tether.ops import common as c
+from tether.ops.linear import PANEL
 from tether.ops.schedules import Family
 from tether.tune.log import config_text
 
@@ -105,17 +107,34 @@ def main_tag(out) -> str:
     return next((t for t in _MAIN_TAGS if t in tags), c.ELEMWISE)
 
 
-def _packed(out) -> bool:
+def _find_op(out, tag: str):
+    """The first op tagged `tag` among the stages computing `out` (None if there is none)."""
     stack, seen = [out.op], set()
     while stack:
         op = stack.pop()
         if id(op) in seen:
             continue
         seen.add(id(op))
-        if c.tag_of(op) == c.MATMUL_PACK:
-            return True
+        if c.tag_of(op) == tag:
+            return op
         stack.extend(t.op for t in op.input_tensors)
-    return False
+    return None
+
+
+def _packed(out) -> bool:
+    return _find_op(out, c.MATMUL_PACK) is not None
+
+
+def _conv_panels(out, fam: Family) -> Tuple[int, ...]:
+    """Channel panel widths: the kernel's own first, then 1, 2 and 4 vectors when its weights arrive packed (the
+    build repacks them for a config; a kernel packing them itself keeps its width); grouped: dividing a group."""
+    conv = _find_op(out, c.CONV2D_PIXELS)
+    own = fam.conv_panel or int(conv.attrs.get("panel", PANEL))
+    if _packed(out):
+        return (own,)
+    per_group = int(conv.attrs.get("group_channels", 0))
+    return tuple(w for w in _uniq([own, fam.lanes, 2 * fam.lanes, 4 * fam.lanes])
+                 if w == own or not per_group or per_group % w == 0)
 
 
 def space_for(out, fam: Family) -> ConfigSpace:
@@ -128,13 +147,15 @@ def space_for(out, fam: Family) -> ConfigSpace:
     if kind == c.CONV2D_PIXELS:
         knobs = [("conv_pixels", _uniq([fam.conv_pixels or fam.mm_rows, 1, 2, 3, 4, 5, 6, 8])),
                  ("conv_order", ("auto", "pixels", "panels")),
-                 ("cache_bytes", _uniq([fam.cache_bytes, 64 << 10, 1 << 20, 4 << 20])), grain, tasks]
+                 ("cache_bytes", _uniq([fam.cache_bytes, 64 << 10, 1 << 20, 4 << 20])), grain, tasks,
+                 ("conv_panel", _conv_panels(out, fam)),
+                 ("parallel_axis", _uniq([fam.parallel_axis, "auto", "rows", "cols", "fused"]))]
     elif kind == c.MATMUL:
         cols = [fam.mm_cols] if _packed(out) else [fam.mm_cols, fam.lanes, 2 * fam.lanes, 32]
         knobs = [("mm_rows", _uniq([fam.mm_rows, 1, 2, 3, 4, 5, 6, 8])), ("mm_cols", _uniq(cols)),
                  ("k_unroll", _uniq([fam.k_unroll, 1, 2, 8])), ("direct_matmul", _uniq([fam.direct_matmul,
                                                                                        not fam.direct_matmul])),
-                 grain]
+                 grain, ("parallel_axis", _uniq([fam.parallel_axis, "auto", "rows", "fused"]))]
     elif kind == c.CONV2D:
         knobs = [("acc_regs", _uniq([fam.acc_regs, 4, 8, 16, 24])),
                  ("max_col_vectors", _uniq([fam.max_col_vectors, 1, 2, 4])), grain, tasks]

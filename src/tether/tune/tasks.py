@@ -14,6 +14,7 @@ import numpy as np
 
 from tether import driver, ops
 from tether.graph.build import kernel_signature, prepare_graph
+from tether.graph.conv_gemm import panel_type, panel_weight
 from tether.graph.ir import Graph, Node, TensorType
 from tether.graph.passes import needs_kernel
 from tether.graph.to_te import lower_kernel
@@ -42,19 +43,51 @@ class Task:
     types: Dict[str, TensorType] = field(repr=False)
     panel_weights: Dict[str, tuple] = field(repr=False, default_factory=dict)
 
-    def lower(self) -> tuple:
-        """(placeholders, output te tensor) of the kernel, fresh (te graphs are not shared between builds)."""
-        placeholders, out, _ = lower_kernel(self.node, self.types, conv_gemm=True, panel_weights=self.panel_weights)
+    def lower(self, config: Optional[Dict[str, Any]] = None) -> tuple:
+        """(placeholders, output te tensor) of the kernel, fresh (te graphs are not shared between builds), with
+        its weights laid out for `config` (its conv_panel, as build_graph packs them)."""
+        placeholders, out, _ = lower_kernel(self.node, self._types_for(config), conv_gemm=True,
+                                            panel_weights=self.panel_weights)
         return placeholders, out
 
     def build(self, config: Optional[Dict[str, Any]]) -> Any:
         """The kernel with `config` as a one-function Module (tether.artifact.Module) named KERNEL_NAME."""
-        placeholders, out = self.lower()
+        placeholders, out = self.lower(config)
         sch = ops.schedule([out], self.target, config=config)
         return driver.build(sch, placeholders + [out], target=self.target, name=KERNEL_NAME, jobs=1)
 
-    def inputs(self, seed: int = 0) -> List[np.ndarray]:
-        """Deterministic random inputs (every argument but the output) for measuring and checking."""
+    # ---- the conv weight layout a config's conv_panel asks for (issue 15): the kernel's argument changes with it
+    def layout(self, config: Optional[Dict[str, Any]]) -> Optional[int]:
+        """The panel width `config` repacks this kernel's conv weight to, or None when it keeps the task's layout
+        (configs with the same layout share their input arrays)."""
+        width = (config or {}).get("conv_panel")
+        wname = panel_weight(self.node, self.panel_weights)
+        if not width or wname is None or int(self.types[wname].shape[2]) == width:
+            return None
+        return int(width)
+
+    def _types_for(self, config: Optional[Dict[str, Any]]) -> Dict[str, TensorType]:
+        width = self.layout(config)
+        if width is None:
+            return self.types
+        wname = panel_weight(self.node, self.panel_weights)
+        types = dict(self.types)
+        types[wname] = panel_type(self.types, wname, self.panel_weights[wname][0], width)
+        return types
+
+    def inputs(self, seed: int = 0, config: Optional[Dict[str, Any]] = None) -> List[np.ndarray]:
+        """Deterministic random inputs (every argument but the output) for measuring and checking; with a
+        `config` that repacks the conv weight, that argument in its layout (the same weights, so the same answer)."""
+        arrays = self._default_inputs(seed)
+        width = self.layout(config)
+        if width is not None:
+            wname = panel_weight(self.node, self.panel_weights)
+            k = self.node.body_params().index(wname)
+            oc = self.panel_weights[wname][0]
+            arrays[k] = ops.linear.pack_panels_array(ops.linear.unpack_panels_array(arrays[k], oc), width)
+        return arrays
+
+    def _default_inputs(self, seed: int) -> List[np.ndarray]:
         rng = np.random.default_rng(seed)
         arrays = []
         for shape, dtype in self.args[:-1]:
