@@ -683,6 +683,12 @@ def _trilu_ref(attrs, x):
 _register("trilu", "injective", _same, _trilu_ref)
 
 
+# ---------------------------------------------------------------- issue 11: trigonometry, indexing, signal ops
+TRIG = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan}
+for _n, _fn in TRIG.items():
+    _register(_n, "elemwise", _same, _f32((lambda f: lambda a, x: f(x.astype(np.float64)))(_fn)))
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -604,3 +604,8 @@ def lower_kernel(node: Node, types: Dict[str, TensorType], conv_gemm: bool = Tru
     if plan is not None:
         shapes = [list(c.shape_of(ph)) for ph in placeholders] + [list(c.shape_of(out))]
     return placeholders, out, shapes
+
+
+# ---------------------------------------------------------------- issue 11: trigonometry, indexing, signal ops
+for _n in ("sin", "cos", "tan", "asin", "acos", "atan"):
+    LOWER[_n] = (lambda f, n: lambda attrs, x: ops.elementwise(f, [x], n))(getattr(te, _n), _n)
