@@ -689,6 +689,37 @@ for _n, _fn in TRIG.items():
     _register(_n, "elemwise", _same, _f32((lambda f: lambda a, x: f(x.astype(np.float64)))(_fn)))
 
 
+def _cumulative_ref(attrs, x):
+    axis, rev = attrs["axis"], attrs.get("reverse", 0)
+    y = np.flip(x, axis) if rev else x
+    y = (np.cumsum if attrs["kind"] == "sum" else np.cumprod)(y, axis=axis, dtype=x.dtype)
+    if attrs.get("exclusive", 0):
+        ident = np.full_like(np.take(y, [0], axis=axis), 0 if attrs["kind"] == "sum" else 1)
+        y = np.concatenate([ident, np.take(y, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
+    return [np.flip(y, axis) if rev else y]
+
+
+_register("cumulative", "opaque", _same, _cumulative_ref)
+
+
+def _topk_infer(attrs, x):
+    shape = list(x.shape)
+    shape[attrs["axis"]] = attrs["k"]
+    return [TensorType(tuple(shape), "int64")]
+
+
+def _topk_ref(attrs, x):
+    axis, k = attrs["axis"], attrs["k"]
+    key = x.astype(np.float64) if x.dtype.kind == "f" else x.astype(np.int64)
+    if attrs.get("largest", 1):
+        key = -key if key.dtype.kind == "f" else ~key      # ~ reverses int64 order without overflowing
+    order = np.argsort(key, axis=axis, kind="stable")      # stable: ties stay in index order
+    return [np.take(order, np.arange(k), axis=axis).astype(np.int64)]
+
+
+_register("topk_indices", "opaque", _topk_infer, _topk_ref)
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -609,3 +609,16 @@ def lower_kernel(node: Node, types: Dict[str, TensorType], conv_gemm: bool = Tru
 # ---------------------------------------------------------------- issue 11: trigonometry, indexing, signal ops
 for _n in ("sin", "cos", "tan", "asin", "acos", "atan"):
     LOWER[_n] = (lambda f, n: lambda attrs, x: ops.elementwise(f, [x], n))(getattr(te, _n), _n)
+
+
+@lowering("cumulative")
+def _cumulative(attrs, x):
+    from tether.ops.scan import cumulative
+    return cumulative(x, attrs["axis"], attrs["kind"], bool(attrs.get("exclusive", 0)),
+                      bool(attrs.get("reverse", 0)))
+
+
+@lowering("topk_indices")
+def _topk_indices(attrs, x):
+    from tether.ops.topk import topk_indices
+    return topk_indices(x, attrs["k"], attrs["axis"], bool(attrs.get("largest", 1)))
