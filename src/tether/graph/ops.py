@@ -720,6 +720,17 @@ def _topk_ref(attrs, x):
 _register("topk_indices", "opaque", _topk_infer, _topk_ref)
 
 
+def _bitcast_infer(attrs, x):
+    to = np.dtype(attrs["to"])
+    if to.itemsize != np.dtype(x.dtype).itemsize:
+        raise ValueError("bitcast of %s to %s changes the element size" % (x.dtype, to))
+    return [TensorType(x.shape, str(to))]
+
+
+# an alias like reshape: the output is the input's bytes read as another type of the same width (no kernel)
+_register("bitcast", "alias", _bitcast_infer, lambda attrs, x: [x.view(np.dtype(attrs["to"]))])
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 
