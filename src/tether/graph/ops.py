@@ -730,6 +730,9 @@ def _bitcast_infer(attrs, x):
 # an alias like reshape: the output is the input's bytes read as another type of the same width (no kernel)
 _register("bitcast", "alias", _bitcast_infer, lambda attrs, x: [x.view(np.dtype(attrs["to"]))])
 
+# float x mod y with the sign of y (numpy's np.mod, Python's %): ONNX Mod fmod=0 on floats
+_register("float_mod", "elemwise", _bcast_infer(), lambda attrs, a, b: [np.mod(a, b).astype(a.dtype)])
+
 
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)

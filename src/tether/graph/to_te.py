@@ -622,3 +622,20 @@ def _cumulative(attrs, x):
 def _topk_indices(attrs, x):
     from tether.ops.topk import topk_indices
     return topk_indices(x, attrs["k"], attrs["axis"], bool(attrs.get("largest", 1)))
+
+
+@lowering("float_mod")
+def _float_mod(attrs, a, b):
+    """numpy's float mod: fmod (exact for float32 in double), then moved into the divisor's sign; an infinite
+    divisor leaves a finite x (or the infinity, for opposite signs); a zero result takes the divisor's sign."""
+    def f(x, y):
+        xw, yw = _wide(x), _wide(y)
+        zero = c.const(0.0, xw.dtype)
+        r = xw - _trunc(xw / yw) * yw
+        inf = c.const(math.inf, xw.dtype)
+        r = te.if_then_else(te.all(te.abs(yw) == inf, te.abs(xw) < inf), xw, r)
+        flip = te.all(r != zero, (r < zero) != (yw < zero))
+        r = te.if_then_else(flip, r + yw, r)
+        r = te.if_then_else(r == zero, te.if_then_else(yw < zero, c.const(-0.0, xw.dtype), zero), r)
+        return r.astype(x.dtype)
+    return ops.elementwise(f, [a, b], "float_mod")
