@@ -1,0 +1,36 @@
+"""Converters of the ONNX spatial sampling ops: AffineGrid (a batched matmul of theta with a constant grid of
+normalised coordinates) and GridSample (ops/grid_sample.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.frontend.onnx.importer import FLOATS, converter, emit_reshape, require_dtype, str_attr
+
+
+def base_grid(sizes, align_corners: bool) -> np.ndarray:
+    """(prod(sizes), nd + 1): each position's normalised coordinates, fastest axis first (x, y[, z]), then 1."""
+    axes = []
+    for n in sizes:
+        i = np.arange(n, dtype=np.float64)
+        axes.append(-1 + i * (2.0 / (n - 1)) if align_corners and n > 1 else
+                    (np.full(n, -1.0) if align_corners else -1 + (2 * i + 1) / n))
+    mesh = np.meshgrid(*axes, indexing="ij")
+    cols = [m.reshape(-1) for m in reversed(mesh)] + [np.ones(int(np.prod(sizes)))]
+    return np.stack(cols, axis=1)
+
+
+@converter("AffineGrid")
+def _affine_grid(im, node, ins, a):
+    dt = require_dtype(im, node, ins[0], FLOATS)
+    size = [int(v) for v in im.require_const(ins[1], "AffineGrid size", node.name).reshape(-1)]
+    theta = im.type(ins[0]).shape
+    nd = len(size) - 2
+    if nd not in (2, 3) or tuple(theta) != (size[0], nd, nd + 1) or min(size) < 1:
+        raise UnsupportedOpError("node %s: AffineGrid theta %s for size %s" % (node.name, theta, size))
+    spatial = size[2:]
+    grid = base_grid(spatial, bool(int(a.get("align_corners", 0)))).T.astype(dt)     # (nd + 1, P)
+    tiled = im.add_const(np.ascontiguousarray(np.broadcast_to(grid, (size[0],) + grid.shape)), node.name + "_grid")
+    y = im.emit("batch_matmul", [ins[0], tiled], {}, node.name + "_matmul")            # (N, nd, P)
+    y = im.emit("transpose", [y], {"axes": [0, 2, 1]}, node.name + "_transpose")
+    emit_reshape(im, y, [size[0]] + spatial + [nd], node.name + "_shape", node.output[0])
