@@ -734,6 +734,18 @@ _register("bitcast", "alias", _bitcast_infer, lambda attrs, x: [x.view(np.dtype(
 _register("float_mod", "elemwise", _bcast_infer(), lambda attrs, a, b: [np.mod(a, b).astype(a.dtype)])
 
 
+def _grid_sample_infer(attrs, x, grid):
+    return [TensorType((x.shape[0], x.shape[1]) + tuple(grid.shape[1:-1]), x.dtype)]
+
+
+def _grid_sample_ref(attrs, x, grid):
+    from tether.ops.grid_sample import grid_sample_np
+    return [grid_sample_np(x, grid, attrs["mode"], attrs["padding_mode"], bool(attrs["align_corners"]))]
+
+
+_register("grid_sample", "injective", _grid_sample_infer, _grid_sample_ref)
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

@@ -639,3 +639,9 @@ def _float_mod(attrs, a, b):
         r = te.if_then_else(r == zero, te.if_then_else(yw < zero, c.const(-0.0, xw.dtype), zero), r)
         return r.astype(x.dtype)
     return ops.elementwise(f, [a, b], "float_mod")
+
+
+@lowering("grid_sample")
+def _grid_sample(attrs, x, grid):
+    from tether.ops.grid_sample import grid_sample
+    return grid_sample(x, grid, attrs["mode"], attrs["padding_mode"], bool(attrs["align_corners"]))

@@ -34,3 +34,26 @@ def _affine_grid(im, node, ins, a):
     y = im.emit("batch_matmul", [ins[0], tiled], {}, node.name + "_matmul")            # (N, nd, P)
     y = im.emit("transpose", [y], {"axes": [0, 2, 1]}, node.name + "_transpose")
     emit_reshape(im, y, [size[0]] + spatial + [nd], node.name + "_shape", node.output[0])
+
+
+_MODE_NAMES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest", "bicubic": "cubic", "cubic": "cubic"}
+
+
+@converter("GridSample")
+def _grid_sample(im, node, ins, a):
+    dt = require_dtype(im, node, ins[0], FLOATS)
+    require_dtype(im, node, ins[1], (dt,))
+    xt, gt = im.type(ins[0]), im.type(ins[1])
+    nd = len(xt.shape) - 2
+    default = "bilinear" if im.opset < 20 else "linear"
+    mode = _MODE_NAMES.get(str_attr(a, "mode", default))
+    padding = str_attr(a, "padding_mode", "zeros")
+    if mode is None or padding not in ("zeros", "border", "reflection"):
+        raise UnsupportedOpError("node %s: GridSample mode %r, padding_mode %r" % (node.name, a.get("mode"),
+                                                                                   padding))
+    if nd not in (2, 3) or (mode == "cubic" and nd != 2) or len(gt.shape) != nd + 2 or gt.shape[-1] != nd \
+            or gt.shape[0] != xt.shape[0]:
+        raise UnsupportedOpError("node %s: GridSample %s of X %s with a grid %s (2-D or 3-D; cubic 2-D only)"
+                                 % (node.name, mode, xt.shape, gt.shape))
+    im.emit("grid_sample", ins[:2], {"mode": mode, "padding_mode": padding,
+                                     "align_corners": int(a.get("align_corners", 0))}, node.name, [node.output[0]])
