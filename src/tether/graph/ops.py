@@ -746,6 +746,48 @@ def _grid_sample_ref(attrs, x, grid):
 _register("grid_sample", "injective", _grid_sample_infer, _grid_sample_ref)
 
 
+# numpy ops: run as numpy on the device between kernels (tether_rpc/numpy_ops.py, graph JSON version 3). Their
+# types give the largest shape a data-dependent output can take; NUMPY_DYNAMIC lists those outputs, whose real
+# shape is known only at run time (docs/graph.md: such a value may feed numpy ops and graph outputs only).
+NUMPY_DYNAMIC = {"nonzero": (0,), "compress": (0,), "unique": (0, 1, 3), "non_max_suppression": (0,), "det": ()}
+
+
+def dynamic_outputs(op: str) -> Tuple[int, ...]:
+    return NUMPY_DYNAMIC.get(op, ()) if OPS[op].pattern == "numpy" else ()
+
+
+def _compress_infer(attrs, x, cond):
+    if attrs.get("axis") is None:
+        return [TensorType((min(x.size, cond.size),), x.dtype)]
+    shape = list(x.shape)
+    shape[attrs["axis"]] = min(shape[attrs["axis"]], cond.size)
+    return [TensorType(tuple(shape), x.dtype)]
+
+
+def _unique_infer(attrs, x):
+    n = x.size if attrs.get("axis") is None else x.shape[attrs["axis"]]
+    y = (x.size,) if attrs.get("axis") is None else x.shape
+    return [TensorType(y, x.dtype)] + [TensorType((n,), "int64")] * 3
+
+
+def _nms_infer(attrs, boxes, scores, *rest):
+    per_class = min(boxes.shape[1], attrs.get("max_per_class", boxes.shape[1]))
+    return [TensorType((boxes.shape[0] * scores.shape[1] * max(per_class, 0), 3), "int64")]
+
+
+def _numpy_ref(name):
+    def ref(attrs, *xs):
+        from tether_rpc.numpy_ops import OPS as NUMPY_OPS
+        return NUMPY_OPS[name](attrs, *xs)
+    return ref
+
+
+for _n, _infer in (("nonzero", lambda attrs, x: [TensorType((max(len(x.shape), 1), x.size), "int64")]),
+                   ("compress", _compress_infer), ("unique", _unique_infer), ("non_max_suppression", _nms_infer),
+                   ("det", lambda attrs, x: [TensorType(x.shape[:-2], x.dtype)])):
+    _register(_n, "numpy", _infer, _numpy_ref(_n))
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 
