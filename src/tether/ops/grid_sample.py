@@ -68,7 +68,9 @@ def sample(B, g: Sequence[Any], dims: Sequence[int], mode: str, padding: str, al
         if mode == "nearest":
             v = _rint(B, v)
         lo, hi = bounds[d]
-        if padding != "zeros":
+        # cubic clamps or reflects each tap, not the coordinate (PyTorch and onnxruntime; ONNX's reference also
+        # moves the coordinate, which differs just outside the border)
+        if padding != "zeros" and mode != "cubic":
             adj = B.clampf(v, 0.0, size - 1.0) if padding == "border" else _reflect(B, v, lo, hi)
             v = B.where((v < K(lo)) | (v > K(hi)), adj, v)
         coords.append(v)
