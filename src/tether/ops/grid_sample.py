@@ -20,6 +20,7 @@ from . import common as c
 MODES = ("nearest", "linear", "cubic")
 PADDING_MODES = ("zeros", "border", "reflection")
 _CUBIC_A = -0.75
+COORDS = "grid_sample_coords"     # a tag of its own: not injective, so the scheduler keeps it a separate stage
 
 
 def _cubic_weights(B, f) -> List[Any]:
@@ -57,23 +58,33 @@ def _rint(B, v):
     return B.where(((r - v) == K(0.5)) & odd, r - K(1.0), r)
 
 
-def sample(B, g: Sequence[Any], dims: Sequence[int], mode: str, padding: str, align: bool):
-    """The sampled value at normalised coordinates g[d] (d = 0 the outermost spatial axis)."""
+def coordinates(B, g: Sequence[Any], dims: Sequence[int], mode: str, padding: str, align: bool) -> List[Any]:
+    """The sampling position in input pixels along each spatial axis (d = 0 the outermost), from the normalised
+    grid coordinates g[d]: rounded for nearest, moved into the borders for border/reflection padding."""
     K = B.K
-    bounds = [(0.0, d - 1.0) if align else (-0.5, d - 0.5) for d in dims]
     coords = []
     for d, size in enumerate(dims):
         v = g[d]
         v = ((v + K(1.0)) / K(2.0)) * K(size - 1.0) if align else ((v + K(1.0)) * K(float(size)) - K(1.0)) / K(2.0)
         if mode == "nearest":
             v = _rint(B, v)
-        lo, hi = bounds[d]
+        lo, hi = _bounds(size, align)
         # cubic clamps or reflects each tap, not the coordinate (PyTorch and onnxruntime; ONNX's reference also
         # moves the coordinate, which differs just outside the border)
         if padding != "zeros" and mode != "cubic":
             adj = B.clampf(v, 0.0, size - 1.0) if padding == "border" else _reflect(B, v, lo, hi)
             v = B.where((v < K(lo)) | (v > K(hi)), adj, v)
         coords.append(v)
+    return coords
+
+
+def _bounds(size: int, align: bool):
+    return (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+
+
+def interpolate(B, coords: Sequence[Any], dims: Sequence[int], mode: str, padding: str, align: bool):
+    """The value at the positions ``coords`` (from ``coordinates``)."""
+    K = B.K
 
     def fetch(idx):
         valid = None
@@ -84,7 +95,7 @@ def sample(B, g: Sequence[Any], dims: Sequence[int], mode: str, padding: str, al
                 ok = (i >= B.I(0)) & (i < B.I(size))
                 valid = ok if valid is None else valid & ok
             elif padding == "reflection":
-                i = B.to_int(_reflect(B, B.to_float(i), *bounds[d]))
+                i = B.to_int(_reflect(B, B.to_float(i), *_bounds(size, align)))
             ci.append(B.clampi(i, size))
         v = B.load(ci)
         return v if valid is None else B.where(valid, v, K(0.0))
@@ -151,11 +162,20 @@ def grid_sample(x, grid, mode: str = "linear", padding_mode: str = "zeros", alig
         raise ValueError("grid_sample: mode %r, padding %r, X %s, grid %s" % (mode, padding_mode, xs, gs))
     dims = xs[2:]
 
+    # the positions are a stage of their own (one per axis), so the kernel's taps load them instead of repeating
+    # the whole coordinate expression in every tap (which made 3-D reflection take minutes to compile)
+    def coord_stage(d):
+        def f(*idx):
+            B = _TeBackend(x, None, None, x.dtype)
+            g = [grid[tuple(idx) + (nd - 1 - k,)] for k in range(nd)]    # the grid lists x (innermost) first
+            return coordinates(B, g, dims, mode, padding_mode, align_corners)[d]
+        return c.compute((gs[0],) + tuple(gs[1:-1]), f, "%s_pos%d" % (name, d), COORDS)
+    pos = [coord_stage(d) for d in range(nd)]
+
     def f(*idx):
         n, ch, o = idx[0], idx[1], idx[2:]
         B = _TeBackend(x, n, ch, x.dtype)
-        g = [grid[(n,) + tuple(o) + (nd - 1 - d,)] for d in range(nd)]     # the grid lists x (innermost) first
-        return sample(B, g, dims, mode, padding_mode, align_corners)
+        return interpolate(B, [p[(n,) + tuple(o)] for p in pos], dims, mode, padding_mode, align_corners)
     return c.compute((xs[0], xs[1]) + tuple(gs[1:-1]), f, name, c.INJECTIVE)
 
 
@@ -202,5 +222,6 @@ def grid_sample_np(x: np.ndarray, grid: np.ndarray, mode: str = "linear", paddin
     B = _NumpyBackend(x, nd)
     g = [grid[:, None, ..., nd - 1 - d].astype(x.dtype) for d in range(nd)]    # (N, 1, *out)
     with np.errstate(invalid="ignore"):
-        y = sample(B, g, x.shape[2:], mode, padding_mode, align_corners)
+        pos = coordinates(B, g, x.shape[2:], mode, padding_mode, align_corners)
+        y = interpolate(B, pos, x.shape[2:], mode, padding_mode, align_corners)
     return np.broadcast_to(y, (x.shape[0], x.shape[1]) + grid.shape[1:-1]).astype(x.dtype)
