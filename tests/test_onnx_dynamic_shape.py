@@ -20,9 +20,7 @@ RNG = np.random.default_rng(3)
 def test_nonzero(onnx_compare):
     x = (RNG.standard_normal((3, 4, 5)) > 0.3).astype(np.float32)
     model = make_model("NonZero", {"x": x}, opset=13)
-    got, _ = onnx_compare(model, {"x": x})
-    x2 = np.zeros_like(x)
-    x2[1, 2, 3] = 1.0
+    onnx_compare(model, {"x": x})
 
 
 def test_nonzero_changes_shape_between_runs(tmp_path):

@@ -29,7 +29,7 @@ def dynamic_values(graph: Graph) -> Dict[str, Node]:
     out: Dict[str, Node] = {}
     for node in graph.nodes:
         if is_numpy(node):
-            for k in ops.dynamic_outputs(node.op):
+            for k in ops.dynamic_outputs(node.op, any(i in out for i in node.inputs)):
                 if k < len(node.outputs) and node.outputs[k]:
                     out[node.outputs[k]] = node
     return out

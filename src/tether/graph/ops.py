@@ -752,8 +752,11 @@ _register("grid_sample", "injective", _grid_sample_infer, _grid_sample_ref)
 NUMPY_DYNAMIC = {"nonzero": (0,), "compress": (0,), "unique": (0, 1, 3), "non_max_suppression": (0,), "det": ()}
 
 
-def dynamic_outputs(op: str) -> Tuple[int, ...]:
-    return NUMPY_DYNAMIC.get(op, ()) if OPS[op].pattern == "numpy" else ()
+def dynamic_outputs(op: str, dynamic_input: bool = False) -> Tuple[int, ...]:
+    """The outputs of ``op`` whose shape is data-dependent; every output, for a numpy op reading such a value."""
+    if OPS[op].pattern != "numpy":
+        return ()
+    return tuple(range(8)) if dynamic_input else NUMPY_DYNAMIC.get(op, ())
 
 
 def _compress_infer(attrs, x, cond):

@@ -71,7 +71,8 @@ class Importer:
             return outs[0]
         for o, t in zip(outs, out_types):
             self.types[o] = t
-        self.dynamic.update(outs[k] for k in ops.dynamic_outputs(op) if k < len(outs))
+        self.dynamic.update(outs[k] for k in ops.dynamic_outputs(op, any(i in self.dynamic for i in inputs))
+                            if k < len(outs))
         self.nodes.append(Node(op, name or self.fresh(op + "_node"), list(inputs), outs, attrs))
         return outs[0]
 
