@@ -2,15 +2,11 @@
 .so) and float32 on ARM under qemu; wide arguments included, since sin/cos/tan reduce any finite x exactly."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from fixtures.backend import math_kernel
-from fixtures.prereq import require_module, require_tool
-from kernels import KERNEL_DIR
-from test_mathlib import _EMULATED, _HARNESS, N, TYPES, _check, _pad, _run
+from test_mathlib import (_EMULATED, N, TYPES, _check, _pad, _run, build_arm_harness, normal_points,
+                          run_arm_harness)
 
 from tether.driver import build_ir
 from tether.codegen.module import ModuleBuilder
@@ -81,27 +77,7 @@ def test_trig_is_inlined_and_calls_no_libm(trig_lib):
 @pytest.mark.parametrize("preset", list(_EMULATED))
 def test_trig_on_emulated_arm(preset, tmp_path, host_linker):
     """float32 scalar and NEON trig on ARM under qemu-user (the harness of test_mathlib)."""
-    zig_cc = [sys.executable, "-m", "ziglang", "cc"]
-    triple, cflags, qemu = _EMULATED[preset]
-    require_tool(qemu, "apt-get install qemu-user")
-    require_module("ziglang")
-    kernels = []
-    mb = ModuleBuilder(preset, "armtrig")
-    for fname in FUNCS:
-        for tname in ("f32", "v4f32"):
-            name = "%s_%s" % (fname, tname)
-            impl, kf = math_kernel(mb, name, fname, N, TYPES[tname])
-            mb.add_packed(kf, impl)
-            kernels.append((fname, name))
-    module = build_ir(mb)
-    module.export_object(str(tmp_path / "kern.o"))
-    module.export_header(str(tmp_path / "kern.h"))
-    (tmp_path / "h.c").write_text(_HARNESS % {"n": N, "fns": ", ".join(n for _, n in kernels),
-                                              "nargs": ", ".join("2" for _ in kernels)})
-    exe = tmp_path / "harness"
-    subprocess.run(zig_cc + ["-target", triple] + cflags + ["-nostdlib", "-ffreestanding", "-static", "-O1",
-                   "-fno-stack-protector", "-I", str(tmp_path), "-I", str(KERNEL_DIR), "-o", str(exe),
-                   str(tmp_path / "h.c"), str(tmp_path / "kern.o")], check=True, timeout=300, capture_output=True)
+    exe, kernels, qemu = build_arm_harness(preset, tmp_path, FUNCS)
     blocks, refs = [], []
     for fname, _ in kernels:
         with np.errstate(over="ignore"):
@@ -110,24 +86,7 @@ def test_trig_on_emulated_arm(preset, tmp_path, host_linker):
             ref = CASES[fname][0](x.astype(np.float64)).astype(np.float32)
         blocks += [x.tobytes(), np.zeros(N, np.float32).tobytes()]
         refs.append((x, ref))
-    proc = subprocess.run([qemu, str(exe)], input=b"".join(blocks), capture_output=True, timeout=120)
-    assert proc.returncode == 0, "harness: %d kernels returned an error" % proc.returncode
-    got_all = np.frombuffer(proc.stdout, np.float32).reshape(len(kernels), N)
-    tiny = np.finfo(np.float32).tiny
+    got_all = run_arm_harness(qemu, exe, blocks, len(kernels))
     for (fname, name), (x, ref), got in zip(kernels, refs, got_all):
-        keep = ~((np.abs(x) < tiny) & (x != 0)) & ~((np.abs(ref) < tiny) & (ref != 0))
+        keep = normal_points(x, ref)
         _check(got[keep], ref[keep], 1e-7, 0.0, "%s on %s" % (name, preset))
-
-
-@pytest.mark.parametrize("preset", ["x86_64", "rasp4b", "armv7-a7"])
-def test_trig_links_without_libm(preset, tmp_path, host_linker):
-    from tether_rpc import elf
-
-    mb = ModuleBuilder(preset, "nolibmtrig")
-    for fname in FUNCS:
-        for tname in ("v4f32", "f64"):
-            impl, kf = math_kernel(mb, "%s_%s" % (fname, tname), fname, 16, TYPES[tname])
-            mb.add_packed(kf, impl)
-    path = build_ir(mb).export_library(str(tmp_path / "nolibm.so"))
-    with elf.read_elf(path) as f:
-        assert f.undefined_symbols == [] and f.needed == []
