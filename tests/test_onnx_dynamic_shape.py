@@ -149,3 +149,11 @@ def test_device_refuses_bad_numpy_nodes(tmp_path, mutate, match):
     mutate(node)
     with pytest.raises(ValueError, match=match):
         GraphExecutor(g, load_module(str(tmp_path / g["lib"])))
+
+
+@pytest.mark.parametrize("k,largest", [(3, 1), (0, 1), (6, 0)])
+def test_topk_runtime_k(onnx_compare, k, largest):
+    x = RNG.integers(-3, 3, (4, 6)).astype(np.float32)                # ties
+    feeds = {"x": x, "k": np.array([k], np.int64)}
+    model = make_model("TopK", feeds, {"largest": largest}, opset=11, n_outputs=2)
+    onnx_compare(model, feeds)

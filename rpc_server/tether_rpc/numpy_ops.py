@@ -1,5 +1,5 @@
 """The ops a graph runs as numpy on the device, between its compiled kernels: the ones whose output shape depends
-on the values (NonZero, Compress, Unique, NonMaxSuppression) and Det (LU-based, no kernel).
+on the values (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time k) and Det (LU-based, no kernel).
 
 A graph JSON node ``{"numpy": op, "attrs": {...}, "inputs": [...], "outputs": [...]}`` (version 3, docs/graph.md)
 calls ``OPS[op](attrs, *arrays)``, which returns the output arrays. The host compiler uses these same functions as
@@ -97,13 +97,26 @@ def _non_max_suppression(attrs: Dict[str, Any], boxes: np.ndarray, scores: np.nd
     return [np.asarray(out, dtype=np.int64).reshape(-1, 3)]
 
 
+def _topk(attrs: Dict[str, Any], x: np.ndarray, k: np.ndarray) -> List[np.ndarray]:
+    """TopK with a run-time k: stable sort, so ties keep the lower index first (as onnxruntime)."""
+    axis = int(attrs["axis"])
+    kk = int(k.reshape(-1)[0])
+    if not 0 <= kk <= x.shape[axis]:
+        raise ValueError("TopK k=%d for an axis of %d" % (kk, x.shape[axis]))
+    key = x.astype(np.float64) if x.dtype.kind == "f" else x.astype(np.int64)
+    if attrs.get("largest", 1):
+        key = -key if key.dtype.kind == "f" else ~key
+    order = np.take(np.argsort(key, axis=axis, kind="stable"), np.arange(kk), axis=axis)
+    return [np.take_along_axis(x, order, axis=axis), order.astype(np.int64)]
+
+
 def _det(attrs: Dict[str, Any], x: np.ndarray) -> List[np.ndarray]:
     return [np.asarray(np.linalg.det(x), dtype=x.dtype)]
 
 
 OPS: Dict[str, Callable[..., List[np.ndarray]]] = {
     "nonzero": _nonzero, "compress": _compress, "unique": _unique, "non_max_suppression": _non_max_suppression,
-    "det": _det,
+    "det": _det, "topk": _topk,
 }
 
 

@@ -749,7 +749,8 @@ _register("grid_sample", "injective", _grid_sample_infer, _grid_sample_ref)
 # numpy ops: run as numpy on the device between kernels (tether_rpc/numpy_ops.py, graph JSON version 3). Their
 # types give the largest shape a data-dependent output can take; NUMPY_DYNAMIC lists those outputs, whose real
 # shape is known only at run time (docs/graph.md: such a value may feed numpy ops and graph outputs only).
-NUMPY_DYNAMIC = {"nonzero": (0,), "compress": (0,), "unique": (0, 1, 3), "non_max_suppression": (0,), "det": ()}
+NUMPY_DYNAMIC = {"nonzero": (0,), "compress": (0,), "unique": (0, 1, 3), "non_max_suppression": (0,), "det": (),
+                 "topk": (0, 1)}
 
 
 def dynamic_outputs(op: str, dynamic_input: bool = False) -> Tuple[int, ...]:
@@ -787,7 +788,8 @@ def _numpy_ref(name):
 
 for _n, _infer in (("nonzero", lambda attrs, x: [TensorType((max(len(x.shape), 1), x.size), "int64")]),
                    ("compress", _compress_infer), ("unique", _unique_infer), ("non_max_suppression", _nms_infer),
-                   ("det", lambda attrs, x: [TensorType(x.shape[:-2], x.dtype)])):
+                   ("det", lambda attrs, x: [TensorType(x.shape[:-2], x.dtype)]),
+                   ("topk", lambda attrs, x, k: [x, TensorType(x.shape, "int64")])):
     _register(_n, "numpy", _infer, _numpy_ref(_n))
 
 

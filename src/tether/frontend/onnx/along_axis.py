@@ -1,5 +1,5 @@
 """Converters of the ONNX ops that run along one axis: CumSum, CumProd (ops/scan.py) and TopK with a constant k
-(ops/topk.py: the positions, then a gather_elements for the values)."""
+(ops/topk.py: the positions, then a gather_elements for the values; a run-time k is a numpy node)."""
 from __future__ import annotations
 
 from tether.errors import UnsupportedOpError
@@ -34,8 +34,13 @@ def _cumulative(im, node, ins, a):
 def _topk(im, node, ins, a):
     require_dtype(im, node, ins[0], NUMERIC)
     t = im.type(ins[0])
-    k = int(a["k"]) if im.opset < 10 else _scalar_int(im, node, ins[1], "K")
     axis = norm_axis(int(a.get("axis", -1)), len(t.shape))
+    if im.opset >= 10 and im.const(ins[1]) is None:
+        # a run-time k: a numpy node on the device (graph/numpy_nodes.py); both outputs are data-dependent
+        im.emit("topk", ins[:2], {"axis": axis, "largest": int(a.get("largest", 1))}, node.name,
+                [o if o else im.fresh(node.name + "_unused") for o in (list(node.output) + ["", ""])[:2]])
+        return
+    k = int(a["k"]) if im.opset < 10 else _scalar_int(im, node, ins[1], "K")
     if not t.shape or not 1 <= k <= t.shape[axis]:
         raise UnsupportedOpError("node %s: TopK k=%d along an axis of %s (1 <= k <= the axis; k=0 would be an "
                                  "empty tensor)" % (node.name, k, t.shape[axis] if t.shape else "a scalar"))
