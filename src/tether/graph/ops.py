@@ -746,6 +746,36 @@ def _grid_sample_ref(attrs, x, grid):
 _register("grid_sample", "injective", _grid_sample_infer, _grid_sample_ref)
 
 
+def _max_pool_indices_ref(attrs, x):
+    """The flat (row-major, over the whole input) index of each window's first maximum (ONNX MaxPool Indices)."""
+    (t,) = _pool_infer(attrs, TensorType(x.shape, x.dtype))
+    nd = len(attrs["kernel"])
+    k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    out = np.zeros(t.shape, np.int64)
+    flat = np.arange(x.size).reshape(x.shape)
+    for o in np.ndindex(*t.shape[2:]):
+        best, arg = None, None
+        for r in np.ndindex(*k):
+            pos = [o[i] * s[i] + r[i] * d[i] - p[i] for i in range(nd)]
+            if all(0 <= q < x.shape[2 + i] for i, q in enumerate(pos)):
+                v = x[(slice(None), slice(None)) + tuple(pos)]
+                f = flat[(slice(None), slice(None)) + tuple(pos)]
+                if best is None:
+                    best, arg = v.copy(), f.copy()
+                else:
+                    better = v > best
+                    best, arg = np.where(better, v, best), np.where(better, f, arg)
+        out[(slice(None), slice(None)) + o] = arg
+    if attrs.get("storage_order", 0):       # the same element, numbered with the spatial axes reversed
+        coords = np.unravel_index(out, x.shape)
+        out = np.ravel_multi_index(coords[:2] + coords[2:][::-1], x.shape[:2] + x.shape[2:][::-1])
+    return [out.astype(np.int64)]
+
+
+_register("max_pool_indices", "opaque", lambda attrs, x: [TensorType(_pool_infer(attrs, x)[0].shape, "int64")],
+          _max_pool_indices_ref)
+
+
 # numpy ops: run as numpy on the device between kernels (tether_rpc/numpy_ops.py, graph JSON version 3). Their
 # types give the largest shape a data-dependent output can take; NUMPY_DYNAMIC lists those outputs, whose real
 # shape is known only at run time (docs/graph.md: such a value may feed numpy ops and graph outputs only).

@@ -645,3 +645,43 @@ def _float_mod(attrs, a, b):
 def _grid_sample(attrs, x, grid):
     from tether.ops.grid_sample import grid_sample
     return grid_sample(x, grid, attrs["mode"], attrs["padding_mode"], bool(attrs["align_corners"]))
+
+
+@lowering("max_pool_indices")
+def _max_pool_indices(attrs, x):
+    """ONNX MaxPool's Indices: per window, the smallest flat input index (row-major over the whole tensor)
+    holding the window's maximum, i.e. the first maximum in scan order; padding positions never count."""
+    shape = c.shape_of(x)
+    nd = len(shape) - 2
+    k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    m = _pool_nd("max", attrs, x)
+    rs = [te.reduce_axis((0, k[i]), name="q%d" % i) for i in range(nd)]
+    strides = [int(np.prod(shape[j + 1:])) for j in range(len(shape))]
+    big = c.const(int(np.prod(shape)), "int64")
+
+    def f(*idx):
+        pos = [idx[2 + i] * s[i] + rs[i] * d[i] - p[i] for i in range(nd)]
+        inside = c.all_of([(q >= 0) & (q < shape[2 + i]) for i, q in enumerate(pos)])
+        src = tuple(idx[:2]) + tuple(c.clamp_index(q, shape[2 + i]) for i, q in enumerate(pos))
+        flat = te.cast(idx[0], "int64") * c.const(strides[0], "int64") + \
+            te.cast(idx[1], "int64") * c.const(strides[1], "int64")
+        for i in range(nd):
+            flat = flat + te.cast(src[2 + i], "int64") * c.const(strides[2 + i], "int64")
+        hit = inside & (x[src] == m[idx])
+        return te.min(te.if_then_else(hit, flat, big), axis=rs)
+    first = c.compute(c.shape_of(m), f, "max_pool_indices", c.REDUCE)
+    if not attrs.get("storage_order", 0):
+        return first
+    # storage_order 1: the same element numbered with the spatial axes reversed (column-major over H, W)
+    rev = list(shape[:2]) + list(shape[2:][::-1])
+    rstrides = [int(np.prod(rev[j + 1:])) for j in range(len(rev))]
+
+    def g(*idx):
+        v = first[idx]
+        coords = [(v // c.const(strides[j], "int64")) % c.const(shape[j], "int64") for j in range(len(shape))]
+        coords = coords[:2] + coords[2:][::-1]
+        out = c.const(0, "int64")
+        for j, q in enumerate(coords):
+            out = out + q * c.const(rstrides[j], "int64")
+        return out
+    return c.compute(c.shape_of(m), g, "max_pool_indices_cm", c.INJECTIVE)
