@@ -83,3 +83,36 @@ def test_affine_grid(onnx_compare, size, align):
     model = make_model("AffineGrid", {"theta": theta}, {"align_corners": align}, opset=20,
                        initializers={"size": np.array(size, np.int64)})
     onnx_compare(model, {"theta": theta}, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("group,offset_group,attrs,with_mask,with_bias", [
+    (1, 1, {}, False, False),
+    (2, 2, {"strides": [2, 1], "pads": [1, 1, 0, 1]}, True, True),
+    (1, 2, {"dilations": [2, 1], "pads": [1, 0, 1, 0]}, True, False),
+])
+def test_deform_conv(onnx_compare, group, offset_group, attrs, with_mask, with_bias):
+    from fixtures.onnx_struct_compare import make_graph_model
+    from onnx import helper
+
+    from tether.ops.deform_conv import deform_conv2d_np
+
+    x = RNG.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    w = RNG.standard_normal((4, 4 // group, 3, 2)).astype(np.float32)
+    s, p, d = attrs.get("strides", [1, 1]), attrs.get("pads", [0, 0, 0, 0]), attrs.get("dilations", [1, 1])
+    oh = (6 + p[0] + p[2] - 2 * d[0] - 1) // s[0] + 1
+    ow = (5 + p[1] + p[3] - 1 * d[1] - 1) // s[1] + 1
+    feeds = {"x": x, "w": w, "off": (RNG.standard_normal((2, offset_group * 12, oh, ow)) * 1.5).astype(np.float32)}
+    names = ["x", "w", "off", "", ""]
+    if with_bias:
+        feeds["b"] = RNG.standard_normal(4).astype(np.float32)
+        names[3] = "b"
+    if with_mask:
+        feeds["m"] = RNG.uniform(0, 1, (2, offset_group * 6, oh, ow)).astype(np.float32)
+        names[4] = "m"
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("DeformConv", names, ["y"], group=group, offset_group=offset_group, **attrs)
+    model = make_graph_model([node], feeds, ["y"], opset=19)
+    got, ref = onnx_compare(model, feeds, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(deform_conv2d_np(x, w, feeds["off"], feeds.get("m"), feeds.get("b"), s, p, d, group,
+                                                offset_group), ref[0], rtol=1e-4, atol=1e-4)

@@ -772,6 +772,18 @@ def _max_pool_indices_ref(attrs, x):
     return [out.astype(np.int64)]
 
 
+def _deform_conv_ref(attrs, x, w, offset, *rest):
+    from tether.ops.deform_conv import deform_conv2d_np
+    mask = rest[attrs["mask_at"] - 3] if attrs.get("mask_at") else None
+    bias = rest[attrs["bias_at"] - 3] if attrs.get("bias_at") else None
+    return [deform_conv2d_np(x, w, offset, mask, bias, attrs["strides"], attrs["pads"], attrs["dilations"],
+                             attrs["group"], attrs["offset_group"])]
+
+
+# inputs: x, w, offset, then the optional mask and bias at the positions mask_at / bias_at (0: absent)
+_register("deform_conv2d", "opaque",
+          lambda attrs, x, w, offset, *rest: [TensorType((x.shape[0], w.shape[0]) + tuple(offset.shape[2:]),
+                                                         x.dtype)], _deform_conv_ref)
 _register("max_pool_indices", "opaque", lambda attrs, x: [TensorType(_pool_infer(attrs, x)[0].shape, "int64")],
           _max_pool_indices_ref)
 

@@ -685,3 +685,12 @@ def _max_pool_indices(attrs, x):
             out = out + q * c.const(rstrides[j], "int64")
         return out
     return c.compute(c.shape_of(m), g, "max_pool_indices_cm", c.INJECTIVE)
+
+
+@lowering("deform_conv2d")
+def _deform_conv2d(attrs, x, w, offset, *rest):
+    from tether.ops.deform_conv import deform_conv2d
+    mask = rest[attrs["mask_at"] - 3] if attrs.get("mask_at") else None
+    bias = rest[attrs["bias_at"] - 3] if attrs.get("bias_at") else None
+    return deform_conv2d(x, w, offset, mask, bias, attrs["strides"], attrs["pads"], attrs["dilations"],
+                         attrs["group"], attrs["offset_group"])

@@ -1,5 +1,5 @@
 """Converters of the ONNX spatial sampling ops: AffineGrid (a batched matmul of theta with a constant grid of
-normalised coordinates) and GridSample (ops/grid_sample.py)."""
+normalised coordinates), GridSample (ops/grid_sample.py) and DeformConv (ops/deform_conv.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -57,3 +57,35 @@ def _grid_sample(im, node, ins, a):
                                  % (node.name, mode, xt.shape, gt.shape))
     im.emit("grid_sample", ins[:2], {"mode": mode, "padding_mode": padding,
                                      "align_corners": int(a.get("align_corners", 0))}, node.name, [node.output[0]])
+
+
+@converter("DeformConv")
+def _deform_conv(im, node, ins, a):
+    dt = require_dtype(im, node, ins[0], FLOATS)
+    for v in ins[1:]:
+        if v:
+            require_dtype(im, node, v, (dt,))
+    xt, wt, ot = im.type(ins[0]), im.type(ins[1]), im.type(ins[2])
+    if len(xt.shape) != 4:
+        raise UnsupportedOpError("node %s: DeformConv of a rank-%d input (2-D only)" % (node.name, len(xt.shape)))
+    kh, kw = list(a.get("kernel_shape", wt.shape[2:]))
+    s = list(a.get("strides", [1, 1]))
+    p = list(a.get("pads", [0, 0, 0, 0]))
+    d = list(a.get("dilations", [1, 1]))
+    group, og = int(a.get("group", 1)), int(a.get("offset_group", 1))
+    oh = (xt.shape[2] + p[0] + p[2] - (kh - 1) * d[0] - 1) // s[0] + 1
+    ow = (xt.shape[3] + p[1] + p[3] - (kw - 1) * d[1] - 1) // s[1] + 1
+    if (kh, kw) != tuple(wt.shape[2:]) or tuple(ot.shape) != (xt.shape[0], og * 2 * kh * kw, oh, ow) \
+            or xt.shape[1] != wt.shape[1] * group or xt.shape[1] % og or wt.shape[0] % group:
+        raise UnsupportedOpError("node %s: DeformConv X %s, W %s, offset %s (group %d, offset_group %d)"
+                                 % (node.name, xt.shape, wt.shape, ot.shape, group, og))
+    inputs = list(ins[:3])
+    attrs = {"strides": s, "pads": p, "dilations": d, "group": group, "offset_group": og, "mask_at": 0,
+             "bias_at": 0}
+    if len(ins) > 4 and ins[4]:
+        attrs["mask_at"] = len(inputs)
+        inputs.append(emit_reshape(im, ins[4], (xt.shape[0], og * kh * kw, oh, ow), node.name + "_mask"))
+    if len(ins) > 3 and ins[3]:
+        attrs["bias_at"] = len(inputs)
+        inputs.append(emit_reshape(im, ins[3], (wt.shape[0],), node.name + "_bias"))
+    im.emit("deform_conv2d", inputs, attrs, node.name, [node.output[0]])
