@@ -297,8 +297,8 @@ def _pow(e: _E, x, y):
 # sin/cos/tan reduce x modulo pi/2 exactly for every finite input (no Cody-Waite range limit): 2/pi is split into
 # chunks C_i of a few bits each, so every product x*C_i is exact in double; each product is reduced modulo 4
 # (quarter turns) exactly, centred on 0 so small arguments keep their relative precision, and the reduced terms
-# are summed smallest first in double-double. float32: 7 chunks of 29 bits against the 24-bit x. double: x is split into two
-# halves of <= 27 bits and 2/pi into 43 chunks of 26 bits (down to 2**-1118), so double
+# are summed smallest first in double-double. float32: 7 chunks of 29 bits against the 24-bit x. double: x is
+# split into two halves of <= 27 bits and 2/pi into 43 chunks of 26 bits (down to 2**-1118), so double
 # sin/cos cost ~90 multiply-rounds per element: correct everywhere, slower than float32.
 
 

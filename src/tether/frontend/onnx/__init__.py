@@ -16,7 +16,8 @@ points). A converter module registers itself on import; add a new family by addi
 here.
 """
 from tether.frontend.onnx import elementwise, indexing, nn, norm, reduce, resize, tensor  # noqa: F401  (register)
-from tether.frontend.onnx import along_axis, bitcast, dynamic, indexmap, lppool, sampling, signal, trig  # noqa: F401,E501  (register; issue 11)
+# issue 11: indexing, math, signal and data-dependent ops
+from tether.frontend.onnx import along_axis, bitcast, dynamic, indexmap, lppool, sampling, signal, trig  # noqa: F401
 from tether.frontend.onnx.importer import CONVERTERS
 from tether.frontend.onnx.model import from_onnx, op_coverage, unsupported_ops
 
