@@ -195,8 +195,8 @@ def test_executor_reads_version_1_and_checks_offsets(tmp_path):
     np.testing.assert_allclose(gm.get_output(0), ref[0], rtol=1e-4, atol=1e-5)
 
     module = load_module(str(new / "deploy.so"))
-    with pytest.raises(ValueError, match="version 3.*reads versions 1, 2"):
-        GraphExecutor(dict(doc, version=3), module)
+    with pytest.raises(ValueError, match="version 4.*reads versions 1, 2, 3"):
+        GraphExecutor(dict(doc, version=4), module)
     bad = json.loads(json.dumps(doc))
     e = next(e for e in bad["entries"] if e.get("offset"))
     e["offset"] += 2

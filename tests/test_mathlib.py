@@ -244,13 +244,9 @@ _EMULATED = {"rasp4b": ("aarch64-linux-musl", [], "qemu-aarch64"),
              "armv7-a7": ("arm-linux-musleabihf", ["-mcpu=cortex_a7"], "qemu-arm")}
 
 
-@pytest.mark.emulated
-@pytest.mark.parametrize("preset", list(_EMULATED))
-def test_math_on_emulated_arm(preset, tmp_path, host_linker):
-    """float32 scalar and NEON math on ARM under qemu-user: the kernel object is linked into a freestanding C
-    harness (zig cc, no libc), which streams inputs from stdin and results to stdout.
-
-    NEON on armv7 flushes subnormals to zero, so only normal inputs and results are compared there."""
+def build_arm_harness(preset, tmp_path, funcs):
+    """The freestanding harness of ``funcs`` (f32 and v4f32 kernels each) for an emulated preset:
+    (executable, [(function, kernel name)], qemu binary)."""
     import subprocess
     import sys
 
@@ -260,7 +256,7 @@ def test_math_on_emulated_arm(preset, tmp_path, host_linker):
     require_module("ziglang")
     kernels = []
     mb = ModuleBuilder(preset, "armmath")
-    for fname in FUNCS:
+    for fname in funcs:
         for tname in ("f32", "v4f32"):
             name = "%s_%s" % (fname, tname)
             impl, kf = math_kernel(mb, name, fname, N, TYPES[tname])
@@ -276,6 +272,32 @@ def test_math_on_emulated_arm(preset, tmp_path, host_linker):
     subprocess.run(zig_cc + ["-target", triple] + cflags + ["-nostdlib", "-ffreestanding", "-static", "-O1",
                    "-fno-stack-protector", "-I", str(tmp_path), "-I", str(KERNEL_DIR), "-o", str(exe), str(tmp_path / "h.c"),
                    str(tmp_path / "kern.o")], check=True, timeout=300, capture_output=True)
+    return exe, kernels, qemu
+
+
+def run_arm_harness(qemu, exe, blocks, count):
+    """Stream the input ``blocks`` through the harness under qemu: (count, N) float32 results."""
+    import subprocess
+
+    proc = subprocess.run([qemu, str(exe)], input=b"".join(blocks), capture_output=True, timeout=120)
+    assert proc.returncode == 0, "harness: %d kernels returned an error" % proc.returncode
+    return np.frombuffer(proc.stdout, np.float32).reshape(count, N)
+
+
+def normal_points(x, ref):
+    """NEON on armv7 flushes subnormals to zero: compare only normal inputs and results."""
+    tiny = np.finfo(np.float32).tiny
+    return ~((np.abs(x) < tiny) & (x != 0)) & ~((np.abs(ref) < tiny) & (ref != 0))
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("preset", list(_EMULATED))
+def test_math_on_emulated_arm(preset, tmp_path, host_linker):
+    """float32 scalar and NEON math on ARM under qemu-user: the kernel object is linked into a freestanding C
+    harness (zig cc, no libc), which streams inputs from stdin and results to stdout.
+
+    NEON on armv7 flushes subnormals to zero, so only normal inputs and results are compared there."""
+    exe, kernels, qemu = build_arm_harness(preset, tmp_path, FUNCS)
     blocks, refs = [], []
     px, py = _pow_points()
     for fname, _ in kernels:
@@ -289,12 +311,9 @@ def test_math_on_emulated_arm(preset, tmp_path, host_linker):
                    else CASES[fname][0](x.astype(np.float64))).astype(np.float32)
         blocks += [x.tobytes(), y.tobytes()]
         refs.append((x, ref))
-    proc = subprocess.run([qemu, str(exe)], input=b"".join(blocks), capture_output=True, timeout=120)
-    assert proc.returncode == 0, "harness: %d kernels returned an error" % proc.returncode
-    got_all = np.frombuffer(proc.stdout, np.float32).reshape(len(kernels), N)
-    tiny = np.finfo(np.float32).tiny
+    got_all = run_arm_harness(qemu, exe, blocks, len(kernels))
     for (fname, name), (x, ref), got in zip(kernels, refs, got_all):
-        keep = ~((np.abs(x) < tiny) & (x != 0)) & ~((np.abs(ref) < tiny) & (ref != 0))
+        keep = normal_points(x, ref)
         rtol = {"floor": 0.0, "ceil": 0.0, "abs": 0.0, "sqrt": 1e-7}.get(fname, 1e-6)
         _check(got[keep], ref[keep], rtol, 0.0, "%s on %s" % (name, preset))
 
@@ -305,7 +324,7 @@ def test_every_function_links_without_libm(preset, tmp_path, host_linker):
     from tether_rpc import elf
 
     mb = ModuleBuilder(preset, "nolibm")
-    for fname in FUNCS:
+    for fname in FUNCS + ("sin", "cos", "tan", "asin", "acos", "atan"):     # trig: tests/test_mathlib_trig.py
         for tname in ("v4f32", "f64"):
             impl, kf = math_kernel(mb, "%s_%s" % (fname, tname), fname, 16, TYPES[tname])
             mb.add_packed(kf, impl)

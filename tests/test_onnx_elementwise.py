@@ -147,7 +147,7 @@ def test_float_fmod(dtype):
 
 def test_float_mod_without_fmod_is_refused():
     a = floats((3,), specials=False)
-    with pytest.raises(UnsupportedOpError, match="fmod=1"):
+    with pytest.raises(UnsupportedOpError, match="fmod=0 .defined from opset 28"):
         TetherCase(model_of("Mod", {"a": a, "b": a}), {"a": a, "b": a})
 
 
@@ -262,12 +262,6 @@ def test_cast_to_bfloat16_is_refused():
     x = floats((3,))
     with pytest.raises(UnsupportedOpError, match="Cast to bfloat16"):
         TetherCase(model_of("Cast", {"x": x}, to=TensorProto.BFLOAT16), {"x": x})
-
-
-def test_trig_without_a_math_routine_is_refused_by_name():
-    x = floats((3,))
-    with pytest.raises(UnsupportedOpError, match="Sin"):
-        TetherCase(model_of("Sin", {"x": x}), {"x": x})
 
 
 # ---------------------------------------------------------------- fused chains change dtype inside one kernel

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from . import numpy_ops
 from . import params as params_format
 from .dtypes import WIRE_DTYPES
 from . import timing
@@ -27,8 +28,9 @@ log = logging.getLogger(__name__)
 
 GRAPH_FORMAT = "tether-graph"
 GRAPH_VERSION = 2
-# versions this runtime reads: 1 (every entry at the start of its storage), 2 (entries may carry "offset")
-GRAPH_VERSIONS = (1, 2)
+# versions this runtime reads: 1 (every entry at the start of its storage), 2 (entries may carry "offset"),
+# 3 (numpy nodes and data-dependent entries: numpy_ops.py)
+GRAPH_VERSIONS = (1, 2, 3)
 #: The most memory a graph's storages may claim together (deploy.json is uploaded, so it is checked before any
 #: allocation): 4 GiB, the bulk limit, far above what a model for a small board needs.
 MAX_STORAGE_BYTES = 4 << 30
@@ -79,6 +81,8 @@ class GraphExecutor:
                              % (sizes[:8], max_bytes))
         self._storages = [_aligned(n) for n in sizes]
         self._entries: List[np.ndarray] = []
+        # entry id -> the array a numpy node last produced, for entries whose shape is data-dependent
+        self._dynamic: Dict[int, np.ndarray] = {}
         for k, e in enumerate(graph["entries"]):
             if e["dtype"] not in WIRE_DTYPES:
                 raise ValueError("graph entry %d has dtype %.40r (allowed: %s)"
@@ -96,6 +100,8 @@ class GraphExecutor:
                 raise ValueError("graph entry %d (%s) needs bytes %d..%d, its storage has %d"
                                  % (k, e.get("name"), offset, offset + nbytes, store.nbytes))
             self._entries.append(store[offset:offset + nbytes].view(dt).reshape(shape))
+            if e.get("dynamic"):
+                self._dynamic[k] = np.zeros((0,) * len(shape), dt)
         self.input_names = [graph["entries"][i]["name"] for i in graph["inputs"]]
         self.output_names = [graph["entries"][i]["name"] for i in graph["outputs"]]
         self._param_index = {graph["entries"][i]["name"]: i for i in graph["params"]}
@@ -103,6 +109,11 @@ class GraphExecutor:
         self._calls: List[Callable[[], None]] = []
         self._whens: List[Optional[List[Tuple[np.ndarray, bool]]]] = []
         for node in graph["nodes"]:
+            if "numpy" in node:
+                self._nodes.append(node)
+                self._calls.append(numpy_ops.bind_node(node, self._entries, self._dynamic))
+                self._whens.append(self._guard(node))
+                continue
             func = module[node["func"]]
             args = [_kernel_view(self._entries[i]) for i in node["args"]]
             if "shapes" in node:    # same bytes, the kernel's view (e.g. NCHW conv input as a matrix)
@@ -229,7 +240,8 @@ class GraphExecutor:
             index = self.output_names.index(index)
         if not 0 <= int(index) < self.num_outputs:
             raise IndexError("output index %d out of range: the model has %d output(s)" % (index, self.num_outputs))
-        return self._entries[self.graph["outputs"][int(index)]].copy()
+        entry = self.graph["outputs"][int(index)]
+        return (self._dynamic[entry] if entry in self._dynamic else self._entries[entry]).copy()
 
     def info(self) -> Dict[str, Any]:
         def describe(ids):
@@ -260,8 +272,8 @@ class GraphExecutor:
         records = []
         t_start = time.perf_counter()
         for k, (node, call, when) in enumerate(zip(self._nodes, self._calls, self._whens)):
-            rec = {"index": k, "name": node.get("name", ""), "func": node["func"], "ops": node.get("ops", ""),
-                   "seconds": 0.0}
+            rec = {"index": k, "name": node.get("name", ""), "func": node.get("func", "numpy:%s" % node.get("numpy")),
+                   "ops": node.get("ops", ""), "seconds": 0.0}
             if when is not None and not self._holds(when):
                 rec["skipped"] = True       # an untaken branch: its inputs were never computed
             else:

@@ -33,6 +33,7 @@ type nodeJSON struct {
 	Func   string    `json:"func"`
 	Args   []int     `json:"args"`
 	Shapes [][]int64 `json:"shapes"`
+	Numpy  string    `json:"numpy"` // version 3: an op the Python device runtime runs as numpy
 }
 
 type graphJSON struct {
@@ -107,6 +108,14 @@ func New(graphJSONBytes []byte, mod *tether.Module) (*Executor, error) {
 	g := &e.g
 	if g.Format != graphFormat {
 		return nil, fmt.Errorf("tether/graph: not a tether graph JSON (format %q)", g.Format)
+	}
+	for _, n := range g.Nodes {
+		if n.Numpy != "" {
+			// data-dependent shapes (NonZero, Unique, ...) run as numpy in tether_rpc only (docs/graph.md)
+			return nil, fmt.Errorf("tether/graph: node %q runs numpy op %q (graph JSON version %d), which only the "+
+				"Python device runtime (tether_rpc) implements; the Go runtime runs compiled kernels only", n.Name,
+				n.Numpy, g.Version)
+		}
 	}
 	if !graphVersions[g.Version] {
 		return nil, fmt.Errorf("tether/graph: graph JSON version %d; this runtime reads versions 1, 2", g.Version)

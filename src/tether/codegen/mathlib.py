@@ -1,4 +1,5 @@
-"""Self-contained, vectorisable math as LLVM IR: exp, log, tanh, sigmoid, erf, pow, sqrt, rsqrt, floor, ceil, abs.
+"""Self-contained, vectorisable math as LLVM IR: exp, log, tanh, sigmoid, erf, pow, sqrt, rsqrt, floor, ceil, abs,
+sin, cos, tan, asin, acos, atan.
 
 Modules carry their own math because they link without libm (docs/abi.md), and because straight-line IR over
 ``<N x float>`` vectorises where a libm call would not. Every function is branch-free (selects only), internal
@@ -290,11 +291,179 @@ def _pow(e: _E, x, y):
     return e.sel(e.eq(x, e.c(1.0)), e.c(1.0), res)
 
 
+# ---- trigonometry: sin, cos, tan, asin, acos, atan -----------------------------------------------------------
+# All computed in double (float32 is widened and rounded once at the end), branch-free like the rest.
+#
+# sin/cos/tan reduce x modulo pi/2 exactly for every finite input (no Cody-Waite range limit): 2/pi is split into
+# chunks C_i of a few bits each, so every product x*C_i is exact in double; each product is reduced modulo 4
+# (quarter turns) exactly, centred on 0 so small arguments keep their relative precision, and the reduced terms
+# are summed smallest first in double-double. float32: 7 chunks of 29 bits against the 24-bit x. double: x is
+# split into two halves of <= 27 bits and 2/pi into 43 chunks of 26 bits (down to 2**-1118), so double
+# sin/cos cost ~90 multiply-rounds per element: correct everywhere, slower than float32.
+
+
+def _two_over_pi(nbits: int) -> int:
+    """floor(2/pi * 2**nbits), from Machin's formula in integer arithmetic (64 guard bits)."""
+    prec = nbits + 64
+    one = 1 << prec
+
+    def arctan_inv(n: int) -> int:
+        total, term, k, sign = 0, one // n, 1, 1
+        while term:
+            total += sign * (term // k)
+            term //= n * n
+            k += 2
+            sign = -sign
+        return total
+
+    pi = 16 * arctan_inv(5) - 4 * arctan_inv(239)
+    return ((2 * one * one) // pi) >> 64
+
+
+def _trig_chunks(bits: int, count: int) -> Tuple[Tuple[float, int], ...]:
+    """(C_i * 2**s, s): chunks past 2**-900 are stored scaled up by 2**256 (and x scaled down to match), since
+    double's subnormal floor is 2**-1074 and the largest doubles need 2/pi to about 2**-1100."""
+    v = _two_over_pi(bits * count)
+    mask = (1 << bits) - 1
+    out = []
+    for i in range(count):
+        s = 256 if bits * (i + 1) > 900 else 0
+        out.append((math.ldexp((v >> (bits * (count - 1 - i))) & mask, s - bits * (i + 1)), s))
+    return tuple(out)
+
+
+_TRIG_CHUNKS = {False: _trig_chunks(29, 7), True: _trig_chunks(26, 43)}
+# atan(x) = x + x*z*P(z), z = x*x, |x| <= tan(pi/12); asin(x) = x + x*z*Q(z), |x| <= 1/2 (Chebyshev fits in
+# 200-bit arithmetic, highest degree first; within 1e-16 of the remainder term)
+_ATAN_P = (0.03459385816447865, -0.0507655385655925, 0.05867073012179241, -0.06665900669642257,
+           0.0769228376870477, -0.0909090863428272, 0.11111111106092504, -0.14285714285686224, 0.1999999999999994,
+           -0.3333333333333333)
+_ASIN_Q = (0.028757851367421566, -0.014851887071247204, 0.01740087944269402, 0.005457506718640358,
+           0.01032281435018578, 0.011479177415184906, 0.013971212973552933, 0.017352392720869973,
+           0.02237217294214989, 0.030381944138531247, 0.04464285714635543, 0.07499999999998433,
+           0.16666666666666669)
+
+
+def _in_double(e: _E, x, fn: Callable[..., Any]):
+    """fn(double emitter, x as double, x_was_double); float32 is widened and the result rounded once."""
+    if e.fmt.double:
+        return fn(e, x, True)
+    dty = ir.VectorType(DOUBLE, e.lanes) if e.lanes else DOUBLE
+    return e.b.fptrunc(fn(_E(e.b, dty, e.target), e.b.fpext(x, dty), False), e.ty)
+
+
+def _rint(e: _E, v):
+    """Nearest integer for any double (values beyond 2**52 are integers already; inf and NaN pass through)."""
+    return e.sel(e.lt(e.fabs(v), e.c(2.0 ** 52)), e.round_nearest(v), v)
+
+
+def _quarter_turns(e: _E, x, was_double: bool):
+    """(r, q): x = (4k + q) * pi/2 + r with q in {0, 1, 2, 3} (as doubles) and |r| <= pi/4."""
+    parts = [x]
+    if was_double:
+        hi = e.from_bits(e.b.and_(e.bits(x), e.ic(~((1 << 27) - 1) & ((1 << 64) - 1))))
+        parts = [hi, e.sub(x, hi)]
+    y = err = None
+    for c, scale in reversed(_TRIG_CHUNKS[was_double]):
+        for p in parts:
+            t = e.mul(e.mul(p, e.c(2.0 ** -scale)) if scale else p, e.c(c))
+            m = e.sub(t, e.mul(e.c(4.0), _rint(e, e.mul(t, e.c(0.25)))))   # exact: t mod 4 in [-2, 2]
+            if y is None:
+                y, err = m, e.c(0.0)
+                continue
+            # Knuth's two-sum: y + err carries the sum in double-double, so x near a multiple of pi/2 keeps its
+            # tiny remainder (sin(pi) = 1.22e-16, not 0)
+            s = e.add(y, m)
+            bv = e.sub(s, y)
+            err = e.add(err, e.add(e.sub(y, e.sub(s, bv)), e.sub(m, bv)))
+            y = s
+    q = _rint(e, y)
+    r = e.mul(e.add(e.sub(y, q), err), e.c(math.pi / 2))
+    q = e.sub(q, e.mul(e.c(4.0), _floor(e, e.mul(q, e.c(0.25)))))
+    return r, q
+
+
+def _sin_cos_kernels(e: _E, r):
+    z = e.mul(r, r)
+    s = e.add(r, e.mul(e.mul(r, z), e.horner(z, [(-1) ** k / math.factorial(2 * k + 1) for k in range(9, 0, -1)])))
+    c = e.horner(z, [(-1) ** k / math.factorial(2 * k) for k in range(9, -1, -1)])
+    return s, c
+
+
+def _by_quadrant(e: _E, q, values):
+    out = values[3]
+    for k in (2, 1, 0):
+        out = e.sel(e.eq(q, e.c(float(k))), values[k], out)
+    return out
+
+
+def _sin_d(e: _E, x, was_double: bool):
+    r, q = _quarter_turns(e, x, was_double)
+    s, c = _sin_cos_kernels(e, r)
+    neg = lambda v: e.sub(e.c(0.0), v)  # noqa: E731
+    return e.sel(e.eq(x, e.c(0.0)), x, _by_quadrant(e, q, (s, c, neg(s), neg(c))))   # sin(-0) = -0
+
+
+def _cos_d(e: _E, x, was_double: bool):
+    r, q = _quarter_turns(e, x, was_double)
+    s, c = _sin_cos_kernels(e, r)
+    neg = lambda v: e.sub(e.c(0.0), v)  # noqa: E731
+    return _by_quadrant(e, q, (c, neg(s), neg(c), s))
+
+
+def _tan_d(e: _E, x, was_double: bool):
+    r, q = _quarter_turns(e, x, was_double)
+    s, c = _sin_cos_kernels(e, r)
+    odd = e.b.or_(e.eq(q, e.c(1.0)), e.eq(q, e.c(3.0)))
+    res = e.sel(odd, e.sub(e.c(0.0), e.div(c, s)), e.div(s, c))
+    return e.sel(e.eq(x, e.c(0.0)), x, res)
+
+
+def _asin_core(e: _E, v):
+    z = e.mul(v, v)
+    return e.add(v, e.mul(e.mul(v, z), e.horner(z, _ASIN_Q)))
+
+
+def _asin_d(e: _E, x, was_double: bool):
+    ax = e.fabs(x)
+    w = e.mul(e.sub(e.c(1.0), ax), e.c(0.5))          # asin(a) = pi/2 - 2 asin(sqrt((1 - a) / 2)); NaN past 1
+    large = e.sub(e.c(math.pi / 2), e.mul(e.c(2.0), _asin_core(e, _sqrt(e, w))))
+    return e.copysign(e.sel(e.b.fcmp_unordered("<=", ax, e.c(0.5)), _asin_core(e, ax), large), x)
+
+
+def _acos_d(e: _E, x, was_double: bool):
+    ax = e.fabs(x)
+    half_angle = e.mul(e.c(2.0), _asin_core(e, _sqrt(e, e.mul(e.sub(e.c(1.0), ax), e.c(0.5)))))
+    large = e.sel(e.lt(x, e.c(0.0)), e.sub(e.c(math.pi), half_angle), half_angle)
+    small = e.sub(e.c(math.pi / 2), e.copysign(_asin_core(e, ax), x))
+    return e.sel(e.b.fcmp_unordered("<=", ax, e.c(0.5)), small, large)
+
+
+def _atan_d(e: _E, x, was_double: bool):
+    ax = e.fabs(x)
+    big = e.gt(ax, e.c(1.0))
+    t = e.sel(big, e.div(e.c(1.0), ax), ax)                  # atan(a) = pi/2 - atan(1/a)
+    mid = e.gt(t, e.c(2.0 - math.sqrt(3.0)))                   # atan(t) = pi/6 + atan((t*sqrt3 - 1)/(t + sqrt3))
+    s3 = e.c(math.sqrt(3.0))
+    t = e.sel(mid, e.div(e.sub(e.mul(t, s3), e.c(1.0)), e.add(t, s3)), t)
+    core = e.add(t, e.mul(e.mul(t, e.mul(t, t)), e.horner(e.mul(t, t), _ATAN_P)))
+    core = e.sel(mid, e.add(e.c(math.pi / 6), core), core)
+    return e.copysign(e.sel(big, e.sub(e.c(math.pi / 2), core), core), x)
+
+
+_TRIG_IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
+    name: (1, (lambda f: lambda e, x: _in_double(e, x, f))(fn))
+    for name, fn in (("sin", _sin_d), ("cos", _cos_d), ("tan", _tan_d), ("asin", _asin_d), ("acos", _acos_d),
+                     ("atan", _atan_d))
+}
+
+
 _IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
     "exp": (1, _exp), "log": (1, _log), "sqrt": (1, _sqrt), "rsqrt": (1, _rsqrt), "tanh": (1, _tanh),
     "sigmoid": (1, _sigmoid), "erf": (1, _erf), "pow": (2, _pow), "floor": (1, _floor), "ceil": (1, _ceil),
     "abs": (1, _abs), "fabs": (1, _abs),
 }
+_IMPLS.update(_TRIG_IMPLS)
 NAMES = tuple(sorted(_IMPLS))
 
 

@@ -35,6 +35,7 @@ from tether.graph.passes import needs_kernel, optimize, plan_memory
 from tether.graph.conv_gemm import pack_conv_weights, repack_conv_weight
 from tether.graph.guards import node_guards
 from tether.graph.loop_kernel import DIRECT_KERNELS
+from tether.graph import numpy_nodes
 from tether.graph.to_te import lower_kernel
 from tether.target import as_target
 from tether.tune.log import best_configs, task_key
@@ -135,8 +136,9 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     triples = []
     node_funcs: List[Optional[str]] = []
     shapes_of_func: Dict[str, Optional[list]] = {}
+    dynamic = numpy_nodes.check_dynamic(graph)
     for node in graph.nodes:
-        if not needs_kernel(node):
+        if not needs_kernel(node) or numpy_nodes.is_numpy(node):     # numpy nodes run on the device as numpy
             node_funcs.append(None)
             continue
         sig = kernel_signature(node, graph.types)
@@ -169,7 +171,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     t_build = time.perf_counter() - t1
 
     plan = plan_memory(graph, params)
-    graph_json = _graph_json(graph, params, plan, node_funcs, tgt, name, shapes_of_func)
+    graph_json = _graph_json(graph, params, plan, node_funcs, tgt, name, shapes_of_func, dynamic)
     timings = {"passes": t_passes, "lower_codegen_llvm": t_build, "total": time.perf_counter() - t0}
     log.info("build_graph %s for %s: %d nodes, %d kernels, %.2fs (passes %.2fs, build %.2fs)", graph.name,
              tgt.preset or tgt.triple, len(graph.nodes), len(triples), timings["total"], t_passes, t_build)
@@ -187,7 +189,8 @@ def tuned_configs(tuning_log: Optional[str], tgt: Any) -> Dict[str, Dict[str, An
 
 
 def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: List[Optional[str]], tgt: Any,
-                name: str, shapes_of_func: Dict[str, Optional[list]]) -> Dict[str, Any]:
+                name: str, shapes_of_func: Dict[str, Optional[list]], dynamic: frozenset = frozenset()
+                ) -> Dict[str, Any]:
     entries: List[Dict[str, Any]] = []
     index: Dict[str, int] = {}
 
@@ -200,6 +203,8 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
             rec = {"name": v, "shape": shape, "dtype": dtype, "storage": plan.storage_of[v]}
             if plan.offset_of.get(v, 0):
                 rec["offset"] = int(plan.offset_of[v])
+            if v in dynamic:
+                rec["dynamic"] = True
             entries.append(rec)
         return index[v]
 
@@ -208,6 +213,12 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
     nodes = []
     guards = node_guards(graph, params)
     for k, (node, func) in enumerate(zip(graph.nodes, node_funcs)):
+        if numpy_nodes.is_numpy(node):
+            rec = numpy_nodes.node_json(node, entry)
+            if guards[k]:
+                rec["when"] = [[entry(v), bool(t)] for v, t in sorted(guards[k])]
+            nodes.append(rec)
+            continue
         ids = [entry(v) for v in node.body_params() + list(node.outputs)]
         if func is None:
             continue
@@ -221,7 +232,8 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
         nodes.append(rec)
     outputs = [entry(v) for v in graph.outputs]
     return {
-        "format": GRAPH_FORMAT, "version": GRAPH_VERSION, "name": graph.name, "lib": "%s.so" % name,
+        "format": GRAPH_FORMAT, "name": graph.name, "lib": "%s.so" % name,
+        "version": numpy_nodes.NUMPY_GRAPH_VERSION if any("numpy" in n for n in nodes) else GRAPH_VERSION,
         "target": {"arch": tgt.arch, "triple": tgt.triple, "preset": getattr(tgt, "preset", None)},
         "storages": [int(s) for s in plan.sizes],
         "entries": entries, "inputs": inputs, "outputs": outputs, "params": param_ids, "nodes": nodes,

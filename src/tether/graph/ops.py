@@ -683,6 +683,158 @@ def _trilu_ref(attrs, x):
 _register("trilu", "injective", _same, _trilu_ref)
 
 
+# ---------------------------------------------------------------- issue 11: trigonometry, indexing, signal ops
+TRIG = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan}
+for _n, _fn in TRIG.items():
+    _register(_n, "elemwise", _same, _f32((lambda f: lambda a, x: f(x.astype(np.float64)))(_fn)))
+
+
+def _cumulative_ref(attrs, x):
+    axis, rev = attrs["axis"], attrs.get("reverse", 0)
+    y = np.flip(x, axis) if rev else x
+    y = (np.cumsum if attrs["kind"] == "sum" else np.cumprod)(y, axis=axis, dtype=x.dtype)
+    if attrs.get("exclusive", 0):
+        ident = np.full_like(np.take(y, [0], axis=axis), 0 if attrs["kind"] == "sum" else 1)
+        y = np.concatenate([ident, np.take(y, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
+    return [np.flip(y, axis) if rev else y]
+
+
+_register("cumulative", "opaque", _same, _cumulative_ref)
+
+
+def _topk_infer(attrs, x):
+    shape = list(x.shape)
+    shape[attrs["axis"]] = attrs["k"]
+    return [TensorType(tuple(shape), "int64")]
+
+
+def _topk_ref(attrs, x):
+    axis, k = attrs["axis"], attrs["k"]
+    key = x.astype(np.float64) if x.dtype.kind == "f" else x.astype(np.int64)
+    if attrs.get("largest", 1):
+        key = -key if key.dtype.kind == "f" else ~key      # ~ reverses int64 order without overflowing
+    order = np.argsort(key, axis=axis, kind="stable")      # stable: ties stay in index order
+    return [np.take(order, np.arange(k), axis=axis).astype(np.int64)]
+
+
+_register("topk_indices", "opaque", _topk_infer, _topk_ref)
+
+
+def _bitcast_infer(attrs, x):
+    to = np.dtype(attrs["to"])
+    if to.itemsize != np.dtype(x.dtype).itemsize:
+        raise ValueError("bitcast of %s to %s changes the element size" % (x.dtype, to))
+    return [TensorType(x.shape, str(to))]
+
+
+# an alias like reshape: the output is the input's bytes read as another type of the same width (no kernel)
+_register("bitcast", "alias", _bitcast_infer, lambda attrs, x: [x.view(np.dtype(attrs["to"]))])
+
+# float x mod y with the sign of y (numpy's np.mod, Python's %): ONNX Mod fmod=0 on floats
+_register("float_mod", "elemwise", _bcast_infer(), lambda attrs, a, b: [np.mod(a, b).astype(a.dtype)])
+
+
+def _grid_sample_infer(attrs, x, grid):
+    return [TensorType((x.shape[0], x.shape[1]) + tuple(grid.shape[1:-1]), x.dtype)]
+
+
+def _grid_sample_ref(attrs, x, grid):
+    from tether.ops.grid_sample import grid_sample_np
+    return [grid_sample_np(x, grid, attrs["mode"], attrs["padding_mode"], bool(attrs["align_corners"]))]
+
+
+_register("grid_sample", "injective", _grid_sample_infer, _grid_sample_ref)
+
+
+def _max_pool_indices_ref(attrs, x):
+    """The flat (row-major, over the whole input) index of each window's first maximum (ONNX MaxPool Indices)."""
+    (t,) = _pool_infer(attrs, TensorType(x.shape, x.dtype))
+    nd = len(attrs["kernel"])
+    k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    out = np.zeros(t.shape, np.int64)
+    flat = np.arange(x.size).reshape(x.shape)
+    for o in np.ndindex(*t.shape[2:]):
+        best, arg = None, None
+        for r in np.ndindex(*k):
+            pos = [o[i] * s[i] + r[i] * d[i] - p[i] for i in range(nd)]
+            if all(0 <= q < x.shape[2 + i] for i, q in enumerate(pos)):
+                v = x[(slice(None), slice(None)) + tuple(pos)]
+                f = flat[(slice(None), slice(None)) + tuple(pos)]
+                if best is None:
+                    best, arg = v.copy(), f.copy()
+                else:
+                    better = v > best
+                    best, arg = np.where(better, v, best), np.where(better, f, arg)
+        out[(slice(None), slice(None)) + o] = arg
+    if attrs.get("storage_order", 0):       # the same element, numbered with the spatial axes reversed
+        coords = np.unravel_index(out, x.shape)
+        out = np.ravel_multi_index(coords[:2] + coords[2:][::-1], x.shape[:2] + x.shape[2:][::-1])
+    return [out.astype(np.int64)]
+
+
+def _deform_conv_ref(attrs, x, w, offset, *rest):
+    from tether.ops.deform_conv import deform_conv2d_np
+    mask = rest[attrs["mask_at"] - 3] if attrs.get("mask_at") else None
+    bias = rest[attrs["bias_at"] - 3] if attrs.get("bias_at") else None
+    return [deform_conv2d_np(x, w, offset, mask, bias, attrs["strides"], attrs["pads"], attrs["dilations"],
+                             attrs["group"], attrs["offset_group"])]
+
+
+# inputs: x, w, offset, then the optional mask and bias at the positions mask_at / bias_at (0: absent)
+_register("deform_conv2d", "opaque",
+          lambda attrs, x, w, offset, *rest: [TensorType((x.shape[0], w.shape[0]) + tuple(offset.shape[2:]),
+                                                         x.dtype)], _deform_conv_ref)
+_register("max_pool_indices", "opaque", lambda attrs, x: [TensorType(_pool_infer(attrs, x)[0].shape, "int64")],
+          _max_pool_indices_ref)
+
+
+# numpy ops: run as numpy on the device between kernels (tether_rpc/numpy_ops.py, graph JSON version 3). Their
+# types give the largest shape a data-dependent output can take; NUMPY_DYNAMIC lists those outputs, whose real
+# shape is known only at run time (docs/graph.md: such a value may feed numpy ops and graph outputs only).
+NUMPY_DYNAMIC = {"nonzero": (0,), "compress": (0,), "unique": (0, 1, 3), "non_max_suppression": (0,), "det": (),
+                 "topk": (0, 1)}
+
+
+def dynamic_outputs(op: str, dynamic_input: bool = False) -> Tuple[int, ...]:
+    """The outputs of ``op`` whose shape is data-dependent; every output, for a numpy op reading such a value."""
+    if OPS[op].pattern != "numpy":
+        return ()
+    return tuple(range(8)) if dynamic_input else NUMPY_DYNAMIC.get(op, ())
+
+
+def _compress_infer(attrs, x, cond):
+    if attrs.get("axis") is None:
+        return [TensorType((min(x.size, cond.size),), x.dtype)]
+    shape = list(x.shape)
+    shape[attrs["axis"]] = min(shape[attrs["axis"]], cond.size)
+    return [TensorType(tuple(shape), x.dtype)]
+
+
+def _unique_infer(attrs, x):
+    n = x.size if attrs.get("axis") is None else x.shape[attrs["axis"]]
+    y = (x.size,) if attrs.get("axis") is None else x.shape
+    return [TensorType(y, x.dtype)] + [TensorType((n,), "int64")] * 3
+
+
+def _nms_infer(attrs, boxes, scores, *rest):
+    per_class = min(boxes.shape[1], attrs.get("max_per_class", boxes.shape[1]))
+    return [TensorType((boxes.shape[0] * scores.shape[1] * max(per_class, 0), 3), "int64")]
+
+
+def _numpy_ref(name):
+    def ref(attrs, *xs):
+        from tether_rpc.numpy_ops import OPS as NUMPY_OPS
+        return NUMPY_OPS[name](attrs, *xs)
+    return ref
+
+
+for _n, _infer in (("nonzero", lambda attrs, x: [TensorType((max(len(x.shape), 1), x.size), "int64")]),
+                   ("compress", _compress_infer), ("unique", _unique_infer), ("non_max_suppression", _nms_infer),
+                   ("det", lambda attrs, x: [TensorType(x.shape[:-2], x.dtype)]),
+                   ("topk", lambda attrs, x, k: [x, TensorType(x.shape, "int64")])):
+    _register(_n, "numpy", _infer, _numpy_ref(_n))
+
+
 def infer(op: str, attrs: dict, in_types: Sequence[TensorType]) -> List[TensorType]:
     return OPS[op].infer(attrs, *in_types)
 

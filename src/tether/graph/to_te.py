@@ -616,3 +616,91 @@ def _rms_normalize(attrs, x, *rest):
 @lowering("rotary_embedding")
 def _rotary_embedding(attrs, x, cos, sin):
     return ops.rotary_embedding(x, cos, sin, attrs["seq_axis"], attrs["rotary_dim"], bool(attrs["interleaved"]))
+# ---------------------------------------------------------------- issue 11: trigonometry, indexing, signal ops
+for _n in ("sin", "cos", "tan", "asin", "acos", "atan"):
+    LOWER[_n] = (lambda f, n: lambda attrs, x: ops.elementwise(f, [x], n))(getattr(te, _n), _n)
+
+
+@lowering("cumulative")
+def _cumulative(attrs, x):
+    from tether.ops.scan import cumulative
+    return cumulative(x, attrs["axis"], attrs["kind"], bool(attrs.get("exclusive", 0)),
+                      bool(attrs.get("reverse", 0)))
+
+
+@lowering("topk_indices")
+def _topk_indices(attrs, x):
+    from tether.ops.topk import topk_indices
+    return topk_indices(x, attrs["k"], attrs["axis"], bool(attrs.get("largest", 1)))
+
+
+@lowering("float_mod")
+def _float_mod(attrs, a, b):
+    """numpy's float mod: fmod (exact for float32 in double), then moved into the divisor's sign; an infinite
+    divisor leaves a finite x (or the infinity, for opposite signs); a zero result takes the divisor's sign."""
+    def f(x, y):
+        xw, yw = _wide(x), _wide(y)
+        zero = c.const(0.0, xw.dtype)
+        r = xw - _trunc(xw / yw) * yw
+        inf = c.const(math.inf, xw.dtype)
+        r = te.if_then_else(te.all(te.abs(yw) == inf, te.abs(xw) < inf), xw, r)
+        flip = te.all(r != zero, (r < zero) != (yw < zero))
+        r = te.if_then_else(flip, r + yw, r)
+        r = te.if_then_else(r == zero, te.if_then_else(yw < zero, c.const(-0.0, xw.dtype), zero), r)
+        return r.astype(x.dtype)
+    return ops.elementwise(f, [a, b], "float_mod")
+
+
+@lowering("grid_sample")
+def _grid_sample(attrs, x, grid):
+    from tether.ops.grid_sample import grid_sample
+    return grid_sample(x, grid, attrs["mode"], attrs["padding_mode"], bool(attrs["align_corners"]))
+
+
+@lowering("max_pool_indices")
+def _max_pool_indices(attrs, x):
+    """ONNX MaxPool's Indices: per window, the smallest flat input index (row-major over the whole tensor)
+    holding the window's maximum, i.e. the first maximum in scan order; padding positions never count."""
+    shape = c.shape_of(x)
+    nd = len(shape) - 2
+    k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    m = _pool_nd("max", attrs, x)
+    rs = [te.reduce_axis((0, k[i]), name="q%d" % i) for i in range(nd)]
+    strides = [int(np.prod(shape[j + 1:])) for j in range(len(shape))]
+    big = c.const(int(np.prod(shape)), "int64")
+
+    def f(*idx):
+        pos = [idx[2 + i] * s[i] + rs[i] * d[i] - p[i] for i in range(nd)]
+        inside = c.all_of([(q >= 0) & (q < shape[2 + i]) for i, q in enumerate(pos)])
+        src = tuple(idx[:2]) + tuple(c.clamp_index(q, shape[2 + i]) for i, q in enumerate(pos))
+        flat = te.cast(idx[0], "int64") * c.const(strides[0], "int64") + \
+            te.cast(idx[1], "int64") * c.const(strides[1], "int64")
+        for i in range(nd):
+            flat = flat + te.cast(src[2 + i], "int64") * c.const(strides[2 + i], "int64")
+        hit = inside & (x[src] == m[idx])
+        return te.min(te.if_then_else(hit, flat, big), axis=rs)
+    first = c.compute(c.shape_of(m), f, "max_pool_indices", c.REDUCE)
+    if not attrs.get("storage_order", 0):
+        return first
+    # storage_order 1: the same element numbered with the spatial axes reversed (column-major over H, W)
+    rev = list(shape[:2]) + list(shape[2:][::-1])
+    rstrides = [int(np.prod(rev[j + 1:])) for j in range(len(rev))]
+
+    def g(*idx):
+        v = first[idx]
+        coords = [(v // c.const(strides[j], "int64")) % c.const(shape[j], "int64") for j in range(len(shape))]
+        coords = coords[:2] + coords[2:][::-1]
+        out = c.const(0, "int64")
+        for j, q in enumerate(coords):
+            out = out + q * c.const(rstrides[j], "int64")
+        return out
+    return c.compute(c.shape_of(m), g, "max_pool_indices_cm", c.INJECTIVE)
+
+
+@lowering("deform_conv2d")
+def _deform_conv2d(attrs, x, w, offset, *rest):
+    from tether.ops.deform_conv import deform_conv2d
+    mask = rest[attrs["mask_at"] - 3] if attrs.get("mask_at") else None
+    bias = rest[attrs["bias_at"] - 3] if attrs.get("bias_at") else None
+    return deform_conv2d(x, w, offset, mask, bias, attrs["strides"], attrs["pads"], attrs["dilations"],
+                         attrs["group"], attrs["offset_group"])

@@ -117,7 +117,8 @@ def opt_level_for(model: Any) -> int:
 # Float inputs that are shape arguments (Resize roi/scales, Upsample scales, OneHot depth, Range bounds): bound as
 # constants like the integer ones, since tether fixes every shape at compile time.
 SHAPE_ARG_INPUTS = {"Resize": (1, 2, 3), "Upsample": (1,), "OneHot": (1,), "Range": (0, 1, 2),
-                    "Loop": (1,)}   # a Loop's initial condition: tether fixes its iterations at compile time
+                    "Loop": (1,),   # a Loop's initial condition: tether fixes its iterations at compile time
+                    "MelWeightMatrix": (3, 4)}    # its output is a table of its scalar arguments
 
 
 def shape_arg_names(model: Any) -> set:

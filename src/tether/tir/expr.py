@@ -240,7 +240,7 @@ class Cast(Expr):
 
 
 class Call(Expr):
-    """A math intrinsic: exp log sqrt rsqrt tanh sigmoid erf pow floor ceil abs."""
+    """A math intrinsic: exp log sqrt rsqrt tanh sigmoid erf pow floor ceil abs sin cos tan asin acos atan."""
 
     __slots__ = ("name", "args")
     _fields = ("args",)

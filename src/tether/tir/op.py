@@ -30,6 +30,13 @@ sigmoid = _unary_math("sigmoid")
 erf = _unary_math("erf")
 floor = _unary_math("floor")
 ceil = _unary_math("ceil")
+# trigonometry (codegen/mathlib.py: exact range reduction, no libm)
+sin = _unary_math("sin")
+cos = _unary_math("cos")
+tan = _unary_math("tan")
+asin = _unary_math("asin")
+acos = _unary_math("acos")
+atan = _unary_math("atan")
 
 
 def abs(x: Any) -> Expr:  # noqa: A001 - te.abs

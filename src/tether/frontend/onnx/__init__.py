@@ -19,6 +19,8 @@ from tether.frontend.onnx import elementwise, indexing, nn, norm, reduce, resize
 from tether.frontend.onnx import control_flow, recurrent  # noqa: F401,E402  (register: If/Loop/Scan, LSTM/GRU/RNN)
 from tether.frontend.onnx import quantized, quantized_contrib  # noqa: F401  (register: int8 models, issue 12)
 from tether.frontend.onnx import attention, einsum, linear_attention, rotary  # noqa: F401  (register; issue 11)
+# issue 11: indexing, math, signal and data-dependent ops
+from tether.frontend.onnx import along_axis, bitcast, dynamic, indexmap, lppool, sampling, signal, trig  # noqa: F401
 from tether.frontend.onnx.importer import CONVERTERS
 from tether.frontend.onnx.model import from_onnx, op_coverage, unsupported_ops
 

@@ -147,8 +147,12 @@ def _mod(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], NUMERIC)
     require_dtype(im, node, ins[1], (dt,))
     if dt in FLOATS and not fmod:
-        raise UnsupportedOpError("node %s: Mod of %s tensors needs fmod=1 (the spec leaves fmod=0 undefined for "
-                                 "floats)" % (node.name, dt))
+        if im.opset < 28:
+            raise UnsupportedOpError("node %s: Mod of %s tensors with fmod=0 (defined from opset 28; the model has "
+                                     "opset %d)" % (node.name, dt, im.opset))
+        # opset 28: numpy's float %, the sign of the divisor (issue 11)
+        im.emit("float_mod", ins[:2], {}, node.name, node_output(node))
+        return
     im.emit("mod", ins[:2], {"fmod": fmod}, node.name, node_output(node))
 
 

@@ -25,6 +25,7 @@ class Importer:
         self.rename: Dict[str, str] = {}        # ONNX value name -> tether value name
         self.counter = 0
         self.reserved: set = set()              # every value name the ONNX graph uses, fresh names avoid them
+        self.dynamic: set = set()               # values whose shape is known only at run time (numpy ops)
 
     # ---- values
     def name(self, onnx_name: str) -> str:
@@ -34,6 +35,11 @@ class Importer:
         return self.consts.get(value)
 
     def type(self, value: str) -> TensorType:
+        if value in self.dynamic:
+            # its type is an upper bound: a converter that reads it (Shape, a kernel's shape) would be wrong
+            raise UnsupportedOpError("value %r has a data-dependent shape (the output of a NonZero, Compress, Unique "
+                                     "or NonMaxSuppression computed at run time); tether runs it only as a graph "
+                                     "output or into other such ops" % value)
         return self.types[value]
 
     def fresh(self, hint: str) -> str:
@@ -71,6 +77,8 @@ class Importer:
             return outs[0]
         for o, t in zip(outs, out_types):
             self.types[o] = t
+        self.dynamic.update(outs[k] for k in ops.dynamic_outputs(op, any(i in self.dynamic for i in inputs))
+                            if k < len(outs))
         self.nodes.append(Node(op, name or self.fresh(op + "_node"), list(inputs), outs, attrs))
         return outs[0]
 

@@ -59,8 +59,7 @@ def _conv(im, node, ins, a):
 
 def _pool(kind):
     def conv(im, node, ins, a):
-        if len(node.output) > 1 and node.output[1]:
-            raise UnsupportedOpError("node %s: MaxPool with an Indices output" % node.name)
+        indices = len(node.output) > 1 and node.output[1]
         xt = im.type(ins[0])
         nd = len(xt.shape) - 2
         k = list(a["kernel_shape"])
@@ -69,6 +68,9 @@ def _pool(kind):
         attrs = {"kernel": k, "strides": s, "dilations": d, "pads": _spatial_pads(a, xt.shape[2:], k, s, d),
                  "ceil_mode": int(a.get("ceil_mode", 0)), "count_include_pad": int(a.get("count_include_pad", 0))}
         im.emit(kind, [ins[0]], attrs, node.name, node_output(node))
+        if indices:     # issue 11: the flat index of each window's first maximum
+            im.emit("max_pool_indices", [ins[0]], dict(attrs, storage_order=int(a.get("storage_order", 0))),
+                    node.name + "_indices", [node.output[1]])
     return conv
 
 

@@ -1,0 +1,149 @@
+"""The ONNX ops that become constant index maps (frontend/onnx/indexmap.py) against onnxruntime: ScatterElements
+and ScatterND with every reduction and duplicate targets, Scatter, TensorScatter, Col2Im with overlapping blocks,
+MaxUnpool, ReverseSequence, CenterCropPad and Pad mode 'wrap'; and what they refuse."""
+import numpy as np
+import pytest
+from fixtures.onnx_struct_compare import make_model
+
+from tether.errors import UnsupportedOpError
+from tether.frontend import from_onnx
+
+RNG = np.random.default_rng(5)
+
+
+def _r(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_scatter_elements(onnx_compare, reduction, axis):
+    x = _r(4, 5, 3)
+    shape = list(x.shape)
+    shape[axis] = 6                                      # more updates than positions: duplicates
+    n = x.shape[axis]
+    idx = RNG.integers(-n, n, shape).astype(np.int64)
+    if reduction == "none":                              # onnxruntime leaves duplicate writes unordered
+        idx = np.broadcast_to(np.arange(n).reshape([-1 if d == axis % 3 else 1 for d in range(3)]),
+                              [n if d == axis % 3 else shape[d] for d in range(3)]).astype(np.int64)
+    upd = _r(*idx.shape)
+    model = make_model("ScatterElements", {"x": x, "u": upd}, {"axis": axis, "reduction": reduction}, opset=18,
+                       initializers={"i": idx})
+    model.graph.node[0].input[:] = ["x", "i", "u"]
+    onnx_compare(model, {"x": x, "u": upd}, rtol=1e-5, atol=1e-6)
+
+
+def test_scatter_elements_int_data(onnx_compare):
+    x = RNG.integers(-9, 9, (3, 4)).astype(np.int32)
+    idx = np.array([[0, 1, 1, 2], [2, 2, 0, 0]], np.int64)
+    upd = RNG.integers(-9, 9, idx.shape).astype(np.int32)
+    model = make_model("ScatterElements", {"x": x, "u": upd}, {"axis": 0, "reduction": "add"}, opset=18,
+                       initializers={"i": idx})
+    model.graph.node[0].input[:] = ["x", "i", "u"]
+    onnx_compare(model, {"x": x, "u": upd})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("ishape", [(3, 1), (2, 2), (4, 3)])
+def test_scatter_nd(onnx_compare, reduction, ishape):
+    x = _r(4, 3, 5)
+    k = ishape[-1]
+    cols = [RNG.integers(0, x.shape[j], ishape[:-1]) for j in range(k)]
+    idx = np.stack(cols, axis=-1).astype(np.int64)
+    if reduction == "none":
+        idx = np.unique(idx, axis=0)                     # unique targets: the result is defined
+    upd = _r(*(idx.shape[:-1] + x.shape[k:]))
+    model = make_model("ScatterND", {"x": x, "u": upd}, {"reduction": reduction}, opset=18, initializers={"i": idx})
+    model.graph.node[0].input[:] = ["x", "i", "u"]
+    onnx_compare(model, {"x": x, "u": upd}, rtol=1e-5, atol=1e-6)
+
+
+def test_scatter_refuses_out_of_range_indices():
+    x = _r(3, 3)
+    model = make_model("ScatterElements", {"x": x, "u": _r(1, 3)}, {"axis": 0}, opset=18,
+                       initializers={"i": np.array([[0, 3, 1]], np.int64)})
+    model.graph.node[0].input[:] = ["x", "i", "u"]
+    with pytest.raises(UnsupportedOpError, match="out of range"):
+        from_onnx(model)
+
+
+def test_scatter_refuses_reduction_on_bool():
+    x = np.array([True, False, True])
+    model = make_model("ScatterElements", {"x": x, "u": np.array([True])}, {"reduction": "add"}, opset=18,
+                       initializers={"i": np.array([1], np.int64)})
+    model.graph.node[0].input[:] = ["x", "i", "u"]
+    with pytest.raises(UnsupportedOpError, match="bool"):
+        from_onnx(model)
+
+
+@pytest.mark.parametrize("mode,axis,write", [("linear", -2, [1, 4]), ("circular", -2, [5, 3]),
+                                             ("circular", 3, [3, 1])])
+def test_tensor_scatter(onnx_compare, mode, axis, write):
+    cache = _r(2, 3, 6, 4)
+    upd = _r(2, 3, 2, 4) if axis == -2 else _r(2, 3, 6, 3)
+    model = make_model("TensorScatter", {"c": cache, "u": upd}, {"mode": mode, "axis": axis}, opset=24,
+                       initializers={"w": np.array(write, np.int64)})
+    onnx_compare(model, {"c": cache, "u": upd})
+
+
+def test_tensor_scatter_refuses_linear_overflow():
+    model = make_model("TensorScatter", {"c": _r(1, 4, 2), "u": _r(1, 2, 2)}, {"axis": 1}, opset=24,
+                       initializers={"w": np.array([3], np.int64)})
+    with pytest.raises(UnsupportedOpError, match="past the cache"):
+        from_onnx(model)
+
+
+@pytest.mark.parametrize("image,block,attrs", [((5, 5), (2, 2), {}), ((6, 7), (3, 2), {"strides": [2, 1]}),
+                                               ((5, 6), (2, 3), {"pads": [1, 0, 1, 2], "dilations": [2, 1]}),
+                                               ((4, 4, 4), (2, 2, 2), {})])
+def test_col2im(onnx_compare, image, block, attrs):
+    nd = len(image)
+    dil = attrs.get("dilations", [1] * nd)
+    pads = attrs.get("pads", [0] * 2 * nd)
+    st = attrs.get("strides", [1] * nd)
+    nb = [(image[d] + pads[d] + pads[d + nd] - dil[d] * (block[d] - 1) - 1) // st[d] + 1 for d in range(nd)]
+    x = _r(2, 3 * int(np.prod(block)), int(np.prod(nb)))
+    model = make_model("Col2Im", {"x": x}, attrs, opset=18,
+                       initializers={"image": np.array(image, np.int64), "block": np.array(block, np.int64)})
+    onnx_compare(model, {"x": x}, rtol=1e-5, atol=1e-5)
+
+
+def test_max_unpool_after_max_pool(onnx_compare):
+    from fixtures.onnx_struct_compare import make_graph_model
+    from onnx import helper
+
+    x = _r(1, 2, 4, 6)
+    model = make_graph_model([helper.make_node("MaxUnpool", ["v", "i"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                             {"v": _r(1, 2, 2, 3)}, ["y"],
+                             {"i": np.array([[[[0, 3, 5], [13, 15, 22]], [[24, 27, 28], [36, 38, 47]]]], np.int64)},
+                             opset=11)
+    del x
+    v = _r(1, 2, 2, 3)
+    onnx_compare(model, {"v": v})
+
+
+@pytest.mark.parametrize("batch_axis,time_axis", [(1, 0), (0, 1)])
+def test_reverse_sequence(onnx_compare, batch_axis, time_axis):
+    shape = (5, 4, 3) if batch_axis == 1 else (4, 5, 3)
+    x = _r(*shape)
+    lens = np.array([5, 1, 3, 0][:shape[batch_axis]], np.int64)
+    lens[lens == 0] = 2
+    model = make_model("ReverseSequence", {"x": x}, {"batch_axis": batch_axis, "time_axis": time_axis}, opset=10,
+                       initializers={"lens": lens})
+    onnx_compare(model, {"x": x})
+
+
+@pytest.mark.parametrize("target,axes", [((3, 8), None), ((7, 2), None), ((6, 6), None), ((2,), [-1]),
+                                         ((9,), [0])])
+def test_center_crop_pad(onnx_compare, target, axes):
+    x = _r(5, 4)
+    attrs = {"axes": axes} if axes is not None else {}
+    model = make_model("CenterCropPad", {"x": x}, attrs, opset=18, initializers={"s": np.array(target, np.int64)})
+    onnx_compare(model, {"x": x})
+
+
+@pytest.mark.parametrize("pads", [[1, 2, 0, 3], [0, 5, 2, 0], [3, 0, 4, 9]])
+def test_pad_wrap(onnx_compare, pads):
+    x = _r(3, 4)
+    model = make_model("Pad", {"x": x}, {"mode": "wrap"}, opset=19, initializers={"p": np.array(pads, np.int64)})
+    onnx_compare(model, {"x": x})
