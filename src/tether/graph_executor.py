@@ -6,7 +6,7 @@ remote run execute the same code; only the module loading differs.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional, Union
+from typing import Mapping, Union
 
 import numpy as np
 
