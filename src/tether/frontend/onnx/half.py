@@ -65,7 +65,7 @@ class DeclaredTypes:
 
 
 def reads_half(im: Importer, ins: List[str]) -> bool:
-    return any(x and str(im.type(x).dtype) == HALF for x in ins)
+    return any(x and str(im.types[x].dtype) == HALF for x in ins)
 
 
 def convert_in_float32(im: Importer, node, ins: List[str], attrs: dict, convert: Callable,
@@ -113,5 +113,5 @@ def pass_through(im: Importer, node, ins: List[str]) -> None:
     its output has the float32 twin its input had, so the next computing node does not see an extra rounding."""
     twins = _twins(im)
     if node.op_type in ("Cast", "CastLike", "Identity") and ins and ins[0] in twins and node.output \
-            and node.output[0] in im.types and str(im.type(node.output[0]).dtype) == HALF:
+            and node.output[0] in im.types and str(im.types[node.output[0]].dtype) == HALF:
         twins[node.output[0]] = twins[ins[0]]
