@@ -478,8 +478,10 @@ for _n, _b in {"bitwise_and": "bitand", "bitwise_or": "bitor", "bitwise_xor": "b
 
 @lowering("bitwise_not")
 def _bitwise_not(attrs, x):
-    return ops.elementwise(lambda v: te.bitwise("bitxor", v, c.const(-1 if not v.dtype.startswith("uint")
-                                                                         else 255, v.dtype)), [x], "bitwise_not")
+    def all_ones(dtype: str) -> int:
+        # -1 in a signed type; in an unsigned one, every bit of its width (uint16's is 65535, not uint8's 255)
+        return (1 << int(dtype[4:])) - 1 if dtype.startswith("uint") else -1
+    return ops.elementwise(lambda v: te.bitwise("bitxor", v, c.const(all_ones(v.dtype), v.dtype)), [x], "bitwise_not")
 
 
 @lowering("bit_shift")
