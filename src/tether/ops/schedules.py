@@ -73,9 +73,11 @@ def family_of(target: Target) -> Family:
         # 16 ymm (AVX2): 6 x 16 -> 12 accumulators + 2 B vectors + 1 broadcast; 16 zmm would allow more but
         # the same blocking is near the load/FMA balance point.
         # conv2d_pixels: 4 pixels x 16 channels (8 accumulators); 6 x 16 measured 1.2-1.5x slower on vgg/resnet
-        # layers (its six broadcast addresses plus twelve accumulators strain the 16 ymm / 16 GPR files)
+        # layers (its six broadcast addresses plus twelve accumulators strain the 16 ymm / 16 GPR files).
+        # AVX-512: 16 channels are one zmm, so 4 pixels would be only 4 accumulators; 12 pixels (12 of the 32 zmm)
+        # measured resnet50's 3x3 layers at 57 -> 78-85 GMAC/s and mobilenet_v2 1.1x faster at 1 thread.
         return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, acc_regs=12 if lanes < 16 else 24,
-                      max_col_vectors=2, direct_matmul=lanes == 8, conv_pixels=4)
+                      max_col_vectors=2, direct_matmul=lanes == 8, conv_pixels=4 if lanes < 16 else 12)
     if arch == "aarch64":
         # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
         return Family("aarch64", lanes, mm_rows=6, acc_regs=24, max_col_vectors=4)
@@ -465,10 +467,13 @@ def _columns(fam: Family, ow: int) -> int:
     for cols in range(widest, fam.lanes - 1, -fam.lanes):
         if ow % cols == 0:
             return cols
-    for cols in range(min(widest, ow), max(1, fam.lanes // 2) - 1, -1):
+    # A partial vector wider than one register (28 columns of 16 lanes, 14 of 8) is never allowed: LLVM
+    # legalizes it so badly that a 1x1 conv 32->64 at 56x56 ran at 2 GMAC/s (AVX-512, 28 columns) against 51
+    # with 14 columns; AVX2 at 28x28: 6.5 GMAC/s with 14 columns, 35 with 7.
+    for cols in range(min(fam.lanes, ow), max(1, fam.lanes // 2) - 1, -1):
         if ow % cols == 0:
             return cols
-    if ow <= widest:
+    if ow <= fam.lanes:
         return ow
     return widest
 
