@@ -469,11 +469,13 @@ def _columns(fam: Family, ow: int) -> int:
             return cols
     # A partial vector wider than one register (28 columns of 16 lanes, 14 of 8) is never allowed: LLVM
     # legalizes it so badly that a 1x1 conv 32->64 at 56x56 ran at 2 GMAC/s (AVX-512, 28 columns) against 51
-    # with 14 columns; AVX2 at 28x28: 6.5 GMAC/s with 14 columns, 35 with 7.
-    for cols in range(min(fam.lanes, ow), max(1, fam.lanes // 2) - 1, -1):
+    # with 14 columns; AVX2 at 28x28: 6.5 GMAC/s with 14 columns, 35 with 7. (Measured on x86 only: ARM keeps
+    # its wider partial vectors until timed on a real device.)
+    cap = fam.lanes if fam.name == "x86" else widest
+    for cols in range(min(cap, ow), max(1, fam.lanes // 2) - 1, -1):
         if ow % cols == 0:
             return cols
-    if ow <= fam.lanes:
+    if ow <= cap:
         return ow
     return widest
 
