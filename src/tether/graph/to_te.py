@@ -13,6 +13,8 @@ from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from tether_rpc import dtypes
+
 from tether import ops, te
 from tether.errors import UnsupportedOpError
 from tether.graph.conv_gemm import conv_as_gemm, conv_index, gemm_plan
@@ -480,7 +482,8 @@ for _n, _b in {"bitwise_and": "bitand", "bitwise_or": "bitor", "bitwise_xor": "b
 def _bitwise_not(attrs, x):
     def all_ones(dtype: str) -> int:
         # -1 in a signed type; in an unsigned one, every bit of its width (uint16's is 65535, not uint8's 255)
-        return (1 << int(dtype[4:])) - 1 if dtype.startswith("uint") else -1
+        row = dtypes.lookup(dtype)
+        return (1 << row.bits) - 1 if row.kind == "uint" else -1
     return ops.elementwise(lambda v: te.bitwise("bitxor", v, c.const(all_ones(v.dtype), v.dtype)), [x], "bitwise_not")
 
 
