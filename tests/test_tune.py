@@ -263,7 +263,10 @@ def test_device_killed_mid_measurement_is_retried_on_another(tiny, tracker_lab, 
     best = {k: config_key(r["config"]) for k, r in tlog.best_results(
         [r for r in tlog.read_log(path) if r.get("kind") == "result"]).items()}
     defaults = {t.key: config_key(t.space.default()) for t in tasks}
-    assert verify and all(config_key(r["config"]) in (best[r["task"]], defaults[r["task"]]) for r in verify)
+    # only a task whose best beat its default is verified: with 6 trials on a tiny model none may have
+    improved = {t for t, k in best.items() if k != defaults[t]}
+    assert verify or not improved, "improved tasks %s were not verified" % sorted(improved)
+    assert all(config_key(r["config"]) in (best[r["task"]], defaults[r["task"]]) for r in verify)
     used = {x["device"] for x in results}
     assert "tunebox#%s" % state["new"] in used, "the re-registered device was never used: %s" % used
     assert all(x["status"] == "ok" for x in results)
