@@ -444,3 +444,19 @@ def int8_instructions(target: Union[str, "Target", None]) -> list:
             out.append((insns, "if the device reports %s" % flag))
     out.append((_INT8_BASELINE[t.arch], "always"))
     return out
+
+
+# ---- int8 dot4 (tether.te.dot4) computed natively -----------------------------------------------------------
+# Which dot4 kinds one instruction computes for a whole lane group on this target (codegen/int8dot.py emits it
+# for ``acc + dot4(a, b)`` in vectorized loops). Kernel writers pick their kind from this: on Arm, u8 activations
+# xor 0x80 become s8 and the +128*sum(w) correction folds into the bias.
+def int8_dot_native(target: Union[str, "Target", None]) -> Tuple[str, ...]:
+    """``("u8s8",)`` on x86 with AVX512-VNNI or AVX-VNNI (vpdpbusd), ``("s8s8", "u8u8")`` on aarch64 with the
+    dot product (sdot/udot), ``()`` elsewhere."""
+    t = as_target(target)
+    if t.arch == "x86_64":
+        flags = _x86_host_flags(t)
+        return ("u8s8",) if "avx_vnni" in flags or "avx512_vnni" in flags else ()
+    if t.arch == "aarch64" and "asimddp" in t.requirements()["features"]:
+        return ("s8s8", "u8u8")
+    return ()

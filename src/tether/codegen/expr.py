@@ -14,13 +14,13 @@ from typing import Any, Dict, List, Optional
 
 from llvmlite import ir
 
-from tether.codegen import hostcall
+from tether.codegen import hostcall, int8dot
 from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
                                   mem_type, scalar_type)
 from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
-                        children, is_bool, is_float, substitute, walk)
+                        children, dot4_kind, is_bool, is_float, substitute, walk)
 from tether.tir.simplify import Simplifier
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -419,6 +419,9 @@ class ExprEmitter:
         return phi
 
     def binary(self, e: Binary) -> ir.Value:
+        fused = int8dot.fused_operands(e)   # acc + dot4(a, b): one dot-product instruction (codegen/int8dot.py)
+        if fused is not None:
+            return int8dot.emit(self, *fused)
         a, b = self.match(self.ev(e.a), self.ev(e.b))
         op, dt = e.op, e.a.dtype
         B = self.b
@@ -521,6 +524,8 @@ class ExprEmitter:
         return (B.zext if is_unsigned(src) else B.sext)(v, vty)
 
     def call(self, e: Call) -> ir.Value:
+        if dot4_kind(e) is not None:
+            return int8dot.emit(self, e)
         args = [self.ev(a) for a in e.args]
         if len(args) == 2:
             args = list(self.match(args[0], args[1]))

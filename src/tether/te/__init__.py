@@ -6,6 +6,7 @@ from tether.tir.expr import (Const, Expr, Var, all, any, bitwise, call_packed, c
                              floormod, if_then_else, logical_and, logical_not, logical_or, max_value, min_value)
 from tether.tir.op import abs, ceil, erf, exp, floor, log, pow, power, rsqrt, sigmoid, sqrt, tanh  # noqa: F401
 from tether.tir.op import acos, asin, atan, cos, sin, tan  # noqa: F401
+from tether.tir.int8 import dot4  # noqa: F401
 
 
 def var(name: str = "v", dtype: str = "int32") -> Var:

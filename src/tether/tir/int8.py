@@ -1,0 +1,38 @@
+"""The int8 dot-product primitive: ``dot4(a, b, kind)``, the sum of four byte products packed in two int32s.
+
+``a`` and ``b`` are int32 expressions each holding four bytes, little-endian (byte t is bits 8t..8t+7). The result
+is the int32 ``sum(A_t * B_t for t in 0..3)`` where ``kind`` says how the bytes are read: "u8s8" (A unsigned, B
+signed: x86's vpdpbusd), "s8s8" (both signed: Arm's sdot), "u8u8" (both unsigned: udot). It is exact: the sum of
+four products is at most 4 * 255 * 255 < 2**31.
+
+It is an ordinary scalar expression (a Call node): usable anywhere, also in a te.sum reduction and in vectorized
+loops, where codegen/int8dot.py turns ``acc + dot4(a, b)`` into one dot-product instruction when the target has
+one (tether.target.int8_dot_native) and into widening multiplies and pairwise adds otherwise.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tether.tir.expr import Call, Expr, convert
+
+DOT4_KINDS = ("u8s8", "s8s8", "u8u8")
+_PREFIX = "dot4_"
+
+
+def dot4(a: Any, b: Any, kind: str = "u8s8") -> Expr:
+    """``sum_t A_t * B_t`` over the four bytes of int32 ``a`` and ``b`` read as ``kind`` (see the module doc)."""
+    if kind not in DOT4_KINDS:
+        raise ValueError("dot4 kind must be one of %s, not %r" % (", ".join(DOT4_KINDS), kind))
+    a, b = convert(a, "int32"), convert(b, "int32")
+    for name, x in (("a", a), ("b", b)):
+        if x.dtype != "int32":
+            raise TypeError("dot4 operand %s must be an int32 holding four bytes, got %s (%s); bitcast or pack "
+                            "the bytes into int32 first" % (name, x.dtype, x))
+    return Call(_PREFIX + kind, [a, b], "int32")
+
+
+def dot4_kind(e: Expr) -> str | None:
+    """The kind of a dot4 node ("u8s8", ...), None for any other expression."""
+    if isinstance(e, Call) and e.name.startswith(_PREFIX) and e.name[len(_PREFIX):] in DOT4_KINDS:
+        return e.name[len(_PREFIX):]
+    return None

@@ -1,0 +1,149 @@
+"""The int8 dot product ``te.dot4(a, b, kind)`` (issue 12): four byte products of two int32s summed into an int32.
+
+Every kind, scalar and vectorized (lane counts that are and are not the instructions' widths, loops with tails),
+elementwise, accumulated (``acc + dot4``, either order) and in a te.sum reduction, on random full-range bytes plus
+the extremes (-128, 127, 0, 255 in every byte), checked against numpy's int64 arithmetic.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tether
+from tether import runtime, te, tir
+from tether.target import int8_dot_native
+
+KINDS = ("u8s8", "s8s8", "u8u8")
+_EXTREMES = np.array([0, -1, 0x7F7F7F7F, -0x7F7F7F80, 0x7F80FF00, 0x00FF807F, 0x01020304, -0x01020305],
+                     dtype=np.int64).astype(np.int32)
+
+
+def _words(rng: np.random.Generator, shape) -> np.ndarray:
+    """Random int32 words (every byte value equally likely), the extreme patterns at the front."""
+    w = rng.integers(-2**31, 2**31, size=shape, dtype=np.int64).astype(np.int32)
+    flat = w.reshape(-1)
+    k = min(flat.size, _EXTREMES.size)
+    flat[:k] = _EXTREMES[:k]
+    return w
+
+
+def dot4_reference(a: np.ndarray, b: np.ndarray, kind: str) -> np.ndarray:
+    """numpy's dot4: the bytes of each int32 (little-endian) read as ``kind`` says, products summed in int64."""
+    ta = np.uint8 if kind[0] == "u" else np.int8
+    tb = np.uint8 if kind[2] == "u" else np.int8
+    ab = np.ascontiguousarray(a).view(ta).reshape(a.shape + (4,)).astype(np.int64)
+    bb = np.ascontiguousarray(b).view(tb).reshape(b.shape + (4,)).astype(np.int64)
+    return (ab * bb).sum(axis=-1)
+
+
+def test_reference_reads_bytes_little_endian():
+    a = np.array([0x04030201], dtype=np.int32)
+    b = np.array([-1], dtype=np.int32)          # four bytes 0xFF: -1 signed, 255 unsigned
+    assert dot4_reference(a, b, "u8s8")[0] == -(1 + 2 + 3 + 4)
+    assert dot4_reference(a, b, "u8u8")[0] == 255 * 10
+    assert dot4_reference(b, b, "s8s8")[0] == 4
+
+
+def test_dot4_is_an_int32_expression_and_checks_its_arguments():
+    x = te.var("x")
+    e = te.dot4(x, x + 1, kind="s8s8")
+    assert e.dtype == "int32" and tir.dot4_kind(e) == "s8s8" and tir.dot4 is te.dot4
+    assert tir.dot4_kind(x) is None
+    with pytest.raises(ValueError, match="kind"):
+        te.dot4(x, x, kind="s8u8")
+    with pytest.raises(TypeError, match="int32"):
+        te.dot4(x.astype("int64"), x)
+
+
+# ---- kernels ----------------------------------------------------------------------------------------------------
+# Each case: (name, schedule args builder, inputs builder, numpy reference). ``factor`` 1 is scalar code.
+
+def _elementwise(kind: str, n: int, factor: int, form: str):
+    """C[i] = dot4(A[i], B[i]) ("plain"), D[i] + dot4 ("acc_left") or dot4 + D[i] ("acc_right")."""
+    a = te.placeholder((n,), "int32", name="A")
+    b = te.placeholder((n,), "int32", name="B")
+    d = te.placeholder((n,), "int32", name="D")
+    if form == "plain":
+        c = te.compute((n,), lambda i: te.dot4(a[i], b[i], kind), name="C")
+    elif form == "acc_left":
+        c = te.compute((n,), lambda i: d[i] + te.dot4(a[i], b[i], kind), name="C")
+    else:
+        c = te.compute((n,), lambda i: te.dot4(a[i], b[i], kind) + d[i], name="C")
+    s = te.create_schedule(c.op)
+    if factor > 1:
+        _, xi = s[c].split(c.op.axis[0], factor=factor)
+        s[c].vectorize(xi)
+    return s, [a, b, d, c]
+
+
+def _elementwise_case(kind, n, factor, form, rng):
+    s, args = _elementwise(kind, n, factor, form)
+    a, b = _words(rng, (n,)), _words(rng, (n,))
+    d = rng.integers(-2**24, 2**24, size=n, dtype=np.int64).astype(np.int32)
+    want = dot4_reference(a, b, kind) + (0 if form == "plain" else d.astype(np.int64))
+    return s, args, [a, b, d], want
+
+
+def _reduction(kind: str, n: int, k: int, factor: int):
+    """C[j] = sum_r dot4(A[r], W[r, j]): the reduction's accumulator is a vector over j (one lane per output)."""
+    a = te.placeholder((k,), "int32", name="A")
+    w = te.placeholder((k, n), "int32", name="W")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((n,), lambda j: te.sum(te.dot4(a[r], w[r, j], kind), axis=r), name="C")
+    s = te.create_schedule(c.op)
+    if factor > 1:
+        cl = s.cache_write(c, "local")
+        jo, ji = s[c].split(c.op.axis[0], factor=factor)
+        s[c].vectorize(ji)
+        s[cl].compute_at(s[c], jo)
+        s[cl].reorder(s[cl].op.reduce_axis[0], s[cl].op.axis[0])
+        s[cl].vectorize(s[cl].op.axis[0])
+    return s, [a, w, c]
+
+
+def _reduction_case(kind, n, k, factor, rng):
+    s, args = _reduction(kind, n, k, factor)
+    a, w = _words(rng, (k,)), _words(rng, (k, n))
+    want = dot4_reference(np.broadcast_to(a[:, None], (k, n)), w, kind).sum(axis=0)
+    return s, args, [a, w], want
+
+
+def cases(seed: int = 0):
+    """(name, schedule, args, inputs, numpy result): every kind, scalar and several lane counts, with tails."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for kind in KINDS:
+        for factor in (1, 4, 5, 8, 16, 32):
+            for form in ("plain", "acc_left", "acc_right"):
+                s, args, inputs, want = _elementwise_case(kind, 203, factor, form, rng)
+                out.append(("ew_%s_%s_v%d" % (kind, form, factor), s, args, inputs, want))
+        for factor in (1, 4, 8, 16, 12):
+            s, args, inputs, want = _reduction_case(kind, 48, 37, factor, rng)
+            out.append(("red_%s_v%d" % (kind, factor), s, args, inputs, want))
+    return out
+
+
+def _check(name: str, got: np.ndarray, want: np.ndarray) -> None:
+    assert want.min() >= -2**31 and want.max() < 2**31, name   # the test's data stays within int32
+    bad = got.astype(np.int64) != want
+    assert not bad.any(), "%s: %d of %d wrong, e.g. %s instead of %s" % (
+        name, bad.sum(), bad.size, got[bad][:4], want[bad][:4])
+
+
+def _build_all(target: str, tmp_path, seed: int = 0):
+    """One module holding every case's kernel (one compile and link per target)."""
+    built = cases(seed)
+    lib = tether.build([tether.lower(s, args, name=name) for name, s, args, _, _ in built], target=target,
+                       name="int8dot", jobs=1)
+    path = tmp_path / ("int8dot_%s.so" % target.replace(" ", "_"))
+    lib.export_library(str(path))
+    return built, lib, path
+
+
+def test_dot4_matches_numpy_on_host(tmp_path):
+    built, _, path = _build_all("host", tmp_path)
+    mod = runtime.load_module(str(path))
+    for name, _, _, inputs, want in built:
+        out = np.zeros(want.shape, np.int32)
+        mod[name](*inputs, out)
+        _check(name, out, want)
