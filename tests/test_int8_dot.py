@@ -190,3 +190,37 @@ def test_avx_vnni_without_avx512_vnni_uses_the_vex_form(tmp_path):
         out = np.zeros(want.shape, np.int32)
         mod[name](*inputs, out)
         _check(name + "@avxvnni", out, want)
+
+
+# ---- emulated ARM devices ---------------------------------------------------------------------------------------
+# preset -> instructions its build must show (the rasp5 device is qemu's cortex-a76, which has the dot product)
+ARM_INSTRUCTIONS = {
+    "rasp5": [r"\bsdot\s+v\d+\.4s", r"\budot\s+v\d+\.4s"],
+    "rasp4b": [r"\bsmull2?\s+v\d+\.8h", r"\bumull2?\s+v\d+\.8h", r"\bsaddlp\s+v\d+\.4s", r"\buaddlp\s+v\d+\.4s"],
+    "armv7-a7": [r"\bvmull\.s8\b", r"\bvmull\.u8\b", r"\bvpaddl\.s16\b", r"\bvpaddl\.u16\b"],
+}
+
+
+@pytest.mark.parametrize("preset", sorted(ARM_INSTRUCTIONS))
+def test_arm_builds_use_the_targets_instructions(preset, tmp_path):
+    _, lib, _ = _build_all(preset, tmp_path)
+    asm = lib.get_source("asm")
+    for pattern in ARM_INSTRUCTIONS[preset]:
+        assert re.search(pattern, asm), (preset, pattern)
+    if preset != "rasp5":
+        assert not re.search(r"\b[su]dot\b", asm)
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("preset", sorted(ARM_INSTRUCTIONS))
+def test_dot4_matches_numpy_on_emulated_device(emulated_devices, preset, tmp_path):
+    from tether import rpc
+    device = emulated_devices.for_preset(preset)
+    built, _, path = _build_all(preset, tmp_path, seed=1)
+    with rpc.connect(*device.address, timeout=120.0) as remote:
+        remote.upload(str(path))
+        mod = remote.load_module(path.name)
+        for name, _, _, inputs, want in built:
+            out = remote.empty(want.shape, "int32")
+            mod[name](*[remote.array(x) for x in inputs], out)
+            _check(name + "@" + preset, out.numpy(), want)
