@@ -50,7 +50,7 @@ def emit(em: Any, call: Call, acc: Optional[Expr] = None) -> ir.Value:
         b, acc_v = em.match(b, acc_v)
     if is_vec(a):
         target = em.ctx.target
-        group = _native(target, kind) or _widening(target)
+        group = _load_time(getattr(em.ctx, "cpu_variant", None), kind) or _native(target, kind) or _widening(target)
         if group is not None:
             widths, fn = group
             return _by_groups(B, widths, fn, kind, a, b, acc_v)
@@ -132,6 +132,13 @@ def _arm_dot(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value
     op = "sdot" if kind == "s8s8" else "udot"
     return _intrinsic(B, "llvm.aarch64.neon.%s.v%di32.v%di8" % (op, w, 4 * w), a.type,
                       [acc, _as_bytes(B, a), _as_bytes(B, b)])
+
+
+def _load_time(variant: Optional[str], kind: str) -> Optional[Tuple[Tuple[int, ...], GroupFn]]:
+    """The group code of a kernel version for a CPU feature chosen at load time (``ctx.cpu_variant``)."""
+    if variant == "asimddp" and kind in ("s8s8", "u8u8"):
+        return (4, 2), _arm_dot
+    return None
 
 
 def _native(target: Any, kind: str) -> Optional[Tuple[Tuple[int, ...], GroupFn]]:
