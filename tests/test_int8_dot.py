@@ -214,16 +214,21 @@ def test_arm_builds_use_the_targets_instructions(preset, tmp_path):
 @pytest.mark.emulated
 @pytest.mark.parametrize("preset", sorted(ARM_INSTRUCTIONS))
 def test_dot4_matches_numpy_on_emulated_device(emulated_devices, preset, tmp_path):
-    from tether import rpc
     device = emulated_devices.for_preset(preset)
     built, _, path = _build_all(preset, tmp_path, seed=1)
+    _run_on_device(device, path, built, preset)
+
+
+def _run_on_device(device, path, built, label: str) -> None:
+    """Every case of ``built`` (in the module at ``path``) run on an emulated device over RPC, checked."""
+    from tether import rpc
     with rpc.connect(*device.address, timeout=120.0) as remote:
         remote.upload(str(path))
         mod = remote.load_module(path.name)
         for name, _, _, inputs, want in built:
             out = remote.empty(want.shape, "int32")
             mod[name](*[remote.array(x) for x in inputs], out)
-            _check(name + "@" + preset, out.numpy(), want)
+            _check(name + "@" + label, out.numpy(), want)
 
 
 # ---- load-time choice: android-arm64 covers phones with and without the dot product ------------------------------
@@ -280,16 +285,9 @@ def test_android_arm64_chooses_at_load_time_on_emulated_cpus(emulated_devices, c
     import shutil
     import uuid
 
-    from tether import rpc
     built, _, path = _build_all("android-arm64", tmp_path, seed=2)
     device = emulated_devices.device("aarch64", cpu)
-    with rpc.connect(*device.address, timeout=120.0) as remote:
-        remote.upload(str(path))
-        mod = remote.load_module(path.name)
-        for name, _, _, inputs, want in built:
-            out = remote.empty(want.shape, "int32")
-            mod[name](*[remote.array(x) for x in inputs], out)
-            _check(name + "@android-arm64/" + cpu, out.numpy(), want)
+    _run_on_device(device, path, built, "android-arm64/" + cpu)
     # which version ran: the word the device runtime set, read inside the guest
     userland = emulated_devices.userland("aarch64")
     guest_dir = "/tmp/int8dot_%s" % uuid.uuid4().hex
