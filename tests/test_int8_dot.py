@@ -86,7 +86,7 @@ def _elementwise_case(kind, n, factor, form, rng):
     return s, args, [a, b, d], want
 
 
-def _reduction(kind: str, n: int, k: int, factor: int):
+def _reduction(kind: str, n: int, k: int, factor: int, parallel: bool = False):
     """C[j] = sum_r dot4(A[r], W[r, j]): the reduction's accumulator is a vector over j (one lane per output)."""
     a = te.placeholder((k,), "int32", name="A")
     w = te.placeholder((k, n), "int32", name="W")
@@ -100,11 +100,13 @@ def _reduction(kind: str, n: int, k: int, factor: int):
         s[cl].compute_at(s[c], jo)
         s[cl].reorder(s[cl].op.reduce_axis[0], s[cl].op.axis[0])
         s[cl].vectorize(s[cl].op.axis[0])
+        if parallel:    # the vectorized reduction inside parallel tasks (own functions in the module)
+            s[c].parallel(jo)
     return s, [a, w, c]
 
 
-def _reduction_case(kind, n, k, factor, rng):
-    s, args = _reduction(kind, n, k, factor)
+def _reduction_case(kind, n, k, factor, rng, parallel=False):
+    s, args = _reduction(kind, n, k, factor, parallel)
     a, w = _words(rng, (k,)), _words(rng, (k, n))
     want = dot4_reference(np.broadcast_to(a[:, None], (k, n)), w, kind).sum(axis=0)
     return s, args, [a, w], want
@@ -122,6 +124,8 @@ def cases(seed: int = 0):
         for factor in (1, 4, 8, 16, 12):
             s, args, inputs, want = _reduction_case(kind, 48, 37, factor, rng)
             out.append(("red_%s_v%d" % (kind, factor), s, args, inputs, want))
+        s, args, inputs, want = _reduction_case(kind, 64, 37, 16, rng, parallel=True)
+        out.append(("red_%s_parallel" % kind, s, args, inputs, want))
     return out
 
 
