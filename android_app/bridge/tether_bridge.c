@@ -77,6 +77,11 @@ JNIEXPORT jlong FN(dlsym)(JNIEnv *env, jclass cls, jlong lib, jstring name) {
 
 JNIEXPORT jint FN(dlclose)(JNIEnv *env, jclass cls, jlong lib) { return dlclose(ptr(lib)); }
 
+/* A module's CPU-features word (docs/abi.md "CPU dispatch"): written once after dlopen, before any call. */
+JNIEXPORT void FN(storeInt)(JNIEnv *env, jclass cls, jlong address, jint value) {
+  *(volatile int32_t *)ptr(address) = value;
+}
+
 JNIEXPORT jlong FN(address)(JNIEnv *env, jclass cls, jobject buffer) {
   return from_ptr((*env)->GetDirectBufferAddress(env, buffer));
 }

@@ -43,6 +43,8 @@ type Metadata struct {
 	HostFunctions []string `json:"host_functions"`
 	// Requires is what the code needs of the CPU ({"isa", "features"}; docs/abi.md): checked before dlopen.
 	Requires any `json:"requires"`
+	// CPUDispatch names the bits of the module's CPU-features word, lowest first (docs/abi.md "CPU dispatch").
+	CPUDispatch any `json:"cpu_dispatch"`
 }
 
 var archMachine = map[string]elf.Machine{"x86_64": elf.EM_X86_64, "aarch64": elf.EM_AARCH64, "armv7": elf.EM_ARM}
@@ -139,6 +141,8 @@ type Module struct {
 	infos    map[string]*FuncInfo
 	mu       sync.Mutex
 	funcs    map[string]*Function
+	// dispatchWord is the CPU-features word set at load (which versions of dispatched kernels run)
+	dispatchWord uint32
 }
 
 // LoadModule vets the file (InspectModule), then dlopens it, installs the parallel launcher (the native pool,
@@ -164,6 +168,8 @@ func LoadModule(path string) (*Module, error) {
 		return nil, &LoadError{Path: label, Reason: "dlopen failed: " + err.Error()}
 	}
 	m := &Module{Path: abs, Metadata: meta, handle: h, infos: map[string]*FuncInfo{}, funcs: map[string]*Function{}}
+	// kernels compiled twice pick their version from the features this CPU reports (metadata "cpu_dispatch")
+	m.dispatchWord = setDispatchWord(h, meta.CPUDispatch, ThisCPU(), label)
 	for i := range meta.Functions {
 		m.infos[meta.Functions[i].Name] = &meta.Functions[i]
 	}

@@ -43,11 +43,13 @@ def build_kernel(name: str, out_dir, defines: Sequence[str] = (), link_flags: Se
     return out
 
 
-def build_kernel_for(name: str, arch: str, out_dir, timeout: float = 180.0) -> pathlib.Path:
+def build_kernel_for(name: str, arch: str, out_dir, timeout: float = 180.0,
+                     defines: Sequence[str] = ()) -> pathlib.Path:
     """Cross-compile tests/kernels/<name>.c for ``arch`` (aarch64 / armv7) with zig cc into
     ``out_dir/<name>_<arch>.so``."""
     out = pathlib.Path(out_dir) / ("%s_%s.so" % (name, arch))
-    cmd = [sys.executable, "-m", "ziglang", "cc", *ZIG_TARGETS[arch], *ZIG_FLAGS, "-I", str(KERNEL_DIR),
+    cmd = [sys.executable, "-m", "ziglang", "cc", *ZIG_TARGETS[arch], *ZIG_FLAGS, *("-D" + d for d in defines),
+           "-I", str(KERNEL_DIR),
            str(KERNEL_DIR / (name + ".c")), "-o", str(out), "-Wl,-soname," + name + ".so", "-Wl,--no-undefined"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

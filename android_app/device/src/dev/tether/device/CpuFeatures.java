@@ -13,6 +13,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
+import java.util.logging.Logger;
 
 /**
  * What this CPU can execute, and whether a module needs more (metadata "requires", docs/abi.md): the same rules
@@ -228,5 +229,53 @@ final class CpuFeatures {
         String hint = preset != null ? "rebuild it with target='" + preset + "'" : "rebuild it for this device's CPU";
         throw new DeviceError("ArchMismatch", label + " was built for " + built + " and needs " + Text.join(lacking)
                 + ", which this device's CPU (" + caps.get("isa") + ") lacks: " + hint);
+    }
+
+    // -- CPU dispatch (metadata "cpu_dispatch", docs/abi.md): the rules of tether_rpc.cpu_features.dispatch_word --
+
+    static final String DISPATCH_WORD = "tether_cpu_features";
+    private static final Logger LOG = Logger.getLogger(CpuFeatures.class.getName());
+
+    /**
+     * A module's CPU-features word: bit i set when this CPU reports {@code names[i]} (the metadata list, first 32
+     * entries; anything but a string names no feature), 0 when the CPU's features are unknown: every kernel then
+     * takes its base version, which runs on any CPU the module's "requires" admits.
+     */
+    @SuppressWarnings("unchecked")
+    static int dispatchWord(Object names, Map<String, Object> caps) {
+        if (!(names instanceof List) || caps.get("source") == null) {
+            return 0;
+        }
+        Set<Object> have = new HashSet<Object>((List<Object>) caps.get("features"));
+        List<Object> list = (List<Object>) names;
+        int word = 0;
+        for (int i = 0; i < list.size() && i < 32; i++) {
+            Object name = list.get(i);
+            if (name instanceof String && have.contains(name)) {
+                word |= 1 << i;
+            }
+        }
+        return word;
+    }
+
+    /**
+     * Writes {@link #dispatchWord} into the freshly loaded library {@code lib} when its metadata names bits, before
+     * any of its functions runs (kernels compiled twice then take the version this CPU executes); returns the word.
+     */
+    static int setDispatchWord(long lib, Map<String, Object> meta, String label) {
+        Object names = meta.get("cpu_dispatch");
+        if (names == null || (names instanceof List && ((List<?>) names).isEmpty())) {
+            return 0;
+        }
+        int word = dispatchWord(names, thisCpu());
+        long address = NativeBridge.dlsym(lib, DISPATCH_WORD);
+        if (address == 0) {   // bits named but no word: every kernel stays on its base version
+            LOG.warning(label + ": metadata cpu_dispatch " + names + " but no " + DISPATCH_WORD
+                    + " symbol; using base kernels");
+            return 0;
+        }
+        NativeBridge.storeInt(address, word);
+        LOG.fine(label + ": CPU dispatch " + names + " -> word 0x" + Integer.toHexString(word));
+        return word;
     }
 }

@@ -45,6 +45,9 @@ public final class NativeBridge {
 
     public static native int dlclose(long lib);
 
+    /** A 32-bit store at {@code address}: a module's CPU-features word, found with {@link #dlsym}. */
+    public static native void storeInt(long address, int value);
+
     /** The address of a direct buffer's first byte. */
     public static native long address(ByteBuffer direct);
 

@@ -101,6 +101,8 @@ final class NativeModule {
             LOADED_PATHS.put(path, seen == null ? 1 : seen + 1);
         }
         NativeModule m = new NativeModule(label, lib, meta);
+        // kernels compiled twice pick their version from the features this CPU reports (metadata "cpu_dispatch")
+        CpuFeatures.setDispatchWord(lib, meta, label);
         List<String> missing = new ArrayList<String>();
         for (Object f : (List<Object>) meta.get("functions")) {
             Map<String, Object> info = (Map<String, Object>) f;
