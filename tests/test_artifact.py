@@ -21,7 +21,7 @@ from fixtures.schedules import elementwise
 from tether.driver import build_ir
 import tether
 from tether import te
-from tether.codegen import threadpool
+from tether.codegen import cpu_dispatch, threadpool
 from tether.codegen.function import emit_function
 from tether.codegen.module import ModuleBuilder
 from tether.codegen.packed import error_code
@@ -62,7 +62,9 @@ def test_elf_per_preset(built, preset):
         assert f.bits == target.bits
         assert f.needed == [], "DT_NEEDED must be empty"
         assert f.undefined_symbols == []
-        assert set(f.exported_symbols) == EXPECTED_EXPORTS
+        # (a preset with load-time CPU features exports the CPU-features word: docs/abi.md "CPU dispatch")
+        word = {cpu_dispatch.WORD} if cpu_dispatch.features(target) else set()
+        assert set(f.exported_symbols) == EXPECTED_EXPORTS | word
         assert f.soname == "kern_%s.so" % preset
         meta_raw = f.section_data(".tether_meta")
         if target.arch == "armv7":
