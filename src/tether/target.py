@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import threading
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from tether.errors import TetherError
 
@@ -99,14 +99,48 @@ _ARM64_ATTRS = {"lse": ("atomics",), "rcpc": ("lrcpc",), "dotprod": ("asimddp",)
 _X86_ATTRS = {"ssse3": "ssse3", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "popcnt": "popcnt", "avx": "avx",
               "avx2": "avx2", "fma": "fma", "f16c": "f16c", "bmi": "bmi1", "bmi2": "bmi2", "avx512f": "avx512f",
               "avx512bw": "avx512bw", "avx512cd": "avx512cd", "avx512dq": "avx512dq", "avx512vl": "avx512vl",
-              "avx512vnni": "avx512_vnni"}
-_X86_V2 = ("ssse3", "sse4_1", "sse4_2", "popcnt")
-_X86_V3 = _X86_V2 + ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2")
+              "avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni"}
+# What an x86 -mcpu implies (LLVM's X86.td), in LLVM's feature names, of the features above. Every CPU LLVM gives
+# VNNI is here, checked against LLVM's CPU table by tests/test_x86_cpu_features.py.
+_X86_V2 = ("ssse3", "sse4.1", "sse4.2", "popcnt")
+_X86_V3 = _X86_V2 + ("avx", "avx2", "fma", "f16c", "bmi", "bmi2")
 _X86_V4 = _X86_V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+_X86_AVX_VNNI = _X86_V3 + ("avxvnni",)             # VEX-encoded VNNI without AVX-512 (hybrid and E-core chips)
+_X86_V4_VNNI = _X86_V4 + ("avx512vnni",)
+_X86_V4_BOTH_VNNI = _X86_V4_VNNI + ("avxvnni",)
 _X86_CPUS = {"x86-64-v2": _X86_V2, "nehalem": _X86_V2, "x86-64-v3": _X86_V3, "haswell": _X86_V3,
              "skylake": _X86_V3, "znver1": _X86_V3, "znver2": _X86_V3, "znver3": _X86_V3, "x86-64-v4": _X86_V4,
-             "skylake-avx512": _X86_V4, "icelake-server": _X86_V4, "znver4": _X86_V4}
+             "skylake-avx512": _X86_V4}
+_X86_CPUS.update(dict.fromkeys(("cascadelake", "cooperlake", "icelake-client", "icelake-server", "tigerlake",
+                                "rocketlake", "znver4"), _X86_V4_VNNI))
+_X86_CPUS.update(dict.fromkeys(("sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "znver5"),
+                               _X86_V4_BOTH_VNNI))
+# (diamondrapids and novalake have AVX10 too, which LLVM spells otherwise: only their AVX-VNNI is claimed)
+_X86_CPUS.update(dict.fromkeys(("alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s", "lunarlake",
+                                "pantherlake", "wildcatlake", "novalake", "gracemont", "sierraforest", "grandridge",
+                                "clearwaterforest", "diamondrapids"), _X86_AVX_VNNI))
+# LLVM x86 feature -> the features it needs: -mattr=+X turns those on too, -mattr=-Y turns off what needs Y
+_X86_NEEDS = {"sse4.1": ("ssse3",), "sse4.2": ("sse4.1",), "avx": ("sse4.2",), "avx2": ("avx",), "fma": ("avx",),
+              "f16c": ("avx",), "avx512f": ("avx2", "fma", "f16c"), "avx512bw": ("avx512f",),
+              "avx512cd": ("avx512f",), "avx512dq": ("avx512f",), "avx512vl": ("avx512f",),
+              "avx512vnni": ("avx512bw",), "avxvnni": ("avx2",)}
 
+
+def x86_features(cpu: str, features: Iterable[str]) -> frozenset:
+    """The LLVM features x86 code for ``cpu`` and these -mattr ``features`` may use (of those tether asks about):
+    what the CPU implies, then each +X (with what X needs) and -X (with what needs X), in order, as LLVM does."""
+    have = set(_X86_CPUS.get(cpu, ()))
+    for f in features:
+        todo = [f[1:]]
+        while todo:
+            x = todo.pop()
+            if f.startswith("+") and x not in have:
+                have.add(x)
+                todo.extend(_X86_NEEDS.get(x, ()))
+            elif f.startswith("-") and x in have:
+                have.discard(x)
+                todo.extend(y for y, needs in _X86_NEEDS.items() if x in needs)
+    return frozenset(have)
 
 def _is_armv8_core(cpu: str) -> bool:
     if cpu.startswith(("cortex-x", "neoverse-", "apple-")):
@@ -115,17 +149,15 @@ def _is_armv8_core(cpu: str) -> bool:
     return digits.isdigit() and int(digits) >= 32 and int(digits) not in (5, 7, 8, 9, 12, 15, 17)
 
 
-def cpu_requirements(arch: str, triple: str, cpu: str, features: frozenset) -> Dict[str, Any]:
+def cpu_requirements(arch: str, triple: str, cpu: str, features: Iterable[str]) -> Dict[str, Any]:
     """``{"isa": "armv7"|"armv8"|"x86_64", "features": [...]}``: what code built for this CPU and these -mattr
-    features may execute, in the device's hwcap vocabulary (docs/abi.md, metadata "requires")."""
+    features (in their order) may execute, in the device's hwcap vocabulary (docs/abi.md, metadata "requires")."""
     on = {f[1:] for f in features if f.startswith("+")}
     off = {f[1:] for f in features if f.startswith("-")}
     need: set = set()
     if arch == "x86_64":
-        need.update(_X86_CPUS.get(cpu, ()))
-        need.update(name for attr, name in _X86_ATTRS.items() if attr in on)
-        need.difference_update(name for attr, name in _X86_ATTRS.items() if attr in off)
-        return {"isa": "x86_64", "features": sorted(need)}
+        have = x86_features(cpu, features)
+        return {"isa": "x86_64", "features": sorted(name for attr, name in _X86_ATTRS.items() if attr in have)}
     v8 = _is_armv8_core(cpu) or triple.startswith(("armv8", "thumbv8")) or bool(
         on & {"v8", "armv8-a", "fp-armv8", "v8.1a", "v8.2a", "crypto", "crc"})
     if arch == "aarch64":
@@ -191,7 +223,16 @@ class Target:
     def feature_set(self) -> frozenset:
         return frozenset(f.strip() for f in self.features.split(",") if f.strip())
 
+    @property
+    def feature_list(self) -> Tuple[str, ...]:
+        """The -mattr features in the order given (LLVM applies them in order: "+avx2,-avx2" is off)."""
+        return tuple(f.strip() for f in self.features.split(",") if f.strip())
+
     def has_feature(self, name: str) -> bool:
+        """Whether code for this target may use LLVM feature ``name``: given by -mattr, or on x86 also implied by
+        the -mcpu (``-mcpu=icelake-server`` has avx512vnni) and not turned off (x86_features)."""
+        if self.arch == "x86_64":
+            return name in x86_features(self.cpu, self.feature_list)
         return ("+" + name) in self.feature_set
 
     @property
@@ -249,7 +290,7 @@ class Target:
     def requirements(self) -> Dict[str, Any]:
         """What this target's code needs from the device's CPU: ``{"isa", "features"}`` (module metadata
         "requires"; the device runtime refuses a module whose needs its CPU does not meet)."""
-        return cpu_requirements(self.arch, self.triple, self.cpu, self.feature_set)
+        return cpu_requirements(self.arch, self.triple, self.cpu, self.feature_list)
 
     # ---- llvmlite -----------------------------------------------------------------------------------------
     def target_machine(self, opt: int = 3) -> Any:
@@ -421,18 +462,11 @@ _INT8_BY_FEATURE = (   # (architecture, hwcap/flag name, instructions)
 _INT8_BASELINE = {"x86_64": "pmaddwd (SSE2)", "aarch64": "mul/add (scalar)", "armv7": "mul/add (scalar)"}
 
 
-def _x86_host_flags(t: "Target") -> set:
-    flags = set(t.requirements()["features"])
-    if "+avxvnni" in t.feature_set:
-        flags.add("avx_vnni")
-    return flags
-
-
 def int8_instructions(target: Union[str, "Target", None]) -> list:
     """``[(instructions, when)]`` an int8 kernel may use on ``target``, best first; ``when`` is "always" or
     "if the device reports FEATURE" (a load-time choice)."""
     t = as_target(target)
-    have = _x86_host_flags(t) if t.arch == "x86_64" else set(t.requirements()["features"])
+    have = set(t.requirements()["features"])
     optional = set(_INT8_LOAD_TIME.get(t.preset or "", ()))
     out = []
     for arch, flag, insns in _INT8_BY_FEATURE:
@@ -455,8 +489,7 @@ def int8_dot_native(target: Union[str, "Target", None]) -> Tuple[str, ...]:
     dot product (sdot/udot), ``()`` elsewhere."""
     t = as_target(target)
     if t.arch == "x86_64":
-        flags = _x86_host_flags(t)
-        return ("u8s8",) if "avx_vnni" in flags or "avx512_vnni" in flags else ()
+        return ("u8s8",) if t.has_feature("avx512vnni") or t.has_feature("avxvnni") else ()
     if t.arch == "aarch64" and "asimddp" in t.requirements()["features"]:
         return ("s8s8", "u8u8")
     return ()
