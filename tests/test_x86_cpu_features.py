@@ -85,6 +85,9 @@ def test_cpu_implied_features_count_unless_turned_off():
     assert int8_dot_native("x86_64-linux-gnu -mcpu=sapphirerapids -mattr=-avx512vnni,-avxvnni") == ()
     assert int8_dot_native("x86_64-linux-gnu -mcpu=x86-64 -mattr=+avxvnni,-avxvnni") == ()
     assert int8_dot_native("x86_64-linux-gnu -mcpu=x86-64 -mattr=-avxvnni,+avxvnni") == ("u8s8",)
+    # and the vector width and rounding instructions the schedules and codegen assume
+    assert icx.vector_bits == 512 and no_512.vector_bits == 256 and icx.native_rounding
+    assert Target("x86_64").vector_bits == 128 and not Target("x86_64").native_rounding
     # +X brings what X needs (LLVM does the same): the module requires it
     assert {"avx2", "avx", "avx_vnni"} <= set(Target("x86_64-linux-gnu -mcpu=x86-64 -mattr=+avxvnni")
                                               .requirements()["features"])

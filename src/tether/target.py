@@ -255,11 +255,10 @@ class Target:
     @property
     def vector_bits(self) -> int:
         """Width of the widest float SIMD register the target is sure to have."""
-        if self.arch == "x86_64":
-            fs = self.feature_set
-            if "+avx512f" in fs:
+        if self.arch == "x86_64":   # (what -mattr gives or the -mcpu implies: has_feature)
+            if self.has_feature("avx512f"):
                 return 512
-            if "+avx" in fs or "+avx2" in fs:
+            if self.has_feature("avx") or self.has_feature("avx2"):
                 return 256
             return 128
         if self.arch == "armv7":
@@ -275,7 +274,7 @@ class Target:
         if self.arch == "aarch64":
             return True
         if self.arch == "x86_64":
-            return "+sse4.1" in self.feature_set
+            return self.has_feature("sse4.1")
         return False  # armv7: VFPv4/NEON have no vrint (that is ARMv8), so LLVM would call floorf
 
     @property
