@@ -11,8 +11,8 @@ def _names(target):
 def test_arm_presets():
     assert _names("rasp5")[0] == "sdot/udot (dotprod)"             # Cortex-A76: Armv8.2 dot product
     assert not any("sdot" in n for n in _names("rasp4b"))         # Cortex-A72: Armv8.0, widening multiplies
-    assert _names("rasp4b")[0].startswith("smull/smlal/sadalp")
-    assert _names("armv7-a7")[0].startswith("vmull.s8/vmlal.s16")
+    assert _names("rasp4b")[0] == "smull/umull+saddlp/uaddlp (NEON)"
+    assert _names("armv7-a7")[0] == "vmull+vpaddl (NEON)"
 
 
 def test_a_preset_covering_cpus_with_and_without_dotprod_chooses_at_load_time():
@@ -23,7 +23,7 @@ def test_a_preset_covering_cpus_with_and_without_dotprod_chooses_at_load_time():
 
 def test_x86_features():
     assert _names("x86_64") == ["pmaddwd (SSE2)"]
-    assert _names("x86_64-linux-gnu -mcpu=x86-64-v3")[0] == "vpmaddubsw+vpmaddwd (AVX2)"
+    assert _names("x86_64-linux-gnu -mcpu=x86-64-v3")[0] == "vpmaddwd (AVX2)"
     vnni = Target("x86_64-linux-gnu", cpu="x86-64-v4", features="+avx512vnni")
     assert _names(vnni)[0] == "vpdpbusd (AVX512-VNNI)"
 

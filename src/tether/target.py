@@ -448,16 +448,16 @@ def as_target(target: Union[str, Target, None]) -> Target:
 # without the Armv8.2 dot product) lists the extension's instructions as chosen at load time, from what the
 # device reports (tether_rpc.cpu_features), never assumed at build time.
 _INT8_LOAD_TIME: Dict[str, Tuple[str, ...]] = {"android-arm64": ("asimddp",)}
-_INT8_BY_FEATURE = (   # (architecture, hwcap/flag name, instructions)
+_INT8_BY_FEATURE = (   # (architecture, hwcap/flag name, instructions): what codegen/int8dot.py emits for dot4
     ("x86_64", "avx512_vnni", "vpdpbusd (AVX512-VNNI)"),
     ("x86_64", "avx_vnni", "vpdpbusd (AVX-VNNI)"),
-    ("x86_64", "avx2", "vpmaddubsw+vpmaddwd (AVX2)"),
-    ("x86_64", "ssse3", "pmaddubsw (SSSE3)"),
-    ("aarch64", "i8mm", "smmla/ummla (i8mm)"),
+    ("x86_64", "avx512bw", "vpmaddwd (AVX512BW)"),
+    ("x86_64", "avx2", "vpmaddwd (AVX2)"),
     ("aarch64", "asimddp", "sdot/udot (dotprod)"),
-    ("aarch64", "asimd", "smull/smlal/sadalp (NEON)"),
-    ("armv7", "neon", "vmull.s8/vmlal.s16/vpadal (NEON)"),
+    ("aarch64", "asimd", "smull/umull+saddlp/uaddlp (NEON)"),
+    ("armv7", "neon", "vmull+vpaddl (NEON)"),
 )
+_INT8_NEON_BESIDE_DOT = "ushll/sshll+mul+saddlp (NEON, u8 x s8)"
 _INT8_BASELINE = {"x86_64": "pmaddwd (SSE2)", "aarch64": "mul/add (scalar)", "armv7": "mul/add (scalar)"}
 
 
@@ -471,6 +471,10 @@ def int8_instructions(target: Union[str, "Target", None]) -> list:
     for arch, flag, insns in _INT8_BY_FEATURE:
         if arch != t.arch:
             continue
+        if flag == "avx_vnni" and {"avx512_vnni", "avx512vl"} <= have:
+            continue   # AVX512-VNNI with AVX512VL gives the narrow widths too (EVEX-encoded)
+        if flag == "asimd" and "asimddp" in have:
+            insns = _INT8_NEON_BESIDE_DOT   # s8s8/u8u8 take sdot/udot: only u8s8 widens
         if flag in have:
             out.append((insns, "always"))
         elif flag in optional:
