@@ -142,6 +142,7 @@ def x86_features(cpu: str, features: Iterable[str]) -> frozenset:
                 todo.extend(y for y, needs in _X86_NEEDS.items() if x in needs)
     return frozenset(have)
 
+
 def _is_armv8_core(cpu: str) -> bool:
     if cpu.startswith(("cortex-x", "neoverse-", "apple-")):
         return True
