@@ -14,6 +14,17 @@ matches:
 | ``Q(global_avg_pool(DQ(x)))`` | ``requantize(sum(int32(x)) - zx * HW, sx / (sy * HW), zy)`` |
 | ``Q(reshape*(DQ(x)))`` with the same scale, zero point and type | ``reshape*(x)`` (Flatten, Reshape: no arithmetic) |
 
+Also (a later block, onnxruntime 1.32's x86 CPU QDQ transformer row by row; docs/graph.md "More QDQ groups"):
+
+| pattern | becomes | onnxruntime |
+|---|---|---|
+| ``Q(avg_pool(DQ(x)))`` 2-D, no dilation/ceil_mode | ``qavg_pool`` (graph/qpool.py) | QLinearAveragePool |
+| ``Q(concat(DQ(x_i)...))`` | ``concat(table_i[x_i])``, ``table_i = Q(DQ(v))`` | QLinearConcat |
+| ``Q(f(DQ(x)))``, f sigmoid or leaky_relu | ``table[x]``, ``table = Q(f(DQ(v)))`` | QLinearSigmoid/LeakyRelu |
+| ``Q(op(DQ(x)))``, op max_pool, global_max_pool, nearest resize, transpose, strided_slice; equal params | op(x) | drops Q/DQ |
+
+HardSwish, HardSigmoid, Tanh and linear Resize stay float, as onnxruntime leaves them.
+
 With int8 activations the Add row and convs whose input dequantize has other readers stay unfused, as onnxruntime
 on x86 leaves them. A Relu or Clip right before the Q is looked through when Q's saturation already does what it does (zero point at
 the type's minimum; clip bounds covering Q's range), as onnxruntime removes it.
