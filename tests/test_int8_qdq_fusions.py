@@ -160,3 +160,30 @@ def test_concat_with_a_float_input_stays_unfused(tmp_path):
     const = numpy_helper.from_array(np.random.default_rng(1).normal(0, 1, SHAPE).astype(np.float32), "c")
     model = _model("Concat", {"axis": 1}, "uint8", 0.05, 0.07, 3, -2, extra=["c"], extra_inits=[const])
     _assert_unfused_exact(model, 1, "uint8", tmp_path, "concat")
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("preset", ["rasp5", "armv7-a7"])
+def test_fused_groups_on_emulated_arm(emulated_devices, tmp_path, preset):
+    """The fused kernels (qavg_pool, table lookups, integer max pooling) cross-compiled and run on emulated ARM,
+    bit for bit with onnxruntime on the host."""
+    from tether import rpc
+    from tether.rpc.graph_client import RemoteGraphExecutor
+    dev = emulated_devices.for_preset(preset)
+    host, port = dev.address
+    cases = [("AveragePool", CASES["avgpool_pads"][1], 0.031, 0.047, 7, -3), ("Sigmoid", {}, 0.05, 1 / 256, 0, 0),
+             ("MaxPool", CASES["maxpool"][1], 0.05, 0.05, 3, 3), ("LeakyRelu", {"alpha": 0.13}, 0.2, 0.013, -21, 11)]
+    with rpc.connect(host, port, timeout=300) as sess:
+        for k, (op, attrs, sx, sy, zx, zy) in enumerate(cases):
+            for dtype in ("uint8", "int8"):
+                model = _model(op, attrs, dtype, sx, sy, zx, zy)
+                graph, params = from_onnx(model)
+                folder = tmp_path / ("%s_%d_%s" % (op, k, dtype))
+                tether.build_graph(graph, params, target=dev.preset).export(str(folder))
+                feeds = _feeds(dtype, 1)
+                ref = ort.InferenceSession(model.SerializeToString(),
+                                           providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+                with RemoteGraphExecutor(sess, str(folder)) as gm:
+                    gm.set_input("x0", feeds["x0"])
+                    gm.run()
+                    np.testing.assert_array_equal(gm.get_output(0), ref)

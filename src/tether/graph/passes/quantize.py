@@ -21,7 +21,7 @@ Also (a later block, onnxruntime 1.32's x86 CPU QDQ transformer row by row; docs
 | ``Q(avg_pool(DQ(x)))`` 2-D, no dilation/ceil_mode | ``qavg_pool`` (graph/qpool.py) | QLinearAveragePool |
 | ``Q(concat(DQ(x_i)...))`` | ``concat(table_i[x_i])``, ``table_i = Q(DQ(v))`` | QLinearConcat |
 | ``Q(f(DQ(x)))``, f sigmoid or leaky_relu | ``table[x]``, ``table = Q(f(DQ(v)))`` | QLinearSigmoid/LeakyRelu |
-| ``Q(op(DQ(x)))``, op max_pool, global_max_pool, nearest resize, transpose, strided_slice; equal params | op(x) | drops Q/DQ |
+| ``Q(op(DQ(x)))``, op a max pool, nearest resize, transpose or slice; equal params | ``op(x)`` | drops Q/DQ |
 
 HardSwish, HardSigmoid, Tanh and linear Resize stay float, as onnxruntime leaves them.
 
