@@ -1,5 +1,6 @@
 """More com.microsoft QOperator ops (issue 12, frontend/onnx/qoperator_contrib.py) against onnxruntime, bit for
-bit over every int8/uint8 input value: QLinearLeakyRelu, QLinearAveragePool, QLinearWhere; and the refusals."""
+bit over every int8/uint8 input value: QLinearLeakyRelu, QLinearAveragePool, QLinearWhere, QLinearSoftmax; the
+refusals; and QuickGelu (float, frontend/onnx/contrib_activations.py)."""
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
@@ -101,3 +102,16 @@ def test_qlinear_softmax(onnx_compare, dtype, opset, axis):
             assert d.max() <= 1 and np.mean(d == 0) >= 0.999, (d.max(), np.mean(d == 0))
         else:
             onnx_compare(model, {"x": x}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("alpha", [None, 1.0, 0.5])
+def test_quick_gelu(onnx_compare, alpha):
+    """QuickGelu (a float op of the same domain): within float32 rounding of onnxruntime's (its sigmoid is
+    MLAS's approximation, a few ulp from tether's)."""
+    x = np.random.default_rng(4).normal(0, 3, (4, 64)).astype(np.float32)
+    node = helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft",
+                            **({} if alpha is None else {"alpha": alpha}))
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, list(x.shape))],
+                          [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    onnx_compare(model, {"x": x}, rtol=1e-5, atol=1e-6)
