@@ -14,7 +14,12 @@ Inputs, in order (``D`` directions, ``B`` batch, ``H`` hidden, ``G`` gates: 4 LS
 - ``h0`` (D, B, H); ``c0`` (D, B, H) for an LSTM;
 - ``p`` (D, 3H) the LSTM peepholes (i, o, f) when ``has_peephole``;
 - ``rbh`` (D, H) when ``cell == "gru"`` and ``linear_before_reset``;
-- ``seq_lens`` (B,) int32 when ``has_seq_lens``.
+- ``seq_lens`` (B,) int32 when ``has_seq_lens``;
+- ``r_scale`` (D, G*H) when ``quant_h`` (onnxruntime's DynamicQuantizeLSTM, LSTM only): ``rt`` then holds the
+  recurrent weights as integers minus their zero point (exact in float32), and each step quantizes the hidden
+  state of all batch rows of the direction to uint8 as DynamicQuantizeLinear does (range with 0, scale
+  ``(max - min) / 255``, zero point rounded half to even), so the product is ``float(sum_k hq * rq) *
+  (scale * r_scale)``, added to ``xw`` (frontend/onnx/quantized_lstm.py).
 Outputs: ``y`` (S, D, B, H), ``y_h`` (D, B, H) and, for an LSTM, ``y_c`` (D, B, H). A batch row stops at its
 ``seq_lens`` entry: later steps leave its state unchanged and write zeros to ``y`` (as onnxruntime; a reverse
 direction starts at the row's last valid step).
@@ -65,7 +70,20 @@ def input_names(attrs: dict) -> List[str]:
         names.append("rbh")
     if attrs.get("has_seq_lens"):
         names.append("seq_lens")
+    if attrs.get("quant_h"):
+        names.append("r_scale")
     return names
+
+
+def dynamic_quantize_rows(h: np.ndarray):
+    """(h quantized to uint8 minus its zero point, as float32, and the scale), as onnxruntime's
+    GetQuantizationParameter + MlasQuantizeLinear: range widened to 0, clamp before rounding half to even."""
+    f32 = np.float32
+    h = h.astype(f32)
+    mn, mx = min(f32(h.min()), f32(0)), max(f32(h.max()), f32(0))
+    scale = f32(1) if mx == mn else f32(f32(mx - mn) / f32(255))
+    zp = np.rint(min(max(f32(0) - f32(mn / scale), f32(0)), f32(255)))
+    return np.rint(np.clip(h / scale, f32(-zp), f32(255 - zp))).astype(f32), scale
 
 
 def _infer(attrs, xw, rt, h0, *rest):
@@ -103,6 +121,10 @@ def _ref(attrs, *arrays):
             pre = xw[t, :, d]
             if cell == "lstm":
                 gates = pre + h @ r
+                if attrs.get("quant_h"):
+                    hq, sh = dynamic_quantize_rows(h)
+                    prod = (hq.astype(np.float64) @ r).astype(np.float32)
+                    gates = pre + (prod * (sh * ins["r_scale"][d].astype(np.float32))).astype(np.float64)
                 c = yc[d]
                 p = ins["p"][d].astype(np.float64) if "p" in ins else np.zeros(3 * hid)
                 gi, go, gf, gc = (gates[:, k * hid:(k + 1) * hid] for k in range(4))

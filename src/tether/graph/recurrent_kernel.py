@@ -8,15 +8,18 @@ Per direction (unrolled at build time) and time step:
 2. the gate arithmetic for each hidden unit, vectorized: activations, the cell update and the ``seq_lens`` mask,
    writing ``y`` and the running state, which lives in the ``y_h`` (and ``y_c``) outputs themselves.
 A GRU without ``linear_before_reset`` runs the product in two parts: z and r first, then ``(r * h) @ Rh``.
+With ``quant_h`` (DynamicQuantizeLSTM) a step first quantizes the direction's hidden state (``quantize_h``); the
+product then runs on those integers, exact in float32 (the frontend checks the bound), and is scaled into the gates.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from tether import te
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Node, TensorType
 from tether.graph.recurrent import GATES, input_names
+from tether.ops.qnn import round_half_even
 from tether.ops.schedules import family_of
 from tether.tir import Allocate, Buffer, Const, Expr, For, Load, PrimFunc, Stmt, Store, Var, seq
 
@@ -95,7 +98,7 @@ class _Builder:
 
     # ---- step 1: the recurrent product over columns [c0, c1) of one direction
     def product(self, d: int, c0: int, c1: int, init: Callable[[Expr, Expr], Expr], src: Callable[[Expr, Expr], Expr],
-                gates: Buffer) -> Stmt:
+                gates: Buffer, post: Optional[Callable[[Expr, Expr, Expr], Expr]] = None) -> Stmt:
         """A register block of Bb batch rows x U vectors of columns: each vector of R^T loaded per k serves Bb
         rows, so a batch reads the weights once per step, not once per row."""
         n, V = c1 - c0, self.V
@@ -117,7 +120,8 @@ class _Builder:
             first = lanes(lambda bi, i, a: Store(acc, a, init(row(bi), col(i))))
             upd = self.loop("k", self.H, lambda k: lanes(lambda bi, i, a: Store(
                 acc, a, Load(acc, a) + self.ld("rt", (d * self.H + k) * self.N + col(i)) * src(row(bi), k))))
-            out = lanes(lambda bi, i, a: Store(gates, row(bi) * self.N + col(i), Load(acc, a)))
+            out = lanes(lambda bi, i, a: Store(gates, row(bi) * self.N + col(i), Load(acc, a) if post is None
+                                               else post(row(bi), col(i), Load(acc, a))))
             return Allocate(acc, seq(first, upd, out))
         return self.loop("bo", self.B // Bb, lambda bo: self.loop("jo", n // (U * V), lambda jo: block(bo, jo)))
 
@@ -180,11 +184,32 @@ class _Builder:
         return self.loop("b", self.B, lambda b: self.vloop("j", H, lambda j: Store(
             rh, b * H + j, act(self.cl(Load(gates, b * N + H + j))) * self.ld("y_h", self.state(d, b, j)))))
 
+    # ---- DynamicQuantizeLSTM: the hidden state quantized per step
+    def quantize_h(self, d: int, hq: Buffer, qp: Buffer) -> Stmt:
+        """``hq = round(clamp(h / s, -zp, 255 - zp))`` over the direction's B x H state, ``qp = [s, min, max]``:
+        onnxruntime's GetQuantizationParameter (range widened to 0, s = (max - min) / 255, zp rounded half to
+        even) and MlasQuantizeLinear (clamped before rounding), minus the zero point."""
+        dt, n = self.dtype, self.B * self.H
+        zero, one, top = _k(0.0, dt), _k(1.0, dt), _k(255.0, dt)
+        slot = lambda k: Const(k, "int32")           # noqa: E731
+        h = lambda i: self.ld("y_h", d * n + i)      # noqa: E731
+        s, mn, mx = Load(qp, slot(0)), Load(qp, slot(1)), Load(qp, slot(2))
+        find = seq(Store(qp, slot(1), zero), Store(qp, slot(2), zero),
+                   self.loop("i", n, lambda i: seq(Store(qp, slot(1), te.min(mn, h(i))),
+                                                   Store(qp, slot(2), te.max(mx, h(i))))))
+        scale = Store(qp, slot(0), te.if_then_else(mx == mn, one, (mx - mn) / top))
+        zp = round_half_even(te.min(te.max(zero - mn / s, zero), top))
+        quant = self.loop("i", n, lambda i: Store(hq, i, round_half_even(te.min(te.max(h(i) / s, zero - zp),
+                                                                                top - zp))))
+        return seq(find, scale, quant)
+
     # ---- the whole kernel
     def build(self) -> PrimFunc:
         a, dt, H, N = self.a, self.dtype, self.H, self.N
         gates = Buffer("gates", (self.B * N,), dt, "local")
         rh = Buffer("rh", (self.B * H,), dt, "local")
+        hq = Buffer("hq", (self.B * H,), dt, "local")      # quant_h: the quantized state minus its zero point
+        qp = Buffer("qp", (3,), dt, "local")               # quant_h: scale, min, max
         n_state = self.D * self.B * H
         init = [self.loop("s", n_state, lambda i: Store(self.buf["y_h"], i, self.ld("h0", i)))]
         if self.cell == "lstm":
@@ -206,6 +231,13 @@ class _Builder:
                     zero = _k(0.0, dt)
                     parts.append(self.product(d, 0, 2 * H, xrow, hsrc, gates))
                     parts.append(self.product(d, 2 * H, 3 * H, lambda b, col: zero, hsrc, gates))
+                elif a.get("quant_h"):
+                    zero = _k(0.0, dt)
+                    parts.append(self.quantize_h(d, hq, qp))
+                    parts.append(self.product(
+                        d, 0, N, lambda b, col: zero, lambda b, k: Load(hq, b * H + k), gates,
+                        lambda b, col, acc: xrow(b, col) + acc * (Load(qp, Const(0, "int32"))
+                                                                  * self.ld("r_scale", d * N + col))))
                 else:
                     parts.append(self.product(d, 0, N, xrow, hsrc, gates))
                 parts.append(self.update(d, t, gates, acts))
@@ -214,6 +246,8 @@ class _Builder:
         stmt = Allocate(gates, seq(*body))
         if self.cell == "gru" and not a.get("linear_before_reset"):
             stmt = Allocate(rh, stmt)
+        if a.get("quant_h"):
+            stmt = Allocate(hq, Allocate(qp, stmt))
         return PrimFunc(self.name, self.params, [self.buf[p.name] for p in self.params], stmt)
 
 

@@ -14,6 +14,17 @@ matches:
 | ``Q(global_avg_pool(DQ(x)))`` | ``requantize(sum(int32(x)) - zx * HW, sx / (sy * HW), zy)`` |
 | ``Q(reshape*(DQ(x)))`` with the same scale, zero point and type | ``reshape*(x)`` (Flatten, Reshape: no arithmetic) |
 
+Also (a later block, onnxruntime 1.32's x86 CPU QDQ transformer row by row; docs/graph.md "More QDQ groups"):
+
+| pattern | becomes | onnxruntime |
+|---|---|---|
+| ``Q(avg_pool(DQ(x)))`` 2-D, no dilation/ceil_mode | ``qavg_pool`` (graph/qpool.py) | QLinearAveragePool |
+| ``Q(concat(DQ(x_i)...))`` | ``concat(table_i[x_i])``, ``table_i = Q(DQ(v))`` | QLinearConcat |
+| ``Q(f(DQ(x)))``, f sigmoid or leaky_relu | ``table[x]``, ``table = Q(f(DQ(v)))`` | QLinearSigmoid/LeakyRelu |
+| ``Q(op(DQ(x)))``, op a max pool, nearest resize, transpose or slice; equal params | ``op(x)`` | drops Q/DQ |
+
+HardSwish, HardSigmoid, Tanh and linear Resize stay float, as onnxruntime leaves them.
+
 With int8 activations the Add row and convs whose input dequantize has other readers stay unfused, as onnxruntime
 on x86 leaves them. A Relu or Clip right before the Q is looked through when Q's saturation already does what it does (zero point at
 the type's minimum; clip bounds covering Q's range), as onnxruntime removes it.
@@ -30,6 +41,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from tether.graph import ops, qnn
+from tether.graph import qpool  # noqa: F401  (registers qavg_pool)
 from tether.graph.ir import Graph, Node, TensorType, unique_name
 
 log = logging.getLogger(__name__)
@@ -270,6 +282,104 @@ def _same_scale_reshape(rw: _Rewriter, q: Node) -> bool:
 
 
 PATTERNS = (_product, _add, _global_avg_pool, _same_scale_reshape)
+
+
+# ---------------------------------------------------------------- pooling, Resize, Concat, activations (session 5)
+# Each row is onnxruntime 1.32's CPU QDQ transformer on x86 (its selectors_actions): what it runs as an integer
+# kernel, tether does too, with the same roundings; what it leaves to float (HardSwish, HardSigmoid, Tanh, Relu
+# without a saturating Q, linear Resize) tether leaves to the unfused path as well.
+_MOVES = ("max_pool", "global_max_pool", "resize", "transpose", "strided_slice")
+_LUT_OPS = ("sigmoid", "leaky_relu")          # onnxruntime's QLinearSigmoid / QLinearLeakyRelu: 256-entry tables
+
+
+def _zy(rw: _Rewriter, out: Tuple[float, str]) -> int:
+    return int(rw.params[out[1]].reshape(-1)[0])
+
+
+def _same_params_move(rw: _Rewriter, q: Node) -> bool:
+    """Q(op(DQ(x))) with equal scale (positive) and zero point on both sides, op moving or selecting elements
+    (MaxPool, transposes, slices, nearest Resize): op(x) on the integers, as onnxruntime drops the pair. Exact:
+    Q(DQ(v)) == v. Max pooling runs on x as float32 (exact), its padding being the float kernel's."""
+    n = rw.producer.get(q.inputs[0])
+    if n is None or n.op not in _MOVES or rw.uses.get(q.inputs[0]) != 1:
+        return False
+    if n.op == "resize" and any(a["weights"] or a["inside"] for a in n.attrs["axes"]):
+        return False        # linear/cubic: onnxruntime interpolates in float
+    out = _output_params(rw, q)
+    a = rw.dq_tensor(n.inputs[0]) if out is not None else None
+    dt = q.attrs["dtype"]
+    if a is None or a[1] != out[0] or a[1] <= 0 or a[2] != _zy(rw, out) or str(rw.graph.types[a[0]].dtype) != dt:
+        return False
+    if n.op in ("max_pool", "global_max_pool"):
+        y = rw.emit(n.op, [rw.emit("cast", [a[0]], {"to": "float32"})] + list(n.inputs[1:]), n.attrs)
+        rw.emit("cast", [y], {"to": dt}, out=q.outputs[0])
+    else:
+        rw.emit(n.op, [a[0]] + list(n.inputs[1:]), n.attrs, out=q.outputs[0])
+    return True
+
+
+def _table(rw: _Rewriter, x: str, f, sx: float, zx: int, out: Tuple[float, str], dtype: str) -> str:
+    """``x`` through the 256-entry table ``Q(f(DQ(v)))`` built with the graph ops' numpy definitions (the same
+    arithmetic as the unfused kernels), indexed by the integer itself: the int8 table lists 0..127 then
+    -128..-1, so a negative index wraps to its entry as gather's do."""
+    src = str(rw.graph.types[x].dtype)
+    v = np.arange(256).astype(np.uint8).view(np.int8) if src == "int8" else np.arange(256).astype(np.uint8)
+    fv = qnn._dequantize_ref({}, v, np.array(sx, F32), np.array(zx, np.int32))[0]
+    table = qnn._quantize_ref({"dtype": dtype}, f(fv), np.array(out[0], F32), rw.params[out[1]])[0]
+    if np.array_equal(table, v.astype(dtype)):
+        return x
+    idx = rw.emit("cast", [x], {"to": "int32"})
+    return rw.emit("gather", [rw.const(table, "qtable"), idx],
+                   {"axis": 0, "shape": list(rw.graph.types[x].shape)})
+
+
+def _lut_activation(rw: _Rewriter, q: Node) -> bool:
+    n = rw.producer.get(q.inputs[0])
+    if n is None or n.op not in _LUT_OPS or rw.uses.get(q.inputs[0]) != 1:
+        return False
+    out = _output_params(rw, q)
+    a = rw.dq_tensor(n.inputs[0]) if out is not None else None
+    if a is None or str(rw.graph.types[a[0]].dtype) != q.attrs["dtype"]:
+        return False
+    f = lambda fv: ops.evaluate(n.op, n.attrs, [fv])[0]    # noqa: E731
+    y = _table(rw, a[0], f, a[1], a[2], out, q.attrs["dtype"])
+    rw.emit("reshape", [y], {"shape": tuple(rw.graph.types[q.outputs[0]].shape)}, out=q.outputs[0])
+    return True
+
+
+def _concat(rw: _Rewriter, q: Node) -> bool:
+    """onnxruntime's QLinearConcat: each input requantized to the output's scale and zero point (a table per
+    input, none where they already agree), then the integer concat."""
+    n, out = _head(rw, q, "concat")
+    if n is None:
+        return False
+    dt = q.attrs["dtype"]
+    ins = [rw.dq_tensor(v) for v in n.inputs]
+    if any(a is None or str(rw.graph.types[a[0]].dtype) != dt for a in ins):
+        return False
+    parts = [_table(rw, x, lambda fv: fv, sx, zx, out, dt) for x, sx, zx in ins]
+    rw.emit("concat", parts, n.attrs, out=q.outputs[0])
+    return True
+
+
+def _avg_pool(rw: _Rewriter, q: Node) -> bool:
+    """onnxruntime's QLinearAveragePool (graph/qpool.py): 2-D, no dilation, no ceil_mode."""
+    n, out = _head(rw, q, "avg_pool")
+    if n is None or len(n.attrs["kernel"]) != 2 or n.attrs.get("ceil_mode") or any(
+            d != 1 for d in n.attrs["dilations"]):
+        return False
+    dq = rw.producer.get(n.inputs[0])
+    if dq is None or dq.op != "dequantize" or rw.dq_tensor(n.inputs[0]) is None or \
+            str(rw.graph.types[dq.inputs[0]].dtype) != q.attrs["dtype"]:
+        return False
+    attrs = {k: n.attrs[k] for k in ("kernel", "strides", "pads")}
+    attrs.update(count_include_pad=int(bool(n.attrs.get("count_include_pad"))), dtype=q.attrs["dtype"],
+                 sy=out[0], zy=_zy(rw, out))
+    rw.emit("qavg_pool", [n.inputs[0]], attrs, out=q.outputs[0])
+    return True
+
+
+PATTERNS += (_concat, _avg_pool, _lut_activation, _same_params_move)
 
 
 def _skip_saturated_activation(rw: _Rewriter, q: Node) -> Node:
