@@ -89,3 +89,50 @@ def test_duplicate_function_names_are_refused_before_forking():
     items = _kernels() + _kernels()[:1]
     with pytest.raises(CompileError, match="more than one function named k0"):
         tether.build(items, name="m", jobs=2)
+
+
+def test_a_worker_blocked_on_a_lock_copied_by_fork_is_replaced(monkeypatch, caplog):
+    """fork() copies only the calling thread: a lock another thread holds at that moment stays taken forever in
+    the child (seen with onnxruntime's pool beside a build). The stalled worker is killed and its kernels are
+    built in the parent, with the same result as a one-process build."""
+    import os
+    import threading
+    import time
+
+    from tether import driver
+
+    parent = os.getpid()
+    held, release = threading.Lock(), threading.Event()
+    real_part = driver._build_kernels_part
+
+    def part_taking_the_lock(*args, **kwargs):
+        if os.getpid() != parent:
+            held.acquire()            # never released in the child: the thread that holds it was not copied
+        return real_part(*args, **kwargs)
+
+    def holder():
+        with held:
+            release.wait(60)
+
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    try:
+        while not held.locked():
+            time.sleep(0.001)
+        monkeypatch.setattr(driver, "_build_kernels_part", part_taking_the_lock)
+        monkeypatch.setattr(driver, "STALL_S", 1.0)
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING", logger="tether.driver"):
+            parts = tether.build(_kernels(), name="m", jobs=2)
+        assert time.monotonic() - t0 < 60
+    finally:
+        release.set()
+        t.join(10)
+    assert sum("used no CPU" in r.getMessage() for r in caplog.records) == 2
+    whole = tether.build(_kernels(), name="m", jobs=1)
+    assert parts.metadata == whole.metadata
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((96, 64)).astype(np.float32), rng.standard_normal((64, 80)).astype(np.float32)
+    y = np.zeros((96, 80), np.float32)
+    parts.load()["mm"](x, w, y)
+    np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-4)

@@ -149,19 +149,50 @@ def _run_worker(items: Sequence[Any], tgt: Target, name: str, fast_math: bool, o
         os._exit(code)
 
 
-def _wait_workers(workers: List[Tuple[int, str]], deadline: float) -> None:
-    pending = {pid for pid, _ in workers}
+# A worker that has used no CPU for this long is blocked, not slow: fork() copies only the calling thread, so a
+# lock another thread of the parent held at that moment (seen with onnxruntime's pool running beside a build) is
+# never released in the child. Its share is then built here instead.
+STALL_S = 20.0
+
+
+def _cpu_ticks(pid: int) -> Optional[int]:
+    """utime + stime of a child from /proc, or None where /proc does not tell."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _wait_workers(workers: List[Tuple[int, str]], deadline: float) -> List[int]:
+    """Reap the workers; returns the indices of those killed because they stalled (no CPU time for STALL_S)."""
+    stall_s = STALL_S
+    pending = {pid: k for k, (pid, _) in enumerate(workers)}
+    progress = {pid: (_cpu_ticks(pid), time.monotonic()) for pid in pending}
+    stalled: List[int] = []
     while pending:
         for pid in list(pending):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                pending.discard(pid)
-                if status != 0:
+                k = pending.pop(pid)
+                if status != 0 and k not in stalled:
                     raise CompileError("build worker %d failed (wait status %d) without a report" % (pid, status))
+                continue
+            ticks, since = progress[pid]
+            now_ticks = _cpu_ticks(pid)
+            if now_ticks is None or now_ticks != ticks:
+                progress[pid] = (now_ticks, time.monotonic())
+            elif time.monotonic() - since > stall_s:
+                log.warning("build worker %d used no CPU for %.0fs (blocked on a lock copied by fork?): killed; "
+                            "its kernels are built in this process", pid, stall_s)
+                stalled.append(pending[pid])
+                os.kill(pid, signal.SIGKILL)
         if pending:
             if time.monotonic() > deadline:
                 raise CompileError("build workers did not finish within %.0fs" % BUILD_TIMEOUT_S)
             time.sleep(0.005)
+    return stalled
 
 
 def _raise_worker_error(payload: dict) -> None:
@@ -191,7 +222,7 @@ def _build_in_parts(items: Sequence[Any], names: List[str], tgt: Target, name: s
                 if pid == 0:
                     _run_worker([items[i] for i in share], tgt, name, fast_math, opt, path)
                 workers.append((pid, path))
-            _wait_workers(workers, time.monotonic() + BUILD_TIMEOUT_S)
+            stalled = _wait_workers(workers, time.monotonic() + BUILD_TIMEOUT_S)
         except BaseException:
             for pid, _ in workers:
                 try:
@@ -201,7 +232,10 @@ def _build_in_parts(items: Sequence[Any], names: List[str], tgt: Target, name: s
                     pass
             raise
         parts = []
-        for _, path in workers:
+        for k, (_, path) in enumerate(workers):
+            if k in stalled:
+                parts.append(_build_kernels_part([items[i] for i in shares[k]], tgt, name, fast_math, opt))
+                continue
             with open(path, "rb") as f:
                 payload = msgpack.unpackb(f.read(), raw=False)
             if not payload.get("ok"):
