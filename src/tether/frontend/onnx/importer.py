@@ -158,7 +158,7 @@ def no_legacy_broadcast(node, a):
 
 # ---------------------------------------------------------------- run-time dtypes the kernels implement (issue 11)
 KERNEL_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
-                 "float32", "float64")
+                 "bfloat16", "float32", "float64")
 
 
 def onnx_type_name(vi) -> str:
@@ -182,3 +182,4 @@ def reshape_alias(im, x, node):
 # op "com.microsoft.QLinearAdd"); an op of the default domain by its type alone.
 def converter_key(node) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else "%s.%s" % (node.domain, node.op_type)
+
