@@ -334,9 +334,9 @@ def test_guards_keep_every_read_value_computed():
 # ---------------------------------------------------------------- ONNX's own node cases for the ops
 # (scripts/onnx_conformance.py --include 'lstm|gru|rnn|^test_(if|loop|scan)'): every case passes except these,
 # refused by design, each with the reason it must give
-REFUSED_NODE_CASES = {"test_if_seq": "SequenceConstruct", "test_if_opt": "Optional",
-                      "test_loop13_seq": "tensors only", "test_loop16_seq_none": "tensors only",
-                      "test_scan_sum": "Scan before opset 9"}
+# (sequences and optionals: frontend/onnx/sequence.py; test_if_opt's branches give an empty and a full optional,
+# which only the run-time condition tells apart)
+REFUSED_NODE_CASES = {"test_if_opt": "one structure", "test_scan_sum": "Scan before opset 9"}
 
 @functools.lru_cache(maxsize=None)
 def _node_cases():

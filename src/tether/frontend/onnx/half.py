@@ -70,7 +70,7 @@ class DeclaredTypes:
 
 
 def reads_half(im: Importer, ins: List[str]) -> bool:
-    return any(x and str(im.types[x].dtype) in HALF_TYPES for x in ins)
+    return any(x and x in im.types and str(im.types[x].dtype) in HALF_TYPES for x in ins)
 
 
 def convert_in_float32(im: Importer, node, ins: List[str], attrs: dict, convert: Callable,
