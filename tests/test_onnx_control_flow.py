@@ -401,8 +401,9 @@ def test_a_long_scan_compiles_to_one_looping_kernel(in_axis, in_dir, out_axis, o
 
 
 def test_go_graph_executor_runs_these_models_bit_for_bit(tmp_path):
-    """The Go graph executor ignores "when" (runs both branches of a run-time If) and runs compiled loops as the
-    ordinary kernels they are: its outputs equal the Python executor's bit for bit, both branches taken."""
+    """The Go graph executor follows "when" (the taken branch of a run-time If: tests/test_go_when.py) and runs
+    compiled loops as the ordinary kernels they are: its outputs equal the Python executor's bit for bit, both
+    branches taken."""
     from fixtures.golang import GoCases, run_go_test
     xs = np.random.default_rng(7).standard_normal((40, 4)).astype(np.float32)
     loop = model_of([const("M", 40, np.int64),
