@@ -1,7 +1,6 @@
 package graph
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -17,20 +16,10 @@ import (
 // Fixtures come from tests/test_go_when.py: models with an If on a run-time condition, inputs taking each
 // branch, and the Python graph executor's outputs and skipped nodes (its profile) on them.
 
-type guardedRecord struct {
-	Name   string `json:"name"`
-	Folder string `json:"folder"`
-	Runs   []struct {
-		Inputs  map[string]tensorFile `json:"inputs"`
-		Outputs []tensorFile          `json:"outputs"`
-		Skipped []string              `json:"skipped"`
-	} `json:"runs"`
-}
-
-func guardedFixtures(t *testing.T) (string, []guardedRecord) {
+func guardedFixtures(t *testing.T) (string, []modelRecord) {
 	dir := gofixtures.Dir(t, "run through pytest tests/test_go_when.py, which exports the models")
 	var cf struct {
-		Guarded []guardedRecord `json:"guarded"`
+		Guarded []modelRecord `json:"guarded"`
 	}
 	gofixtures.ReadJSON(t, dir, "cases.json", &cf)
 	if len(cf.Guarded) == 0 {
@@ -48,28 +37,7 @@ func TestWhenGuardsRunOnlyTheTakenBranch(t *testing.T) {
 			t.Fatalf("%s: %v", m.Name, err)
 		}
 		for r, run := range m.Runs {
-			for name, tf := range run.Inputs {
-				x := readTensor(t, dir, tf)
-				if err := e.SetInput(name, x); err != nil {
-					t.Fatalf("%s: %v", m.Name, err)
-				}
-				x.Close()
-			}
-			if err := e.Run(); err != nil {
-				t.Fatalf("%s: %v", m.Name, err)
-			}
-			for i, want := range run.Outputs {
-				got, err := e.GetOutput(i)
-				if err != nil {
-					t.Fatal(err)
-				}
-				exp := readTensor(t, dir, want)
-				if !bytes.Equal(got.Bytes(), exp.Bytes()) {
-					t.Fatalf("%s run %d: output %d differs from the Python graph executor's", m.Name, r, i)
-				}
-				got.Close()
-				exp.Close()
-			}
+			checkRun(t, dir, e, m.Name, r, run)
 			skipped, want := append([]string{}, e.Skipped()...), append([]string{}, run.Skipped...)
 			sort.Strings(skipped)
 			sort.Strings(want)
