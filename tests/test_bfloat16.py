@@ -157,13 +157,15 @@ def _movement_model():
              helper.make_node("Reshape", ["sl", "flat"], ["y"]),
              helper.make_node("Cast", ["c"], ["c32"], to=T.FLOAT),
              helper.make_node("Cast", ["c"], ["c16"], to=T.FLOAT16),
-             helper.make_node("Cast", ["d"], ["dbf"], to=T.BFLOAT16)]
+             helper.make_node("Cast", ["d"], ["dbf"], to=T.BFLOAT16),
+             helper.make_node("Identity", ["w"], ["wout"])]     # a bfloat16 weight as it is: a bfloat16 param
     graph = helper.make_graph(nodes, "bf16", [helper.make_tensor_value_info("x", T.BFLOAT16, [4, 4]),
                                               helper.make_tensor_value_info("d", T.DOUBLE, [64])],
                               [helper.make_tensor_value_info("y", T.BFLOAT16, [9]),
                                helper.make_tensor_value_info("c32", T.FLOAT, [6, 4]),
                                helper.make_tensor_value_info("c16", T.FLOAT16, [6, 4]),
-                               helper.make_tensor_value_info("dbf", T.BFLOAT16, [64])], inits)
+                               helper.make_tensor_value_info("dbf", T.BFLOAT16, [64]),
+                               helper.make_tensor_value_info("wout", T.BFLOAT16, [2, 4])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     # float64 values a hair off bfloat16 ties: onnxruntime rounds them to float32 first (onto the tie), then even
     ties = (np.arange(1, 33, dtype=np.float64) * 2 + 1) * 2.0 ** -8 + 1.0
@@ -238,5 +240,27 @@ def test_bfloat16_graph_on_emulated_aarch64(emulated_devices, tmp_path):
     with rpc.connect(*device.address, timeout=300) as sess:
         with RemoteGraphExecutor(sess, str(tmp_path)) as gm:
             gm.run(**feeds)
-            got = [gm.get_output(i) for i in range(4)]
+            got = [gm.get_output(i) for i in range(5)]
     _compare(got, _ort_bf16(model, feeds))
+
+
+def test_go_graph_executor_runs_the_bfloat16_graph_bit_for_bit(tmp_path):
+    """bindings/go reads bfloat16 entries, params and tensors (dtype.go, graph/params.go): the same outputs as the
+    Python executor, bit for bit."""
+    from fixtures.golang import GoCases, run_go_test
+
+    model, feeds = _movement_model()
+    folder = tmp_path / "bf16"
+    _build(model, "host", folder)
+    gm = graph_executor.load(str(folder))
+    cases = GoCases(tmp_path / "cases")
+    runs = []
+    for x in (feeds["x"], RNG.standard_normal((4, 4)).astype(BF16)):
+        gm.run(x=x, d=feeds["d"])
+        outs = [gm.get_output(i) for i in range(gm.get_num_outputs())]
+        assert outs[0].dtype == BF16
+        runs.append({"inputs": {"x": cases.tensor(x), "d": cases.tensor(feeds["d"])},
+                     "outputs": [cases.tensor(o) for o in outs]})
+    cases.write(models=[{"name": "bfloat16", "folder": str(folder), "runs": runs}])
+    out = run_go_test(["./graph"], tmp_path / "cases", run="^TestModelsMatchPython$")
+    assert "--- PASS: TestModelsMatchPython" in out, out
