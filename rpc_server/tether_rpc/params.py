@@ -14,6 +14,7 @@ into a 64-byte-aligned buffer gets every tensor as a zero-copy, aligned view.
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Dict, Mapping, Union
 
 import numpy as np
@@ -144,7 +145,9 @@ def _parse(buf: np.ndarray) -> Dict[str, np.ndarray]:
         if any(d < 0 for d in shape):
             raise ParamsFormatError("param %r has a negative extent in %s" % (name, shape))
         (nbytes,) = take("<Q")
-        dt = numpy_dtype(dtype).newbyteorder("<")
+        dt = numpy_dtype(dtype)
+        if sys.byteorder != "little":   # (a little-endian dtype as it is: a bfloat16 tag stays)
+            dt = dt.newbyteorder("<")
         expect = dt.itemsize
         for d in shape:  # exact (np.prod would wrap around at 2**63 and let a forged size through)
             expect *= d

@@ -186,7 +186,8 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
     shape = tuple(_U64.unpack_from(data, pos + 8 * i)[0] for i in range(ndim))
     pos += 8 * ndim
     dtype = numpy_dtype(name)
-    dtype = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+    if dtype.itemsize > 1 and sys.byteorder != "little":   # (a little-endian dtype as it is: its tag stays)
+        dtype = dtype.newbyteorder("<")
     count = 1
     for d in shape:
         count *= d
