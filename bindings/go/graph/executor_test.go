@@ -2,6 +2,7 @@ package graph
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,15 +60,24 @@ func checkRun(t *testing.T, dir string, e *Executor, name string, r int, run mod
 }
 
 func fixtures(t *testing.T) (string, []modelRecord) {
-	dir := gofixtures.Dir(t, "run through pytest tests/test_go_graph.py, which exports the models")
-	var cf struct {
-		Models []modelRecord `json:"models"`
-	}
+	return fixturesAt(t, "models", "tests/test_go_graph.py")
+}
+
+// fixturesAt reads the model records under key of cases.json, which the pytest driver wrote.
+func fixturesAt(t *testing.T, key, driver string) (string, []modelRecord) {
+	dir := gofixtures.Dir(t, "run through pytest "+driver+", which exports the models")
+	var cf map[string]json.RawMessage
 	gofixtures.ReadJSON(t, dir, "cases.json", &cf)
-	if len(cf.Models) == 0 {
-		t.Fatal("no models in the fixtures")
+	var models []modelRecord
+	if raw, ok := cf[key]; ok {
+		if err := json.Unmarshal(raw, &models); err != nil {
+			t.Fatalf("cases.json %q: %v", key, err)
+		}
 	}
-	return dir, cf.Models
+	if len(models) == 0 {
+		t.Fatalf("no %q models in the fixtures", key)
+	}
+	return dir, models
 }
 
 func readTensor(t *testing.T, dir string, tf tensorFile) *tether.Tensor {

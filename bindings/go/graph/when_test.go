@@ -10,22 +10,13 @@ import (
 	"testing"
 
 	tether "github.com/tether-ml/tether/bindings/go"
-	"github.com/tether-ml/tether/bindings/go/internal/gofixtures"
 )
 
 // Fixtures come from tests/test_go_when.py: models with an If on a run-time condition, inputs taking each
 // branch, and the Python graph executor's outputs and skipped nodes (its profile) on them.
 
 func guardedFixtures(t *testing.T) (string, []modelRecord) {
-	dir := gofixtures.Dir(t, "run through pytest tests/test_go_when.py, which exports the models")
-	var cf struct {
-		Guarded []modelRecord `json:"guarded"`
-	}
-	gofixtures.ReadJSON(t, dir, "cases.json", &cf)
-	if len(cf.Guarded) == 0 {
-		t.Fatal("no guarded models in the fixtures")
-	}
-	return dir, cf.Guarded
+	return fixturesAt(t, "guarded", "tests/test_go_when.py")
 }
 
 // TestWhenGuardsRunOnlyTheTakenBranch: the same outputs as Python bit for bit, and the same nodes skipped.
