@@ -21,8 +21,8 @@ from tether.frontend.onnx import quantized, quantized_contrib  # noqa: F401  (re
 from tether.frontend.onnx import attention, einsum, linear_attention, rotary  # noqa: F401  (register; issue 11)
 # issue 11: indexing, math, signal and data-dependent ops
 from tether.frontend.onnx import along_axis, bitcast, dynamic, indexmap, lppool, sampling, signal, trig  # noqa: F401
-from tether.frontend.onnx import sequence  # noqa: F401,E402  (register: sequences and optionals, issue 11)
 from tether.frontend.onnx.importer import CONVERTERS
 from tether.frontend.onnx.model import from_onnx, op_coverage, unsupported_ops
+from tether.frontend.onnx import sequence  # noqa: F401,E402  (register: sequences and optionals, issue 11)
 
 __all__ = ["CONVERTERS", "from_onnx", "op_coverage", "unsupported_ops"]
