@@ -126,7 +126,7 @@ def _cases():
             doubles = np.concatenate([floats.astype(np.float64), _near_ties()])
             cases.append(("f64_to_h_" + tag, _cast_kernel("float64", "float16", len(doubles), vec), [doubles],
                           [doubles.astype(np.float16)]))
-    # bfloat16 inside a kernel (device arrays cannot hold it: numpy has no bfloat16): float32 and float64 rounded
+    # bfloat16 inside a kernel (bfloat16 arguments themselves: tests/test_bfloat16.py): float32 and float64 rounded
     # to bfloat16 and read back, against ml_dtypes' bfloat16 (round to nearest even)
     import ml_dtypes
     with np.errstate(invalid="ignore"):

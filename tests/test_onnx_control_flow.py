@@ -334,9 +334,9 @@ def test_guards_keep_every_read_value_computed():
 # ---------------------------------------------------------------- ONNX's own node cases for the issue's ops
 # (scripts/onnx_conformance.py --include 'lstm|gru|rnn|^test_(if|loop|scan)'): every case passes except these,
 # refused by design, each with the reason it must give
-REFUSED_NODE_CASES = {"test_if_seq": "SequenceConstruct", "test_if_opt": "Optional",
-                      "test_loop13_seq": "tensors only", "test_loop16_seq_none": "tensors only",
-                      "test_scan_sum": "Scan before opset 9"}
+# (sequences and optionals: frontend/onnx/sequence.py; test_if_opt's branches give an empty and a full optional,
+# which only the run-time condition tells apart)
+REFUSED_NODE_CASES = {"test_if_opt": "one structure", "test_scan_sum": "Scan before opset 9"}
 
 @functools.lru_cache(maxsize=None)
 def _node_cases():
@@ -401,8 +401,9 @@ def test_a_long_scan_compiles_to_one_looping_kernel(in_axis, in_dir, out_axis, o
 
 
 def test_go_graph_executor_runs_these_models_bit_for_bit(tmp_path):
-    """The Go graph executor ignores "when" (runs both branches of a run-time If) and runs compiled loops as the
-    ordinary kernels they are: its outputs equal the Python executor's bit for bit, both branches taken."""
+    """The Go graph executor follows "when" (the taken branch of a run-time If: tests/test_go_when.py) and runs
+    compiled loops as the ordinary kernels they are: its outputs equal the Python executor's bit for bit, both
+    branches taken."""
     from fixtures.golang import GoCases, run_go_test
     xs = np.random.default_rng(7).standard_normal((40, 4)).astype(np.float32)
     loop = model_of([const("M", 40, np.int64),

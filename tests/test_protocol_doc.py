@@ -269,7 +269,7 @@ def test_device_array_dtypes_are_the_documented_ones():
     line = re.search(r"Device arrays, and so tensors passed to a kernel, take the dtypes `([^`]+)`",
                      DOC.replace("\n  ", " ")).group(1)
     assert set(line.split()) == set(dtypes.ARRAY_DTYPES)
-    assert dtypes.WIRE_DTYPES == dtypes.ARRAY_DTYPES and "bfloat16" not in dtypes.ARRAY_DTYPES
+    assert dtypes.WIRE_DTYPES == dtypes.ARRAY_DTYPES == set(dtypes.DTYPES)
 
 
 def test_kernel_call_returns_tensors_after_value(rpc_server, rpc_kernels):

@@ -8,9 +8,7 @@ from __future__ import annotations
 import ctypes
 from typing import Dict, Sequence, Tuple
 
-import numpy as np
-
-from .dtypes import ARRAY_DTYPES, DTYPES
+from .dtypes import ARRAY_DTYPES, DTYPES, name_of
 from .errors import KernelError
 
 # TetherValue type codes.
@@ -65,9 +63,10 @@ SUPPORTED_DTYPES = tuple(DTYPE_TO_DL)
 
 
 def dtype_name(dtype) -> str:
-    """Canonical name (``"float32"``) of anything numpy accepts as a dtype; KernelError if tether lacks it."""
+    """Canonical name (``"float32"``) of a tether dtype name, or of anything numpy accepts as a dtype (a tagged
+    uint16 and ml_dtypes' bfloat16 are ``"bfloat16"``); KernelError if tether lacks it."""
     try:
-        name = np.dtype(dtype).name
+        name = name_of(dtype)
     except TypeError as exc:
         raise KernelError("unknown dtype %r; supported: %s" % (dtype, ", ".join(SUPPORTED_DTYPES))) from exc
     if name not in DTYPE_TO_DL:

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import numpy_ops
 from . import params as params_format
-from .dtypes import WIRE_DTYPES
+from .dtypes import WIRE_DTYPES, bfloat16_bits, bfloat16_to_float32, for_host, name_of, numpy_dtype, storage_of
 from . import timing
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,21 @@ def _aligned(nbytes: int) -> np.ndarray:
 def _kernel_view(arr: np.ndarray) -> np.ndarray:
     # kernels never take rank-0 tensors: a scalar travels as shape (1,)
     return arr.reshape(1) if arr.ndim == 0 else arr
+
+
+def _bfloat16_source(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """What ``set_input`` copies into a bfloat16 entry: bfloat16 (tagged or ml_dtypes) and uint16 arrays as bit
+    patterns, float arrays rounded to nearest even. Into any other entry a bfloat16 array goes as its float32
+    values (never as the bit patterns' integers)."""
+    if name_of(dst.dtype) != "bfloat16":
+        return bfloat16_to_float32(src) if name_of(src.dtype) == "bfloat16" else src
+    if src.dtype.kind == "f" and name_of(src.dtype) != "bfloat16":
+        return bfloat16_bits(src)
+    src = storage_of(src)
+    if src.dtype != np.uint16:
+        raise ValueError("a bfloat16 input takes bfloat16, uint16 bit patterns or float values, got %s"
+                         % name_of(src.dtype))
+    return src
 
 
 class GraphExecutor:
@@ -87,7 +102,7 @@ class GraphExecutor:
             if e["dtype"] not in WIRE_DTYPES:
                 raise ValueError("graph entry %d has dtype %.40r (allowed: %s)"
                                  % (k, e["dtype"], ", ".join(sorted(WIRE_DTYPES))))
-            dt = np.dtype(e["dtype"])
+            dt = numpy_dtype(e["dtype"])     # bfloat16: tagged uint16 bit patterns
             shape = tuple(int(d) for d in e["shape"])
             nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             store = self._storages[int(e["storage"])]
@@ -163,7 +178,7 @@ class GraphExecutor:
             items.insert(0, (key, value))
         for k, v in items:
             dst = self._entries[self._input_entry(k)]
-            src = np.asarray(v)
+            src = _bfloat16_source(np.asarray(v), dst)
             if src.size != dst.size:
                 raise ValueError("input %r: got shape %s, the model expects %s %s"
                                  % (k, src.shape, dst.dtype, dst.shape))
@@ -184,10 +199,10 @@ class GraphExecutor:
             raise KeyError("params lack %d tensor(s) the graph needs: %s" % (len(missing), ", ".join(missing[:10])))
         for name, idx in self._param_index.items():
             dst = self._entries[idx]
-            src = np.asarray(params[name])
-            if src.shape != dst.shape or src.dtype != dst.dtype:
+            src = storage_of(np.asarray(params[name]))
+            if src.shape != dst.shape or src.dtype != dst.dtype or name_of(src.dtype) != name_of(dst.dtype):
                 raise ValueError("param %r is %s %s, the graph expects %s %s"
-                                 % (name, src.dtype, src.shape, dst.dtype, dst.shape))
+                                 % (name, name_of(src.dtype), src.shape, name_of(dst.dtype), dst.shape))
             np.copyto(dst, src)
 
     # -- running -----------------------------------------------------------------------------------------------
@@ -241,7 +256,7 @@ class GraphExecutor:
         if not 0 <= int(index) < self.num_outputs:
             raise IndexError("output index %d out of range: the model has %d output(s)" % (index, self.num_outputs))
         entry = self.graph["outputs"][int(index)]
-        return (self._dynamic[entry] if entry in self._dynamic else self._entries[entry]).copy()
+        return for_host((self._dynamic[entry] if entry in self._dynamic else self._entries[entry]).copy())
 
     def info(self) -> Dict[str, Any]:
         def describe(ids):

@@ -36,6 +36,7 @@ import numpy as np
 from . import cpu_features, device_info, host_functions, parallel
 from .dlpack import (DTYPE_TO_DL, TETHER_BYTES, TETHER_DLTENSOR, TETHER_FLOAT64, TETHER_INT64, TETHER_NULL,
                      TETHER_STR, TetherBytes, TetherValue, make_dltensor)
+from .dtypes import name_of, numpy_dtype
 from .elf import ARCH_MACHINE, ElfFile, host_arch
 from .errors import ArchMismatch, KernelError, ModuleLoadError
 from .ndarray import NDArray
@@ -52,7 +53,8 @@ _host_float_abi_cache: List[Optional[str]] = []
 
 # Native-byte-order numpy dtypes -> tether dtype name (a dict lookup on the dtype object is ~50x cheaper than
 # dtype.name, and byte-swapped dtypes simply miss).
-_NUMPY_DTYPES = {np.dtype(name): name for name in DTYPE_TO_DL}
+# A tagged uint16 (bfloat16 bit patterns) compares equal to uint16, so the tag is read after the lookup.
+_NUMPY_DTYPES = {np.dtype(name): name for name in DTYPE_TO_DL if numpy_dtype(name).metadata is None}
 # DLTensors for numpy arguments, keyed by everything they contain (data pointer, shape, dtype): a cached entry
 # is identical to a freshly built one, so reuse is always safe, and calling a kernel repeatedly on the same
 # arrays costs no DLTensor construction.
@@ -196,6 +198,9 @@ class PackedFunc:
                 keep.append(a)
             elif isinstance(a, np.ndarray):
                 dt = _NUMPY_DTYPES.get(a.dtype)
+                if dt is None or a.dtype.metadata is not None:   # bfloat16: tagged uint16 or ml_dtypes'
+                    dt = name_of(a.dtype)
+                    dt = dt if dt in DTYPE_TO_DL else None
                 if dt is None:
                     raise KernelError("%s: argument %d%s is a %s array; tether kernels take %s"
                                       % (self.name, i, self._argname(i), a.dtype, ", ".join(DTYPE_TO_DL)))

@@ -3,6 +3,10 @@
 An :class:`NDArray` owns its memory (kernels get a stable pointer for the array's lifetime), exposes it as a
 writable flat byte ``memoryview`` (``.view``) so the RPC layer can ``recv_into`` straight into it, and builds
 its DLTensor once, so passing it to a kernel costs nothing per call.
+
+A bfloat16 array (numpy has no bfloat16) holds uint16 bit patterns; its numpy views carry the dtype tag of
+``tether_rpc.dtypes`` (``numpy_dtype("bfloat16")``), and ``copyfrom`` takes tagged, plain uint16 or ml_dtypes
+bfloat16 arrays, all as bit patterns.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Iterable, Optional, Tuple, Union
 import numpy as np
 
 from .dlpack import DLTensor, dtype_name, make_dltensor
+from .dtypes import name_of, numpy_dtype, storage_of
 from .errors import KernelError, OutOfMemory
 
 ALIGNMENT = 64  # a cache line; also what vector loads/stores and NEON prefer
@@ -42,12 +47,12 @@ def _aligned_buffer(nbytes: int) -> np.ndarray:
 class NDArray:
     """A C-contiguous, 64-byte aligned array on the device (host memory of this process)."""
 
-    __slots__ = ("_arr", "_bytes", "_dltensor", "_keep", "__weakref__")
+    __slots__ = ("_arr", "_bytes", "_dltensor", "_keep", "_name", "__weakref__")
 
     def __init__(self, shape: ShapeLike, dtype="float32"):
         shape_t = _normalize_shape(shape)
         name = dtype_name(dtype)
-        itemsize = np.dtype(name).itemsize
+        itemsize = numpy_dtype(name).itemsize
         count = 1
         for d in shape_t:
             count *= d
@@ -56,7 +61,8 @@ class NDArray:
         except MemoryError as exc:
             raise OutOfMemory("the device cannot allocate a %s array of shape %s (%.1f MB)"
                               % (name, shape_t, count * itemsize / 1e6)) from exc
-        self._arr = self._bytes.view(name).reshape(shape_t)
+        self._name = name
+        self._arr = self._bytes.view(numpy_dtype(name)).reshape(shape_t)
         self._dltensor, self._keep = make_dltensor(self._bytes.ctypes.data, shape_t, name)
 
     # -- description -----------------------------------------------------------------------------------------
@@ -66,7 +72,7 @@ class NDArray:
 
     @property
     def dtype(self) -> str:
-        return self._arr.dtype.name
+        return self._name
 
     @property
     def ndim(self) -> int:
@@ -98,13 +104,13 @@ class NDArray:
         """Copy ``source`` (numpy array, NDArray or nested list) in; its shape and dtype must match exactly."""
         if isinstance(source, NDArray):
             source = source._arr
-        src = np.asarray(source)
+        src = storage_of(np.asarray(source))
         if src.shape != self.shape:
             raise KernelError("copyfrom: shape %s does not match the array's shape %s"
                               % (tuple(src.shape), self.shape))
-        if src.dtype != self._arr.dtype:
+        if src.dtype != self._arr.dtype or name_of(src.dtype) not in (self._name, self._arr.dtype.name):
             raise KernelError("copyfrom: dtype %s does not match the array's dtype %s (convert with .astype(%r))"
-                              % (src.dtype.name, self.dtype, self.dtype))
+                              % (name_of(src.dtype), self.dtype, self.dtype))
         np.copyto(self._arr, src)
         return self
 
@@ -112,10 +118,11 @@ class NDArray:
         """Copy out into ``target`` (same shape and dtype) or into a new array."""
         if target is None:
             return self.numpy()
-        if target.shape != self.shape or target.dtype != self._arr.dtype:
+        view = storage_of(target)
+        if view.shape != self.shape or view.dtype != self._arr.dtype:
             raise KernelError("copyto: target is %s %s, the array is %s %s"
-                              % (target.dtype.name, tuple(target.shape), self.dtype, self.shape))
-        np.copyto(target, self._arr)
+                              % (name_of(target.dtype), tuple(target.shape), self.dtype, self.shape))
+        np.copyto(view, self._arr)
         return target
 
     @property
@@ -140,7 +147,7 @@ class NDArray:
 
 def nbytes_of(shape: ShapeLike, dtype="float32") -> int:
     """The bytes an array of ``shape`` and ``dtype`` holds (checked like NDArray's, nothing allocated)."""
-    count = np.dtype(dtype_name(dtype)).itemsize
+    count = numpy_dtype(dtype_name(dtype)).itemsize
     for d in _normalize_shape(shape):
         count *= d
     return count
@@ -153,7 +160,7 @@ def empty(shape: ShapeLike, dtype="float32") -> NDArray:
 
 def from_numpy(arr) -> NDArray:
     """A fresh device array holding a copy of ``arr`` (any layout; the copy is C-contiguous and aligned)."""
-    src = np.asarray(arr)
+    src = storage_of(np.asarray(arr))
     out = NDArray(src.shape, src.dtype)
     np.copyto(out._arr, src)
     return out

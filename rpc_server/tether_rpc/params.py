@@ -4,7 +4,7 @@ Not pickle and not npz: a device must be able to read it without running anythin
 another language must be able to read it from the description alone::
 
     file    = magic:8 bytes "TTHRPRM\\0"  version:u32  count:u32  record * count
-    record  = name_len:u16  name:utf-8  dtype_len:u8  dtype:ascii (numpy name, e.g. "float32")
+    record  = name_len:u16  name:utf-8  dtype_len:u8  dtype:ascii (tether name, e.g. "float32")
               ndim:u8  shape:ndim x i64  nbytes:u64  zero padding to the next multiple of 64 from the
               start of the file  data:nbytes (little-endian, C order)
 
@@ -14,11 +14,12 @@ into a 64-byte-aligned buffer gets every tensor as a zero-copy, aligned view.
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Dict, Mapping, Union
 
 import numpy as np
 
-from .dtypes import WIRE_DTYPES
+from .dtypes import PARAMS_DTYPES, name_of, numpy_dtype, storage_of
 
 MAGIC = b"TTHRPRM\x00"
 VERSION = 1
@@ -26,9 +27,9 @@ ALIGN = 64
 # Refuse absurd headers before allocating anything for them.
 MAX_NDIM = 32
 MAX_NAME = 4096
-#: The numpy-stored dtypes (tether_rpc.dtypes.WIRE_DTYPES): a file names its dtype by numpy name, so bfloat16,
-#: which numpy lacks, is not carried.
-DTYPES = tuple(sorted(WIRE_DTYPES))
+#: Every dtype of the table (tether_rpc.dtypes.PARAMS_DTYPES), named by its tether name; bfloat16 is stored as
+#: its uint16 bit patterns and read back as tagged uint16 (tether_rpc.dtypes).
+DTYPES = tuple(sorted(PARAMS_DTYPES))
 
 _HEAD = struct.Struct("<8sII")
 
@@ -46,7 +47,8 @@ def save_params(params: Mapping[str, np.ndarray]) -> bytes:
     out = bytearray(_HEAD.pack(MAGIC, VERSION, len(params)))
     for name, value in params.items():
         arr = np.asarray(value, order="C")
-        dtype = arr.dtype.name
+        dtype = name_of(arr.dtype)
+        arr = storage_of(arr)
         if dtype not in DTYPES:
             raise ValueError("param %r has dtype %s, which the params format does not carry (%s)"
                              % (name, dtype, ", ".join(DTYPES)))
@@ -143,7 +145,9 @@ def _parse(buf: np.ndarray) -> Dict[str, np.ndarray]:
         if any(d < 0 for d in shape):
             raise ParamsFormatError("param %r has a negative extent in %s" % (name, shape))
         (nbytes,) = take("<Q")
-        dt = np.dtype(dtype).newbyteorder("<")
+        dt = numpy_dtype(dtype)
+        if sys.byteorder != "little":   # (a little-endian dtype as it is: a bfloat16 tag stays)
+            dt = dt.newbyteorder("<")
         expect = dt.itemsize
         for d in shape:  # exact (np.prod would wrap around at 2**63 and let a forged size through)
             expect *= d

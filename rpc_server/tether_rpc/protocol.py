@@ -18,7 +18,8 @@ Wire format (``docs/protocol.md`` is the language-neutral reference; a test keep
 * msgpack ext type 1 is a tensor, ext type 2 a remote handle; any other ext type is a protocol error.
 
   tensor ext data = dtype_len:u8  dtype:ascii  ndim:u8  shape:ndim x u64 big-endian  raw element bytes
-                    (dtype is a numpy name such as "float32"; elements are little-endian, C order)
+                    (dtype is a tether dtype name such as "float32", or "bfloat16" carried as its uint16 bit
+                    patterns; elements are little-endian, C order)
   handle ext data = id:u64 big-endian
 
 Everything a peer sends is checked against :class:`Limits` before anything is allocated for it.
@@ -35,7 +36,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import msgpack
 
 # numpy is imported on first use (tensors only): the server then listens before the slow numpy import.
-from .dtypes import WIRE_DTYPES
+from .dtypes import WIRE_DTYPES, for_host, name_of, numpy_dtype, storage_of
 from .errors import FrameTooLarge, ProtocolError
 
 PROTOCOL_MAGIC = "tether-rpc"
@@ -142,9 +143,7 @@ _U64 = struct.Struct(">Q")
 
 def tensor_header(dtype: str, shape: Tuple[int, ...]) -> bytes:
     """The ext-1 prefix for a tensor; the raw element bytes follow it."""
-    import numpy as np
-
-    name = np.dtype(dtype).name
+    name = name_of(dtype)
     if name not in WIRE_DTYPES:
         raise ProtocolError("dtype %r cannot travel as a tensor (allowed: %s)"
                             % (name, ", ".join(sorted(WIRE_DTYPES))))
@@ -158,13 +157,16 @@ def encode_tensor(array: Any) -> msgpack.ExtType:
 
     # ascontiguousarray turns 0-d arrays into 1-d ones, hence the reshape
     arr = np.ascontiguousarray(array).reshape(np.shape(array))
+    name = name_of(arr.dtype)
+    arr = storage_of(arr)           # bfloat16 (tagged or ml_dtypes) travels as its uint16 bit patterns
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return msgpack.ExtType(EXT_TENSOR, tensor_header(arr.dtype.name, arr.shape) + arr.tobytes())
+    return msgpack.ExtType(EXT_TENSOR, tensor_header(name, arr.shape) + arr.tobytes())
 
 
 def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
-    """Decode ext-1 data zero-copy (the array is a read-only numpy view of ``data``)."""
+    """Decode ext-1 data zero-copy (the array is a read-only numpy view of ``data``). A bfloat16 tensor is its
+    tagged uint16 bit patterns, or ml_dtypes' bfloat16 where this process has loaded ml_dtypes (the host)."""
     import numpy as np
 
     try:
@@ -183,7 +185,9 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
         raise ProtocolError("malformed tensor ext: shape truncated")
     shape = tuple(_U64.unpack_from(data, pos + 8 * i)[0] for i in range(ndim))
     pos += 8 * ndim
-    dtype = np.dtype(name).newbyteorder("<") if name not in ("bool", "int8", "uint8") else np.dtype(name)
+    dtype = numpy_dtype(name)
+    if dtype.itemsize > 1 and sys.byteorder != "little":   # (a little-endian dtype as it is: its tag stays)
+        dtype = dtype.newbyteorder("<")
     count = 1
     for d in shape:
         count *= d
@@ -191,9 +195,9 @@ def decode_tensor(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
         raise ProtocolError("tensor ext of shape %s %s needs %d bytes, carries %d"
                             % (shape, name, count * dtype.itemsize, len(data) - pos))
     if count == 0:  # old numpy refuses frombuffer at the very end of a buffer
-        return np.empty(shape, dtype.newbyteorder("="))
+        return for_host(np.empty(shape, dtype.newbyteorder("=")))
     arr = np.frombuffer(data, dtype=dtype, count=count, offset=pos).reshape(shape)
-    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+    return for_host(arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("=")))
 
 
 def _default(obj: Any) -> Any:

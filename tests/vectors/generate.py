@@ -14,6 +14,7 @@ import json
 import pathlib
 
 from tether_rpc import handshake, protocol as p
+from tether_rpc.dtypes import for_host, name_of, numpy_dtype, storage_of
 
 HERE = pathlib.Path(__file__).parent
 
@@ -56,6 +57,9 @@ VALID = [
         {"$tensor": {"dtype": "int8", "shape": [], "data": "fe"}}]}),
     ("call_tensor_uint8_scalar", p.MsgType.CALL, 14, {"fn": "tether.echo", "args": [
         {"$tensor": {"dtype": "uint8", "shape": [], "data": "c8"}}]}),
+    # bfloat16 1.0, -2.5, 3.0: each element the upper half of its float32, little-endian
+    ("call_tensor_bfloat16", p.MsgType.CALL, 16, {"fn": "tether.echo", "args": [
+        {"$tensor": {"dtype": "bfloat16", "shape": [3], "data": "803f20c04040"}}]}),
     ("call_echo_float_2", p.MsgType.CALL, 15, {"fn": "tether.echo", "args": [2.0]}),  # float64, always
     ("call_copy_in_bulk_header", p.MsgType.CALL, 12, {"fn": "tether.array.copy_in", "args": [{"$handle": 7}],
                                                       "nbytes": 4096}),
@@ -98,8 +102,8 @@ def to_wire(value):
             return p.RemoteHandle(value["$handle"])
         if set(value) == {"$tensor"}:
             t = value["$tensor"]
-            return np.frombuffer(bytes.fromhex(t["data"]), dtype=np.dtype(t["dtype"]).newbyteorder("<")).reshape(
-                t["shape"])
+            return for_host(np.frombuffer(bytes.fromhex(t["data"]), dtype=numpy_dtype(t["dtype"]).newbyteorder("<"))
+                            .reshape(t["shape"]))
         return {k: to_wire(v) for k, v in value.items()}
     if isinstance(value, list):
         return [to_wire(v) for v in value]
@@ -113,8 +117,9 @@ def to_json(value):
     if isinstance(value, p.RemoteHandle):
         return {"$handle": value.id}
     if isinstance(value, np.ndarray):
-        return {"$tensor": {"dtype": value.dtype.name, "shape": list(value.shape),
-                            "data": value.astype(value.dtype.newbyteorder("<")).tobytes().hex()}}
+        stored = storage_of(value)
+        return {"$tensor": {"dtype": name_of(value.dtype), "shape": list(value.shape),
+                            "data": stored.astype(stored.dtype.newbyteorder("<")).tobytes().hex()}}
     if isinstance(value, dict):
         return {k: to_json(v) for k, v in value.items()}
     if isinstance(value, list):

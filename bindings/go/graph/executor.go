@@ -4,7 +4,9 @@
 // The graph JSON (docs/graph.md, versions 1 and 2) lists storages (byte sizes), entries (typed views of a
 // storage at a byte offset: version 2), the input/output/param entries and the nodes (a packed function and its
 // argument entries). Storages are 64-byte aligned C memory; at creation every node is bound once to DLTensor
-// views of its entries, so Run is one cgo call per node.
+// views of its entries, so Run is one cgo call per node. A node's "when" guards (the branches of an If on a
+// run-time condition) are honoured as the Python executor honours them: the node runs only if every flag entry
+// it names holds its truth value, so only the taken branch's kernels run (see guards.go).
 package graph
 
 import (
@@ -34,6 +36,8 @@ type nodeJSON struct {
 	Args   []int     `json:"args"`
 	Shapes [][]int64 `json:"shapes"`
 	Numpy  string    `json:"numpy"` // version 3: an op the Python device runtime runs as numpy
+	// [[flag entry, truth], ...]: the node runs only when every flag holds its truth (guards.go)
+	When []json.RawMessage `json:"when"`
 }
 
 type graphJSON struct {
@@ -58,6 +62,8 @@ type Executor struct {
 	entries  []*tether.Tensor
 	views    []*tether.Tensor // kernel views (rank-0 as (1,), node "shapes")
 	calls    []*tether.Bound
+	guards   [][]guard // per node: its "when" (none: it always runs)
+	skipped  []bool    // per node: not run by the last Run (an untaken branch)
 	inputs   map[string]int
 	params   map[string]int
 }
@@ -209,7 +215,13 @@ func (e *Executor) build() error {
 			return err
 		}
 		e.calls = append(e.calls, b)
+		gs, err := e.parseGuards(k, node)
+		if err != nil {
+			return err
+		}
+		e.guards = append(e.guards, gs)
 	}
+	e.skipped = make([]bool, len(e.calls))
 	return nil
 }
 
@@ -325,9 +337,13 @@ func equalShape(a, b []int64) bool {
 	return true
 }
 
-// Run runs every node once, in order.
+// Run runs every node once, in order, except those whose "when" guards do not hold (Skipped lists them).
 func (e *Executor) Run() error {
 	for k, c := range e.calls {
+		e.skipped[k] = !holds(e.guards[k])
+		if e.skipped[k] {
+			continue
+		}
 		if err := c.Run(); err != nil {
 			return fmt.Errorf("tether/graph: node %d (%s): %w", k, e.g.Nodes[k].Name, err)
 		}

@@ -2,6 +2,7 @@ package graph
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,24 +19,65 @@ import (
 type tensorFile = gofixtures.TensorFile
 
 type modelRecord struct {
-	Name   string `json:"name"`
-	Folder string `json:"folder"`
-	Runs   []struct {
-		Inputs  map[string]tensorFile `json:"inputs"`
-		Outputs []tensorFile          `json:"outputs"`
-	} `json:"runs"`
+	Name   string     `json:"name"`
+	Folder string     `json:"folder"`
+	Runs   []modelRun `json:"runs"`
+}
+
+type modelRun struct {
+	Inputs  map[string]tensorFile `json:"inputs"`
+	Outputs []tensorFile          `json:"outputs"`
+	Skipped []string              `json:"skipped"` // the nodes Python's profile skipped (tests/test_go_when.py)
+}
+
+// checkRun sets the run's inputs, runs, and compares every output with Python's bit for bit.
+func checkRun(t *testing.T, dir string, e *Executor, name string, r int, run modelRun) {
+	for in, tf := range run.Inputs {
+		x := readTensor(t, dir, tf)
+		if err := e.SetInput(in, x); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		x.Close()
+	}
+	if err := e.Run(); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if e.GetNumOutputs() != len(run.Outputs) {
+		t.Fatalf("%s: %d outputs, Python has %d", name, e.GetNumOutputs(), len(run.Outputs))
+	}
+	for i, want := range run.Outputs {
+		got, err := e.GetOutput(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exp := readTensor(t, dir, want)
+		if !bytes.Equal(got.Bytes(), exp.Bytes()) {
+			t.Fatalf("%s run %d: output %d differs from the Python graph executor's", name, r, i)
+		}
+		got.Close()
+		exp.Close()
+	}
 }
 
 func fixtures(t *testing.T) (string, []modelRecord) {
-	dir := gofixtures.Dir(t, "run through pytest tests/test_go_graph.py, which exports the models")
-	var cf struct {
-		Models []modelRecord `json:"models"`
-	}
+	return fixturesAt(t, "models", "tests/test_go_graph.py")
+}
+
+// fixturesAt reads the model records under key of cases.json, which the pytest driver wrote.
+func fixturesAt(t *testing.T, key, driver string) (string, []modelRecord) {
+	dir := gofixtures.Dir(t, "run through pytest "+driver+", which exports the models")
+	var cf map[string]json.RawMessage
 	gofixtures.ReadJSON(t, dir, "cases.json", &cf)
-	if len(cf.Models) == 0 {
-		t.Fatal("no models in the fixtures")
+	var models []modelRecord
+	if raw, ok := cf[key]; ok {
+		if err := json.Unmarshal(raw, &models); err != nil {
+			t.Fatalf("cases.json %q: %v", key, err)
+		}
 	}
-	return dir, cf.Models
+	if len(models) == 0 {
+		t.Fatalf("no %q models in the fixtures", key)
+	}
+	return dir, models
 }
 
 func readTensor(t *testing.T, dir string, tf tensorFile) *tether.Tensor {
@@ -50,31 +92,7 @@ func TestModelsMatchPython(t *testing.T) {
 			t.Fatalf("%s: %v", m.Name, err)
 		}
 		for r, run := range m.Runs {
-			for name, tf := range run.Inputs {
-				x := readTensor(t, dir, tf)
-				if err := e.SetInput(name, x); err != nil {
-					t.Fatalf("%s: %v", m.Name, err)
-				}
-				x.Close()
-			}
-			if err := e.Run(); err != nil {
-				t.Fatalf("%s: %v", m.Name, err)
-			}
-			if e.GetNumOutputs() != len(run.Outputs) {
-				t.Fatalf("%s: %d outputs, Python has %d", m.Name, e.GetNumOutputs(), len(run.Outputs))
-			}
-			for i, want := range run.Outputs {
-				got, err := e.GetOutput(i)
-				if err != nil {
-					t.Fatal(err)
-				}
-				exp := readTensor(t, dir, want)
-				if !bytes.Equal(got.Bytes(), exp.Bytes()) {
-					t.Fatalf("%s run %d: output %d differs from the Python graph executor's", m.Name, r, i)
-				}
-				got.Close()
-				exp.Close()
-			}
+			checkRun(t, dir, e, m.Name, r, run)
 		}
 		t.Logf("%s: %d run(s) equal to Python bit for bit", m.Name, len(m.Runs))
 		e.Close()

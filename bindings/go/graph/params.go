@@ -73,7 +73,7 @@ func ParseParams(raw []byte) (map[string]Param, error) {
 		dtype := string(raw[pos : pos+dl])
 		pos += dl
 		dt, err := tether.LookupDType(dtype)
-		if err != nil || dtype == "bfloat16" {
+		if err != nil {
 			return fail("record %q has unknown dtype %q", name, dtype)
 		}
 		ndim := int(raw[pos])

@@ -69,7 +69,7 @@ type WireTensor struct {
 }
 
 var wireItemSize = map[string]int{"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2,
-	"int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8}
+	"bfloat16": 2, "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8}
 
 // ---- encoding -------------------------------------------------------------------------------------------------
 

@@ -28,8 +28,9 @@ _IR_TYPES = {
 # dtypes whose memory type differs from their register type, beyond bool's byte
 HALF_DTYPES = ("float16", "bfloat16")
 
-# The dtypes a packed wrapper can check (a DLPack code and width): every dtype of the table but bfloat16.
-PACKED_DTYPES = tuple(name for name, row in DTYPES.items() if row.kind != "bfloat")
+# The dtypes a packed wrapper can check (a DLPack code and width): every dtype of the table (bfloat16 is
+# kDLBfloat, 16 bits).
+PACKED_DTYPES = tuple(DTYPES)
 
 
 def dtype_row(dtype: str) -> DType:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
+from tether_rpc.dtypes import name_of, numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class TensorType:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        object.__setattr__(self, "dtype", str(np.dtype(self.dtype)))
+        object.__setattr__(self, "dtype", name_of(self.dtype))   # "bfloat16" without ml_dtypes too
 
     @property
     def size(self) -> int:
@@ -33,7 +34,7 @@ class TensorType:
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * numpy_dtype(self.dtype).itemsize
 
     def __str__(self) -> str:
         return "%s[%s]" % (self.dtype, ",".join(str(d) for d in self.shape))

@@ -437,6 +437,12 @@ _register("isinf", "elemwise", lambda attrs, x: [TensorType(x.shape, "bool")], _
 
 def _cast_ref(attrs, x):
     to = attrs["to"]
+    # bfloat16 (ml_dtypes on the host): exact to float32 first; into bfloat16 through float32 as onnxruntime rounds
+    if x.dtype.name == "bfloat16":
+        x = x.astype(np.float32)
+    if to == "bfloat16":
+        import ml_dtypes
+        return [x.astype(np.float32).astype(ml_dtypes.bfloat16)]
     if np.issubdtype(x.dtype, np.floating) and np.issubdtype(np.dtype(to), np.integer):
         # float -> integer truncates toward zero; out-of-range values wrap through int64 as the kernel does
         return [np.trunc(x).astype(np.int64).astype(to)]

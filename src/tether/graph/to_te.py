@@ -425,6 +425,9 @@ def _cast(attrs, x):
         if "float" in v.dtype and to != "bool" and "float" not in to:
             # truncate toward zero through int64, then wrap to the narrower type as numpy does
             return te.cast(te.cast(v, "int64"), to)
+        if to == "bfloat16" and v.dtype == "float64":
+            # onnxruntime rounds float64 to float32 first, then to bfloat16 (nearest even both times)
+            return te.cast(te.cast(v, "float32"), to)
         return te.cast(v, to)
     return ops.elementwise(f, [x], "cast")
 

@@ -17,9 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import ml_dtypes  # noqa: F401 - loaded, so bfloat16 tensors and arrays come back as ml_dtypes.bfloat16
 import numpy as np
 
 from tether_rpc import protocol as p, tls as tether_tls, transport
+from tether_rpc.dtypes import for_host, name_of, numpy_dtype, storage_of
 from tether_rpc.error_mapping import SOCKET_ERRORS, error_from_payload, socket_error
 from tether_rpc.errors import ConnectionClosed, ProtocolError, RemoteError, SessionCrashed, TetherError, TetherTimeout
 from tether_rpc.handshake import CORE_HANDSHAKE, ClientHandshake, hello_payload
@@ -92,37 +94,37 @@ class RemoteArray:
         self.session = session
         self.handle = handle
         self.shape = tuple(int(d) for d in shape)
-        self.dtype = np.dtype(dtype).name
+        self.dtype = name_of(dtype)
         self._freed = False
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(self.dtype).itemsize
 
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def numpy(self) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
+        out = np.empty(self.shape, numpy_dtype(self.dtype))
         self.session._call("tether.array.copy_out", [self.handle], into=transport.byte_view(out))
-        return out
+        return for_host(out)
 
     asnumpy = numpy
 
     def copyto(self, target: np.ndarray) -> np.ndarray:
-        if target.shape != self.shape or target.dtype != np.dtype(self.dtype) or not target.flags.c_contiguous:
+        if target.shape != self.shape or name_of(target.dtype) != self.dtype or not target.flags.c_contiguous:
             raise ValueError("copyto: target must be a C-contiguous %s array of shape %s" % (self.dtype, self.shape))
-        self.session._call("tether.array.copy_out", [self.handle], into=transport.byte_view(target))
+        self.session._call("tether.array.copy_out", [self.handle], into=transport.byte_view(storage_of(target)))
         return target
 
     def copyfrom(self, source: Any) -> "RemoteArray":
-        src = np.asarray(source)
+        src = storage_of(np.asarray(source))
         if src.shape != self.shape:
             raise ValueError("copyfrom: shape %s does not match the remote array's %s" % (src.shape, self.shape))
-        if src.dtype != np.dtype(self.dtype):
+        if name_of(src.dtype) != self.dtype and not (self.dtype == "bfloat16" and src.dtype == np.uint16):
             raise ValueError("copyfrom: dtype %s does not match the remote array's %s (convert with .astype(%r))"
-                             % (src.dtype.name, self.dtype, self.dtype))
+                             % (name_of(src.dtype), self.dtype, self.dtype))
         src = _contiguous(src)
         self.session._call("tether.array.copy_in", [self.handle], bulk=transport.byte_view(src))
         return self
@@ -334,14 +336,14 @@ class SessionAPI:
                 return
             if tensors is not None:
                 for orig, new in zip(numpy_args, tensors):
-                    if orig.flags.writeable:
-                        np.copyto(orig, new.reshape(orig.shape))
+                    if orig.flags.writeable:    # bit for bit: a bfloat16 tensor may come back as ml_dtypes'
+                        np.copyto(storage_of(orig), storage_of(new).reshape(orig.shape))
             for orig, tmp in temps:
                 if orig.flags.writeable:
                     if orig.flags.c_contiguous:
                         tmp.copyto(orig)
                     else:
-                        np.copyto(orig, tmp.numpy())
+                        np.copyto(storage_of(orig), storage_of(tmp.numpy()))
 
         return wire, restore
 
@@ -359,13 +361,13 @@ class SessionAPI:
 
     def empty(self, shape: Union[int, Sequence[int]], dtype: str = "float32") -> RemoteArray:
         shape_t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
-        value = self._call("tether.array.empty", [list(shape_t), np.dtype(dtype).name])["value"]
+        value = self._call("tether.array.empty", [list(shape_t), name_of(dtype)])["value"]
         return RemoteArray(self, value["handle"], value["shape"], value["dtype"])
 
     def array(self, source: Any) -> RemoteArray:
         """A device array holding a copy of ``source`` (numpy array or anything np.asarray takes)."""
         src = _contiguous(source)
-        arr = self.empty(src.shape, src.dtype.name)
+        arr = self.empty(src.shape, name_of(src.dtype))
         try:
             arr.copyfrom(src)
         except BaseException:

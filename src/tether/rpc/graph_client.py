@@ -13,6 +13,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import numpy as np
+from tether_rpc.dtypes import numpy_dtype
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class RemoteGraphExecutor:
         if not 0 <= i < len(self.outputs):
             raise IndexError("output index %d out of range: the model has %d output(s)" % (i, len(self.outputs)))
         info = self.outputs[i]
-        nbytes = int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(info["dtype"]).itemsize
+        nbytes = int(np.prod(info["shape"], dtype=np.int64)) * numpy_dtype(info["dtype"]).itemsize
         if nbytes <= INLINE_LIMIT:
             return np.asarray(self._call("tether.graph.get_output", i))
         with self.session.empty(info["shape"], info["dtype"]) as tmp:

@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from tether.testing import ort_bfloat16
+
 PASS, REFUSED, WRONG, CRASH = "pass", "refused", "wrong", "crash"
 
 
@@ -103,7 +105,16 @@ def compare(case: Any, expected: Sequence[Any], actual: Sequence[Any]) -> Option
     from onnx.backend.test.runner import Runner
 
     try:
-        Runner.assert_similar_outputs(list(expected), list(actual), rtol=case.rtol, atol=case.atol)
+        if len(expected) != len(actual):
+            return "%d outputs, expected %d" % (len(actual), len(expected))
+        for e, a in zip(expected, actual):
+            if isinstance(e, list) and isinstance(a, list):     # a sequence: element by element (the runner's
+                if len(e) != len(a):                            # own recursion fails on 0-d elements)
+                    return "a sequence of %d, expected %d" % (len(a), len(e))
+                for ej, aj in zip(e, a):
+                    Runner.assert_similar_outputs([ej], [aj], rtol=case.rtol, atol=case.atol)
+            else:
+                Runner.assert_similar_outputs([e], [a], rtol=case.rtol, atol=case.atol)
     except (AssertionError, TypeError, ValueError) as exc:
         return str(exc).strip()
     return None
@@ -136,11 +147,22 @@ class TetherCase:
         from tether.frontend import from_onnx
 
         self.consts: Dict[str, np.ndarray] = {}
+        # a sequence input (a list) is fixed to its elements' shapes, an empty optional (None) to nothing
+        seq_shapes = {k: None if v is None else [np.shape(x) for x in v] for k, v in feeds.items()
+                      if v is None or isinstance(v, list)}
+        # and a tensor input the model declares with symbolic dimensions (beside a sequence) to the fed shape
+        symbolic = {vi.name for vi in model.graph.input if vi.type.WhichOneof("value") == "tensor_type"
+                    and any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)}
+        if seq_shapes:
+            seq_shapes.update({k: np.shape(v) for k, v in feeds.items() if k in symbolic})
         for v in feeds.values():
-            if not isinstance(v, np.ndarray):
-                raise TypeError("input of type %s: tether takes tensors only" % type(v).__name__)
+            if not isinstance(v, np.ndarray) and v is not None and not (
+                    isinstance(v, list) and all(isinstance(x, np.ndarray) for x in v)):
+                raise TypeError("input of type %s: tether takes tensors and sequences of tensors only"
+                                % type(v).__name__)
+        feeds = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray)}
         try:
-            graph, params = from_onnx(model)
+            graph, params = from_onnx(model, shape=seq_shapes)
         except Exception as first:
             # shape arguments (Reshape shape, axes, pads, Gather indices) arrive as integer inputs: bind them
             shape_args = shape_arg_names(model)
@@ -148,7 +170,7 @@ class TetherCase:
             if not consts:
                 raise
             try:
-                graph, params = from_onnx(model, constants=consts)
+                graph, params = from_onnx(model, constants=consts, shape=seq_shapes)
             except Exception as second:
                 if str(second) == str(first):
                     raise first from None
@@ -159,16 +181,34 @@ class TetherCase:
         self._dir = tempfile.TemporaryDirectory(prefix="tether-case-")
         factory.export(self._dir.name)
         self.gm = graph_executor.load(self._dir.name)
+        # sequences, and optionals of sequences, come back as their elements' outputs
+        self._outputs = [(vi.name, vi.type.WhichOneof("value") == "sequence_type" or (
+            vi.type.WhichOneof("value") == "optional_type"
+            and vi.type.optional_type.elem_type.WhichOneof("value") == "sequence_type")) for vi in model.graph.output]
 
-    def run(self, feeds: Dict[str, Any]) -> List[np.ndarray]:
+    def run(self, feeds: Dict[str, Any]) -> List[Any]:
+        from tether.frontend.onnx.sequence import element_names
+
         for k, v in feeds.items():
             if k in self.consts:
                 if not np.array_equal(self.consts[k], v):
                     raise ValueError("input %s differs from the value the model was compiled with" % k)
                 continue
-            self.gm.set_input(k, v)
+            if isinstance(v, list):
+                for name, x in zip(element_names(k, len(v)), v):
+                    self.gm.set_input(name, x)
+            elif v is not None:
+                self.gm.set_input(k, v)
         self.gm.run()
-        return [self.gm.get_output(i) for i in range(self.gm.get_num_outputs())]
+        names = self.gm.output_names
+        out: List[Any] = []
+        for name, is_sequence in self._outputs:   # a sequence output comes back as its elements' outputs
+            if is_sequence:
+                n = sum(1 for o in names if o.startswith(name + ".") and o[len(name) + 1:].isdigit())
+                out.append([self.gm.get_output(o) for o in element_names(name, n)])
+            else:
+                out.append(self.gm.get_output(name))
+        return out
 
     def close(self) -> None:
         self._dir.cleanup()
@@ -211,7 +251,10 @@ def run_ort(case: Any) -> tuple:
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        sess = ort.InferenceSession(case.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        if ort_bfloat16.has_bfloat16_io(case.model):    # onnxruntime's Python API has no bfloat16 arrays
+            sess = ort_bfloat16.Session(case.model, so)
+        else:
+            sess = ort.InferenceSession(case.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         for f, e in zip(case_inputs(case), case_outputs(case)):
             actual = sess.run(None, f)
             diff = compare(case, e, actual)

@@ -25,5 +25,6 @@ from tether.frontend.onnx import along_axis, bitcast, dynamic, indexmap, lppool,
 from tether.frontend.onnx import contrib_activations, qoperator_contrib, quantized_lstm  # noqa: F401,E402
 from tether.frontend.onnx.importer import CONVERTERS
 from tether.frontend.onnx.model import from_onnx, op_coverage, unsupported_ops
+from tether.frontend.onnx import sequence  # noqa: F401,E402  (register: sequences and optionals, issue 11)
 
 __all__ = ["CONVERTERS", "from_onnx", "op_coverage", "unsupported_ops"]

@@ -29,7 +29,8 @@ from typing import Dict, List, Sequence
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import (CONVERTERS, Importer, converter, converter_key, emit_reshape, node_attrs,
+from tether.frontend.onnx.importer import (CONVERTERS, Container, Importer, alias_container, check_no_container,
+                                           containers, converter, converter_key, defined, emit_reshape, node_attrs,
                                            norm_axis)
 from tether.graph import loop_kernel  # noqa: F401 - registers the "loop" op
 from tether.graph.guards import GUARD_ATTR
@@ -65,8 +66,9 @@ def inline_subgraph(im: Importer, graph, bindings: Dict[str, str], scope: str) -
             local.name = "%s/%s" % (scope, node.name or "%s_%d" % (node.op_type, i))
             ins = [im.name(x) if x else "" for x in node.input]
             for x in ins:
-                if x and x not in im.types:
+                if x and not defined(im, x):
                     raise ValueError("node %s (%s) reads %r, which nothing defines" % (local.name, node.op_type, x))
+            check_no_container(im, local, ins)
             del local.input[:]
             local.input.extend(ins)
             outs = []
@@ -82,7 +84,7 @@ def inline_subgraph(im: Importer, graph, bindings: Dict[str, str], scope: str) -
                                          % (local.name, node.op_type, node.domain or "ai.onnx"))
             convert(im, local, ins, node_attrs(local))
             for o in outs:
-                if o and o not in im.types:
+                if o and not defined(im, o):
                     raise UnsupportedOpError("node %s (%s): output %r was not produced" % (local.name, node.op_type, o))
         return [im.name(o.name) for o in graph.output]
     finally:
@@ -92,6 +94,8 @@ def inline_subgraph(im: Importer, graph, bindings: Dict[str, str], scope: str) -
 
 def _bind_output(im: Importer, value: str, out: str) -> None:
     """Make ONNX output ``out`` the value ``value`` (a view: no kernel, no copy)."""
+    if alias_container(im, value, out):     # a sequence or optional: the same values
+        return
     if value in im.consts:
         im.add_const(im.consts[value], name=out)
     else:
@@ -114,10 +118,43 @@ def _guarded_branch(im: Importer, branch, scope: str, flag: str, taken: bool) ->
     values = inline_subgraph(im, branch, {}, scope)
     # each output reaches the select through a view, so no kernel of the branch fuses with the select (which
     # runs always) and the branch's kernels keep their guard
-    values = [v if v in im.consts else im.emit("reshape", [v], {"shape": im.type(v).shape}) for v in values]
+    values = [_branch_view(im, v) for v in values]
     for n in im.nodes[start:]:
         n.attrs[GUARD_ATTR] = [[flag, taken]] + list(n.attrs.get(GUARD_ATTR, []))
     return values
+
+
+def _branch_view(im: Importer, v: str) -> str:
+    """A view of branch output ``v``; a sequence or optional becomes one of views of its elements."""
+    c = containers(im).get(v)
+    if c is None:
+        return v if v in im.consts else im.emit("reshape", [v], {"shape": im.type(v).shape})
+    name = im.fresh("branch_" + c.kind)
+    containers(im)[name] = Container(c.kind, [_branch_view(im, x) for x in c.items], c.elem)
+    return name
+
+
+def _select(im: Importer, node, flag: str, tv: str, ev: str, out: str) -> str:
+    """``out`` = the taken branch's value: ``where`` per tensor; sequences and optionals element by element when
+    both branches give the same structure (length, element types), refused otherwise (it would depend on data)."""
+    ct, ce = containers(im).get(tv), containers(im).get(ev)
+    if ct is None and ce is None:
+        tt, et = im.type(tv), im.type(ev)
+        if tt != et:
+            raise UnsupportedOpError("node %s: If branches give output %r as %s and %s; tether selects between "
+                                     "branches of one type" % (node.name, out, tt, et))
+        return im.emit("where", [flag, tv, ev], outputs=[out] if out else None)
+    if ct is None or ce is None or ct.kind != ce.kind or len(ct.items) != len(ce.items):
+        def describe(c, v):
+            return "a tensor" if c is None else "%s of %d" % ("an optional" if c.kind == "optional" else "a sequence",
+                                                              len(c.items))
+        raise UnsupportedOpError("node %s: an If on a run-time condition gives %r as %s or %s; tether selects "
+                                 "between values of one structure only" % (node.name, out or tv, describe(ct, tv),
+                                                                          describe(ce, ev)))
+    items = [_select(im, node, flag, t, e, "") for t, e in zip(ct.items, ce.items)]
+    name = out or im.fresh("selected_" + ct.kind)
+    containers(im)[name] = Container(ct.kind, items, ct.elem or ce.elem)
+    return name
 
 
 @converter("If")
@@ -141,13 +178,8 @@ def _if(im: Importer, node, ins: List[str], a: dict) -> None:
     then_vals = _guarded_branch(im, a["then_branch"], node.name + "_then", flag, True)
     else_vals = _guarded_branch(im, a["else_branch"], node.name + "_else", flag, False)
     for out, tv, ev in zip(node.output, then_vals, else_vals):
-        if not out:
-            continue
-        tt, et = im.type(tv), im.type(ev)
-        if tt != et:
-            raise UnsupportedOpError("node %s: If branches give output %r as %s and %s; tether selects between "
-                                     "branches of one type" % (node.name, out, tt, et))
-        im.emit("where", [flag, tv, ev], outputs=[out])
+        if out:
+            _select(im, node, flag, tv, ev, out)
 
 
 # ---------------------------------------------------------------- Loop
@@ -203,6 +235,8 @@ def _loop(im: Importer, node, ins: List[str], a: dict) -> None:
         if not vs:
             raise UnsupportedOpError("node %s: Loop scan output %r of zero iterations (its shape is unknown)"
                                      % (node.name, out))
+        if any(v in containers(im) for v in vs):
+            raise UnsupportedOpError("node %s: Loop scan output %r stacks sequences or optionals" % (node.name, out))
         _stack(im, vs, 0, out)
 
 
@@ -239,6 +273,11 @@ def _loop_op(im: Importer, node, body, trips: int, carried: List[str], scan_in: 
              has_cond: bool, out_axes: Sequence[int] = (), out_dirs: Sequence[int] = ()) -> None:
     """Convert ``body`` once into its own node list and emit one ``loop`` op over it. ``scan_in``: per scan
     input (outer value, axis, reverse); ``bind(sub, it, carried_in, slices)`` maps the body's inputs."""
+    for v in carried:
+        if v in containers(im):
+            raise UnsupportedOpError("node %s: a %s (%r) carried through a loop compiled as one kernel; tether "
+                                     "carries tensors only (loops of up to %d iterations are unrolled)"
+                                     % (node.name, containers(im)[v].kind, v, MAX_UNROLL))
     sub = Importer(im.opset)
     sub.types, sub.consts = dict(im.types), dict(im.consts)
     sub.counter, sub.reserved = im.counter, set(im.reserved) | set(im.types)

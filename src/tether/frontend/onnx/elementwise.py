@@ -248,8 +248,8 @@ def _hardmax(im, node, ins, a):
     _coerced_2d(im, node, ins, "hardmax", a)
 
 
-# Cast: every dtype the kernels implement, in both directions; others (bfloat16, strings, ...) are refused.
-_CAST_DTYPES = NUMERIC + ("bool", "float16")
+# Cast: every dtype the kernels implement, in both directions; others (float8, int4, strings, ...) are refused.
+_CAST_DTYPES = NUMERIC + ("bool", "float16", "bfloat16")
 
 
 @converter("Cast")

@@ -62,7 +62,8 @@ def _numpy_dtype(tensor) -> np.dtype:
     from onnx import helper
 
     if tensor.data_type == onnx.TensorProto.BFLOAT16:
-        return np.dtype("uint16")   # bfloat16 bit patterns (the dtype table's storage for bfloat16)
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)     # as onnx's numpy_helper gives bfloat16 initializers
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
     except (KeyError, TypeError) as exc:

@@ -9,7 +9,8 @@ from typing import List, Optional
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx import half
-from tether.frontend.onnx.importer import CONVERTERS, ONNX_DTYPES, Importer, converter_key, node_attrs
+from tether.frontend.onnx.importer import (SEQUENCE_OPS, CONVERTERS, ONNX_DTYPES, Importer, check_no_container,
+                                           converter_key, defined, node_attrs)
 
 _ONNX_ELEM = {v: k for k, v in ONNX_DTYPES.items()}
 
@@ -126,16 +127,18 @@ def convert_node(im: Importer, node, declared: Optional[half.DeclaredTypes] = No
     runs its converter on float32 casts (half.py); ``declared`` gives the model's declared value types for that."""
     ins = [x for x in node.input]
     for x in ins:
-        if x and x not in im.types:
+        if x and not defined(im, x):
             raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
+    check_no_container(im, node, ins)
     convert = CONVERTERS.get(converter_key(node), _expand_converter)
-    if declared is not None and node.op_type not in half.NATIVE and half.reads_half(im, ins):
+    if declared is not None and node.op_type not in half.NATIVE and node.op_type not in SEQUENCE_OPS \
+            and half.reads_half(im, ins):
         half.convert_in_float32(im, node, ins, node_attrs(node), convert, declared.get())
     else:
         convert(im, node, ins, node_attrs(node))
         half.pass_through(im, node, ins)
     for o in node.output:
-        if o and o not in im.types:
+        if o and not defined(im, o):
             raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
 
 

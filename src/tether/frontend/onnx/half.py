@@ -1,4 +1,8 @@
-"""float16 models: float16 is stored, float32 is computed (issue 11).
+"""float16 and bfloat16 models: the half type is stored, float32 is computed (issue 11).
+
+bfloat16 goes the same way as float16 below ("float16" stands for either): its casts to and from float32 round as
+onnxruntime's do (to nearest even), and a node that only moves values (Transpose, Concat, Gather, ...) is exact
+through float32, since every bfloat16 value is a float32 value.
 
 An ONNX node that reads float16 tensors is converted as the same node on float32: its float16 inputs are cast to
 float32 first (exact), the node's own converter runs unchanged, and each float32 result the model declares as
@@ -19,6 +23,7 @@ from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import ONNX_DTYPES, Importer
 
 HALF = "float16"
+HALF_TYPES = ("float16", "bfloat16")
 # ops that take float16 as it is: their converters move or describe values without computing with them
 NATIVE = frozenset({"Cast", "CastLike", "Identity", "Shape", "Size"})
 
@@ -65,7 +70,7 @@ class DeclaredTypes:
 
 
 def reads_half(im: Importer, ins: List[str]) -> bool:
-    return any(x and str(im.types[x].dtype) == HALF for x in ins)
+    return any(x and x in im.types and str(im.types[x].dtype) in HALF_TYPES for x in ins)
 
 
 def convert_in_float32(im: Importer, node, ins: List[str], attrs: dict, convert: Callable,
@@ -76,8 +81,10 @@ def convert_in_float32(im: Importer, node, ins: List[str], attrs: dict, convert:
 
     twins = _twins(im)
     f32_ins = []
+    half = HALF
     for x in ins:
-        if x and str(im.type(x).dtype) == HALF:
+        if x and str(im.type(x).dtype) in HALF_TYPES:
+            half = str(im.type(x).dtype)
             x = twins.get(x) or im.emit("cast", [x], {"to": "float32"}, node.name + "_to_f32")
         f32_ins.append(x)
     shadow = onnx.NodeProto()
@@ -93,14 +100,14 @@ def convert_in_float32(im: Importer, node, ins: List[str], attrs: dict, convert:
     try:
         convert(im, shadow, f32_ins, attrs)
     except UnsupportedOpError as exc:
-        raise UnsupportedOpError("%s (the node reads float16, which tether converts as float32)" % exc) from None
+        raise UnsupportedOpError("%s (the node reads %s, which tether converts as float32)" % (exc, half)) from None
     for o, t in zip(node.output, temps):
         if not o or t is None or t not in im.types:
             continue
         dt = str(im.type(t).dtype)
-        want = declared.get(o, HALF if dt == "float32" else dt)
-        if dt == "float32" and want == HALF:
-            im.emit("cast", [t], {"to": HALF}, node.name + "_to_f16", [o])
+        want = declared.get(o, half if dt == "float32" else dt)
+        if dt == "float32" and want in HALF_TYPES:
+            im.emit("cast", [t], {"to": want}, node.name + "_to_" + want, [o])
             twins[o] = t
         elif t in im.consts:
             im.add_const(im.consts[t], name=o)
@@ -113,5 +120,6 @@ def pass_through(im: Importer, node, ins: List[str]) -> None:
     its output has the float32 twin its input had, so the next computing node does not see an extra rounding."""
     twins = _twins(im)
     if node.op_type in ("Cast", "CastLike", "Identity") and ins and ins[0] in twins and node.output \
-            and node.output[0] in im.types and str(im.types[node.output[0]].dtype) == HALF:
+            and node.output[0] in im.types and str(im.types[node.output[0]].dtype) in HALF_TYPES \
+            and im.types[node.output[0]].dtype == im.types[ins[0]].dtype:
         twins[node.output[0]] = twins[ins[0]]

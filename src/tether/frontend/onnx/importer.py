@@ -158,7 +158,7 @@ def no_legacy_broadcast(node, a):
 
 # ---------------------------------------------------------------- run-time dtypes the kernels implement (issue 11)
 KERNEL_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
-                 "float32", "float64")
+                 "bfloat16", "float32", "float64")
 
 
 def onnx_type_name(vi) -> str:
@@ -182,3 +182,52 @@ def reshape_alias(im, x, node):
 # op "com.microsoft.QLinearAdd"); an op of the default domain by its type alone.
 def converter_key(node) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else "%s.%s" % (node.domain, node.op_type)
+
+
+# ---------------------------------------------------------------- sequences and optionals (frontend/onnx/sequence.py)
+# A sequence or an optional is no tensor: the importer resolves it to the tensor values it holds, by name
+# (``containers(im)[name]``), wherever its length and positions are known at import. Only the sequence ops
+# (SEQUENCE_OPS, registered by sequence.py) and the ops that pass values through (PASSES_CONTAINERS) take such
+# values; any other op reading one is refused by name (check_no_container).
+SEQUENCE_OPS: set = set()
+PASSES_CONTAINERS = frozenset({"Identity", "If", "Loop"})
+
+
+class Container:
+    """A sequence (``items``: its tensor values, in order) or an optional (``items``: none or its one value, a
+    tensor or a sequence); ``elem`` is the element dtype an empty one was declared with, if known."""
+    __slots__ = ("kind", "items", "elem")
+
+    def __init__(self, kind: str, items: Sequence[str], elem: Optional[str] = None) -> None:
+        self.kind, self.items, self.elem = kind, tuple(items), elem
+
+
+def containers(im: Importer) -> Dict[str, Container]:
+    if not hasattr(im, "container_values"):
+        im.container_values = {}
+    return im.container_values
+
+
+def defined(im: Importer, value: str) -> bool:
+    """A tensor value or a sequence/optional the import has produced."""
+    return value in im.types or value in containers(im)
+
+
+def check_no_container(im: Importer, node, ins: Sequence[str]) -> None:
+    if node.op_type in SEQUENCE_OPS or node.op_type in PASSES_CONTAINERS:
+        return
+    for x in ins:
+        c = containers(im).get(x) if x else None
+        if c is not None:
+            raise UnsupportedOpError("node %s: %s reads %r, a %s; tether takes sequences and optionals only in %s"
+                                     % (node.name, node.op_type, x, c.kind,
+                                        ", ".join(sorted(SEQUENCE_OPS | PASSES_CONTAINERS))))
+
+
+def alias_container(im: Importer, value: str, out: str) -> bool:
+    """Make ``out`` the same sequence/optional as ``value``; False if ``value`` is a tensor."""
+    c = containers(im).get(value)
+    if c is None:
+        return False
+    containers(im)[out] = c
+    return True

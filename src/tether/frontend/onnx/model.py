@@ -8,7 +8,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Graph, TensorType
-from tether.frontend.onnx import half
+from tether.frontend.onnx import half, sequence
 from tether.frontend.onnx.external_data import initializer_array, load_model
 from tether.frontend.onnx.functions import convert_node, has_function_body
 from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key, onnx_type_name
@@ -94,6 +94,14 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
     for vi in model.graph.input:
         if vi.name in im.consts:
             continue
+        if sequence.is_container_input(vi):     # a sequence or optional: its elements are the tensor inputs
+            for name, dims, dt in sequence.bind_graph_input(im, vi, shape.get(vi.name), vi.name in shape):
+                if dt not in KERNEL_DTYPES:
+                    raise UnsupportedOpError("input %r has element type %s, which tether's kernels do not "
+                                             "implement (they take %s)" % (name, dt, ", ".join(KERNEL_DTYPES)))
+                im.types[name] = TensorType(dims, dt)
+                inputs.append(name)
+            continue
         dims, dt = _value_info_type(vi)
         dt = dtype.get(vi.name, dt)
         if vi.name in constants:
@@ -114,7 +122,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         if not node.name:
             node.name = "%s_%d" % (node.op_type, i)
         convert_node(im, node, declared)
-    outputs = [o.name for o in model.graph.output]
+    outputs = sequence.bind_graph_outputs(im, [o.name for o in model.graph.output])
     graph = Graph(inputs, outputs, im.nodes, im.types, name=model.graph.name or "main")
     used = {i for n in graph.nodes for i in n.inputs} | set(outputs)
     params = {k: v for k, v in im.consts.items() if k in used}

@@ -1,5 +1,7 @@
 package dev.tether.app;
 
+import dev.tether.device.Backoff;
+
 import android.app.Notification;
 import android.app.NotificationManager;
 import android.app.PendingIntent;

@@ -1,5 +1,7 @@
 package dev.tether.app;
 
+import dev.tether.device.Backoff;
+
 /**
  * When the watchdog starts the device process again after it died. A death during work (a kernel that crashed a
  * session) is answered at once, however often it happens: the client's next session must find the device back

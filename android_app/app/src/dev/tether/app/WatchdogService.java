@@ -1,5 +1,7 @@
 package dev.tether.app;
 
+import dev.tether.device.Backoff;
+
 import android.app.Service;
 import android.content.ComponentName;
 import android.content.Context;

@@ -1,5 +1,6 @@
 package dev.tether.app;
 
+import dev.tether.device.Backoff;
 import dev.tether.device.DeviceConfig;
 import dev.tether.device.Status;
 

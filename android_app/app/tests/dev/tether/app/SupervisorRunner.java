@@ -1,5 +1,7 @@
 package dev.tether.app;
 
+import dev.tether.device.Backoff;
+
 import java.io.BufferedReader;
 import java.io.File;
 import java.io.IOException;

@@ -8,10 +8,11 @@ import java.nio.ByteOrder;
  * describes it, built once in another direct buffer for the pointer size of this process.
  */
 final class DeviceArray {
+    // bfloat16: DLPack kDLBfloat (code 4), its 16-bit patterns as they travel in a tensor
     static final String[] DTYPES = {"bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32",
-            "float64"};
-    private static final int[] CODES = {6, 0, 1, 0, 0, 0, 2, 2, 2};
-    private static final int[] BITS = {8, 8, 8, 16, 32, 64, 16, 32, 64};
+            "float64", "bfloat16"};
+    private static final int[] CODES = {6, 0, 1, 0, 0, 0, 2, 2, 2, 4};
+    private static final int[] BITS = {8, 8, 8, 16, 32, 64, 16, 32, 64, 16};
     private static final int ALIGN = 64;
 
     final String dtype;
@@ -36,7 +37,7 @@ final class DeviceArray {
         int i = dtypeIndex(dtype);
         if (i < 0) {
             throw new DeviceError("KernelError", "dtype " + dtype + " cannot be a device array (tether kernels take "
-                    + "bool, int8, uint8, int16, int32, int64, float16, float32, float64)");
+                    + "bool, int8, uint8, int16, int32, int64, float16, float32, float64, bfloat16)");
         }
         if (shape.length > 32) {
             throw new DeviceError("ValueError", "an array has at most 32 dimensions, got " + shape.length);

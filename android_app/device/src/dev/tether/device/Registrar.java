@@ -42,8 +42,10 @@ final class Registrar {
     private static final Limits LIMITS = new Limits(8 << 20, 0, 64 << 10, 4096, 1 << 16, 1 << 12, 0, 8, 32);
     private static final long MATCH_TTL_MS = 30000;
     private static final int CONNECT_TIMEOUT_MS = 5000;
-    private static final double MIN_BACKOFF_S = 0.1;
-    private static final double MAX_BACKOFF_S = 10.0;
+    // the tracker link's reconnect policy (tether_rpc/registrar.py's): 0.1 s doubling to 10 s, each 0.5x-1.5x
+    private static final long MIN_BACKOFF_MS = 100;
+    private static final long MAX_BACKOFF_MS = 10000;
+    private static final double BACKOFF_JITTER = 0.5;
 
     private final DeviceConfig config;
     private final DeviceServer server;
@@ -76,7 +78,7 @@ final class Registrar {
     }
 
     private void loop() {
-        double backoff = MIN_BACKOFF_S;
+        Backoff backoff = new Backoff(MIN_BACKOFF_MS, MAX_BACKOFF_MS, BACKOFF_JITTER, random);
         while (!closed) {
             long linkedAt = System.currentTimeMillis();
             String why;
@@ -93,14 +95,13 @@ final class Registrar {
             }
             server.setRegistered(false, "tracker " + config.trackerHost + ":" + config.trackerPort + ": " + why);
             if (was && System.currentTimeMillis() - linkedAt > 5000) {
-                backoff = MIN_BACKOFF_S;
+                backoff.reset();
             }
-            double delay = backoff * (0.5 + random.nextDouble());
-            backoff = Math.min(backoff * 2, MAX_BACKOFF_S);
+            long delayMs = backoff.nextDelayMs();
             LOG.info("tracker " + config.trackerHost + ":" + config.trackerPort
-                    + " unreachable or lost: " + why + String.format(" (retrying in %.2f s)", delay));
+                    + " unreachable or lost: " + why + String.format(" (retrying in %.2f s)", delayMs / 1000.0));
             try {
-                Thread.sleep((long) (delay * 1000));
+                Thread.sleep(delayMs);
             } catch (InterruptedException e) {
                 return;
             }

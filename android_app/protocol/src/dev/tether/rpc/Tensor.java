@@ -14,9 +14,10 @@ import java.util.Arrays;
  */
 public final class Tensor {
     private static final Charset ASCII = Charset.forName("US-ASCII");
+    // bfloat16 travels as its 16-bit patterns (the upper half of a float32)
     private static final String[] DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-            "uint64", "float16", "float32", "float64"};
-    private static final int[] ITEMSIZES = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8};
+            "uint64", "float16", "bfloat16", "float32", "float64"};
+    private static final int[] ITEMSIZES = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2, 4, 8};
 
     private final String dtype;
     private final long[] shape;

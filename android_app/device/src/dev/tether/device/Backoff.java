@@ -1,11 +1,12 @@
-package dev.tether.app;
+package dev.tether.device;
 
 import java.util.Random;
 
 /**
  * Delays between attempts to reach a tracker that went away: {@code initialMs}, doubling up to {@code maxMs},
  * each spread by +-{@code jitter} so phones that lost the same tracker do not all come back in the same instant.
- * {@link #reset} after a success, so the next outage starts short again.
+ * {@link #reset} after a success, so the next outage starts short again. The one reconnect policy of the app
+ * (device server restarts, the watchdog) and of the device server's {@link Registrar} (its tracker link).
  */
 public final class Backoff {
     public static final long INITIAL_MS = 500;
@@ -31,7 +32,7 @@ public final class Backoff {
         this.random = random;
     }
 
-    /** The app's policy: 0.5 s, 1 s, 2 s, ... 30 s, +-20 %. */
+    /** The app's restart policy: 0.5 s, 1 s, 2 s, ... 30 s, +-20 %. */
     public static Backoff standard() {
         return new Backoff(INITIAL_MS, MAX_MS, JITTER, new Random());
     }
