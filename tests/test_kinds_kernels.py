@@ -100,3 +100,4 @@ def test_pow_by_two_is_a_product(onnx_compare, exponent, squared):
     got, _ = onnx_compare(model, {"x": np.abs(x) if exponent == 0.5 else x}, rtol=1e-6, atol=0)
     if squared:
         assert np.array_equal(got[0], x * x)
+

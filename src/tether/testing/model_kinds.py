@@ -123,7 +123,6 @@ class _Builder:
         return self.op("Mul", [x, s])
 
     def model(self, inputs: Feeds, outputs: Sequence[str], opset: int = 18, name: str = "model"):
-        import onnx
         from onnx import helper, numpy_helper
 
         dtypes = {"float32": 1, "int64": 7, "bool": 9}
@@ -132,14 +131,20 @@ class _Builder:
             [helper.make_tensor_value_info(k, dtypes[str(v.dtype)], list(v.shape)) for k, v in inputs.items()],
             [helper.ValueInfoProto(name=o) for o in outputs],
             [numpy_helper.from_array(v, k) for k, v in self.inits.items()])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8,
-                                  producer_name="tether.testing.model_kinds")
-        inferred = onnx.shape_inference.infer_shapes(model)
-        known = {v.name: v for v in inferred.graph.value_info}
-        for out in model.graph.output:
-            if out.name in known:
-                out.type.CopyFrom(known[out.name].type)
-        return model
+        return typed_outputs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8,
+                                               producer_name="tether.testing.model_kinds"))
+
+
+def typed_outputs(model):
+    """``model`` with its graph outputs given the types ONNX shape inference finds (onnxruntime needs them)."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: v for v in inferred.graph.value_info}
+    for out in model.graph.output:
+        if out.name in known:
+            out.type.CopyFrom(known[out.name].type)
+    return model
 
 
 def _make_divisible(v: float, divisor: int = 8) -> int:
@@ -182,12 +187,17 @@ def _mobilenet_v3(b: _Builder, x: str, config, scale: float) -> Tuple[str, int, 
     return y, cin, taps
 
 
+def _mobilenet_v3_head(b: _Builder, config, scale: float, last: int):
+    """The backbone and its final 1x1 conv to ``last`` (scaled) channels: (output, channels, taps)."""
+    y, c, taps = _mobilenet_v3(b, "x", config, scale)
+    last = _make_divisible(last * scale)
+    return b.conv(y, c, last, 1, act="hardswish"), last, taps
+
+
 def mobilenetv3_cls(size: str = "bench"):
     b = _Builder(1)
     hw = (48, 192) if size == "bench" else (48, 96)
-    y, c, _ = _mobilenet_v3(b, "x", _MNV3_SMALL, 0.35)
-    last = _make_divisible(576 * 0.35)
-    y = b.conv(y, c, last, 1, act="hardswish")
+    y, last, _ = _mobilenet_v3_head(b, _MNV3_SMALL, 0.35, 576)
     y = b.op("GlobalAveragePool", [y])
     y = b.op("Flatten", [y], axis=1)
     y = b.op("Softmax", [b.linear(y, last, 2)], axis=-1)
@@ -199,9 +209,7 @@ def mobilenetv3_cls(size: str = "bench"):
 def db_detector(size: str = "bench"):
     b = _Builder(2)
     hw = (640, 640) if size == "bench" else (64, 96)
-    y, c, taps = _mobilenet_v3(b, "x", _MNV3_LARGE, 0.5)
-    last = _make_divisible(960 * 0.5)
-    c5 = b.conv(y, c, last, 1, act="hardswish")
+    c5, last, taps = _mobilenet_v3_head(b, _MNV3_LARGE, 0.5, 960)
     feats = [t for t in taps[1:]] + [(c5, last)]          # strides 4, 8, 16, 32
     inner, outc = 96, 24
     lat = [b.conv(f, ch, inner, 1, act=None, bias=False) for f, ch in feats]
