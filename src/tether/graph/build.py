@@ -33,6 +33,7 @@ from tether import driver, ops, te
 from tether.graph.ir import Graph, Node
 from tether.graph.passes import needs_kernel, optimize, plan_memory
 from tether.graph.conv_gemm import pack_conv_weights, repack_conv_weight
+from tether.graph.dense_panels import pack_dense_weights
 from tether.graph.guards import node_guards
 from tether.graph.loop_kernel import DIRECT_KERNELS
 from tether.graph import numpy_nodes
@@ -116,6 +117,8 @@ def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 
     if opt_level >= 3:
         graph, params = graph.copy(), dict(params)
         panel_weights = pack_conv_weights(graph, params)
+        # ---- constant dense weights packed into the matmul's panels once (issue 11)
+        pack_dense_weights(graph, params)
     return graph, params, panel_weights
 
 

@@ -16,7 +16,8 @@ PANEL = 16
 PACK_MIN_ROWS = 16
 
 
-def _should_pack(m: int, n: int) -> bool:
+def should_pack(m: int, n: int) -> bool:
+    """Whether an (M, K) @ (K, N) product packs its right-hand operand into panels."""
     return m >= PACK_MIN_ROWS and n >= PANEL
 
 
@@ -96,6 +97,32 @@ def _rowdot(a, b, name: str):
     return c.compute((m, n), final, name, c.ROWDOT_FINAL)
 
 
+def _panel_product(a, p, n: int, name: str, attrs: dict | None = None):
+    """C[i, j] = sum_k a[i, k] * W[j, k] with W's first n rows packed into panels p [ceil(n/width), K, width]."""
+    m = c.shape_of(a)[0]
+    _, k, width = c.shape_of(p)
+    r = te.reduce_axis((0, k), name="k")
+    npad = -(-n // width) * width
+    if npad == n:
+        return c.compute((m, n), lambda i, j: te.sum(a[i, r] * p[j // width, r, j % width], axis=r), name,
+                         c.MATMUL, attrs=attrs)
+    # A partial last panel would run its columns as a scalar tail: compute the zero-padded panel in full
+    # (it is packed anyway) and copy the valid columns out, fused with any epilogue.
+    full = c.compute((m, npad), lambda i, j: te.sum(a[i, r] * p[j // width, r, j % width], axis=r),
+                     f"{name}_padded", c.MATMUL, attrs=dict(attrs or {}, padded_from=n))
+    return c.compute((m, n), lambda i, j: full[i, j], name, c.INJECTIVE)
+
+
+def dense_prepacked(x, panels, n: int, name: str = "dense"):
+    """x (M, K) @ W.T for a weight W (n, K) packed ahead of time into ``panels`` (pack_panels_array)."""
+    _check_rank(x, 2, name, "x")
+    _check_rank(panels, 3, name, "panels")
+    count, k, width = c.shape_of(panels)
+    if c.shape_of(x)[1] != k or not 0 < n <= count * width:
+        raise ValueError(f"{name}: x {c.shape_of(x)} does not multiply {n} rows packed as {c.shape_of(panels)}")
+    return _panel_product(x, panels, n, name, attrs={"prepacked": True})
+
+
 def _product(a, b, n_axis: int, name: str):
     """C[i, j] = sum_k a[i, k] * b'[k, j] with b' = b (n_axis=1) or b.T (n_axis=0)."""
     m, k = c.shape_of(a)
@@ -105,17 +132,8 @@ def _product(a, b, n_axis: int, name: str):
         raise ValueError(f"{name}: inner dimensions differ: a is {c.shape_of(a)}, b is {c.shape_of(b)}"
                          f"{' (transposed)' if n_axis == 0 else ''}")
     r = te.reduce_axis((0, k), name="k")
-    if _should_pack(m, n):
-        p = pack_panels(b, n_axis, f"{name}_packed")
-        npad = -(-n // PANEL) * PANEL
-        if npad == n:
-            return c.compute((m, n), lambda i, j: te.sum(a[i, r] * p[j // PANEL, r, j % PANEL], axis=r), name,
-                             c.MATMUL)
-        # A partial last panel would run its columns as a scalar tail: compute the zero-padded panel in full
-        # (it is packed anyway) and copy the valid columns out, fused with any epilogue.
-        full = c.compute((m, npad), lambda i, j: te.sum(a[i, r] * p[j // PANEL, r, j % PANEL], axis=r),
-                         f"{name}_padded", c.MATMUL, attrs={"padded_from": n})
-        return c.compute((m, n), lambda i, j: full[i, j], name, c.INJECTIVE)
+    if should_pack(m, n):
+        return _panel_product(a, pack_panels(b, n_axis, f"{name}_packed"), n, name)
     if n_axis == 1:
         return c.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name, c.MATMUL)
     if k >= 2 * ROWDOT_LANES:

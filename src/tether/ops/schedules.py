@@ -289,6 +289,7 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     mr = fam.mm_rows
     anchor = _epilogue_anchor(t, ctx)
     packed = any(c.tag_of(src.op) == c.MATMUL_PACK for src in t.op.input_tensors)
+    packed = packed or bool(t.op.attrs.get("prepacked"))     # weights packed at build time (graph/dense_panels)
     # packed panels are read as p[j // NR, k, j % NR]: contiguous once j is split by NR, as below
     contiguous = packed or _contiguous_along(t.op, t.op.axis[-1], ctx_inline(s))
     if anchor is None and fam.direct_matmul and id(t.op) in ctx["outputs"]:

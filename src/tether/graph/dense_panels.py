@@ -1,0 +1,44 @@
+"""Pack the constant weights of dense layers into the matmul's column panels once, at build time.
+
+A dense kernel with enough rows packs its (N, K) weight into ``[ceil(N/16), K, 16]`` panels (ops.linear) so its
+micro-kernel reads B contiguously; done in every run, that pass reads and writes the whole weight (6.8 MB for a
+256 -> 6625 CTC classifier, about as long as the product itself). For a constant weight read by one dense node,
+``pack_dense_weights`` stores the packed layout in ``params`` instead and marks the node (attribute
+``packed_n``: the weight's N) so its lowering (to_te ``dense``) reads the panels directly.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+
+from tether import ops
+
+from .ir import Graph, TensorType
+
+
+def pack_dense_weights(graph: Graph, params: Dict[str, np.ndarray]) -> Dict[str, int]:
+    """Rewrite ``params``, ``graph.types`` and the dense nodes' attributes in place (run it on a copy);
+    returns {weight name: N} for the weights packed."""
+    uses: Dict[str, int] = {}
+    for node in graph.nodes:
+        for v in set(node.body_params()):
+            uses[v] = uses.get(v, 0) + 1
+    packed: Dict[str, int] = {}
+    for node in graph.nodes:
+        for b in node.body():
+            if b.op != "dense" or len(b.inputs) != 2 or "packed_n" in b.attrs:
+                continue
+            wname = b.inputs[1]
+            w = params.get(wname)
+            if (w is None or uses.get(wname) != 1 or wname in graph.outputs or wname in packed or w.ndim != 2
+                    or str(w.dtype) != "float32"):
+                continue
+            xt = graph.types.get(b.inputs[0])
+            if xt is None or len(xt.shape) != 2 or not ops.linear.should_pack(int(xt.shape[0]), int(w.shape[0])):
+                continue      # few rows: the kernel reads the weight as it is (row dot products)
+            params[wname] = ops.linear.pack_panels_array(np.asarray(w))
+            graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
+            b.attrs["packed_n"] = int(w.shape[0])
+            packed[wname] = int(w.shape[0])
+    return packed

@@ -1,0 +1,37 @@
+"""Every model kind of issue 11 (tether.testing.model_kinds: a DB text detector, an SVTR and a CRNN recognizer,
+YOLOv8, YOLOX and PicoDet detectors, a voice-activity detector, a MobileNetV3 classifier, a transformer encoder),
+built with onnx.helper at a small input size, compiled for the host and compared with onnxruntime: every output
+has onnxruntime's dtype and shape and a max relative error (max |tether - ort| / max |ort|) <= 1e-4.
+scripts/bench_model_kinds.py times the same models at their real input sizes."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import tether
+from tether import graph_executor
+from tether.frontend import from_onnx
+from tether.testing.model_kinds import KINDS, relative_error
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_kind_matches_onnxruntime(kind, tmp_path):
+    model, feeds = KINDS[kind]("test")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    ref = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, target="host", opt_level=3).export(str(tmp_path))
+    gm = graph_executor.load(str(tmp_path))
+    gm.run(**feeds)
+    assert gm.get_num_outputs() == len(ref)
+    for i, r in enumerate(ref):
+        got = gm.get_output(i)
+        assert got.dtype == r.dtype and got.shape == r.shape, (i, got.dtype, got.shape, r.dtype, r.shape)
+        assert np.isfinite(r).all() and np.abs(r).max() > 0, "degenerate reference output %d" % i
+        assert relative_error(got, r) <= 1e-4, (i, relative_error(got, r))
+
+
+def test_relative_error_sees_a_wrong_value():
+    ref = np.array([1.0, -2.0, 4.0], np.float32)
+    assert relative_error(ref.copy(), ref) == 0.0
+    assert relative_error(ref + np.array([0, 0, 0.01], np.float32), ref) == pytest.approx(0.0025, rel=1e-3)
