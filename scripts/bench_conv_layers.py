@@ -31,6 +31,7 @@ import numpy as np
 from bench_models import ALL, load_model
 
 SAMPLE_S = 0.05
+COLD_BYTES = 64 << 20   # --cold: a pass over this much memory before each call evicts the layer's data
 
 
 def conv_layers(model) -> "OrderedDict":
@@ -86,15 +87,24 @@ def macs(key) -> float:
     return float(xs[0] * ws[0] * oh * ow * ws[1] * ws[2] * ws[3])
 
 
-def clocked_samples(fn, number: int, clock) -> list:
-    """One sample of `clock` seconds per call, the mean over `number` calls."""
-    t0 = clock()
+def clocked_samples(fn, number: int, clock, evict=None) -> list:
+    """One sample of `clock` seconds per call, the mean over `number` calls; with `evict` (a large array), every
+    call runs after a pass over it, untimed, as a layer runs inside a model: its data and output cold in cache."""
+    if evict is None:
+        t0 = clock()
+        for _ in range(number):
+            fn()
+        return [(clock() - t0) / number]
+    total = 0.0
     for _ in range(number):
+        evict += 1.0
+        t0 = clock()
         fn()
-    return [(clock() - t0) / number]
+        total += clock() - t0
+    return [total / number]
 
 
-def bench_layer(key, act: str, threads: int, rounds: int, config=None) -> dict:
+def bench_layer(key, act: str, threads: int, rounds: int, cold: bool = False) -> dict:
     import onnxruntime as ort
 
     import tether
@@ -134,9 +144,12 @@ def bench_layer(key, act: str, threads: int, rounds: int, config=None) -> dict:
     t_t, t_o = [], []
     # at one thread both run on this thread: its CPU time leaves out the time other processes held the core
     clock = time.thread_time if threads == 1 else time.perf_counter
+    evict = np.zeros(COLD_BYTES // 4, np.float32) if cold else None
+    if cold:
+        number = max(1, min(number, 20))
     for _ in range(rounds):
-        t_t.extend(clocked_samples(gm.run, number, clock))
-        t_o.extend(clocked_samples(run_ort, number, clock))
+        t_t.extend(clocked_samples(gm.run, number, clock, evict))
+        t_o.extend(clocked_samples(run_ort, number, clock, evict))
     gm.close()
     return {"tether_s": statistics.median(t_t), "ort_s": statistics.median(t_o), "rel_err": err,
             "tether_min_s": min(t_t), "ort_min_s": min(t_o)}
@@ -182,6 +195,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--act", default="Relu", help="activation after each conv ('' for none)")
+    ap.add_argument("--cold", action="store_true", help="evict the caches before every call (as inside a model)")
     ap.add_argument("--only", default="", help="regular expression: bench only the layers whose label matches")
     ap.add_argument("--top", type=int, default=0, help="print only the N rows with the largest time gap")
     ap.add_argument("--json", help="also write the rows as JSON here")
@@ -204,7 +218,7 @@ def main() -> int:
         for key, count in layers.items():
             if args.only and not re.search(args.only, describe(key)):
                 continue
-            r = bench_layer(key, args.act, args.threads, args.rounds)
+            r = bench_layer(key, args.act, args.threads, args.rounds, args.cold)
             r.update({"model": name, "layer": describe(key), "count": count, "key": [list(k) if isinstance(k, tuple)
                                                                                       else k for k in key],
                       "gflops": 2 * macs(key) / r["tether_s"] / 1e9, "ort_gflops": 2 * macs(key) / r["ort_s"] / 1e9})

@@ -24,7 +24,7 @@ from tether.target import Target
 from tether.tir import Binary, Reduce, TensorLoad, walk
 
 from . import common as c
-from .linear import PANEL
+from .linear import PANEL, REGISTER_BLOCK
 
 log = logging.getLogger(__name__)
 
@@ -285,8 +285,7 @@ def _accumulator_and_output(s, t, ctx):
 def _schedule_matmul(s, t, fam: Family, ctx):
     """MR x NR register-blocked micro-kernel: k outermost inside the block, MR rows unrolled, NR columns as
     NR/lanes vectors; column panels outermost (parallel), each packing its own panel of B inside its task."""
-    nr = fam.mm_cols
-    mr = fam.mm_rows
+    mr, nr = t.op.attrs.get(REGISTER_BLOCK) or (fam.mm_rows, fam.mm_cols)
     anchor = _epilogue_anchor(t, ctx)
     packed = any(c.tag_of(src.op) == c.MATMUL_PACK for src in t.op.input_tensors)
     # packed panels are read as p[j // NR, k, j % NR]: contiguous once j is split by NR, as below
@@ -414,6 +413,15 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
 CONV_WEIGHTS_IN_CACHE = 256 << 10
 
 
+# conv2d_pixels writes its (pixels x channels) block back transposed. Fully unrolled, LLVM's SLP vectorizer turns
+# the 12 x 32 scalar stores into hundreds of shuffles and takes 0.6 s of compile time per kernel (mobilenet_v2
+# compiled in 15 CPU-s, resnet50 in 24); as a vector along the pixels per channel it compiles in a third of that,
+# and with this long a reduction the write-back is a small part of the run (x86 AVX-512, resnet50's 3x3 and
+# mobilenet_v2's deep 1x1 layers within noise; 96->576 @14x14, K=96, was 10% slower so, hence the bound). ARM
+# keeps the unrolled write-back until measured on a device.
+CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE = 128
+
+
 def _schedule_conv_pixels(s, t, fam: Family, ctx):
     """Implicit-GEMM convolution (ops.conv2d_pixels): the matmul micro-kernel's MR x NR block, MR output pixels by
     one NR-wide panel of output channels, accumulated over the whole reduction and written back transposed to
@@ -443,7 +451,10 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     outer, inner = (oo, po) if panels_outer else (po, oo)
     so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
-    so.unroll(pi)
+    if fam.name == "x86" and _reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE:
+        so.vectorize(pi)
+    else:
+        so.unroll(pi)
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
         axis = fam.parallel_axis
         if axis == "fused" or (axis == "auto" and panels_outer and n_panels < 2 * fam.parallel_tasks):
