@@ -49,7 +49,9 @@ def test_choices_per_target():
     assert [conv_gemm.panel_width(AVX512, oc, 1) for oc in (24, 48, 64, 144, 1000)] == [32, 16, 32, 16, 32]
     assert conv_gemm.panel_width(AVX512, 64, 2) == 16
     assert conv_gemm.pointwise_direct(AVX512, 16, 112 * 112)
-    assert not conv_gemm.pointwise_direct(AVX512, 64, 112 * 112)      # a long reduction: conv2d_pixels
+    assert conv_gemm.pointwise_direct(AVX512, 256, 56 * 56)           # whole 32-pixel column blocks
+    assert not conv_gemm.pointwise_direct(AVX512, 512, 56 * 56)       # a long reduction: conv2d_pixels
+    assert not conv_gemm.pointwise_direct(AVX512, 64, 55 * 55)        # a partial column block
     assert not conv_gemm.pointwise_direct(AVX512, 16, 28 * 28)        # a small map: conv2d_pixels
 
 

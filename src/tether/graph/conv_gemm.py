@@ -43,13 +43,19 @@ def pointwise_pixels_max(target) -> Optional[int]:
 # (32->192 @28x28: 104 -> 122 us).
 DIRECT_POINTWISE_BLOCK = (12, 32)
 DIRECT_POINTWISE_MAX_INPUT_CHANNELS = 48
+# ... and up to this many on maps of whole 32-pixel blocks (no partial column block): resnet50's 256->64 @56x56
+# 1549 -> 1188 us, 256->128 3097 -> 2433, mobilenet_v2's 96->24 @56x56 207 -> 106, 144->24 341 -> 224; with a
+# partial block it lost (squeezenet's 128->16 @55x55: 158 -> 227 us)
+DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE = 256
 DIRECT_POINTWISE_MIN_PIXELS = 2048
 
 
 def pointwise_direct(target, in_channels: int, pixels: int) -> bool:
     """Whether a pointwise conv (groups 1) runs as the in-place matmul of DIRECT_POINTWISE_BLOCK on `target`."""
     return (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16
-            and in_channels <= DIRECT_POINTWISE_MAX_INPUT_CHANNELS and pixels >= DIRECT_POINTWISE_MIN_PIXELS)
+            and pixels >= DIRECT_POINTWISE_MIN_PIXELS
+            and in_channels <= (DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE if pixels % DIRECT_POINTWISE_BLOCK[1] == 0
+                                else DIRECT_POINTWISE_MAX_INPUT_CHANNELS))
 
 
 def panel_width(target, out_channels: int, groups: int) -> int:
