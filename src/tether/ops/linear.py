@@ -12,7 +12,8 @@ from tether import te
 from . import common as c
 
 PANEL = 16
-# compute attribute: the (rows, columns) register block a matmul asks for (matmul(block=)), over the family's
+# compute attribute: the (rows, columns) register block a matmul asks for (matmul(block=)), in place of the target
+# family's mm_rows x mm_cols
 REGISTER_BLOCK = "register_block"
 # Below this many rows of A the one-off packing pass costs more than it saves.
 PACK_MIN_ROWS = 16

@@ -417,8 +417,8 @@ CONV_WEIGHTS_IN_CACHE = 256 << 10
 # the 12 x 32 scalar stores into hundreds of shuffles and takes 0.6 s of compile time per kernel (mobilenet_v2
 # compiled in 15 CPU-s, resnet50 in 24); as a vector along the pixels per channel it compiles in a third of that,
 # and with this long a reduction the write-back is a small part of the run (x86 AVX-512, resnet50's 3x3 and
-# mobilenet_v2's deep 1x1 layers within noise; 96->576 @14x14, K=96, was 10% slower so, hence the bound). ARM
-# keeps the unrolled write-back until measured on a device.
+# mobilenet_v2's deep 1x1 layers within noise; 96->576 @14x14, K=96, was 10% slower so, hence the bound). AVX2
+# and ARM keep the unrolled write-back until measured.
 CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE = 128
 
 
@@ -455,7 +455,8 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     # x86 AVX-512, short reductions into many channels: with pixel blocks outermost every block writes a piece of
     # each of the (oc) output rows, more partly written lines than L1 holds (the rows of a 56x56 map are 12.5 KB
     # apart: they share 16 of its 64 sets); one panel at a time writes 32 rows while the input (L2-sized) is
-    # re-read. resnet50's 1x1 64->256 @56x56: 1.47x -> 1.02x onnxruntime's time.
+    # re-read. resnet50's 1x1 64->256 @56x56: 1.47x -> 1.02x onnxruntime's time (that one now runs in place,
+    # graph.conv_gemm.pointwise_direct), 128->512 @28x28: 1032 -> 888 us.
     if (fam.name == "x86" and fam.lanes >= 16 and int(t.shape[1]) >= PANELS_OUTER_MIN_CHANNELS
             and _reduce_size(t) <= PANELS_OUTER_MAX_REDUCE and x_bytes <= PANELS_OUTER_MAX_INPUT_BYTES):
         panels_outer = True
@@ -464,7 +465,7 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     outer, inner = (oo, po) if panels_outer else (po, oo)
     so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
-    if fam.name == "x86" and _reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE:
+    if fam.name == "x86" and fam.lanes >= 16 and _reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE:
         so.vectorize(pi)
     else:
         so.unroll(pi)
