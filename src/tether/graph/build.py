@@ -109,14 +109,14 @@ def kernel_signature(node: Node, types: Dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------- build
-def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) -> tuple:
+def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3, target: Any = None) -> tuple:
     """(graph, params, panel_weights) as the kernels see them: the passes of `opt_level`, then (at 3) conv weights
-    packed into panels once (conv_gemm.pack_conv_weights)."""
+    packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify depends on `target`)."""
     graph, params = optimize(graph, params, opt_level)
     panel_weights: Dict[str, tuple] = {}
     if opt_level >= 3:
         graph, params = graph.copy(), dict(params)
-        panel_weights = pack_conv_weights(graph, params)
+        panel_weights = pack_conv_weights(graph, params, as_target(target) if target else None)
         # ---- constant dense weights packed into the matmul's panels once (issue 11)
         pack_dense_weights(graph, params)
     return graph, params, panel_weights
@@ -130,7 +130,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     the others their default schedule."""
     tgt = as_target(target)
     t0 = time.perf_counter()
-    graph, params, panel_weights = prepare_graph(graph, params, opt_level)
+    graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
     configs = tuned_configs(tuning_log, tgt)
     t_passes = time.perf_counter() - t0
 

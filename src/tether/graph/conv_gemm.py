@@ -23,9 +23,63 @@ from tether.ops import common as c
 POINTWISE_PIXELS_MAX_CHANNELS = 64
 
 
-def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optional[dict] = None):
+def pointwise_pixels_max(target) -> Optional[int]:
+    """The widest pointwise conv (output channels) that runs as conv2d_pixels on `target`; None: every one.
+
+    AVX-512 (16 lanes, 12-pixel blocks): conv2d_pixels ran every pointwise layer of mobilenet_v2 and squeezenet
+    as fast or faster than the matmul, most where the matmul's 16-pixel panels fit the map worst (960->160 @7x7:
+    72 -> 111 GFLOP/s, 576->96 @14x14: 83 -> 109; scripts/bench_conv_layers.py, thread CPU time); the matmul
+    also packs the activations on every run. Elsewhere the threshold stays where it was measured."""
+    if target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16:
+        return None
+    return POINTWISE_PIXELS_MAX_CHANNELS
+
+
+# AVX-512: a pointwise conv with few input channels on a large map runs as a matmul reading its input in place
+# (weights (oc, ic) broadcast, 32 pixels = two zmm per row, 12 rows: 24 accumulators) and writing the NCHW output
+# rows directly. As conv2d_pixels its (pixels x channels) block is transposed on the way out, which with a short
+# reduction costs more than the FMAs (mobilenet_v2's 16->96 @112x112: 632 shuffles per 12x32 block; 902 -> 473 us,
+# 24->144 @56x56 278 -> 165 us, onnxruntime 1000 and 420). Not on small maps, where the 32-pixel rows fit badly
+# (32->192 @28x28: 104 -> 122 us).
+DIRECT_POINTWISE_BLOCK = (12, 32)
+DIRECT_POINTWISE_MAX_INPUT_CHANNELS = 48
+# ... and up to this many on maps of whole 32-pixel blocks (no partial column block): resnet50's 256->64 @56x56
+# 1549 -> 1188 us, 256->128 3097 -> 2433, mobilenet_v2's 96->24 @56x56 207 -> 106, 144->24 341 -> 224; with a
+# partial block it lost (squeezenet's 128->16 @55x55: 158 -> 227 us)
+DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE = 256
+DIRECT_POINTWISE_MIN_PIXELS = 2048
+
+
+def pointwise_direct(target, in_channels: int, pixels: int) -> bool:
+    """Whether a pointwise conv (groups 1) runs as the in-place matmul of DIRECT_POINTWISE_BLOCK on `target`."""
+    return (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16
+            and pixels >= DIRECT_POINTWISE_MIN_PIXELS
+            and in_channels <= (DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE if pixels % DIRECT_POINTWISE_BLOCK[1] == 0
+                                else DIRECT_POINTWISE_MAX_INPUT_CHANNELS))
+
+
+def panel_width(target, out_channels: int, groups: int) -> int:
+    """Output channels per weight panel of a conv2d_pixels kernel on `target` (the schedule's register block is
+    a few output pixels by one panel).
+
+    AVX-512: 32 (two zmm), so the block is 12 pixels x 32 channels, 24 of the 32 registers: the 16-wide panel's 12
+    accumulators did 13 loads per 12 FMAs (the load ports, not the FMAs, bound it): mobilenet_v2's deep pointwise
+    layers went from 110 to 140-155 GFLOP/s, onnxruntime's speed. Not where 32-wide panels would pad the channels
+    by more than 16-wide ones plus 1/16 (48 -> 64 is a third more work; 1000 -> 1024 is not), nor for grouped
+    convs (a panel must lie in one group). Elsewhere ops.linear.PANEL, as measured there."""
+    narrow = ops.linear.PANEL
+    if (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16 and groups == 1
+            and -(-out_channels // 32) * 32 * 16 <= -(-out_channels // narrow) * narrow * 17):
+        return 32
+    return narrow
+
+
+def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optional[dict] = None,
+              pixels_max: Optional[int] = POINTWISE_PIXELS_MAX_CHANNELS):
     """Kernel-argument shapes for running a conv2d(+elementwise epilogue) body as a GEMM, or None.
-    ``panel_weights`` maps weights already packed into panels (pack_conv_weights) to their conv shapes."""
+    ``panel_weights`` maps weights already packed into panels (pack_conv_weights) to their conv shapes: a
+    pointwise conv whose weight was packed runs as conv2d_pixels whatever its width. ``pixels_max``: the widest
+    other pointwise conv that does (pointwise_pixels_max; None: no limit)."""
     ci = conv_index(body)
     if ci is None:
         return None
@@ -41,7 +95,10 @@ def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optiona
     pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
     # a pointwise conv is a plain matrix product (a grouped one a batch of them, one per group); with few input
     # channels conv2d_pixels runs it faster (no per-run packing of the activations)
-    as_matmul = pointwise and (g != 1 or oc > POINTWISE_PIXELS_MAX_CHANNELS)
+    # a weight pack_conv_weights left 2-D (oc, ic): the in-place matmul (pointwise_direct)
+    direct = pointwise and g == 1 and wname in panel_weights and len(types[wname].shape) == 2
+    as_matmul = pointwise and (g != 1 or direct or (pixels_max is not None and oc > pixels_max
+                                                    and wname not in panel_weights))
     # a grouped conv runs as conv2d_pixels when every group's output channels fill whole panels
     grouped_pixels = g != 1 and not pointwise and (oc // g) % ops.linear.PANEL == 0
     if n != 1 or conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise and not grouped_pixels):
@@ -135,17 +192,20 @@ def conv_as_gemm(conv, x, w, ws, prepacked: bool):
     if len(c.shape_of(w)) == 3 and not prepacked:     # grouped pointwise: (g, ocg, icg) x (g, icg, h*w)
         return ops.batch_matmul(w, x)
     if len(c.shape_of(x)) == 2:     # pointwise: the input already is the (ic, h*w) column matrix
-        return ops.matmul(w, x)
+        # a build-time 2-D weight (pack_conv_weights, pointwise_direct): the in-place register block
+        return ops.matmul(w, x, block=DIRECT_POINTWISE_BLOCK if prepacked else None)
     pads = conv.attrs["pads"]
     return ops.conv2d_pixels(x, w, (kh, kw), conv.attrs["strides"], (pads[0], pads[1], pads[2], pads[3]),
                              conv.attrs["dilations"], out_channels=oc, groups=conv.attrs["groups"], name="conv2d")
 
 
-def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray]) -> Dict[str, tuple]:
+def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) -> Dict[str, tuple]:
     """Pack the constant weights of convs that run as ops.conv2d_pixels into its panels once, at build time,
     instead of in every run (a pass over all the weights per call: about 1 ms on resnet50's 512-channel layers).
     Rewrites ``params`` and ``graph.types`` in place and returns {weight name: its conv shape (O, C, KH, KW)}
-    for to_te.lower_kernel. A weight read by more than one node keeps its layout."""
+    for to_te.lower_kernel. A weight read by more than one node keeps its layout. Which pointwise convs run as
+    conv2d_pixels and the panel width depend on ``target`` (pointwise_pixels_max, panel_width)."""
+    pixels_max = pointwise_pixels_max(target)
     uses: Dict[str, int] = {}
     for node in graph.nodes:
         for v in set(node.inputs):
@@ -160,11 +220,22 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray]) -> Dict[str, 
         wname = conv.inputs[1]
         if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
             continue
-        plan = gemm_plan(body, node.body_params(), graph.types)
-        if plan is None or len(plan[wname]) != 2 or len(plan[plan["__data__"]]) != 3:
-            continue      # not run as conv2d_pixels (pointwise, grouped or batched)
+        plan = gemm_plan(body, node.body_params(), graph.types, pixels_max=pixels_max)
+        if plan is None or len(plan[wname]) != 2:
+            continue
         w = np.asarray(params[wname])
-        params[wname] = ops.linear.pack_panels_array(w.reshape(w.shape[0], -1))
+        out_shape = graph.types[conv.outputs[0]].shape
+        if (w.shape[2:] == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
+                and conv.attrs["groups"] == 1 and pointwise_direct(target, w.shape[1], out_shape[2] * out_shape[3])):
+            # marked as the in-place matmul by its 2-D (oc, ic) weight in panel_weights (gemm_plan reads it so)
+            params[wname] = np.ascontiguousarray(w.reshape(w.shape[0], -1))
+            graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
+            packed[wname] = tuple(w.shape)
+            continue
+        if len(plan[plan["__data__"]]) != 3:
+            continue      # not run as conv2d_pixels (pointwise as a matmul, grouped or batched)
+        width = panel_width(target, w.shape[0], conv.attrs["groups"])
+        params[wname] = ops.linear.pack_panels_array(w.reshape(w.shape[0], -1), width)
         graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
         packed[wname] = tuple(w.shape)
     return packed
@@ -193,7 +264,7 @@ def repack_conv_weight(node, graph: Graph, params: Dict[str, np.ndarray], panel_
     """Repack the build-time packed weight of `node`'s conv into `width`-wide panels (a tuned config's
     ``conv_panel``), in ``params`` and ``graph.types``; a no-op when it has that width or is not packed."""
     wname = panel_weight(node, panel_weights)
-    if wname is None or not width or int(params[wname].shape[2]) == width:
+    if wname is None or not width or params[wname].ndim != 3 or int(params[wname].shape[2]) == width:
         return
     oc = panel_weights[wname][0]
     params[wname] = ops.linear.pack_panels_array(ops.linear.unpack_panels_array(np.asarray(params[wname]), oc),

@@ -12,6 +12,9 @@ from tether import te
 from . import common as c
 
 PANEL = 16
+# compute attribute: the (rows, columns) register block a matmul asks for (matmul(block=)), in place of the target
+# family's mm_rows x mm_cols
+REGISTER_BLOCK = "register_block"
 # Below this many rows of A the one-off packing pass costs more than it saves.
 PACK_MIN_ROWS = 16
 
@@ -123,8 +126,9 @@ def dense_prepacked(x, panels, n: int, name: str = "dense"):
     return _panel_product(x, panels, n, name, attrs={"prepacked": True})
 
 
-def _product(a, b, n_axis: int, name: str):
-    """C[i, j] = sum_k a[i, k] * b'[k, j] with b' = b (n_axis=1) or b.T (n_axis=0)."""
+def _product(a, b, n_axis: int, name: str, block: tuple | None = None):
+    """C[i, j] = sum_k a[i, k] * b'[k, j] with b' = b (n_axis=1) or b.T (n_axis=0). ``block``: (rows, columns)
+    of the register block, read in place (never packed) -- see matmul."""
     m, k = c.shape_of(a)
     kb = c.shape_of(b)[1 - n_axis]
     n = c.shape_of(b)[n_axis]
@@ -132,6 +136,11 @@ def _product(a, b, n_axis: int, name: str):
         raise ValueError(f"{name}: inner dimensions differ: a is {c.shape_of(a)}, b is {c.shape_of(b)}"
                          f"{' (transposed)' if n_axis == 0 else ''}")
     r = te.reduce_axis((0, k), name="k")
+    if block is not None:
+        if n_axis != 1:
+            raise ValueError(f"{name}: a register block is for b read in place along its rows (n_axis=1)")
+        return c.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name, c.MATMUL,
+                         attrs={REGISTER_BLOCK: tuple(int(v) for v in block)})
     if should_pack(m, n):
         return _panel_product(a, pack_panels(b, n_axis, f"{name}_packed"), n, name)
     if n_axis == 1:
@@ -141,11 +150,13 @@ def _product(a, b, n_axis: int, name: str):
     return c.compute((m, n), lambda i, j: te.sum(a[i, r] * b[j, r], axis=r), name, c.MATMUL)
 
 
-def matmul(a, b, name: str = "matmul"):
-    """a (M, K) @ b (K, N) -> (M, N)."""
+def matmul(a, b, name: str = "matmul", block: tuple | None = None):
+    """a (M, K) @ b (K, N) -> (M, N). ``block`` = (rows, columns): b is read in place, never packed, by a register
+    block of that many rows of a (broadcast) by columns of b (whole vectors), whatever the target family's
+    default; for a b whose rows are long and contiguous (a pointwise conv's input with few channels)."""
     _check_rank(a, 2, name, "a")
     _check_rank(b, 2, name, "b")
-    return _product(a, b, 1, name)
+    return _product(a, b, 1, name, block)
 
 
 def dense(x, w, bias=None, name: str = "dense"):

@@ -24,7 +24,7 @@ from tether.target import Target
 from tether.tir import Binary, Reduce, TensorLoad, walk
 
 from . import common as c
-from .linear import PANEL
+from .linear import PANEL, REGISTER_BLOCK
 
 log = logging.getLogger(__name__)
 
@@ -285,8 +285,7 @@ def _accumulator_and_output(s, t, ctx):
 def _schedule_matmul(s, t, fam: Family, ctx):
     """MR x NR register-blocked micro-kernel: k outermost inside the block, MR rows unrolled, NR columns as
     NR/lanes vectors; column panels outermost (parallel), each packing its own panel of B inside its task."""
-    nr = fam.mm_cols
-    mr = fam.mm_rows
+    mr, nr = t.op.attrs.get(REGISTER_BLOCK) or (fam.mm_rows, fam.mm_cols)
     anchor = _epilogue_anchor(t, ctx)
     packed = any(c.tag_of(src.op) == c.MATMUL_PACK for src in t.op.input_tensors)
     packed = packed or bool(t.op.attrs.get("prepacked"))     # weights packed at build time (graph/dense_panels)
@@ -415,6 +414,21 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
 CONV_WEIGHTS_IN_CACHE = 256 << 10
 
 
+# conv2d_pixels writes its (pixels x channels) block back transposed. Fully unrolled, LLVM's SLP vectorizer turns
+# the 12 x 32 scalar stores into hundreds of shuffles and takes 0.6 s of compile time per kernel (mobilenet_v2
+# compiled in 15 CPU-s, resnet50 in 24); as a vector along the pixels per channel it compiles in a third of that,
+# and with this long a reduction the write-back is a small part of the run (x86 AVX-512, resnet50's 3x3 and
+# mobilenet_v2's deep 1x1 layers within noise; 96->576 @14x14, K=96, was 10% slower so, hence the bound). AVX2
+# and ARM keep the unrolled write-back until measured.
+CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE = 128
+
+
+# (see _schedule_conv_pixels: when channel panels go outermost on AVX-512)
+PANELS_OUTER_MIN_CHANNELS = 128
+PANELS_OUTER_MAX_REDUCE = 128
+PANELS_OUTER_MAX_INPUT_BYTES = 1 << 20
+
+
 def _schedule_conv_pixels(s, t, fam: Family, ctx):
     """Implicit-GEMM convolution (ops.conv2d_pixels): the matmul micro-kernel's MR x NR block, MR output pixels by
     one NR-wide panel of output channels, accumulated over the whole reduction and written back transposed to
@@ -439,12 +453,23 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     w_bytes = int(t.shape[1]) * _reduce_size(t) * 4
     x_bytes = _numel(t.op.input_tensors[0]) * 4      # the (padded) input; [-1] is the weight panels
     panels_outer = w_bytes > fam.cache_bytes and n_panels * x_bytes < n_blocks * w_bytes
+    # x86 AVX-512, short reductions into many channels: with pixel blocks outermost every block writes a piece of
+    # each of the (oc) output rows, more partly written lines than L1 holds (the rows of a 56x56 map are 12.5 KB
+    # apart: they share 16 of its 64 sets); one panel at a time writes 32 rows while the input (L2-sized) is
+    # re-read. resnet50's 1x1 64->256 @56x56: 1.47x -> 1.02x onnxruntime's time (that one now runs in place,
+    # graph.conv_gemm.pointwise_direct), 128->512 @28x28: 1032 -> 888 us.
+    if (fam.name == "x86" and fam.lanes >= 16 and int(t.shape[1]) >= PANELS_OUTER_MIN_CHANNELS
+            and _reduce_size(t) <= PANELS_OUTER_MAX_REDUCE and x_bytes <= PANELS_OUTER_MAX_INPUT_BYTES):
+        panels_outer = True
     if fam.conv_order != "auto":
         panels_outer = fam.conv_order == "panels"
     outer, inner = (oo, po) if panels_outer else (po, oo)
     so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
-    so.unroll(pi)
+    if fam.name == "x86" and fam.lanes >= 16 and _reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE:
+        so.vectorize(pi)
+    else:
+        so.unroll(pi)
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
         axis = fam.parallel_axis
         if axis == "fused" or (axis == "auto" and panels_outer and n_panels < 2 * fam.parallel_tasks):

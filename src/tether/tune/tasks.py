@@ -113,7 +113,7 @@ def extract_tasks(graph: Graph, params: Dict[str, np.ndarray], target: Any = "ho
     graph order. ``only``: keep the tasks whose ops label contains one of these strings."""
     tgt = as_target(target)
     fam = family_of(tgt)
-    graph, params, panel_weights = prepare_graph(graph, params, opt_level)
+    graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
     by_sig: Dict[str, Task] = {}
     order: List[str] = []
     for node in graph.nodes:
