@@ -6,6 +6,8 @@ the extremes (-128, 127, 0, 255 in every byte), checked against numpy's int64 ar
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,44 @@ def test_dot4_matches_numpy_on_host(tmp_path):
         out = np.zeros(want.shape, np.int32)
         mod[name](*inputs, out)
         _check(name, out, want)
+
+
+# x86 builds the host runs: without VNNI (baseline SSE2 and this CPU with VNNI switched off), and the host's own
+NO_VNNI = ("x86_64", "x86_64-linux-gnu -mcpu=rocketlake -mattr=-avx512vnni,-avxvnni")
+AVX_VNNI_ONLY = "x86_64-linux-gnu -mcpu=x86-64-v3 -mattr=+avxvnni"   # Alder Lake-like: no AVX-512
+
+
+@pytest.mark.parametrize("target", NO_VNNI)
+def test_dot4_without_vnni_uses_pmaddwd_and_matches_numpy(target, tmp_path):
+    assert int8_dot_native(target) == ()
+    built, lib, path = _build_all(target, tmp_path)
+    asm = lib.get_source("asm")
+    assert "vpdpbusd" not in asm and re.search(r"\bv?pmaddwd\b", asm)
+    assert not re.search(r"\bv?pmaddubsw\b", asm)      # saturates int16: not exact for u8 x s8 pairs
+    mod = runtime.load_module(str(path))
+    for name, _, _, inputs, want in built:
+        out = np.zeros(want.shape, np.int32)
+        mod[name](*inputs, out)
+        _check(name + "@" + target, out, want)
+
+
+def test_host_build_uses_vpdpbusd():
+    assert int8_dot_native("host") == ("u8s8",)      # the test host has AVX512-VNNI and AVX-VNNI
+    for factor in (16, 8, 4, 5, 32):
+        lib = tether.build(*_reduction("u8s8", 48, 37, factor), target="host", name="red", jobs=1)
+        asm = lib.get_source("asm")
+        assert re.search(r"\bvpdpbusd\b", asm), factor
+    # the kinds VNNI does not compute: pmaddwd, never a saturating pmaddubsw
+    asm = tether.build(*_reduction("s8s8", 48, 37, 16), target="host", name="red", jobs=1).get_source("asm")
+    assert "vpdpbusd" not in asm and re.search(r"\bvpmaddwd\b", asm)
+
+
+def test_avx_vnni_without_avx512_vnni_uses_the_vex_form(tmp_path):
+    assert int8_dot_native(AVX_VNNI_ONLY) == ("u8s8",)
+    built, lib, path = _build_all(AVX_VNNI_ONLY, tmp_path)
+    assert re.search(r"\{vex\}\s+vpdpbusd\s+%[xy]mm", lib.get_source("asm"))
+    mod = runtime.load_module(str(path))
+    for name, _, _, inputs, want in built:
+        out = np.zeros(want.shape, np.int32)
+        mod[name](*inputs, out)
+        _check(name + "@avxvnni", out, want)

@@ -13,12 +13,15 @@ exceed int16 (2 * 255 * 127), so it is not exact.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from llvmlite import ir
 
 from tether.codegen.types import I8, I32, is_vec
+from tether.target import int8_dot_native
 from tether.tir import Binary, Call, Expr, dot4_kind
+
+I16 = ir.IntType(16)
 
 # kind -> (A's bytes signed, B's bytes signed)
 _SIGNED = {"u8s8": (False, True), "s8s8": (True, True), "u8u8": (False, False)}
@@ -38,17 +41,174 @@ def fused_operands(e: Binary) -> Optional[Tuple[Call, Expr]]:
 def emit(em: Any, call: Call, acc: Optional[Expr] = None) -> ir.Value:
     """``[acc +] dot4(...)`` for the expression emitter ``em`` (codegen/expr.py), scalar or vector."""
     kind = dot4_kind(call)
+    B = em.b
     a, b = em.match(em.ev(call.args[0]), em.ev(call.args[1]))
     acc_v = None
     if acc is not None:
         acc_v = em.ev(acc)
         a, acc_v = em.match(a, acc_v)
         b, acc_v = em.match(b, acc_v)
-    out = _generic(em.b, kind, a, b)
+    if is_vec(a):
+        target = em.ctx.target
+        group = _native(target, kind) or _widening(target)
+        if group is not None:
+            widths, fn = group
+            return _by_groups(B, widths, fn, kind, a, b, acc_v)
+    out = _generic(B, kind, a, b)
     if acc_v is None:
         return out
     out, acc_v = em.match(out, acc_v)
-    return em.b.add(acc_v, out)
+    return B.add(acc_v, out)
+
+
+# ---- lane groups --------------------------------------------------------------------------------------------------
+# A group function computes ``acc + dot4(a, b)`` for one instruction-wide group: (B, kind, acc, a, b) with
+# <w x i32> values -> <w x i32>.
+GroupFn = Callable[[ir.IRBuilder, str, ir.Value, ir.Value, ir.Value], ir.Value]
+
+
+def _pieces(n: int, widths: Tuple[int, ...]) -> List[Tuple[int, int]]:
+    """(first lane, width) of the groups covering n lanes: the widest that fits first, the last one padded."""
+    out, start = [], 0
+    while start < n:
+        w = next((w for w in widths if w <= n - start), widths[-1])
+        out.append((start, w))
+        start += w
+    return out
+
+
+def _slice(B: ir.IRBuilder, v: ir.Value, start: int, w: int) -> ir.Value:
+    """Lanes start..start+w-1 of ``v`` as a <w x i32> (lanes past its end are zero)."""
+    n = v.type.count
+    if start == 0 and w == n:
+        return v
+    zero = ir.Constant(v.type, [0] * n)
+    return B.shuffle_vector(v, zero, ir.Constant(ir.VectorType(I32, w),
+                                                 [start + i if start + i < n else n for i in range(w)]))
+
+
+def _by_groups(B: ir.IRBuilder, widths: Tuple[int, ...], fn: GroupFn, kind: str, a: ir.Value, b: ir.Value,
+               acc: Optional[ir.Value]) -> ir.Value:
+    n = a.type.count
+    out = None
+    for start, w in _pieces(n, widths):
+        g_acc = _slice(B, acc, start, w) if acc is not None else ir.Constant(ir.VectorType(I32, w), [0] * w)
+        r = fn(B, kind, g_acc, _slice(B, a, start, w), _slice(B, b, start, w))
+        if start == 0 and w == n:
+            return r
+        # r's lanes into lanes start.. of the result: widen r to n lanes, then blend
+        r_n = B.shuffle_vector(r, ir.Constant(r.type, ir.Undefined),
+                               ir.Constant(ir.VectorType(I32, n), [min(i - start, w - 1) if i >= start else 0
+                                                                   for i in range(n)]))
+        if out is None:
+            out = r_n
+        else:
+            out = B.shuffle_vector(out, r_n, ir.Constant(ir.VectorType(I32, n),
+                                                         [n + i if start <= i < start + w else i for i in range(n)]))
+    return out
+
+
+def _intrinsic(B: ir.IRBuilder, name: str, ret: ir.Type, args: List[ir.Value]) -> ir.Value:
+    module = B.module
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ret, [x.type for x in args]), name)
+    return B.call(fn, args)
+
+
+def _vec(ty: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(ty, n)
+
+
+# ---- one instruction per group: x86 vpdpbusd, Arm sdot/udot ------------------------------------------------------
+def _vpdpbusd(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    # u8 x s8 products summed per lane into acc, exactly (no saturation: the non-"s" form)
+    w = a.type.count
+    return _intrinsic(B, "llvm.x86.avx512.vpdpbusd.%d" % (32 * w), a.type, [acc, a, b])
+
+
+def _arm_dot(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    w = a.type.count
+    op = "sdot" if kind == "s8s8" else "udot"
+    return _intrinsic(B, "llvm.aarch64.neon.%s.v%di32.v%di8" % (op, w, 4 * w), a.type,
+                      [acc, _as_bytes(B, a), _as_bytes(B, b)])
+
+
+def _native(target: Any, kind: str) -> Optional[Tuple[Tuple[int, ...], GroupFn]]:
+    """(group widths, group function) of the target's dot-product instruction for ``kind``, if it has one."""
+    if kind not in int8_dot_native(target):
+        return None
+    if target.arch == "x86_64":
+        wide = target.has_feature("avx512vnni") and target.has_feature("avx512f")
+        narrow = target.has_feature("avxvnni") or (target.has_feature("avx512vnni") and target.has_feature("avx512vl"))
+        widths = ((16,) if wide else ()) + ((8, 4) if narrow else ())
+        return (widths, _vpdpbusd) if widths else None
+    return (4, 2), _arm_dot
+
+
+# ---- widening multiply and pairwise add (targets without the instruction) ----------------------------------------
+def _arm64_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """4 lanes: smull/umull (or ext + mul for u8s8) of each 8-byte half to i16, saddlp/uaddlp to i32 pairs, addp."""
+    half = [_split8(B, _as_bytes(B, a)), _split8(B, _as_bytes(B, b))]
+    sums = []
+    for h in range(2):
+        x, y = half[0][h], half[1][h]
+        if kind == "u8s8":
+            p = B.mul(B.zext(x, _vec(I16, 8)), B.sext(y, _vec(I16, 8)))
+        else:
+            p = _intrinsic(B, "llvm.aarch64.neon.%s.v8i16" % ("smull" if kind == "s8s8" else "umull"),
+                           _vec(I16, 8), [x, y])
+        pair = "uaddlp" if kind == "u8u8" else "saddlp"
+        sums.append(_intrinsic(B, "llvm.aarch64.neon.%s.v4i32.v8i16" % pair, _vec(I32, 4), [p]))
+    return B.add(acc, _intrinsic(B, "llvm.aarch64.neon.addp.v4i32", _vec(I32, 4), sums))
+
+
+def _armv7_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """4 lanes: vmull (or vmovl + vmul for u8s8) of each 8-byte half to i16, vpaddl to i32 pairs, vpadd."""
+    half = [_split8(B, _as_bytes(B, a)), _split8(B, _as_bytes(B, b))]
+    lanes = []
+    for h in range(2):
+        x, y = half[0][h], half[1][h]
+        if kind == "u8s8":
+            p = B.mul(B.zext(x, _vec(I16, 8)), B.sext(y, _vec(I16, 8)))
+        else:
+            p = _intrinsic(B, "llvm.arm.neon.%s.v8i16" % ("vmulls" if kind == "s8s8" else "vmullu"),
+                           _vec(I16, 8), [x, y])
+        pair = "vpaddlu" if kind == "u8u8" else "vpaddls"
+        q = _intrinsic(B, "llvm.arm.neon.%s.v4i32.v8i16" % pair, _vec(I32, 4), [p])
+        lo, hi = _pick(B, q, [0, 1]), _pick(B, q, [2, 3])
+        lanes.append(_intrinsic(B, "llvm.arm.neon.vpadd.v2i32", _vec(I32, 2), [lo, hi]))
+    both = B.shuffle_vector(lanes[0], lanes[1], ir.Constant(_vec(I32, 4), [0, 1, 2, 3]))
+    return B.add(acc, both)
+
+
+def _x86_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """w lanes: the bytes widened to i16 (each fits signed i16, so every kind is exact), pmaddwd (i16 products
+    summed in pairs into i32, exact: |sum| <= 2 * 255 * 255), then the two pairs of each lane added."""
+    w = a.type.count
+    sa, sb = _SIGNED[kind]
+    x, y = _extend(B, _as_bytes(B, a), sa, I16), _extend(B, _as_bytes(B, b), sb, I16)
+    name = {2: "llvm.x86.sse2.pmadd.wd", 4: "llvm.x86.avx2.pmadd.wd", 8: "llvm.x86.avx512.pmaddw.d.512"}[w]
+    pairs = _intrinsic(B, name, _vec(I32, 2 * w), [x, y])
+    return B.add(acc, B.add(_pick(B, pairs, list(range(0, 2 * w, 2))), _pick(B, pairs, list(range(1, 2 * w, 2)))))
+
+
+def _split8(B: ir.IRBuilder, v: ir.Value) -> Tuple[ir.Value, ir.Value]:
+    return _pick(B, v, list(range(8))), _pick(B, v, list(range(8, 16)))
+
+
+def _widening(target: Any) -> Optional[Tuple[Tuple[int, ...], GroupFn]]:
+    """The widening sequence of the target: x86 pmaddwd (SSE2, AVX2 or AVX512BW wide), Arm NEON; None on
+    targets without SIMD (armv7 without NEON)."""
+    have = set(target.requirements()["features"]) | {f[1:] for f in target.feature_set if f.startswith("+")}
+    if target.arch == "x86_64":
+        widths = ((8,) if "avx512bw" in have else ()) + ((4,) if "avx2" in have else ()) + (2,)
+        return widths, _x86_widening
+    if target.arch == "aarch64" and "asimd" in have:
+        return (4,), _arm64_widening
+    if target.arch == "armv7" and "neon" in have:
+        return (4,), _armv7_widening
+    return None
 
 
 def _lanes(v: ir.Value) -> int:
