@@ -31,6 +31,11 @@ from . import common as c
 from .conv import _geometry
 
 PANEL = 16
+QMATMUL = "qmatmul"     # the tag of the matmul form's product (its schedule: schedule_qmatmul)
+# the matmul form's register block: output channels (broadcast weight words) x pixel vectors; 4 x 4 vectors is
+# 16 accumulators, 4 activation vector loads and 4 broadcasts per 16 dot-product instructions
+QMATMUL_ROWS = 4
+QMATMUL_COL_VECTORS = 4
 _FLIP = -0x7F7F7F80     # 0x80808080 as an int32
 _BYTE_SIGNED = {"int8": True, "uint8": False}
 
@@ -62,27 +67,41 @@ def pack_weights(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
     return np.ascontiguousarray(words.transpose(0, 2, 1))
 
 
+def pack_rows(w: np.ndarray) -> np.ndarray:
+    """numpy: int8-valued pointwise weights (O, C, 1, 1) -> the matmul form's (O, C4) int32 words."""
+    return pack_weights(w, panel=1)[:, :, 0].reshape(w.shape[0], -1)
+
+
+def _rows(wp: np.ndarray) -> np.ndarray:
+    """Packed weights (either form) as (rows, words) in output-channel order."""
+    return wp if wp.ndim == 2 else np.ascontiguousarray(wp.transpose(0, 2, 1)).reshape(-1, wp.shape[1])
+
+
 def unpack_weights(wp: np.ndarray, out_channels: int, in_channels: int, kernel: tuple) -> np.ndarray:
-    """numpy: pack_weights undone, as int32 (O, C, KH, KW)."""
+    """numpy: pack_weights / pack_rows undone, as int32 (O, C, KH, KW)."""
     kh, kw = kernel
-    npanel, k4, panel = wp.shape
-    taps = np.ascontiguousarray(wp.transpose(0, 2, 1)).view(np.int8).reshape(npanel * panel, kh, kw, -1)
+    rows = _rows(wp)
+    taps = np.ascontiguousarray(rows).view(np.int8).reshape(rows.shape[0], kh, kw, -1)
     return np.transpose(taps[:out_channels, :, :, :in_channels], (0, 3, 1, 2)).astype(np.int32)
 
 
 def weight_sums(wp: np.ndarray, out_channels: int) -> np.ndarray:
     """numpy: sum_k W[o, k] of packed weights, as int64 (out_channels,)."""
-    b = np.ascontiguousarray(wp.transpose(0, 2, 1)).view(np.int8).astype(np.int64)
-    return b.reshape(wp.shape[0] * wp.shape[2], -1).sum(axis=1)[:out_channels]
+    rows = _rows(wp)
+    return np.ascontiguousarray(rows).view(np.int8).astype(np.int64).reshape(rows.shape[0], -1).sum(axis=1)[
+        :out_channels]
 
 
 def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels: int, pad_value: int,
             kind: str = "", flip: bool = False, name: str = "qconv2d"):
-    """x (1, C, H, W) uint8/int8, wp packed (pack_weights), bias (O,) int32 -> (O, OH*OW) int32 (module doc)."""
+    """x (1, C, H, W) uint8/int8, wp packed (pack_weights, or pack_rows for a pointwise conv: the matmul form),
+    bias (O,) int32 -> (O, OH*OW) int32 (module doc). The matmul form takes x as (C, H*W)."""
+    if len(c.shape_of(wp)) == 2:
+        return _pointwise(x, wp, bias, kind, flip, name)
     n, ch, h, wd = c.shape_of(x)
-    npanel, k4, pw = (int(d) for d in c.shape_of(wp))
     kh, kw = kernel
     c4 = -(-ch // 4)
+    npanel, k4, pw = (int(d) for d in c.shape_of(wp))
     if n != 1 or k4 != kh * kw * c4 or not 0 < out_channels <= npanel * pw:
         raise ValueError("%s: input %s and packed weight %s do not fit a %dx%d kernel with %d output channels"
                          % (name, c.shape_of(x), c.shape_of(wp), kh, kw, out_channels))
@@ -100,10 +119,8 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
         out = None
         for t in range(4):
             ci = q * 4 + t
-            v = x[0, c.clamp_index(ci, ch) if ch % 4 else ci, c.clamp_index(y, h) if any(p4) else y,
-                  c.clamp_index(xc, wd) if any(p4) else xc].astype("int32")
-            if _BYTE_SIGNED[x_dtype]:
-                v = te.bitwise("bitand", v, c.const(255, "int32"))
+            v = _byte(x, 0, c.clamp_index(ci, ch) if ch % 4 else ci, c.clamp_index(y, h) if any(p4) else y,
+                      c.clamp_index(xc, wd) if any(p4) else xc)
             cond = inside if ch % 4 == 0 or t == 0 else (ci < ch if inside is None else te.all(inside, ci < ch))
             if cond is not None:
                 v = te.if_then_else(cond, v, pad_byte)
@@ -125,3 +142,62 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
     conv = c.compute((oh * ow, npanel * pw), f, f"{name}_nc", c.CONV2D_PIXELS, attrs={"panel": pw,
                                                                                     "group_channels": 0})
     return c.compute((out_channels, oh * ow), lambda o, p: conv[p, o] + bias[o], name, c.INJECTIVE)
+
+
+def _byte(x, *index):
+    """The activation byte at index as an int32 in 0..255."""
+    v = x[index].astype("int32")
+    return te.bitwise("bitand", v, c.const(255, "int32")) if _BYTE_SIGNED[str(x.dtype)] else v
+
+
+def _pointwise(x, wq, bias, kind: str, flip: bool, name: str):
+    """A 1x1, stride 1, unpadded conv as the matmul (O, C4) x (C4, H*W) with the pixels as the vector axis: the
+    activations pack planar (four channel rows into one row of words, vectorized) and the (O, pixels) result is
+    written contiguously, so the requantize epilogue runs on whole vectors; weights (pack_rows) are broadcast."""
+    ch, npix = c.shape_of(x)
+    oc, c4 = (int(d) for d in c.shape_of(wq))
+    if c4 != -(-ch // 4):
+        raise ValueError("%s: packed pointwise weight %s does not fit %d input channels" % (name, c.shape_of(wq), ch))
+    kind = kind or default_kind(str(x.dtype))
+
+    def word(q, p):
+        out = None
+        for t in range(4):
+            ci = q * 4 + t
+            v = _byte(x, c.clamp_index(ci, ch) if ch % 4 else ci, p)
+            if ch % 4 and t:
+                v = te.if_then_else(ci < ch, v, c.const(0, "int32"))
+            v = te.bitwise("shl", v, c.const(8 * t, "int32")) if t else v
+            out = v if out is None else te.bitwise("bitor", out, v)
+        return te.bitwise("bitxor", out, c.const(_FLIP, "int32")) if flip else out
+
+    xq = c.compute((c4, npix), word, f"{name}_words", c.PAD)
+    r = te.reduce_axis((0, c4), name="rc")
+    mm = c.compute((oc, npix), lambda o, p: te.sum(te.dot4(xq[r, p], wq[o, r], kind), axis=r), f"{name}_mm",
+                   QMATMUL)
+    return c.compute((oc, npix), lambda o, p: mm[o, p] + bias[o], name, c.BROADCAST)
+
+
+def schedule_qmatmul(s, t, fam, ctx) -> None:
+    """The matmul form's schedule (ops.schedules calls it for the QMATMUL tag): a QMATMUL_ROWS x
+    QMATMUL_COL_VECTORS block accumulated over all of k inside the output's tile (through the fused epilogue),
+    pixel blocks outermost and parallel."""
+    from .schedules import _accumulator_and_output, _numel, _reduce_size
+    block, out = _accumulator_and_output(s, t, ctx)
+    so = s[out]
+    o, p = list(out.op.axis)[-2:]
+    cols = fam.lanes * QMATMUL_COL_VECTORS
+    oo, oi = so.split(o, factor=QMATMUL_ROWS)
+    po, pi = so.split(p, factor=cols)
+    so.reorder(po, oo, oi, pi)
+    so.unroll(oi)
+    so.vectorize(pi)
+    if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
+        so.parallel(po)
+    s[block].compute_at(so, oo)
+    sb = s[block]
+    bo, bp = block.op.axis
+    (k,) = block.op.reduce_axis
+    sb.reorder(k, bo, bp)
+    sb.unroll(bo)
+    sb.vectorize(bp)
