@@ -31,6 +31,9 @@ from . import common as c
 from .conv import _geometry
 
 PANEL = 16
+# the matmul form wants the pixel count a multiple of this (the widest vector, AVX-512's 16 int32 lanes): a partial
+# vector of pixels runs as scalar code, while the pixel form's vectors are channels (any pixel count)
+POINTWISE_PIXEL_MULTIPLE = 16
 QMATMUL = "qmatmul"     # the tag of the matmul form's product (its schedule: schedule_qmatmul)
 # the matmul form's register block: output channels (broadcast weight words) x pixel vectors; 4 x 4 vectors is
 # 16 accumulators, 4 activation vector loads and 4 broadcasts per 16 dot-product instructions
@@ -186,7 +189,10 @@ def schedule_qmatmul(s, t, fam, ctx) -> None:
     block, out = _accumulator_and_output(s, t, ctx)
     so = s[out]
     o, p = list(out.op.axis)[-2:]
-    cols = fam.lanes * QMATMUL_COL_VECTORS
+    # a partial column block runs as scalar code: take the widest block of whole vectors that divides the pixels
+    npix = int(out.shape[-1])
+    vecs = next((v for v in range(QMATMUL_COL_VECTORS, 0, -1) if npix % (v * fam.lanes) == 0), QMATMUL_COL_VECTORS)
+    cols = fam.lanes * vecs
     oo, oi = so.split(o, factor=QMATMUL_ROWS)
     po, pi = so.split(p, factor=cols)
     so.reorder(po, oo, oi, pi)
