@@ -21,6 +21,7 @@ import numpy as np
 from tether.graph import ops, to_te
 from tether.graph.ir import Graph, Node, TensorType
 from tether.ops import qconv as qops
+from tether.ops.qdepthwise import qdepthwise2d
 from tether.target import int8_dot_native
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,27 @@ def _lower(attrs, x, wp, bias):
 
 
 to_te.LOWER["qconv2d"] = _lower
+
+
+# ---- qdepthwise2d(x, w, bias) {strides, pads, pad_value} -> (1, C, OH, OW) float32: the depthwise int8 conv,
+# exact in float32 (ops/qdepthwise.py); w (C, KH, KW) and bias (C,) hold integers as float32
+def _dw_infer(attrs, x, w, bias):
+    (t,) = ops.OPS["conv2d"].infer(dict(attrs, dilations=[1, 1]), x, TensorType((w.shape[0], 1) + w.shape[1:],
+                                                                                "float32"))
+    return [TensorType(t.shape, "float32")]
+
+
+def _dw_ref(attrs, x, w, bias):
+    p = attrs["pads"]
+    img = np.pad(x.astype(np.float64) - attrs["pad_value"], ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+    conv_attrs = {"strides": attrs["strides"], "dilations": [1, 1], "pads": [0, 0, 0, 0], "groups": x.shape[1]}
+    (acc,) = ops.OPS["conv2d"].ref(conv_attrs, img, w.astype(np.float64)[:, None])
+    return [(acc + bias.reshape(1, -1, 1, 1)).astype(np.float32)]
+
+
+ops._register("qdepthwise2d", "complex", _dw_infer, _dw_ref)
+to_te.LOWER["qdepthwise2d"] = lambda attrs, x, w, bias: qdepthwise2d(
+    x, w, bias, tuple(attrs["strides"]), tuple(attrs["pads"]), attrs["pad_value"])
 
 
 def _choice(x_dtype: str, native: Tuple[str, ...]) -> Tuple[str, bool]:

@@ -11,7 +11,9 @@ with the 8-bit activations read directly (graph/qconv.py, ops/qconv.py): the wei
 point of x folded into the bias (padding reads zx, which contributes nothing), the requantize fused into the
 kernel's write-back by the fusion pass. The integers are the same as the int32 conv's, so the requantize rounds
 them as before: bit for bit onnxruntime's. Grouped and depthwise convs, and anything else, stay as they are (the
-exact-float32 pass, passes/quantize_float.py, still runs them as fp32 kernels when their sums fit).
+exact-float32 pass, passes/quantize_float.py, still runs them as fp32 kernels when their sums fit), except
+depthwise convs whose sums fit float32: ``requantize(qdepthwise2d(x, w, bias), multiplier, zy)``, the 8-bit input
+read directly (ops/qdepthwise.py).
 """
 from __future__ import annotations
 
@@ -48,6 +50,26 @@ def _conv_chain(graph: Graph, params: Dict[str, np.ndarray], producer: Dict[str,
     return n, bias
 
 
+def _depthwise(graph: Graph, conv: Node, act, w: np.ndarray, bias: Optional[np.ndarray], rq: Node, const,
+               fresh) -> Optional[List[Node]]:
+    """A depthwise conv (one filter per channel, no dilation) as qdepthwise2d, when its sums provably stay below
+    2**24 (then float32 holds them exactly); None otherwise."""
+    src, zx, xmax = act
+    ch = graph.types[src].shape[1]
+    if conv.attrs["groups"] != ch or w.shape[:2] != (ch, 1) or list(conv.attrs["dilations"]) != [1, 1]:
+        return None
+    b = np.zeros(ch, np.int64) if bias is None else bias.reshape(-1).astype(np.int64)
+    bound = np.abs(w.astype(np.int64)).reshape(ch, -1).sum(axis=1) * xmax + np.abs(b)
+    if bound.max() >= 2 ** 24:
+        return None
+    attrs = {"strides": list(conv.attrs["strides"]), "pads": list(conv.attrs["pads"]), "pad_value": int(zx)}
+    acc = fresh(conv.name + "_acc")
+    graph.types[acc] = TensorType(graph.types[conv.outputs[0]].shape, "float32")
+    return [Node("qdepthwise2d", conv.name, [src, const(w[:, 0].astype(np.float32), "qdw_w"),
+                                             const(b.astype(np.float32), "qdw_bias")], [acc], attrs),
+            Node("requantize", rq.name, [acc] + list(rq.inputs[1:]), list(rq.outputs), dict(rq.attrs))]
+
+
 def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
     producer = {o: n for n in graph.nodes for o in n.outputs}
     uses: Dict[str, int] = {}
@@ -82,7 +104,12 @@ def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         conv, bias = chain
         w = params.get(conv.inputs[1])
         act = _activation(graph, params, producer, conv.inputs[0])
-        if w is None or w.dtype != np.int32 or act is None or conv.attrs["groups"] != 1:
+        if w is None or w.dtype != np.int32 or act is None:
+            continue
+        if conv.attrs["groups"] != 1:
+            dw = _depthwise(graph, conv, act, w, bias, rq, const, fresh)
+            if dw is not None:
+                rewrite[id(rq)] = dw
             continue
         if w.min(initial=0) < -128 or w.max(initial=0) > 127:
             continue
