@@ -34,7 +34,7 @@ PANEL = 16
 # the matmul form wants the pixel count a multiple of this (the widest vector, AVX-512's 16 int32 lanes): a partial
 # vector of pixels runs as scalar code, while the pixel form's vectors are channels (any pixel count)
 POINTWISE_PIXEL_MULTIPLE = 16
-QMATMUL = "qmatmul"     # the tag of the matmul form's product (its schedule: schedule_qmatmul)
+QMATMUL = "qmatmul"     # the tag of the matmul form's product (its schedule: ops/qschedules.py)
 # the matmul form's register block: output channels (broadcast weight words) x pixel vectors; 4 x 4 vectors is
 # 16 accumulators, 4 activation vector loads and 4 broadcasts per 16 dot-product instructions
 QMATMUL_ROWS = 4
@@ -180,30 +180,3 @@ def _pointwise(x, wq, bias, kind: str, flip: bool, name: str):
                    QMATMUL)
     return c.compute((oc, npix), lambda o, p: mm[o, p] + bias[o], name, c.BROADCAST)
 
-
-def schedule_qmatmul(s, t, fam, ctx) -> None:
-    """The matmul form's schedule (ops.schedules calls it for the QMATMUL tag): a QMATMUL_ROWS x
-    QMATMUL_COL_VECTORS block accumulated over all of k inside the output's tile (through the fused epilogue),
-    pixel blocks outermost and parallel."""
-    from .schedules import _accumulator_and_output, _numel, _reduce_size
-    block, out = _accumulator_and_output(s, t, ctx)
-    so = s[out]
-    o, p = list(out.op.axis)[-2:]
-    # a partial column block runs as scalar code: take the widest block of whole vectors that divides the pixels
-    npix = int(out.shape[-1])
-    vecs = next((v for v in range(QMATMUL_COL_VECTORS, 0, -1) if npix % (v * fam.lanes) == 0), QMATMUL_COL_VECTORS)
-    cols = fam.lanes * vecs
-    oo, oi = so.split(o, factor=QMATMUL_ROWS)
-    po, pi = so.split(p, factor=cols)
-    so.reorder(po, oo, oi, pi)
-    so.unroll(oi)
-    so.vectorize(pi)
-    if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
-        so.parallel(po)
-    s[block].compute_at(so, oo)
-    sb = s[block]
-    bo, bp = block.op.axis
-    (k,) = block.op.reduce_axis
-    sb.reorder(k, bo, bp)
-    sb.unroll(bo)
-    sb.vectorize(bp)

@@ -11,7 +11,7 @@ zero point's value), and for stride s split into s column phases, ``[C, H + pads
 so that the window's loads move by one element per output column at any stride (a stride-2 conv would otherwise
 gather every other element). The conv itself is the DEPTHWISE_CONV2D window kernel: a block of output columns
 in vector registers, the taps unrolled, one channel per parallel task, the requantize fused into its write-back;
-each task writes its channel's float planes just before it reads them (``schedule_qdepthwise``), so they stay in
+each task writes its channel's float planes just before it reads them (ops/qschedules.py), so they stay in
 cache instead of going through memory four times the input's size.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tether import te
 from . import common as c
 from .conv import _geometry
 
-QDEPTHWISE = "qdepthwise"      # the tag of the window stage (its schedule: schedule_qdepthwise)
+QDEPTHWISE = "qdepthwise"      # the tag of the window stage (its schedule: ops/qschedules.py)
 
 
 def qdepthwise2d(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwise2d"):
@@ -58,32 +58,3 @@ def qdepthwise2d(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwi
     conv = c.compute((1, ch, oh, ow), f, f"{name}_conv", QDEPTHWISE)
     return c.compute((1, ch, oh, ow), lambda b, q, y, xx: conv[b, q, y, xx] + bias[q], name, c.BROADCAST)
 
-
-def schedule_qdepthwise(s, t, fam, ctx) -> None:
-    """One channel per parallel task: its float planes, then its whole output plane accumulated in a local buffer
-    (a block of output columns in vector registers over the unrolled taps), then the write-back through the fused
-    epilogue."""
-    from .schedules import _accumulator_and_output, _columns, _extent, _numel
-    block, out = _accumulator_and_output(s, t, ctx)
-    so = s[out]
-    b, q, y, x = out.op.axis
-    chan = so.fuse(b, q)
-    if _numel(out) >= fam.parallel_min:
-        so.parallel(chan)
-    cols = _columns(fam, int(out.shape[3]))
-    xo, xi = so.split(x, factor=cols)
-    so.vectorize(xi)
-    sb = s[block]
-    sb.compute_at(so, chan)
-    bb, bq, by, bx = block.op.axis
-    bxo, bxi = sb.split(bx, factor=cols)
-    rd = list(block.op.reduce_axis)
-    sb.reorder(bb, bq, by, bxo, *rd, bxi)
-    sb.vectorize(bxi)
-    for r in rd:
-        if _extent(r) <= fam.window_unroll:
-            sb.unroll(r)
-    for src in block.op.input_tensors:
-        if c.tag_of(src.op) == c.PAD:
-            s[src].compute_at(sb, bq)
-            ctx["serial"].add(id(src.op))

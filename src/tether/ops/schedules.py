@@ -656,12 +656,3 @@ def with_config(fam: Family, config) -> Family:
         if not ok or (kind is str and not isinstance(v, str)):
             raise ScheduleError("schedule knob %s=%r is not a valid %s" % (k, v, kind.__name__))
     return dataclasses.replace(fam, **{k: (bool(v) if KNOBS[k] is bool else v) for k, v in config.items()})
-
-
-# ---- int8 convs on dot4 (issue 12): the pointwise (matmul) form of ops/qconv.py blocks its own way
-# and the depthwise one (ops/qdepthwise.py) packs its input per channel inside its channel loop
-from .qconv import QMATMUL, schedule_qmatmul  # noqa: E402
-from .qdepthwise import QDEPTHWISE, schedule_qdepthwise  # noqa: E402
-_BY_TAG.update({QMATMUL: schedule_qmatmul, QDEPTHWISE: schedule_qdepthwise})
-_EPILOGUE_KERNELS = _EPILOGUE_KERNELS | {QMATMUL, QDEPTHWISE}
-_MATERIALIZE_INPUTS_OF = _MATERIALIZE_INPUTS_OF | {QMATMUL, QDEPTHWISE}

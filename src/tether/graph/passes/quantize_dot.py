@@ -23,7 +23,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from tether.graph import qconv  # noqa: F401  (registers qconv2d)
-from tether.graph.ir import Graph, Node, TensorType, unique_name
+from tether.graph.ir import Graph, Node, TensorType
+from tether.graph.passes.quantize import _Rewriter
 from tether.graph.passes.quantize_float import _activation
 from tether.ops import qconv as qops
 
@@ -71,29 +72,11 @@ def _depthwise(graph: Graph, conv: Node, act, w: np.ndarray, bias: Optional[np.n
 
 
 def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
-    producer = {o: n for n in graph.nodes for o in n.outputs}
-    uses: Dict[str, int] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            uses[i] = uses.get(i, 0) + 1
-    for o in graph.outputs:
-        uses[o] = uses.get(o, 0) + 1
     graph = graph.copy()
     graph.types = dict(graph.types)
     params = dict(params)
-    taken = set(graph.types) | set(params)
-
-    def fresh(hint: str) -> str:
-        name = unique_name(hint, taken)
-        taken.add(name)
-        return name
-
-    def const(value: np.ndarray, hint: str) -> str:
-        name = fresh(hint)
-        params[name] = np.array(value, order="C")
-        graph.types[name] = TensorType(params[name].shape, params[name].dtype)
-        return name
-
+    rw = _Rewriter(graph, params)       # producers, uses, fresh names and constants
+    producer, uses, fresh, const = rw.producer, rw.uses, rw.fresh, rw.const
     rewrite: Dict[int, List[Node]] = {}
     for rq in graph.nodes:
         if rq.op != "requantize" or rq.inputs[1] not in params or rq.inputs[2] not in params:
