@@ -31,13 +31,13 @@ from . import common as c
 from .conv import _geometry
 
 PANEL = 16
-# the matmul form wants the pixel count a multiple of this (the widest vector, AVX-512's 16 int32 lanes): a partial
-# vector of pixels runs as scalar code, while the pixel form's vectors are channels (any pixel count)
+# the matmul form computes its pixels in multiples of this (the widest vector, AVX-512's 16 int32 lanes): a partial
+# vector of pixels would run as scalar code
 POINTWISE_PIXEL_MULTIPLE = 16
 QMATMUL = "qmatmul"     # the tag of the matmul form's product (its schedule: ops/qschedules.py)
-# the matmul form's register block: output channels (broadcast weight words) x pixel vectors; 4 x 4 vectors is
-# 16 accumulators, 4 activation vector loads and 4 broadcasts per 16 dot-product instructions
-QMATMUL_ROWS = 4
+# the matmul form's register block: this many accumulators (vectors of pixels x output channels, whose weight
+# words are broadcast), the pixels at most QMATMUL_COL_VECTORS vectors wide
+QMATMUL_ACCUMULATORS = 16
 QMATMUL_COL_VECTORS = 4
 _FLIP = -0x7F7F7F80     # 0x80808080 as an int32
 _BYTE_SIGNED = {"int8": True, "uint8": False}
@@ -163,20 +163,25 @@ def _pointwise(x, wq, bias, kind: str, flip: bool, name: str):
         raise ValueError("%s: packed pointwise weight %s does not fit %d input channels" % (name, c.shape_of(wq), ch))
     kind = kind or default_kind(str(x.dtype))
 
+    # a pixel count that whole vectors do not cover is padded (zero words) up to one they do: the product runs in
+    # full vectors into its own buffer, and the write-back (with the fused requantize) leaves a short scalar tail
+    ppad = -(-npix // POINTWISE_PIXEL_MULTIPLE) * POINTWISE_PIXEL_MULTIPLE
+
     def word(q, p):
         out = None
         for t in range(4):
             ci = q * 4 + t
-            v = _byte(x, c.clamp_index(ci, ch) if ch % 4 else ci, p)
+            v = _byte(x, c.clamp_index(ci, ch) if ch % 4 else ci, c.clamp_index(p, npix) if ppad > npix else p)
             if ch % 4 and t:
                 v = te.if_then_else(ci < ch, v, c.const(0, "int32"))
             v = te.bitwise("shl", v, c.const(8 * t, "int32")) if t else v
             out = v if out is None else te.bitwise("bitor", out, v)
-        return te.bitwise("bitxor", out, c.const(_FLIP, "int32")) if flip else out
+        out = te.bitwise("bitxor", out, c.const(_FLIP, "int32")) if flip else out
+        return te.if_then_else(p < npix, out, c.const(0, "int32")) if ppad > npix else out
 
-    xq = c.compute((c4, npix), word, f"{name}_words", c.PAD)
+    xq = c.compute((c4, ppad), word, f"{name}_words", c.PAD)
     r = te.reduce_axis((0, c4), name="rc")
-    mm = c.compute((oc, npix), lambda o, p: te.sum(te.dot4(xq[r, p], wq[o, r], kind), axis=r), f"{name}_mm",
-                   QMATMUL)
+    mm = c.compute((oc, ppad), lambda o, p: te.sum(te.dot4(xq[r, p], wq[o, r], kind), axis=r), f"{name}_mm",
+                   QMATMUL, attrs={"padded_from": npix} if ppad > npix else None)
     return c.compute((oc, npix), lambda o, p: mm[o, p] + bias[o], name, c.BROADCAST)
 

@@ -5,29 +5,36 @@ from __future__ import annotations
 
 from . import common as c
 from . import schedules
-from .qconv import QMATMUL, QMATMUL_COL_VECTORS, QMATMUL_ROWS
+from .qconv import QMATMUL, QMATMUL_ACCUMULATORS, QMATMUL_COL_VECTORS
 from .qdepthwise import QDEPTHWISE
 from .schedules import _accumulator_and_output, _columns, _extent, _numel, _reduce_size
 
 
 def schedule_qmatmul(s, t, fam, ctx) -> None:
-    """The matmul form's schedule (ops.schedules calls it for the QMATMUL tag): a QMATMUL_ROWS x
-    QMATMUL_COL_VECTORS block accumulated over all of k inside the output's tile (through the fused epilogue),
-    pixel blocks outermost and parallel."""
+    """The matmul form's schedule (ops.schedules calls it for the QMATMUL tag): a block of output channels x
+    pixel vectors (QMATMUL_ACCUMULATORS of them, within the family's accumulator registers) accumulated over all
+    of k inside the output's tile (through the fused epilogue); pixel blocks outermost and parallel, or channel
+    blocks when there are too few pixel blocks to share among the threads."""
     block, out = _accumulator_and_output(s, t, ctx)
     so = s[out]
     o, p = list(out.op.axis)[-2:]
-    # a partial column block runs as scalar code: take the widest block of whole vectors that divides the pixels
+    # a partial column block runs as scalar code: the widest block of whole vectors that divides the pixels, then
+    # as many channel rows as the accumulators allow (a weight word is one broadcast, folded into vpdpbusd)
     npix = int(out.shape[-1])
-    vecs = next((v for v in range(QMATMUL_COL_VECTORS, 0, -1) if npix % (v * fam.lanes) == 0), QMATMUL_COL_VECTORS)
+    accumulators = min(QMATMUL_ACCUMULATORS, fam.acc_regs)
+    vecs = next((v for v in range(min(QMATMUL_COL_VECTORS, accumulators), 0, -1) if npix % (v * fam.lanes) == 0),
+                1)
     cols = fam.lanes * vecs
-    oo, oi = so.split(o, factor=QMATMUL_ROWS)
+    oo, oi = so.split(o, factor=max(1, accumulators // vecs))
     po, pi = so.split(p, factor=cols)
-    so.reorder(po, oo, oi, pi)
+    few_pixel_blocks = -(-npix // cols) < fam.parallel_tasks
+    outer, inner = (oo, po) if few_pixel_blocks else (po, oo)
+    so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
     so.vectorize(pi)
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
-        so.parallel(po)
+        so.parallel(outer)
+    s[block].compute_at(so, inner)
     s[block].compute_at(so, oo)
     sb = s[block]
     bo, bp = block.op.axis

@@ -102,8 +102,7 @@ def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         mult, zy = params[rq.inputs[1]], params[rq.inputs[2]]
         if n != 1 or mult.size not in (1, oc) or zy.size != 1:
             continue
-        pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"]) \
-            and (h * wd) % qops.POINTWISE_PIXEL_MULTIPLE == 0
+        pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
         wp = qops.pack_rows(w) if pointwise else qops.pack_weights(w)
         b = (np.zeros(oc, np.int64) if bias is None else bias.reshape(-1).astype(np.int64)) \
             - zx * qops.weight_sums(wp, oc)
