@@ -7,7 +7,8 @@ disassembly) and armv7."""
 import numpy as np
 import onnxruntime as ort
 import pytest
-from fixtures.onnx_struct_compare import make_model
+from fixtures.onnx_struct_compare import make_graph_model, make_model
+from onnx import helper
 
 import tether
 from tether import rpc
@@ -79,6 +80,25 @@ def test_qlinearconv_bit_exact(onnx_compare, case):
         assert not ops_used & {"qconv2d", "qdepthwise2d"}, ops_used
     else:
         assert expected in ops_used, ops_used
+    onnx_compare(model, {"x": x}, rtol=0, atol=0)
+
+
+def test_qdq_gemm_head_runs_as_a_qconv(onnx_compare):
+    """quantize_static's classifier head, DQ(x) -> Gemm(DQ(w), DQ(bias)) -> Q, one row: a 1x1 qconv2d."""
+    k, n = 52, 37
+    x = RNG.integers(0, 256, (1, k)).astype(np.uint8)
+    sw = RNG.uniform(1e-4, 2e-4, n).astype(np.float32)
+    inits = {"sx": np.array(0.03, np.float32), "zx": np.array(11, np.uint8),
+             "w": RNG.integers(-127, 128, (n, k)).astype(np.int8), "sw": sw, "zw": np.zeros(n, np.int8),
+             "b": RNG.integers(-900, 900, n).astype(np.int32), "sb": (np.float32(0.03) * sw).astype(np.float32),
+             "zb": np.zeros(n, np.int32), "sy": np.array(0.02, np.float32), "zy": np.array(128, np.uint8)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"], axis=0),
+             helper.make_node("Gemm", ["xf", "wf", "bf"], ["yf"], transB=1),
+             helper.make_node("QuantizeLinear", ["yf", "sy", "zy"], ["y"])]
+    model = make_graph_model(nodes, {"x": x}, ["y"], inits, opset=13)
+    assert "qconv2d" in _ops(model)
     onnx_compare(model, {"x": x}, rtol=0, atol=0)
 
 

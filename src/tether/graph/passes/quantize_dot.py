@@ -9,7 +9,8 @@ weight of quantize_static) and the conv is not grouped, this pass writes instead
 
 with the 8-bit activations read directly (graph/qconv.py, ops/qconv.py): the weights packed once here, the zero
 point of x folded into the bias (padding reads zx, which contributes nothing), the requantize fused into the
-kernel's write-back by the fusion pass. The integers are the same as the int32 conv's, so the requantize rounds
+kernel's write-back by the fusion pass; a one-row ``dense`` (a classifier head) becomes the same on a 1x1 image
+of K channels. The integers are the same as the int32 conv's, so the requantize rounds
 them as before: bit for bit onnxruntime's. Grouped and depthwise convs, and anything else, stay as they are (the
 exact-float32 pass, passes/quantize_float.py, still runs them as fp32 kernels when their sums fit), except
 depthwise convs whose sums fit float32: ``requantize(qdepthwise2d(x, w, bias), multiplier, zy)``, the 8-bit input
@@ -33,18 +34,19 @@ log = logging.getLogger(__name__)
 
 def _conv_chain(graph: Graph, params: Dict[str, np.ndarray], producer: Dict[str, Node], uses: Dict[str, int],
                 rq: Node) -> Optional[Tuple[Node, Optional[np.ndarray]]]:
-    """(conv2d, int32 bias or None) feeding requantize ``rq`` through at most an add, each read only once."""
+    """(conv2d or dense, int32 bias or None) feeding requantize ``rq`` through at most an add, each read once."""
     n = producer.get(rq.inputs[0])
     bias = None
     if n is not None and n.op == "add" and uses.get(n.outputs[0]) == 1:
         for k in (0, 1):
             conv, other = producer.get(n.inputs[k]), n.inputs[1 - k]
-            if conv is not None and conv.op == "conv2d" and other in params and params[other].dtype == np.int32:
+            if conv is not None and conv.op in ("conv2d", "dense") and other in params and \
+                    params[other].dtype == np.int32:
                 n, bias = conv, params[other]
                 break
         else:
             return None
-    if n is None or n.op != "conv2d" or uses.get(n.outputs[0]) != 1 or len(n.inputs) != 2:
+    if n is None or n.op not in ("conv2d", "dense") or uses.get(n.outputs[0]) != 1 or len(n.inputs) != 2:
         return None
     if bias is not None and bias.size != graph.types[n.inputs[1]].shape[0]:
         return None
@@ -85,10 +87,23 @@ def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         if chain is None:
             continue
         conv, bias = chain
+        pre: List[Node] = []
         w = params.get(conv.inputs[1])
         act = _activation(graph, params, producer, conv.inputs[0])
         if w is None or w.dtype != np.int32 or act is None:
             continue
+        if conv.op == "dense":
+            # one row: a 1x1 conv of a 1x1 image (the pixel form: output channels in vectors)
+            if graph.types[conv.inputs[0]].shape[0] != 1:
+                continue
+            conv = Node("conv2d", conv.name, conv.inputs, conv.outputs, {"strides": [1, 1], "pads": [0, 0, 0, 0],
+                                                                         "dilations": [1, 1], "groups": 1})
+            w = w.reshape(w.shape + (1, 1))
+            src = act[0]
+            view = fresh(src + "_image")
+            graph.types[view] = TensorType((1, graph.types[src].shape[1], 1, 1), graph.types[src].dtype)
+            pre = [Node("reshape", fresh("qdense_view_node"), [src], [view], {"shape": graph.types[view].shape})]
+            act = (view,) + tuple(act[1:])
         if conv.attrs["groups"] != 1:
             dw = _depthwise(graph, conv, act, w, bias, rq, const, fresh)
             if dw is not None:
@@ -102,7 +117,8 @@ def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         mult, zy = params[rq.inputs[1]], params[rq.inputs[2]]
         if n != 1 or mult.size not in (1, oc) or zy.size != 1:
             continue
-        pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
+        pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"]) \
+            and h * wd >= qops.POINTWISE_PIXEL_MULTIPLE
         wp = qops.pack_rows(w) if pointwise else qops.pack_weights(w)
         b = (np.zeros(oc, np.int64) if bias is None else bias.reshape(-1).astype(np.int64)) \
             - zx * qops.weight_sums(wp, oc)
@@ -111,7 +127,7 @@ def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         attrs = {"kernel": [kh, kw], "strides": list(conv.attrs["strides"]), "pads": list(conv.attrs["pads"]),
                  "dilations": list(conv.attrs["dilations"]), "channels": ch, "out_channels": oc, "image": [h, wd],
                  "pad_value": int(zx), "kind": "", "flip": 0}
-        new: List[Node] = []
+        new: List[Node] = pre
         x = src
         if pointwise:
             x = fresh(src + "_pixels")
