@@ -12,8 +12,8 @@ Layouts (``te.dot4`` multiplies four bytes held in one int32 word):
   layout (ops.linear.pack_panels_array) with four k steps per word;
 - activations, packed per run by the kernel's first stage: ``(H + pads, W + pads, C4)`` int32, channels last,
   four channels per word, the padding filled with ``pad_value``. O(input bytes): about 1/O of the conv's work;
-- the product: the implicit GEMM of ops.conv2d_pixels (its tag, so its schedule: a block of output pixels by one
-  PANEL-wide vector of output channels, the reduction outermost inside the block), with ``acc + dot4(x, w)``
+- the product: the implicit GEMM of ops.conv2d_pixels (its block of output pixels by one PANEL-wide vector of
+  output channels, the reduction outermost inside the block; ops/qschedules.py), with ``acc + dot4(x, w)``
   as the multiply-add: one vpdpbusd / sdot per word on targets that have it (codegen/int8dot.py);
 - the output ``(O, OH * OW)`` int32, the bias added in the write-back, where the graph fuses the requantize.
 
@@ -34,6 +34,7 @@ PANEL = 16
 # the matmul form computes its pixels in multiples of this (the widest vector, AVX-512's 16 int32 lanes): a partial
 # vector of pixels would run as scalar code
 POINTWISE_PIXEL_MULTIPLE = 16
+QCONV_PIXELS = "qconv_pixels"   # the tag of the pixel form's product (its schedule: ops/qschedules.py)
 QMATMUL = "qmatmul"     # the tag of the matmul form's product (its schedule: ops/qschedules.py)
 # the matmul form's register block: this many accumulators (vectors of pixels x output channels, whose weight
 # words are broadcast), the pixels at most QMATMUL_COL_VECTORS vectors wide
@@ -142,8 +143,7 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
         return te.sum(te.dot4(xq[y * sh + ry * dh, xx * sw + rx * dw, rc], wp[o // pw, k, o % pw], kind),
                       axis=[ry, rx, rc])
 
-    conv = c.compute((oh * ow, npanel * pw), f, f"{name}_nc", c.CONV2D_PIXELS, attrs={"panel": pw,
-                                                                                    "group_channels": 0})
+    conv = c.compute((oh * ow, npanel * pw), f, f"{name}_nc", QCONV_PIXELS, attrs={"panel": pw})
     return c.compute((out_channels, oh * ow), lambda o, p: conv[p, o] + bias[o], name, c.INJECTIVE)
 
 
