@@ -24,6 +24,7 @@ RNG = np.random.default_rng(12)
 CASES = {
     "pointwise_matmul_form": (24, 40, 8, 8, 1, {}, "uint8", True, "int8", "qconv2d"),
     "pointwise_odd_pixels": (13, 17, 7, 7, 1, {}, "uint8", True, "int8", "qconv2d"),
+    "pointwise_padded_pixels": (16, 32, 9, 9, 1, {}, "int8", True, "int8", "qconv2d"),    # 81 -> 96 pixels
     "pointwise_int8_acts": (20, 33, 4, 8, 1, {}, "int8", False, "int8", "qconv2d"),
     "3x3_s1_pad": (7, 33, 9, 9, 3, {"pads": [1, 1, 1, 1]}, "uint8", True, "int8", "qconv2d"),
     "3x3_s2_asym_pads": (16, 16, 10, 11, 3, {"pads": [0, 1, 1, 0], "strides": [2, 2]}, "uint8", False, "int8",

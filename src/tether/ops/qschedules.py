@@ -36,7 +36,6 @@ def schedule_qmatmul(s, t, fam, ctx) -> None:
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
         so.parallel(outer)
     s[block].compute_at(so, inner)
-    s[block].compute_at(so, oo)
     sb = s[block]
     bo, bp = block.op.axis
     (k,) = block.op.reduce_axis
