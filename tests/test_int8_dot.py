@@ -86,7 +86,7 @@ def _elementwise_case(kind, n, factor, form, rng):
     return s, args, [a, b, d], want
 
 
-def _reduction(kind: str, n: int, k: int, factor: int):
+def _reduction(kind: str, n: int, k: int, factor: int, parallel: bool = False):
     """C[j] = sum_r dot4(A[r], W[r, j]): the reduction's accumulator is a vector over j (one lane per output)."""
     a = te.placeholder((k,), "int32", name="A")
     w = te.placeholder((k, n), "int32", name="W")
@@ -100,11 +100,13 @@ def _reduction(kind: str, n: int, k: int, factor: int):
         s[cl].compute_at(s[c], jo)
         s[cl].reorder(s[cl].op.reduce_axis[0], s[cl].op.axis[0])
         s[cl].vectorize(s[cl].op.axis[0])
+        if parallel:    # the vectorized reduction inside parallel tasks (own functions in the module)
+            s[c].parallel(jo)
     return s, [a, w, c]
 
 
-def _reduction_case(kind, n, k, factor, rng):
-    s, args = _reduction(kind, n, k, factor)
+def _reduction_case(kind, n, k, factor, rng, parallel=False):
+    s, args = _reduction(kind, n, k, factor, parallel)
     a, w = _words(rng, (k,)), _words(rng, (k, n))
     want = dot4_reference(np.broadcast_to(a[:, None], (k, n)), w, kind).sum(axis=0)
     return s, args, [a, w], want
@@ -122,6 +124,8 @@ def cases(seed: int = 0):
         for factor in (1, 4, 8, 16, 12):
             s, args, inputs, want = _reduction_case(kind, 48, 37, factor, rng)
             out.append(("red_%s_v%d" % (kind, factor), s, args, inputs, want))
+        s, args, inputs, want = _reduction_case(kind, 64, 37, 16, rng, parallel=True)
+        out.append(("red_%s_parallel" % kind, s, args, inputs, want))
     return out
 
 
@@ -190,3 +194,121 @@ def test_avx_vnni_without_avx512_vnni_uses_the_vex_form(tmp_path):
         out = np.zeros(want.shape, np.int32)
         mod[name](*inputs, out)
         _check(name + "@avxvnni", out, want)
+
+
+# ---- emulated ARM devices ---------------------------------------------------------------------------------------
+# preset -> instructions its build must show (the rasp5 device is qemu's cortex-a76, which has the dot product)
+ARM_INSTRUCTIONS = {
+    "rasp5": [r"\bsdot\s+v\d+\.4s", r"\budot\s+v\d+\.4s"],
+    "rasp4b": [r"\bsmull2?\s+v\d+\.8h", r"\bumull2?\s+v\d+\.8h", r"\bsaddlp\s+v\d+\.4s", r"\buaddlp\s+v\d+\.4s"],
+    "armv7-a7": [r"\bvmull\.s8\b", r"\bvmull\.u8\b", r"\bvpaddl\.s16\b", r"\bvpaddl\.u16\b"],
+}
+
+
+@pytest.mark.parametrize("preset", sorted(ARM_INSTRUCTIONS))
+def test_arm_builds_use_the_targets_instructions(preset, tmp_path):
+    _, lib, _ = _build_all(preset, tmp_path)
+    asm = lib.get_source("asm")
+    for pattern in ARM_INSTRUCTIONS[preset]:
+        assert re.search(pattern, asm), (preset, pattern)
+    if preset != "rasp5":
+        assert not re.search(r"\b[su]dot\b", asm)
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("preset", sorted(ARM_INSTRUCTIONS))
+def test_dot4_matches_numpy_on_emulated_device(emulated_devices, preset, tmp_path):
+    device = emulated_devices.for_preset(preset)
+    built, _, path = _build_all(preset, tmp_path, seed=1)
+    _run_on_device(device, path, built, preset)
+
+
+def _run_on_device(device, path, built, label: str) -> None:
+    """Every case of ``built`` (in the module at ``path``) run on an emulated device over RPC, checked."""
+    from tether import rpc
+    with rpc.connect(*device.address, timeout=120.0) as remote:
+        remote.upload(str(path))
+        mod = remote.load_module(path.name)
+        for name, _, _, inputs, want in built:
+            out = remote.empty(want.shape, "int32")
+            mod[name](*[remote.array(x) for x in inputs], out)
+            _check(name + "@" + label, out.numpy(), want)
+
+
+# ---- load-time choice: android-arm64 covers phones with and without the dot product ------------------------------
+_GUEST_SCRIPT = r"""
+import ctypes, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from tether_rpc import module
+m = module.load_module(sys.argv[2])
+word = ctypes.c_uint32.in_dll(m._lib, "tether_cpu_features")
+if sys.argv[3] == "force":      # take the dot-product version whatever the CPU says
+    word.value = 1
+print("word", word.value, flush=True)
+a = np.arange(1, 38, dtype=np.int32) * 0x01010101
+w = np.tile(np.arange(48, dtype=np.int32) * 0x00010203, (37, 1))
+c = np.zeros(48, np.int32)
+m["red_s8s8_v16"](a, w, c)
+print("ran", int(c.astype(np.int64).sum()), flush=True)
+"""
+
+
+def test_dispatch_word_bits():
+    from tether_rpc import cpu_features
+    caps = {"source": "auxv", "features": ["asimd", "asimddp"]}
+    assert cpu_features.dispatch_word(["asimddp"], caps) == 1
+    assert cpu_features.dispatch_word(["i8mm", "asimddp"], caps) == 2
+    assert cpu_features.dispatch_word(["asimddp"], {"source": None, "features": ["asimddp"]}) == 0
+    assert cpu_features.dispatch_word(None, caps) == 0
+
+
+def test_android_arm64_build_carries_both_versions(tmp_path):
+    assert int8_dot_native("android-arm64") == ()
+    _, lib, path = _build_all("android-arm64", tmp_path)
+    meta = runtime.read_metadata(str(path))
+    assert meta["cpu_dispatch"] == ["asimddp"] and "asimddp" not in meta["requires"]["features"]
+    asm = lib.get_source("asm")
+    for pattern in (r"\bsdot\s+v\d+\.4s", r"\budot\s+v\d+\.4s", r"\bsmull2?\s+v\d+\.8h", r"\bsaddlp\s"):
+        assert re.search(pattern, asm), pattern
+    # a build in parts (one object per job) has one word, defined by the runtime part
+    parts = tether.build([tether.lower(*_reduction("s8s8", 48, 37, 16), name="a"),
+                          tether.lower(*_reduction("u8u8", 48, 37, 8), name="b")],
+                         target="android-arm64", name="parts", jobs=2)
+    ppath = tmp_path / "parts.so"
+    parts.export_library(str(ppath))
+    assert runtime.read_metadata(str(ppath))["cpu_dispatch"] == ["asimddp"]
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("cpu,word", [("cortex-a72", 0), ("cortex-a76", 1)])
+def test_android_arm64_chooses_at_load_time_on_emulated_cpus(emulated_devices, cpu, word, tmp_path):
+    """The same android-arm64 module gives numpy's results on a CPU without the dot product (cortex-a72) and
+    one with it (cortex-a76), and the loader sets the word that picks the sdot/udot versions only on the latter."""
+    import pathlib
+    import shutil
+    import uuid
+
+    built, _, path = _build_all("android-arm64", tmp_path, seed=2)
+    device = emulated_devices.device("aarch64", cpu)
+    _run_on_device(device, path, built, "android-arm64/" + cpu)
+    # which version ran: the word the device runtime set, read inside the guest
+    userland = emulated_devices.userland("aarch64")
+    guest_dir = "/tmp/int8dot_%s" % uuid.uuid4().hex
+    host_dir = userland.guest_path(guest_dir)
+    host_dir.mkdir(parents=True)
+    try:
+        root = pathlib.Path(__file__).resolve().parent.parent
+        shutil.copytree(root / "rpc_server" / "tether_rpc", host_dir / "tether_rpc")
+        shutil.copy(path, host_dir / "m.so")
+        (host_dir / "check.py").write_text(_GUEST_SCRIPT)
+        args = [guest_dir + "/check.py", guest_dir, guest_dir + "/m.so"]
+        proc = userland.run_python(args + ["as-loaded"], cpu=cpu, timeout=120.0)
+        assert "word %d" % word in proc.stdout and "ran" in proc.stdout, proc.stdout + proc.stderr
+        if word == 0:
+            # forcing the dot-product version on this CPU dies of SIGILL: the word is what keeps sdot away
+            forced = userland.run_python(args + ["force"], cpu=cpu, timeout=120.0, check=False)
+            assert "word 1" in forced.stdout and "ran" not in forced.stdout, forced.stdout + forced.stderr
+            assert forced.returncode in (-4, 128 + 4), (forced.returncode, forced.stderr[-2000:])   # SIGILL
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)

@@ -145,3 +145,31 @@ def this_cpu(arch: str, cpuinfo: Dict[str, Any]) -> Dict[str, Any]:
         _cache["cpu"] = capabilities(arch, cpuinfo)
         logger.debug("CPU capabilities: %s", _cache["cpu"])
     return _cache["cpu"]
+
+
+# ---- CPU dispatch (metadata "cpu_dispatch", docs/abi.md) ------------------------------------------------------
+DISPATCH_WORD = "tether_cpu_features"
+
+
+def dispatch_word(names: Any, caps: Dict[str, Any]) -> int:
+    """The module's CPU-features word: bit i set when this CPU reports ``names[i]`` (0 when unknown: every kernel
+    then takes its base version, which runs on any CPU the module's "requires" admits)."""
+    if not isinstance(names, list) or caps.get("source") is None:
+        return 0
+    have = set(caps.get("features") or ())
+    return sum(1 << i for i, n in enumerate(names[:32]) if isinstance(n, str) and n in have)
+
+
+def set_dispatch_word(lib: Any, names: Any, caps: Dict[str, Any], label: str) -> int:
+    """Write :func:`dispatch_word` into the loaded library ``lib`` (a ctypes.CDLL) when its metadata names bits."""
+    if not names:
+        return 0
+    word = dispatch_word(names, caps)
+    try:
+        ctypes.c_uint32.in_dll(lib, DISPATCH_WORD).value = word
+    except ValueError:   # metadata names bits but the library has no word: every kernel stays on its base version
+        logger.warning("%s: metadata cpu_dispatch %s but no %s symbol; using base kernels", label, names,
+                       DISPATCH_WORD)
+        return 0
+    logger.debug("%s: CPU dispatch %s -> word %#x", label, names, word)
+    return word

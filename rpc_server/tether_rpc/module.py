@@ -529,6 +529,8 @@ def load_module(path: str, parallel_launcher: bool = True) -> Module:
         if missing:
             host_functions.install(None, host, label)  # raises the ModuleLoadError naming them
     lib = _dlopen(path, label, needs)
+    # kernels compiled twice pick their version from the features this CPU reports (metadata "cpu_dispatch")
+    cpu_features.set_dispatch_word(lib, meta.get("cpu_dispatch"), device_info.cpu_capabilities(), label)
     if host:
         host_functions.install(lib, host, label)
     chunked = meta.get("parallel_tasks") == "chunked"  # tasks accept any num_tasks (docs/abi.md)

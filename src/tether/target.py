@@ -460,3 +460,11 @@ def int8_dot_native(target: Union[str, "Target", None]) -> Tuple[str, ...]:
     if t.arch == "aarch64" and "asimddp" in t.requirements()["features"]:
         return ("s8s8", "u8u8")
     return ()
+
+
+def int8_load_time_features(target: Union[str, "Target", None]) -> Tuple[str, ...]:
+    """The hwcap names whose int8 instructions a build for ``target`` uses only where the device reports them
+    (chosen at load time: android-arm64 -> ("asimddp",)); none the target's own features already guarantee."""
+    t = as_target(target)
+    have = set(t.requirements()["features"])
+    return tuple(f for f in _INT8_LOAD_TIME.get(t.preset or "", ()) if f not in have)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from llvmlite import ir
 
-from tether.codegen import parallel
+from tether.codegen import cpu_dispatch, parallel
 from tether.codegen.expr import ExprEmitter, by_class, uses
 from tether.codegen.halfconv import TO_STORAGE
 from tether.codegen.types import I1, I8, I32, PTR, elem_bytes, is_vec, mem_type
@@ -319,6 +319,12 @@ def check_index_range(func: str, buf: Buffer) -> None:
 def emit_function(ctx: Any, primfunc: PrimFunc) -> ir.Function:
     """Emit ``i32 @<name>__impl(ptr noalias p0, ...)`` for ``primfunc`` into ``ctx.module`` (``ctx``: a
     codegen.module.ModuleBuilder)."""
+    # a kernel using instructions the device may or may not have: two versions, chosen at load time
+    dispatched = cpu_dispatch.emit(ctx, primfunc, _emit_one)
+    return dispatched if dispatched is not None else _emit_one(ctx, primfunc)
+
+
+def _emit_one(ctx: Any, primfunc: PrimFunc) -> ir.Function:
     params = primfunc.param_buffers
     for buf in params:
         check_index_range(primfunc.name, buf)

@@ -50,7 +50,7 @@ def emit(em: Any, call: Call, acc: Optional[Expr] = None) -> ir.Value:
         b, acc_v = em.match(b, acc_v)
     if is_vec(a):
         target = em.ctx.target
-        group = _native(target, kind) or _widening(target)
+        group = _load_time(getattr(em.ctx, "cpu_variant", None), kind) or _native(target, kind) or _widening(target)
         if group is not None:
             widths, fn = group
             return _by_groups(B, widths, fn, kind, a, b, acc_v)
@@ -134,6 +134,13 @@ def _arm_dot(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value
                       [acc, _as_bytes(B, a), _as_bytes(B, b)])
 
 
+def _load_time(variant: Optional[str], kind: str) -> Optional[Tuple[Tuple[int, ...], GroupFn]]:
+    """The group code of a kernel version for a CPU feature chosen at load time (``ctx.cpu_variant``)."""
+    if variant == "asimddp" and kind in ("s8s8", "u8u8"):
+        return (4, 2), _arm_dot
+    return None
+
+
 def _native(target: Any, kind: str) -> Optional[Tuple[Tuple[int, ...], GroupFn]]:
     """(group widths, group function) of the target's dot-product instruction for ``kind``, if it has one."""
     if kind not in int8_dot_native(target):
@@ -147,39 +154,38 @@ def _native(target: Any, kind: str) -> Optional[Tuple[Tuple[int, ...], GroupFn]]
 
 
 # ---- widening multiply and pairwise add (targets without the instruction) ----------------------------------------
-def _arm64_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
-    """4 lanes: smull/umull (or ext + mul for u8s8) of each 8-byte half to i16, saddlp/uaddlp to i32 pairs, addp."""
-    half = [_split8(B, _as_bytes(B, a)), _split8(B, _as_bytes(B, b))]
+# (prefix, widening multiply s8s8, u8u8, pairwise add long signed, unsigned) of the NEON intrinsics
+_NEON = {"aarch64": ("llvm.aarch64.neon.", "smull", "umull", "saddlp", "uaddlp"),
+         "armv7": ("llvm.arm.neon.", "vmulls", "vmullu", "vpaddls", "vpaddlu")}
+
+
+def _neon_pair_sums(B: ir.IRBuilder, arch: str, kind: str, a: ir.Value, b: ir.Value) -> List[ir.Value]:
+    """For 4 lanes: per 8-byte half, the byte products widened to i16 (smull/umull, vmull; u8s8: zext/sext and a
+    16-bit mul, exact as every u8*s8 product fits int16) and added in pairs to <4 x i32> (saddlp/uaddlp, vpaddl)."""
+    prefix, smull, umull, saddlp, uaddlp = _NEON[arch]
+    (x0, x1), (y0, y1) = _split8(B, _as_bytes(B, a)), _split8(B, _as_bytes(B, b))
     sums = []
-    for h in range(2):
-        x, y = half[0][h], half[1][h]
+    for x, y in ((x0, y0), (x1, y1)):
         if kind == "u8s8":
             p = B.mul(B.zext(x, _vec(I16, 8)), B.sext(y, _vec(I16, 8)))
         else:
-            p = _intrinsic(B, "llvm.aarch64.neon.%s.v8i16" % ("smull" if kind == "s8s8" else "umull"),
-                           _vec(I16, 8), [x, y])
-        pair = "uaddlp" if kind == "u8u8" else "saddlp"
-        sums.append(_intrinsic(B, "llvm.aarch64.neon.%s.v4i32.v8i16" % pair, _vec(I32, 4), [p]))
+            p = _intrinsic(B, prefix + "%s.v8i16" % (smull if kind == "s8s8" else umull), _vec(I16, 8), [x, y])
+        pair = uaddlp if kind == "u8u8" else saddlp
+        sums.append(_intrinsic(B, prefix + "%s.v4i32.v8i16" % pair, _vec(I32, 4), [p]))
+    return sums
+
+
+def _arm64_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """4 lanes: the pair sums of both halves added pairwise once more (addp)."""
+    sums = _neon_pair_sums(B, "aarch64", kind, a, b)
     return B.add(acc, _intrinsic(B, "llvm.aarch64.neon.addp.v4i32", _vec(I32, 4), sums))
 
 
 def _armv7_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
-    """4 lanes: vmull (or vmovl + vmul for u8s8) of each 8-byte half to i16, vpaddl to i32 pairs, vpadd."""
-    half = [_split8(B, _as_bytes(B, a)), _split8(B, _as_bytes(B, b))]
-    lanes = []
-    for h in range(2):
-        x, y = half[0][h], half[1][h]
-        if kind == "u8s8":
-            p = B.mul(B.zext(x, _vec(I16, 8)), B.sext(y, _vec(I16, 8)))
-        else:
-            p = _intrinsic(B, "llvm.arm.neon.%s.v8i16" % ("vmulls" if kind == "s8s8" else "vmullu"),
-                           _vec(I16, 8), [x, y])
-        pair = "vpaddlu" if kind == "u8u8" else "vpaddls"
-        q = _intrinsic(B, "llvm.arm.neon.%s.v4i32.v8i16" % pair, _vec(I32, 4), [p])
-        lo, hi = _pick(B, q, [0, 1]), _pick(B, q, [2, 3])
-        lanes.append(_intrinsic(B, "llvm.arm.neon.vpadd.v2i32", _vec(I32, 2), [lo, hi]))
-    both = B.shuffle_vector(lanes[0], lanes[1], ir.Constant(_vec(I32, 4), [0, 1, 2, 3]))
-    return B.add(acc, both)
+    """4 lanes: the pair sums of each half added pairwise once more (vpadd on its two d registers)."""
+    lanes = [_intrinsic(B, "llvm.arm.neon.vpadd.v2i32", _vec(I32, 2), [_pick(B, q, [0, 1]), _pick(B, q, [2, 3])])
+             for q in _neon_pair_sums(B, "armv7", kind, a, b)]
+    return B.add(acc, B.shuffle_vector(lanes[0], lanes[1], ir.Constant(_vec(I32, 4), [0, 1, 2, 3])))
 
 
 def _x86_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from llvmlite import ir
 
-from tether.codegen import hostcall, mathlib, threadpool
+from tether.codegen import cpu_dispatch, hostcall, mathlib, threadpool
 from tether.codegen.packed import ARG_CHECKER, ARG_CHECKER_IR, WrapperWriter
 from tether.codegen.runtime import (ARM_RUNTIME_FUNCTIONS, EXPORTED_RUNTIME_SYMBOLS, MEMORY_FUNCTIONS,
                                     add_launcher_slot, add_metadata_blob, arm_runtime_ir, memory_functions_ir)
@@ -54,6 +54,8 @@ class ModuleBuilder:
         self.metadata: Optional[Dict[str, Any]] = None
 
         self.parallel_launch_slot = add_launcher_slot(self.module, self.target, part)
+        # the CPU-features word of kernels chosen at load time (codegen/cpu_dispatch.py), None for most targets
+        self.cpu_dispatch_word = cpu_dispatch.add_word(self.module, self.target, part)
 
     # ---- services for codegen -----------------------------------------------------------------------------
     def math(self, name: str, ty: ir.Type) -> ir.Function:
@@ -130,6 +132,8 @@ class ModuleBuilder:
                          "target": self.target.to_dict(),
                          "requires": self.target.requirements(), "functions": self._functions,
                          "parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION}
+        if self.cpu_dispatch_word is not None:   # the word's bits, set by the runtime at load
+            self.metadata["cpu_dispatch"] = list(cpu_dispatch.features(self.target))
         host = hostcall.host_functions(self)  # names resolved by the runtime at load (docs/abi.md "Host callbacks")
         if host:
             self.metadata["host_functions"] = list(host)
@@ -137,6 +141,8 @@ class ModuleBuilder:
         add_metadata_blob(self.module, blob)
         own = set() if self.part == "runtime" else set(self.function_names)
         exported = own | set(EXPORTED_RUNTIME_SYMBOLS) | ({hostcall.HOST_CALLER_SETTER} if host else set())
+        if self.cpu_dispatch_word is not None:
+            exported.add(cpu_dispatch.WORD)
         return self._finish_text(exported, runtime=True)
 
     def _finish_text(self, exported: set, runtime: bool) -> str:
