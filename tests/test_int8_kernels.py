@@ -123,7 +123,8 @@ def test_host_kind_flips_int8_activations_for_vpdpbusd():
 
 def test_flip_keeps_the_integers():
     """for_target's kind and bias correction compute the integers of the plain kernel (the op's numpy meaning)."""
-    for case, target in (("3x3_s1_pad", "rasp5"), ("3x3_int8_acts", "host")):
+    for case, target in (("3x3_s1_pad", "rasp5"), ("3x3_int8_acts", "host"),
+                         ("pointwise_matmul_form", "android-arm64")):
         model, x = _qlinearconv(*CASES[case][:-1])
         graph, params = from_onnx(model)
         opt, p = optimize(graph, params, opt_level=3)

@@ -22,7 +22,7 @@ from tether.graph import ops, to_te
 from tether.graph.ir import Graph, Node, TensorType
 from tether.ops import qconv as qops
 from tether.ops.qdepthwise import qdepthwise2d
-from tether.target import int8_dot_native
+from tether.target import int8_dot_native, int8_load_time_features
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,9 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
     """Every qconv2d set to the target's dot-product instruction (its kind, and flip with the bias corrected),
     in copies of the nodes and of the params that change."""
     native = int8_dot_native(target)
+    if not native and "asimddp" in int8_load_time_features(target):
+        # android-arm64: s8s8/u8u8 dot4 kernels are built twice and the device's hwcaps pick one at load time
+        native = ("s8s8", "u8u8")
     if not native or not any(b.op == "qconv2d" for n in graph.nodes for b in n.body()):
         return graph, params
     params = dict(params)

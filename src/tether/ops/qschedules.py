@@ -87,12 +87,12 @@ def schedule_qdepthwise(s, t, fam, ctx) -> None:
     epilogue."""
     block, out = _accumulator_and_output(s, t, ctx)
     so = s[out]
-    b, q, y, x = out.op.axis
+    b, q, _, x = out.op.axis
     chan = so.fuse(b, q)
     if _numel(out) >= fam.parallel_min:
         so.parallel(chan)
     cols = _columns(fam, int(out.shape[3]))
-    xo, xi = so.split(x, factor=cols)
+    _, xi = so.split(x, factor=cols)
     so.vectorize(xi)
     sb = s[block]
     sb.compute_at(so, chan)
