@@ -2,14 +2,14 @@
 """int8 model latency (issue 12): tether's int8 build vs tether's fp32 build of the same network, and vs
 onnxruntime's int8, at 1 and 2 threads.
 
-    python scripts/bench_int8.py [--models mobilenet_v2,resnet50] [--format qdq|qoperator] [--size 224]
+    python scripts/bench_int8.py [--models mobilenet_v2,resnet50] [--format qdq,qoperator] [--size 224]
         [--number 3] [--repeat 7] [--json out.json]
 
 Each model (random weights: scripts/make_mobilenet_v2.py, scripts/make_resnet50.py) is quantized with
 onnxruntime's quantize_static (scripts/quantize_model.py, per-channel weights, uint8 activations). The printed
 ratios: fp32/int8 (tether's speed-up from int8, higher is better) and tether/ort (tether's int8 over onnxruntime's
-int8, lower is better). Medians over --repeat samples of --number runs after warm-up, all measured in the same run
-(the machine is shared: ratios mean something, absolute times less). The int8 outputs are checked against
+int8, lower is better). Medians over --repeat samples of --number runs after warm-up, all measured in the same run,
+the three builds sampled in turn (the machine is shared: ratios mean something, absolute times less). The int8 outputs are checked against
 onnxruntime's first (share of outputs within one quantization step).
 """
 from __future__ import annotations
@@ -35,11 +35,6 @@ def _build(model, folder: str):
     graph, params = from_onnx(model)
     tether.build_graph(graph, params, target="host", opt_level=3).export(folder)
     return graph_executor.load(folder)
-
-
-def _median_ms(fn, number: int, repeat: int) -> float:
-    fn()
-    return statistics.median(per_call_samples(fn, number, repeat)) * 1e3
 
 
 def bench(name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
@@ -76,32 +71,49 @@ def bench(name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
             step = float(inits[dq.input[1]])
             row["within_one_step"] = float(np.mean(np.abs(gm8.get_output(0) - ref) <= step * 1.001))
         parallel.set_num_threads(threads)
-        row["int8_ms_%dt" % threads] = _median_ms(gm8.run, number, repeat)
-        row["fp32_ms_%dt" % threads] = _median_ms(gm32.run, number, repeat)
-        row["ort_ms_%dt" % threads] = _median_ms(lambda: sess.run(None, {"input": x}), number, repeat)
+        runs = {"int8": gm8.run, "fp32": gm32.run, "ort": lambda: sess.run(None, {"input": x})}
+        for key, value in _interleaved_median_ms(runs, number, repeat).items():
+            row["%s_ms_%dt" % (key, threads)] = value
     return row
+
+
+def _interleaved_median_ms(runs: dict, number: int, repeat: int) -> dict:
+    """Median ms per call of each of ``runs``, sampled in turn (one sample of each per round), so that a change in
+    the shared machine's load hits all of them alike."""
+    samples = {k: [] for k in runs}
+    for fn in runs.values():
+        fn()
+    for _ in range(repeat):
+        for k, fn in runs.items():
+            samples[k].extend(per_call_samples(fn, number, 1))
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="mobilenet_v2,resnet50")
-    ap.add_argument("--format", choices=["qdq", "qoperator"], default="qdq")
+    ap.add_argument("--format", default="qdq", help="qdq, qoperator or both, comma-separated")
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--number", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
-    print("%-13s %3s %9s %9s %9s %8s %8s %8s" % ("model", "thr", "int8", "fp32", "ort int8", "fp32/i8", "i8/ort",
-                                                  "1-step"))
+    print("%-13s %-9s %3s %9s %9s %9s %8s %8s %8s" % ("model", "format", "thr", "int8", "fp32", "ort int8",
+                                                       "fp32/i8", "i8/ort", "1-step"))
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    bad = sorted(set(formats) - {"qdq", "qoperator"})
+    if bad:
+        ap.error("unknown --format %s (qdq, qoperator)" % ", ".join(bad))
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        r = bench(name, args.format, args.size, args.number, args.repeat)
-        rows.append(r)
-        for t in (1, 2):
-            i8, f32, o = r["int8_ms_%dt" % t], r["fp32_ms_%dt" % t], r["ort_ms_%dt" % t]
-            print("%-13s %3d %7.2fms %7.2fms %7.2fms %7.2fx %7.2fx %8.4f" % (name, t, i8, f32, o, f32 / i8, i8 / o,
-                                                                        r["within_one_step"]))
-        sys.stdout.flush()
+        for fmt in formats:
+            r = bench(name, fmt, args.size, args.number, args.repeat)
+            rows.append(r)
+            for t in (1, 2):
+                i8, f32, o = r["int8_ms_%dt" % t], r["fp32_ms_%dt" % t], r["ort_ms_%dt" % t]
+                print("%-13s %-9s %3d %7.2fms %7.2fms %7.2fms %7.2fx %7.2fx %8.4f" % (
+                    name, fmt, t, i8, f32, o, f32 / i8, i8 / o, r["within_one_step"]))
+            sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -12,12 +12,13 @@ RNG = np.random.default_rng(5)
 
 
 def _qconv(w, bias):
+    # grouped (2 groups): the int8 dot-product pass (passes/quantize_dot.py) takes the ungrouped convs
     oc = w.shape[0]
-    x = RNG.integers(0, 256, (1, w.shape[1], 9, 9)).astype(np.uint8)
+    x = RNG.integers(0, 256, (1, 2 * w.shape[1], 9, 9)).astype(np.uint8)
     inits = {"sx": np.array(0.05, np.float32), "zx": np.array(3, np.uint8), "w": w,
              "sw": RNG.uniform(1e-5, 1e-4, oc).astype(np.float32), "zw": np.zeros(oc, np.int8),
              "sy": np.array(0.9, np.float32), "zy": np.array(128, np.uint8), "bias": bias}
-    model = make_model("QLinearConv", {"x": x}, {"pads": [1, 1, 1, 1]}, opset=10, initializers=inits)
+    model = make_model("QLinearConv", {"x": x}, {"pads": [1, 1, 1, 1], "group": 2}, opset=10, initializers=inits)
     model.graph.node[0].input[:] = ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "bias"]
     return model, x
 

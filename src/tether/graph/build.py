@@ -41,6 +41,7 @@ from tether.graph.to_te import lower_kernel
 from tether.target import as_target
 from tether.tune.log import best_configs, task_key
 from tether.graph import qnn as _qnn  # noqa: F401  (registers the quantized graph ops, issue 12)
+from tether.graph.qconv import for_target as qconv_for_target
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,8 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     tgt = as_target(target)
     t0 = time.perf_counter()
     graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
+    # ---- int8 convs (issue 12): each uses the target's dot-product instruction (graph/qconv.py)
+    graph, params = qconv_for_target(graph, params, tgt)
     configs = tuned_configs(tuning_log, tgt)
     t_passes = time.perf_counter() - t0
 

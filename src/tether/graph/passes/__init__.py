@@ -54,3 +54,12 @@ for _level, _passes in PIPELINES.items():
     if _level >= 1:
         _passes.insert(_passes.index(dce) + 1, exact_float_products)
 __all__ += ["fuse_qdq", "exact_float_products"]
+
+# ---- int8 convs on the dot-product kernels (issue 12): before the exact-float32 pass, which takes what they leave
+# (grouped/depthwise convs, dense)
+from tether.graph.passes.quantize_dot import int8_dot_convs  # noqa: E402
+
+for _level, _passes in PIPELINES.items():
+    if _level >= 1:
+        _passes.insert(_passes.index(exact_float_products), int8_dot_convs)
+__all__ += ["int8_dot_convs"]

@@ -1,0 +1,140 @@
+"""The int8 convolution graph op ``qconv2d`` (issue 12) and its per-target choice of dot-product instruction.
+
+``qconv2d(x, wp, bias) {kernel, strides, pads, dilations, channels, out_channels, pad_value, kind, flip}`` ->
+``(out_channels, OH*OW)`` int32: ``bias[o] + sum_k X[p, k] * W[o, k]`` with the weights packed by ops.qconv
+(``pack_weights``: x is the image (1, C, H, W); ``pack_rows``, a pointwise conv: x is viewed as (C, H*W)); the
+input is read as ``pad_value`` outside the image. graph/passes/quantize_dot.py writes it (with the requantize
+that follows it fused into its kernel) for the int8 convs of both ONNX forms.
+
+``kind`` (a te.dot4 kind, "" for the one that reads x's bytes as they are) and ``flip`` (x's bytes xor 0x80) are
+chosen for the target at build time by ``for_target``: every kernel computes the same integers, so only speed
+depends on it. With ``flip`` the bias stored in params carries the correction (ops.qconv.flip_correction).
+Importing this module registers the op (``graph.ops``) and its lowering (``graph.to_te``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, Tuple
+
+import numpy as np
+
+from tether.graph import ops, to_te
+from tether.graph.ir import Graph, Node, TensorType
+from tether.ops import qconv as qops
+from tether.ops.qdepthwise import qdepthwise2d
+from tether.target import int8_dot_native, int8_load_time_features
+
+log = logging.getLogger(__name__)
+
+
+def out_pixels(attrs: dict, h: int, w: int) -> int:
+    (kh, kw), s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
+    return ops.conv_out_size(h, kh, s[0], d[0], p[0], p[2]) * ops.conv_out_size(w, kw, s[1], d[1], p[1], p[3])
+
+
+def _image_hw(attrs: dict, x) -> Tuple[int, int]:
+    return tuple(attrs["image"]) if len(x.shape) == 2 else (x.shape[2], x.shape[3])
+
+
+def _infer(attrs, x, wp, bias):
+    h, w = _image_hw(attrs, x)
+    return [TensorType((attrs["out_channels"], out_pixels(attrs, h, w)), "int32")]
+
+
+def _ref(attrs, x, wp, bias):
+    """numpy: the int64 convolution of the (flipped) activations, plus the bias, as int32."""
+    h, w = _image_hw(attrs, x)
+    ch, oc = attrs["channels"], attrs["out_channels"]
+    img = x.reshape(1, ch, h, w).astype(np.int64)
+    pad = int(attrs["pad_value"])
+    if attrs.get("flip"):
+        shift = qops.flip_correction(str(x.dtype), attrs["kind"])
+        img, pad = img - shift, pad - shift
+    wt = qops.unpack_weights(wp, oc, ch, tuple(attrs["kernel"])).astype(np.int64)
+    conv_attrs = {"strides": attrs["strides"], "dilations": attrs["dilations"], "pads": [0, 0, 0, 0], "groups": 1}
+    p = attrs["pads"]
+    img = np.pad(img, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])), constant_values=pad)
+    (acc,) = ops.OPS["conv2d"].ref(conv_attrs, img.astype(np.float64), wt.astype(np.float64))
+    acc = np.rint(acc).astype(np.int64).reshape(oc, -1) + bias.reshape(oc, 1)
+    return [acc.astype(np.int32)]
+
+
+ops._register("qconv2d", "complex", _infer, _ref)
+
+
+def _lower(attrs, x, wp, bias):
+    return qops.qconv2d(x, wp, bias, tuple(attrs["kernel"]), tuple(attrs["strides"]), tuple(attrs["pads"]),
+                        tuple(attrs["dilations"]), attrs["out_channels"], attrs["pad_value"], attrs["kind"],
+                        bool(attrs["flip"]))
+
+
+to_te.LOWER["qconv2d"] = _lower
+
+
+# ---- qdepthwise2d(x, w, bias) {strides, pads, pad_value} -> (1, C, OH, OW) float32: the depthwise int8 conv,
+# exact in float32 (ops/qdepthwise.py); w (C, KH, KW) and bias (C,) hold integers as float32
+def _dw_infer(attrs, x, w, bias):
+    (t,) = ops.OPS["conv2d"].infer(dict(attrs, dilations=[1, 1]), x, TensorType((w.shape[0], 1) + w.shape[1:],
+                                                                                "float32"))
+    return [TensorType(t.shape, "float32")]
+
+
+def _dw_ref(attrs, x, w, bias):
+    p = attrs["pads"]
+    img = np.pad(x.astype(np.float64) - attrs["pad_value"], ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+    conv_attrs = {"strides": attrs["strides"], "dilations": [1, 1], "pads": [0, 0, 0, 0], "groups": x.shape[1]}
+    (acc,) = ops.OPS["conv2d"].ref(conv_attrs, img, w.astype(np.float64)[:, None])
+    return [(acc + bias.reshape(1, -1, 1, 1)).astype(np.float32)]
+
+
+ops._register("qdepthwise2d", "complex", _dw_infer, _dw_ref)
+to_te.LOWER["qdepthwise2d"] = lambda attrs, x, w, bias: qdepthwise2d(
+    x, w, bias, tuple(attrs["strides"]), tuple(attrs["pads"]), attrs["pad_value"])
+
+
+def _choice(x_dtype: str, native: Tuple[str, ...]) -> Tuple[str, bool]:
+    """(kind, flip) for activations of x_dtype given the target's native kinds (weights are always int8)."""
+    plain = qops.default_kind(x_dtype)
+    if plain in native:
+        return plain, False
+    signed_weights = [k for k in native if k.endswith("s8")]
+    if signed_weights:
+        return signed_weights[0], True
+    return plain, False
+
+
+def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Graph, Dict[str, np.ndarray]]:
+    """Every qconv2d set to the target's dot-product instruction (its kind, and flip with the bias corrected),
+    in copies of the nodes and of the params that change."""
+    native = int8_dot_native(target)
+    if not native and "asimddp" in int8_load_time_features(target):
+        # android-arm64: s8s8/u8u8 dot4 kernels are built twice and the device's hwcaps pick one at load time
+        native = ("s8s8", "u8u8")
+    if not native or not any(b.op == "qconv2d" for n in graph.nodes for b in n.body()):
+        return graph, params
+    params = dict(params)
+
+    def update(b: Node) -> Node:
+        if b.op != "qconv2d" or b.attrs.get("flip"):
+            return b
+        x_dtype = str(graph.types[b.inputs[0]].dtype)
+        kind, flip = _choice(x_dtype, native)
+        bname = b.inputs[2]
+        if flip:
+            fixed = params[bname].astype(np.int64) + qops.flip_correction(x_dtype, kind) * qops.weight_sums(
+                params[b.inputs[1]], b.attrs["out_channels"])
+            if fixed.min() < -2 ** 31 or fixed.max() >= 2 ** 31:
+                return b        # the corrected bias would not fit int32: keep the plain kind
+            params[bname] = fixed.astype(np.int32)
+        return Node(b.op, b.name, list(b.inputs), list(b.outputs), dict(b.attrs, kind=kind, flip=int(flip)))
+
+    out = graph.copy()
+    nodes = []
+    for n in graph.nodes:
+        if n.op == "fused":
+            n = Node(n.op, n.name, list(n.inputs), list(n.outputs), dict(n.attrs, body=[update(b) for b in n.body()]))
+        else:
+            n = update(n)
+        nodes.append(n)
+    out.nodes = nodes
+    return out, params

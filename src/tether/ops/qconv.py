@@ -1,0 +1,187 @@
+"""The int8 convolution on the dot-product primitive (issue 12): ``qconv2d`` and its build-time weight packing.
+
+One image, NCHW activations of 8-bit integers (uint8 or int8), int8 weights, an int32 accumulator per output
+channel and pixel: ``acc[o, p] = bias[o] + sum_k X[p, k] * W[o, k]`` over k = (ky, kx, c), the window's taps
+with the input channel innermost, where X reads the input and ``pad_value`` outside it (the activation's zero
+point, so padding contributes nothing once the bias carries ``-zx * sum_k W[o, k]``).
+
+Layouts (``te.dot4`` multiplies four bytes held in one int32 word):
+- weights, packed once at build time (``pack_weights``): ``(ceil(O / PANEL), KH * KW * C4, PANEL)`` int32, word
+  ``[o // PANEL, (ky * KW + kx) * C4 + c4, o % PANEL]`` holding the weights of input channels 4*c4 .. 4*c4+3 of
+  output channel o (C4 = ceil(C / 4); missing channels and output channels are zero): the fp32 conv panels'
+  layout (ops.linear.pack_panels_array) with four k steps per word;
+- activations, packed per run by the kernel's first stage: ``(H + pads, W + pads, C4)`` int32, channels last,
+  four channels per word, the padding filled with ``pad_value``. O(input bytes): about 1/O of the conv's work;
+- the product: the implicit GEMM of ops.conv2d_pixels (its block of output pixels by one PANEL-wide vector of
+  output channels, the reduction outermost inside the block; ops/qschedules.py), with ``acc + dot4(x, w)``
+  as the multiply-add: one vpdpbusd / sdot per word on targets that have it (codegen/int8dot.py);
+- the output ``(O, OH * OW)`` int32, the bias added in the write-back, where the graph fuses the requantize.
+
+``kind`` is the dot4 kind the kernel multiplies with. With ``flip`` the activation bytes are xor-ed with 0x80
+(uint8 -> int8 for Arm's sdot, int8 -> uint8 for x86's vpdpbusd); the caller's bias then carries the matching
+``-+128 * sum_k W[o, k]`` (``flip_correction``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tether import te
+
+from . import common as c
+from .conv import _geometry
+
+PANEL = 16
+# the matmul form computes its pixels in multiples of this (the widest vector, AVX-512's 16 int32 lanes): a partial
+# vector of pixels would run as scalar code
+POINTWISE_PIXEL_MULTIPLE = 16
+QCONV_PIXELS = "qconv_pixels"   # the tag of the pixel form's product (its schedule: ops/qschedules.py)
+QMATMUL = "qmatmul"     # the tag of the matmul form's product (its schedule: ops/qschedules.py)
+# the matmul form's register block: this many accumulators (vectors of pixels x output channels, whose weight
+# words are broadcast), the pixels at most QMATMUL_COL_VECTORS vectors wide
+QMATMUL_ACCUMULATORS = 16
+QMATMUL_COL_VECTORS = 4
+_FLIP = -0x7F7F7F80     # 0x80808080 as an int32
+_BYTE_SIGNED = {"int8": True, "uint8": False}
+
+
+def default_kind(x_dtype: str) -> str:
+    """The dot4 kind that reads the activation bytes as they are (no flip)."""
+    return "u8s8" if x_dtype == "uint8" else "s8s8"
+
+
+def flip_correction(x_dtype: str, kind: str) -> int:
+    """The multiple of ``sum_k W[o, k]`` to add to the bias when the kernel runs ``kind`` on ``x_dtype`` bytes
+    flipped by 0x80 (0: no flip needed)."""
+    if kind[:2] == ("u8" if x_dtype == "uint8" else "s8"):
+        return 0
+    # uint8 a -> a - 128 (s8s8): the products lose 128 * sum(w); int8 a -> a + 128 (u8s8): they gain it
+    return 128 if x_dtype == "uint8" else -128
+
+
+def pack_weights(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
+    """numpy: int8-valued weights (O, C, KH, KW) -> the kernel's (ceil(O/panel), KH*KW*C4, panel) int32 words."""
+    o, ch, kh, kw = w.shape
+    if w.min(initial=0) < -128 or w.max(initial=0) > 127:
+        raise ValueError("qconv2d weights must be int8 values, got the range [%d, %d]" % (w.min(), w.max()))
+    c4 = -(-ch // 4)
+    opad = -(-o // panel) * panel
+    taps = np.zeros((opad, kh, kw, c4 * 4), np.int8)
+    taps[:o, :, :, :ch] = np.transpose(w, (0, 2, 3, 1))
+    words = np.ascontiguousarray(taps).view(np.int32).reshape(opad // panel, panel, kh * kw * c4)
+    return np.ascontiguousarray(words.transpose(0, 2, 1))
+
+
+def pack_rows(w: np.ndarray) -> np.ndarray:
+    """numpy: int8-valued pointwise weights (O, C, 1, 1) -> the matmul form's (O, C4) int32 words."""
+    return pack_weights(w, panel=1)[:, :, 0].reshape(w.shape[0], -1)
+
+
+def _rows(wp: np.ndarray) -> np.ndarray:
+    """Packed weights (either form) as (rows, words) in output-channel order."""
+    return wp if wp.ndim == 2 else np.ascontiguousarray(wp.transpose(0, 2, 1)).reshape(-1, wp.shape[1])
+
+
+def unpack_weights(wp: np.ndarray, out_channels: int, in_channels: int, kernel: tuple) -> np.ndarray:
+    """numpy: pack_weights / pack_rows undone, as int32 (O, C, KH, KW)."""
+    kh, kw = kernel
+    rows = _rows(wp)
+    taps = np.ascontiguousarray(rows).view(np.int8).reshape(rows.shape[0], kh, kw, -1)
+    return np.transpose(taps[:out_channels, :, :, :in_channels], (0, 3, 1, 2)).astype(np.int32)
+
+
+def weight_sums(wp: np.ndarray, out_channels: int) -> np.ndarray:
+    """numpy: sum_k W[o, k] of packed weights, as int64 (out_channels,)."""
+    rows = _rows(wp)
+    return np.ascontiguousarray(rows).view(np.int8).astype(np.int64).reshape(rows.shape[0], -1).sum(axis=1)[
+        :out_channels]
+
+
+def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels: int, pad_value: int,
+            kind: str = "", flip: bool = False, name: str = "qconv2d"):
+    """x (1, C, H, W) uint8/int8, wp packed (pack_weights, or pack_rows for a pointwise conv: the matmul form),
+    bias (O,) int32 -> (O, OH*OW) int32 (module doc). The matmul form takes x as (C, H*W)."""
+    if len(c.shape_of(wp)) == 2:
+        return _pointwise(x, wp, bias, kind, flip, name)
+    n, ch, h, wd = c.shape_of(x)
+    kh, kw = kernel
+    c4 = -(-ch // 4)
+    npanel, k4, pw = (int(d) for d in c.shape_of(wp))
+    if n != 1 or k4 != kh * kw * c4 or not 0 < out_channels <= npanel * pw:
+        raise ValueError("%s: input %s and packed weight %s do not fit a %dx%d kernel with %d output channels"
+                         % (name, c.shape_of(x), c.shape_of(wp), kh, kw, out_channels))
+    x_dtype = str(x.dtype)
+    if x_dtype not in _BYTE_SIGNED:
+        raise ValueError("%s: activations must be uint8 or int8, got %s" % (name, x_dtype))
+    kind = kind or default_kind(x_dtype)
+    sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
+    top, left, bottom, right = p4
+    pad_byte = c.const(int(pad_value) & 255, "int32")
+
+    def word(yy, xx, q):
+        y, xc = yy - top, xx - left
+        inside = c.all_of([y >= 0, y < h, xc >= 0, xc < wd]) if any(p4) else None
+        out = None
+        for t in range(4):
+            ci = q * 4 + t
+            v = _byte(x, 0, c.clamp_index(ci, ch) if ch % 4 else ci, c.clamp_index(y, h) if any(p4) else y,
+                      c.clamp_index(xc, wd) if any(p4) else xc)
+            cond = inside if ch % 4 == 0 or t == 0 else (ci < ch if inside is None else te.all(inside, ci < ch))
+            if cond is not None:
+                v = te.if_then_else(cond, v, pad_byte)
+            v = te.bitwise("shl", v, c.const(8 * t, "int32")) if t else v
+            out = v if out is None else te.bitwise("bitor", out, v)
+        return te.bitwise("bitxor", out, c.const(_FLIP, "int32")) if flip else out
+
+    xq = c.compute((h + top + bottom, wd + left + right, c4), word, f"{name}_words", c.PAD)
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rc = te.reduce_axis((0, c4), name="rc")
+
+    def f(p, o):
+        y, xx = p // ow, p % ow
+        k = (ry * kw + rx) * c4 + rc
+        return te.sum(te.dot4(xq[y * sh + ry * dh, xx * sw + rx * dw, rc], wp[o // pw, k, o % pw], kind),
+                      axis=[ry, rx, rc])
+
+    conv = c.compute((oh * ow, npanel * pw), f, f"{name}_nc", QCONV_PIXELS, attrs={"panel": pw})
+    return c.compute((out_channels, oh * ow), lambda o, p: conv[p, o] + bias[o], name, c.INJECTIVE)
+
+
+def _byte(x, *index):
+    """The activation byte at index as an int32 in 0..255."""
+    v = x[index].astype("int32")
+    return te.bitwise("bitand", v, c.const(255, "int32")) if _BYTE_SIGNED[str(x.dtype)] else v
+
+
+def _pointwise(x, wq, bias, kind: str, flip: bool, name: str):
+    """A 1x1, stride 1, unpadded conv as the matmul (O, C4) x (C4, H*W) with the pixels as the vector axis: the
+    activations pack planar (four channel rows into one row of words, vectorized) and the (O, pixels) result is
+    written contiguously, so the requantize epilogue runs on whole vectors; weights (pack_rows) are broadcast."""
+    ch, npix = c.shape_of(x)
+    oc, c4 = (int(d) for d in c.shape_of(wq))
+    if c4 != -(-ch // 4):
+        raise ValueError("%s: packed pointwise weight %s does not fit %d input channels" % (name, c.shape_of(wq), ch))
+    kind = kind or default_kind(str(x.dtype))
+
+    # a pixel count that whole vectors do not cover is padded (zero words) up to one they do: the product runs in
+    # full vectors into its own buffer, and the write-back (with the fused requantize) leaves a short scalar tail
+    ppad = -(-npix // POINTWISE_PIXEL_MULTIPLE) * POINTWISE_PIXEL_MULTIPLE
+
+    def word(q, p):
+        out = None
+        for t in range(4):
+            ci = q * 4 + t
+            v = _byte(x, c.clamp_index(ci, ch) if ch % 4 else ci, c.clamp_index(p, npix) if ppad > npix else p)
+            if ch % 4 and t:
+                v = te.if_then_else(ci < ch, v, c.const(0, "int32"))
+            v = te.bitwise("shl", v, c.const(8 * t, "int32")) if t else v
+            out = v if out is None else te.bitwise("bitor", out, v)
+        out = te.bitwise("bitxor", out, c.const(_FLIP, "int32")) if flip else out
+        return te.if_then_else(p < npix, out, c.const(0, "int32")) if ppad > npix else out
+
+    xq = c.compute((c4, ppad), word, f"{name}_words", c.PAD)
+    r = te.reduce_axis((0, c4), name="rc")
+    mm = c.compute((oc, ppad), lambda o, p: te.sum(te.dot4(xq[r, p], wq[o, r], kind), axis=r), f"{name}_mm",
+                   QMATMUL, attrs={"padded_from": npix} if ppad > npix else None)
+    return c.compute((oc, npix), lambda o, p: mm[o, p] + bias[o], name, c.BROADCAST)
+
