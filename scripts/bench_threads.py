@@ -16,31 +16,16 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_models import load_model  # noqa: E402
+from bench_models import compile_model  # noqa: E402
 from _timing import per_call_samples  # noqa: E402
 
 
 def build(name: str, target: str):
-    import tether
-    from tether import graph_executor
-    from tether.frontend import from_onnx
-
-    model = load_model(name)
-    shape = {"input": (1, 1, 8, 8)} if name == "digits" else None
-    graph, params = from_onnx(model, shape=shape)
-    factory = tether.build_graph(graph, params, target=target, opt_level=3)
-    folder = tempfile.mkdtemp(prefix="bench-threads-%s-" % name)
-    factory.export(folder)
-    gm = graph_executor.load(folder)
-    in_name = graph.inputs[0]
-    x = np.random.default_rng(0).uniform(0, 1, graph.types[in_name].shape).astype(np.float32)
-    gm.set_input(in_name, x)
+    model, _, gm, in_name, x, _ = compile_model(name, target)
     return model, gm, in_name, x
 
 
