@@ -5,8 +5,9 @@ its own per kernel, a model's kernels kept every scratch buffer apart: mobilenet
 per run on top of 9 MB of activations, each kernel writing lines no other kernel had warmed, and every run
 streamed them from memory again. Kernels of a module normally run one after another, so they now share one
 arena, sized for the largest kernel's buffers (5 MB there) and reused by each kernel in turn while it is in
-cache. Measured on mobilenet_v2 (two builds in one process, runs alternated): 13% less time per run at 1 and 2
-threads.
+cache. Measured with two builds in one process, runs alternated (load average 12 to 18): mobilenet_v2 11 to 13%
+less time per run at 1 and 2 threads, squeezenet 5% at 1 thread. At 2 threads a small model can lose a little
+(shufflenet +5%): consecutive kernels now write the same lines from different cores.
 
 Sharing needs a lock. A kernel takes the arena with one atomic exchange on entry; if another thread holds it (two
 threads running kernels of one module at once, or a kernel called from a host callback inside another kernel),
