@@ -53,13 +53,11 @@ def median_ms(fn, number: int, repeat: int) -> float:
     return statistics.median(per_call_samples(fn, number, repeat)) * 1e3
 
 
-def bench(name: str, number: int, repeat: int, target: str) -> dict:
-    import onnxruntime as ort
-
+def compile_model(name: str, target: str):
+    """(onnx model, factory, loaded graph executor with its input set, input name, input, compile seconds)."""
     import tether
     from tether import graph_executor
     from tether.frontend import from_onnx
-    from tether_rpc import parallel
 
     model = load_model(name)
     shape = {"input": (1, 1, 8, 8)} if name == "digits" else None
@@ -73,6 +71,15 @@ def bench(name: str, number: int, repeat: int, target: str) -> dict:
     in_name = graph.inputs[0]
     x = np.random.default_rng(0).uniform(0, 1, graph.types[in_name].shape).astype(np.float32)
     gm.set_input(in_name, x)
+    return model, factory, gm, in_name, x, compile_s
+
+
+def bench(name: str, number: int, repeat: int, target: str) -> dict:
+    import onnxruntime as ort
+
+    from tether_rpc import parallel
+
+    model, factory, gm, in_name, x, compile_s = compile_model(name, target)
     row = {"model": name, "compile_s": compile_s, "kernels": factory.kernel_count}
     for threads in (1, 2):
         so = ort.SessionOptions()

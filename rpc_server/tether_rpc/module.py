@@ -47,6 +47,8 @@ ABI_VERSION = 1
 META_SECTION = ".tether_meta"
 _ARCH_BITS = {"x86_64": 64, "aarch64": 64, "armv7": 32}
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# a packed function called with the addresses of its (pre-packed) value and type-code arrays: PackedFunc.bind
+_BOUND_CALL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
 
 _host_float_abi_cache: List[Optional[str]] = []
 
@@ -262,18 +264,22 @@ class PackedFunc:
         if self.module._lib is None:
             raise self.module.closed_error(self.name)
         values, codes, n, keep = self._pack(args)
-        cfunc = self._cfunc
+        # The packed arrays as plain addresses through a pointer-typed prototype: ctypes then skips the
+        # POINTER(TetherValue) checks, a third of a bound call (0.61 -> 0.37 us, a graph of tiny kernels).
+        cfunc = _BOUND_CALL(ctypes.cast(self._cfunc, ctypes.c_void_p).value)
+        values_at, codes_at = ctypes.addressof(values), ctypes.addressof(codes)
         decode = self.decode_error
         module = self.module
 
         def call() -> None:
             if module._lib is None:
                 raise module.closed_error(self.name)
-            rc = cfunc(values, codes, n)
+            rc = cfunc(values_at, codes_at, n)
             if rc:
                 raise decode(rc, args)
 
-        call.keepalive = keep  # type: ignore[attr-defined]  # the DLTensors must outlive every call
+        # the arrays behind the addresses and the DLTensors they point to must outlive every call
+        call.keepalive = (values, codes, keep)  # type: ignore[attr-defined]
         return call
 
     def decode_error(self, rc: int, args: Sequence[Any] = ()) -> KernelError:

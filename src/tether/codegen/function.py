@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from llvmlite import ir
 
-from tether.codegen import cpu_dispatch, parallel
+from tether.codegen import cpu_dispatch, parallel, scratch
 from tether.codegen.expr import ExprEmitter, by_class, uses
 from tether.codegen.halfconv import TO_STORAGE
 from tether.codegen.types import I1, I8, I32, PTR, elem_bytes, is_vec, mem_type
@@ -100,8 +100,13 @@ class FunctionEmitter(ExprEmitter):
             gv.initializer = ir.Constant(ir.ArrayType(ety, buf.size), None)
             gv.align = 16
             gv.type = PTR   # opaque pointer, like every other buffer (llvmlite types globals as typed pointers)
-            ptr = gv
+            # ---- the module's shared scratch arena (codegen/scratch.py); gv is the fallback when it is taken
+            offset = getattr(self, "scratch_offset", 0)
+            self.bufs[buf] = scratch.buffer_pointer(self, nbytes, gv)
             self.static_used = True
+            self.stmt(s.body)
+            scratch.release_scratch(self, offset)
+            return
         else:
             if nbytes > STACK_BYTES:
                 log.warning("%s: buffer %r (%d bytes) is allocated on the stack of every parallel task; "
@@ -342,20 +347,14 @@ def _emit_one(ctx: Any, primfunc: PrimFunc) -> ir.Function:
     if not em.static_used:
         em.seal()
         return fn
-    # Static scratch is shared by every call: a spin lock serialises concurrent calls (from several threads of
-    # the host program) instead of letting them corrupt each other's intermediates.
+    # Static scratch is shared by every call: the module's arena, or when another call holds that, this impl's own
+    # arrays under a spin lock that serialises concurrent calls (from several threads of the host program)
+    # instead of letting them corrupt each other's intermediates (codegen/scratch.py).
     lock = ir.GlobalVariable(ctx.module, I32, f"{primfunc.name}.scratch_lock")
     lock.linkage = "internal"
     lock.initializer = ir.Constant(I32, 0)
     lock.align = 4
-    spin = fn.append_basic_block("scratch.lock")
-    b = ir.IRBuilder(spin)
-    old = b.atomic_rmw("xchg", lock, ir.Constant(I32, 1), "acquire")
-    b.cbranch(b.icmp_unsigned("==", old, ir.Constant(I32, 0)), body_bb, spin)
-    for ret in em.rets:
-        b.position_before(ret)
-        b.store_atomic(ir.Constant(I32, 0), lock, "release", 4)
-    em.seal(spin)
+    em.seal(scratch.lock_and_unlock(em, lock, body_bb, em.rets))
     return fn
 
 

@@ -125,7 +125,7 @@ class ModuleBuilder:
         if self.part == "kernels":
             return self._finish_text(set(self.function_names), runtime=False)
         # "parallel_tasks": "chunked": every task function (codegen/parallel.py _make_task) runs chunk task_id of
-        # num_tasks equal chunks of its loop for ANY num_tasks >= 1, so the runtime may run a whole loop as one
+        # num_tasks balanced chunks of its loop for ANY num_tasks >= 1, so the runtime may run a whole loop as one
         # task (docs/abi.md "Parallel loops", docs/parallel.md). "thread_pool": the version of the native pool
         # protocol this module exports (codegen/threadpool.py).
         self.metadata = {"abi_version": ABI_VERSION, "tether_version": __version__,
