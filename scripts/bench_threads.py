@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_models import compile_model  # noqa: E402
-from _timing import per_call_samples  # noqa: E402
+from _timing import per_call_samples, settle  # noqa: E402
 
 
 def build(name: str, target: str):
@@ -51,9 +51,11 @@ def measure(name: str, rounds: int, number: int, target: str, profile: int) -> d
     for _ in range(rounds):
         for t in (1, 2):
             parallel.set_num_threads(t)
+            settle()  # the previous runtime's pool threads idle, as when this one runs alone
             gm.run()
             samples[("tether", t)].append(statistics.median(per_call_samples(gm.run, number, 1)))
             sess = sessions[t]
+            settle()
             sess.run(None, feeds)
             samples[("ort", t)].append(statistics.median(per_call_samples(lambda: sess.run(None, feeds), number, 1)))
     med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
