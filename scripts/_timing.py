@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 
 def per_call_samples(fn: Callable[[], object], number: int, repeat: int) -> List[float]:
@@ -24,7 +24,9 @@ def per_call_samples(fn: Callable[[], object], number: int, repeat: int) -> List
 SETTLE_S = 0.1
 
 
-def settle(seconds: float = SETTLE_S) -> None:
-    """Pause so that the pool threads of whatever ran before have gone idle (call before each timed sample of an
-    interleaved comparison)."""
+def settle(warm_up: Optional[Callable[[], object]] = None, seconds: float = SETTLE_S) -> None:
+    """Pause so that the pool threads of whatever ran before have gone idle, then make one untimed call of
+    ``warm_up`` (its own pool's wake-up): call before each timed sample of an interleaved comparison."""
     time.sleep(seconds)
+    if warm_up is not None:
+        warm_up()

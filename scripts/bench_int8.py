@@ -85,7 +85,7 @@ def _interleaved_median_ms(runs: dict, number: int, repeat: int) -> dict:
         fn()
     for _ in range(repeat):
         for k, fn in runs.items():
-            settle()  # the previous runtime's pool threads idle, as when this one runs alone
+            settle(fn)  # the previous runtime's pool threads idle, as when this one runs alone
             samples[k].extend(per_call_samples(fn, number, 1))
     return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 

@@ -51,7 +51,7 @@ def _sample(fn, number: int) -> tuple:
 def _settled_sample(fn, number: int) -> tuple:
     from _timing import settle
 
-    settle()
+    settle(fn)
     return _sample(fn, number)
 
 
