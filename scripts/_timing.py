@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 
 def per_call_samples(fn: Callable[[], object], number: int, repeat: int) -> List[float]:
@@ -14,3 +14,19 @@ def per_call_samples(fn: Callable[[], object], number: int, repeat: int) -> List
             fn()
         samples.append((time.perf_counter() - t0) / number)
     return samples
+
+
+# ---- settling between runtimes: onnxruntime's intra-op workers keep spinning on their cores for about 25 ms after
+# a run (session.intra_op.allow_spinning, on by default), tether's native pool workers for about 0.3 ms. Timed
+# right after the other runtime, a 2-thread run finds its second core taken and runs as if serial (int8
+# mobilenet_v2: 6.1 ms right after an onnxruntime run, 3.8 ms alone or after a pause). Each runtime is measured as
+# it runs alone in a process, its own spinning kept, by pausing this long before each of its samples.
+SETTLE_S = 0.1
+
+
+def settle(warm_up: Optional[Callable[[], object]] = None, seconds: float = SETTLE_S) -> None:
+    """Pause so that the pool threads of whatever ran before have gone idle, then make one untimed call of
+    ``warm_up`` (its own pool's wake-up): call before each timed sample of an interleaved comparison."""
+    time.sleep(seconds)
+    if warm_up is not None:
+        warm_up()

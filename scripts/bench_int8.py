@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-from _timing import per_call_samples
+from _timing import per_call_samples, settle
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,6 +85,7 @@ def _interleaved_median_ms(runs: dict, number: int, repeat: int) -> dict:
         fn()
     for _ in range(repeat):
         for k, fn in runs.items():
+            settle(fn)  # the previous runtime's pool threads idle, as when this one runs alone
             samples[k].extend(per_call_samples(fn, number, 1))
     return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 

@@ -48,6 +48,13 @@ def _sample(fn, number: int) -> tuple:
     return (time.perf_counter() - t0) / number, (time.process_time() - c0) / number
 
 
+def _settled_sample(fn, number: int) -> tuple:
+    from _timing import settle
+
+    settle(fn)
+    return _sample(fn, number)
+
+
 def bench(name: str, size: str, repeat: int, profile: int) -> dict:
     import onnxruntime as ort
 
@@ -83,7 +90,8 @@ def bench(name: str, size: str, repeat: int, profile: int) -> dict:
         def run_ort():
             sess.run(None, feeds)
         n_t, n_o = _number_for(gm.run), _number_for(run_ort)
-        pairs = [(_sample(gm.run, n_t), _sample(run_ort, n_o)) for _ in range(repeat)]
+        # each sample after a pause: the other runtime's pool threads idle, as when this one runs alone
+        pairs = [(_settled_sample(gm.run, n_t), _settled_sample(run_ort, n_o)) for _ in range(repeat)]
         row["tether_ms_%dt" % threads] = statistics.median(p[0][0] for p in pairs) * 1e3
         row["ort_ms_%dt" % threads] = statistics.median(p[1][0] for p in pairs) * 1e3
         row["ratio_%dt" % threads] = row["tether_ms_%dt" % threads] / row["ort_ms_%dt" % threads]

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from _timing import per_call_samples
+from _timing import per_call_samples, settle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIGHT = ["squeezenet", "shufflenet", "resnet50", "densenet121", "inception_v1", "inception_v2", "bvlc_alexnet",
@@ -49,7 +49,7 @@ def load_model(name: str):
 
 
 def median_ms(fn, number: int, repeat: int) -> float:
-    fn()  # warm-up
+    settle(fn)  # the other runtime's pool threads idle, then a warm-up call
     return statistics.median(per_call_samples(fn, number, repeat)) * 1e3
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_models import compile_model  # noqa: E402
-from _timing import per_call_samples  # noqa: E402
+from _timing import per_call_samples, settle  # noqa: E402
 
 
 def build(name: str, target: str):
@@ -51,10 +51,10 @@ def measure(name: str, rounds: int, number: int, target: str, profile: int) -> d
     for _ in range(rounds):
         for t in (1, 2):
             parallel.set_num_threads(t)
-            gm.run()
+            settle(gm.run)  # the previous runtime's pool threads idle, as when this one runs alone
             samples[("tether", t)].append(statistics.median(per_call_samples(gm.run, number, 1)))
             sess = sessions[t]
-            sess.run(None, feeds)
+            settle(lambda: sess.run(None, feeds))
             samples[("ort", t)].append(statistics.median(per_call_samples(lambda: sess.run(None, feeds), number, 1)))
     med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
     row = {"model": name, "err": err, "ms": med}
