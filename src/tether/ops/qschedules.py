@@ -73,12 +73,7 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
         if panels_outer and n_panels < 2 * fam.parallel_tasks:
             inner = outer = so.fuse(outer, inner)
         so.parallel(outer)
-    s[block].compute_at(so, inner)
-    sb = s[block]
-    bp, bo = block.op.axis
-    sb.reorder(*block.op.reduce_axis, bp, bo)
-    sb.unroll(bp)
-    sb.vectorize(bo)
+    schedules.accumulate_block_at(s, block, so, inner)
 
 
 def schedule_qdepthwise(s, t, fam, ctx) -> None:

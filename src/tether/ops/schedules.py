@@ -477,6 +477,12 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
             inner = outer = so.fuse(outer, inner)
         # "rows"/"cols" name the loop, wherever conv_order put it (an inner one: a parallel launch per outer step)
         so.parallel({"rows": po, "cols": oo}.get(axis, outer))
+    accumulate_block_at(s, block, so, inner)
+
+
+def accumulate_block_at(s, block, so, inner) -> None:
+    """Compute a register block of accumulators (pixels x output-channel vector) under the output's ``inner`` loop:
+    the reduction outermost, so each step updates every accumulator of the block from one load per operand."""
     s[block].compute_at(so, inner)
     sb = s[block]
     bp, bo = block.op.axis
