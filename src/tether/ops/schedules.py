@@ -56,6 +56,7 @@ class Family:
     conv_order: str = "auto"  # conv2d_pixels outer loop: "auto" (by cache_bytes), "pixels" or "panels"
     cache_bytes: int = 256 << 10  # conv2d_pixels: weights up to this size stay in cache across pixel blocks
     window_unroll: int = 7  # depthwise/pooling: window axes up to this extent are unrolled
+    window_pad_per_channel: bool = False  # strided depthwise/pooling: column phases made per channel (_channel_pads)
     # conv2d_pixels: output channels per weight panel (0: as the kernel packs them, ops.linear.PANEL by default).
     # A layout, not a loop: the packing (build_graph's, for a config's width) makes it, so a schedule asking for a
     # width the kernel was not packed with is refused, never re-blocked
@@ -77,7 +78,8 @@ def family_of(target: Target) -> Family:
         # AVX-512: 16 channels are one zmm, so 4 pixels would be only 4 accumulators; 12 pixels (12 of the 32 zmm)
         # measured resnet50's 3x3 layers at 57 -> 78-85 GMAC/s and mobilenet_v2 1.1x faster at 1 thread.
         return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, acc_regs=12 if lanes < 16 else 24,
-                      max_col_vectors=2, direct_matmul=lanes == 8, conv_pixels=4 if lanes < 16 else 12)
+                      max_col_vectors=2, direct_matmul=lanes == 8, conv_pixels=4 if lanes < 16 else 12,
+                      window_pad_per_channel=lanes >= 16)
     if arch == "aarch64":
         # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
         return Family("aarch64", lanes, mm_rows=6, acc_regs=24, max_col_vectors=4)
@@ -548,14 +550,53 @@ def _schedule_window(s, t, fam: Family, ctx):
     xo, xi = so.split(x, factor=cols)
     so.vectorize(xi)
     sb = s[block]
-    sb.compute_at(so, xo)
     bb, bo, by, bx = block.op.axis
     rd = list(block.op.reduce_axis)
-    sb.reorder(bb, bo, by, *rd, bx)
-    sb.vectorize(bx)
+    pads = _channel_pads(block, t, fam, ctx)
+    if pads:
+        # the whole channel accumulates in a local block, its padded input made just before (both stay in cache)
+        sb.compute_at(so, chan)
+        bxo, bxi = sb.split(bx, factor=cols)
+        sb.reorder(bb, bo, by, bxo, *rd, bxi)
+        sb.vectorize(bxi)
+        for src in pads:
+            s[src].compute_at(sb, bo)
+            ctx["serial"].add(id(src.op))
+    else:
+        sb.compute_at(so, xo)
+        sb.reorder(bb, bo, by, *rd, bx)
+        sb.vectorize(bx)
     for r in rd:
         if _extent(r) <= fam.window_unroll:
             sb.unroll(r)
+
+
+# a channel's padded input and output block up to this many bytes each are made per channel (parallel tasks hold
+# them on their stacks: codegen/function.py STACK_BYTES)
+_CHANNEL_PAD_BYTES = 64 << 10
+
+
+def _channel_pads(block, t, fam: Family, ctx) -> list:
+    """The padding stages of a window kernel to make per channel inside its channel loop rather than as a pass
+    of their own over the whole input (fam.window_pad_per_channel), or [] to keep that pass.
+
+    Why: the whole-input pass wrote the padded (column-phase) tensor out to memory and the window read it back,
+    memory-bound passes that were most of a stride-2 depthwise layer's time on AVX-512 (96->96 @112x112 s2: the
+    phase split alone 0.36 ms of 0.74); one channel's copy stays in L2 while its window runs: 0.62-0.69x the
+    time on mobilenet_v2's stride-2 layers. Only the column-phase split of a strided window: stride-1 padding
+    per channel measured 1.10x slower (its pass is cheap and vectorized, the local block costs more)."""
+    if not fam.window_pad_per_channel:
+        return []
+    pads = [src for src in block.op.input_tensors
+            if c.tag_of(src.op) == c.PAD and src.op.attrs.get("column_phases")
+            and ctx["consumers"].get(id(src.op)) == [t.op]]
+    out_bytes = 4 * int(t.shape[2]) * int(t.shape[3])
+    if not pads or out_bytes > _CHANNEL_PAD_BYTES:
+        return []
+    for src in pads:
+        if 4 * _numel(src) // (int(src.shape[0]) * int(src.shape[1])) > _CHANNEL_PAD_BYTES:
+            return []
+    return pads
 
 
 def _schedule_global_pool(s, t, fam: Family, ctx):

@@ -75,5 +75,6 @@ def padded_reader(x, p4: tuple, sw: int, dw: int, kw: int, ow: int, name: str, f
         src = x[b, cc, c.clamp_index(row, h) if (top or bottom) else row, c.clamp_index(col, w)]
         return te.if_then_else(c.all_of(conds), src, fill_c)
 
-    phases = c.compute((n, ch, h + top + bottom, sw, cols), f, f"{name}_phases", c.PAD)
+    # "column_phases": the schedule may make it per channel (ops/schedules.py _channel_pads)
+    phases = c.compute((n, ch, h + top + bottom, sw, cols), f, f"{name}_phases", c.PAD, attrs={"column_phases": sw})
     return lambda b, cc, row, xx, rx: phases[b, cc, row, (rx * dw) % sw, xx + (rx * dw) // sw]
