@@ -574,6 +574,9 @@ def _schedule_window(s, t, fam: Family, ctx):
 # a channel's padded input and output block up to this many bytes each are made per channel (parallel tasks hold
 # them on their stacks: codegen/function.py STACK_BYTES)
 _CHANNEL_PAD_BYTES = 64 << 10
+# ... and only when the whole-input pass is larger than this (it spills the L2; smaller ones stay cached, and the
+# per-channel form's local block then costs more: 192->192 @28x28 s2, 0.7 MB of phases, went 1.15-1.4x slower)
+_WHOLE_PASS_BYTES = 1 << 20
 
 
 def _channel_pads(block, t, fam: Family, ctx) -> list:
@@ -582,8 +585,8 @@ def _channel_pads(block, t, fam: Family, ctx) -> list:
 
     Why: the whole-input pass wrote the padded (column-phase) tensor out to memory and the window read it back,
     memory-bound passes that were most of a stride-2 depthwise layer's time on AVX-512 (96->96 @112x112 s2: the
-    phase split alone 0.36 ms of 0.74); one channel's copy stays in L2 while its window runs: 0.62-0.69x the
-    time on mobilenet_v2's stride-2 layers. Only the column-phase split of a strided window: stride-1 padding
+    phase split alone 0.36 ms of 0.74); one channel's copy stays in L2 while its window runs: 0.6-0.7x the
+    time of mobilenet_v2's two large stride-2 layers (96 @112x112, 144 @56x56). Only the column-phase split of a strided window: stride-1 padding
     per channel measured 1.10x slower (its pass is cheap and vectorized, the local block costs more)."""
     if not fam.window_pad_per_channel:
         return []
@@ -594,6 +597,8 @@ def _channel_pads(block, t, fam: Family, ctx) -> list:
     if not pads or out_bytes > _CHANNEL_PAD_BYTES:
         return []
     for src in pads:
+        if 4 * _numel(src) <= _WHOLE_PASS_BYTES:
+            return []
         if 4 * _numel(src) // (int(src.shape[0]) * int(src.shape[1])) > _CHANNEL_PAD_BYTES:
             return []
     return pads
