@@ -126,7 +126,10 @@ def test_compare_cli_exit_status_json_and_notes(rpc_server, builds, tmp_path):
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["again"]), "--fail-above",
                                    str(GATE_PCT)])
-    assert res.exit_code == 0 and "same" in res.output, res.output
+    # the same build measured again passes the gate; its verdict may still be "faster" or "slower" by a few percent
+    # (the box drifts between two measurements minutes apart: 0.908 with p 3e-6 was seen under load), so the
+    # "same" verdict itself is checked on controlled samples in test_bench_stats, not here
+    assert res.exit_code == 0 and "FAIL" not in res.output, res.output
     # the reverse direction is "faster"; a target only in one document is named in a note
     other = dict(docs["base"], results=[dict(docs["base"]["results"][0], target="other.so:f")])
     paths["other"] = tmp_path / "other.json"

@@ -179,6 +179,8 @@ def _wait_workers(workers: List[Tuple[int, str]], deadline: float) -> List[int]:
                 if status != 0 and k not in stalled:
                     raise CompileError("build worker %d failed (wait status %d) without a report" % (pid, status))
                 continue
+            if pending[pid] in stalled:   # killed, not yet reaped
+                continue
             ticks, since = progress[pid]
             now_ticks = _cpu_ticks(pid)
             if now_ticks is None or now_ticks != ticks:

@@ -240,6 +240,7 @@ def ensure_userland(arch: str, *, cache: Optional[pathlib.Path] = None, suite: s
         stamp = _read_stamp(path)
         if stamp is not None:
             _require_tools(spec, building=False)
+            _drop_stray_tmp(path / "rootfs")
             return Userland(spec, path, stamp)
     _require_tools(spec, building=True)
     with _build_lock(path, timeout=BUILD_TIMEOUT_S):
@@ -247,6 +248,19 @@ def ensure_userland(arch: str, *, cache: Optional[pathlib.Path] = None, suite: s
         if stamp is None:
             stamp = _build(spec, path, suite=suite, mirrors=mirrors, progress=progress or (lambda s: None))
     return Userland(spec, path, stamp)
+
+
+def _drop_stray_tmp(rootfs: pathlib.Path) -> None:
+    """A ``/tmp`` made in a built rootfs (by hand, or a tool run against it) would take the guest's /tmp away from
+    the host's (qemu -L prefers a path that exists under the prefix): an empty one is removed, a full one named."""
+    stray = rootfs / "tmp"
+    if stray.is_dir() and not stray.is_symlink():
+        try:
+            stray.rmdir()
+            log.warning("removed a stray empty %s: the guest's /tmp is the host's", stray)
+        except OSError:
+            log.warning("%s exists and is not empty: guest programs will see it as /tmp instead of the host's; "
+                        "remove it", stray)
 
 
 def default_sources(suite: str = SUITE) -> list[str]:
