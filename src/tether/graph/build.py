@@ -112,7 +112,8 @@ def kernel_signature(node: Node, types: Dict[str, Any]) -> str:
 # ---------------------------------------------------------------- build
 def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3, target: Any = None) -> tuple:
     """(graph, params, panel_weights) as the kernels see them: the passes of `opt_level`, then (at 3) conv weights
-    packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify depends on `target`)."""
+    packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify depends on `target`), and
+    int8 convs set to `target`'s dot-product kind."""
     graph, params = optimize(graph, params, opt_level)
     panel_weights: Dict[str, tuple] = {}
     if opt_level >= 3:
@@ -120,6 +121,10 @@ def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 
         panel_weights = pack_conv_weights(graph, params, as_target(target) if target else None)
         # ---- constant dense weights packed into the matmul's panels once (issue 11)
         pack_dense_weights(graph, params)
+    # ---- int8 convs (issue 12): each uses the target's dot-product instruction (graph/qconv.py); here, not in
+    # build_graph, so that the tuner's tasks (tune/tasks.py) are the kernels the build compiles
+    if target is not None:
+        graph, params = qconv_for_target(graph, params, as_target(target))
     return graph, params, panel_weights
 
 
@@ -132,8 +137,6 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     tgt = as_target(target)
     t0 = time.perf_counter()
     graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
-    # ---- int8 convs (issue 12): each uses the target's dot-product instruction (graph/qconv.py)
-    graph, params = qconv_for_target(graph, params, tgt)
     configs = tuned_configs(tuning_log, tgt)
     t_passes = time.perf_counter() - t0
 
