@@ -20,8 +20,9 @@ weights). The "data" column counts the external data files. Every output is chec
 error = max|tether - eager| / max|eager|) before timing. Latency is the median over ``--repeat`` samples, each the
 mean of ``--number`` runs; the three runtimes' samples are interleaved (tether, eager, onnxruntime, tether, ...),
 each after a settling pause and one untimed call, so the ratios (lower is better for tether) hold on a loaded
-machine where absolute times do not. Each runtime gets the same thread count (``torch.set_num_threads``,
-onnxruntime's intra-op threads, tether's pool).
+machine where absolute times do not; at one thread also the ratio of the median process CPU times tether /
+eager ("cpu/eager"), which a loaded machine's time-slicing does not inflate. Each runtime gets the same thread
+count (``torch.set_num_threads``, onnxruntime's intra-op threads, tether's pool).
 """
 from __future__ import annotations
 
@@ -95,15 +96,20 @@ def export(model, x, exporter: str, folder: str, inline_torchscript: bool = Fals
     return path
 
 
-def interleaved_ms(runs: dict, number: int, repeat: int) -> dict:
-    """Median ms per call of each runtime in ``runs``, their samples taken in turn, each after a settling pause
-    (the other runtimes' pool threads idle) and one untimed call."""
-    samples = {key: [] for key in runs}
+def interleaved_ms(runs: dict, number: int, repeat: int) -> tuple:
+    """({runtime: median wall ms per call}, {runtime: median process CPU ms per call}) of each runtime in
+    ``runs``, their samples taken in turn, each after a settling pause (the other runtimes' pool threads idle) and
+    one untimed call."""
+    wall = {key: [] for key in runs}
+    cpu = {key: [] for key in runs}
     for _ in range(repeat):
         for key, fn in runs.items():
             settle(fn)
-            samples[key] += per_call_samples(fn, number, 1)
-    return {key: statistics.median(values) * 1e3 for key, values in samples.items()}
+            c0 = time.process_time()
+            wall[key] += per_call_samples(fn, number, 1)
+            cpu[key].append((time.process_time() - c0) / number)
+    return ({key: statistics.median(v) * 1e3 for key, v in wall.items()},
+            {key: statistics.median(v) * 1e3 for key, v in cpu.items()})
 
 
 def data_files(folder: str) -> int:
@@ -160,12 +166,15 @@ def bench(name: str, exporter: str, number: int, repeat: int, threads=(1, 2), in
         so.inter_op_num_threads = 1
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         feeds = {sess.get_inputs()[0].name: xn}
-        ms = interleaved_ms({"tether": gm.run, "eager": eager_run, "ort": lambda: sess.run(None, feeds)},
-                            number, repeat)
+        ms, cpu_ms = interleaved_ms({"tether": gm.run, "eager": eager_run, "ort": lambda: sess.run(None, feeds)},
+                                    number, repeat)
         for key, value in ms.items():
             row["%s_ms_%dt" % (key, t)] = value
         row["vs_eager_%dt" % t] = ms["tether"] / ms["eager"]
         row["vs_ort_%dt" % t] = ms["tether"] / ms["ort"]
+        if t == 1:
+            # on one thread the process's CPU time is the latency without a loaded machine's time-slicing
+            row["cpu_vs_eager_1t"] = cpu_ms["tether"] / cpu_ms["eager"]
     return row
 
 
@@ -190,6 +199,8 @@ def main() -> None:
     if not args.no_timing:
         for t in threads:
             head += " %9s %9s %9s %7s %7s" % ("tether %dt" % t, "eager %dt" % t, "ort %dt" % t, "/eager", "/ort")
+            if t == 1:
+                head += " %9s" % "cpu/eager"
     print(head)
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         for exporter in [e.strip() for e in args.exporters.split(",") if e.strip()]:
@@ -203,6 +214,8 @@ def main() -> None:
                     line += " %7.2fms %7.2fms %7.2fms %6.2fx %6.2fx" % (
                         r["tether_ms_%dt" % t], r["eager_ms_%dt" % t], r["ort_ms_%dt" % t], r["vs_eager_%dt" % t],
                         r["vs_ort_%dt" % t])
+                    if t == 1:
+                        line += " %8.2fx" % r["cpu_vs_eager_1t"]
             print(line)
             sys.stdout.flush()
     if rows and not args.no_timing:
