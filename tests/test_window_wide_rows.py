@@ -99,3 +99,27 @@ def test_five_by_five_accumulates_a_block_of_rows():
     assert schedules._window_rows(fam, three, 16) == 1
     arm = schedules.family_of(Target("rasp4b"))
     assert schedules._window_rows(arm, five, 16) == 1        # measured on AVX-512 only
+
+
+# channels whose column phases exceed schedules._CHANNEL_PAD_BYTES (64 KB), whole passes above 1 MB: made per chunk
+# of output rows
+@pytest.mark.parametrize("shape,k,stride,pad", [((1, 4, 400, 304), 3, 2, 1), ((1, 12, 201, 150), 5, 2, 2),
+                                                ((1, 8, 150, 250), 3, 3, 1)])
+def test_large_strided_channel_makes_its_phases_per_row_chunk(run_ops, rng, shape, k, stride, pad):
+    x = rng.standard_normal(shape).astype("float32")
+    w = rng.standard_normal((shape[1], 1, k, k)).astype("float32")
+    bias = rng.standard_normal(shape[1]).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder(w.shape, "float32", name="W")
+    B = te.placeholder(bias.shape, "float32", name="B")
+    fused = ops.hard_swish(ops.depthwise_conv2d(X, W, stride, pad, bias=B))
+    text = str(tether.lower(ops.schedule(fused, target="host"), [X, W, B, fused]))
+    lines = text.splitlines()
+    alloc = next(i for i, ln in enumerate(lines) if "allocate" in ln and "_phases" in ln)
+    loops = [ln for ln in lines[:alloc] if ln.lstrip().startswith("for ")]
+    assert len(loops) >= 2, text          # inside the channel loop and a loop over row chunks
+    size = int(lines[alloc].split("[")[1].split("]")[0])
+    assert 4 * size <= schedules._CHANNEL_PAD_BYTES
+    got, = run_ops([(X, x), (W, w), (B, bias)], [fused])
+    ref = _dw_ref(x, w, stride, pad, 1)
+    np.testing.assert_allclose(got, _hard_swish(ref + bias[None, :, None, None]), rtol=1e-4, atol=1e-4)
