@@ -554,20 +554,15 @@ def _schedule_window(s, t, fam: Family, ctx):
     rd = list(block.op.reduce_axis)
     pads = _channel_pads(block, t, fam, ctx)
     chunk = _channel_pad_rows(t, pads) if pads else 0
-    if pads and chunk < int(out.shape[2]):
-        # a channel too large for the stack: its rows in chunks, each with its own part of the phases
-        yo, _ = so.split(y, factor=chunk)
-        so.reorder(chan, yo)
-        sb.compute_at(so, yo)
-        bxo, bxi = sb.split(bx, factor=cols)
-        sb.reorder(bb, bo, by, bxo, *rd, bxi)
-        sb.vectorize(bxi)
-        for src in pads:
-            s[src].compute_at(sb, bo)
-            ctx["serial"].add(id(src.op))
-    elif pads:
-        # the whole channel accumulates in a local block, its padded input made just before (both stay in cache)
-        sb.compute_at(so, chan)
+    if pads:
+        if chunk < int(out.shape[2]):
+            # a channel too large for the stack: its rows in chunks, each with its own part of the phases
+            yo, _ = so.split(y, factor=chunk)
+            so.reorder(chan, yo)
+            sb.compute_at(so, yo)
+        else:
+            # the whole channel accumulates in a local block, its padded input made just before (both in cache)
+            sb.compute_at(so, chan)
         bxo, bxi = sb.split(bx, factor=cols)
         sb.reorder(bb, bo, by, bxo, *rd, bxi)
         sb.vectorize(bxi)
