@@ -50,12 +50,36 @@ DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE = 256
 DIRECT_POINTWISE_MIN_PIXELS = 2048
 
 
-def pointwise_direct(target, in_channels: int, pixels: int) -> bool:
-    """Whether a pointwise conv (groups 1) runs as the in-place matmul of DIRECT_POINTWISE_BLOCK on `target`."""
-    return (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16
-            and pixels >= DIRECT_POINTWISE_MIN_PIXELS
+def pointwise_direct(target, in_channels: int, pixels: int, out_channels: int = 0) -> bool:
+    """Whether a pointwise conv (groups 1) runs as the in-place matmul of DIRECT_POINTWISE_BLOCK on `target`
+    (``out_channels`` 0: not known, the partial-block rule below does not apply)."""
+    if not (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16):
+        return False
+    if pointwise_direct_partial(in_channels, pixels, out_channels):
+        return True
+    return (pixels >= DIRECT_POINTWISE_MIN_PIXELS
             and in_channels <= (DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE if pixels % DIRECT_POINTWISE_BLOCK[1] == 0
                                 else DIRECT_POINTWISE_MAX_INPUT_CHANNELS))
+
+
+# ---------------------------------------------------------------- pointwise: in place with a partial block
+# A detector's maps (608 wide: 50x38 = 1900 and 100x76 = 7600 pixels, neither whole 32-pixel blocks) ran its
+# 128..256-channel pointwise convs as conv2d_pixels, whose 12 pixels read per reduction step lie one input row
+# (a page or more) apart. The in-place matmul reads its input rows as vectors: measured (AVX-512, 1 thread,
+# interleaved, + hard-swish) 128->128 @100x76 3066 -> 2768 us, 64->128 @100x76 1177 -> 866, 128->37 955 -> 709,
+# 256->128 @50x38 1070 -> 987, 256->256 @50x38 2137 -> 2090. Not with few output channels (the 12-row block
+# wastes most of a 16-channel layer: squeezenet's 128->16 @55x55 158 -> 227 us) nor on small maps (25x19:
+# 512->512 1825 -> 4667 us).
+DIRECT_PARTIAL_MIN_PIXELS = 1536
+DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS = 32
+
+
+def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -> bool:
+    """The partial-block rule of pointwise_direct (AVX-512): maps of at least DIRECT_PARTIAL_MIN_PIXELS, at
+    most DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE input and at least DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS output
+    channels."""
+    return (pixels >= DIRECT_PARTIAL_MIN_PIXELS and out_channels >= DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS
+            and in_channels <= DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE)
 
 
 def panel_width(target, out_channels: int, groups: int) -> int:
@@ -226,7 +250,8 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
         w = np.asarray(params[wname])
         out_shape = graph.types[conv.outputs[0]].shape
         if (w.shape[2:] == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
-                and conv.attrs["groups"] == 1 and pointwise_direct(target, w.shape[1], out_shape[2] * out_shape[3])):
+                and conv.attrs["groups"] == 1
+                and pointwise_direct(target, w.shape[1], out_shape[2] * out_shape[3], w.shape[0])):
             # marked as the in-place matmul by its 2-D (oc, ic) weight in panel_weights (gemm_plan reads it so)
             params[wname] = np.ascontiguousarray(w.reshape(w.shape[0], -1))
             graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
