@@ -1,6 +1,6 @@
-"""AVX-512: pointwise convs on maps of at least 1536 pixels that end in a partial 32-pixel block run as the
-in-place matmul when they have 32+ output and at most 256 input channels (graph/conv_gemm.py
-pointwise_direct_partial). The choice per target and shape (the weight layout pack_conv_weights leaves), and
+"""AVX-512: pointwise convs on maps of at least 400 pixels that end in a partial 32-pixel block run as the
+in-place matmul (its last column tile shifted back to whole vectors) when they have 16+ output channels and no
+more input channels than pixels, at most 512 (graph/conv_gemm.py pointwise_direct_partial). The choice per target and shape (the weight layout pack_conv_weights leaves), and
 one-conv models taking the path compiled for the host and compared with onnxruntime (max relative error
 <= 1e-4)."""
 import numpy as np
@@ -36,16 +36,19 @@ def test_rule():
     # picodet's maps: 50x38 = 1900 and 100x76 = 7600 pixels, neither whole 32-pixel blocks
     assert conv_gemm.pointwise_direct(AVX512, 256, 50 * 38, 256)
     assert conv_gemm.pointwise_direct(AVX512, 128, 100 * 76, 37)
-    assert not conv_gemm.pointwise_direct(AVX512, 512, 50 * 38, 256)     # a long reduction
-    assert not conv_gemm.pointwise_direct(AVX512, 128, 55 * 55, 16)      # few output channels
-    assert not conv_gemm.pointwise_direct(AVX512, 512, 25 * 19, 512)     # a small map
+    assert conv_gemm.pointwise_direct(AVX512, 512, 25 * 19 + 37, 512)
+    assert not conv_gemm.pointwise_direct(AVX512, 600, 50 * 38, 256)     # a long reduction
+    assert not conv_gemm.pointwise_direct(AVX512, 512, 25 * 19, 512)     # longer than the map
+    assert not conv_gemm.pointwise_direct(AVX512, 128, 55 * 55, 8)       # few output channels
+    assert not conv_gemm.pointwise_direct(AVX512, 64, 14 * 14, 64)       # a small map
     assert not conv_gemm.pointwise_direct(AVX512, 128, 50 * 38)          # output channels not given
     assert not conv_gemm.pointwise_direct(AVX2, 128, 100 * 76, 128)
     assert not conv_gemm.pointwise_direct(None, 128, 100 * 76, 128)
 
 
 @pytest.mark.parametrize("ic, oc, h, w, direct", [(128, 37, 50, 38, True), (64, 48, 40, 39, True),
-                                                  (128, 16, 50, 38, False), (300, 64, 50, 38, False)])
+                                                  (128, 16, 55, 55, True), (128, 8, 50, 38, False),
+                                                  (600, 64, 50, 38, False), (64, 64, 14, 14, False)])
 def test_weight_layout(ic, oc, h, w, direct):
     shape = _weight_shape(_pointwise_model(ic, oc, h, w), AVX512)
     assert (shape == (oc, ic)) == direct, shape          # the in-place matmul keeps the weight (oc, ic)
@@ -53,7 +56,8 @@ def test_weight_layout(ic, oc, h, w, direct):
 
 
 @pytest.mark.parametrize("ic, oc, h, w, act", [(128, 37, 50, 38, "HardSwish"), (64, 48, 40, 39, "Relu"),
-                                               (256, 40, 41, 41, "HardSwish")])
+                                               (256, 40, 41, 41, "HardSwish"), (512, 64, 25, 21, "Relu"),
+                                               (32, 16, 20, 21, "Relu")])
 def test_matches_onnxruntime(onnx_compare, ic, oc, h, w, act):
     model = _pointwise_model(ic, oc, h, w, act)
     x = RNG.uniform(-1, 1, (1, ic, h, w)).astype(np.float32)

@@ -63,23 +63,27 @@ def pointwise_direct(target, in_channels: int, pixels: int, out_channels: int = 
 
 
 # ---------------------------------------------------------------- pointwise: in place with a partial block
-# A detector's maps (608 wide: 50x38 = 1900 and 100x76 = 7600 pixels, neither whole 32-pixel blocks) ran its
-# 128..256-channel pointwise convs as conv2d_pixels, whose 12 pixels read per reduction step lie one input row
-# (a page or more) apart. The in-place matmul reads its input rows as vectors: measured (AVX-512, 1 thread,
-# interleaved, + hard-swish) 128->128 @100x76 3066 -> 2768 us, 64->128 @100x76 1177 -> 866, 128->37 955 -> 709,
-# 256->128 @50x38 1070 -> 987, 256->256 @50x38 2137 -> 2090. Not with few output channels (the 12-row block
-# wastes most of a 16-channel layer: squeezenet's 128->16 @55x55 158 -> 227 us) nor on small maps (25x19:
-# 512->512 1825 -> 4667 us).
-DIRECT_PARTIAL_MIN_PIXELS = 1536
-DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS = 32
+# A map that is not whole 32-pixel blocks (a detector's 608-wide input: 50x38 = 1900, 100x76 = 7600 and 25x19 =
+# 475 pixels) ran its pointwise convs as conv2d_pixels, whose 12 pixels read per reduction step lie one input row
+# (a page or more) apart. The in-place matmul reads input rows as vectors, and its last column tile is shifted
+# back to whole vectors (ops/schedules.py _tile_shifted; it was a scalar tail, why partial blocks lost before).
+# Measured (AVX-512, 1 thread, interleaved, thread CPU time, + activation), conv2d_pixels -> in place:
+# 256->256 @50x38 2030 -> 1607 us, 128->128 @100x76 2314 -> 1899, 512->512 @25x19 1752 -> 1453, 128->37 @50x38
+# 216 -> 134, 32->192 @28x28 97 -> 55, 512->128 @28x28 772 -> 579, 128->16 @55x55 131 -> 112; 2 threads
+# 0.58-0.71x on these. Not where the reduction is longer than the map (384->96 @14x14 83 -> 88 us, 960->160
+# @7x7 89 -> 102, 576->160 @7x7 55 -> 66) nor on maps under DIRECT_PARTIAL_MIN_PIXELS (too few column tiles to
+# share between threads: 96->576 @14x14 at 2 threads 77 -> 101 us).
+DIRECT_PARTIAL_MIN_PIXELS = 400
+DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS = 16
+DIRECT_PARTIAL_MAX_INPUT_CHANNELS = 512
 
 
 def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -> bool:
     """The partial-block rule of pointwise_direct (AVX-512): maps of at least DIRECT_PARTIAL_MIN_PIXELS, at
-    most DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE input and at least DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS output
-    channels."""
+    least DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS output channels, and no more input channels than pixels (nor than
+    DIRECT_PARTIAL_MAX_INPUT_CHANNELS)."""
     return (pixels >= DIRECT_PARTIAL_MIN_PIXELS and out_channels >= DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS
-            and in_channels <= DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE)
+            and in_channels <= min(DIRECT_PARTIAL_MAX_INPUT_CHANNELS, pixels))
 
 
 def panel_width(target, out_channels: int, groups: int) -> int:

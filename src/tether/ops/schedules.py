@@ -330,7 +330,10 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     so = s[out]
     axes = list(out.op.axis)
     lead, (i, j) = axes[:-2], axes[-2:]
-    io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
+    if t.op.attrs.get(REGISTER_BLOCK):
+        io, jo, ii, ji = _tile_shifted(so, i, j, mr, nr)
+    else:
+        io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
     first, second = (io, jo) if fam.parallel_axis == "rows" else (jo, io)
     so.reorder(*lead, first, second, ii, ji)
     if contiguous:
@@ -353,6 +356,19 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     sb.unroll(bi)
     if contiguous:
         sb.vectorize(bj)
+
+
+# ---------------------------------------------------------------- matmul: a shifted last column tile
+# The in-place pointwise matmul (an explicit REGISTER_BLOCK, graph/conv_gemm.py) on a map that is not whole
+# 32-pixel tiles (1900 = 59 x 32 + 12) ran its last tile's 12 columns as scalar loops for every reduction step
+# and row, serially after the parallel loop; shifted back to end at the last column, the tile is whole vectors
+# (its overlap with the tile before is computed twice, to the same values) and one more parallel task.
+def _tile_shifted(so, i, j, mr: int, nr: int):
+    """so.tile(i, j, mr, nr) with the column split's last tile shifted (Stage.split shift_tail)."""
+    io, ii = so.split(i, factor=mr)
+    jo, ji = so.split(j, factor=nr, shift_tail=True)
+    so.reorder(io, jo, ii, ji)
+    return io, jo, ii, ji
 
 
 def _schedule_rowdot_partial(s, t, fam: Family, ctx):
