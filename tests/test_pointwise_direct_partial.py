@@ -1,20 +1,17 @@
 """AVX-512: pointwise convs on maps of at least 400 pixels that end in a partial 32-pixel block run as the
 in-place matmul (its last column tile shifted back to whole vectors) when they have 16+ output channels and no
-more input channels than pixels, at most 512 (graph/conv_gemm.py pointwise_direct_partial). The choice per target and shape (the weight layout pack_conv_weights leaves), and
-one-conv models taking the path compiled for the host and compared with onnxruntime (max relative error
-<= 1e-4)."""
+more input channels than pixels, at most 512 (graph/conv_gemm.py pointwise_direct_partial). The choice per
+target and shape (the weight layout pack_conv_weights leaves), and one-conv models taking the path compiled for
+the host and compared with onnxruntime (max relative error <= 1e-4)."""
 import numpy as np
 import pytest
 from fixtures.onnx_struct_compare import make_graph_model
 from onnx import helper
 
-from tether.frontend import from_onnx
-from tether.graph import conv_gemm
-from tether.graph.build import prepare_graph
-from tether.target import Target
+from test_conv_gemm_x86 import AVX2, AVX512, _packed
 
-AVX512 = Target("x86_64-linux-gnu -mattr=+avx2,+fma,+avx512f")
-AVX2 = Target("x86_64-linux-gnu -mattr=+avx2,+fma")
+from tether.graph import conv_gemm
+
 RNG = np.random.default_rng(11)
 
 
@@ -23,13 +20,6 @@ def _pointwise_model(ic, oc, h, w, act="HardSwish"):
     b = (RNG.standard_normal(oc) * 0.1).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node(act, ["c"], ["y"])]
     return make_graph_model(nodes, {"x": np.zeros((1, ic, h, w), np.float32)}, ["y"], {"w": wt, "b": b})
-
-
-def _weight_shape(model, target):
-    graph, params = from_onnx(model)
-    _, params, panel_weights = prepare_graph(graph, params, 3, target)
-    (wname,) = panel_weights or [None]
-    return None if wname is None else params[wname].shape
 
 
 def test_rule():
@@ -50,9 +40,9 @@ def test_rule():
                                                   (128, 16, 55, 55, True), (128, 8, 50, 38, False),
                                                   (600, 64, 50, 38, False), (64, 64, 14, 14, False)])
 def test_weight_layout(ic, oc, h, w, direct):
-    shape = _weight_shape(_pointwise_model(ic, oc, h, w), AVX512)
+    shape = _packed(_pointwise_model(ic, oc, h, w), AVX512)
     assert (shape == (oc, ic)) == direct, shape          # the in-place matmul keeps the weight (oc, ic)
-    assert _weight_shape(_pointwise_model(ic, oc, h, w), AVX2) != (oc, ic)
+    assert _packed(_pointwise_model(ic, oc, h, w), AVX2) != (oc, ic)
 
 
 @pytest.mark.parametrize("ic, oc, h, w, act", [(128, 37, 50, 38, "HardSwish"), (64, 48, 40, 39, "Relu"),

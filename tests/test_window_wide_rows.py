@@ -10,20 +10,14 @@ from tether import ops, te
 from tether.ops import schedules
 from tether.ops.conv import window_columns
 from tether.target import Target
+from test_window_channel_pads import _dw_ref
 
 
-def _dw_ref(x, w, stride, pad, dilation):
-    c, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))).astype(np.float64)
-    oh = (xp.shape[2] - (kh - 1) * dilation - 1) // stride + 1
-    ow = (xp.shape[3] - (kw - 1) * dilation - 1) // stride + 1
-    out = np.zeros((x.shape[0], c, oh, ow))
-    for ky in range(kh):
-        for kx in range(kw):
-            patch = xp[:, :, ky * dilation: ky * dilation + (oh - 1) * stride + 1: stride,
-                       kx * dilation: kx * dilation + (ow - 1) * stride + 1: stride]
-            out += patch * w[None, :, 0, ky, kx][..., None, None]
-    return out
+def _depthwise_inputs(rng, shape, k, mult=1):
+    """(array, placeholder) pairs of a depthwise conv's input, weight (channel multiplier ``mult``) and bias."""
+    arrays = [rng.standard_normal(shape), rng.standard_normal((shape[1] * mult, 1, k, k)),
+              rng.standard_normal(shape[1] * mult)]
+    return [(a.astype("float32"), te.placeholder(a.shape, "float32", name=n)) for a, n in zip(arrays, "XWB")]
 
 
 def _hard_swish(v):
@@ -47,12 +41,7 @@ def test_window_columns(ow, wide):
                                                                ((2, 3, 10, 38), 5, 1, 2, 1, 2),
                                                                ((1, 4, 17, 38), 5, 1, 2, 1, 1)])
 def test_wide_depthwise_matches_numpy(run_ops, rng, shape, k, stride, pad, dilation, mult):
-    x = rng.standard_normal(shape).astype("float32")
-    w = rng.standard_normal((shape[1] * mult, 1, k, k)).astype("float32")
-    bias = rng.standard_normal(shape[1] * mult).astype("float32")
-    X = te.placeholder(x.shape, "float32", name="X")
-    W = te.placeholder(w.shape, "float32", name="W")
-    B = te.placeholder(bias.shape, "float32", name="B")
+    (x, X), (w, W), (bias, B) = _depthwise_inputs(rng, shape, k, mult)
     plain = ops.depthwise_conv2d(X, W, stride, pad, dilation)
     fused = ops.hard_swish(ops.depthwise_conv2d(X, W, stride, pad, dilation, bias=B))
     got_plain, = run_ops([(X, x), (W, w)], [plain])
@@ -64,18 +53,12 @@ def test_wide_depthwise_matches_numpy(run_ops, rng, shape, k, stride, pad, dilat
     np.testing.assert_allclose(got_fused, _hard_swish(ref + bias[None, :, None, None]), rtol=1e-4, atol=1e-4)
 
 
-def _window_loops(out, args):
-    """The lowered text of the loops that accumulate the window (the lines between the block's init and its
-    write-back)."""
-    return str(tether.lower(ops.schedule(out, target="host"), args))
-
-
 def test_wide_block_has_no_scalar_tail_in_the_window():
     """38 columns: blocks of 16 over 48 computed columns; only the write-back of the last block is clamped."""
     X = te.placeholder((1, 8, 50, 38), "float32", name="X")
     W = te.placeholder((8, 1, 5, 5), "float32", name="W")
     out = ops.depthwise_conv2d(X, W, 1, 2)
-    text = _window_loops(out, [X, W, out])
+    text = str(tether.lower(ops.schedule(out, target="host"), [X, W, out]))
     accumulate = [ln for ln in text.splitlines() if "_wide[" in ln and "+" in ln and "W[" in ln]
     assert accumulate, text
     # every accumulating loop is a whole vector: no min(...) extent around the window's taps
@@ -106,12 +89,7 @@ def test_five_by_five_accumulates_a_block_of_rows():
 @pytest.mark.parametrize("shape,k,stride,pad", [((1, 4, 400, 304), 3, 2, 1), ((1, 12, 201, 150), 5, 2, 2),
                                                 ((1, 8, 150, 250), 3, 3, 1)])
 def test_large_strided_channel_makes_its_phases_per_row_chunk(run_ops, rng, shape, k, stride, pad):
-    x = rng.standard_normal(shape).astype("float32")
-    w = rng.standard_normal((shape[1], 1, k, k)).astype("float32")
-    bias = rng.standard_normal(shape[1]).astype("float32")
-    X = te.placeholder(x.shape, "float32", name="X")
-    W = te.placeholder(w.shape, "float32", name="W")
-    B = te.placeholder(bias.shape, "float32", name="B")
+    (x, X), (w, W), (bias, B) = _depthwise_inputs(rng, shape, k)
     fused = ops.hard_swish(ops.depthwise_conv2d(X, W, stride, pad, bias=B))
     text = str(tether.lower(ops.schedule(fused, target="host"), [X, W, B, fused]))
     lines = text.splitlines()
