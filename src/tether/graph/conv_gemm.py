@@ -69,10 +69,11 @@ def pointwise_direct(target, in_channels: int, pixels: int, out_channels: int = 
 # back to whole vectors (ops/schedules.py _tile_shifted; it was a scalar tail, why partial blocks lost before).
 # Measured (AVX-512, 1 thread, interleaved, thread CPU time, + activation), conv2d_pixels -> in place:
 # 256->256 @50x38 2030 -> 1607 us, 128->128 @100x76 2314 -> 1899, 512->512 @25x19 1752 -> 1453, 128->37 @50x38
-# 216 -> 134, 32->192 @28x28 97 -> 55, 512->128 @28x28 772 -> 579, 128->16 @55x55 131 -> 112; 2 threads
-# 0.58-0.71x on these. Not where the reduction is longer than the map (384->96 @14x14 83 -> 88 us, 960->160
-# @7x7 89 -> 102, 576->160 @7x7 55 -> 66) nor on maps under DIRECT_PARTIAL_MIN_PIXELS (too few column tiles to
-# share between threads: 96->576 @14x14 at 2 threads 77 -> 101 us).
+# 216 -> 134, 32->192 @28x28 97 -> 55, 512->128 @28x28 772 -> 579, 128->16 @55x55 131 -> 112, 512->128
+# @25x19 419 -> 357; 2 threads 0.58-0.71x on these. Not where the reduction is much longer than the map
+# (384->96 @14x14 83 -> 88 us, 960->160 @7x7 89 -> 102, 576->160 @7x7 55 -> 66) nor on maps under
+# DIRECT_PARTIAL_MIN_PIXELS (too few column tiles to share between threads: 96->576 @14x14 at 2 threads 77 -> 101
+# us).
 DIRECT_PARTIAL_MIN_PIXELS = 400
 DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS = 16
 DIRECT_PARTIAL_MAX_INPUT_CHANNELS = 512
@@ -80,10 +81,10 @@ DIRECT_PARTIAL_MAX_INPUT_CHANNELS = 512
 
 def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -> bool:
     """The partial-block rule of pointwise_direct (AVX-512): maps of at least DIRECT_PARTIAL_MIN_PIXELS, at
-    least DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS output channels, and no more input channels than pixels (nor than
-    DIRECT_PARTIAL_MAX_INPUT_CHANNELS)."""
+    least DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS output channels, and input channels at most 5/4 of the pixels (512
+    at 25x19 = 475) and at most DIRECT_PARTIAL_MAX_INPUT_CHANNELS."""
     return (pixels >= DIRECT_PARTIAL_MIN_PIXELS and out_channels >= DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS
-            and in_channels <= min(DIRECT_PARTIAL_MAX_INPUT_CHANNELS, pixels))
+            and in_channels <= min(DIRECT_PARTIAL_MAX_INPUT_CHANNELS, pixels * 5 // 4))
 
 
 def panel_width(target, out_channels: int, groups: int) -> int:
