@@ -355,9 +355,29 @@ class ExprEmitter:
             picks = [lane * stride if stride > 0 else span - 1 + lane * stride for lane in range(n)]
             return B.shuffle_vector(wide, ir.Constant(ir.VectorType(ety, span), ir.Undefined),
                                     ir.Constant(ir.VectorType(I32, n), picks))
+        if buf.scope == "local" and n <= _LOCAL_LANES_MAX:
+            return self.local_lanes(buf, base, stride)
         idxv = B.add(self.splat(base, n), ir.Constant(ir.VectorType(base.type, n), [lane * stride for lane in range(n)]),
                      flags=("nsw",))
         return self.masked_gather(buf, idxv, ir.Constant(ir.VectorType(I1, n), [1] * n))
+
+    # ---------------------------------------------------------------- strided lanes of a local block
+    def local_lanes(self, buf: Buffer, base: ir.Value, stride: int) -> ir.Value:
+        """The lanes of a large constant stride in a local (stack) buffer as scalar loads at ``base + lane *
+        stride``. Why: a register block read back transposed (conv2d_pixels' pixels x channels block written to
+        NCHW rows) was a llvm.masked.gather from its stack copy, which kept the block in memory and cost a vgather
+        and its address vector per row; scalar loads at constant offsets let LLVM keep the block in registers
+        (SROA) and move the lanes with shuffles."""
+        B = self.b
+        ety = mem_type(buf.dtype)
+        align = elem_bytes(buf.dtype)
+        n = self.lanes()
+        v = ir.Constant(ir.VectorType(ety, n), ir.Undefined)
+        for lane in range(n):
+            idx = base if lane == 0 else B.add(base, ir.Constant(base.type, lane * stride), flags=("nsw",))
+            x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
+            v = B.insert_element(v, x, ir.Constant(I32, lane))
+        return v
 
     def masked_gather(self, buf: Buffer, idxv: ir.Value, mask: ir.Value) -> ir.Value:
         """``llvm.masked.gather`` of the elements of ``buf`` at index vector ``idxv`` (lanes off in ``mask`` read
@@ -541,6 +561,8 @@ class ExprEmitter:
 
 # strides up to this many elements per lane load their span as one vector and shuffle; larger ones gather
 _SHUFFLE_MAX_STRIDE = 4
+# local buffers: strided vectors up to this many lanes are loaded lane by lane (Emitter.local_lanes)
+_LOCAL_LANES_MAX = 16
 
 
 def _intrinsic_suffix(ty: ir.Type) -> str:

@@ -50,12 +50,41 @@ DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE = 256
 DIRECT_POINTWISE_MIN_PIXELS = 2048
 
 
-def pointwise_direct(target, in_channels: int, pixels: int) -> bool:
-    """Whether a pointwise conv (groups 1) runs as the in-place matmul of DIRECT_POINTWISE_BLOCK on `target`."""
-    return (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16
-            and pixels >= DIRECT_POINTWISE_MIN_PIXELS
+def pointwise_direct(target, in_channels: int, pixels: int, out_channels: int = 0) -> bool:
+    """Whether a pointwise conv (groups 1) runs as the in-place matmul of DIRECT_POINTWISE_BLOCK on `target`
+    (``out_channels`` 0: not known, the partial-block rule below does not apply)."""
+    if not (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16):
+        return False
+    if pointwise_direct_partial(in_channels, pixels, out_channels):
+        return True
+    return (pixels >= DIRECT_POINTWISE_MIN_PIXELS
             and in_channels <= (DIRECT_POINTWISE_MAX_INPUT_CHANNELS_WHOLE if pixels % DIRECT_POINTWISE_BLOCK[1] == 0
                                 else DIRECT_POINTWISE_MAX_INPUT_CHANNELS))
+
+
+# ---------------------------------------------------------------- pointwise: in place with a partial block
+# A map that is not whole 32-pixel blocks (a detector's 608-wide input: 50x38 = 1900, 100x76 = 7600 and 25x19 =
+# 475 pixels) ran its pointwise convs as conv2d_pixels, whose 12 pixels read per reduction step lie one input row
+# (a page or more) apart. The in-place matmul reads input rows as vectors, and its last column tile is shifted
+# back to whole vectors (ops/schedules.py _tile_shifted; it was a scalar tail, why partial blocks lost before).
+# Measured (AVX-512, 1 thread, interleaved, thread CPU time, + activation), conv2d_pixels -> in place:
+# 256->256 @50x38 2030 -> 1607 us, 128->128 @100x76 2314 -> 1899, 512->512 @25x19 1752 -> 1453, 128->37 @50x38
+# 216 -> 134, 32->192 @28x28 97 -> 55, 512->128 @28x28 772 -> 579, 128->16 @55x55 131 -> 112, 512->128
+# @25x19 419 -> 357; 2 threads 0.58-0.71x on these. Not where the reduction is much longer than the map
+# (384->96 @14x14 83 -> 88 us, 960->160 @7x7 89 -> 102, 576->160 @7x7 55 -> 66) nor on maps under
+# DIRECT_PARTIAL_MIN_PIXELS (too few column tiles to share between threads: 96->576 @14x14 at 2 threads 77 -> 101
+# us).
+DIRECT_PARTIAL_MIN_PIXELS = 400
+DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS = 16
+DIRECT_PARTIAL_MAX_INPUT_CHANNELS = 512
+
+
+def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -> bool:
+    """The partial-block rule of pointwise_direct (AVX-512): maps of at least DIRECT_PARTIAL_MIN_PIXELS, at
+    least DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS output channels, and input channels at most 5/4 of the pixels (512
+    at 25x19 = 475) and at most DIRECT_PARTIAL_MAX_INPUT_CHANNELS."""
+    return (pixels >= DIRECT_PARTIAL_MIN_PIXELS and out_channels >= DIRECT_PARTIAL_MIN_OUTPUT_CHANNELS
+            and in_channels <= min(DIRECT_PARTIAL_MAX_INPUT_CHANNELS, pixels * 5 // 4))
 
 
 def panel_width(target, out_channels: int, groups: int) -> int:
@@ -226,7 +255,8 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
         w = np.asarray(params[wname])
         out_shape = graph.types[conv.outputs[0]].shape
         if (w.shape[2:] == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
-                and conv.attrs["groups"] == 1 and pointwise_direct(target, w.shape[1], out_shape[2] * out_shape[3])):
+                and conv.attrs["groups"] == 1
+                and pointwise_direct(target, w.shape[1], out_shape[2] * out_shape[3], w.shape[0])):
             # marked as the in-place matmul by its 2-D (oc, ic) weight in panel_weights (gemm_plan reads it so)
             params[wname] = np.ascontiguousarray(w.reshape(w.shape[0], -1))
             graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))

@@ -330,7 +330,10 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     so = s[out]
     axes = list(out.op.axis)
     lead, (i, j) = axes[:-2], axes[-2:]
-    io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
+    if t.op.attrs.get(REGISTER_BLOCK):
+        io, jo, ii, ji = _tile_shifted(so, i, j, mr, nr)
+    else:
+        io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
     first, second = (io, jo) if fam.parallel_axis == "rows" else (jo, io)
     so.reorder(*lead, first, second, ii, ji)
     if contiguous:
@@ -353,6 +356,19 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     sb.unroll(bi)
     if contiguous:
         sb.vectorize(bj)
+
+
+# ---------------------------------------------------------------- matmul: a shifted last column tile
+# The in-place pointwise matmul (an explicit REGISTER_BLOCK, graph/conv_gemm.py) on a map that is not whole
+# 32-pixel tiles (1900 = 59 x 32 + 12) ran its last tile's 12 columns as scalar loops for every reduction step
+# and row, serially after the parallel loop; shifted back to end at the last column, the tile is whole vectors
+# (its overlap with the tile before is computed twice, to the same values) and one more parallel task.
+def _tile_shifted(so, i, j, mr: int, nr: int):
+    """so.tile(i, j, mr, nr) with the column split's last tile shifted (Stage.split shift_tail)."""
+    io, ii = so.split(i, factor=mr)
+    jo, ji = so.split(j, factor=nr, shift_tail=True)
+    so.reorder(io, jo, ii, ji)
+    return io, jo, ii, ji
 
 
 def _schedule_rowdot_partial(s, t, fam: Family, ctx):
@@ -542,7 +558,7 @@ def _schedule_window(s, t, fam: Family, ctx):
     block, out = _accumulator_and_output(s, t, ctx)
     so = s[out]
     b, o, y, x = out.op.axis
-    ow = int(out.shape[3])
+    ow = int(t.shape[3])    # the window's own width: whole column blocks (ops.conv.window_columns)
     cols = _columns(fam, ow)
     chan = so.fuse(b, o)
     if _numel(out) >= fam.parallel_min:
@@ -553,9 +569,16 @@ def _schedule_window(s, t, fam: Family, ctx):
     bb, bo, by, bx = block.op.axis
     rd = list(block.op.reduce_axis)
     pads = _channel_pads(block, t, fam, ctx)
+    chunk = _channel_pad_rows(t, pads) if pads else 0
     if pads:
-        # the whole channel accumulates in a local block, its padded input made just before (both stay in cache)
-        sb.compute_at(so, chan)
+        if chunk < int(out.shape[2]):
+            # a channel too large for the stack: its rows in chunks, each with its own part of the phases
+            yo, _ = so.split(y, factor=chunk)
+            so.reorder(chan, yo)
+            sb.compute_at(so, yo)
+        else:
+            # the whole channel accumulates in a local block, its padded input made just before (both in cache)
+            sb.compute_at(so, chan)
         bxo, bxi = sb.split(bx, factor=cols)
         sb.reorder(bb, bo, by, bxo, *rd, bxi)
         sb.vectorize(bxi)
@@ -563,12 +586,42 @@ def _schedule_window(s, t, fam: Family, ctx):
             s[src].compute_at(sb, bo)
             ctx["serial"].add(id(src.op))
     else:
-        sb.compute_at(so, xo)
-        sb.reorder(bb, bo, by, *rd, bx)
+        rows = _window_rows(fam, t, cols)
+        if rows > 1:
+            yo, yi = so.split(y, factor=rows)
+            so.reorder(chan, yo, xo, yi, xi)
+            sb.compute_at(so, xo)
+            sb.reorder(bb, bo, *rd, by, bx)
+            sb.unroll(by)
+        else:
+            sb.compute_at(so, xo)
+            sb.reorder(bb, bo, by, *rd, bx)
         sb.vectorize(bx)
     for r in rd:
         if _extent(r) <= fam.window_unroll:
             sb.unroll(r)
+
+
+# ---------------------------------------------------------------- depthwise: a block of output rows
+# A 5x5 depthwise layer reads each input row for five output rows: a block of rows x columns accumulated together
+# loads each input vector once for all the block's rows that use it (LLVM merges the unrolled loads) where one
+# row at a time loads it five times (5x5 256 @50x38: 0.73 -> 0.56 ms, 128 @100x76: 1.32 -> 0.96 ms; AVX-512).
+# 3x3 windows measured no gain (their time is the memory passes), so they keep single rows.
+_WINDOW_ROWS_MIN_KERNEL = 5
+# accumulator vectors of a row block: the window's weights (25 broadcast registers for 5x5) take the rest of
+# AVX-512's 32 (5 rows x 2 vectors at 25x19 -> 32 columns spilled and ran 1.3x slower than single rows)
+_WINDOW_ROW_VECTORS = 6
+
+
+def _window_rows(fam: Family, t, cols: int) -> int:
+    """Output rows per register block of a depthwise window (1: a row at a time): the largest divisor of the
+    output height whose block fits _WINDOW_ROW_VECTORS accumulators, for kernels at least 5 rows tall."""
+    if c.tag_of(t.op) != c.DEPTHWISE_CONV2D or fam.lanes < 16:
+        return 1
+    if _extent(t.op.reduce_axis[0]) < _WINDOW_ROWS_MIN_KERNEL:
+        return 1
+    vectors = -(-cols // fam.lanes)
+    return max(_divisors_upto(int(t.shape[2]), max(1, _WINDOW_ROW_VECTORS // vectors)))
 
 
 # a channel's padded input and output block up to this many bytes each are made per channel (parallel tasks hold
@@ -593,15 +646,32 @@ def _channel_pads(block, t, fam: Family, ctx) -> list:
     pads = [src for src in block.op.input_tensors
             if c.tag_of(src.op) == c.PAD and src.op.attrs.get("column_phases")
             and ctx["consumers"].get(id(src.op)) == [t.op]]
-    out_bytes = 4 * int(t.shape[2]) * int(t.shape[3])
-    if not pads or out_bytes > _CHANNEL_PAD_BYTES:
+    if not pads:
         return []
     for src in pads:
         if 4 * _numel(src) <= _WHOLE_PASS_BYTES:
             return []
-        if 4 * _numel(src) // (int(src.shape[0]) * int(src.shape[1])) > _CHANNEL_PAD_BYTES:
-            return []
-    return pads
+    return pads if _channel_pad_rows(t, pads) else []
+
+
+# ---------------------------------------------------------------- per-channel phases in row chunks
+# A channel whose output block or column phases exceed _CHANNEL_PAD_BYTES (a detector's 32 channels @400x304 s2:
+# 0.5 MB of phases each) made its phases as a pass over the whole input (16 MB, memory-bound: 3x3 s2 32 @400x304
+# 2.5 ms in picodet against onnxruntime's 0.8); in chunks of output rows whose block and phase rows fit, each
+# chunk's phases (with the window's overlap rows) stay in cache like a small channel's.
+def _channel_pad_rows(t, pads) -> int:
+    """Output rows per chunk of a per-channel window (the whole height when the channel fits), 0 when not even
+    one row fits."""
+    oh, ow = int(t.shape[2]), int(t.shape[3])
+    rows = min(oh, _CHANNEL_PAD_BYTES // (4 * ow))
+    for src in pads:
+        height, row_bytes = int(src.shape[2]), 4 * _numel(src) // (int(src.shape[0]) * int(src.shape[1]) *
+                                                                  int(src.shape[2]))
+        extra = max(0, height - oh * (height // oh))      # rows the window reads past stride x rows (the overlap)
+        stride = max(1, height // oh)
+        while rows and (rows * stride + extra) * row_bytes > _CHANNEL_PAD_BYTES:
+            rows -= 1
+    return rows
 
 
 def _schedule_global_pool(s, t, fam: Family, ctx):

@@ -161,6 +161,7 @@ class Lowering:
         for iv in st.reduce_axis:
             info.ext[iv] = iv.extent
         split_guards = []
+        shifted = {}        # split -> its extent: the last tile ends at the extent (Stage.split shift_tail)
         for r in st.relations:
             if isinstance(r, Split):
                 e = info.ext[r.parent]
@@ -169,7 +170,9 @@ class Lowering:
                 else:
                     outer, inner = r.nparts, -(-e // r.nparts)
                 info.ext[r.outer], info.ext[r.inner] = outer, inner
-                if outer * inner != e:
+                if outer * inner != e and r.shift_tail and e > inner:
+                    shifted[id(r)] = e
+                elif outer * inner != e:
                     split_guards.append((r.parent, e))
             else:
                 info.ext[r.fused] = info.ext[r.outer] * info.ext[r.inner]
@@ -179,9 +182,10 @@ class Lowering:
             self.ranges[leaf] = (0, info.ext[leaf] - 1)
         for r in reversed(st.relations):
             if isinstance(r, Split):
-                info.value[r.parent] = simplify(
-                    Binary("add", Binary("mul", info.value[r.outer], _c(info.ext[r.inner])), info.value[r.inner]),
-                    self.ranges)
+                start = Binary("mul", info.value[r.outer], _c(info.ext[r.inner]))
+                if id(r) in shifted:
+                    start = Binary("min", start, _c(shifted[id(r)] - info.ext[r.inner]))
+                info.value[r.parent] = simplify(Binary("add", start, info.value[r.inner]), self.ranges)
             else:
                 ei = _c(info.ext[r.inner])
                 info.value[r.outer] = simplify(Binary("floordiv", info.value[r.fused], ei), self.ranges)

@@ -18,8 +18,10 @@ LOOP_KINDS = ("serial", "vectorized", "unrolled", "parallel")
 
 
 class Split:
-    def __init__(self, parent: IterVar, outer: IterVar, inner: IterVar, factor: int | None, nparts: int | None):
+    def __init__(self, parent: IterVar, outer: IterVar, inner: IterVar, factor: int | None, nparts: int | None,
+                 shift_tail: bool = False):
         self.parent, self.outer, self.inner, self.factor, self.nparts = parent, outer, inner, factor, nparts
+        self.shift_tail = shift_tail
 
 
 class Fuse:
@@ -81,11 +83,19 @@ class Stage:
         raise ScheduleError(f"{what}: expected an axis (IterVar) of stage {self.name!r}, got {iv!r}")
 
     # primitives ---------------------------------------------------------------------------------------------
-    def split(self, parent: IterVar, factor: int | None = None, nparts: int | None = None):
-        """Split ``parent`` into (outer, inner) with inner extent ``factor`` (or outer extent ``nparts``)."""
+    def split(self, parent: IterVar, factor: int | None = None, nparts: int | None = None, *,
+              shift_tail: bool = False):
+        """Split ``parent`` into (outer, inner) with inner extent ``factor`` (or outer extent ``nparts``).
+
+        ``shift_tail`` (with ``factor``): when ``factor`` does not divide the extent, the last tile is shifted back
+        to end at the extent (it overlaps the one before and recomputes those points) instead of being a partial
+        tile with clamped loops. Only for stages whose points may be computed twice (pure stores, not
+        accumulation into their output)."""
         pos = self._leaf_index(parent, "split")
         if (factor is None) == (nparts is None):
             raise ScheduleError(f"split of {parent.name!r}: give exactly one of factor= or nparts=")
+        if shift_tail and factor is None:
+            raise ScheduleError(f"split of {parent.name!r}: shift_tail needs factor=")
         value = factor if factor is not None else nparts
         if isinstance(value, Expr) or int(value) != value or int(value) <= 0:
             raise ScheduleError(f"split of {parent.name!r}: factor/nparts must be a positive int, got {value!r}")
@@ -93,7 +103,7 @@ class Stage:
         outer = IterVar(parent.name + ".outer", None, parent.kind)
         inner = IterVar(parent.name + ".inner", None, parent.kind)
         self.relations.append(Split(parent, outer, inner, value if factor is not None else None,
-                                    value if nparts is not None else None))
+                                    value if nparts is not None else None, shift_tail))
         self.leaf_iter_vars[pos:pos + 1] = [outer, inner]
         return outer, inner
 
