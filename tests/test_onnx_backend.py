@@ -182,6 +182,17 @@ TARGET = "host"   # the emulated-device runs of these cases live in test_graph_r
 FULL_OPT_MODELS = {"squeezenet_old", "resnet50", "shufflenet"}
 
 
+# Every prepared model exports a library folder (hundreds of MB for the model-zoo cases); they all live under one
+# folder that is removed when the test process ends, so a run leaves nothing in /tmp.
+_EXPORTS: list = []
+
+
+def _export_root() -> str:
+    if not _EXPORTS:
+        _EXPORTS.append(tempfile.TemporaryDirectory(prefix="tether-onnx-"))
+    return _EXPORTS[0].name
+
+
 class TetherRep(onnx.backend.base.BackendRep):
     """A prepared model. int64 inputs are shape arguments (Reshape shape, axes, pads): the model is compiled on
     first run with their values bound as constants (and again only if they change)."""
@@ -199,7 +210,7 @@ class TetherRep(onnx.backend.base.BackendRep):
             graph, params = from_onnx(self.model, constants=consts)
             big = len(self.model.graph.node) > 40 and self.model.graph.name not in FULL_OPT_MODELS
             factory = tether.build_graph(graph, params, target=TARGET, opt_level=2 if big else 3)
-            folder = tempfile.mkdtemp(prefix="tether-onnx-")
+            folder = tempfile.mkdtemp(dir=_export_root())
             factory.export(folder)
             gm = graph_executor.load(folder)
             self._compiled[key] = gm
