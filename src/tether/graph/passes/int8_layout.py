@@ -14,8 +14,9 @@ int8_dot_convs) gives every 8-bit image value that an int8 kernel writes and an 
   ``(KH, KW, C)``, the multiplier along the last axis;
 - ``qadd(a, b, ...)`` with per-tensor constants is elementwise: it runs on channels-last operands as they are.
 
-Which values change: a conv's output when it is of the pixel form or reads channels last, and an int8 kernel
-reads it; a depthwise conv's when it reads channels last; a qadd's when both operands are. Every other reader of
+Which values change: a conv's output when an int8 kernel reads it (a pointwise conv reading NCHW then packs its
+input as the pixel form does, once, where the NCHW region ends); a depthwise conv's when it reads channels last; a
+qadd's when both operands are. Every other reader of
 such a value (a graph output, global pooling, a float op...) reads it through one ``transpose`` back to NCHW,
 under the value's original name, so nothing else in the graph changes. The kernels compute the same integers in
 another order of memory, so the results stay bit for bit what they were.
@@ -95,7 +96,7 @@ def _layouts(graph: Graph, chains: List[_Chain]) -> Set[str]:
         elif ch.kind == "depthwise":
             go = src_last
         else:
-            go = (ch.kind == "pixels" or src_last) and bool(reads.get(ch.out))
+            go = bool(reads.get(ch.out))
         if go:
             last.add(ch.out)
     return last
