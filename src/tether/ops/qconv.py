@@ -175,9 +175,11 @@ def _channels_last_words(x, p4, pad_value: int, flip: bool, name: str):
         pad = c.const(pad_value, str(x.dtype))
 
         def padded(yy, xx, ci):
+            # the channel clamp only where channels are missing: along the vector a clamped index is a gather
             y, xc = yy - top, xx - left
-            v = x[0, c.clamp_index(y, h), c.clamp_index(xc, wd), c.clamp_index(ci, ch)]
-            return te.if_then_else(c.all_of([y >= 0, y < h, xc >= 0, xc < wd, ci < ch]), v, pad)
+            v = x[0, c.clamp_index(y, h), c.clamp_index(xc, wd), c.clamp_index(ci, ch) if ch % 4 else ci]
+            inside = [y >= 0, y < h, xc >= 0, xc < wd] + ([ci < ch] if ch % 4 else [])
+            return te.if_then_else(c.all_of(inside), v, pad)
 
         padded_t = c.compute((h + top + bottom, wd + left + right, c4 * 4), padded, f"{name}_padded", c.PAD)
 

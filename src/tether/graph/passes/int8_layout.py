@@ -12,7 +12,9 @@ int8_dot_convs) gives every 8-bit image value that an int8 kernel writes and an 
   the matmul form (planar pixels) becomes the pixel form with its weights repacked (same words, same bias);
 - ``requantize(qdepthwise2d(x, w, b), m, zy)`` becomes ``qdepthwise2d_nhwc`` (graph/qlayout.py), weights
   ``(KH, KW, C)``, the multiplier along the last axis;
-- ``qadd(a, b, ...)`` with per-tensor constants is elementwise: it runs on channels-last operands as they are.
+- ``qadd(a, b, ...)`` with per-tensor constants is elementwise: it runs on channels-last operands as they are;
+- global pooling's integer sums (``reduce(cast(x, int32), sum over H, W)``) sum over axes 1, 2 instead: the
+  ``(1, 1, 1, C)`` result is the ``(1, C, 1, 1)`` one's memory, a view.
 
 Which values change: a conv's output when an int8 kernel reads it (a pointwise conv reading NCHW then packs its
 input as the pixel form does, once, where the NCHW region ends); a depthwise conv's when it reads channels last; a
@@ -62,6 +64,13 @@ def _chains(graph: Graph, params: Dict[str, np.ndarray], rw: _Rewriter) -> List[
             if acc is not None and acc.op == "qdepthwise2d" and uses.get(acc.outputs[0]) == 1:
                 found.append(_Chain("depthwise", [acc, n], [acc.inputs[0]], n.outputs[0]))
             continue
+        if n.op == "reduce" and n.attrs.get("kind") == "sum" and list(n.attrs.get("axes", [])) == [2, 3] and \
+                n.attrs.get("keepdims"):
+            cast = producer.get(n.inputs[0])
+            if cast is not None and cast.op == "cast" and uses.get(cast.outputs[0]) == 1 and \
+                    len(graph.types[cast.inputs[0]].shape) == 4:
+                found.append(_Chain("pool", [cast, n], [cast.inputs[0]], n.outputs[0]))
+            continue
         if n.op != "reshape" or len(graph.types[n.outputs[0]].shape) != 4:
             continue
         rq = producer.get(n.inputs[0])
@@ -91,9 +100,9 @@ def _layouts(graph: Graph, chains: List[_Chain]) -> Set[str]:
     last: Set[str] = set()
     for ch in chains:
         src_last = all(s in last for s in ch.src)
-        if ch.kind == "qadd":
-            go = src_last
-        elif ch.kind == "depthwise":
+        if ch.kind == "pool":
+            go = False                                  # its (1, C, 1, 1) sums are the same in either layout
+        elif ch.kind in ("qadd", "depthwise"):
             go = src_last
         else:
             go = bool(reads.get(ch.out))
@@ -124,7 +133,7 @@ def int8_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gra
         src_last = [s in last for s in ch.src]
         if not any(src_last) and ch.out not in last:
             continue
-        if ch.kind in ("qadd", "depthwise") and not all(src_last):
+        if ch.kind in ("qadd", "depthwise", "pool") and not all(src_last):
             continue
         new = _rewrite(ch, graph, params, rw, nhwc, last)
         for s in ch.src:
@@ -155,6 +164,17 @@ def _rewrite(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: _Rewri
     if ch.kind == "qadd":
         (n,) = ch.nodes
         return [Node(n.op, n.name, [nhwc[s] for s in ch.src] + list(n.inputs[2:]), [out], dict(n.attrs))]
+    if ch.kind == "pool":
+        # global pooling's integer sums over the pixels, read channels last: (1, 1, 1, C) is (1, C, 1, 1)'s memory
+        cast, red = ch.nodes
+        wide = rw.fresh(cast.outputs[0] + "_nhwc")
+        graph.types[wide] = TensorType(graph.types[nhwc[ch.src[0]]].shape, "int32")
+        sums = rw.fresh(red.outputs[0] + "_nhwc")
+        c = graph.types[out].shape[1]
+        graph.types[sums] = TensorType((1, 1, 1, c), "int32")
+        return [Node("cast", cast.name, [nhwc[ch.src[0]]], [wide], dict(cast.attrs)),
+                Node("reduce", red.name, [wide], [sums], dict(red.attrs, axes=[1, 2])),
+                Node("reshape", rw.fresh(red.name + "_nchw_view"), [sums], [out], {"shape": (1, c, 1, 1)})]
     if ch.kind == "depthwise":
         dw, rq = ch.nodes
         w = params[dw.inputs[1]]
