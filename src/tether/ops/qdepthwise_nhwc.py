@@ -19,7 +19,7 @@ from tether import te
 
 from . import common as c
 from . import schedules
-from .conv import _geometry
+from .qdepthwise import window_geometry
 from .schedules import _accumulator_and_output, _extent, _numel
 
 QDEPTHWISE_NHWC = "qdepthwise_nhwc"    # the tag of the window stage (its schedule: below)
@@ -33,11 +33,8 @@ COLUMNS = 8
 def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwise2d_nhwc"):
     """x (1, H, W, C) uint8/int8, w (KH, KW, C) float32 (integer values), bias (C,) float32 ->
     (1, OH, OW, C) float32: bias[c] + sum_taps (x - x_zero) * w, exact while the sums stay below 2**24."""
-    n, h, wd, ch = c.shape_of(x)
-    kh, kw, wc = c.shape_of(w)
-    if n != 1 or wc != ch:
-        raise ValueError("%s: input %s and depthwise weight %s do not match" % (name, c.shape_of(x), c.shape_of(w)))
-    sh, sw, _, _, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, 1, name)
+    (n, h, wd, ch), (kh, kw, wc) = c.shape_of(x), c.shape_of(w)
+    ch, h, wd, kh, kw, sh, sw, p4, oh, ow = window_geometry((n, ch, h, wd), (wc, kh, kw), stride, padding, name)
     top, left, bottom, right = p4
     zero = c.const(0.0, "float32")
     zx = c.const(float(x_zero), "float32")
