@@ -146,7 +146,8 @@ def test_int8_kernels_pass_channels_last_values(quantized, fmt):
     to NCHW once each, for the readers that are not int8 kernels: the residual sum (graph output and global pool)
     and the last pointwise conv's input has none."""
     graph, params = from_onnx(onnx.load(quantized(fmt, "uint8")))
-    opt, _ = optimize(graph, params, opt_level=1)
+    opt, p = optimize(graph, params, opt_level=1)
+    opt.validate(p)
     ops = opt.ops_used()
     assert ops.get("qdepthwise2d_nhwc") == 3 and "qdepthwise2d" not in ops, ops
     convs = [n for n in opt.nodes if n.op == "qconv2d"]
