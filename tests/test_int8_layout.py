@@ -1,5 +1,6 @@
 """int8 activations channels last between int8 kernels (issue 12, graph/passes/int8_layout.py): a small network of
-int8 convs (3x3, depthwise at strides 1 and 2, pointwise, odd channel counts), residual adds and a global pool,
+int8 convs (3x3, depthwise at strides 1 and 2, pointwise, odd channel counts), a max pool, residual adds and a
+global pool,
 quantized by onnxruntime's quantize_static in the QDQ and the QOperator form, with uint8 and int8 activations.
 The pass must change the layout only: tether's output with the pass equals tether's output without it bit for bit,
 and both match onnxruntime; the values between int8 kernels are channels last and read back as NCHW only where a
@@ -27,7 +28,7 @@ SIZE = 12
 
 
 def _float_net(seed: int = 0) -> onnx.ModelProto:
-    """x (1, 6, 12, 12) -> 3x3 conv 6->19 + relu -> depthwise s1 -> pointwise 19->20 (a) -> pointwise 20->36 + relu
+    """x (1, 6, 12, 12) -> 3x3 conv 6->19 + relu -> 3x3 max pool -> depthwise s1 -> pointwise 19->20 (a) -> pointwise 20->36 + relu
     -> depthwise s2 -> pointwise 36->20 -> ... and a residual block: y = a' + pw(dw(pw(a'))) at 6x6; outputs y and
     its global average pool."""
     rng = np.random.default_rng(seed)
@@ -46,7 +47,8 @@ def _float_net(seed: int = 0) -> onnx.ModelProto:
         return out
 
     t = conv("input", 6, 19, 3, name="c1")
-    t = conv(t, 19, 19, 3, group=19, name="dw1")
+    nodes.append(helper.make_node("MaxPool", [t], ["mp"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    t = conv("mp", 19, 19, 3, group=19, name="dw1")
     a = conv(t, 19, 20, 1, relu=False, name="pw1")
     t = conv(a, 20, 36, 1, name="pw2")
     t = conv(t, 36, 36, 3, stride=2, group=36, name="dw2")
@@ -157,7 +159,7 @@ def test_int8_kernels_pass_channels_last_values(quantized, fmt):
     # the last pointwise conv (pw5) writes channels last for the add; the add's sum goes back once
     transposes = [n for n in opt.nodes if n.op == "transpose"]
     assert len(transposes) == 1 and opt.types[transposes[0].outputs[0]].shape == (1, 20, SIZE // 2, SIZE // 2)
-    assert "qadd" in ops
+    assert "qadd" in ops and ops.get("max_pool_nhwc") == 1 and "max_pool" not in ops, ops
 
 
 def test_without_int8_readers_nothing_changes():
@@ -202,3 +204,13 @@ def test_channels_last_on_emulated_arm(arm_device, quantized, tmp_path):
             gm.run()
             for k in range(2):
                 np.testing.assert_array_equal(gm.get_output(k), w[k])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_planar_max_pool_pads_with_the_lowest_value(onnx_compare, dtype):
+    """The NCHW max pool of 8-bit values (what the pass leaves: its input is the graph's) pads with the dtype's
+    lowest value; it once padded int8 with float32's lowest, which converted to 0, above every negative value."""
+    lo, hi = (-128, 128) if dtype == "int8" else (0, 256)
+    x = np.random.default_rng(4).integers(lo, hi, (1, 5, 7, 9)).astype(dtype)
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
+    onnx_compare(make_graph_model([node], {"x": x}, ["y"], opset=13), {"x": x}, rtol=0, atol=0)

@@ -13,6 +13,8 @@ int8_dot_convs) gives every 8-bit image value that an int8 kernel writes and an 
 - ``requantize(qdepthwise2d(x, w, b), m, zy)`` becomes ``qdepthwise2d_nhwc`` (graph/qlayout.py), weights
   ``(KH, KW, C)``, the multiplier along the last axis;
 - ``qadd(a, b, ...)`` with per-tensor constants is elementwise: it runs on channels-last operands as they are;
+- max pooling of 8-bit values (on them, or in the QDQ form between a cast to float32 and one back) runs on the
+  bytes channels last (``max_pool_nhwc``, graph/qlayout.py): the maximum of integers is exact in them;
 - global pooling's integer sums (``reduce(cast(x, int32), sum over H, W)``) sum over axes 1, 2 instead: the
   ``(1, 1, 1, C)`` result is the ``(1, C, 1, 1)`` one's memory, a view.
 
@@ -64,6 +66,11 @@ def _chains(graph: Graph, params: Dict[str, np.ndarray], rw: _Rewriter) -> List[
             if acc is not None and acc.op == "qdepthwise2d" and uses.get(acc.outputs[0]) == 1:
                 found.append(_Chain("depthwise", [acc, n], [acc.inputs[0]], n.outputs[0]))
             continue
+        if n.op == "max_pool" and _plain_pool(n):
+            chain = _max_pool_chain(graph, rw, n)
+            if chain is not None:
+                found.append(chain)
+            continue
         if n.op == "reduce" and n.attrs.get("kind") == "sum" and list(n.attrs.get("axes", [])) == [2, 3] and \
                 n.attrs.get("keepdims"):
             cast = producer.get(n.inputs[0])
@@ -91,6 +98,31 @@ def _chains(graph: Graph, params: Dict[str, np.ndarray], rw: _Rewriter) -> List[
     return found
 
 
+def _plain_pool(n: Node) -> bool:
+    a = n.attrs
+    return len(a["kernel"]) == 2 and list(a["dilations"]) == [1, 1] and not a.get("ceil_mode")
+
+
+def _max_pool_chain(graph: Graph, rw: _Rewriter, pool: Node):
+    """A max pool of 8-bit values: on them (the QOperator form), or between a cast to float32 and one back (the
+    QDQ form's moved Q/DQ pair, passes/quantize.py)."""
+    producer, uses = rw.producer, rw.uses
+    x, out, nodes = pool.inputs[0], pool.outputs[0], [pool]
+    if str(graph.types[x].dtype) not in ("uint8", "int8"):
+        cast = producer.get(x)
+        users = [n for n in graph.nodes if out in n.inputs]
+        if cast is None or cast.op != "cast" or uses.get(x) != 1 or uses.get(out) != 1 or len(users) != 1 or \
+                users[0].op != "cast":
+            return None
+        x, out = cast.inputs[0], users[0].outputs[0]
+        if str(graph.types[x].dtype) not in ("uint8", "int8") or graph.types[out].dtype != graph.types[x].dtype:
+            return None
+        nodes = [cast, pool, users[0]]
+    if len(graph.types[x].shape) != 4 or graph.types[x].shape[0] != 1:
+        return None
+    return _Chain("max_pool", nodes, [x], out)
+
+
 def _layouts(graph: Graph, chains: List[_Chain]) -> Set[str]:
     """The values that go channels last (module doc), deciding each kernel in execution order."""
     reads: Dict[str, List[_Chain]] = {}
@@ -102,7 +134,7 @@ def _layouts(graph: Graph, chains: List[_Chain]) -> Set[str]:
         src_last = all(s in last for s in ch.src)
         if ch.kind == "pool":
             go = False                                  # its (1, C, 1, 1) sums are the same in either layout
-        elif ch.kind in ("qadd", "depthwise"):
+        elif ch.kind in ("qadd", "depthwise", "max_pool"):
             go = src_last
         else:
             go = bool(reads.get(ch.out))
@@ -133,7 +165,7 @@ def int8_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gra
         src_last = [s in last for s in ch.src]
         if not any(src_last) and ch.out not in last:
             continue
-        if ch.kind in ("qadd", "depthwise", "pool") and not all(src_last):
+        if ch.kind in ("qadd", "depthwise", "pool", "max_pool") and not all(src_last):
             continue
         new = _rewrite(ch, graph, params, rw, nhwc, last)
         for s in ch.src:
@@ -164,6 +196,10 @@ def _rewrite(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: _Rewri
     if ch.kind == "qadd":
         (n,) = ch.nodes
         return [Node(n.op, n.name, [nhwc[s] for s in ch.src] + list(n.inputs[2:]), [out], dict(n.attrs))]
+    if ch.kind == "max_pool":
+        pool = next(n for n in ch.nodes if n.op == "max_pool")
+        attrs = {k: list(pool.attrs[k]) for k in ("kernel", "strides", "pads")}
+        return [Node("max_pool_nhwc", pool.name, [nhwc[ch.src[0]]], [out], attrs)]
     if ch.kind == "pool":
         # global pooling's integer sums over the pixels, read channels last: (1, 1, 1, C) is (1, C, 1, 1)'s memory
         cast, red = ch.nodes
