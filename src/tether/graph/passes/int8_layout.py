@@ -203,11 +203,12 @@ def _rewrite(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: _Rewri
     if ch.kind == "pool":
         # global pooling's integer sums over the pixels, read channels last: (1, 1, 1, C) is (1, C, 1, 1)'s memory
         cast, red = ch.nodes
+        dtype = graph.types[cast.outputs[0]].dtype
         wide = rw.fresh(cast.outputs[0] + "_nhwc")
-        graph.types[wide] = TensorType(graph.types[nhwc[ch.src[0]]].shape, "int32")
+        graph.types[wide] = TensorType(graph.types[nhwc[ch.src[0]]].shape, dtype)
         sums = rw.fresh(red.outputs[0] + "_nhwc")
         c = graph.types[out].shape[1]
-        graph.types[sums] = TensorType((1, 1, 1, c), "int32")
+        graph.types[sums] = TensorType((1, 1, 1, c), graph.types[out].dtype)
         return [Node("cast", cast.name, [nhwc[ch.src[0]]], [wide], dict(cast.attrs)),
                 Node("reduce", red.name, [wide], [sums], dict(red.attrs, axes=[1, 2])),
                 Node("reshape", rw.fresh(red.name + "_nchw_view"), [sums], [out], {"shape": (1, c, 1, 1)})]
