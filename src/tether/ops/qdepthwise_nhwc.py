@@ -26,7 +26,7 @@ QDEPTHWISE_NHWC = "qdepthwise_nhwc"    # the tag of the window stage (its schedu
 # a channel block's float plane up to this size is written once per task, larger ones per output row (measured on
 # AVX-512: the whole 58x58 plane of a 56x56 layer, 215 KB, was 5-25% slower than per row; 30x30 ones 2-10% faster)
 PLANE_BYTES = 128 << 10
-# output columns accumulated at once (registers: this many accumulators plus the taps' weight vectors)
+# output columns accumulated at once, at most (registers: this many accumulators plus the taps' weight vectors)
 COLUMNS = 8
 
 
@@ -73,7 +73,10 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     sb.compute_at(so, chan if hp * wp * fam.lanes * 4 <= PLANE_BYTES else y)
     bb, by, bx, bq = block.op.axis
     ow = int(block.shape[2])
-    cols = next((k for k in range(COLUMNS, 0, -1) if ow % k == 0), 1)
+    # the accumulators and the taps' weight vectors share the registers: half the family's accumulator budget
+    # (AVX-512, aarch64: 8 columns; AVX2: 6; armv7: 4, with 9 weight vectors in its 16 q registers)
+    widest = max(1, min(COLUMNS, fam.acc_regs // 2))
+    cols = next((k for k in range(widest, 0, -1) if ow % k == 0), 1)
     bxo, bxi = sb.split(bx, factor=cols)
     rd = list(block.op.reduce_axis)
     sb.reorder(bb, by, bxo, *rd, bxi, bq)
