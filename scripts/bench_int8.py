@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -38,6 +39,14 @@ def _build(model, folder: str):
 
 
 def bench(name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
+    work = tempfile.mkdtemp(prefix="bench-int8-%s-" % name)
+    try:
+        return _bench_in(work, name, fmt, size, number, repeat)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)     # models and builds: about 250 MB for resnet50
+
+
+def _bench_in(work: str, name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
     import onnx
     import onnxruntime as ort
     from tether_rpc import parallel
@@ -46,7 +55,6 @@ def bench(name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
     from make_resnet50 import build_resnet50
     from quantize_model import quantize
 
-    work = tempfile.mkdtemp(prefix="bench-int8-%s-" % name)
     fp32 = (build_mobilenet_v2 if name == "mobilenet_v2" else build_resnet50)(0, size)
     fp32_path = os.path.join(work, "fp32.onnx")
     onnx.save(fp32, fp32_path)

@@ -161,6 +161,15 @@ def _floor(e: _E, x):
     return _floor_ceil(e, x, up=False)
 
 
+def _round_even(e: _E, x):
+    """Round half to even (IEEE roundeven): one instruction where the target rounds natively (roundps,
+    frintn), else the add-and-remove rounding trick, which rounds half to even in the default rounding mode; the
+    int8 kernels' requantize (issue 12). Its instructions carry no fast-math flags, so it survives fast_math."""
+    if e.target is not None and e.target.native_rounding:
+        return e.b.call(e.intrinsic("roundeven"), [x])
+    return e.sel(e.lt(e.fabs(x), e.c(2.0 ** e.fmt.mant)), e.copysign(e.round_nearest(x), x), x)
+
+
 def _ceil(e: _E, x):
     return _floor_ceil(e, x, up=True)
 
@@ -461,7 +470,7 @@ _TRIG_IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
 _IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
     "exp": (1, _exp), "log": (1, _log), "sqrt": (1, _sqrt), "rsqrt": (1, _rsqrt), "tanh": (1, _tanh),
     "sigmoid": (1, _sigmoid), "erf": (1, _erf), "pow": (2, _pow), "floor": (1, _floor), "ceil": (1, _ceil),
-    "abs": (1, _abs), "fabs": (1, _abs),
+    "abs": (1, _abs), "fabs": (1, _abs), "round_even": (1, _round_even),
 }
 _IMPLS.update(_TRIG_IMPLS)
 NAMES = tuple(sorted(_IMPLS))

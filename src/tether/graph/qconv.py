@@ -33,18 +33,23 @@ def out_pixels(attrs: dict, h: int, w: int) -> int:
 
 
 def _image_hw(attrs: dict, x) -> Tuple[int, int]:
+    if attrs.get("channels_last_in"):
+        return x.shape[1], x.shape[2]
     return tuple(attrs["image"]) if len(x.shape) == 2 else (x.shape[2], x.shape[3])
 
 
 def _infer(attrs, x, wp, bias):
     h, w = _image_hw(attrs, x)
-    return [TensorType((attrs["out_channels"], out_pixels(attrs, h, w)), "int32")]
+    shape = (attrs["out_channels"], out_pixels(attrs, h, w))
+    return [TensorType(shape[::-1] if attrs.get("channels_last_out") else shape, "int32")]
 
 
 def _ref(attrs, x, wp, bias):
     """numpy: the int64 convolution of the (flipped) activations, plus the bias, as int32."""
     h, w = _image_hw(attrs, x)
     ch, oc = attrs["channels"], attrs["out_channels"]
+    if attrs.get("channels_last_in"):   # (1, H, W, C): graph/passes/int8_layout.py
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
     img = x.reshape(1, ch, h, w).astype(np.int64)
     pad = int(attrs["pad_value"])
     if attrs.get("flip"):
@@ -56,6 +61,8 @@ def _ref(attrs, x, wp, bias):
     img = np.pad(img, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])), constant_values=pad)
     (acc,) = ops.OPS["conv2d"].ref(conv_attrs, img.astype(np.float64), wt.astype(np.float64))
     acc = np.rint(acc).astype(np.int64).reshape(oc, -1) + bias.reshape(oc, 1)
+    if attrs.get("channels_last_out"):
+        acc = np.ascontiguousarray(acc.T)
     return [acc.astype(np.int32)]
 
 
@@ -65,7 +72,8 @@ ops._register("qconv2d", "complex", _infer, _ref)
 def _lower(attrs, x, wp, bias):
     return qops.qconv2d(x, wp, bias, tuple(attrs["kernel"]), tuple(attrs["strides"]), tuple(attrs["pads"]),
                         tuple(attrs["dilations"]), attrs["out_channels"], attrs["pad_value"], attrs["kind"],
-                        bool(attrs["flip"]))
+                        bool(attrs["flip"]), channels_last_in=bool(attrs.get("channels_last_in")),
+                        channels_last_out=bool(attrs.get("channels_last_out")))
 
 
 to_te.LOWER["qconv2d"] = _lower

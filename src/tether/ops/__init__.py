@@ -40,3 +40,5 @@ __all__ += ["rms_normalize"]
 from .rotary import rotary_embedding  # noqa: E402  rotary position embedding (issue 11)
 __all__ += ["rotary_embedding"]
 from . import qschedules  # noqa: E402,F401  the int8 conv kernels' schedules (issue 12), by tag
+from . import qdepthwise_nhwc  # noqa: E402,F401  the channels-last int8 depthwise kernel and its schedule
+from . import qpool_nhwc  # noqa: E402,F401  channels-last int8 max pooling and its schedule

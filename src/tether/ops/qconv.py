@@ -97,12 +97,20 @@ def weight_sums(wp: np.ndarray, out_channels: int) -> np.ndarray:
 
 
 def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels: int, pad_value: int,
-            kind: str = "", flip: bool = False, name: str = "qconv2d"):
+            kind: str = "", flip: bool = False, name: str = "qconv2d", channels_last_in: bool = False,
+            channels_last_out: bool = False):
     """x (1, C, H, W) uint8/int8, wp packed (pack_weights, or pack_rows for a pointwise conv: the matmul form),
-    bias (O,) int32 -> (O, OH*OW) int32 (module doc). The matmul form takes x as (C, H*W)."""
+    bias (O,) int32 -> (O, OH*OW) int32 (module doc). The matmul form takes x as (C, H*W).
+    The pixel form also reads x channels last, (1, H, W, C), with ``channels_last_in`` and writes (OH*OW, O) with
+    ``channels_last_out`` (graph/passes/int8_layout.py: int8 activations kept channels last between kernels)."""
     if len(c.shape_of(wp)) == 2:
+        if channels_last_in or channels_last_out:
+            raise ValueError("%s: the pointwise matmul form reads and writes channels first only" % name)
         return _pointwise(x, wp, bias, kind, flip, name)
-    n, ch, h, wd = c.shape_of(x)
+    if channels_last_in:
+        n, h, wd, ch = c.shape_of(x)
+    else:
+        n, ch, h, wd = c.shape_of(x)
     kh, kw = kernel
     c4 = -(-ch // 4)
     npanel, k4, pw = (int(d) for d in c.shape_of(wp))
@@ -132,7 +140,10 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
             out = v if out is None else te.bitwise("bitor", out, v)
         return te.bitwise("bitxor", out, c.const(_FLIP, "int32")) if flip else out
 
-    xq = c.compute((h + top + bottom, wd + left + right, c4), word, f"{name}_words", c.PAD)
+    if channels_last_in:
+        xq = _channels_last_words(x, p4, int(pad_value), flip, name)
+    else:
+        xq = c.compute((h + top + bottom, wd + left + right, c4), word, f"{name}_words", c.PAD)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     rc = te.reduce_axis((0, c4), name="rc")
@@ -140,11 +151,54 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
     def f(p, o):
         y, xx = p // ow, p % ow
         k = (ry * kw + rx) * c4 + rc
-        return te.sum(te.dot4(xq[y * sh + ry * dh, xx * sw + rx * dw, rc], wp[o // pw, k, o % pw], kind),
+        return te.sum(te.dot4(xq(y * sh + ry * dh, xx * sw + rx * dw, rc) if channels_last_in
+                              else xq[y * sh + ry * dh, xx * sw + rx * dw, rc], wp[o // pw, k, o % pw], kind),
                       axis=[ry, rx, rc])
 
-    conv = c.compute((oh * ow, npanel * pw), f, f"{name}_nc", QCONV_PIXELS, attrs={"panel": pw})
+    attrs = {"panel": pw, "channels_last_out": 1} if channels_last_out else {"panel": pw}
+    conv = c.compute((oh * ow, npanel * pw), f, f"{name}_nc", QCONV_PIXELS, attrs=attrs)
+    if channels_last_out:
+        return c.compute((oh * ow, out_channels), lambda p, o: conv[p, o] + bias[o], name, c.INJECTIVE)
     return c.compute((out_channels, oh * ow), lambda o, p: conv[p, o] + bias[o], name, c.INJECTIVE)
+
+
+def _channels_last_words(x, p4, pad_value: int, flip: bool, name: str):
+    """``word(y, x, q)`` of channels-last 8-bit activations (1, H, W, C): the four bytes of channels 4q..4q+3 at
+    (y, x) of the padded image, read in the product's loop (adjacent byte loads that LLVM combines into one 32-bit
+    load, so nothing is repacked). Only a padded image or a channel count that is not a multiple of 4 needs a
+    stage first: a byte copy of the image with the pad rows, columns and channels filled with ``pad_value``."""
+    _, h, wd, ch = c.shape_of(x)
+    top, left, bottom, right = p4
+    c4 = -(-ch // 4)
+    src = x
+    if any(p4) or ch % 4:
+        pad = c.const(pad_value, str(x.dtype))
+
+        def padded(yy, xx, ci):
+            # the channel clamp only where channels are missing: along the vector a clamped index is a gather
+            y, xc = yy - top, xx - left
+            v = x[0, c.clamp_index(y, h), c.clamp_index(xc, wd), c.clamp_index(ci, ch) if ch % 4 else ci]
+            inside = [y >= 0, y < h, xc >= 0, xc < wd] + ([ci < ch] if ch % 4 else [])
+            return te.if_then_else(c.all_of(inside), v, pad)
+
+        padded_t = c.compute((h + top + bottom, wd + left + right, c4 * 4), padded, f"{name}_padded", c.PAD)
+
+        def read(yy, xx, ci):
+            return padded_t[yy, xx, ci]
+    else:
+        def read(yy, xx, ci):
+            return src[0, yy, xx, ci]
+
+    def word(yy, xx, q):
+        out = None
+        for t in range(4):
+            v = read(yy, xx, q * 4 + t).astype("int32")
+            v = te.bitwise("bitand", v, c.const(255, "int32")) if _BYTE_SIGNED[str(x.dtype)] else v
+            v = te.bitwise("shl", v, c.const(8 * t, "int32")) if t else v
+            out = v if out is None else te.bitwise("bitor", out, v)
+        return te.bitwise("bitxor", out, c.const(_FLIP, "int32")) if flip else out
+
+    return word
 
 
 def _byte(x, *index):

@@ -24,14 +24,21 @@ from .conv import _geometry
 QDEPTHWISE = "qdepthwise"      # the tag of the window stage (its schedule: ops/qschedules.py)
 
 
+def window_geometry(x_shape, w_shape, stride, padding, name: str) -> tuple:
+    """(C, H, W, KH, KW, stride h, stride w, 4-sided pads, OH, OW) of a depthwise conv of one image, x (1, C, H, W)
+    and w (C, KH, KW) (the channels-last kernel passes its shapes in this order), checked to fit."""
+    n, ch, h, wd = x_shape
+    wc, kh, kw = w_shape
+    if n != 1 or wc != ch:
+        raise ValueError("%s: input %s and depthwise weight %s do not match" % (name, x_shape, w_shape))
+    sh, sw, _, _, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, 1, name)
+    return ch, h, wd, kh, kw, sh, sw, p4, oh, ow
+
+
 def qdepthwise2d(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwise2d"):
     """x (1, C, H, W) uint8/int8, w (C, KH, KW) float32 (integer values), bias (C,) float32 ->
     (1, C, OH, OW) float32: bias[c] + sum_taps (x - x_zero) * w, exact while the sums stay below 2**24."""
-    n, ch, h, wd = c.shape_of(x)
-    wc, kh, kw = c.shape_of(w)
-    if n != 1 or wc != ch:
-        raise ValueError("%s: input %s and depthwise weight %s do not match" % (name, c.shape_of(x), c.shape_of(w)))
-    sh, sw, _, _, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, 1, name)
+    ch, h, wd, kh, kw, sh, sw, p4, oh, ow = window_geometry(c.shape_of(x), c.shape_of(w), stride, padding, name)
     top, left, bottom, right = p4
     hp = h + top + bottom
     wq = -(-(wd + left + right) // sw)

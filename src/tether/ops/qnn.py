@@ -21,11 +21,10 @@ RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 
 
 def round_half_even(v):
-    """float -> the nearest integer value (ties to even), as a float. Exact for |v| < 2**22 (callers clamp first)."""
-    half, one, two = c.const(0.5, v.dtype), c.const(1.0, v.dtype), c.const(2.0, v.dtype)
-    r = te.floor(v + half)
-    odd = (r - two * te.floor(r * half)) == one
-    return te.if_then_else(te.all((r - v) == half, odd), r - one, r)
+    """float -> the nearest integer value (ties to even), as a float: te.round_even, one instruction where the
+    target rounds natively (codegen/mathlib.py; it was a floor and a parity test, which cost an int8 kernel's
+    write-back more than its dot products when the channels are few)."""
+    return te.round_even(v)
 
 
 def _to_int(v, zp, out_dtype: str):

@@ -63,3 +63,12 @@ for _level, _passes in PIPELINES.items():
     if _level >= 1:
         _passes.insert(_passes.index(exact_float_products), int8_dot_convs)
 __all__ += ["int8_dot_convs"]
+
+# ---- int8 activations channels last between int8 kernels (issue 12): right after int8_dot_convs, whose kernels it
+# rewrites
+from tether.graph.passes.int8_layout import int8_channels_last  # noqa: E402
+
+for _level, _passes in PIPELINES.items():
+    if _level >= 1:
+        _passes.insert(_passes.index(int8_dot_convs) + 1, int8_channels_last)
+__all__ += ["int8_channels_last"]

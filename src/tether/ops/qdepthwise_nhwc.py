@@ -1,0 +1,95 @@
+"""The int8 depthwise convolution on channels-last activations (issue 12): ``qdepthwise2d_nhwc``, exact in float32.
+
+The channels-last twin of ops/qdepthwise.py, for the int8 activations graph/passes/int8_layout.py keeps channels
+last between int8 kernels: ``x (1, H, W, C)`` 8-bit, weights ``(KH, KW, C)`` and bias ``(C,)`` holding integers
+as float32, the output ``(1, OH, OW, C)`` float32 (the requantize that follows is fused into its write-back).
+As there, every product and partial sum is an integer below 2**24 (the caller checks the bound), so float32
+multiply-adds compute the int32 accumulator exactly.
+
+The vector runs along the channels, so a stride moves whole vectors and every tap is one vector load and one
+fused multiply-add, whatever the stride: a task takes one vector of channels; its first stage writes that
+channel block of the image as float ``x - zx`` with the padding (zeros), ``(H + pads, W + pads, lanes)``, then a
+block of output columns is accumulated in registers over the unrolled taps (the taps' weights, one vector each,
+stay in registers across the row). When a channel block's plane would not stay in cache (the 112x112 layers),
+the stage is written per output row instead: the few input rows that row reads.
+"""
+from __future__ import annotations
+
+from tether import te
+
+from . import common as c
+from . import schedules
+from .qdepthwise import window_geometry
+from .schedules import _accumulator_and_output, _extent, _numel
+
+QDEPTHWISE_NHWC = "qdepthwise_nhwc"    # the tag of the window stage (its schedule: below)
+# a channel block's float plane up to this size is written once per task, larger ones per output row (measured on
+# AVX-512: the whole 58x58 plane of a 56x56 layer, 215 KB, was 5-25% slower than per row; 30x30 ones 2-10% faster)
+PLANE_BYTES = 128 << 10
+# output columns accumulated at once, at most (registers: this many accumulators plus the taps' weight vectors)
+COLUMNS = 8
+
+
+def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwise2d_nhwc"):
+    """x (1, H, W, C) uint8/int8, w (KH, KW, C) float32 (integer values), bias (C,) float32 ->
+    (1, OH, OW, C) float32: bias[c] + sum_taps (x - x_zero) * w, exact while the sums stay below 2**24."""
+    (n, h, wd, ch), (kh, kw, wc) = c.shape_of(x), c.shape_of(w)
+    ch, h, wd, kh, kw, sh, sw, p4, oh, ow = window_geometry((n, ch, h, wd), (wc, kh, kw), stride, padding, name)
+    top, left, bottom, right = p4
+    zero = c.const(0.0, "float32")
+    zx = c.const(float(x_zero), "float32")
+
+    def plane(yy, xx, q):
+        y, xc = yy - top, xx - left
+        v = x[0, c.clamp_index(y, h), c.clamp_index(xc, wd), q].astype("float32") - zx
+        return te.if_then_else(c.all_of([y >= 0, y < h, xc >= 0, xc < wd]), v, zero) if any(p4) else v
+
+    xf = c.compute((h + top + bottom, wd + left + right, ch), plane, f"{name}_planes", c.PAD)
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    conv = c.compute((1, oh, ow, ch),
+                     lambda b, y, xx, q: te.sum(xf[y * sh + ry, xx * sw + rx, q] * w[ry, rx, q], axis=[ry, rx]),
+                     f"{name}_conv", QDEPTHWISE_NHWC)
+    return c.compute((1, oh, ow, ch), lambda b, y, xx, q: conv[b, y, xx, q] + bias[q], name, c.BROADCAST)
+
+
+def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
+    """Channel vectors outermost (the parallel loop); inside, the accumulation of the task's whole output plane
+    (or, when its float plane would not stay in cache, of one output row at a time), blocks of COLUMNS output
+    columns in registers over the unrolled taps, after the float plane (rows) it reads; then the write-back
+    through the fused epilogue."""
+    block, out = _accumulator_and_output(s, t, ctx)
+    so = s[out]
+    b, y, x, q = out.op.axis
+    qo, qi = so.split(q, factor=fam.lanes)
+    so.reorder(b, qo, y, x, qi)
+    chan = so.fuse(b, qo)
+    if _numel(out) >= fam.parallel_min:
+        so.parallel(chan)
+    so.vectorize(qi)
+    (src,) = [i for i in block.op.input_tensors if c.tag_of(i.op) == c.PAD]
+    hp, wp = (int(d) for d in src.shape[:2])
+    sb = s[block]
+    sb.compute_at(so, chan if hp * wp * fam.lanes * 4 <= PLANE_BYTES else y)
+    bb, by, bx, bq = block.op.axis
+    ow = int(block.shape[2])
+    # the accumulators and the taps' weight vectors share the registers: half the family's accumulator budget
+    # (AVX-512, aarch64: 8 columns; AVX2: 6; armv7: 4, with 9 weight vectors in its 16 q registers)
+    widest = max(1, min(COLUMNS, fam.acc_regs // 2))
+    cols = next((k for k in range(widest, 0, -1) if ow % k == 0), 1)
+    bxo, bxi = sb.split(bx, factor=cols)
+    rd = list(block.op.reduce_axis)
+    sb.reorder(bb, by, bxo, *rd, bxi, bq)
+    for r in rd:
+        if _extent(r) <= fam.window_unroll:
+            sb.unroll(r)
+    sb.unroll(bxi)
+    sb.vectorize(bq)
+    s[src].compute_at(sb, bb)
+    s[src].vectorize(src.op.axis[-1])
+    ctx["serial"].add(id(src.op))
+
+
+schedules._BY_TAG[QDEPTHWISE_NHWC] = schedule_qdepthwise_nhwc
+schedules._EPILOGUE_KERNELS = schedules._EPILOGUE_KERNELS | {QDEPTHWISE_NHWC}
+schedules._MATERIALIZE_INPUTS_OF = schedules._MATERIALIZE_INPUTS_OF | {QDEPTHWISE_NHWC}
