@@ -458,10 +458,20 @@ _TRIG_IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
 }
 
 
+# ---- round_even (issue 12: the requantize of every int8 kernel): the nearest integer, ties to even, as
+# onnxruntime's nearbyint; one instruction where the target rounds natively (vrndscaleps/roundps $8, frintn),
+# else the add-and-remove of 1.5 * 2**mant (ties to even under the default rounding mode, |x| < 2**mant). An
+# internal function: a caller's fast-math flags cannot reassociate the add and remove away
+def _round_even(e: _E, x):
+    if e.target is not None and e.target.native_rounding:
+        return e.b.call(e.intrinsic("roundeven"), [x])
+    return e.round_nearest(x)
+
+
 _IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
     "exp": (1, _exp), "log": (1, _log), "sqrt": (1, _sqrt), "rsqrt": (1, _rsqrt), "tanh": (1, _tanh),
     "sigmoid": (1, _sigmoid), "erf": (1, _erf), "pow": (2, _pow), "floor": (1, _floor), "ceil": (1, _ceil),
-    "abs": (1, _abs), "fabs": (1, _abs),
+    "abs": (1, _abs), "fabs": (1, _abs), "round_even": (1, _round_even),
 }
 _IMPLS.update(_TRIG_IMPLS)
 NAMES = tuple(sorted(_IMPLS))
