@@ -465,7 +465,8 @@ _TRIG_IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
 def _round_even(e: _E, x):
     if e.target is not None and e.target.native_rounding:
         return e.b.call(e.intrinsic("roundeven"), [x])
-    return e.round_nearest(x)
+    # |x| >= 2**mant is already integral (and inf, NaN): unchanged; copysign keeps -0.0 and -0.4 -> -0.0
+    return e.sel(e.lt(e.fabs(x), e.c(2.0 ** e.fmt.mant)), e.copysign(e.round_nearest(x), x), x)
 
 
 _IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
