@@ -65,7 +65,7 @@ def test_matmul_form_pads_pixels_to_two_vectors():
 
 
 # ---- the requantize's rounding: tir round_even (codegen/mathlib), one instruction where the target rounds
-# natively (the host), the add-and-remove of 1.5 * 2**mant elsewhere (the generic x86_64 preset, as armv7)
+# natively (the host), the add-and-remove of 2**mant elsewhere (the generic x86_64 preset, as armv7)
 _TIES = np.concatenate([np.arange(-600, 600) * 0.5, np.random.default_rng(5).uniform(-3e4, 3e4, 600),
                         [0.0, -0.0, -0.4, 0.49999997, -0.49999997, 8388607.5, -8388607.5, 8388608.0, 8388609.0,
                          16777215.0, 1e10, -1e10, np.inf, -np.inf, np.nan]])

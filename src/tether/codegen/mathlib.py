@@ -460,8 +460,8 @@ _TRIG_IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
 
 # ---- round_even (issue 12: the requantize of every int8 kernel): the nearest integer, ties to even, as
 # onnxruntime's nearbyint; one instruction where the target rounds natively (vrndscaleps/roundps $8, frintn),
-# else the add-and-remove of 1.5 * 2**mant (ties to even under the default rounding mode, |x| < 2**mant). An
-# internal function: a caller's fast-math flags cannot reassociate the add and remove away
+# else the add-and-remove of 2**mant with x's sign (ties to even under the default rounding mode, |x| < 2**mant);
+# an internal function: a caller's fast-math flags cannot reassociate the add and remove away
 def _round_even(e: _E, x):
     if e.target is not None and e.target.native_rounding:
         return e.b.call(e.intrinsic("roundeven"), [x])
