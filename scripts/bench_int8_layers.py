@@ -33,10 +33,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _timing import settle  # noqa: E402
-from bench_conv_layers import clocked_samples, conv_layers, describe, macs  # noqa: E402
+from bench_conv_layers import (calls_per_sample, clocked_samples, conv_layers, describe, macs,  # noqa: E402
+                               ort_bound_run)
 from bench_models import ALL, load_model  # noqa: E402
 
-SAMPLE_S = 0.05
 
 
 def qlinearconv_model(key, seed: int = 0):
@@ -92,14 +92,8 @@ def bench_layer(key, threads: int, rounds: int) -> dict:
     gm.run()
     ref = sess.run(None, {"x": x})[0]
     mismatched = int(np.count_nonzero(gm.get_output(0).reshape(ref.shape) != ref))
-    binding = sess.io_binding()
-    binding.bind_cpu_input("x", x)
-    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy(np.empty_like(ref)))
-    run_ort = lambda: sess.run_with_iobinding(binding)  # noqa: E731
-    t0 = time.perf_counter()
-    gm.run()
-    run_ort()
-    number = max(1, int(SAMPLE_S / max(time.perf_counter() - t0, 1e-6)))
+    run_ort = ort_bound_run(sess, x, ref)
+    number = calls_per_sample(gm.run, run_ort)
     clock = time.thread_time if threads == 1 else time.perf_counter
     t_t, t_o = [], []
     for _ in range(rounds):
