@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -138,6 +139,7 @@ def bench_layer(key, act: str, threads: int, rounds: int, cold: bool = False) ->
     folder = tempfile.mkdtemp(prefix="bench-conv-")
     factory.export(folder)
     gm = graph_executor.load(folder)
+    shutil.rmtree(folder, ignore_errors=True)   # loaded (mapped): the files are not needed, nor kept
     x = np.random.default_rng(1).uniform(-1, 1, key[0]).astype(np.float32)
     gm.set_input("x", x)
     so = ort.SessionOptions()

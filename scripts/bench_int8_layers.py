@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -83,6 +84,7 @@ def bench_layer(key, threads: int, rounds: int) -> dict:
     folder = tempfile.mkdtemp(prefix="bench-int8-layer-")
     factory.export(folder)
     gm = graph_executor.load(folder)
+    shutil.rmtree(folder, ignore_errors=True)   # loaded (mapped): the files are not needed, nor kept
     gm.set_input("x", x)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
