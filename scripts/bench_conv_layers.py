@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -104,6 +105,26 @@ def clocked_samples(fn, number: int, clock, evict=None) -> list:
     return [total / number]
 
 
+def ort_bound_run(sess, x, ref):
+    """onnxruntime's call of a one-node model with input "x" and output "y" bound, the output preallocated like
+    ``ref``: a plain sess.run allocates (and page-faults) the output every call, which the whole model's arena
+    does not."""
+    import onnxruntime as ort
+
+    binding = sess.io_binding()
+    binding.bind_cpu_input("x", x)
+    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy(np.empty_like(ref)))
+    return lambda: sess.run_with_iobinding(binding)
+
+
+def calls_per_sample(*fns) -> int:
+    """Calls per sample: about SAMPLE_S seconds of one call of each of ``fns``."""
+    t0 = time.perf_counter()
+    for fn in fns:
+        fn()
+    return max(1, int(SAMPLE_S / max(time.perf_counter() - t0, 1e-6)))
+
+
 def bench_layer(key, act: str, threads: int, rounds: int, cold: bool = False) -> dict:
     import onnxruntime as ort
 
@@ -118,6 +139,7 @@ def bench_layer(key, act: str, threads: int, rounds: int, cold: bool = False) ->
     folder = tempfile.mkdtemp(prefix="bench-conv-")
     factory.export(folder)
     gm = graph_executor.load(folder)
+    shutil.rmtree(folder, ignore_errors=True)   # loaded (mapped): the files are not needed, nor kept
     x = np.random.default_rng(1).uniform(-1, 1, key[0]).astype(np.float32)
     gm.set_input("x", x)
     so = ort.SessionOptions()
@@ -129,18 +151,8 @@ def bench_layer(key, act: str, threads: int, rounds: int, cold: bool = False) ->
     gm.run()
     ref = sess.run(None, feeds)[0]
     err = float(np.abs(gm.get_output(0) - ref).max() / max(1e-6, float(np.abs(ref).max())))
-    # bound input and a preallocated output: a plain sess.run allocates (and page-faults) the output every call,
-    # which the whole model's arena does not
-    binding = sess.io_binding()
-    binding.bind_cpu_input("x", x)
-    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy(np.empty_like(ref)))
-    run_ort = lambda: sess.run_with_iobinding(binding)  # noqa: E731
-    # calls per sample: about SAMPLE_S seconds of the slower of the two
-
-    t0 = time.perf_counter()
-    gm.run()
-    run_ort()
-    number = max(1, int(SAMPLE_S / max(time.perf_counter() - t0, 1e-6)))
+    run_ort = ort_bound_run(sess, x, ref)
+    number = calls_per_sample(gm.run, run_ort)
     t_t, t_o = [], []
     # at one thread both run on this thread: its CPU time leaves out the time other processes held the core
     clock = time.thread_time if threads == 1 else time.perf_counter

@@ -47,3 +47,38 @@ def test_round_even_matches_rint(tmp_path, target, vector, fast_math):
     np.testing.assert_array_equal(out[np.isinf(want)], want[np.isinf(want)])
     if target == "host":
         assert "roundps" in lib.get_source("asm") or "rndscaleps" in lib.get_source("asm")
+
+
+# ---- the same at the codegen level (codegen/mathlib's round_even as a math kernel): float64 and 16-lane vectors
+# too, and which targets say they round natively
+_TIES = np.concatenate([np.arange(-600, 600) * 0.5, np.random.default_rng(5).uniform(-3e4, 3e4, 600),
+                        [0.0, -0.0, -0.4, 0.49999997, -0.49999997, 8388607.5, -8388607.5, 8388608.0, 8388609.0,
+                         16777215.0, 1e10, -1e10, np.inf, -np.inf, np.nan]])
+
+
+@pytest.mark.parametrize("preset,tname", [("host", t) for t in ("f32", "v16f32", "v4f32", "f64")]
+                         + [("x86_64", t) for t in ("f32", "v4f32", "f64")])   # (no 512-bit vectors there)
+def test_round_even_against_numpy(tmp_path, host_linker, preset, tname):
+    from fixtures.backend import PackedCaller, math_kernel
+    from llvmlite import ir
+
+    from tether.codegen.module import ModuleBuilder
+    from tether.driver import build_ir
+
+    f32, f64 = ir.FloatType(), ir.DoubleType()
+    ty = {"f32": f32, "v16f32": ir.VectorType(f32, 16), "v4f32": ir.VectorType(f32, 4), "f64": f64}[tname]
+    n = 2048
+    mb = ModuleBuilder(preset, "roundtest")
+    impl, kf = math_kernel(mb, "round_even_k", "round_even", n, ty)
+    mb.add_packed(kf, impl)
+    module = build_ir(mb)
+    lib = __import__("ctypes").CDLL(module.export_library(str(tmp_path / "round.so")))
+    dtype = np.float64 if tname == "f64" else np.float32
+    x = np.concatenate([_TIES, np.ones(n - _TIES.size)]).astype(dtype)
+    out = np.full(n, -12345.0, dtype)
+    assert PackedCaller(lib, "round_even_k")([x, out]) == 0
+    want = np.rint(x)
+    np.testing.assert_array_equal(out, want)
+    keep = ~np.isnan(x)
+    np.testing.assert_array_equal(np.signbit(out[keep]), np.signbit(want[keep]))
+    assert module.target.native_rounding == (preset == "host")

@@ -468,6 +468,24 @@ _TRIG_IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
 
 
 _IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
+    name: (1, (lambda f: lambda e, x: _in_double(e, x, f))(fn))
+    for name, fn in (("sin", _sin_d), ("cos", _cos_d), ("tan", _tan_d), ("asin", _asin_d), ("acos", _acos_d),
+                     ("atan", _atan_d))
+}
+
+
+# ---- round_even (issue 12: the requantize of every int8 kernel): the nearest integer, ties to even, as
+# onnxruntime's nearbyint; one instruction where the target rounds natively (vrndscaleps/roundps $8, frintn),
+# else the add-and-remove of 2**mant with x's sign (ties to even under the default rounding mode, |x| < 2**mant);
+# an internal function: a caller's fast-math flags cannot reassociate the add and remove away
+def _round_even(e: _E, x):
+    if e.target is not None and e.target.native_rounding:
+        return e.b.call(e.intrinsic("roundeven"), [x])
+    # |x| >= 2**mant is already integral (and inf, NaN): unchanged; copysign keeps -0.0 and -0.4 -> -0.0
+    return e.sel(e.lt(e.fabs(x), e.c(2.0 ** e.fmt.mant)), e.copysign(e.round_nearest(x), x), x)
+
+
+_IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
     "exp": (1, _exp), "log": (1, _log), "sqrt": (1, _sqrt), "rsqrt": (1, _rsqrt), "tanh": (1, _tanh),
     "sigmoid": (1, _sigmoid), "erf": (1, _erf), "pow": (2, _pow), "floor": (1, _floor), "ceil": (1, _ceil),
     "abs": (1, _abs), "fabs": (1, _abs), "round_even": (1, _round_even),

@@ -34,6 +34,10 @@ PANEL = 16
 # the matmul form computes its pixels in multiples of this (the widest vector, AVX-512's 16 int32 lanes): a partial
 # vector of pixels would run as scalar code
 POINTWISE_PIXEL_MULTIPLE = 16
+# ... and pads them to a multiple of this (two vectors): the schedule's register block then takes two or four pixel
+# vectors, each reduction step loading about one operand per two dot products, where a pixel count of an odd
+# number of vectors (14x14 = 13 vectors padded, 28x28 = 49) allowed only one (one broadcast weight per product)
+POINTWISE_PIXEL_PAD = 32
 QCONV_PIXELS = "qconv_pixels"   # the tag of the pixel form's product (its schedule: ops/qschedules.py)
 QMATMUL = "qmatmul"     # the tag of the matmul form's product (its schedule: ops/qschedules.py)
 # the matmul form's register block: this many accumulators (vectors of pixels x output channels, whose weight
@@ -217,15 +221,19 @@ def _pointwise(x, wq, bias, kind: str, flip: bool, name: str):
         raise ValueError("%s: packed pointwise weight %s does not fit %d input channels" % (name, c.shape_of(wq), ch))
     kind = kind or default_kind(str(x.dtype))
 
-    # a pixel count that whole vectors do not cover is padded (zero words) up to one they do: the product runs in
-    # full vectors into its own buffer, and the write-back (with the fused requantize) leaves a short scalar tail
-    ppad = -(-npix // POINTWISE_PIXEL_MULTIPLE) * POINTWISE_PIXEL_MULTIPLE
+    # a pixel count that whole vectors do not cover is padded up to one they do (the padded words are never read
+    # into a kept output): each register block of the product runs in full vectors, and the write-back (with the
+    # fused requantize, inside the block's tile) stops at npix. The product is no separate buffer: a 576 x 224
+    # int32 one written and read again cost as much as its dot products at 96 -> 576 @14x14 (72 -> 57 us)
+    ppad = -(-npix // POINTWISE_PIXEL_PAD) * POINTWISE_PIXEL_PAD
 
     def word(q, p):
         out = None
         for t in range(4):
             ci = q * 4 + t
-            v = _byte(x, c.clamp_index(ci, ch) if ch % 4 else ci, c.clamp_index(p, npix) if ppad > npix else p)
+            # p unclamped: the padded pixels' loads sit under the if_then_else below, which the codegen evaluates
+            # lazily (masked vector loads), where a clamped index would make every vector a byte gather
+            v = _byte(x, c.clamp_index(ci, ch) if ch % 4 else ci, p)
             if ch % 4 and t:
                 v = te.if_then_else(ci < ch, v, c.const(0, "int32"))
             v = te.bitwise("shl", v, c.const(8 * t, "int32")) if t else v
@@ -236,6 +244,6 @@ def _pointwise(x, wq, bias, kind: str, flip: bool, name: str):
     xq = c.compute((c4, ppad), word, f"{name}_words", c.PAD)
     r = te.reduce_axis((0, c4), name="rc")
     mm = c.compute((oc, ppad), lambda o, p: te.sum(te.dot4(xq[r, p], wq[o, r], kind), axis=r), f"{name}_mm",
-                   QMATMUL, attrs={"padded_from": npix} if ppad > npix else None)
+                   QMATMUL)
     return c.compute((oc, npix), lambda o, p: mm[o, p] + bias[o], name, c.BROADCAST)
 

@@ -12,7 +12,7 @@ to broadcast along the channel axis).
 """
 from __future__ import annotations
 
-from tether import te
+from tether.tir.op import round_even
 
 from . import common as c
 from .nary import elementwise
@@ -24,7 +24,7 @@ def round_half_even(v):
     """float -> the nearest integer value (ties to even), as a float: te.round_even, one instruction where the
     target rounds natively (codegen/mathlib.py; it was a floor and a parity test, which cost an int8 kernel's
     write-back more than its dot products when the channels are few)."""
-    return te.round_even(v)
+    return round_even(v)
 
 
 def _to_int(v, zp, out_dtype: str):

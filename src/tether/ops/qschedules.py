@@ -8,6 +8,9 @@ from . import common as c
 from . import schedules
 from .qconv import QCONV_PIXELS, QMATMUL, QMATMUL_ACCUMULATORS, QMATMUL_COL_VECTORS
 from .qdepthwise import QDEPTHWISE
+
+# x86 AVX-512 pixel form: accumulators (zmm) of one register block, leaving registers for the weight vectors
+QCONV_WIDE_MAX_ACCUMULATORS = 24
 from .schedules import _accumulator_and_output, _columns, _extent, _numel, _reduce_size
 
 
@@ -21,7 +24,7 @@ def schedule_qmatmul(s, t, fam, ctx) -> None:
     o, p = list(out.op.axis)[-2:]
     # a partial column block runs as scalar code: the widest block of whole vectors that divides the pixels, then
     # as many channel rows as the accumulators allow (a weight word is one broadcast, folded into vpdpbusd)
-    npix = int(out.shape[-1])
+    npix = int(t.shape[-1])     # the product's pixels, padded (ops.qconv.POINTWISE_PIXEL_PAD): the blocks tile them
     accumulators = min(QMATMUL_ACCUMULATORS, fam.acc_regs)
     vecs = next((v for v in range(min(QMATMUL_COL_VECTORS, accumulators), 0, -1) if npix % (v * fam.lanes) == 0),
                 1)
@@ -30,7 +33,16 @@ def schedule_qmatmul(s, t, fam, ctx) -> None:
     po, pi = so.split(p, factor=cols)
     few_pixel_blocks = -(-npix // cols) < fam.parallel_tasks
     outer, inner = (oo, po) if few_pixel_blocks else (po, oo)
-    so.reorder(outer, inner, oi, pi)
+    tail = int(out.shape[-1]) % cols
+    if tail and (tail < 4 or tail & (tail - 1)):
+        # the last block over the unpadded pixels' end (49 of 64 at 7x7) is not a vector: one vector at a time,
+        # or the whole 64-lane loop clipped to 49 runs as one scalar tail (160 -> 960 @7x7: 59 -> 38 us; where the
+        # tail is a vector, 196 of 32-pixel blocks, this split measured slower: 47 -> 62 us at 576 -> 96 @14x14)
+        pio, pi = so.split(pi, factor=fam.lanes)
+        so.reorder(outer, inner, oi, pio, pi)
+        so.unroll(pio)
+    else:
+        so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
     so.vectorize(pi)
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
@@ -44,38 +56,71 @@ def schedule_qmatmul(s, t, fam, ctx) -> None:
     sb.vectorize(bp)
 
 
+def _pixel_block(fam, pixels: int, channels: int, nr: int) -> tuple:
+    """(output pixels, weight panels) of the pixel form's register block.
+
+    x86 AVX-512 (a panel is one zmm, 32 registers): the block is ``pixels x panels`` accumulators and each
+    reduction step loads ``panels`` weight vectors and ``pixels`` broadcast words, so one panel (8 x 1: 9 loads per
+    8 vpdpbusd) is bound by the two load ports before the two vpdpbusd units. Measured on resnet50's 3x3 layers
+    (us at one thread): 64 @56x56 8x1 590, 8x2 482, 4x4 437; 128 @28x28 8x1 1026, 8x2 626, 7x2 548, 4x4 421 (blocks
+    of 7 or 8 pixels keep as many broadcast addresses live across the unrolled taps); 96 @28x28 4x6 252, 4x3 272.
+    So: 4 pixels (else the smallest count from 5 to 8 that divides them: a partial block runs guarded) by up to 4
+    panels, within QCONV_WIDE_MAX_ACCUMULATORS. Elsewhere (and AVX2): 8 pixels x one panel where 8 tiles the
+    pixels, else the family's pixel count (8 measured 1.8x faster than the fp32 family's 12 on a 3x3 conv 64 -> 64
+    at 56x56)."""
+    if fam.name == "x86" and fam.lanes >= 16 and nr == fam.lanes:
+        rows = next((r for r in range(4, 9) if pixels % r == 0), 0)
+        n_panels = -(-channels // nr)
+        if rows:
+            panels = next(p for p in (4, 3, 2, 1) if n_panels % p == 0 and rows * p <= QCONV_WIDE_MAX_ACCUMULATORS)
+            return rows, panels
+    return (8 if pixels % 8 == 0 else (fam.conv_pixels or fam.mm_rows)), 1
+
+
 def schedule_qconv_pixels(s, t, fam, ctx) -> None:
-    """The pixel form (ops.qconv.qconv2d with 3-D packed weights): conv2d_pixels' block of output pixels x one
-    panel of output channels (ops.schedules._schedule_conv_pixels, whose loop order it follows), but written back
-    one pixel at a time with the channels as the vector: the fused requantize then runs on vectors (a scalar
-    requantize per element cost about as much as the dot products of a 3x3 conv over 64 channels) and only the
-    stores go lane by lane."""
+    """The pixel form (ops.qconv.qconv2d with 3-D packed weights): conv2d_pixels' block of output pixels x
+    output-channel panels (_pixel_block), but written back one pixel at a time with the channels as the vector:
+    the fused requantize then runs on vectors (a scalar requantize per element cost about as much as the dot
+    products of a 3x3 conv over 64 channels) and only the stores go lane by lane."""
     block, out = _accumulator_and_output(s, t, ctx)
     so = s[out]
     o, p = list(out.op.axis)[-2:]
     if t.op.attrs.get("channels_last_out"):     # (pixels, channels): the stores are contiguous vectors
         p, o = o, p
     nr = int(t.op.attrs["panel"])
-    # output pixels per block: 8 where that leaves no partial block (measured 1.8x faster than the fp32 family's 12
-    # on a 3x3 conv 64 -> 64 at 56x56, 3136 pixels), else the family's
-    rows = 8 if int(t.shape[0]) % 8 == 0 else (fam.conv_pixels or fam.mm_rows)
-    oo, oi = so.split(o, factor=nr)
+    rows, panels = _pixel_block(fam, int(t.shape[0]), int(t.shape[1]), nr)
+    oo, oi = so.split(o, factor=nr * panels)
     po, pi = so.split(p, factor=rows)
     n_blocks = -(-int(t.shape[0]) // rows)
-    n_panels = -(-int(t.shape[1]) // nr)
+    n_panels = -(-int(t.shape[1]) // (nr * panels))
     w_bytes = int(t.shape[1]) * _reduce_size(t) * 4
     x_bytes = _numel(t.op.input_tensors[0]) * 4
     # the streamed operand: weights (pixel blocks outermost) or the packed input (panels outermost), as fp32's
     panels_outer = w_bytes > fam.cache_bytes and n_panels * x_bytes < n_blocks * w_bytes
     outer, inner = (oo, po) if panels_outer else (po, oo)
-    so.reorder(outer, inner, pi, oi)
+    # one vector per panel: a vector of 48 lanes (3 panels) legalized into a 27x slower write-back
+    oio, oii = so.split(oi, factor=nr)
+    so.reorder(outer, inner, pi, oio, oii)
     so.unroll(pi)
-    so.vectorize(oi)
+    so.unroll(oio)
+    so.vectorize(oii)
     if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
         if panels_outer and n_panels < 2 * fam.parallel_tasks:
             inner = outer = so.fuse(outer, inner)
         so.parallel(outer)
-    schedules.accumulate_block_at(s, block, so, inner)
+    s[block].compute_at(so, inner)
+    sb = s[block]
+    bp, bo = block.op.axis
+    if panels > 1:
+        # one vector per weight panel: its words are contiguous (o % nr), the panels apart
+        boo, boi = sb.split(bo, factor=nr)
+        sb.reorder(*block.op.reduce_axis, bp, boo, boi)
+        sb.unroll(boo)
+        bo = boi
+    else:
+        sb.reorder(*block.op.reduce_axis, bp, bo)
+    sb.unroll(bp)
+    sb.vectorize(bo)
 
 
 def schedule_qdepthwise(s, t, fam, ctx) -> None:
