@@ -195,3 +195,34 @@ def test_bidirectional_layer_large_enough_to_run_directions_in_parallel(cell, tm
     model = _model([node], [("x", (seq, batch, nin))], outs, inits, opset=14)
     x = rng.standard_normal((seq, batch, nin)).astype(np.float32)
     _check(model, {"x": x}, tmp_path, threads=(1, 2), tol=1e-5)
+
+
+# ---------------------------------------------------------------- the same kernels on emulated ARM devices
+@pytest.mark.emulated
+def test_crnn_head_and_bilstm_on_emulated_devices(emulated_device, tmp_path):
+    """The direct softmax and recurrent kernels (written as loop IR, not te) cross-compile and match
+    onnxruntime on aarch64 and armv7: a BiLSTM, its output into MatMul + Add + Softmax over a long last axis."""
+    from tether import rpc
+    from tether.rpc.graph_client import RemoteGraphExecutor
+
+    rng = np.random.default_rng(5)
+    seq, nin, hid, classes = 24, 16, 64, 301      # 24 x 256 x 64 MACs a direction: the parallel form
+    s = 1 / np.sqrt(hid)
+    inits = [("W", rng.uniform(-s, s, (2, 4 * hid, nin))), ("R", rng.uniform(-s, s, (2, 4 * hid, hid))),
+             ("B", rng.uniform(-s, s, (2, 8 * hid))), ("shape", np.array([seq, 2 * hid])),
+             ("w", rng.standard_normal((2 * hid, classes)) / np.sqrt(2 * hid)), ("b", rng.standard_normal(classes))]
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=hid, direction="bidirectional"),
+             helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["yt", "shape"], ["seq"]),
+             helper.make_node("MatMul", ["seq", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["z"]),
+             helper.make_node("Softmax", ["z"], ["probs"], axis=-1)]
+    model = _model(nodes, [("x", (seq, 1, nin))], ["probs"], inits, opset=14)
+    model.graph.initializer[3].CopyFrom(numpy_helper.from_array(np.array([seq, 2 * hid], np.int64), "shape"))
+    x = rng.standard_normal((seq, 1, nin)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, target=emulated_device.preset).export(str(tmp_path))
+    with rpc.connect(*emulated_device.address, timeout=300) as sess:
+        with RemoteGraphExecutor(sess, str(tmp_path)) as gm:
+            gm.run(x=x)
+            assert relative_error(gm.get_output(0), ref) <= 1e-5
