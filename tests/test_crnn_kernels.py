@@ -156,6 +156,7 @@ def test_pixel_block_divides_the_map_when_a_near_block_does():
     assert pixel_block(avx512, 320) == 10          # 4 x 80: 32 blocks of 10, not 26 of 12 and one of 8
     assert pixel_block(avx512, 11 * 7) == 11
     assert pixel_block(avx512, 3136) == 12         # 56 x 56: no block of 10..11 divides it
+    assert pixel_block(avx512, 1600) == 12         # 40 x 40: 10 divides, but 134 blocks: one tail is little
     assert pixel_block(avx512, 24) == 12
     avx2 = Family("x86", 8, mm_rows=6, acc_regs=12, max_col_vectors=2, conv_pixels=4)
     assert pixel_block(avx2, 10) == 4              # other families keep their block
