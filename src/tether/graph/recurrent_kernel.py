@@ -205,7 +205,7 @@ class _Builder:
 
     # ---- the whole kernel
     def build(self) -> PrimFunc:
-        a, dt, H, N = self.a, self.dtype, self.H, self.N
+        a, H, N = self.a, self.H, self.N
         n_state = self.D * self.B * H
         init = [self.loop("s", n_state, lambda i: Store(self.buf["y_h"], i, self.ld("h0", i)))]
         if self.cell == "lstm":
