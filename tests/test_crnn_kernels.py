@@ -227,3 +227,13 @@ def test_crnn_head_and_bilstm_on_emulated_devices(emulated_device, tmp_path):
         with RemoteGraphExecutor(sess, str(tmp_path)) as gm:
             gm.run(x=x)
             assert relative_error(gm.get_output(0), ref) <= 1e-5
+
+
+def test_tuning_tasks_leave_out_direct_kernels():
+    """The softmax kernel is written as loop IR and takes no schedule config: tether tune gets no task for it
+    (it would tune a te schedule the build never compiles), but keeps the dense+add."""
+    from tether.tune.tasks import extract_tasks
+    model, _ = _head(32, 16, 48)
+    graph, params = from_onnx(model)
+    labels = [t.name for t in extract_tasks(graph, params, "host")]
+    assert labels == ["dense+add"], labels
