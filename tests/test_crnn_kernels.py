@@ -237,3 +237,23 @@ def test_tuning_tasks_leave_out_direct_kernels():
     graph, params = from_onnx(model)
     labels = [t.name for t in extract_tasks(graph, params, "host")]
     assert labels == ["dense+add"], labels
+
+
+def test_softmax_inside_a_compiled_loop(tmp_path):
+    """A Loop body's softmax runs as the direct kernel inside the loop kernel (loop_kernel asks DIRECT_KERNELS
+    for body nodes too): h <- softmax(h * 3 + w) for 20 steps, against onnxruntime."""
+    vi = lambda n, s, t=TensorProto.FLOAT: helper.make_tensor_value_info(n, t, s)   # noqa: E731
+    w = np.linspace(-2, 2, 40).astype(np.float32).reshape(2, 20)
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["h_in", "three"], ["h1"]), helper.make_node("Add", ["h1", "w"], ["h2"]),
+         helper.make_node("Softmax", ["h2"], ["h_out"], axis=-1),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [vi("it", (), TensorProto.INT64), vi("cond_in", (), TensorProto.BOOL), vi("h_in", (2, 20))],
+        [vi("cond_out", (), TensorProto.BOOL), vi("h_out", (2, 20))],
+        [numpy_helper.from_array(np.array(3.0, np.float32), "three")])
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "h0"], ["h"], body=body)], "m", [vi("h0", (2, 20))], [vi("h", (2, 20))],
+        [numpy_helper.from_array(np.array(20, np.int64), "M"), numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    factory = _check(model, {"h0": np.random.default_rng(2).standard_normal((2, 20)).astype(np.float32)}, tmp_path)
+    assert factory.graph.ops_used().get("loop") == 1
