@@ -154,7 +154,9 @@ def test_dense_prepacked_refuses_a_block_that_splits_panels():
 def test_pixel_block_divides_the_map_when_a_near_block_does():
     avx512 = Family("x86", 16, mm_rows=6, acc_regs=24, max_col_vectors=2, conv_pixels=12)
     assert pixel_block(avx512, 320) == 10          # 4 x 80: 32 blocks of 10, not 26 of 12 and one of 8
-    assert pixel_block(avx512, 11 * 7) == 11
+    assert pixel_block(avx512, 11 * 5) == 11       # 55: 4 blocks of 12 and one of 7
+    assert pixel_block(avx512, 200) == 10          # 8 x 25: a tail of 8
+    assert pixel_block(avx512, 400) == 12          # 20 x 20: a tail of 4, not worth the smaller block
     assert pixel_block(avx512, 3136) == 12         # 56 x 56: no block of 10..11 divides it
     assert pixel_block(avx512, 1600) == 12         # 40 x 40: 10 divides, but 134 blocks: one tail is little
     assert pixel_block(avx512, 24) == 12
