@@ -6,6 +6,7 @@ model-zoo architectures shipped inside the onnx wheel. Each case compiles once.
 """
 import os
 import re
+import shutil
 import tempfile
 
 import numpy as np
@@ -200,8 +201,13 @@ class TetherRep(onnx.backend.base.BackendRep):
             big = len(self.model.graph.node) > 40 and self.model.graph.name not in FULL_OPT_MODELS
             factory = tether.build_graph(graph, params, target=TARGET, opt_level=2 if big else 3)
             folder = tempfile.mkdtemp(prefix="tether-onnx-")
-            factory.export(folder)
-            gm = graph_executor.load(folder)
+            try:
+                factory.export(folder)
+                gm = graph_executor.load(folder)
+            finally:
+                # the loaded executor holds what it needs (Linux keeps an unlinked .so mapped); left behind, these
+                # folders filled the disk (up to 550 MB each, thousands over a day of runs)
+                shutil.rmtree(folder, ignore_errors=True)
             self._compiled[key] = gm
         return gm
 
