@@ -6,6 +6,7 @@ model-zoo architectures shipped inside the onnx wheel. Each case compiles once.
 """
 import os
 import re
+import shutil
 import tempfile
 
 import numpy as np
@@ -182,17 +183,6 @@ TARGET = "host"   # the emulated-device runs of these cases live in test_graph_r
 FULL_OPT_MODELS = {"squeezenet_old", "resnet50", "shufflenet"}
 
 
-# Every prepared model exports a library folder (hundreds of MB for the model-zoo cases); they all live under one
-# folder that is removed when the test process ends, so a run leaves nothing in /tmp.
-_EXPORTS: list = []
-
-
-def _export_root() -> str:
-    if not _EXPORTS:
-        _EXPORTS.append(tempfile.TemporaryDirectory(prefix="tether-onnx-"))
-    return _EXPORTS[0].name
-
-
 class TetherRep(onnx.backend.base.BackendRep):
     """A prepared model. int64 inputs are shape arguments (Reshape shape, axes, pads): the model is compiled on
     first run with their values bound as constants (and again only if they change)."""
@@ -210,9 +200,14 @@ class TetherRep(onnx.backend.base.BackendRep):
             graph, params = from_onnx(self.model, constants=consts)
             big = len(self.model.graph.node) > 40 and self.model.graph.name not in FULL_OPT_MODELS
             factory = tether.build_graph(graph, params, target=TARGET, opt_level=2 if big else 3)
-            folder = tempfile.mkdtemp(dir=_export_root())
-            factory.export(folder)
-            gm = graph_executor.load(folder)
+            folder = tempfile.mkdtemp(prefix="tether-onnx-")
+            try:
+                factory.export(folder)
+                gm = graph_executor.load(folder)
+            finally:
+                # the loaded executor holds what it needs (Linux keeps an unlinked .so mapped); left behind, these
+                # folders filled the disk (up to 550 MB each, thousands over a day of runs)
+                shutil.rmtree(folder, ignore_errors=True)
             self._compiled[key] = gm
         return gm
 

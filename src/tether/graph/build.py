@@ -120,7 +120,7 @@ def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 
         graph, params = graph.copy(), dict(params)
         panel_weights = pack_conv_weights(graph, params, as_target(target) if target else None)
         # ---- constant dense weights packed into the matmul's panels once (issue 11)
-        pack_dense_weights(graph, params)
+        pack_dense_weights(graph, params, as_target(target) if target else None)
     # ---- int8 convs (issue 12): each uses the target's dot-product instruction (graph/qconv.py); here, not in
     # build_graph, so that the tuner's tasks (tune/tasks.py) are the kernels the build compiles
     if target is not None:

@@ -8,18 +8,21 @@ micro-kernel reads B contiguously; done in every run, that pass reads and writes
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from tether import ops
+from tether.ops.schedules import family_of
 
 from .ir import Graph, TensorType
 
 
-def pack_dense_weights(graph: Graph, params: Dict[str, np.ndarray]) -> Dict[str, int]:
+def pack_dense_weights(graph: Graph, params: Dict[str, np.ndarray], target: Any = None) -> Dict[str, int]:
     """Rewrite ``params``, ``graph.types`` and the dense nodes' attributes in place (run it on a copy);
-    returns {weight name: N} for the weights packed."""
+    returns {weight name: N} for the weights packed. ``target`` (a Target) may ask for wider panels and a larger
+    register block (``panel_block``)."""
+    width, block = panel_block(target)
     uses: Dict[str, int] = {}
     for node in graph.nodes:
         for v in set(node.body_params()):
@@ -37,8 +40,24 @@ def pack_dense_weights(graph: Graph, params: Dict[str, np.ndarray]) -> Dict[str,
             xt = graph.types.get(b.inputs[0])
             if xt is None or len(xt.shape) != 2 or not ops.linear.should_pack(int(xt.shape[0]), int(w.shape[0])):
                 continue      # few rows: the kernel reads the weight as it is (row dot products)
-            params[wname] = ops.linear.pack_panels_array(np.asarray(w))
+            params[wname] = ops.linear.pack_panels_array(np.asarray(w), width)
             graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
             b.attrs["packed_n"] = int(w.shape[0])
+            if block is not None:
+                b.attrs["packed_block"] = block
             packed[wname] = int(w.shape[0])
     return packed
+
+
+# AVX-512's dense micro-kernel: panel width and (rows, columns) register block
+WIDE_PANEL = 32
+WIDE_BLOCK = (12, 32)
+
+
+def panel_block(target: Any) -> Tuple[int, Optional[Tuple[int, int]]]:
+    """(panel width, register block or None for the family's default) of a prepacked dense on ``target``."""
+    if target is not None:
+        fam = family_of(target)
+        if fam.name == "x86" and fam.lanes >= 16:
+            return WIDE_PANEL, WIDE_BLOCK
+    return ops.linear.PANEL, None

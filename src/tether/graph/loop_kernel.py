@@ -187,3 +187,8 @@ def loop_kernel(node: Node, types: Dict[str, TensorType], target, name: str) -> 
 
 # every kernel written directly as loop IR, by graph op: build_graph asks here before lowering through te
 DIRECT_KERNELS = {"recurrent": recurrent_kernel, "loop": loop_kernel}
+
+# ---- softmax over the last axis: one task per row, three passes over it in L1 (graph/softmax_kernel.py; issue 11)
+from tether.graph.softmax_kernel import softmax_kernel  # noqa: E402
+
+DIRECT_KERNELS["softmax"] = softmax_kernel

@@ -142,7 +142,7 @@ def _broadcast_to(attrs, x):
 @lowering("dense")
 def _dense(attrs, x, w):
     if attrs.get("packed_n"):      # the weight was packed into panels at build time (graph/dense_panels.py)
-        return ops.linear.dense_prepacked(x, w, attrs["packed_n"])
+        return ops.linear.dense_prepacked(x, w, attrs["packed_n"], block=attrs.get("packed_block"))
     return ops.dense(x, w)
 
 

@@ -116,14 +116,22 @@ def _panel_product(a, p, n: int, name: str, attrs: dict | None = None):
     return c.compute((m, n), lambda i, j: full[i, j], name, c.INJECTIVE)
 
 
-def dense_prepacked(x, panels, n: int, name: str = "dense"):
-    """x (M, K) @ W.T for a weight W (n, K) packed ahead of time into ``panels`` (pack_panels_array)."""
+def dense_prepacked(x, panels, n: int, name: str = "dense", block: tuple | None = None):
+    """x (M, K) @ W.T for a weight W (n, K) packed ahead of time into ``panels`` (pack_panels_array). ``block``:
+    the (rows, columns) register block in place of the target family's (columns: a multiple of the panel
+    width or a divisor of it, so a block's columns stay contiguous)."""
     _check_rank(x, 2, name, "x")
     _check_rank(panels, 3, name, "panels")
     count, k, width = c.shape_of(panels)
     if c.shape_of(x)[1] != k or not 0 < n <= count * width:
         raise ValueError(f"{name}: x {c.shape_of(x)} does not multiply {n} rows packed as {c.shape_of(panels)}")
-    return _panel_product(x, panels, n, name, attrs={"prepacked": True})
+    attrs = {"prepacked": True}
+    if block is not None:
+        rows, cols = (int(v) for v in block)
+        if rows < 1 or cols < 1 or (width % cols and cols % width):
+            raise ValueError(f"{name}: register block {block} does not tile panels of width {width}")
+        attrs[REGISTER_BLOCK] = (rows, cols)
+    return _panel_product(x, panels, n, name, attrs=attrs)
 
 
 def _product(a, b, n_axis: int, name: str, block: tuple | None = None):

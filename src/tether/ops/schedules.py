@@ -461,7 +461,7 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
                             "lower it with that panel width (build_graph(tuning_log=) and tether tune do)"
                             % (t.op.name, nr, fam.conv_panel))
     oo, oi = so.split(o, factor=nr)
-    rows = fam.conv_pixels or fam.mm_rows
+    rows = pixel_block(fam, int(t.shape[0]))
     po, pi = so.split(p, factor=rows)
     # Which operand streams from memory: with pixel blocks outermost the whole weight tensor is read once per
     # block, with channel panels outermost the whole input once per panel. Deep layers (512 channels, 3x3: 9 MB of
@@ -804,3 +804,29 @@ def with_config(fam: Family, config) -> Family:
         if not ok or (kind is str and not isinstance(v, str)):
             raise ScheduleError("schedule knob %s=%r is not a valid %s" % (k, v, kind.__name__))
     return dataclasses.replace(fam, **{k: (bool(v) if KNOBS[k] is bool else v) for k, v in config.items()})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# conv2d_pixels' pixel block on AVX-512 (issue 11): a block size that divides the map's pixels
+# The last, partial pixel block of a conv2d_pixels kernel runs with a run-time pixel count: its accumulators live in
+# memory, not registers, at a fraction of the full blocks' speed. On the 4 x 80 maps of a CRNN recognizer (320
+# pixels, 27 blocks of 12, the last one of 8) that tail was ~7% of the layer; blocks of 10 divide 320 and left no
+# tail: 256->256 @4x80 1.28x -> 1.18x onnxruntime's time (128->128 @8x25, 200 pixels: 1.15x -> 1.03x). Only a
+# block at most two pixels smaller is taken (fewer accumulators per weight load), only where it divides the pixels
+# exactly, only on small maps (at most PIXEL_BLOCK_MAX_BLOCKS blocks), where one partial block is a share worth
+# the smaller block, and only when the partial block is over half a block (a tail of 4, as at 20 x 20 = 400
+# pixels, measured even or slightly worse with blocks of 10); larger maps (the zoo CNNs', YOLO's 640 x 640 levels)
+# keep 12.
+PIXEL_BLOCK_SHRINK = 2
+PIXEL_BLOCK_MAX_BLOCKS = 64
+
+
+def pixel_block(fam: Family, pixels: int) -> int:
+    """Output pixels per conv2d_pixels register block for a conv of ``pixels`` output pixels."""
+    rows = fam.conv_pixels or fam.mm_rows
+    if (fam.name == "x86" and fam.lanes >= 16 and pixels % rows > rows // 2
+            and -(-pixels // rows) <= PIXEL_BLOCK_MAX_BLOCKS):
+        for r in range(rows - 1, max(1, rows - PIXEL_BLOCK_SHRINK) - 1, -1):
+            if pixels % r == 0:
+                return r
+    return rows

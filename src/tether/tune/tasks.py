@@ -16,6 +16,7 @@ from tether import driver, ops
 from tether.graph.build import kernel_signature, prepare_graph
 from tether.graph.conv_gemm import panel_type, panel_weight
 from tether.graph.ir import Graph, Node, TensorType
+from tether.graph.loop_kernel import DIRECT_KERNELS
 from tether.graph.passes import needs_kernel
 from tether.graph.to_te import lower_kernel
 from tether.ops.schedules import family_of
@@ -117,8 +118,8 @@ def extract_tasks(graph: Graph, params: Dict[str, np.ndarray], target: Any = "ho
     by_sig: Dict[str, Task] = {}
     order: List[str] = []
     for node in graph.nodes:
-        if not needs_kernel(node):
-            continue
+        if not needs_kernel(node) or node.op in DIRECT_KERNELS:
+            continue      # (kernels written as loop IR, softmax and recurrent cells, take no schedule config)
         sig = kernel_signature(node, graph.types)
         if sig in by_sig:
             by_sig[sig].weight += 1

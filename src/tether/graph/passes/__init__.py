@@ -72,3 +72,11 @@ for _level, _passes in PIPELINES.items():
     if _level >= 1:
         _passes.insert(_passes.index(int8_dot_convs) + 1, int8_channels_last)
 __all__ += ["int8_channels_last"]
+
+# ---- reshapes that keep their input's shape are dropped before fusion (they split dense -> bias add; issue 11)
+from tether.graph.passes.identity_reshape import drop_identity_reshapes  # noqa: E402
+
+for _level, _passes in PIPELINES.items():
+    if fuse in _passes:
+        _passes.insert(_passes.index(fuse), drop_identity_reshapes)
+__all__ += ["drop_identity_reshapes"]
