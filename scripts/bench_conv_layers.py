@@ -20,11 +20,9 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
 import time
-import tempfile
 from collections import OrderedDict
 
 import numpy as np
@@ -136,10 +134,7 @@ def bench_layer(key, act: str, threads: int, rounds: int, cold: bool = False) ->
     model = one_conv_model(key, act)
     graph, params = from_onnx(model)
     factory = tether.build_graph(graph, params, target="host", opt_level=3)
-    folder = tempfile.mkdtemp(prefix="bench-conv-")
-    factory.export(folder)
-    gm = graph_executor.load(folder)
-    shutil.rmtree(folder, ignore_errors=True)   # loaded (mapped): the files are not needed, nor kept
+    gm = graph_executor.from_factory(factory)
     x = np.random.default_rng(1).uniform(-1, 1, key[0]).astype(np.float32)
     gm.set_input("x", x)
     so = ort.SessionOptions()

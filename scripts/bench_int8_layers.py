@@ -22,10 +22,8 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 
@@ -81,10 +79,7 @@ def bench_layer(key, threads: int, rounds: int) -> dict:
     t0 = time.perf_counter()
     factory = tether.build_graph(graph, params, target="host", opt_level=3)
     build_s = time.perf_counter() - t0
-    folder = tempfile.mkdtemp(prefix="bench-int8-layer-")
-    factory.export(folder)
-    gm = graph_executor.load(folder)
-    shutil.rmtree(folder, ignore_errors=True)   # loaded (mapped): the files are not needed, nor kept
+    gm = graph_executor.from_factory(factory)
     gm.set_input("x", x)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

@@ -78,9 +78,7 @@ def tether_nodes(model, x, passes: int) -> list:
     from tether_rpc import parallel
 
     graph, params = from_onnx(model)
-    folder = tempfile.mkdtemp(prefix="bench-nodes-")
-    tether.build_graph(graph, params, target="host", opt_level=3).export(folder)
-    gm = graph_executor.load(folder)
+    gm = graph_executor.from_factory(tether.build_graph(graph, params, target="host", opt_level=3))
     gm.set_input(graph.inputs[0], x)
     parallel.set_num_threads(1)
     for _ in range(2):

@@ -18,7 +18,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -65,9 +64,7 @@ def compile_model(name: str, target: str):
     graph, params = from_onnx(model, shape=shape)
     factory = tether.build_graph(graph, params, target=target, opt_level=3)
     compile_s = time.perf_counter() - t0
-    folder = tempfile.mkdtemp(prefix="bench-%s-" % name)
-    factory.export(folder)
-    gm = graph_executor.load(folder)
+    gm = graph_executor.from_factory(factory)
     in_name = graph.inputs[0]
     x = np.random.default_rng(0).uniform(0, 1, graph.types[in_name].shape).astype(np.float32)
     gm.set_input(in_name, x)

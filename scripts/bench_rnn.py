@@ -15,7 +15,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -80,9 +79,7 @@ def bench(name: str, number: int, repeat: int) -> dict:
     graph, params = from_onnx(model)
     factory = tether.build_graph(graph, params, target="host")
     compile_s = time.perf_counter() - t0
-    folder = tempfile.mkdtemp(prefix="bench-rnn-")
-    factory.export(folder)
-    gm = graph_executor.load(folder)
+    gm = graph_executor.from_factory(factory)
     for k, v in feeds.items():
         gm.set_input(k, v)
     so = ort.SessionOptions()

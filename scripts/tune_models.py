@@ -68,9 +68,7 @@ def compare(name: str, model, graph, params, log_path: str, args) -> dict:
     runs = {}
     for label, kw in (("default", {}), ("tuned", {"tuning_log": log_path})):
         factory = tether.build_graph(graph, params, target=args.target, **kw)
-        folder = tempfile.mkdtemp(prefix="tune-%s-%s-" % (name, label))
-        factory.export(folder)
-        runs[label] = graph_executor.load(folder)
+        runs[label] = graph_executor.from_factory(factory)
     in_name = graph.inputs[0]
     x = np.random.default_rng(0).uniform(0, 1, graph.types[in_name].shape).astype(np.float32)
     so = ort.SessionOptions()

@@ -1,6 +1,7 @@
 """build_graph end to end on the host: export, load with the graph executor (the device runtime's), and compare
 with onnxruntime; the executor's API (inputs by name/index, errors, benchmark, profile); kernel sharing."""
 import json
+import tempfile
 
 import numpy as np
 import onnx
@@ -78,6 +79,17 @@ def test_outputs_match_onnxruntime_by_name_and_index(built):
     assert not np.allclose(gm.get_output(1), ref[1])
     gm.run(x=x)
     np.testing.assert_allclose(gm.get_output(1), ref[1], rtol=1e-4, atol=1e-5)
+
+
+def test_from_factory_runs_the_build_and_leaves_no_folder(built, tmp_path, monkeypatch):
+    model, factory, _ = built
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # where TemporaryDirectory puts its folder
+    gm = graph_executor.from_factory(factory)
+    assert list(tmp_path.iterdir()) == []
+    x = RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    gm.run(x=x)
+    np.testing.assert_allclose(gm.get_output("logits"), ref[1], rtol=1e-4, atol=1e-5)
 
 
 def test_bad_inputs_give_clear_errors(built):
