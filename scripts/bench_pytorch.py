@@ -119,6 +119,12 @@ def data_files(folder: str) -> int:
 
 def bench(name: str, exporter: str, number: int, repeat: int, threads=(1, 2), inline_torchscript: bool = False,
           timing: bool = True) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-pytorch-%s-%s-" % (name, exporter)) as folder:
+        return _bench_in(folder, name, exporter, number, repeat, threads, inline_torchscript, timing)
+
+
+def _bench_in(folder: str, name: str, exporter: str, number: int, repeat: int, threads, inline_torchscript: bool,
+              timing: bool) -> dict:
     import onnxruntime as ort
     import torch
 
@@ -128,7 +134,6 @@ def bench(name: str, exporter: str, number: int, repeat: int, threads=(1, 2), in
     from tether_rpc import parallel
 
     model, x = build_model(name)
-    folder = tempfile.mkdtemp(prefix="bench-pytorch-%s-%s-" % (name, exporter))
     onnx_dir = os.path.join(folder, "onnx")   # the export alone, so its data files can be counted
     os.makedirs(onnx_dir)
     t0 = time.perf_counter()
