@@ -124,8 +124,8 @@ def graph_module() -> Any:
         from kernels import build_kernel
         from tether_rpc.module import load_module
 
-        out = tempfile.mkdtemp(prefix="tether-fuzz-")
-        _MODULE["module"] = load_module(str(build_kernel("vadd", out)))
+        with tempfile.TemporaryDirectory(prefix="tether-fuzz-") as out:   # loaded (mapped): the file can go
+            _MODULE["module"] = load_module(str(build_kernel("vadd", out)))
     return _MODULE["module"]
 
 
