@@ -81,3 +81,16 @@ def test_convs_on_13_divisible_maps_match_onnxruntime(cin, cout, side, k, stride
             assert relative_error(got, ref[0]) <= 1e-5, (threads, relative_error(got, ref[0]))
     finally:
         parallel.set_num_threads(1)
+
+
+def test_yolox_at_416_matches_onnxruntime(tmp_path):
+    """The model the rule is for, at its real input size (its 208/104/52/26 maps take blocks of 13 here)."""
+    from tether.testing.model_kinds import KINDS
+    model, feeds = KINDS["yolox_detector"]("bench")
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, target="host", opt_level=3).export(str(tmp_path))
+    gm = graph_executor.load(str(tmp_path))
+    gm.run(**feeds)
+    for i, r in enumerate(ref):
+        assert relative_error(gm.get_output(i), r) <= 1e-4, (i, relative_error(gm.get_output(i), r))
