@@ -829,4 +829,25 @@ def pixel_block(fam: Family, pixels: int) -> int:
         for r in range(rows - 1, max(1, rows - PIXEL_BLOCK_SHRINK) - 1, -1):
             if pixels % r == 0:
                 return r
+    if _grown_pixel_block(fam, pixels, rows):
+        return rows + PIXEL_BLOCK_GROW
     return rows
+
+
+# ---------------------------------------------------------------- conv2d_pixels: a one-pixel larger block
+# A 416 x 416 detector (YOLOX) has maps of 13 * 2**k pixels on a side: 52 x 52 = 2704 = 225 x 12 + 4 leaves each
+# of its 3x3 convs a partial last block (accumulators in memory), 26 x 26 = 676 too; 13 divides both. Blocks of
+# 13 (13 of AVX-512's 32 zmm) on the 96->96 3x3 convs measured 1.05x -> 0.98x onnxruntime's time at 52 x 52 and
+# 1.03x -> 0.97x at 26 x 26 (x86 AVX-512, 1 thread, interleaved). On a 13 x 13 map (13 blocks) 13 measured
+# 1.33x -> 1.95x (96->96), hence the minimum block count; maps of 12 * n pixels and the zoo CNNs' (112, 56, 28,
+# 14, 7 on a side) and YOLOv8-640's (320 ... 20) maps, which 13 does not divide, keep their block.
+PIXEL_BLOCK_GROW = 1
+PIXEL_BLOCK_GROW_MIN_BLOCKS = 32
+
+
+def _grown_pixel_block(fam: Family, pixels: int, rows: int) -> bool:
+    """Whether a conv2d_pixels map takes blocks of rows + PIXEL_BLOCK_GROW pixels: x86 AVX-512, the larger block
+    divides the pixels where ``rows`` does not, and the map has at least PIXEL_BLOCK_GROW_MIN_BLOCKS of them."""
+    grown = rows + PIXEL_BLOCK_GROW
+    return (fam.name == "x86" and fam.lanes >= 16 and pixels % rows != 0 and pixels % grown == 0
+            and pixels // grown >= PIXEL_BLOCK_GROW_MIN_BLOCKS)
