@@ -7,8 +7,9 @@ onnxruntime at 1 and 2 threads, and its max relative error against onnxruntime.
 
 Each kind is built with onnx.helper at the input size the shipped model runs on (``--size test``: the small inputs
 of tests/test_model_kinds.py), compiled for the host at opt_level 3 (compile time = from_onnx + build_graph),
-with the object cache off unless TETHER_OBJECT_CACHE is set (scripts/bench_compile.py compares cold and
-warm builds), checked against onnxruntime (max relative error = max |tether - ort| / max |ort|, over every output), then timed.
+with the object cache off unless TETHER_OBJECT_CACHE is set (scripts/bench_compile.py compares cold and warm
+builds), checked against onnxruntime (max relative error = max |tether - ort| / max |ort|, over every output),
+then timed.
 Timing alternates between the runtimes (tether sample, onnxruntime sample, ...) so a burst of load on a shared
 machine hits both alike; a sample is the mean of enough back-to-back runs to last about 50 ms. Reported: medians
 of ``--repeat`` samples and their ratio tether / onnxruntime (lower is better; the issue's bar is 1.3); at one
