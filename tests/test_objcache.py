@@ -136,6 +136,7 @@ def test_unwritable_cache_only_logs(tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("TETHER_CACHE_DIR", str(blocker))
+    monkeypatch.delenv("TETHER_OBJECT_CACHE", raising=False)
     mod = tether.build(*_kernel()[:2], name="sig", jobs=1)
     _check_sigmoid(mod)
     assert "could not write the object cache" in caplog.text
