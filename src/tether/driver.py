@@ -132,6 +132,10 @@ def _build_kernels_part(items: Sequence[Any], tgt: Target, name: str, fast_math:
             "functions": mb.function_entries(), "seconds": compiled.seconds}
 
 
+# A worker's exit status when writing its report failed (seen with a full /tmp on a shared machine).
+REPORT_WRITE_FAILED = 3
+
+
 def _run_worker(items: Sequence[Any], tgt: Target, name: str, fast_math: bool, opt: int, path: str) -> None:
     """The forked build worker: write the part (or the error) to ``path`` and leave without running the
     parent's exit handlers."""
@@ -143,6 +147,8 @@ def _run_worker(items: Sequence[Any], tgt: Target, name: str, fast_math: bool, o
             payload = {"ok": False, "type": type(exc).__name__, "message": str(exc)}
         with open(path, "wb") as f:
             f.write(msgpack.packb(payload, use_bin_type=True))
+    except OSError:
+        code = REPORT_WRITE_FAILED
     except BaseException:
         code = 1
     finally:
@@ -179,7 +185,10 @@ def _wait_workers(workers: List[Tuple[int, str]], deadline: float) -> List[int]:
             if done:
                 k = pending.pop(pid)
                 if status != 0 and k not in stalled:
-                    raise CompileError("build worker %d failed (wait status %d) without a report" % (pid, status))
+                    why = (" (it could not write its report: is the temporary directory's disk full?)"
+                           if os.WIFEXITED(status) and os.WEXITSTATUS(status) == REPORT_WRITE_FAILED else "")
+                    raise CompileError("build worker %d failed (wait status %d) without a report%s"
+                                       % (pid, status, why))
                 continue
             if pending[pid] in stalled:   # killed, not yet reaped
                 continue

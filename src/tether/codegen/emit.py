@@ -7,6 +7,7 @@ import re
 import time
 from typing import Any, Optional, Tuple
 
+from tether.codegen import objcache
 from tether.errors import CompileError
 from tether.target import Target, as_target
 
@@ -89,6 +90,13 @@ def compile_module(ir_text: str, target: Any, opt: int = 3) -> CompiledObject:
     """Parse, verify, optimise and emit an object file; the assembly is produced only if someone asks."""
     target = as_target(target)
     t0 = time.perf_counter()
+    # ---- the persistent object cache (codegen/objcache.py): an identical module is compiled once per machine
+    cache_key = objcache.key(ir_text, str(target), opt)
+    cached = objcache.load(cache_key)
+    if cached is not None:
+        dt = time.perf_counter() - t0
+        log.debug("object cache hit for %d bytes of IR for %s (%.3fs)", len(ir_text), target, dt)
+        return CompiledObject(object_bytes=cached[0], optimized_ir=cached[1], target=target, opt=opt, seconds=dt)
     mod = _parse(ir_text, target)
     tm = target.target_machine(opt)
     mod.triple = target.triple
@@ -99,6 +107,7 @@ def compile_module(ir_text: str, target: Any, opt: int = 3) -> CompiledObject:
         obj = tm.emit_object(mod)
     except RuntimeError as exc:
         raise CompileError("LLVM failed to compile module for %s: %s" % (target, exc)) from None
+    objcache.store(cache_key, bytes(obj), optimized)
     dt = time.perf_counter() - t0
     log.debug("compiled %d bytes of IR for %s in %.3fs", len(ir_text), target, dt)
     return CompiledObject(object_bytes=bytes(obj), optimized_ir=optimized, target=target, opt=opt, seconds=dt)

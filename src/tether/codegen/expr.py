@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from tether.codegen import hostcall, int8dot
 from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
+from tether.codegen.intcse import IntCSE
 from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
                                   mem_type, scalar_type)
 from tether.errors import CompileError
@@ -126,7 +127,7 @@ class ExprEmitter:
     def ev_at_lane(self, e: Expr, lane: int, unmasked: bool = False) -> ir.Value:
         """``e`` as a scalar for one lane of the vector loop."""
         var, _, base = self.vec
-        self.env[var] = self.b.add(base, ir.Constant(I32, lane), flags=("nsw",)) if lane else base
+        self.env[var] = self.index_add(base, lane) if lane else base
         try:
             return self.ev_at_base(e, unmasked)
         finally:
@@ -450,7 +451,8 @@ class ExprEmitter:
         if is_float(dt):
             return self.float_binary(e, a, b)
         if op in _INT_OPS:
-            return getattr(B, _INT_OPS[op])(a, b, flags=("nsw",) if dt in _NSW_DTYPES else ())
+            flags = ("nsw",) if dt in _NSW_DTYPES else ()
+            return self.int_cse().emit(B, op, a, b, flags, lambda: getattr(B, _INT_OPS[op])(a, b, flags=flags))
         if op in _MINMAX:
             cmp = (B.icmp_unsigned if is_unsigned(dt) else B.icmp_signed)(_MINMAX[op], a, b)
             return B.select(cmp, a, b)
@@ -484,11 +486,11 @@ class ExprEmitter:
         the module's own __aeabi_ldivmod (codegen/runtime.py), so it is emitted as plain sdiv/srem here."""
         op, dt, B = e.op, e.a.dtype, self.b
         if is_unsigned(dt):
-            return B.udiv(a, b) if op != "floormod" else B.urem(a, b)
+            return self.unsigned_division(op, a, b)
         if isinstance(e.b, Const) and e.b.value > 0 and dt in _NSW_DTYPES:
             lo = Simplifier(self.ranges).bound(e.a)
             if lo is not None and lo[0] >= 0:   # index math: floor == truncation, unsigned is cheapest
-                return B.udiv(a, b) if op != "floormod" else B.urem(a, b)
+                return self.unsigned_division(op, a, b)
         if self.mask is not None and not isinstance(e.b, Const):
             # lanes the mask switches off may divide by zero (which traps): divide them by one instead
             m = self.mask
@@ -503,6 +505,22 @@ class ExprEmitter:
         if op == "floormod":
             return B.add(r, B.select(adjust, b, zero))
         return B.sub(q, B.zext(adjust, a.type))
+
+    # ---- integer index arithmetic once per block (codegen/intcse.py)
+    def int_cse(self) -> IntCSE:
+        cse = self.__dict__.get("_int_cse")
+        if cse is None:
+            cse = self.__dict__["_int_cse"] = IntCSE()
+        return cse
+
+    def index_add(self, base: ir.Value, k: int) -> ir.Value:
+        """base + k for an unrolled iteration or a lane (i32, nsw), folded when base is a constant."""
+        B, c = self.b, ir.Constant(I32, k)
+        return self.int_cse().emit(B, "add", base, c, ("nsw",), lambda: B.add(base, c, flags=("nsw",)))
+
+    def unsigned_division(self, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
+        B, opcode = self.b, ("urem" if op == "floormod" else "udiv")
+        return self.int_cse().emit(B, opcode, a, b, (), lambda: getattr(B, opcode)(a, b))
 
     def compare(self, e: Compare) -> ir.Value:
         a, b = self.match(self.ev(e.a), self.ev(e.b))

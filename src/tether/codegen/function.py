@@ -229,7 +229,7 @@ class FunctionEmitter(ExprEmitter):
 
     def unrolled_body(self, s: For, start: ir.Value) -> None:
         for k in range(s.max_extent):
-            self.env[s.var] = self.b.add(start, ir.Constant(I32, k), flags=("nsw",)) if k else start
+            self.env[s.var] = self.index_add(start, k) if k else start
             self.stmt(s.body)
         self.env.pop(s.var, None)
 
@@ -271,7 +271,8 @@ class FunctionEmitter(ExprEmitter):
                      known_positive: bool = False, tail: bool = False) -> None:
         if is_vec(start) or is_vec(extent):
             raise CompileError(f"codegen: loop {var.name!r} has lane-dependent bounds inside a vectorized loop")
-        end = self.b.add(start, extent, flags=("nsw",))
+        end = self.int_cse().emit(self.b, "add", start, extent, ("nsw",),
+                                  lambda: self.b.add(start, extent, flags=("nsw",)))
         pre = self.b.block
         body_bb = self.fn.append_basic_block(f"{var.name}.body")
         exit_bb = self.fn.append_basic_block(f"{var.name}.exit")
