@@ -16,6 +16,7 @@ the stage is written per output row instead: the few input rows that row reads.
 from __future__ import annotations
 
 from tether import te
+from tether.codegen.function import STACK_BYTES
 
 from . import common as c
 from . import schedules
@@ -28,6 +29,8 @@ QDEPTHWISE_NHWC = "qdepthwise_nhwc"    # the tag of the window stage (its schedu
 PLANE_BYTES = 128 << 10
 # output columns accumulated at once, at most (registers: this many accumulators plus the taps' weight vectors)
 COLUMNS = 8
+# parallel tasks wanted at least (channel vectors x row groups): enough for two threads to balance
+TASKS = 16
 
 
 def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwise2d_nhwc"):
@@ -62,15 +65,22 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     so = s[out]
     b, y, x, q = out.op.axis
     qo, qi = so.split(q, factor=fam.lanes)
-    so.reorder(b, qo, y, x, qi)
-    chan = so.fuse(b, qo)
+    # few channel vectors (mobilenet_v2's 32..144-channel layers: 2..9) are too few tasks for two threads to
+    # share evenly (one 112x112 layer did not speed up at all): the rows are split into groups as well
+    oh, nchan = int(out.shape[1]), -(-int(out.shape[3]) // fam.lanes)
+    groups = max(1, min(oh, -(-TASKS // nchan)))
+    yo, yi = so.split(y, nparts=groups)
+    so.reorder(b, qo, yo, yi, x, qi)
+    chan = so.fuse(b, qo, yo)
     if _numel(out) >= fam.parallel_min:
         so.parallel(chan)
     so.vectorize(qi)
     (src,) = [i for i in block.op.input_tensors if c.tag_of(i.op) == c.PAD]
     hp, wp = (int(d) for d in src.shape[:2])
     sb = s[block]
-    sb.compute_at(so, chan if hp * wp * fam.lanes * 4 <= PLANE_BYTES else y)
+    # a task's share of the plane (its row group's rows) stays whole up to PLANE_BYTES, and on the task's stack
+    whole = hp * wp * fam.lanes * 4 <= min(PLANE_BYTES, STACK_BYTES) * groups
+    sb.compute_at(so, chan if whole else yi)
     bb, by, bx, bq = block.op.axis
     ow = int(block.shape[2])
     # the accumulators and the taps' weight vectors share the registers: half the family's accumulator budget
