@@ -15,7 +15,7 @@ import pytest
 import tether
 from tether import te
 from tether.codegen.function import emit_function
-from tether.codegen.parallel import MAX_PARALLEL_TASKS
+from tether.codegen.parallel import MAX_PARALLEL_TASKS, max_parallel_tasks
 from tether.codegen.module import ModuleBuilder
 from tether.codegen.emit import compile_module
 from tether_rpc import elf
@@ -105,7 +105,7 @@ def test_serial_fallback_when_no_launcher_installed():
 
 
 def test_launcher_gets_chunked_tasks_each_run_once():
-    n = 1000                                  # 125 parallel iterations -> at most MAX_PARALLEL_TASKS tasks
+    n = 1000                                  # 125 parallel iterations -> at most max_parallel_tasks tasks
     s, args = vadd_schedule(n)
     _, _, text = emit(s, args, "vadd")
     jit = Jit(text)
@@ -128,7 +128,9 @@ def test_launcher_gets_chunked_tasks_each_run_once():
         c = np.zeros(n, np.float32)
         assert jit.impl("vadd", 3)(*ptrs(a, b, c)) == 0
         np.testing.assert_allclose(c, a + b)
-        assert calls == [MAX_PARALLEL_TASKS]
+        # 125 iterations: the host build's cap (two tasks per core here), a device preset's 16
+        assert calls == [max_parallel_tasks(tether.Target("host"))]
+        assert max_parallel_tasks(tether.Target("rasp4b")) == MAX_PARALLEL_TASKS
     finally:
         jit.set_launcher(None)
 
