@@ -82,8 +82,6 @@ def _bench_in(work: str, name: str, fmt: str, size: int, number: int, repeat: in
         runs = {"int8": gm8.run, "fp32": gm32.run, "ort": lambda: sess.run(None, {"input": x})}
         for key, value in _interleaved_median_ms(runs, number, repeat).items():
             row["%s_ms_%dt" % (key, threads)] = value
-    # the loaded builds are mapped; two models (about 250 MB for resnet50) per call filled /tmp over a session
-    shutil.rmtree(work, ignore_errors=True)
     return row
 
 
