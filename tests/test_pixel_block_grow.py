@@ -1,4 +1,4 @@
-"""conv2d_pixels' one-pixel larger block (ops/schedules.py _grown_pixel_block): a 416 x 416 detector's maps of
+"""conv2d_pixels' one-pixel larger block (ops/schedules.py pixel_block): a 416 x 416 detector's maps of
 13 * 2**k pixels on a side take blocks of 13 on x86 AVX-512, and those convs (with a SiLU prologue, as YOLOX
 runs them) still match onnxruntime at 1 and 2 threads."""
 from __future__ import annotations

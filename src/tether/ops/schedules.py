@@ -821,19 +821,6 @@ PIXEL_BLOCK_SHRINK = 2
 PIXEL_BLOCK_MAX_BLOCKS = 64
 
 
-def pixel_block(fam: Family, pixels: int) -> int:
-    """Output pixels per conv2d_pixels register block for a conv of ``pixels`` output pixels."""
-    rows = fam.conv_pixels or fam.mm_rows
-    if (fam.name == "x86" and fam.lanes >= 16 and pixels % rows > rows // 2
-            and -(-pixels // rows) <= PIXEL_BLOCK_MAX_BLOCKS):
-        for r in range(rows - 1, max(1, rows - PIXEL_BLOCK_SHRINK) - 1, -1):
-            if pixels % r == 0:
-                return r
-    if _grown_pixel_block(fam, pixels, rows):
-        return rows + PIXEL_BLOCK_GROW
-    return rows
-
-
 # ---------------------------------------------------------------- conv2d_pixels: a one-pixel larger block
 # A 416 x 416 detector (YOLOX) has maps of 13 * 2**k pixels on a side: 52 x 52 = 2704 = 225 x 12 + 4 leaves each
 # of its 3x3 convs a partial last block (accumulators in memory), 26 x 26 = 676 too; 13 divides both. Blocks of
@@ -845,9 +832,18 @@ PIXEL_BLOCK_GROW = 1
 PIXEL_BLOCK_GROW_MIN_BLOCKS = 32
 
 
-def _grown_pixel_block(fam: Family, pixels: int, rows: int) -> bool:
-    """Whether a conv2d_pixels map takes blocks of rows + PIXEL_BLOCK_GROW pixels: x86 AVX-512, the larger block
-    divides the pixels where ``rows`` does not, and the map has at least PIXEL_BLOCK_GROW_MIN_BLOCKS of them."""
+def pixel_block(fam: Family, pixels: int) -> int:
+    """Output pixels per conv2d_pixels register block for a conv of ``pixels`` output pixels: the family's block,
+    or on x86 AVX-512, where that leaves a partial last block, a block near it that divides the pixels (up to
+    PIXEL_BLOCK_SHRINK smaller on small maps, PIXEL_BLOCK_GROW larger on large ones; the two comments above)."""
+    rows = fam.conv_pixels or fam.mm_rows
+    if fam.name != "x86" or fam.lanes < 16 or pixels % rows == 0:
+        return rows
+    if pixels % rows > rows // 2 and -(-pixels // rows) <= PIXEL_BLOCK_MAX_BLOCKS:
+        for r in range(rows - 1, max(1, rows - PIXEL_BLOCK_SHRINK) - 1, -1):
+            if pixels % r == 0:
+                return r
     grown = rows + PIXEL_BLOCK_GROW
-    return (fam.name == "x86" and fam.lanes >= 16 and pixels % rows != 0 and pixels % grown == 0
-            and pixels // grown >= PIXEL_BLOCK_GROW_MIN_BLOCKS)
+    if pixels % grown == 0 and pixels // grown >= PIXEL_BLOCK_GROW_MIN_BLOCKS:
+        return grown
+    return rows
