@@ -29,13 +29,12 @@ from _timing import per_call_samples, settle
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def _build(model, folder: str):
+def _build(model):
     import tether
     from tether import graph_executor
     from tether.frontend import from_onnx
     graph, params = from_onnx(model)
-    tether.build_graph(graph, params, target="host", opt_level=3).export(folder)
-    return graph_executor.load(folder)
+    return graph_executor.from_factory(tether.build_graph(graph, params, target="host", opt_level=3))
 
 
 def bench(name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
@@ -43,7 +42,7 @@ def bench(name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
     try:
         return _bench_in(work, name, fmt, size, number, repeat)
     finally:
-        shutil.rmtree(work, ignore_errors=True)     # models and builds: about 250 MB for resnet50
+        shutil.rmtree(work, ignore_errors=True)     # the fp32 and quantized models
 
 
 def _bench_in(work: str, name: str, fmt: str, size: int, number: int, repeat: int) -> dict:
@@ -60,8 +59,8 @@ def _bench_in(work: str, name: str, fmt: str, size: int, number: int, repeat: in
     onnx.save(fp32, fp32_path)
     int8_path = quantize(fp32_path, os.path.join(work, "int8.onnx"), fmt, per_channel=True)
     int8 = onnx.load(int8_path)
-    gm8 = _build(int8, os.path.join(work, "int8"))
-    gm32 = _build(fp32, os.path.join(work, "fp32"))
+    gm8 = _build(int8)
+    gm32 = _build(fp32)
     x = np.random.default_rng(0).random((1, 3, size, size), dtype=np.float32)
     for gm in (gm8, gm32):
         gm.set_input("input", x)

@@ -144,8 +144,7 @@ def _bench_in(folder: str, name: str, exporter: str, number: int, repeat: int, t
     graph, params = from_onnx(path)
     factory = tether.build_graph(graph, params, target="host", opt_level=3)
     compile_s = time.perf_counter() - t0
-    factory.export(os.path.join(folder, "tether"))
-    gm = graph_executor.load(os.path.join(folder, "tether"))
+    gm = graph_executor.from_factory(factory)
     xn = x.numpy()
     in_name = graph.inputs[0]
     gm.set_input(in_name, xn)
