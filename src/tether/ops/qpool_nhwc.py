@@ -13,22 +13,22 @@ from tether import te
 from . import common as c
 from . import schedules
 from .conv import _geometry
+from .qnn import RANGES
 from .schedules import _extent, _numel
 
 QMAX_POOL_NHWC = "qmax_pool_nhwc"     # the tag of the pool stage (its schedule: below)
-_LOWEST = {"uint8": 0, "int8": -128}
 
 
 def max_pool2d_nhwc(x, kernel, stride, padding, name: str = "max_pool2d_nhwc"):
     """x (1, H, W, C) uint8/int8 -> (1, OH, OW, C): the maximum over each kernel window (no dilation)."""
     n, h, wd, ch = c.shape_of(x)
     dtype = str(x.dtype)
-    if dtype not in _LOWEST:
+    if dtype not in ("uint8", "int8"):
         raise ValueError("%s: activations must be uint8 or int8, got %s" % (name, dtype))
     kh, kw = kernel
     sh, sw, _, _, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, 1, name)
     top, left = p4[0], p4[1]
-    lowest = c.const(_LOWEST[dtype], dtype)
+    lowest = c.const(RANGES[dtype][0], dtype)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
