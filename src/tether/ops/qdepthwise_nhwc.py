@@ -29,8 +29,6 @@ QDEPTHWISE_NHWC = "qdepthwise_nhwc"    # the tag of the window stage (its schedu
 PLANE_BYTES = 128 << 10
 # output columns accumulated at once, at most (registers: this many accumulators plus the taps' weight vectors)
 COLUMNS = 8
-# parallel tasks wanted at least (channel vectors x row groups): enough for two threads to balance
-TASKS = 16
 
 
 def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwise2d_nhwc"):
@@ -66,9 +64,10 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     b, y, x, q = out.op.axis
     qo, qi = so.split(q, factor=fam.lanes)
     # few channel vectors (mobilenet_v2's 32..144-channel layers: 2..9) are too few tasks for two threads to
-    # share evenly (one 112x112 layer did not speed up at all): the rows are split into groups as well
+    # share evenly (one 112x112 layer did not speed up at all): the rows are split into groups as well, to at least
+    # twice the family's grain
     oh, nchan = int(out.shape[1]), -(-int(out.shape[3]) // fam.lanes)
-    groups = max(1, min(oh, -(-TASKS // nchan)))
+    groups = max(1, min(oh, -(-2 * fam.parallel_tasks // nchan)))   # the tasks other schedules aim at
     yo, yi = so.split(y, nparts=groups)
     so.reorder(b, qo, yo, yi, x, qi)
     chan = so.fuse(b, qo, yo)
