@@ -24,7 +24,7 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
 
 
 @click.command("compile")
-@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.argument("model", type=click.Path(exists=True, dir_okay=False), required=False)
 @click.option("--target", "-t", default="host", show_default=True, help="Target preset or LLVM triple.")
 @click.option("--input-shape", "-s", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
               help="Fix an input's shape (repeatable); needed for symbolic dimensions.")
@@ -33,13 +33,20 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
 @click.option("--output", "-o", "out_dir", default="out", show_default=True, type=click.Path(file_okay=False),
               help="Folder for deploy.so, deploy.json and deploy.params.")
 @click.option("--print-graph", is_flag=True, help="Print the optimised graph.")
+@click.option("--print-passes", is_flag=True,
+              help="Only print the graph passes --opt-level runs, in order; needs no model, compiles nothing.")
 @click.option("--check", is_flag=True,
               help="Only report which op types tether covers (exit status 1 if any is not); compiles nothing.")
 @click.option("--tuning-log", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A `tether tune` log: each kernel it has results for gets its best config (docs/tune.md).")
-def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool, out_dir: str,
-            print_graph: bool, check: bool, tuning_log: Optional[str]) -> None:
+def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool,
+            out_dir: str, print_graph: bool, print_passes: bool, check: bool, tuning_log: Optional[str]) -> None:
     """Compile an ONNX model into a deployable folder (library + graph JSON + params)."""
+    if print_passes:
+        _print_passes(opt_level)
+        return
+    if model is None:
+        raise click.UsageError("Missing argument 'MODEL'.")
     import onnx
 
     if check:
@@ -73,6 +80,14 @@ def command(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: i
         t = factory.graph.types.get(g)
         click.echo("output %s: %s" % (g, t if t is not None else "constant"))
     click.echo("wrote %s" % ", ".join(sorted(paths.values())))
+
+
+def _print_passes(opt_level: int) -> None:
+    """One line per pass of the ``opt_level`` pipeline: its name and what it does."""
+    from tether.graph.passes import SUMMARIES, pipeline
+
+    for p in pipeline(opt_level):
+        click.echo("%-24s %s" % (p.__name__, SUMMARIES[p.__name__]))
 
 
 def _check(model, path: str) -> None:

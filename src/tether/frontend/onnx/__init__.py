@@ -10,21 +10,13 @@ everything downstream of it folds before a single kernel exists.
 Before converting anything, the whole model is checked: one ``UnsupportedOpError`` lists every unsupported
 op type with the names of its nodes.
 
-The package: ``importer`` (the import state and the converter registry), one module per op family
-(``elementwise``, ``tensor``, ``nn``, ``reduce``, ``norm``, ``resize``, ``indexing``), and ``model`` (the entry
-points). A converter module registers itself on import; add a new family by adding a module and importing it
-here.
+The package: ``importer`` (the import state, the ``ConverterTable`` type and the helpers converters share), one
+module per op family (``elementwise``, ``tensor``, ``nn``, ``reduce``, ``norm``, ``resize``, ``indexing``, ...),
+each filling its own ``CONVERTERS`` table, ``converters`` (the one list of families, merged into the table the
+import uses; an op converted twice is an error), and ``model`` (the entry points). Add a family by adding a
+module and naming it in ``converters.FAMILIES``.
 """
-from tether.frontend.onnx import elementwise, indexing, nn, norm, reduce, resize, tensor  # noqa: F401  (register)
-from tether.frontend.onnx import control_flow, recurrent  # noqa: F401,E402  (register: If/Loop/Scan, LSTM/GRU/RNN)
-from tether.frontend.onnx import quantized, quantized_contrib  # noqa: F401  (register: int8 models, issue 12)
-from tether.frontend.onnx import attention, einsum, linear_attention, rotary  # noqa: F401  (register; issue 11)
-# issue 11: indexing, math, signal and data-dependent ops
-from tether.frontend.onnx import along_axis, bitcast, dynamic, indexmap, lppool, sampling, signal, trig  # noqa: F401
-# issue 12 (register): DynamicQuantizeLSTM, QLinearLeakyRelu/AveragePool/Where/Softmax, QuickGelu
-from tether.frontend.onnx import contrib_activations, qoperator_contrib, quantized_lstm  # noqa: F401,E402
-from tether.frontend.onnx.importer import CONVERTERS
+from tether.frontend.onnx.converters import CONVERTERS
 from tether.frontend.onnx.model import from_onnx, op_coverage, unsupported_ops
-from tether.frontend.onnx import sequence  # noqa: F401,E402  (register: sequences and optionals, issue 11)
 
 __all__ = ["CONVERTERS", "from_onnx", "op_coverage", "unsupported_ops"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import NUMERIC, converter, norm_axis, require_dtype
+from tether.frontend.onnx.importer import NUMERIC, ConverterTable, norm_axis, require_dtype
+
+CONVERTERS = ConverterTable(__name__)
 
 
 def _scalar_int(im, node, value: str, what: str) -> int:
@@ -14,7 +16,7 @@ def _scalar_int(im, node, value: str, what: str) -> int:
     return int(c.reshape(-1)[0])
 
 
-@converter("CumSum", "CumProd")
+@CONVERTERS.register("CumSum", "CumProd")
 def _cumulative(im, node, ins, a):
     require_dtype(im, node, ins[0], NUMERIC)
     t = im.type(ins[0])
@@ -30,7 +32,7 @@ def _cumulative(im, node, ins, a):
             node.name, [node.output[0]])
 
 
-@converter("TopK")
+@CONVERTERS.register("TopK")
 def _topk(im, node, ins, a):
     require_dtype(im, node, ins[0], NUMERIC)
     t = im.type(ins[0])

@@ -16,7 +16,9 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.functions import expand_node
-from tether.frontend.onnx.importer import converter, emit_reshape, node_output
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output
+
+CONVERTERS = ConverterTable(__name__)
 
 _FLOAT = 1      # onnx.TensorProto.FLOAT
 
@@ -89,7 +91,7 @@ def _bias(im, node, mask, b: int, hq: int, s: int, t: int, causal: bool, past: i
     return bias
 
 
-@converter("Attention")
+@CONVERTERS.register("Attention")
 def _attention(im, node, ins, a):
     if not _fast_path(im, node, ins, a):
         expand_node(im, node, ins)

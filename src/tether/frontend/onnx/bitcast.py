@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import KERNEL_DTYPES, ONNX_DTYPES, converter
+from tether.frontend.onnx.importer import KERNEL_DTYPES, ONNX_DTYPES, ConverterTable
+
+CONVERTERS = ConverterTable(__name__)
 
 
-@converter("BitCast")
+@CONVERTERS.register("BitCast")
 def _bitcast(im, node, ins, a):
     src = str(im.type(ins[0]).dtype)
     to = ONNX_DTYPES.get(int(a["to"]))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tether.frontend.onnx.importer import CONVERTERS, node_output, require_dtype
+from tether.frontend.onnx.importer import ConverterTable, node_output, require_dtype
+
+CONVERTERS = ConverterTable(__name__)
 
 
 def _quick_gelu(im, node, ins, a):
@@ -17,4 +19,4 @@ def _quick_gelu(im, node, ins, a):
     im.emit("mul", [x, im.emit("sigmoid", [z])], {}, node.name, node_output(node))
 
 
-CONVERTERS["com.microsoft.QuickGelu"] = _quick_gelu
+CONVERTERS.add("com.microsoft.QuickGelu", _quick_gelu)

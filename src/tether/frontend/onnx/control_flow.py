@@ -29,12 +29,13 @@ from typing import Dict, List, Sequence
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import (CONVERTERS, Container, Importer, alias_container, check_no_container,
-                                           containers, converter, converter_key, defined, emit_reshape, node_attrs,
-                                           norm_axis)
+from tether.frontend.onnx.importer import (Container, ConverterTable, Importer, alias_container, check_no_container,
+                                           containers, converter_key, defined, emit_reshape, node_attrs, norm_axis)
 from tether.graph import loop_kernel  # noqa: F401 - registers the "loop" op
 from tether.graph.guards import GUARD_ATTR
 from tether.graph.ir import TensorType
+
+CONVERTERS = ConverterTable(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def inline_subgraph(im: Importer, graph, bindings: Dict[str, str], scope: str) -
         for init in graph.initializer:
             im.rename[init.name] = im.add_const(onnx.numpy_helper.to_array(init), hint=scope + "_init")
         for i, node in enumerate(graph.node):
-            if node.domain not in ("", "ai.onnx") or node.op_type not in CONVERTERS:
+            if node.domain not in ("", "ai.onnx") or node.op_type not in im.converters:
                 raise UnsupportedOpError("subgraph %s: op %s (node %s) is not supported"
                                          % (graph.name, node.op_type, node.name or "#%d" % i))
             local = onnx.NodeProto()
@@ -78,7 +79,7 @@ def inline_subgraph(im: Importer, graph, bindings: Dict[str, str], scope: str) -
                 outs.append(im.rename[o] if o else "")
             del local.output[:]
             local.output.extend(outs)
-            convert = CONVERTERS.get(converter_key(node))
+            convert = im.converters.get(converter_key(node))
             if convert is None:
                 raise UnsupportedOpError("node %s: op type %s (domain %r) inside a subgraph has no converter"
                                          % (local.name, node.op_type, node.domain or "ai.onnx"))
@@ -157,7 +158,7 @@ def _select(im: Importer, node, flag: str, tv: str, ev: str, out: str) -> str:
     return name
 
 
-@converter("If")
+@CONVERTERS.register("If")
 def _if(im: Importer, node, ins: List[str], a: dict) -> None:
     cond = ins[0]
     c = im.const(cond)
@@ -196,7 +197,7 @@ def _stack(im: Importer, values: Sequence[str], axis: int, out: str) -> None:
         im.emit("concat", parts, {"axis": axis}, outputs=[out])
 
 
-@converter("Loop")
+@CONVERTERS.register("Loop")
 def _loop(im: Importer, node, ins: List[str], a: dict) -> None:
     body = a["body"]
     m_name = ins[0] if ins and ins[0] else None
@@ -278,7 +279,7 @@ def _loop_op(im: Importer, node, body, trips: int, carried: List[str], scan_in: 
             raise UnsupportedOpError("node %s: a %s (%r) carried through a loop compiled as one kernel; tether "
                                      "carries tensors only (loops of up to %d iterations are unrolled)"
                                      % (node.name, containers(im)[v].kind, v, MAX_UNROLL))
-    sub = Importer(im.opset)
+    sub = Importer(im.opset, im.converters)
     sub.types, sub.consts = dict(im.types), dict(im.consts)
     sub.counter, sub.reserved = im.counter, set(im.reserved) | set(im.types)
     it = sub.fresh("iter")
@@ -336,7 +337,7 @@ def _loop_op(im: Importer, node, body, trips: int, carried: List[str], scan_in: 
 
 
 # ---------------------------------------------------------------- Scan
-@converter("Scan")
+@CONVERTERS.register("Scan")
 def _scan(im: Importer, node, ins: List[str], a: dict) -> None:
     if im.opset < 9:
         raise UnsupportedOpError("node %s: Scan before opset 9 (batched form with sequence_lens)" % node.name)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import FLOATS, KERNEL_DTYPES, converter, norm_axis
+from tether.frontend.onnx.importer import FLOATS, KERNEL_DTYPES, ConverterTable, norm_axis
+
+CONVERTERS = ConverterTable(__name__)
 
 
 def _dtype(im, node, value: str, allowed) -> str:
@@ -23,13 +25,13 @@ def _outputs(im, node, n: int):
             for k in range(n)]
 
 
-@converter("NonZero")
+@CONVERTERS.register("NonZero")
 def _nonzero(im, node, ins, a):
     _dtype(im, node, ins[0], KERNEL_DTYPES)
     im.emit("nonzero", ins[:1], {}, node.name, _outputs(im, node, 1))
 
 
-@converter("Compress")
+@CONVERTERS.register("Compress")
 def _compress(im, node, ins, a):
     _dtype(im, node, ins[0], KERNEL_DTYPES)
     _dtype(im, node, ins[1], ("bool",))
@@ -39,7 +41,7 @@ def _compress(im, node, ins, a):
     im.emit("compress", ins[:2], {"axis": axis}, node.name, _outputs(im, node, 1))
 
 
-@converter("Unique")
+@CONVERTERS.register("Unique")
 def _unique(im, node, ins, a):
     _dtype(im, node, ins[0], KERNEL_DTYPES)
     axis = None
@@ -49,7 +51,7 @@ def _unique(im, node, ins, a):
             _outputs(im, node, 4))
 
 
-@converter("NonMaxSuppression")
+@CONVERTERS.register("NonMaxSuppression")
 def _nms(im, node, ins, a):
     _dtype(im, node, ins[0], FLOATS)
     _dtype(im, node, ins[1], FLOATS)
@@ -70,7 +72,7 @@ def _nms(im, node, ins, a):
     im.emit("non_max_suppression", [ins[0], ins[1], max_out, iou, score], attrs, node.name, _outputs(im, node, 1))
 
 
-@converter("Det")
+@CONVERTERS.register("Det")
 def _det(im, node, ins, a):
     _dtype(im, node, ins[0], FLOATS)
     t = im.types[ins[0]]

@@ -11,7 +11,9 @@ from typing import List, Tuple
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import converter, emit_reshape, node_output, require_dtype, str_attr
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, require_dtype, str_attr
+
+CONVERTERS = ConverterTable(__name__)
 
 _LETTERS = string.ascii_letters
 
@@ -114,7 +116,7 @@ def _pair(im, a: str, ta: str, b: str, tb: str, keep: str) -> Tuple[str, str]:
     return emit_reshape(im, y, tuple(sizes[c] for c in term)), term
 
 
-@converter("Einsum")
+@CONVERTERS.register("Einsum")
 def _einsum(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], ("float32", "float64"))
     for x in ins[1:]:

@@ -2,31 +2,32 @@
 bitwise ops, selection and casts."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from tether.errors import UnsupportedOpError
+from tether.frontend.onnx.importer import (FLOATS, INTS, NUMERIC, ONNX_DTYPES, ConverterTable, alias_container,
+                                           emit_reshape, no_legacy_broadcast, node_output, norm_axis, require_dtype,
+                                           reshape_alias, str_attr)
 from tether.graph import ops
-from tether.frontend.onnx.importer import (FLOATS, INTS, NUMERIC, ONNX_DTYPES, converter, emit_reshape,
-                                          no_legacy_broadcast, node_output, norm_axis, require_dtype,
-                                          reshape_alias, str_attr)
+
+CONVERTERS = ConverterTable(__name__)
 
 
 _UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
           "Neg": "neg", "Abs": "abs", "HardSwish": "hard_swish"}
 
 
-@converter(*_UNARY)
+@CONVERTERS.register(*_UNARY)
 def _unary(im, node, ins, a):
     im.emit(_UNARY[node.op_type], ins[:1], {}, node.name, node_output(node))
 
 
-@converter("LeakyRelu")
+@CONVERTERS.register("LeakyRelu")
 def _leaky(im, node, ins, a):
     im.emit("leaky_relu", ins[:1], {"alpha": float(a.get("alpha", 0.01))}, node.name, node_output(node))
 
 
-@converter("HardSigmoid")
+@CONVERTERS.register("HardSigmoid")
 def _hsig(im, node, ins, a):
     im.emit("hard_sigmoid", ins[:1], {"alpha": float(a.get("alpha", 0.2)), "beta": float(a.get("beta", 0.5))},
             node.name, node_output(node))
@@ -35,7 +36,7 @@ def _hsig(im, node, ins, a):
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
 
 
-@converter(*_BINARY)
+@CONVERTERS.register(*_BINARY)
 def _binary(im, node, ins, a):
     if node.op_type == "Pow" and _pow_as_square(im, node, ins):
         return
@@ -67,19 +68,21 @@ def _fold_variadic(im, node, ins, op: str) -> None:
                       node_output(node) if last else None)
 
 
-@converter("Sum")
+@CONVERTERS.register("Sum")
 def _sum(im, node, ins, a):
     _fold_variadic(im, node, ins, "add")
 
 
 
 
-@converter("Identity")
+@CONVERTERS.register("Identity")
 def _identity(im, node, ins, a):
-    reshape_alias(im, ins[0], node)
+    # a sequence or an optional passes through as the same values (importer.alias_container); a tensor as a view
+    if not alias_container(im, ins[0], node.output[0]):
+        reshape_alias(im, ins[0], node)
 
 
-@converter("Dropout")
+@CONVERTERS.register("Dropout")
 def _dropout(im, node, ins, a):
     # inference: dropout is the identity (training_mode, if given, must be a false constant)
     if len(ins) > 2 and ins[2]:
@@ -91,7 +94,7 @@ def _dropout(im, node, ins, a):
         im.add_const(np.ones(im.type(ins[0]).shape, dtype=bool), name=node.output[1])
 
 
-@converter("Clip")
+@CONVERTERS.register("Clip")
 def _clip(im, node, ins, a):
     lo, hi = a.get("min", -np.inf), a.get("max", np.inf)
     x = ins[0]
@@ -125,7 +128,7 @@ _COMPARE = {"Equal": "equal", "Less": "less", "LessOrEqual": "less_equal", "Grea
 _LOGICAL = {"And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
 
 
-@converter(*_COMPARE)
+@CONVERTERS.register(*_COMPARE)
 def _compare(im, node, ins, a):
     no_legacy_broadcast(node, a)
     allowed = NUMERIC + ("bool",) if node.op_type == "Equal" else NUMERIC
@@ -134,7 +137,7 @@ def _compare(im, node, ins, a):
     im.emit(_COMPARE[node.op_type], ins[:2], {}, node.name, node_output(node))
 
 
-@converter(*_LOGICAL)
+@CONVERTERS.register(*_LOGICAL)
 def _logical(im, node, ins, a):
     no_legacy_broadcast(node, a)
     for x in ins[:2]:
@@ -142,13 +145,13 @@ def _logical(im, node, ins, a):
     im.emit(_LOGICAL[node.op_type], ins[:2], {}, node.name, node_output(node))
 
 
-@converter("Not")
+@CONVERTERS.register("Not")
 def _not(im, node, ins, a):
     require_dtype(im, node, ins[0], ("bool",))
     im.emit("logical_not", ins[:1], {}, node.name, node_output(node))
 
 
-@converter("Where")
+@CONVERTERS.register("Where")
 def _where(im, node, ins, a):
     require_dtype(im, node, ins[0], ("bool",))
     dt = require_dtype(im, node, ins[1], NUMERIC + ("bool",))
@@ -156,7 +159,7 @@ def _where(im, node, ins, a):
     im.emit("where", ins[:3], {}, node.name, node_output(node))
 
 
-@converter("Mod")
+@CONVERTERS.register("Mod")
 def _mod(im, node, ins, a):
     fmod = int(a.get("fmod", 0))
     dt = require_dtype(im, node, ins[0], NUMERIC)
@@ -171,7 +174,7 @@ def _mod(im, node, ins, a):
     im.emit("mod", ins[:2], {"fmod": fmod}, node.name, node_output(node))
 
 
-@converter("PRelu")
+@CONVERTERS.register("PRelu")
 def _prelu(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], FLOATS + ("int32", "int64"))
     require_dtype(im, node, ins[1], (dt,))
@@ -207,7 +210,7 @@ _MATH_OPS = {
 }
 
 
-@converter(*_MATH_OPS)
+@CONVERTERS.register(*_MATH_OPS)
 def _math(im, node, ins, a):
     op, defaults, dtypes = _MATH_OPS[node.op_type]
     require_dtype(im, node, ins[0], dtypes)
@@ -215,7 +218,7 @@ def _math(im, node, ins, a):
     im.emit(op, ins[:1], attrs, node.name, node_output(node))
 
 
-@converter("Gelu")
+@CONVERTERS.register("Gelu")
 def _gelu(im, node, ins, a):
     require_dtype(im, node, ins[0], FLOATS)
     approx = str_attr(a, "approximate", "none")
@@ -224,7 +227,7 @@ def _gelu(im, node, ins, a):
     im.emit("gelu", ins[:1], {"approximate": approx}, node.name, node_output(node))
 
 
-@converter("Mean")
+@CONVERTERS.register("Mean")
 def _mean_variadic(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], FLOATS)
     for x in ins[1:]:
@@ -253,12 +256,12 @@ def _coerced_2d(im, node, ins, op: str, a):
     emit_reshape(im, y, t.shape, node.name + "reshape", node.output[0])
 
 
-@converter("LogSoftmax")
+@CONVERTERS.register("LogSoftmax")
 def _log_softmax(im, node, ins, a):
     _coerced_2d(im, node, ins, "log_softmax", a)
 
 
-@converter("Hardmax")
+@CONVERTERS.register("Hardmax")
 def _hardmax(im, node, ins, a):
     _coerced_2d(im, node, ins, "hardmax", a)
 
@@ -267,7 +270,7 @@ def _hardmax(im, node, ins, a):
 _CAST_DTYPES = NUMERIC + ("bool", "float16", "bfloat16")
 
 
-@converter("Cast")
+@CONVERTERS.register("Cast")
 def _cast(im, node, ins, a):
     to = ONNX_DTYPES.get(a["to"], "elem_type_%d" % a["to"])
     if "saturate" in a and not a["saturate"] and to.startswith("float8"):
@@ -286,7 +289,7 @@ def _cast(im, node, ins, a):
     im.emit("cast", ins[:1], {"to": to}, node.name, node_output(node))
 
 
-@converter("CastLike")
+@CONVERTERS.register("CastLike")
 def _cast_like(im, node, ins, a):
     # CastLike(x, like) is Cast(x, to=like's dtype); saturate only concerns float8 targets, which are refused
     inv = {v: k for k, v in ONNX_DTYPES.items()}
@@ -302,20 +305,20 @@ def _cast_like(im, node, ins, a):
 _BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
 
 
-@converter(*_BITWISE)
+@CONVERTERS.register(*_BITWISE)
 def _bitwise(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], INTS)
     require_dtype(im, node, ins[1], (dt,))
     im.emit(_BITWISE[node.op_type], ins[:2], {}, node.name, node_output(node))
 
 
-@converter("BitwiseNot")
+@CONVERTERS.register("BitwiseNot")
 def _bitwise_not(im, node, ins, a):
     require_dtype(im, node, ins[0], INTS)
     im.emit("bitwise_not", ins[:1], {}, node.name, node_output(node))
 
 
-@converter("BitShift")
+@CONVERTERS.register("BitShift")
 def _bit_shift(im, node, ins, a):
     # unsigned types, and from opset 28 signed ones (arithmetic right shift); the kernels lack uint16..uint64
     dt = require_dtype(im, node, ins[0], INTS)
@@ -327,7 +330,7 @@ def _bit_shift(im, node, ins, a):
 
 
 # ---------------------------------------------------------------- Max/Min: NaN propagates on floats (issue 11)
-@converter("Max", "Min")
+@CONVERTERS.register("Max", "Min")
 def _max_min(im, node, ins, a):
     """Variadic, broadcasting Max/Min; a NaN operand makes the element NaN (numpy, onnxruntime)."""
     dt = require_dtype(im, node, ins[0], NUMERIC)

@@ -9,8 +9,8 @@ from typing import List, Optional
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx import half
-from tether.frontend.onnx.importer import (SEQUENCE_OPS, CONVERTERS, ONNX_DTYPES, Importer, check_no_container,
-                                           converter_key, defined, node_attrs)
+from tether.frontend.onnx.importer import (ONNX_DTYPES, SEQUENCE_OPS, Importer, check_no_container, converter_key,
+                                           defined, node_attrs)
 
 _ONNX_ELEM = {v: k for k, v in ONNX_DTYPES.items()}
 
@@ -130,7 +130,7 @@ def convert_node(im: Importer, node, declared: Optional[half.DeclaredTypes] = No
         if x and not defined(im, x):
             raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
     check_no_container(im, node, ins)
-    convert = CONVERTERS.get(converter_key(node), _expand_converter)
+    convert = im.converters.get(converter_key(node), _expand_converter)
     if declared is not None and node.op_type not in half.NATIVE and node.op_type not in SEQUENCE_OPS \
             and half.reads_half(im, ins):
         half.convert_in_float32(im, node, ins, node_attrs(node), convert, declared.get())
@@ -159,7 +159,7 @@ def expand_node(im: Importer, node, ins: List[str]) -> None:
             raise UnsupportedOpError("node %s: the function body of %s imports the opset domain %r"
                                      % (node.name, node.op_type, o.domain))
     body = _expand(_with_defaults(node, schema), fn, "%s__" % node.name)
-    missing = sorted({n.op_type for n in body if n.op_type not in CONVERTERS
+    missing = sorted({n.op_type for n in body if n.op_type not in im.converters
                       and not has_function_body(n.op_type, fn_opset or im.opset)})
     if missing:
         raise UnsupportedOpError("node %s: %s expands through its function body into %s, which tether does not "

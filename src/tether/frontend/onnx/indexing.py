@@ -1,11 +1,12 @@
 """Converters of the ONNX indexing ops: GatherElements, GatherND, OneHot, Trilu, EyeLike."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import ONNX_DTYPES, converter, emit_reshape, node_output, norm_axis
+from tether.frontend.onnx.importer import ONNX_DTYPES, ConverterTable, emit_reshape, node_output, norm_axis
+
+CONVERTERS = ConverterTable(__name__)
 
 
 _INDEX_DTYPES = ("int32", "int64")
@@ -29,14 +30,14 @@ def gather_general(im, node, ins, a) -> None:
     im.emit("gather", [ins[0], ins[1]], {"axis": axis, "shape": list(shape)}, node.name, node_output(node))
 
 
-@converter("GatherElements")
+@CONVERTERS.register("GatherElements")
 def _gather_elements(im, node, ins, a):
     _check_index_dtype(im, node, ins[1])
     axis = norm_axis(int(a.get("axis", 0)), len(im.type(ins[0]).shape))
     im.emit("gather_elements", [ins[0], ins[1]], {"axis": axis}, node.name, node_output(node))
 
 
-@converter("GatherND")
+@CONVERTERS.register("GatherND")
 def _gather_nd(im, node, ins, a):
     _check_index_dtype(im, node, ins[1])
     t, it = im.type(ins[0]), im.type(ins[1])
@@ -51,7 +52,7 @@ def _gather_nd(im, node, ins, a):
     im.emit("gather_nd", [ins[0], ins[1]], {"batch_dims": b, "shape": list(shape)}, node.name, node_output(node))
 
 
-@converter("OneHot")
+@CONVERTERS.register("OneHot")
 def _one_hot_conv(im, node, ins, a):
     it = im.type(ins[0])
     if it.dtype not in _INDEX_DTYPES + ("float32",):
@@ -69,7 +70,7 @@ def _one_hot_conv(im, node, ins, a):
     im.emit("one_hot", [ins[0], values], {"depth": depth, "axis": axis, "shape": shape}, node.name, node_output(node))
 
 
-@converter("Trilu")
+@CONVERTERS.register("Trilu")
 def _trilu_conv(im, node, ins, a):
     t = im.type(ins[0])
     if len(t.shape) < 2:
@@ -78,7 +79,7 @@ def _trilu_conv(im, node, ins, a):
     im.emit("trilu", [ins[0]], {"k": k, "upper": int(a.get("upper", 1))}, node.name, node_output(node))
 
 
-@converter("EyeLike")
+@CONVERTERS.register("EyeLike")
 def _eye_like(im, node, ins, a):
     t = im.type(ins[0])
     if len(t.shape) != 2:

@@ -14,7 +14,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import converter, emit_reshape, node_output, norm_axis, str_attr
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis, str_attr
+
+CONVERTERS = ConverterTable(__name__)
 
 _COMBINE = {"add": "add", "mul": "mul", "max": "maximum", "min": "minimum"}
 
@@ -95,7 +97,7 @@ def _reduction(node, a) -> str:
     return str_attr(a, "reduction", "none")
 
 
-@converter("ScatterElements", "Scatter")
+@CONVERTERS.register("ScatterElements", "Scatter")
 def _scatter_elements(im, node, ins, a):
     dshape = im.type(ins[0]).shape
     axis = norm_axis(int(a.get("axis", 0)), len(dshape))
@@ -109,7 +111,7 @@ def _scatter_elements(im, node, ins, a):
     scatter_map(im, node, ins[0], ins[2], dst, _reduction(node, a), node.output[0])
 
 
-@converter("ScatterND")
+@CONVERTERS.register("ScatterND")
 def _scatter_nd(im, node, ins, a):
     dshape = tuple(im.type(ins[0]).shape)
     idx = _indices(im, node, ins[1], "indices")
@@ -128,7 +130,7 @@ def _scatter_nd(im, node, ins, a):
     scatter_map(im, node, ins[0], ins[2], dst, _reduction(node, a), node.output[0])
 
 
-@converter("TensorScatter")
+@CONVERTERS.register("TensorScatter")
 def _tensor_scatter(im, node, ins, a):
     cshape = tuple(im.type(ins[0]).shape)
     ushape = tuple(im.type(ins[1]).shape)
@@ -160,7 +162,7 @@ def _zeros(im, shape: Sequence[int], dtype) -> str:
     return im.add_const(np.zeros(tuple(shape), dtype))
 
 
-@converter("Col2Im")
+@CONVERTERS.register("Col2Im")
 def _col2im(im, node, ins, a):
     t = im.type(ins[0])
     img = [int(v) for v in _indices(im, node, ins[1], "image_shape").reshape(-1)]
@@ -186,7 +188,7 @@ def _col2im(im, node, ins, a):
     scatter_map(im, node, _zeros(im, (n, c) + tuple(img), t.dtype), ins[0], dst, "add", node.output[0])
 
 
-@converter("MaxUnpool")
+@CONVERTERS.register("MaxUnpool")
 def _max_unpool(im, node, ins, a):
     t = im.type(ins[0])
     idx = _indices(im, node, ins[1], "indices")
@@ -210,7 +212,7 @@ def _max_unpool(im, node, ins, a):
     scatter_map(im, node, _zeros(im, shape, t.dtype), ins[0], idx, "none", node.output[0])
 
 
-@converter("ReverseSequence")
+@CONVERTERS.register("ReverseSequence")
 def _reverse_sequence(im, node, ins, a):
     shape = tuple(im.type(ins[0]).shape)
     bax = norm_axis(int(a.get("batch_axis", 1)), len(shape))
@@ -234,7 +236,7 @@ def crop_pad_map(in_shape: Sequence[int], out_shape: Sequence[int], before: Sequ
     return np.where(inside, flat, -1)
 
 
-@converter("CenterCropPad")
+@CONVERTERS.register("CenterCropPad")
 def _center_crop_pad(im, node, ins, a):
     shape = tuple(im.type(ins[0]).shape)
     target = [int(v) for v in _indices(im, node, ins[1], "shape").reshape(-1)]

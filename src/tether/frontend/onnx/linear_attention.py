@@ -9,7 +9,9 @@ import math
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import converter, emit_reshape, node_output, require_dtype, str_attr
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, require_dtype, str_attr
+
+CONVERTERS = ConverterTable(__name__)
 
 MAX_STEPS = 64
 _RULES = ("linear", "gated", "delta", "gated_delta")
@@ -26,7 +28,7 @@ def _step(im, x: str, t: int, shape):
     return emit_reshape(im, s, shape)
 
 
-@converter("LinearAttention")
+@CONVERTERS.register("LinearAttention")
 def _linear_attention(im, node, ins, a):
     for k in (0, 1, 2):
         require_dtype(im, node, ins[k], ("float32",))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import FLOATS, converter, require_dtype
+from tether.frontend.onnx.importer import FLOATS, ConverterTable, require_dtype
 from tether.frontend.onnx.nn import _spatial_pads
 
+CONVERTERS = ConverterTable(__name__)
 
-@converter("LpPool")
+
+@CONVERTERS.register("LpPool")
 def _lp_pool(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], FLOATS)
     xt = im.type(ins[0])

@@ -7,11 +7,12 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.graph.ir import Graph, TensorType
 from tether.frontend.onnx import half, sequence
+from tether.frontend.onnx.converters import CONVERTERS
 from tether.frontend.onnx.external_data import initializer_array, load_model
 from tether.frontend.onnx.functions import convert_node, has_function_body
-from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key, onnx_type_name
+from tether.frontend.onnx.importer import KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key, onnx_type_name
+from tether.graph.ir import Graph, TensorType
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def from_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
         listing = "; ".join("%s (%s)" % (op, ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
                             for op, names in sorted(missing.items()))
         raise UnsupportedOpError("the model uses %d unsupported op type(s): %s" % (len(missing), listing))
-    im = Importer(_model_opset(model))
+    im = Importer(_model_opset(model), CONVERTERS)
     im.reserved = {v for n in model.graph.node for v in list(n.input) + list(n.output)} | \
         {v.name for v in list(model.graph.input) + list(model.graph.output)}
     shape = dict(shape or {})

@@ -7,8 +7,10 @@ from typing import List, Sequence
 import numpy as np
 
 from tether.errors import UnsupportedOpError
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis, str_attr
 from tether.graph import ops
-from tether.frontend.onnx.importer import CONVERTERS, converter, emit_reshape, node_output, norm_axis, str_attr
+
+CONVERTERS = ConverterTable(__name__)
 
 
 def _spatial_pads(a: dict, in_sp: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int]) -> List[int]:
@@ -29,7 +31,7 @@ def _spatial_pads(a: dict, in_sp: Sequence[int], k: Sequence[int], s: Sequence[i
     return list(a.get("pads", [0] * (2 * nd)))
 
 
-@converter("Conv")
+@CONVERTERS.register("Conv")
 def _conv(im, node, ins, a):
     xt, wt = im.type(ins[0]), im.type(ins[1])
     nd = len(xt.shape) - 2
@@ -74,17 +76,17 @@ def _pool(kind):
     return conv
 
 
-CONVERTERS["MaxPool"] = _pool("max_pool")
-CONVERTERS["AveragePool"] = _pool("avg_pool")
+CONVERTERS.add("MaxPool", _pool("max_pool"))
+CONVERTERS.add("AveragePool", _pool("avg_pool"))
 
 
-@converter("GlobalAveragePool", "GlobalMaxPool")
+@CONVERTERS.register("GlobalAveragePool", "GlobalMaxPool")
 def _gpool(im, node, ins, a):
     op = "global_avg_pool" if node.op_type == "GlobalAveragePool" else "global_max_pool"
     im.emit(op, [ins[0]], {}, node.name, node_output(node))
 
 
-@converter("BatchNormalization")
+@CONVERTERS.register("BatchNormalization")
 def _bn(im, node, ins, a):
     if a.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
         _bn_training(im, node, ins, a)
@@ -117,14 +119,14 @@ def _bn_training(im, node, ins, a):
                     node_output(node, k))
 
 
-@converter("LRN")
+@CONVERTERS.register("LRN")
 def _lrn(im, node, ins, a):
     im.emit("lrn", [ins[0]], {"size": int(a["size"]), "alpha": float(a.get("alpha", 1e-4)),
                               "beta": float(a.get("beta", 0.75)), "bias": float(a.get("bias", 1.0))},
             node.name, node_output(node))
 
 
-@converter("Softmax")
+@CONVERTERS.register("Softmax")
 def _softmax(im, node, ins, a):
     t = im.type(ins[0])
     nd = len(t.shape)
@@ -139,7 +141,7 @@ def _softmax(im, node, ins, a):
     emit_reshape(im, y, t.shape, node.name + "reshape", node.output[0])
 
 
-@converter("Gemm")
+@CONVERTERS.register("Gemm")
 def _gemm(im, node, ins, a):
     alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
     A, B = ins[0], ins[1]
@@ -160,7 +162,7 @@ def _gemm(im, node, ins, a):
         im.emit("add", [y, C], {}, node.name + "_bias", node_output(node))
 
 
-@converter("MatMul")
+@CONVERTERS.register("MatMul")
 def _matmul(im, node, ins, a):
     at, bt = im.type(ins[0]), im.type(ins[1])
     A, B = ins[0], ins[1]
@@ -273,7 +275,7 @@ def _conv_transpose_phases(im, node, ins, x, w, xshape, k, s, pads, out_pad, g, 
         emit_reshape(im, full, (n, g * mg, out[0], out[1]), node.name + "out", node.output[0])
 
 
-@converter("ConvTranspose")
+@CONVERTERS.register("ConvTranspose")
 def _conv_transpose(im, node, ins, a):
     xt, wt = im.type(ins[0]), im.type(ins[1])
     if xt.dtype != "float32":

@@ -1,11 +1,12 @@
 """Converters of layer, instance and group normalization."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import converter, emit_reshape, node_output, norm_axis, require_dtype
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis, require_dtype
+
+CONVERTERS = ConverterTable(__name__)
 
 
 # ---------------------------------------------------------------- layer / instance / group normalization
@@ -18,7 +19,7 @@ def _stash_check(node, a, dtype: str) -> None:
                                  % (node.name, node.op_type, int(a["stash_type"])))
 
 
-@converter("LayerNormalization")
+@CONVERTERS.register("LayerNormalization")
 def _layer_norm(im, node, ins, a):
     t = im.type(ins[0])
     _stash_check(node, a, t.dtype)
@@ -46,7 +47,7 @@ def _layer_norm(im, node, ins, a):
                     node_output(node, 2))
 
 
-@converter("InstanceNormalization")
+@CONVERTERS.register("InstanceNormalization")
 def _instance_norm(im, node, ins, a):
     t = im.type(ins[0])
     _stash_check(node, a, t.dtype)
@@ -60,7 +61,7 @@ def _instance_norm(im, node, ins, a):
             node.name, node_output(node))
 
 
-@converter("GroupNormalization")
+@CONVERTERS.register("GroupNormalization")
 def _group_norm(im, node, ins, a):
     t = im.type(ins[0])
     _stash_check(node, a, t.dtype)
@@ -91,7 +92,7 @@ def _group_norm(im, node, ins, a):
 
 
 # ---------------------------------------------------------------- LpNormalization (issue 11)
-@converter("LpNormalization")
+@CONVERTERS.register("LpNormalization")
 def _lp_norm(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], ("float32", "float64"))
     p = int(a.get("p", 2))
@@ -107,7 +108,7 @@ def _lp_norm(im, node, ins, a):
 
 
 # ---------------------------------------------------------------- RMSNormalization (issue 11)
-@converter("RMSNormalization")
+@CONVERTERS.register("RMSNormalization")
 def _rms_norm(im, node, ins, a):
     from tether.frontend.onnx.functions import expand_node
     t = im.type(ins[0])

@@ -23,10 +23,12 @@ from __future__ import annotations
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import CONVERTERS, emit_reshape, node_output, norm_axis
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
 from tether.frontend.onnx.quantized import PRODUCT_DTYPES, _dtype
 from tether.frontend.onnx.quantized_contrib import MS, _dequant, _requant_float, _scalar, _zp
 from tether.graph import qpool  # noqa: F401  (registers qavg_pool)
+
+CONVERTERS = ConverterTable(__name__)
 
 
 def _qlinear_leaky_relu(im, node, ins, a):
@@ -125,4 +127,4 @@ def _qlinear_softmax(im, node, ins, a):
 
 for _op, _fn in {"QLinearLeakyRelu": _qlinear_leaky_relu, "QLinearAveragePool": _qlinear_average_pool,
                  "QLinearWhere": _qlinear_where, "QLinearSoftmax": _qlinear_softmax}.items():
-    CONVERTERS[MS + _op] = _fn
+    CONVERTERS.add(MS + _op, _fn)

@@ -20,8 +20,11 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import CONVERTERS, converter, emit_reshape, node_output, norm_axis
+from tether.frontend.onnx import nn
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
 from tether.graph import qnn  # noqa: F401  (registers the quantized graph ops)
+
+CONVERTERS = ConverterTable(__name__)
 
 QUANT_DTYPES = ("int8", "uint8", "int16")      # Quantize/DequantizeLinear
 PRODUCT_DTYPES = ("int8", "uint8")             # the integer conv and matmul ops
@@ -116,7 +119,7 @@ def _emit_unfolded(im, op: str, inputs: Sequence[str], attrs: dict, name: str, o
     im.nodes.append(Node(op, name, list(inputs), [out], dict(attrs)))
 
 
-@converter("QuantizeLinear")
+@CONVERTERS.register("QuantizeLinear")
 def _quantize_linear(im, node, ins, a):
     x, scale, zp = ins[0], ins[1], _input(ins, 2)
     _dtype(im, node, x, ("float32",), "an input")
@@ -140,7 +143,7 @@ def _quantize_linear(im, node, ins, a):
     _emit_q_or_dq(im, node, "quantize", x, scale, zp, {"dtype": dt}, a)
 
 
-@converter("DequantizeLinear")
+@CONVERTERS.register("DequantizeLinear")
 def _dequantize_linear(im, node, ins, a):
     x, scale, zp = ins[0], ins[1], _input(ins, 2)
     dt = _dtype(im, node, x, QUANT_DTYPES + ("int32",), "an input")
@@ -157,7 +160,7 @@ def _dequantize_linear(im, node, ins, a):
     _emit_q_or_dq(im, node, "dequantize", x, scale, zp, {}, a)
 
 
-@converter("DynamicQuantizeLinear")
+@CONVERTERS.register("DynamicQuantizeLinear")
 def _dynamic_quantize_linear(im, node, ins, a):
     """uint8 with scale (max(x, 0) - min(x, 0)) / 255 (1 when that range is empty) and zero point
     round(clamp(-min / scale, 0, 255)), as onnxruntime's GetQuantizationParameter."""
@@ -207,7 +210,7 @@ def _int_matmul(im, node, a: str, b: str, azp: Optional[str], bzp: Optional[str]
         raise UnsupportedOpError("node %s: a per-row A zero point on a vector" % node.name)
     a32 = _minus_zero_point(im, node, a, azp, -2 if len(im.type(a).shape) > 1 else 0, "A zero point")
     b32 = _minus_zero_point(im, node, b, bzp, -1, "B zero point")
-    CONVERTERS["MatMul"](im, _as_node(node, "MatMul", out), [a32, b32], {})
+    nn.CONVERTERS["MatMul"](im, _as_node(node, "MatMul", out), [a32, b32], {})
     return out
 
 
@@ -218,16 +221,16 @@ def _int_conv(im, node, a: dict, x: str, w: str, xzp: Optional[str], wzp: Option
         raise UnsupportedOpError("node %s: %s with a per-channel input zero point" % (node.name, node.op_type))
     x32 = _minus_zero_point(im, node, x, xzp, 1, "input zero point")
     w32 = _minus_zero_point(im, node, w, wzp, 0, "weight zero point")
-    CONVERTERS["Conv"](im, _as_node(node, "Conv", out), [x32, w32], a)
+    nn.CONVERTERS["Conv"](im, _as_node(node, "Conv", out), [x32, w32], a)
     return out
 
 
-@converter("MatMulInteger")
+@CONVERTERS.register("MatMulInteger")
 def _matmul_integer(im, node, ins, a):
     _int_matmul(im, node, ins[0], ins[1], _input(ins, 2), _input(ins, 3), node.output[0])
 
 
-@converter("ConvInteger")
+@CONVERTERS.register("ConvInteger")
 def _conv_integer(im, node, ins, a):
     _int_conv(im, node, a, ins[0], ins[1], _input(ins, 2), _input(ins, 3), node.output[0])
 
@@ -240,7 +243,7 @@ def _multiplier(im, node, scales: Sequence[str], y_scale: str) -> str:
     return im.emit("div", [m, y_scale])
 
 
-@converter("QLinearMatMul")
+@CONVERTERS.register("QLinearMatMul")
 def _qlinear_matmul(im, node, ins, a):
     A, sa, za, B, sb, zb, sy, zy = ins[:8]
     dt = _dtype(im, node, zy, PRODUCT_DTYPES, "an output zero point")
@@ -253,7 +256,7 @@ def _qlinear_matmul(im, node, ins, a):
     im.emit("requantize", [acc, mult, zy1], {"dtype": dt}, node.name, node_output(node))
 
 
-@converter("QLinearConv")
+@CONVERTERS.register("QLinearConv")
 def _qlinear_conv(im, node, ins, a):
     x, sx, zx, w, sw, zw, sy, zy = ins[:8]
     bias = _input(ins, 8)

@@ -18,10 +18,13 @@ import types
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.graph.qnn import qadd_constants
-from tether.frontend.onnx.importer import CONVERTERS, emit_reshape, node_output, norm_axis
+from tether.frontend.onnx import quantized
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
 from tether.frontend.onnx.quantized import (PRODUCT_DTYPES, _check_scale, _dtype, _input, _int_matmul,
                                             _minus_zero_point, _zero)
+from tether.graph.qnn import qadd_constants
+
+CONVERTERS = ConverterTable(__name__)
 
 MS = "com.microsoft."
 
@@ -186,7 +189,7 @@ def _dynamic_quantize_matmul(im, node, ins, a):
     q, sa, za = (im.fresh(node.name + suffix) for suffix in ("_a_quantized", "_a_scale", "_a_zero_point"))
     dql = types.SimpleNamespace(name=node.name + "_quantize_a", op_type="DynamicQuantizeLinear", output=[q, sa, za],
                                 input=[A])
-    CONVERTERS["DynamicQuantizeLinear"](im, dql, [A], {})
+    quantized.CONVERTERS["DynamicQuantizeLinear"](im, dql, [A], {})
     acc = _int_matmul(im, node, q, B, za, zb, im.fresh(node.name + "_acc"))
     _to_float(im, node, acc, (sa, sb), bias)
 
@@ -195,4 +198,4 @@ for _op, _fn in {"QLinearAdd": _qlinear_add, "QLinearMul": _qlinear_mul,
                  "QLinearGlobalAveragePool": _qlinear_gap, "QGemm": _qgemm, "QLinearConcat": _qlinear_concat,
                  "QLinearSigmoid": _qlinear_sigmoid, "MatMulIntegerToFloat": _matmul_integer_to_float,
                  "DynamicQuantizeMatMul": _dynamic_quantize_matmul}.items():
-    CONVERTERS[MS + _op] = _fn
+    CONVERTERS.add(MS + _op, _fn)

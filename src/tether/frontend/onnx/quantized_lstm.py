@@ -23,8 +23,11 @@ import types
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import CONVERTERS, Importer, emit_reshape, require_dtype, str_attr
+from tether.frontend.onnx import quantized
+from tether.frontend.onnx.importer import ConverterTable, Importer, emit_reshape, require_dtype, str_attr
 from tether.frontend.onnx.recurrent import DIRECTIONS, _activations, _input
+
+CONVERTERS = ConverterTable(__name__)
 
 EXACT = 2 ** 24     # float32 holds every integer below this: the product's partial sums must stay under it
 
@@ -95,7 +98,7 @@ def _dynamic_quantize_lstm(im: Importer, node, ins, a):
     xq, sx, zx = (im.fresh(node.name + s) for s in ("_x_quantized", "_x_scale", "_x_zero_point"))
     dql = types.SimpleNamespace(name=node.name + "_quantize_x", op_type="DynamicQuantizeLinear",
                                 output=[xq, sx, zx], input=[x])
-    CONVERTERS["DynamicQuantizeLinear"](im, dql, [x], {})
+    quantized.CONVERTERS["DynamicQuantizeLinear"](im, dql, [x], {})
     x32 = im.emit("sub", [im.emit("cast", [emit_reshape(im, xq, (seq * batch, nin))], {"to": "int32"}),
                           im.emit("cast", [zx], {"to": "int32"})])
     w_rows = np.ascontiguousarray(np.transpose(w64, (0, 2, 1)).reshape(ndir * n, nin).astype(np.int32))
@@ -131,4 +134,4 @@ def _dynamic_quantize_lstm(im: Importer, node, ins, a):
     im.emit("recurrent", inputs, attrs, node.name, outs)
 
 
-CONVERTERS["com.microsoft.DynamicQuantizeLSTM"] = _dynamic_quantize_lstm
+CONVERTERS.add("com.microsoft.DynamicQuantizeLSTM", _dynamic_quantize_lstm)

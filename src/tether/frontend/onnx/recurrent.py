@@ -17,8 +17,10 @@ from typing import List, Optional
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import Importer, converter, emit_reshape, require_dtype, str_attr
+from tether.frontend.onnx.importer import ConverterTable, Importer, emit_reshape, require_dtype, str_attr
 from tether.graph.recurrent import ACTIVATION_COUNT, GATES, NP_ACTIVATIONS
+
+CONVERTERS = ConverterTable(__name__)
 
 DEFAULT_ACTS = {"lstm": ["sigmoid", "tanh", "tanh"], "gru": ["sigmoid", "tanh"], "rnn": ["tanh"]}
 # name -> (takes alpha, takes beta, default alpha, default beta); None: no agreed default, must be given
@@ -167,6 +169,6 @@ def _convert(cell: str):
     return conv
 
 
-converter("LSTM")(_convert("lstm"))
-converter("GRU")(_convert("gru"))
-converter("RNN")(_convert("rnn"))
+CONVERTERS.add("LSTM", _convert("lstm"))
+CONVERTERS.add("GRU", _convert("gru"))
+CONVERTERS.add("RNN", _convert("rnn"))

@@ -1,11 +1,12 @@
 """Converters of the ONNX reductions: Reduce* and ArgMax/ArgMin."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import converter, emit_reshape, node_output, norm_axis
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
+
+CONVERTERS = ConverterTable(__name__)
 
 
 _REDUCE_KINDS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
@@ -28,7 +29,7 @@ def _reduce_identity(kind: str, dtype: str):
             "log_sum": -np.inf, "log_sum_exp": -np.inf}[kind]
 
 
-@converter(*_REDUCE_KINDS)
+@CONVERTERS.register(*_REDUCE_KINDS)
 def _reduce_conv(im, node, ins, a):
     kind = _REDUCE_KINDS[node.op_type]
     t = im.type(ins[0])
@@ -79,7 +80,7 @@ def _reduce_conv(im, node, ins, a):
     im.emit("reduce", [ins[0]], {"kind": kind, "axes": axes, "keepdims": keepdims}, node.name, node_output(node))
 
 
-@converter("ArgMax", "ArgMin")
+@CONVERTERS.register("ArgMax", "ArgMin")
 def _arg_reduce_conv(im, node, ins, a):
     t = im.type(ins[0])
     nd = len(t.shape)

@@ -6,7 +6,9 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import converter, node_output, norm_axis, reshape_alias, str_attr
+from tether.frontend.onnx.importer import ConverterTable, node_output, norm_axis, reshape_alias, str_attr
+
+CONVERTERS = ConverterTable(__name__)
 
 
 # ---------------------------------------------------------------- resize (ONNX Resize, Upsample)
@@ -157,7 +159,7 @@ def _resize_kind(node, a: dict, allowed=("nearest", "linear", "cubic")) -> str:
     return mode
 
 
-@converter("Upsample")
+@CONVERTERS.register("Upsample")
 def _upsample(im, node, ins, a):
     t = im.type(ins[0])
     kind = _resize_kind(node, a, ("nearest", "linear"))
@@ -169,7 +171,7 @@ def _upsample(im, node, ins, a):
     _resize_emit(im, node, ins[0], kind, "asymmetric", "simple", scales, out_shape, None, -0.75, False, 0.0)
 
 
-@converter("Resize")
+@CONVERTERS.register("Resize")
 def _resize_conv(im, node, ins, a):
     t = im.type(ins[0])
     nd = len(t.shape)

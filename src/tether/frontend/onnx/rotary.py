@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.functions import expand_node
-from tether.frontend.onnx.importer import converter, emit_reshape
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape
+
+CONVERTERS = ConverterTable(__name__)
 
 
 def _opt(ins, k):
     return ins[k] if len(ins) > k and ins[k] else None
 
 
-@converter("RotaryEmbedding")
+@CONVERTERS.register("RotaryEmbedding")
 def _rotary(im, node, ins, a):
     x, cos, sin, pos = ins[0], ins[1], ins[2], _opt(ins, 3)
     if any(str(im.type(v).dtype) != "float32" for v in (x, cos, sin)):

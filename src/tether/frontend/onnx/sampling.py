@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import FLOATS, converter, emit_reshape, require_dtype, str_attr
+from tether.frontend.onnx.importer import FLOATS, ConverterTable, emit_reshape, require_dtype, str_attr
+
+CONVERTERS = ConverterTable(__name__)
 
 
 def base_grid(sizes, align_corners: bool) -> np.ndarray:
@@ -20,7 +22,7 @@ def base_grid(sizes, align_corners: bool) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
-@converter("AffineGrid")
+@CONVERTERS.register("AffineGrid")
 def _affine_grid(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], FLOATS)
     size = [int(v) for v in im.require_const(ins[1], "AffineGrid size", node.name).reshape(-1)]
@@ -39,7 +41,7 @@ def _affine_grid(im, node, ins, a):
 _MODE_NAMES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest", "bicubic": "cubic", "cubic": "cubic"}
 
 
-@converter("GridSample")
+@CONVERTERS.register("GridSample")
 def _grid_sample(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], FLOATS)
     require_dtype(im, node, ins[1], (dt,))
@@ -59,7 +61,7 @@ def _grid_sample(im, node, ins, a):
                                      "align_corners": int(a.get("align_corners", 0))}, node.name, [node.output[0]])
 
 
-@converter("DeformConv")
+@CONVERTERS.register("DeformConv")
 def _deform_conv(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], FLOATS)
     for v in ins[1:]:

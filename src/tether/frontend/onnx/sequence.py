@@ -23,8 +23,10 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.control_flow import inline_subgraph
-from tether.frontend.onnx.importer import (CONVERTERS, ONNX_DTYPES, SEQUENCE_OPS, Container, Importer, containers,
-                                           converter, emit_reshape, norm_axis)
+from tether.frontend.onnx.importer import (ONNX_DTYPES, Container, ConverterTable, Importer, containers, emit_reshape,
+                                           norm_axis)
+
+CONVERTERS = ConverterTable(__name__)
 
 SEQUENCE, OPTIONAL = "sequence", "optional"
 
@@ -71,19 +73,14 @@ def _elem_dtype(im: Importer, items) -> Optional[str]:
     return str(im.type(items[0]).dtype) if items and items[0] in im.types else None
 
 
-def _registers(*ops: str):
-    SEQUENCE_OPS.update(ops)
-    return converter(*ops)
-
-
 # ---------------------------------------------------------------- sequences
-@_registers("SequenceEmpty")
+@CONVERTERS.register("SequenceEmpty")
 def _sequence_empty(im, node, ins, a):
     elem = ONNX_DTYPES.get(int(a.get("dtype", 1)), "elem_type_%d" % int(a.get("dtype", 1)))
     _put(im, node.output[0], SEQUENCE, (), elem)
 
 
-@_registers("SequenceConstruct")
+@CONVERTERS.register("SequenceConstruct")
 def _sequence_construct(im, node, ins, a):
     for x in ins:
         if x in containers(im):
@@ -95,19 +92,19 @@ def _sequence_construct(im, node, ins, a):
     _put(im, node.output[0], SEQUENCE, ins)
 
 
-@_registers("SequenceLength")
+@CONVERTERS.register("SequenceLength")
 def _sequence_length(im, node, ins, a):
     im.add_const(np.array(len(_container(im, node, ins[0], SEQUENCE).items), np.int64), name=node.output[0])
 
 
-@_registers("SequenceAt")
+@CONVERTERS.register("SequenceAt")
 def _sequence_at(im, node, ins, a):
     seq = _container(im, node, ins[0], SEQUENCE)
     pos = _position(im, node, ins[1], len(seq.items))
     _alias(im, seq.items[pos], node.output[0], node.name)
 
 
-@_registers("SequenceInsert")
+@CONVERTERS.register("SequenceInsert")
 def _sequence_insert(im, node, ins, a):
     seq = _container(im, node, ins[0], SEQUENCE)
     x = ins[1]
@@ -124,7 +121,7 @@ def _sequence_insert(im, node, ins, a):
     _put(im, node.output[0], SEQUENCE, items, dt)
 
 
-@_registers("SequenceErase")
+@CONVERTERS.register("SequenceErase")
 def _sequence_erase(im, node, ins, a):
     seq = _container(im, node, ins[0], SEQUENCE)
     items = list(seq.items)
@@ -135,7 +132,7 @@ def _sequence_erase(im, node, ins, a):
     _put(im, node.output[0], SEQUENCE, items, seq.elem or _elem_dtype(im, seq.items))
 
 
-@_registers("SplitToSequence")
+@CONVERTERS.register("SplitToSequence")
 def _split_to_sequence(im, node, ins, a):
     x = ins[0]
     t = im.type(x)
@@ -169,7 +166,7 @@ def _split_to_sequence(im, node, ins, a):
     _put(im, node.output[0], SEQUENCE, items, str(t.dtype))
 
 
-@_registers("ConcatFromSequence")
+@CONVERTERS.register("ConcatFromSequence")
 def _concat_from_sequence(im, node, ins, a):
     seq = _container(im, node, ins[0], SEQUENCE)
     if not seq.items:
@@ -190,7 +187,7 @@ def _concat_from_sequence(im, node, ins, a):
         im.emit("concat", parts, {"axis": axis}, node.name, [node.output[0]])
 
 
-@_registers("SequenceMap")
+@CONVERTERS.register("SequenceMap")
 def _sequence_map(im, node, ins, a):
     """The body once per element, inlined: element i of every sequence input and each tensor input as it is."""
     body = a["body"]
@@ -220,12 +217,12 @@ def _sequence_map(im, node, ins, a):
 
 
 # ---------------------------------------------------------------- optionals
-@_registers("Optional")
+@CONVERTERS.register("Optional")
 def _optional(im, node, ins, a):
     _put(im, node.output[0], OPTIONAL, [ins[0]] if ins and ins[0] else [])
 
 
-@_registers("OptionalHasElement")
+@CONVERTERS.register("OptionalHasElement")
 def _optional_has_element(im, node, ins, a):
     if not ins or not ins[0]:
         has = False
@@ -235,7 +232,7 @@ def _optional_has_element(im, node, ins, a):
     im.add_const(np.array(has), name=node.output[0])
 
 
-@_registers("OptionalGetElement")
+@CONVERTERS.register("OptionalGetElement")
 def _optional_get_element(im, node, ins, a):
     c = containers(im).get(ins[0])
     if c is None or c.kind == SEQUENCE:     # a plain tensor or sequence is returned as it is (opset 18)
@@ -244,19 +241,6 @@ def _optional_get_element(im, node, ins, a):
     if not c.items:
         raise UnsupportedOpError("node %s: OptionalGetElement of an empty optional (%r)" % (node.name, ins[0]))
     _alias(im, c.items[0], node.output[0], node.name)
-
-
-# ---------------------------------------------------------------- Identity over sequences
-# (If and Loop pass sequences and optionals through their subgraphs by name: control_flow.py)
-_tensor_identity = CONVERTERS["Identity"]
-
-
-@converter("Identity")
-def _identity(im, node, ins, a):
-    if ins[0] in containers(im):
-        containers(im)[node.output[0]] = containers(im)[ins[0]]
-        return
-    _tensor_identity(im, node, ins, a)
 
 
 # ---------------------------------------------------------------- graph edges

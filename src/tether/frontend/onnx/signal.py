@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx.importer import ONNX_DTYPES, converter
+from tether.frontend.onnx.importer import ONNX_DTYPES, ConverterTable
+
+CONVERTERS = ConverterTable(__name__)
 
 
 def _scalar(im, node, value: str, what: str):
@@ -42,7 +44,7 @@ def window(op_type: str, size: int, periodic: bool) -> np.ndarray:
     return w
 
 
-@converter(*_WINDOWS)
+@CONVERTERS.register(*_WINDOWS)
 def _window(im, node, ins, a):
     size = int(_scalar(im, node, ins[0], "size"))
     if size < 1:
@@ -74,7 +76,7 @@ def mel_weight_matrix(num_mel_bins: int, dft_length: int, sample_rate: int, lowe
     return out
 
 
-@converter("MelWeightMatrix")
+@CONVERTERS.register("MelWeightMatrix")
 def _mel(im, node, ins, a):
     args = [_scalar(im, node, v, what) for v, what in zip(ins, ("num_mel_bins", "dft_length", "sample_rate",
                                                                  "lower_edge_hertz", "upper_edge_hertz"))]

@@ -7,12 +7,14 @@ from typing import List
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.graph import ops
-from tether.frontend.onnx.importer import converter, emit_reshape, node_output, norm_axis, reshape_alias, str_attr
+from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis, reshape_alias, str_attr
 from tether.frontend.onnx.indexing import gather_general
+from tether.graph import ops
+
+CONVERTERS = ConverterTable(__name__)
 
 
-@converter("Constant")
+@CONVERTERS.register("Constant")
 def _constant(im, node, ins, a):
     from onnx import numpy_helper
     if "value" in a:
@@ -30,7 +32,7 @@ def _constant(im, node, ins, a):
     im.add_const(v, name=node.output[0])
 
 
-@converter("ConstantOfShape")
+@CONVERTERS.register("ConstantOfShape")
 def _const_of_shape(im, node, ins, a):
     from onnx import numpy_helper
     shape = im.require_const(ins[0], "ConstantOfShape shape", node.name)
@@ -38,14 +40,14 @@ def _const_of_shape(im, node, ins, a):
     im.add_const(np.full(tuple(int(d) for d in shape), value, dtype=np.asarray(value).dtype), name=node.output[0])
 
 
-@converter("Shape")
+@CONVERTERS.register("Shape")
 def _shape(im, node, ins, a):
     shape = np.array(im.type(ins[0]).shape, dtype=np.int64)
     start, end = a.get("start", 0), a.get("end", None)
     im.add_const(shape[start:end], name=node.output[0])
 
 
-@converter("Gather")
+@CONVERTERS.register("Gather")
 def _gather(im, node, ins, a):
     data = im.const(ins[0])
     idx = im.const(ins[1])
@@ -70,7 +72,7 @@ def _gather(im, node, ins, a):
     gather_general(im, node, ins, a)
 
 
-@converter("Slice")
+@CONVERTERS.register("Slice")
 def _slice(im, node, ins, a):
     t = im.type(ins[0])
     nd = len(t.shape)
@@ -98,7 +100,7 @@ def _slice(im, node, ins, a):
     im.emit("strided_slice", [ins[0]], {"begin": begin, "end": end, "step": step}, node.name, node_output(node))
 
 
-@converter("Reshape")
+@CONVERTERS.register("Reshape")
 def _reshape_conv(im, node, ins, a):
     t = im.type(ins[0])
     if im.opset >= 5:
@@ -115,7 +117,7 @@ def _reshape_conv(im, node, ins, a):
     im.emit("reshape", [ins[0]], {"shape": tuple(out)}, node.name, node_output(node))
 
 
-@converter("Flatten")
+@CONVERTERS.register("Flatten")
 def _flatten(im, node, ins, a):
     t = im.type(ins[0])
     axis = norm_axis(a.get("axis", 1), len(t.shape))
@@ -131,7 +133,7 @@ def _axes_arg(im, node, ins, a) -> List[int]:
     return []
 
 
-@converter("Squeeze")
+@CONVERTERS.register("Squeeze")
 def _squeeze(im, node, ins, a):
     t = im.type(ins[0])
     axes = [norm_axis(x, len(t.shape)) for x in _axes_arg(im, node, ins, a)]
@@ -141,7 +143,7 @@ def _squeeze(im, node, ins, a):
     im.emit("reshape", [ins[0]], {"shape": shape}, node.name, node_output(node))
 
 
-@converter("Unsqueeze")
+@CONVERTERS.register("Unsqueeze")
 def _unsqueeze(im, node, ins, a):
     t = im.type(ins[0])
     axes = _axes_arg(im, node, ins, a)
@@ -153,21 +155,21 @@ def _unsqueeze(im, node, ins, a):
     im.emit("reshape", [ins[0]], {"shape": tuple(shape)}, node.name, node_output(node))
 
 
-@converter("Transpose")
+@CONVERTERS.register("Transpose")
 def _transpose(im, node, ins, a):
     nd = len(im.type(ins[0]).shape)
     perm = list(a.get("perm", list(range(nd))[::-1]))
     im.emit("transpose", [ins[0]], {"axes": perm}, node.name, node_output(node))
 
 
-@converter("Concat")
+@CONVERTERS.register("Concat")
 def _concat(im, node, ins, a):
     nd = len(im.type(ins[0]).shape)
     parts = [i for i in ins if i and (im.type(i).size > 0 or nd != 1)]
     im.emit("concat", parts, {"axis": norm_axis(a["axis"], nd)}, node.name, node_output(node))
 
 
-@converter("Pad")
+@CONVERTERS.register("Pad")
 def _pad(im, node, ins, a):
     t = im.type(ins[0])
     nd = len(t.shape)
@@ -202,7 +204,7 @@ def _pad(im, node, ins, a):
     else:
         im.emit("pad", [ins[0]], {"pads": pads, "value": value, "mode": mode}, node.name, node_output(node))
 
-@converter("Split")
+@CONVERTERS.register("Split")
 def _split(im, node, ins, a):
     t = im.type(ins[0])
     nd = len(t.shape)
@@ -249,7 +251,7 @@ def _split(im, node, ins, a):
                     node.name + "_%d" % k, [o])
 
 
-@converter("Expand")
+@CONVERTERS.register("Expand")
 def _expand(im, node, ins, a):
     t = im.type(ins[0])
     shape = [int(d) for d in im.require_const(ins[1], "Expand shape", node.name).reshape(-1)]
@@ -260,7 +262,7 @@ def _expand(im, node, ins, a):
     im.emit("broadcast_to", [ins[0]], {"shape": list(out)}, node.name, node_output(node))
 
 
-@converter("Tile")
+@CONVERTERS.register("Tile")
 def _tile(im, node, ins, a):
     t = im.type(ins[0])
     reps = [int(v) for v in im.require_const(ins[1], "Tile repeats", node.name).reshape(-1)]
@@ -280,7 +282,7 @@ def _tile(im, node, ins, a):
     emit_reshape(im, y, [r * d for r, d in zip(reps, t.shape)], node.name + "_merge", node.output[0])
 
 
-@converter("Range")
+@CONVERTERS.register("Range")
 def _range(im, node, ins, a):
     start, limit, delta = (im.require_const(ins[k], "Range " + w, node.name)
                            for k, w in enumerate(("start", "limit", "delta")))
@@ -289,11 +291,11 @@ def _range(im, node, ins, a):
     im.add_const((np.asarray(start) + np.arange(n, dtype=dt) * np.asarray(delta)).astype(dt), name=node.output[0])
 
 
-@converter("Size")
+@CONVERTERS.register("Size")
 def _size(im, node, ins, a):
     im.add_const(np.array(im.type(ins[0]).size, dtype=np.int64), name=node.output[0])
 
-@converter("DepthToSpace")
+@CONVERTERS.register("DepthToSpace")
 def _depth_to_space(im, node, ins, a):
     n, c, h, w = im.type(ins[0]).shape
     b = int(a["blocksize"])
@@ -312,7 +314,7 @@ def _depth_to_space(im, node, ins, a):
     emit_reshape(im, y, (n, c // (b * b), h * b, w * b), node.name + "_merge", node.output[0])
 
 
-@converter("SpaceToDepth")
+@CONVERTERS.register("SpaceToDepth")
 def _space_to_depth(im, node, ins, a):
     n, c, h, w = im.type(ins[0]).shape
     b = int(a["blocksize"])

@@ -2,12 +2,14 @@
 without libm, float32 through double)."""
 from __future__ import annotations
 
-from tether.frontend.onnx.importer import FLOATS, converter, node_output, require_dtype
+from tether.frontend.onnx.importer import FLOATS, ConverterTable, node_output, require_dtype
+
+CONVERTERS = ConverterTable(__name__)
 
 _TRIG = {"Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan"}
 
 
-@converter(*_TRIG)
+@CONVERTERS.register(*_TRIG)
 def _trig(im, node, ins, a):
     require_dtype(im, node, ins[0], FLOATS)
     im.emit(_TRIG[node.op_type], ins[:1], {}, node.name, node_output(node))
