@@ -9,8 +9,8 @@ Each model (random weights: scripts/make_mobilenet_v2.py, scripts/make_resnet50.
 onnxruntime's quantize_static (scripts/quantize_model.py, per-channel weights, uint8 activations). The printed
 ratios: fp32/int8 (tether's speed-up from int8, higher is better) and tether/ort (tether's int8 over onnxruntime's
 int8, lower is better). Medians over --repeat samples of --number runs after warm-up, all measured in the same run,
-the three builds sampled in turn (the machine is shared: ratios mean something, absolute times less). The int8 outputs are checked against
-onnxruntime's first (share of outputs within one quantization step).
+the three builds sampled in turn (the machine is shared: ratios mean something, absolute times less). The int8
+outputs are checked against onnxruntime's first (share of outputs within one quantization step).
 """
 from __future__ import annotations
 

@@ -28,9 +28,9 @@ SIZE = 12
 
 
 def _float_net(seed: int = 0) -> onnx.ModelProto:
-    """x (1, 6, 12, 12) -> 3x3 conv 6->19 + relu -> 3x3 max pool -> depthwise s1 -> pointwise 19->20 (a) -> pointwise 20->36 + relu
-    -> depthwise s2 -> pointwise 36->20 -> ... and a residual block: y = a' + pw(dw(pw(a'))) at 6x6; outputs y and
-    its global average pool."""
+    """x (1, 6, 12, 12) -> 3x3 conv 6->19 + relu -> 3x3 max pool -> depthwise s1 -> pointwise 19->20 (a)
+    -> pointwise 20->36 + relu -> depthwise s2 -> pointwise 36->20 -> ... and a residual block:
+    y = a' + pw(dw(pw(a'))) at 6x6; outputs y and its global average pool."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], {}
 

@@ -13,7 +13,6 @@ import numpy as np
 import onnx
 import onnx.backend.base
 import onnx.backend.test
-import pytest
 
 import tether
 from tether import graph_executor

@@ -20,9 +20,9 @@ from .schedules import family_of, schedule
 from .shape import concat, expand_dims, flatten, pad, reshape, squeeze, transpose
 
 __all__ = [
-    "abs", "add", "avg_pool2d", "batch_matmul", "batch_norm", "ceil", "clip", "concat", "conv2d", "conv2d_pixels", "dense",
-    "depthwise_conv2d", "divide", "elementwise", "erf", "exp", "expand_dims", "family_of", "flatten", "floor", "gelu",
-    "global_avg_pool2d", "global_max_pool2d", "hard_sigmoid", "hard_swish", "leaky_relu", "log", "log_softmax",
+    "abs", "add", "avg_pool2d", "batch_matmul", "batch_norm", "ceil", "clip", "concat", "conv2d", "conv2d_pixels",
+    "dense", "depthwise_conv2d", "divide", "elementwise", "erf", "exp", "expand_dims", "family_of", "flatten", "floor",
+    "gelu", "global_avg_pool2d", "global_max_pool2d", "hard_sigmoid", "hard_swish", "leaky_relu", "log", "log_softmax",
     "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply", "negative", "pad", "power",
     "relu", "relu6", "reshape", "rsqrt", "schedule", "sigmoid", "softmax", "sqrt", "squeeze", "subtract", "sum",
     "tag_of", "tanh", "transpose",

@@ -8,7 +8,6 @@ Interpolation is nested like the reference: the innermost spatial axis first.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, List, Sequence
 
 import numpy as np

@@ -295,7 +295,8 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     contiguous = packed or _contiguous_along(t.op, t.op.axis[-1], ctx_inline(s))
     if anchor is None and fam.direct_matmul and id(t.op) in ctx["outputs"]:
         # The output itself accumulates: LLVM keeps the MR x NR block in registers across the k loop (a kernel
-        # output is a noalias argument; an internal buffer is not, so those get a local block below), and the packed panel's only consumer is this stage, so it can be packed per task.
+        # output is a noalias argument; an internal buffer is not, so those get a local block below), and the
+        # packed panel's only consumer is this stage, so it can be packed per task.
         st = s[t]
         axes = list(t.op.axis)
         lead, (i, j) = axes[:-2], axes[-2:]
@@ -639,8 +640,9 @@ def _channel_pads(block, t, fam: Family, ctx) -> list:
     Why: the whole-input pass wrote the padded (column-phase) tensor out to memory and the window read it back,
     memory-bound passes that were most of a stride-2 depthwise layer's time on AVX-512 (96->96 @112x112 s2: the
     phase split alone 0.36 ms of 0.74); one channel's copy stays in L2 while its window runs: 0.6-0.7x the
-    time of mobilenet_v2's two large stride-2 layers (96 @112x112, 144 @56x56). Only the column-phase split of a strided window: stride-1 padding
-    per channel measured 1.10x slower (its pass is cheap and vectorized, the local block costs more)."""
+    time of mobilenet_v2's two large stride-2 layers (96 @112x112, 144 @56x56). Only the column-phase split of a
+    strided window: stride-1 padding per channel measured 1.10x slower (its pass is cheap and vectorized, the
+    local block costs more)."""
     if not fam.window_pad_per_channel:
         return []
     pads = [src for src in block.op.input_tensors

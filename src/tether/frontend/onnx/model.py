@@ -11,7 +11,8 @@ from tether.graph.ir import Graph, TensorType
 from tether.frontend.onnx import half, sequence
 from tether.frontend.onnx.external_data import initializer_array, load_model
 from tether.frontend.onnx.functions import convert_node, has_function_body
-from tether.frontend.onnx.importer import CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key, onnx_type_name
+from tether.frontend.onnx.importer import (CONVERTERS, KERNEL_DTYPES, ONNX_DTYPES, Importer, converter_key,
+                                           onnx_type_name)
 
 log = logging.getLogger(__name__)
 
