@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""int8 model latency (issue 12): tether's int8 build vs tether's fp32 build of the same network, and vs
+"""int8 model latency: tether's int8 build vs tether's fp32 build of the same network, and vs
 onnxruntime's int8, at 1 and 2 threads.
 
     python scripts/bench_int8.py [--models mobilenet_v2,resnet50] [--format qdq,qoperator] [--size 224]

@@ -476,8 +476,8 @@ def test_import_tether_is_lazy_and_build_lower_are_callable():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
-def test_issue_surface_vadd_end_to_end(tmp_path, host_linker):
-    """The snippet from the issue: split/vectorize/parallel vadd, built for rasp4b and for the host."""
+def test_readme_vadd_end_to_end(tmp_path, host_linker):
+    """The README's example: split/vectorize/parallel vadd, built for rasp4b and for the host."""
     import tether
     from tether import runtime
 

@@ -1,4 +1,4 @@
-"""bfloat16 tensors end to end (issue 11): a dtype of the one table (DLPack kDLBfloat, 16 bits), held by device
+"""bfloat16 tensors end to end: a dtype of the one table (DLPack kDLBfloat, 16 bits), held by device
 arrays as tagged uint16 bit patterns, carried by the protocol and the params file, taken by kernels, and used by
 ONNX graphs as inputs, outputs, weights and Cast targets. Casts round as onnxruntime's do (to nearest even; a
 float64 first to float32); nodes reading bfloat16 compute in float32 between casts (frontend/onnx/half.py).

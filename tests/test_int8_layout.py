@@ -1,4 +1,4 @@
-"""int8 activations channels last between int8 kernels (issue 12, graph/passes/int8_layout.py): a small network of
+"""int8 activations channels last between int8 kernels (graph/passes/int8_layout.py): a small network of
 int8 convs (3x3, depthwise at strides 1 and 2, pointwise, odd channel counts), a max pool, residual adds and a
 global pool,
 quantized by onnxruntime's quantize_static in the QDQ and the QOperator form, with uint8 and int8 activations.

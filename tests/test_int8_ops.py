@@ -1,4 +1,4 @@
-"""The ONNX quantized operators (issue 12, item 1) through the whole flow against onnxruntime, bit for bit:
+"""The ONNX quantized operators through the whole flow against onnxruntime, bit for bit:
 QuantizeLinear/DequantizeLinear (per tensor, per axis, blocked), DynamicQuantizeLinear, MatMulInteger,
 ConvInteger, QLinearMatMul, QLinearConv; and the refusals of the element types tether does not implement."""
 import numpy as np

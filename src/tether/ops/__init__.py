@@ -35,10 +35,10 @@ from .resize import resize_tables  # noqa: E402  ONNX Resize/Upsample from per-a
 __all__ += ["resize_tables"]
 from .indexing import gather, gather_elements, gather_nd, one_hot, trilu  # noqa: E402  index-driven ops
 __all__ += ["gather", "gather_elements", "gather_nd", "one_hot", "trilu"]
-from .rms_norm import rms_normalize  # noqa: E402  RMS normalization (issue 11)
+from .rms_norm import rms_normalize  # noqa: E402  RMS normalization
 __all__ += ["rms_normalize"]
-from .rotary import rotary_embedding  # noqa: E402  rotary position embedding (issue 11)
+from .rotary import rotary_embedding  # noqa: E402  rotary position embedding
 __all__ += ["rotary_embedding"]
-from . import qschedules  # noqa: E402,F401  the int8 conv kernels' schedules (issue 12), by tag
+from . import qschedules  # noqa: E402,F401  the int8 conv kernels' schedules, by tag
 from . import qdepthwise_nhwc  # noqa: E402,F401  the channels-last int8 depthwise kernel and its schedule
 from . import qpool_nhwc  # noqa: E402,F401  channels-last int8 max pooling and its schedule

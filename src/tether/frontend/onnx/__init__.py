@@ -17,14 +17,14 @@ here.
 """
 from tether.frontend.onnx import elementwise, indexing, nn, norm, reduce, resize, tensor  # noqa: F401  (register)
 from tether.frontend.onnx import control_flow, recurrent  # noqa: F401,E402  (register: If/Loop/Scan, LSTM/GRU/RNN)
-from tether.frontend.onnx import quantized, quantized_contrib  # noqa: F401  (register: int8 models, issue 12)
-from tether.frontend.onnx import attention, einsum, linear_attention, rotary  # noqa: F401  (register; issue 11)
-# issue 11: indexing, math, signal and data-dependent ops
+from tether.frontend.onnx import quantized, quantized_contrib  # noqa: F401  (register: int8 models)
+from tether.frontend.onnx import attention, einsum, linear_attention, rotary  # noqa: F401  (register: transformer ops)
+# (register) indexing, math, signal and data-dependent ops
 from tether.frontend.onnx import along_axis, bitcast, dynamic, indexmap, lppool, sampling, signal, trig  # noqa: F401
-# issue 12 (register): DynamicQuantizeLSTM, QLinearLeakyRelu/AveragePool/Where/Softmax, QuickGelu
+# (register) int8 contrib ops: DynamicQuantizeLSTM, QLinearLeakyRelu/AveragePool/Where/Softmax, QuickGelu
 from tether.frontend.onnx import contrib_activations, qoperator_contrib, quantized_lstm  # noqa: F401,E402
 from tether.frontend.onnx.importer import CONVERTERS
 from tether.frontend.onnx.model import from_onnx, op_coverage, unsupported_ops
-from tether.frontend.onnx import sequence  # noqa: F401,E402  (register: sequences and optionals, issue 11)
+from tether.frontend.onnx import sequence  # noqa: F401,E402  (register: sequences and optionals)
 
 __all__ = ["CONVERTERS", "from_onnx", "op_coverage", "unsupported_ops"]
