@@ -9,10 +9,10 @@ model Conv(x, w, b) followed by ``--act`` (Relu by default: onnxruntime fuses Co
 and tether fuses it as an epilogue), compiled by tether.build_graph at opt_level 3 (the conv-as-GEMM path the
 model takes) and run by onnxruntime's CPU provider at the same thread count. Samples alternate tether, onnxruntime,
 tether, ... over ``--rounds`` rounds, timed at one thread by the thread's CPU time (both run on the calling
-thread; on a loaded machine wall time counts the other processes' slices); the table prints medians, the ratio (tether / onnxruntime, lower is better),
-tether's GFLOP/s, and each shape's share of the model's conv time (count x median), so the rows that carry the
-model's gap sort to the top. A single-thread numpy (OpenBLAS) 1024^3 matmul measured in the same run gives the
-machine's practical fp32 peak to read the GFLOP/s against.
+thread; on a loaded machine wall time counts the other processes' slices); the table prints medians, the ratio
+(tether / onnxruntime, lower is better), tether's GFLOP/s, and each shape's share of the model's conv time
+(count x median), so the rows that carry the model's gap sort to the top. A single-thread numpy (OpenBLAS)
+1024^3 matmul measured in the same run gives the machine's practical fp32 peak to read the GFLOP/s against.
 """
 from __future__ import annotations
 

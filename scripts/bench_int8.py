@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""int8 model latency (issue 12): tether's int8 build vs tether's fp32 build of the same network, and vs
+"""int8 model latency: tether's int8 build vs tether's fp32 build of the same network, and vs
 onnxruntime's int8, at 1 and 2 threads.
 
     python scripts/bench_int8.py [--models mobilenet_v2,resnet50] [--format qdq,qoperator] [--size 224]
@@ -9,8 +9,8 @@ Each model (random weights: scripts/make_mobilenet_v2.py, scripts/make_resnet50.
 onnxruntime's quantize_static (scripts/quantize_model.py, per-channel weights, uint8 activations). The printed
 ratios: fp32/int8 (tether's speed-up from int8, higher is better) and tether/ort (tether's int8 over onnxruntime's
 int8, lower is better). Medians over --repeat samples of --number runs after warm-up, all measured in the same run,
-the three builds sampled in turn (the machine is shared: ratios mean something, absolute times less). The int8 outputs are checked against
-onnxruntime's first (share of outputs within one quantization step).
+the three builds sampled in turn (the machine is shared: ratios mean something, absolute times less). The int8
+outputs are checked against onnxruntime's first (share of outputs within one quantization step).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-layer int8 conv latency (issue 12): every distinct conv of a model as a one-node QLinearConv model,
+"""Per-layer int8 conv latency: every distinct conv of a model as a one-node QLinearConv model,
 tether vs onnxruntime, at 1 and 2 threads.
 
     python scripts/bench_int8_layers.py [--models resnet50,mobilenet_v2] [--threads 1,2] [--rounds 7]

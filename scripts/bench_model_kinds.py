@@ -12,7 +12,7 @@ builds), checked against onnxruntime (max relative error = max |tether - ort| / 
 then timed.
 Timing alternates between the runtimes (tether sample, onnxruntime sample, ...) so a burst of load on a shared
 machine hits both alike; a sample is the mean of enough back-to-back runs to last about 50 ms. Reported: medians
-of ``--repeat`` samples and their ratio tether / onnxruntime (lower is better; the issue's bar is 1.3); at one
+of ``--repeat`` samples and their ratio tether / onnxruntime (lower is better; the goal is at most 1.3); at one
 thread also the ratio of the median CPU times of the process ("cpu 1t"), which time-slicing on a loaded machine
 does not inflate.
 ``--profile N`` also prints the N slowest kernels of each model at 1 thread (tether's per-node profile).
@@ -115,7 +115,7 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, help="print the N slowest kernels at 1 thread")
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
-    # ---- compile time is the cold figure (the bar) unless the caller asks for the object cache
+    # ---- compile time is the cold figure (what a user's first build costs) unless the caller asks for the object cache
     os.environ.setdefault("TETHER_OBJECT_CACHE", "0")
     rows = []
     print("%-20s %7s %5s %10s %10s %6s %7s %10s %10s %6s %8s" % (

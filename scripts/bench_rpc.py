@@ -3,7 +3,7 @@
 
     python scripts/bench_rpc.py [--quick] [--tls]
 
-Rows (goals from the RPC foundation issue; TVM manages 25 us per call and 45 MB/s):
+Rows (the goals the RPC layer was built to; TVM manages 25 us per call and 45 MB/s):
   small-call RTT        tether echo(1) vs a raw 8-byte TCP_NODELAY socket echo         goal <= 1.3x raw
   64 MB host->device    RemoteArray.copyfrom vs raw socket sendall/recv_into          goal >= 1 GB/s and >= 30% raw
   64 MB device->host    RemoteArray.copyto   vs raw socket (server sends)             goal >= 1 GB/s and >= 30% raw

@@ -96,8 +96,8 @@ def main() -> None:
                   % (t1 * 1e3, t2 * 1e3, t1 / t2))
             worst = sorted(prof, key=lambda p: -(p[3] - p[2] / 2))[:args.profile]
             for nm, fn, s1, s2 in worst:
-                print("    %-40s %8.1fus %8.1fus %5.2fx lost %6.1fus" % (fn[:40], s1 * 1e6, s2 * 1e6, s1 / max(s2, 1e-9),
-                                                                       (s2 - s1 / 2) * 1e6))
+                print("    %-40s %8.1fus %8.1fus %5.2fx lost %6.1fus"
+                      % (fn[:40], s1 * 1e6, s2 * 1e6, s1 / max(s2, 1e-9), (s2 - s1 / 2) * 1e6))
         sys.stdout.flush()
     if r1:
         print("geometric mean ratio: %.2fx at 1 thread, %.2fx at 2 threads"

@@ -423,7 +423,8 @@ def main() -> None:
         print("%-6s call RTT %8.1f us   %d MB up %7.0f MB/s   down %7.0f MB/s"
               % (name, x["rtt_us"], mb, x["up_MBps"], x["down_MBps"]))
     q = r["relay_over_direct"]
-    print("relay / direct: RTT %.2fx, upload %.2fx, download %.2fx of direct throughput" % (q["rtt"], q["up"], q["down"]))
+    print("relay / direct: RTT %.2fx, upload %.2fx, download %.2fx of direct throughput"
+          % (q["rtt"], q["up"], q["down"]))
     print("scale: %d devices registered in %.2f s; %d queued requests; summary %.1f ms (%d devices); "
           "%.0f grants/s" % (s["devices"], s["register_all_s"], s["queued"], s["summary_ms_median"],
                              s["summary_devices"], s["grant_throughput_per_s"]))

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: installs what it needs, then runs pytest.
+# The whole test suite, from a fresh machine: installs what it needs, runs `ruff check`, then pytest.
 #   - system packages (as root, with apt): qemu-user and mmdebstrap for the emulated ARM devices,
 #     openssh-server for the SSH bootstrap tests, musl-tools (a musl program loads a tether module), a JDK and aapt/zipalign/apksigner for the Android app's tests
 #     (android-23.jar and dx are fetched once by android_app/build_apk.sh), chromium (headless, for the bench HTML report), golang-go (the Go bindings' tests);
-#   - Python packages: this project with its test extras (pip install -e '.[test]');
+#   - Python packages: this project with its test extras (pip install -e '.[test]', ruff among them);
 #   - numpy 1.19.5 + msgpack 1.0.2 into a Python 3.9 (python3.9 on PATH or a pyenv 3.9.x; must exist): the oldest
 #     device stack, which tests/test_tracker.py runs a device server under.
 # Missing prerequisites that cannot be installed stop the run here with a message (never a silent skip).
@@ -75,4 +75,9 @@ if [ -z "${TETHER_ANDROID_DEBS:-}" ] && [ ! -e /usr/share/java/com.android.andro
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# The lint check (configured in pyproject.toml) runs first: a finding stops the run before the long test suite
+if ! python3 -m ruff check .; then
+  echo "scripts/test.sh: ruff check found the problems above; fix them (see CONTRIBUTING.md)" >&2
+  exit 1
+fi
 exec python3 -m pytest "$@"

@@ -45,7 +45,8 @@ APP = ROOT / "android_app"
 ALIGN = APP / "tools" / "align_apk.py"
 SUMMARY_RE = re.compile(r"^(\d+) passed, (\d+) failed$", re.M)
 TIMEOUT = 300
-PURE_APP_CLASSES = ("Settings", "DeviceState", "RestartPolicy", "DeviceSupervisor")  # (Backoff: device/src)  # the app classes without Android types
+# the app classes without Android types (Backoff is one too, in device/src)
+PURE_APP_CLASSES = ("Settings", "DeviceState", "RestartPolicy", "DeviceSupervisor")
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -372,7 +372,8 @@ def test_armv7_runtime_helpers_on_qemu(tmp_path, host_linker):
     require_module("ziglang")
     n = 512
     rng = np.random.default_rng(7)
-    i32a = np.concatenate([rng.integers(-2**31, 2**31, n - 8), [7, -7, 7, -7, 2**31 - 1, -2**31, 0, 5]]).astype(np.int32)
+    i32a = np.concatenate([rng.integers(-2**31, 2**31, n - 8),
+                           [7, -7, 7, -7, 2**31 - 1, -2**31, 0, 5]]).astype(np.int32)
     i32b = np.concatenate([rng.integers(1, 2**31, n - 8) * rng.choice([-1, 1], n - 8),
                            [2, 2, -2, -2, 3, 7, 9, 1]]).astype(np.int32)
     i32b[np.abs(rng.normal(size=n)) > 1.5] = 3  # some small divisors too
@@ -405,7 +406,8 @@ def test_armv7_runtime_helpers_on_qemu(tmp_path, host_linker):
             ("l2d", [conv_i64], "float64", lambda b, x: b.sitofp(x, ir.DoubleType()), conv_i64.astype(np.float64)),
             ("ul2d", [conv_u64], "float64", lambda b, x: b.uitofp(x, ir.DoubleType()),
              conv_u64.astype(np.float64)),
-            ("d2lz", [conv_f64], "int64", lambda b, x: b.fptosi(x, ir.IntType(64)), np.trunc(conv_f64).astype(np.int64)),
+            ("d2lz", [conv_f64], "int64", lambda b, x: b.fptosi(x, ir.IntType(64)),
+             np.trunc(conv_f64).astype(np.int64)),
             ("d2ulz", [conv_uf64], "uint64", lambda b, x: b.fptoui(x, ir.IntType(64)),
              np.trunc(conv_uf64).astype(np.uint64)),
             ("f2lz", [conv_f64.astype(np.float32)], "int64", lambda b, x: b.fptosi(x, ir.IntType(64)),
@@ -444,9 +446,9 @@ def test_armv7_runtime_helpers_on_qemu(tmp_path, host_linker):
     (tmp_path / "h.c").write_text(_RT_HARNESS % {"n": n, "table": ", ".join(table)})
     exe = tmp_path / "rt"
     subprocess.run([sys.executable, "-m", "ziglang", "cc", "-target", "arm-linux-musleabihf", "-mcpu=generic+v7a",
-                    "-nostdlib", "-ffreestanding", "-static", "-O1", "-fno-stack-protector", "-I", str(tmp_path), "-I", str(KERNEL_DIR),
-                    "-o", str(exe), str(tmp_path / "h.c"), str(tmp_path / "kern.o")], check=True, timeout=300,
-                   capture_output=True)
+                    "-nostdlib", "-ffreestanding", "-static", "-O1", "-fno-stack-protector", "-I", str(tmp_path),
+                    "-I", str(KERNEL_DIR), "-o", str(exe), str(tmp_path / "h.c"), str(tmp_path / "kern.o")],
+                   check=True, timeout=300, capture_output=True)
     proc = subprocess.run(["qemu-arm", str(exe)], input=b"".join(a.tobytes() for c in cases for a in c[1]),
                           capture_output=True, timeout=120)
     assert proc.returncode == 0
@@ -474,8 +476,8 @@ def test_import_tether_is_lazy_and_build_lower_are_callable():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
-def test_issue_surface_vadd_end_to_end(tmp_path, host_linker):
-    """The snippet from the issue: split/vectorize/parallel vadd, built for rasp4b and for the host."""
+def test_readme_vadd_end_to_end(tmp_path, host_linker):
+    """The README's example: split/vectorize/parallel vadd, built for rasp4b and for the host."""
     import tether
     from tether import runtime
 

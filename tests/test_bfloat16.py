@@ -1,4 +1,4 @@
-"""bfloat16 tensors end to end (issue 11): a dtype of the one table (DLPack kDLBfloat, 16 bits), held by device
+"""bfloat16 tensors end to end: a dtype of the one table (DLPack kDLBfloat, 16 bits), held by device
 arrays as tagged uint16 bit patterns, carried by the protocol and the params file, taken by kernels, and used by
 ONNX graphs as inputs, outputs, weights and Cast targets. Casts round as onnxruntime's do (to nearest even; a
 float64 first to float32); nodes reading bfloat16 compute in float32 between casts (frontend/onnx/half.py).
@@ -148,8 +148,10 @@ def _movement_model():
     moves onnxruntime's CPU provider runs on bfloat16), plus a Cast out to float32 and float16 and from float64."""
     w = RNG.standard_normal((2, 4)).astype(BF16)
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([2, 0, 1], np.int64), "idx"),
-             numpy_helper.from_array(np.array([1], np.int64), "s0"), numpy_helper.from_array(np.array([4], np.int64), "s1"),
-             numpy_helper.from_array(np.array([1], np.int64), "ax"), numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+             numpy_helper.from_array(np.array([1], np.int64), "s0"),
+             numpy_helper.from_array(np.array([4], np.int64), "s1"),
+             numpy_helper.from_array(np.array([1], np.int64), "ax"),
+             numpy_helper.from_array(np.array([-1], np.int64), "flat")]
     nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
              helper.make_node("Concat", ["t", "w"], ["c"], axis=0),
              helper.make_node("Gather", ["c", "idx"], ["g"], axis=0),

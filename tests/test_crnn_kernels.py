@@ -1,4 +1,4 @@
-"""The kernels and passes behind the CRNN recognizer's latency (issue 11), each against onnxruntime:
+"""The kernels and passes behind the CRNN recognizer's latency, each against onnxruntime:
 - softmax over the last axis as a direct per-row kernel (graph/softmax_kernel.py), other axes through te;
 - reshapes that keep their input's shape dropped before fusion, so MatMul -> Add is one dense+add kernel
   (graph/passes/identity_reshape.py);

@@ -1,4 +1,4 @@
-"""float16 kernels (issue 11): float16 is a storage type, loaded as float32, computed with in float32 and rounded
+"""float16 kernels: float16 is a storage type, loaded as float32, computed with in float32 and rounded
 to nearest even on store, with conversions written out in integer IR (codegen/halfconv.py), so a module needs
 no __extendhfsf2/__truncsfhf2/__gnu_h2f_ieee helper from a libc it does not link (the linker refuses undefined
 symbols). Checked bit for bit against numpy: every float16 bit pattern widened, float32 values of every

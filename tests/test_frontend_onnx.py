@@ -1,7 +1,6 @@
 """ONNX import: shapes, constants, shape-subgraph folding, the unsupported-op report; checked against
 onnxruntime through the numpy reference interpreter (compiled kernels are covered by test_graph_build)."""
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper

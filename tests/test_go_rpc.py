@@ -1,7 +1,8 @@
 """The pure-Go RPC client (bindings/go/rpc) against the shared protocol vectors, the limit edge cases with the
 Python implementation's verdicts (as the Java library is checked in tests/test_java_protocol.py), a real
-device server with a token (and a host function from --functions), and a real tracker with a direct and a reverse (relayed) device: upload a kernel,
-run it on device arrays and on tensors, stream time_evaluator samples, device_info, remote errors."""
+device server with a token (and a host function from --functions), and a real tracker with a direct and a reverse
+(relayed) device: upload a kernel, run it on device arrays and on tensors, stream time_evaluator samples,
+device_info, remote errors."""
 from __future__ import annotations
 
 import json
@@ -84,13 +85,14 @@ def test_go_rpc_client(tmp_path, rpc_kernels, tracker_lab):
                "garbage": HostileServer(struct.pack(">I", 3) + b"\xc1\xc1\xc1"),
                "silent": HostileServer(b"")}
     try:
-        cases.write(hostile={k: v.addr for k, v in hostile.items()}, server="%s:%d" % (server.host, server.port), token=TOKEN, tracker="127.0.0.1:%d" % tracker.port,
-                    vadd=str(rpc_kernels["vadd"]), a=cases.tensor(a), b=cases.tensor(b), sum=cases.tensor(a + b))
+        cases.write(hostile={k: v.addr for k, v in hostile.items()}, server="%s:%d" % (server.host, server.port),
+                    token=TOKEN, tracker="127.0.0.1:%d" % tracker.port, vadd=str(rpc_kernels["vadd"]),
+                    a=cases.tensor(a), b=cases.tensor(b), sum=cases.tensor(a + b))
         out = run_go_test(["./rpc"], cases.folder)
     finally:
         server.stop()
         for h in hostile.values():
             h.close()
-    for name in ("TestHostileServers", "TestSharedVectors", "TestVectorCheckNoticesBrokenVectors", "TestEdgeVectors", "TestServer",
-                 "TestTracker"):
+    for name in ("TestHostileServers", "TestSharedVectors", "TestVectorCheckNoticesBrokenVectors", "TestEdgeVectors",
+                 "TestServer", "TestTracker"):
         assert "--- PASS: " + name in out, out

@@ -8,7 +8,8 @@ from tether_rpc.params import ParamsFormatError, load_params, save_params
 def test_round_trip_keeps_names_dtypes_shapes_and_values(tmp_path):
     rng = np.random.default_rng(0)
     params = {"conv/w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "scalar": np.array(3.5, np.float32),
-              "idx": np.arange(5, dtype=np.int64), "mask": np.array([True, False]), "empty": np.zeros((0, 4), np.float32)}
+              "idx": np.arange(5, dtype=np.int64), "mask": np.array([True, False]),
+              "empty": np.zeros((0, 4), np.float32)}
     blob = save_params(params)
     path = tmp_path / "deploy.params"
     path.write_bytes(blob)

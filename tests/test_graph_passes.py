@@ -265,7 +265,8 @@ def test_concat_view_of_a_graph_output_pins_the_whole_tree():
     g.outputs = ["a"]                 # only the slice, not the concat, leaves the graph
     # z and u have two readers each (nothing fuses); u is allocated after y1's last read
     g.nodes += [Node("relu", "after", ["y1"], ["z"]), Node("sigmoid", "later", ["z"], ["u"]),
-                Node("tanh", "t", ["u"], ["w1"]), Node("relu", "r", ["u"], ["w2"]), Node("add", "s", ["z", "u"], ["w3"])]
+                Node("tanh", "t", ["u"], ["w1"]), Node("relu", "r", ["u"], ["w2"]),
+                Node("add", "s", ["z", "u"], ["w3"])]
     for v in ("z", "u", "w1", "w2", "w3"):
         g.types[v] = g.types["y1"]
     g.outputs += ["w1", "w2", "w3"]

@@ -41,7 +41,7 @@ def digits_host(tmp_path_factory):
 
 def _exercise(session, folder, x, ref):
     samples, nodes = [], []
-    with session.graph_executor(folder) as gm:      # the surface: remote.graph_executor("out/")
+    with session.graph_executor(folder) as gm:      # the documented surface: remote.graph_executor("out/")
         assert gm.input_names == ["input"] and gm.output_names == ["probs"]
         gm.set_input("input", x)
         gm.run()

@@ -1,4 +1,4 @@
-"""The onnxruntime contrib ops quantize_static writes in the QOperator form (domain com.microsoft, issue 12)
+"""The onnxruntime contrib ops quantize_static writes in the QOperator form (domain com.microsoft)
 against onnxruntime: QLinearAdd and QGemm and QLinearGlobalAveragePool bit for bit (every pair of uint8 inputs
 for QLinearAdd), QLinearMul, QLinearConcat and QLinearSigmoid within one quantization step."""
 import numpy as np

@@ -1,8 +1,8 @@
-"""onnxruntime's DynamicQuantizeLSTM (issue 12): models with an LSTM and a MatMul quantized by onnxruntime's own
+"""onnxruntime's DynamicQuantizeLSTM: models with an LSTM and a MatMul quantized by onnxruntime's own
 quantize_dynamic (int8 and uint8 weights, per tensor and per channel, every direction), run by tether on the host
 and on an emulated aarch64 device, against onnxruntime.
 
-The bound is the issue's: at most one quantization step on >= 99.9% of the elements, the step of a float output
+The bound: at most one quantization step on >= 99.9% of the elements, the step of a float output
 being the one DynamicQuantizeLinear would give it, (max(y, 0) - min(y, 0)) / 255 (the scale at which onnxruntime
 quantizes the hidden state for the next step and the LSTM output for the MatMul). onnxruntime runs at one thread:
 at more it quantizes blocks of batch rows on their own, which tether does not model (frontend/onnx/quantized_lstm.py).

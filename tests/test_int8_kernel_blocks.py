@@ -3,7 +3,6 @@ output pixels x 1..4 channel panels (and its fallback when no count from 4 to 8 
 form's pixels padded to two vectors with the requantize fused into each block (a vector tail, and a tail that is
 not a vector, written back one vector at a time), each bit for bit onnxruntime's QLinearConv: odd channel counts,
 strides 2, asymmetric pads, dilation, uint8 and int8 activations."""
-import numpy as np
 import pytest
 from test_int8_kernels import _ops, _qlinearconv
 

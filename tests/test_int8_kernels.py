@@ -1,4 +1,4 @@
-"""The int8 conv kernels (issue 12): qconv2d (dot4: the pixel form and the pointwise matmul form) and
+"""The int8 conv kernels: qconv2d (dot4: the pixel form and the pointwise matmul form) and
 qdepthwise2d, each taken by passes/quantize_dot.py for the convs it covers, bit for bit onnxruntime's
 QLinearConv: odd channel counts, strides, pads, dilation, per-channel and per-tensor weights, uint8 and int8
 activations, uint8 weights with a zero point; what the pass leaves (a grouped conv) still matches. Then the choice

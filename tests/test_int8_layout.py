@@ -1,4 +1,4 @@
-"""int8 activations channels last between int8 kernels (issue 12, graph/passes/int8_layout.py): a small network of
+"""int8 activations channels last between int8 kernels (graph/passes/int8_layout.py): a small network of
 int8 convs (3x3, depthwise at strides 1 and 2, pointwise, odd channel counts), a max pool, residual adds and a
 global pool,
 quantized by onnxruntime's quantize_static in the QDQ and the QOperator form, with uint8 and int8 activations.
@@ -28,9 +28,9 @@ SIZE = 12
 
 
 def _float_net(seed: int = 0) -> onnx.ModelProto:
-    """x (1, 6, 12, 12) -> 3x3 conv 6->19 + relu -> 3x3 max pool -> depthwise s1 -> pointwise 19->20 (a) -> pointwise 20->36 + relu
-    -> depthwise s2 -> pointwise 36->20 -> ... and a residual block: y = a' + pw(dw(pw(a'))) at 6x6; outputs y and
-    its global average pool."""
+    """x (1, 6, 12, 12) -> 3x3 conv 6->19 + relu -> 3x3 max pool -> depthwise s1 -> pointwise 19->20 (a)
+    -> pointwise 20->36 + relu -> depthwise s2 -> pointwise 36->20 -> ... and a residual block:
+    y = a' + pw(dw(pw(a'))) at 6x6; outputs y and its global average pool."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], {}
 

@@ -1,4 +1,4 @@
-"""int8 models end to end on the host (issue 12): mobilenet_v2 and resnet50 quantized by onnxruntime's
+"""int8 models end to end on the host: mobilenet_v2 and resnet50 quantized by onnxruntime's
 quantize_static in the QDQ form (per channel; the quantize pass runs each DQ -> op -> Q group as an integer kernel)
 and the QOperator form (QLinearConv and the com.microsoft contrib ops), compiled by tether and compared with
 onnxruntime on random inputs: within one quantization step on >= 99.9% of the outputs and the same top-1

@@ -1,4 +1,4 @@
-"""The ONNX quantized operators (issue 12, item 1) through the whole flow against onnxruntime, bit for bit:
+"""The ONNX quantized operators through the whole flow against onnxruntime, bit for bit:
 QuantizeLinear/DequantizeLinear (per tensor, per axis, blocked), DynamicQuantizeLinear, MatMulInteger,
 ConvInteger, QLinearMatMul, QLinearConv; and the refusals of the element types tether does not implement."""
 import numpy as np
@@ -125,7 +125,8 @@ def test_qlinear_conv_per_channel(onnx_compare, xshape, wshape, attrs, xdt):
     oc = wshape[0]
     inits = {"sx": np.array(0.05, np.float32), "zx": _ints((), xdt), "w": w,
              "sw": RNG.uniform(0.001, 0.01, oc).astype(np.float32), "zw": np.zeros(oc, np.int8),
-             "sy": np.array(0.7, np.float32), "zy": _ints((), xdt), "bias": RNG.integers(-5000, 5000, oc).astype(np.int32)}
+             "sy": np.array(0.7, np.float32), "zy": _ints((), xdt),
+             "bias": RNG.integers(-5000, 5000, oc).astype(np.int32)}
     model = make_model("QLinearConv", {"x": x}, attrs, opset=10, initializers=inits)
     model.graph.node[0].input[:] = ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "bias"]
     for level in (3, 2):

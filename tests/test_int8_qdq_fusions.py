@@ -1,5 +1,5 @@
-"""The QDQ groups onnxruntime runs as integer kernels around pooling, Resize, Concat and activations (issue 12,
-graph/passes/quantize.py): each fused by tether (no quantize/dequantize left around it) and bit for bit equal to
+"""The QDQ groups onnxruntime runs as integer kernels around pooling, Resize, Concat and activations
+(graph/passes/quantize.py): each fused by tether (no quantize/dequantize left around it) and bit for bit equal to
 onnxruntime on every input value (uint8 and int8, several scales and zero points); and groups that do not match
 a pattern run unfused, still equal to onnxruntime (which leaves them to float as well)."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""More com.microsoft QOperator ops (issue 12, frontend/onnx/qoperator_contrib.py) against onnxruntime, bit for
+"""More com.microsoft QOperator ops (frontend/onnx/qoperator_contrib.py) against onnxruntime, bit for
 bit over every int8/uint8 input value: QLinearLeakyRelu, QLinearAveragePool, QLinearWhere, QLinearSoftmax; the
 refusals; and QuickGelu (float, frontend/onnx/contrib_activations.py)."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""int8 kernels on emulated ARM devices (issue 12): ONNX's quantized node cases and quantize_static models
+"""int8 kernels on emulated ARM devices: ONNX's quantized node cases and quantize_static models
 compiled for rasp4b (aarch64 Cortex-A72), rasp5 (aarch64 Cortex-A76, with the dot product) and armv7-a7 (armv7
 Cortex-A7), run there through the graph executor, against ONNX's expected data and onnxruntime on the host."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""Which int8 instructions each target may use (issue 12): target.int8_instructions and `tether targets`."""
+"""Which int8 instructions each target may use: target.int8_instructions and `tether targets`."""
 from click.testing import CliRunner
 
 from tether.target import PRESET_NAMES, Target, int8_instructions

@@ -1,4 +1,4 @@
-"""The kernel changes the model kinds of issue 11 asked for, each against numpy or onnxruntime: a split's single
+"""The kernel changes that the model kinds users bring needed, each against numpy or onnxruntime: a split's single
 partial tile keeps its unrolled loops (a matmul whose rows MR does not divide), dense weights packed into panels
 at build time, softmax rows reduced in vector lanes with exp terms under float32's normal range flushed to zero
 (masked attention rows), and Pow(x, 2) imported as x * x."""

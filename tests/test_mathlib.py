@@ -227,7 +227,8 @@ void _start(void) {
   int failures = 0;
   for (unsigned k = 0; k < sizeof(fns) / sizeof(fns[0]); ++k) {
     if (fill((char*)x, sizeof x) || fill((char*)y, sizeof y)) sys3(NR_EXIT, 100, 0, 0);
-    DLTensor t[3] = {{x, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, 0, 0}, {y, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, 0, 0},
+    DLTensor t[3] = {{x, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, 0, 0},
+                     {y, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, 0, 0},
                      {out, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, 0, 0}};
     if (nargs[k] == 2) t[1] = t[2];
     TetherValue args[3]; int32_t codes[3] = {TETHER_DLTENSOR, TETHER_DLTENSOR, TETHER_DLTENSOR};
@@ -270,8 +271,8 @@ def build_arm_harness(preset, tmp_path, funcs):
         "nargs": ", ".join("3" if f == "pow" else "2" for f, _ in kernels)})
     exe = tmp_path / "harness"
     subprocess.run(zig_cc + ["-target", triple] + cflags + ["-nostdlib", "-ffreestanding", "-static", "-O1",
-                   "-fno-stack-protector", "-I", str(tmp_path), "-I", str(KERNEL_DIR), "-o", str(exe), str(tmp_path / "h.c"),
-                   str(tmp_path / "kern.o")], check=True, timeout=300, capture_output=True)
+                   "-fno-stack-protector", "-I", str(tmp_path), "-I", str(KERNEL_DIR), "-o", str(exe),
+                   str(tmp_path / "h.c"), str(tmp_path / "kern.o")], check=True, timeout=300, capture_output=True)
     return exe, kernels, qemu
 
 

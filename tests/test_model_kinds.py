@@ -1,4 +1,4 @@
-"""Every model kind of issue 11 (tether.testing.model_kinds: a DB text detector, an SVTR and a CRNN recognizer,
+"""Every model kind users bring (tether.testing.model_kinds: a DB text detector, an SVTR and a CRNN recognizer,
 YOLOv8, YOLOX and PicoDet detectors, a voice-activity detector, a MobileNetV3 classifier, a transformer encoder),
 built with onnx.helper at a small input size, compiled for the host and compared with onnxruntime: every output
 has onnxruntime's dtype and shape and a max relative error (max |tether - ort| / max |ort|) <= 1e-4.

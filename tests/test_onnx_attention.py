@@ -161,7 +161,8 @@ def test_attention_qk_matmul_output_through_the_function_body(onnx_compare, mode
 
 
 def test_attention_float64_through_the_function_body(onnx_compare):
-    feeds = {k: v.astype(np.float64) for k, v in {"q": _r(1, 2, 3, 4), "k": _r(1, 2, 5, 4), "v": _r(1, 2, 5, 4)}.items()}
+    feeds = {k: v.astype(np.float64)
+             for k, v in {"q": _r(1, 2, 3, 4), "k": _r(1, 2, 5, 4), "v": _r(1, 2, 5, 4)}.items()}
     m = _attention(feeds, {"is_causal": 1})
     onnx_compare(m, feeds, expected=_reference(m, feeds))
     assert "softmax" in _ops(m)

@@ -13,7 +13,6 @@ import numpy as np
 import onnx
 import onnx.backend.base
 import onnx.backend.test
-import pytest
 
 import tether
 from tether import graph_executor
@@ -65,7 +64,7 @@ unsqueeze_axis_0 unsqueeze_axis_1 unsqueeze_axis_2 unsqueeze_two_axes unsqueeze_
 unsqueeze_negative_axes
 """.split()
 
-# ---- issue 11, structural ops (tests/test_onnx_<family>.py cover them against onnxruntime too): reductions,
+# ---- structural ops (tests/test_onnx_<family>.py cover them against onnxruntime too): reductions,
 # arg-reductions, normalisations, shape ops, resize ... Each list is what passes; the rest of each family is
 # refused by name (or needs an op the elementwise helper owns, e.g. CastLike in the *_expanded cases).
 NODE_CASES_STRUCT = """
@@ -256,5 +255,5 @@ def test_selection_is_the_documented_size():
 
 
 def test_structural_selection_size():
-    """issue 11 structural families: 146 reduce/arg, 25 norm, 36 shape, 38 resize, 10 convtranspose, 48 index."""
+    """The structural families: 146 reduce/arg, 25 norm, 36 shape, 38 resize, 10 convtranspose, 48 index."""
     assert len(NODE_CASES_STRUCT) == len(set(NODE_CASES_STRUCT)) == 303

@@ -18,7 +18,7 @@ EVER_WRONG = ["test_div_int32_trunc", "test_pow_types_int32_float32", "test_pow_
               "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
               "test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded",
               "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded",
-              # float16 results rounded at a no-op Cast(to=float16) between float32-computed nodes (issue 11)
+              # float16 results rounded at a no-op Cast(to=float16) between float32-computed nodes
               "test_attention_4d_causal_fp16_expanded",
               # float Mod fmod=0 with an infinite divisor gave NaN, not x (or the infinity) as numpy does
               "test_mod_float_edge_cases_fmod_0_float32", "test_mod_float_edge_cases_fmod_0_float64",
@@ -86,7 +86,7 @@ def test_a_wrong_result_is_reported_as_wrong():
 
 
 # ---------------------------------------------------------------- ops converted through their function body
-# (frontend/onnx/functions.py, issue 11): one case of each op type with no converter whose body tether converts
+# (frontend/onnx/functions.py): one case of each op type with no converter whose body tether converts
 # (other such ops' bodies use ops tether lacks - RandomUniformLike, STFT, ... - and are refused)
 FUNCTION_BODY_CASES = ["test_sce_none", "test_nllloss_NC", "test_mvn", "test_shrink_hard", "test_swish",
                        "test_causal_conv_with_state_basic", "test_center_crop_pad_crop"]

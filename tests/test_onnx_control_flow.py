@@ -331,7 +331,7 @@ def test_guards_keep_every_read_value_computed():
     assert node_guards(g2, {}) == [frozenset()]
 
 
-# ---------------------------------------------------------------- ONNX's own node cases for the ops
+# ---------------------------------------------------------------- ONNX's own node cases for these ops
 # (scripts/onnx_conformance.py --include 'lstm|gru|rnn|^test_(if|loop|scan)'): every case passes except these,
 # refused by design, each with the reason it must give
 # (sequences and optionals: frontend/onnx/sequence.py; test_if_opt's branches give an empty and a full optional,

@@ -335,6 +335,7 @@ def test_max_min_integers(op, dtype):
 def test_inputs_of_dtypes_without_kernels_are_refused_by_name(elem, name):
     from tether.frontend import from_onnx
     g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", elem, [3])], [helper.make_tensor_value_info("y", elem, [3])])
+                          [helper.make_tensor_value_info("x", elem, [3])],
+                          [helper.make_tensor_value_info("y", elem, [3])])
     with pytest.raises(UnsupportedOpError, match="element type %s" % name):
         from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))

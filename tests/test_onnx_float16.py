@@ -1,7 +1,8 @@
-"""float16 ONNX models through the whole flow (issue 11): float16 inputs, weights and outputs; every computing node
-runs in float32 between casts the graph passes fuse into its kernel (frontend/onnx/half.py); the graph executor
-holds float16 inputs, outputs and stored intermediates (constant weights are widened to float32 when imported). Compared with onnxruntime on the host and with the graph executor on emulated
-aarch64 (rasp4b) and armv7 (armv7-a7) over RPC."""
+"""float16 ONNX models through the whole flow: float16 inputs, weights and outputs; every computing node runs in
+float32 between casts the graph passes fuse into its kernel (frontend/onnx/half.py); the graph executor holds
+float16 inputs, outputs and stored intermediates (constant weights are widened to float32 when imported). Compared
+with onnxruntime on the host and with the graph executor on emulated aarch64 (rasp4b) and armv7 (armv7-a7) over
+RPC."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper

@@ -3,10 +3,7 @@ the node converts through its body. Each model runs through the whole flow again
 import numpy as np
 import pytest
 from fixtures.onnx_struct_compare import make_model
-from onnx import helper
 
-from tether.errors import UnsupportedOpError
-from tether.frontend import from_onnx
 from tether.frontend.onnx import op_coverage, unsupported_ops
 
 RNG = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""ONNX sequences and optionals (issue 11), resolved at import into tensor values (frontend/onnx/sequence.py):
+"""ONNX sequences and optionals, resolved at import into tensor values (frontend/onnx/sequence.py):
 models that split into, build, map over, insert into, erase from and concatenate sequences, carry them through
 Loop and If, and wrap values in optionals, compiled for the host and compared with onnxruntime. Sequence graph
 inputs and outputs are one tensor per element (``NAME.0``, ``NAME.1``, ...). Where a length or position is

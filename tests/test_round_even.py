@@ -1,4 +1,4 @@
-"""te.round_even (round half to even, the int8 requantization's rounding, issue 12) against numpy's rint, bit for
+"""te.round_even (round half to even, the int8 requantization's rounding) against numpy's rint, bit for
 bit: the host build (SSE4.1's roundps, llvm.roundeven) and a baseline x86-64 build without SSE4.1 (the
 add-and-remove trick armv7 uses too), scalar and vectorized, with a fast-math build (whose flags must not fold the
 trick away). The int8 tests run it on emulated ARM (tests/test_int8_layout.py, tests/test_int8_remote.py)."""

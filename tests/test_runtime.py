@@ -160,7 +160,8 @@ def test_bad_arguments_give_readable_kernel_errors(vadd_mod, args, pattern):
 def test_decode_of_remaining_codes(vadd_mod):
     f = vadd_mod["vadd"]
     a = np.zeros(N, "float32")
-    assert "argument 1 'B' is not a compact row-major array (dimension 0)" in str(f.decode_error(6 << 24 | 1 << 8, (a, a, a)))
+    assert "argument 1 'B' is not a compact row-major array (dimension 0)" in str(
+        f.decode_error(6 << 24 | 1 << 8, (a, a, a)))
     assert "argument 2 'C' has a NULL data pointer" in str(f.decode_error(7 << 24 | 2 << 8, (a, a, a)))
     assert "a parallel task failed with code 42" in str(f.decode_error(8 << 24 | 42))
     assert "return code" in str(f.decode_error(0x7F000001))

@@ -1,4 +1,4 @@
-"""Vector loads whose index moves by a constant stride other than one per lane (issue 17): a small stride is one
+"""Vector loads whose index moves by a constant stride other than one per lane: a small stride is one
 contiguous load of the lanes' span plus a shufflevector, a large one is one llvm.masked.gather; neither is a chain
 of per-lane scalar loads and insertelements. Results are checked against numpy on the host and on the emulated
 aarch64 (rasp4b) and armv7 (armv7-a7) devices."""

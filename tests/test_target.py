@@ -104,6 +104,24 @@ def test_targets_command_lists_presets():
     assert result.exit_code == 0 and "rasp4b" in result.output
 
 
+@pytest.mark.parametrize("columns", [60, 80, 200])
+def test_targets_command_fits_the_terminal(columns):
+    """Every field whole at any width: at 80 columns a six-column table would cut its cells to a letter or two."""
+    from tether.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["targets"], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= columns, result.output
+    assert "\u2026" not in result.output, result.output   # rich's ellipsis: a cell cut short
+    words = set(result.output.replace("\u2502", " ").replace("\u2503", " ").split())
+    plain = CliRunner().invoke(cli, ["targets", "--plain"]).output
+    for row in (line.split("\t") for line in plain.strip().splitlines()):
+        assert {row[0], row[1], row[2]} <= words, (row, result.output)
+        # the long fields may wrap, but every word of them is there (a "[...]" in one is text, not markup)
+        assert set(" ".join(row[3:]).split()) <= words, (row, result.output)
+
+
 def test_to_dict_round_trip():
     for name in PRESET_NAMES:
         t = Target(name)

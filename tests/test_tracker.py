@@ -322,7 +322,8 @@ def test_device_that_never_acknowledges_does_not_lose_the_request(tracker_lab):
     reader = transport.FrameReader(mute, p.DEFAULT_LIMITS)
     transport.send_frame(mute, TrackerMsg.HELLO, 0, hello_payload("device", "mute"))
     assert reader.read_frame()[0] == TrackerMsg.WELCOME
-    transport.send_frame(mute, TrackerMsg.REGISTER, 0, {"key": "pi", "port": 9, "tags": {}, "info": {}, "state": "free"})
+    transport.send_frame(mute, TrackerMsg.REGISTER, 0,
+                         {"key": "pi", "port": 9, "tags": {}, "info": {}, "state": "free"})
     assert reader.read_frame()[0] == TrackerMsg.REGISTERED
     try:
         tracker_lab.device(tracker, "pi")          # registered second: the mute one is first in line
@@ -402,7 +403,8 @@ def _old_device_python():
     import glob
     import shutil
 
-    for candidate in [shutil.which("python3.9")] + sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python"))):
+    pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python")))
+    for candidate in [shutil.which("python3.9")] + pyenv:
         if not candidate:
             continue
         probe = subprocess.run([candidate, "-c", "import numpy, msgpack; print(numpy.__version__)"],

@@ -1,4 +1,4 @@
-"""tether tune (issue 15) with a real tracker and real device servers on loopback: task extraction, tuning logs
+"""tether tune with a real tracker and real device servers on loopback: task extraction, tuning logs
 used by build_graph, wrong results and build errors recorded, a device killed mid-measurement, kill + --resume."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tuning configs (issue 15): every op family's config space yields kernels that agree with numpy, the default
+"""Tuning configs: every op family's config space yields kernels that agree with numpy, the default
 config is exactly the default schedule, and a config the schedules cannot take is refused by name."""
 import random
 
@@ -135,7 +135,7 @@ def test_docs_name_every_knob_and_option():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# conv2d_pixels' channel panel and the parallel axis (issue 15): every value computes numpy's answer
+# conv2d_pixels' channel panel and the parallel axis: every value computes numpy's answer
 
 def _pixels_conv(rng, width, groups=1, prepacked=True):
     """A conv2d_pixels kernel over weights in `width`-wide panels (packed ahead, or by the kernel)."""

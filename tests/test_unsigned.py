@@ -1,4 +1,4 @@
-"""uint16/uint32/uint64 kernels (issue 11): division, remainder, comparison, min/max, right shift, widening and
+"""uint16/uint32/uint64 kernels: division, remainder, comparison, min/max, right shift, widening and
 float conversions are unsigned (udiv/urem/icmp u*/lshr/zext/uitofp/fptoui), checked against numpy with values at
 and above 2^(bits-1), where a signed instruction would give another answer; on the host and on emulated aarch64
 and armv7 (where 64-bit division and conversions are the module's own __aeabi_* helpers). Then ONNX models on

@@ -78,7 +78,8 @@ def main(argv: list) -> int:
     if len(argv) == 2 and argv[0] == "--check":
         bad = misaligned(argv[1])
         for name, at, alignment in bad:
-            sys.stderr.write("align_apk.py: %s: %s starts at %d, not a multiple of %d\n" % (argv[1], name, at, alignment))
+            sys.stderr.write("align_apk.py: %s: %s starts at %d, not a multiple of %d\n"
+                             % (argv[1], name, at, alignment))
         return 1 if bad else 0
     if len(argv) == 2:
         align(argv[0], argv[1])

@@ -58,7 +58,6 @@ class TetherValue(ctypes.Union):
 # numpy dtype name -> (DLPack type code, bits), for the dtypes a device array may hold (tether_rpc.dtypes)
 DTYPE_TO_DL: Dict[str, Tuple[int, int]] = {row.name: (row.dl_code, row.bits) for row in DTYPES.values()
                                            if row.name in ARRAY_DTYPES}
-DL_TO_DTYPE: Dict[Tuple[int, int], str] = {v: k for k, v in DTYPE_TO_DL.items()}
 SUPPORTED_DTYPES = tuple(DTYPE_TO_DL)
 
 
@@ -73,18 +72,6 @@ def dtype_name(dtype) -> str:
         raise KernelError("dtype %s is not supported by tether kernels; supported: %s"
                           % (name, ", ".join(SUPPORTED_DTYPES)))
     return name
-
-
-def dl_datatype(dtype) -> DLDataType:
-    code, bits = DTYPE_TO_DL[dtype_name(dtype)]
-    return DLDataType(code, bits, 1)
-
-
-def dtype_from_dl(dt: DLDataType) -> str:
-    """The numpy dtype name for a DLDataType, or a descriptive placeholder (never raises)."""
-    if dt.lanes == 1 and (dt.code, dt.bits) in DL_TO_DTYPE:
-        return DL_TO_DTYPE[(dt.code, dt.bits)]
-    return "dl(code=%d,bits=%d,lanes=%d)" % (dt.code, dt.bits, dt.lanes)
 
 
 def make_dltensor(data_ptr: int, shape: Sequence[int], dtype: str) -> Tuple[DLTensor, object]:

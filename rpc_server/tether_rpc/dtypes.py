@@ -97,12 +97,6 @@ def lookup(dtype: Any) -> DType:
     return row
 
 
-def storage_dtype(dtype: Any) -> Any:
-    """The numpy dtype whose elements hold ``dtype`` (``bfloat16`` -> ``uint16``)."""
-    import numpy as np
-    return np.dtype(lookup(dtype).storage)
-
-
 # ---------------------------------------------------------------- numpy arrays of types numpy lacks (bfloat16)
 def numpy_dtype(dtype: Any) -> Any:
     """The numpy dtype that holds ``dtype``'s elements: numpy's own, or the tagged storage (bfloat16 -> uint16

@@ -64,8 +64,5 @@ class SessionFolder:
     def remove(self, name: object) -> None:
         os.remove(self.existing(name))
 
-    def open_write(self, name: object) -> BinaryIO:
-        return open(self.path_for(name), "wb")
-
     def open_read(self, name: object) -> BinaryIO:
         return open(self.existing(name), "rb")

@@ -6,8 +6,8 @@ and the RPC session exposes it through the built-ins in ``BUILTINS`` (``tether.g
 The graph JSON (written by ``tether.build_graph``, described in docs/graph.md) lists storages (byte sizes),
 entries (a typed view of a storage: name, shape, dtype, storage id and, from version 2, a byte offset), the
 input/output/param entries and the nodes (a packed function of the module and its argument entries, inputs
-then output). Entries at offsets are how a concat costs nothing: its inputs are slices of its output. At creation every node
-is bound once to numpy views of its storages (``PackedFunc.bind``), so ``run()`` is one ctypes call per node.
+then output). Entries at offsets are how a concat costs nothing: its inputs are slices of its output. At creation
+every node is bound once to numpy views of its storages (``PackedFunc.bind``), so ``run()`` is one ctypes call per node.
 """
 from __future__ import annotations
 

@@ -217,7 +217,8 @@ class PackedFunc:
             elif isinstance(a, (bool, int, np.integer)):
                 v = int(a)
                 if not _INT64_MIN <= v <= _INT64_MAX:
-                    raise KernelError("%s: argument %d%s = %d does not fit in int64" % (self.name, i, self._argname(i), v))
+                    raise KernelError("%s: argument %d%s = %d does not fit in int64"
+                                      % (self.name, i, self._argname(i), v))
                 values[i].v_int64 = v
                 codes[i] = TETHER_INT64
             elif isinstance(a, (float, np.floating)):

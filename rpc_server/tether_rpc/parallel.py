@@ -583,7 +583,8 @@ class NativePool:
 _native: Optional[NativePool] = None
 _native_enabled = _env_flag("TETHER_NATIVE_POOL", True)
 _native_lock = threading.Lock()
-_pool_spin: Optional[int] = _env_number("TETHER_POOL_SPIN", int, None, "a number of spin iterations")  # None: the module's default (codegen/threadpool.py DEFAULT_SPIN)
+# None: the module's default (codegen/threadpool.py DEFAULT_SPIN)
+_pool_spin: Optional[int] = _env_number("TETHER_POOL_SPIN", int, None, "a number of spin iterations")
 
 
 def _adopt_provider(lib: ctypes.CDLL) -> None:

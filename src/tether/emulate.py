@@ -664,11 +664,6 @@ class EmulatedDevice:
 EXTRAS: dict[str, tuple] = {"java": ("openjdk-17-jre-headless",)}
 
 
-def java_path(userland: Userland) -> pathlib.Path:
-    """The host path of the guest's java (the extract variant runs no update-alternatives: no /usr/bin/java)."""
-    return userland.rootfs / "usr" / "lib" / "jvm" / ("java-17-openjdk-%s" % userland.spec.debian_arch) / "bin" / "java"
-
-
 def ensure_extra(userland: Userland, extra: str, *, progress: Optional[Callable[[str], None]] = None) -> Userland:
     """Return ``userland`` with the packages of ``extra`` (EXTRAS) in its rootfs, adding them first if needed.
 

@@ -443,7 +443,7 @@ def as_target(target: Union[str, Target, None]) -> Target:
     return target if isinstance(target, Target) else Target(target or "host")
 
 
-# ---- int8 instructions (issue 12) ---------------------------------------------------------------------------
+# ---- int8 instructions ---------------------------------------------------------------------------
 # What an int8 dot product may be built from on a target: the widest integer multiply-accumulate its features
 # allow, best first. A preset that covers CPUs with and without an extension (android-arm64: phones with and
 # without the Armv8.2 dot product) lists the extension's instructions as chosen at load time, from what the

@@ -1,82 +1,27 @@
-"""Self-contained HTML reports of bench runs and comparisons: matplotlib draws each plot as SVG, inlined.
-
-The page has no script and loads nothing (no CDN, no fonts, no images by URL), so it works offline, from a
-CI artifact or an e-mail. Plots use matplotlib's object API (``Figure``) rather than pyplot, so writing a report
-neither picks nor changes the caller's matplotlib backend, and nothing global is left behind.
-"""
+"""Self-contained HTML reports of bench runs and comparisons: matplotlib draws each plot as SVG, inlined (the page
+and its pieces: tether.bench.page)."""
 from __future__ import annotations
 
-import html
-import io
 import json
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List
 
 import numpy as np
 
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2330;max-width:1200px}
-h1{font-size:22px} h2{font-size:18px;margin-top:32px;border-bottom:1px solid #dde} h3{font-size:15px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0}
-td,th{border:1px solid #dde;padding:3px 8px;text-align:right} th{background:#f3f4f8}
-td.l,th.l{text-align:left} .warn{color:#a15c00} .slower{color:#b00020;font-weight:bold}
-.faster{color:#1b7a2e;font-weight:bold} .plot svg{max-width:100%;height:auto}
-details{margin:6px 0} pre{font-size:12px;background:#f6f7fa;padding:8px;overflow:auto}
-"""
-
+from tether.bench.page import escape, figure, duration, page, plot_block, svg, svg_style, time_unit
 
 MAX_POINTS = 1000  # sample dots drawn per distribution
-
-
-def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    text = buf.getvalue()
-    start = text.find("<svg")
-    return text[start:] if start >= 0 else text
-
-
-def _figure(width: float = 8.0, height: float = 3.2) -> Any:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=100)
-
-
-def _rc() -> Any:
-    import matplotlib
-
-    # text stays text in the SVG (smaller, searchable); the hash salt keeps ids stable between runs
-    return matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "tether-bench", "font.size": 9})
-
-
-def _unit(values: Sequence[float]) -> tuple:
-    top = max(values) if len(values) else 1.0
-    for name, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if top >= scale:
-            return name, scale
-    return "ns", 1e-9
 
 
 def _steady(result: Dict[str, Any]) -> List[float]:
     return [s["s"] for s in result["samples"] if s.get("used", not s.get("warmup"))]
 
 
-def _esc(x: Any) -> str:
-    return html.escape(str(x))
-
-
-def _fmt(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "-"
-    name, scale = _unit([seconds])
-    return "%.4g %s" % (seconds / scale, name)
-
-
 def distribution_plot(label: str, groups: List[tuple]) -> str:
     """Latency distribution of each (name, samples): violins with the samples on top."""
     values = [v for _, s in groups for v in s]
-    unit, scale = _unit(values)
-    with _rc():
-        fig = _figure(8.0, 0.9 + 0.55 * max(2, len(groups)))
+    unit, scale = time_unit(values)
+    with svg_style():
+        fig = figure(8.0, 0.9 + 0.55 * max(2, len(groups)))
         ax = fig.add_subplot(1, 1, 1)
         data = [np.asarray(s) / scale for _, s in groups]
         pos = np.arange(1, len(groups) + 1)
@@ -99,7 +44,7 @@ def distribution_plot(label: str, groups: List[tuple]) -> str:
         ax.set_xlabel("time per run (%s)" % unit)
         ax.set_title(label)
         ax.grid(axis="x", alpha=0.3)
-        return _svg(fig)
+        return svg(fig)
 
 
 def timeline_plot(result: Dict[str, Any]) -> str:
@@ -107,10 +52,10 @@ def timeline_plot(result: Dict[str, Any]) -> str:
     samples = result["samples"]
     t = np.array([s["t"] for s in samples])
     y = np.array([s["s"] for s in samples])
-    unit, scale = _unit(list(y))
+    unit, scale = time_unit(list(y))
     warm = np.array([bool(s.get("warmup")) for s in samples])
-    with _rc():
-        fig = _figure(8.0, 3.0)
+    with svg_style():
+        fig = figure(8.0, 3.0)
         ax = fig.add_subplot(1, 1, 1)
         ax.plot(t, y / scale, color="#2b59c3", lw=1, label="time per run")
         if warm.any():
@@ -140,26 +85,26 @@ def timeline_plot(result: Dict[str, Any]) -> str:
             handles, labels = handles + h2, labels + l2
         ax.legend(handles, labels, loc="upper right", fontsize=7)
         ax.set_title("%s on %s" % (result["target"], result["device"]))
-        return _svg(fig)
+        return svg(fig)
 
 
 def profile_plot(result: Dict[str, Any], top: int = 25) -> str:
     nodes = sorted(result["profile"], key=lambda r: -r["seconds"])[:top]
-    unit, scale = _unit([n["seconds"] for n in nodes])
-    with _rc():
-        fig = _figure(8.0, 0.8 + 0.22 * len(nodes))
+    unit, scale = time_unit([n["seconds"] for n in nodes])
+    with svg_style():
+        fig = figure(8.0, 0.8 + 0.22 * len(nodes))
         ax = fig.add_subplot(1, 1, 1)
         names = ["%s (%s)" % (n["name"][:32], n["ops"][:24]) for n in nodes][::-1]
         ax.barh(names, [n["seconds"] / scale for n in nodes][::-1], color="#2b59c3")
         ax.set_xlabel("time per layer (%s)" % unit)
         ax.set_title("per-layer profile: %s on %s (top %d)" % (result["target"], result["device"], len(nodes)))
         ax.grid(axis="x", alpha=0.3)
-        return _svg(fig)
+        return svg(fig)
 
 
 def ratio_plot(rows: List[Dict[str, Any]]) -> str:
-    with _rc():
-        fig = _figure(8.0, 0.9 + 0.45 * max(2, len(rows)))
+    with svg_style():
+        fig = figure(8.0, 0.9 + 0.45 * max(2, len(rows)))
         ax = fig.add_subplot(1, 1, 1)
         colors = {"slower": "#b00020", "faster": "#1b7a2e", "same": "#555"}
         for k, r in enumerate(rows):
@@ -171,11 +116,7 @@ def ratio_plot(rows: List[Dict[str, Any]]) -> str:
         ax.set_yticklabels(["%s on %s" % (r["target"], r["device"]) for r in rows])
         ax.set_xlabel("new / base median (95% bootstrap CI)")
         ax.grid(axis="x", alpha=0.3)
-        return _svg(fig)
-
-
-def _plot_block(kind: str, svg: str) -> str:
-    return '<figure class="plot" data-plot="%s">%s</figure>' % (kind, svg)
+        return svg(fig)
 
 
 def _kv_table(d: Dict[str, Any]) -> str:
@@ -183,21 +124,16 @@ def _kv_table(d: Dict[str, Any]) -> str:
     for k, v in d.items():
         if isinstance(v, (list, dict)):
             v = json.dumps(v) if len(json.dumps(v)) < 300 else json.dumps(v)[:300] + " ..."
-        rows.append('<tr><th class="l">%s</th><td class="l">%s</td></tr>' % (_esc(k), _esc(v)))
+        rows.append('<tr><th class="l">%s</th><td class="l">%s</td></tr>' % (escape(k), escape(v)))
     return "<table>%s</table>" % "".join(rows)
-
-
-def _page(title: str, body: List[str]) -> str:
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>%s</title>"
-            "<style>%s</style></head><body>%s</body></html>\n" % (_esc(title), CSS, "\n".join(body)))
 
 
 def render_report(doc: Dict[str, Any]) -> str:
     results = doc["results"]
     body = ["<h1>tether bench</h1>",
             "<p>%s &middot; tether %s (%s) &middot; %d result(s) on %d device(s)</p>"
-            % (_esc(doc.get("created")), _esc(doc["host"].get("tether_version")),
-               _esc((doc["host"].get("git_commit") or "no git")[:12]), len(results), len(doc.get("devices", [])))]
+            % (escape(doc.get("created")), escape(doc["host"].get("tether_version")),
+               escape((doc["host"].get("git_commit") or "no git")[:12]), len(results), len(doc.get("devices", [])))]
     head = ("target", "device", "median", "95% CI of median", "mean", "min", "p90", "p99", "IQR", "CV", "n x runs",
             "warm-up", "first run", "peak RSS")
     rows = []
@@ -205,19 +141,19 @@ def render_report(doc: Dict[str, Any]) -> str:
         s = r["stats"]
         rss = r["memory"].get("peak_rss_bytes")
         rows.append("<tr>%s</tr>" % "".join(
-            '<td%s>%s</td>' % (' class="l"' if i < 2 else "", _esc(c)) for i, c in enumerate(
-                (r["target"], r["device"], _fmt(s["median"]), "%s - %s" % (_fmt(s["ci95_median"][0]),
-                                                                        _fmt(s["ci95_median"][1])),
-                 _fmt(s["mean"]), _fmt(s["min"]), _fmt(s["p90"]), _fmt(s["p99"]), _fmt(s["iqr"]),
+            '<td%s>%s</td>' % (' class="l"' if i < 2 else "", escape(c)) for i, c in enumerate(
+                (r["target"], r["device"], duration(s["median"]), "%s - %s" % (duration(s["ci95_median"][0]),
+                                                                        duration(s["ci95_median"][1])),
+                 duration(s["mean"]), duration(s["min"]), duration(s["p90"]), duration(s["p99"]), duration(s["iqr"]),
                  "%.1f%%%s" % (100 * s["cv"], " (unstable)" if s["unstable"] else ""),
-                 "%d x %d" % (s["n"], r["number"]), r["warmup"]["count"], _fmt(r["phases"].get("first_run_s")),
+                 "%d x %d" % (s["n"], r["number"]), r["warmup"]["count"], duration(r["phases"].get("first_run_s")),
                  "%.1f MiB" % (rss / 2 ** 20) if rss else "-"))))
     body.append('<h2>Summary</h2><table id="summary"><tr>%s</tr>%s</table>'
                 % ("".join("<th>%s</th>" % h for h in head), "".join(rows)))
     warnings = [(r, w) for r in results for w in r["warnings"]]
     if warnings:
-        body.append("<ul>%s</ul>" % "".join('<li class="warn">%s on %s: %s</li>' % (_esc(r["target"]),
-                                                                                    _esc(r["device"]), _esc(w))
+        body.append("<ul>%s</ul>" % "".join('<li class="warn">%s on %s: %s</li>' % (escape(r["target"]),
+                                                                                    escape(r["device"]), escape(w))
                                             for r, w in warnings))
     body.append("<h2>Latency distributions</h2>")
     by_target: Dict[str, List[Dict[str, Any]]] = {}
@@ -225,60 +161,61 @@ def render_report(doc: Dict[str, Any]) -> str:
         by_target.setdefault(r["target"], []).append(r)
     for target, rs in by_target.items():
         groups = [("%s (%s)" % (r["device"], r["run"].get("target") or "?"), _steady(r)) for r in rs]
-        body.append(_plot_block("distribution", distribution_plot(target, groups)))
+        body.append(plot_block("distribution", distribution_plot(target, groups)))
     if doc.get("pool"):
         body.append("<h2>Across devices</h2>")
         for p in doc["pool"]:
-            body.append("<h3>%s</h3>%s" % (_esc(p["target"]), _kv_table(
-                {"devices": ", ".join(p["devices"]), "median of medians": _fmt(p["median_of_medians"]),
+            body.append("<h3>%s</h3>%s" % (escape(p["target"]), _kv_table(
+                {"devices": ", ".join(p["devices"]), "median of medians": duration(p["median_of_medians"]),
                  "spread of medians": "%.1f%%" % (100 * p.get("spread_of_medians", 0)),
                  "within-device variance": "%.3g s^2" % p.get("within_var", 0),
                  "between-device variance": "%.3g s^2" % p.get("between_var", 0),
                  "between-device share": "%.0f%%" % (100 * p.get("between_share", 0))})))
     body.append("<h2>Samples over time</h2>")
     for r in results:
-        body.append(_plot_block("timeline", timeline_plot(r)))
+        body.append(plot_block("timeline", timeline_plot(r)))
         body.append("<details><summary>phases, memory and run fingerprint</summary>%s%s%s</details>"
-                    % (_kv_table({k: _fmt(v) for k, v in r["phases"].items()}), _kv_table(r["memory"]),
+                    % (_kv_table({k: duration(v) for k, v in r["phases"].items()}), _kv_table(r["memory"]),
                        _kv_table(r["run"])))
     profiled = [r for r in results if r.get("profile")]
     if profiled:
         body.append("<h2>Per-layer profile</h2>")
         for r in profiled:
-            body.append(_plot_block("profile", profile_plot(r)))
+            body.append(plot_block("profile", profile_plot(r)))
     body.append("<h2>Fingerprint</h2><h3>host</h3>" + _kv_table(doc["host"]))
     for d in doc.get("devices", []):
-        body.append("<h3>device %s</h3>%s" % (_esc(d["id"]), _kv_table(d.get("fingerprint", {}))))
+        body.append("<h3>device %s</h3>%s" % (escape(d["id"]), _kv_table(d.get("fingerprint", {}))))
     body.append("<h3>options</h3>" + _kv_table(doc.get("options", {})))
-    return _page("tether bench", body)
+    return page("tether bench", body)
 
 
 def render_compare(cmp: Dict[str, Any], base: Dict[str, Any], new: Dict[str, Any]) -> str:
     body = ["<h1>tether bench compare</h1>",
             "<p>base %s &middot; new %s &middot; U test at alpha %.3g, fail above %.1f%%</p>"
-            % (_esc(base.get("created")), _esc(new.get("created")), cmp["alpha"], cmp["fail_above_pct"])]
+            % (escape(base.get("created")), escape(new.get("created")), cmp["alpha"], cmp["fail_above_pct"])]
     head = ("target", "device", "base median", "new median", "ratio", "95% CI", "p (U test)", "verdict")
     rows = []
     for r in cmp["rows"]:
-        cells = ((r["target"], "l"), (r["device"], "l"), (_fmt(r["base_median"]), ""), (_fmt(r["new_median"]), ""),
+        cells = ((r["target"], "l"), (r["device"], "l"), (duration(r["base_median"]), ""),
+                 (duration(r["new_median"]), ""),
                  ("%.3f" % r["ratio"], ""), ("%.3f - %.3f" % tuple(r["ratio_ci95"]), ""), ("%.2g" % r["p_value"], ""),
                  (r["verdict"], r["verdict"]))
-        rows.append("<tr>%s</tr>" % "".join('<td%s>%s</td>' % (' class="%s"' % c if c else "", _esc(v))
+        rows.append("<tr>%s</tr>" % "".join('<td%s>%s</td>' % (' class="%s"' % c if c else "", escape(v))
                                             for v, c in cells))
     rows = "".join(rows)
     body.append('<table id="compare"><tr>%s</tr>%s</table>' % ("".join("<th>%s</th>" % h for h in head), rows))
     if cmp["notes"]:
-        body.append("<ul>%s</ul>" % "".join('<li class="warn">%s</li>' % _esc(n) for n in cmp["notes"]))
+        body.append("<ul>%s</ul>" % "".join('<li class="warn">%s</li>' % escape(n) for n in cmp["notes"]))
     if cmp["rows"]:
-        body.append(_plot_block("ratio", ratio_plot(cmp["rows"])))
+        body.append(plot_block("ratio", ratio_plot(cmp["rows"])))
     bres = {(r["target"], r["device"]): r for r in base["results"]}
     nres = {(r["target"], r["device"]): r for r in new["results"]}
     for row in cmp["rows"]:
         rb, rn = bres.get((row["target"], row["base_device"])), nres.get((row["target"], row["device"]))
         if rb and rn:
-            body.append(_plot_block("distribution", distribution_plot(
+            body.append(plot_block("distribution", distribution_plot(
                 "%s on %s" % (row["target"], row["device"]), [("base", _steady(rb)), ("new", _steady(rn))])))
-    return _page("tether bench compare", body)
+    return page("tether bench compare", body)
 
 
 def write_report(doc: Dict[str, Any], path: str) -> None:

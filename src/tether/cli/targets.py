@@ -1,6 +1,8 @@
 """`tether targets`: list the target presets (and what `host` resolves to on this machine)."""
 from __future__ import annotations
 
+from typing import List
+
 import click
 
 
@@ -23,24 +25,52 @@ def command(plain: bool, show_host: bool) -> None:
     if not plain:
         try:
             from rich.console import Console
+            from rich.padding import Padding
             from rich.table import Table
+            from rich.text import Text
         except ImportError:
             plain = True
     if plain:
         for row in rows:
             click.echo("\t".join(row))
         return
-    table = Table(title="tether target presets")
-    for col in ("preset", "triple", "cpu", "features", "int8", "description"):
-        table.add_column(col, no_wrap=col in ("preset", "triple", "cpu"))
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
-    click.echo('Any LLVM triple works too: --target "aarch64-linux-gnu -mcpu=cortex-a55 -mattr=+neon"')
+    console = Console()
+    if console.width >= _table_width(rows):
+        table = Table(title="tether target presets")
+        for col in COLUMNS:
+            table.add_column(col, no_wrap=col in ("preset", "triple", "cpu"))
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))  # Text: a "[if ...]" in a cell is not rich markup
+        console.print(table)
+    else:
+        # Too narrow for six columns side by side (rich would cut them to a letter or two): one block per preset,
+        # its name, triple and cpu on one line and the long fields below it, each wrapped across the width.
+        console.print("tether target presets", style="bold")
+        for name, triple, cpu, *details in rows:
+            console.print()
+            console.print(Text.assemble((name, "bold"), "  %s  %s" % (triple, cpu)))
+            grid = Table.grid(padding=(0, 2))
+            grid.add_column(no_wrap=True, style="dim")
+            grid.add_column()
+            for label, value in zip(COLUMNS[3:], details):
+                grid.add_row(label, Text(value))
+            console.print(Padding(grid, (0, 0, 0, 2)))
+    click.echo('Any LLVM triple works too, e.g.\n  --target "aarch64-linux-gnu -mcpu=cortex-a55 -mattr=+neon"')
+
+
+COLUMNS = ("preset", "triple", "cpu", "features", "int8", "description")
+WRAPPED_MIN = 24  # the narrowest a wrapped column (features, int8, description) may be in the table
+
+
+def _table_width(rows: List[tuple]) -> int:
+    """The console width the table needs: the unwrapped columns (preset, triple, cpu) whole, each wrapped one at
+    least WRAPPED_MIN wide, and per column two spaces of padding and a border."""
+    whole = sum(max(len(r[i]) for r in rows + [COLUMNS]) for i in range(3))
+    return whole + WRAPPED_MIN * (len(COLUMNS) - 3) + 3 * len(COLUMNS) + 1
 
 
 def _int8_column(preset: str) -> str:
-    """The int8 instructions a preset's kernels may use, best first (issue 12); load-time choices marked."""
+    """The int8 instructions a preset's kernels may use, best first; load-time choices marked."""
     from tether.target import int8_instructions
 
     return "; ".join(insns if when == "always" else "%s [%s]" % (insns, when)

@@ -3,8 +3,8 @@
 Inside a vectorized loop (``self.vec``) an expression that does not depend on the loop variable is emitted once
 as a scalar (splatted where it meets a vector); a load whose index moves by one element per lane is one vector
 load; one moving by a small constant stride is one load of the lanes' span and a shufflevector, by a larger
-constant stride one llvm.masked.gather; any other index is gathered lane by lane. ``self.mask`` (a select whose arms might fault) switches lanes
-off: their loads are skipped and their divisors replaced by one.
+constant stride one llvm.masked.gather; any other index is gathered lane by lane. ``self.mask`` (a select whose
+arms might fault) switches lanes off: their loads are skipped and their divisors replaced by one.
 
 Each expression node type, binary operator and cast is one row of a table below.
 """
@@ -358,8 +358,8 @@ class ExprEmitter:
                                     ir.Constant(ir.VectorType(I32, n), picks))
         if buf.scope == "local" and n <= _LOCAL_LANES_MAX:
             return self.local_lanes(buf, base, stride)
-        idxv = B.add(self.splat(base, n), ir.Constant(ir.VectorType(base.type, n), [lane * stride for lane in range(n)]),
-                     flags=("nsw",))
+        offsets = ir.Constant(ir.VectorType(base.type, n), [lane * stride for lane in range(n)])
+        idxv = B.add(self.splat(base, n), offsets, flags=("nsw",))
         return self.masked_gather(buf, idxv, ir.Constant(ir.VectorType(I1, n), [1] * n))
 
     # ---------------------------------------------------------------- strided lanes of a local block

@@ -231,7 +231,8 @@ def _extend(B: ir.IRBuilder, v: ir.Value, signed: bool, ty: ir.Type) -> ir.Value
 
 
 def _pick(B: ir.IRBuilder, v: ir.Value, indices: List[int]) -> ir.Value:
-    return B.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(ir.VectorType(I32, len(indices)), indices))
+    mask = ir.Constant(ir.VectorType(I32, len(indices)), indices)
+    return B.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
 
 
 def _generic(B: ir.IRBuilder, kind: str, a: ir.Value, b: ir.Value) -> ir.Value:

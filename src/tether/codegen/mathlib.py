@@ -164,7 +164,7 @@ def _floor(e: _E, x):
 def _round_even(e: _E, x):
     """Round half to even (IEEE roundeven): one instruction where the target rounds natively (roundps,
     frintn), else the add-and-remove rounding trick, which rounds half to even in the default rounding mode; the
-    int8 kernels' requantize (issue 12). Its instructions carry no fast-math flags, so it survives fast_math."""
+    int8 kernels' requantize. Its instructions carry no fast-math flags, so it survives fast_math."""
     if e.target is not None and e.target.native_rounding:
         return e.b.call(e.intrinsic("roundeven"), [x])
     return e.sel(e.lt(e.fabs(x), e.c(2.0 ** e.fmt.mant)), e.copysign(e.round_nearest(x), x), x)
@@ -474,7 +474,7 @@ _IMPLS: Dict[str, Tuple[int, Callable[..., Any]]] = {
 }
 
 
-# ---- round_even (issue 12: the requantize of every int8 kernel): the nearest integer, ties to even, as
+# ---- round_even (the requantize of every int8 kernel): the nearest integer, ties to even, as
 # onnxruntime's nearbyint; one instruction where the target rounds natively (vrndscaleps/roundps $8, frintn),
 # else the add-and-remove of 2**mant with x's sign (ties to even under the default rounding mode, |x| < 2**mant);
 # an internal function: a caller's fast-math flags cannot reassociate the add and remove away

@@ -190,8 +190,8 @@ _U64_TO_F64 = """define internal double @tether.aeabi.u64_to_f64(i64 %x) nounwin
   ret double %r
 }"""
 
-_U64_TO_F32 = """; u64 -> float with one correct rounding: above 2**53 the bits a double would drop are folded into a sticky bit
-; (bit 11) first, so the double is exact and only the final float rounding happens.
+_U64_TO_F32 = """; u64 -> float with one correct rounding: above 2**53 the bits a double would drop are folded
+; into a sticky bit (bit 11) first, so the double is exact and only the final float rounding happens.
 define internal float @tether.aeabi.u64_to_f32(i64 %x) nounwind "no-builtins" {
   %big = icmp uge i64 %x, 9007199254740992
   %low = and i64 %x, 2047
@@ -205,7 +205,8 @@ define internal float @tether.aeabi.u64_to_f32(i64 %x) nounwind "no-builtins" {
   ret float %f
 }"""
 
-_F64_TO_U64 = """; |d| -> u64 by truncation, for |d| < 2**64 (larger values and NaN are undefined in C, as in compiler-rt).
+_F64_TO_U64 = """; |d| -> u64 by truncation, for |d| < 2**64
+; (larger values and NaN are undefined in C, as in compiler-rt).
 define internal i64 @tether.aeabi.f64_to_u64(double %a) nounwind "no-builtins" {
   %s = fmul double %a, 0x3DF0000000000000
   %h32 = fptoui double %s to i32

@@ -78,7 +78,8 @@ def release_scratch(em: Any, offset: int) -> None:
 
 def lock_and_unlock(em: Any, private_lock: ir.GlobalVariable, body_bb: ir.Block, rets: list) -> ir.Block:
     """The block an impl using static scratch enters after its entry block: with the arena held it goes on to
-    ``body_bb`` at once, else it spins on ``private_lock`` (as every impl did before the arena). Before each of ``rets`` it releases whichever lock it took."""
+    ``body_bb`` at once, else it spins on ``private_lock`` (as every impl did before the arena). Before each of
+    ``rets`` it releases whichever lock it took."""
     _, arena_lock = _arena(em.ctx)
     first = em.fn.append_basic_block("scratch.lock")
     wait = em.fn.append_basic_block("scratch.lock.private")

@@ -148,11 +148,6 @@ class Graph:
         return "\n".join(lines)
 
 
-def summarize_params(params: Dict[str, np.ndarray]) -> str:
-    total = sum(int(v.nbytes) for v in params.values())
-    return "%d params, %.1f KiB" % (len(params), total / 1024.0)
-
-
 def body_inputs(body: List[Node]) -> List[str]:
     """The values a fused body reads from outside it, in order of first use (its ``params``)."""
     internal = {o for b in body for o in b.outputs}

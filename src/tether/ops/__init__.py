@@ -20,9 +20,9 @@ from .schedules import family_of, schedule
 from .shape import concat, expand_dims, flatten, pad, reshape, squeeze, transpose
 
 __all__ = [
-    "abs", "add", "avg_pool2d", "batch_matmul", "batch_norm", "ceil", "clip", "concat", "conv2d", "conv2d_pixels", "dense",
-    "depthwise_conv2d", "divide", "elementwise", "erf", "exp", "expand_dims", "family_of", "flatten", "floor", "gelu",
-    "global_avg_pool2d", "global_max_pool2d", "hard_sigmoid", "hard_swish", "leaky_relu", "log", "log_softmax",
+    "abs", "add", "avg_pool2d", "batch_matmul", "batch_norm", "ceil", "clip", "concat", "conv2d", "conv2d_pixels",
+    "dense", "depthwise_conv2d", "divide", "elementwise", "erf", "exp", "expand_dims", "family_of", "flatten", "floor",
+    "gelu", "global_avg_pool2d", "global_max_pool2d", "hard_sigmoid", "hard_swish", "leaky_relu", "log", "log_softmax",
     "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply", "negative", "pad", "power",
     "relu", "relu6", "reshape", "rsqrt", "schedule", "sigmoid", "softmax", "sqrt", "squeeze", "subtract", "sum",
     "tag_of", "tanh", "transpose",
@@ -35,10 +35,10 @@ from .resize import resize_tables  # noqa: E402  ONNX Resize/Upsample from per-a
 __all__ += ["resize_tables"]
 from .indexing import gather, gather_elements, gather_nd, one_hot, trilu  # noqa: E402  index-driven ops
 __all__ += ["gather", "gather_elements", "gather_nd", "one_hot", "trilu"]
-from .rms_norm import rms_normalize  # noqa: E402  RMS normalization (issue 11)
+from .rms_norm import rms_normalize  # noqa: E402  RMS normalization
 __all__ += ["rms_normalize"]
-from .rotary import rotary_embedding  # noqa: E402  rotary position embedding (issue 11)
+from .rotary import rotary_embedding  # noqa: E402  rotary position embedding
 __all__ += ["rotary_embedding"]
-from . import qschedules  # noqa: E402,F401  the int8 conv kernels' schedules (issue 12), by tag
+from . import qschedules  # noqa: E402,F401  the int8 conv kernels' schedules, by tag
 from . import qdepthwise_nhwc  # noqa: E402,F401  the channels-last int8 depthwise kernel and its schedule
 from . import qpool_nhwc  # noqa: E402,F401  channels-last int8 max pooling and its schedule

@@ -50,14 +50,6 @@ def const(value, dtype: str = "float32"):
     return te.const(value, dtype)
 
 
-def as_expr_fn(x, dtype: str = "float32") -> Callable:
-    """Return idx -> expr for a tensor (indexed directly) or a Python scalar (a constant)."""
-    if isinstance(x, te.Tensor):
-        return lambda *idx: x[idx]
-    c = const(x, dtype)
-    return lambda *idx: c
-
-
 def dtype_of(*xs, default: str = "float32") -> str:
     for x in xs:
         if isinstance(x, te.Tensor):

@@ -14,7 +14,7 @@ def out_extent(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, di
     return (size + pad_lo + pad_hi - eff) // stride + 1
 
 
-def _geometry(h, wd, kh, kw, stride, padding, dilation, name):
+def output_geometry(h, wd, kh, kw, stride, padding, dilation, name):
     """Strides, dilations, 4-sided padding and the output extent of a 2-D window, checked to be non-empty."""
     sh, sw = c.to_pair(stride, "stride")
     dh, dw = c.to_pair(dilation, "dilation")
@@ -33,7 +33,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
         raise ValueError(f"{name}: input {c.shape_of(x)} and weight {c.shape_of(w)} do not fit groups={groups}")
     if groups == ch and icg == 1 and groups > 1:
         return depthwise_conv2d(x, w, stride, padding, dilation, bias, name)
-    sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
+    sh, sw, dh, dw, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, dilation, name)
     read = padded_reader(x, p4, sw, dw, kw, ow, name)
     ocg = oc // groups
     rc = te.reduce_axis((0, icg), name="rc")
@@ -73,7 +73,7 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     if ch % groups or kk != ch // groups * kh * kw:
         raise ValueError(f"{name}: weight {c.shape_of(w)} does not fit {ch} channels in {groups} group(s) of a "
                          f"{kh}x{kw} kernel")
-    sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
+    sh, sw, dh, dw, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, dilation, name)
     top, left, bottom, right = p4
     xp = pad_op(x, (0, top, left), (0, bottom, right), name=f"{name}_pad") if any(p4) else x
     panels = w if prepacked else pack_panels(w, 0, f"{name}_panels", width=panel)
@@ -107,7 +107,7 @@ def depthwise_conv2d(x, w, stride=1, padding=0, dilation=1, bias=None, name: str
     if one != 1 or oc % ch:
         raise ValueError(f"{name}: depthwise weight must be (C*M, 1, KH, KW) for {ch} channels, got {c.shape_of(w)}")
     mult = oc // ch
-    sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
+    sh, sw, dh, dw, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, dilation, name)
     owp = window_columns(ow)
     if owp != ow:       # the extra output columns read zeros past the right padding
         p4 = (p4[0], p4[1], p4[2], p4[3] + (owp - ow) * sw)

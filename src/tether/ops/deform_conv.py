@@ -11,7 +11,7 @@ import numpy as np
 from tether import te
 
 from . import common as c
-from .grid_sample import _TeBackend, interpolate
+from .grid_sample import TeBackend, interpolate
 
 
 def _geometry(xs, ws, offs, strides, pads, dilations, group, offset_group):
@@ -43,7 +43,7 @@ def deform_conv2d(x, weight, offset, mask=None, bias=None, strides: Sequence[int
         dw = offset[b, og * (2 * kh * kw) + k * 2 + 1, i, j]
         ph = te.cast(i * strides[0] - pads[0] + rkh * dilations[0], dt) + dh
         pw = te.cast(j * strides[1] - pads[1] + rkw * dilations[1], dt) + dw
-        v = interpolate(_TeBackend(x, b, ic, dt), [ph, pw], (h, w), "linear", "zeros", True)
+        v = interpolate(TeBackend(x, b, ic, dt), [ph, pw], (h, w), "linear", "zeros", True)
         term = weight[o, ric, rkh, rkw] * v
         if mask is not None:
             term = term * mask[b, og * (kh * kw) + k, i, j]

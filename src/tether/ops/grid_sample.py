@@ -2,13 +2,12 @@
 spatial shapes; modes nearest, linear (bilinear/trilinear) and cubic (bicubic, 2-D), padding modes zeros, border
 and reflection, align_corners; the semantics of ONNX's reference (PyTorch's grid_sample).
 
-The algorithm is written once over a small backend (``_TeBackend`` builds te expressions for the kernel,
+The algorithm is written once over a small backend (``TeBackend`` builds te expressions for the kernel,
 ``_NumpyBackend`` evaluates arrays for constant folding), so the kernel and its numpy meaning cannot drift apart.
 Interpolation is nested like the reference: the innermost spatial axis first.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, List, Sequence
 
 import numpy as np
@@ -124,7 +123,9 @@ def interpolate(B, coords: Sequence[Any], dims: Sequence[int], mode: str, paddin
     return interp(0, [])
 
 
-class _TeBackend:
+class TeBackend:
+    """The te backend of ``interpolate``: constants, selects and clamps as te expressions (deform_conv uses it too)."""
+
     def __init__(self, x, n, ch, dtype: str) -> None:
         self.x, self.n, self.ch, self.dtype = x, n, ch, dtype
 
@@ -166,7 +167,7 @@ def grid_sample(x, grid, mode: str = "linear", padding_mode: str = "zeros", alig
     # the whole coordinate expression in every tap (which made 3-D reflection take minutes to compile)
     def coord_stage(d):
         def f(*idx):
-            B = _TeBackend(x, None, None, x.dtype)
+            B = TeBackend(x, None, None, x.dtype)
             g = [grid[tuple(idx) + (nd - 1 - k,)] for k in range(nd)]    # the grid lists x (innermost) first
             return coordinates(B, g, dims, mode, padding_mode, align_corners)[d]
         return c.compute((gs[0],) + tuple(gs[1:-1]), f, "%s_pos%d" % (name, d), COORDS)
@@ -174,7 +175,7 @@ def grid_sample(x, grid, mode: str = "linear", padding_mode: str = "zeros", alig
 
     def f(*idx):
         n, ch, o = idx[0], idx[1], idx[2:]
-        B = _TeBackend(x, n, ch, x.dtype)
+        B = TeBackend(x, n, ch, x.dtype)
         return interpolate(B, [p[(n,) + tuple(o)] for p in pos], dims, mode, padding_mode, align_corners)
     return c.compute((xs[0], xs[1]) + tuple(gs[1:-1]), f, name, c.INJECTIVE)
 

@@ -26,7 +26,10 @@ def _pool_geometry(size: int, k: int, s: int, lo: int, hi: int, d: int, ceil_mod
     return out, max(hi, need - size - lo)
 
 
-def _window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name):
+def window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name):
+    """``(read, geo)`` of a 2-D pooling window over NCHW ``x``: ``read(b, c, row, xx, rx)`` reads the input padded
+    with ``fill`` at input row ``row`` and column tap ``rx`` of output column ``xx`` (ops.window.padded_reader), and
+    ``geo`` holds the window's sizes, strides, dilations, pads and output extent."""
     n, ch, h, w = c.shape_of(x)
     kh, kw = c.to_pair(kernel, "kernel")
     sh, sw = c.to_pair(kernel if stride is None else stride, "stride")
@@ -49,7 +52,7 @@ def max_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = 
     # pool padded with it read 0 there, above every negative value)
     dtype = str(x.dtype)
     fill = _LOWEST if dtype.startswith("float") else int(np.iinfo(dtype).min)
-    read, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name)
+    read, g = window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name)
     ry = te.reduce_axis((0, g["kh"]), name="ry")
     rx = te.reduce_axis((0, g["kw"]), name="rx")
     return c.compute((g["n"], g["ch"], g["oh"], g["ow"]),
@@ -67,7 +70,7 @@ def avg_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = 
                count_include_pad: bool = False, name: str = "avg_pool2d"):
     """Average pooling; the divisor counts the taps inside the input (or inside input + padding when
     `count_include_pad`), never the extra taps ceil_mode adds past the padding."""
-    read, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, 0.0, name)
+    read, g = window_setup(x, kernel, stride, padding, dilation, ceil_mode, 0.0, name)
     # window tap coordinates are in padded space: input occupies [top, top + h)
     if count_include_pad:
         ch_ = _window_counts(g["oh"], g["kh"], g["sh"], g["dh"], 0, g["top"] + g["h"] + g["bottom"])

@@ -1,4 +1,4 @@
-"""The int8 convolution on the dot-product primitive (issue 12): ``qconv2d`` and its build-time weight packing.
+"""The int8 convolution on the dot-product primitive: ``qconv2d`` and its build-time weight packing.
 
 One image, NCHW activations of 8-bit integers (uint8 or int8), int8 weights, an int32 accumulator per output
 channel and pixel: ``acc[o, p] = bias[o] + sum_k X[p, k] * W[o, k]`` over k = (ky, kx, c), the window's taps
@@ -28,7 +28,7 @@ import numpy as np
 from tether import te
 
 from . import common as c
-from .conv import _geometry
+from .conv import output_geometry
 
 PANEL = 16
 # the matmul form computes its pixels in multiples of this (the widest vector, AVX-512's 16 int32 lanes): a partial
@@ -125,7 +125,7 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
     if x_dtype not in _BYTE_SIGNED:
         raise ValueError("%s: activations must be uint8 or int8, got %s" % (name, x_dtype))
     kind = kind or default_kind(x_dtype)
-    sh, sw, dh, dw, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, dilation, name)
+    sh, sw, dh, dw, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, dilation, name)
     top, left, bottom, right = p4
     pad_byte = c.const(int(pad_value) & 255, "int32")
 

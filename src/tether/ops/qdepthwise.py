@@ -1,4 +1,4 @@
-"""The int8 depthwise convolution (issue 12): ``qdepthwise2d``, exact in float32.
+"""The int8 depthwise convolution: ``qdepthwise2d``, exact in float32.
 
 A depthwise tap window has few products (9 for 3x3): with 8-bit activations and int8-valued weights every
 product and every partial sum is an integer far below 2**24, so float32 multiply-adds compute the int32
@@ -19,7 +19,7 @@ from __future__ import annotations
 from tether import te
 
 from . import common as c
-from .conv import _geometry
+from .conv import output_geometry
 
 QDEPTHWISE = "qdepthwise"      # the tag of the window stage (its schedule: ops/qschedules.py)
 
@@ -31,7 +31,7 @@ def window_geometry(x_shape, w_shape, stride, padding, name: str) -> tuple:
     wc, kh, kw = w_shape
     if n != 1 or wc != ch:
         raise ValueError("%s: input %s and depthwise weight %s do not match" % (name, x_shape, w_shape))
-    sh, sw, _, _, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, 1, name)
+    sh, sw, _, _, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, 1, name)
     return ch, h, wd, kh, kw, sh, sw, p4, oh, ow
 
 

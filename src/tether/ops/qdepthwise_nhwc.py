@@ -1,4 +1,4 @@
-"""The int8 depthwise convolution on channels-last activations (issue 12): ``qdepthwise2d_nhwc``, exact in float32.
+"""The int8 depthwise convolution on channels-last activations: ``qdepthwise2d_nhwc``, exact in float32.
 
 The channels-last twin of ops/qdepthwise.py, for the int8 activations graph/passes/int8_layout.py keeps channels
 last between int8 kernels: ``x (1, H, W, C)`` 8-bit, weights ``(KH, KW, C)`` and bias ``(C,)`` holding integers
@@ -21,7 +21,7 @@ from tether.codegen.function import STACK_BYTES
 from . import common as c
 from . import schedules
 from .qdepthwise import window_geometry
-from .schedules import _accumulator_and_output, _extent, _numel
+from .schedules import accumulator_and_output, axis_extent, numel
 
 QDEPTHWISE_NHWC = "qdepthwise_nhwc"    # the tag of the window stage (its schedule: below)
 # a channel block's float plane up to this size is written once per task, larger ones per output row (measured on
@@ -59,7 +59,7 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     (or, when its float plane would not stay in cache, of one output row at a time), blocks of COLUMNS output
     columns in registers over the unrolled taps, after the float plane (rows) it reads; then the write-back
     through the fused epilogue."""
-    block, out = _accumulator_and_output(s, t, ctx)
+    block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     b, y, x, q = out.op.axis
     qo, qi = so.split(q, factor=fam.lanes)
@@ -71,7 +71,7 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     yo, yi = so.split(y, nparts=groups)
     so.reorder(b, qo, yo, yi, x, qi)
     chan = so.fuse(b, qo, yo)
-    if _numel(out) >= fam.parallel_min:
+    if numel(out) >= fam.parallel_min:
         so.parallel(chan)
     so.vectorize(qi)
     (src,) = [i for i in block.op.input_tensors if c.tag_of(i.op) == c.PAD]
@@ -90,7 +90,7 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     rd = list(block.op.reduce_axis)
     sb.reorder(bb, by, bxo, *rd, bxi, bq)
     for r in rd:
-        if _extent(r) <= fam.window_unroll:
+        if axis_extent(r) <= fam.window_unroll:
             sb.unroll(r)
     sb.unroll(bxi)
     sb.vectorize(bq)

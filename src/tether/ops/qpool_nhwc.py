@@ -1,4 +1,4 @@
-"""Max pooling of channels-last 8-bit activations (issue 12): ``max_pool2d_nhwc``, for the int8 values
+"""Max pooling of channels-last 8-bit activations: ``max_pool2d_nhwc``, for the int8 values
 graph/passes/int8_layout.py keeps channels last (resnet50's max pool between its stem conv and its first block).
 
 The maximum of integers is exact in the integers themselves, so the pool runs on the bytes (the QDQ form's
@@ -12,9 +12,9 @@ from tether import te
 
 from . import common as c
 from . import schedules
-from .conv import _geometry
+from .conv import output_geometry
 from .qnn import RANGES
-from .schedules import _extent, _numel
+from .schedules import axis_extent, numel
 
 QMAX_POOL_NHWC = "qmax_pool_nhwc"     # the tag of the pool stage (its schedule: below)
 
@@ -26,7 +26,7 @@ def max_pool2d_nhwc(x, kernel, stride, padding, name: str = "max_pool2d_nhwc"):
     if dtype not in ("uint8", "int8"):
         raise ValueError("%s: activations must be uint8 or int8, got %s" % (name, dtype))
     kh, kw = kernel
-    sh, sw, _, _, p4, oh, ow = _geometry(h, wd, kh, kw, stride, padding, 1, name)
+    sh, sw, _, _, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, 1, name)
     top, left = p4[0], p4[1]
     lowest = c.const(RANGES[dtype][0], dtype)
     ry = te.reduce_axis((0, kh), name="ry")
@@ -50,10 +50,10 @@ def schedule_qmax_pool_nhwc(s, t, fam, ctx) -> None:
     rd = list(t.op.reduce_axis)
     st.reorder(b, y, x, qo, *rd, qi)
     for r in rd:
-        if _extent(r) <= fam.window_unroll:
+        if axis_extent(r) <= fam.window_unroll:
             st.unroll(r)
     st.vectorize(qi)
-    if _numel(t) >= fam.parallel_min:
+    if numel(t) >= fam.parallel_min:
         st.parallel(st.fuse(b, y))
 
 

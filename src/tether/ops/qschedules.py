@@ -1,17 +1,17 @@
-"""Schedules of the int8 conv kernels (issue 12), registered into ops.schedules' tag table on import (ops imports
-this module): ops/qconv.py's pixel form (QCONV_PIXELS) and matmul form (QMATMUL) and ops/qdepthwise.py's window
-stage (QDEPTHWISE). All fuse
-their elementwise consumers (the requantize) into the write-back and keep their packing stage materialized."""
+"""Schedules of the int8 conv kernels, registered into ops.schedules' tag table on import (ops imports this
+module): ops/qconv.py's pixel form (QCONV_PIXELS) and matmul form (QMATMUL) and ops/qdepthwise.py's window stage
+(QDEPTHWISE). All fuse their elementwise consumers (the requantize) into the write-back and keep their packing
+stage materialized."""
 from __future__ import annotations
 
 from . import common as c
 from . import schedules
 from .qconv import QCONV_PIXELS, QMATMUL, QMATMUL_ACCUMULATORS, QMATMUL_COL_VECTORS
 from .qdepthwise import QDEPTHWISE
+from .schedules import accumulator_and_output, axis_extent, numel, reduce_size, row_columns
 
 # x86 AVX-512 pixel form: accumulators (zmm) of one register block, leaving registers for the weight vectors
 QCONV_WIDE_MAX_ACCUMULATORS = 24
-from .schedules import _accumulator_and_output, _columns, _extent, _numel, _reduce_size
 
 
 def schedule_qmatmul(s, t, fam, ctx) -> None:
@@ -19,7 +19,7 @@ def schedule_qmatmul(s, t, fam, ctx) -> None:
     pixel vectors (QMATMUL_ACCUMULATORS of them, within the family's accumulator registers) accumulated over all
     of k inside the output's tile (through the fused epilogue); pixel blocks outermost and parallel, or channel
     blocks when there are too few pixel blocks to share among the threads."""
-    block, out = _accumulator_and_output(s, t, ctx)
+    block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     o, p = list(out.op.axis)[-2:]
     # a partial column block runs as scalar code: the widest block of whole vectors that divides the pixels, then
@@ -45,7 +45,7 @@ def schedule_qmatmul(s, t, fam, ctx) -> None:
         so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
     so.vectorize(pi)
-    if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
+    if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
         so.parallel(outer)
     s[block].compute_at(so, inner)
     sb = s[block]
@@ -82,7 +82,7 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
     output-channel panels (_pixel_block), but written back one pixel at a time with the channels as the vector:
     the fused requantize then runs on vectors (a scalar requantize per element cost about as much as the dot
     products of a 3x3 conv over 64 channels) and only the stores go lane by lane."""
-    block, out = _accumulator_and_output(s, t, ctx)
+    block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     o, p = list(out.op.axis)[-2:]
     if t.op.attrs.get("channels_last_out"):     # (pixels, channels): the stores are contiguous vectors
@@ -93,8 +93,8 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
     po, pi = so.split(p, factor=rows)
     n_blocks = -(-int(t.shape[0]) // rows)
     n_panels = -(-int(t.shape[1]) // (nr * panels))
-    w_bytes = int(t.shape[1]) * _reduce_size(t) * 4
-    x_bytes = _numel(t.op.input_tensors[0]) * 4
+    w_bytes = int(t.shape[1]) * reduce_size(t) * 4
+    x_bytes = numel(t.op.input_tensors[0]) * 4
     # the streamed operand: weights (pixel blocks outermost) or the packed input (panels outermost), as fp32's
     panels_outer = w_bytes > fam.cache_bytes and n_panels * x_bytes < n_blocks * w_bytes
     outer, inner = (oo, po) if panels_outer else (po, oo)
@@ -104,7 +104,7 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
     so.unroll(pi)
     so.unroll(oio)
     so.vectorize(oii)
-    if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
+    if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
         if panels_outer and n_panels < 2 * fam.parallel_tasks:
             inner = outer = so.fuse(outer, inner)
         so.parallel(outer)
@@ -127,13 +127,13 @@ def schedule_qdepthwise(s, t, fam, ctx) -> None:
     """One channel per parallel task: its float planes, then its whole output plane accumulated in a local buffer
     (a block of output columns in vector registers over the unrolled taps), then the write-back through the fused
     epilogue."""
-    block, out = _accumulator_and_output(s, t, ctx)
+    block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     b, q, _, x = out.op.axis
     chan = so.fuse(b, q)
-    if _numel(out) >= fam.parallel_min:
+    if numel(out) >= fam.parallel_min:
         so.parallel(chan)
-    cols = _columns(fam, int(out.shape[3]))
+    cols = row_columns(fam, int(out.shape[3]))
     _, xi = so.split(x, factor=cols)
     so.vectorize(xi)
     sb = s[block]
@@ -144,7 +144,7 @@ def schedule_qdepthwise(s, t, fam, ctx) -> None:
     sb.reorder(bb, bq, by, bxo, *rd, bxi)
     sb.vectorize(bxi)
     for r in rd:
-        if _extent(r) <= fam.window_unroll:
+        if axis_extent(r) <= fam.window_unroll:
             sb.unroll(r)
     for src in block.op.input_tensors:
         if c.tag_of(src.op) == c.PAD:

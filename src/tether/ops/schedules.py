@@ -49,7 +49,7 @@ class Family:
     direct_matmul: bool = False
     parallel_min: int = 1 << 14  # below this many output elements a parallel launch costs more than it saves
     conv_pixels: int = 0  # output pixels per conv2d_pixels block (0: mm_rows)
-    # -- more knobs, set only by a tuning config (issue 15, docs/tune.md); these defaults are the hand-made choices
+    # -- more knobs, set only by a tuning config (docs/tune.md); these defaults are the hand-made choices
     mm_cols: int = 16  # matmul micro-kernel columns (NR) when B is not packed into panels
     k_unroll: int = 4  # reduction steps unrolled inside a matmul block
     parallel_tasks: int = 8  # tasks of a parallel loop split by count (the grain)
@@ -94,7 +94,7 @@ def _is_compute(op) -> bool:
     return isinstance(op, te.ComputeOp)
 
 
-def _extent(iv) -> int:
+def axis_extent(iv) -> int:
     """Extent of an op's own axis (axes made by split/fuse have none until lowering)."""
     return int(iv.extent)
 
@@ -168,7 +168,8 @@ def _contiguous_along(op, var, inline: set, depth: int = 0) -> bool:
     return True
 
 
-def _numel(t) -> int:
+def numel(t) -> int:
+    """Number of elements of tensor ``t``."""
     n = 1
     for d in t.shape:
         n *= int(d)
@@ -185,7 +186,7 @@ def _trailing_fusable(op, h, w, inline: set, depth: int = 0) -> bool:
     if depth > 16:
         return False
     body = op.body.source if isinstance(op.body, Reduce) else op.body
-    eh, ew = _extent(h), _extent(w)
+    eh, ew = axis_extent(h), axis_extent(w)
     for node in walk(body):
         if not isinstance(node, TensorLoad):
             continue
@@ -210,10 +211,10 @@ def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block:
     axes = list(t.op.axis) if axes is None else list(axes)
     if not axes:
         return
-    inner_extent = _extent(axes[-1])
+    inner_extent = axis_extent(axes[-1])
     if (not block and len(axes) >= 3 and axes == list(t.op.axis) and inner_extent % fam.lanes
             and _trailing_fusable(t.op, axes[-2], axes[-1], ctx_inline(s))):
-        inner_extent *= _extent(axes[-2])
+        inner_extent *= axis_extent(axes[-2])
         axes = axes[:-2] + [st.fuse(axes[-2], axes[-1])]
     inner = axes[-1]
     outer = axes[:-1]
@@ -226,11 +227,11 @@ def _vectorize_inner(s, t, fam: Family, axes=None, parallel: bool = True, block:
     elif inner_extent >= fam.lanes:
         xo, xi = st.split(inner, factor=fam.lanes)
         st.vectorize(xi)
-    if not parallel or _numel(t) < fam.parallel_min:
+    if not parallel or numel(t) < fam.parallel_min:
         return
     # parallel over the outermost axis that has more than one iteration; not over a fused axis, whose index
     # decode (div/mod) inside the task body costs more than the balance it buys
-    lead = next((ax for ax in outer if _extent(ax) > 1), None)
+    lead = next((ax for ax in outer if axis_extent(ax) > 1), None)
     if lead is not None:
         st.parallel(lead)
     elif xo is not None:
@@ -253,20 +254,21 @@ def _schedule_reduce(s, t, fam: Family, ctx):
     sp = list(t.op.axis)
     rd = list(t.op.reduce_axis)
     outer = sp
-    if sp and _extent(sp[-1]) >= fam.lanes and _contiguous_along(t.op, sp[-1], ctx_inline(s)):
+    if sp and axis_extent(sp[-1]) >= fam.lanes and _contiguous_along(t.op, sp[-1], ctx_inline(s)):
         xo, xi = st.split(sp[-1], factor=fam.lanes)
         st.reorder(*sp[:-1], xo, *rd, xi)
         st.vectorize(xi)
         outer = sp[:-1] + [xo]
-    if outer and _numel(t) * max(1, _reduce_size(t)) >= fam.parallel_min:
-        lead = next((ax for ax in sp[:-1] if _extent(ax) > 1), None)
+    if outer and numel(t) * max(1, reduce_size(t)) >= fam.parallel_min:
+        lead = next((ax for ax in sp[:-1] if axis_extent(ax) > 1), None)
         st.parallel(lead if lead is not None else outer[0])
 
 
-def _reduce_size(t) -> int:
+def reduce_size(t) -> int:
+    """Number of points of ``t``'s reduction (the product of its reduce axes' extents)."""
     n = 1
     for r in t.op.reduce_axis:
-        n *= _extent(r)
+        n *= axis_extent(r)
     return n
 
 
@@ -275,7 +277,7 @@ def _epilogue_anchor(t, ctx):
     return ctx["anchor"].get(id(t.op))
 
 
-def _accumulator_and_output(s, t, ctx):
+def accumulator_and_output(s, t, ctx):
     """(block, out): where a reduction accumulates and which stage writes the result. With a fused epilogue, t
     itself is the block and the epilogue's stage writes; without one, t accumulates in a local cache_write block."""
     anchor = _epilogue_anchor(t, ctx)
@@ -295,7 +297,8 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     contiguous = packed or _contiguous_along(t.op, t.op.axis[-1], ctx_inline(s))
     if anchor is None and fam.direct_matmul and id(t.op) in ctx["outputs"]:
         # The output itself accumulates: LLVM keeps the MR x NR block in registers across the k loop (a kernel
-        # output is a noalias argument; an internal buffer is not, so those get a local block below), and the packed panel's only consumer is this stage, so it can be packed per task.
+        # output is a noalias argument; an internal buffer is not, so those get a local block below), and the
+        # packed panel's only consumer is this stage, so it can be packed per task.
         st = s[t]
         axes = list(t.op.axis)
         lead, (i, j) = axes[:-2], axes[-2:]
@@ -310,7 +313,7 @@ def _schedule_matmul(s, t, fam: Family, ctx):
         st.unroll(ii)
         st.unroll(ki)
         outer = lead + ([first, second] if fam.parallel_axis == "fused" else [first])
-        if _numel(t) * _reduce_size(t) >= fam.parallel_min * 64:
+        if numel(t) * reduce_size(t) >= fam.parallel_min * 64:
             st.parallel(st.fuse(*outer) if len(outer) > 1 else outer[0])
         # a task packs its own panel of B only when a task is one column panel (else the packing stays a stage)
         by_panel = fam.parallel_axis in ("auto", "cols")
@@ -341,7 +344,7 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     so.unroll(ii)
     fuse_both = fam.parallel_axis == "fused"
     outer = lead + ([first, second] if fuse_both else [first])
-    if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
+    if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
         par = so.fuse(*outer) if len(outer) > 1 else outer[0]
         so.parallel(par)
         if fuse_both:
@@ -377,9 +380,9 @@ def _schedule_rowdot_partial(s, t, fam: Family, ctx):
     (ko,) = t.op.reduce_axis
     st.reorder(i, j, ko, l)
     st.vectorize(l)
-    if _numel(t) * _reduce_size(t) >= fam.parallel_min * 4:
+    if numel(t) * reduce_size(t) >= fam.parallel_min * 4:
         fused = st.fuse(i, j)
-        if _numel(t) // _extent(l) > fam.parallel_tasks:
+        if numel(t) // axis_extent(l) > fam.parallel_tasks:
             fused, _ = st.split(fused, nparts=fam.parallel_tasks)
         st.parallel(fused)
 
@@ -393,7 +396,7 @@ def _schedule_pack(s, t, fam: Family, ctx):
     jo, kk, ji = t.op.axis
     if _contiguous_along(t.op, ji, ctx_inline(s)):
         st.vectorize(ji)
-    if _numel(t) >= fam.parallel_min and id(t.op) not in ctx["serial"]:
+    if numel(t) >= fam.parallel_min and id(t.op) not in ctx["serial"]:
         st.parallel(jo)
 
 
@@ -401,7 +404,7 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
     """Register block (output channels x output rows x output columns) accumulated in a local buffer over the
     whole reduction, then written back through the fused epilogue (bias, activation) if any."""
     n, oc, oh, ow = (int(d) for d in t.shape)
-    block, out = _accumulator_and_output(s, t, ctx)
+    block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     b, o, y, x = out.op.axis
     cols, rows_y, rows_o = _conv_block(fam, oc, oh, ow)
@@ -413,7 +416,7 @@ def _schedule_conv2d(s, t, fam: Family, ctx):
     so.unroll(oi)
     so.unroll(yi)
     so.vectorize(xi)
-    if _numel(out) >= fam.parallel_min:
+    if numel(out) >= fam.parallel_min:
         lead = [b, yo] if n > 1 else [yo]
         if n * -(-oh // rows_y) < 2 * fam.parallel_tasks:
             lead.append(oo)
@@ -452,7 +455,7 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     one NR-wide panel of output channels, accumulated over the whole reduction and written back transposed to
     (channels, pixels) through the fused epilogue. Pixel blocks outermost and parallel: each task reads its
     pixels' input patches once for every channel panel."""
-    block, out = _accumulator_and_output(s, t, ctx)
+    block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     o, p = list(out.op.axis)[-2:]
     nr = int(t.op.attrs.get("panel", PANEL))
@@ -468,8 +471,8 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     # weights, few pixels) must keep a panel in cache across the pixel blocks; shallow ones the input patch.
     n_blocks = -(-int(t.shape[0]) // rows)
     n_panels = -(-int(t.shape[1]) // nr)
-    w_bytes = int(t.shape[1]) * _reduce_size(t) * 4
-    x_bytes = _numel(t.op.input_tensors[0]) * 4      # the (padded) input; [-1] is the weight panels
+    w_bytes = int(t.shape[1]) * reduce_size(t) * 4
+    x_bytes = numel(t.op.input_tensors[0]) * 4      # the (padded) input; [-1] is the weight panels
     panels_outer = w_bytes > fam.cache_bytes and n_panels * x_bytes < n_blocks * w_bytes
     # x86 AVX-512, short reductions into many channels: with pixel blocks outermost every block writes a piece of
     # each of the (oc) output rows, more partly written lines than L1 holds (the rows of a 56x56 map are 12.5 KB
@@ -477,18 +480,18 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     # re-read. resnet50's 1x1 64->256 @56x56: 1.47x -> 1.02x onnxruntime's time (that one now runs in place,
     # graph.conv_gemm.pointwise_direct), 128->512 @28x28: 1032 -> 888 us.
     if (fam.name == "x86" and fam.lanes >= 16 and int(t.shape[1]) >= PANELS_OUTER_MIN_CHANNELS
-            and _reduce_size(t) <= PANELS_OUTER_MAX_REDUCE and x_bytes <= PANELS_OUTER_MAX_INPUT_BYTES):
+            and reduce_size(t) <= PANELS_OUTER_MAX_REDUCE and x_bytes <= PANELS_OUTER_MAX_INPUT_BYTES):
         panels_outer = True
     if fam.conv_order != "auto":
         panels_outer = fam.conv_order == "panels"
     outer, inner = (oo, po) if panels_outer else (po, oo)
     so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
-    if fam.name == "x86" and fam.lanes >= 16 and _reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE:
+    if fam.name == "x86" and fam.lanes >= 16 and reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE:
         so.vectorize(pi)
     else:
         so.unroll(pi)
-    if _numel(out) * _reduce_size(t) >= fam.parallel_min * 64:
+    if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
         axis = fam.parallel_axis
         if axis == "fused" or (axis == "auto" and panels_outer and n_panels < 2 * fam.parallel_tasks):
             # (auto: too few panels to balance the threads on)
@@ -509,7 +512,7 @@ def accumulate_block_at(s, block, so, inner) -> None:
     sb.vectorize(bo)
 
 
-def _columns(fam: Family, ow: int) -> int:
+def row_columns(fam: Family, ow: int) -> int:
     """Output columns per micro-kernel row (the vectorized extent): whole vectors dividing the width if possible,
     else any divisor of the width from half a vector up, else the whole (short) row, else whole vectors with a
     scalar tail. A tail block runs as a scalar loop, so dividing the width matters more than full vectors."""
@@ -540,7 +543,7 @@ def _conv_block(fam: Family, oc: int, oh: int, ow: int) -> tuple:
     Columns: whole vectors, preferring a count that divides the output width (a tail column block runs as a
     scalar loop).  Then as many accumulators as the family allows, split between output channels (each weight
     broadcast once per block) and output rows (each input vector reused), preferring exact divisors."""
-    cols = _columns(fam, ow)
+    cols = row_columns(fam, ow)
     budget = max(1, fam.acc_regs // -(-cols // fam.lanes))
     best = (1, 1)
     for ro in _divisors_upto(oc, budget):
@@ -555,13 +558,13 @@ def _conv_block(fam: Family, oc: int, oh: int, ow: int) -> tuple:
 def _schedule_window(s, t, fam: Family, ctx):
     """Depthwise conv and pooling: a block of output columns accumulated in registers over the (small) window,
     vectorized along the columns, one channel per parallel task; any epilogue is fused into the write-back."""
-    block, out = _accumulator_and_output(s, t, ctx)
+    block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     b, o, y, x = out.op.axis
     ow = int(t.shape[3])    # the window's own width: whole column blocks (ops.conv.window_columns)
-    cols = _columns(fam, ow)
+    cols = row_columns(fam, ow)
     chan = so.fuse(b, o)
-    if _numel(out) >= fam.parallel_min:
+    if numel(out) >= fam.parallel_min:
         so.parallel(chan)
     xo, xi = so.split(x, factor=cols)
     so.vectorize(xi)
@@ -598,7 +601,7 @@ def _schedule_window(s, t, fam: Family, ctx):
             sb.reorder(bb, bo, by, *rd, bx)
         sb.vectorize(bx)
     for r in rd:
-        if _extent(r) <= fam.window_unroll:
+        if axis_extent(r) <= fam.window_unroll:
             sb.unroll(r)
 
 
@@ -618,7 +621,7 @@ def _window_rows(fam: Family, t, cols: int) -> int:
     output height whose block fits _WINDOW_ROW_VECTORS accumulators, for kernels at least 5 rows tall."""
     if c.tag_of(t.op) != c.DEPTHWISE_CONV2D or fam.lanes < 16:
         return 1
-    if _extent(t.op.reduce_axis[0]) < _WINDOW_ROWS_MIN_KERNEL:
+    if axis_extent(t.op.reduce_axis[0]) < _WINDOW_ROWS_MIN_KERNEL:
         return 1
     vectors = -(-cols // fam.lanes)
     return max(_divisors_upto(int(t.shape[2]), max(1, _WINDOW_ROW_VECTORS // vectors)))
@@ -639,8 +642,9 @@ def _channel_pads(block, t, fam: Family, ctx) -> list:
     Why: the whole-input pass wrote the padded (column-phase) tensor out to memory and the window read it back,
     memory-bound passes that were most of a stride-2 depthwise layer's time on AVX-512 (96->96 @112x112 s2: the
     phase split alone 0.36 ms of 0.74); one channel's copy stays in L2 while its window runs: 0.6-0.7x the
-    time of mobilenet_v2's two large stride-2 layers (96 @112x112, 144 @56x56). Only the column-phase split of a strided window: stride-1 padding
-    per channel measured 1.10x slower (its pass is cheap and vectorized, the local block costs more)."""
+    time of mobilenet_v2's two large stride-2 layers (96 @112x112, 144 @56x56). Only the column-phase split of a
+    strided window: stride-1 padding per channel measured 1.10x slower (its pass is cheap and vectorized, the
+    local block costs more)."""
     if not fam.window_pad_per_channel:
         return []
     pads = [src for src in block.op.input_tensors
@@ -649,7 +653,7 @@ def _channel_pads(block, t, fam: Family, ctx) -> list:
     if not pads:
         return []
     for src in pads:
-        if 4 * _numel(src) <= _WHOLE_PASS_BYTES:
+        if 4 * numel(src) <= _WHOLE_PASS_BYTES:
             return []
     return pads if _channel_pad_rows(t, pads) else []
 
@@ -665,7 +669,7 @@ def _channel_pad_rows(t, pads) -> int:
     oh, ow = int(t.shape[2]), int(t.shape[3])
     rows = min(oh, _CHANNEL_PAD_BYTES // (4 * ow))
     for src in pads:
-        height, row_bytes = int(src.shape[2]), 4 * _numel(src) // (int(src.shape[0]) * int(src.shape[1]) *
+        height, row_bytes = int(src.shape[2]), 4 * numel(src) // (int(src.shape[0]) * int(src.shape[1]) *
                                                                   int(src.shape[2]))
         extra = max(0, height - oh * (height // oh))      # rows the window reads past stride x rows (the overlap)
         stride = max(1, height // oh)
@@ -677,7 +681,7 @@ def _channel_pad_rows(t, pads) -> int:
 def _schedule_global_pool(s, t, fam: Family, ctx):
     st = s[t]
     b, o, _, _ = t.op.axis
-    if _numel(t) * _reduce_size(t) >= fam.parallel_min:
+    if numel(t) * reduce_size(t) >= fam.parallel_min:
         st.parallel(st.fuse(b, o))
 
 
@@ -776,7 +780,7 @@ def _single_injective_sink(op, consumers, inline, out_ids):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# tuning configs (issue 15): a config is {knob: value} over the Family fields below; tether.tune searches them
+# tuning configs: a config is {knob: value} over the Family fields below; tether.tune searches them
 
 #: knob -> its type; every knob is a Family field, so a config is the family with some fields replaced
 KNOBS: Dict[str, type] = {f.name: (bool if f.type in ("bool", bool) else str if f.type in ("str", str) else int)
@@ -807,7 +811,7 @@ def with_config(fam: Family, config) -> Family:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# conv2d_pixels' pixel block on AVX-512 (issue 11): a block size that divides the map's pixels
+# conv2d_pixels' pixel block on AVX-512: a block size that divides the map's pixels
 # The last, partial pixel block of a conv2d_pixels kernel runs with a run-time pixel count: its accumulators live in
 # memory, not registers, at a fraction of the full blocks' speed. On the 4 x 80 maps of a CRNN recognizer (320
 # pixels, 27 blocks of 12, the last one of 8) that tail was ~7% of the layer; blocks of 10 divide 320 and left no

@@ -26,7 +26,7 @@ from tether_rpc.error_mapping import SOCKET_ERRORS, error_from_payload, socket_e
 from tether_rpc.errors import ConnectionClosed, ProtocolError, RemoteError, SessionCrashed, TetherError, TetherTimeout
 from tether_rpc.handshake import CORE_HANDSHAKE, ClientHandshake, hello_payload
 
-from .timeout import DEFAULT, Timeout, _UseDefault
+from .timeout import DEFAULT, Timeout, UseDefault
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class RemoteModule:
 # ---------------------------------------------------------------------------------------------------------------
 # the shared session surface
 
-class _FileSource:
+class FileSource:
     """Upload from a file without reading it into memory."""
 
     def __init__(self, path: str):
@@ -386,7 +386,7 @@ class SessionAPI:
             path = os.fspath(source)
             if name is None:
                 name = os.path.basename(path)
-            bulk = _FileSource(path)
+            bulk = FileSource(path)
         self._call("tether.upload", [name], bulk=bulk, progress=progress)
         return name
 
@@ -427,7 +427,7 @@ class SessionAPI:
 class RemoteSession(SessionAPI):
     """A session on a device server. Create with :func:`connect`; close with ``close()`` or ``with``."""
 
-    def __init__(self, host: str, port: int, *, timeout: Union[Timeout, float, None, _UseDefault] = DEFAULT,
+    def __init__(self, host: str, port: int, *, timeout: Union[Timeout, float, None, UseDefault] = DEFAULT,
                  token: Optional[str] = None, wait: bool = True, match: Optional[str] = None,
                  on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
                  on_log: Optional[Callable[[str, str], None]] = None,
@@ -548,7 +548,7 @@ class RemoteSession(SessionAPI):
         if bulk is None:
             transport.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
             return
-        if isinstance(bulk, _FileSource):
+        if isinstance(bulk, FileSource):
             payload["nbytes"] = bulk.size
             transport.send_buffers(self.sock, [p.encode_frame(p.MsgType.CALL, rid, payload)])
             with open(bulk.path, "rb") as fh:
@@ -632,7 +632,7 @@ class RemoteSession(SessionAPI):
 
 
 def connect(host: str = "127.0.0.1", port: int = 9090, *,
-            timeout: Union[Timeout, float, None, _UseDefault] = DEFAULT,
+            timeout: Union[Timeout, float, None, UseDefault] = DEFAULT,
             token: Optional[str] = None, wait: bool = True, match: Optional[str] = None,
             on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
             on_log: Optional[Callable[[str, str], None]] = None,

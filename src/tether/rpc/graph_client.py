@@ -40,9 +40,8 @@ class RemoteGraphExecutor:
                     session.upload(os.path.join(folder, local), name=remote)
         else:
             names["deploy.so"] = prefix + lib_name if lib_name else None
-        value = session._call("tether.graph.create",
-                              [names["deploy.json"], names["deploy.so"], names["deploy.params"] if params_name else None]
-                              )["value"]
+        files = [names["deploy.json"], names["deploy.so"], names["deploy.params"] if params_name else None]
+        value = session._call("tether.graph.create", files)["value"]
         self.handle = value["handle"]
         self.inputs: List[Dict[str, Any]] = value["inputs"]
         self.outputs: List[Dict[str, Any]] = value["outputs"]

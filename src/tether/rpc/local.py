@@ -15,7 +15,7 @@ from tether_rpc.errors import ConnectionClosed
 from tether_rpc.transport import byte_view
 from tether_rpc.session import BulkIn, SessionHandler
 
-from .client import Progress, SessionAPI, _FileSource
+from .client import FileSource, Progress, SessionAPI
 
 
 class LocalSession(SessionAPI):
@@ -37,7 +37,7 @@ class LocalSession(SessionAPI):
             raise ConnectionClosed("the local session is closed")
         if bulk is None:
             reply = self._handler.call(fn, args, None, self._emit)
-        elif isinstance(bulk, _FileSource):
+        elif isinstance(bulk, FileSource):
             with open(bulk.path, "rb") as fh:
                 reply = self._handler.call(fn, args, _file_bulk(fh, bulk.size, progress), self._emit)
         else:

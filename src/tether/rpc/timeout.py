@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 
-class _UseDefault:
+class UseDefault:
     """The type of :data:`DEFAULT`."""
 
     def __repr__(self) -> str:
@@ -14,7 +14,7 @@ class _UseDefault:
 
 
 #: "Use the default limits" (a client's ``timeout=`` default).
-DEFAULT = _UseDefault()
+DEFAULT = UseDefault()
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Timeout:
                                  % (name, value))
 
     @classmethod
-    def coerce(cls, value: Union["Timeout", float, None, _UseDefault]) -> "Timeout":
+    def coerce(cls, value: Union["Timeout", float, None, UseDefault]) -> "Timeout":
         """DEFAULT -> the defaults; None -> no limit on any phase (only an explicit None disables a wait);
         a number -> that many seconds for every phase; a Timeout as is."""
         if value is DEFAULT:

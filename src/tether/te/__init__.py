@@ -5,7 +5,7 @@ from tether.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor, comput
 from tether.tir.expr import (Const, Expr, Var, all, any, bitwise, call_packed, cast, const, convert, floordiv,  # noqa: F401
                              floormod, if_then_else, logical_and, logical_not, logical_or, max_value, min_value)
 from tether.tir.op import abs, ceil, erf, exp, floor, log, pow, power, rsqrt, sigmoid, sqrt, tanh  # noqa: F401
-from tether.tir.op import round_even  # noqa: F401,E402  half to even (issue 12)
+from tether.tir.op import round_even  # noqa: F401,E402  half to even
 from tether.tir.op import acos, asin, atan, cos, sin, tan  # noqa: F401
 from tether.tir.int8 import dot4  # noqa: F401
 

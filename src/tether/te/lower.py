@@ -369,7 +369,8 @@ class Lowering:
                 if lo_hi is None:
                     lo_hi = b
                 else:
-                    lo_hi = (_sym_pick(lo_hi[0], b[0], "min", self.ranges), _sym_pick(lo_hi[1], b[1], "max", self.ranges))
+                    lo_hi = (_sym_pick(lo_hi[0], b[0], "min", self.ranges),
+                             _sym_pick(lo_hi[1], b[1], "max", self.ranges))
                     if lo_hi[0] is None or lo_hi[1] is None:
                         lo_hi = None
                         break

@@ -34,7 +34,7 @@ Feeds = Dict[str, np.ndarray]
 
 
 def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
-    """max |got - ref| / max |ref|: the issue's measure (1e-4 for fp32)."""
+    """max |got - ref| / max |ref|: the error the model-kind checks bound (1e-4 for fp32)."""
     ref = np.asarray(ref)
     if ref.dtype == np.bool_ or np.issubdtype(ref.dtype, np.integer):
         return float(np.any(np.asarray(got) != ref))

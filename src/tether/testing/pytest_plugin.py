@@ -18,10 +18,11 @@ tether.testing.pytest_plugin`` still works for a checkout that is not installed)
 
 ``--tether-bench-json FILE`` writes every remote_benchmark result of the run as one `tether bench` document.
 
-Ladder: ``tether_tracker`` (session scope: one tracker connection) -> ``tether_device`` (session scope: the key,
-checked against the tracker's summary; tests skip with the reason when no device has it) -> ``tether_session``
-(function scope: a session opened through the tracker and closed after the test, so a device is held only
-while a test runs). Without ``--tether-tracker`` every test using these fixtures is skipped, saying why.
+Ladder: ``tether_tracker`` (session scope: one tracker connection) -> ``tether_device`` (session scope: what the
+run asks for: the key of --tether-key and the queue options) -> ``tether_session`` (function scope: the key, or the
+test's ``tether_device`` mark, is checked against the tracker's summary, and the test skips with the reason when
+no device has it; then a session is opened through the tracker and closed after the test, so a device is held
+only while a test runs). Without ``--tether-tracker`` every test using these fixtures is skipped, saying why.
 """
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 The pairing happens in the tracker's event loop; the copying does not. Each relayed session gets its two sockets
 taken out of asyncio and one thread per direction doing blocking copies: ``os.splice`` through a pipe on Linux
-(the bytes never enter Python), else ``recv_into`` + ``sendall`` through a reused 1 MiB buffer. That costs two threads per relayed session but keeps a small call's extra latency at one kernel
-wake-up per hop (an asyncio stream pump adds an event-loop round per hop, several times the cost), and a thread
-per direction can never deadlock on two full send buffers.
+(the bytes never enter Python), else ``recv_into`` + ``sendall`` through a reused 1 MiB buffer. That costs two
+threads per relayed session but keeps a small call's extra latency at one kernel wake-up per hop (an asyncio
+stream pump adds an event-loop round per hop, several times the cost), and a thread per direction can never
+deadlock on two full send buffers.
 """
 from __future__ import annotations
 

@@ -189,7 +189,8 @@ class TrackerServer:
             msg_type, _, payload, _ = await asyncio.wait_for(conn.read_frame(p.HANDSHAKE_LIMITS),
                                                              self.handshake_timeout)
             if msg_type != TrackerMsg.AUTH:
-                raise AuthenticationError("this tracker requires a token: expected AUTH, got message type %d" % msg_type)
+                raise AuthenticationError("this tracker requires a token: expected AUTH, got message type %d"
+                                          % msg_type)
             client_nonce = handshake.check_auth(self.token, nonce, payload)
             welcome["proof"] = handshake.server_proof(self.token, nonce, client_nonce)
         conn.send(TrackerMsg.WELCOME, 0, welcome)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from tether.bench.report import _esc, _figure, _fmt, _page, _plot_block, _rc, _svg
+from tether.bench.page import escape, figure, duration, page, plot_block, svg, svg_style
 from tether.tune import log as tlog
 
 
@@ -35,8 +35,8 @@ def curves(records: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
 
 
 def curve_plot(name: str, trials: List[tuple]) -> str:
-    with _rc():
-        fig = _figure(8.0, 2.6)
+    with svg_style():
+        fig = figure(8.0, 2.6)
         ax = fig.add_subplot(1, 1, 1)
         ok = [(n, lat) for n, lat, _ in trials if lat is not None]
         bad = [n for n, lat, _ in trials if lat is None]
@@ -56,7 +56,7 @@ def curve_plot(name: str, trials: List[tuple]) -> str:
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=7)
-        return _svg(fig)
+        return svg(fig)
 
 
 def _verified(records: List[Dict[str, Any]]) -> Dict[str, tuple]:
@@ -88,22 +88,23 @@ def render(records: List[Dict[str, Any]], title: str = "tether tune") -> str:
             total_best += t["weight"] * best
         rows.append("<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%d</td><td>%d</td><td>%s</td><td>%s</td>"
                     "<td>%s</td><td>%s</td><td class=\"l\">%s</td><td class=\"l\">%s</td></tr>"
-                    % (_esc(key), _esc(t["name"]), t["weight"], len(t["trials"]), _fmt(t["default_s"]), _fmt(best),
+                    % (escape(key), escape(t["name"]), t["weight"], len(t["trials"]), duration(t["default_s"]),
+                       duration(best),
                        "%.2fx" % speedup if speedup else "-",
                        "%.2fx" % (checked[0] / checked[1]) if checked else "-",
-                       _esc(", ".join("%s %d" % kv for kv in sorted(t["failures"].items()))),
-                       _esc(t["best_config"] or "")))
+                       escape(", ".join("%s %d" % kv for kv in sorted(t["failures"].items()))),
+                       escape(t["best_config"] or "")))
         if t["trials"]:
-            plots.append("<h3>%s (%s, weight %d)</h3>" % (_esc(t["name"]), _esc(key), t["weight"])
-                         + _plot_block("tuning-curve", curve_plot(t["name"], t["trials"])))
+            plots.append("<h3>%s (%s, weight %d)</h3>" % (escape(t["name"]), escape(key), t["weight"])
+                         + plot_block("tuning-curve", curve_plot(t["name"], t["trials"])))
     overall = ("<p>kernel time of the model (weighted by how often each kernel runs; verified figures where a task "
                "has them): default %s, tuned %s, "
-               "<b>%.2fx</b></p>" % (_fmt(total_default), _fmt(total_best), total_default / total_best)
+               "<b>%.2fx</b></p>" % (duration(total_default), duration(total_best), total_default / total_best)
                if total_best else "")
     head = ("<table><tr><th class=\"l\">task</th><th class=\"l\">kernel</th><th>weight</th><th>trials</th>"
             "<th>default</th><th>best</th><th>speedup</th><th>verified</th><th class=\"l\">invalid</th>"
             "<th class=\"l\">best config</th></tr>%s</table>" % "".join(rows))
-    return _page(title, ["<h1>%s</h1>" % _esc(title), overall, "<h2>Tasks</h2>", head,
+    return page(title, ["<h1>%s</h1>" % escape(title), overall, "<h2>Tasks</h2>", head,
                          "<h2>Tuning curves</h2>"] + plots)
 
 

@@ -1,5 +1,5 @@
-"""onnxruntime's float activation contrib ops (domain ``com.microsoft``) that its optimizers write into models
-(issue 12 lists them with the quantized ones): QuickGelu, ``x * sigmoid(alpha * x)`` (alpha 1.702 by default),
+"""onnxruntime's float activation contrib ops (domain ``com.microsoft``) that its optimizers write into models,
+also into quantized ones: QuickGelu, ``x * sigmoid(alpha * x)`` (alpha 1.702 by default),
 computed as onnxruntime's kernel orders it: the product with alpha first (skipped at alpha 1), the sigmoid, then
 the product with x."""
 from __future__ import annotations

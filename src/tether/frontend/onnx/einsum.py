@@ -62,7 +62,8 @@ def _diagonals(im, node, x: str, term: str) -> Tuple[str, str]:
         shape = im.type(x).shape
         n = shape[i]
         if shape[j] != n:
-            raise UnsupportedOpError("node %s: Einsum diagonal of %r over sizes %d and %d" % (node.name, c, n, shape[j]))
+            raise UnsupportedOpError("node %s: Einsum diagonal of %r over sizes %d and %d"
+                                     % (node.name, c, n, shape[j]))
         rest = [k for k in range(len(term)) if k not in (i, j)]
         x = _permute(im, x, term, "".join(term[k] for k in rest) + c + c) if rest + [i, j] != list(range(len(term))) \
             else x

@@ -43,7 +43,7 @@ def _binary(im, node, ins, a):
     im.emit(_BINARY[node.op_type], ins[:2], {}, node.name, node_output(node))
 
 
-# ---- Pow(x, 2) as x * x (issue 11): layer norms written out (ReduceMean, Sub, Pow, ...) square with Pow, which
+# ---- Pow(x, 2) as x * x: layer norms written out (ReduceMean, Sub, Pow, ...) square with Pow, which
 # the kernels compute as exp(2 log|x|) in double; x * x is the same correctly rounded value, 10-20x cheaper
 def _pow_as_square(im, node, ins) -> bool:
     xt = im.type(ins[0])
@@ -168,7 +168,7 @@ def _mod(im, node, ins, a):
         if im.opset < 28:
             raise UnsupportedOpError("node %s: Mod of %s tensors with fmod=0 (defined from opset 28; the model has "
                                      "opset %d)" % (node.name, dt, im.opset))
-        # opset 28: numpy's float %, the sign of the divisor (issue 11)
+        # opset 28: numpy's float %, the sign of the divisor
         im.emit("float_mod", ins[:2], {}, node.name, node_output(node))
         return
     im.emit("mod", ins[:2], {"fmod": fmod}, node.name, node_output(node))
@@ -301,7 +301,7 @@ def _cast_like(im, node, ins, a):
 
 # ---------------------------------------------------------------- reductions (ONNX Reduce*, ArgMax/ArgMin)
 
-# ---------------------------------------------------------------- bitwise ops and BitShift (issue 11)
+# ---------------------------------------------------------------- bitwise ops and BitShift
 _BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
 
 
@@ -329,7 +329,7 @@ def _bit_shift(im, node, ins, a):
     im.emit("bit_shift", ins[:2], {"direction": direction}, node.name, node_output(node))
 
 
-# ---------------------------------------------------------------- Max/Min: NaN propagates on floats (issue 11)
+# ---------------------------------------------------------------- Max/Min: NaN propagates on floats
 @CONVERTERS.register("Max", "Min")
 def _max_min(im, node, ins, a):
     """Variadic, broadcasting Max/Min; a NaN operand makes the element NaN (numpy, onnxruntime)."""

@@ -1,4 +1,4 @@
-"""float16 and bfloat16 models: the half type is stored, float32 is computed (issue 11).
+"""float16 and bfloat16 models: the half type is stored, float32 is computed.
 
 bfloat16 goes the same way as float16 below ("float16" stands for either): its casts to and from float32 round as
 onnxruntime's do (to nearest even), and a node that only moves values (Transpose, Concat, Gather, ...) is exact

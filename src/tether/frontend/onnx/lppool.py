@@ -6,7 +6,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import FLOATS, ConverterTable, require_dtype
-from tether.frontend.onnx.nn import _spatial_pads
+from tether.frontend.onnx.nn import spatial_pads
 
 CONVERTERS = ConverterTable(__name__)
 
@@ -32,7 +32,7 @@ def _lp_pool(im, node, ins, a):
         t = im.emit("pow", [im.emit("abs", [x], {}, node.name + "_abs"), im.add_const(np.array([p], dt))], {},
                     node.name + "_pow")
     avg = im.emit("avg_pool", [t], {"kernel": k, "strides": s, "dilations": d,
-                                     "pads": _spatial_pads(a, xt.shape[2:], k, s, d), "ceil_mode": 0,
+                                     "pads": spatial_pads(a, xt.shape[2:], k, s, d), "ceil_mode": 0,
                                      "count_include_pad": 1}, node.name + "_avg")
     total = im.emit("scale_shift", [avg], {"scale": float(np.prod(k)), "shift": 0.0}, node.name + "_sum",
                     [node.output[0]] if p == 1 else None)

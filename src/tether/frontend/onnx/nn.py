@@ -13,7 +13,8 @@ from tether.graph import ops
 CONVERTERS = ConverterTable(__name__)
 
 
-def _spatial_pads(a: dict, in_sp: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int]) -> List[int]:
+def spatial_pads(a: dict, in_sp: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int]) -> List[int]:
+    """The begin-then-end pads of a window op (ONNX ``pads`` order) from its ``auto_pad`` or ``pads`` attribute."""
     nd = len(in_sp)
     auto = a.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
@@ -38,7 +39,7 @@ def _conv(im, node, ins, a):
     k = list(a.get("kernel_shape", wt.shape[2:]))
     s = list(a.get("strides", [1] * nd))
     d = list(a.get("dilations", [1] * nd))
-    pads = _spatial_pads(a, xt.shape[2:], k, s, d)
+    pads = spatial_pads(a, xt.shape[2:], k, s, d)
     group = int(a.get("group", 1))
     x, w = ins[0], ins[1]
     if nd == 1:     # a 1-D conv is a 2-D conv over a height of one
@@ -67,10 +68,10 @@ def _pool(kind):
         k = list(a["kernel_shape"])
         s = list(a.get("strides", [1] * nd))
         d = list(a.get("dilations", [1] * nd))
-        attrs = {"kernel": k, "strides": s, "dilations": d, "pads": _spatial_pads(a, xt.shape[2:], k, s, d),
+        attrs = {"kernel": k, "strides": s, "dilations": d, "pads": spatial_pads(a, xt.shape[2:], k, s, d),
                  "ceil_mode": int(a.get("ceil_mode", 0)), "count_include_pad": int(a.get("count_include_pad", 0))}
         im.emit(kind, [ins[0]], attrs, node.name, node_output(node))
-        if indices:     # issue 11: the flat index of each window's first maximum
+        if indices:     # the flat index of each window's first maximum
             im.emit("max_pool_indices", [ins[0]], dict(attrs, storage_order=int(a.get("storage_order", 0))),
                     node.name + "_indices", [node.output[1]])
     return conv

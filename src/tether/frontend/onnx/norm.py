@@ -91,7 +91,7 @@ def _group_norm(im, node, ins, a):
 # ---------------------------------------------------------------- shape ops: Split, Expand, Tile, Range, Size
 
 
-# ---------------------------------------------------------------- LpNormalization (issue 11)
+# ---------------------------------------------------------------- LpNormalization
 @CONVERTERS.register("LpNormalization")
 def _lp_norm(im, node, ins, a):
     dt = require_dtype(im, node, ins[0], ("float32", "float64"))
@@ -107,7 +107,7 @@ def _lp_norm(im, node, ins, a):
     im.emit("where", [is_zero, zero, im.emit("div", [ins[0], safe])], {}, node.name, node_output(node))
 
 
-# ---------------------------------------------------------------- RMSNormalization (issue 11)
+# ---------------------------------------------------------------- RMSNormalization
 @CONVERTERS.register("RMSNormalization")
 def _rms_norm(im, node, ins, a):
     from tether.frontend.onnx.functions import expand_node

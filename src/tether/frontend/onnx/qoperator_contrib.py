@@ -1,4 +1,4 @@
-"""More com.microsoft ops of quantize_static's QOperator form (issue 12): QLinearLeakyRelu, QLinearAveragePool
+"""More com.microsoft ops of quantize_static's QOperator form: QLinearLeakyRelu, QLinearAveragePool
 and QLinearWhere, as onnxruntime's CPU kernels compute them (contrib_ops/cpu/quantization):
 
 - QLinearLeakyRelu: onnxruntime's 256-entry table is ``Q(leaky_relu(DQ(v)))``, which tether computes as that
@@ -24,8 +24,9 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
-from tether.frontend.onnx.quantized import PRODUCT_DTYPES, _dtype
-from tether.frontend.onnx.quantized_contrib import MS, _dequant, _requant_float, _scalar, _zp
+from tether.frontend.onnx.quantized import PRODUCT_DTYPES, check_dtype
+from tether.frontend.onnx.quantized_contrib import (MS, dequantize_per_tensor, quantize_per_tensor, scalar_param,
+                                                    zero_point_or_zero)
 from tether.graph import qpool  # noqa: F401  (registers qavg_pool)
 
 CONVERTERS = ConverterTable(__name__)
@@ -34,14 +35,14 @@ CONVERTERS = ConverterTable(__name__)
 def _qlinear_leaky_relu(im, node, ins, a):
     X, sx, zx, sy = ins[:4]
     zy = ins[4] if len(ins) > 4 and ins[4] else None
-    v = im.emit("leaky_relu", [_dequant(im, node, X, sx, zx)], {"alpha": float(a.get("alpha", 0.01))})
-    _requant_float(im, node, v, sy, zy, X)
+    v = im.emit("leaky_relu", [dequantize_per_tensor(im, node, X, sx, zx)], {"alpha": float(a.get("alpha", 0.01))})
+    quantize_per_tensor(im, node, v, sy, zy, X)
 
 
 def _qlinear_average_pool(im, node, ins, a):
     X, sx, zx, sy = ins[:4]
     zy = ins[4] if len(ins) > 4 and ins[4] else None
-    dt = _dtype(im, node, X, PRODUCT_DTYPES, "an input")
+    dt = check_dtype(im, node, X, PRODUCT_DTYPES, "an input")
     shape = im.type(X).shape
     k = [int(v) for v in a.get("kernel_shape", [])]
     auto_pad = a.get("auto_pad", b"NOTSET")
@@ -53,12 +54,12 @@ def _qlinear_average_pool(im, node, ins, a):
                                                                                         auto_pad))
     pads = [int(v) for v in a.get("pads", [0, 0, 0, 0])]
     strides = [int(v) for v in a.get("strides", [1, 1])]
-    sy1 = im.const(_scalar(im, node, sy, "scale"))
-    zy1 = im.const(_zp(im, node, zy, X))
+    sy1 = im.const(scalar_param(im, node, sy, "scale"))
+    zy1 = im.const(zero_point_or_zero(im, node, zy, X))
     if sy1 is None or zy1 is None:
         raise UnsupportedOpError("node %s: QLinearAveragePool with a run-time output scale or zero point"
                                  % node.name)
-    f = _dequant(im, node, X, sx, zx)
+    f = dequantize_per_tensor(im, node, X, sx, zx)
     im.emit("qavg_pool", [f], {"kernel": k, "strides": strides, "pads": pads,
                                "count_include_pad": int(a.get("count_include_pad", 0)), "dtype": dt,
                                "sy": float(sy1), "zy": int(zy1)}, node.name, node_output(node))
@@ -66,15 +67,15 @@ def _qlinear_average_pool(im, node, ins, a):
 
 def _qlinear_where(im, node, ins, a):
     cond, X, sx, zx, Y, sy, zy, sz, zz = ins[:9]
-    dt = _dtype(im, node, zz, PRODUCT_DTYPES, "an output zero point")
-    sz1, zz1 = _scalar(im, node, sz, "scale"), _scalar(im, node, zz, "zero point")
-    parts = [im.emit("quantize", [_dequant(im, node, v, s, z), sz1, zz1], {"dtype": dt})
+    dt = check_dtype(im, node, zz, PRODUCT_DTYPES, "an output zero point")
+    sz1, zz1 = scalar_param(im, node, sz, "scale"), scalar_param(im, node, zz, "zero point")
+    parts = [im.emit("quantize", [dequantize_per_tensor(im, node, v, s, z), sz1, zz1], {"dtype": dt})
              for v, s, z in ((X, sx, zx), (Y, sy, zy))]
     im.emit("where", [cond] + parts, {}, node.name, node_output(node))
 
 
 def _const_scalar(im, node, v: str, what: str) -> float:
-    c = im.const(_scalar(im, node, v, what))
+    c = im.const(scalar_param(im, node, v, what))
     if c is None:
         raise UnsupportedOpError("node %s: %s with a run-time %s" % (node.name, node.op_type, what))
     return float(c)
@@ -91,7 +92,7 @@ def softmax_table(x_scale: float, reduce_len: int) -> np.ndarray:
 def _qlinear_softmax(im, node, ins, a):
     X, sx, _zx, sy = ins[:4]
     zy = ins[4] if len(ins) > 4 and ins[4] else None
-    dt = _dtype(im, node, X, PRODUCT_DTYPES, "an input")
+    dt = check_dtype(im, node, X, PRODUCT_DTYPES, "an input")
     if "opset" not in a:
         raise UnsupportedOpError("node %s: QLinearSoftmax without its opset attribute" % node.name)
     opset = int(a["opset"])
@@ -119,7 +120,8 @@ def _qlinear_softmax(im, node, ins, a):
     vt = im.emit("gather", [table, idx], {"axis": 0, "shape": list(xshape)})
     vsum = im.emit("reduce", [vt], dict(red, kind="sum"))
     v = im.emit("div", [im.emit("mul", [vt, im.add_const(np.array(ys, np.float32))]), vsum])
-    y = im.emit("quantize", [v, im.add_const(np.array(1.0, np.float32)), _zp(im, node, zy, X)], {"dtype": dt})
+    y = im.emit("quantize", [v, im.add_const(np.array(1.0, np.float32)), zero_point_or_zero(im, node, zy, X)],
+                {"dtype": dt})
     if perm is not None:
         y = im.emit("transpose", [y], {"axes": perm})
     emit_reshape(im, y, shape, node.name, node.output[0])

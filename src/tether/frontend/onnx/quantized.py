@@ -1,4 +1,4 @@
-"""Converters of ONNX's quantized operators (issue 12): QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
+"""Converters of ONNX's quantized operators: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
 MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv, as onnxruntime computes them.
 
 Quantize and dequantize are the graph's ``quantize``/``dequantize`` ops (``tether.graph.qnn``), their scale and
@@ -40,7 +40,8 @@ def _onnx_type_name(code: int) -> str:
         return "elem_type_%d" % code
 
 
-def _dtype(im, node, value: str, allowed: Sequence[str], what: str) -> str:
+def check_dtype(im, node, value: str, allowed: Sequence[str], what: str) -> str:
+    """The dtype of ``value``; UnsupportedOpError naming ``what`` when it is not one of ``allowed``."""
     dt = str(im.type(value).dtype)
     if dt not in allowed:
         raise UnsupportedOpError("node %s: %s with %s of type %s is not supported (tether implements %s)"
@@ -48,11 +49,13 @@ def _dtype(im, node, value: str, allowed: Sequence[str], what: str) -> str:
     return dt
 
 
-def _input(ins: Sequence[str], k: int) -> Optional[str]:
+def optional_input(ins: Sequence[str], k: int) -> Optional[str]:
+    """Input ``k`` of a node, or None when it is absent or empty."""
     return ins[k] if len(ins) > k and ins[k] else None
 
 
-def _zero(im, dtype: str) -> str:
+def zero_point_const(im, dtype: str) -> str:
+    """A constant zero point of ``dtype`` (for an op whose zero point is omitted)."""
     return im.add_const(np.zeros((), dtype), "zero_point")
 
 
@@ -87,8 +90,9 @@ def _blocked(im, node, x: str, params: Sequence[str], axis: int, block: int):
     return out
 
 
-def _check_scale(im, node, scale: str) -> None:
-    _dtype(im, node, scale, ("float32",), "a scale")
+def check_scale(im, node, scale: str) -> None:
+    """UnsupportedOpError unless ``scale`` is float32."""
+    check_dtype(im, node, scale, ("float32",), "a scale")
 
 
 def _emit_q_or_dq(im, node, op: str, x: str, scale: str, zp: str, attrs: dict, a: dict) -> None:
@@ -121,9 +125,9 @@ def _emit_unfolded(im, op: str, inputs: Sequence[str], attrs: dict, name: str, o
 
 @CONVERTERS.register("QuantizeLinear")
 def _quantize_linear(im, node, ins, a):
-    x, scale, zp = ins[0], ins[1], _input(ins, 2)
-    _dtype(im, node, x, ("float32",), "an input")
-    _check_scale(im, node, scale)
+    x, scale, zp = ins[0], ins[1], optional_input(ins, 2)
+    check_dtype(im, node, x, ("float32",), "an input")
+    check_scale(im, node, scale)
     if int(a.get("precision", 0)) not in (0, 1):
         raise UnsupportedOpError("node %s: QuantizeLinear precision %s (tether computes in float32)"
                                  % (node.name, _onnx_type_name(int(a["precision"]))))
@@ -132,29 +136,29 @@ def _quantize_linear(im, node, ins, a):
         raise UnsupportedOpError("node %s: QuantizeLinear to %s is not supported (tether implements %s)"
                                  % (node.name, _onnx_type_name(code), ", ".join(QUANT_DTYPES)))
     if zp is not None:
-        dt = _dtype(im, node, zp, QUANT_DTYPES, "a zero point")
+        dt = check_dtype(im, node, zp, QUANT_DTYPES, "a zero point")
         if code and _ONNX_INT[code] != dt:
             raise UnsupportedOpError("node %s: QuantizeLinear output_dtype %s differs from its zero point's %s"
                                      % (node.name, _ONNX_INT[code], dt))
     else:
         dt = _ONNX_INT.get(code, "uint8")
-        zp = _zero(im, dt)
+        zp = zero_point_const(im, dt)
     # saturate only concerns float8 outputs, which are refused above
     _emit_q_or_dq(im, node, "quantize", x, scale, zp, {"dtype": dt}, a)
 
 
 @CONVERTERS.register("DequantizeLinear")
 def _dequantize_linear(im, node, ins, a):
-    x, scale, zp = ins[0], ins[1], _input(ins, 2)
-    dt = _dtype(im, node, x, QUANT_DTYPES + ("int32",), "an input")
-    _check_scale(im, node, scale)
+    x, scale, zp = ins[0], ins[1], optional_input(ins, 2)
+    dt = check_dtype(im, node, x, QUANT_DTYPES + ("int32",), "an input")
+    check_scale(im, node, scale)
     code = int(a.get("output_dtype", 0))
     if code not in (0, 1):
         raise UnsupportedOpError("node %s: DequantizeLinear output_dtype %s (tether implements float)"
                                  % (node.name, _onnx_type_name(code)))
     if zp is None:
-        zp = _zero(im, dt)
-    elif _dtype(im, node, zp, QUANT_DTYPES + ("int32",), "a zero point") != dt:
+        zp = zero_point_const(im, dt)
+    elif check_dtype(im, node, zp, QUANT_DTYPES + ("int32",), "a zero point") != dt:
         raise UnsupportedOpError("node %s: DequantizeLinear zero point of type %s for an input of type %s"
                                  % (node.name, im.type(zp).dtype, dt))
     _emit_q_or_dq(im, node, "dequantize", x, scale, zp, {}, a)
@@ -165,7 +169,7 @@ def _dynamic_quantize_linear(im, node, ins, a):
     """uint8 with scale (max(x, 0) - min(x, 0)) / 255 (1 when that range is empty) and zero point
     round(clamp(-min / scale, 0, 255)), as onnxruntime's GetQuantizationParameter."""
     x = ins[0]
-    _dtype(im, node, x, ("float32",), "an input")
+    check_dtype(im, node, x, ("float32",), "an input")
     nd = len(im.type(x).shape)
     f32 = lambda v: im.add_const(np.array(v, np.float32))    # noqa: E731
     # keepdims: a reduction to rank 0 has no kernel shape (kernels see scalars as (1,)); reshaped to () below
@@ -175,7 +179,7 @@ def _dynamic_quantize_linear(im, node, ins, a):
     rng = im.emit("sub", [mx, mn])
     empty = im.emit("equal", [rng, f32(0.0)])
     scale = im.emit("where", [empty, f32(1.0), im.emit("div", [rng, f32(255.0)])], {}, node.name + "_scale")
-    zp = im.emit("quantize", [im.emit("neg", [mn]), scale, _zero(im, "uint8")], {"dtype": "uint8"},
+    zp = im.emit("quantize", [im.emit("neg", [mn]), scale, zero_point_const(im, "uint8")], {"dtype": "uint8"},
                  node.name + "_zero_point")
     im.emit("quantize", [x, scale, zp], {"dtype": "uint8"}, node.name, node_output(node, 0))
     for k, v in ((1, scale), (2, zp)):
@@ -184,12 +188,12 @@ def _dynamic_quantize_linear(im, node, ins, a):
 
 
 # ---------------------------------------------------------------- integer products
-def _minus_zero_point(im, node, x: str, zp: Optional[str], axis_of_vector: int, what: str) -> str:
+def minus_zero_point(im, node, x: str, zp: Optional[str], axis_of_vector: int, what: str) -> str:
     """int32(x) - zp, zp one element or a vector along ``axis_of_vector`` of x."""
     x32 = im.emit("cast", [x], {"to": "int32"})
     if zp is None:
         return x32
-    dt = _dtype(im, node, zp, PRODUCT_DTYPES, what)
+    dt = check_dtype(im, node, zp, PRODUCT_DTYPES, what)
     if dt != str(im.type(x).dtype):
         raise UnsupportedOpError("node %s: %s %s of type %s for an operand of type %s"
                                  % (node.name, node.op_type, what, dt, im.type(x).dtype))
@@ -203,42 +207,43 @@ def _as_node(node, op_type: str, output: str):
     return types.SimpleNamespace(name=node.name, op_type=op_type, output=[output], input=list(node.input))
 
 
-def _int_matmul(im, node, a: str, b: str, azp: Optional[str], bzp: Optional[str], out: str) -> str:
-    _dtype(im, node, a, PRODUCT_DTYPES, "an A operand")
-    _dtype(im, node, b, PRODUCT_DTYPES, "a B operand")
+def int_matmul(im, node, a: str, b: str, azp: Optional[str], bzp: Optional[str], out: str) -> str:
+    """``out`` = (a - azp) @ (b - bzp) in int32, the zero points optional."""
+    check_dtype(im, node, a, PRODUCT_DTYPES, "an A operand")
+    check_dtype(im, node, b, PRODUCT_DTYPES, "a B operand")
     if len(im.type(a).shape) < 2 and azp is not None and im.type(azp).shape not in ((), (1,)):
         raise UnsupportedOpError("node %s: a per-row A zero point on a vector" % node.name)
-    a32 = _minus_zero_point(im, node, a, azp, -2 if len(im.type(a).shape) > 1 else 0, "A zero point")
-    b32 = _minus_zero_point(im, node, b, bzp, -1, "B zero point")
+    a32 = minus_zero_point(im, node, a, azp, -2 if len(im.type(a).shape) > 1 else 0, "A zero point")
+    b32 = minus_zero_point(im, node, b, bzp, -1, "B zero point")
     nn.CONVERTERS["MatMul"](im, _as_node(node, "MatMul", out), [a32, b32], {})
     return out
 
 
 def _int_conv(im, node, a: dict, x: str, w: str, xzp: Optional[str], wzp: Optional[str], out: str) -> str:
-    _dtype(im, node, x, PRODUCT_DTYPES, "an input")
-    _dtype(im, node, w, PRODUCT_DTYPES, "a weight")
+    check_dtype(im, node, x, PRODUCT_DTYPES, "an input")
+    check_dtype(im, node, w, PRODUCT_DTYPES, "a weight")
     if xzp is not None and int(np.prod(im.type(xzp).shape, dtype=np.int64)) != 1:
         raise UnsupportedOpError("node %s: %s with a per-channel input zero point" % (node.name, node.op_type))
-    x32 = _minus_zero_point(im, node, x, xzp, 1, "input zero point")
-    w32 = _minus_zero_point(im, node, w, wzp, 0, "weight zero point")
+    x32 = minus_zero_point(im, node, x, xzp, 1, "input zero point")
+    w32 = minus_zero_point(im, node, w, wzp, 0, "weight zero point")
     nn.CONVERTERS["Conv"](im, _as_node(node, "Conv", out), [x32, w32], a)
     return out
 
 
 @CONVERTERS.register("MatMulInteger")
 def _matmul_integer(im, node, ins, a):
-    _int_matmul(im, node, ins[0], ins[1], _input(ins, 2), _input(ins, 3), node.output[0])
+    int_matmul(im, node, ins[0], ins[1], optional_input(ins, 2), optional_input(ins, 3), node.output[0])
 
 
 @CONVERTERS.register("ConvInteger")
 def _conv_integer(im, node, ins, a):
-    _int_conv(im, node, a, ins[0], ins[1], _input(ins, 2), _input(ins, 3), node.output[0])
+    _int_conv(im, node, a, ins[0], ins[1], optional_input(ins, 2), optional_input(ins, 3), node.output[0])
 
 
 def _multiplier(im, node, scales: Sequence[str], y_scale: str) -> str:
     """sa * sb / sy in float32, in that order (onnxruntime's output scale); each scale checked."""
     for s in list(scales) + [y_scale]:
-        _check_scale(im, node, s)
+        check_scale(im, node, s)
     m = im.emit("mul", list(scales))
     return im.emit("div", [m, y_scale])
 
@@ -246,8 +251,8 @@ def _multiplier(im, node, scales: Sequence[str], y_scale: str) -> str:
 @CONVERTERS.register("QLinearMatMul")
 def _qlinear_matmul(im, node, ins, a):
     A, sa, za, B, sb, zb, sy, zy = ins[:8]
-    dt = _dtype(im, node, zy, PRODUCT_DTYPES, "an output zero point")
-    acc = _int_matmul(im, node, A, B, za, zb, im.fresh(node.name + "_acc"))
+    dt = check_dtype(im, node, zy, PRODUCT_DTYPES, "an output zero point")
+    acc = int_matmul(im, node, A, B, za, zb, im.fresh(node.name + "_acc"))
     shape = im.type(acc).shape
     flat = lambda v: emit_reshape(im, v, ()) if int(np.prod(im.type(v).shape, dtype=np.int64)) == 1 \
         else v     # noqa: E731
@@ -259,12 +264,12 @@ def _qlinear_matmul(im, node, ins, a):
 @CONVERTERS.register("QLinearConv")
 def _qlinear_conv(im, node, ins, a):
     x, sx, zx, w, sw, zw, sy, zy = ins[:8]
-    bias = _input(ins, 8)
-    dt = _dtype(im, node, zy, PRODUCT_DTYPES, "an output zero point")
+    bias = optional_input(ins, 8)
+    dt = check_dtype(im, node, zy, PRODUCT_DTYPES, "an output zero point")
     acc = _int_conv(im, node, a, x, w, zx, zw, im.fresh(node.name + "_acc"))
     shape = im.type(acc).shape
     if bias is not None:
-        _dtype(im, node, bias, ("int32",), "a bias")
+        check_dtype(im, node, bias, ("int32",), "a bias")
         acc = im.emit("add", [acc, _broadcast_param(im, node, bias, shape, 1, "bias")], {}, node.name + "_bias")
     sx1, sy1, zy1 = (emit_reshape(im, v, ()) for v in (sx, sy, zy))
     mult = _multiplier(im, node, [sx1, _broadcast_param(im, node, sw, shape, 1, "weight scale")], sy1)

@@ -1,5 +1,5 @@
 """Converters of the onnxruntime contrib ops (domain ``com.microsoft``) that ``quantize_static`` writes in the
-QOperator form (issue 12): QLinearAdd, QLinearMul, QLinearGlobalAveragePool, QGemm, QLinearConcat and
+QOperator form: QLinearAdd, QLinearMul, QLinearGlobalAveragePool, QGemm, QLinearConcat and
 QLinearSigmoid, computed as onnxruntime's CPU kernels do:
 
 - QLinearAdd: ``round(float(a - za) * (sa / sc) + float(b - zb) * (sb / sc)) + zc`` (MLAS QLinearAdd);
@@ -20,8 +20,8 @@ import numpy as np
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx import quantized
 from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
-from tether.frontend.onnx.quantized import (PRODUCT_DTYPES, _check_scale, _dtype, _input, _int_matmul,
-                                            _minus_zero_point, _zero)
+from tether.frontend.onnx.quantized import (PRODUCT_DTYPES, check_dtype, check_scale, int_matmul, minus_zero_point,
+                                            optional_input, zero_point_const)
 from tether.graph.qnn import qadd_constants
 
 CONVERTERS = ConverterTable(__name__)
@@ -29,43 +29,49 @@ CONVERTERS = ConverterTable(__name__)
 MS = "com.microsoft."
 
 
-def _scalar(im, node, v: str, what: str) -> str:
+def scalar_param(im, node, v: str, what: str) -> str:
+    """``v`` reshaped to a scalar; UnsupportedOpError when it has more than one value."""
     if int(np.prod(im.type(v).shape, dtype=np.int64)) != 1:
         raise UnsupportedOpError("node %s: %s with a per-channel %s (onnxruntime takes one value)"
                                  % (node.name, node.op_type, what))
     return emit_reshape(im, v, ())
 
 
-def _zp(im, node, zp, like: str) -> str:
-    return _scalar(im, node, zp, "zero point") if zp else _zero(im, str(im.type(like).dtype))
+def zero_point_or_zero(im, node, zp, like: str) -> str:
+    """The scalar zero point ``zp``, or a zero of ``like``'s dtype when it is omitted."""
+    return scalar_param(im, node, zp, "zero point") if zp else zero_point_const(im, str(im.type(like).dtype))
 
 
 def _f32(im, value: float) -> str:
     return im.add_const(np.array(value, np.float32))
 
 
-def _dequant(im, node, x: str, s: str, z) -> str:
-    _dtype(im, node, x, PRODUCT_DTYPES, "an input")
-    _check_scale(im, node, s)
-    return im.emit("dequantize", [x, _scalar(im, node, s, "scale"), _zp(im, node, z, x)])
+def dequantize_per_tensor(im, node, x: str, s: str, z) -> str:
+    """float ``x`` from int8/uint8 ``x`` with one scale ``s`` and zero point ``z`` (optional)."""
+    check_dtype(im, node, x, PRODUCT_DTYPES, "an input")
+    check_scale(im, node, s)
+    return im.emit("dequantize", [x, scalar_param(im, node, s, "scale"), zero_point_or_zero(im, node, z, x)])
 
 
-def _requant_float(im, node, v: str, s: str, z, like: str, out_dtype: str = "") -> str:
-    _check_scale(im, node, s)
+def quantize_per_tensor(im, node, v: str, s: str, z, like: str, out_dtype: str = "") -> str:
+    """Float ``v`` quantized with one scale and zero point into the node's output, of ``like``'s dtype unless
+    ``out_dtype`` is given."""
+    check_scale(im, node, s)
     dt = out_dtype or str(im.type(like).dtype)
-    return im.emit("quantize", [v, _scalar(im, node, s, "scale"), _zp(im, node, z, like)], {"dtype": dt},
-                   node.name, node_output(node))
+    return im.emit("quantize", [v, scalar_param(im, node, s, "scale"), zero_point_or_zero(im, node, z, like)],
+                   {"dtype": dt}, node.name, node_output(node))
 
 
 def _qlinear_add(im, node, ins, a):
     A, sa, za, B, sb, zb, sc = ins[:7]
-    zc = _input(ins, 7)
+    zc = optional_input(ins, 7)
     for x in (A, B):
-        _dtype(im, node, x, PRODUCT_DTYPES, "an input")
+        check_dtype(im, node, x, PRODUCT_DTYPES, "an input")
     for s in (sa, sb, sc):
-        _check_scale(im, node, s)
-    sa, sb, sc = (_scalar(im, node, s, "scale") for s in (sa, sb, sc))
-    za, zb, zc = _zp(im, node, za, A), _zp(im, node, zb, B), _zp(im, node, zc, A)
+        check_scale(im, node, s)
+    sa, sb, sc = (scalar_param(im, node, s, "scale") for s in (sa, sb, sc))
+    za, zb, zc = (zero_point_or_zero(im, node, za, A), zero_point_or_zero(im, node, zb, B),
+                  zero_point_or_zero(im, node, zc, A))
     emit_qadd(im, A, B, sa, za, sb, zb, sc, zc, node.name, node_output(node))
 
 
@@ -85,8 +91,8 @@ def emit_qadd(im, A: str, B: str, sa: str, za: str, sb: str, zb: str, sc: str, z
 
 def _qlinear_mul(im, node, ins, a):
     A, sa, za, B, sb, zb, sc = ins[:7]
-    v = im.emit("mul", [_dequant(im, node, A, sa, za), _dequant(im, node, B, sb, zb)])
-    _requant_float(im, node, v, sc, _input(ins, 7), A)
+    v = im.emit("mul", [dequantize_per_tensor(im, node, A, sa, za), dequantize_per_tensor(im, node, B, sb, zb)])
+    quantize_per_tensor(im, node, v, sc, optional_input(ins, 7), A)
 
 
 def _qlinear_gap(im, node, ins, a):
@@ -94,49 +100,49 @@ def _qlinear_gap(im, node, ins, a):
     if int(a.get("channels_last", 0)):
         raise UnsupportedOpError("node %s: QLinearGlobalAveragePool with channels_last=1 (tether takes NCHW)"
                                  % node.name)
-    _dtype(im, node, x, PRODUCT_DTYPES, "an input")
+    check_dtype(im, node, x, PRODUCT_DTYPES, "an input")
     for s in (sx, sy):
-        _check_scale(im, node, s)
+        check_scale(im, node, s)
     shape = im.type(x).shape
     hw = int(np.prod(shape[2:], dtype=np.int64))
     acc = im.emit("reduce", [im.emit("cast", [x], {"to": "int32"})],
                   {"kind": "sum", "axes": list(range(2, len(shape))), "keepdims": True})
-    zx32 = im.emit("cast", [_zp(im, node, zx, x)], {"to": "int32"})
+    zx32 = im.emit("cast", [zero_point_or_zero(im, node, zx, x)], {"to": "int32"})
     acc = im.emit("sub", [acc, im.emit("mul", [zx32, im.add_const(np.array(hw, np.int32))])])
-    sx1, sy1 = _scalar(im, node, sx, "scale"), _scalar(im, node, sy, "scale")
+    sx1, sy1 = scalar_param(im, node, sx, "scale"), scalar_param(im, node, sy, "scale")
     mult = im.emit("div", [sx1, im.emit("mul", [sy1, _f32(im, float(hw))])])
-    im.emit("requantize", [acc, mult, _zp(im, node, zy, x)], {"dtype": str(im.type(x).dtype)}, node.name,
+    im.emit("requantize", [acc, mult, zero_point_or_zero(im, node, zy, x)], {"dtype": str(im.type(x).dtype)}, node.name,
             node_output(node))
 
 
 def _qgemm(im, node, ins, a):
     A, sa, za, B, sb, zb = ins[:6]
-    C, sy, zy = _input(ins, 6), _input(ins, 7), _input(ins, 8)
+    C, sy, zy = optional_input(ins, 6), optional_input(ins, 7), optional_input(ins, 8)
     alpha = float(a.get("alpha", 1.0))
-    _dtype(im, node, A, PRODUCT_DTYPES, "an A operand")
-    _dtype(im, node, B, PRODUCT_DTYPES, "a B operand")
-    a32 = _minus_zero_point(im, node, A, _scalar(im, node, za, "A zero point"), 0, "A zero point")
+    check_dtype(im, node, A, PRODUCT_DTYPES, "an A operand")
+    check_dtype(im, node, B, PRODUCT_DTYPES, "a B operand")
+    a32 = minus_zero_point(im, node, A, scalar_param(im, node, za, "A zero point"), 0, "A zero point")
     if int(a.get("transA", 0)):
         a32 = im.emit("transpose", [a32], {"axes": [1, 0]})
     trans_b = int(a.get("transB", 0))
-    b32 = _minus_zero_point(im, node, B, zb, 0 if trans_b else 1, "B zero point")
+    b32 = minus_zero_point(im, node, B, zb, 0 if trans_b else 1, "B zero point")
     if not trans_b:
         b32 = im.emit("transpose", [b32], {"axes": [1, 0]})
     acc = im.emit("dense", [a32, b32], {}, node.name + "_acc")
     if C:
-        _dtype(im, node, C, ("int32",), "a bias")
+        check_dtype(im, node, C, ("int32",), "a bias")
         acc = im.emit("add", [acc, C])
     n = im.type(acc).shape[1]
-    _check_scale(im, node, sa)
-    _check_scale(im, node, sb)
-    sbv = sb if im.type(sb).shape == (n,) else _scalar(im, node, sb, "B scale")
-    scale = im.emit("mul", [im.emit("mul", [_f32(im, alpha), _scalar(im, node, sa, "A scale")]), sbv])
+    check_scale(im, node, sa)
+    check_scale(im, node, sb)
+    sbv = sb if im.type(sb).shape == (n,) else scalar_param(im, node, sb, "B scale")
+    scale = im.emit("mul", [im.emit("mul", [_f32(im, alpha), scalar_param(im, node, sa, "A scale")]), sbv])
     if sy is None:
         im.emit("mul", [im.emit("cast", [acc], {"to": "float32"}), scale], {}, node.name, node_output(node))
         return
-    _check_scale(im, node, sy)
-    mult = im.emit("div", [scale, _scalar(im, node, sy, "Y scale")])
-    im.emit("requantize", [acc, mult, _zp(im, node, zy, A)], {"dtype": str(im.type(A).dtype)}, node.name,
+    check_scale(im, node, sy)
+    mult = im.emit("div", [scale, scalar_param(im, node, sy, "Y scale")])
+    im.emit("requantize", [acc, mult, zero_point_or_zero(im, node, zy, A)], {"dtype": str(im.type(A).dtype)}, node.name,
             node_output(node))
 
 
@@ -146,51 +152,52 @@ def _qlinear_concat(im, node, ins, a):
     if not triples or any(len(t) != 3 for t in triples):
         raise UnsupportedOpError("node %s: QLinearConcat takes (tensor, scale, zero point) triples" % node.name)
     first = triples[0][0]
-    dt = _dtype(im, node, zy, PRODUCT_DTYPES, "an output zero point")
-    sy1, zy1 = _scalar(im, node, sy, "scale"), _scalar(im, node, zy, "zero point")
-    parts = [im.emit("quantize", [_dequant(im, node, x, s, z), sy1, zy1], {"dtype": dt}) for x, s, z in triples]
+    dt = check_dtype(im, node, zy, PRODUCT_DTYPES, "an output zero point")
+    sy1, zy1 = scalar_param(im, node, sy, "scale"), scalar_param(im, node, zy, "zero point")
+    parts = [im.emit("quantize", [dequantize_per_tensor(im, node, x, s, z), sy1, zy1], {"dtype": dt})
+             for x, s, z in triples]
     axis = norm_axis(int(a["axis"]), len(im.type(first).shape))
     im.emit("concat", parts, {"axis": axis}, node.name, node_output(node))
 
 
 def _qlinear_sigmoid(im, node, ins, a):
     X, sx, zx, sy = ins[:4]
-    v = im.emit("sigmoid", [_dequant(im, node, X, sx, zx)])
-    _requant_float(im, node, v, sy, _input(ins, 4), X)
+    v = im.emit("sigmoid", [dequantize_per_tensor(im, node, X, sx, zx)])
+    quantize_per_tensor(im, node, v, sy, optional_input(ins, 4), X)
 
 
 def _to_float(im, node, acc: str, scales, bias) -> str:
     """float(acc) * (a_scale * b_scale) [+ bias]: MatMulIntegerToFloat's and DynamicQuantizeMatMul's output."""
     n = im.type(acc).shape[-1]
-    sa = _scalar(im, node, scales[0], "A scale")
-    sb = scales[1] if im.type(scales[1]).shape == (n,) else _scalar(im, node, scales[1], "B scale")
+    sa = scalar_param(im, node, scales[0], "A scale")
+    sb = scales[1] if im.type(scales[1]).shape == (n,) else scalar_param(im, node, scales[1], "B scale")
     for s in scales:
-        _check_scale(im, node, s)
+        check_scale(im, node, s)
     last = bias is None
     y = im.emit("mul", [im.emit("cast", [acc], {"to": "float32"}), im.emit("mul", [sa, sb])], {}, node.name,
                 node_output(node) if last else None)
     if not last:
-        _dtype(im, node, bias, ("float32",), "a bias")
+        check_dtype(im, node, bias, ("float32",), "a bias")
         y = im.emit("add", [y, bias], {}, node.name + "_bias", node_output(node))
     return y
 
 
 def _matmul_integer_to_float(im, node, ins, a):
     A, B, sa, sb = ins[:4]
-    za, zb, bias = _input(ins, 4), _input(ins, 5), _input(ins, 6)
-    acc = _int_matmul(im, node, A, B, za, zb, im.fresh(node.name + "_acc"))
+    za, zb, bias = optional_input(ins, 4), optional_input(ins, 5), optional_input(ins, 6)
+    acc = int_matmul(im, node, A, B, za, zb, im.fresh(node.name + "_acc"))
     _to_float(im, node, acc, (sa, sb), bias)
 
 
 def _dynamic_quantize_matmul(im, node, ins, a):
     A, B, sb = ins[:3]
-    zb, bias = _input(ins, 3), _input(ins, 4)
-    _dtype(im, node, A, ("float32",), "an A operand")
+    zb, bias = optional_input(ins, 3), optional_input(ins, 4)
+    check_dtype(im, node, A, ("float32",), "an A operand")
     q, sa, za = (im.fresh(node.name + suffix) for suffix in ("_a_quantized", "_a_scale", "_a_zero_point"))
     dql = types.SimpleNamespace(name=node.name + "_quantize_a", op_type="DynamicQuantizeLinear", output=[q, sa, za],
                                 input=[A])
     quantized.CONVERTERS["DynamicQuantizeLinear"](im, dql, [A], {})
-    acc = _int_matmul(im, node, q, B, za, zb, im.fresh(node.name + "_acc"))
+    acc = int_matmul(im, node, q, B, za, zb, im.fresh(node.name + "_acc"))
     _to_float(im, node, acc, (sa, sb), bias)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx import quantized
 from tether.frontend.onnx.importer import ConverterTable, Importer, emit_reshape, require_dtype, str_attr
-from tether.frontend.onnx.recurrent import DIRECTIONS, _activations, _input
+from tether.frontend.onnx.recurrent import DIRECTIONS, activation_functions, optional_input
 
 CONVERTERS = ConverterTable(__name__)
 
@@ -81,13 +81,13 @@ def _dynamic_quantize_lstm(im: Importer, node, ins, a):
     n = 4 * hid
     if int(a.get("input_forget", 0)) not in (0, 1):
         raise UnsupportedOpError("node %s: DynamicQuantizeLSTM input_forget %r" % (node.name, a["input_forget"]))
-    acts = _activations(node, "lstm", a, ndir)
+    acts = activation_functions(node, "lstm", a, ndir)
     w64, ws = _weights(im, node, w, ins[8], ins[9], ndir, n, "W")
     r64, rs = _weights(im, node, r, ins[10], ins[11], ndir, n, "R")
     if w64.shape[1] != nin or r64.shape[1] != hid:
         raise UnsupportedOpError("node %s: DynamicQuantizeLSTM W %s / R %s do not fit input size %d and "
                                  "hidden_size %d" % (node.name, w64.shape, r64.shape, nin, hid))
-    lens = _input(ins, 4)
+    lens = optional_input(ins, 4)
     if lens is not None:
         const = im.const(lens)
         if const is None or not np.all(np.asarray(const) == seq):
@@ -105,7 +105,7 @@ def _dynamic_quantize_lstm(im: Importer, node, ins, a):
     acc = im.emit("dense", [x32, im.add_const(w_rows, node.name + "_w_int")])
     mult = im.emit("mul", [sx, im.add_const(ws.reshape(ndir * n), node.name + "_w_scale")])
     xw = im.emit("mul", [im.emit("cast", [acc], {"to": "float32"}), mult])
-    bias = _input(ins, 3)
+    bias = optional_input(ins, 3)
     if bias is not None:
         require_dtype(im, node, bias, ("float32",))
         wb = im.emit("strided_slice", [bias], {"begin": [0, 0], "end": [ndir, n], "step": [1, 1]})
@@ -114,7 +114,7 @@ def _dynamic_quantize_lstm(im: Importer, node, ins, a):
     xw = emit_reshape(im, xw, (seq, batch, ndir * n))
 
     def state(k: int) -> str:
-        v = _input(ins, k)
+        v = optional_input(ins, k)
         if v is None:
             return im.add_const(np.zeros((ndir, batch, hid), np.float32))
         require_dtype(im, node, v, ("float32",))
@@ -123,7 +123,7 @@ def _dynamic_quantize_lstm(im: Importer, node, ins, a):
     attrs = {"cell": "lstm", "hidden": hid, "directions": dirs, "acts": acts,
              "clip": float(a["clip"]) if "clip" in a else None, "input_forget": int(a.get("input_forget", 0)),
              "linear_before_reset": 0, "has_peephole": 0, "has_seq_lens": 0, "quant_h": 1}
-    p = _input(ins, 7)
+    p = optional_input(ins, 7)
     if p is not None:
         require_dtype(im, node, p, ("float32",))
         inputs.append(p)

@@ -34,11 +34,14 @@ ACT_PARAMS = {
 DIRECTIONS = {"forward": ["forward"], "reverse": ["reverse"], "bidirectional": ["forward", "reverse"]}
 
 
-def _input(ins: List[str], k: int) -> Optional[str]:
+def optional_input(ins: List[str], k: int) -> Optional[str]:
+    """Input ``k`` of a node, or None when it is absent or empty."""
     return ins[k] if len(ins) > k and ins[k] else None
 
 
-def _activations(node, cell: str, a: dict, ndir: int) -> List[list]:
+def activation_functions(node, cell: str, a: dict, ndir: int) -> List[list]:
+    """The activations of a recurrent node's directions from its ``activations``/``activation_alpha``/``_beta``
+    attributes (the spec's defaults when absent), checked against the cell kind."""
     names = [n.decode() if isinstance(n, bytes) else n for n in a.get("activations", [])]
     count = ACTIVATION_COUNT[cell]
     if not names:
@@ -97,7 +100,7 @@ def _convert(cell: str):
         lbr = int(a.get("linear_before_reset", 0)) if cell == "gru" else 0
         if "output_sequence" in a:
             raise UnsupportedOpError("node %s: %s output_sequence (opset < 7)" % (node.name, node.op_type))
-        acts = _activations(node, cell, a, ndir)
+        acts = activation_functions(node, cell, a, ndir)
         if layout == 1:
             x = im.emit("transpose", [x], {"axes": (1, 0, 2)})
         seq, batch, nin = im.type(x).shape
@@ -105,7 +108,7 @@ def _convert(cell: str):
 
         # the input projection: every step and direction in one GEMM, with the additive biases
         xw = im.emit("dense", [emit_reshape(im, x, (seq * batch, nin)), emit_reshape(im, w, (ndir * gh, nin))])
-        bias = _input(ins, 3)
+        bias = optional_input(ins, 3)
         rbh = None
         if bias is not None:
             require_dtype(im, node, bias, ("float32",))
@@ -126,7 +129,7 @@ def _convert(cell: str):
         rt = im.emit("transpose", [r], {"axes": (0, 2, 1)})
 
         def state(k: int) -> str:
-            v = _input(ins, k)
+            v = optional_input(ins, k)
             if v is None:
                 return im.add_const(np.zeros((ndir, batch, hid), np.float32))
             require_dtype(im, node, v, ("float32",))
@@ -138,14 +141,14 @@ def _convert(cell: str):
                  "linear_before_reset": lbr, "has_peephole": 0, "has_seq_lens": 0}
         if cell == "lstm":
             inputs.append(state(6))
-            p = _input(ins, 7)
+            p = optional_input(ins, 7)
             if p is not None:
                 require_dtype(im, node, p, ("float32",))
                 inputs.append(p)
                 attrs["has_peephole"] = 1
         if rbh is not None:
             inputs.append(rbh)
-        lens = _input(ins, 4)
+        lens = optional_input(ins, 4)
         if lens is not None:
             const = im.const(lens)
             if const is not None and np.all(np.asarray(const) == seq):

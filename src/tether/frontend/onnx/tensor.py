@@ -193,7 +193,7 @@ def _pad(im, node, ins, a):
         for k, ax in enumerate(axes):
             pads[ax] = raw[k]
             pads[ax + nd] = raw[k + len(axes)]
-    if mode == "wrap":      # issue 11: a constant index map (frontend/onnx/indexmap.py)
+    if mode == "wrap":      # a constant index map (frontend/onnx/indexmap.py)
         from tether.frontend.onnx.indexmap import pad_wrap
         pad_wrap(im, node, ins[0], pads)
         return

@@ -6,10 +6,12 @@ differently from the float op, so tether does the same. The pass runs before con
 the DequantizeLinear of constant weights as nodes) and rewrites, for each ``quantize`` node whose producer chain
 matches:
 
-| pattern (per-tensor activations, constant weights, scales and zero points) | becomes |
-|---|---|
-| ``Q(conv2d(DQ(x), DQ(w)) [+ DQ(bias int32, scale sx * sw)])`` | ``requantize(conv2d(int32(x) - zx, w - zw) + bias, sx * sw / sy, zy)`` |
-| ``Q([reshape](dense([reshape](DQ(a)), [transpose](DQ(w))) [+ DQ(bias)]))`` | the same with ``dense`` (Gemm, MatMul) |
+Patterns (per-tensor activations, constant weights, scales and zero points) and what they become:
+
+- ``Q(conv2d(DQ(x), DQ(w)) [+ DQ(bias int32, scale sx * sw)])``
+  becomes ``requantize(conv2d(int32(x) - zx, w - zw) + bias, sx * sw / sy, zy)``;
+- ``Q([reshape](dense([reshape](DQ(a)), [transpose](DQ(w))) [+ DQ(bias)]))``
+  becomes the same with ``dense`` (Gemm, MatMul).
 | ``Q(add(DQ(a), DQ(b)))`` | ``qadd(a, b, ...)`` (onnxruntime's QLinearAdd) |
 | ``Q(global_avg_pool(DQ(x)))`` | ``requantize(sum(int32(x)) - zx * HW, sx / (sy * HW), zy)`` |
 | ``Q(reshape*(DQ(x)))`` with the same scale, zero point and type | ``reshape*(x)`` (Flatten, Reshape: no arithmetic) |
@@ -26,8 +28,8 @@ Also (a later block, onnxruntime 1.32's x86 CPU QDQ transformer row by row; docs
 HardSwish, HardSigmoid, Tanh and linear Resize stay float, as onnxruntime leaves them.
 
 With int8 activations the Add row and convs whose input dequantize has other readers stay unfused, as onnxruntime
-on x86 leaves them. A Relu or Clip right before the Q is looked through when Q's saturation already does what it does (zero point at
-the type's minimum; clip bounds covering Q's range), as onnxruntime removes it.
+on x86 leaves them. A Relu or Clip right before the Q is looked through when Q's saturation already does what it
+does (zero point at the type's minimum; clip bounds covering Q's range), as onnxruntime removes it.
 
 Weights are per channel along the output channels (conv axis 0, dense rows) or per tensor. A group that does not
 match (a per-channel activation, a run-time scale, an op outside the table) stays as it is: dequantize, the float
