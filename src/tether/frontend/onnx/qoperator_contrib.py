@@ -3,7 +3,7 @@ and QLinearWhere, as onnxruntime's CPU kernels compute them (contrib_ops/cpu/qua
 
 - QLinearLeakyRelu: onnxruntime's 256-entry table is ``Q(leaky_relu(DQ(v)))``, which tether computes as that
   chain (the same arithmetic for every element);
-- QLinearAveragePool: the graph's ``qavg_pool`` over ``DQ(x)`` (graph/qpool.py: float window sum, divided by the
+- QLinearAveragePool: the graph's ``qavg_pool`` over ``DQ(x)`` (kernels/qpool_ops.py: float window sum, divided by the
   count, ``nearbyint(y / sy + zy)``); 2-D NCHW without ceil_mode or dilations, ``auto_pad`` NOTSET;
 - QLinearWhere: X and Y each requantized to Z's scale and zero point (``Q(DQ(v))``, onnxruntime's tables), then
   the select.
@@ -26,7 +26,6 @@ from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import CONVERTERS, emit_reshape, node_output, norm_axis
 from tether.frontend.onnx.quantized import PRODUCT_DTYPES, _dtype
 from tether.frontend.onnx.quantized_contrib import MS, _dequant, _requant_float, _scalar, _zp
-from tether.graph import qpool  # noqa: F401  (registers qavg_pool)
 
 
 def _qlinear_leaky_relu(im, node, ins, a):

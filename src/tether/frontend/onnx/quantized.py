@@ -1,7 +1,7 @@
 """Converters of ONNX's quantized operators (issue 12): QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
 MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv, as onnxruntime computes them.
 
-Quantize and dequantize are the graph's ``quantize``/``dequantize`` ops (``tether.graph.qnn``), their scale and
+Quantize and dequantize are the graph's ``quantize``/``dequantize`` ops (``tether.kernels.quantize_ops``), their scale and
 zero point broadcast against the data: one element (per tensor), a vector along ``axis`` (per channel), or blocks
 of ``block_size`` along ``axis`` (the data viewed with that axis split into (blocks, block_size)). An integer
 product is the float op on int32 operands with the zero points subtracted (``int32(x) - zp``), so a QLinearConv is
@@ -21,7 +21,6 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import CONVERTERS, converter, emit_reshape, node_output, norm_axis
-from tether.graph import qnn  # noqa: F401  (registers the quantized graph ops)
 
 QUANT_DTYPES = ("int8", "uint8", "int16")      # Quantize/DequantizeLinear
 PRODUCT_DTYPES = ("int8", "uint8")             # the integer conv and matmul ops

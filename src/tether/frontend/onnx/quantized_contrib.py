@@ -18,7 +18,7 @@ import types
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.graph.qnn import qadd_constants
+from tether.kernels.quantize_ops import qadd_constants
 from tether.frontend.onnx.importer import CONVERTERS, emit_reshape, node_output, norm_axis
 from tether.frontend.onnx.quantized import (PRODUCT_DTYPES, _check_scale, _dtype, _input, _int_matmul,
                                             _minus_zero_point, _zero)
