@@ -16,7 +16,6 @@ import numpy as np
 from tether_rpc import dtypes
 
 from tether import ops, te
-from tether.kernels.core import pool_out_size
 from tether.ops import common as c
 
 Lowering = Callable[..., "te.Tensor"]
@@ -160,58 +159,9 @@ def _conv2d(attrs, x, w, *bias):
                       dilation=tuple(attrs["dilations"]), groups=attrs["groups"], bias=bias[0] if bias else None)
 
 
-def _window_counts(out: int, k: int, s: int, d: int, lo: int, hi: int) -> np.ndarray:
-    start = np.arange(out)[:, None] * s + np.arange(k)[None, :] * d
-    return ((start >= lo) & (start < hi)).sum(axis=1)
-
-
 def _pool_nd(kind: str, attrs, x):
-    """N-D max/avg pooling written directly in te (the library covers 2-D)."""
-    shape = c.shape_of(x)
-    nd = len(shape) - 2
-    k, s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
-    outs = [pool_out_size(shape[2 + i], k[i], s[i], d[i], p[i], p[i + nd], attrs["ceil_mode"]) for i in range(nd)]
-    hi = [max(p[i + nd], (outs[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - shape[2 + i] - p[i]) for i in range(nd)]
-    fill = float(np.finfo(np.float32).min) if kind == "max" else 0.0
-    xp = ops.pad(x, [0, 0] + list(p[:nd]), [0, 0] + hi, fill) if any(p[:nd]) or any(hi) else x
-    rs = [te.reduce_axis((0, k[i]), name="r%d" % i) for i in range(nd)]
-
-    def f(*idx):
-        src = tuple(idx[:2]) + tuple(idx[2 + i] * s[i] + rs[i] * d[i] for i in range(nd))
-        return te.max(xp[src], axis=rs) if kind == "max" else te.sum(xp[src], axis=rs)
-    win = c.compute(tuple(shape[:2]) + tuple(outs), f, kind + "_pool", c.REDUCE)
-    if kind == "max":
-        return win
-    tables = []
-    for i in range(nd):
-        lo_ = 0 if attrs.get("count_include_pad") else p[i]
-        hi_ = (p[i] + shape[2 + i] + p[i + nd]) if attrs.get("count_include_pad") else p[i] + shape[2 + i]
-        tables.append(_const_table(1.0 / _window_counts(outs[i], k[i], s[i], d[i], lo_, hi_), x.dtype))
-
-    def g(*idx):
-        v = win[idx]
-        for i in range(nd):
-            v = v * tables[i](idx[2 + i])
-        return v
-    return c.compute(win.shape, g, "avg_pool", c.BROADCAST)
-
-
-def _const_table(values: np.ndarray, dtype: str):
-    vals = [float(v) for v in values]
-    # run-length encode: the divisor only changes near the borders
-    runs = []
-    for i, v in enumerate(vals):
-        if runs and runs[-1][1] == v:
-            runs[-1] = (i + 1, v)
-        else:
-            runs.append((i + 1, v))
-
-    def table(i):
-        expr = c.const(runs[-1][1], dtype)
-        for end, v in reversed(runs[:-1]):
-            expr = te.if_then_else(i < end, c.const(v, dtype), expr)
-        return expr
-    return table
+    return ops.pooling.pool_nd(x, kind, attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"],
+                               bool(attrs["ceil_mode"]), bool(attrs.get("count_include_pad")))
 
 
 def _pool(kind: str):

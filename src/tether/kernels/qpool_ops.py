@@ -23,7 +23,7 @@ from tether import te
 from tether.graph.ir import TensorType
 from tether.kernels.registry import OpDef, Strategy, TeLowering
 from tether.ops import common as c
-from tether.ops.pooling import _window_setup
+from tether.ops.pooling import window_setup
 from tether.ops.qnn import RANGES, round_half_even
 
 
@@ -65,7 +65,7 @@ def _ref(attrs, f):
 def _lower(attrs, f):
     n, ch, h, w = c.shape_of(f)
     kh, kw, sh, sw, p, oh, ow = _geometry(attrs, h, w)
-    read, g = _window_setup(f, (kh, kw), (sh, sw), tuple(p), 1, False, 0.0, "qavg_pool")
+    read, g = window_setup(f, (kh, kw), (sh, sw), tuple(p), 1, False, 0.0, "qavg_pool")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     win = c.compute((n, ch, oh, ow), lambda b, o, y, x: te.sum(read(b, o, y * sh + ry, x, rx), axis=[ry, rx]),

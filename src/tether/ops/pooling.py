@@ -1,4 +1,5 @@
-"""2-D pooling over NCHW: max, average (count_include_pad either way, ceil_mode), global average / max."""
+"""Pooling over NCHW: 2-D max, average (count_include_pad either way, ceil_mode), global average / max; N-D
+max / average (``pool_nd``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +7,7 @@ import numpy as np
 from tether import te
 
 from . import common as c
+from .shape import pad
 from .window import padded_reader
 
 # Padding value for max pooling: the lowest float32, not -inf, so a window never yields inf arithmetic.
@@ -26,7 +28,9 @@ def _pool_geometry(size: int, k: int, s: int, lo: int, hi: int, d: int, ceil_mod
     return out, max(hi, need - size - lo)
 
 
-def _window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name):
+def window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name):
+    """(read(b, c, row, col, rx) -> the padded input's tap, the window geometry as a dict) of a 2-D pooling
+    window over x (NCHW), padded with `fill`; shared by the pooling kernels here and kernels/qpool_ops.py."""
     n, ch, h, w = c.shape_of(x)
     kh, kw = c.to_pair(kernel, "kernel")
     sh, sw = c.to_pair(kernel if stride is None else stride, "stride")
@@ -49,7 +53,7 @@ def max_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = 
     # pool padded with it read 0 there, above every negative value)
     dtype = str(x.dtype)
     fill = _LOWEST if dtype.startswith("float") else int(np.iinfo(dtype).min)
-    read, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name)
+    read, g = window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name)
     ry = te.reduce_axis((0, g["kh"]), name="ry")
     rx = te.reduce_axis((0, g["kw"]), name="rx")
     return c.compute((g["n"], g["ch"], g["oh"], g["ow"]),
@@ -67,7 +71,7 @@ def avg_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = 
                count_include_pad: bool = False, name: str = "avg_pool2d"):
     """Average pooling; the divisor counts the taps inside the input (or inside input + padding when
     `count_include_pad`), never the extra taps ceil_mode adds past the padding."""
-    read, g = _window_setup(x, kernel, stride, padding, dilation, ceil_mode, 0.0, name)
+    read, g = window_setup(x, kernel, stride, padding, dilation, ceil_mode, 0.0, name)
     # window tap coordinates are in padded space: input occupies [top, top + h)
     if count_include_pad:
         ch_ = _window_counts(g["oh"], g["kh"], g["sh"], g["dh"], 0, g["top"] + g["h"] + g["bottom"])
@@ -106,6 +110,40 @@ def _const_table(values: np.ndarray, dtype: str):
         return expr
 
     return f
+
+
+def pool_nd(x, kind: str, kernel, strides, dilations, pads, ceil_mode: bool = False,
+            count_include_pad: bool = False):
+    """N-D max (``kind`` "max") or average ("avg") pooling over the axes after the first two, written directly in
+    te; ``pads``: the low pads of every spatial axis, then the high ones. The same divisor rule as avg_pool2d."""
+    shape = c.shape_of(x)
+    nd = len(shape) - 2
+    k, s, d, p = kernel, strides, dilations, pads
+    geometry = [_pool_geometry(shape[2 + i], k[i], s[i], p[i], p[i + nd], d[i], ceil_mode) for i in range(nd)]
+    outs = [g[0] for g in geometry]
+    hi = [g[1] for g in geometry]
+    fill = _LOWEST if kind == "max" else 0.0
+    xp = pad(x, [0, 0] + list(p[:nd]), [0, 0] + hi, fill) if any(p[:nd]) or any(hi) else x
+    rs = [te.reduce_axis((0, k[i]), name="r%d" % i) for i in range(nd)]
+
+    def f(*idx):
+        src = tuple(idx[:2]) + tuple(idx[2 + i] * s[i] + rs[i] * d[i] for i in range(nd))
+        return te.max(xp[src], axis=rs) if kind == "max" else te.sum(xp[src], axis=rs)
+    win = c.compute(tuple(shape[:2]) + tuple(outs), f, kind + "_pool", c.REDUCE)
+    if kind == "max":
+        return win
+    tables = []
+    for i in range(nd):
+        lo_ = 0 if count_include_pad else p[i]
+        hi_ = (p[i] + shape[2 + i] + p[i + nd]) if count_include_pad else p[i] + shape[2 + i]
+        tables.append(_const_table(1.0 / _window_counts(outs[i], k[i], s[i], d[i], lo_, hi_), x.dtype))
+
+    def g(*idx):
+        v = win[idx]
+        for i in range(nd):
+            v = v * tables[i](idx[2 + i])
+        return v
+    return c.compute(win.shape, g, "avg_pool", c.BROADCAST)
 
 
 def _global(x, kind: str, name: str):
