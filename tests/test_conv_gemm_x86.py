@@ -10,7 +10,7 @@ from onnx import helper
 
 from tether.frontend import from_onnx
 from tether.graph import conv_gemm
-from tether.graph.build import prepare_graph
+from tether.graph.plan import prepare_graph
 from tether.target import Target
 
 AVX512 = Target("x86_64-linux-gnu -mattr=+avx2,+fma,+avx512f")

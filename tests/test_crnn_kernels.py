@@ -1,10 +1,10 @@
 """The kernels and passes behind the CRNN recognizer's latency, each against onnxruntime:
-- softmax over the last axis as a direct per-row kernel (graph/softmax_kernel.py), other axes through te;
+- softmax over the last axis as a direct per-row kernel (kernels/softmax_kernel.py), other axes through te;
 - reshapes that keep their input's shape dropped before fusion, so MatMul -> Add is one dense+add kernel
   (graph/passes/identity_reshape.py);
 - AVX-512 prepacked dense: 32-wide panels and a 12 x 32 register block (graph/dense_panels.py panel_block);
 - conv2d_pixels' pixel block that divides the map's pixels (ops/schedules.py pixel_block);
-- a bidirectional recurrent layer's two directions as two parallel tasks (graph/recurrent_kernel.py),
+- a bidirectional recurrent layer's two directions as two parallel tasks (kernels/recurrent_kernel.py),
   at 1 and 2 threads."""
 import numpy as np
 import onnxruntime as ort
@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import tether
 from tether import graph_executor, ops
 from tether.frontend import from_onnx
-from tether.graph.build import prepare_graph
+from tether.graph.plan import prepare_graph
 from tether.graph.dense_panels import WIDE_BLOCK, WIDE_PANEL, panel_block
 from tether.graph.passes import drop_identity_reshapes
 from tether.ops.schedules import Family, family_of, pixel_block
@@ -178,7 +178,7 @@ def test_conv_on_odd_maps_matches_onnxruntime(h, w, cin, cout, tmp_path):
 # ---------------------------------------------------------------- bidirectional recurrences in parallel
 @pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
 def test_bidirectional_layer_large_enough_to_run_directions_in_parallel(cell, tmp_path):
-    from tether.graph.recurrent_kernel import PARALLEL_DIRECTIONS_MIN_MACS
+    from tether.kernels.recurrent_kernel import PARALLEL_DIRECTIONS_MIN_MACS
     gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[cell]
     seq, batch, nin, hid = 40, 2, 24, 64
     assert seq * batch * gates * hid * hid >= PARALLEL_DIRECTIONS_MIN_MACS     # the parallel form is what runs
@@ -242,7 +242,7 @@ def test_tuning_tasks_leave_out_direct_kernels():
 
 
 def test_softmax_inside_a_compiled_loop(tmp_path):
-    """A Loop body's softmax runs as the direct kernel inside the loop kernel (loop_kernel asks DIRECT_KERNELS
+    """A Loop body's softmax runs as the direct kernel inside the loop kernel (loop_kernel asks the op table
     for body nodes too): h <- softmax(h * 3 + w) for 20 steps, against onnxruntime."""
     vi = lambda n, s, t=TensorProto.FLOAT: helper.make_tensor_value_info(n, t, s)   # noqa: E731
     w = np.linspace(-2, 2, 40).astype(np.float32).reshape(2, 20)

@@ -14,7 +14,7 @@ import tether
 from tether import rpc
 from tether.frontend import from_onnx
 from tether.graph import ops as graph_ops
-from tether.graph import qconv as gqconv
+from tether.kernels import qconv_ops
 from tether.graph.passes import optimize
 from tether.rpc.graph_client import RemoteGraphExecutor
 
@@ -113,7 +113,7 @@ def _graph_for(case, target):
 
 def test_host_kind_flips_int8_activations_for_vpdpbusd():
     # the host has AVX512-VNNI or AVX-VNNI (the host preset's CPU), whose vpdpbusd reads uint8 activations
-    assert gqconv.int8_dot_native("host") == ("u8s8",)
+    assert qconv_ops.int8_dot_native("host") == ("u8s8",)
     _, _, _, node = _graph_for("pointwise_matmul_form", "host")
     assert (node.attrs["kind"], node.attrs["flip"]) == ("u8s8", 0)
     _, _, factory, node = _graph_for("3x3_int8_acts", "host")
@@ -128,7 +128,7 @@ def test_flip_keeps_the_integers():
         model, x = _qlinearconv(*CASES[case][:-1])
         graph, params = from_onnx(model)
         opt, p = optimize(graph, params, opt_level=3)
-        moved, p2 = gqconv.for_target(opt, p, target)
+        moved, p2 = qconv_ops.for_target(opt, p, target)
         (plain,) = [b for n in opt.nodes for b in n.body() if b.op == "qconv2d"]
         (flipped,) = [b for n in moved.nodes for b in n.body() if b.op == "qconv2d"]
         assert flipped.attrs["flip"] == 1 and flipped.attrs["kind"] in ("s8s8", "u8s8")

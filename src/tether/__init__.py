@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from typing import Any
+from typing import Any, Dict, Mapping, Optional
 
 from tether.version import __version__  # noqa: F401
 
@@ -20,11 +20,31 @@ _LAZY = {
     "build": ("tether.driver", "build"),
     "register_func": ("tether.runtime", "register_func"),
     "lower": ("tether.driver", "lower"),
-    "build_graph": ("tether.graph.build", "build_graph"),
     "Target": ("tether.target", "Target"),
 }
 _LAZY_SUBMODULES = ("te", "tir", "ops", "runtime", "target", "errors", "codegen", "artifact", "link", "frontend",
                     "graph", "rpc", "tracker", "emulate")
+
+
+def build_graph(graph: Any, params: Dict[str, Any], target: Any = "host", opt_level: int = 3, fast_math: bool = False,
+                name: str = "deploy", tuning_log: Optional[str] = None,
+                configs: Optional[Mapping[str, Dict[str, Any]]] = None) -> Any:
+    """Compile an imported graph into one library + graph JSON + params (``tether.graph.build.build_graph``).
+    ``tuning_log``: a `tether tune` log; each kernel it has results for (on this target) gets its best config, the
+    others their default schedule (``configs``, task key -> config, given directly, takes precedence)."""
+    import logging
+
+    from tether.graph.build import build_graph as build
+    from tether.tune.log import best_configs
+
+    resolved: Dict[str, Dict[str, Any]] = {}
+    if tuning_log:
+        resolved = best_configs(tuning_log, target)
+        logging.getLogger("tether.graph.build").info("tuning log %s: best configs for %d kernels on this target",
+                                                     tuning_log, len(resolved))
+    resolved.update(configs or {})
+    return build(graph, params, target=target, opt_level=opt_level, fast_math=fast_math, name=name,
+                 configs=resolved)
 
 
 class _Package(types.ModuleType):

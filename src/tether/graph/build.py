@@ -1,18 +1,20 @@
-"""``tether.build_graph``: an imported graph -> one shared library + graph JSON + params.
+"""``build_graph``: an imported graph -> one shared library + graph JSON + params.
 
     graph, params = tether.frontend.from_onnx(onnx.load("model.onnx"), shape={"input": (1, 3, 224, 224)})
     factory = tether.build_graph(graph, params, target="rasp4b", opt_level=3)
     factory.export("out/")        # out/deploy.so, out/deploy.json, out/deploy.params
 
-Steps: the graph passes (``tether.graph.passes.optimize``), then every node that needs a kernel (a fused group or
-a single op) becomes one: it is lowered to te by ``tether.graph.to_te`` and scheduled with ``ops.schedule``. Nodes with the same signature (ops, attributes, argument types) share one kernel, so a
-model's twenty identical 3x3 convs compile once. All kernels go into one ``tether.build`` call and one .so.
-Reshapes cost nothing: their output is a view of their input's storage (see the memory planner), and so do
-concats whose inputs can live inside their output (``graph/passes/concat_views.py``): no kernel, no copy.
+Steps: the kernel plan (``graph/plan.py``: the graph passes, build-time weight packing, and one task per
+distinct kernel, each with its strategy from the op table), then every task is compiled: te tasks are lowered
+(``graph/to_te.py``) and scheduled with ``ops.schedule`` (with the task's tuned config, if ``configs`` has one),
+loop-IR tasks written by their kernel. All kernels go into one ``tether.build`` call and one .so. Reshapes cost
+nothing: their output is a view of their input's storage (see the memory planner), and so do concats whose inputs
+can live inside their output (``graph/passes/concat_views.py``): no kernel, no copy.
 
-opt_level: 0 folds constants only; 1 adds batch-norm folding and DCE; 2 adds operator fusion; 3 (default) also
-runs single-image convolutions as GEMMs vectorized along output channels (docs/graph.md), much faster on the
-13..111-wide layers of real CNNs.
+opt_level: which graph passes run (the lists in ``graph/passes/__init__.py``, from 0, the few that every build
+needs, to 3, the default, with fusion); at 3, single-image convolutions also run as GEMMs vectorized along output
+channels, with their weights packed at build time (docs/graph.md), much faster on the 13..111-wide layers of real
+CNNs. ``tether.build_graph`` (the package's facade) also reads a ``tuning_log`` into ``configs``.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -30,18 +32,15 @@ from tether_rpc.graph_executor import GRAPH_FORMAT, GRAPH_VERSION
 from tether_rpc.params import save_params
 
 from tether import driver, ops, te
-from tether.graph.ir import Graph, Node
-from tether.graph.passes import needs_kernel, optimize, plan_memory
-from tether.graph.conv_gemm import pack_conv_weights, repack_conv_weight
-from tether.graph.dense_panels import pack_dense_weights
+from tether.graph.conv_gemm import repack_conv_weight
 from tether.graph.guards import node_guards
-from tether.graph.loop_kernel import DIRECT_KERNELS
+from tether.graph.ir import Graph
 from tether.graph import numpy_nodes
+from tether.graph.passes import plan_memory
+from tether.graph.plan import KernelPlan, compile_body_node, plan_kernels
 from tether.graph.to_te import lower_kernel
+from tether.kernels.registry import LoopKernel
 from tether.target import as_target
-from tether.tune.log import best_configs, task_key
-from tether.graph import qnn as _qnn  # noqa: F401  (registers the quantized graph ops, issue 12)
-from tether.graph.qconv import for_target as qconv_for_target
 
 log = logging.getLogger(__name__)
 
@@ -83,93 +82,19 @@ class GraphFactory:
         return paths
 
 
-# ---------------------------------------------------------------- kernel signatures
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating,)):
-        return float(v)
-    return v
-
-
-def kernel_signature(node: Node, types: Dict[str, Any]) -> str:
-    """Identical strings <=> the same kernel: ops, attributes and argument types, value names abstracted."""
-    params = node.body_params()
-    local = {p: "in%d" % k for k, p in enumerate(params)}
-    parts = [[str(types[p]) for p in params]]
-    for j, b in enumerate(node.body()):
-        for o in b.outputs:
-            local[o] = "t%d" % j
-        # attributes named "_..." do not change the kernel (a branch guard) or are summarised by another
-        # attribute (a loop body, by "body_sig")
-        parts.append([b.op, sorted((k, _jsonable(v)) for k, v in b.attrs.items() if not k.startswith("_")),
-                      [local[i] for i in b.inputs], [str(types[o]) for o in b.outputs]])
-    return json.dumps(parts, sort_keys=True)
-
-
 # ---------------------------------------------------------------- build
-def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3, target: Any = None) -> tuple:
-    """(graph, params, panel_weights) as the kernels see them: the passes of `opt_level`, then (at 3) conv weights
-    packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify depends on `target`), and
-    int8 convs set to `target`'s dot-product kind."""
-    graph, params = optimize(graph, params, opt_level)
-    panel_weights: Dict[str, tuple] = {}
-    if opt_level >= 3:
-        graph, params = graph.copy(), dict(params)
-        panel_weights = pack_conv_weights(graph, params, as_target(target) if target else None)
-        # ---- constant dense weights packed into the matmul's panels once (issue 11)
-        pack_dense_weights(graph, params, as_target(target) if target else None)
-    # ---- int8 convs (issue 12): each uses the target's dot-product instruction (graph/qconv.py); here, not in
-    # build_graph, so that the tuner's tasks (tune/tasks.py) are the kernels the build compiles
-    if target is not None:
-        graph, params = qconv_for_target(graph, params, as_target(target))
-    return graph, params, panel_weights
-
-
 def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
-                fast_math: bool = False, name: str = "deploy", tuning_log: Optional[str] = None) -> GraphFactory:
-    """Optimise `graph` for `opt_level`, compile one kernel per distinct node into one library for `target`, plan
-    the memory and write the graph JSON; ``.export(folder)`` on the result writes the deploy.* files.
-    ``tuning_log``: a `tether tune` log; each kernel it has results for (on this target) gets its best config,
-    the others their default schedule."""
+                fast_math: bool = False, name: str = "deploy",
+                configs: Optional[Mapping[str, Dict[str, Any]]] = None) -> GraphFactory:
+    """Plan the kernels of `graph` for `target` at `opt_level`, compile them into one library, plan the memory and
+    write the graph JSON; ``.export(folder)`` on the result writes the deploy.* files. ``configs``: task key ->
+    schedule config (a tuning log's best, ``tether.tune.log.best_configs``); the other kernels get their
+    default schedule."""
     tgt = as_target(target)
     t0 = time.perf_counter()
-    graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
-    configs = tuned_configs(tuning_log, tgt)
+    plan = plan_kernels(graph, params, tgt, opt_level)
     t_passes = time.perf_counter() - t0
-
-    # one kernel per distinct signature
-    func_of_sig: Dict[str, str] = {}
-    triples = []
-    node_funcs: List[Optional[str]] = []
-    shapes_of_func: Dict[str, Optional[list]] = {}
-    dynamic = numpy_nodes.check_dynamic(graph)
-    for node in graph.nodes:
-        if not needs_kernel(node) or numpy_nodes.is_numpy(node):     # numpy nodes run on the device as numpy
-            node_funcs.append(None)
-            continue
-        sig = kernel_signature(node, graph.types)
-        # ---- a tuned channel panel (issue 15): this node's conv weights are packed with the config's width
-        config = configs.get(task_key(sig, tgt))
-        if config and config.get("conv_panel"):
-            repack_conv_weight(node, graph, params, panel_weights, config["conv_panel"])
-        fname = func_of_sig.get(sig)
-        if fname is None:
-            fname = "%s_k%d_%s" % (name, len(func_of_sig), re.sub(r"[^A-Za-z0-9]+", "_", node.ops_label())[:48])
-            func_of_sig[sig] = fname
-            # ---- kernels written directly as loop IR (recurrent cells, compiled Loop/Scan: loops carrying state)
-            if node.op in DIRECT_KERNELS:
-                triples.append(DIRECT_KERNELS[node.op](node, graph.types, tgt, fname))
-                shapes_of_func[fname] = None
-                node_funcs.append(fname)
-                continue
-            placeholders, out, shapes_of_func[fname] = lower_kernel(node, graph.types, conv_gemm=opt_level >= 3,
-                                                                    panel_weights=panel_weights)
-            sch = ops.schedule([out], tgt, config=configs.get(task_key(sig, tgt)))
-            triples.append((sch, placeholders + [out], fname))
-        node_funcs.append(fname)
+    triples, funcs, shapes_of_func = compile_plan(plan, dict(configs or {}), name)
     if not triples:
         # a model with no kernel (constants / identity only) still ships a loadable library
         a = te.placeholder((1,), "float32", name="a")
@@ -179,22 +104,42 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     lib = driver.build(triples, target=tgt, name=name, fast_math=fast_math)
     t_build = time.perf_counter() - t1
 
-    plan = plan_memory(graph, params)
-    graph_json = _graph_json(graph, params, plan, node_funcs, tgt, name, shapes_of_func, dynamic)
+    graph, params = plan.graph, plan.params
+    node_funcs = [None if k is None else funcs[k] for k in plan.task_of_node]
+    memory = plan_memory(graph, params)
+    graph_json = _graph_json(graph, params, memory, node_funcs, tgt, name, shapes_of_func, plan.dynamic)
     timings = {"passes": t_passes, "lower_codegen_llvm": t_build, "total": time.perf_counter() - t0}
     log.info("build_graph %s for %s: %d nodes, %d kernels, %.2fs (passes %.2fs, build %.2fs)", graph.name,
              tgt.preset or tgt.triple, len(graph.nodes), len(triples), timings["total"], t_passes, t_build)
     return GraphFactory(graph, params, lib, graph_json, tgt, timings)
 
 
-# ---------------------------------------------------------------- tuning logs (issue 15)
-def tuned_configs(tuning_log: Optional[str], tgt: Any) -> Dict[str, Dict[str, Any]]:
-    """task key -> best config for `tgt` in `tuning_log` ({} without a log)."""
-    if not tuning_log:
-        return {}
-    configs = best_configs(tuning_log, tgt)
-    log.info("tuning log %s: best configs for %d kernels on this target", tuning_log, len(configs))
-    return configs
+def compile_plan(plan: KernelPlan, configs: Mapping[str, Dict[str, Any]], name: str) -> tuple:
+    """(the (schedule or PrimFunc, args, function name) of every task, in order; the function names; the
+    argument shapes each function views its arguments with, None where they are the graph's). A task's config
+    (``configs[task.key]``) schedules it, and its ``conv_panel`` repacks the conv weight of every node that runs
+    it (in ``plan.params`` and ``plan.graph.types``)."""
+    graph, tgt = plan.graph, plan.target
+    triples: List[tuple] = []
+    funcs: List[str] = []
+    shapes_of_func: Dict[str, Optional[list]] = {}
+    for task in plan.tasks:
+        config = configs.get(task.key)
+        if config and config.get("conv_panel"):
+            for k in task.nodes:
+                repack_conv_weight(graph.nodes[k], graph, plan.params, plan.panel_weights, config["conv_panel"])
+        fname = "%s_k%d_%s" % (name, len(funcs), re.sub(r"[^A-Za-z0-9]+", "_", task.name)[:48])
+        funcs.append(fname)
+        if isinstance(task.strategy, LoopKernel):
+            triples.append(task.strategy.build(task.node, graph.types, tgt, fname, compile_body_node))
+            shapes_of_func[fname] = None
+            continue
+        placeholders, out, shapes_of_func[fname] = lower_kernel(task.node, graph.types,
+                                                                conv_gemm=plan.opt_level >= 3,
+                                                                panel_weights=plan.panel_weights, kind=plan.kind)
+        sch = ops.schedule([out], tgt, config=config)
+        triples.append((sch, placeholders + [out], fname))
+    return triples, funcs, shapes_of_func
 
 
 def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: List[Optional[str]], tgt: Any,

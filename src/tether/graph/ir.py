@@ -6,7 +6,7 @@ A value is named by a string; its static type (shape + dtype) lives in ``Graph.t
 printed without dumping megabytes of weights.
 
 Op names are tether's own (``conv2d``, ``dense``, ``add`` ...); their attributes, shape rules and numpy
-semantics are defined once in ``tether.graph.ops``. A fused node has op ``"fused"`` and carries its body
+semantics are defined once in the op table (``tether.kernels``). A fused node has op ``"fused"`` and carries its body
 (a list of nodes over the fused node's inputs) in ``attrs["body"]``.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A broadcasting n-ary elementwise map: the building block of the ONNX comparison, logic, selection and
-unary-math ops (graph/to_te.py writes each as a scalar function of its operands)."""
+unary-math ops (kernels/core_te.py writes each as a scalar function of its operands)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence

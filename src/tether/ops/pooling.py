@@ -1,4 +1,5 @@
-"""2-D pooling over NCHW: max, average (count_include_pad either way, ceil_mode), global average / max."""
+"""Pooling over NCHW: 2-D max, average (count_include_pad either way, ceil_mode), global average / max; N-D
+max / average (``pool_nd``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +7,7 @@ import numpy as np
 from tether import te
 
 from . import common as c
+from .shape import pad
 from .window import padded_reader
 
 # Padding value for max pooling: the lowest float32, not -inf, so a window never yields inf arithmetic.
@@ -109,6 +111,40 @@ def _const_table(values: np.ndarray, dtype: str):
         return expr
 
     return f
+
+
+def pool_nd(x, kind: str, kernel, strides, dilations, pads, ceil_mode: bool = False,
+            count_include_pad: bool = False):
+    """N-D max (``kind`` "max") or average ("avg") pooling over the axes after the first two, written directly in
+    te; ``pads``: the low pads of every spatial axis, then the high ones. The same divisor rule as avg_pool2d."""
+    shape = c.shape_of(x)
+    nd = len(shape) - 2
+    k, s, d, p = kernel, strides, dilations, pads
+    geometry = [_pool_geometry(shape[2 + i], k[i], s[i], p[i], p[i + nd], d[i], ceil_mode) for i in range(nd)]
+    outs = [g[0] for g in geometry]
+    hi = [g[1] for g in geometry]
+    fill = _LOWEST if kind == "max" else 0.0
+    xp = pad(x, [0, 0] + list(p[:nd]), [0, 0] + hi, fill) if any(p[:nd]) or any(hi) else x
+    rs = [te.reduce_axis((0, k[i]), name="r%d" % i) for i in range(nd)]
+
+    def f(*idx):
+        src = tuple(idx[:2]) + tuple(idx[2 + i] * s[i] + rs[i] * d[i] for i in range(nd))
+        return te.max(xp[src], axis=rs) if kind == "max" else te.sum(xp[src], axis=rs)
+    win = c.compute(tuple(shape[:2]) + tuple(outs), f, kind + "_pool", c.REDUCE)
+    if kind == "max":
+        return win
+    tables = []
+    for i in range(nd):
+        lo_ = 0 if count_include_pad else p[i]
+        hi_ = (p[i] + shape[2 + i] + p[i + nd]) if count_include_pad else p[i] + shape[2 + i]
+        tables.append(_const_table(1.0 / _window_counts(outs[i], k[i], s[i], d[i], lo_, hi_), x.dtype))
+
+    def g(*idx):
+        v = win[idx]
+        for i in range(nd):
+            v = v * tables[i](idx[2 + i])
+        return v
+    return c.compute(win.shape, g, "avg_pool", c.BROADCAST)
 
 
 def _global(x, kind: str, name: str):

@@ -6,46 +6,35 @@ Two kinds of line (``"kind"``):
 - ``verify``: a re-measurement, at the end of a run, of a task's best config and of its default, in turns (same
   fields as ``result``); when a task has them, their fastest choose between the two;
 - ``result``: one config measured: ``task``, ``target``, ``config`` ({knob: value}), ``status`` (``ok``,
-  ``timeout``, ``crash``, ``wrong_result``, ``build_error``, ``error``), ``latency_s`` (the fastest sample's seconds per call,
-  ``ok`` only), ``samples``, ``device``, ``error`` (the reason, for a failure), ``attempts`` (the failures of
+  ``timeout``, ``crash``, ``wrong_result``, ``build_error``, ``error``), ``latency_s`` (the fastest sample's seconds
+  per call, ``ok`` only), ``samples``, ``device``, ``error`` (the reason, for a failure), ``attempts`` (the failures of
   earlier attempts of the same config, e.g. a device that died mid-measurement), ``time`` (unix seconds).
 
-A task's key is a hash of the kernel's signature (``graph.build.kernel_signature``: ops, attributes, argument types)
-and the target's full description, so a log applies only to the kernels and the target it was measured for.
-A torn last line (a run killed mid-write) is skipped when reading; ``--resume`` measures nothing twice.
+A task's key (``graph.plan.task_key``) is a hash of the kernel's signature (``graph.plan.kernel_signature``: ops,
+attributes, argument types) and the target's full description, so a log applies only to the kernels and the target
+it was measured for. A torn last line (a run killed mid-write) is skipped when reading. ``best_configs`` turns a
+log into the task key -> config mapping that ``graph.build.build_graph`` takes.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from tether.target import as_target
+from tether.graph.plan import target_id
+from tether.tune.space import config_text
+
+__all__ = ["LOG_VERSION", "OK", "FAILURES", "target_id", "config_text", "read_log", "results",
+           "best_results", "verified", "best_configs", "TuningLog"]
 
 log = logging.getLogger(__name__)
 
 LOG_VERSION = 1
 OK = "ok"
 FAILURES = ("timeout", "crash", "wrong_result", "build_error", "error")
-
-
-def target_id(target: Any) -> str:
-    """The target as the log names it: preset (or triple) and a hash of its full description (triple, cpu,
-    features: what codegen sees), so `host` on two different CPUs are two targets."""
-    tgt = as_target(target)
-    return "%s:%s" % (tgt.preset or tgt.triple, hashlib.sha1(str(tgt).encode()).hexdigest()[:10])
-
-
-def task_key(signature: str, target: Any) -> str:
-    return hashlib.sha1((target_id(target) + "\n" + signature).encode()).hexdigest()[:16]
-
-
-def config_text(config: Dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 def read_log(path: str) -> List[Dict[str, Any]]:
@@ -73,10 +62,6 @@ def read_log(path: str) -> List[Dict[str, Any]]:
 def results(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [r for r in records if r.get("kind") == "result"]
 
-
-def measured_keys(records: Iterable[Dict[str, Any]]) -> Set[Tuple[str, str]]:
-    """(task key, config text) of every config with a final result: what --resume must not measure again."""
-    return {(r["task"], config_text(r["config"])) for r in results(records)}
 
 
 def best_results(records: Iterable[Dict[str, Any]], target: Any = None) -> Dict[str, Dict[str, Any]]:

@@ -8,26 +8,33 @@ elementwise/reductions (vector width); every space also has the parallel grain (
 many elements no parallel launch; ``parallel_tasks``: tasks of a split loop). The first value of every knob is
 the family's default, so ``space.default()`` is exactly the untuned schedule.
 
-A config is a plain ``{knob: value}`` dict; ``config_key`` (log.config_text) is its canonical text.
+A config is a plain ``{knob: value}`` dict; ``config_text`` (also ``config_key``) is its canonical text.
 """
 from __future__ import annotations
 
 import math
 import random
+import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
 from tether.ops import common as c
 from tether.ops.linear import PANEL
 from tether.ops.schedules import Family
-from tether.tune.log import config_text
 
 Config = Dict[str, Any]
 
 # main op, most specific first: the first tag found among a kernel's stages names its space
 _MAIN_TAGS = (c.CONV2D_PIXELS, c.MATMUL, c.CONV2D, c.DEPTHWISE_CONV2D, c.POOL, c.REDUCE, c.GLOBAL_POOL)
 NEVER_PARALLEL = 1 << 40       # a parallel_min no kernel reaches: the kernel runs on one thread
-config_key = config_text       # a config's canonical text: its identity in the log
+
+
+def config_text(config: Dict[str, Any]) -> str:
+    """A config's canonical text: its identity in the tuning log."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+config_key = config_text
 
 
 def _uniq(values: Sequence[Any]) -> Tuple[Any, ...]:

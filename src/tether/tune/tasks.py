@@ -1,8 +1,9 @@
-"""Tuning tasks: the distinct kernels of a compiled model, each with its config space and its weight.
+"""Tuning tasks: the tunable kernels of a model's kernel plan, each with its config space and its weight.
 
-A task is one kernel as ``tether.build_graph`` compiles it: the same passes, the same conv weight packing, the same
-deduplication by ``kernel_signature`` (ops, attributes, argument types), for one target. Its weight is how many
-nodes of the model run it; its key (``log.task_key``) is what a tuning log and ``build_graph(tuning_log=)`` use.
+A task is one te task of ``graph.plan.plan_kernels`` (the plan ``tether.build_graph`` compiles): the same passes,
+the same weight packing, the same deduplication by ``kernel_signature``, for one target; loop-IR kernels and numpy
+nodes take no schedule config and are not tasks. Its weight is how many nodes of the model run it; its key
+(``graph.plan.task_key``) is what a tuning log and ``build_graph(tuning_log=)`` use.
 """
 from __future__ import annotations
 
@@ -13,16 +14,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tether import driver, ops
-from tether.graph.build import kernel_signature, prepare_graph
-from tether.graph.conv_gemm import panel_type, panel_weight
-from tether.graph.ir import Graph, Node, TensorType
-from tether.graph.loop_kernel import DIRECT_KERNELS
-from tether.graph.passes import needs_kernel
-from tether.graph.to_te import lower_kernel
-from tether.ops.schedules import family_of
-from tether.target import Target, as_target
-from tether.tune.log import target_id, task_key
-from tether.tune.space import ConfigSpace, space_for
+from tether.graph.ir import Graph
+from tether.graph.plan import KernelTask, plan_kernels
+from tether.target import Target
+from tether.tune.log import target_id
+from tether.tune.space import ConfigSpace
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +27,7 @@ KERNEL_NAME = "tuned"     # the function name of every candidate module
 
 @dataclass
 class Task:
-    """One distinct kernel of a model on one target."""
+    """One distinct tunable kernel of a model on one target: a view of its task in the kernel plan."""
 
     key: str
     name: str                       # the node's ops label, e.g. "conv2d+add+clip"
@@ -40,16 +36,18 @@ class Task:
     weight: int
     space: ConfigSpace
     args: List[Tuple[Tuple[int, ...], str]]    # (shape, dtype) of every kernel argument, inputs then output
-    node: Node = field(repr=False)
-    types: Dict[str, TensorType] = field(repr=False)
-    panel_weights: Dict[str, tuple] = field(repr=False, default_factory=dict)
+    planned: KernelTask = field(repr=False)
+
+    @classmethod
+    def of(cls, planned: KernelTask) -> "Task":
+        args, space = planned.interface()
+        return cls(planned.key, planned.name, planned.signature, planned.plan.target, planned.weight, space, args,
+                   planned)
 
     def lower(self, config: Optional[Dict[str, Any]] = None) -> tuple:
         """(placeholders, output te tensor) of the kernel, fresh (te graphs are not shared between builds), with
         its weights laid out for `config` (its conv_panel, as build_graph packs them)."""
-        placeholders, out, _ = lower_kernel(self.node, self._types_for(config), conv_gemm=True,
-                                            panel_weights=self.panel_weights)
-        return placeholders, out
+        return self.planned.lower(config)
 
     def build(self, config: Optional[Dict[str, Any]]) -> Any:
         """The kernel with `config` as a one-function Module (tether.artifact.Module) named KERNEL_NAME."""
@@ -57,24 +55,10 @@ class Task:
         sch = ops.schedule([out], self.target, config=config)
         return driver.build(sch, placeholders + [out], target=self.target, name=KERNEL_NAME, jobs=1)
 
-    # ---- the conv weight layout a config's conv_panel asks for (issue 15): the kernel's argument changes with it
     def layout(self, config: Optional[Dict[str, Any]]) -> Optional[int]:
         """The panel width `config` repacks this kernel's conv weight to, or None when it keeps the task's layout
         (configs with the same layout share their input arrays)."""
-        width = (config or {}).get("conv_panel")
-        wname = panel_weight(self.node, self.panel_weights)
-        if not width or wname is None or int(self.types[wname].shape[2]) == width:
-            return None
-        return int(width)
-
-    def _types_for(self, config: Optional[Dict[str, Any]]) -> Dict[str, TensorType]:
-        width = self.layout(config)
-        if width is None:
-            return self.types
-        wname = panel_weight(self.node, self.panel_weights)
-        types = dict(self.types)
-        types[wname] = panel_type(self.types, wname, self.panel_weights[wname][0], width)
-        return types
+        return self.planned.layout(config)
 
     def inputs(self, seed: int = 0, config: Optional[Dict[str, Any]] = None) -> List[np.ndarray]:
         """Deterministic random inputs (every argument but the output) for measuring and checking; with a
@@ -82,9 +66,9 @@ class Task:
         arrays = self._default_inputs(seed)
         width = self.layout(config)
         if width is not None:
-            wname = panel_weight(self.node, self.panel_weights)
-            k = self.node.body_params().index(wname)
-            oc = self.panel_weights[wname][0]
+            wname = self.planned.panel_weight()
+            k = self.planned.node.body_params().index(wname)
+            oc = self.planned.plan.panel_weights[wname][0]
             arrays[k] = ops.linear.pack_panels_array(ops.linear.unpack_panels_array(arrays[k], oc), width)
         return arrays
 
@@ -110,29 +94,12 @@ class Task:
 
 def extract_tasks(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
                   only: Optional[Sequence[str]] = None) -> List[Task]:
-    """The model's distinct kernels for `target` as build_graph compiles them, heaviest (weight) first, ties in
-    graph order. ``only``: keep the tasks whose ops label contains one of these strings."""
-    tgt = as_target(target)
-    fam = family_of(tgt)
-    graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
-    by_sig: Dict[str, Task] = {}
-    order: List[str] = []
-    for node in graph.nodes:
-        if not needs_kernel(node) or node.op in DIRECT_KERNELS:
-            continue      # (kernels written as loop IR, softmax and recurrent cells, take no schedule config)
-        sig = kernel_signature(node, graph.types)
-        if sig in by_sig:
-            by_sig[sig].weight += 1
-            continue
-        label = node.ops_label()
-        if only and not any(s in label for s in only):
-            continue
-        placeholders, out, _ = lower_kernel(node, graph.types, conv_gemm=opt_level >= 3, panel_weights=panel_weights)
-        args = [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in placeholders + [out]]
-        by_sig[sig] = Task(task_key(sig, tgt), label, sig, tgt, 1, space_for(out, fam), args, node, graph.types,
-                           panel_weights)
-        order.append(sig)
-    tasks = [by_sig[s] for s in order]
+    """The model's tunable kernels for `target` as build_graph compiles them (the te tasks of its kernel plan),
+    heaviest (weight) first, ties in graph order. ``only``: keep the tasks whose ops label contains one of these
+    strings."""
+    plan = plan_kernels(graph, params, target, opt_level)
+    tasks = [Task.of(t) for t in plan.tunable_tasks() if not only or any(s in t.name for s in only)]
     tasks.sort(key=lambda t: -t.weight)
-    log.info("%d tasks (%d kernel nodes) for %s", len(tasks), sum(t.weight for t in tasks), tgt.preset or tgt.triple)
+    log.info("%d tasks (%d kernel nodes) for %s", len(tasks), sum(t.weight for t in tasks),
+             plan.target.preset or plan.target.triple)
     return tasks

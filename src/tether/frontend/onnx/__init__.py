@@ -2,7 +2,7 @@
 
 ``from_onnx(model, shape={...})`` fixes the input shapes, then walks the ONNX nodes once, in order, through a
 dispatch table of converters (``CONVERTERS``, ONNX op type -> function). Every emitted op gets its output
-type at once (``tether.graph.ops``), and an op whose inputs are all constants is evaluated right away with
+type at once (the op table, ``tether.kernels``), and an op whose inputs are all constants is evaluated right away with
 its numpy definition. That is what folds the shape subgraphs real exporters write
 (Shape -> Gather/Slice -> Concat -> Reshape): once input shapes are fixed, ``Shape`` is a constant, and
 everything downstream of it folds before a single kernel exists.

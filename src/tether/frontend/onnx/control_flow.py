@@ -13,7 +13,7 @@ inlining, which is what lets nested subgraphs (an If inside a Loop body) see the
 - ``Loop`` with a trip count and initial condition known at import: up to ``UNROLL_UP_TO`` iterations it is
   unrolled (the body once per iteration, loop-carried values threaded through, scan outputs stacked along a new
   axis 0; a condition the body computes may end it early if it folds each iteration). Longer loops compile to
-  one ``loop`` op whose kernel loops inside (graph/loop_kernel.py): the body converted once, with the iteration
+  one ``loop`` op whose kernel loops inside (kernels/loop_op.py): the body converted once, with the iteration
   number and the carried values as run-time inputs; its condition must then fold to true. A loop that can
   only be unrolled is refused past ``MAX_UNROLL`` iterations.
 - ``Scan`` (opset 9+) likewise: unrolled up to ``UNROLL_UP_TO`` steps, one looping kernel beyond, with
@@ -31,7 +31,6 @@ import numpy as np
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import (Container, ConverterTable, Importer, alias_container, check_no_container,
                                            containers, converter_key, defined, emit_reshape, node_attrs, norm_axis)
-from tether.graph import loop_kernel  # noqa: F401 - registers the "loop" op
 from tether.graph.guards import GUARD_ATTR
 from tether.graph.ir import TensorType
 
@@ -41,7 +40,7 @@ log = logging.getLogger(__name__)
 
 # iterations a Loop or Scan may unroll to: the graph grows by a body per iteration
 MAX_UNROLL = 256
-# a Loop of more iterations compiles to one kernel looping inside when it can (graph/loop_kernel.py)
+# a Loop of more iterations compiles to one kernel looping inside when it can (kernels/loop_op.py)
 UNROLL_UP_TO = 16
 
 
@@ -259,7 +258,7 @@ def _compiled(node, what: str, count: int, compile_body) -> bool:
 
 
 def _compiled_loop(im: Importer, node, body, trips: int, carried: List[str]) -> None:
-    """The Loop as one ``loop`` op whose kernel loops inside (graph/loop_kernel.py): the body is converted once,
+    """The Loop as one ``loop`` op whose kernel loops inside (kernels/loop_op.py): the body is converted once,
     with the iteration number and the carried values as free inputs. Its condition must fold to true."""
     formal = [vi.name for vi in body.input]
 

@@ -3,7 +3,7 @@ and QLinearWhere, as onnxruntime's CPU kernels compute them (contrib_ops/cpu/qua
 
 - QLinearLeakyRelu: onnxruntime's 256-entry table is ``Q(leaky_relu(DQ(v)))``, which tether computes as that
   chain (the same arithmetic for every element);
-- QLinearAveragePool: the graph's ``qavg_pool`` over ``DQ(x)`` (graph/qpool.py: float window sum, divided by the
+- QLinearAveragePool: the graph's ``qavg_pool`` over ``DQ(x)`` (kernels/qpool_ops.py: float window sum, divided by the
   count, ``nearbyint(y / sy + zy)``); 2-D NCHW without ceil_mode or dilations, ``auto_pad`` NOTSET;
 - QLinearWhere: X and Y each requantized to Z's scale and zero point (``Q(DQ(v))``, onnxruntime's tables), then
   the select.
@@ -27,7 +27,6 @@ from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_out
 from tether.frontend.onnx.quantized import PRODUCT_DTYPES, check_dtype
 from tether.frontend.onnx.quantized_contrib import (MS, dequantize_per_tensor, quantize_per_tensor, scalar_param,
                                                     zero_point_or_zero)
-from tether.graph import qpool  # noqa: F401  (registers qavg_pool)
 
 CONVERTERS = ConverterTable(__name__)
 

@@ -1,9 +1,9 @@
 """Converters of ONNX's quantized operators: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
 MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv, as onnxruntime computes them.
 
-Quantize and dequantize are the graph's ``quantize``/``dequantize`` ops (``tether.graph.qnn``), their scale and
-zero point broadcast against the data: one element (per tensor), a vector along ``axis`` (per channel), or blocks
-of ``block_size`` along ``axis`` (the data viewed with that axis split into (blocks, block_size)). An integer
+Quantize and dequantize are the graph's ``quantize``/``dequantize`` ops (``tether.kernels.quantize_ops``), their
+scale and zero point broadcast against the data: one element (per tensor), a vector along ``axis`` (per channel),
+or blocks of ``block_size`` along ``axis`` (the data viewed with that axis split into (blocks, block_size)). An integer
 product is the float op on int32 operands with the zero points subtracted (``int32(x) - zp``), so a QLinearConv is
 ``requantize(conv2d(x - zx, w - zw) + bias, sx * sw / sy, zy)``: the zero-point subtraction of a constant weight
 folds at import, and the requantize joins the conv's kernel as its epilogue.
@@ -22,7 +22,6 @@ import numpy as np
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx import nn
 from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
-from tether.graph import qnn  # noqa: F401  (registers the quantized graph ops)
 
 CONVERTERS = ConverterTable(__name__)
 

@@ -22,7 +22,7 @@ from tether.frontend.onnx import quantized
 from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
 from tether.frontend.onnx.quantized import (PRODUCT_DTYPES, check_dtype, check_scale, int_matmul, minus_zero_point,
                                             optional_input, zero_point_const)
-from tether.graph.qnn import qadd_constants
+from tether.kernels.quantize_ops import qadd_constants
 
 CONVERTERS = ConverterTable(__name__)
 

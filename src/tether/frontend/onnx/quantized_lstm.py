@@ -7,7 +7,7 @@ float LSTM of providers/cpu/rnn with its two GEMMs quantized):
   ``x_scale * W_scale`` (per direction, or per direction and column), plus the float biases ``Wb + Rb``;
 - each step: the direction's hidden state of all batch rows quantized the same way, its integer product with
   ``R`` (``[D, H, 4H]``) scaled by ``h_scale * R_scale`` and added (the ``recurrent`` op with ``quant_h``,
-  graph/recurrent.py), then the float gate arithmetic of the LSTM.
+  kernels/recurrent_op.py), then the float gate arithmetic of the LSTM.
 
 onnxruntime takes one zero point per direction (its first element; per-channel zero points must agree, as it
 checks), and so does tether. Refused with an ``UnsupportedOpError``: ``sequence_lens`` other than the full length

@@ -1,5 +1,5 @@
 """ONNX LSTM, GRU and RNN (opsets 7..22): the input projection of all time steps and directions as one GEMM
-(``dense`` + the additive biases), then one ``recurrent`` op (graph/recurrent.py) whose kernel loops over time.
+(``dense`` + the additive biases), then one ``recurrent`` op (kernels/recurrent_op.py) whose kernel loops over time.
 
 Every attribute of the spec is implemented: direction (forward, reverse, bidirectional), ``sequence_lens``,
 ``initial_h``/``initial_c``, peepholes ``P``, ``clip``, ``activations`` with ``activation_alpha``/``_beta``,
@@ -18,7 +18,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import ConverterTable, Importer, emit_reshape, require_dtype, str_attr
-from tether.graph.recurrent import ACTIVATION_COUNT, GATES, NP_ACTIVATIONS
+from tether.kernels.recurrent_op import ACTIVATION_COUNT, GATES, NP_ACTIVATIONS
 
 CONVERTERS = ConverterTable(__name__)
 

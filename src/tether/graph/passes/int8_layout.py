@@ -10,11 +10,11 @@ int8_dot_convs) gives every 8-bit image value that an int8 kernel writes and an 
   per-channel multiplier becomes ``(O,)``, along the last axis), viewed as ``(1, OH, OW, O)``; a conv whose input is
   channels last reads it directly (``channels_last_in``): no repacking unless the conv pads. A pointwise conv of
   the matmul form (planar pixels) becomes the pixel form with its weights repacked (same words, same bias);
-- ``requantize(qdepthwise2d(x, w, b), m, zy)`` becomes ``qdepthwise2d_nhwc`` (graph/qlayout.py), weights
+- ``requantize(qdepthwise2d(x, w, b), m, zy)`` becomes ``qdepthwise2d_nhwc`` (kernels/qlayout_ops.py), weights
   ``(KH, KW, C)``, the multiplier along the last axis;
 - ``qadd(a, b, ...)`` with per-tensor constants is elementwise: it runs on channels-last operands as they are;
 - max pooling of 8-bit values (on them, or in the QDQ form between a cast to float32 and one back) runs on the
-  bytes channels last (``max_pool_nhwc``, graph/qlayout.py): the maximum of integers is exact in them;
+  bytes channels last (``max_pool_nhwc``, kernels/qlayout_ops.py): the maximum of integers is exact in them;
 - global pooling's integer sums (``reduce(cast(x, int32), sum over H, W)``) sum over axes 1, 2 instead: the
   ``(1, 1, 1, C)`` result is the ``(1, C, 1, 1)`` one's memory, a view.
 
@@ -32,7 +32,6 @@ from typing import Dict, List, Set, Tuple
 
 import numpy as np
 
-from tether.graph import qlayout  # noqa: F401  (registers qdepthwise2d_nhwc)
 from tether.graph.ir import Graph, Node, TensorType
 from tether.graph.passes.quantize import _Rewriter
 from tether.ops import qconv as qops

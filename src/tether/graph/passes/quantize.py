@@ -20,7 +20,7 @@ Also (a later block, onnxruntime 1.32's x86 CPU QDQ transformer row by row; docs
 
 | pattern | becomes | onnxruntime |
 |---|---|---|
-| ``Q(avg_pool(DQ(x)))`` 2-D, no dilation/ceil_mode | ``qavg_pool`` (graph/qpool.py) | QLinearAveragePool |
+| ``Q(avg_pool(DQ(x)))`` 2-D, no dilation/ceil_mode | ``qavg_pool`` (kernels/qpool_ops.py) | QLinearAveragePool |
 | ``Q(concat(DQ(x_i)...))`` | ``concat(table_i[x_i])``, ``table_i = Q(DQ(v))`` | QLinearConcat |
 | ``Q(f(DQ(x)))``, f sigmoid or leaky_relu | ``table[x]``, ``table = Q(f(DQ(v)))`` | QLinearSigmoid/LeakyRelu |
 | ``Q(op(DQ(x)))``, op a max pool, nearest resize, transpose or slice; equal params | ``op(x)`` | drops Q/DQ |
@@ -42,8 +42,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tether.graph import ops, qnn
-from tether.graph import qpool  # noqa: F401  (registers qavg_pool)
+from tether.graph import ops
+from tether.kernels import quantize_ops
 from tether.graph.ir import Graph, Node, TensorType, unique_name
 
 log = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ def _add(rw: _Rewriter, q: Node) -> bool:
         return False
     sy = out[0]
     zy = int(rw.params[out[1]])
-    ra, rb, fixed = qnn.qadd_constants(a[1], a[2], b[1], b[2], sy, zy)
+    ra, rb, fixed = quantize_ops.qadd_constants(a[1], a[2], b[1], b[2], sy, zy)
     rw.emit("qadd", [a[0], b[0], rw.const(ra, "ra"), rw.const(rb, "rb"), rw.const(fixed, "fixed")],
             {"dtype": q.attrs["dtype"]}, out=q.outputs[0])
     return True
@@ -326,8 +326,8 @@ def _table(rw: _Rewriter, x: str, f, sx: float, zx: int, out: Tuple[float, str],
     -128..-1, so a negative index wraps to its entry as gather's do."""
     src = str(rw.graph.types[x].dtype)
     v = np.arange(256).astype(np.uint8).view(np.int8) if src == "int8" else np.arange(256).astype(np.uint8)
-    fv = qnn._dequantize_ref({}, v, np.array(sx, F32), np.array(zx, np.int32))[0]
-    table = qnn._quantize_ref({"dtype": dtype}, f(fv), np.array(out[0], F32), rw.params[out[1]])[0]
+    fv = ops.evaluate("dequantize", {}, [v, np.array(sx, F32), np.array(zx, np.int32)])[0]
+    table = ops.evaluate("quantize", {"dtype": dtype}, [f(fv), np.array(out[0], F32), rw.params[out[1]]])[0]
     if np.array_equal(table, v.astype(dtype)):
         return x
     idx = rw.emit("cast", [x], {"to": "int32"})
@@ -365,7 +365,7 @@ def _concat(rw: _Rewriter, q: Node) -> bool:
 
 
 def _avg_pool(rw: _Rewriter, q: Node) -> bool:
-    """onnxruntime's QLinearAveragePool (graph/qpool.py): 2-D, no dilation, no ceil_mode."""
+    """onnxruntime's QLinearAveragePool (kernels/qpool_ops.py): 2-D, no dilation, no ceil_mode."""
     n, out = _head(rw, q, "avg_pool")
     if n is None or len(n.attrs["kernel"]) != 2 or n.attrs.get("ceil_mode") or any(
             d != 1 for d in n.attrs["dilations"]):
@@ -393,7 +393,7 @@ def _skip_saturated_activation(rw: _Rewriter, q: Node) -> Node:
         return q
     if q.inputs[1] not in rw.params or q.inputs[2] not in rw.params or rw.params[q.inputs[1]].size != 1:
         return q
-    lo, hi = qnn.RANGES[q.attrs["dtype"]]
+    lo, hi = quantize_ops.RANGES[q.attrs["dtype"]]
     s = float(rw.params[q.inputs[1]].reshape(-1)[0])
     z = int(rw.params[q.inputs[2]].reshape(-1)[0])
     if n.op == "relu":

@@ -7,7 +7,7 @@ weight of quantize_static) and the conv is not grouped, this pass writes instead
 
     reshape(requantize(qconv2d(x, packed w, bias - zx * sum_k w), multiplier, zy), (1, O, OH, OW))
 
-with the 8-bit activations read directly (graph/qconv.py, ops/qconv.py): the weights packed once here, the zero
+with the 8-bit activations read directly (kernels/qconv_ops.py, ops/qconv.py): the weights packed once here, the zero
 point of x folded into the bias (padding reads zx, which contributes nothing), the requantize fused into the
 kernel's write-back by the fusion pass; a one-row ``dense`` (a classifier head) becomes the same on a 1x1 image
 of K channels. The integers are the same as the int32 conv's, so the requantize rounds
@@ -23,7 +23,6 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tether.graph import qconv  # noqa: F401  (registers qconv2d)
 from tether.graph.ir import Graph, Node, TensorType
 from tether.graph.passes.quantize import _Rewriter
 from tether.graph.passes.quantize_float import _activation

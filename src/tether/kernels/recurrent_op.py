@@ -3,7 +3,7 @@ input projection.
 
 The frontend splits an ONNX recurrent node in two. The input projection of every time step and direction is one
 GEMM (``dense`` + bias, an ordinary kernel). What remains is this op, whose kernel loops over time inside
-(``graph/recurrent_kernel.py``): per step, one matrix product of the hidden state with the recurrent weights and
+(``kernels/recurrent_kernel.py``): per step, one matrix product of the hidden state with the recurrent weights and
 the fused gate arithmetic.
 
 Inputs, in order (``D`` directions, ``B`` batch, ``H`` hidden, ``G`` gates: 4 LSTM (i, o, f, c), 3 GRU (z, r, h),
@@ -35,7 +35,7 @@ from typing import Dict, List
 import numpy as np
 
 from tether.graph.ir import TensorType
-from tether.graph.ops import _register
+from tether.kernels.registry import OpDef
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 ACTIVATION_COUNT = {"lstm": 3, "gru": 2, "rnn": 1}
@@ -153,5 +153,5 @@ def _ref(attrs, *arrays):
     return outs
 
 
-_register("recurrent", "opaque", _infer, _ref)
+DEFINITIONS: Dict[str, OpDef] = {"recurrent": OpDef("recurrent", "opaque", _infer, _ref)}
 

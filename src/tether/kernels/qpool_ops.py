@@ -10,15 +10,18 @@
 - ``clamp(nearbyint(y / sy + zy), lo, hi)``: the zero point is added before rounding (unlike QuantizeLinear's
   ``round(y / sy) + zy``, which differs on ties when ``zy`` is odd).
 
-Importing this module registers the op (shape/dtype rule, numpy reference, lowering).
+``DEFINITIONS`` (shape/dtype rule, numpy reference) and ``CPU_STRATEGIES`` (its lowering) hold it for
+``tether.kernels.table``.
 """
 from __future__ import annotations
+
+from typing import Dict
 
 import numpy as np
 
 from tether import te
-from tether.graph import ops, to_te
 from tether.graph.ir import TensorType
+from tether.kernels.registry import OpDef, Strategy, TeLowering
 from tether.ops import common as c
 from tether.ops.pooling import window_setup
 from tether.ops.qnn import RANGES, round_half_even
@@ -35,10 +38,6 @@ def _infer(attrs, f):
     n, ch, h, w = f.shape
     *_, oh, ow = _geometry(attrs, h, w)
     return [TensorType((n, ch, oh, ow), attrs["dtype"])]
-
-
-def _counts(start: np.ndarray, k: int, size: int) -> np.ndarray:
-    return np.minimum(start + k, size) - np.maximum(start, 0)
 
 
 def _ref(attrs, f):
@@ -89,5 +88,5 @@ def _lower(attrs, f):
     return c.compute((n, ch, oh, ow), out, "qavg_pool", c.BROADCAST)
 
 
-ops._register("qavg_pool", "complex", _infer, _ref)
-to_te.LOWER["qavg_pool"] = _lower
+DEFINITIONS: Dict[str, OpDef] = {"qavg_pool": OpDef("qavg_pool", "complex", _infer, _ref)}
+CPU_STRATEGIES: Dict[str, Strategy] = {"qavg_pool": TeLowering(_lower)}

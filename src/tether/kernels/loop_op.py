@@ -2,8 +2,8 @@
 
 The frontend converts the body once, into its own node list (``attrs["_body"]``), with a run-time iteration
 number and the loop-carried values as free inputs. The kernel (``loop_kernel``) lowers every body node to loop IR
-as usual (te + the op library's schedules, or a direct kernel), points each one's buffers at the loop's buffers,
-and wraps them all in one serial loop:
+as its strategy says (te + the op library's schedules, or a direct kernel: the ``compile_body`` callback the
+build passes in), points each one's buffers at the loop's buffers, and wraps them all in one serial loop:
 
     carry = init
     for it in range(trips):
@@ -24,13 +24,9 @@ from typing import Dict, List
 
 import numpy as np
 
-from tether import ops, te
-from tether.graph import ops as graph_ops
+from tether import te
 from tether.graph.ir import Node, TensorType
-from tether.graph.recurrent_kernel import recurrent_kernel
-from tether.graph.reference import run_nodes
-from tether.graph.to_te import lower_kernel
-from tether.te.lower import lower as te_lower
+from tether.kernels.registry import BodyCompiler, LoopKernel, OpDef, OpTable, Strategy, kernel_shape
 from tether.tir import (Allocate, Buffer, Cast, Const, For, IfThenElse, Load, PrimFunc, Store, Var, rebuild,
                         replace, seq)
 
@@ -51,7 +47,7 @@ def _infer(attrs, *in_types):
     return outs
 
 
-def _ref(attrs, *arrays):
+def _ref(table: OpTable, attrs, *arrays):
     b = attrs["_body"]
     n = attrs["n_carried"]
     carry = [np.asarray(a) for a in arrays[:n]]
@@ -64,7 +60,7 @@ def _ref(attrs, *arrays):
         env.update(zip(b["carried_in"], carry))
         for name, pos, axis, rev in b.get("scan_in", []):
             env[name] = np.take(arrays[pos], trips - 1 - i if rev else i, axis=axis)
-        run_nodes(b["nodes"], env)
+        table.run_nodes(b["nodes"], env)
         carry = [np.asarray(env[o]).astype(a.dtype) for o, a in zip(b["carried_out"], carry)]
         for k, s in enumerate(b["scans"]):
             scans[k].append(np.asarray(env[s]))
@@ -80,7 +76,10 @@ def _ref(attrs, *arrays):
     return outs
 
 
-graph_ops._register("loop", "opaque", _infer, _ref)
+def definitions(table: OpTable) -> Dict[str, OpDef]:
+    """The ``loop`` op, whose numpy reference runs its body with the definitions in `table` (the table it goes
+    into: a body holds any op)."""
+    return {"loop": OpDef("loop", "opaque", _infer, lambda attrs, *arrays: _ref(table, attrs, *arrays))}
 
 
 # ---------------------------------------------------------------- the kernel
@@ -119,17 +118,13 @@ def _slice_copy(whole: Buffer, part: Buffer, shape, axis: int, pos, to_whole: bo
                For(i, Const(0, "int32"), Const(inner, "int32"), "serial", body))
 
 
-def _kernel_shape(shape) -> tuple:
-    return tuple(int(d) for d in shape) or (1,)
-
-
-def loop_kernel(node: Node, types: Dict[str, TensorType], target, name: str) -> PrimFunc:
+def loop_kernel(node: Node, types: Dict[str, TensorType], target, name: str, compile_body: BodyCompiler) -> PrimFunc:
     a = node.attrs
     b = a["_body"]
     btypes = b["types"]
     n = a["n_carried"]
     args = list(node.inputs) + list(node.outputs)
-    params = [te.placeholder(_kernel_shape(types[v].shape), types[v].dtype, name="a%d" % k)
+    params = [te.placeholder(kernel_shape(types[v].shape), types[v].dtype, name="a%d" % k)
               for k, v in enumerate(args)]
     pbuf = [Buffer(p.name, p.shape, p.dtype, "param") for p in params]
     locals_: List[Buffer] = []
@@ -147,18 +142,13 @@ def loop_kernel(node: Node, types: Dict[str, TensorType], target, name: str) -> 
         buf_of[v] = local(v)
     steps = []
     for k, bn in enumerate(b["nodes"]):
-        if graph_ops.is_alias(bn):
+        pf = compile_body(bn, btypes, target, "%s_b%d" % (name, k))
+        if pf is None:      # a view of its input (a reshape): no kernel, the same buffer
             buf_of[bn.outputs[0]] = buf_of[bn.inputs[0]]
             continue
         for o in bn.outputs:
             if o not in buf_of:
                 buf_of[o] = local(o)
-        kname = "%s_b%d" % (name, k)
-        if bn.op in DIRECT_KERNELS:
-            pf = DIRECT_KERNELS[bn.op](bn, btypes, target, kname)
-        else:
-            phs, out, _ = lower_kernel(bn, btypes, conv_gemm=False)
-            pf = te_lower(ops.schedule([out], target), phs + [out], kname)
         vals = bn.body_params() + list(bn.outputs)
         steps.append(_remap(pf.body, {pb: buf_of[v] for pb, v in zip(pf.param_buffers, vals)}))
     it = Var("it")
@@ -185,10 +175,4 @@ def loop_kernel(node: Node, types: Dict[str, TensorType], target, name: str) -> 
     return PrimFunc(name, params, pbuf, stmt)
 
 
-# every kernel written directly as loop IR, by graph op: build_graph asks here before lowering through te
-DIRECT_KERNELS = {"recurrent": recurrent_kernel, "loop": loop_kernel}
-
-# ---- softmax over the last axis: one task per row, three passes over it in L1 (graph/softmax_kernel.py; issue 11)
-from tether.graph.softmax_kernel import softmax_kernel  # noqa: E402
-
-DIRECT_KERNELS["softmax"] = softmax_kernel
+CPU_STRATEGIES: Dict[str, Strategy] = {"loop": LoopKernel(loop_kernel)}

@@ -1,6 +1,6 @@
 """Quantized graph ops (int8 models, issue 12): ``quantize``, ``requantize`` and ``dequantize``, each elementwise
-with its scale and zero point as broadcast inputs, registered in ``graph.ops.OPS`` (shape/dtype rule, numpy
-reference) and in ``graph.to_te.LOWER`` (the ``ops.qnn`` kernels).
+with its scale and zero point as broadcast inputs: ``DEFINITIONS`` (shape/dtype rule, numpy reference) and
+``CPU_STRATEGIES`` (the ``ops.qnn`` kernels), which ``tether.kernels.table`` registers.
 
 - ``quantize(x, scale, zp) {dtype}``: float -> dtype, ``saturate(round_half_even(x / scale) + zp)``;
 - ``requantize(acc, multiplier, zp) {dtype}``: int32 -> dtype, ``saturate(round_half_even(acc * multiplier) + zp)``:
@@ -12,14 +12,16 @@ reference) and in ``graph.to_te.LOWER`` (the ``ops.qnn`` kernels).
 
 Integer convolutions and matrix products are the ordinary ``conv2d``/``dense``/``batch_matmul`` ops on int32
 operands (the zero points subtracted first), so they take every existing path through the passes and the build.
-Importing this module registers the ops; ``tether.graph.build`` and the ONNX frontend import it.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from tether.graph import ops, to_te
+from typing import Dict
+
 from tether.graph.ir import TensorType
+from tether.kernels.core import broadcast_shapes
+from tether.kernels.registry import OpDef, Strategy, TeLowering
 from tether.ops import qnn
 
 RANGES = qnn.RANGES
@@ -65,16 +67,20 @@ def qadd_constants(sa, za, sb, zb, sc, zc):
 
 def _typed(dtype_of):
     def infer(attrs, *xs):
-        return [TensorType(ops.broadcast_shapes(*[x.shape for x in xs]), dtype_of(attrs, *xs))]
+        return [TensorType(broadcast_shapes(*[x.shape for x in xs]), dtype_of(attrs, *xs))]
     return infer
 
 
-ops._register("quantize", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _quantize_ref)
-ops._register("requantize", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _requantize_ref)
-ops._register("qadd", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _qadd_ref)
-ops._register("dequantize", "elemwise", _typed(lambda attrs, x, s, z: s.dtype), _dequantize_ref)
+DEFINITIONS: Dict[str, OpDef] = {d.name: d for d in (
+    OpDef("quantize", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _quantize_ref),
+    OpDef("requantize", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _requantize_ref),
+    OpDef("qadd", "elemwise", _typed(lambda attrs, *xs: attrs["dtype"]), _qadd_ref),
+    OpDef("dequantize", "elemwise", _typed(lambda attrs, x, s, z: s.dtype), _dequantize_ref),
+)}
 
-to_te.LOWER["quantize"] = lambda attrs, x, s, z: qnn.quantize(x, s, z, attrs["dtype"])
-to_te.LOWER["requantize"] = lambda attrs, a, m, z: qnn.requantize(a, m, z, attrs["dtype"])
-to_te.LOWER["qadd"] = lambda attrs, a, b, ra, rb, k: qnn.qadd(a, b, ra, rb, k, attrs["dtype"])
-to_te.LOWER["dequantize"] = lambda attrs, x, s, z: qnn.dequantize(x, s, z)
+CPU_STRATEGIES: Dict[str, Strategy] = {
+    "quantize": TeLowering(lambda attrs, x, s, z: qnn.quantize(x, s, z, attrs["dtype"])),
+    "requantize": TeLowering(lambda attrs, a, m, z: qnn.requantize(a, m, z, attrs["dtype"])),
+    "qadd": TeLowering(lambda attrs, a, b, ra, rb, k: qnn.qadd(a, b, ra, rb, k, attrs["dtype"])),
+    "dequantize": TeLowering(lambda attrs, x, s, z: qnn.dequantize(x, s, z)),
+}

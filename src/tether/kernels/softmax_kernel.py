@@ -19,7 +19,7 @@ from typing import Callable, Dict
 
 from tether import ops, te
 from tether.graph.ir import Node, TensorType
-from tether.graph.to_te import kernel_shape
+from tether.kernels.registry import LoopKernel, Strategy, kernel_shape
 from tether.ops.reduction import EXP_FLUSH_BELOW
 from tether.ops.schedules import family_of
 from tether.te.lower import lower as te_lower
@@ -117,3 +117,8 @@ def softmax_kernel(node: Node, types: Dict[str, TensorType], target, name: str) 
     x = te.placeholder(shape, t.dtype, name="x")
     out = ops.softmax(x, axis)
     return te_lower(ops.schedule([out], target), [x, out], name)
+
+
+CPU_STRATEGIES: Dict[str, Strategy] = {
+    "softmax": LoopKernel(lambda node, types, target, name, compile_body: softmax_kernel(node, types, target, name)),
+}

@@ -18,7 +18,8 @@ from typing import Callable, Dict, List, Optional
 from tether import te
 from tether.errors import UnsupportedOpError
 from tether.graph.ir import Node, TensorType
-from tether.graph.recurrent import GATES, input_names
+from tether.kernels.recurrent_op import GATES, input_names
+from tether.kernels.registry import LoopKernel, Strategy
 from tether.ops.qnn import round_half_even
 from tether.ops.schedules import family_of
 from tether.tir import Allocate, Buffer, Const, Expr, For, IfThenElse, Load, PrimFunc, Stmt, Store, Var, seq
@@ -272,3 +273,9 @@ def recurrent_kernel(node: Node, types: Dict[str, TensorType], target, name: str
     """The PrimFunc of one ``recurrent`` node: arguments are the node's inputs, then its outputs."""
     return _Builder(node, types, target, name).build()
 
+
+# the body compiler is not needed: the cell's arithmetic is written here
+CPU_STRATEGIES: Dict[str, Strategy] = {
+    "recurrent": LoopKernel(
+        lambda node, types, target, name, compile_body: recurrent_kernel(node, types, target, name)),
+}

@@ -9,7 +9,7 @@ that follows it fused into its kernel) for the int8 convs of both ONNX forms.
 ``kind`` (a te.dot4 kind, "" for the one that reads x's bytes as they are) and ``flip`` (x's bytes xor 0x80) are
 chosen for the target at build time by ``for_target``: every kernel computes the same integers, so only speed
 depends on it. With ``flip`` the bias stored in params carries the correction (ops.qconv.flip_correction).
-Importing this module registers the op (``graph.ops``) and its lowering (``graph.to_te``).
+``DEFINITIONS`` and ``CPU_STRATEGIES`` hold the ops and their lowerings for ``tether.kernels.table``.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from tether.graph import ops, to_te
 from tether.graph.ir import Graph, Node, TensorType
+from tether.kernels.core import DEFINITIONS as CORE, conv_out_size
+from tether.kernels.registry import OpDef, Strategy, TeLowering
 from tether.ops import qconv as qops
 from tether.ops.qdepthwise import qdepthwise2d
 from tether.target import int8_dot_native, int8_load_time_features
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def out_pixels(attrs: dict, h: int, w: int) -> int:
     (kh, kw), s, d, p = attrs["kernel"], attrs["strides"], attrs["dilations"], attrs["pads"]
-    return ops.conv_out_size(h, kh, s[0], d[0], p[0], p[2]) * ops.conv_out_size(w, kw, s[1], d[1], p[1], p[3])
+    return conv_out_size(h, kh, s[0], d[0], p[0], p[2]) * conv_out_size(w, kw, s[1], d[1], p[1], p[3])
 
 
 def _image_hw(attrs: dict, x) -> Tuple[int, int]:
@@ -59,14 +60,11 @@ def _ref(attrs, x, wp, bias):
     conv_attrs = {"strides": attrs["strides"], "dilations": attrs["dilations"], "pads": [0, 0, 0, 0], "groups": 1}
     p = attrs["pads"]
     img = np.pad(img, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])), constant_values=pad)
-    (acc,) = ops.OPS["conv2d"].ref(conv_attrs, img.astype(np.float64), wt.astype(np.float64))
+    (acc,) = CORE["conv2d"].ref(conv_attrs, img.astype(np.float64), wt.astype(np.float64))
     acc = np.rint(acc).astype(np.int64).reshape(oc, -1) + bias.reshape(oc, 1)
     if attrs.get("channels_last_out"):
         acc = np.ascontiguousarray(acc.T)
     return [acc.astype(np.int32)]
-
-
-ops._register("qconv2d", "complex", _infer, _ref)
 
 
 def _lower(attrs, x, wp, bias):
@@ -76,13 +74,11 @@ def _lower(attrs, x, wp, bias):
                         channels_last_out=bool(attrs.get("channels_last_out")))
 
 
-to_te.LOWER["qconv2d"] = _lower
-
 
 # ---- qdepthwise2d(x, w, bias) {strides, pads, pad_value} -> (1, C, OH, OW) float32: the depthwise int8 conv,
 # exact in float32 (ops/qdepthwise.py); w (C, KH, KW) and bias (C,) hold integers as float32
 def _dw_infer(attrs, x, w, bias):
-    (t,) = ops.OPS["conv2d"].infer(dict(attrs, dilations=[1, 1]), x, TensorType((w.shape[0], 1) + w.shape[1:],
+    (t,) = CORE["conv2d"].infer(dict(attrs, dilations=[1, 1]), x, TensorType((w.shape[0], 1) + w.shape[1:],
                                                                                 "float32"))
     return [TensorType(t.shape, "float32")]
 
@@ -91,13 +87,18 @@ def _dw_ref(attrs, x, w, bias):
     p = attrs["pads"]
     img = np.pad(x.astype(np.float64) - attrs["pad_value"], ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
     conv_attrs = {"strides": attrs["strides"], "dilations": [1, 1], "pads": [0, 0, 0, 0], "groups": x.shape[1]}
-    (acc,) = ops.OPS["conv2d"].ref(conv_attrs, img, w.astype(np.float64)[:, None])
+    (acc,) = CORE["conv2d"].ref(conv_attrs, img, w.astype(np.float64)[:, None])
     return [(acc + bias.reshape(1, -1, 1, 1)).astype(np.float32)]
 
 
-ops._register("qdepthwise2d", "complex", _dw_infer, _dw_ref)
-to_te.LOWER["qdepthwise2d"] = lambda attrs, x, w, bias: qdepthwise2d(
-    x, w, bias, tuple(attrs["strides"]), tuple(attrs["pads"]), attrs["pad_value"])
+DEFINITIONS: Dict[str, OpDef] = {d.name: d for d in (OpDef("qconv2d", "complex", _infer, _ref),
+                                                       OpDef("qdepthwise2d", "complex", _dw_infer, _dw_ref))}
+
+CPU_STRATEGIES: Dict[str, Strategy] = {
+    "qconv2d": TeLowering(_lower),
+    "qdepthwise2d": TeLowering(lambda attrs, x, w, bias: qdepthwise2d(
+        x, w, bias, tuple(attrs["strides"]), tuple(attrs["pads"]), attrs["pad_value"])),
+}
 
 
 def _choice(x_dtype: str, native: Tuple[str, ...]) -> Tuple[str, bool]:
