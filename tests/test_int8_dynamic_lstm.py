@@ -17,7 +17,7 @@ import tether
 from tether import graph_executor, rpc
 from tether.errors import UnsupportedOpError
 from tether.frontend import from_onnx
-from tether.graph import ops
+from tether.graph import op_info
 from tether.rpc.graph_client import RemoteGraphExecutor
 
 S, B, I, H, OUT = 7, 3, 12, 24, 10
@@ -119,8 +119,8 @@ def test_quantization_is_modelled(tmp_path):
             ins = [env[i] for i in node.inputs]
             # R back to float with its scale: the product without quantizing h
             ins[1] = ins[1] * ins[-1][:, None, :]
-            float_yh = ops.evaluate("recurrent", dict(node.attrs, quant_h=0), ins[:-1])[1]
-        outs = ops.evaluate(node.op, node.attrs, [env[i] for i in node.inputs])
+            float_yh = op_info.evaluate("recurrent", dict(node.attrs, quant_h=0), ins[:-1])[1]
+        outs = op_info.evaluate(node.op, node.attrs, [env[i] for i in node.inputs])
         env.update(zip(node.outputs, outs))
     d_float = np.abs(float_yh - ref).max()
     d_tether = np.abs(gm.get_output(1) - ref).max()

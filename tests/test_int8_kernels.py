@@ -13,7 +13,7 @@ from onnx import helper
 import tether
 from tether import rpc
 from tether.frontend import from_onnx
-from tether.graph import ops as graph_ops
+from tether.graph import op_info
 from tether.kernels import qconv_ops
 from tether.graph.passes import optimize
 from tether.rpc.graph_client import RemoteGraphExecutor
@@ -132,8 +132,8 @@ def test_flip_keeps_the_integers():
         (plain,) = [b for n in opt.nodes for b in n.body() if b.op == "qconv2d"]
         (flipped,) = [b for n in moved.nodes for b in n.body() if b.op == "qconv2d"]
         assert flipped.attrs["flip"] == 1 and flipped.attrs["kind"] in ("s8s8", "u8s8")
-        want = graph_ops.evaluate("qconv2d", plain.attrs, [x] + [p[v] for v in plain.inputs[1:]])[0]
-        got = graph_ops.evaluate("qconv2d", flipped.attrs, [x] + [p2[v] for v in flipped.inputs[1:]])[0]
+        want = op_info.evaluate("qconv2d", plain.attrs, [x] + [p[v] for v in plain.inputs[1:]])[0]
+        got = op_info.evaluate("qconv2d", flipped.attrs, [x] + [p2[v] for v in flipped.inputs[1:]])[0]
         assert not np.array_equal(p[plain.inputs[2]], p2[flipped.inputs[2]])
         np.testing.assert_array_equal(got, want)
 

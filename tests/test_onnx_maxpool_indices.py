@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from fixtures.onnx_struct_compare import make_model
 
-from tether.graph import ops
+from tether.graph import op_info
 
 RNG = np.random.default_rng(17)
 
@@ -24,7 +24,7 @@ def test_max_pool_indices(onnx_compare, shape, attrs):
 def test_numpy_meaning_is_row_major_first_maximum():
     x = np.array([[[[1, 5, 5], [5, 0, 2]]]], np.float32)
     attrs = {"kernel": [2, 2], "strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "ceil_mode": 0}
-    (idx,) = ops.evaluate("max_pool_indices", attrs, [x])
+    (idx,) = op_info.evaluate("max_pool_indices", attrs, [x])
     assert idx.tolist() == [[[[1, 1]]]]
-    (idx,) = ops.evaluate("max_pool_indices", dict(attrs, storage_order=1), [x])
+    (idx,) = op_info.evaluate("max_pool_indices", dict(attrs, storage_order=1), [x])
     assert idx.tolist() == [[[[2, 2]]]]      # element (0, 1) numbered column-major over (H=2, W=3)

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from tether import ops
-from tether.graph import ops as graph_ops
+from tether.graph import op_info
 from tether.graph.ir import Graph, TensorType
 from tether.ops import common as c
 
@@ -156,7 +156,7 @@ def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optiona
                 per_channel = int(np.prod(types[v].shape, dtype=np.int64)) == ic
                 shapes[v] = (ic if per_channel else 1,) + (1,) * (len(view) - 1)
     for node in body[ci + 1:]:
-        if graph_ops.pattern(node.op) != "elemwise":
+        if op_info.pattern(node.op) != "elemwise":
             return None
         for v in node.inputs:
             if v in shapes or v not in params:
@@ -182,7 +182,7 @@ def conv_index(body: List) -> Optional[int]:
     for k, node in enumerate(body):
         if node.op == "conv2d":
             return k if len(node.inputs) == 2 else None
-        if graph_ops.pattern(node.op) != "elemwise":
+        if op_info.pattern(node.op) != "elemwise":
             return None
     return None
 

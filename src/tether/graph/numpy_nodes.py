@@ -1,4 +1,4 @@
-"""Graph nodes that run as numpy on the device (``ops.py`` pattern ``numpy``: NonZero, Compress, Unique,
+"""Graph nodes that run as numpy on the device (op pattern ``numpy``: NonZero, Compress, Unique,
 NonMaxSuppression, Det) instead of as compiled kernels, and the values whose shape is known only at run time.
 
 A data-dependent output has no static shape, so no kernel can be compiled for a consumer of it: such a value may
@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Set
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.graph import ops
+from tether.graph import op_info
 from tether.graph.ir import Graph, Node
 
 #: the graph JSON version that has numpy nodes (graphs without them stay at the version the executor writes)
@@ -21,7 +21,7 @@ NUMPY_GRAPH_VERSION = 3
 
 
 def is_numpy(node: Node) -> bool:
-    return node.op != "fused" and node.op in ops.OPS and ops.pattern(node.op) == "numpy"
+    return node.op != "fused" and node.op in op_info.OPS and op_info.pattern(node.op) == "numpy"
 
 
 def dynamic_values(graph: Graph) -> Dict[str, Node]:
@@ -29,7 +29,7 @@ def dynamic_values(graph: Graph) -> Dict[str, Node]:
     out: Dict[str, Node] = {}
     for node in graph.nodes:
         if is_numpy(node):
-            for k in ops.dynamic_outputs(node.op, any(i in out for i in node.inputs)):
+            for k in op_info.dynamic_outputs(node.op, any(i in out for i in node.inputs)):
                 if k < len(node.outputs) and node.outputs[k]:
                     out[node.outputs[k]] = node
     return out

@@ -8,7 +8,7 @@ from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import (FLOATS, INTS, NUMERIC, ONNX_DTYPES, ConverterTable, alias_container,
                                            emit_reshape, no_legacy_broadcast, node_output, norm_axis, require_dtype,
                                            reshape_alias, str_attr)
-from tether.graph import ops
+from tether.graph import op_info
 
 CONVERTERS = ConverterTable(__name__)
 
@@ -184,7 +184,7 @@ def _prelu(im, node, ins, a):
         slope = emit_reshape(im, slope, (ss[0],) + (1,) * (len(xs) - 2))   # opset 6: a per-channel slope
         ss = im.type(slope).shape
     try:
-        ok = ops.broadcast_shapes(xs, ss) == tuple(xs)
+        ok = op_info.broadcast_shapes(xs, ss) == tuple(xs)
     except ValueError:
         ok = False
     if not ok:
@@ -280,7 +280,7 @@ def _cast(im, node, ins, a):
         raise UnsupportedOpError("node %s: Cast to %s (tether casts between %s)" % (node.name, to,
                                                                                  ", ".join(_CAST_DTYPES)))
     if c is not None and c.dtype != object:
-        im.add_const(ops.evaluate("cast", {"to": to}, [c])[0], name=node.output[0])
+        im.add_const(op_info.evaluate("cast", {"to": to}, [c])[0], name=node.output[0])
         return
     src = require_dtype(im, node, ins[0], _CAST_DTYPES)
     if src == to:

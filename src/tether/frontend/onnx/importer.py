@@ -8,7 +8,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.graph import ops
+from tether.graph import op_info
 from tether.graph.ir import Node, TensorType
 
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
@@ -63,7 +63,7 @@ class Importer:
         attrs = dict(attrs or {})
         inputs = _drop_empty_concat_inputs(self, op, list(inputs))
         in_types = [self.types[i] for i in inputs]
-        out_types = ops.infer(op, attrs, in_types)
+        out_types = op_info.infer(op, attrs, in_types)
         outs = list(outputs) if outputs else [self.fresh(op) for _ in out_types]
         if all(_empty(t) for t in out_types):
             # an empty tensor is known from its type alone: a constant, never a kernel with a zero extent
@@ -71,13 +71,13 @@ class Importer:
                 self.add_const(np.zeros(t.shape, t.dtype), name=o)
             return outs[0]
         if all(i in self.consts for i in inputs):
-            values = ops.evaluate(op, attrs, [self.consts[i] for i in inputs])
+            values = op_info.evaluate(op, attrs, [self.consts[i] for i in inputs])
             for o, v in zip(outs, values):
                 self.add_const(v, name=o)
             return outs[0]
         for o, t in zip(outs, out_types):
             self.types[o] = t
-        self.dynamic.update(outs[k] for k in ops.dynamic_outputs(op, any(i in self.dynamic for i in inputs))
+        self.dynamic.update(outs[k] for k in op_info.dynamic_outputs(op, any(i in self.dynamic for i in inputs))
                             if k < len(outs))
         self.nodes.append(Node(op, name or self.fresh(op + "_node"), list(inputs), outs, attrs))
         return outs[0]

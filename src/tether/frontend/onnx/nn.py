@@ -8,7 +8,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis, str_attr
-from tether.graph import ops
+from tether.graph import op_info
 
 CONVERTERS = ConverterTable(__name__)
 
@@ -175,7 +175,7 @@ def _matmul(im, node, ins, a):
         B = emit_reshape(im, B, b_shape + [1])
         b_shape = b_shape + [1]
     M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
-    batch = list(ops.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    batch = list(op_info.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
     onnx_shape = list(batch)
     if len(at.shape) > 1:
         onnx_shape.append(M)

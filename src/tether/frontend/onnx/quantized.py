@@ -115,9 +115,9 @@ def _emit_unfolded(im, op: str, inputs: Sequence[str], attrs: dict, name: str, o
     """A node over constants kept as a node: the dequantized int8 weights and int32 biases of the QDQ form stay
     visible to the quantize pass (graph/passes/quantize.py), which runs their consumer as an integer kernel;
     constant folding folds whatever it leaves."""
-    from tether.graph import ops
+    from tether.graph import op_info
     from tether.graph.ir import Node
-    (t,) = ops.infer(op, attrs, [im.type(i) for i in inputs])
+    (t,) = op_info.infer(op, attrs, [im.type(i) for i in inputs])
     im.types[out] = t
     im.nodes.append(Node(op, name, list(inputs), [out], dict(attrs)))
 

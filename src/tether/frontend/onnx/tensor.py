@@ -9,7 +9,7 @@ import numpy as np
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis, reshape_alias, str_attr
 from tether.frontend.onnx.indexing import gather_general
-from tether.graph import ops
+from tether.graph import op_info
 
 CONVERTERS = ConverterTable(__name__)
 
@@ -255,7 +255,7 @@ def _split(im, node, ins, a):
 def _expand(im, node, ins, a):
     t = im.type(ins[0])
     shape = [int(d) for d in im.require_const(ins[1], "Expand shape", node.name).reshape(-1)]
-    out = tuple(ops.broadcast_shapes(t.shape, shape))   # bidirectional: a 1 in `shape` keeps x's extent
+    out = tuple(op_info.broadcast_shapes(t.shape, shape))   # bidirectional: a 1 in `shape` keeps x's extent
     if out == tuple(t.shape):
         reshape_alias(im, ins[0], node)
         return

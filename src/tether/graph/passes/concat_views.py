@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tether.graph import ops
+from tether.graph import op_info
 from tether.graph.ir import Graph, Node, body_inputs
 
 VIEW_ATTR = "view"
@@ -59,7 +59,7 @@ def _eligible(graph: Graph, params: Dict[str, np.ndarray], concat: Node, produce
         prod = producers.get(v)
         if v in params or v in graph.inputs or prod is None:
             return False
-        if ops.is_alias(prod):
+        if op_info.is_alias(prod):
             return False
         if concat_reads.get(v, 0) != 1:
             return False

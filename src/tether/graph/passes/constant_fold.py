@@ -7,7 +7,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from tether.graph import ops
+from tether.graph import op_info
 from tether.graph.ir import Graph
 
 log = logging.getLogger(__name__)
@@ -20,7 +20,8 @@ def constant_fold(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, D
     folded = 0
     for node in graph.nodes:
         if node.op != "fused" and all(i in params for i in node.inputs):
-            for name, value in zip(node.outputs, ops.evaluate(node.op, node.attrs, [params[i] for i in node.inputs])):
+            values = op_info.evaluate(node.op, node.attrs, [params[i] for i in node.inputs])
+            for name, value in zip(node.outputs, values):
                 params[name] = value
             folded += 1
             continue

@@ -13,7 +13,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from tether.graph import ops
+from tether.graph import op_info
 from tether.graph.ir import Graph, Node, fused_node
 
 _ANCHORS = ("complex", "elemwise", "injective")
@@ -29,7 +29,7 @@ def fuse(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, 
     for k, node in enumerate(graph.nodes):
         group_of[k] = k
         members[k] = [k]
-        if ops.pattern(node.op) != "elemwise" or len(node.outputs) != 1:
+        if op_info.pattern(node.op) != "elemwise" or len(node.outputs) != 1:
             continue
         out_shape = graph.types[node.outputs[0]].shape
         for v in node.inputs:
@@ -39,7 +39,7 @@ def fuse(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, 
                 continue
             g = group_of[producer_index[v]]
             anchor = graph.nodes[g]
-            if ops.pattern(anchor.op) not in _ANCHORS or len(anchor.outputs) != 1:
+            if op_info.pattern(anchor.op) not in _ANCHORS or len(anchor.outputs) != 1:
                 continue
             # the group's last node must be the producer of v (a chain, no side outputs)
             if members[g][-1] != producer_index[v]:
@@ -77,7 +77,7 @@ def fuse_prologues(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
     prologue_of: Dict[int, Node] = {}       # consumer position -> the prologue node it absorbs
     for node in graph.nodes:
         body = node.body()
-        if len(node.outputs) != 1 or not all(ops.pattern(b.op) == "elemwise" for b in body):
+        if len(node.outputs) != 1 or not all(op_info.pattern(b.op) == "elemwise" for b in body):
             continue
         v = node.outputs[0]
         users = consumers.get(v, [])

@@ -16,7 +16,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from tether.graph import ops
+from tether.graph import op_info
 from tether.graph.ir import Graph, Node
 from tether.graph.passes.concat_views import is_concat_view, view_layout
 
@@ -47,7 +47,7 @@ class MemoryPlan:
 def needs_kernel(node: Node) -> bool:
     """False for a node whose outputs are views of bytes its inputs already hold (a reshape, a concat marked by
     concat_views): the planner places those values, no kernel runs."""
-    return not (ops.is_alias(node) or is_concat_view(node))
+    return not (op_info.is_alias(node) or is_concat_view(node))
 
 
 def plan_memory(graph: Graph, params: Dict[str, np.ndarray]) -> MemoryPlan:
@@ -65,7 +65,7 @@ def plan_memory(graph: Graph, params: Dict[str, np.ndarray]) -> MemoryPlan:
     # home: value -> (the value that owns the bytes, offset in it). The owner's storage holds the value.
     home: Dict[str, Tuple[str, int]] = dict(view_layout(graph))
     for node in graph.nodes:
-        if ops.is_alias(node):
+        if op_info.is_alias(node):
             home[node.outputs[0]] = home.get(node.inputs[0], (node.inputs[0], 0))
     # pending reads per storage, counting reads of every value that shares the owner's bytes
     reads: Dict[str, int] = {}
@@ -83,7 +83,7 @@ def plan_memory(graph: Graph, params: Dict[str, np.ndarray]) -> MemoryPlan:
         for o in node.outputs:
             owner, offset = home.get(o, (o, 0))
             plan.offset_of[o] = offset
-            if not ops.is_alias(node):
+            if not op_info.is_alias(node):
                 plan.naive_bytes += graph.types[o].nbytes
             if owner in sid_of_owner:       # a view of bytes that already have a place
                 plan.storage_of[o] = sid_of_owner[owner]

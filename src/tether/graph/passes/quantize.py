@@ -42,7 +42,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tether.graph import ops
+from tether.graph import op_info
 from tether.kernels import quantize_ops
 from tether.graph.ir import Graph, Node, TensorType, unique_name
 
@@ -81,7 +81,7 @@ class _Rewriter:
     def emit(self, op: str, inputs: List[str], attrs: Optional[dict] = None, out: Optional[str] = None,
              hint: str = "q") -> str:
         attrs = dict(attrs or {})
-        (t,) = ops.infer(op, attrs, [self.graph.types[i] for i in inputs])
+        (t,) = op_info.infer(op, attrs, [self.graph.types[i] for i in inputs])
         out = out or self.fresh(hint + "_" + op)
         self.graph.types[out] = t
         self.out.append(Node(op, self.fresh(hint + "_" + op + "_node"), list(inputs), [out], attrs))
@@ -326,8 +326,8 @@ def _table(rw: _Rewriter, x: str, f, sx: float, zx: int, out: Tuple[float, str],
     -128..-1, so a negative index wraps to its entry as gather's do."""
     src = str(rw.graph.types[x].dtype)
     v = np.arange(256).astype(np.uint8).view(np.int8) if src == "int8" else np.arange(256).astype(np.uint8)
-    fv = ops.evaluate("dequantize", {}, [v, np.array(sx, F32), np.array(zx, np.int32)])[0]
-    table = ops.evaluate("quantize", {"dtype": dtype}, [f(fv), np.array(out[0], F32), rw.params[out[1]]])[0]
+    fv = op_info.evaluate("dequantize", {}, [v, np.array(sx, F32), np.array(zx, np.int32)])[0]
+    table = op_info.evaluate("quantize", {"dtype": dtype}, [f(fv), np.array(out[0], F32), rw.params[out[1]]])[0]
     if np.array_equal(table, v.astype(dtype)):
         return x
     idx = rw.emit("cast", [x], {"to": "int32"})
@@ -343,7 +343,7 @@ def _lut_activation(rw: _Rewriter, q: Node) -> bool:
     a = rw.dq_tensor(n.inputs[0]) if out is not None else None
     if a is None or str(rw.graph.types[a[0]].dtype) != q.attrs["dtype"]:
         return False
-    f = lambda fv: ops.evaluate(n.op, n.attrs, [fv])[0]    # noqa: E731
+    f = lambda fv: op_info.evaluate(n.op, n.attrs, [fv])[0]    # noqa: E731
     y = _table(rw, a[0], f, a[1], a[2], out, q.attrs["dtype"])
     rw.emit("reshape", [y], {"shape": tuple(rw.graph.types[q.outputs[0]].shape)}, out=q.outputs[0])
     return True
