@@ -272,7 +272,7 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the channel panel of a tuning config (issue 15: schedules.Family.conv_panel)
+# the channel panel of a tuning config (schedules.Family.conv_panel)
 
 def panel_weight(node, panel_weights: Dict[str, tuple]) -> Optional[str]:
     """The build-time packed weight (pack_conv_weights) that `node`'s conv2d_pixels kernel reads, or None."""

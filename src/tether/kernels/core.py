@@ -330,7 +330,7 @@ _register("mean", "opaque", _reduce_infer,
 
 
 # ---------------------------------------------------------------- ONNX elementwise: comparison, logic, selection,
-# math with attributes, casts (issue 11). Output dtypes follow ONNX: comparisons and IsNaN/IsInf give bool.
+# math with attributes, casts. Output dtypes follow ONNX: comparisons and IsNaN/IsInf give bool.
 def _bcast_infer(dtype=None):
     def infer(attrs, *xs):
         return [TensorType(broadcast_shapes(*[x.shape for x in xs]), dtype or xs[-1].dtype)]
@@ -460,7 +460,7 @@ _register("log_softmax", "opaque", _same, _axis_softmax_like(_log_softmax_np))
 _register("hardmax", "opaque", _same, _axis_softmax_like(_hardmax_np))
 
 
-# ---------------------------------------------------------------- ONNX bitwise ops and BitShift (issue 11)
+# ---------------------------------------------------------------- ONNX bitwise ops and BitShift
 def _shift_ref(attrs, x, y):
     x, y = np.broadcast_arrays(x, y)
     bits = x.dtype.itemsize * 8
@@ -484,7 +484,7 @@ _register("bitwise_not", "elemwise", _same, lambda attrs, x: [np.invert(x)])
 _register("bit_shift", "elemwise", _bcast_infer(), _shift_ref)
 
 
-# ---------------------------------------------------------------- ONNX Max/Min on floats: NaN propagates (issue 11)
+# ---------------------------------------------------------------- ONNX Max/Min on floats: NaN propagates
 for _n, _fn in {"maximum_nan": np.maximum, "minimum_nan": np.minimum}.items():
     _register(_n, "elemwise", _bcast_infer(),
               (lambda fn: lambda attrs, a, b: [np.asarray(fn(a, b)).astype(a.dtype)])(_fn))
@@ -674,7 +674,7 @@ def _trilu_ref(attrs, x):
 _register("trilu", "injective", _same, _trilu_ref)
 
 
-# ---------------------------------------------------------------- issue 11: trigonometry, indexing, signal ops
+# ---------------------------------------------------------------- trigonometry, indexing, signal ops
 TRIG = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan}
 for _n, _fn in TRIG.items():
     _register(_n, "elemwise", _same, _f32((lambda f: lambda a, x: f(x.astype(np.float64)))(_fn)))
@@ -819,7 +819,7 @@ for _n, _infer in (("nonzero", lambda attrs, x: [TensorType((max(len(x.shape), 1
     _register(_n, "numpy", _infer, _numpy_ref(_n))
 
 
-# ---------------------------------------------------------------- RMS normalization (issue 11)
+# ---------------------------------------------------------------- RMS normalization
 # "rms_normalize": inputs x[, scale] (attrs has_scale), the mean square over axes [axis, ndim); scale broadcasts
 # to x (right-aligned).
 def _rms_normalize_ref(attrs, x, *rest):
@@ -834,7 +834,7 @@ def _rms_normalize_ref(attrs, x, *rest):
 _register("rms_normalize", "opaque", _same, _rms_normalize_ref)
 
 
-# ---------------------------------------------------------------- rotary position embedding (issue 11)
+# ---------------------------------------------------------------- rotary position embedding
 # "rotary_embedding": inputs x (rank 4, heads last: (B, S, N, H) for seq_axis 1, (B, N, S, H) for 2), cos and
 # sin (B, S, rotary_dim / 2); attrs seq_axis, rotary_dim, interleaved.
 def _rotary_ref(attrs, x, cos, sin):

@@ -226,7 +226,7 @@ def _lrn(attrs, x):
 
 
 # ---------------------------------------------------------------- ONNX elementwise: comparison, logic, selection,
-# math with attributes, casts (issue 11). Each op is a scalar function mapped over broadcast inputs
+# math with attributes, casts. Each op is a scalar function mapped over broadcast inputs
 # (ops.elementwise). Float32 math whose plain formula cancels (expm1, sinh, round's +0.5) runs in float64.
 _CMP = {"equal": lambda a, b: a == b, "less": lambda a, b: a < b, "less_equal": lambda a, b: a <= b,
         "greater": lambda a, b: a > b, "greater_equal": lambda a, b: a >= b,
@@ -425,7 +425,7 @@ def _pow_typed(attrs, a, b):
     return ops.elementwise(f, [a, b], "pow")
 
 
-# ---------------------------------------------------------------- ONNX bitwise ops and BitShift (issue 11)
+# ---------------------------------------------------------------- ONNX bitwise ops and BitShift
 for _n, _b in {"bitwise_and": "bitand", "bitwise_or": "bitor", "bitwise_xor": "bitxor"}.items():
     _add(_n, (lambda n, b: lambda attrs, x, y: ops.elementwise(lambda u, v: te.bitwise(b, u, v), [x, y], n))(
         _n, _b))
@@ -457,7 +457,7 @@ def _bit_shift(attrs, x, y):
     return ops.elementwise(f, [x, y], "bit_shift")
 
 
-# ---------------------------------------------------------------- ONNX Max/Min on floats: NaN propagates (issue 11)
+# ---------------------------------------------------------------- ONNX Max/Min on floats: NaN propagates
 # (ops.maximum keeps the other operand, which is what relu/clip want and what Max/Min must not do)
 for _n, _f in {"maximum_nan": c.max2, "minimum_nan": c.min2}.items():
     _add(_n, (lambda n, f: lambda attrs, x, y: ops.elementwise(
@@ -517,19 +517,19 @@ def _trilu(attrs, x):
     return ops.trilu(x, attrs["k"], bool(attrs["upper"]))
 
 
-# ---------------------------------------------------------------- RMS normalization (issue 11)
+# ---------------------------------------------------------------- RMS normalization
 @lowering("rms_normalize")
 def _rms_normalize(attrs, x, *rest):
     return ops.rms_normalize(x, attrs["axis"], attrs["epsilon"], rest[0] if attrs.get("has_scale") else None)
 
 
-# ---------------------------------------------------------------- rotary position embedding (issue 11)
+# ---------------------------------------------------------------- rotary position embedding
 @lowering("rotary_embedding")
 def _rotary_embedding(attrs, x, cos, sin):
     return ops.rotary_embedding(x, cos, sin, attrs["seq_axis"], attrs["rotary_dim"], bool(attrs["interleaved"]))
 
 
-# ---------------------------------------------------------------- issue 11: trigonometry, indexing, signal ops
+# ---------------------------------------------------------------- trigonometry, indexing, signal ops
 for _n in ("sin", "cos", "tan", "asin", "acos", "atan"):
     _add(_n, (lambda f, n: lambda attrs, x: ops.elementwise(f, [x], n))(getattr(te, _n), _n))
 

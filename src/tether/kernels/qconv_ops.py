@@ -1,4 +1,4 @@
-"""The int8 convolution graph op ``qconv2d`` (issue 12) and its per-target choice of dot-product instruction.
+"""The int8 convolution graph op ``qconv2d`` and its per-target choice of dot-product instruction.
 
 ``qconv2d(x, wp, bias) {kernel, strides, pads, dilations, channels, out_channels, pad_value, kind, flip}`` ->
 ``(out_channels, OH*OW)`` int32: ``bias[o] + sum_k X[p, k] * W[o, k]`` with the weights packed by ops.qconv

@@ -1,4 +1,4 @@
-"""The channels-last int8 graph ops ``qdepthwise2d_nhwc`` and ``max_pool_nhwc`` (issue 12), written by
+"""The channels-last int8 graph ops ``qdepthwise2d_nhwc`` and ``max_pool_nhwc``, written by
 graph/passes/int8_layout.py for the depthwise convs and max pools between int8 kernels that keep their activations
 channels last.
 

@@ -1,4 +1,4 @@
-"""``qavg_pool``: onnxruntime's QLinearAveragePool over a dequantized input (issue 12), the integer kernel a QDQ
+"""``qavg_pool``: onnxruntime's QLinearAveragePool over a dequantized input, the integer kernel a QDQ
 ``DequantizeLinear -> AveragePool -> QuantizeLinear`` group runs as (graph/passes/quantize.py).
 
 ``qavg_pool(f) {kernel, strides, pads, count_include_pad, dtype, sy, zy}`` over the float ``f = dequantize(x)``

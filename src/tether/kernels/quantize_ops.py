@@ -1,4 +1,4 @@
-"""Quantized graph ops (int8 models, issue 12): ``quantize``, ``requantize`` and ``dequantize``, each elementwise
+"""Quantized graph ops (int8 models): ``quantize``, ``requantize`` and ``dequantize``, each elementwise
 with its scale and zero point as broadcast inputs: ``DEFINITIONS`` (shape/dtype rule, numpy reference) and
 ``CPU_STRATEGIES`` (the ``ops.qnn`` kernels), which ``tether.kernels.table`` registers.
 

@@ -91,7 +91,7 @@ class Importer:
         return c
 
 
-# ---------------------------------------------------------------- empty tensors (issue 11)
+# ---------------------------------------------------------------- empty tensors
 def _empty(t: TensorType) -> bool:
     return any(int(d) == 0 for d in t.shape)
 
@@ -200,7 +200,7 @@ def no_legacy_broadcast(node, a):
     if "axis" in a:
         raise UnsupportedOpError("node %s: %s with the legacy 'axis' attribute (opset < 7)" % (node.name, node.op_type))
 
-# ---------------------------------------------------------------- run-time dtypes the kernels implement (issue 11)
+# ---------------------------------------------------------------- run-time dtypes the kernels implement
 KERNEL_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
                  "bfloat16", "float32", "float64")
 
@@ -221,7 +221,7 @@ def reshape_alias(im, x, node):
     im.emit("reshape", [x], {"shape": im.type(x).shape}, node.name, node_output(node))
 
 
-# ---------------------------------------------------------------- ops of other domains (issue 12)
+# ---------------------------------------------------------------- ops of other domains
 # A converter of an op outside the default ONNX domain registers as "domain.OpType" (e.g. the onnxruntime contrib
 # op "com.microsoft.QLinearAdd"); an op of the default domain by its type alone.
 def converter_key(node) -> str:

@@ -1,4 +1,4 @@
-"""ONNX sequences and optionals, resolved at import into plain tensor values (issue 11).
+"""ONNX sequences and optionals, resolved at import into plain tensor values.
 
 A sequence is the list of its tensor values' names, an optional none or one value (importer.Container). Exported
 models build and take apart sequences whose length and positions are known once input shapes are fixed (a split

@@ -1,4 +1,4 @@
-"""int8 activations kept channels last between int8 kernels (issue 12): ``int8_channels_last(graph, params)``.
+"""int8 activations kept channels last between int8 kernels: ``int8_channels_last(graph, params)``.
 
 The int8 conv kernels (graph/passes/quantize_dot.py) compute with the channels innermost: the pixel form packs
 its NCHW input channels last on every run and writes its output back NCHW lane by lane, and the depthwise kernel

@@ -1,4 +1,4 @@
-"""The QDQ form of int8 models as integer kernels (issue 12): ``fuse_qdq(graph, params)``.
+"""The QDQ form of int8 models as integer kernels: ``fuse_qdq(graph, params)``.
 
 quantize_static's QDQ form writes float ops between DequantizeLinear and QuantizeLinear. onnxruntime runs each
 recognised ``DQ -> op -> Q`` group as one integer kernel (its QLinearConv, QGemm, QLinearAdd, ...), which rounds

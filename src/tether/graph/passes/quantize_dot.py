@@ -1,4 +1,4 @@
-"""int8 convolutions on the dot-product kernels (issue 12): ``int8_dot_convs(graph, params)``.
+"""int8 convolutions on the dot-product kernels: ``int8_dot_convs(graph, params)``.
 
 After fuse_qdq (the QDQ form) and the QLinearConv converter (the QOperator form) an int8 conv is
 ``requantize(conv2d(int32(x) [- zx], w) [+ bias], multiplier, zy)`` with int32 operands. When the weights are

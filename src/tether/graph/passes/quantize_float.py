@@ -1,4 +1,4 @@
-"""Integer convolutions and matrix products accumulated exactly in float32 (issue 12): ``exact_float_products``.
+"""Integer convolutions and matrix products accumulated exactly in float32: ``exact_float_products``.
 
 An int8 product ``sum_k (x - zx) * w`` is an integer; float32 holds every integer below 2**24 exactly, so when a
 static bound on every partial sum, ``max|x - zx| * sum_k |w[o, k]| + |bias[o]|``, stays below 2**24, the float32
