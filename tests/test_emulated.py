@@ -22,6 +22,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from fixtures.polling import HANG_S
 from fixtures.schedules import elementwise
 from tether import emulate
 from tether.errors import ArchMismatch, ConnectionClosed, DeviceBusy, SessionCrashed
@@ -419,9 +420,9 @@ def test_client_killed_mid_call_frees_the_device(emulated_device, tmp_path):
         client.stdout.close()
         client.stderr.close()
     from tether import rpc
-    t0 = time.monotonic()
-    # wait=False: a device still busy with the dead client's session refuses instead of queueing us.
-    deadline = t0 + 10.0
+    # wait=False: a device still busy with the dead client's session refuses instead of queueing us. The kernel
+    # spins until its session is killed, so a free device at all means the server ended the dead client's session.
+    deadline = time.monotonic() + HANG_S
     while True:
         try:
             remote = rpc.connect(*emulated_device.address, timeout=SESSION_TIMEOUT, wait=False)
@@ -430,10 +431,8 @@ def test_client_killed_mid_call_frees_the_device(emulated_device, tmp_path):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    freed = time.monotonic() - t0
     with remote:
         assert remote.get_function("tether.echo")(1, 2) == [1, 2]
-    assert freed < 5.0, "the device took %.2f s to be free again after its client was killed" % freed
     _server_alive_and_serving(emulated_device, pid)
 
 

@@ -81,7 +81,7 @@ def test_every_core_message_type_round_trips_over_a_server(make_rpc_server, rpc_
         assert sock.recv(1) == b""  # the session ends and the connection closes
     finally:
         sock.close()
-    wait_until(lambda: not session_dirs(server), 2, "the session folder to be deleted")
+    wait_until(lambda: not session_dirs(server), HANG_S, "the session folder to be deleted")
 
 
 def test_version_mismatch_names_both_versions(rpc_server):
@@ -157,7 +157,7 @@ def test_segfaulting_kernel_ends_only_its_session(rpc_server, rpc_kernels):
         with pytest.raises(errors.SessionCrashed, match="SIGSEGV"):
             crash()
         assert remote.closed
-        wait_until(lambda: session_dirs(rpc_server) == [], 2, "the crashed session's folder to be deleted")
+        wait_until(lambda: session_dirs(rpc_server) == [], HANG_S, "the crashed session's folder to be deleted")
         with pytest.raises(errors.ConnectionClosed):
             remote.listdir()
     assert rpc_server.alive
@@ -182,7 +182,7 @@ def test_client_killed_mid_call_frees_the_server(rpc_server, rpc_kernels):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "calling"
-        wait_until(lambda: rpc_server.worker_pids(), 5, "a worker process")
+        wait_until(lambda: rpc_server.worker_pids(), HANG_S, "a worker process")
         time.sleep(0.2)  # the kernel is running now
         client.send_signal(signal.SIGKILL)
         client.wait(5)
@@ -224,7 +224,7 @@ def test_one_session_at_a_time_with_a_queue(rpc_server):
 
         th = threading.Thread(target=second)
         th.start()
-        wait_until(lambda: positions == [1], 5, "the queue position event")
+        wait_until(lambda: positions == [1], HANG_S, "the queue position event")
         assert first.get_function("tether.echo")("first") == "first"  # the queue does not disturb the session
         assert "echo" not in result
         first.close()
@@ -353,7 +353,7 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
         dialled.close()
         with pytest.raises(errors.AuthenticationError, match="match token"):
             rpc.connect(proc.host, proc.port, timeout=5, match="bad")
-        wait_until(lambda: report.read_text().count("ended") == 1, 5, "the hook to report the session ended")
+        wait_until(lambda: report.read_text().count("ended") == 1, HANG_S, "the hook to report the session ended")
         lines = [json.loads(line) for line in report.read_text().splitlines()]
         assert lines[0] == ["attach"]
         assert ["match", "good"] in lines and ["match", "bad"] in lines

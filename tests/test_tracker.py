@@ -170,7 +170,7 @@ def test_session_timeout_ends_the_session(shared_lab):
             time.sleep(1.0)
             with pytest.raises((TetherError, OSError)):
                 _echo(s, 2)
-        wait_until(lambda: tracker.count("rasp5", "free") == 1, 3, "rasp5 free after its session timeout")
+        wait_until(lambda: tracker.count("rasp5", "free") == 1, HANG_S, "rasp5 free after its session timeout")
 
 
 # ----------------------------------------------------------------------------------------------- matching
@@ -198,7 +198,7 @@ def test_summary_shape(shared_lab):
     t_name = "summary-test"
     with tracker.client(name=t_name) as t, t.request("rasp5", wait_timeout=5):
         # the device reports its session start itself, a moment after the client's WELCOME
-        wait_until(lambda: tracker.count("rasp5", "busy") == 1, 2, "rasp5 to report its session")
+        wait_until(lambda: tracker.count("rasp5", "busy") == 1, HANG_S, "rasp5 to report its session")
         s = t.summary()
         assert s["queues"]["rasp4b"] == {"total": 2, "free": 2, "pending": 0}
         assert s["queues"]["rasp5"] == {"total": 1, "free": 0, "pending": 0}
