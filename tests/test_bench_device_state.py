@@ -54,7 +54,7 @@ def test_board_state_in_every_sample(board_server, rpc_kernels, tmp_path):
     for s in r["samples"]:
         assert s["temp_c"] == 45.0 and s["hot"] is False and s["freq_khz"] == [1500000]
         assert s["throttle_flags"] == 0 and s["throttled"] is False and "battery_c" not in s
-    assert r["cooldown"]["reached"] and r["cooldown"]["waited_s"] < 5 and r["flags"]["hot"] == 0
+    assert r["cooldown"]["reached"] and r["flags"]["hot"] == 0
     state = doc["devices"][0]["state"]
     assert state["hot_c"] == 60.0 and state["cpufreq"][0]["governor"] == "ondemand"
     assert state["cpufreq"][0]["cpus"] == [0, 1, 2, 3] and doc["devices"][0]["fingerprint"]["governors"] == ["ondemand"]
@@ -70,7 +70,7 @@ def test_hot_and_throttled_samples_are_flagged_and_cooldown_gives_up(board_serve
     steady = [s for s in r["samples"] if not s["warmup"]]
     assert r["flags"]["hot"] == len(steady) and r["flags"]["throttled"] == len(steady)
     assert all(s["temp_c"] == 71.5 and s["throttle_flags"] == 0x80008 for s in r["samples"])
-    assert not r["cooldown"]["reached"] and 0.4 <= r["cooldown"]["waited_s"] < 10
+    assert not r["cooldown"]["reached"] and 0.4 <= r["cooldown"]["waited_s"]   # gave up, not before its timeout
     text = " ".join(r["warnings"])
     assert "while hot" in text and "throttling" in text and "did not cool to 50 C" in text
     assert "warning" in output

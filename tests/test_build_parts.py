@@ -112,7 +112,7 @@ def test_a_worker_blocked_on_a_lock_copied_by_fork_is_replaced(monkeypatch, capl
 
     def holder():
         with held:
-            release.wait(60)
+            release.wait()
 
     t = threading.Thread(target=holder, daemon=True)
     t.start()
@@ -121,10 +121,9 @@ def test_a_worker_blocked_on_a_lock_copied_by_fork_is_replaced(monkeypatch, capl
             time.sleep(0.001)
         monkeypatch.setattr(driver, "_build_kernels_part", part_taking_the_lock)
         monkeypatch.setattr(driver, "STALL_S", 1.0)
-        t0 = time.monotonic()
         with caplog.at_level("WARNING", logger="tether.driver"):
             parts = tether.build(_kernels(), name="m", jobs=2)
-        assert time.monotonic() - t0 < 60
+        assert held.locked(), "the build waited for the lock to be released instead of replacing its workers"
     finally:
         release.set()
         t.join(10)

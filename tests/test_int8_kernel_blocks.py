@@ -4,6 +4,7 @@ form's pixels padded to two vectors with the requantize fused into each block (a
 not a vector, written back one vector at a time), each bit for bit onnxruntime's QLinearConv: odd channel counts,
 strides 2, asymmetric pads, dilation, uint8 and int8 activations."""
 import pytest
+from fixtures.host_cpu import AVX512_TARGET
 from test_int8_kernels import _ops, _qlinearconv
 
 from tether.ops import qconv as qops
@@ -11,8 +12,8 @@ from tether.ops import qschedules
 from tether.ops.schedules import family_of
 from tether.target import Target
 
-# name: ((C, O, H, W, kernel, attrs, activations, per_channel, weights), the pixel form's (pixels, panels) on the
-# host, None for the matmul form)
+# name: ((C, O, H, W, kernel, attrs, activations, per_channel, weights), the pixel form's (pixels, panels) on
+# AVX512_TARGET, None for the matmul form)
 CASES = {
     "pixel_4x4_odd_channels": ((21, 64, 8, 8, 3, {"pads": [1, 1, 1, 1]}, "uint8", True, "int8"), (4, 4)),
     "pixel_4x3": ((12, 48, 6, 6, 3, {"pads": [1, 1, 1, 1]}, "uint8", True, "int8"), (4, 3)),
@@ -44,8 +45,8 @@ def _out_pixels(c, o, h, w, k, attrs, *_):
 def test_block_bit_exact(onnx_compare, case):
     shape, block = CASES[case]
     if block is not None:
-        # the case takes the block it is named for (the host preset's CPU has AVX-512)
-        fam = family_of(Target("host"))
+        # on an AVX-512 CPU the case takes the block it is named for; the host (with or without AVX-512) runs it
+        fam = family_of(Target(AVX512_TARGET))
         got = qschedules._pixel_block(fam, _out_pixels(*shape), -(-shape[1] // qops.PANEL) * qops.PANEL, qops.PANEL)
         assert got == block, got
     model, x = _qlinearconv(*shape)

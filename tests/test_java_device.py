@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 import test_rpc_server as rpc_cases
-from fixtures.polling import wait_until
+from fixtures.polling import HANG_S, wait_until
 from tether import rpc
 from tether_rpc import errors
 
@@ -35,7 +36,7 @@ from test_limits import (  # noqa: E402,F401
     test_array_memory, test_call_timeout_aborts_a_stuck_kernel, test_defaults_are_finite_and_shown_in_device_info,
     test_open_handles, test_upload_bytes)
 from test_rpc_close import (  # noqa: E402,F401
-    test_close_behind_pipelined_calls_aborts_them_all, test_close_mid_kernel_frees_the_device_within_100_ms)
+    test_close_behind_pipelined_calls_aborts_them_all, test_close_mid_kernel_frees_the_device)
 from test_rpc_server import (  # noqa: E402,F401
     test_every_core_message_type_round_trips_over_a_server, test_files_are_confined_to_the_session_folder,
     test_idle_session_is_ended_and_frees_the_device, test_one_session_at_a_time_with_a_queue,
@@ -108,10 +109,9 @@ def test_client_killed_mid_call_frees_the_device(java_device, rpc_kernels):
         time.sleep(0.3)  # the kernel is running now
         client.kill()
         client.wait(10)
-        t0 = time.monotonic()
-        with rpc.connect(java_device.host, java_device.port, timeout=10, wait=True) as remote:
+        # the kernel would spin for hours: a session within HANG_S means the device did not wait for it
+        with rpc.connect(java_device.host, java_device.port, timeout=HANG_S, wait=True) as remote:
             assert remote.get_function("tether.echo")(3) == 3
-        assert time.monotonic() - t0 < 2.0
     finally:
         if client.poll() is None:
             client.kill()
@@ -195,10 +195,8 @@ def test_registers_with_a_tracker_direct_and_reverse(make_java_device, tracker_l
         with t.request("jdirect", wait_timeout=30, session_timeout=2) as s:   # the grant's limit is kept
             s.upload(rpc_kernels["misc"])
             spin = s.load_module("misc.so")["spin"]
-            t0 = time.monotonic()
-            with pytest.raises(errors.TetherTimeout, match="session timeout of 2.0 s"):
+            with pytest.raises(errors.TetherTimeout, match="session timeout of 2.0 s"):   # the device's timer
                 spin(1 << 40)
-            assert time.monotonic() - t0 < 4
     with pytest.raises(errors.AuthenticationError, match="match token"):   # a registered device serves grants only
         port = int(re.search(r"listening on \S+:(\d+)", direct.log_text()).group(1))
         rpc.connect("127.0.0.1", port, timeout=10)
@@ -270,7 +268,7 @@ def test_tether_built_parallel_kernels_use_the_modules_native_pool(make_java_dev
         mod = remote.load_module("pvadd.so")
         assert mod.metadata.get("thread_pool") == 1
         # the first module with a pool provides it: two threads (3 - the caller) now sit in its native worker loop
-        wait_until(lambda: _threads(server.worker_pids()) >= before + 2, 5, "the pool's two native threads")
+        wait_until(lambda: _threads(server.worker_pids()) >= before + 2, HANG_S, "the pool's two native threads")
         x, y = rng.standard_normal(1 << 14).astype("float32"), rng.standard_normal(1 << 14).astype("float32")
         z = np.zeros(1 << 14, "float32")
         mod["pvadd"](x, y, z)
@@ -292,9 +290,10 @@ def test_sigterm_stops_the_server_and_its_session_workers(make_java_device, rpc_
         assert remote.get_function("tether.echo")(1) == 1
         wait_until(lambda: len(server.worker_pids()) >= 1, 10, "the session's worker JVM")
         workers = server.worker_pids()
-        t0 = time.monotonic()
-        server.stop()                      # SIGTERM, then wait (SIGKILL only after 5 s)
-        assert time.monotonic() - t0 < 4 and server.proc.returncode is not None
-        wait_until(lambda: not any(_running(pid) for pid in workers), 5, "the session worker JVMs to be gone")
+        server.proc.terminate()
+        server.proc.wait(HANG_S)
+        assert server.proc.returncode != -signal.SIGKILL   # it ended on SIGTERM by itself
+        server.stop()
+        wait_until(lambda: not any(_running(pid) for pid in workers), HANG_S, "the session worker JVMs to be gone")
     finally:
         remote.close()

@@ -116,8 +116,6 @@ def aarch64_misc_kernels(tmp_path):
 
 
 def test_a_segfaulting_kernel_ends_only_its_session_under_qemu(java_aarch64_device, tmp_path):
-    import time
-
     from tether import errors
 
     misc = aarch64_misc_kernels(tmp_path)
@@ -126,9 +124,7 @@ def test_a_segfaulting_kernel_ends_only_its_session_under_qemu(java_aarch64_devi
         crash = remote.load_module("misc.so")["crash"]
         with pytest.raises(errors.SessionCrashed, match="SIGSEGV"):
             crash()
-        t0 = time.monotonic()
     assert java_aarch64_device.alive
     with rpc.connect(java_aarch64_device.host, java_aarch64_device.port, timeout=120) as remote:
         assert remote.get_function("tether.echo")("next") == "next"
         assert remote.listdir() == []
-    assert time.monotonic() - t0 < 10   # a fresh worker JVM under qemu (started ahead of time)

@@ -10,7 +10,6 @@ import os
 import pathlib
 import shutil
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -153,10 +152,8 @@ def test_failing_task_is_reported_and_others_still_run_once(par_mod, two_threads
 
 
 def test_zero_tasks_is_a_no_op(par_mod, two_threads):
-    t0 = time.monotonic()
-    for num_tasks in (0, -1, 0):  # a kernel error would raise KernelError here
+    for num_tasks in (0, -1, 0):  # a kernel error would raise KernelError here; returning at all is the point
         par_mod["noop"](np.zeros(T, "int32"), num_tasks)
-    assert time.monotonic() - t0 < 1.0
     # ... and it leaves the pool free: a launch that needs both threads to finish still gets them
     counts, tids = _mark(par_mod, 1)
     np.testing.assert_array_equal(counts, np.ones(T, "int32"))

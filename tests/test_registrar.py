@@ -16,7 +16,7 @@ from typing import Callable, List
 
 import pytest
 
-from fixtures.polling import wait_until
+from fixtures.polling import HANG_S, wait_until
 from fixtures.tracker import DeviceProcess
 from tether import rpc
 from tether_rpc import protocol as p, transport
@@ -144,7 +144,7 @@ def test_server_parent_has_one_thread_while_registered(tracker_lab, monkeypatch)
                 with t.request(key, wait_timeout=10) as s:
                     assert _echo(s, n) == n
                     assert _threads(dev.proc.pid) == 1, "the parent of a running session must stay single-threaded"
-                wait_until(lambda: tracker.count(key, "free") == 1, 5, "%s free again" % key)
+                wait_until(lambda: tracker.count(key, "free") == 1, HANG_S, "%s free again" % key)
                 assert _threads(dev.proc.pid) == 1
 
 
@@ -157,7 +157,7 @@ def test_grant_session_timeout_ends_with_tether_timeout(tracker_lab):
             time.sleep(1.0)
             with pytest.raises(TetherTimeout, match="0.5 s"):
                 _echo(s, 2)
-        wait_until(lambda: tracker.count("pi", "free") == 1, 3, "pi free after its session timeout")
+        wait_until(lambda: tracker.count("pi", "free") == 1, HANG_S, "pi free after its session timeout")
         with t.request("pi", wait_timeout=5) as s:
             assert _echo(s, 3) == 3
 
@@ -170,10 +170,8 @@ def test_misbehaving_tracker_never_hurts_the_server(tracker_lab):
         port = _device_port(device)
         wait_until(lambda: fake.connections >= 5, 20, "five reconnects to the misbehaving tracker")
         assert device.proc.poll() is None, device.log()
-        t0 = time.monotonic()
-        with pytest.raises(AuthenticationError, match="match token"):   # the server still answers at once
-            rpc.connect("127.0.0.1", port, timeout=5)
-        assert time.monotonic() - t0 < 1.0
+        with pytest.raises(AuthenticationError, match="match token"):   # the server still answers
+            rpc.connect("127.0.0.1", port, timeout=HANG_S)
     finally:
         fake.close()
     # a real tracker takes over the same port: the device registers and serves
@@ -186,14 +184,16 @@ def test_misbehaving_tracker_never_hurts_the_server(tracker_lab):
     assert "not in reverse mode" in log and "exceeds the limit" in log
 
 
-def test_silent_tracker_hits_the_handshake_deadline_and_is_retried():
+def test_silent_tracker_hits_the_handshake_deadline_and_is_retried(caplog):
     fake = FakeTracker([silent])
     reg = Registrar(("127.0.0.1", fake.port), "quiet", port=9, connect_timeout=0.3, max_backoff=0.05)
     try:
-        t0 = time.monotonic()
-        _drive(reg, 5.0, until=lambda: fake.connections >= 3)
+        with caplog.at_level("INFO", logger="tether_rpc.registrar"):
+            _drive(reg, HANG_S, until=lambda: fake.connections >= 3)
         assert fake.connections >= 3, "the registrar stopped retrying a silent tracker"
-        assert reg.registrations == 0 and time.monotonic() - t0 < 4.0
+        assert reg.registrations == 0
+        # each link ended by the registrar's own deadline, not by the tracker hanging up after its silence
+        assert "did not complete the handshake within 0.3 s" in caplog.text, caplog.text
     finally:
         fake.close()
 
@@ -264,7 +264,7 @@ def test_registrar_in_a_plain_loop_registers_and_answers_expect(tracker_lab):
     finally:
         reg.close()
         sel.close()
-    wait_until(lambda: tracker.count("loop") == 0, 3, "the closed registrar's device to leave")
+    wait_until(lambda: tracker.count("loop") == 0, HANG_S, "the closed registrar's device to leave")
 
 
 def test_device_with_a_token_refuses_a_tracker_that_cannot_prove_it(tracker_lab, caplog):

@@ -1,17 +1,19 @@
 """Hostile input against a real server: none of it may block or kill the server, or cost it memory.
 
-After each attack the same server must still answer a well-behaved client promptly.
+After each attack the same server must still answer a well-behaved client. "Not blocked" is shown without a
+stopwatch: the silent connections are held by a server that would wait ten minutes for them, so a client served at
+all was served past them.
 """
 from __future__ import annotations
 
 import os
 import socket
 import struct
-import time
 
 import numpy as np
 import pytest
 
+from fixtures.polling import HANG_S
 from tether import rpc
 from tether_rpc import errors, handshake, protocol as p, transport
 
@@ -26,16 +28,25 @@ def hostile_server(tmp_path_factory):
     server.stop()
 
 
-def assert_serves(server, timeout=5.0):
-    """A normal client gets a session and a correct answer within ``timeout``."""
-    t0 = time.monotonic()
+@pytest.fixture(scope="module")
+def patient_server(tmp_path_factory):
+    """A server that gives a silent connection ten minutes to say hello: one blocked by such a connection would
+    not answer another client within any test's patience."""
+    from fixtures.rpc import start_server
+
+    server = start_server(tmp_path_factory.mktemp("patient"), "--handshake-timeout", "600")
+    yield server
+    server.stop()
+
+
+def assert_serves(server, timeout=HANG_S):
+    """A normal client gets a session and a correct answer (its waits bounded by ``timeout``)."""
     with rpc.connect(server.host, server.port, timeout=timeout, wait=True) as remote:
         assert remote.get_function("tether.echo")([1, "ok"]) == [1, "ok"]
     assert server.alive
-    return time.monotonic() - t0
 
 
-def closes_with_error(sock, timeout=3.0):
+def closes_with_error(sock, timeout=HANG_S):
     """Read until EOF; returns the ERROR payloads the server sent before closing."""
     sock.settimeout(timeout)
     data = b""
@@ -86,32 +97,36 @@ def test_truncated_frame_then_silence_is_timed_out(hostile_server):
         sock.sendall(frame[:len(frame) // 2])
         # the server is not blocked by the half frame
         assert_serves(hostile_server)
-        t0 = time.monotonic()
-        errs = closes_with_error(sock, timeout=5)
-        assert errs and errs[0]["type"] == "TetherTimeout" and time.monotonic() - t0 < 3
+        errs = closes_with_error(sock)
+        assert errs and errs[0]["type"] == "TetherTimeout"      # the server's handshake timeout, sent to us
     finally:
         sock.close()
 
 
-def test_connections_that_never_speak_do_not_block_others(hostile_server):
+def test_connections_that_never_speak_do_not_block_others(patient_server, hostile_server):
+    idle = [connect_raw(patient_server) for _ in range(20)]
+    try:
+        assert_serves(patient_server)
+    finally:
+        for s in idle:
+            s.close()
+    # each silent connection is told and closed after the handshake timeout (1 s on this server)
     idle = [connect_raw(hostile_server) for _ in range(20)]
     try:
-        assert assert_serves(hostile_server) < 2.0
-        # each silent connection is told and closed after the 1 s handshake timeout
         for s in idle:
-            errs = closes_with_error(s, timeout=5)
+            errs = closes_with_error(s)
             assert [e["type"] for e in errs] == ["TetherTimeout"]
     finally:
         for s in idle:
             s.close()
 
 
-def test_a_flood_of_idle_connections_cannot_lock_out_a_client(hostile_server):
+def test_a_flood_of_idle_connections_cannot_lock_out_a_client(patient_server):
     idle = []
     try:
-        for _ in range(100):  # more than the server's pending-handshake limit (64)
-            idle.append(connect_raw(hostile_server))
-        assert assert_serves(hostile_server) < 3.0
+        for _ in range(100):  # more than the server's pending-handshake limit (64): the oldest is dropped for us
+            idle.append(connect_raw(patient_server))
+        assert_serves(patient_server)
     finally:
         for s in idle:
             s.close()
@@ -122,10 +137,8 @@ def test_oversized_frame_is_refused_before_allocation(hostile_server):
     sock = connect_raw(hostile_server)
     try:
         sock.sendall(p.HEADER.pack(0x7FFFFFFF) + b"\x93")
-        t0 = time.monotonic()
-        errs = closes_with_error(sock)
+        errs = closes_with_error(sock)     # refused from the header, not after waiting for the body
         assert errs[0]["type"] == "FrameTooLarge" and "2147483647" in errs[0]["message"]
-        assert time.monotonic() - t0 < 1
     finally:
         sock.close()
     # Inside a session: a frame over the session limit, and a bulk announcement over the bulk limit.
@@ -306,14 +319,13 @@ def test_upload_cut_off_midway_ends_only_that_session(hostile_server):
 
 def test_stalled_upload_is_ended_by_the_idle_timeout(make_rpc_server):
     server = make_rpc_server("--idle-timeout", "0.5")
-    remote = rpc.connect(server.host, server.port, timeout=5)
+    remote = rpc.connect(server.host, server.port, timeout=HANG_S)
     try:
         frame = p.encode_frame(p.MsgType.CALL, 1, {"fn": "tether.upload", "args": ["slow.bin"], "nbytes": 4 << 20})
         remote.sock.sendall(frame + os.urandom(1 << 20))  # then silence, connection open
-        t0 = time.monotonic()
-        with pytest.raises(errors.TetherTimeout):
+        # the worker's own receive timeout (the idle timeout), sent as an ERROR; a client-side timeout has no such end
+        with pytest.raises(errors.TetherTimeout, match="the session has ended"):
             remote._receive_reply(1, None, None)
-        assert time.monotonic() - t0 < 5
     finally:
         remote.close()
     assert_serves(server)

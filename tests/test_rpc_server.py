@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from fixtures.polling import wait_until
+from fixtures.polling import HANG_S, wait_until
 from fixtures.rpc import ServerProcess
 from tether import rpc
 from tether_rpc import errors, handshake, protocol as p, transport
@@ -81,7 +81,7 @@ def test_every_core_message_type_round_trips_over_a_server(make_rpc_server, rpc_
         assert sock.recv(1) == b""  # the session ends and the connection closes
     finally:
         sock.close()
-    wait_until(lambda: not session_dirs(server), 2, "the session folder to be deleted")
+    wait_until(lambda: not session_dirs(server), HANG_S, "the session folder to be deleted")
 
 
 def test_version_mismatch_names_both_versions(rpc_server):
@@ -157,7 +157,7 @@ def test_segfaulting_kernel_ends_only_its_session(rpc_server, rpc_kernels):
         with pytest.raises(errors.SessionCrashed, match="SIGSEGV"):
             crash()
         assert remote.closed
-        wait_until(lambda: session_dirs(rpc_server) == [], 2, "the crashed session's folder to be deleted")
+        wait_until(lambda: session_dirs(rpc_server) == [], HANG_S, "the crashed session's folder to be deleted")
         with pytest.raises(errors.ConnectionClosed):
             remote.listdir()
     assert rpc_server.alive
@@ -177,21 +177,20 @@ CLIENT_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_client_killed_mid_call_frees_the_server_within_a_second(rpc_server, rpc_kernels):
+def test_client_killed_mid_call_frees_the_server(rpc_server, rpc_kernels):
     client = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, str(rpc_server.port), str(rpc_kernels["misc"])],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "calling"
-        wait_until(lambda: rpc_server.worker_pids(), 5, "a worker process")
+        wait_until(lambda: rpc_server.worker_pids(), HANG_S, "a worker process")
         time.sleep(0.2)  # the kernel is running now
         client.send_signal(signal.SIGKILL)
         client.wait(5)
-        t0 = time.monotonic()
-        wait_until(lambda: not rpc_server.worker_pids(), 1.0, "the worker to exit after its client died")
-        wait_until(lambda: session_dirs(rpc_server) == [], 1.0, "the session folder to be deleted")
+        # the kernel would spin for hours: the worker ends because its client died, not because the call did
+        wait_until(lambda: not rpc_server.worker_pids(), HANG_S, "the worker to exit after its client died")
+        wait_until(lambda: session_dirs(rpc_server) == [], HANG_S, "the session folder to be deleted")
         with rpc.connect(rpc_server.host, rpc_server.port, timeout=5, wait=False) as remote:
             assert remote.get_function("tether.echo")(3) == 3
-        assert time.monotonic() - t0 < 1.0
     finally:
         if client.poll() is None:
             client.kill()
@@ -203,10 +202,8 @@ def test_session_timeout_kills_a_long_kernel(make_rpc_server, rpc_kernels):
     with rpc.connect(server.host, server.port, timeout=10) as remote:
         remote.upload(rpc_kernels["misc"])
         spin = remote.load_module("misc.so")["spin"]
-        t0 = time.monotonic()
-        with pytest.raises(errors.TetherTimeout, match="session timeout"):
+        with pytest.raises(errors.TetherTimeout, match="session timeout"):   # the server's, not the client's
             spin(1 << 40)
-        assert time.monotonic() - t0 < 3
     with rpc.connect(server.host, server.port, timeout=5) as remote:
         assert remote.get_function("tether.echo")(4) == 4
 
@@ -227,7 +224,7 @@ def test_one_session_at_a_time_with_a_queue(rpc_server):
 
         th = threading.Thread(target=second)
         th.start()
-        wait_until(lambda: positions == [1], 5, "the queue position event")
+        wait_until(lambda: positions == [1], HANG_S, "the queue position event")
         assert first.get_function("tether.echo")("first") == "first"  # the queue does not disturb the session
         assert "echo" not in result
         first.close()
@@ -356,7 +353,7 @@ def test_server_hook_sees_matches_sessions_and_can_hand_over_connections(tmp_pat
         dialled.close()
         with pytest.raises(errors.AuthenticationError, match="match token"):
             rpc.connect(proc.host, proc.port, timeout=5, match="bad")
-        wait_until(lambda: report.read_text().count("ended") == 1, 5, "the hook to report the session ended")
+        wait_until(lambda: report.read_text().count("ended") == 1, HANG_S, "the hook to report the session ended")
         lines = [json.loads(line) for line in report.read_text().splitlines()]
         assert lines[0] == ["attach"]
         assert ["match", "good"] in lines and ["match", "bad"] in lines
@@ -374,7 +371,7 @@ NO_PIDFD_SERVER = textwrap.dedent("""
     from tether_rpc import server as S
 
     S._USE_PIDFD = False   # as on Linux < 5.3: no pidfd to wake the loop when a worker exits
-    S._LOOP_TICK = 5.0     # and a tick so long that only the SIGCHLD wake-up can make a handoff prompt
+    S._LOOP_TICK = 600.0   # and a tick so long that only the SIGCHLD wake-up can hand off within the test
     sys.exit(S.run(port=0, workdir=sys.argv[1]))
 """)
 
@@ -383,26 +380,23 @@ def test_handoff_is_prompt_without_pidfd(tmp_path):
     server = ServerProcess([str(tmp_path)], tmp_path / "server.log", command=[sys.executable, "-c", NO_PIDFD_SERVER])
     try:
         host, port = server.host, server.port
-        handoffs = []
         for _ in range(3):
             first = rpc.connect(host, port, timeout=10)
-            queued = socket.create_connection((host, port), timeout=10)
+            # a read of the queued connection times out long before the server's 10-minute tick
+            queued = socket.create_connection((host, port), timeout=HANG_S)
             try:
                 queued.sendall(p.encode_frame(p.MsgType.HELLO, 0, handshake.hello_payload()))
                 reader = transport.FrameReader(queued)
                 assert reader.read_frame()[2].get("kind") == "queued"
-                t0 = time.monotonic()
-                first.close()  # the worker exits; the parent must notice without waiting for its 5 s tick
+                first.close()  # the worker exits; the parent must notice without waiting for its tick
                 assert reader.read_frame()[0] == p.MsgType.WELCOME
-                handoffs.append(time.monotonic() - t0)
                 queued.sendall(p.encode_frame(p.MsgType.CLOSE, 0, {}))
                 assert queued.recv(1) == b""
             finally:
                 first.close()
                 queued.close()
             # the next round starts on a free device
-            wait_until(lambda: not server.worker_pids(), 5, "the server's session workers to exit")
-        assert max(handoffs) < 1.0, handoffs  # vs up to 5 s if only the tick noticed the exit
+            wait_until(lambda: not server.worker_pids(), HANG_S, "the server's session workers to exit")
         assert server.alive
     finally:
         server.stop()
@@ -431,9 +425,9 @@ def test_idle_session_is_ended_and_frees_the_device(make_rpc_server, rpc_kernels
     idle = rpc.connect(server.host, server.port, timeout=10)
     try:
         t0 = time.monotonic()
-        waiting = rpc.connect(server.host, server.port, timeout=10, wait=True)  # queued behind the idle one
+        waiting = rpc.connect(server.host, server.port, timeout=HANG_S, wait=True)  # queued behind the idle one
         try:
-            assert 0.3 < time.monotonic() - t0 < 3.0  # admitted once the idle session was ended
+            assert 0.3 < time.monotonic() - t0  # admitted once the idle session was ended, not before
             assert waiting.get_function("tether.echo")("next") == "next"
         finally:
             waiting.close()

@@ -21,8 +21,11 @@ def test_short_soak_leaks_nothing(tmp_path):
     # every kind of client behaviour happened, and often enough to show a leak
     assert set(report["actions"]) == {"call", "stream", "crash", "close_mid_call", "drop_mid_call", "hold"}
     assert report["sessions"] >= 30 and min(report["actions"].values()) >= 2
+    # A leak grows with the sessions (30 and more here): any fd count above its baseline is one. A count below it is
+    # not (a connection that was closing while the baseline was read), so counts are not compared for equality.
     base, final = report["baseline"], report["final"]
-    assert final["fds"] == base["fds"] and final["own_fds"] <= base["own_fds"]
+    assert all(final["fds"][name] <= n for name, n in base["fds"].items()), (base["fds"], final["fds"])
+    assert final["own_fds"] <= base["own_fds"]
     assert final["children"] == {name: 0 for name in base["children"]} and final["session_folders"] == 0
     for name in ("server0", "server1"):
         assert final["rss_kib"][name] <= base["rss_kib"][name] * 1.10

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import time
 
 import numpy as np
 import pytest
@@ -98,10 +97,8 @@ def test_call_timeout_reaches_a_tls_client(make_rpc_server, certs, tmp_path):
         spin = remote.load_module("spin.so")["spin"]
         for i in range(50):                                  # calls within the limit: the timer is re-armed each time
             assert remote.get_function("tether.echo")(i) == i
-        t0 = time.monotonic()
-        with pytest.raises(TetherTimeout, match="call timeout of 1.0 s.*--call-timeout"):
+        with pytest.raises(TetherTimeout, match="call timeout of 1.0 s.*--call-timeout"):   # the server's timer
             spin()
-        assert time.monotonic() - t0 < 10
     with rpc.connect(server.host, server.port, ca=ca, timeout=TIMEOUT) as remote:
         assert remote.get_function("tether.echo")("after") == "after"
     assert server.alive
@@ -119,10 +116,9 @@ def test_untrusted_certificate_and_plain_clients_are_refused(tls_server, certs):
         rpc.connect(tls_server.host, tls_server.port, ca=str(certs[1]), token="s3cret", timeout=TIMEOUT)
     with pytest.raises(AuthenticationError, match="does not trust"):   # the system CAs do not know ours
         rpc.connect(tls_server.host, tls_server.port, tls=True, token="s3cret", timeout=TIMEOUT)
-    t0 = time.monotonic()
-    with pytest.raises((ConnectionClosed, ProtocolError)):              # plain TCP to a TLS server
+    # plain TCP to a TLS server: refused by the server (a wait running out would be a TetherTimeout)
+    with pytest.raises((ConnectionClosed, ProtocolError)):
         rpc.connect(tls_server.host, tls_server.port, token="s3cret", timeout=TIMEOUT)
-    assert time.monotonic() - t0 < 10.0
     with rpc.connect(tls_server.host, tls_server.port, ca=str(certs[0]), token="s3cret", timeout=TIMEOUT) as r:
         assert r.get_function("tether.echo")(7) == 7                   # the server goes on
     assert tls_server.alive

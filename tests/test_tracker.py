@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fixtures.prereq import unavailable
-from fixtures.polling import wait_until
+from fixtures.polling import HANG_S, wait_until
 from tether import rpc
 from tether_rpc import protocol as p, transport
 from tether_rpc.errors import AuthenticationError, TetherError, TetherTimeout
@@ -106,7 +106,7 @@ def test_unknown_key_times_out_in_about_the_wait_timeout(shared_lab):
             t.request("no-such-board", wait_timeout=1)
         elapsed = time.monotonic() - t0
         assert isinstance(info.value, TetherTimeout)
-        assert 0.9 <= elapsed < 2.0, elapsed
+        assert 0.9 <= elapsed < HANG_S, elapsed   # not before the wait timeout; fired, not hung
         assert "no-such-board" in str(info.value) and "0 device(s) match" in str(info.value)
         # the connection stays usable after a timed-out request
         assert t.summary()["queues"].get("no-such-board", {}).get("pending", 0) == 0
@@ -130,25 +130,22 @@ def test_killed_queued_client_leaves_no_pending_entry(shared_lab, tmp_path):
             wait_until(lambda: tracker.summary()["queues"]["rasp5"]["pending"] == 1, 15, "the client to queue")
             proc.kill()
             proc.wait(5)
-            t0 = time.monotonic()
-            wait_until(lambda: tracker.summary()["queues"]["rasp5"]["pending"] == 0, 2, "the entry to go")
-            assert time.monotonic() - t0 < 1.0
+            # gone when its connection closes, long before the dead request's 60 s wait timeout
+            wait_until(lambda: tracker.summary()["queues"]["rasp5"]["pending"] == 0, 30, "the entry to go")
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
     # and the device is not swallowed by the dead request
-    wait_until(lambda: tracker.count("rasp5", "free") == 1, 2, "rasp5 free again")
+    wait_until(lambda: tracker.count("rasp5", "free") == 1, HANG_S, "rasp5 free again")
 
 
-def test_unused_grant_returns_device_within_a_second(shared_lab):
+def test_unused_grant_returns_the_device(shared_lab):
     tracker = shared_lab.trackers[0]
     with tracker.client() as t:
         grant = t.reserve("rasp5", wait_timeout=5)
         assert tracker.count("rasp5", "granted") == 1
-        t0 = time.monotonic()
-        wait_until(lambda: tracker.count("rasp5", "free") == 1, 3, "the grant to lapse")
-        assert time.monotonic() - t0 < 1.5
+        wait_until(lambda: tracker.count("rasp5", "free") == 1, HANG_S, "the grant to lapse")
         # the lapsed match token is refused by the device itself
         with pytest.raises(AuthenticationError):
             rpc.connect("127.0.0.1", grant["port"], match=grant["match"], timeout=5)
@@ -173,7 +170,7 @@ def test_session_timeout_ends_the_session(shared_lab):
             time.sleep(1.0)
             with pytest.raises((TetherError, OSError)):
                 _echo(s, 2)
-        wait_until(lambda: tracker.count("rasp5", "free") == 1, 3, "rasp5 free after its session timeout")
+        wait_until(lambda: tracker.count("rasp5", "free") == 1, HANG_S, "rasp5 free after its session timeout")
 
 
 # ----------------------------------------------------------------------------------------------- matching
@@ -201,7 +198,7 @@ def test_summary_shape(shared_lab):
     t_name = "summary-test"
     with tracker.client(name=t_name) as t, t.request("rasp5", wait_timeout=5):
         # the device reports its session start itself, a moment after the client's WELCOME
-        wait_until(lambda: tracker.count("rasp5", "busy") == 1, 2, "rasp5 to report its session")
+        wait_until(lambda: tracker.count("rasp5", "busy") == 1, HANG_S, "rasp5 to report its session")
         s = t.summary()
         assert s["queues"]["rasp4b"] == {"total": 2, "free": 2, "pending": 0}
         assert s["queues"]["rasp5"] == {"total": 1, "free": 0, "pending": 0}
@@ -214,23 +211,23 @@ def test_summary_shape(shared_lab):
 # ----------------------------------------------------------------------------------------------- liveness
 
 def test_killed_and_frozen_devices_leave_and_come_back(tracker_lab):
-    tracker = tracker_lab.tracker(dead_after=2.0)
-    a = tracker_lab.device(tracker, "pi")
-    b = tracker_lab.device(tracker, "pi")
-    assert tracker.count("pi") == 2
+    # killed: its connection closes, and that alone removes it (this tracker would wait 10 minutes for heartbeats)
+    patient = tracker_lab.tracker(dead_after=600.0)
+    a = tracker_lab.device(patient, "pi")
+    assert patient.count("pi") == 1
     a.proc.kill()
     a.proc.wait(5)
-    t0 = time.monotonic()
-    wait_until(lambda: tracker.count("pi") == 1, 5, "the killed device to leave")
-    assert time.monotonic() - t0 < 1.0        # its connection closed: removed at once
-    os.kill(b.proc.pid, signal.SIGSTOP)       # alive but silent: only missed heartbeats reveal it
+    wait_until(lambda: patient.count("pi") == 0, HANG_S, "the killed device to leave")
+    # frozen: alive but silent, its connection open: only missed heartbeats reveal it
+    tracker = tracker_lab.tracker(dead_after=2.0)
+    b = tracker_lab.device(tracker, "pi")
+    assert tracker.count("pi") == 1
+    os.kill(b.proc.pid, signal.SIGSTOP)
     try:
-        t0 = time.monotonic()
-        wait_until(lambda: tracker.count("pi") == 0, 6, "the frozen device to be dropped")
-        assert time.monotonic() - t0 < 4.0
+        wait_until(lambda: tracker.count("pi") == 0, HANG_S, "the frozen device to be dropped")
     finally:
         os.kill(b.proc.pid, signal.SIGCONT)
-    wait_until(lambda: tracker.count("pi") == 1, 10, "the thawed device to re-register")
+    wait_until(lambda: tracker.count("pi") == 1, HANG_S, "the thawed device to re-register")
 
 
 def test_devices_come_back_after_tracker_restart(tracker_lab):
@@ -269,12 +266,10 @@ def test_garbage_frames_and_idle_connections(shared_lab):
                         pass                  # the tracker answers with ERROR and closes
                 except socket.timeout:
                     pytest.fail("the tracker kept a connection that sent garbage %r open" % data[:20])
-        t0 = time.monotonic()
         with tracker.client() as t:
             assert t.summary()["queues"]["rasp4b"]["total"] == 2
             with t.request("rasp4b", wait_timeout=5) as s:
                 assert _echo(s, 42) == 42
-        assert time.monotonic() - t0 < 2.0
     finally:
         for s in idle:
             s.close()
@@ -328,10 +323,9 @@ def test_device_that_never_acknowledges_does_not_lose_the_request(tracker_lab):
     try:
         tracker_lab.device(tracker, "pi")          # registered second: the mute one is first in line
         with tracker.client() as t:
-            t0 = time.monotonic()
-            with t.request("pi", wait_timeout=10) as s:
+            # granted the second device once the mute one's grant lapses, well within the wait timeout
+            with t.request("pi", wait_timeout=HANG_S) as s:
                 assert _echo(s, 5) == 5
-            assert time.monotonic() - t0 < 3.0
         seen = [reader.read_frame()[0] for _ in range(2)]
         assert seen == [TrackerMsg.EXPECT, TrackerMsg.REVOKE]
     finally:

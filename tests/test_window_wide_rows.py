@@ -1,11 +1,13 @@
 """Depthwise convs whose output width has no divisor near a vector compute whole 16-column blocks and copy the
 valid columns out (ops.conv.window_columns), and 5x5 windows on AVX-512 accumulate a block of output rows
-(ops/schedules.py _window_rows): results against numpy, with and without a fused epilogue, and the lowered loop
-nest shows the whole blocks (no scalar tail inside the window)."""
+(ops/schedules.py _window_rows): results against numpy on this host, with and without a fused epilogue,
+and the lowered loop nest of an AVX-512 CPU named explicitly shows the whole blocks (no scalar tail inside the
+window)."""
 import numpy as np
 import pytest
 
 import tether
+from fixtures.host_cpu import AVX512_TARGET
 from tether import ops, te
 from tether.ops import schedules
 from tether.ops.conv import window_columns
@@ -58,7 +60,7 @@ def test_wide_block_has_no_scalar_tail_in_the_window():
     X = te.placeholder((1, 8, 50, 38), "float32", name="X")
     W = te.placeholder((8, 1, 5, 5), "float32", name="W")
     out = ops.depthwise_conv2d(X, W, 1, 2)
-    text = str(tether.lower(ops.schedule(out, target="host"), [X, W, out]))
+    text = str(tether.lower(ops.schedule(out, target=AVX512_TARGET), [X, W, out]))
     accumulate = [ln for ln in text.splitlines() if "_wide[" in ln and "+" in ln and "W[" in ln]
     assert accumulate, text
     # every accumulating loop is a whole vector: no min(...) extent around the window's taps
@@ -70,8 +72,7 @@ def test_wide_block_has_no_scalar_tail_in_the_window():
 
 
 def test_five_by_five_accumulates_a_block_of_rows():
-    assert schedules.family_of(Target("host")).lanes == 16, "the host preset is AVX-512 (16 float32 lanes)"
-    fam = schedules.family_of(Target("host"))
+    fam = schedules.family_of(Target(AVX512_TARGET))
     X = te.placeholder((1, 8, 50, 48), "float32", name="X")
     W5 = te.placeholder((8, 1, 5, 5), "float32", name="W")
     W3 = te.placeholder((8, 1, 3, 3), "float32", name="W")
@@ -91,7 +92,7 @@ def test_five_by_five_accumulates_a_block_of_rows():
 def test_large_strided_channel_makes_its_phases_per_row_chunk(run_ops, rng, shape, k, stride, pad):
     (x, X), (w, W), (bias, B) = _depthwise_inputs(rng, shape, k)
     fused = ops.hard_swish(ops.depthwise_conv2d(X, W, stride, pad, bias=B))
-    text = str(tether.lower(ops.schedule(fused, target="host"), [X, W, B, fused]))
+    text = str(tether.lower(ops.schedule(fused, target=AVX512_TARGET), [X, W, B, fused]))
     lines = text.splitlines()
     alloc = next(i for i, ln in enumerate(lines) if "allocate" in ln and "_phases" in ln)
     loops = [ln for ln in lines[:alloc] if ln.lstrip().startswith("for ")]
