@@ -1,4 +1,4 @@
-"""The int8 dot product ``te.dot4(a, b, kind)`` : four byte products of two int32s summed into an int32.
+"""The int8 dot product ``te.dot4(a, b, kind)``: four byte products of two int32s summed into an int32.
 
 Every kind, scalar and vectorized (lane counts that are and are not the instructions' widths, loops with tails),
 elementwise, accumulated (``acc + dot4``, either order) and in a te.sum reduction, on random full-range bytes plus
