@@ -13,6 +13,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .compare import paired_name
+
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2330;max-width:1200px}
 h1{font-size:22px} h2{font-size:18px;margin-top:32px;border-bottom:1px solid #dde} h3{font-size:15px}
@@ -260,7 +262,7 @@ def render_compare(cmp: Dict[str, Any], base: Dict[str, Any], new: Dict[str, Any
     head = ("target", "device", "base median", "new median", "ratio", "95% CI", "p (U test)", "verdict")
     rows = []
     for r in cmp["rows"]:
-        cells = ((r["target"], "l"), (r["device"], "l"), (_fmt(r["base_median"]), ""), (_fmt(r["new_median"]), ""),
+        cells = ((paired_name(r), "l"), (r["device"], "l"), (_fmt(r["base_median"]), ""), (_fmt(r["new_median"]), ""),
                  ("%.3f" % r["ratio"], ""), ("%.3f - %.3f" % tuple(r["ratio_ci95"]), ""), ("%.2g" % r["p_value"], ""),
                  (r["verdict"], r["verdict"]))
         rows.append("<tr>%s</tr>" % "".join('<td%s>%s</td>' % (' class="%s"' % c if c else "", _esc(v))
@@ -274,10 +276,11 @@ def render_compare(cmp: Dict[str, Any], base: Dict[str, Any], new: Dict[str, Any
     bres = {(r["target"], r["device"]): r for r in base["results"]}
     nres = {(r["target"], r["device"]): r for r in new["results"]}
     for row in cmp["rows"]:
-        rb, rn = bres.get((row["target"], row["base_device"])), nres.get((row["target"], row["device"]))
+        rb = bres.get((row["target"], row["base_device"]))
+        rn = nres.get((row.get("new_target", row["target"]), row["device"]))
         if rb and rn:
             body.append(_plot_block("distribution", distribution_plot(
-                "%s on %s" % (row["target"], row["device"]), [("base", _steady(rb)), ("new", _steady(rn))])))
+                "%s on %s" % (paired_name(row), row["device"]), [("base", _steady(rb)), ("new", _steady(rn))])))
     return _page("tether bench compare", body)
 
 
