@@ -48,9 +48,11 @@ def pair_by_names(base: Dict[str, Any], new: Dict[str, Any], pairs: Sequence[Tup
     rename: Dict[str, str] = {}
     for b, n in pairs:
         if b not in tb:
-            raise InvalidInput("pair %s=%s: the base document has no target %r (its targets: %s)" % (b, n, b, ", ".join(tb)))
+            raise InvalidInput("pair %s=%s: the base document has no target %r (its targets: %s)"
+                               % (b, n, b, ", ".join(tb)))
         if n not in tn:
-            raise InvalidInput("pair %s=%s: the new document has no target %r (its targets: %s)" % (b, n, n, ", ".join(tn)))
+            raise InvalidInput("pair %s=%s: the new document has no target %r (its targets: %s)"
+                               % (b, n, n, ", ".join(tn)))
         if n in rename or b in rename.values():
             raise InvalidInput("pair %s=%s: %r is paired twice" % (b, n, n if n in rename else b))
         rename[n] = b
