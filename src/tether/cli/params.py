@@ -24,6 +24,30 @@ class TargetParam(click.ParamType):
         return value
 
 
+def check_tuning_log(path: str) -> None:
+    """Refuse (InvalidInput) a file that is not a `tether tune` log: not text, or no line a record of this version."""
+    import json
+
+    from tether.errors import InvalidInput
+    from tether.tune.log import LOG_VERSION
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except UnicodeDecodeError:
+        raise InvalidInput("%s is not a tuning log: it is not text (a tuning log is the JSON lines `tether tune "
+                           "--log` writes)" % path) from None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue    # a torn last line after a kill is expected; read_log skips it with a warning
+        if isinstance(record, dict) and record.get("v") == LOG_VERSION:
+            return
+    raise InvalidInput("%s is not a tuning log: no line is a version-%s tuning record (write one with `tether tune "
+                       "--log`)" % (path, LOG_VERSION))
+
+
 class TuningLogParam(click.Path):
     """An existing `tether tune` log (JSON lines) with at least one record of the current log version."""
 
@@ -33,27 +57,13 @@ class TuningLogParam(click.Path):
         super().__init__(exists=True, dir_okay=False)
 
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
-        import json
-
-        from tether.tune.log import LOG_VERSION
+        from tether.errors import InvalidInput
 
         path = super().convert(value, param, ctx)
         try:
-            with open(path, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except UnicodeDecodeError:
-            self.fail("%s is not a tuning log: it is not text (a tuning log is the JSON lines `tether tune --log` "
-                      "writes)" % path, param, ctx)
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue    # a torn last line after a kill is expected; read_log skips it with a warning
-            if isinstance(record, dict) and record.get("v") == LOG_VERSION:
-                break
-        else:
-            self.fail("%s is not a tuning log: no line is a version-%s tuning record (write one with `tether tune "
-                      "--log`)" % (path, LOG_VERSION), param, ctx)
+            check_tuning_log(path)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
         return path
 
 
