@@ -41,9 +41,8 @@ def load_onnx_file(path: str) -> Tuple[Any, str]:
                            "not ONNX; %s" % (path, " ".join(str(exc).split()) or type(exc).__name__, _expected())) \
             from None
     # protobuf accepts many byte strings as a message of unknown fields: a model has a graph and an opset
-    missing = " and ".join(w for w, ok in (("a graph", model.HasField("graph")),
-                                           ("an opset", bool(model.opset_import))) if not ok)
+    missing = [w for w, ok in (("graph", model.HasField("graph")), ("opset", bool(model.opset_import))) if not ok]
     if missing:
         raise InvalidInput("%s is not a valid ONNX model (as a ModelProto it has no %s); %s"
-                           % (path, missing, _expected()))
+                           % (path, " and no ".join(missing), _expected()))
     return model, os.path.dirname(os.path.abspath(path))
