@@ -17,7 +17,8 @@ from fixtures.digits import DIGITS, compile_digits
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TETHER = [sys.executable, "-m", "tether.cli.main"]
-RPC_SERVER = [sys.executable, "-c", "import sys; sys.argv[0] = 'rpc-server'; from tether.cli.server import main; main()"]
+RPC_SERVER = [sys.executable, "-c",
+              "import sys; sys.argv[0] = 'rpc-server'; from tether.cli.server import main; main()"]
 RPC_TRACKER = [sys.executable, "-c",
                "import sys; sys.argv[0] = 'rpc-tracker'; from tether.cli.tracker import main; main()"]
 

@@ -10,7 +10,6 @@ from typing import Optional
 import click
 
 from tether.cli.errors import TetherCommand
-
 from tether_rpc.tracker_protocol import DEFAULT_PORT
 
 
