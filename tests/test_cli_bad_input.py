@@ -163,7 +163,8 @@ def test_run_refuses_a_broken_model_folder(bad, kind, names, tmp_path):
     (["--input", "nosuch={wrong_shape}"], ["nosuch", "input"]),
     (["--number", "many"], ["--number"]),
     (["--tracker", "nosuch", "--key", "k"], ["nosuch"]),
-], ids=["input-not-npy", "input-shape", "input-name", "number", "tracker"])
+    (["--save-output", "missing/y.npy"], ["missing/y.npy", "--save-output"]),
+], ids=["input-not-npy", "input-shape", "input-name", "number", "tracker", "save-output-folder"])
 def test_run_refuses_bad_options(bad, args, names, tmp_path):
     args = [a.format(**bad) for a in args]
     assert_refused(TETHER + ["run", bad["model"], "--save-output", "y.npy"] + args, names, tmp_path)
@@ -178,8 +179,9 @@ def test_run_refuses_bad_options(bad, args, names, tmp_path):
     (["compare", "{json}", "{json}"], ["model.json", "not a tether bench document"]),
     (["compare", "{random}", "{random}"], ["random.onnx"]),
     (["compare", "{json}", "{json}", "--pair", "nope"], ["nope", "--pair"]),
+    (["{digits}", "--local", "--csv", "missing/out.csv"], ["missing/out.csv", "--csv"]),
 ], ids=["tflite", "truncated-onnx", "broken-folder", "not-elf", "target", "compare-json", "compare-binary",
-        "compare-pair"])
+        "compare-pair", "csv-folder"])
 def test_bench_refuses_bad_input(bad, args, names, tmp_path):
     args = [a.format(**bad) for a in args]
     assert_refused(TETHER + ["bench"] + args + ["--json", "out.json"], names, tmp_path)
@@ -194,7 +196,8 @@ def test_bench_refuses_bad_input(bad, args, names, tmp_path):
     (["{digits}", "--tracker", "127.0.0.1:1", "--key", "k", "--log", "{json}"], ["model.json", "not a tuning log"]),
     (["--log", "{json}", "--report", "report.html"], ["model.json", "not a tuning log"]),
     (["--log", "missing.jsonl", "--report", "report.html"], ["missing.jsonl"]),
-], ids=["tflite", "empty", "target", "log-not-a-log", "report-not-a-log", "report-missing-log"])
+    (["--log", "{json}", "--report", "missing/report.html"], ["missing/report.html", "--report"]),
+], ids=["tflite", "empty", "target", "log-not-a-log", "report-not-a-log", "report-missing-log", "report-folder"])
 def test_tune_refuses_bad_input(bad, args, names, tmp_path):
     before = pathlib.Path(bad["json"]).read_bytes()
     args = [a.format(**bad) for a in args]

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import click
 
 from .compile_cmd import parse_input_shapes
-from .params import TARGET
+from .params import TARGET, OutputFile
 
 
 class _BenchGroup(click.Group):
@@ -204,9 +204,9 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
               help="Keep samples during which other programs took the CPU in the statistics.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
 @click.option("--profile", is_flag=True, help="Per-layer times of models.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the run document (raw samples).")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write one summary row per result.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
+@click.option("--json", "json_path", type=OutputFile(), help="Write the run document (raw samples).")
+@click.option("--csv", "csv_path", type=OutputFile(), help="Write one summary row per result.")
+@click.option("--html", "html_path", type=OutputFile(), help="Write a self-contained HTML report.")
 @click.option("--timeout", default=60.0, show_default=True, type=float,
               help="Seconds to wait for a device / connect.")
 @click.option("--quiet", "-q", is_flag=True, help="No live progress display.")
@@ -343,8 +343,8 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
               help="Compare the k-th target of BASE with the k-th of NEW, whatever their names.")
 @click.option("--pair", "pairs", multiple=True, metavar="BASE_NAME=NEW_NAME",
               help="Compare BASE's target BASE_NAME with NEW's NEW_NAME (repeatable); other targets pair by name.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the comparison as JSON.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the comparison as a report.")
+@click.option("--json", "json_path", type=OutputFile(), help="Write the comparison as JSON.")
+@click.option("--html", "html_path", type=OutputFile(), help="Write the comparison as a report.")
 def compare_command(base: str, new: str, fail_above: float, alpha: float, pair_by_order: bool,
                     pairs: Tuple[str, ...], json_path: Optional[str], html_path: Optional[str]) -> None:
     """Compare two `tether bench --json` documents per target and device: faster, slower or same.

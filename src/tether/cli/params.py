@@ -67,4 +67,20 @@ class TuningLogParam(click.Path):
         return path
 
 
+class OutputFile(click.Path):
+    """A file the command will write: its folder must exist now, so a long run does not fail at its last step."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False)
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        import os
+
+        path = super().convert(value, param, ctx)
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            self.fail("%s: the folder %s does not exist" % (path, folder), param, ctx)
+        return path
+
+
 TARGET = TargetParam()

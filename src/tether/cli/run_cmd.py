@@ -8,6 +8,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import click
 import numpy as np
 
+from tether.cli.params import OutputFile
+
 
 def _load_inputs(specs: Tuple[str, ...], entries: list) -> Dict[Any, np.ndarray]:
     """'x.npy' (inputs in order) or 'name=x.npy' -> {name or index: array}, each checked against the model's
@@ -74,7 +76,7 @@ def _session(host: Optional[str], port: int, tracker: Optional[str], key: Option
 @click.option("--number", default=10, show_default=True, type=int, help="Runs per timing sample.")
 @click.option("--repeat", default=3, show_default=True, type=int, help="Timing samples.")
 @click.option("--profile", "do_profile", is_flag=True, help="Also time every node.")
-@click.option("--save-output", type=click.Path(dir_okay=False), help="Save output 0 as .npy.")
+@click.option("--save-output", type=OutputFile(), help="Save output 0 as .npy.")
 @click.option("--timeout", default=60.0, show_default=True, type=float, help="Seconds for connect/requests.")
 def command(folder: str, tracker: Optional[str], key: Optional[str], host: Optional[str], port: int,
             inputs: Tuple[str, ...], number: int, repeat: int, do_profile: bool, save_output: Optional[str],

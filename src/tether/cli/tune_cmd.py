@@ -13,7 +13,7 @@ from typing import Any, Optional, Tuple
 import click
 
 from tether.cli.compile_cmd import parse_input_shapes
-from tether.cli.params import TARGET, check_tuning_log
+from tether.cli.params import TARGET, OutputFile, check_tuning_log
 
 
 def _table(tuner: Any) -> Any:
@@ -49,7 +49,7 @@ def _ms(seconds: Optional[float]) -> str:
               help="Fix an input's shape (repeatable).")
 @click.option("--tracker", metavar="HOST:PORT", help="The tracker the devices registered with.")
 @click.option("--key", help="Device key (or glob) at the tracker; every device under it measures in parallel.")
-@click.option("--log", "log_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--log", "log_path", required=True, type=OutputFile(),
               help="The tuning log (JSON lines, appended as results arrive).")
 @click.option("--trials", default=200, show_default=True, type=click.IntRange(1),
               help="Configs measured per kernel at most (its default config included).")
@@ -68,7 +68,7 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--timeout", default=20.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a measurement may stay silent before its device counts as hung.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--report", "report_path", type=OutputFile(), default=None,
               help="Write the HTML tuning curves of the log here (alone, or after tuning).")
 @click.option("--no-progress", is_flag=True, help="No live table (logging only).")
 def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Optional[str], key: Optional[str],
