@@ -38,9 +38,11 @@ def read_json(path: str) -> Dict[str, Any]:
     results = doc.get("results")
     if not isinstance(results, list) or not all(
             isinstance(r, dict) and isinstance(r.get("target"), str) and isinstance(r.get("device"), str)
-            and isinstance(r.get("stats"), dict) and isinstance(r.get("samples"), list) for r in results):
-        raise InvalidInput("%s: its \"results\" are not a list of results with a target, device, stats and samples; "
-                           "%s" % (path, expected))
+            and isinstance(r.get("run"), dict) and isinstance(r.get("samples"), list)
+            and isinstance(r.get("stats"), dict) and isinstance(r["stats"].get("median"), (int, float))
+            for r in results):
+        raise InvalidInput("%s: its \"results\" are not a list of results with a target, device, run, stats and "
+                           "samples; %s" % (path, expected))
     return doc
 
 
