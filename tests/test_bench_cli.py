@@ -3,6 +3,7 @@ and an ONNX file; the JSON is validated against the documented schema and its st
 import csv
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -125,6 +126,33 @@ def test_bench_locally_with_explicit_shapes_and_pinning(rpc_kernels, schema, tmp
     (r,) = doc["results"]
     assert r["pinned"] == [cpu] and r["run"]["input_seed"] == 7 and doc["devices"][0]["id"] == "local"
     assert r["number"] == 37 and r["phases"]["calibration_s"] == 0
+
+
+def test_compare_two_builds_in_folders_of_different_names(model_folder, tmp_path):
+    """Two builds of one model in folders named differently share no target name: compare says nothing was
+    compared (exit 2, nothing written) until the results are paired by order or by name."""
+    docs = {}
+    for side in ("base", "new"):
+        folder = tmp_path / ("digits-%s" % side)
+        shutil.copytree(model_folder, folder)
+        docs[side] = tmp_path / ("%s.json" % side)
+        res = run_bench(folder, "--local", "--json", docs[side], *FAST)
+        assert res.exit_code == 0, res.output
+    names = {side: json.loads(docs[side].read_text())["results"][0]["target"] for side in docs}
+    assert names["base"] != names["new"]
+    out = tmp_path / "cmp.json"
+    res = run_bench("compare", docs["base"], docs["new"], "--json", out)
+    assert res.exit_code == 2 and "nothing was compared" in res.output, res.output
+    assert not out.exists()
+    for pairing in (["--pair-by-order"], ["--pair", "%s=%s" % (names["base"], names["new"])]):
+        # the fail-above gate is wide: these are two runs of one build on a busy machine
+        res = run_bench("compare", docs["base"], docs["new"], "--fail-above", "500", "--json", out, *pairing)
+        assert res.exit_code == 0, res.output
+        (row,) = json.loads(out.read_text())["rows"]
+        assert (row["target"], row["new_target"]) == (names["base"], names["new"])
+        assert row["same_artifact"], "the same deploy.so on both sides"
+    res = run_bench("compare", docs["base"], docs["new"], "--pair", "%s=nosuch" % names["base"])
+    assert res.exit_code == 2 and "no target 'nosuch'" in res.output, res.output
 
 
 def test_bench_usage_errors(rpc_kernels, tmp_path):

@@ -131,7 +131,8 @@ def test_compare_cli_exit_status_json_and_notes(rpc_server, builds, tmp_path):
     # "same" verdict itself is checked on controlled samples in test_bench_stats, not here
     assert res.exit_code == 0 and "FAIL" not in res.output, res.output
     # the reverse direction is "faster"; a target only in one document is named in a note
-    other = dict(docs["base"], results=[dict(docs["base"]["results"][0], target="other.so:f")])
+    base_result = docs["base"]["results"][0]
+    other = dict(docs["base"], results=[base_result, dict(base_result, target="other.so:f")])
     paths["other"] = tmp_path / "other.json"
     paths["other"].write_text(json.dumps(other))
     res = CliRunner().invoke(cli, ["bench", "compare", str(paths["slow"]), str(paths["base"]), "--fail-above",
@@ -139,7 +140,13 @@ def test_compare_cli_exit_status_json_and_notes(rpc_server, builds, tmp_path):
     assert res.exit_code == 0 and "faster" in res.output
     res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["other"])])
     assert res.exit_code == 0 and "only in the new document" in res.output
+    # with no target in common, nothing was compared: that is no pass
+    only_other = dict(other, results=other["results"][1:])
+    paths["only_other"] = tmp_path / "only_other.json"
+    paths["only_other"].write_text(json.dumps(only_other))
+    res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(paths["only_other"])])
+    assert res.exit_code == 2 and "nothing was compared" in res.output
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     res = CliRunner().invoke(cli, ["bench", "compare", str(paths["base"]), str(bad)])
-    assert res.exit_code == 1 and "not a tether bench document" in res.output
+    assert res.exit_code == 2 and "not a tether bench document" in res.output

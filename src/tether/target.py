@@ -14,10 +14,10 @@ import shlex
 import threading
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
-from tether.errors import TetherError
+from tether.errors import InvalidInput
 
 
-class UnknownTargetError(TetherError, ValueError):
+class UnknownTargetError(InvalidInput):
     """A preset name or target string tether cannot interpret."""
 
 

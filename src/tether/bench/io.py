@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any, Dict, List
 
+from tether.errors import InvalidInput
+
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schema", "bench.schema.json")
 
 CSV_COLUMNS = ("target", "kind", "device", "n", "number", "median_s", "mean_s", "min_s", "max_s", "p90_s", "p99_s",
@@ -20,10 +22,27 @@ def write_json(doc: Dict[str, Any], path: str) -> None:
 
 
 def read_json(path: str) -> Dict[str, Any]:
-    with open(path, "r", encoding="utf-8") as fh:
-        doc = json.load(fh)
+    """The run document at ``path`` (``tether bench --json``); anything else raises InvalidInput naming it."""
+    expected = "expected a `tether bench --json` document"
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except UnicodeDecodeError:
+        raise InvalidInput("%s is not text; %s" % (path, expected)) from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput("%s is not valid JSON (line %d column %d: %s); %s"
+                           % (path, exc.lineno, exc.colno, exc.msg, expected)) from None
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("tether-bench/"):
-        raise ValueError("%s is not a tether bench document (no \"schema\": \"tether-bench/1\")" % path)
+        raise InvalidInput("%s is not a tether bench document (no \"schema\": \"tether-bench/1\"); %s"
+                           % (path, expected))
+    results = doc.get("results")
+    if not isinstance(results, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("target"), str) and isinstance(r.get("device"), str)
+            and isinstance(r.get("run"), dict) and isinstance(r.get("samples"), list)
+            and isinstance(r.get("stats"), dict) and isinstance(r["stats"].get("median"), (int, float))
+            for r in results):
+        raise InvalidInput("%s: its \"results\" are not a list of results with a target, device, run, stats and "
+                           "samples; %s" % (path, expected))
     return doc
 
 

@@ -7,6 +7,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from tether.bench.compare import paired_name
 from tether.bench.page import escape, figure, duration, page, plot_block, svg, svg_style, time_unit
 
 MAX_POINTS = 1000  # sample dots drawn per distribution
@@ -196,7 +197,7 @@ def render_compare(cmp: Dict[str, Any], base: Dict[str, Any], new: Dict[str, Any
     head = ("target", "device", "base median", "new median", "ratio", "95% CI", "p (U test)", "verdict")
     rows = []
     for r in cmp["rows"]:
-        cells = ((r["target"], "l"), (r["device"], "l"), (duration(r["base_median"]), ""),
+        cells = ((paired_name(r), "l"), (r["device"], "l"), (duration(r["base_median"]), ""),
                  (duration(r["new_median"]), ""),
                  ("%.3f" % r["ratio"], ""), ("%.3f - %.3f" % tuple(r["ratio_ci95"]), ""), ("%.2g" % r["p_value"], ""),
                  (r["verdict"], r["verdict"]))
@@ -211,10 +212,11 @@ def render_compare(cmp: Dict[str, Any], base: Dict[str, Any], new: Dict[str, Any
     bres = {(r["target"], r["device"]): r for r in base["results"]}
     nres = {(r["target"], r["device"]): r for r in new["results"]}
     for row in cmp["rows"]:
-        rb, rn = bres.get((row["target"], row["base_device"])), nres.get((row["target"], row["device"]))
+        rb = bres.get((row["target"], row["base_device"]))
+        rn = nres.get((row.get("new_target", row["target"]), row["device"]))
         if rb and rn:
             body.append(plot_block("distribution", distribution_plot(
-                "%s on %s" % (row["target"], row["device"]), [("base", _steady(rb)), ("new", _steady(rn))])))
+                "%s on %s" % (paired_name(row), row["device"]), [("base", _steady(rb)), ("new", _steady(rn))])))
     return page("tether bench compare", body)
 
 

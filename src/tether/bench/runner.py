@@ -86,20 +86,33 @@ class BenchTarget:
 
 def parse_target(spec: str, shapes: Optional[Sequence[Tuple[int, ...]]] = None, dtypes: Optional[Sequence[str]] = None,
                  input_shapes: Optional[Dict[str, Tuple[int, ...]]] = None) -> BenchTarget:
-    """``LIB.so:FUNC``, a model folder (with deploy.json) or ``model.onnx``."""
+    """``LIB.so:FUNC``, a model folder (with deploy.json) or ``model.onnx``. A folder or model file is checked
+    here, before any device is asked for: a broken one raises ``tether.errors.InvalidInput`` naming it."""
+    from tether.frontend.model_file import load_onnx_file
+    from tether.model_folder import check_model_folder
+
     if os.path.isdir(spec):
         if not os.path.isfile(os.path.join(spec, "deploy.json")):
             raise BenchError("%s is a folder without deploy.json (compile a model with `tether compile`)" % spec)
+        check_model_folder(spec)
         return BenchTarget(spec, "model", spec)
-    if spec.lower().endswith(".onnx"):
-        if not os.path.isfile(spec):
-            raise BenchError("no such ONNX file: %s" % spec)
+    if os.path.isfile(spec):
+        with open(spec, "rb") as fh:
+            if fh.read(4) == b"\x7fELF":
+                raise BenchError("%s is a library: name the function to run, as %s:FUNC" % (spec, spec))
+        load_onnx_file(spec)      # anything but an ONNX model is named and refused
         return BenchTarget(spec, "onnx", spec, input_shapes=dict(input_shapes or {}))
+    if spec.lower().endswith(".onnx"):
+        raise BenchError("no such ONNX file: %s" % spec)
     path, sep, func = spec.rpartition(":")
     if not sep or not path or not func:
         raise BenchError("target %r: expected LIB.so:FUNC, a model folder or an .onnx file" % spec)
     if not os.path.isfile(path):
         raise BenchError("no such library: %s" % path)
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"\x7fELF":
+        raise BenchError("%s is not a shared library (it starts with %r, not the ELF magic)" % (path, magic))
     return BenchTarget(spec, "kernel", path, func, [tuple(s) for s in shapes] if shapes else None,
                        list(dtypes) if dtypes else None)
 

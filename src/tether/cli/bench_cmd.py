@@ -1,5 +1,6 @@
 """`tether bench TARGET... [--local | --host H --port P | --tracker HOST:PORT --key KEY [--all-devices]]` and
-`tether bench compare BASE.json NEW.json [--fail-above PCT]`. docs/bench.md describes the method and outputs."""
+`tether bench compare BASE.json NEW.json [--fail-above PCT] [--pair-by-order | --pair BASE_NAME=NEW_NAME]`.
+docs/bench.md describes the method and outputs."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -11,6 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import click
 
 from .compile_cmd import parse_input_shapes
+from .params import TARGET, OutputFile
 
 
 class _BenchGroup(click.Group):
@@ -179,7 +181,7 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
 @click.option("--dtype", "dtypes", multiple=True, help="Argument dtype: once for all, or once per argument.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
               help="ONNX input shape (symbolic dimensions).")
-@click.option("--target", "compile_target", default=None,
+@click.option("--target", "compile_target", default=None, type=TARGET,
               help="Compile ONNX files for this preset (default: the device's suggested target).")
 @click.option("--opt-level", default=3, show_default=True, type=click.IntRange(0, 3))
 @click.option("--fast-math", is_flag=True)
@@ -202,9 +204,9 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
               help="Keep samples during which other programs took the CPU in the statistics.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
 @click.option("--profile", is_flag=True, help="Per-layer times of models.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the run document (raw samples).")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Write one summary row per result.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
+@click.option("--json", "json_path", type=OutputFile(), help="Write the run document (raw samples).")
+@click.option("--csv", "csv_path", type=OutputFile(), help="Write one summary row per result.")
+@click.option("--html", "html_path", type=OutputFile(), help="Write a self-contained HTML report.")
 @click.option("--timeout", default=60.0, show_default=True, type=float,
               help="Seconds to wait for a device / connect.")
 @click.option("--quiet", "-q", is_flag=True, help="No live progress display.")
@@ -280,7 +282,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
         with rpc.connect(host, port, token=token, timeout=call_timeout) as sess:
             yield sess, "%s:%d" % (host, port), {"mode": "direct", "host": host, "port": port}
 
-    from tether.errors import TetherError
+    from tether.errors import InvalidInput, TetherError
 
     with runner.temp_workdir() as work:
         cache = runner.OnnxCache(work)
@@ -309,6 +311,8 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                     dev, res = job(direct_session if host else local_session)
                     devices.append(dev)
                     results.extend(res)
+        except InvalidInput:
+            raise                   # bad input: one line and exit status 2 (cli/errors.py)
         except (runner.BenchError, TetherError, OSError, ValueError) as exc:
             # ValueError: a bad option the device refused (--pin to a CPU it lacks), raised as is by --local
             raise click.ClickException(str(exc)) from None
@@ -335,22 +339,44 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
               help="Smallest change called faster/slower; exit 1 when something is significantly slower by more "
                    "than PCT percent.")
 @click.option("--alpha", default=0.01, show_default=True, type=float, help="Significance level of the U test.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the comparison as JSON.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the comparison as a report.")
-def compare_command(base: str, new: str, fail_above: float, alpha: float, json_path: Optional[str],
-                    html_path: Optional[str]) -> None:
-    """Compare two `tether bench --json` documents per target and device: faster, slower or same."""
+@click.option("--pair-by-order", is_flag=True,
+              help="Compare the k-th target of BASE with the k-th of NEW, whatever their names.")
+@click.option("--pair", "pairs", multiple=True, metavar="BASE_NAME=NEW_NAME",
+              help="Compare BASE's target BASE_NAME with NEW's NEW_NAME (repeatable); other targets pair by name.")
+@click.option("--json", "json_path", type=OutputFile(), help="Write the comparison as JSON.")
+@click.option("--html", "html_path", type=OutputFile(), help="Write the comparison as a report.")
+def compare_command(base: str, new: str, fail_above: float, alpha: float, pair_by_order: bool,
+                    pairs: Tuple[str, ...], json_path: Optional[str], html_path: Optional[str]) -> None:
+    """Compare two `tether bench --json` documents per target and device: faster, slower or same.
+
+    Exit status 1 when something is slower (see --fail-above), 2 when nothing could be compared: results pair up
+    by target name, so name the pairs (--pair) or pair them by order (--pair-by-order) when two builds of one
+    model sit in folders of different names."""
     from rich.console import Console
     from rich.table import Table
 
     from tether.bench import compare
     from tether.bench import io as bench_io
+    from tether.errors import InvalidInput
 
-    try:
-        base_doc, new_doc = bench_io.read_json(base), bench_io.read_json(new)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    cmp = compare.compare_documents(base_doc, new_doc, alpha=alpha, fail_above=fail_above)
+    if pair_by_order and pairs:
+        raise click.UsageError("--pair-by-order and --pair exclude each other")
+    named = []
+    for spec in pairs:
+        b, sep, n = spec.partition("=")
+        if not sep or not b or not n:
+            raise click.BadParameter("expected BASE_NAME=NEW_NAME, got %r" % spec, param_hint="--pair")
+        named.append((b, n))
+    base_doc, new_doc = bench_io.read_json(base), bench_io.read_json(new)
+    rename = compare.pair_by_order(base_doc, new_doc) if pair_by_order else \
+        compare.pair_by_names(base_doc, new_doc, named)
+    cmp = compare.compare_documents(base_doc, new_doc, alpha=alpha, fail_above=fail_above, rename=rename)
+    if not cmp["rows"]:
+        # a gate that compared nothing must not pass
+        raise InvalidInput("nothing was compared: %s and %s have no target in common (base: %s; new: %s); pair "
+                           "them with --pair BASE_NAME=NEW_NAME or --pair-by-order"
+                           % (base, new, ", ".join(compare.targets(base_doc)) or "no results",
+                              ", ".join(compare.targets(new_doc)) or "no results"))
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)
@@ -359,7 +385,8 @@ def compare_command(base: str, new: str, fail_above: float, alpha: float, json_p
         table.add_column(col)
     colors = {"slower": "red", "faster": "green", "same": "white"}
     for row in cmp["rows"]:
-        table.add_row(row["target"], row["device"], _fmt_time(row["base_median"]), _fmt_time(row["new_median"]),
+        table.add_row(compare.paired_name(row), row["device"], _fmt_time(row["base_median"]),
+                      _fmt_time(row["new_median"]),
                       "%.3f" % row["ratio"], "%.3f-%.3f" % tuple(row["ratio_ci95"]), "%.2g" % row["p_value"],
                       "[%s]%s[/%s]" % (colors[row["verdict"]], row["verdict"], colors[row["verdict"]]))
     console.print(table)

@@ -18,7 +18,8 @@ def _interrupt(*_: object) -> None:
 @click.command(name="bootstrap", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("destination", metavar="[USER@]HOST")
 @click.option("--port", "ssh_port", type=int, default=22, show_default=True, help="SSH port of the device.")
-@click.option("--identity", "-i", type=click.Path(dir_okay=False), help="SSH private key (default: agent, ~/.ssh keys)")
+@click.option("--identity", "-i", type=click.Path(exists=True, dir_okay=False),
+              help="SSH private key (default: agent, ~/.ssh keys)")
 @click.option("--password-env", metavar="VAR", help="Read the SSH password from environment variable VAR.")
 @click.option("--known-hosts", type=click.Path(dir_okay=False), help="known_hosts file [default: ~/.ssh/known_hosts].")
 @click.option("--accept-new-host-key", is_flag=True,

@@ -13,6 +13,8 @@ from typing import Any, Tuple
 
 import click
 
+from tether.cli.params import TARGET
+
 EMIT_KINDS = ("so", "a", "o", "h", "asm", "ll")
 
 
@@ -27,7 +29,13 @@ def _load_kernels(spec: str) -> Any:
         raise click.BadParameter("cannot import %s as Python" % path, param_hint="FILE.py[:FUNCTION]")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[mod_name] = module
-    loader_spec.loader.exec_module(module)
+    try:
+        loader_spec.loader.exec_module(module)
+    except (SyntaxError, ValueError) as exc:  # ValueError: null bytes, i.e. a binary file
+        # the file is not Python at all; an error its code raises while running keeps its traceback
+        where = " (line %s)" % exc.lineno if getattr(exc, "lineno", None) else ""
+        raise click.BadParameter("%s is not valid Python: %s%s" % (path, getattr(exc, "msg", None) or exc, where),
+                                 param_hint="FILE.py[:FUNCTION]") from None
     maker = getattr(module, func, None)
     if not callable(maker):
         raise click.BadParameter("%s defines no function %r (use FILE.py:FUNCTION)" % (path, func),
@@ -37,7 +45,7 @@ def _load_kernels(spec: str) -> Any:
 
 @click.command("build")
 @click.argument("kernels", metavar="FILE.py[:FUNCTION]")
-@click.option("--target", "-t", default="host", show_default=True, help="Target preset or LLVM triple.")
+@click.option("--target", "-t", default="host", show_default=True, type=TARGET, help="Target preset or LLVM triple.")
 @click.option("--name", "-n", default="kernels", show_default=True, help="Module (and file) name.")
 @click.option("--output", "-o", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False))
 @click.option("--emit", "emit", default="so,h", show_default=True,

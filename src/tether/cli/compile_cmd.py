@@ -6,6 +6,8 @@ from typing import Dict, Optional, Tuple
 
 import click
 
+from tether.cli.params import TARGET, TuningLogParam
+
 
 def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
     """'name:1,3,224,224' (repeatable) -> {name: (1, 3, 224, 224)}; the name may itself contain ':'."""
@@ -24,8 +26,8 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
 
 
 @click.command("compile")
-@click.argument("model", type=click.Path(exists=True, dir_okay=False), required=False)
-@click.option("--target", "-t", default="host", show_default=True, help="Target preset or LLVM triple.")
+@click.argument("model", type=click.Path(exists=True), required=False)  # a folder too: its error says what it holds
+@click.option("--target", "-t", default="host", show_default=True, type=TARGET, help="Target preset or LLVM triple.")
 @click.option("--input-shape", "-s", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
               help="Fix an input's shape (repeatable); needed for symbolic dimensions.")
 @click.option("--opt-level", "-O", default=3, show_default=True, type=click.IntRange(0, 3))
@@ -37,7 +39,7 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
               help="Only print the graph passes --opt-level runs, in order; needs no model, compiles nothing.")
 @click.option("--check", is_flag=True,
               help="Only report which op types tether covers (exit status 1 if any is not); compiles nothing.")
-@click.option("--tuning-log", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--tuning-log", type=TuningLogParam(), default=None,
               help="A `tether tune` log: each kernel it has results for gets its best config (docs/tune.md).")
 def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool,
             out_dir: str, print_graph: bool, print_passes: bool, check: bool, tuning_log: Optional[str]) -> None:
@@ -47,19 +49,20 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
         return
     if model is None:
         raise click.UsageError("Missing argument 'MODEL'.")
-    import onnx
+    from tether.frontend.model_file import load_onnx_file
 
+    t0 = time.perf_counter()
+    proto, base_dir = load_onnx_file(model)  # a foreign or broken file: InvalidInput, one line (cli/errors.py)
     if check:
-        _check(onnx.load(model, load_external_data=False), model)
+        _check(proto, model)
         return
 
     import tether
     from tether.errors import UnsupportedOpError
     from tether.frontend import from_onnx
 
-    t0 = time.perf_counter()
     try:
-        graph, params = from_onnx(model, shape=parse_input_shapes(input_shapes))  # a path: reads external data
+        graph, params = from_onnx(proto, shape=parse_input_shapes(input_shapes), base_dir=base_dir)
     except (UnsupportedOpError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     t_import = time.perf_counter() - t0

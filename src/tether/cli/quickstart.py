@@ -50,9 +50,12 @@ def _median_seconds(fn: Callable[[], object], repeat: int = 7) -> float:
 
 
 @click.command("quickstart")
-@click.option("--size", default=1 << 20, show_default=True, help="Vector length of the elementwise kernel.")
-@click.option("--matmul-size", default=256, show_default=True, help="Matrix size of the matmul kernel.")
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds allowed for any single step.")
+@click.option("--size", default=1 << 20, show_default=True, type=click.IntRange(1),
+              help="Vector length of the elementwise kernel.")
+@click.option("--matmul-size", default=256, show_default=True, type=click.IntRange(1),
+              help="Matrix size of the matmul kernel.")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="Seconds allowed for any single step.")
 def command(size: int, matmul_size: int, timeout: float) -> None:
     """Start a local tracker and device server, compile kernels for this machine, run them remotely through the
     tracker, check them against numpy and time them on the device."""

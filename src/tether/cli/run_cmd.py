@@ -8,15 +8,35 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import click
 import numpy as np
 
+from tether.cli.params import OutputFile
 
-def _load_inputs(specs: Tuple[str, ...], names: list) -> Dict[Any, np.ndarray]:
-    """'x.npy' (inputs in order) or 'name=x.npy' -> {name or index: array}. np.load without pickle."""
+
+def _load_inputs(specs: Tuple[str, ...], entries: list) -> Dict[Any, np.ndarray]:
+    """'x.npy' (inputs in order) or 'name=x.npy' -> {name or index: array}, each checked against the model's
+    input it feeds (``entries``: the graph JSON's input entries). np.load without pickle."""
+    from tether.errors import InvalidInput
+
+    names = [e["name"] for e in entries]
     out: Dict[Any, np.ndarray] = {}
     for k, spec in enumerate(specs):
         name, sep, path = spec.partition("=")
         if not sep:
             name, path = k, spec
-        out[name] = np.load(path, allow_pickle=False)
+        if name not in names and not (isinstance(name, int) and name < len(names)):
+            raise InvalidInput("--input %s: the model has no input %s (inputs: %s)"
+                               % (spec, name if isinstance(name, str) else "number %d" % (name + 1), ", ".join(names)))
+        try:
+            with open(path, "rb") as fh:
+                if fh.read(6) != b"\x93NUMPY":
+                    raise ValueError("it does not start with the .npy magic")
+            out[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InvalidInput("--input %s: %s; expected a NumPy .npy file" % (spec, getattr(exc, "strerror", None)
+                                                                            or exc)) from None
+        entry = entries[name if isinstance(name, int) else names.index(name)]
+        if out[name].size != int(np.prod(entry["shape"], dtype=np.int64)):
+            raise InvalidInput("--input %s holds an array of shape %s; input %r takes %s %s"
+                               % (spec, out[name].shape, entry["name"], entry["dtype"], tuple(entry["shape"])))
     return out
 
 
@@ -56,19 +76,18 @@ def _session(host: Optional[str], port: int, tracker: Optional[str], key: Option
 @click.option("--number", default=10, show_default=True, type=int, help="Runs per timing sample.")
 @click.option("--repeat", default=3, show_default=True, type=int, help="Timing samples.")
 @click.option("--profile", "do_profile", is_flag=True, help="Also time every node.")
-@click.option("--save-output", type=click.Path(dir_okay=False), help="Save output 0 as .npy.")
+@click.option("--save-output", type=OutputFile(), help="Save output 0 as .npy.")
 @click.option("--timeout", default=60.0, show_default=True, type=float, help="Seconds for connect/requests.")
 def command(folder: str, tracker: Optional[str], key: Optional[str], host: Optional[str], port: int,
             inputs: Tuple[str, ...], number: int, repeat: int, do_profile: bool, save_output: Optional[str],
             timeout: float) -> None:
     """Run a compiled model folder (from `tether compile`) and print outputs and timings."""
-    import json
-    import os
+    from tether.model_folder import check_model_folder
 
-    with open(os.path.join(folder, "deploy.json"), "r", encoding="utf-8") as fh:
-        graph = json.load(fh)
+    # a broken folder or input is refused here, in one line, before anything is uploaded or loaded
+    graph = check_model_folder(folder, local=not (host or tracker))
     in_entries = [graph["entries"][i] for i in graph["inputs"]]
-    feeds = _load_inputs(inputs, [e["name"] for e in in_entries])
+    feeds = _load_inputs(inputs, in_entries)
     rng = np.random.default_rng(0)
     for k, e in enumerate(in_entries):
         if e["name"] not in feeds and k not in feeds:

@@ -5,11 +5,14 @@ from typing import Optional, Tuple
 
 import click
 
+from tether.cli.errors import TetherCommand
 
-@click.command(name="rpc-server", context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.command(name="rpc-server", cls=TetherCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=9090, show_default=True, help="First port to try (0 = any free port).")
-@click.option("--port-end", type=int, default=9199, show_default=True, help="Last port to try.")
+@click.option("--port", type=click.IntRange(0, 65535), default=9090, show_default=True,
+              help="First port to try (0 = any free port).")
+@click.option("--port-end", type=click.IntRange(0, 65535), default=9199, show_default=True, help="Last port to try.")
 @click.option("--tracker", metavar="HOST:PORT", help="Register with a tracker.")
 @click.option("--key", help="Device key for the tracker, e.g. rasp4b.")
 @click.option("--reverse", is_flag=True, help="Dial out to the tracker instead of listening.")
@@ -61,7 +64,13 @@ def main(host: str, port: int, port_end: int, tracker: Optional[str], key: Optio
     from tether_rpc.server import run
 
     for path in functions:
-        load_file(path)
+        try:
+            load_file(path)
+        except (SyntaxError, ValueError) as exc:  # ValueError: null bytes, i.e. a binary file
+            # the file is not Python at all; an error its code raises while running keeps its traceback
+            where = " (line %s)" % exc.lineno if getattr(exc, "lineno", None) else ""
+            raise click.BadParameter("%s is not valid Python: %s%s" % (path, getattr(exc, "msg", None) or exc, where),
+                                     param_hint="--functions") from None
     raise SystemExit(run(host=host, port=port, port_end=port_end, tracker=tracker, key=key, token=token,
                          insecure=insecure, session_timeout=session_timeout, workdir=workdir, reverse=reverse,
                          handshake_timeout=handshake_timeout, verbose=verbose, tracker_token=tracker_token,

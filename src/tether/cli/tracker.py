@@ -9,13 +9,15 @@ from typing import Optional
 
 import click
 
+from tether.cli.errors import TetherCommand
 from tether_rpc.tracker_protocol import DEFAULT_PORT
 
 
-@click.command("rpc-tracker", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("rpc-tracker", cls=TetherCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Use 0.0.0.0 only on a trusted network, and with --token.")
-@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="TCP port (0 picks a free one).")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port (0 picks a free one).")
 @click.option("--token", default=None, envvar="TETHER_TRACKER_TOKEN",
               help="Shared secret every device and client must prove it knows (env TETHER_TRACKER_TOKEN).")
 @click.option("--grant-timeout", default=1.0, show_default=True, type=float,
@@ -41,6 +43,8 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
                                "fake devices or take real ones. Pass --token SECRET (devices set "
                                "TETHER_TRACKER_TOKEN), or --insecure on a trusted network." % host)
 
+    if ready_file and not os.path.isdir(os.path.dirname(os.path.abspath(ready_file))):
+        raise click.BadParameter("%s: its folder does not exist" % ready_file, param_hint="--ready-file")
     ssl_context = None
     if tls_cert or tls_key:
         from tether_rpc.tls import TLSError, server_context

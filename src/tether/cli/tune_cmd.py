@@ -13,6 +13,7 @@ from typing import Any, Optional, Tuple
 import click
 
 from tether.cli.compile_cmd import parse_input_shapes
+from tether.cli.params import TARGET, OutputFile, check_tuning_log
 
 
 def _table(tuner: Any) -> Any:
@@ -48,14 +49,14 @@ def _ms(seconds: Optional[float]) -> str:
               help="Fix an input's shape (repeatable).")
 @click.option("--tracker", metavar="HOST:PORT", help="The tracker the devices registered with.")
 @click.option("--key", help="Device key (or glob) at the tracker; every device under it measures in parallel.")
-@click.option("--log", "log_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--log", "log_path", required=True, type=OutputFile(),
               help="The tuning log (JSON lines, appended as results arrive).")
 @click.option("--trials", default=200, show_default=True, type=click.IntRange(1),
               help="Configs measured per kernel at most (its default config included).")
 @click.option("--time-budget", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
               help="Stop proposing configs after this long (running measurements finish).")
 @click.option("--resume", is_flag=True, help="Continue the log: nothing measured in it is measured again.")
-@click.option("--target", "-t", default="host", show_default=True, help="Target preset or LLVM triple.")
+@click.option("--target", "-t", default="host", show_default=True, type=TARGET, help="Target preset or LLVM triple.")
 @click.option("--opt-level", "-O", default=3, show_default=True, type=click.IntRange(0, 3))
 @click.option("--only", multiple=True, metavar="TEXT", help="Tune only kernels whose ops label contains TEXT.")
 @click.option("--build-jobs", default=2, show_default=True, type=click.IntRange(1), help="Forked build workers.")
@@ -67,7 +68,7 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--timeout", default=20.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a measurement may stay silent before its device counts as hung.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--report", "report_path", type=OutputFile(), default=None,
               help="Write the HTML tuning curves of the log here (alone, or after tuning).")
 @click.option("--no-progress", is_flag=True, help="No live table (logging only).")
 def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Optional[str], key: Optional[str],
@@ -75,6 +76,12 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
             only: Tuple[str, ...], build_jobs: int, repeat: int, min_repeat_ms: float, flush_mb: float, timeout: float,
             seed: int, report_path: Optional[str], no_progress: bool) -> None:
     """Tune MODEL's kernels on the devices of --key at --tracker, logging every measurement to --log."""
+    import os
+
+    if model is None and not os.path.isfile(log_path):
+        raise click.BadParameter("%s does not exist: the report needs a tuning log" % log_path, param_hint="--log")
+    if os.path.isfile(log_path) and os.path.getsize(log_path):
+        check_tuning_log(log_path)      # tuning appends to it: never to someone's other file
     if model is not None:
         if not tracker or not key:
             raise click.UsageError("tuning needs --tracker HOST:PORT and --key KEY")
@@ -95,17 +102,18 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
 def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log_path: str, trials: int,
           time_budget: Optional[float], resume: bool, target: str, opt_level: int, only: Tuple[str, ...],
           build_jobs: int, measure: Any, seed: int, no_progress: bool) -> None:
-    import onnx
     from rich.console import Console
     from rich.live import Live
 
     from tether.errors import TetherError, UnsupportedOpError
     from tether.frontend import from_onnx
+    from tether.frontend.model_file import load_onnx_file
     from tether.tune.search import Tuner, TuneOptions
     from tether.tune.tasks import extract_tasks
 
+    proto, base_dir = load_onnx_file(model)   # a foreign or broken file: one line, exit 2 (cli/errors.py)
     try:
-        graph, params = from_onnx(onnx.load(model), shape=parse_input_shapes(input_shapes))
+        graph, params = from_onnx(proto, shape=parse_input_shapes(input_shapes), base_dir=base_dir)
     except (UnsupportedOpError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     tasks = extract_tasks(graph, params, target, opt_level, only=list(only) or None)
