@@ -27,7 +27,7 @@ _DEFAULT = object()
 _cache: dict = {}
 
 
-def _zig_from_python(python: str) -> Optional[str]:
+def zig_from_python(python: str) -> Optional[str]:
     """Path of the zig binary shipped by the ziglang wheel of ``python`` (None if it has none)."""
     # Compare paths without resolving symlinks: a venv's python is a symlink to another interpreter's binary.
     if os.path.abspath(python) == os.path.abspath(sys.executable):
@@ -67,7 +67,7 @@ def find_linker(python: Union[str, None, object] = _DEFAULT, path: Union[str, No
     search_path = os.environ.get("PATH", "") if path is _DEFAULT else (path or "")
     cmd: Optional[List[str]] = None
     if py:
-        zig = _zig_from_python(str(py))
+        zig = zig_from_python(str(py))
         if zig:
             cmd = [zig, "ld.lld"]
     if cmd is None:
