@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from fixtures.saved_model import save_and_import
 from onnx import TensorProto, helper, numpy_helper
 
 import tether
@@ -36,13 +37,7 @@ def _nonzero_model():
 
 @pytest.fixture(scope="module")
 def nonzero(tmp_path_factory):
-    import onnx
-
-    model = _nonzero_model()
-    path = tmp_path_factory.mktemp("plan-model") / "nonzero.onnx"
-    onnx.save(model, str(path))
-    graph, params = from_onnx(model)
-    return str(path), graph, params
+    return save_and_import(_nonzero_model(), tmp_path_factory.mktemp("plan-model"), "nonzero.onnx")
 
 
 def test_the_plan_gives_each_node_its_strategy(nonzero):

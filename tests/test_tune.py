@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from fixtures.polling import wait_until
+from fixtures.saved_model import save_and_import
 
 import tether
 from tether import te
 from tether.errors import TetherError
-from tether.frontend import from_onnx
 from tether.tune import log as tlog
 from tether.tune.measure import MeasureOptions
 from tether.tune.search import Tuner, TuneOptions
@@ -50,13 +50,7 @@ def _tiny_model():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    import onnx
-
-    model = _tiny_model()
-    path = tmp_path_factory.mktemp("tune-model") / "tiny.onnx"
-    onnx.save(model, str(path))
-    graph, params = from_onnx(model)
-    return str(path), graph, params
+    return save_and_import(_tiny_model(), tmp_path_factory.mktemp("tune-model"), "tiny.onnx")
 
 
 def _results(path):

@@ -8,11 +8,11 @@ whichever loader first trips over it.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict
 
 from tether.errors import InvalidInput
+from tether.json_input import read_json_file
 from tether_rpc.errors import ModuleLoadError
 from tether_rpc.graph_executor import GRAPH_FORMAT, GRAPH_VERSIONS
 from tether_rpc.params import ParamsFormatError, load_params
@@ -22,14 +22,7 @@ WRITTEN_BY = "as `tether compile` writes it"
 
 
 def _read_graph(path: str) -> Dict[str, Any]:
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            graph = json.load(fh)
-    except UnicodeDecodeError:
-        raise InvalidInput("%s is not text; expected the graph JSON %s" % (path, WRITTEN_BY)) from None
-    except json.JSONDecodeError as exc:
-        raise InvalidInput("%s is not valid JSON (line %d column %d: %s); expected the graph JSON %s"
-                           % (path, exc.lineno, exc.colno, exc.msg, WRITTEN_BY)) from None
+    graph = read_json_file(path, "expected the graph JSON " + WRITTEN_BY)
     if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
         raise InvalidInput("%s is not a tether graph JSON (no \"format\": %r); expected the graph JSON %s"
                            % (path, GRAPH_FORMAT, WRITTEN_BY))

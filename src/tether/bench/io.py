@@ -7,6 +7,7 @@ import os
 from typing import Any, Dict, List
 
 from tether.errors import InvalidInput
+from tether.json_input import read_json_file
 
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schema", "bench.schema.json")
 
@@ -24,14 +25,7 @@ def write_json(doc: Dict[str, Any], path: str) -> None:
 def read_json(path: str) -> Dict[str, Any]:
     """The run document at ``path`` (``tether bench --json``); anything else raises InvalidInput naming it."""
     expected = "expected a `tether bench --json` document"
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except UnicodeDecodeError:
-        raise InvalidInput("%s is not text; %s" % (path, expected)) from None
-    except json.JSONDecodeError as exc:
-        raise InvalidInput("%s is not valid JSON (line %d column %d: %s); %s"
-                           % (path, exc.lineno, exc.colno, exc.msg, expected)) from None
+    doc = read_json_file(path, expected)
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("tether-bench/"):
         raise InvalidInput("%s is not a tether bench document (no \"schema\": \"tether-bench/1\"); %s"
                            % (path, expected))
