@@ -83,6 +83,11 @@ public final class AppLogicRunner {
 
         // the adb recipe: am start ... --es tracker HOST:PORT --es key KEY --es token T
         List<String> ignored = new ArrayList<String>();
+        // the UI starts the device service with the settings as text extras, the adb recipe's form
+        Settings custom = new Settings("10.0.0.2:9190", "k1", " t ", "tt", "0.0.0.0", 9090, false, true);
+        checkEq("settings survive their text extras", custom, d.withExtras(custom.toExtras(), ignored));
+        Settings listenOnly = new Settings("", "k1", "t", "", "127.0.0.1", 9091, true, false);
+        checkEq("no tracker survives the text extras", listenOnly, d.withExtras(listenOnly.toExtras(), ignored));
         Settings s = d.withExtras(extras("tracker", "10.0.0.2:9190", "key", "pixel8", "token", "s3cret",
                 "tokn", "typo"), ignored);
         checkEq("tracker from the extra", "10.0.0.2:9190", s.tracker);
