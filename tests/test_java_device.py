@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import test_rpc_server as rpc_cases
+from fixtures.children import stop_process
 from fixtures.polling import wait_until
 from tether import rpc
 from tether_rpc import errors
@@ -113,9 +114,7 @@ def test_client_killed_mid_call_frees_the_device(java_device, rpc_kernels):
             assert remote.get_function("tether.echo")(3) == 3
         assert time.monotonic() - t0 < 2.0
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(10)
+        stop_process(client)
 
 
 # -- device_info and the graph executor ---------------------------------------------------------------------------

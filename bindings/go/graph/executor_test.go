@@ -75,6 +75,16 @@ func checkModelRuns(t *testing.T, dir string, models []modelRecord, then func(e 
 	}
 }
 
+// firstModelFile reads the file name of the first model's folder, and says which folder that is.
+func firstModelFile(t *testing.T, models []modelRecord, name string) (string, []byte) {
+	folder := models[0].Folder
+	raw, err := os.ReadFile(filepath.Join(folder, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return folder, raw
+}
+
 func fixtures(t *testing.T) (string, []modelRecord) {
 	return fixturesAt(t, "models", "tests/test_go_graph.py")
 }
@@ -141,11 +151,7 @@ func TestBenchmark(t *testing.T) {
 
 func TestParams(t *testing.T) {
 	_, models := fixtures(t)
-	folder := models[0].Folder
-	raw, err := os.ReadFile(filepath.Join(folder, "deploy.params"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	folder, raw := firstModelFile(t, models, "deploy.params")
 	p, err := ParseParams(raw)
 	if err != nil || len(p) == 0 {
 		t.Fatalf("params: %v (%d tensors)", err, len(p))

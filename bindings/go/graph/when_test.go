@@ -2,7 +2,6 @@ package graph
 
 import (
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -36,11 +35,7 @@ func TestWhenGuardsRunOnlyTheTakenBranch(t *testing.T) {
 // TestMalformedWhenIsRefusedAtLoad: every bad shape of a guard is an error naming the node, never a run.
 func TestMalformedWhenIsRefusedAtLoad(t *testing.T) {
 	_, models := guardedFixtures(t)
-	folder := models[0].Folder
-	raw, err := os.ReadFile(filepath.Join(folder, "deploy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	folder, raw := firstModelFile(t, models, "deploy.json")
 	mod, err := tether.LoadModule(filepath.Join(folder, "deploy.so"))
 	if err != nil {
 		t.Fatal(err)
