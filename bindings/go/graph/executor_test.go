@@ -61,7 +61,8 @@ func checkRun(t *testing.T, dir string, e *Executor, name string, r int, run mod
 
 // checkModelRuns loads each model, repeats each of its runs (checkRun) and hands the executor, still holding the
 // run's outputs and state, to then before the next run.
-func checkModelRuns(t *testing.T, dir string, models []modelRecord, then func(e *Executor, m modelRecord, r int, run modelRun)) {
+func checkModelRuns(t *testing.T, dir string, models []modelRecord,
+	then func(e *Executor, m modelRecord, r int, run modelRun)) {
 	for _, m := range models {
 		e, err := Load(m.Folder)
 		if err != nil {
