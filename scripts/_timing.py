@@ -1,8 +1,9 @@
 """The timing loop the benchmark scripts share, so every figure is measured the same way."""
 from __future__ import annotations
 
+import argparse
 import time
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 
 def per_call_samples(fn: Callable[[], object], number: int, repeat: int) -> List[float]:
@@ -14,6 +15,19 @@ def per_call_samples(fn: Callable[[], object], number: int, repeat: int) -> List
             fn()
         samples.append((time.perf_counter() - t0) / number)
     return samples
+
+
+def add_sample_options(ap: argparse.ArgumentParser, number: int, repeat: int = 7) -> None:
+    """``--number`` and ``--repeat``, the arguments of :func:`per_call_samples`, with this script's defaults."""
+    ap.add_argument("--number", type=int, default=number, help="runs per sample")
+    ap.add_argument("--repeat", type=int, default=repeat, help="samples (median reported)")
+
+
+def echo_round_trip(remote: Any, calls: int) -> float:
+    """Seconds per small call of an RPC session: ``tether.echo``, once untimed, then ``calls`` back to back."""
+    echo = remote.get_function("tether.echo")
+    echo(0)
+    return per_call_samples(lambda: echo(1), calls, 1)[0]
 
 
 # ---- settling between runtimes: onnxruntime's intra-op workers keep spinning on their cores for about 25 ms after

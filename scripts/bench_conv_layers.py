@@ -17,7 +17,6 @@ thread; on a loaded machine wall time counts the other processes' slices); the t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -27,6 +26,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from _rows import add_json_option, write_rows
 from bench_models import ALL, load_model
 
 SAMPLE_S = 0.05
@@ -205,7 +205,7 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="evict the caches before every call (as inside a model)")
     ap.add_argument("--only", default="", help="regular expression: bench only the layers whose label matches")
     ap.add_argument("--top", type=int, default=0, help="print only the N rows with the largest time gap")
-    ap.add_argument("--json", help="also write the rows as JSON here")
+    add_json_option(ap)
     ap.add_argument("--knobs", default="", help="schedule knobs replacing the target family's defaults for every "
                     "kernel, e.g. mm_rows=12,conv_pixels=12 (ops.schedules.KNOBS), to try a default before making it")
     args = ap.parse_args()
@@ -246,9 +246,7 @@ def main() -> int:
         all_rows += rows
     print("\nload average %.2f; gap %% = (tether - ort) x count / the model's onnxruntime conv time"
           % os.getloadavg()[0])
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(all_rows, fh, indent=1)
+    write_rows(args.json, all_rows)
     return 0
 
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 
+from _timing import echo_round_trip
 from tether import bundle, emulate, rpc
 
 
@@ -34,12 +35,7 @@ def measure(make, repeat: int, calls: int = 50) -> dict:
             t0 = time.perf_counter()
             with rpc.connect(*dev.address, timeout=120) as remote:
                 opens.append(time.perf_counter() - t0)
-                echo = remote.get_function("tether.echo")
-                echo(0)
-                t1 = time.perf_counter()
-                for i in range(calls):
-                    echo(i)
-                rtts.append((time.perf_counter() - t1) / calls)
+                rtts.append(echo_round_trip(remote, calls))
     return {"start": statistics.median(starts), "open": statistics.median(opens), "rtt": statistics.median(rtts)}
 
 

@@ -15,7 +15,6 @@ outputs are checked against onnxruntime's first (share of outputs within one qua
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -24,7 +23,8 @@ import tempfile
 
 import numpy as np
 
-from _timing import per_call_samples, settle
+from _rows import add_json_option, write_rows
+from _timing import add_sample_options, per_call_samples, settle
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,9 +105,8 @@ def main() -> None:
     # calls per sample: each sample follows a 0.1 s pause (settle), and with 3 calls the first, cold ones (caches
     # refilled after the other model ran, the idle second core woken) weighed on 2-thread figures (int8
     # mobilenet_v2: 2.7 ms with 3, 2.0 ms with 10, 1.85 ms back to back)
-    ap.add_argument("--number", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--json")
+    add_sample_options(ap, number=10)
+    add_json_option(ap)
     args = ap.parse_args()
     rows = []
     print("%-13s %-9s %3s %9s %9s %9s %8s %8s %8s" % ("model", "format", "thr", "int8", "fp32", "ort int8",
@@ -125,9 +124,7 @@ def main() -> None:
                 print("%-13s %-9s %3d %7.2fms %7.2fms %7.2fms %7.2fx %7.2fx %8.4f" % (
                     name, fmt, t, i8, f32, o, f32 / i8, i8 / o, r["within_one_step"]))
             sys.stdout.flush()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

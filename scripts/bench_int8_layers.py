@@ -19,7 +19,6 @@ conv time). Grouped/depthwise convs are left out unless ``--depthwise``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -31,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _rows import add_json_option, write_rows  # noqa: E402
 from _timing import settle  # noqa: E402
 from bench_conv_layers import (calls_per_sample, clocked_samples, conv_layers, describe, macs,  # noqa: E402
                                ort_bound_run)
@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--only", default="", help="regular expression: bench only the layers whose label matches")
     ap.add_argument("--depthwise", action="store_true", help="also the grouped/depthwise convs")
-    ap.add_argument("--json", help="also write the rows as JSON here")
+    add_json_option(ap)
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     print("load average %.2f %.2f %.2f" % os.getloadavg())
@@ -140,9 +140,7 @@ def main() -> int:
             sys.stdout.flush()
             all_rows += rows
     print("\nload average %.2f %.2f %.2f" % os.getloadavg())
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(all_rows, fh, indent=1)
+    write_rows(args.json, all_rows)
     return 0
 
 

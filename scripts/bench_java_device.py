@@ -24,6 +24,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from _timing import echo_round_trip  # noqa: E402
 from fixtures.rpc import EXTRA_KERNELS, ServerProcess  # noqa: E402
 from kernels import GCC_FLAGS, KERNEL_DIR, build_kernel  # noqa: E402
 from tether import errors, rpc  # noqa: E402
@@ -48,12 +49,7 @@ def measure(server: ServerProcess, k: dict, repeat: int, calls: int, crash: bool
         t0 = time.perf_counter()
         with rpc.connect(server.host, server.port, timeout=60) as remote:
             opens.append(time.perf_counter() - t0)
-            echo = remote.get_function("tether.echo")
-            echo(0)
-            t1 = time.perf_counter()
-            for i in range(calls):
-                echo(i)
-            rtts.append((time.perf_counter() - t1) / calls)
+            rtts.append(echo_round_trip(remote, calls))
             remote.upload(k["vadd"])
             f = remote.load_module("vadd.so")["vadd"]
             A, B, C = remote.array(a), remote.array(a), remote.empty((1024,), "float32")

@@ -20,18 +20,19 @@ does not inflate.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
-import numpy as np
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, os.path.join(HERE, "..", "rpc_server"))
+sys.path.insert(0, HERE)   # the scripts' shared helpers, also when this file is loaded by its path
+
+from _rows import add_json_option, print_ratio_means, write_rows  # noqa: E402
 
 
 def _number_for(fn, target_s: float = 0.05) -> int:
@@ -113,7 +114,7 @@ def main() -> int:
     ap.add_argument("--size", default="bench", choices=["bench", "test"])
     ap.add_argument("--repeat", type=int, default=9, help="samples per runtime and thread count (medians)")
     ap.add_argument("--profile", type=int, default=0, help="print the N slowest kernels at 1 thread")
-    ap.add_argument("--json", help="also write the rows as JSON here")
+    add_json_option(ap)
     args = ap.parse_args()
     # ---- compile time is the cold figure (what a user's first build costs) unless the caller asks for the object cache
     os.environ.setdefault("TETHER_OBJECT_CACHE", "0")
@@ -131,13 +132,8 @@ def main() -> int:
         for p in r.get("profile", []):
             print("    %8.3fms  %-40s %s" % (p["ms"], p["func"][:40], p["ops"][:80]))
         sys.stdout.flush()
-    if rows:
-        for t in (1, 2):
-            print("geometric mean ratio at %d thread(s): %.2fx (tether / onnxruntime)"
-                  % (t, float(np.exp(np.mean([np.log(r["ratio_%dt" % t]) for r in rows])))))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    print_ratio_means(rows)
+    write_rows(args.json, rows)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -22,7 +21,8 @@ import time
 
 import numpy as np
 
-from _timing import per_call_samples, settle
+from _rows import add_json_option, print_ratio_means, write_rows
+from _timing import add_sample_options, per_call_samples, settle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIGHT = ["squeezenet", "shufflenet", "resnet50", "densenet121", "inception_v1", "inception_v2", "bvlc_alexnet",
@@ -100,10 +100,9 @@ def bench(name: str, number: int, repeat: int, target: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(ALL), help="comma-separated, from: " + ", ".join(ALL))
-    ap.add_argument("--number", type=int, default=3, help="runs per sample")
-    ap.add_argument("--repeat", type=int, default=7, help="samples (median reported)")
+    add_sample_options(ap, number=3)
     ap.add_argument("--target", default="host")
-    ap.add_argument("--json", help="also write the rows as JSON here")
+    add_json_option(ap)
     args = ap.parse_args()
     rows = []
     print("%-13s %8s %5s %10s %10s %6s %10s %10s %6s %9s" % ("model", "compile", "kern", "tether 1t", "ort 1t",
@@ -115,14 +114,8 @@ def main() -> None:
             name, r["compile_s"], r["kernels"], r["tether_ms_1t"], r["ort_ms_1t"], r["ratio_1t"], r["tether_ms_2t"],
             r["ort_ms_2t"], r["ratio_2t"], r["max_abs_err"]))
         sys.stdout.flush()
-    if rows:
-        for t in (1, 2):
-            ratios = [r["ratio_%dt" % t] for r in rows]
-            print("geometric mean ratio at %d thread(s): %.2fx (tether / onnxruntime)"
-                  % (t, float(np.exp(np.mean(np.log(ratios))))))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    print_ratio_means(rows)
+    write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

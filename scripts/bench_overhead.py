@@ -20,9 +20,7 @@ import argparse
 import glob
 import os
 import pathlib
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,38 +65,16 @@ def board_files(root: pathlib.Path) -> pathlib.Path:
     return root
 
 
-class Server:
-    """`python -m tether_rpc` on 127.0.0.1, port 0; stopped by PID."""
+def start_server(workdir: pathlib.Path, sysfs_root: Optional[pathlib.Path] = None):
+    """`python -m tether_rpc` on 127.0.0.1, port 0, reading its board's state files under ``sysfs_root``: a
+    tether.launch.ServiceProcess (waits until the server listens; ``stop()`` ends it by its PID)."""
+    from tether.launch import start_rpc_server
 
-    def __init__(self, workdir: pathlib.Path, timeout: float = 30.0, sysfs_root: Optional[pathlib.Path] = None):
-        self.log_path = workdir / "server.log"
-        self._log = open(self.log_path, "w+")
-        env = dict(os.environ)
-        if sysfs_root is not None:
-            env["TETHER_SYSFS_ROOT"] = str(sysfs_root)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tether_rpc", "--host", "127.0.0.1", "--port", "0",
-                                      "--workdir", str(workdir)], stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(r"listening on (\S+):(\d+)", self.log_path.read_text())
-            if m:
-                self.host, self.port = m.group(1), int(m.group(2))
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.01)
-        self.close()
-        raise RuntimeError("the device server did not start:\n" + self.log_path.read_text())
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
+    env = dict(os.environ)
+    if sysfs_root is not None:
+        env["TETHER_SYSFS_ROOT"] = str(sysfs_root)
+    return start_rpc_server("--host", "127.0.0.1", "--port", "0", "--workdir", str(workdir), env=env,
+                            log_path=workdir / "server.log")
 
 
 def measure_overhead(host: str, port: int, library: pathlib.Path, rounds: int = 15, number: int = 50,
@@ -161,11 +137,8 @@ def main() -> None:
         fake = None if glob.glob("/sys/class/thermal/thermal_zone*/temp") else board_files(tmp_path / "board")
         if fake is not None:
             print("this host has no thermal zone: the device reads a Pi-like set of board files instead")
-        server = Server(tmp_path, sysfs_root=fake)
-        try:
+        with start_server(tmp_path, sysfs_root=fake) as server:
             res = measure_overhead(server.host, server.port, lib, rounds=args.rounds, number=args.number)
-        finally:
-            server.close()
     print("per sample of %d runs: time_evaluator %.1f us, tether.bench.run %.1f us"
           % (res["number"], res["te_per_sample_s"] * 1e6, res["bench_per_sample_s"] * 1e6))
     print("overhead per sample: %.1f us (goal <= %.0f us); device-side gap between samples: %.1f us (median)"

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import statistics
 import subprocess
@@ -38,7 +37,8 @@ import time
 
 import numpy as np
 
-from _timing import per_call_samples, settle
+from _rows import add_json_option, geometric_mean, write_rows
+from _timing import add_sample_options, per_call_samples, settle
 
 MODELS = ["mobilenet_v2", "mobilenet_v3_small", "resnet18", "transformer"]
 EXPORTERS = ["torchscript", "dynamo"]
@@ -187,12 +187,11 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, from: " + ", ".join(MODELS))
     ap.add_argument("--exporters", default=",".join(EXPORTERS), help="comma-separated, from: " + ", ".join(EXPORTERS))
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    ap.add_argument("--number", type=int, default=5, help="runs per sample")
-    ap.add_argument("--repeat", type=int, default=7, help="samples (median reported)")
+    add_sample_options(ap, number=5)
     ap.add_argument("--inline-torchscript", action="store_true",
                     help="keep the TorchScript export's weights inline (default: one external file per tensor)")
     ap.add_argument("--no-timing", action="store_true", help="only export, import, compile and check")
-    ap.add_argument("--json", help="also write the rows as JSON here")
+    add_json_option(ap)
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
     ensure_torch()
@@ -226,10 +225,8 @@ def main() -> None:
         for t in threads:
             for key, what in (("vs_eager", "PyTorch eager"), ("vs_ort", "onnxruntime")):
                 print("geometric mean ratio tether / %s at %d thread(s): %.2fx"
-                      % (what, t, float(np.exp(np.mean(np.log([r["%s_%dt" % (key, t)] for r in rows]))))))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+                      % (what, t, geometric_mean(r["%s_%dt" % (key, t)] for r in rows)))
+    write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,14 @@ alternating samples. Outputs are checked against onnxruntime first.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import numpy as np
 
-from _timing import per_call_samples
+from _rows import add_json_option, geometric_mean, write_rows
+from _timing import add_sample_options, per_call_samples
 
 # name -> (cell, seq, input, hidden, direction, state inputs, batch)
 CASES = {
@@ -101,9 +101,8 @@ def bench(name: str, number: int, repeat: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, from: " + ", ".join(CASES))
-    ap.add_argument("--number", type=int, default=20, help="runs per sample")
-    ap.add_argument("--repeat", type=int, default=7, help="samples (median reported)")
-    ap.add_argument("--json", help="also write the rows as JSON here")
+    add_sample_options(ap, number=20)
+    add_json_option(ap)
     args = ap.parse_args()
     rows = []
     print("%-11s %8s %10s %10s %6s %9s" % ("case", "compile", "tether 1t", "ort 1t", "ratio", "max err"))
@@ -117,10 +116,8 @@ def main() -> None:
         sys.stdout.flush()
     if rows:
         print("geometric mean ratio at 1 thread: %.2fx (tether / onnxruntime)"
-              % float(np.exp(np.mean([np.log(r["ratio"]) for r in rows]))))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+              % geometric_mean(r["ratio"] for r in rows))
+    write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ batch-norm statistics random, so BN folding and every kernel see non-trivial num
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import List
@@ -19,7 +18,7 @@ import numpy as np
 
 # the scripts' shared helpers, also when a test or benchmark loads this file by its path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _onnx_model import checked_model  # noqa: E402
+from _onnx_model import checked_model, image_model_options, save_model  # noqa: E402
 
 # (expansion t, output channels c, repeats n, first stride s), from the MobileNetV2 paper
 INVERTED_RESIDUAL_SETTING = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
@@ -68,6 +67,16 @@ class _Builder:
         self.nodes.append(helper.make_node("Clip", [bn, "clip_min", "clip_max"], [out], name=out))
         return out
 
+    def classifier(self, x: str, channels: int, classes: int) -> str:
+        """The ImageNet head: global average pool, flatten, fully connected to ``classes`` logits ("output")."""
+        from onnx import helper
+        self.nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"], name="pool"))
+        self.nodes.append(helper.make_node("Flatten", ["pool"], ["flat"], axis=1, name="flatten"))
+        fc_w = self.init("fc_w", self.rng.standard_normal((classes, channels)) * np.sqrt(1.0 / channels))
+        fc_b = self.init("fc_b", np.zeros(classes))
+        self.nodes.append(helper.make_node("Gemm", ["flat", fc_w, fc_b], ["output"], transB=1, name="fc"))
+        return "output"
+
 
 def build_mobilenet_v2(seed: int = 0, size: int = 224, width: float = 1.0, classes: int = 1000):
     from onnx import helper, numpy_helper
@@ -91,27 +100,16 @@ def build_mobilenet_v2(seed: int = 0, size: int = 224, width: float = 1.0, class
                 y = add
             x, cin = y, cout
     last = _make_divisible(1280 * max(1.0, width))
-    x = b.conv_bn(x, cin, last, 1, 1)
-    b.nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"], name="pool"))
-    b.nodes.append(helper.make_node("Flatten", ["pool"], ["flat"], axis=1, name="flatten"))
-    fc_w = b.init("fc_w", b.rng.standard_normal((classes, last)) * np.sqrt(1.0 / last))
-    fc_b = b.init("fc_b", np.zeros(classes))
-    b.nodes.append(helper.make_node("Gemm", ["flat", fc_w, fc_b], ["output"], transB=1, name="fc"))
-    return checked_model("mobilenet_v2", b.nodes, b.inits, ("input", [1, 3, size, size]), ("output", [1, classes]),
+    out = b.classifier(b.conv_bn(x, cin, last, 1, 1), last, classes)
+    return checked_model("mobilenet_v2", b.nodes, b.inits, ("input", [1, 3, size, size]), (out, [1, classes]),
                          "tether scripts/make_mobilenet_v2.py")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-o", "--output", default="mobilenet_v2.onnx")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--size", type=int, default=224)
+    ap = image_model_options(__doc__, "mobilenet_v2.onnx")
     ap.add_argument("--width", type=float, default=1.0)
     args = ap.parse_args()
-    import onnx
-    model = build_mobilenet_v2(args.seed, args.size, args.width)
-    onnx.save(model, args.output)
-    print("wrote %s: %d nodes, %d initializers" % (args.output, len(model.graph.node), len(model.graph.initializer)))
+    save_model(build_mobilenet_v2(args.seed, args.size, args.width), args.output)
 
 
 if __name__ == "__main__":

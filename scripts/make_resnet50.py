@@ -10,14 +10,13 @@ down (0.2..0.5) so the residual sum stays in range over 16 blocks. Also importab
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _onnx_model import checked_model  # noqa: E402
+from _onnx_model import checked_model, image_model_options, save_model  # noqa: E402
 from make_mobilenet_v2 import _Builder  # noqa: E402
 
 STAGES = [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]    # (bottleneck width, blocks, first stride)
@@ -59,25 +58,14 @@ def build_resnet50(seed: int = 0, size: int = 224, classes: int = 1000):
             add = b.name("add")
             b.nodes.append(helper.make_node("Add", [shortcut, y], [add], name=add))
             x, cin = _relu(b, add), width * 4
-    b.nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"], name="pool"))
-    b.nodes.append(helper.make_node("Flatten", ["pool"], ["flat"], axis=1, name="flatten"))
-    fc_w = b.init("fc_w", b.rng.standard_normal((classes, cin)) * np.sqrt(1.0 / cin))
-    fc_b = b.init("fc_b", np.zeros(classes))
-    b.nodes.append(helper.make_node("Gemm", ["flat", fc_w, fc_b], ["output"], transB=1, name="fc"))
-    return checked_model("resnet50", b.nodes, b.inits, ("input", [1, 3, size, size]), ("output", [1, classes]),
+    out = b.classifier(x, cin, classes)
+    return checked_model("resnet50", b.nodes, b.inits, ("input", [1, 3, size, size]), (out, [1, classes]),
                          "tether scripts/make_resnet50.py")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-o", "--output", default="resnet50.onnx")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--size", type=int, default=224)
-    args = ap.parse_args()
-    import onnx
-    model = build_resnet50(args.seed, args.size)
-    onnx.save(model, args.output)
-    print("wrote %s: %d nodes, %d initializers" % (args.output, len(model.graph.node), len(model.graph.initializer)))
+    args = image_model_options(__doc__, "resnet50.onnx").parse_args()
+    save_model(build_resnet50(args.seed, args.size), args.output)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ absolute times move with the load; the interleaved ratios are what the run shows
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _rows import add_json_option, write_rows  # noqa: E402
+from _timing import add_sample_options  # noqa: E402
 from _tune_lab import device_pool  # noqa: E402
 from bench_models import load_model  # noqa: E402  (the same models as the model benchmark)
 
@@ -108,10 +109,9 @@ def main() -> None:
     ap.add_argument("--logs", default=os.path.join(tempfile.gettempdir(), "tether-tune-logs"))
     ap.add_argument("--resume", action="store_true", help="continue the logs in --logs")
     ap.add_argument("--compare-only", action="store_true", help="no tuning: compare with the logs in --logs")
-    ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--number", type=int, default=3)
+    add_sample_options(ap, number=3, repeat=15)
     ap.add_argument("--target", default="host")
-    ap.add_argument("--json", help="also write the rows as JSON here")
+    add_json_option(ap)
     args = ap.parse_args()
 
     from tether.frontend import from_onnx
@@ -140,9 +140,7 @@ def main() -> None:
                  row["tuned_ms"] / row["onnxruntime_ms"], row["default_ms"] / row["onnxruntime_ms"],
                  row["max_abs_err_default"], row["max_abs_err_tuned"]))
         sys.stdout.flush()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

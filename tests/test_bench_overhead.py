@@ -23,11 +23,8 @@ def script():
 
 def test_overhead_per_sample_is_measured(script, tmp_path, record_property):
     lib = script.build_kernel(tmp_path)
-    server = script.Server(tmp_path, sysfs_root=script.board_files(tmp_path / "board"))
-    try:
+    with script.start_server(tmp_path, sysfs_root=script.board_files(tmp_path / "board")) as server:
         res = script.measure_overhead(server.host, server.port, lib, rounds=3)
-    finally:
-        server.close()
     record_property("bench_overhead_us", round(res["overhead_s"] * 1e6, 1))
     record_property("bench_device_gap_us", round(res["device_gap_median_s"] * 1e6, 1))
     log.warning("tether bench overhead per sample over time_evaluator: %.1f us (device-side gap %.1f us)",

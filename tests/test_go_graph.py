@@ -58,14 +58,10 @@ def test_go_graph_executor_matches_python_bit_for_bit(tmp_path):
         gm = graph_executor.load(str(tmp_path / name))
         runs = []
         for _ in range(2):  # a second input: nothing stale may survive from the first run
-            inputs = {}
-            for inp in gm.info()["inputs"]:
-                x = rng.standard_normal(inp["shape"]).astype(inp["dtype"])
-                gm.set_input(inp["name"], x)
-                inputs[inp["name"]] = cases.tensor(x)
-            gm.run()
-            runs.append({"inputs": inputs,
-                         "outputs": [cases.tensor(gm.get_output(i)) for i in range(gm.get_num_outputs())]})
+            feeds = {inp["name"]: rng.standard_normal(inp["shape"]).astype(inp["dtype"])
+                     for inp in gm.info()["inputs"]}
+            gm.run(**feeds)
+            runs.append(cases.graph_run(gm, feeds))
         records.append({"name": name, "folder": str(tmp_path / name), "runs": runs,
                         "nodes": gm.info()["nodes"]})
     cases.write(models=records)

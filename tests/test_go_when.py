@@ -7,10 +7,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto as TP
 
-import tether
-from fixtures.golang import GoCases, run_go_test
-from tether import graph_executor
-from tether.frontend import from_onnx
+from fixtures.golang import GoCases, compiled_model, run_go_test
 from test_onnx_control_flow import X, if_model, vad_model, vi
 
 
@@ -24,9 +21,7 @@ def test_go_runs_only_the_taken_branch(tmp_path):
     records = []
     for name, model in (("nested_if", nested), ("vad", vad)):
         folder = tmp_path / name
-        graph, params = from_onnx(model)
-        tether.build_graph(graph, params).export(str(folder))
-        gm = graph_executor.load(str(folder))
+        gm = compiled_model(model, folder)
         runs, skipped_sets = [], []
         for feeds in runs_of[name]:
             for k, v in feeds.items():
@@ -34,9 +29,7 @@ def test_go_runs_only_the_taken_branch(tmp_path):
             nodes = gm.profile(number=1)["nodes"]
             skipped = [n["name"] for n in nodes if n.get("skipped")]
             skipped_sets.append(frozenset(skipped))
-            runs.append({"inputs": {k: cases.tensor(v) for k, v in feeds.items()},
-                         "outputs": [cases.tensor(gm.get_output(i)) for i in range(gm.get_num_outputs())],
-                         "skipped": skipped})
+            runs.append(dict(cases.graph_run(gm, feeds), skipped=skipped))
         # the two runs take different branches, and skip something (a branch kernel fused with always-run
         # neighbours runs always, so one run may skip nothing)
         assert any(skipped_sets) and skipped_sets[0] != skipped_sets[1], (name, skipped_sets)

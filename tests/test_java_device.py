@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import test_rpc_server as rpc_cases
+from fixtures.children import stop_process
 from fixtures.polling import HANG_S, wait_until
 from tether import rpc
 from tether_rpc import errors
@@ -113,9 +114,7 @@ def test_client_killed_mid_call_frees_the_device(java_device, rpc_kernels):
         with rpc.connect(java_device.host, java_device.port, timeout=HANG_S, wait=True) as remote:
             assert remote.get_function("tether.echo")(3) == 3
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(10)
+        stop_process(client)
 
 
 # -- device_info and the graph executor ---------------------------------------------------------------------------

@@ -404,7 +404,7 @@ def test_go_graph_executor_runs_these_models_bit_for_bit(tmp_path):
     """The Go graph executor follows "when" (the taken branch of a run-time If: tests/test_go_when.py) and runs
     compiled loops as the ordinary kernels they are: its outputs equal the Python executor's bit for bit, both
     branches taken."""
-    from fixtures.golang import GoCases, run_go_test
+    from fixtures.golang import GoCases, compiled_model, run_go_test
     xs = np.random.default_rng(7).standard_normal((40, 4)).astype(np.float32)
     loop = model_of([const("M", 40, np.int64),
                      helper.make_node("Loop", ["M", "", "acc0", "k0"], ["acc", "k", "accs", "its"],
@@ -419,14 +419,11 @@ def test_go_graph_executor_runs_these_models_bit_for_bit(tmp_path):
     records = []
     for name, model in (("vad", vad), ("loop", loop)):
         folder = tmp_path / name
-        graph, params = from_onnx(model)
-        tether.build_graph(graph, params).export(str(folder))
-        gm = graph_executor.load(str(folder))
+        gm = compiled_model(model, folder)
         runs = []
         for feeds in runs_of[name]:
             gm.run(**feeds)
-            runs.append({"inputs": {k: cases.tensor(v) for k, v in feeds.items()},
-                         "outputs": [cases.tensor(gm.get_output(i)) for i in range(gm.get_num_outputs())]})
+            runs.append(cases.graph_run(gm, feeds))
         records.append({"name": name, "folder": str(folder), "runs": runs, "nodes": gm.info()["nodes"]})
     cases.write(models=records)
     out = run_go_test(["./graph"], tmp_path / "cases", run="TestModelsMatchPython")

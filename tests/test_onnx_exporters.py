@@ -8,7 +8,7 @@ mask, Softmax, Gemm with transB, LayerNormalization, Gelu or Erf-based GELU, Exp
 the host and compared with onnxruntime: max relative error (max |tether - ort| / max |ort|) <= 1e-4."""
 import numpy as np
 import pytest
-from fixtures.onnx_struct_compare import make_graph_model
+from fixtures.onnx_struct_compare import erf_gelu_nodes, make_graph_model
 from onnx import helper
 
 RNG = np.random.default_rng(11)
@@ -147,11 +147,7 @@ def _encoder_layer(gelu: str, masked: bool):
     if gelu == "op":
         nodes.append(helper.make_node("Gelu", ["f1"], ["f2"], approximate="none"))
     else:   # the TorchScript exporter's decomposition: x * 0.5 * (1 + erf(x / sqrt(2)))
-        nodes += [helper.make_node("Mul", ["f1", "rsqrt2"], ["e0"]),
-                  helper.make_node("Erf", ["e0"], ["e1"]),
-                  helper.make_node("Add", ["e1", "one"], ["e2"]),
-                  helper.make_node("Mul", ["f1", "e2"], ["e3"]),
-                  helper.make_node("Mul", ["e3", "half"], ["f2"])]
+        nodes += [helper.make_node("Mul", ["f1", "rsqrt2"], ["e0"]), *erf_gelu_nodes("f1", "e0", "f2")]
     nodes += [helper.make_node("MatMul", ["f2", "w2"], ["f3"]),
               helper.make_node("Add", ["f3", "b2"], ["f4"]),
               helper.make_node("Add", ["h1", "f4"], ["r2"]),

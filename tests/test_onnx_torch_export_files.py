@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 import onnx
-from fixtures.onnx_struct_compare import make_graph_model
+from fixtures.onnx_struct_compare import erf_gelu_nodes, make_graph_model
 from onnx import helper, numpy_helper
 
 import tether
@@ -139,10 +139,7 @@ def _torchscript_encoder_layer():
               _const("sqrt2", np.array(np.sqrt(2.0), np.float32)),
               _const("one", np.array(1.0, np.float32)), _const("half", np.array(0.5, np.float32)),
               helper.make_node("Div", ["f1", "sqrt2"], ["e0"]),
-              helper.make_node("Erf", ["e0"], ["e1"]),
-              helper.make_node("Add", ["e1", "one"], ["e2"]),
-              helper.make_node("Mul", ["f1", "e2"], ["e3"]),
-              helper.make_node("Mul", ["e3", "half"], ["f2"]),
+              *erf_gelu_nodes("f1", "e0", "f2"),
               helper.make_node("MatMul", ["f2", "w2"], ["f3"]),
               helper.make_node("Add", ["b2", "f3"], ["f4"]),
               helper.make_node("Add", ["h1", "f4"], ["r2"]),

@@ -46,6 +46,18 @@ def assert_serves(server, timeout=HANG_S):
     assert server.alive
 
 
+def assert_session_refuses(server, data: bytes, error=errors.ProtocolError) -> None:
+    """Raw ``data`` sent inside an open session is answered with ``error``, and the server serves others on."""
+    remote = rpc.connect(server.host, server.port, timeout=HANG_S)
+    try:
+        remote.sock.sendall(data)
+        with pytest.raises(error):
+            remote._receive_reply(1, None, None)
+    finally:
+        remote.close()
+    assert_serves(server)
+
+
 def closes_with_error(sock, timeout=HANG_S):
     """Read until EOF; returns the ERROR payloads the server sent before closing."""
     sock.settimeout(timeout)
@@ -145,25 +157,11 @@ def test_oversized_frame_is_refused_before_allocation(hostile_server):
     for attack in (p.HEADER.pack(p.DEFAULT_LIMITS.max_frame + 1),
                    p.encode_frame(p.MsgType.CALL, 1, {"fn": "tether.upload", "args": ["x"],
                                                       "nbytes": p.DEFAULT_LIMITS.max_bulk + 1})):
-        remote = rpc.connect(hostile_server.host, hostile_server.port, timeout=5)
-        try:
-            remote.sock.sendall(attack)
-            with pytest.raises(errors.FrameTooLarge):
-                remote._receive_reply(1, None, None)
-        finally:
-            remote.close()
-    assert_serves(hostile_server)
+        assert_session_refuses(hostile_server, attack, errors.FrameTooLarge)
 
 
 def test_garbage_inside_a_session_ends_only_that_session(hostile_server):
-    remote = rpc.connect(hostile_server.host, hostile_server.port, timeout=5)
-    try:
-        remote.sock.sendall(p.HEADER.pack(8) + os.urandom(8))
-        with pytest.raises(errors.ProtocolError):
-            remote._receive_reply(1, None, None)
-    finally:
-        remote.close()
-    assert_serves(hostile_server)
+    assert_session_refuses(hostile_server, p.HEADER.pack(8) + os.urandom(8))
 
 
 def test_unknown_ext_type_and_deep_nesting_in_a_session(hostile_server):
@@ -283,14 +281,7 @@ def test_fast_path_agrees_with_the_vectors():
 @pytest.mark.parametrize("name", ["timestamp_in_args", "bin_key", "trailing_nil", "bad_handle_ext"])
 def test_hostile_plain_sized_calls_inside_a_session(hostile_server, name):
     body = _crafted_bodies()[name]
-    remote = rpc.connect(hostile_server.host, hostile_server.port, timeout=5)
-    try:
-        remote.sock.sendall(p.HEADER.pack(len(body)) + body)
-        with pytest.raises(errors.ProtocolError):
-            remote._receive_reply(1, None, None)
-    finally:
-        remote.close()
-    assert_serves(hostile_server)
+    assert_session_refuses(hostile_server, p.HEADER.pack(len(body)) + body)
 
 
 def test_fast_path_errors_keep_the_session(hostile_server):

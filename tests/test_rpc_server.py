@@ -16,8 +16,9 @@ import time
 import numpy as np
 import pytest
 
+from fixtures.children import stop_process
 from fixtures.polling import HANG_S, wait_until
-from fixtures.rpc import ServerProcess
+from fixtures.rpc import ServerProcess, misc_function
 from tether import rpc
 from tether_rpc import errors, handshake, protocol as p, transport
 
@@ -152,8 +153,7 @@ def test_wrong_architecture_module_is_refused_before_dlopen(rpc_server, rpc_kern
 
 def test_segfaulting_kernel_ends_only_its_session(rpc_server, rpc_kernels):
     with rpc.connect(rpc_server.host, rpc_server.port, timeout=10) as remote:
-        remote.upload(rpc_kernels["misc"])
-        crash = remote.load_module("misc.so")["crash"]
+        crash = misc_function(remote, rpc_kernels, "crash")
         with pytest.raises(errors.SessionCrashed, match="SIGSEGV"):
             crash()
         assert remote.closed
@@ -192,16 +192,13 @@ def test_client_killed_mid_call_frees_the_server(rpc_server, rpc_kernels):
         with rpc.connect(rpc_server.host, rpc_server.port, timeout=5, wait=False) as remote:
             assert remote.get_function("tether.echo")(3) == 3
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(5)
+        stop_process(client)
 
 
 def test_session_timeout_kills_a_long_kernel(make_rpc_server, rpc_kernels):
     server = make_rpc_server("--session-timeout", "1")
     with rpc.connect(server.host, server.port, timeout=10) as remote:
-        remote.upload(rpc_kernels["misc"])
-        spin = remote.load_module("misc.so")["spin"]
+        spin = misc_function(remote, rpc_kernels, "spin")
         with pytest.raises(errors.TetherTimeout, match="session timeout"):   # the server's, not the client's
             spin(1 << 40)
     with rpc.connect(server.host, server.port, timeout=5) as remote:
@@ -406,8 +403,7 @@ def test_idle_session_is_ended_and_frees_the_device(make_rpc_server, rpc_kernels
     server = make_rpc_server("--idle-timeout", "0.5")
     with rpc.connect(server.host, server.port, timeout=10) as busy:
         # a call that runs longer than the idle timeout is not idleness
-        busy.upload(rpc_kernels["misc"])
-        spin = busy.load_module("misc.so")["spin"]
+        spin = misc_function(busy, rpc_kernels, "spin")
         t0 = time.monotonic()
         n = 1 << 20
         while time.monotonic() - t0 < 0.05 and n < 1 << 34:  # calibrate to about 0.8 s (bounded)

@@ -59,6 +59,33 @@ func checkRun(t *testing.T, dir string, e *Executor, name string, r int, run mod
 	}
 }
 
+// checkModelRuns loads each model, repeats each of its runs (checkRun) and hands the executor, still holding the
+// run's outputs and state, to then before the next run.
+func checkModelRuns(t *testing.T, dir string, models []modelRecord,
+	then func(e *Executor, m modelRecord, r int, run modelRun)) {
+	for _, m := range models {
+		e, err := Load(m.Folder)
+		if err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		for r, run := range m.Runs {
+			checkRun(t, dir, e, m.Name, r, run)
+			then(e, m, r, run)
+		}
+		e.Close()
+	}
+}
+
+// firstModelFile reads the file name of the first model's folder, and says which folder that is.
+func firstModelFile(t *testing.T, models []modelRecord, name string) (string, []byte) {
+	folder := models[0].Folder
+	raw, err := os.ReadFile(filepath.Join(folder, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return folder, raw
+}
+
 func fixtures(t *testing.T) (string, []modelRecord) {
 	return fixturesAt(t, "models", "tests/test_go_graph.py")
 }
@@ -86,17 +113,9 @@ func readTensor(t *testing.T, dir string, tf tensorFile) *tether.Tensor {
 
 func TestModelsMatchPython(t *testing.T) {
 	dir, models := fixtures(t)
-	for _, m := range models {
-		e, err := Load(m.Folder)
-		if err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
-		}
-		for r, run := range m.Runs {
-			checkRun(t, dir, e, m.Name, r, run)
-		}
-		t.Logf("%s: %d run(s) equal to Python bit for bit", m.Name, len(m.Runs))
-		e.Close()
-	}
+	checkModelRuns(t, dir, models, func(e *Executor, m modelRecord, r int, run modelRun) {
+		t.Logf("%s run %d: equal to Python bit for bit", m.Name, r)
+	})
 }
 
 func TestBenchmark(t *testing.T) {
@@ -133,11 +152,7 @@ func TestBenchmark(t *testing.T) {
 
 func TestParams(t *testing.T) {
 	_, models := fixtures(t)
-	folder := models[0].Folder
-	raw, err := os.ReadFile(filepath.Join(folder, "deploy.params"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	folder, raw := firstModelFile(t, models, "deploy.params")
 	p, err := ParseParams(raw)
 	if err != nil || len(p) == 0 {
 		t.Fatalf("params: %v (%d tensors)", err, len(p))

@@ -2,7 +2,6 @@ package graph
 
 import (
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -22,33 +21,21 @@ func guardedFixtures(t *testing.T) (string, []modelRecord) {
 // TestWhenGuardsRunOnlyTheTakenBranch: the same outputs as Python bit for bit, and the same nodes skipped.
 func TestWhenGuardsRunOnlyTheTakenBranch(t *testing.T) {
 	dir, models := guardedFixtures(t)
-	for _, m := range models {
-		e, err := Load(m.Folder)
-		if err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
+	checkModelRuns(t, dir, models, func(e *Executor, m modelRecord, r int, run modelRun) {
+		skipped, want := append([]string{}, e.Skipped()...), append([]string{}, run.Skipped...)
+		sort.Strings(skipped)
+		sort.Strings(want)
+		if len(skipped) != len(want) || (len(want) > 0 && !reflect.DeepEqual(skipped, want)) {
+			t.Fatalf("%s run %d: Go skipped %v, Python %v", m.Name, r, skipped, want)
 		}
-		for r, run := range m.Runs {
-			checkRun(t, dir, e, m.Name, r, run)
-			skipped, want := append([]string{}, e.Skipped()...), append([]string{}, run.Skipped...)
-			sort.Strings(skipped)
-			sort.Strings(want)
-			if len(skipped) != len(want) || (len(want) > 0 && !reflect.DeepEqual(skipped, want)) {
-				t.Fatalf("%s run %d: Go skipped %v, Python %v", m.Name, r, skipped, want)
-			}
-			t.Logf("%s run %d: %d of %d nodes skipped, as in Python", m.Name, r, len(skipped), len(e.g.Nodes))
-		}
-		e.Close()
-	}
+		t.Logf("%s run %d: %d of %d nodes skipped, as in Python", m.Name, r, len(skipped), len(e.g.Nodes))
+	})
 }
 
 // TestMalformedWhenIsRefusedAtLoad: every bad shape of a guard is an error naming the node, never a run.
 func TestMalformedWhenIsRefusedAtLoad(t *testing.T) {
 	_, models := guardedFixtures(t)
-	folder := models[0].Folder
-	raw, err := os.ReadFile(filepath.Join(folder, "deploy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	folder, raw := firstModelFile(t, models, "deploy.json")
 	mod, err := tether.LoadModule(filepath.Join(folder, "deploy.so"))
 	if err != nil {
 		t.Fatal(err)

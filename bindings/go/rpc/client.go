@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 )
 
@@ -36,11 +35,8 @@ func (o *Options) defaults() {
 
 // Session is one connection to a device server. Calls are serialised (one at a time); Close is idempotent.
 type Session struct {
-	mu      sync.Mutex
-	conn    *framedConn
+	endpoint
 	opts    Options
-	nextID  int64
-	closed  bool
 	Welcome *Map
 	Addr    string
 }
@@ -75,19 +71,12 @@ func Connect(addr string, opts Options) (*Session, error) {
 		return nil, fmt.Errorf("tether/rpc: the server at %s speaks protocol version %v, this client speaks %d", addr, v, ProtocolVersion)
 	}
 	c.limits = DefaultLimits
-	return &Session{conn: c, opts: opts, nextID: 1, Welcome: welcome, Addr: addr}, nil
+	return &Session{endpoint: endpoint{conn: c, nextID: 1}, opts: opts, Welcome: welcome, Addr: addr}, nil
 }
 
 // Close ends the session (CLOSE, then the connection); idempotent.
 func (s *Session) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	_ = s.conn.send(MsgClose, 0, NewMap("reason", "client closed"), nil, time.Second)
-	return s.conn.close()
+	return s.end(func() { _ = s.conn.send(MsgClose, 0, NewMap("reason", "client closed"), nil, time.Second) })
 }
 
 // Event is an EVENT frame of a call (sample, progress, log, node, ...).
@@ -128,21 +117,21 @@ func (s *Session) call(fn any, args []any, bulk []byte, onEvent func(Event), exp
 		payload.Set("nbytes", int64(len(bulk)))
 	}
 	if err := s.conn.send(MsgCall, rid, payload, bulk, s.opts.Timeout); err != nil {
-		s.fail()
+		s.abort()
 		return nil, err
 	}
 	for {
 		fr, err := s.conn.readFrame(s.opts.Timeout)
 		if err != nil {
-			s.fail()
+			s.abort()
 			return nil, err
 		}
 		if fr.RequestID == 0 && fr.Type == MsgError {
-			s.fail()
+			s.abort()
 			return nil, remoteError(fr.Payload)
 		}
 		if fr.RequestID != rid && fr.RequestID != 0 {
-			s.fail()
+			s.abort()
 			return nil, &ProtocolError{Msg: fmt.Sprintf("reply for request %d while waiting for %d", fr.RequestID, rid)}
 		}
 		switch fr.Type {
@@ -160,28 +149,23 @@ func (s *Session) call(fn any, args []any, bulk []byte, onEvent func(Event), exp
 			if nb, ok := fr.Payload.Get("nbytes"); ok {
 				n, ok := nb.(int64)
 				if !ok || n < 0 || (expectBulk >= 0 && n != expectBulk) {
-					s.fail()
+					s.abort()
 					return nil, &ProtocolError{Msg: fmt.Sprintf("reply announces %v bulk bytes (expected %d)", nb, expectBulk)}
 				}
 				if r.Bulk, err = s.conn.readBulk(n, s.opts.Timeout); err != nil {
-					s.fail()
+					s.abort()
 					return nil, err
 				}
 			}
 			return r, nil
 		case MsgClose:
-			s.fail()
+			s.abort()
 			return nil, fmt.Errorf("tether/rpc: the server at %s closed the session", s.Addr)
 		default:
-			s.fail()
+			s.abort()
 			return nil, &ProtocolError{Msg: fmt.Sprintf("unexpected message type %d in reply to a CALL", fr.Type)}
 		}
 	}
-}
-
-func (s *Session) fail() {
-	s.closed = true
-	s.conn.close()
 }
 
 func (s *Session) simple(fn string, args ...any) (any, error) {

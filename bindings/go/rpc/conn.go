@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -131,6 +132,36 @@ func (f *framedConn) readBulk(n int64, timeout time.Duration) ([]byte, error) {
 }
 
 func (f *framedConn) close() error { return f.c.Close() }
+
+// endpoint is the client side of one framed connection (a device session, a tracker link): requests take
+// numbered ids under mu, and the connection ends once.
+type endpoint struct {
+	mu     sync.Mutex
+	conn   *framedConn
+	nextID int64
+	closed bool
+}
+
+// end closes the connection unless it is closed already (idempotent), after goodbye, if any, has run.
+func (e *endpoint) end(goodbye func()) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	if goodbye != nil {
+		goodbye()
+	}
+	return e.conn.close()
+}
+
+// abort closes the connection after an error that leaves its stream unusable (mu held); later requests are
+// refused.
+func (e *endpoint) abort() {
+	e.closed = true
+	e.conn.close()
+}
 
 // handshakeTypes: the core protocol's and the tracker's handshakes differ only in their message types.
 type handshakeTypes struct{ hello, challenge, auth, welcome int }

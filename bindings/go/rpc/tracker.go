@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -27,11 +26,8 @@ const grantGrace = 5 * time.Second
 
 // Tracker is a client connection to an rpc-tracker. Close is idempotent.
 type Tracker struct {
-	mu     sync.Mutex
-	conn   *framedConn
-	addr   string
-	nextID int64
-	closed bool
+	endpoint
+	addr string
 	// SessionToken is the token of the devices' own servers (Options.Token of the sessions opened by Request).
 	SessionToken string
 	Timeout      time.Duration
@@ -53,18 +49,12 @@ func ConnectTracker(addr, token string, timeout time.Duration) (*Tracker, error)
 		return nil, err
 	}
 	c.limits = DefaultLimits
-	return &Tracker{conn: c, addr: addr, nextID: 1, Timeout: timeout}, nil
+	return &Tracker{endpoint: endpoint{conn: c, nextID: 1}, addr: addr, Timeout: timeout}, nil
 }
 
 // Close ends the tracker connection (withdrawing any queued request); idempotent.
 func (t *Tracker) Close() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return nil
-	}
-	t.closed = true
-	return t.conn.close()
+	return t.end(nil)
 }
 
 // Grant is the tracker's answer to a request: where to connect, with which one-time match token.
@@ -149,11 +139,6 @@ func (t *Tracker) send(msgType int, payload *Map) (int64, error) {
 		return 0, err
 	}
 	return rid, nil
-}
-
-func (t *Tracker) abort() {
-	t.closed = true
-	t.conn.close()
 }
 
 // Request reserves a device and opens a session on it (through the tracker's relay when the grant says so).

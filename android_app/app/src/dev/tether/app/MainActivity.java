@@ -293,15 +293,8 @@ public final class MainActivity extends Activity {
     private void startDevice(Settings s) {
         saveDevice(s, true);
         Intent i = new Intent(this, DeviceService.class).setAction(DeviceService.ACTION_START);
-        for (Map.Entry<String, Object> kv : s.toStored().entrySet()) {
-            Object v = kv.getValue();
-            if (v instanceof Boolean) {
-                i.putExtra(kv.getKey(), (Boolean) v);
-            } else if (v instanceof Integer) {
-                i.putExtra(kv.getKey(), (Integer) v);
-            } else {
-                i.putExtra(kv.getKey(), (String) v);
-            }
+        for (Map.Entry<String, String> kv : s.toExtras().entrySet()) {
+            i.putExtra(kv.getKey(), kv.getValue());
         }
         startService(i);
         devStatus.setText("starting");

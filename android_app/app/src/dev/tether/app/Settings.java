@@ -96,46 +96,43 @@ public final class Settings {
      * @throws IllegalArgumentException naming the extra and what it takes
      */
     public Settings withExtras(Map<String, ?> extras, List<String> ignored) {
-        String tr = tracker;
-        String k = key;
-        String t = token;
-        String tt = trackerToken;
-        String h = host;
-        int p = port;
-        boolean rev = reverse;
-        boolean keep = keepRunning;
+        // the stored form's entry of each name says how its extra reads: a port, a flag or text (the constructor
+        // trims what it trims)
+        Map<String, Object> m = toStored();
         for (Map.Entry<String, ?> e : extras.entrySet()) {
             String name = e.getKey();
             Object v = e.getValue();
             if (v == null) {
                 continue;
             }
-            if (name.equals(TRACKER)) {
-                tr = text(name, v).trim();
-                if (tr.equals(NO_TRACKER)) {
-                    tr = ""; // an empty string does not survive `adb shell` quoting
-                } else if (!tr.isEmpty()) {
-                    parseTracker(tr);
-                }
-            } else if (name.equals(KEY)) {
-                k = text(name, v).trim();
-            } else if (name.equals(TOKEN)) {
-                t = text(name, v);
-            } else if (name.equals(TRACKER_TOKEN)) {
-                tt = text(name, v);
-            } else if (name.equals(HOST)) {
-                h = text(name, v).trim();
-            } else if (name.equals(PORT)) {
-                p = port(name, v);
-            } else if (name.equals(REVERSE)) {
-                rev = flag(name, v);
-            } else if (name.equals(KEEP_RUNNING)) {
-                keep = flag(name, v);
-            } else {
+            Object now = m.get(name);
+            if (now == null) {
                 ignored.add(name);
+            } else if (now instanceof Integer) {
+                m.put(name, port(name, v));
+            } else if (now instanceof Boolean) {
+                m.put(name, flag(name, v));
+            } else if (name.equals(TRACKER)) {
+                m.put(name, tracker(name, v));
+            } else {
+                m.put(name, text(name, v));
             }
         }
-        return new Settings(tr, k, t, tt, h, p, rev, keep);
+        return new Settings((String) m.get(TRACKER), (String) m.get(KEY), (String) m.get(TOKEN),
+                (String) m.get(TRACKER_TOKEN), (String) m.get(HOST), (Integer) m.get(PORT), (Boolean) m.get(REVERSE),
+                (Boolean) m.get(KEEP_RUNNING));
+    }
+
+    /**
+     * The intent extras that stand for these settings: each entry of the stored form as text, as the adb recipe
+     * passes it ({@code --es}); {@link #withExtras} reads every setting back from text.
+     */
+    public Map<String, String> toExtras() {
+        Map<String, String> m = new LinkedHashMap<String, String>();
+        for (Map.Entry<String, Object> kv : toStored().entrySet()) {
+            m.put(kv.getKey(), String.valueOf(kv.getValue()));
+        }
+        return m;
     }
 
     /** The arguments of {@link DeviceConfig#fromArgs} these settings stand for. */
@@ -210,6 +207,18 @@ public final class Settings {
         }
         throw new IllegalArgumentException(name + " takes a string (adb: --es " + name + " VALUE), got "
                 + v.getClass().getSimpleName());
+    }
+
+    /** A tracker extra: HOST:PORT, or "none" or "" for no tracker. */
+    private static String tracker(String name, Object v) {
+        String tr = text(name, v).trim();
+        if (tr.equals(NO_TRACKER)) {
+            return ""; // an empty string does not survive `adb shell` quoting
+        }
+        if (!tr.isEmpty()) {
+            parseTracker(tr);
+        }
+        return tr;
     }
 
     private static int port(String name, Object v) {

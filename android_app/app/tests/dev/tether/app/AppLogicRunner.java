@@ -48,6 +48,25 @@ public final class AppLogicRunner {
         check(what, m != null && m.contains(mustMention), m == null ? "accepted" : "message: " + m);
     }
 
+    /** {@code base.withExtras} refuses the adb intent {@code extras} with a message naming {@code mustMention}. */
+    private static void checkExtrasRefused(String what, final Settings base, final Map<String, Object> extras,
+                                           String mustMention) {
+        checkRefused(what, new Runnable() {
+            public void run() {
+                base.withExtras(extras, new ArrayList<String>());
+            }
+        }, mustMention);
+    }
+
+    /** {@code settings.toConfig} (the device server's configuration) refuses, naming {@code mustMention}. */
+    private static void checkConfigRefused(String what, final Settings settings, String mustMention) {
+        checkRefused(what, new Runnable() {
+            public void run() {
+                settings.toConfig(null, null);
+            }
+        }, mustMention);
+    }
+
     private static Map<String, Object> extras(Object... kv) {
         Map<String, Object> m = new LinkedHashMap<String, Object>();
         for (int i = 0; i < kv.length; i += 2) {
@@ -64,6 +83,11 @@ public final class AppLogicRunner {
 
         // the adb recipe: am start ... --es tracker HOST:PORT --es key KEY --es token T
         List<String> ignored = new ArrayList<String>();
+        // the UI starts the device service with the settings as text extras, the adb recipe's form
+        Settings custom = new Settings("10.0.0.2:9190", "k1", " t ", "tt", "0.0.0.0", 9090, false, true);
+        checkEq("settings survive their text extras", custom, d.withExtras(custom.toExtras(), ignored));
+        Settings listenOnly = new Settings("", "k1", "t", "", "127.0.0.1", 9091, true, false);
+        checkEq("no tracker survives the text extras", listenOnly, d.withExtras(listenOnly.toExtras(), ignored));
         Settings s = d.withExtras(extras("tracker", "10.0.0.2:9190", "key", "pixel8", "token", "s3cret",
                 "tokn", "typo"), ignored);
         checkEq("tracker from the extra", "10.0.0.2:9190", s.tracker);
@@ -87,66 +111,26 @@ public final class AppLogicRunner {
 
         Settings v6 = d.withExtras(extras("tracker", "[::1]:9190"), ignored);
         checkEq("an IPv6 tracker in brackets", "::1", v6.toConfig(null, null).trackerHost);
-        checkRefused("an IPv6 tracker without brackets", new Runnable() {
-            public void run() {
-                d.withExtras(extras("tracker", "::1:9190"), new ArrayList<String>());
-            }
-        }, "brackets");
-        checkRefused("a tracker without a port", new Runnable() {
-            public void run() {
-                d.withExtras(extras("tracker", "10.0.0.2"), new ArrayList<String>());
-            }
-        }, "HOST:PORT");
-        checkRefused("a tracker on port 0", new Runnable() {
-            public void run() {
-                d.withExtras(extras("tracker", "10.0.0.2:0"), new ArrayList<String>());
-            }
-        }, "1-65535");
+        checkExtrasRefused("an IPv6 tracker without brackets", d, extras("tracker", "::1:9190"), "brackets");
+        checkExtrasRefused("a tracker without a port", d, extras("tracker", "10.0.0.2"), "HOST:PORT");
+        checkExtrasRefused("a tracker on port 0", d, extras("tracker", "10.0.0.2:0"), "1-65535");
 
         checkEq("a port as --ei", 9090, d.withExtras(extras("port", 9090), ignored).port);
         checkEq("a port as --es", 9091, d.withExtras(extras("port", " 9091 "), ignored).port);
-        checkRefused("a port above 65535", new Runnable() {
-            public void run() {
-                d.withExtras(extras("port", "70000"), new ArrayList<String>());
-            }
-        }, "0-65535");
-        checkRefused("a port that is not a number", new Runnable() {
-            public void run() {
-                d.withExtras(extras("port", "ninety"), new ArrayList<String>());
-            }
-        }, "port");
-        checkRefused("a key as a number", new Runnable() {
-            public void run() {
-                d.withExtras(extras("key", 7), new ArrayList<String>());
-            }
-        }, "--es key");
+        checkExtrasRefused("a port above 65535", d, extras("port", "70000"), "0-65535");
+        checkExtrasRefused("a port that is not a number", d, extras("port", "ninety"), "port");
+        checkExtrasRefused("a key as a number", d, extras("key", 7), "--es key");
         checkEq("a flag as --ez", true, d.withExtras(extras("keep_running", true), ignored).keepRunning);
         checkEq("a flag as a string", false, d.withExtras(extras("reverse", "0"), ignored).reverse);
-        checkRefused("a flag that is not true or false", new Runnable() {
-            public void run() {
-                d.withExtras(extras("reverse", "yes"), new ArrayList<String>());
-            }
-        }, "true or false");
+        checkExtrasRefused("a flag that is not true or false", d, extras("reverse", "yes"), "true or false");
 
         checkEq("tracker none (adb) means no tracker", "", d.withExtras(extras("tracker", "none"), ignored).tracker);
-        final Settings none = d.withExtras(extras("tracker", "", "port", 0), ignored);
-        checkRefused("neither tracker nor port", new Runnable() {
-            public void run() {
-                none.toConfig(null, null);
-            }
-        }, "tracker HOST:PORT or a listen port");
-        final Settings noKey = d.withExtras(extras("key", ""), ignored);
-        checkRefused("a tracker without a key", new Runnable() {
-            public void run() {
-                noKey.toConfig(null, null);
-            }
-        }, "device key");
-        final Settings open = d.withExtras(extras("tracker", "", "port", 9090, "host", "0.0.0.0"), ignored);
-        checkRefused("listening beyond loopback without a token (the device server's rule)", new Runnable() {
-            public void run() {
-                open.toConfig(null, null);
-            }
-        }, "token");
+        Settings none = d.withExtras(extras("tracker", "", "port", 0), ignored);
+        checkConfigRefused("neither tracker nor port", none, "tracker HOST:PORT or a listen port");
+        Settings noKey = d.withExtras(extras("key", ""), ignored);
+        checkConfigRefused("a tracker without a key", noKey, "device key");
+        Settings open = d.withExtras(extras("tracker", "", "port", 9090, "host", "0.0.0.0"), ignored);
+        checkConfigRefused("listening beyond loopback without a token (the device server's rule)", open, "token");
         DeviceConfig listen = open.withExtras(extras("token", "t"), ignored).toConfig(null, null);
         checkEq("listen only: no tracker", null, listen.trackerHost);
         checkEq("listen only: host", "0.0.0.0", listen.host);

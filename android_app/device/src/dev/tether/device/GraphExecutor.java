@@ -1,5 +1,6 @@
 package dev.tether.device;
 
+import dev.tether.rpc.Json;
 import dev.tether.rpc.RemoteHandle;
 import dev.tether.rpc.Tensor;
 

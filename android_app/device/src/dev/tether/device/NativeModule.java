@@ -1,5 +1,7 @@
 package dev.tether.device;
 
+import dev.tether.rpc.Json;
+
 import java.io.File;
 import java.io.FileInputStream;
 import java.io.FileOutputStream;
@@ -185,7 +187,7 @@ final class NativeModule {
         Object parsed;
         try {
             parsed = Json.parse(new String(raw, 0, end, UTF8));
-        } catch (DeviceError e) {
+        } catch (IllegalArgumentException e) {
             throw new DeviceError("ModuleLoadError", label + ": metadata in .tether_meta is not valid JSON: "
                     + e.getMessage());
         }

@@ -4,6 +4,7 @@ import dev.tether.rpc.Frame;
 import dev.tether.rpc.FrameCodec;
 import dev.tether.rpc.FrameDecoder;
 import dev.tether.rpc.Handshake;
+import dev.tether.rpc.Json;
 import dev.tether.rpc.Limits;
 import dev.tether.rpc.MsgType;
 import dev.tether.rpc.Protocol;

@@ -1,4 +1,4 @@
-package dev.tether.device;
+package dev.tether.rpc;
 
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
@@ -6,10 +6,11 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * A small strict JSON reader for module metadata and deploy.json: objects become LinkedHashMap, arrays
- * ArrayList, numbers Long (integral) or Double, plus String, Boolean and null. Nesting is bounded.
+ * A small strict JSON reader (the device server's module metadata and deploy.json, the protocol tools' test
+ * vectors): objects become LinkedHashMap (key order kept), arrays ArrayList, numbers Long (integral) or Double, plus
+ * String, Boolean and null. Nesting is bounded. Malformed text: IllegalArgumentException naming the offset.
  */
-final class Json {
+public final class Json {
     private static final int MAX_DEPTH = 64;
 
     private final String s;
@@ -19,7 +20,7 @@ final class Json {
         this.s = s;
     }
 
-    static Object parse(String text) throws DeviceError {
+    public static Object parse(String text) {
         Json j = new Json(text);
         Object v = j.value(0);
         j.skipSpace();
@@ -29,8 +30,8 @@ final class Json {
         return v;
     }
 
-    private DeviceError error(String what) {
-        return new DeviceError("ValueError", "invalid JSON at offset " + pos + ": " + what);
+    private IllegalArgumentException error(String what) {
+        return new IllegalArgumentException("invalid JSON at offset " + pos + ": " + what);
     }
 
     private void skipSpace() {
@@ -39,7 +40,7 @@ final class Json {
         }
     }
 
-    private Object value(int depth) throws DeviceError {
+    private Object value(int depth) {
         if (depth > MAX_DEPTH) {
             throw error("nested deeper than " + MAX_DEPTH);
         }
@@ -113,13 +114,13 @@ final class Json {
         return false;
     }
 
-    private void expect(char c) throws DeviceError {
+    private void expect(char c) {
         if (!peek(c)) {
             throw error("expected '" + c + "'");
         }
     }
 
-    private String string() throws DeviceError {
+    private String string() {
         pos++;
         StringBuilder b = new StringBuilder();
         while (pos < s.length()) {
@@ -158,7 +159,7 @@ final class Json {
         throw error("unterminated string");
     }
 
-    private Object number() throws DeviceError {
+    private Object number() {
         int start = pos;
         while (pos < s.length() && "+-0123456789.eE".indexOf(s.charAt(pos)) >= 0) {
             pos++;
