@@ -119,9 +119,6 @@ COMPILE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind,names", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
-def test_compile_refuses_a_file_that_is_no_onnx_model(bad, kind, names, tmp_path):
-    assert_refused(TETHER + ["compile", bad[kind], "-o", "out"], names, tmp_path)
 
 
 @pytest.mark.parametrize("args,names", [
@@ -152,9 +149,14 @@ RUN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind,names", RUN_CASES, ids=[c[0] for c in RUN_CASES])
-def test_run_refuses_a_broken_model_folder(bad, kind, names, tmp_path):
-    assert_refused(TETHER + ["run", bad[kind], "--save-output", "y.npy"], names, tmp_path)
+# compile: a file that is no ONNX model; run: a broken model folder
+WRONG_FILE_CASES = ([(["compile", "{}", "-o", "out"], kind, names) for kind, names in COMPILE_CASES]
+                    + [(["run", "{}", "--save-output", "y.npy"], kind, names) for kind, names in RUN_CASES])
+
+
+@pytest.mark.parametrize("argv,kind,names", WRONG_FILE_CASES, ids=["%s-%s" % (a[0], k) for a, k, _ in WRONG_FILE_CASES])
+def test_a_command_refuses_a_wrong_file(bad, argv, kind, names, tmp_path):
+    assert_refused(TETHER + [a.format(bad[kind]) for a in argv], names, tmp_path)
 
 
 @pytest.mark.parametrize("args,names", [

@@ -44,8 +44,9 @@ def test_the_plan_gives_each_node_its_strategy(nonzero):
     _, graph, params = nonzero
     plan = plan_kernels(graph, params, "host")
     by_name = {t.name: t for t in plan.tasks}
-    assert by_name["conv2d+relu"].lowering == "te" and by_name["conv2d+relu"].tunable
-    assert by_name["softmax"].lowering == "loop_ir" and not by_name["softmax"].tunable
+    conv, softmax = by_name["conv2d+relu"].strategy, by_name["softmax"].strategy
+    assert conv.lowering == "te" and conv.tunable
+    assert softmax.lowering == "loop_ir" and not softmax.tunable
     numpy_rows = [k for k, n in enumerate(plan.graph.nodes) if numpy_nodes.is_numpy(n)]
     assert numpy_rows and all(plan.task_of_node[k] is None for k in numpy_rows)
     for index, task in enumerate(plan.tasks):

@@ -1,7 +1,7 @@
 """The kernel plan of a model for one target: which nodes become which kernel, and how.
 
     plan = plan_kernels(graph, params, target="host", opt_level=3)
-    for task in plan.tasks: task.key, task.lowering, task.weight, task.space
+    for task in plan.tasks: task.key, task.strategy.lowering, task.weight, task.space
 
 ``plan_kernels`` runs the graph passes of `opt_level` and the build-time weight packing (``prepare_graph``), then
 asks the op table (``tether.kernels``) for each node's strategy on the target's kind: nodes that are views (a
@@ -132,15 +132,6 @@ class KernelTask:
     plan: "KernelPlan" = field(default=None, repr=False)  # type: ignore[assignment]
 
     @property
-    def lowering(self) -> str:
-        """``te`` (tunable: a schedule config applies) or ``loop_ir``."""
-        return self.strategy.lowering
-
-    @property
-    def tunable(self) -> bool:
-        return self.strategy.tunable
-
-    @property
     def weight(self) -> int:
         """How many nodes of the model run this kernel."""
         return len(self.nodes)
@@ -174,7 +165,8 @@ class KernelTask:
         """(placeholders, output te tensor) of a te task, fresh (te graphs are not shared between builds), with
         its weights laid out for `config`."""
         if not isinstance(self.strategy, TeLowering):
-            raise ValueError("kernel %s (%s) is %s, not lowered through te" % (self.key, self.name, self.lowering))
+            raise ValueError("kernel %s (%s) is %s, not lowered through te"
+                             % (self.key, self.name, self.strategy.lowering))
         placeholders, out, _ = lower_kernel(self.node, self.types_for(config), conv_gemm=self.plan.opt_level >= 3,
                                             panel_weights=self.plan.panel_weights, kind=self.plan.kind)
         return placeholders, out
@@ -201,7 +193,7 @@ class KernelPlan:
     dynamic: frozenset = frozenset()        # the data-dependent values (numpy_nodes.check_dynamic)
 
     def tunable_tasks(self) -> List[KernelTask]:
-        return [t for t in self.tasks if t.tunable]
+        return [t for t in self.tasks if t.strategy.tunable]
 
 
 def plan_kernels(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3
