@@ -29,7 +29,7 @@ def _per_channel(c: np.ndarray, rank: int, channels: int) -> Optional[np.ndarray
     return np.broadcast_to(c.reshape(-1), (channels,)).astype(c.dtype)
 
 
-class _Rewriter:
+class Rewriter:
     def __init__(self, graph: Graph, params: Dict[str, np.ndarray]):
         self.g = graph
         self.params = params
@@ -145,7 +145,7 @@ class _Rewriter:
 
 
 def fold_batchnorm(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
-    rw = _Rewriter(graph.copy(), dict(params))
+    rw = Rewriter(graph.copy(), dict(params))
     rw.expand_batch_norm()
     rw.canonicalize_commutative()
     for _ in range(10 * len(rw.g.nodes) + 10):   # each rewrite removes a node or moves a mul up: bounded

@@ -33,7 +33,7 @@ from typing import Dict, List, Set, Tuple
 import numpy as np
 
 from tether.graph.ir import Graph, Node, TensorType
-from tether.graph.passes.quantize import _Rewriter
+from tether.graph.passes.quantize import Rewriter
 from tether.ops import qconv as qops
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def _scalar_params(params: Dict[str, np.ndarray], names: List[str]) -> bool:
     return all(n in params and params[n].size == 1 for n in names)
 
 
-def _chains(graph: Graph, params: Dict[str, np.ndarray], rw: _Rewriter) -> List[_Chain]:
+def _chains(graph: Graph, params: Dict[str, np.ndarray], rw: Rewriter) -> List[_Chain]:
     """The int8 kernels in execution order: conv chains (pixel and matmul form), depthwise chains, qadds."""
     producer, uses = rw.producer, rw.uses
     found = []
@@ -102,7 +102,7 @@ def _plain_pool(n: Node) -> bool:
     return len(a["kernel"]) == 2 and list(a["dilations"]) == [1, 1] and not a.get("ceil_mode")
 
 
-def _max_pool_chain(graph: Graph, rw: _Rewriter, pool: Node):
+def _max_pool_chain(graph: Graph, rw: Rewriter, pool: Node):
     """A max pool of 8-bit values: on them (the QOperator form), or between a cast to float32 and one back (the
     QDQ form's moved Q/DQ pair, passes/quantize.py)."""
     producer, uses = rw.producer, rw.uses
@@ -146,7 +146,7 @@ def int8_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gra
     graph = graph.copy()
     graph.types = dict(graph.types)
     params = dict(params)
-    rw = _Rewriter(graph, params)
+    rw = Rewriter(graph, params)
     chains = _chains(graph, params, rw)
     last = _layouts(graph, chains)
     if not last:
@@ -188,7 +188,7 @@ def int8_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gra
     return graph, params
 
 
-def _rewrite(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: _Rewriter, nhwc: Dict[str, str],
+def _rewrite(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: Rewriter, nhwc: Dict[str, str],
              last: Set[str]) -> List[Node]:
     """The chain's nodes reading its channels-last sources and writing its output in the layout decided."""
     out = nhwc.get(ch.out, ch.out)
@@ -251,7 +251,7 @@ def _rewrite(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: _Rewri
     return nodes
 
 
-def _along_last(params: Dict[str, np.ndarray], rw: _Rewriter, name: str) -> str:
+def _along_last(params: Dict[str, np.ndarray], rw: Rewriter, name: str) -> str:
     """A per-channel constant (any shape with one axis of C) as (C,), broadcasting along the last axis."""
     v = params[name]
     return name if v.size == 1 else rw.const(np.ascontiguousarray(v.reshape(-1)), name + "_nhwc")

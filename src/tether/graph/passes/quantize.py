@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 F32 = np.float32
 
 
-class _Rewriter:
+class Rewriter:
     """Nodes and params added for one graph; names fresh against every value of the graph."""
 
     def __init__(self, graph: Graph, params: Dict[str, np.ndarray]) -> None:
@@ -160,33 +160,33 @@ class _Rewriter:
         return b.reshape(channels)
 
 
-def _output_params(rw: _Rewriter, q: Node) -> Optional[Tuple[float, str]]:
+def _output_params(rw: Rewriter, q: Node) -> Optional[Tuple[float, str]]:
     s, z = q.inputs[1], q.inputs[2]
     if s not in rw.params or z not in rw.params or rw.params[s].size != 1 or rw.params[z].size != 1:
         return None
     return float(rw.params[s].reshape(-1)[0]), rw.const(rw.params[z].reshape(()), "zy")
 
 
-def _int8_activation(rw: _Rewriter, x: str) -> bool:
+def _int8_activation(rw: Rewriter, x: str) -> bool:
     """onnxruntime on x86 (tether's reference) fuses fewer QDQ groups with int8 activations than with uint8: no
     QLinearAdd, and no conv whose input's DequantizeLinear also feeds another node. Matching it keeps the roundings
     where onnxruntime has them."""
     return str(rw.graph.types[x].dtype) == "int8"
 
 
-def _head(rw: _Rewriter, q: Node, op: str) -> Tuple[Optional[Node], Optional[Tuple[float, str]]]:
+def _head(rw: Rewriter, q: Node, op: str) -> Tuple[Optional[Node], Optional[Tuple[float, str]]]:
     """The ``op`` node that only ``q`` reads, and q's output scale and zero point; (None, None) if either fails."""
     n = rw.only_use(q.inputs[0], op)
     out = _output_params(rw, q) if n is not None else None
     return (n, out) if out is not None else (None, None)
 
 
-def _int_input(rw: _Rewriter, x: str, zx: int) -> str:
+def _int_input(rw: Rewriter, x: str, zx: int) -> str:
     x32 = rw.emit("cast", [x], {"to": "int32"})
     return rw.emit("sub", [x32, rw.const(np.array(zx, np.int32), "zx")]) if zx else x32
 
 
-def _product(rw: _Rewriter, q: Node) -> bool:
+def _product(rw: Rewriter, q: Node) -> bool:
     """Q([reshape](conv2d | dense [+ bias]))."""
     out = _output_params(rw, q)
     if out is None:
@@ -236,7 +236,7 @@ def _product(rw: _Rewriter, q: Node) -> bool:
     return True
 
 
-def _add(rw: _Rewriter, q: Node) -> bool:
+def _add(rw: Rewriter, q: Node) -> bool:
     add, out = _head(rw, q, "add")
     if add is None or q.attrs["dtype"] == "int8":
         return False
@@ -251,7 +251,7 @@ def _add(rw: _Rewriter, q: Node) -> bool:
     return True
 
 
-def _global_avg_pool(rw: _Rewriter, q: Node) -> bool:
+def _global_avg_pool(rw: Rewriter, q: Node) -> bool:
     pool, out = _head(rw, q, "global_avg_pool")
     if pool is None:
         return False
@@ -271,7 +271,7 @@ def _global_avg_pool(rw: _Rewriter, q: Node) -> bool:
     return True
 
 
-def _same_scale_reshape(rw: _Rewriter, q: Node) -> bool:
+def _same_scale_reshape(rw: Rewriter, q: Node) -> bool:
     r, out = _head(rw, q, "reshape")
     if r is None:
         return False
@@ -294,11 +294,11 @@ _MOVES = ("max_pool", "global_max_pool", "resize", "transpose", "strided_slice")
 _LUT_OPS = ("sigmoid", "leaky_relu")          # onnxruntime's QLinearSigmoid / QLinearLeakyRelu: 256-entry tables
 
 
-def _zy(rw: _Rewriter, out: Tuple[float, str]) -> int:
+def _zy(rw: Rewriter, out: Tuple[float, str]) -> int:
     return int(rw.params[out[1]].reshape(-1)[0])
 
 
-def _same_params_move(rw: _Rewriter, q: Node) -> bool:
+def _same_params_move(rw: Rewriter, q: Node) -> bool:
     """Q(op(DQ(x))) with equal scale (positive) and zero point on both sides, op moving or selecting elements
     (MaxPool, transposes, slices, nearest Resize): op(x) on the integers, as onnxruntime drops the pair. Exact:
     Q(DQ(v)) == v. Max pooling runs on x as float32 (exact), its padding being the float kernel's."""
@@ -320,7 +320,7 @@ def _same_params_move(rw: _Rewriter, q: Node) -> bool:
     return True
 
 
-def _table(rw: _Rewriter, x: str, f, sx: float, zx: int, out: Tuple[float, str], dtype: str) -> str:
+def _table(rw: Rewriter, x: str, f, sx: float, zx: int, out: Tuple[float, str], dtype: str) -> str:
     """``x`` through the 256-entry table ``Q(f(DQ(v)))`` built with the graph ops' numpy definitions (the same
     arithmetic as the unfused kernels), indexed by the integer itself: the int8 table lists 0..127 then
     -128..-1, so a negative index wraps to its entry as gather's do."""
@@ -335,7 +335,7 @@ def _table(rw: _Rewriter, x: str, f, sx: float, zx: int, out: Tuple[float, str],
                    {"axis": 0, "shape": list(rw.graph.types[x].shape)})
 
 
-def _lut_activation(rw: _Rewriter, q: Node) -> bool:
+def _lut_activation(rw: Rewriter, q: Node) -> bool:
     n = rw.producer.get(q.inputs[0])
     if n is None or n.op not in _LUT_OPS or rw.uses.get(q.inputs[0]) != 1:
         return False
@@ -349,7 +349,7 @@ def _lut_activation(rw: _Rewriter, q: Node) -> bool:
     return True
 
 
-def _concat(rw: _Rewriter, q: Node) -> bool:
+def _concat(rw: Rewriter, q: Node) -> bool:
     """onnxruntime's QLinearConcat: each input requantized to the output's scale and zero point (a table per
     input, none where they already agree), then the integer concat."""
     n, out = _head(rw, q, "concat")
@@ -364,7 +364,7 @@ def _concat(rw: _Rewriter, q: Node) -> bool:
     return True
 
 
-def _avg_pool(rw: _Rewriter, q: Node) -> bool:
+def _avg_pool(rw: Rewriter, q: Node) -> bool:
     """onnxruntime's QLinearAveragePool (kernels/qpool_ops.py): 2-D, no dilation, no ceil_mode."""
     n, out = _head(rw, q, "avg_pool")
     if n is None or len(n.attrs["kernel"]) != 2 or n.attrs.get("ceil_mode") or any(
@@ -384,7 +384,7 @@ def _avg_pool(rw: _Rewriter, q: Node) -> bool:
 PATTERNS += (_concat, _avg_pool, _lut_activation, _same_params_move)
 
 
-def _skip_saturated_activation(rw: _Rewriter, q: Node) -> Node:
+def _skip_saturated_activation(rw: Rewriter, q: Node) -> Node:
     """Q(relu(v)) is Q(v) when Q's zero point is its type's minimum, and Q(clip(v, a, b)) is Q(v) when [a, b]
     covers Q's range: Q saturates there anyway (onnxruntime's ReluQuantFusion/ClipQuantFusion). Returns q reading
     v in that case, else q."""
@@ -411,7 +411,7 @@ def fuse_qdq(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[s
     graph = graph.copy()
     graph.types = dict(graph.types)
     params = dict(params)
-    rw = _Rewriter(graph, params)
+    rw = Rewriter(graph, params)
     nodes: List[Node] = []
     fused = 0
     for n in graph.nodes:

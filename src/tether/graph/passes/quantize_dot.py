@@ -24,8 +24,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from tether.graph.ir import Graph, Node, TensorType
-from tether.graph.passes.quantize import _Rewriter
-from tether.graph.passes.quantize_float import _activation
+from tether.graph.passes.quantize import Rewriter
+from tether.graph.passes.quantize_float import int8_activation
 from tether.ops import qconv as qops
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
     graph = graph.copy()
     graph.types = dict(graph.types)
     params = dict(params)
-    rw = _Rewriter(graph, params)       # producers, uses, fresh names and constants
+    rw = Rewriter(graph, params)       # producers, uses, fresh names and constants
     producer, uses, fresh, const = rw.producer, rw.uses, rw.fresh, rw.const
     rewrite: Dict[int, List[Node]] = {}
     for rq in graph.nodes:
@@ -88,7 +88,7 @@ def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         conv, bias = chain
         pre: List[Node] = []
         w = params.get(conv.inputs[1])
-        act = _activation(graph, params, producer, conv.inputs[0])
+        act = int8_activation(graph, params, producer, conv.inputs[0])
         if w is None or w.dtype != np.int32 or act is None:
             continue
         if conv.op == "dense":

@@ -26,7 +26,7 @@ EXACT_LIMIT = 2 ** 24
 _RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
-def _activation(graph: Graph, params: Dict[str, np.ndarray], producer: Dict[str, Node],
+def int8_activation(graph: Graph, params: Dict[str, np.ndarray], producer: Dict[str, Node],
                 value: str) -> Optional[Tuple[str, int, int]]:
     """(int8/uint8 source, zero point, max |x - zp|) of ``cast(x, int32) [- zp]``."""
     n = producer.get(value)
@@ -70,7 +70,7 @@ def exact_float_products(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[G
         if n.op not in ("conv2d", "dense") or len(n.inputs) != 2 or n.inputs[1] not in params:
             continue
         w = params[n.inputs[1]]
-        act = _activation(graph, params, producer, n.inputs[0])
+        act = int8_activation(graph, params, producer, n.inputs[0])
         if w.dtype != np.int32 or act is None:
             continue
         nxt = use_only(n.outputs[0])
