@@ -88,6 +88,7 @@ JAVA_TABLES = textwrap.dedent("""
 
     import java.nio.file.Files;
     import java.nio.file.Paths;
+    import dev.tether.rpc.Json;
     import java.util.List;
     import java.util.Map;
 
