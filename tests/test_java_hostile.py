@@ -27,6 +27,14 @@ def hostile_server(java_device_build, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def patient_server(java_device_build, tmp_path_factory):
+    # ten minutes for a silent connection's hello: a server blocked by one would not answer another client
+    server = start_java_device(java_device_build, tmp_path_factory.mktemp("jpatient"), "--handshake-timeout", "600")
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def make_rpc_server(make_java_device):
     return make_java_device
