@@ -27,6 +27,10 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* the API stays visible when the library is built with -fvisibility=hidden (everything else is internal) */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
 
 #define TETHER_RT_VERSION "0.1.0"
 
@@ -138,6 +142,9 @@ typedef int32_t (*tether_rt_host_function)(void* user, const TetherValue* args, 
                                            int32_t num_args, TetherValue* ret, int32_t* ret_code);
 int tether_rt_register_host_function(const char* name, tether_rt_host_function fn, void* user);
 
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 #ifdef __cplusplus
 }
 #endif
