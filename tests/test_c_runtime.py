@@ -132,11 +132,11 @@ def builds(tmp_path_factory, int8_model):
 
 
 def _inputs(folder: pathlib.Path, out: pathlib.Path, seed: int) -> list:
-    gm = graph_executor.load(str(folder))
+    graph = json.loads((folder / "deploy.json").read_text())   # (the folder may be for another arch)
     rng = np.random.default_rng(seed)
     paths = []
-    for k, info in enumerate(gm.info()["inputs"]):
-        x = rng.standard_normal(info["shape"]).astype(info["dtype"])
+    for k, entry in enumerate(graph["entries"][i] for i in graph["inputs"]):
+        x = rng.standard_normal(entry["shape"]).astype(entry["dtype"])
         path = out / ("input_%d.raw" % k)
         x.tofile(path)
         paths.append(str(path))
