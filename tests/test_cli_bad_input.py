@@ -226,11 +226,14 @@ def test_build_refuses_bad_input(bad, args, names, tmp_path):
     (TETHER + ["query", "--tracker", "nosuch"], ["nosuch"]),
     (TETHER + ["bootstrap", "--identity", "missing-key", "pi@nowhere.invalid"], ["missing-key"]),
     (TETHER + ["nosuch-command"], ["nosuch-command"]),
+    (TETHER + ["runtime", "--target", "nosuch", "-o", "rt"], ["nosuch", "--target"]),
+    (TETHER + ["runtime", "-o", "missing/rt"], ["missing", "--output"]),
     (RPC_SERVER + ["--functions", "{not_python}", "--port", "0", "--workdir", "work"], ["not_python.py"]),
     (RPC_SERVER + ["--port", "99999"], ["--port"]),
     (RPC_TRACKER + ["--port", "0", "--ready-file", "missing/port"], ["missing/port"]),
     (RPC_TRACKER + ["--port", "99999"], ["--port"]),
-], ids=["bundle", "quickstart", "targets", "emulate", "query", "bootstrap", "tether", "rpc-server-functions",
+], ids=["bundle", "quickstart", "targets", "emulate", "query", "bootstrap", "tether", "runtime-target",
+        "runtime-output", "rpc-server-functions",
         "rpc-server-port", "rpc-tracker-ready-file", "rpc-tracker-port"])
 def test_every_other_command_refuses_bad_input(bad, argv, names, tmp_path):
     argv = [a.format(**bad) for a in argv]
