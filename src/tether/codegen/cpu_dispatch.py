@@ -15,12 +15,12 @@ A runtime that does not know the word leaves it 0, which is always safe.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, ContextManager, Optional, Tuple
 
 from llvmlite import ir
 
 from tether.codegen.types import I32
+from tether.scoped import attribute_set
 from tether.target import Target, int8_load_time_features
 from tether.tir import PrimFunc, Store, dot4_kind, walk
 
@@ -55,15 +55,9 @@ def _wanted(target: Target, primfunc: PrimFunc) -> Tuple[str, ...]:
     return tuple(f for f in features(target) if kinds & set(_KINDS.get(f, ())))
 
 
-@contextmanager
-def variant(ctx: Any, feature: Optional[str]) -> Iterator[None]:
+def variant(ctx: Any, feature: Optional[str]) -> ContextManager[None]:
     """While emitting the version of a kernel for ``feature`` (codegen/int8dot.py reads ``ctx.cpu_variant``)."""
-    saved = getattr(ctx, "cpu_variant", None)
-    ctx.cpu_variant = feature
-    try:
-        yield
-    finally:
-        ctx.cpu_variant = saved
+    return attribute_set(ctx, "cpu_variant", feature)
 
 
 def emit(ctx: Any, primfunc: PrimFunc, emit_one: Callable[[Any, PrimFunc], ir.Function]) -> Optional[ir.Function]:

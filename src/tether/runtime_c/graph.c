@@ -106,13 +106,23 @@ static int read_storages(tether_rt_model* m, const rt_json* g, uint64_t max_byte
   return TETHER_RT_OK;
 }
 
+/* The graph JSON's list `key` and a zeroed array of `elem`-sized records, one per item (entries, nodes). */
+static int alloc_list(const rt_json* g, const char* key, size_t elem, const rt_json** list, void** array) {
+  *list = rt_json_get(g, key);
+  if (*list == NULL || (*list)->type != RT_JARR)
+    return rt_fail(TETHER_RT_ERR_FORMAT, "malformed graph JSON: \"%s\" must be a list of objects", key);
+  *array = calloc((*list)->count ? (*list)->count : 1, elem);
+  if (*array == NULL) return rt_fail(TETHER_RT_ERR_NOMEM, "out of memory for %zu %s", (*list)->count, key);
+  return TETHER_RT_OK;
+}
+
 static int read_entries(tether_rt_model* m, const rt_json* g) {
-  const rt_json* es = rt_json_get(g, "entries");
-  if (es == NULL || es->type != RT_JARR)
-    return rt_fail(TETHER_RT_ERR_FORMAT, "malformed graph JSON: \"entries\" must be a list of objects");
+  const rt_json* es;
+  void* array;
+  int status = alloc_list(g, "entries", sizeof(rt_entry), &es, &array);
+  if (status != TETHER_RT_OK) return status;
+  m->entries = (rt_entry*)array;
   m->nentries = (int32_t)es->count;
-  m->entries = (rt_entry*)calloc(es->count ? es->count : 1, sizeof(rt_entry));
-  if (m->entries == NULL) return rt_fail(TETHER_RT_ERR_NOMEM, "out of memory for %zu entries", es->count);
   int32_t k = 0;
   for (const rt_json* e = es->child; e; e = e->next, k++) {
     rt_entry* en = &m->entries[k];
@@ -287,18 +297,15 @@ static int read_node(tether_rt_model* m, const rt_json* nj, int32_t k) {
 
 static int read_graph(tether_rt_model* m, const rt_json* g) {
   int status;
-  int64_t version;
   if ((status = read_entries(m, g)) != TETHER_RT_OK) return status;
-  (void)version;
   if ((status = read_ids(m, g, "inputs", ROLE_INPUT, &m->ninputs, &m->inputs)) != TETHER_RT_OK) return status;
   if ((status = read_ids(m, g, "outputs", ROLE_OUTPUT, &m->noutputs, &m->outputs)) != TETHER_RT_OK) return status;
   if ((status = read_ids(m, g, "params", ROLE_PARAM, &m->nparams, &m->params)) != TETHER_RT_OK) return status;
-  const rt_json* nodes = rt_json_get(g, "nodes");
-  if (nodes == NULL || nodes->type != RT_JARR)
-    return rt_fail(TETHER_RT_ERR_FORMAT, "malformed graph JSON: \"nodes\" must be a list of objects");
+  const rt_json* nodes;
+  void* array;
+  if ((status = alloc_list(g, "nodes", sizeof(rt_node), &nodes, &array)) != TETHER_RT_OK) return status;
+  m->nodes = (rt_node*)array;
   m->nnodes = (int32_t)nodes->count;
-  m->nodes = (rt_node*)calloc(nodes->count ? nodes->count : 1, sizeof(rt_node));
-  if (m->nodes == NULL) return rt_fail(TETHER_RT_ERR_NOMEM, "out of memory for %zu nodes", nodes->count);
   int32_t k = 0;
   for (const rt_json* nj = nodes->child; nj; nj = nj->next, k++) {
     if (nj->type != RT_JOBJ)

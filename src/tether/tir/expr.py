@@ -11,9 +11,9 @@ several); tether.tir.visit walks and rebuilds every node through them.
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ContextManager, Dict, Sequence
 
+from tether.scoped import attribute_set
 from tether.tir.dtype import bits, check_dtype, is_bool, is_float, is_int, is_unsigned, rank
 
 if TYPE_CHECKING:
@@ -100,15 +100,9 @@ def _call_text(name: str, *args: Expr) -> str:
 _PRINTING = threading.local()
 
 
-@contextmanager
-def var_names(names: Dict[int, str]) -> Iterator[None]:
+def var_names(names: Dict[int, str]) -> ContextManager[None]:
     """Print Vars (by id) under ``names`` while the block runs."""
-    saved = getattr(_PRINTING, "names", None)
-    _PRINTING.names = names
-    try:
-        yield
-    finally:
-        _PRINTING.names = saved
+    return attribute_set(_PRINTING, "names", names)
 
 
 class Const(Expr):
