@@ -39,6 +39,7 @@ from tether_rpc.dtypes import DTYPES, storage_of
 
 from tether import cc, link
 from tether.errors import CompileError, UnsupportedOpError
+from tether.graph import numpy_nodes
 from tether.target import Target
 
 PARAMS_MODES = ("embedded", "external")
@@ -144,13 +145,22 @@ def _nbytes(entry: Dict[str, Any]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- checks
+_NUMPY_REFUSAL = ("node %r (%s) runs as numpy on the device and cannot be compiled ahead of time: use the graph "
+                  "executor (executor=\"graph\") for this model")
+
+
+def check_aot_nodes(graph: Any) -> None:
+    """Refuse a graph with numpy nodes before anything is compiled (``check_aot_graph`` checks the build too)."""
+    for node in graph.nodes:
+        if numpy_nodes.is_numpy(node):
+            raise UnsupportedOpError(_NUMPY_REFUSAL % (node.name, node.op))
+
+
 def check_aot_graph(graph_json: Dict[str, Any], metadata: Dict[str, Any]) -> None:
     """Refuse what generated code cannot run: numpy nodes, data-dependent shapes, host callbacks."""
     for node in graph_json["nodes"]:
         if "numpy" in node:
-            raise UnsupportedOpError("node %r (%s) runs as numpy on the device and cannot be compiled ahead of time: "
-                                     "use the graph executor (executor=\"graph\") for this model"
-                                     % (node.get("name"), node["numpy"]))
+            raise UnsupportedOpError(_NUMPY_REFUSAL % (node.get("name"), node["numpy"]))
     dynamic = [e["name"] for e in graph_json["entries"] if e.get("dynamic")]
     if dynamic:
         raise UnsupportedOpError("value %r has a data-dependent shape and cannot be compiled ahead of time"
@@ -510,7 +520,7 @@ def _entry_target(tgt: Target) -> List[str]:
 
 
 ENTRY_FLAGS = ("-O2", "-ffreestanding", "-fno-builtin", "-nostdlib", "-fno-stack-protector", "-fno-sanitize=undefined",
-               "-fPIC", "-std=c11", "-Wall", "-Werror", "-Wno-unused-function", "-Wno-unused-const-variable")
+               "-fno-unwind-tables", "-fno-asynchronous-unwind-tables", "-fPIC", "-std=c11", "-Wall", "-Werror", "-Wno-unused-function", "-Wno-unused-const-variable")
 
 
 def compile_entry(source: str, header: str, prefix: str, tgt: Target, folder: str) -> bytes:

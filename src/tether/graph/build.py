@@ -102,6 +102,7 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
         from tether.graph import aot
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ValueError("an AOT model's name is its C prefix and must be a C identifier, got %r" % name)
+        aot.check_aot_nodes(graph)       # before minutes of kernel compilation
         factory = build_graph(graph, params, target, opt_level, fast_math, name, configs)
         return aot.build_aot(factory, aot_params, aot_workspace)
     tgt = as_target(target)
