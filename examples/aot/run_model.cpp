@@ -64,6 +64,8 @@ class Model {
     if (threads > 1) {
       check(M(set_num_threads)(threads), "threads");
       for (int i = 1; i < threads; i++) workers_.emplace_back([] { M(thread_worker)(); });
+      // a worker that enters after threads_stop would serve on: stop only workers known to be inside
+      while (M(num_workers)() < threads - 1) std::this_thread::yield();
     }
   }
   ~Model() {

@@ -259,8 +259,10 @@ def generate_header(prefix: str, graph_json: Dict[str, Any], layout: Layout, par
         "const char* %s_failed_node(void);" % p,
         "int32_t %s_kernel_code(void);" % p,
         "/* Threads: n > 1 lets the kernels' parallel loops use the native pool, whose workers are threads the",
-        " * caller owns: each calls %s_thread_worker(), which serves until %s_threads_stop(). n <= 1: serial. */" % (
+        " * caller owns: each calls %s_thread_worker(), which serves until %s_threads_stop(). n <= 1: serial." % (
             p, p),
+        " * threads_stop stops the workers inside thread_worker at that moment: wait for %s_num_workers() to count" % p,
+        " * them first (a thread that enters later serves on). */",
         "int %s_set_num_threads(int n);" % p,
         "void %s_thread_worker(void);" % p,
         "void %s_threads_stop(void);" % p,
