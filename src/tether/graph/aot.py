@@ -521,8 +521,11 @@ def _entry_target(tgt: Target) -> List[str]:
     return ["-target", "arm-linux-musleabi", "-mcpu=generic+v7a+vfp3d16"]
 
 
-ENTRY_FLAGS = ("-O2", "-ffreestanding", "-fno-builtin", "-nostdlib", "-fno-stack-protector", "-fno-sanitize=undefined",
-               "-fno-unwind-tables", "-fno-asynchronous-unwind-tables", "-fPIC", "-std=c11", "-Wall", "-Werror", "-Wno-unused-function", "-Wno-unused-const-variable")
+# freestanding: no libc, no stack protector or sanitizer runtime, no unwind tables (armv7 EHABI would want
+# __aeabi_unwind_cpp_pr0 from a C runtime), no debug info (zig cc's default)
+ENTRY_FLAGS = ("-O2", "-g0", "-ffreestanding", "-fno-builtin", "-nostdlib", "-fno-stack-protector",
+               "-fno-sanitize=undefined", "-fno-unwind-tables", "-fno-asynchronous-unwind-tables", "-fPIC", "-std=c11",
+               "-Wall", "-Werror", "-Wno-unused-function", "-Wno-unused-const-variable")
 
 
 def compile_entry(source: str, header: str, prefix: str, tgt: Target, folder: str) -> bytes:
