@@ -333,7 +333,7 @@ def generate_source(prefix: str, graph_json: Dict[str, Any], layout: Layout, par
         "_Static_assert(sizeof(DLTensor) == %d, \"DLTensor layout\");" % (48 if pointer_bytes == 8 else 40),
         "_Static_assert(sizeof(TetherValue) == 8, \"TetherValue layout\");", "",
         "#define NUM_ARGS %d" % len(layout.args), "#define TENSORS_AT %d" % layout.tensors_at,
-        "#define VALUES_AT %d" % layout.values_at, "#define DATA_AT %d" % _align(layout.values_at + 8 * len(layout.args)),
+        "#define VALUES_AT %d" % layout.values_at,
         "#define MAGIC 0x%xull" % _MAGIC, "",
     ]
     L += ["int32_t %s(const TetherValue* args, const int32_t* type_codes, int32_t num_args);" % f for f in funcs]
