@@ -28,10 +28,14 @@ _LAZY_SUBMODULES = ("te", "tir", "ops", "runtime", "target", "errors", "codegen"
 
 def build_graph(graph: Any, params: Dict[str, Any], target: Any = "host", opt_level: int = 3, fast_math: bool = False,
                 name: str = "deploy", tuning_log: Optional[str] = None,
-                configs: Optional[Mapping[str, Dict[str, Any]]] = None) -> Any:
+                configs: Optional[Mapping[str, Dict[str, Any]]] = None, executor: str = "graph",
+                aot_params: str = "embedded", aot_workspace: str = "static") -> Any:
     """Compile an imported graph into one library + graph JSON + params (``tether.graph.build.build_graph``).
     ``tuning_log``: a `tether tune` log; each kernel it has results for (on this target) gets its best config, the
-    others their default schedule (``configs``, task key -> config, given directly, takes precedence)."""
+    others their default schedule (``configs``, task key -> config, given directly, takes precedence).
+    ``executor="aot"``: an ahead-of-time module instead, ``<name>.h`` + ``lib<name>.so`` + ``lib<name>.a`` whose
+    ``<name>_run`` runs the whole model (docs/deploy.md; ``aot_params``: "embedded" or "external",
+    ``aot_workspace``: "static" or "caller")."""
     import logging
 
     from tether.graph.build import build_graph as build
@@ -44,7 +48,7 @@ def build_graph(graph: Any, params: Dict[str, Any], target: Any = "host", opt_le
                                                      tuning_log, len(resolved))
     resolved.update(configs or {})
     return build(graph, params, target=target, opt_level=opt_level, fast_math=fast_math, name=name,
-                 configs=resolved)
+                 configs=resolved, executor=executor, aot_params=aot_params, aot_workspace=aot_workspace)
 
 
 class _Package(types.ModuleType):

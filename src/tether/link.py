@@ -115,9 +115,10 @@ def _run_linker(argv: List[str], what: str, target: Target) -> None:
 
 
 def link_shared(objects: Sequence[bytes], target: Union[str, Target], out_path: str,
-                soname: Optional[str] = None, linker: Optional[Sequence[str]] = None) -> str:
+                soname: Optional[str] = None, linker: Optional[Sequence[str]] = None,
+                flags: Sequence[str] = ()) -> str:
     """Link object files (bytes) into a self-contained shared object at ``out_path``: no libc, no DT_NEEDED,
-    no undefined symbols."""
+    no undefined symbols. ``flags``: more linker arguments (e.g. a version script)."""
     target = as_target(target)
     cmd = list(linker) if linker else find_linker()
     out_path = os.path.abspath(os.fspath(out_path))
@@ -125,7 +126,8 @@ def link_shared(objects: Sequence[bytes], target: Union[str, Target], out_path: 
     with tempfile.TemporaryDirectory(prefix="tether-link-") as tmp:
         paths = _write_objects(objects, tmp)
         tmp_out = os.path.join(tmp, "out.so")
-        _run_linker(cmd + list(target.link_flags) + ["-soname", soname, "-o", tmp_out] + paths, soname, target)
+        _run_linker(cmd + list(target.link_flags) + list(flags) + ["-soname", soname, "-o", tmp_out] + paths, soname,
+                    target)
         os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
         shutil.move(tmp_out, out_path)
     return out_path
@@ -186,3 +188,59 @@ def write_archive(members: Sequence[Tuple[str, bytes, Iterable[str]]], out_path:
     with open(out_path, "wb") as f:
         f.write(b"".join(out))
     return out_path
+
+
+def rename_symbols(obj: bytes, keep: Iterable[str], prefix: str) -> Tuple[bytes, List[str]]:
+    """Rename every defined global or weak symbol of the relocatable object ``obj`` except ``keep`` to
+    ``prefix + name``; returns the new object and the undefined symbols it still references.
+
+    Two objects that both define ``tether_pool_launch`` (two models' kernels) then link into one program. The
+    names are appended to a new string table at the end of the file (the section header of the symbol table's
+    string table is pointed at it), so no other byte of the object moves."""
+    keep = set(keep)
+    data = bytearray(obj)
+    if data[:4] != b"\x7fELF" or data[5] != 1:
+        raise CompileError("rename_symbols: not a little-endian ELF object")
+    is64 = data[4] == 2
+    if is64:
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        sh_fmt, sym_fmt = "<IIQQQQIIQQ", "<IBBHQQ"
+    else:
+        shoff, = struct.unpack_from("<I", data, 0x20)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x2E)
+        sh_fmt, sym_fmt = "<IIIIIIIIII", "<IIIBBH"
+    sections = [list(struct.unpack_from(sh_fmt, data, shoff + k * shentsize)) for k in range(shnum)]
+    symtabs = [k for k, s in enumerate(sections) if s[1] == 2]           # SHT_SYMTAB
+    if len(symtabs) != 1:
+        raise CompileError("rename_symbols: expected one symbol table, found %d" % len(symtabs))
+    sym = sections[symtabs[0]]
+    str_index = sym[6]
+    strtab = sections[str_index]
+    old = bytes(data[strtab[4]:strtab[4] + strtab[5]])
+    new = bytearray(old)
+    entsize = 24 if is64 else 16
+    undefined: List[str] = []
+    for k in range(1, sym[5] // entsize):
+        at = sym[4] + k * entsize
+        fields = list(struct.unpack_from(sym_fmt, data, at))
+        st_name = fields[0]
+        info, shndx = (fields[1], fields[3]) if is64 else (fields[3], fields[5])
+        bind = info >> 4
+        if bind not in (1, 2):                                           # GLOBAL, WEAK
+            continue
+        name = old[st_name:old.index(b"\0", st_name)].decode("utf-8")
+        if shndx == 0:                                                   # SHN_UNDEF
+            undefined.append(name)
+            continue
+        if name in keep:
+            continue
+        fields[0] = len(new)
+        new += (prefix + name).encode("utf-8") + b"\0"
+        struct.pack_into(sym_fmt, data, at, *fields)
+    pad = (-len(data)) % 8
+    data += b"\0" * pad
+    strtab[4], strtab[5] = len(data), len(new)
+    data += new
+    struct.pack_into(sh_fmt, data, shoff + str_index * shentsize, *strtab)
+    return bytes(data), undefined

@@ -41,9 +41,21 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
               help="Only report which op types tether covers (exit status 1 if any is not); compiles nothing.")
 @click.option("--tuning-log", type=TuningLogParam(), default=None,
               help="A `tether tune` log: each kernel it has results for gets its best config (docs/tune.md).")
+@click.option("--aot", is_flag=True,
+              help="Write an ahead-of-time module instead: NAME.h, libNAME.so and libNAME.a whose NAME_run runs the "
+                   "whole model from C (docs/deploy.md).")
+@click.option("--name", default=None, metavar="NAME",
+              help="The library's name; with --aot also its C prefix (default: deploy, or model with --aot).")
+@click.option("--params", "params_mode", type=click.Choice(["embedded", "external"]), default="embedded",
+              show_default=True, help="--aot: params inside the library, or in NAME.params that the caller loads.")
+@click.option("--workspace", "workspace_mode", type=click.Choice(["static", "caller"]), default="static",
+              show_default=True,
+              help="--aot: a static workspace in the library for callers that pass none, or only the caller's.")
 def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool,
-            out_dir: str, print_graph: bool, print_passes: bool, check: bool, tuning_log: Optional[str]) -> None:
-    """Compile an ONNX model into a deployable folder (library + graph JSON + params)."""
+            out_dir: str, print_graph: bool, print_passes: bool, check: bool, tuning_log: Optional[str], aot: bool,
+            name: Optional[str], params_mode: str, workspace_mode: str) -> None:
+    """Compile an ONNX model into a deployable folder (library + graph JSON + params), or with --aot into an
+    ahead-of-time module (header + shared and static library)."""
     if print_passes:
         _print_passes(opt_level)
         return
@@ -66,8 +78,13 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
     except (UnsupportedOpError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     t_import = time.perf_counter() - t0
-    factory = tether.build_graph(graph, params, target=target, opt_level=opt_level, fast_math=fast_math,
-                                  tuning_log=tuning_log)
+    try:
+        factory = tether.build_graph(graph, params, target=target, opt_level=opt_level, fast_math=fast_math,
+                                      tuning_log=tuning_log, name=name or ("model" if aot else "deploy"),
+                                      executor="aot" if aot else "graph", aot_params=params_mode,
+                                      aot_workspace=workspace_mode)
+    except (UnsupportedOpError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
     paths = factory.export(out_dir)
     if print_graph:
         click.echo(str(factory.graph))
@@ -82,6 +99,9 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
     for g in factory.graph.outputs:
         t = factory.graph.types.get(g)
         click.echo("output %s: %s" % (g, t if t is not None else "constant"))
+    if aot:
+        click.echo("workspace %d bytes, params %s (%d bytes)" % (factory.workspace_size, params_mode,
+                                                                 len(factory.params_blob)))
     click.echo("wrote %s" % ", ".join(sorted(paths.values())))
 
 

@@ -85,11 +85,26 @@ class GraphFactory:
 # ---------------------------------------------------------------- build
 def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
                 fast_math: bool = False, name: str = "deploy",
-                configs: Optional[Mapping[str, Dict[str, Any]]] = None) -> GraphFactory:
+                configs: Optional[Mapping[str, Dict[str, Any]]] = None, executor: str = "graph",
+                aot_params: str = "embedded", aot_workspace: str = "static") -> Any:
     """Plan the kernels of `graph` for `target` at `opt_level`, compile them into one library, plan the memory and
     write the graph JSON; ``.export(folder)`` on the result writes the deploy.* files. ``configs``: task key ->
     schedule config (a tuning log's best, ``tether.tune.log.best_configs``); the other kernels get their
-    default schedule."""
+    default schedule.
+
+    ``executor="aot"``: the same build, then its graph JSON as generated code (``graph/aot.py``): the result is an
+    ``AotModule`` whose ``.export(folder)`` writes ``<name>.h``, ``lib<name>.so`` and ``lib<name>.a`` (`name` is
+    the C prefix); ``aot_params`` "embedded" or "external" (a ``<name>.params`` file the caller loads),
+    ``aot_workspace`` "static" (a static buffer when the caller gives none) or "caller"."""
+    if executor not in ("graph", "aot"):
+        raise ValueError("executor must be 'graph' or 'aot', got %r" % (executor,))
+    if executor == "aot":
+        from tether.graph import aot
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError("an AOT model's name is its C prefix and must be a C identifier, got %r" % name)
+        aot.check_aot_nodes(graph)       # before minutes of kernel compilation
+        factory = build_graph(graph, params, target, opt_level, fast_math, name, configs)
+        return aot.build_aot(factory, aot_params, aot_workspace)
     tgt = as_target(target)
     t0 = time.perf_counter()
     plan = plan_kernels(graph, params, tgt, opt_level)
