@@ -19,17 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#ifndef MODEL_HEADER
-#define MODEL_HEADER "model.h"
-#endif
-#ifndef MODEL_PREFIX
-#define MODEL_PREFIX model
-#endif
-#include MODEL_HEADER
-
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define M(name) CAT(MODEL_PREFIX, name) /* M(run) -> model_run */
+#include "model_select.h"  /* the generated model header and M(name) for its prefix */
 
 static void* read_file(const char* path, uint64_t* size) {
   FILE* f = fopen(path, "rb");

@@ -18,17 +18,7 @@
 #include <thread>
 #include <vector>
 
-#ifndef MODEL_HEADER
-#define MODEL_HEADER "model.h"
-#endif
-#ifndef MODEL_PREFIX
-#define MODEL_PREFIX model
-#endif
-#include MODEL_HEADER
-
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define M(name) CAT(MODEL_PREFIX, name)
+#include "model_select.h"  /* the generated model header and M(name) for its prefix */
 
 namespace {
 
