@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "tests" / "data" / "digits_cnn.onnx"
 # target -> emulated arch (None: the host)
 TARGETS = {"host": None, "rasp4b": "aarch64", "armv7-a7": "armv7"}
-MODELS = ("mobilenet_v2", "yolov8_detector", "crnn_recognizer", "transformer_encoder", "int8_mobilenet_v2")
+MODELS = ("mobilenet_v2", "resnet50", "yolov8_detector", "crnn_recognizer", "transformer_encoder", "int8_mobilenet_v2")
 THREADS = 2   # the C programs and the Python executors run with the same thread count
 STATUS = {"io": 1, "format": 2, "module": 3, "arch": 4, "unsupported": 5, "argument": 6, "kernel": 7}
 
@@ -79,6 +79,8 @@ class Builds:
     def onnx_model(self, name: str):
         if name == "mobilenet_v2":   # 64x64 input, width 0.5, 100 classes: every block kind, a small run
             return load_script("make_mobilenet_v2").build_mobilenet_v2(1, 64, 0.5, 100), None
+        if name == "resnet50":        # the whole network on a 32x32 image, 10 classes
+            return load_script("make_resnet50").build_resnet50(seed=1, size=32, classes=10), None
         if name == "int8_mobilenet_v2":
             import onnx
             return onnx.load(self.int8_model("mobilenet_v2", "qdq", 64)), None
