@@ -38,7 +38,6 @@ from tether.graph.ir import Graph
 from tether.graph import numpy_nodes
 from tether.graph.passes import plan_memory
 from tether.graph.plan import KernelPlan, compile_body_node, plan_kernels
-from tether.graph.to_te import lower_kernel
 from tether.kernels.registry import LoopKernel
 from tether.target import as_target
 
@@ -149,9 +148,8 @@ def compile_plan(plan: KernelPlan, configs: Mapping[str, Dict[str, Any]], name: 
             triples.append(task.strategy.build(task.node, graph.types, tgt, fname, compile_body_node))
             shapes_of_func[fname] = None
             continue
-        placeholders, out, shapes_of_func[fname] = lower_kernel(task.node, graph.types,
-                                                                conv_gemm=plan.opt_level >= 3,
-                                                                panel_weights=plan.panel_weights, kind=plan.kind)
+        # (after the repack above, the task's weight already has the config's layout)
+        placeholders, out, shapes_of_func[fname] = task.lower(config)
         sch = ops.schedule([out], tgt, config=config)
         triples.append((sch, placeholders + [out], fname))
     return triples, funcs, shapes_of_func

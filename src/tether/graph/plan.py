@@ -162,18 +162,18 @@ class KernelTask:
         return types
 
     def lower(self, config: Optional[Dict[str, Any]] = None) -> tuple:
-        """(placeholders, output te tensor) of a te task, fresh (te graphs are not shared between builds), with
-        its weights laid out for `config`."""
+        """(placeholders, output te tensor, argument views) of a te task, fresh (te graphs are not shared between
+        builds), with its weights laid out for `config`; the views are the shapes the kernel reads some arguments
+        with (a conv run as a GEMM), None where they are the graph's."""
         if not isinstance(self.strategy, TeLowering):
             raise ValueError("kernel %s (%s) is %s, not lowered through te"
                              % (self.key, self.name, self.strategy.lowering))
-        placeholders, out, _ = lower_kernel(self.node, self.types_for(config), conv_gemm=self.plan.opt_level >= 3,
-                                            panel_weights=self.plan.panel_weights, kind=self.plan.kind)
-        return placeholders, out
+        return lower_kernel(self.node, self.types_for(config), conv_gemm=self.plan.opt_level >= 3,
+                            panel_weights=self.plan.panel_weights, kind=self.plan.kind)
 
     def interface(self) -> Tuple[List[Tuple[Tuple[int, ...], str]], ConfigSpace]:
         """((shape, dtype) of every argument, inputs then output; the config space) of a te task."""
-        placeholders, out = self.lower()
+        placeholders, out, _ = self.lower()
         args = [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in placeholders + [out]]
         return args, space_for(out, family_of(self.plan.target))
 

@@ -47,7 +47,8 @@ class Task:
     def lower(self, config: Optional[Dict[str, Any]] = None) -> tuple:
         """(placeholders, output te tensor) of the kernel, fresh (te graphs are not shared between builds), with
         its weights laid out for `config` (its conv_panel, as build_graph packs them)."""
-        return self.planned.lower(config)
+        placeholders, out, _ = self.planned.lower(config)
+        return placeholders, out
 
     def build(self, config: Optional[Dict[str, Any]]) -> Any:
         """The kernel with `config` as a one-function Module (tether.artifact.Module) named KERNEL_NAME."""
