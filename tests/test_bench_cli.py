@@ -56,9 +56,11 @@ def check_document(doc, schema):
         assert r["stats"]["min"] == pytest.approx(steady.min())
         assert [s["i"] for s in r["samples"]] == list(range(len(r["samples"])))
         assert sum(s["warmup"] for s in r["samples"]) == r["warmup"]["count"]
-        # a sample is `number` runs lasting at least --min-sample-ms together
+        # the calibration stops at the first round of `number` runs that lasts --min-sample-ms; the samples after
+        # it are timed runs too, and on a loaded box may run faster than that round, so only the round is checked
         if not doc["options"]["number"]:
-            assert min(s["s"] for s in r["samples"]) * r["number"] >= doc["options"]["min_sample_ms"] / 1e3 * 0.5
+            assert r["number"] >= 1
+            assert r["phases"]["calibration_s"] >= doc["options"]["min_sample_ms"] / 1e3
         assert r["phases"]["upload_s"] > 0 and r["phases"]["load_s"] > 0 and r["phases"]["first_run_s"] > 0
         assert r["memory"]["peak_rss_bytes"] >= r["memory"]["rss_start_bytes"] > 0
 

@@ -136,7 +136,13 @@ def test_bench_run_calibrates_samples_and_pins():
             pass
 
     cpu = sorted(os.sched_getaffinity(0))[0]
-    res = device_state.bench_run(call, {"min_sample_ms": 2, "samples": 8, "pin": [cpu]})
+    # a calibration round that another process preempts lasts longer than its runs: on a loaded box one of
+    # three tries is enough to see the rule (2 ms samples of 0.2 ms runs need at least 8 runs)
+    for _ in range(3):
+        res = device_state.bench_run(call, {"min_sample_ms": 2, "samples": 8, "pin": [cpu]})
+        assert res["calibration_s"] >= 2e-3, "the calibration ends on a round of at least 2 ms"
+        if res["number"] >= 8:
+            break
     assert res["number"] >= 8, "2 ms samples of 0.2 ms runs"
     steady = [r for r in res["samples"] if r["i"] >= res["warmup"]]
     assert len(steady) >= 8 and all(r["s"] >= 2e-4 for r in res["samples"])
