@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from tether.errors import InvalidInput
 from tether.frontend import detect
-from tether.frontend.model_file import load_onnx_file
+from tether.frontend.model_file import load_model_file
 
 DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits_cnn.onnx")
 
@@ -89,7 +89,7 @@ def test_onnx_models_of_any_size_are_onnx(tmp_path):
     onnx.save(model, str(path))
     assert os.path.getsize(path) > detect.HEAD_BYTES * 2   # the graph starts beyond the head
     assert detect.detect(str(path)).name == "ONNX"
-    proto, base = load_onnx_file(str(path))
+    proto, base = load_model_file(str(path))
     assert proto.graph.node[0].op_type == "Relu" and base == str(tmp_path)
 
 
@@ -102,9 +102,9 @@ def test_random_truncated_and_empty_bytes_are_no_model(tmp_path):
     for name, content in cases.items():
         (tmp_path / name).write_bytes(content)
         with pytest.raises(InvalidInput, match=name.replace(".", r"\.")):
-            load_onnx_file(str(tmp_path / name))
+            load_model_file(str(tmp_path / name))
     with pytest.raises(InvalidInput, match="it has no graph and no opset"):
-        load_onnx_file(str(tmp_path / "foreign.onnx"))
+        load_model_file(str(tmp_path / "foreign.onnx"))
 
 
 def test_a_format_name_is_registered_once():

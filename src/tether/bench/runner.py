@@ -88,7 +88,7 @@ def parse_target(spec: str, shapes: Optional[Sequence[Tuple[int, ...]]] = None, 
                  input_shapes: Optional[Dict[str, Tuple[int, ...]]] = None) -> BenchTarget:
     """``LIB.so:FUNC``, a model folder (with deploy.json) or ``model.onnx``. A folder or model file is checked
     here, before any device is asked for: a broken one raises ``tether.errors.InvalidInput`` naming it."""
-    from tether.frontend.model_file import load_onnx_file
+    from tether.frontend.model_file import load_model_file
     from tether.model_folder import check_model_folder
 
     if os.path.isdir(spec):
@@ -100,7 +100,7 @@ def parse_target(spec: str, shapes: Optional[Sequence[Tuple[int, ...]]] = None, 
         with open(spec, "rb") as fh:
             if fh.read(4) == b"\x7fELF":
                 raise BenchError("%s is a library: name the function to run, as %s:FUNC" % (spec, spec))
-        load_onnx_file(spec)      # anything but an ONNX model is named and refused
+        load_model_file(spec)      # anything but an ONNX model is named and refused
         return BenchTarget(spec, "onnx", spec, input_shapes=dict(input_shapes or {}))
     if spec.lower().endswith(".onnx"):
         raise BenchError("no such ONNX file: %s" % spec)
@@ -161,9 +161,11 @@ class OnnxCache:
 
                 import tether
                 from tether.frontend import from_onnx
+                from tether.frontend.model_file import load_model_file
 
                 t0 = time.perf_counter()
-                graph, params = from_onnx(target.path, shape=dict(target.input_shapes or {}))
+                proto, base_dir = load_model_file(target.path)   # any format tether reads, as an ONNX graph
+                graph, params = from_onnx(proto, shape=dict(target.input_shapes or {}), base_dir=base_dir)
                 factory = tether.build_graph(graph, params, target=compile_for, opt_level=options.opt_level,
                                              fast_math=options.fast_math)
                 out = os.path.join(self.workdir, "%s-%d" % (os.path.basename(target.path), len(self._done)))

@@ -54,20 +54,21 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
 def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool,
             out_dir: str, print_graph: bool, print_passes: bool, check: bool, tuning_log: Optional[str], aot: bool,
             name: Optional[str], params_mode: str, workspace_mode: str) -> None:
-    """Compile an ONNX model into a deployable folder (library + graph JSON + params), or with --aot into an
-    ahead-of-time module (header + shared and static library)."""
+    """Compile a model (ONNX, TFLite, TensorFlow, Keras, Darknet, Caffe, CoreML: docs/frontends.md) into a
+    deployable folder (library + graph JSON + params), or with --aot into an ahead-of-time module (header + shared
+    and static library)."""
     if print_passes:
         _print_passes(opt_level)
         return
     if model is None:
         raise click.UsageError("Missing argument 'MODEL'.")
-    from tether.frontend.model_file import load_onnx_file
+    from tether.frontend.model_file import load_model_file
 
-    t0 = time.perf_counter()
-    proto, base_dir = load_onnx_file(model)  # a foreign or broken file: InvalidInput, one line (cli/errors.py)
     if check:
-        _check(proto, model)
+        _check(model)
         return
+    t0 = time.perf_counter()
+    proto, base_dir = load_model_file(model)  # a foreign or broken file: InvalidInput, one line (cli/errors.py)
 
     import tether
     from tether.errors import UnsupportedOpError
@@ -113,11 +114,12 @@ def _print_passes(opt_level: int) -> None:
         click.echo("%-24s %s" % (p.__name__, SUMMARIES[p.__name__]))
 
 
-def _check(model, path: str) -> None:
-    """Print the op coverage table of ``model``; exit status 1 when an op type is not covered."""
-    from tether.frontend.onnx import op_coverage
+def _check(path: str) -> None:
+    """Print the op coverage table of the model at ``path``, in its format's own op names; exit status 1 when an
+    op type is not covered."""
+    from tether.frontend.model_file import op_coverage
 
-    rows = op_coverage(model)
+    rows = op_coverage(path)
     width = max([len(r["op_type"]) for r in rows] + [7])
     click.echo("%-*s  %-16s %5s  %s" % (width, "op type", "domain", "opset", "status"))
     for r in rows:

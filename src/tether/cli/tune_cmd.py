@@ -107,11 +107,11 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
 
     from tether.errors import TetherError, UnsupportedOpError
     from tether.frontend import from_onnx
-    from tether.frontend.model_file import load_onnx_file
+    from tether.frontend.model_file import load_model_file
     from tether.tune.search import Tuner, TuneOptions
     from tether.tune.tasks import extract_tasks
 
-    proto, base_dir = load_onnx_file(model)   # a foreign or broken file: one line, exit 2 (cli/errors.py)
+    proto, base_dir = load_model_file(model)   # a foreign or broken file: one line, exit 2 (cli/errors.py)
     try:
         graph, params = from_onnx(proto, shape=parse_input_shapes(input_shapes), base_dir=base_dir)
     except (UnsupportedOpError, ValueError) as exc:
