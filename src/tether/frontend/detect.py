@@ -216,12 +216,24 @@ def _pytorch(p: Probe) -> bool:
 _DARKNET = re.compile(r"^\s*\[(net|network)\]\s*$", re.M)
 
 
-def _darknet(p: Probe) -> bool:
-    text = None if p.is_dir else p.text_head()
-    if text is None:
-        return False
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+def _darknet_cfg(text: str) -> bool:
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and ln.lstrip()[0] not in "#;"), "")
     return bool(_DARKNET.match(first))
+
+
+def _darknet(p: Probe) -> bool:
+    """A Darknet .cfg, or a .weights file (bare floats, no signature) whose .cfg of the same stem is beside it."""
+    if p.is_dir:
+        return False
+    text = p.text_head()
+    if text is not None:
+        return _darknet_cfg(text)
+    cfg = os.path.splitext(p.path)[0] + ".cfg"
+    if p.size < 16 or cfg == p.path or not os.path.isfile(cfg):
+        return False
+    with open(cfg, "rb") as fh:
+        head = Probe(cfg, False, fh.read(HEAD_BYTES), os.path.getsize(cfg)).text_head()
+    return head is not None and _darknet_cfg(head)
 
 
 _CAFFE_TEXT = re.compile(r"^\s*layers?\s*\{", re.M)
@@ -283,7 +295,7 @@ for _fmt in (
         ModelFormat("Keras", "a Keras model (.keras zip)", False, True, _keras_zip),
         ModelFormat("Keras HDF5", "a Keras model (HDF5 .h5)", False, True, _keras_hdf5),
         ModelFormat("PyTorch", "a PyTorch checkpoint or TorchScript zip (torch.save)", False, True, _pytorch),
-        ModelFormat("Darknet", "a Darknet network (.cfg)", False, True, _darknet),
+        ModelFormat("Darknet", "a Darknet network (.cfg, or .weights beside its .cfg)", True, True, _darknet),
         ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", False, True, _caffe_prototxt),
         ModelFormat("Caffe", "a Caffe model (.caffemodel)", False, True, _caffemodel),
         ModelFormat("CoreML", "a Core ML model (.mlmodel)", False, True, _coreml),
