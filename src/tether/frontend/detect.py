@@ -241,7 +241,8 @@ _CAFFE_TEXT = re.compile(r"^\s*layers?\s*\{", re.M)
 
 def _caffe_prototxt(p: Probe) -> bool:
     text = None if p.is_dir else p.text_head()
-    return text is not None and bool(_CAFFE_TEXT.search(text)) and re.search(r"^\s*type\s*:", text, re.M) is not None
+    # a layer's fields may share its line (layer { name: "relu" type: "ReLU" ... }), so type need not start one
+    return text is not None and bool(_CAFFE_TEXT.search(text)) and re.search(r"[\s{]type\s*:", text) is not None
 
 
 def _caffemodel(p: Probe) -> bool:
@@ -296,8 +297,8 @@ for _fmt in (
         ModelFormat("Keras HDF5", "a Keras model (HDF5 .h5)", False, True, _keras_hdf5),
         ModelFormat("PyTorch", "a PyTorch checkpoint or TorchScript zip (torch.save)", False, True, _pytorch),
         ModelFormat("Darknet", "a Darknet network (.cfg, or .weights beside its .cfg)", True, True, _darknet),
-        ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", False, True, _caffe_prototxt),
-        ModelFormat("Caffe", "a Caffe model (.caffemodel)", False, True, _caffemodel),
+        ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", True, True, _caffe_prototxt),
+        ModelFormat("Caffe", "a Caffe model (.caffemodel)", True, True, _caffemodel),
         ModelFormat("CoreML", "a Core ML model (.mlmodel)", False, True, _coreml),
         ModelFormat("CoreML package", "a Core ML package folder (.mlpackage)", False, True, _mlpackage),
         # not models: what people pass by mistake, named so the error says what the file is
