@@ -158,6 +158,38 @@ def test_classifier_matches_opencv_from_the_weights_file(models, tmp_path):
     _assert_close(ours, ref)
 
 
+YOLOV2 = "".join([
+    "[net]\nwidth=64\nheight=64\nchannels=3\n",
+    _conv(8, stride=2), "[maxpool]\nsize=2\nstride=2\n", _conv(16), "[reorg]\nstride=2\n", _conv(16),
+    _conv(5 * (5 + 3), 1, act="linear", bn=0),
+    "[region]\nanchors=1.08,1.19, 3.42,4.41, 6.63,11.38, 9.42,5.11, 16.62,10.52\nclasses=3\nnum=5\nsoftmax=1\n",
+])
+
+
+def test_yolov2_reorg_and_region_match_opencv(tmp_path):
+    """[reorg] (darknet's own index shuffle) and [region] with softmax. OpenCV suppresses overlapping boxes inside
+    its Region layer; darknet's layer does not, so the class scores OpenCV keeps must be ours, and the boxes and
+    objectness all match."""
+    rng = np.random.default_rng(5)
+    chunks = []
+    for n_in, n_out, k, bn in ((3, 8, 3, 1), (8, 16, 3, 1), (64, 16, 3, 1), (16, 40, 1, 0)):
+        chunks.append(rng.normal(0, 0.1, n_out))
+        if bn:
+            chunks += [rng.uniform(0.5, 1.5, n_out), rng.normal(0, 0.1, n_out), rng.uniform(0.5, 1.5, n_out)]
+        chunks.append(rng.normal(0, 1.0 / np.sqrt(n_in * k * k), n_out * n_in * k * k))
+    cfg, weights = tmp_path / "yolov2.cfg", tmp_path / "yolov2.weights"
+    cfg.write_text(YOLOV2)
+    weights.write_bytes(np.array([0, 1, 0, 0], np.int32).tobytes()       # version 0.1: a 32-bit "seen"
+                        + np.concatenate(chunks).astype(np.float32).tobytes())
+    x = np.random.default_rng(6).uniform(0, 1, (1, 3, 64, 64)).astype(np.float32)
+    (ref,) = _opencv(str(cfg), str(weights), x)
+    (ours,) = _tether(str(cfg), x, tmp_path / "out")
+    _assert_close(ours[:, :5], ref[:, :5])
+    kept = ref[:, 5:] > 0
+    assert kept.any()
+    assert np.abs(ours[:, 5:][kept] - ref[:, 5:][kept]).max() <= 1e-4 * np.abs(ref).max()
+
+
 def test_detect_and_coverage(models):
     cfg, weights = models["yolov4-tiny"]
     assert detect.detect(cfg).name == "Darknet" and detect.detect(weights).name == "Darknet"
@@ -169,7 +201,7 @@ def test_detect_and_coverage(models):
 
 def test_unsupported_layers_are_all_named_in_one_error(models, tmp_path):
     cfg = tmp_path / "odd.cfg"
-    cfg.write_text("[net]\nwidth=16\nheight=16\nchannels=3\n" + _conv(7, act="linear") + "[reorg]\nstride=2\n"
+    cfg.write_text("[net]\nwidth=16\nheight=16\nchannels=3\n" + _conv(7, act="linear") + "[crnn]\nhidden=4\n"
                    + "[local_avgpool]\n[route]\nlayers=0\n" + _conv(4, act="hardmish") + "[route]\nlayers=0\n"
                    + YOLO % "0" + "nms_threshold=0.4\n")
     (tmp_path / "odd.weights").write_bytes(np.array([0, 2, 0, 0, 0], np.int32).tobytes() + bytes(4 * 1000))
@@ -177,11 +209,11 @@ def test_unsupported_layers_are_all_named_in_one_error(models, tmp_path):
         to_onnx(str(cfg))
     msg = str(exc.value)
     assert "\n" not in msg and "4 Darknet layer(s)" in msg
-    for part in ("reorg (layer 1", "local_avgpool (layer 2", "activation=hardmish (layer 4", "weights 0.2.0",
+    for part in ("crnn (layer 1", "local_avgpool (layer 2", "activation=hardmish (layer 4", "weights 0.2.0",
                  "yolo nms_threshold=0.4 (layer 6"):
         assert part in msg, msg
     rows = {r["op_type"]: r["covered"] for r in op_coverage(str(cfg))}
-    assert rows["reorg"] is False and rows["activation=hardmish"] is False and rows["convolutional"] is True
+    assert rows["crnn"] is False and rows["activation=hardmish"] is False and rows["convolutional"] is True
 
 
 def test_missing_or_truncated_companion_is_invalid_input(models, tmp_path):

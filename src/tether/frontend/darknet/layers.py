@@ -251,6 +251,22 @@ def _upsample(t: Translator, s: Section, x: Value) -> Optional[Value]:
     return Value(y, x.c, x.h * stride, x.w * stride)
 
 
+def _reorg(t: Translator, s: Section, x: Value) -> Optional[Value]:
+    """darknet's reorg (YOLOv2's passthrough), which is not a space-to-depth: its loop reads the input as if it
+    were [C/s^2, H*s, W*s] and writes the output in the input's [C, H, W] order, viewed as [C*s^2, H/s, W/s]."""
+    p = t.cfg_path
+    st = s.int("stride", 1, p)
+    if s.int("reverse", 0, p) or st < 1 or x.c % (st * st) or x.h % st or x.w % st:
+        t.refuse("reorg reverse=1" if s.int("reverse", 0, p) else "reorg stride=%d" % st, s,
+                 "" if s.int("reverse", 0, p) else "of a %dx%dx%d input" % (x.c, x.h, x.w))
+        return None
+    b, name, oc = t.b, _base(s), x.c // (st * st)
+    y = b.node("Reshape", [t.spatial(x, s), b.ints("shape", [0, oc, x.h, st, x.w, st])], name + "_view")
+    y = b.node("Transpose", [y], name + "_gather", perm=[0, 3, 5, 1, 2, 4])
+    y = b.node("Reshape", [y, b.ints("shape", [0, x.c * st * st, x.h // st, x.w // st])], name)
+    return Value(y, x.c * st * st, x.h // st, x.w // st)
+
+
 def _identity(t: Translator, s: Section, x: Value) -> Optional[Value]:
     return x
 
@@ -310,7 +326,8 @@ def _yolo(t: Translator, s: Section, x: Value) -> Optional[Value]:
 
 def _region(t: Translator, s: Section, x: Value) -> Optional[Value]:
     """[region] (YOLOv2): as [yolo], with anchors in grid cells and, with softmax=1, class probabilities that a
-    softmax over the classes gives."""
+    softmax over the classes gives. The scores are those before any suppression, as darknet's layer gives them
+    (OpenCV's Region layer always suppresses at IoU 0.4 here; darknet leaves that to its detector code)."""
     p = t.cfg_path
     classes, num, coords = s.int("classes", 20, p), s.int("num", 1, p), s.int("coords", 4, p)
     anchors = s.floats("anchors", p)
@@ -330,8 +347,7 @@ def _region(t: Translator, s: Section, x: Value) -> Optional[Value]:
 
 def _decode(t: Translator, s: Section, x: Value, anchors_rel: np.ndarray, classes: int, *, logistic_xy: bool,
             scale_xy: float, thresh: float, softmax: bool, classfix: int = 0) -> Optional[Value]:
-    nms = s.float("nms_threshold", 0.0, t.cfg_path)
-    if nms > 0:
+    if s.type == "yolo" and s.float("nms_threshold", 0.0, t.cfg_path) > 0:
         t.refuse("%s nms_threshold=%s" % (s.type, s.options["nms_threshold"]), s,
                  "non-maximum suppression inside the layer; remove nms_threshold and suppress the boxes it outputs "
                  "(e.g. cv2.dnn.NMSBoxes)")
@@ -451,6 +467,7 @@ for _name, _fn in (
         ("route", _route),
         ("shortcut", _shortcut),
         ("upsample", _upsample),
+        ("reorg", _reorg),
         ("scale_channels", _scale_channels),
         ("sam", _sam),
         ("dropout", _identity), ("cost", _identity),
