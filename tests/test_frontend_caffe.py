@@ -156,6 +156,103 @@ def test_intermediate_blobs_match_opencv(model):
     for g, r in zip(got, ref):
         assert _rel_err(g, r) <= 1e-4
 
+# the other layer types, on the deprecated input/input_dim fields: unary maths, a 4-bottom sum, LRN within
+# channels, Scale by a second bottom from axis 0, Crop with offsets, Concat on the width, Permute, Reshape with 0
+# and -1, InnerProduct from axis 2, Softmax over a middle axis (OpenCV reads Log without its base/scale/shift
+# and has no Threshold or Bias layer, so those are left out)
+ZOO = """
+name: "zoo"
+input: "data"
+input_dim: 1 input_dim: 4 input_dim: 12 input_dim: 12
+layer { name: "abs" type: "AbsVal" bottom: "data" top: "abs" }
+layer { name: "bnll" type: "BNLL" bottom: "data" top: "bnll" }
+layer { name: "exp" type: "Exp" bottom: "data" top: "exp" exp_param { base: 2 scale: 0.5 shift: 0.1 } }
+layer { name: "log" type: "Log" bottom: "abs" top: "log" }
+layer { name: "sum" type: "Eltwise" bottom: "abs" bottom: "bnll" bottom: "exp" bottom: "log"
+        top: "sum" }
+layer { name: "sum2" type: "Eltwise" bottom: "sum" bottom: "bnll" top: "sum2"
+        eltwise_param { coeff: 0.5 coeff: 2 } }
+layer { name: "lrn" type: "LRN" bottom: "sum2" top: "lrn"
+        lrn_param { norm_region: WITHIN_CHANNEL local_size: 3 alpha: 0.1 beta: 0.75 } }
+layer { name: "bias" type: "Scale" bottom: "lrn" top: "bias"
+        scale_param { bias_term: true } }
+layer { name: "gap" type: "Pooling" bottom: "bias" top: "gap"
+        pooling_param { pool: AVE global_pooling: true } }
+layer { name: "gflat" type: "Flatten" bottom: "gap" top: "gflat" }
+layer { name: "gate" type: "Scale" bottom: "bias" bottom: "gflat" top: "gate" scale_param { axis: 0 } }
+layer { name: "conv" type: "Convolution" bottom: "gate" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 5 } }
+layer { name: "crop" type: "Crop" bottom: "gate" bottom: "conv" top: "crop"
+        crop_param { axis: 2 offset: 1 offset: 2 } }
+layer { name: "cat" type: "Concat" bottom: "crop" bottom: "conv" top: "cat" concat_param { axis: 3 } }
+layer { name: "perm" type: "Permute" bottom: "cat" top: "perm"
+        permute_param { order: 0 order: 2 order: 3 order: 1 } }
+layer { name: "resh" type: "Reshape" bottom: "perm" top: "resh"
+        reshape_param { shape { dim: 0 dim: -1 dim: 32 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "resh" top: "ip"
+        inner_product_param { num_output: 6 axis: 2 } }
+layer { name: "sm" type: "Softmax" bottom: "ip" top: "sm" softmax_param { axis: 1 } }
+"""
+ZOO_BLOBS = {"conv": [(4, 4, 5, 5), (4,)], "bias": [(4,), (4,)], "ip": [(6, 32), (6,)]}
+
+# a net in the V1 format of caffe before 2015: enum layer types, 4-D legacy blob shapes
+V1_NET = """
+name: "v1"
+input: "data"
+input_shape { dim: 1 dim: 3 dim: 10 dim: 10 }
+layers { name: "conv" type: CONVOLUTION bottom: "data" top: "conv" convolution_param { num_output: 5 kernel_size: 3 } }
+layers { name: "relu" type: RELU bottom: "conv" top: "conv" }
+layers { name: "pool" type: POOLING bottom: "conv" top: "pool" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layers { name: "ip" type: INNER_PRODUCT bottom: "pool" top: "ip" inner_product_param { num_output: 7 } }
+layers { name: "prob" type: SOFTMAX bottom: "ip" top: "prob" }
+"""
+V1_BLOBS = {"conv": [(5, 3, 3, 3), (1, 1, 1, 5)], "ip": [(1, 1, 7, 80), (1, 1, 1, 7)]}
+
+
+def write_net(text, blob_shapes, path, rng):
+    """A .caffemodel of ``text`` with random blobs of ``blob_shapes`` (4-D legacy shapes for V1 layers)."""
+    net = messages()["NetParameter"]()
+    text_format.Parse(text, net, allow_unknown_field=True)
+    for layer in list(net.layer) + list(net.layers):
+        for shape in blob_shapes.get(layer.name, []):
+            arr = rng.normal(0, 1.0 / np.sqrt(np.prod(shape[1:])) if len(shape) > 1 else 0.3, shape)
+            blob = layer.blobs.add()
+            if layer in net.layers:
+                blob.num, blob.channels, blob.height, blob.width = shape
+            else:
+                blob.shape.dim.extend(shape)
+            blob.data.extend(arr.astype(np.float32).reshape(-1).tolist())
+    with open(path, "wb") as fh:
+        fh.write(net.SerializeToString())
+
+
+@pytest.mark.parametrize("case", ["zoo", "v1"])
+def test_more_layer_types_match_opencv(case, tmp_path):
+    import onnxruntime as ort
+
+    text, blob_shapes, shape, out = {"zoo": (ZOO, ZOO_BLOBS, (1, 4, 12, 12), "sm"),
+                                     "v1": (V1_NET, V1_BLOBS, (1, 3, 10, 10), "prob")}[case]
+    proto, weights = tmp_path / (case + ".prototxt"), tmp_path / (case + ".caffemodel")
+    proto.write_text(text)
+    write_net(text, blob_shapes, str(weights), np.random.default_rng(7))
+    x = np.random.default_rng(8).uniform(-1, 1, shape).astype(np.float32)
+    net = messages()["NetParameter"]()
+    text_format.Parse(text, net)
+    blobs = [t for layer in list(net.layer) + list(net.layers) for t in layer.top]
+    refs = _opencv(str(proto), str(weights), x, blobs)
+    onnx_model = to_onnx(str(proto))      # every blob through onnxruntime: the translation of each layer
+    names = {n for node in onnx_model.graph.node for n in node.output}
+    checked = [b for b in blobs if b in names and b != out]
+    for name in checked:
+        onnx_model.graph.output.add(name=name)
+    got = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        checked, {"data": x})
+    for name, g in zip(checked, got):
+        assert _rel_err(g, refs[blobs.index(name)].reshape(g.shape)) <= 1e-4, name
+    assert len(checked) >= len(set(blobs)) - 2
+    graph, params = from_caffe(str(proto))       # and the whole net compiled by tether
+    assert _rel_err(_tether_run(graph, params, x, tmp_path / "out"), refs[blobs.index(out)]) <= 1e-4
+
 
 def test_caffemodel_alone_and_detection(model, tmp_path):
     proto, weights = model

@@ -208,7 +208,7 @@ def _exp(t: Translator, layer: Any, ins: List[Top], blobs):
 
 def _log(t: Translator, layer: Any, ins: List[Top], blobs):
     p, (x, shape) = layer.log_param, ins[0]
-    y = t.b.node("Log", [_affine(t, layer.name, x, p.scale, p.shift)], layer.name + "_ln")
+    y = t.b.node("Log", [_affine(t, layer.name, x, p.scale, p.shift)], layer.name + ("_ln" if p.base != -1 else ""))
     if p.base != -1:
         y = t.b.node("Mul", [y, t.b.const(layer.name + "_inv_ln_base", np.float32(1 / math.log(p.base)))],
                      layer.name)
