@@ -138,6 +138,9 @@ def test_classifier_matches_opencv(model, tmp_path):
     graph, params = from_caffe(proto)
     ours = _tether_run(graph, params, x, tmp_path)
     assert _rel_err(ours, ref) <= 1e-4
+    x2 = np.random.default_rng(9).uniform(-1, 1, (2, 3, 33, 33)).astype(np.float32)   # another batch size
+    graph, params = from_caffe(proto, shape={"data": x2.shape})
+    assert _rel_err(_tether_run(graph, params, x2, tmp_path / "batch2"), _opencv(proto, weights, x2)) <= 1e-4
 
 
 def test_intermediate_blobs_match_opencv(model):

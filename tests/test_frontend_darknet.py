@@ -116,7 +116,7 @@ def _opencv(cfg, weights, x):
 
 
 def _tether(cfg, x, folder, weights=None):
-    graph, params = from_darknet(cfg, weights)
+    graph, params = from_darknet(cfg, weights, shape={"data": x.shape})
     tether.build_graph(graph, params, target="host").export(str(folder))
     gm = graph_executor.load(str(folder))
     gm.set_input("data", x)
@@ -155,6 +155,10 @@ def test_classifier_matches_opencv_from_the_weights_file(models, tmp_path):
     (ref,) = _opencv(cfg, weights, x)
     (ours,) = _tether(weights, x, tmp_path)        # named by its .weights: the .cfg beside it is found
     assert ours.shape == (1, 10)
+    _assert_close(ours, ref)
+    x2 = np.random.default_rng(7).uniform(0, 1, (3, 3, 32, 32)).astype(np.float32)     # another batch size
+    (ref,) = _opencv(cfg, weights, x2)
+    (ours,) = _tether(cfg, x2, tmp_path / "batch3")
     _assert_close(ours, ref)
 
 

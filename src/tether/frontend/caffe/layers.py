@@ -146,8 +146,10 @@ def _inner_product(t: Translator, layer: Any, ins: List[Top], blobs):
     w = w.reshape(k, p.num_output).T if p.transpose else w.reshape(p.num_output, k)
     name = layer.name
     lead = tuple(shape[:axis])
-    flat = t.b.node("Reshape", [x, t.b.ints(name + "_rows", [int(np.prod(lead)), k])], name + "_flat") \
-        if (len(shape), axis) != (2, 1) else x
+    if axis == 1:           # Flatten keeps the batch dimension free (a shape= override may change it)
+        flat = x if len(shape) == 2 else t.b.node("Flatten", [x], name + "_flat", axis=1)
+    else:
+        flat = t.b.node("Reshape", [x, t.b.ints(name + "_rows", [-1, k])], name + "_flat")
     args = [flat, t.b.const(name + "_w", w)]
     if p.bias_term:
         args.append(t.b.const(name + "_b", blobs[1].reshape(-1)))
@@ -342,7 +344,8 @@ def _flatten(t: Translator, layer: Any, ins: List[Top], blobs):
     p, (x, shape) = layer.flatten_param, ins[0]
     a, e = p.axis % len(shape), p.end_axis % len(shape)
     out = tuple(shape[:a]) + (int(np.prod(shape[a:e + 1])),) + tuple(shape[e + 1:])
-    return [(t.b.node("Reshape", [x, t.b.ints(layer.name + "_shape", out)], layer.name), out)]
+    onnx_shape = [0] * a + [-1] + list(shape[e + 1:])          # 0: the leading dimensions as they come
+    return [(t.b.node("Reshape", [x, t.b.ints(layer.name + "_shape", onnx_shape)], layer.name), out)]
 
 
 def _reshape(t: Translator, layer: Any, ins: List[Top], blobs):
@@ -358,7 +361,10 @@ def _reshape(t: Translator, layer: Any, ins: List[Top], blobs):
         out[out.index(-1)] = int(np.prod(shape)) // known
     if int(np.prod(out)) != int(np.prod(shape)):
         raise InvalidInput("%s: Reshape layer %r makes %s of a %s blob" % (t.path, layer.name, out, list(shape)))
-    return [(t.b.node("Reshape", [x, t.b.ints(layer.name + "_shape", out)], layer.name), tuple(out))]
+    # Caffe's 0 copies the dimension at the same position, as ONNX's does: kept, with the untouched leading
+    # dimensions, so a batch size given later still flows through
+    onnx_shape = [0] * axis + dims + list(shape[end:])
+    return [(t.b.node("Reshape", [x, t.b.ints(layer.name + "_shape", onnx_shape)], layer.name), tuple(out))]
 
 
 def _slice(t: Translator, layer: Any, ins: List[Top], blobs):

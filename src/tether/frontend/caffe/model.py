@@ -187,6 +187,8 @@ def translate(proto_path: Optional[str], model_path: Optional[str]) -> Translato
             value = blobs[name][0]
             if value not in [i.name for i in t.b.inputs]:
                 t.b.output(value, name)
+    if not t.b.outputs and not t.refused:
+        raise InvalidInput("%s has no layers after its inputs, expected a net that computes something" % path)
     return t
 
 

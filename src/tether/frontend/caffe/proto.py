@@ -319,6 +319,9 @@ def messages() -> Dict[str, Any]:
 
         pool = descriptor_pool.DescriptorPool()
         pool.Add(_file_descriptor())
+        make = getattr(message_factory, "GetMessageClass", None)      # protobuf >= 4.21
+        if make is None:
+            make = message_factory.MessageFactory(pool).GetPrototype
         for name in _MESSAGES:
-            _CLASSES[name] = message_factory.GetMessageClass(pool.FindMessageTypeByName("caffe." + name))
+            _CLASSES[name] = make(pool.FindMessageTypeByName("caffe." + name))
     return _CLASSES

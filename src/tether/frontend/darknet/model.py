@@ -77,6 +77,8 @@ def translate(cfg_path: str, weights_path: Optional[str]) -> Translator:
     if min(h, w, c) < 1:
         raise InvalidInput("%s: [net] has height=%d width=%d channels=%d, expected positive sizes"
                            % (cfg_path, h, w, c))
+    if not net.layers:
+        raise InvalidInput("%s has a [net] section but no layers" % cfg_path)
     t.input_hw = (h, w)
     prev: Optional[Value] = Value(t.b.input("data", [1, c, h, w]), c, h, w)
     for s in net.layers:
