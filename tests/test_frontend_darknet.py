@@ -44,8 +44,8 @@ YOLOV4_TINY = "".join([
     _conv(32, 1), _conv(64, act="logistic"),                                      # 28, 29
     _conv(21, 1, act="linear", bn=0), YOLO % "3,4,5",                               # 30, 31
     "[route]\nlayers = -4\n", _conv(16, 1), "[upsample]\nstride=2\n",             # 32-34
-    "[route]\nlayers = -1, 23\n", _conv(32), _conv(21, 1, act="linear", bn=0),   # 35-37
-    YOLO % "1,2,3",                                                               # 38
+    "[route]\nlayers = -1, 23\n", _conv(32), _conv(21, 1, act="logistic", bn=0),  # 35-37
+    YOLO % "1,2,3" + "new_coords=1\n",                                           # 38: scaled-YOLOv4's decoding
 ])
 
 CLASSIFIER = "".join([
