@@ -116,7 +116,7 @@ def _conv(t: Translator, s: Section, x: Value) -> Optional[Value]:
     y = t.b.node("Conv", [t.spatial(x, s), t.b.const(name + "_w", w), t.b.const(name + "_b", bias)], name,
                  kernel_shape=[size, size], strides=[sy, sx], pads=[pad, pad, pad, pad], group=groups,
                  dilations=[dilation, dilation])
-    y = t.activation(y, s)
+    y = t.activation(y, s, default="logistic")     # darknet's default for this layer
     eff = dilation * (size - 1) + 1
     return None if y is None else Value(y, filters, (x.h + 2 * pad - eff) // sy + 1, (x.w + 2 * pad - eff) // sx + 1)
 
@@ -133,7 +133,7 @@ def _connected(t: Translator, s: Section, x: Value) -> Optional[Value]:
     name = _base(s)
     flat = x.name if x.flat else t.b.node("Flatten", [x.name], name + "_flat", axis=1)
     y = t.b.node("Gemm", [flat, t.b.const(name + "_w", w), t.b.const(name + "_b", bias)], name, transB=1)
-    y = t.activation(y, s)
+    y = t.activation(y, s, default="logistic")     # darknet's default for this layer
     return None if y is None else Value(y, out, 1, 1, flat=True)
 
 
