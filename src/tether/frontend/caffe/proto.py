@@ -3,13 +3,14 @@ no caffe): NetParameter, LayerParameter and the layer parameter messages tether 
 BlobShape, and V1LayerParameter for nets written before 2015. Field numbers, types and defaults are caffe.proto's,
 so both the binary .caffemodel and the text .prototxt parse, and fields not described here are skipped.
 
-Each message is written below in .proto syntax (one field a line) and read by a small parser into a
-FileDescriptorProto; ``messages()`` returns the classes, made once.
+Each message is written below in .proto syntax, one field a line (:mod:`tether.frontend.proto_schema` reads
+it); ``messages()`` returns the classes, made once.
 """
 from __future__ import annotations
 
-import re
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict
+
+from tether.frontend.proto_schema import build_messages
 
 _ENUMS: Dict[str, str] = {      # "Message.Enum" (or a top-level name) -> "NAME=number ..."
     "Phase": "TRAIN=0 TEST=1",
@@ -261,53 +262,6 @@ _MESSAGES: Dict[str, str] = {
         optional int32 tiles = 2""",
 }
 
-_FIELD = re.compile(r"^(optional|repeated) (\w+) (\w+) = (\d+)(?: \[(packed|default = ([^\]]+))\])?$")
-
-
-def _file_descriptor() -> Any:
-    from google.protobuf import descriptor_pb2
-
-    F = descriptor_pb2.FieldDescriptorProto
-    scalars = {"float": F.TYPE_FLOAT, "double": F.TYPE_DOUBLE, "int32": F.TYPE_INT32, "int64": F.TYPE_INT64,
-               "uint32": F.TYPE_UINT32, "uint64": F.TYPE_UINT64, "bool": F.TYPE_BOOL, "string": F.TYPE_STRING}
-    fdp = descriptor_pb2.FileDescriptorProto(name="tether_caffe.proto", package="caffe", syntax="proto2")
-    nested: Dict[str, List[Tuple[str, str]]] = {}
-    for full, values in _ENUMS.items():
-        owner, _, name = full.rpartition(".")
-        enum = descriptor_pb2.EnumDescriptorProto(name=name)
-        for item in values.split():
-            key, _, number = item.partition("=")
-            enum.value.add(name=key, number=int(number))
-        if owner:
-            nested.setdefault(owner, []).append((name, enum.SerializeToString()))
-        else:
-            fdp.enum_type.append(enum)
-    for msg_name, body in _MESSAGES.items():
-        msg = fdp.message_type.add(name=msg_name)
-        local_enums = {}
-        for enum_name, data in nested.get(msg_name, []):
-            msg.enum_type.add().ParseFromString(data)
-            local_enums[enum_name] = ".caffe.%s.%s" % (msg_name, enum_name)
-        for line in body.strip().splitlines():
-            m = _FIELD.match(line.strip())
-            if m is None:
-                raise ValueError("caffe schema line %r of %s does not parse" % (line, msg_name))
-            label, ftype, name, number, option, default = m.groups()
-            field = msg.field.add(name=name, number=int(number),
-                                  label=F.LABEL_REPEATED if label == "repeated" else F.LABEL_OPTIONAL)
-            if ftype in scalars:
-                field.type = scalars[ftype]
-            elif ftype in local_enums or ftype in _ENUMS:
-                field.type, field.type_name = F.TYPE_ENUM, local_enums.get(ftype, ".caffe." + ftype)
-            else:
-                field.type, field.type_name = F.TYPE_MESSAGE, ".caffe." + ftype
-            if option == "packed":
-                field.options.packed = True
-            elif default is not None:
-                field.default_value = default
-    return fdp
-
-
 _CLASSES: Dict[str, Any] = {}
 
 
@@ -315,13 +269,5 @@ def messages() -> Dict[str, Any]:
     """The message classes by name (NetParameter, LayerParameter, BlobProto...), built on first use in a
     descriptor pool of their own (so they never clash with a generated caffe_pb2 the process may hold)."""
     if not _CLASSES:
-        from google.protobuf import descriptor_pool, message_factory
-
-        pool = descriptor_pool.DescriptorPool()
-        pool.Add(_file_descriptor())
-        make = getattr(message_factory, "GetMessageClass", None)      # protobuf >= 4.21
-        if make is None:
-            make = message_factory.MessageFactory(pool).GetPrototype
-        for name in _MESSAGES:
-            _CLASSES[name] = make(pool.FindMessageTypeByName("caffe." + name))
+        _CLASSES.update(build_messages("caffe", _ENUMS, _MESSAGES))
     return _CLASSES
