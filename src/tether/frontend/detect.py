@@ -252,6 +252,18 @@ def _caffemodel(p: Probe) -> bool:
             and any(n in (2, 100) and w == 2 for n, w, _ in fields))
 
 
+def _caffe2(p: Probe) -> bool:
+    """A Caffe2 NetDef (predict_net.pb or init_net.pb): op (2) messages that name their type (4) as text and hold
+    their arguments as messages (5), where a Caffe V1 layer (also field 2 of its net) has its type as a number
+    (5); name 1, external_input 7, external_output 8 may be beside them."""
+    fields = _head_fields(p)
+    if fields is None or not {n for n, _, _ in fields} <= {1, 2, 3, 4, 5, 6, 7, 8}:
+        return False
+    ops = [proto_fields(payload, partial=True) for n, w, payload in fields if n == 2 and w == 2]
+    return bool(ops) and all(op is not None and any(n == 4 and w == 2 for n, w, _ in op)
+                             and not any(n == 5 and w == 0 for n, w, _ in op) for op in ops[:4])
+
+
 def _coreml(p: Probe) -> bool:
     """A Core ML Model: specificationVersion (1, a varint) first, and its model type in a field numbered 200+."""
     fields = _head_fields(p)
@@ -297,6 +309,7 @@ for _fmt in (
         ModelFormat("Keras HDF5", "a Keras model (HDF5 .h5)", False, True, _keras_hdf5),
         ModelFormat("PyTorch", "a PyTorch checkpoint or TorchScript zip (torch.save)", False, True, _pytorch),
         ModelFormat("Darknet", "a Darknet network (.cfg, or .weights beside its .cfg)", True, True, _darknet),
+        ModelFormat("Caffe2", "a Caffe2 net (predict_net.pb or init_net.pb)", True, True, _caffe2),
         ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", True, True, _caffe_prototxt),
         ModelFormat("Caffe", "a Caffe model (.caffemodel)", True, True, _caffemodel),
         ModelFormat("CoreML", "a Core ML model (.mlmodel)", False, True, _coreml),
