@@ -44,6 +44,8 @@ def _samples(d):
     # a Caffe2 NetDef (ops with a text type) and an old Caffe net of V1 layers (type a number) side by side
     put("Caffe2", _field(1, b"net") + _field(2, _field(1, b"data") + _field(2, b"conv") + _field(4, b"Conv")
                                              + _field(5, _field(1, b"kernel") + b"\x18\x03")))
+    put("MXNet", b'{\n  "nodes": [{"op": "null", "name": "data", "inputs": []}],\n  "arg_nodes": [0],\n'
+                 b'  "heads": [[0, 0, 0]]}')
     paths["Caffe V1"] = d / "sample_v1.bin"
     paths["Caffe V1"].write_bytes(_field(1, b"lenet") + _field(2, _field(2, b"data") + _field(4, b"conv1")
                                                                + b"\x28\x04"))
@@ -81,7 +83,7 @@ def test_every_registered_format_is_recognised_from_its_content(tmp_path):
     for name, path in paths.items():
         found = detect.detect(str(path))
         assert found is not None and found.name == name.replace(" V1", ""), (name, found and found.name)
-    assert {"ONNX", "Darknet", "Caffe prototxt", "Caffe", "Caffe2"} <= set(detect.supported_formats())
+    assert {"ONNX", "Darknet", "Caffe prototxt", "Caffe", "Caffe2", "MXNet"} <= set(detect.supported_formats())
 
 
 def test_onnx_models_of_any_size_are_onnx(tmp_path):

@@ -264,6 +264,20 @@ def _caffe2(p: Probe) -> bool:
                              and not any(n == 5 and w == 0 for n, w, _ in op) for op in ops[:4])
 
 
+_MXNET_PARAMS = b"\x12\x01\x00\x00\x00\x00\x00\x00" + bytes(8)     # NDArray-list magic 0x112, reserved 0
+
+
+def _mxnet(p: Probe) -> bool:
+    """An MXNet symbol (JSON with "nodes" and "heads"/"arg_nodes"), or a .params NDArray list (its magic)."""
+    if p.is_dir:
+        return False
+    if p.head.startswith(_MXNET_PARAMS):
+        return True
+    text = p.text_head()
+    head = text.lstrip() if text is not None else ""
+    return head.startswith("{") and '"nodes"' in head and ('"heads"' in head or '"arg_nodes"' in head)
+
+
 def _coreml(p: Probe) -> bool:
     """A Core ML Model: specificationVersion (1, a varint) first, and its model type in a field numbered 200+."""
     fields = _head_fields(p)
@@ -309,6 +323,7 @@ for _fmt in (
         ModelFormat("Keras HDF5", "a Keras model (HDF5 .h5)", False, True, _keras_hdf5),
         ModelFormat("PyTorch", "a PyTorch checkpoint or TorchScript zip (torch.save)", False, True, _pytorch),
         ModelFormat("Darknet", "a Darknet network (.cfg, or .weights beside its .cfg)", True, True, _darknet),
+        ModelFormat("MXNet", "an MXNet model (prefix-symbol.json or prefix-NNNN.params)", True, True, _mxnet),
         ModelFormat("Caffe2", "a Caffe2 net (predict_net.pb or init_net.pb)", True, True, _caffe2),
         ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", True, True, _caffe_prototxt),
         ModelFormat("Caffe", "a Caffe model (.caffemodel)", True, True, _caffemodel),
