@@ -25,6 +25,7 @@ class Translator:
         self.b = OnnxBuilder(name, "tether caffe frontend")
         self.path = path
         self.refused: List[Tuple[str, str, str]] = []       # (layer type, layer name, why)
+        self.v1_layers: set = set()                          # names of the layers written in the V1 format
 
     def refuse(self, layer: Any, why: str = "", op: Optional[str] = None) -> None:
         self.refused.append((op or layer.type, layer.name, why))

@@ -30,8 +30,11 @@ class Layer:
     def __init__(self, msg: Any, v1: bool) -> None:
         self.msg = msg
         self.v1 = v1
-        self.type = V1_TYPES.get(msg.DESCRIPTOR.fields_by_name["type"].enum_type.values_by_number[msg.type].name,
-                                 "V1:%d" % msg.type) if v1 else msg.type
+        if v1:
+            enum = msg.DESCRIPTOR.fields_by_name["type"].enum_type.values_by_number.get(msg.type)
+            self.type = V1_TYPES.get(enum.name, enum.name) if enum is not None else "V1 type %d" % msg.type
+        else:
+            self.type = msg.type
         self.name = msg.name or "(unnamed %s)" % self.type
 
     def __getattr__(self, item: str) -> Any:
@@ -149,6 +152,8 @@ def translate(proto_path: Optional[str], model_path: Optional[str]) -> Translato
     for layer in _layers(net):
         if not _in_test_phase(layer):
             continue
+        if layer.v1:
+            t.v1_layers.add(layer.name)
         if layer.type == "Input":
             shapes = [tuple(int(d) for d in s.dim) for s in layer.msg.input_param.shape]
             for i, top in enumerate(layer.msg.top):
@@ -214,9 +219,9 @@ def _zeros_for(layer: Layer, ins: List[Tuple[str, Tuple[int, ...]]]) -> List[np.
     return [np.ones(c, np.float32), np.zeros(c, np.float32)]
 
 
-def _refusal_text(path: str, t: Translator, v1: bool) -> str:
-    fmt = "caffe.V1LayerParameter" if v1 else "caffe.LayerParameter"
-    items = ["%s (layer %r, %s%s)" % (op, name, fmt, ": " + why if why else "") for op, name, why in t.refused]
+def _refusal_text(path: str, t: Translator) -> str:
+    items = ["%s (layer %r, %s%s)" % (op, name, "caffe.V1LayerParameter" if name in t.v1_layers else
+                                      "caffe.LayerParameter", ": " + why if why else "") for op, name, why in t.refused]
     return "%s: %d Caffe layer(s) tether does not cover: %s" % (path, len(items), "; ".join(items))
 
 
@@ -227,9 +232,7 @@ def to_onnx(prototxt_path: Optional[str], caffemodel_path: Optional[str] = None)
         prototxt_path, caffemodel_path = companions(prototxt_path)
     t = translate(prototxt_path, caffemodel_path)
     if t.refused:
-        net_path = prototxt_path or caffemodel_path
-        v1 = bool(parse_prototxt(prototxt_path).layers if prototxt_path else False)
-        raise UnsupportedOpError(_refusal_text(net_path, t, v1))
+        raise UnsupportedOpError(_refusal_text(prototxt_path or caffemodel_path, t))
     return t.b.model()
 
 

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from tether.errors import InvalidInput
 from tether.frontend.darknet.cfg import Network, Section
 from tether.frontend.darknet.weights import WeightsFile
 from tether.frontend.onnx_builder import OnnxBuilder
@@ -58,7 +59,6 @@ class Translator:
         """A layer number as [route]/[shortcut] write it: negative counts back from this layer."""
         idx = ref if ref >= 0 else s.index + ref
         if not 0 <= idx < s.index:
-            from tether.errors import InvalidInput
             raise InvalidInput("%s: [%s] at line %d refers to layer %d, expected one of the layers before it (0..%d)"
                                % (self.cfg_path, s.type, s.line, ref, s.index - 1))
         self.consumed.add(idx)
@@ -181,7 +181,6 @@ def _route(t: Translator, s: Section, x: Optional[Value]) -> Optional[Value]:
     refs = [t.layer_ref(s, r) for r in s.ints("layers", p)]
     groups, group_id = s.int("groups", 1, p), s.int("group_id", 0, p)
     if not refs:
-        from tether.errors import InvalidInput
         raise InvalidInput("%s: [route] at line %d has no layers=, expected the layers it joins" % (p, s.line))
     ins = [t.outputs[r] for r in refs]
     if any(v is None for v in ins):
@@ -311,7 +310,6 @@ def _yolo(t: Translator, s: Section, x: Value) -> Optional[Value]:
     anchors = np.array(s.floats("anchors", p), np.float32).reshape(-1, 2) if s.str("anchors", "") else \
         np.zeros((num, 2), np.float32)
     if any(not 0 <= m < len(anchors) for m in mask):
-        from tether.errors import InvalidInput
         raise InvalidInput("%s: [yolo] at line %d has mask=%s, expected indices of its %d anchors"
                            % (p, s.line, s.str("mask", ""), len(anchors)))
     if x.c != len(mask) * (5 + classes):

@@ -25,11 +25,6 @@ FORMAT = "MXNet"
 _EPOCH = re.compile(r"^(.*)-(\d+)\.params$")
 
 
-def is_symbol_json(text: str) -> bool:
-    head = text.lstrip()
-    return head.startswith("{") and '"nodes"' in head and ('"heads"' in head or '"arg_nodes"' in head)
-
-
 def _is_params_file(path: str) -> bool:
     with open(path, "rb") as fh:
         return is_params(fh.read(16))
