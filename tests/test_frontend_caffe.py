@@ -1,6 +1,7 @@
 """Caffe models (.prototxt + .caffemodel) read without caffe, compiled by tether and compared with OpenCV's dnn
-module (its Caffe importer, in OpenCV 4; OpenCV 5 dropped it) on the same input: a small classifier with most
-layer types, its .caffemodel serialized at test time with tether's own caffe.proto descriptors."""
+module (its Caffe importer, in OpenCV 4; under OpenCV 5, which dropped it, the comparisons skip) on the same
+input: a small classifier, a net of the other layer types and a V1-format net, their .caffemodel files written at
+test time with tether's own caffe.proto descriptors."""
 import os
 import subprocess
 import sys
@@ -18,10 +19,6 @@ from tether.frontend import detect, from_caffe
 from tether.frontend.caffe import op_coverage, to_onnx
 from tether.frontend.caffe.proto import messages
 
-cv2 = pytest.importorskip("cv2")
-if not hasattr(cv2.dnn, "readNetFromCaffe"):
-    pytest.skip("the reference needs OpenCV 4's Caffe importer (OpenCV 5 dropped it): "
-                "pip install 'opencv-python-headless<5'", allow_module_level=True)
 
 CLASSIFIER = """
 name: "classifier"
@@ -111,7 +108,18 @@ def model(tmp_path_factory):
     return str(proto), str(weights)
 
 
+def _cv2():
+    """OpenCV 4's dnn module, the reference; the tests that compare with it skip without it (OpenCV 5 dropped
+    its Caffe importer), the others run."""
+    cv2 = pytest.importorskip("cv2")
+    if not hasattr(cv2.dnn, "readNetFromCaffe"):
+        pytest.skip("the reference needs OpenCV 4's Caffe importer (OpenCV 5 dropped it): "
+                    "pip install 'opencv-python-headless<5'")
+    return cv2
+
+
 def _opencv(proto, weights, x, outputs=None):
+    cv2 = _cv2()
     net = cv2.dnn.readNetFromCaffe(proto, weights)
     net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
     net.setInput(x)
