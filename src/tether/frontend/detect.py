@@ -216,12 +216,24 @@ def _pytorch(p: Probe) -> bool:
 _DARKNET = re.compile(r"^\s*\[(net|network)\]\s*$", re.M)
 
 
-def _darknet(p: Probe) -> bool:
-    text = None if p.is_dir else p.text_head()
-    if text is None:
-        return False
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+def _darknet_cfg(text: str) -> bool:
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and ln.lstrip()[0] not in "#;"), "")
     return bool(_DARKNET.match(first))
+
+
+def _darknet(p: Probe) -> bool:
+    """A Darknet .cfg, or a .weights file (bare floats, no signature) whose .cfg of the same stem is beside it."""
+    if p.is_dir:
+        return False
+    text = p.text_head()
+    if text is not None:
+        return _darknet_cfg(text)
+    cfg = os.path.splitext(p.path)[0] + ".cfg"
+    if p.size < 16 or cfg == p.path or not os.path.isfile(cfg):
+        return False
+    with open(cfg, "rb") as fh:
+        head = Probe(cfg, False, fh.read(HEAD_BYTES), os.path.getsize(cfg)).text_head()
+    return head is not None and _darknet_cfg(head)
 
 
 _CAFFE_TEXT = re.compile(r"^\s*layers?\s*\{", re.M)
@@ -229,7 +241,8 @@ _CAFFE_TEXT = re.compile(r"^\s*layers?\s*\{", re.M)
 
 def _caffe_prototxt(p: Probe) -> bool:
     text = None if p.is_dir else p.text_head()
-    return text is not None and bool(_CAFFE_TEXT.search(text)) and re.search(r"^\s*type\s*:", text, re.M) is not None
+    # a layer's fields may share its line (layer { name: "relu" type: "ReLU" ... }), so type need not start one
+    return text is not None and bool(_CAFFE_TEXT.search(text)) and re.search(r"[\s{]type\s*:", text) is not None
 
 
 def _caffemodel(p: Probe) -> bool:
@@ -237,6 +250,32 @@ def _caffemodel(p: Probe) -> bool:
     fields = _head_fields(p)
     return (fields is not None and fields[0][:2] == (1, 2) and _is_text(fields[0][2])
             and any(n in (2, 100) and w == 2 for n, w, _ in fields))
+
+
+def _caffe2(p: Probe) -> bool:
+    """A Caffe2 NetDef (predict_net.pb or init_net.pb): op (2) messages that name their type (4) as text and hold
+    their arguments as messages (5), where a Caffe V1 layer (also field 2 of its net) has its type as a number
+    (5); name 1, external_input 7, external_output 8 may be beside them."""
+    fields = _head_fields(p)
+    if fields is None or not {n for n, _, _ in fields} <= {1, 2, 3, 4, 5, 6, 7, 8}:
+        return False
+    ops = [proto_fields(payload, partial=True) for n, w, payload in fields if n == 2 and w == 2]
+    return bool(ops) and all(op is not None and any(n == 4 and w == 2 for n, w, _ in op)
+                             and not any(n == 5 and w == 0 for n, w, _ in op) for op in ops[:4])
+
+
+_MXNET_PARAMS = b"\x12\x01\x00\x00\x00\x00\x00\x00" + bytes(8)     # NDArray-list magic 0x112, reserved 0
+
+
+def _mxnet(p: Probe) -> bool:
+    """An MXNet symbol (JSON with "nodes" and "heads"/"arg_nodes"), or a .params NDArray list (its magic)."""
+    if p.is_dir:
+        return False
+    if p.head.startswith(_MXNET_PARAMS):
+        return True
+    text = p.text_head()
+    head = text.lstrip() if text is not None else ""
+    return head.startswith("{") and '"nodes"' in head and ('"heads"' in head or '"arg_nodes"' in head)
 
 
 def _coreml(p: Probe) -> bool:
@@ -283,9 +322,11 @@ for _fmt in (
         ModelFormat("Keras", "a Keras model (.keras zip)", False, True, _keras_zip),
         ModelFormat("Keras HDF5", "a Keras model (HDF5 .h5)", False, True, _keras_hdf5),
         ModelFormat("PyTorch", "a PyTorch checkpoint or TorchScript zip (torch.save)", False, True, _pytorch),
-        ModelFormat("Darknet", "a Darknet network (.cfg)", False, True, _darknet),
-        ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", False, True, _caffe_prototxt),
-        ModelFormat("Caffe", "a Caffe model (.caffemodel)", False, True, _caffemodel),
+        ModelFormat("Darknet", "a Darknet network (.cfg, or .weights beside its .cfg)", True, True, _darknet),
+        ModelFormat("MXNet", "an MXNet model (prefix-symbol.json or prefix-NNNN.params)", True, True, _mxnet),
+        ModelFormat("Caffe2", "a Caffe2 net (predict_net.pb or init_net.pb)", True, True, _caffe2),
+        ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", True, True, _caffe_prototxt),
+        ModelFormat("Caffe", "a Caffe model (.caffemodel)", True, True, _caffemodel),
         ModelFormat("CoreML", "a Core ML model (.mlmodel)", False, True, _coreml),
         ModelFormat("CoreML package", "a Core ML package folder (.mlpackage)", False, True, _mlpackage),
         # not models: what people pass by mistake, named so the error says what the file is

@@ -46,5 +46,10 @@ def lazy(module: str, function: str, extra: str) -> Reader:
 
 # format name -> (module, reader function, coverage function, extra); one line per format
 for _fmt, (_mod, _read, _cover, _extra) in {
+    "Darknet": ("tether.frontend.darknet", "read_model", "op_coverage", "darknet"),
+    "Caffe prototxt": ("tether.frontend.caffe", "read_model", "op_coverage", "caffe"),
+    "Caffe": ("tether.frontend.caffe", "read_model", "op_coverage", "caffe"),
+    "Caffe2": ("tether.frontend.caffe2", "read_model", "op_coverage", "caffe2"),
+    "MXNet": ("tether.frontend.mxnet", "read_model", "op_coverage", "mxnet"),
 }.items():
     register_reader(_fmt, lazy(_mod, _read, _extra), lazy(_mod, _cover, _extra))
