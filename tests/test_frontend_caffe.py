@@ -1,6 +1,5 @@
 """Caffe models (.prototxt + .caffemodel) read without caffe, compiled by tether and compared with OpenCV's dnn
-module (its Caffe importer, in OpenCV 4; under OpenCV 5, which dropped it, the comparisons skip) on the same
-input: a small classifier, a net of the other layer types and a V1-format net, their .caffemodel files written at
+module (its Caffe importer, in OpenCV 4: the test extra pins it below 5, which dropped it) on the same input: a small classifier, a net of the other layer types and a V1-format net, their .caffemodel files written at
 test time with tether's own caffe.proto descriptors."""
 import os
 import subprocess
@@ -109,11 +108,10 @@ def model(tmp_path_factory):
 
 
 def _cv2():
-    """OpenCV 4's dnn module, the reference; the tests that compare with it skip without it (OpenCV 5 dropped
-    its Caffe importer), the others run."""
-    cv2 = pytest.importorskip("cv2")
+    """OpenCV 4's dnn module, the reference (the test extra pins it: OpenCV 5 dropped its Caffe importer)."""
+    import cv2
     if not hasattr(cv2.dnn, "readNetFromCaffe"):
-        pytest.skip("the reference needs OpenCV 4's Caffe importer (OpenCV 5 dropped it): "
+        pytest.fail("the reference needs OpenCV 4's Caffe importer (OpenCV 5 dropped it): "
                     "pip install 'opencv-python-headless<5'")
     return cv2
 
@@ -342,14 +340,7 @@ def test_emulated_aarch64_classifier(model, emulated_devices, tmp_path):
     proto, weights = model
     device = emulated_devices.for_preset("rasp4b")
     x = np.random.default_rng(4).uniform(-1, 1, (1, 3, 33, 33)).astype(np.float32)
-    # the reference: OpenCV where it has its Caffe importer, else onnxruntime on the same translation (whose
-    # match with OpenCV the host tests check)
-    if hasattr(pytest.importorskip("cv2").dnn, "readNetFromCaffe"):
-        ref = _opencv(proto, weights, x)
-    else:
-        import onnxruntime as ort
-        (ref,) = ort.InferenceSession(to_onnx(proto).SerializeToString(),
-                                      providers=["CPUExecutionProvider"]).run(None, {"data": x})
+    ref = _opencv(proto, weights, x)
     graph, params = from_caffe(proto, weights)
     tether.build_graph(graph, params, target="rasp4b").export(str(tmp_path))
     with rpc.connect(*device.address, timeout=300) as sess:
