@@ -1,6 +1,7 @@
 """Caffe models (.prototxt + .caffemodel) read without caffe, compiled by tether and compared with OpenCV's dnn
-module (its Caffe importer, in OpenCV 4: the test extra pins it below 5, which dropped it) on the same input: a small classifier, a net of the other layer types and a V1-format net, their .caffemodel files written at
-test time with tether's own caffe.proto descriptors."""
+module (its Caffe importer, in OpenCV 4: the test extra pins it below 5, which dropped it) on the same input: a
+small classifier, a net of the other layer types and a V1-format net, their .caffemodel files written at test time
+with tether's own caffe.proto descriptors."""
 import os
 import subprocess
 import sys
