@@ -265,7 +265,7 @@ class _Reader:
             ins = [int(v) for v in o.InputsAsNumpy()] if not o.InputsIsNone() else []
             outs = [int(v) for v in o.OutputsAsNumpy()] if not o.OutputsIsNone() else []
             for v in ins + outs:
-                if v >= len(tensors):
+                if not -1 <= v < len(tensors):
                     raise ValueError("operator %d of subgraph %d names tensor %d of %d" % (i, gi, v, len(tensors)))
             opts = self.options(o.BuiltinOptionsType(), o.BuiltinOptions(), self.option_classes)
             if int(o.BuiltinOptions2Type()):
@@ -276,9 +276,12 @@ class _Reader:
             else:
                 custom_options = o.CustomOptionsAsNumpy().tobytes() if not o.CustomOptionsIsNone() else b""
             ops.append(Operator(i, name, version, ins, outs, opts, custom, custom_options))
-        return Subgraph((g.Name() or b"").decode("utf-8", "replace"), tensors,
-                        [int(v) for v in g.InputsAsNumpy()] if not g.InputsIsNone() else [],
-                        [int(v) for v in g.OutputsAsNumpy()] if not g.OutputsIsNone() else [], ops)
+        inputs = [int(v) for v in g.InputsAsNumpy()] if not g.InputsIsNone() else []
+        outputs = [int(v) for v in g.OutputsAsNumpy()] if not g.OutputsIsNone() else []
+        for v in inputs + outputs:
+            if not 0 <= v < len(tensors):
+                raise ValueError("subgraph %d names tensor %d of %d as an input or output" % (gi, v, len(tensors)))
+        return Subgraph((g.Name() or b"").decode("utf-8", "replace"), tensors, inputs, outputs, ops)
 
 
 def read_model(path: str) -> Model:

@@ -119,6 +119,11 @@ class _Walk:
                 self.failures.append((op, str(exc)))
                 poisoned.update(op.outputs)
                 continue
+            except (ValueError, IndexError, KeyError, TypeError) as exc:
+                # the op's tensors contradict it (ranks, shapes, missing inputs): a corrupt or inconsistent file
+                raise InvalidInput("%s is not a consistent TFLite model: %s does not fit its tensors (%s)"
+                                   % (self.model.path, ctx.where(), " ".join(str(exc).split()) or
+                                      type(exc).__name__)) from None
             finally:
                 ctx.op = None
             for t in op.outputs:
