@@ -80,7 +80,23 @@ class Operator:
     outputs: List[int]
     options: Dict[str, Any]              # builtin options (and builtin_options_2), schema.fbs field names
     custom_code: str = ""
-    custom_options: bytes = b""
+    custom_options: bytes = b""          # raw; a FlexBuffer map for the custom ops LiteRT ships
+
+    def custom_options_map(self) -> Dict[str, Any]:
+        """The custom options decoded as a FlexBuffer map (DETECTION_POSTPROCESS's options, e.g.); {} if none."""
+        if not self.custom_options:
+            return {}
+        from flatbuffers import flexbuffers
+
+        try:
+            value = flexbuffers.Loads(self.custom_options)
+        except Exception as exc:       # noqa: BLE001  (the decoder raises whatever its reads hit)
+            raise ValueError("custom options of node %d (%s) are not a FlexBuffer: %s"
+                             % (self.index, self.custom_code, exc)) from None
+        if not isinstance(value, dict):
+            raise ValueError("custom options of node %d (%s) are a FlexBuffer %s, not a map"
+                             % (self.index, self.custom_code, type(value).__name__))
+        return value
 
 
 @dataclasses.dataclass
