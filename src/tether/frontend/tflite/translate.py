@@ -30,7 +30,9 @@ def converter_for(subgraph: Subgraph, op: Operator):
     if quantized and key in QUANTIZED:
         return QUANTIZED[key], ""
     if quantized and key in CONVERTERS:
-        return None, "quantized tensors are not supported yet"
+        kinds = sorted({subgraph.tensors[i].dtype for i in list(op.inputs) + list(op.outputs)
+                        if i >= 0 and is_quantized(subgraph, i)})
+        return None, "quantized tensors (%s) are not supported yet" % ", ".join(kinds)
     if key in CONVERTERS:
         return CONVERTERS[key], ""
     return None, "custom op %r: no converter" % op.custom_code if op.op == "CUSTOM" else "no converter"
