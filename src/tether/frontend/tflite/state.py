@@ -16,7 +16,7 @@ A converter binds each output with ``ctx.set_output(t, name, layout)`` or ``ctx.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -247,5 +247,16 @@ class Context:
         self._values.pop(index, None)
         self._views = {k: v for k, v in self._views.items() if k[0] != index}
 
-    def inputs_of(self, op: Operator) -> Iterable[int]:
-        return (i for i in op.inputs if i >= 0)
+    def rename(self, old: str, new: str) -> None:
+        """Call the ONNX value ``old`` ``new`` everywhere: in the nodes and in the bindings (graph outputs)."""
+        for node in self.nodes:
+            for seq in (node.input, node.output):
+                for k, v in enumerate(seq):
+                    if v == old:
+                        seq[k] = new
+        self._views = {k: (new if v == old else v) for k, v in self._views.items()}
+        self._values = {k: ((new if v == old else v), lay) for k, (v, lay) in self._values.items()}
+
+    def produced(self, name: str) -> bool:
+        """Whether a node emitted so far writes ``name`` (not a graph input or an initializer)."""
+        return any(name in n.output for n in self.nodes)

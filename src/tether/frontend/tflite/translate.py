@@ -75,14 +75,6 @@ def _value_info(helper, name: str, dtype: str, shape: Optional[List[int]]):
     return helper.make_tensor_value_info(name, onnx_dtype(dtype), shape)
 
 
-def _rename(ctx: Context, old: str, new: str) -> None:
-    for node in ctx.nodes:
-        for seq in (node.input, node.output):
-            for k, v in enumerate(seq):
-                if v == old:
-                    seq[k] = new
-
-
 class _Walk:
     """One translation of the main subgraph, recording the ops it could not convert."""
 
@@ -151,14 +143,10 @@ class _Walk:
         used = set(self.in_names)
         for i, name in zip(g.outputs, self.out_names):
             value = ctx.nhwc(i)
-            producer = next((n for n in ctx.nodes if value in n.output), None)
-            if producer is None or value in used:
+            if ctx.produced(value) and value not in used:
+                ctx.rename(value, name)
+            else:           # a graph input, a constant, or a value another output already took
                 ctx.nodes.append(helper.make_node("Identity", [value], [name], name=ctx.fresh("Identity_" + name)))
-            else:
-                _rename(ctx, value, name)
-                # a cached view under the old name now carries the final one
-                ctx._views = {k: (name if v == value else v) for k, v in ctx._views.items()}
-                ctx._values = {k: ((name, lay) if v == value else (v, lay)) for k, (v, lay) in ctx._values.items()}
             used.add(name)
             t = g.tensors[i]
             outputs.append(_value_info(helper, name, ctx.const(i).dtype.name if ctx.const(i) is not None
