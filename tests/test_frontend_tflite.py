@@ -331,6 +331,45 @@ def test_hand_written_ops_match_litert(outside, tmp_path):
     assert_matches_litert(_hand_model(tmp_path / "hand.tflite", outside), tmp_path / "out")
 
 
+def _sparse_2d(dense, block_cols=1, by_columns=False):
+    """TFLite's sparse storage of a matrix: CSR over (rows, blocks of ``block_cols`` columns), each stored block
+    dense; ``by_columns``: traversal order (1, 0), i.e. CSC. Returns (stored values, sparsity)."""
+    m = dense.T if by_columns else dense
+    segments, indices, values = [0], [], []
+    for r in range(m.shape[0]):
+        for c in range(m.shape[1] // block_cols):
+            block = m[r, c * block_cols:(c + 1) * block_cols]
+            if np.any(block):
+                indices.append(c)
+                values.extend(block.tolist())
+        segments.append(len(indices))
+    levels = [("dense", m.shape[0]), ("csr", segments, indices)]
+    if block_cols > 1:
+        return np.array(values, np.float32), {"traversal_order": [0, 1, 2], "block_map": [1],
+                                              "levels": levels + [("dense", block_cols)]}
+    return np.array(values, np.float32), {"traversal_order": [1, 0] if by_columns else [0, 1], "levels": levels}
+
+
+@pytest.mark.parametrize("encoding", [{}, {"by_columns": True}, {"block_cols": 2}, {"block_cols": 4}],
+                         ids=["csr", "csc", "block-1x2", "block-1x4"])
+def test_sparse_weights_densify_as_litert(encoding, tmp_path):
+    from tether.graph import reference
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 8)).astype(np.float32)
+    w[rng.random(w.shape) < 0.5] = 0
+    w[1, 4:] = 0                                                    # an empty block
+    values, sparsity = _sparse_2d(w, **encoding)
+    tensors = [T("x", [2, 8]), T("w_sparse", [6, 8], data=values, sparsity=sparsity), T("w", [6, 8]),
+               T("y", [2, 6])]
+    ops = [Op("DENSIFY", [1], [2]), Op("FULLY_CONNECTED", [0, 2, -1], [3], "FullyConnectedOptions", {})]
+    path = write_tflite(tmp_path / "sparse.tflite", tensors, ops, [0], [3])
+    (x,), (ref,) = litert_run(path)
+    graph, params = from_tflite(path)
+    (y,) = reference.run(graph, params, {graph.inputs[0]: x})
+    assert rel_err(y, ref) <= 1e-6
+
+
 def test_every_unsupported_op_is_named_in_one_line(tmp_path):
     from tether.frontend.tflite import op_coverage
 
