@@ -149,8 +149,10 @@ class _Walk:
                 ctx.nodes.append(helper.make_node("Identity", [value], [name], name=ctx.fresh("Identity_" + name)))
             used.add(name)
             t = g.tensors[i]
-            outputs.append(_value_info(helper, name, ctx.const(i).dtype.name if ctx.const(i) is not None
-                                       else t.dtype, t.shape if t.shape or not t.shape_signature else None))
+            # a dynamic dim (-1 in shape_signature) stays unnamed: the run-time shape decides it
+            dims = [None if d < 0 else d for d in t.shape_signature] if t.shape_signature else list(t.shape)
+            dtype = ctx.const(i).dtype.name if ctx.const(i) is not None else t.dtype
+            outputs.append(_value_info(helper, name, dtype, dims))
         inputs = []
         for i, name in zip(g.inputs, self.in_names):
             t = g.tensors[i]
