@@ -349,6 +349,80 @@ def test_hand_written_ops_match_litert(outside, tmp_path):
     assert_matches_litert(_hand_model(tmp_path / "hand.tflite", outside), tmp_path / "out")
 
 
+def _random_case(kind, rng):
+    """One single-op model of ``kind`` with random sizes and options: (tensors, ops, output index)."""
+    h, w, c, o = (int(v) for v in rng.integers(1, [12, 12, 5, 5]))
+    kh, kw, sh, sw = (int(v) for v in rng.integers(1, [5, 5, 4, 4]))
+    dh, dw = (int(v) for v in rng.integers(1, 3, 2))
+    pad, act = int(rng.integers(0, 2)), int(rng.choice([0, 1, 2, 3]))
+    if pad == 1:                        # VALID with a window larger than the input is no model
+        h, w = max(h, (kh - 1) * dh + 1), max(w, (kw - 1) * dw + 1)
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    x, y = T("x", [1, h, w, c]), T("y", [1, 1, 1, 1])
+    window = {"Padding": pad, "StrideW": sw, "StrideH": sh, "FusedActivationFunction": act}
+    if kind == "conv":
+        return [x, T("w", [o, kh, kw, c], data=r(o, kh, kw, c)), T("b", [o], data=r(o)), y], [
+            Op("CONV_2D", [0, 1, 2], [3], "Conv2DOptions", dict(window, DilationWFactor=dw, DilationHFactor=dh),
+               2)], 3
+    if kind == "depthwise":
+        m = int(rng.integers(1, 3))
+        return [x, T("w", [1, kh, kw, c * m], data=r(1, kh, kw, c * m)), T("b", [c * m], data=r(c * m)), y], [
+            Op("DEPTHWISE_CONV_2D", [0, 1, 2], [3], "DepthwiseConv2DOptions",
+               dict(window, DepthMultiplier=m, DilationWFactor=dw, DilationHFactor=dh), 2)], 3
+    if kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D", "L2_POOL_2D"):
+        return [x, y], [Op(kind, [0], [1], "Pool2DOptions", dict(window, FilterWidth=kw, FilterHeight=kh))], 1
+    if kind == "transpose_conv":       # an output size whose forward conv gives the input size
+        oh, ow = (int(v) for v in rng.integers([max(kh, 1), max(kw, 1)], 14))
+        ih, iw = (-(-oh // sh), -(-ow // sw)) if pad == 0 else ((oh - kh) // sh + 1, (ow - kw) // sw + 1)
+        return [T("os", [4], "int32", np.array([1, oh, ow, o], np.int32)), T("w", [o, kh, kw, c], data=r(o, kh, kw, c)),
+                T("x", [1, ih, iw, c]), y, T("b", [o], data=r(o))], [
+            Op("TRANSPOSE_CONV", [0, 1, 2, 4], [3], "TransposeConvOptions", window, 3)], 3
+    if kind in ("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"):
+        align, half = [(False, False), (True, False), (False, True)][int(rng.integers(0, 3))]
+        size = np.array(rng.integers(1, 15, 2), np.int32)
+        options = "ResizeBilinearOptions" if kind == "RESIZE_BILINEAR" else "ResizeNearestNeighborOptions"
+        return [x, T("size", [2], "int32", size), y], [
+            Op(kind, [0, 1], [2], options, {"AlignCorners": align, "HalfPixelCenters": half}, 3)], 2
+    if kind == "MIRROR_PAD":
+        mode = int(rng.integers(0, 2))          # REFLECT pads at most n - 1, SYMMETRIC at most n
+        pads = [[0, 0]] + [[int(v) for v in rng.integers(0, n - (1 - mode) + 1, 2)] for n in (h, w, c)]
+        return [x, T("p", [4, 2], "int32", np.array(pads, np.int32)), y], [
+            Op("MIRROR_PAD", [0, 1], [2], "MirrorPadOptions", {"Mode": mode})], 2
+    # a reduction of an NCHW-held value (a conv's output) over random axes
+    axes = sorted({int(a) for a in rng.choice([0, 1, 2, 3, -1, -2], size=int(rng.integers(1, 3)))})
+    return [x, T("w", [3, 1, 1, c], data=r(3, 1, 1, c)), T("c", [1, h, w, 3]),
+            T("axes", [len(axes)], "int32", np.array(axes, np.int32)), y, T("b", [3], data=r(3))], [
+        Op("CONV_2D", [0, 1, 5], [2], "Conv2DOptions", {"Padding": 1, "StrideW": 1, "StrideH": 1}, 2),
+        Op(kind, [2, 3], [4], "ReducerOptions", {"KeepDims": bool(rng.integers(0, 2))})], 4
+
+
+@pytest.mark.parametrize("kind", ["conv", "depthwise", "transpose_conv", "MAX_POOL_2D", "AVERAGE_POOL_2D",
+                                  "L2_POOL_2D", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", "MIRROR_PAD", "MEAN",
+                                  "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"])
+def test_random_sizes_and_options_match_litert(kind, tmp_path):
+    """Window sizes, strides, dilations, SAME/VALID, resize modes, pad modes and reduce axes drawn at random
+    (seeded), each single-op model against LiteRT; the file declares each output's shape as LiteRT computes it."""
+    from tether.graph import reference
+
+    rng = np.random.default_rng(sum(map(ord, kind)))
+    for case in range(6):
+        tensors, ops, out = _random_case(kind, rng)
+        path = tmp_path / ("%s_%d.tflite" % (kind, case))
+        write_tflite(path, tensors, ops, [tensors.index(next(t for t in tensors if t.name == "x"))], [out])
+        it = litert.Interpreter(model_path=str(path))
+        it.allocate_tensors()
+        tensors[out].shape = [int(v) for v in it.get_output_details()[0]["shape"]]
+        write_tflite(path, tensors, ops, [tensors.index(next(t for t in tensors if t.name == "x"))], [out])
+        (x,), (ref,) = litert_run(path, seed=case)
+        graph, params = from_tflite(str(path))
+        (y,) = reference.run(graph, params, {graph.inputs[0]: x})
+        assert y.shape == ref.shape, (case, ops[-1], y.shape, ref.shape)
+        assert rel_err(y, ref) <= 1e-5, (case, ops[-1], rel_err(y, ref))
+
+
 def _sparse_2d(dense, block_cols=1, by_columns=False):
     """TFLite's sparse storage of a matrix: CSR over (rows, blocks of ``block_cols`` columns), each stored block
     dense; ``by_columns``: traversal order (1, 0), i.e. CSC. Returns (stored values, sparsity)."""
