@@ -254,6 +254,27 @@ def test_dynamic_batch_takes_a_shape_and_keeps_signature_names(made):
         assert outs[name].shape == ref.shape and rel_err(outs[name], ref) <= 1e-5, name
 
 
+def test_dynamic_height_and_width_pad_for_the_size_given(tmp_path):
+    """An input with dynamic height and width (-1 in shape_signature): SAME padding follows the size given at
+    import, as LiteRT's follows the size the input is resized to."""
+    from tether.graph import reference
+
+    rng = np.random.default_rng(5)
+    tensors = [T("x", [1, 1, 1, 3], shape_signature=[1, -1, -1, 3]),
+               T("w", [4, 3, 3, 3], data=rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+               T("b", [4], data=np.zeros(4, np.float32)), T("c", [1, 1, 1, 4], shape_signature=[1, -1, -1, 4]),
+               T("p", [1, 1, 1, 4], shape_signature=[1, -1, -1, 4])]
+    ops = [Op("CONV_2D", [0, 1, 2], [3], "Conv2DOptions", {"Padding": 0, "StrideW": 2, "StrideH": 2}, 2),
+           Op("AVERAGE_POOL_2D", [3], [4], "Pool2DOptions", {"Padding": 0, "StrideW": 2, "StrideH": 2,
+                                                              "FilterWidth": 3, "FilterHeight": 3})]
+    path = write_tflite(tmp_path / "dynamic_hw.tflite", tensors, ops, [0], [4])
+    for shape in ([1, 9, 7, 3], [1, 12, 5, 3]):
+        (x,), (ref,) = litert_run(path, shapes=[shape])
+        graph, params = from_tflite(path, shape={"x": shape})
+        (y,) = reference.run(graph, params, {"x": x})
+        assert y.shape == ref.shape and rel_err(y, ref) <= 1e-5, (shape, y.shape, ref.shape)
+
+
 def test_layout_agnostic_chain_has_no_inner_transpose(made, tmp_path):
     from tether.frontend.tflite import to_onnx
 
