@@ -12,6 +12,7 @@ from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.tflite.converters import CONVERTERS, QUANTIZED
 from tether.frontend.tflite.flatbuffer import Model, Operator, Subgraph, read_model
 from tether.frontend.tflite.state import Context, onnx_dtype
+from tether.frontend.tflite.table import Converter
 
 OPSET = 20                   # ONNX opset of the translated graph (Gelu is opset 20)
 QUANTIZED_DTYPES = ("int8", "uint8", "int16", "int4")
@@ -23,7 +24,7 @@ def is_quantized(subgraph: Subgraph, index: int) -> bool:
     return t.quantization is not None and t.dtype in QUANTIZED_DTYPES
 
 
-def converter_for(subgraph: Subgraph, op: Operator):
+def converter_for(subgraph: Subgraph, op: Operator) -> Tuple[Optional[Converter], str]:
     """The converter of ``op``, or (None, why not)."""
     quantized = any(is_quantized(subgraph, i) for i in list(op.inputs) + list(op.outputs) if i >= 0)
     key = op.custom_code if op.op == "CUSTOM" else op.op       # a custom op is keyed by its custom code
