@@ -136,7 +136,7 @@ class _Walk:
             parts.append("%s v%d (node%s %s): %s" % (name, version, "" if len(nodes) == 1 else "s", listing, why))
         return "%s: %d TFLite op(s) not supported: %s" % (self.model.path, len(self.failures), "; ".join(parts))
 
-    def onnx_model(self):
+    def onnx_model(self) -> Any:
         from onnx import helper
 
         ctx, g = self.ctx, self.g
@@ -170,7 +170,7 @@ def _load(model: Union[str, Model]) -> Model:
     return read_model(str(model)) if not isinstance(model, Model) else model
 
 
-def to_onnx(model: Union[str, Model], names: str = "signature"):
+def to_onnx(model: Union[str, Model], names: str = "signature") -> Any:
     """The TFLite model (a path or a read :class:`Model`) as an ONNX ModelProto: NHWC inputs and outputs as in
     the file, named by the model's signature (``names="signature"``, when it names them all) or by tensor names
     (``names="tensor"``). Raises UnsupportedOpError naming every op not covered, InvalidInput for a bad file."""
