@@ -51,5 +51,6 @@ for _fmt, (_mod, _read, _cover, _extra) in {
     "Caffe": ("tether.frontend.caffe", "read_model", "op_coverage", "caffe"),
     "Caffe2": ("tether.frontend.caffe2", "read_model", "op_coverage", "caffe2"),
     "MXNet": ("tether.frontend.mxnet", "read_model", "op_coverage", "mxnet"),
+    "TFLite": ("tether.frontend.tflite", "read_onnx", "op_coverage", "tflite"),
 }.items():
     register_reader(_fmt, lazy(_mod, _read, _extra), lazy(_mod, _cover, _extra))
