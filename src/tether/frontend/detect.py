@@ -286,8 +286,8 @@ for _fmt in (
         ModelFormat("Darknet", "a Darknet network (.cfg)", False, True, _darknet),
         ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", False, True, _caffe_prototxt),
         ModelFormat("Caffe", "a Caffe model (.caffemodel)", False, True, _caffemodel),
-        ModelFormat("CoreML", "a Core ML model (.mlmodel)", False, True, _coreml),
-        ModelFormat("CoreML package", "a Core ML package folder (.mlpackage)", False, True, _mlpackage),
+        ModelFormat("CoreML", "a Core ML model (.mlmodel)", True, True, _coreml),
+        ModelFormat("CoreML package", "a Core ML package folder (.mlpackage)", True, True, _mlpackage),
         # not models: what people pass by mistake, named so the error says what the file is
         ModelFormat("tether model folder", "a compiled tether model folder (deploy.json)", False, False,
                     _tether_folder),

@@ -815,6 +815,12 @@ def _space_depth(kind: str) -> OpConverter:
     return convert
 
 
+def _classify(p: Program, op) -> List[Optional[str]]:
+    """A classifier's outputs (label, probabilities by label): the probabilities tensor stands for the
+    dictionary; the label is not an output (see :mod:`tether.frontend.coreml.model`)."""
+    return [None, p.g.node("Identity", [p.tensor(op, "probabilities")], "classify")]
+
+
 def _flatten2d(p: Program, op) -> List[str]:
     return [p.g.node("Flatten", [p.tensor(op, "x")], "flatten2d", axis=int(p.scalar(op, "axis", 1)))]
 
@@ -919,7 +925,7 @@ OPS: Dict[str, OpConverter] = {
     "select": _select, "shape": _shape, "fill": _fill, "range_1d": _range_1d, "cumsum": _cumsum, "topk": _topk,
     "band_part": _band_part, "space_to_depth": _space_depth("space_to_depth"),
     "depth_to_space": _space_depth("depth_to_space"), "pixel_shuffle": _space_depth("pixel_shuffle"),
-    "flatten2d": _flatten2d,
+    "flatten2d": _flatten2d, "classify": _classify,
 }
 OPS.update({name: _reduce(onnx_op) for name, onnx_op in _REDUCE.items()})
 
@@ -997,7 +1003,8 @@ def translate(src, shape) -> Tuple[OnnxGraph, List[str]]:
             errors.append("%s (op %s, opset %s): %s" % (op.type, node, fn.opset, exc))
             continue
         for var, name in zip(op.outputs, outs):
-            p.names[var.name] = name
+            if name is not None:
+                p.names[var.name] = name
     for out in block.outputs:
         try:
             y = p.tensor_of(_name_binding(out))

@@ -100,7 +100,7 @@ def _preprocess(g: OnnxGraph, nn, name: str, x: str, feature) -> str:
 
 
 def _nn_inputs(g: OnnxGraph, ctx: neuralnetwork.Context, spec, nn, shape) -> None:
-    rank5 = nn.arrayInputShapeMapping == 0        # RANK5_ARRAY_MAPPING, the legacy default
+    rank5 = ctx.rank5        # RANK5_ARRAY_MAPPING, the legacy default
     for feature in spec.description.input:
         kind, elem, dims = _input_shape(feature, shape)
         x = g.add_input(feature.name, elem, dims)
@@ -143,7 +143,7 @@ def _translate_nn(src: CoreMLSource, kind: str, shape) -> Tuple[OnnxGraph, List[
     nn = getattr(spec, kind)
     g = OnnxGraph("coreml")
     g.reserve([f.name for f in spec.description.input] + [f.name for f in spec.description.output])
-    ctx = neuralnetwork.Context(g)
+    ctx = neuralnetwork.Context(g, rank5=nn.arrayInputShapeMapping == 0)
     _nn_inputs(g, ctx, spec, nn, shape)
     errors: List[str] = []
     for i, layer in enumerate(nn.layers):

@@ -29,9 +29,11 @@ class Refused(UnsupportedOpError):
 class Context:
     """What a layer converter reads and writes: the graph, and the current ONNX name of each Core ML blob."""
 
-    def __init__(self, graph: OnnxGraph):
+    def __init__(self, graph: OnnxGraph, rank5: bool = False):
         self.g = graph
         self.env: Dict[str, str] = {}
+        # the legacy shape mapping: a rank-3 [C, H, W] blob stands for Core ML's rank-5 [1, 1, C, H, W]
+        self.rank5 = rank5
 
     def inp(self, layer, i: int = 0) -> str:
         return self.env[layer.input[i]]
@@ -292,14 +294,15 @@ def _inner_product(ctx: Context, layer, p) -> List[str]:
     w = weight_array(p.weights, cin * cout, "inner product weights").reshape(cout, cin)
     wt = g.const(np.ascontiguousarray(w.T), layer.name + "_W")
     r = ctx.rank(x)
-    if r >= 4:
+    chw = r >= 4 or (r == 3 and ctx.rank5)     # [..., C, H, W] flattens to [batch, C * H * W]
+    if chw:
         s = ctx.shape(x, "flattening [..., C, H, W]")
         lead = list(s[:r - 3])
         x = g.reshape(x, [int(np.prod(lead)), int(np.prod(s[r - 3:]))], layer.name + "_flat")
     y = g.node("MatMul", [x, wt], layer.name + "_mm")
     if p.hasBias:
         y = g.node("Add", [y, g.const(weight_array(p.bias, cout, "bias"), layer.name + "_B")], layer.name + "_b")
-    if r >= 4:
+    if chw:
         y = g.reshape(y, lead + [cout, 1, 1], layer.name)
     return [y]
 

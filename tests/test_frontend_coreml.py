@@ -1,0 +1,389 @@
+"""Core ML frontend: models converted with coremltools from Keras (NeuralNetwork .mlmodel, ML Program .mlpackage in
+fp32 and fp16) match the Keras model they were converted from; legacy NeuralNetwork layers built with coremltools'
+NeuralNetworkBuilder match a numpy/TensorFlow reference; a classifier with image preprocessing; the unsupported-op
+report; bad files; the CLI; one model on the emulated aarch64 device. coremltools cannot predict on Linux, so the
+reference is always the source framework."""
+import os
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+
+ct = pytest.importorskip("coremltools")
+tf = pytest.importorskip("tensorflow")
+
+import tether  # noqa: E402
+from tether import graph_executor, rpc  # noqa: E402
+from tether.errors import InvalidInput, UnsupportedOpError  # noqa: E402
+from tether.frontend import detect, from_coreml  # noqa: E402
+from tether.frontend.coreml import op_coverage, to_onnx  # noqa: E402
+from tether.graph import reference  # noqa: E402
+
+K = tf.keras.layers
+RNG = np.random.default_rng(7)
+FP32_TOL = 1e-4      # max |tether - reference| / max |reference|
+FP16_TOL = 5e-3      # fp16 weights (coremltools' default ML Program precision), computed in fp32 by tether
+
+
+def _gelu_tanh(t):
+    return tf.nn.gelu(t, approximate=True)
+
+
+def _cnn():
+    inp = tf.keras.Input((16, 16, 3), batch_size=1, name="image")
+    a = K.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    a = K.BatchNormalization()(a)
+    b = K.DepthwiseConv2D(3, padding="same", dilation_rate=2)(a)
+    b = K.LeakyReLU(0.1)(b)
+    c = K.Conv2D(8, 3, strides=2, padding="same", activation="elu")(a)
+    c = K.Conv2DTranspose(8, 3, strides=2, padding="same", activation="sigmoid")(c)
+    d = K.Multiply()([K.Add()([b, c]), K.Activation("tanh")(a)])
+    e = K.Concatenate()([K.MaxPooling2D(2)(d), K.AveragePooling2D(3, strides=2, padding="same")(d)])
+    e = K.ZeroPadding2D(((1, 0), (0, 1)))(e)
+    e = K.Conv2D(12, 2, padding="valid", activation="swish")(e)
+    u = K.Concatenate()([K.UpSampling2D(2, interpolation="bilinear")(e), K.UpSampling2D(2)(e)])
+    h = K.Lambda(_gelu_tanh)(K.Dense(16)(K.GlobalAveragePooling2D()(u)))
+    model = tf.keras.Model(inp, K.Dense(5, activation="softmax")(h))
+    for layer in model.layers:
+        if isinstance(layer, K.BatchNormalization):
+            layer.set_weights([RNG.uniform(0.5, 1.5, 8), RNG.normal(0, 0.1, 8), RNG.normal(0, 0.1, 8),
+                               RNG.uniform(0.5, 2, 8)])
+    return model
+
+
+def _attention():
+    """A transformer block: layer norms, q/k/v projections, softmax(q k^T) v, a GELU MLP, residuals."""
+    inp = tf.keras.Input((8, 16), batch_size=1, name="tokens")
+    x = K.LayerNormalization()(inp)
+    q, k, v = K.Dense(16)(x), K.Dense(16)(x), K.Dense(16)(x)
+    att = K.Lambda(lambda t: tf.nn.softmax(tf.matmul(t[0], t[1], transpose_b=True) / 4.0, axis=-1))([q, k])
+    y = K.Add()([inp, K.Lambda(lambda t: tf.matmul(t[0], t[1]))([att, v])])
+    mlp = K.Dense(16)(K.Lambda(_gelu_tanh)(K.Dense(32)(K.LayerNormalization()(y))))
+    y = K.Reshape((4, 32))(K.Add()([y, mlp]))
+    y = K.Lambda(lambda t: tf.reduce_mean(tf.transpose(t, [0, 2, 1]), axis=-1))(y)
+    return tf.keras.Model(inp, y)
+
+
+def _convert(model, shape, name, path, **kw):
+    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32, name=name)])
+    def fn(t):
+        return model(t)
+    ml = ct.convert([fn.get_concrete_function()], source="tensorflow", inputs=[ct.TensorType(shape=shape, name=name)],
+                    **kw)
+    ml.save(str(path))
+    return path
+
+
+VARIANTS = {"mlmodel": dict(convert_to="neuralnetwork"),
+            "mlpackage-fp32": dict(convert_to="mlprogram", compute_precision=ct.precision.FLOAT32),
+            "mlpackage-fp16": dict(convert_to="mlprogram")}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """{(model, variant): (path, input name, input, Keras output)}"""
+    d = tmp_path_factory.mktemp("coreml")
+    out = {}
+    for model_name, build, shape, in_name in (("cnn", _cnn, (1, 16, 16, 3), "image"),
+                                              ("attention", _attention, (1, 8, 16), "tokens")):
+        model = build()
+        x = RNG.standard_normal(shape).astype(np.float32)
+        ref = model(x).numpy()
+        for variant, kw in VARIANTS.items():
+            ext = "mlmodel" if variant == "mlmodel" else "mlpackage"
+            path = _convert(model, shape, in_name, d / ("%s_%s.%s" % (model_name, variant, ext)), **kw)
+            out[(model_name, variant)] = (str(path), in_name, x, ref)
+    return out
+
+
+def _rel_err(y, ref):
+    y, ref = np.asarray(y).reshape(-1), np.asarray(ref).reshape(-1)
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+def _compile_and_run(path, feeds, tmp_path):
+    graph, params = from_coreml(path)
+    tether.build_graph(graph, params, target="host").export(str(tmp_path))
+    gm = graph_executor.load(str(tmp_path))
+    gm.run(**feeds)
+    return gm.get_output(0)
+
+
+@pytest.mark.parametrize("variant", ["mlmodel", "mlpackage-fp32"])
+def test_converted_cnn_compiles_and_matches_keras(converted, variant, tmp_path):
+    path, name, x, ref = converted[("cnn", variant)]
+    y = _compile_and_run(path, {name: x}, tmp_path)
+    assert y.shape[-1] == ref.shape[-1]
+    assert _rel_err(y, ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize("variant", ["mlmodel", "mlpackage-fp32"])
+def test_converted_attention_block_matches_keras(converted, variant):
+    path, name, x, ref = converted[("attention", variant)]
+    graph, params = from_coreml(path)
+    (y,) = reference.run(graph, params, {name: x})
+    assert _rel_err(y, ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize("model_name", ["cnn", "attention"])
+def test_fp16_ml_program_matches_keras_within_fp16_weight_rounding(converted, model_name):
+    path, name, x, ref = converted[(model_name, "mlpackage-fp16")]
+    graph, params = from_coreml(path)
+    (y,) = reference.run(graph, params, {name: x})
+    assert _rel_err(y, ref) <= FP16_TOL
+
+
+def test_the_ops_of_each_format_are_reported_in_core_ml_terms(converted):
+    nn_rows = {r["op_type"]: r for r in op_coverage(converted[("cnn", "mlmodel")][0])}
+    assert {"convolution", "batchnorm", "pooling", "activation", "upsample"} <= set(nn_rows)
+    assert all(r["covered"] and r["domain"] == "CoreML" for r in nn_rows.values())
+    assert len(nn_rows["convolution"]["nodes"]) == 5         # conv, depthwise, strided, transposed, valid
+    mil_rows = {r["op_type"]: r for r in op_coverage(converted[("cnn", "mlpackage-fp16")][0])}
+    assert {"conv", "conv_transpose", "batch_norm", "max_pool", "avg_pool", "upsample_bilinear", "const",
+            "cast"} <= set(mil_rows)
+    assert all(r["covered"] for r in mil_rows.values())
+    assert str(mil_rows["conv"]["opset"]).startswith("CoreML")
+
+
+def test_both_formats_are_detected_from_content(converted):
+    assert detect.detect(converted[("cnn", "mlmodel")][0]).name == "CoreML"
+    assert detect.detect(converted[("cnn", "mlpackage-fp32")][0]).name == "CoreML package"
+
+
+# -- a classifier with an image input ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("convert_to", ["neuralnetwork", "mlprogram"])
+def test_image_classifier_with_preprocessing_returns_the_probabilities(tmp_path, convert_to):
+    inp = tf.keras.Input((12, 12, 3), batch_size=1, name="img")
+    x = K.GlobalMaxPooling2D()(K.Conv2D(4, 3, activation="relu")(inp))
+    model = tf.keras.Model(inp, K.Dense(3, activation="softmax")(x))
+
+    @tf.function(input_signature=[tf.TensorSpec((1, 12, 12, 3), tf.float32, name="img")])
+    def fn(t):
+        return model(t)
+    bias = [-1.0, -0.5, 0.25]
+    extra = {"compute_precision": ct.precision.FLOAT32} if convert_to == "mlprogram" else {}
+    ml = ct.convert([fn.get_concrete_function()], source="tensorflow", convert_to=convert_to,
+                    inputs=[ct.ImageType(shape=(1, 12, 12, 3), name="img", scale=1 / 127.5, bias=bias,
+                                         color_layout=ct.colorlayout.BGR)],
+                    classifier_config=ct.ClassifierConfig(["a", "b", "c"]), **extra)
+    path = tmp_path / ("cls." + ("mlmodel" if convert_to == "neuralnetwork" else "mlpackage"))
+    ml.save(str(path))
+    probs_name = ml.get_spec().description.predictedProbabilitiesName
+    graph, params = from_coreml(str(path))
+    # the image input: float32 [1, C, H, W] pixel values, channels in the image's order (BGR here)
+    assert list(graph.types["img"].shape) == [1, 3, 12, 12]
+    assert graph.outputs == [probs_name]
+    img = RNG.uniform(0, 255, (1, 3, 12, 12)).astype(np.float32)
+    (y,) = reference.run(graph, params, {"img": img})
+    pre = img / 127.5 + np.asarray(bias, np.float32).reshape(1, 3, 1, 1)
+    ref = model(np.transpose(pre, (0, 2, 3, 1))).numpy()
+    assert _rel_err(y, ref) <= FP32_TOL
+
+
+# -- legacy layers from NeuralNetworkBuilder, against numpy -------------------------------------------------------
+
+def _caffe_pool(x, k, s, p, kind):
+    """Core ML's includeLastPixel pooling (Caffe's rule) on [C, H, W]."""
+    c, h, w = x.shape
+
+    def out_size(n):
+        o = int(np.ceil((n + 2 * p - k) / s)) + 1
+        return o - 1 if p and (o - 1) * s >= n + p else o
+    oh, ow = out_size(h), out_size(w)
+    y = np.zeros((c, oh, ow), np.float32)
+    for i in range(oh):
+        for j in range(ow):
+            h0, w0 = i * s - p, j * s - p
+            h1, w1 = min(h0 + k, h + p), min(w0 + k, w + p)
+            area = (h1 - h0) * (w1 - w0)
+            win = x[:, max(h0, 0):min(h1, h), max(w0, 0):min(w1, w)]
+            y[:, i, j] = win.max(axis=(1, 2)) if kind == "MAX" else win.sum(axis=(1, 2)) / area
+    return y
+
+
+def _legacy_model(path):
+    from coremltools.models import datatypes
+    from coremltools.models.neural_network import NeuralNetworkBuilder
+
+    c, h, w = 4, 10, 10
+    W = RNG.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(6).astype(np.float32)
+    slopes = RNG.uniform(0.05, 0.3, 6).astype(np.float32)
+    fc = RNG.standard_normal((5, c * h * w)).astype(np.float32) * 0.05
+    q = RNG.integers(0, 256, (3, 5)).astype(np.uint8)
+    qscale = RNG.uniform(0.01, 0.02, 3).astype(np.float32)
+    qbias = RNG.uniform(-1, 1, 3).astype(np.float32)
+    scale = RNG.uniform(0.5, 2, c).astype(np.float32)
+    shift = RNG.standard_normal(c).astype(np.float32)
+    outs = ["conv", "avgpool", "maxpool", "acts", "rsqrt", "up", "pad", "norm", "probs", "d2s"]
+    builder = NeuralNetworkBuilder([("data", datatypes.Array(c, h, w))],
+                                   [(o, None) for o in outs])
+    builder.add_convolution("conv0", kernel_channels=2, output_channels=6, height=3, width=3, stride_height=2,
+                            stride_width=2, border_mode="same", groups=2, W=W.transpose(2, 3, 1, 0), b=b,
+                            has_bias=True, input_name="data", output_name="conv0",
+                            same_padding_asymmetry_mode="TOP_LEFT_HEAVY")
+    builder.add_activation("prelu", "PRELU", "conv0", "conv", params=slopes)
+    builder.add_pooling("avg", 3, 3, 2, 2, "AVERAGE", "INCLUDE_LAST_PIXEL", "data", "avgpool",
+                        exclude_pad_area=False, padding_top=1, padding_bottom=1, padding_left=1,
+                        padding_right=1)
+    builder.add_pooling("max", 3, 3, 2, 2, "MAX", "INCLUDE_LAST_PIXEL", "data", "maxpool",
+                        padding_top=1, padding_bottom=1, padding_left=1, padding_right=1)
+    builder.add_activation("stanh", "SCALED_TANH", "data", "a1", params=[1.5, 0.7])
+    builder.add_activation("hsig", "SIGMOID_HARD", "a1", "a2", params=[0.3, 0.4])
+    builder.add_activation("lin", "LINEAR", "a2", "acts", params=[2.0, -0.5])
+    builder.add_unary("abs", "data", "abs", mode="abs")
+    builder.add_unary("rsqrt", "abs", "rsqrt", mode="rsqrt", shift=2.0, scale=0.5, epsilon=1e-3)
+    builder.add_upsample("up", 2, 2, "data", "up", mode="BILINEAR", linear_upsample_mode="ALIGN_CORNERS_TRUE")
+    builder.add_padding("pad", left=1, right=2, top=2, bottom=0, input_name="data", output_name="pad",
+                        padding_type="reflection")
+    builder.add_scale("scale", W=scale, b=shift, has_bias=True, input_name="data", output_name="scaled",
+                      shape_scale=[c], shape_bias=[c])
+    builder.add_l2_normalize("l2", "scaled", "norm", epsilon=1e-6)
+    builder.add_flatten("flat", 1, "data", "flat")                   # CHANNEL_LAST
+    builder.add_inner_product("fc", W=fc, b=None, input_channels=c * h * w, output_channels=5, has_bias=False,
+                              input_name="flat", output_name="fc")
+    builder.add_inner_product("fcq", W=q.tobytes(), b=None, input_channels=5, output_channels=3, has_bias=False,
+                              input_name="fc", output_name="fcq", is_quantized_weight=True, nbits=8,
+                              quantization_type="linear", quant_scale=qscale, quant_bias=qbias)
+    builder.add_softmax("softmax", "fcq", "probs")
+    builder.add_reorganize_data("d2s", "data", "d2s", mode="DEPTH_TO_SPACE", block_size=2)
+    spec = builder.spec
+    # store the first inner product's weights as float16, as quantize_weights(nbits=16) does
+    ip = next(layer for layer in spec.neuralNetwork.layers if layer.name == "fc").innerProduct
+    ip.weights.float16Value = fc.astype(np.float16).tobytes()
+    del ip.weights.floatValue[:]
+    ct.models.MLModel(spec).save(str(path))
+
+    def ref(x):
+        xp = np.pad(x, ((0, 0), (1, 0), (1, 0)))           # SAME, stride 2 on 10: one pad, top-left heavy
+        conv = tf.nn.conv2d(np.transpose(xp, (1, 2, 0))[None][..., :2], np.transpose(W[:3], (2, 3, 1, 0)), 2,
+                            "VALID").numpy()
+        conv2 = tf.nn.conv2d(np.transpose(xp, (1, 2, 0))[None][..., 2:], np.transpose(W[3:], (2, 3, 1, 0)), 2,
+                             "VALID").numpy()
+        conv = np.transpose(np.concatenate([conv, conv2], -1)[0], (2, 0, 1)) + b.reshape(6, 1, 1)
+        conv = np.where(conv >= 0, conv, conv * slopes.reshape(6, 1, 1))
+        acts = np.clip(0.3 * (1.5 * np.tanh(0.7 * x)) + 0.4, 0, 1) * 2.0 - 0.5
+        up = tf.compat.v1.image.resize_bilinear(np.transpose(x, (1, 2, 0))[None], (2 * h, 2 * w),
+                                                align_corners=True).numpy()[0].transpose(2, 0, 1)
+        scaled = x * scale.reshape(c, 1, 1) + shift.reshape(c, 1, 1)
+        fc_out = np.transpose(x, (1, 2, 0)).reshape(-1) @ fc.astype(np.float16).astype(np.float32).T
+        wq = q.astype(np.float32) * qscale.reshape(3, 1) + qbias.reshape(3, 1)
+        logits = fc_out @ wq.T
+        d2s = tf.nn.depth_to_space(np.transpose(x, (1, 2, 0))[None], 2).numpy()[0].transpose(2, 0, 1)
+        return {
+            "conv": conv, "avgpool": _caffe_pool(x, 3, 2, 1, "AVERAGE"), "maxpool": _caffe_pool(x, 3, 2, 1, "MAX"),
+            "acts": acts, "rsqrt": 1 / np.sqrt(0.5 * np.abs(x) + 2.0 + 1e-3), "up": up,
+            "pad": np.pad(x, ((0, 0), (2, 0), (1, 2)), mode="reflect"),
+            "norm": scaled / np.sqrt((scaled ** 2).sum() + 1e-6),
+            "probs": np.exp(logits) / np.exp(logits).sum(), "d2s": d2s,
+        }
+    return ref
+
+
+def test_legacy_layers_match_numpy(tmp_path):
+    path = tmp_path / "legacy.mlmodel"
+    ref = _legacy_model(path)
+    x = RNG.standard_normal((4, 10, 10)).astype(np.float32)
+    graph, params = from_coreml(str(path))
+    ys = reference.run(graph, params, {"data": x})
+    want = ref(x)
+    for name, y in zip(graph.outputs, ys):
+        r = want[name]
+        assert np.asarray(y).size == r.size, name
+        assert _rel_err(y, r) <= FP32_TOL, (name, _rel_err(y, r))
+
+
+# -- refusals ------------------------------------------------------------------------------------------------------
+
+def test_every_unsupported_layer_is_named_in_one_error(tmp_path):
+    from coremltools.models import datatypes
+    from coremltools.models.neural_network import NeuralNetworkBuilder
+
+    builder = NeuralNetworkBuilder([("data", datatypes.Array(2, 3, 3))], [("out", None)])
+    builder.add_activation("relu", "RELU", "data", "r")
+    builder.add_permute("perm", (1, 0, 2, 3), "r", "p")                # moves the sequence axis: refused
+    builder.add_sequence_repeat("rep", 2, "r", "q")                      # no converter
+    builder.add_elementwise("sum", ["p", "q"], "out", "ADD")
+    path = tmp_path / "unsupported.mlmodel"
+    ct.models.MLModel(builder.spec).save(str(path))
+    with pytest.raises(UnsupportedOpError) as err:
+        to_onnx(str(path))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "sequenceRepeat (layer rep, spec version" in msg and "permute (layer perm, spec version" in msg
+    rows = {r["op_type"]: r for r in op_coverage(str(path))}
+    assert not rows["sequenceRepeat"]["covered"] and rows["sequenceRepeat"]["nodes"] == ["rep"]
+
+
+def test_corrupt_files_are_invalid_input(converted, tmp_path):
+    data = pathlib.Path(converted[("cnn", "mlmodel")][0]).read_bytes()
+    cut = tmp_path / "cut.mlmodel"
+    cut.write_bytes(data[:len(data) // 2])
+    with pytest.raises(InvalidInput, match="cut.mlmodel"):
+        to_onnx(str(cut))
+    pkg = tmp_path / "pkg.mlpackage"
+    shutil.copytree(converted[("cnn", "mlpackage-fp16")][0], pkg)
+    weights = pkg / "Data" / "com.apple.CoreML" / "weights" / "weight.bin"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(InvalidInput, match="weight.bin"):
+        to_onnx(str(pkg))
+    (pkg / "Manifest.json").write_text("{}")
+    with pytest.raises(InvalidInput, match="Manifest.json"):
+        to_onnx(str(pkg))
+
+
+# -- the command line ----------------------------------------------------------------------------------------------
+
+def test_cli_compiles_and_checks_core_ml_files(converted, tmp_path):
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    runner = CliRunner()
+    out = tmp_path / "out"
+    res = runner.invoke(cli, ["compile", converted[("cnn", "mlmodel")][0], "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "deploy.json").exists() and (out / "deploy.so").exists()
+    res = runner.invoke(cli, ["compile", "--check", converted[("attention", "mlpackage-fp16")][0]])
+    assert res.exit_code == 0, res.output
+    assert "matmul" in res.output and "CoreML" in res.output and "0 not covered" in res.output
+
+
+def test_cli_refuses_a_corrupt_mlmodel_in_one_line(converted, tmp_path):
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    data = pathlib.Path(converted[("cnn", "mlmodel")][0]).read_bytes()
+    bad = tmp_path / "broken.mlmodel"
+    bad.write_bytes(data[:len(data) // 3])
+    res = CliRunner().invoke(cli, ["compile", str(bad), "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "broken.mlmodel" in lines[0] and "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()
+
+
+# -- the emulated aarch64 device -----------------------------------------------------------------------------------
+
+@pytest.mark.emulated
+@pytest.mark.slow
+def test_emulated_aarch64_runs_a_converted_core_ml_cnn(emulated_devices, converted, tmp_path):
+    device = emulated_devices.for_preset("rasp4b")
+    path, name, x, ref = converted[("cnn", "mlmodel")]
+    graph, params = from_coreml(path)
+    tether.build_graph(graph, params, target="rasp4b").export(str(tmp_path))
+    with rpc.connect(*device.address, timeout=300) as sess:
+        with sess.graph_executor(str(tmp_path)) as gm:
+            gm.run(**{name: x})
+            assert _rel_err(gm.get_output(0), ref) <= FP32_TOL
+
+
+def test_package_weights_stay_in_the_package(converted):
+    """The blob consts read weight.bin beside the spec: a package moved elsewhere still reads."""
+    path = converted[("cnn", "mlpackage-fp32")][0]
+    assert os.path.isfile(os.path.join(path, "Data", "com.apple.CoreML", "weights", "weight.bin"))
+    model = to_onnx(path)
+    assert sum(np.prod(t.dims) for t in model.graph.initializer) > 1000
