@@ -363,6 +363,7 @@ def test_cli_refuses_a_corrupt_mlmodel_in_one_line(converted, tmp_path):
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "broken.mlmodel" in lines[0] and "Traceback" not in res.output
+    assert "not a valid Core ML model" in lines[0]
     assert not (tmp_path / "o").exists()
 
 

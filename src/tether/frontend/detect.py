@@ -240,9 +240,21 @@ def _caffemodel(p: Probe) -> bool:
 
 
 def _coreml(p: Probe) -> bool:
-    """A Core ML Model: specificationVersion (1, a varint) first, and its model type in a field numbered 200+."""
+    """A Core ML Model: specificationVersion (1, a varint) first, and its model type in a field numbered 200+; or,
+    in a file cut before its model, the description (2) whose first feature (1) starts with its text name (1)."""
     fields = _head_fields(p)
-    return fields is not None and fields[0][:2] == (1, 0) and any(n >= 200 and w == 2 for n, w, _ in fields)
+    if fields is None and not p.is_dir and p.head:
+        fields = proto_fields(p.head, partial=True)        # a truncated file still says what it was
+    if fields is None or fields[0][:2] != (1, 0):
+        return False
+    if any(n >= 200 and w == 2 for n, w, _ in fields):
+        return True
+    description = next((payload for n, w, payload in fields if n == 2 and w == 2), None)
+    feature = proto_fields(description, limit=1, partial=True) if description else None
+    if not feature or feature[0][:2] != (1, 2):
+        return False
+    name = proto_fields(feature[0][2], limit=1, partial=True)
+    return bool(name) and name[0][:2] == (1, 2) and _is_text(name[0][2])
 
 
 def _mlpackage(p: Probe) -> bool:

@@ -88,7 +88,10 @@ class Program:
         """The ONNX name of an argument, materialising a constant as an initializer."""
         if binding.WhichOneof("binding") == "value":
             return self.g.const(_as_onnx_array(self.decode(binding.value)), "imm")
-        name = binding.name
+        return self.variable(binding.name)
+
+    def variable(self, name: str) -> str:
+        """The ONNX name of MIL variable ``name`` (KeyError when no op produced it)."""
         if name in self.names:
             return self.names[name]
         if name in self.consts:
@@ -1007,17 +1010,9 @@ def translate(src, shape) -> Tuple[OnnxGraph, List[str]]:
                 p.names[var.name] = name
     for out in block.outputs:
         try:
-            y = p.tensor_of(_name_binding(out))
+            y = p.variable(out)
         except KeyError:
             continue
         g.node("Identity", [y], outputs=[out])
         g.add_output(out)
     return g, errors
-
-
-def _name_binding(name: str):
-    from coremltools.proto import MIL_pb2
-
-    b = MIL_pb2.Argument.Binding()
-    b.name = name
-    return b

@@ -343,8 +343,8 @@ def _batchnorm(ctx: Context, layer, p) -> List[str]:
     if p.computeMeanVar:
         x4, back = _as4d(ctx, x)
         if p.instanceNormalization:
-            y = g.node("InstanceNormalization", [x4, g.const(gamma, layer.name + "_g"), g.const(beta, layer.name + "_b")],
-                       layer.name, epsilon=eps)
+            affine = [g.const(gamma, layer.name + "_g"), g.const(beta, layer.name + "_b")]
+            y = g.node("InstanceNormalization", [x4] + affine, layer.name, epsilon=eps)
             return [back(y)]
         mean = g.node("ReduceMean", [x4], layer.name + "_mean", axes=[0, 2, 3], keepdims=1)
         d = g.node("Sub", [x4, mean], layer.name + "_centered")

@@ -2,12 +2,17 @@
 naming the root model spec, with the ML Program's weight files beside it).
 
 The protobuf messages are the ones coremltools ships (``coremltools.proto``); nothing else of coremltools runs.
+Its generated modules are loaded on their own, without the coremltools package, whose import pulls in
+TensorFlow and the converters: seconds of start-up and a screen of log lines on every ``tether compile``.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import json
 import os
+import sys
 from typing import Any, Optional
 
 from tether.errors import InvalidInput
@@ -23,11 +28,29 @@ class CoreMLSource:
     model_dir: str
 
 
-def proto():
-    """coremltools' generated ``Model_pb2`` module."""
-    from coremltools.proto import Model_pb2
+_PRIVATE = "_tether_coremltools_proto"
 
-    return Model_pb2
+
+def proto():
+    """coremltools' generated ``Model_pb2`` module: the package's own when coremltools is imported already, else
+    its ``proto`` folder loaded as a package of its own (the messages register the same descriptors either way)."""
+    if "coremltools.proto.Model_pb2" in sys.modules:
+        return sys.modules["coremltools.proto.Model_pb2"]
+    if _PRIVATE not in sys.modules:
+        found = importlib.util.find_spec("coremltools")
+        if found is None or not found.origin:
+            raise ImportError("No module named 'coremltools'", name="coremltools")
+        folder = os.path.join(os.path.dirname(found.origin), "proto")
+        spec = importlib.util.spec_from_file_location(_PRIVATE, os.path.join(folder, "__init__.py"),
+                                                      submodule_search_locations=[folder])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_PRIVATE] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[_PRIVATE]
+            raise
+    return importlib.import_module(_PRIVATE + ".Model_pb2")
 
 
 def _parse(path: str, data: bytes, what: str):
