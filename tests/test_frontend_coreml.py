@@ -388,3 +388,120 @@ def test_package_weights_stay_in_the_package(converted):
     assert os.path.isfile(os.path.join(path, "Data", "com.apple.CoreML", "weights", "weight.bin"))
     model = to_onnx(path)
     assert sum(np.prod(t.dims) for t in model.graph.initializer) > 1000
+
+
+# -- ML Program operations from coremltools' MIL builder, against numpy ------------------------------------------------
+
+def _np_conv(x, w, stride, dil, pads, groups):
+    """NCHW convolution; pads (top, bottom, left, right)."""
+    x = np.pad(x, ((0, 0), (0, 0), pads[:2], pads[2:]))
+    n, c, h, wd = x.shape
+    co, ci, kh, kw = w.shape
+    oh = (h - (kh - 1) * dil[0] - 1) // stride[0] + 1
+    ow = (wd - (kw - 1) * dil[1] - 1) // stride[1] + 1
+    y = np.zeros((n, co, oh, ow), np.float64)
+    per = co // groups
+    for gi in range(groups):
+        xs = x[:, gi * ci:(gi + 1) * ci]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i * dil[0]:i * dil[0] + stride[0] * (oh - 1) + 1:stride[0],
+                           j * dil[1]:j * dil[1] + stride[1] * (ow - 1) + 1:stride[1]]
+                y[:, gi * per:(gi + 1) * per] += np.einsum("nchw,oc->nohw", patch, w[gi * per:(gi + 1) * per, :, i, j])
+    return y
+
+
+def _np_avg_pool_ceil(x, k, s):
+    """Average pooling with ceil_mode, padding excluded from the average (windows clipped to the input)."""
+    n, c, h, w = x.shape
+    oh, ow = -(-(h - k[0]) // s[0]) + 1, -(-(w - k[1]) // s[1]) + 1
+    y = np.zeros((n, c, oh, ow), np.float32)
+    for i in range(oh):
+        for j in range(ow):
+            y[:, :, i, j] = x[:, :, i * s[0]:i * s[0] + k[0], j * s[1]:j * s[1] + k[1]].mean(axis=(2, 3))
+    return y
+
+
+def test_ml_program_operations_match_numpy(tmp_path):
+    from coremltools.converters.mil import Builder as mb
+
+    w = RNG.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    wt = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    gamma = np.arange(1, 5, dtype=np.float32)
+    slopes = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 4, 7, 9))], opset_version=ct.target.iOS16)
+    def prog(x):
+        return (
+            mb.conv(x=x, weight=w, pad_type="custom", pad=[1, 0, 2, 1], strides=[2, 1], dilations=[1, 2], groups=2,
+                    name="conv"),
+            mb.conv_transpose(x=x, weight=wt, pad_type="same", strides=[2, 2], name="conv_t"),
+            mb.upsample_nearest_neighbor(x=x, scale_factor_height=2, scale_factor_width=3, name="up"),
+            mb.resize_bilinear(x=x, target_size_height=5, target_size_width=13, sampling_mode="UNALIGN_CORNERS",
+                               name="resize"),
+            mb.upsample_bilinear(x=x, scale_factor_height=2.0, scale_factor_width=2.0, align_corners=False,
+                                 half_pixel_centers=False, name="up_bilinear"),
+            mb.instance_norm(x=x, gamma=gamma, beta=np.ones(4, np.float32), epsilon=1e-5, name="inorm"),
+            mb.layer_norm(x=x, axes=[1, 3], epsilon=1e-5, name="lnorm"),
+            mb.slice_by_index(x=x, begin=[0, 1, 0, 8], end=[1, 4, 7, 0], stride=[1, 2, -2, -3],
+                              begin_mask=[False, False, True, False], end_mask=[False, False, True, True],
+                              squeeze_mask=[True, False, False, False], name="sliced"),
+            mb.split(x=x, split_sizes=[1, 3], axis=1, name="split")[1],
+            mb.pad(x=x, pad=[1, 2, 2, 1], mode="reflect", name="padded"),
+            mb.gather(x=x, indices=np.array([2, 0], np.int32), axis=3, name="gathered"),
+            mb.clip(x=x, alpha=-0.5, beta=0.7, name="clipped"),
+            mb.reduce_max(x=x, axes=[2], keep_dims=False, name="rmax"),
+            mb.reduce_argmax(x=x, axis=1, keep_dims=True, name="argmax"),
+            mb.cast(x=mb.mul(x=x, y=3.0), dtype="int32", name="as_int"),
+            mb.max_pool(x=x, kernel_sizes=[3, 3], strides=[2, 2], pad_type="same", name="maxpool"),
+            mb.avg_pool(x=x, kernel_sizes=[2, 3], strides=[2, 2], pad_type="valid", ceil_mode=True,
+                        exclude_padding_from_average=True, name="avgpool"),
+            mb.squeeze(x=mb.expand_dims(x=x, axes=[0]), axes=[0], name="same"),
+            mb.softmax(x=x, axis=2, name="softmax"),
+            mb.thresholded_relu(x=x, alpha=0.3, name="trelu"),
+            mb.prelu(x=x, alpha=slopes, name="prelu"),
+        )
+    ml = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS16,
+                    compute_precision=ct.precision.FLOAT32)
+    path = tmp_path / "ops.mlpackage"
+    ml.save(str(path))
+    x = RNG.standard_normal((1, 4, 7, 9)).astype(np.float32)
+    nhwc = np.transpose(x, (0, 2, 3, 1))
+    mean = x.mean(axis=(1, 3), keepdims=True)
+    var = x.var(axis=(1, 3), keepdims=True)
+    e = np.exp(x - x.max(axis=2, keepdims=True))
+    want = {
+        "conv": _np_conv(x, w, (2, 1), (1, 2), (1, 0, 2, 1), 2),
+        "conv_t": tf.nn.conv2d_transpose(nhwc, np.transpose(wt, (2, 3, 1, 0)), (1, 14, 18, 3), 2, "SAME").numpy()
+        .transpose(0, 3, 1, 2),
+        "up": np.repeat(np.repeat(x, 2, axis=2), 3, axis=3),
+        "resize": tf.image.resize(nhwc, (5, 13), "bilinear").numpy().transpose(0, 3, 1, 2),
+        "up_bilinear": tf.compat.v1.image.resize_bilinear(nhwc, (14, 18), align_corners=False,
+                                                          half_pixel_centers=False).numpy().transpose(0, 3, 1, 2),
+        "inorm": (x - x.mean(axis=(2, 3), keepdims=True)) / np.sqrt(x.var(axis=(2, 3), keepdims=True) + 1e-5)
+        * gamma.reshape(1, 4, 1, 1) + 1,
+        "lnorm": (x - mean) / np.sqrt(var + 1e-5),
+        "sliced": x[0, 1:4:2, ::-2, 8::-3],
+        "split_1": x[:, 1:],
+        "padded": np.pad(x, ((0, 0), (0, 0), (1, 2), (2, 1)), mode="reflect"),
+        "gathered": x[..., [2, 0]],
+        "clipped": np.clip(x, -0.5, 0.7),
+        "rmax": x.max(axis=2),
+        "argmax": x.argmax(axis=1)[:, None].astype(np.int32),
+        "as_int": np.trunc(x * 3).astype(np.int32),
+        "maxpool": tf.nn.max_pool2d(nhwc, 3, 2, "SAME").numpy().transpose(0, 3, 1, 2),
+        "avgpool": _np_avg_pool_ceil(x, (2, 3), (2, 2)),
+        "same": x,
+        "softmax": e / e.sum(axis=2, keepdims=True),
+        "trelu": np.where(x > 0.3, x, 0),
+        "prelu": np.where(x >= 0, x, x * slopes.reshape(1, 4, 1, 1)),
+    }
+    graph, params = from_coreml(str(path))
+    assert set(graph.outputs) == set(want)
+    for name, y in zip(graph.outputs, reference.run(graph, params, {"x": x})):
+        ref = want[name]
+        assert np.asarray(y).shape == ref.shape, name
+        if ref.dtype.kind == "i":
+            np.testing.assert_array_equal(y, ref, err_msg=name)
+        else:
+            assert _rel_err(y, ref) <= FP32_TOL, (name, _rel_err(y, ref))

@@ -56,7 +56,7 @@ class OnnxGraph:
         elif arr.dtype == np.int32 and dtype is None:
             arr = arr.astype(np.int64)
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.initializers.append(numpy_helper.from_array(np.array(arr, order="C"), name))  # keeps 0-d 0-d
         self.values[name] = arr
         self.types[name] = self._helper.make_tensor_type_proto(
             self._helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape))
