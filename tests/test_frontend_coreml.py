@@ -505,3 +505,59 @@ def test_ml_program_operations_match_numpy(tmp_path):
             np.testing.assert_array_equal(y, ref, err_msg=name)
         else:
             assert _rel_err(y, ref) <= FP32_TOL, (name, _rel_err(y, ref))
+
+
+# -- compressed weights ----------------------------------------------------------------------------------------------
+
+def _small_convnet():
+    inp = tf.keras.Input((8, 8, 3), batch_size=1, name="x")
+    y = K.Conv2D(16, 3, activation="relu")(inp)
+    return tf.keras.Model(inp, K.Dense(8)(K.Flatten()(y)))
+
+
+def test_compressed_ml_program_weights_decompress_as_coremltools_does(tmp_path):
+    """constexpr ops (affine dequantize, lookup tables, blockwise shift-scale incl. int4 blobs) against the same
+    model after coremltools' own decompress_weights."""
+    import coremltools.optimize.coreml as cto
+
+    model = _small_convnet()
+    x = RNG.standard_normal((1, 8, 8, 3)).astype(np.float32)
+    cases = {
+        (ct.target.iOS16, "affine"): (cto.linear_quantize_weights, cto.OpLinearQuantizerConfig(
+            mode="linear_symmetric", weight_threshold=10)),
+        (ct.target.iOS16, "lut"): (cto.palettize_weights, cto.OpPalettizerConfig(
+            mode="kmeans", nbits=4, weight_threshold=10)),
+        (ct.target.iOS18, "blockwise"): (cto.linear_quantize_weights, cto.OpLinearQuantizerConfig(
+            mode="linear", granularity="per_block", block_size=8, weight_threshold=10)),
+        (ct.target.iOS18, "int4"): (cto.linear_quantize_weights, cto.OpLinearQuantizerConfig(
+            mode="linear_symmetric", dtype="int4", granularity="per_block", block_size=16, weight_threshold=10)),
+        (ct.target.iOS18, "grouped-lut"): (cto.palettize_weights, cto.OpPalettizerConfig(
+            mode="kmeans", nbits=3, granularity="per_grouped_channel", group_size=4, weight_threshold=10)),
+    }
+    sources = {}
+    for (target, name), (compress, op_config) in cases.items():
+        if target not in sources:
+            sources[target] = _convert(model, (1, 8, 8, 3), "x", tmp_path / ("src%s.mlpackage" % target.value),
+                                       convert_to="mlprogram", minimum_deployment_target=target,
+                                       compute_precision=ct.precision.FLOAT32)
+        compressed = compress(ct.models.MLModel(str(sources[target]), skip_model_load=True),
+                              cto.OptimizationConfig(global_config=op_config))
+        paths = [tmp_path / (name + ".mlpackage"), tmp_path / (name + "-dense.mlpackage")]
+        compressed.save(str(paths[0]))
+        cto.decompress_weights(compressed).save(str(paths[1]))
+        assert any(r["op_type"].startswith("constexpr_") for r in op_coverage(str(paths[0]))), name
+        y, dense = (reference.run(*from_coreml(str(p)), {"x": x})[0] for p in paths)
+        assert _rel_err(y, dense) <= 1e-6, name
+
+
+def test_quantized_neural_network_weights(converted, tmp_path):
+    """fp16 and 8-bit linear weights (quantization_utils.quantize_weights) against the Keras model."""
+    from coremltools.models.neural_network import quantization_utils
+
+    path, name, x, ref = converted[("cnn", "mlmodel")]
+    source = ct.models.MLModel(path, skip_model_load=True)
+    for bits, tol in ((16, FP16_TOL), (8, 1e-2)):
+        q = tmp_path / ("q%d.mlmodel" % bits)
+        quantization_utils.quantize_weights(source, nbits=bits).save(str(q))
+        (y,) = reference.run(*from_coreml(str(q)), {name: x})
+        assert _rel_err(y, ref) <= tol, bits

@@ -208,8 +208,9 @@ def _tensor_value(tv, vtype) -> object:
         arr = np.asarray(tv.bools.values, np.bool_)
     elif kind == "bytes":
         raw = tv.bytes.values
-        arr = np.frombuffer(raw, dtype={10: "<f2", 11: "<f4", 21: np.int8, 31: np.uint8, 22: "<i2",
-                                        32: "<u2", 23: "<i4", 24: "<i8", 13: "<u2"}.get(dtype, np.uint8))
+        arr = np.frombuffer(raw, dtype={10: "<f2", 11: "<f4", 12: "<f8", 13: "<u2", 21: np.int8, 22: "<i2",
+                                        23: "<i4", 24: "<i8", 31: np.uint8, 32: "<u2", 33: "<u4",
+                                        34: "<u8"}.get(dtype, np.uint8))
         if dtype == 13:
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
     else:
