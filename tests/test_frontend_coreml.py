@@ -69,8 +69,9 @@ def _convert(model, shape, name, path, **kw):
     @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32, name=name)])
     def fn(t):
         return model(t)
-    ml = ct.convert([fn.get_concrete_function()], source="tensorflow", inputs=[ct.TensorType(shape=shape, name=name)],
-                    **kw)
+    ct_shape = tuple(ct.RangeDim(1, 64, default=4) if d is None else d for d in shape)
+    ml = ct.convert([fn.get_concrete_function()], source="tensorflow",
+                    inputs=[ct.TensorType(shape=ct_shape, name=name)], **{k: v for k, v in kw.items() if v is not None})
     ml.save(str(path))
     return path
 
@@ -561,3 +562,124 @@ def test_quantized_neural_network_weights(converted, tmp_path):
         quantization_utils.quantize_weights(source, nbits=bits).save(str(q))
         (y,) = reference.run(*from_coreml(str(q)), {name: x})
         assert _rel_err(y, ref) <= tol, bits
+
+
+# -- ND layers (exact shape mapping) from NeuralNetworkBuilder, against numpy ---------------------------------------
+
+def test_nd_layers_match_numpy(tmp_path):
+    from coremltools.models import datatypes
+    from coremltools.models.neural_network import NeuralNetworkBuilder
+    from scipy.special import erf
+
+    shape = (2, 3, 4, 5)
+    wmat = RNG.standard_normal((5, 6)).astype(np.float32)
+    bias = RNG.standard_normal(6).astype(np.float32)
+    gamma = RNG.uniform(0.5, 1.5, 5).astype(np.float32)
+    beta = RNG.standard_normal(5).astype(np.float32)
+    table = RNG.standard_normal((4, 7)).astype(np.float32)      # [embedding size, vocab], as Core ML stores it
+    mean, var = RNG.standard_normal(3).astype(np.float32), RNG.uniform(0.5, 2, 3).astype(np.float32)
+    outs = ["sliced", "split1", "cat", "gathered", "squeezed", "rsum", "argmax", "where", "clipped", "lnorm",
+            "gelu", "embedded", "tiled", "stacked", "matmul", "bmm", "flat2d", "cpad", "reversed", "cumsum",
+            "onehot", "mod", "fdiv", "tril", "softmax", "reshaped", "topk_v", "topk_i", "minimum", "bnorm", "inorm",
+            "mvn", "lrn", "crop", "creduce", "clamped", "erf"]
+    builder = NeuralNetworkBuilder([("x", datatypes.Array(*shape)), ("ids", datatypes.Array(3, 1)),
+                                    ("y", datatypes.Array(*shape))],
+                                   [(o, None) for o in outs], disable_rank5_shape_mapping=True)
+    builder.add_slice_static("slice", "x", "sliced", begin_ids=[1, 0, 3, 0], end_ids=[2, 3, 0, 5],
+                             strides=[1, 2, -1, 2], begin_masks=[False, True, False, False],
+                             end_masks=[False, False, True, False], squeeze_masks=[True, False, False, False])
+    builder.add_split_nd("split", "x", ["split0", "split1"], axis=3, split_sizes=[2, 3])
+    builder.add_concat_nd("cat", ["x", "y"], "cat", axis=-2)
+    builder.add_load_constant_nd("idx", "idx", np.array([3, 0, 3], np.float32), shape=[3])
+    builder.add_gather("gather", ["x", "idx"], "gathered", axis=2)
+    builder.add_slice_static("first", "x", "first", begin_ids=[0, 0, 0, 0], end_ids=[1, 3, 4, 1],
+                             strides=[1, 1, 1, 1], begin_masks=[True] * 4, end_masks=[False] * 4)
+    builder.add_squeeze("squeeze", "first", "squeezed", axes=[0, 3])
+    builder.add_reduce_sum("rsum", "x", "rsum", axes=[1, 3], keepdims=False)
+    builder.add_argmax("argmax", "x", "argmax", axis=2, keepdims=False)
+    builder.add_greater_than("gt", ["x", "y"], "gt")
+    builder.add_where_broadcastable("where", ["gt", "x", "y"], "where")
+    builder.add_clip("clip", "x", "clipped", min_value=-0.3, max_value=0.6)
+    builder.add_layer_normalization("lnorm", "x", "lnorm", normalized_shape=[5], gamma=gamma, beta=beta, eps=1e-5)
+    builder.add_gelu("gelu", "x", "gelu", mode="EXACT")
+    builder.add_embedding_nd("embed", "ids", "embedded", vocab_size=7, embedding_size=4, W=table)
+    builder.add_tile("tile", "x", "tiled", reps=[1, 2, 1, 3])
+    builder.add_stack("stack", ["x", "y"], "stacked", axis=1)
+    builder.add_batched_mat_mul("matmul", ["x"], "matmul", weight_matrix_rows=5, weight_matrix_columns=6, W=wmat,
+                                bias=bias)
+    builder.add_batched_mat_mul("bmm", ["x", "y"], "bmm", transpose_b=True)
+    builder.add_flatten_to_2d("flat", "x", "flat2d", axis=2)
+    builder.add_constant_pad("cpad", ["x"], "cpad", value=1.5, pad_amounts=[0, 0, 1, 0, 2, 1, 0, 3])
+    builder.add_reverse("reverse", "x", "reversed", reverse_dim=[False, True, False, True])
+    builder.add_cumsum("cumsum", ["x"], "cumsum", axis=2, reverse=True, exclusive=True)
+    builder.add_one_hot("onehot", ["ids"], "onehot", one_hot_vector_size=7, axis=-1, on_value=2.0, off_value=-1.0)
+    builder.add_mod_broadcastable("mod", ["x", "y"], "mod")
+    builder.add_floor_div_broadcastable("fdiv", ["x", "y"], "fdiv")
+    builder.add_lower_triangular("tril", "x", "tril", k=1)
+    builder.add_softmax_nd("softmax", "x", "softmax", axis=1)
+    builder.add_rank_preserving_reshape("reshape", "x", "reshaped", output_shape=[0, -1, 2, 5])
+    builder.add_topk("topk", ["x"], ["topk_v", "topk_i"], k=2, axis=3, use_bottom_k=True)
+    builder.add_elementwise("min", ["x", "y"], "minimum", "MIN")
+    builder.add_batchnorm("bn", 3, np.ones(3, np.float32), np.zeros(3, np.float32), mean, var, "x", "bnorm")
+    builder.add_batchnorm("in", 3, np.full(3, 2.0, np.float32), np.ones(3, np.float32), input_name="x",
+                          output_name="inorm", compute_mean_var=True, instance_normalization=True)
+    builder.add_mvn("mvn", "x", "mvn", across_channels=False, normalize_variance=True, epsilon=1e-5)
+    builder.add_lrn("lrn", "x", "lrn", alpha=0.3, beta=0.75, local_size=3, k=2.0)
+    builder.add_crop("crop", left=1, right=2, top=0, bottom=1, offset=[], input_names=["x"], output_name="crop")
+    builder.add_reduce("creduce", "x", "creduce", axis="C", mode="L2")
+    builder.add_clamped_relu("clamped", "x", "clamped", alpha=0.2, beta=0.5)
+    builder.add_erf("erf", "x", "erf")
+    path = tmp_path / "nd.mlmodel"
+    ct.models.MLModel(builder.spec).save(str(path))
+
+    x = RNG.standard_normal(shape).astype(np.float32)
+    y = RNG.standard_normal(shape).astype(np.float32)
+    y = np.where(np.abs(y) < 0.2, 0.5, y).astype(np.float32)          # no division by ~0 in mod and floor_div
+    ids = np.array([[1], [6], [3]], np.float32)
+    mu, sd = x.mean(-1, keepdims=True), x.std(-1, keepdims=True)
+    e = np.exp(x - x.max(1, keepdims=True))
+    sq = np.pad(x ** 2, ((0, 0), (1, 1), (0, 0), (0, 0)))
+    lrn_sum = sq[:, :-2] + sq[:, 1:-1] + sq[:, 2:]
+    order = np.argsort(x, axis=3, kind="stable")[..., :2]
+    m_hw, v_hw = x.mean((2, 3), keepdims=True), x.var((2, 3), keepdims=True)
+    want = {
+        "sliced": x[1, :3:2, 3::-1, 0:5:2], "split1": x[..., 2:], "cat": np.concatenate([x, y], -2),
+        "gathered": x[:, :, [3, 0, 3]], "squeezed": x[0, :, :, 0], "rsum": x.sum((1, 3)),
+        "argmax": x.argmax(2).astype(np.float32), "where": np.where(x > y, x, y), "clipped": np.clip(x, -0.3, 0.6),
+        "lnorm": (x - mu) / np.sqrt(sd ** 2 + 1e-5) * gamma + beta, "gelu": 0.5 * x * (1 + erf(x / np.sqrt(2))),
+        "embedded": table.T[ids[:, 0].astype(int)], "tiled": np.tile(x, (1, 2, 1, 3)),
+        "stacked": np.stack([x, y], 1), "matmul": x @ wmat + bias, "bmm": x @ np.swapaxes(y, -1, -2),
+        "flat2d": x.reshape(6, 20), "cpad": np.pad(x, ((0, 0), (1, 0), (2, 1), (0, 3)), constant_values=1.5),
+        "reversed": x[:, ::-1, :, ::-1], "cumsum": np.flip(np.cumsum(np.flip(x, 2), 2), 2) - x,
+        "onehot": np.where(np.arange(7) == ids[..., None], 2.0, -1.0), "mod": x - np.floor(x / y) * y,
+        "fdiv": np.floor(x / y), "tril": np.tril(x, 1), "softmax": e / e.sum(1, keepdims=True),
+        "reshaped": x.reshape(2, 6, 2, 5), "topk_v": np.take_along_axis(x, order, 3),
+        "topk_i": order.astype(np.float32), "minimum": np.minimum(x, y),
+        "bnorm": (x - mean.reshape(3, 1, 1)) / np.sqrt(var.reshape(3, 1, 1) + 1e-5),
+        "inorm": (x - m_hw) / np.sqrt(v_hw + 1e-5) * 2 + 1, "mvn": (x - m_hw) / np.sqrt(v_hw + 1e-5),
+        "lrn": x / (2.0 + 0.3 / 3 * lrn_sum) ** 0.75, "crop": x[:, :, 0:3, 1:3],
+        "creduce": np.sqrt((x ** 2).sum(1, keepdims=True)), "clamped": np.minimum(np.where(x >= 0, x, 0.2 * x), 0.5),
+        "erf": erf(x),
+    }
+    graph, params = from_coreml(str(path))
+    assert set(graph.outputs) == set(want)
+    results = reference.run(graph, params, {"x": x, "y": y, "ids": ids})
+    for name, got in zip(graph.outputs, results):
+        ref = np.asarray(want[name], np.float32)
+        assert np.asarray(got).shape == ref.shape, (name, np.asarray(got).shape, ref.shape)
+        assert _rel_err(got, ref) <= FP32_TOL, (name, _rel_err(got, ref))
+
+
+@pytest.mark.parametrize("convert_to", ["neuralnetwork", "mlprogram"])
+def test_flexible_input_shapes_take_the_shape_given(tmp_path, convert_to):
+    inp = tf.keras.Input((None, 16), batch_size=1, name="tokens")
+    model = tf.keras.Model(inp, K.Dense(8, activation="relu")(inp))
+    ext = "mlmodel" if convert_to == "neuralnetwork" else "mlpackage"
+    precision = ct.precision.FLOAT32 if convert_to == "mlprogram" else None
+    path = _convert(model, (1, None, 16), "tokens", tmp_path / ("flex." + ext), convert_to=convert_to,
+                    compute_precision=precision)
+    for length in (4, 9):                     # the model's default, and another length in its range
+        x = RNG.standard_normal((1, length, 16)).astype(np.float32)
+        graph, params = from_coreml(str(path), shape={"tokens": [1, length, 16]})
+        (y,) = reference.run(graph, params, {"tokens": x})
+        assert _rel_err(y, model(x).numpy()) <= FP32_TOL

@@ -954,10 +954,21 @@ def _cumsum(ctx: Context, layer, p) -> List[str]:
 
 
 def _one_hot(ctx: Context, layer, p) -> List[str]:
+    """Core ML gives an index outside [0, size) a vector of off values; ONNX counts negative ones from the end, so
+    those are moved past the end first."""
     g = ctx.g
-    depth = g.const(np.asarray([int(p.oneHotVectorSize)], np.int64), layer.name + "_depth")
+    size = int(p.oneHotVectorSize)
+    if len(layer.input) > 1:
+        given = g.value(ctx.inp(layer, 1))
+        if given is None:
+            raise Refused("a one-hot size given as a computed input")
+        size = int(np.asarray(given).reshape(-1)[0])
+    idx = _indices(ctx, ctx.inp(layer), layer)
+    past_end = g.const(np.asarray(size, np.int64), layer.name + "_size")
+    idx = g.node("Where", [g.node("Less", [idx, g.const(np.asarray(0, np.int64))]), past_end, idx])
     values = g.const(np.asarray([p.offValue, p.onValue], np.float32), layer.name + "_values")
-    return [g.node("OneHot", [_indices(ctx, ctx.inp(layer), layer), depth, values], layer.name, axis=int(p.axis))]
+    depth = g.const(np.asarray([size], np.int64), layer.name + "_depth")
+    return [g.node("OneHot", [idx, depth, values], layer.name, axis=int(p.axis))]
 
 
 def _reverse(ctx: Context, layer, p) -> List[str]:
