@@ -298,7 +298,7 @@ def test_legacy_layers_match_numpy(tmp_path):
 
 # -- refusals ------------------------------------------------------------------------------------------------------
 
-def test_every_unsupported_layer_is_named_in_one_error(tmp_path):
+def _unsupported_model(path):
     from coremltools.models import datatypes
     from coremltools.models.neural_network import NeuralNetworkBuilder
 
@@ -307,8 +307,12 @@ def test_every_unsupported_layer_is_named_in_one_error(tmp_path):
     builder.add_permute("perm", (1, 0, 2, 3), "r", "p")                # moves the sequence axis: refused
     builder.add_sequence_repeat("rep", 2, "r", "q")                      # no converter
     builder.add_elementwise("sum", ["p", "q"], "out", "ADD")
-    path = tmp_path / "unsupported.mlmodel"
     ct.models.MLModel(builder.spec).save(str(path))
+    return path
+
+
+def test_every_unsupported_layer_is_named_in_one_error(tmp_path):
+    path = _unsupported_model(tmp_path / "unsupported.mlmodel")
     with pytest.raises(UnsupportedOpError) as err:
         to_onnx(str(path))
     msg = str(err.value)
@@ -350,6 +354,18 @@ def test_cli_compiles_and_checks_core_ml_files(converted, tmp_path):
     res = runner.invoke(cli, ["compile", "--check", converted[("attention", "mlpackage-fp16")][0]])
     assert res.exit_code == 0, res.output
     assert "matmul" in res.output and "CoreML" in res.output and "0 not covered" in res.output
+
+
+def test_cli_names_every_unsupported_layer_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    path = _unsupported_model(tmp_path / "unsupported.mlmodel")
+    res = CliRunner().invoke(cli, ["compile", str(path), "-o", str(tmp_path / "o")])
+    assert res.exit_code == 1, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "sequenceRepeat (layer rep" in lines[0] and "permute (layer perm" in lines[0]
 
 
 def test_cli_refuses_a_corrupt_mlmodel_in_one_line(converted, tmp_path):

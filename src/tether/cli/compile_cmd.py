@@ -67,11 +67,15 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
     if check:
         _check(model)
         return
+    from tether.errors import UnsupportedOpError
+
     t0 = time.perf_counter()
-    proto, base_dir = load_model_file(model)  # a foreign or broken file: InvalidInput, one line (cli/errors.py)
+    try:
+        proto, base_dir = load_model_file(model)  # a foreign or broken file: InvalidInput, one line (cli/errors.py)
+    except UnsupportedOpError as exc:            # a format's reader names every op it does not translate
+        raise click.ClickException(str(exc)) from None
 
     import tether
-    from tether.errors import UnsupportedOpError
     from tether.frontend import from_onnx
 
     try:

@@ -111,7 +111,10 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
     from tether.tune.search import Tuner, TuneOptions
     from tether.tune.tasks import extract_tasks
 
-    proto, base_dir = load_model_file(model)   # a foreign or broken file: one line, exit 2 (cli/errors.py)
+    try:
+        proto, base_dir = load_model_file(model)   # a foreign or broken file: one line, exit 2 (cli/errors.py)
+    except UnsupportedOpError as exc:             # a format's reader names every op it does not translate
+        raise click.ClickException(str(exc)) from None
     try:
         graph, params = from_onnx(proto, shape=parse_input_shapes(input_shapes), base_dir=base_dir)
     except (UnsupportedOpError, ValueError) as exc:
