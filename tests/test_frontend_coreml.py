@@ -699,3 +699,28 @@ def test_flexible_input_shapes_take_the_shape_given(tmp_path, convert_to):
         graph, params = from_coreml(str(path), shape={"tokens": [1, length, 16]})
         (y,) = reference.run(graph, params, {"tokens": x})
         assert _rel_err(y, model(x).numpy()) <= FP32_TOL
+
+
+def test_ml_program_attention_crop_and_argsort_match_numpy(tmp_path):
+    from coremltools.converters.mil import Builder as mb
+
+    mask = RNG.uniform(size=(5, 6)) > 0.3
+    mask[:, 0] = True
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(2, 5, 8)), mb.TensorSpec(shape=(2, 6, 8)),
+                             mb.TensorSpec(shape=(2, 6, 4))], opset_version=ct.target.iOS18)
+    def prog(q, k, v):
+        return (mb.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=mask, name="att"),
+                mb.crop(x=q, crop_height=[1, 2], crop_width=[0, 3], name="cropped"),
+                mb.argsort(x=q, axis=1, ascending=True, name="order"))
+    path = tmp_path / "attention.mlpackage"
+    ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
+               compute_precision=ct.precision.FLOAT32).save(str(path))
+    q, k, v = (RNG.standard_normal(s).astype(np.float32) for s in ((2, 5, 8), (2, 6, 8), (2, 6, 4)))
+    graph, params = from_coreml(str(path))
+    got = dict(zip(graph.outputs, reference.run(graph, params, {"q": q, "k": k, "v": v})))
+    scores = np.where(mask, q @ k.transpose(0, 2, 1) / np.sqrt(8), -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    assert _rel_err(got["att"], (weights / weights.sum(-1, keepdims=True)) @ v) <= FP32_TOL
+    np.testing.assert_array_equal(got["cropped"], q[:, 1:3, 0:5])
+    np.testing.assert_array_equal(got["order"], np.argsort(q, axis=1, kind="stable"))

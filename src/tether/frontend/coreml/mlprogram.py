@@ -819,6 +819,56 @@ def _space_depth(kind: str) -> OpConverter:
     return convert
 
 
+def _attention(p: Program, op) -> List[str]:
+    """softmax(Q K^T / sqrt(E) + mask) V; a bool mask keeps the scores where it is true (-inf elsewhere)."""
+    g = p.g
+    q, k, v = p.tensor(op, "query"), p.tensor(op, "key"), p.tensor(op, "value")
+    e = p.shape(q, "the attention scale")[-1]
+    scores = g.node("MatMul", [q, g.transpose(k, nn._swap_last(p.rank(k)))])
+    scores = g.node("Mul", [scores, g.scalar(1.0 / math.sqrt(e))])
+    if p.has(op, "attn_mask"):
+        mask = p.tensor(op, "attn_mask")
+        if g.elem_type(mask) == TensorProto.BOOL:
+            scores = g.node("Where", [mask, scores, g.scalar(-np.inf)])
+        else:
+            scores = g.node("Add", [scores, mask])
+    return [g.node("MatMul", [g.node("Softmax", [scores], axis=-1), v], "attention")]
+
+
+def _einsum(p: Program, op) -> List[str]:
+    return [p.g.node("Einsum", p.tensors(op, "values"), "einsum", equation=str(p.scalar(op, "equation")))]
+
+
+def _one_hot(p: Program, op) -> List[str]:
+    g = p.g
+    size = int(p.scalar(op, "one_hot_vector_size"))
+    idx = g.node("Cast", [p.tensor(op, "indices")], to=TensorProto.INT64)
+    # like Core ML's NeuralNetwork layer, an index outside [0, size) gives off values, not one counted from the end
+    idx = g.node("Where", [g.node("Less", [idx, g.ints([0])]), g.ints([size]), idx])
+    on, off = float(p.scalar(op, "on_value", 1.0)), float(p.scalar(op, "off_value", 0.0))
+    return [g.node("OneHot", [idx, g.ints([size]), g.const(np.asarray([off, on], np.float32))], "one_hot",
+                   axis=int(p.scalar(op, "axis", -1)))]
+
+
+def _crop(p: Program, op) -> List[str]:
+    g = p.g
+    x = p.tensor(op, "x")
+    s = p.shape(x, "crop")
+    (top, bottom), (left, right) = p.ints(op, "crop_height"), p.ints(op, "crop_width")
+    return [g.node("Slice", [x, g.ints([top, left]), g.ints([s[-2] - bottom, s[-1] - right]), g.ints([-2, -1])],
+                   "crop")]
+
+
+def _argsort(p: Program, op) -> List[str]:
+    g = p.g
+    x = p.tensor(op, "x")
+    axis = int(p.scalar(op, "axis", -1))
+    n = p.shape(x, "argsort")[axis]
+    _, idx = g.node("TopK", [x, g.ints([n])], "argsort_topk", outputs=2, axis=axis,
+                    largest=0 if p.scalar(op, "ascending", False) else 1)
+    return [g.node("Cast", [idx], "argsort", to=TensorProto.INT32)]
+
+
 def _classify(p: Program, op) -> List[Optional[str]]:
     """A classifier's outputs (label, probabilities by label): the probabilities tensor stands for the
     dictionary; the label is not an output (see :mod:`tether.frontend.coreml.model`)."""
@@ -929,7 +979,8 @@ OPS: Dict[str, OpConverter] = {
     "select": _select, "shape": _shape, "fill": _fill, "range_1d": _range_1d, "cumsum": _cumsum, "topk": _topk,
     "band_part": _band_part, "space_to_depth": _space_depth("space_to_depth"),
     "depth_to_space": _space_depth("depth_to_space"), "pixel_shuffle": _space_depth("pixel_shuffle"),
-    "flatten2d": _flatten2d, "classify": _classify,
+    "flatten2d": _flatten2d, "classify": _classify, "scaled_dot_product_attention": _attention,
+    "einsum": _einsum, "one_hot": _one_hot, "crop": _crop, "argsort": _argsort,
 }
 OPS.update({name: _reduce(onnx_op) for name, onnx_op in _REDUCE.items()})
 
