@@ -405,6 +405,10 @@ def test_package_weights_stay_in_the_package(converted):
     assert os.path.isfile(os.path.join(path, "Data", "com.apple.CoreML", "weights", "weight.bin"))
     model = to_onnx(path)
     assert sum(np.prod(t.dims) for t in model.graph.initializer) > 1000
+    # a coremltools MLModel object reads the same weights
+    _, name, x, ref = converted[("cnn", "mlpackage-fp32")]
+    (y,) = reference.run(*from_coreml(ct.models.MLModel(path, skip_model_load=True)), {name: x})
+    assert _rel_err(y, ref) <= FP32_TOL
 
 
 # -- ML Program operations from coremltools' MIL builder, against numpy ------------------------------------------------

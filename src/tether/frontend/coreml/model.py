@@ -12,6 +12,7 @@ the function for ML Program operations).
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -31,10 +32,15 @@ _ARRAY_TYPES = {65568: TensorProto.FLOAT, 65600: TensorProto.FLOAT, 65552: Tenso
 _COLOR_CHANNELS = {10: 1, 20: 3, 30: 3, 40: 1}
 
 
-def _source(model, spec=None) -> CoreMLSource:
+def _source(model) -> CoreMLSource:
+    """A path, a ``Model_pb2.Model``, or a coremltools ``MLModel`` (its spec, and the weights folder an ML
+    Program's blob values are read from)."""
     if hasattr(model, "WhichOneof"):
         return load("", spec=model)
-    return load(model, spec=spec)
+    if hasattr(model, "get_spec"):
+        weights = getattr(model, "weights_dir", None)
+        return load(os.path.dirname(weights) if weights else "", spec=model.get_spec())
+    return load(model)
 
 
 def _kind(src: CoreMLSource) -> str:
@@ -169,8 +175,8 @@ def _translate_nn(src: CoreMLSource, kind: str, shape) -> Tuple[OnnxGraph, List[
 # -- entry points ---------------------------------------------------------------------------------------------------
 
 def to_onnx(model, shape: Optional[Mapping[str, Sequence[int]]] = None):
-    """The Core ML model ``model`` (a path to an ``.mlmodel`` or ``.mlpackage``, or a ``Model_pb2.Model``) as an
-    ONNX ModelProto. ``shape``: input name -> shape, for inputs with flexible shapes."""
+    """The Core ML model ``model`` (a path to an ``.mlmodel`` or ``.mlpackage``, a ``Model_pb2.Model``, or a
+    coremltools ``MLModel``) as an ONNX ModelProto. ``shape``: input name -> shape, for inputs with flexible shapes."""
     src = _source(model)
     kind = _kind(src)
     if kind == "mlProgram":
