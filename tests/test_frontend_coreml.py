@@ -728,3 +728,52 @@ def test_ml_program_attention_crop_and_argsort_match_numpy(tmp_path):
     assert _rel_err(got["att"], (weights / weights.sum(-1, keepdims=True)) @ v) <= FP32_TOL
     np.testing.assert_array_equal(got["cropped"], q[:, 1:3, 0:5])
     np.testing.assert_array_equal(got["order"], np.argsort(q, axis=1, kind="stable"))
+
+
+def test_ml_program_lstm_and_gru_match_core_ml_formulas(tmp_path):
+    """The recurrences as coremltools' runtime-checked op tests write them: LSTM gates (input, forget, output, cell)
+    with peepholes (the output gate's on the new cell state); GRU gates (reset, output, update) with the reset
+    gate scaling the state before its matmul."""
+    from coremltools.converters.mil import Builder as mb
+
+    steps, batch, n_in, hidden = 5, 2, 3, 4
+
+    def u(*shape):
+        return RNG.uniform(-0.5, 0.5, shape).astype(np.float32)
+    wx, wh, bias, peep = u(4 * hidden, n_in), u(4 * hidden, hidden), u(4 * hidden), u(3 * hidden)
+    gx, gh, gbias = u(3 * hidden, n_in), u(3 * hidden, hidden), u(3 * hidden)
+    h0, c0 = u(batch, hidden), u(batch, hidden)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(steps, batch, n_in))], opset_version=ct.target.iOS16)
+    def prog(x):
+        y, h, c = mb.lstm(x=x, initial_h=h0, initial_c=c0, weight_ih=wx, weight_hh=wh, bias=bias, peephole=peep,
+                          output_sequence=True, name="lstm")
+        gy, gh_last = mb.gru(x=x, initial_h=h0, weight_ih=gx, weight_hh=gh, bias=gbias, name="gru")
+        return y, h, c, gy, gh_last
+    path = tmp_path / "rnn.mlpackage"
+    ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS16,
+               compute_precision=ct.precision.FLOAT32).save(str(path))
+    x = RNG.standard_normal((steps, batch, n_in)).astype(np.float32)
+
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+    (wi, wf, wo, wg), (ri, rf, ro, rg) = np.split(wx, 4), np.split(wh, 4)
+    (bi, bf, bo, bg), (pi, pf, po) = np.split(bias, 4), np.split(peep, 3)
+    h, c, ys = h0, c0, []
+    for t in range(steps):
+        i = sig(x[t] @ wi.T + h @ ri.T + bi + c * pi)
+        f = sig(x[t] @ wf.T + h @ rf.T + bf + c * pf)
+        c = f * c + i * np.tanh(x[t] @ wg.T + h @ rg.T + bg)
+        h = sig(x[t] @ wo.T + h @ ro.T + bo + c * po) * np.tanh(c)
+        ys.append(h)
+    (gr, go, gz), (hr, ho, hz), (br, bo2, bz) = np.split(gx, 3), np.split(gh, 3), np.split(gbias, 3)
+    hg = h0
+    for t in range(steps):
+        z = sig(x[t] @ gz.T + hg @ hz.T + bz)
+        r = sig(x[t] @ gr.T + hg @ hr.T + br)
+        hg = (1 - z) * np.tanh(x[t] @ go.T + (hg * r) @ ho.T + bo2) + z * hg
+    graph, params = from_coreml(str(path))
+    got = reference.run(graph, params, {"x": x})
+    for y, ref in zip(got, (np.stack(ys), h, c, hg[None], hg)):
+        assert np.asarray(y).shape == ref.shape
+        assert _rel_err(y, ref) <= FP32_TOL

@@ -869,6 +869,92 @@ def _argsort(p: Program, op) -> List[str]:
     return [g.node("Cast", [idx], "argsort", to=TensorProto.INT32)]
 
 
+_RNN_ACTIVATIONS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "hard_sigmoid": "HardSigmoid"}
+
+
+def _rnn_common(p: Program, op, gates: int, order: Sequence[int], names: Sequence[str]):
+    """ONNX W, R, B (gate rows reordered from MIL's to ONNX's), the direction and the activations of an lstm or
+    gru op. MIL writes one bias per gate (input and recurrent biases summed): it becomes ONNX's input bias."""
+    direction = p.scalar(op, "direction", "forward")
+    if direction not in ("forward", "bidirectional"):
+        # a reverse-only MIL RNN lists its outputs in processing order, unlike ONNX's: not translated
+        raise Refused("direction %r" % direction)
+    if p.has(op, "clip") and p.scalar(op, "clip", None) is not None:
+        raise Refused("clip (Core ML clips the cell state, ONNX the gate inputs)")
+    suffixes = ("", "_back") if direction == "bidirectional" else ("",)
+    ws, rs, bs = [], [], []
+    for suffix in suffixes:
+        w = np.asarray(p.const(op, "weight_ih" + suffix), np.float32)
+        r = np.asarray(p.const(op, "weight_hh" + suffix), np.float32)
+        hidden = r.shape[1]
+        b = np.asarray(p.const(op, "bias" + suffix, np.zeros(gates * hidden, np.float32)), np.float32)
+
+        def reorder(a):
+            return np.concatenate([a[i * hidden:(i + 1) * hidden] for i in order], axis=0)
+        ws.append(reorder(w))
+        rs.append(reorder(r))
+        bs.append(np.concatenate([reorder(b), np.zeros(gates * hidden, np.float32)]))
+    acts = []
+    for key, default in names:
+        name = p.scalar(op, key, default)
+        if name not in _RNN_ACTIVATIONS:
+            raise Refused("%s %r" % (key, name))
+        acts.append(_RNN_ACTIVATIONS[name])
+    g = p.g
+    return (g.const(np.stack(ws), "rnn_W"), g.const(np.stack(rs), "rnn_R"), g.const(np.stack(bs), "rnn_B"), hidden,
+            direction, acts * len(suffixes), len(suffixes))
+
+
+def _rnn_state(p: Program, op, key: str, dirs: int, hidden: int) -> str:
+    """MIL's state [b, D*H] as ONNX's [D, b, H]."""
+    g = p.g
+    x = p.tensor(op, key)
+    b = p.shape(x, "an RNN state")[0]
+    return g.transpose(g.reshape(x, [b, dirs, hidden]), [1, 0, 2])
+
+
+def _rnn_outputs(p: Program, op, y: str, y_h: str, dirs: int, hidden: int) -> List[str]:
+    """ONNX's Y [s, D, b, H] and Y_h [D, b, H] as MIL's sequence output and final state."""
+    g = p.g
+    s, _, b, _ = p.shape(y, "an RNN output")
+    if p.scalar(op, "output_sequence", False):
+        seq = g.reshape(g.transpose(y, [0, 2, 1, 3]), [s, b, dirs * hidden])
+    else:
+        seq = g.reshape(g.transpose(y_h, [1, 0, 2]), [1, b, dirs * hidden])
+    return [seq, g.reshape(g.transpose(y_h, [1, 0, 2]), [b, dirs * hidden])]
+
+
+def _lstm(p: Program, op) -> List[str]:
+    g = p.g
+    # MIL gate rows: input, forget, output, cell; ONNX: input, output, forget, cell
+    w, r, b, hidden, direction, acts, dirs = _rnn_common(
+        p, op, 4, [0, 2, 1, 3], (("recurrent_activation", "sigmoid"), ("cell_activation", "tanh"),
+                                 ("activation", "tanh")))
+    inputs = [p.tensor(op, "x"), w, r, b, "", _rnn_state(p, op, "initial_h", dirs, hidden),
+              _rnn_state(p, op, "initial_c", dirs, hidden)]
+    peep = [np.asarray(p.const(op, "peephole" + sfx, np.zeros(3 * hidden, np.float32)), np.float32)
+            for sfx in (("", "_back") if dirs == 2 else ("",))]
+    if any(v.any() for v in peep):    # MIL: input, forget, output; ONNX: input, output, forget
+        inputs.append(g.const(np.stack([np.concatenate([v[:hidden], v[2 * hidden:], v[hidden:2 * hidden]])
+                                        for v in peep]), "lstm_P"))
+    y, y_h, y_c = g.node("LSTM", inputs, "lstm", outputs=3, hidden_size=hidden, direction=direction,
+                         activations=acts)
+    seq, h = _rnn_outputs(p, op, y, y_h, dirs, hidden)
+    b_size = p.shape(h, "an RNN state")[0]
+    return [seq, h, g.reshape(g.transpose(y_c, [1, 0, 2]), [b_size, dirs * hidden])]
+
+
+def _gru(p: Program, op) -> List[str]:
+    g = p.g
+    # MIL gate rows: reset, output (new), update; ONNX: update, reset, new. The reset gate scales the state before
+    # its matmul (ONNX linear_before_reset=0), as Core ML computes it
+    w, r, b, hidden, direction, acts, dirs = _rnn_common(
+        p, op, 3, [2, 0, 1], (("recurrent_activation", "sigmoid"), ("activation", "tanh")))
+    y, y_h = g.node("GRU", [p.tensor(op, "x"), w, r, b, "", _rnn_state(p, op, "initial_h", dirs, hidden)], "gru",
+                    outputs=2, hidden_size=hidden, direction=direction, activations=acts, linear_before_reset=0)
+    return _rnn_outputs(p, op, y, y_h, dirs, hidden)
+
+
 def _classify(p: Program, op) -> List[Optional[str]]:
     """A classifier's outputs (label, probabilities by label): the probabilities tensor stands for the
     dictionary; the label is not an output (see :mod:`tether.frontend.coreml.model`)."""
@@ -980,7 +1066,7 @@ OPS: Dict[str, OpConverter] = {
     "band_part": _band_part, "space_to_depth": _space_depth("space_to_depth"),
     "depth_to_space": _space_depth("depth_to_space"), "pixel_shuffle": _space_depth("pixel_shuffle"),
     "flatten2d": _flatten2d, "classify": _classify, "scaled_dot_product_attention": _attention,
-    "einsum": _einsum, "one_hot": _one_hot, "crop": _crop, "argsort": _argsort,
+    "einsum": _einsum, "one_hot": _one_hot, "crop": _crop, "argsort": _argsort, "lstm": _lstm, "gru": _gru,
 }
 OPS.update({name: _reduce(onnx_op) for name, onnx_op in _REDUCE.items()})
 
