@@ -777,3 +777,56 @@ def test_ml_program_lstm_and_gru_match_core_ml_formulas(tmp_path):
     for y, ref in zip(got, (np.stack(ys), h, c, hg[None], hg)):
         assert np.asarray(y).shape == ref.shape
         assert _rel_err(y, ref) <= FP32_TOL
+
+
+def test_neural_network_recurrent_layers_match_numpy(tmp_path):
+    """uniDirectionalLSTM (peepholes, cell state clipped), gru and simpleRecurrent on [Seq, Batch, C, 1, 1]."""
+    from coremltools.models import datatypes
+    from coremltools.models.neural_network import NeuralNetworkBuilder
+
+    steps, n_in, hidden, clip = 4, 3, 5, 0.3
+
+    def u(*shape):
+        return RNG.uniform(-0.5, 0.5, shape).astype(np.float32)
+    lx, lh, lb, peep = [u(hidden, n_in) for _ in range(4)], [u(hidden, hidden) for _ in range(4)], \
+        [u(hidden) for _ in range(4)], [u(hidden) for _ in range(3)]      # gates i, f, o, z
+    gx, gh, gb = [u(hidden, n_in) for _ in range(3)], [u(hidden, hidden) for _ in range(3)], \
+        [u(hidden) for _ in range(3)]                                     # gates z, r, o
+    rx, rh, rb = u(hidden, n_in), u(hidden, hidden), u(hidden)
+    builder = NeuralNetworkBuilder([("x", datatypes.Array(steps, 1, n_in, 1, 1))],
+                                   [(o, None) for o in ("y", "h", "c", "gru_last", "rnn_seq")],
+                                   disable_rank5_shape_mapping=True)
+    builder.add_unilstm("lstm", W_h=lh, W_x=lx, b=lb, hidden_size=hidden, input_size=n_in, input_names=["x"],
+                        output_names=["y", "h", "c"], peep=peep, output_all=True, cell_clip_threshold=clip)
+    builder.add_gru("gru", W_h=gh, W_x=gx, b=gb, hidden_size=hidden, input_size=n_in, input_names=["x"],
+                    output_names=["gru_last", "gru_h"], inner_activation="SIGMOID")
+    builder.add_simple_rnn("rnn", W_h=rh, W_x=rx, b=rb, hidden_size=hidden, input_size=n_in, activation="TANH",
+                           input_names=["x"], output_names=["rnn_seq", "rnn_h"], output_all=True)
+    path = tmp_path / "recurrent.mlmodel"
+    ct.models.MLModel(builder.spec).save(str(path))
+    x = RNG.standard_normal((steps, 1, n_in, 1, 1)).astype(np.float32)
+    xs = x.reshape(steps, n_in)
+
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+    h, c, ys = np.zeros(hidden), np.zeros(hidden), []
+    for t in range(steps):
+        i = sig(lx[0] @ xs[t] + lh[0] @ h + lb[0] + peep[0] * c)
+        f = sig(lx[1] @ xs[t] + lh[1] @ h + lb[1] + peep[1] * c)
+        c = np.clip(f * c + i * np.tanh(lx[3] @ xs[t] + lh[3] @ h + lb[3]), -clip, clip)
+        h = sig(lx[2] @ xs[t] + lh[2] @ h + lb[2] + peep[2] * c) * np.tanh(c)
+        ys.append(h)
+    hg, hr, rs = np.zeros(hidden), np.zeros(hidden), []
+    for t in range(steps):
+        z = sig(gx[0] @ xs[t] + gh[0] @ hg + gb[0])
+        r = sig(gx[1] @ xs[t] + gh[1] @ hg + gb[1])
+        hg = (1 - z) * np.tanh(gx[2] @ xs[t] + gh[2] @ (hg * r) + gb[2]) + z * hg
+        hr = np.tanh(rx @ xs[t] + rh @ hr + rb)
+        rs.append(hr)
+    want = {"y": np.stack(ys).reshape(steps, 1, hidden, 1, 1), "h": h.reshape(1, 1, hidden, 1, 1),
+            "c": c.reshape(1, 1, hidden, 1, 1), "gru_last": hg.reshape(1, 1, hidden, 1, 1),
+            "rnn_seq": np.stack(rs).reshape(steps, 1, hidden, 1, 1)}
+    graph, params = from_coreml(str(path))
+    for name, y in zip(graph.outputs, reference.run(graph, params, {"x": x})):
+        assert np.asarray(y).shape == want[name].shape, name
+        assert _rel_err(y, want[name]) <= FP32_TOL, (name, _rel_err(y, want[name]))

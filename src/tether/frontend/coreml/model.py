@@ -19,11 +19,25 @@ import numpy as np
 from onnx import TensorProto
 
 from tether.errors import InvalidInput, UnsupportedOpError
-from tether.frontend.coreml import neuralnetwork
+from tether.frontend.coreml import neuralnetwork, recurrent
 from tether.frontend.coreml.onnx_graph import OnnxGraph
 from tether.frontend.coreml.spec import CoreMLSource, load
 
 DOMAIN = "CoreML"
+
+
+def _layer_table() -> Dict[str, neuralnetwork.Converter]:
+    """Every NeuralNetwork layer converter, by the layer's oneof name; a layer in two tables is a bug."""
+    table: Dict[str, neuralnetwork.Converter] = {}
+    for part in (neuralnetwork.LAYERS, recurrent.LAYERS):
+        for name, convert in part.items():
+            if name in table:
+                raise ValueError("Core ML layer %r has two converters" % name)
+            table[name] = convert
+    return table
+
+
+LAYERS = _layer_table()
 _NN_KINDS = ("neuralNetwork", "neuralNetworkClassifier", "neuralNetworkRegressor")
 
 # FeatureTypes.proto ArrayDataType -> ONNX element type of the input tensor
@@ -155,7 +169,7 @@ def _translate_nn(src: CoreMLSource, kind: str, shape) -> Tuple[OnnxGraph, List[
     for i, layer in enumerate(nn.layers):
         ltype = layer.WhichOneof("layer")
         node = layer.name or "#%d" % i
-        convert = neuralnetwork.LAYERS.get(ltype)
+        convert = LAYERS.get(ltype)
         if convert is None:
             errors.append("%s (layer %s, spec version %d)" % (ltype, node, spec.specificationVersion))
             continue
@@ -205,7 +219,7 @@ def op_coverage(model) -> List[Dict]:
         nn = getattr(src.spec, kind)
         version = src.spec.specificationVersion
         items = [(layer.WhichOneof("layer"), layer.name or "#%d" % i, version,
-                  layer.WhichOneof("layer") in neuralnetwork.LAYERS) for i, layer in enumerate(nn.layers)]
+                  layer.WhichOneof("layer") in LAYERS) for i, layer in enumerate(nn.layers)]
     for op, node, version, covered in items:
         row = rows.setdefault(op, {"op_type": op, "domain": DOMAIN, "opset": version, "covered": covered,
                                    "nodes": []})

@@ -213,44 +213,47 @@ def _pooling(ctx: Context, layer, p) -> List[str]:
 # -- activations ------------------------------------------------------------------------------------------------
 
 def _activation(ctx: Context, layer, p) -> List[str]:
+    return [activate(ctx, ctx.inp(layer), p, layer.name)]
+
+
+def activate(ctx: Context, x: str, p, n: str) -> str:
+    """``ActivationParams`` ``p`` applied to ``x`` (the activation layer's, and the recurrent layers' gates)."""
     g = ctx.g
-    x = ctx.inp(layer)
     kind = p.WhichOneof("NonlinearityType")
-    n = layer.name
     if kind == "ReLU":
-        return [g.node("Relu", [x], n)]
+        return g.node("Relu", [x], n)
     if kind == "leakyReLU":
-        return [g.node("LeakyRelu", [x], n, alpha=p.leakyReLU.alpha)]
+        return g.node("LeakyRelu", [x], n, alpha=p.leakyReLU.alpha)
     if kind == "thresholdedReLU":
-        return [g.node("ThresholdedRelu", [x], n, alpha=p.thresholdedReLU.alpha)]
+        return g.node("ThresholdedRelu", [x], n, alpha=p.thresholdedReLU.alpha)
     if kind == "tanh":
-        return [g.node("Tanh", [x], n)]
+        return g.node("Tanh", [x], n)
     if kind == "sigmoid":
-        return [g.node("Sigmoid", [x], n)]
+        return g.node("Sigmoid", [x], n)
     if kind == "sigmoidHard":
-        return [g.node("HardSigmoid", [x], n, alpha=p.sigmoidHard.alpha, beta=p.sigmoidHard.beta)]
+        return g.node("HardSigmoid", [x], n, alpha=p.sigmoidHard.alpha, beta=p.sigmoidHard.beta)
     if kind == "ELU":
-        return [g.node("Elu", [x], n, alpha=p.ELU.alpha)]
+        return g.node("Elu", [x], n, alpha=p.ELU.alpha)
     if kind == "softsign":
-        return [g.node("Softsign", [x], n)]
+        return g.node("Softsign", [x], n)
     if kind == "softplus":
-        return [g.node("Softplus", [x], n)]
+        return g.node("Softplus", [x], n)
     if kind == "linear":
         y = g.node("Mul", [x, g.scalar(p.linear.alpha)], n + "_scale")
-        return [g.node("Add", [y, g.scalar(p.linear.beta)], n)]
+        return g.node("Add", [y, g.scalar(p.linear.beta)], n)
     if kind == "scaledTanh":
         y = g.node("Mul", [x, g.scalar(p.scaledTanh.beta)], n + "_in")
-        return [g.node("Mul", [g.node("Tanh", [y], n + "_tanh"), g.scalar(p.scaledTanh.alpha)], n)]
+        return g.node("Mul", [g.node("Tanh", [y], n + "_tanh"), g.scalar(p.scaledTanh.alpha)], n)
     if kind == "PReLU":
         alpha = weight_array(p.PReLU.alpha, what="PReLU slopes")
         slope = alpha.reshape(_channel_shape(ctx, x, alpha.size)) if alpha.size > 1 else alpha.reshape([])
-        return [g.node("PRelu", [x, g.const(slope, n + "_slope")], n)]
+        return g.node("PRelu", [x, g.const(slope, n + "_slope")], n)
     if kind == "parametricSoftplus":
         alpha = weight_array(p.parametricSoftplus.alpha, what="softplus alpha")
         beta = weight_array(p.parametricSoftplus.beta, what="softplus beta")
         shape = lambda v: v.reshape(_channel_shape(ctx, x, v.size)) if v.size > 1 else v.reshape([])  # noqa: E731
         y = g.node("Mul", [x, g.const(shape(beta), n + "_beta")], n + "_in")
-        return [g.node("Mul", [g.node("Softplus", [y], n + "_sp"), g.const(shape(alpha), n + "_alpha")], n)]
+        return g.node("Mul", [g.node("Softplus", [y], n + "_sp"), g.const(shape(alpha), n + "_alpha")], n)
     raise Refused("activation %s" % kind)
 
 
