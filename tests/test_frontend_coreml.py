@@ -572,16 +572,18 @@ def test_compressed_ml_program_weights_decompress_as_coremltools_does(tmp_path):
 
 
 def test_quantized_neural_network_weights(converted, tmp_path):
-    """fp16 and 8-bit linear weights (quantization_utils.quantize_weights) against the Keras model."""
+    """fp16, 8- and 4-bit linear and 4-bit lookup-table weights (quantization_utils.quantize_weights) against the
+    Keras model, within each width's rounding."""
     from coremltools.models.neural_network import quantization_utils
 
     path, name, x, ref = converted[("cnn", "mlmodel")]
     source = ct.models.MLModel(path, skip_model_load=True)
-    for bits, tol in ((16, FP16_TOL), (8, 1e-2)):
-        q = tmp_path / ("q%d.mlmodel" % bits)
-        quantization_utils.quantize_weights(source, nbits=bits).save(str(q))
+    for bits, mode, tol in ((16, "linear", FP16_TOL), (8, "linear", 1e-2), (4, "linear", 5e-2),
+                            (4, "linear_lut", 5e-2)):
+        q = tmp_path / ("q%d%s.mlmodel" % (bits, mode))
+        quantization_utils.quantize_weights(source, nbits=bits, quantization_mode=mode).save(str(q))
         (y,) = reference.run(*from_coreml(str(q)), {name: x})
-        assert _rel_err(y, ref) <= tol, bits
+        assert _rel_err(y, ref) <= tol, (bits, mode, _rel_err(y, ref))
 
 
 # -- ND layers (exact shape mapping) from NeuralNetworkBuilder, against numpy ---------------------------------------

@@ -716,12 +716,9 @@ def _cast(p: Program, op) -> List[str]:
     if dtype not in _CAST_TYPES:
         raise Refused("cast to %s" % dtype)
     to = _CAST_TYPES[dtype] or TensorProto.FLOAT
-    if g.elem_type(x) == to:
+    if g.elem_type(x) == to:            # fp16 <-> fp32 included: both are float32 here
         return [g.node("Identity", [x], "cast")]
-    if to != TensorProto.FLOAT and g.elem_type(x) == TensorProto.FLOAT:
-        # MIL casts a float to an integer by truncation, as ONNX does
-        return [g.node("Cast", [x], "cast", to=to)]
-    return [g.node("Cast", [x], "cast", to=to)]
+    return [g.node("Cast", [x], "cast", to=to)]         # float to integer truncates, in MIL as in ONNX
 
 
 def _identity(p: Program, op) -> List[str]:
