@@ -782,7 +782,8 @@ def test_ml_program_lstm_and_gru_match_core_ml_formulas(tmp_path):
 
 
 def test_neural_network_recurrent_layers_match_numpy(tmp_path):
-    """uniDirectionalLSTM (peepholes, cell state clipped), gru and simpleRecurrent on [Seq, Batch, C, 1, 1]."""
+    """uni- and biDirectionalLSTM (peepholes, cell state clipped), gru and simpleRecurrent on
+    [Seq, Batch, C, 1, 1]."""
     from coremltools.models import datatypes
     from coremltools.models.neural_network import NeuralNetworkBuilder
 
@@ -795,9 +796,14 @@ def test_neural_network_recurrent_layers_match_numpy(tmp_path):
     gx, gh, gb = [u(hidden, n_in) for _ in range(3)], [u(hidden, hidden) for _ in range(3)], \
         [u(hidden) for _ in range(3)]                                     # gates z, r, o
     rx, rh, rb = u(hidden, n_in), u(hidden, hidden), u(hidden)
+    bx, bh, bb = [u(hidden, n_in) for _ in range(4)], [u(hidden, hidden) for _ in range(4)], \
+        [u(hidden) for _ in range(4)]                                     # the backward LSTM's
     builder = NeuralNetworkBuilder([("x", datatypes.Array(steps, 1, n_in, 1, 1))],
-                                   [(o, None) for o in ("y", "h", "c", "gru_last", "rnn_seq")],
+                                   [(o, None) for o in ("y", "h", "c", "gru_last", "rnn_seq", "bi")],
                                    disable_rank5_shape_mapping=True)
+    builder.add_bidirlstm("bilstm", W_h=lh, W_x=lx, b=lb, W_h_back=bh, W_x_back=bx, b_back=bb, hidden_size=hidden,
+                          input_size=n_in, input_names=["x"], output_names=["bi", "bhf", "bcf", "bhb", "bcb"],
+                          output_all=True)
     builder.add_unilstm("lstm", W_h=lh, W_x=lx, b=lb, hidden_size=hidden, input_size=n_in, input_names=["x"],
                         output_names=["y", "h", "c"], peep=peep, output_all=True, cell_clip_threshold=clip)
     builder.add_gru("gru", W_h=gh, W_x=gx, b=gb, hidden_size=hidden, input_size=n_in, input_names=["x"],
@@ -825,9 +831,22 @@ def test_neural_network_recurrent_layers_match_numpy(tmp_path):
         hg = (1 - z) * np.tanh(gx[2] @ xs[t] + gh[2] @ (hg * r) + gb[2]) + z * hg
         hr = np.tanh(rx @ xs[t] + rh @ hr + rb)
         rs.append(hr)
+    def lstm(wx_, wh_, b_, seq, clip_=None, peep_=None):
+        h_, c_, out = np.zeros(hidden), np.zeros(hidden), []
+        p_ = peep_ or [np.zeros(hidden)] * 3
+        for xt in seq:
+            i_ = sig(wx_[0] @ xt + wh_[0] @ h_ + b_[0] + p_[0] * c_)
+            f_ = sig(wx_[1] @ xt + wh_[1] @ h_ + b_[1] + p_[1] * c_)
+            c_ = f_ * c_ + i_ * np.tanh(wx_[3] @ xt + wh_[3] @ h_ + b_[3])
+            c_ = np.clip(c_, -clip_, clip_) if clip_ else c_
+            h_ = sig(wx_[2] @ xt + wh_[2] @ h_ + b_[2] + p_[2] * c_) * np.tanh(c_)
+            out.append(h_)
+        return out
+    # each time step pairs the forward output with the backward one of the same input position
+    bi = np.concatenate([np.stack(lstm(lx, lh, lb, xs)), np.stack(lstm(bx, bh, bb, xs[::-1])[::-1])], axis=-1)
     want = {"y": np.stack(ys).reshape(steps, 1, hidden, 1, 1), "h": h.reshape(1, 1, hidden, 1, 1),
             "c": c.reshape(1, 1, hidden, 1, 1), "gru_last": hg.reshape(1, 1, hidden, 1, 1),
-            "rnn_seq": np.stack(rs).reshape(steps, 1, hidden, 1, 1)}
+            "rnn_seq": np.stack(rs).reshape(steps, 1, hidden, 1, 1), "bi": bi.reshape(steps, 1, 2 * hidden, 1, 1)}
     graph, params = from_coreml(str(path))
     for name, y in zip(graph.outputs, reference.run(graph, params, {"x": x})):
         assert np.asarray(y).shape == want[name].shape, name

@@ -1,4 +1,4 @@
-"""Core ML NeuralNetwork recurrent layers (uniDirectionalLSTM, gru, simpleRecurrent), unrolled over the sequence.
+"""Core ML NeuralNetwork recurrent layers (uni- and biDirectionalLSTM, gru, simpleRecurrent), unrolled over time.
 
 The sequence length is static, so each step becomes a few ONNX nodes: that keeps Core ML's own recurrences
 exactly, which ONNX's LSTM cannot (Core ML clips every gate's input to [-50, 50] and the LSTM cell state to
@@ -88,12 +88,11 @@ def _activations(layer_acts, defaults: int) -> List[object]:
     return list(layer_acts)
 
 
-def _uni_lstm(ctx: nn.Context, layer, p) -> List[str]:
+def _lstm_run(ctx: nn.Context, xs: str, seq: int, n_in: int, hidden: int, params, w, acts, reverse: bool,
+              h: str, c: str, name: str) -> Tuple[List[str], str, str]:
+    """One LSTM direction over ``xs`` ``[Seq, Batch, n_in]``: its step outputs (in processing order), last h, c."""
     g = ctx.g
-    n_in, hidden = int(p.inputVectorSize), int(p.outputVectorSize)
-    params, w = p.params, p.weightParams
-    f_act, g_act, h_act = _activations(p.activations, 3)
-    xs, seq, batch, in_shape = _sequence(ctx, ctx.inp(layer), n_in, layer.name)
+    f_act, g_act, h_act = acts
     # gate blocks in the order input, forget, block input (z), output
     wx = np.concatenate([_matrix(m, hidden, n_in, "LSTM input weights") for m in (
         w.inputGateWeightMatrix, w.forgetGateWeightMatrix, w.blockInputWeightMatrix, w.outputGateWeightMatrix)])
@@ -106,18 +105,16 @@ def _uni_lstm(ctx: nn.Context, layer, p) -> List[str]:
         b[hidden:2 * hidden] += 1.0
     peep: Optional[List[str]] = None
     if params.hasPeepholeVectors:
-        peep = [g.const(_vector(v, hidden, "LSTM peephole"), layer.name + "_p") for v in (
+        peep = [g.const(_vector(v, hidden, "LSTM peephole"), name + "_p") for v in (
             w.inputGatePeepholeVector, w.forgetGatePeepholeVector, w.outputGatePeepholeVector)]
     clip = params.cellClipThreshold or 50.0
-    proj = _project(ctx, xs, wx, b, layer.name)
-    rec = g.const(np.ascontiguousarray(wh.T), layer.name + "_R")
-    split = g.ints([hidden] * 4, layer.name + "_split")
-    lo, hi = g.scalar(-clip, layer.name + "_clip_lo"), g.scalar(clip, layer.name + "_clip_hi")
-    h = _state(ctx, layer, 1, batch, hidden, layer.name + "_h0")
-    c = _state(ctx, layer, 2, batch, hidden, layer.name + "_c0")
+    proj = _project(ctx, xs, wx, b, name)
+    rec = g.const(np.ascontiguousarray(wh.T), name + "_R")
+    split = g.ints([hidden] * 4, name + "_split")
+    lo, hi = g.scalar(-clip, name + "_clip_lo"), g.scalar(clip, name + "_clip_hi")
     steps = []
-    for t, xw in enumerate(_step_inputs(ctx, proj, seq, p.reverseInput, layer.name)):
-        nm = "%s_s%d" % (layer.name, t)
+    for t, xw in enumerate(_step_inputs(ctx, proj, seq, reverse, name)):
+        nm = "%s_s%d" % (name, t)
         pre = g.node("Add", [xw, g.node("MatMul", [h, rec])], nm + "_pre")
         gi, gf, gz, go = g.node("Split", [pre, split], nm + "_gates", outputs=4, axis=-1)
         if peep is not None:
@@ -136,7 +133,42 @@ def _uni_lstm(ctx: nn.Context, layer, p) -> List[str]:
         o = _gate(ctx, go, f_act, nm + "_o")
         h = g.node("Mul", [o, nn.activate(ctx, c, h_act, nm + "_hc")], nm + "_h")
         steps.append(h)
-    return _outputs(ctx, layer, steps, [h, c], params.sequenceOutput, in_shape, batch, hidden)
+    return steps, h, c
+
+
+def _uni_lstm(ctx: nn.Context, layer, p) -> List[str]:
+    n_in, hidden = int(p.inputVectorSize), int(p.outputVectorSize)
+    xs, seq, batch, in_shape = _sequence(ctx, ctx.inp(layer), n_in, layer.name)
+    h0 = _state(ctx, layer, 1, batch, hidden, layer.name + "_h0")
+    c0 = _state(ctx, layer, 2, batch, hidden, layer.name + "_c0")
+    steps, h, c = _lstm_run(ctx, xs, seq, n_in, hidden, p.params, p.weightParams, _activations(p.activations, 3),
+                            p.reverseInput, h0, c0, layer.name)
+    return _outputs(ctx, layer, steps, [h, c], p.params.sequenceOutput, in_shape, batch, hidden)
+
+
+def _bi_lstm(ctx: nn.Context, layer, p) -> List[str]:
+    """A forward and a backward LSTM; each time step's output is the pair (forward, backward) of that input
+    position, the final output the two last states."""
+    g = ctx.g
+    n_in, hidden = int(p.inputVectorSize), int(p.outputVectorSize)
+    if len(p.weightParams) != 2:
+        raise Refused("%d weight sets (needs 2)" % len(p.weightParams))
+    xs, seq, batch, in_shape = _sequence(ctx, ctx.inp(layer), n_in, layer.name)
+    runs = []
+    for d, (acts, weights) in enumerate(((p.activationsForwardLSTM, p.weightParams[0]),
+                                         (p.activationsBackwardLSTM, p.weightParams[1]))):
+        nm = layer.name + ("_fw", "_bw")[d]
+        h0 = _state(ctx, layer, 1 + 2 * d, batch, hidden, nm + "_h0")
+        c0 = _state(ctx, layer, 2 + 2 * d, batch, hidden, nm + "_c0")
+        runs.append(_lstm_run(ctx, xs, seq, n_in, hidden, p.params, weights, _activations(acts, 3), d == 1, h0, c0,
+                              nm))
+    (fw, h_f, c_f), (bw, h_b, c_b) = runs
+    if p.params.sequenceOutput:
+        pairs = [g.node("Concat", [f, b], layer.name + "_pair", axis=-1) for f, b in zip(fw, bw[::-1])]
+    else:
+        pairs = [g.node("Concat", [h_f, h_b], layer.name + "_pair", axis=-1)]
+    y = _outputs(ctx, layer, pairs, [], p.params.sequenceOutput, in_shape, batch, 2 * hidden)
+    return y + _outputs(ctx, layer, [h_f], [h_f, c_f, h_b, c_b], False, in_shape, batch, hidden)[1:]
 
 
 def _gru(ctx: nn.Context, layer, p) -> List[str]:
@@ -189,5 +221,6 @@ def _simple_recurrent(ctx: nn.Context, layer, p) -> List[str]:
 
 
 LAYERS: Dict[str, nn.Converter] = {
-    "uniDirectionalLSTM": _uni_lstm, "gru": _gru, "simpleRecurrent": _simple_recurrent,
+    "uniDirectionalLSTM": _uni_lstm, "biDirectionalLSTM": _bi_lstm, "gru": _gru,
+    "simpleRecurrent": _simple_recurrent,
 }
