@@ -449,14 +449,6 @@ def _exp2(p: Program, op) -> List[str]:
     return [p.g.node("Pow", [p.g.scalar(2.0), p.tensor(op, "x")], "exp2")]
 
 
-def _round(p: Program, op) -> List[str]:
-    """Half away from zero, as Core ML rounds."""
-    g = p.g
-    x = p.tensor(op, "x")
-    f = g.node("Floor", [g.node("Add", [g.node("Abs", [x]), g.scalar(0.5)])])
-    return [g.node("Mul", [g.node("Sign", [x]), f], "round")]
-
-
 def _sigmoid_hard(p: Program, op) -> List[str]:
     return [p.g.node("HardSigmoid", [p.tensor(op, "x")], "sigmoid_hard", alpha=float(p.scalar(op, "alpha", 0.2)),
                      beta=float(p.scalar(op, "beta", 0.5)))]
@@ -1046,7 +1038,7 @@ OPS: Dict[str, OpConverter] = {
     "softplus_parametric": _softplus_parametric, "clip": _clip, "threshold": _threshold,
     "abs": _unary("Abs"), "acos": _unary("Acos"), "asin": _unary("Asin"), "atan": _unary("Atan"),
     "atanh": _unary("Atanh"), "ceil": _unary("Ceil"), "cos": _unary("Cos"), "cosh": _unary("Cosh"),
-    "erf": _unary("Erf"), "exp": _unary("Exp"), "exp2": _exp2, "floor": _unary("Floor"), "round": _round,
+    "erf": _unary("Erf"), "exp": _unary("Exp"), "exp2": _exp2, "floor": _unary("Floor"), "round": _unary("Round"),
     "sign": _unary("Sign"), "sin": _unary("Sin"), "sinh": _unary("Sinh"), "sqrt": _unary("Sqrt"),
     "square": _square, "tan": _unary("Tan"), "inverse": _eps_unary("inverse", 1e-4),
     "log": _eps_unary("log", 1e-45), "rsqrt": _eps_unary("rsqrt", 1e-12),

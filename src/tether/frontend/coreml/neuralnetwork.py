@@ -510,14 +510,6 @@ def _exp2(ctx: Context, layer, p) -> List[str]:
     return [ctx.g.node("Pow", [ctx.g.scalar(2.0), ctx.inp(layer)], layer.name)]
 
 
-def _round(ctx: Context, layer, p) -> List[str]:
-    """Core ML rounds halves away from zero: sign(x) * floor(|x| + 0.5)."""
-    g = ctx.g
-    x = ctx.inp(layer)
-    f = g.node("Floor", [g.node("Add", [g.node("Abs", [x]), g.scalar(0.5)])], layer.name + "_f")
-    return [g.node("Mul", [g.node("Sign", [x]), f], layer.name)]
-
-
 def gelu(g: OnnxGraph, x: str, mode: int, name: str) -> str:
     """GELU exact (0), tanh approximation (1) or sigmoid approximation x * sigmoid(1.702 x) (2)."""
     if mode == 2:
@@ -1035,8 +1027,9 @@ LAYERS: Dict[str, Converter] = {
     "lessEqual": _compare("LessOrEqual"), "greaterThan": _compare("Greater"),
     "greaterEqual": _compare("GreaterOrEqual"), "logicalAnd": _logical("And"), "logicalOr": _logical("Or"),
     "logicalXor": _logical("Xor"), "logicalNot": _logical("Not"),
-    "clip": _clip, "ceil": _simple("Ceil"), "floor": _simple("Floor"), "sign": _simple("Sign"), "round": _round,
-    "exp2": _exp2, "sin": _simple("Sin"), "cos": _simple("Cos"), "tan": _simple("Tan"), "asin": _simple("Asin"),
+    "clip": _clip, "ceil": _simple("Ceil"), "floor": _simple("Floor"), "sign": _simple("Sign"),
+    "round": _simple("Round"), "exp2": _exp2, "sin": _simple("Sin"), "cos": _simple("Cos"), "tan": _simple("Tan"),
+    "asin": _simple("Asin"),
     "acos": _simple("Acos"), "atan": _simple("Atan"), "sinh": _simple("Sinh"), "cosh": _simple("Cosh"),
     "tanh": _simple("Tanh"), "asinh": _simple("Asinh"), "acosh": _simple("Acosh"), "atanh": _simple("Atanh"),
     "erf": _simple("Erf"), "gelu": _gelu, "clampedReLU": _clamped_relu, "whereBroadcastable": _where,
