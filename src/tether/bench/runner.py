@@ -100,7 +100,12 @@ def parse_target(spec: str, shapes: Optional[Sequence[Tuple[int, ...]]] = None, 
         with open(spec, "rb") as fh:
             if fh.read(4) == b"\x7fELF":
                 raise BenchError("%s is a library: name the function to run, as %s:FUNC" % (spec, spec))
-        load_model_file(spec)      # anything but an ONNX model is named and refused
+        from tether.errors import UnsupportedOpError
+
+        try:
+            load_model_file(spec)  # a file tether cannot read is named and refused (InvalidInput)
+        except UnsupportedOpError as exc:   # a format's reader names every op it does not translate
+            raise BenchError(str(exc)) from None
         return BenchTarget(spec, "onnx", spec, input_shapes=dict(input_shapes or {}))
     if spec.lower().endswith(".onnx"):
         raise BenchError("no such ONNX file: %s" % spec)

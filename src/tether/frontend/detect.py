@@ -279,9 +279,21 @@ def _mxnet(p: Probe) -> bool:
 
 
 def _coreml(p: Probe) -> bool:
-    """A Core ML Model: specificationVersion (1, a varint) first, and its model type in a field numbered 200+."""
+    """A Core ML Model: specificationVersion (1, a varint) first, and its model type in a field numbered 200+; or,
+    in a file cut before its model, the description (2) whose first feature (1) starts with its text name (1)."""
     fields = _head_fields(p)
-    return fields is not None and fields[0][:2] == (1, 0) and any(n >= 200 and w == 2 for n, w, _ in fields)
+    if fields is None and not p.is_dir and p.head:
+        fields = proto_fields(p.head, partial=True)        # a truncated file still says what it was
+    if fields is None or fields[0][:2] != (1, 0):
+        return False
+    if any(n >= 200 and w == 2 for n, w, _ in fields):
+        return True
+    description = next((payload for n, w, payload in fields if n == 2 and w == 2), None)
+    feature = proto_fields(description, limit=1, partial=True) if description else None
+    if not feature or feature[0][:2] != (1, 2):
+        return False
+    name = proto_fields(feature[0][2], limit=1, partial=True)
+    return bool(name) and name[0][:2] == (1, 2) and _is_text(name[0][2])
 
 
 def _mlpackage(p: Probe) -> bool:
@@ -327,8 +339,8 @@ for _fmt in (
         ModelFormat("Caffe2", "a Caffe2 net (predict_net.pb or init_net.pb)", True, True, _caffe2),
         ModelFormat("Caffe prototxt", "a Caffe network description (.prototxt)", True, True, _caffe_prototxt),
         ModelFormat("Caffe", "a Caffe model (.caffemodel)", True, True, _caffemodel),
-        ModelFormat("CoreML", "a Core ML model (.mlmodel)", False, True, _coreml),
-        ModelFormat("CoreML package", "a Core ML package folder (.mlpackage)", False, True, _mlpackage),
+        ModelFormat("CoreML", "a Core ML model (.mlmodel)", True, True, _coreml),
+        ModelFormat("CoreML package", "a Core ML package folder (.mlpackage)", True, True, _mlpackage),
         # not models: what people pass by mistake, named so the error says what the file is
         ModelFormat("tether model folder", "a compiled tether model folder (deploy.json)", False, False,
                     _tether_folder),

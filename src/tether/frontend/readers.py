@@ -52,5 +52,7 @@ for _fmt, (_mod, _read, _cover, _extra) in {
     "Caffe2": ("tether.frontend.caffe2", "read_model", "op_coverage", "caffe2"),
     "MXNet": ("tether.frontend.mxnet", "read_model", "op_coverage", "mxnet"),
     "TFLite": ("tether.frontend.tflite", "read_onnx", "op_coverage", "tflite"),
+    "CoreML": ("tether.frontend.coreml", "read_coreml", "op_coverage", "coreml"),
+    "CoreML package": ("tether.frontend.coreml", "read_coreml", "op_coverage", "coreml"),
 }.items():
     register_reader(_fmt, lazy(_mod, _read, _extra), lazy(_mod, _cover, _extra))
