@@ -46,5 +46,7 @@ def lazy(module: str, function: str, extra: str) -> Reader:
 
 # format name -> (module, reader function, coverage function, extra); one line per format
 for _fmt, (_mod, _read, _cover, _extra) in {
+    "Keras": ("tether.frontend.keras", "read_keras", "keras_coverage", "keras"),
+    "Keras HDF5": ("tether.frontend.keras", "read_keras", "keras_coverage", "keras"),
 }.items():
     register_reader(_fmt, lazy(_mod, _read, _extra), lazy(_mod, _cover, _extra))

@@ -1,0 +1,34 @@
+"""Keras models (the Keras 3 ``.keras`` zip and the legacy HDF5 ``.h5``), read without Keras or TensorFlow and
+translated layer by layer into an ONNX graph, which ``from_onnx`` imports.
+
+``archive`` reads the file (config, version, weights), ``weights`` finds each layer's variables, ``builder``
+holds the ONNX graph and each value's layout (channels-first inside, Keras order at the edges), ``model``
+walks the config, and one module per layer family converts layers: ``core``, ``conv``, ``norm``,
+``recurrent``, ``attention``, ``wrappers`` (activations in ``activations``).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from tether.frontend.keras import archive, model
+
+
+def read_keras(path: str):
+    """The Keras model file at ``path`` as an ONNX ModelProto (readers.py's reader)."""
+    return model.to_onnx(archive.read(path))
+
+
+def keras_coverage(path: str) -> List[Dict[str, Any]]:
+    """The layer classes of the Keras model at ``path``, each with whether tether converts it."""
+    return model.coverage(archive.read(path))
+
+
+def from_keras(model_or_path: Any, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Tuple[Any, Dict]:
+    """Import a Keras model file (``.keras`` or ``.h5``) as (graph, params); ``shape`` fixes input shapes
+    (by input layer name; an unknown batch size is 1 otherwise)."""
+    from tether.frontend.onnx import from_onnx
+
+    return from_onnx(read_keras(str(model_or_path)), shape=shape)
+
+
+__all__ = ["from_keras", "keras_coverage", "read_keras"]

@@ -1,0 +1,80 @@
+"""MultiHeadAttention: the query, key and value projections (einsum kernels of shape (dim, heads, size)),
+scaled dot-product attention per head with an optional causal mask, and the output projection.
+
+Keras scales the projected query by 1/sqrt(key_dim) and masks by adding -1e9 to the scores it masks out.
+Attention runs over the sequence axis of rank-3 inputs (Keras' default attention_axes); mask tensors are not
+converted.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import numpy as np
+
+from tether.frontend.keras.builder import Value
+from tether.frontend.keras.layer import Call, LayerTable
+
+LAYERS = LayerTable(__name__)
+
+
+def _project(c: Call, x: str, kernel: np.ndarray, bias: Optional[np.ndarray], hint: str) -> str:
+    """(batch, seq, dim) x (dim, heads, size) -> (batch, heads, seq, size)."""
+    b = c.b
+    dim, heads, size = kernel.shape
+    y = b.op("MatMul", [x, b.const(kernel.reshape(dim, heads * size), c.hint(hint + "_W"))], c.hint(hint))
+    if bias is not None:
+        y = b.op("Add", [y, b.const(bias.reshape(heads * size), c.hint(hint + "_B"))], c.hint(hint))
+    y = b.op("Reshape", [y, b.ints([0, 0, heads, size], c.hint(hint + "_shape"))], c.hint(hint))
+    return b.transpose(y, [0, 2, 1, 3], c.hint(hint))
+
+
+def _tensor(c: Call, position: int, key: str) -> Optional[Value]:
+    if key in c.tensor_kwargs:
+        return c.tensor_kwargs[key]
+    return c.inputs[position] if len(c.inputs) > position else None
+
+
+@LAYERS.register("MultiHeadAttention")
+def _mha(c: Call) -> List[Value]:
+    query, value = _tensor(c, 0, "query"), _tensor(c, 1, "value")
+    key = _tensor(c, 2, "key") or value
+    if query is None or value is None:
+        raise c.refuse("called without query and value tensors")
+    masks = sorted(k for k in c.tensor_kwargs if k.endswith("mask"))
+    if masks:
+        raise c.refuse("mask tensors (%s)" % ", ".join(masks))
+    axes = c.get("attention_axes")
+    if query.rank != 3 or value.rank != 3 or (axes is not None and [int(a) % 3 for a in axes] != [1]):
+        raise c.refuse("attention over axes %s of rank-%d inputs (tether converts the sequence axis of rank-3 "
+                       "inputs)" % (axes, query.rank))
+    use_bias = c.get("use_bias", True)
+    w = c.weights((8,) if use_bias else (4,))
+    kernels = w[0::2] if use_bias else w
+    biases = w[1::2] if use_bias else [None] * 4
+    if kernels[3].ndim != 3:
+        raise c.refuse("an output_shape of rank %d" % (kernels[3].ndim - 2))
+    b = c.b
+    key_dim = kernels[0].shape[2]
+    q = _project(c, b.keras_order(query), kernels[0], biases[0], "_query")
+    q = b.op("Mul", [q, b.const(np.float32(1.0 / math.sqrt(float(key_dim))), c.hint("_scale"))], c.hint())
+    k = _project(c, b.keras_order(key), kernels[1], biases[1], "_key")
+    v = _project(c, b.keras_order(value), kernels[2], biases[2], "_value")
+    scores = b.op("MatMul", [q, b.transpose(k, [0, 1, 3, 2], c.hint("_keyT"))], c.hint("_scores"))
+    if c.kwargs.get("use_causal_mask"):
+        t, s = (query.shape or (None,) * 3)[1], (value.shape or (None,) * 3)[1]
+        if t is None or s is None:
+            raise c.refuse("a causal mask over sequences of unknown length (the file records no static shape)")
+        blocked = (1.0 - np.tril(np.ones((t, s), np.float32))) * np.float32(-1e9)
+        scores = b.op("Add", [scores, b.const(blocked, c.hint("_causal"))], c.hint())
+    probs = b.op("Softmax", [scores], c.hint("_probs"), axis=-1)
+    o = b.transpose(b.op("MatMul", [probs, v], c.hint("_context")), [0, 2, 1, 3], c.hint("_context"))
+    heads, vdim, out_dim = kernels[3].shape
+    o = b.op("Reshape", [o, b.ints([0, 0, heads * vdim], c.hint("_merge"))], c.hint())
+    y = b.op("MatMul", [o, b.const(kernels[3].reshape(heads * vdim, out_dim), c.hint("_out_W"))], c.hint("_out"))
+    if biases[3] is not None:
+        y = b.op("Add", [y, b.const(biases[3], c.hint("_out_B"))], c.hint("_out"))
+    result = [Value(y, 3)]
+    if c.kwargs.get("return_attention_scores"):
+        result.append(Value(probs, 4))
+    return result
