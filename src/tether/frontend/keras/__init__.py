@@ -10,16 +10,21 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tether.frontend.keras import archive, model
+# the translation needs onnx (and h5py for the weights): imported on first use, so importing tether.frontend
+# needs neither
 
 
 def read_keras(path: str):
     """The Keras model file at ``path`` as an ONNX ModelProto (readers.py's reader)."""
+    from tether.frontend.keras import archive, model
+
     return model.to_onnx(archive.read(path))
 
 
 def keras_coverage(path: str) -> List[Dict[str, Any]]:
     """The layer classes of the Keras model at ``path``, each with whether tether converts it."""
+    from tether.frontend.keras import archive, model
+
     return model.coverage(archive.read(path))
 
 

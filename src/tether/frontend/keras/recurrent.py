@@ -1,4 +1,5 @@
-"""LSTM, GRU and SimpleRNN (also inside Bidirectional) as ONNX LSTM/GRU/RNN nodes with layout 1 (batch first).
+"""LSTM, GRU and SimpleRNN (also inside Bidirectional) as ONNX LSTM/GRU/RNN nodes (time-major, layout 0, which
+every ONNX runtime implements; transposes move the batch first around them).
 
 Keras orders an LSTM's gates i, f, c, o and ONNX i, o, f, c; GRU gates are z, r, h in both, and Keras'
 reset_after is ONNX's linear_before_reset (its bias is then the input and recurrent halves). A layer with
@@ -49,8 +50,10 @@ def _direction_weights(c: Call, cell: str, cfg: Dict, w: List[np.ndarray]) -> Tu
     bias = w[2] if len(w) > 2 else None
     if cell == "LSTM":
         order, n = [0, 3, 1, 2], 4          # i f c o -> i o f c
+    elif cell == "GRU":
+        order, n = [0, 1, 2], 3             # z r h in both
     else:
-        order, n = [0, 1, 2], 3 if cell == "GRU" else 1
+        order, n = [0], 1
     wx, wh = _gates(kernel, order, n).T, _gates(recurrent, order, n).T
     zeros = np.zeros(n * units, np.float32)
     if bias is None:
@@ -68,8 +71,8 @@ def _weight_count(cfg: Dict) -> int:
 
 def rnn_node(c: Call, cell: str, cfgs: List[Dict], weights: List[List[np.ndarray]], direction: str,
              x: str, initial: Optional[List[str]] = None) -> List[str]:
-    """The ONNX recurrent node of one or two directions: its outputs Y (batch, time, dirs, units), Y_h and Y_c
-    (batch, dirs, units)."""
+    """The ONNX recurrent node of one or two directions, ``x`` batch first: its outputs Y as (batch, time, dirs,
+    units), Y_h and Y_c as (batch, dirs, units)."""
     cfg = cfgs[0]
     units = int(cfg["units"])
     ws = [_direction_weights(c, cell, cf, w) for cf, w in zip(cfgs, weights)]
@@ -86,19 +89,21 @@ def rnn_node(c: Call, cell: str, cfgs: List[Dict], weights: List[List[np.ndarray
             acts.append(name)
             alphas += al
             betas += be
-    attrs = {"hidden_size": units, "direction": direction, "layout": 1, "activations": acts}
+    attrs = {"hidden_size": units, "direction": direction, "activations": acts}
     if alphas:
         attrs["activation_alpha"] = alphas
     if betas:
         attrs["activation_beta"] = betas
     if cell == "GRU":
         attrs["linear_before_reset"] = int(bool(cfg.get("reset_after", True)))
-    ins = [x, b.const(np.stack([w[0] for w in ws]), c.hint("_W")), b.const(np.stack([w[1] for w in ws]), c.hint("_R")),
+    ins = [b.transpose(x, [1, 0, 2], c.hint("_time_major")), b.const(np.stack([w[0] for w in ws]), c.hint("_W")), b.const(np.stack([w[1] for w in ws]), c.hint("_R")),
            b.const(np.stack([w[2] for w in ws]), c.hint("_B")), ""]
     if initial:
         ins += initial
     n_out = 3 if cell == "LSTM" else 2
-    return b.op(cell, ins, c.hint(), outputs=n_out, **attrs)
+    outs = b.op(cell, ins, c.hint(), outputs=n_out, **attrs)
+    return [b.transpose(outs[0], [2, 0, 1, 3], c.hint("_y"))] + [b.transpose(s, [1, 0, 2], c.hint("_state"))
+                                                                  for s in outs[1:]]
 
 
 def _flip_time(c: Call, y: str) -> str:
@@ -121,7 +126,7 @@ def _rnn(c: Call) -> List[Value]:
     states = c.tensor_kwargs.get("initial_state")
     if states is not None:
         states = states if isinstance(states, list) else [states]
-        initial = [b.op("Unsqueeze", [b.keras_order(s), b.ints([1], c.hint("_ax"))], c.hint("_state"))
+        initial = [b.op("Unsqueeze", [b.keras_order(s), b.ints([0], c.hint("_ax"))], c.hint("_state"))
                    for s in states]
     backwards = bool(c.get("go_backwards", False))
     outs = rnn_node(c, cell, [c.config], [w], "reverse" if backwards else "forward", x, initial)
