@@ -32,12 +32,33 @@ def _nd(c: Call) -> int:
     return nd
 
 
-def _padding_attrs(c: Call, nd: int, k: List[int], d: List[int]) -> Dict[str, Any]:
+def _spatial_sizes(c: Call) -> Optional[List[Optional[int]]]:
+    """The input's spatial sizes where the file records them."""
+    shape = c.x.shape
+    if shape is None:
+        return None
+    if (c.get("data_format") or "channels_last") == "channels_first":
+        return list(shape[2:])
+    return list(shape[1:-1])
+
+
+def _padding_attrs(c: Call, nd: int, k: List[int], s: List[int], d: List[int]) -> Dict[str, Any]:
     padding = str(c.get("padding", "valid")).lower()
     if padding == "valid":
         return {"pads": [0] * (2 * nd)}
     if padding == "same":
-        return {"auto_pad": "SAME_UPPER"}
+        # TensorFlow's SAME: the total pad makes ceil(in / s) outputs, its odd unit at the end. Explicit pads
+        # where the sizes are known (any size for stride 1), since runtimes differ on SAME_UPPER with dilation
+        sizes = _spatial_sizes(c)
+        pads = []
+        for i in range(nd):
+            size = sizes[i] if sizes else None
+            if s[i] != 1 and size is None:
+                return {"auto_pad": "SAME_UPPER"}
+            k_eff = (k[i] - 1) * d[i] + 1
+            total = k_eff - 1 if s[i] == 1 else max((-(-size // s[i]) - 1) * s[i] + k_eff - size, 0)
+            pads.append((total // 2, total - total // 2))
+        return {"pads": [p[0] for p in pads] + [p[1] for p in pads]}
     if padding == "causal" and nd == 1:
         return {"pads": [(k[0] - 1) * d[0], 0]}
     raise c.refuse("padding %r" % padding)
@@ -76,7 +97,7 @@ def _conv(c: Call) -> List[Value]:
     inputs = [x, c.b.const(_kernel_to_onnx(w[0], nd), c.hint("_W"))] + \
         ([c.b.const(w[1], c.hint("_B"))] if len(w) > 1 else [])
     y = c.b.op("Conv", inputs, c.hint(), kernel_shape=k, strides=s, dilations=d, group=int(c.get("groups", 1)),
-               **_padding_attrs(c, nd, k, d))
+               **_padding_attrs(c, nd, k, s, d))
     return _out(c, y, cf, c.get("activation"))
 
 
@@ -89,7 +110,7 @@ def _depthwise(c: Call) -> List[Value]:
     kernel = _depthwise_to_onnx(w[0], nd)
     inputs = [x, c.b.const(kernel, c.hint("_W"))] + ([c.b.const(w[1], c.hint("_B"))] if len(w) > 1 else [])
     y = c.b.op("Conv", inputs, c.hint(), kernel_shape=k, strides=s, dilations=d, group=int(w[0].shape[nd]),
-               **_padding_attrs(c, nd, k, d))
+               **_padding_attrs(c, nd, k, s, d))
     return _out(c, y, cf, c.get("activation"))
 
 
@@ -100,7 +121,7 @@ def _separable(c: Call) -> List[Value]:
     w = c.weights((2, 3) if c.get("use_bias", True) else (2,))
     k, s, d = _window(c, nd, "kernel_size")
     dw = c.b.op("Conv", [x, c.b.const(_depthwise_to_onnx(w[0], nd), c.hint("_dW"))], c.hint("_depthwise"),
-                kernel_shape=k, strides=s, dilations=d, group=int(w[0].shape[nd]), **_padding_attrs(c, nd, k, d))
+                kernel_shape=k, strides=s, dilations=d, group=int(w[0].shape[nd]), **_padding_attrs(c, nd, k, s, d))
     inputs = [dw, c.b.const(_kernel_to_onnx(w[1], nd), c.hint("_pW"))] + \
         ([c.b.const(w[2], c.hint("_B"))] if len(w) > 2 else [])
     y = c.b.op("Conv", inputs, c.hint("_pointwise"), kernel_shape=[1] * nd)
@@ -146,7 +167,7 @@ def _pool(op: str):
         x, cf = _spatial(c)
         k = pair(c.get("pool_size"), nd)
         s = pair(c.get("strides") or k, nd)
-        y = c.b.op(op, [x], c.hint(), kernel_shape=k, strides=s, **_padding_attrs(c, nd, k, [1] * nd))
+        y = c.b.op(op, [x], c.hint(), kernel_shape=k, strides=s, **_padding_attrs(c, nd, k, s, [1] * nd))
         return _out(c, y, cf)
     return pool
 

@@ -175,8 +175,17 @@ class Translator:
     def functional(self, cfg, layers, path, inputs) -> List[Value]:
         c = cfg.get("config") or {}
         by_name = {_layer_name(la): la for la in layers}
+        # Keras 2 numbers a nested model's calls from 1 everywhere (its node 0 is its own graph); Keras 3 does so
+        # only for a Functional model in output_layers, and numbers the calls in inbound nodes from 0
+        legacy = any(isinstance(n, list) for la in layers for n in la.get("inbound_nodes") or [])
+
+        def key(ref: Ref, listed: bool) -> Ref:
+            cls = by_name.get(ref[0], {}).get("class_name")
+            shifted = cls in MODELS if legacy else (listed and cls in ("Functional", "Model"))
+            return (ref[0], ref[1] - 1, ref[2]) if shifted else ref
+
         values: Dict[Ref, Optional[Value]] = {}
-        in_refs = _refs(c.get("input_layers"))
+        in_refs = [key(r, True) for r in _refs(c.get("input_layers"))]
         if inputs is not None and len(inputs) != len(in_refs):
             raise InvalidInput("%s: model %r is called on %d tensors but has %d inputs"
                                % (self.kf.path, "/".join(path), len(inputs), len(in_refs)))
@@ -186,9 +195,10 @@ class Translator:
         for layer in layers:
             if layer.get("class_name") == "InputLayer":
                 continue
-            offset = 1 if layer.get("class_name") in MODELS else 0      # a model's node 0 is its own graph
             for k, node in enumerate(layer.get("inbound_nodes") or []):
-                pending.append((layer, k + offset, parse_node(node)))
+                call = parse_node(node)
+                call.args = [(key(r, False), s) for r, s in call.args]
+                pending.append((layer, k, call))
         for _ in range(len(pending) + 1):       # config order is nearly always topological: one pass
             waiting = []
             for layer, index, node in pending:
@@ -208,6 +218,7 @@ class Translator:
             pending = waiting
         result = []
         for ref in _refs(c.get("output_layers")):
+            ref = key(ref, True)
             if ref not in values:
                 if self.refused:            # not computed because a layer was refused: reported already
                     result.append(FAILED)
