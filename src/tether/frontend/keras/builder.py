@@ -66,7 +66,7 @@ class Builder:
         if arr.dtype == np.float64:
             arr = arr.astype(np.float32)
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.initializers.append(numpy_helper.from_array(arr.copy(order="C"), name))    # 0-d stays 0-d
         return name
 
     def ints(self, values: Sequence[int], hint: str = "shape") -> str:

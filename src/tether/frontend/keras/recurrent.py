@@ -96,7 +96,8 @@ def rnn_node(c: Call, cell: str, cfgs: List[Dict], weights: List[List[np.ndarray
         attrs["activation_beta"] = betas
     if cell == "GRU":
         attrs["linear_before_reset"] = int(bool(cfg.get("reset_after", True)))
-    ins = [b.transpose(x, [1, 0, 2], c.hint("_time_major")), b.const(np.stack([w[0] for w in ws]), c.hint("_W")), b.const(np.stack([w[1] for w in ws]), c.hint("_R")),
+    ins = [b.transpose(x, [1, 0, 2], c.hint("_time_major")), b.const(np.stack([w[0] for w in ws]), c.hint("_W")),
+           b.const(np.stack([w[1] for w in ws]), c.hint("_R")),
            b.const(np.stack([w[2] for w in ws]), c.hint("_B")), ""]
     if initial:
         ins += initial
