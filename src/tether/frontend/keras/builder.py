@@ -51,14 +51,20 @@ class Builder:
         self.initializers: List = []
         self.inputs: List = []
         self.outputs: List = []
-        self.names: Dict[str, int] = {}
+        self.names: Dict[str, int] = {}         # hint -> how many names it has given
+        self.used: set = set()
         self._converted: Dict[Tuple[str, bool], str] = {}    # (value, cf) -> the value in the other layout
 
     def fresh(self, hint: str) -> str:
         hint = hint.replace(":", "_") or "v"
         n = self.names.get(hint, 0)
+        name = hint if n == 0 else "%s_%d" % (hint, n)
+        while name in self.used:
+            n += 1
+            name = "%s_%d" % (hint, n)
         self.names[hint] = n + 1
-        return hint if n == 0 else "%s_%d" % (hint, n)
+        self.used.add(name)
+        return name
 
     def const(self, array: Union[np.ndarray, Sequence, float, int], hint: str = "const",
               dtype: Optional[type] = None) -> str:

@@ -174,6 +174,8 @@ def _normalization(c: Call) -> List[Value]:
 
 @LAYERS.register("Embedding")
 def _embedding(c: Call) -> List[Value]:
+    if c.get("mask_zero", False):
+        raise c.refuse("mask_zero=True (the mask it passes to later layers is not converted)")
     table = c.weights((1,))[0]
     idx = c.b.op("Cast", [c.b.keras_order(c.x)], c.hint("_idx"), to=7)     # int64
     y = c.b.op("Gather", [c.b.const(table, c.hint("_table")), idx], c.hint(), axis=0)

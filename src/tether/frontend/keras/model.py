@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.keras import activations, attention, conv, core, norm, recurrent, wrappers
@@ -60,9 +60,11 @@ def _flat_tensors(obj: Any) -> Iterator[Tuple[Ref, Optional[Tuple]]]:
 
 
 def _refs(spec: Any) -> List[Ref]:
-    """``input_layers``/``output_layers``: one [name, node, tensor] or a list of them."""
+    """``input_layers``/``output_layers``: one [name, node, tensor], or a list or dict of them."""
     if not spec:
         return []
+    if isinstance(spec, dict):          # a model called on a dict of inputs
+        spec = list(spec.values())
     if isinstance(spec[0], str):
         return [(str(spec[0]), int(spec[1]), int(spec[2]))]
     return [(str(s[0]), int(s[1]), int(s[2])) for s in spec]
@@ -141,12 +143,15 @@ class Translator:
             if cls not in LAYERS and cls not in STRUCTURE:
                 self.refuse(unsupported(cls, _layer_name(layer), self.kf.version))
         outputs = self.model(top, (), None)
+        out_names = [ref[0] for ref in _refs((top.get("config") or {}).get("output_layers"))]
         if self.refused:
             raise UnsupportedOpError("%s: %d Keras layer call(s) tether does not convert: %s"
                                      % (self.kf.path, len(self.refused), "; ".join(self.refused)))
-        for k, v in enumerate(outputs):
-            name = self.b.op("Identity", [self.b.keras_order(v)], "output_%d" % k)
-            self.b.add_output(name)
+        for k, v in enumerate(outputs):       # each output named after the Keras layer that computes it
+            name = out_names[k] if k < len(out_names) else "output_%d" % k
+            self.b.nodes.append(helper.make_node("Identity", [self.b.keras_order(v)], [self.b.fresh(name)],
+                                                 name=self.b.fresh(name + "/output")))
+            self.b.add_output(self.b.nodes[-1].output[0])
         return self.b.model(self.kf.version)
 
     # ---- models
