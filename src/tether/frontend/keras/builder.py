@@ -97,7 +97,8 @@ class Builder:
             return v.name
         key = (v.name, False)
         if key not in self._converted:
-            self._converted[key] = self.transpose(v.name, channels_last_perm(v.rank), v.name + "_nhwc")
+            self._converted[key] = self._unit_spatial(v, [0] + [1] * (v.rank - 2) + [-1], "_nhwc") or \
+                self.transpose(v.name, channels_last_perm(v.rank), v.name + "_nhwc")
         return self._converted[key]
 
     def channels_first(self, v: Value) -> str:
@@ -106,8 +107,16 @@ class Builder:
             return v.name
         key = (v.name, True)
         if key not in self._converted:
-            self._converted[key] = self.transpose(v.name, channels_first_perm(v.rank), v.name + "_nchw")
+            self._converted[key] = self._unit_spatial(v, [0, -1] + [1] * (v.rank - 2), "_nchw") or \
+                self.transpose(v.name, channels_first_perm(v.rank), v.name + "_nchw")
         return self._converted[key]
+
+    def _unit_spatial(self, v: Value, target: List[int], suffix: str) -> Optional[str]:
+        """With every spatial size 1 (a squeeze-and-excite vector), both layouts hold the same bytes: a Reshape
+        instead of a Transpose."""
+        if v.shape is None or any(d != 1 for d in v.shape[1:-1]):
+            return None
+        return self.op("Reshape", [v.name, self.ints(target, v.name + suffix)], v.name + suffix)
 
     def in_layout(self, v: Value, cf: bool) -> str:
         return self.channels_first(v) if cf else self.keras_order(v)

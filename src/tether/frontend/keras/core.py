@@ -25,6 +25,13 @@ def _same(c: Call, name: str, v: Value = None) -> List[Value]:
 @LAYERS.register("Dense")
 def _dense(c: Call) -> List[Value]:
     w = c.weights((1, 2) if c.get("use_bias", True) else (1,))
+    if c.x.cf:
+        # over the channels of a channels-first value (ConvNeXt's pointwise layers): a 1x1 convolution, which
+        # keeps the layout instead of transposing there and back
+        kernel = w[0].T.reshape(w[0].shape[1], w[0].shape[0], *([1] * (c.x.rank - 2)))
+        ins = [c.x.name, c.b.const(kernel, c.hint("_W"))] + ([c.b.const(w[1], c.hint("_B"))] if len(w) > 1 else [])
+        y = c.b.op("Conv", ins, c.hint(), kernel_shape=[1] * (c.x.rank - 2))
+        return [activations.apply(c.b, Value(y, c.x.rank, True), c.get("activation"), c.version, c.hint())]
     x = c.b.keras_order(c.x)
     y = c.b.op("MatMul", [x, c.b.const(w[0], c.hint("_W"))], c.hint())
     if len(w) > 1:
@@ -43,6 +50,13 @@ def _identity(c: Call) -> List[Value]:
     if c.class_name == "Masking":
         raise c.refuse("masks are not converted (a Masking layer changes what later layers compute)")
     return [c.x]
+
+
+@LAYERS.register("LayerScale")
+def _layer_scale(c: Call) -> List[Value]:
+    """keras.applications' ConvNeXt LayerScale: x times a learned per-channel gamma."""
+    gamma = c.weights((1,))[0]
+    return _same(c, c.b.op("Mul", [c.x.name, c.b.keras_const(c.x, gamma, c.hint("_gamma"))], c.hint()))
 
 
 @LAYERS.register("ReLU")
@@ -115,6 +129,11 @@ def _flatten(c: Call) -> List[Value]:
 @LAYERS.register("Reshape")
 def _reshape(c: Call) -> List[Value]:
     target = [int(d) for d in c.get("target_shape")]
+    if c.x.rank == 2 and len(target) >= 2 and all(d == 1 for d in target[:-1]):
+        # a vector to (1, ..., 1, C) (squeeze-and-excite) is already channels-first as (C, 1, ..., 1)
+        y = c.b.op("Reshape", [c.x.name, c.b.ints([0, target[-1]] + [1] * (len(target) - 1), c.hint("_shape"))],
+                   c.hint())
+        return [Value(y, len(target) + 1, True)]
     y = c.b.op("Reshape", [c.b.keras_order(c.x), c.b.ints([0] + target, c.hint("_shape"))], c.hint())
     return [Value(y, len(target) + 1)]
 

@@ -29,6 +29,7 @@ class Call:
     store: WeightStore
     version: str
     dispatch: Callable[["Call"], List[Value]]   # converts another layer's call (a wrapper's inner layer)
+    operands: List[Any] = dataclasses.field(default_factory=list)   # positional arguments, tensors as Values
 
     def weights(self, count: Optional[Sequence[int]] = None) -> List[np.ndarray]:
         """The layer's variables in creation order; ``count`` lists the acceptable numbers of them."""
@@ -58,6 +59,7 @@ class Call:
                     path: Tuple[str, ...]) -> "Call":
         """The same call for a wrapped layer (TimeDistributed's, Bidirectional's)."""
         return dataclasses.replace(self, class_name=class_name, config=config, inputs=inputs, path=path,
+                                   operands=list(inputs),
                                    name=str(config.get("name", self.name)))
 
 

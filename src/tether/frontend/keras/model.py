@@ -15,12 +15,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from onnx import TensorProto, helper
 
 from tether.errors import InvalidInput, UnsupportedOpError
-from tether.frontend.keras import activations, attention, conv, core, norm, recurrent, wrappers
+from tether.frontend.keras import activations, attention, conv, core, norm, operations, recurrent, wrappers
 from tether.frontend.keras.archive import KerasFile
 from tether.frontend.keras.builder import Builder, Value
 from tether.frontend.keras.layer import Call, Converter, merge_tables
 
-FAMILIES = (core, conv, norm, recurrent, attention, wrappers)
+FAMILIES = (core, conv, norm, recurrent, attention, wrappers, operations)
 LAYERS: Dict[str, Converter] = merge_tables([f.LAYERS for f in FAMILIES])
 MODELS = ("Functional", "Sequential", "Model")     # a model used as a layer: walked, not converted
 STRUCTURE = MODELS + ("InputLayer",)
@@ -77,6 +77,7 @@ class NodeCall:
     args: List[Tuple[Ref, Optional[Tuple]]]
     tensor_kwargs: Dict[str, Any]       # name -> (ref, shape) or a list of them
     kwargs: Dict[str, Any]
+    raw_args: List[Any] = dataclasses.field(default_factory=list)    # the positional arguments as saved
 
 
 def parse_node(node: Any) -> NodeCall:
@@ -89,13 +90,15 @@ def parse_node(node: Any) -> NodeCall:
                 tkw[k] = found if isinstance(v, (list, tuple)) else found[0]
             elif v is not None:
                 kw[k] = v
-        return NodeCall(list(_flat_tensors(node.get("args", []))), tkw, kw)
+        raw = list(node.get("args") or [])
+        return NodeCall(list(_flat_tensors(raw)), tkw, kw, raw)
     args, kw = [], {}                   # Keras 2: [[name, node, tensor, kwargs], ...]
     for entry in node:
         args.append(((str(entry[0]), int(entry[1]), int(entry[2])), None))
         if len(entry) > 3 and isinstance(entry[3], dict):
             kw.update(entry[3])
-    return NodeCall(args, {}, kw)
+    return NodeCall(args, {}, kw, [{"class_name": "__keras_tensor__", "config": {"keras_history": list(r)}}
+                                   for r, _ in args])
 
 
 def input_shape(layer: Dict[str, Any]) -> Optional[List[Optional[int]]]:
@@ -105,6 +108,20 @@ def input_shape(layer: Dict[str, Any]) -> Optional[List[Optional[int]]]:
             return list(cfg[key])
     build = layer.get("build_config") or {}
     return list(build["input_shape"]) if build.get("input_shape") is not None else None
+
+
+def layer_key(layer: Dict[str, Any]) -> str:
+    """The converter table's key of a saved layer: its class, or ``ops.<class>`` for a keras.ops operation
+    (``x + 3.0`` on a Keras tensor saves an ``Add`` of module keras.src.ops.numpy, not the Add layer)."""
+    cls = str(layer.get("class_name"))
+    module = layer.get("module")
+    if module is not None:
+        return "ops." + cls if str(module).startswith("keras.src.ops") else cls
+    # the legacy .h5 config drops the module: an operation's config has no "trainable" (nor have a few layers')
+    config = layer.get("config") or {}
+    if cls in STRUCTURE or "trainable" in config or "ops." + cls not in LAYERS:
+        return cls
+    return "ops." + cls
 
 
 def unsupported(cls: str, name: str, version: str) -> str:
@@ -139,7 +156,7 @@ class Translator:
             raise InvalidInput("%s holds a Keras %s, not a model (Sequential or Functional); expected a model "
                                "saved by model.save()" % (self.kf.path, top.get("class_name")))
         for layer in walk(top):          # named even when a refused layer upstream keeps it from being called
-            cls = str(layer.get("class_name"))
+            cls = layer_key(layer)
             if cls not in LAYERS and cls not in STRUCTURE:
                 self.refuse(unsupported(cls, _layer_name(layer), self.kf.version))
         outputs = self.model(top, (), None)
@@ -249,7 +266,7 @@ class Translator:
     # ---- one call of one layer
     def call(self, layer: Dict[str, Any], path: Tuple[str, ...], node: NodeCall, args: List[Value],
              values: Optional[Dict[Ref, Optional[Value]]] = None) -> List[Optional[Value]]:
-        cls = str(layer.get("class_name"))
+        cls = layer_key(layer)
         name = _layer_name(layer)
         if cls in MODELS:
             return self.model(layer, path + (name,), args)
@@ -259,8 +276,19 @@ class Translator:
                 tkw[k] = [self._with_shape(values[r], s) for r, s in v] if values is not None else []
             else:
                 tkw[k] = self._with_shape(values[v[0]], v[1]) if values is not None else None
-        c = Call(self.b, cls, name, layer.get("config") or {}, args, dict(node.kwargs), tkw, path + (name,),
-                 self.kf.weights, self.kf.version, self.dispatch)
+        flat = iter(args)
+
+        def operand(obj: Any) -> Any:       # the saved arguments with each tensor replaced by its value, in order
+            if _is_tensor(obj):
+                return next(flat)
+            if isinstance(obj, (list, tuple)):
+                return [operand(o) for o in obj]
+            return obj
+
+        operands = [operand(a) for a in node.raw_args] if len(list(_flat_tensors(node.raw_args))) == len(args) \
+            else list(args)
+        c = Call(self.b, layer_key(layer), name, layer.get("config") or {}, args, dict(node.kwargs), tkw,
+                 path + (name,), self.kf.weights, self.kf.version, self.dispatch, operands)
         try:
             return self.dispatch(c)
         except UnsupportedOpError as exc:
@@ -302,7 +330,7 @@ def coverage(kf: KerasFile) -> List[Dict[str, Any]]:
     """One row per layer class (and per activation tether lacks): whether a converter covers it."""
     rows: Dict[str, Dict[str, Any]] = {}
     for layer in walk(kf.config):
-        cls = str(layer.get("class_name"))
+        cls = layer_key(layer)
         entries = [(cls, cls in LAYERS or cls in STRUCTURE)]
         for key in ("activation", "recurrent_activation"):
             spec = (layer.get("config") or {}).get(key)
