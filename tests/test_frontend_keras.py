@@ -63,6 +63,29 @@ def _recurrent():
     return keras.Model(inp, [y, c, z], name="recurrent")
 
 
+def _composite():
+    """A nested Sequential and Functional model, a shared layer, keras.ops arithmetic and reshaping layers."""
+    from keras import ops
+
+    block = keras.Sequential([keras.Input((6, 6, 4)), L.Conv2D(4, 3, padding="same"), L.BatchNormalization(),
+                              L.ReLU(max_value=6.0)], name="block")
+    vin = keras.Input((8,))
+    vector = keras.Model(vin, L.Dense(4, activation="tanh", name="inner")(vin), name="vector")
+    shared = L.Conv2D(4, 1, name="shared")
+    a, b = keras.Input((6, 6, 4), name="a"), keras.Input((6, 6, 4), name="b")
+    x = L.Add()([block(shared(a)), block(shared(b))])
+    x = ops.clip(x * 0.5 + 1.0, -2.0, 2.0)
+    x = L.ZeroPadding2D(((1, 0), (0, 1)))(x)
+    x = L.Conv2DTranspose(4, 3, strides=2, padding="same", activation="hard_sigmoid")(x)
+    x = L.Cropping2D(((1, 2), (0, 1)))(x)
+    x = L.GroupNormalization(groups=2)(x)
+    squeeze = L.Reshape((1, 1, 4))(L.GlobalAveragePooling2D()(x))
+    x = L.Multiply()([x, L.Conv2D(4, 1, activation="sigmoid")(squeeze)])
+    x = L.Conv2D(2, 2, strides=2, data_format="channels_first")(L.Permute((3, 1, 2))(x))
+    v = vector(L.Dense(8)(L.Flatten()(x)))
+    return keras.Model([a, b], [v, L.Dot(axes=1, normalize=True)([v, v])], name="composite")
+
+
 def _conv_chain():
     inp = keras.Input((10, 10, 3))
     x = L.Conv2D(4, 3, padding="same")(inp)
@@ -79,7 +102,7 @@ def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("keras-models")
     rng = np.random.default_rng(0)
     out = {}
-    for make in (_cnn, _transformer, _recurrent, _conv_chain):
+    for make in (_cnn, _transformer, _recurrent, _composite, _conv_chain):
         m = make()
         paths = {}
         for fmt in FORMATS:
@@ -116,7 +139,7 @@ def _assert_matches(got, ref):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("name", ["cnn", "transformer", "recurrent"])
+@pytest.mark.parametrize("name", ["cnn", "transformer", "recurrent", "composite"])
 def test_model_matches_keras(models, name, fmt, tmp_path):
     _, paths, xs, ref = models[name]
     _assert_matches(_run_host(paths[fmt], xs, tmp_path), ref)
