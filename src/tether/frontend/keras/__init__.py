@@ -8,6 +8,8 @@ walks the config, and one module per layer family converts layers: ``core``, ``c
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 # the translation needs onnx (and h5py for the weights): imported on first use, so importing tether.frontend
@@ -29,11 +31,17 @@ def keras_coverage(path: str) -> List[Dict[str, Any]]:
 
 
 def from_keras(model_or_path: Any, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Tuple[Any, Dict]:
-    """Import a Keras model file (``.keras`` or ``.h5``) as (graph, params); ``shape`` fixes input shapes
-    (by input layer name; an unknown batch size is 1 otherwise)."""
+    """Import a Keras model file (``.keras`` or ``.h5``), or an in-memory Keras model (saved to a temporary
+    ``.keras`` file by its own ``save``), as (graph, params); ``shape`` fixes input shapes by input layer name
+    (an unknown batch size is 1 otherwise)."""
     from tether.frontend.onnx import from_onnx
 
-    return from_onnx(read_keras(str(model_or_path)), shape=shape)
+    if not isinstance(model_or_path, (str, bytes, os.PathLike)) and hasattr(model_or_path, "save"):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "model.keras")
+            model_or_path.save(path)
+            return from_onnx(read_keras(path), shape=shape)
+    return from_onnx(read_keras(os.fsdecode(model_or_path)), shape=shape)
 
 
 __all__ = ["from_keras", "keras_coverage", "read_keras"]

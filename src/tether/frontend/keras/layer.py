@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tether.errors import UnsupportedOpError
+from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.keras.builder import Builder, Value
 from tether.frontend.keras.weights import WeightStore
 
@@ -34,6 +34,10 @@ class Call:
     def weights(self, count: Optional[Sequence[int]] = None) -> List[np.ndarray]:
         """The layer's variables in creation order; ``count`` lists the acceptable numbers of them."""
         arrays = self.store.arrays(self.path)
+        if count is not None and not arrays and 0 not in count:
+            raise InvalidInput("%s: no weights for Keras layer %r; expected %s arrays (the weights do not belong to "
+                               "this config, or the file is truncated)" % (self.store.path, "/".join(self.path),
+                                                                          " or ".join(str(c) for c in count)))
         if count is not None and len(arrays) not in count:
             raise self.refuse("the file holds %d weight arrays for it, expected %s"
                               % (len(arrays), " or ".join(str(c) for c in count)))
