@@ -1,9 +1,9 @@
 """MultiHeadAttention: the query, key and value projections (einsum kernels of shape (dim, heads, size)),
 scaled dot-product attention per head with an optional causal mask, and the output projection.
 
-Keras scales the projected query by 1/sqrt(key_dim) and masks by adding -1e9 to the scores it masks out.
-Attention runs over the sequence axis of rank-3 inputs (Keras' default attention_axes); mask tensors are not
-converted.
+Keras scales the projected query by 1/sqrt(key_dim) and masks by adding -1e9 to the scores it masks out
+(an attention_mask tensor and the causal mask combined). Attention runs over the sequence axis of rank-3 inputs
+(Keras' default attention_axes); query, key and value masks are not converted.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _mha(c: Call) -> List[Value]:
     key = _tensor(c, 2, "key") or value
     if query is None or value is None:
         raise c.refuse("called without query and value tensors")
-    masks = sorted(k for k in c.tensor_kwargs if k.endswith("mask"))
+    masks = sorted(k for k in c.tensor_kwargs if k.endswith("mask") and k != "attention_mask")
     if masks:
         raise c.refuse("mask tensors (%s)" % ", ".join(masks))
     axes = c.get("attention_axes")
@@ -61,12 +61,24 @@ def _mha(c: Call) -> List[Value]:
     k = _project(c, b.keras_order(key), kernels[1], biases[1], "_key")
     v = _project(c, b.keras_order(value), kernels[2], biases[2], "_value")
     scores = b.op("MatMul", [q, b.transpose(k, [0, 1, 3, 2], c.hint("_keyT"))], c.hint("_scores"))
+    keep = None             # 1 where a query may attend to a key: attention_mask and the causal mask
+    mask = c.tensor_kwargs.get("attention_mask")
+    if isinstance(mask, Value):
+        if mask.rank != 3:
+            raise c.refuse("an attention_mask of rank %d (expected batch, queries, keys)" % mask.rank)
+        keep = b.op("Cast", [b.keras_order(mask)], c.hint("_mask"), to=1)
     if c.kwargs.get("use_causal_mask"):
         t, s = (query.shape or (None,) * 3)[1], (value.shape or (None,) * 3)[1]
         if t is None or s is None:
             raise c.refuse("a causal mask over sequences of unknown length (the file records no static shape)")
-        blocked = (1.0 - np.tril(np.ones((t, s), np.float32))) * np.float32(-1e9)
-        scores = b.op("Add", [scores, b.const(blocked, c.hint("_causal"))], c.hint())
+        causal = b.const(np.tril(np.ones((t, s), np.float32)), c.hint("_causal"))
+        keep = causal if keep is None else b.op("Mul", [keep, causal], c.hint("_mask"))
+    if keep is not None:    # Keras' masked softmax: add -1e9 where masked, the same for every head
+        blocked = b.op("Sub", [b.const(np.float32(1.0), c.hint("_one")), keep], c.hint("_mask"))
+        blocked = b.op("Mul", [blocked, b.const(np.float32(-1e9), c.hint("_large"))], c.hint("_mask"))
+        if mask is not None:
+            blocked = b.op("Unsqueeze", [blocked, b.ints([1], c.hint("_heads"))], c.hint("_mask"))
+        scores = b.op("Add", [scores, blocked], c.hint())
     probs = b.op("Softmax", [scores], c.hint("_probs"), axis=-1)
     o = b.transpose(b.op("MatMul", [probs, v], c.hint("_context")), [0, 2, 1, 3], c.hint("_context"))
     heads, vdim, out_dim = kernels[3].shape
