@@ -86,6 +86,17 @@ def _composite():
     return keras.Model([a, b], [v, L.Dot(axes=1, normalize=True)([v, v])], name="composite")
 
 
+def _attention():
+    """Dot-product Attention, EinsumDense, and MultiHeadAttention under an attention_mask input."""
+    q, v = keras.Input((5, 8), name="q"), keras.Input((4, 8), name="v")
+    mask = keras.Input((5, 4), name="mask")
+    x = L.Attention(use_scale=True)([q, v])
+    x = L.EinsumDense("abc,cde->abde", output_shape=(None, 2, 4), bias_axes="de", activation="relu")(x)
+    x = L.Reshape((5, 8))(x)
+    y = L.MultiHeadAttention(2, 4)(x, v, attention_mask=mask)
+    return keras.Model([q, v, mask], L.Add()([x, y]), name="attention")
+
+
 def _conv_chain():
     inp = keras.Input((10, 10, 3))
     x = L.Conv2D(4, 3, padding="same")(inp)
@@ -102,13 +113,14 @@ def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("keras-models")
     rng = np.random.default_rng(0)
     out = {}
-    for make in (_cnn, _transformer, _recurrent, _composite, _conv_chain):
+    for make in (_cnn, _transformer, _recurrent, _composite, _attention, _conv_chain):
         m = make()
         paths = {}
         for fmt in FORMATS:
             paths[fmt] = str(folder / ("%s.%s" % (m.name, fmt)))
             m.save(paths[fmt])
         xs = [rng.standard_normal((BATCH,) + tuple(i.shape[1:])).astype(np.float32) for i in m.inputs]
+        xs = [(x > 0).astype(np.float32) if i.name == "mask" else x for i, x in zip(m.inputs, xs)]
         ref = m.predict(xs[0] if len(xs) == 1 else xs, verbose=0)
         out[m.name] = (m, paths, xs, ref if isinstance(ref, list) else [ref])
     return out
@@ -139,7 +151,7 @@ def _assert_matches(got, ref):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("name", ["cnn", "transformer", "recurrent", "composite"])
+@pytest.mark.parametrize("name", ["cnn", "transformer", "recurrent", "composite", "attention"])
 def test_model_matches_keras(models, name, fmt, tmp_path):
     _, paths, xs, ref = models[name]
     _assert_matches(_run_host(paths[fmt], xs, tmp_path), ref)

@@ -4,7 +4,9 @@ translated layer by layer into an ONNX graph, which ``from_onnx`` imports.
 ``archive`` reads the file (config, version, weights), ``weights`` finds each layer's variables, ``builder``
 holds the ONNX graph and each value's layout (channels-first inside, Keras order at the edges), ``model``
 walks the config, and one module per layer family converts layers: ``core``, ``conv``, ``norm``,
-``recurrent``, ``attention``, ``wrappers`` (activations in ``activations``).
+``recurrent``, ``attention``, ``wrappers``, ``operations`` (keras.ops calls saved in a functional model), with
+the activation functions in ``activations``. Each family fills its own ``LayerTable``; ``model`` merges them
+and refuses a class converted twice.
 """
 from __future__ import annotations
 
