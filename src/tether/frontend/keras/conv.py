@@ -204,7 +204,7 @@ def _pairs(value: Any, nd: int) -> List[Tuple[int, int]]:
     return [(int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1])) for v in value]
 
 
-@LAYERS.register("ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D")
+@LAYERS.register("ZeroPadding1D", "ZeroPadding2D")
 def _zero_padding(c: Call) -> List[Value]:
     nd = _nd(c)
     x, cf = _spatial(c)
@@ -213,7 +213,7 @@ def _zero_padding(c: Call) -> List[Value]:
     return _out(c, c.b.op("Pad", [x, c.b.ints(pads, c.hint("_pads"))], c.hint(), mode="constant"), cf)
 
 
-@LAYERS.register("Cropping1D", "Cropping2D", "Cropping3D")
+@LAYERS.register("Cropping1D", "Cropping2D")
 def _cropping(c: Call) -> List[Value]:
     nd = _nd(c)
     x, cf = _spatial(c)

@@ -45,10 +45,8 @@ def _activation(c: Call) -> List[Value]:
 
 
 @LAYERS.register("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianNoise",
-                 "GaussianDropout", "AlphaDropout", "ActivityRegularization", "Identity", "Masking")
+                 "GaussianDropout", "AlphaDropout", "ActivityRegularization", "Identity")
 def _identity(c: Call) -> List[Value]:
-    if c.class_name == "Masking":
-        raise c.refuse("masks are not converted (a Masking layer changes what later layers compute)")
     return [c.x]
 
 

@@ -153,8 +153,9 @@ class Translator:
     def translate(self):
         top = self.kf.config
         if top.get("class_name") not in MODELS:
-            raise InvalidInput("%s holds a Keras %s, not a model (Sequential or Functional); expected a model "
-                               "saved by model.save()" % (self.kf.path, top.get("class_name")))
+            raise InvalidInput("%s holds a Keras %s, not a Sequential or Functional model; expected one of those "
+                               "(a subclassed model's call is Python code, which the file does not hold)"
+                               % (self.kf.path, top.get("class_name")))
         for layer in walk(top):          # named even when a refused layer upstream keeps it from being called
             cls = layer_key(layer)
             if cls not in LAYERS and cls not in STRUCTURE:
