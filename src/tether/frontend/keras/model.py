@@ -303,8 +303,8 @@ class Translator:
             return [FAILED]
 
     def dispatch(self, c: Call) -> List[Value]:
-        if c.class_name in MODELS:
-            raise c.refuse("a model inside a wrapper (tether converts a model called as a layer)")
+        if c.class_name in MODELS:          # a wrapper's model (TimeDistributed): walked, weights under the wrapper
+            return self.model({"class_name": c.class_name, "config": c.config}, c.path, c.inputs)
         if c.class_name not in LAYERS:
             raise UnsupportedOpError(unsupported(c.class_name, c.name, c.version))
         return LAYERS[c.class_name](c)

@@ -89,6 +89,9 @@ class ZipWeights(WeightStore):
                 continue
             self.groups[prefix + (_name_of(layer),)] = child
             self._index(child, layer, prefix + (_name_of(layer),))
+            wrapped = (layer.get("config") or {}).get("layer")
+            if "layer" in child and isinstance(wrapped, dict):     # a wrapper's model: its layers under "layer"
+                self._index(child["layer"], wrapped, prefix + (_name_of(layer),))
 
     def arrays(self, layer: Path) -> List[np.ndarray]:
         group = self.groups.get(tuple(layer))

@@ -30,6 +30,8 @@ def _time_distributed(c: Call) -> List[Value]:
     folded = Value(b.op("Reshape", [x, rows], c.hint("_fold")), c.x.rank - 1)
     inner_call = c.with_config(str(inner.get("class_name")), inner.get("config", {}), [folded], c.path)
     outs = c.dispatch(inner_call)
+    if any(o is None for o in outs):        # a layer inside a wrapped model was refused, and reported
+        return [None]
     result = []
     for o in outs:
         y = b.keras_order(o)
