@@ -31,6 +31,7 @@ def _cnn():
     x = L.MaxPooling2D()(x)
     x = L.Conv2D(8, 3, strides=2, padding="same", dilation_rate=1)(x)
     x = L.UpSampling2D(interpolation="bilinear")(x)
+    x = L.CenterCrop(6, 6)(L.Resizing(10, 9, interpolation="nearest")(L.Resizing(7, 9)(x)))
     x = L.Conv2D(8, 3, padding="same", dilation_rate=2, activation="elu")(x)
     x = L.AveragePooling2D(2, padding="same")(x)
     x = L.GlobalAveragePooling2D()(x)

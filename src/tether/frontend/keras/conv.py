@@ -229,7 +229,9 @@ RESIZE_MODES = {
     # Keras 3 repeats rows and columns for nearest, and resizes with TensorFlow's half-pixel centres otherwise
     "nearest": {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
     "bilinear": {"mode": "linear", "coordinate_transformation_mode": "half_pixel"},
-    "bicubic": {"mode": "cubic", "coordinate_transformation_mode": "half_pixel", "cubic_coeff_a": -0.5},
+    # TensorFlow's bicubic is Keys' kernel (a = -0.5) with the taps outside the image dropped and renormalised
+    "bicubic": {"mode": "cubic", "coordinate_transformation_mode": "half_pixel", "cubic_coeff_a": -0.5,
+                "exclude_outside": 1},
 }
 
 
@@ -243,4 +245,51 @@ def _upsampling(c: Call) -> List[Value]:
         raise c.refuse("interpolation %r (tether converts %s)" % (mode, ", ".join(RESIZE_MODES)))
     scales = c.b.const(np.asarray([1.0, 1.0] + [float(v) for v in size], np.float32), c.hint("_scales"))
     y = c.b.op("Resize", [x, "", scales], c.hint(), **RESIZE_MODES[mode])
+    return _out(c, y, cf)
+
+
+# TensorFlow's resize (half-pixel centres; nearest takes floor((y + 0.5) / scale), which is ONNX's half-pixel
+# coordinate rounded half up)
+RESIZING_MODES = {
+    "nearest": {"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
+                "nearest_mode": "round_prefer_ceil"},
+    "bilinear": RESIZE_MODES["bilinear"],
+    "bicubic": RESIZE_MODES["bicubic"],
+}
+
+
+@LAYERS.register("Resizing")
+def _resizing(c: Call) -> List[Value]:
+    _nd(c)
+    if c.x.rank != 4:
+        raise c.refuse("an input of rank %d (expected images: batch, height, width, channels)" % c.x.rank)
+    for flag in ("crop_to_aspect_ratio", "pad_to_aspect_ratio", "antialias"):
+        if c.get(flag, False):
+            raise c.refuse("%s=True" % flag)
+    mode = str(c.get("interpolation", "bilinear"))
+    if mode not in RESIZING_MODES:
+        raise c.refuse("interpolation %r (tether converts %s)" % (mode, ", ".join(RESIZING_MODES)))
+    x, cf = _spatial(c)
+    b = c.b
+    # the output size as `sizes` (batch and channels from the input's shape, which folds once shapes are fixed)
+    lead = b.op("Slice", [b.op("Shape", [x], c.hint()), b.ints([0], c.hint("_s")), b.ints([2], c.hint("_e"))],
+                c.hint())
+    sizes = b.op("Concat", [lead, b.ints([int(c.get("height")), int(c.get("width"))], c.hint("_hw"))], c.hint(),
+                 axis=0)
+    return _out(c, b.op("Resize", [x, "", "", sizes], c.hint(), **RESIZING_MODES[mode]), cf)
+
+
+@LAYERS.register("CenterCrop")
+def _center_crop(c: Call) -> List[Value]:
+    sizes = _spatial_sizes(c)
+    if c.x.rank != 4 or not sizes or None in sizes:
+        raise c.refuse("an input without static height and width")
+    target = [int(c.get("height")), int(c.get("width"))]
+    if any(t > s for t, s in zip(target, sizes)):
+        raise c.refuse("a crop larger than its input %s (Keras resizes then)" % sizes)
+    x, cf = _spatial(c)
+    starts = [(s - t) // 2 for s, t in zip(sizes, target)]
+    y = c.b.op("Slice", [x, c.b.ints(starts, c.hint("_starts")),
+                         c.b.ints([s + t for s, t in zip(starts, target)], c.hint("_ends")),
+                         c.b.ints([2, 3], c.hint("_axes"))], c.hint())
     return _out(c, y, cf)
