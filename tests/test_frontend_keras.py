@@ -98,6 +98,24 @@ def _attention():
     return keras.Model([q, v, mask], L.Add()([x, y]), name="attention")
 
 
+ACTIVATIONS = ["relu", "relu6", "sigmoid", "hard_sigmoid", "tanh", "softmax", "swish", "silu", "gelu", "elu", "selu",
+               "softplus", "softsign", "exponential", "linear", "mish", "hard_swish", "leaky_relu", "log_softmax"]
+
+
+def _activations():
+    """Every activation= a layer takes, the activation layers, and a 1-D conv stack with causal padding."""
+    inp = keras.Input((6, 4), name="x")
+    x = L.Conv1D(4, 3, padding="causal", dilation_rate=2)(inp)
+    x = L.Conv1D(4, 2, padding="same", strides=2, groups=2)(x)
+    outs = [L.Dense(3, activation=a)(x) for a in ACTIVATIONS]
+    outs.append(L.Dense(3, activation=keras.activations.gelu)(x))
+    for layer in (L.ReLU(max_value=0.5, negative_slope=0.1, threshold=0.2), L.ReLU(max_value=6.0), L.LeakyReLU(),
+                  L.PReLU(), L.ELU(alpha=0.7), L.Softmax(axis=1), L.Activation("selu")):
+        outs.append(layer(x))
+    x = L.Concatenate()([L.Flatten()(o) for o in outs])
+    return keras.Model(inp, x, name="activations")
+
+
 def _conv_chain():
     inp = keras.Input((10, 10, 3))
     x = L.Conv2D(4, 3, padding="same")(inp)
@@ -114,7 +132,7 @@ def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("keras-models")
     rng = np.random.default_rng(0)
     out = {}
-    for make in (_cnn, _transformer, _recurrent, _composite, _attention, _conv_chain):
+    for make in (_cnn, _transformer, _recurrent, _composite, _attention, _activations, _conv_chain):
         m = make()
         paths = {}
         for fmt in FORMATS:
@@ -152,7 +170,7 @@ def _assert_matches(got, ref):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("name", ["cnn", "transformer", "recurrent", "composite", "attention"])
+@pytest.mark.parametrize("name", ["cnn", "transformer", "recurrent", "composite", "attention", "activations"])
 def test_model_matches_keras(models, name, fmt, tmp_path):
     _, paths, xs, ref = models[name]
     _assert_matches(_run_host(paths[fmt], xs, tmp_path), ref)
