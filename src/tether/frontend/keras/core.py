@@ -174,7 +174,7 @@ def _axis_const(c: Call, array: np.ndarray, axis: Any) -> str:
 
 @LAYERS.register("Normalization")
 def _normalization(c: Call) -> List[Value]:
-    """(x - mean) / max(sqrt(variance), 1e-7), or mean + x * sqrt(variance) when inverted."""
+    """(x - mean) / max(sqrt(variance), 1e-7), or mean + x * max(sqrt(variance), 1e-7) when inverted."""
     if c.get("mean") is not None:
         mean, var = np.asarray(c.get("mean"), np.float32), np.asarray(c.get("variance"), np.float32)
     else:
@@ -183,7 +183,7 @@ def _normalization(c: Call) -> List[Value]:
     axis = c.get("axis", -1)
     std = np.maximum(np.sqrt(var), 1e-7)
     if c.get("invert", False):
-        y = c.b.op("Mul", [c.x.name, _axis_const(c, np.sqrt(var), axis)], c.hint())
+        y = c.b.op("Mul", [c.x.name, _axis_const(c, std, axis)], c.hint())
         return _same(c, c.b.op("Add", [y, _axis_const(c, mean, axis)], c.hint()))
     y = c.b.op("Sub", [c.x.name, _axis_const(c, mean, axis)], c.hint())
     return _same(c, c.b.op("Div", [y, _axis_const(c, std, axis)], c.hint()))
