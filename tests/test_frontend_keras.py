@@ -241,6 +241,67 @@ def test_a_corrupt_keras_file_is_one_line_and_exit_2(models, tmp_path):
             read_keras(str(path))
 
 
+def _as_keras2(cfg, numbered_from_1=("Functional", "Sequential", "Model")):
+    """A Keras 3 model config in the layout tf.keras 2 wrote: no module fields, batch_input_shape, inbound nodes
+    as [[layer, node, tensor, kwargs], ...], and a nested model's calls numbered from 1 everywhere."""
+    c = cfg["config"]
+    cfg.pop("module", None)
+    layers = c.get("layers", [])
+    kinds = {la.get("name") or la["config"]["name"]: la["class_name"] for la in layers}
+
+    def ref(hist, shift):
+        return [hist[0], hist[1] + (1 if shift and kinds.get(hist[0]) in numbered_from_1 else 0), hist[2]]
+
+    def tensors(obj):
+        if isinstance(obj, dict) and obj.get("class_name") == "__keras_tensor__":
+            return [obj["config"]["keras_history"]]
+        return [t for o in obj for t in tensors(o)] if isinstance(obj, list) else []
+
+    for la in layers:
+        la.pop("module", None)
+        if la["class_name"] == "InputLayer":
+            la["config"]["batch_input_shape"] = la["config"].pop("batch_shape")
+        if "inbound_nodes" in la:
+            la["inbound_nodes"] = [[ref(h, True) + [{}] for h in tensors(n["args"])] for n in la["inbound_nodes"]]
+        if la["class_name"] in numbered_from_1:
+            _as_keras2(la)
+    if cfg["class_name"] != "Sequential":
+        for key in ("input_layers", "output_layers"):
+            spec = c[key] if isinstance(c[key][0], list) else [c[key]]
+            # Keras 3 already numbers a Functional model from 1 here, not a Sequential one
+            c[key] = [ref(h, kinds.get(h[0]) == "Sequential") for h in spec]
+
+
+def test_a_keras2_h5_layout_reads_alike(tmp_path):
+    """Old .h5 files: the same model rewritten as tf.keras 2 saved it (config layout, ':0' weight names)."""
+    import json
+    import shutil
+
+    import h5py
+
+    sub = keras.Sequential([keras.Input((5,)), L.Dense(5, activation="relu"), L.BatchNormalization()], name="sub")
+    shared = L.Dense(5, name="shared")
+    a, b = keras.Input((5,), name="a"), keras.Input((5,), name="b")
+    model = keras.Model([a, b], L.Concatenate()([sub(shared(a)), sub(shared(b)), shared(b)]))
+    path, old = str(tmp_path / "k3.h5"), str(tmp_path / "k2.h5")
+    model.save(path)
+    shutil.copy(path, old)
+    with h5py.File(old, "r+") as f:
+        cfg = json.loads(f.attrs["model_config"])
+        _as_keras2(cfg)
+        f.attrs["model_config"] = json.dumps(cfg)
+        f.attrs["keras_version"] = "2.15.0"
+        for group in f["model_weights"].values():
+            names = [n.decode() if isinstance(n, bytes) else n for n in group.attrs["weight_names"]]
+            for n in names:
+                group.move(n, n + ":0")
+            group.attrs["weight_names"] = [(n + ":0").encode() for n in names]
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((BATCH, 5)).astype(np.float32) for _ in range(2)]
+    ref = model.predict(xs, verbose=0)
+    _assert_matches(_run_host(old, xs, tmp_path / "out"), [ref])
+
+
 def test_unsupported_layers_are_named_together(tmp_path):
     inp = keras.Input((4, 4, 4, 2))
     x = L.Conv3D(2, 2, name="volume")(inp)
