@@ -1,4 +1,6 @@
-"""MultiHeadAttention: the query, key and value projections (einsum kernels of shape (dim, heads, size)),
+"""MultiHeadAttention and the dot-product Attention layer.
+
+MultiHeadAttention: the query, key and value projections (einsum kernels of shape (dim, heads, size)),
 scaled dot-product attention per head with an optional causal mask, and the output projection.
 
 Keras scales the projected query by 1/sqrt(key_dim) and masks by adding -1e9 to the scores it masks out
@@ -89,4 +91,35 @@ def _mha(c: Call) -> List[Value]:
     result = [Value(y, 3)]
     if c.kwargs.get("return_attention_scores"):
         result.append(Value(probs, 4))
+    return result
+
+
+@LAYERS.register("Attention")
+def _attention(c: Call) -> List[Value]:
+    """Keras' dot-product Attention: softmax(scale * q k^T, masked) v over [query, value(, key)]."""
+    if str(c.get("score_mode", "dot")) != "dot":
+        raise c.refuse("score_mode %r (tether converts 'dot')" % c.get("score_mode"))
+    if c.tensor_kwargs.get("mask") is not None:
+        raise c.refuse("mask tensors")
+    if len(c.inputs) not in (2, 3) or any(v.rank != 3 for v in c.inputs):
+        raise c.refuse("inputs of ranks %s (expected [query, value] or [query, value, key], each rank 3)"
+                       % [v.rank for v in c.inputs])
+    b = c.b
+    q, v = b.keras_order(c.inputs[0]), b.keras_order(c.inputs[1])
+    k = b.keras_order(c.inputs[2]) if len(c.inputs) == 3 else v
+    scores = b.op("MatMul", [q, b.transpose(k, [0, 2, 1], c.hint("_keyT"))], c.hint("_scores"))
+    if c.get("use_scale", False):
+        scale = c.weights((1,))[0]
+        scores = b.op("Mul", [scores, b.const(np.asarray(scale, np.float32).reshape(()), c.hint("_scale"))],
+                      c.hint())
+    if c.kwargs.get("use_causal_mask"):
+        t, s = (c.inputs[0].shape or (None,) * 3)[1], (c.inputs[1].shape or (None,) * 3)[1]
+        if t is None or s is None:
+            raise c.refuse("a causal mask over sequences of unknown length (the file records no static shape)")
+        blocked = (1.0 - np.tril(np.ones((t, s), np.float32))) * np.float32(-1e9)
+        scores = b.op("Add", [scores, b.const(blocked, c.hint("_causal"))], c.hint())
+    probs = b.op("Softmax", [scores], c.hint("_probs"), axis=-1)
+    result = [Value(b.op("MatMul", [probs, v], c.hint()), 3)]
+    if c.kwargs.get("return_attention_scores"):
+        result.append(Value(probs, 3))
     return result
