@@ -54,5 +54,7 @@ for _fmt, (_mod, _read, _cover, _extra) in {
     "TFLite": ("tether.frontend.tflite", "read_onnx", "op_coverage", "tflite"),
     "CoreML": ("tether.frontend.coreml", "read_coreml", "op_coverage", "coreml"),
     "CoreML package": ("tether.frontend.coreml", "read_coreml", "op_coverage", "coreml"),
+    "Keras": ("tether.frontend.keras", "read_keras", "keras_coverage", "keras"),
+    "Keras HDF5": ("tether.frontend.keras", "read_keras", "keras_coverage", "keras"),
 }.items():
     register_reader(_fmt, lazy(_mod, _read, _extra), lazy(_mod, _cover, _extra))
