@@ -1,0 +1,497 @@
+"""Quantized TFLite tensors as ONNX's QDQ form, which tether's graph passes run on its int8 kernels.
+
+A TFLite tensor of type int8, uint8 or int16 with a scale and zero point holds ``real = scale * (q - zero_point)``
+(per tensor, or along ``quantized_dimension`` for weights). The translation keeps such a tensor's integers as its
+ONNX value and gives every op that reads it a ``DequantizeLinear`` of its own; the op itself is the float op's
+translation (the float converter, unchanged), and its quantized output is a ``QuantizeLinear`` of the float result.
+``graph/passes/quantize.py`` then turns each ``DQ -> op -> Q`` group it knows (convolutions and dense layers with
+per-channel weights and int32 biases, pooling, concat, sigmoid, moves) into integer kernels; a group it does not
+know computes the float op between the two roundings, which is LiteRT's result within one quantization step.
+
+Where LiteRT's integer kernels define the arithmetic, the translation follows them:
+
+- biases: int32 in the accumulator's units; their DQ scale is written as ``float32(s_x) * s_w`` (what the pass
+  requires to fold them into the integer conv), whatever scale the file records;
+- fused activations: LiteRT clamps the requantized integers to the activation's range (``zero_point +
+  round(bound / scale)``, rounding half away from zero), so the translation does the same on the integers after
+  QuantizeLinear (a ``Clip``, left out where the range is the whole type's);
+- ADD of two per-tensor int8/uint8 tensors: onnxruntime's ``QLinearAdd`` (the graph's integer ``qadd``), since
+  the QDQ pass leaves int8 additions in float;
+- QUANTIZE: QuantizeLinear of a float tensor; from a quantized tensor it requantizes (DQ then Q, nothing when the
+  parameters agree); DEQUANTIZE: DequantizeLinear (a constant folds to float32 now).
+
+Dynamic-range models (int8 weights, float activations: LiteRT's hybrid kernels) run CONV_2D, DEPTHWISE_CONV_2D and
+FULLY_CONNECTED as the hybrid kernel computes: the input quantized at run time (asymmetric int8 per batch for
+convolutions and for FULLY_CONNECTED with ``asymmetric_quantize_inputs``, symmetric per row otherwise), the integer
+product (ConvInteger, MatMulInteger), scaled back by ``s_x * s_w`` and the float bias added. ``HYBRID`` chooses
+between this (``"emulate"``) and dequantizing the weights (``"dequantize"``: the float op on the stored weights);
+the emulation is the closer of the two to LiteRT. Other ops with quantized weights and float activations read
+the weights dequantized.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.frontend.tflite import fused
+from tether.frontend.tflite.flatbuffer import Operator, Quantization, Tensor
+from tether.frontend.tflite.state import NCHW, nchw_axis, onnx_dtype
+from tether.frontend.tflite.table import ConverterTable
+
+QUANTIZED = ConverterTable("tflite quantized")
+
+INT_TYPES = ("int8", "uint8", "int16")
+RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
+MS = "com.microsoft"
+
+# product op -> (input, weights, bias) positions
+PRODUCTS = {"CONV_2D": (0, 1, 2), "DEPTHWISE_CONV_2D": (0, 1, 2), "FULLY_CONNECTED": (0, 1, 2),
+            "TRANSPOSE_CONV": (2, 1, 3)}
+
+HYBRID = "emulate"          # or "dequantize": how dynamic-range products run (see the module's docstring)
+
+# Ops whose float translation is right for quantized tensors between a DQ per input and a Q per output: LiteRT's
+# int8/uint8 kernels of these compute the float op to within one step of their output. ``float_wrappers`` puts
+# each one that has a float converter into the quantized table.
+QDQ_OPS = (
+    "SUB", "MUL", "DIV", "SQUARED_DIFFERENCE", "MAXIMUM", "MINIMUM", "ABS", "NEG", "RSQRT", "SQRT", "EXP", "LOG",
+    "AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", "CONCATENATION", "RESHAPE", "SQUEEZE", "EXPAND_DIMS", "PAD",
+    "PADV2", "MIRROR_PAD", "MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "SOFTMAX", "LOG_SOFTMAX",
+    "LOGISTIC", "TANH", "HARD_SWISH", "RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LEAKY_RELU", "PRELU", "ELU",
+    "GELU", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", "TRANSPOSE", "DEPTH_TO_SPACE", "SPACE_TO_DEPTH",
+    "STRIDED_SLICE", "SLICE", "GATHER", "GATHER_ND", "SPLIT", "SPLIT_V", "PACK", "UNPACK", "TILE", "BROADCAST_TO",
+    "ARG_MAX", "ARG_MIN", "EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "SELECT",
+    "SELECT_V2", "BATCH_MATMUL", "L2_NORMALIZATION", "LOCAL_RESPONSE_NORMALIZATION", "BATCH_TO_SPACE_ND",
+    "SPACE_TO_BATCH_ND", "SHAPE", "CAST", "TRANSPOSE_CONV", "EMBEDDING_LOOKUP", "CUMSUM", "TOPK_V2", "REVERSE_V2",
+    "ZEROS_LIKE", "ONES_LIKE", "FILL", "DETECTION_POSTPROCESS",
+)
+
+
+# ---------------------------------------------------------------- parameters
+def is_quantized(t: Tensor) -> bool:
+    """An integer tensor whose values stand for reals through a scale and zero point."""
+    return t.dtype in INT_TYPES and t.quantization is not None and t.quantization.scale.size > 0
+
+
+def touches_quantized(ctx, op: Operator) -> bool:
+    """Whether any input or output of ``op`` is a quantized tensor: the op goes to the ``QUANTIZED`` table."""
+    return any(i >= 0 and is_quantized(ctx.tensor(i)) for i in list(op.inputs) + list(op.outputs))
+
+
+def dequantized(q: Quantization, values: np.ndarray, scale: Optional[np.ndarray] = None) -> np.ndarray:
+    """The reals a quantized array stands for, in float32."""
+    s = q.scale if scale is None else scale
+    shape = [1] * values.ndim
+    if s.size > 1:
+        shape[q.axis] = s.size
+    zp = q.zero_point if q.zero_point.size == s.size else np.zeros(s.size, np.int64)
+    return ((values.astype(np.float32) - zp.reshape(shape).astype(np.float32)) * s.reshape(shape)).astype(np.float32)
+
+
+def round_away(v: np.ndarray) -> np.ndarray:
+    """TfLiteRound: to the nearest integer, halves away from zero."""
+    v = np.asarray(v, np.float32)
+    return np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+
+
+def quantized_values(q: Quantization, reals: np.ndarray, dtype: str) -> np.ndarray:
+    """Reals as the integers of ``q`` (per tensor), rounded as LiteRT's QUANTIZE does."""
+    lo, hi = RANGES[dtype]
+    v = round_away(np.asarray(reals, np.float32) / np.float32(q.scale.reshape(-1)[0])) + q.zero_point.reshape(-1)[0]
+    return np.clip(v, lo, hi).astype(dtype)
+
+
+def _params(ctx, t: Tensor, scale: Optional[np.ndarray] = None) -> Tuple[str, str, bool]:
+    """ONNX initializers for a tensor's scale and zero point: (scale, zero point, per_channel)."""
+    q = t.quantization
+    s = np.asarray(q.scale if scale is None else scale, np.float32)
+    zp_dtype = t.dtype if t.dtype in INT_TYPES else "int32"
+    zp = q.zero_point if q.zero_point.size == s.size else np.zeros(s.size, np.int64)
+    if s.size == 1:
+        return (ctx.add_const(s.reshape(()), "%s_scale" % _hint(t)),
+                ctx.add_const(zp.reshape(()).astype(zp_dtype), "%s_zero_point" % _hint(t)), False)
+    return (ctx.add_const(s.reshape(-1), "%s_scale" % _hint(t)),
+            ctx.add_const(zp.reshape(-1).astype(zp_dtype), "%s_zero_point" % _hint(t)), True)
+
+
+def _hint(t: Tensor) -> str:
+    return t.name or "t%d" % t.index
+
+
+def dequantize(ctx, value: str, t: Tensor, axis: Optional[int] = None, scale: Optional[np.ndarray] = None) -> str:
+    """``DequantizeLinear`` of ``value`` holding ``t``'s integers; ``axis``: the per-channel axis as held."""
+    s, z, per_channel = _params(ctx, t, scale)
+    attrs = {"axis": int(t.quantization.axis if axis is None else axis)} if per_channel else {}
+    return ctx.emit1("DequantizeLinear", [value, s, z], _hint(t) + "_dq", **attrs)
+
+
+def quantize(ctx, value: str, t: Tensor, axis: Optional[int] = None) -> str:
+    """``QuantizeLinear`` of a float ``value`` into ``t``'s integers."""
+    s, z, per_channel = _params(ctx, t)
+    attrs = {"axis": int(t.quantization.axis if axis is None else axis)} if per_channel else {}
+    return ctx.emit1("QuantizeLinear", [value, s, z], _hint(t), **attrs)
+
+
+def activation_range(t: Tensor, code: int) -> Tuple[int, int]:
+    """The integers a fused activation leaves in ``t`` (LiteRT's CalculateActivationRangeQuantized)."""
+    lo, hi = RANGES[t.dtype]
+    s = np.float32(t.quantization.scale.reshape(-1)[0])
+    z = int(t.quantization.zero_point.reshape(-1)[0]) if t.quantization.zero_point.size else 0
+
+    def q(v: float) -> int:
+        return z + int(round_away(np.float32(v) / s))
+
+    if code == fused.RELU:
+        return max(lo, q(0.0)), hi
+    if code == fused.RELU6:
+        return max(lo, q(0.0)), min(hi, q(6.0))
+    if code == fused.RELU_N1_TO_1:
+        return max(lo, q(-1.0)), min(hi, q(1.0))
+    return lo, hi
+
+
+def clamp(ctx, value: str, t: Tensor, code: int) -> str:
+    """The quantized ``value`` clamped to the fused activation's integers (nothing when that is the whole type)."""
+    lo, hi = activation_range(t, code)
+    if (lo, hi) == RANGES[t.dtype]:
+        return value
+    return ctx.emit1("Clip", [value, ctx.add_const(np.array(lo, t.dtype), "act_min"),
+                              ctx.add_const(np.array(hi, t.dtype), "act_max")], _hint(t) + "_act")
+
+
+# ---------------------------------------------------------------- the float converters' view
+class FloatView:
+    """The translation state as a float converter sees it: a quantized input reads as a DequantizeLinear of its
+    integers (one per read, so that each op's group stands alone for the QDQ pass), a quantized constant as its
+    reals, and binding a quantized output quantizes the float result, then clamps it to the op's fused activation
+    (which the float converter does not see: ``op`` here has none). Everything else is the Context's."""
+
+    def __init__(self, ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None) -> None:
+        self._ctx = ctx
+        self._scales = dict(scales or {})       # tensor -> the scale its DQ uses instead of the file's
+        self._activation = int(op.options.get("fused_activation_function", 0) or 0)
+        options = dict(op.options)
+        if "fused_activation_function" in options:
+            options["fused_activation_function"] = 0
+        self.op = dataclasses.replace(op, options=options)
+        self.dq_sources: Dict[str, Tuple[str, int]] = {}     # DQ output -> (integer value, tensor)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def _real(self, index: int) -> bool:
+        if index < 0:
+            return False
+        t = self._ctx.tensor(index)
+        return is_quantized(t) or (index in self._scales and t.quantization is not None)
+
+    def _dq(self, index: int, value: str, axis: Optional[int]) -> str:
+        y = dequantize(self._ctx, value, self._ctx.tensor(index), axis, self._scales.get(index))
+        self.dq_sources[y] = (value, index)
+        return y
+
+    # reading
+    def tensor(self, index: int) -> Tensor:
+        t = self._ctx.tensor(index)
+        if not self._real(index):
+            return t
+        data = None if t.data is None else dequantized(t.quantization, t.data, self._scales.get(index))
+        return dataclasses.replace(t, dtype="float32", data=data, quantization=None)
+
+    def const(self, index: int) -> Optional[np.ndarray]:
+        c = self._ctx.const(index)
+        if c is None or not self._real(index):
+            return c
+        return dequantized(self._ctx.tensor(index).quantization, np.asarray(c), self._scales.get(index))
+
+    def held(self, index: int) -> Tuple[str, str]:
+        value, layout = self._ctx.held(index)
+        if not self._real(index):
+            return value, layout
+        axis = self._ctx.tensor(index).quantization.axis
+        return self._dq(index, value, nchw_axis(axis, 4) if layout == NCHW else axis), layout
+
+    def nhwc(self, index: int) -> str:
+        value = self._ctx.nhwc(index)
+        return self._dq(index, value, None) if self._real(index) else value
+
+    def nchw(self, index: int) -> str:
+        value = self._ctx.nchw(index)
+        if not self._real(index):
+            return value
+        return self._dq(index, value, nchw_axis(self._ctx.tensor(index).quantization.axis, 4))
+
+    def aligned(self, indices: Sequence[int]) -> Tuple[List[str], str]:
+        names, layout = self._ctx.aligned(indices)
+        out = []
+        for i, name in zip(indices, names):
+            if not self._real(i):
+                out.append(name)
+                continue
+            axis = self._ctx.tensor(i).quantization.axis
+            if layout == NCHW:
+                axis = nchw_axis(axis + 4 - max(self._ctx.rank(i), 1), 4) if self._ctx.rank(i) else 0
+            out.append(self._dq(i, name, axis))
+        return out, layout
+
+    def transposed_const(self, index: int, perm: Sequence[int], hint: str = "") -> str:
+        value = self._ctx.transposed_const(index, perm, hint)
+        if not self._real(index):
+            return value
+        return self._dq(index, value, list(perm).index(self._ctx.tensor(index).quantization.axis))
+
+    # writing
+    def set_output(self, index: int, name: str, layout: str = "native") -> None:
+        t = self._ctx.tensor(index)
+        if not is_quantized(t):
+            self._ctx.set_output(index, name, layout)
+            return
+        y = _integer_add(self, name, t)
+        if y is None:
+            axis = nchw_axis(t.quantization.axis, 4) if layout == NCHW else t.quantization.axis
+            y = quantize(self._ctx, name, t, axis)
+        if index == self.op.outputs[0]:
+            y = clamp(self._ctx, y, t, self._activation)
+        self._ctx.set_output(index, y, layout)
+
+    def set_const(self, index: int, value: np.ndarray) -> None:
+        t = self._ctx.tensor(index)
+        if is_quantized(t) and t.quantization.scale.size == 1:
+            value = quantized_values(t.quantization, value, t.dtype)
+        self._ctx.set_const(index, value)
+
+
+def _integer_add(view: FloatView, name: str, t: Tensor) -> Optional[str]:
+    """An ADD whose float translation is ``Add(DQ(a), DQ(b))`` of per-tensor int8/uint8 tensors becomes
+    ``QLinearAdd(a, b)`` (the graph's integer qadd): the Add and its two DQs leave the node list."""
+    if view.op.op != "ADD" or t.dtype not in ("int8", "uint8") or t.quantization.scale.size != 1:
+        return None
+    nodes = view._ctx.nodes
+    add = next((n for n in reversed(nodes) if name in n.output), None)
+    if add is None or add.op_type != "Add" or any(i not in view.dq_sources for i in add.input):
+        return None
+    srcs = [view.dq_sources[i] for i in add.input]
+    tensors = [view._ctx.tensor(k) for _, k in srcs]
+    if any(s.dtype != t.dtype or s.quantization.scale.size != 1 for s in tensors):
+        return None
+    dqs = [n for n in nodes if n.op_type == "DequantizeLinear" and n.output[0] in add.input]
+    for n in dqs + [add]:
+        nodes.remove(n)
+    dead = {i for n in dqs for i in n.input[1:]}     # their fresh scale and zero point initializers
+    view._ctx.initializers[:] = [i for i in view._ctx.initializers if i.name not in dead]
+    ins = []
+    for (value, _), s in zip(srcs, tensors):
+        sc, zp, _ = _params(view._ctx, s)
+        ins += [value, sc, zp]
+    sy, zy, _ = _params(view._ctx, t)
+    return view._ctx.emit("QLinearAdd", ins + [sy, zy], _hint(t), domain=MS)[0]
+
+
+def _float_converter(op: str):
+    from tether.frontend.tflite.converters import CONVERTERS
+    fn = CONVERTERS.get(op)
+    if fn is None:
+        raise UnsupportedOpError("%s: no converter for this op (float or quantized)" % op)
+    return fn
+
+
+def through_float(ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None) -> None:
+    """``op`` by its float converter, between dequantized inputs and quantized outputs."""
+    fn = _float_converter(op.op)
+    view = FloatView(ctx, op, scales)
+    saved = ctx.op
+    ctx.op = view.op
+    try:
+        fn(view, view.op)
+    finally:
+        ctx.op = saved
+
+
+def float_wrappers(float_table) -> ConverterTable:
+    """The quantized table's entries for the ``QDQ_OPS`` that ``float_table`` converts and this module does
+    not convert itself."""
+    table = ConverterTable("tflite quantized (float ops between DQ and Q)")
+    for name in QDQ_OPS:
+        if name in float_table and name not in QUANTIZED:
+            table.add(name, through_float)
+    return table
+
+
+# ---------------------------------------------------------------- ops of their own
+@QUANTIZED.register("QUANTIZE")
+def _quantize(ctx, op: Operator) -> None:
+    src, dst = ctx.tensor(op.inputs[0]), ctx.tensor(op.outputs[0])
+    if not is_quantized(dst):
+        raise UnsupportedOpError("%s: QUANTIZE into %s without a scale and zero point" % (ctx.where(), dst.dtype))
+    const = ctx.const(op.inputs[0])
+    if const is not None:
+        reals = dequantized(src.quantization, np.asarray(const)) if is_quantized(src) else const
+        ctx.set_const(op.outputs[0], quantized_values(dst.quantization, reals, dst.dtype))
+        return
+    value, layout = ctx.held(op.inputs[0])
+    if is_quantized(src):
+        same = src.dtype == dst.dtype and np.array_equal(src.quantization.scale, dst.quantization.scale) and \
+            np.array_equal(src.quantization.zero_point, dst.quantization.zero_point)
+        if same:
+            ctx.set_output(op.outputs[0], value, layout)
+            return
+        value = dequantize(ctx, value, src)     # requantization: LiteRT's multiplier, to within one step
+        ctx.set_output(op.outputs[0], quantize(ctx, value, dst), layout)
+        return
+    if src.dtype != "float32":
+        value = ctx.emit1("Cast", [value], to=onnx_dtype("float32"))
+    ctx.set_output(op.outputs[0], quantize_input(ctx, value, dst), layout)
+
+
+def quantize_input(ctx, value: str, t: Tensor) -> str:
+    """Float reals into ``t``'s integers as LiteRT's CPU delegate (XNNPACK) converts them: times the reciprocal of
+    the scale, rounded half to even. ``x / scale`` differs from it next to halves, and one step at a model's input
+    can grow to several at its output."""
+    q = t.quantization
+    if q.scale.size != 1:
+        return quantize(ctx, value, t)
+    inv = ctx.add_const(np.array(np.float32(1.0) / np.float32(q.scale.reshape(-1)[0]), np.float32), "inv_scale")
+    one = dataclasses.replace(t, quantization=dataclasses.replace(q, scale=np.ones(1, np.float32)))
+    return quantize(ctx, ctx.emit1("Mul", [value, inv], _hint(t) + "_scaled"), one)
+
+
+@QUANTIZED.register("DEQUANTIZE")
+def _dequantize(ctx, op: Operator) -> None:
+    src = ctx.tensor(op.inputs[0])
+    if not is_quantized(src):
+        return _float_converter("DEQUANTIZE")(ctx, op)
+    const = ctx.const(op.inputs[0])
+    if const is not None:       # weights stored as integers, used as floats: dequantized once, as LiteRT does
+        ctx.set_const(op.outputs[0], dequantized(src.quantization, np.asarray(const)))
+        return
+    value, layout = ctx.held(op.inputs[0])
+    axis = src.quantization.axis
+    ctx.set_output(op.outputs[0], dequantize(ctx, value, src, nchw_axis(axis, 4) if layout == NCHW else axis), layout)
+
+
+@QUANTIZED.register("ADD")
+def _add(ctx, op: Operator) -> None:
+    through_float(ctx, op)
+
+
+def _bias_scales(ctx, op: Operator) -> Dict[int, np.ndarray]:
+    """The bias's DQ scale, ``float32(s_x) * s_w``: LiteRT adds the int32 bias to the accumulator as it is."""
+    x, w, b = PRODUCTS[op.op]
+    if len(op.inputs) <= b or op.inputs[b] < 0:
+        return {}
+    tx, tw, tb = (ctx.tensor(op.inputs[k]) for k in (x, w, b))
+    if not (is_quantized(tx) and is_quantized(tw)) or tb.dtype not in ("int32", "int64"):
+        return {}
+    return {op.inputs[b]: (np.float32(tx.quantization.scale.reshape(-1)[0]) * tw.quantization.scale).astype(
+        np.float32)}
+
+
+@QUANTIZED.register(*PRODUCTS)
+def _product(ctx, op: Operator) -> None:
+    x_pos, w_pos, _ = PRODUCTS[op.op]
+    tx, tw = ctx.tensor(op.inputs[x_pos]), ctx.tensor(op.inputs[w_pos])
+    if not is_quantized(tx) and is_quantized(tw) and HYBRID == "emulate" and op.op != "TRANSPOSE_CONV" and \
+            ctx.const(op.inputs[w_pos]) is not None and tw.dtype == "int8":
+        _hybrid(ctx, op)
+        return
+    through_float(ctx, op, _bias_scales(ctx, op))
+
+
+# ---------------------------------------------------------------- dynamic-range (hybrid) products
+class HybridView(FloatView):
+    """A float converter's view for a hybrid op: its weights read as their int8 constant, and the ``Conv`` or
+    ``Gemm`` it emits on them becomes the hybrid kernel's integer product."""
+
+    def __init__(self, ctx, op: Operator) -> None:
+        super().__init__(ctx, op)
+        self._weights: Dict[str, Tuple[np.ndarray, np.ndarray, int]] = {}  # name -> (int8 values, scales, axis)
+        self._w = op.inputs[PRODUCTS[op.op][1]]
+        self._asymmetric = op.op != "FULLY_CONNECTED" or bool(op.options.get("asymmetric_quantize_inputs"))
+
+    def _int_weights(self, perm: Sequence[int], hint: str) -> str:
+        t = self._ctx.tensor(self._w)
+        values = np.transpose(np.asarray(self._ctx.const(self._w)), perm)
+        name = self._ctx.add_const(values, hint or _hint(t))
+        self._weights[name] = (values, t.quantization.scale.astype(np.float32), list(perm).index(t.quantization.axis))
+        return name
+
+    def transposed_const(self, index: int, perm: Sequence[int], hint: str = "") -> str:
+        if index == self._w:
+            return self._int_weights(perm, hint)
+        return super().transposed_const(index, perm, hint)
+
+    def nhwc(self, index: int) -> str:
+        if index == self._w:
+            return self._int_weights(list(range(self._ctx.rank(index))), "")
+        return super().nhwc(index)
+
+    def emit1(self, op_type: str, inputs: Sequence[str], hint: str = "", **attrs) -> str:
+        if op_type in ("Conv", "Gemm") and len(inputs) > 1 and inputs[1] in self._weights:
+            return _hybrid_product(self._ctx, op_type, list(inputs), self._weights[inputs[1]], self._asymmetric,
+                                   attrs)
+        return self._ctx.emit1(op_type, inputs, hint, **attrs)
+
+
+def _hybrid(ctx, op: Operator) -> None:
+    fn = _float_converter(op.op)
+    view = HybridView(ctx, op)
+    view.op = op            # the float converter applies the fused activation on the float result itself
+    fn(view, op)
+
+
+def _c(ctx, value, hint: str, dtype=np.float32) -> str:
+    return ctx.add_const(np.asarray(value, dtype), hint)
+
+
+def _hybrid_product(ctx, op_type: str, ins: List[str], weights: Tuple[np.ndarray, np.ndarray, int],
+                    asymmetric: bool, attrs: dict) -> str:
+    """The hybrid kernel on the float input ``ins[0]`` and the int8 weights ``ins[1]`` (scales along their
+    output axis), plus the float bias ``ins[2]`` if any."""
+    w, sw, _ = weights
+    f32 = onnx_dtype("float32")
+    x = ins[0]
+    if op_type == "Conv":
+        # asymmetric int8 per batch (uint8 here, the same integers moved by 128: DynamicQuantizeLinear)
+        xq, sx, zx = ctx.emit("DynamicQuantizeLinear", [x], "hybrid_x", outputs=3)
+        acc = ctx.emit1("ConvInteger", [xq, ins[1], zx], "hybrid_acc", **attrs)
+        scale = ctx.emit1("Mul", [sx, _c(ctx, sw.reshape(1, -1, 1, 1), "hybrid_w_scale")], "hybrid_scale")
+        y = ctx.emit1("Mul", [ctx.emit1("Cast", [acc], "hybrid_accf", to=f32), scale], "hybrid_y")
+        if len(ins) > 2:
+            bias = ctx.emit1("Reshape", [ins[2], _c(ctx, [1, -1, 1, 1], "bias_shape", np.int64)], "hybrid_bias")
+            y = ctx.emit1("Add", [y, bias], "hybrid_y")
+        return y
+    # Gemm(x (M, K), w (N, K), transB=1): one scale (and offset) per row of x
+    if attrs.get("transA") or not attrs.get("transB", 0) or attrs.get("alpha", 1.0) != 1.0 or \
+            attrs.get("beta", 1.0) != 1.0:
+        raise UnsupportedOpError("hybrid FULLY_CONNECTED: Gemm attributes %s" % attrs)
+    wt = ctx.add_const(np.ascontiguousarray(w.T), "hybrid_w_t")
+    axes = _c(ctx, [1], "axes", np.int64)
+    tiny = _c(ctx, np.finfo(np.float32).tiny, "tiny")
+    if asymmetric:
+        zero = _c(ctx, 0.0, "zero")
+        lo = ctx.emit1("Min", [ctx.emit1("ReduceMin", [x, axes], "hybrid_min", keepdims=1), zero], "hybrid_rmin")
+        hi = ctx.emit1("Max", [ctx.emit1("ReduceMax", [x, axes], "hybrid_max", keepdims=1), zero], "hybrid_rmax")
+        sx = ctx.emit1("Max", [ctx.emit1("Div", [ctx.emit1("Sub", [hi, lo]), _c(ctx, 255.0, "levels")]), tiny],
+                       "hybrid_sx")
+        zx = ctx.emit1("Round", [ctx.emit1("Sub", [_c(ctx, -128.0, "qmin"), ctx.emit1("Div", [lo, sx])])], "hybrid_zx")
+        zx = ctx.emit1("Clip", [zx, _c(ctx, -128.0, "qmin"), _c(ctx, 127.0, "qmax")], "hybrid_zx")
+    else:
+        amax = ctx.emit1("ReduceMax", [ctx.emit1("Abs", [x]), axes], "hybrid_absmax", keepdims=1)
+        sx = ctx.emit1("Div", [ctx.emit1("Max", [amax, tiny]), _c(ctx, 127.0, "levels")], "hybrid_sx")
+        zx = None
+    q = ctx.emit1("Round", [ctx.emit1("Div", [x, sx])], "hybrid_q")
+    if zx is not None:
+        q = ctx.emit1("Add", [q, zx], "hybrid_q")
+    q = ctx.emit1("Clip", [q, _c(ctx, -128.0, "qmin"), _c(ctx, 127.0, "qmax")], "hybrid_q")
+    q = ctx.emit1("Cast", [q], "hybrid_q8", to=onnx_dtype("int8"))
+    acc = ctx.emit1("Cast", [ctx.emit1("MatMulInteger", [q, wt], "hybrid_acc")], "hybrid_accf", to=f32)
+    if zx is not None:      # the offset's share: zx * (sum of each output's weights)
+        rows = _c(ctx, w.astype(np.int64).sum(axis=1).astype(np.float32), "hybrid_w_sums")
+        acc = ctx.emit1("Sub", [acc, ctx.emit1("Mul", [zx, rows])], "hybrid_acc")
+    y = ctx.emit1("Mul", [ctx.emit1("Mul", [acc, sx]), _c(ctx, sw.reshape(-1), "hybrid_w_scale")], "hybrid_y")
+    if len(ins) > 2:
+        y = ctx.emit1("Add", [y, ins[2]], "hybrid_y")
+    return y
