@@ -2,18 +2,21 @@
 
 ``CONVERTERS`` converts ops on float tensors. ``QUANTIZED`` converts ops whose tensors carry integer
 quantization (int8/uint8/int16 with scale and zero point); an op on quantized tensors with no entry there is
-reported unsupported. Add a family by writing a module with its own table and naming it below.
+reported unsupported; besides the quantized families' own converters it holds, for each float op that
+``quantized.QDQ_OPS`` lists, the float converter between dequantized inputs and quantized outputs
+(``quantized.float_wrappers``). Add a family by writing a module with its own table and naming it below.
 """
 from __future__ import annotations
 
-from tether.frontend.tflite import elementwise, nn, reduce, resize, tensor, weights
+from tether.frontend.tflite import elementwise, nn, quantized, reduce, resize, tensor, weights
 from tether.frontend.tflite.table import ConverterTable, merge_tables
 
 FAMILIES = (nn, elementwise, tensor, reduce, resize, weights)
-QUANTIZED_FAMILIES: tuple = ()
+QUANTIZED_FAMILIES: tuple = (quantized,)
 
 CONVERTERS: ConverterTable = merge_tables("the TFLite converter families", [f.CONVERTERS for f in FAMILIES])
 QUANTIZED: ConverterTable = merge_tables("the TFLite quantized converter families",
-                                         [f.QUANTIZED for f in QUANTIZED_FAMILIES])
+                                         [f.QUANTIZED for f in QUANTIZED_FAMILIES]
+                                         + [quantized.float_wrappers(CONVERTERS)])
 
 __all__ = ["CONVERTERS", "FAMILIES", "QUANTIZED", "QUANTIZED_FAMILIES"]

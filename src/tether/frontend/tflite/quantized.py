@@ -298,8 +298,18 @@ def _float_converter(op: str):
     return fn
 
 
+def refuse_packed(ctx, op: Operator) -> None:
+    """int4 tensors (two values a byte) have no ONNX form here: refused naming the tensor."""
+    for i in list(op.inputs) + list(op.outputs):
+        if i >= 0 and ctx.tensor(i).dtype not in INT_TYPES + ("float32", "float16", "int32", "int64", "bool") and \
+                ctx.tensor(i).quantization is not None:
+            raise UnsupportedOpError("%s: quantized tensor %r of type %s is not supported (tether reads int8, uint8 "
+                                     "and int16)" % (ctx.where(), ctx.tensor(i).name, ctx.tensor(i).dtype))
+
+
 def through_float(ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None) -> None:
     """``op`` by its float converter, between dequantized inputs and quantized outputs."""
+    refuse_packed(ctx, op)
     fn = _float_converter(op.op)
     view = FloatView(ctx, op, scales)
     saved = ctx.op
@@ -323,6 +333,7 @@ def float_wrappers(float_table) -> ConverterTable:
 # ---------------------------------------------------------------- ops of their own
 @QUANTIZED.register("QUANTIZE")
 def _quantize(ctx, op: Operator) -> None:
+    refuse_packed(ctx, op)
     src, dst = ctx.tensor(op.inputs[0]), ctx.tensor(op.outputs[0])
     if not is_quantized(dst):
         raise UnsupportedOpError("%s: QUANTIZE into %s without a scale and zero point" % (ctx.where(), dst.dtype))
@@ -360,6 +371,7 @@ def quantize_input(ctx, value: str, t: Tensor) -> str:
 
 @QUANTIZED.register("DEQUANTIZE")
 def _dequantize(ctx, op: Operator) -> None:
+    refuse_packed(ctx, op)
     src = ctx.tensor(op.inputs[0])
     if not is_quantized(src):
         return _float_converter("DEQUANTIZE")(ctx, op)
@@ -391,6 +403,7 @@ def _bias_scales(ctx, op: Operator) -> Dict[int, np.ndarray]:
 
 @QUANTIZED.register(*PRODUCTS)
 def _product(ctx, op: Operator) -> None:
+    refuse_packed(ctx, op)
     x_pos, w_pos, _ = PRODUCTS[op.op]
     tx, tw = ctx.tensor(op.inputs[x_pos]), ctx.tensor(op.inputs[w_pos])
     if not is_quantized(tx) and is_quantized(tw) and HYBRID == "emulate" and op.op != "TRANSPOSE_CONV" and \
