@@ -169,9 +169,11 @@ class FloatView:
     reals, and binding a quantized output quantizes the float result, then clamps it to the op's fused activation
     (which the float converter does not see: ``op`` here has none). Everything else is the Context's."""
 
-    def __init__(self, ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None) -> None:
+    def __init__(self, ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None,
+                 raw: Optional[str] = None) -> None:
         self._ctx = ctx
         self._scales = dict(scales or {})       # tensor -> the scale its DQ uses instead of the file's
+        self._raw = raw                         # None, or how the raw integers' float result rounds (RAW_ROUNDING)
         self._activation = int(op.options.get("fused_activation_function", 0) or 0)
         options = dict(op.options)
         if "fused_activation_function" in options:
@@ -189,6 +191,8 @@ class FloatView:
         return is_quantized(t) or (index in self._scales and t.quantization is not None)
 
     def _dq(self, index: int, value: str, axis: Optional[int]) -> str:
+        if self._raw:
+            return self._ctx.emit1("Cast", [value], _hint(self._ctx.tensor(index)) + "_raw", to=onnx_dtype("float32"))
         y = dequantize(self._ctx, value, self._ctx.tensor(index), axis, self._scales.get(index))
         self.dq_sources[y] = (value, index)
         return y
@@ -198,14 +202,19 @@ class FloatView:
         t = self._ctx.tensor(index)
         if not self._real(index):
             return t
-        data = None if t.data is None else dequantized(t.quantization, t.data, self._scales.get(index))
+        data = None if t.data is None else self._reals(index, t.data)
         return dataclasses.replace(t, dtype="float32", data=data, quantization=None)
 
     def const(self, index: int) -> Optional[np.ndarray]:
         c = self._ctx.const(index)
         if c is None or not self._real(index):
             return c
-        return dequantized(self._ctx.tensor(index).quantization, np.asarray(c), self._scales.get(index))
+        return self._reals(index, np.asarray(c))
+
+    def _reals(self, index: int, values: np.ndarray) -> np.ndarray:
+        if self._raw:
+            return values.astype(np.float32)
+        return dequantized(self._ctx.tensor(index).quantization, values, self._scales.get(index))
 
     def held(self, index: int) -> Tuple[str, str]:
         value, layout = self._ctx.held(index)
@@ -249,7 +258,7 @@ class FloatView:
         if not is_quantized(t):
             self._ctx.set_output(index, name, layout)
             return
-        y = _integer_add(self, name, t)
+        y = _integer_add(self, name, t) if not self._raw else RAW_ROUNDING[self._raw](self._ctx, name, t)
         if y is None:
             axis = nchw_axis(t.quantization.axis, 4) if layout == NCHW else t.quantization.axis
             y = quantize(self._ctx, name, t, axis)
@@ -259,9 +268,31 @@ class FloatView:
 
     def set_const(self, index: int, value: np.ndarray) -> None:
         t = self._ctx.tensor(index)
-        if is_quantized(t) and t.quantization.scale.size == 1:
+        if is_quantized(t) and self._raw:
+            lo, hi = RANGES[t.dtype]
+            value = np.clip(round_away(value), lo, hi).astype(t.dtype)
+        elif is_quantized(t) and t.quantization.scale.size == 1:
             value = quantized_values(t.quantization, value, t.dtype)
         self._ctx.set_const(index, value)
+
+
+def _round_away(ctx, value: str, t: Tensor) -> str:
+    """``value`` (reals of integers) rounded half away from zero, as ``t``'s type."""
+    half = ctx.add_const(np.array(0.5, np.float32), "half")
+    mag = ctx.emit1("Floor", [ctx.emit1("Add", [ctx.emit1("Abs", [value]), half])])
+    return ctx.emit1("Cast", [ctx.emit1("Mul", [ctx.emit1("Sign", [value]), mag])], _hint(t), to=onnx_dtype(t.dtype))
+
+
+def _round_half_up(ctx, value: str, t: Tensor) -> str:
+    half = ctx.add_const(np.array(0.5, np.float32), "half")
+    return ctx.emit1("Cast", [ctx.emit1("Floor", [ctx.emit1("Add", [value, half])])], _hint(t), to=onnx_dtype(t.dtype))
+
+
+# How the ops that LiteRT computes on the raw integers (input and output sharing scale and zero point) round:
+# its AVERAGE_POOL_2D kernel divides the window's sum half away from zero; the CPU delegate's bilinear resize
+# interpolates with 11-bit weights and rounds half up.
+RAW_ROUNDING = {"away": _round_away, "half_up": _round_half_up}
+RAW_OPS = {"AVERAGE_POOL_2D": "away", "RESIZE_BILINEAR": "half_up"}
 
 
 def _integer_add(view: FloatView, name: str, t: Tensor) -> Optional[str]:
@@ -307,11 +338,21 @@ def refuse_packed(ctx, op: Operator) -> None:
                                      "and int16)" % (ctx.where(), ctx.tensor(i).name, ctx.tensor(i).dtype))
 
 
+def _same_params(ctx, op: Operator) -> bool:
+    """Whether the op's first input and its output are quantized alike (per tensor)."""
+    a, b = ctx.tensor(op.inputs[0]), ctx.tensor(op.outputs[0])
+    return is_quantized(a) and is_quantized(b) and a.dtype == b.dtype and a.quantization.scale.size == 1 and \
+        np.array_equal(a.quantization.scale, b.quantization.scale) and \
+        np.array_equal(a.quantization.zero_point, b.quantization.zero_point)
+
+
 def through_float(ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None) -> None:
-    """``op`` by its float converter, between dequantized inputs and quantized outputs."""
+    """``op`` by its float converter, between dequantized inputs and quantized outputs (or, for the ``RAW_OPS``
+    with equal input and output parameters, on the raw integers with their own rounding)."""
     refuse_packed(ctx, op)
     fn = _float_converter(op.op)
-    view = FloatView(ctx, op, scales)
+    raw = RAW_OPS.get(op.op) if _same_params(ctx, op) else None
+    view = FloatView(ctx, op, scales, raw)
     saved = ctx.op
     ctx.op = view.op
     try:
