@@ -292,7 +292,7 @@ def _round_half_up(ctx, value: str, t: Tensor) -> str:
 # its AVERAGE_POOL_2D kernel divides the window's sum half away from zero; the CPU delegate's bilinear resize
 # interpolates with 11-bit weights and rounds half up.
 RAW_ROUNDING = {"away": _round_away, "half_up": _round_half_up}
-RAW_OPS = {"AVERAGE_POOL_2D": "away", "RESIZE_BILINEAR": "half_up"}
+RAW_OPS = {"AVERAGE_POOL_2D": "away", "RESIZE_BILINEAR": "half_up"}    # (the resize's 11-bit weights: below)
 
 
 def _integer_add(view: FloatView, name: str, t: Tensor) -> Optional[str]:
@@ -371,6 +371,160 @@ def float_wrappers(float_table) -> ConverterTable:
     return table
 
 
+# ---------------------------------------------------------------- LiteRT's integer arithmetic, as tables
+def quantize_multiplier(real: float) -> Tuple[int, int]:
+    """LiteRT's QuantizeMultiplier: ``real = q * 2**(shift - 31)`` with q a 31-bit integer."""
+    if real == 0.0:
+        return 0, 0
+    m, shift = np.frexp(np.float64(real))
+    q = int(np.round(np.float64(m) * (1 << 31)))
+    if q == 1 << 31:
+        q, shift = q // 2, shift + 1
+    return q, int(shift)
+
+
+def multiply_by_quantized_multiplier(x: np.ndarray, real: float) -> np.ndarray:
+    """LiteRT's MultiplyByQuantizedMultiplier (double rounding: the high half of the doubled product rounded,
+    then a rounding right shift; both round half away from zero), on int64 arrays."""
+    q, shift = quantize_multiplier(real)
+    x = np.asarray(x, np.int64) * (1 << max(shift, 0))
+    ab = x * q
+    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    hi = (ab + nudge)
+    hi = np.where(hi >= 0, hi >> 31, -((-hi) >> 31))          # C's division by 2**31: toward zero
+    right = max(-shift, 0)
+    if right == 0:
+        return hi
+    mask = (1 << right) - 1
+    threshold = (mask >> 1) + (hi < 0)
+    return (hi >> right) + ((hi & mask) > threshold)
+
+
+def _xnn_scaled(d: np.ndarray, ratio: np.float32) -> np.ndarray:
+    """The CPU delegate's 8-bit rescale (its convert and leaky-relu kernels): ``(d * round(256 * ratio) + 128)
+    >> 8``."""
+    m = int(np.rint(np.float32(256.0) * np.float32(ratio)))
+    return (np.asarray(d, np.int64) * m + 128) >> 8
+
+
+def _delegate_ratio_ok(ratio: float) -> bool:
+    """The rescale ratios the CPU delegate takes (others run on LiteRT's own kernels)."""
+    return 2.0 ** -8 <= abs(ratio) <= 2.0 ** 7
+
+
+def _unary_table(ctx, op: Operator, fn) -> None:
+    """A one-input op whose LiteRT result is a function of the input's integer alone: ``fn(values) -> integers``
+    over every value of the type, read by ``Gather`` (an 8-bit table; tether's gather, as the QDQ pass's tables)."""
+    src, dst = ctx.tensor(op.inputs[0]), ctx.tensor(op.outputs[0])
+    lo, hi = RANGES[src.dtype]
+    values = np.arange(lo, hi + 1, dtype=np.int64)
+    olo, ohi = RANGES[dst.dtype]
+    table = np.clip(fn(values), olo, ohi).astype(dst.dtype)
+    x, layout = ctx.held(op.inputs[0])
+    idx = ctx.emit1("Cast", [x], _hint(src) + "_index", to=onnx_dtype("int32"))
+    if lo:
+        idx = ctx.emit1("Sub", [idx, ctx.add_const(np.array(lo, np.int32), "table_base")], _hint(src) + "_index")
+    y = ctx.emit1("Gather", [ctx.add_const(table, _hint(dst) + "_table"), idx], _hint(dst), axis=0)
+    ctx.set_output(op.outputs[0], y, layout)
+
+
+def _params_of(t: Tensor) -> Tuple[float, int]:
+    return float(t.quantization.scale.reshape(-1)[0]), int(t.quantization.zero_point.reshape(-1)[0])
+
+
+def _per_tensor(ctx, op: Operator) -> bool:
+    return all(is_quantized(ctx.tensor(i)) and ctx.tensor(i).quantization.scale.size == 1
+               and ctx.tensor(i).dtype in ("int8", "uint8") for i in (op.inputs[0], op.outputs[0]))
+
+
+_RELU_BOUNDS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
+
+
+@QUANTIZED.register(*_RELU_BOUNDS)
+def _relu(ctx, op: Operator) -> None:
+    """LiteRT's quantized ReluX: the input rescaled to the output's scale (its fixed-point multiplier), then
+    clamped to the bounds quantized (an identity rescale when the parameters agree: the delegate's clamp)."""
+    if not _per_tensor(ctx, op):
+        return through_float(ctx, op)
+    (sx, zx), (sy, zy) = _params_of(ctx.tensor(op.inputs[0])), _params_of(ctx.tensor(op.outputs[0]))
+    lo_real, hi_real = _RELU_BOUNDS[op.op]
+    olo, ohi = RANGES[ctx.tensor(op.outputs[0]).dtype]
+    lo = max(olo, zy + int(round_away(np.float32(lo_real) / np.float32(sy))))
+    hi = ohi if hi_real is None else min(ohi, zy + int(round_away(np.float32(hi_real) / np.float32(sy))))
+    _unary_table(ctx, op, lambda v: np.clip(zy + multiply_by_quantized_multiplier(v - zx, sx / sy), lo, hi))
+
+
+@QUANTIZED.register("LEAKY_RELU")
+def _leaky_relu(ctx, op: Operator) -> None:
+    if not _per_tensor(ctx, op):
+        return through_float(ctx, op)
+    (sx, zx), (sy, zy) = _params_of(ctx.tensor(op.inputs[0])), _params_of(ctx.tensor(op.outputs[0]))
+    alpha = np.float32(op.options.get("alpha", 0.2))
+    ratio = np.float32(np.float32(sx) / np.float32(sy))
+    neg = np.float32(ratio * alpha)
+    if _delegate_ratio_ok(ratio) and _delegate_ratio_ok(neg):
+        _unary_table(ctx, op, lambda v: zy + np.where(v >= zx, _xnn_scaled(v - zx, ratio), _xnn_scaled(v - zx, neg)))
+        return
+    _unary_table(ctx, op, lambda v: zy + np.where(v >= zx, multiply_by_quantized_multiplier(v - zx, sx / sy),
+                                                  multiply_by_quantized_multiplier(v - zx, float(alpha) * sx / sy)))
+
+
+def _q11_axis(n_in: int, n_out: int, align_corners: bool, half_pixel: bool):
+    """The CPU delegate's bilinear taps along one axis: (first, second, weight of the second in 1/2048ths)."""
+    adjust = 1 if align_corners and n_out != 1 else 0
+    scale = np.float32(n_in - adjust) / np.float32(n_out - adjust)
+    first, second, weight = [], [], []
+    for o in range(n_out):
+        if align_corners or not half_pixel:
+            pos = np.float32(o) * scale
+        else:
+            pos = np.float32(o) * scale + (np.float32(0.5) * scale - np.float32(0.5))
+            pos = min(max(pos, np.float32(0.0)), np.float32(n_in - 1))
+        top = int(pos)
+        first.append(top)
+        second.append(min(top + 1, n_in - 1))
+        weight.append(int(np.rint(np.float32(pos - np.float32(top)) * np.float32(2048.0))))
+    return np.array(first, np.int64), np.array(second, np.int64), np.array(weight, np.int32)
+
+
+@QUANTIZED.register("RESIZE_BILINEAR")
+def _resize_bilinear(ctx, op: Operator) -> None:
+    """With equal input and output parameters, the CPU delegate's integer resize: 11-bit weights from its
+    float positions, ``((top << 11) + (bottom - top) * a_y)`` of the rows ``(left << 11) + (right - left) * a_x``,
+    rounded half up at ``>> 22``; computed here exactly in int32."""
+    x, out = op.inputs[0], op.outputs[0]
+    if not (_same_params(ctx, op) and ctx.rank(x) == 4 and ctx.tensor(x).dtype in ("int8", "uint8")):
+        return through_float(ctx, op)
+    _, h, w, _ = ctx.shape(x)
+    _, oh, ow, _ = ctx.shape(out)
+    align, half = bool(op.options.get("align_corners")), bool(op.options.get("half_pixel_centers"))
+    ty, by, ay = _q11_axis(h, oh, align, half)
+    lx, rx, ax = _q11_axis(w, ow, align, half)
+    i32 = onnx_dtype("int32")
+    v = ctx.emit1("Cast", [ctx.nchw(x)], "resize_int", to=i32)
+
+    def gather(value: str, idx: np.ndarray, axis: int) -> str:
+        return ctx.emit1("Gather", [value, ctx.add_const(idx, "resize_taps")], "resize_tap", axis=axis)
+
+    def lerp(a: str, b: str, weight: str) -> str:
+        return ctx.emit1("Add", [ctx.emit1("Mul", [a, ctx.add_const(np.array(2048, np.int32), "q11")]),
+                                 ctx.emit1("Mul", [ctx.emit1("Sub", [b, a]), weight])], "resize_lerp")
+
+    rows_t, rows_b = gather(v, ty, 2), gather(v, by, 2)
+    wx = ctx.add_const(ax.reshape(1, 1, 1, -1), "resize_wx")
+    top = lerp(gather(rows_t, lx, 3), gather(rows_t, rx, 3), wx)
+    bottom = lerp(gather(rows_b, lx, 3), gather(rows_b, rx, 3), wx)
+    acc = lerp(top, bottom, ctx.add_const(ay.reshape(1, 1, -1, 1), "resize_wy"))
+    # floor((acc + 2**21) / 2**22) with a truncating division: moved to non-negative first
+    shift = (1 << 29) if ctx.tensor(x).dtype == "int8" else 0
+    num = ctx.emit1("Add", [acc, ctx.add_const(np.array(shift + (1 << 21), np.int32), "resize_round")])
+    y = ctx.emit1("Div", [num, ctx.add_const(np.array(1 << 22, np.int32), "resize_q22")])
+    if shift:
+        y = ctx.emit1("Sub", [y, ctx.add_const(np.array(shift >> 22, np.int32), "resize_base")])
+    y = ctx.emit1("Cast", [y], _hint(ctx.tensor(out)), to=onnx_dtype(ctx.tensor(out).dtype))
+    ctx.set_output(out, y, NCHW)
+
+
 # ---------------------------------------------------------------- ops of their own
 @QUANTIZED.register("QUANTIZE")
 def _quantize(ctx, op: Operator) -> None:
@@ -390,8 +544,15 @@ def _quantize(ctx, op: Operator) -> None:
         if same:
             ctx.set_output(op.outputs[0], value, layout)
             return
-        value = dequantize(ctx, value, src)     # requantization: LiteRT's multiplier, to within one step
-        ctx.set_output(op.outputs[0], quantize(ctx, value, dst), layout)
+        if _per_tensor(ctx, op):
+            (sx, zx), (sy, zy) = _params_of(src), _params_of(dst)
+            ratio = np.float32(np.float32(sx) / np.float32(sy))
+            if _delegate_ratio_ok(ratio):
+                _unary_table(ctx, op, lambda v: zy + _xnn_scaled(v - zx, ratio))
+            else:
+                _unary_table(ctx, op, lambda v: zy + multiply_by_quantized_multiplier(v - zx, sx / sy))
+            return
+        ctx.set_output(op.outputs[0], quantize(ctx, dequantize(ctx, value, src), dst), layout)
         return
     if src.dtype != "float32":
         value = ctx.emit1("Cast", [value], to=onnx_dtype("float32"))
