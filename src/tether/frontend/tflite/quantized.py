@@ -176,7 +176,8 @@ class FloatView:
         self._raw = raw                         # None, or how the raw integers' float result rounds (RAW_ROUNDING)
         self._activation = int(op.options.get("fused_activation_function", 0) or 0)
         options = dict(op.options)
-        if "fused_activation_function" in options:
+        # a quantized output gets the activation as a clamp of its integers; a float one keeps it in float
+        if "fused_activation_function" in options and op.outputs and is_quantized(ctx.tensor(op.outputs[0])):
             options["fused_activation_function"] = 0
         self.op = dataclasses.replace(op, options=options)
         self.dq_sources: Dict[str, Tuple[str, int]] = {}     # DQ output -> (integer value, tensor)
@@ -652,8 +653,7 @@ class HybridView(FloatView):
 
 def _hybrid(ctx, op: Operator) -> None:
     fn = _float_converter(op.op)
-    view = HybridView(ctx, op)
-    view.op = op            # the float converter applies the fused activation on the float result itself
+    view = HybridView(ctx, op)      # its float output keeps the fused activation (the float converter's)
     fn(view, op)
 
 
