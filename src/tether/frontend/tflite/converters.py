@@ -4,7 +4,8 @@
 quantization (int8/uint8/int16 with scale and zero point); an op on quantized tensors with no entry there is
 reported unsupported; besides the quantized families' own converters it holds, for each float op that
 ``quantized.QDQ_OPS`` lists, the float converter between dequantized inputs and quantized outputs
-(``quantized.float_wrappers``). Add a family by writing a module with its own table and naming it below.
+(``quantized.float_wrappers``). Both are keyed by the builtin op's name ("CONV_2D"), a custom op by its custom
+code ("TFLite_Detection_PostProcess"). Add a family by writing a module with its own table and naming it below.
 """
 from __future__ import annotations
 
