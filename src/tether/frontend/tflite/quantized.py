@@ -505,26 +505,30 @@ def _resize_bilinear(ctx, op: Operator) -> None:
     ty, by, ay = _q11_axis(h, oh, align, half)
     lx, rx, ax = _q11_axis(w, ow, align, half)
     i32 = onnx_dtype("int32")
-    v = ctx.emit1("Cast", [ctx.nchw(x)], "resize_int", to=i32)
+    channels = ctx.shape(x)[3]
+    flat = ctx.emit1("Reshape", [ctx.nchw(x), ctx.add_const(np.array([1, channels, h * w], np.int64), "hw")],
+                     "resize_flat")
 
-    def gather(value: str, idx: np.ndarray, axis: int) -> str:
-        return ctx.emit1("Gather", [value, ctx.add_const(idx, "resize_taps")], "resize_tap", axis=axis)
+    def corner(rows: np.ndarray, cols: np.ndarray) -> str:
+        """The pixels at (rows[i], cols[j]) for every output (i, j), as int32 (1, C, OH, OW): one gather."""
+        idx = ctx.add_const((rows[:, None] * w + cols[None, :]).astype(np.int64), "resize_taps")
+        return ctx.emit1("Cast", [ctx.emit1("Gather", [flat, idx], "resize_tap", axis=2)], "resize_tap", to=i32)
 
-    def lerp(a: str, b: str, weight: str) -> str:
-        return ctx.emit1("Add", [ctx.emit1("Mul", [a, ctx.add_const(np.array(2048, np.int32), "q11")]),
-                                 ctx.emit1("Mul", [ctx.emit1("Sub", [b, a]), weight])], "resize_lerp")
+    def blend(a: str, b: str, weight: np.ndarray, shape) -> str:
+        # a * (2048 - w) + b * w: the delegate's a * 2048 + (b - a) * w, each operand read once
+        wa = ctx.add_const((2048 - weight).astype(np.int32).reshape(shape), "resize_w")
+        wb = ctx.add_const(weight.astype(np.int32).reshape(shape), "resize_w")
+        return ctx.emit1("Add", [ctx.emit1("Mul", [a, wa]), ctx.emit1("Mul", [b, wb])], "resize_blend")
 
-    rows_t, rows_b = gather(v, ty, 2), gather(v, by, 2)
-    wx = ctx.add_const(ax.reshape(1, 1, 1, -1), "resize_wx")
-    top = lerp(gather(rows_t, lx, 3), gather(rows_t, rx, 3), wx)
-    bottom = lerp(gather(rows_b, lx, 3), gather(rows_b, rx, 3), wx)
-    acc = lerp(top, bottom, ctx.add_const(ay.reshape(1, 1, -1, 1), "resize_wy"))
-    # floor((acc + 2**21) / 2**22) with a truncating division: moved to non-negative first
-    shift = (1 << 29) if ctx.tensor(x).dtype == "int8" else 0
-    num = ctx.emit1("Add", [acc, ctx.add_const(np.array(shift + (1 << 21), np.int32), "resize_round")])
-    y = ctx.emit1("Div", [num, ctx.add_const(np.array(1 << 22, np.int32), "resize_q22")])
-    if shift:
-        y = ctx.emit1("Sub", [y, ctx.add_const(np.array(shift >> 22, np.int32), "resize_base")])
+    cols = (1, 1, 1, -1)
+    top = blend(corner(ty, lx), corner(ty, rx), ax, cols)
+    bottom = blend(corner(by, lx), corner(by, rx), ax, cols)
+    acc = blend(top, bottom, ay, (1, 1, -1, 1))
+    # floor((acc + 2**21) / 2**22), in float64, which holds every such sum (|acc| < 2**30) exactly
+    f64 = onnx_dtype("float64")
+    y = ctx.emit1("Add", [ctx.emit1("Cast", [acc], "resize_acc", to=f64),
+                          ctx.add_const(np.array(1 << 21, np.float64), "resize_round")], "resize_acc")
+    y = ctx.emit1("Floor", [ctx.emit1("Mul", [y, ctx.add_const(np.array(2.0 ** -22, np.float64), "resize_q22")])])
     y = ctx.emit1("Cast", [y], _hint(ctx.tensor(out)), to=onnx_dtype(ctx.tensor(out).dtype))
     ctx.set_output(out, y, NCHW)
 
