@@ -157,9 +157,10 @@ def test_int8_face_detector_matches_litert(models, tmp_path):
 
 def test_int8_model_runs_on_integer_kernels(models):
     """Every conv, depthwise conv and dense layer of the int8 CNN is an integer product (int32 operands, then a
-    requantize): none is left in float. The int8 ADD is the integer qadd, pooling and resize run on the integers;
+    requantize): none is left in float. The int8 ADD is the integer qadd, the mean an integer sum and a requantize, pooling
+    and resize run on the integers;
     the quantizes left follow the float ops LiteRT's integer kernels compute to within a rounding (mul, sub,
-    hard swish, tanh, softmax, mean) and the model's input."""
+    hard swish, tanh, softmax) and the model's input."""
     graph, params = from_tflite(models["cnn_int8"])
     opt, _ = optimize(graph, params, opt_level=0)
     products = [n for n in opt.nodes if n.op in ("conv2d", "dense")]
@@ -167,10 +168,10 @@ def test_int8_model_runs_on_integer_kernels(models):
     for n in products:
         assert all(str(opt.types[i].dtype) == "int32" for i in n.inputs), n
     ops = opt.ops_used()
-    assert ops.get("requantize") == 7 and ops.get("qadd") == 1, ops
+    assert ops.get("requantize") == 8 and ops.get("qadd") == 1, ops       # the products and the mean
     producer = {o: n for n in opt.nodes for o in n.outputs}
     after = sorted(producer[n.inputs[0]].op for n in opt.nodes if n.op == "quantize")
-    assert after == ["hard_swish", "mul", "mul", "reshape", "softmax", "sub", "tanh"], after
+    assert after == ["hard_swish", "mul", "mul", "softmax", "sub", "tanh"], after
 
 
 # -- uint8 (TF 1.x style) ----------------------------------------------------------------------------------------

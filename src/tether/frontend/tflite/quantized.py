@@ -66,7 +66,7 @@ QDQ_OPS = (
     "ARG_MAX", "ARG_MIN", "EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "SELECT",
     "SELECT_V2", "BATCH_MATMUL", "L2_NORMALIZATION", "LOCAL_RESPONSE_NORMALIZATION", "BATCH_TO_SPACE_ND",
     "SPACE_TO_BATCH_ND", "SHAPE", "CAST", "TRANSPOSE_CONV", "EMBEDDING_LOOKUP", "CUMSUM", "TOPK_V2", "REVERSE_V2",
-    "ZEROS_LIKE", "ONES_LIKE", "FILL", "DETECTION_POSTPROCESS",
+    "ZEROS_LIKE", "ONES_LIKE", "FILL", "TFLite_Detection_PostProcess",
 )
 
 
@@ -325,11 +325,12 @@ def _integer_add(view: FloatView, name: str, t: Tensor) -> Optional[str]:
     return view._ctx.emit("QLinearAdd", ins + [sy, zy], _hint(t), domain=MS)[0]
 
 
-def _float_converter(op: str):
+def _float_converter(op: Operator):
     from tether.frontend.tflite.converters import CONVERTERS
-    fn = CONVERTERS.get(op)
+    key = op.custom_code if op.op == "CUSTOM" else op.op       # a custom op is keyed by its custom code
+    fn = CONVERTERS.get(key)
     if fn is None:
-        raise UnsupportedOpError("%s: no converter for this op (float or quantized)" % op)
+        raise UnsupportedOpError("%s: no converter for this op (float or quantized)" % key)
     return fn
 
 
@@ -354,7 +355,7 @@ def through_float(ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = N
     """``op`` by its float converter, between dequantized inputs and quantized outputs (or, for the ``RAW_OPS``
     with equal input and output parameters, on the raw integers with their own rounding)."""
     refuse_packed(ctx, op)
-    fn = _float_converter(op.op)
+    fn = _float_converter(op)
     raw = RAW_OPS.get(op.op) if _same_params(ctx, op) else None
     view = FloatView(ctx, op, scales, raw)
     saved = ctx.op
@@ -533,6 +534,26 @@ def _resize_bilinear(ctx, op: Operator) -> None:
     ctx.set_output(out, y, NCHW)
 
 
+@QUANTIZED.register("MEAN")
+def _mean(ctx, op: Operator) -> None:
+    """A mean over H and W of an 8-bit image: ``Q(GlobalAveragePool(DQ(x)))``, the group the QDQ pass runs as an
+    integer sum and one requantize, then the integers reshaped (no keep_dims). Other means: the float one."""
+    x, out = op.inputs[0], op.outputs[0]
+    axes = None
+    if ctx.rank(x) == 4 and ctx.const(op.inputs[1]) is not None:
+        axes = sorted({a % 4 for a in ctx.int_list(op.inputs[1], "axes")})
+    if axes != [1, 2] or not _per_tensor(ctx, op):
+        return through_float(ctx, op)
+    t = ctx.tensor(x)
+    pooled = ctx.emit1("GlobalAveragePool", [dequantize(ctx, ctx.nchw(x), t)], _hint(ctx.tensor(out)) + "_pool")
+    y = quantize(ctx, pooled, ctx.tensor(out))
+    if op.options.get("keep_dims"):
+        ctx.set_output(out, y, NCHW)
+        return
+    shape = ctx.add_const(np.array(ctx.shape(out), np.int64), "mean_shape")
+    ctx.set_output(out, ctx.emit1("Reshape", [y, shape], _hint(ctx.tensor(out))))
+
+
 # ---------------------------------------------------------------- ops of their own
 @QUANTIZED.register("QUANTIZE")
 def _quantize(ctx, op: Operator) -> None:
@@ -584,7 +605,7 @@ def _dequantize(ctx, op: Operator) -> None:
     refuse_packed(ctx, op)
     src = ctx.tensor(op.inputs[0])
     if not is_quantized(src):
-        return _float_converter("DEQUANTIZE")(ctx, op)
+        return _float_converter(op)(ctx, op)
     const = ctx.const(op.inputs[0])
     if const is not None:       # weights stored as integers, used as floats: dequantized once, as LiteRT does
         ctx.set_const(op.outputs[0], dequantized(src.quantization, np.asarray(const)))
@@ -659,7 +680,7 @@ class HybridView(FloatView):
 
 
 def _hybrid(ctx, op: Operator) -> None:
-    fn = _float_converter(op.op)
+    fn = _float_converter(op)
     view = HybridView(ctx, op)      # its float output keeps the fused activation (the float converter's)
     fn(view, op)
 
