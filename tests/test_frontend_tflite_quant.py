@@ -157,10 +157,9 @@ def test_int8_face_detector_matches_litert(models, tmp_path):
 
 def test_int8_model_runs_on_integer_kernels(models):
     """Every conv, depthwise conv and dense layer of the int8 CNN is an integer product (int32 operands, then a
-    requantize): none is left in float. The int8 ADD is the integer qadd, the mean an integer sum and a requantize, pooling
-    and resize run on the integers;
-    the quantizes left follow the float ops LiteRT's integer kernels compute to within a rounding (mul, sub,
-    hard swish, tanh, softmax) and the model's input."""
+    requantize): none is left in float. The int8 ADD is the integer qadd, the mean an integer sum and a
+    requantize, pooling and resize run on the integers; the quantizes left follow the float ops LiteRT's integer
+    kernels compute to within a rounding (mul, sub, hard swish, tanh, softmax) and the model's input."""
     graph, params = from_tflite(models["cnn_int8"])
     opt, _ = optimize(graph, params, opt_level=0)
     products = [n for n in opt.nodes if n.op in ("conv2d", "dense")]
