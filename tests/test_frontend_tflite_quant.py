@@ -173,6 +173,32 @@ def test_int8_model_runs_on_integer_kernels(models):
     assert after == ["hard_swish", "mul", "mul", "softmax", "sub", "tanh"], after
 
 
+# (x, y) and (a, b, y) scales and zero points of the single-op models: rescales up and down, both signs of zp
+SINGLE_OP_PARAMS = [(((0.05, 3), (0.02, -7)), ((0.05, 3), (0.02, -7), (0.07, 1))),
+                    (((0.013, -20), (0.011, 7)), ((0.013, -20), (0.1, 5), (0.09, -3)))]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_single_quantized_ops_match_litert(dtype, tmp_path):
+    """QUANTIZE (int->int), RELU, RELU6, LEAKY_RELU, TANH, LOGISTIC, HARD_SWISH, PRELU, ADD, SUB, MUL and ADD+RELU
+    on every input value, each op alone (hand-written models), against LiteRT."""
+    info = np.iinfo(dtype)
+    for k, (unary_q, binary_q) in enumerate(SINGLE_OP_PARAMS):
+        path = tq.single_ops_model(str(tmp_path / ("single_%d.tflite" % k)), dtype, unary_q, binary_q)
+        rng = np.random.default_rng(k)
+        inputs = [rng.integers(info.min, info.max + 1, (1, 4, 8, 8)).astype(dtype) for _ in range(3)]
+        inputs[0].reshape(-1)[:256] = np.arange(info.min, info.max + 1)
+        graph = compile_model(path, tmp_path / str(k))
+        refs = litert_outputs(path, inputs)
+        outs = run_compiled(graph, tmp_path / str(k), inputs)
+        report = []
+        for name, out, ref in zip(graph.outputs, outs, refs):
+            d = steps_apart(out, ref, 1.0)
+            report.append((name, float(d.max()), float(np.mean(d == 0))))
+            assert float(np.mean(d <= 1)) >= 0.999, (name, float(d.max()))
+        print("\nsingle ops %s %d (output, max steps, exact): %s" % (dtype, k, report))
+
+
 # -- uint8 (TF 1.x style) ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["cnn_uint8", "ops_uint8"])

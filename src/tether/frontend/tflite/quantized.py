@@ -534,6 +534,111 @@ def _resize_bilinear(ctx, op: Operator) -> None:
     ctx.set_output(out, y, NCHW)
 
 
+@QUANTIZED.register("PRELU")
+def _prelu(ctx, op: Operator) -> None:
+    """LiteRT's quantized PRELU with a constant alpha: ``zy + M1(d)`` for ``d = x - zx >= 0``, else
+    ``zy + M2(d * (alpha - za))`` (its fixed-point multipliers ``s_x / s_y`` and ``s_x * s_alpha / s_y``): one
+    table row per alpha value, indexed by ``(alpha position, x)``."""
+    x, al, out = op.inputs[0], op.inputs[1], op.outputs[0]
+    alpha = ctx.const(al)
+    ta = ctx.tensor(al)
+    if alpha is None or not _per_tensor(ctx, op) or not is_quantized(ta) or ta.quantization.scale.size != 1 or \
+            ctx.rank(x) != 4 or alpha.ndim > 4:
+        return through_float(ctx, op)
+    (sx, zx), (sa, za), (sy, zy) = (_params_of(ctx.tensor(i)) for i in (x, al, out))
+    lo, hi = RANGES[ctx.tensor(x).dtype]
+    olo, ohi = RANGES[ctx.tensor(out).dtype]
+    d = np.arange(lo, hi + 1, dtype=np.int64) - zx
+    rows = [np.where(d >= 0, multiply_by_quantized_multiplier(d, sx / sy),
+                     multiply_by_quantized_multiplier(d * (int(a) - za), sx * sa / sy)) + zy
+            for a in np.asarray(alpha).reshape(-1)]
+    table = np.clip(np.stack(rows), olo, ohi).astype(ctx.tensor(out).dtype).reshape(-1)
+    position = (np.arange(alpha.size, dtype=np.int32) * (hi - lo + 1)).reshape((1,) * (4 - alpha.ndim) + alpha.shape)
+    if ctx.layout(x) == NCHW:
+        value, layout = ctx.nchw(x), NCHW
+        position = np.transpose(position, (0, 3, 1, 2))
+    else:
+        value, layout = ctx.nhwc(x), "native"
+    idx = ctx.emit1("Cast", [value], "prelu_index", to=onnx_dtype("int32"))
+    idx = ctx.emit1("Add", [idx, ctx.add_const(np.ascontiguousarray(position - lo), "prelu_rows")], "prelu_index")
+    y = ctx.emit1("Gather", [ctx.add_const(table, _hint(ctx.tensor(out)) + "_table"), idx], _hint(ctx.tensor(out)),
+                  axis=0)
+    ctx.set_output(out, y, layout)
+
+
+def _binary_params(ctx, op: Operator) -> Optional[List[Tuple[float, int]]]:
+    """(scale, zero point) of the two inputs and the output of an 8-bit per-tensor binary op, or None."""
+    ts = [ctx.tensor(i) for i in (op.inputs[0], op.inputs[1], op.outputs[0])]
+    if any(not is_quantized(t) or t.quantization.scale.size != 1 or t.dtype != ts[2].dtype for t in ts) or \
+            ts[2].dtype not in ("int8", "uint8"):
+        return None
+    return [_params_of(t) for t in ts]
+
+
+def _integer_operands(ctx, op: Operator, zero_points: Sequence[int]) -> Tuple[List[str], str]:
+    """The two inputs in one layout (broadcast as TFLite does) as int32 minus their zero points."""
+    names, layout = ctx.aligned(op.inputs[:2])
+    out = []
+    for name, z in zip(names, zero_points):
+        v = ctx.emit1("Cast", [name], "int_operand", to=onnx_dtype("int32"))
+        out.append(ctx.emit1("Sub", [v, ctx.add_const(np.array(z, np.int32), "zero_point")], "int_operand")
+                   if z else v)
+    return out, layout
+
+
+def _finish_integer(ctx, op: Operator, value: str, layout: str, zy: int, dt: str) -> None:
+    """``value`` (integral, of float type ``dt``, before the zero point) into the output's type, saturated, then
+    clamped to the fused activation."""
+    t = ctx.tensor(op.outputs[0])
+    lo, hi = RANGES[t.dtype]
+    y = ctx.emit1("Add", [value, ctx.add_const(np.array(zy, dt), "zero_point")], _hint(t) + "_acc")
+    y = ctx.emit1("Clip", [y, ctx.add_const(np.array(lo, dt), "qmin"), ctx.add_const(np.array(hi, dt), "qmax")])
+    y = ctx.emit1("Cast", [y], _hint(t), to=onnx_dtype(t.dtype))
+    ctx.set_output(op.outputs[0], clamp(ctx, y, t, int(op.options.get("fused_activation_function", 0) or 0)),
+                   layout)
+
+
+@QUANTIZED.register("SUB")
+def _sub(ctx, op: Operator) -> None:
+    """The CPU delegate's 8-bit subtraction: 21-bit multipliers ``a = round(s_a / s_y * 2**shift)`` (and b's),
+    ``(d_a * a - d_b * b + 2**(shift - 1)) >> shift``, shift making the larger multiplier 21 bits; int32 sums,
+    the shift in float64 (exact). Outside the delegate's scale range: the float op between DQ and Q."""
+    p = _binary_params(ctx, op)
+    if p is None:
+        return through_float(ctx, op)
+    (sa, za), (sb, zb), (sy, zy) = p
+    ra, rb = np.float32(np.float32(sa) / np.float32(sy)), np.float32(np.float32(sb) / np.float32(sy))
+    if not all(2.0 ** -10 <= r < 2.0 ** 8 for r in (ra, rb)):
+        return through_float(ctx, op)
+    shift = 20 - (int(np.float32(max(ra, rb)).view(np.uint32) >> 23) - 127)
+    ma, mb = (int(np.rint(np.float64(r) * 2.0 ** shift)) for r in (ra, rb))
+    (a, b), layout = _integer_operands(ctx, op, (za, zb))
+    acc = ctx.emit1("Sub", [ctx.emit1("Mul", [a, ctx.add_const(np.array(ma, np.int32), "mult_a")]),
+                            ctx.emit1("Mul", [b, ctx.add_const(np.array(mb, np.int32), "mult_b")])], "sub_acc")
+    acc = ctx.emit1("Add", [acc, ctx.add_const(np.array(1 << (shift - 1), np.int32), "rounding")], "sub_acc")
+    f = ctx.emit1("Cast", [acc], "sub_acc_f64", to=onnx_dtype("float64"))
+    f = ctx.emit1("Floor", [ctx.emit1("Mul", [f, ctx.add_const(np.array(2.0 ** -shift), "shift")])], "sub_f64")
+    _finish_integer(ctx, op, f, layout, zy, "float64")
+
+
+@QUANTIZED.register("MUL")
+def _mul(ctx, op: Operator) -> None:
+    """The CPU delegate's 8-bit product: ``d_a * d_b`` (exact in float32) times ``s_a * s_b / s_y`` (float32, in
+    that order), rounded half to even. Outside its scale range: the float op between DQ and Q."""
+    p = _binary_params(ctx, op)
+    if p is None:
+        return through_float(ctx, op)
+    (sa, za), (sb, zb), (sy, zy) = p
+    scale = np.float32(np.float32(np.float32(sa) * np.float32(sb)) / np.float32(sy))
+    if not 2.0 ** -16 <= scale < 2.0 ** 8:
+        return through_float(ctx, op)
+    (a, b), layout = _integer_operands(ctx, op, (za, zb))
+    prod = ctx.emit1("Cast", [ctx.emit1("Mul", [a, b], "mul_prod")], "mul_prod", to=onnx_dtype("float32"))
+    v = ctx.emit1("Round", [ctx.emit1("Mul", [prod, ctx.add_const(np.array(scale, np.float32), "mul_scale")])],
+                  "mul_round")
+    _finish_integer(ctx, op, v, layout, zy, "float32")
+
+
 @QUANTIZED.register("MEAN")
 def _mean(ctx, op: Operator) -> None:
     """A mean over H and W of an 8-bit image: ``Q(GlobalAveragePool(DQ(x)))``, the group the QDQ pass runs as an
