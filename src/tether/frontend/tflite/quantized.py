@@ -534,6 +534,67 @@ def _resize_bilinear(ctx, op: Operator) -> None:
     ctx.set_output(out, y, NCHW)
 
 
+def _q31_to_q15(m: int) -> int:
+    """LiteRT's DownScaleInt32ToInt16Multiplier."""
+    if m >= (1 << 31) - 1 - (1 << 15):
+        return (1 << 15) - 1
+    return (m + (1 << 15)) >> 16
+
+
+def _sat16(v: np.ndarray) -> np.ndarray:
+    return np.clip(v, -(1 << 15), (1 << 15) - 1)
+
+
+def _rounding_high_mul16(a: np.ndarray, b: int) -> np.ndarray:
+    """gemmlowp's SaturatingRoundingDoublingHighMul on int16 values (a == b == -32768 saturates)."""
+    ab = np.asarray(a, np.int64) * b
+    nudge = np.where(ab >= 0, 1 << 14, 1 - (1 << 14))
+    v = ab + nudge
+    q = np.where(v >= 0, v >> 15, -((-v) >> 15))            # C's division by 2**15: toward zero
+    return np.where((np.asarray(a) == b) & (b == -(1 << 15)), (1 << 15) - 1, q)
+
+
+def _rounding_divide_by_pot(x: np.ndarray, exponent: int) -> np.ndarray:
+    if exponent <= 0:
+        return x
+    mask = (1 << exponent) - 1
+    return (x >> exponent) + ((x & mask) > ((mask >> 1) + (x < 0)))
+
+
+def _hard_swish_values(v: np.ndarray, sx: float, zx: int, sy: float, zy: int) -> np.ndarray:
+    """LiteRT's int8/uint8 HARD_SWISH kernel: 16-bit fixed point on a 2**7 finer input scale, the relu-ish factor
+    on a [-3, 3] -> [0, 1] scale, its rounding and non-rounding high multiplies and shifts, in that order."""
+    hires = np.float32(np.float32(1.0 / 128.0) * np.float32(sx))
+    out_q, out_exp = quantize_multiplier(float(np.float32(hires / np.float32(sy))))
+    relu_q, relu_exp = quantize_multiplier(float(np.float32(hires / np.float32(3.0 / 32768.0))))
+    out_m, relu_m = _q31_to_q15(out_q), _q31_to_q15(relu_q)
+    x = (np.asarray(v, np.int64) - zx) * 128
+    pre_out = _rounding_high_mul16(x, out_m)
+    r = x
+    if relu_exp > 0:
+        r = _sat16(r * (1 << (relu_exp - 1)))
+    r = _rounding_high_mul16(r, relu_m)
+    if relu_exp > 0:
+        r = _sat16(r * 2)
+    if relu_exp < 0:
+        r = _rounding_divide_by_pot(r, -relu_exp)
+    r = (r + (1 << 15)) >> 1
+    prod = r * pre_out
+    pre = np.where(prod >= 0, prod >> 15, -((-prod) >> 15))     # SaturatingDoublingHighMul: truncating
+    return _rounding_divide_by_pot(pre, -out_exp) + zy
+
+
+@QUANTIZED.register("HARD_SWISH")
+def _hard_swish(ctx, op: Operator) -> None:
+    if not _per_tensor(ctx, op):
+        return through_float(ctx, op)
+    (sx, zx), (sy, zy) = _params_of(ctx.tensor(op.inputs[0])), _params_of(ctx.tensor(op.outputs[0]))
+    if quantize_multiplier(float(np.float32(np.float32(np.float32(1.0 / 128.0) * np.float32(sx)) /
+                                            np.float32(sy))))[1] > 0:
+        return through_float(ctx, op)       # a rescale LiteRT's kernel refuses: the float op
+    _unary_table(ctx, op, lambda v: _hard_swish_values(v, sx, zx, sy, zy))
+
+
 @QUANTIZED.register("PRELU")
 def _prelu(ctx, op: Operator) -> None:
     """LiteRT's quantized PRELU with a constant alpha: ``zy + M1(d)`` for ``d = x - zx >= 0``, else
