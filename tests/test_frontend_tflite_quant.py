@@ -181,8 +181,9 @@ SINGLE_OP_PARAMS = [(((0.05, 3), (0.02, -7)), ((0.05, 3), (0.02, -7), (0.07, 1))
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 def test_single_quantized_ops_match_litert(dtype, tmp_path):
-    """QUANTIZE (int->int), RELU, RELU6, LEAKY_RELU, TANH, LOGISTIC, HARD_SWISH, PRELU, ADD, SUB, MUL and ADD+RELU
-    on every input value, each op alone (hand-written models), against LiteRT."""
+    """QUANTIZE (int->int), RELU, RELU6, LEAKY_RELU, TANH, LOGISTIC, HARD_SWISH, SOFTMAX, AVERAGE_POOL_2D+RELU,
+    MEAN over channels, PRELU, ADD, SUB, MUL and ADD+RELU on every input value, each op alone (hand-written
+    models), against LiteRT."""
     info = np.iinfo(dtype)
     for k, (unary_q, binary_q) in enumerate(SINGLE_OP_PARAMS):
         path = tq.single_ops_model(str(tmp_path / ("single_%d.tflite" % k)), dtype, unary_q, binary_q)

@@ -170,10 +170,12 @@ class FloatView:
     (which the float converter does not see: ``op`` here has none). Everything else is the Context's."""
 
     def __init__(self, ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None,
-                 raw: Optional[str] = None) -> None:
+                 raw=None) -> None:
         self._ctx = ctx
         self._scales = dict(scales or {})       # tensor -> the scale its DQ uses instead of the file's
-        self._raw = raw                         # None, or how the raw integers' float result rounds (RAW_ROUNDING)
+        # None, or how the float result on the raw integers becomes the output's: a name in RAW_ROUNDING or a
+        # function (ctx, value, tensor) -> integer value
+        self._raw = RAW_ROUNDING.get(raw, raw) if isinstance(raw, str) else raw
         self._activation = int(op.options.get("fused_activation_function", 0) or 0)
         options = dict(op.options)
         # a quantized output gets the activation as a clamp of its integers; a float one keeps it in float
@@ -262,7 +264,7 @@ class FloatView:
         if not is_quantized(t):
             self._ctx.set_output(index, name, layout)
             return
-        y = _integer_add(self, name, t) if not self._raw else RAW_ROUNDING[self._raw](self._ctx, name, t)
+        y = _integer_add(self, name, t) if not self._raw else self._raw(self._ctx, name, t)
         if y is None:
             axis = nchw_axis(t.quantization.axis, 4) if layout == NCHW else t.quantization.axis
             y = quantize(self._ctx, name, t, axis)
@@ -351,12 +353,13 @@ def _same_params(ctx, op: Operator) -> bool:
         np.array_equal(a.quantization.zero_point, b.quantization.zero_point)
 
 
-def through_float(ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None) -> None:
+def through_float(ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = None, raw=None) -> None:
     """``op`` by its float converter, between dequantized inputs and quantized outputs (or, for the ``RAW_OPS``
     with equal input and output parameters, on the raw integers with their own rounding)."""
     refuse_packed(ctx, op)
     fn = _float_converter(op)
-    raw = RAW_OPS.get(op.op) if _same_params(ctx, op) else None
+    if raw is None and _same_params(ctx, op):
+        raw = RAW_OPS.get(op.op)
     view = FloatView(ctx, op, scales, raw)
     saved = ctx.op
     ctx.op = view.op
@@ -700,16 +703,43 @@ def _mul(ctx, op: Operator) -> None:
     _finish_integer(ctx, op, v, layout, zy, "float32")
 
 
+def _mean_of_integers(ctx, op: Operator) -> None:
+    """LiteRT's 8-bit mean over any axes: the sum of the integers less ``n * z_x`` (exact in float32), times
+    ``s_x / (s_y * n)``, rounded half to even: the float converter's SUM on the raw integers, then that one
+    multiply (no multiply-add a compiler could contract)."""
+    x, out = op.inputs[0], op.outputs[0]
+    (sx, zx), (sy, zy) = _params_of(ctx.tensor(x)), _params_of(ctx.tensor(out))
+    shape = ctx.shape(x)
+    axes = {a % len(shape) for a in ctx.int_list(op.inputs[1], "axes")} if shape else set()
+    n = int(np.prod([shape[a] for a in axes])) if axes else 1
+    m = np.float32(np.float32(sx) / (np.float32(sy) * np.float32(n)))
+
+    def requantize(c, value: str, t: Tensor) -> str:
+        v = c.emit1("Sub", [value, c.add_const(np.array(zx * n, np.float32), "mean_offset")], "mean_sum")
+        v = c.emit1("Round", [c.emit1("Mul", [v, c.add_const(np.array(m, np.float32), "mean_scale")])])
+        lo, hi = RANGES[t.dtype]
+        v = c.emit1("Add", [v, c.add_const(np.array(zy, np.float32), "zero_point")], "mean_q")
+        v = c.emit1("Clip", [v, c.add_const(np.array(lo, np.float32), "qmin"),
+                             c.add_const(np.array(hi, np.float32), "qmax")])
+        return c.emit1("Cast", [v], _hint(t), to=onnx_dtype(t.dtype))
+
+    through_float(ctx, dataclasses.replace(op, op="SUM"), raw=requantize)
+
+
 @QUANTIZED.register("MEAN")
 def _mean(ctx, op: Operator) -> None:
     """A mean over H and W of an 8-bit image: ``Q(GlobalAveragePool(DQ(x)))``, the group the QDQ pass runs as an
-    integer sum and one requantize, then the integers reshaped (no keep_dims). Other means: the float one."""
+    integer sum and one requantize, then the integers reshaped (no keep_dims). Over other axes: see
+    ``_mean_of_integers``."""
     x, out = op.inputs[0], op.outputs[0]
     axes = None
     if ctx.rank(x) == 4 and ctx.const(op.inputs[1]) is not None:
         axes = sorted({a % 4 for a in ctx.int_list(op.inputs[1], "axes")})
-    if axes != [1, 2] or not _per_tensor(ctx, op):
+    if not _per_tensor(ctx, op):
         return through_float(ctx, op)
+    if axes != [1, 2]:
+        _mean_of_integers(ctx, op)
+        return
     t = ctx.tensor(x)
     pooled = ctx.emit1("GlobalAveragePool", [dequantize(ctx, ctx.nchw(x), t)], _hint(ctx.tensor(out)) + "_pool")
     y = quantize(ctx, pooled, ctx.tensor(out))
