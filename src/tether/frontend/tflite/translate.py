@@ -30,7 +30,9 @@ def converter_for(subgraph: Subgraph, op: Operator):
     if quantized and key in QUANTIZED:
         return QUANTIZED[key], ""
     if quantized and key in CONVERTERS:
-        return None, "quantized tensors are not supported yet"
+        kinds = sorted({subgraph.tensors[i].dtype for i in list(op.inputs) + list(op.outputs)
+                        if i >= 0 and is_quantized(subgraph, i)})
+        return None, "quantized tensors (%s) are not supported yet" % ", ".join(kinds)
     if key in CONVERTERS:
         return CONVERTERS[key], ""
     return None, "custom op %r: no converter" % op.custom_code if op.op == "CUSTOM" else "no converter"
@@ -71,14 +73,6 @@ def _io_names(model: Model, subgraph: Subgraph, names: str) -> Tuple[List[str], 
 
 def _value_info(helper, name: str, dtype: str, shape: Optional[List[int]]):
     return helper.make_tensor_value_info(name, onnx_dtype(dtype), shape)
-
-
-def _rename(ctx: Context, old: str, new: str) -> None:
-    for node in ctx.nodes:
-        for seq in (node.input, node.output):
-            for k, v in enumerate(seq):
-                if v == old:
-                    seq[k] = new
 
 
 class _Walk:
@@ -149,18 +143,16 @@ class _Walk:
         used = set(self.in_names)
         for i, name in zip(g.outputs, self.out_names):
             value = ctx.nhwc(i)
-            producer = next((n for n in ctx.nodes if value in n.output), None)
-            if producer is None or value in used:
+            if ctx.produced(value) and value not in used:
+                ctx.rename(value, name)
+            else:           # a graph input, a constant, or a value another output already took
                 ctx.nodes.append(helper.make_node("Identity", [value], [name], name=ctx.fresh("Identity_" + name)))
-            else:
-                _rename(ctx, value, name)
-                # a cached view under the old name now carries the final one
-                ctx._views = {k: (name if v == value else v) for k, v in ctx._views.items()}
-                ctx._values = {k: ((name, lay) if v == value else (v, lay)) for k, (v, lay) in ctx._values.items()}
             used.add(name)
             t = g.tensors[i]
-            outputs.append(_value_info(helper, name, ctx.const(i).dtype.name if ctx.const(i) is not None
-                                       else t.dtype, t.shape if t.shape or not t.shape_signature else None))
+            # a dynamic dim (-1 in shape_signature) stays unnamed: the run-time shape decides it
+            dims = [None if d < 0 else d for d in t.shape_signature] if t.shape_signature else list(t.shape)
+            dtype = ctx.const(i).dtype.name if ctx.const(i) is not None else t.dtype
+            outputs.append(_value_info(helper, name, dtype, dims))
         inputs = []
         for i, name in zip(g.inputs, self.in_names):
             t = g.tensors[i]
