@@ -18,7 +18,7 @@ import pytest
 import tether
 from tether import graph_executor
 from tether.frontend import from_tflite
-from tether.frontend.tflite import quantized
+from tether.frontend.tflite import quantized_products
 from tether.graph.passes import optimize
 
 from fixtures import tflite_quant as tq
@@ -229,7 +229,7 @@ def test_dynamic_range_model_matches_litert(models, tmp_path, monkeypatch):
     assert all(d["dtype"] == np.float32 for d in it.get_input_details() + it.get_output_details())
     errs = {}
     for mode in ("emulate", "dequantize"):
-        monkeypatch.setattr(quantized, "HYBRID", mode)
+        monkeypatch.setattr(quantized_products, "HYBRID", mode)
         folder = tmp_path / mode
         graph = compile_model(path, folder)
         inputs = random_inputs(path, 0)

@@ -9,15 +9,16 @@ code ("TFLite_Detection_PostProcess"). Add a family by writing a module with its
 """
 from __future__ import annotations
 
-from tether.frontend.tflite import elementwise, nn, quantized, reduce, resize, tensor, weights
+from tether.frontend.tflite import (elementwise, nn, quantized, quantized_arith, quantized_products, reduce, resize,
+                                    tensor, weights)
 from tether.frontend.tflite.table import ConverterTable, merge_tables
 
 FAMILIES = (nn, elementwise, tensor, reduce, resize, weights)
-QUANTIZED_FAMILIES: tuple = (quantized,)
+QUANTIZED_FAMILIES: tuple = (quantized, quantized_arith, quantized_products)
 
 CONVERTERS: ConverterTable = merge_tables("the TFLite converter families", [f.CONVERTERS for f in FAMILIES])
-QUANTIZED: ConverterTable = merge_tables("the TFLite quantized converter families",
-                                         [f.QUANTIZED for f in QUANTIZED_FAMILIES]
-                                         + [quantized.float_wrappers(CONVERTERS)])
+_QUANTIZED_OWN = merge_tables("the TFLite quantized converter families", [f.QUANTIZED for f in QUANTIZED_FAMILIES])
+QUANTIZED: ConverterTable = merge_tables("the TFLite quantized converters",
+                                         [_QUANTIZED_OWN, quantized.float_wrappers(CONVERTERS, _QUANTIZED_OWN)])
 
 __all__ = ["CONVERTERS", "FAMILIES", "QUANTIZED", "QUANTIZED_FAMILIES"]
