@@ -47,8 +47,8 @@ QDQ_OPS = (
     "STRIDED_SLICE", "SLICE", "GATHER", "GATHER_ND", "SPLIT", "SPLIT_V", "PACK", "UNPACK", "TILE", "BROADCAST_TO",
     "ARG_MAX", "ARG_MIN", "EQUAL", "NOT_EQUAL", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "SELECT",
     "SELECT_V2", "BATCH_MATMUL", "L2_NORMALIZATION", "LOCAL_RESPONSE_NORMALIZATION", "BATCH_TO_SPACE_ND",
-    "SPACE_TO_BATCH_ND", "SHAPE", "CAST", "TRANSPOSE_CONV", "EMBEDDING_LOOKUP", "CUMSUM", "TOPK_V2", "REVERSE_V2",
-    "ZEROS_LIKE", "ONES_LIKE", "FILL", "TFLite_Detection_PostProcess",
+    "SPACE_TO_BATCH_ND", "TRANSPOSE_CONV", "EMBEDDING_LOOKUP", "CUMSUM", "TOPK_V2", "REVERSE_V2",
+    "TFLite_Detection_PostProcess",
 )
 
 
@@ -354,13 +354,24 @@ def through_float(ctx, op: Operator, scales: Optional[Dict[int, np.ndarray]] = N
         ctx.op = saved
 
 
+# Ops LiteRT runs on the stored integers whatever their scale (CAST converts the integers, ZEROS_LIKE writes
+# integer zeros, not the zero point): their float converter on the integers as they are.
+INTEGER_OPS = ("CAST", "SHAPE", "ZEROS_LIKE", "ONES_LIKE", "FILL")
+
+
+def on_integers(ctx, op: Operator) -> None:
+    refuse_packed(ctx, op)
+    float_converter(op)(ctx, op)
+
+
 def float_wrappers(float_table, taken) -> ConverterTable:
-    """The quantized table's entries for the ``QDQ_OPS`` that ``float_table`` converts and ``taken`` (the
-    quantized families' own table) does not."""
-    table = ConverterTable("tflite quantized (float ops between DQ and Q)")
-    for name in QDQ_OPS:
-        if name in float_table and name not in taken:
-            table.add(name, through_float)
+    """The quantized table's entries for the ``QDQ_OPS`` and ``INTEGER_OPS`` that ``float_table`` converts and
+    ``taken`` (the quantized families' own table) does not."""
+    table = ConverterTable("tflite quantized (float ops between DQ and Q, or on the integers)")
+    for names, fn in ((QDQ_OPS, through_float), (INTEGER_OPS, on_integers)):
+        for name in names:
+            if name in float_table and name not in taken:
+                table.add(name, fn)
     return table
 
 
