@@ -12,6 +12,7 @@ from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.tflite.converters import CONVERTERS, QUANTIZED
 from tether.frontend.tflite.flatbuffer import Model, Operator, Subgraph, read_model
 from tether.frontend.tflite.state import Context, onnx_dtype
+from tether.frontend.tflite.table import Converter
 
 OPSET = 20                   # ONNX opset of the translated graph (Gelu is opset 20)
 QUANTIZED_DTYPES = ("int8", "uint8", "int16", "int4")
@@ -23,7 +24,7 @@ def is_quantized(subgraph: Subgraph, index: int) -> bool:
     return t.quantization is not None and t.dtype in QUANTIZED_DTYPES
 
 
-def converter_for(subgraph: Subgraph, op: Operator):
+def converter_for(subgraph: Subgraph, op: Operator) -> Tuple[Optional[Converter], str]:
     """The converter of ``op``, or (None, why not)."""
     quantized = any(is_quantized(subgraph, i) for i in list(op.inputs) + list(op.outputs) if i >= 0)
     key = op.custom_code if op.op == "CUSTOM" else op.op       # a custom op is keyed by its custom code
@@ -135,7 +136,7 @@ class _Walk:
             parts.append("%s v%d (node%s %s): %s" % (name, version, "" if len(nodes) == 1 else "s", listing, why))
         return "%s: %d TFLite op(s) not supported: %s" % (self.model.path, len(self.failures), "; ".join(parts))
 
-    def onnx_model(self):
+    def onnx_model(self) -> Any:
         from onnx import helper
 
         ctx, g = self.ctx, self.g
@@ -169,7 +170,7 @@ def _load(model: Union[str, Model]) -> Model:
     return read_model(str(model)) if not isinstance(model, Model) else model
 
 
-def to_onnx(model: Union[str, Model], names: str = "signature"):
+def to_onnx(model: Union[str, Model], names: str = "signature") -> Any:
     """The TFLite model (a path or a read :class:`Model`) as an ONNX ModelProto: NHWC inputs and outputs as in
     the file, named by the model's signature (``names="signature"``, when it names them all) or by tensor names
     (``names="tensor"``). Raises UnsupportedOpError naming every op not covered, InvalidInput for a bad file."""
