@@ -3,7 +3,8 @@
 #   - system packages (as root, with apt): qemu-user and mmdebstrap for the emulated ARM devices,
 #     openssh-server for the SSH bootstrap tests, musl-tools (a musl program loads a tether module), a JDK and aapt/zipalign/apksigner for the Android app's tests
 #     (android-23.jar and dx are fetched once by android_app/build_apk.sh), chromium (headless, for the bench HTML report), golang-go (the Go bindings' tests);
-#   - Python packages: this project with its test extras (pip install -e '.[test]', ruff among them);
+#   - Python packages: this project with its test extras (pip install -e '.[test]', ruff among them, and the
+#     frontends' references: TensorFlow, LiteRT, Keras, OpenCV 4's dnn, coremltools);
 #   - numpy 1.19.5 + msgpack 1.0.2 into a Python 3.9 (python3.9 on PATH or a pyenv 3.9.x; must exist): the oldest
 #     device stack, which tests/test_tracker.py runs a device server under.
 # Missing prerequisites that cannot be installed stop the run here with a message (never a silent skip).
