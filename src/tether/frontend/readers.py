@@ -46,5 +46,7 @@ def lazy(module: str, function: str, extra: str) -> Reader:
 
 # format name -> (module, reader function, coverage function, extra); one line per format
 for _fmt, (_mod, _read, _cover, _extra) in {
+    "TensorFlow GraphDef": ("tether.frontend.tensorflow", "read_graphdef", "coverage", "tensorflow"),
+    "TensorFlow SavedModel": ("tether.frontend.tensorflow", "read_saved_model", "coverage", "tensorflow"),
 }.items():
     register_reader(_fmt, lazy(_mod, _read, _extra), lazy(_mod, _cover, _extra))

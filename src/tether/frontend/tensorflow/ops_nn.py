@@ -1,0 +1,249 @@
+"""Convolutions, pools, batch normalization, bias, resizing and depth/space moves.
+
+TensorFlow's default layout is NHWC (``data_format``); these ops compute in NCHW, so their results are stored
+NCHW (perm (0, 3, 1, 2)) and the next layout-agnostic ops keep them so. Padding ``SAME`` is TensorFlow's rule:
+the total padding of an axis is split with the odd unit at the end, which is ONNX's ``SAME_UPPER``.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.frontend.tensorflow.graph import TFNode
+from tether.frontend.tensorflow.translate import NCHW, Converter, Translator, Value, require_const
+
+_CONV_OUT = (None, None, None, None)
+
+
+def _layout(node: TFNode) -> Tuple[bool, List[int]]:
+    """(whether the op's data is NHWC, the indices of the spatial axes in its attribute lists)."""
+    fmt = node.attr("data_format", "NHWC")
+    if fmt not in ("NHWC", "NCHW"):
+        raise UnsupportedOpError("node %s (%s): data_format %r (supported: NHWC, NCHW)" % (node.name, node.op, fmt))
+    return fmt == "NHWC", ([1, 2] if fmt == "NHWC" else [2, 3])
+
+
+def _spatial(node: TFNode, attr: str, default: int, axes: Sequence[int]) -> List[int]:
+    vals = node.attr(attr) or [default] * 4
+    return [int(vals[a]) for a in axes]
+
+
+def _padding(node: TFNode, nhwc: bool) -> Dict:
+    pad = node.attr("padding", "VALID")
+    if pad == "SAME":
+        return {"auto_pad": "SAME_UPPER"}
+    if pad == "VALID":
+        return {"pads": [0, 0, 0, 0]}
+    if pad == "EXPLICIT":
+        p = [int(v) for v in node.attr("explicit_paddings")]
+        h, w = ((2, 4) if nhwc else (4, 6))
+        return {"pads": [p[h], p[w], p[h + 1], p[w + 1]]}
+    raise UnsupportedOpError("node %s (%s): padding %r" % (node.name, node.op, pad))
+
+
+def _input(t: Translator, x: Value, nhwc: bool) -> Tuple[str, object]:
+    """The data in NCHW and the layout of the op's result relative to TensorFlow's view of it."""
+    return (t.nchw(x), NCHW) if nhwc else (t.tf(x), None)
+
+
+def _weights(t: Translator, w: Value, fold, perm: Sequence[int], reshape=None) -> str:
+    if w.const is not None:
+        return t.name(t.constant(np.array(fold(w.const), order="C")))
+    out = t.emit1("Transpose", [t.tf(w)], perm=list(perm))
+    return t.emit1("Reshape", [out, t.ints(reshape)]) if reshape is not None else out
+
+
+def _conv2d(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, w = ins
+    nhwc, sp = _layout(node)
+    xn, perm = _input(t, x, nhwc)
+    attrs = dict(strides=_spatial(node, "strides", 1, sp), dilations=_spatial(node, "dilations", 1, sp),
+                 **_padding(node, nhwc))
+    group = 1
+    c_axis = 3 if nhwc else 1
+    if x.shape is not None and x.shape[c_axis] is not None and w.shape is not None and w.shape[2]:
+        group = x.shape[c_axis] // w.shape[2]
+    wn = _weights(t, w, lambda a: a.transpose(3, 2, 0, 1), (3, 2, 0, 1))
+    return [t.out(t.emit1("Conv", [xn, wn], group=group, **attrs), shape=_CONV_OUT, perm=perm, dtype=x.dtype)]
+
+
+def _depthwise(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, w = ins
+    nhwc, sp = _layout(node)
+    xn, perm = _input(t, x, nhwc)
+    if w.shape is None or None in w.shape:
+        raise UnsupportedOpError("node %s (%s): the filter's shape must be known" % (node.name, node.op))
+    kh, kw, cin, mult = w.shape
+    # output channel c * mult + m is input channel c through filter[:, :, c, m]: ONNX groups of one channel
+    wn = _weights(t, w, lambda a: a.transpose(2, 3, 0, 1).reshape(cin * mult, 1, kh, kw), (2, 3, 0, 1),
+                  [cin * mult, 1, kh, kw])
+    out = t.emit1("Conv", [xn, wn], group=int(cin), strides=_spatial(node, "strides", 1, sp),
+                  dilations=_spatial(node, "dilations", 1, sp), **_padding(node, nhwc))
+    return [t.out(out, shape=_CONV_OUT, perm=perm, dtype=x.dtype)]
+
+
+def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    sizes_v, w, dy = ins
+    nhwc, sp = _layout(node)
+    sizes = [int(s) for s in require_const(node, sizes_v, "input_sizes")]
+    out_hw = [sizes[a] for a in sp]
+    if w.shape is None or None in w.shape:
+        raise UnsupportedOpError("node %s (%s): the filter's shape must be known" % (node.name, node.op))
+    strides, dil = _spatial(node, "strides", 1, sp), _spatial(node, "dilations", 1, sp)
+    pad = node.attr("padding", "VALID")
+    kernel = [(w.shape[i] - 1) * d + 1 for i, d in zip((0, 1), dil)]
+    pads_b, pads_e, out_pad = [], [], []
+    for i in range(2):
+        # the forward convolution this op is the gradient of: input out_hw[i], output dy's size
+        if pad == "SAME":
+            fwd = -(-out_hw[i] // strides[i])
+            total = max((fwd - 1) * strides[i] + kernel[i] - out_hw[i], 0)
+            before = total // 2
+        elif pad == "VALID":
+            fwd = (out_hw[i] - kernel[i]) // strides[i] + 1
+            total = before = 0
+        elif pad == "EXPLICIT":
+            p = [int(v) for v in node.attr("explicit_paddings")]
+            before, after = p[2 * sp[i]], p[2 * sp[i] + 1]
+            total = before + after
+            fwd = (out_hw[i] + total - kernel[i]) // strides[i] + 1
+        else:
+            raise UnsupportedOpError("node %s (%s): padding %r" % (node.name, node.op, pad))
+        pads_b.append(before)
+        pads_e.append(total - before)
+        out_pad.append(out_hw[i] - ((fwd - 1) * strides[i] + kernel[i] - total))
+    if min(out_pad) < 0:
+        raise UnsupportedOpError("node %s (%s): input_sizes %s do not fit its output gradient"
+                                 % (node.name, node.op, sizes))
+    xn, perm = _input(t, dy, nhwc)
+    # filter [kh, kw, out_channels, in_channels of dy] -> ConvTranspose weight [in of dy, out, kh, kw]
+    wn = _weights(t, w, lambda a: a.transpose(3, 2, 0, 1), (3, 2, 0, 1))
+    out = t.emit1("ConvTranspose", [xn, wn], strides=strides, dilations=dil, pads=pads_b + pads_e,
+                  output_padding=out_pad)
+    return [t.out(out, shape=_CONV_OUT, perm=perm, dtype=dy.dtype)]
+
+
+def _pool(onnx_op: str) -> Converter:
+    def convert(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+        x = ins[0]
+        nhwc, sp = _layout(node)
+        if node.op.endswith("V2"):       # ksize and strides are inputs
+            ksize = [int(v) for v in require_const(node, ins[1], "ksize")]
+            strides = [int(v) for v in require_const(node, ins[2], "strides")]
+        else:
+            ksize, strides = node.attr("ksize"), node.attr("strides")
+        xn, perm = _input(t, x, nhwc)
+        out = t.emit1(onnx_op, [xn], kernel_shape=[int(ksize[a]) for a in sp], strides=[int(strides[a]) for a in sp],
+                      **_padding(node, nhwc))
+        return [t.out(out, shape=_CONV_OUT, perm=perm, dtype=x.dtype)]
+    return convert
+
+
+def _channel_axis(t: Translator, node: TFNode, x: Value) -> Tuple[int, int]:
+    """(the stored position of the channel axis, the stored rank) of a data_format op's input."""
+    nhwc, _ = _layout(node)
+    rank = x.rank if x.rank is not None else 4
+    tf_axis = rank - 1 if nhwc else 1
+    return t.onnx_axis(x, tf_axis), rank
+
+
+def _per_channel(t: Translator, v: Value, pos: int, rank: int) -> str:
+    """A [C] vector shaped to broadcast against the channel axis at stored position ``pos``."""
+    trail = rank - 1 - pos
+    if trail == 0:
+        return t.tf(v)
+    if v.const is not None:
+        return t.name(t.constant(v.const.reshape((-1,) + (1,) * trail)))
+    return t.emit1("Reshape", [t.tf(v), t.ints([-1] + [1] * trail)])
+
+
+def _bias_add(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, b = ins
+    if x.const is not None and b.const is not None:
+        nhwc, _ = _layout(node)
+        shape = (-1,) if nhwc else (-1,) + (1,) * (x.const.ndim - 2)
+        return [t.constant((x.const + b.const.reshape(shape)).astype(x.const.dtype))]
+    pos, rank = _channel_axis(t, node, x)
+    return [t.out(t.emit1("Add", [t.name(x), _per_channel(t, b, pos, rank)]), like=x, perm=x.perm)]
+
+
+def _fused_batch_norm(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, scale, offset, mean, var = ins[:5]
+    eps = float(node.attr("epsilon", 1e-4))
+    nhwc, _ = _layout(node)
+    if nhwc and x.perm is None:
+        xn, perm = t.nchw(x), NCHW
+    else:
+        xn, perm = t.name(x), x.perm
+    pos = 1
+    if node.attr("is_training", False):
+        # statistics of this batch: mean and biased variance over every axis but the channel's
+        axes = t.ints([0, 2, 3])
+        m = t.emit1("ReduceMean", [xn, axes], keepdims=1)
+        d = t.emit1("Sub", [xn, m])
+        v = t.emit1("ReduceMean", [t.emit1("Mul", [d, d]), axes], keepdims=1)
+        eps_c = t.name(t.constant(np.asarray(eps, dtype=np.float32)))
+        norm = t.emit1("Div", [d, t.emit1("Sqrt", [t.emit1("Add", [v, eps_c])])])
+        y = t.emit1("Add", [t.emit1("Mul", [norm, _per_channel(t, scale, pos, 4)]), _per_channel(t, offset, pos, 4)])
+        return [t.out(y, like=x, perm=perm)]
+    y = t.emit1("BatchNormalization", [xn, t.tf(scale), t.tf(offset), t.tf(mean), t.tf(var)], epsilon=eps)
+    return [t.out(y, like=x, perm=perm), mean, var]
+
+
+def _resize(kind: str) -> Converter:
+    def convert(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+        x, size_v = ins
+        size = [int(s) for s in require_const(node, size_v, "size")]
+        align, half = bool(node.attr("align_corners", False)), bool(node.attr("half_pixel_centers", False))
+        if align and half:
+            raise UnsupportedOpError("node %s (%s): align_corners and half_pixel_centers together"
+                                     % (node.name, node.op))
+        attrs = {"mode": kind}
+        if kind == "linear":
+            attrs["coordinate_transformation_mode"] = ("align_corners" if align else
+                                                       "half_pixel" if half else "asymmetric")
+        else:
+            # TensorFlow rounds half away from zero with align_corners, floors otherwise
+            attrs["coordinate_transformation_mode"] = ("align_corners" if align else
+                                                       "tf_half_pixel_for_nn" if half else "asymmetric")
+            attrs["nearest_mode"] = "round_prefer_ceil" if align else "floor"
+        xn = t.name(x)
+        if kind == "linear" and x.dtype is not None and x.dtype != np.float32:
+            xn = t.emit1("Cast", [xn], to=1)
+        axes = [t.onnx_axis(x, 1), t.onnx_axis(x, 2)]
+        out = t.emit1("Resize", [xn, "", "", t.ints(size)], axes=axes, **attrs)
+        dtype = np.dtype(np.float32) if kind == "linear" else x.dtype
+        return [t.out(out, shape=_CONV_OUT, perm=x.perm, dtype=dtype)]
+    return convert
+
+
+def _depth_space(onnx_op: str) -> Converter:
+    def convert(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+        x = ins[0]
+        nhwc, _ = _layout(node)
+        xn, perm = _input(t, x, nhwc)
+        attrs = {"mode": "DCR"} if onnx_op == "DepthToSpace" else {}
+        out = t.emit1(onnx_op, [xn], blocksize=int(node.attr("block_size")), **attrs)
+        return [t.out(out, shape=_CONV_OUT, perm=perm, dtype=x.dtype)]
+    return convert
+
+
+CONVERTERS: Dict[str, Converter] = {
+    "Conv2D": _conv2d,
+    "DepthwiseConv2dNative": _depthwise,
+    "Conv2DBackpropInput": _conv_backprop_input,
+    "MaxPool": _pool("MaxPool"),
+    "MaxPoolV2": _pool("MaxPool"),
+    "AvgPool": _pool("AveragePool"),
+    "BiasAdd": _bias_add,
+    "BiasAddV1": _bias_add,
+    "FusedBatchNorm": _fused_batch_norm,
+    "FusedBatchNormV2": _fused_batch_norm,
+    "FusedBatchNormV3": _fused_batch_norm,
+    "ResizeBilinear": _resize("linear"),
+    "ResizeNearestNeighbor": _resize("nearest"),
+    "DepthToSpace": _depth_space("DepthToSpace"),
+    "SpaceToDepth": _depth_space("SpaceToDepth"),
+}
