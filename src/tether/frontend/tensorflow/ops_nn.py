@@ -205,10 +205,12 @@ def _resize(kind: str) -> Converter:
             attrs["coordinate_transformation_mode"] = ("align_corners" if align else
                                                        "half_pixel" if half else "asymmetric")
         else:
-            # TensorFlow rounds half away from zero with align_corners, floors otherwise
+            # TensorFlow: round(out * scale) with align_corners (half away from zero), else floor(out * scale),
+            # or floor((out + 0.5) * scale) with half pixel centers, which is round-half-up of ONNX's half_pixel
+            # coordinate (out + 0.5) * scale - 0.5
             attrs["coordinate_transformation_mode"] = ("align_corners" if align else
-                                                       "tf_half_pixel_for_nn" if half else "asymmetric")
-            attrs["nearest_mode"] = "round_prefer_ceil" if align else "floor"
+                                                       "half_pixel" if half else "asymmetric")
+            attrs["nearest_mode"] = "round_prefer_ceil" if align or half else "floor"
         xn = t.name(x)
         if kind == "linear" and x.dtype is not None and x.dtype != np.float32:
             xn = t.emit1("Cast", [xn], to=1)

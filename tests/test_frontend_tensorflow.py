@@ -1,0 +1,324 @@
+"""The TensorFlow frontend: frozen GraphDefs and SavedModels made by TensorFlow at test time, read without it,
+compiled by tether and compared with TensorFlow on the same input."""
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+import tether  # noqa: E402
+from tether import graph_executor, rpc  # noqa: E402
+from tether.errors import InvalidInput, UnsupportedOpError  # noqa: E402
+from tether.frontend import from_tensorflow  # noqa: E402
+from tether.frontend.detect import detect  # noqa: E402
+from tether.frontend.tensorflow import to_onnx  # noqa: E402
+
+REL_TOL = 1e-4        # max |tether - tensorflow| relative to max |tensorflow|
+
+
+def _tf():
+    import tensorflow as tf
+    return tf
+
+
+def _randomize_batch_norms(model, rng):
+    """Random statistics and affine terms, so a batch norm is no identity and a layout slip shows."""
+    tf = _tf()
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.BatchNormalization):
+            c = layer.gamma.shape[0]
+            layer.set_weights([rng.uniform(0.5, 1.5, c), rng.normal(0, 0.2, c), rng.normal(0, 0.2, c),
+                               rng.uniform(0.5, 1.5, c)])
+
+
+def _small_resnet(tf):
+    """The ResNet-50 bottleneck block (1x1, 3x3, 1x1 convolutions, batch norms, a projection shortcut, the add)
+    in two stages behind ResNet's stem, at a size this box compiles quickly."""
+    layers = tf.keras.layers
+
+    def block(x, filters, stride):
+        shortcut = layers.Conv2D(4 * filters, 1, strides=stride)(x)
+        shortcut = layers.BatchNormalization(epsilon=1.001e-5)(shortcut)
+        x = layers.Conv2D(filters, 1, strides=stride)(x)
+        x = layers.Activation("relu")(layers.BatchNormalization(epsilon=1.001e-5)(x))
+        x = layers.Conv2D(filters, 3, padding="same")(x)
+        x = layers.Activation("relu")(layers.BatchNormalization(epsilon=1.001e-5)(x))
+        x = layers.BatchNormalization(epsilon=1.001e-5)(layers.Conv2D(4 * filters, 1)(x))
+        return layers.Activation("relu")(layers.Add()([shortcut, x]))
+
+    inp = layers.Input((32, 32, 3))
+    x = layers.ZeroPadding2D(3)(inp)
+    x = layers.Conv2D(16, 7, strides=2)(x)
+    x = layers.Activation("relu")(layers.BatchNormalization(epsilon=1.001e-5)(x))
+    x = layers.MaxPooling2D(3, strides=2)(layers.ZeroPadding2D(1)(x))
+    x = block(x, 8, 1)
+    x = block(x, 16, 2)
+    x = layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(inp, layers.Dense(10)(x))
+
+
+def _freeze(tf, fn, specs):
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    frozen = convert_variables_to_constants_v2(fn.get_concrete_function(*specs))
+    return frozen.graph.as_graph_def().SerializeToString(), [t.name for t in frozen.outputs], \
+        [t.name.split(":")[0] for t in frozen.inputs]
+
+
+@pytest.fixture(scope="module")
+def keras_models(tmp_path_factory):
+    """MobileNet (alpha 0.25, 64x64) and a small ResNet: each frozen to a .pb and saved as a SavedModel, with
+    one input and TensorFlow's output for it."""
+    tf = _tf()
+    rng = np.random.default_rng(0)
+    folder = tmp_path_factory.mktemp("tf-keras")
+    tf.keras.utils.set_random_seed(0)
+    models = {
+        "mobilenet": tf.keras.applications.MobileNet(weights=None, alpha=0.25, input_shape=(64, 64, 3),
+                                                     classifier_activation=None),
+        "resnet": _small_resnet(tf),
+    }
+    out = {}
+    for name, model in models.items():
+        _randomize_batch_norms(model, rng)
+        shape = (1,) + tuple(model.input_shape[1:])
+        x = rng.standard_normal(shape).astype(np.float32)
+        ref = model(x, training=False).numpy()
+        pb, _, _ = _freeze(tf, tf.function(lambda t, m=model: m(t, training=False)),
+                           [tf.TensorSpec(shape, tf.float32)])
+        (folder / (name + ".pb")).write_bytes(pb)
+        tf.saved_model.save(model, str(folder / (name + "_saved")))
+        out[name] = {"pb": str(folder / (name + ".pb")), "saved": str(folder / (name + "_saved")), "x": x,
+                     "ref": ref}
+    return out
+
+
+def _run_host(graph, params, feeds, folder):
+    tether.build_graph(graph, params, target="host").export(str(folder))
+    gm = graph_executor.load(str(folder))
+    for k, v in feeds.items():
+        gm.set_input(k, v)
+    gm.run()
+    return [gm.get_output(i) for i in range(gm.get_num_outputs())]
+
+
+def _rel_err(got, ref):
+    got, ref = np.asarray(got), np.asarray(ref)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    return float(np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+@pytest.mark.parametrize("kind", ["pb", "saved"])
+@pytest.mark.parametrize("name", ["mobilenet", "resnet"])
+def test_keras_application_matches_tensorflow(keras_models, name, kind, tmp_path):
+    m = keras_models[name]
+    graph, params = from_tensorflow(m[kind])
+    feeds = {graph.inputs[0]: m["x"]}
+    got = _run_host(graph, params, feeds, tmp_path)[0]
+    err = _rel_err(got, m["ref"])
+    print("%s %s: max rel err %.2e" % (name, kind, err))
+    assert err <= REL_TOL
+
+
+def test_conv_chain_keeps_nchw_between_convolutions(keras_models):
+    """NHWC is transposed to NCHW once at the input and back once before the head's reshape: no Transpose pairs
+    inside the chain of convolutions, batch norms, activations and pads."""
+    for kind in ("pb", "saved"):
+        model = to_onnx(keras_models["mobilenet"][kind])
+        ops = [n.op_type for n in model.graph.node]
+        assert ops.count("Conv") == 28
+        assert ops.count("Transpose") <= 2, ops
+        produced = {o: n.op_type for n in model.graph.node for o in n.output}
+        for n in model.graph.node:
+            if n.op_type == "Transpose":
+                assert produced.get(n.input[0]) != "Transpose"
+
+
+def test_formats_are_detected_and_coverage_is_complete(keras_models):
+    from tether.frontend.model_file import op_coverage
+
+    m = keras_models["resnet"]
+    assert detect(m["pb"]).name == "TensorFlow GraphDef"
+    assert detect(m["saved"]).name == "TensorFlow SavedModel"
+    for kind in ("pb", "saved"):
+        rows = op_coverage(m[kind])
+        assert rows and all(r["covered"] for r in rows), [r for r in rows if not r["covered"]]
+        assert {"Conv2D", "MaxPool", "Relu", "AddV2"} <= {r["op_type"] for r in rows}
+        assert all(r["domain"] == "TensorFlow" for r in rows)
+
+
+# -- one model of many op families --------------------------------------------------------------------------
+def _op_family_function(tf):
+    rng = np.random.default_rng(3)
+    w = lambda *s: tf.constant(rng.standard_normal(s).astype(np.float32) * 0.3)  # noqa: E731
+    k1, kd, kt, kw = w(3, 3, 4, 6), w(3, 3, 4, 2), w(3, 3, 6, 5), w(96, 7)
+    scale, offset, mean, var = w(6), w(6), w(6), tf.constant(rng.uniform(0.5, 1.5, 6).astype(np.float32))
+
+    @tf.function
+    def f(x, v):
+        # x: [1, 8, 8, 4] NHWC, v: [2, 3, 4]
+        c = tf.nn.conv2d(x, k1, strides=2, padding="SAME")                            # Conv2D
+        c = tf.nn.bias_add(c, w(6))                                                   # BiasAdd
+        c, _, _ = tf.compat.v1.nn.fused_batch_norm(c, scale, offset, mean, var, epsilon=1e-3, is_training=False)
+        c = tf.nn.relu6(c) + tf.nn.elu(c) * tf.nn.selu(c) - tf.nn.leaky_relu(c, 0.1)
+        c = c * tf.sigmoid(c) + tf.tanh(c) + tf.nn.softplus(c)                        # swish-style Mul
+        d = tf.nn.depthwise_conv2d(x, kd, strides=[1, 1, 1, 1], padding="VALID")      # DepthwiseConv2dNative
+        d = tf.nn.max_pool2d(d, 2, 2, "VALID") + tf.nn.avg_pool2d(d, 3, 2, "SAME")    # MaxPool, AvgPool
+        e = tf.nn.conv2d(x, k1, strides=1, padding=[[0, 0], [1, 2], [0, 1], [0, 0]])   # explicit padding
+        t = tf.nn.conv2d_transpose(tf.nn.relu(c[..., :5]), kt, [1, 8, 8, 6], 2, "SAME")  # Conv2DBackpropInput
+        r1 = tf.compat.v1.image.resize_bilinear(c, [7, 5], align_corners=True)
+        r2 = tf.compat.v1.image.resize_bilinear(c, [9, 6], half_pixel_centers=True)
+        r3 = tf.compat.v1.image.resize_nearest_neighbor(c, [8, 8], half_pixel_centers=True)
+        r4 = tf.compat.v1.image.resize_nearest_neighbor(c, [7, 7], align_corners=True)
+        r5 = tf.compat.v1.image.resize_bilinear(c, [6, 6])
+        red = (tf.reduce_mean(c, [1, 2]) + tf.reduce_sum(d, [1, 2])[:, :6] + tf.reduce_max(c, [1, 2])
+               + tf.reduce_min(e, [1, 2]) + tf.reduce_prod(tf.sigmoid(c), [1, 2]))
+        red = tf.concat([red, tf.reduce_mean(e, [1], keepdims=True)[:, 0, 0, :]], axis=1)  # ConcatV2, keep_dims
+        flat = tf.reshape(tf.transpose(c, [0, 3, 1, 2]), [1, -1])                      # Transpose, Reshape
+        dense = tf.matmul(flat, kw) + tf.matmul(red, w(7, 12), transpose_b=True)[:, :7]  # MatMul
+        a = tf.math.rsqrt(tf.abs(v) + 1) + tf.sqrt(tf.square(v)) - tf.exp(-v) + tf.math.log(tf.abs(v) + 2)
+        a = tf.maximum(a, -v) / tf.minimum(tf.abs(v) + 1, 2.0) + tf.pow(tf.abs(v), 1.5)
+        a = a + tf.math.squared_difference(v, 0.5) + tf.math.erf(v) + tf.negative(v)
+        a = tf.where(v > 0, a, tf.zeros_like(a)) + tf.ones_like(v) + tf.math.floormod(v, 0.7)
+        a = tf.math.floordiv(v, 0.3) + a
+        bm = tf.linalg.matmul(a, v, adjoint_b=True)                                   # BatchMatMulV2, adj_y
+        es = tf.einsum("bij,bkj->bik", a, v)                                          # Einsum
+        p = tf.pad(v, [[0, 0], [1, 2], [2, 1]], constant_values=0.5)                  # PadV2
+        mp = tf.pad(v, [[0, 0], [1, 1], [2, 1]], mode="REFLECT") + tf.pad(v, [[0, 0], [1, 1], [2, 1]],
+                                                                          mode="SYMMETRIC")
+        parts = tf.split(v, 2, axis=2)                                                # Split
+        sv = tf.split(v, [1, -1], axis=1)                                             # SplitV
+        un = tf.unstack(v, axis=1)                                                    # Unpack
+        st = tf.stack([parts[0], parts[1]], axis=1)                                   # Pack
+        sl = v[:, ::-1, 1:3] + v[..., tf.newaxis, 2:][..., 0, :] + tf.slice(v, [0, 1, 1], [-1, 2, 2])[:, :1, :1]
+        g = tf.gather(v, [2, 0, 1, 1], axis=1) + tf.gather(tf.reshape(v, [-1]), [[3]])[0]
+        sq = tf.squeeze(tf.expand_dims(v, 0), [0])
+        shp = tf.cast(tf.shape(v), tf.float32)
+        fi = tf.fill([3, 3], 1.5) + tf.tile(v[:, :, :1], [1, 1, 3])[0]
+        rg = tf.cast(tf.range(0, 8, 2), tf.float32) * tf.cast(tf.argmax(v, axis=2), tf.float32)[0, :1]
+        sm = tf.nn.softmax(v) + tf.nn.softmax(c)[0, 0, 0, :4]
+        return [c, d, e, t, r1, r2, r3, r4, r5, dense, bm, es, p, mp, st, sv[1], un[2], sl, g, sq + shp[2],
+                fi, rg, sm, tf.identity_n([a, v])[0]]
+
+    return f
+
+
+@pytest.fixture(scope="module")
+def op_family(tmp_path_factory):
+    tf = _tf()
+    f = _op_family_function(tf)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 8, 8, 4)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    pb, outputs, inputs = _freeze(tf, f, [tf.TensorSpec(x.shape, tf.float32), tf.TensorSpec(v.shape, tf.float32)])
+    path = tmp_path_factory.mktemp("tf-ops") / "ops.pb"
+    path.write_bytes(pb)
+    refs = [r.numpy() for r in f(x, v)]
+    return {"path": str(path), "outputs": outputs, "feeds": dict(zip(inputs, (x, v))), "refs": refs}
+
+
+def test_op_families_match_tensorflow(op_family, tmp_path):
+    graph, params = from_tensorflow(op_family["path"], outputs=op_family["outputs"])
+    got = _run_host(graph, params, op_family["feeds"], tmp_path)
+    assert len(got) == len(op_family["refs"])
+    for i, (g, r) in enumerate(zip(got, op_family["refs"])):
+        err = _rel_err(g, r)
+        assert err <= REL_TOL, "output %d (%s): max rel err %.2e" % (i, op_family["outputs"][i], err)
+
+
+def test_graphdef_bytes_and_user_shape(keras_models):
+    """The API takes a GraphDef's bytes, and ``shape`` fixes an input the SavedModel leaves open."""
+    with open(keras_models["resnet"]["pb"], "rb") as fh:
+        model = to_onnx(fh.read())
+    assert [i.name for i in model.graph.input] == ["x"]
+    model = to_onnx(keras_models["resnet"]["saved"], shape={"inputs": [2, 32, 32, 3]})
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [2, 32, 32, 3]
+    with pytest.raises(InvalidInput, match="does not fit"):
+        to_onnx(keras_models["resnet"]["saved"], shape={"inputs": [1, 31, 32, 3]})
+
+
+def test_unsupported_ops_are_named_in_one_error(tmp_path):
+    tf = _tf()
+
+    @tf.function
+    def f(x):
+        return tf.math.cumsum(tf.signal.rfft(x), axis=0), tf.math.lgamma(x) + tf.math.cumsum(x)
+
+    pb, outputs, _ = _freeze(tf, f, [tf.TensorSpec([8], tf.float32)])
+    path = tmp_path / "unsupported.pb"
+    path.write_bytes(pb)
+    with pytest.raises(UnsupportedOpError) as info:
+        to_onnx(str(path))
+    msg = str(info.value)
+    assert len(msg.splitlines()) == 1
+    for op in ("RFFT", "Lgamma", "Cumsum"):
+        assert op in msg
+    assert "producer" in msg and str(path) in msg
+
+
+def test_corrupt_files_are_invalid_input(keras_models, tmp_path):
+    data = open(keras_models["resnet"]["pb"], "rb").read()
+    cut = tmp_path / "cut.pb"
+    cut.write_bytes(data[:len(data) // 3])
+    with pytest.raises(InvalidInput, match="cut.pb"):
+        to_onnx(str(cut))
+    # a SavedModel whose checkpoint was lost
+    import shutil
+    broken = tmp_path / "broken_saved"
+    shutil.copytree(keras_models["resnet"]["saved"], broken)
+    os.remove(broken / "variables" / "variables.index")
+    with pytest.raises(InvalidInput, match="variables.index"):
+        to_onnx(str(broken))
+    (broken / "variables" / "variables.index").write_bytes(b"\x00" * 100)
+    with pytest.raises(InvalidInput, match="not a valid tensor bundle index"):
+        to_onnx(str(broken))
+
+
+# -- the command line ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["pb", "saved"])
+def test_cli_compile_and_check(keras_models, kind, tmp_path):
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    path = keras_models["mobilenet"][kind]
+    result = CliRunner().invoke(cli, ["compile", "--check", path])
+    assert result.exit_code == 0, result.output
+    assert "DepthwiseConv2dNative" in result.output and "0 not covered" in result.output
+    if kind == "pb":
+        result = CliRunner().invoke(cli, ["compile", path, "-o", str(tmp_path / "out")])
+        assert result.exit_code == 0, result.output
+        assert os.path.isfile(tmp_path / "out" / "deploy.json")
+
+
+def test_cli_corrupt_pb_is_one_line_exit_2(keras_models, tmp_path):
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    data = open(keras_models["mobilenet"]["pb"], "rb").read()
+    path = tmp_path / "truncated.pb"
+    path.write_bytes(data[:len(data) // 2])
+    for argv in (["compile", str(path), "-o", str(tmp_path / "out")], ["compile", "--check", str(path)]):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 2, result.output
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "truncated.pb" in lines[0] and "Traceback" not in result.output, result.output
+    assert not os.path.exists(tmp_path / "out")
+
+
+# -- the emulated aarch64 board ------------------------------------------------------------------------------
+@pytest.mark.emulated
+@pytest.mark.slow
+def test_saved_model_on_emulated_aarch64(emulated_devices, keras_models, tmp_path):
+    device = emulated_devices.for_preset("rasp4b")
+    m = keras_models["mobilenet"]
+    graph, params = from_tensorflow(m["saved"])
+    tether.build_graph(graph, params, target="rasp4b").export(str(tmp_path))
+    with rpc.connect(*device.address, timeout=300) as sess:
+        with sess.graph_executor(str(tmp_path)) as gm:
+            gm.run(**{graph.inputs[0]: m["x"]})
+            err = _rel_err(gm.get_output(0), m["ref"])
+    assert err <= REL_TOL
