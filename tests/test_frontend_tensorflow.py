@@ -231,7 +231,7 @@ def test_graphdef_bytes_and_user_shape(keras_models):
     """The API takes a GraphDef's bytes, and ``shape`` fixes an input the SavedModel leaves open."""
     with open(keras_models["resnet"]["pb"], "rb") as fh:
         model = to_onnx(fh.read())
-    assert [i.name for i in model.graph.input] == ["x"]
+    assert [i.name for i in model.graph.input] == ["t"]     # the traced function's argument
     model = to_onnx(keras_models["resnet"]["saved"], shape={"inputs": [2, 32, 32, 3]})
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == [2, 32, 32, 3]

@@ -102,6 +102,8 @@ def translate(loaded: LoadedGraph, shape: Optional[Mapping[str, Sequence[int]]] 
         t.node = node
         try:
             outs = convert(t, node, ins)
+        except InvalidInput:
+            raise                             # a broken file (a missing checkpoint): not the op's fault
         except UnsupportedOpError as exc:
             missing.setdefault(node.op, []).append("%s: %s" % (node.name, _reason(exc, node)))
             continue
