@@ -11,7 +11,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tether.errors import UnsupportedOpError
 from tether.frontend.tensorflow.graph import TFNode
 from tether.frontend.tensorflow.translate import Converter, Perm, Translator, Value, node_dtype, require_const
 
