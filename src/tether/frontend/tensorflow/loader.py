@@ -148,9 +148,9 @@ def load_saved_model(folder: str, outputs: Optional[Sequence[str]] = None,
                                % folder)
         raise InvalidInput("%s has no saved_model.pb; expected a TensorFlow SavedModel folder" % folder)
     with open(pb, "rb") as fh:
-        sm = _parse(protos.SavedModel, fh.read(), pb, "SavedModel (saved_model.pb)")
+        sm = _parse(protos.SavedModel, fh.read(), pb, "TensorFlow SavedModel (saved_model.pb)")
     if not len(sm.meta_graphs):
-        raise InvalidInput("%s is not a valid SavedModel: it holds no meta graph" % pb)
+        raise InvalidInput("%s is not a valid TensorFlow SavedModel: it holds no meta graph" % pb)
     meta = next((m for m in sm.meta_graphs if "serve" in m.meta_info_def.tags), sm.meta_graphs[0])
     flat = FlatGraph(library_of(meta.graph_def))
     flat.add_graph(meta.graph_def.node)
