@@ -198,8 +198,17 @@ def _op_family_function(tf):
         fi = tf.fill([3, 3], 1.5) + tf.tile(v[:, :, :1], [1, 1, 3])[0]
         rg = tf.cast(tf.range(0, 8, 2), tf.float32) * tf.cast(tf.argmax(v, axis=2), tf.float32)[0, :1]
         sm = tf.nn.softmax(v) + tf.nn.softmax(c)[0, 0, 0, :4]
+        # ops that keep a convolution's NCHW result as it is, addressing its axes where they lie
+        cc = tf.concat([c, tf.nn.relu(e[:, 1::2, ::2, :])], axis=3)                 # [1, 4, 4, 12]
+        c1, c2 = tf.split(cc, 2, axis=-1)
+        k = tf.pad(c1, [[0, 0], [1, 0], [0, 2], [1, 1]]) * tf.constant(np.arange(8, dtype=np.float32))
+        k = tf.slice(k, [0, 1, 0, 2], [-1, 3, 4, -1]) + tf.tile(tf.reduce_mean(c2, axis=1, keepdims=True),
+                                                               [1, 3, 1, 1])   # [1, 3, 4, 6]
+        h = tf.reduce_sum(k, axis=1) + tf.cast(tf.cast(k[:, 0] * 4, tf.int32), tf.float32)  # [1, 4, 6]
+        h = tf.nn.bias_add(h, tf.constant(np.linspace(-1, 1, 6, dtype=np.float32))) * tf.reduce_max(k, axis=[1, 2])
+        bn = tf.compat.v1.nn.fused_batch_norm(tf.nn.relu(k), scale, offset, mean, var, is_training=False)[0]
         return [c, d, e, t, r1, r2, r3, r4, r5, dense, bm, es, p, mp, st, sv[1], un[2], sl, g, sq + shp[2],
-                fi, rg, sm, tf.identity_n([a, v])[0]]
+                fi, rg, sm, tf.identity_n([a, v])[0], h, bn]
 
     return f
 

@@ -68,12 +68,16 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
         _check(model)
         return
     t0 = time.perf_counter()
-    proto, base_dir = load_model_file(model)  # a foreign or broken file: InvalidInput, one line (cli/errors.py)
-
     import tether
     from tether.errors import UnsupportedOpError
     from tether.frontend import from_onnx
 
+    try:
+        # a foreign or broken file: InvalidInput, one line (cli/errors.py); ops a foreign format's reader does not
+        # translate: UnsupportedOpError, one line as from_onnx's below
+        proto, base_dir = load_model_file(model)
+    except UnsupportedOpError as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         graph, params = from_onnx(proto, shape=parse_input_shapes(input_shapes), base_dir=base_dir)
     except (UnsupportedOpError, ValueError) as exc:

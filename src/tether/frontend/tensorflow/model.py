@@ -88,9 +88,6 @@ def translate(loaded: LoadedGraph, shape: Optional[Mapping[str, Sequence[int]]] 
     for node in order:
         if node.name + ":0" in values:
             continue
-        ins = [values.get(g.resolve(i)) for i in node.inputs]
-        if any(v is None for v in ins):
-            continue                          # an input failed to translate: reported at its own node
         if node.op == "Placeholder":
             missing.setdefault(node.op, []).append("%s (a placeholder that is no input of the signature)"
                                                    % node.name)
@@ -99,6 +96,9 @@ def translate(loaded: LoadedGraph, shape: Optional[Mapping[str, Sequence[int]]] 
         if convert is None:
             missing.setdefault(node.op, []).append(node.name)
             continue
+        ins = [values.get(g.resolve(i)) for i in node.inputs]
+        if any(v is None for v in ins):
+            continue                          # an input failed to translate: reported at its own node
         t.node = node
         try:
             outs = convert(t, node, ins)

@@ -300,7 +300,8 @@ def _strided_slice(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]
         y = t.emit1("Squeeze", [y, t.ints(shrink)])
     if out_new:
         y = t.emit1("Unsqueeze", [y, t.ints(out_new)])
-    out_rank = axis - len(shrink) + len(out_new) if rank is not None or not masks["ellipsis_mask"] else None
+    # input axes past the spec are kept whole
+    out_rank = None if rank is None else rank - len(shrink) + len(out_new)
     return [t.out(y, shape=None if out_rank is None else (None,) * out_rank, dtype=x.dtype)]
 
 

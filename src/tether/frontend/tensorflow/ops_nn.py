@@ -173,10 +173,7 @@ def _fused_batch_norm(t: Translator, node: TFNode, ins: List[Value]) -> List[Val
     x, scale, offset, mean, var = ins[:5]
     eps = float(node.attr("epsilon", 1e-4))
     nhwc, _ = _layout(node)
-    if nhwc and x.perm is None:
-        xn, perm = t.nchw(x), NCHW
-    else:
-        xn, perm = t.name(x), x.perm
+    xn, perm = _input(t, x, nhwc)
     pos = 1
     if node.attr("is_training", False):
         # statistics of this batch: mean and biased variance over every axis but the channel's
