@@ -331,3 +331,84 @@ def test_saved_model_on_emulated_aarch64(emulated_devices, keras_models, tmp_pat
             gm.run(**{graph.inputs[0]: m["x"]})
             err = _rel_err(gm.get_output(0), m["ref"])
     assert err <= REL_TOL
+
+
+def test_cli_untranslated_ops_are_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    tf = _tf()
+
+    @tf.function
+    def f(x):
+        return tf.math.lgamma(x) + tf.math.cumsum(x)
+
+    pb, _, _ = _freeze(tf, f, [tf.TensorSpec([8], tf.float32)])
+    path = tmp_path / "lgamma.pb"
+    path.write_bytes(pb)
+    result = CliRunner().invoke(cli, ["compile", str(path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Lgamma (node Lgamma)" in lines[0] and "Cumsum (node Cumsum)" in lines[0]
+
+
+# -- constants and TensorFlow 1 files ------------------------------------------------------------------------
+_VALUE_FIELDS = {np.float16: "half_val", np.float32: "float_val", np.float64: "double_val", np.int32: "int_val",
+                 np.int8: "int_val", np.int64: "int64_val", np.bool_: "bool_val", np.object_: "string_val"}
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(6, dtype=np.float16).reshape(2, 3) / 4,
+    np.array([[True, False, True]]),
+    np.array([b"ab", b"", b"\xffz"], dtype=object),
+    np.full((2, 2), 7, dtype=np.int64),
+    np.linspace(-1, 1, 12, dtype=np.float64).reshape(3, 4),
+    np.linspace(-1, 1, 6, dtype=np.float32),
+    np.array(3, dtype=np.int32),
+    np.arange(-3, 3, dtype=np.int8),
+], ids=["half", "bool", "string", "int64", "double", "float", "scalar", "int8"])
+def test_tensor_protos_read_as_tensorflow_reads_them(value):
+    """Each way TensorFlow writes a constant: raw tensor_content, the repeated field of the dtype (half as bit
+    patterns), and one value for a whole tensor (a splat)."""
+    tf = _tf()
+    from tether.frontend.tensorflow import protos
+    from tether.frontend.tensorflow.tensors import tensor_value
+
+    field = _VALUE_FIELDS[value.dtype.type]
+    repeated = tf.make_tensor_proto(value)
+    if repeated.tensor_content:
+        repeated.ClearField("tensor_content")
+        flat = value.reshape(-1)
+        getattr(repeated, field).extend(flat.view(np.uint16).tolist() if field == "half_val" else flat.tolist())
+    cases = [tf.make_tensor_proto(value), repeated,
+             tf.make_tensor_proto(value.reshape(-1)[0], dtype=value.dtype if value.dtype != object else tf.string,
+                                  shape=value.shape)]
+    for proto in cases:
+        got = tensor_value(protos.TensorProto.FromString(proto.SerializeToString()), "test")
+        ref = tf.make_ndarray(proto)
+        assert got.dtype == ref.dtype and got.shape == ref.shape, (got, ref, proto)
+        assert (got == ref).all(), (got, ref, proto)
+
+
+def test_tensorflow1_saved_model_with_ref_and_resource_variables(tmp_path):
+    tf = _tf()
+    rng = np.random.default_rng(5)
+    folder = str(tmp_path / "tf1_saved")
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    with tf.Graph().as_default():
+        ph = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=rng.standard_normal((4, 3)).astype(np.float32))
+        b = tf.compat.v1.Variable(rng.standard_normal(3).astype(np.float32), name="b", use_resource=False)
+        y = tf.nn.relu6(tf.matmul(ph, w) + b, name="y")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            ref = sess.run(y, {ph: x})
+            tf.compat.v1.saved_model.simple_save(sess, folder, {"x": ph}, {"y": y})
+    from tether.frontend.tensorflow import coverage
+
+    assert {"VariableV2", "VarHandleOp"} <= {r["op_type"] for r in coverage(folder)}
+    graph, params = from_tensorflow(folder)
+    assert graph.inputs == ["x"]
+    got = _run_host(graph, params, {"x": x}, tmp_path / "out")[0]
+    assert _rel_err(got, ref) <= REL_TOL
