@@ -58,6 +58,28 @@ def _small_resnet(tf):
     return tf.keras.Model(inp, layers.Dense(10)(x))
 
 
+def _keras_layers(tf):
+    """Keras layers whose TensorFlow graphs take patterns of their own: a dilated separable convolution
+    (SpaceToBatchND, depthwise, BatchToSpaceND), transposed convolutions whose output size is packed from the
+    run-time batch size, upsampling (nearest and bilinear), layer norm, PReLU, exact GELU (Erfc), pools, dense."""
+    L = tf.keras.layers
+    inp = L.Input((16, 16, 3))
+    x = L.Conv2D(8, 3, padding="same", activation="swish")(inp)
+    x = L.SeparableConv2D(8, 3, padding="same", dilation_rate=2)(x)
+    x = L.LayerNormalization()(x)
+    y = L.Conv2DTranspose(6, 3, strides=2, padding="same")(x)
+    y2 = L.Conv2DTranspose(6, 3, strides=2, padding="valid")(x)
+    z = L.Concatenate()([y, L.UpSampling2D(2)(x), L.UpSampling2D(2, interpolation="bilinear")(x)])
+    z = L.PReLU(shared_axes=[1, 2])(z)
+    z = L.DepthwiseConv2D(3, strides=2, padding="same")(z)
+    z = L.Activation("gelu")(L.BatchNormalization()(z))
+    h = L.Concatenate()([L.GlobalMaxPooling2D()(z), L.Flatten()(L.AveragePooling2D(2)(z)),
+                         L.GlobalAveragePooling2D()(y2)])
+    h = L.Dropout(0.5)(L.Dense(16, activation="tanh")(h))
+    out = L.Softmax()(L.Dense(5)(h) * L.Dense(5, activation="sigmoid")(h))
+    return tf.keras.Model(inp, out)
+
+
 def _freeze(tf, fn, specs):
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
@@ -68,8 +90,8 @@ def _freeze(tf, fn, specs):
 
 @pytest.fixture(scope="module")
 def keras_models(tmp_path_factory):
-    """MobileNet (alpha 0.25, 64x64) and a small ResNet: each frozen to a .pb and saved as a SavedModel, with
-    one input and TensorFlow's output for it."""
+    """MobileNet (alpha 0.25, 64x64), a small ResNet and a model of many Keras layers: each frozen to a .pb and
+    saved as a SavedModel, with one input and TensorFlow's output for it."""
     tf = _tf()
     rng = np.random.default_rng(0)
     folder = tmp_path_factory.mktemp("tf-keras")
@@ -78,6 +100,7 @@ def keras_models(tmp_path_factory):
         "mobilenet": tf.keras.applications.MobileNet(weights=None, alpha=0.25, input_shape=(64, 64, 3),
                                                      classifier_activation=None),
         "resnet": _small_resnet(tf),
+        "layers": _keras_layers(tf),
     }
     out = {}
     for name, model in models.items():
@@ -109,9 +132,9 @@ def _rel_err(got, ref):
     return float(np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-@pytest.mark.parametrize("kind", ["pb", "saved"])
-@pytest.mark.parametrize("name", ["mobilenet", "resnet"])
-def test_keras_application_matches_tensorflow(keras_models, name, kind, tmp_path):
+@pytest.mark.parametrize("name,kind", [("mobilenet", "pb"), ("mobilenet", "saved"), ("resnet", "pb"),
+                                       ("resnet", "saved"), ("layers", "saved")])
+def test_keras_model_matches_tensorflow(keras_models, name, kind, tmp_path):
     m = keras_models[name]
     graph, params = from_tensorflow(m[kind])
     feeds = {graph.inputs[0]: m["x"]}

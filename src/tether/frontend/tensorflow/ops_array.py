@@ -124,7 +124,10 @@ def _pack(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     if ins[0].shape is not None:
         pos = axis if axis >= 0 else len(ins[0].shape) + 1 + axis
         shape = ins[0].shape[:pos] + (len(ins),) + ins[0].shape[pos:]
-    return [t.out(out, shape=shape, dtype=ins[0].dtype)]
+    value = t.out(out, shape=shape, dtype=ins[0].dtype)
+    if all(v.rank == 0 for v in ins) and value.dtype is not None and np.issubdtype(value.dtype, np.integer):
+        value.elements = [None if v.const is None else int(v.const) for v in ins]
+    return [value]
 
 
 def _split_outputs(t: Translator, x: Value, axis: int, sizes: Optional[List[int]], n: int) -> List[Value]:

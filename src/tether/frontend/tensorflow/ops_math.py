@@ -110,6 +110,10 @@ def _square(t, x, node, v):
     return t.emit1("Mul", [x, x])
 
 
+def _erfc(t, x, node, v):
+    return t.emit1("Sub", [_scalar(t, v, 1), t.emit1("Erf", [x])])
+
+
 def _leaky(t, x, node, v):
     return t.emit1("LeakyRelu", [x], alpha=float(node.attr("alpha", 0.2)))
 
@@ -332,6 +336,7 @@ CONVERTERS: Dict[str, Converter] = {
     "Reciprocal": unary("Reciprocal", lambda x: 1 / x),
     "Inv": unary("Reciprocal", lambda x: 1 / x),
     "Erf": unary("Erf", _erf),
+    "Erfc": _chain(lambda x, n: 1 - _erf(x), _erfc),
     "Gelu": _chain(_gelu_fold, _gelu),
     "Floor": unary("Floor", np.floor),
     "Ceil": unary("Ceil", np.ceil),

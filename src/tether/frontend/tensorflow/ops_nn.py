@@ -6,7 +6,7 @@ the total padding of an axis is split with the odd unit at the end, which is ONN
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -55,23 +55,44 @@ def _weights(t: Translator, w: Value, fold, perm: Sequence[int], reshape=None) -
     return t.emit1("Reshape", [out, t.ints(reshape)]) if reshape is not None else out
 
 
+def _dilation(t: Translator, node: TFNode, x: Value, nhwc: bool,
+              sp: List[int]) -> Tuple[Value, Dict, Optional[List[int]]]:
+    """The convolution's input, its window attributes, and the block shape a BatchToSpaceND must still undo.
+
+    TensorFlow writes a dilated convolution as SpaceToBatchND, a VALID convolution, BatchToSpaceND: the same as
+    one convolution with dilation = the block shape over the input padded by the SpaceToBatchND's paddings,
+    before the BatchToSpaceND's crops."""
+    attrs = dict(strides=_spatial(node, "strides", 1, sp), dilations=_spatial(node, "dilations", 1, sp),
+                 **_padding(node, nhwc))
+    if x.space_to_batch is None:
+        return x, attrs, None
+    src, block, pads = x.space_to_batch
+    if not nhwc or node.attr("padding") != "VALID" or attrs["strides"] != [1, 1] or attrs["dilations"] != [1, 1]:
+        raise UnsupportedOpError("node %s (%s): a SpaceToBatchND input with strides, dilations or padding other "
+                                 "than a dilated convolution's" % (node.name, node.op))
+    attrs = dict(strides=[1, 1], dilations=list(block), pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]])
+    return src, attrs, list(block)
+
+
 def _conv2d(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     x, w = ins
     nhwc, sp = _layout(node)
+    x, attrs, block = _dilation(t, node, x, nhwc, sp)
     xn, perm = _input(t, x, nhwc)
-    attrs = dict(strides=_spatial(node, "strides", 1, sp), dilations=_spatial(node, "dilations", 1, sp),
-                 **_padding(node, nhwc))
     group = 1
     c_axis = 3 if nhwc else 1
     if x.shape is not None and x.shape[c_axis] is not None and w.shape is not None and w.shape[2]:
         group = x.shape[c_axis] // w.shape[2]
     wn = _weights(t, w, lambda a: a.transpose(3, 2, 0, 1), (3, 2, 0, 1))
-    return [t.out(t.emit1("Conv", [xn, wn], group=group, **attrs), shape=_CONV_OUT, perm=perm, dtype=x.dtype)]
+    out = t.out(t.emit1("Conv", [xn, wn], group=group, **attrs), shape=_CONV_OUT, perm=perm, dtype=x.dtype)
+    out.batch_to_space = block
+    return [out]
 
 
 def _depthwise(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     x, w = ins
     nhwc, sp = _layout(node)
+    x, attrs, block = _dilation(t, node, x, nhwc, sp)
     xn, perm = _input(t, x, nhwc)
     if w.shape is None or None in w.shape:
         raise UnsupportedOpError("node %s (%s): the filter's shape must be known" % (node.name, node.op))
@@ -79,16 +100,46 @@ def _depthwise(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     # output channel c * mult + m is input channel c through filter[:, :, c, m]: ONNX groups of one channel
     wn = _weights(t, w, lambda a: a.transpose(2, 3, 0, 1).reshape(cin * mult, 1, kh, kw), (2, 3, 0, 1),
                   [cin * mult, 1, kh, kw])
-    out = t.emit1("Conv", [xn, wn], group=int(cin), strides=_spatial(node, "strides", 1, sp),
-                  dilations=_spatial(node, "dilations", 1, sp), **_padding(node, nhwc))
-    return [t.out(out, shape=_CONV_OUT, perm=perm, dtype=x.dtype)]
+    out = t.out(t.emit1("Conv", [xn, wn], group=int(cin), **attrs), shape=_CONV_OUT, perm=perm, dtype=x.dtype)
+    out.batch_to_space = block
+    return [out]
+
+
+def _space_to_batch(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, block_v, pads_v = ins
+    block = [int(b) for b in require_const(node, block_v, "block_shape").reshape(-1)]
+    pads = np.asarray(require_const(node, pads_v, "paddings"), dtype=np.int64).reshape(-1, 2).tolist()
+    if len(block) != 2:
+        raise UnsupportedOpError("node %s (SpaceToBatchND): %d block dimensions (a 2-D dilation has 2)"
+                                 % (node.name, len(block)))
+    return [Value(None, None, x.shape, None, x.dtype, space_to_batch=(x, block, pads))]
+
+
+def _batch_to_space(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    y, block_v, crops_v = ins
+    block = [int(b) for b in require_const(node, block_v, "block_shape").reshape(-1)]
+    crops = np.asarray(require_const(node, crops_v, "crops"), dtype=np.int64).reshape(-1, 2)
+    if y.batch_to_space != block:
+        raise UnsupportedOpError("node %s (BatchToSpaceND): its input is no dilated convolution of the same block "
+                                 "shape (tether translates the pair around a convolution only)" % node.name)
+    if not crops.any():
+        return [Value(y.name, None, y.shape, y.perm, y.dtype)]
+    axes = [t.onnx_axis(y, 1), t.onnx_axis(y, 2)]
+    ends = [-int(c) if c else np.iinfo(np.int64).max for c in crops[:, 1]]
+    out = t.emit1("Slice", [t.name(y), t.ints(crops[:, 0]), t.ints(ends), t.ints(axes)])
+    return [t.out(out, shape=_CONV_OUT, perm=y.perm, dtype=y.dtype)]
 
 
 def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     sizes_v, w, dy = ins
     nhwc, sp = _layout(node)
-    sizes = [int(s) for s in require_const(node, sizes_v, "input_sizes")]
-    out_hw = [sizes[a] for a in sp]
+    if sizes_v.const is not None:
+        out_hw = [int(sizes_v.const.reshape(-1)[a]) for a in sp]
+    elif sizes_v.elements is not None and all(sizes_v.elements[a] is not None for a in sp):
+        out_hw = [int(sizes_v.elements[a]) for a in sp]       # a run-time batch size beside constant dims
+    else:
+        raise UnsupportedOpError("node %s (%s): the spatial sizes of its input_sizes must be constants"
+                                 % (node.name, node.op))
     if w.shape is None or None in w.shape:
         raise UnsupportedOpError("node %s (%s): the filter's shape must be known" % (node.name, node.op))
     strides, dil = _spatial(node, "strides", 1, sp), _spatial(node, "dilations", 1, sp)
@@ -115,8 +166,8 @@ def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[
         pads_e.append(total - before)
         out_pad.append(out_hw[i] - ((fwd - 1) * strides[i] + kernel[i] - total))
     if min(out_pad) < 0:
-        raise UnsupportedOpError("node %s (%s): input_sizes %s do not fit its output gradient"
-                                 % (node.name, node.op, sizes))
+        raise UnsupportedOpError("node %s (%s): input sizes %s do not fit its output gradient"
+                                 % (node.name, node.op, out_hw))
     xn, perm = _input(t, dy, nhwc)
     # filter [kh, kw, out_channels, in_channels of dy] -> ConvTranspose weight [in of dy, out, kh, kw]
     wn = _weights(t, w, lambda a: a.transpose(3, 2, 0, 1), (3, 2, 0, 1))
@@ -243,6 +294,8 @@ CONVERTERS: Dict[str, Converter] = {
     "FusedBatchNormV3": _fused_batch_norm,
     "ResizeBilinear": _resize("linear"),
     "ResizeNearestNeighbor": _resize("nearest"),
+    "SpaceToBatchND": _space_to_batch,
+    "BatchToSpaceND": _batch_to_space,
     "DepthToSpace": _depth_space("DepthToSpace"),
     "SpaceToDepth": _depth_space("SpaceToDepth"),
 }

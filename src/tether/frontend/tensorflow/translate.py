@@ -41,6 +41,13 @@ class Value:
     shape: Optional[Tuple[Optional[int], ...]] = None     # TensorFlow's shape (None: rank unknown)
     perm: Perm = None                      # None: stored in TensorFlow's layout
     dtype: Optional[np.dtype] = None
+    # a SpaceToBatchND not yet computed: (input, block shape, paddings); a convolution consumes it as a dilation
+    space_to_batch: Optional[Tuple["Value", List[int], List[List[int]]]] = None
+    # a dilated convolution's result still to go through BatchToSpaceND: its block shape
+    batch_to_space: Optional[List[int]] = None
+    # a vector computed at run time whose elements are partly known (a shape made of a dynamic batch size and
+    # constant dimensions): each element's value, or None
+    elements: Optional[List[Optional[int]]] = None
 
     @property
     def rank(self) -> Optional[int]:
@@ -106,6 +113,10 @@ class Translator:
     def name(self, v: Value) -> str:
         """``v``'s ONNX name in whatever layout it is stored in."""
         if v.name is None:
+            if v.space_to_batch is not None:
+                raise UnsupportedOpError("node %s: it reads a SpaceToBatchND, which tether translates only as the "
+                                         "input of a convolution (a dilated convolution)"
+                                         % (self.node.name if self.node else "?"))
             if v.const.dtype == np.object_:
                 raise UnsupportedOpError("node %s: a string tensor reaches an op tether computes"
                                          % (self.node.name if self.node else "?"))
@@ -116,6 +127,8 @@ class Translator:
     # -- layout ----------------------------------------------------------------------------------------------
     def view(self, v: Value, perm: Perm = None) -> str:
         """``v``'s ONNX name stored as ``np.transpose(tf_value, perm)`` (None: TensorFlow's own layout)."""
+        if v.space_to_batch is not None:
+            return self.name(v)                    # refused there
         if v.const is not None:
             return self.name(v if perm is None else self.constant(np.transpose(v.const, perm)))
         if v.perm == perm:
