@@ -259,6 +259,68 @@ def test_op_families_match_tensorflow(op_family, tmp_path):
         assert err <= REL_TOL, "output %d (%s): max rel err %.2e" % (i, op_family["outputs"][i], err)
 
 
+def test_more_op_families_match_tensorflow(tmp_path):
+    tf = _tf()
+    rng = np.random.default_rng(6)
+
+    @tf.function
+    def f(x, v):
+        # x: [1, 6, 5, 8] NHWC, v: [3, 4]
+        c = tf.nn.conv2d(x, tf.constant(rng.standard_normal((1, 1, 8, 8)).astype(np.float32)), 1, "SAME")
+        lrn = tf.nn.local_response_normalization(c, depth_radius=2, bias=1.5, alpha=0.3, beta=0.75)
+        # sizes whose sampling fractions fall on TensorFlow's table of cubic weights (steps of 1/1024)
+        b1 = tf.compat.v1.image.resize_bicubic(c, [12, 10], half_pixel_centers=True)
+        b2 = tf.compat.v1.image.resize_bicubic(c, [11, 9], align_corners=True)
+        b3 = tf.compat.v1.image.resize_bicubic(c, [12, 20])
+        cs = tf.math.cumsum(c, axis=3) + tf.math.cumsum(c, axis=1, exclusive=True, reverse=True)
+        rv = tf.reverse(c, [1, 3]) + tf.reverse(x, [2])
+        u = tf.sigmoid(v) * 0.9                              # in (0, 0.9): inside every domain below
+        trig = (tf.tan(v * 0.5) + tf.asin(u) + tf.acos(u) + tf.atan(v) + tf.sinh(v) + tf.cosh(v) + tf.asinh(v)
+                + tf.acosh(u + 1) + tf.atanh(u * 0.9))
+        nums = tf.math.log1p(tf.abs(v)) + tf.math.expm1(v) + tf.math.rint(v * 3)
+        mods = tf.truncatemod(v, 0.4) + tf.cast(tf.truncatediv(tf.cast(v * 10, tf.int32), 3), tf.float32)
+        bad = tf.math.log(v)                                 # NaN where v < 0
+        flags = tf.cast(tf.math.is_nan(bad), tf.float32) + tf.cast(tf.math.is_finite(bad), tf.float32) * 2
+        bt = tf.broadcast_to(v[:1], [3, 4]) + tf.broadcast_to(v[:, :1], [3, 4])
+        return [lrn, b1, b2, b3, cs, rv, trig, nums, mods, flags, bt]
+
+    x = rng.standard_normal((1, 6, 5, 8)).astype(np.float32)
+    v = rng.standard_normal((3, 4)).astype(np.float32)
+    pb, outputs, inputs = _freeze(tf, f, [tf.TensorSpec(x.shape, tf.float32), tf.TensorSpec(v.shape, tf.float32)])
+    path = tmp_path / "ops2.pb"
+    path.write_bytes(pb)
+    refs = [r.numpy() for r in f(x, v)]
+    graph, params = from_tensorflow(str(path), outputs=outputs)
+    got = _run_host(graph, params, dict(zip(inputs, (x, v))), tmp_path / "out")
+    for i, (g, r) in enumerate(zip(got, refs)):
+        err = _rel_err(g, r)
+        assert err <= REL_TOL, "output %d (%s): max rel err %.2e" % (i, outputs[i], err)
+
+
+def test_tensorflow1_switch_and_merge_with_a_constant_predicate(tmp_path):
+    """A frozen TensorFlow 1 conditional (a learning phase frozen to False): the branch the predicate takes is
+    translated, the other is dropped."""
+    tf = _tf()
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3], name="x")
+        for pred, name in ((False, "y_false"), (True, "y_true")):
+            p = tf.constant(pred, name="pred_" + name)
+            off, on = tf.raw_ops.Switch(data=x, pred=p)
+            merged = tf.raw_ops.Merge(inputs=[tf.nn.relu(off) * 3.0, tf.math.lgamma(on)])
+            tf.identity(merged.output + 1.0, name=name)
+        feed = np.random.default_rng(7).standard_normal((2, 3)).astype(np.float32)
+        with tf.compat.v1.Session(graph=g) as sess:
+            ref = sess.run("y_false:0", {x: feed})
+        pb = g.as_graph_def().SerializeToString()
+    path = tmp_path / "switch.pb"
+    path.write_bytes(pb)
+    graph, params = from_tensorflow(str(path), outputs=["y_false"])
+    got = _run_host(graph, params, {"x": feed}, tmp_path / "out")[0]
+    assert _rel_err(got, ref) <= REL_TOL
+    with pytest.raises(UnsupportedOpError, match="Lgamma"):          # the taken branch holds an op tether lacks
+        to_onnx(str(path), outputs=["y_true"])
+
+
 def test_graphdef_bytes_and_user_shape(keras_models):
     """The API takes a GraphDef's bytes, and ``shape`` fixes an input the SavedModel leaves open."""
     with open(keras_models["resnet"]["pb"], "rb") as fh:

@@ -8,13 +8,13 @@ own; the producer version says which TensorFlow wrote the graph).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 from onnx import TensorProto, helper
 
 from tether.errors import InvalidInput, UnsupportedOpError
-from tether.frontend.tensorflow.graph import FlatGraph, TFNode
+from tether.frontend.tensorflow.graph import FlatGraph, TFNode, split_ref
 from tether.frontend.tensorflow.ops import CONVERTERS, STRUCTURAL
 from tether.frontend.tensorflow.translate import ONNX_TYPES, OPSET, Translator, Value
 
@@ -85,8 +85,15 @@ def translate(loaded: LoadedGraph, shape: Optional[Mapping[str, Sequence[int]]] 
         dims = [d if d is not None else "%s_d%d" % (inp.name, i) for i, d in enumerate(s)]
         onnx_inputs.append(helper.make_tensor_value_info(inp.name, ONNX_TYPES[np.dtype(inp.dtype)], dims))
     missing: Dict[str, List[str]] = {}
+    dead: Set[str] = set()                    # nodes on the branch a constant predicate does not take
     for node in order:
         if node.name + ":0" in values:
+            continue
+        if node.op in _CONTROL_FLOW:
+            _control_flow(t, node, g, values, dead, missing)
+            continue
+        if any(g.resolve(i) in dead or split_ref(g.resolve(i))[0] in dead for i in node.inputs):
+            dead.add(node.name)
             continue
         if node.op == "Placeholder":
             missing.setdefault(node.op, []).append("%s (a placeholder that is no input of the signature)"
@@ -121,6 +128,10 @@ def translate(loaded: LoadedGraph, shape: Optional[Mapping[str, Sequence[int]]] 
     t.node = None
     onnx_outputs = []
     for name, ref in loaded.outputs:
+        r = g.resolve(ref)
+        if r in dead or split_ref(r)[0] in dead or r not in values:
+            raise UnsupportedOpError("%s %s: output %s is on a branch its constant predicate never takes"
+                                     % (loaded.what, loaded.path, name))
         v = values[g.resolve(ref)]
         t.nodes.append(helper.make_node("Identity", [t.tf(v)], [name], name=t.unique(name + "/output")))
         elem = ONNX_TYPES.get(np.dtype(v.dtype)) if v.dtype is not None else None
@@ -128,6 +139,40 @@ def translate(loaded: LoadedGraph, shape: Optional[Mapping[str, Sequence[int]]] 
     graph = helper.make_graph(t.nodes, "tensorflow", onnx_inputs, onnx_outputs, t.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8,
                              producer_name="tether.frontend.tensorflow")
+
+
+_CONTROL_FLOW = ("Switch", "Merge")
+
+
+def _control_flow(t: Translator, node: TFNode, g: FlatGraph, values: Dict[str, Optional[Value]], dead: Set[str],
+                  missing: Dict[str, List[str]]) -> None:
+    """TensorFlow 1's conditional with a constant predicate (a frozen learning phase, a training flag): Switch
+    passes its data to the output the predicate picks and leaves the other branch dead; Merge forwards the one
+    live input. A predicate computed at run time is refused."""
+    refs = [g.resolve(i) for i in node.inputs]
+    if node.op == "Switch":
+        if any(r in dead or split_ref(r)[0] in dead for r in refs[:2]):
+            dead.add(node.name)
+            return
+        data, pred = values.get(refs[0]), values.get(refs[1])
+        if data is None or pred is None:
+            return
+        if pred.const is None:
+            missing.setdefault(node.op, []).append("%s: its predicate is computed at run time (TensorFlow 1 control "
+                                                   "flow is translated for constant predicates)" % node.name)
+            return
+        taken = int(bool(np.asarray(pred.const).reshape(-1)[0]))
+        values["%s:%d" % (node.name, taken)] = data
+        dead.add("%s:%d" % (node.name, 1 - taken))
+        return
+    live = [(k, values.get(r)) for k, r in enumerate(refs) if split_ref(r)[0] not in dead and r not in dead]
+    if not live:
+        dead.add(node.name)
+        return
+    k, v = live[0]
+    if v is not None:
+        values[node.name + ":0"] = v
+        values[node.name + ":1"] = t.constant(np.asarray(k, dtype=np.int32))
 
 
 def _reason(exc: Exception, node: TFNode) -> str:

@@ -21,5 +21,6 @@ add_converters(ops_math.CONVERTERS)
 add_converters(ops_nn.CONVERTERS)
 add_converters(ops_array.CONVERTERS)
 
-# ops that need no converter: graph inputs are bound before translation, control-only ops are pruned
-STRUCTURAL = frozenset({"Placeholder", "NoOp"})
+# ops the translation itself handles: graph inputs are bound before it, control-only ops are pruned, and
+# TensorFlow 1's Switch and Merge are followed when their predicate is a constant
+STRUCTURAL = frozenset({"Placeholder", "NoOp", "Switch", "Merge"})

@@ -438,6 +438,37 @@ def _one_hot(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     return [t.out(t.emit1("OneHot", [t.tf(indices), d, values], axis=axis), dtype=on.dtype)]
 
 
+def _cumsum(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, axis_v = ins
+    axis = _ints(node, axis_v, "axis")[0]
+    exclusive, reverse = int(bool(node.attr("exclusive", False))), int(bool(node.attr("reverse", False)))
+    onnx_axis = t.onnx_axis(x, axis) if x.perm is not None else axis
+    out = t.emit1("CumSum", [t.name(x), t.ints([onnx_axis])], exclusive=exclusive, reverse=reverse)
+    return [t.out(out, like=x, perm=x.perm)]
+
+
+def _reverse(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, axes_v = ins
+    axes = _ints(node, axes_v, "axis")
+    if x.const is not None:
+        return [t.constant(np.flip(x.const, axis=tuple(axes)) if axes else x.const)]
+    if not axes:
+        return [x]
+    onnx_axes = [t.onnx_axis(x, a) for a in axes] if x.perm is not None else axes
+    n = len(axes)
+    out = t.emit1("Slice", [t.name(x), t.ints([-1] * n), t.ints([-_BIG] * n), t.ints(onnx_axes), t.ints([-1] * n)])
+    return [t.out(out, like=x, perm=x.perm)]
+
+
+def _broadcast_to(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, s = ins
+    if x.const is not None and s.const is not None:
+        return [t.constant(np.broadcast_to(x.const, [int(d) for d in s.const]).copy())]
+    shape = t.ints([int(d) for d in s.const]) if s.const is not None else t.emit1("Cast", [t.tf(s)], to=7)
+    out_shape = tuple(int(d) for d in s.const) if s.const is not None else None
+    return [t.out(t.emit1("Expand", [t.tf(x), shape]), shape=out_shape, dtype=x.dtype)]
+
+
 def _variable(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     value = t.resources.get(node.name)
     if value is None:
@@ -489,6 +520,9 @@ CONVERTERS: Dict[str, Converter] = {
     "Range": _range,
     "TopKV2": _top_k,
     "OneHot": _one_hot,
+    "Cumsum": _cumsum,
+    "ReverseV2": _reverse,
+    "BroadcastTo": _broadcast_to,
     "VarHandleOp": _variable,
     "VariableV2": _variable,
     "ReadVariableOp": _read_variable,

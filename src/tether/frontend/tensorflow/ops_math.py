@@ -70,7 +70,8 @@ def elementwise(onnx_op: str, fold: Callable, **attrs) -> Converter:
     return convert
 
 
-_BOOL_OUT = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not"}
+_BOOL_OUT = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN",
+             "IsInf"}
 
 
 def _keep(fold: Callable) -> Callable:
@@ -177,6 +178,14 @@ def _not_equal(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     if eq.const is not None:
         return [t.constant(~eq.const)]
     return [t.out(t.emit1("Not", [eq.name]), like=eq, perm=eq.perm)]
+
+
+def _is_finite(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x = ins[0]
+    if x.const is not None:
+        return [t.constant(np.isfinite(x.const))]
+    bad = t.emit1("Or", [t.emit1("IsNaN", [t.name(x)]), t.emit1("IsInf", [t.name(x)])])
+    return [t.out(t.emit1("Not", [bad]), like=x, perm=x.perm, dtype=np.dtype(np.bool_))]
 
 
 def _add_n(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
@@ -344,6 +353,23 @@ CONVERTERS: Dict[str, Converter] = {
     "Sign": unary("Sign", np.sign),
     "Sin": unary("Sin", np.sin),
     "Cos": unary("Cos", np.cos),
+    "Tan": unary("Tan", np.tan),
+    "Asin": unary("Asin", np.arcsin),
+    "Acos": unary("Acos", np.arccos),
+    "Atan": unary("Atan", np.arctan),
+    "Sinh": unary("Sinh", np.sinh),
+    "Cosh": unary("Cosh", np.cosh),
+    "Asinh": unary("Asinh", np.arcsinh),
+    "Acosh": unary("Acosh", np.arccosh),
+    "Atanh": unary("Atanh", np.arctanh),
+    "Rint": unary("Round", np.round),
+    "Log1p": _chain(lambda x, n: np.log1p(x), lambda t, x, node, v: t.emit1("Log", [t.emit1("Add", [
+        x, _scalar(t, v, 1)])])),
+    "Expm1": _chain(lambda x, n: np.expm1(x), lambda t, x, node, v: t.emit1("Sub", [t.emit1("Exp", [x]),
+                                                                                     _scalar(t, v, 1)])),
+    "IsNan": elementwise("IsNaN", np.isnan),
+    "IsInf": elementwise("IsInf", np.isinf),
+    "IsFinite": _is_finite,
     "LogicalNot": elementwise("Not", np.logical_not),
     "Add": elementwise("Add", _keep(np.add)),
     "AddV2": elementwise("Add", _keep(np.add)),
@@ -353,6 +379,9 @@ CONVERTERS: Dict[str, Converter] = {
     "Div": elementwise("Div", _keep(np.divide)),
     "FloorDiv": _floor_div,
     "FloorMod": _floor_mod,
+    "Mod": elementwise("Mod", _keep(np.fmod), fmod=1),              # C's fmod: the result takes x's sign
+    "TruncateMod": elementwise("Mod", _keep(np.fmod), fmod=1),
+    "TruncateDiv": elementwise("Div", lambda a, b: np.trunc(np.divide(a, b)).astype(np.asarray(a).dtype)),
     "Maximum": elementwise("Max", _keep(np.maximum)),
     "Minimum": elementwise("Min", _keep(np.minimum)),
     "Pow": elementwise("Pow", _keep(np.power)),

@@ -249,7 +249,15 @@ def _resize(kind: str) -> Converter:
             raise UnsupportedOpError("node %s (%s): align_corners and half_pixel_centers together"
                                      % (node.name, node.op))
         attrs = {"mode": kind}
-        if kind == "linear":
+        if kind == "cubic":
+            # with half-pixel centers TensorFlow uses Keys' cubic (a = -0.5) and drops the taps outside the image,
+            # renormalizing the rest; its legacy kernel (a = -0.75) repeats the edge pixels instead. TensorFlow
+            # reads the weights from a table of 1024 steps of the fraction; they are computed exactly here.
+            attrs["coordinate_transformation_mode"] = ("align_corners" if align else
+                                                       "half_pixel" if half else "asymmetric")
+            attrs["cubic_coeff_a"] = -0.5 if half else -0.75
+            attrs["exclude_outside"] = int(half)
+        elif kind == "linear":
             attrs["coordinate_transformation_mode"] = ("align_corners" if align else
                                                        "half_pixel" if half else "asymmetric")
         else:
@@ -260,13 +268,23 @@ def _resize(kind: str) -> Converter:
                                                        "half_pixel" if half else "asymmetric")
             attrs["nearest_mode"] = "round_prefer_ceil" if align or half else "floor"
         xn = t.name(x)
-        if kind == "linear" and x.dtype is not None and x.dtype != np.float32:
+        if kind != "nearest" and x.dtype is not None and x.dtype != np.float32:
             xn = t.emit1("Cast", [xn], to=1)
         axes = [t.onnx_axis(x, 1), t.onnx_axis(x, 2)]
         out = t.emit1("Resize", [xn, "", "", t.ints(size)], axes=axes, **attrs)
-        dtype = np.dtype(np.float32) if kind == "linear" else x.dtype
+        dtype = x.dtype if kind == "nearest" else np.dtype(np.float32)
         return [t.out(out, shape=_CONV_OUT, perm=x.perm, dtype=dtype)]
     return convert
+
+
+def _lrn(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x = ins[0]
+    r = int(node.attr("depth_radius", 5))
+    size = 2 * r + 1
+    # TensorFlow sums the squares of 2r + 1 channels times alpha; ONNX divides its alpha by the window size
+    out = t.emit1("LRN", [t.nchw(x)], size=size, alpha=float(node.attr("alpha", 1.0)) * size,
+                  beta=float(node.attr("beta", 0.5)), bias=float(node.attr("bias", 1.0)))
+    return [t.out(out, like=x, perm=NCHW)]
 
 
 def _depth_space(onnx_op: str) -> Converter:
@@ -294,6 +312,8 @@ CONVERTERS: Dict[str, Converter] = {
     "FusedBatchNormV3": _fused_batch_norm,
     "ResizeBilinear": _resize("linear"),
     "ResizeNearestNeighbor": _resize("nearest"),
+    "ResizeBicubic": _resize("cubic"),
+    "LRN": _lrn,
     "SpaceToBatchND": _space_to_batch,
     "BatchToSpaceND": _batch_to_space,
     "DepthToSpace": _depth_space("DepthToSpace"),
