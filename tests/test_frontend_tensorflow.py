@@ -333,6 +333,26 @@ def test_graphdef_bytes_and_user_shape(keras_models):
         to_onnx(keras_models["resnet"]["saved"], shape={"inputs": [1, 31, 32, 3]})
 
 
+def test_input_of_any_size_with_a_shape_given(tmp_path):
+    """A fully convolutional SavedModel (input [?, ?, ?, 3]): the upsampling size and the transposed
+    convolution's output size are computed from the input's size, which ``shape`` fixes."""
+    tf = _tf()
+    L = tf.keras.layers
+    inp = L.Input((None, None, 3))
+    x = L.Conv2D(4, 3, padding="same", activation="relu")(inp)
+    x = L.Conv2DTranspose(4, 3, strides=2, padding="same")(L.UpSampling2D(2)(x))
+    model = tf.keras.Model(inp, L.Conv2D(2, 1)(L.MaxPooling2D(2)(x)))
+    x = np.random.default_rng(8).standard_normal((1, 12, 10, 3)).astype(np.float32)
+    ref = model(x).numpy()
+    folder = str(tmp_path / "fcn_saved")
+    tf.saved_model.save(model, folder)
+    with pytest.raises(UnsupportedOpError, match="give the input shapes"):
+        to_onnx(folder)
+    graph, params = from_tensorflow(folder, shape={"inputs": [1, 12, 10, 3]})
+    got = _run_host(graph, params, {"inputs": x}, tmp_path / "out")[0]
+    assert _rel_err(got, ref) <= REL_TOL
+
+
 def test_unsupported_ops_are_named_in_one_error(tmp_path):
     tf = _tf()
 

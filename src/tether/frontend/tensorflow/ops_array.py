@@ -305,7 +305,18 @@ def _strided_slice(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]
         y = t.emit1("Unsqueeze", [y, t.ints(out_new)])
     # input axes past the spec are kept whole
     out_rank = None if rank is None else rank - len(shrink) + len(out_new)
-    return [t.out(y, shape=None if out_rank is None else (None,) * out_rank, dtype=x.dtype)]
+    shape = None if out_rank is None else (None,) * out_rank
+    if x.shape is not None:
+        dims: List[Optional[int]] = list(x.shape)
+        for st, en, ax, sp in zip(starts, ends, axes, steps):
+            if dims[ax] is not None:
+                dims[ax] = len(range(dims[ax])[slice(st if abs(st) < _BIG else None, en if abs(en) < _BIG else None,
+                                                     sp)])
+        dims = [d for i, d in enumerate(dims) if i not in shrink]
+        for pos in out_new:
+            dims.insert(pos, 1)
+        shape = tuple(dims)
+    return [t.out(y, shape=shape, dtype=x.dtype)]
 
 
 def _slice(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:

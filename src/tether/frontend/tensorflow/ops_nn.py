@@ -17,6 +17,26 @@ from tether.frontend.tensorflow.translate import NCHW, Converter, Translator, Va
 _CONV_OUT = (None, None, None, None)
 
 
+def _window_shape(x: Value, nhwc: bool, kernel: Sequence[int], attrs: Dict, channels: Optional[int]) -> Tuple:
+    """The TensorFlow shape of a window op's result (None where the input's size is unknown)."""
+    n, h, w, c = (None,) * 4
+    if x.shape is not None and len(x.shape) == 4:
+        n, h, w, c = x.shape if nhwc else (x.shape[0], x.shape[2], x.shape[3], x.shape[1])
+    sizes = []
+    for i, size in enumerate((h, w)):
+        if size is None:
+            sizes.append(None)
+            continue
+        s, d = attrs["strides"][i], attrs.get("dilations", [1, 1])[i]
+        if "auto_pad" in attrs:
+            sizes.append(-(-size // s))
+        else:
+            pads = attrs["pads"]
+            sizes.append((size + pads[i] + pads[i + 2] - (kernel[i] - 1) * d - 1) // s + 1)
+    c = channels if channels is not None else c
+    return (n, sizes[0], sizes[1], c) if nhwc else (n, c, sizes[0], sizes[1])
+
+
 def _layout(node: TFNode) -> Tuple[bool, List[int]]:
     """(whether the op's data is NHWC, the indices of the spatial axes in its attribute lists)."""
     fmt = node.attr("data_format", "NHWC")
@@ -84,7 +104,8 @@ def _conv2d(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     if x.shape is not None and x.shape[c_axis] is not None and w.shape is not None and w.shape[2]:
         group = x.shape[c_axis] // w.shape[2]
     wn = _weights(t, w, lambda a: a.transpose(3, 2, 0, 1), (3, 2, 0, 1))
-    out = t.out(t.emit1("Conv", [xn, wn], group=group, **attrs), shape=_CONV_OUT, perm=perm, dtype=x.dtype)
+    shape = _window_shape(x, nhwc, w.shape[:2] if w.shape else (1, 1), attrs, w.shape[3] if w.shape else None)
+    out = t.out(t.emit1("Conv", [xn, wn], group=group, **attrs), shape=shape, perm=perm, dtype=x.dtype)
     out.batch_to_space = block
     return [out]
 
@@ -100,7 +121,8 @@ def _depthwise(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     # output channel c * mult + m is input channel c through filter[:, :, c, m]: ONNX groups of one channel
     wn = _weights(t, w, lambda a: a.transpose(2, 3, 0, 1).reshape(cin * mult, 1, kh, kw), (2, 3, 0, 1),
                   [cin * mult, 1, kh, kw])
-    out = t.out(t.emit1("Conv", [xn, wn], group=int(cin), **attrs), shape=_CONV_OUT, perm=perm, dtype=x.dtype)
+    shape = _window_shape(x, nhwc, (kh, kw), attrs, cin * mult)
+    out = t.out(t.emit1("Conv", [xn, wn], group=int(cin), **attrs), shape=shape, perm=perm, dtype=x.dtype)
     out.batch_to_space = block
     return [out]
 
@@ -127,7 +149,11 @@ def _batch_to_space(t: Translator, node: TFNode, ins: List[Value]) -> List[Value
     axes = [t.onnx_axis(y, 1), t.onnx_axis(y, 2)]
     ends = [-int(c) if c else np.iinfo(np.int64).max for c in crops[:, 1]]
     out = t.emit1("Slice", [t.name(y), t.ints(crops[:, 0]), t.ints(ends), t.ints(axes)])
-    return [t.out(out, shape=_CONV_OUT, perm=y.perm, dtype=y.dtype)]
+    shape = _CONV_OUT
+    if y.shape is not None:
+        shape = (y.shape[0],) + tuple(None if d is None else d - int(crops[i].sum())
+                                      for i, d in enumerate(y.shape[1:3])) + (y.shape[3],)
+    return [t.out(out, shape=shape, perm=y.perm, dtype=y.dtype)]
 
 
 def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
@@ -138,8 +164,8 @@ def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[
     elif sizes_v.elements is not None and all(sizes_v.elements[a] is not None for a in sp):
         out_hw = [int(sizes_v.elements[a]) for a in sp]       # a run-time batch size beside constant dims
     else:
-        raise UnsupportedOpError("node %s (%s): the spatial sizes of its input_sizes must be constants"
-                                 % (node.name, node.op))
+        raise UnsupportedOpError("node %s (%s): the spatial sizes of its input_sizes must be constants (give the input "
+                                 "shapes: shape={name: [...]})" % (node.name, node.op))
     if w.shape is None or None in w.shape:
         raise UnsupportedOpError("node %s (%s): the filter's shape must be known" % (node.name, node.op))
     strides, dil = _spatial(node, "strides", 1, sp), _spatial(node, "dilations", 1, sp)
@@ -173,7 +199,9 @@ def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[
     wn = _weights(t, w, lambda a: a.transpose(3, 2, 0, 1), (3, 2, 0, 1))
     out = t.emit1("ConvTranspose", [xn, wn], strides=strides, dilations=dil, pads=pads_b + pads_e,
                   output_padding=out_pad)
-    return [t.out(out, shape=_CONV_OUT, perm=perm, dtype=dy.dtype)]
+    n = dy.shape[0] if dy.shape is not None and len(dy.shape) == 4 else None
+    shape = (n, out_hw[0], out_hw[1], w.shape[2]) if nhwc else (n, w.shape[2], out_hw[0], out_hw[1])
+    return [t.out(out, shape=shape, perm=perm, dtype=dy.dtype)]
 
 
 def _pool(onnx_op: str) -> Converter:
@@ -186,9 +214,10 @@ def _pool(onnx_op: str) -> Converter:
         else:
             ksize, strides = node.attr("ksize"), node.attr("strides")
         xn, perm = _input(t, x, nhwc)
-        out = t.emit1(onnx_op, [xn], kernel_shape=[int(ksize[a]) for a in sp], strides=[int(strides[a]) for a in sp],
-                      **_padding(node, nhwc))
-        return [t.out(out, shape=_CONV_OUT, perm=perm, dtype=x.dtype)]
+        kernel = [int(ksize[a]) for a in sp]
+        attrs = dict(strides=[int(strides[a]) for a in sp], **_padding(node, nhwc))
+        out = t.emit1(onnx_op, [xn], kernel_shape=kernel, **attrs)
+        return [t.out(out, shape=_window_shape(x, nhwc, kernel, attrs, None), perm=perm, dtype=x.dtype)]
     return convert
 
 
@@ -273,7 +302,10 @@ def _resize(kind: str) -> Converter:
         axes = [t.onnx_axis(x, 1), t.onnx_axis(x, 2)]
         out = t.emit1("Resize", [xn, "", "", t.ints(size)], axes=axes, **attrs)
         dtype = x.dtype if kind == "nearest" else np.dtype(np.float32)
-        return [t.out(out, shape=_CONV_OUT, perm=x.perm, dtype=dtype)]
+        shape = (None, size[0], size[1], None)
+        if x.shape is not None and len(x.shape) == 4:
+            shape = (x.shape[0], size[0], size[1], x.shape[3])
+        return [t.out(out, shape=shape, perm=x.perm, dtype=dtype)]
     return convert
 
 

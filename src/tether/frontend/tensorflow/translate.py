@@ -174,6 +174,7 @@ def node_dtype(node: TFNode, attr: str = "T") -> Optional[np.dtype]:
 
 def require_const(node: TFNode, v: Value, what: str) -> np.ndarray:
     if v.const is None:
-        raise UnsupportedOpError("node %s (%s): its %s must be a constant (it is computed at run time)"
+        raise UnsupportedOpError("node %s (%s): its %s must be a constant (it is computed at run time; if it "
+                                 "comes from the input's size, give the input shapes: shape={name: [...]})"
                                  % (node.name, node.op, what))
     return v.const
