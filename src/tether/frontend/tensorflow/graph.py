@@ -9,7 +9,7 @@ function's body, its nodes renamed under the call's name; its outputs become ali
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.tensorflow.tensors import shape_of
@@ -195,6 +195,3 @@ def default_outputs(graph: FlatGraph) -> List[str]:
 def library_of(graph_def) -> Dict[str, Any]:
     return {f.signature.name: f for f in graph_def.library.function}
 
-
-def tf_shape(shape: Optional[Tuple[Optional[int], ...]]) -> Optional[Tuple[Optional[int], ...]]:
-    return None if shape is None else tuple(shape)
