@@ -96,11 +96,10 @@ def _build() -> Dict[str, Any]:
                 f.type = _T.TYPE_MESSAGE
                 f.type_name = ".%s.%s" % (_PACKAGE, typ.replace(".", "_"))
     pool = descriptor_pool.DescriptorPool()
-    fd = pool.Add(fdp)
-    del fd
-    return {msg: message_factory.GetMessageClass(pool.FindMessageTypeByName("%s.%s" % (_PACKAGE,
-                                                                                         msg.replace(".", "_"))))
-            for msg in _MESSAGES}
+    pool.AddSerializedFile(fdp.SerializeToString())
+    # GetMessageClass is protobuf 4.21+; older releases build classes through a MessageFactory
+    make = getattr(message_factory, "GetMessageClass", None) or message_factory.MessageFactory(pool).GetPrototype
+    return {msg: make(pool.FindMessageTypeByName("%s.%s" % (_PACKAGE, msg.replace(".", "_")))) for msg in _MESSAGES}
 
 
 MESSAGES = _build()
