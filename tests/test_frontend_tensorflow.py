@@ -282,7 +282,9 @@ def test_more_op_families_match_tensorflow(tmp_path):
         bad = tf.math.log(v)                                 # NaN where v < 0
         flags = tf.cast(tf.math.is_nan(bad), tf.float32) + tf.cast(tf.math.is_finite(bad), tf.float32) * 2
         bt = tf.broadcast_to(v[:1], [3, 4]) + tf.broadcast_to(v[:, :1], [3, 4])
-        return [lrn, b1, b2, b3, cs, rv, trig, nums, mods, flags, bt]
+        s8 = tf.constant(rng.uniform(0.5, 1.5, 8).astype(np.float32))
+        train_bn = tf.compat.v1.nn.fused_batch_norm(c, s8, s8 - 1, is_training=True)[0]   # this batch's statistics
+        return [lrn, b1, b2, b3, cs, rv, trig, nums, mods, flags, bt, train_bn]
 
     x = rng.standard_normal((1, 6, 5, 8)).astype(np.float32)
     v = rng.standard_normal((3, 4)).astype(np.float32)
@@ -319,6 +321,40 @@ def test_tensorflow1_switch_and_merge_with_a_constant_predicate(tmp_path):
     assert _rel_err(got, ref) <= REL_TOL
     with pytest.raises(UnsupportedOpError, match="Lgamma"):          # the taken branch holds an op tether lacks
         to_onnx(str(path), outputs=["y_true"])
+
+
+def test_nchw_data_format_matches_the_nhwc_computation(tmp_path):
+    """Ops written with data_format NCHW (TensorFlow runs them on GPUs only): the graph is built, not run, and
+    compared with the same computation in NHWC run by TensorFlow."""
+    tf = _tf()
+    rng = np.random.default_rng(9)
+    k, kd = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((3, 3, 4, 6), (3, 3, 6, 2)))
+    bias, scale, offset, mean = (rng.standard_normal(6).astype(np.float32) for _ in range(4))
+    var = rng.uniform(0.5, 1.5, 6).astype(np.float32)
+    x = rng.standard_normal((1, 4, 9, 8)).astype(np.float32)            # NCHW
+
+    def net(t, fmt):
+        strides = [1, 1, 2, 2] if fmt == "NCHW" else [1, 2, 2, 1]
+        c = tf.nn.conv2d(t, k, strides, "SAME", data_format=fmt)
+        c = tf.nn.bias_add(c, bias, data_format=fmt)
+        c = tf.compat.v1.nn.fused_batch_norm(c, scale, offset, mean, var, epsilon=1e-3, data_format=fmt,
+                                             is_training=False)[0]
+        d = tf.nn.depthwise_conv2d(tf.nn.relu(c), kd, [1, 1, 1, 1], "VALID", data_format=fmt)
+        window = [1, 1, 2, 2] if fmt == "NCHW" else [1, 2, 2, 1]
+        return (tf.nn.max_pool2d(d, window, window, "VALID", data_format=fmt)
+                + tf.nn.avg_pool2d(d, window, window, "SAME", data_format=fmt))
+
+    ref = np.transpose(net(tf.constant(np.transpose(x, (0, 2, 3, 1))), "NHWC").numpy(), (0, 3, 1, 2))
+    with tf.Graph().as_default() as g:
+        net(tf.compat.v1.placeholder(tf.float32, x.shape, name="x"), "NCHW")
+        pb = g.as_graph_def().SerializeToString()
+    path = tmp_path / "nchw.pb"
+    path.write_bytes(pb)
+    model = to_onnx(str(path))
+    assert not [n for n in model.graph.node if n.op_type == "Transpose"]
+    graph, params = from_tensorflow(str(path))
+    got = _run_host(graph, params, {"x": x}, tmp_path / "out")[0]
+    assert _rel_err(got, ref) <= REL_TOL
 
 
 def test_graphdef_bytes_and_user_shape(keras_models):
