@@ -282,9 +282,25 @@ def test_more_op_families_match_tensorflow(tmp_path):
         bad = tf.math.log(v)                                 # NaN where v < 0
         flags = tf.cast(tf.math.is_nan(bad), tf.float32) + tf.cast(tf.math.is_finite(bad), tf.float32) * 2
         bt = tf.broadcast_to(v[:1], [3, 4]) + tf.broadcast_to(v[:, :1], [3, 4])
+        idx = tf.cast(tf.abs(v * 2), tf.int32) % 4
+        onehot = tf.one_hot(idx, 5, on_value=2.0, off_value=-1.0, axis=1)
+        topv, topi = tf.math.top_k(v, 2)
+        gnd = tf.gather_nd(v, [[0, 1], [2, 3], [1, 0]])
+        d2s = tf.nn.depth_to_space(c, 2)
+        s2d = tf.nn.space_to_depth(c[:, :6, :4], 2)
+        logic = tf.logical_or(tf.logical_and(v > 0, tf.not_equal(v, 0.5)), tf.logical_not(v <= -0.5))
+        anyall = tf.cast(tf.reduce_any(v > 1, axis=1), tf.float32) + tf.cast(tf.reduce_all(v > -1, axis=0)[:3],
+                                                                                tf.float32)
+        misc = (tf.round(v * 2) + tf.sign(v) + tf.sin(v) + tf.cos(v) + tf.nn.softsign(v) + tf.math.reciprocal(v + 3)
+                + tf.clip_by_value(v, -0.5, 0.7) + tf.add_n([v, v * 2, tf.abs(v)]) + tf.nn.log_softmax(v)
+                + tf.cast(tf.equal(v, v), tf.float32) + tf.cast(tf.math.greater_equal(v, 0.1), tf.float32)
+                + tf.cast(tf.argmin(v, axis=1), tf.float32)[:, None] + tf.cast(tf.size(v), tf.float32)
+                + tf.cast(tf.rank(v), tf.float32))
+        sel = tf.compat.v1.where(tf.constant([True, False, True]), v, -v)          # Select: rows by a vector
         s8 = tf.constant(rng.uniform(0.5, 1.5, 8).astype(np.float32))
         train_bn = tf.compat.v1.nn.fused_batch_norm(c, s8, s8 - 1, is_training=True)[0]   # this batch's statistics
-        return [lrn, b1, b2, b3, cs, rv, trig, nums, mods, flags, bt, train_bn]
+        return [lrn, b1, b2, b3, cs, rv, trig, nums, mods, flags, bt, train_bn, onehot, topv, topi, gnd, d2s, s2d,
+                logic, anyall, misc, sel]
 
     x = rng.standard_normal((1, 6, 5, 8)).astype(np.float32)
     v = rng.standard_normal((3, 4)).astype(np.float32)
@@ -294,8 +310,15 @@ def test_more_op_families_match_tensorflow(tmp_path):
     refs = [r.numpy() for r in f(x, v)]
     graph, params = from_tensorflow(str(path), outputs=outputs)
     got = _run_host(graph, params, dict(zip(inputs, (x, v))), tmp_path / "out")
+    assert len(got) == len(refs)
+    from tether.frontend.tensorflow import coverage
+
+    ops = {r["op_type"] for r in coverage(str(path))}
+    assert {"OneHot", "TopKV2", "GatherNd", "DepthToSpace", "SpaceToDepth", "Select", "AddN", "All", "Any",
+            "LRN", "ResizeBicubic", "Cumsum", "ReverseV2", "BroadcastTo", "IsNan"} <= ops, ops
     for i, (g, r) in enumerate(zip(got, refs)):
-        err = _rel_err(g, r)
+        assert g.dtype == r.dtype, (i, g.dtype, r.dtype)
+        err = _rel_err(g, r) if r.dtype != np.bool_ else float((g != r).any())
         assert err <= REL_TOL, "output %d (%s): max rel err %.2e" % (i, outputs[i], err)
 
 
