@@ -115,13 +115,14 @@ class FlatGraph:
         elif nd.op in self.library:
             func = nd.op
         if func is not None and func in self.library:
-            self._inline(name, self.library[func], inputs, depth + 1)
+            self.inline(name, self.library[func], inputs, depth + 1)
             return
         if name in self.nodes:
             raise UnsupportedOpError("node %s: two nodes of the graph have this name" % name)
         self.nodes[name] = _node(nd, name, inputs)
 
-    def _inline(self, call: str, fdef, inputs: List[str], depth: int) -> None:
+    def inline(self, call: str, fdef, inputs: List[str], depth: int = 1) -> None:
+        """Add ``fdef``'s body under ``call/``, its arguments bound to ``inputs``; ``call:k`` becomes output k."""
         if depth > _MAX_CALL_DEPTH:
             raise UnsupportedOpError("node %s: function calls nest deeper than %d (recursion?)"
                                      % (call, _MAX_CALL_DEPTH))
@@ -186,10 +187,23 @@ class FlatGraph:
 
 
 def default_outputs(graph: FlatGraph) -> List[str]:
-    """Output 0 of every node no other node reads, but for ops that produce nothing useful on their own."""
+    """Output 0 of every node no other node reads and that depends on an input: a frozen graph keeps some
+    constants nothing reads (what its variables were read into), which are no results."""
     used = {split_ref(graph.resolve(i))[0] for n in graph.nodes.values() for i in n.inputs}
     skip = {"NoOp", "Const", "Placeholder", "Assert", "AssignVariableOp", "VarHandleOp", "SaveV2", "RestoreV2"}
-    return [n.name + ":0" for n in graph.nodes.values() if n.name not in used and n.op not in skip]
+    readers: Dict[str, List[str]] = {}
+    for n in graph.nodes.values():
+        for i in n.inputs:
+            readers.setdefault(split_ref(graph.resolve(i))[0], []).append(n.name)
+    live = set()
+    stack = [n.name for n in graph.nodes.values() if n.op == "Placeholder"]
+    while stack:
+        name = stack.pop()
+        if name not in live:
+            live.add(name)
+            stack.extend(readers.get(name, []))
+    return [n.name + ":0" for n in graph.nodes.values()
+            if n.name not in used and n.op not in skip and (n.name in live or not live)]
 
 
 def library_of(graph_def) -> Dict[str, Any]:

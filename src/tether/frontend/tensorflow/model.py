@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.tensorflow.graph import FlatGraph, TFNode, split_ref
+from tether.frontend.tensorflow import loops
 from tether.frontend.tensorflow.ops import CONVERTERS, STRUCTURAL
 from tether.frontend.tensorflow.translate import ONNX_TYPES, OPSET, Translator, Value
 
@@ -84,41 +85,10 @@ def translate(loaded: LoadedGraph, shape: Optional[Mapping[str, Sequence[int]]] 
         values[g.resolve(inp.ref)] = Value(inp.name, None, s, None, inp.dtype)
         dims = [d if d is not None else "%s_d%d" % (inp.name, i) for i, d in enumerate(s)]
         onnx_inputs.append(helper.make_tensor_value_info(inp.name, ONNX_TYPES[np.dtype(inp.dtype)], dims))
-    missing: Dict[str, List[str]] = {}
-    dead: Set[str] = set()                    # nodes on the branch a constant predicate does not take
-    for node in order:
-        if node.name + ":0" in values:
-            continue
-        if node.op in _CONTROL_FLOW:
-            _control_flow(t, node, g, values, dead, missing)
-            continue
-        if any(g.resolve(i) in dead or split_ref(g.resolve(i))[0] in dead for i in node.inputs):
-            dead.add(node.name)
-            continue
-        if node.op == "Placeholder":
-            missing.setdefault(node.op, []).append("%s (a placeholder that is no input of the signature)"
-                                                   % node.name)
-            continue
-        convert = CONVERTERS.get(node.op)
-        if convert is None:
-            missing.setdefault(node.op, []).append(node.name)
-            continue
-        ins = [values.get(g.resolve(i)) for i in node.inputs]
-        if any(v is None for v in ins):
-            continue                          # an input failed to translate: reported at its own node
-        t.node = node
-        try:
-            outs = convert(t, node, ins)
-        except InvalidInput:
-            raise                             # a broken file (a missing checkpoint): not the op's fault
-        except UnsupportedOpError as exc:
-            missing.setdefault(node.op, []).append("%s: %s" % (node.name, _reason(exc, node)))
-            continue
-        except (ValueError, IndexError, KeyError, TypeError) as exc:
-            missing.setdefault(node.op, []).append("%s: %s" % (node.name, " ".join(str(exc).split())))
-            continue
-        for k, v in enumerate(outs):
-            values["%s:%d" % (node.name, k)] = v
+    nodes = NodeTranslator(t, g.library)
+    nodes.run(g, order, values)
+    missing = nodes.missing
+    dead = nodes.dead
     if missing:
         raise UnsupportedOpError("%s %s (TensorFlow producer %d) has ops tether does not translate: %s"
                                  % (loaded.what, loaded.path, loaded.producer, "; ".join(
@@ -142,6 +112,75 @@ def translate(loaded: LoadedGraph, shape: Optional[Mapping[str, Sequence[int]]] 
 
 
 _CONTROL_FLOW = ("Switch", "Merge")
+
+
+class NodeTranslator:
+    """Runs the converters over nodes in order, recording what it cannot translate (``missing``: op -> node
+    names with reasons) and the nodes a constant predicate cut off (``dead``). Function bodies a loop runs are
+    translated by the same instance, so their failures land in the same error."""
+
+    def __init__(self, t: Translator, library: Dict[str, Any]) -> None:
+        self.t = t
+        self.library = library
+        self.missing: Dict[str, List[str]] = {}
+        self.dead: Set[str] = set()
+
+    def run(self, g: FlatGraph, order: Sequence[TFNode], values: Dict[str, Optional[Value]]) -> None:
+        t, missing, dead = self.t, self.missing, self.dead
+        for node in order:
+            if node.name + ":0" in values:
+                continue
+            if node.op in _CONTROL_FLOW:
+                _control_flow(t, node, g, values, dead, missing)
+                continue
+            if any(g.resolve(i) in dead or split_ref(g.resolve(i))[0] in dead for i in node.inputs):
+                dead.add(node.name)
+                continue
+            if node.op == "Placeholder":
+                missing.setdefault(node.op, []).append("%s (a placeholder that is no input of the signature)"
+                                                       % node.name)
+                continue
+            convert = loops.LOOP_OPS.get(node.op) or CONVERTERS.get(node.op)
+            if convert is None:
+                missing.setdefault(node.op, []).append(node.name)
+                continue
+            ins = [values.get(g.resolve(i)) for i in node.inputs]
+            if any(v is None for v in ins):
+                continue                          # an input failed to translate: reported at its own node
+            t.node = node
+            try:
+                outs = loops.run_loop(self, node, ins) if node.op in loops.LOOP_OPS else convert(t, node, ins)
+            except InvalidInput:
+                raise                             # a broken file (a missing checkpoint): not the op's fault
+            except UnsupportedOpError as exc:
+                missing.setdefault(node.op, []).append("%s: %s" % (node.name, _reason(exc, node)))
+                continue
+            except (ValueError, IndexError, KeyError, TypeError) as exc:
+                missing.setdefault(node.op, []).append("%s: %s" % (node.name, " ".join(str(exc).split())))
+                continue
+            if outs is None:
+                continue                          # a loop body failed: reported at its own nodes
+            for k, v in enumerate(outs):
+                values["%s:%d" % (node.name, k)] = v
+
+    def call(self, fdef, args: Sequence[Value], prefix: str) -> Optional[List[Value]]:
+        """The outputs of library function ``fdef`` on ``args``, its nodes translated under ``prefix``; None when
+        one of them could not be (recorded in ``missing``)."""
+        g = FlatGraph(self.library)
+        refs = []
+        values: Dict[str, Optional[Value]] = {}
+        for i, v in enumerate(args):
+            name = "%s/arg%d" % (prefix, i)
+            g.nodes[name] = TFNode(name, "_Arg", [], {}, {})
+            refs.append(name + ":0")
+            values[name + ":0"] = v
+        g.inline(prefix, fdef, refs)
+        outs = ["%s:%d" % (prefix, k) for k in range(len(fdef.signature.output_arg))]
+        before = sum(len(v) for v in self.missing.values())
+        self.run(g, g.ordered(outs), values)
+        if sum(len(v) for v in self.missing.values()) > before:
+            return None
+        return [values[g.resolve(o)] for o in outs]
 
 
 def _control_flow(t: Translator, node: TFNode, g: FlatGraph, values: Dict[str, Optional[Value]], dead: Set[str],
@@ -186,6 +225,7 @@ def coverage(loaded: LoadedGraph) -> List[Dict[str, Any]]:
     rows: Dict[str, Dict[str, Any]] = {}
     for node in loaded.ordered():
         row = rows.setdefault(node.op, {"op_type": node.op, "domain": "TensorFlow", "opset": loaded.producer,
-                                        "covered": node.op in CONVERTERS or node.op in STRUCTURAL, "nodes": []})
+                                        "covered": node.op in CONVERTERS or node.op in STRUCTURAL
+                                        or node.op in loops.LOOP_OPS, "nodes": []})
         row["nodes"].append(node.name)
     return list(rows.values())

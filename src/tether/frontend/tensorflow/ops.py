@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from tether.frontend.tensorflow import ops_array, ops_math, ops_nn
+from tether.frontend.tensorflow import loops, ops_array, ops_math, ops_nn
 from tether.frontend.tensorflow.translate import Converter
 
 CONVERTERS: Dict[str, Converter] = {}
@@ -20,6 +20,7 @@ def add_converters(table: Dict[str, Converter]) -> None:
 add_converters(ops_math.CONVERTERS)
 add_converters(ops_nn.CONVERTERS)
 add_converters(ops_array.CONVERTERS)
+add_converters(loops.CONVERTERS)
 
 # ops the translation itself handles: graph inputs are bound before it, control-only ops are pruned, and
 # TensorFlow 1's Switch and Merge are followed when their predicate is a constant

@@ -48,6 +48,8 @@ class Value:
     # a vector computed at run time whose elements are partly known (a shape made of a dynamic batch size and
     # constant dimensions): each element's value, or None
     elements: Optional[List[Optional[int]]] = None
+    # a TensorList (the tensor arrays of a loop): its items, None where none was written yet
+    items: Optional[List[Optional["Value"]]] = None
 
     @property
     def rank(self) -> Optional[int]:
@@ -113,6 +115,9 @@ class Translator:
     def name(self, v: Value) -> str:
         """``v``'s ONNX name in whatever layout it is stored in."""
         if v.name is None:
+            if v.items is not None:
+                raise UnsupportedOpError("node %s: a TensorList reaches an op that reads tensors (tether translates "
+                                         "TensorList ops between loops)" % (self.node.name if self.node else "?"))
             if v.space_to_batch is not None:
                 raise UnsupportedOpError("node %s: it reads a SpaceToBatchND, which tether translates only as the "
                                          "input of a convolution (a dilated convolution)"
@@ -127,7 +132,7 @@ class Translator:
     # -- layout ----------------------------------------------------------------------------------------------
     def view(self, v: Value, perm: Perm = None) -> str:
         """``v``'s ONNX name stored as ``np.transpose(tf_value, perm)`` (None: TensorFlow's own layout)."""
-        if v.space_to_batch is not None:
+        if v.space_to_batch is not None or v.items is not None:
             return self.name(v)                    # refused there
         if v.const is not None:
             return self.name(v if perm is None else self.constant(np.transpose(v.const, perm)))
