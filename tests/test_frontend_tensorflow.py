@@ -380,6 +380,38 @@ def test_nchw_data_format_matches_the_nhwc_computation(tmp_path):
     assert _rel_err(got, ref) <= REL_TOL
 
 
+def test_keras_recurrent_layers_unrolled(tmp_path):
+    """LSTM, GRU and a bidirectional SimpleRNN: each a While loop over TensorLists, unrolled over its 5 steps.
+    A GraphDef frozen with its loops kept functional translates too; one whose loops were lowered to TensorFlow 1
+    control flow (a cycle through Switch, Merge, NextIteration) is refused in one line."""
+    tf = _tf()
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    L = tf.keras.layers
+    tf.keras.utils.set_random_seed(1)
+    inp = L.Input((5, 4))
+    x = L.GRU(6, return_sequences=True)(L.LSTM(8, return_sequences=True)(inp))
+    model = tf.keras.Model(inp, L.Dense(2)(L.Bidirectional(L.SimpleRNN(3))(x)))
+    x = np.random.default_rng(10).standard_normal((1, 5, 4)).astype(np.float32)
+    ref = model(x).numpy()
+    folder = str(tmp_path / "rnn_saved")
+    tf.saved_model.save(model, folder)
+    fn = tf.function(lambda t: model(t)).get_concrete_function(tf.TensorSpec(x.shape, tf.float32))
+    for lower in (False, True):
+        graph_def = convert_variables_to_constants_v2(fn, lower_control_flow=lower).graph.as_graph_def()
+        (tmp_path / ("rnn_lowered%d.pb" % lower)).write_bytes(graph_def.SerializeToString())
+    graph, params = from_tensorflow(folder)
+    assert _rel_err(_run_host(graph, params, {"inputs": x}, tmp_path / "out")[0], ref) <= REL_TOL
+    import onnxruntime as ort
+
+    model_pb = to_onnx(str(tmp_path / "rnn_lowered0.pb"))
+    got = ort.InferenceSession(model_pb.SerializeToString()).run(None, {model_pb.graph.input[0].name: x})
+    assert len(got) == 1 and _rel_err(got[0], ref) <= REL_TOL
+    with pytest.raises(UnsupportedOpError, match="cycle") as info:
+        to_onnx(str(tmp_path / "rnn_lowered1.pb"))
+    assert len(str(info.value).splitlines()) == 1
+
+
 def test_graphdef_bytes_and_user_shape(keras_models):
     """The API takes a GraphDef's bytes, and ``shape`` fixes an input the SavedModel leaves open."""
     with open(keras_models["resnet"]["pb"], "rb") as fh:

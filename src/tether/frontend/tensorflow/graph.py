@@ -152,8 +152,9 @@ class FlatGraph:
                 raise UnsupportedOpError("function %s: output %s has no return value" % (sig.name, arg.name))
             self.alias["%s:%d" % (call, k)] = ref(rets[arg.name])
 
-    def ordered(self, outputs: Sequence[str]) -> List[TFNode]:
-        """The nodes the ``outputs`` depend on, each after its inputs; a cycle (a TF1 while loop) is refused."""
+    def ordered(self, outputs: Sequence[str], allow_cycles: bool = False) -> List[TFNode]:
+        """The nodes the ``outputs`` depend on, each after its inputs; a cycle (a TF1 while loop) is refused, or
+        with ``allow_cycles`` broken where it closes (for listing the nodes)."""
         order: List[TFNode] = []
         state: Dict[str, int] = {}            # 1: on the stack, 2: done
         for out in outputs:
@@ -174,6 +175,8 @@ class FlatGraph:
                     if dep not in self.nodes:
                         raise UnsupportedOpError("node %s: input %s is produced by no node of the graph"
                                                  % (name, node.inputs[i]))
+                    if state.get(dep) == 1 and allow_cycles:
+                        continue
                     if state.get(dep) == 1:
                         raise UnsupportedOpError("node %s (%s): the graph has a cycle through it (a TF1 control "
                                                  "flow loop), which tether does not translate" % (dep,

@@ -60,7 +60,8 @@ def load_graphdef(data: bytes, path: str, outputs: Optional[Sequence[str]] = Non
             raise InvalidInput("%s: output %s is no node of the graph" % (path, o))
     loaded = LoadedGraph(what, path, flat, [], [(o[:-2] if o.endswith(":0") else o, o) for o in outs],
                          gd.versions.producer)
-    loaded.inputs = [_placeholder_input(n, n.name, what) for n in loaded.ordered() if n.op == "Placeholder"]
+    loaded.inputs = [_placeholder_input(n, n.name, what) for n in loaded.ordered(allow_cycles=True)
+                     if n.op == "Placeholder"]
     return loaded
 
 
@@ -159,7 +160,8 @@ def load_saved_model(folder: str, outputs: Optional[Sequence[str]] = None,
     loaded = LoadedGraph(what, folder, flat, [], [], producer, _Variables(folder, meta, flat))
     if outputs:
         loaded.outputs = [(o, _ref(o)) for o in outputs]
-        loaded.inputs = [_placeholder_input(n, n.name, what) for n in loaded.ordered() if n.op == "Placeholder"]
+        loaded.inputs = [_placeholder_input(n, n.name, what) for n in loaded.ordered(allow_cycles=True)
+                     if n.op == "Placeholder"]
         return loaded
     usable = [k for k, s in sigs.items() if len(s.outputs) and not k.startswith("__")]
     name = signature or (SERVING if SERVING in sigs else (sorted(usable)[0] if usable else None))
@@ -169,7 +171,7 @@ def load_saved_model(folder: str, outputs: Optional[Sequence[str]] = None,
     sig = sigs[name]
     for e in sorted(sig.outputs, key=lambda e: e.key):
         loaded.outputs.append((e.key, _ref(e.value.name)))
-    ordered = {n.name for n in loaded.ordered()}
+    ordered = {n.name for n in loaded.ordered(allow_cycles=True)}
     for e in sorted(sig.inputs, key=lambda e: e.key):
         ref = _ref(e.value.name)
         node = flat.nodes.get(split_ref(ref)[0])

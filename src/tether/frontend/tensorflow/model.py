@@ -42,8 +42,8 @@ class LoadedGraph:
     producer: int
     resources: Any = dataclasses.field(default_factory=dict)
 
-    def ordered(self) -> List[TFNode]:
-        return self.graph.ordered([ref for _, ref in self.outputs])
+    def ordered(self, allow_cycles: bool = False) -> List[TFNode]:
+        return self.graph.ordered([ref for _, ref in self.outputs], allow_cycles)
 
 
 def _input_shape(inp: GraphInput, shape: Optional[Mapping[str, Sequence[int]]], what: str) -> Shape:
@@ -223,7 +223,7 @@ def _reason(exc: Exception, node: TFNode) -> str:
 def coverage(loaded: LoadedGraph) -> List[Dict[str, Any]]:
     """Per op type of the nodes the outputs need: whether the frontend translates it, and its nodes."""
     rows: Dict[str, Dict[str, Any]] = {}
-    for node in loaded.ordered():
+    for node in loaded.ordered(allow_cycles=True):
         row = rows.setdefault(node.op, {"op_type": node.op, "domain": "TensorFlow", "opset": loaded.producer,
                                         "covered": node.op in CONVERTERS or node.op in STRUCTURAL
                                         or node.op in loops.LOOP_OPS, "nodes": []})
