@@ -412,6 +412,28 @@ def test_keras_recurrent_layers_unrolled(tmp_path):
     assert len(str(info.value).splitlines()) == 1
 
 
+def test_functional_conditional_with_a_constant_predicate(tmp_path):
+    tf = _tf()
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    flag = tf.constant(False)
+
+    @tf.function
+    def f(x):
+        y = tf.cond(flag, lambda: tf.math.lgamma(x), lambda: tf.nn.relu(x) * 2.0)
+        return tf.cond(tf.shape(x)[0] > 1, lambda: y + 1.0, lambda: y - 1.0)
+
+    x = np.random.default_rng(11).standard_normal((2, 3)).astype(np.float32)
+    fn = f.get_concrete_function(tf.TensorSpec(x.shape, tf.float32))
+    graph_def = convert_variables_to_constants_v2(fn, lower_control_flow=False).graph.as_graph_def()
+    assert {"If", "StatelessIf"} & {n.op for n in graph_def.node}
+    path = tmp_path / "cond.pb"
+    path.write_bytes(graph_def.SerializeToString())
+    graph, params = from_tensorflow(str(path))
+    got = _run_host(graph, params, {graph.inputs[0]: x}, tmp_path / "out")[0]
+    assert _rel_err(got, f(x).numpy()) <= REL_TOL
+
+
 def test_graphdef_bytes_and_user_shape(keras_models):
     """The API takes a GraphDef's bytes, and ``shape`` fixes an input the SavedModel leaves open."""
     with open(keras_models["resnet"]["pb"], "rb") as fh:

@@ -1,5 +1,6 @@
 """Functional loops (While, StatelessWhile) with a trip count known at translation time, unrolled, and the
-TensorLists their bodies read and write (what a Keras RNN layer's loop is made of).
+TensorLists their bodies read and write (what a Keras RNN layer's loop is made of); functional conditionals
+(If, StatelessIf) whose predicate is known at translation time.
 
 Each iteration translates the condition function on the loop's values; it must fold to a constant (a counter
 compared with a constant length), and while it is true the body function is translated on them, under a name
@@ -44,7 +45,21 @@ def run_loop(nodes: Any, node: TFNode, ins: List[Value]) -> Optional[List[Value]
     raise UnsupportedOpError("node %s (%s): more than %d iterations" % (node.name, node.op, MAX_ITERATIONS))
 
 
-LOOP_OPS: Dict[str, Any] = {"While": run_loop, "StatelessWhile": run_loop}
+def run_if(nodes: Any, node: TFNode, ins: List[Value]) -> Optional[List[Value]]:
+    """A functional conditional whose predicate folds to a constant: the branch it takes, translated."""
+    pred = ins[0]
+    if pred.const is None:
+        raise UnsupportedOpError("node %s (%s): its predicate is computed at run time (tether translates "
+                                 "conditionals whose predicate is known when translating)" % (node.name, node.op))
+    taken = "then_branch" if bool(np.asarray(pred.const).reshape(-1)[0]) else "else_branch"
+    branch = nodes.library.get(node.attr(taken))
+    if branch is None:
+        raise UnsupportedOpError("node %s (%s): its %s is not in the graph's library" % (node.name, node.op, taken))
+    return nodes.call(branch, ins[1:], "%s/%s" % (node.name, taken))
+
+
+# ops that run library functions: model.NodeTranslator calls these with itself
+LOOP_OPS: Dict[str, Any] = {"While": run_loop, "StatelessWhile": run_loop, "If": run_if, "StatelessIf": run_if}
 
 
 def _index(node: TFNode, v: Value) -> int:

@@ -149,7 +149,7 @@ class NodeTranslator:
                 continue                          # an input failed to translate: reported at its own node
             t.node = node
             try:
-                outs = loops.run_loop(self, node, ins) if node.op in loops.LOOP_OPS else convert(t, node, ins)
+                outs = convert(self, node, ins) if node.op in loops.LOOP_OPS else convert(t, node, ins)
             except InvalidInput:
                 raise                             # a broken file (a missing checkpoint): not the op's fault
             except UnsupportedOpError as exc:
