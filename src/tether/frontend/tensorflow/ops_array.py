@@ -14,8 +14,8 @@ from tether.errors import UnsupportedOpError
 from tether.frontend.tensorflow.graph import TFNode
 from tether.frontend.tensorflow.ops_math import broadcast_operands
 from tether.frontend.tensorflow.tensors import tensor_value
-from tether.frontend.tensorflow.translate import (ONNX_TYPES, Converter, Translator, Value, inverse, node_dtype,
-                                                  require_const)
+from tether.frontend.tensorflow.translate import (NCHW, ONNX_TYPES, Converter, Translator, Value, inverse,
+                                                  node_dtype, require_const)
 
 _BIG = np.iinfo(np.int64).max
 
@@ -53,8 +53,13 @@ def _reshape(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
         out_shape = tuple(shape) if -1 not in shape else None
         if out_shape is None and _known(x.shape):
             out_shape = np.empty(x.shape, dtype=np.bool_).reshape(shape).shape
-        return [t.out(t.emit1("Reshape", [t.tf(x), t.ints(shape)]), shape=out_shape
-                      or tuple(None if d == -1 else d for d in shape), dtype=x.dtype)]
+        out_shape = out_shape or tuple(None if d == -1 else d for d in shape)
+        if len(shape) == 4 and shape[1] == shape[2] == 1:
+            # [N, 1, 1, C] (a squeeze-and-excite vector on its way to a 1x1 convolution) has the same bytes as
+            # [N, C, 1, 1]: stored NCHW at no cost, it needs no transpose before the convolution
+            out = t.emit1("Reshape", [t.tf(x), t.ints([shape[0], shape[3], 1, 1])])
+            return [t.out(out, shape=out_shape, perm=NCHW, dtype=x.dtype)]
+        return [t.out(t.emit1("Reshape", [t.tf(x), t.ints(shape)]), shape=out_shape, dtype=x.dtype)]
     sn = t.emit1("Cast", [t.tf(s)], to=7)
     rank = s.shape[0] if s.shape is not None and len(s.shape) == 1 else None
     return [t.out(t.emit1("Reshape", [t.tf(x), sn]), shape=None if rank is None else (None,) * rank,
