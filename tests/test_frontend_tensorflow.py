@@ -297,10 +297,13 @@ def test_more_op_families_match_tensorflow(tmp_path):
                 + tf.cast(tf.argmin(v, axis=1), tf.float32)[:, None] + tf.cast(tf.size(v), tf.float32)
                 + tf.cast(tf.rank(v), tf.float32))
         sel = tf.compat.v1.where(tf.constant([True, False, True]), v, -v)          # Select: rows by a vector
+        se = tf.reshape(tf.reduce_mean(c, [1, 2]), [-1, 1, 1, 8])                  # squeeze and excite
+        se = c * tf.sigmoid(tf.nn.conv2d(se, tf.constant(rng.standard_normal((1, 1, 8, 8)).astype(np.float32)), 1,
+                                         "VALID")) + tf.reshape(se, [1, 8])[:, None, None, :]
         s8 = tf.constant(rng.uniform(0.5, 1.5, 8).astype(np.float32))
         train_bn = tf.compat.v1.nn.fused_batch_norm(c, s8, s8 - 1, is_training=True)[0]   # this batch's statistics
         return [lrn, b1, b2, b3, cs, rv, trig, nums, mods, flags, bt, train_bn, onehot, topv, topi, gnd, d2s, s2d,
-                logic, anyall, misc, sel]
+                logic, anyall, misc, sel, se]
 
     x = rng.standard_normal((1, 6, 5, 8)).astype(np.float32)
     v = rng.standard_normal((3, 4)).astype(np.float32)
