@@ -494,6 +494,14 @@ def test_corrupt_files_are_invalid_input(keras_models, tmp_path):
     cut.write_bytes(data[:len(data) // 3])
     with pytest.raises(InvalidInput, match="cut.pb"):
         to_onnx(str(cut))
+    # a GraphDef that parses but lost a node another one reads
+    tf = _tf()
+    graph_def = tf.compat.v1.GraphDef.FromString(data)
+    del graph_def.node[len(graph_def.node) // 2]
+    holed = tmp_path / "holed.pb"
+    holed.write_bytes(graph_def.SerializeToString())
+    with pytest.raises(InvalidInput, match="holed.pb: node .* which no node of the graph produces"):
+        to_onnx(str(holed))
     # a SavedModel whose checkpoint was lost
     import shutil
     broken = tmp_path / "broken_saved"

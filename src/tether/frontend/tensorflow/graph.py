@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Sequence, Tuple
 
-from tether.errors import UnsupportedOpError
+from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.tensorflow.tensors import shape_of
 
 CALL_OPS = ("StatefulPartitionedCall", "PartitionedCall")
@@ -160,7 +160,7 @@ class FlatGraph:
         for out in outputs:
             root = split_ref(self.resolve(out))[0]
             if root not in self.nodes:
-                raise UnsupportedOpError("output %s: no node of the graph produces it" % out)
+                raise InvalidInput("output %s: no node of the graph produces it" % out)
             stack: List[Tuple[str, int]] = [(root, 0)]
             while stack:
                 name, i = stack.pop()
@@ -173,8 +173,8 @@ class FlatGraph:
                     stack.append((name, i + 1))
                     dep = split_ref(self.resolve(node.inputs[i]))[0]
                     if dep not in self.nodes:
-                        raise UnsupportedOpError("node %s: input %s is produced by no node of the graph"
-                                                 % (name, node.inputs[i]))
+                        raise InvalidInput("node %s reads %s, which no node of the graph produces (the file is "
+                                           "truncated or incomplete)" % (name, node.inputs[i]))
                     if state.get(dep) == 1 and allow_cycles:
                         continue
                     if state.get(dep) == 1:

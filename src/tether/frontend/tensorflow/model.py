@@ -43,7 +43,10 @@ class LoadedGraph:
     resources: Any = dataclasses.field(default_factory=dict)
 
     def ordered(self, allow_cycles: bool = False) -> List[TFNode]:
-        return self.graph.ordered([ref for _, ref in self.outputs], allow_cycles)
+        try:
+            return self.graph.ordered([ref for _, ref in self.outputs], allow_cycles)
+        except InvalidInput as exc:
+            raise InvalidInput("%s: %s" % (self.path, exc)) from None
 
 
 def _input_shape(inp: GraphInput, shape: Optional[Mapping[str, Sequence[int]]], what: str) -> Shape:
