@@ -7,7 +7,8 @@ ModelProto that :func:`tether.frontend.from_onnx` imports.
 Modules: ``protos`` (TensorFlow's messages, described at run time), ``tensors`` (TensorProto values),
 ``bundle`` (the checkpoint of a SavedModel), ``graph`` (function inlining, pruning, order), ``loader`` (files
 to a flat graph), ``translate`` (values and layouts), ``ops_*`` (the op converters, tabled in ``ops``),
-``model`` (the ONNX model and the coverage table).
+``loops`` (While and If run through their functions, TensorLists), ``model`` (the ONNX model and the coverage
+table).
 """
 from __future__ import annotations
 
