@@ -8,7 +8,8 @@ from tether.frontend.darknet import from_darknet
 from tether.frontend.keras import from_keras
 from tether.frontend.mxnet import from_mxnet
 from tether.frontend.onnx import from_onnx, unsupported_ops
+from tether.frontend.tensorflow import from_tensorflow
 from tether.frontend.tflite import from_tflite
 
 __all__ = ["from_caffe", "from_caffe2", "from_coreml", "from_darknet", "from_keras", "from_mxnet", "from_onnx",
-           "from_tflite", "unsupported_ops"]
+           "from_tensorflow", "from_tflite", "unsupported_ops"]

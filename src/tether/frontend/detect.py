@@ -329,8 +329,8 @@ def _json(p: Probe) -> bool:
 for _fmt in (
         ModelFormat("ONNX", "an ONNX model", True, True, _onnx),
         ModelFormat("TFLite", "a TFLite model", True, True, _tflite),
-        ModelFormat("TensorFlow SavedModel", "a TensorFlow SavedModel folder", False, True, _saved_model),
-        ModelFormat("TensorFlow GraphDef", "a TensorFlow GraphDef (.pb)", False, True, _graphdef),
+        ModelFormat("TensorFlow SavedModel", "a TensorFlow SavedModel folder", True, True, _saved_model),
+        ModelFormat("TensorFlow GraphDef", "a TensorFlow GraphDef (.pb)", True, True, _graphdef),
         ModelFormat("Keras", "a Keras model (.keras zip)", True, True, _keras_zip),
         ModelFormat("Keras HDF5", "a Keras model (HDF5 .h5)", True, True, _keras_hdf5),
         ModelFormat("PyTorch", "a PyTorch checkpoint or TorchScript zip (torch.save)", False, True, _pytorch),

@@ -56,5 +56,7 @@ for _fmt, (_mod, _read, _cover, _extra) in {
     "CoreML package": ("tether.frontend.coreml", "read_coreml", "op_coverage", "coreml"),
     "Keras": ("tether.frontend.keras", "read_keras", "keras_coverage", "keras"),
     "Keras HDF5": ("tether.frontend.keras", "read_keras", "keras_coverage", "keras"),
+    "TensorFlow GraphDef": ("tether.frontend.tensorflow", "read_graphdef", "coverage", "tensorflow"),
+    "TensorFlow SavedModel": ("tether.frontend.tensorflow", "read_saved_model", "coverage", "tensorflow"),
 }.items():
     register_reader(_fmt, lazy(_mod, _read, _extra), lazy(_mod, _cover, _extra))
