@@ -103,7 +103,8 @@ def parse_target(spec: str, shapes: Optional[Sequence[Tuple[int, ...]]] = None, 
         from tether.errors import UnsupportedOpError
 
         try:
-            load_model_file(spec)  # a file tether cannot read is named and refused (InvalidInput)
+            # a file tether cannot read is named and refused (InvalidInput)
+            load_model_file(spec, shape=dict(input_shapes or {}))
         except UnsupportedOpError as exc:   # a format's reader names every op it does not translate
             raise BenchError(str(exc)) from None
         return BenchTarget(spec, "onnx", spec, input_shapes=dict(input_shapes or {}))
@@ -169,7 +170,8 @@ class OnnxCache:
                 from tether.frontend.model_file import load_model_file
 
                 t0 = time.perf_counter()
-                proto, base_dir = load_model_file(target.path)   # any format tether reads, as an ONNX graph
+                # any format tether reads, as an ONNX graph
+                proto, base_dir = load_model_file(target.path, shape=dict(target.input_shapes or {}))
                 graph, params = from_onnx(proto, shape=dict(target.input_shapes or {}), base_dir=base_dir)
                 factory = tether.build_graph(graph, params, target=compile_for, opt_level=options.opt_level,
                                              fast_math=options.fast_math)

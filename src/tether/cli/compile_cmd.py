@@ -75,8 +75,9 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
 
     try:
         # a foreign or broken file: InvalidInput, one line (cli/errors.py); a reader's unsupported ops: one line
-        proto, base_dir = load_model_file(model)
-        graph, params = from_onnx(proto, shape=parse_input_shapes(input_shapes), base_dir=base_dir)
+        shapes = parse_input_shapes(input_shapes)
+        proto, base_dir = load_model_file(model, shape=shapes)
+        graph, params = from_onnx(proto, shape=shapes, base_dir=base_dir)
     except InvalidInput:
         raise                   # bad input: exit 2 (cli/errors.py), not a compile error
     except (UnsupportedOpError, ValueError) as exc:

@@ -9,7 +9,7 @@ format tether does not read, or bytes that do not parse as an ONNX ModelProto wi
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tether.errors import InvalidInput
 from tether.frontend import detect, readers
@@ -43,15 +43,16 @@ def op_coverage(path: str) -> List[Dict[str, Any]]:
     return onnx_coverage(load_model_file(path)[0])
 
 
-def load_model_file(path: str) -> Tuple[Any, str]:
+def load_model_file(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Tuple[Any, str]:
     """The model at ``path`` as an ONNX ModelProto (external data not loaded), and the folder its external data
-    is relative to."""
+    is relative to. ``shape`` (input name -> dims) goes to a foreign format's reader, for formats whose files hold
+    no input shapes; ``from_onnx(model, shape=...)`` still applies it to the ONNX graph."""
     import onnx
     from google.protobuf.message import DecodeError
 
     fmt = _format(path)
     if fmt is not None and fmt.name in readers.READERS:
-        return readers.READERS[fmt.name](path), os.path.dirname(os.path.abspath(path))
+        return readers.READERS[fmt.name](path, shape=shape), os.path.dirname(os.path.abspath(path))
     with open(path, "rb") as fh:
         data = fh.read()
     try:

@@ -1,5 +1,7 @@
 """Which frontend reads each model format that is not ONNX: format name (as :mod:`tether.frontend.detect`
-names it) -> a reader ``path -> onnx.ModelProto`` and a coverage table ``path -> rows`` for ``--check``.
+names it) -> a reader ``(path, shape=None) -> onnx.ModelProto`` and a coverage table ``path -> rows`` for
+``--check``. ``shape`` (input name -> dims, the user's ``--input-shape``) reaches the reader because some formats
+hold no input shapes (Caffe2, MXNet) or sizes computed from open ones (TensorFlow).
 
 A reader translates the whole file before it raises, so its UnsupportedOpError names every op it does not
 cover (op, node, version). A coverage row is ``{"op_type", "domain" (the format), "opset" (the op's version
@@ -33,13 +35,13 @@ def register_reader(fmt: str, reader: Reader, coverage: Reader) -> None:
 def lazy(module: str, function: str, extra: str) -> Reader:
     """A reader calling ``module.function(path)``; the module is imported on first use, and a missing optional
     dependency is reported as ``pip install 'tether[extra]'``."""
-    def read(path: str) -> Any:
+    def read(path: str, **kwargs: Any) -> Any:
         try:
             mod = importlib.import_module(module)
         except ImportError as exc:
             raise InvalidInput("%s needs the optional dependency %r: pip install 'tether[%s]'"
                                % (path, exc.name or str(exc), extra)) from None
-        return getattr(mod, function)(path)
+        return getattr(mod, function)(path, **kwargs)
     read.__qualname__ = "%s.%s" % (module, function)
     return read
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -236,7 +236,7 @@ def to_onnx(prototxt_path: Optional[str], caffemodel_path: Optional[str] = None)
     return t.b.model()
 
 
-def read_model(path: str) -> Any:
+def read_model(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Any:
     """The reader :mod:`tether.frontend.readers` calls for both Caffe formats."""
     return to_onnx(*companions(path))
 

@@ -160,8 +160,9 @@ def to_onnx(predict_path: str, init_path: Optional[str] = None,
     return t.b.model()
 
 
-def read_model(path: str) -> Any:
-    return to_onnx(*companions(path))
+def read_model(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Any:
+    """The reader :mod:`tether.frontend.readers` calls; the file pair holds no input shapes: ``shape`` gives them."""
+    return to_onnx(*companions(path), shape=shape)
 
 
 def op_coverage(path: str) -> List[Dict[str, Any]]:

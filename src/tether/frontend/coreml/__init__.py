@@ -13,9 +13,10 @@ import numpy as np
 from tether.frontend.coreml.model import op_coverage, to_onnx
 
 
-def read_coreml(path: str):
-    """The model at ``path`` as an ONNX ModelProto (the reader of the "CoreML" and "CoreML package" formats)."""
-    return to_onnx(path)
+def read_coreml(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None):
+    """The model at ``path`` as an ONNX ModelProto (the reader of the "CoreML" and "CoreML package" formats);
+    ``shape`` fixes flexible input shapes."""
+    return to_onnx(path, shape=shape)
 
 
 def from_coreml(model, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Tuple[object, Dict[str, np.ndarray]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.darknet.cfg import Network, parse_cfg
@@ -117,7 +117,7 @@ def to_onnx(cfg_path: str, weights_path: Optional[str] = None) -> Any:
     return t.b.model("from %s" % os.path.basename(cfg_path))
 
 
-def read_model(path: str) -> Any:
+def read_model(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Any:
     """The reader :mod:`tether.frontend.readers` calls: ``path`` is the .cfg or the .weights."""
     return to_onnx(*companions(path))
 

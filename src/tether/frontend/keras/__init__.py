@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 # needs neither
 
 
-def read_keras(path: str):
+def read_keras(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None):
     """The Keras model file at ``path`` as an ONNX ModelProto (readers.py's reader)."""
     from tether.frontend.keras import archive, model
 

@@ -32,12 +32,12 @@ def from_tensorflow(source: Any, shape: Optional[Mapping[str, Sequence[int]]] = 
     return from_onnx(to_onnx(source, shape=shape, outputs=outputs), shape=None)
 
 
-def read_graphdef(path: str) -> Any:
-    return to_onnx(path)
+def read_graphdef(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Any:
+    return to_onnx(path, shape=shape)
 
 
-def read_saved_model(path: str) -> Any:
-    return to_onnx(path)
+def read_saved_model(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Any:
+    return to_onnx(path, shape=shape)
 
 
 def coverage(path: str) -> List[Dict[str, Any]]:

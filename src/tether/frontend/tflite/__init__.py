@@ -53,7 +53,7 @@ def from_tflite(model, shape: Optional[Mapping[str, Sequence[int]]] = None,
     return from_onnx(to_onnx(model, names=names), shape=shape)
 
 
-def read_onnx(path: str) -> Any:
+def read_onnx(path: str, shape: Optional[Mapping[str, Sequence[int]]] = None) -> Any:
     """The reader of :mod:`tether.frontend.readers`: the file as an ONNX ModelProto."""
     return to_onnx(path)
 
