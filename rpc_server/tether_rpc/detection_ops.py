@@ -113,3 +113,66 @@ def detection_postprocess(attrs: Dict[str, Any], box_encodings: np.ndarray, clas
                 out_boxes[row], out_classes[row], out_scores[row] = boxes[i], c, scores[i, c]
         count = len(kept)
     return [out_boxes[None], out_classes[None], out_scores[None], np.array([count], np.float32)]
+
+
+def _corner_iou(boxes: np.ndarray, i: int, j: int) -> float:
+    """IoU of two boxes given by any two diagonal corners (y1, x1, y2, x2), in float32; 0 without area."""
+    a, b = boxes[i], boxes[j]
+    ay0, ay1, ax0, ax1 = min(a[0], a[2]), max(a[0], a[2]), min(a[1], a[3]), max(a[1], a[3])
+    by0, by1, bx0, bx1 = min(b[0], b[2]), max(b[0], b[2]), min(b[1], b[3]), max(b[1], b[3])
+    area_a, area_b = (ay1 - ay0) * (ax1 - ax0), (by1 - by0) * (bx1 - bx0)
+    if area_a <= 0 or area_b <= 0:
+        return 0.0
+    inter = max(min(ay1, by1) - max(ay0, by0), np.float32(0)) * max(min(ax1, bx1) - max(ax0, bx0), np.float32(0))
+    union = area_a + area_b - inter
+    return 0.0 if union == 0 else float(np.float32(inter) / np.float32(union))
+
+
+def nms_padded(attrs: Dict[str, Any], boxes: np.ndarray, scores: np.ndarray, iou: np.ndarray,
+               score: np.ndarray) -> List[np.ndarray]:
+    """TFLite's NON_MAX_SUPPRESSION_V4/V5 (TensorFlow's NonMaxSuppressionV5 with padding): greedy by decreasing
+    score among scores above the threshold; a candidate is dropped by an IoU >= the threshold with a kept box, or,
+    with ``soft_nms_sigma`` > 0, its score decays by exp(-0.5 iou^2 / sigma) per kept box and it returns to the
+    queue. Outputs: the kept indices (int32) and their scores, zero-padded to ``max_output_size``, and the count."""
+    import heapq
+
+    limit = int(attrs["max_output_size"])
+    boxes = boxes.reshape(-1, 4).astype(np.float32)
+    scores = scores.reshape(-1).astype(np.float32)
+    iou_t = float(np.float32(iou.reshape(-1)[0]))
+    score_t = float(np.float32(score.reshape(-1)[0]))
+    sigma = float(attrs.get("soft_nms_sigma", 0.0))
+    scale = -0.5 / sigma if sigma > 0 else 0.0
+    # (-score, index, suppress_begin): ties leave the lower index first
+    heap = [(-float(scores[i]), i, 0) for i in range(scores.size) if scores[i] > score_t]
+    heapq.heapify(heap)
+    count = min(len(heap), limit)
+    kept: List[int] = []
+    kept_scores: List[float] = []
+    while len(kept) < count and heap:
+        neg, i, begin = heapq.heappop(heap)
+        s = original = -neg
+        hard = False
+        for j in range(len(kept) - 1, begin - 1, -1):
+            v = _corner_iou(boxes, i, kept[j])
+            if v >= iou_t:
+                hard = True
+                break
+            if sigma > 0:
+                s = float(np.float32(s * np.exp(np.float32(scale * v * v))))
+            if s <= score_t:
+                break
+        if hard:
+            continue
+        begin = len(kept)
+        if s == original:
+            kept.append(i)
+            kept_scores.append(s)
+        if s > score_t:
+            # as LiteRT: a selected box goes back too, and its IoU of 1 with itself drops it when popped again
+            heapq.heappush(heap, (-s, i, begin))
+    indices = np.zeros((limit,), np.int32)
+    out_scores = np.zeros((limit,), np.float32)
+    indices[:len(kept)] = kept
+    out_scores[:len(kept)] = kept_scores
+    return [indices, out_scores, np.array(len(kept), np.int32)]

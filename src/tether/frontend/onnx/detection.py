@@ -1,7 +1,11 @@
 """Converters of the ops in tether's own ONNX domain ("tether") that other frontends emit for what standard ONNX
-cannot say well: ``tether.DetectionPostProcess``, an SSD detector's box decoding and non-max suppression into
-outputs of a fixed size (TFLite's DETECTION_POSTPROCESS). It runs as numpy on the device
-(``kernels/detection_op.py``)."""
+cannot say well, non-max suppression into outputs of a fixed size, which ONNX's NonMaxSuppression (a list of
+data-dependent length) cannot give:
+- ``tether.DetectionPostProcess``: an SSD detector's box decoding and multi-class NMS (TFLite's
+  DETECTION_POSTPROCESS);
+- ``tether.NonMaxSuppressionPadded``: single-class (soft) NMS, indices and scores zero-padded to
+  ``max_output_size``, and their count (TFLite's NON_MAX_SUPPRESSION_V4/V5, TensorFlow's NonMaxSuppressionV5).
+Both run as numpy on the device (``kernels/detection_op.py``)."""
 from __future__ import annotations
 
 from tether.errors import UnsupportedOpError
@@ -53,3 +57,26 @@ def _detection_postprocess(im, node, ins, a):
     outs = [node.output[k] if k < len(node.output) and node.output[k] else im.fresh(node.name + "_unused")
             for k in range(4)]
     im.emit("detection_postprocess", ins, attrs, node.name, outs)
+
+
+@CONVERTERS.register("tether.NonMaxSuppressionPadded")
+def _nms_padded(im, node, ins, a):
+    """Inputs: boxes (N, 4), scores (N,), iou_threshold, score_threshold (scalars); attributes max_output_size,
+    soft_nms_sigma (0: hard NMS). Outputs: indices (int32), scores, count (int32 scalar)."""
+    if "max_output_size" not in a or len(ins) != 4 or not all(ins):
+        raise UnsupportedOpError("node %s: NonMaxSuppressionPadded takes boxes, scores, iou_threshold and "
+                                 "score_threshold, and a max_output_size attribute" % node.name)
+    b, sc = im.type(ins[0]).shape, im.type(ins[1]).shape
+    if len(b) != 2 or b[1] != 4 or tuple(sc) != (b[0],):
+        raise UnsupportedOpError("node %s: NonMaxSuppressionPadded boxes %s and scores %s (expected (N, 4) and "
+                                 "(N,))" % (node.name, b, sc))
+    for v in ins:
+        if str(im.type(v).dtype) not in FLOATS + ("float16",):
+            raise UnsupportedOpError("node %s: NonMaxSuppressionPadded on %s input %r (float inputs)"
+                                     % (node.name, im.type(v).dtype, v))
+    attrs = {"max_output_size": max(int(a["max_output_size"]), 0),
+             "soft_nms_sigma": float(a.get("soft_nms_sigma", 0.0))}
+    ins = [v if str(im.type(v).dtype) == "float32" else im.emit("cast", [v], {"to": "float32"}) for v in ins]
+    outs = [node.output[k] if k < len(node.output) and node.output[k] else im.fresh(node.name + "_unused")
+            for k in range(3)]
+    im.emit("nms_padded", ins, attrs, node.name, outs)
