@@ -1,0 +1,178 @@
+"""Elementwise math, comparisons, logic and selection: unary ops keep their input's layout, broadcasting ops
+take their inputs in one common layout (``Context.aligned``), so none of them adds a Transpose.
+
+Semantics follow LiteRT's kernels where ONNX differs: FLOOR_DIV and FLOOR_MOD round toward negative infinity
+(ONNX's integer Div truncates, and its float Mod needs fmod=1), ROUND is half to even (ONNX Round), RSQRT is
+1 / sqrt(x), SELECT with a rank-1 condition picks whole rows of higher-rank operands.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tether.frontend.tflite.state import NATIVE, onnx_dtype
+from tether.frontend.tflite.table import ConverterTable
+
+CONVERTERS = ConverterTable("tflite pointwise")
+
+_UNARY = {"ABS": "Abs", "EXP": "Exp", "LOG": "Log", "SQRT": "Sqrt", "NEG": "Neg", "SIN": "Sin", "COS": "Cos",
+          "FLOOR": "Floor", "CEIL": "Ceil", "ROUND": "Round", "SIGN": "Sign", "LOGICAL_NOT": "Not"}
+
+
+def _unary(ctx, op) -> None:
+    x, layout = ctx.held(op.inputs[0])
+    ctx.set_output(op.outputs[0], ctx.emit1(_UNARY[op.op], [x]), layout)
+
+
+for _op in _UNARY:
+    CONVERTERS.add(_op, _unary)
+
+
+@CONVERTERS.register("RSQRT")
+def _rsqrt(ctx, op) -> None:
+    x, layout = ctx.held(op.inputs[0])
+    ctx.set_output(op.outputs[0], ctx.emit1("Reciprocal", [ctx.emit1("Sqrt", [x])]), layout)
+
+
+@CONVERTERS.register("SQUARE")
+def _square(ctx, op) -> None:
+    x, layout = ctx.held(op.inputs[0])
+    ctx.set_output(op.outputs[0], ctx.emit1("Mul", [x, x]), layout)
+
+
+@CONVERTERS.register("ZEROS_LIKE", "ONES_LIKE")
+def _fill_like(ctx, op) -> None:
+    x, layout = ctx.held(op.inputs[0])
+    dtype = ctx.tensor(op.outputs[0]).dtype
+    value = np.array([0 if op.op == "ZEROS_LIKE" else 1], dtype)
+    from onnx import numpy_helper
+
+    y = ctx.emit1("ConstantOfShape", [ctx.emit1("Shape", [x])], value=numpy_helper.from_array(value))
+    ctx.set_output(op.outputs[0], y, layout)
+
+
+_BINARY = {"POW": "Pow", "MAXIMUM": "Max", "MINIMUM": "Min", "EQUAL": "Equal", "LESS": "Less",
+           "LESS_EQUAL": "LessOrEqual", "GREATER": "Greater", "GREATER_EQUAL": "GreaterOrEqual",
+           "LOGICAL_AND": "And", "LOGICAL_OR": "Or"}
+
+
+def _binary(ctx, op) -> None:
+    names, layout = ctx.aligned(op.inputs[:2])
+    ctx.set_output(op.outputs[0], ctx.emit1(_BINARY[op.op], names), layout)
+
+
+for _op in _BINARY:
+    CONVERTERS.add(_op, _binary)
+
+
+@CONVERTERS.register("NOT_EQUAL")
+def _not_equal(ctx, op) -> None:
+    names, layout = ctx.aligned(op.inputs[:2])
+    ctx.set_output(op.outputs[0], ctx.emit1("Not", [ctx.emit1("Equal", names)]), layout)
+
+
+@CONVERTERS.register("SQUARED_DIFFERENCE")
+def _squared_difference(ctx, op) -> None:
+    names, layout = ctx.aligned(op.inputs[:2])
+    d = ctx.emit1("Sub", names)
+    ctx.set_output(op.outputs[0], ctx.emit1("Mul", [d, d]), layout)
+
+
+def _zero(ctx, dtype: str) -> str:
+    return ctx.add_const(np.array(0, dtype), "zero")
+
+
+def _is_float(dtype: str) -> bool:
+    return np.dtype(dtype).kind == "f"
+
+
+@CONVERTERS.register("FLOOR_DIV")
+def _floor_div(ctx, op) -> None:
+    names, layout = ctx.aligned(op.inputs[:2])
+    a, b = names
+    dtype = ctx.tensor(op.outputs[0]).dtype
+    if _is_float(dtype):
+        ctx.set_output(op.outputs[0], ctx.emit1("Floor", [ctx.emit1("Div", [a, b])]), layout)
+        return
+    # integer Div truncates toward zero: step down by one where the remainder is nonzero and its sign differs
+    # from the divisor's
+    q = ctx.emit1("Div", [a, b])
+    r = ctx.emit1("Sub", [a, ctx.emit1("Mul", [q, b])])
+    zero = _zero(ctx, dtype)
+    fix = ctx.emit1("And", [ctx.emit1("Not", [ctx.emit1("Equal", [r, zero])]),
+                            ctx.emit1("Xor", [ctx.emit1("Less", [r, zero]), ctx.emit1("Less", [b, zero])])])
+    one = ctx.add_const(np.array(1, dtype), "one")
+    ctx.set_output(op.outputs[0], ctx.emit1("Sub", [q, ctx.emit1("Where", [fix, one, zero])]), layout)
+
+
+@CONVERTERS.register("FLOOR_MOD")
+def _floor_mod(ctx, op) -> None:
+    names, layout = ctx.aligned(op.inputs[:2])
+    a, b = names
+    dtype = ctx.tensor(op.outputs[0]).dtype
+    if not _is_float(dtype):
+        # integer Mod with fmod=0 takes the divisor's sign, as floor division's remainder does
+        ctx.set_output(op.outputs[0], ctx.emit1("Mod", [a, b], fmod=0), layout)
+        return
+    # LiteRT: fmod, then moved into the divisor's sign when nonzero and of the other sign
+    m = ctx.emit1("Mod", [a, b], fmod=1)
+    zero = _zero(ctx, dtype)
+    fix = ctx.emit1("And", [ctx.emit1("Not", [ctx.emit1("Equal", [m, zero])]),
+                            ctx.emit1("Xor", [ctx.emit1("Less", [m, zero]), ctx.emit1("Less", [b, zero])])])
+    ctx.set_output(op.outputs[0], ctx.emit1("Where", [fix, ctx.emit1("Add", [m, b]), m]), layout)
+
+
+@CONVERTERS.register("ADD_N")
+def _add_n(ctx, op) -> None:
+    names, layout = ctx.aligned(list(op.inputs))
+    ctx.set_output(op.outputs[0], ctx.emit1("Sum", names) if len(names) > 1 else ctx.emit1("Identity", names),
+                   layout)
+
+
+@CONVERTERS.register("SELECT", "SELECT_V2")
+def _select(ctx, op) -> None:
+    cond, x, y = op.inputs[:3]
+    if op.op == "SELECT" and ctx.rank(cond) == 1 and ctx.rank(x) > 1:
+        # a rank-1 condition chooses rows: it runs along axis 0, not broadcast against the last axis
+        c = ctx.emit1("Reshape", [ctx.nhwc(cond), ctx.add_const(
+            np.array([-1] + [1] * (ctx.rank(x) - 1), np.int64), "rows")])
+        ctx.set_output(op.outputs[0], ctx.emit1("Where", [c, ctx.nhwc(x), ctx.nhwc(y)]), NATIVE)
+        return
+    names, layout = ctx.aligned([cond, x, y])
+    ctx.set_output(op.outputs[0], ctx.emit1("Where", names), layout)
+
+
+@CONVERTERS.register("FILL")
+def _fill(ctx, op) -> None:
+    dims, value = op.inputs[:2]
+    shape = ctx.emit1("Cast", [ctx.nhwc(dims)], to=onnx_dtype("int64"))
+    ctx.set_output(op.outputs[0], ctx.emit1("Expand", [ctx.nhwc(value), shape]))
+
+
+@CONVERTERS.register("RANGE")
+def _range(ctx, op) -> None:
+    dtype = ctx.tensor(op.outputs[0]).dtype
+    args = []
+    for i in op.inputs[:3]:
+        v = ctx.emit1("Reshape", [ctx.nhwc(i), ctx.add_const(np.zeros((0,), np.int64), "scalar")])
+        if ctx.tensor(i).dtype != dtype:
+            v = ctx.emit1("Cast", [v], to=onnx_dtype(dtype))
+        args.append(v)
+    ctx.set_output(op.outputs[0], ctx.emit1("Range", args))
+
+
+@CONVERTERS.register("ATAN2")
+def _atan2(ctx, op) -> None:
+    # atan(y / x), moved by +-pi into the left half-plane; x == 0 gives +-pi/2 by y's sign (0 for y == 0)
+    names, layout = ctx.aligned(op.inputs[:2])
+    y, x = names
+    dtype = ctx.tensor(op.outputs[0]).dtype
+    zero = _zero(ctx, dtype)
+    pi = ctx.add_const(np.array(np.pi, dtype), "pi")
+    half_pi = ctx.add_const(np.array(np.pi / 2, dtype), "half_pi")
+    x_zero = ctx.emit1("Equal", [x, zero])
+    safe_x = ctx.emit1("Where", [x_zero, ctx.add_const(np.array(1, dtype), "one"), x])
+    base = ctx.emit1("Atan", [ctx.emit1("Div", [y, safe_x])])
+    turn = ctx.emit1("Where", [ctx.emit1("Less", [y, zero]), ctx.emit1("Neg", [pi]), pi])
+    left = ctx.emit1("Where", [ctx.emit1("Less", [x, zero]), ctx.emit1("Add", [base, turn]), base])
+    axis = ctx.emit1("Mul", [ctx.emit1("Sign", [y]), half_pi])
+    ctx.set_output(op.outputs[0], ctx.emit1("Where", [x_zero, axis, left]), layout)
