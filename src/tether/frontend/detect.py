@@ -277,7 +277,7 @@ def _json(p: Probe) -> bool:
 
 for _fmt in (
         ModelFormat("ONNX", "an ONNX model", True, True, _onnx),
-        ModelFormat("TFLite", "a TFLite model", False, True, _tflite),
+        ModelFormat("TFLite", "a TFLite model", True, True, _tflite),
         ModelFormat("TensorFlow SavedModel", "a TensorFlow SavedModel folder", False, True, _saved_model),
         ModelFormat("TensorFlow GraphDef", "a TensorFlow GraphDef (.pb)", False, True, _graphdef),
         ModelFormat("Keras", "a Keras model (.keras zip)", False, True, _keras_zip),

@@ -46,5 +46,6 @@ def lazy(module: str, function: str, extra: str) -> Reader:
 
 # format name -> (module, reader function, coverage function, extra); one line per format
 for _fmt, (_mod, _read, _cover, _extra) in {
+    "TFLite": ("tether.frontend.tflite", "read_onnx", "op_coverage", "tflite"),
 }.items():
     register_reader(_fmt, lazy(_mod, _read, _extra), lazy(_mod, _cover, _extra))

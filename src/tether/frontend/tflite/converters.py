@@ -1,0 +1,19 @@
+"""The TFLite converter tables: every family's ``CONVERTERS``, merged here (an op in two families raises).
+
+``CONVERTERS`` converts ops on float tensors. ``QUANTIZED`` converts ops whose tensors carry integer
+quantization (int8/uint8/int16 with scale and zero point); an op on quantized tensors with no entry there is
+reported unsupported. Add a family by writing a module with its own table and naming it below.
+"""
+from __future__ import annotations
+
+from tether.frontend.tflite import elementwise, nn, reduce, resize, tensor, weights
+from tether.frontend.tflite.table import ConverterTable, merge_tables
+
+FAMILIES = (nn, elementwise, tensor, reduce, resize, weights)
+QUANTIZED_FAMILIES: tuple = ()
+
+CONVERTERS: ConverterTable = merge_tables("the TFLite converter families", [f.CONVERTERS for f in FAMILIES])
+QUANTIZED: ConverterTable = merge_tables("the TFLite quantized converter families",
+                                         [f.QUANTIZED for f in QUANTIZED_FAMILIES])
+
+__all__ = ["CONVERTERS", "FAMILIES", "QUANTIZED", "QUANTIZED_FAMILIES"]

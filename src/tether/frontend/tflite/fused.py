@@ -1,0 +1,34 @@
+"""Fused activations (ActivationFunctionType in schema.fbs), applied after the op that carries them."""
+from __future__ import annotations
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+
+NONE, RELU, RELU_N1_TO_1, RELU6, TANH, SIGN_BIT = range(6)
+
+
+def clip(ctx, value: str, lo: float, hi: float) -> str:
+    return ctx.emit1("Clip", [value, ctx.add_const(np.array(lo, np.float32), "clip_min"),
+                              ctx.add_const(np.array(hi, np.float32), "clip_max")])
+
+
+def apply(ctx, value: str, code: int) -> str:
+    """``value`` with the fused activation ``code`` applied (the same value for NONE)."""
+    code = int(code or 0)
+    if code == NONE:
+        return value
+    if code == RELU:
+        return ctx.emit1("Relu", [value])
+    if code == RELU_N1_TO_1:
+        return clip(ctx, value, -1.0, 1.0)
+    if code == RELU6:
+        return clip(ctx, value, 0.0, 6.0)
+    if code == TANH:
+        return ctx.emit1("Tanh", [value])
+    raise UnsupportedOpError("%s: fused activation %d (SIGN_BIT or unknown) is not supported" % (ctx.where(), code))
+
+
+def apply_from(ctx, value: str) -> str:
+    """``value`` with the current op's ``fused_activation_function`` applied."""
+    return apply(ctx, value, ctx.op.options.get("fused_activation_function", NONE))

@@ -1,0 +1,49 @@
+"""RESIZE_BILINEAR and RESIZE_NEAREST_NEIGHBOR, NCHW, with LiteRT's coordinate rules mapped onto ONNX Resize.
+
+LiteRT, per output coordinate ``x`` (``scale`` = in/out, or (in-1)/(out-1) with align_corners):
+- bilinear: source ``x * scale``, or ``(x + 0.5) * scale - 0.5`` with half_pixel_centers, clamped to the input:
+  ONNX's ``asymmetric`` / ``align_corners`` / ``half_pixel`` modes;
+- nearest: ``floor((x + offset) * scale)`` (offset 0.5 with half_pixel_centers: ONNX ``tf_half_pixel_for_nn``),
+  or with align_corners ``round(x * scale)``, halves away from zero: ONNX ``align_corners`` with
+  ``round_prefer_ceil``.
+TensorFlow refuses align_corners together with half_pixel_centers, and so does this converter.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.frontend.tflite.state import NCHW
+from tether.frontend.tflite.table import ConverterTable
+
+CONVERTERS = ConverterTable("tflite resize")
+
+
+def _resize(ctx, op, mode: str) -> None:
+    align, half = bool(op.options.get("align_corners")), bool(op.options.get("half_pixel_centers"))
+    if align and half:
+        raise UnsupportedOpError("%s: align_corners and half_pixel_centers together are not defined"
+                                 % ctx.where())
+    x = ctx.nchw(op.inputs[0])
+    size = ctx.const(op.inputs[1])
+    if size is not None:
+        n, _, _, c = ctx.shape(op.inputs[0])
+        sizes = ctx.add_const(np.array([n, c] + [int(v) for v in np.asarray(size).reshape(-1)], np.int64), "sizes")
+    else:           # a size computed at run time: the input's N and C, then the given H, W
+        nc = ctx.emit1("Slice", [ctx.emit1("Shape", [x]), ctx.add_const(np.array([0], np.int64), "starts"),
+                                 ctx.add_const(np.array([2], np.int64), "ends")])
+        sizes = ctx.emit1("Concat", [nc, ctx.emit1("Cast", [ctx.nhwc(op.inputs[1])], to=7)], axis=0)
+    attrs = {}
+    if mode == "linear":
+        attrs["coordinate_transformation_mode"] = "align_corners" if align else "half_pixel" if half \
+            else "asymmetric"
+    else:
+        attrs["coordinate_transformation_mode"] = "align_corners" if align else "tf_half_pixel_for_nn" if half \
+            else "asymmetric"
+        attrs["nearest_mode"] = "round_prefer_ceil" if align else "floor"
+    y = ctx.emit1("Resize", [x, "", "", sizes], mode=mode, **attrs)
+    ctx.set_output(op.outputs[0], y, NCHW)
+
+
+CONVERTERS.add("RESIZE_BILINEAR", lambda ctx, op: _resize(ctx, op, "linear"))
+CONVERTERS.add("RESIZE_NEAREST_NEIGHBOR", lambda ctx, op: _resize(ctx, op, "nearest"))
