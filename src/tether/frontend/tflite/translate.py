@@ -29,6 +29,10 @@ def converter_for(subgraph: Subgraph, op: Operator):
     """The converter of ``op``, or (None, why not)."""
     quantized = any(is_quantized(subgraph, i) for i in list(op.inputs) + list(op.outputs) if i >= 0)
     if op.op == "CUSTOM":
+        # a custom op's converter registers as "CUSTOM:<custom_code>"
+        key = "CUSTOM:" + op.custom_code
+        if key in CONVERTERS:
+            return CONVERTERS[key], ""
         return None, "custom op %r: no converter" % op.custom_code
     if quantized:
         if op.op in QUANTIZED:
