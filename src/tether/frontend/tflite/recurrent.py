@@ -1,0 +1,182 @@
+"""Fused recurrent layers: UNIDIRECTIONAL_SEQUENCE_LSTM, BIDIRECTIONAL_SEQUENCE_LSTM and
+UNIDIRECTIONAL_SEQUENCE_RNN, as ONNX LSTM/RNN nodes (tether's recurrent kernel).
+
+TFLite keeps one weight tensor per gate (input, forget, cell, output); ONNX stacks them in the order i, o, f, c.
+Peepholes read the previous cell state for the input and forget gates and the new one for the output gate in both.
+A CIFG LSTM (no input gate: i = 1 - f) maps onto ONNX's ``input_forget`` (f = 1 - i) by giving ONNX's input gate
+the negated forget-gate weights, bias and peephole: sigmoid(-z) = 1 - sigmoid(z). The fused activation is the
+cell input and output activation (g and h); the gates use the sigmoid. The state tensors are variables LiteRT
+starts at zero (or at their stored value), so they start there here.
+
+Not expressible as ONNX LSTM and refused by name: a projection layer, layer-normalized gates, a cell clip (ONNX's
+clip bounds the gate inputs instead), auxiliary inputs, and quantized (hybrid) weights.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from tether.errors import UnsupportedOpError
+from tether.frontend.tflite import fused
+from tether.frontend.tflite.table import ConverterTable
+
+CONVERTERS = ConverterTable("tflite recurrent")
+
+_ACTIVATIONS = {fused.RELU: "Relu", fused.TANH: "Tanh"}
+
+
+def _activation(ctx, op) -> str:
+    code = int(op.options.get("fused_activation_function", fused.TANH) or 0)
+    if code not in _ACTIVATIONS:
+        raise UnsupportedOpError("%s: fused activation %d (tether's recurrent kernels take TANH or RELU here)"
+                                 % (ctx.where(), code))
+    return _ACTIVATIONS[code]
+
+
+def _weight(ctx, index: int, what: str) -> Optional[np.ndarray]:
+    if index < 0:
+        return None
+    value = ctx.const(index)
+    if value is None:
+        raise UnsupportedOpError("%s: its %s (tensor %d) is computed at run time; tether needs constant weights"
+                                 % (ctx.where(), what, index))
+    if value.dtype.kind != "f":
+        raise UnsupportedOpError("%s: its %s is %s (quantized recurrent weights are not converted)"
+                                 % (ctx.where(), what, value.dtype))
+    return value.astype(np.float32)
+
+
+def _initial_state(ctx, index: int, shape: Sequence[int]) -> np.ndarray:
+    """A state variable's starting value: its stored data, else zeros."""
+    t = ctx.tensor(index)
+    if t.data is not None and t.data.size == int(np.prod(shape)):
+        return np.asarray(t.data, np.float32).reshape(shape)
+    return np.zeros(shape, np.float32)
+
+
+def _refuse_if(ctx, cond: bool, what: str) -> None:
+    if cond:
+        raise UnsupportedOpError("%s: %s is not expressible as an ONNX LSTM" % (ctx.where(), what))
+
+
+def _present(op, index: int) -> bool:
+    return len(op.inputs) > index and op.inputs[index] >= 0
+
+
+class _LstmWeights:
+    """One direction's ONNX W (4H, I), R (4H, H), B (8H), P (3H) or None, and whether it is CIFG."""
+
+    def __init__(self, ctx, op, base: int, bias_base: int, peep_base: int, proj: int, what: str) -> None:
+        w = [_weight(ctx, op.inputs[base + k], "%s input weights %d" % (what, k)) for k in range(4)]
+        r = [_weight(ctx, op.inputs[base + 4 + k], "%s recurrent weights %d" % (what, k)) for k in range(4)]
+        p = [_weight(ctx, op.inputs[peep_base + k], "%s peephole %d" % (what, k)) for k in range(3)]
+        b = [_weight(ctx, op.inputs[bias_base + k], "%s bias %d" % (what, k)) for k in range(4)]
+        _refuse_if(ctx, _present(op, proj) or _present(op, proj + 1), "a projection layer")
+        if w[1] is None or w[2] is None or w[3] is None or r[1] is None or r[2] is None or r[3] is None:
+            raise UnsupportedOpError("%s: %s forget, cell or output weights are missing" % (ctx.where(), what))
+        self.cifg = w[0] is None
+        if self.cifg != (r[0] is None):
+            raise UnsupportedOpError("%s: %s input gate has %s weights only" % (
+                ctx.where(), what, "recurrent" if self.cifg else "input"))
+        hidden, inputs = w[1].shape
+        self.hidden, self.inputs = hidden, inputs
+        zeros_h = np.zeros((hidden,), np.float32)
+        bias = [v if v is not None else zeros_h for v in b]
+        if self.cifg:       # ONNX input gate = the forget gate negated; input_forget then gives f = 1 - i
+            w[0], r[0], bias[0] = -w[1], -r[1], -bias[1]
+            if p[1] is not None:
+                p[0] = -p[1]
+        # TFLite gate order (i, f, c, o) -> ONNX (i, o, f, c)
+        self.W = np.concatenate([w[0], w[3], w[1], w[2]], 0)
+        self.R = np.concatenate([r[0], r[3], r[1], r[2]], 0)
+        self.B = np.concatenate([bias[0], bias[3], bias[1], bias[2], np.zeros((4 * hidden,), np.float32)])
+        if any(v is not None for v in p):
+            self.P = np.concatenate([v if v is not None else zeros_h for v in (p[0], p[2], p[1])])
+        else:
+            self.P = None
+
+
+def _lstm(ctx, op, dirs: List[_LstmWeights], states: List[int], time_major: bool, direction: str) -> List[str]:
+    """An ONNX LSTM over the op's input; returns Y as (batch, time, directions, hidden) or (time, directions,
+    batch, hidden) when time-major (ONNX layout 0/1)."""
+    x = op.inputs[0]
+    shape = ctx.shape(x)
+    batch = shape[1] if time_major else shape[0]
+    hidden = dirs[0].hidden
+    stack = lambda attr: ctx.add_const(np.stack([getattr(d, attr) for d in dirs]), attr)    # noqa: E731
+    h0 = np.stack([_initial_state(ctx, op.inputs[s], (batch, hidden)) for s in states[0::2]])
+    c0 = np.stack([_initial_state(ctx, op.inputs[s], (batch, hidden)) for s in states[1::2]])
+    inputs = [ctx.nhwc(x), stack("W"), stack("R"), stack("B"), "", ctx.add_const(h0, "h0"),
+              ctx.add_const(c0, "c0")]
+    if any(d.P is not None for d in dirs):
+        inputs.append(ctx.add_const(np.stack([d.P if d.P is not None else np.zeros((3 * hidden,), np.float32)
+                                              for d in dirs]), "P"))
+    act = _activation(ctx, op)
+    acts = ["Sigmoid", act, act] * len(dirs)
+    y = ctx.emit("LSTM", inputs, outputs=1, hidden_size=hidden, direction=direction, activations=acts,
+                 input_forget=int(dirs[0].cifg), layout=0 if time_major else 1)[0]
+    return y
+
+
+def _refuse_lstm_extras(ctx, op, clip_key: str = "cell_clip") -> None:
+    _refuse_if(ctx, float(op.options.get(clip_key, 0.0) or 0.0) > 0.0, "a cell clip")
+    _refuse_if(ctx, float(op.options.get("proj_clip", 0.0) or 0.0) > 0.0, "a projection clip")
+
+
+@CONVERTERS.register("UNIDIRECTIONAL_SEQUENCE_LSTM")
+def _unidirectional_lstm(ctx, op) -> None:
+    _refuse_lstm_extras(ctx, op)
+    _refuse_if(ctx, any(_present(op, k) for k in range(20, 24)), "layer-normalized gates")
+    weights = _LstmWeights(ctx, op, 1, 12, 9, 16, "the")
+    time_major = bool(op.options.get("time_major", False))
+    y = _lstm(ctx, op, [weights], [18, 19], time_major, "forward")
+    # squeeze the directions axis: (T, 1, B, H) or (B, T, 1, H)
+    axis = 1 if time_major else 2
+    ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [y, ctx.add_const(np.array([axis], np.int64), "axes")]))
+
+
+@CONVERTERS.register("BIDIRECTIONAL_SEQUENCE_LSTM")
+def _bidirectional_lstm(ctx, op) -> None:
+    _refuse_lstm_extras(ctx, op)
+    _refuse_if(ctx, any(_present(op, k) for k in range(39, 48)), "an auxiliary input")
+    fw = _LstmWeights(ctx, op, 1, 12, 9, 16, "the forward")
+    bw = _LstmWeights(ctx, op, 18, 29, 26, 33, "the backward")
+    _refuse_if(ctx, fw.cifg != bw.cifg, "CIFG in one direction only")
+    time_major = bool(op.options.get("time_major", False))
+    y = _lstm(ctx, op, [fw, bw], [35, 36, 37, 38], time_major, "bidirectional")
+    axis = 1 if time_major else 2
+    hidden = fw.hidden
+    if op.options.get("merge_outputs", False):
+        # (T, 2, B, H) -> (T, B, 2H); (B, T, 2, H) -> (B, T, 2H)
+        if time_major:
+            y = ctx.emit1("Transpose", [y], perm=[0, 2, 1, 3])
+        shape = ctx.shape(op.outputs[0])
+        ctx.set_output(op.outputs[0], ctx.emit1("Reshape", [y, ctx.add_const(
+            np.array(shape[:2] + [2 * hidden], np.int64), "shape")]))
+        return
+    fw_y, bw_y = ctx.emit("Split", [y, ctx.add_const(np.array([1, 1], np.int64), "split")], outputs=2, axis=axis)
+    axes = ctx.add_const(np.array([axis], np.int64), "axes")
+    ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [fw_y, axes]))
+    if len(op.outputs) > 1 and op.outputs[1] >= 0:
+        ctx.set_output(op.outputs[1], ctx.emit1("Squeeze", [bw_y, axes]))
+
+
+@CONVERTERS.register("UNIDIRECTIONAL_SEQUENCE_RNN")
+def _unidirectional_rnn(ctx, op) -> None:
+    x, w, r, b, state = op.inputs[:5]
+    wv = _weight(ctx, w, "input weights")
+    rv = _weight(ctx, r, "recurrent weights")
+    bv = _weight(ctx, b, "bias")
+    hidden = wv.shape[0]
+    time_major = bool(op.options.get("time_major", False))
+    shape = ctx.shape(x)
+    batch = shape[1] if time_major else shape[0]
+    bias = np.concatenate([bv if bv is not None else np.zeros((hidden,), np.float32),
+                           np.zeros((hidden,), np.float32)])
+    h0 = _initial_state(ctx, state, (batch, hidden))[None]
+    y = ctx.emit("RNN", [ctx.nhwc(x), ctx.add_const(wv[None], "W"), ctx.add_const(rv[None], "R"),
+                         ctx.add_const(bias[None], "B"), "", ctx.add_const(h0, "h0")], outputs=1,
+                 hidden_size=hidden, activations=[_activation(ctx, op)], layout=0 if time_major else 1)[0]
+    axis = 1 if time_major else 2
+    ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [y, ctx.add_const(np.array([axis], np.int64), "axes")]))
