@@ -259,6 +259,121 @@ def test_detection_postprocess_matches_litert(ssd_models, case, tmp_path):
         assert not outs[0][:, rows:].any() and not outs[2][:, rows:].any()
 
 
+# ---------------------------------------------------------------- fused recurrent layers (built op by op)
+class _Flatbuffer:
+    """A one-subgraph TFLite model written with LiteRT's schema object API (float32 tensors)."""
+
+    def __init__(self):
+        from ai_edge_litert import schema_py_generated as schema
+
+        self.schema = schema
+        self.model = schema.ModelT()
+        self.model.version, self.model.buffers, self.model.operatorCodes = 3, [schema.BufferT()], []
+        self.g = schema.SubGraphT()
+        self.g.tensors, self.g.operators = [], []
+        self.model.subgraphs = [self.g]
+
+    def tensor(self, name, shape, data=None, variable=False):
+        t = self.schema.TensorT()
+        t.name, t.shape, t.type, t.isVariable = name.encode(), list(shape), self.schema.TensorType.FLOAT32, variable
+        b = self.schema.BufferT()
+        if data is not None:
+            b.data = np.frombuffer(np.ascontiguousarray(data, np.float32).tobytes(), np.uint8)
+        self.model.buffers.append(b)
+        t.buffer = len(self.model.buffers) - 1
+        self.g.tensors.append(t)
+        return len(self.g.tensors) - 1
+
+    def op(self, code, inputs, outputs, options_type, options):
+        c = self.schema.OperatorCodeT()
+        c.builtinCode, c.deprecatedBuiltinCode, c.version = code, min(code, 127), 1
+        self.model.operatorCodes.append(c)
+        o = self.schema.OperatorT()
+        o.opcodeIndex, o.inputs, o.outputs = len(self.model.operatorCodes) - 1, inputs, outputs
+        o.builtinOptionsType, o.builtinOptions = options_type, options
+        self.g.operators.append(o)
+
+    def save(self, path, inputs, outputs):
+        import flatbuffers
+
+        self.g.inputs, self.g.outputs = inputs, outputs
+        builder = flatbuffers.Builder(1024)
+        builder.Finish(self.model.Pack(builder), file_identifier=b"TFL3")
+        path.write_bytes(bytes(builder.Output()))
+
+
+def make_lstm(path, cifg=False, peephole=False, time_major=False, bidirectional=False, merge=False,
+              steps=5, batch=2, features=3, hidden=4):
+    rng = np.random.default_rng(len(path.name))
+    fb = _Flatbuffer()
+    S_ = fb.schema
+    x = fb.tensor("x", (steps, batch, features) if time_major else (batch, steps, features))
+
+    def direction(prefix):
+        ids = []
+        for kind, shape in (("w", (hidden, features)), ("r", (hidden, hidden))):
+            ids += [-1 if cifg and g == "i" else fb.tensor(prefix + kind + g, shape, rng.standard_normal(shape) * 0.5)
+                    for g in "ifco"]
+        ids += [-1 if not peephole or (cifg and g == "i") else
+                fb.tensor(prefix + "p" + g, (hidden,), rng.standard_normal(hidden) * 0.5) for g in "ifo"]
+        ids += [-1 if cifg and g == "i" else fb.tensor(prefix + "b" + g, (hidden,), rng.standard_normal(hidden) * 0.5)
+                for g in "ifco"]
+        return ids + [-1, -1]           # no projection
+
+    lead = (steps, batch) if time_major else (batch, steps)
+    if not bidirectional:
+        ins = [x] + direction("") + [fb.tensor("h", (batch, hidden), variable=True),
+                                     fb.tensor("c", (batch, hidden), variable=True)] + [-1] * 4
+        outs = [fb.tensor("y", lead + (hidden,))]
+        o = S_.UnidirectionalSequenceLSTMOptionsT()
+        o.fusedActivationFunction, o.timeMajor = S_.ActivationFunctionType.TANH, time_major
+        fb.op(S_.BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM, ins, outs,
+              S_.BuiltinOptions.UnidirectionalSequenceLSTMOptions, o)
+    else:
+        ins = [x] + direction("f") + direction("b") + [fb.tensor(n, (batch, hidden), variable=True)
+                                                       for n in ("fh", "fc", "bh", "bc")] + [-1] * 9
+        outs = [fb.tensor("y", lead + (2 * hidden,))] if merge else [fb.tensor("yf", lead + (hidden,)),
+                                                                     fb.tensor("yb", lead + (hidden,))]
+        o = S_.BidirectionalSequenceLSTMOptionsT()
+        o.fusedActivationFunction, o.timeMajor, o.mergeOutputs = S_.ActivationFunctionType.TANH, time_major, merge
+        fb.op(S_.BuiltinOperator.BIDIRECTIONAL_SEQUENCE_LSTM, ins, outs,
+              S_.BuiltinOptions.BidirectionalSequenceLSTMOptions, o)
+    fb.save(path, [x], outs)
+
+
+def make_rnn(path, time_major=False, relu=False, steps=5, batch=2, features=3, hidden=4):
+    rng = np.random.default_rng(1)
+    fb = _Flatbuffer()
+    S_ = fb.schema
+    x = fb.tensor("x", (steps, batch, features) if time_major else (batch, steps, features))
+    ins = [x] + [fb.tensor(n, shape, rng.standard_normal(shape) * 0.5)
+                 for n, shape in (("w", (hidden, features)), ("r", (hidden, hidden)), ("b", (hidden,)))]
+    ins.append(fb.tensor("h", (batch, hidden), variable=True))
+    y = fb.tensor("y", (steps, batch, hidden) if time_major else (batch, steps, hidden))
+    o = S_.SequenceRNNOptionsT()
+    o.timeMajor = time_major
+    o.fusedActivationFunction = S_.ActivationFunctionType.RELU if relu else S_.ActivationFunctionType.TANH
+    fb.op(S_.BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_RNN, ins, [y], S_.BuiltinOptions.SequenceRNNOptions, o)
+    fb.save(path, [x], [y])
+
+
+RECURRENT = {"lstm": (make_lstm, {}), "lstm_cifg_peephole": (make_lstm, dict(cifg=True, peephole=True)),
+             "lstm_peephole_time_major": (make_lstm, dict(peephole=True, time_major=True)),
+             "bilstm": (make_lstm, dict(bidirectional=True)),
+             "bilstm_merged_time_major": (make_lstm, dict(bidirectional=True, merge=True, time_major=True)),
+             "bilstm_cifg_peephole": (make_lstm, dict(bidirectional=True, cifg=True, peephole=True)),
+             "rnn": (make_rnn, {}), "rnn_relu_time_major": (make_rnn, dict(time_major=True, relu=True))}
+
+
+@pytest.mark.parametrize("case", sorted(RECURRENT))
+def test_recurrent_matches_litert(case, tmp_path):
+    make, kwargs = RECURRENT[case]
+    path = tmp_path / (case + ".tflite")
+    make(path, **kwargs)
+    inputs = feeds_for(path, {})
+    assert_match(tether_outputs(path, tmp_path / "out", inputs), litert_outputs(path, inputs), case)
+
+
 def test_unsupported_ops_named_in_one_line(tmp_path):
     path = tmp_path / "where.tflite"
     path.write_bytes(convert(lambda x: [tf.where(x > 0.5), tf.unique(tf.reshape(x, [-1]))[1]],
