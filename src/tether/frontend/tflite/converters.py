@@ -7,11 +7,11 @@ reported unsupported. Add a family by writing a module with its own table and na
 from __future__ import annotations
 
 from tether.frontend.tflite import (accumulate, argmax, conv3d, detection, elementwise, indexing, matmul, nn, pointwise,
-                                   recurrent, reduce, resize, spatial, tensor, weights)
+                                   recurrent, reduce, resize, segments, spatial, tensor, weights)
 from tether.frontend.tflite.table import ConverterTable, merge_tables
 
 FAMILIES = (nn, elementwise, tensor, reduce, resize, weights,
-            pointwise, indexing, argmax, accumulate, spatial, matmul, conv3d, detection, recurrent)
+            pointwise, indexing, argmax, accumulate, spatial, matmul, conv3d, detection, recurrent, segments)
 QUANTIZED_FAMILIES: tuple = ()
 
 CONVERTERS: ConverterTable = merge_tables("the TFLite converter families", [f.CONVERTERS for f in FAMILIES])

@@ -332,3 +332,73 @@ def _where(ctx, op) -> None:
         raise UnsupportedOpError("%s: WHERE with one input returns as many rows as true elements, a shape known "
                                  "only at run time; tether compiles static shapes" % ctx.where())
     ctx.set_const(op.outputs[0], np.argwhere(const).astype(ctx.tensor(op.outputs[0]).dtype))
+
+
+@CONVERTERS.register("REVERSE_SEQUENCE")
+def _reverse_sequence(ctx, op) -> None:
+    x, lengths = op.inputs[:2]
+    rank = ctx.rank(x)
+    seq = int(op.options.get("seq_dim", 0) or 0) % rank
+    batch = int(op.options.get("batch_dim", 0) or 0) % rank
+    value = ctx.nhwc(x)
+    lens = _as_i64(ctx, lengths)
+    if {seq, batch} == {0, 1}:
+        ctx.set_output(op.outputs[0], ctx.emit1("ReverseSequence", [value, lens], batch_axis=batch, time_axis=seq))
+        return
+    # ONNX takes the batch and time axes among the first two: bring them there and back
+    perm = [batch, seq] + [a for a in range(rank) if a not in (batch, seq)]
+    inverse = [perm.index(a) for a in range(rank)]
+    y = ctx.emit1("ReverseSequence", [ctx.emit1("Transpose", [value], perm=perm), lens], batch_axis=0, time_axis=1)
+    ctx.set_output(op.outputs[0], ctx.emit1("Transpose", [y], perm=inverse))
+
+
+@CONVERTERS.register("SPARSE_TO_DENSE")
+def _sparse_to_dense(ctx, op) -> None:
+    indices_t, shape_t, values_t, default_t = op.inputs[:4]
+    indices = ctx.const(indices_t)
+    if indices is None:
+        raise UnsupportedOpError("%s: indices computed at run time (tether needs them constant)" % ctx.where())
+    shape = ctx.int_list(shape_t, "output_shape")
+    # a scalar or a vector of indices addresses a 1-D output: one index per row
+    indices = np.asarray(indices, np.int64)
+    if indices.ndim < 2:
+        indices = indices.reshape(-1, 1)
+    base = ctx.emit1("Expand", [ctx.nhwc(default_t), _i64(ctx, shape, "shape")])
+    values = ctx.nhwc(values_t)
+    if ctx.rank(values_t) == 0 or ctx.shape(values_t) == [1] and indices.shape[0] != 1:
+        values = ctx.emit1("Expand", [ctx.emit1("Reshape", [values, _i64(ctx, [1], "one")]),
+                                      _i64(ctx, [indices.shape[0]], "count")])
+    ctx.set_output(op.outputs[0], ctx.emit1("ScatterND", [base, ctx.add_const(indices, "indices"), values]))
+
+
+@CONVERTERS.register("DYNAMIC_UPDATE_SLICE")
+def _dynamic_update_slice(ctx, op) -> None:
+    x, update, start_t = op.inputs[:3]
+    shape, ushape = ctx.shape(x), ctx.shape(update)
+    start = ctx.int_list(start_t, "start_indices")
+    # as LiteRT: each start is clamped so that the update fits inside the operand
+    start = [min(max(s, 0), d - u) for s, d, u in zip(start, shape, ushape)]
+    grid = np.stack(np.meshgrid(*[np.arange(s, s + u) for s, u in zip(start, ushape)], indexing="ij"), -1)
+    ctx.set_output(op.outputs[0], ctx.emit1("ScatterND", [ctx.nhwc(x), ctx.add_const(grid.astype(np.int64),
+                                                                                      "indices"), ctx.nhwc(update)]))
+
+
+@CONVERTERS.register("RANK")
+def _rank(ctx, op) -> None:
+    ctx.set_const(op.outputs[0], np.array(ctx.rank(op.inputs[0]), ctx.tensor(op.outputs[0]).dtype))
+
+
+@CONVERTERS.register("BROADCAST_ARGS")
+def _broadcast_args(ctx, op) -> None:
+    a, b = (ctx.const(i) for i in op.inputs[:2])
+    dtype = ctx.tensor(op.outputs[0]).dtype
+    if a is not None and b is not None:
+        ctx.set_const(op.outputs[0], np.array(np.broadcast_shapes(tuple(a.tolist()), tuple(b.tolist())), dtype))
+        return
+    # the shape of a zero tensor of each shape added together; it folds once the shapes are known
+    from onnx import numpy_helper
+
+    zero = numpy_helper.from_array(np.zeros((1,), np.float32))
+    total = ctx.emit1("Add", [ctx.emit1("ConstantOfShape", [_as_i64(ctx, i)], value=zero) for i in op.inputs[:2]])
+    y = ctx.emit1("Shape", [total])
+    ctx.set_output(op.outputs[0], y if dtype == "int64" else ctx.emit1("Cast", [y], to=onnx_dtype(dtype)))

@@ -176,3 +176,41 @@ def _atan2(ctx, op) -> None:
     left = ctx.emit1("Where", [ctx.emit1("Less", [x, zero]), ctx.emit1("Add", [base, turn]), base])
     axis = ctx.emit1("Mul", [ctx.emit1("Sign", [y]), half_pi])
     ctx.set_output(op.outputs[0], ctx.emit1("Where", [x_zero, axis, left]), layout)
+
+
+@CONVERTERS.register("BITWISE_XOR")
+def _bitwise_xor(ctx, op) -> None:
+    names, layout = ctx.aligned(op.inputs[:2])
+    ctx.set_output(op.outputs[0], ctx.emit1("BitwiseXor", names), layout)
+
+
+def fake_quant_range(lo: float, hi: float, bits: int, narrow: bool):
+    """(nudged min, nudged max, scale) of TensorFlow's fake quantization: the zero point moved onto the integer
+    grid (rounded half away from zero), the range shifted with it."""
+    qmin, qmax = (1 if narrow else 0), (1 << bits) - 1
+    lo32, hi32 = np.float32(lo), np.float32(hi)
+    scale = np.float32((hi32 - lo32) / np.float32(qmax - qmin))
+    zp_from_min = np.float32(qmin) - lo32 / scale
+    if zp_from_min < qmin:
+        zp = np.float32(qmin)
+    elif zp_from_min > qmax:
+        zp = np.float32(qmax)
+    else:
+        zp = np.float32(np.sign(zp_from_min) * np.floor(np.abs(zp_from_min) + 0.5))
+    return np.float32((qmin - zp) * scale), np.float32((qmax - zp) * scale), scale
+
+
+@CONVERTERS.register("FAKE_QUANT")
+def _fake_quant(ctx, op) -> None:
+    o = op.options
+    lo, hi, scale = fake_quant_range(float(o.get("min", 0.0)), float(o.get("max", 0.0)),
+                                     int(o.get("num_bits", 8) or 8), bool(o.get("narrow_range", False)))
+    x, layout = ctx.held(op.inputs[0])
+    const = lambda v, hint: ctx.add_const(np.array(v, np.float32), hint)       # noqa: E731
+    clamped = ctx.emit1("Clip", [x, const(lo, "fq_min"), const(hi, "fq_max")])
+    steps = ctx.emit1("Mul", [ctx.emit1("Sub", [clamped, const(lo, "fq_min")]), const(np.float32(1) / scale,
+                                                                                      "fq_inv_scale")])
+    # the shifted value is >= 0: half away from zero is floor(v + 0.5)
+    rounded = ctx.emit1("Floor", [ctx.emit1("Add", [steps, const(0.5, "half")])])
+    y = ctx.emit1("Add", [ctx.emit1("Mul", [rounded, const(scale, "fq_scale")]), const(lo, "fq_min")])
+    ctx.set_output(op.outputs[0], y, layout)
