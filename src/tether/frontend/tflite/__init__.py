@@ -7,7 +7,8 @@ with their options keyed by schema.fbs names, signatures), ``state`` (the transl
 ``resize``, ``weights``) each with its own ``CONVERTERS``, ``converters`` (the merge: one converter per op) and
 ``translate`` (the walk, the one-line error naming every unsupported op, the ``--check`` coverage rows).
 
-Writing a converter: ``@CONVERTERS.register("OP_NAME") def conv(ctx, op)``, where ``op`` is a
+Writing a converter: ``@CONVERTERS.register("OP_NAME") def conv(ctx, op)`` (a custom op: its custom code;
+``op.custom_options_map()`` decodes its FlexBuffer options), where ``op`` is a
 ``flatbuffer.Operator`` (``op.inputs``/``op.outputs`` are tensor indices, -1 for an absent optional input;
 ``op.options`` holds the builtin options by schema.fbs field name, e.g. ``op.options["stride_w"]``;
 ``op.version``). Rank-4 activations are held NCHW inside the ONNX graph; TFLite's NHWC is converted only where

@@ -2,7 +2,8 @@
 
 ``CONVERTERS`` converts ops on float tensors. ``QUANTIZED`` converts ops whose tensors carry integer
 quantization (int8/uint8/int16 with scale and zero point); an op on quantized tensors with no entry there is
-reported unsupported. Add a family by writing a module with its own table and naming it below.
+reported unsupported. Both are keyed by the builtin op's name ("CONV_2D"), a custom op by its custom code
+("TFLite_Detection_PostProcess"). Add a family by writing a module with its own table and naming it below.
 """
 from __future__ import annotations
 

@@ -47,16 +47,10 @@ def _nms(ctx, op) -> None:
 
 def postprocess_options(ctx, op) -> Dict[str, Any]:
     """The custom op's flexbuffer options, typed, with LiteRT's defaults."""
-    from flatbuffers import flexbuffers
-
     try:
-        values = flexbuffers.Loads(bytes(op.custom_options))
-    except Exception as exc:        # a corrupt flexbuffer raises whatever its parser trips on
-        raise InvalidInput("%s: the custom options of %s do not parse as a flexbuffer map (%s)"
-                           % (ctx.where(), DETECTION_POSTPROCESS, exc)) from None
-    if not isinstance(values, dict):
-        raise InvalidInput("%s: the custom options of %s are a flexbuffer %s, not a map"
-                           % (ctx.where(), DETECTION_POSTPROCESS, type(values).__name__))
+        values = op.custom_options_map()
+    except ValueError as exc:
+        raise InvalidInput("%s: %s" % (ctx.where(), exc)) from None
     out: Dict[str, Any] = {}
     for key, (kind, default) in _POSTPROCESS_OPTIONS.items():
         v = values.get(key)
@@ -68,7 +62,7 @@ def postprocess_options(ctx, op) -> Dict[str, Any]:
     return out
 
 
-@CONVERTERS.register("CUSTOM:" + DETECTION_POSTPROCESS)
+@CONVERTERS.register(DETECTION_POSTPROCESS)
 def _detection_postprocess(ctx, op) -> None:
     opts = postprocess_options(ctx, op)
     opts["use_regular_nms"] = int(opts["use_regular_nms"])

@@ -80,7 +80,23 @@ class Operator:
     outputs: List[int]
     options: Dict[str, Any]              # builtin options (and builtin_options_2), schema.fbs field names
     custom_code: str = ""
-    custom_options: bytes = b""
+    custom_options: bytes = b""          # raw; a FlexBuffer map for the custom ops LiteRT ships
+
+    def custom_options_map(self) -> Dict[str, Any]:
+        """The custom options decoded as a FlexBuffer map (DETECTION_POSTPROCESS's options, e.g.); {} if none."""
+        if not self.custom_options:
+            return {}
+        from flatbuffers import flexbuffers
+
+        try:
+            value = flexbuffers.Loads(self.custom_options)
+        except Exception as exc:       # noqa: BLE001  (the decoder raises whatever its reads hit)
+            raise ValueError("custom options of node %d (%s) are not a FlexBuffer: %s"
+                             % (self.index, self.custom_code, exc)) from None
+        if not isinstance(value, dict):
+            raise ValueError("custom options of node %d (%s) are a FlexBuffer %s, not a map"
+                             % (self.index, self.custom_code, type(value).__name__))
+        return value
 
 
 @dataclasses.dataclass
@@ -265,7 +281,7 @@ class _Reader:
             ins = [int(v) for v in o.InputsAsNumpy()] if not o.InputsIsNone() else []
             outs = [int(v) for v in o.OutputsAsNumpy()] if not o.OutputsIsNone() else []
             for v in ins + outs:
-                if v >= len(tensors):
+                if not -1 <= v < len(tensors):
                     raise ValueError("operator %d of subgraph %d names tensor %d of %d" % (i, gi, v, len(tensors)))
             opts = self.options(o.BuiltinOptionsType(), o.BuiltinOptions(), self.option_classes)
             if int(o.BuiltinOptions2Type()):
@@ -276,9 +292,12 @@ class _Reader:
             else:
                 custom_options = o.CustomOptionsAsNumpy().tobytes() if not o.CustomOptionsIsNone() else b""
             ops.append(Operator(i, name, version, ins, outs, opts, custom, custom_options))
-        return Subgraph((g.Name() or b"").decode("utf-8", "replace"), tensors,
-                        [int(v) for v in g.InputsAsNumpy()] if not g.InputsIsNone() else [],
-                        [int(v) for v in g.OutputsAsNumpy()] if not g.OutputsIsNone() else [], ops)
+        inputs = [int(v) for v in g.InputsAsNumpy()] if not g.InputsIsNone() else []
+        outputs = [int(v) for v in g.OutputsAsNumpy()] if not g.OutputsIsNone() else []
+        for v in inputs + outputs:
+            if not 0 <= v < len(tensors):
+                raise ValueError("subgraph %d names tensor %d of %d as an input or output" % (gi, v, len(tensors)))
+        return Subgraph((g.Name() or b"").decode("utf-8", "replace"), tensors, inputs, outputs, ops)
 
 
 def read_model(path: str) -> Model:

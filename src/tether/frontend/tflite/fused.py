@@ -1,4 +1,9 @@
-"""Fused activations (ActivationFunctionType in schema.fbs), applied after the op that carries them."""
+"""Fused activations (ActivationFunctionType in schema.fbs), applied after the op that carries them.
+
+LiteRT's float kernels turn a fused activation into an output clamp range (CalculateActivationRange): RELU,
+RELU_N1_TO_1 and RELU6 clamp; TANH and SIGN_BIT give the unbounded range, so a convolution, pool or add that
+names them computes no activation at all (and FULLY_CONNECTED refuses them). Models run as LiteRT runs them.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -24,9 +29,9 @@ def apply(ctx, value: str, code: int) -> str:
         return clip(ctx, value, -1.0, 1.0)
     if code == RELU6:
         return clip(ctx, value, 0.0, 6.0)
-    if code == TANH:
-        return ctx.emit1("Tanh", [value])
-    raise UnsupportedOpError("%s: fused activation %d (SIGN_BIT or unknown) is not supported" % (ctx.where(), code))
+    if code in (TANH, SIGN_BIT):
+        return value            # LiteRT's clamp range for these is unbounded: nothing applied
+    raise UnsupportedOpError("%s: fused activation %d is not one schema.fbs defines" % (ctx.where(), code))
 
 
 def apply_from(ctx, value: str) -> str:

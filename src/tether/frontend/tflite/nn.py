@@ -115,6 +115,9 @@ def _fully_connected(ctx, op) -> None:
     if int(op.options.get("weights_format", 0)):
         raise UnsupportedOpError("%s: shuffled weights (weights_format %d) are not supported"
                                  % (ctx.where(), op.options["weights_format"]))
+    if int(op.options.get("fused_activation_function", 0)) in (fused.TANH, fused.SIGN_BIT):
+        raise UnsupportedOpError("%s: fused activation %d (LiteRT refuses it on FULLY_CONNECTED too)"
+                                 % (ctx.where(), op.options["fused_activation_function"]))
     x, w = op.inputs[0], op.inputs[1]
     n, k = ctx.shape(w) if ctx.const(w) is None else ctx.const(w).shape
     in_shape = ctx.shape(x)

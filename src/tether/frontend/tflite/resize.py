@@ -3,9 +3,10 @@
 LiteRT, per output coordinate ``x`` (``scale`` = in/out, or (in-1)/(out-1) with align_corners):
 - bilinear: source ``x * scale``, or ``(x + 0.5) * scale - 0.5`` with half_pixel_centers, clamped to the input:
   ONNX's ``asymmetric`` / ``align_corners`` / ``half_pixel`` modes;
-- nearest: ``floor((x + offset) * scale)`` (offset 0.5 with half_pixel_centers: ONNX ``tf_half_pixel_for_nn``),
-  or with align_corners ``round(x * scale)``, halves away from zero: ONNX ``align_corners`` with
-  ``round_prefer_ceil``.
+- nearest: ``floor(x * scale)`` (ONNX ``asymmetric``, ``floor``); with half_pixel_centers
+  ``floor((x + 0.5) * scale)``, which is ONNX ``half_pixel`` rounded halves up (``round_prefer_ceil``); with
+  align_corners ``round(x * scale)``, halves away from zero: ONNX ``align_corners``, ``round_prefer_ceil``.
+  All clamp to the input.
 TensorFlow refuses align_corners together with half_pixel_centers, and so does this converter.
 """
 from __future__ import annotations
@@ -38,9 +39,10 @@ def _resize(ctx, op, mode: str) -> None:
         attrs["coordinate_transformation_mode"] = "align_corners" if align else "half_pixel" if half \
             else "asymmetric"
     else:
-        attrs["coordinate_transformation_mode"] = "align_corners" if align else "tf_half_pixel_for_nn" if half \
+        # floor((x + 0.5) * scale) is half_pixel's source (x + 0.5) * scale - 0.5, rounded halves up
+        attrs["coordinate_transformation_mode"] = "align_corners" if align else "half_pixel" if half \
             else "asymmetric"
-        attrs["nearest_mode"] = "round_prefer_ceil" if align else "floor"
+        attrs["nearest_mode"] = "round_prefer_ceil" if align or half else "floor"
     y = ctx.emit1("Resize", [x, "", "", sizes], mode=mode, **attrs)
     ctx.set_output(op.outputs[0], y, NCHW)
 

@@ -109,7 +109,10 @@ class Context:
     def add_const(self, value: np.ndarray, hint: str = "const") -> str:
         """An initializer holding ``value``; returns its name."""
         name = self.fresh(hint)
-        self.initializers.append(self._numpy_helper.from_array(np.asarray(value, order="C"), name))  # keeps 0-d
+        value = np.asarray(value)
+        # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+        self.initializers.append(self._numpy_helper.from_array(value if value.flags.c_contiguous else value.copy(),
+                                                               name))
         return name
 
     def emit(self, op_type: str, inputs: Sequence[str], hint: str = "", outputs: int = 1, domain: str = "",

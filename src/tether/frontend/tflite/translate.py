@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-import numpy as np
-
 from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.tflite.converters import CONVERTERS, QUANTIZED
 from tether.frontend.tflite.flatbuffer import Model, Operator, Subgraph, read_model
@@ -28,19 +26,14 @@ def is_quantized(subgraph: Subgraph, index: int) -> bool:
 def converter_for(subgraph: Subgraph, op: Operator):
     """The converter of ``op``, or (None, why not)."""
     quantized = any(is_quantized(subgraph, i) for i in list(op.inputs) + list(op.outputs) if i >= 0)
-    if op.op == "CUSTOM":
-        # a custom op's converter registers as "CUSTOM:<custom_code>"
-        key = "CUSTOM:" + op.custom_code
-        if key in CONVERTERS:
-            return CONVERTERS[key], ""
-        return None, "custom op %r: no converter" % op.custom_code
-    if quantized:
-        if op.op in QUANTIZED:
-            return QUANTIZED[op.op], ""
+    key = op.custom_code if op.op == "CUSTOM" else op.op       # a custom op is keyed by its custom code
+    if quantized and key in QUANTIZED:
+        return QUANTIZED[key], ""
+    if quantized and key in CONVERTERS:
         return None, "quantized tensors are not supported yet"
-    if op.op in CONVERTERS:
-        return CONVERTERS[op.op], ""
-    return None, "no converter"
+    if key in CONVERTERS:
+        return CONVERTERS[key], ""
+    return None, "custom op %r: no converter" % op.custom_code if op.op == "CUSTOM" else "no converter"
 
 
 def _node_label(subgraph: Subgraph, op: Operator) -> str:
@@ -123,6 +116,11 @@ class _Walk:
                 self.failures.append((op, str(exc)))
                 poisoned.update(op.outputs)
                 continue
+            except (ValueError, IndexError, KeyError, TypeError) as exc:
+                # the op's tensors contradict it (ranks, shapes, missing inputs): a corrupt or inconsistent file
+                raise InvalidInput("%s is not a consistent TFLite model: %s does not fit its tensors (%s)"
+                                   % (self.model.path, ctx.where(), " ".join(str(exc).split()) or
+                                      type(exc).__name__)) from None
             finally:
                 ctx.op = None
             for t in op.outputs:
@@ -206,10 +204,3 @@ def op_coverage(model: Union[str, Model]) -> List[Dict[str, Any]]:
             row["covered"] = False
     return list(rows.values())
 
-
-def to_numpy_inputs(model: Union[str, Model]) -> Dict[str, np.ndarray]:
-    """Zero inputs of the right shapes and dtypes, keyed as :func:`to_onnx` names them (for smoke runs)."""
-    m = _load(model)
-    g = m.subgraphs[0]
-    names, _ = _io_names(m, g, "signature")
-    return {n: np.zeros(g.tensors[i].shape, g.tensors[i].dtype) for n, i in zip(names, g.inputs)}
