@@ -81,6 +81,17 @@ FAMILIES = {
                           tf.nn.conv3d(x, CONV3D_W, [1, 2, 1, 1, 1], "VALID"),
                           tf.nn.conv3d(x, CONV3D_W, [1, 1, 1, 1, 1], "SAME", dilations=[1, 2, 1, 2, 1])],
                [S((1, 4, 5, 6, 3), tf.float32)], {}),
+    "segments": (lambda x, n: [tf.reverse_sequence(x, n, seq_axis=1, batch_axis=0),
+                               tf.reverse_sequence(x, n, seq_axis=2, batch_axis=0),
+                               tf.reverse_sequence(x, [3, 1], seq_axis=1, batch_axis=0),
+                               tf.raw_ops.SparseToDense(sparse_indices=tf.constant([[0, 1], [2, 3], [4, 0]]),
+                                                        output_shape=[5, 4], sparse_values=x[0, 0, :3],
+                                                        default_value=0.5),
+                               tf.math.unsorted_segment_sum(x, [0, 2], 4), tf.math.unsorted_segment_max(x, [1, 1], 3),
+                               tf.math.unsorted_segment_min(x, [1, 0], 3), tf.math.unsorted_segment_prod(x, [0, 0], 2),
+                               tf.math.segment_sum(x, [0, 1])],
+                 [S((2, 3, 4), tf.float32), S((2,), tf.int32)], {1: (1, 4)}),
+    "bits": (lambda a, b: [tf.bitwise.bitwise_xor(a, b)], [S((3, 4), tf.int32), S((4,), tf.int32)], {0: (-99, 99)}),
     # ops on a convolution's output, which the frontend holds NCHW: their axes are remapped, not transposed
     "after_conv": (lambda x: [*tf.split(_conv(x), 2, axis=3), _conv(x)[:, 1:5, ::2, :], tf.reverse(_conv(x), [2, 3]),
                               tf.tile(_conv(x), [1, 1, 2, 1]), tf.cumsum(_conv(x), axis=3),
@@ -273,12 +284,13 @@ class _Flatbuffer:
         self.g.tensors, self.g.operators = [], []
         self.model.subgraphs = [self.g]
 
-    def tensor(self, name, shape, data=None, variable=False):
+    def tensor(self, name, shape, data=None, variable=False, dtype="float32"):
         t = self.schema.TensorT()
-        t.name, t.shape, t.type, t.isVariable = name.encode(), list(shape), self.schema.TensorType.FLOAT32, variable
+        t.name, t.shape, t.isVariable = name.encode(), list(shape), variable
+        t.type = getattr(self.schema.TensorType, dtype.upper())
         b = self.schema.BufferT()
         if data is not None:
-            b.data = np.frombuffer(np.ascontiguousarray(data, np.float32).tobytes(), np.uint8)
+            b.data = np.frombuffer(np.ascontiguousarray(data, dtype).tobytes(), np.uint8)
         self.model.buffers.append(b)
         t.buffer = len(self.model.buffers) - 1
         self.g.tensors.append(t)
@@ -371,6 +383,39 @@ def test_recurrent_matches_litert(case, tmp_path):
     path = tmp_path / (case + ".tflite")
     make(path, **kwargs)
     inputs = feeds_for(path, {})
+    assert_match(tether_outputs(path, tmp_path / "out", inputs), litert_outputs(path, inputs), case)
+
+
+def make_fake_quant(path, lo, hi, bits, narrow):
+    fb = _Flatbuffer()
+    x, y = fb.tensor("x", (2, 3, 8)), fb.tensor("y", (2, 3, 8))
+    o = fb.schema.FakeQuantOptionsT()
+    o.min, o.max, o.numBits, o.narrowRange = lo, hi, bits, narrow
+    fb.op(fb.schema.BuiltinOperator.FAKE_QUANT, [x], [y], fb.schema.BuiltinOptions.FakeQuantOptions, o)
+    fb.save(path, [x], [y])
+
+
+def make_dynamic_update_slice(path, start):
+    fb = _Flatbuffer()
+    x, u = fb.tensor("x", (4, 5, 3)), fb.tensor("u", (2, 3, 3))
+    s = fb.tensor("start", (3,), np.array(start, np.int32), dtype="int32")
+    y = fb.tensor("y", (4, 5, 3))
+    fb.op(fb.schema.BuiltinOperator.DYNAMIC_UPDATE_SLICE, [x, u, s], [y], 0, None)
+    fb.save(path, [x, u], [y])
+
+
+SINGLE_OPS = {"fake_quant_8bit": (make_fake_quant, (-1.0, 1.5, 8, False)),
+              "fake_quant_4bit": (make_fake_quant, (-0.3, 2.0, 4, False)),
+              "dynamic_update_slice": (make_dynamic_update_slice, ([1, 1, 0],)),
+              "dynamic_update_slice_clamped": (make_dynamic_update_slice, ([3, -2, 0],))}
+
+
+@pytest.mark.parametrize("case", sorted(SINGLE_OPS))
+def test_single_op_models_match_litert(case, tmp_path):
+    make, args = SINGLE_OPS[case]
+    path = tmp_path / (case + ".tflite")
+    make(path, *args)
+    inputs = [x * 2 for x in feeds_for(path, {})]
     assert_match(tether_outputs(path, tmp_path / "out", inputs), litert_outputs(path, inputs), case)
 
 

@@ -336,20 +336,33 @@ def _where(ctx, op) -> None:
 
 @CONVERTERS.register("REVERSE_SEQUENCE")
 def _reverse_sequence(ctx, op) -> None:
+    """Each batch row's first ``length`` steps reversed: constant lengths make ONNX's ReverseSequence; run-time
+    ones a GatherElements along the time axis from positions computed in the graph."""
     x, lengths = op.inputs[:2]
     rank = ctx.rank(x)
     seq = int(op.options.get("seq_dim", 0) or 0) % rank
     batch = int(op.options.get("batch_dim", 0) or 0) % rank
-    value = ctx.nhwc(x)
-    lens = _as_i64(ctx, lengths)
-    if {seq, batch} == {0, 1}:
-        ctx.set_output(op.outputs[0], ctx.emit1("ReverseSequence", [value, lens], batch_axis=batch, time_axis=seq))
-        return
-    # ONNX takes the batch and time axes among the first two: bring them there and back
+    # batch and time axes first (ONNX takes them among the first two), and back after
     perm = [batch, seq] + [a for a in range(rank) if a not in (batch, seq)]
     inverse = [perm.index(a) for a in range(rank)]
-    y = ctx.emit1("ReverseSequence", [ctx.emit1("Transpose", [value], perm=perm), lens], batch_axis=0, time_axis=1)
-    ctx.set_output(op.outputs[0], ctx.emit1("Transpose", [y], perm=inverse))
+    value = ctx.nhwc(x)
+    if perm != list(range(rank)):
+        value = ctx.emit1("Transpose", [value], perm=perm)
+    lens = _as_i64(ctx, lengths)
+    if ctx.const(lengths) is not None:
+        y = ctx.emit1("ReverseSequence", [value, lens], batch_axis=0, time_axis=1)
+    else:
+        shape = [ctx.shape(x)[a] for a in perm]
+        steps = ctx.add_const(np.arange(shape[1], dtype=np.int64)[None, :], "steps")           # (1, T)
+        n = ctx.emit1("Reshape", [lens, _i64(ctx, [-1, 1], "column")])                        # (B, 1)
+        flipped = ctx.emit1("Sub", [ctx.emit1("Sub", [n, ctx.add_const(np.array(1, np.int64), "one")]), steps])
+        src = ctx.emit1("Where", [ctx.emit1("Less", [steps, n]), flipped, steps])              # (B, T)
+        src = ctx.emit1("Reshape", [src, _i64(ctx, shape[:2] + [1] * (rank - 2), "shape")])
+        src = ctx.emit1("Expand", [src, _i64(ctx, shape, "shape")])
+        y = ctx.emit1("GatherElements", [value, src], axis=1)
+    if perm != list(range(rank)):
+        y = ctx.emit1("Transpose", [y], perm=inverse)
+    ctx.set_output(op.outputs[0], y)
 
 
 @CONVERTERS.register("SPARSE_TO_DENSE")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tether.errors import UnsupportedOpError
 from tether.frontend.tflite.state import NATIVE, onnx_dtype
 from tether.frontend.tflite.table import ConverterTable
 
@@ -203,6 +204,9 @@ def fake_quant_range(lo: float, hi: float, bits: int, narrow: bool):
 @CONVERTERS.register("FAKE_QUANT")
 def _fake_quant(ctx, op) -> None:
     o = op.options
+    if o.get("narrow_range"):
+        # LiteRT refuses it too: narrow range is meant for weights, which a converted model holds quantized
+        raise UnsupportedOpError("%s: FAKE_QUANT with narrow_range on activations" % ctx.where())
     lo, hi, scale = fake_quant_range(float(o.get("min", 0.0)), float(o.get("max", 0.0)),
                                      int(o.get("num_bits", 8) or 8), bool(o.get("narrow_range", False)))
     x, layout = ctx.held(op.inputs[0])
