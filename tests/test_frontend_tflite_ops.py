@@ -315,39 +315,52 @@ class _Flatbuffer:
 
 
 def make_lstm(path, cifg=False, peephole=False, time_major=False, bidirectional=False, merge=False,
+              projection=0, layer_norm=False, cell_clip=0.0, proj_clip=0.0, relu=False,
               steps=5, batch=2, features=3, hidden=4):
     rng = np.random.default_rng(len(path.name))
     fb = _Flatbuffer()
     S_ = fb.schema
     x = fb.tensor("x", (steps, batch, features) if time_major else (batch, steps, features))
 
+    units = projection or hidden
+
     def direction(prefix):
         ids = []
-        for kind, shape in (("w", (hidden, features)), ("r", (hidden, hidden))):
+        for kind, shape in (("w", (hidden, features)), ("r", (hidden, units))):
             ids += [-1 if cifg and g == "i" else fb.tensor(prefix + kind + g, shape, rng.standard_normal(shape) * 0.5)
                     for g in "ifco"]
         ids += [-1 if not peephole or (cifg and g == "i") else
                 fb.tensor(prefix + "p" + g, (hidden,), rng.standard_normal(hidden) * 0.5) for g in "ifo"]
         ids += [-1 if cifg and g == "i" else fb.tensor(prefix + "b" + g, (hidden,), rng.standard_normal(hidden) * 0.5)
                 for g in "ifco"]
-        return ids + [-1, -1]           # no projection
+        if projection:
+            return ids + [fb.tensor(prefix + "pw", (units, hidden), rng.standard_normal((units, hidden)) * 0.5),
+                          fb.tensor(prefix + "pb", (units,), rng.standard_normal(units) * 0.1)]
+        return ids + [-1, -1]
+
+    activation = S_.ActivationFunctionType.RELU if relu else S_.ActivationFunctionType.TANH
 
     lead = (steps, batch) if time_major else (batch, steps)
     if not bidirectional:
-        ins = [x] + direction("") + [fb.tensor("h", (batch, hidden), variable=True),
-                                     fb.tensor("c", (batch, hidden), variable=True)] + [-1] * 4
-        outs = [fb.tensor("y", lead + (hidden,))]
+        norms = [-1 if cifg and g == "i" else fb.tensor("ln" + g, (hidden,), 1 + rng.standard_normal(hidden) * 0.2)
+                 for g in "ifco"] if layer_norm else [-1] * 4
+        ins = [x] + direction("") + [fb.tensor("h", (batch, units), variable=True),
+                                     fb.tensor("c", (batch, hidden), variable=True)] + norms
+        outs = [fb.tensor("y", lead + (units,))]
         o = S_.UnidirectionalSequenceLSTMOptionsT()
-        o.fusedActivationFunction, o.timeMajor = S_.ActivationFunctionType.TANH, time_major
+        o.fusedActivationFunction, o.timeMajor = activation, time_major
+        o.cellClip, o.projClip = cell_clip, proj_clip
         fb.op(S_.BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM, ins, outs,
               S_.BuiltinOptions.UnidirectionalSequenceLSTMOptions, o)
     else:
-        ins = [x] + direction("f") + direction("b") + [fb.tensor(n, (batch, hidden), variable=True)
+        ins = [x] + direction("f") + direction("b") + [fb.tensor(n, (batch, units if n.endswith("h") else hidden),
+                                                                 variable=True)
                                                        for n in ("fh", "fc", "bh", "bc")] + [-1] * 9
-        outs = [fb.tensor("y", lead + (2 * hidden,))] if merge else [fb.tensor("yf", lead + (hidden,)),
-                                                                     fb.tensor("yb", lead + (hidden,))]
+        outs = [fb.tensor("y", lead + (2 * units,))] if merge else [fb.tensor("yf", lead + (units,)),
+                                                                    fb.tensor("yb", lead + (units,))]
         o = S_.BidirectionalSequenceLSTMOptionsT()
-        o.fusedActivationFunction, o.timeMajor, o.mergeOutputs = S_.ActivationFunctionType.TANH, time_major, merge
+        o.fusedActivationFunction, o.timeMajor, o.mergeOutputs = activation, time_major, merge
+        o.cellClip, o.projClip = cell_clip, proj_clip
         fb.op(S_.BuiltinOperator.BIDIRECTIONAL_SEQUENCE_LSTM, ins, outs,
               S_.BuiltinOptions.BidirectionalSequenceLSTMOptions, o)
     fb.save(path, [x], outs)
@@ -374,6 +387,12 @@ RECURRENT = {"lstm": (make_lstm, {}), "lstm_cifg_peephole": (make_lstm, dict(cif
              "bilstm": (make_lstm, dict(bidirectional=True)),
              "bilstm_merged_time_major": (make_lstm, dict(bidirectional=True, merge=True, time_major=True)),
              "bilstm_cifg_peephole": (make_lstm, dict(bidirectional=True, cifg=True, peephole=True)),
+             "lstm_projection_clips": (make_lstm, dict(projection=3, cell_clip=0.8, proj_clip=0.5, peephole=True)),
+             "lstm_layer_norm": (make_lstm, dict(layer_norm=True, time_major=True)),
+             "lstm_layer_norm_cifg_relu": (make_lstm, dict(layer_norm=True, cifg=True, peephole=True, relu=True)),
+             "bilstm_projection_merged": (make_lstm, dict(bidirectional=True, projection=3, merge=True,
+                                                          cell_clip=1.0)),
+             "bilstm_clip_time_major": (make_lstm, dict(bidirectional=True, time_major=True, cell_clip=0.5)),
              "rnn": (make_rnn, {}), "rnn_relu_time_major": (make_rnn, dict(time_major=True, relu=True))}
 
 

@@ -13,12 +13,12 @@ clip bounds the gate inputs instead), auxiliary inputs, and quantized (hybrid) w
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.tflite import fused
+from tether.frontend.tflite import fused, lstm_scan
 from tether.frontend.tflite.table import ConverterTable
 
 CONVERTERS = ConverterTable("tflite recurrent")
@@ -64,25 +64,46 @@ def _present(op, index: int) -> bool:
     return len(op.inputs) > index and op.inputs[index] >= 0
 
 
+def _gates(ctx, op, base: int, peep_base: int, bias_base: int, proj: int, ln_base: Optional[int],
+           what: str) -> Dict[str, Any]:
+    """One direction's weights as TFLite holds them, per gate (i, f, c, o; None where absent)."""
+    get = lambda k, name: _weight(ctx, op.inputs[k], "%s %s" % (what, name)) if len(op.inputs) > k else None  # noqa
+    d = {"w": [get(base + k, "input weights %d" % k) for k in range(4)],
+         "r": [get(base + 4 + k, "recurrent weights %d" % k) for k in range(4)],
+         "p": [get(peep_base + k, "peephole %d" % k) for k in range(3)],
+         "b": [get(bias_base + k, "bias %d" % k) for k in range(4)],
+         "proj_w": get(proj, "projection weights"), "proj_b": get(proj + 1, "projection bias"),
+         "ln": [get(ln_base + k, "layer norm %d" % k) for k in range(4)] if ln_base is not None else [None] * 4}
+    w, r = d["w"], d["r"]
+    if any(v is None for v in w[1:] + r[1:]):
+        raise UnsupportedOpError("%s: %s forget, cell or output weights are missing" % (ctx.where(), what))
+    d["cifg"] = w[0] is None
+    if d["cifg"] != (r[0] is None):
+        raise UnsupportedOpError("%s: %s input gate has %s weights only"
+                                 % (ctx.where(), what, "recurrent" if d["cifg"] else "input"))
+    d["hidden"] = w[1].shape[0]
+    d["outputs"] = d["proj_w"].shape[0] if d["proj_w"] is not None else d["hidden"]
+    return d
+
+
+def _onnx_expressible(op, dirs: Sequence[Dict[str, Any]]) -> bool:
+    """Whether ONNX's LSTM computes these directions: no projection, layer norm or clip, a tanh or relu."""
+    o = op.options
+    act = int(o.get("fused_activation_function", fused.TANH) or 0)
+    return act in _ACTIVATIONS and not float(o.get("cell_clip", 0.0) or 0.0) > 0 and \
+        not float(o.get("proj_clip", 0.0) or 0.0) > 0 and \
+        all(d["proj_w"] is None and d["proj_b"] is None and all(v is None for v in d["ln"]) for d in dirs)
+
+
 class _LstmWeights:
     """One direction's ONNX W (4H, I), R (4H, H), B (8H), P (3H) or None, and whether it is CIFG."""
 
-    def __init__(self, ctx, op, base: int, bias_base: int, peep_base: int, proj: int, what: str) -> None:
-        w = [_weight(ctx, op.inputs[base + k], "%s input weights %d" % (what, k)) for k in range(4)]
-        r = [_weight(ctx, op.inputs[base + 4 + k], "%s recurrent weights %d" % (what, k)) for k in range(4)]
-        p = [_weight(ctx, op.inputs[peep_base + k], "%s peephole %d" % (what, k)) for k in range(3)]
-        b = [_weight(ctx, op.inputs[bias_base + k], "%s bias %d" % (what, k)) for k in range(4)]
-        _refuse_if(ctx, _present(op, proj) or _present(op, proj + 1), "a projection layer")
-        if w[1] is None or w[2] is None or w[3] is None or r[1] is None or r[2] is None or r[3] is None:
-            raise UnsupportedOpError("%s: %s forget, cell or output weights are missing" % (ctx.where(), what))
-        self.cifg = w[0] is None
-        if self.cifg != (r[0] is None):
-            raise UnsupportedOpError("%s: %s input gate has %s weights only" % (
-                ctx.where(), what, "recurrent" if self.cifg else "input"))
-        hidden, inputs = w[1].shape
-        self.hidden, self.inputs = hidden, inputs
+    def __init__(self, d: Dict[str, Any]) -> None:
+        w, r, p = list(d["w"]), list(d["r"]), list(d["p"])
+        hidden = d["hidden"]
+        self.cifg, self.hidden = d["cifg"], hidden
         zeros_h = np.zeros((hidden,), np.float32)
-        bias = [v if v is not None else zeros_h for v in b]
+        bias = [v if v is not None else zeros_h for v in d["b"]]
         if self.cifg:       # ONNX input gate = the forget gate negated; input_forget then gives f = 1 - i
             w[0], r[0], bias[0] = -w[1], -r[1], -bias[1]
             if p[1] is not None:
@@ -119,18 +140,31 @@ def _lstm(ctx, op, dirs: List[_LstmWeights], states: List[int], time_major: bool
     return y
 
 
-def _refuse_lstm_extras(ctx, op, clip_key: str = "cell_clip") -> None:
-    _refuse_if(ctx, float(op.options.get(clip_key, 0.0) or 0.0) > 0.0, "a cell clip")
-    _refuse_if(ctx, float(op.options.get("proj_clip", 0.0) or 0.0) > 0.0, "a projection clip")
+def _time_major_input(ctx, x: int, time_major: bool) -> str:
+    value = ctx.nhwc(x)
+    return value if time_major else ctx.emit1("Transpose", [value], perm=[1, 0, 2])
+
+
+def _scanned(ctx, op, d: Dict[str, Any], x_tm: str, states: Sequence[int], reverse: bool) -> str:
+    """One direction through ``lstm_scan``: (T, B, outputs), time-major."""
+    batch = ctx.shape(op.inputs[0])[1 if op.options.get("time_major") else 0]
+    h0 = _initial_state(ctx, op.inputs[states[0]], (batch, d["outputs"]))
+    c0 = _initial_state(ctx, op.inputs[states[1]], (batch, d["hidden"]))
+    o = op.options
+    return lstm_scan.lstm_scan(ctx, x_tm, d, h0, c0, int(o.get("fused_activation_function", fused.TANH) or 0),
+                               float(o.get("cell_clip", 0.0) or 0.0), float(o.get("proj_clip", 0.0) or 0.0),
+                               reverse)
 
 
 @CONVERTERS.register("UNIDIRECTIONAL_SEQUENCE_LSTM")
 def _unidirectional_lstm(ctx, op) -> None:
-    _refuse_lstm_extras(ctx, op)
-    _refuse_if(ctx, any(_present(op, k) for k in range(20, 24)), "layer-normalized gates")
-    weights = _LstmWeights(ctx, op, 1, 12, 9, 16, "the")
+    d = _gates(ctx, op, 1, 9, 12, 16, 20, "the")
     time_major = bool(op.options.get("time_major", False))
-    y = _lstm(ctx, op, [weights], [18, 19], time_major, "forward")
+    if not _onnx_expressible(op, [d]):
+        y = _scanned(ctx, op, d, _time_major_input(ctx, op.inputs[0], time_major), (18, 19), False)
+        ctx.set_output(op.outputs[0], y if time_major else ctx.emit1("Transpose", [y], perm=[1, 0, 2]))
+        return
+    y = _lstm(ctx, op, [_LstmWeights(d)], [18, 19], time_major, "forward")
     # squeeze the directions axis: (T, 1, B, H) or (B, T, 1, H)
     axis = 1 if time_major else 2
     ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [y, ctx.add_const(np.array([axis], np.int64), "axes")]))
@@ -138,16 +172,23 @@ def _unidirectional_lstm(ctx, op) -> None:
 
 @CONVERTERS.register("BIDIRECTIONAL_SEQUENCE_LSTM")
 def _bidirectional_lstm(ctx, op) -> None:
-    _refuse_lstm_extras(ctx, op)
     _refuse_if(ctx, any(_present(op, k) for k in range(39, 48)), "an auxiliary input")
-    fw = _LstmWeights(ctx, op, 1, 12, 9, 16, "the forward")
-    bw = _LstmWeights(ctx, op, 18, 29, 26, 33, "the backward")
-    _refuse_if(ctx, fw.cifg != bw.cifg, "CIFG in one direction only")
+    fw = _gates(ctx, op, 1, 9, 12, 16, None, "the forward")
+    bw = _gates(ctx, op, 18, 26, 29, 33, None, "the backward")
     time_major = bool(op.options.get("time_major", False))
-    y = _lstm(ctx, op, [fw, bw], [35, 36, 37, 38], time_major, "bidirectional")
+    merge = bool(op.options.get("merge_outputs", False))
+    if not _onnx_expressible(op, [fw, bw]) or fw["cifg"] != bw["cifg"]:
+        x_tm = _time_major_input(ctx, op.inputs[0], time_major)
+        ys = [_scanned(ctx, op, fw, x_tm, (35, 36), False), _scanned(ctx, op, bw, x_tm, (37, 38), True)]
+        if merge:
+            ys = [ctx.emit1("Concat", ys, axis=2)]
+        for t, y in zip(op.outputs, ys):
+            ctx.set_output(t, y if time_major else ctx.emit1("Transpose", [y], perm=[1, 0, 2]))
+        return
+    y = _lstm(ctx, op, [_LstmWeights(fw), _LstmWeights(bw)], [35, 36, 37, 38], time_major, "bidirectional")
     axis = 1 if time_major else 2
-    hidden = fw.hidden
-    if op.options.get("merge_outputs", False):
+    hidden = fw["hidden"]
+    if merge:
         # (T, 2, B, H) -> (T, B, 2H); (B, T, 2, H) -> (B, T, 2H)
         if time_major:
             y = ctx.emit1("Transpose", [y], perm=[0, 2, 1, 3])
