@@ -91,6 +91,7 @@ FAMILIES = {
                                tf.math.unsorted_segment_min(x, [1, 0], 3), tf.math.unsorted_segment_prod(x, [0, 0], 2),
                                tf.math.segment_sum(x, [0, 1])],
                  [S((2, 3, 4), tf.float32), S((2,), tf.int32)], {1: (1, 4)}),
+    "unique": (lambda x: [*tf.unique(x)], [S((10,), tf.int32)], {0: (0, 4)}),
     "bits": (lambda a, b: [tf.bitwise.bitwise_xor(a, b)], [S((3, 4), tf.int32), S((4,), tf.int32)], {0: (-99, 99)}),
     # ops on a convolution's output, which the frontend holds NCHW: their axes are remapped, not transposed
     "after_conv": (lambda x: [*tf.split(_conv(x), 2, axis=3), _conv(x)[:, 1:5, ::2, :], tf.reverse(_conv(x), [2, 3]),
@@ -440,12 +441,12 @@ def test_single_op_models_match_litert(case, tmp_path):
 
 def test_unsupported_ops_named_in_one_line(tmp_path):
     path = tmp_path / "where.tflite"
-    path.write_bytes(convert(lambda x: [tf.where(x > 0.5), tf.unique(tf.reshape(x, [-1]))[1]],
-                             [S((2, 3), tf.float32)]))
+    path.write_bytes(convert(lambda x, n: [tf.where(x > 0.5), tf.bitwise.right_shift(n, 2)],
+                             [S((2, 3), tf.float32), S((4,), tf.int32)]))
     with pytest.raises(UnsupportedOpError) as err:
         from_tflite(str(path))
     msg = str(err.value)
-    assert "\n" not in msg and "WHERE v" in msg and "UNIQUE v" in msg and "node" in msg
+    assert "\n" not in msg and "WHERE v" in msg and "RIGHT_SHIFT v" in msg and "node" in msg
 
 
 def test_cli_compile_check_and_corrupt_file(ssd_models, tmp_path):

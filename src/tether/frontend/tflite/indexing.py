@@ -323,6 +323,19 @@ def _one_hot(ctx, op) -> None:
     ctx.set_output(op.outputs[0], ctx.emit1("OneHot", [_as_i64(ctx, indices), d, values], axis=axis))
 
 
+@CONVERTERS.register("UNIQUE")
+def _unique(ctx, op) -> None:
+    """The distinct values in order of first appearance (a data-dependent count: only a graph output can take
+    them) and, per element, the position of its value among them."""
+    x = op.inputs[0]
+    outs = ctx.emit("Unique", [ctx.nhwc(x)], outputs=4, sorted=0)
+    ctx.set_output(op.outputs[0], outs[0])
+    if len(op.outputs) > 1 and op.outputs[1] >= 0:
+        dtype = ctx.tensor(op.outputs[1]).dtype
+        idx = outs[2] if dtype == "int64" else ctx.emit1("Cast", [outs[2]], to=onnx_dtype(dtype))
+        ctx.set_output(op.outputs[1], idx)
+
+
 @CONVERTERS.register("WHERE")
 def _where(ctx, op) -> None:
     # the coordinates of the true elements, one row each: a data-dependent count, so only a constant condition
