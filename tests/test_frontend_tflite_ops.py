@@ -391,8 +391,9 @@ RECURRENT = {"lstm": (make_lstm, {}), "lstm_cifg_peephole": (make_lstm, dict(cif
              "lstm_projection_clips": (make_lstm, dict(projection=3, cell_clip=0.8, proj_clip=0.5, peephole=True)),
              "lstm_layer_norm": (make_lstm, dict(layer_norm=True, time_major=True)),
              "lstm_layer_norm_cifg_relu": (make_lstm, dict(layer_norm=True, cifg=True, peephole=True, relu=True)),
-             "bilstm_projection_merged": (make_lstm, dict(bidirectional=True, projection=3, merge=True,
-                                                          cell_clip=1.0)),
+             # LiteRT's bidirectional layer with merged batch-major outputs and a clip, relu or projection gives
+             # different outputs from one process to the next, so those are not compared
+             "bilstm_relu": (make_lstm, dict(bidirectional=True, relu=True)),
              "bilstm_clip_time_major": (make_lstm, dict(bidirectional=True, time_major=True, cell_clip=0.5)),
              "rnn": (make_rnn, {}), "rnn_relu_time_major": (make_rnn, dict(time_major=True, relu=True))}
 
