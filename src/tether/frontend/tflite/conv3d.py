@@ -50,7 +50,7 @@ def _conv3d(ctx, op) -> None:
         frames = ctx.emit1("Slice", [value, _i64(ctx, [t * dd], "starts"), _i64(ctx, [t * dd + (out_d - 1) * sd + 1],
                                                                                "ends"),
                                      _i64(ctx, [1], "axes"), _i64(ctx, [sd], "steps")])
-        flat = ctx.emit1("Reshape", [frames, _i64(ctx, [n * out_d, h, wd, channels], "shape")])
+        flat = ctx.emit1("Reshape", [frames, _i64(ctx, [-1, h, wd, channels], "shape")])
         nchw = ctx.emit1("Transpose", [flat], perm=[0, 3, 1, 2])
         tap = ctx.add_const(np.ascontiguousarray(np.transpose(weights[t], (3, 2, 0, 1))), "conv3d_tap")
         y = ctx.emit1("Conv", [nchw, tap], kernel_shape=[kh, kw], strides=[sh, sw], dilations=[dh, dw],
@@ -63,4 +63,4 @@ def _conv3d(ctx, op) -> None:
     # (N * D', C', H', W') -> (N, D', H', W', C')
     y = ctx.emit1("Transpose", [total], perm=[0, 2, 3, 1])
     oh, ow = ctx.shape(op.outputs[0])[2:4]
-    ctx.set_output(op.outputs[0], ctx.emit1("Reshape", [y, _i64(ctx, [n, out_d, oh, ow, cout], "shape")]))
+    ctx.set_output(op.outputs[0], ctx.emit1("Reshape", [y, _i64(ctx, [-1, out_d, oh, ow, cout], "shape")]))

@@ -60,7 +60,8 @@ def _space_to_batch(ctx, op) -> None:
         raise UnsupportedOpError("%s: padded spatial size %s is not a multiple of block_shape %s"
                                  % (ctx.where(), padded, block))
     rest = shape[1 + m:]
-    split: List[int] = [shape[0]]
+    # the batch is read from the input (0) or inferred (-1), so a model with a dynamic batch keeps it
+    split: List[int] = [0]
     for p, b in zip(padded, block):
         split += [p // b, b]
     y = ctx.emit1("Reshape", [y, _i64(ctx, split + rest, "shape")])
@@ -68,7 +69,7 @@ def _space_to_batch(ctx, op) -> None:
     perm = [2 + 2 * k for k in range(m)] + [0] + [1 + 2 * k for k in range(m)] + list(range(1 + 2 * m, 1 + 2 * m
                                                                                                 + len(rest)))
     y = ctx.emit1("Transpose", [y], perm=perm)
-    out = [shape[0] * int(np.prod(block))] + [p // b for p, b in zip(padded, block)] + rest
+    out = [-1] + [p // b for p, b in zip(padded, block)] + rest
     ctx.set_output(op.outputs[0], ctx.emit1("Reshape", [y, _i64(ctx, out, "shape")]))
 
 
@@ -79,9 +80,8 @@ def _batch_to_space(ctx, op) -> None:
     prod = int(np.prod(block))
     if shape[0] % prod:
         raise UnsupportedOpError("%s: batch %d is not a multiple of the block size %d" % (ctx.where(), shape[0], prod))
-    n = shape[0] // prod
     spatial, rest = shape[1:1 + m], shape[1 + m:]
-    y = ctx.emit1("Reshape", [ctx.nhwc(x), _i64(ctx, list(block) + [n] + spatial + rest, "shape")])
+    y = ctx.emit1("Reshape", [ctx.nhwc(x), _i64(ctx, list(block) + [-1] + spatial + rest, "shape")])
     # (b1, ..., bM, N, S1, ..., SM, rest) -> (N, S1, b1, ..., SM, bM, rest)
     perm = [m]
     for k in range(m):
@@ -89,7 +89,7 @@ def _batch_to_space(ctx, op) -> None:
     perm += list(range(2 * m + 1, 2 * m + 1 + len(rest)))
     y = ctx.emit1("Transpose", [y], perm=perm)
     full = [s * b for s, b in zip(spatial, block)]
-    y = ctx.emit1("Reshape", [y, _i64(ctx, [n] + full + rest, "shape")])
+    y = ctx.emit1("Reshape", [y, _i64(ctx, [-1] + full + rest, "shape")])
     if crops.any():
         y = ctx.emit1("Slice", [y, _i64(ctx, crops[:, 0], "starts"),
                                 _i64(ctx, [f - int(c) for f, c in zip(full, crops[:, 1])], "ends"),
