@@ -383,6 +383,26 @@ def make_rnn(path, time_major=False, relu=False, steps=5, batch=2, features=3, h
     fb.save(path, [x], [y])
 
 
+def make_birnn(path, time_major=False, merge=False, steps=5, batch=2, features=3, hidden=4):
+    rng = np.random.default_rng(2)
+    fb = _Flatbuffer()
+    S_ = fb.schema
+    x = fb.tensor("x", (steps, batch, features) if time_major else (batch, steps, features))
+    ins = [x]
+    for d in "fb":
+        ins += [fb.tensor(d + n, shape, rng.standard_normal(shape) * 0.5)
+                for n, shape in (("w", (hidden, features)), ("r", (hidden, hidden)), ("b", (hidden,)))]
+        ins.append(fb.tensor(d + "h", (batch, hidden), variable=True))
+    lead = (steps, batch) if time_major else (batch, steps)
+    outs = [fb.tensor("y", lead + (2 * hidden,))] if merge else [fb.tensor("yf", lead + (hidden,)),
+                                                                 fb.tensor("yb", lead + (hidden,))]
+    o = S_.BidirectionalSequenceRNNOptionsT()
+    o.timeMajor, o.mergeOutputs, o.fusedActivationFunction = time_major, merge, S_.ActivationFunctionType.TANH
+    fb.op(S_.BuiltinOperator.BIDIRECTIONAL_SEQUENCE_RNN, ins + [-1, -1, -1], outs,
+          S_.BuiltinOptions.BidirectionalSequenceRNNOptions, o)
+    fb.save(path, [x], outs)
+
+
 RECURRENT = {"lstm": (make_lstm, {}), "lstm_cifg_peephole": (make_lstm, dict(cifg=True, peephole=True)),
              "lstm_peephole_time_major": (make_lstm, dict(peephole=True, time_major=True)),
              "bilstm": (make_lstm, dict(bidirectional=True)),
@@ -395,6 +415,7 @@ RECURRENT = {"lstm": (make_lstm, {}), "lstm_cifg_peephole": (make_lstm, dict(cif
              # different outputs from one process to the next, so those are not compared
              "bilstm_relu": (make_lstm, dict(bidirectional=True, relu=True)),
              "bilstm_clip_time_major": (make_lstm, dict(bidirectional=True, time_major=True, cell_clip=0.5)),
+             "birnn": (make_birnn, {}), "birnn_merged_time_major": (make_birnn, dict(time_major=True, merge=True)),
              "rnn": (make_rnn, {}), "rnn_relu_time_major": (make_rnn, dict(time_major=True, relu=True))}
 
 

@@ -1,5 +1,6 @@
-"""Fused recurrent layers: UNIDIRECTIONAL_SEQUENCE_LSTM, BIDIRECTIONAL_SEQUENCE_LSTM and
-UNIDIRECTIONAL_SEQUENCE_RNN, as ONNX LSTM/RNN nodes (tether's recurrent kernel).
+"""Fused recurrent layers: UNIDIRECTIONAL/BIDIRECTIONAL_SEQUENCE_LSTM and UNIDIRECTIONAL/BIDIRECTIONAL_SEQUENCE_RNN,
+as ONNX LSTM/RNN nodes (tether's recurrent kernel), or an ONNX Scan over LiteRT's step (``lstm_scan``) for an LSTM
+that ONNX's cannot state.
 
 TFLite keeps one weight tensor per gate (input, forget, cell, output); ONNX stacks them in the order i, o, f, c.
 Peepholes read the previous cell state for the input and forget gates and the new one for the output gate in both.
@@ -8,8 +9,8 @@ the negated forget-gate weights, bias and peephole: sigmoid(-z) = 1 - sigmoid(z)
 cell input and output activation (g and h); the gates use the sigmoid. The state tensors are variables LiteRT
 starts at zero (or at their stored value), so they start there here.
 
-Not expressible as ONNX LSTM and refused by name: a projection layer, layer-normalized gates, a cell clip (ONNX's
-clip bounds the gate inputs instead), auxiliary inputs, and quantized (hybrid) weights.
+A projection layer, layer-normalized gates, a cell or projection clip (ONNX's clip bounds the gate inputs instead)
+or another activation take the Scan. Refused by name: auxiliary inputs and quantized (hybrid) weights.
 """
 from __future__ import annotations
 
@@ -203,21 +204,54 @@ def _bidirectional_lstm(ctx, op) -> None:
         ctx.set_output(op.outputs[1], ctx.emit1("Squeeze", [bw_y, axes]))
 
 
-@CONVERTERS.register("UNIDIRECTIONAL_SEQUENCE_RNN")
-def _unidirectional_rnn(ctx, op) -> None:
-    x, w, r, b, state = op.inputs[:5]
-    wv = _weight(ctx, w, "input weights")
-    rv = _weight(ctx, r, "recurrent weights")
-    bv = _weight(ctx, b, "bias")
-    hidden = wv.shape[0]
+def _rnn(ctx, op, weights: Sequence[int], states: Sequence[int], direction: str) -> str:
+    """An ONNX RNN over the op's input (``weights``: per direction the input weights, recurrent weights and bias
+    tensors); Y as (T, D, B, H) time-major, (B, T, D, H) otherwise."""
+    x = op.inputs[0]
     time_major = bool(op.options.get("time_major", False))
     shape = ctx.shape(x)
     batch = shape[1] if time_major else shape[0]
-    bias = np.concatenate([bv if bv is not None else np.zeros((hidden,), np.float32),
-                           np.zeros((hidden,), np.float32)])
-    h0 = _initial_state(ctx, state, (batch, hidden))[None]
-    y = ctx.emit("RNN", [ctx.nhwc(x), ctx.add_const(wv[None], "W"), ctx.add_const(rv[None], "R"),
-                         ctx.add_const(bias[None], "B"), "", ctx.add_const(h0, "h0")], outputs=1,
-                 hidden_size=hidden, activations=[_activation(ctx, op)], layout=0 if time_major else 1)[0]
-    axis = 1 if time_major else 2
+    ws, rs, bs, h0s = [], [], [], []
+    for k, state in enumerate(states):
+        w, r, b = weights[3 * k:3 * k + 3]
+        wv = _weight(ctx, w, "input weights")
+        rv = _weight(ctx, r, "recurrent weights")
+        bv = _weight(ctx, b, "bias")
+        hidden = wv.shape[0]
+        ws.append(wv)
+        rs.append(rv)
+        bs.append(np.concatenate([bv if bv is not None else np.zeros((hidden,), np.float32),
+                                  np.zeros((hidden,), np.float32)]))
+        h0s.append(_initial_state(ctx, state, (batch, hidden)))
+    acts = [_activation(ctx, op)] * len(states)
+    return ctx.emit("RNN", [ctx.nhwc(x), ctx.add_const(np.stack(ws), "W"), ctx.add_const(np.stack(rs), "R"),
+                            ctx.add_const(np.stack(bs), "B"), "", ctx.add_const(np.stack(h0s), "h0")], outputs=1,
+                    hidden_size=ws[0].shape[0], activations=acts, direction=direction,
+                    layout=0 if time_major else 1)[0]
+
+
+@CONVERTERS.register("UNIDIRECTIONAL_SEQUENCE_RNN")
+def _unidirectional_rnn(ctx, op) -> None:
+    y = _rnn(ctx, op, op.inputs[1:4], op.inputs[4:5], "forward")
+    axis = 1 if op.options.get("time_major", False) else 2
     ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [y, ctx.add_const(np.array([axis], np.int64), "axes")]))
+
+
+@CONVERTERS.register("BIDIRECTIONAL_SEQUENCE_RNN")
+def _bidirectional_rnn(ctx, op) -> None:
+    _refuse_if(ctx, any(_present(op, k) for k in range(9, 12)), "an auxiliary input")
+    y = _rnn(ctx, op, op.inputs[1:4] + op.inputs[5:8], [op.inputs[4], op.inputs[8]], "bidirectional")
+    time_major = bool(op.options.get("time_major", False))
+    axis = 1 if time_major else 2
+    if op.options.get("merge_outputs", False):
+        if time_major:          # (T, 2, B, H) -> (T, B, 2, H)
+            y = ctx.emit1("Transpose", [y], perm=[0, 2, 1, 3])
+        shape = ctx.shape(op.outputs[0])
+        ctx.set_output(op.outputs[0], ctx.emit1("Reshape", [y, ctx.add_const(
+            np.array([-1, shape[1], shape[2]], np.int64), "shape")]))
+        return
+    fw_y, bw_y = ctx.emit("Split", [y, ctx.add_const(np.array([1, 1], np.int64), "split")], outputs=2, axis=axis)
+    axes = ctx.add_const(np.array([axis], np.int64), "axes")
+    ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [fw_y, axes]))
+    if len(op.outputs) > 1 and op.outputs[1] >= 0:
+        ctx.set_output(op.outputs[1], ctx.emit1("Squeeze", [bw_y, axes]))
