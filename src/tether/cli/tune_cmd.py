@@ -105,15 +105,18 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
     from rich.console import Console
     from rich.live import Live
 
-    from tether.errors import TetherError, UnsupportedOpError
+    from tether.errors import InvalidInput, TetherError, UnsupportedOpError
     from tether.frontend import from_onnx
     from tether.frontend.model_file import load_model_file
     from tether.tune.search import Tuner, TuneOptions
     from tether.tune.tasks import extract_tasks
 
-    proto, base_dir = load_model_file(model)   # a foreign or broken file: one line, exit 2 (cli/errors.py)
     try:
+        # a foreign or broken file: InvalidInput, one line, exit 2 (cli/errors.py); a reader's unsupported ops: 1
+        proto, base_dir = load_model_file(model)
         graph, params = from_onnx(proto, shape=parse_input_shapes(input_shapes), base_dir=base_dir)
+    except InvalidInput:
+        raise                   # bad input: exit 2 (cli/errors.py), not a compile error
     except (UnsupportedOpError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     tasks = extract_tasks(graph, params, target, opt_level, only=list(only) or None)

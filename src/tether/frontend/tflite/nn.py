@@ -1,13 +1,14 @@
 """Convolutions, fully connected layers and pools, computed NCHW.
 
-TFLite states padding as SAME or VALID; the pads are worked out here as TensorFlow does, from the input size,
-the filter, stride and dilation: SAME pads ``max((out - 1) * stride + effective_filter - in, 0)`` in all, the
-odd one at the end (bottom/right). Filters are OHWI (CONV_2D, TRANSPOSE_CONV) and 1HW(C*M) (DEPTHWISE_CONV_2D);
-they are permuted as data into ONNX's OIHW.
+TFLite states padding as SAME or VALID. TensorFlow's SAME pads ``max((out - 1) * stride + effective_filter - in,
+0)`` in all, the odd one at the end (bottom/right), worked out here from the file's input size (ONNX's auto_pad
+SAME_UPPER where that size is dynamic). TRANSPOSE_CONV's cropping comes from its explicit output shape.
+Filters are OHWI (CONV_2D, TRANSPOSE_CONV) and 1HW(C*M) (DEPTHWISE_CONV_2D); they are permuted as data into
+ONNX's OIHW.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -34,11 +35,21 @@ def padding_1d(ctx, in_size: int, kernel: int, stride: int, dilation: int = 1) -
     return total // 2, total - total // 2
 
 
-def _pads(ctx, x: int, kh: int, kw: int, sh: int, sw: int, dh: int = 1, dw: int = 1) -> List[int]:
-    _, h, w, _ = ctx.shape(x)
-    top, bottom = padding_1d(ctx, h, kh, sh, dh)
-    left, right = padding_1d(ctx, w, kw, sw, dw)
-    return [top, left, bottom, right]
+def _padding(ctx, x: int, kh: int, kw: int, sh: int, sw: int, dh: int = 1, dw: int = 1) -> Dict[str, Any]:
+    """The ONNX padding attribute of a window op on input ``x``: explicit pads when its height and width are
+    fixed in the file, else auto_pad (SAME_UPPER is TensorFlow's SAME), worked out at import from the input
+    size it is given. Explicit pads keep the graph portable: onnxruntime takes no auto_pad with dilation."""
+    t = ctx.tensor(x)
+    sig = t.shape_signature if t.shape_signature else t.shape
+    if len(t.shape) == 4 and len(sig) == 4 and sig[1] >= 0 and sig[2] >= 0:
+        _, h, w, _ = t.shape
+        top, bottom = padding_1d(ctx, h, kh, sh, dh)
+        left, right = padding_1d(ctx, w, kw, sw, dw)
+        return {"pads": [top, left, bottom, right]}
+    mode = int(ctx.op.options.get("padding", SAME))
+    if mode not in (SAME, VALID):
+        raise UnsupportedOpError("%s: padding mode %d is not SAME or VALID" % (ctx.where(), mode))
+    return {"auto_pad": "SAME_UPPER" if mode == SAME else "VALID"}
 
 
 def _strides(op) -> Tuple[int, int]:
@@ -67,7 +78,7 @@ def _conv2d(ctx, op) -> None:
     dh, dw = int(op.options.get("dilation_h_factor", 1) or 1), int(op.options.get("dilation_w_factor", 1) or 1)
     weights = ctx.transposed_const(w, (0, 3, 1, 2))
     y = ctx.emit1("Conv", [ctx.nchw(x), weights] + _bias(ctx, op, 2), kernel_shape=[kh, kw], strides=[sh, sw],
-                  dilations=[dh, dw], pads=_pads(ctx, x, kh, kw, sh, sw, dh, dw), group=channels // i)
+                  dilations=[dh, dw], group=channels // i, **_padding(ctx, x, kh, kw, sh, sw, dh, dw))
     _finish(ctx, op, y)
 
 
@@ -84,7 +95,7 @@ def _depthwise(ctx, op) -> None:
     # output channel c * M + m reads input channel c: ONNX's grouped conv with C groups of M filters each
     weights = ctx.transposed_const(w, (3, 0, 1, 2))
     y = ctx.emit1("Conv", [ctx.nchw(x), weights] + _bias(ctx, op, 2), kernel_shape=[kh, kw], strides=[sh, sw],
-                  dilations=[dh, dw], pads=_pads(ctx, x, kh, kw, sh, sw, dh, dw), group=channels)
+                  dilations=[dh, dw], group=channels, **_padding(ctx, x, kh, kw, sh, sw, dh, dw))
     _finish(ctx, op, y)
 
 
@@ -137,7 +148,7 @@ def _pool(ctx, op, onnx_op: str) -> str:
     x = op.inputs[0]
     kh, kw = int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
     sh, sw = _strides(op)
-    attrs = dict(kernel_shape=[kh, kw], strides=[sh, sw], pads=_pads(ctx, x, kh, kw, sh, sw))
+    attrs = dict(kernel_shape=[kh, kw], strides=[sh, sw], **_padding(ctx, x, kh, kw, sh, sw))
     if onnx_op == "AveragePool":
         attrs["count_include_pad"] = 0       # TFLite divides by the number of taps inside the input
     return ctx.emit1(onnx_op, [ctx.nchw(x)], **attrs)
@@ -162,5 +173,5 @@ def _l2_pool(ctx, op) -> None:
     xc = ctx.nchw(x)
     sq = ctx.emit1("Mul", [xc, xc])
     mean = ctx.emit1("AveragePool", [sq], kernel_shape=[kh, kw], strides=[sh, sw],
-                     pads=_pads(ctx, x, kh, kw, sh, sw), count_include_pad=0)
+                     count_include_pad=0, **_padding(ctx, x, kh, kw, sh, sw))
     _finish(ctx, op, ctx.emit1("Sqrt", [mean]))

@@ -26,15 +26,13 @@ def _resize(ctx, op, mode: str) -> None:
         raise UnsupportedOpError("%s: align_corners and half_pixel_centers together are not defined"
                                  % ctx.where())
     x = ctx.nchw(op.inputs[0])
+    # the new (height, width) on ONNX axes 2 and 3 only: the batch and channels stay whatever they are
     size = ctx.const(op.inputs[1])
     if size is not None:
-        n, _, _, c = ctx.shape(op.inputs[0])
-        sizes = ctx.add_const(np.array([n, c] + [int(v) for v in np.asarray(size).reshape(-1)], np.int64), "sizes")
-    else:           # a size computed at run time: the input's N and C, then the given H, W
-        nc = ctx.emit1("Slice", [ctx.emit1("Shape", [x]), ctx.add_const(np.array([0], np.int64), "starts"),
-                                 ctx.add_const(np.array([2], np.int64), "ends")])
-        sizes = ctx.emit1("Concat", [nc, ctx.emit1("Cast", [ctx.nhwc(op.inputs[1])], to=7)], axis=0)
-    attrs = {}
+        sizes = ctx.add_const(np.asarray(size, np.int64).reshape(-1), "sizes")
+    else:
+        sizes = ctx.emit1("Cast", [ctx.nhwc(op.inputs[1])], to=7)
+    attrs = {"axes": [2, 3]}
     if mode == "linear":
         attrs["coordinate_transformation_mode"] = "align_corners" if align else "half_pixel" if half \
             else "asymmetric"

@@ -16,7 +16,7 @@ A converter binds each output with ``ctx.set_output(t, name, layout)`` or ``ctx.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -155,9 +155,23 @@ class Context:
         else:
             name, layout = self._values[index]
             if layout == NCHW:
-                name = self.emit1("Transpose", [name], self._hint(index) + "_nhwc", perm=list(TO_NHWC))
+                name = self._relayout(index, name, TO_NHWC, "_nhwc")
         self._views[key] = name
         return name
+
+    def _relayout(self, index: int, name: str, perm: Sequence[int], suffix: str) -> str:
+        """``name`` permuted by ``perm``: a Reshape when the permutation moves only unit dims (H = W = 1 or
+        C = 1, statically: global pools, 1x1 feature maps), else a Transpose."""
+        t = self.tensor(index)
+        sig = t.shape_signature if t.shape_signature else t.shape
+        if len(t.shape) == 4 and len(sig) == 4 and all(d >= 0 for d in sig[1:]):
+            _, h, w, c = t.shape
+            if (h == 1 and w == 1) or c == 1:
+                nhwc_dims = [0, h, w, c]                 # 0: the batch, copied (it may be set at import)
+                dims = [nhwc_dims[TO_NCHW[a]] if perm == TO_NCHW else nhwc_dims[a] for a in range(4)]
+                return self.emit1("Reshape", [name, self.add_const(np.array(dims, np.int64), "shape")],
+                                  self._hint(index) + suffix)
+        return self.emit1("Transpose", [name], self._hint(index) + suffix, perm=list(perm))
 
     def nchw(self, index: int) -> str:
         """A rank-4 tensor held NCHW (one cached Transpose if it is held in TFLite's layout)."""
@@ -173,7 +187,7 @@ class Context:
         elif index not in self._values and const is not None:
             name = self.add_const(np.transpose(const, TO_NCHW), self._hint(index) + "_nchw")
         else:
-            name = self.emit1("Transpose", [self.nhwc(index)], self._hint(index) + "_nchw", perm=list(TO_NCHW))
+            name = self._relayout(index, self.nhwc(index), TO_NCHW, "_nchw")
         self._views[key] = name
         return name
 
@@ -247,5 +261,16 @@ class Context:
         self._values.pop(index, None)
         self._views = {k: v for k, v in self._views.items() if k[0] != index}
 
-    def inputs_of(self, op: Operator) -> Iterable[int]:
-        return (i for i in op.inputs if i >= 0)
+    def rename(self, old: str, new: str) -> None:
+        """Call the ONNX value ``old`` ``new`` everywhere: in the nodes and in the bindings (graph outputs)."""
+        for node in self.nodes:
+            for seq in (node.input, node.output):
+                for k, v in enumerate(seq):
+                    if v == old:
+                        seq[k] = new
+        self._views = {k: (new if v == old else v) for k, v in self._views.items()}
+        self._values = {k: ((new if v == old else v), lay) for k, (v, lay) in self._values.items()}
+
+    def produced(self, name: str) -> bool:
+        """Whether a node emitted so far writes ``name`` (not a graph input or an initializer)."""
+        return any(name in n.output for n in self.nodes)

@@ -41,8 +41,10 @@ def _reshape(ctx, op) -> None:
 def _squeeze(ctx, op) -> None:
     rank = ctx.rank(op.inputs[0])
     axes = [a % rank for a in op.options.get("squeeze_dims", [])] if rank else []
-    if not axes:
-        axes = [a for a, d in enumerate(ctx.shape(op.inputs[0])) if d == 1]
+    if not axes:            # every dim of size 1 (a dynamic dim, -1 in the signature, is none of them)
+        t = ctx.tensor(op.inputs[0])
+        sig = t.shape_signature if t.shape_signature and len(t.shape_signature) == len(t.shape) else t.shape
+        axes = [a for a, (d, s) in enumerate(zip(t.shape, sig)) if d == 1 and s == 1]
     ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [ctx.nhwc(op.inputs[0]), _i64(ctx, axes, "axes")]))
 
 

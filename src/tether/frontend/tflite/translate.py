@@ -12,6 +12,7 @@ from tether.errors import InvalidInput, UnsupportedOpError
 from tether.frontend.tflite.converters import CONVERTERS, QUANTIZED
 from tether.frontend.tflite.flatbuffer import Model, Operator, Subgraph, read_model
 from tether.frontend.tflite.state import Context, onnx_dtype
+from tether.frontend.tflite.table import Converter
 
 OPSET = 20                   # ONNX opset of the translated graph (Gelu is opset 20)
 QUANTIZED_DTYPES = ("int8", "uint8", "int16", "int4")
@@ -23,14 +24,16 @@ def is_quantized(subgraph: Subgraph, index: int) -> bool:
     return t.quantization is not None and t.dtype in QUANTIZED_DTYPES
 
 
-def converter_for(subgraph: Subgraph, op: Operator):
+def converter_for(subgraph: Subgraph, op: Operator) -> Tuple[Optional[Converter], str]:
     """The converter of ``op``, or (None, why not)."""
     quantized = any(is_quantized(subgraph, i) for i in list(op.inputs) + list(op.outputs) if i >= 0)
     key = op.custom_code if op.op == "CUSTOM" else op.op       # a custom op is keyed by its custom code
     if quantized and key in QUANTIZED:
         return QUANTIZED[key], ""
     if quantized and key in CONVERTERS:
-        return None, "quantized tensors are not supported yet"
+        kinds = sorted({subgraph.tensors[i].dtype for i in list(op.inputs) + list(op.outputs)
+                        if i >= 0 and is_quantized(subgraph, i)})
+        return None, "quantized tensors (%s) are not supported yet" % ", ".join(kinds)
     if key in CONVERTERS:
         return CONVERTERS[key], ""
     return None, "custom op %r: no converter" % op.custom_code if op.op == "CUSTOM" else "no converter"
@@ -71,14 +74,6 @@ def _io_names(model: Model, subgraph: Subgraph, names: str) -> Tuple[List[str], 
 
 def _value_info(helper, name: str, dtype: str, shape: Optional[List[int]]):
     return helper.make_tensor_value_info(name, onnx_dtype(dtype), shape)
-
-
-def _rename(ctx: Context, old: str, new: str) -> None:
-    for node in ctx.nodes:
-        for seq in (node.input, node.output):
-            for k, v in enumerate(seq):
-                if v == old:
-                    seq[k] = new
 
 
 class _Walk:
@@ -141,7 +136,7 @@ class _Walk:
             parts.append("%s v%d (node%s %s): %s" % (name, version, "" if len(nodes) == 1 else "s", listing, why))
         return "%s: %d TFLite op(s) not supported: %s" % (self.model.path, len(self.failures), "; ".join(parts))
 
-    def onnx_model(self):
+    def onnx_model(self) -> Any:
         from onnx import helper
 
         ctx, g = self.ctx, self.g
@@ -149,18 +144,16 @@ class _Walk:
         used = set(self.in_names)
         for i, name in zip(g.outputs, self.out_names):
             value = ctx.nhwc(i)
-            producer = next((n for n in ctx.nodes if value in n.output), None)
-            if producer is None or value in used:
+            if ctx.produced(value) and value not in used:
+                ctx.rename(value, name)
+            else:           # a graph input, a constant, or a value another output already took
                 ctx.nodes.append(helper.make_node("Identity", [value], [name], name=ctx.fresh("Identity_" + name)))
-            else:
-                _rename(ctx, value, name)
-                # a cached view under the old name now carries the final one
-                ctx._views = {k: (name if v == value else v) for k, v in ctx._views.items()}
-                ctx._values = {k: ((name, lay) if v == value else (v, lay)) for k, (v, lay) in ctx._values.items()}
             used.add(name)
             t = g.tensors[i]
-            outputs.append(_value_info(helper, name, ctx.const(i).dtype.name if ctx.const(i) is not None
-                                       else t.dtype, t.shape if t.shape or not t.shape_signature else None))
+            # a dynamic dim (-1 in shape_signature) stays unnamed: the run-time shape decides it
+            dims = [None if d < 0 else d for d in t.shape_signature] if t.shape_signature else list(t.shape)
+            dtype = ctx.const(i).dtype.name if ctx.const(i) is not None else t.dtype
+            outputs.append(_value_info(helper, name, dtype, dims))
         inputs = []
         for i, name in zip(g.inputs, self.in_names):
             t = g.tensors[i]
@@ -177,7 +170,7 @@ def _load(model: Union[str, Model]) -> Model:
     return read_model(str(model)) if not isinstance(model, Model) else model
 
 
-def to_onnx(model: Union[str, Model], names: str = "signature"):
+def to_onnx(model: Union[str, Model], names: str = "signature") -> Any:
     """The TFLite model (a path or a read :class:`Model`) as an ONNX ModelProto: NHWC inputs and outputs as in
     the file, named by the model's signature (``names="signature"``, when it names them all) or by tensor names
     (``names="tensor"``). Raises UnsupportedOpError naming every op not covered, InvalidInput for a bad file."""
