@@ -111,6 +111,16 @@ def _slice(ctx, x: str, starts, ends, axes, steps) -> str:
 @CONVERTERS.register("SLICE")
 def _slice_op(ctx, op) -> None:
     x = op.inputs[0]
+    if ctx.const(op.inputs[1]) is None or ctx.const(op.inputs[2]) is None:
+        # bounds computed in the graph (a loop counter): ONNX Slice takes them as tensors, folded at import
+        starts = _as_i64(ctx, op.inputs[1])
+        size = _as_i64(ctx, op.inputs[2])
+        ends = ctx.emit1("Where", [ctx.emit1("Equal", [size, _i64(ctx, [-1], "minus_one")]),
+                                   _i64(ctx, [INT_MAX], "int_max"), ctx.emit1("Add", [starts, size])])
+        n = ctx.shape(op.inputs[1])[0]
+        y = ctx.emit1("Slice", [ctx.nhwc(x), starts, ends, _i64(ctx, range(n), "axes")])
+        ctx.set_output(op.outputs[0], y)
+        return
     begin = ctx.int_list(op.inputs[1], "begin")
     size = ctx.int_list(op.inputs[2], "size")
     name, layout, rank = _in_place(ctx, x)
