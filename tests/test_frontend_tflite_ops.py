@@ -461,6 +461,36 @@ def test_single_op_models_match_litert(case, tmp_path):
     assert_match(tether_outputs(path, tmp_path / "out", inputs), litert_outputs(path, inputs), case)
 
 
+# ---------------------------------------------------------------- WHILE loops (Keras 3 recurrent layers)
+KERAS_RNN = {"lstm": ("LSTM", False, True), "bilstm": ("LSTM", True, True), "gru_last": ("GRU", False, False),
+             "simple_rnn": ("SimpleRNN", False, True)}
+
+
+@pytest.mark.parametrize("case", sorted(KERAS_RNN))
+def test_keras_recurrent_while_loops_match_litert(case, tmp_path):
+    layer, bidirectional, sequences = KERAS_RNN[case]
+    keras = tf.keras
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((6, 3), batch_size=1)
+    rnn = getattr(keras.layers, layer)(4, return_sequences=sequences)
+    if bidirectional:
+        rnn = keras.layers.Bidirectional(rnn)
+    path = tmp_path / (case + ".tflite")
+    path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(keras.Model(inp, rnn(inp))).convert())
+    inputs = feeds_for(path, {})
+    assert_match(tether_outputs(path, tmp_path / "out", inputs), litert_outputs(path, inputs), case)
+
+
+def test_while_loop_beyond_the_unroll_limit_is_refused(tmp_path):
+    def count(x):
+        return tf.while_loop(lambda i, v: i < 300, lambda i, v: (i + 1, v * 1.001), [tf.constant(0), x])[1]
+
+    path = tmp_path / "long.tflite"
+    path.write_bytes(convert(count, [S((2,), tf.float32)]))
+    with pytest.raises(UnsupportedOpError, match="WHILE_LOOP_OF_MORE_THAN_256_ITERATIONS"):
+        from_tflite(str(path))
+
+
 def test_unsupported_ops_named_in_one_line(tmp_path):
     path = tmp_path / "where.tflite"
     path.write_bytes(convert(lambda x, n: [tf.where(x > 0.5), tf.bitwise.right_shift(n, 2)],
