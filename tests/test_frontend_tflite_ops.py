@@ -481,6 +481,15 @@ def test_keras_recurrent_while_loops_match_litert(case, tmp_path):
     assert_match(tether_outputs(path, tmp_path / "out", inputs), litert_outputs(path, inputs), case)
 
 
+def test_if_runs_the_branch_the_condition_takes(tmp_path):
+    path = tmp_path / "if.tflite"
+    path.write_bytes(convert(lambda x, c: [tf.cond(c, lambda: x * 2.0 + 1.0, lambda: tf.nn.relu(x) - 3.0)],
+                             [S((2, 3), tf.float32), S((), tf.bool)]))
+    for c in (True, False):
+        inputs = [np.array(c) if v.dtype == np.bool_ else v for v in feeds_for(path, {})]
+        assert_match(tether_outputs(path, tmp_path / str(c), inputs), litert_outputs(path, inputs), "if %s" % c)
+
+
 def test_while_loop_beyond_the_unroll_limit_is_refused(tmp_path):
     def count(x):
         return tf.while_loop(lambda i, v: i < 300, lambda i, v: (i + 1, v * 1.001), [tf.constant(0), x])[1]

@@ -1,4 +1,5 @@
-"""WHILE: a loop over subgraphs (the Keras RNN layers the TFLite converter writes, for one), as an ONNX Loop.
+"""Control flow over subgraphs: WHILE as an ONNX Loop (the Keras RNN layers the TFLite converter writes, for one)
+and IF as an ONNX If.
 
 The condition subgraph runs once on the initial values in the parent graph, and again inside the loop body after
 the body subgraph, on the values it produced; both subgraphs are translated by the same converter tables into
@@ -110,5 +111,34 @@ def _while(ctx, op) -> None:
     fine.output.extend([helper.make_tensor_value_info(fine.node[0].output[0], TensorProto.BOOL, [])])
     ctx.emit("If", [results[-1]], outputs=1, then_branch=too_long, else_branch=fine)
     for t, v in zip(op.outputs, results[:-1]):
+        if t >= 0:
+            ctx.set_output(t, v)
+
+
+def _branch(ctx, op, index: int, operands: Sequence[str]) -> Any:
+    """Subgraph ``index`` as an ONNX If branch: no inputs of its own, it reads the operands from the parent."""
+    from onnx import helper
+
+    nodes, inits, produced = translate_subgraph(ctx, index, operands)
+    outs = []
+    for v in produced:
+        outs.append(ctx.fresh("branch_out"))
+        nodes.append(helper.make_node("Identity", [v], [outs[-1]], name=ctx.fresh("branch_identity")))
+    infos = [_value_info(ctx, name, ctx.tensor(t)) for name, t in zip(outs, op.outputs)]
+    return helper.make_graph(nodes, ctx.fresh("branch"), [], infos, inits)
+
+
+@CONVERTERS.register("IF")
+def _if(ctx, op) -> None:
+    """IF: one of two subgraphs on the operands. ONNX If as tether runs it: only the taken branch when the
+    condition folds at import, else both, each output selected by the condition."""
+    operands = [ctx.nhwc(i) for i in op.inputs[1:]]
+    cond = ctx.emit1("Reshape", [ctx.nhwc(op.inputs[0]), ctx.add_const(np.zeros((0,), np.int64), "scalar")])
+    if ctx.tensor(op.inputs[0]).dtype != "bool":
+        cond = ctx.emit1("Cast", [cond], to=onnx_dtype("bool"))
+    then_branch = _branch(ctx, op, int(op.options["then_subgraph_index"]), operands)
+    else_branch = _branch(ctx, op, int(op.options["else_subgraph_index"]), operands)
+    results = ctx.emit("If", [cond], outputs=len(op.outputs), then_branch=then_branch, else_branch=else_branch)
+    for t, v in zip(op.outputs, results):
         if t >= 0:
             ctx.set_output(t, v)
