@@ -102,13 +102,12 @@ def _while(ctx, op) -> None:
     trips = ctx.add_const(np.array(MAX_TRIPS, np.int64), "max_trips")
     results = ctx.emit("Loop", [trips, first] + initial + [first], outputs=len(op.inputs) + 1, body=graph)
     # still true after MAX_TRIPS iterations: the loop needs more than tether unrolls
-    too_long = helper.make_graph([helper.make_node("WHILE_LOOP_OF_MORE_THAN_%d_ITERATIONS" % MAX_TRIPS, [],
-                                                   [ctx.fresh("never")], domain="tether")], ctx.fresh("too_long"),
-                                 [], [helper.make_tensor_value_info("never", TensorProto.BOOL, [])])
-    too_long.output[0].name = too_long.node[0].output[0]
-    fine = helper.make_graph([helper.make_node("Identity", [results[-1]], [ctx.fresh("done")])],
-                             ctx.fresh("finished"), [], [])
-    fine.output.extend([helper.make_tensor_value_info(fine.node[0].output[0], TensorProto.BOOL, [])])
+    never, done = ctx.fresh("never"), ctx.fresh("done")
+    too_long = helper.make_graph([helper.make_node("WHILE_LOOP_OF_MORE_THAN_%d_ITERATIONS" % MAX_TRIPS, [], [never],
+                                                   domain="tether")], ctx.fresh("too_long"), [],
+                                 [helper.make_tensor_value_info(never, TensorProto.BOOL, [])])
+    fine = helper.make_graph([helper.make_node("Identity", [results[-1]], [done])], ctx.fresh("finished"), [],
+                             [helper.make_tensor_value_info(done, TensorProto.BOOL, [])])
     ctx.emit("If", [results[-1]], outputs=1, then_branch=too_long, else_branch=fine)
     for t, v in zip(op.outputs, results[:-1]):
         if t >= 0:
