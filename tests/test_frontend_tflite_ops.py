@@ -177,10 +177,11 @@ def test_family_matches_litert(models, family, tmp_path):
 
 
 # ---------------------------------------------------------------- SSD post-processing (a custom op)
-def make_ssd(path, regular: bool, per_detection: int, score_threshold: float, num_classes: int = 4,
-             max_detections: int = 10):
-    """A small Keras SSD head (8x8 cells, 2 anchors each) converted to TFLite, with LiteRT's
-    TFLite_Detection_PostProcess custom op appended on its box encodings and class scores."""
+def make_ssd(path, regular: bool, per_detection: int, score_threshold: float, int8: bool = False,
+             num_classes: int = 4, max_detections: int = 10):
+    """A small Keras SSD head (8x8 cells, 2 anchors each) converted to TFLite (``int8``: fully quantized, float
+    outputs), with LiteRT's TFLite_Detection_PostProcess custom op appended on its box encodings and class
+    scores."""
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
     from flatbuffers import flexbuffers
@@ -192,8 +193,14 @@ def make_ssd(path, regular: bool, per_detection: int, score_threshold: float, nu
     cls = keras.layers.Reshape((128, num_classes + 1))(keras.layers.Conv2D((num_classes + 1) * 2, 3,
                                                                            padding="same")(x))
     cls = keras.layers.Activation("sigmoid")(cls)
-    model = schema.ModelT.InitFromPackedBuf(tf.lite.TFLiteConverter.from_keras_model(
-        keras.Model(inp, [box, cls])).convert(), 0)
+    converter = tf.lite.TFLiteConverter.from_keras_model(keras.Model(inp, [box, cls]))
+    if int8:
+        rng = np.random.default_rng(1)
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ([rng.standard_normal((1, 16, 16, 3)).astype(np.float32)]
+                                                    for _ in range(8))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    model = schema.ModelT.InitFromPackedBuf(converter.convert(), 0)
     sg = model.subgraphs[0]
     yy, xx = np.meshgrid((np.arange(8) + 0.5) / 8, (np.arange(8) + 0.5) / 8, indexing="ij")
     anchors = np.stack([np.repeat(yy.reshape(-1), 2), np.repeat(xx.reshape(-1), 2), np.tile([0.2, 0.35], 64),
@@ -242,17 +249,18 @@ def make_ssd(path, regular: bool, per_detection: int, score_threshold: float, nu
     path.write_bytes(bytes(builder.Output()))
 
 
-SSD_CASES = {"fast": (False, 1, 0.3), "fast_2_classes": (False, 2, 0.3), "regular": (True, 1, 0.3),
-             "regular_few": (True, 1, 0.7), "fast_few": (False, 3, 0.75)}
+SSD_CASES = {"fast": (False, 1, 0.3, False), "fast_2_classes": (False, 2, 0.3, False), "regular": (True, 1, 0.3, False),
+             "regular_few": (True, 1, 0.7, False), "fast_few": (False, 3, 0.75, False),
+             "fast_int8_backbone": (False, 1, 0.3, True)}
 
 
 @pytest.fixture(scope="module")
 def ssd_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("tflite-ssd")
     paths = {}
-    for name, (regular, per, threshold) in SSD_CASES.items():
+    for name, (regular, per, threshold, int8) in SSD_CASES.items():
         paths[name] = d / (name + ".tflite")
-        make_ssd(paths[name], regular, per, threshold)
+        make_ssd(paths[name], regular, per, threshold, int8)
     return paths
 
 
