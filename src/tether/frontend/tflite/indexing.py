@@ -3,8 +3,10 @@ diagonals, one-hot.
 
 An op that keeps its input's rank works on a rank-4 value in the layout it is held in, with its axes remapped
 (``nchw_axis``), so a slice or split between convolutions adds no Transpose; anything that changes the rank or
-reads positions across axes takes TFLite's own layout (``ctx.nhwc``). Slice bounds, split sizes and axes must be
-constants once the file is read, as in every converted model (shapes are static in tether).
+reads positions across axes takes TFLite's own layout (``ctx.nhwc``). Split sizes, axes and strided-slice bounds
+must be constants once the file is read, as in converted models (shapes are static in tether); SLICE also takes
+bounds computed in the graph (a loop counter), which fold when the ONNX importer unrolls the loop. UNIQUE's values
+have a data-dependent count (a graph output only); WHERE with one input is converted only for a constant condition.
 """
 from __future__ import annotations
 

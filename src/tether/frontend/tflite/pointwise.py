@@ -3,7 +3,8 @@ take their inputs in one common layout (``Context.aligned``), so none of them ad
 
 Semantics follow LiteRT's kernels where ONNX differs: FLOOR_DIV and FLOOR_MOD round toward negative infinity
 (ONNX's integer Div truncates, and its float Mod needs fmod=1), ROUND is half to even (ONNX Round), RSQRT is
-1 / sqrt(x), SELECT with a rank-1 condition picks whole rows of higher-rank operands.
+1 / sqrt(x), SELECT with a rank-1 condition picks whole rows of higher-rank operands, ATAN2 is atan(y / x) moved by
++-pi into the quadrant, FAKE_QUANT rounds onto TensorFlow's nudged grid (narrow range refused, as LiteRT does).
 """
 from __future__ import annotations
 
