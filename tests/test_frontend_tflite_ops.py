@@ -93,7 +93,9 @@ FAMILIES = {
                                tf.math.segment_sum(x, [0, 1])],
                  [S((2, 3, 4), tf.float32), S((2,), tf.int32)], {1: (1, 4)}),
     "unique": (lambda x: [*tf.unique(x)], [S((10,), tf.int32)], {0: (0, 4)}),
-    "bits": (lambda a, b: [tf.bitwise.bitwise_xor(a, b)], [S((3, 4), tf.int32), S((4,), tf.int32)], {0: (-99, 99)}),
+    "bits": (lambda a, b, u: [tf.bitwise.bitwise_xor(a, b), tf.bitwise.right_shift(a, b),
+                              tf.bitwise.right_shift(u, tf.cast(b, tf.uint8))],
+             [S((3, 4), tf.int32), S((4,), tf.int32), S((3, 4), tf.uint8)], {0: (-999, 999), 1: (0, 40), 2: (0, 255)}),
     # ops on a convolution's output, which the frontend holds NCHW: their axes are remapped, not transposed
     "after_conv": (lambda x: [*tf.split(_conv(x), 2, axis=3), _conv(x)[:, 1:5, ::2, :], tf.reverse(_conv(x), [2, 3]),
                               tf.tile(_conv(x), [1, 1, 2, 1]), tf.cumsum(_conv(x), axis=3),
@@ -511,12 +513,12 @@ def test_while_loop_beyond_the_unroll_limit_is_refused(tmp_path):
 
 def test_unsupported_ops_named_in_one_line(tmp_path):
     path = tmp_path / "where.tflite"
-    path.write_bytes(convert(lambda x, n: [tf.where(x > 0.5), tf.bitwise.right_shift(n, 2)],
-                             [S((2, 3), tf.float32), S((4,), tf.int32)]))
+    path.write_bytes(convert(lambda x: [tf.where(x > 0.5), tf.signal.rfft2d(x)],
+                             [S((2, 4), tf.float32)]))
     with pytest.raises(UnsupportedOpError) as err:
         from_tflite(str(path))
     msg = str(err.value)
-    assert "\n" not in msg and "WHERE v" in msg and "RIGHT_SHIFT v" in msg and "node" in msg
+    assert "\n" not in msg and "WHERE v" in msg and "RFFT2D v" in msg and "node" in msg
 
 
 def test_cli_compile_check_and_corrupt_file(ssd_models, tmp_path):

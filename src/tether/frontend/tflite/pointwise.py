@@ -95,6 +95,10 @@ def _floor_div(ctx, op) -> None:
     if _is_float(dtype):
         ctx.set_output(op.outputs[0], ctx.emit1("Floor", [ctx.emit1("Div", [a, b])]), layout)
         return
+    ctx.set_output(op.outputs[0], _int_floor_div(ctx, a, b, dtype), layout)
+
+
+def _int_floor_div(ctx, a: str, b: str, dtype: str) -> str:
     # integer Div truncates toward zero: step down by one where the remainder is nonzero and its sign differs
     # from the divisor's
     q = ctx.emit1("Div", [a, b])
@@ -103,7 +107,28 @@ def _floor_div(ctx, op) -> None:
     fix = ctx.emit1("And", [ctx.emit1("Not", [ctx.emit1("Equal", [r, zero])]),
                             ctx.emit1("Xor", [ctx.emit1("Less", [r, zero]), ctx.emit1("Less", [b, zero])])])
     one = ctx.add_const(np.array(1, dtype), "one")
-    ctx.set_output(op.outputs[0], ctx.emit1("Sub", [q, ctx.emit1("Where", [fix, one, zero])]), layout)
+    return ctx.emit1("Sub", [q, ctx.emit1("Where", [fix, one, zero])])
+
+
+@CONVERTERS.register("RIGHT_SHIFT")
+def _right_shift(ctx, op) -> None:
+    """x >> y, the shift clamped to the type's width less one as LiteRT clamps it: ONNX BitShift for unsigned types;
+    for signed ones the arithmetic shift, floor(x / 2**y), in int64."""
+    names, layout = ctx.aligned(op.inputs[:2])
+    x, y = names
+    dtype = ctx.tensor(op.outputs[0]).dtype
+    ydtype = ctx.tensor(op.inputs[1]).dtype
+    y = ctx.emit1("Min", [y, ctx.add_const(np.array(np.dtype(dtype).itemsize * 8 - 1, ydtype), "widest_shift")])
+    if np.dtype(dtype).kind == "u":
+        if ydtype != dtype:
+            y = ctx.emit1("Cast", [y], to=onnx_dtype(dtype))
+        ctx.set_output(op.outputs[0], ctx.emit1("BitShift", [x, y], direction="RIGHT"), layout)
+        return
+    power = ctx.emit1("BitShift", [ctx.add_const(np.array(1, np.uint64), "one"),
+                                   ctx.emit1("Cast", [y], to=onnx_dtype("uint64"))], direction="LEFT")
+    q = _int_floor_div(ctx, ctx.emit1("Cast", [x], to=onnx_dtype("int64")),
+                       ctx.emit1("Cast", [power], to=onnx_dtype("int64")), "int64")
+    ctx.set_output(op.outputs[0], q if dtype == "int64" else ctx.emit1("Cast", [q], to=onnx_dtype(dtype)), layout)
 
 
 @CONVERTERS.register("FLOOR_MOD")
