@@ -12,6 +12,8 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
+from .detection_ops import detection_postprocess, nms_padded
+
 
 def _nonzero(attrs: Dict[str, Any], x: np.ndarray) -> List[np.ndarray]:
     if x.ndim == 0:
@@ -116,7 +118,8 @@ def _det(attrs: Dict[str, Any], x: np.ndarray) -> List[np.ndarray]:
 
 OPS: Dict[str, Callable[..., List[np.ndarray]]] = {
     "nonzero": _nonzero, "compress": _compress, "unique": _unique, "non_max_suppression": _non_max_suppression,
-    "det": _det, "topk": _topk,
+    "det": _det, "topk": _topk, "detection_postprocess": detection_postprocess,
+    "nms_padded": nms_padded,
 }
 
 

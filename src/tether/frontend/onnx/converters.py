@@ -14,6 +14,7 @@ from tether.frontend.onnx import (
                                   bitcast,
                                   contrib_activations,
                                   control_flow,
+                                  detection,
                                   dynamic,
                                   einsum,
                                   elementwise,
@@ -46,6 +47,7 @@ FAMILIES = (
     attention, einsum, linear_attention, rotary,                  # transformers
     along_axis, bitcast, dynamic, indexmap, lppool, sampling, signal, trig,    # indexing, math, signal, run-time shapes
     sequence,                                                     # sequences and optionals
+    detection,                                                    # tether's own domain: SSD post-processing
 )
 
 CONVERTERS: ConverterTable = merge_tables("the ONNX converter families", [f.CONVERTERS for f in FAMILIES])

@@ -9,11 +9,14 @@ code ("TFLite_Detection_PostProcess"). Add a family by writing a module with its
 """
 from __future__ import annotations
 
-from tether.frontend.tflite import (elementwise, nn, quantized, quantized_arith, quantized_products, reduce, resize,
-                                    tensor, weights)
+from tether.frontend.tflite import (accumulate, argmax, control_flow, conv3d, detection, elementwise, indexing, matmul,
+                                   nn, pointwise, quantized, quantized_arith, quantized_products, recurrent, reduce,
+                                   resize, segments, spatial, tensor, weights)
 from tether.frontend.tflite.table import ConverterTable, merge_tables
 
-FAMILIES = (nn, elementwise, tensor, reduce, resize, weights)
+FAMILIES = (nn, elementwise, tensor, reduce, resize, weights,
+            pointwise, indexing, argmax, accumulate, spatial, matmul, conv3d, detection, recurrent, segments,
+            control_flow)
 QUANTIZED_FAMILIES: tuple = (quantized, quantized_arith, quantized_products)
 
 CONVERTERS: ConverterTable = merge_tables("the TFLite converter families", [f.CONVERTERS for f in FAMILIES])

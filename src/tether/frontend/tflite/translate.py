@@ -85,6 +85,7 @@ class _Walk:
         self.model = model
         self.g = model.subgraphs[0]
         self.ctx = Context(self.g)
+        self.ctx.model = model          # control-flow ops translate the subgraphs they name
         self.failures: List[Tuple[Operator, str]] = []
         self.in_names, self.out_names = _io_names(model, self.g, names)
         for n in self.in_names + self.out_names:
