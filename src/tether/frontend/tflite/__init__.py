@@ -4,13 +4,16 @@ subgraph into an ONNX ModelProto, which ``from_onnx`` imports (``from_tflite`` d
 Modules: ``flatbuffer`` (the file as plain objects: tensors, constant data, quantization, sparsity, operators
 with their options keyed by schema.fbs names, signatures), ``state`` (the translation ``Context``), ``table``
 (the converter table type), one module per op family (``nn``, ``elementwise``, ``tensor``, ``reduce``,
-``resize``, ``weights``) each with its own ``CONVERTERS``, ``converters`` (the merge: one converter per op) and
-``translate`` (the walk, the one-line error naming every unsupported op, the ``--check`` coverage rows).
+``resize``, ``weights``, ``pointwise``, ``indexing``, ``argmax``, ``accumulate``, ``spatial``, ``matmul``,
+``conv3d``, ``detection``, ``recurrent``, ``segments``, ``control_flow``) each with its own ``CONVERTERS``,
+``converters`` (their merge: one converter per op), the quantized families (``quantized``, ``quantized_arith``,
+``quantized_products``) merged in ``quantized_converters``, and ``translate`` (the walk, the one-line error
+naming every unsupported op, the ``--check`` coverage rows).
 
 Writing a converter: in a family module, ``CONVERTERS = table.ConverterTable("tflite <family>")`` and
 ``@CONVERTERS.register("OP_NAME") def conv(ctx, op)`` (a custom op: its custom code; ``op.custom_options_map()``
 decodes its FlexBuffer options); name the module in ``converters.FAMILIES`` (ops on quantized tensors: a
-``QUANTIZED`` table, ``converters.QUANTIZED_FAMILIES``). Here ``op`` is a
+``QUANTIZED`` table, ``quantized_converters.QUANTIZED_FAMILIES``). Here ``op`` is a
 ``flatbuffer.Operator`` (``op.inputs``/``op.outputs`` are tensor indices, -1 for an absent optional input;
 ``op.options`` holds the builtin options by schema.fbs field name, e.g. ``op.options["stride_w"]``;
 ``op.version``). Rank-4 activations are held NCHW inside the ONNX graph; TFLite's NHWC is converted only where

@@ -27,9 +27,8 @@ MAX_TRIPS = 256          # tether unrolls a loop with a run-time-free condition 
 def translate_subgraph(ctx, index: int, inputs: Sequence[str]) -> Tuple[List[Any], List[Any], List[str]]:
     """Subgraph ``index`` with its inputs bound to the ONNX values ``inputs``: (nodes, initializers, output
     names). Names are drawn from the parent's, so the nodes can join its graph or a body graph."""
-    from tether.frontend.tflite.translate import converter_for
-
     model = getattr(ctx, "model", None)
+    converter_for = ctx.converter_for
     if model is None or not 0 <= index < len(model.subgraphs):
         raise UnsupportedOpError("%s: names subgraph %d, which the model does not have" % (ctx.where(), index))
     g = model.subgraphs[index]
@@ -38,6 +37,7 @@ def translate_subgraph(ctx, index: int, inputs: Sequence[str]) -> Tuple[List[Any
                                  % (ctx.where(), index, len(g.inputs), len(inputs)))
     sub = Context(g)
     sub.model = model
+    sub.converter_for = converter_for
     sub._names = ctx._names         # one name space with the parent: the nodes join its graph or a body of it
     for t, name in zip(g.inputs, inputs):
         sub.set_output(t, name)

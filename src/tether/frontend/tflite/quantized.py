@@ -25,6 +25,7 @@ import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.frontend.tflite import fused
+from tether.frontend.tflite.converters import CONVERTERS
 from tether.frontend.tflite.flatbuffer import Operator, Quantization, Tensor
 from tether.frontend.tflite.state import NCHW, nchw_axis, onnx_dtype
 from tether.frontend.tflite.table import ConverterTable
@@ -313,7 +314,6 @@ def _integer_add(view: FloatView, name: str, t: Tensor) -> Optional[str]:
 
 
 def float_converter(op: Operator):
-    from tether.frontend.tflite.converters import CONVERTERS
     key = op.custom_code if op.op == "CUSTOM" else op.op       # a custom op is keyed by its custom code
     fn = CONVERTERS.get(key)
     if fn is None:

@@ -16,7 +16,7 @@ A converter binds each output with ``ctx.set_output(t, name, layout)`` or ``ctx.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -58,6 +58,10 @@ class Context:
         self._consts: Dict[int, np.ndarray] = {}                 # tensor index -> value, TFLite layout
         self._views: Dict[Tuple[int, str], str] = {}             # (tensor, layout) -> onnx name, cached
         self._names: set = set()
+        # set by the translation for control-flow ops, which translate the subgraphs they name: the whole model
+        # and the converter lookup (passed in, as the converter tables include those ops)
+        self.model: Optional[Any] = None
+        self.converter_for: Optional[Callable[..., Any]] = None
 
     # -- tensors -------------------------------------------------------------------------------------------
 

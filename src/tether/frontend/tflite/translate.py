@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from tether.errors import InvalidInput, UnsupportedOpError
-from tether.frontend.tflite.converters import CONVERTERS, QUANTIZED
+from tether.frontend.tflite.converters import CONVERTERS
+from tether.frontend.tflite.quantized_converters import QUANTIZED
 from tether.frontend.tflite.flatbuffer import Model, Operator, Subgraph, read_model
 from tether.frontend.tflite.state import Context, onnx_dtype
 from tether.frontend.tflite.table import Converter
@@ -85,7 +86,8 @@ class _Walk:
         self.model = model
         self.g = model.subgraphs[0]
         self.ctx = Context(self.g)
-        self.ctx.model = model          # control-flow ops translate the subgraphs they name
+        self.ctx.model = model          # control-flow ops translate the subgraphs they name,
+        self.ctx.converter_for = converter_for   # with the same tables (passed here: they include control flow)
         self.failures: List[Tuple[Operator, str]] = []
         self.in_names, self.out_names = _io_names(model, self.g, names)
         for n in self.in_names + self.out_names:
