@@ -2,13 +2,13 @@
 the helpers every converter family shares."""
 from __future__ import annotations
 
-import os
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from tether.errors import UnsupportedOpError
 from tether.graph import op_info
+from tether.frontend.op_table import OpTable, merge_tables  # noqa: F401  (merge_tables: for converters.py)
 from tether.graph.ir import Node, TensorType
 
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
@@ -130,57 +130,13 @@ def node_output(node, i: int = 0) -> Optional[List[str]]:
 Converter = Callable[[Importer, object, List[str], dict], None]
 
 
-def _place(fn: Converter) -> str:
-    """Where ``fn`` is defined, for an error message: module.qualname (file:line)."""
-    code = getattr(fn, "__code__", None)
-    where = " (%s:%d)" % (os.path.basename(code.co_filename), code.co_firstlineno) if code is not None else ""
-    return "%s.%s%s" % (getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", repr(fn)), where)
-
-
-class ConverterTable(Mapping[str, Converter]):
+class ConverterTable(OpTable):
     """ONNX op -> converter, keyed by ``converter_key`` ("OpType" for the default domain, "domain.OpType" for
     another). Each converter module fills its own table (``CONVERTERS``), and ``converters.py`` merges them in a
-    stated order. A second registration of a key raises, naming both converters: one op has one converter."""
+    stated order (``merge_tables``)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._converters: Dict[str, Converter] = {}
+    KIND = "ONNX op"
 
-    def add(self, key: str, fn: Converter) -> None:
-        have = self._converters.get(key)
-        if have is not None:
-            raise ValueError("ONNX op %r has two converters in %s: %s and %s"
-                             % (key, self.name, _place(have), _place(fn)))
-        self._converters[key] = fn
-
-    def register(self, *keys: str) -> Callable[[Converter], Converter]:
-        """Decorator: ``fn`` converts each op in ``keys``."""
-        def deco(fn: Converter) -> Converter:
-            for key in keys:
-                self.add(key, fn)
-            return fn
-        return deco
-
-    def __getitem__(self, key: str) -> Converter:
-        return self._converters[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._converters)
-
-    def __len__(self) -> int:
-        return len(self._converters)
-
-    def __repr__(self) -> str:
-        return "ConverterTable(%r, %d ops)" % (self.name, len(self))
-
-
-def merge_tables(name: str, tables: Sequence[ConverterTable]) -> ConverterTable:
-    """One table holding every entry of ``tables``; an op in two of them raises (``ConverterTable.add``)."""
-    merged = ConverterTable(name)
-    for table in tables:
-        for key, fn in table.items():
-            merged.add(key, fn)
-    return merged
 
 FLOATS = ("float32", "float64")
 INTS = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
