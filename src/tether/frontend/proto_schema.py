@@ -1,7 +1,7 @@
 """Protobuf message classes from a few lines of .proto syntax, for the frontends that read a framework's protobuf
-files without the framework (Caffe, Caffe2): each describes only the messages and fields it reads, with the field
-numbers, types and defaults of the framework's .proto, so binary and text files parse and other fields are
-skipped.
+files without the framework (TensorFlow, Caffe, Caffe2): each describes only the messages and fields it reads,
+with the field numbers, types and defaults of the framework's .proto, so binary and text files parse and other
+fields are skipped.
 
 ``build_messages(package, enums, messages)``: ``enums`` maps "Message.Enum" (or a top-level enum name) to
 "NAME=number ..."; ``messages`` maps a message name to its fields, one a line: ``optional|repeated TYPE NAME =
@@ -22,7 +22,7 @@ def _file_descriptor(package: str, enums: Dict[str, str], messages: Dict[str, st
     F = descriptor_pb2.FieldDescriptorProto
     scalars = {"float": F.TYPE_FLOAT, "double": F.TYPE_DOUBLE, "int32": F.TYPE_INT32, "int64": F.TYPE_INT64,
                "uint32": F.TYPE_UINT32, "uint64": F.TYPE_UINT64, "bool": F.TYPE_BOOL, "string": F.TYPE_STRING,
-               "bytes": F.TYPE_BYTES}
+               "bytes": F.TYPE_BYTES, "fixed32": F.TYPE_FIXED32}
     fdp = descriptor_pb2.FileDescriptorProto(name="tether_%s.proto" % package, package=package, syntax="proto2")
     nested: Dict[str, List[Tuple[str, bytes]]] = {}
     for full, values in enums.items():

@@ -11,15 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from tether.frontend.proto_schema import build_messages
 
-_OPT, _REP = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
-_T = descriptor_pb2.FieldDescriptorProto
-_SCALARS = {"string": _T.TYPE_STRING, "bytes": _T.TYPE_BYTES, "int32": _T.TYPE_INT32, "int64": _T.TYPE_INT64,
-            "uint32": _T.TYPE_UINT32, "uint64": _T.TYPE_UINT64, "float": _T.TYPE_FLOAT, "double": _T.TYPE_DOUBLE,
-            "bool": _T.TYPE_BOOL, "fixed32": _T.TYPE_FIXED32}
-
-# message -> [(number, name, type, repeated)]; a type not in _SCALARS names a message of this table
+# message -> [(number, name, type, repeated)]; a type that is not a scalar names a message of this table
 _MESSAGES: Dict[str, List[Tuple[int, str, str, bool]]] = {
     "TensorShapeProto": [(2, "dim", "TensorShapeProto.Dim", True), (3, "unknown_rank", "bool", False)],
     "TensorShapeProto.Dim": [(1, "size", "int64", False), (2, "name", "string", False)],
@@ -85,21 +79,13 @@ _PACKAGE = "tether_tf"
 
 
 def _build() -> Dict[str, Any]:
-    fdp = descriptor_pb2.FileDescriptorProto(name="tether_tf.proto", package=_PACKAGE, syntax="proto2")
-    for msg, fields in _MESSAGES.items():
-        m = fdp.message_type.add(name=msg.replace(".", "_"))
-        for number, name, typ, repeated in fields:
-            f = m.field.add(name=name, number=number, label=_REP if repeated else _OPT)
-            if typ in _SCALARS:
-                f.type = _SCALARS[typ]
-            else:
-                f.type = _T.TYPE_MESSAGE
-                f.type_name = ".%s.%s" % (_PACKAGE, typ.replace(".", "_"))
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(fdp.SerializeToString())
-    # GetMessageClass is protobuf 4.21+; older releases build classes through a MessageFactory
-    make = getattr(message_factory, "GetMessageClass", None) or message_factory.MessageFactory(pool).GetPrototype
-    return {msg: make(pool.FindMessageTypeByName("%s.%s" % (_PACKAGE, msg.replace(".", "_")))) for msg in _MESSAGES}
+    # nested names ("TensorShapeProto.Dim") become flat ones: only the field numbers reach the wire
+    flat = {msg.replace(".", "_"): "\n".join("%s %s %s = %d" % ("repeated" if repeated else "optional",
+                                                                 typ.replace(".", "_"), name, number)
+                                             for number, name, typ, repeated in fields)
+            for msg, fields in _MESSAGES.items()}
+    built = build_messages(_PACKAGE, {}, flat)
+    return {msg: built[msg.replace(".", "_")] for msg in _MESSAGES}
 
 
 MESSAGES = _build()
