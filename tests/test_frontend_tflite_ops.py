@@ -5,7 +5,6 @@ v4/v5; one model on the emulated aarch64 device; the CLI on one model and a corr
 
 Float error reading: max |tether - LiteRT| / max |LiteRT| per output (<= 1e-4); integer and boolean outputs match
 exactly."""
-import os
 
 import numpy as np
 import pytest
@@ -558,11 +557,3 @@ def test_emulated_aarch64_ssd(emulated_devices, ssd_models, tmp_path):
     count = int(refs[3][0])
     assert outs[3][0] == count
     assert_match([o[:, :count] for o in outs[:3]], [r[:, :count] for r in refs[:3]], "ssd on rasp4b")
-
-
-@pytest.mark.skipif(not os.environ.get("TETHER_TFLITE_OPS_VERBOSE"), reason="prints the error per family")
-def test_print_errors(models, tmp_path):
-    for family in sorted(FAMILIES):
-        inputs = feeds_for(models[family], FAMILIES[family][2])
-        print(family, assert_match(tether_outputs(models[family], tmp_path / family, inputs),
-                                   litert_outputs(models[family], inputs), family))
