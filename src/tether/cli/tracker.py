@@ -30,10 +30,14 @@ from tether_rpc.tracker_protocol import DEFAULT_PORT
 @click.option("--tls-cert", metavar="PEM", help="Serve TLS with this certificate (chain); see docs/tls.md.")
 @click.option("--tls-key", metavar="PEM", help="The certificate's private key (default: in --tls-cert).")
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
+@click.option("--http", "http_port", default=None, type=click.IntRange(0, 65535), metavar="PORT",
+              help="Serve the dashboard (devices, queues, load, bench results; docs/tracker.md) on this port.")
+@click.option("--http-host", default="127.0.0.1", show_default=True,
+              help="Address of the dashboard; beyond loopback only with --token. With a token the page asks for it.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def main(host: str, port: int, token: Optional[str], grant_timeout: float, heartbeat: float, dead_after: float,
          ready_file: Optional[str], tls_cert: Optional[str], tls_key: Optional[str], insecure: bool,
-         verbose: int) -> None:
+         http_port: Optional[int], http_host: str, verbose: int) -> None:
     """Run the tether tracker: devices register, clients request them by key or tag."""
     from tether.tracker import TrackerServer
     from tether_rpc.config import is_loopback
@@ -42,6 +46,13 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
         raise click.UsageError("refusing to listen on %s without --token: anyone who can reach it could register "
                                "fake devices or take real ones. Pass --token SECRET (devices set "
                                "TETHER_TRACKER_TOKEN), or --insecure on a trusted network." % host)
+
+    if http_port is not None:
+        from tether.tracker.dashboard import DashboardConfigError, check_access
+        try:
+            check_access(http_host, token)
+        except DashboardConfigError as exc:
+            raise click.UsageError(str(exc))
 
     if ready_file and not os.path.isdir(os.path.dirname(os.path.abspath(ready_file))):
         raise click.BadParameter("%s: its folder does not exist" % ready_file, param_hint="--ready-file")
@@ -67,6 +78,12 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
         click.echo("tether tracker listening on %s:%d%s" % (host, server.port, " (token required)" if token else ""))
+        dashboard = None
+        if http_port is not None:
+            from tether.tracker.dashboard import Dashboard
+            dashboard = Dashboard(server, http_host, http_port, token=token)
+            await dashboard.start()
+            click.echo("tether tracker dashboard on %s" % dashboard.url)
         if ready_file:
             tmp = ready_file + ".tmp"
             with open(tmp, "w") as f:
@@ -75,6 +92,8 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
         try:
             await stop
         finally:
+            if dashboard is not None:
+                dashboard.close()
             server.close()
 
     asyncio.run(run())

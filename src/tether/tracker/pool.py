@@ -221,3 +221,15 @@ class Pool:
                 state = self.queue_state(text)
                 queues[text] = state
         return {"devices": [d.describe() for d in self.devices.values()], "queues": queues}
+
+    def waiting(self, limit: int = 50) -> Dict[str, dict]:
+        """Per pattern with requests pending: ``{"pending": n, "first": [...]}``, the first ``limit`` of them in
+        the order they will be served (client name, priority, seconds waited); for the dashboard."""
+        now = time.monotonic()
+        out: Dict[str, dict] = {}
+        for text, heap in self._queues.items():
+            first = heapq.nsmallest(limit, (entry for entry in heap if entry[2].state == "pending"))
+            out[text] = {"pending": self.pending(text),
+                         "first": [{"client": r.name, "priority": r.priority, "waited": round(now - r.created, 3)}
+                                   for _, _, r in first]}
+        return out

@@ -108,6 +108,7 @@ class TrackerServer:
         self._sweeper: Optional["asyncio.Task[None]"] = None
         self._conns: Set[Conn] = set()
         self.stats = {"grants": 0, "revoked": 0, "timeouts": 0, "relayed": 0}
+        self.traffic = {"frames": 0, "requests": 0}     # frames read after handshakes; REQUESTs (the dashboard's rates)
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -132,6 +133,10 @@ class TrackerServer:
             self._server = None
         for conn in list(self._conns):
             conn.close()
+
+    def connection_count(self) -> int:
+        """Open tracker connections (devices, clients, ones still in their handshake; not relayed sessions)."""
+        return len(self._conns)
 
     async def __aenter__(self) -> "TrackerServer":
         await self.start()
@@ -212,6 +217,7 @@ class TrackerServer:
                     TrackerMsg.EXPECTED: self._on_expected, TrackerMsg.SESSION: self._on_session}
         while True:
             msg_type, rid, payload, _ = await conn.read_frame(TRACKER_LIMITS)
+            self.traffic["frames"] += 1
             if conn.device is not None:
                 conn.device.last_seen = time.monotonic()
             handler = handlers.get(msg_type)
@@ -358,7 +364,9 @@ class TrackerServer:
     async def _client_loop(self, conn: Conn) -> None:
         while True:
             msg_type, rid, payload, _ = await conn.read_frame(TRACKER_LIMITS)
+            self.traffic["frames"] += 1
             if msg_type == TrackerMsg.REQUEST:
+                self.traffic["requests"] += 1
                 try:
                     self._on_request(conn, rid, check_request(payload))
                 except ProtocolError as exc:
