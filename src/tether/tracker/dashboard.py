@@ -301,6 +301,7 @@ class Dashboard:
                 kept = self.bench.add(request.body, "%s" % (writer.get_extra_info("peername") or ("?",))[0])
             except BenchUploadError as exc:
                 raise http.HttpError(400, str(exc)) from None
+            self._state_cache = (-1.0, b"")    # the uploader may look for it right away
             writer.write(http.json_response(200, {"kept": kept["id"], "results": len(kept["results"])}))
 
     def _login_page(self, status: int, message: str, extra: tuple = ()) -> bytes:

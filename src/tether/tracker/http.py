@@ -21,9 +21,10 @@ REASONS = {200: "OK", 204: "No Content", 303: "See Other", 400: "Bad Request", 4
            421: "Misdirected Request", 431: "Request Header Fields Too Large", 501: "Not Implemented",
            503: "Service Unavailable"}
 
-# the browser may run nothing but the page's own inline script (named by its hash), fetch nothing but this origin,
-# and nobody may frame the page (clickjacking the login form)
-SECURITY_HEADERS = (("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"),
+# with every answer: no MIME sniffing, no caching, no framing (clickjacking the login form); "same-origin" rather
+# than "no-referrer" because under the latter a browser sends `Origin: null` with the login form, which the
+# dashboard's origin check must refuse
+SECURITY_HEADERS = (("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "same-origin"),
                     ("Cache-Control", "no-store"), ("X-Frame-Options", "DENY"))
 
 
