@@ -313,6 +313,26 @@ def test_json_endpoint_and_event_stream(lab):
     assert "default-src 'none'" in headers["Content-Security-Policy"]
 
 
+def test_bench_upload_from_tether_bench(lab, rpc_kernels, tmp_path):
+    """`tether bench --tracker ... --upload-tracker URL`: a real run on a pooled device, shown on the dashboard."""
+    out = tmp_path / "run.json"
+    res = CliRunner().invoke(cli, ["bench", "%s:vadd" % rpc_kernels["vadd"], "--tracker", "127.0.0.1:%d" %
+                                   lab.tracker.port, "--key", "rasp5", "--shape", "1024", "--shape", "1024",
+                                   "--shape", "1024", "--samples", "3", "--min-sample-ms", "1", "-q",
+                                   "--json", str(out), "--upload-tracker", lab.tracker.url])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    bench = json.loads(get(lab.tracker.url + "api/state")[2])["bench"]
+    mine = [b for b in bench if b["created"] == doc["created"]]
+    assert len(mine) == 1, bench
+    assert [(r["target"], r["device"], r["median"]) for r in mine[0]["results"]] == \
+        [(r["target"], r["device"], r["stats"]["median"]) for r in doc["results"]]
+    res = CliRunner().invoke(cli, ["bench", "%s:vadd" % rpc_kernels["vadd"], "--local", "--shape", "1024", "--shape",
+                                   "1024", "--shape", "1024", "--samples", "2", "--min-sample-ms", "1", "-q",
+                                   "--upload-tracker", "http://127.0.0.1:%d" % lab.tracker.port])
+    assert res.exit_code == 1 and "bench upload" in res.output and "dashboard" in res.output, res.output
+
+
 def test_token_rule_and_login(tmp_path):
     # beyond loopback without a token: refused before anything listens
     res = CliRunner().invoke(tracker_main, ["--port", "0", "--http", "0", "--http-host", "0.0.0.0", "--insecure"],

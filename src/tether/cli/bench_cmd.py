@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import sys
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -207,6 +208,9 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
 @click.option("--json", "json_path", type=OutputFile(), help="Write the run document (raw samples).")
 @click.option("--csv", "csv_path", type=OutputFile(), help="Write one summary row per result.")
 @click.option("--html", "html_path", type=OutputFile(), help="Write a self-contained HTML report.")
+@click.option("--upload-tracker", "upload_url", metavar="URL",
+              help="Post the results' summary to a tracker's dashboard (`rpc-tracker --http`: http://HOST:PORT); "
+                   "with --tracker-token or env TETHER_TRACKER_TOKEN when the tracker has a token.")
 @click.option("--timeout", default=60.0, show_default=True, type=float,
               help="Seconds to wait for a device / connect.")
 @click.option("--quiet", "-q", is_flag=True, help="No live progress display.")
@@ -217,7 +221,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                 number: Optional[int], max_warmup: int, max_seconds: float, cooldown_temp: Optional[float],
                 cooldown_timeout: float, hot_temp: Optional[float], pin: Optional[str], keep_disturbed: bool,
                 seed: int, profile: bool, json_path: Optional[str], csv_path: Optional[str],
-                html_path: Optional[str], timeout: float, quiet: bool) -> None:
+                html_path: Optional[str], upload_url: Optional[str], timeout: float, quiet: bool) -> None:
     """Benchmark TARGETs: LIB.so:FUNC, model folders (from `tether compile`) or ONNX files.
 
     Also: `tether bench compare BASE.json NEW.json [--fail-above PCT]`.
@@ -330,6 +334,15 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
     if html_path:
         from tether.bench import report
         report.write_report(doc, html_path)
+    if upload_url:
+        from tether.tracker.bench_board import upload_bench
+
+        try:
+            upload_bench(upload_url, doc, tracker_token or os.environ.get("TETHER_TRACKER_TOKEN") or None,
+                         timeout=timeout)
+        except (OSError, ValueError) as exc:
+            # the results are written and printed; only the upload is missing
+            raise click.ClickException("bench upload: %s" % exc) from None
 
 
 @command.command("compare")

@@ -102,6 +102,8 @@ def upload_bench(url: str, doc: Dict[str, Any], token: Optional[str] = None, tim
         conn.request("POST", "/api/bench", body, headers)
         reply = conn.getresponse()
         text = reply.read(1 << 16)
+    except http.client.HTTPException as exc:
+        raise OSError("%s does not answer like a tracker dashboard: %s" % (url, exc)) from None
     finally:
         conn.close()
     try:
