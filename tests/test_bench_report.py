@@ -5,25 +5,16 @@ matplotlib, one per plot kind), it references nothing outside itself, and a scre
 import json
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
 from click.testing import CliRunner
+from fixtures.chromium import chromium
 
 from tether.cli.main import cli
 
 DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "digits_cnn.onnx")
 CHROMIUM_TIMEOUT = 120
-
-
-def chromium():
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is required under CI (scripts/test.sh installs it)", pytrace=False)
-        pytest.skip("chromium not installed (apt-get install chromium; scripts/test.sh does it as root)")
-    return path
 
 
 def open_in_chromium(page, tmp_path):

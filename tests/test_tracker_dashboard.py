@@ -313,6 +313,34 @@ def test_json_endpoint_and_event_stream(lab):
     assert "default-src 'none'" in headers["Content-Security-Policy"]
 
 
+def test_slow_requests_and_too_many_pages_are_bounded(lab):
+    port = lab.tracker.http_port
+    # a request that never completes is answered 408 and closed (the dashboard's 10 s request deadline)
+    answer = raw_request(port, b"GET /api/state HTTP/1.1\r\nHost: 127.0.0.1")
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    # pages beyond the limit (32) are refused at once, the others keep streaming
+    head = b"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port
+    streams = []
+    try:
+        for _ in range(32):
+            s = socket.create_connection(("127.0.0.1", port), timeout=HANG_S)
+            streams.append(s)
+            s.sendall(head)
+            first = b""
+            while b"data: " not in first:
+                chunk = s.recv(65536)
+                assert chunk, "a stream within the limit was closed"
+                first += chunk
+        assert raw_request(port, head).startswith(b"HTTP/1.1 503")
+        state = json.loads(get(lab.tracker.url + "api/state")[2])
+        assert state["devices"], "the JSON endpoint still answers"
+    finally:
+        for s in streams:
+            s.close()
+    wait_until(lambda: json.loads(get(lab.tracker.url + "api/state")[2])["load"]["dashboard_streams"] == 0, HANG_S,
+               "the tracker to drop the closed streams")
+
+
 def test_bench_upload_from_tether_bench(lab, rpc_kernels, tmp_path):
     """`tether bench --tracker ... --upload-tracker URL`: a real run on a pooled device, shown on the dashboard."""
     out = tmp_path / "run.json"
