@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from tether.cli.main import cli
 from tether.cli.tracker import main as tracker_main
 from tether.rpc.tracker_client import connect_tracker
 from tether.tracker.bench_board import upload_bench
+from tether.tracker.pool import Pool, Request
 
 TOKEN = "dashboard-test-token-1f4e"
 
@@ -311,6 +313,26 @@ def test_json_endpoint_and_event_stream(lab):
     assert status == 200 and not re.search(rb"(src|href)\s*=\s*[\"'](?!data:)", body), "the page loads something"
     assert b"http://" not in body and b"https://" not in body
     assert "default-src 'none'" in headers["Content-Security-Policy"]
+
+
+def test_queue_listing_is_the_grant_order():
+    """Pool.waiting walks each heap from its root: the first N pending requests in exactly the order the tracker
+    will grant them (higher priority first, then arrival), withdrawn ones skipped, with the full pending count."""
+    pool = Pool()
+    rng = random.Random(5)
+    requests = []
+    for i in range(3000):
+        r = Request(pool.next_id(), None, i, "k%d" % (i % 3), rng.randint(0, 4), 60, 600, "client%d" % i)
+        assert pool.add_request(r) is None      # no devices: everyone waits
+        requests.append(r)
+    for r in rng.sample(requests, 1000):
+        pool.withdraw(r)
+    waiting = pool.waiting(limit=25)
+    assert sorted(waiting) == ["k0", "k1", "k2"]
+    for key, q in waiting.items():
+        pending = sorted((r for r in requests if r.pattern_text == key and r.state == "pending"), key=Request.order)
+        assert q["pending"] == len(pending)
+        assert [(w["client"], w["priority"]) for w in q["first"]] == [(r.name, r.priority) for r in pending[:25]]
 
 
 def test_slow_requests_and_too_many_pages_are_bounded(lab):
