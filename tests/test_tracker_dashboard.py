@@ -388,6 +388,14 @@ def test_token_rule_and_login(tmp_path):
     res = CliRunner().invoke(tracker_main, ["--port", "0", "--http", "0", "--http-host", "0.0.0.0", "--insecure"],
                              env={"TETHER_TRACKER_TOKEN": ""})
     assert res.exit_code == 2 and "without the tracker's token" in res.output, res.output
+    # a dashboard port that is taken: one line, no traceback
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        res = CliRunner().invoke(tracker_main, ["--port", "0", "--http", str(taken.getsockname()[1])],
+                                 env={"TETHER_TRACKER_TOKEN": ""})
+    assert res.exit_code == 1 and "the dashboard cannot listen" in res.output, res.output
+    assert "Traceback" not in res.output
 
     lab = Lab(str(tmp_path), token=TOKEN)
     try:

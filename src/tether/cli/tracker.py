@@ -82,7 +82,12 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
         if http_port is not None:
             from tether.tracker.dashboard import Dashboard
             dashboard = Dashboard(server, http_host, http_port, token=token)
-            await dashboard.start()
+            try:
+                await dashboard.start()
+            except OSError as exc:
+                server.close()
+                raise click.ClickException("the dashboard cannot listen on %s:%d: %s"
+                                           % (http_host, http_port, exc.strerror or exc)) from None
             click.echo("tether tracker dashboard on %s" % dashboard.url)
         if ready_file:
             tmp = ready_file + ".tmp"

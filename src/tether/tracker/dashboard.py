@@ -193,12 +193,15 @@ class Dashboard:
             await asyncio.sleep(self.interval)
             # how late this timer fired: what anything else waiting in the tracker's loop was delayed by
             self._lag_ms = round(max(0.0, loop.time() - due) * 1000, 1)
-            self.load.sample(self._counters(), self._gauges())
-            if self._streams:
-                self._state_cache = (-1.0, b"")
-                event = b"data: " + self._state_bytes() + b"\n\n"
-                for writer in list(self._streams):
-                    self._push(writer, event)
+            try:
+                self.load.sample(self._counters(), self._gauges())
+                if self._streams:
+                    self._state_cache = (-1.0, b"")
+                    event = b"data: " + self._state_bytes() + b"\n\n"
+                    for writer in list(self._streams):
+                        self._push(writer, event)
+            except Exception:     # a bug here must stop neither the pages' updates nor the tracker
+                log.exception("dashboard: tick failed")
 
     def _push(self, writer: asyncio.StreamWriter, event: bytes) -> None:
         transport = writer.transport
