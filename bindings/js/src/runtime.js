@@ -500,8 +500,12 @@ export class PackedFunction {
     const values = m._alloc(12 * Math.max(n, 1));
     const codes = values + 8 * Math.max(n, 1);
     const temps = this._pack(args, values, codes);
+    const arrays = args.map((a, i) => [a, i]).filter(([a]) => a instanceof NDArray);
     const call = () => {
       if (m._instance === null) throw new ModuleLoadError(`${this.name}: module ${m.name} was freed; load it again`);
+      for (const [a, i] of arrays) {
+        if (a._module !== m) throw new KernelError(`${this.name}: argument ${i}${this._argname(i)} left module ${m.name} (freed or passed to another module) after prepare(); prepare the call again`);
+      }
       const rc = this._invoke(values, codes, n);
       if (rc !== 0) throw this.decodeError(rc, args);
     };

@@ -55,6 +55,9 @@ test("scalars: Float64 and non-integers as FLOAT64, integers and bigints as INT6
   const call = scale.prepare(x, y, new Float64(3), 0);
   call();
   assert.deepEqual(y.toTypedArray(), new Float32Array([3, 6, 9, 12, 15, 18]));
+  const other = await load();
+  other.getFunction("scale")(x, y, 1.5, 0);
+  assert.throws(call, /scale: argument 0 'X' left module abi_kernels.wasm \(freed or passed to another module\) after prepare\(\)/);
   const out = empty([3]);
   m.getFunction("text_info")("héllo", new Uint8Array([1, 2, 250]), out);
   assert.deepEqual(out.toTypedArray(), new Float32Array([6, 3, 253]));
