@@ -57,7 +57,9 @@ def test_target_properties():
     t = Target("wasm32")
     assert (t.arch, t.triple, t.bits, t.vector_bits, t.vector_lanes(32)) == ("wasm32", "wasm32-unknown-unknown",
                                                                            32, 128, 4)
-    assert t.feature_list == ("+simd128", "+bulk-memory", "+nontrapping-fptoint", "+sign-ext", "+mutable-globals")
+    assert t.feature_list == ("+simd128",) and t.cpu == "mvp"
+    assert t.llvm_features == "+bulk-memory,+nontrapping-fptoint,+sign-ext,+mutable-globals,+simd128"
+    assert Target("wasm32-unknown-unknown -mattr=+simd128") == t.__class__(t.triple, features="+simd128")
     assert t.requirements() == {"isa": "wasm32", "features": ["simd128"]}
     assert Target("wasm32-nosimd").requirements() == {"isa": "wasm32", "features": []}
     assert "p:32:32" in t.data_layout
@@ -102,6 +104,10 @@ def test_module_contract(preset, tmp_path):
     assert meta["requires"] == {"isa": "wasm32", "features": ["simd128"] if preset == "wasm32" else []}
     assert not set(ABSENT_KEYS) & set(meta)
     assert meta["functions"][0]["parallel"] is False     # the parallel loop runs serially in the impl
+    (used,) = [body for sid, name, body in wasm_sections(data) if name == "target_features"]
+    used = set(re.findall(rb"(?s)\+.([a-z0-9-]+)", used))   # what LLVM compiled for: the contract's features only
+    assert used == {b"bulk-memory", b"bulk-memory-opt", b"mutable-globals", b"nontrapping-fptoint", b"sign-ext"} | (
+        {b"simd128"} if preset == "wasm32" else set()), used
     custom = [name for sid, name, _ in wasm_sections(data) if sid == 0]
     assert custom.count("tether_meta") == 1 and set(custom) <= {"name", "target_features", "tether_meta"}, custom
     ops = _simd_ops(lib.get_source("asm"))
