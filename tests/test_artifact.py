@@ -27,10 +27,9 @@ from tether.codegen.module import ModuleBuilder
 from tether.codegen.packed import error_code
 from tether.errors import CompileError
 from tether.target import PRESET_NAMES, Target
-
-ELF_PRESETS = [p for p in PRESET_NAMES if not Target(p).is_wasm]   # (wasm32: tests/test_wasm_target.py)
 from tether_rpc import elf
 
+ELF_PRESETS = [p for p in PRESET_NAMES if not Target(p).is_wasm]   # (wasm32: tests/test_wasm_target.py)
 N = 1024
 EXPECTED_EXPORTS = {"vadd", "vexp", "tether_set_parallel_launcher", "__tether_metadata"} | set(
     threadpool.EXPORTED_SYMBOLS)
