@@ -1,6 +1,6 @@
 """Whole models compiled for wasm32 (deploy.json + deploy.params + deploy.wasm) and run in node through the JS
 runtime's GraphExecutor (bindings/js), against onnxruntime: mobilenet_v2, a YOLOv8-style detector, a CRNN (LSTM)
-and an SVTR (attention) text recognizer, a transformer encoder. Every output has onnxruntime's dtype and shape
+and an SVTR (attention) text recognizer, a transformer encoder, a voice-activity detector. Every output has onnxruntime's dtype and shape
 and a max relative error (max |tether - ort| / max |ort|, as tests/test_model_kinds.py) <= 1e-4."""
 import json
 import re
@@ -25,7 +25,8 @@ MODELS = {"mobilenet_v2": _mobilenet_v2,
           "yolov8_detector": lambda: KINDS["yolov8_detector"]("test"),
           "crnn_recognizer": lambda: KINDS["crnn_recognizer"]("test"),
           "svtr_recognizer": lambda: KINDS["svtr_recognizer"]("test"),
-          "transformer_encoder": lambda: KINDS["transformer_encoder"]("test")}
+          "transformer_encoder": lambda: KINDS["transformer_encoder"]("test"),
+          "vad": lambda: KINDS["vad"]("test")}   # (LSTM state inputs, a run-time If: guarded nodes)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
