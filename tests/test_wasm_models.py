@@ -1,7 +1,8 @@
 """Whole models compiled for wasm32 (deploy.json + deploy.params + deploy.wasm) and run in node through the JS
 runtime's GraphExecutor (bindings/js), against onnxruntime: mobilenet_v2, a YOLOv8-style detector, a CRNN (LSTM)
-and an SVTR (attention) text recognizer, a transformer encoder, a voice-activity detector. Every output has onnxruntime's dtype and shape
-and a max relative error (max |tether - ort| / max |ort|, as tests/test_model_kinds.py) <= 1e-4."""
+and an SVTR (attention) text recognizer, a transformer encoder, a voice-activity detector. Every output has
+onnxruntime's dtype and shape and a max relative error (max |tether - ort| / max |ort|, as
+tests/test_model_kinds.py) <= 1e-4."""
 import json
 import re
 
