@@ -7,9 +7,9 @@ instruction-wide pieces (the last one padded with zero lanes) and joined again.
 
 Elsewhere the bytes are widened and multiplied exactly, then the four products of a lane are added pairwise; the
 pieces are written so that LLVM selects the target's widening instructions (x86 pmaddwd, Arm smull/saddlp or
-vmull/vpaddl, WebAssembly i32x4.dot_i16x8_s). Products of two bytes fit int16 except 255*255 (u8u8), which fits uint16; the sum of two never
-needs more than int32. pmaddubsw (u8*s8 pairs summed with int16 saturation) is not used: two products can
-exceed int16 (2 * 255 * 127), so it is not exact.
+vmull/vpaddl, WebAssembly i32x4.dot_i16x8_s). Products of two bytes fit int16 except 255*255 (u8u8), which fits
+uint16; the sum of two never needs more than int32. pmaddubsw (u8*s8 pairs summed with int16 saturation) is not
+used: two products can exceed int16 (2 * 255 * 127), so it is not exact.
 """
 from __future__ import annotations
 
