@@ -240,7 +240,9 @@ def _numpy_cases(seed: int) -> List[Tuple[str, Dict[str, Any], List[np.ndarray],
     h = ties(5, 6).astype(np.float16)
     h[0, :3] = [0.0, -0.0, np.nan]
     bf = (ties(5, 6) - 1).view(np.uint32)
-    bf = (bf >> 16).astype(np.uint16).view(numpy_dtype("bfloat16"))   # exact bfloat16 values, ties and -0.0
+    bf = (bf >> 16).astype(np.uint16)
+    bf[0, :2] = [0x8000, 0x7FC0]    # -0.0 and NaN
+    bf = bf.view(numpy_dtype("bfloat16"))   # exact bfloat16 values with ties
     cases += [
         ("nonzero", {}, [h], [((2, 30), "int64", True)]),
         ("nonzero", {}, [bf], [((2, 30), "int64", True)]),

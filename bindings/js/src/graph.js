@@ -60,7 +60,8 @@ class HostHeap {
   }
 }
 
-/** Python's bool() of the one element at `ptr` (nonzero; a float's -0.0 is false, NaN true). */
+/** Python's bool() of the one element at `ptr` (nonzero; a float's -0.0 is false, NaN true; bfloat16, held as
+ * uint16 bit patterns by tether_rpc, is true for any nonzero pattern). */
 function truthReader(dtype, ptr) {
   switch (dtype) {
     case "float32":
@@ -68,7 +69,6 @@ function truthReader(dtype, ptr) {
     case "float64":
       return (dv) => dv.getFloat64(ptr, true) !== 0;
     case "float16":
-    case "bfloat16":
       return (dv) => (dv.getUint16(ptr, true) & 0x7fff) !== 0;
     default: {
       const n = lookup(dtype).itemsize;
