@@ -44,11 +44,19 @@ class HostHeap {
   }
 
   _u8() {
-    return new Uint8Array(this.memory.buffer);
+    if (this._buf !== this.memory.buffer) this._cache();
+    return this._u8cache;
   }
 
   _dv() {
-    return new DataView(this.memory.buffer);
+    if (this._buf !== this.memory.buffer) this._cache();
+    return this._dvcache;
+  }
+
+  _cache() {
+    this._buf = this.memory.buffer;
+    this._u8cache = new Uint8Array(this._buf);
+    this._dvcache = new DataView(this._buf);
   }
 
   _alloc(n) {
@@ -124,6 +132,9 @@ export class GraphExecutor {
     if (sizes.some((n) => !Number.isSafeInteger(n) || n < 0) || sizes.reduce((a, b) => a + b, 0) > maxBytes) {
       throw new GraphError(`graph storages of [${sizes.slice(0, 8).join(", ")}] bytes: sizes must be >= 0 and total at most ${maxBytes}`);
     }
+    // one memory.grow for every storage and argument block (each block rounds up to 64 bytes)
+    const argBytes = graph.nodes.reduce((a, nd) => a + (Array.isArray(nd.args) ? nd.args.length * 128 + 64 : 0), 0);
+    heap.allocator.reserve(sizes.reduce((a, n) => a + Math.ceil(Math.max(n, 1) / 64) * 64, 0) + argBytes);
     this._storages = sizes.map((n) => {
       const p = heap._alloc(Math.max(n, 1));
       this._blocks.push(p);
