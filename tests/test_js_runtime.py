@@ -508,3 +508,37 @@ def test_runtime_in_headless_chromium(tmp_path):
     gm.set_input("input", x)
     gm.run()
     np.testing.assert_allclose(out["0"], gm.get_output(0), rtol=1e-5, atol=1e-5)
+
+
+def test_when_guards_run_only_the_taken_branch(tmp_path):
+    """Models whose If condition is a run-time input, built for wasm32 and run by tools/run_model.js on inputs that
+    take each branch: the outputs of the host build in tether_rpc, and exactly the nodes its profile skips."""
+    import tether
+    from onnx import TensorProto
+    from tether.frontend import from_onnx
+    from test_onnx_control_flow import X, if_model, vad_model, vi
+
+    nested = if_model([], nested=True)
+    nested.graph.input.append(vi("c", (), TensorProto.BOOL))
+    vad, vad_feeds = vad_model(seed=4)
+    runs_of = {"nested_if": [{"x": X, "c": np.array(v)} for v in (True, False)],
+               "vad": [dict(vad_feeds, audio=vad_feeds["audio"] * g) for g in (2.0, 0.3)]}
+    for name, model in (("nested_if", nested), ("vad", vad)):
+        graph, params = from_onnx(model)
+        tether.build_graph(graph, params, target="wasm32").export(str(tmp_path / name / "wasm"))
+        tether.build_graph(graph, params, target="host").export(str(tmp_path / name / "host"))
+        gm = GraphExecutor.from_folder(str(tmp_path / name / "host"))
+        skipped_sets = []
+        for feeds in runs_of[name]:
+            gm.set_input(**feeds)
+            skipped = [n["name"] for n in gm.profile(number=1)["nodes"] if n.get("skipped")]
+            (tmp_path / "in.params").write_bytes(save_params(feeds))
+            proc = _run(str(JS / "tools" / "run_model.js"), str(tmp_path / name / "wasm"), str(tmp_path / "in.params"),
+                        str(tmp_path / "out.params"), "--repeat", "1")
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout)["skipped"] == skipped, name
+            got = load_params(str(tmp_path / "out.params"))
+            for j in range(gm.num_outputs):
+                np.testing.assert_allclose(got[str(j)], gm.get_output(j), rtol=1e-5, atol=1e-6)
+            skipped_sets.append(frozenset(skipped))
+        assert any(skipped_sets) and skipped_sets[0] != skipped_sets[1], (name, skipped_sets)

@@ -102,7 +102,14 @@ export class GraphExecutor {
       this._releaseMemory();
       throw exc;
     }
-    if (params !== null && params !== undefined) this.loadParams(params);
+    if (params !== null && params !== undefined) {
+      try {
+        this.loadParams(params);
+      } catch (exc) {
+        this._releaseMemory();
+        throw exc;
+      }
+    }
   }
 
   _setup(graph, module, maxBytes) {
