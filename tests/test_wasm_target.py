@@ -64,7 +64,7 @@ def test_target_properties():
     assert Target("wasm32-nosimd").requirements() == {"isa": "wasm32", "features": []}
     assert "p:32:32" in t.data_layout
     flags = " ".join(t.link_flags)
-    for flag in ("--no-entry", "--export=__heap_base", "--export-memory", "stack-size=8388608", "--strip-debug"):
+    for flag in ("--no-entry", "--export=__heap_base", "--export-memory", "stack-size=1048576", "--strip-debug"):
         assert flag in flags
     assert "--allow-undefined" not in flags and "--shared-memory" not in flags
     assert t.library_suffix == ".wasm" and Target("x86_64").library_suffix == ".so"
