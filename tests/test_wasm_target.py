@@ -202,6 +202,23 @@ def test_python_runtime_refuses_a_wasm_module(tmp_path):
         check_model_folder(str(folder), local=True)
 
 
+def test_rpc_client_uploads_a_wasm_module_and_a_python_device_refuses_it(rpc_server, tmp_path):
+    """The client sends a .wasm like any module (a JS device server loads it); a Python device server answers the
+    load with the same one-line refusal, and the session goes on."""
+    from tether import rpc
+    from tether_rpc.errors import ArchMismatch
+
+    path = tether.build(*_vadd(), target="wasm32", name="vadd").export_library(str(tmp_path / "vadd.wasm"))
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=30) as remote:
+        assert remote.upload(path) == "vadd.wasm"
+        assert "vadd.wasm" in remote.listdir()
+        assert remote.download("vadd.wasm") == open(path, "rb").read()
+        with pytest.raises(ArchMismatch) as exc:
+            remote.load_module("vadd.wasm")
+        assert "WebAssembly module (wasm32)" in str(exc.value) and "JS runtime" in str(exc.value)
+        assert remote.get_function("tether.echo")(3) == 3
+
+
 def _compile_cli(tmp_path):
     from tether.cli.main import cli
 
