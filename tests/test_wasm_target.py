@@ -145,6 +145,24 @@ def test_static_scratch_needs_no_atomics(tmp_path):
     np.testing.assert_array_equal(out, (a * 2 + 1)[::-1])
 
 
+def test_llvm_lowers_atomics_without_the_atomics_feature():
+    """Were an atomic to reach wasm32 code (the ELF scratch lock is one), LLVM lowers it to plain memory accesses
+    without the atomics feature: the module stays valid for every engine and needs no shared memory."""
+    from tether.codegen.emit import compile_module
+
+    ir_text = """
+target triple = "wasm32-unknown-unknown"
+@lock = internal global i32 0, align 4
+define i32 @take() {
+  %old = atomicrmw xchg ptr @lock, i32 1 acquire
+  store atomic i32 0, ptr @lock release, align 4
+  ret i32 %old
+}
+"""
+    asm = compile_module(ir_text, "wasm32").asm
+    assert "atomic" not in asm and "i32.store" in asm
+
+
 def test_kernel_runs_in_node_and_reports_a_readable_error(tmp_path):
     lib = tether.build(*_vadd(), target="wasm32", name="vadd")
     path = lib.export_library(str(tmp_path / "vadd.wasm"))
