@@ -14,6 +14,7 @@ from wasm_node import run_model, wasm_imports_and_exports, wasm_metadata
 
 import tether
 from tether.frontend import from_onnx
+from tether.target import WASM_STACK_BYTES
 from tether.testing.model_kinds import KINDS, relative_error
 
 
@@ -53,7 +54,8 @@ def test_model_in_node_matches_onnxruntime(name, tmp_path):
 
 
 def test_mobilenet_v2_kernels_are_simd128():
-    """Every conv kernel of mobilenet_v2 (regular, depthwise, pointwise) multiplies and adds in f32x4."""
+    """Every conv kernel of mobilenet_v2 (regular, depthwise, pointwise) multiplies and adds in f32x4; no atomics;
+    kernel stack frames far below the module's stack."""
     model, _ = _mobilenet_v2()
     graph, params = from_onnx(model)
     lib = tether.build_graph(graph, params, target="wasm32").lib
@@ -63,3 +65,7 @@ def test_mobilenet_v2_kernels_are_simd128():
     scalar = [name for name, body in bodies.items() if "f32x4.mul" not in body or "f32x4.add" not in body]
     assert not scalar, scalar
     assert "atomic" not in asm
+    # the 1 MiB stack (docs/web.md "The module") holds a kernel's frame many times over
+    frames = [int(n) for n in re.findall(r"global\.get\s+__stack_pointer\s*\n\s*i32\.const\s+(\d+)\s*\n\s*i32\.sub",
+                                         asm)]
+    assert frames and max(frames) <= WASM_STACK_BYTES // 8, max(frames)

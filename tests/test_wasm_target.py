@@ -64,7 +64,7 @@ def test_target_properties():
     assert Target("wasm32-nosimd").requirements() == {"isa": "wasm32", "features": []}
     assert "p:32:32" in t.data_layout
     flags = " ".join(t.link_flags)
-    for flag in ("--no-entry", "--export=__heap_base", "--export-memory", "stack-size=8388608", "--strip-debug"):
+    for flag in ("--no-entry", "--export=__heap_base", "--export-memory", "stack-size=1048576", "--strip-debug"):
         assert flag in flags
     assert "--allow-undefined" not in flags and "--shared-memory" not in flags
     assert t.library_suffix == ".wasm" and Target("x86_64").library_suffix == ".so"
@@ -145,6 +145,24 @@ def test_static_scratch_needs_no_atomics(tmp_path):
     np.testing.assert_array_equal(out, (a * 2 + 1)[::-1])
 
 
+def test_llvm_lowers_atomics_without_the_atomics_feature():
+    """Were an atomic to reach wasm32 code (the ELF scratch lock is one), LLVM lowers it to plain memory accesses
+    without the atomics feature: the module stays valid for every engine and needs no shared memory."""
+    from tether.codegen.emit import compile_module
+
+    ir_text = """
+target triple = "wasm32-unknown-unknown"
+@lock = internal global i32 0, align 4
+define i32 @take() {
+  %old = atomicrmw xchg ptr @lock, i32 1 acquire
+  store atomic i32 0, ptr @lock release, align 4
+  ret i32 %old
+}
+"""
+    asm = compile_module(ir_text, "wasm32").asm
+    assert "atomic" not in asm and "i32.store" in asm
+
+
 def test_kernel_runs_in_node_and_reports_a_readable_error(tmp_path):
     lib = tether.build(*_vadd(), target="wasm32", name="vadd")
     path = lib.export_library(str(tmp_path / "vadd.wasm"))
@@ -200,6 +218,23 @@ def test_python_runtime_refuses_a_wasm_module(tmp_path):
     check_model_folder(str(folder))     # a folder for a remote JS device is a valid folder
     with pytest.raises(InvalidInput, match=r"deploy\.wasm is a WebAssembly module \(wasm32\)"):
         check_model_folder(str(folder), local=True)
+
+
+def test_rpc_client_uploads_a_wasm_module_and_a_python_device_refuses_it(rpc_server, tmp_path):
+    """The client sends a .wasm like any module (a JS device server loads it); a Python device server answers the
+    load with the same one-line refusal, and the session goes on."""
+    from tether import rpc
+    from tether_rpc.errors import ArchMismatch
+
+    path = tether.build(*_vadd(), target="wasm32", name="vadd").export_library(str(tmp_path / "vadd.wasm"))
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=30) as remote:
+        assert remote.upload(path) == "vadd.wasm"
+        assert "vadd.wasm" in remote.listdir()
+        assert remote.download("vadd.wasm") == open(path, "rb").read()
+        with pytest.raises(ArchMismatch) as exc:
+            remote.load_module("vadd.wasm")
+        assert "WebAssembly module (wasm32)" in str(exc.value) and "JS runtime" in str(exc.value)
+        assert remote.get_function("tether.echo")(3) == 3
 
 
 def _compile_cli(tmp_path):
