@@ -190,6 +190,8 @@ class FunctionEmitter(ExprEmitter):
     def parallel_loop(self, s: For) -> bool:
         if self.in_task:     # nested parallelism runs serially inside the task
             return False
+        if self.ctx.parallel_launch_slot is None:   # a single-threaded target (wasm32): a plain loop
+            return False
         parallel.emit_parallel(self, s)
         return True
 
@@ -345,7 +347,7 @@ def _emit_one(ctx: Any, primfunc: PrimFunc) -> ir.Function:
     body_bb = em.b.block
     em.stmt(primfunc.body)
     em.rets.append(em.b.ret(ir.Constant(I32, 0)))
-    if not em.static_used:
+    if not em.static_used or ctx.target.is_wasm:   # (wasm32: the arena needs no lock, codegen/scratch.py)
         em.seal()
         return fn
     # Static scratch is shared by every call: the module's arena, or when another call holds that, this impl's own
