@@ -1,0 +1,287 @@
+"""The JavaScript device server (bindings/js/server.js) under real node, driven by the Python client.
+
+Every test talks to a real `node bindings/js/server.js` process over loopback TCP, directly (`--port`) or through a
+real `rpc-tracker` (reverse mode: the tracker relays the session to the device's own outgoing connection). Kernels
+are real wasm32 modules built by `tether.build(..., target="wasm32")`; results are compared with numpy.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from typing import List, Optional
+
+import numpy as np
+import pytest
+from fixtures.children import stop_process
+from fixtures.polling import wait_until
+from fixtures.prereq import require_tool
+from fixtures.te_kernels import vadd_schedule
+from fixtures.tracker import TrackerProcess
+
+import tether
+from tether import rpc
+from tether_rpc import errors
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SERVER_JS = ROOT / "bindings" / "js" / "server.js"
+VECTORS_JS = ROOT / "bindings" / "js" / "test" / "vectors.mjs"
+START_TIMEOUT = 20.0
+
+
+def node() -> str:
+    return require_tool("node", "apt-get install nodejs (node >= 18)")
+
+
+class NodeDevice:
+    """A `node bindings/js/server.js` process; its first stdout line says where it listens or that it registered."""
+
+    def __init__(self, args: List[str], workdir: str, expect: Optional[str]):
+        self.log_path = os.path.join(workdir, "node-device-%d.log" % time.monotonic_ns())
+        self._log = open(self.log_path, "wb")
+        env = dict(os.environ)
+        env.pop("TETHER_TOKEN", None)
+        env.pop("TETHER_TRACKER_TOKEN", None)
+        self.proc = subprocess.Popen([node(), str(SERVER_JS)] + args, stdout=subprocess.PIPE, stderr=self._log,
+                                     env=env)
+        self.port: Optional[int] = None
+        if expect is None:
+            return
+        line = self._first_line()
+        if expect not in line:
+            self.stop()
+            raise AssertionError("server.js said %r, expected %r; its log:\n%s" % (line, expect, self.log()))
+        if line.startswith("listening on 127.0.0.1:"):
+            self.port = int(line.rsplit(":", 1)[1])
+
+    def _first_line(self) -> str:
+        import selectors
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(START_TIMEOUT)
+        sel.close()
+        if not ready:
+            return "<nothing within %.0f s>" % START_TIMEOUT
+        return self.proc.stdout.readline().decode().strip()
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self.proc.stdout.close()
+        self._log.close()
+
+
+@pytest.fixture
+def workdir():
+    with tempfile.TemporaryDirectory(prefix="tether-js-device-") as d:
+        yield d
+
+
+@pytest.fixture
+def js_server(workdir):
+    dev = NodeDevice(["--port", "0"], workdir, "listening on")
+    yield dev
+    dev.stop()
+
+
+@pytest.fixture(scope="module")
+def vadd_wasm(tmp_path_factory):
+    s, args = vadd_schedule(1024, factor=4, parallel=True)
+    path = tmp_path_factory.mktemp("wasm") / "vadd.wasm"
+    tether.build(s, args, target="wasm32", name="vadd").export_library(str(path))
+    assert path.read_bytes()[:4] == b"\0asm"
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the codec on its own
+
+def run_vectors(path: pathlib.Path) -> dict:
+    out = subprocess.run([node(), str(VECTORS_JS), str(path)], capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_js_codec_round_trips_every_shared_vector():
+    doc = json.loads((ROOT / "tests" / "vectors" / "frames.json").read_text())
+    result = run_vectors(ROOT / "tests" / "vectors" / "frames.json")
+    assert result == {"checked": len(doc["valid"]) + len(doc["invalid"]), "failures": []}
+
+
+def test_js_codec_tells_a_float_from_an_int(tmp_path):
+    """The runner is not fooled: the float 2.0 decoded as an int (or the int 1 as a float) fails its vector."""
+    doc = json.loads((ROOT / "tests" / "vectors" / "frames.json").read_text())
+    by_name = {v["name"]: v for v in doc["valid"]}
+    assert by_name["call_echo_float_2"]["meaning"]["payload"]["args"] == [{"$float": 2.0}]
+    by_name["call_echo_float_2"]["meaning"]["payload"]["args"] = [2]
+    by_name["call_echo"]["meaning"]["payload"]["args"] = [{"$float": 1.0}]
+    broken = tmp_path / "frames.json"
+    broken.write_text(json.dumps(doc))
+    result = run_vectors(broken)
+    assert sorted(f.split(":")[0] for f in result["failures"]) == ["call_echo", "call_echo_float_2"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a direct session
+
+def test_echo_keeps_floats_ints_and_map_order(js_server):
+    with rpc.connect("127.0.0.1", js_server.port) as remote:
+        value = remote._call("tether.echo", [2.0])["value"]
+        assert type(value) is float and value == 2.0
+        got = remote._call("tether.echo", [2, -0.0, 1.5, 2 ** 63, -(2 ** 63), "héllo", b"\x00\xff", None, True,
+                                           {"1": 1, "a": [1.0, {"z": 2}]}])["value"]
+        assert [type(x) for x in got[:5]] == [int, float, float, int, int]
+        assert got == [2, -0.0, 1.5, 2 ** 63, -(2 ** 63), "héllo", b"\x00\xff", None, True,
+                       {"1": 1, "a": [1.0, {"z": 2}]}]
+        assert list(got[-1]) == ["1", "a"] and type(got[-1]["a"][0]) is float
+        t = np.arange(6, dtype=np.float32).reshape(2, 3)
+        back = remote._call("tether.echo", [t])["value"]
+        assert back.dtype == np.float32 and back.shape == (2, 3)
+        np.testing.assert_array_equal(back, t)
+        info = remote.device_info()
+        assert info["arch"] == "wasm32" and info["runtime"] == "node" and isinstance(info["simd"], bool)
+        assert info["session_limits"]["handles"] == 65536
+        assert "tether.graph.run" in remote.functions() and remote.functions() == sorted(remote.functions())
+
+
+def test_arrays_files_and_errors(js_server):
+    with rpc.connect("127.0.0.1", js_server.port) as remote:
+        x = np.linspace(-1, 1, 1000).astype(np.float32)
+        arr = remote.array(x)
+        np.testing.assert_array_equal(arr.numpy(), x)
+        arr.copyfrom(x * 2)
+        np.testing.assert_array_equal(arr.numpy(), x * 2)
+        empty = remote.empty((3, 4), "int64")
+        assert empty.numpy().shape == (3, 4) and empty.numpy().dtype == np.int64
+        arr.free()
+        with pytest.raises(Exception, match="does not exist|no such handle"):
+            remote._call("tether.array.copy_out", [arr.handle])
+        payload = os.urandom(100_000)
+        assert remote.upload(payload, "blob.bin") is not None
+        assert remote.listdir() == ["blob.bin"]
+        assert remote.download("blob.bin") == payload
+        for bad in ("../escape", "a/b", "", ".."):
+            with pytest.raises(errors.UnsafePathError):
+                remote.upload(b"x", bad)
+        remote.remove("blob.bin")
+        assert remote.listdir() == []
+        with pytest.raises(KeyError, match="no built-in function"):
+            remote._call("tether.nope", [])
+        assert remote._call("tether.echo", [1])["value"] == 1      # the session goes on after each error
+
+
+def test_wasm_kernel_call_matches_numpy_and_times_on_device(js_server, vadd_wasm, tmp_path):
+    samples = []
+    with rpc.connect("127.0.0.1", js_server.port, on_sample=lambda i, s: samples.append((i, s))) as remote:
+        remote.upload(str(vadd_wasm), "vadd.wasm")
+        mod = remote.load_module("vadd.wasm")
+        f = mod.get_function("vadd")
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal(1024).astype(np.float32), rng.standard_normal(1024).astype(np.float32)
+        A, B, C = remote.array(a), remote.array(b), remote.empty(1024, "float32")
+        f(A, B, C)
+        np.testing.assert_allclose(C.numpy(), a + b, rtol=1e-6)
+        c = np.zeros(1024, np.float32)                 # tensors by value come back written
+        f(a, b, c)
+        np.testing.assert_allclose(c, a + b, rtol=1e-6)
+        res = f.time_evaluator(number=20, repeat=4)(A, B, C)
+        assert [i for i, _ in samples] == [0, 1, 2, 3] and res.number == 20
+        assert [s for _, s in samples] == list(res.samples) and all(s > 0 for s in res.samples)
+        grown = f.time_evaluator(number=1, repeat=1, min_repeat_ms=5)(A, B, C)
+        assert grown.number > 1
+        for bad, error in (({"repeat": 0}, ValueError), ({"bogus": 1}, TypeError)):
+            with pytest.raises(error):
+                remote._call("tether.time_evaluator", [f.fn, [A.handle, B.handle, C.handle], bad])
+        with pytest.raises(errors.RemoteError if hasattr(errors, "RemoteError") else Exception, match="shape"):
+            f(remote.empty(10, "float32"), B, C)
+        # a native library is refused with what the device expects instead
+        (tmp_path / "lib.so").write_bytes(b"\x7fELF" + b"\0" * 60)
+        remote.upload(str(tmp_path / "lib.so"), "lib.so")
+        with pytest.raises(errors.ModuleLoadError, match=r"\.wasm.*wasm32|wasm32"):
+            remote.load_module("lib.so")
+
+
+def test_bad_frames_close_the_connection_and_the_server_survives(js_server):
+    def raw_exchange(data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", js_server.port), timeout=10) as s:
+            s.sendall(data)
+            out = b""
+            while True:
+                piece = s.recv(65536)
+                if not piece:
+                    return out
+                out += piece
+
+    garbage = raw_exchange(struct.pack(">I", 5) + b"\x93\x01\x00\x80\x00")       # trailing byte after the body
+    assert b"ProtocolError" in garbage
+    too_big = raw_exchange(struct.pack(">I", 0x7FFFFFFF) + b"\x93")
+    assert b"FrameTooLarge" in too_big
+    not_hello = raw_exchange(struct.pack(">I", 4) + b"\x93\x05\x01\x80")          # a CALL before WELCOME
+    assert b"ProtocolError" in not_hello
+    with rpc.connect("127.0.0.1", js_server.port) as remote:
+        assert remote._call("tether.echo", ["still here"])["value"] == "still here"
+
+
+def test_token_is_required_and_a_wrong_one_refused(workdir):
+    dev = NodeDevice(["--port", "0", "--token", "s3cret-tök€n"], workdir, "listening on")
+    try:
+        with pytest.raises(errors.AuthenticationError):
+            rpc.connect("127.0.0.1", dev.port, token="wrong")
+        with pytest.raises(errors.AuthenticationError):
+            rpc.connect("127.0.0.1", dev.port, token=None)
+        with rpc.connect("127.0.0.1", dev.port, token="s3cret-tök€n") as remote:
+            assert remote._call("tether.echo", [3])["value"] == 3
+    finally:
+        dev.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# through a tracker (reverse mode)
+
+@pytest.mark.parametrize("token", [None, "trk-tok€n"])
+def test_node_device_serves_tracker_requests_in_reverse_mode(workdir, vadd_wasm, token):
+    tracker = TrackerProcess(workdir, token=token)
+    args = ["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "node", "--tag", "lab=js"]
+    if token:
+        args += ["--tracker-token", token]
+    dev = NodeDevice(args, workdir, "registered with")
+    try:
+        devices = tracker.summary()["devices"]
+        assert [(d["key"], d["reverse"], d["tags"]["arch"], d["tags"]["lab"]) for d in devices] == \
+            [("node", True, "wasm32", "js")]
+        client = tracker.client()
+        for round_ in range(2):         # the device registers again after each session
+            with client.request("node", wait_timeout=30) as remote:
+                assert remote.device_info()["arch"] == "wasm32"
+                remote.upload(str(vadd_wasm), "vadd.wasm")
+                f = remote.load_module("vadd.wasm").get_function("vadd")
+                a = np.full(1024, round_ + 1, np.float32)
+                c = np.zeros(1024, np.float32)
+                f(a, a, c)
+                np.testing.assert_array_equal(c, 2 * a)
+            wait_until(lambda: tracker.count("node", "free") == 1, 15, "the node device to be free again")
+        client.close()
+        if token:   # a device with the wrong tracker token never registers
+            bad = NodeDevice(["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "bad", "--tracker-token", "no"],
+                             workdir, None)
+            try:
+                wait_until(lambda: "AuthenticationError" in bad.log(), 15, "the tracker to refuse the wrong token")
+                assert tracker.count("bad") == 0
+            finally:
+                bad.stop()
+    finally:
+        dev.stop()
+        tracker.stop()
+
+
+def test_server_js_refuses_bad_options():
+    out = subprocess.run([node(), str(SERVER_JS), "--tracker", "nohostport"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and "--tracker takes HOST:PORT" in out.stderr and "Error" not in out.stderr
