@@ -1,6 +1,8 @@
 // The browser transport: a WebSocket to the tether web relay (src/tether/web/relay.py), which joins it to one
 // TCP connection to the tracker. Binary messages carry the raw bytes of the stream, in order, in any split, so
 // the frames and the tracker's token handshake run end to end exactly as over TCP.
+const CHUNK = 1 << 20;
+
 export function connect(url, timeoutMs = 5000) {
   return new Promise((resolve, reject) => {
     const ws = new WebSocket(url);
@@ -23,7 +25,11 @@ export function connect(url, timeoutMs = 5000) {
         peer: url,
         onData(cb) { dataCbs.push(cb); while (early.length) cb(early.shift()); },
         onClose(cb) { closeCbs.push(cb); if (closed) cb(); },
-        write(bytes) { if (!closed) ws.send(bytes); },
+        // at most CHUNK bytes per message: the relay caps messages, and big bulk copies must not sit in one
+        write(bytes) {
+          if (closed) return;
+          for (let pos = 0; pos < bytes.length; pos += CHUNK) ws.send(bytes.subarray(pos, Math.min(bytes.length, pos + CHUNK)));
+        },
         close() { ws.close(); fireClose(); },
       });
     };
