@@ -12,93 +12,15 @@ import pathlib
 import socket
 import struct
 import subprocess
-import tempfile
-import time
-from typing import List, Optional
 
 import numpy as np
 import pytest
-from fixtures.children import stop_process
+from fixtures.js_device import ROOT, SERVER_JS, VECTORS_JS, NodeDevice, check_model_on, node
 from fixtures.polling import wait_until
-from fixtures.prereq import require_tool
-from fixtures.te_kernels import vadd_schedule
 from fixtures.tracker import TrackerProcess
 
-import tether
 from tether import rpc
 from tether_rpc import errors
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SERVER_JS = ROOT / "bindings" / "js" / "server.js"
-VECTORS_JS = ROOT / "bindings" / "js" / "test" / "vectors.mjs"
-START_TIMEOUT = 20.0
-
-
-def node() -> str:
-    return require_tool("node", "apt-get install nodejs (node >= 18)")
-
-
-class NodeDevice:
-    """A `node bindings/js/server.js` process; its first stdout line says where it listens or that it registered."""
-
-    def __init__(self, args: List[str], workdir: str, expect: Optional[str]):
-        self.log_path = os.path.join(workdir, "node-device-%d.log" % time.monotonic_ns())
-        self._log = open(self.log_path, "wb")
-        env = dict(os.environ)
-        env.pop("TETHER_TOKEN", None)
-        env.pop("TETHER_TRACKER_TOKEN", None)
-        self.proc = subprocess.Popen([node(), str(SERVER_JS)] + args, stdout=subprocess.PIPE, stderr=self._log,
-                                     env=env)
-        self.port: Optional[int] = None
-        if expect is None:
-            return
-        line = self._first_line()
-        if expect not in line:
-            self.stop()
-            raise AssertionError("server.js said %r, expected %r; its log:\n%s" % (line, expect, self.log()))
-        if line.startswith("listening on 127.0.0.1:"):
-            self.port = int(line.rsplit(":", 1)[1])
-
-    def _first_line(self) -> str:
-        import selectors
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(START_TIMEOUT)
-        sel.close()
-        if not ready:
-            return "<nothing within %.0f s>" % START_TIMEOUT
-        return self.proc.stdout.readline().decode().strip()
-
-    def log(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc.stdout.close()
-        self._log.close()
-
-
-@pytest.fixture
-def workdir():
-    with tempfile.TemporaryDirectory(prefix="tether-js-device-") as d:
-        yield d
-
-
-@pytest.fixture
-def js_server(workdir):
-    dev = NodeDevice(["--port", "0"], workdir, "listening on")
-    yield dev
-    dev.stop()
-
-
-@pytest.fixture(scope="module")
-def vadd_wasm(tmp_path_factory):
-    s, args = vadd_schedule(1024, factor=4, parallel=True)
-    path = tmp_path_factory.mktemp("wasm") / "vadd.wasm"
-    tether.build(s, args, target="wasm32", name="vadd").export_library(str(path))
-    assert path.read_bytes()[:4] == b"\0asm"
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,6 +130,19 @@ def test_wasm_kernel_call_matches_numpy_and_times_on_device(js_server, vadd_wasm
             remote.load_module("lib.so")
 
 
+def test_graph_builtins_run_a_wasm32_model_like_onnxruntime(js_server, wasm_model):
+    with rpc.connect("127.0.0.1", js_server.port) as remote:
+        check_model_on(remote, wasm_model)
+        gm = remote.graph_executor(str(wasm_model[0]), uploaded=True)
+        nodes = []
+        prof = gm.profile(number=1, on_node=nodes.append)
+        assert [n["index"] for n in nodes] == list(range(len(prof["nodes"]))) and len(nodes) > 5
+        assert all(type(n["seconds"]) is float for n in prof["nodes"]) and prof["total_seconds"] > 0
+        with pytest.raises(TypeError, match="unknown benchmark options"):
+            remote._call("tether.graph.benchmark", [gm.handle, {"bogus": 1}])
+        gm.close()
+
+
 def test_bad_frames_close_the_connection_and_the_server_survives(js_server):
     def raw_exchange(data: bytes) -> bytes:
         with socket.create_connection(("127.0.0.1", js_server.port), timeout=10) as s:
@@ -229,8 +164,8 @@ def test_bad_frames_close_the_connection_and_the_server_survives(js_server):
         assert remote._call("tether.echo", ["still here"])["value"] == "still here"
 
 
-def test_token_is_required_and_a_wrong_one_refused(workdir):
-    dev = NodeDevice(["--port", "0", "--token", "s3cret-tök€n"], workdir, "listening on")
+def test_token_is_required_and_a_wrong_one_refused(js_workdir):
+    dev = NodeDevice(["--port", "0", "--token", "s3cret-tök€n"], js_workdir, "listening on")
     try:
         with pytest.raises(errors.AuthenticationError):
             rpc.connect("127.0.0.1", dev.port, token="wrong")
@@ -246,12 +181,12 @@ def test_token_is_required_and_a_wrong_one_refused(workdir):
 # through a tracker (reverse mode)
 
 @pytest.mark.parametrize("token", [None, "trk-tok€n"])
-def test_node_device_serves_tracker_requests_in_reverse_mode(workdir, vadd_wasm, token):
-    tracker = TrackerProcess(workdir, token=token)
+def test_node_device_serves_tracker_requests_in_reverse_mode(js_workdir, vadd_wasm, token):
+    tracker = TrackerProcess(js_workdir, token=token)
     args = ["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "node", "--tag", "lab=js"]
     if token:
         args += ["--tracker-token", token]
-    dev = NodeDevice(args, workdir, "registered with")
+    dev = NodeDevice(args, js_workdir, "registered with")
     try:
         devices = tracker.summary()["devices"]
         assert [(d["key"], d["reverse"], d["tags"]["arch"], d["tags"]["lab"]) for d in devices] == \
@@ -270,7 +205,7 @@ def test_node_device_serves_tracker_requests_in_reverse_mode(workdir, vadd_wasm,
         client.close()
         if token:   # a device with the wrong tracker token never registers
             bad = NodeDevice(["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "bad", "--tracker-token", "no"],
-                             workdir, None)
+                             js_workdir, None)
             try:
                 wait_until(lambda: "AuthenticationError" in bad.log(), 15, "the tracker to refuse the wrong token")
                 assert tracker.count("bad") == 0

@@ -374,34 +374,46 @@ export class SessionHandler {
   async graphBenchmark(ctx, handle, options = null) {
     const gm = this.get(handle, "graph");
     const opts = checkOptions(options, ["number", "repeat", "min_repeat_ms", "warmup", "cooldown_ms"], "benchmark");
-    const res = await timeCalls(() => gm.run(), opts, (index, seconds, number) =>
-      ctx.emit("sample", [["index", index], ["seconds", new Float64(seconds)], ["number", number]]));
-    const samples = res.get("samples").map(toNumber);
+    const onSample = (index, seconds, number) =>
+      ctx.emit("sample", [["index", index], ["seconds", new Float64(seconds)], ["number", number]]);
+    let samples;
+    let number;
+    if (typeof gm.benchmark === "function") {
+      // the runtime's own loop runs every node (as tether_rpc's does), without run()'s per-node checks
+      const o = (k, d) => (opts.has(k) && opts.get(k) !== null ? toNumber(opts.get(k)) : d);
+      const num = Math.trunc(o("number", 10));
+      const rep = Math.trunc(o("repeat", 3));
+      if (num < 1 || rep < 1) throw err("ValueError", `benchmark: number and repeat must be >= 1 (got number=${num}, repeat=${rep})`);
+      const res = await gm.benchmark({ number: num, repeat: rep, minRepeatMs: o("min_repeat_ms", 0), warmup: o("warmup", 1),
+        cooldownMs: o("cooldown_ms", 0), onSample });
+      samples = res.samples.map(toNumber);
+      number = res.number;
+    } else {
+      const res = await timeCalls(() => gm.run(), opts, onSample);
+      samples = res.get("samples").map(toNumber);
+      number = res.get("number");
+    }
     const sorted = [...samples].sort((a, b) => a - b);
     const mid = sorted.length >> 1;
     const median = sorted.length % 2 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
-    res.set("median_ms", new Float64(median * 1e3));
-    res.set("mean_ms", new Float64(samples.reduce((a, b) => a + b, 0) / samples.length * 1e3));
-    res.set("min_ms", new Float64(sorted[0] * 1e3));
-    return res;
+    return new Map([["samples", samples.map((x) => new Float64(x))], ["number", number], ["median_ms", new Float64(median * 1e3)],
+      ["mean_ms", new Float64(samples.reduce((a, b) => a + b, 0) / samples.length * 1e3)], ["min_ms", new Float64(sorted[0] * 1e3)]]);
   }
 
   async graphProfile(ctx, handle, options = null) {
     const gm = this.get(handle, "graph");
     const opts = checkOptions(options, ["number", "repeat", "warmup"], "profile");
-    if (typeof gm.nodeCalls !== "function") throw err("NotImplementedError", "this runtime's GraphExecutor cannot time single nodes (no nodeCalls())");
-    gm.run();
-    const t0 = now();
-    const records = [];
-    for (const [k, node] of gm.nodeCalls().entries()) {
-      const res = await timeCalls(node.call, new Map([["number", opts.get("number") ?? 5], ["repeat", opts.get("repeat") ?? 1], ["warmup", opts.get("warmup") ?? 1]]));
-      const samples = res.get("samples").map(toNumber).sort((a, b) => a - b);
-      const rec = [["index", k], ["name", node.name ?? ""], ["func", node.func ?? ""], ["ops", node.ops ?? ""], ["seconds", new Float64(samples[samples.length >> 1])]];
-      records.push(new Map(rec));
-      ctx.emit("node", rec);
-    }
-    const total = records.reduce((a, r) => a + toNumber(r.get("seconds")), 0);
-    return new Map([["nodes", records], ["total_seconds", new Float64(total)], ["wall_seconds", new Float64((now() - t0) / 1e3)]]);
+    if (typeof gm.profile !== "function") throw err("NotImplementedError", "this runtime's GraphExecutor cannot time single nodes");
+    const o = (k, d) => (opts.has(k) && opts.get(k) !== null ? Math.trunc(toNumber(opts.get(k))) : d);
+    const record = (rec) => {
+      const m = new Map(Object.entries(rec));
+      m.set("seconds", new Float64(rec.seconds));
+      return m;
+    };
+    const res = await gm.profile({ number: o("number", 5), repeat: o("repeat", 1), warmup: o("warmup", 1),
+      onNode: (rec) => ctx.emit("node", [...record(rec)]) });
+    return new Map([["nodes", res.nodes.map(record)], ["total_seconds", new Float64(res.total_seconds)],
+      ["wall_seconds", new Float64(res.wall_seconds)]]);
   }
 }
 
