@@ -164,6 +164,31 @@ def test_bad_frames_close_the_connection_and_the_server_survives(js_server):
         assert remote._call("tether.echo", ["still here"])["value"] == "still here"
 
 
+def test_one_session_at_a_time_with_a_queue(js_server):
+    import threading
+
+    first = rpc.connect("127.0.0.1", js_server.port)
+    try:
+        with pytest.raises(errors.DeviceBusy):
+            rpc.connect("127.0.0.1", js_server.port, wait=False)
+        positions, second = [], {}
+
+        def wait_for_turn():
+            second["session"] = rpc.connect("127.0.0.1", js_server.port, on_queued=positions.append,
+                                            timeout=60)
+
+        waiter = threading.Thread(target=wait_for_turn, daemon=True)
+        waiter.start()
+        wait_until(lambda: positions == [1], 20, "the second client to be queued")
+        assert first._call("tether.echo", ["first"])["value"] == "first"
+    finally:
+        first.close()
+    waiter.join(30)
+    assert not waiter.is_alive() and "session" in second
+    with second["session"] as remote:
+        assert remote._call("tether.echo", ["second"])["value"] == "second"
+
+
 def test_token_is_required_and_a_wrong_one_refused(js_workdir):
     dev = NodeDevice(["--port", "0", "--token", "s3cret-tök€n"], js_workdir, "listening on")
     try:

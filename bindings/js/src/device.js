@@ -1,7 +1,7 @@
 // The JS device: serves one session at a time on whatever connection reaches it (a direct TCP listener in node,
 // or a reverse-mode relay connection the tracker asked for), accepts only the one-time match tokens its tracker
 // announced (src/tracker.js) on relayed connections, and describes itself in device_info.
-import { FramedConnection } from "./protocol.js";
+import { FramedConnection, MsgType, RemoteError } from "./protocol.js";
 import { SessionHandler, serverHandshake, serveCalls } from "./session.js";
 
 // The smallest module that uses a SIMD instruction (v128.const + i8x16.popcnt): WebAssembly.validate says whether
@@ -49,6 +49,9 @@ export function describeDevice(extra = {}) {
   return Object.assign(info, extra.info ?? {});
 }
 
+/** Clients that may wait for the device at once; one more gets DeviceBusy (as rpc_server's --max-queue). */
+export const MAX_QUEUE = 16;
+
 export class Device {
   /** opts: token (string|null: the RPC token clients must prove), info (extra device_info fields), memoryBytes,
    * diskBytes, handles (per-session limits), idleTimeoutMs, onState(state, detail) for a UI or a log. */
@@ -59,6 +62,59 @@ export class Device {
     this.expected = new Map();   // match -> {expires, sessionTimeoutMs}
     this.tracker = null;         // set by TrackerLink
     this.infoCache = null;
+    this.queue = [];             // {conn, resolve}: clients waiting for the device, in arrival order
+  }
+
+  /** Take the device for `conn`'s session: at once when it is free; else, with `wait`, after the sessions ahead
+   * (EVENT queued {position} on request id 0 whenever the position changes); without `wait`, or with the queue
+   * full, ERROR DeviceBusy. A queued client that sends anything or closes gives up its place (false). */
+  async acquire(conn, wait) {
+    if (!this.busy && this.queue.length === 0) {
+      this.busy = true;
+      return true;
+    }
+    if (!wait || this.queue.length >= MAX_QUEUE) {
+      conn.sendError(0, new RemoteError("DeviceBusy", wait ? `the device's queue is full (${MAX_QUEUE} clients wait already)`
+        : "the device is serving another session (connect with wait=True to queue)"));
+      conn.close();
+      return false;
+    }
+    let resolve;
+    const turn = new Promise((r) => { resolve = r; });
+    const entry = { conn, resolve };
+    this.queue.push(entry);
+    conn.send(MsgType.EVENT, 0, new Map([["kind", "queued"], ["position", this.queue.length]]));
+    const gaveUp = conn.activity().then(() => "left");
+    const outcome = await Promise.race([turn, gaveUp]);
+    if (outcome === "left") {
+      const at = this.queue.indexOf(entry);
+      if (at >= 0) {
+        this.queue.splice(at, 1);
+        this.notifyQueue(at);
+      } else {
+        this.release();          // the turn came at the same moment: pass it on
+      }
+      conn.close();
+      return false;
+    }
+    return true;
+  }
+
+  notifyQueue(from = 0) {
+    for (let i = from; i < this.queue.length; i++) {
+      this.queue[i].conn.send(MsgType.EVENT, 0, new Map([["kind", "queued"], ["position", i + 1]]));
+    }
+  }
+
+  /** The session ended: the next queued client gets the device, or it is free. */
+  release() {
+    const next = this.queue.shift();
+    if (next) {
+      this.notifyQueue();
+      next.resolve("turn");
+    } else {
+      this.busy = false;
+    }
   }
 
   deviceInfo() { return (this.infoCache ??= describeDevice(this.opts)); }
@@ -85,7 +141,7 @@ export class Device {
     const accepted = await serverHandshake(conn, {
       token: this.opts.token ?? null,
       handshakeTimeoutMs: this.opts.handshakeTimeoutMs,
-      busy: () => this.busy,
+      acquire: (c, wait) => this.acquire(c, wait),
       acceptMatch: (match) => {
         if (!relayed && match === null) return true;      // a direct connection (--port), token rules apply
         grant = this.takeMatch(match);
@@ -93,7 +149,6 @@ export class Device {
       },
     }, this.sessions + 1);
     if (accepted === null) return;
-    this.busy = true;
     this.sessions++;
     this.opts.onState?.("busy", accepted.client);
     this.tracker?.sessionStarted(accepted.match);
@@ -103,9 +158,11 @@ export class Device {
       await serveCalls(conn, handler, { idleTimeoutMs: this.opts.idleTimeoutMs, sessionTimeoutMs: grant?.sessionTimeoutMs });
     } finally {
       conn.close();
-      this.busy = false;
-      this.opts.onState?.("free", `${this.sessions} session(s) served`);
-      this.tracker?.sessionEnded();
+      this.release();
+      if (!this.busy) {
+        this.opts.onState?.("free", `${this.sessions} session(s) served`);
+        this.tracker?.sessionEnded();
+      }
     }
   }
 }

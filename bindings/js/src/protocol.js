@@ -76,6 +76,12 @@ export class FramedConnection {
     }
   }
 
+  /** Resolves when the peer sends anything or closes (a queued client must stay silent: docs/protocol.md). */
+  async activity() {
+    if (this.buffer.length || this.eof) return;
+    await this._waitData();
+  }
+
   /** Exactly n bulk bytes that follow a frame (the caller checked n against its limits). */
   async readBulk(n, deadline) {
     const out = new Uint8Array(n);

@@ -493,7 +493,8 @@ export async function timeCalls(call, opts, onSample) {
 // the connection: handshake, then the call loop
 
 /** The server side of the handshake. `opts`: token (string|null), acceptMatch(match) -> bool (a tracker's one-time
- * tokens; null accepts any HELLO), busy() -> bool, timeoutMs. Returns {client, match} after WELCOME, or null
+ * tokens; null accepts any HELLO), acquire(conn, wait) -> Promise<bool> (takes the device, waiting in its queue
+ * if `wait`; false when the connection was ended instead), handshakeTimeoutMs. Returns {client, match} after WELCOME, or null
  * when the connection ended (an ERROR was sent where the protocol says so). */
 export async function serverHandshake(conn, opts, sessionId) {
   const deadline = Date.now() + (opts.handshakeTimeoutMs ?? 5000);
@@ -537,7 +538,8 @@ export async function serverHandshake(conn, opts, sessionId) {
         ? "this device serves only sessions granted by its tracker (HELLO without a match token)"
         : "match token not accepted (unknown, already used or revoked)"));
     }
-    if (opts.busy?.()) return fail(err("DeviceBusy", "the device is serving another session"));
+    // one session at a time: wait for the device (queue notices on request id 0), or DeviceBusy
+    if (opts.acquire && !(await opts.acquire(conn, p.get("wait") !== false))) return null;
     const welcome = new Map([["version", PROTOCOL_VERSION], ["caps", CAPABILITIES], ["server", SERVER_NAME], ["session", sessionId]]);
     if (opts.token) welcome.set("proof", await serverProof(opts.token, serverNonce, clientNonce));
     conn.send(MsgType.WELCOME, 0, welcome);
