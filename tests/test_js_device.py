@@ -121,7 +121,7 @@ def test_wasm_kernel_call_matches_numpy_and_times_on_device(js_server, vadd_wasm
         for bad, error in (({"repeat": 0}, ValueError), ({"bogus": 1}, TypeError)):
             with pytest.raises(error):
                 remote._call("tether.time_evaluator", [f.fn, [A.handle, B.handle, C.handle], bad])
-        with pytest.raises(errors.RemoteError if hasattr(errors, "RemoteError") else Exception, match="shape"):
+        with pytest.raises(errors.KernelError, match=r"argument 0 'A' has shape \(10,\), expected \(1024,\)"):
             f(remote.empty(10, "float32"), B, C)
         # a native library is refused with what the device expects instead
         (tmp_path / "lib.so").write_bytes(b"\x7fELF" + b"\0" * 60)
@@ -187,6 +187,28 @@ def test_one_session_at_a_time_with_a_queue(js_server):
     assert not waiter.is_alive() and "session" in second
     with second["session"] as remote:
         assert remote._call("tether.echo", ["second"])["value"] == "second"
+
+
+def test_session_limits_refuse_and_the_session_goes_on(js_workdir):
+    dev = NodeDevice(["--port", "0", "--session-disk", "1000", "--session-memory", "4KiB"], js_workdir, "listening on")
+    try:
+        with rpc.connect("127.0.0.1", dev.port) as remote:
+            assert remote.device_info()["session_limits"]["disk_bytes"] == 1000
+            remote.upload(b"x" * 600, "a.bin")
+            with pytest.raises(errors.LimitExceeded, match="--session-disk"):
+                remote.upload(b"y" * 600, "b.bin")          # its bytes are read and dropped: the stream stays in step
+            remote.upload(b"z" * 900, "a.bin")              # replacing a file counts only the difference
+            assert remote.listdir() == ["a.bin"] and remote.download("a.bin") == b"z" * 900
+            keep = remote.empty(1000, "float32")
+            with pytest.raises(errors.OutOfMemory, match="--session-memory"):
+                remote.empty(100, "float32")
+            keep.free()
+            assert remote.empty(1000, "float32").numpy().shape == (1000,)
+            with pytest.raises(ValueError, match="copy_in: 8 bytes sent"):
+                remote._call("tether.array.copy_in", [remote.empty(4, "float32").handle], bulk=b"12345678")
+            assert remote._call("tether.echo", [1.5])["value"] == 1.5
+    finally:
+        dev.stop()
 
 
 def test_token_is_required_and_a_wrong_one_refused(js_workdir):
