@@ -21,6 +21,7 @@ from fixtures.tracker import TrackerProcess
 
 from tether import rpc
 from tether_rpc import errors
+from tether_rpc.protocol import RemoteHandle as rpc_handle
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -48,6 +49,15 @@ def test_js_codec_tells_a_float_from_an_int(tmp_path):
     broken.write_text(json.dumps(doc))
     result = run_vectors(broken)
     assert sorted(f.split(":")[0] for f in result["failures"]) == ["call_echo", "call_echo_float_2"]
+
+
+def test_js_frame_decoder_refuses_mutated_frames_cleanly():
+    """50,000 mutated vector frames: each decodes or is refused with ProtocolError/FrameTooLarge, nothing else
+    (this found a zero-length body reaching past the buffer)."""
+    out = subprocess.run([node(), str(ROOT / "bindings" / "js" / "test" / "fuzz_frames.mjs"), "50000"],
+                         capture_output=True, text=True, timeout=300)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["crashes"] == [] and result["frames"] == 50000 and result["refused"] > 10000, result
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -206,7 +216,9 @@ def test_session_limits_refuse_and_the_session_goes_on(js_workdir):
             assert remote.empty(1000, "float32").numpy().shape == (1000,)
             with pytest.raises(ValueError, match="copy_in: 8 bytes sent"):
                 remote._call("tether.array.copy_in", [remote.empty(4, "float32").handle], bulk=b"12345678")
-            assert remote._call("tether.echo", [1.5])["value"] == 1.5
+            with pytest.raises(KeyError, match="handle 999"):     # bytes for no array are dropped unread
+                remote._call("tether.array.copy_in", [rpc_handle(999)], bulk=b"x" * 100_000)
+            assert remote._call("tether.echo", [1.5], bulk=b"y" * 1000)["value"] == 1.5   # (and for no copy)
     finally:
         dev.stop()
 

@@ -412,7 +412,8 @@ export class FrameBuffer {
   }
   feed(bytes) { if (bytes.length) { this.chunks.push(bytes); this.length += bytes.length; } }
   peek(n) {
-    // the first n bytes as one array (joins chunks only as far as needed)
+    // the first n bytes as one array (joins chunks only as far as needed); an empty body is a frame too
+    if (n === 0) return new Uint8Array(0);
     if (this.chunks[0].length >= n) return this.chunks[0].subarray(0, n);
     const out = new Uint8Array(n);
     let pos = 0;

@@ -14,6 +14,8 @@ export const SERVER_NAME = "tether-js/0.1.0";
 const MAX_FLUSH_BYTES = 2 ** 28;
 const MAX_NUMBER = 2 ** 30;
 const MAX_NAME_BYTES = 255;
+// the built-ins that consume bulk bytes after their CALL (each checks the size before the bytes are read)
+const BULK_BUILTINS = new Set(["tether.upload", "tether.array.copy_in"]);
 
 const err = (type, message) => new RemoteError(type, message);
 const now = () => (globalThis.performance ?? Date).now();
@@ -599,14 +601,19 @@ export async function serveCalls(conn, handler, opts = {}) {
           if (fn === "tether.upload" && typeof args[0] === "string") {
             try { safeName(args[0]); handler.checkDisk(args[0], nbytes); } catch (e) { await conn.skip(nbytes, endAt); throw e; }
           }
-          if (fn === "tether.array.copy_in" && args[0] instanceof Handle) {
-            const e = handler.objects.get(args[0].id);
+          let take = BULK_BUILTINS.has(fn);
+          if (fn === "tether.array.copy_in") {
+            const e = args[0] instanceof Handle ? handler.objects.get(args[0].id) : undefined;
             if (e && e.kind === "array" && e.obj.byteLength !== nbytes) {
               await conn.skip(nbytes, endAt);
               throw err("ValueError", `copy_in: ${nbytes} bytes sent, the array ${e.obj.dtype} ${fmtShape(e.obj.shape)} holds ${e.obj.byteLength}`);
             }
+            take = e !== undefined && e.kind === "array";   // else the call names the bad handle
           }
-          ctx.bulk = await conn.readBulk(nbytes, endAt);
+          // the bytes are buffered only for a destination of their size; any other call's are dropped unread
+          // (nbytes may be GiBs)
+          if (take) ctx.bulk = await conn.readBulk(nbytes, endAt);
+          else await conn.skip(nbytes, endAt);
         }
         reply = await handler.call(fn, args, ctx);
       } catch (e) {
