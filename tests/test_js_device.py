@@ -275,6 +275,22 @@ def test_node_device_serves_tracker_requests_in_reverse_mode(js_workdir, vadd_wa
         tracker.stop()
 
 
+def test_node_device_comes_back_after_the_tracker_restarts(js_workdir):
+    tracker = TrackerProcess(js_workdir)
+    port = tracker.port
+    dev = NodeDevice(["--tracker", "127.0.0.1:%d" % port, "--key", "node"], js_workdir, "registered with")
+    try:
+        tracker.stop()
+        tracker = TrackerProcess(js_workdir, port=port)      # the same address, an empty pool
+        wait_until(lambda: tracker.count("node", "free") == 1, 30, "the node device to register again")
+        with tracker.client() as client, client.request("node", wait_timeout=30) as remote:
+            assert remote._call("tether.echo", [2.0])["value"] == 2.0
+        assert "reconnecting" in dev.log()
+    finally:
+        dev.stop()
+        tracker.stop()
+
+
 def test_server_js_refuses_bad_options():
     out = subprocess.run([node(), str(SERVER_JS), "--tracker", "nohostport"], capture_output=True, text=True,
                          timeout=30)
