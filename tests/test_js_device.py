@@ -291,6 +291,28 @@ def test_node_device_comes_back_after_the_tracker_restarts(js_workdir):
         tracker.stop()
 
 
+def test_the_grant_session_timeout_ends_the_session_on_the_device(js_workdir):
+    tracker = TrackerProcess(js_workdir)
+    dev = NodeDevice(["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "node"], js_workdir, "registered with")
+    try:
+        with tracker.client() as client:
+            remote = client.request("node", wait_timeout=30, session_timeout=1)
+            try:
+                def ended() -> bool:
+                    try:
+                        remote._call("tether.echo", [1])
+                        return False
+                    except errors.TetherTimeout as exc:
+                        return "session timeout" in str(exc)
+                wait_until(ended, 30, "the device to end the session", step=0.2)
+            finally:
+                remote.close()
+            wait_until(lambda: tracker.count("node", "free") == 1, 30, "the device to be free again")
+    finally:
+        dev.stop()
+        tracker.stop()
+
+
 def test_server_js_refuses_bad_options():
     out = subprocess.run([node(), str(SERVER_JS), "--tracker", "nohostport"], capture_output=True, text=True,
                          timeout=30)
