@@ -133,6 +133,11 @@ def test_wasm_kernel_call_matches_numpy_and_times_on_device(js_server, vadd_wasm
                 remote._call("tether.time_evaluator", [f.fn, [A.handle, B.handle, C.handle], bad])
         with pytest.raises(errors.KernelError, match=r"argument 0 'A' has shape \(10,\), expected \(1024,\)"):
             f(remote.empty(10, "float32"), B, C)
+        # a kernel that traps fails its call, and the session goes on
+        remote.upload(str(ROOT / "bindings" / "js" / "test" / "fixtures" / "abi_kernels.wasm"), "abi.wasm")
+        with pytest.raises(errors.KernelError, match="trap"):
+            remote.load_module("abi.wasm").get_function("trap")()
+        np.testing.assert_allclose(C.numpy(), a + b, rtol=1e-6)
         # a native library is refused with what the device expects instead
         (tmp_path / "lib.so").write_bytes(b"\x7fELF" + b"\0" * 60)
         remote.upload(str(tmp_path / "lib.so"), "lib.so")
