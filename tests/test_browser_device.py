@@ -52,9 +52,13 @@ class WebTracker:
         self.proc = subprocess.Popen([sys.executable, "-m", "tether.cli.tracker", "--port", "0", "--ready-file",
                                       self.port_file, "--web", "0", "--web-ready-file", self.web_file, "-v"],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        wait_until(lambda: os.path.exists(self.web_file) or self.proc.poll() is not None, START_TIMEOUT,
-                   "rpc-tracker --web to listen")
-        assert self.proc.poll() is None, "rpc-tracker --web exited:\n" + self.log()
+        try:
+            wait_until(lambda: os.path.exists(self.web_file) or self.proc.poll() is not None, START_TIMEOUT,
+                       "rpc-tracker --web to listen")
+            assert self.proc.poll() is None, "rpc-tracker --web exited:\n" + self.log()
+        except BaseException:
+            self.stop()
+            raise
         self.port = int(open(self.port_file).read())
         self.web_port = int(open(self.web_file).read())
 
@@ -90,9 +94,13 @@ class Chromium:
                                      ["--user-data-dir=" + self.profile, "about:blank"],
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         active = os.path.join(self.profile, "DevToolsActivePort")
-        wait_until(lambda: os.path.exists(active) and open(active).read().strip() or self.proc.poll() is not None,
-                   START_TIMEOUT, "Chromium's DevTools port")
-        assert self.proc.poll() is None, "chromium exited:\n" + open(self.log_path, errors="replace").read()[-3000:]
+        try:
+            wait_until(lambda: os.path.exists(active) and open(active).read().strip() or self.proc.poll() is not None,
+                       START_TIMEOUT, "Chromium's DevTools port")
+            assert self.proc.poll() is None, "chromium exited:\n" + open(self.log_path, errors="replace").read()[-3000:]
+        except BaseException:
+            self.stop()
+            raise
         self.port = int(open(active).read().split()[0])
 
     def _request(self, method: str, path: str) -> bytes:
@@ -114,11 +122,14 @@ class Chromium:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)     # the group this test created for it
+            os.killpg(self.proc.pid, signal.SIGTERM)     # the group this test created for it (its own session)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait(10)
         self._log.close()
 

@@ -15,9 +15,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from fixtures.js_device import ROOT, SERVER_JS, VECTORS_JS, NodeDevice, check_model_on, node
+from fixtures.js_device import ROOT, SERVER_JS, VECTORS_JS, check_model_on, node
 from fixtures.polling import wait_until
-from fixtures.tracker import TrackerProcess
 
 from tether import rpc
 from tether_rpc import errors
@@ -204,58 +203,51 @@ def test_one_session_at_a_time_with_a_queue(js_server):
         assert remote._call("tether.echo", ["second"])["value"] == "second"
 
 
-def test_session_limits_refuse_and_the_session_goes_on(js_workdir):
-    dev = NodeDevice(["--port", "0", "--session-disk", "1000", "--session-memory", "4KiB"], js_workdir, "listening on")
-    try:
-        with rpc.connect("127.0.0.1", dev.port) as remote:
-            assert remote.device_info()["session_limits"]["disk_bytes"] == 1000
-            remote.upload(b"x" * 600, "a.bin")
-            with pytest.raises(errors.LimitExceeded, match="--session-disk"):
-                remote.upload(b"y" * 600, "b.bin")          # its bytes are read and dropped: the stream stays in step
-            remote.upload(b"z" * 900, "a.bin")              # replacing a file counts only the difference
-            assert remote.listdir() == ["a.bin"] and remote.download("a.bin") == b"z" * 900
-            keep = remote.empty(1000, "float32")
-            with pytest.raises(errors.OutOfMemory, match="--session-memory"):
-                remote.empty(100, "float32")
-            keep.free()
-            assert remote.empty(1000, "float32").numpy().shape == (1000,)
-            with pytest.raises(ValueError, match="copy_in: 8 bytes sent"):
-                remote._call("tether.array.copy_in", [remote.empty(4, "float32").handle], bulk=b"12345678")
-            with pytest.raises(KeyError, match="handle 999"):     # bytes for no array are dropped unread
-                remote._call("tether.array.copy_in", [rpc_handle(999)], bulk=b"x" * 100_000)
-            assert remote._call("tether.echo", [1.5], bulk=b"y" * 1000)["value"] == 1.5   # (and for no copy)
-    finally:
-        dev.stop()
+def test_session_limits_refuse_and_the_session_goes_on(js_lab):
+    dev = js_lab.node(["--port", "0", "--session-disk", "1000", "--session-memory", "4KiB"], "listening on")
+    with rpc.connect("127.0.0.1", dev.port) as remote:
+        assert remote.device_info()["session_limits"]["disk_bytes"] == 1000
+        remote.upload(b"x" * 600, "a.bin")
+        with pytest.raises(errors.LimitExceeded, match="--session-disk"):
+            remote.upload(b"y" * 600, "b.bin")          # its bytes are read and dropped: the stream stays in step
+        remote.upload(b"z" * 900, "a.bin")              # replacing a file counts only the difference
+        assert remote.listdir() == ["a.bin"] and remote.download("a.bin") == b"z" * 900
+        keep = remote.empty(1000, "float32")
+        with pytest.raises(errors.OutOfMemory, match="--session-memory"):
+            remote.empty(100, "float32")
+        keep.free()
+        assert remote.empty(1000, "float32").numpy().shape == (1000,)
+        with pytest.raises(ValueError, match="copy_in: 8 bytes sent"):
+            remote._call("tether.array.copy_in", [remote.empty(4, "float32").handle], bulk=b"12345678")
+        with pytest.raises(KeyError, match="handle 999"):     # bytes for no array are dropped unread
+            remote._call("tether.array.copy_in", [rpc_handle(999)], bulk=b"x" * 100_000)
+        assert remote._call("tether.echo", [1.5], bulk=b"y" * 1000)["value"] == 1.5   # (and for no copy)
 
 
-def test_token_is_required_and_a_wrong_one_refused(js_workdir):
-    dev = NodeDevice(["--port", "0", "--token", "s3cret-tök€n"], js_workdir, "listening on")
-    try:
-        with pytest.raises(errors.AuthenticationError):
-            rpc.connect("127.0.0.1", dev.port, token="wrong")
-        with pytest.raises(errors.AuthenticationError):
-            rpc.connect("127.0.0.1", dev.port, token=None)
-        with rpc.connect("127.0.0.1", dev.port, token="s3cret-tök€n") as remote:
-            assert remote._call("tether.echo", [3])["value"] == 3
-    finally:
-        dev.stop()
+def test_token_is_required_and_a_wrong_one_refused(js_lab):
+    dev = js_lab.node(["--port", "0", "--token", "s3cret-tök€n"], "listening on")
+    with pytest.raises(errors.AuthenticationError):
+        rpc.connect("127.0.0.1", dev.port, token="wrong")
+    with pytest.raises(errors.AuthenticationError):
+        rpc.connect("127.0.0.1", dev.port, token=None)
+    with rpc.connect("127.0.0.1", dev.port, token="s3cret-tök€n") as remote:
+        assert remote._call("tether.echo", [3])["value"] == 3
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # through a tracker (reverse mode)
 
 @pytest.mark.parametrize("token", [None, "trk-tok€n"])
-def test_node_device_serves_tracker_requests_in_reverse_mode(js_workdir, vadd_wasm, token):
-    tracker = TrackerProcess(js_workdir, token=token)
+def test_node_device_serves_tracker_requests_in_reverse_mode(js_lab, vadd_wasm, token):
+    tracker = js_lab.tracker(token=token)
     args = ["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "node", "--tag", "lab=js"]
     if token:
         args += ["--tracker-token", token]
-    dev = NodeDevice(args, js_workdir, "registered with")
-    try:
-        devices = tracker.summary()["devices"]
-        assert [(d["key"], d["reverse"], d["tags"]["arch"], d["tags"]["lab"]) for d in devices] == \
-            [("node", True, "wasm32", "js")]
-        client = tracker.client()
+    js_lab.node(args, "registered with")
+    devices = tracker.summary()["devices"]
+    assert [(d["key"], d["reverse"], d["tags"]["arch"], d["tags"]["lab"]) for d in devices] == \
+        [("node", True, "wasm32", "js")]
+    with tracker.client() as client:
         for round_ in range(2):         # the device registers again after each session
             with client.request("node", wait_timeout=30) as remote:
                 assert remote.device_info()["arch"] == "wasm32"
@@ -266,56 +258,39 @@ def test_node_device_serves_tracker_requests_in_reverse_mode(js_workdir, vadd_wa
                 f(a, a, c)
                 np.testing.assert_array_equal(c, 2 * a)
             wait_until(lambda: tracker.count("node", "free") == 1, 15, "the node device to be free again")
-        client.close()
-        if token:   # a device with the wrong tracker token never registers
-            bad = NodeDevice(["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "bad", "--tracker-token", "no"],
-                             js_workdir, None)
-            try:
-                wait_until(lambda: "AuthenticationError" in bad.log(), 15, "the tracker to refuse the wrong token")
-                assert tracker.count("bad") == 0
-            finally:
-                bad.stop()
-    finally:
-        dev.stop()
-        tracker.stop()
+    if token:   # a device with the wrong tracker token never registers
+        bad = js_lab.node(["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "bad", "--tracker-token", "no"], None)
+        wait_until(lambda: "AuthenticationError" in bad.log(), 15, "the tracker to refuse the wrong token")
+        assert tracker.count("bad") == 0
 
 
-def test_node_device_comes_back_after_the_tracker_restarts(js_workdir):
-    tracker = TrackerProcess(js_workdir)
-    port = tracker.port
-    dev = NodeDevice(["--tracker", "127.0.0.1:%d" % port, "--key", "node"], js_workdir, "registered with")
-    try:
-        tracker.stop()
-        tracker = TrackerProcess(js_workdir, port=port)      # the same address, an empty pool
-        wait_until(lambda: tracker.count("node", "free") == 1, 30, "the node device to register again")
-        with tracker.client() as client, client.request("node", wait_timeout=30) as remote:
-            assert remote._call("tether.echo", [2.0])["value"] == 2.0
-        assert "reconnecting" in dev.log()
-    finally:
-        dev.stop()
-        tracker.stop()
+def test_node_device_comes_back_after_the_tracker_restarts(js_lab):
+    first = js_lab.tracker()
+    dev = js_lab.node(["--tracker", "127.0.0.1:%d" % first.port, "--key", "node"], "registered with")
+    first.stop()
+    tracker = js_lab.tracker(port=first.port)      # the same address, an empty pool
+    wait_until(lambda: tracker.count("node", "free") == 1, 30, "the node device to register again")
+    with tracker.client() as client, client.request("node", wait_timeout=30) as remote:
+        assert remote._call("tether.echo", [2.0])["value"] == 2.0
+    assert "reconnecting" in dev.log()
 
 
-def test_the_grant_session_timeout_ends_the_session_on_the_device(js_workdir):
-    tracker = TrackerProcess(js_workdir)
-    dev = NodeDevice(["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "node"], js_workdir, "registered with")
-    try:
-        with tracker.client() as client:
-            remote = client.request("node", wait_timeout=30, session_timeout=1)
-            try:
-                def ended() -> bool:
-                    try:
-                        remote._call("tether.echo", [1])
-                        return False
-                    except errors.TetherTimeout as exc:
-                        return "session timeout" in str(exc)
-                wait_until(ended, 30, "the device to end the session", step=0.2)
-            finally:
-                remote.close()
-            wait_until(lambda: tracker.count("node", "free") == 1, 30, "the device to be free again")
-    finally:
-        dev.stop()
-        tracker.stop()
+def test_the_grant_session_timeout_ends_the_session_on_the_device(js_lab):
+    tracker = js_lab.tracker()
+    js_lab.node(["--tracker", "127.0.0.1:%d" % tracker.port, "--key", "node"], "registered with")
+    with tracker.client() as client:
+        remote = client.request("node", wait_timeout=30, session_timeout=1)
+        try:
+            def ended() -> bool:
+                try:
+                    remote._call("tether.echo", [1])
+                    return False
+                except errors.TetherTimeout as exc:
+                    return "session timeout" in str(exc)
+            wait_until(ended, 30, "the device to end the session", step=0.2)
+        finally:
+            remote.close()
+        wait_until(lambda: tracker.count("node", "free") == 1, 30, "the device to be free again")
 
 
 def test_server_js_refuses_bad_options():
