@@ -365,3 +365,125 @@ def test_model_folder_matches_python_executor(tmp_path):
     proc = _run(str(JS / "tools" / "run_model.js"), str(tmp_path / "wasm"), str(tmp_path / "in.params"),
                 str(tmp_path / "out.params"))
     assert proc.returncode == 2 and proc.stderr.strip() == "the model has no input 'image' (inputs: input)"
+
+
+# ------------------------------------------------------------------------------------------------ a browser
+_PAGE = """<!doctype html><html><body><script type="module">
+import { loadModule, fromTypedArray, empty, loadParams, saveParams, loadGraph } from "/js/src/index.js";
+const bytes = async (path) => new Uint8Array(await (await fetch(path)).arrayBuffer());
+let result;
+try {
+  const m = await loadModule(await bytes("/data/vadd.wasm"), { name: "vadd.wasm" });
+  const a = fromTypedArray(Float32Array.from({ length: 1024 }, (_, i) => i / 4));
+  const c = empty([1024]);
+  m.getFunction("vadd")(a, a, c);
+  let error = "";
+  try { m.getFunction("vadd")(a, empty([7]), c); } catch (e) { error = e.message; }
+  const gm = await loadGraph(await (await fetch("/data/model/deploy.json")).text(),
+                             await bytes("/data/model/deploy.wasm"), await bytes("/data/model/deploy.params"));
+  for (const [name, x] of loadParams(await bytes("/data/in.params"))) gm.setInput(name, x);
+  gm.run();
+  const out = saveParams(new Map([["0", gm.getOutput(0)], ["vadd", c]]));
+  result = { ok: true, error, home: a.home, out: btoa(String.fromCharCode(...out)) };
+} catch (e) {
+  result = { ok: false, error: String(e && e.stack || e) };
+}
+await fetch("/result", { method: "POST", body: JSON.stringify(result) });
+</script></body></html>"""
+
+
+def _chromium() -> str:
+    import shutil
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        require_tool("chromium", "apt-get install chromium")
+    return path
+
+
+def test_runtime_in_headless_chromium(tmp_path):
+    """src/ as ES modules served over loopback HTTP to a real browser: a compiled kernel and the digits model
+    through loadGraph, outputs compared with the Python executor's."""
+    import base64
+    import http.server
+    import threading
+
+    import onnx
+    import tether
+    from tether.frontend import from_onnx
+    exe = _chromium()
+    data = tmp_path / "data"
+    data.mkdir()
+    _build("wasm32", data / "vadd.wasm")
+    graph, params = from_onnx(onnx.load(str(ROOT / "tests" / "data" / "digits_cnn.onnx")),
+                              shape={"input": (8, 1, 8, 8)})
+    tether.build_graph(graph, params, target="wasm32", opt_level=3).export(str(data / "model"))
+    tether.build_graph(graph, params, target="host", opt_level=3).export(str(tmp_path / "host"))
+    x = np.random.default_rng(5).standard_normal((8, 1, 8, 8)).astype(np.float32)
+    (data / "in.params").write_bytes(save_params({"input": x}))
+    roots = {"/js/": JS, "/data/": data}
+    posted: Dict[str, Any] = {}
+    done = threading.Event()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        extensions_map = dict(http.server.SimpleHTTPRequestHandler.extensions_map,
+                              **{".js": "text/javascript", ".wasm": "application/wasm"})
+
+        def translate_path(self, path: str) -> str:
+            for prefix, root in roots.items():
+                if path.startswith(prefix):
+                    target = (root / path[len(prefix):].split("?")[0]).resolve()
+                    if root.resolve() in target.parents:
+                        return str(target)
+            return str(tmp_path / "missing")
+
+        def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+            if self.path == "/":
+                body = _PAGE.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            super().do_GET()
+
+        def do_POST(self) -> None:  # noqa: N802
+            n = min(int(self.headers.get("Content-Length", 0)), 1 << 24)
+            posted.update(json.loads(self.rfile.read(n)))
+            self.send_response(204)
+            self.end_headers()
+            done.set()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    browser = subprocess.Popen([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                                "--user-data-dir=%s" % (tmp_path / "profile"),
+                                "http://127.0.0.1:%d/" % server.server_address[1]],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        finished = done.wait(timeout=180)
+    finally:
+        browser.terminate()
+        try:
+            browser.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            browser.kill()
+            browser.wait(timeout=30)
+        server.shutdown()
+        server.server_close()
+    assert finished, "the page posted no result: %s" % browser.stderr.read().decode(errors="replace")[-3000:]
+    assert posted["ok"], posted["error"]
+    assert posted["error"] == "vadd: argument 1 'B' has shape (7,), expected (1024,) (dimension 0 differs)"
+    assert posted["home"] == "vadd.wasm"
+    out = load_params(base64.b64decode(posted["out"]))
+    a = np.arange(1024, dtype=np.float32) / 4
+    assert np.array_equal(out["vadd"], a + a)
+    gm = GraphExecutor.from_folder(str(tmp_path / "host"))
+    gm.set_input("input", x)
+    gm.run()
+    np.testing.assert_allclose(out["0"], gm.get_output(0), rtol=1e-5, atol=1e-5)

@@ -1,7 +1,8 @@
 """Whole models compiled for wasm32 (deploy.json + deploy.params + deploy.wasm) and run in node through the JS
 runtime's GraphExecutor (bindings/js), against onnxruntime: mobilenet_v2, a YOLOv8-style detector, a CRNN (LSTM)
-and an SVTR (attention) text recognizer, a transformer encoder. Every output has onnxruntime's dtype and shape
-and a max relative error (max |tether - ort| / max |ort|, as tests/test_model_kinds.py) <= 1e-4."""
+and an SVTR (attention) text recognizer, a transformer encoder, a voice-activity detector. Every output has
+onnxruntime's dtype and shape and a max relative error (max |tether - ort| / max |ort|, as
+tests/test_model_kinds.py) <= 1e-4."""
 import json
 import re
 
@@ -13,6 +14,7 @@ from wasm_node import run_model, wasm_imports_and_exports, wasm_metadata
 
 import tether
 from tether.frontend import from_onnx
+from tether.target import WASM_STACK_BYTES
 from tether.testing.model_kinds import KINDS, relative_error
 
 
@@ -25,7 +27,8 @@ MODELS = {"mobilenet_v2": _mobilenet_v2,
           "yolov8_detector": lambda: KINDS["yolov8_detector"]("test"),
           "crnn_recognizer": lambda: KINDS["crnn_recognizer"]("test"),
           "svtr_recognizer": lambda: KINDS["svtr_recognizer"]("test"),
-          "transformer_encoder": lambda: KINDS["transformer_encoder"]("test")}
+          "transformer_encoder": lambda: KINDS["transformer_encoder"]("test"),
+          "vad": lambda: KINDS["vad"]("test")}   # (LSTM state inputs, a run-time If: guarded nodes)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -51,7 +54,8 @@ def test_model_in_node_matches_onnxruntime(name, tmp_path):
 
 
 def test_mobilenet_v2_kernels_are_simd128():
-    """Every conv kernel of mobilenet_v2 (regular, depthwise, pointwise) multiplies and adds in f32x4."""
+    """Every conv kernel of mobilenet_v2 (regular, depthwise, pointwise) multiplies and adds in f32x4; no atomics;
+    kernel stack frames far below the module's stack."""
     model, _ = _mobilenet_v2()
     graph, params = from_onnx(model)
     lib = tether.build_graph(graph, params, target="wasm32").lib
@@ -61,3 +65,7 @@ def test_mobilenet_v2_kernels_are_simd128():
     scalar = [name for name, body in bodies.items() if "f32x4.mul" not in body or "f32x4.add" not in body]
     assert not scalar, scalar
     assert "atomic" not in asm
+    # the 1 MiB stack (docs/web.md "The module") holds a kernel's frame many times over
+    frames = [int(n) for n in re.findall(r"global\.get\s+__stack_pointer\s*\n\s*i32\.const\s+(\d+)\s*\n\s*i32\.sub",
+                                         asm)]
+    assert frames and max(frames) <= WASM_STACK_BYTES // 8, max(frames)

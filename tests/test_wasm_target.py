@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 from wasm_cases import CASES, FLOAT16_CASES, INT8_CASES
-from wasm_node import run_kernels, run_model, wasm_imports_and_exports, wasm_metadata, wasm_sections
+from wasm_node import NodeToolError, run_kernel, run_model, wasm_imports_and_exports, wasm_metadata, wasm_sections
 
 import tether
 from tether import te
@@ -64,7 +64,7 @@ def test_target_properties():
     assert Target("wasm32-nosimd").requirements() == {"isa": "wasm32", "features": []}
     assert "p:32:32" in t.data_layout
     flags = " ".join(t.link_flags)
-    for flag in ("--no-entry", "--export=__heap_base", "--export-memory", "stack-size=8388608", "--strip-debug"):
+    for flag in ("--no-entry", "--export=__heap_base", "--export-memory", "stack-size=1048576", "--strip-debug"):
         assert flag in flags
     assert "--allow-undefined" not in flags and "--shared-memory" not in flags
     assert t.library_suffix == ".wasm" and Target("x86_64").library_suffix == ".so"
@@ -141,8 +141,8 @@ def test_static_scratch_needs_no_atomics(tmp_path):
     assert "tether_scratch_arena" in asm and "atomic" not in asm and "scratch_lock" not in asm
     path = lib.export_library(str(tmp_path / "rev.wasm"))
     a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    _, (out,) = run_kernels(path, [("rev", [a], [((n,), "float32")])])
-    np.testing.assert_array_equal(out[0], (a * 2 + 1)[::-1])
+    _, out = run_kernel(path, "rev", [a, np.zeros(n, np.float32)])
+    np.testing.assert_array_equal(out, (a * 2 + 1)[::-1])
 
 
 def test_kernel_runs_in_node_and_reports_a_readable_error(tmp_path):
@@ -150,11 +150,12 @@ def test_kernel_runs_in_node_and_reports_a_readable_error(tmp_path):
     path = lib.export_library(str(tmp_path / "vadd.wasm"))
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal(1024).astype(np.float32), rng.standard_normal(1024).astype(np.float32)
-    info, results = run_kernels(path, [("vadd", [a, b], [((1024,), "float32")]),
-                                       ("vadd", [a, b[:1000]], [((1024,), "float32")])])
-    assert info["functions"] == ["vadd"] and info["metadata"]["target"]["arch"] == "wasm32"
-    np.testing.assert_allclose(results[0][0], np.exp(a) + b * 2, rtol=1e-6, atol=1e-6)
-    assert isinstance(results[1], str) and "vadd" in results[1] and "(1024,)" in results[1], results[1]
+    c = np.zeros(1024, np.float32)
+    _, _, got = run_kernel(path, "vadd", [a, b, c])
+    np.testing.assert_allclose(got, np.exp(a) + b * 2, rtol=1e-6, atol=1e-6)
+    with pytest.raises(NodeToolError) as exc:
+        run_kernel(path, "vadd", [a, b[:1000], c])
+    assert str(exc.value) == "vadd: argument 1 'B' has shape (1000,), expected (1024,) (dimension 0 differs)"
 
 
 def test_build_in_parts_links_one_module(tmp_path):
@@ -173,9 +174,9 @@ def test_build_in_parts_links_one_module(tmp_path):
     _, exports = wasm_imports_and_exports(open(path, "rb").read())
     assert {"f%d" % k for k in range(6)} <= set(exports)
     a = np.arange(n, dtype=np.float32)
-    _, results = run_kernels(path, [("f%d" % k, [a], [((n,), "float32")]) for k in range(6)])
     for k in range(6):
-        np.testing.assert_array_equal(results[k][0], ((a + k) * 2)[::-1])
+        _, out = run_kernel(path, "f%d" % k, [a, np.zeros(n, np.float32)])
+        np.testing.assert_array_equal(out, ((a + k) * 2)[::-1])
 
 
 # ---- invalid uses: a wasm32 module on the Python side -------------------------------------------------------

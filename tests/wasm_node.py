@@ -1,8 +1,8 @@
-"""Run wasm32 modules in node through the JS runtime (bindings/js), for the wasm32 tests; read a .wasm's sections.
+"""Run wasm32 modules in node through the JS runtime's tools (bindings/js/tools/run_kernel.js, run_model.js), for
+the wasm32 tests; read a .wasm's sections.
 
-Each run writes a job (JSON plus raw little-endian tensor files) into a temporary folder and starts one node
-process on a small ES-module driver that imports bindings/js/src/runtime.js (and graph.js for whole models), so
-what is tested is the runtime's own loader, argument packing and graph executor. Every run has a timeout.
+Arrays travel to and from node in params files (docs/params.md, written and read by tether_rpc.params), so what is
+tested is the runtime's own loader, argument packing and graph executor. Every run has a timeout.
 """
 from __future__ import annotations
 
@@ -15,140 +15,60 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 from fixtures.prereq import require_tool, unavailable
+from tether_rpc.params import load_params, save_params
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-JS_SRC = ROOT / "bindings" / "js" / "src"
+JS_TOOLS = ROOT / "bindings" / "js" / "tools"
 NODE_TIMEOUT_S = 600
 
-_KERNEL_DRIVER = r"""
-import fs from "node:fs";
-const job = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
-const rt = await import(job.runtime);
-const result = {calls: []};
-try {
-  const mod = await rt.loadModule(new Uint8Array(fs.readFileSync(job.wasm)), {name: job.name});
-  result.metadata = mod.metadata;
-  result.functions = mod.functions;
-  for (const call of job.calls) {
-    const arrays = call.args.map((a) => {
-      const x = rt.empty(a.shape, a.dtype);
-      if (a.file) x.copyFrom(new Uint8Array(fs.readFileSync(a.file)));
-      return x;
-    });
-    try {
-      mod.getFunction(call.func)(...arrays);
-      call.args.forEach((a, i) => { if (a.out) fs.writeFileSync(a.out, arrays[i].bytes()); });
-      result.calls.push({ok: true});
-    } catch (e) {
-      result.calls.push({error: String(e && e.message || e)});
-    }
-  }
-} catch (e) {
-  result.error = String(e && e.message || e);
-}
-fs.writeFileSync(job.result, JSON.stringify(result));
-"""
 
-_MODEL_DRIVER = r"""
-import fs from "node:fs";
-const job = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
-const rt = await import(job.runtime);
-const {GraphExecutor} = await import(job.graph);
-const result = {};
-try {
-  const json = fs.readFileSync(job.folder + "/deploy.json", "utf8");
-  const lib = JSON.parse(json).lib;
-  const mod = await rt.loadModule(new Uint8Array(fs.readFileSync(job.folder + "/" + lib)), {name: lib});
-  const params = new Uint8Array(fs.readFileSync(job.folder + "/deploy.params"));
-  const gx = new GraphExecutor(json, mod, params);
-  for (const inp of job.inputs) {
-    const x = rt.empty(inp.shape, inp.dtype);
-    x.copyFrom(new Uint8Array(fs.readFileSync(inp.file)));
-    gx.setInput(inp.name, x);
-  }
-  gx.run();
-  result.outputs = [];
-  for (let i = 0; i < gx.numOutputs; i++) {
-    const out = gx.getOutput(i);
-    const file = job.prefix + i + ".bin";
-    fs.writeFileSync(file, out.bytes());
-    result.outputs.push({file, shape: Array.from(out.shape, Number), dtype: out.dtype});
-  }
-} catch (e) {
-  result.error = String(e && e.stack || e);
-}
-fs.writeFileSync(job.result, JSON.stringify(result));
-"""
+class NodeToolError(AssertionError):
+    """A node tool exited non-zero; ``str()`` is its one-line error (the runtime's message)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
 
 
 def require_node() -> str:
-    """node on PATH and the JS runtime in the tree (a skip on a developer's machine, a failure under CI)."""
+    """node on PATH and the JS runtime's tools in the tree (a skip on a developer's machine, a failure under CI)."""
     node = require_tool("node", "apt-get install nodejs")
-    if not (JS_SRC / "runtime.js").is_file() or not (JS_SRC / "graph.js").is_file():
-        unavailable("the JS runtime (bindings/js/src/runtime.js, graph.js)", "it is part of this repository")
+    for tool in ("run_kernel.js", "run_model.js"):
+        if not (JS_TOOLS / tool).is_file():
+            unavailable("the JS runtime's %s (bindings/js/tools)" % tool, "it is part of this repository")
     return node
 
 
-def _run_driver(source: str, job: Dict[str, Any], folder: str) -> Dict[str, Any]:
-    node = require_node()
-    driver = os.path.join(folder, "driver.mjs")
-    with open(driver, "w", encoding="utf-8") as fh:
-        fh.write(source)
-    job = dict(job, runtime=(JS_SRC / "runtime.js").as_uri(), graph=(JS_SRC / "graph.js").as_uri(),
-               result=os.path.join(folder, "result.json"))
-    job_path = os.path.join(folder, "job.json")
-    with open(job_path, "w", encoding="utf-8") as fh:
-        json.dump(job, fh)
-    proc = subprocess.run([node, driver, job_path], capture_output=True, text=True, timeout=NODE_TIMEOUT_S)
-    if proc.returncode != 0 or not os.path.isfile(job["result"]):
-        raise AssertionError("node failed (exit %d):\n%s" % (proc.returncode, (proc.stderr or proc.stdout)[-3000:]))
-    with open(job["result"], encoding="utf-8") as fh:
-        return json.load(fh)
+def _run_tool(tool: str, *args: str) -> None:
+    proc = subprocess.run([require_node(), str(JS_TOOLS / tool)] + list(args), capture_output=True, text=True,
+                          timeout=NODE_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise NodeToolError((proc.stderr or proc.stdout).strip()[-3000:], proc.returncode)
 
 
-def _tensor_file(folder: str, name: str, a: np.ndarray) -> Dict[str, Any]:
-    path = os.path.join(folder, name + ".bin")
-    np.ascontiguousarray(a).tofile(path)
-    return {"file": path, "shape": [int(d) for d in a.shape], "dtype": str(a.dtype)}
-
-
-def run_kernels(wasm: str, calls: Sequence[Tuple[str, Sequence[np.ndarray], Sequence[Tuple[tuple, str]]]]
-                ) -> Tuple[Dict[str, Any], List[Any]]:
-    """Load ``wasm`` in node and make ``calls``: (function, input arrays, output (shape, dtype)s). Returns the
-    runtime's view of the module (metadata, functions, or error) and per call the output arrays or the error
-    text the runtime raised."""
+def run_kernel(wasm: str, func: str, args: Sequence[np.ndarray]) -> List[np.ndarray]:
+    """Call ``func`` of the module ``wasm`` in node with ``args`` (inputs then outputs, as tether.build ordered
+    them); every argument after the call (outputs are written in place). Raises NodeToolError with the runtime's
+    message when the call fails."""
     with tempfile.TemporaryDirectory(prefix="tether-wasm-") as tmp:
-        job_calls, outs = [], []
-        for c, (func, inputs, out_specs) in enumerate(calls):
-            args = [_tensor_file(tmp, "c%di%d" % (c, k), a) for k, a in enumerate(inputs)]
-            specs = []
-            for k, (shape, dtype) in enumerate(out_specs):
-                path = os.path.join(tmp, "c%do%d.bin" % (c, k))
-                args.append({"out": path, "shape": [int(d) for d in shape], "dtype": dtype})
-                specs.append((path, tuple(shape), dtype))
-            job_calls.append({"func": func, "args": args})
-            outs.append(specs)
-        res = _run_driver(_KERNEL_DRIVER, {"wasm": os.path.abspath(wasm), "name": os.path.basename(wasm),
-                                           "calls": job_calls}, tmp)
-        results: List[Any] = []
-        for call, specs in zip(res.get("calls", []), outs):
-            if "error" in call:
-                results.append(call["error"])
-            else:
-                results.append([np.fromfile(p, dtype=np.dtype(d)).reshape(s) for p, s, d in specs])
-        return res, results
+        inp, out = os.path.join(tmp, "args.params"), os.path.join(tmp, "out.params")
+        with open(inp, "wb") as fh:
+            fh.write(save_params({str(k): np.ascontiguousarray(a) for k, a in enumerate(args)}))
+        _run_tool("run_kernel.js", os.path.abspath(wasm), func, inp, out)
+        got = load_params(out)
+        return [np.array(got[str(k)]) for k in range(len(args))]
 
 
 def run_model(folder: str, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
     """Run the compiled model folder (deploy.json, deploy.wasm, deploy.params) in node with the JS runtime's
     GraphExecutor on ``feeds``; its outputs, in order."""
     with tempfile.TemporaryDirectory(prefix="tether-wasm-") as tmp:
-        inputs = [dict(_tensor_file(tmp, "in%d" % k, a), name=name) for k, (name, a) in enumerate(feeds.items())]
-        res = _run_driver(_MODEL_DRIVER, {"folder": os.path.abspath(folder), "inputs": inputs,
-                                          "prefix": os.path.join(tmp, "out")}, tmp)
-        if "error" in res:
-            raise AssertionError("the JS graph executor failed: %s" % res["error"])
-        return [np.fromfile(o["file"], dtype=np.dtype(o["dtype"])).reshape(o["shape"]) for o in res["outputs"]]
+        inp, out = os.path.join(tmp, "inputs.params"), os.path.join(tmp, "outputs.params")
+        with open(inp, "wb") as fh:
+            fh.write(save_params({k: np.ascontiguousarray(v) for k, v in feeds.items()}))
+        _run_tool("run_model.js", os.path.abspath(folder), inp, out)
+        got = load_params(out)
+        return [np.array(got[str(k)]) for k in range(len(got))]
 
 
 # ---- the binary (a reader independent of the JS runtime, for the contract's structural checks) ----------------

@@ -82,11 +82,12 @@ def _arch_of_triple(triple: str) -> str:
 
 # wasm-ld (docs/web.md "The module"): no entry point; memory and __heap_base exported (the JS runtime allocates
 # from __heap_base up); an undefined symbol is an error (wasm-ld's default; --allow-undefined would import it);
-# the stack first, so an overflow runs below address 0 and traps instead of overwriting data. 8 MiB of stack is
-# what the ELF modules get as a Linux thread's default; a wasm32 module runs parallel loops serially in the impl,
-# where buffers over 64 KiB go to static scratch (codegen/function.py), so kernels need far less, but the
-# engine commits linear memory pages only when touched, and the headroom costs address space only.
-WASM_STACK_BYTES = 8 << 20
+# the stack first, so an overflow runs below address 0 and traps instead of overwriting data. 1 MiB of stack, not
+# the 8 MiB a Linux thread gives an ELF module: kernels keep buffers over 64 KiB in the static scratch arena
+# (codegen/function.py), a wasm32 module has no parallel tasks with stacks of their own, and one kernel frame is on
+# the stack at a time (wrapper -> impl -> math/memcpy). The largest frame of the test models, full-size
+# mobilenet_v2 among them, is 68,000 bytes; 1 MiB is 15 times that and keeps each module's initial memory small.
+WASM_STACK_BYTES = 1 << 20
 WASM_LINK_FLAGS: Tuple[str, ...] = ("--no-entry", "--export-memory", "--export=__heap_base", "--stack-first",
                                     "-z", "stack-size=%d" % WASM_STACK_BYTES, "--strip-debug", "--gc-sections")
 

@@ -424,6 +424,7 @@ export class GraphExecutor {
     const guards = this._guards;
     const skipped = this.skippedMask;
     const n = fns.length;
+    if (this.module !== null && this.module.closed) throw new GraphError(`the graph's module ${this.module.name} was freed; load it again`);
     let k = 0;
     try {
       for (; k < n; k++) {

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import { loadModule, empty, fromTypedArray, Float64, KernelError, ArchMismatch, ModuleLoadError, hasSimd128 } from "../src/runtime.js";
+import { loadModule, empty, fromTypedArray, Float64, KernelError, ArchMismatch, ModuleLoadError, hasSimd128, hasRelaxedSimd } from "../src/runtime.js";
 
 const fixture = (name) => readFileSync(fileURLToPath(new URL(`./fixtures/${name}`, import.meta.url)));
 const load = () => loadModule(fixture("abi_kernels.wasm"), { name: "abi_kernels.wasm" });
@@ -55,6 +55,9 @@ test("scalars: Float64 and non-integers as FLOAT64, integers and bigints as INT6
   const call = scale.prepare(x, y, new Float64(3), 0);
   call();
   assert.deepEqual(y.toTypedArray(), new Float32Array([3, 6, 9, 12, 15, 18]));
+  const other = await load();
+  other.getFunction("scale")(x, y, 1.5, 0);
+  assert.throws(call, /scale: argument 0 'X' left module abi_kernels.wasm \(freed or passed to another module\) after prepare\(\)/);
   const out = empty([3]);
   m.getFunction("text_info")("héllo", new Uint8Array([1, 2, 250]), out);
   assert.deepEqual(out.toTypedArray(), new Float32Array([6, 3, 253]));
@@ -95,4 +98,37 @@ test("modules for another architecture, non-wasm bytes and broken metadata are r
   const good = fixture("abi_kernels.wasm");
   await assert.rejects(loadModule(good.subarray(0, 200), { name: "cut.wasm" }), /cut\.wasm (has no tether_meta|is not a valid WebAssembly module)/);
   assert.equal(hasSimd128(), true);
+});
+
+/** The fixture module with `meta` as its tether_meta custom section. */
+function withMeta(meta) {
+  const payload = new TextEncoder().encode(JSON.stringify(meta));
+  const name = new TextEncoder().encode("tether_meta");
+  const leb = (n) => {
+    const out = [];
+    do {
+      let b = n & 0x7f;
+      n >>>= 7;
+      if (n) b |= 0x80;
+      out.push(b);
+    } while (n);
+    return out;
+  };
+  const body = [...leb(name.length), ...name, ...payload];
+  return new Uint8Array([...fixture("abi_kernels_nometa.wasm"), 0, ...leb(body.length), ...body]);
+}
+
+test("metadata: ABI version, required features and listed functions are checked before running anything", async () => {
+  const meta = JSON.parse(JSON.stringify((await load()).metadata));
+  assert.ok(await loadModule(withMeta(meta), { name: "ok.wasm" }));
+  await assert.rejects(loadModule(withMeta({ ...meta, abi_version: 2 }), { name: "v2.wasm" }),
+    /v2\.wasm uses tether ABI version 2 but this runtime speaks version 1/);
+  await assert.rejects(loadModule(withMeta({ ...meta, requires: { isa: "wasm32", features: ["simd128", "tail-call"] } }), { name: "tc.wasm" }),
+    (e) => e instanceof ArchMismatch && /tc\.wasm was built for wasm32 and needs tail-call, which this WebAssembly engine lacks/.test(e.message));
+  const relaxed = loadModule(withMeta({ ...meta, requires: { isa: "wasm32", features: ["simd128", "relaxed-simd"] } }), { name: "r.wasm" });
+  if (hasRelaxedSimd()) assert.ok(await relaxed);
+  else await assert.rejects(relaxed, /r\.wasm was built for wasm32 and needs relaxed-simd/);
+  await assert.rejects(loadModule(withMeta({ ...meta, functions: [...meta.functions, { name: "ghost" }] }), { name: "g.wasm" }),
+    /g\.wasm: metadata lists ghost but the module does not export it/);
+  await assert.rejects(loadModule(withMeta([1]), { name: "l.wasm" }), /l\.wasm: metadata must be a JSON object, got list/);
 });
