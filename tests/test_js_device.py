@@ -105,6 +105,9 @@ def test_arrays_files_and_errors(js_server):
         assert remote.listdir() == []
         with pytest.raises(KeyError, match="no built-in function"):
             remote._call("tether.nope", [])
+        assert remote._call("tether.host_functions", [])["value"] == []
+        with pytest.raises(KeyError, match="a JS device has none"):
+            remote._call("tether.get_function", ["myop"])
         assert remote._call("tether.echo", [1])["value"] == 1      # the session goes on after each error
 
 

@@ -83,6 +83,9 @@ export class SessionHandler {
       "tether.upload": this.upload, "tether.download": this.download, "tether.listdir": this.listdir,
       "tether.remove": this.remove, "tether.module.load": this.moduleLoad,
       "tether.module.get_function": this.moduleGetFunction, "tether.time_evaluator": this.timeEvaluator,
+      // host functions (rpc-server --functions) do not exist on a JS device: the list is empty, a lookup fails
+      "tether.host_functions": () => [],
+      "tether.get_function": (ctx, name) => { throw err("KeyError", `no host function ${JSON.stringify(name)}: a JS device has none (it runs wasm32 modules only)`); },
       "tether.graph.create": this.graphCreate, "tether.graph.set_input": this.graphSetInput,
       "tether.graph.set_inputs": this.graphSetInputs, "tether.graph.load_params": this.graphLoadParams,
       "tether.graph.run": this.graphRun, "tether.graph.get_output": this.graphGetOutput,
