@@ -12,8 +12,13 @@ for (const t of params.getAll("tag")) {
   const eq = t.indexOf("=");
   if (eq > 0) tags[t.slice(0, eq)] = t.slice(eq + 1);
 }
-// the fragment held the tokens: take them out of the address bar (and history) now that they are read
-if (params.has("token") || params.has("rpc_token")) history.replaceState(null, "", location.pathname + location.search);
+// the fragment held the tokens: take them (only) out of the address bar and history now that they are read
+if (params.has("token") || params.has("rpc_token")) {
+  const kept = new URLSearchParams(params);
+  kept.delete("token");
+  kept.delete("rpc_token");
+  history.replaceState(null, "", `${location.pathname}${location.search}#${kept}`);
+}
 
 const $ = (id) => document.getElementById(id);
 const status = { state: "starting", detail: "", sessions: 0, info: null, log: [] };
