@@ -117,6 +117,19 @@ class Chromium:
     def open_tab(self, url: str) -> str:
         return json.loads(self._request("PUT", "/json/new?" + urllib.parse.quote(url, safe="")))["id"]
 
+    def evaluate(self, tab: str, expression: str):
+        """The value of a JavaScript expression in a tab (DevTools protocol, Runtime.evaluate)."""
+        from websockets.sync.client import connect as ws_connect
+
+        with ws_connect("ws://127.0.0.1:%d/devtools/page/%s" % (self.port, tab), open_timeout=10) as ws:
+            ws.send(json.dumps({"id": 1, "method": "Runtime.evaluate",
+                                "params": {"expression": expression, "returnByValue": True}}))
+            for _ in range(100):
+                reply = json.loads(ws.recv(timeout=10))
+                if reply.get("id") == 1:
+                    return reply["result"]["result"].get("value")
+        raise AssertionError("no answer to Runtime.evaluate")
+
     def close_tab(self, tab: str) -> None:
         self._request("GET", "/json/close/" + tab)
 
@@ -160,6 +173,9 @@ def test_a_tab_serves_kernels_and_a_model_and_a_second_tab_takes_over(web_lab, v
     tracker, browser = web_lab
     first = browser.open_tab(tracker.page("browser", TOKEN))
     wait_registered(tracker, "browser", 1)
+    # the page shows its state, and has taken the token out of its address
+    assert browser.evaluate(first, "document.getElementById('state').textContent") == "registered"
+    assert browser.evaluate(first, "location.hash") == "#key=browser"
     with tracker.client() as client:
         (dev,) = [d for d in client.summary()["devices"] if d["key"] == "browser"]
         assert dev["reverse"] and dev["tags"]["arch"] == "wasm32" and dev["tags"]["os"] == "browser"
@@ -183,6 +199,8 @@ def test_a_tab_serves_kernels_and_a_model_and_a_second_tab_takes_over(web_lab, v
             assert all(s > 0 for s in res.samples)
             check_model_on(remote, wasm_model)
         wait_until(lambda: tracker.count("browser", "free") == 1, START_TIMEOUT, "the tab to be free again")
+        wait_until(lambda: browser.evaluate(first, "[window.tetherDevice.state, window.tetherDevice.sessions]")
+                   == ["registered", 1], START_TIMEOUT, "the page to show the session served")
 
         # closing the tab takes the device out of the pool; a second tab takes the next request
         browser.close_tab(first)
