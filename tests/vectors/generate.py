@@ -6,7 +6,9 @@ decode each ``valid`` frame's hex to its meaning, encode the meaning back to the
 
 JSON encoding of a meaning's values: numbers, strings, booleans, null, lists and maps as themselves;
 ``{"$bin": hex}`` for msgpack bin; ``{"$tensor": {"dtype", "shape", "data": hex}}`` for ext 1 (little-endian
-element bytes); ``{"$handle": id}`` for ext 2.
+element bytes); ``{"$handle": id}`` for ext 2; ``{"$float": x}`` for every msgpack float, so a reader whose JSON
+(or whose language) does not tell 2.0 from 2 still knows which values are floats: a bare JSON number in a meaning
+is always an int.
 """
 from __future__ import annotations
 
@@ -100,6 +102,8 @@ def to_wire(value):
             return bytes.fromhex(value["$bin"])
         if set(value) == {"$handle"}:
             return p.RemoteHandle(value["$handle"])
+        if set(value) == {"$float"}:
+            return float(value["$float"])
         if set(value) == {"$tensor"}:
             t = value["$tensor"]
             return for_host(np.frombuffer(bytes.fromhex(t["data"]), dtype=numpy_dtype(t["dtype"]).newbyteorder("<"))
@@ -107,6 +111,8 @@ def to_wire(value):
         return {k: to_wire(v) for k, v in value.items()}
     if isinstance(value, list):
         return [to_wire(v) for v in value]
+    if isinstance(value, float):
+        raise ValueError("a float in a vector meaning must be tagged {\"$float\": %r}" % value)
     return value
 
 
@@ -116,6 +122,8 @@ def to_json(value):
         return {"$bin": value.hex()}
     if isinstance(value, p.RemoteHandle):
         return {"$handle": value.id}
+    if isinstance(value, float):
+        return {"$float": value}
     if isinstance(value, np.ndarray):
         stored = storage_of(value)
         return {"$tensor": {"dtype": name_of(value.dtype), "shape": list(value.shape),
@@ -127,9 +135,20 @@ def to_json(value):
     return value
 
 
+def tag_floats(value):
+    """A meaning as written above (plain Python floats) -> the file's form, each float as {"$float": x}."""
+    if isinstance(value, float):
+        return {"$float": value}
+    if isinstance(value, dict):
+        return {k: tag_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [tag_floats(v) for v in value]
+    return value
+
+
 def main() -> None:
-    valid = [{"name": name, "hex": p.encode_frame(t, rid, to_wire(payload)).hex(),
-              "meaning": {"msg_type": int(t), "request_id": rid, "payload": payload}}
+    valid = [{"name": name, "hex": p.encode_frame(t, rid, to_wire(tag_floats(payload))).hex(),
+              "meaning": {"msg_type": int(t), "request_id": rid, "payload": tag_floats(payload)}}
              for name, t, rid, payload in VALID]
     invalid = [{"name": name, "hex": hx.replace(" ", ""), "error": err} for name, hx, err in INVALID]
     auth = [{"name": "auth_exchange", "token": AUTH_TOKEN, "server_nonce": AUTH_NONCE_S,

@@ -21,7 +21,9 @@ import (
 // meaning and its meaning encodes back to the same bytes; every invalid frame is refused with the named error.
 
 // jsonValue reads one JSON value keeping object key order, with the vectors' special forms:
-// {"$bin": hex}, {"$handle": id}, {"$tensor": {"dtype", "shape", "data": hex}}.
+// {"$bin": hex}, {"$handle": id}, {"$tensor": {"dtype", "shape", "data": hex}}, {"$float": x}. Every float of a
+// meaning is tagged $float: a bare JSON number with a fraction or exponent comes back as a bareFloat, which equals
+// nothing, so an untagged float fails the vector.
 func jsonValue(dec *json.Decoder) (any, error) {
 	tok, err := dec.Token()
 	if err != nil {
@@ -66,16 +68,29 @@ func jsonValue(dec *json.Decoder) (any, error) {
 			u, err := strconv.ParseUint(s, 10, 64)
 			return u, err
 		}
-		return t.Float64()
+		f, err := t.Float64()
+		return bareFloat(f), err
 	case string, bool, nil:
 		return t, nil
 	}
 	return nil, fmt.Errorf("unexpected JSON token %v", tok)
 }
 
+// bareFloat is a JSON number written as a float outside {"$float": x}: the vectors never have one.
+type bareFloat float64
+
 func special(m *Map) (any, error) {
 	if m.Len() != 1 {
 		return m, nil
+	}
+	if v, ok := m.Get("$float"); ok {
+		switch x := v.(type) {
+		case bareFloat:
+			return float64(x), nil
+		case int64:
+			return float64(x), nil
+		}
+		return nil, fmt.Errorf("$float holds %v, not a number", v)
 	}
 	if v, ok := m.Get("$bin"); ok {
 		return hex.DecodeString(v.(string))

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import os
 import signal
-from typing import Optional
+from typing import Optional, Tuple
 
 import click
 
@@ -34,10 +34,19 @@ from tether_rpc.tracker_protocol import DEFAULT_PORT
               help="Serve the dashboard (devices, queues, load, bench results; docs/tracker.md) on this port.")
 @click.option("--http-host", default="127.0.0.1", show_default=True,
               help="Address of the dashboard; beyond loopback only with --token. With a token the page asks for it.")
+@click.option("--web", "web_port", default=None, type=click.IntRange(0, 65535), metavar="PORT",
+              help="Also serve the browser device page and its WebSocket relay on this port (docs/web_device.md).")
+@click.option("--web-host", default="127.0.0.1", show_default=True,
+              help="Address of the --web relay. Beyond loopback it needs --token.")
+@click.option("--web-origin", multiple=True, metavar="ORIGIN",
+              help="Another page origin allowed to open the relay's WebSocket (default: the relay's own).")
+@click.option("--web-ready-file", default=None, type=click.Path(dir_okay=False),
+              help="Write the --web relay's bound port to this file once listening.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def main(host: str, port: int, token: Optional[str], grant_timeout: float, heartbeat: float, dead_after: float,
          ready_file: Optional[str], tls_cert: Optional[str], tls_key: Optional[str], insecure: bool,
-         http_port: Optional[int], http_host: str, verbose: int) -> None:
+         http_port: Optional[int], http_host: str, web_port: Optional[int], web_host: str,
+         web_origin: Tuple[str, ...], web_ready_file: Optional[str], verbose: int) -> None:
     """Run the tether tracker: devices register, clients request them by key or tag."""
     from tether.tracker import TrackerServer
     from tether_rpc.config import is_loopback
@@ -54,8 +63,17 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
         except DashboardConfigError as exc:
             raise click.UsageError(str(exc))
 
-    if ready_file and not os.path.isdir(os.path.dirname(os.path.abspath(ready_file))):
-        raise click.BadParameter("%s: its folder does not exist" % ready_file, param_hint="--ready-file")
+    if web_port is not None and not token and not is_loopback(web_host):
+        # the relay hands out tracker connections: beyond loopback only a token keeps strangers from using them
+        raise click.UsageError("refusing to serve the web relay on %s without --token: anyone who can reach it "
+                               "could register devices or take them. Pass --token SECRET (the page takes it as "
+                               "#token=...), or keep --web-host 127.0.0.1." % web_host)
+    if web_port is not None and (tls_cert or tls_key):
+        raise click.UsageError("--web relays raw tracker bytes and cannot be combined with --tls-cert "
+                               "(reverse-mode devices cannot use a TLS tracker)")
+    for path, option in ((ready_file, "--ready-file"), (web_ready_file, "--web-ready-file")):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise click.BadParameter("%s: its folder does not exist" % path, param_hint=option)
     ssl_context = None
     if tls_cert or tls_key:
         from tether_rpc.tls import TLSError, server_context
@@ -89,16 +107,34 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
                 raise click.ClickException("the dashboard cannot listen on %s:%d: %s"
                                            % (http_host, http_port, exc.strerror or exc)) from None
             click.echo("tether tracker dashboard on %s" % dashboard.url)
-        if ready_file:
-            tmp = ready_file + ".tmp"
-            with open(tmp, "w") as f:
-                f.write("%d\n" % server.port)
-            os.replace(tmp, ready_file)
+        relay = None
+        if web_port is not None:
+            from tether.tracker.web_relay import WebRelay
+
+            relay = WebRelay("127.0.0.1" if host in ("0.0.0.0", "") else host, server.port, web_host, web_port,
+                             origins=web_origin)
+            try:
+                await relay.start()
+            except OSError as exc:
+                if dashboard is not None:
+                    dashboard.close()
+                server.close()
+                raise click.ClickException("the web relay cannot listen on %s:%d: %s"
+                                           % (web_host, web_port, exc.strerror or exc)) from None
+            click.echo("browser device page: %s#key=browser%s" % (relay.page_url, "&token=..." if token else ""))
+        for path, bound in ((ready_file, server.port), (web_ready_file, relay.port if relay else None)):
+            if path and bound is not None:
+                tmp = path + ".tmp"
+                with open(tmp, "w") as f:
+                    f.write("%d\n" % bound)
+                os.replace(tmp, path)
         try:
             await stop
         finally:
             if dashboard is not None:
                 dashboard.close()
+            if relay is not None:
+                relay.close()
             server.close()
 
     asyncio.run(run())

@@ -34,7 +34,8 @@ final class Values {
         return sb.toString();
     }
 
-    /** JSON meaning -> wire value: {"$bin": hex} -> byte[], {"$handle": id}, {"$tensor": {dtype, shape, data}}. */
+    /** JSON meaning -> wire value: {"$bin": hex} -> byte[], {"$handle": id}, {"$tensor": {dtype, shape, data}},
+     *  {"$float": x} -> Double. Every float of a meaning is tagged, so a bare JSON float is a broken vector. */
     @SuppressWarnings("unchecked")
     static Object toWire(Object v) {
         if (v instanceof Map) {
@@ -44,6 +45,9 @@ final class Values {
             }
             if (m.size() == 1 && m.containsKey("$handle")) {
                 return new RemoteHandle((Long) m.get("$handle"));
+            }
+            if (m.size() == 1 && m.containsKey("$float")) {
+                return ((Number) m.get("$float")).doubleValue();
             }
             if (m.size() == 1 && m.containsKey("$tensor")) {
                 Map<String, Object> t = (Map<String, Object>) m.get("$tensor");
@@ -66,6 +70,9 @@ final class Values {
                 out.add(toWire(x));
             }
             return out;
+        }
+        if (v instanceof Double) {
+            throw new IllegalArgumentException("untagged float " + v + " in a vector meaning (write {\"$float\": x})");
         }
         return v;
     }
