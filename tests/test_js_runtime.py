@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fixtures.prereq import require_tool
-from tether_rpc.dtypes import name_of, numpy_dtype
+from tether_rpc.dtypes import name_of, numpy_dtype, storage_of
 from tether_rpc.graph_executor import GraphExecutor
 from tether_rpc.params import ParamsFormatError, load_params, save_params
 
@@ -237,6 +237,27 @@ def _numpy_cases(seed: int) -> List[Tuple[str, Dict[str, Any], List[np.ndarray],
         ("compress", {"axis": 1}, [x, np.array([1, 0, 1], bool)], [((3, 4, 5), "float32", True)]),
         ("compress", {"axis": -1}, [x, rng.standard_normal(9) > 0], [((3, 4, 5), "float32", True)]),
     ]
+    h = ties(5, 6).astype(np.float16)
+    h[0, :3] = [0.0, -0.0, np.nan]
+    bf = (ties(5, 6) - 1).view(np.uint32)
+    bf = (bf >> 16).astype(np.uint16)
+    bf[0, :2] = [0x8000, 0x7FC0]    # -0.0 and NaN
+    bf = bf.view(numpy_dtype("bfloat16"))   # exact bfloat16 values with ties
+    cases += [
+        ("nonzero", {}, [h], [((2, 30), "int64", True)]),
+        ("nonzero", {}, [bf], [((2, 30), "int64", True)]),
+        ("compress", {"axis": 0}, [rng.integers(-9, 9, size=(5, 2)), rng.integers(0, 2, size=5).astype(np.uint8)],
+         [((5, 2), "int64", True)]),
+        ("unique", {"sorted": 1}, [h], [((30,), "float16", True)] + [((30,), "int64", True)] * 3),
+        ("unique", {"sorted": 0}, [rng.standard_normal(12) > 0],
+         [((12,), "bool", True)] + [((12,), "int64", True)] * 3),
+        ("topk", {"axis": 1, "largest": 1}, [h, np.array([4], np.int64)], [((5, 6), "float16", True),
+                                                                           ((5, 6), "int64", True)]),
+        ("topk", {"axis": 0, "largest": 0}, [bf, np.array([2], np.int64)], [((5, 6), "bfloat16", True),
+                                                                            ((5, 6), "int64", True)]),
+        ("topk", {"axis": 1, "largest": 1}, [rng.integers(-(1 << 40), 1 << 40, size=(3, 7)), np.array([7], np.int64)],
+         [((3, 7), "int64", True), ((3, 7), "int64", True)]),
+    ]
     u = ties(40)
     u[[3, 17]] = np.nan
     ui = rng.integers(0, 3, size=(6, 3)).astype(np.int32)
@@ -315,7 +336,7 @@ def test_numpy_nodes_match_python(tmp_path):
                     # differs between CPUs), JS rounds the double exp once, so scores may be one ulp apart
                     np.testing.assert_allclose(have, want, rtol=2 ** -22, atol=0)
                 else:
-                    np.testing.assert_array_equal(have, want, err_msg=str(what))
+                    np.testing.assert_array_equal(storage_of(have), storage_of(want), err_msg=str(what))
             ran.add(op)
     from tether_rpc.numpy_ops import OPS
     assert ran == set(OPS)
@@ -487,3 +508,55 @@ def test_runtime_in_headless_chromium(tmp_path):
     gm.set_input("input", x)
     gm.run()
     np.testing.assert_allclose(out["0"], gm.get_output(0), rtol=1e-5, atol=1e-5)
+
+
+def test_when_guards_run_only_the_taken_branch(tmp_path):
+    """Models whose If condition is a run-time input, built for wasm32 and run by tools/run_model.js on inputs that
+    take each branch: the outputs of the host build in tether_rpc, and exactly the nodes its profile skips."""
+    import tether
+    from onnx import TensorProto
+    from tether.frontend import from_onnx
+    from test_onnx_control_flow import X, if_model, vad_model, vi
+
+    nested = if_model([], nested=True)
+    nested.graph.input.append(vi("c", (), TensorProto.BOOL))
+    vad, vad_feeds = vad_model(seed=4)
+    runs_of = {"nested_if": [{"x": X, "c": np.array(v)} for v in (True, False)],
+               "vad": [dict(vad_feeds, audio=vad_feeds["audio"] * g) for g in (2.0, 0.3)]}
+    for name, model in (("nested_if", nested), ("vad", vad)):
+        graph, params = from_onnx(model)
+        tether.build_graph(graph, params, target="wasm32").export(str(tmp_path / name / "wasm"))
+        tether.build_graph(graph, params, target="host").export(str(tmp_path / name / "host"))
+        gm = GraphExecutor.from_folder(str(tmp_path / name / "host"))
+        skipped_sets = []
+        for feeds in runs_of[name]:
+            gm.set_input(**feeds)
+            skipped = [n["name"] for n in gm.profile(number=1)["nodes"] if n.get("skipped")]
+            (tmp_path / "in.params").write_bytes(save_params(feeds))
+            proc = _run(str(JS / "tools" / "run_model.js"), str(tmp_path / name / "wasm"), str(tmp_path / "in.params"),
+                        str(tmp_path / "out.params"), "--repeat", "1")
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout)["skipped"] == skipped, name
+            got = load_params(str(tmp_path / "out.params"))
+            for j in range(gm.num_outputs):
+                np.testing.assert_allclose(got[str(j)], gm.get_output(j), rtol=1e-5, atol=1e-6)
+            skipped_sets.append(frozenset(skipped))
+        assert any(skipped_sets) and skipped_sets[0] != skipped_sets[1], (name, skipped_sets)
+
+
+def test_relaxed_simd_module_needs_an_engine_with_it(tmp_path):
+    """A module built with +relaxed-simd lists it in "requires": node without relaxed SIMD refuses it at load,
+    naming the feature; node with it (22, or the flag) runs it."""
+    wasm = _build("wasm32-unknown-unknown -mattr=+simd128,+relaxed-simd", tmp_path / "vadd.wasm")
+    a = np.arange(1024, dtype=np.float32)
+    probe = _js('import { hasRelaxedSimd } from "SRC/runtime.js"; console.log(hasRelaxedSimd());')
+    proc, out = _run_kernel(wasm, "vadd", [a, a, np.zeros_like(a)], tmp_path)
+    if probe.stdout.strip() == "true":
+        assert proc.returncode == 0 and np.array_equal(out["2"], a + a), proc.stderr
+        return
+    assert proc.returncode == 2 and "needs relaxed-simd, which this WebAssembly engine lacks" in proc.stderr
+    (tmp_path / "args.params").write_bytes(save_params({"0": a, "1": a, "2": np.zeros_like(a)}))
+    flagged = _run("--experimental-wasm-relaxed-simd", str(JS / "tools" / "run_kernel.js"), str(wasm), "vadd",
+                   str(tmp_path / "args.params"), str(tmp_path / "out.params"))
+    assert flagged.returncode == 0, flagged.stderr
+    assert np.array_equal(load_params(str(tmp_path / "out.params"))["2"], a + a)

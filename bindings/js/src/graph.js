@@ -44,11 +44,19 @@ class HostHeap {
   }
 
   _u8() {
-    return new Uint8Array(this.memory.buffer);
+    if (this._buf !== this.memory.buffer) this._cache();
+    return this._u8cache;
   }
 
   _dv() {
-    return new DataView(this.memory.buffer);
+    if (this._buf !== this.memory.buffer) this._cache();
+    return this._dvcache;
+  }
+
+  _cache() {
+    this._buf = this.memory.buffer;
+    this._u8cache = new Uint8Array(this._buf);
+    this._dvcache = new DataView(this._buf);
   }
 
   _alloc(n) {
@@ -60,7 +68,8 @@ class HostHeap {
   }
 }
 
-/** Python's bool() of the one element at `ptr` (nonzero; a float's -0.0 is false, NaN true). */
+/** Python's bool() of the one element at `ptr` (nonzero; a float's -0.0 is false, NaN true; bfloat16, held as
+ * uint16 bit patterns by tether_rpc, is true for any nonzero pattern). */
 function truthReader(dtype, ptr) {
   switch (dtype) {
     case "float32":
@@ -68,7 +77,6 @@ function truthReader(dtype, ptr) {
     case "float64":
       return (dv) => dv.getFloat64(ptr, true) !== 0;
     case "float16":
-    case "bfloat16":
       return (dv) => (dv.getUint16(ptr, true) & 0x7fff) !== 0;
     default: {
       const n = lookup(dtype).itemsize;
@@ -94,7 +102,14 @@ export class GraphExecutor {
       this._releaseMemory();
       throw exc;
     }
-    if (params !== null && params !== undefined) this.loadParams(params);
+    if (params !== null && params !== undefined) {
+      try {
+        this.loadParams(params);
+      } catch (exc) {
+        this._releaseMemory();
+        throw exc;
+      }
+    }
   }
 
   _setup(graph, module, maxBytes) {
@@ -124,6 +139,9 @@ export class GraphExecutor {
     if (sizes.some((n) => !Number.isSafeInteger(n) || n < 0) || sizes.reduce((a, b) => a + b, 0) > maxBytes) {
       throw new GraphError(`graph storages of [${sizes.slice(0, 8).join(", ")}] bytes: sizes must be >= 0 and total at most ${maxBytes}`);
     }
+    // one memory.grow for every storage and argument block (each block rounds up to 64 bytes)
+    const argBytes = graph.nodes.reduce((a, nd) => a + (Array.isArray(nd.args) ? nd.args.length * 128 + 64 : 0), 0);
+    heap.allocator.reserve(sizes.reduce((a, n) => a + Math.ceil(Math.max(n, 1) / 64) * 64, 0) + argBytes);
     this._storages = sizes.map((n) => {
       const p = heap._alloc(Math.max(n, 1));
       this._blocks.push(p);

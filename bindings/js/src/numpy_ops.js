@@ -41,9 +41,10 @@ function int64s(values) {
   return out;
 }
 
-/** Python's truth of element k (nonzero; a float's -0.0 is false, NaN true). */
+/** Python's truth of element k (nonzero; a float's -0.0 is false, NaN true). bfloat16 is held as uint16 bit
+ * patterns on the Python device, so there its -0.0 (0x8000) is true: the same here. */
 function truthTest(dtype) {
-  if (dtype === "float16" || dtype === "bfloat16") return (data, k) => (data[k] & 0x7fff) !== 0;
+  if (dtype === "float16") return (data, k) => (data[k] & 0x7fff) !== 0;
   if (dtype === "int64" || dtype === "uint64") return (data, k) => data[k] !== 0n;
   return (data, k) => data[k] !== 0;
 }

@@ -36,3 +36,13 @@ test("allocator: grows memory when nothing fits, and reports a memory that canno
   a.free(big);
   assert.equal(a.alloc(100000), big);
 });
+
+test("allocator: reserve grows once for many blocks", () => {
+  const mem = new WebAssembly.Memory({ initial: 1 });
+  const a = new Allocator(mem, 64);
+  a.reserve(10 * 65536);
+  const size = mem.buffer.byteLength;
+  assert.ok(size >= 11 * 65536 - 64);
+  for (let k = 0; k < 10; k++) a.alloc(60000);
+  assert.equal(mem.buffer.byteLength, size, "no further growth");
+});

@@ -107,3 +107,49 @@ test("graph executor: malformed graphs are refused with one clear message", asyn
   bad((g) => { g.nodes[0].func = "nope"; }, /nope/);
   assert.equal(m.allocator.stats().used, before, "a refused graph frees what it allocated");
 });
+
+test("graph executor: mutated graphs (an uploaded deploy.json is untrusted) end in one error type, never a crash", async () => {
+  const m = await load();
+  const values = [null, -1, 0, 7, 1e12, 2 ** 53, "x", [], {}, true, 3.5, [[4, true]], [-1]];
+  // a deterministic generator: the same mutations every run
+  let seed = 12345;
+  const rand = (n) => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return seed % n;
+  };
+  const paths = [];
+  const walk = (obj, path) => {
+    if (obj !== null && typeof obj === "object") for (const k of Object.keys(obj)) walk(obj[k], [...path, k]);
+    paths.push(path);
+  };
+  walk(graph(), []);
+  const params = new Map([["w", empty([1024])]]);
+  let refused = 0;
+  for (let it = 0; it < 300; it++) {
+    const g = graph();
+    for (let n = 0; n <= rand(3); n++) {
+      const path = paths[rand(paths.length)];
+      if (path.length === 0) continue;
+      let obj = g;
+      for (const k of path.slice(0, -1)) obj = obj?.[k];
+      if (obj !== null && typeof obj === "object") obj[path[path.length - 1]] = values[rand(values.length)];
+    }
+    let gm = null;
+    try {
+      gm = new GraphExecutor(g, m, params);
+      gm.setInput(0, new Float32Array(1024));
+      gm.run();
+      gm.getOutput(0);
+    } catch (exc) {
+      refused += 1;
+      assert.ok(["ValueError", "ModuleLoadError", "OutOfMemory", "KernelError", "RangeError", "TypeError"].includes(exc.name), `${exc.name}: ${exc.message}`);
+      // an engine's own words ("Cannot read properties of undefined") only inside "malformed graph JSON: ..."
+      const raw = /Cannot read properties|is not a function|is not iterable|Invalid typed array length|Invalid array length/;
+      assert.ok(!raw.test(exc.message) || /^malformed graph JSON/.test(exc.message), `${exc.name}: ${exc.message}`);
+    } finally {
+      if (gm) gm.free();
+    }
+  }
+  assert.ok(refused > 100, `only ${refused} of 300 mutations were refused`);
+  assert.equal(m.allocator.stats().used, 0, "every executor, accepted or refused, gave its memory back");
+});
