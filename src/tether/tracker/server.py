@@ -30,6 +30,8 @@ from .relay import Relay, take_socket
 
 log = logging.getLogger(__name__)
 
+_HEARTBEAT_FRAME = p.encode_frame(TrackerMsg.HEARTBEAT, 0, {})
+
 
 class Conn:
     """One peer connection: framed reads with limits, one write per frame."""
@@ -250,7 +252,7 @@ class TrackerServer:
                      " (reverse)" if reg["reverse"] else "")
         else:
             device.info = reg["info"] or device.info
-            device.tags = device_tags(device.key, reg["tags"], device.info)
+            self.pool.set_tags(device, device_tags(device.key, reg["tags"], device.info))
         if reg["state"] == "free":
             # "free" from a device holding an outstanding grant means a different session just ended (an older
             # grant used late); the grant stands, its client may be connecting right now
@@ -260,7 +262,9 @@ class TrackerServer:
             self.pool.set_state(device, "busy", "(direct session)")
 
     def _on_heartbeat(self, conn: Conn, payload: dict) -> None:
-        conn.send(TrackerMsg.HEARTBEAT, 0, {})
+        # a thousand devices send one a second: echo a frame encoded once
+        if not conn.closed:
+            conn.writer.write(_HEARTBEAT_FRAME)
 
     def _on_expected(self, conn: Conn, payload: dict) -> None:
         match = check_match(payload)
