@@ -27,13 +27,16 @@ from tether_rpc.tracker_protocol import DEFAULT_PORT
               help="Seconds of silence after which a device is removed.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="Write the bound port to this file once listening (for scripts and tests).")
+@click.option("--state", "state_file", default=None, type=click.Path(dir_okay=False),
+              help="Keep queued requests' places in line and device holds in this JSON file, so that they survive "
+                   "a tracker restart (docs/tracker.md says what survives).")
 @click.option("--tls-cert", metavar="PEM", help="Serve TLS with this certificate (chain); see docs/tls.md.")
 @click.option("--tls-key", metavar="PEM", help="The certificate's private key (default: in --tls-cert).")
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def main(host: str, port: int, token: Optional[str], grant_timeout: float, heartbeat: float, dead_after: float,
-         ready_file: Optional[str], tls_cert: Optional[str], tls_key: Optional[str], insecure: bool,
-         verbose: int) -> None:
+         ready_file: Optional[str], state_file: Optional[str], tls_cert: Optional[str], tls_key: Optional[str],
+         insecure: bool, verbose: int) -> None:
     """Run the tether tracker: devices register, clients request them by key or tag."""
     from tether.tracker import TrackerServer
     from tether_rpc.config import is_loopback
@@ -43,8 +46,9 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
                                "fake devices or take real ones. Pass --token SECRET (devices set "
                                "TETHER_TRACKER_TOKEN), or --insecure on a trusted network." % host)
 
-    if ready_file and not os.path.isdir(os.path.dirname(os.path.abspath(ready_file))):
-        raise click.BadParameter("%s: its folder does not exist" % ready_file, param_hint="--ready-file")
+    for path, hint in ((ready_file, "--ready-file"), (state_file, "--state")):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise click.BadParameter("%s: its folder does not exist" % path, param_hint=hint)
     ssl_context = None
     if tls_cert or tls_key:
         from tether_rpc.tls import TLSError, server_context
@@ -60,7 +64,7 @@ def main(host: str, port: int, token: Optional[str], grant_timeout: float, heart
 
     async def run() -> None:
         server = TrackerServer(host, port, token=token, grant_timeout=grant_timeout, heartbeat=heartbeat,
-                               dead_after=dead_after, ssl_context=ssl_context)
+                               dead_after=dead_after, ssl_context=ssl_context, state_file=state_file)
         await server.start()
         loop = asyncio.get_running_loop()
         stop = loop.create_future()

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import functools
 import heapq
-import itertools
 import time
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from tether_rpc.tracker_protocol import device_tags, parse_pattern, pattern_matches
 
 _GLOB_CHARS = frozenset("*?[")
+
+
+def _nothing() -> None:
+    pass
+
 #: Match sets kept for patterns no request waits on (recently used ones are kept, the oldest dropped).
 MAX_IDLE_PATTERNS = 256
 
@@ -75,7 +79,7 @@ class Request:
     """A client's wish for a device: waits in its pattern's queue until granted, withdrawn or timed out."""
 
     __slots__ = ("id", "conn", "rid", "pattern_text", "pattern", "priority", "seq", "wait_timeout",
-                 "session_timeout", "name", "state", "timer", "created")
+                 "session_timeout", "name", "state", "timer", "created", "ticket")
 
     def __init__(self, id: int, conn: Any, rid: int, pattern_text: str, priority: float, wait_timeout: float,
                  session_timeout: float, name: str):
@@ -94,6 +98,11 @@ class Request:
         self.state = "pending"
         self.timer: Any = None
         self.created = time.monotonic()
+        self.ticket = ""               # its place in line, for a client that comes back (tracker.state)
+
+    def deadline(self) -> float:
+        """The end of its wait, as a unix time."""
+        return time.time() + self.created + self.wait_timeout - time.monotonic()
 
     def order(self) -> Tuple[float, int]:
         return (-self.priority, self.seq)
@@ -113,14 +122,17 @@ class Pool:
         self._by_address: Dict[Tuple[str, str, int], Device] = {}
         # pattern text (not a plain key) -> ids of the devices it matches; least recently used first
         self._matches: "OrderedDict[str, Set[int]]" = OrderedDict()
-        self._ids = itertools.count(1)
+        self.last_id = 0
+        #: called after every change of a queue or of a device's state (the state file's cue to save)
+        self.changed: Callable[[], None] = _nothing
 
     def next_id(self) -> int:
-        return next(self._ids)
+        self.last_id += 1
+        return self.last_id
 
     def skip_ids(self, last: int) -> None:
-        """Continue numbering after ``last`` (ids restored from a state file must not be handed out again)."""
-        self._ids = itertools.count(max(last + 1, next(self._ids)))
+        """Continue numbering after ``last``: ids (and so arrival order) restored from a state file stay older."""
+        self.last_id = max(self.last_id, last)
 
     # ----------------------------------------------------------------------------------------------- devices
     def add_device(self, device: Device) -> None:
@@ -131,6 +143,7 @@ class Pool:
         if device.state == "free":
             self._free.setdefault(device.key, {})[device.id] = device
         self._rematch(device)
+        self.changed()
 
     def remove_device(self, device: Device) -> None:
         if self.devices.pop(device.id, None) is None:
@@ -145,6 +158,7 @@ class Pool:
         self._drop_free(device)
         for ids in self._matches.values():
             ids.discard(device.id)
+        self.changed()
 
     def set_tags(self, device: Device, tags: Dict[str, str]) -> None:
         """A device re-registered with other tags (or info): the match sets follow."""
@@ -175,6 +189,7 @@ class Pool:
             self._free.setdefault(device.key, {})[device.id] = device
         else:
             self._drop_free(device)
+        self.changed()
 
     def find_by_address(self, key: str, host: str, port: int) -> Optional[Device]:
         return self._by_address.get((key, host, port))
@@ -220,6 +235,7 @@ class Pool:
         queues = self._key_queues if plain_key(text) else self._pattern_queues
         heapq.heappush(queues.setdefault(text, []), (-request.priority, request.seq, request))
         self._pending_count[text] = self._pending_count.get(text, 0) + 1
+        self.changed()
         return None
 
     def withdraw(self, request: Request, state: str = "withdrawn") -> None:
@@ -233,6 +249,7 @@ class Pool:
                 self._pending_count.pop(text, None)
                 # only withdrawn entries were left in it
                 (self._key_queues if plain_key(text) else self._pattern_queues).pop(text, None)
+            self.changed()
 
     @staticmethod
     def _head(heap: List[Tuple[float, int, Request]]) -> Optional[Request]:
