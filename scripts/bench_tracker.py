@@ -458,6 +458,7 @@ class _LabDevice:
         self.expected: set = set()
         self.session: Optional["_LabClient"] = None
         self.registered = False
+        self.sent_busy = False
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -480,10 +481,13 @@ class _LabDevice:
             lab.by_match.pop(payload.get("match"), None)
             lab.counts["revoked"] += 1
         elif t == TrackerMsg.WELCOME:
-            self.conn.send(self.busy_frame if self.session is not None else self.free_frame)
+            self.sent_busy = self.session is not None
+            self.conn.send(self.busy_frame if self.sent_busy else self.free_frame)
         elif t == TrackerMsg.REGISTERED:
             self.registered = True
             lab.registered += 1
+            if self.sent_busy != (self.session is not None):   # the session ended meanwhile (as the registrar)
+                self.conn.send(self.free_frame)
         else:
             lab.problems.append("device %d got message type %d: %.200r" % (self.i, t, payload))
 
