@@ -825,6 +825,7 @@ async def run_lab(port: int, cfg: LabConfig, tracker_pid: Optional[int] = None) 
     gc.collect()
     gc.freeze()
     usage0 = proc_usage(tracker_pid) if tracker_pid else None
+    load0 = os.getloadavg()[0]
     t_load = time.perf_counter()
     own0 = os.times()
     for _ in range(cfg.clients):      # arriving over the first second, not all in the same millisecond
@@ -888,6 +889,7 @@ async def run_lab(port: int, cfg: LabConfig, tracker_pid: Optional[int] = None) 
         "generator_lag_ms": {"p99": _pct([x for _, x in lab.lags], 0.99), "max": _pct([x for _, x in lab.lags], 1)},
         "slow": sorted((round(t - t_load, 3), round(1000 * x, 1)) for t, x in lab.slow)[:1000],
         "lag_spikes": [(round(t - t_load, 3), round(1000 * x, 1)) for t, x in lab.lags if x > 0.01][:200],
+        "box": {"cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg()[0]},
         "generator_cpu_pct": 100 * ((own1.user + own1.system) - (own0.user + own0.system)) / load_s}
     if usage0 is not None and usage1 is not None:
         out["tracker"] = {"cpu_pct": 100 * (usage1[0] - usage0[0]) / load_s, "rss_mb": usage1[1] / 2 ** 20,
@@ -930,6 +932,8 @@ def print_lab(r: Dict[str, Any]) -> None:
     print("  load generator CPU %.0f%% of one core, its loop lag p99 %.1f ms max %.1f ms; devices registered in "
           "%.2f s" % (r["generator_cpu_pct"], r["generator_lag_ms"]["p99"], r["generator_lag_ms"]["max"],
                       r["register_all_s"]))
+    print("  this box: %d CPUs, load average %.1f before the load, %.1f after (other jobs share it)"
+          % (r["box"]["cpus"], r["box"]["loadavg_before"], r["box"]["loadavg_after"]))
     print("  lost requests: %d; leaked devices: %d%s; pending at end: %d"
           % (r["lost"], len(r["leaked"]), (" " + "; ".join(r["leaked"][:5])) if r["leaked"] else "",
              r["pending_at_end"]))
