@@ -81,6 +81,10 @@ class Conn:
         except (ConnectionError, OSError, RuntimeError):
             self.close()
 
+    def send_frame(self, frame: bytes) -> None:
+        if not self.closed:
+            self.writer.write(frame)
+
     def send_error(self, rid: int, exc: BaseException) -> None:
         self.send(p.MsgType.ERROR, rid, error_mapping.error_payload(exc))
 
@@ -117,6 +121,7 @@ class TrackerServer:
         self._server: Optional[asyncio.base_events.Server] = None
         self._sweeper: Optional["asyncio.Task[None]"] = None
         self._conns: Set[Conn] = set()
+        self._packer = p.new_packer()
         self.stats = {"grants": 0, "revoked": 0, "timeouts": 0, "relayed": 0}
         self.state_file = state_file
         self._restored = tracker_state.Restored()
@@ -406,9 +411,7 @@ class TrackerServer:
                 if request is not None:
                     self._finish_request(request, "withdrawn")
             elif msg_type == TrackerMsg.SUMMARY:
-                summary = self.pool.summary()
-                summary["stats"] = dict(self.stats)
-                conn.send(TrackerMsg.SUMMARY_REPLY, rid, summary)
+                conn.send_frame(self._summary_frame(rid))
             else:
                 raise ProtocolError("a client may not send message type %d" % msg_type)
 
@@ -496,6 +499,16 @@ class TrackerServer:
                 continue
             self._grant(device, request)
             return
+
+    def _summary_frame(self, rid: int) -> bytes:
+        """SUMMARY_REPLY ``{devices, queues, stats}``, framed by hand around each device's cached encoding."""
+        pack = self._packer
+        devices = self.pool.encoded_devices()
+        body = b"".join([pack.pack_array_header(3), pack.pack(int(TrackerMsg.SUMMARY_REPLY)), pack.pack(rid),
+                         pack.pack_map_header(3), pack.pack("devices"), pack.pack_array_header(len(devices))]
+                        + devices + [pack.pack("queues"), pack.pack(self.pool.queues()), pack.pack("stats"),
+                                     pack.pack(self.stats)])
+        return p.HEADER.pack(len(body)) + body
 
     def _snapshot(self) -> dict:
         """Places in line and holds, for the state file (module tether.tracker.state)."""
