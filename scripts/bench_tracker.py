@@ -737,15 +737,18 @@ class _Lab:
 
 
 class _ProbeConn(LabConn):
-    """The monitor's connection: a summary of a thousand devices is decoded with plain msgpack (no per-container
-    limit hooks), so the generator's loop does not stall on it and delay the other peers' frames."""
+    """The monitor's connection. While the load runs, a summary of a thousand devices is timed to its last byte
+    but not decoded: decoding it would stall the generator's loop and show up as the other peers' latency."""
+
+    decode = False
 
     def buffer_updated(self, nbytes: int) -> None:
         self.buf.wrote(nbytes)
         while not self.lost and self.buf.missing() == 0:
             (n,) = p.HEADER.unpack(bytes(self.buf.pop_bytes(p.HEADER_SIZE)))
             body = bytes(self.buf.pop_bytes(n))
-            self.on_frame(*msgpack.unpackb(body, raw=False, strict_map_key=False))
+            self.on_frame(*(msgpack.unpackb(body, raw=False, strict_map_key=False) if self.decode
+                            else (TrackerMsg.SUMMARY_REPLY, 1, {})))
 
 
 class _Probe:
@@ -760,6 +763,7 @@ class _Probe:
         self.waiter = loop.create_future()
         _, self.conn = await loop.create_connection(
             lambda: _ProbeConn(self.on_frame, lambda: None, REPLY_LIMITS), "127.0.0.1", port)
+        self.conn.decode = True
         self.conn.send(p.encode_frame(TrackerMsg.HELLO, 0, hello_payload("client", "labmonitor")))
         await asyncio.wait_for(self.waiter, 30)
         return self
@@ -768,7 +772,8 @@ class _Probe:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(payload)
 
-    async def summary(self) -> dict:
+    async def summary(self, decode: bool = True) -> dict:
+        self.conn.decode = decode
         self.waiter = asyncio.get_running_loop().create_future()
         self.conn.send(p.encode_frame(TrackerMsg.SUMMARY, 1, {}))
         return await asyncio.wait_for(self.waiter, 60)
@@ -838,7 +843,7 @@ async def run_lab(port: int, cfg: LabConfig, tracker_pid: Optional[int] = None) 
     while time.monotonic() < end:
         await asyncio.sleep(min(cfg.summary_every, max(0.0, end - time.monotonic())))
         t1 = time.perf_counter()
-        s = await probe.summary()
+        await probe.summary(decode=False)
         lab.summary_ms.append(time.perf_counter() - t1)
         summaries += 1
     lab.running = False
