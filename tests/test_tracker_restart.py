@@ -159,3 +159,16 @@ def test_waiting_request_survives_a_restart_without_a_state_file(tracker_lab):
     finally:
         if b is not None:
             b.stop()
+
+
+def test_a_damaged_state_file_is_reported_and_ignored(tracker_lab, tmp_path):
+    state = tmp_path / "tracker-state.json"
+    state.write_text('{"version": 1, "tickets": [{"ticket": 5}]')       # cut off mid-write by hand
+    tracker = tracker_lab.tracker(state=str(state))
+    tracker_lab.device(tracker, "pi")
+    with tracker.client() as t, t.request("pi", wait_timeout=HANG_S) as s:
+        assert s.get_function("tether.echo")(1) == 1
+    wait_until(lambda: "unreadable" in tracker.log(), HANG_S, "the damaged file to be reported")
+    assert "Traceback" not in tracker.log()
+    # and the tracker writes a good one over it
+    wait_until(lambda: _saved(str(state)).get("version") == 1, HANG_S, "a fresh state file")
