@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -172,3 +173,50 @@ def test_a_damaged_state_file_is_reported_and_ignored(tracker_lab, tmp_path):
     assert "Traceback" not in tracker.log()
     # and the tracker writes a good one over it
     wait_until(lambda: _saved(str(state)).get("version") == 1, HANG_S, "a fresh state file")
+
+
+def _raw_client(port: int):
+    from tether_rpc import protocol as p, transport
+    from tether_rpc.tracker_protocol import TrackerMsg, hello_payload
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=HANG_S)
+    reader = transport.FrameReader(sock, p.DEFAULT_LIMITS)
+    transport.send_frame(sock, TrackerMsg.HELLO, 0, hello_payload("client", "raw"))
+    assert reader.read_frame()[0] == TrackerMsg.WELCOME
+    return sock, reader
+
+
+def test_a_client_whose_connection_broke_gets_its_place_back(tracker_lab):
+    from tether_rpc import transport
+    from tether_rpc.tracker_protocol import TrackerMsg
+
+    tracker = tracker_lab.tracker()
+    tracker_lab.device(tracker, "pi")
+    request = {"key": "pi", "priority": 1, "wait_timeout": HANG_S, "session_timeout": 60}
+    with tracker.client(name="holder-A") as holder, holder.request("pi", wait_timeout=HANG_S):
+        first, reader = _raw_client(tracker.port)
+        transport.send_frame(first, TrackerMsg.REQUEST, 1, request)
+        msg_type, _, queued = reader.read_frame()
+        assert msg_type == TrackerMsg.QUEUED and queued["ticket"]
+        first.close()                           # its connection breaks: the request is withdrawn at once
+        wait_until(lambda: _pi(tracker)["pending"] == 0, HANG_S, "the request to be withdrawn")
+        granted_y = threading.Event()
+
+        def later():
+            with tracker.client(name="client-Y") as t, t.request("pi", wait_timeout=HANG_S):
+                granted_y.set()
+
+        th = threading.Thread(target=later)
+        th.start()
+        wait_until(lambda: _pi(tracker)["pending"] == 1, HANG_S, "Y to queue")
+        back, reader = _raw_client(tracker.port)
+        transport.send_frame(back, TrackerMsg.REQUEST, 1, dict(request, ticket=queued["ticket"]))
+        msg_type, _, again = reader.read_frame()
+        assert msg_type == TrackerMsg.QUEUED and again["ticket"] == queued["ticket"]
+    # A left: the device goes to the returning request (its old place is ahead of Y's)
+    msg_type, _, grant = reader.read_frame()
+    assert msg_type == TrackerMsg.GRANT and grant["key"] == "pi"
+    assert not granted_y.is_set()              # Y waits until that grant lapses unused (1 s)
+    back.close()
+    th.join(HANG_S)
+    assert granted_y.is_set()
