@@ -831,10 +831,11 @@ async def run_lab(port: int, cfg: LabConfig, tracker_pid: Optional[int] = None) 
             raise RuntimeError("only %d of %d lab devices registered within 60 s" % (lab.registered, len(keys)))
         await asyncio.sleep(0.05)
     register_s = time.perf_counter() - t0
-    # the generator's own long-lived objects (a thousand devices) out of the collector's way: a full collection
-    # over them would stall this loop and show up as tracker latency
+    # no collector pauses in the generator while it measures (they would show up as tracker latency): its
+    # long-lived objects are frozen, and the cyclic garbage of a bounded run waits for the collection at the end
     gc.collect()
     gc.freeze()
+    gc.disable()
     usage0 = proc_usage(tracker_pid) if tracker_pid else None
     load0 = os.getloadavg()[0]
     t_load = time.perf_counter()
@@ -886,6 +887,8 @@ async def run_lab(port: int, cfg: LabConfig, tracker_pid: Optional[int] = None) 
         task.cancel()
     await asyncio.sleep(0.05)
     gc.unfreeze()
+    gc.enable()
+    gc.collect()
     stalls = [(t, x) for t, x in lab.lags if x > 0.01]
     over = [(t, d) for t, d in lab.slow if d > 0.02]
     # a request slower than 20 ms while the generator's own loop stalled (this box's other jobs took the CPU)
