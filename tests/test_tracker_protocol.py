@@ -59,9 +59,11 @@ def test_register_and_request_defaults():
     assert reg == {"key": "phone", "port": 0, "host": None, "tags": {"lab": "12"}, "info": {}, "reverse": True,
                    "state": "free"}
     assert check_request({"key": "rasp*"}) == {"key": "rasp*", "priority": 1, "wait_timeout": 60.0,
-                                               "session_timeout": 600.0}
+                                               "session_timeout": 600.0, "ticket": ""}
+    assert check_request({"key": "pi", "ticket": "abc"})["ticket"] == "abc"
     for bad in ({"wait_timeout": -1}, {"wait_timeout": float("inf")}, {"priority": float("nan")},
-                {"session_timeout": 0}, {"session_timeout": 1e12}, {"priority": "high"}):
+                {"session_timeout": 0}, {"session_timeout": 1e12}, {"priority": "high"}, {"ticket": 5},
+                {"ticket": "x" * 65}):
         with pytest.raises(ProtocolError):
             check_request(dict({"key": "pi"}, **bad))
 

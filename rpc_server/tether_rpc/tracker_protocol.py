@@ -63,8 +63,8 @@ class TrackerMsg(enum.IntEnum):
     SESSION = 74        # device -> tracker {state: "started"|"ended", match?}
     DIAL = 75           # tracker -> device {match}                             (reverse mode)
     RELAY = 76          # device -> tracker {match}, then raw bytes              (reverse mode data connection)
-    REQUEST = 80        # client -> tracker {key, priority, wait_timeout, session_timeout}
-    QUEUED = 81         # tracker -> client {key, total, free, pending}
+    REQUEST = 80        # client -> tracker {key, priority, wait_timeout, session_timeout, ticket?}
+    QUEUED = 81         # tracker -> client {key, total, free, pending, ticket}
     GRANT = 82          # tracker -> client {host, port, match, key, device, session_timeout, relay}
     SUMMARY = 83        # client -> tracker {}
     SUMMARY_REPLY = 84  # tracker -> client {devices: [...], queues: {...}}
@@ -145,8 +145,11 @@ def check_request(payload: dict) -> dict:
     if not 0 <= wait <= MAX_TIMEOUT or not 0 < session <= MAX_TIMEOUT:
         raise ProtocolError("REQUEST timeouts must lie in 0 <= wait_timeout <= %d and 0 < session_timeout <= %d "
                             "seconds" % (MAX_TIMEOUT, MAX_TIMEOUT))
+    ticket = _field(payload, "ticket", str, "")
+    if len(ticket) > 64:
+        raise ProtocolError("a REQUEST ticket is at most 64 characters")
     return {"key": check_key(payload.get("key")), "priority": priority, "wait_timeout": float(wait),
-            "session_timeout": float(session)}
+            "session_timeout": float(session), "ticket": ticket}
 
 
 def check_match(payload: dict) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Any, Callable, Dict, Optional, Union
 
 from tether_rpc import protocol as p, tls as tether_tls, transport
 from tether_rpc.error_mapping import error_from_payload, socket_error
-from tether_rpc.errors import ConnectionClosed, ProtocolError, TetherError, TetherTimeout
+from tether_rpc.errors import AuthenticationError, ConnectionClosed, ProtocolError, TetherError, TetherTimeout
 from tether_rpc.handshake import ClientHandshake
 from tether_rpc.tracker_protocol import DEFAULT_PORT, REPLY_LIMITS, TRACKER_HANDSHAKE, TrackerMsg, hello_payload
 
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: Extra seconds the client waits beyond wait_timeout for the tracker's own timeout verdict.
 _GRACE = 5.0
+#: Longest pause between two attempts to reach a lost tracker.
+_MAX_BACKOFF = 2.0
 #: ERROR types from the tracker raised as the local class (the rest as remote exceptions).
 _LOCAL_ERRORS = frozenset([p.ErrorType.TIMEOUT, p.ErrorType.AUTHENTICATION])
 
@@ -42,35 +45,70 @@ class TrackerClient:
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, token: Optional[str] = None,
                  timeout: Union[Timeout, float, None] = 10.0, name: str = "", session_token: Optional[str] = None,
-                 session_timeouts: Optional[Timeout] = None, tls: Any = None, ca: Optional[str] = None):
+                 session_timeouts: Optional[Timeout] = None, tls: Any = None, ca: Optional[str] = None,
+                 reconnect: bool = True, reconnect_backoff: float = 0.1):
+        """``reconnect``: a request waiting in the queue survives losing the tracker (a restart, a network blip):
+        the client reconnects with capped exponential backoff starting at ``reconnect_backoff`` s, for as long
+        as the request's ``wait_timeout`` lasts, and asks again with its ticket, which gets back its place in
+        line where the tracker still knows it (docs/tracker.md)."""
         # timeout: connect + handshake (connect), and the wait for a SUMMARY (read); a number sets both
         self.host, self.port = host, port
         self.timeout = Timeout.coerce(timeout)
         self.session_token = session_token
         self.session_timeouts = session_timeouts
+        self.reconnect = reconnect
+        self.reconnect_backoff = reconnect_backoff
+        self.reconnects = 0
         self.closed = False
+        self._lost = False
         self._lock = threading.Lock()
         self._next_id = 1
         self._where = "the tracker at %s:%d" % (host, port)
+        self._token = token
+        self._name = name or _default_name()
+        self._context = tether_tls.client_context(tls, ca)
+        self._connect()
+
+    def _connect(self) -> None:
         try:
-            sock = socket.create_connection((host, port), timeout=self.timeout.connect)
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout.connect)
         except OSError as exc:
             raise socket_error(exc, "could not reach %s within %s s" % (self._where, self.timeout.connect),
                                "could not connect to %s" % self._where) from exc
-        context = tether_tls.client_context(tls, ca)
-        if context is not None:
-            sock = tether_tls.wrap_client(sock, context, host, self._where)
+        if self._context is not None:
+            sock = tether_tls.wrap_client(sock, self._context, self.host, self._where)
         self.sock = sock
         try:
             transport.configure_socket(sock)
             self._reader = transport.FrameReader(sock, REPLY_LIMITS)
-            ClientHandshake(TRACKER_HANDSHAKE, hello_payload("client", name or _default_name()), token,
+            ClientHandshake(TRACKER_HANDSHAKE, hello_payload("client", self._name), self._token,
                             peer=self._where, token_hint="connect_tracker(..., token=...)",
-                            error_context="tracker %s:%d: " % (host, port)).run(sock, self._read)
+                            error_context="tracker %s:%d: " % (self.host, self.port)).run(sock, self._read)
         except BaseException:
             self.closed = True
             sock.close()
             raise
+        self.closed = self._lost = False
+
+    def _reconnect(self, deadline: float) -> bool:
+        """After losing the tracker: connect again, with backoff, until ``deadline``; False if that passed."""
+        delay = self.reconnect_backoff
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, delay * (0.5 + random.random())))
+            delay = min(delay * 2, _MAX_BACKOFF)
+            try:
+                self._connect()
+            except AuthenticationError:
+                raise
+            except (TetherError, OSError) as exc:
+                log.info("tracker %s:%d still unreachable: %s", self.host, self.port, exc)
+                continue
+            self.reconnects += 1
+            log.warning("reconnected to %s", self._where)
+            return True
 
     def _read(self) -> Any:
         try:
@@ -124,11 +162,10 @@ class TrackerClient:
         "connect to the tracker itself"). The match token is good for one session, started within ~1 s."""
         with self._lock:
             self._check_open()
-            rid = self._rid()
-            transport.send_frame(self.sock, TrackerMsg.REQUEST, rid, {"key": key, "priority": priority,
-                                                              "wait_timeout": wait_timeout,
-                                                              "session_timeout": session_timeout})
-            deadline = time.monotonic() + wait_timeout + _GRACE
+            wait_end = time.monotonic() + wait_timeout
+            deadline = wait_end + _GRACE
+            ticket = ""
+            rid = self._send_request(key, priority, wait_timeout, session_timeout, ticket)
             try:
                 while True:
                     left = deadline - time.monotonic()
@@ -136,13 +173,25 @@ class TrackerClient:
                         raise TetherTimeout("the tracker at %s:%d neither granted %r nor timed it out within "
                                             "%.1f s" % (self.host, self.port, key, wait_timeout + _GRACE))
                     self.sock.settimeout(left)
-                    msg_type, got_rid, payload = self._read()
+                    try:
+                        msg_type, got_rid, payload = self._read() if rid else (0, -1, {})
+                    except ConnectionClosed:
+                        msg_type, got_rid = 0, -1
+                    if got_rid == -1:       # the tracker went away (restarted?): back in line with the ticket
+                        self._abort()
+                        if not self.reconnect or not self._reconnect(wait_end):
+                            raise ConnectionClosed("lost %s while waiting for %r%s" % (
+                                self._where, key, "" if self.reconnect else " (reconnect=False)"))
+                        rid = self._send_request(key, priority, max(0.0, wait_end - time.monotonic()),
+                                                 session_timeout, ticket)
+                        continue
                     if got_rid != rid:
                         continue            # a late answer to an earlier, abandoned request
                     if msg_type == TrackerMsg.GRANT:
                         return payload
                     if msg_type == TrackerMsg.QUEUED:
                         log.info("queued for %r at the tracker: %s", key, payload)
+                        ticket = payload.get("ticket") or ticket
                         if on_queued is not None:
                             on_queued(payload)
                     elif msg_type == p.MsgType.ERROR:
@@ -159,6 +208,21 @@ class TrackerClient:
                     except TetherError:
                         self._abort()
                 raise
+
+    def _send_request(self, key: str, priority: float, wait_timeout: float, session_timeout: float,
+                      ticket: str) -> int:
+        """Send REQUEST; returns its id, or 0 if the connection broke on the way (the caller reconnects)."""
+        rid = self._rid()
+        payload = {"key": key, "priority": priority, "wait_timeout": wait_timeout, "session_timeout": session_timeout}
+        if ticket:
+            payload["ticket"] = ticket
+        try:
+            transport.send_frame(self.sock, TrackerMsg.REQUEST, rid, payload)
+        except (ConnectionClosed, OSError):
+            if not self.reconnect:
+                raise
+            return 0
+        return rid
 
     def summary(self) -> Dict[str, Any]:
         """``{"devices": [...], "queues": {key: {"total", "free", "pending"}}, "stats": {...}}``."""
@@ -178,17 +242,21 @@ class TrackerClient:
                 raise ProtocolError("the tracker answered SUMMARY with message type %d" % msg_type)
 
     def _check_open(self) -> None:
+        if self.closed and self._lost and self.reconnect:
+            self._connect()                 # lost earlier (not closed by us): one attempt, its errors raised
         if self.closed:
             raise ConnectionClosed("this tracker connection is closed")
 
     def _abort(self) -> None:
         self.closed = True
+        self._lost = True
         transport.close_quietly(self.sock)
 
     def close(self) -> None:
         """Leave the tracker: every request still queued on this connection is withdrawn at once. Idempotent."""
         if not self.closed:
             self._abort()
+        self._lost = False
 
     def __enter__(self) -> "TrackerClient":
         return self
@@ -210,11 +278,13 @@ def _default_name() -> str:
 
 def connect_tracker(host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: Optional[str] = None, *,
                     timeout: Union[Timeout, float, None] = 10.0, name: str = "", session_token: Optional[str] = None,
-                    tls: Any = None, ca: Optional[str] = None) -> TrackerClient:
+                    tls: Any = None, ca: Optional[str] = None, reconnect: bool = True,
+                    reconnect_backoff: float = 0.1) -> TrackerClient:
     """Connect to a tracker. ``token`` is the tracker's token (default: env TETHER_TRACKER_TOKEN);
     ``session_token`` the devices' own ``--token`` (default: env TETHER_TOKEN, as for rpc.connect).
-    ``tls``/``ca``: as for rpc.connect, for the tracker's own connection (docs/tls.md)."""
+    ``tls``/``ca``: as for rpc.connect, for the tracker's own connection (docs/tls.md). ``reconnect``: a waiting
+    request survives a tracker restart (see :class:`TrackerClient`)."""
     if token is None:
         token = os.environ.get("TETHER_TRACKER_TOKEN") or None
     return TrackerClient(host, port, token=token, timeout=timeout, name=name, session_token=session_token, tls=tls,
-                         ca=ca)
+                         ca=ca, reconnect=reconnect, reconnect_backoff=reconnect_backoff)

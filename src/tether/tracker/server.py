@@ -25,10 +25,17 @@ from tether_rpc.errors import AuthenticationError, ConnectionClosed, FrameTooLar
 from tether_rpc.tracker_protocol import (TRACKER_LIMITS, TRACKER_VERSION, TrackerMsg, check_hello, check_match,
                                          check_register, check_request, device_tags)
 
+from . import state as tracker_state
 from .pool import Device, Pool, Request
 from .relay import Relay, take_socket
 
 log = logging.getLogger(__name__)
+
+_HEARTBEAT_FRAME = p.encode_frame(TrackerMsg.HEARTBEAT, 0, {})
+#: Small frames of scalars (heartbeats, EXPECTED, SESSION, REQUEST) decode without the per-container limit hooks,
+#: about twice as fast; anything else (REGISTER's nested info) falls back to the fully checked decode. One decoder
+#: serves every connection: each body is complete when decoded, and the loop decodes one at a time.
+_PLAIN = p.FrameBuffer(TRACKER_LIMITS, size=64)
 
 
 class Conn:
@@ -62,7 +69,8 @@ class Conn:
             raise ConnectionClosed("%s closed the connection" % self.name) from exc
         except OSError as exc:
             raise error_mapping.socket_error(exc, "timed out reading from %s" % self.name, self.name) from exc
-        msg_type, rid, payload = p.decode_body(body, limits)
+        frame = _PLAIN.decode_plain(body) if n <= p.PLAIN_FRAME_MAX and limits is TRACKER_LIMITS else None
+        msg_type, rid, payload = frame if frame is not None else p.decode_body(body, limits)
         return msg_type, rid, payload, header + body
 
     def send(self, msg_type: int, rid: int = 0, payload: Optional[dict] = None) -> None:
@@ -72,6 +80,10 @@ class Conn:
             self.writer.write(p.encode_frame(msg_type, rid, payload))
         except (ConnectionError, OSError, RuntimeError):
             self.close()
+
+    def send_frame(self, frame: bytes) -> None:
+        if not self.closed:
+            self.writer.write(frame)
 
     def send_error(self, rid: int, exc: BaseException) -> None:
         self.send(p.MsgType.ERROR, rid, error_mapping.error_payload(exc))
@@ -88,9 +100,11 @@ class TrackerServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 9190, *, token: Optional[str] = None,
                  grant_timeout: float = 1.0, heartbeat: float = 1.0, dead_after: float = 3.0,
                  handshake_timeout: float = 5.0, dial_timeout: float = 5.0, max_requests_per_conn: int = 1024,
-                 ssl_context: Any = None):
+                 ssl_context: Any = None, state_file: Optional[str] = None):
         """``ssl_context``: serve TLS (tether_rpc.tls.server_context; docs/tls.md). Reverse-mode devices cannot
-        be relayed then (the relay copies raw bytes, and each side's TLS ends at the tracker)."""
+        be relayed then (the relay copies raw bytes, and each side's TLS ends at the tracker).
+        ``state_file``: keep queued requests' places and device holds there, to survive a restart
+        (:mod:`tether.tracker.state`)."""
         self.host = host
         self.ssl_context = ssl_context
         self.port = port
@@ -107,8 +121,12 @@ class TrackerServer:
         self._server: Optional[asyncio.base_events.Server] = None
         self._sweeper: Optional["asyncio.Task[None]"] = None
         self._conns: Set[Conn] = set()
+        self._packer = p.new_packer()
         self.stats = {"grants": 0, "revoked": 0, "timeouts": 0, "relayed": 0}
         self.traffic = {"frames": 0, "requests": 0}     # frames read after handshakes; REQUESTs (the dashboard's rates)
+        self.state_file = state_file
+        self._restored = tracker_state.Restored()
+        self._state_writer: Optional[tracker_state.StateWriter] = None
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -117,6 +135,11 @@ class TrackerServer:
                                                   reuse_address=True, **tls)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        if self.state_file:
+            self._restored = tracker_state.load(self.state_file)
+            self.pool.skip_ids(self._restored.last_id)
+            self._state_writer = tracker_state.StateWriter(self.state_file, self._snapshot)
+            self.pool.changed = self._state_writer.changed
         self._sweeper = asyncio.ensure_future(self._sweep())
         log.info("tracker listening on %s:%d%s", self.host, self.port, " (token required)" if self.token else "")
 
@@ -131,6 +154,10 @@ class TrackerServer:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._state_writer is not None:
+            self.pool.changed = lambda: None
+            self._state_writer.flush()      # before the connections go: their requests are still queued
+            self._state_writer = None
         for conn in list(self._conns):
             conn.close()
 
@@ -201,13 +228,20 @@ class TrackerServer:
         conn.send(TrackerMsg.WELCOME, 0, welcome)
 
     def _forget(self, conn: Conn) -> None:
-        """A connection ended: withdraw its requests, drop its device."""
+        """A connection ended: withdraw its requests (their tickets keep their places a while), drop its device."""
         for request in list(conn.requests.values()):
+            if request.ticket and request.state in ("pending", "expecting"):
+                self._restored.leave_ticket(tracker_state.Ticket(request.ticket, request.pattern_text,
+                                                                 request.priority, request.seq, request.deadline()))
             self._finish_request(request, "withdrawn")
         conn.requests.clear()
         device = conn.device
         if device is not None and self.pool.devices.get(device.id) is device:
             log.info("device %d (%s) left", device.id, device.key)
+            if device.state == "busy" and device.holder and not device.reverse:
+                # its session may well go on (a tracker link blip): the holder is back when it re-registers busy
+                self._restored.holds[(device.key, device.host, device.port)] = {
+                    "holder": device.holder, "since": device.since, "expires": time.time() + tracker_state.HOLD_GRACE}
             self._drop_grant(device)
             self.pool.remove_device(device)
 
@@ -249,6 +283,11 @@ class TrackerServer:
             device = Device(self.pool.next_id(), reg["key"], reg["tags"], reg["info"], host, reg["port"],
                             reg["reverse"], conn)
             device.state = reg["state"]
+            if device.state == "busy" and not device.reverse:
+                # a session that outlived a tracker restart: its holder, from the state file
+                hold = self._restored.claim_hold((device.key, host, device.port))
+                if hold is not None:
+                    device.holder, device.since = hold["holder"], hold["since"]
             conn.device = device
             self.pool.add_device(device)
             conn.send(TrackerMsg.REGISTERED, 0, {"device": device.id, "heartbeat": self.heartbeat})
@@ -256,7 +295,7 @@ class TrackerServer:
                      " (reverse)" if reg["reverse"] else "")
         else:
             device.info = reg["info"] or device.info
-            device.tags = device_tags(device.key, reg["tags"], device.info)
+            self.pool.set_tags(device, device_tags(device.key, reg["tags"], device.info))
         if reg["state"] == "free":
             # "free" from a device holding an outstanding grant means a different session just ended (an older
             # grant used late); the grant stands, its client may be connecting right now
@@ -266,7 +305,9 @@ class TrackerServer:
             self.pool.set_state(device, "busy", "(direct session)")
 
     def _on_heartbeat(self, conn: Conn, payload: dict) -> None:
-        conn.send(TrackerMsg.HEARTBEAT, 0, {})
+        # a thousand devices send one a second: echo a frame encoded once
+        if not conn.closed:
+            conn.writer.write(_HEARTBEAT_FRAME)
 
     def _on_expected(self, conn: Conn, payload: dict) -> None:
         match = check_match(payload)
@@ -351,6 +392,8 @@ class TrackerServer:
                 # this loop was blocked (a huge burst of work): heartbeats may sit unread in socket buffers,
                 # so silence measured now would be ours, not the devices'
                 continue
+            if self._restored.expire() and self._state_writer is not None:
+                self._state_writer.changed()
             deadline = time.monotonic() - self.dead_after
             for device in [d for d in self.pool.devices.values() if d.last_seen < deadline]:
                 log.warning("device %d (%s) silent for %.1f s: removed", device.id, device.key, self.dead_after)
@@ -376,9 +419,7 @@ class TrackerServer:
                 if request is not None:
                     self._finish_request(request, "withdrawn")
             elif msg_type == TrackerMsg.SUMMARY:
-                summary = self.pool.summary()
-                summary["stats"] = dict(self.stats)
-                conn.send(TrackerMsg.SUMMARY_REPLY, rid, summary)
+                conn.send_frame(self._summary_frame(rid))
             else:
                 raise ProtocolError("a client may not send message type %d" % msg_type)
 
@@ -389,13 +430,17 @@ class TrackerServer:
             raise ProtocolError("this connection already has %d requests waiting (the limit)" % len(conn.requests))
         request = Request(self.pool.next_id(), conn, rid, req["key"], req["priority"], req["wait_timeout"],
                           req["session_timeout"], conn.name)
+        place = self._restored.claim_ticket(req["ticket"], req["key"])
+        if place is not None:       # a client back after a restart or a lost connection: its old place in line
+            request.seq = place.seq
+        request.ticket = place.ticket if place is not None else secrets.token_urlsafe(12)
         conn.requests[rid] = request
         device = self.pool.add_request(request)
         if device is not None:
             self._grant(device, request)
             return
         state = self.pool.queue_state(request.pattern_text)
-        conn.send(TrackerMsg.QUEUED, rid, dict(state, key=request.pattern_text))
+        conn.send(TrackerMsg.QUEUED, rid, dict(state, key=request.pattern_text, ticket=request.ticket))
         request.timer = asyncio.get_running_loop().call_later(request.wait_timeout, self._request_timed_out,
                                                               request)
 
@@ -462,6 +507,28 @@ class TrackerServer:
                 continue
             self._grant(device, request)
             return
+
+    def _summary_frame(self, rid: int) -> bytes:
+        """SUMMARY_REPLY ``{devices, queues, stats}``, framed by hand around each device's cached encoding."""
+        pack = self._packer
+        devices = self.pool.encoded_devices()
+        body = b"".join([pack.pack_array_header(3), pack.pack(int(TrackerMsg.SUMMARY_REPLY)), pack.pack(rid),
+                         pack.pack_map_header(3), pack.pack("devices"), pack.pack_array_header(len(devices))]
+                        + devices + [pack.pack("queues"), pack.pack(self.pool.queues()), pack.pack("stats"),
+                                     pack.pack(self.stats)])
+        return p.HEADER.pack(len(body)) + body
+
+    def _snapshot(self) -> dict:
+        """Places in line and holds, for the state file (module tether.tracker.state)."""
+        waiting = self.pool.pending_requests() + [r for _, r in self._by_match.values() if r.state == "expecting"]
+        tickets = [tracker_state.Ticket(r.ticket, r.pattern_text, r.priority, r.seq, r.deadline())
+                   for r in waiting if r.ticket and not r.conn.closed]
+        tickets += self._restored.tickets.values()
+        holds = [{"key": d.key, "host": d.host, "port": d.port, "holder": d.holder, "since": d.since}
+                 for d in self.pool.devices.values() if d.state == "busy" and d.holder and not d.reverse]
+        holds += [{"key": a[0], "host": a[1], "port": a[2], "holder": h["holder"], "since": h["since"]}
+                  for a, h in self._restored.holds.items()]
+        return tracker_state.snapshot(self.pool.last_id, tickets, holds)
 
     # ------------------------------------------------------------------------------------------------ relay
     async def _relay_client(self, conn: Conn, payload: dict, raw_hello: bytes) -> None:
