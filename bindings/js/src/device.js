@@ -26,15 +26,17 @@ export function timerResolution() {
 
 /** What this device is: the map `tether.device_info` returns and REGISTER carries to the tracker. */
 export function describeDevice(extra = {}) {
-  const isNode = typeof process !== "undefined" && !!process.versions?.node;
+  // globalThis.process: this file also runs in browsers, where there is no process
+  const proc = globalThis.process;
+  const isNode = !!proc?.versions?.node;
   const simd = simdSupported();
-  const os = isNode && process.getBuiltinModule ? process.getBuiltinModule("node:os") : null;
+  const os = isNode && proc.getBuiltinModule ? proc.getBuiltinModule("node:os") : null;
   const info = {
     arch: "wasm32",
-    os: isNode ? process.platform : "browser",
+    os: isNode ? proc.platform : "browser",
     runtime: isNode ? "node" : "browser",
-    runtime_version: isNode ? process.version : (globalThis.navigator?.userAgent ?? ""),
-    user_agent: globalThis.navigator?.userAgent ?? (isNode ? `node/${process.version}` : ""),
+    runtime_version: isNode ? proc.version : (globalThis.navigator?.userAgent ?? ""),
+    user_agent: globalThis.navigator?.userAgent ?? (isNode ? `node/${proc.version}` : ""),
     simd,
     features: simd ? ["simd128"] : [],
     suggested_target: simd ? "wasm32" : "wasm32-nosimd",
