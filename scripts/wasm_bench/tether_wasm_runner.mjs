@@ -1,0 +1,46 @@
+// tether's wasm32 build of a model in node, through bindings/js's GraphExecutor: what bench_wasm.py times.
+//
+//   node tether_wasm_runner.mjs MODEL_DIR INPUTS_DIR OUTPUTS_DIR
+//
+// MODEL_DIR is a wasm32 model folder (deploy.json + deploy.params + deploy.wasm). Loads it, sets the inputs
+// (tensor_files.mjs), runs once, writes the outputs to OUTPUTS_DIR, prints one JSON line {"ready": true, ...} and
+// then serves timing requests on stdin (serveSamples), plus {"cmd": "profile", "number": N}: the median time of
+// each node's own call over N calls, in execution order.
+import fs from 'node:fs';
+import path from 'node:path';
+import { loadModule, fromTypedArray } from '../../bindings/js/src/runtime.js';
+import { GraphExecutor } from '../../bindings/js/src/graph.js';
+import { readTensors, writeTensors, serveSamples } from './tensor_files.mjs';
+
+const [modelDir, inputsDir, outputsDir] = process.argv.slice(2);
+if (!outputsDir) {
+  console.error('usage: node tether_wasm_runner.mjs MODEL_DIR INPUTS_DIR OUTPUTS_DIR');
+  process.exit(2);
+}
+const graphText = fs.readFileSync(path.join(modelDir, 'deploy.json'), 'utf8');
+const graph = JSON.parse(graphText);
+const t0 = performance.now();
+const module = await loadModule(fs.readFileSync(path.join(modelDir, graph.lib)), { name: graph.lib });
+const executor = new GraphExecutor(graphText, module, fs.readFileSync(path.join(modelDir, 'deploy.params')));
+const loadS = (performance.now() - t0) / 1e3;
+for (const t of readTensors(inputsDir)) executor.setInput(t.name, fromTypedArray(t.data, t.shape, t.dtype));
+const t1 = performance.now();
+executor.run();
+const firstRunS = (performance.now() - t1) / 1e3;
+const outputs = [];
+for (let i = 0; i < executor.numOutputs; i++) {
+  const nd = executor.getOutput(i);
+  outputs.push({ name: graph.entries[graph.outputs[i]].name, shape: nd.shape, dtype: nd.dtype, data: nd.toTypedArray() });
+}
+writeTensors(outputsDir, outputs);
+process.stdout.write(JSON.stringify({
+  ready: true, runtime: 'tether-wasm32', wasm: path.join(modelDir, graph.lib),
+  features: module.metadata?.requires?.features ?? null, load_s: loadS, first_run_s: firstRunS,
+}) + '\n');
+
+function profile(req) {
+  if (typeof executor.profile !== 'function') return { error: 'this GraphExecutor has no profile()' };
+  return executor.profile({ number: Math.max(1, req.number | 0) });
+}
+await serveSamples(() => executor.run(), { profile });
+process.exit(0);
