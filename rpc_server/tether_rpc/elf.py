@@ -14,7 +14,7 @@ import platform
 import struct
 from typing import BinaryIO, Dict, List, NamedTuple, Optional, Union
 
-from .errors import ModuleLoadError
+from .errors import ArchMismatch, ModuleLoadError
 
 # e_machine -> tether arch name; the inverse is used by tests that patch headers.
 MACHINE_ARCH: Dict[int, str] = {62: "x86_64", 183: "aarch64", 40: "armv7"}
@@ -24,6 +24,7 @@ _OTHER_MACHINES: Dict[int, str] = {3: "x86 (i386)", 8: "mips", 20: "powerpc", 21
                                    243: "riscv", 258: "loongarch"}
 
 ET_DYN = 3
+WASM_MAGIC = b"\0asm"   # a wasm32 module (docs/web.md): refused with its own message
 SHT_DYNSYM = 11
 SHT_NOBITS = 8
 SHN_UNDEF = 0
@@ -158,6 +159,10 @@ class ElfFile:
     # -- header ----------------------------------------------------------------------------------------------
     def _parse_header(self) -> None:
         ident = self._r.read(0, 16, "ELF identification") if self._r.size >= 16 else b""
+        if ident[:4] == WASM_MAGIC:
+            raise ArchMismatch("%s is a WebAssembly module (wasm32), built for a JS runtime (bindings/js); this "
+                               "Python runtime loads ELF shared libraries: rebuild it with the target for this "
+                               "device" % self.name)
         if ident[:4] != b"\x7fELF":
             raise ModuleLoadError("%s is not an ELF file (bad magic %r); expected a shared library (.so)"
                                   % (self.name, bytes(ident[:4]) if ident else b""))

@@ -71,7 +71,13 @@ class Module:
 
     # ---- exports --------------------------------------------------------------------------------------------
     def export_library(self, path: str, soname: Optional[str] = None) -> str:
-        """Write a self-contained shared object (no DT_NEEDED, no undefined symbols) to ``path``."""
+        """Write a self-contained shared object (no DT_NEEDED, no undefined symbols) to ``path``; for wasm32 a
+        WebAssembly module with no imports and its metadata in the custom section "tether_meta" (docs/web.md)."""
+        if self.target.is_wasm:
+            meta = json.dumps(self.metadata, separators=(",", ":")).encode("utf-8")
+            out = link.link_wasm([self.object_bytes], self.target, os.fspath(path), self.function_names, meta)
+            log.info("wrote %s (%s, %d bytes)", out, self.target.preset or self.target.triple, os.path.getsize(out))
+            return out
         out = link.link_shared([self.object_bytes], self.target, os.fspath(path), soname=soname)
         log.info("wrote %s (%s, %d bytes)", out, self.target.preset or self.target.triple, os.path.getsize(out))
         return out
@@ -111,6 +117,9 @@ class Module:
         """Link for this machine and load through the device runtime (host-target modules only)."""
         from tether_rpc import elf
 
+        if self.target.is_wasm:
+            raise TetherError("module %r is built for wasm32: run it with the JS runtime (bindings/js), not the "
+                              "Python runtime" % self.name)
         if self.target.arch != elf.host_arch():
             raise TetherError("module %r is built for %s and cannot run on this %s host; export_library() it and "
                               "load it on the device" % (self.name, self.target.arch, elf.host_arch()))

@@ -16,6 +16,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import msgpack
 
 from tether.artifact import Module
+from tether.codegen import scratch
 from tether.codegen.emit import compile_module
 from tether.codegen.module import ModuleBuilder
 from tether.errors import CompileError
@@ -129,7 +130,7 @@ def _build_kernels_part(items: Sequence[Any], tgt: Target, name: str, fast_math:
     ir_text = mb.finish()
     compiled = compile_module(ir_text, tgt, opt=opt)
     return {"ok": True, "obj": compiled.object_bytes, "ir": ir_text, "opt_ir": compiled.optimized_ir,
-            "functions": mb.function_entries(), "seconds": compiled.seconds}
+            "functions": mb.function_entries(), "seconds": compiled.seconds, "scratch": scratch.arena_bytes(mb)}
 
 
 # A worker's exit status when writing its report failed (seen with a full /tmp on a shared machine).
@@ -262,6 +263,8 @@ def _build_in_parts(items: Sequence[Any], names: List[str], tgt: Target, name: s
     entries = {e["name"]: e for p in parts for e in p["functions"]}
     rt = ModuleBuilder(tgt, name, fast_math=fast_math, part="runtime")
     rt.add_metadata([entries[n] for n in names])
+    if tgt.is_wasm:   # (elsewhere the parts' arenas are common symbols, merged by the linker)
+        scratch.define_arena(rt, max(int(p.get("scratch", 0)) for p in parts))
     rt_text = rt.finish()
     rt_obj = compile_module(rt_text, tgt, opt=opt)
     part_objs = [CompiledObject(p["obj"], p["opt_ir"], tgt, opt, p["seconds"]) for p in parts]

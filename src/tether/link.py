@@ -86,6 +86,30 @@ def find_linker(python: Union[str, None, object] = _DEFAULT, path: Union[str, No
     return cmd
 
 
+def find_wasm_linker() -> List[str]:
+    """The WebAssembly linker as an argv prefix: $TETHER_WASM_LD, else the ziglang wheel's ``zig wasm-ld``, else
+    ``wasm-ld`` on PATH. Raises LinkerNotFound naming what to install."""
+    override = os.environ.get("TETHER_WASM_LD")
+    if override:
+        return shlex.split(override)
+    if "wasm" in _cache:
+        return list(_cache["wasm"])
+    zig = zig_from_python(sys.executable)
+    cmd = [zig, "wasm-ld"] if zig else None
+    if cmd is None:
+        found = shutil.which("wasm-ld")
+        cmd = [found] if found else None
+    if cmd is None:
+        raise LinkerNotFound("no WebAssembly linker found: install the ziglang wheel (pip install ziglang), which "
+                             "ships wasm-ld, or put a system wasm-ld on PATH (e.g. apt install lld)")
+    _cache["wasm"] = list(cmd)
+    return cmd
+
+
+def _linker_for(target: Target) -> List[str]:
+    return find_wasm_linker() if target.is_wasm else find_linker()
+
+
 def _write_objects(objects: Sequence[bytes], folder: str) -> List[str]:
     paths = []
     for k, obj in enumerate(objects):
@@ -107,7 +131,11 @@ def _run_linker(argv: List[str], what: str, target: Target) -> None:
         detail = (proc.stderr or proc.stdout).strip()
         missing = sorted(set(re.findall(r"undefined symbol: (\S+)", detail)))
         hint = ""
-        if missing:
+        if missing and target.is_wasm:
+            hint = ("\nhint: a wasm32 module imports nothing, so its code must not call %s (LLVM turns some "
+                    "intrinsics into such calls); use ModuleBuilder.math(...) or compare/select code instead."
+                    % ", ".join(missing))
+        elif missing:
             hint = ("\nhint: tether modules link without libc/libm, so the code must not call %s. LLVM turns some "
                     "intrinsics into such calls on this target (e.g. llvm.maxnum/round/trunc on armv7); use "
                     "ModuleBuilder.math(...) or compare/select code instead." % ", ".join(missing))
@@ -120,6 +148,9 @@ def link_shared(objects: Sequence[bytes], target: Union[str, Target], out_path: 
     """Link object files (bytes) into a self-contained shared object at ``out_path``: no libc, no DT_NEEDED,
     no undefined symbols. ``flags``: more linker arguments (e.g. a version script)."""
     target = as_target(target)
+    if target.is_wasm:
+        raise CompileError("%s is a WebAssembly target: link it with link_wasm (Module.export_library does)"
+                           % target)
     cmd = list(linker) if linker else find_linker()
     out_path = os.path.abspath(os.fspath(out_path))
     soname = soname or os.path.basename(out_path)
@@ -133,6 +164,49 @@ def link_shared(objects: Sequence[bytes], target: Union[str, Target], out_path: 
     return out_path
 
 
+WASM_META_SECTION = "tether_meta"
+
+
+def _leb128(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def wasm_custom_section(name: str, payload: bytes) -> bytes:
+    """A WebAssembly custom section (id 0): its size, the name as a length-prefixed UTF-8 string, the payload."""
+    raw = name.encode("utf-8")
+    body = _leb128(len(raw)) + raw + bytes(payload)
+    return b"\0" + _leb128(len(body)) + body
+
+
+def link_wasm(objects: Sequence[bytes], target: Union[str, Target], out_path: str, exports: Sequence[str],
+              metadata: bytes, linker: Optional[Sequence[str]] = None) -> str:
+    """Link wasm32 object files (bytes) into a self-contained WebAssembly module at ``out_path`` (docs/web.md "The
+    module"): no imports, the functions ``exports`` plus ``memory`` and ``__heap_base`` exported, and ``metadata``
+    (the JSON) appended as the custom section "tether_meta"."""
+    target = as_target(target)
+    cmd = list(linker) if linker else find_wasm_linker()
+    out_path = os.path.abspath(os.fspath(out_path))
+    with tempfile.TemporaryDirectory(prefix="tether-link-") as tmp:
+        paths = _write_objects(objects, tmp)
+        tmp_out = os.path.join(tmp, "out.wasm")
+        _run_linker(cmd + list(target.link_flags) + ["--export=%s" % name for name in exports] + ["-o", tmp_out]
+                    + paths, os.path.basename(out_path), target)
+        with open(tmp_out, "rb") as f:
+            binary = f.read()
+        if binary[:4] != b"\0asm":
+            raise CompileError("the WebAssembly linker wrote %s without the \\0asm magic" % tmp_out)
+        with open(tmp_out, "wb") as f:
+            f.write(binary + wasm_custom_section(WASM_META_SECTION, metadata))
+        os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+        shutil.move(tmp_out, out_path)
+    return out_path
+
+
 def link_relocatable(objects: Sequence[bytes], target: Union[str, Target],
                      linker: Optional[Sequence[str]] = None) -> bytes:
     """Merge object files into one relocatable object (``ld.lld -r``): a module compiled in parts stays one
@@ -140,7 +214,7 @@ def link_relocatable(objects: Sequence[bytes], target: Union[str, Target],
     target = as_target(target)
     if len(objects) == 1:
         return bytes(objects[0])
-    cmd = list(linker) if linker else find_linker()
+    cmd = list(linker) if linker else _linker_for(target)
     with tempfile.TemporaryDirectory(prefix="tether-link-") as tmp:
         paths = _write_objects(objects, tmp)
         out = os.path.join(tmp, "merged.o")

@@ -2,7 +2,8 @@
 before anything loads or uploads it.
 
 A folder that is not one, or whose files are broken (JSON that does not parse or lacks the graph's lists, a
-truncated params file, a library that is missing, not ELF, or built for another machine), raises
+truncated params file, a library that is missing, not ELF (nor a wasm32 module for a remote JS device), or built
+for another machine), raises
 :class:`tether.errors.InvalidInput` naming the file and saying what was expected, instead of the error of
 whichever loader first trips over it.
 """
@@ -61,13 +62,19 @@ def _check_params(path: str, graph: Dict[str, Any]) -> None:
 
 
 def _check_library(path: str, local: bool) -> None:
-    from tether_rpc.elf import ElfFile
+    from tether_rpc.elf import WASM_MAGIC, ElfFile
     from tether_rpc.module import inspect_module
 
     if not os.path.isfile(path):
         raise InvalidInput("%s is missing; expected the model's shared library %s" % (path, WRITTEN_BY))
     with open(path, "rb") as fh:
         magic = fh.read(4)
+    if magic == WASM_MAGIC:
+        if local:
+            raise InvalidInput("%s is a WebAssembly module (wasm32), built for a JS runtime (bindings/js); this "
+                               "Python runtime loads ELF shared libraries: compile the model for this machine's "
+                               "target" % path)
+        return      # a wasm32 model folder, for a JS device: the device checks it
     if magic != b"\x7fELF":
         raise InvalidInput("%s is not an ELF file (it starts with %r); expected the model's shared library %s"
                            % (path, magic, WRITTEN_BY))

@@ -23,7 +23,19 @@ class UnknownTargetError(InvalidInput):
 
 # ELF e_machine per architecture (abi.md: metadata "arch" must agree with it).
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183, "armv7": 40}
-ELF_CLASS = {"x86_64": 64, "aarch64": 64, "armv7": 32}
+ELF_CLASS = {"x86_64": 64, "aarch64": 64, "armv7": 32, "wasm32": 32}
+
+# WebAssembly (docs/web.md "The wasm32 target"): the features every current engine has are on by default; simd128
+# is what wasm32-nosimd turns off. The CPU is LLVM's "mvp", so exactly these features are on and no others (LLVM's
+# "generic" wasm CPU adds some of its own choosing, e.g. reference-types, that change with LLVM releases).
+WASM_TRIPLE = "wasm32-unknown-unknown"
+WASM_CPU = "mvp"
+WASM_BASE_FEATURES = ("+bulk-memory", "+nontrapping-fptoint", "+sign-ext", "+mutable-globals")
+# LLVM's WebAssembly features a wasm32 target string may name. "atomics" and "shared-memory" are not among them:
+# modules are single-threaded (a shared memory needs cross-origin isolation in a browser).
+WASM_FEATURES = ("simd128", "relaxed-simd", "bulk-memory", "bulk-memory-opt", "nontrapping-fptoint", "sign-ext",
+                 "mutable-globals", "multivalue", "reference-types", "extended-const", "tail-call",
+                 "call-indirect-overlong", "fp16", "multimemory")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +57,10 @@ _PRESETS: Dict[str, _Preset] = {
                         "Cortex-A7 boards (Pi 2, Allwinner H3), hard float"),
     "jetson-nano": _Preset("aarch64-unknown-linux-gnu", "cortex-a57", "+neon", "NVIDIA Jetson Nano CPU"),
     "android-arm64": _Preset("aarch64-unknown-linux-android24", "generic", "+neon", "Android 7+ phones, arm64-v8a"),
+    "wasm32": _Preset(WASM_TRIPLE, WASM_CPU, ",".join(("+simd128",) + WASM_BASE_FEATURES),
+                      "WebAssembly with 128-bit SIMD (browsers, node >= 16); single-threaded"),
+    "wasm32-nosimd": _Preset(WASM_TRIPLE, WASM_CPU, ",".join(("-simd128",) + WASM_BASE_FEATURES),
+                             "WebAssembly without SIMD (old engines); single-threaded"),
 }
 PRESET_NAMES: Tuple[str, ...] = ("host",) + tuple(_PRESETS)
 
@@ -57,8 +73,31 @@ def _arch_of_triple(triple: str) -> str:
         return "aarch64"
     if head.startswith("armv7") or head.startswith("armv8") or head.startswith("thumbv7") or head == "arm":
         return "armv7"
-    raise UnknownTargetError("unsupported architecture %r in triple %r: tether targets x86_64, aarch64 and armv7"
-                             % (head, triple))
+    if head == "wasm32":
+        return "wasm32"
+    raise UnknownTargetError("unsupported architecture %r in triple %r: tether targets x86_64, aarch64, armv7 and "
+                             "wasm32" % (head, triple))
+
+# wasm-ld (docs/web.md "The module"): no entry point; memory and __heap_base exported (the JS runtime allocates
+# from __heap_base up); an undefined symbol is an error (wasm-ld's default; --allow-undefined would import it);
+# the stack first, so an overflow runs below address 0 and traps instead of overwriting data. 8 MiB of stack is
+# what the ELF modules get as a Linux thread's default; a wasm32 module runs parallel loops serially in the impl,
+# where buffers over 64 KiB go to static scratch (codegen/function.py), so kernels need far less, but the
+# engine commits linear memory pages only when touched, and the headroom costs address space only.
+WASM_STACK_BYTES = 8 << 20
+WASM_LINK_FLAGS: Tuple[str, ...] = ("--no-entry", "--export-memory", "--export=__heap_base", "--stack-first",
+                                    "-z", "stack-size=%d" % WASM_STACK_BYTES, "--strip-debug", "--gc-sections")
+
+
+def _check_wasm_features(features: Iterable[str], spec: str) -> None:
+    """A wasm32 target names only WebAssembly features LLVM knows (LLVM itself would only warn and ignore)."""
+    for f in features:
+        name = f[1:] if f[:1] in "+-" else f
+        if f[:1] not in ("+", "-") or name not in WASM_FEATURES:
+            why = (" (modules for wasm32 are single-threaded: no shared memory)"
+                   if name in ("atomics", "shared-memory") else "")
+            raise UnknownTargetError("unknown WebAssembly feature %r in target %r%s; expected +NAME or -NAME "
+                                     "with NAME one of %s" % (f, spec, why, ", ".join(WASM_FEATURES)))
 
 
 def _normalize_triple(triple: str) -> str:
@@ -159,6 +198,10 @@ def cpu_requirements(arch: str, triple: str, cpu: str, features: Iterable[str]) 
     if arch == "x86_64":
         have = x86_features(cpu, features)
         return {"isa": "x86_64", "features": sorted(name for attr, name in _X86_ATTRS.items() if attr in have)}
+    if arch == "wasm32":
+        # what a JS runtime checks with WebAssembly.validate before instantiating (docs/web.md)
+        return {"isa": "wasm32", "features": sorted(f for f in ("simd128", "relaxed-simd")
+                                                    if f in on and f not in off)}
     v8 = _is_armv8_core(cpu) or triple.startswith(("armv8", "thumbv8")) or bool(
         on & {"v8", "armv8-a", "fp-armv8", "v8.1a", "v8.2a", "crypto", "crc"})
     if arch == "aarch64":
@@ -200,12 +243,13 @@ class Target:
         object.__setattr__(self, "cpu", cpu if cpu is not None else tcpu)
         object.__setattr__(self, "features", features if features is not None else tfeat)
         object.__setattr__(self, "preset", preset if preset is not None else tpreset)
-        _arch_of_triple(self.triple)  # validate early
+        if _arch_of_triple(self.triple) == "wasm32":  # validate early
+            _check_wasm_features(self.feature_list, str(self))
 
     # ---- derived properties -------------------------------------------------------------------------------
     @property
     def arch(self) -> str:
-        """"x86_64", "aarch64" or "armv7" (the metadata and ELF vocabulary)."""
+        """"x86_64", "aarch64", "armv7" or "wasm32" (the metadata and ELF vocabulary)."""
         return _arch_of_triple(self.triple)
 
     @property
@@ -218,7 +262,19 @@ class Target:
 
     @property
     def elf_machine(self) -> int:
+        if self.is_wasm:
+            raise ValueError("a wasm32 module is a WebAssembly binary, not ELF")
         return ELF_MACHINE[self.arch]
+
+    @property
+    def is_wasm(self) -> bool:
+        """A WebAssembly target: the module is a .wasm for a JS runtime (docs/web.md), single-threaded."""
+        return self.arch == "wasm32"
+
+    @property
+    def library_suffix(self) -> str:
+        """The file name ending of an exported library: ".wasm" for wasm32, ".so" elsewhere."""
+        return ".wasm" if self.is_wasm else ".so"
 
     @property
     def feature_set(self) -> frozenset:
@@ -264,6 +320,8 @@ class Target:
             return 128
         if self.arch == "armv7":
             return 128 if "-neon" not in self.feature_set else 64
+        if self.arch == "wasm32":   # v128 with simd128; without it, 64 as armv7 without NEON (LLVM scalarizes)
+            return 128 if self.has_feature("simd128") else 64
         return 128
 
     def vector_lanes(self, dtype_bits: int = 32) -> int:
@@ -272,7 +330,7 @@ class Target:
     @property
     def native_rounding(self) -> bool:
         """Whether llvm.floor/ceil lower to an instruction (not a libm call) for float vectors and scalars."""
-        if self.arch == "aarch64":
+        if self.arch in ("aarch64", "wasm32"):   # (wasm: f32.floor/f32x4.floor...)
             return True
         if self.arch == "x86_64":
             return self.has_feature("sse4.1")
@@ -280,6 +338,8 @@ class Target:
 
     @property
     def link_flags(self) -> Tuple[str, ...]:
+        if self.is_wasm:
+            return WASM_LINK_FLAGS
         flags = ["-shared", "--no-undefined", "--hash-style=both", "-z", "noexecstack", "-z", "relro", "-z", "now",
                  "--build-id=sha1", "--gc-sections"]
         if self.arch == "aarch64":
@@ -294,7 +354,8 @@ class Target:
 
     # ---- llvmlite -----------------------------------------------------------------------------------------
     def target_machine(self, opt: int = 3) -> Any:
-        """An llvmlite TargetMachine for this target (PIC, because every output is a shared object); cached."""
+        """An llvmlite TargetMachine for this target (PIC, because every output is a shared object; static code on
+        wasm32, where PIC means imports of __memory_base and a GOT from the embedder); cached."""
         return _target_machine(self.triple, self.cpu, self.features, int(opt))
 
     @property
@@ -420,7 +481,8 @@ def _create_target_machine(triple: str, cpu: str, features: str, opt: int) -> An
         llvm_target = llvm.Target.from_triple(triple)
     except RuntimeError as exc:
         raise UnknownTargetError("LLVM has no backend for %r: %s" % (triple, exc)) from None
-    return llvm_target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic", codemodel="default")
+    reloc = "static" if _arch_of_triple(triple) == "wasm32" else "pic"
+    return llvm_target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc=reloc, codemodel="default")
 
 
 def _init_llvm() -> None:
@@ -457,9 +519,11 @@ _INT8_BY_FEATURE = (   # (architecture, hwcap/flag name, instructions): what cod
     ("aarch64", "asimddp", "sdot/udot (dotprod)"),
     ("aarch64", "asimd", "smull/umull+saddlp/uaddlp (NEON)"),
     ("armv7", "neon", "vmull+vpaddl (NEON)"),
+    ("wasm32", "simd128", "i16x8.extend+i32x4.dot_i16x8_s (SIMD128)"),
 )
 _INT8_NEON_BESIDE_DOT = "ushll/sshll+mul+saddlp (NEON, u8 x s8)"
-_INT8_BASELINE = {"x86_64": "pmaddwd (SSE2)", "aarch64": "mul/add (scalar)", "armv7": "mul/add (scalar)"}
+_INT8_BASELINE = {"x86_64": "pmaddwd (SSE2)", "aarch64": "mul/add (scalar)", "armv7": "mul/add (scalar)",
+                  "wasm32": "mul/add (scalar)"}
 
 
 def int8_instructions(target: Union[str, "Target", None]) -> list:

@@ -71,7 +71,7 @@ def command(kernels: str, target: str, name: str, out_dir: str, emit: str, fast_
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, name)
     writers = {
-        "so": lambda: lib.export_library(base + ".so"),
+        "so": lambda: lib.export_library(base + lib.target.library_suffix),   # (x.wasm for wasm32)
         "a": lambda: lib.export_static(os.path.join(out_dir, "lib%s.a" % name)),
         "o": lambda: lib.export_object(base + ".o"),
         "h": lambda: lib.export_header(base + ".h"),

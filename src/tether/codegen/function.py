@@ -190,6 +190,8 @@ class FunctionEmitter(ExprEmitter):
     def parallel_loop(self, s: For) -> bool:
         if self.in_task:     # nested parallelism runs serially inside the task
             return False
+        if self.ctx.parallel_launch_slot is None:   # a single-threaded target (wasm32): a plain loop
+            return False
         parallel.emit_parallel(self, s)
         return True
 

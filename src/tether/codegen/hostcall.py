@@ -83,6 +83,11 @@ def _name_constant(ctx: Any, name: str) -> ir.GlobalVariable:
 
 def emit_packed_call(em: Any, e: PackedCall) -> ir.Value:
     """Emit ``e`` with ExprEmitter ``em``: pack the arguments, call the host caller, unpack the result."""
+    if em.ctx.target.is_wasm:
+        # a wasm32 module has no imports and no host caller slot (docs/web.md "The module")
+        raise CompileError("call_packed(%r): host functions are not supported for %s: a wasm32 module calls "
+                           "nothing outside itself; compute the value in the kernel or build for an ELF target"
+                           % (e.name, em.ctx.target.preset or em.ctx.target.triple))
     if em.vec is not None:
         raise NotImplementedError("call_packed(%r) inside a vectorized loop (dtype %s): keep the loop scalar"
                                   % (e.name, e.dtype))

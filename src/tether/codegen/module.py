@@ -53,7 +53,10 @@ class ModuleBuilder:
         self._text: Optional[str] = None
         self.metadata: Optional[Dict[str, Any]] = None
 
-        self.parallel_launch_slot = add_launcher_slot(self.module, self.target, part)
+        # wasm32 modules are single-threaded: parallel loops run serially in the impl, with no launcher to call
+        # (docs/web.md "The module")
+        self.parallel_launch_slot = None if self.target.is_wasm else add_launcher_slot(self.module, self.target,
+                                                                                        part)
         # the CPU-features word of kernels chosen at load time (codegen/cpu_dispatch.py), None for most targets
         self.cpu_dispatch_word = cpu_dispatch.add_word(self.module, self.target, part)
 
@@ -94,7 +97,8 @@ class ModuleBuilder:
         fn = ir.Function(self.module, ir.FunctionType(I32, [PTR, PTR, I32]), name)
         fn.args[0].name, fn.args[1].name, fn.args[2].name = "args", "type_codes", "num_args"
         WrapperWriter(fn).write(args_meta, impl_fn)
-        parallel = getattr(primfunc, "parallel", None)
+        # (a wasm32 module runs every loop in the calling thread)
+        parallel = False if self.target.is_wasm else getattr(primfunc, "parallel", None)
         self._functions.append({"name": name, "args": args_meta, "parallel": parallel})
         self._impls[name] = impl_fn
         return fn
@@ -130,16 +134,21 @@ class ModuleBuilder:
         # protocol this module exports (codegen/threadpool.py).
         self.metadata = {"abi_version": ABI_VERSION, "tether_version": __version__,
                          "target": self.target.to_dict(),
-                         "requires": self.target.requirements(), "functions": self._functions,
-                         "parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION}
+                         "requires": self.target.requirements(), "functions": self._functions}
+        if not self.target.is_wasm:   # (wasm32: no launcher, no pool)
+            self.metadata.update({"parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION})
         if self.cpu_dispatch_word is not None:   # the word's bits, set by the runtime at load
             self.metadata["cpu_dispatch"] = list(cpu_dispatch.features(self.target))
         host = hostcall.host_functions(self)  # names resolved by the runtime at load (docs/abi.md "Host callbacks")
         if host:
             self.metadata["host_functions"] = list(host)
+        own = set() if self.part == "runtime" else set(self.function_names)
+        if self.target.is_wasm:
+            # The metadata goes into the custom section "tether_meta" when the module is linked (link.link_wasm),
+            # not into linear memory; the exports are the packed functions (and the linker's memory, __heap_base).
+            return self._finish_text(own, runtime=False)
         blob = json.dumps(self.metadata, separators=(",", ":"), sort_keys=False).encode("utf-8") + b"\0"
         add_metadata_blob(self.module, blob)
-        own = set() if self.part == "runtime" else set(self.function_names)
         exported = own | set(EXPORTED_RUNTIME_SYMBOLS) | ({hostcall.HOST_CALLER_SETTER} if host else set())
         if self.cpu_dispatch_word is not None:
             exported.add(cpu_dispatch.WORD)
@@ -178,6 +187,8 @@ class ModuleBuilder:
 
     def _uses_launcher(self, name: str) -> bool:
         """Whether the impl (or a function it reaches) loads the parallel launcher slot."""
+        if self.parallel_launch_slot is None:
+            return False
         slot = self.parallel_launch_slot.get_reference()
         seen, todo = set(), [self._impls[name]]
         funcs = {f.name: f for f in self.module.functions}

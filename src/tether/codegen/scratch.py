@@ -33,14 +33,20 @@ def _arena(ctx: Any) -> tuple:
     """The module's arena (a byte array, grown by ``reserve``) and its lock, created on first use."""
     got = getattr(ctx, "_scratch_arena", None)
     if got is None:
+        # WebAssembly objects have no common symbols: there a kernels part declares the arena and the runtime part
+        # defines it, sized for the largest part's request (define_arena; driver.build passes the sizes on).
+        declared = ctx.target.is_wasm and getattr(ctx, "part", "whole") == "kernels"
+        linkage = "external" if declared else "internal" if ctx.target.is_wasm else "common hidden"
         arena = ir.GlobalVariable(ctx.module, ir.ArrayType(I8, ALIGN), ARENA_SYMBOL)
-        arena.linkage = "common hidden"   # (llvmlite has no visibility field: it prints the linkage verbatim)
-        arena.initializer = ir.Constant(arena.value_type, None)
+        arena.linkage = linkage   # (llvmlite has no visibility field: it prints the linkage verbatim)
+        if not declared:
+            arena.initializer = ir.Constant(arena.value_type, None)
         arena.align = ALIGN
         arena.type = PTR
         lock = ir.GlobalVariable(ctx.module, I32, ARENA_LOCK_SYMBOL)
-        lock.linkage = "common hidden"
-        lock.initializer = ir.Constant(I32, 0)
+        lock.linkage = linkage
+        if not declared:
+            lock.initializer = ir.Constant(I32, 0)
         lock.align = 4   # (typed like each impl's own lock: a select picks the one to release)
         got = ctx._scratch_arena = (arena, lock)
     return got
@@ -50,7 +56,24 @@ def _reserve(ctx: Any, nbytes: int) -> None:
     arena, _ = _arena(ctx)
     if nbytes > arena.value_type.count:
         arena.value_type = ir.ArrayType(I8, nbytes)
-        arena.initializer = ir.Constant(arena.value_type, None)
+        if arena.initializer is not None:
+            arena.initializer = ir.Constant(arena.value_type, None)
+
+
+def arena_bytes(ctx: Any) -> int:
+    """How many bytes of arena the kernels of ModuleBuilder ``ctx`` use (0: none)."""
+    got = getattr(ctx, "_scratch_arena", None)
+    return got[0].value_type.count if got is not None else 0
+
+
+def define_arena(ctx: Any, nbytes: int) -> None:
+    """In the runtime part of a wasm32 module built in parts: the arena (and lock) its kernels parts declare."""
+    if nbytes <= 0:
+        return
+    arena, lock = _arena(ctx)
+    for gv in (arena, lock):
+        gv.linkage = "hidden"
+    _reserve(ctx, nbytes)
 
 
 def buffer_pointer(em: Any, nbytes: int, private: ir.GlobalVariable) -> ir.Value:

@@ -69,7 +69,8 @@ class GraphFactory:
         return self.lib
 
     def export(self, folder: str) -> Dict[str, str]:
-        """Write deploy.so, deploy.json and deploy.params into `folder` (created if needed)."""
+        """Write deploy.so (deploy.wasm for wasm32), deploy.json and deploy.params into `folder` (created if
+        needed)."""
         os.makedirs(folder, exist_ok=True)
         paths = {k: os.path.join(folder, "deploy." + k) for k in ("json", "params")}
         paths["so"] = os.path.join(folder, self.graph_json["lib"])
@@ -98,6 +99,9 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     if executor not in ("graph", "aot"):
         raise ValueError("executor must be 'graph' or 'aot', got %r" % (executor,))
     if executor == "aot":
+        if as_target(target).is_wasm:
+            raise ValueError("executor='aot' writes a C program's library; for wasm32 use the graph executor "
+                             "(deploy.wasm with the JS runtime's GraphExecutor, bindings/js)")
         from tether.graph import aot
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ValueError("an AOT model's name is its C prefix and must be a C identifier, got %r" % name)
@@ -199,7 +203,7 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
         nodes.append(rec)
     outputs = [entry(v) for v in graph.outputs]
     return {
-        "format": GRAPH_FORMAT, "name": graph.name, "lib": "%s.so" % name,
+        "format": GRAPH_FORMAT, "name": graph.name, "lib": name + tgt.library_suffix,
         "version": numpy_nodes.NUMPY_GRAPH_VERSION if any("numpy" in n for n in nodes) else GRAPH_VERSION,
         "target": {"arch": tgt.arch, "triple": tgt.triple, "preset": getattr(tgt, "preset", None)},
         "storages": [int(s) for s in plan.sizes],

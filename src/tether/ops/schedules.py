@@ -80,6 +80,11 @@ def family_of(target: Target) -> Family:
         return Family("x86", lanes, mm_rows=6 if lanes >= 8 else 4, acc_regs=12 if lanes < 16 else 24,
                       max_col_vectors=2, direct_matmul=lanes == 8, conv_pixels=4 if lanes < 16 else 12,
                       window_pad_per_channel=lanes >= 16)
+    if arch == "wasm32":
+        # v128 (4 float lanes). Engines map wasm locals onto the host's vector registers: 16 xmm on x86-64 (V8
+        # reserves one as scratch), 32 q on arm64; blocked as x86 with SSE (the same 16 registers): 4-row matmul
+        # blocks, at most 12 accumulators, 4-pixel conv blocks. No x86/ARM-only path keys on this family's name.
+        return Family("wasm32", lanes, mm_rows=4, acc_regs=12, max_col_vectors=2, conv_pixels=4)
     if arch == "aarch64":
         # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
         return Family("aarch64", lanes, mm_rows=6, acc_regs=24, max_col_vectors=4)

@@ -407,7 +407,8 @@ class SessionAPI:
         self._call("tether.remove", [name])
 
     def load_module(self, name: str) -> RemoteModule:
-        """Load an uploaded shared library (refused before dlopen if built for another architecture)."""
+        """Load an uploaded module: a shared library (refused before dlopen if built for another architecture),
+        or a .wasm on a JS device server; the device decides what it can load."""
         value = self._call("tether.module.load", [name])["value"]
         return RemoteModule(self, value["handle"], name, value["functions"], value["metadata"])
 
