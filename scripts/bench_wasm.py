@@ -5,8 +5,10 @@ onnxruntime-web's wasm backend (single-threaded, SIMD), on the same ONNX model a
     python scripts/bench_wasm.py [--models mobilenet_v2,squeezenet,...] [--size bench|test] [--repeat 7]
                                  [--no-ort-web] [--profile N] [--json out.json]
 
-Each model is built as the other benchmarks build it (bench_models.py's ImageNet models and digits CNN,
-tether.testing.model_kinds' detectors, recognizers and encoder at ``--size``), compiled for ``wasm32`` (a model
+Each model is built as the other benchmarks build it (mobilenet_v2 and resnet50 from scripts/make_*.py, the light
+squeezenet of the onnx wheel with random weights in place of their constant ones, which make every
+output equal, the digits CNN, and tether.testing.model_kinds' detectors, recognizers and encoder; ``--size test``:
+smaller inputs), compiled for ``wasm32`` (a model
 folder with deploy.wasm, run in node by scripts/wasm_bench/tether_wasm_runner.mjs through bindings/js's
 GraphExecutor) and for the host (run here at 1 thread), and loaded into onnxruntime-web in node
 (scripts/wasm_bench/ort_web_runner.mjs; ``numThreads = 1``, its SIMD build; the pinned ORT_WEB_VERSION is
@@ -55,10 +57,10 @@ from _timing import per_call_samples, settle  # noqa: E402
 
 ORT_WEB_VERSION = "1.31.1"
 RUNNERS = os.path.join(HERE, "wasm_bench")
-LIGHT = ("squeezenet", "resnet50", "shufflenet")
+LIGHT = ("squeezenet",)
 KIND_MODELS = ("yolov8_detector", "svtr_recognizer", "crnn_recognizer", "transformer_encoder", "mobilenetv3_cls",
                "db_detector", "yolox_detector", "picodet_layout")
-ALL = ("mobilenet_v2",) + LIGHT + KIND_MODELS + ("digits",)
+ALL = ("mobilenet_v2", "resnet50") + LIGHT + KIND_MODELS + ("digits",)
 DEFAULT = ("mobilenet_v2", "squeezenet", "resnet50", "yolov8_detector", "svtr_recognizer", "transformer_encoder")
 STABLE_IQR = 0.10                              # a runtime's samples are stable when IQR / median is at most this
 READY_TIMEOUT_S = 600.0                        # loading a large model into a fresh node, on a loaded box
@@ -84,6 +86,33 @@ def _onnx_file_feeds(model, fixed: Optional[Dict[str, Tuple[int, ...]]] = None) 
     return feeds
 
 
+def _light_with_random_weights(name: str):
+    """A light model of the onnx wheel (the real network's structure and cost) with He-normal weights and small
+    random biases in place of its constant ones: with those, every output is the same and no comparison of two
+    runtimes could fail."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
+                                   "light_%s.onnx" % name))
+    shapes = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    rng = np.random.default_rng(0)
+    keep = []
+    for node in model.graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in shapes:
+            shape = tuple(int(d) for d in shapes[node.input[0]])
+            if len(shape) > 1:
+                w = rng.standard_normal(shape) * np.sqrt(2.0 / max(1, int(np.prod(shape[1:]))))
+            else:
+                w = rng.uniform(-0.1, 0.1, shape)
+            model.graph.initializer.append(numpy_helper.from_array(w.astype(np.float32), node.output[0]))
+        else:
+            keep.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return model
+
+
 def load_model(name: str, size: str):
     """(onnx ModelProto, feeds) for a model name of ``ALL``."""
     import onnx
@@ -93,9 +122,13 @@ def load_model(name: str, size: str):
 
         model = build_mobilenet_v2(seed=0, size=224 if size == "bench" else 96)
         return model, _onnx_file_feeds(model)
+    if name == "resnet50":
+        from make_resnet50 import build_resnet50
+
+        model = build_resnet50(seed=0, size=224 if size == "bench" else 96)
+        return model, _onnx_file_feeds(model)
     if name in LIGHT:
-        model = onnx.load(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
-                                       "light_%s.onnx" % name))
+        model = _light_with_random_weights(name)
         return model, _onnx_file_feeds(model)
     if name == "digits":
         model = onnx.load(os.path.join(ROOT, "tests", "data", "digits_cnn.onnx"))

@@ -38,9 +38,30 @@ process.stdout.write(JSON.stringify({
   features: module.metadata?.requires?.features ?? null, load_s: loadS, first_run_s: firstRunS,
 }) + '\n');
 
+// Per-node times: the executor's own profile() where it has one, else each node's bound call (the executor's
+// _nodeCall, what its run() calls) timed alone: `number` calls, median of 3 such samples, after one warm-up call.
 function profile(req) {
-  if (typeof executor.profile !== 'function') return { error: 'this GraphExecutor has no profile()' };
-  return executor.profile({ number: Math.max(1, req.number | 0) });
+  const number = Math.max(1, req.number | 0);
+  if (typeof executor.profile === 'function') return executor.profile({ number });
+  if (typeof executor._nodeCall !== 'function') return { error: 'this GraphExecutor can neither profile() nor time a node' };
+  executor.run();                   // intermediates hold real values, and the skipped mask is the run's
+  const nodes = graph.nodes;
+  return {
+    nodes: nodes.map((nd, k) => {
+      const rec = { index: k, name: nd.name || '', func: nd.func || `numpy:${nd.numpy}`, ops: nd.ops || '', seconds: 0 };
+      if (executor.skippedMask && executor.skippedMask[k]) return { ...rec, skipped: true };
+      const call = executor._nodeCall(k);
+      call();
+      const samples = [];
+      for (let r = 0; r < 3; r++) {
+        const t0 = performance.now();
+        for (let i = 0; i < number; i++) call();
+        samples.push((performance.now() - t0) / 1e3 / number);
+      }
+      samples.sort((a, b) => a - b);
+      return { ...rec, seconds: samples[1] };
+    }),
+  };
 }
 await serveSamples(() => executor.run(), { profile });
 process.exit(0);
