@@ -24,8 +24,8 @@ alike. A sample is the mean of enough back-to-back runs to last about ``--sample
 3 x ``--repeat`` rounds and ``--max-seconds`` per model. Printed: medians, the ratios tether-wasm / native and
 tether-wasm / onnxruntime-web (lower is better; the goal is at most 1.0 against onnxruntime-web), their geometric
 means. Absolute times on a loaded box mean little; the ratios of one run do.
-``--profile N`` also lists the N slowest nodes of tether-wasm (its executor's per-node profile) beside the same
-node natively, with the SIMD and scalar float arithmetic the node's function has in the .wasm
+``--profile N`` also lists the N nodes of tether-wasm with the most CPU time (each node's call timed alone) beside
+the same node natively, their ratio, and the f32x4 and scalar f32 arithmetic the node's function has in the .wasm
 (scripts/wasm_bench/wasm_ops.py).
 """
 from __future__ import annotations
@@ -264,8 +264,10 @@ class NodeRunner:
             raise BenchError("%s runner: %s" % (self.label, reply["error"]))
         return reply
 
-    def sample(self, number: int, warmup: int = 1) -> float:
-        return float(self.request({"cmd": "sample", "number": number, "warmup": warmup})["seconds"])
+    def sample(self, number: int, warmup: int = 1) -> Tuple[float, float]:
+        """(wall seconds, process CPU seconds) per run, over ``number`` runs after ``warmup`` untimed ones."""
+        reply = self.request({"cmd": "sample", "number": number, "warmup": warmup})
+        return float(reply["seconds"]), float(reply["cpu_seconds"])
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -290,16 +292,17 @@ def _compile(model, feeds, target: str):
     return factory, time.perf_counter() - t0
 
 
-def _timed_rounds(runtimes: Dict[str, Callable[[int, int], float]], repeat: int, sample_s: float,
-                  max_seconds: float) -> Tuple[Dict[str, List[float]], Dict[str, int]]:
-    """Samples (seconds per run) of each runtime, in alternating rounds: at least ``repeat`` rounds (fewer only when
-    ``max_seconds`` runs out, never below 3), more until every runtime is stable, at most 3 x ``repeat``."""
+def _timed_rounds(runtimes: Dict[str, Callable[[int, int], Tuple[float, float]]], repeat: int, sample_s: float,
+                  max_seconds: float) -> Tuple[Dict[str, List[Tuple[float, float]]], Dict[str, int]]:
+    """Samples ((wall, CPU) seconds per run) of each runtime, in alternating rounds: at least ``repeat`` rounds
+    (fewer only when ``max_seconds`` runs out, never below 3), more until every runtime's wall times are stable, at
+    most 3 x ``repeat``."""
     numbers = {}
     for name, sample in runtimes.items():
         settle()
-        one = sample(1, 1)
+        one = sample(1, 1)[0]
         numbers[name] = max(1, min(1000, int(sample_s / max(one, 1e-6))))
-    samples: Dict[str, List[float]] = {name: [] for name in runtimes}
+    samples: Dict[str, List[Tuple[float, float]]] = {name: [] for name in runtimes}
     t0 = time.perf_counter()
     for k in range(3 * repeat):
         for name, sample in runtimes.items():
@@ -308,7 +311,8 @@ def _timed_rounds(runtimes: Dict[str, Callable[[int, int], float]], repeat: int,
         done = k + 1
         if done >= 3 and time.perf_counter() - t0 > max_seconds:
             break
-        if done >= repeat and all(_iqr(v) <= STABLE_IQR * statistics.median(v) for v in samples.values()):
+        walls = [[w for w, _ in v] for v in samples.values()]
+        if done >= repeat and all(_iqr(v) <= STABLE_IQR * statistics.median(v) for v in walls):
             break
     return samples, numbers
 
@@ -366,12 +370,14 @@ def bench(name: str, args, work: str, ort_pkg: Optional[str]) -> dict:
         runners.append(wasm)
         wasm_out = [x for _, x in read_tensors(os.path.join(folder, "out_wasm"))]
         row["err_wasm_vs_native"] = max_relative_error(wasm_out, native_out)
-        runtimes: Dict[str, Callable[[int, int], float]] = {"wasm": wasm.sample}
+        runtimes: Dict[str, Callable[[int, int], Tuple[float, float]]] = {"wasm": wasm.sample}
 
-        def native_sample(number: int, warmup: int) -> float:
+        def native_sample(number: int, warmup: int) -> Tuple[float, float]:
             for _ in range(warmup):
                 gm.run()
-            return per_call_samples(gm.run, number, 1)[0]
+            c0 = time.process_time()
+            wall = per_call_samples(gm.run, number, 1)[0]
+            return wall, (time.process_time() - c0) / number
         runtimes["native"] = native_sample
         if ort_pkg is not None:
             ort = NodeRunner("onnxruntime-web", ["ort_web_runner.mjs", ort_pkg, onnx_path, inputs_dir,
@@ -391,11 +397,15 @@ def bench(name: str, args, work: str, ort_pkg: Optional[str]) -> dict:
         row["rounds"] = len(samples["wasm"])
         row["number"] = numbers
         for rt, v in samples.items():
-            row[rt + "_ms"] = statistics.median(v) * 1e3
-            row[rt + "_iqr_pct"] = 100 * _iqr(v) / statistics.median(v)
-        row["ratio_wasm_native"] = row["wasm_ms"] / row["native_ms"]
-        if "ort_web_ms" in row:
-            row["ratio_wasm_ort_web"] = row["wasm_ms"] / row["ort_web_ms"]
+            wall = [w for w, _ in v]
+            row[rt + "_ms"] = statistics.median(wall) * 1e3
+            row[rt + "_cpu_ms"] = statistics.median(c for _, c in v) * 1e3
+            row[rt + "_iqr_pct"] = 100 * _iqr(wall) / statistics.median(wall)
+        for ref in ("native", "ort_web"):
+            if ref + "_ms" in row:
+                row["ratio_wasm_" + ref] = row["wasm_ms"] / row[ref + "_ms"]
+                # one thread each: the ratio of CPU times is the latency ratio without a loaded box's time-slicing
+                row["ratio_wasm_%s_cpu" % ref] = row["wasm_cpu_ms"] / row[ref + "_cpu_ms"]
         if args.profile:
             row["profile"] = _profile(wasm, gm, funcs, args.profile)
     finally:
@@ -405,25 +415,39 @@ def bench(name: str, args, work: str, ort_pkg: Optional[str]) -> dict:
 
 
 def _profile(wasm: NodeRunner, gm, funcs, top: int) -> List[dict]:
-    """The ``top`` slowest nodes of tether-wasm, with the same node's native time and its function's operations."""
+    """The ``top`` nodes of tether-wasm with the most CPU time per call, beside the same node natively, with the
+    operations of its function in the .wasm (the packed function and those split off it: its name as their
+    prefix)."""
     from wasm_ops import summarize
 
-    wasm_nodes = wasm.request({"cmd": "profile", "number": 5})["nodes"]
-    native_nodes = gm.profile(number=5)["nodes"]
-    by_name: Dict[str, "object"] = {}
-    for fname, counts in funcs:
-        by_name[fname] = counts
+    wasm_nodes = wasm.request({"cmd": "profile"})["nodes"]
+    # native: the executor's profile times each node with time_evaluator (1 warm-up + 20 calls); the process's CPU
+    # time between two of its per-node callbacks is that node's
+    # (the first node's share also holds the whole run profile() starts with: one run's CPU time, measured just
+    # before, is taken off it)
+    c0 = time.process_time()
+    gm.run()
+    run_cpu = time.process_time() - c0
+    native_cpu: List[float] = []
+    mark = [time.process_time() + run_cpu]
+
+    def on_node(rec: dict) -> None:
+        now = time.process_time()
+        native_cpu.append(max(0.0, now - mark[0]) / 21)
+        mark[0] = now
+    native_nodes = gm.profile(number=20, repeat=1, warmup=1, on_node=on_node)["nodes"]
+    total = sum(n["cpu_seconds"] for n in wasm_nodes) or 1.0
     out = []
-    total = sum(n["seconds"] for n in wasm_nodes) or 1.0
-    for k in sorted(range(len(wasm_nodes)), key=lambda i: -wasm_nodes[i]["seconds"])[:top]:
+    for k in sorted(range(len(wasm_nodes)), key=lambda i: -wasm_nodes[i]["cpu_seconds"])[:top]:
         n = wasm_nodes[k]
         func = n.get("func", "")
-        # the packed function and the functions the compiler split off it (its name as their prefix)
-        ops = summarize(sum((c for f, c in funcs if f == func or f.startswith(func + "_")),
-                            collections.Counter()))
-        native_s = native_nodes[k]["seconds"] if k < len(native_nodes) else float("nan")
-        out.append({"index": k, "func": func, "ops": n.get("ops", ""), "wasm_ms": n["seconds"] * 1e3,
-                    "share": n["seconds"] / total, "native_ms": native_s * 1e3, **ops})
+        ops = summarize(sum((c for f, c in funcs if f == func or f.startswith(func + "_")), collections.Counter()))
+        same = k < len(native_nodes) and native_nodes[k]["name"] == n["name"]
+        out.append({"index": k, "name": n["name"], "func": func, "ops": n.get("ops", ""),
+                    "wasm_ms": n["seconds"] * 1e3, "wasm_cpu_ms": n["cpu_seconds"] * 1e3,
+                    "share": n["cpu_seconds"] / total,
+                    "native_ms": native_nodes[k]["seconds"] * 1e3 if same else float("nan"),
+                    "native_cpu_ms": native_cpu[k] * 1e3 if same else float("nan"), **ops})
     return out
 
 
@@ -477,8 +501,9 @@ def main() -> int:
 def _run(names: List[str], args, ort_pkg: Optional[str]) -> List[dict]:
     os.environ.setdefault("TETHER_OBJECT_CACHE", "0")
     ref = "ort-web" if ort_pkg else "native"
-    print("%-20s %5s %8s %10s %10s %10s %8s %8s %9s %7s" % (
-        "model", "kern", "wasm KB", "wasm", "native 1t", "ort-web", "w/native", "w/ortweb", "err/" + ref, "rounds"))
+    print("%-20s %5s %7s %10s %10s %10s %8s %8s %8s %8s %9s %6s" % (
+        "model", "kern", "wasm KB", "wasm", "native 1t", "ort-web", "w/native", "cpu w/n", "w/ortweb", "cpu w/o",
+        "err/" + ref, "rounds"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-wasm-") as tmp:
         work = args.keep or tmp
@@ -491,23 +516,27 @@ def _run(names: List[str], args, ort_pkg: Optional[str]) -> List[dict]:
                 print("%-20s outputs differ: max rel err %.2e (tether-wasm vs %s), above --tolerance %.0e; not timed"
                       % (name, r["max_rel_err"], r["reference"], args.tolerance))
             else:
-                print("%-20s %5d %8.0f %8.2fms %8.2fms %10s %7.2fx %8s %9.1e %7d" % (
+                ort = "ort_web_ms" in r
+                print("%-20s %5d %7.0f %8.3fms %8.3fms %10s %7.2fx %7.2fx %8s %8s %9.1e %6d" % (
                     name, r["kernels"], r["wasm_bytes"] / 1024, r["wasm_ms"], r["native_ms"],
-                    "%8.2fms" % r["ort_web_ms"] if "ort_web_ms" in r else "-", r["ratio_wasm_native"],
-                    "%7.2fx" % r["ratio_wasm_ort_web"] if "ratio_wasm_ort_web" in r else "-", r["max_rel_err"],
-                    r["rounds"]))
+                    "%8.3fms" % r["ort_web_ms"] if ort else "-", r["ratio_wasm_native"], r["ratio_wasm_native_cpu"],
+                    "%7.2fx" % r["ratio_wasm_ort_web"] if ort else "-",
+                    "%7.2fx" % r["ratio_wasm_ort_web_cpu"] if ort else "-", r["max_rel_err"], r["rounds"]))
                 for p in r.get("profile", []):
-                    print("    %8.3fms %4.0f%% native %8.3fms  f32x4 %5d  f32 %5d  %-32s %s" % (
-                        p["wasm_ms"], 100 * p["share"], p["native_ms"], p["f32x4_arith"], p["f32_arith"],
-                        p["func"][:32], p["ops"][:60]))
+                    print("    cpu %8.3fms %4.0f%%  native %8.3fms %6.1fx  f32x4 %5d  f32 %5d  %-32s %s" % (
+                        p["wasm_cpu_ms"], 100 * p["share"], p["native_cpu_ms"],
+                        p["wasm_cpu_ms"] / p["native_cpu_ms"] if p["native_cpu_ms"] > 0 else float("nan"),
+                        p["f32x4_arith"], p["f32_arith"], p["func"][:32], p["ops"][:50]))
             sys.stdout.flush()
     timed = [r for r in rows if "wasm_ms" in r]
     if timed:
-        print("geometric mean ratio: %.2fx tether-wasm / native tether (1 thread)"
-              % geometric_mean(r["ratio_wasm_native"] for r in timed))
+        print("geometric mean ratio: %.2fx tether-wasm / native tether (1 thread), %.2fx in CPU time"
+              % (geometric_mean(r["ratio_wasm_native"] for r in timed),
+                 geometric_mean(r["ratio_wasm_native_cpu"] for r in timed)))
         if ort_pkg:
-            print("geometric mean ratio: %.2fx tether-wasm / onnxruntime-web (goal: at most 1.00x)"
-                  % geometric_mean(r["ratio_wasm_ort_web"] for r in timed))
+            print("geometric mean ratio: %.2fx tether-wasm / onnxruntime-web, %.2fx in CPU time (goal: at most 1.00x)"
+                  % (geometric_mean(r["ratio_wasm_ort_web"] for r in timed),
+                     geometric_mean(r["ratio_wasm_ort_web_cpu"] for r in timed)))
     return rows
 
 

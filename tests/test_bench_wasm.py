@@ -30,7 +30,7 @@ def test_tether_wasm_and_native_end_to_end(tmp_path):
     proc, rows = run_bench(tmp_path, *TINY, "--no-ort-web", "--profile", "3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert any(ln.split()[:4] == ["model", "kern", "wasm", "KB"] for ln in lines), proc.stdout
+    assert any(ln.split()[:5] == ["model", "kern", "wasm", "KB", "wasm"] for ln in lines), proc.stdout
     assert any(ln.startswith("digits ") for ln in lines), proc.stdout
     assert "geometric mean ratio" in proc.stdout and "tether-wasm / native tether" in proc.stdout
     [row] = rows

@@ -45,7 +45,8 @@ export function writeTensors(folder, tensors) {
 /**
  * The timing loop both runners serve, one JSON line per request on stdin: {"cmd": "sample", "number": N,
  * "warmup": W} runs W untimed calls, then N back-to-back calls timed with performance.now(), and answers
- * {"seconds": per call}; {"cmd": "quit"} ends the process. Python drives the rounds, so the runtimes are sampled
+ * {"seconds": per call, "cpu_seconds": the process's CPU time per call (process.cpuUsage), which time-slicing on
+ * a loaded machine does not inflate}; {"cmd": "quit"} ends the process. Python drives the rounds, so the runtimes are sampled
  * in turn, each alone (the others wait on their stdin), and a burst of load hits them alike.
  */
 export async function serveSamples(runOnce, extra = {}) {
@@ -60,9 +61,12 @@ export async function serveSamples(runOnce, extra = {}) {
       if (req.cmd === 'sample') {
         for (let i = 0; i < (req.warmup || 0); i++) await runOnce();
         const n = Math.max(1, req.number | 0);
+        const c0 = process.cpuUsage();
         const t0 = performance.now();
         for (let i = 0; i < n; i++) await runOnce();
-        reply = { seconds: (performance.now() - t0) / 1e3 / n };
+        const t1 = performance.now();
+        const c1 = process.cpuUsage(c0);
+        reply = { seconds: (t1 - t0) / 1e3 / n, cpu_seconds: (c1.user + c1.system) / 1e6 / n };
       } else if (extra[req.cmd]) {
         reply = await extra[req.cmd](req);
       } else {

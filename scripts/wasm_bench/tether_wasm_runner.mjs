@@ -4,8 +4,8 @@
 //
 // MODEL_DIR is a wasm32 model folder (deploy.json + deploy.params + deploy.wasm). Loads it, sets the inputs
 // (tensor_files.mjs), runs once, writes the outputs to OUTPUTS_DIR, prints one JSON line {"ready": true, ...} and
-// then serves timing requests on stdin (serveSamples), plus {"cmd": "profile", "number": N}: the median time of
-// each node's own call over N calls, in execution order.
+// then serves timing requests on stdin (serveSamples), plus {"cmd": "profile"}: each node's own time, in execution
+// order (profile below).
 import fs from 'node:fs';
 import path from 'node:path';
 import { loadModule, fromTypedArray } from '../../bindings/js/src/runtime.js';
@@ -38,30 +38,35 @@ process.stdout.write(JSON.stringify({
   features: module.metadata?.requires?.features ?? null, load_s: loadS, first_run_s: firstRunS,
 }) + '\n');
 
-// Per-node times: the executor's own profile() where it has one, else each node's bound call (the executor's
-// _nodeCall, what its run() calls) timed alone: `number` calls, median of 3 such samples, after one warm-up call.
+// Per-node times: each node's bound call (the executor's _nodeCall, what its run() calls) timed alone after one
+// warm-up call: 3 samples of enough calls to last about 5 ms (at most `number`... 1000), the median wall and
+// process CPU time per call (CPU time: what a loaded machine's time-slicing does not inflate).
 function profile(req) {
-  const number = Math.max(1, req.number | 0);
-  if (typeof executor.profile === 'function') return executor.profile({ number });
-  if (typeof executor._nodeCall !== 'function') return { error: 'this GraphExecutor can neither profile() nor time a node' };
+  if (typeof executor._nodeCall !== 'function') return { error: 'this GraphExecutor cannot time a node alone' };
+  const most = Math.max(1, Math.min(1000, req.number | 0 || 1000));
   executor.run();                   // intermediates hold real values, and the skipped mask is the run's
-  const nodes = graph.nodes;
+  const median = (v) => v.sort((a, b) => a - b)[v.length >> 1];
   return {
-    nodes: nodes.map((nd, k) => {
-      const rec = { index: k, name: nd.name || '', func: nd.func || `numpy:${nd.numpy}`, ops: nd.ops || '', seconds: 0 };
+    nodes: graph.nodes.map((nd, k) => {
+      const rec = { index: k, name: nd.name || '', func: nd.func || `numpy:${nd.numpy}`, ops: nd.ops || '', seconds: 0, cpu_seconds: 0 };
       if (executor.skippedMask && executor.skippedMask[k]) return { ...rec, skipped: true };
       const call = executor._nodeCall(k);
+      const t = performance.now();
       call();
-      const samples = [];
+      const n = Math.max(1, Math.min(most, Math.ceil(5 / Math.max(performance.now() - t, 1e-3))));
+      const wall = [], cpu = [];
       for (let r = 0; r < 3; r++) {
+        const c0 = process.cpuUsage();
         const t0 = performance.now();
-        for (let i = 0; i < number; i++) call();
-        samples.push((performance.now() - t0) / 1e3 / number);
+        for (let i = 0; i < n; i++) call();
+        wall.push((performance.now() - t0) / 1e3 / n);
+        const c = process.cpuUsage(c0);
+        cpu.push((c.user + c.system) / 1e6 / n);
       }
-      samples.sort((a, b) => a - b);
-      return { ...rec, seconds: samples[1] };
+      return { ...rec, seconds: median(wall), cpu_seconds: median(cpu) };
     }),
   };
 }
+
 await serveSamples(() => executor.run(), { profile });
 process.exit(0);
