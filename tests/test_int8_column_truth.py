@@ -23,6 +23,8 @@ PATTERNS = {
     "ushll/sshll+mul+saddlp (NEON, u8 x s8)": [r"\bushll\s+v\d+\.8h", r"\bsshll\s+v\d+\.8h", r"\bmul\s+v\d+\.8h",
                                                r"\bsaddlp\s+v\d+\.4s"],
     "vmull+vpaddl (NEON)": [r"\bvmull\.s8\b", r"\bvmull\.u8\b", r"\bvpaddl\.[su]16\b"],
+    "i16x8.extend+i32x4.dot_i16x8_s (SIMD128)": [r"\bi16x8\.extend_(?:low|high)_i8x16_[su]\b",
+                                                 r"\bi32x4\.dot_i16x8_s\b"],
     "mul/add (scalar)": [],
 }
 X86_CPUS = ("x86_64-linux-gnu -mcpu=icelake-server", "x86_64-linux-gnu -mcpu=alderlake",

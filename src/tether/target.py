@@ -25,8 +25,9 @@ class UnknownTargetError(InvalidInput):
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183, "armv7": 40}
 ELF_CLASS = {"x86_64": 64, "aarch64": 64, "armv7": 32, "wasm32": 32}
 
-# WebAssembly (docs/web.md "The wasm32 target"): the features every current engine has are on by default; simd128
-# is what wasm32-nosimd turns off. The CPU is LLVM's "mvp", so exactly these features are on and no others (LLVM's
+# WebAssembly (docs/web.md "The wasm32 target"): the features every current engine has are always on (LLVM gets them
+# before the target's own -mattr, which may turn one off again); simd128 is the preset's feature, which
+# wasm32-nosimd turns off. The CPU is LLVM's "mvp", so exactly these features are on and no others (LLVM's
 # "generic" wasm CPU adds some of its own choosing, e.g. reference-types, that change with LLVM releases).
 WASM_TRIPLE = "wasm32-unknown-unknown"
 WASM_CPU = "mvp"
@@ -57,10 +58,11 @@ _PRESETS: Dict[str, _Preset] = {
                         "Cortex-A7 boards (Pi 2, Allwinner H3), hard float"),
     "jetson-nano": _Preset("aarch64-unknown-linux-gnu", "cortex-a57", "+neon", "NVIDIA Jetson Nano CPU"),
     "android-arm64": _Preset("aarch64-unknown-linux-android24", "generic", "+neon", "Android 7+ phones, arm64-v8a"),
-    "wasm32": _Preset(WASM_TRIPLE, WASM_CPU, ",".join(("+simd128",) + WASM_BASE_FEATURES),
-                      "WebAssembly with 128-bit SIMD (browsers, node >= 16); single-threaded"),
-    "wasm32-nosimd": _Preset(WASM_TRIPLE, WASM_CPU, ",".join(("-simd128",) + WASM_BASE_FEATURES),
-                             "WebAssembly without SIMD (old engines); single-threaded"),
+    "wasm32": _Preset(WASM_TRIPLE, WASM_CPU, "+simd128",
+                      "WebAssembly with 128-bit SIMD (browsers, node >= 16), single-threaded; bulk-memory, "
+                      "nontrapping-fptoint, sign-ext, mutable-globals always on"),
+    "wasm32-nosimd": _Preset(WASM_TRIPLE, WASM_CPU, "-simd128",
+                             "WebAssembly without SIMD (old engines), single-threaded"),
 }
 PRESET_NAMES: Tuple[str, ...] = ("host",) + tuple(_PRESETS)
 
@@ -80,11 +82,12 @@ def _arch_of_triple(triple: str) -> str:
 
 # wasm-ld (docs/web.md "The module"): no entry point; memory and __heap_base exported (the JS runtime allocates
 # from __heap_base up); an undefined symbol is an error (wasm-ld's default; --allow-undefined would import it);
-# the stack first, so an overflow runs below address 0 and traps instead of overwriting data. 8 MiB of stack is
-# what the ELF modules get as a Linux thread's default; a wasm32 module runs parallel loops serially in the impl,
-# where buffers over 64 KiB go to static scratch (codegen/function.py), so kernels need far less, but the
-# engine commits linear memory pages only when touched, and the headroom costs address space only.
-WASM_STACK_BYTES = 8 << 20
+# the stack first, so an overflow runs below address 0 and traps instead of overwriting data. 1 MiB of stack, not
+# the 8 MiB a Linux thread gives an ELF module: kernels keep buffers over 64 KiB in the static scratch arena
+# (codegen/function.py), a wasm32 module has no parallel tasks with stacks of their own, and one kernel frame is on
+# the stack at a time (wrapper -> impl -> math/memcpy). The largest frame of the test models, full-size
+# mobilenet_v2 among them, is 68,000 bytes; 1 MiB is 15 times that and keeps each module's initial memory small.
+WASM_STACK_BYTES = 1 << 20
 WASM_LINK_FLAGS: Tuple[str, ...] = ("--no-entry", "--export-memory", "--export=__heap_base", "--stack-first",
                                     "-z", "stack-size=%d" % WASM_STACK_BYTES, "--strip-debug", "--gc-sections")
 
@@ -285,6 +288,13 @@ class Target:
         """The -mattr features in the order given (LLVM applies them in order: "+avx2,-avx2" is off)."""
         return tuple(f.strip() for f in self.features.split(",") if f.strip())
 
+    @property
+    def llvm_features(self) -> str:
+        """The -mattr string LLVM gets: the target's features, after the always-on ones on wasm32."""
+        if self.is_wasm:
+            return ",".join(WASM_BASE_FEATURES + self.feature_list)
+        return self.features
+
     def has_feature(self, name: str) -> bool:
         """Whether code for this target may use LLVM feature ``name``: given by -mattr, or on x86 also implied by
         the -mcpu (``-mcpu=icelake-server`` has avx512vnni) and not turned off (x86_features)."""
@@ -356,7 +366,7 @@ class Target:
     def target_machine(self, opt: int = 3) -> Any:
         """An llvmlite TargetMachine for this target (PIC, because every output is a shared object; static code on
         wasm32, where PIC means imports of __memory_base and a GOT from the embedder); cached."""
-        return _target_machine(self.triple, self.cpu, self.features, int(opt))
+        return _target_machine(self.triple, self.cpu, self.llvm_features, int(opt))
 
     @property
     def data_layout(self) -> str:
@@ -445,6 +455,8 @@ def _parse_spec(spec: Union[str, Target]) -> Tuple[str, str, str, Optional[str]]
         else:
             raise UnknownTargetError("unknown option %r in target %r (use -mcpu=NAME and -mattr=+f1,+f2)"
                                      % (tok, text))
+    if triple.startswith("wasm32") and not any(tok.startswith("-mcpu=") for tok in tokens[1:]):
+        cpu = WASM_CPU   # (see WASM_CPU)
     return _normalize_triple(triple), cpu, features, None
 
 

@@ -89,6 +89,21 @@ export class Allocator {
     return this.alloc(nbytes);
   }
 
+  /** Make sure `nbytes` more can be allocated without growing memory again (one grow for many blocks). */
+  reserve(nbytes) {
+    const last = this.free_.length ? this.free_[this.free_.length - 1] : null;
+    const tail = last && last.start + last.size === this.end ? last.size : 0;
+    const need = alignUp(Number(nbytes), ALIGN) - tail;
+    if (need <= 0) return;
+    const pages = Math.ceil(need / PAGE);
+    try {
+      this.memory.grow(pages);
+    } catch (exc) {
+      throw new OutOfMemory(`${this.label}: out of memory: cannot grow linear memory by ${pages} pages to hold ${nbytes} bytes (${exc.message})`);
+    }
+    this._extend(this.memory.buffer.byteLength);
+  }
+
   free(ptr) {
     const size = this.used.get(ptr);
     if (size === undefined) throw new Error(`${this.label}: free of ${ptr}, which is not an allocated block`);

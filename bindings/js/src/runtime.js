@@ -29,8 +29,9 @@ const DLTENSOR_BYTES = 40;
 const KDLCPU = 1;
 const INT64_MIN = -(2n ** 63n);
 const INT64_MAX = 2n ** 63n - 1n;
-// wasm features this runtime knows; simd128 is probed, the rest every engine with WebAssembly has today
-const KNOWN_FEATURES = new Set(["simd128", "bulk-memory", "nontrapping-fptoint", "sign-ext", "mutable-globals", "multivalue"]);
+// wasm features this runtime knows; simd128 and relaxed-simd are probed, the rest every engine with WebAssembly
+// has today
+const KNOWN_FEATURES = new Set(["simd128", "relaxed-simd", "bulk-memory", "nontrapping-fptoint", "sign-ext", "mutable-globals", "multivalue"]);
 const ELF_MACHINES = { 3: "x86", 8: "mips", 40: "armv7", 62: "x86_64", 183: "aarch64", 243: "riscv" };
 
 export class ModuleLoadError extends Error {
@@ -99,23 +100,41 @@ export function customSections(buf) {
   return out;
 }
 
-let simdCache = null;
+// a module with one function () -> v128 whose body is `code` (then `end`)
+function v128Probe(code) {
+  const body = [0x00, ...code, 0x0b];
+  return new Uint8Array([
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+    0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // type: () -> v128
+    0x03, 0x02, 0x01, 0x00, // one function of type 0
+    0x0a, body.length + 2, 0x01, body.length, ...body,
+  ]);
+}
+
+const V128_ZERO = [0xfd, 0x0c, ...new Array(16).fill(0)]; // v128.const 0
+const probes = new Map();
+
+function validates(name, bytes) {
+  if (!probes.has(name)) {
+    let ok = false;
+    try {
+      ok = WebAssembly.validate(bytes);
+    } catch {
+      ok = false;
+    }
+    probes.set(name, ok);
+  }
+  return probes.get(name);
+}
+
 /** Whether this engine runs wasm SIMD (validates a function returning a v128 constant). */
 export function hasSimd128() {
-  if (simdCache === null) {
-    const probe = new Uint8Array([
-      0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
-      0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // type: () -> v128
-      0x03, 0x02, 0x01, 0x00, // one function of type 0
-      0x0a, 0x16, 0x01, 0x14, 0x00, 0xfd, 0x0c, ...new Array(16).fill(0), 0x0b, // v128.const 0
-    ]);
-    try {
-      simdCache = WebAssembly.validate(probe);
-    } catch {
-      simdCache = false;
-    }
-  }
-  return simdCache;
+  return validates("simd128", v128Probe(V128_ZERO));
+}
+
+/** Whether this engine runs relaxed SIMD (i32x4.relaxed_trunc_f32x4_s). */
+export function hasRelaxedSimd() {
+  return validates("relaxed-simd", v128Probe([...V128_ZERO, 0xfd, 0x81, 0x02]));
 }
 
 function checkHeader(buf, label) {
@@ -169,7 +188,7 @@ function checkTarget(meta, label) {
     }
     const feats = Array.isArray(req.features) ? req.features : [];
     const unknown = feats.filter((f) => !KNOWN_FEATURES.has(f));
-    const lacking = feats.filter((f) => f === "simd128" && !hasSimd128());
+    const lacking = feats.filter((f) => (f === "simd128" && !hasSimd128()) || (f === "relaxed-simd" && !hasRelaxedSimd()));
     if (lacking.length || unknown.length) {
       const what = [...lacking, ...unknown].join(", ");
       throw new ArchMismatch(`${label} was built for ${target.preset ?? "wasm32"} and needs ${what}, which this WebAssembly engine lacks: rebuild it with target="wasm32-nosimd"`);
@@ -481,8 +500,12 @@ export class PackedFunction {
     const values = m._alloc(12 * Math.max(n, 1));
     const codes = values + 8 * Math.max(n, 1);
     const temps = this._pack(args, values, codes);
+    const arrays = args.map((a, i) => [a, i]).filter(([a]) => a instanceof NDArray);
     const call = () => {
       if (m._instance === null) throw new ModuleLoadError(`${this.name}: module ${m.name} was freed; load it again`);
+      for (const [a, i] of arrays) {
+        if (a._module !== m) throw new KernelError(`${this.name}: argument ${i}${this._argname(i)} left module ${m.name} (freed or passed to another module) after prepare(); prepare the call again`);
+      }
       const rc = this._invoke(values, codes, n);
       if (rc !== 0) throw this.decodeError(rc, args);
     };

@@ -91,7 +91,8 @@ def compile_module(ir_text: str, target: Any, opt: int = 3) -> CompiledObject:
     target = as_target(target)
     t0 = time.perf_counter()
     # ---- the persistent object cache (codegen/objcache.py): an identical module is compiled once per machine
-    cache_key = objcache.key(ir_text, str(target), opt)
+    # (wasm32: the always-on features are not in the target's string, so they are named here)
+    cache_key = objcache.key(ir_text, str(target) + (" " + target.llvm_features if target.is_wasm else ""), opt)
     cached = objcache.load(cache_key)
     if cached is not None:
         dt = time.perf_counter() - t0

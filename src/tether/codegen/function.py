@@ -347,7 +347,7 @@ def _emit_one(ctx: Any, primfunc: PrimFunc) -> ir.Function:
     body_bb = em.b.block
     em.stmt(primfunc.body)
     em.rets.append(em.b.ret(ir.Constant(I32, 0)))
-    if not em.static_used:
+    if not em.static_used or ctx.target.is_wasm:   # (wasm32: the arena needs no lock, codegen/scratch.py)
         em.seal()
         return fn
     # Static scratch is shared by every call: the module's arena, or when another call holds that, this impl's own

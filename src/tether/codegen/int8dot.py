@@ -7,9 +7,9 @@ instruction-wide pieces (the last one padded with zero lanes) and joined again.
 
 Elsewhere the bytes are widened and multiplied exactly, then the four products of a lane are added pairwise; the
 pieces are written so that LLVM selects the target's widening instructions (x86 pmaddwd, Arm smull/saddlp or
-vmull/vpaddl). Products of two bytes fit int16 except 255*255 (u8u8), which fits uint16; the sum of two never
-needs more than int32. pmaddubsw (u8*s8 pairs summed with int16 saturation) is not used: two products can
-exceed int16 (2 * 255 * 127), so it is not exact.
+vmull/vpaddl, WebAssembly i32x4.dot_i16x8_s). Products of two bytes fit int16 except 255*255 (u8u8), which fits
+uint16; the sum of two never needs more than int32. pmaddubsw (u8*s8 pairs summed with int16 saturation) is not
+used: two products can exceed int16 (2 * 255 * 127), so it is not exact.
 """
 from __future__ import annotations
 
@@ -199,6 +199,18 @@ def _x86_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.
     return B.add(acc, B.add(_pick(B, pairs, list(range(0, 2 * w, 2))), _pick(B, pairs, list(range(1, 2 * w, 2)))))
 
 
+def _wasm_widening(B: ir.IRBuilder, kind: str, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+    """4 lanes: each 8-byte half widened to <8 x i16> (every kind is exact in i16), i32x4.dot_i16x8_s (products
+    summed in pairs, exact as for pmaddwd), then the two pair sums of each lane added."""
+    sa, sb = _SIGNED[kind]
+    (x0, x1), (y0, y1) = _split8(B, _as_bytes(B, a)), _split8(B, _as_bytes(B, b))
+    d0, d1 = (_intrinsic(B, "llvm.wasm.dot", _vec(I32, 4), [_extend(B, x, sa, I16), _extend(B, y, sb, I16)])
+              for x, y in ((x0, y0), (x1, y1)))
+    even = B.shuffle_vector(d0, d1, ir.Constant(_vec(I32, 4), [0, 2, 4, 6]))
+    odd = B.shuffle_vector(d0, d1, ir.Constant(_vec(I32, 4), [1, 3, 5, 7]))
+    return B.add(acc, B.add(even, odd))
+
+
 def _split8(B: ir.IRBuilder, v: ir.Value) -> Tuple[ir.Value, ir.Value]:
     return _pick(B, v, list(range(8))), _pick(B, v, list(range(8, 16)))
 
@@ -214,6 +226,8 @@ def _widening(target: Any) -> Optional[Tuple[Tuple[int, ...], GroupFn]]:
         return (4,), _arm64_widening
     if target.arch == "armv7" and "neon" in have:
         return (4,), _armv7_widening
+    if target.arch == "wasm32" and "simd128" in have:
+        return (4,), _wasm_widening
     return None
 
 

@@ -82,6 +82,13 @@ def buffer_pointer(em: Any, nbytes: int, private: ir.GlobalVariable) -> ir.Value
     dominates every use; ``release_scratch`` frees the offset when the buffer's scope ends."""
     entry = ir.IRBuilder(em.entry)
     arena, lock = _arena(em.ctx)
+    if em.ctx.target.is_wasm:
+        # single-threaded and no host callbacks: no call can find the arena taken, so there is no lock and no
+        # private fallback array (which would only grow the module's linear memory)
+        offset = getattr(em, "scratch_offset", 0)
+        em.scratch_offset = offset + -(-nbytes // ALIGN) * ALIGN
+        _reserve(em.ctx, em.scratch_offset)
+        return entry.gep(arena, [ir.Constant(I32, offset)], inbounds=True, source_etype=I8) if offset else arena
     if getattr(em, "scratch_in_arena", None) is None:
         old = entry.atomic_rmw("xchg", lock, ir.Constant(I32, 1), "acquire")
         em.scratch_in_arena = entry.icmp_unsigned("==", old, ir.Constant(I32, 0), name="scratch.in_arena")
