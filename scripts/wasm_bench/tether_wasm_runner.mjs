@@ -41,8 +41,12 @@ process.stdout.write(JSON.stringify({
 // Per-node times: each node's bound call (the executor's _nodeCall, what its run() calls) timed alone after one
 // warm-up call: 3 samples of enough calls to last about 5 ms (at most `number`... 1000), the median wall and
 // process CPU time per call (CPU time: what a loaded machine's time-slicing does not inflate).
-function profile(req) {
-  if (typeof executor._nodeCall !== 'function') return { error: 'this GraphExecutor cannot time a node alone' };
+// Without _nodeCall (an internal of graph.js), the executor's public profile(): wall times only.
+async function profile(req) {
+  if (typeof executor._nodeCall !== 'function') {
+    const res = await executor.profile({ number: 20, repeat: 3 });
+    return { nodes: res.nodes.map((r) => ({ ...r, cpu_seconds: r.seconds })) };
+  }
   const most = Math.max(1, Math.min(1000, req.number | 0 || 1000));
   executor.run();                   // intermediates hold real values, and the skipped mask is the run's
   const median = (v) => v.sort((a, b) => a - b)[v.length >> 1];
