@@ -4,6 +4,7 @@ onnxruntime-web's wasm backend (single-threaded, SIMD), on the same ONNX model a
 
     python scripts/bench_wasm.py [--models mobilenet_v2,squeezenet,...] [--size bench|test] [--repeat 7]
                                  [--no-ort-web] [--profile N] [--json out.json]
+                                 [--wasm-target T] [--node-option=--experimental-wasm-relaxed-simd]
 
 Each model is built as the other benchmarks build it (mobilenet_v2 and resnet50 from scripts/make_*.py, the light
 squeezenet of the onnx wheel with random weights in place of their constant ones, which make every
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -213,11 +214,11 @@ class NodeRunner:
     """A runner script (scripts/wasm_bench/*.mjs) kept running: one JSON line per request on its stdin, one per
     answer on its stdout, every read bounded by a timeout."""
 
-    def __init__(self, label: str, args: List[str], log_dir: str):
+    def __init__(self, label: str, args: List[str], log_dir: str, node_options: Sequence[str] = ()):
         self.label = label
         self.stderr_path = os.path.join(log_dir, label + ".stderr")
         self._stderr = open(self.stderr_path, "w")
-        self.proc = subprocess.Popen([node_path()] + args, cwd=RUNNERS, stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([node_path()] + list(node_options) + args, cwd=RUNNERS, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._stderr)
         self._buf = b""
         self.ready = self._read(READY_TIMEOUT_S)
@@ -339,7 +340,7 @@ def bench(name: str, args, work: str, ort_pkg: Optional[str]) -> dict:
     inputs_dir = os.path.join(folder, "inputs")
     write_tensors(inputs_dir, list(feeds.items()))
     try:
-        factory, row["compile_wasm_s"] = _compile(model, feeds, "wasm32")
+        factory, row["compile_wasm_s"] = _compile(model, feeds, args.wasm_target)
         wasm_dir = os.path.join(folder, "wasm32")
         factory.export(wasm_dir)
         native, row["compile_native_s"] = _compile(model, feeds, "host")
@@ -366,7 +367,7 @@ def bench(name: str, args, work: str, ort_pkg: Optional[str]) -> dict:
     runners: List[NodeRunner] = []
     try:
         wasm = NodeRunner("tether-wasm", ["tether_wasm_runner.mjs", wasm_dir, inputs_dir,
-                                          os.path.join(folder, "out_wasm")], folder)
+                                          os.path.join(folder, "out_wasm")], folder, args.node_option)
         runners.append(wasm)
         wasm_out = [x for _, x in read_tensors(os.path.join(folder, "out_wasm"))]
         row["err_wasm_vs_native"] = max_relative_error(wasm_out, native_out)
@@ -472,6 +473,11 @@ def main() -> int:
     ap.add_argument("--max-seconds", type=float, default=120.0, help="time budget of one model's rounds")
     ap.add_argument("--tolerance", type=float, default=1e-3, help="max relative error before a model is not timed")
     ap.add_argument("--no-ort-web", action="store_true", help="time tether only (needs node, not npm)")
+    ap.add_argument("--wasm-target", default="wasm32",
+                    help="tether's WebAssembly target (a preset, or e.g. \"wasm32-unknown-unknown "
+                         "-mattr=+simd128,+relaxed-simd\")")
+    ap.add_argument("--node-option", action="append", default=[],
+                    help="an option for tether-wasm's node (repeatable), e.g. --experimental-wasm-relaxed-simd")
     ap.add_argument("--profile", type=int, default=0, help="list the N slowest nodes of tether-wasm")
     ap.add_argument("--keep", help="keep the built models, inputs and outputs in this folder")
     add_json_option(ap)
@@ -487,8 +493,9 @@ def main() -> int:
         ort_pkg = None if args.no_ort_web else ort_web_package()
         if ort_pkg:
             print(_ort_web_simd_line(ort_pkg))
-        print("node %s; native tether at 1 thread; load average %s"
+        print("node %s%s; tether-wasm target %s; native tether at 1 thread; load average %s"
               % (subprocess.run([node_path(), "--version"], capture_output=True, text=True, timeout=60).stdout.strip(),
+                 "".join(" " + o for o in args.node_option), args.wasm_target,
                  " ".join("%.2f" % v for v in os.getloadavg())))
         rows = _run(names, args, ort_pkg)
     except BenchError as exc:
