@@ -542,3 +542,21 @@ def test_when_guards_run_only_the_taken_branch(tmp_path):
                 np.testing.assert_allclose(got[str(j)], gm.get_output(j), rtol=1e-5, atol=1e-6)
             skipped_sets.append(frozenset(skipped))
         assert any(skipped_sets) and skipped_sets[0] != skipped_sets[1], (name, skipped_sets)
+
+
+def test_relaxed_simd_module_needs_an_engine_with_it(tmp_path):
+    """A module built with +relaxed-simd lists it in "requires": node without relaxed SIMD refuses it at load,
+    naming the feature; node with it (22, or the flag) runs it."""
+    wasm = _build("wasm32-unknown-unknown -mattr=+simd128,+relaxed-simd", tmp_path / "vadd.wasm")
+    a = np.arange(1024, dtype=np.float32)
+    probe = _js('import { hasRelaxedSimd } from "SRC/runtime.js"; console.log(hasRelaxedSimd());')
+    proc, out = _run_kernel(wasm, "vadd", [a, a, np.zeros_like(a)], tmp_path)
+    if probe.stdout.strip() == "true":
+        assert proc.returncode == 0 and np.array_equal(out["2"], a + a), proc.stderr
+        return
+    assert proc.returncode == 2 and "needs relaxed-simd, which this WebAssembly engine lacks" in proc.stderr
+    (tmp_path / "args.params").write_bytes(save_params({"0": a, "1": a, "2": np.zeros_like(a)}))
+    flagged = _run("--experimental-wasm-relaxed-simd", str(JS / "tools" / "run_kernel.js"), str(wasm), "vadd",
+                   str(tmp_path / "args.params"), str(tmp_path / "out.params"))
+    assert flagged.returncode == 0, flagged.stderr
+    assert np.array_equal(load_params(str(tmp_path / "out.params"))["2"], a + a)

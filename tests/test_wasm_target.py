@@ -70,6 +70,11 @@ def test_target_properties():
     assert t.library_suffix == ".wasm" and Target("x86_64").library_suffix == ".so"
 
 
+def test_a_js_device_gets_the_wasm32_target():
+    assert Target.from_device_info({"arch": "wasm32"}) == Target("wasm32")
+    assert Target.from_device_info({"suggested_target": "wasm32-nosimd", "arch": "wasm32"}).preset == "wasm32-nosimd"
+
+
 @pytest.mark.parametrize("spec, word", [("wasm32-unknown-unknown -mattr=+simd128,+bogus", "'+bogus'"),
                                         ("wasm32-unknown-unknown -mattr=+atomics", "single-threaded"),
                                         ("wasm32-unknown-unknown -mattr=simd128", "'simd128'")])

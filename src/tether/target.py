@@ -418,6 +418,8 @@ class Target:
                        "+neon,+vfp4")
         if arch in ("x86_64", "amd64"):
             return cls("x86_64")
+        if arch == "wasm32":   # a JS device server (docs/web.md)
+            return cls("wasm32")
         raise UnknownTargetError("cannot derive a target from device_info arch=%r; pass a preset explicitly (%s)"
                                  % (arch, ", ".join(PRESET_NAMES)))
 

@@ -191,7 +191,11 @@ function checkTarget(meta, label) {
     const lacking = feats.filter((f) => (f === "simd128" && !hasSimd128()) || (f === "relaxed-simd" && !hasRelaxedSimd()));
     if (lacking.length || unknown.length) {
       const what = [...lacking, ...unknown].join(", ");
-      throw new ArchMismatch(`${label} was built for ${target.preset ?? "wasm32"} and needs ${what}, which this WebAssembly engine lacks: rebuild it with target="wasm32-nosimd"`);
+      let hint;
+      if (lacking.includes("simd128")) hint = 'rebuild it with target="wasm32-nosimd"';
+      else if (lacking.includes("relaxed-simd")) hint = 'rebuild it with target="wasm32" (without +relaxed-simd), or run it on an engine with relaxed SIMD (Chrome 114+, node 22)';
+      else hint = "rebuild it without them";
+      throw new ArchMismatch(`${label} was built for ${target.preset ?? "wasm32"} and needs ${what}, which this WebAssembly engine lacks: ${hint}`);
     }
   }
 }
