@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -334,7 +335,7 @@ class Pool:
         the order they will be served (client name, priority, seconds waited); for the dashboard."""
         now = time.monotonic()
         out: Dict[str, dict] = {}
-        for text, heap in self._queues.items():
+        for text, heap in itertools.chain(self._key_queues.items(), self._pattern_queues.items()):
             out[text] = {"pending": self.pending(text),
                          "first": [{"client": r.name, "priority": r.priority, "waited": round(now - r.created, 3)}
                                    for r in _first_pending(heap, limit)]}
