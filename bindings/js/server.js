@@ -8,7 +8,7 @@
 // Tokens may also come from TETHER_TRACKER_TOKEN and TETHER_TOKEN. The direct listener binds 127.0.0.1 only.
 import { Device } from "./src/device.js";
 import { TrackerLink } from "./src/tracker.js";
-import { connect, listen } from "./src/transport_node.js";
+import { connect, listen } from "./node/transport_node.js";
 
 const USAGE = "usage: node bindings/js/server.js [--tracker HOST:PORT --key KEY [--tracker-token T] [--tag k=v ...]] [--port P] [--token T]";
 

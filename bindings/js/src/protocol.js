@@ -1,5 +1,5 @@
 // Frames over a byte stream: the core message types, ERROR payloads, and FramedConnection, which reads frames and
-// bulk bytes from any transport (src/transport_node.js: TCP; src/transport_ws.js: a browser WebSocket) with the
+// bulk bytes from any transport (node/transport_node.js: TCP, node-only; src/transport_ws.js: a browser WebSocket) with the
 // limits of docs/protocol.md checked before anything is buffered for them.
 //
 // A transport is a small object: onData(cb(Uint8Array)), onClose(cb()), write(Uint8Array) (one write per
