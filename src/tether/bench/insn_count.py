@@ -42,6 +42,11 @@ DETERMINISM_SOURCE = pathlib.Path(__file__).with_name("insn_count_determinism.c"
 #: come from tether.emulate.PRESET_DEVICES).
 COUNT_PRESETS = ("rasp4b", "rasp5", "armv7-a7")
 BUILD_TIMEOUT_S = 300.0
+# Inferences before the counted ones, and counted ones. The kernels' counts are the same for any window; the
+# executor's Python is not steady before CPython 3.11's specializing interpreter has warmed up (functions are
+# quickened after 8 calls), so the counted window starts after 10 inferences.
+WARM_RUNS = 10
+EXTRA_RUNS = 4
 ADDR_NO_RANDOMIZE = 0x0040000
 
 
@@ -162,6 +167,11 @@ def _no_aslr() -> None:
         libc.personality(ADDR_NO_RANDOMIZE)
 
 
+def _rel(path: str, work: str) -> str:
+    rel = os.path.relpath(path, work)
+    return path if rel.startswith("..") else rel
+
+
 @dataclasses.dataclass
 class GuestRun:
     """One guest process's counts: ``total`` and ``unattributed`` {class: n}, ``regions`` {symbol: {class: n}}."""
@@ -171,10 +181,12 @@ class GuestRun:
 
 
 def run_guest(userland: Any, cpu: str, folder: str, inputs_dir: str, runs: int, work: str,
-              symbols: Optional[str] = None, timeout: float = 600.0, disas: Optional[str] = None) -> GuestRun:
-    """Run the model in ``folder`` ``runs`` times in a fresh guest process under the counting plugin."""
+              symbols: Optional[str] = None, timeout: float = 600.0, disas: Optional[str] = None,
+              output: Optional[str] = None) -> GuestRun:
+    """Run the model in ``folder`` ``runs`` times in a fresh guest process under the counting plugin; ``output``:
+    save the graph's first output there (.npy); ``disas``: the plugin's per-instruction listing there."""
     plugin = plugin_path()
-    tag = "%d-%s" % (runs, os.urandom(4).hex())
+    tag = "%06d" % runs   # one length for every run: the guest sees paths of the same size
     out = os.path.join(work, "counts-%s.json" % tag)
     ranges = os.path.join(work, "ranges-%s.txt" % tag) if symbols else "-"
     plugin_arg = "%s,out=%s" % (plugin, out) + (",ranges=%s" % ranges if symbols else "") + \
@@ -185,12 +197,15 @@ def run_guest(userland: Any, cpu: str, folder: str, inputs_dir: str, runs: int, 
     if qemu is None:
         raise InsnCountError("no %s: install qemu-user" % userland.spec.qemu)
     preload = determinism_lib_path(userland.spec.name)
+    # The guest gets paths relative to the work folder (its working directory), so what it allocates for them,
+    # and with it where later objects land, is the same whichever folder the host's temp files are in.
     argv = [qemu, "-cpu", cpu, "-plugin", plugin_arg, "-E", "LD_PRELOAD=%s" % preload, "-L", str(userland.rootfs),
             str(userland.python),
-            "-s", "-B", "-u", str(GUEST_SCRIPT), os.path.join(work, "tether-rpc.pyz"), folder, inputs_dir,
-            str(int(runs)), symbols or "-", ranges]
+            "-s", "-B", "-u", str(GUEST_SCRIPT), "tether-rpc.pyz", _rel(folder, work), _rel(inputs_dir, work),
+            str(int(runs)), _rel(symbols, work) if symbols else "-", _rel(ranges, work) if symbols else "-",
+            _rel(output, work) if output else "-"]
     try:
-        proc = subprocess.run(argv, env=guest_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.run(argv, env=guest_env(), cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=timeout, preexec_fn=_no_aslr)
     except subprocess.TimeoutExpired:
         raise InsnCountError("the counted guest run (%d inferences on %s) did not finish within %.0f s"
@@ -242,14 +257,16 @@ def emulated_cpu(target: Any, arch: Optional[str] = None) -> tuple:
                          "for one of the presets %s)" % (target, ", ".join(sorted(emulate.PRESET_DEVICES))))
 
 
-def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm: int = 1, extra: int = 2,
-                per_kernel: bool = True, userland: Any = None, timeout: float = 600.0) -> Dict[str, Any]:
+def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm: int = WARM_RUNS,
+                extra: int = EXTRA_RUNS, per_kernel: bool = True, userland: Any = None, timeout: float = 600.0,
+                output: Optional[str] = None) -> Dict[str, Any]:
     """Instructions per inference of the compiled model in ``folder`` on the emulated CPU of target ``preset`` (or,
     for a target that is no preset, the default CPU of the model's architecture).
 
     ``inputs``: one array per graph input, in the graph's order. Returns the ``instruction_counts`` record of a
     bench result (docs/bench.md): ``per_inference`` {total, class: n}, ``kernels`` {func: {total, class: n}} (when
-    ``per_kernel``), the ``method`` and each guest run's totals.
+    ``per_kernel``), the ``method`` and each guest run's totals. ``output``: the graph's first output of the
+    counted run is saved there (.npy), to check that what was counted computed the right thing.
     """
     from tether import bundle as bundle_mod
     from tether import emulate
@@ -267,6 +284,8 @@ def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm:
     work = tempfile.mkdtemp(prefix="tether-insncount-")
     try:
         bundle_mod.write_bundle(os.path.join(work, "tether-rpc.pyz"))
+        os.symlink(os.path.abspath(folder), os.path.join(work, "model"))
+        folder_in_work = os.path.join(work, "model")
         inputs_dir = os.path.join(work, "inputs")
         os.mkdir(inputs_dir)
         for k, arr in enumerate(inputs):
@@ -278,8 +297,12 @@ def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm:
                 for off, size, name in function_symbols(lib):
                     fh.write("%x %x %s\n" % (off, size, name.replace(" ", "_")))
         # Both runs see the same folder, inputs and symbol file paths: their processes differ only in RUNS.
-        a = run_guest(userland, cpu, folder, inputs_dir, warm, work, symbols, timeout)
-        b = run_guest(userland, cpu, folder, inputs_dir, warm + extra, work, symbols, timeout)
+        # Both runs save the output to the same path, so they differ in nothing but RUNS.
+        saved = os.path.join(work, "output.npy")
+        a = run_guest(userland, cpu, folder_in_work, inputs_dir, warm, work, symbols, timeout, output=saved)
+        b = run_guest(userland, cpu, folder_in_work, inputs_dir, warm + extra, work, symbols, timeout, output=saved)
+        if output:
+            shutil.copyfile(saved, output)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record: Dict[str, Any] = {

@@ -2,14 +2,16 @@
 compiled model with the device package, set its inputs, run it RUNS times, exit. Standard library, numpy and the
 device zipapp only (this file is shipped into the guest as is; it never imports ``tether``).
 
-argv: BUNDLE FOLDER INPUTS_DIR RUNS SYMBOLS RANGES
+argv: BUNDLE FOLDER INPUTS_DIR RUNS SYMBOLS RANGES OUTPUT
   BUNDLE      the device zipapp (tether_rpc), put on sys.path
   FOLDER      the model folder (deploy.json, deploy.so, deploy.params)
   INPUTS_DIR  input K of the graph in K.npy
   SYMBOLS     "OFFSET SIZE NAME" lines (hex, relative to the library's load address): the library's functions
   RANGES      written here (atomically) as "START END NAME" guest addresses once the library is loaded and
               before it first runs, for the plugin's per-kernel attribution; "-" for none
+  OUTPUT      the graph's first output after the last run is saved here (.npy); "-" for nowhere
 """
+import gc
 import os
 import sys
 
@@ -27,7 +29,7 @@ def _load_base(lib_path):
 
 
 def main(argv):
-    bundle, folder, inputs_dir, runs, symbols, ranges = argv
+    bundle, folder, inputs_dir, runs, symbols, ranges, output = argv
     sys.path.insert(0, bundle)
     import json
 
@@ -54,9 +56,16 @@ def main(argv):
         with open(ranges + ".part", "w") as fh:
             fh.writelines(lines)
         os.rename(ranges + ".part", ranges)
+    # Python's cyclic collector runs after a count of allocations since start-up, so whether a collection (of
+    # every object numpy and the executor made) lands among the counted inferences would depend on everything
+    # before them, down to the length of a path. Off for the runs: an inference's count is the inference's.
+    gc.collect()
+    gc.disable()
     for _ in range(int(runs)):
         gm.run()
     out = gm.get_output(0)
+    if output != "-":
+        np.save(output, out, allow_pickle=False)
     sys.stdout.write("ok %s %s %.9g\n" % (out.dtype, list(out.shape), float(np.asarray(out, np.float64).sum())))
     sys.stdout.flush()
     # No interpreter teardown: it would only add instructions that both runs then subtract again.
