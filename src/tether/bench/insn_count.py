@@ -284,8 +284,9 @@ def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm:
     work = tempfile.mkdtemp(prefix="tether-insncount-")
     try:
         bundle_mod.write_bundle(os.path.join(work, "tether-rpc.pyz"))
-        os.symlink(os.path.abspath(folder), os.path.join(work, "model"))
+        # a copy, not a link: the guest's mapping of the library then has the same path whatever the model's folder
         folder_in_work = os.path.join(work, "model")
+        shutil.copytree(folder, folder_in_work)
         inputs_dir = os.path.join(work, "inputs")
         os.mkdir(inputs_dir)
         for k, arr in enumerate(inputs):

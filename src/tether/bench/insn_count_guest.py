@@ -18,12 +18,13 @@ import sys
 
 def _load_base(lib_path):
     """Where the guest mapped ``lib_path``: the start of its file mapping at offset 0 (qemu emulates the guest's
-    /proc/self/maps)."""
-    real = os.path.realpath(lib_path)
+    /proc/self/maps), found by inode so that no absolute path is resolved (whose length would shift later
+    allocations)."""
+    inode = os.stat(lib_path).st_ino
     with open("/proc/self/maps") as fh:
         for line in fh:
             parts = line.split()
-            if len(parts) >= 6 and int(parts[2], 16) == 0 and os.path.realpath(parts[5]) == real:
+            if len(parts) >= 6 and int(parts[2], 16) == 0 and int(parts[4]) == inode:
                 return int(parts[0].split("-")[0], 16)
     raise SystemExit("insn_count_guest: %s is not mapped" % lib_path)
 
