@@ -197,11 +197,15 @@ def run_guest(userland: Any, cpu: str, folder: str, inputs_dir: str, runs: int, 
     if qemu is None:
         raise InsnCountError("no %s: install qemu-user" % userland.spec.qemu)
     preload = determinism_lib_path(userland.spec.name)
+    if not os.path.isfile(os.path.join(work, GUEST_SCRIPT.name)):
+        shutil.copyfile(GUEST_SCRIPT, os.path.join(work, GUEST_SCRIPT.name))   # sys.path[0]: the work folder
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(out)
     # The guest gets paths relative to the work folder (its working directory), so what it allocates for them,
     # and with it where later objects land, is the same whichever folder the host's temp files are in.
     argv = [qemu, "-cpu", cpu, "-plugin", plugin_arg, "-E", "LD_PRELOAD=%s" % preload, "-L", str(userland.rootfs),
             str(userland.python),
-            "-s", "-B", "-u", str(GUEST_SCRIPT), "tether-rpc.pyz", _rel(folder, work), _rel(inputs_dir, work),
+            "-s", "-B", "-u", GUEST_SCRIPT.name, "tether-rpc.pyz", _rel(folder, work), _rel(inputs_dir, work),
             str(int(runs)), _rel(symbols, work) if symbols else "-", _rel(ranges, work) if symbols else "-",
             _rel(output, work) if output else "-"]
     try:

@@ -62,7 +62,6 @@ const void *qemu_plugin_insn_data(const struct qemu_plugin_insn *insn);
 size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
 uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
 char *qemu_plugin_insn_disas(const struct qemu_plugin_insn *insn);
-void qemu_plugin_outs(const char *string);
 
 PLUGIN_EXPORT int qemu_plugin_version = 1;
 PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc, char **argv);
@@ -374,7 +373,7 @@ static void at_exit(qemu_plugin_id_t id, void *userdata)
     snprintf(tmp, len + 8, "%s.part", out_path);
     FILE *fh = fopen(tmp, "w");
     if (!fh) {
-        qemu_plugin_outs("insncount: cannot write the counts file\n");
+        fputs("insncount: cannot write the counts file\n", stderr);
         free(tmp);
         return;
     }
@@ -390,23 +389,24 @@ static void at_exit(qemu_plugin_id_t id, void *userdata)
         fprintf(fh, "%s\"%s\": ", r ? ", " : "", regions[r].name);
         write_counts(fh, counts[r + 1]);
     }
-    fprintf(fh, "}}\n");
+    fprintf(fh, "}}\n", stderr);
     fclose(fh);
     rename(tmp, out_path);     /* the file appears complete or not at all */
     if (disas_fh) fclose(disas_fh);
     free(tmp);
 }
 
+/* Errors go to stderr: qemu_plugin_outs writes to qemu's log, which only `-d plugin` shows. */
 PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc, char **argv)
 {
     if (info->system_emulation) {
-        qemu_plugin_outs("insncount: for qemu-user only\n");
+        fputs("insncount: for qemu-user only\n", stderr);
         return -1;
     }
     snprintf(target_name, sizeof target_name, "%s", info->target_name);
     if (strcmp(info->target_name, "aarch64") == 0) is_a64 = true;
     else if (strcmp(info->target_name, "arm") != 0) {
-        qemu_plugin_outs("insncount: decodes aarch64 and arm guests only\n");
+        fputs("insncount: decodes aarch64 and arm guests only\n", stderr);
         return -1;
     }
     for (int i = 0; i < argc; i++) {
@@ -415,17 +415,17 @@ PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *in
         else if (strncmp(argv[i], "disas=", 6) == 0) {
             disas_fh = fopen(argv[i] + 6, "w");
             if (!disas_fh) {
-                qemu_plugin_outs("insncount: cannot open the disas file\n");
+                fputs("insncount: cannot open the disas file\n", stderr);
                 return -1;
             }
         }
         else {
-            qemu_plugin_outs("insncount: unknown argument (expected out=FILE, ranges=FILE, disas=FILE)\n");
+            fputs("insncount: unknown argument (expected out=FILE, ranges=FILE, disas=FILE)\n", stderr);
             return -1;
         }
     }
     if (!out_path) {
-        qemu_plugin_outs("insncount: missing out=FILE\n");
+        fputs("insncount: missing out=FILE\n", stderr);
         return -1;
     }
     regions = calloc(MAX_REGIONS, sizeof *regions);
