@@ -167,6 +167,12 @@ def _no_aslr() -> None:
         libc.personality(ADDR_NO_RANDOMIZE)
 
 
+# The guest program runs by `-c`, not as a script: a script's folder becomes sys.path[0], and the length of that
+# absolute path (the host's temp folder) changed what the executor's Python executes per inference.
+_GUEST_MAIN = ("import sys; sys.argv[0] = %r; exec(compile(open(%r).read(), %r, 'exec'))"
+               % (GUEST_SCRIPT.name, GUEST_SCRIPT.name, GUEST_SCRIPT.name))
+
+
 def _rel(path: str, work: str) -> str:
     rel = os.path.relpath(path, work)
     return path if rel.startswith("..") else rel
@@ -198,14 +204,14 @@ def run_guest(userland: Any, cpu: str, folder: str, inputs_dir: str, runs: int, 
         raise InsnCountError("no %s: install qemu-user" % userland.spec.qemu)
     preload = determinism_lib_path(userland.spec.name)
     if not os.path.isfile(os.path.join(work, GUEST_SCRIPT.name)):
-        shutil.copyfile(GUEST_SCRIPT, os.path.join(work, GUEST_SCRIPT.name))   # sys.path[0]: the work folder
+        shutil.copyfile(GUEST_SCRIPT, os.path.join(work, GUEST_SCRIPT.name))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(out)
     # The guest gets paths relative to the work folder (its working directory), so what it allocates for them,
     # and with it where later objects land, is the same whichever folder the host's temp files are in.
     argv = [qemu, "-cpu", cpu, "-plugin", plugin_arg, "-E", "LD_PRELOAD=%s" % preload, "-L", str(userland.rootfs),
             str(userland.python),
-            "-s", "-B", "-u", GUEST_SCRIPT.name, "tether-rpc.pyz", _rel(folder, work), _rel(inputs_dir, work),
+            "-s", "-B", "-u", "-c", _GUEST_MAIN, "tether-rpc.pyz", _rel(folder, work), _rel(inputs_dir, work),
             str(int(runs)), _rel(symbols, work) if symbols else "-", _rel(ranges, work) if symbols else "-",
             _rel(output, work) if output else "-"]
     try:
@@ -269,8 +275,8 @@ def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm:
 
     ``inputs``: one array per graph input, in the graph's order. Returns the ``instruction_counts`` record of a
     bench result (docs/bench.md): ``per_inference`` {total, class: n}, ``kernels`` {func: {total, class: n}} (when
-    ``per_kernel``), the ``method`` and each guest run's totals. ``output``: the graph's first output of the
-    counted run is saved there (.npy), to check that what was counted computed the right thing.
+    ``per_kernel``, and their sum ``in_kernels``), the ``method`` and each guest run's totals. ``output``: the
+    graph's first output of the counted run is saved there (.npy), to check that what was counted was right.
     """
     from tether import bundle as bundle_mod
     from tether import emulate
@@ -285,7 +291,9 @@ def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm:
         userland = emulate.ensure_userland(arch)
     lib = os.path.join(folder, graph.get("lib", "deploy.so"))
     funcs = sorted({n["func"] for n in graph.get("nodes", []) if "func" in n})
-    work = tempfile.mkdtemp(prefix="tether-insncount-")
+    # Under /tmp where there is one: the guest's working directory is this folder, and the length of its path
+    # shifts where the guest's later objects land, which moves the executor's (not the kernels') count a little.
+    work = tempfile.mkdtemp(prefix="tether-insncount-", dir="/tmp" if os.path.isdir("/tmp") else None)
     try:
         bundle_mod.write_bundle(os.path.join(work, "tether-rpc.pyz"))
         # a copy, not a link: the guest's mapping of the library then has the same path whatever the model's folder
@@ -329,6 +337,7 @@ def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm:
         record["kernels"] = {k: _with_total({c: (v // extra if v % extra == 0 else v / extra)
                                              for c, v in acc.items()})
                              for k, acc in sorted(kernels.items()) if any(acc.values())}
-        in_lib = sum(v["total"] for v in record["kernels"].values())
-        record["outside_kernels"] = record["per_inference"]["total"] - in_lib
+        in_lib = {c: sum(v[c] for v in record["kernels"].values()) for c in CLASSES}
+        record["in_kernels"] = _with_total(in_lib)
+        record["outside_kernels"] = record["per_inference"]["total"] - record["in_kernels"]["total"]
     return record

@@ -185,7 +185,7 @@ def _counts_table(doc: Dict[str, Any]) -> Optional[Any]:
     for r in rows:
         ic = r["instruction_counts"]
         per = ic["per_inference"]
-        in_kernels = per["total"] - ic["outside_kernels"] if "outside_kernels" in ic else None
+        in_kernels = ic["in_kernels"]["total"] if "in_kernels" in ic else None
         table.add_row(r["target"], "%s (%s)" % (ic["cpu"], ic["preset"]), _fmt_count(per["total"]),
                       *[_fmt_count(per[c]) for c in CLASSES], "-" if in_kernels is None else _fmt_count(in_kernels))
     return table

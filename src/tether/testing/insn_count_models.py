@@ -4,12 +4,13 @@ scripts/update_insn_counts.py): its small models, how a table is measured, and h
 The models (a conv net, a transformer encoder, an int8 conv net) are built with onnx.helper from fixed seeds so the
 same model comes out on every machine, and are small enough that an emulated run takes seconds. A table holds, per
 model and preset, the instructions per inference by class (tether.bench.insn_count), the part inside the compiled
-kernels, and each kernel's total.
+kernels (by class), and each kernel's total.
 
 The gate: a count that rises by more than the tolerance (2%) fails; one that falls by more fails too, asking for the
 table to be rewritten, so the table stays the truth. Kernel counts depend only on tether's code generation and the
-emulated CPU; the whole per-inference count also includes the executor's Python and numpy, so it is gated only when
-the guest's Python and numpy are the versions the table was written with (a Debian point release changes them).
+emulated CPU and are always gated; the whole per-inference count also includes the executor's Python and numpy,
+which move with the guest's versions and memory layout, so it is gated only when the guest environment is the one
+the table was written in (same Python, numpy, qemu and userland folder).
 """
 from __future__ import annotations
 
@@ -127,7 +128,8 @@ def compile_for(name: str, preset: str, out: str) -> Tuple[str, List[np.ndarray]
 # -- measuring and comparing tables --------------------------------------------------------------------------------
 
 def environment(arches: Sequence[str]) -> Dict[str, Any]:
-    """What the counts outside the kernels depend on: per arch the guest's Python and numpy, and qemu."""
+    """What the counts outside the kernels depend on: per arch the guest's Python and numpy, qemu, and where the
+    userland is (the guest interpreter's own path shifts where its objects land, and with that its count)."""
     from tether import emulate
 
     env: Dict[str, Any] = {}
@@ -136,7 +138,7 @@ def environment(arches: Sequence[str]) -> Dict[str, Any]:
         qemu = emulate.find_qemu(userland.spec)
         version = subprocess.run([qemu, "--version"], stdout=subprocess.PIPE, text=True, timeout=60).stdout
         env[arch] = {"python": userland.stamp.get("python_version"), "numpy": userland.stamp.get("numpy_version"),
-                     "qemu": version.splitlines()[0] if version else None}
+                     "qemu": version.splitlines()[0] if version else None, "userland": str(userland.path)}
     return env
 
 
@@ -157,10 +159,10 @@ def measure(pairs: Sequence[Tuple[str, str]] = TABLE, check_outputs: bool = True
                 _check_output(name, preset, model, inputs, np.load(out))
             per = rec["per_inference"]
             counts.setdefault(name, {})[preset] = {
-                "cpu": rec["cpu"], "per_inference": per, "in_kernels": per["total"] - rec["outside_kernels"],
-                "kernels": {k: v["total"] for k, v in rec["kernels"].items()}}
+                "cpu": rec["cpu"], "in_kernels": rec["in_kernels"],
+                "kernels": {k: v["total"] for k, v in rec["kernels"].items()}, "per_inference": per}
             log("%s on %s (%s): %s per inference, %s in kernels"
-                % (name, preset, rec["cpu"], per["total"], counts[name][preset]["in_kernels"]))
+                % (name, preset, rec["cpu"], per["total"], rec["in_kernels"]["total"]))
     arches = sorted({emulate.preset_device(p)[0] for _, p in pairs})
     return {"about": "guest instructions per inference on emulated CPUs (tether bench --count-instructions); "
                      "rewrite with python scripts/update_insn_counts.py",
@@ -195,7 +197,7 @@ def compare(base: Dict[str, Any], new: Dict[str, Any]) -> Tuple[List[str], List[
 
     rises: List[str] = []
     falls: List[str] = []
-    lines = ["%-14s %-9s %-14s %12s %12s %8s" % ("model", "preset", "count", "table", "now", "change")]
+    lines = ["%-14s %-9s %-22s %12s %12s %8s" % ("model", "preset", "count", "table", "now", "change")]
     for name, by_preset in new["counts"].items():
         for preset, now in by_preset.items():
             was = base.get("counts", {}).get(name, {}).get(preset)
@@ -204,15 +206,15 @@ def compare(base: Dict[str, Any], new: Dict[str, Any]) -> Tuple[List[str], List[
                 continue
             arch = emulate.preset_device(preset)[0]
             same_env = base.get("environment", {}).get(arch) == new.get("environment", {}).get(arch)
-            items = [("in_kernels", was["in_kernels"], now["in_kernels"])]
+            items = [("kernels " + c, was["in_kernels"][c], now["in_kernels"][c]) for c in ("total",) + CLASSES]
             items += [("kernel " + k, was["kernels"].get(k, 0), v) for k, v in now["kernels"].items()]
             if same_env:
                 items += [("total", was["per_inference"]["total"], now["per_inference"]["total"])]
                 items += [(c, was["per_inference"][c], now["per_inference"][c]) for c in CLASSES]
             for what, b, n in items:
                 rel = _change(b, n)
-                lines.append("%-14s %-9s %-14s %12s %12s %8s%s"
-                             % (name, preset, what[:14], _fmt(b), _fmt(n),
+                lines.append("%-14s %-9s %-22s %12s %12s %8s%s"
+                             % (name, preset, what[:22], _fmt(b), _fmt(n),
                                 "%+.2f%%" % (100 * (n - b) / b) if b else "new", "  <--" if rel is not None else ""))
                 if rel is not None:
                     msg = "%s on %s: %s %s -> %s (%+.2f%%)" % (name, preset, what, _fmt(b), _fmt(n), 100 * rel)
