@@ -201,8 +201,8 @@ def compare(base: Dict[str, Any], new: Dict[str, Any]) -> Tuple[List[str], List[
     for name, by_preset in new["counts"].items():
         for preset, now in by_preset.items():
             was = base.get("counts", {}).get(name, {}).get(preset)
-            if was is None:
-                falls.append("%s on %s is not in the table" % (name, preset))
+            if was is None or not isinstance(was.get("in_kernels"), dict):
+                falls.append("%s on %s is not in the table (or in an older layout)" % (name, preset))
                 continue
             arch = emulate.preset_device(preset)[0]
             same_env = base.get("environment", {}).get(arch) == new.get("environment", {}).get(arch)
