@@ -28,7 +28,8 @@ from . import fingerprint, stats
 
 log = logging.getLogger(__name__)
 
-SCHEMA_ID = "tether-bench/1"
+# 2: results[].instruction_counts (--count-instructions); a /1 document is a valid /2 document without them
+SCHEMA_ID = "tether-bench/2"
 OnSample = Callable[[str, Dict[str, Any]], None]   # (target name, sample event payload)
 
 
@@ -56,6 +57,7 @@ class BenchOptions:
     fast_math: bool = False
     keep_disturbed: bool = False
     number: Optional[int] = None
+    count_instructions: bool = False
 
     def device_options(self) -> Dict[str, Any]:
         return {"min_sample_ms": float(self.min_sample_ms), "samples": int(self.samples),
@@ -455,6 +457,12 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
     else:
         raise BenchError("unknown target kind %r" % target.kind)
     result = _result(target, device_id, measured, options)
+    if options.count_instructions:
+        if target.kind == "kernel":
+            result["warnings"].append("instructions are counted for models and ONNX files only, not for LIB:FUNC")
+        else:
+            result["instruction_counts"] = count_instructions(folder if target.kind == "onnx" else target.path,
+                                                              result["run"], options)
     if cool is None and options.cooldown_temp is not None:
         result["warnings"].append("--cooldown-temp ignored: the device runtime has no tether.bench.cooldown")
     if cool is not None:
@@ -463,6 +471,16 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
             result["warnings"].append("did not cool to %.0f C within %.0f s (at %.1f C)"
                                       % (options.cooldown_temp, options.cooldown_timeout, cool.get("temp_c", 0)))
     return result
+
+
+def count_instructions(folder: str, run: Dict[str, Any], options: BenchOptions) -> Dict[str, Any]:
+    """The model's instructions per inference on the emulated CPU of the target it was compiled for
+    (``tether.bench.insn_count``), with the inputs the measurement used (same seed, shapes, dtypes, order)."""
+    from . import insn_count
+
+    rng = np.random.default_rng(options.seed)
+    inputs = [random_input(rng, i["shape"], i["dtype"]) for i in run["inputs"]]
+    return insn_count.count_model(folder, run["target"], inputs)
 
 
 def bench_remote_object(session: Any, obj: Any, args: Sequence[Any], options: BenchOptions, name: str,

@@ -167,6 +167,31 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
     return [table, phases]
 
 
+def _fmt_count(n: float) -> str:
+    return "%d" % n if float(n).is_integer() else "%.1f" % n
+
+
+def _counts_table(doc: Dict[str, Any]) -> Optional[Any]:
+    """Instructions per inference by class, one row per result that has them (--count-instructions)."""
+    from rich.table import Table
+
+    from tether.bench.insn_count import CLASSES
+
+    rows = [r for r in doc["results"] if "instruction_counts" in r]
+    if not rows:
+        return None
+    table = Table(title="instructions per inference (emulated CPU, exact)")
+    for col in ("target", "cpu", "total", *CLASSES, "in kernels"):
+        table.add_column(col, justify="left" if col in ("target", "cpu") else "right")
+    for r in rows:
+        ic = r["instruction_counts"]
+        per = ic["per_inference"]
+        in_kernels = ic["in_kernels"]["total"] if "in_kernels" in ic else None
+        table.add_row(r["target"], "%s (%s)" % (ic["cpu"], ic["preset"]), _fmt_count(per["total"]),
+                      *[_fmt_count(per[c]) for c in CLASSES], "-" if in_kernels is None else _fmt_count(in_kernels))
+    return table
+
+
 @command.command("run", cls=_RunCommand)
 @click.argument("targets", nargs=-1, required=True)
 @click.option("--local", is_flag=True, help="Measure in this process (the default when no device is named).")
@@ -205,6 +230,9 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
               help="Keep samples during which other programs took the CPU in the statistics.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
 @click.option("--profile", is_flag=True, help="Per-layer times of models.")
+@click.option("--count-instructions", is_flag=True,
+              help="Also count the guest instructions per inference of each model on the emulated CPU of the "
+                   "target it was compiled for (qemu-user: rasp4b, rasp5, armv7-a7, ...), by class and kernel.")
 @click.option("--json", "json_path", type=OutputFile(), help="Write the run document (raw samples).")
 @click.option("--csv", "csv_path", type=OutputFile(), help="Write one summary row per result.")
 @click.option("--html", "html_path", type=OutputFile(), help="Write a self-contained HTML report.")
@@ -220,7 +248,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                 compile_target: Optional[str], opt_level: int, fast_math: bool, samples: int, min_sample_ms: float,
                 number: Optional[int], max_warmup: int, max_seconds: float, cooldown_temp: Optional[float],
                 cooldown_timeout: float, hot_temp: Optional[float], pin: Optional[str], keep_disturbed: bool,
-                seed: int, profile: bool, json_path: Optional[str], csv_path: Optional[str],
+                seed: int, profile: bool, count_instructions: bool, json_path: Optional[str], csv_path: Optional[str],
                 html_path: Optional[str], upload_url: Optional[str], timeout: float, quiet: bool) -> None:
     """Benchmark TARGETs: LIB.so:FUNC, model folders (from `tether compile`) or ONNX files.
 
@@ -242,7 +270,8 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                                   max_seconds=max_seconds, pin=_parse_cpus(pin), hot_c=hot_temp,
                                   cooldown_temp=cooldown_temp, cooldown_timeout=cooldown_timeout, seed=seed,
                                   profile=profile, compile_target=compile_target, opt_level=opt_level,
-                                  fast_math=fast_math, keep_disturbed=keep_disturbed, number=number)
+                                  fast_math=fast_math, keep_disturbed=keep_disturbed, number=number,
+                                  count_instructions=count_instructions)
     try:
         parsed = [runner.parse_target(t, [_parse_shape(s) for s in shapes] or None, list(dtypes) or None,
                                       parse_input_shapes(input_shapes)) for t in targets]
@@ -323,6 +352,9 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
     doc = runner.run_document(devices, results, options, sys.argv)
     for table in _results_tables(doc):
         out.print(table)
+    counts = _counts_table(doc)
+    if counts is not None:
+        out.print(counts)
     for p in doc.get("pool", []):
         out.print("%s across %d devices: medians %s-%s (spread %.1f%%), between-device share of variance %.0f%%"
                       % (p["target"], len(p["devices"]), _fmt_time(p["min_median"]), _fmt_time(p["max_median"]),
