@@ -62,6 +62,7 @@ def test_target_properties():
     assert Target("wasm32-unknown-unknown -mattr=+simd128") == t.__class__(t.triple, features="+simd128")
     assert t.requirements() == {"isa": "wasm32", "features": ["simd128"]}
     assert Target("wasm32-nosimd").requirements() == {"isa": "wasm32", "features": []}
+    assert Target("wasm32-relaxed").requirements() == {"isa": "wasm32", "features": ["relaxed-simd", "simd128"]}
     assert "p:32:32" in t.data_layout
     flags = " ".join(t.link_flags)
     for flag in ("--no-entry", "--export=__heap_base", "--export-memory", "stack-size=1048576", "--strip-debug"):

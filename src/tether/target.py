@@ -63,6 +63,9 @@ _PRESETS: Dict[str, _Preset] = {
                       "nontrapping-fptoint, sign-ext, mutable-globals always on"),
     "wasm32-nosimd": _Preset(WASM_TRIPLE, WASM_CPU, "-simd128",
                              "WebAssembly without SIMD (old engines), single-threaded"),
+    # opt-in: fused multiply-adds (f32x4.relaxed_madd) whose last bits may differ between engines and machines
+    "wasm32-relaxed": _Preset(WASM_TRIPLE, WASM_CPU, "+simd128,+relaxed-simd",
+                              "WebAssembly with relaxed SIMD (Chrome 114+, node 22+): fused multiply-add"),
 }
 PRESET_NAMES: Tuple[str, ...] = ("host",) + tuple(_PRESETS)
 
