@@ -96,7 +96,7 @@ def test_cli_refuses_an_unknown_feature_without_a_traceback(tmp_path):
 
 
 # ---- the module ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("preset", ["wasm32", "wasm32-nosimd"])
+@pytest.mark.parametrize("preset", ["wasm32", "wasm32-nosimd", "wasm32-relaxed"])
 def test_module_contract(preset, tmp_path):
     lib = tether.build(*_vadd(), target=preset, name="vadd")
     path = lib.export_library(str(tmp_path / "vadd.wasm"))
@@ -107,17 +107,18 @@ def test_module_contract(preset, tmp_path):
     meta = wasm_metadata(data)
     assert meta == json.loads(json.dumps(lib.metadata))
     assert meta["target"]["arch"] == "wasm32" and meta["target"]["triple"] == "wasm32-unknown-unknown"
-    assert meta["requires"] == {"isa": "wasm32", "features": ["simd128"] if preset == "wasm32" else []}
+    simd = {"wasm32": ["simd128"], "wasm32-nosimd": [], "wasm32-relaxed": ["relaxed-simd", "simd128"]}[preset]
+    assert meta["requires"] == {"isa": "wasm32", "features": simd}
     assert not set(ABSENT_KEYS) & set(meta)
     assert meta["functions"][0]["parallel"] is False     # the parallel loop runs serially in the impl
     (used,) = [body for sid, name, body in wasm_sections(data) if name == "target_features"]
     used = set(re.findall(rb"(?s)\+.([a-z0-9-]+)", used))   # what LLVM compiled for: the contract's features only
     assert used == {b"bulk-memory", b"bulk-memory-opt", b"mutable-globals", b"nontrapping-fptoint", b"sign-ext"} | (
-        {b"simd128"} if preset == "wasm32" else set()), used
+        {name.encode() for name in simd}), used
     custom = [name for sid, name, _ in wasm_sections(data) if sid == 0]
     assert custom.count("tether_meta") == 1 and set(custom) <= {"name", "target_features", "tether_meta"}, custom
     ops = _simd_ops(lib.get_source("asm"))
-    if preset == "wasm32":
+    if preset != "wasm32-nosimd":
         assert ops.get("f32x4.mul", 0) >= 4 and ops.get("f32x4.add", 0) >= 4, ops
     else:
         assert ops == {}
