@@ -192,10 +192,8 @@ def test_counts_repeat_exactly_also_on_a_loaded_machine(preset, conv_net_builds,
     # the model's code: the same count in every run, on a loaded machine too
     for key in ("in_kernels", "kernels"):
         assert first[key] == second[key] == third[key], (key, first[key], second[key], third[key])
-    # the whole inference (the executor's Python too): the same in runs that see the same layout
-    for key in ("per_inference", "outside_kernels"):
-        assert first[key] == third[key], (key, first[key], third[key])
-        assert first[key] == second[key], (key, first[key], second[key])
+    # the whole inference (the executor's Python too) is reported, not compared: CPython's own count moves a little
+    # with what its allocator met before, so the table gates only the kernels' counts
     assert first["per_inference"]["total"] > first["outside_kernels"] > 0
     assert set(first["kernels"]) >= {"deploy_k0_conv2d_add_relu"} or len(first["kernels"]) >= 3
 
@@ -232,8 +230,8 @@ def test_bench_count_instructions_on_an_emulated_rasp4b(conv_net_builds, emulate
 @pytest.mark.slow
 def test_the_table_of_counts(emulated_devices):
     """The CI table: every (model, preset) of tether.testing.insn_count_models.TABLE counted and compared with
-    tests/data/insn_counts.json. Kernel counts are always gated; whole-inference counts (with the executor's Python)
-    when the guest's Python, numpy and qemu are the table's."""
+    tests/data/insn_counts.json. Kernel counts are gated; whole-inference counts (with the executor's Python) are
+    printed beside them."""
     from tether.testing import insn_count_models as table
 
     for arch in ("aarch64", "armv7"):
@@ -258,18 +256,18 @@ def test_the_table_gate_fails_on_a_rise_and_a_fall():
     base = json.loads(TABLE_PATH.read_text())
     new = json.loads(json.dumps(base))
     new["counts"]["conv_net"]["rasp4b"]["in_kernels"]["total"] *= 1.03
-    new["counts"]["transformer"]["armv7-a7"]["per_inference"]["total"] *= 0.97
+    new["counts"]["transformer"]["armv7-a7"]["in_kernels"]["vload"] *= 0.97
     rises, falls, text = table.compare(base, new)
     assert len(rises) == 1 and "conv_net on rasp4b: kernels total" in rises[0]
-    assert len(falls) == 1 and "transformer on armv7-a7: total" in falls[0]
+    assert len(falls) == 1 and "transformer on armv7-a7: kernels vload" in falls[0]
     assert table.compare(base, base)[:2] == ([], [])
     # a 1% change is within the tolerance
     small = json.loads(json.dumps(base))
     small["counts"]["conv_net"]["rasp4b"]["in_kernels"]["total"] *= 1.01
     assert table.compare(base, small)[:2] == ([], [])
-    # whole-inference counts are not gated when the guest environment differs
-    other = json.loads(json.dumps(new))
-    other["environment"]["armv7"]["numpy"] = "0.0"
-    assert table.compare(base, other)[1] == []
+    # whole-inference counts (the executor's Python) are shown, never gated
+    other = json.loads(json.dumps(base))
+    other["counts"]["conv_net"]["rasp4b"]["per_inference"]["total"] *= 1.10
+    assert table.compare(base, other)[:2] == ([], [])
     assert "not gated" in table.compare(base, other)[2]
     assert os.path.basename(str(TABLE_PATH)) == "insn_counts.json"
