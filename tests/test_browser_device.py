@@ -2,171 +2,22 @@
 tab registers with that real tracker (through the WebSocket relay, in reverse mode) and a Python client requests
 it by key, runs a wasm32 kernel and a wasm32 model in it, and gets timings measured in the tab.
 
-Tabs are opened and closed through Chromium's DevTools HTTP endpoints (/json/new, /json/close), so closing one
-is a real tab close: its WebSockets end, the relay closes its tracker connections and the device leaves the pool.
+The tracker, Chromium and the web_lab fixture are in tests/fixtures/web_device.py.
 """
 from __future__ import annotations
 
 import http.client
-import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.parse
-from typing import Optional
 
 import numpy as np
 import pytest
-from fixtures.children import stop_process
+from fixtures.web_device import START_TIMEOUT, TOKEN, wait_registered
 from fixtures.js_device import check_model_on
 from fixtures.polling import wait_until
-from fixtures.prereq import require_module, require_tool
-
-from tether.rpc.tracker_client import connect_tracker
-
-START_TIMEOUT = 30.0
-TOKEN = "web-tök€n"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0"]
-
-
-class WebTracker:
-    """`rpc-tracker --web 0` (the tracker and its web relay in one process), stopped by its PID."""
-
-    def __init__(self, workdir: str, token: Optional[str]):
-        require_module("websockets")
-        self.token = token
-        stamp = time.monotonic_ns()
-        self.port_file = os.path.join(workdir, "tracker-%d.port" % stamp)
-        self.web_file = os.path.join(workdir, "web-%d.port" % stamp)
-        self.log_path = os.path.join(workdir, "tracker-%d.log" % stamp)
-        env = dict(os.environ)
-        env.pop("TETHER_TRACKER_TOKEN", None)
-        if token:
-            env["TETHER_TRACKER_TOKEN"] = token
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tether.cli.tracker", "--port", "0", "--ready-file",
-                                      self.port_file, "--web", "0", "--web-ready-file", self.web_file, "-v"],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        try:
-            wait_until(lambda: os.path.exists(self.web_file) or self.proc.poll() is not None, START_TIMEOUT,
-                       "rpc-tracker --web to listen")
-            assert self.proc.poll() is None, "rpc-tracker --web exited:\n" + self.log()
-        except BaseException:
-            self.stop()
-            raise
-        self.port = int(open(self.port_file).read())
-        self.web_port = int(open(self.web_file).read())
-
-    def log(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
-
-    def client(self):
-        return connect_tracker("127.0.0.1", self.port, token=self.token)
-
-    def count(self, key: str, state: Optional[str] = None) -> int:
-        with self.client() as c:
-            return sum(1 for d in c.summary()["devices"] if d["key"] == key and (state is None or d["state"] == state))
-
-    def page(self, key: str, token: Optional[str]) -> str:
-        fragment = urllib.parse.urlencode([("key", key)] + ([("token", token)] if token else []))
-        return "http://127.0.0.1:%d/js/web/device.html#%s" % (self.web_port, fragment)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self._log.close()
-
-
-class Chromium:
-    """Headless Chromium with its DevTools HTTP endpoint on loopback; tabs opened and closed through it. It runs
-    in a session of its own, so stopping it ends its helper processes (and only those) too."""
-
-    def __init__(self, workdir: str):
-        self.profile = tempfile.mkdtemp(prefix="chromium-", dir=workdir)
-        self.log_path = os.path.join(workdir, "chromium-%d.log" % time.monotonic_ns())
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([require_tool("chromium", "apt-get install chromium")] + CHROMIUM_FLAGS +
-                                     ["--user-data-dir=" + self.profile, "about:blank"],
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        active = os.path.join(self.profile, "DevToolsActivePort")
-        try:
-            wait_until(lambda: os.path.exists(active) and open(active).read().strip() or self.proc.poll() is not None,
-                       START_TIMEOUT, "Chromium's DevTools port")
-            assert self.proc.poll() is None, "chromium exited:\n" + open(self.log_path, errors="replace").read()[-3000:]
-        except BaseException:
-            self.stop()
-            raise
-        self.port = int(open(active).read().split()[0])
-
-    def _request(self, method: str, path: str) -> bytes:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request(method, path)
-            resp = conn.getresponse()
-            body = resp.read()
-            assert resp.status == 200, (method, path, resp.status, body[:200])
-            return body
-        finally:
-            conn.close()
-
-    def open_tab(self, url: str) -> str:
-        return json.loads(self._request("PUT", "/json/new?" + urllib.parse.quote(url, safe="")))["id"]
-
-    def evaluate(self, tab: str, expression: str):
-        """The value of a JavaScript expression in a tab (DevTools protocol, Runtime.evaluate)."""
-        from websockets.sync.client import connect as ws_connect
-
-        with ws_connect("ws://127.0.0.1:%d/devtools/page/%s" % (self.port, tab), open_timeout=10) as ws:
-            ws.send(json.dumps({"id": 1, "method": "Runtime.evaluate",
-                                "params": {"expression": expression, "returnByValue": True}}))
-            for _ in range(100):
-                reply = json.loads(ws.recv(timeout=10))
-                if reply.get("id") == 1:
-                    return reply["result"]["result"].get("value")
-        raise AssertionError("no answer to Runtime.evaluate")
-
-    def close_tab(self, tab: str) -> None:
-        self._request("GET", "/json/close/" + tab)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)     # the group this test created for it (its own session)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
-        self._log.close()
-
-
-@pytest.fixture
-def web_lab():
-    with tempfile.TemporaryDirectory(prefix="tether-browser-") as workdir:
-        tracker = WebTracker(workdir, TOKEN)
-        browser = None
-        try:
-            browser = Chromium(workdir)
-            yield tracker, browser
-        finally:
-            if browser is not None:
-                browser.stop()
-            tracker.stop()
-
-
-def wait_registered(tracker: WebTracker, key: str, n: int) -> None:
-    try:
-        wait_until(lambda: tracker.count(key) == n, START_TIMEOUT, "%d tab(s) registered as %r" % (n, key), step=0.1)
-    except AssertionError:
-        raise AssertionError("the pool did not reach %d %r device(s); tracker log:\n%s"
-                             % (n, key, tracker.log()[-4000:]))
+from fixtures.prereq import require_module
 
 
 def test_a_tab_serves_kernels_and_a_model_and_a_second_tab_takes_over(web_lab, vadd_wasm, wasm_model):

@@ -6,37 +6,19 @@ tests/test_model_kinds.py) <= 1e-4."""
 import json
 import re
 
-import numpy as np
-import onnxruntime as ort
 import pytest
-from fixtures.scripts import load_script
+from wasm_cases import MODELS, compare_model, ort_reference
 from wasm_node import run_model, wasm_imports_and_exports, wasm_metadata
 
 import tether
 from tether.frontend import from_onnx
 from tether.target import WASM_STACK_BYTES
-from tether.testing.model_kinds import KINDS, relative_error
-
-
-def _mobilenet_v2():
-    model = load_script("make_mobilenet_v2").build_mobilenet_v2(seed=1, size=64, width=0.5, classes=100)
-    return model, {"input": np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)}
-
-
-MODELS = {"mobilenet_v2": _mobilenet_v2,
-          "yolov8_detector": lambda: KINDS["yolov8_detector"]("test"),
-          "crnn_recognizer": lambda: KINDS["crnn_recognizer"]("test"),
-          "svtr_recognizer": lambda: KINDS["svtr_recognizer"]("test"),
-          "transformer_encoder": lambda: KINDS["transformer_encoder"]("test"),
-          "vad": lambda: KINDS["vad"]("test")}   # (LSTM state inputs, a run-time If: guarded nodes)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_model_in_node_matches_onnxruntime(name, tmp_path):
     model, feeds = MODELS[name]()
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    ref = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = ort_reference(model, feeds, threads=1)
     graph, params = from_onnx(model)
     factory = tether.build_graph(graph, params, target="wasm32", opt_level=3)
     factory.export(str(tmp_path))
@@ -44,19 +26,13 @@ def test_model_in_node_matches_onnxruntime(name, tmp_path):
     assert deploy["lib"] == "deploy.wasm"
     data = (tmp_path / "deploy.wasm").read_bytes()
     assert wasm_imports_and_exports(data)[0] == [] and wasm_metadata(data)["target"]["arch"] == "wasm32"
-    got = run_model(str(tmp_path), feeds)
-    assert len(got) == len(ref)
-    for i, r in enumerate(ref):
-        g = got[i]
-        assert g.dtype == r.dtype and g.shape == r.shape, (i, g.dtype, g.shape, r.dtype, r.shape)
-        assert np.isfinite(r).all() and np.abs(r).max() > 0, "degenerate reference output %d" % i
-        assert relative_error(g, r) <= 1e-4, (i, relative_error(g, r))
+    compare_model(run_model(str(tmp_path), feeds), ref)
 
 
 def test_mobilenet_v2_kernels_are_simd128():
     """Every conv kernel of mobilenet_v2 (regular, depthwise, pointwise) multiplies and adds in f32x4; no atomics;
     kernel stack frames far below the module's stack."""
-    model, _ = _mobilenet_v2()
+    model, _ = MODELS["mobilenet_v2"]()
     graph, params = from_onnx(model)
     lib = tether.build_graph(graph, params, target="wasm32").lib
     asm = lib.get_source("asm")

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from wasm_cases import CASES, FLOAT16_CASES, INT8_CASES
+from wasm_cases import CASES, compare_case
 from wasm_node import NodeToolError, run_kernel, run_model, wasm_imports_and_exports, wasm_metadata, wasm_sections
 
 import tether
@@ -17,7 +17,6 @@ from tether import te
 from tether.errors import CompileError, TetherError
 from tether.frontend import from_onnx
 from tether.target import Target, UnknownTargetError
-from tether.testing.model_kinds import relative_error
 
 ABSENT_KEYS = ("thread_pool", "parallel_tasks", "host_functions", "cpu_dispatch")
 SIMD_OP = re.compile(r"^\s+((?:[fi]\d+x\d+|v128)\.[a-z_0-9]+)", re.M)
@@ -274,28 +273,13 @@ def test_aot_executor_is_refused_for_wasm32():
 
 
 # ---- every op family, in node ----------------------------------------------------------------------------------
-def _compare(name, got, ref):
-    assert len(got) == len(ref)
-    for i, (g, r) in enumerate(zip(got, ref)):
-        assert g.dtype == r.dtype and g.shape == r.shape, (i, g.dtype, g.shape, r.dtype, r.shape)
-        if name in INT8_CASES:      # quantized outputs: onnxruntime rounds the same sums the same way
-            assert np.abs(g.astype(np.int32) - r.astype(np.int32)).max() <= 1, i
-        elif name in FLOAT16_CASES:
-            np.testing.assert_allclose(g.astype(np.float32), r.astype(np.float32), rtol=4e-3, atol=2e-3)
-        elif r.dtype.kind == "f":
-            assert np.isfinite(r).all() and np.abs(r).max() > 0
-            assert relative_error(g, r) <= 1e-4, (i, relative_error(g, r))
-        else:
-            np.testing.assert_array_equal(g, r)
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_op_family_in_node_matches_onnxruntime(name, tmp_path):
     model, feeds = CASES[name]()
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     graph, params = from_onnx(model)
     tether.build_graph(graph, params, target="wasm32").export(str(tmp_path))
-    _compare(name, run_model(str(tmp_path), feeds), ref)
+    compare_case(name, run_model(str(tmp_path), feeds), ref)
 
 
 @pytest.mark.parametrize("name", ["conv_regular", "matmul_batched", "softmax", "qlinear_ops"])
@@ -306,7 +290,7 @@ def test_op_family_without_simd_in_node(name, tmp_path):
     factory = tether.build_graph(graph, params, target="wasm32-nosimd")
     assert _simd_ops(factory.lib.get_source("asm")) == {}
     factory.export(str(tmp_path))
-    _compare(name, run_model(str(tmp_path), feeds), ref)
+    compare_case(name, run_model(str(tmp_path), feeds), ref)
 
 
 @pytest.mark.parametrize("name, ops", [("conv_regular", ("f32x4.mul", "f32x4.add", "v128.load32_splat")),

@@ -1,12 +1,16 @@
-"""Small ONNX models, one per op family, for the wasm32 tests (tests/test_wasm_target.py): each is compiled for
-wasm32, run in node through the JS runtime and compared with onnxruntime."""
+"""The wasm32 test models: small ONNX models, one per op family (CASES), and whole models (MODELS), with the
+reference (onnxruntime) and the comparison every wasm32 run must pass. tests/test_wasm_target.py and
+tests/test_wasm_models.py run them in node, tests/test_browser_models.py in a Chromium tab."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 from fixtures.onnx_struct_compare import make_graph_model, make_model
+from fixtures.scripts import load_script
 from onnx import TensorProto, helper, numpy_helper
+
+from tether.testing.model_kinds import KINDS, relative_error
 
 RNG = np.random.default_rng(11)
 
@@ -231,3 +235,66 @@ CASES: Dict[str, Callable[[], Tuple[object, Dict[str, np.ndarray]]]] = {
 }
 INT8_CASES = ("qdq_conv", "qlinear_ops")
 FLOAT16_CASES = ("float16_chain",)
+
+
+def _mobilenet_v2():
+    model = load_script("make_mobilenet_v2").build_mobilenet_v2(seed=1, size=64, width=0.5, classes=100)
+    return model, {"input": np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)}
+
+
+# whole models: name -> builder of (model, feeds); compared by max relative error <= 1e-4 (fp32)
+MODELS: Dict[str, Callable[[], Tuple[object, Dict[str, np.ndarray]]]] = {
+    "mobilenet_v2": _mobilenet_v2,
+    "yolov8_detector": lambda: KINDS["yolov8_detector"]("test"),
+    "crnn_recognizer": lambda: KINDS["crnn_recognizer"]("test"),
+    "svtr_recognizer": lambda: KINDS["svtr_recognizer"]("test"),
+    "transformer_encoder": lambda: KINDS["transformer_encoder"]("test"),
+    "vad": lambda: KINDS["vad"]("test")}   # (LSTM state inputs, a run-time If: guarded nodes)
+
+
+def ort_reference(model, feeds: Dict[str, np.ndarray], threads: int = 0) -> List[np.ndarray]:
+    """onnxruntime's outputs for ``feeds`` (``threads`` intra-op threads; 0: its default)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def compare_case(name: str, got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> float:
+    """Assert that a CASES model's outputs match onnxruntime's. Returns the largest error over the outputs in the
+    case's own measure: quantization steps for the int8 cases, max relative error otherwise (float16 in float32)."""
+    assert len(got) == len(ref)
+    worst = 0.0
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert g.dtype == r.dtype and g.shape == r.shape, (i, g.dtype, g.shape, r.dtype, r.shape)
+        if name in INT8_CASES:      # quantized outputs: onnxruntime rounds the same sums the same way
+            steps = int(np.abs(g.astype(np.int32) - r.astype(np.int32)).max())
+            assert steps <= 1, (i, steps)
+            worst = max(worst, steps)
+        elif name in FLOAT16_CASES:
+            np.testing.assert_allclose(g.astype(np.float32), r.astype(np.float32), rtol=4e-3, atol=2e-3)
+            worst = max(worst, relative_error(g.astype(np.float32), r.astype(np.float32)))
+        elif r.dtype.kind == "f":
+            assert np.isfinite(r).all() and np.abs(r).max() > 0
+            err = relative_error(g, r)
+            assert err <= 1e-4, (i, err)
+            worst = max(worst, err)
+        else:
+            np.testing.assert_array_equal(g, r)
+    return worst
+
+
+def compare_model(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> float:
+    """Assert that a MODELS model's outputs have onnxruntime's dtypes and shapes and a max relative error <= 1e-4;
+    the largest of those errors."""
+    assert len(got) == len(ref)
+    worst = 0.0
+    for i, r in enumerate(ref):
+        g = got[i]
+        assert g.dtype == r.dtype and g.shape == r.shape, (i, g.dtype, g.shape, r.dtype, r.shape)
+        assert np.isfinite(r).all() and np.abs(r).max() > 0, "degenerate reference output %d" % i
+        err = relative_error(g, r)
+        assert err <= 1e-4, (i, err)
+        worst = max(worst, err)
+    return worst
