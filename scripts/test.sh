@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh machine: installs what it needs, runs `ruff check`, then pytest.
 #   - system packages (as root, with apt): qemu-user and mmdebstrap for the emulated ARM devices,
 #     openssh-server for the SSH bootstrap tests, musl-tools (a musl program loads a tether module), a JDK and aapt/zipalign/apksigner for the Android app's tests
-#     (android-23.jar and dx are fetched once by android_app/build_apk.sh), chromium (headless, for the bench HTML report), golang-go (the Go bindings' tests), nodejs (wasm32 modules);
+#     (android-23.jar and dx are fetched once by android_app/build_apk.sh), chromium (headless, for the bench HTML report), golang-go (the Go bindings' tests), nodejs and npm (wasm32 modules; onnxruntime-web);
 #   - Python packages: this project with its test extras (pip install -e '.[test]', ruff among them, and the
 #     frontends' references: TensorFlow, LiteRT, Keras, OpenCV 4's dnn, coremltools);
 #   - numpy 1.19.5 + msgpack 1.0.2 into a Python 3.9 (python3.9 on PATH or a pyenv 3.9.x; must exist): the oldest
@@ -20,6 +20,7 @@ command -v musl-gcc >/dev/null || missing+=(musl-tools)  # a musl program loads 
 command -v javac >/dev/null || missing+=(default-jdk-headless)
 command -v chromium >/dev/null || missing+=(chromium)  # tether bench --html is opened in headless Chromium
 command -v node >/dev/null || missing+=(nodejs)  # wasm32 modules run in node through bindings/js
+command -v npm >/dev/null || missing+=(npm)  # onnxruntime-web, the wasm benchmark's baseline, comes from npm
 command -v go >/dev/null || missing+=(golang-go)  # bindings/go: tests/test_go_*.py run `go test` there
 for tool in aapt2 zipalign apksigner zip; do  # the Android app is built offline in the suite
   command -v $tool >/dev/null || missing+=($([ $tool = aapt2 ] && echo aapt || echo $tool))
