@@ -47,6 +47,7 @@ STORE_NAME = "tether-artifacts"
 STORE_MAX_MB = 1024          # the cluster cache's size: past it the least recently used artifacts go
 BUILD_RETRIES = 3            # runs of a build whose node died, on the other nodes, before it counts as failed
 _KEY_MAGIC = "TETHER-RAY-ARTIFACT-1"
+CANDIDATE_FILE = "candidate.so"     # a library's file name is its soname: one name, so one key gives one artifact
 
 
 class RayUnavailable(TetherError):
@@ -176,7 +177,7 @@ def build_candidate(store: Any, tasks_box: List[Any], digest: str, index: int, c
     t0 = time.perf_counter()
     blob, error = None, None
     with tempfile.TemporaryDirectory(prefix="tether-ray-") as tmp:
-        path = os.path.join(tmp, "c.so")
+        path = os.path.join(tmp, CANDIDATE_FILE)
         try:
             tasks[index].build(config).export_library(path)
             with open(path, "rb") as fh:
@@ -270,7 +271,7 @@ def compile_model_file(name: str, model: bytes, options: Dict[str, Any]) -> Tupl
 class RayCluster:
     """This process's link to a Ray cluster: the artifact store and the nodes' CPUs and versions."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, store: str = STORE_NAME):
         self.ray = connect(address)
         self.remote = _remote()
         here = self.ray.get_runtime_context().get_node_id()
@@ -278,7 +279,7 @@ class RayCluster:
 
         # on this node when it is one of the cluster's (then it dies only with the run), else anywhere
         self.store = self.remote["store"].options(
-            name=STORE_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+            name=store, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote(STORE_MAX_MB << 20)
         self.cpus = max(1, int(self.ray.cluster_resources().get("CPU", 1)))
         self.check_versions()
@@ -307,8 +308,8 @@ class RayBuilder:
     cluster's CPUs. ``stats``: builds run on the cluster, hits in its store, in this run and in the local cache."""
 
     def __init__(self, tasks: Sequence[Any], workdir: str, address: str,
-                 on_built: Optional[Callable[[Any, str], None]] = None):
-        self.cluster = RayCluster(address)
+                 on_built: Optional[Callable[[Any, str], None]] = None, store: str = STORE_NAME):
+        self.cluster = RayCluster(address, store)
         self.ray = self.cluster.ray
         self.tasks = tasks
         self.workdir = workdir
@@ -390,11 +391,11 @@ class RayBuilder:
 
 
 def build_models(address: str, models: Sequence[Tuple[str, bytes]], options: Dict[str, Any],
-                 on_done: Optional[Callable[[str, Optional[Dict[str, bytes]], Optional[str], str], None]] = None
-                 ) -> List[Tuple[Optional[Dict[str, bytes]], Optional[str], str]]:
+                 on_done: Optional[Callable[[str, Optional[Dict[str, bytes]], Optional[str], str], None]] = None,
+                 store: str = STORE_NAME) -> List[Tuple[Optional[Dict[str, bytes]], Optional[str], str]]:
     """Build every (name, bytes) model on the cluster at `address` (the same model once), with `options` (target,
     opt_level, fast_math, input_shapes); per model ({file: bytes}, error, how: built | cluster | local)."""
-    cluster = RayCluster(address)
+    cluster = RayCluster(address, store)
     futures: Dict[str, Any] = {}
     out: List[Tuple[Optional[Dict[str, bytes]], Optional[str], str]] = []
     keys = []
