@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -196,25 +197,46 @@ def test_node_killed_mid_run_loses_no_build(tiny, cluster, local_cache, tmp_path
     index = tasks.index(conv)
     victim = cluster.second
     seen = []
-    state = {"victim": None, "killed_at": None}
+    state = {"victim": None, "killed_at": None, "running": None}
+    first_on_victim = threading.Event()
 
     def on_built(cand, node):
+        # runs in Ray's callback thread: never block it (the killer below waits on the cluster instead)
         seen.append(node)
-        if state["victim"] is None:
-            state["victim"] = next(n["NodeID"] for n in ray.nodes() if victim.temp_dir in n["RayletSocketName"])
-        if node == state["victim"] and state["killed_at"] is None:
-            # the node that just finished a build has the next one of the queue running: kill it now
-            state["killed_at"] = len(seen)
-            cluster.kill_node(victim)
+        if node == state["victim"]:
+            first_on_victim.set()
+
+    def killer():
+        if not first_on_victim.wait(WAIT):
+            return
+        node = state["victim"]
+        # once the node is running its next build (started, not finished): kill it
+        for _ in range(3000):
+            act = builder.cluster.activity()
+            if act["started"].get(node, 0) > act["finished"].get(node, 0):
+                break
+            time.sleep(0.01)
+        state["running"] = act["started"].get(node, 0) - act["finished"].get(node, 0)
+        state["killed_at"] = len(seen)
+        cluster.kill_node(victim)
 
     builder = RayBuilder(tasks, str(tmp_path), cluster.address, on_built=on_built,
                          store="test-store-%s" % uuid.uuid4().hex)
     assert builder.jobs == 2
+    state["victim"] = next(n["NodeID"] for n in ray.nodes() if victim.temp_dir in n["RayletSocketName"])
+    kill_thread = threading.Thread(target=killer, daemon=True)
+    kill_thread.start()
     got = _build_all(builder, [Candidate(index, dict(c), seq=k) for k, c in enumerate(configs)])
+    kill_thread.join(WAIT)
     assert state["killed_at"] is not None, "no build ran on the second node"
     # every build came back, built (on the surviving node after the kill), and is what this machine builds
     assert builder.stats["errors"] == 0 and builder.stats["built"] == len(configs)
     assert all(node != state["victim"] for node in seen[state["killed_at"]:])
+    # the build the dead node was running started again on the other node
+    assert state["running"] == 1
+    act = builder.cluster.activity()
+    assert sum(act["started"].values()) == len(configs) + 1
+    assert act["finished"].get(state["victim"], 0) == act["started"][state["victim"]] - 1
     for k, cfg in enumerate(configs):
         assert got[k][1] is None, got[k][1]
         assert got[k][0] == _local_so(conv, cfg, tmp_path)

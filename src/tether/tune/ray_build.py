@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'tether[ray]'"
 NAMESPACE = "tether"
 STORE_NAME = "tether-artifacts"
+HEAD_RESOURCE = "node:__internal_head__"     # the resource only Ray's head node has
 STORE_MAX_MB = 1024          # the cluster cache's size: past it the least recently used artifacts go
 BUILD_RETRIES = 3            # runs of a build whose node died, on the other nodes, before it counts as failed
 _KEY_MAGIC = "TETHER-RAY-ARTIFACT-1"
@@ -137,14 +138,19 @@ class ArtifactStore:
         self.max_bytes = max_bytes
         self.entries: "OrderedDict[str, tuple]" = OrderedDict()
         self.size = 0
+        # per node, the build tasks that asked (each asks as it starts; a retried one asks again) and that put
+        self.started: Dict[str, int] = {}
+        self.finished: Dict[str, int] = {}
 
-    def get(self, key: str) -> Optional[tuple]:
+    def get(self, key: str, node: str = "") -> Optional[tuple]:
+        self.started[node] = self.started.get(node, 0) + 1
         entry = self.entries.get(key)
         if entry is not None:
             self.entries.move_to_end(key)
         return entry
 
-    def put(self, key: str, blob: Optional[bytes], error: Optional[str]) -> None:
+    def put(self, key: str, blob: Optional[bytes], error: Optional[str], node: str = "") -> None:
+        self.finished[node] = self.finished.get(node, 0) + 1
         if key in self.entries:
             return
         self.entries[key] = (blob, error)
@@ -155,6 +161,9 @@ class ArtifactStore:
 
     def count(self) -> int:
         return len(self.entries)
+
+    def activity(self) -> Dict[str, Dict[str, int]]:
+        return {"started": dict(self.started), "finished": dict(self.finished)}
 
 
 def _node() -> str:
@@ -222,7 +231,7 @@ def _remote() -> Dict[str, Any]:
 
 def _store_get(ray: Any, store: Any, key: str) -> Optional[tuple]:
     try:
-        return ray.get(store.get.remote(key), timeout=60)
+        return ray.get(store.get.remote(key, _node()), timeout=60)
     except Exception as exc:   # noqa: BLE001 - a store that is gone (its node died) is a miss, not a failed build
         log.warning("the artifact store did not answer (%s): building", exc)
         return None
@@ -230,7 +239,7 @@ def _store_get(ray: Any, store: Any, key: str) -> Optional[tuple]:
 
 def _store_put(store: Any, key: str, blob: Optional[bytes], error: Optional[str]) -> None:
     try:
-        store.put.remote(key, blob, error)
+        store.put.remote(key, blob, error, _node())
     except Exception as exc:   # noqa: BLE001 - the artifact still goes back to the driver
         log.warning("the artifact store refused an entry (%s)", exc)
 
@@ -274,13 +283,10 @@ class RayCluster:
     def __init__(self, address: str, store: str = STORE_NAME):
         self.ray = connect(address)
         self.remote = _remote()
-        here = self.ray.get_runtime_context().get_node_id()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        # on this node when it is one of the cluster's (then it dies only with the run), else anywhere
+        # on the head node: the cluster ends with it anyway, while a worker node may go at any time
         self.store = self.remote["store"].options(
             name=store, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote(STORE_MAX_MB << 20)
+            resources={HEAD_RESOURCE: 0.001}).remote(STORE_MAX_MB << 20)
         self.cpus = max(1, int(self.ray.cluster_resources().get("CPU", 1)))
         self.check_versions()
 
@@ -301,6 +307,11 @@ class RayCluster:
     def stored(self) -> int:
         """Artifacts in the cluster's store."""
         return int(self.ray.get(self.store.count.remote(), timeout=60))
+
+    def activity(self) -> Dict[str, Dict[str, int]]:
+        """Per node id, the build tasks that started with this store and those that finished (a build whose node
+        died started, and started again elsewhere)."""
+        return self.ray.get(self.store.activity.remote(), timeout=60)
 
 
 class RayBuilder:
