@@ -212,7 +212,10 @@ def build_model(store: Any, name: str, model: bytes, options: Dict[str, Any], ke
 
 
 def node_versions() -> tuple:
-    """A Ray task: (node id, versions()) of the node it runs on."""
+    """A Ray task: (node id, versions()) of the node it runs on; it also imports the compiler there, so the first
+    build on a node does not pay for it."""
+    import tether.tune.tasks  # noqa: F401 - the warm-up: lowering, codegen and the op library
+
     return _node(), versions()
 
 
@@ -319,8 +322,12 @@ class RayBuilder:
     cluster's CPUs. ``stats``: builds run on the cluster, hits in its store, in this run and in the local cache."""
 
     def __init__(self, tasks: Sequence[Any], workdir: str, address: str,
-                 on_built: Optional[Callable[[Any, str], None]] = None, store: str = STORE_NAME):
+                 on_built: Optional[Callable[[Any, str], None]] = None, store: str = STORE_NAME,
+                 task_options: Optional[Dict[str, Any]] = None):
         self.cluster = RayCluster(address, store)
+        # Ray's options of every build task: e.g. resources={"builder": 1} to build only on the nodes started
+        # with that custom resource, or a scheduling strategy
+        self.task_options = dict(task_options or {})
         self.ray = self.cluster.ray
         self.tasks = tasks
         self.workdir = workdir
@@ -366,8 +373,10 @@ class RayBuilder:
         fut.add_done_callback(finished)
 
     def remote_build(self, key: str, cand: Any) -> Any:
-        return self.cluster.remote["build_candidate"].remote(self.cluster.store, self._tasks_box, self._digest,
-                                                             cand.task, cand.config, key)
+        fn = self.cluster.remote["build_candidate"]
+        if self.task_options:
+            fn = fn.options(**self.task_options)
+        return fn.remote(self.cluster.store, self._tasks_box, self._digest, cand.task, cand.config, key)
 
     def _count(self, key: str, fut: "cf.Future[tuple]") -> None:
         try:

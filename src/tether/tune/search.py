@@ -128,6 +128,8 @@ class TuneOptions:
     verify_rounds: int = 3            # the best and the default of each task measured again this often, in turns
     verify_share: float = 0.1         # of the time budget kept for verification
     ray: Optional[str] = None         # HOST:PORT of a Ray cluster's head: build there (tune/ray_build.py)
+    ray_store: Optional[str] = None   # the name of the cluster's artifact store (default: ray_build.STORE_NAME)
+    ray_task_options: Optional[Dict[str, Any]] = None   # Ray's .options() of each build task (resources, ...)
     measure: MeasureOptions = field(default_factory=MeasureOptions)
 
 
@@ -190,9 +192,10 @@ class Tuner:
         opts = self.options
         with tempfile.TemporaryDirectory(prefix="tether-tune-") as workdir:
             if opts.ray:
-                from tether.tune.ray_build import RayBuilder
+                from tether.tune.ray_build import STORE_NAME, RayBuilder
 
-                builder = RayBuilder(self.tasks, workdir, opts.ray, on_built=self.on_built)
+                builder = RayBuilder(self.tasks, workdir, opts.ray, on_built=self.on_built,
+                                     store=opts.ray_store or STORE_NAME, task_options=opts.ray_task_options)
             else:
                 builder = Builder(self.tasks, workdir, opts.build_jobs)
             self.builder = builder
