@@ -30,7 +30,7 @@ import tempfile
 import threading
 import uuid
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import msgpack
@@ -326,16 +326,23 @@ class RayBuilder:
                  task_options: Optional[Dict[str, Any]] = None):
         self.cluster = RayCluster(address, store)
         # Ray's options of every build task: e.g. resources={"builder": 1} to build only on the nodes started
-        # with that custom resource, or a scheduling strategy
-        self.task_options = dict(task_options or {})
+        # with that custom resource, or another scheduling strategy. SPREAD by default: Ray's default policy
+        # keeps a driver's tasks on its own node while that node keeps up, and a run's queue of builds then
+        # drains there while other nodes wait
+        self.task_options = {"scheduling_strategy": "SPREAD", **(task_options or {})}
         self.ray = self.cluster.ray
         self.tasks = tasks
         self.workdir = workdir
         self.jobs = self.cluster.cpus
         self.on_built = on_built           # (cand, node id) as each build comes back: tests kill that node
         self._seq = itertools.count()
-        self._lock = threading.Lock()
-        self._running: Dict[str, "cf.Future[tuple]"] = {}
+        self._lock = threading.RLock()     # a Ray future that is already done runs its callback at once
+        self._running: Dict[str, "cf.Future[tuple]"] = {}     # key -> the build's result, queued or running
+        # builds wait here, not in Ray, while `jobs` run: a Ray worker that finishes a task takes the next one of
+        # its owner's queue, so a queue held by Ray drains on the nodes that were first, and a node that joins or
+        # frees up later waits; released one at a time, each build goes to a node that has a free CPU then
+        self._queue: "deque[tuple]" = deque()
+        self._active = 0
         self.stats = {"built": 0, "cluster_hits": 0, "run_hits": 0, "local_hits": 0, "errors": 0}
         self._digest = uuid.uuid4().hex          # this run's tasks, as the workers keep them
         # in a list: Ray would otherwise hand every build the tasks themselves, unpickled again each time; the
@@ -356,9 +363,9 @@ class RayBuilder:
             if fut is not None:
                 self.stats["run_hits"] += 1
             else:
-                ref = self.remote_build(key, cand)
-                fut = self._running[key] = ref.future()
+                fut = self._running[key] = cf.Future()
                 fut.add_done_callback(lambda f, k=key: self._count(k, f))
+                self._queue.append((key, cand, fut))
 
         def finished(f: "cf.Future[tuple]") -> None:
             try:
@@ -371,11 +378,33 @@ class RayBuilder:
             self._deliver(cand, done, blob, error, seconds)
 
         fut.add_done_callback(finished)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Send queued builds to the cluster while fewer than `jobs` run there."""
+        with self._lock:
+            while self._active < self.jobs and self._queue:
+                key, cand, fut = self._queue.popleft()
+                self._active += 1
+                try:
+                    ref = self.remote_build(key, cand)
+                except Exception as exc:   # noqa: BLE001 - a cluster that refuses work: this build's error
+                    self._active -= 1
+                    fut.set_exception(exc)
+                    continue
+                ref.future().add_done_callback(lambda rf, f=fut: self._landed(rf, f))
+
+    def _landed(self, ray_future: "cf.Future[tuple]", fut: "cf.Future[tuple]") -> None:
+        with self._lock:
+            self._active -= 1
+        try:
+            fut.set_result(ray_future.result())
+        except Exception as exc:   # noqa: BLE001 - handed on to whoever waits for this build
+            fut.set_exception(exc)
+        self._pump()
 
     def remote_build(self, key: str, cand: Any) -> Any:
-        fn = self.cluster.remote["build_candidate"]
-        if self.task_options:
-            fn = fn.options(**self.task_options)
+        fn = self.cluster.remote["build_candidate"].options(**self.task_options)
         return fn.remote(self.cluster.store, self._tasks_box, self._digest, cand.task, cand.config, key)
 
     def _count(self, key: str, fut: "cf.Future[tuple]") -> None:
@@ -405,8 +434,9 @@ class RayBuilder:
 
     def close(self) -> None:
         with self._lock:
-            running = list(self._running.values())
-        for fut in running:
+            queued = [fut for _, _, fut in self._queue]
+            self._queue.clear()
+        for fut in queued:
             fut.cancel()
 
 
