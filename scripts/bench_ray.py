@@ -34,7 +34,8 @@ from _tune_lab import device_pool  # noqa: E402
 from fixtures.ray_cluster import LocalRayCluster  # noqa: E402
 
 # (out channels, stride) of each conv after the 16-channel input: every shape a different kernel (task)
-CONVS = [(16, 1), (24, 2), (24, 1), (32, 1), (32, 2), (48, 1), (64, 1), (64, 2)]
+CONVS = [(16, 1), (24, 1), (24, 2), (32, 1), (32, 2), (40, 1), (48, 1), (48, 2), (56, 1), (64, 1), (64, 2),
+         (72, 1)]
 
 
 def conv_chain():

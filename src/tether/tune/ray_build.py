@@ -180,9 +180,7 @@ def build_candidate(store: Any, tasks_box: List[Any], digest: str, index: int, c
     found = _store_get(ray, store, key)
     if found is not None:
         return found[0], found[1], 0.0, _node(), True
-    tasks = _TASKS_OF.get(digest)
-    if tasks is None:
-        tasks = _TASKS_OF[digest] = ray.get(tasks_box[0])
+    tasks = load_tasks(tasks_box, digest)
     t0 = time.perf_counter()
     blob, error = None, None
     with tempfile.TemporaryDirectory(prefix="tether-ray-") as tmp:
@@ -195,6 +193,23 @@ def build_candidate(store: Any, tasks_box: List[Any], digest: str, index: int, c
             error = "%s: %s" % (type(exc).__name__, exc)
     _store_put(store, key, blob, error)
     return blob, error, time.perf_counter() - t0, _node(), False
+
+
+def load_tasks(tasks_box: List[Any], digest: str) -> Sequence[Any]:
+    """A run's tuning tasks in this worker process (fetched and unpickled once per run)."""
+    tasks = _TASKS_OF.get(digest)
+    if tasks is None:
+        import ray
+
+        _TASKS_OF.clear()            # an earlier run's tasks: its builds are over
+        tasks = _TASKS_OF[digest] = ray.get(tasks_box[0])
+    return tasks
+
+
+def preload_tasks(tasks_box: List[Any], digest: str) -> str:
+    """A Ray task: load a run's tasks on a node before its first build needs them; returns the node id."""
+    load_tasks(tasks_box, digest)
+    return _node()
 
 
 def build_model(store: Any, name: str, model: bytes, options: Dict[str, Any], key: str) -> tuple:
@@ -228,7 +243,8 @@ def _remote() -> Dict[str, Any]:
             store=ray.remote(num_cpus=0, max_restarts=-1)(ArtifactStore),
             build_candidate=ray.remote(num_cpus=1, max_retries=BUILD_RETRIES)(build_candidate),
             build_model=ray.remote(num_cpus=1, max_retries=BUILD_RETRIES)(build_model),
-            node_versions=ray.remote(num_cpus=1)(node_versions))
+            node_versions=ray.remote(num_cpus=1)(node_versions),
+            preload_tasks=ray.remote(num_cpus=1)(preload_tasks))
     return _REMOTE
 
 
@@ -293,16 +309,21 @@ class RayCluster:
         self.cpus = max(1, int(self.ray.cluster_resources().get("CPU", 1)))
         self.check_versions()
 
+    def on_every_node(self, name: str, *args: Any) -> List[Any]:
+        """Run the remote function `name` once on every alive node with CPUs; its results."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [n for n in self.ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU")]
+        refs = [self.remote[name].options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(*args)
+            for n in nodes]
+        return self.ray.get(refs, timeout=300)
+
     def check_versions(self) -> None:
         """Every node builds with this process's tether and LLVM, or the cached keys would lie: refuse a node that
         does not (one line naming it)."""
         mine = versions()
-        nodes = [n for n in self.ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU")]
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        refs = [self.remote["node_versions"].options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote() for n in nodes]
-        for node, theirs in self.ray.get(refs, timeout=300):
+        for node, theirs in self.on_every_node("node_versions"):
             if theirs != mine:
                 raise TetherError("Ray node %s builds with %s, this machine with %s: install the same tether and "
                                   "llvmlite on every node" % (node[:12], theirs, mine))
@@ -338,9 +359,10 @@ class RayBuilder:
         self._seq = itertools.count()
         self._lock = threading.RLock()     # a Ray future that is already done runs its callback at once
         self._running: Dict[str, "cf.Future[tuple]"] = {}     # key -> the build's result, queued or running
-        # builds wait here, not in Ray, while `jobs` run: a Ray worker that finishes a task takes the next one of
-        # its owner's queue, so a queue held by Ray drains on the nodes that were first, and a node that joins or
-        # frees up later waits; released one at a time, each build goes to a node that has a free CPU then
+        # builds wait here, not in Ray, while `jobs` run and one more waits: a Ray worker that finishes a task
+        # takes the next one of its owner's queue, so a long queue held by Ray drains on the nodes that were first
+        # while a node that frees up later waits; with one build waiting in Ray, the first node to finish takes it
+        # at once and no node waits for a dispatch
         self._queue: "deque[tuple]" = deque()
         self._active = 0
         self.stats = {"built": 0, "cluster_hits": 0, "run_hits": 0, "local_hits": 0, "errors": 0}
@@ -348,6 +370,7 @@ class RayBuilder:
         # in a list: Ray would otherwise hand every build the tasks themselves, unpickled again each time; the
         # workers keep them by digest instead
         self._tasks_box = [self.ray.put(list(tasks))]
+        self.cluster.on_every_node("preload_tasks", self._tasks_box, self._digest)
 
     def submit(self, cand: Any, done: Callable[[Any, Optional[str]], None]) -> None:
         """Build `cand` (from a cache when its key is there); then `done(cand, error)` with cand.path set."""
@@ -381,9 +404,9 @@ class RayBuilder:
         self._pump()
 
     def _pump(self) -> None:
-        """Send queued builds to the cluster while fewer than `jobs` run there."""
+        """Send queued builds to the cluster while fewer than `jobs` + 1 are there."""
         with self._lock:
-            while self._active < self.jobs and self._queue:
+            while self._active < self.jobs + 1 and self._queue:
                 key, cand, fut = self._queue.popleft()
                 self._active += 1
                 try:
