@@ -38,8 +38,18 @@ def command(models: Tuple[str, ...], target: str, input_shapes: Tuple[str, ...],
             raise click.BadParameter("%s and %s would both go to %s/%s: rename one" % (stems[stem], m, out_root,
                                                                                      stem), param_hint="MODELS")
         stems[stem] = m
+    shapes = parse_input_shapes(input_shapes)
     options: Dict[str, Any] = {"target": target, "opt_level": opt_level, "fast_math": fast_math,
-                               "input_shapes": {k: list(v) for k, v in parse_input_shapes(input_shapes).items()}}
+                               "input_shapes": {k: list(v) for k, v in shapes.items()}}
+    if ray_address:
+        from tether.cli.tune_cmd import require_ray
+
+        require_ray()
+    from tether.frontend.model_file import load_model_file
+
+    for m in dict.fromkeys(models):
+        # a foreign or broken file is refused here, in one line (InvalidInput: exit 2), before any build
+        load_model_file(m, shape=shapes)
     t0 = time.perf_counter()
     failed = []
 
@@ -56,9 +66,6 @@ def command(models: Tuple[str, ...], target: str, input_shapes: Tuple[str, ...],
         click.echo("%s -> %s (%s)" % (name, out, how))
 
     if ray_address:
-        from tether.cli.tune_cmd import require_ray
-
-        require_ray()
         from tether.errors import TetherError
         from tether.tune.ray_build import build_models
 
