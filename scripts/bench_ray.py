@@ -12,8 +12,8 @@ moves both.
 
 The model: a chain of convolutions of different shapes (each a task with its own LLVM-heavy kernel), so the
 builds are CPU-bound. Each run starts from empty caches: a fresh local object cache, a fresh artifact store on
-the cluster, and nodes that compile without the object cache. Measurement runs on one `rpc-server` on loopback
-(through a tracker) with light options (2 repeats, no cache flush): its CPU is taken from the same cores the
+the cluster, and nodes that compile without the object cache. Measurement runs on `--devices` `rpc-server`s on
+loopback (through a tracker) with light options (2 repeats, no cache flush): its CPU is taken from the same cores the
 builds use, so it is kept small. A 2-core box: one node is one CPU, two nodes are both.
 """
 from __future__ import annotations
@@ -59,7 +59,41 @@ def conv_chain():
     return model
 
 
-def tune_once(tasks, tracker, trials, seed, ray_address, cache_dir, task_options=None):
+def cpu_seconds(cluster):
+    """CPU seconds used so far by: Ray's worker processes (the builds), Ray's other processes, this process and
+    its children (the tuner, the measurement client, the tracker and device servers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used(pid):
+        try:
+            with open("/proc/%d/stat" % pid) as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            return (int(f[11]) + int(f[12])) / tick
+        except OSError:
+            return 0.0
+
+    def worker(pid):
+        # a Ray worker names itself after its task (ray::IDLE between tasks); the agents and the store are not
+        try:
+            with open("/proc/%d/comm" % pid) as fh:
+                comm = fh.read().strip()
+        except OSError:
+            return False
+        return comm.startswith("ray::") and not comm.startswith(("ray::Dashboard", "ray::RuntimeEnv",
+                                                                 "ray::ArtifactSt"))
+
+    with open("/proc/stat") as fh:
+        cpu = [int(x) for x in fh.readline().split()[1:]]
+
+    ray_pids = [p for node in cluster.nodes for p in node.pids()] if cluster is not None else []
+    me = os.times()
+    return {"builds": sum(used(p) for p in ray_pids if worker(p)),
+            "ray": sum(used(p) for p in ray_pids if not worker(p)),
+            "driver": me.user + me.system + me.children_user + me.children_system,
+            "machine": (sum(cpu[:8]) - cpu[3] - cpu[4]) / tick}
+
+
+def tune_once(tasks, tracker, trials, seed, ray_address, cache_dir, task_options=None, cluster=None):
     from tether.tune import log as tlog
     from tether.tune.measure import MeasureOptions
     from tether.tune.search import Tuner, TuneOptions
@@ -73,7 +107,9 @@ def tune_once(tasks, tracker, trials, seed, ray_address, cache_dir, task_options
                            ray_task_options=task_options,
                            verify_rounds=0, measure=MeasureOptions(repeat=2, min_repeat_ms=0.5, flush_bytes=0))
         tuner = Tuner(tasks, path, tracker, "host", options=opts)
+        before = cpu_seconds(cluster)
         summary = tuner.run()
+        after = cpu_seconds(cluster)
         results = tlog.results(tlog.read_log(path))
     stats = getattr(tuner.builder, "stats", None)
     built = stats["built"] if stats else len(results)
@@ -83,6 +119,7 @@ def tune_once(tasks, tracker, trials, seed, ray_address, cache_dir, task_options
     return {"built": built, "seconds": summary["elapsed_s"], "per_min": 60.0 * built / summary["elapsed_s"],
             "build_s_median": statistics.median(r["build_s"] for r in results),
             "measure_s_median": statistics.median(r["measure_s"] for r in results),
+            "cpu_s": {k: round(after[k] - before[k], 1) for k in after},
             "configs": sorted((r["task"], config_key(r["config"]), r["status"]) for r in results),
             "best": {row["task"]: config_key(row["best_config"]) for row in summary["tasks"] if row["best_config"]}}
 
@@ -123,12 +160,14 @@ def main() -> None:
             for k in range(args.rounds):
                 for name, options in (("ray, 1 node", on_head), ("ray, 2 nodes", None)):
                     r = tune_once(tasks, tracker, args.trials, args.seed, cluster.address,
-                                  os.path.join(caches, "%s-%d" % (name[5], k)), options)
+                                  os.path.join(caches, "%s-%d" % (name[5], k)), options, cluster)
                     runs.setdefault(name, []).append(r)
                     print("round %d, %-13s %3d candidates built in %5.1f s: %6.1f candidates/min (median build "
                           "%.0f ms, measurement %.0f ms)" % (k + 1, name + ":", r["built"], r["seconds"],
                                                               r["per_min"], r["build_s_median"] * 1e3,
                                                               r["measure_s_median"] * 1e3), flush=True)
+                    print("         CPU seconds: builds %(builds).1f, other Ray processes %(ray).1f, this process "
+                          "%(driver).1f; the whole machine %(machine).1f" % r["cpu_s"], flush=True)
         finally:
             import ray
 
