@@ -5,6 +5,7 @@ the cluster, on this machine), a node killed mid-run loses no build, and `tether
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -182,6 +183,20 @@ def test_ray_missing_is_one_line(tiny, tmp_path):
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert lines == ["Error: --ray needs Ray, which is not installed: pip install 'tether[ray]'"], done.stderr
+
+
+def test_unreachable_head_is_one_line(tiny, tmp_path):
+    require_module("ray", "pip install 'tether[ray]'")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]          # nothing listens there once it is closed
+    done = subprocess.run([sys.executable, "-m", "tether.cli.main", "tune", tiny[0], "--tracker", "127.0.0.1:9",
+                           "--key", "k", "--log", str(tmp_path / "t.jsonl"), "--ray", "127.0.0.1:%d" % port],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "Error: cannot reach the Ray cluster's head at 127.0.0.1:%d: [Errno 111] Connection refused (start it with "
+        "`ray start --head`)" % port], done.stderr
 
 
 def test_node_killed_mid_run_loses_no_build(tiny, cluster, local_cache, tmp_path):

@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import tempfile
 import threading
 import uuid
@@ -64,10 +65,21 @@ def import_ray() -> Any:
     return ray
 
 
+HEAD_CONNECT_TIMEOUT = 10.0   # seconds to reach the head's port before Ray itself is asked (it waits minutes)
+
+
 def connect(address: str) -> Any:
     """Join the Ray cluster at `address` (HOST:PORT of its head, or ray://HOST:PORT) as a driver."""
     ray = import_ray()
     if not ray.is_initialized():
+        host, sep, port = address.split("://", 1)[-1].rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise TetherError("--ray %r: expected HOST:PORT of the Ray cluster's head (or ray://HOST:PORT)" % address)
+        try:
+            socket.create_connection((host, int(port)), timeout=HEAD_CONNECT_TIMEOUT).close()
+        except OSError as exc:
+            raise TetherError("cannot reach the Ray cluster's head at %s: %s (start it with `ray start --head`)"
+                              % (address, exc)) from None
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, ValueError, RuntimeError) as exc:
@@ -317,7 +329,12 @@ class RayCluster:
         refs = [self.remote[name].options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(*args)
             for n in nodes]
-        return self.ray.get(refs, timeout=300)
+        try:
+            return self.ray.get(refs, timeout=300)
+        except Exception as exc:   # noqa: BLE001 - Ray's error carries the node's traceback: one line of it here
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            raise TetherError("a Ray node cannot run tether's builds (install the same tether and llvmlite on "
+                              "every node): %s" % (lines[-1] if lines else type(exc).__name__)) from None
 
     def check_versions(self) -> None:
         """Every node builds with this process's tether and LLVM, or the cached keys would lie: refuse a node that
