@@ -266,6 +266,45 @@ def test_device_killed_mid_measurement_is_retried_on_another(tiny, tracker_lab, 
     assert all(x["status"] == "ok" for x in results)
 
 
+def test_measurement_timeout_starts_when_the_device_is_granted(tiny, tracker_lab, tmp_path):
+    """A tuner whose only device is held by someone else for several times its --timeout waits in the tracker's
+    queue without a single timeout, and measures once the device is free."""
+    import threading
+
+    from tether.rpc.tracker_client import connect_tracker
+
+    _, graph, params = tiny
+    task = [t for t in extract_tasks(graph, params, "host") if t.name == "max_pool"]
+    tracker = tracker_lab.tracker()
+    tracker_lab.device(tracker, "tunebox")
+    holder = connect_tracker("127.0.0.1", tracker.port)
+    held = holder.request("tunebox", wait_timeout=30)
+    state = {"released": False, "starts_while_held": 0}
+    release = threading.Timer(6.0, lambda: (state.update(released=True), held.close(), holder.close()))
+
+    def on_start(cand, grant):
+        if not state["released"]:
+            state["starts_while_held"] += 1
+
+    path = str(tmp_path / "tune.jsonl")
+    tuner = Tuner(task, path, "127.0.0.1:%d" % tracker.port, "tunebox", on_start=on_start,
+                  options=TuneOptions(trials=3, build_jobs=1, measure=MeasureOptions(
+                      repeat=2, min_repeat_ms=1.0, timeout=1.0, wait_timeout=1.0)))
+    release.start()
+    try:
+        tuner.run()
+    finally:
+        release.cancel()
+        if not state["released"]:
+            held.close()
+            holder.close()
+    results = _results(path)
+    # the device was held for six times the timeout, yet nothing timed out: the wait was not measured
+    assert state["starts_while_held"] == 0
+    assert len(results) == min(3, task[0].space.size)
+    assert all(r["status"] == "ok" and not r["attempts"] for r in results), results
+
+
 def _processes_mentioning(text):
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):

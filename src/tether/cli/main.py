@@ -15,7 +15,7 @@ from tether.cli.errors import TetherGroup
 
 # One row per sub-command module (each defines a click command named ``command``).
 COMMAND_MODULES = ("quickstart", "targets", "build_cmd", "bundle", "emulate", "query", "compile_cmd", "run_cmd",
-                   "bootstrap", "bench_cmd", "tune_cmd", "runtime_cmd")
+                   "bootstrap", "bench_cmd", "tune_cmd", "runtime_cmd", "build_many_cmd")
 
 
 @click.group(cls=TetherGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -39,6 +39,16 @@ def _table(tuner: Any) -> Any:
     return table
 
 
+def require_ray() -> None:
+    """--ray without Ray installed: one line naming the extra that installs it, before any work."""
+    from tether.tune.ray_build import RayUnavailable, import_ray
+
+    try:
+        import_ray()
+    except RayUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else "%.4f ms" % (seconds * 1e3)
 
@@ -71,10 +81,13 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--report", "report_path", type=OutputFile(), default=None,
               help="Write the HTML tuning curves of the log here (alone, or after tuning).")
 @click.option("--no-progress", is_flag=True, help="No live table (logging only).")
+@click.option("--ray", "ray_address", default=None, metavar="HOST:PORT",
+              help="Build the candidates on the Ray cluster with this head (pip install 'tether[ray]'); "
+                   "measurement stays on the tracker's devices.")
 def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Optional[str], key: Optional[str],
             log_path: str, trials: int, time_budget: Optional[float], resume: bool, target: str, opt_level: int,
             only: Tuple[str, ...], build_jobs: int, repeat: int, min_repeat_ms: float, flush_mb: float, timeout: float,
-            seed: int, report_path: Optional[str], no_progress: bool) -> None:
+            seed: int, report_path: Optional[str], no_progress: bool, ray_address: Optional[str]) -> None:
     """Tune MODEL's kernels on the devices of --key at --tracker, logging every measurement to --log."""
     import os
 
@@ -85,11 +98,13 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
     if model is not None:
         if not tracker or not key:
             raise click.UsageError("tuning needs --tracker HOST:PORT and --key KEY")
+        if ray_address:
+            require_ray()
         from tether.tune.measure import MeasureOptions
 
         _tune(model, input_shapes, tracker, key, log_path, trials, time_budget, resume, target, opt_level, only,
               build_jobs, MeasureOptions(repeat=repeat, min_repeat_ms=min_repeat_ms, timeout=timeout,
-                                         flush_bytes=int(flush_mb * (1 << 20))), seed, no_progress)
+                                         flush_bytes=int(flush_mb * (1 << 20))), seed, no_progress, ray_address)
     elif report_path is None:
         raise click.UsageError("give a MODEL to tune, or --report to write the report of --log")
     if report_path is not None:
@@ -101,7 +116,7 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
 
 def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log_path: str, trials: int,
           time_budget: Optional[float], resume: bool, target: str, opt_level: int, only: Tuple[str, ...],
-          build_jobs: int, measure: Any, seed: int, no_progress: bool) -> None:
+          build_jobs: int, measure: Any, seed: int, no_progress: bool, ray_address: Optional[str] = None) -> None:
     from rich.console import Console
     from rich.live import Live
 
@@ -124,7 +139,7 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
     if not tasks:
         raise click.ClickException("%s has no kernel to tune%s" % (model, " matching --only" if only else ""))
     options = TuneOptions(trials=trials, time_budget=time_budget, build_jobs=build_jobs, seed=seed,
-                          measure=measure)
+                          measure=measure, ray=ray_address)
     console = Console()
     live: Any = None
 
@@ -147,3 +162,7 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
     speed = summary["kernel_speedup"]
     click.echo("%d measurements in %.0f s; kernel time of the model (weighted), default / tuned: %s; log %s"
                % (summary["measured"], time.monotonic() - t0, "%.2fx" % speed if speed else "-", log_path))
+    stats = getattr(tuner.builder, "stats", None)
+    if stats is not None:
+        click.echo("builds on Ray: %(built)d built, %(cluster_hits)d from the cluster's store, %(local_hits)d from "
+                   "the local cache, %(run_hits)d shared within the run" % stats)

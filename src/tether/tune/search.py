@@ -127,6 +127,9 @@ class TuneOptions:
     seed: int = 0
     verify_rounds: int = 3            # the best and the default of each task measured again this often, in turns
     verify_share: float = 0.1         # of the time budget kept for verification
+    ray: Optional[str] = None         # HOST:PORT of a Ray cluster's head: build there (tune/ray_build.py)
+    ray_store: Optional[str] = None   # the name of the cluster's artifact store (default: ray_build.STORE_NAME)
+    ray_task_options: Optional[Dict[str, Any]] = None   # Ray's .options() of each build task (resources, ...)
     measure: MeasureOptions = field(default_factory=MeasureOptions)
 
 
@@ -137,7 +140,8 @@ class Tuner:
                  options: Optional[TuneOptions] = None, resume: bool = False,
                  on_progress: Optional[Callable[["Tuner"], None]] = None,
                  tracker_token: Optional[str] = None, session_token: Optional[str] = None,
-                 on_start: Optional[Callable[[Candidate, Dict[str, Any]], None]] = None):
+                 on_start: Optional[Callable[[Candidate, Dict[str, Any]], None]] = None,
+                 on_built: Optional[Callable[[Candidate, str], None]] = None):
         self.tasks = list(tasks)
         self.log_path = log_path
         self.tracker, self.key = tracker, key
@@ -146,8 +150,12 @@ class Tuner:
         self.on_progress = on_progress
         self.tracker_token, self.session_token = tracker_token, session_token
         self.on_start = on_start
+        self.on_built = on_built      # (cand, Ray node id) as a build comes back from the cluster
         self.states = [TaskState(t) for t in self.tasks]
-        self.rng = random.Random(self.options.seed)
+        # one random stream per task: which configs a task draws depends on the seed and that task alone, not on
+        # the order in which builds and measurements of other tasks come back (with Ray or without, the same)
+        self.rngs = [random.Random("%d:%s" % (self.options.seed, t.key)) for t in self.tasks]
+        self.builder: Any = None
         self.events: "queue.Queue[tuple]" = queue.Queue()
         self.refs: Dict[int, np.ndarray] = {}
         self.pool: Optional[DevicePool] = None
@@ -183,7 +191,14 @@ class Tuner:
         self._load_log()
         opts = self.options
         with tempfile.TemporaryDirectory(prefix="tether-tune-") as workdir:
-            builder = Builder(self.tasks, workdir, opts.build_jobs)
+            if opts.ray:
+                from tether.tune.ray_build import STORE_NAME, RayBuilder
+
+                builder = RayBuilder(self.tasks, workdir, opts.ray, on_built=self.on_built,
+                                     store=opts.ray_store or STORE_NAME, task_options=opts.ray_task_options)
+            else:
+                builder = Builder(self.tasks, workdir, opts.build_jobs)
+            self.builder = builder
             self.pool = DevicePool(self.tracker, self.key, self.tasks, self.refs, self._measured,
                                    options=opts.measure, tracker_token=self.tracker_token,
                                    session_token=self.session_token, on_start=self.on_start)
@@ -201,7 +216,7 @@ class Tuner:
         budget = self.options.time_budget
         return self.started + budget * (1 - self.options.verify_share) if budget else math.inf
 
-    def _loop(self, builder: Builder, out: tlog.TuningLog, devices: int) -> None:
+    def _loop(self, builder: Any, out: tlog.TuningLog, devices: int) -> None:
         self.started = time.monotonic()
         for i, st in enumerate(self.states):
             default = st.task.space.default()
@@ -212,7 +227,7 @@ class Tuner:
             timed = config_key(default) not in st.seen
             st.seen.add(config_key(default))
             self._submit(builder, Candidate(i, default, reference=True, timed=timed))
-        cap = 2 * (self.options.build_jobs + devices)
+        cap = 2 * (builder.jobs + devices)
         last_progress = 0.0
         grace = self.options.measure.timeout * self.options.measure.max_attempts + 30
         while True:
@@ -307,12 +322,12 @@ class Tuner:
         order = sorted((lat, k) for k, lat in enumerate(st.latencies) if lat is not None)
         best_first = [st.configs[k] for _, k in order]
         left = min(self.options.trials, st.task.space.size) - len(st.seen)
-        configs = propose(st.task.space, st.model, st.seen, best_first, min(BATCH, left), self.rng)
+        configs = propose(st.task.space, st.model, st.seen, best_first, min(BATCH, left), self.rngs[i])
         for cfg in configs:
             st.seen.add(config_key(cfg))
         return [Candidate(i, cfg) for cfg in configs]
 
-    def _submit(self, builder: Builder, cand: Candidate) -> None:
+    def _submit(self, builder: Any, cand: Candidate) -> None:
         self.in_flight += 1
         self.states[cand.task].in_flight += 1
         builder.submit(cand, lambda c, error: self.events.put(("built", c, error)))
@@ -320,7 +335,7 @@ class Tuner:
     def _measured(self, cand: Candidate, record: Dict[str, Any]) -> None:
         self.events.put(("measured", cand, record))
 
-    def _handle(self, event: tuple, builder: Builder, out: tlog.TuningLog) -> None:
+    def _handle(self, event: tuple, builder: Any, out: tlog.TuningLog) -> None:
         kind, cand, payload = event
         st = self.states[cand.task]
         if kind == "built":
