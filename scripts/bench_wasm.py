@@ -13,7 +13,7 @@ smaller inputs), compiled for ``wasm32`` (a model
 folder with deploy.wasm, run in node by scripts/wasm_bench/tether_wasm_runner.mjs through bindings/js's
 GraphExecutor) and for the host (run here at 1 thread), and loaded into onnxruntime-web in node
 (scripts/wasm_bench/ort_web_runner.mjs; ``numThreads = 1``, its SIMD build; the pinned ORT_WEB_VERSION is
-installed with npm on first use into ~/.cache/tether/npm, or $TETHER_NPM_CACHE).
+installed with npm on first use into $XDG_CACHE_HOME/tether/npm (~/.cache/tether/npm), or $TETHER_NPM_CACHE).
 The outputs of tether-wasm are checked against onnxruntime-web (without it, against native tether) first: max
 |a - b| / max |b| over the outputs; a model above ``--tolerance`` is reported and not timed, and the script exits
 with status 1.
@@ -179,7 +179,8 @@ def node_path() -> str:
 
 def ort_web_package(version: str = ORT_WEB_VERSION) -> str:
     """The onnxruntime-web package folder, installed with npm into the cache on first use."""
-    cache = os.environ.get("TETHER_NPM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tether", "npm")
+    cache = os.environ.get("TETHER_NPM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tether", "npm")
     prefix = os.path.join(cache, "onnxruntime-web-" + version)
     pkg = os.path.join(prefix, "node_modules", "onnxruntime-web")
     if _installed_version(pkg) == version:
