@@ -222,12 +222,14 @@ class Dashboard:
             writer.close()
             return
         self._open += 1
+        refused = False
         try:
             try:
                 request = await asyncio.wait_for(http.read_request(reader, self.max_body), self.request_timeout)
                 await self._route(request, reader, writer)
             except http.HttpError as exc:
                 writer.write(http.error_response(exc))
+                refused = True
             except asyncio.TimeoutError:
                 writer.write(http.json_response(408, {"error": "no complete request within %.0f s"
                                                       % self.request_timeout}))
@@ -235,6 +237,9 @@ class Dashboard:
                 await asyncio.wait_for(writer.drain(), self.request_timeout)
             except asyncio.TimeoutError:
                 writer.transport.abort()        # it does not read its answer: do not keep it for it
+                refused = False
+            if refused:
+                await http.linger(reader, writer)
         except (ConnectionError, OSError):
             pass
         except Exception:     # a bug in one request must not take the tracker down

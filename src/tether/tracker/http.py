@@ -119,3 +119,31 @@ def json_response(status: int, doc: object, extra: Iterable[Tuple[str, str]] = (
 
 def error_response(exc: HttpError) -> bytes:
     return json_response(exc.status, {"error": str(exc)})
+
+
+LINGER_BYTES = 8 << 20       # what a refused client may still send after its answer; the rest is cut off
+LINGER_SECONDS = 2.0
+
+
+async def linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Half-close after an early answer and discard what the peer still sends, within a byte and time bound.
+
+    A request refused before its body was read (413, 431...) leaves the client still sending; closing at once
+    makes the kernel reset the connection, and the client sees a broken pipe instead of the answer it was sent.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LINGER_SECONDS
+    discarded = 0
+    try:
+        if writer.can_write_eof():
+            writer.write_eof()
+        while discarded < LINGER_BYTES:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            chunk = await asyncio.wait_for(reader.read(65536), left)
+            if not chunk:
+                return
+            discarded += len(chunk)
+    except (asyncio.TimeoutError, ConnectionError, OSError):
+        return
