@@ -109,32 +109,5 @@ class DeviceAPI:
         raise NotImplementedError
 
 
-def open_device(spec: str) -> DeviceAPI:
-    """``"opencl:0"``, ``"vulkan:1"``, ``"cuda:0"`` -> that device; GpuUnavailable naming what is missing."""
-    api, _, index = spec.partition(":")
-    if not (index or "0").isdigit():
-        raise ValueError("%s: expected API:INDEX, e.g. opencl:0" % spec)
-    cls = _API_CLASSES().get(api)
-    if cls is None:
-        raise ValueError("%s: unknown GPU API %r; expected one of %s" % (spec, api, ", ".join(sorted(_API_CLASSES()))))
-    return cls(int(index or "0"))
-
-
-def _API_CLASSES() -> Dict[str, type]:
-    # imported on use: each module loads its driver library only when asked
-    out: Dict[str, type] = {}
-    try:
-        from .opencl import OpenCLDevice
-        out["opencl"] = OpenCLDevice
-    except ImportError:
-        pass
-    try:
-        from .vulkan import VulkanDevice
-        out["vulkan"] = VulkanDevice
-    except ImportError:
-        pass
-    return out
-
-
-__all__ = ["DeviceAPI", "DeviceBuffer", "GpuError", "GpuUnavailable", "GpuBuildError", "KernelArg", "open_device",
+__all__ = ["DeviceAPI", "DeviceBuffer", "GpuError", "GpuUnavailable", "GpuBuildError", "KernelArg",
            "KDL_CUDA", "KDL_OPENCL", "KDL_VULKAN"]
