@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh machine: installs what it needs, runs `ruff check`, then pytest.
 #   - system packages (as root, with apt): qemu-user and mmdebstrap for the emulated ARM devices,
 #     openssh-server for the SSH bootstrap tests, musl-tools (a musl program loads a tether module), a JDK and aapt/zipalign/apksigner for the Android app's tests
-#     (android-23.jar and dx are fetched once by android_app/build_apk.sh), chromium (headless, for the bench HTML report), golang-go (the Go bindings' tests), nodejs and npm (wasm32 modules; onnxruntime-web);
+#     (android-23.jar and dx are fetched once by android_app/build_apk.sh), chromium (headless, for the bench HTML report), golang-go (the Go bindings' tests), nodejs and npm (wasm32 modules; onnxruntime-web),
+#     pocl-opencl-icd, ocl-icd-libopencl1, mesa-vulkan-drivers, libvulkan1 and spirv-tools (GPU modules on CPU drivers);
 #   - Python packages: this project with its test extras (pip install -e '.[test]', ruff among them, and the
 #     frontends' references: TensorFlow, LiteRT, Keras, OpenCV 4's dnn, coremltools);
 #   - numpy 1.19.5 + msgpack 1.0.2 into a Python 3.9 (python3.9 on PATH or a pyenv 3.9.x; must exist): the oldest
@@ -28,6 +29,13 @@ done
 # The Java device server's JNI bridge (android_app/bridge/build.sh) is built offline with Debian's clang + ld.lld
 command -v clang >/dev/null || missing+=(clang)
 command -v ld.lld >/dev/null || missing+=(lld)
+# GPU modules run on real drivers that need no GPU: pocl (OpenCL on the CPU) and Mesa's lavapipe (Vulkan on the
+# CPU), through the loaders the device runtime opens with ctypes; spirv-val checks the SPIR-V tether emits
+[ -e /etc/OpenCL/vendors/pocl.icd ] || missing+=(pocl-opencl-icd)
+ldconfig -p | grep -q 'libOpenCL\.so\.1 ' || missing+=(ocl-icd-libopencl1)
+ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
+ldconfig -p | grep -q 'libvulkan\.so\.1 ' || missing+=(libvulkan1)
+command -v spirv-val >/dev/null || missing+=(spirv-tools)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "scripts/test.sh: installing ${missing[*]} with apt-get" >&2
