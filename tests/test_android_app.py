@@ -272,6 +272,9 @@ def test_manifest_declares_the_device_service(apk):
     activity = _element(tree, "activity", ".MainActivity")
     assert "android:launchMode(0x0101001d)=1" in activity  # singleTop: the adb intent reaches onNewIntent
     assert "android:extractNativeLibs(0x010104ea)=true" in tree
+    for lib in ("libOpenCL.so", "libOpenCL-pixel.so"):   # Android 12+ hides vendor libraries not asked for
+        native = _element(tree, "uses-native-library", lib)
+        assert "android:required(0x0101028e)=false" in native, native
     for perm in ("INTERNET", "FOREGROUND_SERVICE", "FOREGROUND_SERVICE_SPECIAL_USE", "WAKE_LOCK",
                  "POST_NOTIFICATIONS"):
         assert '"android.permission.%s"' % perm in tree, perm
