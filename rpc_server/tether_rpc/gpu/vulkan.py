@@ -595,6 +595,8 @@ _OP_ENTRY_POINT, _OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID = 15, 16, 331
 _OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE, _OP_DECORATE = 43, 50, 44, 51, 71
 _MODEL_GLCOMPUTE, _MODE_LOCAL_SIZE, _MODE_LOCAL_SIZE_ID = 5, 17, 38
 _DECORATION_BUILTIN, _BUILTIN_WORKGROUP_SIZE = 11, 25
+#: the newest SPIR-V each Vulkan version takes
+_SPIRV_VERSIONS = {(1, 0): (1, 0), (1, 1): (1, 3), (1, 2): (1, 5), (1, 3): (1, 6)}
 
 
 def _spirv_string(words: Sequence[int]) -> str:
@@ -602,9 +604,10 @@ def _spirv_string(words: Sequence[int]) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-def parse_spirv(code: bytes) -> Tuple[np.ndarray, Dict[str, Tuple[int, int, int]]]:
-    """The module's words (host order, as vkCreateShaderModule takes them) and its GLCompute entry points with
-    their work-group sizes; GpuBuildError naming the defect for anything that is not a well-formed module."""
+def parse_spirv(code: bytes) -> Tuple[np.ndarray, Tuple[int, int], Dict[str, Tuple[int, int, int]]]:
+    """The module's words (host order, as vkCreateShaderModule takes them), its SPIR-V version and its GLCompute
+    entry points with their work-group sizes; GpuBuildError naming the defect for anything that is not a
+    well-formed module (drivers need not check: lavapipe, for one, takes anything)."""
     if not isinstance(code, (bytes, bytearray, memoryview)):
         raise GpuBuildError("SPIR-V code: expected bytes, got %s" % type(code).__name__)
     code = bytes(code)
@@ -653,7 +656,8 @@ def parse_spirv(code: bytes) -> Tuple[np.ndarray, Dict[str, Tuple[int, int, int]
         parts = composites.get(workgroup_size_id, [])
         if len(parts) == 3 and all(x in constants for x in parts):
             sizes = {fid: tuple(constants[x] for x in parts) for fid in entries}  # type: ignore[misc]
-    return words, {name: sizes.get(fid, (0, 0, 0)) for fid, name in entries.items()}
+    version = ((w[1] >> 16) & 0xFF, (w[1] >> 8) & 0xFF)
+    return words, version, {name: sizes.get(fid, (0, 0, 0)) for fid, name in entries.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -977,7 +981,7 @@ class VulkanDevice(DeviceAPI):
 
     # code -----------------------------------------------------------------------------------------------------
     def load(self, code: bytes, kernels: Sequence[Dict[str, Any]]) -> VulkanProgram:
-        words, entries = parse_spirv(code)
+        words, version, entries = parse_spirv(code)
         digest = hashlib.sha256(words.tobytes()).hexdigest()
         infos = [dict(k) for k in kernels]
         key = (digest, tuple((k.get("name"), len(k.get("params", ())), len(k.get("scalars", ())),
@@ -986,6 +990,10 @@ class VulkanDevice(DeviceAPI):
             self._alive()
             if key in self._programs:
                 return self._programs[key]
+            accepted = _SPIRV_VERSIONS.get(_version(self._pd.api_version)[:2], (1, 6))
+            if version > accepted:
+                raise GpuBuildError("SPIR-V %d.%d is newer than vulkan:%d (Vulkan %d.%d) accepts: SPIR-V %d.%d at most"
+                                    % (version + (self.index,) + _version(self._pd.api_version)[:2] + accepted))
             for k in infos:
                 self._check_kernel(k, entries)
             module = self._modules.get(digest)
