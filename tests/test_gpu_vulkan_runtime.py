@@ -331,7 +331,7 @@ def test_info_fields_are_sane(mapped, lavapipe_index):
     assert all(isinstance(e, str) for e in info["extensions"]) and "VK_KHR_shader_float16_int8" in info["extensions"]
     assert isinstance(info["fp16"], bool) and isinstance(info["int8_dot"], bool)
     # lavapipe (Mesa 22+) has both; reporting False would mean the features2 chain is read wrong
-    assert info["fp16"] and info["int8_dot"]
+    assert info["fp16"] and info["int8_dot"] and info["int8"] and info["int16"]
     assert info["subgroup_size"] and info["subgroup_size"] & (info["subgroup_size"] - 1) == 0
     assert info["memory"] == "mapped" and info["timestamps"]
     listed = vulkan.VulkanDevice.available()[lavapipe_index]
@@ -547,3 +547,13 @@ def test_driver_output_stays_off_stdout_and_stderr(lavapipe_index):
     proc = _child(code, {}, drop=("MESA_VK_IGNORE_CONFORMANCE_WARNING",))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "" and "llvmpipe" in json.loads(proc.stdout)
+
+
+def test_close_returns_while_a_kernel_still_runs(lavapipe_index, assemble):
+    d = vulkan.VulkanDevice(lavapipe_index, timeout_s=0.001)
+    prog = d.load(assemble(SPIN), [kernel_info("spin", 1, 1)])
+    out = d.alloc(64 * 64 * 4)
+    d.launch(prog, "spin", [out, 60000], (64, 1, 1), (64, 1, 1))
+    d.close()  # waits 1 ms, then leaves the device to the process's end instead of destroying what runs
+    with pytest.raises(GpuError, match="is closed"):
+        d.synchronize()

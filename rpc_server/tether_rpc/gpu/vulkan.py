@@ -516,6 +516,10 @@ class _PhysicalDevice:
         return self.feature("fp16", "shaderInt8") and self.feature("storage8", "storageBuffer8BitAccess")
 
     @property
+    def int16(self) -> bool:
+        return bool(self.core.shaderInt16) and self.feature("storage16", "storageBuffer16BitAccess")
+
+    @property
     def int8_dot(self) -> bool:
         return self.feature("dot", "shaderIntegerDotProduct")
 
@@ -572,7 +576,7 @@ class _PhysicalDevice:
             "min_storage_buffer_offset_alignment": int(lim.minStorageBufferOffsetAlignment),
             "timestamp_period_ns": float(lim.timestampPeriod),
             "extensions": sorted(self.extensions),
-            "fp16": self.fp16, "int8": self.int8, "int8_dot": self.int8_dot,
+            "fp16": self.fp16, "int8": self.int8, "int16": self.int16, "int8_dot": self.int8_dot,
             "fp64": bool(self.core.shaderFloat64), "int64": bool(self.core.shaderInt64),
             "subgroup_size": self.subgroup_size,
             "unified_memory": self.unified_memory(),
@@ -909,9 +913,11 @@ class VulkanDevice(DeviceAPI):
                                                                                    buf.nbytes))
 
     @staticmethod
-    def _host(array: np.ndarray, what: str) -> np.ndarray:
+    def _host(array: np.ndarray, what: str, writable: bool = False) -> np.ndarray:
         if not isinstance(array, np.ndarray) or not array.flags["C_CONTIGUOUS"]:
             raise ValueError("%s: expected a C-contiguous numpy array" % what)
+        if writable and not array.flags["WRITEABLE"]:
+            raise ValueError("%s: the numpy array is read-only" % what)
         return array
 
     def upload(self, buf: DeviceBuffer, array: np.ndarray, offset: int = 0) -> None:
@@ -934,7 +940,7 @@ class VulkanDevice(DeviceAPI):
                 self._copy_now(staging.buffer, 0, mem.buffer, int(offset) + start, chunk.nbytes)
 
     def download(self, buf: DeviceBuffer, out: np.ndarray, offset: int = 0) -> None:
-        out = self._host(out, "download")
+        out = self._host(out, "download", writable=True)
         with self._lock:
             self._alive()
             mem = self._own(buf, "download")
@@ -1047,13 +1053,16 @@ class VulkanDevice(DeviceAPI):
         if 4 * n_scalars > lim.maxPushConstantsSize:
             raise GpuBuildError("kernel %r: %d scalars (%d bytes) exceed vulkan:%d's %d bytes of push constants" % (
                 name, n_scalars, 4 * n_scalars, self.index, lim.maxPushConstantsSize))
-        have = {"fp16": self._pd.fp16, "int8_dot": self._pd.int8_dot, "subgroups": bool(self._pd.subgroup_size),
-                "int8": self._pd.int8, "fp64": bool(self._pd.core.shaderFloat64),
-                "int64": bool(self._pd.core.shaderInt64)}
+        pd = self._pd
+        # what each need takes (the capabilities tether.codegen.spirv declares for it): fp16 = Float16 and 16-bit
+        # storage buffers, int8 = Int8 and 8-bit storage buffers, int16 = Int16 and 16-bit storage buffers
+        have = {"fp16": pd.fp16, "int8": pd.int8, "int16": pd.int16, "int8_dot": pd.int8_dot,
+                "subgroups": bool(pd.subgroup_size), "fp64": bool(pd.core.shaderFloat64),
+                "int64": bool(pd.core.shaderInt64)}
         missing = [need for need in k.get("needs", ()) if not have.get(need, False)]
         if missing:
             raise GpuBuildError("kernel %r needs %s, which vulkan:%d (%s) lacks" % (
-                name, ", ".join(missing), self.index, self._pd.name))
+                name, ", ".join(missing), self.index, pd.name))
 
     def _build_kernel(self, module: int, k: Dict[str, Any], local: Tuple[int, int, int]) -> _Kernel:
         name = k["name"]
@@ -1279,7 +1288,8 @@ class VulkanDevice(DeviceAPI):
         if not batch:
             return
         fences = (_H * len(batch))(*[f for _, f in batch])
-        code = self.fn["vkWaitForFences"](self._device, len(batch), fences, 1, int(self.timeout_s * 1e9))
+        timeout_ns = min(max(int(self.timeout_s * 1e9), 0), (1 << 64) - 1)
+        code = self.fn["vkWaitForFences"](self._device, len(batch), fences, 1, timeout_ns)
         if code == _TIMEOUT:
             raise GpuError("vulkan:%d: the kernel did not finish within %g s (vkWaitForFences)" % (self.index,
                                                                                                   self.timeout_s))
@@ -1301,9 +1311,17 @@ class VulkanDevice(DeviceAPI):
             if self._closed:
                 return
             self._closed = True
-            if self._device and "vkDestroyDevice" in self.fn and "vkDeviceWaitIdle" in self.fn:
+            idle = True
+            if self._pending:
+                try:
+                    self._wait(len(self._pending))
+                except GpuError as e:
+                    # a kernel still running (or a lost device): destroying what it uses could crash the process,
+                    # and vkDeviceWaitIdle has no timeout; the objects are left to the process's end
+                    idle = "did not finish" not in str(e)
+            if idle and self._device and "vkDestroyDevice" in self.fn and "vkDeviceWaitIdle" in self.fn:
                 fn, dev = self.fn, self._device
-                fn["vkDeviceWaitIdle"](dev)  # errors here (device lost) must not stop the teardown
+                fn["vkDeviceWaitIdle"](dev)  # nothing is in flight; errors (device lost) must not stop the teardown
                 for pool in self._pools:
                     fn["vkDestroyDescriptorPool"](dev, pool, None)
                 for program in self._programs.values():
