@@ -365,6 +365,11 @@ def _load_library() -> Tuple[Any, str]:
                          "install libvulkan1 mesa-vulkan-drivers)" % ("; ".join(errors), via))
 
 
+def library_loaded() -> bool:
+    """Whether this process has loaded a Vulkan loader (and so may hold driver state and threads)."""
+    return bool(_loaded)
+
+
 def _quiet_mesa() -> None:
     # lavapipe prints a non-conformance warning to stderr when enumerated: it would land in CLI output and JSON
     # pipelines. The user's own setting wins.
@@ -1358,4 +1363,4 @@ class VulkanDevice(DeviceAPI):
         return "VulkanDevice(%d%s)" % (self.index, ", closed" if self._closed else "")
 
 
-__all__ = ["VulkanDevice", "VulkanProgram", "parse_spirv", "LIBRARY_ENV", "DEFAULT_TIMEOUT_S"]
+__all__ = ["VulkanDevice", "VulkanProgram", "parse_spirv", "library_loaded", "LIBRARY_ENV", "DEFAULT_TIMEOUT_S"]
