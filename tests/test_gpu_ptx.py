@@ -3,8 +3,9 @@
 There is no NVIDIA GPU here, so these check structure, strictly: the entry and its parameters in launch order,
 the launch bounds, shared arrays, barriers, thread-index reads, the instructions each expression becomes (the
 CPU emitters' meaning), no external call left; the unoptimised IR verifies; and NVIDIA's own assembler, ptxas
-(pip nvidia-cuda-nvcc-cu12, a test extra), accepts every module for sm_80. Running the kernels is
-scripts/gpu_cuda_check.py's job on a machine with a GPU.
+(pip nvidia-cuda-nvcc-cu12, a test extra), accepts every module for sm_80. The semantics are checked one step
+before the NVPTX backend: the kernels' LLVM IR, retargeted to this CPU, runs every thread (real barriers between
+Python threads) against numpy. Running the PTX itself is scripts/gpu_cuda_check.py's job on a machine with a GPU.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 
 import llvmlite.binding as llvm
+import numpy as np
 import pytest
 from fixtures.prereq import unavailable
 
@@ -21,7 +23,7 @@ from tether.codegen import mathlib
 from tether.codegen.ptx import kernel_ir, ptx_module
 from tether.errors import CompileError
 from tether.tir import (Allocate, Binary, Buffer, Call, Cast, Compare, Const, For, IfThenElse, Load, Select, Store,
-                        Var, call_packed, seq)
+                        Var, call_packed, seq, walk)
 from tether.tir.device import Barrier, DeviceKernel
 
 I32 = "int32"
@@ -189,9 +191,7 @@ def test_every_math_function_is_inline_code(dtype, ptxas):
     ptxas(text)
 
 
-def test_expressions_mean_what_they_mean_on_the_cpu(ptxas):
-    """Integer floor division and modulo of values of unknown sign (not truncation), float->int casts that
-    truncate, unordered != on floats, selects, bit operations, shifts, min/max, int64 and bool storage."""
+def expressions_kernel():
     A = Buffer("A", (64,), "int32")
     F = Buffer("F", (64,), "float32")
     O = Buffer("O", (64 * 10,), "int32")
@@ -206,8 +206,14 @@ def test_expressions_mean_what_they_mean_on_the_cpu(ptxas):
     stores = [Store(O, add(mul(tx, c(10)), c(k)), e) for k, e in enumerate(rows)]
     stores.append(Store(L, tx, Binary("mul", Cast("int64", a), Cast("int64", d))))
     stores.append(Store(Bm, tx, Compare("lt", f, Const(1.0, "float32"))))
-    k = DeviceKernel("exprs", [A, F, O, L, Bm], seq(*stores), {tx: "threadIdx.x"}, (1, 1, 1), (64, 1, 1),
-                     scalars=[d])
+    return DeviceKernel("exprs", [A, F, O, L, Bm], seq(*stores), {tx: "threadIdx.x"}, (1, 1, 1), (64, 1, 1),
+                        scalars=[d])
+
+
+def test_expressions_mean_what_they_mean_on_the_cpu(ptxas):
+    """Integer floor division and modulo of values of unknown sign (not truncation), float->int casts that
+    truncate, unordered != on floats, selects, bit operations, shifts, min/max, int64 and bool storage."""
+    k = expressions_kernel()
     text = ptx_module([k])
     # floor semantics: the truncating quotient, then the adjustment where remainder and divisor differ in sign
     assert "div.s32" in text and "div.u32" not in text
@@ -289,3 +295,137 @@ def test_refusals():
     bad_scalar = vadd_kernel()
     bad_scalar.scalars = [Var("n", "int64")]
     refused([bad_scalar], "launch scalars are int32")
+
+
+# ---- the kernels' IR run on this CPU ----------------------------------------------------------------------------
+# No NVIDIA GPU here, so the semantics are checked one step before the NVPTX backend: the kernel's LLVM IR
+# (kernel_ir), retargeted to this machine and JIT-compiled, runs every thread of every block, each block's threads
+# as Python threads meeting at a real barrier where the kernel has Barriers; results are compared with numpy.
+_SREG_ORDER = ("ctaid.x", "ctaid.y", "ctaid.z", "tid.x", "tid.y", "tid.z")
+
+
+def host_ir(ir_text: str) -> str:
+    lines = [ln for ln in ir_text.splitlines() if not ln.startswith(("target ", "!"))
+             and not re.match(r'declare .*@"llvm\.nvvm\.', ln)]
+    text = "\n".join(lines)
+    for k, reg in enumerate(_SREG_ORDER):
+        text = text.replace('call i32 @"llvm.nvvm.read.ptx.sreg.%s"()' % reg, 'call i32 @"emu.sreg"(i32 %d)' % k)
+    text = text.replace('call void @"llvm.nvvm.barrier0"()', 'call void @"emu.barrier"()')
+    return text + """
+@"emu.sreg.fn" = global ptr null
+@"emu.barrier.fn" = global ptr null
+define internal i32 @"emu.sreg"(i32 %w) {
+  %f = load ptr, ptr @"emu.sreg.fn"
+  %r = call i32 %f(i32 %w)
+  ret i32 %r
+}
+define internal void @"emu.barrier"() {
+  %f = load ptr, ptr @"emu.barrier.fn"
+  call void %f()
+  ret void
+}
+"""
+
+
+def run_on_host(kernel: DeviceKernel, arrays, scalars=()):
+    """Run ``kernel`` over its whole grid on this CPU, on the numpy ``arrays`` (its params, in place)."""
+    import ctypes
+    import threading
+
+    mod = llvm.parse_assembly(host_ir(kernel_ir([kernel])))
+    mod.verify()
+    tm = llvm.Target.from_default_triple().create_target_machine()
+    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine.finalize_object()
+    local = threading.local()
+    barrier = [None]
+    sreg_cb = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)(lambda w: local.ids[w])
+    barrier_cb = ctypes.CFUNCTYPE(None)(lambda: barrier[0].wait(timeout=120))
+    for name, cb in (("emu.sreg.fn", sreg_cb), ("emu.barrier.fn", barrier_cb)):
+        slot = ctypes.c_void_p.from_address(engine.get_global_value_address(name))
+        slot.value = ctypes.cast(cb, ctypes.c_void_p).value
+    fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(arrays) + [ctypes.c_int32] * len(scalars)))(
+        engine.get_function_address(kernel.name))
+    args = [a.ctypes.data for a in arrays] + list(scalars)
+    errors = []
+
+    def thread(ids):
+        local.ids = ids
+        try:
+            fn(*args)
+        except BaseException as exc:   # noqa: BLE001 -- reported by the test below, not lost in a thread
+            errors.append(exc)
+
+    (gx, gy, gz), (tx, ty, tz) = kernel.grid, kernel.block
+    has_barrier = any(isinstance(s, Barrier) for s in walk(kernel.body))
+    for b in [(x, y, z) for z in range(gz) for y in range(gy) for x in range(gx)]:
+        ids = [b + (x, y, z) for z in range(tz) for y in range(ty) for x in range(tx)]
+        if not has_barrier:
+            for i in ids:
+                thread(i)
+            continue
+        barrier[0] = threading.Barrier(len(ids))
+        threads = [threading.Thread(target=thread, args=(i,)) for i in ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+            assert not t.is_alive(), "a kernel thread did not finish"
+    assert not errors, errors
+
+
+def check_script():
+    from fixtures.scripts import load_script
+    return load_script("gpu_cuda_check")
+
+
+@pytest.mark.parametrize("name", ["vadd", "block_sum", "matmul_tiled", "math", "int_ops"])
+def test_the_gpu_check_kernels_on_the_host(name):
+    """scripts/gpu_cuda_check.py's kernels and numpy references agree on this CPU (so a mismatch on a GPU is the
+    GPU path's), and its PTX assembles."""
+    g = check_script()
+    kernel = g.build_kernel(name)
+    arrays = g.inputs(name)
+    run_on_host(kernel, [a for _, a in arrays], g.SPECS[name]["scalars"])
+    spec = g.SPECS[name]
+    want = spec["ref"](*[a for (_, a), p in zip(arrays, spec["params"]) if p[3] is not None])
+    assert want
+    for pname, a in arrays:
+        if pname in want:
+            err = np.max(np.abs(a.astype(np.float64) - want[pname]) / (1 + np.abs(want[pname])))
+            assert err <= (0 if a.dtype.kind == "i" else 5e-5), (pname, err)
+
+
+def test_shared_memory_kernel_on_the_host():
+    a = np.random.default_rng(1).standard_normal(1024).astype(np.float32)
+    r = np.zeros(4, np.float32)
+    run_on_host(reduce_kernel(), [a, r])
+    blocks = a.reshape(4, 256)
+    want = blocks.astype(np.float64).sum(1) + blocks[:, 1].astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(r, want, rtol=1e-5, atol=1e-5)
+
+
+def test_expressions_on_the_host():
+    """The expressions kernel above against numpy: floor division and modulo by a negative and a positive
+    divisor, truncating casts, NaN != x, bit operations, shifts, min/max, int64 products, bool bytes."""
+    rng = np.random.default_rng(2)
+    a = rng.integers(-1000, 1000, 64).astype(np.int32)
+    f = rng.uniform(-5, 5, 64).astype(np.float32)
+    f[:4] = [np.nan, 0.5, -0.5, 2.75]
+    for d in (7, -3):
+        kernel = expressions_kernel()
+        o, lo, bm = np.zeros(640, np.int32), np.zeros(64, np.int64), np.zeros(64, np.bool_)
+        run_on_host(kernel, [a, f, o, lo, bm], [d])
+        with np.errstate(invalid="ignore"):
+            trunc = np.where(np.isnan(f), 0, np.trunc(f)).astype(np.int32)
+        rows = [a // d, a % d, trunc, np.where(f != 0.5, 1, 2), a & 12, a | d, a << 3, a >> 2,
+                np.minimum(a, d), np.maximum(a, d)]
+        got = o.reshape(64, 10)
+        for k, want in enumerate(rows):
+            if k == 2:   # a NaN cast to int is undefined (poison) in LLVM: not compared
+                np.testing.assert_array_equal(got[1:, k], want[1:], err_msg="row 2")
+                continue
+            np.testing.assert_array_equal(got[:, k], want.astype(np.int32), err_msg="row %d, d=%d" % (k, d))
+        np.testing.assert_array_equal(lo, a.astype(np.int64) * d)
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_array_equal(bm, f < 1.0)
