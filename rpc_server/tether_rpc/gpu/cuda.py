@@ -142,6 +142,7 @@ class _Program:
 
     def __init__(self, module: int, functions: Dict[str, int]):
         self.module, self.functions = module, functions
+        self.blocks: Dict[str, Tuple[int, ...]] = {}   # kernel -> the block its .reqntid requires
 
 
 class CudaDevice(DeviceAPI):
@@ -266,6 +267,8 @@ class CudaDevice(DeviceAPI):
                 except GpuError as exc:
                     raise GpuBuildError("cuda: the PTX has no kernel %r (%s)" % (name, exc)) from None
                 program.functions[name] = fn.value
+            if k.get("block"):
+                program.blocks[name] = tuple(int(b) for b in k["block"])
         return program
 
     def _load_module(self, ptx: bytes) -> int:
@@ -291,6 +294,12 @@ class CudaDevice(DeviceAPI):
     def launch(self, program: Any, kernel: str, args: Sequence[KernelArg], grid: Tuple[int, int, int],
                block: Tuple[int, int, int]) -> None:
         fn = self._function(program, kernel)
+        if len(tuple(grid)) != 3 or len(tuple(block)) != 3:
+            raise ValueError("cuda: grid and block are (x, y, z), got %r and %r" % (grid, block))
+        want = program.blocks.get(kernel)
+        if want is not None and tuple(int(b) for b in block) != want:
+            raise ValueError("cuda: kernel %r was built for blocks of %s threads (.reqntid), not %s"
+                             % (kernel, want, tuple(block)))
         values = [self._arg(a) for a in args]
         # kernelParams: one pointer per argument, to its value; the driver copies the values at the launch
         params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
