@@ -15,7 +15,8 @@ from tether.tir.device_split import DeviceProgram, split_host_device
 from tether.tir.expr import Compare, Const, Load, Var
 from tether.tir.stmt import For, IfThenElse, PrimFunc, Store, seq
 
-from fixtures.gpu_kernels import matmul_gpu, rowsum_gpu, scale2d_gpu, shifted_exp_gpu, softmax_gpu, vadd_gpu
+from fixtures.gpu_kernels import (matmul_gpu, rowsum_gpu, scale2d_gpu, shifted_exp_gpu, softmax_gpu, stencil_gpu,
+                                  vadd_gpu)
 
 
 def thread_loops(body):
@@ -132,6 +133,23 @@ def test_a_shorter_cooperative_fetch_is_guarded_by_the_thread_index():
     assert k.block == (16, 16, 1)
     local = [x for x in tir.walk(k.body) if isinstance(x, tir.Allocate) and x.buffer.scope == "local"]
     assert [a.buffer.name for a in local] == ["C.local"]
+
+
+def test_a_cache_bound_on_its_own_widens_the_work_group_and_guards_the_consumer():
+    s, args = stencil_gpu(256, block=64)
+    pf = tether.lower(s, args, "stencil")
+    assert thread_loops(pf.body) == [("i.outer", "blockIdx.x", 4), ("ax0", "threadIdx.x", 65),
+                                     ("i.inner", "threadIdx.x", 64)]
+    (k,) = split_host_device(pf).kernels
+    assert k.block == (65, 1, 1) and k.grid == (4, 1, 1) and tags(k) == {"i.outer": "blockIdx.x", "ax0": "threadIdx.x"}
+    # attached at a thread loop the fill runs once: a barrier after it only, outside the consumer's guard
+    assert str(k.body).splitlines() == [
+        "allocate A.shared: float32[65]  # shared",
+        "A.shared[ax0] = A[i.outer * 64 + ax0]",
+        "barrier()",
+        "if ax0 < 64:",
+        "  C[i.outer * 64 + ax0] = A.shared[ax0] + A.shared[ax0 + 1]",
+    ]
 
 
 def test_row_sum_runs_one_thread_per_row():
