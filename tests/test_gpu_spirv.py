@@ -261,9 +261,76 @@ def half_int8_case() -> Case:
     return Case(kern, {"H": h, "Q": q}, {"OUT": want}, rtol=1e-3)
 
 
+def special_value_cases() -> List[Case]:
+    """NaN, infinities, zeros and negatives where GLSL leaves results undefined: the CPU's answers."""
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, 1.0, 1e-30, 100.0, -100.0], np.float32)
+    a = np.resize(specials, N)
+    b = np.resize(specials[::-1], N)
+    with np.errstate(all="ignore"):
+        refs = {    # min/max: the CPU's select(a < b, a, b), so a NaN in a gives b
+            "min": (lambda x, y: Binary("min", x, y), np.where(a < b, a, b)),
+            "max": (lambda x, y: Binary("max", x, y), np.where(a > b, a, b)),
+            "ne": (lambda x, y: Cast("float32", Compare("ne", x, y)), (a != b).astype(np.float32)),
+            "eq": (lambda x, y: Cast("float32", Compare("eq", x, y)), (a == b).astype(np.float32)),
+            "lt": (lambda x, y: Cast("float32", Compare("lt", x, y)), (a < b).astype(np.float32)),
+            "log": (lambda x, y: Call("log", [x], "float32"), np.log(a)),
+            "sqrt": (lambda x, y: Call("sqrt", [x], "float32"), np.sqrt(a)),
+            "exp": (lambda x, y: Call("exp", [x], "float32"), np.exp(a)),
+            "tanh": (lambda x, y: Call("tanh", [x], "float32"), np.tanh(a)),
+            "sigmoid": (lambda x, y: Call("sigmoid", [x], "float32"), _sigmoid(a).astype(np.float32)),
+            "erf": (lambda x, y: Call("erf", [x], "float32"),
+                    np.array([math.erf(v) for v in a.astype(np.float64)], np.float32)),
+        }
+    cases = []
+    for name, (fn, want) in refs.items():
+        k = elementwise(f"special_{name}", ["float32", "float32"], "float32", fn)
+        # atol: below float32's normal range, since Vulkan lets a device flush subnormal results to zero
+        cases.append(Case(k, {"in0": a, "in1": b}, {"out": want.astype(np.float32)}, rtol=1e-6, atol=1.2e-38))
+    return cases
+
+
+def narrow_and_wide_int_cases() -> List[Case]:
+    """int8 arithmetic wraps at 8 bits; uint32 divides, shifts and compares without sign; int64 and float64."""
+    a8, b8 = ints(-128, 128, dtype=np.int8), ints(-128, 128, dtype=np.int8)
+    au, bu = ints(0, 2**32, dtype=np.uint32), ints(1, 2**16, dtype=np.uint32)
+    a64 = ints(-2**40, 2**40, dtype=np.int64)
+    f64 = RNG.uniform(0, 100, N)
+    return [
+        Case(elementwise("i8_add_mul", ["int8", "int8"], "int8", lambda x, y: x * y + x),
+             {"in0": a8, "in1": b8}, {"out": (a8 * b8 + a8).astype(np.int8)}),
+        Case(elementwise("u32_floordiv", ["uint32", "uint32"], "uint32", lambda x, y: Binary("floordiv", x, y)),
+             {"in0": au, "in1": bu}, {"out": au // bu}),
+        Case(elementwise("u32_floormod", ["uint32", "uint32"], "uint32", lambda x, y: Binary("floormod", x, y)),
+             {"in0": au, "in1": bu}, {"out": au % bu}),
+        Case(elementwise("u32_shr", ["uint32", "uint32"], "uint32", lambda x, y: Binary("shr", x, y % 32)),
+             {"in0": au, "in1": bu}, {"out": au >> (bu % 32)}),
+        Case(elementwise("u32_lt", ["uint32", "uint32"], "int32", lambda x, y: Cast("int32", x < y)),
+             {"in0": au, "in1": bu * 40000}, {"out": (au < bu * 40000).astype(np.int32)}),
+        Case(elementwise("i64_mul_add", ["int64"], "int64", lambda x: x * Const(3, "int64") + Const(2**40, "int64")),
+             {"in0": a64}, {"out": a64 * 3 + 2**40}),
+        Case(elementwise("f64_sqrt_div", ["float64"], "float64",
+                         lambda x: Call("sqrt", [x], "float64") / Const(3.0, "float64")),
+             {"in0": f64}, {"out": np.sqrt(f64) / 3.0}, rtol=1e-15),
+    ]
+
+
+def transpose_case() -> Case:
+    """Two launch dimensions: blockIdx.x/y and threadIdx.x/y (a 16 x 16 transpose in 8 x 8 tiles)."""
+    n = 16
+    X, Y = Buffer("X", (n, n), "float32"), Buffer("Y", (n, n), "float32")
+    bx, by, tx, ty = Var("bx"), Var("by"), Var("tx"), Var("ty")
+    row, col = by * 8 + ty, bx * 8 + tx
+    body = Store(Y, col * n + row, Load(X, row * n + col))
+    kern = DeviceKernel("transpose", [X, Y], body, {bx: "blockIdx.x", by: "blockIdx.y", tx: "threadIdx.x",
+                                                    ty: "threadIdx.y"}, (2, 2, 1), (8, 8, 1))
+    x = floats(-1, 1, n * n)
+    return Case(kern, {"X": x}, {"Y": x.reshape(n, n).T.ravel()})
+
+
 def all_cases() -> List[Case]:
     return (binary_cases() + math_cases() + cast_cases()
-            + [matmul_case(), reduction_case(), scalars_case(), select_case(), half_int8_case()])
+            + special_value_cases() + narrow_and_wide_int_cases()
+            + [matmul_case(), reduction_case(), scalars_case(), select_case(), half_int8_case(), transpose_case()])
 
 
 CASES = all_cases()

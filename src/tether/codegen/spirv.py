@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Sequence, Set, Tuple
 
 import numpy as np
 
-from tether.codegen.mathlib import _ERFC_F32
+from tether.codegen.mathlib import _ASIN_Q, _ERFC_F32
 from tether.codegen.spirv_words import (GLSL, OP, SCOPE_WORKGROUP, SEMANTICS_ACQUIRE_RELEASE,
                                         SEMANTICS_WORKGROUP_MEMORY, STORAGE, ModuleBuilder, instruction)
 from tether.errors import CompileError
@@ -674,11 +674,44 @@ def _pow(em, dt, args):
     return em.fsel(em.fcmp("FOrdEqual", x, em.fc(dt, 1.0)), t, em.fc(dt, 1.0), res)
 
 
+def _asin_core(em, dt, t, v):
+    z = em.op("FMul", t, v, v)
+    return em.op("FAdd", t, v, em.op("FMul", t, em.op("FMul", t, v, z), em.horner(dt, t, z, _ASIN_Q)))
+
+
+def _asin_acos(em, dt, x):
+    """(asin |x| near 0, 2 asin(sqrt((1 - |x|) / 2)), |x| <= 1/2): codegen/mathlib.py's reduction. Why not
+    GLSL Asin/Acos: lavapipe's are off by 4e-4 relative."""
+    t = em.ty(dt)
+    ax = em.ext("FAbs", t, x)
+    w = em.op("FMul", t, em.op("FSub", t, em.fc(dt, 1.0), ax), em.fc(dt, 0.5))     # exact for |x| >= 1/2
+    half_angle = em.op("FMul", t, em.fc(dt, 2.0), _asin_core(em, dt, t, _sqrt(em, dt, [w])))
+    near = em.fcmp("FUnordLessThanEqual", ax, em.fc(dt, 0.5))
+    return _asin_core(em, dt, t, ax), half_angle, near
+
+
+def _asin(em, dt, args):
+    (x,) = args
+    t = em.ty(dt)
+    small, half_angle, near = _asin_acos(em, dt, x)
+    large = em.op("FSub", t, em.fc(dt, math.pi / 2), half_angle)
+    return em.copysign(dt, t, em.fsel(near, t, small, large), x)
+
+
+def _acos(em, dt, args):
+    (x,) = args
+    t = em.ty(dt)
+    small, half_angle, near = _asin_acos(em, dt, x)
+    large = em.fsel(em.fcmp("FOrdLessThan", x, em.fc(dt, 0.0)), t,
+                    em.op("FSub", t, em.fc(dt, math.pi), half_angle), half_angle)
+    return em.fsel(near, t, em.op("FSub", t, em.fc(dt, math.pi / 2), em.copysign(dt, t, small, x)), large)
+
+
 _CALLS: Dict[str, Callable] = {
     "exp": _glsl("Exp"), "log": _log, "sqrt": _sqrt, "rsqrt": _rsqrt, "tanh": _tanh, "sigmoid": _sigmoid,
     "erf": _erf, "pow": _pow, "floor": _glsl("Floor"), "ceil": _glsl("Ceil"), "round_even": _glsl("RoundEven"),
     "abs": _abs, "fabs": _abs, "sin": _glsl("Sin"), "cos": _glsl("Cos"), "tan": _glsl("Tan"),
-    "asin": _glsl("Asin"), "acos": _glsl("Acos"), "atan": _glsl("Atan"),
+    "asin": _asin, "acos": _acos, "atan": _glsl("Atan"),
 }
 # GLSL.std.450 instructions that take 64-bit floats (the rest are 16/32-bit only)
 _F64_CALLS = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round_even", "abs", "fabs"})
