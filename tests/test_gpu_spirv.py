@@ -136,6 +136,10 @@ def math_cases() -> List[Case]:
         k = elementwise(f"math_{name}", ["float32"], "float32", lambda v, name=name: Call(name, [v], "float32"))
         want = ref(x.astype(np.float64)).astype(np.float32)
         cases.append(Case(k, {"in0": x}, {"out": want}, rtol=1e-5, atol=1e-6))
+    # log near 1, where a log with absolute precision (GLSL's) loses the relative one
+    x = floats(0.999, 1.001)
+    k = elementwise("math_log_near_one", ["float32"], "float32", lambda v: Call("log", [v], "float32"))
+    cases.append(Case(k, {"in0": x}, {"out": np.log(x.astype(np.float64)).astype(np.float32)}, rtol=1e-5))
     # pow: positive bases, and negative bases with integer exponents (sign from odd exponents)
     x, y = floats(0.1, 4), floats(-3, 3)
     x[:6], y[:6] = [-2, -2, -3, 0, 1, 5], [3, 2, -1, 2, 7.5, 0]
@@ -187,7 +191,7 @@ def cast_cases() -> List[Case]:
 
 def matmul_case() -> Case:
     """Nested serial loops with a local accumulator: C[i, j] = sum_k A[i, k] * B[k, j] over rows i, per column
-    thread j; a loop with a nonzero start too."""
+    thread j; an unrolled loop with a nonzero start inside a serial one."""
     m, kk, n = 8, 12, 64
     A, B, C = Buffer("A", (m, kk), "float32"), Buffer("B", (kk, n), "float32"), Buffer("C", (m, n), "float32")
     acc = Buffer("acc", (1,), "float32", scope="local")
@@ -195,7 +199,7 @@ def matmul_case() -> Case:
     i, k = Var("i"), Var("k")
     zero = Const(0, "int32")
     inner = seq(Store(acc, zero, Const(0.0, "float32")),
-                For(k, Const(1, "int32"), Const(kk - 1, "int32"), "serial",
+                For(k, Const(1, "int32"), Const(kk - 1, "int32"), "unrolled",
                     Store(acc, zero, Load(acc, zero) + Load(A, i * kk + k) * Load(B, k * n + tx))),
                 Store(C, i * n + tx, Load(acc, zero) + Load(A, i * kk) * Load(B, tx)))
     body = Allocate(acc, For(i, zero, Const(m, "int32"), "serial", inner))
