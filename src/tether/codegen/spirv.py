@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Sequence, Set, Tuple
 import numpy as np
 
 from tether.codegen.mathlib import _ASIN_Q, _ERFC_F32
-from tether.codegen.spirv_words import (GLSL, OP, SCOPE_WORKGROUP, SEMANTICS_ACQUIRE_RELEASE,
+from tether.codegen.spirv_words import (BUILTIN, GLSL, OP, SCOPE_WORKGROUP, SEMANTICS_ACQUIRE_RELEASE,
                                         SEMANTICS_WORKGROUP_MEMORY, STORAGE, ModuleBuilder, instruction)
 from tether.errors import CompileError
 from tether.tir.buffer import Buffer
@@ -42,8 +42,8 @@ _SCOPE_STORAGE = {"param": "StorageBuffer", "shared": "Workgroup", "local": "Fun
 _DTYPE_NEEDS = {"int8": "int8", "uint8": "int8", "int16": "int16", "uint16": "int16", "float16": "fp16",
                 "int64": "int64", "uint64": "int64", "float64": "fp64"}
 _INT_CAP = {8: "Int8", 16: "Int16", 64: "Int64"}
-_LOOP_UNROLL = 0x1     # LoopControl Unroll
 _FLOAT_CAP = {16: "Float16", 64: "Float64"}
+_LOOP_UNROLL = 0x1     # LoopControl Unroll
 
 
 def spirv_module(kernels: List[DeviceKernel]) -> bytes:
@@ -77,7 +77,7 @@ class _ModuleState:
             mb = self.mb
             uvec3 = mb.t_vector(mb.t_int(32, False), 3)
             var = mb.variable(mb.t_pointer("Input", uvec3), "Input")
-            mb.decorate(var, "BuiltIn", {"WorkgroupId": 26, "LocalInvocationId": 27}[name])
+            mb.decorate(var, "BuiltIn", BUILTIN[name])
             mb.name(var, name)
             self.builtins[name] = var
         return self.builtins[name]
@@ -484,9 +484,6 @@ class _KernelEmitter:
     # ---- float helpers -----------------------------------------------------------------------------------
     def fc(self, dt: str, value: float) -> int:
         return self.const("float32" if dt == "float16" else dt, value)
-
-    def flt(self, name: str, t: int, *args: int) -> int:
-        return self.op(name, t, *args)
 
     def fsel(self, cond: int, t: int, a: int, b: int) -> int:
         return self.op("Select", t, cond, a, b)
