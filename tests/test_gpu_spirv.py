@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tether
+from tether import runtime, te
 from fixtures.gpu_kernels import (matmul_gpu, rowsum_gpu, scale2d_gpu, shifted_exp_gpu, softmax_gpu, stencil_gpu,
                                   vadd_gpu)
 from fixtures.prereq import require_tool, unavailable
@@ -559,3 +560,70 @@ def test_lowered_schedule_validates_and_runs(name, vulkan, tmp_path):
     validate(code, tmp_path)
     (got,) = run_lowered(vulkan, prog, code, args, inputs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
+
+
+# ---- the CPU backend as the reference: one te expression compiled for the host and for Vulkan -------------------
+def _cpu_and_gpu_schedules(fn, in_dtypes: Sequence[str], n: int):
+    """(schedule, args) twice for ``out[i] = fn(*inputs[i])``: plain for the host, bound to threads for the GPU."""
+    def make():
+        ins = [te.placeholder((n,), dt, name=f"I{k}") for k, dt in enumerate(in_dtypes)]
+        out = te.compute((n,), lambda i: fn(*[x[i] for x in ins]), name="O")
+        return ins + [out], te.create_schedule(out.op), out
+
+    cpu_args, cpu_s, _ = make()
+    gpu_args, gpu_s, out = make()
+    bx, tx = gpu_s[out].split(out.op.axis[0], factor=BLOCK)
+    gpu_s[out].bind(bx, te.thread_axis("blockIdx.x"))
+    gpu_s[out].bind(tx, te.thread_axis("threadIdx.x"))
+    return (cpu_s, cpu_args), (gpu_s, gpu_args)
+
+
+def _te_expressions():
+    return {   # name -> (fn, input dtypes[, rtol])
+        "float_mix": (lambda a, b: te.exp(a * 0.5) - te.log(te.abs(b) + 1.0) * te.tanh(a - b), ["float32"] * 2),
+        "float_more": (lambda a, b: te.sigmoid(a) + te.erf(b) + te.sqrt(te.abs(a)) / (te.rsqrt(b * b + 1.0)),
+                       ["float32"] * 2),
+        "float_round": (lambda a, b: te.floor(a * 3.0) + te.ceil(b) * te.round_even(a + b) + te.pow(te.abs(a), b),
+                        ["float32"] * 2),
+        "float_minmax_select": (lambda a, b: te.if_then_else(a > b, te.max(a, b * 2.0), te.min(a - 1.0, b)),
+                                ["float32"] * 2),
+        "int_floor_ops": (lambda x, y: (x // (y % 13 + 1)) * 7 - x % (te.abs(y) + 1) + te.max(x, y) * te.min(x, y),
+                          ["int32"] * 2),
+        "int_bits": (lambda x, y: te.bitwise("bitxor", te.bitwise("shl", x, te.abs(y) % 8), te.bitwise("shr", y, 3))
+                     + te.bitwise("bitand", x, y) - te.bitwise("bitor", x, 5), ["int32"] * 2),
+        "casts": (lambda a, x: (a * 100.0).astype("int32") + x.astype("int8").astype("int32")
+                  + te.if_then_else(te.all(a > 0.0, x < 0), 1, 0), ["float32", "int32"]),
+        # exp differs in the last bits, so a result next to a float16 rounding boundary may round the other way
+        "half_math": (lambda a, b: (te.exp(a) * b).astype("float16").astype("float32") + 0.25, ["float32"] * 2,
+                      2.0 ** -10),
+    }
+
+
+def _te_inputs(dtypes: Sequence[str], n: int) -> List[np.ndarray]:
+    out = []
+    for dt in dtypes:
+        out.append(RNG.uniform(-3, 3, n).astype(np.float32) if dt == "float32" else
+                   RNG.integers(-5000, 5000, n).astype(np.int32))
+    return out
+
+
+@pytest.mark.parametrize("name", list(_te_expressions()))
+def test_matches_the_cpu_backend(name, vulkan, tmp_path):
+    """One te expression lowered for the host (the CPU backend, through the linker and the device runtime) and for
+    Vulkan (split, SPIR-V, lavapipe): the same values, bit for bit for integers."""
+    fn, dtypes, *tolerance = _te_expressions()[name]
+    n = 1000     # not a multiple of the work-group: the GPU's bounds guard is exercised
+    (cpu_s, cpu_args), (gpu_s, gpu_args) = _cpu_and_gpu_schedules(fn, dtypes, n)
+    inputs = _te_inputs(dtypes, n)
+    lib = tether.build(cpu_s, cpu_args, target="host", name=name)
+    f = runtime.load_module(lib.export_library(str(tmp_path / f"{name}.so")))[name]
+    want = np.zeros(n, np.dtype(cpu_args[-1].dtype))
+    f(*inputs, want)
+    prog = split_host_device(tether.lower(gpu_s, gpu_args, name))
+    code = spirv_module(prog.kernels)
+    validate(code, tmp_path)
+    (got,) = run_lowered(vulkan, prog, code, gpu_args, inputs)
+    if want.dtype.kind == "f":
+        np.testing.assert_allclose(got, want, rtol=tolerance[0] if tolerance else 1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, want)
