@@ -147,6 +147,14 @@ def math_cases() -> List[Case]:
     k = elementwise("math_pow", ["float32", "float32"], "float32", lambda a, b: Call("pow", [a, b], "float32"))
     want = np.power(x.astype(np.float64), y.astype(np.float64)).astype(np.float32)
     cases.append(Case(k, {"in0": x, "in1": y}, {"out": want}, rtol=1e-5, atol=1e-6))
+    # dot4: four byte products of two int32s, bytes read unsigned or signed
+    a, b = ints(-2**31, 2**31 - 1), ints(-2**31, 2**31 - 1)
+    for kind in ("u8s8", "s8s8", "u8u8"):
+        k = elementwise(f"dot4_{kind}", ["int32", "int32"], "int32",
+                        lambda x, y, kind=kind: Call("dot4_" + kind, [x, y], "int32"))
+        ab = a.view(np.uint8 if kind[0] == "u" else np.int8).reshape(N, 4).astype(np.int32)
+        bb = b.view(np.uint8 if kind[2] == "u" else np.int8).reshape(N, 4).astype(np.int32)
+        cases.append(Case(k, {"in0": a, "in1": b}, {"out": (ab * bb).sum(axis=1).astype(np.int32)}))
     # int abs
     a = ints(-100, 100)
     k = elementwise("math_iabs", ["int32"], "int32", lambda v: Call("abs", [v], "int32"))
