@@ -635,3 +635,11 @@ def test_matches_the_cpu_backend(name, vulkan, tmp_path):
         np.testing.assert_allclose(got, want, rtol=tolerance[0] if tolerance else 1e-5, atol=1e-6)
     else:
         np.testing.assert_array_equal(got, want)
+
+
+def test_inputs_are_marked_read_only():
+    k = elementwise("add2", ["float32", "float32"], "float32", lambda x, y: x + y)
+    dis = subprocess.run([require_tool("spirv-dis", "apt-get install spirv-tools"), "-"], input=spirv_module([k]),
+                         capture_output=True, timeout=120).stdout.decode()
+    assert dis.count("0 NonWritable") == 2          # in0 and in1; out is written
+    assert "LocalSize 64 1 1" in dis and "DescriptorSet 0" in dis and "Binding 2" in dis

@@ -192,6 +192,7 @@ class _KernelEmitter:
 
     def bind_params(self) -> None:
         mb = self.mb
+        stored = {s.buffer for s in walk(self.k.body) if isinstance(s, Store)}
         for binding, buf in enumerate(self.k.params):
             if buf.scope != "param":
                 raise CompileError(f"spirv: kernel parameter {buf.name!r} has scope {buf.scope!r}, expected 'param'")
@@ -200,6 +201,8 @@ class _KernelEmitter:
             block = mb.t_struct([arr])
             mb.decorate(block, "Block")
             mb.member_decorate(block, 0, "Offset", 0)
+            if buf not in stored:   # an input: the driver may cache it as read-only memory
+                mb.member_decorate(block, 0, "NonWritable")
             var = mb.variable(mb.t_pointer("StorageBuffer", block), "StorageBuffer")
             mb.decorate(var, "DescriptorSet", 0)
             mb.decorate(var, "Binding", binding)
