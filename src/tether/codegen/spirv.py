@@ -165,8 +165,9 @@ class _KernelEmitter:
         if is_bool(dtype):
             return mb.const_bool(bool(value))
         self.ty(dtype)
-        if dtype == "float16":
-            return mb.const_float(float(np.float16(value)), 32)
+        if dtype == "float16":      # the half value it holds (past 65504: infinity, like the CPU's rounding)
+            with np.errstate(over="ignore"):
+                return mb.const_float(float(np.float16(value)), 32)
         if is_float(dtype):
             return mb.const_float(float(value), bits(dtype))
         return mb.const_int(int(value), bits(dtype), not is_unsigned(dtype))
