@@ -23,7 +23,7 @@ from tether.tir.device import Barrier, DeviceKernel
 from tether.tir.device_split import split_host_device
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var
 from tether.tir.stmt import Allocate, For, IfThenElse, Store, seq
-from tether_rpc.gpu.api import GpuBuildError, GpuUnavailable
+from tether_rpc.gpu.api import GpuUnavailable
 
 N = 256          # elements of the elementwise kernels: 4 work-groups of 64
 BLOCK = 64
@@ -483,21 +483,7 @@ def run_case(dev, case: Case) -> Dict[str, np.ndarray]:
             dev.free(buf)
 
 
-def _run_params() -> list:
-    """The cases to run; a kernel needing "int16" (shaderInt16 + 16-bit storage) is refused by the Vulkan runtime,
-    which does not know that need yet: strict xfail, so that this fails once the runtime accepts it."""
-    out = []
-    for case in CASES:
-        spirv_module([case.kernel])     # fills in kernel.needs
-        marks = ()
-        if "int16" in case.kernel.needs:
-            marks = pytest.mark.xfail(strict=True, raises=GpuBuildError,
-                                      reason="the Vulkan runtime does not know the 'int16' need")
-        out.append(pytest.param(case, id=case.kernel.name, marks=marks))
-    return out
-
-
-@pytest.mark.parametrize("case", _run_params())
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_kernel_runs_on_lavapipe(case: Case, vulkan):
     got = run_case(vulkan, case)
     for name, want in case.expected.items():
