@@ -1,6 +1,7 @@
 """Tensor expressions: describe what a kernel computes (placeholder/compute/reduce) and how (schedules)."""
 from tether.te.expr import IterVar, max, min, prod, reduce_axis, sum  # noqa: F401
 from tether.te.schedule import Schedule, Stage, create_schedule  # noqa: F401
+from tether.te.thread import ThreadAxis, thread_axis  # noqa: F401
 from tether.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor, compute, placeholder  # noqa: F401
 from tether.tir.expr import (Const, Expr, Var, all, any, bitwise, call_packed, cast, const, convert, floordiv,  # noqa: F401
                              floormod, if_then_else, logical_and, logical_not, logical_or, max_value, min_value)

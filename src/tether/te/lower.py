@@ -20,6 +20,7 @@ from tether.te.expr import IterVar
 from tether.te.schedule import Schedule, Split, Stage
 from tether.te.tensor import PlaceholderOp, Tensor, collect_tensors
 from tether.tir.buffer import Buffer
+from tether.tir.device import Barrier
 from tether.tir.dtype import is_int
 from tether.tir.expr import Binary, Compare, Const, Expr, Load, Reduce, TensorLoad, Var
 from tether.tir.simplify import Simplifier, simplify
@@ -50,6 +51,11 @@ class _StageInfo:
         self.value: Dict[IterVar, Expr] = {}
         self.guards: List[Expr] = []
         self.root_abs: Dict[IterVar, Expr] = {}
+        # GPU: bound leaves that reuse the thread index of an enclosing loop bound to the same tag (no loop)
+        self.merged: set = set()
+        # whether the stage runs in GPU threads (it has bound loops or sits inside them): its guards then wrap its
+        # stores instead of clamping loops, so that loop extents stay uniform across the threads of a work-group
+        self.gpu = False
 
 
 class Lowering:
@@ -151,8 +157,10 @@ class Lowering:
         return rebuild(body, fn)
 
     # ---------------------------------------------------------------------------------------------------------
-    def _structure(self, st: Stage, region: Optional[List[Tuple[Expr, int]]]) -> _StageInfo:
+    def _structure(self, st: Stage, region: Optional[List[Tuple[Expr, int]]], env: Dict[str, Tuple[Var, int]]
+                   ) -> _StageInfo:
         info = _StageInfo(st)
+        info.gpu = bool(env) or bool(st.bound)
         shape = st.op.output(0).shape
         if region is None:
             region = [(_c(0), d) for d in shape]
@@ -176,10 +184,32 @@ class Lowering:
                     split_guards.append((r.parent, e))
             else:
                 info.ext[r.fused] = info.ext[r.outer] * info.ext[r.inner]
+        merge_guards = []
         for leaf in info.leaves:
             # a loop of one iteration is not emitted: its variable is simply 0
             info.value[leaf] = _c(0) if info.ext[leaf] == 1 else leaf
             self.ranges[leaf] = (0, info.ext[leaf] - 1)
+            tiv = st.bound.get(leaf)
+            if tiv is None:
+                continue
+            tag, ext = tiv.thread_tag, info.ext[leaf]
+            if tiv.extent is not None and tiv.extent != ext:
+                raise ScheduleError(f"bind: stage {st.name!r}: axis {leaf.name!r} has extent {ext} but is bound to "
+                                    f"{tag}, declared with extent {tiv.extent}")
+            if tag in env:
+                # inside a loop bound to the same index: this loop is that thread index, and when it is shorter
+                # only the first threads take part (TVM does the same)
+                outer_var, outer_ext = env[tag]
+                if ext > outer_ext:
+                    raise ScheduleError(f"bind: stage {st.name!r}: axis {leaf.name!r} (extent {ext}) is bound to "
+                                        f"{tag} inside a loop bound to it with extent {outer_ext}; it must not be "
+                                        "longer")
+                info.merged.add(leaf)
+                info.value[leaf] = outer_var
+                if ext < outer_ext:
+                    merge_guards.append(Compare("lt", outer_var, _c(ext)))
+            else:
+                info.value[leaf] = leaf      # a thread loop is kept even with one iteration: it is a launch index
         for r in reversed(st.relations):
             if isinstance(r, Split):
                 start = Binary("mul", info.value[r.outer], _c(info.ext[r.inner]))
@@ -192,6 +222,7 @@ class Lowering:
                 info.value[r.inner] = simplify(Binary("floormod", info.value[r.fused], ei), self.ranges)
         for parent, e in split_guards:
             info.guards.append(Compare("lt", info.value[parent], _c(e)))
+        info.guards.extend(merge_guards)
         for d, (iv, (lo, e)) in enumerate(zip(st.axis, region)):
             info.root_abs[iv] = simplify(Binary("add", lo, info.value[iv]), self.ranges)
             if not (isinstance(lo, Const) and lo.value == 0 and e <= shape[d]):
@@ -226,8 +257,12 @@ class Lowering:
         return buf, simplify(flat, self.ranges)
 
     # ---------------------------------------------------------------------------------------------------------
-    def build_stage(self, st: Stage, region: Optional[List[Tuple[Expr, int]]]) -> Stmt:
-        info = self._structure(st, region)
+    def build_stage(self, st: Stage, region: Optional[List[Tuple[Expr, int]]],
+                    env: Optional[Dict[str, Tuple[Var, int]]] = None) -> Stmt:
+        """The loops of ``st`` over ``region`` (None: its whole output); ``env`` maps the thread tags of the loops
+        enclosing this placement to their (variable, extent)."""
+        env = env or {}
+        info = self._structure(st, region, env)
         t = st.op.output(0)
         body = self.eff_body[st]
         mapping = dict(info.root_abs)
@@ -237,8 +272,11 @@ class Lowering:
             src_abs = substitute(body, mapping)
 
         # regions of the stages attached inside this one (before converting loads: they define the offsets)
-        attached: Dict[int, list] = {}     # id(leaf) -> [(child stage, its new local buffer or None, region)]
+        attached: Dict[int, list] = {}     # id(leaf) -> [(child stage, its new buffer or None, region, env)]
+        child_env = dict(env)
         for pos, leaf in enumerate(info.leaves):
+            if leaf in st.bound and leaf not in info.merged:
+                child_env[st.bound[leaf].thread_tag] = (leaf, info.ext[leaf])
             for child in self.children.get(id(leaf), []):
                 if child.attach_stage is not st:
                     continue
@@ -248,7 +286,7 @@ class Lowering:
                 if ct not in self.buffers:      # an output attached inside keeps its (absolute) param buffer
                     new_buf = Buffer(ct.name, [e for _, e in creg], ct.dtype, getattr(child, "scope", "local"))
                     self.buffers[ct] = (new_buf, [lo for lo, _ in creg])
-                attached.setdefault(id(leaf), []).append((child, new_buf, creg))
+                attached.setdefault(id(leaf), []).append((child, new_buf, creg, dict(child_env)))
 
         out_idx = [info.root_abs[iv] for iv in st.axis]
         sbuf, sidx = self._address(t, out_idx)
@@ -257,8 +295,22 @@ class Lowering:
 
         def attach_stmts(leaf: IterVar) -> List[Tuple[Stmt, Optional[Buffer]]]:
             out = []
-            for child, new_buf, creg in attached.get(id(leaf), []):
-                out.append((self.build_stage(child, creg), new_buf))
+            synced = []
+            for child, new_buf, creg, cenv in attached.get(id(leaf), []):
+                out.append((self.build_stage(child, creg, cenv), new_buf))
+                if getattr(child, "scope", "local") == "shared" and (cenv or child.bound):
+                    synced.append(child.name)
+            if synced:
+                # a work-group fills shared memory together: wait until every thread is done reading the previous
+                # tile before overwriting it (when the fill repeats in a loop), and until the whole tile is
+                # written before anyone reads it
+                after = Barrier()
+                after.stage = synced[-1]
+                out.append((after, None))
+                if leaf not in st.bound:
+                    before = Barrier()
+                    before.stage = synced[0]
+                    out.insert(0, (before, None))
             return out
 
         leaves = info.leaves
@@ -271,12 +323,26 @@ class Lowering:
             init = Store(sbuf, sidx, body.identity)
             update = Store(sbuf, sidx, simplify(_combine(body.combiner, Load(sbuf, sidx), value), self.ranges),
                            reduction=body.combiner)
+            if info.gpu:
+                init = self._guard(init, [g for g in info.guards if not uses_var(g, red_vars)])
+                update = self._guard(update, info.guards)
+                g_outer, g_tail = [], []
             init_stmt = self._make_loops(st, info, init_leaves, init,
                                          [g for g in g_tail if not uses_var(g, red_vars)], None)
             upd_stmt = self._make_loops(st, info, tail, update, g_tail, attach_stmts)
             return self._make_loops(st, info, outer, seq(init_stmt, upd_stmt), g_outer, attach_stmts, top=True)
         store = Store(sbuf, sidx, value)
+        if info.gpu:
+            return self._make_loops(st, info, leaves, self._guard(store, info.guards), [], attach_stmts, top=True)
         return self._make_loops(st, info, leaves, store, info.guards, attach_stmts, top=True)
+
+    def _guard(self, stmt: Stmt, guards: List[Expr]) -> Stmt:
+        conds = []
+        for g in guards:
+            g = simplify(g, self.ranges)
+            if not (isinstance(g, Const) and g.value):
+                conds.append(g)
+        return IfThenElse(_conjunction(conds), stmt) if conds else stmt
 
     def _split_guards(self, guards: List[Expr], outer: List[IterVar], tail: List[IterVar]):
         g_outer, g_tail = [], []
@@ -323,12 +389,17 @@ class Lowering:
                             stmt = Allocate(b, stmt)
             if ifs:
                 stmt = IfThenElse(_conjunction(ifs), stmt)
-            if ext == 1 and isinstance(extent, Const):
+            if lv in info.merged or (ext == 1 and isinstance(extent, Const) and lv not in st.bound):
                 continue
             kind = st.iter_kind.get(lv, "serial")
-            stmt = For(lv, _c(0), extent, kind, stmt, max_extent=ext)
+            tiv = st.bound.get(lv)
+            stmt = For(lv, _c(0), extent, kind, stmt, max_extent=ext,
+                       thread_tag=tiv.thread_tag if tiv is not None else None)
+            stmt.stage = st.name
         if top_guards:
             stmt = IfThenElse(_conjunction(top_guards), stmt)
+        if top:
+            stmt.stage = st.name
         return stmt
 
     def _clamp(self, g: Expr, lv: IterVar) -> Optional[Expr]:
@@ -357,6 +428,12 @@ class Lowering:
         """Region of ``child`` read by one iteration of the consumer's leaf loop at ``pos``."""
         ct = child.op.output(0)
         varying = {lv: info.ext[lv] for lv in info.leaves[pos + 1:]}
+        if getattr(child, "scope", "local") == "shared":
+            # work-group memory holds what every thread of the work-group reads: relax the threadIdx loops too
+            for lv in info.leaves[:pos + 1]:
+                tiv = info.stage.bound.get(lv)
+                if tiv is not None and tiv.thread_tag.startswith("threadIdx"):
+                    varying[lv] = info.ext[lv]
         loads = [n for n in walk(consumer_src) if isinstance(n, TensorLoad) and n.tensor is ct]
         region = []
         for d, extent in enumerate(ct.shape):

@@ -11,8 +11,9 @@ from typing import Any, Sequence
 from tether.errors import ScheduleError
 from tether.te.expr import IterVar
 from tether.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor
-from tether.tir.expr import Expr, Reduce
-from tether.tir.visit import substitute
+from tether.te.thread import ThreadAxis
+from tether.tir.expr import Expr, Reduce, TensorLoad
+from tether.tir.visit import rebuild, substitute, walk
 
 LOOP_KINDS = ("serial", "vectorized", "unrolled", "parallel")
 
@@ -46,6 +47,7 @@ class Stage:
         self.leaf_iter_vars: list[IterVar] = self.axis + self.reduce_axis
         self.relations: list[Any] = []
         self.iter_kind: dict[IterVar, str] = {}
+        self.bound: dict[IterVar, ThreadAxis] = {}    # leaf -> the thread index it is bound to (kind "thread")
         self.attach_type = "root"          # root | inline | scope
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
@@ -170,6 +172,31 @@ class Stage:
                                 "iterations would race on the same output element")
         self._annotate(iv, "parallel")
 
+    def bind(self, iv: IterVar, thread_ivar: ThreadAxis) -> None:
+        """Run leaf loop ``iv`` as the GPU thread index ``thread_ivar`` (te.thread_axis): one work-group per
+        iteration for blockIdx.*, one thread per iteration for threadIdx.*."""
+        self._leaf_index(iv, "bind")
+        if not isinstance(thread_ivar, ThreadAxis):
+            raise ScheduleError(f"bind: stage {self.name!r}: axis {iv.name!r} can only be bound to a "
+                                f"te.thread_axis(tag), got {thread_ivar!r}")
+        tag = thread_ivar.thread_tag
+        if iv.kind == "reduce":
+            if tag.startswith("blockIdx"):
+                raise ScheduleError(f"bind: stage {self.name!r}: axis {iv.name!r} is a reduction axis and cannot be "
+                                    f"bound to {tag}; work-groups cannot combine their partial results")
+            raise ScheduleError(f"bind: stage {self.name!r}: axis {iv.name!r} is a reduction axis; binding it to "
+                                f"{tag} needs a cross-thread reduction, which is not supported (bind a data axis)")
+        old = self.iter_kind.get(iv)
+        if old is not None:
+            what = f"bound to {self.bound[iv].thread_tag}" if old == "thread" else old
+            raise ScheduleError(f"bind: stage {self.name!r}: axis {iv.name!r} is already {what}")
+        for other, t in self.bound.items():
+            if t.thread_tag == tag:
+                raise ScheduleError(f"bind: stage {self.name!r}: axis {iv.name!r} cannot be bound to {tag}, "
+                                    f"axis {other.name!r} already is (one loop per thread index)")
+        self.iter_kind[iv] = "thread"
+        self.bound[iv] = thread_ivar
+
     def pragma(self, iv: IterVar, name: str, value: Any = None) -> None:  # accepted for TVM-style scripts
         self._leaf_index(iv, "pragma")
 
@@ -236,20 +263,63 @@ class Schedule:
         op = x.op if isinstance(x, Tensor) else x
         return op in self.stage_map
 
+    def cache_read(self, tensor: Tensor, scope: str, readers: Sequence[Tensor | Operation | Stage]) -> Tensor:
+        """A new stage copying ``tensor`` into memory of ``scope`` ("shared": a GPU work-group's, "local": one
+        thread's, "global"), which ``readers`` read instead of ``tensor``.
+
+        Attach it with compute_at inside the readers' loops so that it copies only the tile they need; a shared
+        cache inside thread loops is filled by the work-group together (bind its loops to threadIdx.*), with a
+        barrier before and after the fill.
+        """
+        if scope not in ("shared", "local", "global"):
+            raise ScheduleError(f"cache_read: unknown scope {scope!r} (use 'shared', 'local' or 'global')")
+        if not isinstance(tensor, Tensor) or tensor.op not in self.stage_map:
+            raise ScheduleError(f"cache_read: {getattr(tensor, 'name', tensor)!r} is not a tensor of this schedule")
+        if isinstance(readers, (Tensor, Operation, Stage)):
+            readers = [readers]
+        reader_stages = []
+        for r in readers:
+            st = r if isinstance(r, Stage) else self[r]
+            st._need_compute("cache_read")
+            if not any(isinstance(n, TensorLoad) and n.tensor is tensor for n in _walk_body(st.body)):
+                raise ScheduleError(f"cache_read: stage {st.name!r} does not read {tensor.name!r}")
+            reader_stages.append(st)
+        if not reader_stages:
+            raise ScheduleError(f"cache_read of {tensor.name!r}: give the stages that read it (readers)")
+        axis = [IterVar(f"ax{d}", n, "data") for d, n in enumerate(tensor.shape)]
+        cache_op = ComputeOp(f"{tensor.name}.{scope}", "", {}, axis, tensor[tuple(axis)])
+        cache_stage = Stage(cache_op, self)
+        cache_stage.scope = scope
+        self.stages.insert(self.stages.index(self[tensor]) + 1, cache_stage)
+        self.stage_map[cache_op] = cache_stage
+        cache = cache_op.output(0)
+
+        def redirect(n: Expr):
+            if isinstance(n, TensorLoad) and n.tensor is tensor:
+                return cache[tuple(rebuild(i, redirect) for i in n.indices)]
+            return None
+        for st in reader_stages:
+            body = st.body
+            if isinstance(body, Reduce):
+                st.body = Reduce(body.combiner, rebuild(body.source, redirect), body.axis, body.identity)
+            else:
+                st.body = rebuild(body, redirect)
+        return cache
+
     def cache_write(self, tensor: Tensor, scope: str = "local") -> Tensor:
         """Compute ``tensor`` into a new cache stage and make ``tensor``'s stage a copy out of it.
 
         The usual use is register blocking: attach the cache stage with compute_at inside the output tile so its
         small buffer (and the reduction accumulators) stay in registers.
         """
-        if scope not in ("local", "global"):
-            raise ScheduleError(f"cache_write: unknown scope {scope!r} (use 'local' or 'global')")
+        if scope not in ("local", "shared", "global"):
+            raise ScheduleError(f"cache_write: unknown scope {scope!r} (use 'local', 'shared' or 'global')")
         st = self[tensor]
         st._need_compute("cache_write")
         if st.relations or st.iter_kind or st.attach_type != "root" or st.leaf_iter_vars != st.axis + st.reduce_axis:
             raise ScheduleError(f"cache_write: call it on {tensor.name!r} before splitting, reordering or "
                                 "attaching that stage")
-        suffix = ".local" if scope == "local" else ".global"
+        suffix = "." + scope
         new_axis = [IterVar(iv.name + ".c", iv.extent, "data") for iv in st.axis]
         new_raxis = [IterVar(iv.name, iv.extent, "reduce", iv.dom_min) for iv in st.reduce_axis]
         mapping = dict(zip(st.axis, new_axis))
@@ -269,6 +339,12 @@ class Schedule:
         st.reduce_axis = []
         st.leaf_iter_vars = list(st.axis)
         return cache
+
+
+def _walk_body(body: Expr | None):
+    if body is None:
+        return []
+    return walk(body.source if isinstance(body, Reduce) else body)
 
 
 def create_schedule(ops: Operation | Tensor | Sequence[Operation | Tensor]) -> Schedule:

@@ -28,17 +28,21 @@ class Stmt:
 
 
 class For(Stmt):
-    """``for var in [min, min + extent)``; kind: serial | vectorized | unrolled | parallel.
+    """``for var in [min, min + extent)``; kind: serial | vectorized | unrolled | parallel | thread.
 
     ``extent`` may be an expression of enclosing loop variables (a clamped tail); ``max_extent`` is then the
-    constant upper bound that vectorized/unrolled loops are specialised for.
+    constant upper bound that vectorized/unrolled loops are specialised for. A ``"thread"`` loop runs its
+    iterations as the GPU thread index ``thread_tag`` (one of tether.tir.device.THREAD_TAGS); the host/device
+    split (tether.tir.device_split) turns it into a launch dimension.
     """
 
     _fields = ("body",)
 
-    def __init__(self, var: Var, min: Expr, extent: Expr, kind: str, body: Stmt, max_extent: int | None = None):
+    def __init__(self, var: Var, min: Expr, extent: Expr, kind: str, body: Stmt, max_extent: int | None = None,
+                 thread_tag: str | None = None):
         self.var, self.min, self.extent, self.kind, self.body = var, min, extent, kind, body
         self.max_extent = max_extent
+        self.thread_tag = thread_tag
         self.tail = False   # set on remainder loops split off by loop partitioning
         # On the full-tile side of a partition the extent is the constant max_extent, which equals this clamp
         # expression there; codegen uses it to prove that accesses stay in bounds.
@@ -46,6 +50,8 @@ class For(Stmt):
 
     def _lines(self, pad: str, out: List[str]) -> None:
         kind = "" if self.kind == "serial" else f" {self.kind}"
+        if self.kind == "thread":
+            kind = f" thread({self.thread_tag})"
         if isinstance(self.min, Const) and self.min.value == 0:
             rng = str(self.extent)
         else:
