@@ -57,6 +57,25 @@ _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
 _BITS = {"bitand": "&", "bitor": "|", "bitxor": "^", "shr": ">>"}
 
+# The builtin functions of OpenCL C 1.2 (section 6.12): a kernel of one of these names overloads the builtin and
+# clCreateKernel cannot find it (CL_INVALID_KERNEL_NAME), and a variable of one of them hides it.
+_BUILTINS = frozenset("""
+get_work_dim get_global_size get_global_id get_local_size get_local_id get_num_groups get_group_id
+get_global_offset acos acosh acospi asin asinh asinpi atan atan2 atanh atanpi atan2pi cbrt ceil copysign cos cosh
+cospi erfc erf exp exp2 exp10 expm1 fabs fdim floor fma fmax fmin fmod fract frexp hypot ilogb ldexp lgamma
+lgamma_r log log2 log10 log1p logb mad maxmag minmag modf nan nextafter pow pown powr remainder remquo rint rootn
+round rsqrt sin sincos sinh sinpi sqrt tan tanh tanpi tgamma trunc half_cos half_divide half_exp half_exp2
+half_exp10 half_log half_log2 half_log10 half_powr half_recip half_rsqrt half_sin half_sqrt half_tan native_cos
+native_divide native_exp native_exp2 native_exp10 native_log native_log2 native_log10 native_powr native_recip
+native_rsqrt native_sin native_sqrt native_tan abs abs_diff add_sat hadd rhadd clamp clz ctz mad_hi mad_sat max min
+mul_hi rotate sub_sat upsample popcount mad24 mul24 degrees mix radians step smoothstep sign cross dot distance
+length normalize fast_distance fast_length fast_normalize isequal isnotequal isgreater isgreaterequal isless
+islessequal islessgreater isfinite isinf isnan isnormal isordered isunordered signbit any all bitselect select
+vload_half vstore_half vstore_half_rte vstore_half_rtz vstore_half_rtp vstore_half_rtn vloada_half vstorea_half
+shuffle shuffle2 printf barrier mem_fence read_mem_fence write_mem_fence async_work_group_copy
+async_work_group_strided_copy wait_group_events prefetch atomic_add atomic_sub atomic_xchg atomic_inc atomic_dec
+atomic_cmpxchg atomic_min atomic_max atomic_and atomic_or atomic_xor vec_step
+""".split())
 # Names a variable must not take: OpenCL C keywords and types, the builtins and macros the emitted code uses
 # (a local named ``exp`` would hide the function), and this module's own helper prefix.
 _RESERVED = frozenset("""
@@ -64,10 +83,10 @@ auto break case char const continue default do double else enum extern float for
 register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while
 bool true false half uchar ushort uint ulong size_t ptrdiff_t intptr_t uintptr_t event_t image1d_t image2d_t
 image3d_t sampler_t kernel global local constant private read_only write_only read_write
-exp log sqrt tanh erf pow floor ceil fabs rint sin cos tan asin acos atan vload_half vstore_half_rte
-get_group_id get_local_id get_global_id barrier CLK_LOCAL_MEM_FENCE INFINITY NAN
-""".split())
+CLK_LOCAL_MEM_FENCE CLK_GLOBAL_MEM_FENCE INFINITY NAN MAXFLOAT HUGE_VALF
+""".split()) | _BUILTINS
 _HELPER_PREFIX = "tether_"
+_VECTOR_TYPE = re.compile(r"(u?char|u?short|u?int|u?long|float|double|half|bool)(2|3|4|8|16)\Z")
 
 
 def c_type(dtype: str, storage: bool = False) -> str:
@@ -86,7 +105,7 @@ def _identifier(name: str) -> str:
         s = "v" + s
     if s.startswith("__"):              # reserved for the implementation (__global, __kernel, ...)
         s = "v" + s
-    if s in _RESERVED or s.startswith(_HELPER_PREFIX):
+    if s in _RESERVED or s.startswith(_HELPER_PREFIX) or _VECTOR_TYPE.match(s):
         s += "_"
     return s
 
@@ -562,9 +581,11 @@ def opencl_source(kernels: Sequence[DeviceKernel]) -> str:
         raise CompileError("OpenCL C: a program needs at least one kernel")
     seen: Set[str] = set()
     for k in kernels:
-        if not _KERNEL_NAME.match(k.name) or k.name in _RESERVED or k.name.startswith((_HELPER_PREFIX, "__")):
-            raise CompileError("OpenCL C: kernel name %r is not usable as an OpenCL C function name (a C "
-                               "identifier, not a keyword or builtin, not starting with tether_ or __)" % k.name)
+        if (not _KERNEL_NAME.match(k.name) or k.name in _RESERVED or _VECTOR_TYPE.match(k.name)
+                or k.name.startswith((_HELPER_PREFIX, "__"))):
+            raise CompileError("OpenCL C: kernel name %r is not usable as an OpenCL C function name (a C identifier, "
+                               "not an OpenCL C keyword, type or builtin function, not starting with tether_ or __)"
+                               % k.name)
         if k.name in seen:
             raise CompileError("OpenCL C: two kernels named %r in one program" % k.name)
         seen.add(k.name)
