@@ -183,7 +183,9 @@ class _Library:
             fn.restype, fn.argtypes = restype, argtypes
             setattr(self, name, fn)
         if missing:
-            raise GpuUnavailable("this device has no usable OpenCL: %s lacks %s" % (path, ", ".join(missing)))
+            raise GpuUnavailable("this device has no usable OpenCL: %s lacks %s%s" % (
+                path, ", ".join(missing[:3]), " and %d more OpenCL functions" % (len(missing) - 3)
+                if len(missing) > 3 else ""))
         self._cdll = cdll   # keeps the library loaded while any device uses it
 
 
@@ -197,6 +199,11 @@ def library_candidates() -> Tuple[str, ...]:
     return (env,) if env else LIBRARY_CANDIDATES
 
 
+def library_loaded() -> bool:
+    """Whether this process has loaded an OpenCL library (and so may hold driver state and threads)."""
+    return bool(_libraries)
+
+
 def load_library() -> _Library:
     """The OpenCL library of this machine (loaded once per candidate list); GpuUnavailable naming every path
     tried when none loads."""
@@ -205,20 +212,22 @@ def load_library() -> _Library:
         lib = _libraries.get(candidates)
         if lib is not None:
             return lib
-        errors = []
+        failures = []
         for path in candidates:
             try:
                 cdll = ctypes.CDLL(path)
             except OSError as exc:
-                errors.append("%s (%s)" % (path, str(exc).split(":")[-1].strip() or "not loadable"))
+                reason = str(exc)
+                missing = "No such file" in reason or "cannot open shared object" in reason or "not found" in reason
+                failures.append("%s %s" % (path, "not found" if missing else "could not be loaded (%s)" % reason))
                 continue
             lib = _Library(cdll, path)
             _libraries[candidates] = lib
             return lib
         if os.environ.get(LIBRARY_ENV):
-            raise GpuUnavailable("this device has no OpenCL: %s not found (from %s)" % (errors[0], LIBRARY_ENV))
-        raise GpuUnavailable("this device has no OpenCL: none of %s could be loaded (set %s to the library)" % (
-            ", ".join(candidates), LIBRARY_ENV))
+            raise GpuUnavailable("this device has no OpenCL: %s (named by %s)" % (failures[0], LIBRARY_ENV))
+        raise GpuUnavailable("this device has no OpenCL: %s (also tried %s; set %s to the library's path)" % (
+            failures[0], ", ".join(candidates[1:]), LIBRARY_ENV))
 
 
 # --- info queries ---------------------------------------------------------------------------------------------
@@ -395,17 +404,27 @@ class OpenCLDevice(DeviceAPI):
     def available(cls) -> List[Dict[str, Any]]:
         """``info()`` of every OpenCL device here, in index order; [] without a library or a driver."""
         try:
-            lib = load_library()
-            return [_device_info(lib, pl, dev, i) for i, (pl, dev) in enumerate(_enumerate_devices(lib))]
-        except (GpuUnavailable, GpuError):
+            return cls.list_devices()
+        except GpuError:
             return []
+
+    @classmethod
+    def list_devices(cls) -> List[Dict[str, Any]]:
+        """Like :meth:`available`, but a driver that fails while listing raises GpuError (naming the call)
+        instead of looking like a machine without OpenCL."""
+        try:
+            lib = load_library()
+        except GpuUnavailable:
+            return []
+        return [_device_info(lib, pl, dev, i) for i, (pl, dev) in enumerate(_enumerate_devices(lib))]
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
         lib = load_library()
         devices = _enumerate_devices(lib)
         if not devices:
-            raise GpuUnavailable("this device has no OpenCL: %s lists no platform with a device" % lib.path)
+            raise GpuUnavailable("this device has no OpenCL: %s lists no platform with a device (is an OpenCL "
+                                 "driver installed? the ICD loader reads /etc/OpenCL/vendors)" % lib.path)
         if not 0 <= index < len(devices):
             raise GpuUnavailable("this device has no OpenCL device %d: %s lists %d (opencl:0..opencl:%d)" % (
                 index, lib.path, len(devices), len(devices) - 1))
@@ -728,4 +747,4 @@ class OpenCLDevice(DeviceAPI):
 
 
 __all__ = ["OpenCLDevice", "OpenCLProgram", "CL_ERRORS", "error_name", "load_library", "library_candidates",
-           "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]
+           "library_loaded", "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]
