@@ -280,7 +280,7 @@ class Lowering:
             for child in self.children.get(id(leaf), []):
                 if child.attach_stage is not st:
                     continue
-                creg = self._infer_region(child, src_abs, info, pos)
+                creg = self._infer_region(child, src_abs, info, pos, env)
                 ct = child.op.output(0)
                 new_buf = None
                 if ct not in self.buffers:      # an output attached inside keeps its (absolute) param buffer
@@ -424,8 +424,10 @@ class Lowering:
         return simplify(Binary("floordiv", neg_rest, _c(coef)), self.ranges)
 
     # ---------------------------------------------------------------------------------------------------------
-    def _infer_region(self, child: Stage, consumer_src: Expr, info: _StageInfo, pos: int):
-        """Region of ``child`` read by one iteration of the consumer's leaf loop at ``pos``."""
+    def _infer_region(self, child: Stage, consumer_src: Expr, info: _StageInfo, pos: int,
+                      env: Dict[str, Tuple[Var, int]]):
+        """Region of ``child`` read by one iteration of the consumer's leaf loop at ``pos`` (``env``: the thread
+        loops enclosing the consumer)."""
         ct = child.op.output(0)
         varying = {lv: info.ext[lv] for lv in info.leaves[pos + 1:]}
         if getattr(child, "scope", "local") == "shared":
@@ -434,6 +436,9 @@ class Lowering:
                 tiv = info.stage.bound.get(lv)
                 if tiv is not None and tiv.thread_tag.startswith("threadIdx"):
                     varying[lv] = info.ext[lv]
+            for tag, (var, ext) in env.items():
+                if tag.startswith("threadIdx"):
+                    varying[var] = ext
         loads = [n for n in walk(consumer_src) if isinstance(n, TensorLoad) and n.tensor is ct]
         region = []
         for d, extent in enumerate(ct.shape):
