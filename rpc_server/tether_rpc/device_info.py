@@ -24,9 +24,6 @@ Keys of :func:`device_info`::
     cpu_max_khz / cpu_cur_khz   cpufreq of cpu0, or None
     temperature_c    CPU/SoC temperature, or None
     suggested_target a tether target preset name (see suggest_target)
-    gpus             the GPU devices this runtime can open, one map each: spec ("opencl:0"), api, index and the
-                     API's info() (name, vendor, driver, compute_units, memory_bytes, ...); [] if none
-    gpus_error       None, or one line saying what could not be listed (a driver that hung is cut off)
 """
 from __future__ import annotations
 
@@ -280,7 +277,4 @@ def device_info() -> Dict[str, Any]:
     })
     info.update(_versions())
     info["suggested_target"] = suggest_target(arch, cpu["cores"], android)
-    from .gpu import listing
-
-    info["gpus"], info["gpus_error"] = listing.gpus()
     return info

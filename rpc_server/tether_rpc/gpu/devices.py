@@ -31,8 +31,3 @@ def _api_classes() -> Dict[str, type]:
     except ImportError:
         pass
     return out
-
-
-def api_classes() -> Dict[str, type]:
-    """API name -> DeviceAPI class, for each API whose runtime module this device install has."""
-    return _api_classes()
