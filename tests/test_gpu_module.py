@@ -348,3 +348,21 @@ def test_vulkan_vector_add_on_lavapipe(tmp_path):
         np.testing.assert_array_equal(c, a + b)
     finally:
         m.close()
+
+
+def test_opencl_module_over_a_session_with_device_arrays(opencl_modules):
+    """Through a session (in-process, the same code as the rpc-server's): the module runs on the session's
+    opencl:0, the device its arrays live on; host arrays are uploaded and downloaded."""
+    from tether.rpc.local import LocalSession
+
+    a, b = np.arange(1000, dtype=np.float32), np.full(1000, 2.0, np.float32)
+    with LocalSession() as s:
+        s.upload(opencl_modules["vadd"])
+        vadd = s.load_module("vadd.so")["vadd"]
+        da, db = s.array(a, device="opencl:0"), s.array(b, device="opencl:0")
+        dc = s.empty((1000,), "float32", device="opencl:0")
+        vadd(da, db, dc)
+        np.testing.assert_array_equal(dc.numpy(), a + b)
+        hc = s.empty((1000,), "float32")
+        vadd(s.array(a), s.array(b), hc)
+        np.testing.assert_array_equal(hc.numpy(), a + b)

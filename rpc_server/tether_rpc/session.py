@@ -507,7 +507,8 @@ class SessionHandler:
     def _module_load(self, ctx: CallContext, name: Any) -> Dict[str, Any]:
         from . import module
 
-        mod = module.load_module(self.folder.existing(name))
+        # a GPU module runs on the session's device "API:0", the one its device arrays live on
+        mod = module.load_module(self.folder.existing(name), device=lambda api: self.device(api + ":0"))
         try:
             handle = self._put(_KIND_MODULE, mod)
         except BaseException:   # (over --session-handles) the library is not kept loaded for nothing

@@ -123,7 +123,13 @@ def read_device_code(elf: ElfFile, dev: Dict[str, Any], label: str) -> bytes:
 
 def _device_for(api: str, device: Any, label: str) -> Tuple[DeviceAPI, bool]:
     """(the device to run on, whether it is shared by the process): ``device`` is a DeviceAPI, an "api:index"
-    spec, an index, or None (device 0)."""
+    spec, an index, None (device 0), or a callable taking the API's name and returning a DeviceAPI (a session's
+    own devices, so the module and the session's device arrays share one context)."""
+    if callable(device) and not isinstance(device, DeviceAPI):
+        try:
+            device = device(api)
+        except GpuUnavailable as exc:
+            raise GpuUnavailable("%s runs on %s; %s" % (label, API_TITLES[api], exc)) from None
     if isinstance(device, DeviceAPI):
         if device.name != api:
             raise ModuleLoadError("%s runs on %s, not on %s device %s" % (label, API_TITLES[api],
@@ -225,6 +231,9 @@ class GpuFunction:
                 raise KernelError("%s: argument %d (%s) must be a %s, got a %s" % (
                     self.name, i, spec["name"], want, _describe(a)))
             return buf
+        host_view = getattr(a, "array", None)     # (a tether_rpc.ndarray.NDArray: its zero-copy numpy view)
+        if isinstance(host_view, np.ndarray) and not isinstance(a, np.ndarray):
+            a = host_view
         if isinstance(a, np.ndarray):
             if tuple(a.shape) != shape or a.dtype != numpy_dtype(dtype) or not a.flags.c_contiguous:
                 raise KernelError("%s: argument %d (%s) must be a C-contiguous %s, got a %s" % (
