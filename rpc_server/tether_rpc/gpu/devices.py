@@ -30,4 +30,9 @@ def _api_classes() -> Dict[str, type]:
         out["vulkan"] = VulkanDevice
     except ImportError:
         pass
+    try:
+        from .cuda import CudaDevice
+        out["cuda"] = CudaDevice
+    except ImportError:
+        pass
     return out

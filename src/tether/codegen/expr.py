@@ -69,6 +69,7 @@ class ExprEmitter:
     lane_keep: List[Expr]
     fm: tuple
     ctx: Any
+    expr_emitters: Dict[type, Any]
 
     # ---- helpers --------------------------------------------------------------------------------------------
     def lanes(self) -> int:
@@ -146,7 +147,8 @@ class ExprEmitter:
     def ev(self, e: Expr) -> ir.Value:
         if self.vec is not None and not self.uses_lane(e):
             return self.ev_at_base(e)
-        emit = _EXPR_EMITTERS.get(type(e)) or by_class(_EXPR_EMITTERS, type(e))
+        table = self.expr_emitters
+        emit = table.get(type(e)) or by_class(table, type(e))
         if emit is None:
             raise CompileError(f"codegen: cannot generate code for {type(e).__name__} ({e})")
         return emit(self, e)
@@ -612,3 +614,5 @@ _EXPR_EMITTERS = {
     Call: ExprEmitter.call,
     PackedCall: lambda em, e: hostcall.emit_packed_call(em, e),
 }
+# a class attribute, so that another target's emitter (codegen/ptx.py) can change rows in a copy of its own
+ExprEmitter.expr_emitters = _EXPR_EMITTERS

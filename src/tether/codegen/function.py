@@ -33,6 +33,9 @@ STACK_BYTES = 64 * 1024
 class FunctionEmitter(ExprEmitter):
     """Emits one LLVM function body (the impl or a parallel task's body) from loop IR."""
 
+    stmt_emitters: Dict[type, Callable[..., None]]
+    loop_emitters: Dict[str, Callable[..., bool]]
+
     def __init__(self, ctx: Any, fn: ir.Function, name: str, counter: List[int]):
         self.ctx = ctx
         self.fn = fn
@@ -71,7 +74,8 @@ class FunctionEmitter(ExprEmitter):
 
     # ---- statements -----------------------------------------------------------------------------------------
     def stmt(self, s: Stmt) -> None:
-        emit = _STMT_EMITTERS.get(type(s)) or by_class(_STMT_EMITTERS, type(s))
+        table = self.stmt_emitters
+        emit = table.get(type(s)) or by_class(table, type(s))
         if emit is None:
             raise CompileError(f"codegen: unknown statement {type(s).__name__}")
         emit(self, s)
@@ -182,7 +186,7 @@ class FunctionEmitter(ExprEmitter):
         clamp = s.extent if not isinstance(s.extent, Const) else s.bound_extent
         if clamp is not None and lo is not None:
             self.clamps[s.var] = Binary("sub", Binary("add", clamp, Const(lo, "int32")), Const(1, "int32"))
-        emit = _LOOP_EMITTERS.get(s.kind)
+        emit = self.loop_emitters.get(s.kind)
         if emit is None or not emit(self, s):
             self.serial(s)
 
@@ -376,3 +380,6 @@ _LOOP_EMITTERS = {
     "vectorized": FunctionEmitter.vectorized_loop,
     "unrolled": FunctionEmitter.unrolled_loop,
 }
+# class attributes, so that another target's emitter (codegen/ptx.py) can change rows in copies of its own
+FunctionEmitter.stmt_emitters = _STMT_EMITTERS
+FunctionEmitter.loop_emitters = _LOOP_EMITTERS
