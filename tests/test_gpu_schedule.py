@@ -152,6 +152,25 @@ def test_a_cache_bound_on_its_own_widens_the_work_group_and_guards_the_consumer(
     ]
 
 
+def test_a_local_cache_holds_one_threads_region():
+    a = te.placeholder((32, 32), name="A")
+    b = te.placeholder((32, 32), name="B")
+    r = te.reduce_axis(32, "k")
+    c = te.compute((32, 32), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    s = te.create_schedule(c.op)
+    bl = s.cache_read(b, "local", [c])
+    bi, bj, ti, tj = s[c].tile(c.op.axis[0], c.op.axis[1], 8, 8)
+    ko, ki = s[c].split(r, factor=8)
+    for ax, tag in ((bi, "blockIdx.y"), (bj, "blockIdx.x"), (ti, "threadIdx.y"), (tj, "threadIdx.x")):
+        s[c].bind(ax, te.thread_axis(tag))
+    s[bl].compute_at(s[c], ki)
+    (k,) = split_host_device(tether.lower(s, [a, b, c], "mm")).kernels
+    (alloc,) = [x for x in tir.walk(k.body) if isinstance(x, tir.Allocate)]
+    assert alloc.buffer.scope == "local" and alloc.buffer.size == 1       # one thread's element, not relaxed
+    assert str(alloc.body).splitlines()[0] == "B.local[0] = B[k.outer * 256 + k.inner * 32 + j.outer * 8 + j.inner]"
+    assert not any(isinstance(x, Barrier) for x in tir.walk(k.body))     # nothing shared: no barrier
+
+
 def test_row_sum_runs_one_thread_per_row():
     s, args = rowsum_gpu(100, 37, block=32)
     prog = split_host_device(tether.lower(s, args, "rowsum"))
