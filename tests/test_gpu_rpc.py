@@ -320,3 +320,10 @@ def test_js_device_refuses_gpu_arrays(js_server):
     with rpc.connect("127.0.0.1", js_server.port, timeout=TIMEOUT) as remote:
         _refuses_gpu_arrays(remote)
         assert remote.get_function("tether.echo")(3) == 3
+
+
+def test_go_runtime_refuses_gpu_modules(gpu_module, tmp_path):
+    from fixtures.golang import run_go_test
+
+    shutil.copy(gpu_module, tmp_path / "gpu_module.so")
+    run_go_test(["."], tmp_path, run="^TestRefusesGPUModule$")
