@@ -1,9 +1,10 @@
 """Arrays on GPUs over the RPC (docs/gpu.md "Device arrays and the RPC", docs/protocol.md "Device arrays on GPUs"):
 real forked rpc-servers on loopback and in-process LocalSessions, driving pocl's OpenCL device through
-tether_rpc.gpu.opencl and lavapipe's Vulkan device through tether_rpc.gpu.vulkan. Every value that comes back is compared with the numpy array it was made from.
+tether_rpc.gpu.opencl and lavapipe's Vulkan device through tether_rpc.gpu.vulkan. Every value that comes back is
+compared with the numpy array it was made from.
 
-The Java and JavaScript device servers, which run CPU modules only, must refuse GPU arrays and GPU modules with
-one clear line and go on.
+The Java and JavaScript device servers and the Go runtime, which run CPU modules only, must refuse GPU arrays and
+GPU modules with one clear line and go on.
 """
 from __future__ import annotations
 
