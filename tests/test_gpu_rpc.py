@@ -328,3 +328,17 @@ def test_go_runtime_refuses_gpu_modules(gpu_module, tmp_path):
 
     shutil.copy(gpu_module, tmp_path / "gpu_module.so")
     run_go_test(["."], tmp_path, run="^TestRefusesGPUModule$")
+
+
+@pytest.mark.parametrize("server", ["java_device", "js_server"])
+def test_cpu_only_servers_copy_between_host_arrays(server, request):
+    dev = request.getfixturevalue(server)
+    host = getattr(dev, "host", "127.0.0.1")
+    with rpc.connect(host, dev.port, timeout=TIMEOUT) as remote:
+        x = sample("float32", (3, 7), seed=9)
+        a = remote.array(x)
+        b = remote.empty(x.shape, "float32")
+        a.copyto(b)
+        same_bits(b.numpy(), x)
+        with pytest.raises(errors.RemoteError, match="differ in shape or dtype"):
+            a.session.get_function("tether.array.copy_to")(a.handle, remote.empty((3,), "int8").handle)
