@@ -1,9 +1,10 @@
 """Arrays on GPUs over the RPC (docs/gpu.md "Device arrays and the RPC", docs/protocol.md "Device arrays on GPUs"):
 real forked rpc-servers on loopback and in-process LocalSessions, driving pocl's OpenCL device through
-tether_rpc.gpu.opencl. Every value that comes back is compared with the numpy array it was made from.
+tether_rpc.gpu.opencl and lavapipe's Vulkan device through tether_rpc.gpu.vulkan. Every value that comes back is
+compared with the numpy array it was made from.
 
-The Java and JavaScript device servers, which run CPU modules only, must refuse GPU arrays and GPU modules with
-one clear line and go on.
+The Java and JavaScript device servers and the Go runtime, which run CPU modules only, must refuse GPU arrays and
+GPU modules with one clear line and go on.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tether_rpc.dtypes import bfloat16_bits, numpy_dtype, storage_of
 
 TIMEOUT = 60.0
 POCL = "pocl (apt-get install pocl-opencl-icd ocl-icd-libopencl1)"
+LAVAPIPE = "lavapipe (apt-get install mesa-vulkan-drivers libvulkan1)"
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,24 @@ def opencl_info():
     if not devices:
         unavailable("an OpenCL driver", POCL)
     return devices[0]
+
+
+@pytest.fixture(scope="module")
+def vulkan_info():
+    """The first Vulkan device's info (lavapipe here); fails under CI when there is none."""
+    from tether_rpc.gpu.vulkan import VulkanDevice
+
+    devices = VulkanDevice.available()
+    if not devices:
+        unavailable("a Vulkan driver", LAVAPIPE)
+    return devices[0]
+
+
+@pytest.fixture(params=["opencl:0", "vulkan:0"])
+def gpu(request):
+    """Each GPU API's first device (its driver required)."""
+    request.getfixturevalue("opencl_info" if request.param.startswith("opencl") else "vulkan_info")
+    return request.param
 
 
 @pytest.fixture(params=["remote", "local"])
@@ -79,16 +99,16 @@ CASES = [("float32", (3, 5)), ("float16", (7,)), ("float64", (2, 3, 4)), ("int8"
 
 @pytest.mark.parametrize("dtype,shape", CASES, ids=["%s-%s" % (d, "x".join(map(str, s)) or "scalar")
                                                     for d, s in CASES])
-def test_array_round_trip_to_opencl_and_back(session, dtype, shape):
+def test_array_round_trip_to_the_gpu_and_back(session, gpu, dtype, shape):
     x = sample(dtype, shape, seed=len(shape) + len(dtype))
-    arr = session.array(x, device="opencl:0")
-    assert (arr.device, arr.shape, arr.dtype) == ("opencl:0", x.shape, dtype)
+    arr = session.array(x, device=gpu)
+    assert (arr.device, arr.shape, arr.dtype) == (gpu, x.shape, dtype)
     back = arr.numpy()
     same_bits(back, x)
     assert back.shape == x.shape
     # from_tensor with a device (the tensor inside the CALL) lands on the GPU as well
-    value = session.get_function("tether.array.from_tensor")(x, "opencl:0")
-    assert value["device"] == "opencl:0" and value["shape"] == list(x.shape)
+    value = session.get_function("tether.array.from_tensor")(x, gpu)
+    assert value["device"] == gpu and value["shape"] == list(x.shape)
     again = rpc.client.RemoteArray(session, value["handle"], value["shape"], value["dtype"], value["device"])
     same_bits(again.numpy(), x)
     arr.free()
@@ -96,15 +116,15 @@ def test_array_round_trip_to_opencl_and_back(session, dtype, shape):
     arr.free()  # idempotent
 
 
-def test_empty_and_copies_between_devices(session):
+def test_empty_and_copies_between_devices(session, gpu):
     x = sample("float32", (6, 33), seed=3)
-    gpu_a = session.empty(x.shape, "float32", device="opencl")   # "opencl" is "opencl:0"
-    assert gpu_a.device == "opencl:0"
+    gpu_a = session.empty(x.shape, "float32", device=gpu.split(":")[0])   # "opencl" is "opencl:0"
+    assert gpu_a.device == gpu
     host = session.array(x)
     assert host.device == "cpu"
     host.copyto(gpu_a)                             # host -> device
-    gpu_b = session.empty(x.shape, "float32", device="opencl:0")
-    gpu_a.copyto(gpu_b)                            # device -> device (clEnqueueCopyBuffer)
+    gpu_b = session.empty(x.shape, "float32", device=gpu)
+    gpu_a.copyto(gpu_b)                            # device -> device (DeviceAPI.copy)
     host_back = session.empty(x.shape, "float32")
     gpu_b.copyto(host_back)                        # device -> host array in the session
     same_bits(host_back.numpy(), x)
@@ -116,9 +136,21 @@ def test_empty_and_copies_between_devices(session):
     same_bits(gpu_b.numpy(), y)
     same_bits(gpu_a.numpy(), x)                    # the copy was a copy, not an alias
     with pytest.raises(ValueError, match="shape or dtype"):
-        gpu_a.copyto(session.empty((6, 32), "float32", device="opencl:0"))
+        gpu_a.copyto(session.empty((6, 32), "float32", device=gpu))
     with pytest.raises(errors.TetherError, match="shape or dtype"):   # checked by the device too
         session.get_function("tether.array.copy_to")(gpu_a.handle, session.empty((2,), "int8").handle)
+
+
+def test_copies_between_opencl_and_vulkan_go_through_the_host(session, opencl_info, vulkan_info):
+    x = sample("int16", (5, 7, 3), seed=5)
+    on_cl = session.array(x, device="opencl:0")
+    on_vk = session.empty(x.shape, "int16", device="vulkan:0")
+    on_cl.copyto(on_vk)
+    same_bits(on_vk.numpy(), x)
+    y = sample("int16", (5, 7, 3), seed=6)
+    on_vk.copyfrom(y)
+    on_cl.copyfrom(on_vk)
+    same_bits(on_cl.numpy(), y)
 
 
 def test_bad_device_names_are_one_line_and_the_session_goes_on(session):
@@ -177,26 +209,31 @@ def test_memory_limit_counts_device_arrays(make_rpc_server, opencl_info):
 
 
 def _live_buffers(device) -> int:
-    return len(device._state.buffers)
+    """The buffers the device API holds (its own bookkeeping: OpenCL's per-context table, Vulkan's)."""
+    return len(device._state.buffers) if device.name == "opencl" else len(device._buffers)
 
 
-def test_free_and_session_close_release_device_memory(opencl_info):
+def _closed(device) -> bool:
+    return device._state.closed if device.name == "opencl" else device._closed
+
+
+def test_free_and_session_close_release_device_memory(gpu):
     s = LocalSession()
     try:
-        arrays = [s.array(sample("float32", (64, 8), seed=i), device="opencl:0") for i in range(3)]
-        device = s._handler.device("opencl:0")
+        arrays = [s.array(sample("float32", (64, 8), seed=i), device=gpu) for i in range(3)]
+        device = s._handler.device(gpu)
         assert _live_buffers(device) == 3
         arrays[0].free()
         assert _live_buffers(device) == 2
         assert s._handler.budget.memory_used == 2 * 64 * 8 * 4
-        s.empty((10,), "int8", device="opencl:0")
+        s.empty((10,), "int8", device=gpu)
         assert _live_buffers(device) == 3
     finally:
         s.close()
-    assert _live_buffers(device) == 0 and device._state.closed
+    assert _live_buffers(device) == 0 and _closed(device)
     # a new session opens the device again
     with LocalSession() as again:
-        same_bits(again.array(np.arange(3, dtype="uint8"), device="opencl:0").numpy(), np.arange(3, dtype="uint8"))
+        same_bits(again.array(np.arange(3, dtype="uint8"), device=gpu).numpy(), np.arange(3, dtype="uint8"))
 
 
 def test_a_cpu_kernel_refuses_a_gpu_array_and_the_session_goes_on(rpc_server, rpc_kernels, opencl_info):
@@ -284,3 +321,24 @@ def test_js_device_refuses_gpu_arrays(js_server):
     with rpc.connect("127.0.0.1", js_server.port, timeout=TIMEOUT) as remote:
         _refuses_gpu_arrays(remote)
         assert remote.get_function("tether.echo")(3) == 3
+
+
+def test_go_runtime_refuses_gpu_modules(gpu_module, tmp_path):
+    from fixtures.golang import run_go_test
+
+    shutil.copy(gpu_module, tmp_path / "gpu_module.so")
+    run_go_test(["."], tmp_path, run="^TestRefusesGPUModule$")
+
+
+@pytest.mark.parametrize("server", ["java_device", "js_server"])
+def test_cpu_only_servers_copy_between_host_arrays(server, request):
+    dev = request.getfixturevalue(server)
+    host = getattr(dev, "host", "127.0.0.1")
+    with rpc.connect(host, dev.port, timeout=TIMEOUT) as remote:
+        x = sample("float32", (3, 7), seed=9)
+        a = remote.array(x)
+        b = remote.empty(x.shape, "float32")
+        a.copyto(b)
+        same_bits(b.numpy(), x)
+        with pytest.raises(errors.RemoteError, match="differ in shape or dtype"):
+            a.session.get_function("tether.array.copy_to")(a.handle, remote.empty((3,), "int8").handle)

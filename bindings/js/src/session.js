@@ -89,6 +89,7 @@ export class SessionHandler {
       "tether.echo": this.echo, "tether.functions": this.functions, "tether.device_info": this.deviceInfo,
       "tether.array.empty": this.arrayEmpty, "tether.array.from_tensor": this.arrayFromTensor,
       "tether.array.copy_in": this.arrayCopyIn, "tether.array.copy_out": this.arrayCopyOut,
+      "tether.array.copy_to": this.arrayCopyTo,
       "tether.array.free": this.free, "tether.free": this.free,
       "tether.upload": this.upload, "tether.download": this.download, "tether.listdir": this.listdir,
       "tether.remove": this.remove, "tether.module.load": this.moduleLoad,
@@ -245,7 +246,17 @@ export class SessionHandler {
     return new Reply(null, { bulk: nd.bytes() });
   }
 
-  free(ctx, handle) {
+  arrayCopyTo(ctx, srcHandle, dstHandle) {
+    const src = this.get(srcHandle, "array");
+    const dst = this.get(dstHandle, "array");
+    if (src.dtype !== dst.dtype || fmtShape(src.shape) !== fmtShape(dst.shape)) {
+      throw err("KernelError", `copy: array ${src.dtype} ${fmtShape(src.shape)} and array ${dst.dtype} ${fmtShape(dst.shape)} differ in shape or dtype`);
+    }
+    dst.copyFrom(src);
+    return null;
+  }
+
+    free(ctx, handle) {
     const e = handle instanceof Handle ? this.objects.get(handle.id) : undefined;
     if (!e) throw err("KeyError", `cannot free ${handle}: no such handle in this session`);
     this.objects.delete(handle.id);

@@ -77,6 +77,21 @@ final class Builtins {
                 return new Session.BulkReply(null, arr.view(), null, arr.nbytes);
             }
         });
+        s.builtins.put("tether.array.copy_to", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.array.copy_to", a, 2, 2);
+                DeviceArray src = s.get(a.get(0), DeviceArray.class, "array");
+                DeviceArray dst = s.get(a.get(1), DeviceArray.class, "array");
+                if (!src.dtype.equals(dst.dtype) || !java.util.Arrays.equals(src.shape, dst.shape)) {
+                    throw new DeviceError("KernelError", "copy: array " + src.dtype + " " + Text.shape(src.shape)
+                            + " and array " + dst.dtype + " " + Text.shape(dst.shape) + " differ in shape or dtype");
+                }
+                java.nio.ByteBuffer from = src.view();
+                from.limit((int) src.nbytes);
+                dst.view().put(from);
+                return null;
+            }
+        });
         Session.Builtin free = new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
                 arity("tether.free", a, 1, 1);
