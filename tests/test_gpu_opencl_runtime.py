@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import textwrap
@@ -167,6 +169,48 @@ def test_copy_with_offsets(dev):
     finally:
         dev.free(src)
         dev.free(dst)
+
+
+def test_alloc_over_the_drivers_limit(dev):
+    limit = dev.info()["max_alloc_bytes"]
+    with pytest.raises(GpuError) as exc:
+        dev.alloc(limit + 1)
+    assert "clCreateBuffer" in str(exc.value) and "CL_INVALID_BUFFER_SIZE" in str(exc.value)
+    assert str(limit) in str(exc.value)
+    with pytest.raises(ValueError, match="byte count >= 0"):
+        dev.alloc(-1)
+
+
+def test_a_forked_child_cannot_use_its_parents_device(dev):
+    """The driver's threads do not survive fork: the child is refused at once instead of hanging."""
+    buf = dev.alloc(16)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        message = b"no error"
+        try:
+            dev.upload(buf, np.zeros(4, np.float32))
+        except GpuError as exc:
+            message = str(exc).encode()
+        finally:
+            os.write(write_fd, message)
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], 120)   # bounded: a child hung in the driver is killed
+        message = os.read(read_fd, 4096).decode() if ready else "the child hung"
+    finally:
+        os.close(read_fd)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert message == "opencl:%d was opened by process %d; a forked child must open its own device" % (
+        dev.index, os.getpid())
+    dev.upload(buf, np.ones(4, np.float32))   # the parent's device is untouched by the child's exit
+    out = np.zeros(4, np.float32)
+    dev.download(buf, out)
+    np.testing.assert_array_equal(out, 1)
+    dev.free(buf)
 
 
 def test_download_refuses_a_non_contiguous_array(dev):
@@ -391,7 +435,7 @@ def test_device_info_lists_pocl():
     out = json.loads(result.stdout)
     assert out["errors"] == [] and out["loaded"] is False
     pocl = [g for g in out["gpus"] if g["api"] == "opencl" and g["platform"] == POCL_PLATFORM]
-    assert len(pocl) == 1
+    assert len(pocl) == 1 and pocl[0].pop("spec") == "opencl:%d" % pocl[0]["index"]
     assert pocl[0] == json.loads(json.dumps(OpenCLDevice.available()[pocl[0]["index"]]))
 
 
@@ -400,7 +444,7 @@ def test_device_info_in_a_process_using_opencl(dev):
 
     di._gpu_listing.clear()
     gpus, errors = di.gpu_devices()
-    assert errors == [] and dev.info() in gpus
+    assert errors == [] and dict(dev.info(), spec="opencl:%d" % dev.index) in gpus
 
 
 @pytest.fixture(scope="module")

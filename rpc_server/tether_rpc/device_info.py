@@ -24,8 +24,8 @@ Keys of :func:`device_info`::
     cpu_max_khz / cpu_cur_khz   cpufreq of cpu0, or None
     temperature_c    CPU/SoC temperature, or None
     suggested_target a tether target preset name (see suggest_target)
-    gpus             [{"api": "opencl", "index": k, ...that device's info()}] for every GPU API's devices
-                     (see gpu_devices); [] without a GPU driver
+    gpus             [{"api": "opencl", "index": k, "spec": "opencl:k", ...that device's info()}] for every GPU
+                     API's devices (see gpu_devices; spec is what open_device takes); [] without a GPU driver
     gpu_errors       ["opencl: why it could not be listed"] for a driver that failed, crashed or hung; [] normally
 """
 from __future__ import annotations
@@ -270,7 +270,9 @@ def _list_gpus(apis: List[Tuple[str, Any]]) -> Dict[str, Any]:
         except Exception as exc:
             errors.append("%s: %s: %s" % (name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
             continue
-        gpus.extend(dict(info, api=name, index=info.get("index", k)) for k, info in enumerate(listing))
+        for k, info in enumerate(listing):
+            index = info.get("index", k)
+            gpus.append(dict(info, api=name, index=index, spec="%s:%d" % (name, index)))
     return {"gpus": gpus, "errors": errors}
 
 
@@ -357,7 +359,7 @@ def _list_gpus_in_child(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str
 
 
 def gpu_devices(timeout: Optional[float] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
-    """(gpus, errors): every GPU API's devices as ``{"api", "index", ...info()}``, and why an API could not be
+    """(gpus, errors): every GPU API's devices as ``{"api", "index", "spec", ...info()}``, and why an API could not be
     listed. Bounded by ``timeout`` (default GPU_PROBE_TIMEOUT), computed once per process when it succeeds
     (drivers do not come and go while a server runs).
 

@@ -359,6 +359,7 @@ class _State:
 
     def __init__(self, lib: _Library):
         self.lib = lib
+        self.pid = os.getpid()
         self.lock = threading.RLock()
         self.context: Optional[int] = None
         self.queue: Optional[int] = None
@@ -367,11 +368,16 @@ class _State:
         self.closed = False
 
     def release_mem(self, handle: int) -> None:
+        if os.getpid() != self.pid:   # a forked child's copy: the driver state is the parent's
+            return
         with self.lock:
             if self.buffers.pop(handle, None) is not None:
                 self.lib.clReleaseMemObject(handle)
 
     def release(self) -> None:
+        if os.getpid() != self.pid:
+            self.closed = True
+            return
         with self.lock:
             if self.closed:
                 return
@@ -453,6 +459,10 @@ class OpenCLDevice(DeviceAPI):
     def _live(self) -> _State:
         if self._state.closed:
             raise GpuError("opencl:%d is closed" % self.index)
+        if os.getpid() != self._state.pid:
+            # OpenCL drivers keep threads and locks a forked child does not have: every call could hang
+            raise GpuError("opencl:%d was opened by process %d; a forked child must open its own device"
+                           % (self.index, self._state.pid))
         return self._state
 
     def _own(self, buf: DeviceBuffer, what: str) -> int:
@@ -474,6 +484,10 @@ class OpenCLDevice(DeviceAPI):
         with state.lock:
             handle = self._lib.clCreateBuffer(state.context, CL_MEM_READ_WRITE, max(nbytes, 1), None,
                                               ctypes.byref(err))
+            if err.value == -61 and nbytes > self._info["max_alloc_bytes"]:   # CL_INVALID_BUFFER_SIZE
+                raise GpuError("clCreateBuffer(%d bytes) failed: CL_INVALID_BUFFER_SIZE (-61): %s allows at most "
+                               "%d bytes per buffer (CL_DEVICE_MAX_MEM_ALLOC_SIZE)" % (
+                                   nbytes, self._info["name"], self._info["max_alloc_bytes"]))
             _check(err.value, "clCreateBuffer", "%d bytes" % nbytes)
             state.buffers[handle] = nbytes
         buf = DeviceBuffer(self, handle, nbytes)
