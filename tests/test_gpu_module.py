@@ -5,7 +5,6 @@ module through load_module on the drivers of this machine (pocl for OpenCL, lava
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -202,8 +201,6 @@ def test_work_group_over_the_target_limit_refused_at_build():
 
 
 def test_cuda_module_builds_without_a_gpu(tmp_path):
-    if importlib.util.find_spec("tether.codegen.ptx") is None:
-        pytest.skip("the PTX backend (tether.codegen.ptx) is not merged into this branch yet")
     s, args = _matmul()
     lib = tether.build(s, args, target="cuda -arch=sm_80", name="mm")
     meta = read_metadata(_export(lib, tmp_path, "mm"))
@@ -333,21 +330,26 @@ def test_corrupt_device_code_refused(tmp_path, opencl_modules):
         load_module(str(bad))
 
 
-def test_vulkan_vector_add_on_lavapipe(tmp_path):
-    from tether_rpc.gpu import devices
-
-    if importlib.util.find_spec("tether.codegen.spirv") is None or "vulkan" not in devices._api_classes():
-        pytest.skip("the SPIR-V backend or the Vulkan runtime is not merged into this branch yet")
+def test_vulkan_vector_add_and_tiled_matmul_on_lavapipe(tmp_path):
     _require("vulkan", "mesa-vulkan-drivers libvulkan1")
-    path = _export(tether.build(*_vadd(n=1000, block=64), target="vulkan", name="vadd"), tmp_path, "vadd")
-    m = load_module(path)
+    rng = np.random.default_rng(2)
+    vadd = _export(tether.build(*_vadd(n=1000, block=64), target="vulkan", name="vadd"), tmp_path, "vadd")
+    mm = _export(tether.build(*_matmul(), target="vulkan", name="mm"), tmp_path, "mm")
+    assert read_metadata(mm)["device"]["format"] == "spirv"
+    a, b = rng.standard_normal(1000, dtype=np.float32), rng.standard_normal(1000, dtype=np.float32)
+    x, y = rng.standard_normal((64, 64), dtype=np.float32), rng.standard_normal((64, 64), dtype=np.float32)
+    m, n = load_module(vadd), load_module(mm)
     try:
-        a, b = np.arange(1000, dtype=np.float32), np.linspace(0, 1, 1000, dtype=np.float32)
+        assert m.gpu.device.name == "vulkan"
         c = np.zeros(1000, np.float32)
         m["vadd"](a, b, c)
         np.testing.assert_array_equal(c, a + b)
+        z = np.full((64, 64), np.nan, np.float32)
+        n["mm"](x, y, z)
+        np.testing.assert_allclose(z, x.astype(np.float64) @ y.astype(np.float64), rtol=1e-4, atol=1e-4)
     finally:
         m.close()
+        n.close()
 
 
 def test_opencl_module_over_a_session_with_device_arrays(opencl_modules):
@@ -366,3 +368,12 @@ def test_opencl_module_over_a_session_with_device_arrays(opencl_modules):
         hc = s.empty((1000,), "float32")
         vadd(s.array(a), s.array(b), hc)
         np.testing.assert_array_equal(hc.numpy(), a + b)
+
+
+def test_models_refuse_gpu_targets_in_one_line():
+    from tether.graph.ir import Graph
+    from tether.graph.plan import plan_kernels
+
+    with pytest.raises(Exception) as info:
+        plan_kernels(Graph([], [], [], {}), {}, target="opencl")
+    assert "CPU targets only" in str(info.value) and "opencl" in str(info.value) and "\n" not in str(info.value)
