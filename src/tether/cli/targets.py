@@ -95,6 +95,11 @@ def _gpu_apis() -> List[Tuple[str, str]]:
 
 def _gpu_section(plain: bool) -> None:
     rows, apis = _gpu_rows(), _gpu_apis()
+    if not plain:
+        try:
+            import rich  # noqa: F401
+        except ImportError:
+            plain = True
     if plain:
         for row in rows:
             click.echo("\t".join(row))
