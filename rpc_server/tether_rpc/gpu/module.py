@@ -20,6 +20,7 @@ Only the standard library and numpy: this runs on the device.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -37,7 +38,8 @@ API_TITLES = {"opencl": "OpenCL", "vulkan": "Vulkan", "cuda": "CUDA"}
 # the code format each API's DeviceAPI.load takes
 API_FORMATS = {"opencl": "opencl-c", "vulkan": "spirv", "cuda": "ptx"}
 
-_devices: Dict[str, DeviceAPI] = {}      # devices opened by spec for modules, shared by every module of the process
+# devices opened by spec for modules, shared by every module of the process: (pid, spec) -> device
+_devices: Dict[Tuple[int, str], DeviceAPI] = {}
 _devices_lock = threading.Lock()
 
 
@@ -141,14 +143,15 @@ def _device_for(api: str, device: Any, label: str) -> Tuple[DeviceAPI, bool]:
         spec = str(device)
         if spec.partition(":")[0] != api:
             raise ModuleLoadError("%s runs on %s; cannot load it on device %r" % (label, API_TITLES[api], spec))
+    key = (os.getpid(), spec)   # (a forked child opens its own: a driver's threads do not survive fork)
     with _devices_lock:
-        dev = _devices.get(spec)
+        dev = _devices.get(key)
         if dev is None:
             try:
                 dev = open_device(spec)
             except GpuUnavailable as exc:
                 raise GpuUnavailable("%s runs on %s; %s" % (label, API_TITLES[api], exc)) from None
-            _devices[spec] = dev
+            _devices[key] = dev
     return dev, True
 
 
