@@ -366,3 +366,12 @@ def test_the_dlpack_view_names_the_api_device_and_buffer(gpu):
             arr.dltensor
     finally:
         devices.close()
+
+
+def test_a_gpu_array_bigger_than_the_staging_buffer_arrives_whole(rpc_server, gpu):
+    from tether_rpc.session import GPU_STAGING
+
+    x = sample("uint8", (GPU_STAGING * 2 + 12345,), seed=11)   # two full pieces and a partial one
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=TIMEOUT) as remote:
+        arr = remote.array(x, device=gpu)
+        same_bits(arr.numpy(), x)
