@@ -512,19 +512,20 @@ class OpenCLDevice(DeviceAPI):
                 what, offset, offset + nbytes, buf.nbytes))
 
     def upload(self, buf: DeviceBuffer, array: np.ndarray, offset: int = 0) -> None:
+        state = self._live()
         handle = self._own(buf, "upload")
         host = np.ascontiguousarray(array)
         offset = int(offset)
         self._range("upload", buf, offset, host.nbytes)
         if host.nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueWriteBuffer(state.queue, handle, 1, offset, host.nbytes,
                                                   host.ctypes.data, 0, None, None),
                    "clEnqueueWriteBuffer", "%d bytes at %d" % (host.nbytes, offset))
 
     def download(self, buf: DeviceBuffer, out: np.ndarray, offset: int = 0) -> None:
+        state = self._live()
         handle = self._own(buf, "download")
         if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError("download: expected a writeable C-contiguous numpy array, got %s" % (
@@ -533,7 +534,6 @@ class OpenCLDevice(DeviceAPI):
         self._range("download", buf, offset, out.nbytes)
         if out.nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueReadBuffer(state.queue, handle, 1, offset, out.nbytes,
                                                  out.ctypes.data, 0, None, None),
@@ -541,6 +541,7 @@ class OpenCLDevice(DeviceAPI):
 
     def copy(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int, dst_offset: int = 0,
              src_offset: int = 0) -> None:
+        state = self._live()
         dst_handle, src_handle = self._own(dst, "copy destination"), self._own(src, "copy source")
         nbytes, dst_offset, src_offset = int(nbytes), int(dst_offset), int(src_offset)
         if nbytes < 0:
@@ -549,7 +550,6 @@ class OpenCLDevice(DeviceAPI):
         self._range("copy destination", dst, dst_offset, nbytes)
         if nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueCopyBuffer(state.queue, src_handle, dst_handle, src_offset, dst_offset,
                                                  nbytes, 0, None, None),
