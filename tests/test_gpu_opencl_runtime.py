@@ -403,6 +403,17 @@ def test_missing_library_names_the_path():
                         "(named by TETHER_OPENCL_LIBRARY)")
 
 
+def test_library_candidates(monkeypatch):
+    from tether_rpc.gpu.opencl import LIBRARY_ENV, library_candidates
+
+    monkeypatch.delenv(LIBRARY_ENV, raising=False)
+    paths = library_candidates()
+    assert paths[:2] == ("libOpenCL.so.1", "libOpenCL.so") and "/vendor/lib64/libOpenCL.so" in paths
+    assert not any("/lib/" in p for p in paths[2:])   # this 64-bit process cannot load 32-bit vendor libraries
+    monkeypatch.setenv(LIBRARY_ENV, "/opt/vendor/libOpenCL.so")
+    assert library_candidates() == ("/opt/vendor/libOpenCL.so",)
+
+
 def test_no_driver_is_no_platform():
     """The ICD loader present, no driver registered: no platform, and a line saying where drivers are read."""
     result = _run("""

@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import struct
+import sys
 import threading
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -194,9 +195,22 @@ _libraries: Dict[Tuple[str, ...], _Library] = {}
 
 
 def library_candidates() -> Tuple[str, ...]:
-    """The paths tried, in order: $TETHER_OPENCL_LIBRARY alone when set, else :data:`LIBRARY_CANDIDATES`."""
+    """The paths tried, in order: $TETHER_OPENCL_LIBRARY alone when set, else those of :data:`LIBRARY_CANDIDATES`
+    that fit this process (lib64 folders for a 64-bit one, lib for a 32-bit one, the framework on macOS)."""
     env = os.environ.get(LIBRARY_ENV)
-    return (env,) if env else LIBRARY_CANDIDATES
+    if env:
+        return (env,)
+    bits64 = ctypes.sizeof(ctypes.c_void_p) == 8
+    out = []
+    for path in LIBRARY_CANDIDATES:
+        if path.startswith("/System/") and sys.platform != "darwin":
+            continue
+        android_lib64 = "/lib64/" in path
+        android_lib32 = path.startswith(("/system/", "/vendor/")) and "/lib/" in path
+        if (android_lib64 and not bits64) or (android_lib32 and bits64):
+            continue
+        out.append(path)
+    return tuple(out)
 
 
 def library_loaded() -> bool:
