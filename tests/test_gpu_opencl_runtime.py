@@ -369,7 +369,7 @@ def test_close_releases_and_is_idempotent():
     device.close()
     with pytest.raises(GpuError, match="closed"):
         device.alloc(8)
-    with pytest.raises(GpuError, match="closed|freed"):
+    with pytest.raises(GpuError, match="opencl:%d is closed" % device.index):
         device.upload(kept, np.zeros(4, np.float32))
     device.free(kept)   # after close: nothing left to release
 
@@ -401,6 +401,17 @@ def test_missing_library_names_the_path():
     assert lines[0] == "[] []"
     assert lines[1] == ("GpuUnavailable: this device has no OpenCL: /nonexistent/libOpenCL.so not found "
                         "(named by TETHER_OPENCL_LIBRARY)")
+
+
+def test_library_candidates(monkeypatch):
+    from tether_rpc.gpu.opencl import LIBRARY_ENV, library_candidates
+
+    monkeypatch.delenv(LIBRARY_ENV, raising=False)
+    paths = library_candidates()
+    assert paths[:2] == ("libOpenCL.so.1", "libOpenCL.so") and "/vendor/lib64/libOpenCL.so" in paths
+    assert not any("/lib/" in p for p in paths[2:])   # this 64-bit process cannot load 32-bit vendor libraries
+    monkeypatch.setenv(LIBRARY_ENV, "/opt/vendor/libOpenCL.so")
+    assert library_candidates() == ("/opt/vendor/libOpenCL.so",)
 
 
 def test_no_driver_is_no_platform():
