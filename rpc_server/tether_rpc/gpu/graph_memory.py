@@ -49,13 +49,17 @@ class DeviceView:
 
 
 def node_access(node: Dict[str, Any]) -> Tuple[List[int], List[int]]:
-    """(entries a graph JSON node reads, entries it writes): a kernel node's args are its inputs then its one
-    output; a numpy node names both; a guard's flags are read too."""
+    """(entries a graph JSON node reads, entries it writes): a kernel node's args are its inputs then its
+    outputs ("num_outputs" of them, 1 if not given: a recurrent kernel writes three); a numpy node names both; a
+    guard's flags are read too."""
     if "numpy" in node:
         reads, writes = [int(i) for i in node["inputs"]], [int(i) for i in node["outputs"]]
     else:
         args = [int(i) for i in node["args"]]
-        reads, writes = args[:-1], args[-1:]
+        n_out = int(node.get("num_outputs", 1))
+        if not 1 <= n_out <= len(args):
+            raise ValueError("graph node %s: num_outputs %r for %d arguments" % (node.get("name"), n_out, len(args)))
+        reads, writes = args[:-n_out], args[-n_out:]
     for item in node.get("when") or []:
         reads.append(int(item[0]))
     return reads, writes

@@ -227,6 +227,8 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
         rec = {"name": node.name, "func": func, "args": ids, "ops": node.ops_label()}
         if node_devices is not None:   # a GPU target's node: "gpu", or "cpu" (the host runs it)
             rec["device"] = node_devices[k]
+            if len(node.outputs) > 1:   # (what the executor plans the copies of a node's results by)
+                rec["num_outputs"] = len(node.outputs)
         # ---- run-time If: the node runs only when these flags hold (graph/guards.py; executors may ignore it)
         if guards[k]:
             rec["when"] = [[entry(v), bool(t)] for v, t in sorted(guards[k])]
