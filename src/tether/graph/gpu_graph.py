@@ -13,14 +13,14 @@ nodes (docs/gpu.md "Models on GPUs").
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from tether.artifact import Module
 from tether.codegen.emit import compile_module
 from tether.codegen.function import emit_function
 from tether.codegen.gpu_backends import backend
 from tether.codegen.module import ModuleBuilder
-from tether.errors import CompileError
+from tether.errors import CompileError, ScheduleError
 from tether.gpu_build import GpuModule, _check_limits, device_entry, split_functions
 from tether.ops.gpu_schedules import gpu_limits, schedule_gpu
 from tether.target import Target
@@ -72,3 +72,30 @@ def build_model_module(cpu_funcs: Sequence[Any], gpu_funcs: Sequence[Any], targe
     log.info("GPU model module %s for %s: %d device kernels, %d CPU functions", name, target, len(kernels),
              len(cpu_funcs))
     return GpuModule(name, host, ir_text, compiled, mb.metadata, code)
+
+
+def placement_report(plan: Any, try_schedules: bool = True) -> List[Dict[str, str]]:
+    """Where each node of a GPU target's kernel plan runs, without compiling: one row per node that does work
+    ({"node", "ops", "device": "gpu" | "cpu", "why"}). With `try_schedules`, each GPU task is also scheduled and
+    split (as the build does, short of code generation), so a kernel the GPU schedules refuse shows as "cpu" with
+    the build's reason."""
+    from tether.graph import numpy_nodes
+
+    if try_schedules:
+        for task in plan.tasks:
+            if task.device != "gpu":
+                continue
+            try:
+                lower_gpu_task(task, None, "check_%s" % task.key)
+            except (ScheduleError, CompileError) as exc:
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                task.device, task.cpu_reason = "cpu", "no GPU schedule: %s" % first
+    rows = []
+    for node, k in zip(plan.graph.nodes, plan.task_of_node):
+        if numpy_nodes.is_numpy(node):
+            rows.append({"node": node.name, "ops": node.ops_label(), "device": "cpu",
+                         "why": "numpy op (the host runs it between kernels)"})
+        elif k is not None:
+            task = plan.tasks[k]
+            rows.append({"node": node.name, "ops": node.ops_label(), "device": task.device, "why": task.cpu_reason})
+    return rows
