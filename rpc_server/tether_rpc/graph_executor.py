@@ -158,6 +158,7 @@ class GraphExecutor:
         self._device_memory = mem
         before, self._after_run = plan_copies(graph["nodes"], on_gpu, mem.storage_of, graph["inputs"],
                                               graph["params"], graph["outputs"], list(self._dynamic))
+        self._copies_before = before
         for node, gpu, copies in zip(graph["nodes"], on_gpu, before):
             if "numpy" in node:
                 call = numpy_ops.bind_node(node, self._entries, self._dynamic)
@@ -177,6 +178,18 @@ class GraphExecutor:
             # (the guard's flags may be copied down first: it is tested inside the call, after the copies)
             self._calls.append(self._with_copies(mem, copies, call, self._guard(node)))
             self._whens.append(None)
+
+    def planned_copies(self) -> Dict[str, Any]:
+        """A GPU module's copies between host and device memory in one run: ``{"nodes": [{"node", "device",
+        "copies": [[kind, entry name], ...]}, ...] (the nodes with copies before them, in order), "after_run":
+        [[kind, entry name], ...]}``; kind is "upload" or "download". Empty lists for a CPU module."""
+        if self._device_memory is None:
+            return {"nodes": [], "after_run": []}
+        names = [e["name"] for e in self.graph["entries"]]
+        nodes = [{"node": node.get("name", ""), "device": node.get("device", ""),
+                  "copies": [[kind, names[e]] for kind, e in copies]}
+                 for node, copies in zip(self.graph["nodes"], self._copies_before) if copies]
+        return {"nodes": nodes, "after_run": [[kind, names[e]] for kind, e in self._after_run]}
 
     def _with_copies(self, mem: Any, copies: List[Tuple[str, int]], call: Callable[[], None],
                      when: Optional[List[Tuple[np.ndarray, bool]]]) -> Callable[[], None]:
