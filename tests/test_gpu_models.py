@@ -3,7 +3,8 @@ lavapipe), run by the graph executor with their activations in device memory, ag
 with onnxruntime's dtype and shape and a max relative error <= 1e-4, as tests/wasm_cases.compare_model).
 
 The models: mobilenet_v2 and the YOLOv8-style detector, the CRNN text recognizer (whose two LSTMs run on the
-host's CPU: the copies around them) and the transformer encoder of tests/wasm_cases.MODELS, and resnet50 at its
+host's CPU: the copies around them), the transformer encoder and the voice-activity detector (LSTMs with state
+inputs, a run-time If: guarded nodes whose flags a GPU kernel computes) of tests/wasm_cases.MODELS, and resnet50 at its
 full width on a 32x32 image with 10 classes (tests/test_c_runtime.py's variant: pocl on two cores runs the 224x224
 one too slowly for a test). Each model is built once per target (module-scoped caches).
 """
@@ -37,9 +38,9 @@ def _resnet50():
 
 GPU_MODELS = {"mobilenet_v2": MODELS["mobilenet_v2"], "resnet50": _resnet50,
               "yolov8_detector": MODELS["yolov8_detector"], "crnn_recognizer": MODELS["crnn_recognizer"],
-              "transformer_encoder": MODELS["transformer_encoder"], "lstm": CASES["lstm"]}
+              "transformer_encoder": MODELS["transformer_encoder"], "vad": MODELS["vad"], "lstm": CASES["lstm"]}
 # the nodes of each model that run on the host's CPU (op label -> count); every other node runs on the GPU
-ON_CPU = {"crnn_recognizer": {"recurrent": 2}, "lstm": {"recurrent": 1}}
+ON_CPU = {"crnn_recognizer": {"recurrent": 2}, "vad": {"recurrent": 2}, "lstm": {"recurrent": 1}}
 
 
 def _require(api: str) -> None:
