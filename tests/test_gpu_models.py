@@ -184,3 +184,18 @@ def test_compile_check_names_the_nodes_on_the_cpu(tmp_path):
     assert len(cpu) == 2 and all("(recurrent): op recurrent has no vulkan strategy" in line for line in cpu)
     host = CliRunner().invoke(cli, ["compile", str(tmp_path / "crnn.onnx"), "--check"])
     assert host.exit_code == 0 and "placement" not in host.output
+
+
+def test_benchmark_and_profile_of_a_gpu_model(built):
+    """benchmark and profile wait for the kernels (a GPU node only queues them); every node is timed."""
+    _require("opencl")
+    folder = built.folder("lstm", "opencl")
+    _, feeds, ref = built.model("lstm")
+    with GraphExecutor.from_folder(folder) as ge:
+        ge.set_input(**feeds)
+        res = ge.benchmark(number=2, repeat=2)
+        assert len(res["samples"]) == 2 and res["min_ms"] > 0
+        prof = ge.profile(number=2)
+        assert [r["func"] for r in prof["nodes"]] == [n["func"] for n in ge.graph["nodes"]]
+        assert all(r["seconds"] > 0 for r in prof["nodes"])
+        compare_model([ge.get_output(i) for i in range(ge.num_outputs)], ref)
