@@ -199,3 +199,25 @@ def test_benchmark_and_profile_of_a_gpu_model(built):
         assert [r["func"] for r in prof["nodes"]] == [n["func"] for n in ge.graph["nodes"]]
         assert all(r["seconds"] > 0 for r in prof["nodes"])
         compare_model([ge.get_output(i) for i in range(ge.num_outputs)], ref)
+
+
+def test_crnn_for_cuda_builds_ptx_and_its_lstms_for_the_host(tmp_path):
+    """A CUDA model (no NVIDIA GPU here): the device code is PTX, the LSTMs are the host library's functions; on a
+    machine without CUDA, loading the model is refused in one line naming CUDA."""
+    from tether_rpc.gpu.api import GpuUnavailable
+    from tether_rpc.gpu.module import available_apis
+
+    model, _ = MODELS["crnn_recognizer"]()
+    graph, params = from_onnx(model)
+    factory = tether.build_graph(graph, params, target="cuda -arch=sm_80")
+    lib = factory.lib
+    assert lib.device["format"] == "ptx" and lib.device["api"] == "cuda"
+    host_funcs = [f["name"] for f in lib.metadata["functions"]]
+    assert len(host_funcs) == 1 and host_funcs[0].endswith("_recurrent")     # (one task: both LSTMs are alike)
+    assert ".target sm_80" in lib.get_source("device")
+    assert [n["func"] for n in factory.graph_json["nodes"] if n["device"] == "cpu"] == host_funcs * 2
+    factory.export(str(tmp_path))
+    if isinstance(available_apis()["cuda"], str):
+        with pytest.raises(GpuUnavailable) as info:
+            GraphExecutor.from_folder(str(tmp_path))
+        assert "runs on CUDA" in str(info.value) and "\n" not in str(info.value)
