@@ -557,3 +557,27 @@ def test_close_returns_while_a_kernel_still_runs(lavapipe_index, assemble):
     d.close()  # waits 1 ms, then leaves the device to the process's end instead of destroying what runs
     with pytest.raises(GpuError, match="is closed"):
         d.synchronize()
+
+
+def test_descriptor_pools_grow_and_reset(mapped, assemble, monkeypatch):
+    # tiny pools and cache: every pool holds one set, and the cache is reset every 8 sets
+    monkeypatch.setattr(vulkan, "_POOL_SETS", 2)
+    monkeypatch.setattr(vulkan, "_POOL_DESCRIPTORS", 3)
+    monkeypatch.setattr(vulkan, "_MAX_DESCRIPTOR_SETS", 8)
+    prog = mapped.load(assemble(VADD), [kernel_info("vadd", 3, 1)])
+    bufs = [mapped.alloc(256) for _ in range(6)]
+    out = np.zeros(64, np.float32)
+    launches = 0
+    for _ in range(2):  # the second round finds some sets cached, others reallocated after a reset
+        for i in range(6):
+            for j in range(6):
+                k = (i + j + 1) % 6
+                if len({i, j, k}) < 3:
+                    continue
+                for b, v in ((i, i), (j, 10 * j)):
+                    mapped.upload(bufs[b], np.full(64, v, np.float32))
+                mapped.launch(prog, "vadd", [bufs[i], bufs[j], bufs[k], 64], (1, 1, 1), (64, 1, 1))
+                mapped.download(bufs[k], out)
+                assert (out == i + 10 * j).all(), (i, j, k)
+                launches += 1
+    assert launches > 2 * 8 and len(mapped._pools) >= 4

@@ -738,6 +738,8 @@ class VulkanDevice(DeviceAPI):
         self._modules: Dict[str, int] = {}
         self._programs: Dict[Any, VulkanProgram] = {}
         self._pools: List[int] = []
+        self._capacity: List[Tuple[int, int]] = []  # per pool: sets, storage-buffer descriptors
+        self._room: List[List[int]] = []  # per pool: what is left of its capacity
         self._pool_index = 0
         self._sets: "collections.OrderedDict[Any, int]" = collections.OrderedDict()
         self._sets_allocated = 0
@@ -1210,6 +1212,7 @@ class VulkanDevice(DeviceAPI):
                 _check("vkResetDescriptorPool", self.fn["vkResetDescriptorPool"](self._device, pool, 0))
             self._sets.clear()
             self._sets_allocated, self._pool_index = 0, 0
+            self._room = [list(c) for c in self._capacity]
         dset = self._allocate_set(kern.set_layout, len(mems))
         self._sets_allocated += 1
         infos = (VkDescriptorBufferInfo * len(mems))()
@@ -1226,25 +1229,31 @@ class VulkanDevice(DeviceAPI):
     def _allocate_set(self, set_layout: int, n_buffers: int) -> int:
         layouts = (_H * 1)(set_layout)
         while True:
-            fresh = self._pool_index >= len(self._pools)
-            if fresh:
-                sizes = VkDescriptorPoolSize(type=_DESCRIPTOR_STORAGE_BUFFER,
-                                             descriptorCount=max(_POOL_DESCRIPTORS, n_buffers))
-                info = VkDescriptorPoolCreateInfo(sType=_ST_DESCRIPTOR_POOL_CREATE_INFO, maxSets=_POOL_SETS,
+            # the first pool with room, counted here: a Vulkan 1.0 driver need not report a full pool
+            index = next((i for i in range(self._pool_index, len(self._pools))
+                          if self._room[i][0] >= 1 and self._room[i][1] >= n_buffers), None)
+            fresh = index is None
+            if index is None:
+                capacity = (_POOL_SETS, max(_POOL_DESCRIPTORS, n_buffers))
+                sizes = VkDescriptorPoolSize(type=_DESCRIPTOR_STORAGE_BUFFER, descriptorCount=capacity[1])
+                info = VkDescriptorPoolCreateInfo(sType=_ST_DESCRIPTOR_POOL_CREATE_INFO, maxSets=capacity[0],
                                                   poolSizeCount=1, pPoolSizes=ctypes.addressof(sizes))
                 self._pools.append(self._create("vkCreateDescriptorPool", info))
+                self._capacity.append(capacity)
+                self._room.append(list(capacity))
+                index = len(self._pools) - 1
+            self._pool_index = index
             alloc = VkDescriptorSetAllocateInfo(sType=_ST_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                                descriptorPool=self._pools[self._pool_index], descriptorSetCount=1,
+                                                descriptorPool=self._pools[index], descriptorSetCount=1,
                                                 pSetLayouts=ctypes.addressof(layouts))
             handle = _H()
             code = self.fn["vkAllocateDescriptorSets"](self._device, ctypes.byref(alloc), ctypes.byref(handle))
-            if code in (_ERROR_OUT_OF_POOL_MEMORY, _ERROR_FRAGMENTED_POOL) and self._pool_index < len(self._pools) - 1:
-                self._pool_index += 1  # this pool is full: the next one
-                continue
             if code in (_ERROR_OUT_OF_POOL_MEMORY, _ERROR_FRAGMENTED_POOL) and not fresh:
-                self._pool_index = len(self._pools)  # a new pool, sized for at least this many buffers
+                self._room[index] = [0, 0]  # full after all: the next pool, or a new one
                 continue
             _check("vkAllocateDescriptorSets", code)
+            self._room[index][0] -= 1
+            self._room[index][1] -= n_buffers
             return int(handle.value)
 
     # submission -----------------------------------------------------------------------------------------------
@@ -1346,8 +1355,8 @@ class VulkanDevice(DeviceAPI):
                     self._destroy_memory(self._staging)
                 fn["vkDestroyDevice"](dev, None)
                 self._device = _p()
-            self._pools, self._programs, self._modules, self._buffers, self._sets = [], {}, {}, {}, \
-                collections.OrderedDict()
+            self._pools, self._capacity, self._room = [], [], []
+            self._programs, self._modules, self._buffers, self._sets = {}, {}, {}, collections.OrderedDict()
             self._pending.clear()
             self._staging = None
             if getattr(self, "_instance", None) is not None:
