@@ -33,6 +33,7 @@ from tether.tir.buffer import Buffer
 from tether.tir.device import Barrier, DeviceKernel, tag_dim
 from tether.tir.dtype import bits, is_bool, is_float, is_unsigned
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
+from tether.tir.int8 import DOT4_KINDS
 from tether.tir.stmt import Allocate, For, IfThenElse, SeqStmt, Stmt, Store
 from tether.tir.visit import walk
 
@@ -164,8 +165,9 @@ class _KernelEmitter:
         if is_bool(dtype):
             return mb.const_bool(bool(value))
         self.ty(dtype)
-        if dtype == "float16":
-            return mb.const_float(float(np.float16(value)), 32)
+        if dtype == "float16":      # the half value it holds (past 65504: infinity, like the CPU's rounding)
+            with np.errstate(over="ignore"):
+                return mb.const_float(float(np.float16(value)), 32)
         if is_float(dtype):
             return mb.const_float(float(value), bits(dtype))
         return mb.const_int(int(value), bits(dtype), not is_unsigned(dtype))
@@ -191,6 +193,7 @@ class _KernelEmitter:
 
     def bind_params(self) -> None:
         mb = self.mb
+        stored = {s.buffer for s in walk(self.k.body) if isinstance(s, Store)}
         for binding, buf in enumerate(self.k.params):
             if buf.scope != "param":
                 raise CompileError(f"spirv: kernel parameter {buf.name!r} has scope {buf.scope!r}, expected 'param'")
@@ -199,6 +202,8 @@ class _KernelEmitter:
             block = mb.t_struct([arr])
             mb.decorate(block, "Block")
             mb.member_decorate(block, 0, "Offset", 0)
+            if buf not in stored:   # an input: the driver may cache it as read-only memory
+                mb.member_decorate(block, 0, "NonWritable")
             var = mb.variable(mb.t_pointer("StorageBuffer", block), "StorageBuffer")
             mb.decorate(var, "DescriptorSet", 0)
             mb.decorate(var, "Binding", binding)
@@ -733,11 +738,35 @@ def _acos(em, dt, args):
     return em.fsel(near, t, em.op("FSub", t, em.fc(dt, math.pi / 2), em.copysign(dt, t, small, x)), large)
 
 
+def _dot4(kind: str) -> Callable:
+    """tir's dot4 (tether/tir/int8.py): the sum of the four byte products of two int32s, the bytes read as
+    ``kind`` ("u8s8": a unsigned, b signed). Portable int32 shifts and multiplies: exact, and valid on every
+    device (no integer dot-product extension needed)."""
+    def emit(em, dt, args):
+        i32 = em.int_type(32, True)
+
+        def byte(x, t, signed):
+            if signed:      # move byte t to the top, shift it back down with its sign
+                top = em.op("ShiftLeftLogical", i32, x, em.const("int32", 24 - 8 * t))
+                return em.op("ShiftRightArithmetic", i32, top, em.const("int32", 24))
+            return em.op("BitwiseAnd", i32, em.op("ShiftRightLogical", i32, x, em.const("int32", 8 * t)),
+                         em.const("int32", 0xFF))
+
+        a, b = args
+        total = None
+        for t in range(4):
+            p = em.op("IMul", i32, byte(a, t, kind[0] == "s"), byte(b, t, kind[2] == "s"))
+            total = p if total is None else em.op("IAdd", i32, total, p)
+        return total
+    return emit
+
+
 _CALLS: Dict[str, Callable] = {
     "exp": _glsl("Exp"), "log": _log, "sqrt": _sqrt, "rsqrt": _rsqrt, "tanh": _tanh, "sigmoid": _sigmoid,
     "erf": _erf, "pow": _pow, "floor": _glsl("Floor"), "ceil": _glsl("Ceil"), "round_even": _glsl("RoundEven"),
     "abs": _abs, "fabs": _abs, "sin": _glsl("Sin"), "cos": _glsl("Cos"), "tan": _glsl("Tan"),
     "asin": _asin, "acos": _acos, "atan": _glsl("Atan"),
+    **{"dot4_" + kind: _dot4(kind) for kind in DOT4_KINDS},
 }
 # GLSL.std.450 instructions that take 64-bit floats (the rest are 16/32-bit only)
 _F64_CALLS = frozenset({"sqrt", "rsqrt", "floor", "ceil", "round_even", "abs", "fabs"})

@@ -48,7 +48,8 @@ MEMORY_MODEL_GLSL450 = 1
 EXECUTION_MODEL_GLCOMPUTE = 5
 EXECUTION_MODE_LOCAL_SIZE = 17
 STORAGE = {"Input": 1, "Workgroup": 4, "Function": 7, "PushConstant": 9, "StorageBuffer": 12}
-DECORATION = {"Block": 2, "ArrayStride": 6, "BuiltIn": 11, "Binding": 33, "DescriptorSet": 34, "Offset": 35}
+DECORATION = {"Block": 2, "ArrayStride": 6, "BuiltIn": 11, "NonWritable": 24, "Binding": 33, "DescriptorSet": 34,
+              "Offset": 35}
 BUILTIN = {"WorkgroupId": 26, "LocalInvocationId": 27}
 SCOPE_WORKGROUP = 2
 SEMANTICS_ACQUIRE_RELEASE = 0x8
