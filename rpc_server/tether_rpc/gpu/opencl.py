@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import struct
+import sys
 import threading
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -183,7 +184,9 @@ class _Library:
             fn.restype, fn.argtypes = restype, argtypes
             setattr(self, name, fn)
         if missing:
-            raise GpuUnavailable("this device has no usable OpenCL: %s lacks %s" % (path, ", ".join(missing)))
+            raise GpuUnavailable("this device has no usable OpenCL: %s lacks %s%s" % (
+                path, ", ".join(missing[:3]), " and %d more OpenCL functions" % (len(missing) - 3)
+                if len(missing) > 3 else ""))
         self._cdll = cdll   # keeps the library loaded while any device uses it
 
 
@@ -192,9 +195,27 @@ _libraries: Dict[Tuple[str, ...], _Library] = {}
 
 
 def library_candidates() -> Tuple[str, ...]:
-    """The paths tried, in order: $TETHER_OPENCL_LIBRARY alone when set, else :data:`LIBRARY_CANDIDATES`."""
+    """The paths tried, in order: $TETHER_OPENCL_LIBRARY alone when set, else those of :data:`LIBRARY_CANDIDATES`
+    that fit this process (lib64 folders for a 64-bit one, lib for a 32-bit one, the framework on macOS)."""
     env = os.environ.get(LIBRARY_ENV)
-    return (env,) if env else LIBRARY_CANDIDATES
+    if env:
+        return (env,)
+    bits64 = ctypes.sizeof(ctypes.c_void_p) == 8
+    out = []
+    for path in LIBRARY_CANDIDATES:
+        if path.startswith("/System/") and sys.platform != "darwin":
+            continue
+        android_lib64 = "/lib64/" in path
+        android_lib32 = path.startswith(("/system/", "/vendor/")) and "/lib/" in path
+        if (android_lib64 and not bits64) or (android_lib32 and bits64):
+            continue
+        out.append(path)
+    return tuple(out)
+
+
+def library_loaded() -> bool:
+    """Whether this process has loaded an OpenCL library (and so may hold driver state and threads)."""
+    return bool(_libraries)
 
 
 def load_library() -> _Library:
@@ -205,20 +226,22 @@ def load_library() -> _Library:
         lib = _libraries.get(candidates)
         if lib is not None:
             return lib
-        errors = []
+        failures = []
         for path in candidates:
             try:
                 cdll = ctypes.CDLL(path)
             except OSError as exc:
-                errors.append("%s (%s)" % (path, str(exc).split(":")[-1].strip() or "not loadable"))
+                reason = str(exc)
+                missing = "No such file" in reason or "cannot open shared object" in reason or "not found" in reason
+                failures.append("%s %s" % (path, "not found" if missing else "could not be loaded (%s)" % reason))
                 continue
             lib = _Library(cdll, path)
             _libraries[candidates] = lib
             return lib
         if os.environ.get(LIBRARY_ENV):
-            raise GpuUnavailable("this device has no OpenCL: %s not found (from %s)" % (errors[0], LIBRARY_ENV))
-        raise GpuUnavailable("this device has no OpenCL: none of %s could be loaded (set %s to the library)" % (
-            ", ".join(candidates), LIBRARY_ENV))
+            raise GpuUnavailable("this device has no OpenCL: %s (named by %s)" % (failures[0], LIBRARY_ENV))
+        raise GpuUnavailable("this device has no OpenCL: %s (also tried %s; set %s to the library's path)" % (
+            failures[0], ", ".join(candidates[1:]), LIBRARY_ENV))
 
 
 # --- info queries ---------------------------------------------------------------------------------------------
@@ -350,6 +373,7 @@ class _State:
 
     def __init__(self, lib: _Library):
         self.lib = lib
+        self.pid = os.getpid()
         self.lock = threading.RLock()
         self.context: Optional[int] = None
         self.queue: Optional[int] = None
@@ -358,11 +382,16 @@ class _State:
         self.closed = False
 
     def release_mem(self, handle: int) -> None:
+        if os.getpid() != self.pid:   # a forked child's copy: the driver state is the parent's
+            return
         with self.lock:
             if self.buffers.pop(handle, None) is not None:
                 self.lib.clReleaseMemObject(handle)
 
     def release(self) -> None:
+        if os.getpid() != self.pid:
+            self.closed = True
+            return
         with self.lock:
             if self.closed:
                 return
@@ -395,17 +424,27 @@ class OpenCLDevice(DeviceAPI):
     def available(cls) -> List[Dict[str, Any]]:
         """``info()`` of every OpenCL device here, in index order; [] without a library or a driver."""
         try:
-            lib = load_library()
-            return [_device_info(lib, pl, dev, i) for i, (pl, dev) in enumerate(_enumerate_devices(lib))]
-        except (GpuUnavailable, GpuError):
+            return cls.list_devices()
+        except GpuError:
             return []
+
+    @classmethod
+    def list_devices(cls) -> List[Dict[str, Any]]:
+        """Like :meth:`available`, but a driver that fails while listing raises GpuError (naming the call)
+        instead of looking like a machine without OpenCL."""
+        try:
+            lib = load_library()
+        except GpuUnavailable:
+            return []
+        return [_device_info(lib, pl, dev, i) for i, (pl, dev) in enumerate(_enumerate_devices(lib))]
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
         lib = load_library()
         devices = _enumerate_devices(lib)
         if not devices:
-            raise GpuUnavailable("this device has no OpenCL: %s lists no platform with a device" % lib.path)
+            raise GpuUnavailable("this device has no OpenCL: %s lists no platform with a device (is an OpenCL "
+                                 "driver installed? the ICD loader reads /etc/OpenCL/vendors)" % lib.path)
         if not 0 <= index < len(devices):
             raise GpuUnavailable("this device has no OpenCL device %d: %s lists %d (opencl:0..opencl:%d)" % (
                 index, lib.path, len(devices), len(devices) - 1))
@@ -434,6 +473,10 @@ class OpenCLDevice(DeviceAPI):
     def _live(self) -> _State:
         if self._state.closed:
             raise GpuError("opencl:%d is closed" % self.index)
+        if os.getpid() != self._state.pid:
+            # OpenCL drivers keep threads and locks a forked child does not have: every call could hang
+            raise GpuError("opencl:%d was opened by process %d; a forked child must open its own device"
+                           % (self.index, self._state.pid))
         return self._state
 
     def _own(self, buf: DeviceBuffer, what: str) -> int:
@@ -455,6 +498,10 @@ class OpenCLDevice(DeviceAPI):
         with state.lock:
             handle = self._lib.clCreateBuffer(state.context, CL_MEM_READ_WRITE, max(nbytes, 1), None,
                                               ctypes.byref(err))
+            if err.value == -61 and nbytes > self._info["max_alloc_bytes"]:   # CL_INVALID_BUFFER_SIZE
+                raise GpuError("clCreateBuffer(%d bytes) failed: CL_INVALID_BUFFER_SIZE (-61): %s allows at most "
+                               "%d bytes per buffer (CL_DEVICE_MAX_MEM_ALLOC_SIZE)" % (
+                                   nbytes, self._info["name"], self._info["max_alloc_bytes"]))
             _check(err.value, "clCreateBuffer", "%d bytes" % nbytes)
             state.buffers[handle] = nbytes
         buf = DeviceBuffer(self, handle, nbytes)
@@ -479,19 +526,20 @@ class OpenCLDevice(DeviceAPI):
                 what, offset, offset + nbytes, buf.nbytes))
 
     def upload(self, buf: DeviceBuffer, array: np.ndarray, offset: int = 0) -> None:
+        state = self._live()
         handle = self._own(buf, "upload")
         host = np.ascontiguousarray(array)
         offset = int(offset)
         self._range("upload", buf, offset, host.nbytes)
         if host.nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueWriteBuffer(state.queue, handle, 1, offset, host.nbytes,
                                                   host.ctypes.data, 0, None, None),
                    "clEnqueueWriteBuffer", "%d bytes at %d" % (host.nbytes, offset))
 
     def download(self, buf: DeviceBuffer, out: np.ndarray, offset: int = 0) -> None:
+        state = self._live()
         handle = self._own(buf, "download")
         if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError("download: expected a writeable C-contiguous numpy array, got %s" % (
@@ -500,7 +548,6 @@ class OpenCLDevice(DeviceAPI):
         self._range("download", buf, offset, out.nbytes)
         if out.nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueReadBuffer(state.queue, handle, 1, offset, out.nbytes,
                                                  out.ctypes.data, 0, None, None),
@@ -508,6 +555,7 @@ class OpenCLDevice(DeviceAPI):
 
     def copy(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int, dst_offset: int = 0,
              src_offset: int = 0) -> None:
+        state = self._live()
         dst_handle, src_handle = self._own(dst, "copy destination"), self._own(src, "copy source")
         nbytes, dst_offset, src_offset = int(nbytes), int(dst_offset), int(src_offset)
         if nbytes < 0:
@@ -516,7 +564,6 @@ class OpenCLDevice(DeviceAPI):
         self._range("copy destination", dst, dst_offset, nbytes)
         if nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueCopyBuffer(state.queue, src_handle, dst_handle, src_offset, dst_offset,
                                                  nbytes, 0, None, None),
@@ -728,4 +775,4 @@ class OpenCLDevice(DeviceAPI):
 
 
 __all__ = ["OpenCLDevice", "OpenCLProgram", "CL_ERRORS", "error_name", "load_library", "library_candidates",
-           "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]
+           "library_loaded", "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]
