@@ -569,12 +569,18 @@ def test_device_info_survives_a_hanging_driver_in_a_threaded_process(broken_driv
         stop = threading.Event()
         threading.Thread(target=stop.wait, daemon=True).start()
         info = di.device_info()
-        print(json.dumps([info["gpus"], info["gpu_errors"], [t.name for t in threading.enumerate()]]))
+        names = [t.name for t in threading.enumerate()]
+        again = di.device_info()["gpu_errors"]   # the failure stands: no second probe, no second wait
+        di.GPU_RETRY_AFTER = 0.0
+        retried = di.device_info()["gpu_errors"]   # retried, but not beside the probe still stuck in the driver
+        probes = sum(t.name == "tether-gpu-probe" for t in threading.enumerate())
+        print(json.dumps([info["gpus"], info["gpu_errors"], names, again, retried, probes]))
     """, TETHER_OPENCL_LIBRARY=broken_drivers["HANG"])
     assert result.returncode == 0, result.stderr
-    gpus, errors, threads = json.loads(result.stdout)
+    gpus, errors, threads, again, retried, probes = json.loads(result.stdout)
     assert gpus == [] and errors == ["GPU drivers did not list their devices within 2 s"]
-    assert "tether-gpu-probe" in threads
+    assert "tether-gpu-probe" in threads and again == errors
+    assert retried == ["GPU drivers are still listing their devices (an earlier listing hung)"] and probes == 1
 
 
 def test_device_info_over_rpc_lists_pocl(rpc_server):
