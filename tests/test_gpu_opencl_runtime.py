@@ -400,6 +400,23 @@ def test_limits_and_features_refused_at_load(dev):
         dev.load(VECTOR_ADD, [_info("vadd", needs=["tensor_cores"])])
 
 
+def test_required_work_group_size_is_checked_at_load(dev):
+    src = b"""__kernel __attribute__((reqd_work_group_size(64, 2, 1)))
+void fixed(__global int* out) { out[get_global_id(1) * 64 + get_global_id(0)] = (int)get_local_size(1); }"""
+    program = dev.load(src, [_info("fixed", (64, 2, 1))])
+    buf = dev.alloc(4 * 64 * 2)
+    try:
+        dev.launch(program, "fixed", [buf], (1, 1, 1), (64, 2, 1))
+        out = np.zeros(128, np.int32)
+        dev.download(buf, out)
+        np.testing.assert_array_equal(out, 2)
+    finally:
+        dev.free(buf)
+    with pytest.raises(ModuleLoadError, match=r"fixed: launched with block \(32, 4, 1\), but its source requires "
+                                              r"\(64, 2, 1\) \(reqd_work_group_size\)"):
+        dev.load(src, [_info("fixed", (32, 4, 1))])
+
+
 def test_error_names():
     assert error_name(-52) == "CL_INVALID_KERNEL_ARGS" and error_name(-11) == "CL_BUILD_PROGRAM_FAILURE"
     assert error_name(-9999) == "CL error -9999"

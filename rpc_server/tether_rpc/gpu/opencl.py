@@ -44,6 +44,8 @@ LIBRARY_CANDIDATES: Tuple[str, ...] = (
 
 #: the OpenCL C dialect kernels are built as; a device whose OpenCL C is older (1.1) builds without -cl-std
 BUILD_OPTIONS = "-cl-std=CL1.2"
+#: characters of a driver's build log kept in a GpuBuildError
+MAX_BUILD_LOG = 16000
 
 # --- constants of cl.h ----------------------------------------------------------------------------------------
 CL_SUCCESS = 0
@@ -77,6 +79,7 @@ CL_MEM_READ_WRITE = 1 << 0
 CL_PROGRAM_BUILD_LOG = 0x1183
 CL_KERNEL_NUM_ARGS = 0x1191
 CL_KERNEL_WORK_GROUP_SIZE = 0x11B0
+CL_KERNEL_COMPILE_WORK_GROUP_SIZE = 0x11B1
 CL_KERNEL_LOCAL_MEM_SIZE = 0x11B2
 CL_EVENT_COMMAND_EXECUTION_STATUS = 0x11D3
 CL_PROFILING_COMMAND_START = 0x1282
@@ -362,6 +365,8 @@ class OpenCLProgram:
         self.infos = infos
         self.kernels: Dict[str, int] = {}
         self.num_args: Dict[str, int] = {}
+        self.max_threads: Dict[str, int] = {}   # CL_KERNEL_WORK_GROUP_SIZE
+        self.required_block: Dict[str, Tuple[int, ...]] = {}   # CL_KERNEL_COMPILE_WORK_GROUP_SIZE, when set
 
     def __repr__(self) -> str:
         return "<OpenCLProgram %s kernels=%s>" % (self.key[:12], sorted(self.infos) or sorted(self.kernels))
@@ -618,15 +623,15 @@ class OpenCLDevice(DeviceAPI):
         with state.lock:
             program = state.programs.get(key)
             if program is None:
-                program = self._build(bytes(code), key, infos)
+                program = self._build(bytes(code), key, sorted(infos))
                 state.programs[key] = program
-            else:
-                program.infos.update(infos)
-            for name in infos:
+            for name, info in infos.items():
                 self._kernel(program, name)
+                self._check_kernel_limit(program, name, info)
+            program.infos.update(infos)   # only launch_info that passed every check
         return program
 
-    def _build(self, code: bytes, key: str, infos: Dict[str, Dict[str, Any]]) -> OpenCLProgram:
+    def _build(self, code: bytes, key: str, names: List[str]) -> OpenCLProgram:
         lib, state = self._lib, self._state
         err = _int(0)
         strings = (ctypes.c_char_p * 1)(code)
@@ -641,10 +646,13 @@ class OpenCLDevice(DeviceAPI):
                 log_text = log.split(b"\0", 1)[0].decode("utf-8", "replace").strip()
             except GpuError as exc:
                 log_text = "(no build log: %s)" % exc
+            if len(log_text) > MAX_BUILD_LOG:   # the first errors are what matters; a log can run to megabytes
+                log_text = log_text[:MAX_BUILD_LOG] + "\n... (%d more characters of build log)" % (
+                    len(log_text) - MAX_BUILD_LOG)
             lib.clReleaseProgram(handle)
             raise GpuBuildError("OpenCL build of %s for %s failed: %s\n%s" % (
-                ", ".join(sorted(infos)) or "a program", self._info["name"], error_name(code_), log_text))
-        return OpenCLProgram(self, handle, key, infos)
+                ", ".join(names) or "a program", self._info["name"], error_name(code_), log_text))
+        return OpenCLProgram(self, handle, key, {})
 
     def _kernel(self, program: OpenCLProgram, name: str) -> int:
         """The cl_kernel ``name`` of ``program`` (created once), after checking the limits the driver sets for
@@ -662,19 +670,30 @@ class OpenCLDevice(DeviceAPI):
             _check(lib.clGetKernelWorkGroupInfo(kernel, self._device, CL_KERNEL_WORK_GROUP_SIZE,
                                                 ctypes.sizeof(wg), ctypes.byref(wg), None),
                    "clGetKernelWorkGroupInfo", name)
-            info = program.infos.get(name)
-            if info is not None:
-                block = [int(b) for b in (list(info.get("block") or [1, 1, 1]) + [1, 1, 1])[:3]]
-                threads = block[0] * block[1] * block[2]
-                if threads > wg.value:
-                    raise ModuleLoadError("kernel %s: a work-group of %d threads %s exceeds the %d this kernel "
-                                          "allows on %s (CL_KERNEL_WORK_GROUP_SIZE)" % (
-                                              name, threads, tuple(block), wg.value, self._info["name"]))
+            program.max_threads[name] = wg.value
+            required = (_size * 3)()
+            _check(lib.clGetKernelWorkGroupInfo(kernel, self._device, CL_KERNEL_COMPILE_WORK_GROUP_SIZE,
+                                                ctypes.sizeof(required), required, None),
+                   "clGetKernelWorkGroupInfo", name)
+            if any(required):   # __attribute__((reqd_work_group_size(x, y, z))) in the source
+                program.required_block[name] = tuple(int(r) for r in required)
         except BaseException:
             lib.clReleaseKernel(kernel)
             raise
         program.kernels[name] = kernel
         return kernel
+
+    def _check_kernel_limit(self, program: OpenCLProgram, name: str, info: Dict[str, Any]) -> None:
+        block = [int(b) for b in (list(info.get("block") or [1, 1, 1]) + [1, 1, 1])[:3]]
+        threads = block[0] * block[1] * block[2]
+        required = program.required_block.get(name)
+        if required is not None and tuple(block) != required:
+            raise ModuleLoadError("kernel %s: launched with block %s, but its source requires %s "
+                                  "(reqd_work_group_size)" % (name, tuple(block), required))
+        if threads > program.max_threads[name]:
+            raise ModuleLoadError("kernel %s: a work-group of %d threads %s exceeds the %d this kernel allows on "
+                                  "%s (CL_KERNEL_WORK_GROUP_SIZE)" % (name, threads, tuple(block),
+                                                                      program.max_threads[name], self._info["name"]))
 
     # launches -----------------------------------------------------------------------------------------------
     def _set_args(self, kernel: int, name: str, nargs: int, args: Sequence[KernelArg]) -> None:
