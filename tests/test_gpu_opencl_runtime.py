@@ -283,12 +283,14 @@ def test_threads_share_one_device(dev):
 def test_dropped_buffers_are_released(dev):
     import gc
 
-    before = len(dev._state.buffers)
+    before = dev.allocated_bytes()
     bufs = [dev.alloc(1 << 16) for _ in range(50)]
-    assert len(dev._state.buffers) == before + 50
+    assert dev.allocated_bytes() == before + 50 * (1 << 16)
+    dev.free(bufs.pop())
+    assert dev.allocated_bytes() == before + 49 * (1 << 16)
     del bufs
     gc.collect()
-    assert len(dev._state.buffers) == before
+    assert dev.allocated_bytes() == before
 
 
 def test_two_dimensional_launch(dev):
@@ -532,7 +534,7 @@ def broken_drivers(tmp_path_factory):
     from tether import cc
 
     folder = tmp_path_factory.mktemp("broken-opencl")
-    stubs = "\n".join("int %s(void) { return -30; }" % name for name in opencl._SIGNATURES
+    stubs = "\n".join("int %s(void) { return -30; }" % name for name in opencl.FUNCTIONS
                       if name != "clGetPlatformIDs")
     source = folder / "broken_cl.c"
     source.write_text(stubs + """

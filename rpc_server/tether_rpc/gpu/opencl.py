@@ -161,6 +161,10 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
 }
 
 
+#: the OpenCL entry points this runtime calls (a library lacking one is refused at load)
+FUNCTIONS: Tuple[str, ...] = tuple(_SIGNATURES)
+
+
 def error_name(code: int) -> str:
     """``-52`` -> ``"CL_INVALID_KERNEL_ARGS"``; an unknown code is named by its number."""
     return CL_ERRORS.get(int(code), "CL error %d" % int(code))
@@ -313,7 +317,9 @@ def _parse_version(text: str) -> Tuple[int, int]:
 
 
 def _device_info(lib: _Library, platform: int, device: int, index: int) -> Dict[str, Any]:
-    dev = lambda param: _info_str(lib, "clGetDeviceInfo", device, param)   # noqa: E731
+    def dev(param: int) -> str:
+        return _info_str(lib, "clGetDeviceInfo", device, param)
+
     extensions = sorted(set(dev(CL_DEVICE_EXTENSIONS).split()))
     dims = _info_uint(lib, "clGetDeviceInfo", device, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS, "I")
     sizes_raw = _info_bytes(lib, "clGetDeviceInfo", device, CL_DEVICE_MAX_WORK_ITEM_SIZES)
@@ -513,6 +519,10 @@ class OpenCLDevice(DeviceAPI):
         # a buffer dropped without free() is released then; free() and close() make this a no-op
         buf.extra = weakref.finalize(buf, state.release_mem, handle)
         return buf
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the buffers of this device not yet freed (0-byte buffers count 0)."""
+        return sum(self._state.buffers.values())
 
     def free(self, buf: DeviceBuffer) -> None:
         """Release ``buf`` (a second free, or a free after close, does nothing)."""
@@ -794,4 +804,4 @@ class OpenCLDevice(DeviceAPI):
 
 
 __all__ = ["OpenCLDevice", "OpenCLProgram", "CL_ERRORS", "error_name", "load_library", "library_candidates",
-           "library_loaded", "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]
+           "library_loaded", "FUNCTIONS", "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]
