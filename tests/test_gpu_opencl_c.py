@@ -510,3 +510,32 @@ def test_select_evaluates_only_the_chosen_arm(gpu):
         Compare("ne", y, Const(0, I32)), Binary("floordiv", x, y), Const(-1, I32)))
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(got, np.where(b != 0, a // np.where(b != 0, b, 1), -1))
+
+
+def test_float16_and_bool_in_shared_and_private_arrays(gpu):
+    # each group reverses its 64 values through a float16 shared tile and a private float16 copy; a bool tile
+    # carries their signs the same way
+    bx, tx = Var("bx"), Var("tx")
+    groups = 3
+    x, y = Buffer("x", (groups * BLOCK,), "float16"), Buffer("y", (groups * BLOCK,), "float16")
+    neg = Buffer("neg", (groups * BLOCK,), "bool")
+    tile, signs = Buffer("tile", (BLOCK,), "float16", "shared"), Buffer("signs", (BLOCK,), "bool", "shared")
+    mine = Buffer("mine", (1,), "float16", "local")
+    g = bx * BLOCK + tx
+    zero = Const(0, I32)
+    body = Allocate(tile, Allocate(signs, Allocate(mine, seq(
+        Store(tile, tx, Load(x, g) * Const(3.0, "float16")),
+        Store(signs, tx, Compare("lt", Load(x, g), Const(0.0, "float16"))),
+        Barrier(),
+        Store(mine, zero, Load(tile, Const(BLOCK - 1, I32) - tx)),
+        Store(y, g, Load(mine, zero)),
+        Store(neg, g, Load(signs, Const(BLOCK - 1, I32) - tx))))))
+    k = DeviceKernel("reverse_half", [x, y, neg], body, {bx: "blockIdx.x", tx: "threadIdx.x"}, (groups, 1, 1),
+                     (BLOCK, 1, 1))
+    src = opencl_source([k])
+    assert "__local ushort tile[64];" in src and "__local uchar signs[64];" in src and "ushort mine[1];" in src
+    xs = (RNG.standard_normal(groups * BLOCK) * 1000).astype(np.float16)
+    _, ys, negs = run_gpu(gpu, k, "reverse_half", [xs, np.zeros_like(xs), np.zeros(groups * BLOCK, np.bool_)])
+    want = (xs.astype(np.float32) * 3).astype(np.float16).reshape(groups, BLOCK)[:, ::-1].ravel()
+    np.testing.assert_array_equal(ys, want)
+    np.testing.assert_array_equal(negs, (xs < 0).reshape(groups, BLOCK)[:, ::-1].ravel())
