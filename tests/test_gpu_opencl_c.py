@@ -243,6 +243,10 @@ def test_refusals_name_the_problem():
         loop = For(t, Const(0, I32), Const(4, I32), "thread", Store(out, Const(0, I32), Const(1.0, F32)))
         loop.thread_tag = "threadIdx.x"
         opencl_source([kernel(body=loop)])
+    with pytest.raises(CompileError, match="bound to 'warpIdx.x', not a thread index"):
+        opencl_source([kernel(Const(1.0, F32), thread_of={Var("w"): "warpIdx.x"})])
+    with pytest.raises(CompileError, match="at least one kernel"):
+        opencl_source([])
     with pytest.raises(CompileError, match="variable 'q' is used outside its loop"):
         opencl_source([kernel(Cast(F32, Var("q")))])
     with pytest.raises(CompileError, match="bfloat16 is not supported"):

@@ -37,7 +37,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set
 from tether.codegen.halfconv import half_value
 from tether.errors import CompileError
 from tether.tir.buffer import Buffer
-from tether.tir.device import Barrier, DeviceKernel, tag_dim
+from tether.tir.device import THREAD_TAGS, Barrier, DeviceKernel, tag_dim
 from tether.tir.dtype import bits, is_float, is_int, is_unsigned
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
 from tether.tir.int8 import dot4_kind
@@ -175,7 +175,7 @@ _ROUND_HALF_D = ("static inline float tether_round_half_d(double x) { ushort h; 
 
 # ---- the kernel writer ----------------------------------------------------------------------------------------
 class _Writer:
-    """Emits one kernel; ``helpers`` (name -> definition) and ``needs`` are shared by the program."""
+    """Emits one kernel; ``helpers`` (name -> definition, each written once) are shared by the program."""
 
     def __init__(self, kernel: DeviceKernel, helpers: Dict[str, str]) -> None:
         self.kernel = kernel
@@ -242,6 +242,9 @@ class _Writer:
             args.append("int %s" % self.names.add(v, v.name))
         top = []
         for v, tag in k.thread_of.items():
+            if tag not in THREAD_TAGS:
+                raise CompileError("OpenCL C: variable %r of kernel %r is bound to %r, not a thread index (%s)"
+                                   % (v.name, k.name, tag, ", ".join(THREAD_TAGS)))
             fn = "get_group_id" if tag.startswith("blockIdx") else "get_local_id"
             top.append("  const %s %s = (%s)%s(%d);" % (c_type(v.dtype), self.names.add(v, v.name),
                                                      c_type(v.dtype), fn, tag_dim(tag)))
