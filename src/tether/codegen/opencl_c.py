@@ -133,10 +133,12 @@ class _Names:
         return self.of.get(id(obj))
 
 
-# ---- helpers: small inline functions, written once per program when some kernel uses them --------------------
+# ---- helpers: small functions, written once per program when some kernel uses them ---------------------------
+# Plain functions (no ``static inline``): OpenCL C 1.1 has no storage-class specifiers, and C99 ``inline`` alone
+# would leave an external reference where the compiler chose not to inline; drivers inline them anyway.
 def _minmax_helper(op: str, ct: str) -> str:
     sym = "<" if op == "min" else ">"
-    return ("static inline %s tether_%s_%s(%s a, %s b) { return a %s b ? a : b; }"
+    return ("%s tether_%s_%s(%s a, %s b) { return a %s b ? a : b; }"
             % (ct, op, ct, ct, ct, sym))
 
 
@@ -144,19 +146,19 @@ def _floor_helper(op: str, ct: str) -> str:
     # the CPU's sdiv/srem fix-up: a remainder whose sign differs from the divisor's moves the quotient down
     body = ("%s q = a / b, r = a %% b; int adjust = r != 0 && (r ^ b) < 0; " % (ct, ))
     ret = "return r + (adjust ? b : 0);" if op == "floormod" else "return q - adjust;"
-    return "static inline %s tether_%s_%s(%s a, %s b) { %s%s }" % (ct, op, ct, ct, ct, body, ret)
+    return "%s tether_%s_%s(%s a, %s b) { %s%s }" % (ct, op, ct, ct, ct, body, ret)
 
 
 def _abs_helper(ct: str) -> str:
     # 0 - a computed unsigned: the most negative value stays itself, as the CPU's wrapping sub does
-    return ("static inline %s tether_abs_%s(%s a) { return a < 0 ? (%s)(0u - (u%s)a) : a; }"
+    return ("%s tether_abs_%s(%s a) { return a < 0 ? (%s)(0u - (u%s)a) : a; }"
             % (ct, ct, ct, ct, ct))
 
 
 def _sigmoid_helper(ct: str) -> str:
     # mathlib's formula: exp(-|x|) never overflows, e/(1+e) keeps the tiny results for very negative x
     one = "1.0" if ct == "double" else "1.0f"
-    return ("static inline %s tether_sigmoid_%s(%s x) { %s e = exp(-fabs(x)); %s inv = %s / (%s + e); "
+    return ("%s tether_sigmoid_%s(%s x) { %s e = exp(-fabs(x)); %s inv = %s / (%s + e); "
             "return x < 0 ? e * inv : inv; }" % (ct, ct, ct, ct, ct, one, one))
 
 
@@ -164,12 +166,12 @@ def _dot4_helper(kind: str) -> str:
     ta = "uchar" if kind[0] == "u" else "char"
     tb = "uchar" if kind[2] == "u" else "char"
     terms = " + ".join("(int)(%s)(a >> %d) * (int)(%s)(b >> %d)" % (ta, 8 * t, tb, 8 * t) for t in range(4))
-    return "static inline int tether_dot4_%s(int a, int b) { return %s; }" % (kind, terms)
+    return "int tether_dot4_%s(int a, int b) { return %s; }" % (kind, terms)
 
 
-_ROUND_HALF = ("static inline float tether_round_half(float x) { ushort h; vstore_half_rte(x, 0, (half*)&h); "
+_ROUND_HALF = ("float tether_round_half(float x) { ushort h; vstore_half_rte(x, 0, (half*)&h); "
                "return vload_half(0, (half*)&h); }")
-_ROUND_HALF_D = ("static inline float tether_round_half_d(double x) { ushort h; vstore_half_rte(x, 0, (half*)&h); "
+_ROUND_HALF_D = ("float tether_round_half_d(double x) { ushort h; vstore_half_rte(x, 0, (half*)&h); "
                  "return vload_half(0, (half*)&h); }")
 
 
