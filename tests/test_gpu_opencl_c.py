@@ -2,7 +2,8 @@
 on pocl's OpenCL CPU device, compared with the same tir compiled by the CPU backend (the kernel's thread indices
 become serial loops there) and, for the math calls, with numpy.
 
-Needs pocl (apt-get install pocl-opencl-icd ocl-icd-libopencl1): skipped without it, a failure under CI.
+Needs pocl (apt-get install pocl-opencl-icd ocl-icd-libopencl1) and clang (the source against each OpenCL C
+version): skipped without them, a failure under CI.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import ctypes
 import math
 import re
 import struct
+import subprocess
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from tether.tir import (Allocate, Binary, Buffer, Call, Cast, Compare, Const, Fo
                         PrimFunc, Select, Store, Var, call_packed, dot4, seq)
 from tether.tir.device import Barrier, DeviceKernel
 
-from fixtures.prereq import unavailable
+from fixtures.prereq import require_tool, unavailable
 
 BLOCK = 64
 I32, F32 = "int32", "float32"
@@ -543,3 +545,26 @@ def test_float16_and_bool_in_shared_and_private_arrays(gpu):
     want = (xs.astype(np.float32) * 3).astype(np.float16).reshape(groups, BLOCK)[:, ::-1].ravel()
     np.testing.assert_array_equal(ys, want)
     np.testing.assert_array_equal(negs, (xs < 0).reshape(groups, BLOCK)[:, ::-1].ravel())
+
+
+@pytest.mark.parametrize("std", ["CL1.1", "CL1.2", "CL2.0"])
+def test_source_compiles_as_every_opencl_c_version(tmp_path, std):
+    # pocl compiles OpenCL C 1.2; phones' drivers range from 1.1 (older Mali) to 2.0 (Adreno): clang checks the
+    # helpers, half storage, shared memory and barriers against each language version
+    clang = require_tool("clang")
+    a, h = Buffer("a", (N,), F32), Buffer("h", (N,), "float16")
+    ints = Buffer("i8", (N,), "int8")
+    kernels = [
+        elementwise("math_all", [a], F32, lambda x: Call("sigmoid", [x], F32) + Binary("max", x, Call(
+            "rsqrt", [x], F32)), N),
+        elementwise("half_round", [a], "float16", lambda x: Cast("float16", x), N),
+        elementwise("half_in", [h], F32, lambda x: Call("exp", [Cast(F32, x)], F32), N),
+        elementwise("int_ops", [ints], "int8", lambda x: Binary("floormod", x, Const(-3, "int8")) + Call(
+            "abs", [x], "int8"), N),
+        reduction_kernel(2),
+    ]
+    path = tmp_path / "program.cl"
+    path.write_text(opencl_source(kernels))
+    r = subprocess.run([clang, "-x", "cl", "-cl-std=" + std, "-Xclang", "-finclude-default-header",
+                        "-fsyntax-only", "-Werror", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
