@@ -568,3 +568,21 @@ def test_source_compiles_as_every_opencl_c_version(tmp_path, std):
     r = subprocess.run([clang, "-x", "cl", "-cl-std=" + std, "-Xclang", "-finclude-default-header",
                         "-fsyntax-only", "-Werror", str(path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_index_math_proven_non_negative_divides_plainly(gpu):
+    # (bx*64 + tx + j) // 7 cannot be negative: C's / (as the CPU's unsigned division there); tx - j can, so its
+    # floormod keeps the floor helper; both agree with the CPU backend
+    bx, tx, j = Var("bx"), Var("tx"), Var("j")
+    out = Buffer("out", (3 * BLOCK * 4,), I32)
+    g = bx * BLOCK + tx
+    body = For(j, Const(0, I32), Const(4, I32), "serial", Store(out, g * 4 + j, Binary(
+        "floordiv", g + j, Const(7, I32)) * 100 + Binary("floormod", tx - j * 5, Const(7, I32))))
+    k = DeviceKernel("index_math", [out], body, {bx: "blockIdx.x", tx: "threadIdx.x"}, (3, 1, 1), (BLOCK, 1, 1))
+    src = opencl_source([k])
+    assert "(((bx * 64) + tx) + j) / 7" in src and "tether_floormod_int((tx - (j * 5)), 7)" in src
+    arrays = [np.zeros(3 * BLOCK * 4, np.int32)]
+    got = run_gpu(gpu, k, "index_math", arrays)[0]
+    same(got, run_cpu(k, arrays)[0], "index_math")
+    gg, jj = np.divmod(np.arange(3 * BLOCK * 4), 4)
+    np.testing.assert_array_equal(got, (gg + jj) // 7 * 100 + (gg % BLOCK - jj * 5) % 7)

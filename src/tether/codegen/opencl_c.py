@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from tether.codegen.halfconv import half_value
 from tether.errors import CompileError
@@ -41,6 +41,7 @@ from tether.tir.device import THREAD_TAGS, Barrier, DeviceKernel, tag_dim
 from tether.tir.dtype import bits, is_float, is_int, is_unsigned
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
 from tether.tir.int8 import dot4_kind
+from tether.tir.simplify import Simplifier
 from tether.tir.stmt import Allocate, For, IfThenElse, SeqStmt, Stmt, Store
 from tether.tir.visit import walk
 
@@ -186,6 +187,13 @@ class _Writer:
         self.scope: Dict[int, str] = {}          # id(Buffer) -> address space of the buffers in scope
         self.lines: List[str] = []
         self.shared_decls: List[str] = []
+        # inclusive value ranges of the thread indices and loop variables in scope: index math on values proven
+        # non-negative divides with C's / and % (floor and truncation agree there), as the CPU backend does
+        self.ranges: Dict[Var, Tuple[int, int]] = {}
+
+    def non_negative(self, e: Expr) -> bool:
+        b = Simplifier(self.ranges).bound(e)
+        return b is not None and b[0] >= 0
 
     def helper(self, name: str, definition: str) -> str:
         self.helpers.setdefault(name, definition)
@@ -248,6 +256,8 @@ class _Writer:
                 raise CompileError("OpenCL C: variable %r of kernel %r is bound to %r, not a thread index (%s)"
                                    % (v.name, k.name, tag, ", ".join(THREAD_TAGS)))
             fn = "get_group_id" if tag.startswith("blockIdx") else "get_local_id"
+            extent = (k.grid if fn == "get_group_id" else k.block)[tag_dim(tag)]
+            self.ranges[v] = (0, max(extent, 1) - 1)
             top.append("  const %s %s = (%s)%s(%d);" % (c_type(v.dtype), self.names.add(v, v.name),
                                                      c_type(v.dtype), fn, tag_dim(tag)))
         self.stmt(k.body, "  ")
@@ -366,7 +376,7 @@ def _floordiv(w: _Writer, e: Binary, a: str, b: str) -> str:
     if is_float(dt) or not is_int(dt):
         raise CompileError("OpenCL C: %s needs integer operands, got %s (kernel %r)" % (e.op, dt, w.kernel.name))
     op = "floormod" if e.op == "floormod" else "floordiv"
-    if is_unsigned(dt):
+    if is_unsigned(dt) or (isinstance(e.b, Const) and e.b.value > 0 and w.non_negative(e.a)):
         return _wrap(dt, "(%s %s %s)" % (a, "%" if op == "floormod" else "/", b))
     ct = "long" if bits(dt) == 64 else "int"
     name = w.helper("tether_%s_%s" % (op, ct), _floor_helper(op, ct))
@@ -511,7 +521,12 @@ def _for(w: _Writer, s: For, pad: str) -> None:
     if s.kind == "unrolled":
         w.lines.append(pad + "#pragma unroll")
     w.lines.append("%sfor (%s %s = %s; %s < %s; ++%s) {" % (pad, c_type(s.var.dtype), name, lo, name, end, name))
+    simplifier = Simplifier(w.ranges)
+    b_min, b_ext = simplifier.bound(s.min), simplifier.bound(s.extent)
+    if b_min is not None and b_ext is not None:
+        w.ranges[s.var] = (b_min[0], b_min[1] + max(b_ext[1], 1) - 1)
     w.stmt(s.body, pad + "  ")
+    w.ranges.pop(s.var, None)
     w.lines.append(pad + "}")
 
 
