@@ -19,9 +19,10 @@ backend (codegen/expr.py, codegen/mathlib.py) computes:
   and :func:`opencl_needs` adds ``"fp64"`` to the kernel's needs, which a device without it refuses at load.
 - bool buffers are bytes (``uchar``: OpenCL forbids ``bool`` in memory), read as ``!= 0`` like the CPU's i8.
 
-Kernel names are the launch's lookup key (``launch_info()["name"]``), so a name that is not a C identifier, or is
-used twice in one program, is refused rather than renamed; buffer and variable names are sanitised to C
-identifiers and made unique within their kernel.
+Kernel names are the launch's lookup key (``launch_info()["name"]``), so a name that is not a C identifier, is an
+OpenCL C keyword, type or builtin function (a kernel ``fmod`` overloads the builtin and clCreateKernel cannot find
+it), or is used twice in one program, is refused rather than renamed; buffer and variable names are sanitised to
+C identifiers and made unique within their kernel.
 
 Float division and sqrt are correctly rounded only when the program is built with
 ``-cl-fp32-correctly-rounded-divide-sqrt`` (pocl rounds them correctly anyway; OpenCL allows 2.5 and 3 ulp
