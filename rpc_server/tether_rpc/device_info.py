@@ -24,8 +24,8 @@ Keys of :func:`device_info`::
     cpu_max_khz / cpu_cur_khz   cpufreq of cpu0, or None
     temperature_c    CPU/SoC temperature, or None
     suggested_target a tether target preset name (see suggest_target)
-    gpus             [{"api": "opencl", "index": k, ...that device's info()}] for every GPU API's devices
-                     (see gpu_devices); [] without a GPU driver
+    gpus             [{"api": "opencl", "index": k, "spec": "opencl:k", ...that device's info()}] for every GPU
+                     API's devices (see gpu_devices; spec is what open_device takes); [] without a GPU driver
     gpu_errors       ["opencl: why it could not be listed"] for a driver that failed, crashed or hung; [] normally
 """
 from __future__ import annotations
@@ -260,17 +260,19 @@ def _gpu_apis() -> List[Tuple[str, Any]]:
     return apis
 
 
-def _list_gpus() -> Dict[str, Any]:
+def _list_gpus(apis: List[Tuple[str, Any]]) -> Dict[str, Any]:
     """Every API's devices, here and now: {"gpus": [...], "errors": [...]}."""
     gpus: List[Dict[str, Any]] = []
     errors: List[str] = []
-    for name, cls in _gpu_apis():
+    for name, cls in apis:
         try:
             listing = getattr(cls, "list_devices", cls.available)()
         except Exception as exc:
             errors.append("%s: %s: %s" % (name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
             continue
-        gpus.extend(dict(info, api=name, index=info.get("index", k)) for k, info in enumerate(listing))
+        for k, info in enumerate(listing):
+            index = info.get("index", k)
+            gpus.append(dict(info, api=name, index=index, spec="%s:%d" % (name, index)))
     return {"gpus": gpus, "errors": errors}
 
 
@@ -282,10 +284,10 @@ def _drivers_loaded() -> bool:
         return False
 
 
-def _list_gpus_in_thread(timeout: float) -> Dict[str, Any]:
+def _list_gpus_in_thread(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str, Any]:
     """_list_gpus in a daemon thread: a driver that hangs costs that thread, never the caller."""
     box: List[Dict[str, Any]] = []
-    thread = threading.Thread(target=lambda: box.append(_list_gpus()), name="tether-gpu-probe", daemon=True)
+    thread = threading.Thread(target=lambda: box.append(_list_gpus(apis)), name="tether-gpu-probe", daemon=True)
     thread.start()
     thread.join(timeout)
     if not box:
@@ -293,7 +295,7 @@ def _list_gpus_in_thread(timeout: float) -> Dict[str, Any]:
     return box[0]
 
 
-def _list_gpus_in_child(timeout: float) -> Dict[str, Any]:
+def _list_gpus_in_child(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str, Any]:
     """_list_gpus in a forked child that reports through a pipe and is killed past ``timeout``.
 
     The child keeps driver state out of this process: the device server forks a worker per session, and a
@@ -307,12 +309,12 @@ def _list_gpus_in_child(timeout: float) -> Dict[str, Any]:
     except OSError:
         os.close(read_fd)
         os.close(write_fd)
-        return _list_gpus_in_thread(timeout)
+        return _list_gpus_in_thread(apis, timeout)
     if pid == 0:   # the child: list, write, leave without running the parent's atexit handlers or finalizers
         code = 0
         try:
             os.close(read_fd)
-            data = json.dumps(_list_gpus(), default=str).encode()
+            data = json.dumps(_list_gpus(apis), default=str).encode()
             while data:
                 data = data[os.write(write_fd, data):]
         except BaseException:
@@ -342,7 +344,10 @@ def _list_gpus_in_child(timeout: float) -> Dict[str, Any]:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        _, status = os.waitpid(pid, 0)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:   # reaped by someone else (SIGCHLD ignored): its status is lost
+            status = 0
     if timed_out:
         return {"gpus": [], "errors": ["GPU drivers did not list their devices within %g s" % timeout]}
     try:
@@ -353,22 +358,26 @@ def _list_gpus_in_child(timeout: float) -> Dict[str, Any]:
         return {"gpus": [], "errors": ["listing the GPU drivers' devices failed (%s)" % how]}
 
 
-def gpu_devices(timeout: float = GPU_PROBE_TIMEOUT) -> Tuple[List[Dict[str, Any]], List[str]]:
-    """(gpus, errors): every GPU API's devices as ``{"api", "index", ...info()}``, and why an API could not be
-    listed. Bounded by ``timeout``, computed once per process (drivers do not come and go while a server runs).
+def gpu_devices(timeout: Optional[float] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """(gpus, errors): every GPU API's devices as ``{"api", "index", "spec", ...info()}``, and why an API could not be
+    listed. Bounded by ``timeout`` (default GPU_PROBE_TIMEOUT), computed once per process when it succeeds
+    (drivers do not come and go while a server runs).
 
-    Where this process has not loaded a GPU driver yet, the listing runs in a forked child (see
-    _list_gpus_in_child); where it has (a session worker using a GPU), in a daemon thread of this process.
+    Where this process is single-threaded and has not loaded a GPU driver (the device server's loop), the
+    listing runs in a forked child (see _list_gpus_in_child); elsewhere (a session worker, whose watchdog is a
+    thread and which may use a GPU itself) in a daemon thread of this process.
     """
     with _gpu_listing_lock:
         key = os.environ.get("TETHER_OPENCL_LIBRARY", "")
         if key in _gpu_listing:
             gpus, errors = _gpu_listing[key]
             return [dict(g) for g in gpus], list(errors)
-        if hasattr(os, "fork") and not _drivers_loaded():
-            result = _list_gpus_in_child(timeout)
+        timeout = GPU_PROBE_TIMEOUT if timeout is None else timeout
+        apis = _gpu_apis()   # imported here, not in a forked child
+        if hasattr(os, "fork") and threading.active_count() == 1 and not _drivers_loaded():
+            result = _list_gpus_in_child(apis, timeout)
         else:
-            result = _list_gpus_in_thread(timeout)
+            result = _list_gpus_in_thread(apis, timeout)
         gpus, errors = list(result.get("gpus") or []), [str(e) for e in result.get("errors") or []]
         if not errors:   # a failure may be passing (a busy driver): list again next time
             _gpu_listing[key] = (gpus, errors)
