@@ -365,6 +365,11 @@ def _load_library() -> Tuple[Any, str]:
                          "install libvulkan1 mesa-vulkan-drivers)" % ("; ".join(errors), via))
 
 
+def library_loaded() -> bool:
+    """Whether this process has loaded a Vulkan loader (and so may hold driver state and threads)."""
+    return bool(_loaded)
+
+
 def _quiet_mesa() -> None:
     # lavapipe prints a non-conformance warning to stderr when enumerated: it would land in CLI output and JSON
     # pipelines. The user's own setting wins.
@@ -516,6 +521,10 @@ class _PhysicalDevice:
         return self.feature("fp16", "shaderInt8") and self.feature("storage8", "storageBuffer8BitAccess")
 
     @property
+    def int16(self) -> bool:
+        return bool(self.core.shaderInt16) and self.feature("storage16", "storageBuffer16BitAccess")
+
+    @property
     def int8_dot(self) -> bool:
         return self.feature("dot", "shaderIntegerDotProduct")
 
@@ -572,7 +581,7 @@ class _PhysicalDevice:
             "min_storage_buffer_offset_alignment": int(lim.minStorageBufferOffsetAlignment),
             "timestamp_period_ns": float(lim.timestampPeriod),
             "extensions": sorted(self.extensions),
-            "fp16": self.fp16, "int8": self.int8, "int8_dot": self.int8_dot,
+            "fp16": self.fp16, "int8": self.int8, "int16": self.int16, "int8_dot": self.int8_dot,
             "fp64": bool(self.core.shaderFloat64), "int64": bool(self.core.shaderInt64),
             "subgroup_size": self.subgroup_size,
             "unified_memory": self.unified_memory(),
@@ -595,6 +604,8 @@ _OP_ENTRY_POINT, _OP_EXECUTION_MODE, _OP_EXECUTION_MODE_ID = 15, 16, 331
 _OP_CONSTANT, _OP_SPEC_CONSTANT, _OP_CONSTANT_COMPOSITE, _OP_SPEC_CONSTANT_COMPOSITE, _OP_DECORATE = 43, 50, 44, 51, 71
 _MODEL_GLCOMPUTE, _MODE_LOCAL_SIZE, _MODE_LOCAL_SIZE_ID = 5, 17, 38
 _DECORATION_BUILTIN, _BUILTIN_WORKGROUP_SIZE = 11, 25
+#: the newest SPIR-V each Vulkan version takes
+_SPIRV_VERSIONS = {(1, 0): (1, 0), (1, 1): (1, 3), (1, 2): (1, 5), (1, 3): (1, 6)}
 
 
 def _spirv_string(words: Sequence[int]) -> str:
@@ -602,9 +613,10 @@ def _spirv_string(words: Sequence[int]) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-def parse_spirv(code: bytes) -> Tuple[np.ndarray, Dict[str, Tuple[int, int, int]]]:
-    """The module's words (host order, as vkCreateShaderModule takes them) and its GLCompute entry points with
-    their work-group sizes; GpuBuildError naming the defect for anything that is not a well-formed module."""
+def parse_spirv(code: bytes) -> Tuple[np.ndarray, Tuple[int, int], Dict[str, Tuple[int, int, int]]]:
+    """The module's words (host order, as vkCreateShaderModule takes them), its SPIR-V version and its GLCompute
+    entry points with their work-group sizes; GpuBuildError naming the defect for anything that is not a
+    well-formed module (drivers need not check: lavapipe, for one, takes anything)."""
     if not isinstance(code, (bytes, bytearray, memoryview)):
         raise GpuBuildError("SPIR-V code: expected bytes, got %s" % type(code).__name__)
     code = bytes(code)
@@ -653,7 +665,8 @@ def parse_spirv(code: bytes) -> Tuple[np.ndarray, Dict[str, Tuple[int, int, int]
         parts = composites.get(workgroup_size_id, [])
         if len(parts) == 3 and all(x in constants for x in parts):
             sizes = {fid: tuple(constants[x] for x in parts) for fid in entries}  # type: ignore[misc]
-    return words, {name: sizes.get(fid, (0, 0, 0)) for fid, name in entries.items()}
+    version = ((w[1] >> 16) & 0xFF, (w[1] >> 8) & 0xFF)
+    return words, version, {name: sizes.get(fid, (0, 0, 0)) for fid, name in entries.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -725,6 +738,8 @@ class VulkanDevice(DeviceAPI):
         self._modules: Dict[str, int] = {}
         self._programs: Dict[Any, VulkanProgram] = {}
         self._pools: List[int] = []
+        self._capacity: List[Tuple[int, int]] = []  # per pool: sets, storage-buffer descriptors
+        self._room: List[List[int]] = []  # per pool: what is left of its capacity
         self._pool_index = 0
         self._sets: "collections.OrderedDict[Any, int]" = collections.OrderedDict()
         self._sets_allocated = 0
@@ -905,9 +920,11 @@ class VulkanDevice(DeviceAPI):
                                                                                    buf.nbytes))
 
     @staticmethod
-    def _host(array: np.ndarray, what: str) -> np.ndarray:
+    def _host(array: np.ndarray, what: str, writable: bool = False) -> np.ndarray:
         if not isinstance(array, np.ndarray) or not array.flags["C_CONTIGUOUS"]:
             raise ValueError("%s: expected a C-contiguous numpy array" % what)
+        if writable and not array.flags["WRITEABLE"]:
+            raise ValueError("%s: the numpy array is read-only" % what)
         return array
 
     def upload(self, buf: DeviceBuffer, array: np.ndarray, offset: int = 0) -> None:
@@ -930,7 +947,7 @@ class VulkanDevice(DeviceAPI):
                 self._copy_now(staging.buffer, 0, mem.buffer, int(offset) + start, chunk.nbytes)
 
     def download(self, buf: DeviceBuffer, out: np.ndarray, offset: int = 0) -> None:
-        out = self._host(out, "download")
+        out = self._host(out, "download", writable=True)
         with self._lock:
             self._alive()
             mem = self._own(buf, "download")
@@ -977,7 +994,7 @@ class VulkanDevice(DeviceAPI):
 
     # code -----------------------------------------------------------------------------------------------------
     def load(self, code: bytes, kernels: Sequence[Dict[str, Any]]) -> VulkanProgram:
-        words, entries = parse_spirv(code)
+        words, version, entries = parse_spirv(code)
         digest = hashlib.sha256(words.tobytes()).hexdigest()
         infos = [dict(k) for k in kernels]
         key = (digest, tuple((k.get("name"), len(k.get("params", ())), len(k.get("scalars", ())),
@@ -986,6 +1003,10 @@ class VulkanDevice(DeviceAPI):
             self._alive()
             if key in self._programs:
                 return self._programs[key]
+            accepted = _SPIRV_VERSIONS.get(_version(self._pd.api_version)[:2], (1, 6))
+            if version > accepted:
+                raise GpuBuildError("SPIR-V %d.%d is newer than vulkan:%d (Vulkan %d.%d) accepts: SPIR-V %d.%d at most"
+                                    % (version + (self.index,) + _version(self._pd.api_version)[:2] + accepted))
             for k in infos:
                 self._check_kernel(k, entries)
             module = self._modules.get(digest)
@@ -1039,13 +1060,16 @@ class VulkanDevice(DeviceAPI):
         if 4 * n_scalars > lim.maxPushConstantsSize:
             raise GpuBuildError("kernel %r: %d scalars (%d bytes) exceed vulkan:%d's %d bytes of push constants" % (
                 name, n_scalars, 4 * n_scalars, self.index, lim.maxPushConstantsSize))
-        have = {"fp16": self._pd.fp16, "int8_dot": self._pd.int8_dot, "subgroups": bool(self._pd.subgroup_size),
-                "int8": self._pd.int8, "fp64": bool(self._pd.core.shaderFloat64),
-                "int64": bool(self._pd.core.shaderInt64)}
+        pd = self._pd
+        # what each need takes (the capabilities tether.codegen.spirv declares for it): fp16 = Float16 and 16-bit
+        # storage buffers, int8 = Int8 and 8-bit storage buffers, int16 = Int16 and 16-bit storage buffers
+        have = {"fp16": pd.fp16, "int8": pd.int8, "int16": pd.int16, "int8_dot": pd.int8_dot,
+                "subgroups": bool(pd.subgroup_size), "fp64": bool(pd.core.shaderFloat64),
+                "int64": bool(pd.core.shaderInt64)}
         missing = [need for need in k.get("needs", ()) if not have.get(need, False)]
         if missing:
             raise GpuBuildError("kernel %r needs %s, which vulkan:%d (%s) lacks" % (
-                name, ", ".join(missing), self.index, self._pd.name))
+                name, ", ".join(missing), self.index, pd.name))
 
     def _build_kernel(self, module: int, k: Dict[str, Any], local: Tuple[int, int, int]) -> _Kernel:
         name = k["name"]
@@ -1188,6 +1212,7 @@ class VulkanDevice(DeviceAPI):
                 _check("vkResetDescriptorPool", self.fn["vkResetDescriptorPool"](self._device, pool, 0))
             self._sets.clear()
             self._sets_allocated, self._pool_index = 0, 0
+            self._room = [list(c) for c in self._capacity]
         dset = self._allocate_set(kern.set_layout, len(mems))
         self._sets_allocated += 1
         infos = (VkDescriptorBufferInfo * len(mems))()
@@ -1204,25 +1229,31 @@ class VulkanDevice(DeviceAPI):
     def _allocate_set(self, set_layout: int, n_buffers: int) -> int:
         layouts = (_H * 1)(set_layout)
         while True:
-            fresh = self._pool_index >= len(self._pools)
-            if fresh:
-                sizes = VkDescriptorPoolSize(type=_DESCRIPTOR_STORAGE_BUFFER,
-                                             descriptorCount=max(_POOL_DESCRIPTORS, n_buffers))
-                info = VkDescriptorPoolCreateInfo(sType=_ST_DESCRIPTOR_POOL_CREATE_INFO, maxSets=_POOL_SETS,
+            # the first pool with room, counted here: a Vulkan 1.0 driver need not report a full pool
+            index = next((i for i in range(self._pool_index, len(self._pools))
+                          if self._room[i][0] >= 1 and self._room[i][1] >= n_buffers), None)
+            fresh = index is None
+            if index is None:
+                capacity = (_POOL_SETS, max(_POOL_DESCRIPTORS, n_buffers))
+                sizes = VkDescriptorPoolSize(type=_DESCRIPTOR_STORAGE_BUFFER, descriptorCount=capacity[1])
+                info = VkDescriptorPoolCreateInfo(sType=_ST_DESCRIPTOR_POOL_CREATE_INFO, maxSets=capacity[0],
                                                   poolSizeCount=1, pPoolSizes=ctypes.addressof(sizes))
                 self._pools.append(self._create("vkCreateDescriptorPool", info))
+                self._capacity.append(capacity)
+                self._room.append(list(capacity))
+                index = len(self._pools) - 1
+            self._pool_index = index
             alloc = VkDescriptorSetAllocateInfo(sType=_ST_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                                descriptorPool=self._pools[self._pool_index], descriptorSetCount=1,
+                                                descriptorPool=self._pools[index], descriptorSetCount=1,
                                                 pSetLayouts=ctypes.addressof(layouts))
             handle = _H()
             code = self.fn["vkAllocateDescriptorSets"](self._device, ctypes.byref(alloc), ctypes.byref(handle))
-            if code in (_ERROR_OUT_OF_POOL_MEMORY, _ERROR_FRAGMENTED_POOL) and self._pool_index < len(self._pools) - 1:
-                self._pool_index += 1  # this pool is full: the next one
-                continue
             if code in (_ERROR_OUT_OF_POOL_MEMORY, _ERROR_FRAGMENTED_POOL) and not fresh:
-                self._pool_index = len(self._pools)  # a new pool, sized for at least this many buffers
+                self._room[index] = [0, 0]  # full after all: the next pool, or a new one
                 continue
             _check("vkAllocateDescriptorSets", code)
+            self._room[index][0] -= 1
+            self._room[index][1] -= n_buffers
             return int(handle.value)
 
     # submission -----------------------------------------------------------------------------------------------
@@ -1271,7 +1302,8 @@ class VulkanDevice(DeviceAPI):
         if not batch:
             return
         fences = (_H * len(batch))(*[f for _, f in batch])
-        code = self.fn["vkWaitForFences"](self._device, len(batch), fences, 1, int(self.timeout_s * 1e9))
+        timeout_ns = min(max(int(self.timeout_s * 1e9), 0), (1 << 64) - 1)
+        code = self.fn["vkWaitForFences"](self._device, len(batch), fences, 1, timeout_ns)
         if code == _TIMEOUT:
             raise GpuError("vulkan:%d: the kernel did not finish within %g s (vkWaitForFences)" % (self.index,
                                                                                                   self.timeout_s))
@@ -1293,9 +1325,17 @@ class VulkanDevice(DeviceAPI):
             if self._closed:
                 return
             self._closed = True
-            if self._device and "vkDestroyDevice" in self.fn and "vkDeviceWaitIdle" in self.fn:
+            idle = True
+            if self._pending:
+                try:
+                    self._wait(len(self._pending))
+                except GpuError as e:
+                    # a kernel still running (or a lost device): destroying what it uses could crash the process,
+                    # and vkDeviceWaitIdle has no timeout; the objects are left to the process's end
+                    idle = "did not finish" not in str(e)
+            if idle and self._device and "vkDestroyDevice" in self.fn and "vkDeviceWaitIdle" in self.fn:
                 fn, dev = self.fn, self._device
-                fn["vkDeviceWaitIdle"](dev)  # errors here (device lost) must not stop the teardown
+                fn["vkDeviceWaitIdle"](dev)  # nothing is in flight; errors (device lost) must not stop the teardown
                 for pool in self._pools:
                     fn["vkDestroyDescriptorPool"](dev, pool, None)
                 for program in self._programs.values():
@@ -1315,8 +1355,8 @@ class VulkanDevice(DeviceAPI):
                     self._destroy_memory(self._staging)
                 fn["vkDestroyDevice"](dev, None)
                 self._device = _p()
-            self._pools, self._programs, self._modules, self._buffers, self._sets = [], {}, {}, {}, \
-                collections.OrderedDict()
+            self._pools, self._capacity, self._room = [], [], []
+            self._programs, self._modules, self._buffers, self._sets = {}, {}, {}, collections.OrderedDict()
             self._pending.clear()
             self._staging = None
             if getattr(self, "_instance", None) is not None:
@@ -1332,4 +1372,4 @@ class VulkanDevice(DeviceAPI):
         return "VulkanDevice(%d%s)" % (self.index, ", closed" if self._closed else "")
 
 
-__all__ = ["VulkanDevice", "VulkanProgram", "parse_spirv", "LIBRARY_ENV", "DEFAULT_TIMEOUT_S"]
+__all__ = ["VulkanDevice", "VulkanProgram", "parse_spirv", "library_loaded", "LIBRARY_ENV", "DEFAULT_TIMEOUT_S"]
