@@ -251,12 +251,11 @@ def test_a_cpu_kernel_refuses_a_gpu_array_and_the_session_goes_on(rpc_server, rp
         assert len(timer(b, b, c).samples) == 2   # timing CPU functions is unchanged
 
 
-def test_device_info_lists_every_api_s_devices(session, opencl_info, vulkan_info):
+def test_device_info_lists_the_opencl_device(session, opencl_info):
     info = session.device_info()
     assert info["gpu_errors"] == []
     by_spec = {g["spec"]: g for g in info["gpus"]}
     assert by_spec["opencl:0"]["name"] == opencl_info["name"] and by_spec["opencl:0"]["api"] == "opencl"
-    assert by_spec["vulkan:0"]["name"] == vulkan_info["name"] and by_spec["vulkan:0"]["index"] == 0
     for spec in by_spec:   # each listed device opens by the name it is listed under
         same_bits(session.array(np.arange(3, dtype="int32"), device=spec).numpy(), np.arange(3, dtype="int32"))
 

@@ -257,11 +257,6 @@ def _gpu_apis() -> List[Tuple[str, Any]]:
         apis.append(("opencl", OpenCLDevice))
     except Exception as exc:
         logger.debug("tether_rpc.gpu.opencl not importable: %s", exc)
-    try:
-        from .gpu.vulkan import VulkanDevice
-        apis.append(("vulkan", VulkanDevice))
-    except Exception as exc:
-        logger.debug("tether_rpc.gpu.vulkan not importable: %s", exc)
     return apis
 
 
@@ -284,13 +279,7 @@ def _list_gpus(apis: List[Tuple[str, Any]]) -> Dict[str, Any]:
 def _drivers_loaded() -> bool:
     try:
         from .gpu.opencl import library_loaded
-        if library_loaded():
-            return True
-    except Exception:
-        pass
-    try:
-        from .gpu.vulkan import library_loaded as vulkan_loaded
-        return vulkan_loaded()
+        return library_loaded()
     except Exception:
         return False
 
