@@ -455,7 +455,7 @@ def test_missing_library_names_the_path():
         from tether_rpc.gpu.opencl import OpenCLDevice
         from tether_rpc.gpu.api import GpuUnavailable
         from tether_rpc.device_info import device_info
-        print(OpenCLDevice.available(), device_info()["gpus"])
+        print(OpenCLDevice.available(), [g for g in device_info()["gpus"] if g["api"] == "opencl"])
         try:
             OpenCLDevice(0)
         except GpuUnavailable as exc:

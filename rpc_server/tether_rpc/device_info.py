@@ -262,6 +262,16 @@ def _gpu_apis() -> List[Tuple[str, Any]]:
         apis.append(("opencl", OpenCLDevice))
     except Exception as exc:
         logger.debug("tether_rpc.gpu.opencl not importable: %s", exc)
+    try:
+        from .gpu.vulkan import VulkanDevice
+        apis.append(("vulkan", VulkanDevice))
+    except Exception as exc:
+        logger.debug("tether_rpc.gpu.vulkan not importable: %s", exc)
+    try:
+        from .gpu.cuda import CudaDevice
+        apis.append(("cuda", CudaDevice))
+    except Exception as exc:
+        logger.debug("tether_rpc.gpu.cuda not importable: %s", exc)
     return apis
 
 
@@ -282,11 +292,19 @@ def _list_gpus(apis: List[Tuple[str, Any]]) -> Dict[str, Any]:
 
 
 def _drivers_loaded() -> bool:
+    """Whether this process has a GPU driver library loaded already (then it may have driver threads: no fork)."""
+    loaded = False
     try:
         from .gpu.opencl import library_loaded
-        return library_loaded()
+        loaded = library_loaded()
     except Exception:
-        return False
+        pass
+    try:
+        from .gpu.vulkan import library_loaded as vulkan_loaded
+        loaded = loaded or vulkan_loaded()
+    except Exception:
+        pass
+    return loaded
 
 
 def _list_gpus_in_thread(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str, Any]:
@@ -378,7 +396,8 @@ def gpu_devices(timeout: Optional[float] = None) -> Tuple[List[Dict[str, Any]], 
     thread and which may use a GPU itself) in a daemon thread of this process.
     """
     with _gpu_listing_lock:
-        key = os.environ.get("TETHER_OPENCL_LIBRARY", "")
+        key = "\0".join(os.environ.get(v, "") for v in ("TETHER_OPENCL_LIBRARY", "TETHER_VULKAN_LIBRARY",
+                                                          "TETHER_CUDA_LIBRARY"))
         if key in _gpu_listing:
             when, gpus, errors = _gpu_listing[key]
             if not errors or time.monotonic() - when < GPU_RETRY_AFTER:
