@@ -180,6 +180,7 @@ def test_a_device_without_opencl_names_it_and_the_session_goes_on(tmp_path, open
                     remote.array(np.ones(3, "float32"), device="opencl:0")
                 message = message_of(info.value)
                 assert info.value.remote_type == "GpuUnavailable"
+                assert isinstance(info.value, errors.ModuleLoadError)   # one error tree on both sides
                 assert message.startswith("opencl:0: this device has no OpenCL") and "\n" not in message, message
                 assert "/nonexistent/libOpenCL.so.1" in message
             host = remote.array(np.arange(5, dtype="int64"))
