@@ -45,6 +45,9 @@ type Metadata struct {
 	Requires any `json:"requires"`
 	// CPUDispatch names the bits of the module's CPU-features word, lowest first (docs/abi.md "CPU dispatch").
 	CPUDispatch any `json:"cpu_dispatch"`
+	// Device is a GPU module's device code description ({"api": "opencl", ...}; docs/gpu.md): this runtime has no
+	// GPU to run it on, so such a module is refused before dlopen.
+	Device any `json:"device"`
 }
 
 var archMachine = map[string]elf.Machine{"x86_64": elf.EM_X86_64, "aarch64": elf.EM_AARCH64, "armv7": elf.EM_ARM}
@@ -115,6 +118,15 @@ func InspectModule(path string) (*Metadata, error) {
 	}
 	if err := checkCPU(&meta, label); err != nil {
 		return nil, err
+	}
+	if meta.Device != nil {
+		api := "a GPU"
+		if d, ok := meta.Device.(map[string]any); ok {
+			if a, ok := d["api"].(string); ok {
+				api = a
+			}
+		}
+		return fail("this device runs CPU modules only; %s needs %s, which is not available", label, api)
 	}
 	syms, _ := f.DynamicSymbols()
 	exported := map[string]bool{}

@@ -60,6 +60,17 @@ func TestInspectRefusesForeignModules(t *testing.T) {
 	}
 }
 
+// TestRefusesGPUModule: a module whose metadata has a "device" entry (a GPU module) is refused in one line.
+func TestRefusesGPUModule(t *testing.T) {
+	dir := fixtureDir(t)
+	_, err := LoadModule(filepath.Join(dir, "gpu_module.so"))
+	var le *LoadError
+	want := "tether: gpu_module.so: this device runs CPU modules only; gpu_module.so needs opencl, which is not available"
+	if !errors.As(err, &le) || le.ArchMismatch || err.Error() != want {
+		t.Fatalf("a GPU module was not refused as expected: %v", err)
+	}
+}
+
 func buildArgs(t testing.TB, dir string, c callCase) ([]any, []*Tensor) {
 	var args []any
 	var tensors []*Tensor

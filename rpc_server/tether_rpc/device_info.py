@@ -24,18 +24,26 @@ Keys of :func:`device_info`::
     cpu_max_khz / cpu_cur_khz   cpufreq of cpu0, or None
     temperature_c    CPU/SoC temperature, or None
     suggested_target a tether target preset name (see suggest_target)
+    gpus             [{"api": "opencl", "index": k, "spec": "opencl:k", ...that device's info()}] for every GPU
+                     API's devices (see gpu_devices; spec is what open_device takes); [] without a GPU driver
+    gpu_errors       ["opencl: why it could not be listed"] for a driver that failed, crashed or hung; [] normally
 """
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import platform
+import select
+import signal
 import shutil
 import struct
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import __version__, cpu_features
 from .elf import host_arch
@@ -234,6 +242,148 @@ def _versions() -> Dict[str, Optional[str]]:
     return out
 
 
+#: seconds a GPU driver may take to list its devices before device_info gives up on it
+GPU_PROBE_TIMEOUT = 20.0
+_gpu_listing: Dict[str, Tuple[List[Dict[str, Any]], List[str]]] = {}
+_gpu_listing_lock = threading.Lock()
+
+
+def _gpu_apis() -> List[Tuple[str, Any]]:
+    """(name, DeviceAPI class) of every GPU API this runtime has; one whose module fails to import is left out,
+    so a broken driver binding never breaks device_info."""
+    apis: List[Tuple[str, Any]] = []
+    try:
+        from .gpu.opencl import OpenCLDevice
+        apis.append(("opencl", OpenCLDevice))
+    except Exception as exc:
+        logger.debug("tether_rpc.gpu.opencl not importable: %s", exc)
+    return apis
+
+
+def _list_gpus(apis: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """Every API's devices, here and now: {"gpus": [...], "errors": [...]}."""
+    gpus: List[Dict[str, Any]] = []
+    errors: List[str] = []
+    for name, cls in apis:
+        try:
+            listing = getattr(cls, "list_devices", cls.available)()
+        except Exception as exc:
+            errors.append("%s: %s: %s" % (name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
+            continue
+        for k, info in enumerate(listing):
+            index = info.get("index", k)
+            gpus.append(dict(info, api=name, index=index, spec="%s:%d" % (name, index)))
+    return {"gpus": gpus, "errors": errors}
+
+
+def _drivers_loaded() -> bool:
+    try:
+        from .gpu.opencl import library_loaded
+        return library_loaded()
+    except Exception:
+        return False
+
+
+def _list_gpus_in_thread(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str, Any]:
+    """_list_gpus in a daemon thread: a driver that hangs costs that thread, never the caller."""
+    box: List[Dict[str, Any]] = []
+    thread = threading.Thread(target=lambda: box.append(_list_gpus(apis)), name="tether-gpu-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not box:
+        return {"gpus": [], "errors": ["GPU drivers did not list their devices within %g s" % timeout]}
+    return box[0]
+
+
+def _list_gpus_in_child(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str, Any]:
+    """_list_gpus in a forked child that reports through a pipe and is killed past ``timeout``.
+
+    The child keeps driver state out of this process: the device server forks a worker per session, and a
+    driver initialised before fork (its threads gone in the child, its locks possibly held) can hang or crash
+    the worker that then opens a GPU. The child also makes a driver that hangs or segfaults while listing a line
+    in ``gpu_errors`` instead of a hung or dead caller; and it starts no thread here (the server loop forks).
+    """
+    read_fd, write_fd = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_fd)
+        os.close(write_fd)
+        return _list_gpus_in_thread(apis, timeout)
+    if pid == 0:   # the child: list, write, leave without running the parent's atexit handlers or finalizers
+        code = 0
+        try:
+            os.close(read_fd)
+            data = json.dumps(_list_gpus(apis), default=str).encode()
+            while data:
+                data = data[os.write(write_fd, data):]
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(write_fd)
+    chunks: List[bytes] = []
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([read_fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+        if timed_out:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:   # reaped by someone else (SIGCHLD ignored): its status is lost
+            status = 0
+    if timed_out:
+        return {"gpus": [], "errors": ["GPU drivers did not list their devices within %g s" % timeout]}
+    try:
+        return json.loads(b"".join(chunks).decode())
+    except ValueError:
+        how = ("killed by signal %d" % os.WTERMSIG(status)) if os.WIFSIGNALED(status) else \
+            "exit status %d" % os.WEXITSTATUS(status)
+        return {"gpus": [], "errors": ["listing the GPU drivers' devices failed (%s)" % how]}
+
+
+def gpu_devices(timeout: Optional[float] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """(gpus, errors): every GPU API's devices as ``{"api", "index", "spec", ...info()}``, and why an API could not be
+    listed. Bounded by ``timeout`` (default GPU_PROBE_TIMEOUT), computed once per process when it succeeds
+    (drivers do not come and go while a server runs).
+
+    Where this process is single-threaded and has not loaded a GPU driver (the device server's loop), the
+    listing runs in a forked child (see _list_gpus_in_child); elsewhere (a session worker, whose watchdog is a
+    thread and which may use a GPU itself) in a daemon thread of this process.
+    """
+    with _gpu_listing_lock:
+        key = os.environ.get("TETHER_OPENCL_LIBRARY", "")
+        if key in _gpu_listing:
+            gpus, errors = _gpu_listing[key]
+            return [dict(g) for g in gpus], list(errors)
+        timeout = GPU_PROBE_TIMEOUT if timeout is None else timeout
+        apis = _gpu_apis()   # imported here, not in a forked child
+        if hasattr(os, "fork") and threading.active_count() == 1 and not _drivers_loaded():
+            result = _list_gpus_in_child(apis, timeout)
+        else:
+            result = _list_gpus_in_thread(apis, timeout)
+        gpus, errors = list(result.get("gpus") or []), [str(e) for e in result.get("errors") or []]
+        if not errors:   # a failure may be passing (a busy driver): list again next time
+            _gpu_listing[key] = (gpus, errors)
+        return [dict(g) for g in gpus], errors
+
+
 def device_info() -> Dict[str, Any]:
     """A JSON/msgpack-friendly description of this device (never raises on odd /proc or /sys contents)."""
     info: Dict[str, Any] = {}
@@ -277,4 +427,8 @@ def device_info() -> Dict[str, Any]:
     })
     info.update(_versions())
     info["suggested_target"] = suggest_target(arch, cpu["cores"], android)
+    try:
+        info["gpus"], info["gpu_errors"] = gpu_devices()
+    except Exception as exc:   # listing GPUs must never cost the rest of the description
+        info["gpus"], info["gpu_errors"] = [], ["listing GPUs failed: %s" % exc]
     return info

@@ -39,6 +39,7 @@ from .dlpack import (DTYPE_TO_DL, TETHER_BYTES, TETHER_DLTENSOR, TETHER_FLOAT64,
 from .dtypes import name_of, numpy_dtype
 from .elf import ARCH_MACHINE, ElfFile, host_arch
 from .errors import ArchMismatch, KernelError, ModuleLoadError
+from .gpu import module as gpu_module
 from .ndarray import NDArray
 
 logger = logging.getLogger(__name__)
@@ -338,12 +339,17 @@ class Module:
     open Module object shares it or its native pool cannot stop. A PackedFunc of an unloaded module raises
     ModuleLoadError instead of calling into unmapped code."""
 
-    def __init__(self, path: str, lib: ctypes.CDLL, metadata: Dict[str, Any], has_launcher: bool):
+    def __init__(self, path: str, lib: ctypes.CDLL, metadata: Dict[str, Any], has_launcher: bool,
+                 gpu: Optional[gpu_module.GpuProgram] = None):
         self.path = path
         self.metadata = metadata
         self.has_parallel_launcher = has_launcher
         self._lib: Optional[ctypes.CDLL] = lib
         self._infos = {f["name"]: f for f in metadata["functions"]}
+        # a GPU module's functions run on its device (docs/gpu.md "GPU modules")
+        self.gpu = gpu
+        if gpu is not None:
+            self._infos.update(gpu.functions)
         self._funcs: Dict[str, PackedFunc] = {}
         self._refs = 1          # this object's own; acquire() adds holders
         self._closed = False
@@ -383,6 +389,8 @@ class Module:
         if name not in self._infos:
             raise KeyError("%s has no function %r; it has: %s" % (
                 os.path.basename(self.path), name, ", ".join(self._infos) or "(none)"))
+        if self.gpu is not None and name in self.gpu.functions:
+            return self.gpu.function(self, name)   # (a GpuFunction: same calling convention, arrays on the device)
         cfunc = getattr(self._lib, name)
         cfunc.argtypes = [ctypes.POINTER(TetherValue), ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]
         cfunc.restype = ctypes.c_int32
@@ -400,6 +408,8 @@ class Module:
     def _unload(self) -> None:
         lib, self._lib = self._lib, None
         self._funcs = {}
+        if self.gpu is not None:
+            self.gpu.release()
         if lib is not None:
             self.unloaded = _unload_library(self.path, lib)
 
@@ -427,6 +437,7 @@ def inspect_module(path: str) -> Dict[str, Any]:
         _check_elf(elf, label)
         meta = _read_metadata(elf, label)
         _check_cpu(meta, label)
+        gpu_module.check_device(meta, label)   # a GPU module on a device without its API: refused like a CPU's
         exported = set(elf.exported_symbols)
         missing = [f["name"] for f in meta["functions"] if f["name"] not in exported]
         if missing:
@@ -524,13 +535,18 @@ def _dlopen(path: str, label: str, needs: Optional[Dict[str, Any]]) -> ctypes.CD
         raise ModuleLoadError("dlopen failed for %s: %s%s" % (label, exc, hint)) from exc
 
 
-def load_module(path: str, parallel_launcher: bool = True) -> Module:
+def load_module(path: str, parallel_launcher: bool = True, device: Any = None) -> Module:
     """Vet and load a tether module. Raises ArchMismatch / ModuleLoadError without running foreign code on a
     module for another architecture or without tether metadata. ``parallel_launcher=False`` leaves the module's
-    parallel loops serial (the ABI's fallback)."""
+    parallel loops serial (the ABI's fallback). A GPU module's code is loaded on ``device`` (a DeviceAPI, an
+    "api:index" spec or an index; default: device 0 of its API), or refused (GpuUnavailable...) in one line."""
     path = os.path.abspath(os.fspath(path))  # dlopen searches the library path for names without a slash
     label = os.path.basename(path)
     meta = inspect_module(path)
+    gpu = None
+    if meta.get("device") is not None:   # loaded before dlopen: a device that refuses it leaves nothing behind
+        with ElfFile(path, name=label) as elf:
+            gpu = gpu_module.load_device_code(elf, meta, label, device)
     needs = meta.pop("_needs", None)
     if needs:
         logger.warning("%s is not self-contained: needs libraries %s, undefined symbols %s",
@@ -551,4 +567,4 @@ def load_module(path: str, parallel_launcher: bool = True) -> Module:
                     if parallel_launcher else False)
     logger.debug("loaded %s: functions %s, parallel launcher %s", label,
                  [f["name"] for f in meta["functions"]], has_launcher)
-    return Module(path, lib, meta, has_launcher)
+    return Module(path, lib, meta, has_launcher, gpu)

@@ -36,6 +36,10 @@ def _normalize_shape(shape: ShapeLike) -> Tuple[int, ...]:
     return out
 
 
+#: shape -> tuple of non-negative ints, or KernelError (device arrays of tether_rpc.gpu.array check alike)
+normalize_shape = _normalize_shape
+
+
 def _aligned_buffer(nbytes: int) -> np.ndarray:
     """A uint8 array of ``nbytes`` whose first byte is ALIGNMENT-aligned (over-allocate, then slice)."""
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)

@@ -158,6 +158,7 @@ BUILTINS = {
     "tether.array.from_tensor": "_array_from_tensor",
     "tether.array.copy_in": "_array_copy_in",
     "tether.array.copy_out": "_array_copy_out",
+    "tether.array.copy_to": "_array_copy_to",
     "tether.array.free": "_free",
     "tether.free": "_free",
     "tether.upload": "_upload",
@@ -181,9 +182,14 @@ _KIND_FUNCTION = "function"
 
 
 def _release(kind: str, obj: Any) -> None:
-    """What freeing a handle does besides forgetting it: a module's own reference and each function handle's
-    hold on its module go, and the library is unloaded when none is left (tether_rpc.module.Module)."""
-    if kind == _KIND_MODULE:
+    """What freeing a handle does besides forgetting it: a GPU array's device memory goes back at once (a host
+    array's with its last reference); a module's own reference and each function handle's hold on its module go,
+    and the library is unloaded when none is left (tether_rpc.module.Module)."""
+    if kind == _KIND_ARRAY:
+        free = getattr(obj, "free", None)
+        if free is not None:
+            free()
+    elif kind == _KIND_MODULE:
         obj.close()
     elif kind == _KIND_FUNCTION:
         module = getattr(obj, "module", None)
@@ -201,6 +207,7 @@ class SessionHandler:
         self._objects: Dict[int, Tuple[str, Any]] = {}
         self._bound: Dict[Tuple[int, ...], Callable[[], Any]] = {}  # (function id, array ids...): see call_plain
         self._next_id = 1
+        self._devices: Any = None  # tether_rpc.gpu.session_devices.SessionDevices, made on the first GPU array
         self._builtins = {name: getattr(self, meth) for name, meth in BUILTINS.items()}
         for name in EXTENSIONS:
             try:
@@ -283,7 +290,8 @@ class SessionHandler:
         return bound
 
     def close(self) -> None:
-        """Drop every object: arrays are freed, modules unloaded (dlclose) once none of their functions is held."""
+        """Drop every object: arrays are freed, modules unloaded (dlclose) once none of their functions is held,
+        and then the GPU devices the session opened are closed."""
         self._bound.clear()
         objects, self._objects = self._objects, {}
         for kind, obj in objects.values():
@@ -291,6 +299,28 @@ class SessionHandler:
                 _release(kind, obj)
             except Exception:  # one object's failure must not keep the others (or the session) alive
                 log.exception("releasing a %s at the end of the session failed", kind)
+        devices, self._devices = self._devices, None
+        if devices is not None:
+            devices.close()
+
+    # -- GPU devices -------------------------------------------------------------------------------------------
+    def device(self, spec: Any) -> Any:
+        """The session's DeviceAPI for ``"opencl:0"`` (opened on first use, closed with the session);
+        GpuUnavailable naming the device when this one has no such GPU."""
+        if self._devices is None:
+            from .gpu.session_devices import SessionDevices
+
+            self._devices = SessionDevices()
+        return self._devices.get(spec)
+
+    @staticmethod
+    def _gpu_spec(device: Any) -> Optional[str]:
+        """None for host memory (no device, "cpu"), else the canonical "API:INDEX"."""
+        if device is None:
+            return None
+        from .gpu.array import canonical_spec
+
+        return canonical_spec(device)
 
     # -- object table ------------------------------------------------------------------------------------------
     def _put(self, kind: str, obj: Any) -> RemoteHandle:
@@ -348,30 +378,53 @@ class SessionHandler:
 
     @staticmethod
     def _array_info(handle: RemoteHandle, arr: Any) -> Dict[str, Any]:
-        return {"handle": handle, "shape": list(arr.shape), "dtype": arr.dtype}
+        info = {"handle": handle, "shape": list(arr.shape), "dtype": arr.dtype}
+        spec = getattr(arr, "device_spec", None)
+        if spec is not None:    # host arrays leave it out: older clients compare their replies as they were
+            info["device"] = spec
+        return info
 
-    def _array_empty(self, ctx: CallContext, shape: Any, dtype: str = "float32") -> Dict[str, Any]:
+    def _array_empty(self, ctx: CallContext, shape: Any, dtype: str = "float32", device: Any = None
+                     ) -> Dict[str, Any]:
         from . import ndarray
 
         nbytes = ndarray.nbytes_of(shape, dtype)
-        self.budget.reserve_memory(nbytes, "an array of shape %s %s" % (shape, dtype))
-        return self._keep_array(ndarray.empty, (shape, dtype), nbytes)
+        spec = self._gpu_spec(device)
+        if spec is None:
+            self.budget.reserve_memory(nbytes, "an array of shape %s %s" % (shape, dtype))
+            return self._keep_array(ndarray.empty, (shape, dtype), nbytes)
+        from .gpu import array as gpu_array
 
-    def _array_from_tensor(self, ctx: CallContext, tensor: Any) -> Dict[str, Any]:
+        api = self.device(spec)  # a missing GPU is named before any memory is charged
+        self.budget.reserve_memory(nbytes, "an array of shape %s %s on %s" % (shape, dtype, spec))
+        return self._keep_array(gpu_array.empty, (api, shape, dtype), nbytes)
+
+    def _array_from_tensor(self, ctx: CallContext, tensor: Any, device: Any = None) -> Dict[str, Any]:
         from . import ndarray
 
         if not isinstance(tensor, np.ndarray):
             raise TypeError("tether.array.from_tensor takes a tensor, got %s" % type(tensor).__name__)
-        self.budget.reserve_memory(int(tensor.nbytes), "an array of shape %s %s" % (tensor.shape, tensor.dtype))
-        return self._keep_array(ndarray.from_numpy, (tensor,), int(tensor.nbytes))
+        spec = self._gpu_spec(device)
+        if spec is None:
+            self.budget.reserve_memory(int(tensor.nbytes), "an array of shape %s %s" % (tensor.shape, tensor.dtype))
+            return self._keep_array(ndarray.from_numpy, (tensor,), int(tensor.nbytes))
+        from .gpu import array as gpu_array
+
+        api = self.device(spec)
+        self.budget.reserve_memory(int(tensor.nbytes), "an array of shape %s %s on %s"
+                                   % (tensor.shape, tensor.dtype, spec))
+        return self._keep_array(gpu_array.from_numpy, (api, tensor), int(tensor.nbytes))
 
     def _keep_array(self, make: Callable[..., Any], args: Tuple[Any, ...], nbytes: int) -> Dict[str, Any]:
         """Make an array whose ``nbytes`` are already reserved and put it in the table (or give them back)."""
+        arr = None
         try:
             arr = make(*args)
             handle = self._put(_KIND_ARRAY, arr)
         except BaseException:
             self.budget.release_memory(nbytes)
+            if arr is not None:
+                _release(_KIND_ARRAY, arr)
             raise
         return self._array_info(handle, arr)
 
@@ -381,11 +434,29 @@ class SessionHandler:
         if bulk.nbytes != arr.nbytes:
             raise ValueError("copy_in: %d bytes sent, the array %s %s holds %d"
                              % (bulk.nbytes, arr.dtype, tuple(arr.shape), arr.nbytes))
-        bulk.readinto(arr.view)
+        view = getattr(arr, "view", None)
+        if view is not None:
+            bulk.readinto(view)
+            return
+        # a GPU array: the bytes land in host memory first, then one upload (drivers copy from host pointers)
+        staging = np.empty(arr.nbytes, np.uint8)
+        bulk.readinto(memoryview(staging))
+        arr.upload_from(staging)
 
     def _array_copy_out(self, ctx: CallContext, handle: Any) -> Reply:
         arr = self._get(handle, _KIND_ARRAY)
-        return Reply(None, buffer=arr.view)
+        view = getattr(arr, "view", None)
+        if view is not None:
+            return Reply(None, buffer=view)
+        staging = np.empty(arr.nbytes, np.uint8)
+        arr.download_into(staging)
+        return Reply(None, buffer=staging)
+
+    def _array_copy_to(self, ctx: CallContext, src: Any, dst: Any) -> None:
+        """Every element of array ``src`` into array ``dst`` (any devices of this session, same shape and dtype)."""
+        from .gpu.array import copy_array
+
+        copy_array(self._get(dst, _KIND_ARRAY), self._get(src, _KIND_ARRAY))
 
     def _free(self, ctx: CallContext, handle: Any) -> None:
         self._bound.clear()  # bound calls keep their arrays' memory alive
@@ -436,7 +507,8 @@ class SessionHandler:
     def _module_load(self, ctx: CallContext, name: Any) -> Dict[str, Any]:
         from . import module
 
-        mod = module.load_module(self.folder.existing(name))
+        # a GPU module runs on the session's device "API:0", the one its device arrays live on
+        mod = module.load_module(self.folder.existing(name), device=lambda api: self.device(api + ":0"))
         try:
             handle = self._put(_KIND_MODULE, mod)
         except BaseException:   # (over --session-handles) the library is not kept loaded for nothing

@@ -90,6 +90,9 @@ def build(sch_or_funcs: Any, args: Optional[Sequence[Any]] = None, target: Union
           name: str = "default", fast_math: bool = False, opt: int = 3, jobs: Optional[int] = None) -> Module:
     """Compile a schedule (or PrimFuncs) for ``target`` into a Module artifact; see ``Module.export_library``.
 
+    For a GPU target ("opencl", "vulkan", "cuda -arch=sm_80", "rasp5-vulkan"...) the schedule binds its loops to
+    GPU threads; the result is a tether.gpu_build.GpuModule: the host's library carrying the device code.
+
     A build of many kernels runs in ``jobs`` worker processes (default: one per CPU; TETHER_BUILD_JOBS), each
     compiling a share of the kernels into its own object; the objects and a runtime part are merged into one."""
     tgt = as_target(target)
@@ -98,6 +101,10 @@ def build(sch_or_funcs: Any, args: Optional[Sequence[Any]] = None, target: Union
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise CompileError("module %r has more than one function named %s" % (name, ", ".join(dup)))
+    if tgt.gpu is not None:   # a GPU target: the kernels run on the device (tether.gpu_build)
+        from tether.gpu_build import build_gpu
+
+        return build_gpu([_lowered(it) for it in items], tgt, name, opt=opt)
     n_jobs = build_jobs(jobs, len(items))
     if n_jobs > 1:
         return _build_in_parts(items, names, tgt, name, fast_math, opt, n_jobs)

@@ -3,6 +3,7 @@
     Target("rasp4b")
     Target("aarch64-linux-gnu -mcpu=cortex-a72 -mattr=+neon")
     Target.from_device_info(session.device_info())
+    Target("opencl -device=mali", host="android-arm64")        # a GPU target (tether.gpu_target)
 
 A Target is a frozen record; everything that depends on the machine (the data layout, vector width, whether a
 rounding instruction exists) is derived here so codegen never re-parses triples.
@@ -14,11 +15,8 @@ import shlex
 import threading
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
-from tether.errors import InvalidInput
-
-
-class UnknownTargetError(InvalidInput):
-    """A preset name or target string tether cannot interpret."""
+from tether.gpu_target import (GPU_PRESET_NAMES, GpuTarget, UnknownTargetError, gpu_presets, is_gpu_spec,
+                               parse_gpu)
 
 
 # ELF e_machine per architecture (abi.md: metadata "arch" must agree with it).
@@ -134,9 +132,9 @@ _ARMV7_CORES_IDIV = {"cortex-a7", "cortex-a12", "cortex-a15", "cortex-a17"}
 _ARMV7_CORES_NEON = {"cortex-a7", "cortex-a8", "cortex-a9", "cortex-a12", "cortex-a15", "cortex-a17"}
 # ARMv8.2+ cores: LSE atomics, RCpc loads, dot product, fp16 arithmetic (LLVM uses them for atomics and vectors)
 _ARM_V82_CORES = {"cortex-a55", "cortex-a65", "cortex-a75", "cortex-a76", "cortex-a76ae", "cortex-a77", "cortex-a78",
-                  "cortex-a78c", "cortex-x1", "cortex-x2", "cortex-x3", "cortex-x4", "cortex-a510", "cortex-a520",
-                  "cortex-a710", "cortex-a715", "cortex-a720", "neoverse-n1", "neoverse-n2", "neoverse-v1",
-                  "neoverse-v2", "apple-m1", "apple-m2"}
+                  "cortex-a78ae", "cortex-a78c", "cortex-x1", "cortex-x2", "cortex-x3", "cortex-x4", "cortex-a510",
+                  "cortex-a520", "cortex-a710", "cortex-a715", "cortex-a720", "neoverse-n1", "neoverse-n2",
+                  "neoverse-v1", "neoverse-v2", "apple-m1", "apple-m2"}
 _ARM_V82_FEATURES = ("atomics", "lrcpc", "asimddp", "fphp", "asimdhp")
 # LLVM -mattr name -> hwcap name, per architecture
 _ARM64_ATTRS = {"lse": ("atomics",), "rcpc": ("lrcpc",), "dotprod": ("asimddp",), "fullfp16": ("fphp", "asimdhp"),
@@ -233,24 +231,51 @@ def cpu_requirements(arch: str, triple: str, cpu: str, features: Iterable[str]) 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """Where code runs: triple, CPU, features and what follows from them."""
+    """Where code runs: triple, CPU, features and what follows from them.
+
+    A GPU target (``gpu`` set, a tether.gpu_target.GpuTarget) keeps its host's triple, CPU and features here: the
+    host runs the module's shared library and launches the kernels, so host code builds and links as for that
+    CPU target (``.host`` is it without the GPU)."""
 
     triple: str
     cpu: str = "generic"
     features: str = ""
     preset: Optional[str] = None
+    gpu: Optional[GpuTarget] = None
 
     def __init__(self, spec: Union[str, "Target", None] = "host", cpu: Optional[str] = None,
-                 features: Optional[str] = None, preset: Optional[str] = None) -> None:
+                 features: Optional[str] = None, preset: Optional[str] = None,
+                 host: Union[str, "Target", None] = None) -> None:
         """Build from a preset name ("rasp4b"), a target string ("aarch64-linux-gnu -mcpu=... -mattr=..."), or an
-        explicit triple with cpu/features keywords."""
-        triple, tcpu, tfeat, tpreset = _parse_spec(spec if spec is not None else "host")
+        explicit triple with cpu/features keywords; a GPU target string ("opencl -device=mali", "rasp5-vulkan")
+        with ``host`` its CPU target (default: the preset's host, else "host")."""
+        triple, tcpu, tfeat, tpreset, gpu = _parse_spec(spec if spec is not None else "host")
+        if host is not None:
+            if gpu is None:
+                raise UnknownTargetError("host=%r is for GPU targets (opencl, vulkan, cuda), not %r" % (
+                    str(host), str(spec)))
+            triple, tcpu, tfeat, tpreset = _parse_host(host, str(spec))
         object.__setattr__(self, "triple", triple)
         object.__setattr__(self, "cpu", cpu if cpu is not None else tcpu)
         object.__setattr__(self, "features", features if features is not None else tfeat)
         object.__setattr__(self, "preset", preset if preset is not None else tpreset)
+        object.__setattr__(self, "gpu", gpu)
         if _arch_of_triple(self.triple) == "wasm32":  # validate early
+            if gpu is not None:
+                raise UnknownTargetError("a GPU target's host cannot be wasm32 (target %r)" % str(spec))
             _check_wasm_features(self.feature_list, str(self))
+
+    # ---- the GPU half ---------------------------------------------------------------------------------------
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpu is not None
+
+    @property
+    def host(self) -> "Target":
+        """The CPU target host code is built for: this target itself, without its GPU."""
+        if self.gpu is None:
+            return self
+        return Target(self.triple, cpu=self.cpu, features=self.features, preset=self.preset)
 
     # ---- derived properties -------------------------------------------------------------------------------
     @property
@@ -382,6 +407,8 @@ class Target:
                 "preset": self.preset}
 
     def __str__(self) -> str:
+        if self.gpu is not None:
+            return _gpu_string(self)
         s = self.triple
         if self.cpu and self.cpu != "generic":
             s += " -mcpu=" + self.cpu
@@ -433,13 +460,45 @@ def _core_rank(core: str) -> Tuple[int, str]:
     return (int(digits) if digits else 0, core)
 
 
-def _parse_spec(spec: Union[str, Target]) -> Tuple[str, str, str, Optional[str]]:
+def _parse_spec(spec: Union[str, Target]) -> Tuple[str, str, str, Optional[str], Optional[GpuTarget]]:
     if isinstance(spec, Target):
-        return spec.triple, spec.cpu, spec.features, spec.preset
+        return spec.triple, spec.cpu, spec.features, spec.preset, spec.gpu
     if not isinstance(spec, str) or not spec.strip():
         raise UnknownTargetError("a target is a preset name or a triple string, got %r; presets: %s"
                                  % (spec, ", ".join(PRESET_NAMES)))
     text = spec.strip()
+    if is_gpu_spec(text):
+        gpu, host = parse_gpu(text)
+        return _parse_host(host or "host", text) + (gpu,)
+    return _parse_cpu_spec(text) + (None,)
+
+
+def _parse_host(host: Union[str, Target], spec: str) -> Tuple[str, str, str, Optional[str]]:
+    """The CPU target of a GPU target's host."""
+    if isinstance(host, Target):
+        if host.gpu is not None:
+            raise UnknownTargetError("the host of GPU target %r must be a CPU target, not %s" % (spec, host))
+        return host.triple, host.cpu, host.features, host.preset
+    if is_gpu_spec(host):
+        raise UnknownTargetError("the host of GPU target %r must be a CPU target, not %r" % (spec, host))
+    return _parse_cpu_spec(str(host).strip())
+
+
+def _gpu_string(t: Target) -> str:
+    """A GPU target's string: its GPU half (or GPU preset), then -host= unless the host is the default one."""
+    assert t.gpu is not None
+    if t.gpu.preset is not None:
+        default_host: str = gpu_presets()[t.gpu.preset]["host"]
+        head = t.gpu.preset
+    else:
+        default_host, head = "host", t.gpu.spec()
+    host = t.preset if t.preset and Target(t.preset) == t.host else str(t.host)
+    if host == default_host or (default_host != "host" and Target(default_host) == t.host):
+        return head
+    return "%s -host=%s" % (head, shlex.quote(host))
+
+
+def _parse_cpu_spec(text: str) -> Tuple[str, str, str, Optional[str]]:
     if text == "host":
         triple, cpu, features = _host_cpu()
         return _normalize_triple(triple), cpu, features, "host"
@@ -450,8 +509,9 @@ def _parse_spec(spec: Union[str, Target]) -> Tuple[str, str, str, Optional[str]]
     triple, cpu, features = tokens[0], "generic", ""
     if "-" not in triple:
         raise UnknownTargetError("unknown target preset %r; presets: %s (or a triple such as "
-                                 "\"aarch64-linux-gnu -mcpu=cortex-a72 -mattr=+neon\")"
-                                 % (text, ", ".join(PRESET_NAMES)))
+                                 "\"aarch64-linux-gnu -mcpu=cortex-a72 -mattr=+neon\"; GPUs: opencl, vulkan, "
+                                 "cuda -arch=sm_XX, %s)" % (text, ", ".join(PRESET_NAMES),
+                                                            ", ".join(GPU_PRESET_NAMES)))
     for tok in tokens[1:]:
         if tok.startswith("-mcpu="):
             cpu = tok[len("-mcpu="):]

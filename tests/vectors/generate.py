@@ -77,6 +77,22 @@ VALID = [
     ("event_queued", p.MsgType.EVENT, 0, {"kind": "queued", "position": 1}),
     ("close", p.MsgType.CLOSE, 0, {"reason": "bye"}),
     ("tracker_range_type", 64, 3, {"key": "rasp4b"}),
+    # arrays on GPUs (docs/protocol.md, "Device arrays on GPUs"): the device argument, the RETURN's device key,
+    # the device-to-device copy and the two refusals a client must show as they are
+    ("call_array_empty_device", p.MsgType.CALL, 17, {"fn": "tether.array.empty",
+                                                     "args": [[2, 2], "float32", "opencl:0"]}),
+    ("return_array_device", p.MsgType.RETURN, 17, {"value": {"handle": {"$handle": 8}, "shape": [2, 2],
+                                                             "dtype": "float32", "device": "opencl:0"}}),
+    ("call_array_from_tensor_device", p.MsgType.CALL, 19, {"fn": "tether.array.from_tensor", "args": [
+        {"$tensor": {"dtype": "int32", "shape": [2], "data": "0100000002000000"}}, "vulkan:0"]}),
+    ("call_array_copy_to", p.MsgType.CALL, 18, {"fn": "tether.array.copy_to",
+                                                "args": [{"$handle": 8}, {"$handle": 9}]}),
+    ("error_gpu_unavailable", p.MsgType.ERROR, 17, {
+        "type": "GpuUnavailable", "message": "opencl:0: this device has no OpenCL: libOpenCL.so.1 not found",
+        "traceback": ""}),
+    ("error_cpu_modules_only", p.MsgType.ERROR, 17, {
+        "type": "GpuUnavailable", "message": "this device runs CPU modules only; opencl:0 is not available",
+        "traceback": ""}),
 ] + AUTH_EXCHANGE
 
 INVALID = [

@@ -40,6 +40,16 @@ export function safeName(name) {
   return name;
 }
 
+// An array on a GPU ("opencl:0", docs/protocol.md "Device arrays on GPUs") is refused: this device has host
+// memory only. No device, "cpu" and "cpu:0" are host memory.
+function hostOnly(device) {
+  if (device === null || device === undefined) return;
+  if (typeof device !== "string") throw err("TypeError", `device must be a str, got ${typeName(device)}`);
+  const spec = device.trim().toLowerCase();
+  if (spec === "cpu" || spec === "cpu:0") return;
+  throw err("GpuUnavailable", `this device runs CPU modules only; ${spec} is not available`);
+}
+
 function typeName(v) {
   if (v === null || v === undefined) return "NoneType";
   if (v instanceof Float64) return "float";
@@ -79,6 +89,7 @@ export class SessionHandler {
       "tether.echo": this.echo, "tether.functions": this.functions, "tether.device_info": this.deviceInfo,
       "tether.array.empty": this.arrayEmpty, "tether.array.from_tensor": this.arrayFromTensor,
       "tether.array.copy_in": this.arrayCopyIn, "tether.array.copy_out": this.arrayCopyOut,
+      "tether.array.copy_to": this.arrayCopyTo,
       "tether.array.free": this.free, "tether.free": this.free,
       "tether.upload": this.upload, "tether.download": this.download, "tether.listdir": this.listdir,
       "tether.remove": this.remove, "tether.module.load": this.moduleLoad,
@@ -181,12 +192,16 @@ export class SessionHandler {
 
   deviceInfo() {
     const info = new Map(Object.entries(this.env.deviceInfo ? this.env.deviceInfo() : {}));
+    // no GPU runtime here: GPU arrays and modules are refused (docs/protocol.md "Device arrays on GPUs")
+    if (!info.has("gpus")) info.set("gpus", []);
+    if (!info.has("gpu_errors")) info.set("gpu_errors", []);
     info.set("session_limits", new Map([["memory_bytes", this.limits.memoryBytes ?? 0], ["disk_bytes", this.limits.diskBytes ?? 0],
       ["handles", this.limits.handles ?? 0], ["call_timeout_s", null]]));
     return info;
   }
 
-  async arrayEmpty(ctx, shape, dtype = "float32") {
+  async arrayEmpty(ctx, shape, dtype = "float32", device = null) {
+    hostOnly(device);
     if (!Array.isArray(shape) || !shape.every((d) => isInt(d) && d >= 0)) throw err("TypeError", "tether.array.empty: shape must be a list of non-negative ints");
     const itemsize = WIRE_DTYPES[dtype];
     if (itemsize === undefined) throw err("KernelError", `dtype ${JSON.stringify(dtype)} is not a device array dtype (allowed: ${Object.keys(WIRE_DTYPES).join(" ")})`);
@@ -202,7 +217,8 @@ export class SessionHandler {
     }
   }
 
-  async arrayFromTensor(ctx, tensor) {
+  async arrayFromTensor(ctx, tensor, device = null) {
+    hostOnly(device);
     if (!(tensor instanceof Tensor)) throw err("TypeError", `tether.array.from_tensor takes a tensor, got ${typeName(tensor)}`);
     const nbytes = tensor.data.length;
     this.reserveMemory(nbytes, `an array of shape ${fmtShape(tensor.shape)} ${tensor.dtype}`);
@@ -230,7 +246,17 @@ export class SessionHandler {
     return new Reply(null, { bulk: nd.bytes() });
   }
 
-  free(ctx, handle) {
+  arrayCopyTo(ctx, srcHandle, dstHandle) {
+    const src = this.get(srcHandle, "array");
+    const dst = this.get(dstHandle, "array");
+    if (src.dtype !== dst.dtype || fmtShape(src.shape) !== fmtShape(dst.shape)) {
+      throw err("KernelError", `copy: array ${src.dtype} ${fmtShape(src.shape)} and array ${dst.dtype} ${fmtShape(dst.shape)} differ in shape or dtype`);
+    }
+    dst.copyFrom(src);
+    return null;
+  }
+
+    free(ctx, handle) {
     const e = handle instanceof Handle ? this.objects.get(handle.id) : undefined;
     if (!e) throw err("KeyError", `cannot free ${handle}: no such handle in this session`);
     this.objects.delete(handle.id);
@@ -294,6 +320,13 @@ export class SessionHandler {
 
   async moduleLoad(ctx, name) {
     const mod = await this.loadWasm(name);
+    const meta = mod.metadata;
+    const gpu = meta instanceof Map ? meta.get("device") : meta?.device;
+    if (gpu !== undefined && gpu !== null) {
+      // a GPU module (host code plus OpenCL, Vulkan or CUDA code): no GPU runtime here to launch its kernels
+      const api = gpu instanceof Map ? gpu.get("api") : gpu.api;
+      throw err("ModuleLoadError", `this device runs CPU modules only; ${name} needs ${typeof api === "string" ? api : "a GPU"}, which is not available`);
+    }
     const handle = this.put("module", mod);
     return new Map([["handle", handle], ["functions", [...mod.functions]], ["metadata", mod.metadata ?? {}]]);
   }

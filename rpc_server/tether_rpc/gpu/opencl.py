@@ -183,7 +183,9 @@ class _Library:
             fn.restype, fn.argtypes = restype, argtypes
             setattr(self, name, fn)
         if missing:
-            raise GpuUnavailable("this device has no usable OpenCL: %s lacks %s" % (path, ", ".join(missing)))
+            raise GpuUnavailable("this device has no usable OpenCL: %s lacks %s%s" % (
+                path, ", ".join(missing[:3]), " and %d more OpenCL functions" % (len(missing) - 3)
+                if len(missing) > 3 else ""))
         self._cdll = cdll   # keeps the library loaded while any device uses it
 
 
@@ -197,6 +199,11 @@ def library_candidates() -> Tuple[str, ...]:
     return (env,) if env else LIBRARY_CANDIDATES
 
 
+def library_loaded() -> bool:
+    """Whether this process has loaded an OpenCL library (and so may hold driver state and threads)."""
+    return bool(_libraries)
+
+
 def load_library() -> _Library:
     """The OpenCL library of this machine (loaded once per candidate list); GpuUnavailable naming every path
     tried when none loads."""
@@ -205,20 +212,22 @@ def load_library() -> _Library:
         lib = _libraries.get(candidates)
         if lib is not None:
             return lib
-        errors = []
+        failures = []
         for path in candidates:
             try:
                 cdll = ctypes.CDLL(path)
             except OSError as exc:
-                errors.append("%s (%s)" % (path, str(exc).split(":")[-1].strip() or "not loadable"))
+                reason = str(exc)
+                missing = "No such file" in reason or "cannot open shared object" in reason or "not found" in reason
+                failures.append("%s %s" % (path, "not found" if missing else "could not be loaded (%s)" % reason))
                 continue
             lib = _Library(cdll, path)
             _libraries[candidates] = lib
             return lib
         if os.environ.get(LIBRARY_ENV):
-            raise GpuUnavailable("this device has no OpenCL: %s not found (from %s)" % (errors[0], LIBRARY_ENV))
-        raise GpuUnavailable("this device has no OpenCL: none of %s could be loaded (set %s to the library)" % (
-            ", ".join(candidates), LIBRARY_ENV))
+            raise GpuUnavailable("this device has no OpenCL: %s (named by %s)" % (failures[0], LIBRARY_ENV))
+        raise GpuUnavailable("this device has no OpenCL: %s (also tried %s; set %s to the library's path)" % (
+            failures[0], ", ".join(candidates[1:]), LIBRARY_ENV))
 
 
 # --- info queries ---------------------------------------------------------------------------------------------
@@ -350,6 +359,7 @@ class _State:
 
     def __init__(self, lib: _Library):
         self.lib = lib
+        self.pid = os.getpid()
         self.lock = threading.RLock()
         self.context: Optional[int] = None
         self.queue: Optional[int] = None
@@ -358,11 +368,16 @@ class _State:
         self.closed = False
 
     def release_mem(self, handle: int) -> None:
+        if os.getpid() != self.pid:   # a forked child's copy: the driver state is the parent's
+            return
         with self.lock:
             if self.buffers.pop(handle, None) is not None:
                 self.lib.clReleaseMemObject(handle)
 
     def release(self) -> None:
+        if os.getpid() != self.pid:
+            self.closed = True
+            return
         with self.lock:
             if self.closed:
                 return
@@ -395,17 +410,27 @@ class OpenCLDevice(DeviceAPI):
     def available(cls) -> List[Dict[str, Any]]:
         """``info()`` of every OpenCL device here, in index order; [] without a library or a driver."""
         try:
-            lib = load_library()
-            return [_device_info(lib, pl, dev, i) for i, (pl, dev) in enumerate(_enumerate_devices(lib))]
-        except (GpuUnavailable, GpuError):
+            return cls.list_devices()
+        except GpuError:
             return []
+
+    @classmethod
+    def list_devices(cls) -> List[Dict[str, Any]]:
+        """Like :meth:`available`, but a driver that fails while listing raises GpuError (naming the call)
+        instead of looking like a machine without OpenCL."""
+        try:
+            lib = load_library()
+        except GpuUnavailable:
+            return []
+        return [_device_info(lib, pl, dev, i) for i, (pl, dev) in enumerate(_enumerate_devices(lib))]
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
         lib = load_library()
         devices = _enumerate_devices(lib)
         if not devices:
-            raise GpuUnavailable("this device has no OpenCL: %s lists no platform with a device" % lib.path)
+            raise GpuUnavailable("this device has no OpenCL: %s lists no platform with a device (is an OpenCL "
+                                 "driver installed? the ICD loader reads /etc/OpenCL/vendors)" % lib.path)
         if not 0 <= index < len(devices):
             raise GpuUnavailable("this device has no OpenCL device %d: %s lists %d (opencl:0..opencl:%d)" % (
                 index, lib.path, len(devices), len(devices) - 1))
@@ -434,6 +459,10 @@ class OpenCLDevice(DeviceAPI):
     def _live(self) -> _State:
         if self._state.closed:
             raise GpuError("opencl:%d is closed" % self.index)
+        if os.getpid() != self._state.pid:
+            # OpenCL drivers keep threads and locks a forked child does not have: every call could hang
+            raise GpuError("opencl:%d was opened by process %d; a forked child must open its own device"
+                           % (self.index, self._state.pid))
         return self._state
 
     def _own(self, buf: DeviceBuffer, what: str) -> int:
@@ -455,6 +484,10 @@ class OpenCLDevice(DeviceAPI):
         with state.lock:
             handle = self._lib.clCreateBuffer(state.context, CL_MEM_READ_WRITE, max(nbytes, 1), None,
                                               ctypes.byref(err))
+            if err.value == -61 and nbytes > self._info["max_alloc_bytes"]:   # CL_INVALID_BUFFER_SIZE
+                raise GpuError("clCreateBuffer(%d bytes) failed: CL_INVALID_BUFFER_SIZE (-61): %s allows at most "
+                               "%d bytes per buffer (CL_DEVICE_MAX_MEM_ALLOC_SIZE)" % (
+                                   nbytes, self._info["name"], self._info["max_alloc_bytes"]))
             _check(err.value, "clCreateBuffer", "%d bytes" % nbytes)
             state.buffers[handle] = nbytes
         buf = DeviceBuffer(self, handle, nbytes)
@@ -728,4 +761,4 @@ class OpenCLDevice(DeviceAPI):
 
 
 __all__ = ["OpenCLDevice", "OpenCLProgram", "CL_ERRORS", "error_name", "load_library", "library_candidates",
-           "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]
+           "library_loaded", "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import click
 
@@ -45,13 +45,18 @@ def _load_kernels(spec: str) -> Any:
 
 @click.command("build")
 @click.argument("kernels", metavar="FILE.py[:FUNCTION]")
-@click.option("--target", "-t", default="host", show_default=True, type=TARGET, help="Target preset or LLVM triple.")
+@click.option("--target", "-t", default="host", show_default=True, type=TARGET,
+              help="Target preset or LLVM triple, or a GPU target (opencl, vulkan, cuda -arch=sm_XX, rasp5-vulkan).")
+@click.option("--target-host", default=None, type=TARGET,
+              help="The CPU that runs a GPU target's library and launches its kernels (default: its preset's, else "
+                   "host).")
 @click.option("--name", "-n", default="kernels", show_default=True, help="Module (and file) name.")
 @click.option("--output", "-o", "out_dir", default=".", show_default=True, type=click.Path(file_okay=False))
 @click.option("--emit", "emit", default="so,h", show_default=True,
               help="Comma-separated artifacts: %s." % ", ".join(EMIT_KINDS))
 @click.option("--fast-math", is_flag=True, help="Let LLVM reassociate float math (faster, not bit-exact).")
-def command(kernels: str, target: str, name: str, out_dir: str, emit: str, fast_math: bool) -> None:
+def command(kernels: str, target: str, target_host: Optional[str], name: str, out_dir: str, emit: str,
+            fast_math: bool) -> None:
     """Compile kernels defined in a Python file into a library, archive, object and/or C header.
 
     FUNCTION (default: kernels) takes no arguments and returns (schedule, args), a list of (schedule, args, name)
@@ -63,6 +68,13 @@ def command(kernels: str, target: str, name: str, out_dir: str, emit: str, fast_
     if unknown:
         raise click.BadParameter("unknown artifact kind(s) %s; choose from %s" % (unknown, ", ".join(EMIT_KINDS)),
                                  param_hint="--emit")
+    if target_host is not None:
+        from tether.target import Target, UnknownTargetError
+
+        try:
+            target = str(Target(target, host=target_host))
+        except UnknownTargetError as exc:
+            raise click.BadParameter(str(exc), param_hint="--target-host") from None
     made = _load_kernels(kernels)
     if isinstance(made, tuple) and len(made) == 2:
         lib = tether.build(made[0], made[1], target=target, name=name, fast_math=fast_math)

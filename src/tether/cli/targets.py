@@ -1,7 +1,8 @@
-"""`tether targets`: list the target presets (and what `host` resolves to on this machine)."""
+"""`tether targets`: list the target presets (and what `host` resolves to on this machine), the GPU targets and
+presets with their host, and the GPU APIs this machine has."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import click
 
@@ -9,9 +10,15 @@ import click
 @click.command("targets")
 @click.option("--plain", is_flag=True, help="Tab-separated output without rich formatting.")
 @click.option("--host/--no-host", "show_host", default=True, help="Detect and show what 'host' means here.")
-def command(plain: bool, show_host: bool) -> None:
-    """List the compilation target presets."""
+@click.option("--gpu", "gpu_only", is_flag=True,
+              help="Only the GPU targets and presets (with their host) and the GPU APIs this machine has.")
+def command(plain: bool, show_host: bool, gpu_only: bool) -> None:
+    """List the compilation target presets, the GPU targets and the GPU APIs of this machine."""
     from tether.target import Target, presets
+
+    if gpu_only:
+        _gpu_section(plain)
+        return
 
     rows = []
     for name, p in presets().items():
@@ -30,7 +37,7 @@ def command(plain: bool, show_host: bool) -> None:
             from rich.text import Text
         except ImportError:
             plain = True
-    if plain:
+    if plain:   # (the GPU rows: --gpu, so these rows stay one per CPU preset)
         for row in rows:
             click.echo("\t".join(row))
         return
@@ -56,6 +63,61 @@ def command(plain: bool, show_host: bool) -> None:
                 grid.add_row(label, Text(value))
             console.print(Padding(grid, (0, 0, 0, 2)))
     click.echo('Any LLVM triple works too, e.g.\n  --target "aarch64-linux-gnu -mcpu=cortex-a55 -mattr=+neon"')
+    click.echo()
+    _gpu_section(plain)
+
+
+def _gpu_rows() -> List[Tuple[str, str, str, str]]:
+    """(kind, target, host, description): each GPU device family, then each GPU preset."""
+    from tether.gpu_target import describe_devices, gpu_presets
+
+    rows = []
+    for api, device, words in describe_devices():
+        spec = api + ("" if device == "generic" else " -device=" + device) + (" -arch=sm_XX" if api == "cuda" else "")
+        rows.append(("gpu", spec, "host (--target-host)", words))
+    for name, p in gpu_presets().items():
+        rows.append(("gpu-preset", name, p["host"], "%s (%s)" % (p["description"], p["gpu"])))
+    return rows
+
+
+def _gpu_apis() -> List[Tuple[str, str]]:
+    """(api, what this machine has of it), from the device runtime's GPU APIs."""
+    from tether_rpc.gpu.module import available_apis
+
+    out = []
+    for api, found in available_apis().items():
+        if isinstance(found, str):
+            out.append((api, "none (%s)" % found))
+        else:
+            out.append((api, "; ".join("%d: %s" % (k, d.get("name", "?")) for k, d in enumerate(found))))
+    return out
+
+
+def _gpu_section(plain: bool) -> None:
+    rows, apis = _gpu_rows(), _gpu_apis()
+    if not plain:
+        try:
+            import rich  # noqa: F401
+        except ImportError:
+            plain = True
+    if plain:
+        for row in rows:
+            click.echo("\t".join(row))
+        for api, have in apis:
+            click.echo("\t".join(("gpu-api", api, have)))
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console()
+    console.print("GPU targets (a GPU target's host is the CPU that runs its library and launches its kernels)",
+                  style="bold")
+    for kind, name, host, words in rows:
+        console.print(Text.assemble((name, "bold"), "  host: %s" % host))
+        console.print(Text("  " + words))
+    console.print("GPU APIs on this machine", style="bold")
+    for api, have in apis:
+        console.print(Text.assemble((api, "bold"), ": " + have))
 
 
 COLUMNS = ("preset", "triple", "cpu", "features", "int8", "description")

@@ -12,8 +12,9 @@ from llvmlite import ir
 
 from tether.codegen import cpu_dispatch, hostcall, mathlib, threadpool
 from tether.codegen.packed import ARG_CHECKER, ARG_CHECKER_IR, WrapperWriter
-from tether.codegen.runtime import (ARM_RUNTIME_FUNCTIONS, EXPORTED_RUNTIME_SYMBOLS, MEMORY_FUNCTIONS,
-                                    add_launcher_slot, add_metadata_blob, arm_runtime_ir, memory_functions_ir)
+from tether.codegen.runtime import (ARM_RUNTIME_FUNCTIONS, DEVICE_CODE_SYMBOL, EXPORTED_RUNTIME_SYMBOLS,
+                                    MEMORY_FUNCTIONS, add_device_code_blob, add_launcher_slot, add_metadata_blob,
+                                    arm_runtime_ir, memory_functions_ir)
 from tether.codegen.types import I32, PTR, dtype_word
 from tether.errors import CompileError
 from tether.target import Target, as_target
@@ -52,6 +53,7 @@ class ModuleBuilder:
         self._impls: Dict[str, ir.Function] = {}
         self._text: Optional[str] = None
         self.metadata: Optional[Dict[str, Any]] = None
+        self._device: Optional[Dict[str, Any]] = None     # a GPU module's metadata "device" (add_device)
 
         # wasm32 modules are single-threaded: parallel loops run serially in the impl, with no launcher to call
         # (docs/web.md "The module")
@@ -109,6 +111,15 @@ class ModuleBuilder:
             raise CompileError("add_metadata is for the runtime part of a module built in parts")
         self._functions.extend(dict(e) for e in entries)
 
+    def add_device(self, device: Dict[str, Any], code: bytes) -> None:
+        """Make this a GPU module (tether.gpu_build): ``device`` becomes metadata "device" and ``code`` the
+        exported read-only ``__tether_device_code`` in its own section (docs/abi.md "GPU modules"). A GPU module
+        may have no CPU functions."""
+        if self.part != "whole" or self._device is not None or self.target.is_wasm:
+            raise CompileError("module %r: device code goes once into a whole ELF module" % self.name)
+        self._device = dict(device)
+        add_device_code_blob(self.module, bytes(code))
+
     def function_entries(self) -> List[Dict[str, Any]]:
         """The metadata entries of this builder's functions (name, args, parallel), resolved."""
         for entry in self._functions:
@@ -122,7 +133,7 @@ class ModuleBuilder:
         """Add metadata and memory functions, hide internals, and return the module's LLVM IR text."""
         if self._text is not None:
             return self._text
-        if not self._functions:
+        if not self._functions and self._device is None:
             raise CompileError("module %r has no functions; call add_packed() first" % self.name)
 
         self.function_entries()
@@ -139,6 +150,8 @@ class ModuleBuilder:
             self.metadata.update({"parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION})
         if self.cpu_dispatch_word is not None:   # the word's bits, set by the runtime at load
             self.metadata["cpu_dispatch"] = list(cpu_dispatch.features(self.target))
+        if self._device is not None:
+            self.metadata["device"] = self._device
         host = hostcall.host_functions(self)  # names resolved by the runtime at load (docs/abi.md "Host callbacks")
         if host:
             self.metadata["host_functions"] = list(host)
@@ -152,6 +165,8 @@ class ModuleBuilder:
         exported = own | set(EXPORTED_RUNTIME_SYMBOLS) | ({hostcall.HOST_CALLER_SETTER} if host else set())
         if self.cpu_dispatch_word is not None:
             exported.add(cpu_dispatch.WORD)
+        if self._device is not None:
+            exported.add(DEVICE_CODE_SYMBOL)
         return self._finish_text(exported, runtime=True)
 
     def _finish_text(self, exported: set, runtime: bool) -> str:

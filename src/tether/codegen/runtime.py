@@ -52,6 +52,22 @@ def add_metadata_blob(module: ir.Module, blob: bytes) -> None:
     meta.align = 1
 
 
+# A GPU module's device code (OpenCL C, SPIR-V, PTX): read by the runtime from this section of the file, never run
+# on the CPU (docs/abi.md "GPU modules"). Exported, so --gc-sections keeps it and C users can find it.
+DEVICE_CODE_SYMBOL = "__tether_device_code"
+DEVICE_CODE_SECTION = ".tether_device"
+
+
+def add_device_code_blob(module: ir.Module, code: bytes) -> None:
+    """``__tether_device_code``: the device code bytes, read-only, in section ``.tether_device``."""
+    ty = ir.ArrayType(I8, len(code))
+    blob = ir.GlobalVariable(module, ty, DEVICE_CODE_SYMBOL)
+    blob.initializer = ir.Constant(ty, bytearray(code))
+    blob.global_constant = True
+    blob.section = DEVICE_CODE_SECTION
+    blob.align = 16     # (SPIR-V is a stream of 32-bit words)
+
+
 def _forward_copy_ir(label: str, pred: str, sz: str) -> str:
     """The byte loop copying %n bytes from %s to %d upwards (memcpy, and memmove when %d <= %s)."""
     return """{label}:

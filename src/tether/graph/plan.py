@@ -202,6 +202,9 @@ def plan_kernels(graph: Graph, params: Dict[str, np.ndarray], target: Any = "hos
     the order of their first node."""
     tgt = as_target(target)
     kind = target_kind(tgt)
+    if tgt.gpu is not None:   # (no op has a GPU strategy yet: say so once, not per op)
+        raise UnsupportedOpError("models compile for CPU targets only so far; %s is a GPU target (build GPU "
+                                 "kernels with tether.build and a schedule bound to GPU threads)" % tgt)
     graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
     dynamic = numpy_nodes.check_dynamic(graph)
     plan = KernelPlan(graph, params, panel_weights, tgt, opt_level, kind, [], [], dynamic)

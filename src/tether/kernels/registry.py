@@ -7,9 +7,10 @@
   fused node are lowered this way inside their group's kernel), ``LoopKernel`` (loop IR written directly, no
   schedule config) or ``DeviceNumpy`` (no kernel: the device runs the op with numpy between kernels).
 
-Strategies are keyed by target kind (``target_kind``; ``"cpu"``, every LLVM target, is the only kind today), so a
-new kind of target adds its own strategies without touching the CPU ones. ``OpTable`` refuses a second definition
-or a second strategy for the same op and kind; ``tether.kernels.table`` fills the one table explicitly.
+Strategies are keyed by target kind (``target_kind``: ``"cpu"`` for every CPU target LLVM compiles for, the GPU
+API for a GPU target), so a new kind of target adds its own strategies without touching the CPU ones. ``OpTable``
+refuses a second definition or a second strategy for the same op and kind; ``tether.kernels.table`` fills the one
+table explicitly.
 """
 from __future__ import annotations
 
@@ -18,15 +19,23 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
+from tether.gpu_target import is_gpu_spec
 from tether.graph.ir import Node, TensorType
+from tether.target import as_target
 
-#: the kinds of target a strategy can be written for
-TARGET_KINDS = ("cpu",)
+#: the kinds of target a strategy can be written for: CPUs, and GPUs per API (tether.gpu_target.GPU_APIS)
+TARGET_KINDS = ("cpu", "opencl", "vulkan", "cuda")
 
 
 def target_kind(target: Any) -> str:
-    """The kind of `target` whose strategies apply: every target today is a CPU that LLVM compiles for."""
-    return "cpu"
+    """The kind of `target` whose strategies apply: the GPU API of a GPU target ("opencl", "vulkan", "cuda"),
+    "cpu" for every other target (a Target or a target string)."""
+    if isinstance(target, str):
+        if not is_gpu_spec(target):
+            return "cpu"
+        target = as_target(target)
+    gpu = getattr(target, "gpu", None)
+    return gpu.api if gpu is not None else "cpu"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from tether_rpc import protocol as p, tls as tether_tls, transport
 from tether_rpc.dtypes import for_host, name_of, numpy_dtype, storage_of
 from tether_rpc.error_mapping import SOCKET_ERRORS, error_from_payload, socket_error
 from tether_rpc.errors import ConnectionClosed, ProtocolError, RemoteError, SessionCrashed, TetherError, TetherTimeout
+from tether_rpc.gpu.array import canonical_spec
 from tether_rpc.handshake import CORE_HANDSHAKE, ClientHandshake, hello_payload
 
 from .timeout import DEFAULT, Timeout, UseDefault
@@ -88,13 +89,16 @@ def _contiguous(source: Any) -> np.ndarray:
 
 
 class RemoteArray:
-    """An array living in a session (device memory). ``numpy()`` copies out, ``copyfrom`` copies in."""
+    """An array living in a session: in the device's host memory (``device == "cpu"``) or in one of its GPUs
+    (``"opencl:0"``). ``numpy()`` copies out, ``copyfrom`` copies in, ``copyto`` copies out or to another array."""
 
-    def __init__(self, session: "SessionAPI", handle: p.RemoteHandle, shape: Sequence[int], dtype: str):
+    def __init__(self, session: "SessionAPI", handle: p.RemoteHandle, shape: Sequence[int], dtype: str,
+                 device: Optional[str] = None):
         self.session = session
         self.handle = handle
         self.shape = tuple(int(d) for d in shape)
         self.dtype = name_of(dtype)
+        self.device = device or "cpu"
         self._freed = False
 
     @property
@@ -112,13 +116,23 @@ class RemoteArray:
 
     asnumpy = numpy
 
-    def copyto(self, target: np.ndarray) -> np.ndarray:
+    def copyto(self, target: Any) -> Any:
+        """Copy into ``target``: a RemoteArray of the same session (any of its devices; the copy stays on the
+        device), or a C-contiguous numpy array. Shapes and dtypes must match. Returns ``target``."""
+        if isinstance(target, RemoteArray):
+            if target.shape != self.shape or target.dtype != self.dtype:
+                raise ValueError("copyto: %r and %r differ in shape or dtype" % (self, target))
+            self.session._call("tether.array.copy_to", [self.session._own(self), self.session._own(target)])
+            return target
         if target.shape != self.shape or name_of(target.dtype) != self.dtype or not target.flags.c_contiguous:
             raise ValueError("copyto: target must be a C-contiguous %s array of shape %s" % (self.dtype, self.shape))
         self.session._call("tether.array.copy_out", [self.handle], into=transport.byte_view(storage_of(target)))
         return target
 
     def copyfrom(self, source: Any) -> "RemoteArray":
+        if isinstance(source, RemoteArray):
+            source.copyto(self)
+            return self
         src = storage_of(np.asarray(source))
         if src.shape != self.shape:
             raise ValueError("copyfrom: shape %s does not match the remote array's %s" % (src.shape, self.shape))
@@ -142,7 +156,8 @@ class RemoteArray:
         self.free()
 
     def __repr__(self) -> str:
-        return "RemoteArray(shape=%s, dtype=%s, handle=%d)" % (self.shape, self.dtype, self.handle.id)
+        where = "" if self.device == "cpu" else ", device=%s" % self.device
+        return "RemoteArray(shape=%s, dtype=%s%s, handle=%d)" % (self.shape, self.dtype, where, self.handle.id)
 
 
 class RemoteFunction:
@@ -359,15 +374,23 @@ class SessionAPI:
     def device_info(self) -> Dict[str, Any]:
         return self._call("tether.device_info", [])["value"]
 
-    def empty(self, shape: Union[int, Sequence[int]], dtype: str = "float32") -> RemoteArray:
+    def empty(self, shape: Union[int, Sequence[int]], dtype: str = "float32",
+              device: Optional[str] = None) -> RemoteArray:
+        """An uninitialised array in the session: in host memory, or on ``device`` ("opencl:0", "vulkan:0",
+        "cuda:0"; "cpu" or None is host memory)."""
         shape_t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
-        value = self._call("tether.array.empty", [list(shape_t), name_of(dtype)])["value"]
-        return RemoteArray(self, value["handle"], value["shape"], value["dtype"])
+        args: List[Any] = [list(shape_t), name_of(dtype)]
+        spec = canonical_spec(device)
+        if spec is not None:    # sent only for a GPU: a host array's CALL stays what every server knows
+            args.append(spec)
+        value = self._call("tether.array.empty", args)["value"]
+        return RemoteArray(self, value["handle"], value["shape"], value["dtype"], value.get("device"))
 
-    def array(self, source: Any) -> RemoteArray:
-        """A device array holding a copy of ``source`` (numpy array or anything np.asarray takes)."""
+    def array(self, source: Any, device: Optional[str] = None) -> RemoteArray:
+        """A device array holding a copy of ``source`` (numpy array or anything np.asarray takes), in host memory
+        or on ``device`` ("opencl:0", ...), like ``tvm.nd.array(x, dev)``."""
         src = _contiguous(source)
-        arr = self.empty(src.shape, name_of(src.dtype))
+        arr = self.empty(src.shape, name_of(src.dtype), device=device)
         try:
             arr.copyfrom(src)
         except BaseException:

@@ -39,7 +39,8 @@ final class Builtins {
         });
         s.builtins.put("tether.array.empty", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
-                arity("tether.array.empty", a, 1, 2);
+                arity("tether.array.empty", a, 1, 3);
+                hostOnly(a.size() > 2 ? a.get(2) : null);
                 String dtype = a.size() > 1 ? str(a.get(1), "dtype") : "float32";
                 long[] shape = shape(a.get(0));
                 return keep(s, shape, dtype, null);
@@ -47,7 +48,8 @@ final class Builtins {
         });
         s.builtins.put("tether.array.from_tensor", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
-                arity("tether.array.from_tensor", a, 1, 1);
+                arity("tether.array.from_tensor", a, 1, 2);
+                hostOnly(a.size() > 1 ? a.get(1) : null);
                 if (!(a.get(0) instanceof Tensor)) {
                     throw new DeviceError("TypeError", "tether.array.from_tensor takes a tensor, got " + typeName(a.get(0)));
                 }
@@ -73,6 +75,21 @@ final class Builtins {
                 arity("tether.array.copy_out", a, 1, 1);
                 DeviceArray arr = s.get(a.get(0), DeviceArray.class, "array");
                 return new Session.BulkReply(null, arr.view(), null, arr.nbytes);
+            }
+        });
+        s.builtins.put("tether.array.copy_to", new Session.Builtin() {
+            public Object call(Session.Call c, List<Object> a) throws DeviceError {
+                arity("tether.array.copy_to", a, 2, 2);
+                DeviceArray src = s.get(a.get(0), DeviceArray.class, "array");
+                DeviceArray dst = s.get(a.get(1), DeviceArray.class, "array");
+                if (!src.dtype.equals(dst.dtype) || !java.util.Arrays.equals(src.shape, dst.shape)) {
+                    throw new DeviceError("KernelError", "copy: array " + src.dtype + " " + Text.shape(src.shape)
+                            + " and array " + dst.dtype + " " + Text.shape(dst.shape) + " differ in shape or dtype");
+                }
+                java.nio.ByteBuffer from = src.view();
+                from.limit((int) src.nbytes);
+                dst.view().put(from);
+                return null;
             }
         });
         Session.Builtin free = new Session.Builtin() {
@@ -187,6 +204,21 @@ final class Builtins {
                 return Timing.timeEvaluator(s, c, a);
             }
         });
+    }
+
+    /**
+     * Refuses an array on a GPU ("opencl:0", docs/protocol.md "Device arrays on GPUs"): this server has host
+     * memory only. No device, "cpu" and "cpu:0" are host memory.
+     */
+    static void hostOnly(Object device) throws DeviceError {
+        if (device == null) {
+            return;
+        }
+        String spec = str(device, "device").trim().toLowerCase(java.util.Locale.ROOT);
+        if (spec.equals("cpu") || spec.equals("cpu:0")) {
+            return;
+        }
+        throw new DeviceError("GpuUnavailable", "this device runs CPU modules only; " + spec + " is not available");
     }
 
     static void arity(String name, List<Object> a, int min, int max) throws DeviceError {

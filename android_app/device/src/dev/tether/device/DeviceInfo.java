@@ -287,6 +287,9 @@ final class DeviceInfo {
         info.put("java_vm", System.getProperty("java.vm.name"));
         info.put("server", DeviceServer.SERVER_NAME);
         info.put("suggested_target", suggestTarget(arch, cpu.cores, android));
+        // no GPU runtime here: GPU arrays and modules are refused (docs/protocol.md "Device arrays on GPUs")
+        info.put("gpus", new ArrayList<Object>());
+        info.put("gpu_errors", new ArrayList<Object>());
         return info;
     }
 

@@ -70,6 +70,21 @@ final class NativeModule {
         }
     }
 
+    /**
+     * A GPU module (metadata "device": host code plus device code for OpenCL, Vulkan or CUDA) is refused before
+     * dlopen: this server has no GPU runtime to launch its kernels with.
+     */
+    static void refuseGpuModule(Map<String, Object> meta, String label) throws DeviceError {
+        Object device = meta.get("device");
+        if (device == null) {
+            return;
+        }
+        Object api = device instanceof Map ? ((Map<?, ?>) device).get("api") : null;
+        String what = api instanceof String ? (String) api : "a GPU";
+        throw new DeviceError("ModuleLoadError", "this device runs CPU modules only; " + label + " needs " + what
+                + ", which is not available");
+    }
+
     @SuppressWarnings("unchecked")
     static NativeModule load(File file) throws DeviceError, IOException {
         String label = file.getName();
@@ -81,6 +96,7 @@ final class NativeModule {
         } finally {
             elf.close();
         }
+        refuseGpuModule(meta, label);
         CpuFeatures.checkModule(meta, label);
         String path = file.getCanonicalPath();
         long lib;
