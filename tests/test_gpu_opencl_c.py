@@ -16,7 +16,7 @@ import pytest
 
 from tether.codegen.function import emit_function
 from tether.codegen.module import ModuleBuilder
-from tether.codegen.opencl_c import opencl_needs, opencl_source
+from tether.codegen.opencl_c import opencl_launch_info, opencl_needs, opencl_source
 from tether.errors import CompileError
 from tether.tir import (Allocate, Binary, Buffer, Call, Cast, Compare, Const, For, IfThenElse, Load, Not,
                         PrimFunc, Select, Store, Var, call_packed, dot4, seq)
@@ -56,7 +56,7 @@ def run_gpu(dev, kernels, name, arrays, scalars=()):
     the arrays as the kernel left them."""
     kernels = kernels if isinstance(kernels, list) else [kernels]
     kernel = next(k for k in kernels if k.name == name)
-    program = dev.load(opencl_source(kernels).encode(), [k.launch_info() for k in kernels])
+    program = dev.load(opencl_source(kernels).encode(), [opencl_launch_info(k) for k in kernels])
     bufs = []
     for a in arrays:
         b = dev.alloc(max(a.nbytes, 1))
@@ -256,6 +256,7 @@ def test_float64_enables_fp64_and_adds_the_need():
     assert "#pragma OPENCL EXTENSION cl_khr_fp64 : enable" in src
     assert "0.10000000000000001" in src
     assert opencl_needs(k) == frozenset({"fp64"})
+    assert k.needs == frozenset()          # the kernel itself is not changed
 
 
 def test_float16_storage_needs_no_extension():
@@ -471,10 +472,41 @@ def test_two_kernels_in_one_program_share_helpers(gpu):
     np.testing.assert_array_equal(run_gpu(gpu, [k1, k2], "floor_mod", [a, out], [N])[1], a % -3)
 
 
-def test_float64_runs_where_the_device_has_fp64(gpu):
-    if "cl_khr_fp64" not in gpu.info()["extensions"]:
-        pytest.skip("this OpenCL device has no cl_khr_fp64")
+def test_float64_runs_where_the_device_has_fp64_and_is_refused_elsewhere(gpu):
     x = RNG.standard_normal(N)
-    got = compare_elementwise(gpu, "d_exp", [x], "float64", lambda v: Call("exp", [v], "float64") *
-                              Const(0.1, "float64"), rtol=1e-12)
+    k = elementwise("d_exp", [Buffer("x", (N,), "float64")], "float64",
+                    lambda v: Call("exp", [v], "float64") * Const(0.1, "float64"), N)
+    assert opencl_launch_info(k)["needs"] == ["fp64"]
+    arrays = [x, np.zeros(N)]
+    if "cl_khr_fp64" not in gpu.info()["extensions"]:
+        from tether_rpc.gpu.api import GpuUnavailable
+        with pytest.raises(GpuUnavailable, match="fp64"):
+            run_gpu(gpu, k, "d_exp", arrays, [N])
+        return
+    got = run_gpu(gpu, k, "d_exp", arrays, [N])[1]
+    same(got, run_cpu(k, arrays, [N])[1], "d_exp", rtol=1e-12)
     np.testing.assert_allclose(got, np.exp(x) * 0.1, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                                   "float32", "float16"])
+def test_constants_of_every_dtype(gpu, dtype):
+    # the extremes of each type, added to zero: a literal of the wrong type or value shows in the sum
+    if dtype.startswith("float"):
+        edges = [np.finfo(dtype).max, -np.finfo(dtype).max, np.finfo(dtype).tiny, 0.1, -0.0, np.inf, -np.inf]
+    else:
+        edges = [np.iinfo(dtype).min, np.iinfo(dtype).max, 1, 0]
+    x = np.zeros(N, dtype)
+    for k, c in enumerate(edges):
+        got = compare_elementwise(gpu, "const%d" % k, [x], dtype, lambda v: v + Const(c, dtype))
+        np.testing.assert_array_equal(got, np.full(N, c, dtype))
+
+
+def test_select_evaluates_only_the_chosen_arm(gpu):
+    # an integer division by zero would trap: the guarded arm must not run where the guard is false
+    a, b = _ints("int32"), _ints("int32")
+    b[::3] = 0
+    got = compare_elementwise(gpu, "guarded", [a, b], I32, lambda x, y: Select(
+        Compare("ne", y, Const(0, I32)), Binary("floordiv", x, y), Const(-1, I32)))
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, np.where(b != 0, a // np.where(b != 0, b, 1), -1))

@@ -573,9 +573,16 @@ def opencl_needs(kernel: DeviceKernel) -> FrozenSet[str]:
     return frozenset(kernel.needs) | extra
 
 
+def opencl_launch_info(kernel: DeviceKernel) -> Dict[str, object]:
+    """``kernel.launch_info()`` with the needs of its OpenCL C (:func:`opencl_needs`): what a module's metadata
+    records for the runtime, which refuses a kernel whose needs the device lacks."""
+    return dict(kernel.launch_info(), needs=sorted(opencl_needs(kernel)))
+
+
 def opencl_source(kernels: Sequence[DeviceKernel]) -> str:
     """One OpenCL C program holding ``kernels`` (names must be distinct C identifiers: they are the launch's
-    lookup key). The features the code needs are :func:`opencl_needs` of each kernel."""
+    lookup key). The kernels are not changed: the device features the code needs are :func:`opencl_needs` of
+    each kernel, recorded by :func:`opencl_launch_info`."""
     kernels = list(kernels)
     if not kernels:
         raise CompileError("OpenCL C: a program needs at least one kernel")
@@ -597,4 +604,4 @@ def opencl_source(kernels: Sequence[DeviceKernel]) -> str:
     return "\n".join(head + [""] + list(helpers.values()) + [""] + ["\n\n".join(bodies), ""])
 
 
-__all__ = ["c_type", "opencl_needs", "opencl_source"]
+__all__ = ["c_type", "opencl_launch_info", "opencl_needs", "opencl_source"]
