@@ -342,3 +342,36 @@ def test_cpu_only_servers_copy_between_host_arrays(server, request):
         same_bits(b.numpy(), x)
         with pytest.raises(errors.RemoteError, match="differ in shape or dtype"):
             a.session.get_function("tether.array.copy_to")(a.handle, remote.empty((3,), "int8").handle)
+
+
+def test_the_dlpack_view_names_the_api_device_and_buffer(gpu):
+    from tether_rpc.dlpack import DTYPE_TO_DL
+    from tether_rpc.gpu import api as gpu_api
+    from tether_rpc.gpu.array import from_numpy, handle_value
+    from tether_rpc.gpu.session_devices import SessionDevices
+
+    devices = SessionDevices()
+    try:
+        device = devices.get(gpu)
+        arr = from_numpy(device, np.arange(24, dtype="float16").reshape(2, 3, 4))
+        t = arr.dltensor
+        expected_type = {"opencl": gpu_api.KDL_OPENCL, "vulkan": gpu_api.KDL_VULKAN}[device.name]
+        assert (t.device.device_type, t.device.device_id) == (expected_type, 0)
+        assert t.data == handle_value(arr.buffer.handle) and t.data
+        assert [t.shape[i] for i in range(t.ndim)] == [2, 3, 4]
+        assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (*DTYPE_TO_DL["float16"], 1)
+        assert arr.dltensor_address == arr.dltensor_address   # built once, kept
+        arr.free()
+        with pytest.raises(errors.KernelError, match="freed"):
+            arr.dltensor
+    finally:
+        devices.close()
+
+
+def test_a_gpu_array_bigger_than_the_staging_buffer_arrives_whole(rpc_server, gpu):
+    from tether_rpc.session import GPU_STAGING
+
+    x = sample("uint8", (GPU_STAGING * 2 + 12345,), seed=11)   # two full pieces and a partial one
+    with rpc.connect(rpc_server.host, rpc_server.port, timeout=TIMEOUT) as remote:
+        arr = remote.array(x, device=gpu)
+        same_bits(arr.numpy(), x)

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 EmitFn = Callable[..., None]
 
 CHUNK = 1 << 20  # upload pieces without splice: few syscalls, bounded memory, and still in the caches
+GPU_STAGING = 16 << 20  # host bytes a GPU array's copy_in goes through at a time
 
 
 class BulkIn:
@@ -438,10 +439,13 @@ class SessionHandler:
         if view is not None:
             bulk.readinto(view)
             return
-        # a GPU array: the bytes land in host memory first, then one upload (drivers copy from host pointers)
-        staging = np.empty(arr.nbytes, np.uint8)
-        bulk.readinto(memoryview(staging))
-        arr.upload_from(staging)
+        # a GPU array: the bytes land in host memory first (drivers copy from host pointers), in bounded pieces so
+        # a big array needs no second copy of itself in host memory
+        staging = np.empty(min(arr.nbytes, GPU_STAGING), np.uint8)
+        for offset in range(0, arr.nbytes, GPU_STAGING):
+            piece = staging[:min(GPU_STAGING, arr.nbytes - offset)]
+            bulk.readinto(memoryview(piece))
+            arr.device.upload(arr.buffer, piece, offset)
 
     def _array_copy_out(self, ctx: CallContext, handle: Any) -> Reply:
         arr = self._get(handle, _KIND_ARRAY)
