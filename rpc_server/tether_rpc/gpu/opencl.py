@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import struct
+import sys
 import threading
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -194,9 +195,22 @@ _libraries: Dict[Tuple[str, ...], _Library] = {}
 
 
 def library_candidates() -> Tuple[str, ...]:
-    """The paths tried, in order: $TETHER_OPENCL_LIBRARY alone when set, else :data:`LIBRARY_CANDIDATES`."""
+    """The paths tried, in order: $TETHER_OPENCL_LIBRARY alone when set, else those of :data:`LIBRARY_CANDIDATES`
+    that fit this process (lib64 folders for a 64-bit one, lib for a 32-bit one, the framework on macOS)."""
     env = os.environ.get(LIBRARY_ENV)
-    return (env,) if env else LIBRARY_CANDIDATES
+    if env:
+        return (env,)
+    bits64 = ctypes.sizeof(ctypes.c_void_p) == 8
+    out = []
+    for path in LIBRARY_CANDIDATES:
+        if path.startswith("/System/") and sys.platform != "darwin":
+            continue
+        android_lib64 = "/lib64/" in path
+        android_lib32 = path.startswith(("/system/", "/vendor/")) and "/lib/" in path
+        if (android_lib64 and not bits64) or (android_lib32 and bits64):
+            continue
+        out.append(path)
+    return tuple(out)
 
 
 def library_loaded() -> bool:
@@ -512,19 +526,20 @@ class OpenCLDevice(DeviceAPI):
                 what, offset, offset + nbytes, buf.nbytes))
 
     def upload(self, buf: DeviceBuffer, array: np.ndarray, offset: int = 0) -> None:
+        state = self._live()
         handle = self._own(buf, "upload")
         host = np.ascontiguousarray(array)
         offset = int(offset)
         self._range("upload", buf, offset, host.nbytes)
         if host.nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueWriteBuffer(state.queue, handle, 1, offset, host.nbytes,
                                                   host.ctypes.data, 0, None, None),
                    "clEnqueueWriteBuffer", "%d bytes at %d" % (host.nbytes, offset))
 
     def download(self, buf: DeviceBuffer, out: np.ndarray, offset: int = 0) -> None:
+        state = self._live()
         handle = self._own(buf, "download")
         if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError("download: expected a writeable C-contiguous numpy array, got %s" % (
@@ -533,7 +548,6 @@ class OpenCLDevice(DeviceAPI):
         self._range("download", buf, offset, out.nbytes)
         if out.nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueReadBuffer(state.queue, handle, 1, offset, out.nbytes,
                                                  out.ctypes.data, 0, None, None),
@@ -541,6 +555,7 @@ class OpenCLDevice(DeviceAPI):
 
     def copy(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int, dst_offset: int = 0,
              src_offset: int = 0) -> None:
+        state = self._live()
         dst_handle, src_handle = self._own(dst, "copy destination"), self._own(src, "copy source")
         nbytes, dst_offset, src_offset = int(nbytes), int(dst_offset), int(src_offset)
         if nbytes < 0:
@@ -549,7 +564,6 @@ class OpenCLDevice(DeviceAPI):
         self._range("copy destination", dst, dst_offset, nbytes)
         if nbytes == 0:
             return
-        state = self._live()
         with state.lock:
             _check(self._lib.clEnqueueCopyBuffer(state.queue, src_handle, dst_handle, src_offset, dst_offset,
                                                  nbytes, 0, None, None),
