@@ -809,7 +809,8 @@ def ensure_extra(userland: Userland, extra: str, *, progress: Optional[Callable[
     progress = progress or (lambda s: None)
     _require_tools(userland.spec, building=True)
     with _build_lock(userland.path, timeout=BUILD_TIMEOUT_S):
-        stamp = _read_stamp(userland.path) or userland.stamp   # another process may have added it meanwhile
+        # another process may have added it meanwhile
+        stamp = _read_stamp(userland.path, userland.package_set) or userland.stamp
         if extra not in (stamp.get("extras") or {}):
             t0 = time.monotonic()
             staging = userland.path / ("extra-%s.partial-%d" % (extra, os.getpid()))
