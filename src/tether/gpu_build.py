@@ -117,8 +117,9 @@ def _check_limits(k: Any, target: Target) -> None:
     gpu = target.gpu
     assert gpu is not None
     if "fp16" in k.needs and not gpu.fp16:
-        raise CompileError("kernel %s computes in float16, which target %r does not promise (its devices may lack "
-                           "half arithmetic); add -fp16=1 to the target if they have it" % (k.name, str(target)))
+        raise CompileError("kernel %s needs fp16 (half-precision values in its %s code), which target %r does not "
+                           "promise (its devices may lack it); add -fp16=1 to the target if they have it"
+                           % (k.name, gpu.code_format, str(target)))
 
 
 def _outputs(p: DeviceProgram) -> List[int]:

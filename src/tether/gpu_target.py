@@ -50,9 +50,9 @@ class DeviceLimits:
 # - OpenCL, any device: the OpenCL 1.2 full profile guarantees CL_DEVICE_LOCAL_MEM_SIZE >= 32 KiB but only 1 for
 #   CL_DEVICE_MAX_WORK_GROUP_SIZE; 256 is what every family below (and pocl, AMD, NVIDIA) reaches. fp16 is the
 #   optional cl_khr_fp16 extension, so off.
-# - Mali: the Arm Mali Midgard OpenCL Developer Guide gives a maximum work-group size of 256 (Bifrost reports 384,
-#   Valhall more); local memory is ordinary cached global memory, reported as 32 KiB. cl_khr_fp16 on every
-#   Mali with OpenCL. Subgroup (warp) width differs between generations (4 on Bifrost, 16 on Valhall): 0.
+# - Mali: the Arm Mali Midgard OpenCL Developer Guide gives a maximum work-group size of 256 (later families report
+#   more); local memory is ordinary cached global memory, reported as 32 KiB. cl_khr_fp16 on every Mali with
+#   OpenCL. Subgroup (warp) width differs between generations (4 on Bifrost, 16 on Valhall): 0.
 # - Adreno: Qualcomm's Snapdragon OpenCL General Programming and Optimization guide (80-NB295-11) reports
 #   CL_DEVICE_MAX_WORK_GROUP_SIZE 1024 and 32 KiB local memory on Adreno 5xx/6xx (a kernel using many registers
 #   may get less: CL_KERNEL_WORK_GROUP_SIZE, checked by the driver at launch); cl_khr_fp16; waves of 64 or 128.
