@@ -381,7 +381,8 @@ def test_int8_conv_int32_accumulation_requantized(cl_device):
               np.full((32, 1, 1), 0.0005, np.float32), np.array([3], np.int8), np.array([-5], np.int8)]
     assert len(program(out, ins).kernels) == 1
     (got,) = gpu(cl_device, out, ins, arrays)
-    acc = conv_ref(arrays[0].astype(np.float64) + 5, arrays[1].astype(np.float64), 1, 1) + arrays[2][None, :, None, None]
+    acc = conv_ref(arrays[0].astype(np.float64) + 5, arrays[1].astype(np.float64), 1, 1)
+    acc += arrays[2][None, :, None, None]
     want = np.clip(np.round(acc.astype(np.float32) * np.float32(0.0005)) + 3, -128, 127).astype(np.int8)
     np.testing.assert_array_equal(got, want)
 

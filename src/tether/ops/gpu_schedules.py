@@ -19,7 +19,7 @@ one thread per output over the whole reduction: correct, but little parallelism.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional
 
 from tether import te
 from tether.errors import ScheduleError
@@ -46,7 +46,7 @@ class GpuKnobs:
     """The tunable choices of the GPU schedules (a config replaces some of them; see GPU_KNOBS)."""
 
     block: int = 256               # threads per work-group of the one-dimensional schedules
-    outputs_per_thread: int = 1    # conv / pooling / reductions: consecutive outputs along the last axis a thread computes
+    outputs_per_thread: int = 1    # reductions (conv, pooling): consecutive outputs along the last axis per thread
     mm_threads_y: int = 8          # matmul work-group: threads along the rows ...
     mm_threads_x: int = 8          # ... and along the columns of the output tile
     mm_block_y: int = 4            # matmul register block of one thread: rows ...
