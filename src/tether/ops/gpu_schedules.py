@@ -19,11 +19,11 @@ one thread per output over the whole reduction: correct, but little parallelism.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional
 
 from tether import te
 from tether.errors import ScheduleError
-from tether.tir import Reduce, TensorLoad, walk
+from tether.tir import Const, Reduce, TensorLoad, walk
 
 from . import common as c
 from .schedules import _collect, numel
@@ -46,7 +46,7 @@ class GpuKnobs:
     """The tunable choices of the GPU schedules (a config replaces some of them; see GPU_KNOBS)."""
 
     block: int = 256               # threads per work-group of the one-dimensional schedules
-    outputs_per_thread: int = 1    # conv / pooling / reductions: consecutive outputs along the last axis a thread computes
+    outputs_per_thread: int = 1    # reductions (conv, pooling): consecutive outputs along the last axis per thread
     mm_threads_y: int = 8          # matmul work-group: threads along the rows ...
     mm_threads_x: int = 8          # ... and along the columns of the output tile
     mm_block_y: int = 4            # matmul register block of one thread: rows ...
@@ -59,9 +59,6 @@ class GpuKnobs:
 GPU_KNOBS: Dict[str, type] = {f.name: (str if f.type in ("str", str) else int) for f in dataclasses.fields(GpuKnobs)}
 PAD_CHOICES = ("inline", "materialize")
 
-# kernels computed inside the threads of their elementwise output (an epilogue fused into the write-back)
-_EPILOGUE_KERNELS = frozenset({c.MATMUL, c.CONV2D, c.CONV2D_PIXELS, c.DEPTHWISE_CONV2D, c.POOL, c.GLOBAL_POOL,
-                               c.REDUCE, c.ROWDOT_FINAL})
 _MATMUL_TAGS = frozenset({c.MATMUL})
 # tags the GPU inlines on top of the injective ones: a panel packing is a CPU layout; read through it in place
 _ALSO_INLINED = frozenset({c.MATMUL_PACK})
@@ -116,17 +113,16 @@ class _Ctx:
         self.knobs, self.limits, self.explicit = knobs, limits, explicit
 
     def block(self, outputs: int) -> int:
-        """Threads per work-group for ``outputs`` threads' worth of work: the knob, capped by the device limit and,
-        by default, by the work (a 10-element op gets a work-group of 16, not 256)."""
+        """Threads per work-group for ``outputs`` threads' worth of work: the knob (an explicit one over the device
+        limit is refused, the default is capped by it)."""
         b = self.knobs.block
         if b > self.limits.max_threads_per_block:
             if "block" in self.explicit:
                 raise ScheduleError(f"GPU schedule knob block={b} is over the device's "
                                     f"{self.limits.max_threads_per_block} threads per work-group")
             b = self.limits.max_threads_per_block
-        if "block" not in self.explicit:
-            b = min(b, max(1, _pow2_at_least(outputs)))
-        return b
+        # never wider than the work (a 10-element op gets a work-group of 16, not 256)
+        return min(b, max(1, _pow2_at_least(outputs)))
 
 
 def schedule_gpu(outs, limits: Any = None, config: Optional[Mapping[str, Any]] = None) -> "te.Schedule":
@@ -152,11 +148,12 @@ def schedule_gpu(outs, limits: Any = None, config: Optional[Mapping[str, Any]] =
         if id(op) in inline:
             s[op].compute_inline()
 
-    # a kernel whose consumers are a chain of inlined elementwise ops reading it element for element, ending in
-    # one output, is computed in that output's threads
+    # a reduction whose consumers are a chain of inlined injective ops reading one element of it per element,
+    # ending in one output, is computed in that output's threads (in a register: no pass over memory for the
+    # epilogue, the layout copy or the crop of a padded product)
     anchor: Dict[int, Any] = {}
     for op in order:
-        if c.tag_of(op) in _EPILOGUE_KERNELS and id(op) not in out_ids and id(op) not in inline:
+        if isinstance(op.body, Reduce) and id(op) not in out_ids:
             sink = _identity_sink(op, consumers, inline, out_ids)
             if sink is not None and id(sink) not in {id(a) for a in anchor.values()}:
                 anchor[id(op)] = sink
@@ -171,15 +168,15 @@ def schedule_gpu(outs, limits: Any = None, config: Optional[Mapping[str, Any]] =
 
 
 def _identity_sink(op, consumers, inline, out_ids):
-    """The output op that a chain of inlined injective consumers of ``op`` ends in, when each link reads the one
-    before at exactly its own output index (so a thread of the output needs one element of ``op``)."""
+    """The output op that a chain of inlined injective consumers of ``op`` ends in, when each link reads one element
+    of the one before per element (so a thread of the output needs one element of ``op``, computed by no other)."""
     cur = op
     for _ in range(64):
         users = consumers.get(id(cur), [])
         if len({id(u) for u in users}) != 1:
             return None
         u = users[0]
-        if not c.is_injective(u) or not _reads_at_own_index(u, cur):
+        if not c.is_injective(u) or not _reads_one_element(u, cur):
             return None
         if id(u) in out_ids:
             return u
@@ -189,10 +186,23 @@ def _identity_sink(op, consumers, inline, out_ids):
     return None
 
 
-def _reads_at_own_index(u, producer) -> bool:
+def _reads_one_element(u, producer) -> bool:
+    """Whether each element of ``u`` reads one element of ``producer`` that no other element of ``u`` reads: every
+    load of it indexes with u's axes, each used once, in any order (a layout copy), every axis of extent > 1 used
+    (else elements would share, and each thread recompute, the producer's element: a row sum read by a whole
+    row), and constants elsewhere (a slice, or 0 where a broadcasting op reads an axis of extent 1)."""
     loads = [n for n in walk(u.body) if isinstance(n, TensorLoad) and n.tensor.op is producer]
-    return bool(loads) and all(len(ld.indices) == len(u.axis) and all(i is a for i, a in zip(ld.indices, u.axis))
-                               for ld in loads)
+    if not loads:
+        return False
+    needed = {id(a) for a in u.axis if int(a.extent) > 1}
+    axis_ids = {id(a) for a in u.axis}
+    for ld in loads:
+        used = [id(i) for i in ld.indices if id(i) in axis_ids]
+        if len(used) != len(set(used)) or not needed <= set(used):
+            return False
+        if any(id(i) not in axis_ids and not isinstance(i, Const) for i in ld.indices):
+            return False
+    return True
 
 
 def _schedule_root(s, op, kernel, ctx: _Ctx) -> None:
@@ -240,9 +250,7 @@ def _schedule_per_output(s, op, kernel, ctx: _Ctx) -> None:
     st = s[op]
     axes = list(st.op.axis)
     per = ctx.knobs.outputs_per_thread
-    last = int(axes[-1].extent)
-    if "outputs_per_thread" not in ctx.explicit:
-        per = min(per, last)
+    per = min(per, int(axes[-1].extent))
     inner = None
     if per > 1:
         xo, inner = st.split(axes[-1], factor=per)
@@ -279,20 +287,27 @@ def _direct_loads(st):
 
 
 def _matmul_tile(ctx: _Ctx, m: int, n: int):
-    """(threads_y, threads_x, block_y, block_x, ktile) within the limits; by default shrunk for small outputs."""
+    """(threads_y, threads_x, block_y, block_x, ktile) within the limits, the tile shrunk (halving the register
+    block first) while it is twice the output's extent or more; the default ktile shrinks to fit shared memory,
+    explicit knobs over a limit are refused."""
     k = ctx.knobs
     ty, tx, by, bx, kt = k.mm_threads_y, k.mm_threads_x, k.mm_block_y, k.mm_block_x, k.mm_ktile
-    if "mm_block_y" not in ctx.explicit and "mm_threads_y" not in ctx.explicit:
-        while ty * by >= 2 * m and by > 1:
-            by //= 2
-        while ty * by >= 2 * m and ty > 1:
-            ty //= 2
-    if "mm_block_x" not in ctx.explicit and "mm_threads_x" not in ctx.explicit:
-        while tx * bx >= 2 * n and bx > 1:
-            bx //= 2
-        while tx * bx >= 2 * n and tx > 1:
-            tx //= 2
+    # the tile is at most what the output needs (a dense layer of one row gets one thread row, not 32 rows)
+    while ty * by >= 2 * m and by > 1:
+        by //= 2
+    while ty * by >= 2 * m and ty > 1:
+        ty //= 2
+    while tx * bx >= 2 * n and bx > 1:
+        bx //= 2
+    while tx * bx >= 2 * n and tx > 1:
+        tx //= 2
     lim = ctx.limits
+    explicit_threads = {"mm_threads_y", "mm_threads_x"} & ctx.explicit
+    while ty * tx > lim.max_threads_per_block and not explicit_threads:
+        if ty >= tx:
+            ty //= 2
+        else:
+            tx //= 2
     if ty * tx > lim.max_threads_per_block:
         raise ScheduleError(f"GPU matmul work-group mm_threads_y x mm_threads_x = {ty} x {tx} is over the device's "
                             f"{lim.max_threads_per_block} threads per work-group")
