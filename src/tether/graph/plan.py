@@ -113,7 +113,7 @@ def _prepare_gpu_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: i
     for p in pipeline(opt_level):
         if p not in _CPU_ONLY_PASSES:
             graph, params = p(graph, params)
-    # (int8 convs that fall back to the host's CPU take the host's dot-product kind)
+    # (int8 convs run on the host's CPU: they take its dot-product kind)
     graph, params = qconv_for_target(graph, params, tgt.host)
     return graph, params, {}
 
