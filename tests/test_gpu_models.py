@@ -229,3 +229,29 @@ def test_aot_refuses_gpu_targets_in_one_line():
     with pytest.raises(ValueError) as info:
         tether.build_graph(graph, params, target="vulkan", executor="aot")
     assert "GPU target vulkan" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_int8_mobilenet_v2_between_gpu_and_host(int8_model, tmp_path, api):
+    """The QDQ int8 mobilenet_v2 (64x64): its int8 convs and requantizations run on the GPU, its channels-last
+    depthwise convs and quantized adds (no GPU strategy yet) on the host's CPU, so values cross between the two at
+    every block; within one output quantization step of onnxruntime, on three inputs."""
+    from fixtures.int8_models import assert_within_one_step, output_step
+
+    _require(api)
+    path = int8_model("mobilenet_v2", "qdq", 64)
+    model = onnx.load(path)
+    graph, params = from_onnx(model)
+    factory = tether.build_graph(graph, params, target=api)
+    devices = [n["device"] for n in factory.graph_json["nodes"]]
+    assert devices.count("gpu") > 0 and devices.count("cpu") > 0
+    factory.export(str(tmp_path))
+    rng = np.random.default_rng(7)
+    with GraphExecutor.from_folder(str(tmp_path)) as ge:
+        crossings = ge.planned_copies()["nodes"]
+        assert any(n["device"] == "cpu" for n in crossings) and any(n["device"] == "gpu" for n in crossings)
+        for _ in range(3):
+            x = rng.random((1, 3, 64, 64), dtype=np.float32)
+            ge.run(input=x)
+            assert_within_one_step(ge.get_output(0), ort_reference(model, {"input": x}, threads=1)[0],
+                                   output_step(model))

@@ -113,8 +113,7 @@ def _prepare_gpu_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: i
     for p in pipeline(opt_level):
         if p not in _CPU_ONLY_PASSES:
             graph, params = p(graph, params)
-    # (int8 convs run on the host's CPU: they take its dot-product kind)
-    graph, params = qconv_for_target(graph, params, tgt.host)
+    # (int8 convs run on the GPU in the plain dot4 kind, not in the host's dot-product kind: no qconv_ops.for_target)
     return graph, params, {}
 
 
