@@ -217,6 +217,29 @@ def test_batch_matmul(cl_device, transpose_b):
     close(got, a.astype(np.float64) @ (b.transpose(0, 2, 1) if transpose_b else b))
 
 
+def test_pointwise_conv_as_matmul(cl_device):
+    """A pointwise conv as the CPU's GEMM plan writes it (graph/conv_gemm.py: weights (oc, ic) @ input (ic, h*w),
+    the bias per row, relu): the tiled matmul with shared-memory operands, one kernel."""
+    x, w, b = P((32, 196), "X"), P((96, 32), "W"), P((96, 1), "B")       # mobilenet_v2 32 -> 96 @ 14x14
+    xa, wa, ba = rand(32, 196), rand(96, 32), rand(96, 1)
+    out = ops.relu(ops.add(ops.matmul(w, x), b))
+    (kernel,) = program(out, [x, w, b]).kernels
+    assert kernel.shared_bytes() > 0
+    (got,) = gpu(cl_device, out, [x, w, b], [xa, wa, ba])
+    close(got, np.maximum(wa.astype(np.float64) @ xa + ba, 0))
+
+
+def test_matmul_read_transposed_or_reshaped(cl_device):
+    """A product whose reader is a transpose (one element each: computed in the reader's threads, one per output)
+    or a reshape (its own kernel, then the copy)."""
+    x, w = P((64, 32), "X"), P((32, 48), "W")
+    a, wa = rand(64, 32), rand(32, 48)
+    (got,) = gpu(cl_device, ops.transpose(ops.matmul(x, w), (1, 0)), [x, w], [a, wa])
+    close(got, (a.astype(np.float64) @ wa).T)
+    (got,) = gpu(cl_device, ops.reshape(ops.matmul(x, w), (1, 64 * 48)), [x, w], [a, wa])
+    close(got, (a.astype(np.float64) @ wa).reshape(1, -1))
+
+
 # ---------------------------------------------------------------- convolution and pooling
 CONVS = {
     # name: (in channels, out channels, size, kernel, stride, padding, groups)
