@@ -238,6 +238,15 @@ def test_matmul_read_transposed_or_reshaped(cl_device):
     close(got, (a.astype(np.float64) @ wa).T)
     (got,) = gpu(cl_device, ops.reshape(ops.matmul(x, w), (1, 64 * 48)), [x, w], [a, wa])
     close(got, (a.astype(np.float64) @ wa).reshape(1, -1))
+    # read at two places per element: a kernel of its own (computed in the reader it would be computed twice)
+    y, w2 = P((32, 32), "Y"), P((32, 32), "W2")
+    mm = ops.matmul(y, w2)
+    out = ops.add(mm, ops.transpose(mm, (1, 0)))
+    assert len(program(out, [y, w2]).kernels) == 2
+    ya, w2a = rand(32, 32), rand(32, 32)
+    (got,) = gpu(cl_device, out, [y, w2], [ya, w2a])
+    m = ya.astype(np.float64) @ w2a
+    close(got, m + m.T)
 
 
 # ---------------------------------------------------------------- convolution and pooling
@@ -254,14 +263,15 @@ CONVS = {
 
 
 @pytest.mark.parametrize("name", list(CONVS))
-def test_conv2d_bias_relu(cl_device, name):
+def test_conv2d_bias_hard_swish(cl_device, name):
     ci, co, hw, k, stride, pad, groups = CONVS[name]
     x, w, b = P((1, ci, hw, hw), "X"), P((co, ci // groups, k, k), "W"), P((co,), "B")
     a, wa, ba = rand(1, ci, hw, hw), rand(co, ci // groups, k, k), rand(co)
-    out = ops.relu(ops.conv2d(x, w, stride, pad, groups=groups, bias=b))
-    assert len(program(out, [x, w, b]).kernels) == 1    # padding read inline, bias and relu in the write-back
+    out = ops.hard_swish(ops.conv2d(x, w, stride, pad, groups=groups, bias=b))
+    assert len(program(out, [x, w, b]).kernels) == 1    # padding read inline, bias and activation in the write-back
     (got,) = gpu(cl_device, out, [x, w, b], [a, wa, ba])
-    close(got, np.maximum(conv_ref(a, wa, stride, pad, groups) + ba[None, :, None, None], 0))
+    y = conv_ref(a, wa, stride, pad, groups) + ba[None, :, None, None]
+    close(got, y * np.clip(y + 3, 0, 6) / 6)
 
 
 def test_conv2d_matches_the_cpu_build(cl_device, run_ops):

@@ -192,8 +192,12 @@ def _reads_one_element(u, producer) -> bool:
     (else elements would share, and each thread recompute, the producer's element: a row sum read by a whole
     row), and constants elsewhere (a slice, or 0 where a broadcasting op reads an axis of extent 1)."""
     loads = [n for n in walk(u.body) if isinstance(n, TensorLoad) and n.tensor.op is producer]
-    if not loads:
-        return False
+    def same(i, j) -> bool:
+        return i is j or (isinstance(i, Const) and isinstance(j, Const) and i.value == j.value)
+
+    if not loads or any(len(ld.indices) != len(loads[0].indices)
+                        or not all(same(i, j) for i, j in zip(ld.indices, loads[0].indices)) for ld in loads):
+        return False        # none, or two elements of it (x[i, j] + x[j, i]): each would be computed twice
     needed = {id(a) for a in u.axis if int(a.extent) > 1}
     axis_ids = {id(a) for a in u.axis}
     for ld in loads:
