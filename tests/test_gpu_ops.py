@@ -350,6 +350,23 @@ def test_small_device_limits(cl_device):
     assert all(k.block[0] <= 64 for k in program(sm, [x], limits=small).kernels)
 
 
+
+def test_limits_from_the_device_info(cl_device):
+    """DeviceAPI.info() passed as the limits: its work-group size and local memory are what the schedule fits."""
+    from tether.ops.gpu_schedules import gpu_limits
+    info = cl_device.info()
+    lim = gpu_limits(info)
+    assert (lim.max_threads_per_block, lim.max_shared_bytes) == (info["max_threads_per_block"],
+                                                                  info["shared_memory_bytes"])
+    x, w = P((64, 96), "X"), P((96, 80), "W")
+    a, wa = rand(64, 96), rand(96, 80)
+    mm = ops.matmul(x, w)
+    s = schedule_gpu(mm, limits=info)
+    (got,) = run_on_device(cl_device, s, [x, w, mm], "mm", [a, wa], max_threads_per_block=lim.max_threads_per_block,
+                           max_shared_bytes=lim.max_shared_bytes)
+    close(got, a.astype(np.float64) @ wa)
+
+
 def test_bad_configs_and_limits_are_refused():
     x, w = P((64, 96), "X"), P((96, 80), "W")
     mm = ops.matmul(x, w)

@@ -66,7 +66,8 @@ _ALSO_INLINED = frozenset({c.MATMUL_PACK})
 
 def gpu_limits(limits: Any = None) -> GpuLimits:
     """``limits`` as GpuLimits: None (the defaults), a GpuLimits, or a mapping with max_threads_per_block and/or
-    max_shared_bytes (a device's info has more keys: only these are read)."""
+    max_shared_bytes (split_host_device's names) or shared_memory_bytes (DeviceAPI.info()'s name), so a device's
+    info can be passed as it is (its other keys are not read)."""
     if limits is None:
         return GpuLimits()
     if isinstance(limits, GpuLimits):
@@ -75,12 +76,13 @@ def gpu_limits(limits: Any = None) -> GpuLimits:
         raise ScheduleError(f"GPU limits must be a mapping with max_threads_per_block / max_shared_bytes, got "
                             f"{limits!r}")
     out = {}
-    for k in ("max_threads_per_block", "max_shared_bytes"):
+    for k, field in (("max_threads_per_block", "max_threads_per_block"), ("shared_memory_bytes", "max_shared_bytes"),
+                     ("max_shared_bytes", "max_shared_bytes")):
         if k in limits:
             v = limits[k]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ScheduleError(f"GPU limit {k} must be a positive int, got {v!r}")
-            out[k] = v
+            out[field] = v
     return GpuLimits(**out)
 
 
