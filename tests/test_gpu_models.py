@@ -255,3 +255,35 @@ def test_int8_mobilenet_v2_between_gpu_and_host(int8_model, tmp_path, api):
             ge.run(input=x)
             assert_within_one_step(ge.get_output(0), ort_reference(model, {"input": x}, threads=1)[0],
                                    output_step(model))
+
+
+def test_copy_plan_follows_where_each_value_lives():
+    """plan_copies on a hand-written graph: input 0 and param 1 in storages 0 and 1; GPU node a writes entry 2
+    (storage 2), host node b reads it (download) and writes 3 (storage 3), GPU node c reads 3 (upload) and 1 (a
+    param: already there) and writes 4 (storage 2 again), a host numpy node reads 4 through entry 5, an alias of
+    it (one download), then a GPU node guarded by flag 6, which a GPU node wrote (downloaded for the guard, not
+    uploaded back); the output 7 written on the GPU comes down after the run, nothing else."""
+    from tether_rpc.gpu.graph_memory import plan_copies
+
+    storage_of = [0, 1, 2, 3, 2, 2, 4, 5, 6]
+    nodes = [{"name": "a", "func": "fa", "args": [0, 2]},
+             {"name": "b", "func": "fb", "args": [2, 3]},
+             {"name": "c", "func": "fc", "args": [3, 1, 4]},
+             {"name": "d", "numpy": "shape", "inputs": [5], "outputs": [8]},
+             {"name": "f", "func": "ff", "args": [0, 6]},
+             {"name": "g", "func": "fg", "args": [6, 7], "when": [[6, True]]}]
+    before, after = plan_copies(nodes, [True, False, True, False, True, True], storage_of, inputs=[0], params=[1],
+                                outputs=[7])
+    assert before == [[("upload", 0)], [("download", 2)], [("upload", 3)], [("download", 5)], [],
+                      [("download", 6)]]
+    assert after == [("download", 7)]
+    # a flag a host node wrote, read by a GPU kernel as data too: uploaded for the kernel, on the host for the guard
+    flagged = [{"name": "h", "numpy": "shape", "inputs": [0], "outputs": [6]},
+               {"name": "g", "func": "fg", "args": [6, 7], "when": [[6, False]]}]
+    before, after = plan_copies(flagged, [False, True], storage_of, inputs=[0], params=[], outputs=[7])
+    assert before == [[], [("upload", 6)]] and after == [("download", 7)]
+    # a recurrent kernel writes its last num_outputs arguments: both are on the host afterwards
+    rec = [{"name": "r", "func": "fr", "args": [0, 2, 3], "num_outputs": 2},
+           {"name": "s", "func": "fs", "args": [2, 3, 7]}]
+    before, after = plan_copies(rec, [False, True], storage_of, inputs=[0], params=[], outputs=[7])
+    assert before == [[], [("upload", 2), ("upload", 3)]] and after == [("download", 7)]

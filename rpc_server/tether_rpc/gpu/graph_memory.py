@@ -84,11 +84,14 @@ def plan_copies(nodes: Sequence[Dict[str, Any]], on_gpu: Sequence[bool], storage
     for node, gpu in zip(nodes, on_gpu):
         reads, writes = node_access(node)
         copies: List[Copy] = []
-        flags = {int(item[0]) for item in node.get("when") or []}
-        for e in reads:
+        n_flags = len(node.get("when") or [])
+        data = reads[:len(reads) - n_flags]
+        # (a guard's flags are tested on the host, after the copies; the data the node's kernel reads lives where
+        # the node runs)
+        needs = [(e, DEVICE if gpu else HOST) for e in data] + [(e, HOST) for e in reads[len(data):]]
+        for e, need in needs:
             if e in skip:
                 continue
-            need = DEVICE if gpu and e not in flags else HOST
             have = where.get(storage_of[e], 0)
             if have and not have & need:
                 copies.append(("upload" if need == DEVICE else "download", e))

@@ -100,6 +100,10 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
     click.echo("time: import %.2fs, passes %.2fs, lower+codegen+llvm %.2fs, total %.2fs"
                % (t_import, factory.timings["passes"], factory.timings["lower_codegen_llvm"],
                   time.perf_counter() - t0))
+    devices = [n.get("device") for n in getattr(factory, "graph_json", {}).get("nodes", []) if n.get("device")]
+    if devices:   # a GPU target: where the nodes run
+        click.echo("placement: %d node(s) on the GPU, %d on the host's CPU (--check says why)"
+                   % (devices.count("gpu"), devices.count("cpu")))
     for g in factory.graph.inputs:
         click.echo("input  %s: %s" % (g, factory.graph.types[g]))
     for g in factory.graph.outputs:
