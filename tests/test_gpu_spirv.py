@@ -13,8 +13,8 @@ import pytest
 
 import tether
 from tether import runtime, te
-from fixtures.gpu_kernels import (matmul_gpu, rowsum_gpu, scale2d_gpu, shifted_exp_gpu, softmax_gpu, stencil_gpu,
-                                  vadd_gpu)
+from fixtures.gpu_kernels import (matmul_gpu, rowsum_gpu, run_program, scale2d_gpu, shifted_exp_gpu, softmax_gpu,
+                                  stencil_gpu, vadd_gpu)
 from fixtures.prereq import require_tool, unavailable
 from tether.codegen.spirv import spirv_module
 from tether.errors import CompileError
@@ -496,32 +496,6 @@ def test_kernel_runs_on_lavapipe(case: Case, vulkan):
 
 
 # ---- lowered schedules end to end: te -> lower -> split_host_device -> SPIR-V -> lavapipe ----------------------
-def run_lowered(dev, prog, code: bytes, args, inputs):
-    """Run a split program's kernels in launch order on ``dev``; returns the outputs (args after the inputs)."""
-    program = dev.load(code, [k.launch_info() for k in prog.kernels])
-    host = list(inputs) + [np.zeros(t.shape, t.dtype) for t in args[len(inputs):]]
-    bufs = []
-    try:
-        for arr in host:
-            buf = dev.alloc(arr.nbytes)
-            dev.upload(buf, np.ascontiguousarray(arr))
-            bufs.append(buf)
-        for t in prog.temporaries:
-            bufs.append(dev.alloc(t.size * np.dtype(t.dtype).itemsize))
-        for kernel, idx in zip(prog.kernels, prog.args):
-            dev.launch(program, kernel.name, [bufs[i] for i in idx], kernel.grid, kernel.block)
-        dev.synchronize()
-        outs = []
-        for buf, arr in list(zip(bufs, host))[len(inputs):]:
-            out = np.empty_like(arr)
-            dev.download(buf, out)
-            outs.append(out)
-        return outs
-    finally:
-        for buf in bufs:
-            dev.free(buf)
-
-
 def _schedules():
     def softmax_ref(a):
         e = np.exp(a - a.max(1, keepdims=True))
@@ -552,7 +526,7 @@ def test_lowered_schedule_validates_and_runs(name, vulkan, tmp_path):
     prog = split_host_device(tether.lower(sch, args, name))
     code = spirv_module(prog.kernels)
     validate(code, tmp_path)
-    (got,) = run_lowered(vulkan, prog, code, args, inputs)
+    (got,) = run_program(vulkan, prog, code, args, inputs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
 
 
@@ -616,7 +590,7 @@ def test_matches_the_cpu_backend(name, vulkan, tmp_path):
     prog = split_host_device(tether.lower(gpu_s, gpu_args, name))
     code = spirv_module(prog.kernels)
     validate(code, tmp_path)
-    (got,) = run_lowered(vulkan, prog, code, gpu_args, inputs)
+    (got,) = run_program(vulkan, prog, code, gpu_args, inputs)
     if want.dtype.kind == "f":
         np.testing.assert_allclose(got, want, rtol=tolerance[0] if tolerance else 1e-5, atol=1e-6)
     else:
