@@ -18,12 +18,15 @@ import java.util.TreeSet;
  */
 final class OpenCL {
     static final String LIBRARY_ENV = "TETHER_OPENCL_LIBRARY";
-    /** Where the ICD loader or a vendor's library usually is (opencl.py's LIBRARY_CANDIDATES, less macOS's). */
+    /**
+     * Where the ICD loader or a vendor's library usually is: opencl.py's LIBRARY_CANDIDATES (less macOS's framework),
+     * then Pixels' libOpenCL-pixel.so, which the app's manifest asks for beside libOpenCL.so.
+     */
     static final String[] LIBRARY_CANDIDATES = {"libOpenCL.so.1", "libOpenCL.so",
             "/system/vendor/lib64/libOpenCL.so", "/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so",
             "/system/vendor/lib64/egl/libGLES_mali.so", "/vendor/lib64/egl/libGLES_mali.so",
             "/system/vendor/lib/libOpenCL.so", "/vendor/lib/libOpenCL.so", "/system/lib/libOpenCL.so",
-            "/vendor/lib/egl/libGLES_mali.so"};
+            "/vendor/lib/egl/libGLES_mali.so", "libOpenCL-pixel.so"};
 
     static final int CL_PLATFORM_VERSION = 0x0901;
     static final int CL_PLATFORM_NAME = 0x0902;
