@@ -65,6 +65,10 @@ def modules(tmp_path_factory):
     specs = {"vadd": (_vadd(), "opencl"), "rev": (_reverse_twice(), "opencl"),
              "vadd_vk": (_vadd(), "vulkan"),
              "vadd_big": (_vadd(n=16384, block=8192), "opencl -max_threads_per_block=8192")}
+    A = te.placeholder((1000,), name="A")
+    B = te.placeholder((1000,), name="B")
+    C = te.compute((1000,), lambda i: A[i] + B[i], name="C")
+    specs["cadd"] = ((te.create_schedule(C.op), [A, B, C]), "host")   # a CPU module
     paths = {}
     for name, ((s, args), target) in specs.items():
         lib = tether.build(s, args, target=target, name=name)
@@ -165,6 +169,31 @@ def test_an_opencl_module_runs_on_device_arrays(java_device, opencl_info, module
         assert message_of(info.value) == ("vadd: argument 2 (C) must be a float32 array of shape (1000,), got a "
                                           "float32 array of shape (999,)")
         np.testing.assert_array_equal(remote.array(a, device="opencl:0").numpy(), a)
+
+
+def test_sessions_in_the_server_process_open_and_close_the_device(make_java_device, opencl_info, modules):
+    """Android's way (--isolation thread): each session opens opencl:0 in the server's own process and closes it at
+    its end; the library stays loaded for the next session. A CPU function refuses a GPU array in one line."""
+    server = make_java_device("--isolation", "thread")
+    a = np.arange(1000, dtype=np.float32)
+    for k in range(2):
+        with connect(server) as remote:
+            remote.upload(modules["vadd"])
+            remote.upload(modules["cadd"])
+            vadd = remote.load_module("vadd.so")["vadd"]
+            da = remote.array(a + k, device="opencl:0")
+            dc = remote.empty((1000,), "float32", device="opencl:0")
+            vadd(da, da, dc)
+            np.testing.assert_array_equal(dc.numpy(), (a + k) + (a + k))
+            cadd = remote.load_module("cadd.so")["cadd"]
+            with pytest.raises(errors.RemoteError) as info:
+                cadd(da, da, dc)
+            assert info.value.remote_type == "KernelError"
+            assert message_of(info.value) == ("cadd: argument 0 'A' is an array on opencl:0; this CPU function takes "
+                                              "host arrays (copy it to one)")
+            hc = remote.empty((1000,), "float32")
+            cadd(remote.array(a), remote.array(a), hc)
+            np.testing.assert_array_equal(hc.numpy(), a + a)
 
 
 def _needing(path, need: str, out):

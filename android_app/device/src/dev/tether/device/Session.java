@@ -141,6 +141,10 @@ final class Session {
         if (o == null) {
             throw new DeviceError("KeyError", "handle " + id + " does not exist in this session (freed already?)");
         }
+        if (!kind.isInstance(o) && o instanceof GpuArray && kind == DeviceArray.class) {
+            throw new DeviceError("TypeError", "handle " + id + " is an array on " + ((GpuArray) o).spec()
+                    + ", expected a host array (copy it to one first)");
+        }
         if (!kind.isInstance(o)) {
             throw new DeviceError("TypeError", "handle " + id + " is a " + kindName(o) + ", expected a " + what);
         }
