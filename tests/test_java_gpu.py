@@ -228,6 +228,47 @@ def test_missing_feature_and_oversized_block_are_refused_at_load(java_device, op
         assert remote.get_function("tether.echo")(3) == 3
 
 
+def _miswritten(path, out, update_sha=True):
+    """A copy of module ``path`` whose OpenCL C calls a function that does not exist, its sha256 in the metadata
+    updated to match (the same length: a module a broken code generator would have written)."""
+    import hashlib
+
+    from tether_rpc.elf import ElfFile
+    from tether_rpc.module import read_metadata
+
+    raw = open(path, "rb").read()
+    dev = read_metadata(path)["device"]
+    with ElfFile(path) as elf:
+        code_start = elf.section(".tether_device").offset
+    code = raw[code_start:code_start + dev["code_bytes"]]
+    assert hashlib.sha256(code).hexdigest() == dev["code_sha256"] and b"get_group_id" in code
+    code = code.replace(b"get_group_id", b"get_groop_id")
+    raw = raw[:code_start] + code + raw[code_start + len(code):]
+    if update_sha:
+        raw = raw.replace(dev["code_sha256"].encode(), hashlib.sha256(code).hexdigest().encode())
+    out.write_bytes(raw)
+    return out
+
+
+def test_a_build_failure_carries_the_driver_log(java_device, opencl_info, modules, tmp_path):
+    with connect(java_device) as remote:
+        remote.upload(_miswritten(modules["vadd"], tmp_path / "broken.so"))
+        with pytest.raises(errors.RemoteError) as info:
+            remote.load_module("broken.so")
+        assert info.value.remote_type == "GpuBuildError"
+        first, _, log = message_of(info.value).partition("\n")
+        assert first == "broken.so: OpenCL build of vadd_kernel0 for %s failed: CL_BUILD_PROGRAM_FAILURE" % (
+            opencl_info["name"])
+        assert "get_groop_id" in log   # the driver's own words
+        # the same code with the metadata's sha256 left as it was: a corrupt module, refused before building
+        remote.upload(_miswritten(modules["vadd"], tmp_path / "corrupt.so", update_sha=False))
+        with pytest.raises(errors.ModuleLoadError) as info:
+            remote.load_module("corrupt.so")
+        assert message_of(info.value) == ("corrupt.so: the device code in .tether_device does not match the "
+                                          "metadata's length and sha256 (corrupt module)")
+        assert remote.get_function("tether.echo")(3) == 3
+
+
 def test_without_an_opencl_library_the_module_is_refused_in_one_line(make_java_device, modules):
     server = make_java_device(env_extra={"TETHER_OPENCL_LIBRARY": "/nonexistent/libOpenCL.so"})
     why = "this device has no OpenCL: /nonexistent/libOpenCL.so not found (named by TETHER_OPENCL_LIBRARY)"
