@@ -3,8 +3,8 @@ real forked rpc-servers on loopback and in-process LocalSessions, driving pocl's
 tether_rpc.gpu.opencl and lavapipe's Vulkan device through tether_rpc.gpu.vulkan. Every value that comes back is
 compared with the numpy array it was made from.
 
-The Java and JavaScript device servers and the Go runtime, which run CPU modules only, must refuse GPU arrays and
-GPU modules with one clear line and go on.
+The JavaScript device server and the Go runtime, which run CPU modules only, must refuse GPU arrays and GPU
+modules with one clear line and go on; the Java device server runs OpenCL ones and refuses the other APIs.
 """
 from __future__ import annotations
 
@@ -309,14 +309,24 @@ def _refuses_gpu_arrays(remote) -> None:
     assert info["gpus"] == [] and info["gpu_errors"] == []
 
 
-def test_java_device_refuses_gpu_arrays_and_modules(java_device, gpu_module):
+def test_java_device_runs_opencl_arrays_and_refuses_other_apis(java_device, gpu_module, opencl_info):
+    """The Java device server runs OpenCL arrays (tests/test_java_gpu.py has the modules); Vulkan and CUDA arrays
+    are refused in one line, and a module whose "device" entry is malformed too."""
     with rpc.connect(java_device.host, java_device.port, timeout=TIMEOUT) as remote:
-        _refuses_gpu_arrays(remote)
+        x = sample("float32", (3, 5), seed=4)
+        same_bits(remote.array(x, device="opencl:0").numpy(), x)
+        for spec in ("vulkan:0", "cuda:0"):
+            with pytest.raises(errors.RemoteError) as info:
+                remote.empty((2,), "float32", device=spec)
+            assert info.value.remote_type == "GpuUnavailable"
+            assert message_of(info.value) == "this device runs CPU and OpenCL modules only; %s is not available" % spec
+        info = remote.device_info()
+        assert [g["spec"] for g in info["gpus"]][:1] == ["opencl:0"] and info["gpu_errors"] == []
         remote.upload(gpu_module)
         with pytest.raises(errors.ModuleLoadError) as info:
             remote.load_module("gpu_module.so")
-        assert message_of(info.value) == ("this device runs CPU modules only; gpu_module.so needs opencl, which is not "
-                                   "available")
+        assert message_of(info.value) == ("gpu_module.so: metadata 'device' is not a version-1 device entry (rebuild "
+                                          "the module with a matching tether)")
         assert remote.get_function("tether.echo")(3) == 3
 
 

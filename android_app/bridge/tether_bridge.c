@@ -311,3 +311,332 @@ JNIEXPORT void FN(joinThreads)(JNIEnv *env, jclass cls, jlong threads) {
   for (int i = 0; i < t->count; ++i) pthread_join(t->threads[i], 0);
   free(t);
 }
+
+/* -- OpenCL: dlopened at run time, never linked -----------------------------------------------------------------
+ * Phones without OpenCL must still load this library, so libOpenCL.so (or the vendor library holding OpenCL,
+ * such as libGLES_mali.so) is opened by clLoad with the path Java picked (OpenCL.java: the same search as
+ * tether_rpc/gpu/opencl.py) and its entry points resolved once. Every failing call throws
+ * dev.tether.device.ClError(call, code, detail): Java names the CL error (its table is OpenCL.java's). Handles
+ * travel as longs; buffers to and from the device are Java direct ByteBuffers. */
+typedef int32_t cl_int;
+typedef uint32_t cl_uint;
+typedef uint64_t cl_ulong;
+typedef void *cl_h;
+typedef unsigned long cl_size;   /* size_t: unsigned long on every target we build (ILP32 and LP64) */
+
+#define CL_FN_LIST(X) \
+  X(clGetPlatformIDs, cl_int, (cl_uint, cl_h *, cl_uint *)) \
+  X(clGetPlatformInfo, cl_int, (cl_h, cl_uint, cl_size, void *, cl_size *)) \
+  X(clGetDeviceIDs, cl_int, (cl_h, cl_ulong, cl_uint, cl_h *, cl_uint *)) \
+  X(clGetDeviceInfo, cl_int, (cl_h, cl_uint, cl_size, void *, cl_size *)) \
+  X(clCreateContext, cl_h, (const void *, cl_uint, const cl_h *, void *, void *, cl_int *)) \
+  X(clReleaseContext, cl_int, (cl_h)) \
+  X(clCreateCommandQueue, cl_h, (cl_h, cl_h, cl_ulong, cl_int *)) \
+  X(clReleaseCommandQueue, cl_int, (cl_h)) \
+  X(clCreateBuffer, cl_h, (cl_h, cl_ulong, cl_size, void *, cl_int *)) \
+  X(clReleaseMemObject, cl_int, (cl_h)) \
+  X(clEnqueueWriteBuffer, cl_int, (cl_h, cl_h, cl_uint, cl_size, cl_size, const void *, cl_uint, void *, void *)) \
+  X(clEnqueueReadBuffer, cl_int, (cl_h, cl_h, cl_uint, cl_size, cl_size, void *, cl_uint, void *, void *)) \
+  X(clEnqueueCopyBuffer, cl_int, (cl_h, cl_h, cl_h, cl_size, cl_size, cl_size, cl_uint, void *, void *)) \
+  X(clCreateProgramWithSource, cl_h, (cl_h, cl_uint, const char **, const cl_size *, cl_int *)) \
+  X(clBuildProgram, cl_int, (cl_h, cl_uint, const cl_h *, const char *, void *, void *)) \
+  X(clGetProgramBuildInfo, cl_int, (cl_h, cl_h, cl_uint, cl_size, void *, cl_size *)) \
+  X(clReleaseProgram, cl_int, (cl_h)) \
+  X(clCreateKernel, cl_h, (cl_h, const char *, cl_int *)) \
+  X(clGetKernelInfo, cl_int, (cl_h, cl_uint, cl_size, void *, cl_size *)) \
+  X(clGetKernelWorkGroupInfo, cl_int, (cl_h, cl_h, cl_uint, cl_size, void *, cl_size *)) \
+  X(clSetKernelArg, cl_int, (cl_h, cl_uint, cl_size, const void *)) \
+  X(clReleaseKernel, cl_int, (cl_h)) \
+  X(clEnqueueNDRangeKernel, cl_int, (cl_h, cl_h, cl_uint, const cl_size *, const cl_size *, const cl_size *, \
+                                     cl_uint, void *, cl_h *)) \
+  X(clFinish, cl_int, (cl_h)) \
+  X(clWaitForEvents, cl_int, (cl_uint, const cl_h *)) \
+  X(clGetEventProfilingInfo, cl_int, (cl_h, cl_uint, cl_size, void *, cl_size *)) \
+  X(clReleaseEvent, cl_int, (cl_h))
+
+#define CL_DECLARE(name, ret, args) static ret (*p_##name) args;
+CL_FN_LIST(CL_DECLARE)
+static void *cl_library;
+
+#define CL_PROGRAM_BUILD_LOG 0x1183
+#define CL_KERNEL_NUM_ARGS 0x1191
+#define CL_KERNEL_WORK_GROUP_SIZE 0x11B0
+#define CL_KERNEL_COMPILE_WORK_GROUP_SIZE 0x11B1
+#define CL_PROFILING_COMMAND_START 0x1282
+#define CL_PROFILING_COMMAND_END 0x1283
+#define CL_DEVICE_TYPE_CPU (1 << 1)
+#define CL_DEVICE_TYPE_GPU (1 << 2)
+#define CL_DEVICE_TYPE_ACCELERATOR (1 << 3)
+#define CL_QUEUE_PROFILING_ENABLE (1 << 1)
+#define CL_MEM_READ_WRITE 1
+#define CL_TRUE 1
+
+static jbyteArray bytes_of(JNIEnv *env, const void *p, cl_size n) {
+  jbyteArray out = (*env)->NewByteArray(env, (jsize)n);
+  if (out && n) (*env)->SetByteArrayRegion(env, out, 0, (jsize)n, (const jbyte *)p);
+  return out;
+}
+
+/* Throws ClError(call, code, detail) and returns 0 when code is an error; 1 when it is CL_SUCCESS. */
+static int cl_ok(JNIEnv *env, cl_int code, const char *call, jbyteArray detail) {
+  if (code == 0) return 1;
+  if ((*env)->ExceptionCheck(env)) return 0;
+  jclass cls = (*env)->FindClass(env, "dev/tether/device/ClError");
+  if (!cls) return 0;
+  jmethodID init = (*env)->GetMethodID(env, cls, "<init>", "(Ljava/lang/String;I[B)V");
+  jstring name = (*env)->NewStringUTF(env, call);
+  if (!init || !name) return 0;
+  jobject e = (*env)->NewObject(env, cls, init, name, (jint)code, detail);
+  if (e) (*env)->Throw(env, (jthrowable)e);
+  return 0;
+}
+
+static int cl_loaded(JNIEnv *env, const char *call) {
+  if (cl_library) return 1;
+  return cl_ok(env, -1002, call, 0);   /* not a CL code: ClError names it "the OpenCL library is not loaded" */
+}
+
+/* Opens the OpenCL library at path and resolves every entry point used here; null on success, else why not.
+ * Once one is loaded, later calls return null at once (one library per process, as in opencl.py). */
+JNIEXPORT jstring FN(clLoad)(JNIEnv *env, jclass cls, jstring path) {
+  if (cl_library) return 0;
+  const char *p = (*env)->GetStringUTFChars(env, path, 0);
+  if (!p) return 0;
+  void *lib = dlopen(p, BRIDGE_RTLD_NOW | BRIDGE_RTLD_LOCAL);
+  (*env)->ReleaseStringUTFChars(env, path, p);
+  if (!lib) {
+    const char *e = dlerror();
+    return (*env)->NewStringUTF(env, e ? e : "dlopen failed");
+  }
+#define CL_RESOLVE(name, ret, args) \
+  p_##name = (ret (*) args)dlsym(lib, #name); \
+  if (!p_##name) { dlclose(lib); return (*env)->NewStringUTF(env, "it does not export " #name); }
+  CL_FN_LIST(CL_RESOLVE)
+  cl_library = lib;
+  return 0;
+}
+
+JNIEXPORT jboolean FN(clLoaded)(JNIEnv *env, jclass cls) { return cl_library ? JNI_TRUE : JNI_FALSE; }
+
+/* Every device as {platform, device} pairs in tether's order: the GPUs and accelerators of every platform, then
+ * the CPU devices (pocl's). No platform (CL_PLATFORM_NOT_FOUND_KHR): an empty array. */
+JNIEXPORT jlongArray FN(clDevices)(JNIEnv *env, jclass cls) {
+  if (!cl_loaded(env, "clGetPlatformIDs")) return 0;
+  cl_uint np = 0;
+  cl_int code = p_clGetPlatformIDs(0, 0, &np);
+  if (code == -1001 || np == 0) return (*env)->NewLongArray(env, 0);
+  if (!cl_ok(env, code, "clGetPlatformIDs", 0)) return 0;
+  if (np > 64) np = 64;
+  cl_h platforms[64];
+  if (!cl_ok(env, p_clGetPlatformIDs(np, platforms, 0), "clGetPlatformIDs", 0)) return 0;
+  jlong out[512];
+  int n = 0;
+  const cl_ulong kinds[2] = {CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_CPU};
+  for (int k = 0; k < 2; ++k) {
+    for (cl_uint i = 0; i < np; ++i) {
+      cl_uint nd = 0;
+      code = p_clGetDeviceIDs(platforms[i], kinds[k], 0, 0, &nd);
+      if (code == -1 || nd == 0) continue;   /* CL_DEVICE_NOT_FOUND */
+      if (!cl_ok(env, code, "clGetDeviceIDs", 0)) return 0;
+      cl_h devices[64];
+      if (nd > 64) nd = 64;
+      if (!cl_ok(env, p_clGetDeviceIDs(platforms[i], kinds[k], nd, devices, 0), "clGetDeviceIDs", 0)) return 0;
+      for (cl_uint d = 0; d < nd && n + 2 <= 512; ++d) {
+        out[n++] = from_ptr(platforms[i]);
+        out[n++] = from_ptr(devices[d]);
+      }
+    }
+  }
+  jlongArray arr = (*env)->NewLongArray(env, n);
+  if (arr && n) (*env)->SetLongArrayRegion(env, arr, 0, n, out);
+  return arr;
+}
+
+/* The raw bytes of clGetDeviceInfo (device) or clGetPlatformInfo (platform) for param; Java decodes them. */
+JNIEXPORT jbyteArray FN(clInfo)(JNIEnv *env, jclass cls, jboolean platform, jlong handle, jint param) {
+  const char *call = platform ? "clGetPlatformInfo" : "clGetDeviceInfo";
+  if (!cl_loaded(env, call)) return 0;
+  cl_int (*fn)(cl_h, cl_uint, cl_size, void *, cl_size *) = platform ? p_clGetPlatformInfo : p_clGetDeviceInfo;
+  cl_size size = 0;
+  if (!cl_ok(env, fn(ptr(handle), (cl_uint)param, 0, 0, &size), call, 0)) return 0;
+  void *buf = calloc(1, size + 1);
+  if (!buf) return 0;
+  cl_int code = fn(ptr(handle), (cl_uint)param, size, buf, 0);
+  jbyteArray out = code == 0 ? bytes_of(env, buf, size) : 0;
+  free(buf);
+  cl_ok(env, code, call, 0);
+  return out;
+}
+
+JNIEXPORT jlong FN(clCreateContext)(JNIEnv *env, jclass cls, jlong device) {
+  if (!cl_loaded(env, "clCreateContext")) return 0;
+  cl_int err = 0;
+  cl_h dev = ptr(device);
+  cl_h ctx = p_clCreateContext(0, 1, &dev, 0, 0, &err);
+  return cl_ok(env, err, "clCreateContext", 0) ? from_ptr(ctx) : 0;
+}
+
+/* An in-order queue with profiling (timed launches read the events' clock). */
+JNIEXPORT jlong FN(clCreateQueue)(JNIEnv *env, jclass cls, jlong context, jlong device) {
+  if (!cl_loaded(env, "clCreateCommandQueue")) return 0;
+  cl_int err = 0;
+  cl_h q = p_clCreateCommandQueue(ptr(context), ptr(device), CL_QUEUE_PROFILING_ENABLE, &err);
+  return cl_ok(env, err, "clCreateCommandQueue", 0) ? from_ptr(q) : 0;
+}
+
+/* Releases a handle: kind 0 cl_mem, 1 cl_kernel, 2 cl_program, 3 cl_command_queue, 4 cl_context. */
+JNIEXPORT void FN(clRelease)(JNIEnv *env, jclass cls, jint kind, jlong handle) {
+  if (!cl_library || !handle) return;
+  switch (kind) {
+    case 0: p_clReleaseMemObject(ptr(handle)); break;
+    case 1: p_clReleaseKernel(ptr(handle)); break;
+    case 2: p_clReleaseProgram(ptr(handle)); break;
+    case 3: p_clReleaseCommandQueue(ptr(handle)); break;
+    case 4: p_clReleaseContext(ptr(handle)); break;
+  }
+}
+
+JNIEXPORT jlong FN(clAlloc)(JNIEnv *env, jclass cls, jlong context, jlong nbytes) {
+  if (!cl_loaded(env, "clCreateBuffer")) return 0;
+  cl_int err = 0;
+  cl_h mem = p_clCreateBuffer(ptr(context), CL_MEM_READ_WRITE, (cl_size)nbytes, 0, &err);
+  return cl_ok(env, err, "clCreateBuffer", 0) ? from_ptr(mem) : 0;
+}
+
+/* Blocking write of n bytes from a direct buffer (at byte position pos) into mem at offset. */
+JNIEXPORT void FN(clWrite)(JNIEnv *env, jclass cls, jlong queue, jlong mem, jlong offset, jobject src, jlong pos,
+                           jlong n) {
+  if (!cl_loaded(env, "clEnqueueWriteBuffer") || n <= 0) return;
+  char *p = (char *)(*env)->GetDirectBufferAddress(env, src);
+  if (!p) { cl_ok(env, -30, "clEnqueueWriteBuffer", 0); return; }   /* not a direct buffer: CL_INVALID_VALUE */
+  cl_ok(env, p_clEnqueueWriteBuffer(ptr(queue), ptr(mem), CL_TRUE, (cl_size)offset, (cl_size)n, p + pos, 0, 0, 0),
+        "clEnqueueWriteBuffer", 0);
+}
+
+JNIEXPORT void FN(clRead)(JNIEnv *env, jclass cls, jlong queue, jlong mem, jlong offset, jobject dst, jlong pos,
+                          jlong n) {
+  if (!cl_loaded(env, "clEnqueueReadBuffer") || n <= 0) return;
+  char *p = (char *)(*env)->GetDirectBufferAddress(env, dst);
+  if (!p) { cl_ok(env, -30, "clEnqueueReadBuffer", 0); return; }
+  cl_ok(env, p_clEnqueueReadBuffer(ptr(queue), ptr(mem), CL_TRUE, (cl_size)offset, (cl_size)n, p + pos, 0, 0, 0),
+        "clEnqueueReadBuffer", 0);
+}
+
+JNIEXPORT void FN(clCopy)(JNIEnv *env, jclass cls, jlong queue, jlong dst, jlong src, jlong n) {
+  if (!cl_loaded(env, "clEnqueueCopyBuffer") || n <= 0) return;
+  cl_ok(env, p_clEnqueueCopyBuffer(ptr(queue), ptr(src), ptr(dst), 0, 0, (cl_size)n, 0, 0, 0), "clEnqueueCopyBuffer",
+        0);
+}
+
+/* Builds OpenCL C source for one device; a failed build throws with the driver's build log as the detail. */
+JNIEXPORT jlong FN(clBuild)(JNIEnv *env, jclass cls, jlong context, jlong device, jbyteArray source,
+                            jstring options) {
+  if (!cl_loaded(env, "clCreateProgramWithSource")) return 0;
+  jsize n = (*env)->GetArrayLength(env, source);
+  char *text = (char *)calloc(1, (unsigned long)n + 1);
+  if (!text) { cl_ok(env, -6, "clCreateProgramWithSource", 0); return 0; }   /* CL_OUT_OF_HOST_MEMORY */
+  (*env)->GetByteArrayRegion(env, source, 0, n, (jbyte *)text);
+  cl_int err = 0;
+  const char *strings[1] = {text};
+  cl_size lengths[1] = {(cl_size)n};
+  cl_h program = p_clCreateProgramWithSource(ptr(context), 1, strings, lengths, &err);
+  free(text);
+  if (!cl_ok(env, err, "clCreateProgramWithSource", 0)) return 0;
+  const char *opts = (*env)->GetStringUTFChars(env, options, 0);
+  if (!opts) { p_clReleaseProgram(program); return 0; }
+  cl_h dev = ptr(device);
+  cl_int code = p_clBuildProgram(program, 1, &dev, opts, 0, 0);
+  (*env)->ReleaseStringUTFChars(env, options, opts);
+  if (code == 0) return from_ptr(program);
+  jbyteArray log = 0;
+  cl_size size = 0;
+  if (p_clGetProgramBuildInfo(program, dev, CL_PROGRAM_BUILD_LOG, 0, 0, &size) == 0 && size > 0) {
+    char *buf = (char *)calloc(1, size + 1);
+    if (buf && p_clGetProgramBuildInfo(program, dev, CL_PROGRAM_BUILD_LOG, size, buf, 0) == 0) {
+      cl_size len = 0;
+      while (len < size && buf[len]) ++len;
+      log = bytes_of(env, buf, len);
+    }
+    free(buf);
+  }
+  p_clReleaseProgram(program);
+  cl_ok(env, code, "clBuildProgram", log);
+  return 0;
+}
+
+JNIEXPORT jlong FN(clKernel)(JNIEnv *env, jclass cls, jlong program, jstring name) {
+  if (!cl_loaded(env, "clCreateKernel")) return 0;
+  const char *n = (*env)->GetStringUTFChars(env, name, 0);
+  if (!n) return 0;
+  cl_int err = 0;
+  cl_h kernel = p_clCreateKernel(ptr(program), n, &err);
+  (*env)->ReleaseStringUTFChars(env, name, n);
+  return cl_ok(env, err, "clCreateKernel", 0) ? from_ptr(kernel) : 0;
+}
+
+/* {CL_KERNEL_NUM_ARGS, CL_KERNEL_WORK_GROUP_SIZE, CL_KERNEL_COMPILE_WORK_GROUP_SIZE x, y, z} of a kernel. */
+JNIEXPORT jlongArray FN(clKernelInfo)(JNIEnv *env, jclass cls, jlong kernel, jlong device) {
+  if (!cl_loaded(env, "clGetKernelInfo")) return 0;
+  cl_uint nargs = 0;
+  cl_size wg = 0, required[3] = {0, 0, 0};
+  if (!cl_ok(env, p_clGetKernelInfo(ptr(kernel), CL_KERNEL_NUM_ARGS, sizeof(nargs), &nargs, 0), "clGetKernelInfo", 0))
+    return 0;
+  if (!cl_ok(env, p_clGetKernelWorkGroupInfo(ptr(kernel), ptr(device), CL_KERNEL_WORK_GROUP_SIZE, sizeof(wg), &wg, 0),
+             "clGetKernelWorkGroupInfo", 0))
+    return 0;
+  if (!cl_ok(env, p_clGetKernelWorkGroupInfo(ptr(kernel), ptr(device), CL_KERNEL_COMPILE_WORK_GROUP_SIZE,
+                                             sizeof(required), required, 0), "clGetKernelWorkGroupInfo", 0))
+    return 0;
+  jlong out[5] = {(jlong)nargs, (jlong)wg, (jlong)required[0], (jlong)required[1], (jlong)required[2]};
+  jlongArray arr = (*env)->NewLongArray(env, 5);
+  if (arr) (*env)->SetLongArrayRegion(env, arr, 0, 5, out);
+  return arr;
+}
+
+/* Sets the arguments (kinds[i]: 0 a cl_mem, 1 an int32, 2 a float32 whose bits are in values[i]) and enqueues the
+ * kernel over global = grid * block with local = block in dims dimensions. Timed: waits for the launch's event
+ * and returns END - START of its profiling info in nanoseconds (the device's clock); else 0, asynchronously. */
+JNIEXPORT jlong FN(clLaunch)(JNIEnv *env, jclass cls, jlong queue, jlong kernel, jintArray kinds, jlongArray values,
+                             jlongArray global, jlongArray local, jint dims, jboolean timed) {
+  if (!cl_loaded(env, "clEnqueueNDRangeKernel")) return 0;
+  jsize n = (*env)->GetArrayLength(env, kinds);
+  if (n > 256 || dims < 1 || dims > 3) { cl_ok(env, -30, "clSetKernelArg", 0); return 0; }
+  jint k[256];
+  jlong v[256];
+  jlong g[3], l[3];
+  (*env)->GetIntArrayRegion(env, kinds, 0, n, k);
+  (*env)->GetLongArrayRegion(env, values, 0, n, v);
+  (*env)->GetLongArrayRegion(env, global, 0, dims, g);
+  (*env)->GetLongArrayRegion(env, local, 0, dims, l);
+  for (jsize i = 0; i < n; ++i) {
+    cl_int code;
+    if (k[i] == 0) {
+      cl_h mem = ptr(v[i]);
+      code = p_clSetKernelArg(ptr(kernel), (cl_uint)i, sizeof(mem), &mem);
+    } else {
+      int32_t word = (int32_t)v[i];   /* an int32, or a float32's bits */
+      code = p_clSetKernelArg(ptr(kernel), (cl_uint)i, sizeof(word), &word);
+    }
+    if (!cl_ok(env, code, "clSetKernelArg", 0)) return 0;
+  }
+  cl_size gs[3], ls[3];
+  for (int d = 0; d < dims; ++d) { gs[d] = (cl_size)g[d]; ls[d] = (cl_size)l[d]; }
+  cl_h event = 0;
+  if (!cl_ok(env, p_clEnqueueNDRangeKernel(ptr(queue), ptr(kernel), (cl_uint)dims, 0, gs, ls, 0, 0,
+                                           timed ? &event : 0), "clEnqueueNDRangeKernel", 0))
+    return 0;
+  if (!timed) return 0;
+  cl_ulong start = 0, end = 0;
+  cl_int code = p_clWaitForEvents(1, &event);
+  if (code == 0) code = p_clGetEventProfilingInfo(event, CL_PROFILING_COMMAND_START, sizeof(start), &start, 0);
+  const char *call = code == 0 ? "clGetEventProfilingInfo" : "clWaitForEvents";
+  if (code == 0) code = p_clGetEventProfilingInfo(event, CL_PROFILING_COMMAND_END, sizeof(end), &end, 0);
+  p_clReleaseEvent(event);
+  if (!cl_ok(env, code, call, 0)) return 0;
+  return (jlong)(end - start);
+}
+
+JNIEXPORT void FN(clFinish)(JNIEnv *env, jclass cls, jlong queue) {
+  if (!cl_loaded(env, "clFinish")) return;
+  cl_ok(env, p_clFinish(ptr(queue)), "clFinish", 0);
+}

@@ -32,13 +32,14 @@ LIBRARY_ENV = "TETHER_OPENCL_LIBRARY"
 
 #: where the OpenCL ICD loader (or a vendor's library) usually is, tried in order: the loader's soname on
 #: Linux, then Android's vendor libraries (Adreno ships libOpenCL.so in /vendor; Mali's OpenCL lives in
-#: libGLES_mali.so on some phones), then macOS's framework
+#: libGLES_mali.so on some phones), Pixels' libOpenCL-pixel.so, then macOS's framework (the Java device server's
+#: bridge searches the same list: android_app/device/.../OpenCL.java)
 LIBRARY_CANDIDATES: Tuple[str, ...] = (
     "libOpenCL.so.1", "libOpenCL.so",
     "/system/vendor/lib64/libOpenCL.so", "/vendor/lib64/libOpenCL.so", "/system/lib64/libOpenCL.so",
     "/system/vendor/lib64/egl/libGLES_mali.so", "/vendor/lib64/egl/libGLES_mali.so",
     "/system/vendor/lib/libOpenCL.so", "/vendor/lib/libOpenCL.so", "/system/lib/libOpenCL.so",
-    "/vendor/lib/egl/libGLES_mali.so",
+    "/vendor/lib/egl/libGLES_mali.so", "libOpenCL-pixel.so",
     "/System/Library/Frameworks/OpenCL.framework/OpenCL",
 )
 

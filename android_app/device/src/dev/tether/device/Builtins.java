@@ -40,55 +40,68 @@ final class Builtins {
         s.builtins.put("tether.array.empty", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
                 arity("tether.array.empty", a, 1, 3);
-                hostOnly(a.size() > 2 ? a.get(2) : null);
+                String spec = gpuSpec(a.size() > 2 ? a.get(2) : null);
                 String dtype = a.size() > 1 ? str(a.get(1), "dtype") : "float32";
                 long[] shape = shape(a.get(0));
-                return keep(s, shape, dtype, null);
+                return spec == null ? keep(s, shape, dtype, null) : keepGpu(s, spec, shape, dtype, null);
             }
         });
         s.builtins.put("tether.array.from_tensor", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
                 arity("tether.array.from_tensor", a, 1, 2);
-                hostOnly(a.size() > 1 ? a.get(1) : null);
+                String spec = gpuSpec(a.size() > 1 ? a.get(1) : null);
                 if (!(a.get(0) instanceof Tensor)) {
                     throw new DeviceError("TypeError", "tether.array.from_tensor takes a tensor, got " + typeName(a.get(0)));
                 }
                 Tensor t = (Tensor) a.get(0);
-                return keep(s, t.shape(), t.dtype(), t);
+                return spec == null ? keep(s, t.shape(), t.dtype(), t) : keepGpu(s, spec, t.shape(), t.dtype(), t);
             }
         });
         s.builtins.put("tether.array.copy_in", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError, IOException {
                 arity("tether.array.copy_in", a, 1, 1);
-                DeviceArray arr = s.get(a.get(0), DeviceArray.class, "array");
+                Object o = s.getArray(a.get(0));
                 long n = c.requireBulk("tether.array.copy_in");
-                if (n != arr.nbytes) {
-                    throw new DeviceError("ValueError", "copy_in: " + n + " bytes sent, the array " + arr.dtype + " "
-                            + Text.shape(arr.shape) + " holds " + arr.nbytes);
+                long nbytes = GpuArray.nbytesOf(o);
+                if (n != nbytes) {
+                    throw new DeviceError("ValueError", "copy_in: " + n + " bytes sent, the array " + GpuArray.dtypeOf(o)
+                            + " " + Text.shape(GpuArray.shapeOf(o)) + " holds " + nbytes);
                 }
-                s.readBulkTo(c, arr.view(), n);
+                if (o instanceof DeviceArray) {
+                    s.readBulkTo(c, ((DeviceArray) o).view(), n);
+                    return null;
+                }
+                // a GPU array: the bytes land in host memory first, in bounded pieces (no second whole copy)
+                GpuArray arr = (GpuArray) o;
+                ByteBuffer staging = ByteBuffer.allocateDirect((int) Math.min(Math.max(n, 1), GpuArray.STAGING));
+                for (long offset = 0; offset < n; offset += GpuArray.STAGING) {
+                    int piece = (int) Math.min(GpuArray.STAGING, n - offset);
+                    staging.clear();
+                    staging.limit(piece);
+                    s.readBulkTo(c, staging, piece);
+                    arr.upload(staging, 0, offset, piece);
+                }
                 return null;
             }
         });
         s.builtins.put("tether.array.copy_out", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
                 arity("tether.array.copy_out", a, 1, 1);
-                DeviceArray arr = s.get(a.get(0), DeviceArray.class, "array");
-                return new Session.BulkReply(null, arr.view(), null, arr.nbytes);
+                Object o = s.getArray(a.get(0));
+                if (o instanceof DeviceArray) {
+                    DeviceArray arr = (DeviceArray) o;
+                    return new Session.BulkReply(null, arr.view(), null, arr.nbytes);
+                }
+                GpuArray arr = (GpuArray) o;
+                ByteBuffer staging = DeviceArray.aligned(arr.nbytes, "the download of an array on " + arr.spec());
+                arr.downloadAll(staging);
+                return new Session.BulkReply(null, staging, null, arr.nbytes);
             }
         });
         s.builtins.put("tether.array.copy_to", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError {
                 arity("tether.array.copy_to", a, 2, 2);
-                DeviceArray src = s.get(a.get(0), DeviceArray.class, "array");
-                DeviceArray dst = s.get(a.get(1), DeviceArray.class, "array");
-                if (!src.dtype.equals(dst.dtype) || !java.util.Arrays.equals(src.shape, dst.shape)) {
-                    throw new DeviceError("KernelError", "copy: array " + src.dtype + " " + Text.shape(src.shape)
-                            + " and array " + dst.dtype + " " + Text.shape(dst.shape) + " differ in shape or dtype");
-                }
-                java.nio.ByteBuffer from = src.view();
-                from.limit((int) src.nbytes);
-                dst.view().put(from);
+                GpuArray.copy(s.getArray(a.get(1)), s.getArray(a.get(0)));
                 return null;
             }
         });
@@ -101,8 +114,8 @@ final class Builtins {
                     throw new DeviceError("KeyError", "cannot free " + h + ": no such handle in this session");
                 }
                 s.release(o);
-                if (o instanceof DeviceArray) {
-                    s.limits.release(((DeviceArray) o).nbytes);
+                if (o instanceof DeviceArray || o instanceof GpuArray) {
+                    s.limits.release(GpuArray.nbytesOf(o));
                 }
                 return null;
             }
@@ -170,11 +183,12 @@ final class Builtins {
         s.builtins.put("tether.module.load", new Session.Builtin() {
             public Object call(Session.Call c, List<Object> a) throws DeviceError, IOException {
                 arity("tether.module.load", a, 1, 1);
-                NativeModule m = NativeModule.load(s.folder.existing(a.get(0)));
+                // a GPU module runs on the session's device "opencl:0", the one its device arrays live on
+                NativeModule m = NativeModule.load(s.folder.existing(a.get(0)), s.deviceOpener);
                 s.pool.add(m);
                 Map<String, Object> r = new LinkedHashMap<String, Object>();
                 r.put("handle", s.put(m));
-                r.put("functions", new ArrayList<Object>(m.functions.keySet()));
+                r.put("functions", new ArrayList<Object>(m.functionNames()));
                 r.put("metadata", m.metadata);
                 return r;
             }
@@ -184,16 +198,18 @@ final class Builtins {
                 arity("tether.module.get_function", a, 2, 2);
                 NativeModule m = s.get(a.get(0), NativeModule.class, "module");
                 Object name = a.get(1);
-                if (!(name instanceof String) || !m.functions.containsKey(name)) {
+                if (!(name instanceof String) || !m.functionNames().contains(name)) {
                     throw new DeviceError("KeyError", "module has no function '" + name + "' (it has: "
-                            + Text.join(m.functions.keySet()) + ")");
+                            + Text.join(m.functionNames()) + ")");
                 }
                 if (!m.loaded()) {
                     throw new DeviceError("ModuleLoadError", "module " + m.label + " is closed");
                 }
-                m.acquire();  // the library stays loaded while this handle exists
+                Object f = m.functions.containsKey(name) ? new PackedCall.Function(m, (String) name)
+                        : m.gpu.function(m, (String) name);
                 Map<String, Object> r = new LinkedHashMap<String, Object>();
-                r.put("handle", s.put(new PackedCall.Function(m, (String) name)));
+                r.put("handle", s.put(f));
+                m.acquire();  // the library stays loaded while this handle exists
                 r.put("name", name);
                 return r;
             }
@@ -207,18 +223,65 @@ final class Builtins {
     }
 
     /**
-     * Refuses an array on a GPU ("opencl:0", docs/protocol.md "Device arrays on GPUs"): this server has host
-     * memory only. No device, "cpu" and "cpu:0" are host memory.
+     * A client's device spec as "API:INDEX" ("opencl" is "opencl:0", tether_rpc/gpu/array.py canonical_spec), or
+     * null for host memory (none, "cpu", "cpu:0"); ValueError naming a malformed one.
      */
-    static void hostOnly(Object device) throws DeviceError {
+    static String gpuSpec(Object device) throws DeviceError {
         if (device == null) {
-            return;
+            return null;
         }
-        String spec = str(device, "device").trim().toLowerCase(java.util.Locale.ROOT);
-        if (spec.equals("cpu") || spec.equals("cpu:0")) {
-            return;
+        if (!(device instanceof String)) {
+            throw new DeviceError("ValueError", "device must be a string such as 'opencl:0' or 'cpu', got "
+                    + typeName(device));
         }
-        throw new DeviceError("GpuUnavailable", "this device runs CPU modules only; " + spec + " is not available");
+        String text = ((String) device).trim().toLowerCase(java.util.Locale.ROOT);
+        if (text.equals("cpu") || text.equals("cpu:0")) {
+            return null;
+        }
+        int colon = text.indexOf(':');
+        String api = colon < 0 ? text : text.substring(0, colon);
+        String index = colon < 0 ? "0" : text.substring(colon + 1);
+        if (!api.matches("[a-z0-9]+") || !index.matches("[0-9]{1,9}")) {
+            throw new DeviceError("ValueError", "device '" + device + "': expected API:INDEX such as opencl:0, vulkan:0 "
+                    + "or cuda:0, or cpu");
+        }
+        return api + ":" + Integer.parseInt(index);
+    }
+
+    /** The session's device for a GPU array; its refusal names the spec ("opencl:0: this device has no OpenCL..."). */
+    static ClDevice gpuDevice(Session s, String spec) throws DeviceError {
+        try {
+            return s.device(spec);
+        } catch (DeviceError e) {
+            String m = e.getMessage();
+            throw new DeviceError(e.type, m.startsWith(spec) || m.startsWith("this device runs") ? m
+                    : spec + ": " + m, e);
+        }
+    }
+
+    /** A new array on a GPU (uninitialised, or a copy of {@code t}) charged to the session's memory budget. */
+    static Map<String, Object> keepGpu(Session s, String spec, long[] shape, String dtype, Tensor t) throws DeviceError {
+        long nbytes = DeviceArray.nbytesOf(shape, dtype);
+        ClDevice device = gpuDevice(s, spec);   // a missing GPU is named before any memory is charged
+        s.limits.reserve(nbytes, "an array of shape " + Text.shape(shape) + " " + dtype + " on " + spec);
+        GpuArray arr = null;
+        try {
+            arr = new GpuArray(device, shape, dtype);
+            if (t != null && nbytes > 0) {
+                ByteBuffer staging = DeviceArray.aligned(nbytes, "the upload of an array to " + spec);
+                staging.put(t.data());
+                arr.uploadAll(staging);
+            }
+            Map<String, Object> r = info(s.put(arr), arr.shape, arr.dtype);
+            r.put("device", spec);
+            return r;
+        } catch (DeviceError | RuntimeException e) {
+            s.limits.release(nbytes);
+            if (arr != null) {
+                arr.free();
+            }
+            throw e;
+        }
     }
 
     static void arity(String name, List<Object> a, int min, int max) throws DeviceError {
@@ -231,7 +294,8 @@ final class Builtins {
     /** Python's type names for the values a frame decodes to. */
     private static final Object[][] PY_TYPES = {{Boolean.class, "bool"}, {Long.class, "int"}, {Double.class, "float"},
             {String.class, "str"}, {byte[].class, "bytes"}, {List.class, "list"}, {Map.class, "dict"},
-            {Tensor.class, "ndarray"}, {RemoteHandle.class, "RemoteHandle"}, {DeviceArray.class, "array"}};
+            {Tensor.class, "ndarray"}, {RemoteHandle.class, "RemoteHandle"}, {DeviceArray.class, "array"},
+            {GpuArray.class, "array"}};
 
     static String typeName(Object o) {
         return o == null ? "NoneType" : Text.nameOf(o, PY_TYPES);
@@ -268,22 +332,22 @@ final class Builtins {
         s.limits.reserve(nbytes, "an array of shape " + Text.shape(shape) + " " + dtype);
         try {
             DeviceArray arr = t != null ? fromTensor(t) : new DeviceArray(shape, dtype);
-            return info(s.put(arr), arr);
+            return info(s.put(arr), arr.shape, arr.dtype);
         } catch (DeviceError | RuntimeException e) {
             s.limits.release(nbytes);
             throw e;
         }
     }
 
-    static Map<String, Object> info(RemoteHandle h, DeviceArray arr) {
+    static Map<String, Object> info(RemoteHandle h, long[] arrShape, String dtype) {
         Map<String, Object> r = new LinkedHashMap<String, Object>();
         r.put("handle", h);
         List<Object> shape = new ArrayList<Object>();
-        for (long d : arr.shape) {
+        for (long d : arrShape) {
             shape.add(d);
         }
         r.put("shape", shape);
-        r.put("dtype", arr.dtype);
+        r.put("dtype", dtype);
         return r;
     }
 

@@ -287,10 +287,63 @@ final class DeviceInfo {
         info.put("java_vm", System.getProperty("java.vm.name"));
         info.put("server", DeviceServer.SERVER_NAME);
         info.put("suggested_target", suggestTarget(arch, cpu.cores, android));
-        // no GPU runtime here: GPU arrays and modules are refused (docs/protocol.md "Device arrays on GPUs")
-        info.put("gpus", new ArrayList<Object>());
-        info.put("gpu_errors", new ArrayList<Object>());
+        // the OpenCL devices, listed as tether_rpc.device_info lists them (Vulkan and CUDA do not run here)
+        Object[] gpus = listGpus();
+        info.put("gpus", gpus[0]);
+        info.put("gpu_errors", gpus[1]);
         return info;
+    }
+
+    /** Seconds a driver may take to list its devices before device_info gives up on it (as the Python runtime). */
+    static final long GPU_LIST_TIMEOUT_MS = 20000;
+    private static Thread probe;
+
+    /**
+     * {gpus, gpu_errors}: every OpenCL device's info() with "spec" ("opencl:N"), listed in a daemon thread so a
+     * driver that hangs costs that thread, never the session; a driver failing mid-listing is one error line.
+     */
+    static synchronized Object[] listGpus() {
+        final List<Object> gpus = new ArrayList<Object>();
+        final List<Object> errors = new ArrayList<Object>();
+        if (probe != null && probe.isAlive()) {
+            errors.add("GPU drivers are still listing their devices (an earlier listing hung)");
+            return new Object[]{gpus, errors};
+        }
+        final Object[][] box = new Object[1][];
+        Thread t = new Thread(new Runnable() {
+            public void run() {
+                List<Object> g = new ArrayList<Object>();
+                List<Object> e = new ArrayList<Object>();
+                try {
+                    for (Map<String, Object> d : OpenCL.listDevices()) {
+                        d.put("spec", "opencl:" + d.get("index"));
+                        g.add(d);
+                    }
+                } catch (ClError x) {
+                    e.add("opencl: GpuError: " + x.getMessage());
+                } catch (RuntimeException | LinkageError x) {
+                    e.add("opencl: " + x.getClass().getSimpleName() + ": " + x.getMessage());
+                }
+                synchronized (box) {
+                    box[0] = new Object[]{g, e};
+                }
+            }
+        }, "tether-gpu-probe");
+        t.setDaemon(true);
+        probe = t;
+        t.start();
+        try {
+            t.join(GPU_LIST_TIMEOUT_MS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        synchronized (box) {
+            if (box[0] == null) {
+                errors.add("GPU drivers did not list their devices within " + GPU_LIST_TIMEOUT_MS / 1000 + " s");
+                return new Object[]{gpus, errors};
+            }
+            return box[0];
+        }
     }
 
     private static Long[] memory() {

@@ -370,7 +370,7 @@ final class GraphExecutor implements Timing.Timed {
                     Object lib = ((Map<?, ?>) parsed).get("lib");
                     libName = lib != null ? lib : "deploy.so";
                 }
-                NativeModule m = NativeModule.load(s.folder.existing(libName));
+                NativeModule m = NativeModule.load(s.folder.existing(libName), s.deviceOpener);
                 s.pool.add(m);
                 GraphExecutor g;
                 try {

@@ -107,4 +107,52 @@ public final class NativeBridge {
 
     /** Waits for the threads of {@link #startThreads} to return (after tether_pool_shutdown) and frees the handle. */
     public static native void joinThreads(long threads);
+
+    // -- OpenCL, dlopened at run time (OpenCL.java); every failing call throws ClError naming it -------------
+
+    /** dlopen the OpenCL library at {@code path} and resolve its entry points: null on success, else why not. */
+    public static native String clLoad(String path);
+
+    public static native boolean clLoaded();
+
+    /** {platform, device} handle pairs: GPUs and accelerators of every platform, then CPU devices. */
+    public static native long[] clDevices();
+
+    /** The raw bytes of clGetPlatformInfo ({@code platform}) or clGetDeviceInfo for {@code param}. */
+    public static native byte[] clInfo(boolean platform, long handle, int param);
+
+    public static native long clCreateContext(long device);
+
+    /** An in-order command queue with CL_QUEUE_PROFILING_ENABLE. */
+    public static native long clCreateQueue(long context, long device);
+
+    /** Release: kind 0 cl_mem, 1 cl_kernel, 2 cl_program, 3 cl_command_queue, 4 cl_context. */
+    public static native void clRelease(int kind, long handle);
+
+    public static native long clAlloc(long context, long nbytes);
+
+    /** Blocking clEnqueueWriteBuffer of {@code n} bytes at byte {@code pos} of a direct buffer. */
+    public static native void clWrite(long queue, long mem, long offset, ByteBuffer src, long pos, long n);
+
+    /** Blocking clEnqueueReadBuffer of {@code n} bytes into byte {@code pos} of a direct buffer. */
+    public static native void clRead(long queue, long mem, long offset, ByteBuffer dst, long pos, long n);
+
+    public static native void clCopy(long queue, long dst, long src, long n);
+
+    /** A built cl_program; a failed build throws ClError carrying the driver's build log. */
+    public static native long clBuild(long context, long device, byte[] source, String options);
+
+    public static native long clKernel(long program, String name);
+
+    /** {num_args, CL_KERNEL_WORK_GROUP_SIZE, reqd_work_group_size x, y, z (0 0 0: none)}. */
+    public static native long[] clKernelInfo(long kernel, long device);
+
+    /**
+     * Sets the arguments ({@code kinds}: 0 cl_mem, 1 int32, 2 float32 bits, each in {@code values}) and enqueues
+     * the kernel; {@code timed}: waits for it and returns its profiled device nanoseconds, else 0.
+     */
+    public static native long clLaunch(long queue, long kernel, int[] kinds, long[] values, long[] global,
+                                       long[] local, int dims, boolean timed);
+
+    public static native void clFinish(long queue);
 }

@@ -39,6 +39,8 @@ final class NativeModule {
     final long poolShutdown;
     private long lib;
     private int refs = 1;
+    /** The device half of a GPU module (metadata "device"), built on the session's device; null for CPU modules. */
+    GpuModule gpu;
 
     private NativeModule(String label, long lib, Map<String, Object> metadata) {
         this.label = label;
@@ -65,39 +67,44 @@ final class NativeModule {
 
     void release() {
         if (refs > 0 && --refs == 0 && lib != 0) {
+            if (gpu != null) {
+                gpu.release();
+            }
             NativeBridge.dlclose(lib);
             lib = 0;
         }
     }
 
-    /**
-     * A GPU module (metadata "device": host code plus device code for OpenCL, Vulkan or CUDA) is refused before
-     * dlopen: this server has no GPU runtime to launch its kernels with.
-     */
-    static void refuseGpuModule(Map<String, Object> meta, String label) throws DeviceError {
-        Object device = meta.get("device");
-        if (device == null) {
-            return;
+    /** Every function a client may ask for: the library's CPU functions, then the GPU functions of "device". */
+    List<String> functionNames() {
+        List<String> out = new ArrayList<String>(functions.keySet());
+        if (gpu != null) {
+            out.addAll(gpu.functions.keySet());
         }
-        Object api = device instanceof Map ? ((Map<?, ?>) device).get("api") : null;
-        String what = api instanceof String ? (String) api : "a GPU";
-        throw new DeviceError("ModuleLoadError", "this device runs CPU modules only; " + label + " needs " + what
-                + ", which is not available");
+        return out;
     }
 
     @SuppressWarnings("unchecked")
-    static NativeModule load(File file) throws DeviceError, IOException {
+    static NativeModule load(File file, GpuModule.DeviceOpener devices) throws DeviceError, IOException {
         String label = file.getName();
         ElfInfo elf = ElfInfo.open(file, label);
         Map<String, Object> meta;
+        Map<String, Object> dev;
+        byte[] deviceCode = null;
         try {
             checkElf(elf, label);
             meta = readMetadata(elf, label);
+            dev = GpuModule.deviceEntry(meta, label);
+            if (dev != null) {   // Vulkan and CUDA are refused; OpenCL code is read and checked before dlopen
+                GpuModule.refuseOtherApis(dev, label);
+                deviceCode = GpuModule.readCode(elf, dev, label);
+            }
         } finally {
             elf.close();
         }
-        refuseGpuModule(meta, label);
         CpuFeatures.checkModule(meta, label);
+        // the device code is built before dlopen: a device that refuses it leaves nothing loaded behind
+        GpuModule gpu = dev != null ? GpuModule.load(deviceCode, dev, label, devices) : null;
         String path = file.getCanonicalPath();
         long lib;
         synchronized (LOADED_PATHS) {
@@ -119,6 +126,7 @@ final class NativeModule {
             LOADED_PATHS.put(path, seen == null ? 1 : seen + 1);
         }
         NativeModule m = new NativeModule(label, lib, meta);
+        m.gpu = gpu;
         // kernels compiled twice pick their version from the features this CPU reports (metadata "cpu_dispatch")
         CpuFeatures.setDispatchWord(lib, meta, label);
         List<String> missing = new ArrayList<String>();

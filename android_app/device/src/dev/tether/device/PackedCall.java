@@ -90,6 +90,9 @@ final class PackedCall implements Timing.Timed {
             } else if (a == null) {
                 v.putLong(8 * i, 0);
                 code = NULL;
+            } else if (a instanceof GpuArray) {
+                throw new DeviceError("KernelError", function.name + ": argument " + i + argName(i) + " is an array "
+                        + "on " + ((GpuArray) a).spec() + "; this CPU function takes host arrays (copy it to one)");
             } else {
                 throw new DeviceError("KernelError", function.name + ": argument " + i + argName(i)
                         + " has unsupported type " + a.getClass().getSimpleName()

@@ -103,6 +103,14 @@ final class Session {
     /** Bound kernel calls by "function id,array ids..." (cleared whenever an object is freed). */
     final Map<String, PackedCall> bound = new HashMap<String, PackedCall>();
     private volatile boolean ended;
+    /** The OpenCL devices this session opened, by "opencl:N" (opened on first use, closed with the session). */
+    private final Map<String, ClDevice> devices = new LinkedHashMap<String, ClDevice>();
+    /** Opens the session's device for a GPU module (GpuModule.load names the module in a refusal). */
+    final GpuModule.DeviceOpener deviceOpener = new GpuModule.DeviceOpener() {
+        public ClDevice open(String spec) throws DeviceError {
+            return device(spec);
+        }
+    };
 
     Session(File folder, InputStream in, OutputStream out, long idleMs, SessionLimits limits, CallListener listener)
             throws IOException {
@@ -133,14 +141,47 @@ final class Session {
         if (o == null) {
             throw new DeviceError("KeyError", "handle " + id + " does not exist in this session (freed already?)");
         }
+        if (!kind.isInstance(o) && o instanceof GpuArray && kind == DeviceArray.class) {
+            throw new DeviceError("TypeError", "handle " + id + " is an array on " + ((GpuArray) o).spec()
+                    + ", expected a host array (copy it to one first)");
+        }
         if (!kind.isInstance(o)) {
             throw new DeviceError("TypeError", "handle " + id + " is a " + kindName(o) + ", expected a " + what);
         }
         return kind.cast(o);
     }
 
-    private static final Object[][] KINDS = {{DeviceArray.class, "array"}, {NativeModule.class, "module"},
-            {PackedCall.Function.class, "function"}, {GraphExecutor.class, "graph"}};
+    private static final Object[][] KINDS = {{DeviceArray.class, "array"}, {GpuArray.class, "array"},
+            {NativeModule.class, "module"}, {PackedCall.Function.class, "function"}, {GpuFunction.class, "function"},
+            {GraphExecutor.class, "graph"}};
+
+    /** An array handle's array: a host DeviceArray or a GpuArray. */
+    Object getArray(Object handle) throws DeviceError {
+        Object o = get(handle, Object.class, "array");
+        if (!(o instanceof DeviceArray) && !(o instanceof GpuArray)) {
+            throw new DeviceError("TypeError", "handle " + ((RemoteHandle) handle).id() + " is a " + kindName(o)
+                    + ", expected a array");
+        }
+        return o;
+    }
+
+    /**
+     * The session's OpenCL device {@code spec} ("opencl:N", canonical), opened on first use; GpuUnavailable
+     * (this machine's own words, without the spec) when it cannot be opened. The session goes on either way.
+     */
+    ClDevice device(String spec) throws DeviceError {
+        ClDevice d = devices.get(spec);
+        if (d == null) {
+            int colon = spec.indexOf(':');
+            if (colon < 0 || !spec.substring(0, colon).equals("opencl")) {
+                throw new DeviceError("GpuUnavailable", "this device runs CPU and OpenCL modules only; " + spec
+                        + " is not available");
+            }
+            d = ClDevice.open(Integer.parseInt(spec.substring(colon + 1)));
+            devices.put(spec, d);
+        }
+        return d;
+    }
 
     static String kindName(Object o) {
         return Text.nameOf(o, KINDS);
@@ -154,13 +195,17 @@ final class Session {
             ((PackedCall.Function) o).module.release();
         } else if (o instanceof GraphExecutor) {
             ((GraphExecutor) o).close();
+        } else if (o instanceof GpuFunction) {
+            ((GpuFunction) o).module.release();
+        } else if (o instanceof GpuArray) {
+            ((GpuArray) o).free();
         }
     }
 
     /** A kernel argument: array handles become arrays, tensors fresh device copies (added to {@code copies}). */
     Object kernelArg(Object a, List<DeviceArray> copies) throws DeviceError {
         if (a instanceof RemoteHandle) {
-            return get(a, DeviceArray.class, "array");
+            return getArray(a);
         }
         if (a instanceof Tensor) {
             DeviceArray copy = Builtins.fromTensor((Tensor) a);
@@ -302,9 +347,15 @@ final class Session {
                 }
                 result = b.call(call, argList);
             } else {
-                PackedCall.Function func = get(fn, PackedCall.Function.class, "function");
-                name = func.name;
-                result = callPacked(func, ((RemoteHandle) fn).id(), argList);
+                Object target = objects.get(((RemoteHandle) fn).id());
+                if (target instanceof GpuFunction) {
+                    name = ((GpuFunction) target).name;
+                    result = callGpu((GpuFunction) target, argList);
+                } else {
+                    PackedCall.Function func = get(fn, PackedCall.Function.class, "function");
+                    name = func.name;
+                    result = callPacked(func, ((RemoteHandle) fn).id(), argList);
+                }
             }
         } catch (DeviceError e) {
             drain(call);
@@ -313,6 +364,12 @@ final class Session {
             return true;
         } catch (IOException e) {
             throw e;
+        } catch (ClError e) {   // (a CL call without a DeviceError around it: still named, never a bare exception)
+            drain(call);
+            DeviceError d = e.toDeviceError(null);
+            wire.sendError(f.requestId, d.type, d.getMessage(), traceback(e));
+            report(name, t0);
+            return true;
         } catch (Exception e) {
             drain(call);
             wire.sendError(f.requestId, pythonType(e), String.valueOf(e.getMessage()), traceback(e));
@@ -356,7 +413,7 @@ final class Session {
             if (bound == null) {
                 Object[] arrays = new Object[args.size()];
                 for (int i = 0; i < arrays.length; i++) {
-                    arrays[i] = get(args.get(i), DeviceArray.class, "array");
+                    arrays[i] = getArray(args.get(i));
                 }
                 bound = new PackedCall(func, arrays);
                 if (this.bound.size() >= BOUND_MAX) {
@@ -373,6 +430,29 @@ final class Session {
             kargs[i] = kernelArg(args.get(i), copies);
         }
         new PackedCall(func, kargs).call();
+        if (copies.isEmpty()) {
+            return null;
+        }
+        List<Object> tensors = new ArrayList<Object>();
+        for (DeviceArray c : copies) {
+            tensors.add(Builtins.toTensor(c));
+        }
+        return new TensorReply(null, tensors);
+    }
+
+    /** A GPU function: arrays of the module's device as they are, host arrays and tensors staged through it. */
+    Object callGpu(GpuFunction func, List<Object> args) throws DeviceError {
+        List<DeviceArray> copies = new ArrayList<DeviceArray>();
+        Object[] kargs = new Object[args.size()];
+        for (int i = 0; i < kargs.length; i++) {
+            Object a = args.get(i);
+            if (!(a instanceof RemoteHandle) && !(a instanceof Tensor)) {
+                throw new DeviceError("KernelError", func.name + ": argument " + i + " must be a device array or a "
+                        + "tensor, got " + Builtins.typeName(a));
+            }
+            kargs[i] = kernelArg(a, copies);
+        }
+        func.call(kargs, false);
         if (copies.isEmpty()) {
             return null;
         }
@@ -430,6 +510,7 @@ final class Session {
     /** Drops every object and stops the native pool (idempotent). */
     void close() {
         if (objects.isEmpty() && !pool.running()) {
+            closeDevices();
             return;
         }
         pool.shutdown();
@@ -443,6 +524,19 @@ final class Session {
             }
         }
         pool.releaseProvider();
+        closeDevices();
+    }
+
+    private void closeDevices() {
+        List<ClDevice> open = new ArrayList<ClDevice>(devices.values());
+        devices.clear();
+        for (ClDevice d : open) {
+            try {
+                d.close();
+            } catch (RuntimeException e) {
+                // one driver's failure must not keep the other devices open
+            }
+        }
     }
 
     static List<Object> list(Object... items) {

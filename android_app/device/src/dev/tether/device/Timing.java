@@ -114,7 +114,10 @@ final class Timing {
 
     @SuppressWarnings("unchecked")
     static Object timeEvaluator(Session s, final Session.Call c, List<Object> a) throws Exception {
-        PackedCall.Function func = s.get(a.get(0), PackedCall.Function.class, "function");
+        Object target = a.get(0) instanceof dev.tether.rpc.RemoteHandle
+                ? s.objects.get(((dev.tether.rpc.RemoteHandle) a.get(0)).id()) : null;
+        PackedCall.Function func = target instanceof GpuFunction ? null
+                : s.get(a.get(0), PackedCall.Function.class, "function");
         if (!(a.get(1) instanceof List)) {
             throw new DeviceError("TypeError", "time_evaluator args must be a list");
         }
@@ -124,7 +127,8 @@ final class Timing {
         for (int i = 0; i < kargs.length; i++) {
             kargs[i] = s.kernelArg(args.get(i), null);
         }
-        return measure(new PackedCall(func, kargs), opts, new OnSample() {
+        Timed timed = func != null ? new PackedCall(func, kargs) : ((GpuFunction) target).bind(kargs);
+        return measure(timed, opts, new OnSample() {
             public void sample(long index, double seconds, long number) throws java.io.IOException {
                 Map<String, Object> ev = new LinkedHashMap<String, Object>();
                 ev.put("kind", "sample");
