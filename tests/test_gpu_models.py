@@ -287,3 +287,25 @@ def test_copy_plan_follows_where_each_value_lives():
            {"name": "s", "func": "fs", "args": [2, 3, 7]}]
     before, after = plan_copies(rec, [False, True], storage_of, inputs=[0], params=[], outputs=[7])
     assert before == [[], [("upload", 2), ("upload", 3)]] and after == [("download", 7)]
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_float16_model_kernels_needing_fp16_run_on_the_host(tmp_path, api):
+    """A float16 model on a target that does not promise fp16: the SPIR-V of its casts would need it, so on Vulkan
+    they run on the host (the reason names fp16); OpenCL C reads and writes halves without it: all on the GPU."""
+    from wasm_cases import compare_case
+
+    _require(api)
+    model, feeds = CASES["float16_chain"]()
+    graph, params = from_onnx(model)
+    factory = tether.build_graph(graph, params, target=api)
+    cpu = [n["ops"] for n in factory.graph_json["nodes"] if n["device"] == "cpu"]
+    assert cpu == ([] if api == "opencl" else ["cast", "cast"])
+    if api == "vulkan":
+        from tether.graph.gpu_graph import placement_report
+
+        why = [r["why"] for r in placement_report(plan_kernels(graph, params, api)) if r["device"] == "cpu"]
+        assert len(why) == 2 and all("needs fp16" in w and "-fp16=1" in w for w in why)
+    factory.export(str(tmp_path))
+    with GraphExecutor.from_folder(str(tmp_path)) as ge:
+        compare_case("float16_chain", _run(ge, feeds), ort_reference(model, feeds, threads=1))

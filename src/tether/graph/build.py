@@ -173,10 +173,10 @@ def compile_plan(plan: KernelPlan, configs: Mapping[str, Dict[str, Any]], name: 
                 shapes_of_func[fname] = None
                 continue
             except (ScheduleError, CompileError) as exc:
-                # the GPU schedules or the split refused this kernel: the host's CPU runs it (tether compile
-                # --check lists it with this reason)
+                # the GPU schedules, the split or the target's features (fp16) refused this kernel: the host's
+                # CPU runs it (tether compile --check lists it with this reason)
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                task.device, task.cpu_reason = "cpu", "no GPU schedule: %s" % first
+                task.device, task.cpu_reason = "cpu", "the GPU build refused it: %s" % first
                 log.warning("kernel %s (%s) runs on the host's CPU: %s", fname, task.name, task.cpu_reason)
         # a GPU target's CPU kernels are built for its host
         cpu_tgt = tgt.host if tgt.gpu is not None else tgt

@@ -45,8 +45,21 @@ def lower_gpu_task(task: Any, config: Optional[Dict[str, Any]], name: str) -> An
     target = task.plan.target
     sch = schedule_gpu([out], limits=gpu_limits(limits_of(target)), config=config)
     func = te_lower(sch, placeholders + [out], name)
-    split_functions([func], target)
+    (program,) = split_functions([func], target)
+    if not target.gpu.fp16 and _has_float16(task):
+        # the backend says whether its code for these kernels needs fp16 (SPIR-V does for any float16 value;
+        # OpenCL C converts halves in memory without it): a kernel the target cannot run goes to the host
+        kernels = program.kernels
+        backend(target.gpu.api).emit(kernels, target.gpu)
+        for k in kernels:
+            _check_limits(k, target)
     return func
+
+
+def _has_float16(task: Any) -> bool:
+    types = task.plan.graph.types
+    names = list(task.node.body_params()) + [o for b in task.node.body() for o in b.outputs]
+    return any(n in types and str(types[n].dtype) == "float16" for n in names)
 
 
 def build_model_module(cpu_funcs: Sequence[Any], gpu_funcs: Sequence[Any], target: Target, name: str,
@@ -98,7 +111,7 @@ def placement_report(plan: Any, try_schedules: bool = True) -> List[Dict[str, st
                 lower_gpu_task(task, None, "check_%s" % task.key)
             except (ScheduleError, CompileError) as exc:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                task.device, task.cpu_reason = "cpu", "no GPU schedule: %s" % first
+                task.device, task.cpu_reason = "cpu", "the GPU build refused it: %s" % first
     rows = []
     for node, k in zip(plan.graph.nodes, plan.task_of_node):
         if numpy_nodes.is_numpy(node):
