@@ -41,7 +41,7 @@ from tether.graph.guards import node_guards
 from tether.graph.ir import Graph
 from tether.graph import numpy_nodes
 from tether.graph.passes import plan_memory
-from tether.graph.plan import KernelPlan, compile_body_node, plan_kernels
+from tether.graph.plan import KernelPlan, compile_body_node, plan_kernels, strategy_of
 from tether.errors import CompileError, ScheduleError
 from tether.kernels.registry import LoopKernel
 from tether.target import as_target
@@ -177,6 +177,7 @@ def compile_plan(plan: KernelPlan, configs: Mapping[str, Dict[str, Any]], name: 
                 # CPU runs it (tether compile --check lists it with this reason)
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 task.device, task.cpu_reason = "cpu", "the GPU build refused it: %s" % first
+                task.strategy = strategy_of(task.node, "cpu")   # (softmax's CPU kernel is loop IR)
                 log.warning("kernel %s (%s) runs on the host's CPU: %s", fname, task.name, task.cpu_reason)
         # a GPU target's CPU kernels are built for its host
         cpu_tgt = tgt.host if tgt.gpu is not None else tgt
