@@ -53,6 +53,19 @@ def expmix():
     return s, [a, b, c]
 
 
+def ops():
+    """C = A > B ? max(A, B) * sigmoid(A) : min(A, B) + float16(int(A * 4)): compares, min/max, a select, a
+    math call and casts between float16 and int32, all on half values."""
+    a = te.placeholder((N,), "float16", name="A")
+    b = te.placeholder((N,), "float16", name="B")
+    c = te.compute((N,), lambda i: te.if_then_else(
+        a[i] > b[i], te.max(a[i], b[i]) * te.sigmoid(a[i]),
+        te.min(a[i], b[i]) + (a[i] * 4.0).astype("int32").astype("float16")), name="C")
+    s = te.create_schedule(c.op)
+    _threads(s, c, 64)
+    return s, [a, b, c]
+
+
 def rowsum(acc: str):
     """S[i] = sum_k A[i, k] over float16 A, accumulated in ``acc`` (float32: through a cast), one thread a row."""
     a = te.placeholder((ROWS, COLS), "float16", name="A")
@@ -98,14 +111,14 @@ def matmul(acc: str, tile: int = 8):
     return s, [a, b, c]
 
 
-KERNELS = {"chain": chain, "expmix": expmix, "sum16": lambda: rowsum("float16"),
+KERNELS = {"chain": chain, "expmix": expmix, "ops": ops, "sum16": lambda: rowsum("float16"),
            "sum32": lambda: rowsum("float32"), "mm_mixed": lambda: matmul("float32"),
            "mm16": lambda: matmul("float16")}
 
 
 def _inputs(name: str):
     rng = np.random.default_rng(sorted(KERNELS).index(name))
-    if name in ("chain", "expmix"):
+    if name in ("chain", "expmix", "ops"):
         return [rng.uniform(-3, 3, N).astype(np.float16), rng.uniform(-3, 3, N).astype(np.float16)]
     if name.startswith("sum"):
         return [rng.uniform(0, 1, (ROWS, COLS)).astype(np.float16)]
@@ -123,6 +136,11 @@ def _f16_reference(name: str, ins):
     if name == "expmix":
         a, b = ins
         return np.exp(a) * b + a          # (numpy's float16 exp: float32 exp rounded to half)
+    if name == "ops":
+        a, b = ins
+        sig = _sigmoid32(a.astype(np.float32)).astype(np.float16)     # math: float32, rounded once
+        return np.where(a > b, np.maximum(a, b) * sig,
+                        np.minimum(a, b) + (a * h(4)).astype(np.int32).astype(np.float16))
     if name == "sum16":
         acc = np.zeros(ROWS, np.float16)
         for k in range(COLS):
@@ -149,6 +167,10 @@ def _f32_compute_reference(name: str, ins):
     if name == "expmix":
         a, b = f
         return (np.exp(a) * b + a).astype(np.float16)
+    if name == "ops":
+        a, b = f
+        return np.where(a > b, np.maximum(a, b) * _sigmoid32(a),
+                        np.minimum(a, b) + (a * np.float32(4)).astype(np.int32)).astype(np.float16)
     if name == "sum16":
         acc = np.zeros(ROWS, np.float16)
         for k in range(COLS):
@@ -163,6 +185,10 @@ def _f32_compute_reference(name: str, ins):
     for k in range(KK):
         acc = (acc.astype(np.float32) + a[:, k, None] * b[None, k, :]).astype(np.float16)
     return acc
+
+
+def _sigmoid32(x):
+    return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
 
 
 def _sequential_sum32(a):
@@ -187,6 +213,9 @@ def _exact(name: str, ins):
         return (f[0] * f[1] + f[0]) * f[1] - 0.75
     if name == "expmix":
         return np.exp(f[0]) * f[1] + f[0]
+    if name == "ops":
+        a, b = f
+        return np.where(a > b, np.maximum(a, b) / (1 + np.exp(-a)), np.minimum(a, b) + np.trunc(a * 4))
     if name.startswith("sum"):
         return f[0].sum(axis=1)
     return f[0] @ f[1]
@@ -265,13 +294,16 @@ def test_half_arithmetic_matches_numpy_float16(lavapipe_results, name):
     _report(name, got, ins)
 
 
-def test_half_math_call_within_one_ulp(lavapipe_results):
-    """exp on float16 is computed in float32 and rounded once; lavapipe's float32 exp (3.5e-6 relative, docs/gpu.md)
-    may land on the other side of a rounding boundary of half (2^-11 relative apart): at most 1 ulp off, rarely."""
-    lib, path, ins, got = lavapipe_results["expmix"]
-    ulps = _ulps(got, _f16_reference("expmix", ins))
+@pytest.mark.parametrize("name", ["expmix", "ops"])
+def test_half_math_calls_within_one_ulp(lavapipe_results, name):
+    """exp and sigmoid on float16 are computed in float32 and rounded once; lavapipe's float32 exp (3.5e-6
+    relative, docs/gpu.md) and the sigmoid formula may land on the other side of a rounding boundary of half
+    (2^-11 relative apart) from numpy's: at most 1 ulp off, rarely. The rest (compares, min/max, select, casts
+    to and from int32, products) is exact."""
+    lib, path, ins, got = lavapipe_results[name]
+    ulps = _ulps(got, _f16_reference(name, ins))
     assert ulps.max() <= 1 and (ulps > 0).mean() < 0.02, (int(ulps.max()), float((ulps > 0).mean()))
-    _report("expmix", got, ins)
+    _report(name, got, ins)
 
 
 def test_float32_accumulation_beats_float16(lavapipe_results):
@@ -319,6 +351,25 @@ def test_float16_capability_only_where_used(tmp_path):
     assert "OpTypeFloat 32" not in text            # nothing widened: the chain is all half
 
 
+@pytest.mark.parametrize("std", ["CL1.1", "CL1.2", "CL2.0"])
+def test_opencl_half_source_compiles_as_every_opencl_c_version(tmp_path, std):
+    """pocl cannot run the half code: clang checks it (half buffers, __local half tiles, half constants, casts,
+    math through float) against each OpenCL C version a phone's driver may take, cl_khr_fp16 enabled by the
+    program's pragma (without it clang refuses every half load)."""
+    from tether.codegen.opencl_c import opencl_source
+    from tether.gpu_build import split_functions
+    from tether.target import Target
+
+    clang = require_tool("clang")
+    kernels = [k for name, make in KERNELS.items()
+               for k in split_functions([tether.lower(*make(), name=name)], Target("opencl -fp16=1"))[0].kernels]
+    path = tmp_path / "half.cl"
+    path.write_text(opencl_source(kernels, fp16=True))
+    r = subprocess.run([clang, "-x", "cl", "-cl-std=" + std, "-Xclang", "-finclude-default-header",
+                        "-fsyntax-only", "-Werror", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 # ---- OpenCL on pocl ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pocl(tmp_path_factory):
@@ -353,5 +404,5 @@ def test_opencl_without_fp16_computes_in_float32_on_pocl(pocl, name):
     if name == "mm_mixed":
         np.testing.assert_array_equal(got, want)
     else:
-        assert _ulps(got, want).max() <= (1 if name == "expmix" else 0), name
+        assert _ulps(got, want).max() <= (1 if name in ("expmix", "ops") else 0), name
     _report(name, got, ins)
