@@ -7,8 +7,10 @@
 An emitter takes every DeviceKernel of a module (one program, one entry point per kernel, named by the kernel)
 and the target's GPU half, and returns the code the device runtime's ``DeviceAPI.load`` takes. It also leaves in
 each kernel's ``needs`` the optional device features the code uses (fp16, fp64, int8_dot...), which the module's
-metadata records and the runtime checks at load. The table is filled explicitly below and refuses a second entry
-for an API; each backend's module is imported only when a build uses it.
+metadata records and the runtime checks at load. Where the target promises half arithmetic (``gpu.fp16``), the
+OpenCL C and SPIR-V emitters compute float16 in half precision (the kernel then needs "fp16"); otherwise, and in
+PTX, float16 is stored as half and computed as float32, like the CPU. The table is filled explicitly below and
+refuses a second entry for an API; each backend's module is imported only when a build uses it.
 """
 from __future__ import annotations
 
@@ -59,9 +61,9 @@ def _opencl_c(kernels: Sequence[DeviceKernel], gpu: GpuTarget) -> bytes:
         from tether.codegen.opencl_c import opencl_needs, opencl_source
     except ImportError as exc:
         raise _missing("opencl", "tether.codegen.opencl_c", exc) from None
-    source = opencl_source(list(kernels))
+    source = opencl_source(list(kernels), fp16=gpu.fp16)
     for k in kernels:
-        k.needs = opencl_needs(k)
+        k.needs = opencl_needs(k, fp16=gpu.fp16)
     return source.encode("utf-8")
 
 
@@ -70,7 +72,7 @@ def _spirv(kernels: Sequence[DeviceKernel], gpu: GpuTarget) -> bytes:
         from tether.codegen.spirv import spirv_module
     except ImportError as exc:
         raise _missing("vulkan", "tether.codegen.spirv", exc) from None
-    return bytes(spirv_module(list(kernels)))    # (records fp16/int8/... in each kernel's needs itself)
+    return bytes(spirv_module(list(kernels), fp16=gpu.fp16))    # (records fp16/int8/... in each kernel's needs itself)
 
 
 def _ptx(kernels: Sequence[DeviceKernel], gpu: GpuTarget) -> bytes:

@@ -15,6 +15,11 @@ backend (codegen/expr.py, codegen/mathlib.py) computes:
   stores round to nearest even with ``vstore_half_rte``; both are core OpenCL C (1.0 on), so float16 needs no
   ``cl_khr_fp16`` and adds nothing to a kernel's needs. Shared and private float16 arrays are declared as
   ``ushort`` (a ``half`` array needs the extension) and read through a ``half*`` cast.
+- with ``fp16=True`` (the target promises half arithmetic: GpuTarget.fp16) float16 is computed as ``half``: the
+  program enables ``cl_khr_fp16``, float16 buffers and arrays are ``half`` read and written directly, each
+  operation rounds to half (as numpy's float16 does), and :func:`opencl_needs` adds ``"fp16"``. Math calls on
+  float16 are computed in float and rounded to half once (more accurate than the ``half`` builtins, whose
+  precision OpenCL leaves loose).
 - float64 is ``double``: it needs ``cl_khr_fp64`` (absent on phone GPUs), so the program enables that extension
   and :func:`opencl_needs` adds ``"fp64"`` to the kernel's needs, which a device without it refuses at load.
 - bool buffers are bytes (``uchar``: OpenCL forbids ``bool`` in memory), read as ``!= 0`` like the CPU's i8.
@@ -181,8 +186,9 @@ _ROUND_HALF_D = ("float tether_round_half_d(double x) { ushort h; vstore_half_rt
 class _Writer:
     """Emits one kernel; ``helpers`` (name -> definition, each written once) are shared by the program."""
 
-    def __init__(self, kernel: DeviceKernel, helpers: Dict[str, str]) -> None:
+    def __init__(self, kernel: DeviceKernel, helpers: Dict[str, str], fp16: bool = False) -> None:
         self.kernel = kernel
+        self.fp16 = fp16                         # float16 computed as half (cl_khr_fp16), not as float
         self.helpers = helpers
         self.names = _Names()
         self.scope: Dict[int, str] = {}          # id(Buffer) -> address space of the buffers in scope
@@ -219,6 +225,10 @@ class _Writer:
             raise CompileError("OpenCL C: buffer %r is used outside its allocation in kernel %r"
                                % (buf.name, self.kernel.name))
         return name
+
+    def ctype(self, dtype: str) -> str:
+        """The C type ``dtype``'s values are computed in by this kernel (float16: half with fp16, else float)."""
+        return "half" if dtype == "float16" and self.fp16 else c_type(dtype)
 
     def half_pointer(self, buf: Buffer) -> str:
         """A float16 buffer as the ``half*`` vload_half/vstore_half take (shared/private ones are ushort arrays)."""
@@ -324,7 +334,8 @@ def _const(w: _Writer, e: Const) -> str:
         return "true" if e.value else "false"
     if is_float(e.dtype):
         c_type(e.dtype)
-        return _float_literal(e.value, e.dtype)
+        text = _float_literal(e.value, e.dtype)
+        return "((half)%s)" % text if e.dtype == "float16" and w.fp16 else text    # (exact: a half value)
     c_type(e.dtype)
     return _int_literal(e.value, e.dtype)
 
@@ -338,7 +349,7 @@ def _var(w: _Writer, e: Var) -> str:
 
 def _load(w: _Writer, e: Load) -> str:
     buf, index = e.buffer, w.expr(e.index)
-    if buf.dtype == "float16":
+    if buf.dtype == "float16" and not w.fp16:
         return "vload_half(%s, %s)" % (index, w.half_pointer(buf))
     text = "%s[%s]" % (w.buffer_name(buf), _bare(index))
     return "(%s != 0)" % text if buf.dtype == "bool" else text
@@ -385,7 +396,7 @@ def _floordiv(w: _Writer, e: Binary, a: str, b: str) -> str:
 
 
 def _minmax(w: _Writer, e: Binary, a: str, b: str) -> str:
-    ct = c_type(e.a.dtype)
+    ct = w.ctype(e.a.dtype)
     name = w.helper("tether_%s_%s" % (e.op, ct), _minmax_helper(e.op, ct))
     return "%s(%s, %s)" % (name, a, b)
 
@@ -431,16 +442,18 @@ def _cast(w: _Writer, e: Cast) -> str:
     v = w.expr(e.value)
     c_type(src)
     c_type(dst)
-    if src == dst or (src, dst) in (("float16", "float32"),):
+    if src == dst or (src, dst) == ("float16", "float32") and not w.fp16:
         return v
     if dst == "bool":
         return "(%s != 0)" % v
+    if dst == "float16" and w.fp16:     # one rounding to nearest even (float64 -> half too: no double rounding)
+        return "convert_half_rte(%s)" % v
     if dst == "float16":        # rounded to a float16 value, kept as float (the CPU's f32 -> f16 -> f32)
         if src == "float64":    # rounded once, directly: what the CPU's round-to-odd step achieves
             return "%s(%s)" % (w.helper("tether_round_half_d", _ROUND_HALF_D), v)
         name = w.helper("tether_round_half", _ROUND_HALF)
         return "%s(%s)" % (name, v if src == "float32" else "(float)%s" % v)
-    return "((%s)%s)" % (c_type(dst), v)
+    return "((%s)%s)" % (w.ctype(dst), v)
 
 
 def _call(w: _Writer, e: Call) -> str:
@@ -458,6 +471,10 @@ def _call(w: _Writer, e: Call) -> str:
     if not is_float(e.dtype) and e.name != "abs":
         raise CompileError("OpenCL C: %s needs a float argument, got %s (kernel %r)"
                            % (e.name, e.dtype, w.kernel.name))
+    if e.dtype == "float16" and w.fp16:
+        # computed in float, rounded to half once: the CPU's float16 math, rounded at the call
+        args = ["(float)%s" % w.expr(a) for a in e.args]
+        return "convert_half_rte(%s)" % emit(w, Call(e.name, list(e.args), "float32"), args)
     return emit(w, e, [w.expr(a) for a in e.args])
 
 
@@ -535,7 +552,7 @@ def _store(w: _Writer, s: Store, pad: str) -> None:
     # a reduction's update is an ordinary store: one thread owns each element it combines into
     buf = s.buffer
     index, value = _bare(w.expr(s.index)), _bare(w.expr(s.value))
-    if buf.dtype == "float16":
+    if buf.dtype == "float16" and not w.fp16:    # (with fp16, a half array written as any other)
         w.lines.append("%svstore_half_rte(%s, %s, %s);" % (pad, value, index, w.half_pointer(buf)))
         return
     if buf.dtype == "bool":
@@ -549,7 +566,7 @@ def _allocate(w: _Writer, s: Allocate, pad: str) -> None:
         raise CompileError("OpenCL C: allocation %r in kernel %r has scope %r, expected 'shared' or 'local'"
                            % (buf.name, w.kernel.name, buf.scope))
     # float16 arrays are ushort (a half array needs cl_khr_fp16); accessed through a half* cast
-    ct = "ushort" if buf.dtype == "float16" else c_type(buf.dtype, storage=True)
+    ct = "ushort" if buf.dtype == "float16" and not w.fp16 else c_type(buf.dtype, storage=True)
     name = w.names.add(buf, buf.name)
     decl = "%s %s[%d];" % (ct, name, max(buf.size, 1))
     if buf.scope == "shared":      # OpenCL only allows __local variables at the kernel's outermost scope
@@ -601,22 +618,27 @@ def _dtypes(kernel: DeviceKernel) -> Set[str]:
     return out
 
 
-def opencl_needs(kernel: DeviceKernel) -> FrozenSet[str]:
-    """The kernel's needs plus the optional device features its OpenCL C uses: ``"fp64"`` for float64."""
-    extra = {"fp64"} if "float64" in _dtypes(kernel) else set()
+def opencl_needs(kernel: DeviceKernel, fp16: bool = False) -> FrozenSet[str]:
+    """The kernel's needs plus the optional device features its OpenCL C uses: ``"fp64"`` for float64, ``"fp16"``
+    for float16 computed as half (``fp16``)."""
+    dtypes = _dtypes(kernel)
+    extra = {"fp64"} if "float64" in dtypes else set()
+    if fp16 and "float16" in dtypes:
+        extra.add("fp16")
     return frozenset(kernel.needs) | extra
 
 
-def opencl_launch_info(kernel: DeviceKernel) -> Dict[str, object]:
+def opencl_launch_info(kernel: DeviceKernel, fp16: bool = False) -> Dict[str, object]:
     """``kernel.launch_info()`` with the needs of its OpenCL C (:func:`opencl_needs`): what a module's metadata
     records for the runtime, which refuses a kernel whose needs the device lacks."""
-    return dict(kernel.launch_info(), needs=sorted(opencl_needs(kernel)))
+    return dict(kernel.launch_info(), needs=sorted(opencl_needs(kernel, fp16)))
 
 
-def opencl_source(kernels: Sequence[DeviceKernel]) -> str:
+def opencl_source(kernels: Sequence[DeviceKernel], fp16: bool = False) -> str:
     """One OpenCL C program holding ``kernels`` (names must be distinct C identifiers: they are the launch's
     lookup key). The kernels are not changed: the device features the code needs are :func:`opencl_needs` of
-    each kernel, recorded by :func:`opencl_launch_info`."""
+    each kernel, recorded by :func:`opencl_launch_info`. ``fp16``: compute float16 as ``half`` (cl_khr_fp16; the
+    target promises it), else as float like the CPU."""
     kernels = list(kernels)
     if not kernels:
         raise CompileError("OpenCL C: a program needs at least one kernel")
@@ -631,10 +653,12 @@ def opencl_source(kernels: Sequence[DeviceKernel]) -> str:
             raise CompileError("OpenCL C: two kernels named %r in one program" % k.name)
         seen.add(k.name)
     helpers: Dict[str, str] = {}
-    bodies = [_Writer(k, helpers).kernel_text() for k in kernels]
+    bodies = [_Writer(k, helpers, fp16).kernel_text() for k in kernels]
     head = ["// generated by tether.codegen.opencl_c", "#pragma OPENCL FP_CONTRACT OFF"]
     if any("fp64" in opencl_needs(k) for k in kernels):
         head.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+    if any("fp16" in opencl_needs(k, fp16) for k in kernels):
+        head.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
     if helpers:
         head += [""] + list(helpers.values())
     return "\n".join(head + ["", "\n\n".join(bodies), ""])

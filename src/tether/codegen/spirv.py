@@ -17,6 +17,11 @@ min/max select like the CPU's ordered compare (a NaN in ``a`` yields ``b``); log
 are the CPU's formulas, since GLSL.std.450 has no erf and leaves the precision of the others to the driver (measured
 on lavapipe: log 2e-3 relative near 1, asin/acos 4e-4). Each tir node type, operator,
 cast and math call is one row of a table below.
+
+With ``fp16=True`` (the target promises half arithmetic: GpuTarget.fp16, Vulkan's shaderFloat16) float16 is
+computed as a 16-bit float instead: half-typed arithmetic, each operation rounded to half as numpy's float16 does;
+math calls on float16 are computed in float32 and rounded to half once (GLSL's 16-bit variants leave precision to
+the driver). The Float16 capability is declared only by a kernel that computes in half (or stores it).
 """
 from __future__ import annotations
 
@@ -47,11 +52,12 @@ _FLOAT_CAP = {16: "Float16", 64: "Float64"}
 _LOOP_UNROLL = 0x1     # LoopControl Unroll
 
 
-def spirv_module(kernels: List[DeviceKernel]) -> bytes:
+def spirv_module(kernels: List[DeviceKernel], fp16: bool = False) -> bytes:
     """One SPIR-V 1.3 module with one GLCompute entry point per kernel, named ``kernel.name``.
 
     Adds to each kernel's ``needs`` the optional device features its code uses ("fp16", "int8", "int16",
-    "fp64", "int64"). CompileError names a node, dtype or math call that has no translation.
+    "fp64", "int64"). CompileError names a node, dtype or math call that has no translation. ``fp16``: compute
+    float16 in half precision (the target promises it), else as float32 like the CPU.
     """
     mb = ModuleBuilder()
     seen: Set[str] = set()
@@ -60,7 +66,7 @@ def spirv_module(kernels: List[DeviceKernel]) -> bytes:
         if k.name in seen:
             raise CompileError(f"spirv: two kernels are named {k.name!r}; entry point names must be unique")
         seen.add(k.name)
-        em = _KernelEmitter(shared, k)
+        em = _KernelEmitter(shared, k, fp16)
         em.emit()
         k.needs = k.needs | frozenset(em.needs)
     return mb.to_bytes()
@@ -87,8 +93,9 @@ class _ModuleState:
 class _KernelEmitter:
     """The entry-point function of one kernel: statements and expressions through the tables below."""
 
-    def __init__(self, state: _ModuleState, kernel: DeviceKernel) -> None:
+    def __init__(self, state: _ModuleState, kernel: DeviceKernel, fp16: bool = False) -> None:
         self.state = state
+        self.fp16 = fp16                   # float16 values computed as 16-bit floats, not as float32
         self.mb = state.mb
         self.k = kernel
         self.needs: Set[str] = set()
@@ -118,11 +125,11 @@ class _KernelEmitter:
         return self.mb.t_float(width)
 
     def ty(self, dtype: str) -> int:
-        """The type a value of ``dtype`` is computed in (float16 as float32, like the CPU)."""
+        """The type a value of ``dtype`` is computed in (float16 as float32, like the CPU, unless fp16)."""
         self.use_dtype(dtype)
         if is_bool(dtype):
             return self.mb.t_bool()
-        if dtype == "float16":
+        if dtype == "float16" and not self.fp16:
             return self.float_type(32)
         if is_float(dtype):
             return self.float_type(bits(dtype))
@@ -167,7 +174,7 @@ class _KernelEmitter:
         self.ty(dtype)
         if dtype == "float16":      # the half value it holds (past 65504: infinity, like the CPU's rounding)
             with np.errstate(over="ignore"):
-                return mb.const_float(float(np.float16(value)), 32)
+                return mb.const_float(float(np.float16(value)), 16 if self.fp16 else 32)
         if is_float(dtype):
             return mb.const_float(float(value), bits(dtype))
         return mb.const_int(int(value), bits(dtype), not is_unsigned(dtype))
@@ -337,14 +344,14 @@ class _KernelEmitter:
         if is_bool(dtype) and storage == "StorageBuffer":
             u8 = self.int_type(8, False)
             return self.op("Select", u8, v, self.mb.const_int(1, 8, False), self.mb.const_int(0, 8, False))
-        if dtype == "float16":
+        if dtype == "float16" and not self.fp16:
             return self.op("FConvert", self.float_type(16), v)
         return v
 
     def from_memory(self, v: int, dtype: str, storage: str) -> int:
         if is_bool(dtype) and storage == "StorageBuffer":
             return self.op("INotEqual", self.mb.t_bool(), v, self.mb.const_int(0, 8, False))
-        if dtype == "float16":
+        if dtype == "float16" and not self.fp16:
             return self.op("FConvert", self.float_type(32), v)
         return v
 
@@ -410,16 +417,16 @@ class _KernelEmitter:
             return self.op("Select", self.ty(dst), v, self.const(dst, 1), self.const(dst, 0))
         t = self.ty(dst)
         if is_float(dst):
-            if dst == "float16" and is_float(src) and src != "float16":
+            if dst == "float16" and is_float(src) and src != "float16" and not self.fp16:
                 # one rounding to half (float64 -> half directly: no double rounding through float32)
                 return self.op("FConvert", t, self.op("FConvert", self.float_type(16), v))
             if not is_float(src):
                 v = self.op("ConvertUToF" if is_unsigned(src) else "ConvertSToF", t, v)
-                if dst == "float16":
+                if dst == "float16" and not self.fp16:
                     v = self.op("FConvert", t, self.op("FConvert", self.float_type(16), v))
             elif self.ty(src) != t:
                 v = self.op("FConvert", t, v)
-            return v        # (float16 -> float32: already computed as float32)
+            return v        # (float16 -> float32 without fp16: already computed as float32)
         if is_float(src):       # truncation toward zero
             if is_unsigned(dst):
                 return self.op("ConvertFToU", t, v)
@@ -470,7 +477,12 @@ class _KernelEmitter:
         if is_float(e.dtype) and bits(e.dtype) == 64 and e.name not in _F64_CALLS:
             raise CompileError(f"spirv: math call {e.name!r} on float64 has no Vulkan translation "
                                "(GLSL.std.450 takes 16/32-bit floats there)")
-        return emit(self, e.dtype, [self.ev(a) for a in e.args])
+        args = [self.ev(a) for a in e.args]
+        if e.dtype == "float16" and self.fp16:
+            # computed in float32 and rounded to half once, as the CPU computes float16 math
+            wide = [self.op("FConvert", self.float_type(32), a) for a in args]
+            return self.op("FConvert", self.ty("float16"), emit(self, "float32", wide))
+        return emit(self, e.dtype, args)
 
     # ---- integer division with floor semantics (codegen/expr.py int_division) ----------------------------
     def int_division(self, op: str, dt: str, t: int, a: int, b: int) -> int:
