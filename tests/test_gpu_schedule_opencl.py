@@ -5,53 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tether
-from tether.codegen.opencl_c import opencl_source
-from tether.tir.device_split import split_host_device
-
-from fixtures.gpu_kernels import (matmul_gpu, rowsum_gpu, scale2d_gpu, shifted_exp_gpu, softmax_gpu, stencil_gpu,
-                                  vadd_gpu)
-from fixtures.prereq import unavailable
+from fixtures.gpu_kernels import (matmul_gpu, open_opencl_device, rowsum_gpu, run_on_device, scale2d_gpu,
+                                  shifted_exp_gpu, softmax_gpu, stencil_gpu, vadd_gpu)
 
 
 @pytest.fixture(scope="module")
 def cl_device():
-    from tether_rpc.gpu.api import GpuUnavailable
-    from tether_rpc.gpu.devices import open_device
-    try:
-        dev = open_device("opencl:0")
-    except (GpuUnavailable, ValueError) as exc:
-        unavailable(f"an OpenCL device ({exc})", "apt-get install pocl-opencl-icd ocl-icd-libopencl1")
+    dev = open_opencl_device()
     yield dev
     dev.close()
 
 
-def run(dev, sch, args, name, inputs):
-    """Run the lowered function on ``dev``: the inputs uploaded, outputs zeroed, temporaries allocated; returns the
-    outputs (the args after the inputs)."""
-    prog = split_host_device(tether.lower(sch, args, name))
-    program = dev.load(opencl_source(prog.kernels).encode(), [k.launch_info() for k in prog.kernels])
-    host = list(inputs) + [np.zeros(t.shape, t.dtype) for t in args[len(inputs):]]
-    bufs = []
-    try:
-        for arr in host:
-            buf = dev.alloc(arr.nbytes)
-            dev.upload(buf, np.ascontiguousarray(arr))
-            bufs.append(buf)
-        for t in prog.temporaries:
-            bufs.append(dev.alloc(t.size * np.dtype(t.dtype).itemsize))
-        for kernel, idx in zip(prog.kernels, prog.args):
-            dev.launch(program, kernel.name, [bufs[i] for i in idx], kernel.grid, kernel.block)
-        dev.synchronize()
-        outs = []
-        for buf, arr in list(zip(bufs, host))[len(inputs):]:
-            out = np.empty_like(arr)
-            dev.download(buf, out)
-            outs.append(out)
-        return outs
-    finally:
-        for buf in bufs:
-            dev.free(buf)
+run = run_on_device
 
 
 RNG = np.random.default_rng(7)

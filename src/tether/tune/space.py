@@ -8,6 +8,9 @@ elementwise/reductions (vector width); every space also has the parallel grain (
 many elements no parallel launch; ``parallel_tasks``: tasks of a split loop). The first value of every knob is
 the family's default, so ``space.default()`` is exactly the untuned schedule.
 
+GPU kernels have their own knobs (``ops.gpu_schedules.GPU_KNOBS``: work-group size, outputs per thread, matmul
+tiles, padding inlined or materialized): ``gpu_space``.
+
 A config is a plain ``{knob: value}`` dict; ``config_text`` (also ``config_key``) is its canonical text.
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
 from tether.ops import common as c
+from tether.ops.gpu_schedules import GpuKnobs
 from tether.ops.linear import PANEL
 from tether.ops.schedules import Family
 
@@ -171,4 +175,29 @@ def space_for(out, fam: Family) -> ConfigSpace:
                  ("window_unroll", _uniq([fam.window_unroll, 1, 3, 11])), grain]
     else:   # elementwise, reductions, global pooling: vector width and the grain
         knobs = [("lanes", _uniq([fam.lanes, max(1, fam.lanes // 2), 2 * fam.lanes, 4 * fam.lanes])), grain, tasks]
+    return ConfigSpace(kind, tuple(knobs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU kernels: the knobs of ops.gpu_schedules (GPU_KNOBS). Every combination of the choices below fits the default
+# limits (256 threads, 16 KiB of shared memory): matmul tiles of at most 16 x 8 = 128 rows and columns with 16 k
+# steps take (128 + 128) * 16 * 4 bytes = 16 KiB.
+
+def gpu_space(out) -> ConfigSpace:
+    """The config space of the GPU kernel computing te tensor ``out`` (scheduled by ops.gpu_schedules.schedule_gpu);
+    each knob's first choice is the default, so ``gpu_space(out).default()`` is the untuned GPU schedule."""
+    d = GpuKnobs()
+    kind = main_tag(out)
+    block = ("block", _uniq([d.block, 64, 128]))
+    knobs: List[Tuple[str, Tuple[Any, ...]]]
+    if kind == c.MATMUL:
+        knobs = [("mm_threads_y", _uniq([d.mm_threads_y, 4, 16])), ("mm_threads_x", _uniq([d.mm_threads_x, 4, 16])),
+                 ("mm_block_y", _uniq([d.mm_block_y, 1, 2, 8])), ("mm_block_x", _uniq([d.mm_block_x, 1, 2, 8])),
+                 ("mm_ktile", _uniq([d.mm_ktile, 4, 16]))]
+    elif kind in (c.CONV2D, c.CONV2D_PIXELS, c.DEPTHWISE_CONV2D, c.POOL, c.REDUCE, c.GLOBAL_POOL):
+        knobs = [block, ("outputs_per_thread", _uniq([d.outputs_per_thread, 2, 4]))]
+        if _find_op(out, c.PAD) is not None:
+            knobs.append(("pad", _uniq([d.pad, "inline", "materialize"])))
+    else:   # elementwise chains, layout transforms, multi-stage ops of injective and reduction stages
+        knobs = [block]
     return ConfigSpace(kind, tuple(knobs))

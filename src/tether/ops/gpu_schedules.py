@@ -1,0 +1,365 @@
+"""Default GPU schedules of the op library: `schedule_gpu(outs, limits, config)`.
+
+The walk is the CPU one's (`ops.schedules.schedule`): injective producers are inlined into their consumers, and
+a kernel whose only consumers are elementwise ops ending in one output (bias, activation, the copy out of a
+padded product) is computed inside that output's threads, in registers, so the epilogue costs no extra pass.
+Every remaining root stage is one GPU kernel (docs/gpu.md "Schedules of the op families"):
+- injective (elementwise chains, layout transforms, concat, resize, padding, packing): all output axes fused,
+  split by the block size, bound to blockIdx.x / threadIdx.x;
+- reductions, pooling, direct / depthwise / grouped convolution: one thread per output element (or per a few
+  consecutive output columns: ``outputs_per_thread``), accumulating in a register (a "local" cache);
+- matmul / dense / batched matmul: a work-group computes a tile of the output, each thread a small register
+  block of it, and the k loop walks the operands through shared-memory tiles that the work-group fetches
+  together (tails guarded).
+
+There is no work-group tree reduction: the scheduling API refuses a reduction axis bound to threadIdx (that needs
+a cross-thread reduction). Long reductions with few outputs (a global pool, a reduce to a scalar) therefore run
+one thread per output over the whole reduction: correct, but little parallelism.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional
+
+from tether import te
+from tether.errors import ScheduleError
+from tether.tir import Const, Reduce, TensorLoad, walk
+
+from . import common as c
+from .schedules import _collect, numel
+
+#: default device limits: those of Mali-class GPUs, so that a default schedule runs everywhere
+DEFAULT_MAX_THREADS = 256
+DEFAULT_MAX_SHARED_BYTES = 16 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuLimits:
+    """What one work-group may use; the names are split_host_device's keyword arguments."""
+
+    max_threads_per_block: int = DEFAULT_MAX_THREADS
+    max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuKnobs:
+    """The tunable choices of the GPU schedules (a config replaces some of them; see GPU_KNOBS)."""
+
+    block: int = 256               # threads per work-group of the one-dimensional schedules
+    outputs_per_thread: int = 1    # reductions (conv, pooling): consecutive outputs along the last axis per thread
+    mm_threads_y: int = 8          # matmul work-group: threads along the rows ...
+    mm_threads_x: int = 8          # ... and along the columns of the output tile
+    mm_block_y: int = 4            # matmul register block of one thread: rows ...
+    mm_block_x: int = 4            # ... and columns
+    mm_ktile: int = 8              # matmul: k steps per shared-memory tile
+    pad: str = "inline"            # padding of convolution / pooling inputs: "inline" (read through a select) or
+                                   # "materialize" (a kernel of its own writing the padded copy)
+
+
+GPU_KNOBS: Dict[str, type] = {f.name: (str if f.type in ("str", str) else int) for f in dataclasses.fields(GpuKnobs)}
+PAD_CHOICES = ("inline", "materialize")
+
+_MATMUL_TAGS = frozenset({c.MATMUL})
+# tags the GPU inlines on top of the injective ones: a panel packing is a CPU layout; read through it in place
+_ALSO_INLINED = frozenset({c.MATMUL_PACK})
+
+
+def gpu_limits(limits: Any = None) -> GpuLimits:
+    """``limits`` as GpuLimits: None (the defaults), a GpuLimits, or a mapping with max_threads_per_block and/or
+    max_shared_bytes (a device's info has more keys: only these are read)."""
+    if limits is None:
+        return GpuLimits()
+    if isinstance(limits, GpuLimits):
+        return limits
+    if not isinstance(limits, Mapping):
+        raise ScheduleError(f"GPU limits must be a mapping with max_threads_per_block / max_shared_bytes, got "
+                            f"{limits!r}")
+    out = {}
+    for k in ("max_threads_per_block", "max_shared_bytes"):
+        if k in limits:
+            v = limits[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ScheduleError(f"GPU limit {k} must be a positive int, got {v!r}")
+            out[k] = v
+    return GpuLimits(**out)
+
+
+def gpu_knobs(config: Optional[Mapping[str, Any]] = None) -> GpuKnobs:
+    """The default knobs with those of ``config`` replaced; an unknown knob or a bad value is a ScheduleError
+    naming it (a config never silently means something else)."""
+    if not config:
+        return GpuKnobs()
+    bad = sorted(set(config) - set(GPU_KNOBS))
+    if bad:
+        raise ScheduleError("unknown GPU schedule knob(s) %s; the knobs are: %s"
+                            % (", ".join(bad), ", ".join(GPU_KNOBS)))
+    for k, v in config.items():
+        ok = (v in PAD_CHOICES) if GPU_KNOBS[k] is str else (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+        if not ok:
+            expected = " or ".join(PAD_CHOICES) if GPU_KNOBS[k] is str else "a positive int"
+            raise ScheduleError(f"GPU schedule knob {k}={v!r} is not valid (expected {expected})")
+    return dataclasses.replace(GpuKnobs(), **dict(config))
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+class _Ctx:
+    def __init__(self, knobs: GpuKnobs, limits: GpuLimits, explicit: frozenset):
+        self.knobs, self.limits, self.explicit = knobs, limits, explicit
+
+    def block(self, outputs: int) -> int:
+        """Threads per work-group for ``outputs`` threads' worth of work: the knob (an explicit one over the device
+        limit is refused, the default is capped by it)."""
+        b = self.knobs.block
+        if b > self.limits.max_threads_per_block:
+            if "block" in self.explicit:
+                raise ScheduleError(f"GPU schedule knob block={b} is over the device's "
+                                    f"{self.limits.max_threads_per_block} threads per work-group")
+            b = self.limits.max_threads_per_block
+        # never wider than the work (a 10-element op gets a work-group of 16, not 256)
+        return min(b, max(1, _pow2_at_least(outputs)))
+
+
+def schedule_gpu(outs, limits: Any = None, config: Optional[Mapping[str, Any]] = None) -> "te.Schedule":
+    """A te schedule for ``outs`` (a tensor or list of tensors built by tether.ops) whose every root stage is a
+    GPU kernel within ``limits`` (see gpu_limits; defaults 256 threads and 16 KiB of shared memory per
+    work-group). ``config`` ({knob: value}, GPU_KNOBS; gpu_space gives the choices) replaces default knobs."""
+    outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
+    ctx = _Ctx(gpu_knobs(config), gpu_limits(limits), frozenset(config or ()))
+    s = te.create_schedule([t.op for t in outs])
+    order, consumers = _collect(outs)
+    out_ids = {id(t.op) for t in outs}
+
+    inline = set()
+    for op in order:
+        if id(op) in out_ids or isinstance(op.body, Reduce):
+            continue
+        tag = c.tag_of(op)
+        if tag == c.PAD and ctx.knobs.pad == "materialize":
+            continue
+        if c.is_injective(op) or tag in _ALSO_INLINED:
+            inline.add(id(op))
+    for op in order:
+        if id(op) in inline:
+            s[op].compute_inline()
+
+    # a reduction whose consumers are a chain of inlined injective ops reading one element of it per element,
+    # ending in one output, is computed in that output's threads (in a register: no pass over memory for the
+    # epilogue, the layout copy or the crop of a padded product)
+    anchor: Dict[int, Any] = {}
+    for op in order:
+        if isinstance(op.body, Reduce) and id(op) not in out_ids:
+            sink = _identity_sink(op, consumers, inline, out_ids)
+            if sink is not None and id(sink) not in {id(a) for a in anchor.values()}:
+                anchor[id(op)] = sink
+    anchored_outputs = {id(a): k for k, a in anchor.items()}
+
+    for op in reversed(order):
+        if id(op) in inline or id(op) in anchor:
+            continue
+        kernel = next((o for o in order if id(o) == anchored_outputs.get(id(op))), None)
+        _schedule_root(s, op, kernel, ctx)
+    return s
+
+
+def _identity_sink(op, consumers, inline, out_ids):
+    """The output op that a chain of inlined injective consumers of ``op`` ends in, when each link reads one element
+    of the one before per element (so a thread of the output needs one element of ``op``, computed by no other)."""
+    cur = op
+    for _ in range(64):
+        users = consumers.get(id(cur), [])
+        if len({id(u) for u in users}) != 1:
+            return None
+        u = users[0]
+        if not c.is_injective(u) or not _reads_one_element(u, cur):
+            return None
+        if id(u) in out_ids:
+            return u
+        if id(u) not in inline:
+            return None
+        cur = u
+    return None
+
+
+def _reads_one_element(u, producer) -> bool:
+    """Whether each element of ``u`` reads one element of ``producer`` that no other element of ``u`` reads: every
+    load of it indexes with u's axes, each used once, in any order (a layout copy), every axis of extent > 1 used
+    (else elements would share, and each thread recompute, the producer's element: a row sum read by a whole
+    row), and constants elsewhere (a slice, or 0 where a broadcasting op reads an axis of extent 1)."""
+    loads = [n for n in walk(u.body) if isinstance(n, TensorLoad) and n.tensor.op is producer]
+    if not loads:
+        return False
+    needed = {id(a) for a in u.axis if int(a.extent) > 1}
+    axis_ids = {id(a) for a in u.axis}
+    for ld in loads:
+        used = [id(i) for i in ld.indices if id(i) in axis_ids]
+        if len(used) != len(set(used)) or not needed <= set(used):
+            return False
+        if any(id(i) not in axis_ids and not isinstance(i, Const) for i in ld.indices):
+            return False
+    return True
+
+
+def _schedule_root(s, op, kernel, ctx: _Ctx) -> None:
+    """Schedule root stage ``op``; ``kernel``: the reduction computed inside its threads (an epilogue's kernel)."""
+    main = kernel if kernel is not None else op
+    tag = c.tag_of(main)
+    if tag in _MATMUL_TAGS and _matmul_form(main) is not None:
+        _schedule_matmul(s, op, main, ctx)
+    elif isinstance(main.body, Reduce):
+        _schedule_per_output(s, op, main, ctx)
+    else:
+        _schedule_injective(s, op, ctx)
+
+
+def _bind_1d(s, op, axes, ctx: _Ctx, outputs: int):
+    """Fuse ``axes`` of ``op``'s stage, split by the block size, bind; returns the threadIdx.x axis."""
+    st = s[op]
+    fused = st.fuse(*axes) if len(axes) > 1 else axes[0]
+    bx, tx = st.split(fused, factor=ctx.block(outputs))
+    st.bind(bx, te.thread_axis("blockIdx.x"))
+    st.bind(tx, te.thread_axis("threadIdx.x"))
+    return tx
+
+
+def _check_rank(op) -> None:
+    if not op.axis:
+        raise ScheduleError(f"GPU schedule of {op.name!r}: a 0-d result has no axis to run threads over; keep a "
+                            "dimension of extent 1 (keepdims=True)")
+
+
+def _schedule_injective(s, op, ctx: _Ctx) -> None:
+    _check_rank(op)
+    _bind_1d(s, op, list(s[op].op.axis), ctx, numel(op.output(0)))
+
+
+def _schedule_per_output(s, op, kernel, ctx: _Ctx) -> None:
+    """One thread per output element (or per ``outputs_per_thread`` consecutive ones along the last axis), the
+    reduction accumulated in a register: the kernel stage attached inside the thread, reduction loops outermost."""
+    _check_rank(op)
+    if kernel is op:
+        kernel_t = s.cache_write(op.output(0), "local")
+        comp = s[kernel_t]
+    else:
+        comp = s[kernel]
+    st = s[op]
+    axes = list(st.op.axis)
+    per = ctx.knobs.outputs_per_thread
+    per = min(per, int(axes[-1].extent))
+    inner = None
+    if per > 1:
+        xo, inner = st.split(axes[-1], factor=per)
+        axes = axes[:-1] + [xo]
+    total = numel(op.output(0)) // per if per > 1 else numel(op.output(0))
+    tx = _bind_1d(s, op, axes, ctx, max(1, total))
+    if inner is not None:
+        st.unroll(inner)
+    comp.compute_at(st, tx)
+    # the reduction outermost, the thread's outputs inside it: each input element the window reads is loaded once
+    # per step for all of the thread's outputs
+    data = [a for a in comp.leaf_iter_vars if a.kind == "data"]
+    red = [a for a in comp.leaf_iter_vars if a.kind == "reduce"]
+    if red and data:
+        comp.reorder(*(red + data))
+
+
+def _matmul_form(op):
+    """(batch axes, row axis, column axis, reduction axis) of a matmul-tagged op of rank >= 2 with one reduction
+    axis, else None (then it is scheduled one thread per output)."""
+    if len(op.axis) < 2 or len(op.reduce_axis) != 1:
+        return None
+    return list(op.axis[:-2]), op.axis[-2], op.axis[-1], op.reduce_axis[0]
+
+
+def _direct_loads(st):
+    """Tensors the stage's body loads directly, in first-use order."""
+    body = st.body.source if isinstance(st.body, Reduce) else st.body
+    out = []
+    for n in walk(body):
+        if isinstance(n, TensorLoad) and all(n.tensor is not t for t in out):
+            out.append(n.tensor)
+    return out
+
+
+def _matmul_tile(ctx: _Ctx, m: int, n: int):
+    """(threads_y, threads_x, block_y, block_x, ktile) within the limits, the tile shrunk (halving the register
+    block first) while it is twice the output's extent or more; the default ktile shrinks to fit shared memory,
+    explicit knobs over a limit are refused."""
+    k = ctx.knobs
+    ty, tx, by, bx, kt = k.mm_threads_y, k.mm_threads_x, k.mm_block_y, k.mm_block_x, k.mm_ktile
+    # the tile is at most what the output needs (a dense layer of one row gets one thread row, not 32 rows)
+    while ty * by >= 2 * m and by > 1:
+        by //= 2
+    while ty * by >= 2 * m and ty > 1:
+        ty //= 2
+    while tx * bx >= 2 * n and bx > 1:
+        bx //= 2
+    while tx * bx >= 2 * n and tx > 1:
+        tx //= 2
+    lim = ctx.limits
+    explicit_threads = {"mm_threads_y", "mm_threads_x"} & ctx.explicit
+    while ty * tx > lim.max_threads_per_block and not explicit_threads:
+        if ty >= tx:
+            ty //= 2
+        else:
+            tx //= 2
+    if ty * tx > lim.max_threads_per_block:
+        raise ScheduleError(f"GPU matmul work-group mm_threads_y x mm_threads_x = {ty} x {tx} is over the device's "
+                            f"{lim.max_threads_per_block} threads per work-group")
+
+    def shared(kt):
+        return 4 * kt * (ty * by + tx * bx)
+    while shared(kt) > lim.max_shared_bytes and kt > 1 and "mm_ktile" not in ctx.explicit:
+        kt //= 2
+    if shared(kt) > lim.max_shared_bytes:
+        raise ScheduleError(f"GPU matmul tiles ({ty * by} + {tx * bx}) x {kt} float32 need {shared(kt)} bytes of "
+                            f"shared memory, over the device's {lim.max_shared_bytes}")
+    return ty, tx, by, bx, kt
+
+
+def _schedule_matmul(s, op, kernel, ctx: _Ctx) -> None:
+    """A work-group per (ty*by) x (tx*bx) output tile, a thread per by x bx register block; k in steps of ktile,
+    the operands' tiles fetched into shared memory by the whole work-group between barriers."""
+    if kernel is op:
+        comp = s[s.cache_write(op.output(0), "local")]
+    else:
+        comp = s[kernel]
+    st = s[op]
+    batch, i, j = list(st.op.axis[:-2]), st.op.axis[-2], st.op.axis[-1]
+    m, n = int(i.extent), int(j.extent)
+    ty, tx, by, bx, kt = _matmul_tile(ctx, m, n)
+    operands = _direct_loads(comp)
+    caches = [s.cache_read(t, "shared", [comp]) for t in operands]
+    bi, ri = st.split(i, factor=ty * by)
+    ti, vi = st.split(ri, factor=by)
+    bj, rj = st.split(j, factor=tx * bx)
+    tj, vj = st.split(rj, factor=bx)
+    st.reorder(*batch, bi, bj, ti, tj, vi, vj)
+    thy, thx = te.thread_axis("threadIdx.y"), te.thread_axis("threadIdx.x")
+    if batch:
+        bz = st.fuse(*batch) if len(batch) > 1 else batch[0]
+        st.bind(bz, te.thread_axis("blockIdx.z"))
+    st.bind(bi, te.thread_axis("blockIdx.y"))
+    st.bind(bj, te.thread_axis("blockIdx.x"))
+    st.bind(ti, thy)
+    st.bind(tj, thx)
+    st.unroll(vi)
+    st.unroll(vj)
+    comp.compute_at(st, tj)
+    data = [a for a in comp.leaf_iter_vars if a.kind == "data"]
+    (r,) = [a for a in comp.leaf_iter_vars if a.kind == "reduce"]
+    ko, ki = comp.split(r, factor=kt)
+    comp.reorder(ko, ki, *data)
+    for cache in caches:
+        cs = s[cache]
+        cs.compute_at(comp, ko)
+        fused = cs.fuse(*cs.op.axis)
+        rest, x = cs.split(fused, factor=tx)
+        outer, y = cs.split(rest, factor=ty)
+        cs.bind(x, thx)
+        cs.bind(y, thy)
