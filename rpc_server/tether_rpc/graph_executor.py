@@ -8,6 +8,11 @@ entries (a typed view of a storage: name, shape, dtype, storage id and, from ver
 input/output/param entries and the nodes (a packed function of the module and its argument entries, inputs
 then output). Entries at offsets are how a concat costs nothing: its inputs are slices of its output. At creation
 every node is bound once to numpy views of its storages (``PackedFunc.bind``), so ``run()`` is one ctypes call per node.
+
+A GPU module's graph (a module with a ``gpu`` program) keeps its activations in device memory as well
+(``gpu/graph_memory.py``): GPU nodes are bound to device buffers, the nodes the host runs (CPU kernels, numpy
+nodes) to the host arrays, params are uploaded once when loaded, and a run copies its inputs in, its outputs out,
+and the values that cross between a GPU node and a host node, as planned at creation (docs/gpu.md "Models on GPUs").
 """
 from __future__ import annotations
 
@@ -123,6 +128,11 @@ class GraphExecutor:
         self._nodes: List[Dict[str, Any]] = []
         self._calls: List[Callable[[], None]] = []
         self._whens: List[Optional[List[Tuple[np.ndarray, bool]]]] = []
+        self._device_memory: Any = None
+        self._after_run: List[Tuple[str, int]] = []
+        if getattr(module, "gpu", None) is not None:
+            self._setup_gpu(graph, module, sizes)
+            return
         for node in graph["nodes"]:
             if "numpy" in node:
                 self._nodes.append(node)
@@ -136,6 +146,48 @@ class GraphExecutor:
             self._nodes.append(node)
             self._calls.append(func.bind(*args))
             self._whens.append(self._guard(node))
+
+    def _setup_gpu(self, graph: Dict[str, Any], module: Any, sizes: List[int]) -> None:
+        """Bind a GPU module's nodes: GPU functions to device views of the storages, host functions and numpy
+        nodes to the host arrays, each node preceded by its planned copies (its guard tested after them)."""
+        from .gpu.graph_memory import DeviceStorages, plan_copies
+
+        gpu_functions = module.gpu.functions
+        on_gpu = [("numpy" not in node and node["func"] in gpu_functions) for node in graph["nodes"]]
+        mem = DeviceStorages(module.gpu.device, sizes, self._entries, graph["entries"])
+        self._device_memory = mem
+        before, self._after_run = plan_copies(graph["nodes"], on_gpu, mem.storage_of, graph["inputs"],
+                                              graph["params"], graph["outputs"], list(self._dynamic))
+        for node, gpu, copies in zip(graph["nodes"], on_gpu, before):
+            if "numpy" in node:
+                call = numpy_ops.bind_node(node, self._entries, self._dynamic)
+            elif gpu:
+                ids = [int(i) for i in node["args"]]
+                if any(i in self._dynamic for i in ids):
+                    raise ValueError("graph node %s: a GPU kernel cannot take a data-dependent entry"
+                                     % node.get("name"))
+                shapes = node.get("shapes") or [None] * len(ids)
+                call = module[node["func"]].bind(*[mem.view(i, s) for i, s in zip(ids, shapes)])
+            else:
+                args = [_kernel_view(self._entries[i]) for i in node["args"]]
+                if "shapes" in node:
+                    args = [a.reshape(tuple(int(d) for d in shp)) for a, shp in zip(args, node["shapes"])]
+                call = module[node["func"]].bind(*args)
+            self._nodes.append(node)
+            # (the guard's flags may be copied down first: it is tested inside the call, after the copies)
+            self._calls.append(self._with_copies(mem, copies, call, self._guard(node)))
+            self._whens.append(None)
+
+    def _with_copies(self, mem: Any, copies: List[Tuple[str, int]], call: Callable[[], None],
+                     when: Optional[List[Tuple[np.ndarray, bool]]]) -> Callable[[], None]:
+        if not copies and when is None:
+            return call
+
+        def run_node() -> None:
+            mem.run_copies(copies)
+            if when is None or self._holds(when):
+                call()
+        return run_node
 
     # -- files -----------------------------------------------------------------------------------------------
     @classmethod
@@ -204,6 +256,8 @@ class GraphExecutor:
                 raise ValueError("param %r is %s %s, the graph expects %s %s"
                                  % (name, name_of(src.dtype), src.shape, name_of(dst.dtype), dst.shape))
             np.copyto(dst, src)
+            if self._device_memory is not None:   # params live on the device from now on
+                self._device_memory.upload(idx)
 
     # -- running -----------------------------------------------------------------------------------------------
     def run(self, **inputs: Any) -> None:
@@ -212,6 +266,8 @@ class GraphExecutor:
         for call, when in zip(self._calls, self._whens):
             if when is None or self._holds(when):
                 call()
+        if self._after_run:
+            self._device_memory.run_copies(self._after_run)
 
     # -- run-time branches: a node with "when" [[entry, truth], ...] runs only if every flag entry has its truth
     def _guard(self, node: Dict[str, Any]) -> Optional[List[Tuple[np.ndarray, bool]]]:
@@ -270,10 +326,13 @@ class GraphExecutor:
                   cooldown_ms: float = 0, on_sample: Optional[Callable[..., None]] = None) -> Dict[str, Any]:
         """Whole-model timing: ``{"samples": [seconds per run], "number", "median_ms", "mean_ms", "min_ms"}``."""
         calls = self._calls
+        after, mem = self._after_run, self._device_memory
 
         def run_all() -> None:
             for call in calls:
                 call()
+            if after:
+                mem.run_copies(after)
 
         res = timing.time_evaluator(run_all, (), number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                                     warmup=warmup, cooldown_ms=cooldown_ms, on_sample=on_sample)
@@ -303,6 +362,9 @@ class GraphExecutor:
     def close(self) -> None:
         self._calls = []
         self._nodes = []
+        if self._device_memory is not None:
+            self._device_memory.free()
+            self._device_memory = None
 
     def __enter__(self) -> "GraphExecutor":
         return self

@@ -66,6 +66,7 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
 
     if check:
         _check(model)
+        _check_placement(model, target, input_shapes, opt_level)
         return
     t0 = time.perf_counter()
 
@@ -116,6 +117,36 @@ def _print_passes(opt_level: int) -> None:
 
     for p in pipeline(opt_level):
         click.echo("%-24s %s" % (p.__name__, SUMMARIES[p.__name__]))
+
+
+def _check_placement(model: str, target: str, input_shapes: Tuple[str, ...], opt_level: int) -> None:
+    """For a GPU target: where each node runs (the kernel plan, each GPU kernel scheduled but not compiled), and
+    why each node that runs on the host's CPU does."""
+    from tether.target import as_target
+
+    tgt = as_target(target)
+    if tgt.gpu is None:
+        return
+    from tether.errors import InvalidInput, UnsupportedOpError
+    from tether.frontend import from_onnx
+    from tether.frontend.model_file import load_model_file
+    from tether.graph.gpu_graph import placement_report
+    from tether.graph.plan import plan_kernels
+
+    try:
+        shapes = parse_input_shapes(input_shapes)
+        proto, base_dir = load_model_file(model, shape=shapes)
+        graph, params = from_onnx(proto, shape=shapes, base_dir=base_dir)
+        rows = placement_report(plan_kernels(graph, params, tgt, opt_level))
+    except InvalidInput:
+        raise
+    except (UnsupportedOpError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    on_cpu = [r for r in rows if r["device"] == "cpu"]
+    click.echo("placement on %s: %d node(s) on the GPU, %d on the host's CPU"
+               % (tgt.gpu.api, len(rows) - len(on_cpu), len(on_cpu)))
+    for r in on_cpu:
+        click.echo("cpu  %s (%s): %s" % (r["node"], r["ops"], r["why"]))
 
 
 def _check(path: str) -> None:

@@ -15,6 +15,10 @@ opt_level: which graph passes run (the lists in ``graph/passes/__init__.py``, fr
 needs, to 3, the default, with fusion); at 3, single-image convolutions also run as GEMMs vectorized along output
 channels, with their weights packed at build time (docs/graph.md), much faster on the 13..111-wide layers of real
 CNNs. ``tether.build_graph`` (the package's facade) also reads a ``tuning_log`` into ``configs``.
+
+For a GPU target the plan's GPU tasks are scheduled for GPU threads and the others compiled for the host's CPU,
+all in one GPU module (``graph/gpu_graph.py``); every node of the graph JSON says where it runs ("device": "gpu" or
+"cpu"), and the executor keeps activations in device memory (docs/gpu.md "Models on GPUs").
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from tether.graph.ir import Graph
 from tether.graph import numpy_nodes
 from tether.graph.passes import plan_memory
 from tether.graph.plan import KernelPlan, compile_body_node, plan_kernels
+from tether.errors import CompileError, ScheduleError
 from tether.kernels.registry import LoopKernel
 from tether.target import as_target
 
@@ -119,13 +124,23 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
         b = te.compute((1,), lambda i: a[i], name="b")
         triples.append((te.create_schedule([b.op]), [a, b], "%s_noop" % name))
     t1 = time.perf_counter()
-    lib = driver.build(triples, target=tgt, name=name, fast_math=fast_math)
+    if tgt.gpu is not None:
+        from tether.graph.gpu_graph import build_model_module
+
+        gpu_names = {f for task, f in zip(plan.tasks, funcs) if task.device == "gpu"}
+        cpu = [driver._lowered(it) for it in triples if driver._item_name(it) not in gpu_names]
+        gpu = [driver._lowered(it) for it in triples if driver._item_name(it) in gpu_names]
+        lib = build_model_module(cpu, gpu, tgt, name, fast_math=fast_math)
+    else:
+        lib = driver.build(triples, target=tgt, name=name, fast_math=fast_math)
     t_build = time.perf_counter() - t1
 
     graph, params = plan.graph, plan.params
     node_funcs = [None if k is None else funcs[k] for k in plan.task_of_node]
     memory = plan_memory(graph, params)
-    graph_json = _graph_json(graph, params, memory, node_funcs, tgt, name, shapes_of_func, plan.dynamic)
+    node_devices = [None if k is None else plan.tasks[k].device for k in plan.task_of_node]
+    graph_json = _graph_json(graph, params, memory, node_funcs, tgt, name, shapes_of_func, plan.dynamic,
+                             node_devices if tgt.gpu is not None else None)
     timings = {"passes": t_passes, "lower_codegen_llvm": t_build, "total": time.perf_counter() - t0}
     log.info("build_graph %s for %s: %d nodes, %d kernels, %.2fs (passes %.2fs, build %.2fs)", graph.name,
              tgt.preset or tgt.triple, len(graph.nodes), len(triples), timings["total"], t_passes, t_build)
@@ -148,20 +163,34 @@ def compile_plan(plan: KernelPlan, configs: Mapping[str, Dict[str, Any]], name: 
                 repack_conv_weight(graph.nodes[k], graph, plan.params, plan.panel_weights, config["conv_panel"])
         fname = "%s_k%d_%s" % (name, len(funcs), re.sub(r"[^A-Za-z0-9]+", "_", task.name)[:48])
         funcs.append(fname)
+        if task.device == "gpu":
+            from tether.graph.gpu_graph import lower_gpu_task
+            try:
+                triples.append(lower_gpu_task(task, config, fname))
+                shapes_of_func[fname] = None
+                continue
+            except (ScheduleError, CompileError) as exc:
+                # the GPU schedules or the split refused this kernel: the host's CPU runs it (tether compile
+                # --check lists it with this reason)
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                task.device, task.cpu_reason = "cpu", "no GPU schedule: %s" % first
+                log.warning("kernel %s (%s) runs on the host's CPU: %s", fname, task.name, task.cpu_reason)
+        # a GPU target's CPU kernels are built for its host
+        cpu_tgt = tgt.host if tgt.gpu is not None else tgt
         if isinstance(task.strategy, LoopKernel):
-            triples.append(task.strategy.build(task.node, graph.types, tgt, fname, compile_body_node))
+            triples.append(task.strategy.build(task.node, graph.types, cpu_tgt, fname, compile_body_node))
             shapes_of_func[fname] = None
             continue
         # (after the repack above, the task's weight already has the config's layout)
         placeholders, out, shapes_of_func[fname] = task.lower(config)
-        sch = ops.schedule([out], tgt, config=config)
+        sch = ops.schedule([out], cpu_tgt, config=config)
         triples.append((sch, placeholders + [out], fname))
     return triples, funcs, shapes_of_func
 
 
 def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: List[Optional[str]], tgt: Any,
-                name: str, shapes_of_func: Dict[str, Optional[list]], dynamic: frozenset = frozenset()
-                ) -> Dict[str, Any]:
+                name: str, shapes_of_func: Dict[str, Optional[list]], dynamic: frozenset = frozenset(),
+                node_devices: Optional[List[Optional[str]]] = None) -> Dict[str, Any]:
     entries: List[Dict[str, Any]] = []
     index: Dict[str, int] = {}
 
@@ -186,6 +215,8 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
     for k, (node, func) in enumerate(zip(graph.nodes, node_funcs)):
         if numpy_nodes.is_numpy(node):
             rec = numpy_nodes.node_json(node, entry)
+            if node_devices is not None:
+                rec["device"] = "cpu"
             if guards[k]:
                 rec["when"] = [[entry(v), bool(t)] for v, t in sorted(guards[k])]
             nodes.append(rec)
@@ -194,6 +225,10 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
         if func is None:
             continue
         rec = {"name": node.name, "func": func, "args": ids, "ops": node.ops_label()}
+        if node_devices is not None:   # a GPU target's node: "gpu", or "cpu" (the host runs it)
+            rec["device"] = node_devices[k]
+            if len(node.outputs) > 1:   # (what the executor plans the copies of a node's results by)
+                rec["num_outputs"] = len(node.outputs)
         # ---- run-time If: the node runs only when these flags hold (graph/guards.py; executors may ignore it)
         if guards[k]:
             rec["when"] = [[entry(v), bool(t)] for v, t in sorted(guards[k])]
@@ -205,7 +240,8 @@ def _graph_json(graph: Graph, params: Dict[str, np.ndarray], plan, node_funcs: L
     return {
         "format": GRAPH_FORMAT, "name": graph.name, "lib": name + tgt.library_suffix,
         "version": numpy_nodes.NUMPY_GRAPH_VERSION if any("numpy" in n for n in nodes) else GRAPH_VERSION,
-        "target": {"arch": tgt.arch, "triple": tgt.triple, "preset": getattr(tgt, "preset", None)},
+        "target": dict({"arch": tgt.arch, "triple": tgt.triple, "preset": getattr(tgt, "preset", None)},
+                       **({"gpu": str(tgt)} if tgt.gpu is not None else {})),
         "storages": [int(s) for s in plan.sizes],
         "entries": entries, "inputs": inputs, "outputs": outputs, "params": param_ids, "nodes": nodes,
     }

@@ -10,6 +10,12 @@ distinct ``kernel_signature`` (ops, attributes, argument types), so a model's tw
 task of weight 20. ``graph.build.build_graph`` compiles the plan's tasks, in order, into one library; ``tether
 tune`` measures its tunable ones (``te`` tasks: loop-IR kernels take no schedule config). A task's ``key`` (a hash
 of its signature and the target's full description) is what a tuning log records and a build looks configs up by.
+
+On a GPU target (kind "opencl", "vulkan", "cuda") each task also has a ``device``: "gpu" for a node whose ops all
+have a GPU strategy (te lowered with the plain layouts, scheduled by ``ops.gpu_schedules.schedule_gpu``), "cpu"
+for the others (loop-IR kernels: loops, recurrent kernels), which run on the host's CPU with their CPU strategy
+and ``cpu_reason`` saying why. ``prepare_graph`` neither packs weights into the CPU's GEMM panels nor makes concats
+views for a GPU target: kernels there take whole buffers, so every value starts at its storage's start.
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ from tether.graph import numpy_nodes
 from tether.graph.conv_gemm import pack_conv_weights, panel_type, panel_weight
 from tether.graph.dense_panels import pack_dense_weights
 from tether.graph.ir import Graph, Node, TensorType
-from tether.graph.passes import needs_kernel, optimize
+from tether.graph.passes import concat_views, fuse_prologues, needs_kernel, optimize, pipeline
 from tether.graph.to_te import lower_kernel
 from tether.kernels.qconv_ops import for_target as qconv_for_target
 from tether.kernels.registry import LoopKernel, Strategy, TeLowering, target_kind
@@ -84,6 +90,9 @@ def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 
     packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify depends on `target`),
     constant dense weights packed into the matmul's panels (dense_panels), and int8 convs set to `target`'s
     dot-product kind (kernels/qconv_ops.for_target)."""
+    tgt = as_target(target) if target is not None else None
+    if tgt is not None and tgt.gpu is not None:
+        return _prepare_gpu_graph(graph, params, opt_level, tgt)
     graph, params = optimize(graph, params, opt_level)
     panel_weights: Dict[str, tuple] = {}
     if opt_level >= 3:
@@ -93,6 +102,37 @@ def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 
     if target is not None:
         graph, params = qconv_for_target(graph, params, as_target(target))
     return graph, params, panel_weights
+
+
+# passes a GPU build leaves out: concat views (a GPU kernel binds whole buffers, never a view at an offset) and the
+# prologue fusion made for the CPU's GEMM convs
+_CPU_ONLY_PASSES = (concat_views, fuse_prologues)
+
+
+def _prepare_gpu_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int, tgt: Target) -> tuple:
+    for p in pipeline(opt_level):
+        if p not in _CPU_ONLY_PASSES:
+            graph, params = p(graph, params)
+    # (int8 convs that fall back to the host's CPU take the host's dot-product kind)
+    graph, params = qconv_for_target(graph, params, tgt.host)
+    return graph, params, {}
+
+
+def placement(node: Node, kind: str) -> Tuple[Strategy, str, str]:
+    """(strategy, device, why) of a node that needs a kernel on targets of `kind`: on a GPU kind, device "gpu"
+    where every op of the node has a GPU te strategy, else "cpu" (the host runs the node with its CPU strategy)
+    and `why` names the op; on a CPU kind, ("cpu", "")."""
+    if kind == "cpu":
+        return strategy_of(node, kind), "cpu", ""
+    ops_ = [b.op for b in node.body()] if node.op == "fused" else [node.op]
+    for op in ops_:
+        s = OPS.strategy(op, kind)
+        if s is None or (node.op == "fused" and not isinstance(s, TeLowering)):
+            cpu = OPS.strategy(op, "cpu")
+            how = cpu.lowering if cpu is not None else "none"
+            return strategy_of(node, "cpu"), "cpu", "op %s has no %s strategy (its CPU kernel is %s)" % (
+                op, kind, how)
+    return strategy_of(node, kind), "gpu", ""
 
 
 def strategy_of(node: Node, kind: str) -> Strategy:
@@ -130,6 +170,8 @@ class KernelTask:
     node: Node = field(repr=False)   # the first node that runs it: the kernel is lowered from this one
     nodes: List[int] = field(default_factory=list)     # indices into the plan's graph.nodes of all that run it
     plan: "KernelPlan" = field(default=None, repr=False)  # type: ignore[assignment]
+    device: str = "cpu"            # where the kernel runs: "gpu", or "cpu" (every CPU target; a GPU target's host)
+    cpu_reason: str = ""           # on a GPU target, why the kernel runs on the host's CPU
 
     @property
     def weight(self) -> int:
@@ -168,8 +210,10 @@ class KernelTask:
         if not isinstance(self.strategy, TeLowering):
             raise ValueError("kernel %s (%s) is %s, not lowered through te"
                              % (self.key, self.name, self.strategy.lowering))
-        return lower_kernel(self.node, self.types_for(config), conv_gemm=self.plan.opt_level >= 3,
-                            panel_weights=self.plan.panel_weights, kind=self.plan.kind)
+        gpu_target = self.plan.target.gpu is not None
+        kind = self.plan.kind if self.device == "gpu" else "cpu"
+        return lower_kernel(self.node, self.types_for(config), conv_gemm=self.plan.opt_level >= 3 and not gpu_target,
+                            panel_weights=self.plan.panel_weights, kind=kind)
 
     def interface(self) -> Tuple[List[Tuple[Tuple[int, ...], str]], ConfigSpace]:
         """((shape, dtype) of every argument, inputs then output; the config space) of a te task."""
@@ -202,15 +246,12 @@ def plan_kernels(graph: Graph, params: Dict[str, np.ndarray], target: Any = "hos
     the order of their first node."""
     tgt = as_target(target)
     kind = target_kind(tgt)
-    if tgt.gpu is not None:   # (no op has a GPU strategy yet: say so once, not per op)
-        raise UnsupportedOpError("models compile for CPU targets only so far; %s is a GPU target (build GPU "
-                                 "kernels with tether.build and a schedule bound to GPU threads)" % tgt)
     graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
     dynamic = numpy_nodes.check_dynamic(graph)
     plan = KernelPlan(graph, params, panel_weights, tgt, opt_level, kind, [], [], dynamic)
     index_of_sig: Dict[str, int] = {}
     for k, node in enumerate(graph.nodes):
-        strategy = strategy_of(node, kind) if needs_kernel(node) else None
+        strategy, device, why = placement(node, kind) if needs_kernel(node) else (None, "cpu", "")
         if strategy is None or strategy.lowering == "numpy":
             plan.task_of_node.append(None)
             continue
@@ -218,7 +259,8 @@ def plan_kernels(graph: Graph, params: Dict[str, np.ndarray], target: Any = "hos
         index = index_of_sig.get(sig)
         if index is None:
             index = index_of_sig[sig] = len(plan.tasks)
-            plan.tasks.append(KernelTask(task_key(sig, tgt), sig, node.ops_label(), strategy, node, [], plan))
+            plan.tasks.append(KernelTask(task_key(sig, tgt), sig, node.ops_label(), strategy, node, [], plan,
+                                         device, why))
         plan.tasks[index].nodes.append(k)
         plan.task_of_node.append(index)
     return plan

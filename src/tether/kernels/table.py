@@ -7,8 +7,8 @@ module below; the CPU lines stay as they are.
 """
 from __future__ import annotations
 
-from tether.kernels import (core, core_te, detection_op, loop_op, qconv_ops, qlayout_ops, qpool_ops, quantize_ops,
-                            recurrent_kernel, recurrent_op, softmax_kernel)
+from tether.kernels import (core, core_te, detection_op, gpu_strategies, loop_op, qconv_ops, qlayout_ops, qpool_ops,
+                            quantize_ops, recurrent_kernel, recurrent_op, softmax_kernel)
 from tether.kernels.registry import DeviceNumpy, OpTable, TeLowering
 
 
@@ -26,6 +26,11 @@ def _build() -> OpTable:
     for module in (detection_op, quantize_ops, qconv_ops, qlayout_ops, qpool_ops, softmax_kernel, recurrent_kernel,
                    loop_op):
         table.add_strategies("cpu", module.CPU_STRATEGIES)
+
+    # ---- GPUs (every API): te ops scheduled for GPU threads, numpy ops as on the CPU; an op with no GPU strategy
+    # (a loop-IR kernel) runs on the host's CPU (graph/plan.py)
+    for kind in gpu_strategies.GPU_KINDS:
+        table.add_strategies(kind, gpu_strategies.GPU_STRATEGIES)
     return table
 
 

@@ -1,0 +1,166 @@
+"""A model's activations in device memory: the graph executor's storages as device buffers, and the copies
+between device and host memory that the nodes which run on the host need.
+
+For a GPU module (a module with a ``gpu`` program, tether_rpc/gpu/module.py) the graph executor
+(tether_rpc/graph_executor.py) keeps every storage of the memory plan twice: as the host array it always has and
+as a device buffer of the module's device. GPU nodes take device views of the buffers (:class:`DeviceView`); the
+nodes that run on the host (CPU kernels of the host library, numpy nodes) take the host arrays. Which copies a
+run makes is planned once, at load, by following where each storage's current value lives (:func:`plan_copies`):
+
+- params are uploaded once, when they are loaded;
+- inputs are set in host memory and uploaded before the first GPU node that reads them;
+- before a host node, each value it reads that a GPU node wrote is downloaded (and the flags of a node's run-time
+  guard before the guard is tested); before a GPU node, each value it reads that a host node wrote is uploaded;
+- after a run, the outputs a GPU node wrote are downloaded.
+
+So a model that runs wholly on the GPU copies its inputs in and its outputs out, and nothing else. Every entry of a
+GPU module's graph starts at its storage's start (a kernel binds whole buffers): the build makes no views at
+offsets for GPU targets.
+
+Only the standard library and numpy: this runs on the device.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .api import DeviceAPI, DeviceBuffer
+
+HOST = 1     # the host array holds the storage's current value
+DEVICE = 2   # the device buffer does
+
+#: one planned copy: ("upload" | "download", entry id)
+Copy = Tuple[str, int]
+
+
+class DeviceView:
+    """One graph entry as a GPU function's argument: the storage's device buffer, read with the entry's shape."""
+
+    __slots__ = ("buffer", "shape", "dtype")
+
+    def __init__(self, buffer: DeviceBuffer, shape: Tuple[int, ...], dtype: str):
+        self.buffer = buffer
+        self.shape = shape
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return "DeviceView(%s %s)" % (self.dtype, self.shape)
+
+
+def node_access(node: Dict[str, Any]) -> Tuple[List[int], List[int]]:
+    """(entries a graph JSON node reads, entries it writes): a kernel node's args are its inputs then its
+    outputs ("num_outputs" of them, 1 if not given: a recurrent kernel writes three); a numpy node names both; a
+    guard's flags are read too."""
+    if "numpy" in node:
+        reads, writes = [int(i) for i in node["inputs"]], [int(i) for i in node["outputs"]]
+    else:
+        args = [int(i) for i in node["args"]]
+        n_out = int(node.get("num_outputs", 1))
+        if not 1 <= n_out <= len(args):
+            raise ValueError("graph node %s: num_outputs %r for %d arguments" % (node.get("name"), n_out, len(args)))
+        reads, writes = args[:-n_out], args[-n_out:]
+    for item in node.get("when") or []:
+        reads.append(int(item[0]))
+    return reads, writes
+
+
+def plan_copies(nodes: Sequence[Dict[str, Any]], on_gpu: Sequence[bool], storage_of: Sequence[int],
+                inputs: Sequence[int], params: Sequence[int], outputs: Sequence[int],
+                host_only: Sequence[int] = ()) -> Tuple[List[List[Copy]], List[Copy]]:
+    """(the copies before each node, the copies after a run) of a graph whose node k runs on the GPU where
+    on_gpu[k]. The plan follows each storage: where its current value lives (HOST, DEVICE or both); a value is
+    copied only where a node on the other side reads it. `host_only`: entries that never live on the device
+    (data-dependent values of numpy nodes)."""
+    where: Dict[int, int] = {}
+    for e in inputs:
+        where[storage_of[e]] = HOST
+    for e in params:
+        where[storage_of[e]] = HOST | DEVICE
+    skip = set(host_only)
+    before: List[List[Copy]] = []
+    for node, gpu in zip(nodes, on_gpu):
+        reads, writes = node_access(node)
+        copies: List[Copy] = []
+        flags = {int(item[0]) for item in node.get("when") or []}
+        for e in reads:
+            if e in skip:
+                continue
+            need = DEVICE if gpu and e not in flags else HOST
+            have = where.get(storage_of[e], 0)
+            if have and not have & need:
+                copies.append(("upload" if need == DEVICE else "download", e))
+                where[storage_of[e]] = have | need
+        for e in writes:
+            if e not in skip:
+                where[storage_of[e]] = DEVICE if gpu else HOST
+        before.append(copies)
+    after = [("download", e) for e in outputs if e not in skip and where.get(storage_of[e], 0) == DEVICE]
+    return before, after
+
+
+class DeviceStorages:
+    """The device buffers of a graph's storages (one per storage, as large as the host one), and the copies of
+    entries between them and the host arrays."""
+
+    def __init__(self, device: DeviceAPI, sizes: Sequence[int], host_entries: Sequence[np.ndarray],
+                 entry_specs: Sequence[Dict[str, Any]]):
+        self.device = device
+        self._host = host_entries
+        self._storage = [int(e["storage"]) for e in entry_specs]
+        self._offset = [int(e.get("offset", 0)) for e in entry_specs]
+        self._dtypes = [str(e["dtype"]) for e in entry_specs]
+        self.buffers: List[DeviceBuffer] = []
+        try:
+            for n in sizes:
+                self.buffers.append(device.alloc(max(int(n), 4)))
+        except BaseException:
+            self.free()
+            raise
+
+    @property
+    def storage_of(self) -> List[int]:
+        return list(self._storage)
+
+    def view(self, entry: int, shape: Optional[Sequence[int]] = None) -> DeviceView:
+        """Entry `entry` as a GPU function's argument (with `shape`, the kernel's view of the same bytes, if
+        given)."""
+        if self._offset[entry]:
+            raise ValueError("graph entry %d lies at byte offset %d of its storage; a GPU kernel takes whole buffers "
+                             "(rebuild the model with this tether: GPU builds make no views at offsets)"
+                             % (entry, self._offset[entry]))
+        host = self._host[entry]
+        shp = tuple(int(d) for d in (shape if shape is not None else (host.shape or (1,))))
+        return DeviceView(self.buffers[self._storage[entry]], shp, self._dtypes[entry])
+
+    def upload(self, entry: int) -> None:
+        host = self._host[entry]
+        if host.nbytes == 0:
+            return
+        self.device.upload(self.buffers[self._storage[entry]], np.ascontiguousarray(host).reshape(-1).view(np.uint8),
+                           self._offset[entry])
+
+    def download(self, entry: int) -> None:
+        host = self._host[entry]
+        if host.nbytes == 0:
+            return
+        out = host.reshape(-1).view(np.uint8)
+        self.device.download(self.buffers[self._storage[entry]], out, self._offset[entry])
+
+    def run_copies(self, copies: Sequence[Copy]) -> None:
+        for kind, entry in copies:
+            if kind == "upload":
+                self.upload(entry)
+            else:
+                self.download(entry)
+
+    def free(self) -> None:
+        bufs, self.buffers = self.buffers, []
+        for b in bufs:
+            try:
+                self.device.free(b)
+            except Exception:   # (a device closed under us: its buffers went with it)
+                pass
+
+
+__all__ = ["DeviceView", "DeviceStorages", "plan_copies", "node_access", "HOST", "DEVICE"]
