@@ -641,13 +641,15 @@ def bench_placements(session: Any, target: BenchTarget, options: BenchOptions, d
         return [bench_target(session, target, options, device_id, info, onnx_cache, on_sample)]
     places = placements(info, options)
     paired = len(places) > 1
+    if not paired and target.kind == "onnx":   # as before GPUs: built for the device's own CPU target
+        return [bench_target(session, target, options, device_id, info, onnx_cache, on_sample)]
     out = []
     for compute, build_for in places:
         named = _placed(target, compute, paired)
         if target.kind == "op":
             res = _bench_op(session, named, compute, build_for, options, device_id, onnx_cache, on_sample)
         else:
-            res = bench_target(session, named, dataclasses.replace(options, compile_target=str(build_for)),
+            res = bench_target(session, named, dataclasses.replace(options, compile_target=build_for),
                                device_id, info, onnx_cache, on_sample)
         res["compute"] = compute
         res["placement"] = "cpu" if compute == "cpu" else "gpu"
