@@ -150,7 +150,7 @@ class GraphExecutor:
     def _setup_gpu(self, graph: Dict[str, Any], module: Any, sizes: List[int]) -> None:
         """Bind a GPU module's nodes: GPU functions to device views of the storages, host functions and numpy
         nodes to the host arrays, each node preceded by its planned copies (its guard tested after them)."""
-        from .gpu.graph_memory import DeviceStorages, plan_copies
+        from .gpu.graph_memory import DeviceStorages, bind_launches, plan_copies
 
         gpu_functions = module.gpu.functions
         on_gpu = [("numpy" not in node and node["func"] in gpu_functions) for node in graph["nodes"]]
@@ -158,6 +158,7 @@ class GraphExecutor:
         self._device_memory = mem
         before, self._after_run = plan_copies(graph["nodes"], on_gpu, mem.storage_of, graph["inputs"],
                                               graph["params"], graph["outputs"], list(self._dynamic))
+        self._copies_before = before
         for node, gpu, copies in zip(graph["nodes"], on_gpu, before):
             if "numpy" in node:
                 call = numpy_ops.bind_node(node, self._entries, self._dynamic)
@@ -167,7 +168,8 @@ class GraphExecutor:
                     raise ValueError("graph node %s: a GPU kernel cannot take a data-dependent entry"
                                      % node.get("name"))
                 shapes = node.get("shapes") or [None] * len(ids)
-                call = module[node["func"]].bind(*[mem.view(i, s) for i, s in zip(ids, shapes)])
+                call = bind_launches(module.gpu, node["func"], [mem.view(i, s) for i, s in zip(ids, shapes)],
+                                     mem.temporaries)
             else:
                 args = [_kernel_view(self._entries[i]) for i in node["args"]]
                 if "shapes" in node:
@@ -177,6 +179,33 @@ class GraphExecutor:
             # (the guard's flags may be copied down first: it is tested inside the call, after the copies)
             self._calls.append(self._with_copies(mem, copies, call, self._guard(node)))
             self._whens.append(None)
+
+    def _finish_gpu_run(self) -> None:
+        """The outputs GPU kernels wrote come down (each download waits for the kernels before it); a run of a
+        GPU module returns only when its kernels are done."""
+        mem = self._device_memory
+        mem.run_copies(self._after_run)
+        mem.device.synchronize()
+
+    def _synchronized(self, call: Callable[[], None]) -> Callable[[], None]:
+        device = self._device_memory.device
+
+        def run_and_wait() -> None:
+            call()
+            device.synchronize()
+        return run_and_wait
+
+    def planned_copies(self) -> Dict[str, Any]:
+        """A GPU module's copies between host and device memory in one run: ``{"nodes": [{"node", "device",
+        "copies": [[kind, entry name], ...]}, ...] (the nodes with copies before them, in order), "after_run":
+        [[kind, entry name], ...]}``; kind is "upload" or "download". Empty lists for a CPU module."""
+        if self._device_memory is None:
+            return {"nodes": [], "after_run": []}
+        names = [e["name"] for e in self.graph["entries"]]
+        nodes = [{"node": node.get("name", ""), "device": node.get("device", ""),
+                  "copies": [[kind, names[e]] for kind, e in copies]}
+                 for node, copies in zip(self.graph["nodes"], self._copies_before) if copies]
+        return {"nodes": nodes, "after_run": [[kind, names[e]] for kind, e in self._after_run]}
 
     def _with_copies(self, mem: Any, copies: List[Tuple[str, int]], call: Callable[[], None],
                      when: Optional[List[Tuple[np.ndarray, bool]]]) -> Callable[[], None]:
@@ -266,8 +295,8 @@ class GraphExecutor:
         for call, when in zip(self._calls, self._whens):
             if when is None or self._holds(when):
                 call()
-        if self._after_run:
-            self._device_memory.run_copies(self._after_run)
+        if self._device_memory is not None:
+            self._finish_gpu_run()
 
     # -- run-time branches: a node with "when" [[entry, truth], ...] runs only if every flag entry has its truth
     def _guard(self, node: Dict[str, Any]) -> Optional[List[Tuple[np.ndarray, bool]]]:
@@ -326,13 +355,13 @@ class GraphExecutor:
                   cooldown_ms: float = 0, on_sample: Optional[Callable[..., None]] = None) -> Dict[str, Any]:
         """Whole-model timing: ``{"samples": [seconds per run], "number", "median_ms", "mean_ms", "min_ms"}``."""
         calls = self._calls
-        after, mem = self._after_run, self._device_memory
+        mem = self._device_memory
 
         def run_all() -> None:
             for call in calls:
                 call()
-            if after:
-                mem.run_copies(after)
+            if mem is not None:
+                self._finish_gpu_run()
 
         res = timing.time_evaluator(run_all, (), number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                                     warmup=warmup, cooldown_ms=cooldown_ms, on_sample=on_sample)
@@ -351,6 +380,8 @@ class GraphExecutor:
             if when is not None and not self._holds(when):
                 rec["skipped"] = True       # an untaken branch: its inputs were never computed
             else:
+                if self._device_memory is not None:   # (a GPU node only queues its kernels: time until done)
+                    call = self._synchronized(call)
                 res = timing.time_evaluator(call, (), number=number, repeat=repeat, warmup=warmup)
                 rec["seconds"] = float(sorted(res["samples"])[len(res["samples"]) // 2])
             records.append(rec)

@@ -21,10 +21,12 @@ Only the standard library and numpy: this runs on the device.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..dtypes import numpy_dtype
+from ..errors import KernelError, ModuleLoadError
 from .api import DeviceAPI, DeviceBuffer
 
 HOST = 1     # the host array holds the storage's current value
@@ -99,6 +101,36 @@ def plan_copies(nodes: Sequence[Dict[str, Any]], on_gpu: Sequence[bool], storage
     return before, after
 
 
+def bind_launches(program: Any, name: str, views: Sequence[DeviceView], temporaries: Dict[str, List[DeviceBuffer]]
+                  ) -> Callable[[], None]:
+    """A GPU function's kernels on these device views, launched without waiting: the queue runs them in order
+    and a download waits for them, so a model waits only where the host needs a value. `temporaries` (function
+    name -> its buffers) is shared by the nodes of one executor: they run one after another on one queue.
+    Views that do not fit the function's arguments raise KernelError (one line)."""
+    info = program.functions[name]
+    specs = list(info.get("args") or [])
+    if len(views) != len(specs):
+        raise KernelError("%s takes %d arguments, the graph gives %d" % (name, len(specs), len(views)))
+    for i, (v, spec) in enumerate(zip(views, specs)):
+        if tuple(v.shape) != tuple(spec["shape"]) or v.dtype != spec["dtype"]:
+            raise KernelError("%s: argument %d (%s) must be a %s array of shape %s, the graph gives %s %s" % (
+                name, i, spec["name"], spec["dtype"], tuple(spec["shape"]), v.dtype, tuple(v.shape)))
+    device = program.device
+    if name not in temporaries:
+        temporaries[name] = [device.alloc(max(int(t["size"]) * numpy_dtype(t["dtype"]).itemsize, 4))
+                             for t in info.get("temporaries") or []]
+    buffers = [v.buffer for v in views] + temporaries[name]
+    launches = [(program.kernels[la["kernel"]], [buffers[j] for j in la["args"]]) for la in info["launches"]]
+    steps = [(k["name"], args, tuple(k["grid"]), tuple(k["block"])) for k, args in launches]
+
+    def launch() -> None:
+        if program.program is None:
+            raise ModuleLoadError("%s: module %s was closed" % (name, program.label))
+        for kernel, args, grid, block in steps:
+            device.launch(program.program, kernel, args, grid, block)
+    return launch
+
+
 class DeviceStorages:
     """The device buffers of a graph's storages (one per storage, as large as the host one), and the copies of
     entries between them and the host arrays."""
@@ -111,6 +143,7 @@ class DeviceStorages:
         self._offset = [int(e.get("offset", 0)) for e in entry_specs]
         self._dtypes = [str(e["dtype"]) for e in entry_specs]
         self.buffers: List[DeviceBuffer] = []
+        self.temporaries: Dict[str, List[DeviceBuffer]] = {}   # GPU function -> its temporaries (bind_launches)
         try:
             for n in sizes:
                 self.buffers.append(device.alloc(max(int(n), 4)))
@@ -156,6 +189,9 @@ class DeviceStorages:
 
     def free(self) -> None:
         bufs, self.buffers = self.buffers, []
+        for temps in self.temporaries.values():
+            bufs.extend(temps)
+        self.temporaries = {}
         for b in bufs:
             try:
                 self.device.free(b)
@@ -163,4 +199,4 @@ class DeviceStorages:
                 pass
 
 
-__all__ = ["DeviceView", "DeviceStorages", "plan_copies", "node_access", "HOST", "DEVICE"]
+__all__ = ["DeviceView", "DeviceStorages", "bind_launches", "plan_copies", "node_access", "HOST", "DEVICE"]

@@ -56,6 +56,15 @@ def build_model_module(cpu_funcs: Sequence[Any], gpu_funcs: Sequence[Any], targe
     if target.gpu is None:
         raise CompileError("build_model_module: %s is not a GPU target" % target)
     host = target.host
+    if not gpu_funcs:
+        # every kernel runs on the host (an int8 model, say): a CPU module; no device program has no kernels
+        mb = ModuleBuilder(host, name, fast_math=fast_math)
+        for pf in cpu_funcs:
+            mb.add_packed(pf, emit_function(mb, pf))
+        ir_text = mb.finish()
+        assert mb.metadata is not None
+        log.info("GPU model module %s for %s: no device kernels, %d CPU functions", name, target, len(cpu_funcs))
+        return Module(name, host, ir_text, compile_module(ir_text, host, opt=opt), mb.metadata)
     programs = split_functions(gpu_funcs, target)
     kernels = [k for p in programs for k in p.kernels]
     be = backend(target.gpu.api)

@@ -237,6 +237,9 @@ class KernelPlan:
     dynamic: frozenset = frozenset()        # the data-dependent values (numpy_nodes.check_dynamic)
 
     def tunable_tasks(self) -> List[KernelTask]:
+        """The te tasks `tether tune` measures; none on a GPU target yet (its config space is the CPU schedules')."""
+        if self.target.gpu is not None:
+            return []
         return [t for t in self.tasks if t.strategy.tunable]
 
 

@@ -1,0 +1,223 @@
+"""Whole models on GPUs: compiled with `tether.build_graph` for `opencl` (run on pocl) and `vulkan` (run on Mesa's
+lavapipe), run by the graph executor with their activations in device memory, against onnxruntime (every output
+with onnxruntime's dtype and shape and a max relative error <= 1e-4, as tests/wasm_cases.compare_model).
+
+The models: mobilenet_v2 and the YOLOv8-style detector, the CRNN text recognizer (whose two LSTMs run on the
+host's CPU: the copies around them), the transformer encoder and the voice-activity detector (LSTMs with state
+inputs, a run-time If: guarded nodes whose flags a GPU kernel computes) of tests/wasm_cases.MODELS, and resnet50 at its
+full width on a 32x32 image with 10 classes (tests/test_c_runtime.py's variant: pocl on two cores runs the 224x224
+one too slowly for a test). Each model is built once per target (module-scoped caches).
+"""
+from __future__ import annotations
+
+import json
+from typing import Dict, Tuple
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from fixtures.prereq import unavailable
+from fixtures.scripts import load_script
+from wasm_cases import CASES, MODELS, compare_model, ort_reference
+
+import tether
+from tether.frontend import from_onnx
+from tether.graph.plan import plan_kernels
+from tether.kernels.registry import TeLowering
+from tether.kernels.table import OPS
+from tether_rpc.graph_executor import GraphExecutor
+
+APIS = {"opencl": "pocl-opencl-icd ocl-icd-libopencl1", "vulkan": "mesa-vulkan-drivers libvulkan1"}
+
+
+def _resnet50():
+    model = load_script("make_resnet50").build_resnet50(seed=1, size=32, classes=10)
+    return model, {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+
+
+GPU_MODELS = {"mobilenet_v2": MODELS["mobilenet_v2"], "resnet50": _resnet50,
+              "yolov8_detector": MODELS["yolov8_detector"], "crnn_recognizer": MODELS["crnn_recognizer"],
+              "transformer_encoder": MODELS["transformer_encoder"], "vad": MODELS["vad"], "lstm": CASES["lstm"]}
+# the nodes of each model that run on the host's CPU (op label -> count); every other node runs on the GPU
+ON_CPU = {"crnn_recognizer": {"recurrent": 2}, "vad": {"recurrent": 2}, "lstm": {"recurrent": 1}}
+
+
+def _require(api: str) -> None:
+    from tether_rpc.gpu.module import available_apis
+
+    found = available_apis()[api]
+    if isinstance(found, str):
+        unavailable("a %s device (%s)" % (api, found), "apt-get install " + APIS[api])
+
+
+class _Built:
+    """Each (model, target) built and exported once, with its feeds and onnxruntime's outputs."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        self._models: Dict[str, tuple] = {}
+        self._folders: Dict[Tuple[str, str], str] = {}
+
+    def model(self, name: str) -> tuple:
+        if name not in self._models:
+            model, feeds = GPU_MODELS[name]()
+            self._models[name] = (model, feeds, ort_reference(model, feeds, threads=1))
+        return self._models[name]
+
+    def folder(self, name: str, api: str) -> str:
+        key = (name, api)
+        if key not in self._folders:
+            model, _, _ = self.model(name)
+            graph, params = from_onnx(model)
+            folder = self.root / ("%s_%s" % (name, api))
+            tether.build_graph(graph, params, target=api).export(str(folder))
+            self._folders[key] = str(folder)
+        return self._folders[key]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return _Built(tmp_path_factory.mktemp("gpu_models"))
+
+
+def _run(ge: GraphExecutor, feeds: Dict[str, np.ndarray]) -> list:
+    ge.run(**feeds)
+    return [ge.get_output(i) for i in range(ge.num_outputs)]
+
+
+@pytest.mark.parametrize("api", list(APIS))
+@pytest.mark.parametrize("name", [n for n in GPU_MODELS if n != "lstm"])
+def test_model_on_gpu_matches_onnxruntime(built, name, api):
+    _require(api)
+    folder = built.folder(name, api)
+    model, feeds, ref = built.model(name)
+    deploy = json.loads(open(folder + "/deploy.json", encoding="utf-8").read())
+    assert deploy["target"]["gpu"] == api
+    cpu = {}
+    for node in deploy["nodes"]:
+        assert node["device"] in ("gpu", "cpu")
+        if node["device"] == "cpu":
+            cpu[node.get("ops") or node.get("numpy")] = cpu.get(node.get("ops") or node.get("numpy"), 0) + 1
+    assert cpu == ON_CPU.get(name, {})
+    with GraphExecutor.from_folder(folder) as ge:
+        assert ge.module.gpu is not None and ge.module.gpu.device.name == api
+        compare_model(_run(ge, feeds), ref)
+        # a model wholly on the GPU copies its inputs in and its outputs out, nothing else
+        # (compared by storage: a kernel may read an input through a reshape, a view of the same bytes)
+        copies = ge.planned_copies()
+        entries = ge.graph["entries"]
+        storage = {e["name"]: e["storage"] for e in entries}
+        if not cpu:
+            assert ({storage[c[1]] for n in copies["nodes"] for c in n["copies"]}
+                    == {entries[i]["storage"] for i in ge.graph["inputs"]})
+            assert all(c[0] == "upload" for n in copies["nodes"] for c in n["copies"])
+        assert ({storage[c[1]] for c in copies["after_run"]} == {entries[i]["storage"] for i in ge.graph["outputs"]})
+        assert all(c[0] == "download" for c in copies["after_run"])
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_lstm_on_the_host_between_gpu_kernels(built, api):
+    """The LSTM's input projection runs on the GPU, its recurrent kernel on the host's CPU: the projection is
+    downloaded before it, and its result is the output (downloaded after the run, no device copy). A second run
+    with other inputs gives onnxruntime's answer for those (inputs are uploaded on every run)."""
+    _require(api)
+    folder = built.folder("lstm", api)
+    model, feeds, ref = built.model("lstm")
+    with GraphExecutor.from_folder(folder) as ge:
+        compare_model(_run(ge, feeds), ref)
+        copies = ge.planned_copies()
+        by_device = {n["device"]: n["copies"] for n in copies["nodes"]}
+        assert [c[0] for c in by_device["gpu"]] == ["upload"]            # the input, into the projection
+        assert [c[0] for c in by_device["cpu"]] == ["download"]          # the projection, into the recurrence
+        assert copies["after_run"] == []                                  # the output was written on the host
+        other = {k: np.random.default_rng(5).standard_normal(v.shape).astype(v.dtype) for k, v in feeds.items()}
+        compare_model(_run(ge, other), ort_reference(model, other, threads=1))
+
+
+def test_crnn_over_a_session(built):
+    """The device server's path (tether.graph.* built-ins, here in a LocalSession): the same executor."""
+    _require("opencl")
+    from tether.rpc.local import LocalSession
+
+    folder = built.folder("crnn_recognizer", "opencl")
+    _, feeds, ref = built.model("crnn_recognizer")
+    with LocalSession() as s:
+        ge = s.graph_executor(folder)
+        try:
+            ge.set_input(**feeds)
+            ge.run()
+            compare_model([ge.get_output(i) for i in range(ge.get_num_outputs())], ref)
+        finally:
+            ge.close()
+
+
+def test_gpu_plan_places_nodes_and_keeps_plain_layouts():
+    """The kernel plan of a GPU target: no CPU GEMM panels, no concat views; loop-IR ops on the host's CPU with
+    the reason; te ops with a GPU strategy registered per kind (a second one is refused)."""
+    model, _ = MODELS["crnn_recognizer"]()
+    graph, params = from_onnx(model)
+    plan = plan_kernels(graph, params, "opencl")
+    assert plan.panel_weights == {} and plan.kind == "opencl"
+    cpu = [t for t in plan.tasks if t.device == "cpu"]
+    assert [t.name for t in cpu] == ["recurrent"] and "has no opencl strategy" in cpu[0].cpu_reason
+    assert all(t.device == "gpu" for t in plan.tasks if t not in cpu)
+    host_plan = plan_kernels(graph, params, "host")
+    assert all(t.device == "cpu" and not t.cpu_reason for t in host_plan.tasks)
+    for kind in ("opencl", "vulkan", "cuda"):
+        assert isinstance(OPS.strategy("conv2d", kind), TeLowering)
+        assert isinstance(OPS.strategy("softmax", kind), TeLowering) and OPS.strategy("recurrent", kind) is None
+    with pytest.raises(ValueError, match="second opencl strategy"):
+        OPS.add_strategy("opencl", "conv2d", OPS.strategy("conv2d", "opencl"))
+
+
+def test_compile_check_names_the_nodes_on_the_cpu(tmp_path):
+    from tether.cli.main import cli
+
+    model, _ = MODELS["crnn_recognizer"]()
+    onnx.save(model, str(tmp_path / "crnn.onnx"))
+    result = CliRunner().invoke(cli, ["compile", str(tmp_path / "crnn.onnx"), "--check", "-t", "vulkan"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "placement on vulkan: 18 node(s) on the GPU, 2 on the host's CPU" in lines
+    cpu = [line for line in lines if line.startswith("cpu  ")]
+    assert len(cpu) == 2 and all("(recurrent): op recurrent has no vulkan strategy" in line for line in cpu)
+    host = CliRunner().invoke(cli, ["compile", str(tmp_path / "crnn.onnx"), "--check"])
+    assert host.exit_code == 0 and "placement" not in host.output
+
+
+def test_benchmark_and_profile_of_a_gpu_model(built):
+    """benchmark and profile wait for the kernels (a GPU node only queues them); every node is timed."""
+    _require("opencl")
+    folder = built.folder("lstm", "opencl")
+    _, feeds, ref = built.model("lstm")
+    with GraphExecutor.from_folder(folder) as ge:
+        ge.set_input(**feeds)
+        res = ge.benchmark(number=2, repeat=2)
+        assert len(res["samples"]) == 2 and res["min_ms"] > 0
+        prof = ge.profile(number=2)
+        assert [r["func"] for r in prof["nodes"]] == [n["func"] for n in ge.graph["nodes"]]
+        assert all(r["seconds"] > 0 for r in prof["nodes"])
+        compare_model([ge.get_output(i) for i in range(ge.num_outputs)], ref)
+
+
+def test_crnn_for_cuda_builds_ptx_and_its_lstms_for_the_host(tmp_path):
+    """A CUDA model (no NVIDIA GPU here): the device code is PTX, the LSTMs are the host library's functions; on a
+    machine without CUDA, loading the model is refused in one line naming CUDA."""
+    from tether_rpc.gpu.api import GpuUnavailable
+    from tether_rpc.gpu.module import available_apis
+
+    model, _ = MODELS["crnn_recognizer"]()
+    graph, params = from_onnx(model)
+    factory = tether.build_graph(graph, params, target="cuda -arch=sm_80")
+    lib = factory.lib
+    assert lib.device["format"] == "ptx" and lib.device["api"] == "cuda"
+    host_funcs = [f["name"] for f in lib.metadata["functions"]]
+    assert len(host_funcs) == 1 and host_funcs[0].endswith("_recurrent")     # (one task: both LSTMs are alike)
+    assert ".target sm_80" in lib.get_source("device")
+    assert [n["func"] for n in factory.graph_json["nodes"] if n["device"] == "cpu"] == host_funcs * 2
+    factory.export(str(tmp_path))
+    if isinstance(available_apis()["cuda"], str):
+        with pytest.raises(GpuUnavailable) as info:
+            GraphExecutor.from_folder(str(tmp_path))
+        assert "runs on CUDA" in str(info.value) and "\n" not in str(info.value)
