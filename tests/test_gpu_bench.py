@@ -186,3 +186,36 @@ def test_tune_an_op_on_the_gpu_and_build_with_the_best(opencl, tmp_path):
         out = np.zeros((40, 36), "float32")
         remote.load_module("tuned.so")[task.func](xa, xb, out)
     np.testing.assert_allclose(out, xa @ xb, rtol=1e-4, atol=1e-5)
+
+
+def test_tune_a_models_gpu_kernels_and_build_with_the_log(opencl, tmp_path):
+    """`tether tune MODEL --target opencl --local`: the GPU tasks of the digits CNN's plan, 2 configs each; the log's
+    best configs are keyed by the plan's task keys, and build_graph(tuning_log=) builds a model that still computes
+    what onnxruntime does."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from tether.cli.main import cli
+    from tether.frontend import from_onnx
+    from tether.graph.plan import plan_kernels
+    from tether.target import Target
+    from tether.tune import log as tlog
+    from tether_rpc.graph_executor import GraphExecutor
+
+    log_path = os.path.join(str(tmp_path), "model.jsonl")
+    result = CliRunner().invoke(cli, ["tune", DIGITS, "-s", "input:1,1,8,8", "--target", "opencl", "--local",
+                                      "--log", log_path, "--trials", "2", "--repeat", "2", "--min-repeat-ms", "0"])
+    assert result.exit_code == 0, result.output
+    graph, params = from_onnx(onnx.load(DIGITS), shape={"input": (1, 1, 8, 8)})
+    gpu_keys = {t.key for t in plan_kernels(graph, params, Target("opencl")).tasks if t.device == "gpu"}
+    best = tlog.best_configs(log_path, Target("opencl"))
+    assert best and set(best) <= gpu_keys
+    assert all(r["clock"] == "device" for r in tlog.results(tlog.read_log(log_path)) if r["status"] == "ok")
+    folder = os.path.join(str(tmp_path), "tuned")
+    tether.build_graph(graph, params, target="opencl", tuning_log=log_path).export(folder)
+    x = np.random.default_rng(4).standard_normal((1, 1, 8, 8)).astype("float32")
+    want = ort.InferenceSession(DIGITS, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    with GraphExecutor.from_folder(folder) as ge:
+        ge.set_input("input", x)
+        ge.run()
+        got = ge.get_output(0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -152,6 +152,8 @@ def random_input(rng: np.random.Generator, shape: Sequence[int], dtype: str) -> 
 def _target_label(target: Any) -> str:
     if isinstance(target, str):
         return target
+    if getattr(target, "gpu", None) is not None:   # (a GPU target's preset is its host's: name the whole target)
+        return str(target)
     return getattr(target, "preset", None) or str(target)
 
 
