@@ -132,7 +132,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     with session, tempfile.TemporaryDirectory(prefix="bench-gpu-") as work:
         info = session.device_info()
         device_id = "%s:%d" % (args.host, args.port) if args.host else "local"
-        pretend = cpu_backed(info.get("gpus") or [], args.gpu)
+        gpus = list(info.get("gpus") or [])
+        if not any(g.get("api") == args.gpu for g in gpus) and not args.host:
+            # (device_info lists OpenCL devices only so far: ask this process's drivers, which run the GPU builds)
+            from tether_rpc.gpu.module import available_apis
+
+            found = available_apis().get(args.gpu)
+            gpus += [dict(g, api=args.gpu, index=i) for i, g in enumerate(found)] if isinstance(found, list) else []
+        pretend = cpu_backed(gpus, args.gpu)
+        described = any(g.get("api") == args.gpu for g in gpus)
         cache = runner.OnnxCache(work)
         for spec, target, path, shapes in targets:
             if time.perf_counter() - t_start > args.max_seconds:
@@ -164,6 +172,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("NOTE: %s device 0 is %r, a CPU running the kernels through a driver (pocl / lavapipe): the GPU "
               "column is not a GPU figure; it shows that the build runs and what the driver costs, not what a GPU "
               "would do." % (args.gpu, pretend))
+    elif not described:
+        print("NOTE: the device does not describe its %s devices (device_info lists OpenCL only so far): if %s:0 is "
+              "pocl or lavapipe, the GPU column is not a GPU figure." % (args.gpu, args.gpu))
     head = ("target", "GPU (clock)", "CPU (clock)", "CPU/GPU", "onnxruntime GPU", "CPU/ort")
     print("  ".join("%-28s" % head[0:1] if i == 0 else "%16s" % h for i, h in enumerate(head)))
     for row in rows:

@@ -108,8 +108,14 @@ def _bench(args, tmp_path):
     return doc, result.output
 
 
-def test_bench_an_op_on_the_gpu_beside_the_cpu(opencl, tmp_path):
-    doc, text = _bench(["op:matmul:48,32,40", "--gpu", "opencl", "--local"], tmp_path)
+@pytest.mark.parametrize("where", ["local", "server"])
+def test_bench_an_op_on_the_gpu_beside_the_cpu(opencl, tmp_path, where, request):
+    if where == "local":
+        device = ["--local"]
+    else:   # a forked device server on loopback: tether.bench.run measures there, on the device's clock
+        server = request.getfixturevalue("rpc_server")
+        device = ["--host", server.host, "--port", str(server.port), "--timeout", "120"]
+    doc, text = _bench(["op:matmul:48,32,40", "--gpu", "opencl", *device], tmp_path)
     assert doc["schema"] == "tether-bench/3"
     rows = {r["placement"]: r for r in doc["results"]}
     assert set(rows) == {"gpu", "cpu"}
