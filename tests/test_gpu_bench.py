@@ -115,7 +115,11 @@ def test_bench_an_op_on_the_gpu_beside_the_cpu(opencl, tmp_path, where, request)
     else:   # a forked device server on loopback: tether.bench.run measures there, on the device's clock
         server = request.getfixturevalue("rpc_server")
         device = ["--host", server.host, "--port", str(server.port), "--timeout", "120"]
-    doc, text = _bench(["op:matmul:48,32,40", "--gpu", "opencl", *device], tmp_path)
+    csv_path = os.path.join(str(tmp_path), "run.csv")
+    doc, text = _bench(["op:matmul:48,32,40", "--gpu", "opencl", "--csv", csv_path, *device], tmp_path)
+    import csv
+    with open(csv_path, encoding="utf-8") as fh:
+        assert [(r["placement"], r["clock"]) for r in csv.DictReader(fh)] == [("gpu", "device"), ("cpu", "host")]
     assert doc["schema"] == "tether-bench/3"
     rows = {r["placement"]: r for r in doc["results"]}
     assert set(rows) == {"gpu", "cpu"}
