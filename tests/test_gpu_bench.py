@@ -179,6 +179,15 @@ def test_tune_an_op_on_the_gpu_and_build_with_the_best(opencl, tmp_path):
     results = tlog.results(records)
     assert len(results) == 3 and all(r["status"] == "ok" and r["clock"] == "device" for r in results)
     assert len({tlog.config_text(r["config"]) for r in results}) == 3
+    # the same log again: refused without --resume; with it, only configs it does not have are measured
+    args = ["tune", "--op", "op:matmul:40,24,36", "--target", "opencl", "--local", "--log", log_path,
+            "--repeat", "2", "--min-repeat-ms", "0"]
+    again = CliRunner().invoke(cli, args + ["--trials", "3"])
+    assert again.exit_code == 1 and "--resume" in again.output
+    resumed = CliRunner().invoke(cli, args + ["--trials", "4", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    results = tlog.results(tlog.read_log(log_path))
+    assert len(results) == 4 and len({tlog.config_text(r["config"]) for r in results}) == 4
     task = GpuOpTask(parse_op("op:matmul:40,24,36"), "opencl")
     best = best_config(log_path, task)
     want = min(results, key=lambda r: r["latency_s"])["config"]

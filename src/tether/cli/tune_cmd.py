@@ -104,7 +104,7 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
         if not local and not (tracker and key):
             raise click.UsageError("GPU tuning measures on --local or a device of --tracker HOST:PORT --key KEY")
         _tune_gpu(model, input_shapes, op_specs, target, log_path, trials, time_budget, repeat, min_repeat_ms,
-                  seed, opt_level, tracker if not local else None, key, timeout)
+                  seed, opt_level, tracker if not local else None, key, timeout, resume)
         return
     if op_specs or local:
         raise click.UsageError("--op and --local tune GPU kernels: give a GPU --target (opencl, vulkan, cuda ...)")
@@ -188,7 +188,7 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
 
 def _tune_gpu(model: Optional[str], input_shapes: Tuple[str, ...], op_specs: Tuple[str, ...], target: str,
               log_path: str, trials: int, time_budget: Optional[float], repeat: int, min_repeat_ms: float, seed: int,
-              opt_level: int, tracker: Optional[str], key: Optional[str], timeout: float) -> None:
+              opt_level: int, tracker: Optional[str], key: Optional[str], timeout: float, resume: bool = False) -> None:
     """GPU kernels tuned one config at a time on one device (tune/gpu.py), on the device's clock."""
     import contextlib
 
@@ -231,7 +231,10 @@ def _tune_gpu(model: Optional[str], input_shapes: Tuple[str, ...], op_specs: Tup
         click.echo("%-12s %s %s" % (rec["status"], "%.3g ms" % (rec["latency_s"] * 1e3) if rec.get("latency_s")
                                     else "-", rec["config"]))
 
-    gpu_tune.tune_gpu(tasks, log_path, open_session, trials=trials, time_budget=time_budget, repeat=repeat,
-                      min_repeat_ms=min_repeat_ms, seed=seed, device_label="local" if tracker is None else key,
-                      on_result=show)
+    try:
+        gpu_tune.tune_gpu(tasks, log_path, open_session, trials=trials, time_budget=time_budget, repeat=repeat,
+                          min_repeat_ms=min_repeat_ms, seed=seed, device_label="local" if tracker is None else key,
+                          on_result=show, resume=resume)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(gpu_tune.read_summary(log_path))

@@ -132,12 +132,23 @@ def _configs(space: ConfigSpace, trials: int, seed: int, key: str) -> Iterator[D
 
 def tune_gpu(tasks: Sequence[Any], log_path: str, open_session: Callable[[], Any], *, trials: int = 8,
              time_budget: Optional[float] = None, repeat: int = 5, min_repeat_ms: float = 1.0, seed: int = 0,
-             device_label: str = "local", on_result: Optional[Callable[[Dict[str, Any]], None]] = None
-             ) -> Dict[str, Any]:
+             device_label: str = "local", on_result: Optional[Callable[[Dict[str, Any]], None]] = None,
+             resume: bool = False) -> Dict[str, Any]:
     """Measure up to ``trials`` configs per task (the default first) on the session ``open_session()`` gives (a
-    context manager), appending to the log at ``log_path``. Returns ``{task key: best ok result}``."""
+    context manager), appending to the log at ``log_path``. Returns ``{task key: best ok result}`` of this run.
+
+    A log that already has results for one of the tasks is refused unless ``resume``: then nothing it has is
+    measured again (the default runs once more, unlogged, for the reference output), and ``trials`` counts the
+    configs it already has."""
     from tether.tune.measure import check_output
 
+    done: Dict[str, set] = {}
+    for r in tlog.results(tlog.read_log(log_path)):
+        done.setdefault(r.get("task"), set()).add(config_text(r.get("config") or {}))
+    again = [t.name for t in tasks if t.key in done]
+    if again and not resume:
+        raise ValueError("tuning log %s already has results for %s; continue it with --resume, or give another --log"
+                         % (log_path, ", ".join(again)))
     deadline = time.perf_counter() + time_budget if time_budget else None
     best: Dict[str, Dict[str, Any]] = {}
     with tlog.TuningLog(log_path) as out, open_session() as session, \
@@ -145,20 +156,28 @@ def tune_gpu(tasks: Sequence[Any], log_path: str, open_session: Callable[[], Any
         for task in tasks:
             space = task.space()
             specs = task.arg_specs()
-            out.write({"kind": "task", "task": task.key, "name": task.name, "target": tlog.target_id(task.target),
-                       "weight": 1, "space": {k: list(v) for k, v in space.knobs},
-                       "args": [{"shape": list(s), "dtype": d} for s, d in specs], "device": "gpu"})
+            seen = done.get(task.key, set())
+            if not seen:
+                out.write({"kind": "task", "task": task.key, "name": task.name, "target": tlog.target_id(task.target),
+                           "weight": 1, "space": {k: list(v) for k, v in space.knobs},
+                           "args": [{"shape": list(s), "dtype": d} for s, d in specs], "device": "gpu"})
             rng = np.random.default_rng(seed)
             inputs = [_random_input(rng, s, d) for s, d in specs[:-task.n_outputs]]
             ref: Optional[np.ndarray] = None
             for n, config in enumerate(_configs(space, trials, seed, task.key)):
                 if deadline is not None and n > 0 and time.perf_counter() > deadline:
                     break
+                if n > 0 and config_text(config) in seen:
+                    continue
                 rec = _measure_one(session, task, config, inputs, specs, ref, work, repeat, min_repeat_ms,
                                    check_output)
                 if n == 0 and rec["status"] == tlog.OK:
                     ref = rec.pop("_output")
                 rec.pop("_output", None)
+                if n == 0 and config_text(config) in seen:   # (resumed: the reference only)
+                    if ref is None:
+                        break
+                    continue
                 rec.update({"kind": "result", "task": task.key, "target": tlog.target_id(task.target),
                             "config": config, "device": device_label, "clock": rec.get("clock", "device")})
                 out.write(rec)
