@@ -20,6 +20,7 @@ arches=()
 cache_dir=""
 install=1
 action=build
+packages=base
 
 usage() {
     sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
@@ -28,6 +29,8 @@ Options:
   --arch aarch64|armv7   build only this arch (repeatable; default: both)
   --cache-dir DIR        userland cache (default: \$TETHER_USERLAND_CACHE, \$XDG_CACHE_HOME/tether/userlands or
                          ~/.cache/tether/userlands of the user who ran sudo)
+  --packages base|opencl the package set (default base; opencl adds pocl for OpenCL modules: a separate, larger
+                         userland, see docs/emulation.md)
   --rebuild              rebuild even if a complete userland is cached
   --no-install           never apt-get install missing tools; fail with the list instead
   --list                 show the cached userlands and exit
@@ -39,6 +42,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --arch) arches+=("$2"); shift 2 ;;
         --cache-dir) cache_dir="$2"; shift 2 ;;
+        --packages) packages="$2"; shift 2 ;;
         --rebuild) action=rebuild; shift ;;
         --no-install) install=0; shift ;;
         --list) action=list; shift ;;
@@ -112,13 +116,14 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-run_recipe "$action" "${arches[@]}" <<'EOF'
-import sys, time
+TETHER_SETUP_PACKAGES="$packages" run_recipe "$action" "${arches[@]}" <<'EOF'
+import os, sys, time
 from tether import emulate
 action, arches = sys.argv[1], sys.argv[2:]
 for arch in arches:
     t0 = time.monotonic()
     userland = emulate.ensure_userland(arch, force=(action == "rebuild"),
+                                       packages=os.environ["TETHER_SETUP_PACKAGES"],
                                        progress=lambda msg, a=arch: print("[%s] %s" % (a, msg), file=sys.stderr))
     s = userland.stamp
     print("%-8s ready in %.1f s: %s (Debian %s %s, python %s, numpy %s, msgpack %s, %.0f MB)"

@@ -221,3 +221,11 @@ def test_crnn_for_cuda_builds_ptx_and_its_lstms_for_the_host(tmp_path):
         with pytest.raises(GpuUnavailable) as info:
             GraphExecutor.from_folder(str(tmp_path))
         assert "runs on CUDA" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_aot_refuses_gpu_targets_in_one_line():
+    model, _ = CASES["lstm"]()
+    graph, params = from_onnx(model)
+    with pytest.raises(ValueError) as info:
+        tether.build_graph(graph, params, target="vulkan", executor="aot")
+    assert "GPU target vulkan" in str(info.value) and "\n" not in str(info.value)

@@ -2,7 +2,8 @@
 on pocl's OpenCL CPU device, compared with the same tir compiled by the CPU backend (the kernel's thread indices
 become serial loops there) and, for the math calls, with numpy.
 
-Needs pocl (apt-get install pocl-opencl-icd ocl-icd-libopencl1): skipped without it, a failure under CI.
+Needs pocl (apt-get install pocl-opencl-icd ocl-icd-libopencl1) and clang (the source against each OpenCL C
+version): skipped without them, a failure under CI.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import ctypes
 import math
 import re
 import struct
+import subprocess
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from tether.tir import (Allocate, Binary, Buffer, Call, Cast, Compare, Const, Fo
                         PrimFunc, Select, Store, Var, call_packed, dot4, seq)
 from tether.tir.device import Barrier, DeviceKernel
 
-from fixtures.prereq import unavailable
+from fixtures.prereq import require_tool, unavailable
 
 BLOCK = 64
 I32, F32 = "int32", "float32"
@@ -169,7 +171,7 @@ def test_loops_private_arrays_and_pragmas():
     src = opencl_source([DeviceKernel("loops", [out], body, {bx: "blockIdx.x", tx: "threadIdx.x"}, (1, 1, 1),
                                       (BLOCK, 1, 1))])
     assert "    float acc[4];" in src
-    assert "    #pragma unroll\n    for (int j = 0; j < 4; ++j) {" in src
+    assert "    #pragma unroll\n    for (int j = 0; j < 4; ++j) {" in src and "acc[j] = (float)j;" in src
     assert "for (int j_1 = 1; j_1 < 1 + 3; ++j_1) {" in src    # a second loop over a Var also named j
 
 
@@ -202,7 +204,7 @@ def test_integer_constants_carry_their_type():
     out = Buffer("out", (4,), "int64")
     body = seq(Store(out, Const(0, I32), Const(-(1 << 63), "int64")), Store(out, Const(1, I32), Const(5, "int64")))
     src = opencl_source([DeviceKernel("k", [out], body, {}, (1, 1, 1), (1, 1, 1))])
-    assert "out[0] = (-9223372036854775807L - 1L);" in src
+    assert "out[0] = -9223372036854775807L - 1L;" in src
     assert "out[1] = 5L;" in src
 
 
@@ -216,7 +218,7 @@ def test_names_are_sanitised_and_unique():
     src = opencl_source([DeviceKernel("names", [a, b], body, {}, (1, 1, 1), (1, 1, 1))])
     assert "void names(__global float* restrict x_in, __global float* restrict int_)" in src
     assert "for (int i = 0;" in src and "for (int i_1 = 0;" in src and "for (int exp_ = 0;" in src
-    assert "exp(x_in[((i + i_1) + exp_)])" in src
+    assert "int_[((i * 4) + (i_1 * 2)) + exp_] = exp(x_in[(i + i_1) + exp_]);" in src
 
 
 def test_refusals_name_the_problem():
@@ -243,6 +245,10 @@ def test_refusals_name_the_problem():
         loop = For(t, Const(0, I32), Const(4, I32), "thread", Store(out, Const(0, I32), Const(1.0, F32)))
         loop.thread_tag = "threadIdx.x"
         opencl_source([kernel(body=loop)])
+    with pytest.raises(CompileError, match="bound to 'warpIdx.x', not a thread index"):
+        opencl_source([kernel(Const(1.0, F32), thread_of={Var("w"): "warpIdx.x"})])
+    with pytest.raises(CompileError, match="at least one kernel"):
+        opencl_source([])
     with pytest.raises(CompileError, match="variable 'q' is used outside its loop"):
         opencl_source([kernel(Cast(F32, Var("q")))])
     with pytest.raises(CompileError, match="bfloat16 is not supported"):
@@ -466,7 +472,7 @@ def test_two_kernels_in_one_program_share_helpers(gpu):
     k1 = elementwise("floor_div", [b0], I32, lambda x: Binary("floordiv", x, Const(-3, I32)), N)
     k2 = elementwise("floor_mod", [b0], I32, lambda x: Binary("floormod", x, Const(-3, I32)), N)
     src = opencl_source([k1, k2])
-    assert src.count("static inline int tether_floordiv_int") == 1
+    assert src.count("int tether_floordiv_int") == 1
     out = np.zeros(N, np.int32)
     np.testing.assert_array_equal(run_gpu(gpu, [k1, k2], "floor_div", [a, out], [N])[1], a // -3)
     np.testing.assert_array_equal(run_gpu(gpu, [k1, k2], "floor_mod", [a, out], [N])[1], a % -3)
@@ -510,3 +516,73 @@ def test_select_evaluates_only_the_chosen_arm(gpu):
         Compare("ne", y, Const(0, I32)), Binary("floordiv", x, y), Const(-1, I32)))
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(got, np.where(b != 0, a // np.where(b != 0, b, 1), -1))
+
+
+def test_float16_and_bool_in_shared_and_private_arrays(gpu):
+    # each group reverses its 64 values through a float16 shared tile and a private float16 copy; a bool tile
+    # carries their signs the same way
+    bx, tx = Var("bx"), Var("tx")
+    groups = 3
+    x, y = Buffer("x", (groups * BLOCK,), "float16"), Buffer("y", (groups * BLOCK,), "float16")
+    neg = Buffer("neg", (groups * BLOCK,), "bool")
+    tile, signs = Buffer("tile", (BLOCK,), "float16", "shared"), Buffer("signs", (BLOCK,), "bool", "shared")
+    mine = Buffer("mine", (1,), "float16", "local")
+    g = bx * BLOCK + tx
+    zero = Const(0, I32)
+    body = Allocate(tile, Allocate(signs, Allocate(mine, seq(
+        Store(tile, tx, Load(x, g) * Const(3.0, "float16")),
+        Store(signs, tx, Compare("lt", Load(x, g), Const(0.0, "float16"))),
+        Barrier(),
+        Store(mine, zero, Load(tile, Const(BLOCK - 1, I32) - tx)),
+        Store(y, g, Load(mine, zero)),
+        Store(neg, g, Load(signs, Const(BLOCK - 1, I32) - tx))))))
+    k = DeviceKernel("reverse_half", [x, y, neg], body, {bx: "blockIdx.x", tx: "threadIdx.x"}, (groups, 1, 1),
+                     (BLOCK, 1, 1))
+    src = opencl_source([k])
+    assert "__local ushort tile[64];" in src and "__local uchar signs[64];" in src and "ushort mine[1];" in src
+    xs = (RNG.standard_normal(groups * BLOCK) * 1000).astype(np.float16)
+    _, ys, negs = run_gpu(gpu, k, "reverse_half", [xs, np.zeros_like(xs), np.zeros(groups * BLOCK, np.bool_)])
+    want = (xs.astype(np.float32) * 3).astype(np.float16).reshape(groups, BLOCK)[:, ::-1].ravel()
+    np.testing.assert_array_equal(ys, want)
+    np.testing.assert_array_equal(negs, (xs < 0).reshape(groups, BLOCK)[:, ::-1].ravel())
+
+
+@pytest.mark.parametrize("std", ["CL1.1", "CL1.2", "CL2.0"])
+def test_source_compiles_as_every_opencl_c_version(tmp_path, std):
+    # pocl compiles OpenCL C 1.2; phones' drivers range from 1.1 (older Mali) to 2.0 (Adreno): clang checks the
+    # helpers, half storage, shared memory and barriers against each language version
+    clang = require_tool("clang")
+    a, h = Buffer("a", (N,), F32), Buffer("h", (N,), "float16")
+    ints = Buffer("i8", (N,), "int8")
+    kernels = [
+        elementwise("math_all", [a], F32, lambda x: Call("sigmoid", [x], F32) + Binary("max", x, Call(
+            "rsqrt", [x], F32)), N),
+        elementwise("half_round", [a], "float16", lambda x: Cast("float16", x), N),
+        elementwise("half_in", [h], F32, lambda x: Call("exp", [Cast(F32, x)], F32), N),
+        elementwise("int_ops", [ints], "int8", lambda x: Binary("floormod", x, Const(-3, "int8")) + Call(
+            "abs", [x], "int8"), N),
+        reduction_kernel(2),
+    ]
+    path = tmp_path / "program.cl"
+    path.write_text(opencl_source(kernels))
+    r = subprocess.run([clang, "-x", "cl", "-cl-std=" + std, "-Xclang", "-finclude-default-header",
+                        "-fsyntax-only", "-Werror", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_index_math_proven_non_negative_divides_plainly(gpu):
+    # (bx*64 + tx + j) // 7 cannot be negative: C's / (as the CPU's unsigned division there); tx - j can, so its
+    # floormod keeps the floor helper; both agree with the CPU backend
+    bx, tx, j = Var("bx"), Var("tx"), Var("j")
+    out = Buffer("out", (3 * BLOCK * 4,), I32)
+    g = bx * BLOCK + tx
+    body = For(j, Const(0, I32), Const(4, I32), "serial", Store(out, g * 4 + j, Binary(
+        "floordiv", g + j, Const(7, I32)) * 100 + Binary("floormod", tx - j * 5, Const(7, I32))))
+    k = DeviceKernel("index_math", [out], body, {bx: "blockIdx.x", tx: "threadIdx.x"}, (3, 1, 1), (BLOCK, 1, 1))
+    src = opencl_source([k])
+    assert "(((bx * 64) + tx) + j) / 7" in src and "tether_floormod_int((tx - (j * 5)), 7)" in src
+    arrays = [np.zeros(3 * BLOCK * 4, np.int32)]
+    got = run_gpu(gpu, k, "index_math", arrays)[0]
+    same(got, run_cpu(k, arrays)[0], "index_math")
+    gg, jj = np.divmod(np.arange(3 * BLOCK * 4), 4)
+    np.testing.assert_array_equal(got, (gg + jj) // 7 * 100 + (gg % BLOCK - jj * 5) % 7)

@@ -283,12 +283,14 @@ def test_threads_share_one_device(dev):
 def test_dropped_buffers_are_released(dev):
     import gc
 
-    before = len(dev._state.buffers)
+    before = dev.allocated_bytes()
     bufs = [dev.alloc(1 << 16) for _ in range(50)]
-    assert len(dev._state.buffers) == before + 50
+    assert dev.allocated_bytes() == before + 50 * (1 << 16)
+    dev.free(bufs.pop())
+    assert dev.allocated_bytes() == before + 49 * (1 << 16)
     del bufs
     gc.collect()
-    assert len(dev._state.buffers) == before
+    assert dev.allocated_bytes() == before
 
 
 def test_two_dimensional_launch(dev):
@@ -400,6 +402,23 @@ def test_limits_and_features_refused_at_load(dev):
         dev.load(VECTOR_ADD, [_info("vadd", needs=["tensor_cores"])])
 
 
+def test_required_work_group_size_is_checked_at_load(dev):
+    src = b"""__kernel __attribute__((reqd_work_group_size(64, 2, 1)))
+void fixed(__global int* out) { out[get_global_id(1) * 64 + get_global_id(0)] = (int)get_local_size(1); }"""
+    program = dev.load(src, [_info("fixed", (64, 2, 1))])
+    buf = dev.alloc(4 * 64 * 2)
+    try:
+        dev.launch(program, "fixed", [buf], (1, 1, 1), (64, 2, 1))
+        out = np.zeros(128, np.int32)
+        dev.download(buf, out)
+        np.testing.assert_array_equal(out, 2)
+    finally:
+        dev.free(buf)
+    with pytest.raises(ModuleLoadError, match=r"fixed: launched with block \(32, 4, 1\), but its source requires "
+                                              r"\(64, 2, 1\) \(reqd_work_group_size\)"):
+        dev.load(src, [_info("fixed", (32, 4, 1))])
+
+
 def test_error_names():
     assert error_name(-52) == "CL_INVALID_KERNEL_ARGS" and error_name(-11) == "CL_BUILD_PROGRAM_FAILURE"
     assert error_name(-9999) == "CL error -9999"
@@ -436,7 +455,7 @@ def test_missing_library_names_the_path():
         from tether_rpc.gpu.opencl import OpenCLDevice
         from tether_rpc.gpu.api import GpuUnavailable
         from tether_rpc.device_info import device_info
-        print(OpenCLDevice.available(), device_info()["gpus"])
+        print(OpenCLDevice.available(), [g for g in device_info()["gpus"] if g["api"] == "opencl"])
         try:
             OpenCLDevice(0)
         except GpuUnavailable as exc:
@@ -515,7 +534,7 @@ def broken_drivers(tmp_path_factory):
     from tether import cc
 
     folder = tmp_path_factory.mktemp("broken-opencl")
-    stubs = "\n".join("int %s(void) { return -30; }" % name for name in opencl._SIGNATURES
+    stubs = "\n".join("int %s(void) { return -30; }" % name for name in opencl.FUNCTIONS
                       if name != "clGetPlatformIDs")
     source = folder / "broken_cl.c"
     source.write_text(stubs + """
@@ -569,12 +588,18 @@ def test_device_info_survives_a_hanging_driver_in_a_threaded_process(broken_driv
         stop = threading.Event()
         threading.Thread(target=stop.wait, daemon=True).start()
         info = di.device_info()
-        print(json.dumps([info["gpus"], info["gpu_errors"], [t.name for t in threading.enumerate()]]))
+        names = [t.name for t in threading.enumerate()]
+        again = di.device_info()["gpu_errors"]   # the failure stands: no second probe, no second wait
+        di.GPU_RETRY_AFTER = 0.0
+        retried = di.device_info()["gpu_errors"]   # retried, but not beside the probe still stuck in the driver
+        probes = sum(t.name == "tether-gpu-probe" for t in threading.enumerate())
+        print(json.dumps([info["gpus"], info["gpu_errors"], names, again, retried, probes]))
     """, TETHER_OPENCL_LIBRARY=broken_drivers["HANG"])
     assert result.returncode == 0, result.stderr
-    gpus, errors, threads = json.loads(result.stdout)
+    gpus, errors, threads, again, retried, probes = json.loads(result.stdout)
     assert gpus == [] and errors == ["GPU drivers did not list their devices within 2 s"]
-    assert "tether-gpu-probe" in threads
+    assert "tether-gpu-probe" in threads and again == errors
+    assert retried == ["GPU drivers are still listing their devices (an earlier listing hung)"] and probes == 1
 
 
 def test_device_info_over_rpc_lists_pocl(rpc_server):

@@ -392,3 +392,56 @@ def test_broadcast_readers_are_not_fused():
     own: computing it in each reader's thread would redo the row per element."""
     x = P((4, 64, 64), "X")
     assert len(program(ops.softmax(x), [x]).kernels) == 4      # max, exp, sum, normalize
+
+
+# ---------------------------------------------------------------- a model's kernels, as the graph lowers them
+def _model_tasks(kind):
+    from tether.frontend.onnx.model import from_onnx
+    from tether.graph.plan import plan_kernels
+    from tether.kernels.registry import TeLowering
+    from tether.testing.model_kinds import KINDS
+    model, _ = KINDS[kind]("test")
+    graph, params = from_onnx(model)
+    # opt level 2: no build-time packing of conv weights into the CPU's panels (docs/gpu.md)
+    plan = plan_kernels(graph, params, "host", opt_level=2)
+    return plan, [t for t in plan.tasks if isinstance(t.strategy, TeLowering)]
+
+
+def _lower_task(plan, task):
+    from tether.graph.to_te import lower_kernel
+    placeholders, out, _ = lower_kernel(task.node, plan.graph.types, conv_gemm=False, kind=plan.kind)
+    return placeholders, out
+
+
+@pytest.mark.parametrize("kind", ["mobilenetv3_cls", "transformer_encoder"])
+def test_every_te_kernel_of_a_model_builds_for_the_gpu(cl_device, kind):
+    """Every te kernel of the model (fused conv + bias + activation, depthwise, squeeze-excite pooling, dense,
+    attention matmuls, layer norm, gelu...) is scheduled within the default
+    limits, split, emitted as OpenCL C and built by the driver."""
+    from tether.codegen.opencl_c import opencl_source
+    plan, tasks = _model_tasks(kind)
+    assert len(tasks) >= 10
+    for task in tasks:
+        placeholders, out = _lower_task(plan, task)
+        prog = program(out, placeholders)
+        assert all(k.block[0] * k.block[1] * k.block[2] <= 256 and k.shared_bytes() <= 16 * 1024
+                   for k in prog.kernels), task.name
+        cl_device.load(opencl_source(prog.kernels).encode(), [k.launch_info() for k in prog.kernels])
+
+
+def test_transformer_kernels_match_the_cpu_build(cl_device, run_ops):
+    """Each te kernel of a transformer encoder, on the model's weights and random activations: the GPU schedule
+    on pocl and the CPU build of the same compute agree."""
+    rng = np.random.default_rng(8)
+    plan, tasks = _model_tasks("transformer_encoder")
+    for task in tasks:
+        placeholders, out = _lower_task(plan, task)
+        arrays = []
+        for name, ph in zip(task.node.body_params(), placeholders):
+            shape = tuple(int(d) for d in ph.shape)
+            const = plan.params.get(name)
+            arrays.append(np.asarray(const, ph.dtype).reshape(shape) if const is not None
+                          else rng.standard_normal(shape).astype(ph.dtype))
+        (cpu,) = run_ops(list(zip(placeholders, arrays)), [out])
+        (got,) = gpu(cl_device, out, placeholders, arrays, name=task.name.replace("+", "_"))
+        close(got, cpu)

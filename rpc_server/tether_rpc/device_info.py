@@ -244,8 +244,13 @@ def _versions() -> Dict[str, Optional[str]]:
 
 #: seconds a GPU driver may take to list its devices before device_info gives up on it
 GPU_PROBE_TIMEOUT = 20.0
-_gpu_listing: Dict[str, Tuple[List[Dict[str, Any]], List[str]]] = {}
+#: seconds a failed listing stands before device_info tries again (a hung driver would otherwise cost every
+#: call the whole timeout, and in a threaded process one more stuck thread)
+GPU_RETRY_AFTER = 300.0
+# TETHER_OPENCL_LIBRARY -> (when listed, gpus, errors)
+_gpu_listing: Dict[str, Tuple[float, List[Dict[str, Any]], List[str]]] = {}
 _gpu_listing_lock = threading.Lock()
+_probe_threads: List[threading.Thread] = []
 
 
 def _gpu_apis() -> List[Tuple[str, Any]]:
@@ -257,6 +262,16 @@ def _gpu_apis() -> List[Tuple[str, Any]]:
         apis.append(("opencl", OpenCLDevice))
     except Exception as exc:
         logger.debug("tether_rpc.gpu.opencl not importable: %s", exc)
+    try:
+        from .gpu.vulkan import VulkanDevice
+        apis.append(("vulkan", VulkanDevice))
+    except Exception as exc:
+        logger.debug("tether_rpc.gpu.vulkan not importable: %s", exc)
+    try:
+        from .gpu.cuda import CudaDevice
+        apis.append(("cuda", CudaDevice))
+    except Exception as exc:
+        logger.debug("tether_rpc.gpu.cuda not importable: %s", exc)
     return apis
 
 
@@ -277,17 +292,30 @@ def _list_gpus(apis: List[Tuple[str, Any]]) -> Dict[str, Any]:
 
 
 def _drivers_loaded() -> bool:
+    """Whether this process has a GPU driver library loaded already (then it may have driver threads: no fork)."""
+    loaded = False
     try:
         from .gpu.opencl import library_loaded
-        return library_loaded()
+        loaded = library_loaded()
     except Exception:
-        return False
+        pass
+    try:
+        from .gpu.vulkan import library_loaded as vulkan_loaded
+        loaded = loaded or vulkan_loaded()
+    except Exception:
+        pass
+    return loaded
 
 
 def _list_gpus_in_thread(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str, Any]:
     """_list_gpus in a daemon thread: a driver that hangs costs that thread, never the caller."""
+    stuck = [t for t in _probe_threads if t.is_alive()]
+    _probe_threads[:] = stuck
+    if stuck:   # an earlier probe is still inside a driver: a second one would hang beside it
+        return {"gpus": [], "errors": ["GPU drivers are still listing their devices (an earlier listing hung)"]}
     box: List[Dict[str, Any]] = []
     thread = threading.Thread(target=lambda: box.append(_list_gpus(apis)), name="tether-gpu-probe", daemon=True)
+    _probe_threads.append(thread)
     thread.start()
     thread.join(timeout)
     if not box:
@@ -361,17 +389,19 @@ def _list_gpus_in_child(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str
 def gpu_devices(timeout: Optional[float] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
     """(gpus, errors): every GPU API's devices as ``{"api", "index", "spec", ...info()}``, and why an API could not be
     listed. Bounded by ``timeout`` (default GPU_PROBE_TIMEOUT), computed once per process when it succeeds
-    (drivers do not come and go while a server runs).
+    (drivers do not come and go while a server runs); a failed listing stands for GPU_RETRY_AFTER seconds.
 
     Where this process is single-threaded and has not loaded a GPU driver (the device server's loop), the
     listing runs in a forked child (see _list_gpus_in_child); elsewhere (a session worker, whose watchdog is a
     thread and which may use a GPU itself) in a daemon thread of this process.
     """
     with _gpu_listing_lock:
-        key = os.environ.get("TETHER_OPENCL_LIBRARY", "")
+        key = "\0".join(os.environ.get(v, "") for v in ("TETHER_OPENCL_LIBRARY", "TETHER_VULKAN_LIBRARY",
+                                                          "TETHER_CUDA_LIBRARY"))
         if key in _gpu_listing:
-            gpus, errors = _gpu_listing[key]
-            return [dict(g) for g in gpus], list(errors)
+            when, gpus, errors = _gpu_listing[key]
+            if not errors or time.monotonic() - when < GPU_RETRY_AFTER:
+                return [dict(g) for g in gpus], list(errors)
         timeout = GPU_PROBE_TIMEOUT if timeout is None else timeout
         apis = _gpu_apis()   # imported here, not in a forked child
         if hasattr(os, "fork") and threading.active_count() == 1 and not _drivers_loaded():
@@ -379,8 +409,7 @@ def gpu_devices(timeout: Optional[float] = None) -> Tuple[List[Dict[str, Any]], 
         else:
             result = _list_gpus_in_thread(apis, timeout)
         gpus, errors = list(result.get("gpus") or []), [str(e) for e in result.get("errors") or []]
-        if not errors:   # a failure may be passing (a busy driver): list again next time
-            _gpu_listing[key] = (gpus, errors)
+        _gpu_listing[key] = (time.monotonic(), gpus, errors)
         return [dict(g) for g in gpus], errors
 
 

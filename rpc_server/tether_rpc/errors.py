@@ -12,7 +12,10 @@ Grouped by what the caller can do about it::
     ├── RemoteError              the remote side raised; .remote_type and .remote_traceback say what and where
     │   └── SessionCrashed       the session worker died (e.g. a kernel segfault); the server lives on
     ├── ModuleLoadError          a shared library could not be loaded
-    │   └── ArchMismatch         the library was built for another architecture (both are named)
+    │   ├── ArchMismatch         the library was built for another architecture (both are named)
+    │   ├── GpuUnavailable       the module (or array) needs a GPU API or feature this device lacks (named)
+    │   └── GpuBuildError        the GPU driver refused a module's device code (its build log in the message)
+    ├── GpuError                 a GPU driver call failed (the call and the driver's error name)
     ├── KernelError              a packed function refused its arguments or failed
     ├── UnsafePathError          an upload name tried to leave the session folder (also a ValueError)
     ├── LimitExceeded            a per-session limit (upload bytes, handles) was reached; the session goes on
@@ -99,3 +102,16 @@ class OutOfMemory(LimitExceeded, MemoryError):
 
 class DeviceBusy(TetherError):
     pass
+
+
+class GpuError(TetherError):
+    """A GPU device API call failed; the message names the call and the driver's error code."""
+
+
+class GpuUnavailable(ModuleLoadError):
+    """This device has no such GPU API (its driver library is missing or lists no device), or lacks a feature a
+    module needs; the message names what is missing."""
+
+
+class GpuBuildError(ModuleLoadError):
+    """The GPU driver refused a kernel's code; the message carries the driver's build log."""

@@ -154,7 +154,9 @@ class GraphExecutor:
 
         gpu_functions = module.gpu.functions
         on_gpu = [("numpy" not in node and node["func"] in gpu_functions) for node in graph["nodes"]]
-        mem = DeviceStorages(module.gpu.device, sizes, self._entries, graph["entries"])
+        used = {int(graph["entries"][int(i)]["storage"]) for node, gpu in zip(graph["nodes"], on_gpu) if gpu
+                for i in node["args"]}
+        mem = DeviceStorages(module.gpu.device, sizes, self._entries, graph["entries"], sorted(used))
         self._device_memory = mem
         before, self._after_run = plan_copies(graph["nodes"], on_gpu, mem.storage_of, graph["inputs"],
                                               graph["params"], graph["outputs"], list(self._dynamic))
@@ -285,8 +287,8 @@ class GraphExecutor:
                 raise ValueError("param %r is %s %s, the graph expects %s %s"
                                  % (name, name_of(src.dtype), src.shape, name_of(dst.dtype), dst.shape))
             np.copyto(dst, src)
-            if self._device_memory is not None:   # params live on the device from now on
-                self._device_memory.upload(idx)
+            if self._device_memory is not None and self._device_memory.on_device(idx):
+                self._device_memory.upload(idx)    # (params GPU nodes read live on the device from now on)
 
     # -- running -----------------------------------------------------------------------------------------------
     def run(self, **inputs: Any) -> None:

@@ -28,8 +28,11 @@ import pathlib
 import re
 import shutil
 import signal
+import shlex
 import subprocess
 import sys
+import tempfile
+import textwrap
 import threading
 import time
 import uuid
@@ -41,6 +44,14 @@ log = logging.getLogger(__name__)
 
 SUITE = "bookworm"
 PACKAGES = ("python3", "python3-numpy", "python3-msgpack")
+#: Package sets: every userland has "base" (what the device server needs); another set is a separate userland,
+#: cached in its own folder (``<arch>-<set>``) and built on first use by whoever asks for it, so a large optional
+#: toolchain never enters the default userland nor slows the builds of those who do not need it. "opencl": pocl
+#: (OpenCL on the CPU; libpocl2 pulls in clang-15 and libllvm15, about 470 MB) and the ICD loader, for GPU modules.
+PACKAGE_SETS: dict[str, tuple] = {
+    "base": PACKAGES,
+    "opencl": PACKAGES + ("ocl-icd-libopencl1", "pocl-opencl-icd"),
+}
 # Bump when the recipe changes, so cached userlands built by an older recipe are rebuilt.
 RECIPE_VERSION = 1
 STAMP_NAME = "userland.json"
@@ -148,6 +159,7 @@ class Userland:
     spec: ArchSpec
     path: pathlib.Path          # the folder holding rootfs/ and the stamp
     stamp: dict
+    package_set: str = "base"   # a key of PACKAGE_SETS
 
     @property
     def rootfs(self) -> pathlib.Path:
@@ -169,11 +181,11 @@ class Userland:
         return self.rootfs / guest_abs.lstrip("/")
 
     def run_python(self, args: Sequence[str], *, cpu: Optional[str] = None, timeout: float = 120.0,
-                   check: bool = True) -> subprocess.CompletedProcess:
-        """Run the guest python to completion (used for checks, not for servers)."""
+                   check: bool = True, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+        """Run the guest python to completion (used for checks, not for servers); ``env`` adds variables."""
         argv = self.command(args, cpu=cpu)
-        proc = subprocess.run(argv, env=guest_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout, text=True)
+        proc = subprocess.run(argv, env=dict(guest_env(), **(env or {})), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=timeout, text=True)
         if check and proc.returncode != 0:
             raise EmulationError("guest python %s failed (exit %d): %s"
                                  % (" ".join(args), proc.returncode, proc.stderr.strip()[-2000:]))
@@ -185,26 +197,36 @@ def guest_env() -> dict:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp"}
 
 
-def _userland_dir(spec: ArchSpec, cache: Optional[pathlib.Path]) -> pathlib.Path:
-    return (cache or cache_root()) / spec.name
+def _package_set(name: str) -> tuple:
+    if name not in PACKAGE_SETS:
+        raise EmulationError("unknown userland package set %r: choose one of %s" % (name, ", ".join(PACKAGE_SETS)))
+    return PACKAGE_SETS[name]
 
 
-def _read_stamp(path: pathlib.Path) -> Optional[dict]:
+def _userland_dir(spec: ArchSpec, cache: Optional[pathlib.Path], packages: str = "base") -> pathlib.Path:
+    # The package set is part of the cache key: its own folder, and the stamp's package list must match it.
+    _package_set(packages)
+    return (cache or cache_root()) / (spec.name if packages == "base" else "%s-%s" % (spec.name, packages))
+
+
+def _read_stamp(path: pathlib.Path, packages: str = "base") -> Optional[dict]:
     try:
         stamp = json.loads((path / STAMP_NAME).read_text())
     except (OSError, ValueError):
         return None
     if stamp.get("recipe") != RECIPE_VERSION or not (path / "rootfs" / "usr" / "bin" / "python3").exists():
         return None
+    if list(stamp.get("packages") or ()) != list(_package_set(packages)):
+        return None
     return stamp
 
 
-def cached_userland(arch: str, *, cache: Optional[pathlib.Path] = None) -> Optional[Userland]:
-    """The cached userland for ``arch`` if a complete one exists (no tools needed), else None."""
+def cached_userland(arch: str, *, cache: Optional[pathlib.Path] = None, packages: str = "base") -> Optional[Userland]:
+    """The cached userland for ``arch`` and package set ``packages`` if a complete one exists (no tools needed)."""
     spec = arch_spec(arch)
-    path = _userland_dir(spec, cache)
-    stamp = _read_stamp(path)
-    return Userland(spec, path, stamp) if stamp is not None else None
+    path = _userland_dir(spec, cache, packages)
+    stamp = _read_stamp(path, packages)
+    return Userland(spec, path, stamp, packages) if stamp is not None else None
 
 
 @contextlib.contextmanager
@@ -229,25 +251,27 @@ def _build_lock(path: pathlib.Path, timeout: float) -> Iterator[None]:
 
 def ensure_userland(arch: str, *, cache: Optional[pathlib.Path] = None, suite: str = SUITE,
                     mirrors: Sequence[str] = (), force: bool = False,
-                    progress: Optional[Callable[[str], None]] = None) -> Userland:
-    """Return the cached userland for ``arch``, building it first if needed (idempotent; stamp-checked).
+                    progress: Optional[Callable[[str], None]] = None, packages: str = "base") -> Userland:
+    """Return the cached userland for ``arch`` with package set ``packages`` (PACKAGE_SETS), building it first if
+    needed (idempotent; stamp-checked).
 
     Raises EmulatorUnavailable (naming what to install) when qemu-user, mmdebstrap or root is missing.
     """
     spec = arch_spec(arch)
-    path = _userland_dir(spec, cache)
+    path = _userland_dir(spec, cache, packages)
     if not force:
-        stamp = _read_stamp(path)
+        stamp = _read_stamp(path, packages)
         if stamp is not None:
             _require_tools(spec, building=False)
             _drop_stray_tmp(path / "rootfs")
-            return Userland(spec, path, stamp)
+            return Userland(spec, path, stamp, packages)
     _require_tools(spec, building=True)
     with _build_lock(path, timeout=BUILD_TIMEOUT_S):
-        stamp = None if force else _read_stamp(path)   # another process may have finished it meanwhile
+        stamp = None if force else _read_stamp(path, packages)   # another process may have finished it meanwhile
         if stamp is None:
-            stamp = _build(spec, path, suite=suite, mirrors=mirrors, progress=progress or (lambda s: None))
-    return Userland(spec, path, stamp)
+            stamp = _build(spec, path, suite=suite, mirrors=mirrors, progress=progress or (lambda s: None),
+                           packages=packages)
+    return Userland(spec, path, stamp, packages)
 
 
 def _drop_stray_tmp(rootfs: pathlib.Path) -> None:
@@ -271,7 +295,8 @@ def default_sources(suite: str = SUITE) -> list[str]:
 
 
 def _build(spec: ArchSpec, path: pathlib.Path, *, suite: str, mirrors: Sequence[str],
-           progress: Callable[[str], None]) -> dict:
+           progress: Callable[[str], None], packages: str = "base") -> dict:
+    package_list = _package_set(packages)
     t0 = time.monotonic()
     path.mkdir(parents=True, exist_ok=True)
     (path / STAMP_NAME).unlink(missing_ok=True)
@@ -284,7 +309,7 @@ def _build(spec: ArchSpec, path: pathlib.Path, *, suite: str, mirrors: Sequence[
     try:
         for attempt in range(1, MMDEBSTRAP_ATTEMPTS + 1):
             argv = ["mmdebstrap", "--variant=extract", "--mode=root", "--arch=" + spec.debian_arch,
-                    "--include=" + ",".join(PACKAGES), suite, str(staging), *sources]
+                    "--include=" + ",".join(package_list), suite, str(staging), *sources]
             with open(logfile, "w") as logfh:
                 proc = subprocess.run(argv, stdout=logfh, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S)
             if proc.returncode == 0:
@@ -317,14 +342,18 @@ def _build(spec: ArchSpec, path: pathlib.Path, *, suite: str, mirrors: Sequence[
     except BaseException:
         _rmtree(staging)
         raise
-    userland = Userland(spec, path, {})
+    userland = Userland(spec, path, {}, packages)
     progress("byte-compiling the guest python")
     compiled_by = _byte_compile(userland)
     progress("checking python3 + numpy + msgpack under qemu")
     versions = _probe_versions(userland)
+    if packages == "opencl":
+        progress("checking that pocl lists its OpenCL device under qemu")
+        versions["opencl_devices"] = _probe_opencl(userland)
     stamp = {
         "recipe": RECIPE_VERSION, "arch": spec.name, "debian_arch": spec.debian_arch, "suite": suite,
-        "packages": list(PACKAGES), "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "package_set": packages,
+        "packages": list(package_list), "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "build_seconds": round(time.monotonic() - t0, 2), "mmdebstrap_seconds": round(t_fetch, 2),
         "sources": sources, "blas_links": linked, "byte_compiled_by": compiled_by,
         "size_bytes": _du(path / "rootfs"), **versions,
@@ -419,6 +448,99 @@ def _probe_versions(userland: Userland) -> dict:
     return versions
 
 
+def _probe_opencl(userland: Userland) -> list:
+    """The OpenCL devices the guest's ICD loader lists under qemu (a clinfo -l of the userland, through ctypes)."""
+    code = textwrap.dedent("""
+        import ctypes, json
+        cl = ctypes.CDLL("libOpenCL.so.1")
+        n = ctypes.c_uint32()
+        assert cl.clGetPlatformIDs(0, None, ctypes.byref(n)) == 0 and n.value, "no OpenCL platform"
+        platforms = (ctypes.c_void_p * n.value)()
+        cl.clGetPlatformIDs(n.value, platforms, None)
+        names = []
+        for p in platforms:
+            m = ctypes.c_uint32()
+            cl.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), 0, None, ctypes.byref(m))
+            devices = (ctypes.c_void_p * m.value)()
+            cl.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), m.value, devices, None)
+            for d in devices:
+                buf = ctypes.create_string_buffer(256)
+                cl.clGetDeviceInfo(ctypes.c_void_p(d), 0x102B, 256, buf, None)   # CL_DEVICE_NAME
+                names.append(buf.value.decode())
+        print(json.dumps(names))
+        """)
+    with tempfile.TemporaryDirectory(prefix="tether-opencl-probe-") as folder:
+        proc = userland.run_python(["-c", code], timeout=300, env=opencl_env(userland, pathlib.Path(folder)))
+    devices = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not devices:
+        raise EmulationError("pocl lists no OpenCL device in the %s userland: %s" % (userland.spec.name,
+                                                                                  proc.stderr.strip()[-2000:]))
+    return devices
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pocl under qemu-user. Two things break with the userland as Debian ships it (measured with pocl 3.1, qemu 7.2):
+# - pocl finds its kernel library and headers relative to where libpocl was loaded (dladdr), then checks them with
+#   access(). qemu's -L translates open() and stat() but not faccessat(), so a guest path such as /usr/share/pocl
+#   is looked up on the host and "Kernel library file ... doesn't exist" aborts the first build. Loading libpocl by
+#   its *host* path (an ICD file naming it, through OCL_ICD_VENDORS) makes every path pocl derives a host path of a
+#   file inside the rootfs, which both the translated and the untranslated calls resolve.
+# - pocl links each compiled kernel into a .so by running the clang driver's linker, /usr/bin/ld. A guest program
+#   cannot exec a guest binary (no binfmt_misc), and exec does not go through -L: the host's ld runs, which knows no
+#   aarch64. COMPILER_PATH (the clang driver's program search path) names a folder whose ``ld`` runs tether's own
+#   ld.lld with the rootfs as sysroot (its -L folders moved inside the rootfs), which links aarch64 like Debian's ld.
+# Compiled kernels are cached by pocl in POCL_CACHE_DIR, kept per user across runs (pocl_cache_dir()).
+
+POCL_CACHE_ENV = "TETHER_POCL_CACHE"
+
+
+def pocl_cache_dir(userland: Userland) -> pathlib.Path:
+    """Where pocl keeps the kernels it compiled in this userland: $TETHER_POCL_CACHE, else
+    $XDG_CACHE_HOME/tether/pocl/<arch> (~/.cache/...): per user and kept, so a rerun compiles nothing again."""
+    explicit = os.environ.get(POCL_CACHE_ENV)
+    if explicit:
+        return pathlib.Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "tether" / "pocl" / userland.spec.name
+
+
+def opencl_env(userland: Userland, folder: pathlib.Path, *,
+               pocl_cache: Optional[pathlib.Path] = None) -> dict:
+    """The guest environment that makes pocl work under qemu-user (see above); writes its ICD file and ``ld`` into
+    ``folder`` (a host folder that lives as long as the guest process)."""
+    from tether.link import find_linker
+    libdir = userland.rootfs / "usr" / "lib" / userland.spec.multiarch
+    libpocl = sorted(libdir.glob("libpocl.so.*"), key=lambda p: len(p.name))
+    if not libpocl:
+        raise EmulationError("the %s userland at %s has no libpocl: build it with packages=\"opencl\""
+                             % (userland.spec.name, userland.path))
+    vendors = folder / "vendors"
+    vendors.mkdir(parents=True, exist_ok=True)
+    (vendors / "pocl.icd").write_text(str(libpocl[-1]) + "\n")   # the full soname: the real file
+    bindir = folder / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    linker = " ".join(shlex.quote(a) for a in find_linker())
+    script = textwrap.dedent("""\
+        #!/bin/sh
+        # ld for pocl inside the emulated %s device (written by tether.emulate): links with ld.lld on the host,
+        # the userland as sysroot, its -L folders moved inside the rootfs.
+        R=%s
+        for a do
+          case $a in
+            -L/*) set -- "$@" "-L$R${a#-L}" ;;
+            *) set -- "$@" "$a" ;;
+          esac
+          shift
+        done
+        exec %s --sysroot="$R" "$@"
+        """) % (userland.spec.name, shlex.quote(str(userland.rootfs)), linker)
+    (bindir / "ld").write_text(script)
+    os.chmod(bindir / "ld", 0o755)
+    cache = pocl_cache or pocl_cache_dir(userland)
+    cache.mkdir(parents=True, exist_ok=True)
+    return {"OCL_ICD_VENDORS": str(vendors), "COMPILER_PATH": str(bindir), "POCL_CACHE_DIR": str(cache)}
+
+
 def _du(path: pathlib.Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -441,10 +563,14 @@ def list_userlands(*, cache: Optional[pathlib.Path] = None) -> list[dict]:
     """One row per known arch: its status ('ready', 'incomplete', 'absent'), folder and stamp fields."""
     rows = []
     for spec in ARCHES.values():
-        path = _userland_dir(spec, cache)
-        stamp = _read_stamp(path)
-        status = "ready" if stamp is not None else ("incomplete" if path.exists() else "absent")
-        rows.append({"arch": spec.name, "status": status, "path": str(path), **(stamp or {})})
+        for packages in PACKAGE_SETS:
+            path = _userland_dir(spec, cache, packages)
+            stamp = _read_stamp(path, packages)
+            if packages != "base" and stamp is None and not path.exists():
+                continue   # optional sets are listed once someone built one
+            status = "ready" if stamp is not None else ("incomplete" if path.exists() else "absent")
+            rows.append({"arch": spec.name, "status": status, "path": str(path), **(stamp or {}),
+                         "package_set": packages})
     return rows
 
 
@@ -452,8 +578,7 @@ def clean_userlands(arch: Optional[str] = None, *, cache: Optional[pathlib.Path]
     """Delete the cached userland of ``arch`` (all of them if None); returns the folders removed."""
     specs = [arch_spec(arch)] if arch else list(ARCHES.values())
     removed = []
-    for spec in specs:
-        path = _userland_dir(spec, cache)
+    for path in (_userland_dir(spec, cache, packages) for spec in specs for packages in PACKAGE_SETS):
         if path.exists():
             with _build_lock(path, timeout=60.0):
                 shutil.rmtree(path)
@@ -498,8 +623,11 @@ class EmulatedDevice:
                  port: Optional[int] = None, port_end: Optional[int] = None, tracker: Optional[str] = None,
                  key: Optional[str] = None, token: Optional[str] = None, extra_args: Sequence[str] = (),
                  bundle: Union[str, os.PathLike, None] = None, startup_timeout: float = 120.0,
-                 on_line: Optional[Callable[[str], None]] = None, preset: Optional[str] = None):
+                 on_line: Optional[Callable[[str], None]] = None, preset: Optional[str] = None,
+                 pocl_cache: Union[str, os.PathLike, None] = None):
         self.userland = userland
+        # An "opencl" userland's pocl keeps compiled kernels here (default: pocl_cache_dir(userland)).
+        self.pocl_cache = pathlib.Path(pocl_cache) if pocl_cache else None
         self.cpu = cpu or userland.spec.default_cpu
         # The target preset this device stands for (informational: tests and the CLI report it).
         self.preset = preset or next((p for p, (a, c) in PRESET_DEVICES.items()
@@ -585,9 +713,13 @@ class EmulatedDevice:
             args += ["--port-end", str(self._port_end)]
         args += self._server_args
         argv = self.userland.command(args, cpu=self.cpu)
+        env = guest_env()
+        if self.userland.package_set == "opencl":
+            assert self._ship_dir is not None
+            env.update(opencl_env(self.userland, self._ship_dir / "opencl", pocl_cache=self.pocl_cache))
         log.info("starting emulated %s device: %s", self.userland.spec.name, " ".join(argv))
         # Own session: the server's forked workers share its process group, so close() can reap strays.
-        self._proc = subprocess.Popen(argv, env=guest_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._read_output, name="emulated-%s-output" % self.pid,
                                         daemon=True)
@@ -677,7 +809,8 @@ def ensure_extra(userland: Userland, extra: str, *, progress: Optional[Callable[
     progress = progress or (lambda s: None)
     _require_tools(userland.spec, building=True)
     with _build_lock(userland.path, timeout=BUILD_TIMEOUT_S):
-        stamp = _read_stamp(userland.path) or userland.stamp   # another process may have added it meanwhile
+        # another process may have added it meanwhile
+        stamp = _read_stamp(userland.path, userland.package_set) or userland.stamp
         if extra not in (stamp.get("extras") or {}):
             t0 = time.monotonic()
             staging = userland.path / ("extra-%s.partial-%d" % (extra, os.getpid()))

@@ -14,24 +14,12 @@ from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..errors import ModuleLoadError, TetherError
+from ..errors import GpuBuildError, GpuError, GpuUnavailable
 
 # DLPack device types (dlpack.h)
 KDL_CUDA = 2
 KDL_OPENCL = 4
 KDL_VULKAN = 7
-
-
-class GpuError(TetherError):
-    """A device API call failed; the message names the call and the driver's error code."""
-
-
-class GpuUnavailable(ModuleLoadError):
-    """This device has no such GPU API (its driver library is missing or lists no device); names what is missing."""
-
-
-class GpuBuildError(ModuleLoadError):
-    """The driver refused a kernel's code; the message carries the driver's build log."""
 
 
 class DeviceBuffer:

@@ -31,7 +31,7 @@ HostArray = Union[np.ndarray, NDArray]
 #: the GPU APIs a device spec may name (each one's runtime module may be missing from a device's install)
 API_TITLES = {"opencl": "OpenCL", "vulkan": "Vulkan", "cuda": "CUDA"}
 #: the specs that mean host memory, as clients may write them
-CPU_SPECS = frozenset(["cpu", "cpu:0", "llvm", "host"])
+CPU_SPECS = frozenset(["cpu", "cpu:0"])
 
 
 def canonical_spec(spec: Any) -> Optional[str]:

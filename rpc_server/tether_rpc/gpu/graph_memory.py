@@ -132,21 +132,23 @@ def bind_launches(program: Any, name: str, views: Sequence[DeviceView], temporar
 
 
 class DeviceStorages:
-    """The device buffers of a graph's storages (one per storage, as large as the host one), and the copies of
-    entries between them and the host arrays."""
+    """The device buffers of a graph's storages (one per storage a GPU node uses, as large as the host one; a
+    storage only host nodes use has none: an LSTM's weights stay in host memory), and the copies of entries
+    between them and the host arrays."""
 
     def __init__(self, device: DeviceAPI, sizes: Sequence[int], host_entries: Sequence[np.ndarray],
-                 entry_specs: Sequence[Dict[str, Any]]):
+                 entry_specs: Sequence[Dict[str, Any]], used: Optional[Sequence[int]] = None):
         self.device = device
         self._host = host_entries
         self._storage = [int(e["storage"]) for e in entry_specs]
         self._offset = [int(e.get("offset", 0)) for e in entry_specs]
         self._dtypes = [str(e["dtype"]) for e in entry_specs]
-        self.buffers: List[DeviceBuffer] = []
+        self.buffers: List[Optional[DeviceBuffer]] = []
         self.temporaries: Dict[str, List[DeviceBuffer]] = {}   # GPU function -> its temporaries (bind_launches)
         try:
-            for n in sizes:
-                self.buffers.append(device.alloc(max(int(n), 4)))
+            wanted = set(range(len(sizes)) if used is None else used)
+            for s, n in enumerate(sizes):
+                self.buffers.append(device.alloc(max(int(n), 4)) if s in wanted else None)
         except BaseException:
             self.free()
             raise
@@ -154,6 +156,17 @@ class DeviceStorages:
     @property
     def storage_of(self) -> List[int]:
         return list(self._storage)
+
+    def on_device(self, entry: int) -> bool:
+        """Whether `entry`'s storage has a device buffer (some GPU node uses it)."""
+        return self.buffers[self._storage[entry]] is not None
+
+    def _buffer(self, entry: int) -> DeviceBuffer:
+        buf = self.buffers[self._storage[entry]]
+        if buf is None:
+            raise ValueError("graph entry %d: its storage %d has no device buffer (no GPU node uses it)"
+                             % (entry, self._storage[entry]))
+        return buf
 
     def view(self, entry: int, shape: Optional[Sequence[int]] = None) -> DeviceView:
         """Entry `entry` as a GPU function's argument (with `shape`, the kernel's view of the same bytes, if
@@ -164,13 +177,13 @@ class DeviceStorages:
                              % (entry, self._offset[entry]))
         host = self._host[entry]
         shp = tuple(int(d) for d in (shape if shape is not None else (host.shape or (1,))))
-        return DeviceView(self.buffers[self._storage[entry]], shp, self._dtypes[entry])
+        return DeviceView(self._buffer(entry), shp, self._dtypes[entry])
 
     def upload(self, entry: int) -> None:
         host = self._host[entry]
         if host.nbytes == 0:
             return
-        self.device.upload(self.buffers[self._storage[entry]], np.ascontiguousarray(host).reshape(-1).view(np.uint8),
+        self.device.upload(self._buffer(entry), np.ascontiguousarray(host).reshape(-1).view(np.uint8),
                            self._offset[entry])
 
     def download(self, entry: int) -> None:
@@ -178,7 +191,7 @@ class DeviceStorages:
         if host.nbytes == 0:
             return
         out = host.reshape(-1).view(np.uint8)
-        self.device.download(self.buffers[self._storage[entry]], out, self._offset[entry])
+        self.device.download(self._buffer(entry), out, self._offset[entry])
 
     def run_copies(self, copies: Sequence[Copy]) -> None:
         for kind, entry in copies:
@@ -193,6 +206,8 @@ class DeviceStorages:
             bufs.extend(temps)
         self.temporaries = {}
         for b in bufs:
+            if b is None:
+                continue
             try:
                 self.device.free(b)
             except Exception:   # (a device closed under us: its buffers went with it)

@@ -44,6 +44,8 @@ LIBRARY_CANDIDATES: Tuple[str, ...] = (
 
 #: the OpenCL C dialect kernels are built as; a device whose OpenCL C is older (1.1) builds without -cl-std
 BUILD_OPTIONS = "-cl-std=CL1.2"
+#: characters of a driver's build log kept in a GpuBuildError
+MAX_BUILD_LOG = 16000
 
 # --- constants of cl.h ----------------------------------------------------------------------------------------
 CL_SUCCESS = 0
@@ -77,6 +79,7 @@ CL_MEM_READ_WRITE = 1 << 0
 CL_PROGRAM_BUILD_LOG = 0x1183
 CL_KERNEL_NUM_ARGS = 0x1191
 CL_KERNEL_WORK_GROUP_SIZE = 0x11B0
+CL_KERNEL_COMPILE_WORK_GROUP_SIZE = 0x11B1
 CL_KERNEL_LOCAL_MEM_SIZE = 0x11B2
 CL_EVENT_COMMAND_EXECUTION_STATUS = 0x11D3
 CL_PROFILING_COMMAND_START = 0x1282
@@ -156,6 +159,10 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "clGetEventProfilingInfo": (_int, [_h, _uint, _size, _p, ctypes.POINTER(_size)]),
     "clReleaseEvent": (_int, [_h]),
 }
+
+
+#: the OpenCL entry points this runtime calls (a library lacking one is refused at load)
+FUNCTIONS: Tuple[str, ...] = tuple(_SIGNATURES)
 
 
 def error_name(code: int) -> str:
@@ -310,7 +317,9 @@ def _parse_version(text: str) -> Tuple[int, int]:
 
 
 def _device_info(lib: _Library, platform: int, device: int, index: int) -> Dict[str, Any]:
-    dev = lambda param: _info_str(lib, "clGetDeviceInfo", device, param)   # noqa: E731
+    def dev(param: int) -> str:
+        return _info_str(lib, "clGetDeviceInfo", device, param)
+
     extensions = sorted(set(dev(CL_DEVICE_EXTENSIONS).split()))
     dims = _info_uint(lib, "clGetDeviceInfo", device, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS, "I")
     sizes_raw = _info_bytes(lib, "clGetDeviceInfo", device, CL_DEVICE_MAX_WORK_ITEM_SIZES)
@@ -362,6 +371,8 @@ class OpenCLProgram:
         self.infos = infos
         self.kernels: Dict[str, int] = {}
         self.num_args: Dict[str, int] = {}
+        self.max_threads: Dict[str, int] = {}   # CL_KERNEL_WORK_GROUP_SIZE
+        self.required_block: Dict[str, Tuple[int, ...]] = {}   # CL_KERNEL_COMPILE_WORK_GROUP_SIZE, when set
 
     def __repr__(self) -> str:
         return "<OpenCLProgram %s kernels=%s>" % (self.key[:12], sorted(self.infos) or sorted(self.kernels))
@@ -509,6 +520,10 @@ class OpenCLDevice(DeviceAPI):
         buf.extra = weakref.finalize(buf, state.release_mem, handle)
         return buf
 
+    def allocated_bytes(self) -> int:
+        """Bytes of the buffers of this device not yet freed (0-byte buffers count 0)."""
+        return sum(self._state.buffers.values())
+
     def free(self, buf: DeviceBuffer) -> None:
         """Release ``buf`` (a second free, or a free after close, does nothing)."""
         if not isinstance(buf, DeviceBuffer) or buf.api is not self:
@@ -618,15 +633,15 @@ class OpenCLDevice(DeviceAPI):
         with state.lock:
             program = state.programs.get(key)
             if program is None:
-                program = self._build(bytes(code), key, infos)
+                program = self._build(bytes(code), key, sorted(infos))
                 state.programs[key] = program
-            else:
-                program.infos.update(infos)
-            for name in infos:
+            for name, info in infos.items():
                 self._kernel(program, name)
+                self._check_kernel_limit(program, name, info)
+            program.infos.update(infos)   # only launch_info that passed every check
         return program
 
-    def _build(self, code: bytes, key: str, infos: Dict[str, Dict[str, Any]]) -> OpenCLProgram:
+    def _build(self, code: bytes, key: str, names: List[str]) -> OpenCLProgram:
         lib, state = self._lib, self._state
         err = _int(0)
         strings = (ctypes.c_char_p * 1)(code)
@@ -641,10 +656,13 @@ class OpenCLDevice(DeviceAPI):
                 log_text = log.split(b"\0", 1)[0].decode("utf-8", "replace").strip()
             except GpuError as exc:
                 log_text = "(no build log: %s)" % exc
+            if len(log_text) > MAX_BUILD_LOG:   # the first errors are what matters; a log can run to megabytes
+                log_text = log_text[:MAX_BUILD_LOG] + "\n... (%d more characters of build log)" % (
+                    len(log_text) - MAX_BUILD_LOG)
             lib.clReleaseProgram(handle)
             raise GpuBuildError("OpenCL build of %s for %s failed: %s\n%s" % (
-                ", ".join(sorted(infos)) or "a program", self._info["name"], error_name(code_), log_text))
-        return OpenCLProgram(self, handle, key, infos)
+                ", ".join(names) or "a program", self._info["name"], error_name(code_), log_text))
+        return OpenCLProgram(self, handle, key, {})
 
     def _kernel(self, program: OpenCLProgram, name: str) -> int:
         """The cl_kernel ``name`` of ``program`` (created once), after checking the limits the driver sets for
@@ -662,19 +680,30 @@ class OpenCLDevice(DeviceAPI):
             _check(lib.clGetKernelWorkGroupInfo(kernel, self._device, CL_KERNEL_WORK_GROUP_SIZE,
                                                 ctypes.sizeof(wg), ctypes.byref(wg), None),
                    "clGetKernelWorkGroupInfo", name)
-            info = program.infos.get(name)
-            if info is not None:
-                block = [int(b) for b in (list(info.get("block") or [1, 1, 1]) + [1, 1, 1])[:3]]
-                threads = block[0] * block[1] * block[2]
-                if threads > wg.value:
-                    raise ModuleLoadError("kernel %s: a work-group of %d threads %s exceeds the %d this kernel "
-                                          "allows on %s (CL_KERNEL_WORK_GROUP_SIZE)" % (
-                                              name, threads, tuple(block), wg.value, self._info["name"]))
+            program.max_threads[name] = wg.value
+            required = (_size * 3)()
+            _check(lib.clGetKernelWorkGroupInfo(kernel, self._device, CL_KERNEL_COMPILE_WORK_GROUP_SIZE,
+                                                ctypes.sizeof(required), required, None),
+                   "clGetKernelWorkGroupInfo", name)
+            if any(required):   # __attribute__((reqd_work_group_size(x, y, z))) in the source
+                program.required_block[name] = tuple(int(r) for r in required)
         except BaseException:
             lib.clReleaseKernel(kernel)
             raise
         program.kernels[name] = kernel
         return kernel
+
+    def _check_kernel_limit(self, program: OpenCLProgram, name: str, info: Dict[str, Any]) -> None:
+        block = [int(b) for b in (list(info.get("block") or [1, 1, 1]) + [1, 1, 1])[:3]]
+        threads = block[0] * block[1] * block[2]
+        required = program.required_block.get(name)
+        if required is not None and tuple(block) != required:
+            raise ModuleLoadError("kernel %s: launched with block %s, but its source requires %s "
+                                  "(reqd_work_group_size)" % (name, tuple(block), required))
+        if threads > program.max_threads[name]:
+            raise ModuleLoadError("kernel %s: a work-group of %d threads %s exceeds the %d this kernel allows on "
+                                  "%s (CL_KERNEL_WORK_GROUP_SIZE)" % (name, threads, tuple(block),
+                                                                      program.max_threads[name], self._info["name"]))
 
     # launches -----------------------------------------------------------------------------------------------
     def _set_args(self, kernel: int, name: str, nargs: int, args: Sequence[KernelArg]) -> None:
@@ -775,4 +804,4 @@ class OpenCLDevice(DeviceAPI):
 
 
 __all__ = ["OpenCLDevice", "OpenCLProgram", "CL_ERRORS", "error_name", "load_library", "library_candidates",
-           "library_loaded", "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]
+           "library_loaded", "FUNCTIONS", "LIBRARY_ENV", "LIBRARY_CANDIDATES", "BUILD_OPTIONS", "NEEDS_EXTENSIONS"]

@@ -11,13 +11,14 @@ from tether import emulate as emu
 
 def _list(cache) -> None:
     for row in emu.list_userlands(cache=cache):
+        name = row["arch"] if row["package_set"] == "base" else "%s+%s" % (row["arch"], row["package_set"])
         if row["status"] == "ready":
-            click.echo("%-8s ready   %s  (Debian %s %s: python %s, numpy %s, msgpack %s; %.0f MB; built in %.1f s)"
-                       % (row["arch"], row["path"], row["suite"], row["debian_arch"], row["python_version"],
+            click.echo("%-14s ready   %s  (Debian %s %s: python %s, numpy %s, msgpack %s; %.0f MB; built in %.1f s)"
+                       % (name, row["path"], row["suite"], row["debian_arch"], row["python_version"],
                           row["numpy_version"], row["msgpack_version"], row["size_bytes"] / 1e6,
                           row["build_seconds"]))
         else:
-            click.echo("%-8s %-7s %s" % (row["arch"], row["status"], row["path"]))
+            click.echo("%-14s %-7s %s" % (name, row["status"], row["path"]))
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -39,6 +40,9 @@ def _raise_interrupt(signum, frame) -> None:
 @click.option("--key", default=None, help="Device key to register under (with --tracker).")
 @click.option("--token", default=None, help="Require this token from clients.")
 @click.option("--insecure", is_flag=True, help="Allow listening beyond loopback without a token.")
+@click.option("--packages", type=click.Choice(sorted(emu.PACKAGE_SETS)), default="base", show_default=True,
+              help="The userland's package set: base (python3, numpy, msgpack) or opencl (base + pocl, for OpenCL "
+                   "modules; a separate, larger userland built on first use).")
 @click.option("--list", "list_", is_flag=True, help="List the cached userlands and exit.")
 @click.option("--clean", is_flag=True, help="Delete the cached userland(s) (only --arch's if given) and exit.")
 @click.option("--rebuild", is_flag=True, help="Rebuild the userland even if a cached one exists.")
@@ -47,7 +51,7 @@ def _raise_interrupt(signum, frame) -> None:
 @click.pass_context
 def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[str], host: str, port: int,
             port_end: int, tracker: Optional[str], key: Optional[str], token: Optional[str], insecure: bool,
-            list_: bool, clean: bool, rebuild: bool, cache_dir: Optional[str]) -> None:
+            list_: bool, clean: bool, rebuild: bool, cache_dir: Optional[str], packages: str) -> None:
     """Run the device server on an emulated ARM device (qemu-user + a cached Debian userland).
 
     The first run builds the userland (about 10-20 s, needs root, qemu-user and mmdebstrap); later runs start
@@ -72,7 +76,7 @@ def command(ctx: click.Context, arch: str, preset: Optional[str], cpu: Optional[
     # SIGTERM ends the foreground run like Ctrl-C, so the server and its workers are always stopped.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        userland = emu.ensure_userland(arch, cache=cache, force=rebuild,
+        userland = emu.ensure_userland(arch, cache=cache, force=rebuild, packages=packages,
                                        progress=lambda msg: click.echo("[userland] " + msg, err=True))
         device = emu.EmulatedDevice(userland, cpu=cpu, host=host, port=port, port_end=port_end, tracker=tracker,
                                     key=key, token=token, on_line=lambda line: click.echo(line, err=True),

@@ -19,9 +19,10 @@ backend (codegen/expr.py, codegen/mathlib.py) computes:
   and :func:`opencl_needs` adds ``"fp64"`` to the kernel's needs, which a device without it refuses at load.
 - bool buffers are bytes (``uchar``: OpenCL forbids ``bool`` in memory), read as ``!= 0`` like the CPU's i8.
 
-Kernel names are the launch's lookup key (``launch_info()["name"]``), so a name that is not a C identifier, or is
-used twice in one program, is refused rather than renamed; buffer and variable names are sanitised to C
-identifiers and made unique within their kernel.
+Kernel names are the launch's lookup key (``launch_info()["name"]``), so a name that is not a C identifier, is an
+OpenCL C keyword, type or builtin function (a kernel ``fmod`` overloads the builtin and clCreateKernel cannot find
+it), or is used twice in one program, is refused rather than renamed; buffer and variable names are sanitised to
+C identifiers and made unique within their kernel.
 
 Float division and sqrt are correctly rounded only when the program is built with
 ``-cl-fp32-correctly-rounded-divide-sqrt`` (pocl rounds them correctly anyway; OpenCL allows 2.5 and 3 ulp
@@ -32,15 +33,16 @@ from __future__ import annotations
 import math
 import re
 import struct
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from tether.codegen.halfconv import half_value
 from tether.errors import CompileError
 from tether.tir.buffer import Buffer
-from tether.tir.device import Barrier, DeviceKernel, tag_dim
+from tether.tir.device import THREAD_TAGS, Barrier, DeviceKernel, tag_dim
 from tether.tir.dtype import bits, is_float, is_int, is_unsigned
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
 from tether.tir.int8 import dot4_kind
+from tether.tir.simplify import Simplifier
 from tether.tir.stmt import Allocate, For, IfThenElse, SeqStmt, Stmt, Store
 from tether.tir.visit import walk
 
@@ -133,10 +135,12 @@ class _Names:
         return self.of.get(id(obj))
 
 
-# ---- helpers: small inline functions, written once per program when some kernel uses them --------------------
+# ---- helpers: small functions, written once per program when some kernel uses them ---------------------------
+# Plain functions (no ``static inline``): OpenCL C 1.1 has no storage-class specifiers, and C99 ``inline`` alone
+# would leave an external reference where the compiler chose not to inline; drivers inline them anyway.
 def _minmax_helper(op: str, ct: str) -> str:
     sym = "<" if op == "min" else ">"
-    return ("static inline %s tether_%s_%s(%s a, %s b) { return a %s b ? a : b; }"
+    return ("%s tether_%s_%s(%s a, %s b) { return a %s b ? a : b; }"
             % (ct, op, ct, ct, ct, sym))
 
 
@@ -144,19 +148,19 @@ def _floor_helper(op: str, ct: str) -> str:
     # the CPU's sdiv/srem fix-up: a remainder whose sign differs from the divisor's moves the quotient down
     body = ("%s q = a / b, r = a %% b; int adjust = r != 0 && (r ^ b) < 0; " % (ct, ))
     ret = "return r + (adjust ? b : 0);" if op == "floormod" else "return q - adjust;"
-    return "static inline %s tether_%s_%s(%s a, %s b) { %s%s }" % (ct, op, ct, ct, ct, body, ret)
+    return "%s tether_%s_%s(%s a, %s b) { %s%s }" % (ct, op, ct, ct, ct, body, ret)
 
 
 def _abs_helper(ct: str) -> str:
     # 0 - a computed unsigned: the most negative value stays itself, as the CPU's wrapping sub does
-    return ("static inline %s tether_abs_%s(%s a) { return a < 0 ? (%s)(0u - (u%s)a) : a; }"
+    return ("%s tether_abs_%s(%s a) { return a < 0 ? (%s)(0u - (u%s)a) : a; }"
             % (ct, ct, ct, ct, ct))
 
 
 def _sigmoid_helper(ct: str) -> str:
     # mathlib's formula: exp(-|x|) never overflows, e/(1+e) keeps the tiny results for very negative x
     one = "1.0" if ct == "double" else "1.0f"
-    return ("static inline %s tether_sigmoid_%s(%s x) { %s e = exp(-fabs(x)); %s inv = %s / (%s + e); "
+    return ("%s tether_sigmoid_%s(%s x) { %s e = exp(-fabs(x)); %s inv = %s / (%s + e); "
             "return x < 0 ? e * inv : inv; }" % (ct, ct, ct, ct, ct, one, one))
 
 
@@ -164,18 +168,18 @@ def _dot4_helper(kind: str) -> str:
     ta = "uchar" if kind[0] == "u" else "char"
     tb = "uchar" if kind[2] == "u" else "char"
     terms = " + ".join("(int)(%s)(a >> %d) * (int)(%s)(b >> %d)" % (ta, 8 * t, tb, 8 * t) for t in range(4))
-    return "static inline int tether_dot4_%s(int a, int b) { return %s; }" % (kind, terms)
+    return "int tether_dot4_%s(int a, int b) { return %s; }" % (kind, terms)
 
 
-_ROUND_HALF = ("static inline float tether_round_half(float x) { ushort h; vstore_half_rte(x, 0, (half*)&h); "
+_ROUND_HALF = ("float tether_round_half(float x) { ushort h; vstore_half_rte(x, 0, (half*)&h); "
                "return vload_half(0, (half*)&h); }")
-_ROUND_HALF_D = ("static inline float tether_round_half_d(double x) { ushort h; vstore_half_rte(x, 0, (half*)&h); "
+_ROUND_HALF_D = ("float tether_round_half_d(double x) { ushort h; vstore_half_rte(x, 0, (half*)&h); "
                  "return vload_half(0, (half*)&h); }")
 
 
 # ---- the kernel writer ----------------------------------------------------------------------------------------
 class _Writer:
-    """Emits one kernel; ``helpers`` (name -> definition) and ``needs`` are shared by the program."""
+    """Emits one kernel; ``helpers`` (name -> definition, each written once) are shared by the program."""
 
     def __init__(self, kernel: DeviceKernel, helpers: Dict[str, str]) -> None:
         self.kernel = kernel
@@ -184,6 +188,13 @@ class _Writer:
         self.scope: Dict[int, str] = {}          # id(Buffer) -> address space of the buffers in scope
         self.lines: List[str] = []
         self.shared_decls: List[str] = []
+        # inclusive value ranges of the thread indices and loop variables in scope: index math on values proven
+        # non-negative divides with C's / and % (floor and truncation agree there), as the CPU backend does
+        self.ranges: Dict[Var, Tuple[int, int]] = {}
+
+    def non_negative(self, e: Expr) -> bool:
+        b = Simplifier(self.ranges).bound(e)
+        return b is not None and b[0] >= 0
 
     def helper(self, name: str, definition: str) -> str:
         self.helpers.setdefault(name, definition)
@@ -242,13 +253,31 @@ class _Writer:
             args.append("int %s" % self.names.add(v, v.name))
         top = []
         for v, tag in k.thread_of.items():
+            if tag not in THREAD_TAGS:
+                raise CompileError("OpenCL C: variable %r of kernel %r is bound to %r, not a thread index (%s)"
+                                   % (v.name, k.name, tag, ", ".join(THREAD_TAGS)))
             fn = "get_group_id" if tag.startswith("blockIdx") else "get_local_id"
+            extent = (k.grid if fn == "get_group_id" else k.block)[tag_dim(tag)]
+            self.ranges[v] = (0, max(extent, 1) - 1)
             top.append("  const %s %s = (%s)%s(%d);" % (c_type(v.dtype), self.names.add(v, v.name),
                                                      c_type(v.dtype), fn, tag_dim(tag)))
         self.stmt(k.body, "  ")
         head = ("__kernel __attribute__((reqd_work_group_size(%d, %d, %d)))\nvoid %s(%s)"
                 % (k.block[0], k.block[1], k.block[2], k.name, ", ".join(args) or "void"))
         return "\n".join([head + " {"] + self.shared_decls + top + self.lines + ["}"])
+
+
+def _bare(text: str) -> str:
+    """``text`` without the parentheses around all of it, where a statement or an index delimits it anyway."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for pos, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and pos < len(text) - 1:
+            return text            # "(a) + (b)": the first parenthesis closes before the end
+    return text[1:-1]
 
 
 # ---- expression emitters ----------------------------------------------------------------------------------------
@@ -311,7 +340,7 @@ def _load(w: _Writer, e: Load) -> str:
     buf, index = e.buffer, w.expr(e.index)
     if buf.dtype == "float16":
         return "vload_half(%s, %s)" % (index, w.half_pointer(buf))
-    text = "%s[%s]" % (w.buffer_name(buf), index)
+    text = "%s[%s]" % (w.buffer_name(buf), _bare(index))
     return "(%s != 0)" % text if buf.dtype == "bool" else text
 
 
@@ -348,7 +377,7 @@ def _floordiv(w: _Writer, e: Binary, a: str, b: str) -> str:
     if is_float(dt) or not is_int(dt):
         raise CompileError("OpenCL C: %s needs integer operands, got %s (kernel %r)" % (e.op, dt, w.kernel.name))
     op = "floormod" if e.op == "floormod" else "floordiv"
-    if is_unsigned(dt):
+    if is_unsigned(dt) or (isinstance(e.b, Const) and e.b.value > 0 and w.non_negative(e.a)):
         return _wrap(dt, "(%s %s %s)" % (a, "%" if op == "floormod" else "/", b))
     ct = "long" if bits(dt) == 64 else "int"
     name = w.helper("tether_%s_%s" % (op, ct), _floor_helper(op, ct))
@@ -493,19 +522,24 @@ def _for(w: _Writer, s: For, pad: str) -> None:
     if s.kind == "unrolled":
         w.lines.append(pad + "#pragma unroll")
     w.lines.append("%sfor (%s %s = %s; %s < %s; ++%s) {" % (pad, c_type(s.var.dtype), name, lo, name, end, name))
+    simplifier = Simplifier(w.ranges)
+    b_min, b_ext = simplifier.bound(s.min), simplifier.bound(s.extent)
+    if b_min is not None and b_ext is not None:
+        w.ranges[s.var] = (b_min[0], b_min[1] + max(b_ext[1], 1) - 1)
     w.stmt(s.body, pad + "  ")
+    w.ranges.pop(s.var, None)
     w.lines.append(pad + "}")
 
 
 def _store(w: _Writer, s: Store, pad: str) -> None:
     # a reduction's update is an ordinary store: one thread owns each element it combines into
     buf = s.buffer
-    index, value = w.expr(s.index), w.expr(s.value)
+    index, value = _bare(w.expr(s.index)), _bare(w.expr(s.value))
     if buf.dtype == "float16":
         w.lines.append("%svstore_half_rte(%s, %s, %s);" % (pad, value, index, w.half_pointer(buf)))
         return
     if buf.dtype == "bool":
-        value = "(uchar)%s" % value
+        value = "(uchar)(%s)" % value
     w.lines.append("%s%s[%s] = %s;" % (pad, w.buffer_name(buf), index, value))
 
 
@@ -533,7 +567,7 @@ def _allocate(w: _Writer, s: Allocate, pad: str) -> None:
 
 
 def _if(w: _Writer, s: IfThenElse, pad: str) -> None:
-    w.lines.append("%sif (%s) {" % (pad, w.expr(s.cond)))
+    w.lines.append("%sif (%s) {" % (pad, _bare(w.expr(s.cond))))
     w.stmt(s.then_case, pad + "  ")
     if s.else_case is not None:
         w.lines.append(pad + "} else {")
@@ -601,7 +635,9 @@ def opencl_source(kernels: Sequence[DeviceKernel]) -> str:
     head = ["// generated by tether.codegen.opencl_c", "#pragma OPENCL FP_CONTRACT OFF"]
     if any("fp64" in opencl_needs(k) for k in kernels):
         head.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
-    return "\n".join(head + [""] + list(helpers.values()) + [""] + ["\n\n".join(bodies), ""])
+    if helpers:
+        head += [""] + list(helpers.values())
+    return "\n".join(head + ["", "\n\n".join(bodies), ""])
 
 
 __all__ = ["c_type", "opencl_launch_info", "opencl_needs", "opencl_source"]

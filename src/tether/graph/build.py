@@ -104,6 +104,9 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     if executor not in ("graph", "aot"):
         raise ValueError("executor must be 'graph' or 'aot', got %r" % (executor,))
     if executor == "aot":
+        if as_target(target).gpu is not None:
+            raise ValueError("executor='aot' writes a C program for a CPU; a model for GPU target %s runs with the "
+                             "graph executor (tether_rpc.graph_executor)" % as_target(target))
         if as_target(target).is_wasm:
             raise ValueError("executor='aot' writes a C program's library; for wasm32 use the graph executor "
                              "(deploy.wasm with the JS runtime's GraphExecutor, bindings/js)")
