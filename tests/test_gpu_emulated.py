@@ -17,6 +17,7 @@ import tempfile
 import numpy as np
 import pytest
 from fixtures.emulated import unavailable
+from fixtures.gpu_kernels import matmul_gpu, vadd_gpu
 from fixtures.polling import wait_until
 from fixtures.tracker import TrackerLab
 
@@ -33,40 +34,13 @@ CPU_KEY = "rasp4b-cpu"
 
 
 def _vadd(n=1000, block=64):
-    from tether import te
-    A = te.placeholder((n,), name="A")
-    B = te.placeholder((n,), name="B")
-    C = te.compute((n,), lambda i: A[i] + B[i], name="C")
-    s = te.create_schedule(C.op)
-    bx, tx = s[C].split(C.op.axis[0], factor=block)
-    s[C].bind(bx, te.thread_axis("blockIdx.x"))
-    s[C].bind(tx, te.thread_axis("threadIdx.x"))
-    return s, [A, B, C]
+    return vadd_gpu(n, block)
 
 
 def _matmul(n=64, tile=8):
-    """tile x tile threads per work-group; each k-step's tiles of A and B are fetched into shared memory."""
-    from tether import te
-    A = te.placeholder((n, n), name="A")
-    B = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    s = te.create_schedule(C.op)
-    AS = s.cache_read(A, "shared", [C])
-    BS = s.cache_read(B, "shared", [C])
-    i, j = s[C].op.axis
-    bi, ti = s[C].split(i, factor=tile)
-    bj, tj = s[C].split(j, factor=tile)
-    ko, _ki = s[C].split(s[C].op.reduce_axis[0], factor=tile)
-    s[C].reorder(bi, bj, ti, tj, ko, _ki)
-    for ax, tag in ((bi, "blockIdx.y"), (bj, "blockIdx.x"), (ti, "threadIdx.y"), (tj, "threadIdx.x")):
-        s[C].bind(ax, te.thread_axis(tag))
-    for S in (AS, BS):
-        s[S].compute_at(s[C], ko)
-        a, b = s[S].op.axis
-        s[S].bind(a, te.thread_axis("threadIdx.y"))
-        s[S].bind(b, te.thread_axis("threadIdx.x"))
-    return s, [A, B, C]
+    """A tiled matmul: tile x tile threads per work-group, each k-step's tiles of A and B fetched cooperatively
+    into shared memory between barriers."""
+    return matmul_gpu(n, n, n, tile=tile, ktile=tile)
 
 
 @pytest.fixture(scope="module")

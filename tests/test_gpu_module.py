@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from fixtures.prereq import unavailable
+from fixtures.gpu_kernels import matmul_gpu, vadd_gpu
 
 import tether
-from tether import te
 from tether.errors import CompileError
 from tether.gpu_target import GPU_PRESET_NAMES, GpuTarget
 from tether.kernels.registry import TARGET_KINDS, target_kind
@@ -131,39 +131,13 @@ def test_targets_command_lists_gpu_targets_presets_and_apis():
 
 # ---- building -------------------------------------------------------------------------------------------------
 def _vadd(n=1000, block=64):
-    A = te.placeholder((n,), name="A")
-    B = te.placeholder((n,), name="B")
-    C = te.compute((n,), lambda i: A[i] + B[i], name="C")
-    s = te.create_schedule(C.op)
-    bx, tx = s[C].split(C.op.axis[0], factor=block)
-    s[C].bind(bx, te.thread_axis("blockIdx.x"))
-    s[C].bind(tx, te.thread_axis("threadIdx.x"))
-    return s, [A, B, C]
+    return vadd_gpu(n, block)
 
 
 def _matmul(n=64, tile=8):
     """A tiled matmul: tile x tile threads per work-group, each k-step's tiles of A and B fetched cooperatively
     into shared memory between barriers."""
-    A = te.placeholder((n, n), name="A")
-    B = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    s = te.create_schedule(C.op)
-    AS = s.cache_read(A, "shared", [C])
-    BS = s.cache_read(B, "shared", [C])
-    i, j = s[C].op.axis
-    bi, ti = s[C].split(i, factor=tile)
-    bj, tj = s[C].split(j, factor=tile)
-    ko, ki = s[C].split(s[C].op.reduce_axis[0], factor=tile)
-    s[C].reorder(bi, bj, ti, tj, ko, ki)
-    for ax, tag in ((bi, "blockIdx.y"), (bj, "blockIdx.x"), (ti, "threadIdx.y"), (tj, "threadIdx.x")):
-        s[C].bind(ax, te.thread_axis(tag))
-    for S in (AS, BS):
-        s[S].compute_at(s[C], ko)
-        a, b = s[S].op.axis
-        s[S].bind(a, te.thread_axis("threadIdx.y"))
-        s[S].bind(b, te.thread_axis("threadIdx.x"))
-    return s, [A, B, C]
+    return matmul_gpu(n, n, n, tile=tile, ktile=tile)
 
 
 def _export(lib, tmp_path, name):
