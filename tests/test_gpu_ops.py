@@ -217,6 +217,38 @@ def test_batch_matmul(cl_device, transpose_b):
     close(got, a.astype(np.float64) @ (b.transpose(0, 2, 1) if transpose_b else b))
 
 
+def test_pointwise_conv_as_matmul(cl_device):
+    """A pointwise conv as the CPU's GEMM plan writes it (graph/conv_gemm.py: weights (oc, ic) @ input (ic, h*w),
+    the bias per row, relu): the tiled matmul with shared-memory operands, one kernel."""
+    x, w, b = P((32, 196), "X"), P((96, 32), "W"), P((96, 1), "B")       # mobilenet_v2 32 -> 96 @ 14x14
+    xa, wa, ba = rand(32, 196), rand(96, 32), rand(96, 1)
+    out = ops.relu(ops.add(ops.matmul(w, x), b))
+    (kernel,) = program(out, [x, w, b]).kernels
+    assert kernel.shared_bytes() > 0
+    (got,) = gpu(cl_device, out, [x, w, b], [xa, wa, ba])
+    close(got, np.maximum(wa.astype(np.float64) @ xa + ba, 0))
+
+
+def test_matmul_read_transposed_or_reshaped(cl_device):
+    """A product whose reader is a transpose (one element each: computed in the reader's threads, one per output)
+    or a reshape (its own kernel, then the copy)."""
+    x, w = P((64, 32), "X"), P((32, 48), "W")
+    a, wa = rand(64, 32), rand(32, 48)
+    (got,) = gpu(cl_device, ops.transpose(ops.matmul(x, w), (1, 0)), [x, w], [a, wa])
+    close(got, (a.astype(np.float64) @ wa).T)
+    (got,) = gpu(cl_device, ops.reshape(ops.matmul(x, w), (1, 64 * 48)), [x, w], [a, wa])
+    close(got, (a.astype(np.float64) @ wa).reshape(1, -1))
+    # read at two places per element: a kernel of its own (computed in the reader it would be computed twice)
+    y, w2 = P((32, 32), "Y"), P((32, 32), "W2")
+    mm = ops.matmul(y, w2)
+    out = ops.add(mm, ops.transpose(mm, (1, 0)))
+    assert len(program(out, [y, w2]).kernels) == 2
+    ya, w2a = rand(32, 32), rand(32, 32)
+    (got,) = gpu(cl_device, out, [y, w2], [ya, w2a])
+    m = ya.astype(np.float64) @ w2a
+    close(got, m + m.T)
+
+
 # ---------------------------------------------------------------- convolution and pooling
 CONVS = {
     # name: (in channels, out channels, size, kernel, stride, padding, groups)
@@ -231,14 +263,15 @@ CONVS = {
 
 
 @pytest.mark.parametrize("name", list(CONVS))
-def test_conv2d_bias_relu(cl_device, name):
+def test_conv2d_bias_hard_swish(cl_device, name):
     ci, co, hw, k, stride, pad, groups = CONVS[name]
     x, w, b = P((1, ci, hw, hw), "X"), P((co, ci // groups, k, k), "W"), P((co,), "B")
     a, wa, ba = rand(1, ci, hw, hw), rand(co, ci // groups, k, k), rand(co)
-    out = ops.relu(ops.conv2d(x, w, stride, pad, groups=groups, bias=b))
-    assert len(program(out, [x, w, b]).kernels) == 1    # padding read inline, bias and relu in the write-back
+    out = ops.hard_swish(ops.conv2d(x, w, stride, pad, groups=groups, bias=b))
+    assert len(program(out, [x, w, b]).kernels) == 1    # padding read inline, bias and activation in the write-back
     (got,) = gpu(cl_device, out, [x, w, b], [a, wa, ba])
-    close(got, np.maximum(conv_ref(a, wa, stride, pad, groups) + ba[None, :, None, None], 0))
+    y = conv_ref(a, wa, stride, pad, groups) + ba[None, :, None, None]
+    close(got, y * np.clip(y + 3, 0, 6) / 6)
 
 
 def test_conv2d_matches_the_cpu_build(cl_device, run_ops):

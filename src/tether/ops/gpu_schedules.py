@@ -192,8 +192,12 @@ def _reads_one_element(u, producer) -> bool:
     (else elements would share, and each thread recompute, the producer's element: a row sum read by a whole
     row), and constants elsewhere (a slice, or 0 where a broadcasting op reads an axis of extent 1)."""
     loads = [n for n in walk(u.body) if isinstance(n, TensorLoad) and n.tensor.op is producer]
-    if not loads:
-        return False
+    def same(i, j) -> bool:
+        return i is j or (isinstance(i, Const) and isinstance(j, Const) and i.value == j.value)
+
+    if not loads or any(len(ld.indices) != len(loads[0].indices)
+                        or not all(same(i, j) for i, j in zip(ld.indices, loads[0].indices)) for ld in loads):
+        return False        # none, or two elements of it (x[i, j] + x[j, i]): each would be computed twice
     needed = {id(a) for a in u.axis if int(a.extent) > 1}
     axis_ids = {id(a) for a in u.axis}
     for ld in loads:
@@ -205,11 +209,41 @@ def _reads_one_element(u, producer) -> bool:
     return True
 
 
+def _reads_in_place(sink, kernel) -> bool:
+    """Whether ``sink`` reads ``kernel`` through its chain of inlined injective ops at the same index: every link
+    loads the one before with exactly its own axes, in order (0 where an axis has extent 1)."""
+    def same(i, a) -> bool:
+        return i is a or (int(a.extent) == 1 and isinstance(i, Const) and i.value == 0)
+
+    cur, seen = sink, 0
+    while cur is not kernel and seen < 64:
+        seen += 1
+        loads = [n for n in walk(cur.body) if isinstance(n, TensorLoad)
+                 and (n.tensor.op is kernel or _reaches(n.tensor.op, kernel))]
+        if not loads or len({id(ld.tensor.op) for ld in loads}) != 1:
+            return False
+        if not all(len(ld.indices) == len(cur.axis) and all(same(i, a) for i, a in zip(ld.indices, cur.axis))
+                   for ld in loads):
+            return False
+        cur = loads[0].tensor.op
+    return cur is kernel
+
+
+def _reaches(op, target, depth: int = 0) -> bool:
+    if op is target:
+        return True
+    if depth > 64 or not isinstance(op, te.ComputeOp):
+        return False
+    return any(_reaches(t.op, target, depth + 1) for t in op.input_tensors)
+
+
 def _schedule_root(s, op, kernel, ctx: _Ctx) -> None:
     """Schedule root stage ``op``; ``kernel``: the reduction computed inside its threads (an epilogue's kernel)."""
     main = kernel if kernel is not None else op
     tag = c.tag_of(main)
-    if tag in _MATMUL_TAGS and _matmul_form(main) is not None:
+    # the output tile is laid over op's own axes: the product's, when op reads it at its own index (an epilogue,
+    # the crop of a padded product), not when op is a transpose or reshape of it
+    if tag in _MATMUL_TAGS and _matmul_form(main) is not None and (kernel is None or _reads_in_place(op, kernel)):
         _schedule_matmul(s, op, main, ctx)
     elif isinstance(main.body, Reduce):
         _schedule_per_output(s, op, main, ctx)
