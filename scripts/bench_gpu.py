@@ -172,7 +172,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("NOTE: %s device 0 is %r, a CPU running the kernels through a driver (pocl / lavapipe): the GPU "
               "column is not a GPU figure; it shows that the build runs and what the driver costs, not what a GPU "
               "would do." % (args.gpu, pretend))
-    elif not described:
+    elif not described and args.host:
         print("NOTE: the device does not describe its %s devices (device_info lists OpenCL only so far): if %s:0 is "
               "pocl or lavapipe, the GPU column is not a GPU figure." % (args.gpu, args.gpu))
     head = ("target", "GPU (clock)", "CPU (clock)", "CPU/GPU", "onnxruntime GPU", "CPU/ort")
