@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from fixtures.prereq import unavailable
+from fixtures.prereq import require_module, unavailable
 
 import tether
 from tether import rpc, te
@@ -102,7 +102,7 @@ def _bench(args, tmp_path):
     assert result.exit_code == 0, result.output
     with open(out, encoding="utf-8") as fh:
         doc = json.load(fh)
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = require_module("jsonschema")
     with open(SCHEMA, encoding="utf-8") as fh:
         jsonschema.validate(doc, json.load(fh))
     return doc, result.output
@@ -211,8 +211,8 @@ def test_tune_a_models_gpu_kernels_and_build_with_the_log(opencl, tmp_path):
     """`tether tune MODEL --target opencl --local`: the GPU tasks of the digits CNN's plan, 2 configs each; the log's
     best configs are keyed by the plan's task keys, and build_graph(tuning_log=) builds a model that still computes
     what onnxruntime does."""
-    onnx = pytest.importorskip("onnx")
-    ort = pytest.importorskip("onnxruntime")
+    onnx = require_module("onnx")
+    ort = require_module("onnxruntime")
     from tether.cli.main import cli
     from tether.frontend import from_onnx
     from tether.graph.plan import plan_kernels
