@@ -202,7 +202,7 @@ def test_counts_repeat_exactly_also_on_a_loaded_machine(preset, conv_net_builds,
 def test_bench_count_instructions_on_an_emulated_rasp4b(conv_net_builds, emulated_devices, tmp_path):
     import jsonschema
 
-    from tether.bench import insn_count, io
+    from tether.bench import insn_count, io, runner
     from tether.cli.main import cli
 
     device = emulated_devices.for_preset("rasp4b")
@@ -215,7 +215,7 @@ def test_bench_count_instructions_on_an_emulated_rasp4b(conv_net_builds, emulate
     assert "instructions per inference" in res.output and "cortex-a72 (rasp4b)" in res.output
     doc = json.loads(out.read_text())
     jsonschema.validate(doc, io.schema())
-    assert doc["schema"] == "tether-bench/2" and doc["options"]["count_instructions"] is True
+    assert doc["schema"] == runner.SCHEMA_ID and doc["options"]["count_instructions"] is True
     (result,) = doc["results"]
     counts = result["instruction_counts"]
     assert counts["cpu"] == "cortex-a72" and counts["preset"] == "rasp4b"

@@ -292,7 +292,8 @@ def test_time_evaluator_warmup_and_cooldown():
     res = timing.time_evaluator(lambda: calls.append(1), number=3, repeat=3, warmup=2, cooldown_ms=30)
     assert len(calls) == 2 + 3 * 3
     assert time.perf_counter() - t0 >= 0.06  # two cooldowns between three samples
-    assert set(res) == {"samples", "number"} and res["number"] == 3 and len(res["samples"]) == 3
+    assert set(res) == {"samples", "number", "clock"} and res["number"] == 3 and len(res["samples"]) == 3
+    assert res["clock"] == "host"
     with pytest.raises(ValueError):
         timing.time_evaluator(lambda: None, number=0)
 

@@ -407,14 +407,18 @@ def _timed(call: Callable[[], Any], number: int, clock: Callable[[], float] = ti
     return clock() - t0
 
 
-def calibrate(call: Callable[[], Any], min_seconds: float, max_number: int = 1 << 30) -> Tuple[int, float]:
+DEVICE_MAX_NUMBER = 1 << 16
+
+
+def calibrate(call: Callable[[], Any], min_seconds: float, max_number: int = 1 << 30,
+              timed: Callable[..., float] = _timed) -> Tuple[int, float]:
     """Runs per sample so that one sample lasts at least ``min_seconds``: ``(number, seconds spent)``."""
     number = 1
     spent = 0.0
     if min_seconds <= 0:
         return number, spent
     for _ in range(_MAX_CALIBRATION_ROUNDS):
-        elapsed = _timed(call, number)
+        elapsed = timed(call, number)
         spent += elapsed
         if elapsed >= min_seconds or number >= max_number:
             break
@@ -424,8 +428,19 @@ def calibrate(call: Callable[[], Any], min_seconds: float, max_number: int = 1 <
     return number, spent
 
 
+def _device_timed(timed_call: Callable[[], float]) -> Callable[[Callable[[], Any], int], float]:
+    """``_timed`` on the device's clock: ``number`` calls, each returning its own device seconds."""
+    def timed(_call: Callable[[], Any], number: int, clock: Callable[[], float] = time.perf_counter) -> float:
+        total = 0.0
+        for _ in range(number):
+            total += timed_call()
+        return total
+    return timed
+
+
 def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
-              emit: Optional[Callable[..., None]] = None) -> Dict[str, Any]:
+              emit: Optional[Callable[..., None]] = None,
+              device_call: Optional[Callable[[], float]] = None) -> Dict[str, Any]:
     """Measure ``call``: the first run, a calibration, then samples until ``samples`` steady ones follow the
     detected warm-up (or ``max_seconds`` run out). Device state is sampled after each sample.
 
@@ -434,7 +449,11 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
     seconds since the start, ``s`` seconds per run, and the state fields the board has), ``warmup`` (leading
     samples that are warm-up), ``warmup_converged``, ``budget_exhausted``, ``state_start``/``state_end``
     (snapshots), ``peak_rss_bytes`` (VmHWM, reset before the run where the kernel allows: ``peak_rss_scope``
-    "run", else "session") and ``rss_start_bytes``, ``pinned`` (CPUs), ``wall_s``.
+    "run", else "session") and ``rss_start_bytes``, ``pinned`` (CPUs), ``wall_s``, ``clock``.
+
+    ``device_call`` (a GPU function's ``bind_timed``: one call returning its kernels' device seconds): the first
+    run, the calibration and the samples are measured on the device's clock (``clock`` "device"); the budget,
+    ``t`` and the run-queue wait stay on the host's.
     """
     opts = dict(RUN_OPTIONS)
     unknown = set(options or {}) - set(RUN_OPTIONS)
@@ -449,6 +468,9 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
                          % (MAX_SAMPLES - max(max_warmup, 0), wanted, max_warmup))
     look = 2 * max(1, int(opts["warmup_window"]))
     clock = time.perf_counter
+    timed = _timed if device_call is None else _device_timed(device_call)
+    if device_call is not None:
+        call = device_call
     hot_c = opts["hot_c"]
     state_start = snapshot(hot_c) if opts["state"] else {}
     peak_reset = reset_peak_rss() if opts["state"] else False
@@ -458,15 +480,21 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
     try:
         t_start = clock()
         deadline = t_start + float(opts["max_seconds"])
-        t0 = clock()
-        call()
-        first = clock() - t0
+        if device_call is not None:
+            first = device_call()
+        else:
+            t0 = clock()
+            call()
+            first = clock() - t0
         if opts["number"]:  # fixed runs per sample: no calibration
             number, cal_s = int(opts["number"]), 0.0
             if number < 1:
                 raise ValueError("bench: number must be >= 1, got %r" % number)
         else:
-            number, cal_s = calibrate(call, float(opts["min_sample_ms"]) / 1e3, int(opts["max_number"]))
+            max_number = int(opts["max_number"])
+            if device_call is not None:   # every call is a launch and a wait: bound the calls per sample
+                max_number = min(max_number, DEVICE_MAX_NUMBER)
+            number, cal_s = calibrate(call, float(opts["min_sample_ms"]) / 1e3, max_number, timed)
         series: List[float] = []
         records: List[Dict[str, Any]] = []
         warm: Optional[int] = None
@@ -479,14 +507,16 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
         wait_ns = waits.read if waits.fd is not None else None
         while True:
             w0 = wait_ns() if wait_ns is not None else None
-            elapsed = _timed(call, number, clock)
+            h0 = clock()
+            elapsed = timed(call, number, clock)
             w1 = wait_ns() if wait_ns is not None else None
             now = clock()
+            host_elapsed = now - h0   # (the run-queue wait is the host's: compare it with the host's time)
             per_run = elapsed / number
             rec = sample()
             if w0 is not None and w1 is not None:
                 rec["wait_s"] = (w1 - w0) * 1e-9
-                rec["disturbed"] = (w1 - w0) * 1e-9 > DISTURBED_FRACTION * elapsed
+                rec["disturbed"] = (w1 - w0) * 1e-9 > DISTURBED_FRACTION * host_elapsed
             rec["i"] = len(series)
             rec["t"] = now - t_start
             rec["s"] = per_run
@@ -523,6 +553,7 @@ def bench_run(call: Callable[[], Any], options: Optional[Dict[str, Any]] = None,
         "number": number, "first_run_s": first, "calibration_s": cal_s, "samples": records, "warmup": warm,
         "warmup_converged": converged, "budget_exhausted": exhausted, "wall_s": wall,
         "pinned": sorted(int(c) for c in opts["pin"]) if opts["pin"] else None,
+        "clock": "host" if device_call is None else "device",
         "options": {k: opts[k] for k in ("min_sample_ms", "samples", "max_warmup", "warmup_window", "max_seconds")},
     }
     if opts["state"]:
@@ -571,14 +602,28 @@ def _target_call(session: Any, target: Any, args: Any) -> Callable[[], Any]:
     return lambda: func(*kargs)
 
 
+def _device_call(session: Any, target: Any, args: Any) -> Optional[Callable[[], float]]:
+    """A GPU function's call timed on the device's clock (None for CPU functions and graphs)."""
+    from .protocol import RemoteHandle
+    from .timing import device_timer
+
+    try:
+        func = session._get(target, "function")
+    except TypeError:
+        return None
+    kargs = [session._get(a, "array") if isinstance(a, RemoteHandle) else a for a in args]
+    return device_timer(func, kargs)
+
+
 def _bench_run(session: Any, ctx: Any, target: Any, args: Any = None, options: Any = None) -> Dict[str, Any]:
     call = _target_call(session, target, list(args or []))
+    device_call = _device_call(session, target, list(args or []))
 
     def emit(rec: Dict[str, Any]) -> None:
         fields = {k: v for k, v in rec.items() if k not in ("i", "s")}
         ctx.emit("sample", index=rec["i"], seconds=rec["s"], **fields)
 
-    return bench_run(call, dict(options or {}), emit)
+    return bench_run(call, dict(options or {}), emit, device_call)
 
 
 def _bench_state(session: Any, ctx: Any, hot_c: Any = None) -> Dict[str, Any]:

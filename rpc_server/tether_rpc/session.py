@@ -550,5 +550,6 @@ class SessionHandler:
             ctx.emit("sample", _defer=int(index) == last, index=int(index), seconds=float(seconds))
 
         result = timing.time_evaluator(func, kargs, on_sample=on_sample, **opts)
-        return {"samples": [float(s) for s in result["samples"]], "number": int(result["number"])}
+        return {"samples": [float(s) for s in result["samples"]], "number": int(result["number"]),
+                "clock": result.get("clock", "host")}
 

@@ -4,6 +4,11 @@ Arguments are converted once (``PackedFunc.bind``), so each timed call is one ct
 check. ``number`` (calls per sample) grows until one sample lasts at least ``min_repeat_ms``, which keeps the
 clock's resolution and the loop's own cost negligible against the kernel; all reported samples then use the
 same ``number``.
+
+A GPU module's function (``gpu.module.GpuFunction``) is timed on the device's clock instead: its ``bind_timed``
+gives a call that returns the seconds its kernels ran, measured by the device's events (OpenCL profiling,
+Vulkan timestamps, CUDA events), so the host's launch overhead and waiting are not in the samples. The result
+says which clock it used: ``"clock": "device"`` or ``"host"``.
 """
 from __future__ import annotations
 
@@ -15,6 +20,28 @@ OnSample = Callable[[int, float, int], None]
 
 _MAX_NUMBER = 1 << 30       # bounds the calibration for kernels that are (nearly) free
 _MAX_CALIBRATION_ROUNDS = 32
+# device-clock calibration: every call is a real launch and a wait, so bound the calls and the host time it takes
+# (an empty grid times as 0 s and would otherwise grow ``number`` to _MAX_NUMBER)
+MAX_DEVICE_NUMBER = 1 << 16
+MAX_DEVICE_CALIBRATION_S = 5.0
+
+HOST_CLOCK = "host"
+DEVICE_CLOCK = "device"
+
+
+def device_timer(func: Any, args: Sequence[Any]) -> Optional[Callable[[], float]]:
+    """A call of ``func(*args)`` that returns its own device-clock seconds, for functions that run on a GPU
+    (those with ``bind_timed``); None for a CPU function."""
+    bind_timed = getattr(func, "bind_timed", None)
+    return bind_timed(*args) if bind_timed is not None else None
+
+
+def run_device(timed_call: Callable[[], float], number: int) -> float:
+    """Device seconds of ``number`` calls (each call times itself on the device)."""
+    total = 0.0
+    for _ in range(number):
+        total += timed_call()
+    return total
 
 
 def _bound_call(func: Any, args: Sequence[Any]) -> Callable[[], None]:
@@ -42,7 +69,8 @@ def time_evaluator(func: Any, args: Sequence[Any] = (), number: int = 10, repeat
 
     ``warmup`` untimed calls first; then ``repeat`` samples of ``number`` calls each, where ``number`` is first
     grown until a sample takes at least ``min_repeat_ms``; ``cooldown_ms`` of sleep between samples (thermal
-    throttling on small boards). Returns ``{"samples": [seconds per call, ...], "number": number_used}`` and
+    throttling on small boards). Returns ``{"samples": [seconds per call, ...], "number": number_used, "clock":
+    "host" | "device"}`` and
     calls ``on_sample(index, seconds_per_call, number)`` as each sample is measured. ``flush_bytes`` > 0: that
     many bytes are written before each sample (untimed), evicting the kernel's data from the caches.
     """
@@ -51,19 +79,33 @@ def time_evaluator(func: Any, args: Sequence[Any] = (), number: int = 10, repeat
     if number < 1 or repeat < 1:
         raise ValueError("time_evaluator: number and repeat must be >= 1 (got number=%r, repeat=%r)"
                          % (number, repeat))
-    call = _bound_call(func, args)
+    timed_call = device_timer(func, args)
+    if timed_call is not None:
+        def measure(n: int) -> float:
+            return run_device(timed_call, n)
+        call: Callable[[], Any] = timed_call
+        max_number, clock = MAX_DEVICE_NUMBER, DEVICE_CLOCK
+    else:
+        call = _bound_call(func, args)
+
+        def measure(n: int) -> float:
+            return _run(call, n)
+        max_number, clock = _MAX_NUMBER, HOST_CLOCK
     for _ in range(max(0, int(warmup))):
         call()
 
     min_s = max(0.0, float(min_repeat_ms)) / 1e3
     if min_s > 0:
+        t_cal = time.perf_counter()
         for _ in range(_MAX_CALIBRATION_ROUNDS):
-            elapsed = _run(call, number)
-            if elapsed >= min_s or number >= _MAX_NUMBER:
+            elapsed = measure(number)
+            if elapsed >= min_s or number >= max_number:
+                break
+            if clock == DEVICE_CLOCK and time.perf_counter() - t_cal > MAX_DEVICE_CALIBRATION_S:
                 break
             # Aim 20% past the target so the first real sample does not fall just short of it.
             guess = number * 1.2 * min_s / elapsed if elapsed > 0 else number * 10
-            number = min(_MAX_NUMBER, max(number * 2, int(math.ceil(guess))))
+            number = min(max_number, max(number * 2, int(math.ceil(guess))))
 
     flush = _flusher(flush_bytes)
     samples = []
@@ -71,11 +113,11 @@ def time_evaluator(func: Any, args: Sequence[Any] = (), number: int = 10, repeat
         if cooldown_ms > 0 and i > 0:
             time.sleep(cooldown_ms / 1e3)
         flush()
-        per_call = _run(call, number) / number
+        per_call = measure(number) / number
         samples.append(per_call)
         if on_sample is not None:
             on_sample(i, per_call, number)
-    return {"samples": samples, "number": number}
+    return {"samples": samples, "number": number, "clock": clock}
 
 
 # ---------------------------------------------------------------------------------------------------------------

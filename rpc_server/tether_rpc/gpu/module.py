@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -256,28 +256,59 @@ class GpuFunction:
                                  for t in self.info.get("temporaries") or []]
         return self._temporaries
 
-    def __call__(self, *args: Any) -> None:
+    def _prepare(self, args: Sequence[Any]) -> Tuple[List[DeviceBuffer], List[Tuple[int, np.ndarray]]]:
         if len(args) != len(self.arg_info):
             raise KernelError("%s takes %d arguments (%s), got %d" % (
                 self.name, len(self.arg_info), ", ".join(a["name"] for a in self.arg_info), len(args)))
+        if self.program.program is None:
+            raise ModuleLoadError("%s: module %s was closed" % (self.name, self.program.label))
+        host: List[Tuple[int, np.ndarray]] = []
+        buffers = [self._buffer_of(i, a, host) for i, a in enumerate(args)] + self._temps()
+        return buffers, host
+
+    def _launches(self, buffers: List[DeviceBuffer]) -> List[Tuple[str, List[DeviceBuffer], Tuple[int, ...],
+                                                                    Tuple[int, ...]]]:
+        kernels = self.program.kernels
+        out = []
+        for launch in self.info["launches"]:
+            k = kernels[launch["kernel"]]
+            out.append((k["name"], [buffers[j] for j in launch["args"]], tuple(k["grid"]), tuple(k["block"])))
+        return out
+
+    def _download(self, buffers: List[DeviceBuffer], host: List[Tuple[int, np.ndarray]]) -> None:
+        for i, a in host:
+            if i in self._outputs:
+                self.device.download(buffers[i], a)
+
+    def __call__(self, *args: Any) -> None:
         with self._lock:
-            if self.program.program is None:
-                raise ModuleLoadError("%s: module %s was closed" % (self.name, self.program.label))
-            host: List[Tuple[int, np.ndarray]] = []
-            buffers = [self._buffer_of(i, a, host) for i, a in enumerate(args)] + self._temps()
-            kernels = self.program.kernels
-            for launch in self.info["launches"]:
-                k = kernels[launch["kernel"]]
-                self.device.launch(self.program.program, k["name"], [buffers[j] for j in launch["args"]],
-                                   tuple(k["grid"]), tuple(k["block"]))
+            buffers, host = self._prepare(args)
+            for name, bufs, grid, block in self._launches(buffers):
+                self.device.launch(self.program.program, name, bufs, grid, block)
             self.device.synchronize()
-            for i, a in host:
-                if i in self._outputs:
-                    self.device.download(buffers[i], a)
+            self._download(buffers, host)
+
+    def timed(self, *args: Any) -> float:
+        """One call, timed on the device's clock: the sum of its launches' execution times (``DeviceAPI.timed``:
+        OpenCL profiling events, Vulkan timestamps, CUDA events). Uploads and downloads of numpy arguments happen
+        outside the timed spans; so do the gaps between launches (each launch is timed alone, after the queue
+        drained), which the host's clock would add and a device's event timeline does not show."""
+        with self._lock:
+            buffers, host = self._prepare(args)
+            total = 0.0
+            for name, bufs, grid, block in self._launches(buffers):
+                total += float(self.device.timed(self.program.program, name, bufs, grid, block))
+            self._download(buffers, host)
+        return total
 
     def bind(self, *args: Any) -> Callable[[], None]:
         """A call of this function on these arguments, for timing loops."""
         return lambda: self(*args)
+
+    def bind_timed(self, *args: Any) -> Callable[[], float]:
+        """A call of this function on these arguments returning its device-clock seconds (see ``timed``): what
+        ``time_evaluator`` and ``tether.bench.run`` measure a GPU function with."""
+        return lambda: self.timed(*args)
 
     def release(self) -> None:
         with self._lock:

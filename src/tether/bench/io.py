@@ -13,7 +13,8 @@ SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schema",
 
 CSV_COLUMNS = ("target", "kind", "device", "n", "number", "median_s", "mean_s", "min_s", "max_s", "p90_s", "p99_s",
                "iqr_s", "ci95_lo_s", "ci95_hi_s", "cv", "unstable", "warmup", "hot", "throttled", "upload_s", "load_s",
-               "first_run_s", "peak_rss_bytes", "arena_bytes", "artifact_sha256", "compile_target")
+               "first_run_s", "peak_rss_bytes", "arena_bytes", "artifact_sha256", "compile_target", "placement",
+               "clock")
 
 
 def write_json(doc: Dict[str, Any], path: str) -> None:
@@ -58,7 +59,8 @@ def csv_rows(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
                      "upload_s": r["phases"].get("upload_s"), "load_s": r["phases"].get("load_s"),
                      "first_run_s": r["phases"].get("first_run_s"),
                      "peak_rss_bytes": r["memory"].get("peak_rss_bytes"), "arena_bytes": r["memory"].get("arena_bytes"),
-                     "artifact_sha256": r["run"].get("artifact_sha256"), "compile_target": r["run"].get("target")})
+                     "artifact_sha256": r["run"].get("artifact_sha256"), "compile_target": r["run"].get("target"),
+                     "placement": r.get("placement", "cpu"), "clock": r.get("clock", "host")})
     return rows
 
 

@@ -129,6 +129,20 @@ def _kv_table(d: Dict[str, Any]) -> str:
     return "<table>%s</table>" % "".join(rows)
 
 
+def pairs_table(pairs: List[Dict[str, Any]]) -> str:
+    """GPU build beside CPU build: medians, the clock of each, and the speedup (CPU / GPU)."""
+    head = ("target", "device", "GPU", "GPU median", "GPU clock", "CPU median", "CPU clock", "speedup (CPU / GPU)")
+    rows = []
+    for p in pairs:
+        cells = (p["pair"], p["device"], p["compute"], duration(p["gpu_median_s"]), p["gpu_clock"],
+                 duration(p["cpu_median_s"]), p["cpu_clock"],
+                 "-" if p["speedup"] is None else "%.2fx" % p["speedup"])
+        rows.append("<tr>%s</tr>" % "".join('<td%s>%s</td>' % (' class="l"' if i < 3 else "", escape(c))
+                                            for i, c in enumerate(cells)))
+    return ('<h2>GPU and CPU builds</h2><table id="pairs"><tr>%s</tr>%s</table>'
+            % ("".join("<th>%s</th>" % h for h in head), "".join(rows)))
+
+
 def render_report(doc: Dict[str, Any]) -> str:
     results = doc["results"]
     body = ["<h1>tether bench</h1>",
@@ -156,6 +170,8 @@ def render_report(doc: Dict[str, Any]) -> str:
         body.append("<ul>%s</ul>" % "".join('<li class="warn">%s on %s: %s</li>' % (escape(r["target"]),
                                                                                     escape(r["device"]), escape(w))
                                             for r, w in warnings))
+    if doc.get("pairs"):
+        body.append(pairs_table(doc["pairs"]))
     body.append("<h2>Latency distributions</h2>")
     by_target: Dict[str, List[Dict[str, Any]]] = {}
     for r in results:

@@ -29,7 +29,9 @@ from . import fingerprint, stats
 log = logging.getLogger(__name__)
 
 # 2: results[].instruction_counts (--count-instructions); a /1 document is a valid /2 document without them
-SCHEMA_ID = "tether-bench/2"
+# 3: results[].placement / clock / pair / compute and the top-level "pairs" (a GPU build beside the CPU build);
+#    a /2 document is a valid /3 document without them
+SCHEMA_ID = "tether-bench/3"
 OnSample = Callable[[str, Dict[str, Any]], None]   # (target name, sample event payload)
 
 
@@ -58,6 +60,7 @@ class BenchOptions:
     keep_disturbed: bool = False
     number: Optional[int] = None
     count_instructions: bool = False
+    gpu: Optional[str] = None      # a GPU API ("opencl", "vulkan", "cuda"): build for it beside the CPU build
 
     def device_options(self) -> Dict[str, Any]:
         return {"min_sample_ms": float(self.min_sample_ms), "samples": int(self.samples),
@@ -70,7 +73,8 @@ class BenchOptions:
 @dataclasses.dataclass
 class BenchTarget:
     """What to measure: ``kind`` is "kernel" (``path`` a library, ``func`` its function), "model" (a folder
-    from ``tether compile``) or "onnx" (compiled on the fly)."""
+    from ``tether compile``), "onnx" (compiled on the fly) or "op" (``op:NAME:DIMS``, an op of the library built
+    on the fly: ``bench.op_kernels``; its results are kernels)."""
 
     spec: str
     kind: str
@@ -79,9 +83,12 @@ class BenchTarget:
     shapes: Optional[List[Tuple[int, ...]]] = None
     dtypes: Optional[List[str]] = None
     input_shapes: Optional[Dict[str, Tuple[int, ...]]] = None
+    label: Optional[str] = None     # the display name, when not the path's (one placement of a paired target)
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         base = os.path.basename(os.path.normpath(self.path))
         return "%s:%s" % (base, self.func) if self.func else base
 
@@ -93,6 +100,14 @@ def parse_target(spec: str, shapes: Optional[Sequence[Tuple[int, ...]]] = None, 
     from tether.frontend.model_file import load_model_file
     from tether.model_folder import check_model_folder
 
+    from .op_kernels import OP_PREFIX, OpSpecError, parse_op
+
+    if spec.startswith(OP_PREFIX) and not os.path.exists(spec):
+        try:
+            parse_op(spec)
+        except OpSpecError as exc:
+            raise BenchError(str(exc)) from None
+        return BenchTarget(spec, "op", spec)
     if os.path.isdir(spec):
         if not os.path.isfile(os.path.join(spec, "deploy.json")):
             raise BenchError("%s is a folder without deploy.json (compile a model with `tether compile`)" % spec)
@@ -137,6 +152,8 @@ def random_input(rng: np.random.Generator, shape: Sequence[int], dtype: str) -> 
 def _target_label(target: Any) -> str:
     if isinstance(target, str):
         return target
+    if getattr(target, "gpu", None) is not None:   # (a GPU target's preset is its host's: name the whole target)
+        return str(target)
     return getattr(target, "preset", None) or str(target)
 
 
@@ -283,25 +300,39 @@ def _bench_kernel(session: Any, target: BenchTarget, options: BenchOptions, on_s
                                                                  ", ".join(mod.function_names)))
     func = mod[target.func]
     phases["load_s"] = time.perf_counter() - t0
-    fn_meta = next((f for f in mod.metadata.get("functions", []) if f.get("name") == target.func), {})
-    specs = _kernel_args(fn_meta, target)
+    gpu_entry = mod.metadata.get("device") if isinstance(mod.metadata.get("device"), dict) else None
+    fn_meta = next((f for f in mod.metadata.get("functions", []) if f.get("name") == target.func), None)
+    if fn_meta is None and gpu_entry is not None:   # a GPU function: its arguments are in the device entry
+        fn_meta = next((f for f in gpu_entry.get("functions", []) if f.get("name") == target.func), None)
+    specs = _kernel_args(fn_meta or {}, target)
     rng = np.random.default_rng(options.seed)
-    arrays = [session.array(random_input(rng, shape, dtype)) for shape, dtype in specs]
+    # a GPU module's arguments live in its device's memory, so no copy is in the timed calls
+    device = "%s:0" % gpu_entry["api"] if gpu_entry is not None else None
+    arrays = [session.array(random_input(rng, shape, dtype), device=device) if device else
+              session.array(random_input(rng, shape, dtype)) for shape, dtype in specs]
     try:
         def evaluate(repeat: int, min_ms: float) -> Tuple[Sequence[float], int]:
             res = func.time_evaluator(number=options.number or 1, repeat=repeat, min_repeat_ms=min_ms,
                                       warmup=0)(*arrays)
+            clock[0] = res.clock
             return res.samples, res.number
 
+        clock = ["host"]
         raw = _measure(session, func.fn, [a.handle for a in arrays], options, target.name, on_sample,
                        lambda: func(*arrays), evaluate)
+        raw.setdefault("clock", clock[0])
     finally:
         for a in arrays:
             a.free()
     run = {"artifact_sha256": fingerprint.file_sha256([target.path]),
            "target": (mod.metadata.get("target") or {}).get("preset"), "compile_options": None,
            "input_seed": options.seed, "inputs": [{"shape": list(s), "dtype": d} for s, d in specs]}
-    return {"phases": phases, "raw": raw, "run": run, "memory": {}}
+    if gpu_entry is not None:
+        run["target"] = gpu_entry.get("target") or run["target"]
+    out = {"phases": phases, "raw": raw, "run": run, "memory": {}}
+    if gpu_entry is not None:
+        out["compute"] = str(gpu_entry["api"])
+    return out
 
 
 def _graph_evaluate(gm: Any, options: BenchOptions) -> Evaluate:
@@ -356,7 +387,23 @@ def _bench_model(session: Any, folder: str, target: BenchTarget, options: BenchO
     out = {"phases": phases, "raw": raw, "run": run, "memory": memory}
     if profile is not None:
         out["profile"] = profile
+    api = _gpu_api_of(run.get("target"))
+    if api:
+        out["compute"] = api
     return out
+
+
+def _gpu_api_of(target: Any) -> Optional[str]:
+    """The GPU API a build's target names (None for a CPU target or one that does not parse)."""
+    if not target:
+        return None
+    try:
+        from tether.target import Target
+
+        t = target if isinstance(target, Target) else Target(str(target))
+    except Exception:   # (a label of an older build: treated as a CPU build)
+        return None
+    return t.gpu.api if t.is_gpu else None
 
 
 def _result(target: BenchTarget, device_id: str, measured: Dict[str, Any], options: BenchOptions) -> Dict[str, Any]:
@@ -426,6 +473,14 @@ def _result(target: BenchTarget, device_id: str, measured: Dict[str, Any], optio
            "state_end": raw.get("state_end", {})}
     if "profile" in measured:
         out["profile"] = measured["profile"]
+    # where it ran and on which clock: a GPU build ("gpu", its API) or the CPU's ("cpu"); "device" samples come
+    # from the GPU's events, "host" ones from the CPU's perf_counter (a whole model on a GPU, for now)
+    compute = measured.get("compute", "cpu")
+    out["compute"] = compute
+    out["placement"] = "cpu" if compute == "cpu" else "gpu"
+    out["clock"] = str(raw.get("clock", "host"))
+    if raw.get("clock") == "device" and raw.get("fallback"):
+        out["warnings"].append("device clock through time_evaluator (the device runtime has no tether.bench.run)")
     return out
 
 
@@ -440,6 +495,8 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
         cool = None
     if target.kind == "kernel":
         measured = _bench_kernel(session, target, options, on_sample)
+    elif target.kind == "op":
+        raise BenchError("op targets are built per placement: use bench_placements")
     elif target.kind == "model":
         measured = _bench_model(session, target.path, target, options, on_sample, {})
     elif target.kind == "onnx":
@@ -535,15 +592,118 @@ def bench_on_session(session: Any, targets: Sequence[BenchTarget], options: Benc
                      on_sample: Optional[OnSample] = None,
                      on_result: Optional[Callable[[Dict[str, Any]], None]] = None
                      ) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
-    """Every target on one session: ``(device record, [result records])``."""
+    """Every target on one session: ``(device record, [result records])``; with a GPU target (or
+    ``options.gpu``), ops and ONNX models give two results each: the GPU build and the CPU build."""
     device = describe_device(session, device_id, connection)
     results = []
     for target in targets:
-        res = bench_target(session, target, options, device_id, device["info"], onnx_cache, on_sample)
-        results.append(res)
-        if on_result is not None:
-            on_result(res)
+        for res in bench_placements(session, target, options, device_id, device["info"], onnx_cache, on_sample):
+            results.append(res)
+            if on_result is not None:
+                on_result(res)
     return device, results
+
+
+def placements(info: Dict[str, Any], options: BenchOptions) -> List[Tuple[str, Any]]:
+    """What to build a kernel or model for on this device: ``[(compute, target)]``: the GPU target and its host
+    (``[("opencl", gpu), ("cpu", gpu.host)]``) when ``--target`` is a GPU target or ``--gpu API`` is given (the
+    host then ``--target`` or the device's own CPU target), else ``[("cpu", the CPU target)]``."""
+    from tether.target import Target
+
+    if options.compile_target and Target(options.compile_target).is_gpu:
+        gpu = Target(options.compile_target)
+        if options.gpu and options.gpu != gpu.gpu.api:
+            raise BenchError("--gpu %s contradicts --target %s (a %s target)" % (options.gpu, options.compile_target,
+                                                                                 gpu.gpu.api))
+        return [(gpu.gpu.api, gpu), ("cpu", gpu.host)]
+    cpu = compile_target_for(info, options)
+    if options.gpu:
+        host = cpu if isinstance(cpu, Target) else Target(cpu)
+        gpu = Target(options.gpu, host=host)
+        return [(gpu.gpu.api, gpu), ("cpu", host)]
+    return [("cpu", cpu)]
+
+
+def _placed(target: BenchTarget, compute: str, paired: bool) -> BenchTarget:
+    """The target as measured on one placement: named ``NAME (opencl)`` / ``NAME (cpu)`` when paired, so the two
+    rows (and `tether bench compare`) keep them apart."""
+    if not paired:
+        return target
+    return dataclasses.replace(target, label="%s (%s)" % (target.name, compute))
+
+
+def bench_placements(session: Any, target: BenchTarget, options: BenchOptions, device_id: str,
+                     device_info: Optional[Dict[str, Any]] = None, onnx_cache: Optional[OnnxCache] = None,
+                     on_sample: Optional[OnSample] = None) -> List[Dict[str, Any]]:
+    """One target on one session, once per placement (``placements``) for ops and ONNX models; a library, or a
+    model folder, is measured as it was built (on the GPU when it is a GPU build). Paired results carry
+    ``pair`` (the target's name) and ``compute``; ``pair_summary`` puts them side by side."""
+    info = device_info or session.device_info()
+    if target.kind not in ("op", "onnx"):
+        return [bench_target(session, target, options, device_id, info, onnx_cache, on_sample)]
+    places = placements(info, options)
+    paired = len(places) > 1
+    if not paired and target.kind == "onnx":   # as before GPUs: built for the device's own CPU target
+        return [bench_target(session, target, options, device_id, info, onnx_cache, on_sample)]
+    out = []
+    for compute, build_for in places:
+        named = _placed(target, compute, paired)
+        if target.kind == "op":
+            res = _bench_op(session, named, compute, build_for, options, device_id, onnx_cache, on_sample)
+        else:
+            res = bench_target(session, named, dataclasses.replace(options, compile_target=build_for),
+                               device_id, info, onnx_cache, on_sample)
+        res["compute"] = compute
+        res["placement"] = "cpu" if compute == "cpu" else "gpu"
+        if paired:
+            res["pair"] = target.name
+        out.append(res)
+    return out
+
+
+def _bench_op(session: Any, target: BenchTarget, compute: str, build_for: Any, options: BenchOptions,
+              device_id: str, onnx_cache: Optional[OnnxCache], on_sample: Optional[OnSample]) -> Dict[str, Any]:
+    from .op_kernels import parse_op
+
+    op = parse_op(target.path)
+    folder = onnx_cache.workdir if onnx_cache is not None else tempfile.mkdtemp(prefix="tether-bench-op-")
+    t0 = time.perf_counter()
+    try:
+        lib = op.export(build_for, folder, tag=compute)
+    except Exception as exc:   # (a schedule or compiler refusing the op for this target: one line)
+        raise BenchError("%s: building for %s failed: %s: %s" % (target.spec, build_for, type(exc).__name__,
+                                                               exc)) from None
+    compile_s = time.perf_counter() - t0
+    kernel = BenchTarget(target.spec, "kernel", lib, op.func_name)
+    measured = _bench_kernel(session, kernel, options, on_sample)
+    measured["phases"]["compile_s"] = compile_s
+    measured["run"]["target"] = str(build_for)
+    measured["run"]["compile_options"] = {"op": op.spec}
+    if compute != "cpu":
+        measured["compute"] = compute
+    res = _result(kernel, device_id, measured, options)
+    res["target"], res["spec"] = target.name, target.spec
+    return res
+
+
+def pair_summary(results: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per paired target and device: the GPU build's and the CPU build's medians and ``speedup`` (CPU median /
+    GPU median: above 1, the GPU build is faster), each with the clock its samples came from."""
+    by: Dict[Tuple[str, str], Dict[str, Dict[str, Any]]] = {}
+    for r in results:
+        if r.get("pair"):
+            by.setdefault((r["pair"], r["device"]), {})[r.get("placement", "cpu")] = r
+    out = []
+    for (name, dev), rows in by.items():
+        g, c = rows.get("gpu"), rows.get("cpu")
+        if g is None or c is None:
+            continue
+        gm, cm = float(g["stats"]["median"]), float(c["stats"]["median"])
+        out.append({"pair": name, "device": dev, "gpu": g["target"], "cpu": c["target"], "compute": g["compute"],
+                    "gpu_target": g["run"].get("target"), "cpu_target": c["run"].get("target"),
+                    "gpu_median_s": gm, "cpu_median_s": cm, "gpu_clock": g.get("clock", "host"),
+                    "cpu_clock": c.get("clock", "host"), "speedup": cm / gm if gm > 0 else None})
+    return out
 
 
 def pool_summary(results: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -578,6 +738,9 @@ def run_document(devices: Sequence[Dict[str, Any]], results: Sequence[Dict[str, 
     pool = pool_summary(results)
     if pool:
         doc["pool"] = pool
+    pairs = pair_summary(results)
+    if pairs:
+        doc["pairs"] = pairs
     return doc
 
 

@@ -164,7 +164,17 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
                        _fmt_time(ph.get("load_s")), _fmt_time(ph.get("first_run_s")), _fmt_time(ph.get("steady_s")),
                        "%.1f MiB" % (mem["peak_rss_bytes"] / 2 ** 20) if "peak_rss_bytes" in mem else "-",
                        "%.1f KiB" % (mem["arena_bytes"] / 2 ** 10) if "arena_bytes" in mem else "-")
-    return [table, phases]
+    tables = [table, phases]
+    if doc.get("pairs"):
+        pairs = Table(title="GPU and CPU builds on the same device")
+        for col in ("target", "device", "GPU", "GPU median", "clock", "CPU median", "clock ", "speedup (CPU / GPU)"):
+            pairs.add_column(col, justify="left" if col in ("target", "device", "GPU") else "right")
+        for p in doc["pairs"]:
+            pairs.add_row(p["pair"], p["device"], p["compute"], _fmt_time(p["gpu_median_s"]), p["gpu_clock"],
+                          _fmt_time(p["cpu_median_s"]), p["cpu_clock"],
+                          "-" if p["speedup"] is None else "%.2fx" % p["speedup"])
+        tables.append(pairs)
+    return tables
 
 
 def _fmt_count(n: float) -> str:
@@ -209,6 +219,9 @@ def _counts_table(doc: Dict[str, Any]) -> Optional[Any]:
               help="ONNX input shape (symbolic dimensions).")
 @click.option("--target", "compile_target", default=None, type=TARGET,
               help="Compile ONNX files for this preset (default: the device's suggested target).")
+@click.option("--gpu", type=click.Choice(["opencl", "vulkan", "cuda"]), default=None,
+              help="Build op: kernels and ONNX models for this GPU API too, and report them beside the CPU build "
+                   "(also implied by a GPU --target).")
 @click.option("--opt-level", default=3, show_default=True, type=click.IntRange(0, 3))
 @click.option("--fast-math", is_flag=True)
 @click.option("--samples", "-n", default=20, show_default=True, type=click.IntRange(1, 10000),
@@ -245,12 +258,15 @@ def _counts_table(doc: Dict[str, Any]) -> Optional[Any]:
 def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port: int, token: Optional[str],
                 tracker: Optional[str], key: Optional[str], tracker_token: Optional[str], all_devices: bool,
                 shapes: Tuple[str, ...], dtypes: Tuple[str, ...], input_shapes: Tuple[str, ...],
-                compile_target: Optional[str], opt_level: int, fast_math: bool, samples: int, min_sample_ms: float,
+                compile_target: Optional[str], gpu: Optional[str], opt_level: int, fast_math: bool, samples: int,
+                min_sample_ms: float,
                 number: Optional[int], max_warmup: int, max_seconds: float, cooldown_temp: Optional[float],
                 cooldown_timeout: float, hot_temp: Optional[float], pin: Optional[str], keep_disturbed: bool,
                 seed: int, profile: bool, count_instructions: bool, json_path: Optional[str], csv_path: Optional[str],
                 html_path: Optional[str], upload_url: Optional[str], timeout: float, quiet: bool) -> None:
-    """Benchmark TARGETs: LIB.so:FUNC, model folders (from `tether compile`) or ONNX files.
+    """Benchmark TARGETs: LIB.so:FUNC, model folders (from `tether compile`), ONNX files or op:NAME:DIMS kernels
+    (op:add:N, op:matmul:M,K,N, op:conv2d:N,C,H,W,O,K, op:softmax:R,C). With a GPU --target or --gpu API, ops and
+    ONNX models are built for the GPU and for the host CPU and reported side by side.
 
     Also: `tether bench compare BASE.json NEW.json [--fail-above PCT]`.
     """
@@ -271,7 +287,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
                                   cooldown_temp=cooldown_temp, cooldown_timeout=cooldown_timeout, seed=seed,
                                   profile=profile, compile_target=compile_target, opt_level=opt_level,
                                   fast_math=fast_math, keep_disturbed=keep_disturbed, number=number,
-                                  count_instructions=count_instructions)
+                                  count_instructions=count_instructions, gpu=gpu)
     try:
         parsed = [runner.parse_target(t, [_parse_shape(s) for s in shapes] or None, list(dtypes) or None,
                                       parse_input_shapes(input_shapes)) for t in targets]

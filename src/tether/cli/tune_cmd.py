@@ -84,12 +84,30 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--ray", "ray_address", default=None, metavar="HOST:PORT",
               help="Build the candidates on the Ray cluster with this head (pip install 'tether[ray]'); "
                    "measurement stays on the tracker's devices.")
+@click.option("--op", "op_specs", multiple=True, metavar="op:NAME:DIMS",
+              help="GPU targets: tune this op kernel (op:matmul:M,K,N, op:conv2d:N,C,H,W,O,K, ...) instead of a model.")
+@click.option("--local", is_flag=True, help="GPU targets: measure on this machine's GPU (else --tracker/--key).")
 def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Optional[str], key: Optional[str],
             log_path: str, trials: int, time_budget: Optional[float], resume: bool, target: str, opt_level: int,
             only: Tuple[str, ...], build_jobs: int, repeat: int, min_repeat_ms: float, flush_mb: float, timeout: float,
-            seed: int, report_path: Optional[str], no_progress: bool, ray_address: Optional[str]) -> None:
-    """Tune MODEL's kernels on the devices of --key at --tracker, logging every measurement to --log."""
+            seed: int, report_path: Optional[str], no_progress: bool, ray_address: Optional[str],
+            op_specs: Tuple[str, ...] = (), local: bool = False) -> None:
+    """Tune MODEL's kernels on the devices of --key at --tracker, logging every measurement to --log. With a GPU
+    --target: the GPU kernels of MODEL, or --op kernels, timed on the device's clock (--local or --tracker/--key)."""
     import os
+
+    from tether.target import Target
+
+    if Target(target).is_gpu:
+        if model is None and not op_specs:
+            raise click.UsageError("a GPU --target tunes a MODEL's GPU kernels or --op op:NAME:DIMS kernels")
+        if not local and not (tracker and key):
+            raise click.UsageError("GPU tuning measures on --local or a device of --tracker HOST:PORT --key KEY")
+        _tune_gpu(model, input_shapes, op_specs, target, log_path, trials, time_budget, repeat, min_repeat_ms,
+                  seed, opt_level, tracker if not local else None, key, timeout, resume)
+        return
+    if op_specs or local:
+        raise click.UsageError("--op and --local tune GPU kernels: give a GPU --target (opencl, vulkan, cuda ...)")
 
     if model is None and not os.path.isfile(log_path):
         raise click.BadParameter("%s does not exist: the report needs a tuning log" % log_path, param_hint="--log")
@@ -166,3 +184,57 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
     if stats is not None:
         click.echo("builds on Ray: %(built)d built, %(cluster_hits)d from the cluster's store, %(local_hits)d from "
                    "the local cache, %(run_hits)d shared within the run" % stats)
+
+
+def _tune_gpu(model: Optional[str], input_shapes: Tuple[str, ...], op_specs: Tuple[str, ...], target: str,
+              log_path: str, trials: int, time_budget: Optional[float], repeat: int, min_repeat_ms: float, seed: int,
+              opt_level: int, tracker: Optional[str], key: Optional[str], timeout: float, resume: bool = False) -> None:
+    """GPU kernels tuned one config at a time on one device (tune/gpu.py), on the device's clock."""
+    import contextlib
+
+    from tether.bench.op_kernels import OpSpecError, parse_op
+    from tether.tune import gpu as gpu_tune
+
+    tasks: list = []
+    try:
+        tasks += [gpu_tune.GpuOpTask(parse_op(spec), target) for spec in op_specs]
+    except OpSpecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--op") from None
+    if model is not None:
+        from tether.frontend import from_onnx
+        from tether.frontend.model_file import load_model_file
+
+        shapes = parse_input_shapes(input_shapes)
+        proto, base_dir = load_model_file(model, shape=shapes)
+        graph, params = from_onnx(proto, shape=shapes, base_dir=base_dir)
+        tasks += gpu_tune.model_gpu_tasks(graph, params, target, opt_level)
+    if not tasks:
+        raise click.ClickException("nothing to tune on the GPU for %s" % target)
+
+    @contextlib.contextmanager
+    def open_session() -> Any:
+        from tether import rpc
+
+        if tracker is None:
+            with rpc.LocalSession() as sess:
+                yield sess
+        else:
+            thost, _, tport = tracker.rpartition(":")
+            with rpc.connect_tracker(thost, int(tport), timeout=min(timeout, 30.0)) as tr:
+                grant = tr.reserve(key, wait_timeout=max(timeout, 60.0), session_timeout=3600.0)
+                host = grant["host"] if grant.get("host") is not None else thost
+                port = grant["port"] if grant.get("port") is not None else int(tport)
+                with rpc.connect(host, port, match=grant["match"], timeout=max(timeout, 60.0)) as sess:
+                    yield sess
+
+    def show(rec: Any) -> None:
+        click.echo("%-12s %s %s" % (rec["status"], "%.3g ms" % (rec["latency_s"] * 1e3) if rec.get("latency_s")
+                                    else "-", rec["config"]))
+
+    try:
+        gpu_tune.tune_gpu(tasks, log_path, open_session, trials=trials, time_budget=time_budget, repeat=repeat,
+                          min_repeat_ms=min_repeat_ms, seed=seed, device_label="local" if tracker is None else key,
+                          on_result=show, resume=resume)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(gpu_tune.read_summary(log_path))

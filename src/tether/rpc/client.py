@@ -67,6 +67,7 @@ class TimingResult:
 
     samples: Tuple[float, ...]
     number: int
+    clock: str = "host"      # "device": a GPU function's kernels timed by the device's events; "host": perf_counter
 
     median = _Statistic(np.median)
     mean = _Statistic(np.mean)
@@ -75,8 +76,9 @@ class TimingResult:
     max = _Statistic(np.max)
 
     def __repr__(self) -> str:
-        return ("TimingResult(median=%.3g s, mean=%.3g s, std=%.3g s, min=%.3g s, max=%.3g s, repeat=%d, number=%d)"
-                % (self.median, self.mean, self.std, self.min, self.max, len(self.samples), self.number))
+        return ("TimingResult(median=%.3g s, mean=%.3g s, std=%.3g s, min=%.3g s, max=%.3g s, repeat=%d, number=%d, "
+                "clock=%s)" % (self.median, self.mean, self.std, self.min, self.max, len(self.samples), self.number,
+                               self.clock))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,7 +216,8 @@ class RemoteFunction:
                 value = self.session._call("tether.time_evaluator", [self.fn, wire, options])["value"]
             finally:
                 restore(None, cleanup_only=True)
-            return TimingResult(tuple(float(s) for s in value["samples"]), int(value["number"]))
+            return TimingResult(tuple(float(s) for s in value["samples"]), int(value["number"]),
+                                str(value.get("clock", "host")))
 
         return evaluate
 
