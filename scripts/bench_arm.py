@@ -6,8 +6,10 @@ aarch64 wheel (MLAS) and LiteRT's aarch64 wheel (ai-edge-litert, XNNPACK), fp32 
         [--warm 3] [--extra 2] [--max-seconds 3000] [--json out.json]
 
 Every runtime runs in the Debian aarch64 userland (tether.emulate) under qemu-user with the instruction-count
-plugin (tether.bench.insn_count): two fresh guest processes with the same input, one doing WARM inferences and one
-WARM + EXTRA; their difference over EXTRA is the count per inference. tether's model is compiled for rasp4b and
+plugin (tether.bench.insn_count), on the same input. tether is counted as ``tether bench --count-instructions``
+counts (two guest processes of 10 and 14 inferences, the difference over 4); onnxruntime and LiteRT, whose
+start-up does not repeat exactly from process to process, inside one process: WARM inferences, then EXTRA in a
+window marked for the plugin (its mark system call), over EXTRA. tether's model is compiled for rasp4b and
 run by its device package; onnxruntime and LiteRT are their PyPI aarch64 wheels for the guest's Python (3.11),
 downloaded once with ``pip download`` and unpacked under ``$XDG_CACHE_HOME/tether/arm-wheels/`` (the userland
 itself is not changed). Both read /proc/cpuinfo at start-up through the cpuinfo library, which under qemu-user is
@@ -295,7 +297,10 @@ def model_files(name: str, folder: str, precision: str) -> Tuple[str, str, np.nd
 
 # -- counting ------------------------------------------------------------------------------------------------------
 
-def count_tether(path: str, x: np.ndarray, work: str, warm: int, extra: int, timeout: float) -> Tuple[dict, np.ndarray]:
+def count_tether(path: str, x: np.ndarray, work: str, timeout: float) -> Tuple[dict, np.ndarray]:
+    """tether's count as ``tether bench --count-instructions`` takes it (two processes, 10 and 14 inferences: the
+    executor's Python is steady only after CPython has specialized it; fewer warm runs leave single classes of
+    the difference off by a few hundred, even negative, on a tiny model)."""
     import tether
     from tether.bench import insn_count
     from tether.frontend import from_onnx, from_tflite
@@ -304,8 +309,7 @@ def count_tether(path: str, x: np.ndarray, work: str, warm: int, extra: int, tim
     folder = tempfile.mkdtemp(prefix="tether-", dir=work)
     tether.build_graph(graph, params, target=PRESET).export(folder)
     out = os.path.join(work, "tether-out.npy")
-    rec = insn_count.count_model(folder, PRESET, [x], warm=warm, extra=extra, per_kernel=False, timeout=timeout,
-                                 output=out)
+    rec = insn_count.count_model(folder, PRESET, [x], per_kernel=False, timeout=timeout, output=out)
     return rec["per_inference"], np.load(out)
 
 
@@ -392,8 +396,7 @@ def bench_one(name: str, precision: str, userland, site: str, cpuinfo: str, args
             timeout = max(30.0, left / 2)
             t0 = time.monotonic()
             if runtime == "tether":
-                per, out = count_tether(path, to_nhwc(x) if path.endswith(".tflite") else x, work,
-                                        args.warm, args.extra, timeout)
+                per, out = count_tether(path, to_nhwc(x) if path.endswith(".tflite") else x, work, timeout)
             else:
                 per, out = count_runtime(userland, site, cpuinfo, runtime, path, x, work, args.warm, args.extra,
                                          timeout)
@@ -434,8 +437,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated, from: " + ", ".join(MODELS))
     ap.add_argument("--precisions", default="fp32,int8", help="comma-separated, from: fp32, int8")
-    ap.add_argument("--warm", type=int, default=3, help="inferences before the counted ones (default 3)")
-    ap.add_argument("--extra", type=int, default=2, help="counted inferences (default 2)")
+    ap.add_argument("--warm", type=int, default=3,
+                    help="onnxruntime and LiteRT: inferences before the counted ones (default 3)")
+    ap.add_argument("--extra", type=int, default=2, help="onnxruntime and LiteRT: counted inferences (default 2)")
     ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop (with what is done) after this long")
     add_json_option(ap)
     args = ap.parse_args(argv)
