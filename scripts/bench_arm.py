@@ -260,7 +260,6 @@ def tflite_bytes(keras_model, calibration_onnx: Optional[str] = None) -> bytes:
     import tensorflow as tf
 
     conv = tf.lite.TFLiteConverter.from_keras_model(keras_model)
-    conv_convert = conv.convert
     if calibration_onnx:
         from quantize_model import random_inputs
 
@@ -273,7 +272,7 @@ def tflite_bytes(keras_model, calibration_onnx: Optional[str] = None) -> bytes:
         conv.representative_dataset = calibration
         conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):   # the export's listing of endpoints
-        return conv_convert()
+        return conv.convert()
 
 
 def model_files(name: str, folder: str, precision: str) -> Tuple[str, str, np.ndarray]:
