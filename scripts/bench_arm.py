@@ -14,7 +14,8 @@ run by its device package; onnxruntime and LiteRT are their PyPI aarch64 wheels 
 downloaded once with ``pip download`` and unpacked under ``$XDG_CACHE_HOME/tether/arm-wheels/`` (the userland
 itself is not changed). Both read /proc/cpuinfo at start-up through the cpuinfo library, which under qemu-user is
 the host's x86 text (onnxruntime then dies of SIGSEGV), so their guest processes run in a private mount namespace
-(``unshare -m``, root) with a Cortex-A72's /proc/cpuinfo bind-mounted over the host's.
+(``unshare -m``: root, or a user namespace where the kernel allows one) with a Cortex-A72's /proc/cpuinfo
+bind-mounted over the host's.
 
 The models exist as ONNX (tether, onnxruntime) and as TFLite (LiteRT, and tether's TFLite frontend): the ONNX
 network is rebuilt layer by layer in Keras with the same weights and converted with TensorFlow's TFLite converter.
@@ -312,6 +313,28 @@ def count_tether(path: str, x: np.ndarray, work: str, timeout: float) -> Tuple[d
     return rec["per_inference"], np.load(out)
 
 
+def namespace_prefix() -> List[str]:
+    """The command that starts a process in a private mount namespace, where an A72's cpuinfo is bind-mounted over
+    the host's x86 text, seen by that process tree only: ``unshare -m`` as root, else inside a user namespace
+    that maps the caller to root (``-r``), where the kernel allows those."""
+    return ["unshare", *([] if os.geteuid() == 0 else ["-r"]), "-m", "--propagation", "private"]
+
+
+def namespace_problem() -> Optional[str]:
+    """None when ``namespace_prefix()`` can bind-mount over /proc/cpuinfo here, else what went wrong."""
+    if shutil.which("unshare") is None:
+        return "no unshare (util-linux)"
+    try:
+        proc = subprocess.run([*namespace_prefix(), "sh", "-c", "mount --bind /proc/version /proc/cpuinfo"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "unshare did not finish within 60 s"
+    if proc.returncode != 0:
+        return ("cannot bind-mount over /proc/cpuinfo in a private mount namespace (%s): %s; run as root"
+                % (" ".join(namespace_prefix()), proc.stdout.strip()[-300:]))
+    return None
+
+
 def _run_runtime(userland, site: str, cpuinfo: str, runtime: str, model: str, x_path: str, warm: int, extra: int,
                  work: str, timeout: float) -> List[Dict[str, int]]:
     """One guest process of ``runtime``: ``warm`` inferences, then ``extra`` in the marked window; the plugin's
@@ -330,9 +353,7 @@ def _run_runtime(userland, site: str, cpuinfo: str, runtime: str, model: str, x_
     qemu_argv = [qemu, "-cpu", cpu, "-plugin", "%s,out=%s" % (insn_count.plugin_path(), counts),
                  "-E", "LD_PRELOAD=%s" % insn_count.determinism_lib_path("aarch64"), "-E", "PYTHONPATH=%s" % site,
                  "-L", str(userland.rootfs), str(userland.python), *guest]
-    # a private mount namespace (root): an A72's cpuinfo over the host's x86 text, seen by this process tree only
-    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /proc/cpuinfo && exec "$@"',
-            cpuinfo, *qemu_argv]
+    argv = [*namespace_prefix(), "sh", "-c", 'mount --bind "$0" /proc/cpuinfo && exec "$@"', cpuinfo, *qemu_argv]
     try:
         proc = subprocess.run(argv, env=insn_count.guest_env(), cwd=work, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
@@ -457,9 +478,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from tether import emulate
 
     try:
-        if os.geteuid() != 0 or shutil.which("unshare") is None:
-            raise BenchError("needs root and unshare (util-linux): the runtimes run in a private mount namespace "
-                             "with an ARM /proc/cpuinfo")
+        problem = namespace_problem()
+        if problem:
+            raise BenchError("the runtimes run in a private mount namespace with an ARM /proc/cpuinfo: " + problem)
         userland = emulate.ensure_userland("aarch64")
         site = guest_site(log)
     except (BenchError, emulate.EmulationError) as exc:

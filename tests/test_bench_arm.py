@@ -4,7 +4,6 @@ table printed, the JSON rows written, every count positive and the runtimes' out
 from PyPI on first use (then from the cache); unreachable, they are a skip here and a failure under CI."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -34,10 +33,13 @@ def wheels(emulated_devices):
     emulated_devices.userland("aarch64")
     require_module("tensorflow", "pip install tensorflow-cpu")
     require_module("onnxruntime")
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        unavailable("root and unshare (the runtimes run in a private mount namespace)", "run the suite as root")
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import bench_arm
+
+    problem = bench_arm.namespace_problem()
+    if problem:
+        unavailable("a private mount namespace for an ARM /proc/cpuinfo (%s)" % problem,
+                    "util-linux's unshare; run the suite as root")
 
     try:
         return bench_arm.guest_site(log=lambda s: None)
