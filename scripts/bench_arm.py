@@ -297,7 +297,7 @@ def model_files(name: str, folder: str, precision: str) -> Tuple[str, str, np.nd
 
 # -- counting ------------------------------------------------------------------------------------------------------
 
-def count_tether(path: str, x: np.ndarray, work: str, timeout: float) -> Tuple[dict, np.ndarray]:
+def count_tether(path: str, x: np.ndarray, work: str, timeout: float) -> Tuple[dict, np.ndarray, float]:
     """tether's count as ``tether bench --count-instructions`` takes it (two processes, 10 and 14 inferences: the
     executor's Python is steady only after CPython has specialized it; fewer warm runs leave single classes of
     the difference off by a few hundred, even negative, on a tiny model)."""
@@ -309,8 +309,8 @@ def count_tether(path: str, x: np.ndarray, work: str, timeout: float) -> Tuple[d
     folder = tempfile.mkdtemp(prefix="tether-", dir=work)
     tether.build_graph(graph, params, target=PRESET).export(folder)
     out = os.path.join(work, "tether-out.npy")
-    rec = insn_count.count_model(folder, PRESET, [x], per_kernel=False, timeout=timeout, output=out)
-    return rec["per_inference"], np.load(out)
+    rec = insn_count.count_model(folder, PRESET, [x], timeout=timeout, output=out)
+    return rec["per_inference"], np.load(out), rec["in_kernels"]["total"]
 
 
 def namespace_prefix() -> List[str]:
@@ -416,14 +416,17 @@ def bench_one(name: str, precision: str, userland, site: str, cpuinfo: str, args
             timeout = max(30.0, left / 2)
             t0 = time.monotonic()
             if runtime == "tether":
-                per, out = count_tether(path, to_nhwc(x) if path.endswith(".tflite") else x, work, timeout)
+                per, out, in_kernels = count_tether(path, to_nhwc(x) if path.endswith(".tflite") else x, work,
+                                                    timeout)
+                row[key + "_in_kernels"] = in_kernels     # the compiled code alone, without the executor's Python
             else:
                 per, out = count_runtime(userland, site, cpuinfo, runtime, path, x, work, args.warm, args.extra,
                                          timeout)
             row[key] = per
             outs[key] = out
-            log("  %s %s %-13s %14.1f instructions per inference (vfma %4.1f%%)  [%.0f s]"
-                % (name, precision, key, per["total"], 100 * vfma_share(per), time.monotonic() - t0))
+            kern = (", %.0f in tether's kernels" % row[key + "_in_kernels"]) if runtime == "tether" else ""
+            log("  %s %s %-13s %14.1f instructions per inference (vfma %4.1f%%%s)  [%.0f s]"
+                % (name, precision, key, per["total"], 100 * vfma_share(per), kern, time.monotonic() - t0))
     row["vfma_share"] = {key: vfma_share(row[key]) for key, _, _ in runs}
     row["ratio_ort"] = row["tether_onnx"]["total"] / row["ort"]["total"]
     row["ratio_xnnpack"] = row["tether_tflite"]["total"] / row["litert"]["total"]

@@ -61,6 +61,8 @@ def test_conv_net_on_all_three_runtimes(wheels, tmp_path):
             assert per["total"] > 0 and all(per[c] >= 0 for c in ("vfma", "load", "store", "branch")), (key, per)
             assert per["total"] == pytest.approx(sum(v for c, v in per.items() if c != "total"))
             assert 0 <= row["vfma_share"][key] < 1
+        for key in ("tether_onnx", "tether_tflite"):
+            assert 0 < row[key + "_in_kernels"] < row[key]["total"], row
         assert row["ratio_ort"] == pytest.approx(row["tether_onnx"]["total"] / row["ort"]["total"])
         assert row["ratio_xnnpack"] == pytest.approx(row["tether_tflite"]["total"] / row["litert"]["total"])
     fp32, int8 = rows
