@@ -397,6 +397,21 @@ def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-30))
 
 
+#: the largest relative output difference that still counts as agreement: fp32 to float rounding (orders of
+#: summation differ); int8 between two runtimes reading one quantized file, to a few quantization steps
+AGREEMENT = {"fp32": 1e-3, "int8": 0.05}
+
+
+def disagreement(row: dict) -> Optional[str]:
+    """What disagrees in ``row`` (tether against the runtime that read the same file; in fp32 also onnxruntime
+    against LiteRT; the int8 files are two quantizations), or None."""
+    tol = AGREEMENT[row["precision"]]
+    pairs = row["rel_diff"] if row["precision"] == "fp32" else \
+        {k: v for k, v in row["rel_diff"].items() if k != "ort~litert"}
+    bad = ["%s %.3g > %g" % (k, v, tol) for k, v in pairs.items() if not v <= tol]
+    return ", ".join(bad) or None
+
+
 def vfma_share(per: dict) -> float:
     return per["vfma"] / per["total"] if per["total"] else 0.0
 
@@ -479,6 +494,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     deadline = time.monotonic() + args.max_seconds
     log = lambda s: print(s, flush=True)   # noqa: E731
     from tether import emulate
+    from tether.errors import TetherError
 
     try:
         problem = namespace_problem()
@@ -498,8 +514,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for precision in precisions:
             for name in models:
                 try:
-                    rows.append(bench_one(name, precision, userland, site, cpuinfo.name, args, deadline, log))
-                except BenchError as exc:
+                    row = bench_one(name, precision, userland, site, cpuinfo.name, args, deadline, log)
+                    rows.append(row)
+                    wrong = disagreement(row)
+                    if wrong:
+                        print("bench_arm: %s %s: outputs disagree: %s" % (name, precision, wrong), file=sys.stderr)
+                        failed = True
+                except (BenchError, TetherError) as exc:
                     print("bench_arm: %s %s: %s" % (name, precision, exc), file=sys.stderr)
                     failed = True
                     if time.monotonic() > deadline - 30:
