@@ -16,8 +16,15 @@
  * "START END NAME" (hex guest addresses, END exclusive). Code first translated before the file exists is never
  * re-attributed, which is why the program writes it before the first call into the ranges.
  *
+ * Marks: a guest that makes the (otherwise unused) system call MARK_SYSCALL (e.g. Python's
+ * `ctypes.CDLL(None).syscall(0x74e7)`) records a snapshot of the totals at that point, up to MAX_MARKS of them.
+ * The difference of two marks counts what ran between them in one process, for programs whose start-up does not
+ * repeat exactly from run to run (a runtime whose initialisation allocates in a varying order), where the
+ * difference of two whole runs would not be exact. qemu answers the call itself with ENOSYS.
+ *
  * At exit the counts are written as JSON to out=FILE:
- *   {"arch": "...", "classes": [...], "total": {class: n}, "regions": {name: {class: n}}, "tbs": n}
+ *   {"arch": "...", "classes": [...], "total": {class: n}, "regions": {name: {class: n}}, "tbs": n,
+ *    "marks": [{class: n}, ...]}
  *
  * No qemu header is included: the few declarations below follow qemu's public plugin API, version 1
  * (qemu-plugin.h of qemu 4.2 to 7.x: the types and functions as documented there), declared here so the plugin
@@ -51,6 +58,10 @@ struct qemu_plugin_insn;
 enum qemu_plugin_op { QEMU_PLUGIN_INLINE_ADD_U64 };
 typedef void (*qemu_plugin_udata_cb_t)(qemu_plugin_id_t id, void *userdata);
 typedef void (*qemu_plugin_vcpu_tb_trans_cb_t)(qemu_plugin_id_t id, struct qemu_plugin_tb *tb);
+typedef void (*qemu_plugin_vcpu_syscall_cb_t)(qemu_plugin_id_t id, unsigned int vcpu_index, int64_t num,
+                                              uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5,
+                                              uint64_t a6, uint64_t a7, uint64_t a8);
+void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_cb_t cb);
 
 void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_tb_trans_cb_t cb);
 void qemu_plugin_register_vcpu_tb_exec_inline(struct qemu_plugin_tb *tb, enum qemu_plugin_op op, void *ptr,
@@ -218,6 +229,11 @@ static int n_regions;
 /* counts[0] is "no region", counts[1 + i] region i */
 static uint64_t (*counts)[N_CLASSES];
 static uint64_t n_tbs;
+/* marks: snapshots of the totals taken when the guest makes the system call MARK_SYSCALL */
+#define MARK_SYSCALL 0x74e7
+#define MAX_MARKS 16
+static uint64_t marks[MAX_MARKS][N_CLASSES];
+static int n_marks;
 
 static int cmp_region(const void *a, const void *b)
 {
@@ -353,6 +369,17 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     n_tbs++;
 }
 
+static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu_index, int64_t num, uint64_t a1, uint64_t a2,
+                       uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6, uint64_t a7, uint64_t a8)
+{
+    (void)id; (void)vcpu_index; (void)a1; (void)a2; (void)a3; (void)a4; (void)a5; (void)a6; (void)a7; (void)a8;
+    if (num != MARK_SYSCALL || n_marks == MAX_MARKS) return;
+    /* the TB holding the call was counted on entry, so a mark includes its own svc: the same for every mark */
+    for (int r = 0; r <= n_regions; r++)
+        for (int k = 0; k < N_CLASSES; k++) marks[n_marks][k] += counts[r][k];
+    n_marks++;
+}
+
 static void write_counts(FILE *fh, const uint64_t *c)
 {
     fputc('{', fh);
@@ -389,7 +416,12 @@ static void at_exit(qemu_plugin_id_t id, void *userdata)
         fprintf(fh, "%s\"%s\": ", r ? ", " : "", regions[r].name);
         write_counts(fh, counts[r + 1]);
     }
-    fprintf(fh, "}}\n", stderr);
+    fprintf(fh, "}, \"marks\": [");
+    for (int m = 0; m < n_marks; m++) {
+        if (m) fputs(", ", fh);
+        write_counts(fh, marks[m]);
+    }
+    fprintf(fh, "]}\n");
     fclose(fh);
     rename(tmp, out_path);     /* the file appears complete or not at all */
     if (disas_fh) fclose(disas_fh);
@@ -432,6 +464,7 @@ PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *in
     counts = calloc(MAX_REGIONS + 1, sizeof *counts);
     if (!regions || !counts) return -1;
     qemu_plugin_register_vcpu_tb_trans_cb(id, tb_trans);
+    qemu_plugin_register_vcpu_syscall_cb(id, on_syscall);
     qemu_plugin_register_atexit_cb(id, at_exit, NULL);
     return 0;
 }
