@@ -500,7 +500,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         problem = namespace_problem()
         if problem:
             raise BenchError("the runtimes run in a private mount namespace with an ARM /proc/cpuinfo: " + problem)
-        userland = emulate.ensure_userland("aarch64")
+        # onnxruntime's and LiteRT's wheels need libstdc++, which the device's own userland has no use for
+        userland = emulate.ensure_extra(emulate.ensure_userland("aarch64"), "cxx")
         site = guest_site(log)
     except (BenchError, emulate.EmulationError) as exc:
         print("bench_arm: %s" % exc, file=sys.stderr)

@@ -32,6 +32,8 @@ for p in (os.path.join(ROOT, "src"), os.path.join(ROOT, "rpc_server")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from tether.bench.stats import format_seconds  # noqa: E402
+
 MODELS = {"digits": (os.path.join(ROOT, "tests", "data", "digits_cnn.onnx"), {"input": (1, 1, 8, 8)})}
 DEFAULT_TARGETS = "op:matmul:128,128,128,digits"
 # what a CPU-backed "GPU" calls itself: pocl's devices ("pthread-<cpu>", "cpu-<cpu>") and Mesa's lavapipe
@@ -86,15 +88,6 @@ def ort_gpu(model: str, shapes: Dict[str, Any], api: str, samples: int, budget_s
         sess.run(None, feeds)
         times.append(time.perf_counter() - t0)
     return {"median_s": float(np.median(times)), "samples": len(times), "provider": provider, "clock": "host"}
-
-
-def _fmt(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return "%.3g %s" % (seconds / scale, unit)
-    return "%.3g ns" % (seconds * 1e9)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -185,9 +178,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         ort = row.get("ort_gpu", {})
         o = ort.get("median_s")
         print("%-28s  %16s  %16s  %16s  %16s  %16s" % (
-            row["target"], "%s (%s)" % (_fmt(g), row.get("gpu_clock", "-")),
-            "%s (%s)" % (_fmt(c), row.get("cpu_clock", "-")), "%.2fx" % (c / g) if g and c else "-",
-            _fmt(o) if o else "-", "%.2fx" % (c / o) if o and c else "-"))
+            row["target"], "%s (%s)" % (format_seconds(g), row.get("gpu_clock", "-")),
+            "%s (%s)" % (format_seconds(c), row.get("cpu_clock", "-")), "%.2fx" % (c / g) if g and c else "-",
+            format_seconds(o) if o else "-", "%.2fx" % (c / o) if o and c else "-"))
     for row in rows:
         why = row.get("ort_gpu", {}).get("skipped")
         if why and row.get("ort_gpu", {}) and "kernel" not in why:

@@ -792,8 +792,9 @@ class EmulatedDevice:
 # everyone who needs only python stay as they are, and one that lacks an extra is extended, never rebuilt.
 
 #: extra name -> Debian packages. "java": the JRE that runs the Java device server (android_app/run_device.sh
-#: --userland) under qemu-user.
-EXTRAS: dict[str, tuple] = {"java": ("openjdk-17-jre-headless",)}
+#: --userland) under qemu-user. "cxx": the C++ runtime that the aarch64 wheels of other runtimes (onnxruntime,
+#: LiteRT) link against, for comparisons in the guest (scripts/bench_arm.py).
+EXTRAS: dict[str, tuple] = {"java": ("openjdk-17-jre-headless",), "cxx": ("libstdc++6",)}
 
 
 def ensure_extra(userland: Userland, extra: str, *, progress: Optional[Callable[[str], None]] = None) -> Userland:

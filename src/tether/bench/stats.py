@@ -17,6 +17,16 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0x7E7E
 
 
+def format_seconds(seconds: Optional[float]) -> str:
+    """A duration for a table: three significant digits in s, ms, us or ns; "-" for none."""
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return "%.3g %s" % (seconds / scale, unit)
+    return "%.3g ns" % (seconds * 1e9)
+
+
 def _bootstrap_medians(x: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
     idx = rng.integers(0, len(x), size=(resamples, len(x)))
     return np.median(x[idx], axis=1)

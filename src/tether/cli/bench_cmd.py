@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import click
 
+from ..bench.stats import format_seconds as fmt_time
 from .compile_cmd import parse_input_shapes
 from .params import TARGET, OutputFile
 
@@ -79,15 +80,6 @@ def _fmt_ci(lo: float, hi: float) -> str:
     return "%.3g-%.3g %s" % (lo / scale, hi / scale, unit)
 
 
-def _fmt_time(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return "%.3g %s" % (seconds / scale, unit)
-    return "%.3g ns" % (seconds * 1e9)
-
-
 @contextlib.contextmanager
 def _tracker_session(tracker: str, key: str, timeout: float, token: Optional[str], call_timeout: Any,
                      session_seconds: float) -> Iterator[Tuple[Any, str, Dict]]:
@@ -134,7 +126,7 @@ class _Live:
             if task is None:
                 task = self.progress.add_task("%s on %s" % (target, device), total=self.expected, info="")
                 self._tasks[(device, target)] = task
-        info = _fmt_time(float(payload.get("seconds", 0)))
+        info = fmt_time(float(payload.get("seconds", 0)))
         if "temp_c" in payload:
             info += "  %.1f C" % payload["temp_c"]
         # sample events are rate-limited on the device: each says how far the run is
@@ -155,13 +147,13 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
         cv = "%.1f%%" % (100 * s["cv"])
         if s["unstable"]:
             cv = "[yellow]%s ![/yellow]" % cv
-        table.add_row(r["target"], r["device"], _fmt_time(s["median"]),
+        table.add_row(r["target"], r["device"], fmt_time(s["median"]),
                       _fmt_ci(*s["ci95_median"]),
-                      _fmt_time(s["min"]), _fmt_time(s["p90"]), _fmt_time(s["p99"]), _fmt_time(s["iqr"]), cv,
+                      fmt_time(s["min"]), fmt_time(s["p90"]), fmt_time(s["p99"]), fmt_time(s["iqr"]), cv,
                       "%d x %d" % (s["n"], r["number"]), str(r["warmup"]["count"]))
         ph, mem = r["phases"], r["memory"]
-        phases.add_row(r["target"], r["device"], _fmt_time(ph.get("compile_s")), _fmt_time(ph.get("upload_s")),
-                       _fmt_time(ph.get("load_s")), _fmt_time(ph.get("first_run_s")), _fmt_time(ph.get("steady_s")),
+        phases.add_row(r["target"], r["device"], fmt_time(ph.get("compile_s")), fmt_time(ph.get("upload_s")),
+                       fmt_time(ph.get("load_s")), fmt_time(ph.get("first_run_s")), fmt_time(ph.get("steady_s")),
                        "%.1f MiB" % (mem["peak_rss_bytes"] / 2 ** 20) if "peak_rss_bytes" in mem else "-",
                        "%.1f KiB" % (mem["arena_bytes"] / 2 ** 10) if "arena_bytes" in mem else "-")
     tables = [table, phases]
@@ -170,8 +162,8 @@ def _results_tables(doc: Dict[str, Any]) -> List[Any]:
         for col in ("target", "device", "GPU", "GPU median", "clock", "CPU median", "clock ", "speedup (CPU / GPU)"):
             pairs.add_column(col, justify="left" if col in ("target", "device", "GPU") else "right")
         for p in doc["pairs"]:
-            pairs.add_row(p["pair"], p["device"], p["compute"], _fmt_time(p["gpu_median_s"]), p["gpu_clock"],
-                          _fmt_time(p["cpu_median_s"]), p["cpu_clock"],
+            pairs.add_row(p["pair"], p["device"], p["compute"], fmt_time(p["gpu_median_s"]), p["gpu_clock"],
+                          fmt_time(p["cpu_median_s"]), p["cpu_clock"],
                           "-" if p["speedup"] is None else "%.2fx" % p["speedup"])
         tables.append(pairs)
     return tables
@@ -373,7 +365,7 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
         out.print(counts)
     for p in doc.get("pool", []):
         out.print("%s across %d devices: medians %s-%s (spread %.1f%%), between-device share of variance %.0f%%"
-                      % (p["target"], len(p["devices"]), _fmt_time(p["min_median"]), _fmt_time(p["max_median"]),
+                      % (p["target"], len(p["devices"]), fmt_time(p["min_median"]), fmt_time(p["max_median"]),
                          100 * p["spread_of_medians"], 100 * p["between_share"]))
     if json_path:
         bench_io.write_json(doc, json_path)
@@ -446,8 +438,8 @@ def compare_command(base: str, new: str, fail_above: float, alpha: float, pair_b
         table.add_column(col)
     colors = {"slower": "red", "faster": "green", "same": "white"}
     for row in cmp["rows"]:
-        table.add_row(compare.paired_name(row), row["device"], _fmt_time(row["base_median"]),
-                      _fmt_time(row["new_median"]),
+        table.add_row(compare.paired_name(row), row["device"], fmt_time(row["base_median"]),
+                      fmt_time(row["new_median"]),
                       "%.3f" % row["ratio"], "%.3f-%.3f" % tuple(row["ratio_ci95"]), "%.2g" % row["p_value"],
                       "[%s]%s[/%s]" % (colors[row["verdict"]], row["verdict"], colors[row["verdict"]]))
     console.print(table)

@@ -23,6 +23,7 @@ from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
                         children, dot4_kind, is_bool, is_float, substitute, walk)
 from tether.tir.simplify import Simplifier
+from tether.tir.visit import by_class
 
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 # operator -> IRBuilder method, for the operators that are one instruction
@@ -38,15 +39,6 @@ _NSW_DTYPES = ("int32", "int64")
 
 def uses(e: Expr, var: Var) -> bool:
     return any(n is var for n in walk(e))
-
-
-def by_class(table: dict, cls: type):
-    """The row of a node-type table for ``cls`` or its nearest base class (an IterVar is a Var), remembered."""
-    for base in cls.__mro__:
-        if base in table:
-            table[cls] = table[base]
-            return table[base]
-    return None
 
 
 class ExprEmitter:

@@ -16,12 +16,13 @@ from typing import Any, Callable, Dict, List, Optional
 from llvmlite import ir
 
 from tether.codegen import cpu_dispatch, parallel, scratch
-from tether.codegen.expr import ExprEmitter, by_class, uses
+from tether.codegen.expr import ExprEmitter, uses
 from tether.codegen.halfconv import TO_STORAGE
 from tether.codegen.types import I1, I8, I32, PTR, elem_bytes, is_vec, mem_type
 from tether.errors import CompileError
 from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, Var,
                         is_float, walk)
+from tether.tir.visit import by_class
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not,
 from tether.tir.int8 import dot4_kind
 from tether.tir.simplify import Simplifier
 from tether.tir.stmt import Allocate, For, IfThenElse, SeqStmt, Stmt, Store
-from tether.tir.visit import walk
+from tether.tir.visit import by_class, walk
 
 # dtype -> the C type its values are computed in
 _VALUE_TYPE = {"bool": "bool", "int8": "char", "uint8": "uchar", "int16": "short", "uint16": "ushort",
@@ -208,12 +208,7 @@ class _Writer:
 
     # expressions ----------------------------------------------------------------------------------------
     def expr(self, e: Expr) -> str:
-        emit = _EXPR.get(type(e))
-        if emit is None:
-            for base in type(e).__mro__:
-                emit = _EXPR.get(base)
-                if emit is not None:
-                    break
+        emit = _EXPR.get(type(e)) or by_class(_EXPR, type(e))
         if emit is None:
             raise CompileError("OpenCL C: cannot generate code for %s (%s) in kernel %r"
                                % (type(e).__name__, e, self.kernel.name))

@@ -40,7 +40,7 @@ from tether.tir.dtype import bits, is_bool, is_float, is_unsigned
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
 from tether.tir.int8 import DOT4_KINDS
 from tether.tir.stmt import Allocate, For, IfThenElse, SeqStmt, Stmt, Store
-from tether.tir.visit import walk
+from tether.tir.visit import by_class, walk
 
 # scope of a buffer -> the SPIR-V storage class of its memory
 _SCOPE_STORAGE = {"param": "StorageBuffer", "shared": "Workgroup", "local": "Function"}
@@ -357,12 +357,7 @@ class _KernelEmitter:
 
     # ---- expressions -------------------------------------------------------------------------------------
     def ev(self, e: Expr) -> int:
-        emit = _EXPR_EMITTERS.get(type(e))
-        if emit is None:
-            for base in type(e).__mro__:
-                emit = _EXPR_EMITTERS.get(base)
-                if emit is not None:
-                    break
+        emit = _EXPR_EMITTERS.get(type(e)) or by_class(_EXPR_EMITTERS, type(e))
         if emit is None:
             raise CompileError(f"spirv: cannot generate code for {type(e).__name__} ({e})")
         return emit(self, e)

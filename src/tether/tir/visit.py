@@ -93,3 +93,12 @@ def uses_var(e: Any, variables: Any) -> bool:
 def var_ids(e: Any) -> set:
     """The ids of the Vars expression ``e`` mentions."""
     return {id(n) for n in walk(e) if isinstance(n, Var)}
+
+
+def by_class(table: dict, cls: type):
+    """The row of a node-type table for ``cls`` or its nearest base class (an IterVar is a Var), remembered."""
+    for base in cls.__mro__:
+        if base in table:
+            table[cls] = table[base]
+            return table[base]
+    return None
