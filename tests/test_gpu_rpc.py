@@ -14,7 +14,6 @@ import subprocess
 import numpy as np
 import pytest
 
-from fixtures.prereq import unavailable
 from fixtures.rpc import ServerProcess
 from tether import rpc
 from tether.rpc.local import LocalSession
@@ -22,30 +21,6 @@ from tether_rpc import errors
 from tether_rpc.dtypes import bfloat16_bits, numpy_dtype, storage_of
 
 TIMEOUT = 60.0
-POCL = "pocl (apt-get install pocl-opencl-icd ocl-icd-libopencl1)"
-LAVAPIPE = "lavapipe (apt-get install mesa-vulkan-drivers libvulkan1)"
-
-
-@pytest.fixture(scope="module")
-def opencl_info():
-    """The first OpenCL device's info (pocl's CPU device here); fails under CI when there is none."""
-    from tether_rpc.gpu.opencl import OpenCLDevice
-
-    devices = OpenCLDevice.available()
-    if not devices:
-        unavailable("an OpenCL driver", POCL)
-    return devices[0]
-
-
-@pytest.fixture(scope="module")
-def vulkan_info():
-    """The first Vulkan device's info (lavapipe here); fails under CI when there is none."""
-    from tether_rpc.gpu.vulkan import VulkanDevice
-
-    devices = VulkanDevice.available()
-    if not devices:
-        unavailable("a Vulkan driver", LAVAPIPE)
-    return devices[0]
 
 
 @pytest.fixture(params=["opencl:0", "vulkan:0"])
