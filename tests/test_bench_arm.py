@@ -2,29 +2,22 @@
 aarch64 wheel counted on the emulated Cortex-A72 (qemu-user and the instruction-count plugin), fp32 and int8; the
 table printed, the JSON rows written, every count positive and the runtimes' outputs in agreement. The wheels come
 from PyPI on first use (then from the cache); unreachable, they are a skip here and a failure under CI."""
-import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from fixtures.prereq import require_module, unavailable
+from fixtures.scripts import run_bench_script
 
 pytestmark = [pytest.mark.emulated]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_arm.py")
 RUNTIMES = ("tether_onnx", "tether_tflite", "ort", "litert")
 
 
 def run_bench(tmp_path, *args, timeout=1800):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), os.path.join(ROOT, "rpc_server")]))
-    out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, SCRIPT, *args, "--json", str(out)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(tmp_path))
-    rows = json.loads(out.read_text()) if out.exists() else None
-    return proc, rows
+    return run_bench_script("bench_arm", tmp_path, *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

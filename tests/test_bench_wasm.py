@@ -2,27 +2,20 @@
 build run in real node, the native build beside it, the table printed and the JSON rows written; onnxruntime-web
 (installed with npm on first use) in a test of its own, so the others need only node; and the opcode counter it
 profiles with, on real wasm32 and wasm32-nosimd builds."""
-import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from fixtures.prereq import require_tool, unavailable
+from fixtures.scripts import run_bench_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_wasm.py")
 TINY = ["--models", "digits", "--size", "test", "--repeat", "1", "--sample-ms", "1", "--max-seconds", "5"]
 
 
 def run_bench(tmp_path, *args, timeout=900):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), os.path.join(ROOT, "rpc_server")]))
-    out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, SCRIPT, *args, "--json", str(out)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(tmp_path))
-    rows = json.loads(out.read_text()) if out.exists() else None
-    return proc, rows
+    return run_bench_script("bench_wasm", tmp_path, *args, timeout=timeout)
 
 
 def test_tether_wasm_and_native_end_to_end(tmp_path):
