@@ -430,6 +430,11 @@ final class Session {
             kargs[i] = kernelArg(args.get(i), copies);
         }
         new PackedCall(func, kargs).call();
+        return copiesReply(copies);
+    }
+
+    /** The arrays a call staged through the device, sent back as tensors; nothing when there were none. */
+    private static Object copiesReply(List<DeviceArray> copies) {
         if (copies.isEmpty()) {
             return null;
         }
@@ -453,14 +458,7 @@ final class Session {
             kargs[i] = kernelArg(a, copies);
         }
         func.call(kargs, false);
-        if (copies.isEmpty()) {
-            return null;
-        }
-        List<Object> tensors = new ArrayList<Object>();
-        for (DeviceArray c : copies) {
-            tensors.add(Builtins.toTensor(c));
-        }
-        return new TensorReply(null, tensors);
+        return copiesReply(copies);
     }
 
     private void reply(long rid, Object result) throws IOException {
