@@ -376,3 +376,24 @@ def test_time_evaluator_flushes_between_samples():
     assert len(res["samples"]) == 3 and len(calls) == 3
     with pytest.raises(ValueError, match="flush_bytes"):
         timing.time_evaluator(lambda: None, flush_bytes=timing.MAX_FLUSH_BYTES + 1)
+
+
+def test_tune_cli_reaches_a_tracker_and_devices_that_hold_tokens(tiny, tracker_lab, tmp_path):
+    """A lab's tracker listens beyond loopback and so has a token: `tether tune` passes it (and the devices' own
+    token) on, and without it stops in one line naming the refusal."""
+    from click.testing import CliRunner
+
+    from tether.cli.main import cli
+
+    tracker = tracker_lab.tracker(token="lab-secret")
+    tracker_lab.device(tracker, "tunebox")
+    path = str(tmp_path / "tune.jsonl")
+    args = ["tune", tiny[0], "--tracker", "127.0.0.1:%d" % tracker.port, "--key", "tunebox", "--log", path,
+            "--trials", "2", "--build-jobs", "1", "--repeat", "2", "--min-repeat-ms", "1", "--no-progress"]
+    refused = CliRunner().invoke(cli, args, env={"TETHER_TRACKER_TOKEN": None})
+    assert refused.exit_code != 0
+    last = refused.output.strip().splitlines()[-1]
+    assert "Error:" in last and "token" in last.lower() and "Traceback" not in refused.output, refused.output
+    out = CliRunner().invoke(cli, args + ["--tracker-token", "lab-secret"], env={"TETHER_TRACKER_TOKEN": None})
+    assert out.exit_code == 0, out.output
+    assert [r for r in tlog.results(tlog.read_log(path)) if r["status"] == "ok"]

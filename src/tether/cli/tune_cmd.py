@@ -59,6 +59,10 @@ def _ms(seconds: Optional[float]) -> str:
               help="Fix an input's shape (repeatable).")
 @click.option("--tracker", metavar="HOST:PORT", help="The tracker the devices registered with.")
 @click.option("--key", help="Device key (or glob) at the tracker; every device under it measures in parallel.")
+@click.option("--tracker-token", envvar="TETHER_TRACKER_TOKEN", default=None,
+              help="The tracker's token, if it has one (default: env TETHER_TRACKER_TOKEN).")
+@click.option("--token", "session_token", envvar="TETHER_TOKEN", default=None,
+              help="The devices' own token, if they have one (default: env TETHER_TOKEN).")
 @click.option("--log", "log_path", required=True, type=OutputFile(),
               help="The tuning log (JSON lines, appended as results arrive).")
 @click.option("--trials", default=200, show_default=True, type=click.IntRange(1),
@@ -88,7 +92,8 @@ def _ms(seconds: Optional[float]) -> str:
               help="GPU targets: tune this op kernel (op:matmul:M,K,N, op:conv2d:N,C,H,W,O,K, ...) instead of a model.")
 @click.option("--local", is_flag=True, help="GPU targets: measure on this machine's GPU (else --tracker/--key).")
 def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Optional[str], key: Optional[str],
-            log_path: str, trials: int, time_budget: Optional[float], resume: bool, target: str, opt_level: int,
+            tracker_token: Optional[str], session_token: Optional[str], log_path: str, trials: int,
+            time_budget: Optional[float], resume: bool, target: str, opt_level: int,
             only: Tuple[str, ...], build_jobs: int, repeat: int, min_repeat_ms: float, flush_mb: float, timeout: float,
             seed: int, report_path: Optional[str], no_progress: bool, ray_address: Optional[str],
             op_specs: Tuple[str, ...] = (), local: bool = False) -> None:
@@ -104,7 +109,8 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
         if not local and not (tracker and key):
             raise click.UsageError("GPU tuning measures on --local or a device of --tracker HOST:PORT --key KEY")
         _tune_gpu(model, input_shapes, op_specs, target, log_path, trials, time_budget, repeat, min_repeat_ms,
-                  seed, opt_level, tracker if not local else None, key, timeout, resume)
+                  seed, opt_level, tracker if not local else None, key, timeout, resume,
+                  tokens=(tracker_token, session_token))
         return
     if op_specs or local:
         raise click.UsageError("--op and --local tune GPU kernels: give a GPU --target (opencl, vulkan, cuda ...)")
@@ -122,7 +128,8 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
 
         _tune(model, input_shapes, tracker, key, log_path, trials, time_budget, resume, target, opt_level, only,
               build_jobs, MeasureOptions(repeat=repeat, min_repeat_ms=min_repeat_ms, timeout=timeout,
-                                         flush_bytes=int(flush_mb * (1 << 20))), seed, no_progress, ray_address)
+                                         flush_bytes=int(flush_mb * (1 << 20))), seed, no_progress, ray_address,
+              tokens=(tracker_token, session_token))
     elif report_path is None:
         raise click.UsageError("give a MODEL to tune, or --report to write the report of --log")
     if report_path is not None:
@@ -134,7 +141,8 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
 
 def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log_path: str, trials: int,
           time_budget: Optional[float], resume: bool, target: str, opt_level: int, only: Tuple[str, ...],
-          build_jobs: int, measure: Any, seed: int, no_progress: bool, ray_address: Optional[str] = None) -> None:
+          build_jobs: int, measure: Any, seed: int, no_progress: bool, ray_address: Optional[str] = None,
+          tokens: Tuple[Optional[str], Optional[str]] = (None, None)) -> None:
     from rich.console import Console
     from rich.live import Live
 
@@ -166,7 +174,7 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
             live.update(_table(tuner))
 
     tuner = Tuner(tasks, log_path, tracker, key, options=options, resume=resume,
-                  on_progress=None if no_progress else progress)
+                  on_progress=None if no_progress else progress, tracker_token=tokens[0], session_token=tokens[1])
     t0 = time.monotonic()
     try:
         if no_progress:
@@ -188,7 +196,8 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
 
 def _tune_gpu(model: Optional[str], input_shapes: Tuple[str, ...], op_specs: Tuple[str, ...], target: str,
               log_path: str, trials: int, time_budget: Optional[float], repeat: int, min_repeat_ms: float, seed: int,
-              opt_level: int, tracker: Optional[str], key: Optional[str], timeout: float, resume: bool = False) -> None:
+              opt_level: int, tracker: Optional[str], key: Optional[str], timeout: float, resume: bool = False,
+              tokens: Tuple[Optional[str], Optional[str]] = (None, None)) -> None:
     """GPU kernels tuned one config at a time on one device (tune/gpu.py), on the device's clock."""
     import contextlib
 
@@ -220,11 +229,12 @@ def _tune_gpu(model: Optional[str], input_shapes: Tuple[str, ...], op_specs: Tup
                 yield sess
         else:
             thost, _, tport = tracker.rpartition(":")
-            with rpc.connect_tracker(thost, int(tport), timeout=min(timeout, 30.0)) as tr:
+            with rpc.connect_tracker(thost, int(tport), token=tokens[0], timeout=min(timeout, 30.0)) as tr:
                 grant = tr.reserve(key, wait_timeout=max(timeout, 60.0), session_timeout=3600.0)
                 host = grant["host"] if grant.get("host") is not None else thost
                 port = grant["port"] if grant.get("port") is not None else int(tport)
-                with rpc.connect(host, port, match=grant["match"], timeout=max(timeout, 60.0)) as sess:
+                with rpc.connect(host, port, match=grant["match"], token=tokens[1],
+                                 timeout=max(timeout, 60.0)) as sess:
                     yield sess
 
     def show(rec: Any) -> None:
