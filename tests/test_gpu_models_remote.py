@@ -7,8 +7,9 @@ relative error <= 1e-4 (tests/wasm_cases.compare_model).
   and the device runs the model on its pocl (OpenCL) or lavapipe (Vulkan) device, the one the model was built for.
 - On the emulated aarch64 device (qemu-user, the "opencl" userland: pocl in the guest), the same models built for
   `opencl -host=rasp4b`, through the tracker too. pocl compiles every kernel with clang under qemu: each model
-  takes 15-40 s the first time (a fresh pocl cache), a second or two once its kernels are cached. Emulated timings
-  are no performance figures: none is asserted.
+  takes 14-45 s on two cores with the module's fresh pocl cache (the five about 2 min 15 s, the yolov8 detector the
+  longest), a second or two once its kernels are cached. Emulated timings are no performance figures: none is
+  asserted.
 """
 from __future__ import annotations
 
