@@ -12,24 +12,19 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import tempfile
 
 import numpy as np
 import pytest
-from fixtures.emulated import unavailable
+from fixtures.emulated import GPU_SESSION_TIMEOUT as SESSION_TIMEOUT
+from fixtures.emulated import POCL_KEY
+from fixtures.emulated import register_emulated as _register
 from fixtures.gpu_kernels import matmul_gpu, vadd_gpu
-from fixtures.polling import wait_until
-from fixtures.tracker import TrackerLab
 
 import tether
 from tether import emulate, errors
 
 pytestmark = [pytest.mark.emulated]
 
-# pocl compiles every kernel with clang under qemu (about 10 s for the first, a few for the next, cached after that);
-# every wait is bounded, generously for a loaded 2-core machine.
-SESSION_TIMEOUT = 600.0
-POCL_KEY = "rasp4b-pocl"
 CPU_KEY = "rasp4b-cpu"
 
 
@@ -44,6 +39,15 @@ def _matmul(n=64, tile=8):
 
 
 @pytest.fixture(scope="module")
+def tracker(emulated_tracker):
+    return emulated_tracker
+
+
+def _request(client, key):
+    return client.request(key, wait_timeout=SESSION_TIMEOUT, timeout=SESSION_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
 def gpu_modules(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gpu-modules")
     paths = {}
@@ -51,54 +55,6 @@ def gpu_modules(tmp_path_factory):
         lib = tether.build(*make(), target="opencl -host=rasp4b", name=name)
         paths[name] = lib.export_library(str(folder / ("%s.so" % name)))
     return paths
-
-
-@pytest.fixture(scope="module")
-def opencl_userland():
-    """The aarch64 userland with pocl: built on first use (about 40 s), cached like the default one."""
-    try:
-        return emulate.ensure_userland("aarch64", packages="opencl")
-    except emulate.EmulatorUnavailable as exc:
-        unavailable(str(exc))
-
-
-@pytest.fixture(scope="module")
-def tracker():
-    with tempfile.TemporaryDirectory(prefix="tether-gpu-emulated-") as workdir:
-        lab = TrackerLab(workdir)
-        try:
-            yield lab.tracker()
-        finally:
-            lab.close()
-
-
-def _request(client, key):
-    return client.request(key, wait_timeout=SESSION_TIMEOUT, timeout=SESSION_TIMEOUT)
-
-
-def _register(userland, tracker, key, bundle, **kw):
-    device = emulate.EmulatedDevice(userland, tracker="127.0.0.1:%d" % tracker.port, key=key, bundle=bundle,
-                                    startup_timeout=SESSION_TIMEOUT, **kw)
-    device.start()
-    try:
-        wait_until(lambda: tracker.count(key) > 0 or not device.alive(), SESSION_TIMEOUT,
-                   "the emulated device to register as %s" % key)
-        assert device.alive(), device.output
-    except BaseException:
-        device.close()
-        raise
-    return device
-
-
-@pytest.fixture(scope="module")
-def pocl_device(opencl_userland, tracker, emulated_bundle, tmp_path_factory):
-    """The emulated aarch64 device with pocl, registered as POCL_KEY; its pocl cache is a folder of this test."""
-    cache = tmp_path_factory.mktemp("pocl-cache")
-    device = _register(opencl_userland, tracker, POCL_KEY, emulated_bundle, pocl_cache=cache)
-    try:
-        yield device
-    finally:
-        device.close()
 
 
 def _cache_files(folder: pathlib.Path) -> dict:

@@ -11,14 +11,14 @@ one too slowly for a test). Each model is built once per target (module-scoped c
 from __future__ import annotations
 
 import json
-from typing import Dict, Tuple
+from typing import Dict
 
 import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from fixtures.prereq import unavailable
-from fixtures.scripts import load_script
+from fixtures.gpu_models import APIS, GPU_MODELS, ON_CPU
+from fixtures.gpu_models import require_api as _require
 from wasm_cases import CASES, MODELS, compare_model, ort_reference
 
 import tether
@@ -28,59 +28,6 @@ from tether.kernels.registry import TeLowering
 from tether.kernels.table import OPS
 from tether_rpc.graph_executor import GraphExecutor
 
-APIS = {"opencl": "pocl-opencl-icd ocl-icd-libopencl1", "vulkan": "mesa-vulkan-drivers libvulkan1"}
-
-
-def _resnet50():
-    model = load_script("make_resnet50").build_resnet50(seed=1, size=32, classes=10)
-    return model, {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)}
-
-
-GPU_MODELS = {"mobilenet_v2": MODELS["mobilenet_v2"], "resnet50": _resnet50,
-              "yolov8_detector": MODELS["yolov8_detector"], "crnn_recognizer": MODELS["crnn_recognizer"],
-              "transformer_encoder": MODELS["transformer_encoder"], "vad": MODELS["vad"], "lstm": CASES["lstm"]}
-# the nodes of each model that run on the host's CPU (op label -> count); every other node runs on the GPU
-ON_CPU = {"crnn_recognizer": {"recurrent": 2}, "vad": {"recurrent": 2}, "lstm": {"recurrent": 1}}
-
-
-def _require(api: str) -> None:
-    from tether_rpc.gpu.module import available_apis
-
-    found = available_apis()[api]
-    if isinstance(found, str):
-        unavailable("a %s device (%s)" % (api, found), "apt-get install " + APIS[api])
-
-
-class _Built:
-    """Each (model, target) built and exported once, with its feeds and onnxruntime's outputs."""
-
-    def __init__(self, root) -> None:
-        self.root = root
-        self._models: Dict[str, tuple] = {}
-        self._folders: Dict[Tuple[str, str], str] = {}
-
-    def model(self, name: str) -> tuple:
-        if name not in self._models:
-            model, feeds = GPU_MODELS[name]()
-            self._models[name] = (model, feeds, ort_reference(model, feeds, threads=1))
-        return self._models[name]
-
-    def folder(self, name: str, api: str) -> str:
-        key = (name, api)
-        if key not in self._folders:
-            model, _, _ = self.model(name)
-            graph, params = from_onnx(model)
-            folder = self.root / ("%s_%s" % (name, api))
-            tether.build_graph(graph, params, target=api).export(str(folder))
-            self._folders[key] = str(folder)
-        return self._folders[key]
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return _Built(tmp_path_factory.mktemp("gpu_models"))
-
-
 def _run(ge: GraphExecutor, feeds: Dict[str, np.ndarray]) -> list:
     ge.run(**feeds)
     return [ge.get_output(i) for i in range(ge.num_outputs)]
@@ -88,10 +35,10 @@ def _run(ge: GraphExecutor, feeds: Dict[str, np.ndarray]) -> list:
 
 @pytest.mark.parametrize("api", list(APIS))
 @pytest.mark.parametrize("name", [n for n in GPU_MODELS if n != "lstm"])
-def test_model_on_gpu_matches_onnxruntime(built, name, api):
+def test_model_on_gpu_matches_onnxruntime(gpu_built, name, api):
     _require(api)
-    folder = built.folder(name, api)
-    model, feeds, ref = built.model(name)
+    folder = gpu_built.folder(name, api)
+    model, feeds, ref = gpu_built.model(name)
     deploy = json.loads(open(folder + "/deploy.json", encoding="utf-8").read())
     assert deploy["target"]["gpu"] == api
     cpu = {}
@@ -117,13 +64,13 @@ def test_model_on_gpu_matches_onnxruntime(built, name, api):
 
 
 @pytest.mark.parametrize("api", list(APIS))
-def test_lstm_on_the_host_between_gpu_kernels(built, api):
+def test_lstm_on_the_host_between_gpu_kernels(gpu_built, api):
     """The LSTM's input projection runs on the GPU, its recurrent kernel on the host's CPU: the projection is
     downloaded before it, and its result is the output (downloaded after the run, no device copy). A second run
     with other inputs gives onnxruntime's answer for those (inputs are uploaded on every run)."""
     _require(api)
-    folder = built.folder("lstm", api)
-    model, feeds, ref = built.model("lstm")
+    folder = gpu_built.folder("lstm", api)
+    model, feeds, ref = gpu_built.model("lstm")
     with GraphExecutor.from_folder(folder) as ge:
         compare_model(_run(ge, feeds), ref)
         copies = ge.planned_copies()
@@ -135,13 +82,13 @@ def test_lstm_on_the_host_between_gpu_kernels(built, api):
         compare_model(_run(ge, other), ort_reference(model, other, threads=1))
 
 
-def test_crnn_over_a_session(built):
+def test_crnn_over_a_session(gpu_built):
     """The device server's path (tether.graph.* built-ins, here in a LocalSession): the same executor."""
     _require("opencl")
     from tether.rpc.local import LocalSession
 
-    folder = built.folder("crnn_recognizer", "opencl")
-    _, feeds, ref = built.model("crnn_recognizer")
+    folder = gpu_built.folder("crnn_recognizer", "opencl")
+    _, feeds, ref = gpu_built.model("crnn_recognizer")
     with LocalSession() as s:
         ge = s.graph_executor(folder)
         try:
@@ -186,11 +133,11 @@ def test_compile_check_names_the_nodes_on_the_cpu(tmp_path):
     assert host.exit_code == 0 and "placement" not in host.output
 
 
-def test_benchmark_and_profile_of_a_gpu_model(built):
+def test_benchmark_and_profile_of_a_gpu_model(gpu_built):
     """benchmark and profile wait for the kernels (a GPU node only queues them); every node is timed."""
     _require("opencl")
-    folder = built.folder("lstm", "opencl")
-    _, feeds, ref = built.model("lstm")
+    folder = gpu_built.folder("lstm", "opencl")
+    _, feeds, ref = gpu_built.model("lstm")
     with GraphExecutor.from_folder(folder) as ge:
         ge.set_input(**feeds)
         res = ge.benchmark(number=2, repeat=2)

@@ -95,6 +95,7 @@ class GraphExecutor:
                              % (graph.get("version"), ", ".join(str(v) for v in GRAPH_VERSIONS)))
         self.graph = graph
         self.module = module
+        self.owns_module = False
         sizes = [int(n) for n in graph["storages"]]
         if any(n < 0 for n in sizes) or sum(sizes) > max_bytes:
             raise ValueError("graph storages of %s bytes: sizes must be >= 0 and total at most %d"
@@ -349,8 +350,11 @@ class GraphExecutor:
         def describe(ids):
             return [{"name": self.graph["entries"][i]["name"], "shape": list(self.graph["entries"][i]["shape"]),
                      "dtype": self.graph["entries"][i]["dtype"]} for i in ids]
+        gpu = getattr(self.module, "gpu", None)
+        device = "%s:%d" % (gpu.device.name, gpu.device.index) if gpu is not None else "cpu"
         return {"inputs": describe(self.graph["inputs"]), "outputs": describe(self.graph["outputs"]),
-                "nodes": len(self._nodes), "storage_bytes": int(sum(s.nbytes for s in self._storages))}
+                "nodes": len(self._nodes), "storage_bytes": int(sum(s.nbytes for s in self._storages)),
+                "device": device}
 
     # -- timing --------------------------------------------------------------------------------------------------
     def benchmark(self, number: int = 10, repeat: int = 3, min_repeat_ms: float = 0, warmup: int = 1,
@@ -393,11 +397,16 @@ class GraphExecutor:
         return {"nodes": records, "total_seconds": total, "wall_seconds": time.perf_counter() - t_start}
 
     def close(self) -> None:
+        """Free the device memory and, when the executor owns its module (the RPC's create loaded it for this
+        executor alone), the module (idempotent)."""
         self._calls = []
         self._nodes = []
         if self._device_memory is not None:
             self._device_memory.free()
             self._device_memory = None
+        if self.owns_module:
+            self.owns_module = False
+            self.module.close()
 
     def __enter__(self) -> "GraphExecutor":
         return self
@@ -422,15 +431,26 @@ KIND_GRAPH = "graph"
 
 
 def _graph_create(session: Any, ctx: Any, graph_name: str = "deploy.json", lib_name: Optional[str] = None,
-                  params_name: Optional[str] = "deploy.params") -> Dict[str, Any]:
+                  params_name: Optional[str] = "deploy.params", device: Optional[str] = None) -> Dict[str, Any]:
+    """`device` ("opencl:1") picks the GPU of a GPU model; default: device 0 of its API."""
     from .module import load_module
 
+    if device is not None and not isinstance(device, str):
+        raise TypeError("device must be a string like 'opencl:0', got %s" % type(device).__name__)
     graph_path = session.folder.existing(graph_name)
     with open(graph_path, "r", encoding="utf-8") as fh:
         graph = json.load(fh)
     lib_path = session.folder.existing(lib_name or graph.get("lib", "deploy.so"))
     params = params_format.load_params(session.folder.existing(params_name)) if params_name else None
-    gm = GraphExecutor(graph, load_module(lib_path), params)
+    # the session's own device, as for tether.module.load: the model and the session's device arrays (inputs,
+    # copy_output targets) share one context, and the device closes with the session
+    module = load_module(lib_path, device=lambda api: session.device(device or api + ":0"))
+    try:
+        gm = GraphExecutor(graph, module, params)
+    except BaseException:
+        module.close()
+        raise
+    gm.owns_module = True
     handle = session._put(KIND_GRAPH, gm)
     return dict(gm.info(), handle=handle)
 
@@ -439,7 +459,9 @@ def _array_value(session: Any, value: Any) -> Any:
     """A tensor, or a device-array handle: large inputs travel as device arrays (bulk copy, no frame limit)."""
     from .protocol import RemoteHandle
     if isinstance(value, RemoteHandle):
-        return session._get(value, "array").array
+        arr = session._get(value, "array")
+        # a GPU array has no host view: its values come down (the executor uploads inputs itself)
+        return arr.numpy() if hasattr(arr, "device_spec") else arr.array
     return value
 
 

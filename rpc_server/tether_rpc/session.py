@@ -180,17 +180,22 @@ _BOUND_MAX = 256  # cached kernel calls per session (cleared when full)
 _KIND_ARRAY = "array"
 _KIND_MODULE = "module"
 _KIND_FUNCTION = "function"
+_KIND_GRAPH = "graph"       # (graph_executor.KIND_GRAPH: a graph executor)
 
 
 def _release(kind: str, obj: Any) -> None:
     """What freeing a handle does besides forgetting it: a GPU array's device memory goes back at once (a host
-    array's with its last reference); a module's own reference and each function handle's hold on its module go,
-    and the library is unloaded when none is left (tether_rpc.module.Module)."""
+    array's with its last reference); a graph executor's device memory and module go at once too; a module's own
+    reference and each function handle's hold on its module go, and the library is unloaded when none is left
+    (tether_rpc.module.Module)."""
     if kind == _KIND_ARRAY:
         free = getattr(obj, "free", None)
         if free is not None:
             free()
     elif kind == _KIND_MODULE:
+        obj.close()
+    elif kind == _KIND_GRAPH:
+        # a GPU model's device buffers go back now, before the session closes the device they live on
         obj.close()
     elif kind == _KIND_FUNCTION:
         module = getattr(obj, "module", None)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 from tether_rpc.dtypes import numpy_dtype
+from tether_rpc.protocol import RemoteHandle
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,9 @@ class RemoteGraphExecutor:
 
     def __init__(self, session: Any, folder: Optional[str] = None, *, uploaded: bool = False,
                  prefix: str = "", graph_name: str = "deploy.json", lib_name: Optional[str] = None,
-                 params_name: Optional[str] = "deploy.params"):
+                 params_name: Optional[str] = "deploy.params", device: Optional[str] = None):
+        """``device`` ("opencl:1") picks the device's GPU for a GPU model (default: device 0 of the model's API);
+        ``self.device`` says where the model runs ("opencl:0", "vulkan:0" or "cpu")."""
         self.session = session
         names = {"deploy.json": prefix + graph_name, "deploy.params": prefix + (params_name or "")}
         if folder is not None:
@@ -41,12 +44,16 @@ class RemoteGraphExecutor:
         else:
             names["deploy.so"] = prefix + lib_name if lib_name else None
         files = [names["deploy.json"], names["deploy.so"], names["deploy.params"] if params_name else None]
+        if device is not None:     # (only then: servers that predate the argument still take the other three)
+            files.append(str(device))
         value = session._call("tether.graph.create", files)["value"]
         self.handle = value["handle"]
         self.inputs: List[Dict[str, Any]] = value["inputs"]
         self.outputs: List[Dict[str, Any]] = value["outputs"]
         self.input_names = [i["name"] for i in self.inputs]
         self.output_names = [o["name"] for o in self.outputs]
+        # (servers that predate GPU models do not say: they run every model on their CPU)
+        self.device: str = value.get("device", "cpu")
         self._closed = False
 
     def _call(self, name: str, *args: Any) -> Any:
@@ -55,12 +62,18 @@ class RemoteGraphExecutor:
         return self.session._call(name, [self.handle] + list(args))["value"]
 
     def set_input(self, key: Union[int, str, None] = None, value: Any = None, **named: Any) -> None:
+        """Each value: a numpy array (anything ``np.asarray`` takes) or a RemoteArray of this session, in its host
+        memory or on a GPU."""
         items = list(named.items())
         if key is not None:
             items.insert(0, (key, value))
         for k, v in items:
-            arr = np.asarray(v, order="C")
             key = int(k) if isinstance(k, (int, np.integer)) else k
+            handle = getattr(v, "handle", None)
+            if isinstance(handle, RemoteHandle):   # a RemoteArray, in the session's memory or GPU: no bytes travel
+                self._call("tether.graph.set_input", key, handle)
+                continue
+            arr = np.asarray(v, order="C")
             if arr.nbytes <= INLINE_LIMIT:
                 self._call("tether.graph.set_input", key, arr)
                 continue
