@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixtures.gpu_kernels import vadd_gpu
 
 import tether
 from tether import rpc, te
@@ -19,17 +20,6 @@ TIMEOUT = 120.0
 def message_of(exc: BaseException) -> str:
     """The message as the device sent it (a RemoteError's str adds its type and the remote traceback)."""
     return str(exc.args[0]) if exc.args else ""
-
-
-def _vadd(n=1000, block=64, dtype="float32"):
-    A = te.placeholder((n,), name="A", dtype=dtype)
-    B = te.placeholder((n,), name="B", dtype=dtype)
-    C = te.compute((n,), lambda i: A[i] + B[i], name="C")
-    s = te.create_schedule(C.op)
-    bx, tx = s[C].split(C.op.axis[0], factor=block)
-    s[C].bind(bx, te.thread_axis("blockIdx.x"))
-    s[C].bind(tx, te.thread_axis("threadIdx.x"))
-    return s, [A, B, C]
 
 
 def _reverse_twice(n=1000):
@@ -49,9 +39,9 @@ def _reverse_twice(n=1000):
 def modules(tmp_path_factory):
     """GPU modules built by tether for this machine's CPU as host: name -> path."""
     out = tmp_path_factory.mktemp("java_gpu_modules")
-    specs = {"vadd": (_vadd(), "opencl"), "rev": (_reverse_twice(), "opencl"),
-             "vadd_vk": (_vadd(), "vulkan"),
-             "vadd_big": (_vadd(n=16384, block=8192), "opencl -max_threads_per_block=8192")}
+    specs = {"vadd": (vadd_gpu(1000), "opencl"), "rev": (_reverse_twice(), "opencl"),
+             "vadd_vk": (vadd_gpu(1000), "vulkan"),
+             "vadd_big": (vadd_gpu(16384, block=8192), "opencl -max_threads_per_block=8192")}
     A = te.placeholder((1000,), name="A")
     B = te.placeholder((1000,), name="B")
     C = te.compute((1000,), lambda i: A[i] + B[i], name="C")
