@@ -531,11 +531,14 @@ class Lowering:
                 if tag.startswith("threadIdx"):
                     varying[var] = ext
         loads = [n for n in walk(consumer_src) if isinstance(n, TensorLoad) and n.tensor is ct]
+        # a loop of one iteration is 0 (a thread loop of extent 1 stays a variable, but is always thread 0):
+        # without this, (x + t) % n with such a t would look like it covers all of [0, n)
+        ones = {lv: _c(0) for lv, e in varying.items() if e == 1}
         region = []
         for d, extent in enumerate(ct.shape):
             lo_hi = None
             for ld in loads:
-                b = _sym_bound(ld.indices[d], varying, self.ranges)
+                b = _sym_bound(substitute(ld.indices[d], ones) if ones else ld.indices[d], varying, self.ranges)
                 if b is None:
                     lo_hi = None
                     break
