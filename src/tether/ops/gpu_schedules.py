@@ -25,6 +25,7 @@ from typing import Any, Dict, Mapping, Optional
 from tether import te
 from tether.errors import ScheduleError
 from tether.tir import Const, Reduce, TensorLoad, walk
+from tether.tir.dtype import bits
 
 from . import common as c
 from .schedules import _collect, numel
@@ -141,15 +142,23 @@ class _Ctx:
         return min(b, max(1, _pow2_at_least(outputs)))
 
 
-    def reduce_threads(self, length: int) -> int:
-        """Threads of a work-group tree reduction over ``length`` elements (the knob, capped by the device limit
-        unless given explicitly, and by the next power of two of the length)."""
+    def reduce_threads(self, length: int, itemsize: int) -> int:
+        """Threads of a work-group tree reduction over ``length`` elements of ``itemsize`` bytes (the knob, capped
+        by the device's thread and shared-memory limits unless given explicitly, and by the next power of two of
+        the length)."""
         b = self.knobs.reduce_threads
-        if b > self.limits.max_threads_per_block:
-            if "reduce_threads" in self.explicit:
+        lim = self.limits
+        explicit = "reduce_threads" in self.explicit
+        if b > lim.max_threads_per_block:
+            if explicit:
                 raise ScheduleError(f"GPU schedule knob reduce_threads={b} is over the device's "
-                                    f"{self.limits.max_threads_per_block} threads per work-group")
-            b = self.limits.max_threads_per_block
+                                    f"{lim.max_threads_per_block} threads per work-group")
+            b = lim.max_threads_per_block
+        if b * itemsize > lim.max_shared_bytes:
+            if explicit:
+                raise ScheduleError(f"GPU schedule knob reduce_threads={b} needs {b * itemsize} bytes of shared "
+                                    f"memory, over the device's {lim.max_shared_bytes}")
+            b = max(1, lim.max_shared_bytes // itemsize)
         return min(b, _pow2_at_least(length))
 
 
@@ -366,7 +375,8 @@ def _schedule_tree_reduction(s, op, kernel, ctx: _Ctx) -> None:
     comp.compute_at(st, bx)
     red = [a for a in comp.leaf_iter_vars if a.kind == "reduce"]
     r = comp.fuse(*red) if len(red) > 1 else red[0]
-    ro, ri = comp.split(r, factor=ctx.reduce_threads(reduction_length(kernel)))
+    itemsize = max(1, bits(kernel.output(0).dtype) // 8)
+    ro, ri = comp.split(r, factor=ctx.reduce_threads(reduction_length(kernel), itemsize))
     comp.reorder(ri, ro)
     comp.bind(ri, te.thread_axis("threadIdx.x"))
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tether.errors import CompileError, ScheduleError
-from tether.te.expr import IterVar
+from tether.te.expr import _COMBINERS, IterVar
 from tether.te.schedule import Schedule, Split, Stage
 from tether.te.tensor import PlaceholderOp, Tensor, collect_tensors
 from tether.tir.buffer import Buffer
@@ -403,7 +403,12 @@ class Lowering:
             b.stage = st.name
             return b
 
-        steps: List[Stmt] = [Store(acc, zero, body.identity), accumulate, Store(red, at(tx), Load(acc, zero)),
+        # every thread starts from the combiner's own identity: an init value (te.sum(..., init=5)) is combined in
+        # once, into the result, not once per thread
+        neutral = _COMBINERS[body.combiner](dtype)
+        init = body.identity
+        custom_init = not (isinstance(init, Const) and init.value == neutral.value)
+        steps: List[Stmt] = [Store(acc, zero, neutral), accumulate, Store(red, at(tx), Load(acc, zero)),
                              barrier()]
         n = block
         while n > 1:
@@ -414,7 +419,8 @@ class Lowering:
             steps.append(barrier())
             n = stride
         data_guards = [g for g in info.guards if not uses_var(g, red_vars)]
-        result = Store(sbuf, sidx, Load(red, at(zero)))
+        total = Load(red, at(zero))
+        result = Store(sbuf, sidx, _combine(body.combiner, init, total) if custom_init else total)
         if sbuf.scope == "local":
             # a register result: every thread keeps it (its consumer may read it in any thread), then waits so that
             # no thread overwrites red[0] in a next round while another still reads it
