@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tether.errors import CompileError, ScheduleError
-from tether.te.expr import _COMBINERS, IterVar
+from tether.te.expr import IterVar, combiner_identity
 from tether.te.schedule import Schedule, Split, Stage
 from tether.te.tensor import PlaceholderOp, Tensor, collect_tensors
 from tether.tir.buffer import Buffer
@@ -405,7 +405,7 @@ class Lowering:
 
         # every thread starts from the combiner's own identity: an init value (te.sum(..., init=5)) is combined in
         # once, into the result, not once per thread
-        neutral = _COMBINERS[body.combiner](dtype)
+        neutral = combiner_identity(body.combiner, dtype)
         init = body.identity
         custom_init = not (isinstance(init, Const) and init.value == neutral.value)
         steps: List[Stmt] = [Store(acc, zero, neutral), accumulate, Store(red, at(tx), Load(acc, zero)),
