@@ -370,3 +370,33 @@ def test_the_knob(cl):
         schedule_gpu([outp], limits=LIMITS, config={"reduce_threads": 512})
     with pytest.raises(ScheduleError, match="reduce_threads=-1 is not valid"):
         schedule_gpu([outp], limits=LIMITS, config={"reduce_threads": -1})
+
+
+def test_int8_conv_with_few_outputs_is_a_tree_in_int32(cl, vk, tmp_path):
+    """A 7 x 7 int8 convolution over a 7 x 7 map (a classifier head: 10 outputs of 64 x 49 products each),
+    accumulated in int32 and requantized in the epilogue: one kernel, a tree per output, exact on both drivers."""
+    from tether.ops import qnn
+    from tether.ops.nary import elementwise
+    rng = np.random.default_rng(4)
+    x = te.placeholder((1, 64, 7, 7), "int8", name="X")
+    w = te.placeholder((10, 64, 7, 7), "int8", name="W")
+    mult = P((10, 1, 1), "M")
+    zp = te.placeholder((1,), "int8", name="Z")
+    xi = elementwise(lambda v: v.astype("int32"), [x], "xi")
+    wi = elementwise(lambda v: v.astype("int32"), [w], "wi")
+    out = qnn.requantize(ops.conv2d(xi, wi, 1, 0), mult, zp, "int8")
+    ins = [x, w, mult, zp]
+    arrays = [rng.integers(-128, 128, (1, 64, 7, 7)).astype(np.int8),
+              rng.integers(-128, 128, (10, 64, 7, 7)).astype(np.int8), np.full((10, 1, 1), 2e-5, np.float32),
+              np.array([3], np.int8)]
+    args = ins + [out]
+    prog = split_host_device(tether.lower(schedule_gpu([out], limits=LIMITS), args, "head"), **LIMITS)
+    assert len(prog.kernels) == 1 and _trees(prog) == 1
+    acc = np.einsum("chw,ochw->o", arrays[0][0].astype(np.int64), arrays[1].astype(np.int64)).reshape(1, 10, 1, 1)
+    want = np.clip(np.round(acc.astype(np.float32) * np.float32(2e-5)) + 3, -128, 127).astype(np.int8)
+    (got,) = run_program(cl, prog, opencl_source(prog.kernels).encode(), args, arrays)
+    np.testing.assert_array_equal(got, want)
+    code = spirv_module(prog.kernels)
+    validate(code, tmp_path)
+    (got,) = run_program(vk, prog, code, args, arrays)
+    np.testing.assert_array_equal(got, want)
