@@ -14,7 +14,8 @@ heap); a spin lock then serialises concurrent calls of that kernel.
 GPU schedules (docs/gpu.md "Scheduling for GPUs"): loops bound with Stage.bind become ``For`` loops of kind
 "thread"; a stage attached inside them reuses the thread index for its own loops bound to the same tag; shared
 caches cover the whole work-group's region and are filled between barriers; the guards of such stages wrap their
-stores, so loop extents stay uniform across a work-group. tether.tir.device_split makes kernels of the result.
+stores, so loop extents stay uniform across a work-group. A reduction axis bound to threadIdx becomes a
+work-group tree reduction (``_allreduce``). tether.tir.device_split makes kernels of the result.
 """
 from __future__ import annotations
 
