@@ -12,9 +12,10 @@ Every remaining root stage is one GPU kernel (docs/gpu.md "Schedules of the op f
   block of it, and the k loop walks the operands through shared-memory tiles that the work-group fetches
   together (tails guarded).
 
-There is no work-group tree reduction: the scheduling API refuses a reduction axis bound to threadIdx (that needs
-a cross-thread reduction). Long reductions with few outputs (a global pool, a reduce to a scalar) therefore run
-one thread per output over the whole reduction: correct, but little parallelism.
+- a long reduction with few outputs (a global pool, a reduce to a scalar, softmax's row max and sum, norm
+  statistics): a work-group per output element, its threads splitting the reduction and combining their partials
+  in a shared-memory tree (the reduction axis bound to threadIdx.x; ``reduce_threads``, 0 turns it off). One
+  thread per output over the whole reduction would leave most of the device idle.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any, Dict, Mapping, Optional
 from tether import te
 from tether.errors import ScheduleError
 from tether.tir import Const, Reduce, TensorLoad, walk
+from tether.tir.dtype import bits
 
 from . import common as c
 from .schedules import _collect, numel
@@ -54,10 +56,20 @@ class GpuKnobs:
     mm_ktile: int = 8              # matmul: k steps per shared-memory tile
     pad: str = "inline"            # padding of convolution / pooling inputs: "inline" (read through a select) or
                                    # "materialize" (a kernel of its own writing the padded copy)
+    reduce_threads: int = 256      # threads of the work-group tree reduction of a long reduction with few outputs
+                                   # (see wants_tree_reduction); 0: one thread per output instead
 
 
 GPU_KNOBS: Dict[str, type] = {f.name: (str if f.type in ("str", str) else int) for f in dataclasses.fields(GpuKnobs)}
 PAD_CHOICES = ("inline", "materialize")
+# knobs for which 0 is a valid value (it turns the feature off)
+_ZERO_OFF = frozenset({"reduce_threads"})
+
+#: a reduction gets a work-group tree when it has fewer output elements than this (each output is then a
+#: work-group, and fewer threads than this times the block would leave a GPU idle when run one per output) ...
+TREE_MAX_OUTPUTS = 2048
+#: ... and at least this many elements to combine per output (shorter ones are cheaper in one thread)
+TREE_MIN_REDUCTION = 64
 
 _MATMUL_TAGS = frozenset({c.MATMUL})
 # tags the GPU inlines on top of the injective ones: a panel packing is a CPU layout; read through it in place
@@ -96,9 +108,12 @@ def gpu_knobs(config: Optional[Mapping[str, Any]] = None) -> GpuKnobs:
         raise ScheduleError("unknown GPU schedule knob(s) %s; the knobs are: %s"
                             % (", ".join(bad), ", ".join(GPU_KNOBS)))
     for k, v in config.items():
-        ok = (v in PAD_CHOICES) if GPU_KNOBS[k] is str else (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+        low = 0 if k in _ZERO_OFF else 1
+        is_int = isinstance(v, int) and not isinstance(v, bool)
+        ok = (v in PAD_CHOICES) if GPU_KNOBS[k] is str else (is_int and v >= low)
         if not ok:
-            expected = " or ".join(PAD_CHOICES) if GPU_KNOBS[k] is str else "a positive int"
+            expected = (" or ".join(PAD_CHOICES) if GPU_KNOBS[k] is str
+                        else "0 (off) or a positive int" if low == 0 else "a positive int")
             raise ScheduleError(f"GPU schedule knob {k}={v!r} is not valid (expected {expected})")
     return dataclasses.replace(GpuKnobs(), **dict(config))
 
@@ -125,6 +140,42 @@ class _Ctx:
             b = self.limits.max_threads_per_block
         # never wider than the work (a 10-element op gets a work-group of 16, not 256)
         return min(b, max(1, _pow2_at_least(outputs)))
+
+
+    def reduce_threads(self, length: int, itemsize: int) -> int:
+        """Threads of a work-group tree reduction over ``length`` elements of ``itemsize`` bytes (the knob, capped
+        by the device's thread and shared-memory limits unless given explicitly, and by the next power of two of
+        the length)."""
+        b = self.knobs.reduce_threads
+        lim = self.limits
+        explicit = "reduce_threads" in self.explicit
+        if b > lim.max_threads_per_block:
+            if explicit:
+                raise ScheduleError(f"GPU schedule knob reduce_threads={b} is over the device's "
+                                    f"{lim.max_threads_per_block} threads per work-group")
+            b = lim.max_threads_per_block
+        if b * itemsize > lim.max_shared_bytes:
+            if explicit:
+                raise ScheduleError(f"GPU schedule knob reduce_threads={b} needs {b * itemsize} bytes of shared "
+                                    f"memory, over the device's {lim.max_shared_bytes}")
+            b = max(1, lim.max_shared_bytes // itemsize)
+        return min(b, _pow2_at_least(length))
+
+
+def reduction_length(op) -> int:
+    """How many elements each output element of reduction ``op`` combines."""
+    n = 1
+    for a in op.reduce_axis:
+        n *= int(a.extent)
+    return n
+
+
+def wants_tree_reduction(op) -> bool:
+    """Whether schedule_gpu gives reduction ``op`` a work-group tree (unless ``reduce_threads`` is 0): few output
+    elements, each combining many."""
+    if not isinstance(getattr(op, "body", None), Reduce) or not op.axis:
+        return False
+    return numel(op.output(0)) < TREE_MAX_OUTPUTS and reduction_length(op) >= TREE_MIN_REDUCTION
 
 
 def schedule_gpu(outs, limits: Any = None, config: Optional[Mapping[str, Any]] = None) -> "te.Schedule":
@@ -247,6 +298,8 @@ def _schedule_root(s, op, kernel, ctx: _Ctx) -> None:
     # the crop of a padded product), not when op is a transpose or reshape of it
     if tag in _MATMUL_TAGS and _matmul_form(main) is not None and (kernel is None or _reads_in_place(op, kernel)):
         _schedule_matmul(s, op, main, ctx)
+    elif isinstance(main.body, Reduce) and ctx.knobs.reduce_threads and wants_tree_reduction(main) and op.axis:
+        _schedule_tree_reduction(s, op, main, ctx)
     elif isinstance(main.body, Reduce):
         _schedule_per_output(s, op, main, ctx)
     else:
@@ -302,6 +355,30 @@ def _schedule_per_output(s, op, kernel, ctx: _Ctx) -> None:
     red = [a for a in comp.leaf_iter_vars if a.kind == "reduce"]
     if red and data:
         comp.reorder(*(red + data))
+
+
+def _schedule_tree_reduction(s, op, kernel, ctx: _Ctx) -> None:
+    """A work-group per output element: the reduction split over its threads (threadIdx.x, strided so that
+    neighbouring threads read neighbouring elements), each thread's partial in a register, the partials combined
+    in a shared-memory tree (the lowering of a reduction axis bound to threadIdx). The output's own store runs in
+    thread 0 (a threadIdx.x loop of one iteration)."""
+    if kernel is op:
+        comp = s[s.cache_write(op.output(0), "local")]
+    else:
+        comp = s[kernel]
+    st = s[op]
+    axes = list(st.op.axis)
+    fused = st.fuse(*axes) if len(axes) > 1 else axes[0]
+    bx, t1 = st.split(fused, factor=1)
+    st.bind(bx, te.thread_axis("blockIdx.x"))
+    st.bind(t1, te.thread_axis("threadIdx.x"))
+    comp.compute_at(st, bx)
+    red = [a for a in comp.leaf_iter_vars if a.kind == "reduce"]
+    r = comp.fuse(*red) if len(red) > 1 else red[0]
+    itemsize = max(1, bits(kernel.output(0).dtype) // 8)
+    ro, ri = comp.split(r, factor=ctx.reduce_threads(reduction_length(kernel), itemsize))
+    comp.reorder(ri, ro)
+    comp.bind(ri, te.thread_axis("threadIdx.x"))
 
 
 def _matmul_form(op):

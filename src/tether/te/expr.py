@@ -59,6 +59,11 @@ _COMBINERS = {
 }
 
 
+def combiner_identity(combiner: str, dtype: str) -> Expr:
+    """The element ``combiner`` (sum, prod, max, min) leaves unchanged, in ``dtype``."""
+    return _COMBINERS[combiner](dtype)
+
+
 def _is_reduce_axis(x: Any) -> bool:
     if isinstance(x, IterVar):
         return x.kind == "reduce"

@@ -14,14 +14,15 @@ heap); a spin lock then serialises concurrent calls of that kernel.
 GPU schedules (docs/gpu.md "Scheduling for GPUs"): loops bound with Stage.bind become ``For`` loops of kind
 "thread"; a stage attached inside them reuses the thread index for its own loops bound to the same tag; shared
 caches cover the whole work-group's region and are filled between barriers; the guards of such stages wrap their
-stores, so loop extents stay uniform across a work-group. tether.tir.device_split makes kernels of the result.
+stores, so loop extents stay uniform across a work-group. A reduction axis bound to threadIdx becomes a
+work-group tree reduction (``_allreduce``). tether.tir.device_split makes kernels of the result.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tether.errors import CompileError, ScheduleError
-from tether.te.expr import IterVar
+from tether.te.expr import IterVar, combiner_identity
 from tether.te.schedule import Schedule, Split, Stage
 from tether.te.tensor import PlaceholderOp, Tensor, collect_tensors
 from tether.tir.buffer import Buffer
@@ -325,6 +326,8 @@ class Lowering:
             init_leaves = [lv for lv in tail if lv.kind == "data"]
             g_outer, g_tail = self._split_guards(info.guards, outer, tail)
             red_vars = [lv for lv in tail if lv.kind == "reduce"]
+            if any(lv in st.bound for lv in red_vars):
+                return self._allreduce(st, info, body, value, sbuf, sidx, outer, tail, env, attach_stmts)
             init = Store(sbuf, sidx, body.identity)
             update = Store(sbuf, sidx, simplify(_combine(body.combiner, Load(sbuf, sidx), value), self.ranges),
                            reduction=body.combiner)
@@ -340,6 +343,96 @@ class Lowering:
         if info.gpu:
             return self._make_loops(st, info, leaves, self._guard(store, info.guards), [], attach_stmts, top=True)
         return self._make_loops(st, info, leaves, store, info.guards, attach_stmts, top=True)
+
+    def _allreduce(self, st: Stage, info: _StageInfo, body: Reduce, value: Expr, sbuf: Buffer, sidx: Expr,
+                   outer: List[IterVar], tail: List[IterVar], env: Dict[str, Tuple[Var, int]], attach_fn) -> Stmt:
+        """A reduction axis bound to threadIdx: a work-group tree reduction (TVM's allreduce).
+
+        Each thread combines its part of the reduction in a register, the partials go to a shared array of the
+        block size, and a tree halves the active threads per step down to element 0. The tree is unrolled (the
+        block size is a constant) and every barrier sits outside the ``if tx < stride`` guards, so all threads of
+        the work-group reach each one."""
+        tx_leaf = tail[0]
+        tiv = st.bound.get(tx_leaf)
+        if tiv is None:
+            bound = next(lv for lv in tail if lv in st.bound)
+            raise ScheduleError(f"bind: stage {st.name!r}: reduction axis {bound.name!r} is bound to "
+                                f"{st.bound[bound].thread_tag} inside loop {tx_leaf.name!r}; reorder the bound "
+                                "reduction axis outermost among the reduction loops")
+        tag = tiv.thread_tag
+        if tx_leaf in info.merged or tag in env:
+            raise ScheduleError(f"bind: stage {st.name!r}: reduction axis {tx_leaf.name!r} is bound to {tag} inside "
+                                f"a loop of its consumer bound to {tag}; attach the stage outside the consumer's "
+                                f"{tag} loop (e.g. at its blockIdx loop)")
+        for lv in tail[1:]:
+            if lv.kind == "data" and info.ext[lv] > 1:
+                raise ScheduleError(f"bind: stage {st.name!r}: data axis {lv.name!r} is inside the reduction axis "
+                                    f"{tx_leaf.name!r} bound to {tag}; reorder the data axes outside it")
+        block = info.ext[tx_leaf]
+        # other thread dimensions of the work-group (a row per threadIdx.y) each reduce in their own slice
+        others: List[Tuple[Expr, int]] = []
+        for lv in outer:
+            t = st.bound.get(lv)
+            if t is not None and t.thread_tag.startswith("threadIdx") and lv not in info.merged:
+                others.append((lv, info.ext[lv]))
+        for t, (var, ext) in env.items():
+            if t.startswith("threadIdx"):
+                others.append((var, ext))
+        base: Expr = _c(0)
+        slices = 1
+        for var, ext in others:
+            base = Binary("add", Binary("mul", base, _c(ext)), var)
+            slices *= ext
+        base = simplify(Binary("mul", base, _c(block)), self.ranges)
+        dtype = sbuf.dtype
+        acc = Buffer(f"{st.name}.acc", [1], dtype, "local")
+        red = Buffer(f"{st.name}.red", [slices * block], dtype, "shared")
+        zero = _c(0)
+        red_vars = [lv for lv in tail if lv.kind == "reduce"]
+        # threads past the end of the reduction take no step and contribute the combiner's identity
+        update = Store(acc, zero, simplify(_combine(body.combiner, Load(acc, zero), value), self.ranges),
+                       reduction=body.combiner)
+        update = self._guard(update, info.guards)
+        accumulate = self._make_loops(st, info, tail[1:], update, [], attach_fn)
+        tx = tx_leaf
+
+        def at(offset: Expr) -> Expr:
+            return simplify(Binary("add", base, offset), self.ranges)
+
+        def barrier() -> Barrier:
+            b = Barrier()
+            b.stage = st.name
+            return b
+
+        # every thread starts from the combiner's own identity: an init value (te.sum(..., init=5)) is combined in
+        # once, into the result, not once per thread
+        neutral = combiner_identity(body.combiner, dtype)
+        init = body.identity
+        custom_init = not (isinstance(init, Const) and init.value == neutral.value)
+        steps: List[Stmt] = [Store(acc, zero, neutral), accumulate, Store(red, at(tx), Load(acc, zero)),
+                             barrier()]
+        n = block
+        while n > 1:
+            half = n // 2
+            stride = n - half      # a non-power-of-two count folds its top elements onto the bottom ones
+            combined = _combine(body.combiner, Load(red, at(tx)), Load(red, at(Binary("add", tx, _c(stride)))))
+            steps.append(IfThenElse(Compare("lt", tx, _c(half)), Store(red, at(tx), combined)))
+            steps.append(barrier())
+            n = stride
+        data_guards = [g for g in info.guards if not uses_var(g, red_vars)]
+        total = Load(red, at(zero))
+        result = Store(sbuf, sidx, _combine(body.combiner, init, total) if custom_init else total)
+        if sbuf.scope == "local":
+            # a register result: every thread keeps it (its consumer may read it in any thread), then waits so that
+            # no thread overwrites red[0] in a next round while another still reads it
+            steps += [self._guard(result, data_guards), barrier()]
+        else:
+            # one thread writes the element
+            steps.append(self._guard(result, data_guards + [Compare("eq", tx, zero)]))
+        in_thread = Allocate(acc, seq(*steps))
+        stmt = self._make_loops(st, info, [tx_leaf], in_thread, [], attach_fn)
+        stmt = Allocate(red, stmt)
+        return self._make_loops(st, info, outer, stmt, [], attach_fn, top=True)
 
     def _guard(self, stmt: Stmt, guards: List[Expr]) -> Stmt:
         conds = []
@@ -445,11 +538,14 @@ class Lowering:
                 if tag.startswith("threadIdx"):
                     varying[var] = ext
         loads = [n for n in walk(consumer_src) if isinstance(n, TensorLoad) and n.tensor is ct]
+        # a loop of one iteration is 0 (a thread loop of extent 1 stays a variable, but is always thread 0):
+        # without this, (x + t) % n with such a t would look like it covers all of [0, n)
+        ones = {lv: _c(0) for lv, e in varying.items() if e == 1}
         region = []
         for d, extent in enumerate(ct.shape):
             lo_hi = None
             for ld in loads:
-                b = _sym_bound(ld.indices[d], varying, self.ranges)
+                b = _sym_bound(substitute(ld.indices[d], ones) if ones else ld.indices[d], varying, self.ranges)
                 if b is None:
                     lo_hi = None
                     break

@@ -184,8 +184,13 @@ class Stage:
             if tag.startswith("blockIdx"):
                 raise ScheduleError(f"bind: stage {self.name!r}: axis {iv.name!r} is a reduction axis and cannot be "
                                     f"bound to {tag}; work-groups cannot combine their partial results")
-            raise ScheduleError(f"bind: stage {self.name!r}: axis {iv.name!r} is a reduction axis; binding it to "
-                                f"{tag} needs a cross-thread reduction, which is not supported (bind a data axis)")
+            # a work-group tree reduction (lowering combines the threads' partials in shared memory): one per stage,
+            # because the partials of two thread dimensions would need a two-level tree
+            for other, t in self.bound.items():
+                if other.kind == "reduce":
+                    raise ScheduleError(f"bind: stage {self.name!r}: axis {iv.name!r} cannot be bound to {tag}, "
+                                        f"reduction axis {other.name!r} already is bound to {t.thread_tag} (one "
+                                        "cross-thread reduction per stage; fuse the reduction axes first)")
         old = self.iter_kind.get(iv)
         if old is not None:
             what = f"bound to {self.bound[iv].thread_tag}" if old == "thread" else old

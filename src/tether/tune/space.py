@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
 from tether.ops import common as c
-from tether.ops.gpu_schedules import GpuKnobs
+from tether.ops.gpu_schedules import GpuKnobs, wants_tree_reduction
 from tether.ops.linear import PANEL
 from tether.ops.schedules import Family
 
@@ -200,4 +200,20 @@ def gpu_space(out) -> ConfigSpace:
             knobs.append(("pad", _uniq([d.pad, "inline", "materialize"])))
     else:   # elementwise chains, layout transforms, multi-stage ops of injective and reduction stages
         knobs = [block]
+    if kind != c.MATMUL and _any_op(out, wants_tree_reduction):
+        knobs.append(("reduce_threads", _uniq([d.reduce_threads, 64, 128, 0])))
     return ConfigSpace(kind, tuple(knobs))
+
+
+def _any_op(out, pred) -> bool:
+    """Whether ``pred`` holds for one of the ops computing `out`."""
+    stack, seen = [out.op], set()
+    while stack:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        if pred(op):
+            return True
+        stack.extend(t.op for t in op.input_tensors)
+    return False
