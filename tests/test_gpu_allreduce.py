@@ -29,7 +29,7 @@ from tether.tir.visit import walk
 from tether.tune.space import gpu_space
 from fixtures.gpu_kernels import open_opencl_device, run_program
 from fixtures.prereq import require_tool, unavailable
-from test_gpu_ptx import ptxas, run_on_host  # noqa: F401 -- ptxas is a fixture
+from fixtures.ptx import run_on_host
 from tether_rpc.gpu.api import GpuUnavailable
 
 LIMITS = {"max_threads_per_block": 256, "max_shared_bytes": 16 * 1024}

@@ -9,21 +9,18 @@ Python threads) against numpy. Running the PTX itself is scripts/gpu_cuda_check.
 """
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
-from fixtures.prereq import unavailable
+from fixtures.ptx import run_on_host
 
 from tether.codegen import mathlib
 from tether.codegen.ptx import kernel_ir, ptx_module
 from tether.errors import CompileError
 from tether.tir import (Allocate, Binary, Buffer, Call, Cast, Compare, Const, For, IfThenElse, Load, Select, Store,
-                        Var, call_packed, seq, walk)
+                        Var, call_packed, seq)
 from tether.tir.device import Barrier, DeviceKernel
 
 I32 = "int32"
@@ -39,32 +36,6 @@ def add(a, b):
 
 def mul(a, b):
     return Binary("mul", a, b)
-
-
-@pytest.fixture(scope="module")
-def ptxas(tmp_path_factory):
-    """A function assembling PTX text with ptxas for an architecture, failing the test with ptxas's message."""
-    path = shutil.which("ptxas")
-    if path is None:
-        try:
-            import nvidia.cuda_nvcc as nvcc
-            cand = os.path.join(list(nvcc.__path__)[0], "bin", "ptxas")
-            path = cand if os.access(cand, os.X_OK) else None
-        except ImportError:
-            path = None
-    if path is None:
-        unavailable("ptxas", "pip install nvidia-cuda-nvcc-cu12 (in tether's test extra)")
-    folder = tmp_path_factory.mktemp("ptxas")
-
-    def assemble(text: str, arch: str = "sm_80") -> str:
-        src = folder / "k.ptx"
-        src.write_text(text)
-        r = subprocess.run([path, "-arch=" + arch, "-v", str(src), "-o", str(folder / "k.cubin")],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, "ptxas refused the PTX:\n%s\n%s" % (r.stderr, text)
-        assert (folder / "k.cubin").stat().st_size > 0
-        return r.stderr + r.stdout
-    return assemble
 
 
 def vadd_kernel(name="vadd", block=(128, 1, 1), grid=(8, 1, 1)):
@@ -295,83 +266,6 @@ def test_refusals():
     bad_scalar = vadd_kernel()
     bad_scalar.scalars = [Var("n", "int64")]
     refused([bad_scalar], "launch scalars are int32")
-
-
-# ---- the kernels' IR run on this CPU ----------------------------------------------------------------------------
-# No NVIDIA GPU here, so the semantics are checked one step before the NVPTX backend: the kernel's LLVM IR
-# (kernel_ir), retargeted to this machine and JIT-compiled, runs every thread of every block, each block's threads
-# as Python threads meeting at a real barrier where the kernel has Barriers; results are compared with numpy.
-_SREG_ORDER = ("ctaid.x", "ctaid.y", "ctaid.z", "tid.x", "tid.y", "tid.z")
-
-
-def host_ir(ir_text: str) -> str:
-    lines = [ln for ln in ir_text.splitlines() if not ln.startswith(("target ", "!"))
-             and not re.match(r'declare .*@"llvm\.nvvm\.', ln)]
-    text = "\n".join(lines)
-    for k, reg in enumerate(_SREG_ORDER):
-        text = text.replace('call i32 @"llvm.nvvm.read.ptx.sreg.%s"()' % reg, 'call i32 @"emu.sreg"(i32 %d)' % k)
-    text = text.replace('call void @"llvm.nvvm.barrier0"()', 'call void @"emu.barrier"()')
-    return text + """
-@"emu.sreg.fn" = global ptr null
-@"emu.barrier.fn" = global ptr null
-define internal i32 @"emu.sreg"(i32 %w) {
-  %f = load ptr, ptr @"emu.sreg.fn"
-  %r = call i32 %f(i32 %w)
-  ret i32 %r
-}
-define internal void @"emu.barrier"() {
-  %f = load ptr, ptr @"emu.barrier.fn"
-  call void %f()
-  ret void
-}
-"""
-
-
-def run_on_host(kernel: DeviceKernel, arrays, scalars=()):
-    """Run ``kernel`` over its whole grid on this CPU, on the numpy ``arrays`` (its params, in place)."""
-    import ctypes
-    import threading
-
-    mod = llvm.parse_assembly(host_ir(kernel_ir([kernel])))
-    mod.verify()
-    tm = llvm.Target.from_default_triple().create_target_machine()
-    engine = llvm.create_mcjit_compiler(mod, tm)
-    engine.finalize_object()
-    local = threading.local()
-    barrier = [None]
-    sreg_cb = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)(lambda w: local.ids[w])
-    barrier_cb = ctypes.CFUNCTYPE(None)(lambda: barrier[0].wait(timeout=120))
-    for name, cb in (("emu.sreg.fn", sreg_cb), ("emu.barrier.fn", barrier_cb)):
-        slot = ctypes.c_void_p.from_address(engine.get_global_value_address(name))
-        slot.value = ctypes.cast(cb, ctypes.c_void_p).value
-    fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(arrays) + [ctypes.c_int32] * len(scalars)))(
-        engine.get_function_address(kernel.name))
-    args = [a.ctypes.data for a in arrays] + list(scalars)
-    errors = []
-
-    def thread(ids):
-        local.ids = ids
-        try:
-            fn(*args)
-        except BaseException as exc:   # noqa: BLE001 -- reported by the test below, not lost in a thread
-            errors.append(exc)
-
-    (gx, gy, gz), (tx, ty, tz) = kernel.grid, kernel.block
-    has_barrier = any(isinstance(s, Barrier) for s in walk(kernel.body))
-    for b in [(x, y, z) for z in range(gz) for y in range(gy) for x in range(gx)]:
-        ids = [b + (x, y, z) for z in range(tz) for y in range(ty) for x in range(tx)]
-        if not has_barrier:
-            for i in ids:
-                thread(i)
-            continue
-        barrier[0] = threading.Barrier(len(ids))
-        threads = [threading.Thread(target=thread, args=(i,)) for i in ids]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=300)
-            assert not t.is_alive(), "a kernel thread did not finish"
-    assert not errors, errors
 
 
 def check_script():
