@@ -17,8 +17,8 @@ from llvmlite import ir
 from tether.codegen import hostcall, int8dot
 from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.intcse import IntCSE
-from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
-                                  mem_type, scalar_type)
+from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, int_vector, is_unsigned, is_vec,
+                                  like, mem_type, scalar_type, splat_const)
 from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
                         children, dot4_kind, is_bool, is_float, substitute, walk)
@@ -70,12 +70,14 @@ class ExprEmitter:
     def splat(self, v: ir.Value, n: int) -> ir.Value:
         if is_vec(v):
             return v
+        if isinstance(v, ir.Constant) and v.constant is not ir.Undefined:
+            return splat_const(v, n)
         vty = ir.VectorType(v.type, n)
         if isinstance(v, ir.Constant):
             return ir.Constant(vty, [v.constant] * n)
         undef = ir.Constant(vty, ir.Undefined)
         one = self.b.insert_element(undef, v, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(I32, n), [0] * n))
+        return self.b.shuffle_vector(one, undef, int_vector(I32, [0] * n))
 
     def match(self, a: ir.Value, b: ir.Value):
         if is_vec(a) and not is_vec(b):
@@ -402,7 +404,7 @@ class ExprEmitter:
         incoming = []
         end_bb = None
         if check_contiguous:
-            expect = B.add(self.splat(first, n), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            expect = B.add(self.splat(first, n), int_vector(I32, range(n)))
             same = B.bitcast(B.icmp_signed("==", idxv, expect), ir.IntType(n))
             vec_bb = self.fn.append_basic_block("gather.contig")
             lanes_bb = self.fn.append_basic_block("gather.lanes")
