@@ -37,6 +37,11 @@ _MINMAX = {"min": "<", "max": ">"}
 _NSW_DTYPES = ("int32", "int64")
 
 
+# const()'s shared integer constants, by (dtype, value); a constant is immutable once made
+_INT_CONSTANTS: Dict[tuple, ir.Constant] = {}
+_INT_CONSTANTS_MAX = 65536
+
+
 def uses(e: Expr, var: Var) -> bool:
     return any(n is var for n in walk(e))
 
@@ -87,12 +92,24 @@ class ExprEmitter:
         return a, b
 
     def const(self, dtype: str, value) -> ir.Constant:
+        # Integer constants (index arithmetic, most of them) are shared: one object, printed once.
+        key = (dtype, value) if type(value) is int else None
+        if key is not None:
+            hit = _INT_CONSTANTS.get(key)
+            if hit is not None:
+                return hit
         ty = scalar_type(dtype)
         if is_bool(dtype):
-            return ir.Constant(I1, 1 if value else 0)
-        if dtype in TO_STORAGE:     # a float16/bfloat16 constant holds that type's nearest value
-            value = half_value(dtype, value)
-        return ir.Constant(ty, value)
+            c = ir.Constant(I1, 1 if value else 0)
+        else:
+            if dtype in TO_STORAGE:     # a float16/bfloat16 constant holds that type's nearest value
+                value = half_value(dtype, value)
+            c = ir.Constant(ty, value)
+        if key is not None:
+            if len(_INT_CONSTANTS) >= _INT_CONSTANTS_MAX:
+                _INT_CONSTANTS.clear()
+            _INT_CONSTANTS[key] = c
+        return c
 
     # ---- expressions ----------------------------------------------------------------------------------------
     def lane_stride(self, index: Expr) -> Optional[int]:
