@@ -8,13 +8,14 @@ kernels (compiled one by one in this process) and the most expensive kernels.
 Phases: lower (schedule -> loop IR), irgen (loop IR -> LLVM IR text, Python), parse (llvmlite parse + verify),
 opt (the -O3 pass pipeline), codegen (instruction selection .. object emission). A build spreads the kernels over
 worker processes, so its wall time is about (sum of phases) / workers on an idle machine; say the load average
-(printed) with any figure.
+(printed) with any figure, and compare CPU seconds (the "cpu" columns, build workers included) on a shared one.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -26,14 +27,26 @@ sys.path.insert(0, os.path.join(HERE, "..", "rpc_server"))
 PHASES = ("lower", "irgen", "parse", "opt", "codegen")
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its reaped children (the build workers)."""
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + ch.ru_utime + ch.ru_stime
+
+
 def compile_wall(model) -> float:
+    return compile_times(model)[0]
+
+
+def compile_times(model) -> tuple:
+    """(wall, CPU) seconds of from_onnx + build_graph; the CPU figure counts the build workers too and, unlike
+    the wall time, hardly depends on the load of a shared machine."""
     import tether
     from tether.frontend import from_onnx
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     graph, params = from_onnx(model)
     tether.build_graph(graph, params, target="host", opt_level=3)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _cpu() - c0
 
 
 def kernel_items(model) -> list:
@@ -101,7 +114,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=5, help="with --phases: the N most expensive kernels")
     args = ap.parse_args()
     print("load average %.2f %.2f %.2f" % os.getloadavg())
-    print("%-20s %8s %8s" % ("kind", "cold", "warm"))
+    print("%-20s %8s %8s %8s %8s" % ("kind", "cold", "cold cpu", "warm", "warm cpu"))
     with tempfile.TemporaryDirectory(prefix="tether-bench-compile-") as cache:
         os.environ["TETHER_CACHE_DIR"] = cache     # a private cache: cold means cold
         for name in [k.strip() for k in args.kinds.split(",") if k.strip()]:
@@ -109,11 +122,11 @@ def main() -> int:
                 raise SystemExit("unknown kind %r (choose from %s)" % (name, ", ".join(KINDS)))
             model, _ = KINDS[name]("bench")
             os.environ["TETHER_OBJECT_CACHE"] = "0"
-            cold = compile_wall(model)
+            cold = compile_times(model)
             os.environ["TETHER_OBJECT_CACHE"] = "1"
-            compile_wall(model)
-            warm = compile_wall(model)
-            print("%-20s %7.2fs %7.2fs" % (name, cold, warm), flush=True)
+            compile_times(model)
+            warm = compile_times(model)
+            print("%-20s %7.2fs %7.2fs %7.2fs %7.2fs" % (name, cold[0], cold[1], warm[0], warm[1]), flush=True)
             if args.phases:
                 os.environ["TETHER_OBJECT_CACHE"] = "0"
                 rows = phases(kernel_items(model))

@@ -11,6 +11,7 @@ rounding instruction exists) is derived here so codegen never re-parses triples.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shlex
 import threading
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
@@ -172,6 +173,11 @@ _X86_NEEDS = {"sse4.1": ("ssse3",), "sse4.2": ("sse4.1",), "avx": ("sse4.2",), "
 def x86_features(cpu: str, features: Iterable[str]) -> frozenset:
     """The LLVM features x86 code for ``cpu`` and these -mattr ``features`` may use (of those tether asks about):
     what the CPU implies, then each +X (with what X needs) and -X (with what needs X), in order, as LLVM does."""
+    return _x86_features(cpu, tuple(features))
+
+
+@functools.lru_cache(maxsize=64)   # (asked for every vector width a schedule needs: hundreds of times a build)
+def _x86_features(cpu: str, features: Tuple[str, ...]) -> frozenset:
     have = set(_X86_CPUS.get(cpu, ()))
     for f in features:
         todo = [f[1:]]

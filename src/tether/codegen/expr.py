@@ -17,8 +17,8 @@ from llvmlite import ir
 from tether.codegen import hostcall, int8dot
 from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.intcse import IntCSE
-from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
-                                  mem_type, scalar_type)
+from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, int_vector, is_unsigned, is_vec,
+                                  like, mem_type, scalar_type, splat_const)
 from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
                         children, dot4_kind, is_bool, is_float, substitute, walk)
@@ -35,6 +35,11 @@ _DIV_OPS = ("floordiv", "floormod", "div")
 _MINMAX = {"min": "<", "max": ">"}
 # integer dtypes whose arithmetic cannot wrap (lowering's index math): add/sub/mul carry nsw
 _NSW_DTYPES = ("int32", "int64")
+
+
+# const()'s shared integer constants, by (dtype, value); a constant is immutable once made
+_INT_CONSTANTS: Dict[tuple, ir.Constant] = {}
+_INT_CONSTANTS_MAX = 65536
 
 
 def uses(e: Expr, var: Var) -> bool:
@@ -70,12 +75,14 @@ class ExprEmitter:
     def splat(self, v: ir.Value, n: int) -> ir.Value:
         if is_vec(v):
             return v
+        if isinstance(v, ir.Constant) and v.constant is not ir.Undefined:
+            return splat_const(v, n)
         vty = ir.VectorType(v.type, n)
         if isinstance(v, ir.Constant):
             return ir.Constant(vty, [v.constant] * n)
         undef = ir.Constant(vty, ir.Undefined)
         one = self.b.insert_element(undef, v, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(I32, n), [0] * n))
+        return self.b.shuffle_vector(one, undef, int_vector(I32, [0] * n))
 
     def match(self, a: ir.Value, b: ir.Value):
         if is_vec(a) and not is_vec(b):
@@ -85,12 +92,24 @@ class ExprEmitter:
         return a, b
 
     def const(self, dtype: str, value) -> ir.Constant:
+        # Integer constants (index arithmetic, most of them) are shared: one object, printed once.
+        key = (dtype, value) if type(value) is int else None
+        if key is not None:
+            hit = _INT_CONSTANTS.get(key)
+            if hit is not None:
+                return hit
         ty = scalar_type(dtype)
         if is_bool(dtype):
-            return ir.Constant(I1, 1 if value else 0)
-        if dtype in TO_STORAGE:     # a float16/bfloat16 constant holds that type's nearest value
-            value = half_value(dtype, value)
-        return ir.Constant(ty, value)
+            c = ir.Constant(I1, 1 if value else 0)
+        else:
+            if dtype in TO_STORAGE:     # a float16/bfloat16 constant holds that type's nearest value
+                value = half_value(dtype, value)
+            c = ir.Constant(ty, value)
+        if key is not None:
+            if len(_INT_CONSTANTS) >= _INT_CONSTANTS_MAX:
+                _INT_CONSTANTS.clear()
+            _INT_CONSTANTS[key] = c
+        return c
 
     # ---- expressions ----------------------------------------------------------------------------------------
     def lane_stride(self, index: Expr) -> Optional[int]:
@@ -402,7 +421,7 @@ class ExprEmitter:
         incoming = []
         end_bb = None
         if check_contiguous:
-            expect = B.add(self.splat(first, n), ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            expect = B.add(self.splat(first, n), int_vector(I32, range(n)))
             same = B.bitcast(B.icmp_signed("==", idxv, expect), ir.IntType(n))
             vec_bb = self.fn.append_basic_block("gather.contig")
             lanes_bb = self.fn.append_basic_block("gather.lanes")

@@ -18,7 +18,7 @@ from llvmlite import ir
 from tether.codegen import cpu_dispatch, parallel, scratch
 from tether.codegen.expr import ExprEmitter, uses
 from tether.codegen.halfconv import TO_STORAGE
-from tether.codegen.types import I1, I8, I32, PTR, elem_bytes, is_vec, mem_type
+from tether.codegen.types import I1, I8, I32, PTR, elem_bytes, int_vector, is_vec, mem_type
 from tether.errors import CompileError
 from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, Var,
                         is_float, walk)
@@ -246,7 +246,7 @@ class FunctionEmitter(ExprEmitter):
         self.vec = (s.var, n, start)
         self.lane_memo, self.lane_keep = {}, []
         # Built up front so it dominates every use inside the body.
-        self.vec_index = self.b.add(self.splat(start, n), ir.Constant(ir.VectorType(I32, n), list(range(n))),
+        self.vec_index = self.b.add(self.splat(start, n), int_vector(I32, range(n)),
                                     flags=("nsw",))
         self.env[s.var] = start
         try:

@@ -3,6 +3,7 @@ wraps each in the packed ABI (codegen/packed.py), adds the runtime IR (codegen/r
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -27,6 +28,14 @@ ABI_VERSION = 1
 
 _C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = set(EXPORTED_RUNTIME_SYMBOLS) | set(MEMORY_FUNCTIONS)
+
+
+@functools.lru_cache(maxsize=2)
+def _declarations(armv7: bool) -> "re.Pattern[str]":
+    """The declarations _finish_text replaces with definitions: memory functions, the ARM runtime's (armv7),
+    the argument checker."""
+    names = MEMORY_FUNCTIONS + (ARM_RUNTIME_FUNCTIONS if armv7 else ()) + (ARG_CHECKER,)
+    return re.compile(r'^declare [^\n]*@"?(%s)"?\([^\n]*\n' % "|".join(re.escape(n) for n in names), flags=re.M)
 
 
 class ModuleBuilder:
@@ -189,10 +198,14 @@ class ModuleBuilder:
                                % (self.name, ", ".join(sorted(undefined))))
         text = str(self.module)
         # A module that declares memcpy itself (instead of using llvm.memcpy) gets the definition in its place.
-        for fname in MEMORY_FUNCTIONS + (ARM_RUNTIME_FUNCTIONS if self.target.arch == "armv7" else ()):
-            text = re.sub(r"^declare [^\n]*@\"?%s\"?\([^\n]*\n" % fname, "", text, flags=re.M)
-        checker = re.compile(r"^declare [^\n]*@\"?%s\"?\([^\n]*\n" % re.escape(ARG_CHECKER), flags=re.M)
-        text, has_checker = checker.subn("", text)
+        # (One pass over the text for all the names: a part's text is megabytes.)
+        dropped: set = set()
+
+        def drop(m: "re.Match[str]") -> str:
+            dropped.add(m.group(1))
+            return ""
+        text = _declarations(self.target.arch == "armv7").sub(drop, text)
+        has_checker = ARG_CHECKER in dropped
         self._text = text + memory_functions_ir(self.target) + (ARG_CHECKER_IR if has_checker else "")
         if runtime:
             self._text += threadpool.thread_pool_ir(self.target)

@@ -5,7 +5,7 @@ from ``tether_rpc.dtypes`` (the one dtype table), so codegen and the packed ABI 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, Sequence
 
 from llvmlite import ir
 from tether_rpc.dtypes import DTYPES, DType
@@ -83,15 +83,44 @@ def like(v: ir.Value, ty: ir.Type) -> ir.Type:
     return ir.VectorType(ty, v.type.count) if is_vec(v) else ty
 
 
+# Vector constants, shared: building one wraps every lane in an ir.Constant and printing it formats every lane,
+# which was a fifth of IR generation. A constant is immutable once made, so one object serves every use; the key
+# is the lane's printed text, so equal keys print the same (-0.0 and 0.0, 1 and True stay apart).
+_VECTOR_CONSTANTS: Dict[tuple, ir.Constant] = {}
+_VECTOR_CONSTANTS_MAX = 16384
+
+
+def splat_const(elem: ir.Constant, n: int) -> ir.Constant:
+    """``<n x T>`` with every lane the scalar constant ``elem``."""
+    k = (str(elem.type), elem.get_reference(), n)
+    c = _VECTOR_CONSTANTS.get(k)
+    if c is None:
+        if len(_VECTOR_CONSTANTS) >= _VECTOR_CONSTANTS_MAX:
+            _VECTOR_CONSTANTS.clear()
+        c = _VECTOR_CONSTANTS[k] = ir.Constant(ir.VectorType(elem.type, n), elem)
+    return c
+
+
+def int_vector(ty: ir.IntType, values: Sequence[int]) -> ir.Constant:
+    """The vector constant of integers ``values`` (shuffle masks, lane offsets)."""
+    k = (str(ty), tuple(int(x) for x in values))
+    c = _VECTOR_CONSTANTS.get(k)
+    if c is None:
+        if len(_VECTOR_CONSTANTS) >= _VECTOR_CONSTANTS_MAX:
+            _VECTOR_CONSTANTS.clear()
+        c = _VECTOR_CONSTANTS[k] = ir.Constant(ir.VectorType(ty, len(k[1])), list(k[1]))
+    return c
+
+
 def const_like(v: ir.Value, ty: ir.Type, value: Any) -> ir.Constant:
     """The constant ``value`` of type ``ty``, splatted when ``v`` is a vector."""
     if is_vec(v):
-        return ir.Constant(ir.VectorType(ty, v.type.count), [value] * v.type.count)
+        return splat_const(ir.Constant(ty, value), v.type.count)
     return ir.Constant(ty, value)
 
 
 def const_of(v: ir.Value, value: Any) -> ir.Constant:
     """The constant ``value`` of ``v``'s own type (every lane, for a vector)."""
     if is_vec(v):
-        return ir.Constant(v.type, [value] * v.type.count)
+        return splat_const(ir.Constant(v.type.element, value), v.type.count)
     return ir.Constant(v.type, value)
