@@ -18,7 +18,7 @@ from tether.codegen import hostcall, int8dot
 from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.intcse import IntCSE
 from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
-                                  mem_type, scalar_type)
+                                  mem_type, native_half, scalar_type)
 from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
                         children, dot4_kind, is_bool, is_float, substitute, walk)
@@ -201,7 +201,7 @@ class ExprEmitter:
 
     def from_half(self, v: ir.Value, dtype: str) -> ir.Value:
         """A loaded float16/bfloat16 bit pattern as the float32 it is computed with; other values unchanged."""
-        return FROM_STORAGE[dtype](self.b, v) if dtype in FROM_STORAGE else v
+        return FROM_STORAGE[dtype](self.b, v) if dtype in FROM_STORAGE and not native_half(dtype) else v
 
     # ---- lazily evaluated if_then_else ------------------------------------------------------------------------
     def unsafe(self, e: Expr) -> bool:
@@ -538,11 +538,12 @@ class ExprEmitter:
         if is_float(dst):
             if not is_float(src):
                 v = (B.uitofp if is_unsigned(src) else B.sitofp)(v, vty)
-            elif src == "float64" and dst in TO_STORAGE:
+            elif src == "float64" and dst in TO_STORAGE and not native_half(dst):
                 v = f64_to_f32_odd(B, v)    # so that the rounding to the half type below is the only one
             elif scalar_type(src) != ty:
-                v = B.fpext(v, vty) if dst == "float64" else B.fptrunc(v, vty)
-            if dst in TO_STORAGE:   # a float16/bfloat16 value is a float32 holding only that type's values
+                wider = _float_bits(ty) > _float_bits(v.type.element if is_vec(v) else v.type)
+                v = B.fpext(v, vty) if wider else B.fptrunc(v, vty)
+            if dst in TO_STORAGE and not native_half(dst):   # a float32 holding only that type's values
                 v = FROM_STORAGE[dst](B, TO_STORAGE[dst](B, v))
             return v
         # integer destination (64-bit conversions on armv7 become calls of the module's __aeabi_* helpers)
@@ -575,6 +576,10 @@ class ExprEmitter:
 _SHUFFLE_MAX_STRIDE = 4
 # local buffers: strided vectors up to this many lanes are loaded lane by lane (Emitter.local_lanes)
 _LOCAL_LANES_MAX = 16
+
+
+def _float_bits(ty: ir.Type) -> int:
+    return {"half": 16, "bfloat": 16, "float": 32, "double": 64}[str(ty)]
 
 
 def _intrinsic_suffix(ty: ir.Type) -> str:
