@@ -16,6 +16,7 @@ from tether import ops
 from tether.graph import op_info
 from tether.graph.ir import Graph, TensorType
 from tether.ops import common as c
+from tether.target import has_half_arithmetic
 
 # A pointwise conv with at most this many output channels runs as conv2d_pixels rather than a matmul (in
 # squeezenet's and mobilenet_v2's 1x1 layers 1.2-1.5x faster at 16..64 channels; slower when expanding to
@@ -32,6 +33,8 @@ def pointwise_pixels_max(target) -> Optional[int]:
     also packs the activations on every run. Elsewhere the threshold stays where it was measured."""
     if target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16:
         return None
+    if target is not None and has_half_arithmetic(target):
+        return None     # HALF-EXPERIMENT
     return POINTWISE_PIXELS_MAX_CHANNELS
 
 
@@ -87,7 +90,7 @@ def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -
             and in_channels <= min(DIRECT_PARTIAL_MAX_INPUT_CHANNELS, pixels * 5 // 4))
 
 
-def panel_width(target, out_channels: int, groups: int) -> int:
+def panel_width(target, out_channels: int, groups: int, dtype: str = "float32") -> int:
     """Output channels per weight panel of a conv2d_pixels kernel on `target` (the schedule's register block is
     a few output pixels by one panel).
 
@@ -97,6 +100,8 @@ def panel_width(target, out_channels: int, groups: int) -> int:
     by more than 16-wide ones plus 1/16 (48 -> 64 is a third more work; 1000 -> 1024 is not), nor for grouped
     convs (a panel must lie in one group). Elsewhere ops.linear.PANEL, as measured there."""
     narrow = ops.linear.PANEL
+    if dtype == "float16" and target is not None and has_half_arithmetic(target) and groups == 1:
+        return 32   # HALF-EXPERIMENT
     if (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16 and groups == 1
             and -(-out_channels // 32) * 32 * 16 <= -(-out_channels // narrow) * narrow * 17):
         return 32
@@ -264,7 +269,7 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
             continue
         if len(plan[plan["__data__"]]) != 3:
             continue      # not run as conv2d_pixels (pointwise as a matmul, grouped or batched)
-        width = panel_width(target, w.shape[0], conv.attrs["groups"])
+        width = panel_width(target, w.shape[0], conv.attrs["groups"], str(w.dtype))
         params[wname] = ops.linear.pack_panels_array(w.reshape(w.shape[0], -1), width)
         graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
         packed[wname] = tuple(w.shape)
