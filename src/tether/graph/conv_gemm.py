@@ -24,17 +24,20 @@ from tether.target import has_half_arithmetic
 POINTWISE_PIXELS_MAX_CHANNELS = 64
 
 
-def pointwise_pixels_max(target) -> Optional[int]:
+def pointwise_pixels_max(target, dtype: str = "float32") -> Optional[int]:
     """The widest pointwise conv (output channels) that runs as conv2d_pixels on `target`; None: every one.
 
     AVX-512 (16 lanes, 12-pixel blocks): conv2d_pixels ran every pointwise layer of mobilenet_v2 and squeezenet
     as fast or faster than the matmul, most where the matmul's 16-pixel panels fit the map worst (960->160 @7x7:
     72 -> 111 GFLOP/s, 576->96 @14x14: 83 -> 109; scripts/bench_conv_layers.py, thread CPU time); the matmul
-    also packs the activations on every run. Elsewhere the threshold stays where it was measured."""
+    also packs the activations on every run. float16 on NEON (half arithmetic): every one too; the matmul,
+    vectorized along the pixels, fills few of the 8 lanes on small maps and its packed activations are broadcast
+    with an address add per ld1r (mobilenet_v2 at 64x64 on the A76: 12.3 -> 9.3M instructions). Elsewhere the
+    threshold stays where it was measured."""
     if target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16:
         return None
-    if target is not None and has_half_arithmetic(target):
-        return None     # HALF-EXPERIMENT
+    if target is not None and dtype == "float16" and has_half_arithmetic(target):
+        return None
     return POINTWISE_PIXELS_MAX_CHANNELS
 
 
@@ -91,19 +94,21 @@ def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -
 
 
 def panel_width(target, out_channels: int, groups: int, dtype: str = "float32") -> int:
-    """Output channels per weight panel of a conv2d_pixels kernel on `target` (the schedule's register block is
-    a few output pixels by one panel).
+    """Output channels per weight panel of a conv2d_pixels kernel on `target` for weights of ``dtype`` (the
+    schedule's register block is a few output pixels by one panel).
 
     AVX-512: 32 (two zmm), so the block is 12 pixels x 32 channels, 24 of the 32 registers: the 16-wide panel's 12
     accumulators did 13 loads per 12 FMAs (the load ports, not the FMAs, bound it): mobilenet_v2's deep pointwise
-    layers went from 110 to 140-155 GFLOP/s, onnxruntime's speed. Not where 32-wide panels would pad the channels
-    by more than 16-wide ones plus 1/16 (48 -> 64 is a third more work; 1000 -> 1024 is not), nor for grouped
-    convs (a panel must lie in one group). Elsewhere ops.linear.PANEL, as measured there."""
+    layers went from 110 to 140-155 GFLOP/s, onnxruntime's speed. float16 on NEON (8 lanes): 32 too, four q
+    registers per pixel row, since each pixel's input costs a broadcast load and an address add (ld1r takes no
+    offset) that 16 channels would share between only two fmla .8h (mobilenet_v2 at 64x64 on the A76: 11.0 -> 9.3M
+    instructions). Not where 32-wide panels would pad the channels by more than 16-wide ones plus 1/16 (48 -> 64
+    is a third more work; 1000 -> 1024 is not), nor for grouped convs (a panel must lie in one group). Elsewhere
+    ops.linear.PANEL, as measured there."""
     narrow = ops.linear.PANEL
-    if dtype == "float16" and target is not None and has_half_arithmetic(target) and groups == 1:
-        return 32   # HALF-EXPERIMENT
-    if (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16 and groups == 1
-            and -(-out_channels // 32) * 32 * 16 <= -(-out_channels // narrow) * narrow * 17):
+    wide = target is not None and ((target.arch == "x86_64" and target.vector_lanes(32) >= 16)
+                                   or (dtype == "float16" and has_half_arithmetic(target)))
+    if wide and groups == 1 and -(-out_channels // 32) * 32 * 16 <= -(-out_channels // narrow) * narrow * 17:
         return 32
     return narrow
 
@@ -239,7 +244,6 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
     Rewrites ``params`` and ``graph.types`` in place and returns {weight name: its conv shape (O, C, KH, KW)}
     for to_te.lower_kernel. A weight read by more than one node keeps its layout. Which pointwise convs run as
     conv2d_pixels and the panel width depend on ``target`` (pointwise_pixels_max, panel_width)."""
-    pixels_max = pointwise_pixels_max(target)
     uses: Dict[str, int] = {}
     for node in graph.nodes:
         for v in set(node.inputs):
@@ -254,7 +258,8 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
         wname = conv.inputs[1]
         if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
             continue
-        plan = gemm_plan(body, node.body_params(), graph.types, pixels_max=pixels_max)
+        plan = gemm_plan(body, node.body_params(), graph.types,
+                         pixels_max=pointwise_pixels_max(target, graph.types[wname].dtype))
         if plan is None or len(plan[wname]) != 2:
             continue
         w = np.asarray(params[wname])
