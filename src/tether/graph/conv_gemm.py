@@ -22,22 +22,29 @@ from tether.target import has_half_arithmetic
 # squeezenet's and mobilenet_v2's 1x1 layers 1.2-1.5x faster at 16..64 channels; slower when expanding to
 # 96..576, where the matmul's packed activations pay off).
 POINTWISE_PIXELS_MAX_CHANNELS = 64
+# float16 (NEON): pointwise convs run as the matmul (above POINTWISE_PIXELS_MAX_CHANNELS outputs) only with at
+# most this many input channels on maps of at least this many pixels (pointwise_pixels_max)
+HALF_MATMUL_MAX_REDUCE = 32
+HALF_MATMUL_MIN_PIXELS = 64
 
 
-def pointwise_pixels_max(target, dtype: str = "float32") -> Optional[int]:
+def pointwise_pixels_max(target, dtype: str = "float32", in_channels: int = 0, pixels: int = 0) -> Optional[int]:
     """The widest pointwise conv (output channels) that runs as conv2d_pixels on `target`; None: every one.
 
     AVX-512 (16 lanes, 12-pixel blocks): conv2d_pixels ran every pointwise layer of mobilenet_v2 and squeezenet
     as fast or faster than the matmul, most where the matmul's 16-pixel panels fit the map worst (960->160 @7x7:
     72 -> 111 GFLOP/s, 576->96 @14x14: 83 -> 109; scripts/bench_conv_layers.py, thread CPU time); the matmul
-    also packs the activations on every run. float16 on NEON (half arithmetic): every one too; the matmul,
-    vectorized along the pixels, fills few of the 8 lanes on small maps and its packed activations are broadcast
-    with an address add per ld1r (mobilenet_v2 at 64x64 on the A76: 12.3 -> 9.3M instructions). Elsewhere the
-    threshold stays where it was measured."""
+    also packs the activations on every run. float16 on NEON (half arithmetic, ``in_channels`` and ``pixels``
+    of the conv): every one but the short reductions over large maps (HALF_MATMUL_*); the matmul, vectorized along
+    the pixels, fills few of the 8 lanes on small maps and broadcasts its packed activations with an address add
+    per ld1r, while conv2d_pixels transposes each block on the way out, which only a short reduction does not
+    pay for (mobilenet_v2 at 64x64 on the A76, instructions: 960->160 @2x2 0.99M -> 0.29M as conv2d_pixels,
+    16->96 @32x32 0.52M as the matmul against 0.80M). Elsewhere the threshold stays where it was measured."""
     if target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16:
         return None
     if target is not None and dtype == "float16" and has_half_arithmetic(target):
-        return None
+        matmul = pixels >= HALF_MATMUL_MIN_PIXELS and in_channels <= HALF_MATMUL_MAX_REDUCE
+        return POINTWISE_PIXELS_MAX_CHANNELS if matmul else None
     return POINTWISE_PIXELS_MAX_CHANNELS
 
 
@@ -258,8 +265,10 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
         wname = conv.inputs[1]
         if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
             continue
-        plan = gemm_plan(body, node.body_params(), graph.types,
-                         pixels_max=pointwise_pixels_max(target, graph.types[wname].dtype))
+        xshape, oshape = graph.types[conv.inputs[0]].shape, graph.types[conv.outputs[0]].shape
+        pixels_max = pointwise_pixels_max(target, graph.types[wname].dtype, int(xshape[1]),
+                                          int(oshape[2]) * int(oshape[3]))
+        plan = gemm_plan(body, node.body_params(), graph.types, pixels_max=pixels_max)
         if plan is None or len(plan[wname]) != 2:
             continue
         w = np.asarray(params[wname])
