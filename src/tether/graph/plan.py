@@ -87,10 +87,10 @@ def task_key(signature: str, target: Any) -> str:
 # ---------------------------------------------------------------- the graph as the kernels see it
 def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3, target: Any = None,
                   precision: str = "fp32") -> tuple:
-    """(graph, params, panel_weights) as the kernels see them: the passes of `opt_level` (and `precision`), then (at 3) conv weights
-    packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify depends on `target`),
-    constant dense weights packed into the matmul's panels (dense_panels), and int8 convs set to `target`'s
-    dot-product kind (kernels/qconv_ops.for_target)."""
+    """(graph, params, panel_weights) as the kernels see them: the passes of `opt_level` (and `precision`), then
+    (at 3) conv weights packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify
+    depends on `target`), constant dense weights packed into the matmul's panels (dense_panels), and int8 convs set
+    to `target`'s dot-product kind (kernels/qconv_ops.for_target)."""
     tgt = as_target(target) if target is not None else None
     if tgt is not None and tgt.gpu is not None:
         return _prepare_gpu_graph(graph, params, opt_level, tgt)
