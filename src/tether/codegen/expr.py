@@ -437,6 +437,9 @@ class ExprEmitter:
         fused = int8dot.fused_operands(e)   # acc + dot4(a, b): one dot-product instruction (codegen/int8dot.py)
         if fused is not None:
             return int8dot.emit(self, *fused)
+        fma = self.half_fma(e)
+        if fma is not None:
+            return fma
         a, b = self.match(self.ev(e.a), self.ev(e.b))
         op, dt = e.op, e.a.dtype
         B = self.b
@@ -457,6 +460,27 @@ class ExprEmitter:
         if op in _DIV_OPS:
             return self.int_division(e, a, b)
         raise CompileError(f"codegen: integer operator {op!r} is not supported")
+
+    def half_fma(self, e: Binary) -> Optional[ir.Value]:
+        """``acc + x * y`` in native half as one llvm.fma, else None. LLVM contracts fmul+fadd into the same fmla
+        (the flags allow it), but for a contracted one AArch64 broadcasts a loaded scalar operand with ld1r, which
+        takes no offset: an address add per broadcast, one per pixel and reduction step in a conv's register
+        block; for the intrinsic it loads ldr h (with the offset) and uses the indexed fmla .8h."""
+        if e.op != "add" or not native_half(e.dtype):
+            return None
+        for mul, acc in ((e.b, e.a), (e.a, e.b)):
+            if isinstance(mul, Binary) and mul.op == "mul" and native_half(mul.dtype):
+                ops = [self.ev(mul.a), self.ev(mul.b), self.ev(acc)]
+                lanes = max((v.type.count for v in ops if is_vec(v)), default=0)
+                if lanes:
+                    ops = [self.splat(v, lanes) for v in ops]
+                ty = ops[0].type
+                name = "llvm.fma." + ("v%d%s" % (lanes, _intrinsic_suffix(ty.element)) if lanes
+                                      else _intrinsic_suffix(ty))
+                module = self.b.module
+                fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ty, [ty] * 3), name)
+                return self.b.call(fn, ops)
+        return None
 
     def float_binary(self, e: Binary, a: ir.Value, b: ir.Value) -> ir.Value:
         B = self.b
