@@ -237,3 +237,21 @@ def test_fp16_module_is_refused_on_the_a72(emulated_devices, tmp_path):
         np.testing.assert_array_equal(out.numpy(), (x.astype(np.float32) * 1.5).astype(np.float16))
     msg = str(info.value)
     assert "\n" not in msg and "atomics" not in msg and "asimddp" not in msg, msg
+
+
+def test_math_calls_on_native_half_link_self_contained(tmp_path):
+    """exp/sqrt/abs of float16 values on a half-arithmetic target: computed in float32 by the module's own math
+    library and rounded once (the library has no half versions), so the module still links with nothing
+    undefined."""
+    import tether
+    from tether import te
+
+    a = te.placeholder((64,), "float16", name="a")
+    c = te.compute((64,), lambda i: te.exp(a[i]) + te.sqrt(te.abs(a[i])), name="c")
+    s = te.create_schedule(c.op)
+    xo, xi = s[c].split(c.op.axis[0], factor=8)
+    s[c].vectorize(xi)
+    lib = tether.build(s, [a, c], target="rasp5-fp16", name="e")
+    lib.export_library(str(tmp_path / "e.so"))
+    asm = lib.get_source("asm")
+    assert re.search(r"fcvt[nl]?\s+v\d+\.4s, v\d+\.4h|fcvtl", asm) and not re.search(r"\bbl\s+__", asm)

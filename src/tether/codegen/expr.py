@@ -17,8 +17,8 @@ from llvmlite import ir
 from tether.codegen import hostcall, int8dot
 from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.intcse import IntCSE
-from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec, like,
-                                  mem_type, native_half, scalar_type)
+from tether.codegen.types import (F16, F32, I1, I8, I32, PTR, const_like, const_of, elem_bytes, is_unsigned, is_vec,
+                                  like, mem_type, native_half, scalar_type)
 from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
                         children, dot4_kind, is_bool, is_float, substitute, walk)
@@ -592,14 +592,24 @@ class ExprEmitter:
                 return a
             zero = const_of(a, 0)
             return self.b.select(self.b.icmp_signed("<", a, zero), self.b.sub(zero, a), a)
+        half = any(_is_half(a) for a in args)
+        if half:    # native half: the math library is written for float32/64, so in float32 and rounded once
+            args = [self.b.fpext(a, like(a, F32)) if _is_half(a) else a for a in args]
         fn = self.ctx.math(e.name, args[0].type)
-        return self.b.call(fn, args, fastmath=self.fm if getattr(self.ctx, "fast_math", False) else ())
+        out = self.b.call(fn, args, fastmath=self.fm if getattr(self.ctx, "fast_math", False) else ())
+        if half and str(out.type.element if is_vec(out) else out.type) == "float":
+            out = self.b.fptrunc(out, like(out, F16))
+        return out
 
 
 # strides up to this many elements per lane load their span as one vector and shuffle; larger ones gather
 _SHUFFLE_MAX_STRIDE = 4
 # local buffers: strided vectors up to this many lanes are loaded lane by lane (Emitter.local_lanes)
 _LOCAL_LANES_MAX = 16
+
+
+def _is_half(v: ir.Value) -> bool:
+    return str(v.type.element if is_vec(v) else v.type) == "half"
 
 
 def _float_bits(ty: ir.Type) -> int:
