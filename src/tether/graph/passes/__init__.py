@@ -82,11 +82,11 @@ def pipeline(opt_level: int, precision: str = "fp32") -> List[Pass]:
     """The passes ``optimize`` runs at ``opt_level`` (clamped to 0..3), in order. ``precision="fp16"`` adds
     ``half_precision`` after the last dce before fusion: the weights are rounded once they are folded, and its
     casts fuse like any elementwise op."""
-    passes = list(PIPELINES[max(0, min(3, opt_level))])
-    if precision == "fp16":
-        at = max(i for i, p in enumerate(passes) if p is dce)
-        passes.insert(at + 1, half_precision)
-    return passes
+    passes = PIPELINES[max(0, min(3, opt_level))]
+    if precision != "fp16":
+        return passes
+    at = max(i for i, p in enumerate(passes) if p is dce) + 1
+    return passes[:at] + [half_precision] + passes[at:]
 
 
 def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3,
