@@ -20,9 +20,9 @@ from tether.target import Target, check_precision, has_half_arithmetic
 
 FP16_PRESETS = ("rasp5-fp16", "android-arm64-fp16")
 SIZE = 64          # input side: every layer of both models, in a minute of emulation per build
-# The instruction-count ratio fp16 / fp32 each model reaches on the A76 at SIZE (docs/bench.md "Half precision"
-# has the counts); the goal is 0.6. A regression past these fails.
-RATIO_LIMIT = {"mobilenet_v2": 0.68, "resnet50": 0.62}
+# The goal: on the A76, fp16 executes at most 0.6x the instructions of tether's own fp32 build (both
+# models reach it at SIZE: 0.595x and 0.590x, docs/bench.md "Half precision"), in the kernels and in all
+RATIO_LIMIT = 0.6
 
 
 def _models():
@@ -205,7 +205,8 @@ def test_fp16_on_the_a76_against_fp32(name, emulated_devices, tmp_path):
     assert err["fp32"][0] <= 1e-4 * max(1.0, float(np.abs(ref).max()))
     assert err["fp16"][1] <= max(4 * sens, 2e-2), (err, sens)
     assert k16["vfma"] <= 0.55 * k32["vfma"]           # 8 half lanes per fmla, not 4
-    assert c16 <= RATIO_LIMIT[name] * c32, (c16, c32, c16 / c32)
+    assert k16["total"] <= RATIO_LIMIT * k32["total"], (k16["total"], k32["total"])
+    assert c16 <= RATIO_LIMIT * c32, (c16, c32, c16 / c32)
 
 
 @pytest.mark.emulated
@@ -235,8 +236,8 @@ def test_fp16_module_is_refused_on_the_a72(emulated_devices, tmp_path):
         out = remote.empty((64,), "float16")
         remote.load_module(right.name)["halve"](remote.array(x), out)
         np.testing.assert_array_equal(out.numpy(), (x.astype(np.float32) * 1.5).astype(np.float16))
-    msg = str(info.value)
-    assert "\n" not in msg and "atomics" not in msg and "asimddp" not in msg, msg
+    msg = str(info.value).splitlines()[0]      # (the rest is the device's traceback)
+    assert "android-arm64-fp16" in msg and "atomics" not in msg and "asimddp" not in msg, msg
 
 
 def test_math_calls_on_native_half_link_self_contained(tmp_path):
