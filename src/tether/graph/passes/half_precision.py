@@ -27,7 +27,7 @@ from tether.graph.ir import Graph, Node, TensorType, unique_name
 #: ops computed in float16 when their float inputs are float32 (graph ops, tether's names)
 HALF_OPS = frozenset({
     "conv2d", "dense", "batch_matmul",                          # products: the time goes here
-    "add", "sub", "mul", "maximum", "minimum",                  # elementwise, one rounding each
+    "add", "sub", "mul", "maximum", "minimum", "maximum_nan", "minimum_nan",   # elementwise, one rounding each
     "relu", "clip", "leaky_relu", "neg", "abs", "prelu", "hard_sigmoid", "hard_swish", "scale_shift",
     "max_pool", "avg_pool", "global_max_pool",                  # windows of a few elements (max is exact)
     "reshape", "transpose", "concat", "pad", "strided_slice", "broadcast_to",   # data movement, exact
