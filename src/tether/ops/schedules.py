@@ -728,9 +728,11 @@ def schedule(outs, target="host", config=None):
     some of the family's defaults, e.g. a config found by ``tether tune``; None or {} is the default schedule."""
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     tgt = target if isinstance(target, Target) else Target(target)
-    fam = with_config(family_of(tgt, str(outs[0].dtype)), config)
     s = te.create_schedule([t.op for t in outs])
     order, consumers = _collect(outs)
+    # a kernel computing in float16 is blocked in half lanes, also when it ends in a cast to float32
+    half = any(_is_compute(op) and str(op.output(0).dtype) == "float16" for op in order)
+    fam = with_config(family_of(tgt, "float16" if half else "float32"), config)
     out_ids = {id(t.op) for t in outs}
 
     inline = set()
