@@ -39,6 +39,21 @@ def test_fp16_presets_have_half_arithmetic_and_require_it(preset):
     check_precision(t, "fp16")
 
 
+@pytest.mark.parametrize("cpu,preset,runs", [("cortex-a76", "rasp5-fp16", True),
+                                             ("cortex-a76", "android-arm64-fp16", True),
+                                             ("cortex-a72", "android-arm64-fp16", False)])
+def test_fp16_presets_against_emulated_cpus(cpu, preset, runs):
+    """What the device runtime checks at load, from the capabilities qemu's CPUs report: the A72 lacks exactly
+    the half-precision features of an android-arm64-fp16 module."""
+    from fixtures.arch_modules import QEMU_AUXV
+    from tether_rpc import cpu_features
+
+    arch, auxv = QEMU_AUXV[cpu]
+    caps = cpu_features.capabilities(arch, {"features": [], "features_key": "flags", "cores": []}, auxv=auxv)
+    lacking = cpu_features.missing(Target(preset).requirements(), caps)
+    assert lacking == ([] if runs else ["asimdhp", "fphp"]), lacking
+
+
 @pytest.mark.parametrize("target", ["rasp5", "rasp4b", "android-arm64", "x86_64", "armv7-a7", "wasm32"])
 def test_fp16_is_one_line_naming_target_and_feature_elsewhere(target):
     import tether
