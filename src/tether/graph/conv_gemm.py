@@ -38,8 +38,9 @@ def pointwise_pixels_max(target, dtype: str = "float32", in_channels: int = 0, p
     of the conv): every one but the short reductions over large maps (HALF_MATMUL_*); the matmul, vectorized along
     the pixels, fills few of the 8 lanes on small maps and broadcasts its packed activations with an address add
     per ld1r, while conv2d_pixels transposes each block on the way out, which only a short reduction does not
-    pay for (mobilenet_v2 at 64x64 on the A76, instructions: 960->160 @2x2 0.99M -> 0.29M as conv2d_pixels,
-    16->96 @32x32 0.52M as the matmul against 0.80M). Elsewhere the threshold stays where it was measured."""
+    pay for (mobilenet_v2 at 64x64 on the A76, instructions, before acc + x*y became llvm.fma: 960->160 @2x2
+    0.99M -> 0.29M as conv2d_pixels, 16->96 @32x32 0.52M as the matmul against 0.80M). Elsewhere the threshold
+    stays where it was measured."""
     if target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16:
         return None
     if target is not None and dtype == "float16" and has_half_arithmetic(target):
@@ -107,11 +108,11 @@ def panel_width(target, out_channels: int, groups: int, dtype: str = "float32") 
     AVX-512: 32 (two zmm), so the block is 12 pixels x 32 channels, 24 of the 32 registers: the 16-wide panel's 12
     accumulators did 13 loads per 12 FMAs (the load ports, not the FMAs, bound it): mobilenet_v2's deep pointwise
     layers went from 110 to 140-155 GFLOP/s, onnxruntime's speed. float16 on NEON (8 lanes): 32 too, four q
-    registers per pixel row, since each pixel's input costs a broadcast load and an address add (ld1r takes no
-    offset) that 16 channels would share between only two fmla .8h (mobilenet_v2 at 64x64 on the A76: 11.0 -> 9.3M
-    instructions). Not where 32-wide panels would pad the channels by more than 16-wide ones plus 1/16 (48 -> 64
-    is a third more work; 1000 -> 1024 is not), nor for grouped convs (a panel must lie in one group). Elsewhere
-    ops.linear.PANEL, as measured there."""
+    registers per pixel row, since each pixel's input costs a load (and then, before acc + x*y became llvm.fma,
+    an address add) that 16 channels would share between only two fmla .8h (mobilenet_v2 at 64x64 on the A76:
+    11.0 -> 9.3M instructions, measured then). Not where 32-wide panels would pad the channels by more than
+    16-wide ones plus 1/16 (48 -> 64 is a third more work; 1000 -> 1024 is not), nor for grouped convs (a panel
+    must lie in one group). Elsewhere ops.linear.PANEL, as measured there."""
     narrow = ops.linear.PANEL
     wide = target is not None and ((target.arch == "x86_64" and target.vector_lanes(32) >= 16)
                                    or (dtype == "float16" and has_half_arithmetic(target)))
