@@ -86,7 +86,7 @@ def test_float16_model_matches_onnxruntime_on_host(tmp_path):
 
 
 @pytest.mark.emulated
-@pytest.mark.parametrize("preset", ["rasp4b", "armv7-a7"])
+@pytest.mark.parametrize("preset", ["rasp4b", "armv7-a7", "rasp5-fp16"])   # (rasp5-fp16: its casts in half)
 def test_float16_model_on_emulated_device(emulated_devices, preset, tmp_path):
     from tether import rpc
     from tether.rpc.graph_client import RemoteGraphExecutor

@@ -41,7 +41,7 @@ def test_each_level_keeps_the_passes_of_the_level_below_in_order():
 
 
 def test_every_pass_has_a_one_line_summary():
-    names = {p.__name__ for passes in PIPELINES.values() for p in passes}
+    names = {p.__name__ for passes in PIPELINES.values() for p in passes} | {"half_precision"}
     assert names == set(SUMMARIES)
     assert all(s and "\n" not in s for s in SUMMARIES.values())
 
@@ -63,3 +63,13 @@ def test_print_passes_defaults_to_level_3_and_compile_still_needs_a_model():
     assert res.exit_code == 0 and len(res.output.splitlines()) == len(PIPELINES[3])
     res = CliRunner().invoke(cli, ["compile"])
     assert res.exit_code == 2 and "Missing argument 'MODEL'" in res.output
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_fp16_adds_half_precision_after_the_last_dce_before_fusion(level):
+    from tether.graph.passes import dce, half_precision
+
+    base, half = pipeline(level), pipeline(level, "fp16")
+    assert [p for p in half if p is not half_precision] == list(base)
+    at = half.index(half_precision)
+    assert half[at - 1] is dce and dce not in half[at + 1:]

@@ -29,13 +29,14 @@ _LAZY_SUBMODULES = ("te", "tir", "ops", "runtime", "target", "errors", "codegen"
 def build_graph(graph: Any, params: Dict[str, Any], target: Any = "host", opt_level: int = 3, fast_math: bool = False,
                 name: str = "deploy", tuning_log: Optional[str] = None,
                 configs: Optional[Mapping[str, Dict[str, Any]]] = None, executor: str = "graph",
-                aot_params: str = "embedded", aot_workspace: str = "static") -> Any:
+                aot_params: str = "embedded", aot_workspace: str = "static", precision: str = "fp32") -> Any:
     """Compile an imported graph into one library + graph JSON + params (``tether.graph.build.build_graph``).
     ``tuning_log``: a `tether tune` log; each kernel it has results for (on this target) gets its best config, the
     others their default schedule (``configs``, task key -> config, given directly, takes precedence).
     ``executor="aot"``: an ahead-of-time module instead, ``<name>.h`` + ``lib<name>.so`` + ``lib<name>.a`` whose
     ``<name>_run`` runs the whole model (docs/deploy.md; ``aot_params``: "embedded" or "external",
-    ``aot_workspace``: "static" or "caller")."""
+    ``aot_workspace``: "static" or "caller"). ``precision="fp16"``: float32 math computed in half on targets with
+    half arithmetic (rasp5-fp16, android-arm64-fp16; docs/targets in docs/bench.md "fp16")."""
     import logging
 
     from tether.graph.build import build_graph as build
@@ -48,7 +49,8 @@ def build_graph(graph: Any, params: Dict[str, Any], target: Any = "host", opt_le
                                                      tuning_log, len(resolved))
     resolved.update(configs or {})
     return build(graph, params, target=target, opt_level=opt_level, fast_math=fast_math, name=name,
-                 configs=resolved, executor=executor, aot_params=aot_params, aot_workspace=aot_workspace)
+                 configs=resolved, executor=executor, aot_params=aot_params, aot_workspace=aot_workspace,
+                 precision=precision)
 
 
 class _Package(types.ModuleType):

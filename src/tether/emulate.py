@@ -93,8 +93,11 @@ _ALIASES = {"arm64": "aarch64", "armhf": "armv7", "arm": "armv7", "armv7l": "arm
 PRESET_DEVICES: dict[str, tuple[str, str]] = {
     "rasp4b": ("aarch64", "cortex-a72"),
     "rasp5": ("aarch64", "cortex-a76"),
+    "rasp5-fp16": ("aarch64", "cortex-a76"),
     "jetson-nano": ("aarch64", "cortex-a57"),
     "android-arm64": ("aarch64", "cortex-a53"),
+    # the phones' Cortex-A55/A75 are not qemu CPUs: the A76 is the nearest with half-precision arithmetic
+    "android-arm64-fp16": ("aarch64", "cortex-a76"),
     "rasp3b": ("armv7", "max"),
     "armv7-a7": ("armv7", "cortex-a7"),
 }

@@ -51,12 +51,18 @@ _PRESETS: Dict[str, _Preset] = {
     "x86_64": _Preset("x86_64-unknown-linux-gnu", "x86-64", "", "generic x86-64 (SSE2)"),
     "rasp4b": _Preset("aarch64-unknown-linux-gnu", "cortex-a72", "+neon", "Raspberry Pi 4 B, 64-bit OS"),
     "rasp5": _Preset("aarch64-unknown-linux-gnu", "cortex-a76", "+neon", "Raspberry Pi 5, 64-bit OS"),
+    # opt-in: float16 computed in half (--precision fp16, fmla .8h); other float16 kernels use it too
+    "rasp5-fp16": _Preset("aarch64-unknown-linux-gnu", "cortex-a76", "+neon,+fullfp16",
+                          "Raspberry Pi 5, 64-bit OS, half-precision arithmetic (--precision fp16)"),
     "rasp3b": _Preset("armv7a-unknown-linux-gnueabihf", "cortex-a53", "+neon,+vfp4",
                       "Raspberry Pi 3 B, 32-bit OS, hard float"),
     "armv7-a7": _Preset("armv7a-unknown-linux-gnueabihf", "cortex-a7", "+neon,+vfp4",
                         "Cortex-A7 boards (Pi 2, Allwinner H3), hard float"),
     "jetson-nano": _Preset("aarch64-unknown-linux-gnu", "cortex-a57", "+neon", "NVIDIA Jetson Nano CPU"),
     "android-arm64": _Preset("aarch64-unknown-linux-android24", "generic", "+neon", "Android 7+ phones, arm64-v8a"),
+    "android-arm64-fp16": _Preset("aarch64-unknown-linux-android24", "generic", "+neon,+fullfp16",
+                                  "Android phones with Armv8.2-A half-precision arithmetic (Cortex-A55/A75 and "
+                                  "later), arm64-v8a (--precision fp16)"),
     "wasm32": _Preset(WASM_TRIPLE, WASM_CPU, "+simd128",
                       "WebAssembly with 128-bit SIMD (browsers, node >= 16), single-threaded; bulk-memory, "
                       "nontrapping-fptoint, sign-ext, mutable-globals always on"),
@@ -586,6 +592,30 @@ def _init_llvm() -> None:
 
 def as_target(target: Union[str, Target, None]) -> Target:
     return target if isinstance(target, Target) else Target(target or "host")
+
+
+# ---- half-precision arithmetic ------------------------------------------------------------------------------
+#: ``precision=`` of a graph build: what its float32 math is computed in (graph/passes/half_precision.py)
+PRECISIONS = ("fp32", "fp16")
+
+
+def has_half_arithmetic(target: Union[str, "Target", None]) -> bool:
+    """Whether code for ``target`` computes float16 as half (LLVM ``half``, fmla .8h) rather than as float32:
+    aarch64 with +fullfp16 given explicitly (the -fp16 presets). Not implied by an Armv8.2 -mcpu, so that a
+    float16 model built for rasp5 keeps its float32 arithmetic; not on x86 (F16C converts, it does not compute)."""
+    t = as_target(target)
+    return t.gpu is None and t.arch == "aarch64" and t.has_feature("fullfp16")
+
+
+def check_precision(target: Union[str, "Target", None], precision: str) -> None:
+    """ValueError (one line) for a ``precision`` that is not one of PRECISIONS or that ``target`` cannot run."""
+    if precision not in PRECISIONS:
+        raise ValueError("precision must be one of %s, got %r" % (", ".join(PRECISIONS), precision))
+    if precision == "fp16" and not has_half_arithmetic(target):
+        t = as_target(target)
+        raise ValueError("--precision fp16 needs half-precision arithmetic (aarch64 +fullfp16), which target %s "
+                         "lacks; use rasp5-fp16, android-arm64-fp16 or -mattr=+neon,+fullfp16"
+                         % (t.preset or str(t)))
 
 
 # ---- int8 instructions ---------------------------------------------------------------------------

@@ -32,6 +32,10 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
               help="Fix an input's shape (repeatable); needed for symbolic dimensions.")
 @click.option("--opt-level", "-O", default=3, show_default=True, type=click.IntRange(0, 3))
 @click.option("--fast-math", is_flag=True, help="Let LLVM reassociate float math (faster, not bit-exact).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp16: compute the float32 convs, matmuls and elementwise ops in half precision, on targets with "
+                   "half arithmetic (rasp5-fp16, android-arm64-fp16); inputs and outputs stay float32 "
+                   "(docs/bench.md \"Half precision\").")
 @click.option("--output", "-o", "out_dir", default="out", show_default=True, type=click.Path(file_okay=False),
               help="Folder for deploy.so, deploy.json and deploy.params.")
 @click.option("--print-graph", is_flag=True, help="Print the optimised graph.")
@@ -52,13 +56,13 @@ def parse_input_shapes(specs: Tuple[str, ...]) -> Dict[str, Tuple[int, ...]]:
               show_default=True,
               help="--aot: a static workspace in the library for callers that pass none, or only the caller's.")
 def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], opt_level: int, fast_math: bool,
-            out_dir: str, print_graph: bool, print_passes: bool, check: bool, tuning_log: Optional[str], aot: bool,
-            name: Optional[str], params_mode: str, workspace_mode: str) -> None:
+            precision: str, out_dir: str, print_graph: bool, print_passes: bool, check: bool,
+            tuning_log: Optional[str], aot: bool, name: Optional[str], params_mode: str, workspace_mode: str) -> None:
     """Compile a model (ONNX, TFLite, TensorFlow, Keras, Darknet, Caffe, CoreML: docs/frontends.md) into a
     deployable folder (library + graph JSON + params), or with --aot into an ahead-of-time module (header + shared
     and static library)."""
     if print_passes:
-        _print_passes(opt_level)
+        _print_passes(opt_level, precision)
         return
     if model is None:
         raise click.UsageError("Missing argument 'MODEL'.")
@@ -86,7 +90,8 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
     t_import = time.perf_counter() - t0
     try:
         factory = tether.build_graph(graph, params, target=target, opt_level=opt_level, fast_math=fast_math,
-                                      tuning_log=tuning_log, name=name or ("model" if aot else "deploy"),
+                                      precision=precision, tuning_log=tuning_log,
+                                      name=name or ("model" if aot else "deploy"),
                                       executor="aot" if aot else "graph", aot_params=params_mode,
                                       aot_workspace=workspace_mode)
     except (UnsupportedOpError, ValueError) as exc:
@@ -115,11 +120,11 @@ def command(model: Optional[str], target: str, input_shapes: Tuple[str, ...], op
     click.echo("wrote %s" % ", ".join(sorted(paths.values())))
 
 
-def _print_passes(opt_level: int) -> None:
-    """One line per pass of the ``opt_level`` pipeline: its name and what it does."""
+def _print_passes(opt_level: int, precision: str = "fp32") -> None:
+    """One line per pass of the ``opt_level`` pipeline (with ``precision``): its name and what it does."""
     from tether.graph.passes import SUMMARIES, pipeline
 
-    for p in pipeline(opt_level):
+    for p in pipeline(opt_level, precision):
         click.echo("%-24s %s" % (p.__name__, SUMMARIES[p.__name__]))
 
 

@@ -17,8 +17,8 @@ from llvmlite import ir
 from tether.codegen import hostcall, int8dot
 from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.intcse import IntCSE
-from tether.codegen.types import (I1, I8, I32, PTR, const_like, const_of, elem_bytes, int_vector, is_unsigned, is_vec,
-                                  like, mem_type, scalar_type, splat_const)
+from tether.codegen.types import (F16, F32, I1, I8, I32, PTR, const_like, const_of, elem_bytes, int_vector, is_unsigned,
+                                  is_vec, like, mem_type, native_half, scalar_type, splat_const)
 from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
                         children, dot4_kind, is_bool, is_float, substitute, walk)
@@ -220,7 +220,7 @@ class ExprEmitter:
 
     def from_half(self, v: ir.Value, dtype: str) -> ir.Value:
         """A loaded float16/bfloat16 bit pattern as the float32 it is computed with; other values unchanged."""
-        return FROM_STORAGE[dtype](self.b, v) if dtype in FROM_STORAGE else v
+        return FROM_STORAGE[dtype](self.b, v) if dtype in FROM_STORAGE and not native_half(dtype) else v
 
     # ---- lazily evaluated if_then_else ------------------------------------------------------------------------
     def unsafe(self, e: Expr) -> bool:
@@ -456,6 +456,9 @@ class ExprEmitter:
         fused = int8dot.fused_operands(e)   # acc + dot4(a, b): one dot-product instruction (codegen/int8dot.py)
         if fused is not None:
             return int8dot.emit(self, *fused)
+        fma = self.half_fma(e)
+        if fma is not None:
+            return fma
         a, b = self.match(self.ev(e.a), self.ev(e.b))
         op, dt = e.op, e.a.dtype
         B = self.b
@@ -476,6 +479,27 @@ class ExprEmitter:
         if op in _DIV_OPS:
             return self.int_division(e, a, b)
         raise CompileError(f"codegen: integer operator {op!r} is not supported")
+
+    def half_fma(self, e: Binary) -> Optional[ir.Value]:
+        """``acc + x * y`` in native half as one llvm.fma, else None. LLVM contracts fmul+fadd into the same fmla
+        (the flags allow it), but for a contracted one AArch64 broadcasts a loaded scalar operand with ld1r, which
+        takes no offset: an address add per broadcast, one per pixel and reduction step in a conv's register
+        block; for the intrinsic it loads ldr h (with the offset) and uses the indexed fmla .8h."""
+        if e.op != "add" or not native_half(e.dtype):
+            return None
+        for mul, acc in ((e.b, e.a), (e.a, e.b)):
+            if isinstance(mul, Binary) and mul.op == "mul" and native_half(mul.dtype):
+                ops = [self.ev(mul.a), self.ev(mul.b), self.ev(acc)]
+                lanes = max((v.type.count for v in ops if is_vec(v)), default=0)
+                if lanes:
+                    ops = [self.splat(v, lanes) for v in ops]
+                ty = ops[0].type
+                name = "llvm.fma." + ("v%d%s" % (lanes, _intrinsic_suffix(ty.element)) if lanes
+                                      else _intrinsic_suffix(ty))
+                module = self.b.module
+                fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ty, [ty] * 3), name)
+                return self.b.call(fn, ops)
+        return None
 
     def float_binary(self, e: Binary, a: ir.Value, b: ir.Value) -> ir.Value:
         B = self.b
@@ -557,11 +581,12 @@ class ExprEmitter:
         if is_float(dst):
             if not is_float(src):
                 v = (B.uitofp if is_unsigned(src) else B.sitofp)(v, vty)
-            elif src == "float64" and dst in TO_STORAGE:
+            elif src == "float64" and dst in TO_STORAGE and not native_half(dst):
                 v = f64_to_f32_odd(B, v)    # so that the rounding to the half type below is the only one
             elif scalar_type(src) != ty:
-                v = B.fpext(v, vty) if dst == "float64" else B.fptrunc(v, vty)
-            if dst in TO_STORAGE:   # a float16/bfloat16 value is a float32 holding only that type's values
+                wider = _float_bits(ty) > _float_bits(v.type.element if is_vec(v) else v.type)
+                v = B.fpext(v, vty) if wider else B.fptrunc(v, vty)
+            if dst in TO_STORAGE and not native_half(dst):   # a float32 holding only that type's values
                 v = FROM_STORAGE[dst](B, TO_STORAGE[dst](B, v))
             return v
         # integer destination (64-bit conversions on armv7 become calls of the module's __aeabi_* helpers)
@@ -586,14 +611,28 @@ class ExprEmitter:
                 return a
             zero = const_of(a, 0)
             return self.b.select(self.b.icmp_signed("<", a, zero), self.b.sub(zero, a), a)
+        half = any(_is_half(a) for a in args)
+        if half:    # native half: the math library is written for float32/64, so in float32 and rounded once
+            args = [self.b.fpext(a, like(a, F32)) if _is_half(a) else a for a in args]
         fn = self.ctx.math(e.name, args[0].type)
-        return self.b.call(fn, args, fastmath=self.fm if getattr(self.ctx, "fast_math", False) else ())
+        out = self.b.call(fn, args, fastmath=self.fm if getattr(self.ctx, "fast_math", False) else ())
+        if half and str(out.type.element if is_vec(out) else out.type) == "float":
+            out = self.b.fptrunc(out, like(out, F16))
+        return out
 
 
 # strides up to this many elements per lane load their span as one vector and shuffle; larger ones gather
 _SHUFFLE_MAX_STRIDE = 4
 # local buffers: strided vectors up to this many lanes are loaded lane by lane (Emitter.local_lanes)
 _LOCAL_LANES_MAX = 16
+
+
+def _is_half(v: ir.Value) -> bool:
+    return str(v.type.element if is_vec(v) else v.type) == "half"
+
+
+def _float_bits(ty: ir.Type) -> int:
+    return {"half": 16, "bfloat": 16, "float": 32, "double": 64}[str(ty)]
 
 
 def _intrinsic_suffix(ty: ir.Type) -> str:

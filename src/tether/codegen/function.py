@@ -18,8 +18,10 @@ from llvmlite import ir
 from tether.codegen import cpu_dispatch, parallel, scratch
 from tether.codegen.expr import ExprEmitter, uses
 from tether.codegen.halfconv import TO_STORAGE
-from tether.codegen.types import I1, I8, I32, PTR, elem_bytes, int_vector, is_vec, mem_type
+from tether.codegen.types import (I1, I8, I32, PTR, elem_bytes, half_arithmetic, int_vector, is_vec, mem_type,
+                                  native_half)
 from tether.errors import CompileError
+from tether.target import has_half_arithmetic
 from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, Var,
                         is_float, walk)
 from tether.tir.visit import by_class
@@ -171,7 +173,7 @@ class FunctionEmitter(ExprEmitter):
         self.b.store(self.to_mem(value, buf.dtype), ptr, align=align)
 
     def to_mem(self, v: ir.Value, dtype: str) -> ir.Value:
-        if dtype in TO_STORAGE:     # float16/bfloat16: round the float32 to the stored bit pattern
+        if dtype in TO_STORAGE and not native_half(dtype):  # float16/bfloat16: round the float32 to its bits
             return TO_STORAGE[dtype](self.b, v)
         if dtype != "bool":
             return v
@@ -333,8 +335,9 @@ def emit_function(ctx: Any, primfunc: PrimFunc) -> ir.Function:
     """Emit ``i32 @<name>__impl(ptr noalias p0, ...)`` for ``primfunc`` into ``ctx.module`` (``ctx``: a
     codegen.module.ModuleBuilder)."""
     # a kernel using instructions the device may or may not have: two versions, chosen at load time
-    dispatched = cpu_dispatch.emit(ctx, primfunc, _emit_one)
-    return dispatched if dispatched is not None else _emit_one(ctx, primfunc)
+    with half_arithmetic(has_half_arithmetic(ctx.target)):
+        dispatched = cpu_dispatch.emit(ctx, primfunc, _emit_one)
+        return dispatched if dispatched is not None else _emit_one(ctx, primfunc)
 
 
 def _emit_one(ctx: Any, primfunc: PrimFunc) -> ir.Function:

@@ -5,7 +5,9 @@ from ``tether_rpc.dtypes`` (the one dtype table), so codegen and the packed ABI 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+import contextlib
+import contextvars
+from typing import Any, Dict, Iterator, Sequence
 
 from llvmlite import ir
 from tether_rpc.dtypes import DTYPES, DType
@@ -13,7 +15,7 @@ from tether_rpc.dtypes import DTYPES, DType
 from tether.errors import CompileError
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-F32, F64 = ir.FloatType(), ir.DoubleType()
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 
 # (kind, bits) -> the type values of that dtype have in registers. bool computes as i1 and is stored as a byte.
@@ -27,6 +29,28 @@ _IR_TYPES = {
 }
 # dtypes whose memory type differs from their register type, beyond bool's byte
 HALF_DTYPES = ("float16", "bfloat16")
+
+# Whether float16 is computed as LLVM ``half`` (loaded, added, multiplied and stored as itself) rather than as
+# float32: only where the target has half-precision arithmetic (aarch64 +fullfp16: fmla .8h), for which LLVM
+# emits instructions rather than the library calls halfconv.py avoids. Set per function by codegen/function.py
+# from the module's target, so the emitters below ask the types rather than each carrying the target.
+_NATIVE_HALF: contextvars.ContextVar = contextvars.ContextVar("tether_native_half", default=False)
+
+
+@contextlib.contextmanager
+def half_arithmetic(on: bool) -> Iterator[None]:
+    """Within: float16 values are LLVM ``half`` when ``on`` (see ``native_half``)."""
+    token = _NATIVE_HALF.set(bool(on))
+    try:
+        yield
+    finally:
+        _NATIVE_HALF.reset(token)
+
+
+def native_half(dtype: str = "float16") -> bool:
+    """Whether ``dtype`` is computed natively as ``half`` here (float16 on a target with half arithmetic)."""
+    return dtype == "float16" and _NATIVE_HALF.get()
+
 
 # The dtypes a packed wrapper can check (a DLPack code and width): every dtype of the table (bfloat16 is
 # kDLBfloat, 16 bits).
@@ -42,6 +66,8 @@ def dtype_row(dtype: str) -> DType:
 
 def scalar_type(dtype: str) -> ir.Type:
     """The register type of one ``dtype`` value."""
+    if native_half(dtype):
+        return F16
     row = DTYPES.get(dtype)
     ty = _IR_TYPES.get((row.kind, row.bits)) if row is not None else None
     if ty is None:
@@ -51,6 +77,8 @@ def scalar_type(dtype: str) -> ir.Type:
 
 def mem_type(dtype: str) -> ir.Type:
     """The in-memory type of one ``dtype`` element (bool is a byte, float16/bfloat16 a 16-bit pattern)."""
+    if native_half(dtype):
+        return F16
     if dtype in HALF_DTYPES:
         return I16
     return I8 if dtype == "bool" else scalar_type(dtype)

@@ -44,7 +44,7 @@ from tether.graph.passes import plan_memory
 from tether.graph.plan import KernelPlan, compile_body_node, plan_kernels, strategy_of
 from tether.errors import CompileError, ScheduleError
 from tether.kernels.registry import LoopKernel
-from tether.target import as_target
+from tether.target import as_target, check_precision
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class GraphFactory:
 def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
                 fast_math: bool = False, name: str = "deploy",
                 configs: Optional[Mapping[str, Dict[str, Any]]] = None, executor: str = "graph",
-                aot_params: str = "embedded", aot_workspace: str = "static") -> Any:
+                aot_params: str = "embedded", aot_workspace: str = "static", precision: str = "fp32") -> Any:
     """Plan the kernels of `graph` for `target` at `opt_level`, compile them into one library, plan the memory and
     write the graph JSON; ``.export(folder)`` on the result writes the deploy.* files. ``configs``: task key ->
     schedule config (a tuning log's best, ``tether.tune.log.best_configs``); the other kernels get their
@@ -100,7 +100,12 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
     ``executor="aot"``: the same build, then its graph JSON as generated code (``graph/aot.py``): the result is an
     ``AotModule`` whose ``.export(folder)`` writes ``<name>.h``, ``lib<name>.so`` and ``lib<name>.a`` (`name` is
     the C prefix); ``aot_params`` "embedded" or "external" (a ``<name>.params`` file the caller loads),
-    ``aot_workspace`` "static" (a static buffer when the caller gives none) or "caller"."""
+    ``aot_workspace`` "static" (a static buffer when the caller gives none) or "caller".
+
+    ``precision="fp16"``: the float32 convs, matmuls and elementwise ops compute in float16 on a target with half
+    arithmetic (rasp5-fp16, android-arm64-fp16); inputs and outputs stay float32 (graph/passes/half_precision.py).
+    ValueError, before any work, on a target without it."""
+    check_precision(target, precision)
     if executor not in ("graph", "aot"):
         raise ValueError("executor must be 'graph' or 'aot', got %r" % (executor,))
     if executor == "aot":
@@ -114,11 +119,11 @@ def build_graph(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ValueError("an AOT model's name is its C prefix and must be a C identifier, got %r" % name)
         aot.check_aot_nodes(graph)       # before minutes of kernel compilation
-        factory = build_graph(graph, params, target, opt_level, fast_math, name, configs)
+        factory = build_graph(graph, params, target, opt_level, fast_math, name, configs, precision=precision)
         return aot.build_aot(factory, aot_params, aot_workspace)
     tgt = as_target(target)
     t0 = time.perf_counter()
-    plan = plan_kernels(graph, params, tgt, opt_level)
+    plan = plan_kernels(graph, params, tgt, opt_level, precision)
     t_passes = time.perf_counter() - t0
     triples, funcs, shapes_of_func = compile_plan(plan, dict(configs or {}), name)
     if not triples:

@@ -16,22 +16,36 @@ from tether import ops
 from tether.graph import op_info
 from tether.graph.ir import Graph, TensorType
 from tether.ops import common as c
+from tether.target import has_half_arithmetic
 
 # A pointwise conv with at most this many output channels runs as conv2d_pixels rather than a matmul (in
 # squeezenet's and mobilenet_v2's 1x1 layers 1.2-1.5x faster at 16..64 channels; slower when expanding to
 # 96..576, where the matmul's packed activations pay off).
 POINTWISE_PIXELS_MAX_CHANNELS = 64
+# float16 (NEON): pointwise convs run as the matmul (above POINTWISE_PIXELS_MAX_CHANNELS outputs) only with at
+# most this many input channels on maps of at least this many pixels (pointwise_pixels_max)
+HALF_MATMUL_MAX_REDUCE = 32
+HALF_MATMUL_MIN_PIXELS = 64
 
 
-def pointwise_pixels_max(target) -> Optional[int]:
+def pointwise_pixels_max(target, dtype: str = "float32", in_channels: int = 0, pixels: int = 0) -> Optional[int]:
     """The widest pointwise conv (output channels) that runs as conv2d_pixels on `target`; None: every one.
 
     AVX-512 (16 lanes, 12-pixel blocks): conv2d_pixels ran every pointwise layer of mobilenet_v2 and squeezenet
     as fast or faster than the matmul, most where the matmul's 16-pixel panels fit the map worst (960->160 @7x7:
     72 -> 111 GFLOP/s, 576->96 @14x14: 83 -> 109; scripts/bench_conv_layers.py, thread CPU time); the matmul
-    also packs the activations on every run. Elsewhere the threshold stays where it was measured."""
+    also packs the activations on every run. float16 on NEON (half arithmetic, ``in_channels`` and ``pixels``
+    of the conv): every one but the short reductions over large maps (HALF_MATMUL_*); the matmul, vectorized along
+    the pixels, fills few of the 8 lanes on small maps and broadcasts its packed activations with an address add
+    per ld1r, while conv2d_pixels transposes each block on the way out, which only a short reduction does not
+    pay for (mobilenet_v2 at 64x64 on the A76, instructions, before acc + x*y became llvm.fma: 960->160 @2x2
+    0.99M -> 0.29M as conv2d_pixels, 16->96 @32x32 0.52M as the matmul against 0.80M). Elsewhere the threshold
+    stays where it was measured."""
     if target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16:
         return None
+    if target is not None and dtype == "float16" and has_half_arithmetic(target):
+        matmul = pixels >= HALF_MATMUL_MIN_PIXELS and in_channels <= HALF_MATMUL_MAX_REDUCE
+        return POINTWISE_PIXELS_MAX_CHANNELS if matmul else None
     return POINTWISE_PIXELS_MAX_CHANNELS
 
 
@@ -87,18 +101,22 @@ def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -
             and in_channels <= min(DIRECT_PARTIAL_MAX_INPUT_CHANNELS, pixels * 5 // 4))
 
 
-def panel_width(target, out_channels: int, groups: int) -> int:
-    """Output channels per weight panel of a conv2d_pixels kernel on `target` (the schedule's register block is
-    a few output pixels by one panel).
+def panel_width(target, out_channels: int, groups: int, dtype: str = "float32") -> int:
+    """Output channels per weight panel of a conv2d_pixels kernel on `target` for weights of ``dtype`` (the
+    schedule's register block is a few output pixels by one panel).
 
     AVX-512: 32 (two zmm), so the block is 12 pixels x 32 channels, 24 of the 32 registers: the 16-wide panel's 12
     accumulators did 13 loads per 12 FMAs (the load ports, not the FMAs, bound it): mobilenet_v2's deep pointwise
-    layers went from 110 to 140-155 GFLOP/s, onnxruntime's speed. Not where 32-wide panels would pad the channels
-    by more than 16-wide ones plus 1/16 (48 -> 64 is a third more work; 1000 -> 1024 is not), nor for grouped
-    convs (a panel must lie in one group). Elsewhere ops.linear.PANEL, as measured there."""
+    layers went from 110 to 140-155 GFLOP/s, onnxruntime's speed. float16 on NEON (8 lanes): 32 too, four q
+    registers per pixel row, since each pixel's input costs a load (and then, before acc + x*y became llvm.fma,
+    an address add) that 16 channels would share between only two fmla .8h (mobilenet_v2 at 64x64 on the A76:
+    11.0 -> 9.3M instructions, measured then). Not where 32-wide panels would pad the channels by more than
+    16-wide ones plus 1/16 (48 -> 64 is a third more work; 1000 -> 1024 is not), nor for grouped convs (a panel
+    must lie in one group). Elsewhere ops.linear.PANEL, as measured there."""
     narrow = ops.linear.PANEL
-    if (target is not None and target.arch == "x86_64" and target.vector_lanes(32) >= 16 and groups == 1
-            and -(-out_channels // 32) * 32 * 16 <= -(-out_channels // narrow) * narrow * 17):
+    wide = target is not None and ((target.arch == "x86_64" and target.vector_lanes(32) >= 16)
+                                   or (dtype == "float16" and has_half_arithmetic(target)))
+    if wide and groups == 1 and -(-out_channels // 32) * 32 * 16 <= -(-out_channels // narrow) * narrow * 17:
         return 32
     return narrow
 
@@ -234,7 +252,6 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
     Rewrites ``params`` and ``graph.types`` in place and returns {weight name: its conv shape (O, C, KH, KW)}
     for to_te.lower_kernel. A weight read by more than one node keeps its layout. Which pointwise convs run as
     conv2d_pixels and the panel width depend on ``target`` (pointwise_pixels_max, panel_width)."""
-    pixels_max = pointwise_pixels_max(target)
     uses: Dict[str, int] = {}
     for node in graph.nodes:
         for v in set(node.inputs):
@@ -249,6 +266,9 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
         wname = conv.inputs[1]
         if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
             continue
+        xshape, oshape = graph.types[conv.inputs[0]].shape, graph.types[conv.outputs[0]].shape
+        pixels_max = pointwise_pixels_max(target, graph.types[wname].dtype, int(xshape[1]),
+                                          int(oshape[2]) * int(oshape[3]))
         plan = gemm_plan(body, node.body_params(), graph.types, pixels_max=pixels_max)
         if plan is None or len(plan[wname]) != 2:
             continue
@@ -264,7 +284,7 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
             continue
         if len(plan[plan["__data__"]]) != 3:
             continue      # not run as conv2d_pixels (pointwise as a matmul, grouped or batched)
-        width = panel_width(target, w.shape[0], conv.attrs["groups"])
+        width = panel_width(target, w.shape[0], conv.attrs["groups"], str(w.dtype))
         params[wname] = ops.linear.pack_panels_array(w.reshape(w.shape[0], -1), width)
         graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
         packed[wname] = tuple(w.shape)

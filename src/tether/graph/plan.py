@@ -38,7 +38,7 @@ from tether.kernels.qconv_ops import for_target as qconv_for_target
 from tether.kernels.registry import LoopKernel, Strategy, TeLowering, target_kind
 from tether.kernels.table import OPS
 from tether.ops.schedules import family_of
-from tether.target import Target, as_target
+from tether.target import Target, as_target, check_precision
 from tether.te.lower import lower as te_lower
 from tether.tune.space import ConfigSpace, space_for
 
@@ -85,15 +85,16 @@ def task_key(signature: str, target: Any) -> str:
 
 
 # ---------------------------------------------------------------- the graph as the kernels see it
-def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3, target: Any = None) -> tuple:
-    """(graph, params, panel_weights) as the kernels see them: the passes of `opt_level`, then (at 3) conv weights
-    packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify depends on `target`),
-    constant dense weights packed into the matmul's panels (dense_panels), and int8 convs set to `target`'s
-    dot-product kind (kernels/qconv_ops.for_target)."""
+def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3, target: Any = None,
+                  precision: str = "fp32") -> tuple:
+    """(graph, params, panel_weights) as the kernels see them: the passes of `opt_level` (and `precision`), then
+    (at 3) conv weights packed into panels once (conv_gemm.pack_conv_weights; which pointwise convs qualify
+    depends on `target`), constant dense weights packed into the matmul's panels (dense_panels), and int8 convs set
+    to `target`'s dot-product kind (kernels/qconv_ops.for_target)."""
     tgt = as_target(target) if target is not None else None
     if tgt is not None and tgt.gpu is not None:
         return _prepare_gpu_graph(graph, params, opt_level, tgt)
-    graph, params = optimize(graph, params, opt_level)
+    graph, params = optimize(graph, params, opt_level, precision)
     panel_weights: Dict[str, tuple] = {}
     if opt_level >= 3:
         graph, params = graph.copy(), dict(params)
@@ -242,13 +243,15 @@ class KernelPlan:
         return [t for t in self.tasks if t.strategy.tunable]
 
 
-def plan_kernels(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3
-                 ) -> KernelPlan:
+def plan_kernels(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
+                 precision: str = "fp32") -> KernelPlan:
     """The kernel plan of (graph, params) for `target` at `opt_level` (see the module's docstring); tasks are in
-    the order of their first node."""
+    the order of their first node. ``precision="fp16"``: float32 math in half (graph/passes/half_precision.py),
+    for a target with half arithmetic (target.check_precision)."""
     tgt = as_target(target)
+    check_precision(tgt, precision)
     kind = target_kind(tgt)
-    graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt)
+    graph, params, panel_weights = prepare_graph(graph, params, opt_level, tgt, precision)
     dynamic = numpy_nodes.check_dynamic(graph)
     plan = KernelPlan(graph, params, panel_weights, tgt, opt_level, kind, [], [], dynamic)
     index_of_sig: Dict[str, int] = {}

@@ -53,7 +53,8 @@ def max_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = 
     # the padding is the dtype's lowest value: float32's lowest does not convert to an integer type (an int8 max
     # pool padded with it read 0 there, above every negative value)
     dtype = str(x.dtype)
-    fill = _LOWEST if dtype.startswith("float") else int(np.iinfo(dtype).min)
+    fill = (float(np.finfo(np.float16).min) if dtype == "float16" else _LOWEST if dtype.startswith("float")
+            else int(np.iinfo(dtype).min))    # (float16: float32's lowest would round to -inf)
     read, g = window_setup(x, kernel, stride, padding, dilation, ceil_mode, fill, name)
     ry = te.reduce_axis((0, g["kh"]), name="ry")
     rx = te.reduce_axis((0, g["kw"]), name="rx")

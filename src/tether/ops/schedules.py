@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Sequence
 
 from tether import te
 from tether.errors import ScheduleError
-from tether.target import Target
+from tether.target import Target, has_half_arithmetic
 from tether.tir import Binary, Reduce, TensorLoad, walk
 
 from . import common as c
@@ -67,8 +67,10 @@ class Family:
     parallel_axis: str = "auto"
 
 
-def family_of(target: Target) -> Family:
-    lanes = target.vector_lanes(32)
+def family_of(target: Target, dtype: str = "float32") -> Family:
+    """The knobs for kernels of ``dtype`` on ``target``: float16 computed in half (has_half_arithmetic) fills a
+    vector with twice the float32 lanes (8 on NEON: fmla .8h), so its blocks are counted in those lanes."""
+    lanes = target.vector_lanes(16 if dtype == "float16" and has_half_arithmetic(target) else 32)
     arch = target.arch
     if arch == "x86_64":
         # 16 ymm (AVX2): 6 x 16 -> 12 accumulators + 2 B vectors + 1 broadcast; 16 zmm would allow more but
@@ -726,9 +728,11 @@ def schedule(outs, target="host", config=None):
     some of the family's defaults, e.g. a config found by ``tether tune``; None or {} is the default schedule."""
     outs = [outs] if isinstance(outs, te.Tensor) else list(outs)
     tgt = target if isinstance(target, Target) else Target(target)
-    fam = with_config(family_of(tgt), config)
     s = te.create_schedule([t.op for t in outs])
     order, consumers = _collect(outs)
+    # a kernel computing in float16 is blocked in half lanes, also when it ends in a cast to float32
+    half = any(_is_compute(op) and str(op.output(0).dtype) == "float16" for op in order)
+    fam = with_config(family_of(tgt, "float16" if half else "float32"), config)
     out_ids = {id(t.op) for t in outs}
 
     inline = set()

@@ -25,6 +25,7 @@ from tether.graph.passes.constant_fold import constant_fold
 from tether.graph.passes.dce import dce
 from tether.graph.passes.fold_batchnorm import fold_batchnorm
 from tether.graph.passes.fuse import fuse, fuse_prologues
+from tether.graph.passes.half_precision import HALF_OPS, half_precision
 from tether.graph.passes.identity_reshape import drop_identity_reshapes
 from tether.graph.passes.int8_layout import int8_channels_last
 from tether.graph.passes.memory_plan import MemoryPlan, needs_kernel, plan_memory
@@ -73,16 +74,24 @@ SUMMARIES: Dict[str, str] = {
     "fuse": "elementwise chains join their producer's kernel",
     "concat_views": "concats that can be views of their inputs need no kernel",
     "fuse_prologues": "an elementwise chain read only by a batch-1 conv joins that conv's kernel",
+    "half_precision": "float32 convs, matmuls and elementwise ops compute in float16 (--precision fp16)",
 }
 
 
-def pipeline(opt_level: int) -> List[Pass]:
-    """The passes ``optimize`` runs at ``opt_level`` (clamped to 0..3), in order."""
-    return PIPELINES[max(0, min(3, opt_level))]
+def pipeline(opt_level: int, precision: str = "fp32") -> List[Pass]:
+    """The passes ``optimize`` runs at ``opt_level`` (clamped to 0..3), in order. ``precision="fp16"`` adds
+    ``half_precision`` after the last dce before fusion: the weights are rounded once they are folded, and its
+    casts fuse like any elementwise op."""
+    passes = PIPELINES[max(0, min(3, opt_level))]
+    if precision != "fp16":
+        return passes
+    at = max(i for i, p in enumerate(passes) if p is dce) + 1
+    return passes[:at] + [half_precision] + passes[at:]
 
 
-def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) -> Tuple[Graph, Dict[str, np.ndarray]]:
-    for p in pipeline(opt_level):
+def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3,
+             precision: str = "fp32") -> Tuple[Graph, Dict[str, np.ndarray]]:
+    for p in pipeline(opt_level, precision):
         graph, params = p(graph, params)
         log.debug("after %s:\n%s", p.__name__, graph)
     return graph, params
@@ -91,4 +100,4 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3) ->
 __all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
            "fuse_prologues", "plan_memory", "MemoryPlan", "needs_kernel", "optimize", "pipeline", "PIPELINES",
            "SUMMARIES", "fuse_qdq", "exact_float_products", "int8_dot_convs", "int8_channels_last",
-           "drop_identity_reshapes"]
+           "drop_identity_reshapes", "half_precision", "HALF_OPS"]
