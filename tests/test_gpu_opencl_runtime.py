@@ -611,3 +611,26 @@ def test_device_info_over_rpc_lists_pocl(rpc_server):
     assert info["gpu_errors"] == []
     assert [g["name"] for g in info["gpus"] if g["api"] == "opencl" and g["index"] == index] == \
         [OpenCLDevice.available()[index]["name"]]
+
+
+def test_a_threaded_process_without_a_driver_lists_gpus_in_another_process(dev):
+    """device_info in a process with threads and no GPU driver loaded (a test process, a client's LocalSession)
+    lists the GPUs from a new Python process: the drivers never enter the caller, whose heap a driver initialised
+    beside its threads was seen to corrupt."""
+    code = textwrap.dedent("""
+        import json, threading
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, args=(30,), daemon=True).start()
+        from tether_rpc import device_info
+        from tether_rpc.gpu import opencl, vulkan
+        gpus, errors = device_info.gpu_devices()
+        stop.set()
+        print(json.dumps({"specs": [g["spec"] for g in gpus], "errors": errors,
+                          "loaded": opencl.library_loaded() or vulkan.library_loaded()}))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "rpc_server")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["loaded"] is False, seen
+    assert "opencl:%d" % dev.index in seen["specs"] and not seen["errors"], seen

@@ -386,14 +386,45 @@ def _list_gpus_in_child(apis: List[Tuple[str, Any]], timeout: float) -> Dict[str
         return {"gpus": [], "errors": ["listing the GPU drivers' devices failed (%s)" % how]}
 
 
+_LIST_GPUS_MAIN = ("import json, sys\n"
+                   "from tether_rpc.device_info import _gpu_apis, _list_gpus\n"
+                   "sys.stdout.write(json.dumps(_list_gpus(_gpu_apis()), default=str))\n")
+
+
+def _list_gpus_in_subprocess(timeout: float) -> Dict[str, Any]:
+    """_list_gpus in a new Python process (this one's interpreter and tether_rpc), killed past ``timeout``.
+
+    For a process that has threads (so no fork) and no GPU driver loaded yet: a driver initialised here, in a
+    thread beside the others, was seen to crash this process (pocl segfaulting in clGetPlatformIDs in a test
+    process that had run hundreds of unrelated tests) and to corrupt its heap, so the drivers stay out of it.
+    """
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # a zipapp's path works too
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _LIST_GPUS_MAIN], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"gpus": [], "errors": ["GPU drivers did not list their devices within %g s" % timeout]}
+    except OSError as exc:
+        return {"gpus": [], "errors": ["listing the GPU drivers' devices failed: %s" % exc]}
+    try:
+        return json.loads(proc.stdout.decode())
+    except ValueError:
+        how = ("killed by signal %d" % -proc.returncode) if proc.returncode < 0 else \
+            "exit status %d" % proc.returncode
+        last = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        return {"gpus": [], "errors": ["listing the GPU drivers' devices failed (%s) %s" % (how, last[0])]}
+
+
 def gpu_devices(timeout: Optional[float] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
     """(gpus, errors): every GPU API's devices as ``{"api", "index", "spec", ...info()}``, and why an API could not be
     listed. Bounded by ``timeout`` (default GPU_PROBE_TIMEOUT), computed once per process when it succeeds
     (drivers do not come and go while a server runs); a failed listing stands for GPU_RETRY_AFTER seconds.
 
-    Where this process is single-threaded and has not loaded a GPU driver (the device server's loop), the
-    listing runs in a forked child (see _list_gpus_in_child); elsewhere (a session worker, whose watchdog is a
-    thread and which may use a GPU itself) in a daemon thread of this process.
+    Where this process has not loaded a GPU driver, the listing runs in another process: a forked child where
+    this one is single-threaded (the device server's loop; see _list_gpus_in_child), else a new Python process
+    (see _list_gpus_in_subprocess). A process that uses a GPU already lists in a daemon thread of its own.
     """
     with _gpu_listing_lock:
         key = "\0".join(os.environ.get(v, "") for v in ("TETHER_OPENCL_LIBRARY", "TETHER_VULKAN_LIBRARY",
@@ -404,9 +435,12 @@ def gpu_devices(timeout: Optional[float] = None) -> Tuple[List[Dict[str, Any]], 
                 return [dict(g) for g in gpus], list(errors)
         timeout = GPU_PROBE_TIMEOUT if timeout is None else timeout
         apis = _gpu_apis()   # imported here, not in a forked child
-        if hasattr(os, "fork") and threading.active_count() == 1 and not _drivers_loaded():
+        loaded = _drivers_loaded()
+        if hasattr(os, "fork") and threading.active_count() == 1 and not loaded:
             result = _list_gpus_in_child(apis, timeout)
-        else:
+        elif not loaded and sys.executable:
+            result = _list_gpus_in_subprocess(timeout)
+        else:   # the drivers are in this process already (it uses a GPU): list them here
             result = _list_gpus_in_thread(apis, timeout)
         gpus, errors = list(result.get("gpus") or []), [str(e) for e in result.get("errors") or []]
         _gpu_listing[key] = (time.monotonic(), gpus, errors)
