@@ -81,15 +81,22 @@ def _gpu_rows() -> List[Tuple[str, str, str, str]]:
 
 
 def _gpu_apis() -> List[Tuple[str, str]]:
-    """(api, what this machine has of it), from the device runtime's GPU APIs."""
-    from tether_rpc.gpu.module import available_apis
+    """(api, what this machine has of it). Listed by the device runtime in another process (device_info): pocl
+    initialised in a process that had imported the frontends' libraries segfaulted it, and a CLI that only lists
+    should never be the process a driver takes down."""
+    from tether_rpc.device_info import gpu_devices
+    from tether_rpc.gpu.module import API_TITLES
 
+    gpus, errors = gpu_devices()
     out = []
-    for api, found in available_apis().items():
-        if isinstance(found, str):
-            out.append((api, "none (%s)" % found))
+    for api in API_TITLES:
+        found = [g for g in gpus if g.get("api") == api]
+        if found:
+            out.append((api, "; ".join("%d: %s" % (g.get("index", k), g.get("name", "?"))
+                                       for k, g in enumerate(found))))
         else:
-            out.append((api, "; ".join("%d: %s" % (k, d.get("name", "?")) for k, d in enumerate(found))))
+            why = [e.split(": ", 1)[1] for e in errors if e.startswith(api + ":")]
+            out.append((api, "none (%s)" % (why[0] if why else "no driver or no device")))
     return out
 
 
