@@ -580,16 +580,40 @@ def test_device_info_survives_a_crashing_driver(broken_drivers):
 
 
 def test_device_info_survives_a_hanging_driver_in_a_threaded_process(broken_drivers):
-    """A process with threads (a session worker) lists in a daemon thread: the hung driver keeps that thread."""
+    """A process with threads and no driver loaded (a session worker, a client) lists from a new Python process,
+    killed past the timeout: no thread of the caller stays in the driver, and a retry starts a fresh listing."""
     result = _run("""
         import json, threading
         from tether_rpc import device_info as di
+        from tether_rpc.gpu import opencl
         di.GPU_PROBE_TIMEOUT = 2.0
         stop = threading.Event()
         threading.Thread(target=stop.wait, daemon=True).start()
         info = di.device_info()
         names = [t.name for t in threading.enumerate()]
         again = di.device_info()["gpu_errors"]   # the failure stands: no second probe, no second wait
+        di.GPU_RETRY_AFTER = 0.0
+        retried = di.device_info()["gpu_errors"]
+        print(json.dumps([info["gpus"], info["gpu_errors"], names, again, retried, opencl.library_loaded()]))
+    """, TETHER_OPENCL_LIBRARY=broken_drivers["HANG"])
+    assert result.returncode == 0, result.stderr
+    gpus, errors, threads, again, retried, loaded = json.loads(result.stdout)
+    assert gpus == [] and errors == ["GPU drivers did not list their devices within 2 s"]
+    assert "tether-gpu-probe" not in threads and again == errors and retried == errors and loaded is False
+
+
+def test_device_info_survives_a_hanging_driver_in_a_process_that_loaded_it(broken_drivers):
+    """A process that has the driver loaded already (it uses a GPU) lists in a daemon thread: the hung driver keeps
+    that thread, and a retry does not start a second one beside it."""
+    result = _run("""
+        import json, threading
+        from tether_rpc import device_info as di
+        from tether_rpc.gpu import opencl
+        di.GPU_PROBE_TIMEOUT = 2.0
+        opencl.load_library()
+        info = di.device_info()
+        names = [t.name for t in threading.enumerate()]
+        again = di.device_info()["gpu_errors"]
         di.GPU_RETRY_AFTER = 0.0
         retried = di.device_info()["gpu_errors"]   # retried, but not beside the probe still stuck in the driver
         probes = sum(t.name == "tether-gpu-probe" for t in threading.enumerate())

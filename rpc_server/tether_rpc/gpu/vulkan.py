@@ -1359,7 +1359,8 @@ class VulkanDevice(DeviceAPI):
             self._programs, self._modules, self._buffers, self._sets = {}, {}, {}, collections.OrderedDict()
             self._pending.clear()
             self._staging = None
-            if getattr(self, "_instance", None) is not None:
+            # the instance owns the device: destroying it under a kernel still running crashes the driver too
+            if getattr(self, "_instance", None) is not None and not self._device:
                 self._instance.destroy()
 
     def __enter__(self) -> "VulkanDevice":
