@@ -86,6 +86,92 @@ def test_cli_precision_on_a_target_without_it_is_one_line(tmp_path):
     assert res.exit_code == 0 and "half_precision" in res.output
 
 
+def test_a_device_with_half_arithmetic_gets_its_fp16_preset():
+    """What `tether bench --precision fp16` compiles for when no --target is given: the device's target with half
+    arithmetic turned on where its CPU reports fphp and asimdhp; one line naming what is missing elsewhere."""
+    from tether.target import for_precision
+
+    half = ["fp", "asimd", "fphp", "asimdhp"]
+    assert for_precision("rasp5", "fp16", half).preset == "rasp5-fp16"
+    assert for_precision("android-arm64", "fp16", half).preset == "android-arm64-fp16"
+    generic = for_precision(Target("aarch64-unknown-linux-gnu", cpu="cortex-a78", features="+neon"), "fp16", half)
+    assert has_half_arithmetic(generic) and generic.cpu == "cortex-a78" and "+neon" in generic.features
+    assert for_precision("rasp5-fp16", "fp16", []).preset == "rasp5-fp16"     # has it already
+    assert for_precision("rasp4b", "fp32", []).preset == "rasp4b"
+    for target, features, named in [("rasp4b", ["fp", "asimd"], "fphp or asimdhp"),
+                                    ("rasp5", ["fphp"], "asimdhp"), ("x86_64", half, "x86_64")]:
+        with pytest.raises(ValueError) as info:
+            for_precision(target, "fp16", features)
+        assert "\n" not in str(info.value) and named in str(info.value), str(info.value)
+
+
+def test_tune_tasks_of_an_fp16_build_are_its_half_kernels():
+    """`tether tune --precision fp16` tunes the kernels the fp16 build compiles: float16 operands, their own task
+    keys (a tuning log's fp32 configs never apply to them, nor theirs to an fp32 build)."""
+    from tether.frontend import from_onnx
+    from tether.tune.tasks import extract_tasks
+
+    model = _elementwise_model()
+    keys = {}
+    for precision in ("fp32", "fp16"):
+        graph, params = from_onnx(model)
+        tasks = extract_tasks(graph, params, "rasp5-fp16", precision=precision)
+        assert tasks
+        keys[precision] = {t.key for t in tasks}
+        dtypes = {str(a.dtype) for t in tasks for a in t.inputs()[1:]}
+        assert ("float16" in dtypes) == (precision == "fp16"), (precision, dtypes)
+    assert keys["fp16"].isdisjoint(keys["fp32"])
+
+
+@pytest.mark.parametrize("command", [["tune", "--target", "rasp4b", "--tracker", "127.0.0.1:1", "--key", "k",
+                                      "--log", "LOG"],
+                                     ["bench", "--target", "rasp4b", "--local"],
+                                     ["bench", "--gpu", "opencl", "--local"]])
+def test_bench_and_tune_refuse_fp16_where_it_cannot_run_in_one_line(command, tmp_path):
+    import onnx
+
+    from tether.cli.main import cli
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_elementwise_model(), str(path))
+    args = [str(tmp_path / "tune.jsonl") if a == "LOG" else a for a in command]
+    res = CliRunner().invoke(cli, args[:1] + [str(path)] + args[1:] + ["--precision", "fp16"])
+    assert res.exit_code != 0
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "fp16" in lines[0], res.output
+    assert ("rasp4b" in lines[0]) == ("rasp4b" in command), lines
+    assert not (tmp_path / "tune.jsonl").exists()
+
+
+@pytest.mark.emulated
+def test_bench_fp16_on_the_emulated_a76_and_its_refusal_on_the_a72(emulated_devices, tmp_path):
+    """`tether bench model.onnx --precision fp16` on a device with half arithmetic compiles for its -fp16 target
+    (from what the device reports, no --target) and measures it; a device without refuses in one line."""
+    import json
+
+    import onnx
+
+    from tether.cli.main import cli
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_elementwise_model(), str(path))
+    a76 = emulated_devices.for_preset("rasp5-fp16")
+    out = tmp_path / "a76.json"
+    common = ["--samples", "3", "--min-sample-ms", "1", "--max-warmup", "2", "--timeout", "120", "-q"]
+    res = CliRunner().invoke(cli, ["bench", str(path), "--host", a76.address[0], "--port", str(a76.address[1]),
+                                   "--precision", "fp16", "--json", str(out)] + common)
+    assert res.exit_code == 0, res.output
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["run"]["compile_options"]["precision"] == "fp16"
+    assert has_half_arithmetic(result["run"]["target"]), result["run"]["target"]
+    assert result["stats"]["n"] >= 2 and result["stats"]["median"] > 0
+    a72 = emulated_devices.for_preset("rasp4b")
+    res = CliRunner().invoke(cli, ["bench", str(path), "--host", a72.address[0], "--port", str(a72.address[1]),
+                                   "--precision", "fp16"] + common)
+    assert res.exit_code != 0
+    assert "fphp" in res.output and "Traceback" not in res.output, res.output
+
+
 # ---- the pass ------------------------------------------------------------------------------------------------
 def test_pass_computes_products_in_half_and_keeps_softmax_and_pools_in_float32():
     from tether.graph.ir import Graph, Node, TensorType

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import shlex
 import threading
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from tether.gpu_target import (GPU_PRESET_NAMES, GpuTarget, UnknownTargetError, gpu_presets, is_gpu_spec,
                                parse_gpu)
@@ -616,6 +616,35 @@ def check_precision(target: Union[str, "Target", None], precision: str) -> None:
         raise ValueError("--precision fp16 needs half-precision arithmetic (aarch64 +fullfp16), which target %s "
                          "lacks; use rasp5-fp16, android-arm64-fp16 or -mattr=+neon,+fullfp16"
                          % (t.preset or str(t)))
+
+
+#: the presets whose -fp16 twin is the same board with half arithmetic turned on
+_HALF_PRESETS = {"rasp5": "rasp5-fp16", "android-arm64": "android-arm64-fp16"}
+
+
+def for_precision(target: Union[str, "Target", None], precision: str,
+                  device_features: Optional[Sequence[str]] = None) -> "Target":
+    """The target a ``precision`` build for a device compiles for: ``target`` itself for fp32 or where it has half
+    arithmetic already; for fp16, an aarch64 target turned into its -fp16 preset (or given +fullfp16) when the
+    device reports ``fphp`` and ``asimdhp`` among ``device_features`` (hwcap names). ValueError (one line)
+    otherwise, naming what is missing."""
+    t = as_target(target)
+    if precision not in PRECISIONS:
+        raise ValueError("precision must be one of %s, got %r" % (", ".join(PRECISIONS), precision))
+    if precision == "fp32" or has_half_arithmetic(t):
+        return t
+    label = t.preset or str(t)
+    if t.gpu is not None or t.arch != "aarch64":
+        raise ValueError("--precision fp16 needs half-precision arithmetic (aarch64 +fullfp16), which this device's "
+                         "target %s has not" % label)
+    have = set(device_features or ())
+    missing = [f for f in ("fphp", "asimdhp") if f not in have]
+    if missing:
+        raise ValueError("--precision fp16 needs half-precision arithmetic, and this device (target %s) does not "
+                         "report %s" % (label, " or ".join(missing)))
+    if t.preset in _HALF_PRESETS:
+        return Target(_HALF_PRESETS[t.preset])
+    return Target(t.triple, cpu=t.cpu, features=",".join(f for f in (t.features, "+fullfp16") if f))
 
 
 # ---- int8 instructions ---------------------------------------------------------------------------

@@ -61,6 +61,7 @@ class BenchOptions:
     number: Optional[int] = None
     count_instructions: bool = False
     gpu: Optional[str] = None      # a GPU API ("opencl", "vulkan", "cuda"): build for it beside the CPU build
+    precision: str = "fp32"        # what ONNX targets' float32 math is computed in (tether.target.PRECISIONS)
 
     def device_options(self) -> Dict[str, Any]:
         return {"min_sample_ms": float(self.min_sample_ms), "samples": int(self.samples),
@@ -162,9 +163,17 @@ def compile_target_for(info: Dict[str, Any], options: BenchOptions) -> Any:
     else a generic target for its architecture and cores (``Target.from_device_info``)."""
     if options.compile_target:
         return options.compile_target
-    from tether.target import Target
+    from tether.target import Target, for_precision
 
-    return Target.from_device_info(info)
+    target = Target.from_device_info(info)
+    if options.precision == "fp32":
+        return target
+    caps = info.get("cpu_capabilities") if isinstance(info.get("cpu_capabilities"), dict) else {}
+    features = caps.get("features") or info.get("cpu_features") or []
+    try:   # the device's own preset with half arithmetic turned on, where its CPU reports it
+        return for_precision(target, options.precision, [str(f) for f in features])
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
 
 
 # -- compiling ONNX on the fly ---------------------------------------------------------------------------------
@@ -175,12 +184,12 @@ class OnnxCache:
     def __init__(self, workdir: str):
         self.workdir = workdir
         self._lock = threading.Lock()
-        self._done: Dict[Tuple[str, str], Tuple[str, float]] = {}
+        self._done: Dict[Tuple[str, str, str], Tuple[str, float]] = {}
 
     def compile(self, target: BenchTarget, compile_for: Any, options: BenchOptions) -> Tuple[str, float]:
         """``compile_for``: a preset name, a triple or a ``tether.target.Target``."""
         preset = _target_label(compile_for)
-        key = (os.path.abspath(target.path), preset)
+        key = (os.path.abspath(target.path), preset, options.precision)
         with self._lock:  # one build at a time: builds use every core already
             if key not in self._done:
 
@@ -193,7 +202,7 @@ class OnnxCache:
                 proto, base_dir = load_model_file(target.path, shape=dict(target.input_shapes or {}))
                 graph, params = from_onnx(proto, shape=dict(target.input_shapes or {}), base_dir=base_dir)
                 factory = tether.build_graph(graph, params, target=compile_for, opt_level=options.opt_level,
-                                             fast_math=options.fast_math)
+                                             fast_math=options.fast_math, precision=options.precision)
                 out = os.path.join(self.workdir, "%s-%d" % (os.path.basename(target.path), len(self._done)))
                 factory.export(out)
                 self._done[key] = (out, time.perf_counter() - t0)
@@ -507,13 +516,16 @@ def bench_target(session: Any, target: BenchTarget, options: BenchOptions, devic
         shapes = {k: list(v) for k, v in (target.input_shapes or {}).items()}
         extra = {"target": _target_label(compile_for),
                  "compile_options": {"opt_level": options.opt_level, "fast_math": options.fast_math,
-                                     "input_shapes": shapes},
+                                     "precision": options.precision, "input_shapes": shapes},
                  "onnx_sha256": fingerprint.file_sha256([target.path])}
         measured = _bench_model(session, folder, target, options, on_sample, extra)
         measured["phases"]["compile_s"] = compile_s
     else:
         raise BenchError("unknown target kind %r" % target.kind)
     result = _result(target, device_id, measured, options)
+    if options.precision != "fp32" and target.kind != "onnx":
+        result["warnings"].append("--precision %s applies to the ONNX files bench compiles; %s was built already"
+                                  % (options.precision, target.spec))
     if options.count_instructions:
         if target.kind == "kernel":
             result["warnings"].append("instructions are counted for models and ONNX files only, not for LIB:FUNC")

@@ -216,6 +216,9 @@ def _counts_table(doc: Dict[str, Any]) -> Optional[Any]:
                    "(also implied by a GPU --target).")
 @click.option("--opt-level", default=3, show_default=True, type=click.IntRange(0, 3))
 @click.option("--fast-math", is_flag=True)
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="ONNX files: compute float32 math in half on a device with half arithmetic (aarch64 "
+                   "fphp/asimdhp; its -fp16 preset when no --target is given), as `tether compile --precision`.")
 @click.option("--samples", "-n", default=20, show_default=True, type=click.IntRange(1, 10000),
               help="Steady-state samples (at least this many after the warm-up).")
 @click.option("--min-sample-ms", default=10.0, show_default=True, type=float,
@@ -250,8 +253,8 @@ def _counts_table(doc: Dict[str, Any]) -> Optional[Any]:
 def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port: int, token: Optional[str],
                 tracker: Optional[str], key: Optional[str], tracker_token: Optional[str], all_devices: bool,
                 shapes: Tuple[str, ...], dtypes: Tuple[str, ...], input_shapes: Tuple[str, ...],
-                compile_target: Optional[str], gpu: Optional[str], opt_level: int, fast_math: bool, samples: int,
-                min_sample_ms: float,
+                compile_target: Optional[str], gpu: Optional[str], opt_level: int, fast_math: bool, precision: str,
+                samples: int, min_sample_ms: float,
                 number: Optional[int], max_warmup: int, max_seconds: float, cooldown_temp: Optional[float],
                 cooldown_timeout: float, hot_temp: Optional[float], pin: Optional[str], keep_disturbed: bool,
                 seed: int, profile: bool, count_instructions: bool, json_path: Optional[str], csv_path: Optional[str],
@@ -274,12 +277,23 @@ def run_command(targets: Tuple[str, ...], local: bool, host: Optional[str], port
         raise click.UsageError("--tracker needs --key")
     if all_devices and not tracker:
         raise click.UsageError("--all-devices needs --tracker and --key")
+    from tether.gpu_target import is_gpu_spec
+    from tether.target import check_precision
+
+    if precision != "fp32" and (gpu or (compile_target and is_gpu_spec(compile_target))):
+        raise click.ClickException("--precision %s is for CPU builds; a GPU target takes -fp16=1 in its spec "
+                               "(docs/gpu.md)" % precision)
+    if compile_target:
+        try:
+            check_precision(compile_target, precision)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
     options = runner.BenchOptions(min_sample_ms=min_sample_ms, samples=samples, max_warmup=max_warmup,
                                   max_seconds=max_seconds, pin=_parse_cpus(pin), hot_c=hot_temp,
                                   cooldown_temp=cooldown_temp, cooldown_timeout=cooldown_timeout, seed=seed,
                                   profile=profile, compile_target=compile_target, opt_level=opt_level,
                                   fast_math=fast_math, keep_disturbed=keep_disturbed, number=number,
-                                  count_instructions=count_instructions, gpu=gpu)
+                                  count_instructions=count_instructions, gpu=gpu, precision=precision)
     try:
         parsed = [runner.parse_target(t, [_parse_shape(s) for s in shapes] or None, list(dtypes) or None,
                                       parse_input_shapes(input_shapes)) for t in targets]

@@ -72,6 +72,8 @@ def _ms(seconds: Optional[float]) -> str:
 @click.option("--resume", is_flag=True, help="Continue the log: nothing measured in it is measured again.")
 @click.option("--target", "-t", default="host", show_default=True, type=TARGET, help="Target preset or LLVM triple.")
 @click.option("--opt-level", "-O", default=3, show_default=True, type=click.IntRange(0, 3))
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="Tune the kernels of a `tether compile --precision` build (fp16: a target with +fullfp16).")
 @click.option("--only", multiple=True, metavar="TEXT", help="Tune only kernels whose ops label contains TEXT.")
 @click.option("--build-jobs", default=2, show_default=True, type=click.IntRange(1), help="Forked build workers.")
 @click.option("--repeat", default=8, show_default=True, type=click.IntRange(1), help="Timed repeats per config.")
@@ -96,13 +98,17 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
             time_budget: Optional[float], resume: bool, target: str, opt_level: int,
             only: Tuple[str, ...], build_jobs: int, repeat: int, min_repeat_ms: float, flush_mb: float, timeout: float,
             seed: int, report_path: Optional[str], no_progress: bool, ray_address: Optional[str],
-            op_specs: Tuple[str, ...] = (), local: bool = False) -> None:
+            op_specs: Tuple[str, ...] = (), local: bool = False, precision: str = "fp32") -> None:
     """Tune MODEL's kernels on the devices of --key at --tracker, logging every measurement to --log. With a GPU
     --target: the GPU kernels of MODEL, or --op kernels, timed on the device's clock (--local or --tracker/--key)."""
     import os
 
-    from tether.target import Target
+    from tether.target import Target, check_precision
 
+    try:   # before the model is read: a target without half arithmetic is a usage error
+        check_precision(target, precision)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     if Target(target).is_gpu:
         if model is None and not op_specs:
             raise click.UsageError("a GPU --target tunes a MODEL's GPU kernels or --op op:NAME:DIMS kernels")
@@ -129,7 +135,7 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
         _tune(model, input_shapes, tracker, key, log_path, trials, time_budget, resume, target, opt_level, only,
               build_jobs, MeasureOptions(repeat=repeat, min_repeat_ms=min_repeat_ms, timeout=timeout,
                                          flush_bytes=int(flush_mb * (1 << 20))), seed, no_progress, ray_address,
-              tokens=(tracker_token, session_token))
+              tokens=(tracker_token, session_token), precision=precision)
     elif report_path is None:
         raise click.UsageError("give a MODEL to tune, or --report to write the report of --log")
     if report_path is not None:
@@ -142,7 +148,7 @@ def command(model: Optional[str], input_shapes: Tuple[str, ...], tracker: Option
 def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log_path: str, trials: int,
           time_budget: Optional[float], resume: bool, target: str, opt_level: int, only: Tuple[str, ...],
           build_jobs: int, measure: Any, seed: int, no_progress: bool, ray_address: Optional[str] = None,
-          tokens: Tuple[Optional[str], Optional[str]] = (None, None)) -> None:
+          tokens: Tuple[Optional[str], Optional[str]] = (None, None), precision: str = "fp32") -> None:
     from rich.console import Console
     from rich.live import Live
 
@@ -161,7 +167,7 @@ def _tune(model: str, input_shapes: Tuple[str, ...], tracker: str, key: str, log
         raise                   # bad input: exit 2 (cli/errors.py), not a compile error
     except (UnsupportedOpError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    tasks = extract_tasks(graph, params, target, opt_level, only=list(only) or None)
+    tasks = extract_tasks(graph, params, target, opt_level, only=list(only) or None, precision=precision)
     if not tasks:
         raise click.ClickException("%s has no kernel to tune%s" % (model, " matching --only" if only else ""))
     options = TuneOptions(trials=trials, time_budget=time_budget, build_jobs=build_jobs, seed=seed,

@@ -94,11 +94,11 @@ class Task:
 
 
 def extract_tasks(graph: Graph, params: Dict[str, np.ndarray], target: Any = "host", opt_level: int = 3,
-                  only: Optional[Sequence[str]] = None) -> List[Task]:
+                  only: Optional[Sequence[str]] = None, precision: str = "fp32") -> List[Task]:
     """The model's tunable kernels for `target` as build_graph compiles them (the te tasks of its kernel plan),
     heaviest (weight) first, ties in graph order. ``only``: keep the tasks whose ops label contains one of these
-    strings."""
-    plan = plan_kernels(graph, params, target, opt_level)
+    strings. ``precision``: as build_graph's (an fp16 build's kernels are other tasks, with other keys)."""
+    plan = plan_kernels(graph, params, target, opt_level, precision)
     tasks = [Task.of(t) for t in plan.tunable_tasks() if not only or any(s in t.name for s in only)]
     tasks.sort(key=lambda t: -t.weight)
     log.info("%d tasks (%d kernel nodes) for %s", len(tasks), sum(t.weight for t in tasks),
