@@ -27,10 +27,9 @@ from tether.tir.device_split import split_host_device
 from tether.tir.stmt import IfThenElse
 from tether.tir.visit import walk
 from tether.tune.space import gpu_space
-from fixtures.gpu_kernels import open_opencl_device, run_program
+from fixtures.gpu_kernels import open_opencl_device, open_vulkan_device, run_program
 from fixtures.prereq import require_tool, unavailable
 from fixtures.ptx import run_on_host
-from tether_rpc.gpu.api import GpuUnavailable
 
 LIMITS = {"max_threads_per_block": 256, "max_shared_bytes": 16 * 1024}
 RNG = np.random.default_rng(23)
@@ -45,14 +44,7 @@ def cl():
 
 @pytest.fixture(scope="module")
 def vk():
-    hint = "apt-get install mesa-vulkan-drivers libvulkan1"
-    try:
-        from tether_rpc.gpu.devices import open_device
-        dev = open_device("vulkan:0")
-    except (ImportError, ValueError) as e:
-        unavailable(f"the Vulkan device runtime ({e})", hint)
-    except GpuUnavailable as e:
-        unavailable(f"a Vulkan device ({e})", hint)
+    dev = open_vulkan_device()
     yield dev
     dev.close()
 

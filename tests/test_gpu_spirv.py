@@ -13,9 +13,9 @@ import pytest
 
 import tether
 from tether import runtime, te
-from fixtures.gpu_kernels import (matmul_gpu, rowsum_gpu, run_program, scale2d_gpu, shifted_exp_gpu, softmax_gpu,
-                                  stencil_gpu, vadd_gpu)
-from fixtures.prereq import require_tool, unavailable
+from fixtures.gpu_kernels import (matmul_gpu, open_vulkan_device, rowsum_gpu, run_program, scale2d_gpu,
+                                  shifted_exp_gpu, softmax_gpu, stencil_gpu, vadd_gpu)
+from fixtures.prereq import require_tool
 from tether.codegen.spirv import spirv_module
 from tether.errors import CompileError
 from tether.tir.buffer import Buffer
@@ -23,7 +23,6 @@ from tether.tir.device import Barrier, DeviceKernel
 from tether.tir.device_split import split_host_device
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var
 from tether.tir.stmt import Allocate, For, IfThenElse, Store, seq
-from tether_rpc.gpu.api import GpuUnavailable
 
 N = 256          # elements of the elementwise kernels: 4 work-groups of 64
 BLOCK = 64
@@ -441,14 +440,7 @@ def test_refusals_for_bad_kernels():
 # ---- running on lavapipe --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vulkan():
-    hint = "apt-get install mesa-vulkan-drivers libvulkan1"
-    try:
-        from tether_rpc.gpu.devices import open_device
-        dev = open_device("vulkan:0")
-    except (ImportError, ValueError) as e:
-        unavailable(f"the Vulkan device runtime ({e})", hint)
-    except GpuUnavailable as e:
-        unavailable(f"a Vulkan device ({e})", hint)
+    dev = open_vulkan_device()
     yield dev
     dev.close()
 
