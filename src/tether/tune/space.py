@@ -118,18 +118,23 @@ def main_tag(out) -> str:
     return next((t for t in _MAIN_TAGS if t in tags), c.ELEMWISE)
 
 
-def _find_op(out, tag: str):
-    """The first op tagged `tag` among the stages computing `out` (None if there is none)."""
+def _first_op(out, pred):
+    """The first op (depth first from `out`) of the stages computing `out` for which ``pred`` holds, else None."""
     stack, seen = [out.op], set()
     while stack:
         op = stack.pop()
         if id(op) in seen:
             continue
         seen.add(id(op))
-        if c.tag_of(op) == tag:
+        if pred(op):
             return op
         stack.extend(t.op for t in op.input_tensors)
     return None
+
+
+def _find_op(out, tag: str):
+    """The first op tagged `tag` among the stages computing `out` (None if there is none)."""
+    return _first_op(out, lambda op: c.tag_of(op) == tag)
 
 
 def _packed(out) -> bool:
@@ -207,13 +212,4 @@ def gpu_space(out) -> ConfigSpace:
 
 def _any_op(out, pred) -> bool:
     """Whether ``pred`` holds for one of the ops computing `out`."""
-    stack, seen = [out.op], set()
-    while stack:
-        op = stack.pop()
-        if id(op) in seen:
-            continue
-        seen.add(id(op))
-        if pred(op):
-            return True
-        stack.extend(t.op for t in op.input_tensors)
-    return False
+    return _first_op(out, pred) is not None
