@@ -256,3 +256,57 @@ def test_float16_model_kernels_needing_fp16_run_on_the_host(tmp_path, api):
     factory.export(str(tmp_path))
     with GraphExecutor.from_folder(str(tmp_path)) as ge:
         compare_case("float16_chain", _run(ge, feeds), ort_reference(model, feeds, threads=1))
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_device_array_inputs_are_copied_on_the_device(gpu_built, api, monkeypatch):
+    """Inputs given as device arrays of the model's own GPU: copied device to device (no upload from the host at
+    run time), except those a host node reads (the VAD's LSTM states), which come down too; a later host input
+    takes over again; get_input returns the device array's values."""
+    _require(api)
+    from tether_rpc.gpu.array import DeviceArray
+
+    folder = gpu_built.folder("vad", api)
+    model, feeds, ref = gpu_built.model("vad")
+    with GraphExecutor.from_folder(folder) as ge:
+        device = ge.module.gpu.device
+        arrays = {k: DeviceArray(device, v.shape, str(v.dtype)).copyfrom(v) for k, v in feeds.items()}
+        mem = ge._device_memory
+        inputs = {id(mem.buffers[mem.storage_of[i]]) for i in ge.graph["inputs"] if mem.on_device(i)}
+        assert inputs
+        uploaded = []                               # the device buffers uploaded into from the host
+        real_upload = type(device).upload
+        monkeypatch.setattr(type(device), "upload", lambda self, buf, a, offset=0: (uploaded.append(id(buf)),
+                                                                                    real_upload(self, buf, a, offset)))
+        for k, a in arrays.items():
+            ge.set_input(k, a)
+        for k, v in feeds.items():
+            np.testing.assert_array_equal(ge.get_input(k), v)
+        compare_model(_run(ge, {}), ref)
+        assert uploaded and not inputs & set(uploaded)     # (the LSTMs' outputs go up; the inputs never)
+        uploaded.clear()
+        other = {k: np.random.default_rng(6).standard_normal(v.shape).astype(v.dtype) for k, v in feeds.items()}
+        compare_model(_run(ge, other), ort_reference(model, other, threads=1))
+        assert inputs <= set(uploaded)              # host inputs are uploaded again
+        with pytest.raises(ValueError, match="device array is copied as is"):
+            name = next(iter(feeds))
+            ge.set_input(name, DeviceArray(device, feeds[name].shape, "int32"))
+        for a in arrays.values():
+            a.free()
+
+
+def test_session_device_arrays_feed_a_gpu_model(gpu_built):
+    """Over a session (the device server's path): remote.array(x, device=...) handles as graph inputs."""
+    _require("opencl")
+    from tether.rpc.local import LocalSession
+
+    folder = gpu_built.folder("vad", "opencl")
+    _, feeds, ref = gpu_built.model("vad")
+    with LocalSession() as s:
+        ge = s.graph_executor(folder, device="opencl:0")
+        try:
+            ge.set_input(**{k: s.array(v, device="opencl:0") for k, v in feeds.items()})
+            ge.run()
+            compare_model([ge.get_output(i) for i in range(ge.get_num_outputs())], ref)
+        finally:
+            ge.close()

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 
@@ -131,6 +131,7 @@ class GraphExecutor:
         self._whens: List[Optional[List[Tuple[np.ndarray, bool]]]] = []
         self._device_memory: Any = None
         self._after_run: List[Tuple[str, int]] = []
+        self._inputs_read_on_host: Set[int] = set()
         if getattr(module, "gpu", None) is not None:
             self._setup_gpu(graph, module, sizes)
             return
@@ -151,7 +152,7 @@ class GraphExecutor:
     def _setup_gpu(self, graph: Dict[str, Any], module: Any, sizes: List[int]) -> None:
         """Bind a GPU module's nodes: GPU functions to device views of the storages, host functions and numpy
         nodes to the host arrays, each node preceded by its planned copies (its guard tested after them)."""
-        from .gpu.graph_memory import DeviceStorages, bind_launches, plan_copies
+        from .gpu.graph_memory import DeviceStorages, bind_launches, node_access, plan_copies
 
         gpu_functions = module.gpu.functions
         on_gpu = [("numpy" not in node and node["func"] in gpu_functions) for node in graph["nodes"]]
@@ -162,6 +163,16 @@ class GraphExecutor:
         before, self._after_run = plan_copies(graph["nodes"], on_gpu, mem.storage_of, graph["inputs"],
                                               graph["params"], graph["outputs"], list(self._dynamic))
         self._copies_before = before
+        # inputs a host node (or the caller, as an output) reads: a device array set there comes down too
+        host_reads = set()
+        for node, gpu in zip(graph["nodes"], on_gpu):
+            reads = node_access(node)[0]
+            flags = len(node.get("when") or [])    # (a guard's flags are tested on the host)
+            host_reads.update(int(i) for i in (reads if not gpu else reads[len(reads) - flags:] if flags else []))
+        # (by storage: a node may read an input through a reshape, a view of the same bytes)
+        storage = mem.storage_of
+        on_host = {storage[e] for e in host_reads} | {storage[int(o)] for o in graph["outputs"]}
+        self._inputs_read_on_host = {int(e) for e in graph["inputs"] if storage[int(e)] in on_host}
         for node, gpu, copies in zip(graph["nodes"], on_gpu, before):
             if "numpy" in node:
                 call = numpy_ops.bind_node(node, self._entries, self._dynamic)
@@ -256,12 +267,21 @@ class GraphExecutor:
         raise KeyError("the model has no input %r (inputs: %s)" % (key, ", ".join(self.input_names)))
 
     def set_input(self, key: Union[int, str, None] = None, value: Any = None, **named: Any) -> None:
-        """set_input("data", x), set_input(0, x) or set_input(data=x, ...): copies into the input buffer."""
+        """set_input("data", x), set_input(0, x) or set_input(data=x, ...): copies into the input buffer. A device
+        array (tether_rpc.gpu.array) of the model's own GPU is copied device to device where GPU nodes read the
+        input; any other comes down first."""
         items = list(named.items())
         if key is not None:
             items.insert(0, (key, value))
         for k, v in items:
-            dst = self._entries[self._input_entry(k)]
+            idx = self._input_entry(k)
+            dst = self._entries[idx]
+            if hasattr(v, "device_spec") and hasattr(v, "buffer"):
+                if self._device_input(k, idx, v):
+                    continue
+                v = v.numpy()
+            if self._device_memory is not None:
+                self._device_memory.host_written(idx)
             src = _bfloat16_source(np.asarray(v), dst)
             if src.size != dst.size:
                 raise ValueError("input %r: got shape %s, the model expects %s %s"
@@ -272,8 +292,31 @@ class GraphExecutor:
                 raise ValueError("input %r: got %s, the model expects %s" % (k, src.dtype, dst.dtype))
             np.copyto(dst, src.reshape(dst.shape), casting="unsafe")
 
+    def _device_input(self, key: Any, idx: int, array: Any) -> bool:
+        """Set input entry `idx` from a device array without a round trip through the host, where it can be: the
+        array is on the model's device, the entry has a device buffer, and shapes and dtypes agree."""
+        mem = self._device_memory
+        dst = self._entries[idx]
+        if mem is None or array.device is not mem.device or not mem.on_device(idx):
+            return False
+        if array.size != dst.size or (tuple(array.shape) != dst.shape and
+                                      tuple(d for d in array.shape if d != 1) != tuple(d for d in dst.shape if d != 1)):
+            raise ValueError("input %r: got shape %s, the model expects %s %s" % (key, tuple(array.shape), dst.dtype,
+                                                                                   dst.shape))
+        if array.dtype != self.graph["entries"][idx]["dtype"]:
+            raise ValueError("input %r: got a %s device array, the model expects %s (a device array is copied as "
+                             "is, never converted)" % (key, array.dtype, self.graph["entries"][idx]["dtype"]))
+        mem.copy_in(idx, array)
+        if idx in self._inputs_read_on_host:
+            mem.download(idx)
+        return True
+
     def get_input(self, key: Union[int, str]) -> np.ndarray:
-        return self._entries[self._input_entry(key)].copy()
+        idx = self._input_entry(key)
+        mem = self._device_memory
+        if mem is not None and mem.device_is_current(idx) and idx not in self._inputs_read_on_host:
+            mem.download(idx)    # (set from a device array: the host copy is brought up to date on demand)
+        return self._entries[idx].copy()
 
     def load_params(self, params: Union[bytes, bytearray, str, Mapping[str, np.ndarray]]) -> None:
         if not isinstance(params, Mapping):
@@ -460,8 +503,8 @@ def _array_value(session: Any, value: Any) -> Any:
     from .protocol import RemoteHandle
     if isinstance(value, RemoteHandle):
         arr = session._get(value, "array")
-        # a GPU array has no host view: its values come down (the executor uploads inputs itself)
-        return arr.numpy() if hasattr(arr, "device_spec") else arr.array
+        # a GPU array goes as it is: the executor copies it device to device, or down where it must
+        return arr if hasattr(arr, "device_spec") else arr.array
     return value
 
 

@@ -21,7 +21,7 @@ Only the standard library and numpy: this runs on the device.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -148,6 +148,8 @@ class DeviceStorages:
         self._dtypes = [str(e["dtype"]) for e in entry_specs]
         self.buffers: List[Optional[DeviceBuffer]] = []
         self.temporaries: Dict[str, List[DeviceBuffer]] = {}   # GPU function -> its temporaries (bind_launches)
+        # storages whose device copy is the current value (a device array set as an input): never uploaded over
+        self._device_current: Set[int] = set()
         try:
             wanted = set(range(len(sizes)) if used is None else used)
             for s, n in enumerate(sizes):
@@ -184,7 +186,7 @@ class DeviceStorages:
 
     def upload(self, entry: int) -> None:
         host = self._host[entry]
-        if host.nbytes == 0:
+        if host.nbytes == 0 or self._storage[entry] in self._device_current:
             return
         self.device.upload(self._buffer(entry), np.ascontiguousarray(host).reshape(-1).view(np.uint8),
                            self._offset[entry])
@@ -195,6 +197,20 @@ class DeviceStorages:
             return
         out = host.reshape(-1).view(np.uint8)
         self.device.download(self._buffer(entry), out, self._offset[entry])
+
+    def copy_in(self, entry: int, source: Any) -> None:
+        """Copy a device array of this device (same byte size) into `entry`'s device buffer, device to device;
+        the entry's device copy is then its current value (device_is_current)."""
+        self.device.copy(self._buffer(entry), source.buffer, source.nbytes, self._offset[entry], 0)
+        self._device_current.add(self._storage[entry])
+
+    def device_is_current(self, entry: int) -> bool:
+        """Whether `entry`'s value was last set on the device (copy_in), not in its host array."""
+        return self._storage[entry] in self._device_current
+
+    def host_written(self, entry: int) -> None:
+        """`entry`'s host array holds its value again (uploaded where a GPU node reads it)."""
+        self._device_current.discard(self._storage[entry])
 
     def run_copies(self, copies: Sequence[Copy]) -> None:
         for kind, entry in copies:
