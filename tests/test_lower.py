@@ -157,6 +157,19 @@ def test_simplifier_rules():
     assert str(simplify(te.const(2.0) * te.const(3.0) + 1.0)) == "7.0f"
 
 
+def test_products_of_two_unknowns_are_bounded_by_their_factors():
+    """A product of two non-constant factors is one atom of the linear form: its bound is the product of the
+    factors' bounds (bounding it by re-linearising it never ended, as in an int8 resize's fused rounding)."""
+    i, j, k = te.var("i"), te.var("j"), te.var("k")
+    ranges = {i: (-2, 3), j: (4, 5), k: (0, 7)}
+    assert const_bound(i * j, ranges) == (-10, 15)
+    assert const_bound(i * j * 2 + k - 1, ranges) == (-21, 36)
+    assert const_bound(i * j + te.var("free"), ranges) is None
+    assert simplify(i * j + k < 23, ranges).value is True
+    assert simplify(i * j - k > 15, ranges).value is False
+    assert str(simplify(te.max(te.min(i * j, 20), -30), ranges)) == "i * j"
+
+
 def test_tether_lower_is_the_lowering_entry_point():
     a, b, c = vadd(16)
     s = te.create_schedule(c.op)

@@ -181,7 +181,9 @@ class Simplifier:
     def _linear_bound(self, terms: dict, c: int, dtype: str) -> Optional[Range]:
         out: Optional[Range] = (c, c)
         for a, k in terms.values():
-            b = self.bound(a)
+            # a product of two non-constant factors is an atom of the linear form: bound(a) would linearise it
+            # back into the same atom and never end, so its bound is the product of its factors' bounds
+            b = self._product_bound(a) if isinstance(a, Binary) and a.op == "mul" else self.bound(a)
             if b is None:
                 out = None
                 break
@@ -211,6 +213,13 @@ class Simplifier:
             out = alt if out is None else (max(out[0], alt[0]), min(out[1], alt[1]))
             break
         return out
+
+    def _product_bound(self, e: Binary) -> Optional[Range]:
+        ba, bb = self.bound(e.a), self.bound(e.b)
+        if ba is None or bb is None:
+            return None
+        corners = [x * y for x in ba for y in bb]
+        return min(corners), max(corners)
 
     def prove_le(self, a: Expr, b: Expr) -> Optional[bool]:
         """True if a <= b always, False if a > b always, None if unknown (integers)."""

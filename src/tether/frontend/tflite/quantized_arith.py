@@ -9,7 +9,7 @@ takes the op, its builtin kernels elsewhere.
 - SUB: the delegate's 21-bit fixed-point sum in int32; MUL: the exact integer product times ``s_a * s_b / s_y``
   in float32, rounded half to even;
 - AVERAGE_POOL_2D: the window mean of the raw integers, rounded half away from zero (``quantized.RAW_OPS``);
-  RESIZE_BILINEAR: the delegate's 11-bit weights and round-half-up shift, in int32 (float64 for the shift);
+  RESIZE_BILINEAR: the delegate's 11-bit weights and round-half-up shift, all in int32;
 - MEAN over H and W: the QDQ global-pooling group (an integer sum and one requantize); over other axes: the sum
   of the raw integers less ``n * z_x`` times ``s_x / (s_y * n)``, rounded half to even.
 
@@ -182,11 +182,12 @@ def _resize_bilinear(ctx, op: Operator) -> None:
     top = blend(corner(ty, lx), corner(ty, rx), ax, cols)
     bottom = blend(corner(by, lx), corner(by, rx), ax, cols)
     acc = blend(top, bottom, ay, (1, 1, -1, 1))
-    # floor((acc + 2**21) / 2**22), in float64, which holds every such sum (|acc| < 2**30) exactly
-    f64 = onnx_dtype("float64")
-    y = ctx.emit1("Add", [ctx.emit1("Cast", [acc], "resize_acc", to=f64),
-                          ctx.add_const(np.array(1 << 21, np.float64), "resize_round")], "resize_acc")
-    y = ctx.emit1("Floor", [ctx.emit1("Mul", [y, ctx.add_const(np.array(2.0 ** -22, np.float64), "resize_q22")])])
+    # floor((acc + 2**21) / 2**22) in int32: |acc| <= 255 * 2**22 (a pixel times the two weights' product
+    # 2**22), so acc + 2**21 + 2**30 lies in (0, 2**31), where a truncating division is the floor
+    y = ctx.emit1("Add", [acc, ctx.add_const(np.array((1 << 21) + (1 << 30), np.int32), "resize_round")],
+                  "resize_acc")
+    y = ctx.emit1("Sub", [ctx.emit1("Div", [y, ctx.add_const(np.array(1 << 22, np.int32), "resize_q22")]),
+                          ctx.add_const(np.array(1 << 8, np.int32), "resize_bias")], "resize_q")
     y = ctx.emit1("Cast", [y], tensor_hint(ctx.tensor(out)), to=onnx_dtype(ctx.tensor(out).dtype))
     ctx.set_output(out, y, NCHW)
 
