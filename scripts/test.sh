@@ -87,6 +87,32 @@ if [ -z "${TETHER_ANDROID_DEBS:-}" ] && [ ! -e /usr/share/java/com.android.andro
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# Real MediaPipe models (selfie segmentation with MediaPipe's transpose-conv custom op, hands, palms, pose, face
+# mesh with attention) for tests/test_frontend_tflite_mediapipe.py: the .tflite files of the mediapipe 0.10.14
+# wheel (later wheels ship none). The wheel is downloaded once, never installed, and only its models are kept.
+mediapipe_models="${XDG_CACHE_HOME:-$HOME/.cache}/tether/mediapipe-0.10.14-models"
+if [ ! -e "$mediapipe_models/.complete" ]; then
+  echo "scripts/test.sh: fetching MediaPipe's models (the mediapipe 0.10.14 wheel's .tflite files)" >&2
+  wheel_tmp=$(mktemp -d)
+  if ! python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.11 --platform manylinux_2_17_x86_64 -d "$wheel_tmp" mediapipe==0.10.14; then
+    echo "scripts/test.sh: could not download the mediapipe 0.10.14 wheel (its models are test data)" >&2
+    exit 1
+  fi
+  mkdir -p "$mediapipe_models"
+  python3 - "$wheel_tmp" "$mediapipe_models" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "mediapipe-*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith("mediapipe/modules/") and name.endswith(".tflite"):
+            with open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as out:
+                out.write(z.read(name))
+PY
+  touch "$mediapipe_models/.complete"
+  rm -rf "$wheel_tmp"
+fi
+export TETHER_MEDIAPIPE_MODELS="$mediapipe_models"
 # The lint check (configured in pyproject.toml) runs first: a finding stops the run before the long test suite
 if ! python3 -m ruff check .; then
   echo "scripts/test.sh: ruff check found the problems above; fix them (see CONTRIBUTING.md)" >&2
