@@ -1,6 +1,8 @@
 """MediaPipe's own models (the .tflite files of the mediapipe 0.10.14 wheel, fetched by scripts/test.sh into
-$TETHER_MEDIAPIPE_MODELS) against LiteRT on the same input, and MediaPipe's ``Convolution2DTransposeBias`` custom
-op (which LiteRT's XNNPACK delegate runs itself) on hand-written models over its padding and stride cases.
+$TETHER_MEDIAPIPE_MODELS) against LiteRT on the same input, and MediaPipe's custom ops that LiteRT's XNNPACK
+delegate runs itself (``Convolution2DTransposeBias``, ``MaxPoolingWithArgmax2D``, ``MaxUnpooling2D``) on
+hand-written models over their padding and stride cases; where XNNPACK does not run a case (overlapping pooling
+windows) or encodes an output its own way (the argmax indices), against MediaPipe's kernel transcribed in numpy.
 
 Float error reading: max |tether - LiteRT| / max |LiteRT| per output. The bound is 1e-4, except where LiteRT's two
 kernel sets (XNNPACK and its reference kernels) already differ by more on the same input: there tether must stay
@@ -137,3 +139,91 @@ def test_transpose_conv_bias_with_bad_options_is_one_line(options, named, tmp_pa
         from_tflite(path)
     msg = str(info.value)
     assert "Convolution2DTransposeBias" in msg and named in msg and "\n" not in msg, msg
+
+
+def _pool_options(padding, stride, filt, activation=0) -> bytes:
+    """TfLitePoolParams: padding, stride w/h, filter w/h, activation, then the padding the kernel computes."""
+    return struct.pack("<10i", padding, stride[1], stride[0], filt[1], filt[0], activation, 0, 0, 0, 0)
+
+
+def _mediapipe_argmax_pool(x, padding, stride, filt):
+    """MediaPipe's MaxPoolingWithArgmax2D kernel, transcribed loop for loop: the first maximum of each window and
+    its window position as the float ``y * filter_w + x + 0.1``."""
+    n, h, w, c = x.shape
+    (sh, sw), (fh, fw) = stride, filt
+    oh, ow = ((-(-h // sh), -(-w // sw)) if padding == 1 else ((h - fh + sh) // sh, (w - fw + sw) // sw))
+    top = max(((oh - 1) * sh + fh - h) // 2, 0)
+    left = max(((ow - 1) * sw + fw - w) // 2, 0)
+    values, index = np.zeros((n, oh, ow, c), np.float32), np.zeros((n, oh, ow, c), np.float32)
+    for b in range(n):
+        for oy in range(oh):
+            for ox in range(ow):
+                for ch in range(c):
+                    y0, x0 = oy * sh - top, ox * sw - left
+                    best, at = np.float32(np.finfo(np.float32).min), (0, 0)
+                    for fy in range(max(0, -y0), min(fh, h - y0)):
+                        for fx in range(max(0, -x0), min(fw, w - x0)):
+                            if x[b, y0 + fy, x0 + fx, ch] > best:
+                                best, at = x[b, y0 + fy, x0 + fx, ch], (fy, fx)
+                    values[b, oy, ox, ch] = best
+                    index[b, oy, ox, ch] = np.float32(at[0] * fw + at[1]) + np.float32(0.1)
+    return values, index
+
+
+@pytest.mark.parametrize("in_hw,filt,padding", [((8, 8), (2, 2), 2), ((7, 9), (2, 2), 1), ((9, 7), (3, 3), 2),
+                                                ((6, 10), (2, 5), 1)])
+def test_argmax_pooling_and_unpooling_match_litert(in_hw, filt, padding, tmp_path):
+    """Windows that tile the map (what LiteRT's XNNPACK runs): the pooled values and the unpooled map match LiteRT
+    exactly (VALID; XNNPACK's unpooling takes no other padding), the indices MediaPipe's kernel (XNNPACK keeps its
+    own integer encoding in the float tensor)."""
+    h, w = in_hw
+    oh, ow = ((-(-h // filt[0]), -(-w // filt[1])) if padding == 1 else (h // filt[0], w // filt[1]))
+    path = str(tmp_path / "argmax.tflite")
+    tensors = [T("x", (1, h, w, 4)), T("v", (1, oh, ow, 4)), T("i", (1, oh, ow, 4))]
+    ops = [Op("CUSTOM", [0], [1, 2], custom_code="MaxPoolingWithArgmax2D",
+              custom_options=_pool_options(padding, filt, filt))]
+    outputs = [1, 2]
+    if padding == 2:
+        tensors.append(T("u", (1, oh * filt[0], ow * filt[1], 4)))
+        ops.append(Op("CUSTOM", [1, 2], [3], custom_code="MaxUnpooling2D",
+                      custom_options=_pool_options(padding, filt, filt)))
+        outputs.append(3)
+    write_tflite(path, tensors, ops, [0], outputs)
+    x = np.random.default_rng(2).standard_normal((1, h, w, 4)).astype(np.float32)
+    refs = _litert(path, [x])
+    outs = _tether(path, tmp_path / "out", [x])
+    np.testing.assert_array_equal(outs[0], refs[0])
+    values, index = _mediapipe_argmax_pool(x, padding, filt, filt)
+    np.testing.assert_array_equal(outs[0], values)
+    np.testing.assert_array_equal(outs[1], index)
+    if padding == 2:
+        np.testing.assert_array_equal(outs[2], refs[2])
+        assert np.count_nonzero(outs[2]) == values.size      # one value per window, each where its maximum was
+
+
+@pytest.mark.parametrize("stride,filt,padding,activation", [((2, 2), (3, 3), 1, 0), ((1, 2), (2, 3), 2, 3),
+                                                            ((3, 2), (2, 2), 1, 1)])
+def test_argmax_pooling_with_overlapping_windows_matches_mediapipe(stride, filt, padding, activation, tmp_path):
+    """Strides other than the filter (XNNPACK refuses them; MediaPipe's kernel takes them): against the kernel's
+    own loop, with a fused RELU/RELU6 on the values."""
+    path = str(tmp_path / "argmax.tflite")
+    x = np.random.default_rng(3).standard_normal((1, 7, 8, 2)).astype(np.float32) * 4
+    values, index = _mediapipe_argmax_pool(x, padding, stride, filt)
+    write_tflite(path, [T("x", x.shape), T("v", values.shape), T("i", index.shape)],
+                 [Op("CUSTOM", [0], [1, 2], custom_code="MaxPoolingWithArgmax2D",
+                     custom_options=_pool_options(padding, stride, filt, activation))], [0], [1, 2])
+    outs = _tether(path, tmp_path / "out", [x])
+    clip = {0: (None, None), 1: (0, None), 3: (0, 6)}[activation]
+    np.testing.assert_array_equal(outs[0], np.clip(values, *clip) if activation else values)
+    np.testing.assert_array_equal(outs[1], index)
+
+
+def test_unpooling_with_overlapping_windows_is_refused_in_one_line(tmp_path):
+    path = str(tmp_path / "unpool.tflite")
+    write_tflite(path, [T("v", (1, 3, 3, 2)), T("i", (1, 3, 3, 2)), T("u", (1, 9, 9, 2))],
+                 [Op("CUSTOM", [0, 1], [2], custom_code="MaxUnpooling2D",
+                     custom_options=_pool_options(2, (2, 2), (3, 3)))], [0, 1], [2])
+    with pytest.raises(UnsupportedOpError) as info:
+        from_tflite(path)
+    msg = str(info.value)
+    assert "MaxUnpooling2D" in msg and "strides (2, 2)" in msg and "\n" not in msg, msg
