@@ -119,9 +119,10 @@ if ! python3 -m ruff check .; then
   exit 1
 fi
 # The GPU tests load pocl and lavapipe (OpenCL and Vulkan on the CPU) into the pytest process. After several hundred
-# of them, a later test in the same process met a corrupted heap ("malloc(): unaligned tcache chunk detected"; not
-# located yet, see docs/gpu.md "Testing"), so a whole run gives each GPU test file a process of its own. A run
-# that names its own tests (paths, -k, ...) is left as it is.
+# of them, a later test in the same process once met a corrupted heap ("malloc(): unaligned tcache chunk detected";
+# most likely a Vulkan instance destroyed under a running kernel, since fixed: docs/gpu.md "Testing"). A driver
+# fault in one file must not take the rest of the suite down, so a whole run gives each GPU test file a process of
+# its own. A run that names its own tests (paths, -k, ...) is left as it is.
 gpu_files=(tests/test_gpu_*.py tests/test_java_gpu.py)
 for arg in "$@"; do
   case "$arg" in
