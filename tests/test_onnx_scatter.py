@@ -1,9 +1,11 @@
 """The ONNX ops that become constant index maps (frontend/onnx/indexmap.py) against onnxruntime: ScatterElements
 and ScatterND with every reduction and duplicate targets, Scatter, TensorScatter, Col2Im with overlapping blocks,
-MaxUnpool, ReverseSequence, CenterCropPad and Pad mode 'wrap'; and what they refuse."""
+MaxUnpool, ReverseSequence, CenterCropPad and Pad mode 'wrap'; and what they refuse. ScatterElements and ScatterND
+whose indices are run-time inputs (the ``scatter_flat`` kernel), each model compiled once and run on several
+index sets."""
 import numpy as np
 import pytest
-from fixtures.onnx_struct_compare import make_model
+from fixtures.onnx_struct_compare import make_graph_model, make_model
 
 from tether.errors import UnsupportedOpError
 from tether.frontend import from_onnx
@@ -147,3 +149,107 @@ def test_pad_wrap(onnx_compare, pads):
     x = _r(3, 4)
     model = make_model("Pad", {"x": x}, {"mode": "wrap"}, opset=19, initializers={"p": np.array(pads, np.int64)})
     onnx_compare(model, {"x": x})
+
+
+# ---- indices computed at run time ---------------------------------------------------------------------------
+def _compiled(model, tmp_path):
+    import tether
+    from tether import graph_executor
+
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, target="host").export(str(tmp_path / "m"))
+    return graph_executor.load(str(tmp_path / "m"))
+
+
+def _against_ort(model, gm, feeds, rtol=1e-5, atol=1e-6):
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    gm.run(**feeds)
+    got = gm.get_output(0)
+    assert got.dtype == ref[0].dtype and got.shape == ref[0].shape
+    np.testing.assert_allclose(got, ref[0], rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("itype", [np.int64, np.int32])
+def test_scatter_elements_with_run_time_indices(reduction, axis, itype, tmp_path):
+    x = _r(4, 5, 3)
+    shape = list(x.shape)
+    shape[axis] = 2 if reduction == "none" else 6      # with a reduction, duplicates too
+    n = x.shape[axis]
+    upd = _r(*shape)
+    model = make_model("ScatterElements", {"x": x, "i": np.zeros(shape, itype), "u": upd},
+                       {"axis": axis, "reduction": reduction}, opset=18)
+    gm = _compiled(model, tmp_path)
+    for seed in range(3):                                 # one build, other indices every run
+        rng = np.random.default_rng(seed)
+        if reduction == "none":       # distinct targets along the axis (see above), negative ones on seed 1
+            keys = rng.random([n if d == axis % 3 else shape[d] for d in range(3)])
+            idx = np.take(np.argsort(keys, axis=axis), [0, 1], axis=axis) - (n if seed == 1 else 0)
+        else:
+            idx = rng.integers(-n, n, shape)
+        _against_ort(model, gm, {"x": x, "i": idx.astype(itype), "u": upd})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+@pytest.mark.parametrize("ishape", [(3, 1), (2, 2), (4, 3)])
+def test_scatter_nd_with_run_time_indices(reduction, ishape, tmp_path):
+    x = _r(4, 3, 5)
+    k = ishape[-1]
+    upd = _r(*(ishape[:-1] + x.shape[k:]))
+    model = make_model("ScatterND", {"x": x, "i": np.zeros(ishape, np.int64), "u": upd}, {"reduction": reduction},
+                       opset=18)
+    gm = _compiled(model, tmp_path)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        while True:
+            cols = [rng.integers(-x.shape[j], x.shape[j], ishape[:-1]) for j in range(k)]
+            idx = np.stack(cols, axis=-1).astype(np.int64)
+            flat = np.ravel_multi_index(tuple((idx % np.array(x.shape[:k])).T), x.shape[:k])
+            if reduction != "none" or len(set(flat.tolist())) == len(flat):
+                break
+        _against_ort(model, gm, {"x": x, "i": idx, "u": upd})
+
+
+def test_scatter_of_computed_indices(tmp_path):
+    """A model that computes its scatter positions (each row's ArgMax) and writes a one there: the indices never
+    exist before the run."""
+    x = _r(5, 7)
+    from onnx import helper
+
+    nodes = [helper.make_node("ArgMax", ["x"], ["am"], axis=1, keepdims=1),
+             helper.make_node("ScatterElements", ["z", "am", "one"], ["y"], axis=1)]
+    model = make_graph_model(nodes, {"x": x}, ["y"], initializers={"z": np.zeros((5, 7), np.float32),
+                                                                    "one": np.ones((5, 1), np.float32)})
+    gm = _compiled(model, tmp_path)
+    for seed in range(2):
+        _against_ort(model, gm, {"x": np.random.default_rng(seed).standard_normal((5, 7)).astype(np.float32)})
+
+
+def test_run_time_indices_out_of_range_write_nothing(tmp_path):
+    """onnxruntime raises on an index outside its dimension; tether's kernel cannot raise mid-run, so it skips
+    that update (never writing another row's element, nor outside the output) and writes the others."""
+    x = _r(3, 4)
+    model = make_model("ScatterElements", {"x": x, "i": np.zeros((3, 2), np.int64), "u": _r(3, 2)}, {"axis": 1},
+                       opset=18)
+    gm = _compiled(model, tmp_path)
+    upd = _r(3, 2)
+    idx = np.array([[0, 9], [-9, 2], [3, 1 << 40]], np.int64)
+    gm.run(x=x, i=idx, u=upd)
+    want = x.copy()
+    want[0, 0], want[1, 2], want[2, 3] = upd[0, 0], upd[1, 1], upd[2, 0]
+    np.testing.assert_array_equal(gm.get_output(0), want)
+
+
+def test_scatter_nd_run_time_tuples_out_of_range_write_nothing(tmp_path):
+    x = _r(3, 4, 2)
+    model = make_model("ScatterND", {"x": x, "i": np.zeros((4, 2), np.int64), "u": _r(4, 2)}, opset=18)
+    gm = _compiled(model, tmp_path)
+    upd = _r(4, 2)
+    idx = np.array([[0, 5], [1, -1], [3, 0], [-4, 1]], np.int64)     # only (1, -1) is inside
+    gm.run(x=x, i=idx, u=upd)
+    want = x.copy()
+    want[1, 3] = upd[1]
+    np.testing.assert_array_equal(gm.get_output(0), want)

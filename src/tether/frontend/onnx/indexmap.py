@@ -1,6 +1,8 @@
 """Converters of the ONNX ops whose data movement is fixed once their index inputs are constants: every output
 element reads (or accumulates) input positions known at import time. Scatter, ScatterElements, ScatterND,
 TensorScatter, Col2Im, MaxUnpool (scatters) and ReverseSequence, CenterCropPad, Pad mode 'wrap' (gathers).
+ScatterElements and ScatterND with indices computed at run time take the ``scatter_flat`` kernel instead, at flat
+positions computed by graph ops.
 
 Each becomes a table of flat positions and existing graph ops: a ``gather`` through a constant index table and a
 ``where`` with a constant mask. A scatter with a reduction (add, mul, max, min) or with duplicate targets takes
@@ -97,10 +99,60 @@ def _reduction(node, a) -> str:
     return str_attr(a, "reduction", "none")
 
 
+def _runtime_scatter(im, node, data: str, dst: str, updates: str, reduction: str) -> str:
+    """The scatter of indices computed at run time: the ``scatter_flat`` kernel (kernels/scatter_kernel.py) at the
+    flat positions ``dst`` (a graph value, one per update)."""
+    if reduction not in ("none",) + tuple(_COMBINE):
+        raise UnsupportedOpError("node %s: %s reduction %r (tether implements none, add, mul, max, min)"
+                                 % (node.name, node.op_type, reduction))
+    if reduction != "none" and im.type(data).dtype == "bool":
+        raise UnsupportedOpError("node %s: %s reduction %r on bool tensors" % (node.name, node.op_type, reduction))
+    return im.emit("scatter_flat", [data, dst, updates], {"reduction": reduction}, node.name,
+                   outputs=node_output(node, 0))
+
+
+def _normalized(im, node, idx: str, size, name: str) -> tuple:
+    """(int64 indices with negative ones counted from the end of a dimension of ``size`` (a scalar, or a vector
+    along the last axis), whether each lies inside it): an index outside its own dimension must not land on
+    another row's element once flattened."""
+    if im.type(idx).dtype not in ("int32", "int64"):
+        raise UnsupportedOpError("node %s: %s indices of type %s (int32 or int64)" % (node.name, node.op_type,
+                                                                                     im.type(idx).dtype))
+    i64 = im.emit("cast", [idx], {"to": "int64"}, name + "_i64") if im.type(idx).dtype != "int64" else idx
+    n = im.add_const(np.asarray(size, np.int64), name + "_size")
+    zero = im.add_const(np.zeros((), np.int64), name + "_zero")
+    neg = im.emit("less", [i64, zero], {}, name + "_neg")
+    norm = im.emit("where", [neg, im.emit("add", [i64, n], {}, name + "_wrapped"), i64], {}, name + "_norm")
+    inside = im.emit("logical_and", [im.emit("greater_equal", [norm, zero], {}, name + "_ge"),
+                                     im.emit("less", [norm, n], {}, name + "_lt")], {}, name + "_inside")
+    return norm, inside
+
+
+def _dropped_outside(im, name: str, dst: str, inside: str) -> str:
+    """``dst`` where ``inside``, else -1 (the kernel skips a negative position)."""
+    return im.emit("where", [inside, dst, im.add_const(np.array(-1, np.int64), name + "_skip")], {}, name + "_kept")
+
+
 @CONVERTERS.register("ScatterElements", "Scatter")
 def _scatter_elements(im, node, ins, a):
     dshape = im.type(ins[0]).shape
     axis = norm_axis(int(a.get("axis", 0)), len(dshape))
+    if im.const(ins[1]) is None:
+        ishape = tuple(im.type(ins[1]).shape)
+        if tuple(im.type(ins[2]).shape) != ishape:
+            raise UnsupportedOpError("node %s: %s updates %s and indices %s differ in shape"
+                                     % (node.name, node.op_type, im.type(ins[2]).shape, ishape))
+        # flat position = the other coordinates' part (a constant) + the run-time index times the axis' stride
+        coords = list(np.indices(ishape)) if ishape else []
+        coords[axis] = np.zeros(ishape, np.int64)
+        fixed = np.ravel_multi_index(tuple(coords), dshape) if coords else np.zeros((), np.int64)
+        stride = int(np.prod(dshape[axis + 1:], dtype=np.int64))
+        idx, inside = _normalized(im, node, ins[1], dshape[axis], node.name + "_indices")
+        dst = im.emit("add", [im.emit("mul", [idx, im.add_const(np.array(stride, np.int64))], {}),
+                              im.add_const(fixed.astype(np.int64), node.name + "_fixed")], {}, node.name + "_dst")
+        dst = _dropped_outside(im, node.name, dst, inside)
+        _runtime_scatter(im, node, ins[0], dst, ins[2], _reduction(node, a))
+        return
     idx = _in_range(node, _indices(im, node, ins[1], "indices"), dshape[axis], "indices")
     if tuple(im.type(ins[2]).shape) != idx.shape:
         raise UnsupportedOpError("node %s: %s updates %s and indices %s differ in shape"
@@ -114,6 +166,31 @@ def _scatter_elements(im, node, ins, a):
 @CONVERTERS.register("ScatterND")
 def _scatter_nd(im, node, ins, a):
     dshape = tuple(im.type(ins[0]).shape)
+    if im.const(ins[1]) is None:
+        ishape = tuple(im.type(ins[1]).shape)
+        k = ishape[-1] if ishape else 0
+        if not ishape or k > len(dshape):
+            raise UnsupportedOpError("node %s: ScatterND index tuples of shape %s on rank-%d data"
+                                     % (node.name, ishape, len(dshape)))
+        q = ishape[:-1]
+        if tuple(im.type(ins[2]).shape) != tuple(q) + dshape[k:]:
+            raise UnsupportedOpError("node %s: ScatterND updates of shape %s (expected %s)"
+                                     % (node.name, im.type(ins[2]).shape, tuple(q) + dshape[k:]))
+        inner = int(np.prod(dshape[k:], dtype=np.int64))
+        # each index tuple's flat start (sum of its coordinates times their strides), then the slice it writes
+        strides = np.array([int(np.prod(dshape[j + 1:], dtype=np.int64)) for j in range(k)], np.int64)
+        idx, inside = _normalized(im, node, ins[1], np.array(dshape[:k], np.int64), node.name + "_indices")
+        start = im.emit("reduce", [im.emit("mul", [idx, im.add_const(strides, node.name + "_strides")], {})],
+                        {"kind": "sum", "axes": [len(ishape) - 1], "keepdims": True}, node.name + "_start")
+        # a tuple with any coordinate outside its dimension writes nothing
+        outside = im.emit("reduce", [im.emit("cast", [im.emit("logical_not", [inside], {})], {"to": "int64"})],
+                          {"kind": "sum", "axes": [len(ishape) - 1], "keepdims": True}, node.name + "_outside")
+        dst = im.emit("add", [start, im.add_const(np.arange(inner, dtype=np.int64), node.name + "_inner")], {},
+                      node.name + "_dst")
+        dst = _dropped_outside(im, node.name, dst,
+                               im.emit("equal", [outside, im.add_const(np.zeros((), np.int64))], {}))
+        _runtime_scatter(im, node, ins[0], dst, ins[2], _reduction(node, a))
+        return
     idx = _indices(im, node, ins[1], "indices")
     k = idx.shape[-1]
     if k > len(dshape):
