@@ -253,3 +253,29 @@ def test_scatter_nd_run_time_tuples_out_of_range_write_nothing(tmp_path):
     want = x.copy()
     want[1, 3] = upd[1]
     np.testing.assert_array_equal(gm.get_output(0), want)
+
+
+@pytest.mark.parametrize("shape,kernel,strides,pads", [((1, 2, 6, 8), [2, 2], [2, 2], [0, 0, 0, 0]),
+                                                      ((2, 3, 7, 5), [3, 3], [2, 2], [1, 1, 1, 1]),
+                                                      ((1, 4, 9), [3], [3], [0, 0])])
+def test_max_unpool_of_a_max_pool_at_run_time(shape, kernel, strides, pads, tmp_path):
+    """SegNet's pattern: MaxPool's indices, computed from the input, feed MaxUnpool; one build, several inputs."""
+    from onnx import helper
+
+    nodes = [helper.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=kernel, strides=strides, pads=pads),
+             helper.make_node("MaxUnpool", ["v", "i"], ["y"], kernel_shape=kernel, strides=strides, pads=pads)]
+    model = make_graph_model(nodes, {"x": _r(*shape)}, ["y"], opset=12)
+    gm = _compiled(model, tmp_path)
+    for seed in range(2):
+        _against_ort(model, gm, {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)})
+
+
+def test_max_unpool_run_time_indices_outside_the_output_write_nothing(tmp_path):
+    model = make_model("MaxUnpool", {"v": _r(1, 1, 2, 2), "i": np.zeros((1, 1, 2, 2), np.int64)},
+                       {"kernel_shape": [2, 2], "strides": [2, 2]}, opset=11)
+    gm = _compiled(model, tmp_path)
+    v = _r(1, 1, 2, 2)
+    gm.run(v=v, i=np.array([[[[0, 16], [-1, 15]]]], np.int64))
+    want = np.zeros((1, 1, 4, 4), np.float32)
+    want.reshape(-1)[[0, 15]] = v.reshape(-1)[[0, 3]]
+    np.testing.assert_array_equal(gm.get_output(0), want)

@@ -25,7 +25,10 @@ from tether.tir.stmt import IfThenElse
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
 
-def _infer(attrs, data: TensorType, dst: TensorType, updates: TensorType):
+def _infer(attrs, *ins: TensorType):
+    """(data, dst, updates), or (dst, updates) with ``attrs["shape"]``: a scatter into zeros of that shape (no
+    constant as large as the output in the params)."""
+    data, dst, updates = ins if len(ins) == 3 else (TensorType(tuple(attrs["shape"]), ins[1].dtype),) + ins
     if attrs.get("reduction", "none") not in REDUCTIONS:
         raise ValueError("scatter_flat reduction %r (expected one of %s)" % (attrs.get("reduction"),
                                                                               ", ".join(REDUCTIONS)))
@@ -38,7 +41,8 @@ def _infer(attrs, data: TensorType, dst: TensorType, updates: TensorType):
 _COMBINE_NP = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def _ref(attrs, data: np.ndarray, dst: np.ndarray, updates: np.ndarray):
+def _ref(attrs, *ins: np.ndarray):
+    data, dst, updates = ins if len(ins) == 3 else (np.zeros(tuple(attrs["shape"]), ins[1].dtype),) + ins
     out = data.copy().reshape(-1)
     how = attrs.get("reduction", "none")
     for d, u in zip(dst.reshape(-1).tolist(), updates.reshape(-1).tolist()):
@@ -51,17 +55,20 @@ DEFINITIONS: Dict[str, OpDef] = {"scatter_flat": OpDef("scatter_flat", "opaque",
 
 
 def scatter_kernel(node: Node, types: Dict[str, TensorType], name: str) -> PrimFunc:
-    """The PrimFunc of one ``scatter_flat`` node: arguments data, positions, updates, then the output."""
-    td, ti, tu = (types[i] for i in node.inputs)
+    """The PrimFunc of one ``scatter_flat`` node: arguments data (absent for a scatter into zeros), positions,
+    updates, then the output."""
+    zeros = len(node.inputs) == 2
+    ti, tu = types[node.inputs[-2]], types[node.inputs[-1]]
+    td = TensorType(tuple(node.attrs["shape"]), tu.dtype) if zeros else types[node.inputs[0]]
     how = node.attrs.get("reduction", "none")
     n, m = max(1, td.size), tu.size
-    shapes = [kernel_shape(t.shape) for t in (td, ti, tu, td)]
-    dtypes = [td.dtype, ti.dtype, tu.dtype, td.dtype]
-    names = ["data", "dst", "updates", "out"]
-    placeholders = [te.placeholder(s, dt, name=nm) for s, dt, nm in zip(shapes, dtypes, names)]
-    data, dst, upd, out = (Buffer(nm, s, dt, "param") for nm, s, dt in zip(names, shapes, dtypes))
+    args = [(td, "data")] * (not zeros) + [(ti, "dst"), (tu, "updates"), (td, "out")]
+    placeholders = [te.placeholder(kernel_shape(t.shape), t.dtype, name=nm) for t, nm in args]
+    buffers = [Buffer(nm, kernel_shape(t.shape), t.dtype, "param") for t, nm in args]
+    dst, upd, out = buffers[-3:]
     i, j = Var("i"), Var("j")
-    copy = For(i, Const(0, "int32"), Const(n, "int32"), "serial", Store(out, i, Load(data, i)))
+    first = Const(0, td.dtype) if zeros else Load(buffers[0], i)
+    copy = For(i, Const(0, "int32"), Const(n, "int32"), "serial", Store(out, i, first))
     pos = Load(dst, j)
     inside = Binary("and", Compare("ge", pos, Const(0, ti.dtype)), Compare("lt", pos, Const(n, ti.dtype)), "bool")
     at = Cast("int32", pos)
@@ -69,7 +76,7 @@ def scatter_kernel(node: Node, types: Dict[str, TensorType], name: str) -> PrimF
     if how != "none":
         value = Binary(how if how in ("max", "min") else how, Load(out, at), value, td.dtype)
     scatter = For(j, Const(0, "int32"), Const(m, "int32"), "serial", IfThenElse(inside, Store(out, at, value)))
-    return PrimFunc(name, placeholders, [data, dst, upd, out], seq(copy, scatter))
+    return PrimFunc(name, placeholders, buffers, seq(copy, scatter))
 
 
 CPU_STRATEGIES: Dict[str, Strategy] = {

@@ -1,8 +1,8 @@
 """Converters of the ONNX ops whose data movement is fixed once their index inputs are constants: every output
 element reads (or accumulates) input positions known at import time. Scatter, ScatterElements, ScatterND,
 TensorScatter, Col2Im, MaxUnpool (scatters) and ReverseSequence, CenterCropPad, Pad mode 'wrap' (gathers).
-ScatterElements and ScatterND with indices computed at run time take the ``scatter_flat`` kernel instead, at flat
-positions computed by graph ops.
+ScatterElements, ScatterND and MaxUnpool with indices computed at run time take the ``scatter_flat`` kernel instead,
+at flat positions computed by graph ops.
 
 Each becomes a table of flat positions and existing graph ops: a ``gather`` through a constant index table and a
 ``where`` with a constant mask. A scatter with a reduction (add, mul, max, min) or with duplicate targets takes
@@ -99,16 +99,19 @@ def _reduction(node, a) -> str:
     return str_attr(a, "reduction", "none")
 
 
-def _runtime_scatter(im, node, data: str, dst: str, updates: str, reduction: str) -> str:
+def _runtime_scatter(im, node, data, dst: str, updates: str, reduction: str) -> str:
     """The scatter of indices computed at run time: the ``scatter_flat`` kernel (kernels/scatter_kernel.py) at the
-    flat positions ``dst`` (a graph value, one per update)."""
+    flat positions ``dst`` (a graph value, one per update); ``data`` a value, or a shape to scatter into zeros."""
     if reduction not in ("none",) + tuple(_COMBINE):
         raise UnsupportedOpError("node %s: %s reduction %r (tether implements none, add, mul, max, min)"
                                  % (node.name, node.op_type, reduction))
-    if reduction != "none" and im.type(data).dtype == "bool":
+    if reduction != "none" and im.type(updates).dtype == "bool":
         raise UnsupportedOpError("node %s: %s reduction %r on bool tensors" % (node.name, node.op_type, reduction))
-    return im.emit("scatter_flat", [data, dst, updates], {"reduction": reduction}, node.name,
-                   outputs=node_output(node, 0))
+    if isinstance(data, str):
+        return im.emit("scatter_flat", [data, dst, updates], {"reduction": reduction}, node.name,
+                       outputs=node_output(node, 0))
+    return im.emit("scatter_flat", [dst, updates], {"reduction": reduction, "shape": [int(d) for d in data]},
+                   node.name, outputs=node_output(node, 0))
 
 
 def _normalized(im, node, idx: str, size, name: str) -> tuple:
@@ -268,7 +271,8 @@ def _col2im(im, node, ins, a):
 @CONVERTERS.register("MaxUnpool")
 def _max_unpool(im, node, ins, a):
     t = im.type(ins[0])
-    idx = _indices(im, node, ins[1], "indices")
+    runtime = im.const(ins[1]) is None        # (a MaxPool's indices: computed from the model's input)
+    idx = None if runtime else _indices(im, node, ins[1], "indices")
     nd = len(t.shape) - 2
     k = list(a["kernel_shape"])
     pads = list(a.get("pads", [0] * 2 * nd))
@@ -283,6 +287,13 @@ def _max_unpool(im, node, ins, a):
             raise UnsupportedOpError("node %s: MaxUnpool output_shape %s other than the inferred %s"
                                      % (node.name, given, shape))
     total = int(np.prod(shape))
+    if runtime:
+        if tuple(im.type(ins[1]).shape) != tuple(t.shape) or im.type(ins[1]).dtype != "int64":
+            raise UnsupportedOpError("node %s: MaxUnpool indices %s %s for values %s (int64 of the same shape)"
+                                     % (node.name, im.type(ins[1]).dtype, im.type(ins[1]).shape, t.shape))
+        # the indices are flat positions in the whole output already; one outside it writes nothing
+        _runtime_scatter(im, node, shape, ins[1], ins[0], "none")
+        return
     if idx.shape != tuple(t.shape) or (idx.size and (idx.min() < 0 or idx.max() >= total)):
         raise UnsupportedOpError("node %s: MaxUnpool indices %s out of range for output %s"
                                  % (node.name, idx.shape, shape))
