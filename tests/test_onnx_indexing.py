@@ -1,5 +1,5 @@
-"""ONNX Gather (run-time indices), GatherElements, GatherND, OneHot, Trilu, EyeLike, DepthToSpace and
-SpaceToDepth through the whole flow against onnxruntime."""
+"""ONNX Gather (run-time indices), GatherElements, GatherND, OneHot, Trilu (constant or run-time k), EyeLike,
+DepthToSpace and SpaceToDepth through the whole flow against onnxruntime."""
 import numpy as np
 import pytest
 from fixtures.onnx_struct_compare import make_graph_model, make_model
@@ -67,6 +67,27 @@ def test_trilu(onnx_compare, upper, k):
     inits = {"k": np.array(k, np.int64)} if k is not None else {}
     model = make_model("Trilu", {"x": x}, {"upper": upper}, opset=14, initializers=inits)
     onnx_compare(model, {"x": x})
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+def test_trilu_with_a_run_time_k(upper, tmp_path):
+    """k as a graph input: one build, every diagonal offset (past the corners too) against onnxruntime."""
+    import onnxruntime as ort
+
+    import tether
+    from tether import graph_executor
+    from tether.frontend import from_onnx
+
+    x = _r(2, 4, 6)
+    model = make_model("Trilu", {"x": x, "k": np.array(0, np.int64)}, {"upper": upper}, opset=14)
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, target="host").export(str(tmp_path / "m"))
+    gm = graph_executor.load(str(tmp_path / "m"))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for k in (-7, -2, 0, 1, 5, 9):
+        feeds = {"x": x, "k": np.array(k, np.int64)}
+        gm.run(**feeds)
+        np.testing.assert_array_equal(gm.get_output(0), sess.run(None, feeds)[0])
 
 
 def test_eye_like(onnx_compare):

@@ -75,8 +75,21 @@ def _trilu_conv(im, node, ins, a):
     t = im.type(ins[0])
     if len(t.shape) < 2:
         raise UnsupportedOpError("node %s: Trilu of a rank-%d tensor" % (node.name, len(t.shape)))
+    upper = int(a.get("upper", 1))
+    if len(ins) > 1 and ins[1] and im.const(ins[1]) is None:
+        # k computed at run time: keep where column - row >= k (upper) or <= k (lower), a mask of a constant grid
+        rows, cols = t.shape[-2:]
+        diagonal = im.add_const(np.arange(cols, dtype=np.int64)[None, :] - np.arange(rows, dtype=np.int64)[:, None],
+                                node.name + "_diagonal")
+        k = im.emit("reshape", [ins[1]], {"shape": ()}, node.name + "_k") if im.type(ins[1]).shape else ins[1]
+        if im.type(k).dtype != "int64":
+            raise UnsupportedOpError("node %s: Trilu k of type %s (int64)" % (node.name, im.type(k).dtype))
+        keep = im.emit("greater_equal" if upper else "less_equal", [diagonal, k], {}, node.name + "_keep")
+        im.emit("where", [keep, ins[0], im.add_const(np.zeros((), t.dtype), node.name + "_zero")], {}, node.name,
+                node_output(node))
+        return
     k = int(im.require_const(ins[1], "Trilu k", node.name).reshape(-1)[0]) if len(ins) > 1 and ins[1] else 0
-    im.emit("trilu", [ins[0]], {"k": k, "upper": int(a.get("upper", 1))}, node.name, node_output(node))
+    im.emit("trilu", [ins[0]], {"k": k, "upper": upper}, node.name, node_output(node))
 
 
 @CONVERTERS.register("EyeLike")
