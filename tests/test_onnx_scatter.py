@@ -279,3 +279,22 @@ def test_max_unpool_run_time_indices_outside_the_output_write_nothing(tmp_path):
     want = np.zeros((1, 1, 4, 4), np.float32)
     want.reshape(-1)[[0, 15]] = v.reshape(-1)[[0, 3]]
     np.testing.assert_array_equal(gm.get_output(0), want)
+
+
+@pytest.mark.parametrize("batch_axis,time_axis", [(1, 0), (0, 1)])
+def test_reverse_sequence_with_run_time_lengths(batch_axis, time_axis, tmp_path):
+    """The lengths an RNN model computes: one build, several length sets against onnxruntime; a length outside
+    [0, T] (onnxruntime raises) reads as if clamped, never outside the input."""
+    shape = [5, 3, 2] if time_axis == 0 else [3, 5, 2]
+    x = _r(*shape)
+    model = make_model("ReverseSequence", {"x": x, "lens": np.zeros(3, np.int64)},
+                       {"batch_axis": batch_axis, "time_axis": time_axis}, opset=10)
+    gm = _compiled(model, tmp_path)
+    for lens in ([5, 1, 3], [0, 2, 5], [4, 4, 4]):
+        _against_ort(model, gm, {"x": x, "lens": np.array(lens, np.int64)})
+    import onnxruntime as ort
+
+    gm.run(x=x, lens=np.array([9, -3, 2], np.int64))
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "lens": np.array([5, 0, 2], np.int64)})[0]
+    np.testing.assert_array_equal(gm.get_output(0), ref)

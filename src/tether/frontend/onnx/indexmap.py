@@ -2,7 +2,7 @@
 element reads (or accumulates) input positions known at import time. Scatter, ScatterElements, ScatterND,
 TensorScatter, Col2Im, MaxUnpool (scatters) and ReverseSequence, CenterCropPad, Pad mode 'wrap' (gathers).
 ScatterElements, ScatterND and MaxUnpool with indices computed at run time take the ``scatter_flat`` kernel instead,
-at flat positions computed by graph ops.
+at flat positions computed by graph ops; ReverseSequence with run-time lengths a ``gather_elements``.
 
 Each becomes a table of flat positions and existing graph ops: a ``gather`` through a constant index table and a
 ``where`` with a constant mask. A scatter with a reduction (add, mul, max, min) or with duplicate targets takes
@@ -305,6 +305,9 @@ def _reverse_sequence(im, node, ins, a):
     shape = tuple(im.type(ins[0]).shape)
     bax = norm_axis(int(a.get("batch_axis", 1)), len(shape))
     tax = norm_axis(int(a.get("time_axis", 0)), len(shape))
+    if im.const(ins[1]) is None:
+        _reverse_sequence_at_run_time(im, node, ins, shape, bax, tax)
+        return
     lens = _indices(im, node, ins[1], "sequence_lens").reshape(-1)
     if lens.size != shape[bax] or (lens.size and (lens.min() < 0 or lens.max() > shape[tax])):
         raise UnsupportedOpError("node %s: ReverseSequence lengths %s for shape %s" % (node.name, lens, shape))
@@ -312,6 +315,30 @@ def _reverse_sequence(im, node, ins, a):
     ln, tt = lens[coords[bax]], coords[tax]
     coords[tax] = np.where(tt < ln, ln - 1 - tt, tt)
     gather_map(im, ins[0], np.ravel_multi_index(tuple(coords), shape), node.name, node.output[0])
+
+
+def _reverse_sequence_at_run_time(im, node, ins, shape, bax: int, tax: int) -> None:
+    """Lengths computed at run time (an RNN's batch of sequences): each element reads time ``L - 1 - t`` of its
+    batch entry where ``t < L``, itself elsewhere, through a gather_elements along the time axis. Lengths are
+    clamped to [0, T] (onnxruntime raises outside it) so that no read leaves the input."""
+    t_len = shape[tax]
+    if tuple(im.type(ins[1]).shape) != (shape[bax],) or im.type(ins[1]).dtype not in ("int32", "int64"):
+        raise UnsupportedOpError("node %s: ReverseSequence sequence_lens %s %s for a batch of %d (int32/int64)"
+                                 % (node.name, im.type(ins[1]).dtype, im.type(ins[1]).shape, shape[bax]))
+    lens = ins[1] if im.type(ins[1]).dtype == "int64" else im.emit("cast", [ins[1]], {"to": "int64"})
+    lens = im.emit("minimum", [im.emit("maximum", [lens, im.add_const(np.zeros((), np.int64))], {}),
+                               im.add_const(np.array(t_len, np.int64))], {}, node.name + "_lens")
+    # lens along the batch axis and t along the time axis, each broadcast over the other axes
+    bshape = [1] * len(shape)
+    bshape[bax] = shape[bax]
+    tshape = [1] * len(shape)
+    tshape[tax] = t_len
+    ln = emit_reshape(im, lens, bshape, node.name + "_lens_b")
+    t = im.add_const(np.arange(t_len, dtype=np.int64).reshape(tshape), node.name + "_time")
+    reversed_t = im.emit("sub", [im.emit("sub", [ln, im.add_const(np.ones((), np.int64))], {}), t], {})
+    src = im.emit("where", [im.emit("less", [t, ln], {}), reversed_t, t], {}, node.name + "_source")
+    src = im.emit("broadcast_to", [src], {"shape": list(shape)}, node.name + "_source_full")
+    im.emit("gather_elements", [ins[0], src], {"axis": tax}, node.name, node_output(node))
 
 
 def crop_pad_map(in_shape: Sequence[int], out_shape: Sequence[int], before: Sequence[int]) -> np.ndarray:
