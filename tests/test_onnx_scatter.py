@@ -298,3 +298,24 @@ def test_reverse_sequence_with_run_time_lengths(batch_axis, time_axis, tmp_path)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x, "lens": np.array([5, 0, 2], np.int64)})[0]
     np.testing.assert_array_equal(gm.get_output(0), ref)
+
+
+@pytest.mark.parametrize("mode,axis,writes", [("linear", -2, ([1, 4], [0, 0], [4, 3])),
+                                              ("circular", -2, ([5, 3], [0, 5], [2, 2])),
+                                              ("circular", 3, ([3, 1], [0, 3], [2, 0]))])
+def test_tensor_scatter_with_run_time_write_indices(mode, axis, writes, tmp_path):
+    """A KV cache's write positions as a graph input: one build, several position sets against onnxruntime; in
+    linear mode a position past the cache (onnxruntime raises) writes nothing."""
+    cache = _r(2, 3, 6, 4)
+    upd = _r(2, 3, 2, 4) if axis == -2 else _r(2, 3, 6, 3)
+    model = make_model("TensorScatter", {"c": cache, "u": upd, "w": np.zeros(2, np.int64)},
+                       {"mode": mode, "axis": axis}, opset=24)
+    gm = _compiled(model, tmp_path)
+    for w in writes:
+        _against_ort(model, gm, {"c": cache, "u": upd, "w": np.array(w, np.int64)})
+    if mode == "linear":
+        gm.run(c=cache, u=upd, w=np.array([5, -1], np.int64))
+        want = cache.copy()
+        want[0, :, 5] = upd[0, :, 0]          # (5, 6 past the end: only 5 lands); batch 1 at -1, 0: only 0 lands
+        want[1, :, 0] = upd[1, :, 1]
+        np.testing.assert_array_equal(gm.get_output(0), want)

@@ -2,7 +2,8 @@
 element reads (or accumulates) input positions known at import time. Scatter, ScatterElements, ScatterND,
 TensorScatter, Col2Im, MaxUnpool (scatters) and ReverseSequence, CenterCropPad, Pad mode 'wrap' (gathers).
 ScatterElements, ScatterND and MaxUnpool with indices computed at run time take the ``scatter_flat`` kernel instead,
-at flat positions computed by graph ops; ReverseSequence with run-time lengths a ``gather_elements``.
+at flat positions computed by graph ops (TensorScatter with run-time write indices too); ReverseSequence with
+run-time lengths a ``gather_elements``.
 
 Each becomes a table of flat positions and existing graph ops: a ``gather`` through a constant index table and a
 ``where`` with a constant mask. A scatter with a reduction (add, mul, max, min) or with duplicate targets takes
@@ -222,6 +223,9 @@ def _tensor_scatter(im, node, ins, a):
     mode = str_attr(a, "mode", "linear")
     if mode not in ("linear", "circular"):
         raise UnsupportedOpError("node %s: TensorScatter mode %r (linear or circular)" % (node.name, mode))
+    if len(ins) > 2 and ins[2] and im.const(ins[2]) is None:
+        _tensor_scatter_at_run_time(im, node, ins, cshape, ushape, axis, mode)
+        return
     write = (_indices(im, node, ins[2], "write_indices").reshape(-1) if len(ins) > 2 and ins[2]
              else np.zeros(cshape[0], np.int64))
     if write.size != cshape[0]:
@@ -236,6 +240,34 @@ def _tensor_scatter(im, node, ins, a):
                                  % (node.name, cshape[axis]))
     coords[axis] = seq
     scatter_map(im, node, ins[0], ins[1], np.ravel_multi_index(tuple(coords), cshape), "none", node.output[0])
+
+
+def _tensor_scatter_at_run_time(im, node, ins, cshape, ushape, axis: int, mode: str) -> None:
+    """Write positions computed at run time (a KV cache's per-batch lengths): update element (b, ..., s, ...) goes to
+    cache position ``write[b] + s`` along ``axis`` (modulo its length in circular mode); in linear mode one past
+    the cache writes nothing (onnxruntime raises on it). Then the ``scatter_flat`` kernel."""
+    if tuple(im.type(ins[2]).shape) != (cshape[0],) or im.type(ins[2]).dtype not in ("int32", "int64"):
+        raise UnsupportedOpError("node %s: TensorScatter write_indices %s %s for a batch of %d (int32/int64)"
+                                 % (node.name, im.type(ins[2]).dtype, im.type(ins[2]).shape, cshape[0]))
+    write = ins[2] if im.type(ins[2]).dtype == "int64" else im.emit("cast", [ins[2]], {"to": "int64"})
+    write = emit_reshape(im, write, (cshape[0],) + (1,) * (len(cshape) - 1), node.name + "_write")
+    coords = list(np.indices(ushape))
+    steps = coords[axis].astype(np.int64)
+    coords[axis] = np.zeros(ushape, np.int64)
+    fixed = np.ravel_multi_index(tuple(coords), cshape).astype(np.int64)
+    length = im.add_const(np.array(cshape[axis], np.int64), node.name + "_length")
+    seq = im.emit("add", [write, im.add_const(steps, node.name + "_steps")], {}, node.name + "_seq")
+    stride = int(np.prod(cshape[axis + 1:], dtype=np.int64))
+    if mode == "circular":
+        seq = im.emit("mod", [seq, length], {"fmod": 0}, node.name + "_wrapped")
+    dst = im.emit("add", [im.emit("mul", [seq, im.add_const(np.array(stride, np.int64))], {}),
+                          im.add_const(fixed, node.name + "_fixed")], {}, node.name + "_dst")
+    if mode == "linear":
+        zero = im.add_const(np.zeros((), np.int64))
+        inside = im.emit("logical_and", [im.emit("greater_equal", [seq, zero], {}),
+                                         im.emit("less", [seq, length], {})], {}, node.name + "_inside")
+        dst = _dropped_outside(im, node.name, dst, inside)
+    _runtime_scatter(im, node, ins[0], dst, ins[1], "none")
 
 
 def _zeros(im, shape: Sequence[int], dtype) -> str:
