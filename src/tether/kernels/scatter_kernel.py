@@ -74,7 +74,7 @@ def scatter_kernel(node: Node, types: Dict[str, TensorType], name: str) -> PrimF
     at = Cast("int32", pos)
     value = Load(upd, j)
     if how != "none":
-        value = Binary(how if how in ("max", "min") else how, Load(out, at), value, td.dtype)
+        value = Binary(how, Load(out, at), value, td.dtype)     # tir's add/mul/max/min are the reductions' names
     scatter = For(j, Const(0, "int32"), Const(m, "int32"), "serial", IfThenElse(inside, Store(out, at, value)))
     return PrimFunc(name, placeholders, buffers, seq(copy, scatter))
 

@@ -41,14 +41,18 @@ def gather_map(im, x: str, src: np.ndarray, name: str, out: Optional[str] = None
     return emit_reshape(im, y, src.shape, name + "_shape", out)
 
 
-def scatter_map(im, node, data: str, updates: str, dst: np.ndarray, reduction: str, out: Optional[str]) -> str:
-    """data with updates.flat[j] written to (or combined with) data.flat[dst.flat[j]]; dst < 0 drops update j."""
-    dt = im.type(data)
+def _check_reduction(node, reduction: str, dtype: str) -> None:
     if reduction not in ("none",) + tuple(_COMBINE):
         raise UnsupportedOpError("node %s: %s reduction %r (tether implements none, add, mul, max, min)"
                                  % (node.name, node.op_type, reduction))
-    if reduction != "none" and dt.dtype == "bool":
+    if reduction != "none" and dtype == "bool":
         raise UnsupportedOpError("node %s: %s reduction %r on bool tensors" % (node.name, node.op_type, reduction))
+
+
+def scatter_map(im, node, data: str, updates: str, dst: np.ndarray, reduction: str, out: Optional[str]) -> str:
+    """data with updates.flat[j] written to (or combined with) data.flat[dst.flat[j]]; dst < 0 drops update j."""
+    dt = im.type(data)
+    _check_reduction(node, reduction, dt.dtype)
     n = max(1, dt.size)
     d = dst.reshape(-1).astype(np.int64)
     keep = np.nonzero(d >= 0)[0]
@@ -103,11 +107,7 @@ def _reduction(node, a) -> str:
 def _runtime_scatter(im, node, data, dst: str, updates: str, reduction: str) -> str:
     """The scatter of indices computed at run time: the ``scatter_flat`` kernel (kernels/scatter_kernel.py) at the
     flat positions ``dst`` (a graph value, one per update); ``data`` a value, or a shape to scatter into zeros."""
-    if reduction not in ("none",) + tuple(_COMBINE):
-        raise UnsupportedOpError("node %s: %s reduction %r (tether implements none, add, mul, max, min)"
-                                 % (node.name, node.op_type, reduction))
-    if reduction != "none" and im.type(updates).dtype == "bool":
-        raise UnsupportedOpError("node %s: %s reduction %r on bool tensors" % (node.name, node.op_type, reduction))
+    _check_reduction(node, reduction, im.type(updates).dtype)
     if isinstance(data, str):
         return im.emit("scatter_flat", [data, dst, updates], {"reduction": reduction}, node.name,
                        outputs=node_output(node, 0))
@@ -115,21 +115,31 @@ def _runtime_scatter(im, node, data, dst: str, updates: str, reduction: str) -> 
                    node.name, outputs=node_output(node, 0))
 
 
+def _as_int64(im, node, value: str, what: str) -> str:
+    """A run-time integer input as int64 (one cast from int32); another dtype is refused, naming ``what``."""
+    dtype = im.type(value).dtype
+    if dtype not in ("int32", "int64"):
+        raise UnsupportedOpError("node %s: %s %s of type %s (int32 or int64)" % (node.name, node.op_type, what,
+                                                                                dtype))
+    return value if dtype == "int64" else im.emit("cast", [value], {"to": "int64"}, node.name + "_" + what)
+
+
+def _within(im, value: str, length: str, name: str) -> str:
+    """Whether each int64 ``value`` lies in [0, length)."""
+    zero = im.add_const(np.zeros((), np.int64), name + "_zero")
+    return im.emit("logical_and", [im.emit("greater_equal", [value, zero], {}, name + "_ge"),
+                                   im.emit("less", [value, length], {}, name + "_lt")], {}, name + "_inside")
+
+
 def _normalized(im, node, idx: str, size, name: str) -> tuple:
     """(int64 indices with negative ones counted from the end of a dimension of ``size`` (a scalar, or a vector
     along the last axis), whether each lies inside it): an index outside its own dimension must not land on
     another row's element once flattened."""
-    if im.type(idx).dtype not in ("int32", "int64"):
-        raise UnsupportedOpError("node %s: %s indices of type %s (int32 or int64)" % (node.name, node.op_type,
-                                                                                     im.type(idx).dtype))
-    i64 = im.emit("cast", [idx], {"to": "int64"}, name + "_i64") if im.type(idx).dtype != "int64" else idx
+    i64 = _as_int64(im, node, idx, "indices")
     n = im.add_const(np.asarray(size, np.int64), name + "_size")
-    zero = im.add_const(np.zeros((), np.int64), name + "_zero")
-    neg = im.emit("less", [i64, zero], {}, name + "_neg")
+    neg = im.emit("less", [i64, im.add_const(np.zeros((), np.int64))], {}, name + "_neg")
     norm = im.emit("where", [neg, im.emit("add", [i64, n], {}, name + "_wrapped"), i64], {}, name + "_norm")
-    inside = im.emit("logical_and", [im.emit("greater_equal", [norm, zero], {}, name + "_ge"),
-                                     im.emit("less", [norm, n], {}, name + "_lt")], {}, name + "_inside")
-    return norm, inside
+    return norm, _within(im, norm, n, name)
 
 
 def _dropped_outside(im, name: str, dst: str, inside: str) -> str:
@@ -246,11 +256,11 @@ def _tensor_scatter_at_run_time(im, node, ins, cshape, ushape, axis: int, mode: 
     """Write positions computed at run time (a KV cache's per-batch lengths): update element (b, ..., s, ...) goes to
     cache position ``write[b] + s`` along ``axis`` (modulo its length in circular mode); in linear mode one past
     the cache writes nothing (onnxruntime raises on it). Then the ``scatter_flat`` kernel."""
-    if tuple(im.type(ins[2]).shape) != (cshape[0],) or im.type(ins[2]).dtype not in ("int32", "int64"):
-        raise UnsupportedOpError("node %s: TensorScatter write_indices %s %s for a batch of %d (int32/int64)"
-                                 % (node.name, im.type(ins[2]).dtype, im.type(ins[2]).shape, cshape[0]))
-    write = ins[2] if im.type(ins[2]).dtype == "int64" else im.emit("cast", [ins[2]], {"to": "int64"})
-    write = emit_reshape(im, write, (cshape[0],) + (1,) * (len(cshape) - 1), node.name + "_write")
+    if tuple(im.type(ins[2]).shape) != (cshape[0],):
+        raise UnsupportedOpError("node %s: TensorScatter write_indices of shape %s for a batch of %d"
+                                 % (node.name, im.type(ins[2]).shape, cshape[0]))
+    write = emit_reshape(im, _as_int64(im, node, ins[2], "write_indices"), (cshape[0],) + (1,) * (len(cshape) - 1),
+                         node.name + "_write")
     coords = list(np.indices(ushape))
     steps = coords[axis].astype(np.int64)
     coords[axis] = np.zeros(ushape, np.int64)
@@ -263,10 +273,7 @@ def _tensor_scatter_at_run_time(im, node, ins, cshape, ushape, axis: int, mode: 
     dst = im.emit("add", [im.emit("mul", [seq, im.add_const(np.array(stride, np.int64))], {}),
                           im.add_const(fixed, node.name + "_fixed")], {}, node.name + "_dst")
     if mode == "linear":
-        zero = im.add_const(np.zeros((), np.int64))
-        inside = im.emit("logical_and", [im.emit("greater_equal", [seq, zero], {}),
-                                         im.emit("less", [seq, length], {})], {}, node.name + "_inside")
-        dst = _dropped_outside(im, node.name, dst, inside)
+        dst = _dropped_outside(im, node.name, dst, _within(im, seq, length, node.name))
     _runtime_scatter(im, node, ins[0], dst, ins[1], "none")
 
 
@@ -354,10 +361,10 @@ def _reverse_sequence_at_run_time(im, node, ins, shape, bax: int, tax: int) -> N
     batch entry where ``t < L``, itself elsewhere, through a gather_elements along the time axis. Lengths are
     clamped to [0, T] (onnxruntime raises outside it) so that no read leaves the input."""
     t_len = shape[tax]
-    if tuple(im.type(ins[1]).shape) != (shape[bax],) or im.type(ins[1]).dtype not in ("int32", "int64"):
-        raise UnsupportedOpError("node %s: ReverseSequence sequence_lens %s %s for a batch of %d (int32/int64)"
-                                 % (node.name, im.type(ins[1]).dtype, im.type(ins[1]).shape, shape[bax]))
-    lens = ins[1] if im.type(ins[1]).dtype == "int64" else im.emit("cast", [ins[1]], {"to": "int64"})
+    if tuple(im.type(ins[1]).shape) != (shape[bax],):
+        raise UnsupportedOpError("node %s: ReverseSequence sequence_lens of shape %s for a batch of %d"
+                                 % (node.name, im.type(ins[1]).shape, shape[bax]))
+    lens = _as_int64(im, node, ins[1], "sequence_lens")
     lens = im.emit("minimum", [im.emit("maximum", [lens, im.add_const(np.zeros((), np.int64))], {}),
                                im.add_const(np.array(t_len, np.int64))], {}, node.name + "_lens")
     # lens along the batch axis and t along the time axis, each broadcast over the other axes

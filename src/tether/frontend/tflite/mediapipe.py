@@ -57,9 +57,7 @@ def _transpose_conv_bias(ctx, op) -> None:
         raise UnsupportedOpError("%s: %s takes input, weights and bias; got %d input(s)"
                                  % (ctx.where(), op.custom_code, sum(i >= 0 for i in op.inputs)))
     x, w, b = op.inputs
-    if ctx.tensor(x).dtype != "float32":
-        raise UnsupportedOpError("%s: %s on %s tensors; MediaPipe's kernel takes float32 only"
-                                 % (ctx.where(), op.custom_code, ctx.tensor(x).dtype))
+    _float_input(ctx, op, x)
     padding, sw, sh = transpose_conv_params(ctx, op)
     o, kh, kw, i = ctx.shape(w) if ctx.const(w) is None else ctx.const(w).shape
     _, in_h, in_w, channels = ctx.shape(x)
@@ -120,14 +118,12 @@ def _max_pool_argmax(ctx, op) -> None:
     _float_input(ctx, op, x)
     padding, sw, sh, fw, fh, act = pool_params(ctx, op)
     _, h, w, _ = ctx.shape(x)
-    begin = []
     pads = [0, 0, 0, 0]
     out_hw = []
     for d, (n, k, s) in enumerate(((h, fh, sh), (w, fw, sw))):
         out = -(-n // s) if padding == _SAME else (n - k + s) // s
         total = max((out - 1) * s + k - n, 0)
         pads[d], pads[d + 2] = total // 2, total - total // 2
-        begin.append(total // 2)
         out_hw.append(out)
     values, flat = ctx.emit("MaxPool", [ctx.nchw(x)], outputs=2, kernel_shape=[fh, fw], strides=[sh, sw], pads=pads)
     clip = _ACTIVATIONS[act]
@@ -137,8 +133,8 @@ def _max_pool_argmax(ctx, op) -> None:
     # the input position of each maximum (ONNX's flat NCHW index), as the window's own row and column
     iy = ctx.emit1("Mod", [ctx.emit1("Div", [flat, _int(ctx, w, "width")]), _int(ctx, h, "height")])
     ix = ctx.emit1("Mod", [flat, _int(ctx, w, "width")])
-    wy = ctx.emit1("Sub", [iy, _grid(ctx, [y * sh - begin[0] for y in range(out_hw[0])], 2, "window_top")])
-    wx = ctx.emit1("Sub", [ix, _grid(ctx, [x * sw - begin[1] for x in range(out_hw[1])], 3, "window_left")])
+    wy = ctx.emit1("Sub", [iy, _grid(ctx, [y * sh - pads[0] for y in range(out_hw[0])], 2, "window_top")])
+    wx = ctx.emit1("Sub", [ix, _grid(ctx, [x * sw - pads[1] for x in range(out_hw[1])], 3, "window_left")])
     index = ctx.emit1("Add", [ctx.emit1("Mul", [wy, _int(ctx, fw, "filter_width")]), wx])
     index = ctx.emit1("Add", [ctx.emit1("Cast", [index], to=1), ctx.add_const(np.array(0.1, np.float32), "tenth")])
     ctx.set_output(op.outputs[0], values, NCHW)
