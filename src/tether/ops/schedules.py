@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from tether import te
 from tether.errors import ScheduleError
@@ -770,15 +770,16 @@ def schedule(outs, target="host", config=None):
     return s
 
 
-def _single_injective_sink(op, consumers, inline, out_ids):
-    """Follow op's consumers through inlined injective ops; return the single output op they end in, if any."""
+def _single_injective_sink(op, consumers, inline, out_ids, link: Optional[Callable] = None):
+    """Follow op's consumers through inlined injective ops; return the single output op they end in, if any.
+    ``link(consumer, producer)``, when given, must hold for every step of the chain as well."""
     cur = op
     for _ in range(64):
         users = consumers.get(id(cur), [])
         if len(users) != 1:
             return None
         (u,) = users
-        if not c.is_injective(u):
+        if not c.is_injective(u) or (link is not None and not link(u, cur)):
             return None
         if id(u) in out_ids:
             return u
