@@ -116,6 +116,28 @@ def _activations():
     return keras.Model(inp, x, name="activations")
 
 
+def _volume():
+    """Video and volume layers: 3-D convolutions (strided, dilated, transposed), pooling, padding, cropping and
+    upsampling."""
+    inp = keras.Input((6, 8, 8, 2), name="clip")
+    x = L.Conv3D(4, 3, padding="same", activation="relu")(inp)
+    x = L.BatchNormalization()(x)
+    x = L.Conv3D(4, (1, 3, 3), strides=(1, 2, 2), padding="same")(x)
+    x = L.Conv3D(4, (3, 1, 1), padding="same", dilation_rate=(2, 1, 1), activation="relu")(x)
+    skip = x
+    x = L.MaxPooling3D((1, 2, 2))(x)
+    x = L.Conv3DTranspose(4, (1, 2, 2), strides=(1, 2, 2), activation="relu")(x)
+    x = L.Add()([x, skip])
+    x = L.ZeroPadding3D(((1, 0), (0, 1), (1, 1)))(x)
+    x = L.Cropping3D(((0, 1), (1, 0), (1, 1)))(x)
+    x = L.UpSampling3D((1, 2, 2))(x)
+    x = L.AveragePooling3D(2, padding="same")(x)
+    x = L.Conv3DTranspose(2, 3, strides=2, padding="same")(x)
+    a = L.GlobalAveragePooling3D()(x)
+    m = L.GlobalMaxPooling3D()(x)
+    return keras.Model(inp, L.Dense(3)(L.Concatenate()([a, m])), name="volume")
+
+
 def _conv_chain():
     inp = keras.Input((10, 10, 3))
     x = L.Conv2D(4, 3, padding="same")(inp)
@@ -132,7 +154,7 @@ def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("keras-models")
     rng = np.random.default_rng(0)
     out = {}
-    for make in (_cnn, _transformer, _recurrent, _composite, _attention, _activations, _conv_chain):
+    for make in (_cnn, _transformer, _recurrent, _composite, _attention, _activations, _volume, _conv_chain):
         m = make()
         paths = {}
         for fmt in FORMATS:
@@ -170,7 +192,8 @@ def _assert_matches(got, ref):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("name", ["cnn", "transformer", "recurrent", "composite", "attention", "activations"])
+@pytest.mark.parametrize("name", ["cnn", "transformer", "recurrent", "composite", "attention", "activations",
+                                  "volume"])
 def test_model_matches_keras(models, name, fmt, tmp_path):
     _, paths, xs, ref = models[name]
     _assert_matches(_run_host(paths[fmt], xs, tmp_path), ref)
@@ -303,19 +326,18 @@ def test_a_keras2_h5_layout_reads_alike(tmp_path):
 
 
 def test_unsupported_layers_are_named_together(tmp_path):
-    inp = keras.Input((4, 4, 4, 2))
-    x = L.Conv3D(2, 2, name="volume")(inp)
-    x = L.AveragePooling3D(1, name="pool3d")(x)
-    x = L.Flatten()(x)
-    x = L.Dense(2, activation="relu")(x)
+    inp = keras.Input((3, 4, 4, 2))
+    x = L.ConvLSTM2D(2, 2, name="frames")(inp)
+    x = L.Dense(2, activation="relu")(L.Flatten()(x))
+    x = L.Discretization(bin_boundaries=[0.0], name="bins")(x)
     path = str(tmp_path / "unsupported.keras")
     keras.Model(inp, x).save(path)
     with pytest.raises(UnsupportedOpError) as info:
         read_keras(path)
     msg = str(info.value)
     assert len(msg.splitlines()) == 1
-    for part in ("Conv3D 'volume'", "AveragePooling3D 'pool3d'", "Keras %s" % keras.__version__):
+    for part in ("ConvLSTM2D 'frames'", "Discretization 'bins'", "Keras %s" % keras.__version__):
         assert part in msg, msg
     rows = {r["op_type"]: r for r in keras_coverage(path)}
-    assert not rows["Conv3D"]["covered"] and rows["Conv3D"]["nodes"] == ["volume"]
+    assert not rows["ConvLSTM2D"]["covered"] and rows["ConvLSTM2D"]["nodes"] == ["frames"]
     assert rows["Dense"]["covered"] and rows["Dense"]["domain"] == "Keras"

@@ -22,6 +22,7 @@ S = tf.TensorSpec
 RNG_WEIGHTS = np.random.default_rng(7)
 CONV_W = RNG_WEIGHTS.standard_normal((3, 3, 3, 6)).astype(np.float32)
 CONV3D_W = RNG_WEIGHTS.standard_normal((2, 3, 2, 3, 4)).astype(np.float32)
+CONV3D_TW = RNG_WEIGHTS.standard_normal((2, 3, 2, 3, 4)).astype(np.float32)
 
 
 def _conv(x):
@@ -81,6 +82,12 @@ FAMILIES = {
                           tf.nn.conv3d(x, CONV3D_W, [1, 2, 1, 1, 1], "VALID"),
                           tf.nn.conv3d(x, CONV3D_W, [1, 1, 1, 1, 1], "SAME", dilations=[1, 2, 1, 2, 1])],
                [S((1, 4, 5, 6, 3), tf.float32)], {}),
+    # the filter is (depth, height, width, output channels, input channels)
+    "conv3d_transpose": (lambda x: [tf.nn.relu(tf.nn.conv3d_transpose(x, CONV3D_TW, [1, 8, 10, 12, 3], 2, "SAME")),
+                                    tf.nn.conv3d_transpose(x, CONV3D_TW, [1, 7, 9, 11, 3], 2, "SAME"),
+                                    tf.nn.conv3d_transpose(x, CONV3D_TW, [1, 5, 7, 7, 3], 1, "VALID"),
+                                    tf.nn.conv3d_transpose(x, CONV3D_TW, [1, 9, 16, 13, 3], [2, 3, 2], "VALID")],
+                         [S((1, 4, 5, 6, 4), tf.float32)], {}),
     "segments": (lambda x, n: [tf.reverse_sequence(x, n, seq_axis=1, batch_axis=0),
                                tf.reverse_sequence(x, n, seq_axis=2, batch_axis=0),
                                tf.reverse_sequence(x, [3, 1], seq_axis=1, batch_axis=0),

@@ -1,11 +1,9 @@
 """ONNX ConvTranspose (groups, strides, dilations, pads, output_padding, output_shape, auto_pad, 1-D) through the
-whole flow against onnxruntime."""
+whole flow against onnxruntime; the 3-D one is in test_onnx_conv3d.py."""
 import numpy as np
 import pytest
 from fixtures.onnx_struct_compare import make_model
 
-from tether.errors import UnsupportedOpError
-from tether.frontend import from_onnx
 
 RNG = np.random.default_rng(0)
 
@@ -53,10 +51,3 @@ def test_conv_transpose_1d(onnx_compare, attrs):
     x = _r(1, 3, 7)
     model = make_model("ConvTranspose", {"x": x}, attrs, opset=11, initializers={"w": _r(3, 5, 4), "b": _r(5)})
     onnx_compare(model, {"x": x}, rtol=1e-4, atol=1e-4)
-
-
-def test_conv_transpose_3d_refused():
-    x = _r(1, 2, 3, 3, 3)
-    model = make_model("ConvTranspose", {"x": x}, {}, opset=11, initializers={"w": _r(2, 2, 2, 2, 2)})
-    with pytest.raises(UnsupportedOpError, match="3-D ConvTranspose"):
-        from_onnx(model)

@@ -88,7 +88,7 @@ def _window(c: Call, nd: int, size_key: str) -> Tuple[List[int], List[int], List
     return k, s, d
 
 
-@LAYERS.register("Conv1D", "Conv2D")
+@LAYERS.register("Conv1D", "Conv2D", "Conv3D")
 def _conv(c: Call) -> List[Value]:
     nd = _nd(c)
     x, cf = _spatial(c)
@@ -145,7 +145,7 @@ def transpose_pads(c: Call, k: int, s: int, d: int, output_padding: Optional[int
     return begin, max(end, 0), max(-end, 0)
 
 
-@LAYERS.register("Conv1DTranspose", "Conv2DTranspose")
+@LAYERS.register("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose")
 def _conv_transpose(c: Call) -> List[Value]:
     nd = _nd(c)
     x, cf = _spatial(c)
@@ -172,8 +172,10 @@ def _pool(op: str):
     return pool
 
 
-for _op, _names in (("MaxPool", ("MaxPooling1D", "MaxPooling2D", "MaxPool1D", "MaxPool2D")),
-                    ("AveragePool", ("AveragePooling1D", "AveragePooling2D", "AvgPool1D", "AvgPool2D"))):
+for _op, _names in (("MaxPool", ("MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "MaxPool1D", "MaxPool2D",
+                              "MaxPool3D")),
+                    ("AveragePool", ("AveragePooling1D", "AveragePooling2D", "AveragePooling3D", "AvgPool1D",
+                                  "AvgPool2D", "AvgPool3D"))):
     LAYERS.register(*_names)(_pool(_op))
 
 
@@ -187,10 +189,10 @@ def _global_pool(op: str):
     return pool
 
 
-for _op, _names in (("ReduceMean", ("GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAvgPool1D",
-                                    "GlobalAvgPool2D")),
-                    ("ReduceMax", ("GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPool1D",
-                                   "GlobalMaxPool2D"))):
+for _op, _names in (("ReduceMean", ("GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D",
+                                    "GlobalAvgPool1D", "GlobalAvgPool2D", "GlobalAvgPool3D")),
+                    ("ReduceMax", ("GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D",
+                                   "GlobalMaxPool1D", "GlobalMaxPool2D", "GlobalMaxPool3D"))):
     LAYERS.register(*_names)(_global_pool(_op))
 
 
@@ -204,7 +206,7 @@ def _pairs(value: Any, nd: int) -> List[Tuple[int, int]]:
     return [(int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1])) for v in value]
 
 
-@LAYERS.register("ZeroPadding1D", "ZeroPadding2D")
+@LAYERS.register("ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D")
 def _zero_padding(c: Call) -> List[Value]:
     nd = _nd(c)
     x, cf = _spatial(c)
@@ -213,7 +215,7 @@ def _zero_padding(c: Call) -> List[Value]:
     return _out(c, c.b.op("Pad", [x, c.b.ints(pads, c.hint("_pads"))], c.hint(), mode="constant"), cf)
 
 
-@LAYERS.register("Cropping1D", "Cropping2D")
+@LAYERS.register("Cropping1D", "Cropping2D", "Cropping3D")
 def _cropping(c: Call) -> List[Value]:
     nd = _nd(c)
     x, cf = _spatial(c)
@@ -235,7 +237,7 @@ RESIZE_MODES = {
 }
 
 
-@LAYERS.register("UpSampling1D", "UpSampling2D")
+@LAYERS.register("UpSampling1D", "UpSampling2D", "UpSampling3D")
 def _upsampling(c: Call) -> List[Value]:
     nd = _nd(c)
     x, cf = _spatial(c)

@@ -46,8 +46,12 @@ def _conv(im, node, ins, a):
         x = emit_reshape(im, x, xt.shape[:2] + (1,) + xt.shape[2:])
         w = emit_reshape(im, w, wt.shape[:2] + (1,) + wt.shape[2:])
         s, d, pads = [1] + s, [1] + d, [0, pads[0], 0, pads[1]]
+    elif nd == 3:
+        bias = ins[2] if len(ins) > 2 and ins[2] else None
+        _conv3d(im, node.name, x, w, s, d, pads, group, bias, node_output(node))
+        return
     elif nd != 2:
-        raise UnsupportedOpError("node %s: %d-D Conv (only 1-D and 2-D)" % (node.name, nd))
+        raise UnsupportedOpError("node %s: %d-D Conv (only 1-D, 2-D and 3-D)" % (node.name, nd))
     attrs = {"strides": s, "dilations": d, "pads": pads, "groups": group}
     has_bias = len(ins) > 2 and ins[2]
     final = node_output(node) if nd == 2 and not has_bias else None
@@ -58,6 +62,48 @@ def _conv(im, node, ins, a):
     if nd == 1:
         t = im.type(y)
         emit_reshape(im, y, (t.shape[0], t.shape[1], t.shape[3]), node.name + "_squeeze", node.output[0])
+
+
+def _conv3d(im, name: str, x: str, w: str, s, d, pads, g: int, bias, out: str) -> str:
+    """A 3-D conv as one 2-D conv: the depth taps of each output depth become input channels. The input's kd
+    depth slices (strided by the depth stride) are stacked as channels (group, tap, channel), the output depths
+    join the batch, and the weight (m, c/g, kd, kh, kw) is laid out (m, kd, c/g, kh, kw) to match; so the 2-D conv
+    kernels, their schedules and their tuning serve video and volume models, at the cost of an input kd/sd times
+    as large."""
+    n, c, depth, h, wd = im.type(x).shape
+    m, cg, kd, kh, kw = im.type(w).shape
+    if c != cg * g or m % g:
+        raise UnsupportedOpError("node %s: Conv weight %s for input %s and group %d"
+                                 % (name, im.type(w).shape, im.type(x).shape, g))
+    if pads[0] or pads[3]:
+        x = im.emit("pad", [x], {"pads": [0, 0, pads[0], 0, 0, 0, 0, pads[3], 0, 0], "value": 0.0,
+                                 "mode": "constant"}, name + "_dpad")
+        depth += pads[0] + pads[3]
+    dout = (depth - d[0] * (kd - 1) - 1) // s[0] + 1
+    if dout < 1:
+        raise UnsupportedOpError("node %s: Conv kernel depth %d (dilation %d) is deeper than the padded input's %d"
+                                 % (name, kd, d[0], depth))
+    taps = []
+    for j in range(kd):
+        first = j * d[0]
+        sl = im.emit("strided_slice", [x], {"begin": [0, 0, first, 0, 0],
+                                            "end": [n, c, first + s[0] * (dout - 1) + 1, h, wd],
+                                            "step": [1, 1, s[0], 1, 1]}, name + "_tap%d" % j)
+        taps.append(emit_reshape(im, sl, (n, g, 1, cg, dout, h, wd)))
+    stacked = im.emit("concat", taps, {"axis": 2}, name + "_taps") if kd > 1 else taps[0]
+    moved = im.emit("transpose", [stacked], {"axes": [0, 4, 1, 2, 3, 5, 6]}, name + "_depth_to_batch")
+    x2 = emit_reshape(im, moved, (n * dout, g * kd * cg, h, wd))
+    w5 = im.emit("transpose", [w], {"axes": [0, 2, 1, 3, 4]}, name + "_wtaps")
+    w2 = emit_reshape(im, w5, (m, kd * cg, kh, kw))
+    y = im.emit("conv2d", [x2, w2], {"strides": list(s[1:]), "dilations": list(d[1:]),
+                                     "pads": [pads[1], pads[2], pads[4], pads[5]], "groups": g}, name + "_conv2d")
+    ho, wo = im.type(y).shape[2:]
+    y = emit_reshape(im, y, (n, dout, m, ho, wo))
+    if bias is None:
+        return im.emit("transpose", [y], {"axes": [0, 2, 1, 3, 4]}, name, out)
+    y = im.emit("transpose", [y], {"axes": [0, 2, 1, 3, 4]}, name + "_batch_to_depth")
+    b = emit_reshape(im, bias, (1, m, 1, 1, 1))
+    return im.emit("add", [y, b], {}, name + "_bias", out)
 
 
 def _pool(kind):
@@ -276,14 +322,39 @@ def _conv_transpose_phases(im, node, ins, x, w, xshape, k, s, pads, out_pad, g, 
         emit_reshape(im, full, (n, g * mg, out[0], out[1]), node.name + "out", node.output[0])
 
 
+def _conv_transpose3d(im, node, ins, k, s, d, pads, out_pad, g: int, mg: int) -> None:
+    """A 3-D transposed conv as the 3-D conv of the zero-inserted, padded input with the flipped, transposed
+    weight (the definition; the 2-D path's per-phase split would save the multiplications by the zeros)."""
+    x, w = ins[0], ins[1]
+    n, c, depth, h, wd = im.type(x).shape
+    if any(si > 1 for si in s):     # (n, c, D, 1, H, 1, W, 1) padded to strides, flattened, the tail cropped
+        x8 = emit_reshape(im, x, (n, c, depth, 1, h, 1, wd, 1))
+        x8 = im.emit("pad", [x8], {"pads": [0] * 8 + [0, 0, 0, s[0] - 1, 0, s[1] - 1, 0, s[2] - 1], "value": 0.0,
+                                   "mode": "constant"}, node.name + "_dilate")
+        x = emit_reshape(im, x8, (n, c, depth * s[0], h * s[1], wd * s[2]))
+    begin = [d[i] * (k[i] - 1) - pads[i] for i in range(3)]
+    end = [d[i] * (k[i] - 1) - pads[i + 3] + out_pad[i] - (s[i] - 1) for i in range(3)]
+    if any(begin) or any(end):
+        x = im.emit("pad", [x], {"pads": [0, 0] + begin + [0, 0] + end, "value": 0.0, "mode": "constant"},
+                    node.name + "_pad")
+    # weight (c, m/g, kd, kh, kw) -> (g, m/g, c/g, kd, kh, kw) -> (m, c/g, kd, kh, kw), flipped in space
+    w6 = emit_reshape(im, w, (g, c // g, mg) + tuple(k))
+    w6 = im.emit("transpose", [w6], {"axes": [0, 2, 1, 3, 4, 5]}, node.name + "_wT")
+    w5 = emit_reshape(im, w6, (g * mg, c // g) + tuple(k))
+    w5 = im.emit("strided_slice", [w5], {"begin": [0, 0] + [ki - 1 for ki in k], "end": [g * mg, c // g, -1, -1, -1],
+                                         "step": [1, 1, -1, -1, -1]}, node.name + "_wflip")
+    bias = ins[2] if len(ins) > 2 and ins[2] else None
+    _conv3d(im, node.name, x, w5, [1, 1, 1], d, [0] * 6, g, bias, node_output(node))
+
+
 @CONVERTERS.register("ConvTranspose")
 def _conv_transpose(im, node, ins, a):
     xt, wt = im.type(ins[0]), im.type(ins[1])
     if xt.dtype != "float32":
         raise UnsupportedOpError("node %s: ConvTranspose on %s tensors (float32 only)" % (node.name, xt.dtype))
     nd = len(xt.shape) - 2
-    if nd not in (1, 2):
-        raise UnsupportedOpError("node %s: %d-D ConvTranspose (only 1-D and 2-D)" % (node.name, nd))
+    if nd not in (1, 2, 3):
+        raise UnsupportedOpError("node %s: %d-D ConvTranspose (only 1-D, 2-D and 3-D)" % (node.name, nd))
     g = int(a.get("group", 1))
     n, c = xt.shape[:2]
     cin, mg = wt.shape[:2]
@@ -297,6 +368,9 @@ def _conv_transpose(im, node, ins, a):
     pads = _conv_transpose_pads(node, a, list(xt.shape[2:]), k, s, d, out_pad)
     x, w = ins[0], ins[1]
     in_sp = list(xt.shape[2:])
+    if nd == 3:
+        _conv_transpose3d(im, node, ins, k, s, d, pads, out_pad, g, mg)
+        return
     if nd == 1:     # as 2-D over a height of one
         x = emit_reshape(im, x, (n, c, 1, in_sp[0]))
         w = emit_reshape(im, w, (cin, mg, 1, k[0]))
