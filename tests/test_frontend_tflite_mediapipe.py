@@ -365,6 +365,125 @@ def test_transform_landmarks_matches_mediapipe(n, dims, mediapipe_python, tmp_pa
     assert _rel(out, ref) <= 1e-6, _rel(out, ref)
 
 
+
+# ---- version 1: MediaPipe's GPU delegate runs it, its CPU op resolver does not register it --------------------
+# The kernels of mediapipe/util/tflite/operations (landmarks_to_transform_matrix.cc, transform_tensor_bilinear.cc,
+# transform_landmarks.cc: namespace v1), transcribed in float32 step for step.
+def _mediapipe_l2tm_v1(landmarks, o):
+    f = np.float32
+    data = landmarks.reshape(-1)
+
+    def xy(i):
+        return data[i * 3], data[i * 3 + 1]
+
+    (lx, ly), (rx, ry) = xy(o["left_rotation_idx"]), xy(o["right_rotation_idx"])
+    alpha = -np.arctan((ry - ly) / (rx - lx))
+    subset = list(o["subset"]) + ([o["subset"][-1]] if len(o["subset"]) % 2 else [])
+    hi, lo = [f(-100000), f(-100000)], [f(100000), f(100000)]
+    for i in subset:
+        x, y = xy(i)
+        rot = (x * np.cos(alpha) - y * np.sin(alpha), x * np.sin(alpha) + y * np.cos(alpha))
+        hi = [max(hi[k], rot[k]) for k in range(2)]
+        lo = [min(lo[k], rot[k]) for k in range(2)]
+    bbox = [(hi[k] - lo[k]) * f(o["bbox_size_multiplier"]) for k in range(2)]
+    rng = f(o["landmarks_range"])
+    scale = np.array([[bbox[0] / rng, 0, 0], [0, bbox[1] / rng, 0], [0, 0, 1]], f)
+    mx, my = (hi[0] + lo[0]) / f(2), (hi[1] + lo[1]) / f(2)
+    ca, sa = np.cos(-alpha), np.sin(-alpha)
+    rmx, rmy = mx * ca - my * sa, mx * sa + my * ca
+    rotation = np.array([[ca, -sa, f((rmx / rng) * 2.0 - 1.0)], [sa, ca, f((rmy / rng) * 2.0 - 1.0)], [0, 0, 1]], f)
+    (ih, iw), (oh, ow) = o["input_hw"], o["output_hw"]
+    to_relative = np.array([[2.0 / (ow - 1.0), 0, -1], [0, 2.0 / (oh - 1.0), -1], [0, 0, 1]], f)
+    to_absolute = np.array([[(iw - 1.0) / 2.0, 0, (iw - 1.0) / 2.0], [0, (ih - 1.0) / 2.0, (ih - 1.0) / 2.0],
+                            [0, 0, 1]], f)
+    itm = ((to_absolute @ rotation) @ scale) @ to_relative
+    return np.array([[itm[0, 0], itm[0, 1], 0, itm[0, 2]], [itm[1, 0], itm[1, 1], 0, itm[1, 2]],
+                     [itm[2, 0], itm[2, 1], itm[2, 2], 0], [0, 0, 0, 1]], f).reshape(1, 4, 4)
+
+
+def _mediapipe_transform_tensor_v1(x, matrix, out_hw):
+    f = np.float32
+    _, h, w, c = x.shape
+    m = matrix.reshape(-1)
+    out = np.zeros((1, *out_hw, c), f)
+    for oy in range(out_hw[0]):
+        for ox in range(out_hw[1]):
+            tx = m[0] * f(ox) + m[1] * f(oy) + m[2] * f(0) + m[3] * f(1)
+            ty = m[4] * f(ox) + m[5] * f(oy) + m[6] * f(0) + m[7] * f(1)
+            if tx < 0 or tx > w - 1 or ty < 0 or ty > h - 1:
+                continue
+
+            def read(yy, xx):
+                return x[0, yy, xx] if 0 <= yy < h and 0 <= xx < w else np.zeros(c, f)
+
+            fy, fx = int(np.floor(ty)), int(np.floor(tx))
+            right, lower = tx - f(fx), ty - f(fy)
+            upper = (f(1) - right) * read(fy, fx) + right * read(fy, fx + 1)
+            below = (f(1) - right) * read(fy + 1, fx) + right * read(fy + 1, fx + 1)
+            out[0, oy, ox] = lower * below + (f(1) - lower) * upper
+    return out
+
+
+def _mediapipe_transform_landmarks_v1(x, matrix, dims, scale):
+    f = np.float32
+    m = matrix.reshape(-1)
+    out = x.copy()
+    points = out.reshape(-1, dims)
+    for p in points:
+        px, py = p[0], p[1]
+        p[0] = m[0] * px + m[1] * py + m[2] * f(0) + (m[3] * f(scale)) * f(1)
+        p[1] = m[4] * px + m[5] * py + m[6] * f(0) + (m[7] * f(scale)) * f(1)
+    return out
+
+
+L2TM_V1_CASES = [
+    dict(left_rotation_idx=33, right_rotation_idx=263, subset=[33, 263, 1, 61, 291, 199, 10, 152], dimensions=3,
+         landmarks_range=192, bbox_size_multiplier=1.5, input_hw=[48, 48], output_hw=[16, 16]),
+    dict(left_rotation_idx=5, right_rotation_idx=40, subset=[7, 8, 9, 300, 200], dimensions=3,
+         landmarks_range=256, bbox_size_multiplier=0.9, input_hw=[30, 20], output_hw=[12, 8]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(L2TM_V1_CASES)))
+def test_landmarks_to_transform_matrix_v1_matches_mediapipe_kernel(case, tmp_path):
+    o = L2TM_V1_CASES[case]
+    path = _custom_model(tmp_path / "l2tm1.tflite", "Landmarks2TransformMatrix", [("landmarks", (1, 1, 1, 1404))],
+                         (1, 4, 4), _flex(**o), version=1)
+    x = _landmarks(np.random.default_rng(10 + case), 468).reshape(1, 1, 1, 1404)
+    ref = _mediapipe_l2tm_v1(x, o)
+    (out,) = _tether(path, tmp_path / "out", [x])
+    assert _rel(out, ref) <= 1e-5, (out, ref)
+
+
+@pytest.mark.parametrize("in_hw,out_hw,angle,scale,shift,options", [
+    ((9, 13), (7, 5), -0.8, 2.5, (-3.0, 4.0), dict(mode="bilinear", output_size=[7, 5])),
+    ((6, 6), (11, 11), 0.0, 0.5, (0.0, 0.0), {}),
+])
+def test_transform_tensor_bilinear_v1_matches_mediapipe_kernel(in_hw, out_hw, angle, scale, shift, options,
+                                                               tmp_path):
+    path = _custom_model(tmp_path / "ttb1.tflite", "TransformTensorBilinear",
+                         [("x", (1, *in_hw, 3)), ("matrix", (1, 4, 4))], (1, *out_hw, 3),
+                         _flex(**options) if options else b"", version=1)
+    x = np.random.default_rng(7).standard_normal((1, *in_hw, 3)).astype(np.float32)
+    m = _similarity(angle, scale, shift)
+    ref = _mediapipe_transform_tensor_v1(x, m, out_hw)
+    assert np.count_nonzero(ref) > 0
+    (out,) = _tether(path, tmp_path / "out", [x, m])
+    assert _rel(out, ref) <= 1e-5, _rel(out, ref)
+
+
+@pytest.mark.parametrize("shape,options,dims,scale", [((1, 2, 3, 12), {}, 3, 1.0),
+                                                      ((1, 1, 1, 10), dict(dimensions=2, scale=0.25), 2, 0.25)])
+def test_transform_landmarks_v1_matches_mediapipe_kernel(shape, options, dims, scale, tmp_path):
+    path = _custom_model(tmp_path / "tl1.tflite", "TransformLandmarks", [("landmarks", shape), ("matrix", (1, 4, 4))],
+                         shape, _flex(**options) if options else b"", version=1)
+    x = np.random.default_rng(8).uniform(0, 192, shape).astype(np.float32)
+    m = np.random.default_rng(9).standard_normal((1, 4, 4)).astype(np.float32)
+    ref = _mediapipe_transform_landmarks_v1(x, m, dims, scale)
+    (out,) = _tether(path, tmp_path / "out", [x, m])
+    assert _rel(out, ref) <= 1e-6, _rel(out, ref)
+
+
 _L2TM_GOOD = L2TM_V2_CASES[0]
 
 
