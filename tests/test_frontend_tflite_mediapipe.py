@@ -27,6 +27,7 @@ import tether
 from tether import graph_executor
 from tether.errors import UnsupportedOpError
 from tether.frontend import from_tflite
+from tether.frontend.tflite import read_model
 
 MODELS_ENV = "TETHER_MEDIAPIPE_MODELS"
 # the models compared with LiteRT; the face mesh with attention, whose custom ops only MediaPipe runs, is compared
@@ -247,16 +248,16 @@ def _mediapipe(python: str, path: str, inputs, out_shapes, folder):
     os.makedirs(str(folder), exist_ok=True)
     ins, outs = os.path.join(str(folder), "inputs.npz"), os.path.join(str(folder), "outputs.npz")
     np.savez(ins, **{"x%d" % k: x for k, x in enumerate(inputs)})
+    # the venv's own packages only: this process's PYTHONPATH could shadow its numpy or protobuf
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([python, runtime, str(path), ins, outs, str(len(out_shapes))], capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     with np.load(outs) as data:
         return [data["y%d" % k].reshape(shape) for k, shape in enumerate(out_shapes)]
 
 
 def test_face_mesh_with_attention_matches_mediapipe(models_dir, mediapipe_python, tmp_path):
-    from tether.frontend.tflite import read_model
-
     path = os.path.join(models_dir, "face_landmark_with_attention.tflite")
     sg = read_model(path).subgraphs[0]
     assert sorted({op.custom_code for op in sg.operators if op.op == "CUSTOM"}) == [
