@@ -7,7 +7,9 @@
 #   - Python packages: this project with its test extras (pip install -e '.[test]', ruff among them, and the
 #     frontends' references: TensorFlow, LiteRT, Keras, OpenCV 4's dnn, coremltools);
 #   - numpy 1.19.5 + msgpack 1.0.2 into a Python 3.9 (python3.9 on PATH or a pyenv 3.9.x; must exist): the oldest
-#     device stack, which tests/test_tracker.py runs a device server under.
+#     device stack, which tests/test_tracker.py runs a device server under;
+#   - mediapipe 0.10.14 (with numpy < 2) in a venv of its own under the cache: MediaPipe's runtime, the reference
+#     for MediaPipe's custom ops LiteRT cannot run.
 # Missing prerequisites that cannot be installed stop the run here with a message (never a silent skip).
 # Extra arguments go to pytest, e.g.  scripts/test.sh -k protocol
 # (without test selection, each GPU test file runs in a pytest process of its own: see the end of this file)
@@ -113,6 +115,21 @@ PY
   rm -rf "$wheel_tmp"
 fi
 export TETHER_MEDIAPIPE_MODELS="$mediapipe_models"
+# MediaPipe's own runtime, the reference for its custom ops that LiteRT cannot run (the face mesh with attention's):
+# mediapipe 0.10.14 in a venv of its own, as it needs numpy < 2 and a protobuf of its own (this project's extras
+# take others). tests/fixtures/mediapipe_runtime.py runs a model in it.
+mediapipe_venv="${XDG_CACHE_HOME:-$HOME/.cache}/tether/mediapipe-0.10.14-venv"
+if [ ! -e "$mediapipe_venv/.complete" ]; then
+  echo "scripts/test.sh: installing mediapipe 0.10.14 into $mediapipe_venv (MediaPipe's runtime, a test reference)" >&2
+  rm -rf "$mediapipe_venv"
+  if ! python3 -m venv "$mediapipe_venv" || ! "$mediapipe_venv/bin/python" -m pip install -q \
+      --disable-pip-version-check mediapipe==0.10.14 'numpy<2'; then
+    echo "scripts/test.sh: could not install mediapipe 0.10.14 into $mediapipe_venv (MediaPipe's runtime)" >&2
+    exit 1
+  fi
+  touch "$mediapipe_venv/.complete"
+fi
+export TETHER_MEDIAPIPE_PYTHON="$mediapipe_venv/bin/python"
 # The lint check (configured in pyproject.toml) runs first: a finding stops the run before the long test suite
 if ! python3 -m ruff check .; then
   echo "scripts/test.sh: ruff check found the problems above; fix them (see CONTRIBUTING.md)" >&2

@@ -17,6 +17,8 @@ padding the kernel computes for itself). The semantics are MediaPipe's kernels' 
 
 (XNNPACK keeps the argmax pooling's indices as integers in the float tensor's bits: a model that outputs them
 reads other numbers from LiteRT than from MediaPipe's kernel; tether gives MediaPipe's.)
+
+The face mesh with attention's custom ops, which only MediaPipe runs, are in ``mediapipe_transforms``.
 """
 from __future__ import annotations
 
