@@ -325,6 +325,45 @@ def test_more_op_families_match_tensorflow(tmp_path):
         assert err <= REL_TOL, "output %d (%s): max rel err %.2e" % (i, outputs[i], err)
 
 
+def test_3d_convolutions_and_pools_match_tensorflow(tmp_path):
+    """Video and volume ops (NDHWC): Conv3D strided, dilated and SAME/VALID with a bias, Conv3DBackpropInputV2
+    (conv3d_transpose), MaxPool3D and AvgPool3D, and a layout-agnostic op between them."""
+    tf = _tf()
+    rng = np.random.default_rng(8)
+    w1 = tf.constant(rng.standard_normal((3, 3, 3, 3, 6)).astype(np.float32))
+    w2 = tf.constant(rng.standard_normal((1, 3, 3, 6, 4)).astype(np.float32))
+    w3 = tf.constant(rng.standard_normal((2, 2, 2, 5, 4)).astype(np.float32))
+    bias = tf.constant(rng.standard_normal(6).astype(np.float32))
+
+    @tf.function
+    def f(x):
+        c = tf.nn.relu(tf.nn.bias_add(tf.nn.conv3d(x, w1, [1, 1, 1, 1, 1], "SAME"), bias))
+        d = tf.nn.conv3d(c, w2, [1, 1, 2, 2, 1], "VALID")
+        e = tf.nn.conv3d(c, w2, [1, 1, 1, 1, 1], "SAME", dilations=[1, 2, 1, 2, 1])
+        m = tf.nn.max_pool3d(e, [1, 2, 2, 2, 1], [1, 2, 2, 2, 1], "SAME")
+        a = tf.nn.avg_pool3d(e, [1, 3, 3, 3, 1], [1, 1, 2, 2, 1], "SAME")
+        up = tf.nn.conv3d_transpose(m, w3, [1, 6, 8, 10, 5], [1, 2, 2, 2, 1], "SAME")
+        upv = tf.nn.conv3d_transpose(d, w3, [1, 7, 7, 9, 5], [1, 1, 2, 2, 1], "VALID")
+        return [d, tf.reduce_mean(e, axis=[1, 2, 3]), m, a, tf.sigmoid(up), upv]
+
+    x = rng.standard_normal((1, 6, 8, 10, 3)).astype(np.float32)
+    pb, outputs, inputs = _freeze(tf, f, [tf.TensorSpec(x.shape, tf.float32)])
+    path = tmp_path / "volume.pb"
+    path.write_bytes(pb)
+    refs = [r.numpy() for r in f(x)]
+    graph, params = from_tensorflow(str(path), outputs=outputs)
+    got = _run_host(graph, params, {inputs[0]: x}, tmp_path / "out")
+    from tether.frontend.tensorflow import coverage
+
+    ops = {r["op_type"] for r in coverage(str(path))}
+    assert {"Conv3D", "Conv3DBackpropInputV2", "MaxPool3D", "AvgPool3D"} <= ops, ops
+    assert len(got) == len(refs)
+    for i, (g, r) in enumerate(zip(got, refs)):
+        assert g.shape == r.shape, (i, g.shape, r.shape)
+        err = _rel_err(g, r)
+        assert err <= REL_TOL, "output %d (%s): max rel err %.2e" % (i, outputs[i], err)
+
+
 def test_tensorflow1_switch_and_merge_with_a_constant_predicate(tmp_path):
     """A frozen TensorFlow 1 conditional (a learning phase frozen to False): the branch the predicate takes is
     translated, the other is dropped."""

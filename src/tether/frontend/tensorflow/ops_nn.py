@@ -1,7 +1,7 @@
 """Convolutions, pools, batch normalization, bias, resizing and depth/space moves.
 
-TensorFlow's default layout is NHWC (``data_format``); these ops compute in NCHW, so their results are stored
-NCHW (perm (0, 3, 1, 2)) and the next layout-agnostic ops keep them so. Padding ``SAME`` is TensorFlow's rule:
+TensorFlow's default layout is NHWC (``data_format``; NDHWC for the 3-D ops); these ops compute channels-first, so
+their results are stored NCHW (perm (0, 3, 1, 2); NCDHW for 3-D) and the next layout-agnostic ops keep them so. Padding ``SAME`` is TensorFlow's rule:
 the total padding of an axis is split with the odd unit at the end, which is ONNX's ``SAME_UPPER``.
 """
 from __future__ import annotations
@@ -15,30 +15,39 @@ from tether.frontend.tensorflow.graph import TFNode
 from tether.frontend.tensorflow.translate import NCHW, Converter, Translator, Value, require_const
 
 _CONV_OUT = (None, None, None, None)
+NCDHW = (0, 4, 1, 2, 3)
 
 
 def _window_shape(x: Value, nhwc: bool, kernel: Sequence[int], attrs: Dict, channels: Optional[int]) -> Tuple:
-    """The TensorFlow shape of a window op's result (None where the input's size is unknown)."""
-    n, h, w, c = (None,) * 4
-    if x.shape is not None and len(x.shape) == 4:
-        n, h, w, c = x.shape if nhwc else (x.shape[0], x.shape[2], x.shape[3], x.shape[1])
+    """The TensorFlow shape of a window op's result (None where the input's size is unknown), 2-D or 3-D."""
+    nd = len(kernel)
+    dims: Tuple = (None,) * (nd + 2)
+    if x.shape is not None and len(x.shape) == nd + 2:
+        dims = tuple(x.shape) if nhwc else (x.shape[0],) + tuple(x.shape[2:]) + (x.shape[1],)
     sizes = []
-    for i, size in enumerate((h, w)):
+    for i, size in enumerate(dims[1:-1]):
         if size is None:
             sizes.append(None)
             continue
-        s, d = attrs["strides"][i], attrs.get("dilations", [1, 1])[i]
+        s, d = attrs["strides"][i], attrs.get("dilations", [1] * nd)[i]
         if "auto_pad" in attrs:
             sizes.append(-(-size // s))
         else:
             pads = attrs["pads"]
-            sizes.append((size + pads[i] + pads[i + 2] - (kernel[i] - 1) * d - 1) // s + 1)
-    c = channels if channels is not None else c
-    return (n, sizes[0], sizes[1], c) if nhwc else (n, c, sizes[0], sizes[1])
+            sizes.append((size + pads[i] + pads[i + nd] - (kernel[i] - 1) * d - 1) // s + 1)
+    c = channels if channels is not None else dims[-1]
+    return (dims[0], *sizes, c) if nhwc else (dims[0], c, *sizes)
 
 
 def _layout(node: TFNode) -> Tuple[bool, List[int]]:
-    """(whether the op's data is NHWC, the indices of the spatial axes in its attribute lists)."""
+    """(whether the op's data is channels-last, the indices of the spatial axes in its attribute lists); the 3-D
+    ops' formats are NDHWC and NCDHW."""
+    if node.op.endswith("3D") or node.op.endswith("3DBackpropInputV2"):
+        fmt = node.attr("data_format", "NDHWC")
+        if fmt not in ("NDHWC", "NCDHW"):
+            raise UnsupportedOpError("node %s (%s): data_format %r (supported: NDHWC, NCDHW)"
+                                     % (node.name, node.op, fmt))
+        return fmt == "NDHWC", ([1, 2, 3] if fmt == "NDHWC" else [2, 3, 4])
     fmt = node.attr("data_format", "NHWC")
     if fmt not in ("NHWC", "NCHW"):
         raise UnsupportedOpError("node %s (%s): data_format %r (supported: NHWC, NCHW)" % (node.name, node.op, fmt))
@@ -50,12 +59,14 @@ def _spatial(node: TFNode, attr: str, default: int, axes: Sequence[int]) -> List
     return [int(vals[a]) for a in axes]
 
 
-def _padding(node: TFNode, nhwc: bool) -> Dict:
+def _padding(node: TFNode, nhwc: bool, nd: int = 2) -> Dict:
     pad = node.attr("padding", "VALID")
     if pad == "SAME":
         return {"auto_pad": "SAME_UPPER"}
     if pad == "VALID":
-        return {"pads": [0, 0, 0, 0]}
+        return {"pads": [0] * (2 * nd)}
+    if nd != 2:
+        raise UnsupportedOpError("node %s (%s): padding %r" % (node.name, node.op, pad))
     if pad == "EXPLICIT":
         p = [int(v) for v in node.attr("explicit_paddings")]
         h, w = ((2, 4) if nhwc else (4, 6))
@@ -63,9 +74,11 @@ def _padding(node: TFNode, nhwc: bool) -> Dict:
     raise UnsupportedOpError("node %s (%s): padding %r" % (node.name, node.op, pad))
 
 
-def _input(t: Translator, x: Value, nhwc: bool) -> Tuple[str, object]:
-    """The data in NCHW and the layout of the op's result relative to TensorFlow's view of it."""
-    return (t.nchw(x), NCHW) if nhwc else (t.tf(x), None)
+def _input(t: Translator, x: Value, nhwc: bool, nd: int = 2) -> Tuple[str, object]:
+    """The data channels-first and the layout of the op's result relative to TensorFlow's view of it."""
+    if not nhwc:
+        return t.tf(x), None
+    return (t.nchw(x), NCHW) if nd == 2 else (t.view(x, NCDHW), NCDHW)
 
 
 def _weights(t: Translator, w: Value, fold, perm: Sequence[int], reshape=None) -> str:
@@ -127,6 +140,24 @@ def _depthwise(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     return [out]
 
 
+def _conv3d(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
+    x, w = ins
+    nhwc, sp = _layout(node)
+    if w.shape is None or None in w.shape:
+        raise UnsupportedOpError("node %s (%s): the filter's shape must be known" % (node.name, node.op))
+    attrs = dict(strides=_spatial(node, "strides", 1, sp), dilations=_spatial(node, "dilations", 1, sp),
+                 **_padding(node, nhwc, 3))
+    xn, perm = _input(t, x, nhwc, 3)
+    group = 1
+    c_axis = 4 if nhwc else 1
+    if x.shape is not None and x.shape[c_axis] is not None:
+        group = x.shape[c_axis] // w.shape[3]
+    # filter [kd, kh, kw, in / group, out] -> ONNX [out, in / group, kd, kh, kw]
+    wn = _weights(t, w, lambda a: a.transpose(4, 3, 0, 1, 2), (4, 3, 0, 1, 2))
+    shape = _window_shape(x, nhwc, w.shape[:3], attrs, w.shape[4])
+    return [t.out(t.emit1("Conv", [xn, wn], group=group, **attrs), shape=shape, perm=perm, dtype=x.dtype)]
+
+
 def _space_to_batch(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     x, block_v, pads_v = ins
     block = [int(b) for b in require_const(node, block_v, "block_shape").reshape(-1)]
@@ -159,6 +190,7 @@ def _batch_to_space(t: Translator, node: TFNode, ins: List[Value]) -> List[Value
 def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[Value]:
     sizes_v, w, dy = ins
     nhwc, sp = _layout(node)
+    nd = len(sp)
     if sizes_v.const is not None:
         out_hw = [int(sizes_v.const.reshape(-1)[a]) for a in sp]
     elif sizes_v.elements is not None and all(sizes_v.elements[a] is not None for a in sp):
@@ -170,9 +202,9 @@ def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[
         raise UnsupportedOpError("node %s (%s): the filter's shape must be known" % (node.name, node.op))
     strides, dil = _spatial(node, "strides", 1, sp), _spatial(node, "dilations", 1, sp)
     pad = node.attr("padding", "VALID")
-    kernel = [(w.shape[i] - 1) * d + 1 for i, d in zip((0, 1), dil)]
+    kernel = [(w.shape[i] - 1) * d + 1 for i, d in enumerate(dil)]
     pads_b, pads_e, out_pad = [], [], []
-    for i in range(2):
+    for i in range(nd):
         # the forward convolution this op is the gradient of: input out_hw[i], output dy's size
         if pad == "SAME":
             fwd = -(-out_hw[i] // strides[i])
@@ -181,7 +213,7 @@ def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[
         elif pad == "VALID":
             fwd = (out_hw[i] - kernel[i]) // strides[i] + 1
             total = before = 0
-        elif pad == "EXPLICIT":
+        elif pad == "EXPLICIT" and nd == 2:
             p = [int(v) for v in node.attr("explicit_paddings")]
             before, after = p[2 * sp[i]], p[2 * sp[i] + 1]
             total = before + after
@@ -194,13 +226,14 @@ def _conv_backprop_input(t: Translator, node: TFNode, ins: List[Value]) -> List[
     if min(out_pad) < 0:
         raise UnsupportedOpError("node %s (%s): input sizes %s do not fit its output gradient"
                                  % (node.name, node.op, out_hw))
-    xn, perm = _input(t, dy, nhwc)
-    # filter [kh, kw, out_channels, in_channels of dy] -> ConvTranspose weight [in of dy, out, kh, kw]
-    wn = _weights(t, w, lambda a: a.transpose(3, 2, 0, 1), (3, 2, 0, 1))
+    xn, perm = _input(t, dy, nhwc, nd)
+    # filter [*k, out_channels, in_channels of dy] -> ConvTranspose weight [in of dy, out, *k]
+    axes = (nd + 1, nd) + tuple(range(nd))
+    wn = _weights(t, w, lambda a: a.transpose(axes), axes)
     out = t.emit1("ConvTranspose", [xn, wn], strides=strides, dilations=dil, pads=pads_b + pads_e,
                   output_padding=out_pad)
-    n = dy.shape[0] if dy.shape is not None and len(dy.shape) == 4 else None
-    shape = (n, out_hw[0], out_hw[1], w.shape[2]) if nhwc else (n, w.shape[2], out_hw[0], out_hw[1])
+    n = dy.shape[0] if dy.shape is not None and len(dy.shape) == nd + 2 else None
+    shape = (n, *out_hw, w.shape[nd]) if nhwc else (n, w.shape[nd], *out_hw)
     return [t.out(out, shape=shape, perm=perm, dtype=dy.dtype)]
 
 
@@ -213,9 +246,9 @@ def _pool(onnx_op: str) -> Converter:
             strides = [int(v) for v in require_const(node, ins[2], "strides")]
         else:
             ksize, strides = node.attr("ksize"), node.attr("strides")
-        xn, perm = _input(t, x, nhwc)
+        xn, perm = _input(t, x, nhwc, len(sp))
         kernel = [int(ksize[a]) for a in sp]
-        attrs = dict(strides=[int(strides[a]) for a in sp], **_padding(node, nhwc))
+        attrs = dict(strides=[int(strides[a]) for a in sp], **_padding(node, nhwc, len(sp)))
         out = t.emit1(onnx_op, [xn], kernel_shape=kernel, **attrs)
         return [t.out(out, shape=_window_shape(x, nhwc, kernel, attrs, None), perm=perm, dtype=x.dtype)]
     return convert
@@ -334,9 +367,13 @@ CONVERTERS: Dict[str, Converter] = {
     "Conv2D": _conv2d,
     "DepthwiseConv2dNative": _depthwise,
     "Conv2DBackpropInput": _conv_backprop_input,
+    "Conv3D": _conv3d,
+    "Conv3DBackpropInputV2": _conv_backprop_input,
     "MaxPool": _pool("MaxPool"),
     "MaxPoolV2": _pool("MaxPool"),
     "AvgPool": _pool("AveragePool"),
+    "MaxPool3D": _pool("MaxPool"),
+    "AvgPool3D": _pool("AveragePool"),
     "BiasAdd": _bias_add,
     "BiasAddV1": _bias_add,
     "FusedBatchNorm": _fused_batch_norm,
