@@ -339,3 +339,28 @@ def test_inputs_of_dtypes_without_kernels_are_refused_by_name(elem, name):
                           [helper.make_tensor_value_info("y", elem, [3])])
     with pytest.raises(UnsupportedOpError, match="element type %s" % name):
         from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+# ---------------------------------------------------------------- Dropout
+def _dropout_model(ratio: float):
+    node = helper.make_node("Dropout", ["x", "ratio", "t"], ["y0", "y1"])
+    g = helper.make_graph([node], "dropout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4]),
+                                              helper.make_tensor_value_info("t", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y0", TensorProto.FLOAT, [3, 4]),
+                           helper.make_tensor_value_info("y1", TensorProto.BOOL, [3, 4])],
+                          [helper.make_tensor("ratio", TensorProto.FLOAT, [], [ratio])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_dropout_with_a_zero_ratio_is_the_identity_whatever_the_run_time_training_mode(training):
+    check(_dropout_model(0.0), {"x": floats((3, 4), specials=False), "t": np.array(training)}, exact=True)
+
+
+def test_dropout_that_would_drop_at_random_is_refused_in_one_line():
+    case = None
+    with pytest.raises(UnsupportedOpError, match="training_mode") as info:
+        case = TetherCase(_dropout_model(0.5), {"x": floats((3, 4)), "t": np.array(True)})
+    assert case is None and len(str(info.value).splitlines()) == 1

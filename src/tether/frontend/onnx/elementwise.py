@@ -84,11 +84,15 @@ def _identity(im, node, ins, a):
 
 @CONVERTERS.register("Dropout")
 def _dropout(im, node, ins, a):
-    # inference: dropout is the identity (training_mode, if given, must be a false constant)
-    if len(ins) > 2 and ins[2]:
+    # the identity, with an all-true mask, at inference and whenever the ratio is 0 (then training_mode, a
+    # constant or not, changes nothing); random dropping in training is not computed
+    ratio = im.const(ins[1]) if len(ins) > 1 and ins[1] else None
+    zero_ratio = ratio is not None and float(np.asarray(ratio)) == 0.0
+    if len(ins) > 2 and ins[2] and not zero_ratio:
         tm = im.require_const(ins[2], "Dropout training_mode", node.name)
         if bool(np.asarray(tm)):
-            raise UnsupportedOpError("node %s: Dropout with training_mode=true is not supported" % node.name)
+            raise UnsupportedOpError("node %s: Dropout with training_mode=true and a ratio other than 0 drops at "
+                                     "random; tether computes inference (training_mode false)" % node.name)
     reshape_alias(im, ins[0], node)
     if len(node.output) > 1 and node.output[1]:
         im.add_const(np.ones(im.type(ins[0]).shape, dtype=bool), name=node.output[1])
