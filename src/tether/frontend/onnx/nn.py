@@ -65,9 +65,9 @@ def _conv(im, node, ins, a):
 
 
 def _conv3d(im, name: str, x: str, w: str, s, d, pads, g: int, bias, out: str) -> str:
-    """A 3-D conv as one 2-D conv: the depth taps of each output depth become input channels. The input's kd
-    depth slices (strided by the depth stride) are stacked as channels (group, tap, channel), the output depths
-    join the batch, and the weight (m, c/g, kd, kh, kw) is laid out (m, kd, c/g, kh, kw) to match; so the 2-D conv
+    """A 3-D conv as one 2-D conv: the depth taps of each output depth become input channels. The input's depth
+    frames each output depth reads are gathered as channels (group, tap, channel), the output depths join the
+    batch, and the weight (m, c/g, kd, kh, kw) is laid out (m, kd, c/g, kh, kw) to match; so the 2-D conv
     kernels, their schedules and their tuning serve video and volume models, at the cost of an input kd/sd times
     as large."""
     n, c, depth, h, wd = im.type(x).shape
@@ -83,15 +83,14 @@ def _conv3d(im, name: str, x: str, w: str, s, d, pads, g: int, bias, out: str) -
     if dout < 1:
         raise UnsupportedOpError("node %s: Conv kernel depth %d (dilation %d) is deeper than the padded input's %d"
                                  % (name, kd, d[0], depth))
-    taps = []
-    for j in range(kd):
-        first = j * d[0]
-        sl = im.emit("strided_slice", [x], {"begin": [0, 0, first, 0, 0],
-                                            "end": [n, c, first + s[0] * (dout - 1) + 1, h, wd],
-                                            "step": [1, 1, s[0], 1, 1]}, name + "_tap%d" % j)
-        taps.append(emit_reshape(im, sl, (n, g, 1, cg, dout, h, wd)))
-    stacked = im.emit("concat", taps, {"axis": 2}, name + "_taps") if kd > 1 else taps[0]
-    moved = im.emit("transpose", [stacked], {"axes": [0, 4, 1, 2, 3, 5, 6]}, name + "_depth_to_batch")
+    x6 = emit_reshape(im, x, (n, g, cg, depth, h, wd))
+    taps = np.arange(dout)[:, None] * s[0] + np.arange(kd)[None, :] * d[0]      # (output depth, tap) -> depth
+    if taps.shape != (depth, 1) or taps[:, 0].tolist() != list(range(depth)):
+        # one gather of every tap's depth slice (an injective op the transpose after it fuses with: one pass)
+        x6 = im.emit("gather", [x6, im.add_const(taps.astype(np.int64), name + "_taps")],
+                     {"axis": 3, "shape": [n, g, cg, dout, kd, h, wd]}, name + "_taps")
+    x6 = emit_reshape(im, x6, (n, g, cg, dout, kd, h, wd))
+    moved = im.emit("transpose", [x6], {"axes": [0, 3, 1, 4, 2, 5, 6]}, name + "_depth_to_batch")
     x2 = emit_reshape(im, moved, (n * dout, g * kd * cg, h, wd))
     w5 = im.emit("transpose", [w], {"axes": [0, 2, 1, 3, 4]}, name + "_wtaps")
     w2 = emit_reshape(im, w5, (m, kd * cg, kh, kw))
