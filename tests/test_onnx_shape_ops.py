@@ -82,3 +82,36 @@ def test_range_float(onnx_compare):
     model = make_graph_model(nodes, {"x": x}, ["y"], {"a": np.array(1.5, np.float32), "b": np.array(-2.0, np.float32),
                                                     "d": np.array(-0.5, np.float32)}, opset=13)
     onnx_compare(model, {"x": x})
+
+
+def test_range_of_one_element_tensors(onnx_compare):
+    """Bounds sliced out of a shape are one-element vectors, which onnxruntime's kernel takes as scalars
+    (AffineGrid's function body computes its Range limits so). Its shape inference refuses them where it knows the
+    shape, as here, so onnx's reference evaluator gives the expected outputs."""
+    x = _r(4, 9)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "one", "two"], ["b"]),                   # [9], shape (1,)
+             helper.make_node("Range", ["one", "b", "two_scalar"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=1),
+             helper.make_node("Unsqueeze", ["rf", "one"], ["col"]),                    # (4, 1): 1, 3, 5, 7
+             helper.make_node("Add", ["x", "col"], ["y"])]
+    model = make_graph_model(nodes, {"x": x}, ["y"], {"one": np.array([1], np.int64), "two": np.array([2], np.int64),
+                                                    "two_scalar": np.array(2, np.int64)}, opset=13)
+    from onnx.reference import ReferenceEvaluator
+
+    onnx_compare(model, {"x": x}, expected=ReferenceEvaluator(model).run(None, {"x": x}))
+
+
+@pytest.mark.parametrize("bounds,named", [(([0, 1], [4], [1]), r"start of shape \(2,\)"),
+                                          ((0, 4, 0), "delta is 0")])
+def test_range_with_bad_bounds_is_one_line(bounds, named):
+    from tether.errors import UnsupportedOpError
+
+    x = _r(4)
+    nodes = [helper.make_node("Range", ["a", "b", "d"], ["y"])]
+    inits = {k: np.array(v, np.int64) for k, v in zip("abd", bounds)}
+    model = make_graph_model([helper.make_node("Identity", ["x"], ["xi"])] + nodes, {"x": x}, ["y", "xi"], inits,
+                             opset=13)
+    with pytest.raises(UnsupportedOpError, match=named) as info:
+        from_onnx(model)
+    assert len(str(info.value).splitlines()) == 1

@@ -284,9 +284,16 @@ def _tile(im, node, ins, a):
 
 @CONVERTERS.register("Range")
 def _range(im, node, ins, a):
-    start, limit, delta = (im.require_const(ins[k], "Range " + w, node.name)
-                           for k, w in enumerate(("start", "limit", "delta")))
-    dt = np.asarray(start).dtype
+    values = []
+    for k, what in enumerate(("start", "limit", "delta")):
+        v = np.asarray(im.require_const(ins[k], "Range " + what, node.name))
+        if v.size != 1:     # a scalar, or (as onnxruntime takes it) a one-element tensor
+            raise UnsupportedOpError("node %s: Range %s of shape %s; expected a scalar" % (node.name, what, v.shape))
+        values.append(v.reshape(()))
+    start, limit, delta = values
+    if delta == 0:
+        raise UnsupportedOpError("node %s: Range delta is 0; expected a non-zero step" % node.name)
+    dt = start.dtype
     n = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
     im.add_const((np.asarray(start) + np.arange(n, dtype=dt) * np.asarray(delta)).astype(dt), name=node.output[0])
 
