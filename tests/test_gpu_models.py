@@ -310,3 +310,21 @@ def test_session_device_arrays_feed_a_gpu_model(gpu_built):
             compare_model([ge.get_output(i) for i in range(ge.get_num_outputs())], ref)
         finally:
             ge.close()
+
+
+@pytest.mark.parametrize("api", list(APIS))
+@pytest.mark.parametrize("name", ["r2plus1d", "unet3d"])
+def test_volume_model_on_gpu_matches_onnxruntime(name, api, tmp_path):
+    """3-D convolutions (a video classifier and a 3-D U-Net, tests/fixtures/volume_models.py) wholly on the GPU:
+    their depth-tap gathers, the 2-D convs they become and the transposes back."""
+    from fixtures.volume_models import MODELS as VOLUME_MODELS
+
+    _require(api)
+    model, feeds = VOLUME_MODELS[name](shape={"r2plus1d": (1, 3, 8, 32, 32), "unet3d": (1, 1, 8, 16, 16)}[name])
+    graph, params = from_onnx(model)
+    factory = tether.build_graph(graph, params, target=api)
+    devices = [n["device"] for n in factory.graph_json["nodes"]]
+    assert devices and set(devices) == {"gpu"}, devices
+    factory.export(str(tmp_path))
+    with GraphExecutor.from_folder(str(tmp_path)) as ge:
+        compare_model(_run(ge, feeds), ort_reference(model, feeds, threads=1))
