@@ -46,6 +46,8 @@ def test_conv_3d_with_a_run_time_weight(onnx_compare):
 TRANSPOSE_CASES = [
     ({}, 2, 1, True),
     ({"strides": [2, 2, 2]}, 2, 1, False),                                             # 3-D U-Net upsampling
+    ({"strides": [2, 2, 2], "pads": [1, 0, 1, 0, 1, 0], "output_padding": [1, 0, 1]}, 2, 1, True),
+    ({"strides": [3, 3, 3], "pads": [0, 1, 0, 2, 0, 1]}, 3, 1, True),
     ({"strides": [2, 2, 2], "pads": [1, 1, 1, 1, 1, 1]}, 4, 1, True),
     ({"strides": [1, 2, 3], "output_padding": [0, 1, 2]}, 3, 1, False),
     ({"dilations": [2, 1, 1], "strides": [1, 2, 1], "pads": [0, 1, 2, 1, 0, 0]}, 3, 1, True),

@@ -326,6 +326,10 @@ def _conv_transpose3d(im, node, ins, k, s, d, pads, out_pad, g: int, mg: int) ->
     weight (the definition; the 2-D path's per-phase split would save the multiplications by the zeros)."""
     x, w = ins[0], ins[1]
     n, c, depth, h, wd = im.type(x).shape
+    bias = ins[2] if len(ins) > 2 and ins[2] else None
+    if g == 1 and list(k) == list(s) and list(d) == [1, 1, 1]:
+        _conv_transpose3d_blocks(im, node, x, w, k, pads, out_pad, mg, bias)
+        return
     if any(si > 1 for si in s):     # (n, c, D, 1, H, 1, W, 1) padded to strides, flattened, the tail cropped
         x8 = emit_reshape(im, x, (n, c, depth, 1, h, 1, wd, 1))
         x8 = im.emit("pad", [x8], {"pads": [0] * 8 + [0, 0, 0, s[0] - 1, 0, s[1] - 1, 0, s[2] - 1], "value": 0.0,
@@ -342,8 +346,32 @@ def _conv_transpose3d(im, node, ins, k, s, d, pads, out_pad, g: int, mg: int) ->
     w5 = emit_reshape(im, w6, (g * mg, c // g) + tuple(k))
     w5 = im.emit("strided_slice", [w5], {"begin": [0, 0] + [ki - 1 for ki in k], "end": [g * mg, c // g, -1, -1, -1],
                                          "step": [1, 1, -1, -1, -1]}, node.name + "_wflip")
-    bias = ins[2] if len(ins) > 2 and ins[2] else None
     _conv3d(im, node.name, x, w5, [1, 1, 1], d, [0] * 6, g, bias, node_output(node))
+
+
+def _conv_transpose3d_blocks(im, node, x: str, w: str, k, pads, out_pad, m: int, bias) -> None:
+    """A 3-D transposed conv whose kernel equals its stride (a U-Net's 2x2x2 upsampling): each input voxel writes
+    its own block of the output, so it is one dense (channels -> m * block voxels) and a depth-to-space move; the
+    pads crop it and the output padding adds planes that get the bias alone."""
+    n, c, depth, h, wd = im.type(x).shape
+    block = int(np.prod(k))
+    rows = im.emit("transpose", [x], {"axes": [0, 2, 3, 4, 1]}, node.name + "_voxels")
+    rows = emit_reshape(im, rows, (n * depth * h * wd, c))
+    wt = im.emit("transpose", [emit_reshape(im, w, (c, m * block))], {"axes": [1, 0]}, node.name + "_wT")
+    y = im.emit("dense", [rows, wt], {}, node.name + "_blocks")
+    y = emit_reshape(im, y, (n, depth, h, wd, m, k[0], k[1], k[2]))
+    y = im.emit("transpose", [y], {"axes": [0, 4, 1, 5, 2, 6, 3, 7]}, node.name + "_to_space")
+    y = emit_reshape(im, y, (n, m, depth * k[0], h * k[1], wd * k[2]))
+    edges = [-p for p in pads[:3]] + [out_pad[i] - pads[i + 3] for i in range(3)]
+    last = bias is None
+    if any(edges):
+        y = im.emit("pad", [y], {"pads": [0, 0] + edges[:3] + [0, 0] + edges[3:], "value": 0.0, "mode": "constant"},
+                    node.name + ("" if last else "_crop"), node_output(node) if last else None)
+    elif last:
+        emit_reshape(im, y, (n, m, depth * k[0], h * k[1], wd * k[2]), node.name + "_out", node.output[0])
+    if not last:
+        b = emit_reshape(im, bias, (1, m, 1, 1, 1))
+        im.emit("add", [y, b], {}, node.name + "_bias", node_output(node))
 
 
 @CONVERTERS.register("ConvTranspose")
