@@ -147,6 +147,30 @@ def test_the_ops_of_each_format_are_reported_in_core_ml_terms(converted):
     assert str(mil_rows["conv"]["opset"]).startswith("CoreML")
 
 
+def _volume():
+    """Video layers: 3-D convolutions (SAME, strided VALID, transposed), 3-D max and average pooling."""
+    inp = tf.keras.Input((4, 8, 8, 2), batch_size=1, name="clip")
+    x = K.Conv3D(4, 3, padding="same", activation="relu")(inp)
+    x = K.MaxPooling3D((1, 2, 2))(x)
+    x = K.Conv3D(4, (2, 3, 3), strides=(2, 1, 1), padding="valid")(x)
+    x = K.Conv3DTranspose(3, 2, strides=2, padding="same")(x)
+    x = K.AveragePooling3D(2)(x)
+    return tf.keras.Model(inp, K.Dense(3)(K.GlobalAveragePooling3D()(x)))
+
+
+@pytest.mark.parametrize("variant", ["mlmodel", "mlpackage-fp32"])
+def test_converted_3d_cnn_matches_keras(variant, tmp_path):
+    model = _volume()
+    x = RNG.standard_normal((1, 4, 8, 8, 2)).astype(np.float32)
+    ext = "mlmodel" if variant == "mlmodel" else "mlpackage"
+    path = str(_convert(model, (1, 4, 8, 8, 2), "clip", tmp_path / ("volume." + ext), **VARIANTS[variant]))
+    ops = {r["op_type"]: r for r in op_coverage(path)}
+    assert ({"convolution3d", "pooling3d"} if variant == "mlmodel" else {"conv", "conv_transpose"}) <= set(ops), ops
+    assert all(r["covered"] for r in ops.values())
+    y = _compile_and_run(path, {"clip": x}, tmp_path / "out")
+    assert _rel_err(y, model(x).numpy()) <= FP32_TOL
+
+
 def test_both_formats_are_detected_from_content(converted):
     assert detect.detect(converted[("cnn", "mlmodel")][0]).name == "CoreML"
     assert detect.detect(converted[("cnn", "mlpackage-fp32")][0]).name == "CoreML package"

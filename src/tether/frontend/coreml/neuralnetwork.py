@@ -210,6 +210,84 @@ def _pooling(ctx: Context, layer, p) -> List[str]:
     return [back(y)]
 
 
+def _padding3d(ctx: Context, x: str, p, k: List[int], st: List[int], dl: List[int]) -> List[int]:
+    """ONNX begin-then-end pads of a 3-D conv or pool: CUSTOM (front/back, top/bottom, left/right), VALID, or SAME
+    (the odd unit at the end)."""
+    if p.paddingType == 0:
+        return [int(p.customPaddingFront), int(p.customPaddingTop), int(p.customPaddingLeft),
+                int(p.customPaddingBack), int(p.customPaddingBottom), int(p.customPaddingRight)]
+    if p.paddingType == 1:
+        return [0] * 6
+    sizes = ctx.shape(x, "SAME padding")[-3:]
+    pairs = [_same_pads(size, ki, si, di, False) for size, ki, si, di in zip(sizes, k, st, dl)]
+    return [b for b, _ in pairs] + [e for _, e in pairs]
+
+
+def _convolution3d(ctx: Context, layer, p) -> List[str]:
+    g = ctx.g
+    x = ctx.inp(layer)
+    if ctx.rank(x) != 5:
+        raise Refused("needs an input of rank 5 ([N, C, D, H, W]), got rank %d" % ctx.rank(x))
+    k = [int(p.kernelDepth) or 3, int(p.kernelHeight) or 3, int(p.kernelWidth) or 3]
+    st = [int(p.strideDepth) or 1, int(p.strideHeight) or 1, int(p.strideWidth) or 1]
+    dl = [int(p.dilationDepth) or 1, int(p.dilationHeight) or 1, int(p.dilationWidth) or 1]
+    groups = int(p.nGroups) or 1
+    cin, cout = int(p.inputChannels), int(p.outputChannels)
+    if p.isDeconvolution:     # weights (input channels, output channels / groups, kD, kH, kW)
+        w = weight_array(p.weights, cin * (cout // groups) * int(np.prod(k)), "deconvolution weights")
+        w = g.const(w.reshape([cin, cout // groups] + k), layer.name + "_W")
+    else:                     # weights (output channels, input channels / groups, kD, kH, kW)
+        w = weight_array(p.weights, cout * (cin // groups) * int(np.prod(k)), "convolution weights")
+        w = g.const(w.reshape([cout, cin // groups] + k), layer.name + "_W")
+    inputs = [x, w]
+    if p.hasBias:
+        inputs.append(g.const(weight_array(p.bias, cout, "bias"), layer.name + "_B"))
+    if not p.isDeconvolution:
+        return [g.node("Conv", inputs, layer.name, kernel_shape=k, strides=st, dilations=dl, group=groups,
+                       pads=_padding3d(ctx, x, p, k, st, dl))]
+    # the full transposed output, cropped to the declared output size (or as its padding type sizes it)
+    sizes = ctx.shape(x, "a deconvolution's output size")[-3:]
+    given = [int(v) for v in p.outputShape] if len(p.outputShape) else None
+    custom = _padding3d(ctx, x, p, k, st, dl) if p.paddingType == 0 else [0] * 6
+    begins, ends, out_pad = [], [], []
+    for i, (size, ki, si, di) in enumerate(zip(sizes, k, st, dl)):
+        full = (size - 1) * si + (ki - 1) * di + 1
+        if given is not None:
+            target = given[i]
+        elif p.paddingType == 2:
+            target = size * si
+        else:
+            target = full - custom[i] - custom[i + 3]
+        crop = full - target
+        begin = crop // 2 if p.paddingType == 2 else min(custom[i], max(crop, 0))
+        end = crop - begin
+        begins.append(begin)
+        ends.append(max(end, 0))
+        out_pad.append(max(-end, 0))
+    return [g.node("ConvTranspose", inputs, layer.name, kernel_shape=k, strides=st, dilations=dl, group=groups,
+                   pads=begins + ends, output_padding=out_pad if any(out_pad) else None)]
+
+
+def _pooling3d(ctx: Context, layer, p) -> List[str]:
+    x = ctx.inp(layer)
+    if ctx.rank(x) != 5:
+        raise Refused("needs an input of rank 5 ([N, C, D, H, W]), got rank %d" % ctx.rank(x))
+    k = [int(p.kernelDepth) or 1, int(p.kernelHeight) or 1, int(p.kernelWidth) or 1]
+    st = [int(p.strideDepth) or 1, int(p.strideHeight) or 1, int(p.strideWidth) or 1]
+    pads = _padding3d(ctx, x, p, k, st, [1, 1, 1])
+    if p.type == 0:
+        return [ctx.g.node("MaxPool", [x], layer.name, kernel_shape=k, strides=st, pads=pads)]
+    return [ctx.g.node("AveragePool", [x], layer.name, kernel_shape=k, strides=st, pads=pads,
+                       count_include_pad=0 if p.countExcludePadding else 1)]
+
+
+def _global_pooling3d(ctx: Context, layer, p) -> List[str]:
+    x = ctx.inp(layer)
+    if ctx.rank(x) != 5:
+        raise Refused("needs an input of rank 5 ([N, C, D, H, W]), got rank %d" % ctx.rank(x))
+    return [ctx.g.node("GlobalMaxPool" if p.type == 0 else "GlobalAveragePool", [x], layer.name)]
+
+
 # -- activations ------------------------------------------------------------------------------------------------
 
 def _activation(ctx: Context, layer, p) -> List[str]:
@@ -1011,6 +1089,7 @@ def _dot(ctx: Context, layer, p) -> List[str]:
 
 LAYERS: Dict[str, Converter] = {
     "convolution": _convolution, "pooling": _pooling, "activation": _activation, "innerProduct": _inner_product,
+    "convolution3d": _convolution3d, "pooling3d": _pooling3d, "globalPooling3d": _global_pooling3d,
     "batchnorm": _batchnorm, "mvn": _mvn, "l2normalize": _l2normalize, "softmax": _softmax, "lrn": _lrn,
     "crop": _crop, "padding": _padding, "upsample": _upsample, "resizeBilinear": _resize_bilinear,
     "unary": _unary, "add": _variadic("Add", True), "multiply": _variadic("Mul", True), "average": _average,

@@ -1,8 +1,9 @@
 """Convolutions, pools, batch normalization, bias, resizing and depth/space moves.
 
 TensorFlow's default layout is NHWC (``data_format``; NDHWC for the 3-D ops); these ops compute channels-first, so
-their results are stored NCHW (perm (0, 3, 1, 2); NCDHW for 3-D) and the next layout-agnostic ops keep them so. Padding ``SAME`` is TensorFlow's rule:
-the total padding of an axis is split with the odd unit at the end, which is ONNX's ``SAME_UPPER``.
+their results are stored NCHW (perm (0, 3, 1, 2); NCDHW for 3-D) and the next layout-agnostic ops keep them so.
+Padding ``SAME`` is TensorFlow's rule: the total padding of an axis is split with the odd unit at the end, which is
+ONNX's ``SAME_UPPER``.
 """
 from __future__ import annotations
 
