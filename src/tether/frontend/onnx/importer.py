@@ -37,9 +37,9 @@ class Importer:
     def type(self, value: str) -> TensorType:
         if value in self.dynamic:
             # its type is an upper bound: a converter that reads it (Shape, a kernel's shape) would be wrong
-            raise UnsupportedOpError("value %r has a data-dependent shape (the output of a NonZero, Compress, Unique "
-                                     "or NonMaxSuppression computed at run time); tether runs it only as a graph "
-                                     "output or into other such ops" % value)
+            raise UnsupportedOpError("value %r has a data-dependent shape (known only at run time); tether runs "
+                                     "it only as a graph output or into the ops of frontend/onnx/dynamic_values.py"
+                                     % value)
         return self.types[value]
 
     def fresh(self, hint: str) -> str:
