@@ -301,6 +301,78 @@ def _numpy_cases(seed: int) -> List[Tuple[str, Dict[str, Any], List[np.ndarray],
         cases.append(("nms_padded", {"max_output_size": 8, "soft_nms_sigma": sigma},
                       [nb, ns, np.array(0.4, np.float32), np.array(0.1, np.float32)],
                       [((8,), "int32", False), ((8,), "float32", False), ((), "int32", False)]))
+    return cases + _dynamic_cases(rng, ties, x, h, bf)
+
+
+def _dynamic_cases(rng, ties, x, h, bf) -> List[Tuple[str, Dict[str, Any], List[np.ndarray], list]]:
+    """The ops on data-dependent values (tether_rpc/dynamic_ops.py), each output bound by its Python result's shape;
+    floats with ties, NaN and -0.0, integers that wrap, bfloat16 as its bit patterns."""
+    from tether_rpc.dynamic_ops import BINARY, OPS, UNARY
+
+    cases = []
+
+    def case(op: str, attrs: Dict[str, Any], inputs: List[np.ndarray], dtype: str = "") -> None:
+        r = OPS[op](attrs, *inputs)[0]
+        cases.append((op, attrs, inputs, [(tuple(r.shape), dtype or name_of(r.dtype), True)]))
+
+    plain = ties(3, 4, 5) - 1                   # no NaN: casts of NaN to integers differ between platforms
+    big = rng.integers(-300, 300, size=(4, 6)).astype(np.int32)
+    i64 = rng.integers(-(1 << 40), 1 << 40, size=(4, 6))
+    for src, to in ((x, "float16"), (x, "bfloat16"), (x, "bool"), (plain, "int64"), (plain, "uint8"),
+                    (bf, "float32"), (h, "float64"), (big, "int8"), (i64, "float32"), (big > 0, "float32"),
+                    (x, "float32")):
+        case("dyn_cast", {"from": name_of(src.dtype), "to": to}, [src])
+    case("dyn_transpose", {"perm": [2, 0, 1]}, [x])
+    case("dyn_transpose", {"perm": [1, 0]}, [bf], "bfloat16")
+    case("dyn_reshape", {"mode": "reshape", "shape": [0, -1]}, [x])
+    case("dyn_reshape", {"mode": "flatten", "axis": 2}, [x])
+    case("dyn_reshape", {"mode": "squeeze", "axes": [1]}, [x[:, :1]])
+    case("dyn_reshape", {"mode": "unsqueeze", "axes": [0, 3]}, [i64])
+    case("dyn_slice", {"starts": [1, -1], "ends": [3, -1000], "axes": [0, 2], "steps": [1, -2]}, [x])
+    case("dyn_slice", {"starts": [-9, 5], "ends": [2, 0], "axes": [1, 0], "steps": [3, -1]}, [h])
+    case("dyn_slice", {"starts": [4], "ends": [9], "axes": [1], "steps": [1]}, [x])
+    case("dyn_concat", {"axis": 1}, [x, ties(3, 2, 5)])
+    case("dyn_concat", {"axis": 0}, [i64, i64[:1]])
+    case("dyn_gather", {"axis": 1}, [x, np.array([[-1, 0], [2, 1]], np.int64)])
+    case("dyn_gather", {"axis": 0}, [bf, np.array([4, -5, 0], np.int32)], "bfloat16")
+    case("dyn_gather_nd", {}, [x, np.array([[0, -1], [2, 3], [-3, 0]], np.int64)])
+    case("dyn_gather_nd", {}, [big, np.array([[1, 2], [-1, -6]], np.int64)])
+    case("dyn_where", {}, [rng.standard_normal((4, 1)) > 0, h[:1, :5], h[1:5, 5:]])
+    case("dyn_where", {}, [rng.standard_normal(6) > 0, i64, np.array(7, np.int64)])
+    f = ties(4, 5) - 1.5
+    f[0, :3] = [np.nan, -0.0, 0.0]
+    g = ties(4, 1) - 1
+    for op in BINARY:
+        if op in ("and", "or", "xor"):
+            case("dyn_binary", {"op": op, "dtype": "bool"}, [rng.standard_normal((3, 4)) > 0,
+                                                             rng.standard_normal(4) > 0])
+            continue
+        case("dyn_binary", {"op": op, "dtype": "float32"}, [f, g])
+        divisor = np.where(big[:1] == 0, 7, big[:1]).astype(np.int32)
+        case("dyn_binary", {"op": op, "dtype": "int32"}, [big * 1000, divisor])
+        case("dyn_binary", {"op": op, "dtype": "int64"}, [i64, np.array([3, -3, 5, -7, 1 << 20, -1], np.int64)])
+    case("dyn_binary", {"op": "add", "dtype": "float16"}, [h, h[::-1]])
+    case("dyn_binary", {"op": "mul", "dtype": "bfloat16"}, [bf, bf[:, ::-1]], "bfloat16")
+    case("dyn_binary", {"op": "div", "dtype": "float64"}, [f.astype(np.float64), g.astype(np.float64) + 0.3])
+    case("dyn_binary", {"op": "sub", "dtype": "uint8"}, [big.astype(np.uint8), np.array(200, np.uint8)])
+    for op in UNARY:
+        if op == "not":
+            case("dyn_unary", {"op": op, "dtype": "bool"}, [rng.standard_normal((2, 3)) > 0])
+            continue
+        case("dyn_unary", {"op": op, "dtype": "float32"}, [f * 3.7])
+        if op in ("neg", "abs", "relu"):
+            case("dyn_unary", {"op": op, "dtype": "int32"}, [big])
+            case("dyn_unary", {"op": op, "dtype": "int8"}, [np.array([-128, -1, 0, 5, 127], np.int8)])
+    case("dyn_unary", {"op": "exp", "dtype": "float16"}, [h])
+    case("dyn_unary", {"op": "sigmoid", "dtype": "bfloat16"}, [bf], "bfloat16")
+    for op in ("sum", "mean", "max", "min"):
+        for axes, keep in (([0, 2], 0), ([1], 1), (None, 0)):
+            case("dyn_reduce", {"op": op, "axes": axes, "keepdims": keep, "dtype": "float32"},
+                 [ties(3, 4, 5) * 1.1])
+    case("dyn_reduce", {"op": "max", "axes": [1], "keepdims": 0, "dtype": "float32"}, [f])
+    case("dyn_reduce", {"op": "sum", "axes": [0], "keepdims": 1, "dtype": "int32"}, [big * 10000000])
+    case("dyn_reduce", {"op": "sum", "axes": [1], "keepdims": 0, "dtype": "float16"}, [h])
+    case("dyn_reduce", {"op": "min", "axes": None, "keepdims": 1, "dtype": "int64"}, [i64])
     return cases
 
 

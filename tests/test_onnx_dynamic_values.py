@@ -225,3 +225,15 @@ def test_reshape_bounds_are_sound(target):
         fits += 1
         assert len(out) == len(bound) and all(d <= b for d, b in zip(out, bound)), (shape, out, bound)
     assert fits
+
+
+def test_half_inputs_to_data_dependent_ops(tmp_path):
+    """Compress of float16 (converted through float32, half.py) gives a data-dependent float16 value, which a
+    Concat then reads."""
+    nodes = [helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16),
+             helper.make_node("Compress", ["xh", "c"], ["sel"], axis=0),
+             helper.make_node("Concat", ["sel", "sel"], ["y"], axis=0)]
+    x = RNG.standard_normal((6, 2)).astype(np.float32)
+    feeds = [{"x": x, "c": RNG.standard_normal(6) > 0}, {"x": x, "c": np.ones(6, bool)}]
+    model = make_graph_model(nodes, feeds[0], ["sel", "y"], opset=13)
+    _run_sizes(model, tmp_path, feeds, rtol=0, atol=0)
