@@ -237,3 +237,16 @@ def test_half_inputs_to_data_dependent_ops(tmp_path):
     feeds = [{"x": x, "c": RNG.standard_normal(6) > 0}, {"x": x, "c": np.ones(6, bool)}]
     model = make_graph_model(nodes, feeds[0], ["sel", "y"], opset=13)
     _run_sizes(model, tmp_path, feeds, rtol=0, atol=0)
+
+
+def test_empty_bound_keeps_the_real_extents(tmp_path):
+    """A slice whose bound is empty on one axis: the value is still data-dependent on the others (not a constant
+    of the bound's shape)."""
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"]),
+             helper.make_node("Slice", ["nz", "five", "nine", "zero"], ["y"])]
+    x = np.array([[0, 2, 0], [1, 0, 3]], np.float32)
+    model = make_graph_model(nodes, {"x": x}, ["y"], {"five": np.array([5], np.int64),
+                                                      "nine": np.array([9], np.int64),
+                                                      "zero": np.array([0], np.int64)}, opset=13)
+    shapes = _run_sizes(model, tmp_path, [{"x": x}, {"x": np.ones_like(x)}])
+    assert shapes == {((0, 3),), ((0, 6),)}

@@ -2,8 +2,8 @@
 whose shape is known only at run time): the post-processing real exported models do with such values (boolean
 indexing is NonZero -> Transpose -> GatherND, then Cast, Slice, Concat, arithmetic, Where ...). Each becomes a
 numpy node (kernels/dynamic_op.py, run by tether_rpc/dynamic_ops.py) whose outputs are data-dependent too, with a
-bound for a type. ``convert_node`` consults this table only for a node that reads such a value; the ordinary
-converters handle the same ops on static values. Every axis, shape and index list must be a constant."""
+bound for a type. ``convert_node`` consults this table (``ON_DYNAMIC``) only for a node that reads such a value;
+the ordinary converters handle the same ops on static values. Every axis, shape and index list must be a constant."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional
@@ -12,7 +12,9 @@ from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import (FLOATS, KERNEL_DTYPES, ONNX_DTYPES, ConverterTable, Importer,
                                            node_output, no_legacy_broadcast, norm_axis)
 
-CONVERTERS = ConverterTable(__name__)
+# not a family of the merged table (converters.py): the same ops convert there for static values, and
+# convert_node consults this one only for a node reading a data-dependent value
+ON_DYNAMIC = ConverterTable(__name__ + " (nodes reading data-dependent values)")
 
 _FLOATS = FLOATS + ("float16", "bfloat16")
 _SIGNED = _FLOATS + ("int8", "int16", "int32", "int64")
@@ -45,13 +47,13 @@ def _axes(im: Importer, node, ins: List[str], a: dict, as_input: bool) -> Option
 
 
 # ------------------------------------------------------------------------------------------ casts and layout
-@CONVERTERS.register("Identity")
+@ON_DYNAMIC.register("Identity")
 def _identity(im, node, ins, a):
     dt = _dtype(im, node, ins[0])
     im.emit("dyn_cast", ins[:1], {"from": dt, "to": dt}, node.name, _out(node))
 
 
-@CONVERTERS.register("Cast")
+@ON_DYNAMIC.register("Cast")
 def _cast(im, node, ins, a):
     src = _dtype(im, node, ins[0])
     to = ONNX_DTYPES.get(a["to"], "elem_type_%d" % a["to"])
@@ -61,7 +63,7 @@ def _cast(im, node, ins, a):
     im.emit("dyn_cast", ins[:1], {"from": src, "to": to}, node.name, _out(node))
 
 
-@CONVERTERS.register("Transpose")
+@ON_DYNAMIC.register("Transpose")
 def _transpose(im, node, ins, a):
     nd = _rank(im, ins[0])
     perm = [norm_axis(int(p), nd) for p in a.get("perm", list(range(nd))[::-1])]
@@ -70,7 +72,7 @@ def _transpose(im, node, ins, a):
     im.emit("dyn_transpose", ins[:1], {"perm": perm}, node.name, _out(node))
 
 
-@CONVERTERS.register("Reshape")
+@ON_DYNAMIC.register("Reshape")
 def _reshape(im, node, ins, a):
     shape = _ints(im, node, ins[1], "shape") if im.opset >= 5 else [int(d) for d in a["shape"]]
     if a.get("allowzero", 0) and 0 in shape:
@@ -80,13 +82,13 @@ def _reshape(im, node, ins, a):
     im.emit("dyn_reshape", ins[:1], {"mode": "reshape", "shape": shape}, node.name, _out(node))
 
 
-@CONVERTERS.register("Flatten")
+@ON_DYNAMIC.register("Flatten")
 def _flatten(im, node, ins, a):
     axis = norm_axis(int(a.get("axis", 1)), _rank(im, ins[0]))
     im.emit("dyn_reshape", ins[:1], {"mode": "flatten", "axis": axis}, node.name, _out(node))
 
 
-@CONVERTERS.register("Squeeze")
+@ON_DYNAMIC.register("Squeeze")
 def _squeeze(im, node, ins, a):
     axes = _axes(im, node, ins, a, im.opset >= 13)
     if axes is None:
@@ -97,7 +99,7 @@ def _squeeze(im, node, ins, a):
             node.name, _out(node))
 
 
-@CONVERTERS.register("Unsqueeze")
+@ON_DYNAMIC.register("Unsqueeze")
 def _unsqueeze(im, node, ins, a):
     axes = _axes(im, node, ins, a, im.opset >= 13) or []
     nd = _rank(im, ins[0]) + len(axes)
@@ -105,7 +107,7 @@ def _unsqueeze(im, node, ins, a):
             node.name, _out(node))
 
 
-@CONVERTERS.register("Slice")
+@ON_DYNAMIC.register("Slice")
 def _slice(im, node, ins, a):
     nd = _rank(im, ins[0])
     if im.opset < 10:
@@ -122,7 +124,7 @@ def _slice(im, node, ins, a):
                                    "steps": steps}, node.name, _out(node))
 
 
-@CONVERTERS.register("Concat")
+@ON_DYNAMIC.register("Concat")
 def _concat(im, node, ins, a):
     parts = [i for i in ins if i]
     nd = _rank(im, parts[0])
@@ -133,14 +135,14 @@ def _concat(im, node, ins, a):
 
 
 # ------------------------------------------------------------------------------------------ indexing
-@CONVERTERS.register("Gather")
+@ON_DYNAMIC.register("Gather")
 def _gather(im, node, ins, a):
     _dtype(im, node, ins[1], ("int32", "int64"))
     axis = norm_axis(int(a.get("axis", 0)), _rank(im, ins[0]))
     im.emit("dyn_gather", ins[:2], {"axis": axis}, node.name, _out(node))
 
 
-@CONVERTERS.register("GatherND")
+@ON_DYNAMIC.register("GatherND")
 def _gather_nd(im, node, ins, a):
     _dtype(im, node, ins[1], ("int64",))
     if int(a.get("batch_dims", 0)):
@@ -153,7 +155,7 @@ def _gather_nd(im, node, ins, a):
     im.emit("dyn_gather_nd", ins[:2], {}, node.name, _out(node))
 
 
-@CONVERTERS.register("Where")
+@ON_DYNAMIC.register("Where")
 def _where(im, node, ins, a):
     _dtype(im, node, ins[0], ("bool",))
     if _dtype(im, node, ins[1]) != _dtype(im, node, ins[2]):
@@ -187,7 +189,7 @@ def _binary(im, node, ins, a):
     im.emit("dyn_binary", parts[:2], {"op": op, "dtype": dt}, node.name, _out(node))
 
 
-CONVERTERS.register(*_BINARY)(_binary)
+ON_DYNAMIC.register(*_BINARY)(_binary)
 
 _UNARY: Dict[str, tuple] = {
     "Neg": ("neg", _SIGNED), "Abs": ("abs", _NUMERIC), "Not": ("not", ("bool",)), "Sqrt": ("sqrt", _FLOATS),
@@ -202,7 +204,7 @@ def _unary(im, node, ins, a):
     im.emit("dyn_unary", ins[:1], {"op": op, "dtype": dt}, node.name, _out(node))
 
 
-CONVERTERS.register(*_UNARY)(_unary)
+ON_DYNAMIC.register(*_UNARY)(_unary)
 
 
 # ------------------------------------------------------------------------------------------ reductions
@@ -225,10 +227,5 @@ def _reduce(im, node, ins, a):
     im.emit("dyn_reduce", ins[:1], attrs, node.name, _out(node))
 
 
-CONVERTERS.register(*_REDUCE)(_reduce)
-
-
-def accepted() -> List[str]:
-    """The ONNX ops that take a data-dependent value, besides the ops computing one (dynamic.py)."""
-    return sorted(CONVERTERS)
+ON_DYNAMIC.register(*_REDUCE)(_reduce)
 

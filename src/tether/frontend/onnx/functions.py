@@ -149,8 +149,8 @@ def convert_dynamic(im: Importer, node, ins: List[str]) -> None:
     """Convert a node that reads a data-dependent value: into a numpy node if its op takes such values (the
     ops that compute them, dynamic.py, or their post-processing, dynamic_values.py); else a one-line refusal."""
     key = converter_key(node)
-    if key in dynamic_values.CONVERTERS:
-        dynamic_values.CONVERTERS[key](im, node, ins, node_attrs(node))
+    if key in dynamic_values.ON_DYNAMIC:
+        dynamic_values.ON_DYNAMIC[key](im, node, ins, node_attrs(node))
     elif key in dynamic.CONVERTERS:
         dynamic.CONVERTERS[key](im, node, ins, node_attrs(node))
     else:
@@ -158,7 +158,7 @@ def convert_dynamic(im: Importer, node, ins: List[str]) -> None:
         raise UnsupportedOpError(
             "node %s (%s) reads %r, whose shape is data-dependent (known only at run time); tether runs such a "
             "value only through %s" % (node.name, node.op_type, value,
-                                       ", ".join(sorted(set(dynamic_values.CONVERTERS) | set(dynamic.CONVERTERS)))))
+                                       ", ".join(sorted(set(dynamic_values.ON_DYNAMIC) | set(dynamic.CONVERTERS)))))
     for o in node.output:
         if o and not defined(im, o):
             raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))

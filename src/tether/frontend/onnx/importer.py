@@ -65,8 +65,9 @@ class Importer:
         in_types = [self.types[i] for i in inputs]
         out_types = op_info.infer(op, attrs, in_types)
         outs = list(outputs) if outputs else [self.fresh(op) for _ in out_types]
-        if all(_empty(t) for t in out_types):
-            # an empty tensor is known from its type alone: a constant, never a kernel with a zero extent
+        if all(_empty(t) for t in out_types) and not any(i in self.dynamic for i in inputs):
+            # an empty tensor is known from its type alone: a constant, never a kernel with a zero extent (unless
+            # the type is a bound, whose other extents the real value may not reach)
             for o, t in zip(outs, out_types):
                 self.add_const(np.zeros(t.shape, t.dtype), name=o)
             return outs[0]
