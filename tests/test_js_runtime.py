@@ -460,6 +460,51 @@ def test_model_folder_matches_python_executor(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip() == "the model has no input 'image' (inputs: input)"
 
 
+def test_data_dependent_chain_matches_python_executor(tmp_path):
+    """Boolean indexing and its post-processing (numpy nodes feeding numpy nodes, data-dependent entries between
+    them) after a wasm32 kernel, run by tools/run_model.js, against the host build run by tether_rpc: the same
+    shapes and bits at 5, 0 and all 12 selected."""
+    import tether
+    from fixtures.onnx_struct_compare import make_graph_model
+    from onnx import TensorProto, helper
+    from tether.frontend import from_onnx
+
+    nodes = [helper.make_node("Greater", ["scores", "t"], ["m"]), helper.make_node("NonZero", ["m"], ["nz"]),
+             helper.make_node("Transpose", ["nz"], ["idx"]), helper.make_node("GatherND", ["boxes", "idx"], ["b"]),
+             helper.make_node("Mul", ["b", "scale"], ["bs"]), helper.make_node("ReduceSum", ["bs", "one"], ["area"],
+                                                                             keepdims=0),
+             helper.make_node("Greater", ["area", "t"], ["big"]),
+             helper.make_node("Squeeze", ["idx", "one"], ["i"]),
+             helper.make_node("Where", ["big", "i", "minus"], ["y"]),
+             helper.make_node("Cast", ["area"], ["ah"], to=TensorProto.FLOAT16)]
+    rng = np.random.default_rng(5)
+    boxes = rng.uniform(-1, 1, (12, 4)).astype(np.float32)
+    inits = {"t": np.array(0.5, np.float32), "scale": np.array([1.5, -2, 0.25, 3], np.float32),
+             "one": np.array([1], np.int64), "minus": np.array(-1, np.int64)}
+    model = make_graph_model(nodes, {"boxes": boxes, "scores": np.zeros(12, np.float32)}, ["bs", "y", "ah"], inits,
+                             opset=13)
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, target="wasm32").export(str(tmp_path / "wasm"))
+    tether.build_graph(graph, params, target="host").export(str(tmp_path / "host"))
+    gm = GraphExecutor.from_folder(str(tmp_path / "host"))
+    for above in (5, 0, 12):
+        scores = rng.uniform(0, 0.4, 12).astype(np.float32)
+        scores[rng.permutation(12)[:above]] = 0.9
+        feeds = {"boxes": boxes, "scores": scores}
+        gm.set_input(**feeds)
+        gm.run()
+        (tmp_path / "in.params").write_bytes(save_params(feeds))
+        proc = _run(str(JS / "tools" / "run_model.js"), str(tmp_path / "wasm"), str(tmp_path / "in.params"),
+                    str(tmp_path / "out.params"))
+        assert proc.returncode == 0, proc.stderr
+        got = load_params(str(tmp_path / "out.params"))
+        for j in range(3):
+            want = gm.get_output(j)
+            assert want.shape[0] == above
+            np.testing.assert_array_equal(storage_of(got[str(j)]), storage_of(want), err_msg=str((above, j)))
+            assert got[str(j)].shape == want.shape
+
+
 # ------------------------------------------------------------------------------------------------ a browser
 _PAGE = """<!doctype html><html><body><script type="module">
 import { loadModule, fromTypedArray, empty, loadParams, saveParams, loadGraph } from "/js/src/index.js";
