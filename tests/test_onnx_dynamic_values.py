@@ -250,3 +250,23 @@ def test_empty_bound_keeps_the_real_extents(tmp_path):
                                                       "zero": np.array([0], np.int64)}, opset=13)
     shapes = _run_sizes(model, tmp_path, [{"x": x}, {"x": np.ones_like(x)}])
     assert shapes == {((0, 3),), ((0, 6),)}
+
+
+@pytest.mark.parametrize("opset", [9, 11])
+def test_topk_of_a_data_dependent_value(tmp_path, opset):
+    """TopK with a constant k (an attribute before opset 10) of Compress's output; a k beyond the real axis fails
+    at run time, as in onnxruntime."""
+    topk = helper.make_node("TopK", ["sel"] if opset < 10 else ["sel", "k"], ["v", "i"], axis=0,
+                            **({"k": 3} if opset < 10 else {}))
+    nodes = [helper.make_node("Compress", ["x", "c"], ["sel"], axis=0), topk]
+    x = RNG.integers(-3, 3, (8, 2)).astype(np.float32)             # ties: the lower index first
+    feeds = [{"x": x, "c": RNG.standard_normal(8) > -0.5}, {"x": x, "c": np.ones(8, bool)}]
+    feeds[0]["c"][:4] = True
+    inits = {} if opset < 10 else {"k": np.array([3], np.int64)}
+    model = make_graph_model(nodes, feeds[0], ["v", "i"], inits, opset=opset)
+    _run_sizes(model, tmp_path, feeds)
+    gm = graph_executor.load(str(tmp_path / "m"))
+    gm.set_input("x", x)
+    gm.set_input("c", np.eye(1, 8, 5, dtype=bool).reshape(8))
+    with pytest.raises(ValueError, match="TopK k=3 for an axis of 1"):
+        gm.run()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+import numpy as np
+
 from tether.errors import UnsupportedOpError
 from tether.frontend.onnx.importer import (FLOATS, KERNEL_DTYPES, ONNX_DTYPES, ConverterTable, Importer,
                                            node_output, no_legacy_broadcast, norm_axis)
@@ -18,6 +20,7 @@ ON_DYNAMIC = ConverterTable(__name__ + " (nodes reading data-dependent values)")
 
 _FLOATS = FLOATS + ("float16", "bfloat16")
 _SIGNED = _FLOATS + ("int8", "int16", "int32", "int64")
+_NUMERIC = KERNEL_DTYPES[1:]            # all but bool
 
 
 def _dtype(im: Importer, node, value: str, allowed=KERNEL_DTYPES) -> str:
@@ -164,8 +167,18 @@ def _where(im, node, ins, a):
     im.emit("dyn_where", ins[:3], {}, node.name, _out(node))
 
 
+@ON_DYNAMIC.register("TopK")
+def _topk(im, node, ins, a):
+    # the run-time-k numpy op: its bound (the input's) holds any k the real axis allows; a k beyond the real axis
+    # is a run-time error, as in onnxruntime
+    _dtype(im, node, ins[0], _NUMERIC)
+    k = ins[1] if im.opset >= 10 else im.add_const(np.array([int(a["k"])], np.int64))
+    axis = norm_axis(int(a.get("axis", -1)), _rank(im, ins[0]))
+    im.emit("topk", [ins[0], k], {"axis": axis, "largest": int(a.get("largest", 1))}, node.name,
+            [o if o else im.fresh(node.name + "_unused") for o in (list(node.output) + ["", ""])[:2]])
+
+
 # ------------------------------------------------------------------------------------------ elementwise
-_NUMERIC = KERNEL_DTYPES[1:]
 _BINARY: Dict[str, tuple] = {
     "Add": ("add", _NUMERIC), "Sub": ("sub", _NUMERIC), "Mul": ("mul", _NUMERIC), "Div": ("div", _NUMERIC),
     "Max": ("max", _NUMERIC), "Min": ("min", _NUMERIC), "Equal": ("equal", KERNEL_DTYPES),
