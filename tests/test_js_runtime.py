@@ -333,6 +333,8 @@ def _dynamic_cases(rng, ties, x, h, bf) -> List[Tuple[str, Dict[str, Any], List[
     case("dyn_slice", {"starts": [4], "ends": [9], "axes": [1], "steps": [1]}, [x])
     case("dyn_concat", {"axis": 1}, [x, ties(3, 2, 5)])
     case("dyn_concat", {"axis": 0}, [i64, i64[:1]])
+    case("dyn_shape", {"start": 1, "end": 3}, [x])
+    case("dyn_shape", {"size": 1}, [bf])
     case("dyn_gather", {"axis": 1}, [x, np.array([[-1, 0], [2, 1]], np.int64)])
     case("dyn_gather", {"axis": 0}, [bf, np.array([4, -5, 0], np.int32)], "bfloat16")
     case("dyn_gather_nd", {}, [x, np.array([[0, -1], [2, 3], [-3, 0]], np.int64)])

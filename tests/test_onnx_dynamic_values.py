@@ -270,3 +270,19 @@ def test_topk_of_a_data_dependent_value(tmp_path, opset):
     gm.set_input("c", np.eye(1, 8, 5, dtype=bool).reshape(8))
     with pytest.raises(ValueError, match="TopK k=3 for an axis of 1"):
         gm.run()
+
+
+def test_topk_of_at_most_k_as_torchvision_exports_it(tmp_path):
+    """scores.topk(min(k, len(scores))): Shape of the data-dependent value, Min with k, a run-time k; and Size."""
+    nodes = [helper.make_node("Compress", ["x", "c"], ["sel"]),
+             helper.make_node("Shape", ["sel"], ["n"], start=0, end=1),
+             helper.make_node("Min", ["n", "k"], ["kk"]),
+             helper.make_node("TopK", ["sel", "kk"], ["v", "i"]),
+             helper.make_node("Size", ["sel"], ["size"]),
+             helper.make_node("Cast", ["size"], ["fsize"], to=TensorProto.FLOAT),
+             helper.make_node("Div", ["v", "fsize"], ["y"])]
+    x = RNG.standard_normal(10).astype(np.float32)
+    feeds = [{"x": x, "c": np.arange(10) < m} for m in (8, 2, 0, 10)]
+    model = make_graph_model(nodes, feeds[0], ["y", "i", "n", "size"], {"k": np.array([3], np.int64)}, opset=15)
+    shapes = _run_sizes(model, tmp_path, feeds)
+    assert {s[0] for s in shapes} == {(3,), (2,), (0,)}

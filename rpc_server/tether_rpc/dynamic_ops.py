@@ -143,6 +143,13 @@ def dyn_concat(attrs: Dict[str, Any], *xs: np.ndarray) -> List[np.ndarray]:
     return [np.concatenate(xs, axis=axis)]
 
 
+def dyn_shape(attrs: Dict[str, Any], x: np.ndarray) -> List[np.ndarray]:
+    """ONNX Shape (``start``/``end`` already clamped to the rank) or, with ``size``, Size: as int64."""
+    if attrs.get("size"):
+        return [np.array(x.size, dtype=np.int64)]
+    return [np.array(x.shape, dtype=np.int64)[int(attrs["start"]):int(attrs["end"])]]
+
+
 # ------------------------------------------------------------------------------------------ indexing
 def _indices(idx: np.ndarray, dim: int, what: str) -> np.ndarray:
     """ONNX indices (negative counts from the end) as indices into an axis of ``dim``; ValueError if out of range."""
@@ -272,6 +279,6 @@ def dyn_reduce(attrs: Dict[str, Any], x: np.ndarray) -> List[np.ndarray]:
 
 OPS: Dict[str, Callable[..., List[np.ndarray]]] = {
     "dyn_cast": dyn_cast, "dyn_transpose": dyn_transpose, "dyn_reshape": dyn_reshape, "dyn_slice": dyn_slice,
-    "dyn_concat": dyn_concat, "dyn_gather": dyn_gather, "dyn_gather_nd": dyn_gather_nd, "dyn_where": dyn_where,
-    "dyn_binary": dyn_binary, "dyn_unary": dyn_unary, "dyn_reduce": dyn_reduce,
+    "dyn_concat": dyn_concat, "dyn_shape": dyn_shape, "dyn_gather": dyn_gather, "dyn_gather_nd": dyn_gather_nd,
+    "dyn_where": dyn_where, "dyn_binary": dyn_binary, "dyn_unary": dyn_unary, "dyn_reduce": dyn_reduce,
 }

@@ -163,6 +163,12 @@ function dynConcat(attrs, ...xs) {
   return [tensor(first.dtype, shape, out)];
 }
 
+function dynShape(attrs, x) {
+  if (attrs.size) return [tensor("int64", [], new BigInt64Array([BigInt(x.data.length)]))];
+  const dims = x.shape.slice(Number(attrs.start), Number(attrs.end));
+  return [tensor("int64", [dims.length], BigInt64Array.from(dims, (d) => BigInt(d)))];
+}
+
 // ------------------------------------------------------------------------------------------ indexing
 /** ONNX indices as indices into an axis of `dim` (negative from the end); the first out of range is an error. */
 function indices(values, dim, what) {
@@ -364,6 +370,7 @@ export const DYNAMIC_OPS = Object.freeze({
   dyn_reshape: dynReshape,
   dyn_slice: dynSlice,
   dyn_concat: dynConcat,
+  dyn_shape: dynShape,
   dyn_gather: dynGather,
   dyn_gather_nd: dynGatherNd,
   dyn_where: dynWhere,

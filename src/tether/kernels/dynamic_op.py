@@ -4,9 +4,10 @@ op can give for inputs within their bounds (numpy_ops.bind_node refuses a result
 bound must never be too small, and a loose one only costs memory).
 
 ``dyn_cast`` (from, to), ``dyn_transpose`` (perm), ``dyn_reshape`` (mode reshape/flatten/squeeze/unsqueeze with
-shape, axis or axes), ``dyn_slice`` (starts, ends, axes, steps), ``dyn_concat`` (axis), ``dyn_gather`` (axis),
-``dyn_gather_nd``, ``dyn_where``, ``dyn_binary`` (op, dtype), ``dyn_unary`` (op, dtype), ``dyn_reduce`` (op,
-axes or None, keepdims, dtype); axes are normalized to be non-negative.
+shape, axis or axes), ``dyn_slice`` (starts, ends, axes, steps), ``dyn_concat`` (axis), ``dyn_shape`` (start and
+end, or size: Shape and Size, whose values alone are data-dependent), ``dyn_gather`` (axis), ``dyn_gather_nd``,
+``dyn_where``, ``dyn_binary`` (op, dtype), ``dyn_unary`` (op, dtype), ``dyn_reduce`` (op, axes or None, keepdims,
+dtype); axes are normalized to be non-negative.
 """
 from __future__ import annotations
 
@@ -121,6 +122,8 @@ _INFER = {
     "dyn_reshape": lambda attrs, x: [TensorType(_reshape_bound(attrs, x), x.dtype)],
     "dyn_slice": _slice_infer,
     "dyn_concat": _concat_infer,
+    "dyn_shape": lambda attrs, x: [TensorType(() if attrs.get("size") else (attrs["end"] - attrs["start"],),
+                                              "int64")],
     "dyn_gather": _gather_infer,
     "dyn_gather_nd": _gather_nd_infer,
     "dyn_where": lambda attrs, c, x, y: [TensorType(broadcast_bound(c.shape, x.shape, y.shape), x.dtype)],

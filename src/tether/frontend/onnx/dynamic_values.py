@@ -137,6 +137,19 @@ def _concat(im, node, ins, a):
     im.emit("dyn_concat", parts, {"axis": norm_axis(int(a["axis"]), nd)}, node.name, _out(node))
 
 
+@ON_DYNAMIC.register("Shape")
+def _shape(im, node, ins, a):
+    nd = _rank(im, ins[0])
+    start, end = int(a.get("start", 0)), int(a.get("end", nd))
+    start, end = [min(max(v + nd if v < 0 else v, 0), nd) for v in (start, end)]
+    im.emit("dyn_shape", ins[:1], {"start": start, "end": max(start, end)}, node.name, _out(node))
+
+
+@ON_DYNAMIC.register("Size")
+def _size(im, node, ins, a):
+    im.emit("dyn_shape", ins[:1], {"size": 1}, node.name, _out(node))
+
+
 # ------------------------------------------------------------------------------------------ indexing
 @ON_DYNAMIC.register("Gather")
 def _gather(im, node, ins, a):
