@@ -301,6 +301,80 @@ def _numpy_cases(seed: int) -> List[Tuple[str, Dict[str, Any], List[np.ndarray],
         cases.append(("nms_padded", {"max_output_size": 8, "soft_nms_sigma": sigma},
                       [nb, ns, np.array(0.4, np.float32), np.array(0.1, np.float32)],
                       [((8,), "int32", False), ((8,), "float32", False), ((), "int32", False)]))
+    return cases + _dynamic_cases(rng, ties, x, h, bf)
+
+
+def _dynamic_cases(rng, ties, x, h, bf) -> List[Tuple[str, Dict[str, Any], List[np.ndarray], list]]:
+    """The ops on data-dependent values (tether_rpc/dynamic_ops.py), each output bound by its Python result's shape;
+    floats with ties, NaN and -0.0, integers that wrap, bfloat16 as its bit patterns."""
+    from tether_rpc.dynamic_ops import BINARY, OPS, UNARY
+
+    cases = []
+
+    def case(op: str, attrs: Dict[str, Any], inputs: List[np.ndarray], dtype: str = "") -> None:
+        r = OPS[op](attrs, *inputs)[0]
+        cases.append((op, attrs, inputs, [(tuple(r.shape), dtype or name_of(r.dtype), True)]))
+
+    plain = ties(3, 4, 5) - 1                   # no NaN: casts of NaN to integers differ between platforms
+    big = rng.integers(-300, 300, size=(4, 6)).astype(np.int32)
+    i64 = rng.integers(-(1 << 40), 1 << 40, size=(4, 6))
+    for src, to in ((x, "float16"), (x, "bfloat16"), (x, "bool"), (plain, "int64"), (plain, "uint8"),
+                    (bf, "float32"), (h, "float64"), (big, "int8"), (i64, "float32"), (big > 0, "float32"),
+                    (x, "float32")):
+        case("dyn_cast", {"from": name_of(src.dtype), "to": to}, [src])
+    case("dyn_transpose", {"perm": [2, 0, 1]}, [x])
+    case("dyn_transpose", {"perm": [1, 0]}, [bf], "bfloat16")
+    case("dyn_reshape", {"mode": "reshape", "shape": [0, -1]}, [x])
+    case("dyn_reshape", {"mode": "flatten", "axis": 2}, [x])
+    case("dyn_reshape", {"mode": "squeeze", "axes": [1]}, [x[:, :1]])
+    case("dyn_reshape", {"mode": "unsqueeze", "axes": [0, 3]}, [i64])
+    case("dyn_slice", {"starts": [1, -1], "ends": [3, -1000], "axes": [0, 2], "steps": [1, -2]}, [x])
+    case("dyn_slice", {"starts": [-9, 5], "ends": [2, 0], "axes": [1, 0], "steps": [3, -1]}, [h])
+    case("dyn_slice", {"starts": [4], "ends": [9], "axes": [1], "steps": [1]}, [x])
+    case("dyn_concat", {"axis": 1}, [x, ties(3, 2, 5)])
+    case("dyn_concat", {"axis": 0}, [i64, i64[:1]])
+    case("dyn_shape", {"start": 1, "end": 3}, [x])
+    case("dyn_shape", {"size": 1}, [bf])
+    case("dyn_gather", {"axis": 1}, [x, np.array([[-1, 0], [2, 1]], np.int64)])
+    case("dyn_gather", {"axis": 0}, [bf, np.array([4, -5, 0], np.int32)], "bfloat16")
+    case("dyn_gather_nd", {}, [x, np.array([[0, -1], [2, 3], [-3, 0]], np.int64)])
+    case("dyn_gather_nd", {}, [big, np.array([[1, 2], [-1, -6]], np.int64)])
+    case("dyn_where", {}, [rng.standard_normal((4, 1)) > 0, h[:1, :5], h[1:5, 5:]])
+    case("dyn_where", {}, [rng.standard_normal(6) > 0, i64, np.array(7, np.int64)])
+    f = ties(4, 5) - 1.5
+    f[0, :3] = [np.nan, -0.0, 0.0]
+    g = ties(4, 1) - 1
+    for op in BINARY:
+        if op in ("and", "or", "xor"):
+            case("dyn_binary", {"op": op, "dtype": "bool"}, [rng.standard_normal((3, 4)) > 0,
+                                                             rng.standard_normal(4) > 0])
+            continue
+        case("dyn_binary", {"op": op, "dtype": "float32"}, [f, g])
+        divisor = np.where(big[:1] == 0, 7, big[:1]).astype(np.int32)
+        case("dyn_binary", {"op": op, "dtype": "int32"}, [big * 1000, divisor])
+        case("dyn_binary", {"op": op, "dtype": "int64"}, [i64, np.array([3, -3, 5, -7, 1 << 20, -1], np.int64)])
+    case("dyn_binary", {"op": "add", "dtype": "float16"}, [h, h[::-1]])
+    case("dyn_binary", {"op": "mul", "dtype": "bfloat16"}, [bf, bf[:, ::-1]], "bfloat16")
+    case("dyn_binary", {"op": "div", "dtype": "float64"}, [f.astype(np.float64), g.astype(np.float64) + 0.3])
+    case("dyn_binary", {"op": "sub", "dtype": "uint8"}, [big.astype(np.uint8), np.array(200, np.uint8)])
+    for op in UNARY:
+        if op == "not":
+            case("dyn_unary", {"op": op, "dtype": "bool"}, [rng.standard_normal((2, 3)) > 0])
+            continue
+        case("dyn_unary", {"op": op, "dtype": "float32"}, [f * 3.7])
+        if op in ("neg", "abs", "relu"):
+            case("dyn_unary", {"op": op, "dtype": "int32"}, [big])
+            case("dyn_unary", {"op": op, "dtype": "int8"}, [np.array([-128, -1, 0, 5, 127], np.int8)])
+    case("dyn_unary", {"op": "exp", "dtype": "float16"}, [h])
+    case("dyn_unary", {"op": "sigmoid", "dtype": "bfloat16"}, [bf], "bfloat16")
+    for op in ("sum", "mean", "max", "min"):
+        for axes, keep in (([0, 2], 0), ([1], 1), (None, 0)):
+            case("dyn_reduce", {"op": op, "axes": axes, "keepdims": keep, "dtype": "float32"},
+                 [ties(3, 4, 5) * 1.1])
+    case("dyn_reduce", {"op": "max", "axes": [1], "keepdims": 0, "dtype": "float32"}, [f])
+    case("dyn_reduce", {"op": "sum", "axes": [0], "keepdims": 1, "dtype": "int32"}, [big * 10000000])
+    case("dyn_reduce", {"op": "sum", "axes": [1], "keepdims": 0, "dtype": "float16"}, [h])
+    case("dyn_reduce", {"op": "min", "axes": None, "keepdims": 1, "dtype": "int64"}, [i64])
     return cases
 
 
@@ -386,6 +460,51 @@ def test_model_folder_matches_python_executor(tmp_path):
     proc = _run(str(JS / "tools" / "run_model.js"), str(tmp_path / "wasm"), str(tmp_path / "in.params"),
                 str(tmp_path / "out.params"))
     assert proc.returncode == 2 and proc.stderr.strip() == "the model has no input 'image' (inputs: input)"
+
+
+def test_data_dependent_chain_matches_python_executor(tmp_path):
+    """Boolean indexing and its post-processing (numpy nodes feeding numpy nodes, data-dependent entries between
+    them) after a wasm32 kernel, run by tools/run_model.js, against the host build run by tether_rpc: the same
+    shapes and bits at 5, 0 and all 12 selected."""
+    import tether
+    from fixtures.onnx_struct_compare import make_graph_model
+    from onnx import TensorProto, helper
+    from tether.frontend import from_onnx
+
+    nodes = [helper.make_node("Greater", ["scores", "t"], ["m"]), helper.make_node("NonZero", ["m"], ["nz"]),
+             helper.make_node("Transpose", ["nz"], ["idx"]), helper.make_node("GatherND", ["boxes", "idx"], ["b"]),
+             helper.make_node("Mul", ["b", "scale"], ["bs"]), helper.make_node("ReduceSum", ["bs", "one"], ["area"],
+                                                                             keepdims=0),
+             helper.make_node("Greater", ["area", "t"], ["big"]),
+             helper.make_node("Squeeze", ["idx", "one"], ["i"]),
+             helper.make_node("Where", ["big", "i", "minus"], ["y"]),
+             helper.make_node("Cast", ["area"], ["ah"], to=TensorProto.FLOAT16)]
+    rng = np.random.default_rng(5)
+    boxes = rng.uniform(-1, 1, (12, 4)).astype(np.float32)
+    inits = {"t": np.array(0.5, np.float32), "scale": np.array([1.5, -2, 0.25, 3], np.float32),
+             "one": np.array([1], np.int64), "minus": np.array(-1, np.int64)}
+    model = make_graph_model(nodes, {"boxes": boxes, "scores": np.zeros(12, np.float32)}, ["bs", "y", "ah"], inits,
+                             opset=13)
+    graph, params = from_onnx(model)
+    tether.build_graph(graph, params, target="wasm32").export(str(tmp_path / "wasm"))
+    tether.build_graph(graph, params, target="host").export(str(tmp_path / "host"))
+    gm = GraphExecutor.from_folder(str(tmp_path / "host"))
+    for above in (5, 0, 12):
+        scores = rng.uniform(0, 0.4, 12).astype(np.float32)
+        scores[rng.permutation(12)[:above]] = 0.9
+        feeds = {"boxes": boxes, "scores": scores}
+        gm.set_input(**feeds)
+        gm.run()
+        (tmp_path / "in.params").write_bytes(save_params(feeds))
+        proc = _run(str(JS / "tools" / "run_model.js"), str(tmp_path / "wasm"), str(tmp_path / "in.params"),
+                    str(tmp_path / "out.params"))
+        assert proc.returncode == 0, proc.stderr
+        got = load_params(str(tmp_path / "out.params"))
+        for j in range(3):
+            want = gm.get_output(j)
+            assert want.shape[0] == above
+            np.testing.assert_array_equal(storage_of(got[str(j)]), storage_of(want), err_msg=str((above, j)))
+            assert got[str(j)].shape == want.shape
 
 
 # ------------------------------------------------------------------------------------------------ a browser

@@ -1,5 +1,6 @@
 """The ops a graph runs as numpy on the device, between its compiled kernels: the ones whose output shape depends
-on the values (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time k) and Det (LU-based, no kernel).
+on the values (NonZero, Compress, Unique, NonMaxSuppression, TopK with a run-time k), the ops that read such values
+(dynamic_ops.py) and Det (LU-based, no kernel).
 
 A graph JSON node ``{"numpy": op, "attrs": {...}, "inputs": [...], "outputs": [...]}`` (version 3, docs/graph.md)
 calls ``OPS[op](attrs, *arrays)``, which returns the output arrays. The host compiler uses these same functions as
@@ -12,6 +13,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
+from . import dynamic_ops
 from .detection_ops import detection_postprocess, nms_padded
 
 
@@ -121,6 +123,11 @@ OPS: Dict[str, Callable[..., List[np.ndarray]]] = {
     "det": _det, "topk": _topk, "detection_postprocess": detection_postprocess,
     "nms_padded": nms_padded,
 }
+# the post-processing of data-dependent values (Cast, Transpose, Slice, Gather, arithmetic, ...), in their own module
+for _name, _fn in dynamic_ops.OPS.items():
+    if _name in OPS:
+        raise ValueError("numpy op %r is defined twice" % _name)
+    OPS[_name] = _fn
 
 
 def bind_node(node: Dict[str, Any], entries: List[np.ndarray], dynamic: Dict[int, np.ndarray]) -> Callable[[], None]:
@@ -153,7 +160,7 @@ def bind_node(node: Dict[str, Any], entries: List[np.ndarray], dynamic: Dict[int
                 if r.ndim != bound.ndim or any(d > b for d, b in zip(r.shape, bound.shape)):
                     raise ValueError("numpy node %r: output of shape %s exceeds its bound %s"
                                      % (name, r.shape, bound.shape))
-                dynamic[i] = np.ascontiguousarray(r, dtype=bound.dtype)
+                dynamic[i] = np.asarray(r, dtype=bound.dtype, order="C")   # a 0-d result stays 0-d
             else:
                 if r.size != bound.size:
                     raise ValueError("numpy node %r: output of shape %s, the graph says %s"

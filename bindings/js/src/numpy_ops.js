@@ -1,21 +1,16 @@
 // The ops a graph runs in the executor between its compiled kernels (graph JSON version 3 "numpy" nodes): a
-// port of rpc_server/tether_rpc/numpy_ops.py and detection_ops.py with the same semantics, orders and float32
-// roundings (Math.fround where numpy computes in float32). Tensors here are {dtype, shape, data}: data is the
+// port of rpc_server/tether_rpc/numpy_ops.py and detection_ops.py (dynamic_ops.py: dynamic_ops.js) with the same
+// semantics, orders and float32 roundings (Math.fround where numpy computes in float32). Tensors here are {dtype, shape, data}: data is the
 // dtype's storage typed array (float16/bfloat16 as Uint16Array bit patterns), C order.
 import { lookup, valuesOf, convertValues } from "./dtypes.js";
+import { DYNAMIC_OPS } from "./dynamic_ops.js";
+import { NumpyOpError, tensor } from "./tensors.js";
 
-export class NumpyOpError extends Error {
-  constructor(message) {
-    super(message);
-    this.name = "ValueError";
-  }
-}
+export { NumpyOpError, castTensor, tensor } from "./tensors.js";
+
 
 const fr = Math.fround;
 
-export function tensor(dtype, shape, data) {
-  return { dtype, shape: Array.from(shape), data };
-}
 
 function size(shape) {
   let n = 1;
@@ -648,10 +643,5 @@ export const OPS = Object.freeze({
   topk,
   detection_postprocess: detectionPostprocess,
   nms_padded: nmsPadded,
+  ...DYNAMIC_OPS,
 });
-
-/** Convert a result tensor to `dtype` (numpy's unsafe copy). */
-export function castTensor(t, dtype) {
-  if (t.dtype === dtype) return t;
-  return tensor(dtype, t.shape, convertValues(valuesOf(t.dtype, t.data), dtype));
-}

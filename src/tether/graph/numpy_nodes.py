@@ -2,7 +2,9 @@
 NonMaxSuppression, Det) instead of as compiled kernels, and the values whose shape is known only at run time.
 
 A data-dependent output has no static shape, so no kernel can be compiled for a consumer of it: such a value may
-only be a graph output or feed other numpy nodes (``check_dynamic`` refuses anything else). In the graph JSON
+only be a graph output or feed other numpy nodes (``check_dynamic`` refuses anything else); the ONNX frontend
+turns the common post-processing of such values (Cast, Transpose, Slice, Gather, arithmetic, ...) into numpy
+nodes too (frontend/onnx/dynamic_values.py, kernels/dynamic_op.py). In the graph JSON
 (version 3) a numpy node is ``{"name", "numpy": op, "attrs", "inputs", "outputs"}`` and a data-dependent value's
 entry carries ``"dynamic": true`` (its shape is the largest it can be; the device keeps the real array).
 """
@@ -45,8 +47,8 @@ def check_dynamic(graph: Graph) -> Set[str]:
             if i in dyn:
                 raise UnsupportedOpError(
                     "node %s (%s) reads %r, whose shape is data-dependent (computed by %s, %s): tether compiles "
-                    "kernels for static shapes only, so such a value may only be a graph output or feed NonZero, "
-                    "Compress, Unique or NonMaxSuppression" % (node.name, node.ops_label(), i, dyn[i].name,
+                    "kernels for static shapes only, so such a value may only be a graph output or feed numpy "
+                    "nodes" % (node.name, node.ops_label(), i, dyn[i].name,
                                                               dyn[i].op))
     return set(dyn)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Dict
 
 from tether import ops
-from tether.kernels import core, core_te, detection_op, qconv_ops, quantize_ops
+from tether.kernels import core, core_te, detection_op, dynamic_op, qconv_ops, quantize_ops
 from tether.kernels.registry import DeviceNumpy, Strategy, TeLowering
 
 #: the target kinds these strategies are registered for
@@ -32,7 +32,7 @@ def _strategies() -> Dict[str, Strategy]:
             out[name] = DeviceNumpy()
     for module in (quantize_ops, qconv_ops):
         out.update({op: s for op, s in module.CPU_STRATEGIES.items() if op != "qadd"})
-    for name in detection_op.DEFINITIONS:
+    for name in list(detection_op.DEFINITIONS) + list(dynamic_op.DEFINITIONS):
         out[name] = DeviceNumpy()
     return out
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from tether.errors import UnsupportedOpError
-from tether.frontend.onnx import half
+from tether.frontend.onnx import dynamic, dynamic_values, half
 from tether.frontend.onnx.importer import (ONNX_DTYPES, SEQUENCE_OPS, Importer, check_no_container, converter_key,
                                            defined, node_attrs)
 
@@ -130,6 +130,9 @@ def convert_node(im: Importer, node, declared: Optional[half.DeclaredTypes] = No
         if x and not defined(im, x):
             raise ValueError("node %s (%s) reads %r, which nothing defines" % (node.name, node.op_type, x))
     check_no_container(im, node, ins)
+    if any(x in im.dynamic for x in ins if x):
+        convert_dynamic(im, node, ins)
+        return
     convert = im.converters.get(converter_key(node), _expand_converter)
     if declared is not None and node.op_type not in half.NATIVE and node.op_type not in SEQUENCE_OPS \
             and half.reads_half(im, ins):
@@ -137,6 +140,25 @@ def convert_node(im: Importer, node, declared: Optional[half.DeclaredTypes] = No
     else:
         convert(im, node, ins, node_attrs(node))
         half.pass_through(im, node, ins)
+    for o in node.output:
+        if o and not defined(im, o):
+            raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))
+
+
+def convert_dynamic(im: Importer, node, ins: List[str]) -> None:
+    """Convert a node that reads a data-dependent value: into a numpy node if its op takes such values (the
+    ops that compute them, dynamic.py, or their post-processing, dynamic_values.py); else a one-line refusal."""
+    key = converter_key(node)
+    if key in dynamic_values.ON_DYNAMIC:
+        dynamic_values.ON_DYNAMIC[key](im, node, ins, node_attrs(node))
+    elif key in dynamic.CONVERTERS:
+        dynamic.CONVERTERS[key](im, node, ins, node_attrs(node))
+    else:
+        value = next(x for x in ins if x in im.dynamic)
+        raise UnsupportedOpError(
+            "node %s (%s) reads %r, whose shape is data-dependent (known only at run time); tether runs such a "
+            "value only through %s" % (node.name, node.op_type, value,
+                                       ", ".join(sorted(set(dynamic_values.ON_DYNAMIC) | set(dynamic.CONVERTERS)))))
     for o in node.output:
         if o and not defined(im, o):
             raise UnsupportedOpError("node %s (%s): output %r was not produced" % (node.name, node.op_type, o))

@@ -104,9 +104,13 @@ def convert_in_float32(im: Importer, node, ins: List[str], attrs: dict, convert:
     for o, t in zip(node.output, temps):
         if not o or t is None or t not in im.types:
             continue
-        dt = str(im.type(t).dtype)
+        dt = str(im.types[t].dtype)
         want = declared.get(o, half if dt == "float32" else dt)
-        if dt == "float32" and want in HALF_TYPES:
+        if t in im.dynamic:
+            # a data-dependent result (Compress, Unique, ... of float16): no kernel can cast it, a numpy node can
+            to = want if dt == "float32" and want in HALF_TYPES else dt
+            im.emit("dyn_cast", [t], {"from": dt, "to": to}, node.name + "_to_" + to, [o])
+        elif dt == "float32" and want in HALF_TYPES:
             im.emit("cast", [t], {"to": want}, node.name + "_to_" + want, [o])
             twins[o] = t
         elif t in im.consts:

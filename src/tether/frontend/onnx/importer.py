@@ -37,9 +37,9 @@ class Importer:
     def type(self, value: str) -> TensorType:
         if value in self.dynamic:
             # its type is an upper bound: a converter that reads it (Shape, a kernel's shape) would be wrong
-            raise UnsupportedOpError("value %r has a data-dependent shape (the output of a NonZero, Compress, Unique "
-                                     "or NonMaxSuppression computed at run time); tether runs it only as a graph "
-                                     "output or into other such ops" % value)
+            raise UnsupportedOpError("value %r has a data-dependent shape (known only at run time); tether runs "
+                                     "it only as a graph output or into the ops of frontend/onnx/dynamic_values.py"
+                                     % value)
         return self.types[value]
 
     def fresh(self, hint: str) -> str:
@@ -65,8 +65,9 @@ class Importer:
         in_types = [self.types[i] for i in inputs]
         out_types = op_info.infer(op, attrs, in_types)
         outs = list(outputs) if outputs else [self.fresh(op) for _ in out_types]
-        if all(_empty(t) for t in out_types):
-            # an empty tensor is known from its type alone: a constant, never a kernel with a zero extent
+        if all(_empty(t) for t in out_types) and not any(i in self.dynamic for i in inputs):
+            # an empty tensor is known from its type alone: a constant, never a kernel with a zero extent (unless
+            # the type is a bound, whose other extents the real value may not reach)
             for o, t in zip(outs, out_types):
                 self.add_const(np.zeros(t.shape, t.dtype), name=o)
             return outs[0]
