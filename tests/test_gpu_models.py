@@ -313,14 +313,14 @@ def test_session_device_arrays_feed_a_gpu_model(gpu_built):
 
 
 @pytest.mark.parametrize("api", list(APIS))
-@pytest.mark.parametrize("name", ["r2plus1d", "unet3d"])
+@pytest.mark.parametrize("name", ["r2plus1d_video", "unet3d"])
 def test_volume_model_on_gpu_matches_onnxruntime(name, api, tmp_path):
-    """3-D convolutions (a video classifier and a 3-D U-Net, tests/fixtures/volume_models.py) wholly on the GPU:
+    """3-D convolutions (a video classifier and a 3-D U-Net, tether.testing.volume_models) wholly on the GPU:
     their depth-tap gathers, the 2-D convs they become and the transposes back."""
-    from fixtures.volume_models import MODELS as VOLUME_MODELS
+    from tether.testing.volume_models import MODELS as VOLUME_MODELS
 
     _require(api)
-    model, feeds = VOLUME_MODELS[name](shape={"r2plus1d": (1, 3, 8, 32, 32), "unet3d": (1, 1, 8, 16, 16)}[name])
+    model, feeds = VOLUME_MODELS[name]("test")
     graph, params = from_onnx(model)
     factory = tether.build_graph(graph, params, target=api)
     devices = [n["device"] for n in factory.graph_json["nodes"]]

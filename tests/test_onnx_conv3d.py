@@ -3,7 +3,8 @@ output_padding, output_shape) through the whole flow against onnxruntime."""
 import numpy as np
 import pytest
 from fixtures.onnx_struct_compare import make_model
-from fixtures.volume_models import MODELS as VOLUME_MODELS
+
+from tether.testing.volume_models import MODELS as VOLUME_MODELS
 
 RNG = np.random.default_rng(3)
 
@@ -84,5 +85,5 @@ def test_volume_model_matches_onnxruntime(onnx_compare, name):
     """An R(2+1)D-style video classifier (torchvision's r2plus1d_18 scaled down: (2+1)D stem and residual blocks,
     strided 1x1x1 shortcut, 3-D pooling, linear head) and a two-level 3-D U-Net (3x3x3 convs, max pooling, a
     stride-2 ConvTranspose, the skip concatenated, a softmax over classes)."""
-    model, feeds = VOLUME_MODELS[name]()
+    model, feeds = VOLUME_MODELS[name]("test")
     onnx_compare(model, feeds, rtol=1e-4, atol=1e-4)
