@@ -36,6 +36,26 @@ def test_epilogue_is_fused_into_the_conv_write_back():
     assert "vectorized" in ir
 
 
+def test_an_epilogue_that_reads_the_conv_twice_is_fused_into_its_write_back():
+    """SiLU, x * sigmoid(x), reads the conv's result through two inlined ops that meet again in the output: still
+    one epilogue of the conv's register block, not a full-size conv buffer read back by a second pass."""
+    x = te.placeholder((1, 16, 28, 28), "float32", name="x")
+    w = te.placeholder((32, 16, 3, 3), "float32", name="w")
+    b = te.placeholder((32,), "float32", name="b")
+    conv = ops.conv2d(x, w, bias=b, padding=1)
+    ir = _ir([ops.multiply(conv, ops.sigmoid(conv))], [x, w, b])
+    assert "float32[25088]" not in ir, ir
+
+
+def test_matmul_columns_not_a_multiple_of_the_block_stay_vectors():
+    """An attention's A @ V with 24-wide heads: the last 16-column tile is shifted back to end at column 24
+    (overlapping the first), not run as a scalar tail."""
+    a = te.placeholder((16, 256, 256), "float32", name="a")
+    v = te.placeholder((16, 256, 24), "float32", name="v")
+    ir = _ir([ops.batch_matmul(a, v)], [a, v])
+    assert "vectorized" in ir and "range(min(" not in ir, ir     # (a tail loop of min(16, 24 - j) columns)
+
+
 def test_strided_loads_are_left_scalar():
     x = te.placeholder((64, 48), "float32", name="x")
     ir = _ir([ops.transpose(x)], [x])

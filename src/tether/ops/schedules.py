@@ -340,7 +340,8 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     so = s[out]
     axes = list(out.op.axis)
     lead, (i, j) = axes[:-2], axes[-2:]
-    if t.op.attrs.get(REGISTER_BLOCK):
+    if t.op.attrs.get(REGISTER_BLOCK) or (contiguous and axis_extent(j) % nr and axis_extent(j) > nr):
+        # (an attention's head width of 24, 30 or 36 columns: the partial tile ran as scalar code)
         io, jo, ii, ji = _tile_shifted(so, i, j, mr, nr)
     else:
         io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
@@ -455,6 +456,10 @@ CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE = 128
 PANELS_OUTER_MIN_CHANNELS = 128
 PANELS_OUTER_MAX_REDUCE = 128
 PANELS_OUTER_MAX_INPUT_BYTES = 1 << 20
+# With channel panels outermost, an input bigger than this streams from L3 or memory once per panel (wav2vec2's
+# second feature conv: 512 channels x 3199 frames, 6.5 MB, read by 32 panels): the pixel blocks are then taken in
+# chunks of about this much input, each chunk read by every panel while it stays in L2.
+PANELS_OUTER_CHUNK_BYTES = 512 << 10
 
 
 def _schedule_conv_pixels(s, t, fam: Family, ctx):
@@ -492,13 +497,24 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     if fam.conv_order != "auto":
         panels_outer = fam.conv_order == "panels"
     outer, inner = (oo, po) if panels_outer else (po, oo)
-    so.reorder(outer, inner, oi, pi)
+    chunk = None
+    if panels_outer and x_bytes > 2 * PANELS_OUTER_CHUNK_BYTES and fam.conv_order == "auto":
+        per_chunk = max(1, PANELS_OUTER_CHUNK_BYTES * n_blocks // x_bytes)
+        if per_chunk < n_blocks:
+            chunk, inner = so.split(po, factor=per_chunk)
+    if chunk is not None:
+        so.reorder(chunk, outer, inner, oi, pi)
+    else:
+        so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
     if fam.name == "x86" and fam.lanes >= 16 and reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE:
         so.vectorize(pi)
     else:
         so.unroll(pi)
-    if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
+    if chunk is not None:
+        if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
+            so.parallel(so.fuse(chunk, outer))
+    elif numel(out) * reduce_size(t) >= fam.parallel_min * 64:
         axis = fam.parallel_axis
         if axis == "fused" or (axis == "auto" and panels_outer and n_panels < 2 * fam.parallel_tasks):
             # (auto: too few panels to balance the threads on)
@@ -771,21 +787,32 @@ def schedule(outs, target="host", config=None):
 
 
 def _single_injective_sink(op, consumers, inline, out_ids):
-    """Follow op's consumers through inlined injective ops; return the single output op they end in, if any."""
-    cur = op
-    for _ in range(64):
+    """Follow op's consumers through inlined injective ops; return the single output op they all end in, if any.
+    The paths may part and meet again (SiLU's x * sigmoid(x) reads x twice): the output still computes each
+    element of op once per element it writes."""
+    sink = None
+    seen = set()
+    frontier = [op]
+    while frontier:
+        cur = frontier.pop()
         users = consumers.get(id(cur), [])
-        if len(users) != 1:
+        if not users:
             return None
-        (u,) = users
-        if not c.is_injective(u):
-            return None
-        if id(u) in out_ids:
-            return u
-        if id(u) not in inline:
-            return None
-        cur = u
-    return None
+        for u in users:
+            if id(u) in seen:
+                continue
+            seen.add(id(u))
+            if not c.is_injective(u) or len(seen) > 64:
+                return None
+            if id(u) in out_ids:
+                if sink is not None and sink is not u:
+                    return None
+                sink = u
+            elif id(u) in inline:
+                frontier.append(u)
+            else:
+                return None
+    return sink
 
 
 # ---------------------------------------------------------------------------------------------------------------
