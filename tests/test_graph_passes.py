@@ -127,6 +127,30 @@ def test_fuse_keeps_a_region_apart_when_an_inner_value_is_read_outside():
     _check_same(g, p, g2, p2)
 
 
+def test_an_activation_after_a_1d_conv_joins_the_conv_across_its_reshape():
+    """A 1-D conv runs as a 2-D conv over a height of one and is reshaped back: the elementwise ops after it
+    (a per-channel scale, SiLU) run before that reshape, in the conv's kernel."""
+    from tether.graph.passes import lift_over_unit_reshapes
+    t4, t3 = TensorType((1, 4, 1, 16), "float32"), TensorType((1, 4, 16), "float32")
+    params = {"w": RNG.standard_normal((4, 3, 1, 3)).astype(np.float32),
+              "scale": RNG.standard_normal((4, 1)).astype(np.float32)}
+    types = {"x": TensorType((1, 3, 1, 16), "float32"), "c4": t4, "c": t3, "m": t3, "s": t3, "y": t3}
+    types.update({k: TensorType(v.shape, v.dtype) for k, v in params.items()})
+    conv = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 1, 0, 1], "groups": 1}
+    nodes = [Node("conv2d", "conv", ["x", "w"], ["c4"], conv),
+             Node("reshape", "squeeze", ["c4"], ["c"], {"shape": (1, 4, 16)}),
+             Node("mul", "scale", ["c", "scale"], ["m"]),
+             Node("sigmoid", "sig", ["m"], ["s"]), Node("mul", "silu", ["m", "s"], ["y"])]
+    g, p = Graph(["x"], ["y"], nodes, types, "conv1d"), params
+    g2, p2 = lift_over_unit_reshapes(g, p)
+    assert [n.op for n in g2.nodes] == ["conv2d", "mul", "sigmoid", "mul", "reshape"], str(g2)
+    assert p2["scale_unit"].shape == (1, 4, 1, 1) and "scale" not in p2
+    _check_same(g, p, g2, p2)
+    g3, p3 = optimize(g, p, opt_level=2)
+    assert [n.ops_label() for n in g3.nodes] == ["conv2d+mul+sigmoid+mul", "reshape"], str(g3)
+    _check_same(g, p, g3, p3)
+
+
 def test_memory_plan_reuses_storage_along_a_chain():
     types = {"x": TensorType((1024,), "float32")}
     nodes = []
