@@ -450,6 +450,32 @@ CONV_WEIGHTS_IN_CACHE = 256 << 10
 # mobilenet_v2's deep 1x1 layers within noise; 96->576 @14x14, K=96, was 10% slower so, hence the bound). AVX2
 # and ARM keep the unrolled write-back until measured.
 CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE = 128
+# An epilogue calling these (SiLU's sigmoid, GELU's erf) is vectorized at any reduction length: unrolled, each of
+# the block's 12 x 16 results ran its own scalar sigmoid (EfficientNet's 3 -> 32 stem with SiLU: 0.25 -> 0.73 ms).
+_COSTLY_CALLS = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "pow"})
+
+
+def _calls_costly_math(out, block) -> bool:
+    """Whether the ops from ``block`` (excluded) up to ``out`` (a fused epilogue) call a costly math function."""
+    from tether.tir.expr import Call
+
+    seen = set()
+    ops_ = [out.op]
+    while ops_:
+        op = ops_.pop()
+        if id(op) in seen or op is block.op or not hasattr(op, "body"):
+            continue
+        seen.add(id(op))
+        exprs = [op.body]
+        while exprs:
+            e = exprs.pop()
+            if isinstance(e, Call) and e.name in _COSTLY_CALLS:
+                return True
+            for f in getattr(e, "_fields", ()):
+                v = getattr(e, f, None)
+                exprs.extend(v if isinstance(v, (list, tuple)) else [v] if v is not None else [])
+        ops_.extend(t.op for t in op.input_tensors)
+    return False
 
 
 # (see _schedule_conv_pixels: when channel panels go outermost on AVX-512)
@@ -507,7 +533,8 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     else:
         so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
-    if fam.name == "x86" and fam.lanes >= 16 and reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE:
+    if fam.name == "x86" and fam.lanes >= 16 and (reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE
+                                                  or (out is not t and _calls_costly_math(out, t))):
         so.vectorize(pi)
     else:
         so.unroll(pi)
