@@ -64,6 +64,19 @@ def test_softmax_last_axis_matches_onnxruntime(shape, tmp_path):
     _check(model, {"x": x}, tmp_path, threads=(1, 2), tol=1e-5)
 
 
+def test_softmax_combines_its_partial_results_as_vectors():
+    """A row's U vectors of partial maxima and sums are combined as vectors, then one vector's lanes one by one:
+    not all U x lanes slots one by one (on rows of 256, MobileViT's attention, that took longer than the passes)."""
+    from tether.graph.ir import Node, TensorType
+    from tether.kernels.softmax_kernel import ACC_VECTORS, softmax_kernel
+    from tether.ops.schedules import family_of
+    from tether.target import Target
+    t = TensorType((8, 256), "float32")
+    text = str(softmax_kernel(Node("softmax", "s", ["x"], ["y"], {"axis": -1}), {"x": t, "y": t}, Target("host"), "k"))
+    lanes = family_of(Target("host")).lanes
+    assert "range(%d)" % (ACC_VECTORS * lanes - 1) not in text and "range(%d)" % (lanes - 1) in text, text
+
+
 def test_softmax_flushes_terms_far_below_the_max(tmp_path):
     """Scores 1e4 apart (a masked row): exp underflows; the kernel flushes such terms to zero, never NaN."""
     x = np.zeros((3, 40), np.float32)

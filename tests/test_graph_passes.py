@@ -87,6 +87,70 @@ def test_fuse_keeps_values_with_two_readers():
     assert len(conv_nodes) == 1
 
 
+def _conv_then(act_nodes, extra_outputs=()):
+    """conv 3->4 (3x3) + bias, then ``act_nodes`` reading its output "c" and writing "y"."""
+    t = TensorType((1, 4, 8, 8), "float32")
+    params = {"w": RNG.standard_normal((4, 3, 3, 3)).astype(np.float32),
+              "bias": RNG.standard_normal((1, 4, 1, 1)).astype(np.float32),
+              "half": np.array(0.5, np.float32), "one": np.array(1.0, np.float32),
+              "rt2": np.array(np.sqrt(2.0), np.float32)}
+    types = {"x": TensorType((1, 3, 8, 8), "float32"), "c0": t, "c": t}
+    types.update({k: TensorType(v.shape, v.dtype) for k, v in params.items()})
+    for n in act_nodes:
+        types[n.outputs[0]] = t
+    conv = {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "groups": 1}
+    nodes = [Node("conv2d", "conv", ["x", "w"], ["c0"], conv), Node("add", "bias", ["c0", "bias"], ["c"])]
+    return Graph(["x"], ["y"] + list(extra_outputs), nodes + list(act_nodes), types, "act"), params
+
+
+SILU = [Node("sigmoid", "sig", ["c"], ["s"]), Node("mul", "silu", ["c", "s"], ["y"])]
+GELU = [Node("div", "d", ["c", "rt2"], ["e0"]), Node("erf", "erf", ["e0"], ["e1"]),
+        Node("add", "a1", ["e1", "one"], ["e2"]), Node("mul", "m1", ["c", "e2"], ["e3"]),
+        Node("mul", "m2", ["e3", "half"], ["y"])]
+
+
+@pytest.mark.parametrize("act", [SILU, GELU], ids=["silu", "gelu"])
+def test_fuse_takes_an_activation_that_reads_its_input_twice_into_the_conv(act):
+    """x * sigmoid(x) and GELU's erf form read the conv's output through two nodes: as one region they join the
+    conv's kernel (not a kernel of their own, nor the next conv's prologue)."""
+    g, p = _conv_then(act)
+    g2, p2 = fuse(g, p)
+    assert len(g2.nodes) == 1, str(g2)
+    assert [n.op for n in g2.nodes[0].body()] == ["conv2d", "add"] + [n.op for n in act]
+    _check_same(g, p, g2, p2)
+
+
+def test_fuse_keeps_a_region_apart_when_an_inner_value_is_read_outside():
+    g, p = _conv_then(SILU, extra_outputs=["s"])     # sigmoid(c) is also a graph output
+    g2, p2 = fuse(g, p)
+    assert len(g2.nodes) == 3, str(g2)
+    _check_same(g, p, g2, p2)
+
+
+def test_an_activation_after_a_1d_conv_joins_the_conv_across_its_reshape():
+    """A 1-D conv runs as a 2-D conv over a height of one and is reshaped back: the elementwise ops after it
+    (a per-channel scale, SiLU) run before that reshape, in the conv's kernel."""
+    from tether.graph.passes import lift_over_unit_reshapes
+    t4, t3 = TensorType((1, 4, 1, 16), "float32"), TensorType((1, 4, 16), "float32")
+    params = {"w": RNG.standard_normal((4, 3, 1, 3)).astype(np.float32),
+              "scale": RNG.standard_normal((4, 1)).astype(np.float32)}
+    types = {"x": TensorType((1, 3, 1, 16), "float32"), "c4": t4, "c": t3, "m": t3, "s": t3, "y": t3}
+    types.update({k: TensorType(v.shape, v.dtype) for k, v in params.items()})
+    conv = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 1, 0, 1], "groups": 1}
+    nodes = [Node("conv2d", "conv", ["x", "w"], ["c4"], conv),
+             Node("reshape", "squeeze", ["c4"], ["c"], {"shape": (1, 4, 16)}),
+             Node("mul", "scale", ["c", "scale"], ["m"]),
+             Node("sigmoid", "sig", ["m"], ["s"]), Node("mul", "silu", ["m", "s"], ["y"])]
+    g, p = Graph(["x"], ["y"], nodes, types, "conv1d"), params
+    g2, p2 = lift_over_unit_reshapes(g, p)
+    assert [n.op for n in g2.nodes] == ["conv2d", "mul", "sigmoid", "mul", "reshape"], str(g2)
+    assert p2["scale_unit"].shape == (1, 4, 1, 1) and "scale" not in p2
+    _check_same(g, p, g2, p2)
+    g3, p3 = optimize(g, p, opt_level=2)
+    assert [n.ops_label() for n in g3.nodes] == ["conv2d+mul+sigmoid+mul", "reshape"], str(g3)
+    _check_same(g, p, g3, p3)
+
+
 def test_memory_plan_reuses_storage_along_a_chain():
     types = {"x": TensorType((1024,), "float32")}
     nodes = []

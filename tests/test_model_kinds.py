@@ -1,7 +1,8 @@
 """Every model kind users bring (tether.testing.model_kinds: a DB text detector, an SVTR and a CRNN recognizer,
-YOLOv8, YOLOX and PicoDet detectors, a voice-activity detector, a MobileNetV3 classifier, a transformer encoder),
-built with onnx.helper at a small input size, compiled for the host and compared with onnxruntime: every output
-has onnxruntime's dtype and shape and a max relative error (max |tether - ort| / max |ort|) <= 1e-4.
+YOLOv8, YOLOX and PicoDet detectors, a voice-activity detector, MobileNetV3, EfficientNet and MobileViT
+classifiers, transformer and wav2vec2 encoders, a dynamically quantized CRNN), built with onnx.helper at a small
+input size, compiled for the host and compared with onnxruntime: every output has onnxruntime's dtype and shape
+and a max relative error (max |tether - ort| / max |ort|) <= 1e-4 (float models; see TOLERANCE).
 scripts/bench_model_kinds.py times the same models at their real input sizes."""
 import numpy as np
 import onnxruntime as ort
@@ -11,6 +12,13 @@ import tether
 from tether import graph_executor
 from tether.frontend import from_onnx
 from tether.testing.model_kinds import KINDS, relative_error
+
+
+# The dynamically quantized CRNN quantizes each activation at run time: an activation that float rounding puts on
+# the other side of a uint8 step moves by a whole step, and the step carries through the next layers. onnxruntime
+# itself moves by 3.8e-3 on this model when its input is scaled by (1 + 1e-7); 1e-2 allows a few such steps, while
+# a wrong scale, zero point or layout is off by far more (the int8 model is 7.7e-3 from the float one).
+TOLERANCE = {"crnn_dynquant": 1e-2}
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -28,7 +36,7 @@ def test_kind_matches_onnxruntime(kind, tmp_path):
         got = gm.get_output(i)
         assert got.dtype == r.dtype and got.shape == r.shape, (i, got.dtype, got.shape, r.dtype, r.shape)
         assert np.isfinite(r).all() and np.abs(r).max() > 0, "degenerate reference output %d" % i
-        assert relative_error(got, r) <= 1e-4, (i, relative_error(got, r))
+        assert relative_error(got, r) <= TOLERANCE.get(kind, 1e-4), (i, relative_error(got, r))
 
 
 def test_relative_error_sees_a_wrong_value():

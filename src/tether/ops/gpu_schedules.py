@@ -28,7 +28,7 @@ from tether.tir import Const, Reduce, TensorLoad, walk
 from tether.tir.dtype import bits
 
 from . import common as c
-from .schedules import _collect, _single_injective_sink, numel
+from .schedules import _collect, numel
 
 #: default device limits: those of Mali-class GPUs, so that a default schedule runs everywhere
 DEFAULT_MAX_THREADS = 256
@@ -207,7 +207,7 @@ def schedule_gpu(outs, limits: Any = None, config: Optional[Mapping[str, Any]] =
     anchor: Dict[int, Any] = {}
     for op in order:
         if isinstance(op.body, Reduce) and id(op) not in out_ids:
-            sink = _single_injective_sink(op, consumers, inline, out_ids, link=_reads_one_element)
+            sink = _identity_sink(op, consumers, inline, out_ids)
             if sink is not None and id(sink) not in {id(a) for a in anchor.values()}:
                 anchor[id(op)] = sink
     anchored_outputs = {id(a): k for k, a in anchor.items()}
@@ -218,6 +218,25 @@ def schedule_gpu(outs, limits: Any = None, config: Optional[Mapping[str, Any]] =
         kernel = next((o for o in order if id(o) == anchored_outputs.get(id(op))), None)
         _schedule_root(s, op, kernel, ctx)
     return s
+
+
+def _identity_sink(op, consumers, inline, out_ids):
+    """The output op that a chain of inlined injective consumers of ``op`` ends in, when each link reads one element
+    of the one before per element (so a thread of the output needs one element of ``op``, computed by no other)."""
+    cur = op
+    for _ in range(64):
+        users = consumers.get(id(cur), [])
+        if len({id(u) for u in users}) != 1:
+            return None
+        u = users[0]
+        if not c.is_injective(u) or not _reads_one_element(u, cur):
+            return None
+        if id(u) in out_ids:
+            return u
+        if id(u) not in inline:
+            return None
+        cur = u
+    return None
 
 
 def _reads_one_element(u, producer) -> bool:

@@ -23,6 +23,17 @@ Each builder takes ``size`` ("test" or "bench") and returns ``(model, feeds)``:
   squeeze-excitation with HardSigmoid) on a 48x192 text line, two classes.
 - ``transformer_encoder``: a two-layer encoder as torch.onnx writes ``nn.TransformerEncoder`` (d_model 128,
   4 heads, feed-forward 512, GELU as ``Erf``, ``LayerNormalization``) on 64 tokens.
+- ``efficientnet_b0``: EfficientNet-B0: SiLU as ``Mul(x, Sigmoid(x))``, MBConv blocks (expand 1x1, depthwise
+  3x3/5x5, squeeze-excite with SiLU and Sigmoid, project 1x1, residuals), head and classifier, at 224x224.
+- ``mobilevit_xs``: MobileViT-XS: MV2 blocks, MobileViT blocks that unfold 2x2 patches with ``Reshape`` and
+  ``Transpose``, run transformer layers (``LayerNormalization``, multi-head attention, SiLU MLP), fold them back
+  and fuse them with the local branch through a ``Concat``, at 256x256.
+- ``wav2vec2_encoder``: a wav2vec2-base-like audio encoder, narrower: seven strided 1-D convs (512 channels)
+  with GroupNorm (as torch writes it: ``InstanceNormalization`` between reshapes) and Erf GELU, feature
+  projection, a grouped positional conv (kernel 128, 16 groups), post-norm transformer layers, on 1 s at 16 kHz.
+- ``crnn_dynquant``: ``crnn_recognizer`` dynamically quantized as onnxruntime's ``quantize_dynamic`` writes it:
+  ``DynamicQuantizeLinear`` on activations, ``ConvInteger``/``MatMulInteger`` with int8 weights, ``Cast`` and
+  ``Mul`` by the scales, and ``DynamicQuantizeLSTM`` (com.microsoft) for the LSTMs.
 """
 from __future__ import annotations
 
@@ -126,12 +137,15 @@ class _Builder:
         from onnx import helper, numpy_helper
 
         dtypes = {"float32": 1, "int64": 7, "bool": 9}
+        opsets = [helper.make_opsetid("", opset)]
+        if any(n.domain == "com.microsoft" for n in self.nodes):
+            opsets.append(helper.make_opsetid("com.microsoft", 1))
         graph = helper.make_graph(
             self.nodes, name,
             [helper.make_tensor_value_info(k, dtypes[str(v.dtype)], list(v.shape)) for k, v in inputs.items()],
             [helper.ValueInfoProto(name=o) for o in outputs],
             [numpy_helper.from_array(v, k) for k, v in self.inits.items()])
-        return typed_outputs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8,
+        return typed_outputs(helper.make_model(graph, opset_imports=opsets, ir_version=8,
                                                producer_name="tether.testing.model_kinds"))
 
 
@@ -480,9 +494,8 @@ def _lstm(b: _Builder, x: str, nin: int, hid: int, direction: str, h0: str = "",
     return b.op("LSTM", ins, n_out=3, hidden_size=hid, direction=direction)
 
 
-def crnn_recognizer(size: str = "bench"):
+def _crnn(b: _Builder, size: str) -> Tuple[Feeds, str]:
     """A CRNN (chineseocr-lite style): VGG convs on a 32-pixel line, 2 x BiLSTM(256 -> 2 x 128), 6625 classes."""
-    b = _Builder(7)
     hw = (32, 320) if size == "bench" else (32, 48)
     classes = 6625 if size == "bench" else 97
     y = b.op("MaxPool", [b.conv("x", 3, 32, 3)], kernel_shape=[2, 2], strides=[2, 2])
@@ -498,7 +511,72 @@ def crnn_recognizer(size: str = "bench"):
     logits = b.linear(b.op("Reshape", [seq, b.i64(t, 256)]), 256, classes)
     probs = b.op("Softmax", [logits], axis=-1)
     feeds = {"x": b.rng.uniform(-1, 1, (1, 3) + hw).astype(np.float32)}
+    return feeds, probs
+
+
+def crnn_recognizer(size: str = "bench"):
+    b = _Builder(7)
+    feeds, probs = _crnn(b, size)
     return b.model(feeds, [probs], name="crnn_recognizer", opset=14), feeds
+
+
+def _quantize_int8(w: np.ndarray, axis: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """quantize_dynamic's weights: symmetric int8 in [-127, 127], zero point 0, one scale (per ``axis`` slice)."""
+    amax = np.abs(w).max() if axis is None else np.abs(w).reshape(w.shape[axis], -1).max(axis=1)
+    scale = (np.asarray(amax, np.float32) / np.float32(127)).astype(np.float32)
+    shaped = scale if axis is None else scale.reshape((-1,) + (1,) * (w.ndim - 1))
+    return np.clip(np.rint(w / shaped), -127, 127).astype(np.int8), scale
+
+
+def _quantize_dynamic(b: _Builder) -> None:
+    """Rewrites the builder's Conv, MatMul (constant weight) and LSTM nodes the way onnxruntime's
+    ``quantize_dynamic(weight_type=QInt8)`` does (onnxruntime 1.x, default options): each activation through its
+    own ``DynamicQuantizeLinear``; ``ConvInteger``/``MatMulInteger`` on int8 weights with zero point 0, ``Cast``
+    to float and ``Mul`` by ``x_scale * w_scale``, the conv bias added after (reshaped to (1, C, 1, ...));
+    ``DynamicQuantizeLSTM`` with W and R transposed to [D, in, 4H] and one scale per direction."""
+    from onnx import helper
+
+    nodes, b.nodes = b.nodes, []
+    for n in nodes:
+        ins = list(n.input)
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "LSTM":
+            w, r = b.inits.pop(ins[1]), b.inits.pop(ins[2])
+            qw, sw = _quantize_int8(w.transpose(0, 2, 1), axis=0)
+            qr, sr = _quantize_int8(r.transpose(0, 2, 1), axis=0)
+            zp = np.zeros(w.shape[0], np.int8)
+            q_ins = [ins[0], b.const(qw, "W_q"), b.const(qr, "R_q"), ins[3] if len(ins) > 3 else ""]
+            q_ins += (ins[4:8] + [""] * 4)[:4]
+            q_ins += [b.const(sw, "W_s"), b.const(zp, "W_zp"), b.const(sr, "R_s"), b.const(zp.copy(), "R_zp")]
+            b.nodes.append(helper.make_node("DynamicQuantizeLSTM", q_ins, list(n.output), name=n.name,
+                                            domain="com.microsoft", **attrs))
+            continue
+        if n.op_type not in ("Conv", "MatMul") or ins[1] not in b.inits:
+            b.nodes.append(n)
+            continue
+        xq, xs, xzp = b.op("DynamicQuantizeLinear", [ins[0]], n_out=3)
+        qw, sw = _quantize_int8(b.inits.pop(ins[1]))
+        wq, ws, wzp = b.const(qw, "w_q"), b.const(sw, "w_s"), b.const(np.array(0, np.int8), "w_zp")
+        scale = b.op("Mul", [xs, ws])
+        if n.op_type == "Conv":
+            acc = b.op("ConvInteger", [xq, wq, xzp, wzp], **attrs)
+        else:
+            acc = b.op("MatMulInteger", [xq, wq, xzp, wzp])
+        scaled = [b.op("Cast", [acc], to=1), scale]
+        if len(ins) > 2:
+            bias = b.op("Reshape", [ins[2], b.i64(1, -1, *([1] * (qw.ndim - 2)))])
+            b.nodes.append(helper.make_node("Add", [b.op("Mul", scaled), bias], list(n.output), name=n.name))
+        else:
+            b.nodes.append(helper.make_node("Mul", scaled, list(n.output), name=n.name))
+
+
+def crnn_dynquant(size: str = "bench"):
+    """``crnn_recognizer`` (the same weights) after onnxruntime's dynamic quantization: every conv, the LSTMs and
+    the classifier on int8 weights and activations quantized at run time."""
+    b = _Builder(7)
+    feeds, probs = _crnn(b, size)
+    _quantize_dynamic(b)
+    return b.model(feeds, [probs], name="crnn_dynquant", opset=14), feeds
 
 
 # ---------------------------------------------------------------- voice-activity detector
@@ -576,8 +654,146 @@ def transformer_encoder(size: str = "bench"):
     return b.model(feeds, [x], name="transformer_encoder", opset=17), feeds
 
 
+# ---------------------------------------------------------------- EfficientNet-B0
+# expand ratio, kernel, stride, in, out, repeats (torchvision's efficientnet_b0)
+_EFFNET_B0 = [(1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
+              (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1)]
+
+
+def efficientnet_b0(size: str = "bench"):
+    """EfficientNet-B0 as torch.onnx writes it: Conv-BN folded, SiLU as x * Sigmoid(x), squeeze-excite of
+    GlobalAveragePool, 1x1 conv, SiLU, 1x1 conv, Sigmoid and Mul (squeeze to a quarter of the block's input)."""
+    b = _Builder(10)
+    hw = (224, 224) if size == "bench" else (64, 64)
+    y = b.conv("x", 3, 32, 3, 2, act="silu")
+    for expand, k, stride, cin, cout, repeats in _EFFNET_B0:
+        for i in range(repeats):
+            c_in, s = (cin, stride) if i == 0 else (cout, 1)
+            exp = c_in * expand
+            h = b.conv(y, c_in, exp, 1, act="silu") if expand != 1 else y
+            h = b.conv(h, exp, exp, k, s, group=exp, act="silu")
+            sq = b.conv(b.op("GlobalAveragePool", [h]), exp, max(1, c_in // 4), 1, act="silu")
+            h = b.op("Mul", [h, b.op("Sigmoid", [b.conv(sq, max(1, c_in // 4), exp, 1, act=None)])])
+            h = b.conv(h, exp, cout, 1, act=None)
+            y = b.op("Add", [h, y]) if s == 1 and c_in == cout else h
+    y = b.conv(y, 320, 1280, 1, act="silu")
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.linear(y, 1280, 1000)
+    feeds = {"x": b.rng.uniform(-1, 1, (1, 3) + hw).astype(np.float32)}
+    return b.model(feeds, [y], name="efficientnet_b0"), feeds
+
+
+# ---------------------------------------------------------------- MobileViT-XS
+def _layer_norm(b: _Builder, x: str, dim: int, eps: float = 1e-5) -> str:
+    g = b.const((1 + 0.1 * b.rng.standard_normal(dim)).astype(np.float32), "ln_g")
+    beta = b.const((0.1 * b.rng.standard_normal(dim)).astype(np.float32), "ln_b")
+    return b.op("LayerNormalization", [x, g, beta], axis=-1, epsilon=eps)
+
+
+def _attention(b: _Builder, x: str, batch: int, n: int, dim: int, heads: int) -> str:
+    """Multi-head self-attention over (batch, n, dim) as torch.onnx writes it: q, k, v projections, heads split
+    by Reshape/Transpose, scaled scores, Softmax, heads merged, output projection."""
+    dh = dim // heads
+    q, k, v = [b.op("Transpose", [b.op("Reshape", [b.linear(x, dim, dim), b.i64(batch, n, heads, dh)])],
+                    perm=[0, 2, 1, 3]) for _ in range(3)]
+    s = b.op("MatMul", [b.op("Mul", [q, b.f32(dh ** -0.5)]), b.op("Transpose", [k], perm=[0, 1, 3, 2])])
+    a = b.op("MatMul", [b.op("Softmax", [s], axis=-1), v])
+    a = b.op("Reshape", [b.op("Transpose", [a], perm=[0, 2, 1, 3]), b.i64(batch, n, dim)])
+    return b.linear(a, dim, dim)
+
+
+def _mv2(b: _Builder, x: str, cin: int, cout: int, stride: int, expand: int = 4) -> str:
+    h = b.conv(x, cin, cin * expand, 1, act="silu")
+    h = b.conv(h, cin * expand, cin * expand, 3, stride, group=cin * expand, act="silu")
+    h = b.conv(h, cin * expand, cout, 1, act=None)
+    return b.op("Add", [x, h]) if stride == 1 and cin == cout else h
+
+
+def _mobilevit_block(b: _Builder, x: str, c: int, d: int, layers: int, hw: Tuple[int, int]) -> str:
+    """Local 3x3 + 1x1 conv to ``d``; unfold into 2x2 patches as (4, N, d) (HF MobileViT's Reshape/Transpose
+    chain); ``layers`` pre-norm transformer layers (4 heads, SiLU MLP of 2d); fold back; 1x1 conv to ``c``,
+    Concat with the block's input and a 3x3 conv."""
+    h, w = hw
+    nh, nw = h // 2, w // 2
+    n = nh * nw
+    y = b.conv(b.conv(x, c, c, 3, act="silu"), c, d, 1, act=None, bias=False)
+    t = b.op("Transpose", [b.op("Reshape", [y, b.i64(d * nh, 2, nw, 2)])], perm=[0, 2, 1, 3])
+    t = b.op("Transpose", [b.op("Reshape", [t, b.i64(1, d, n, 4)])], perm=[0, 3, 2, 1])
+    t = b.op("Reshape", [t, b.i64(4, n, d)])
+    for _ in range(layers):
+        t = b.op("Add", [t, _attention(b, _layer_norm(b, t, d), 4, n, d, 4)])
+        m = b.linear(b.act(b.linear(_layer_norm(b, t, d), d, 2 * d), "silu"), 2 * d, d)
+        t = b.op("Add", [t, m])
+    t = _layer_norm(b, t, d)
+    t = b.op("Transpose", [b.op("Reshape", [t, b.i64(1, 4, n, d)])], perm=[0, 3, 2, 1])
+    t = b.op("Transpose", [b.op("Reshape", [t, b.i64(d * nh, nw, 2, 2)])], perm=[0, 2, 1, 3])
+    y = b.conv(b.op("Reshape", [t, b.i64(1, d, h, w)]), d, c, 1, act="silu")
+    return b.conv(b.op("Concat", [x, y], axis=1), 2 * c, c, 3, act="silu")
+
+
+def mobilevit_xs(size: str = "bench"):
+    """MobileViT-XS (apple/mobilevit-x-small): channels 16/32/48/64/80/96, transformer dims 96/120/144 with
+    2/4/3 layers, MV2 expansion 4, 1000 classes, at 256x256."""
+    b = _Builder(11)
+    hw = (256, 256) if size == "bench" else (64, 64)
+    h, w = hw[0] // 2, hw[1] // 2
+    y = b.conv("x", 3, 16, 3, 2, act="silu")
+    y = _mv2(b, y, 16, 32, 1)
+    y = _mv2(b, _mv2(b, _mv2(b, y, 32, 48, 2), 48, 48, 1), 48, 48, 1)
+    h, w = h // 2, w // 2
+    for cin, c, d, layers in ((48, 64, 96, 2), (64, 80, 120, 4), (80, 96, 144, 3)):
+        y = _mv2(b, y, cin, c, 2)
+        h, w = h // 2, w // 2
+        # one transformer layer per block at the test size: the repeats add compile time, not coverage
+        y = _mobilevit_block(b, y, c, d, layers if size == "bench" else 1, (h, w))
+    y = b.conv(y, 96, 384, 1, act="silu")
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.linear(y, 384, 1000)
+    feeds = {"x": b.rng.uniform(0, 1, (1, 3) + hw).astype(np.float32)}
+    return b.model(feeds, [y], name="mobilevit_xs", opset=17), feeds
+
+
+# ---------------------------------------------------------------- wav2vec2 encoder
+def wav2vec2_encoder(size: str = "bench"):
+    """wav2vec2-base's structure, narrower (hidden 384, 6 heads, feed-forward 1536, 4 layers): the feature
+    extractor of seven bias-free Conv1d (512 channels, kernels 10,3,3,3,3,2,2, strides 5,2,2,2,2,2,2), GroupNorm
+    (512 groups) after the first as torch writes it (Reshape, InstanceNormalization, Reshape, Mul, Add), Erf
+    GELU; LayerNorm and the feature projection; the positional conv (kernel 128, 16 groups, the padding's extra
+    frame sliced off, GELU) added; LayerNorm; post-norm transformer layers. 1 s of 16 kHz audio."""
+    b = _Builder(12)
+    samples = 16000 if size == "bench" else 3200
+    hidden, heads, ff, layers, c = 384, 6, 1536, 4, 512
+    y = b.op("Unsqueeze", ["audio", b.i64(1)])                                           # (1, 1, samples)
+    length = samples
+    for i, (k, s) in enumerate(zip((10, 3, 3, 3, 3, 2, 2), (5, 2, 2, 2, 2, 2, 2))):
+        y = b.conv(y, 1 if i == 0 else c, c, k, s, act=None, pad=[0, 0], dims=1, bias=False)
+        length = (length - k) // s + 1
+        if i == 0:
+            g = b.op("InstanceNormalization", [b.op("Reshape", [y, b.i64(1, c, -1)]),
+                                               b.f32(np.ones(c)), b.f32(np.zeros(c))], epsilon=1e-5)
+            y = b.op("Reshape", [g, b.i64(1, c, length)])
+            y = b.op("Add", [b.op("Mul", [y, b.f32((1 + 0.1 * b.rng.standard_normal((c, 1))))]),
+                             b.f32(0.1 * b.rng.standard_normal((c, 1)))])
+        y = b.act(y, "gelu")
+    t = _layer_norm(b, b.op("Transpose", [y], perm=[0, 2, 1]), c)                      # (1, frames, 512)
+    t = b.linear(t, c, hidden)
+    pos = b.conv(b.op("Transpose", [t], perm=[0, 2, 1]), hidden, hidden, 128, group=16, act=None, pad=[64, 64],
+                 dims=1)
+    pos = b.op("Slice", [pos, b.i64(0), b.i64(length), b.i64(2)])
+    t = b.op("Add", [t, b.op("Transpose", [b.act(pos, "gelu")], perm=[0, 2, 1])])
+    t = _layer_norm(b, t, hidden)
+    for _ in range(layers):
+        t = _layer_norm(b, b.op("Add", [t, _attention(b, t, 1, length, hidden, heads)]), hidden)
+        t = _layer_norm(b, b.op("Add", [t, b.linear(b.act(b.linear(t, hidden, ff), "gelu"), ff, hidden)]), hidden)
+    feeds = {"audio": (b.rng.standard_normal((1, samples)) * 0.1).astype(np.float32)}
+    return b.model(feeds, [t], name="wav2vec2_encoder", opset=17), feeds
+
+
+
 KINDS: Dict[str, Callable[..., tuple]] = {
     "db_detector": db_detector, "svtr_recognizer": svtr_recognizer, "yolov8_detector": yolov8_detector,
     "yolox_detector": yolox_detector, "picodet_layout": picodet_layout, "crnn_recognizer": crnn_recognizer,
     "vad": vad, "mobilenetv3_cls": mobilenetv3_cls, "transformer_encoder": transformer_encoder,
+    "efficientnet_b0": efficientnet_b0, "mobilevit_xs": mobilevit_xs, "wav2vec2_encoder": wav2vec2_encoder,
+    "crnn_dynquant": crnn_dynquant,
 }

@@ -26,7 +26,7 @@ from tether.graph.passes.dce import dce
 from tether.graph.passes.fold_batchnorm import fold_batchnorm
 from tether.graph.passes.fuse import fuse, fuse_prologues
 from tether.graph.passes.half_precision import HALF_OPS, half_precision
-from tether.graph.passes.identity_reshape import drop_identity_reshapes
+from tether.graph.passes.identity_reshape import drop_identity_reshapes, lift_over_unit_reshapes
 from tether.graph.passes.int8_layout import int8_channels_last
 from tether.graph.passes.memory_plan import MemoryPlan, needs_kernel, plan_memory
 from tether.graph.passes.quantize import fuse_qdq
@@ -42,7 +42,8 @@ Pass = Callable[[Graph, Dict[str, np.ndarray]], Tuple[Graph, Dict[str, np.ndarra
 #   dequantizes their int8 weights.
 # - int8_dot_convs, then int8_channels_last (which rewrites the kernels int8_dot_convs makes), then
 #   exact_float_products (which takes what they leave: grouped/depthwise convs, dense), all after the first fold.
-# - drop_identity_reshapes right before fuse: such a reshape splits dense -> bias add.
+# - lift_over_unit_reshapes, then drop_identity_reshapes, right before fuse: such reshapes split conv1d ->
+#   activation and dense -> bias add.
 # - concat_views after fuse: it splits fused groups headed by a concat it makes free.
 # - fuse_prologues last and only at level 3, where batch-1 convs run as GEMMs that read their input once.
 PIPELINES: Dict[int, List[Pass]] = {
@@ -54,11 +55,11 @@ PIPELINES: Dict[int, List[Pass]] = {
     2: [fuse_qdq, constant_fold, dce,
         int8_dot_convs, int8_channels_last, exact_float_products,
         fold_batchnorm, constant_fold, dce,
-        drop_identity_reshapes, fuse, concat_views],
+        lift_over_unit_reshapes, drop_identity_reshapes, fuse, concat_views],
     3: [fuse_qdq, constant_fold, dce,
         int8_dot_convs, int8_channels_last, exact_float_products,
         fold_batchnorm, constant_fold, dce,
-        drop_identity_reshapes, fuse, concat_views, fuse_prologues],
+        lift_over_unit_reshapes, drop_identity_reshapes, fuse, concat_views, fuse_prologues],
 }
 
 # pass name -> what it does, in one line (``tether compile --print-passes``; docs/graph.md has the long form)
@@ -70,6 +71,7 @@ SUMMARIES: Dict[str, str] = {
     "int8_channels_last": "int8 activations stay channels last between int8 kernels",
     "exact_float_products": "integer products whose sums fit float32 exactly run as fp32 kernels",
     "fold_batchnorm": "batch norm becomes per-channel mul+add, folded into conv weights",
+    "lift_over_unit_reshapes": "elementwise ops after a reshape that drops a unit axis run before it",
     "drop_identity_reshapes": "drop reshapes that keep their input's shape",
     "fuse": "elementwise chains join their producer's kernel",
     "concat_views": "concats that can be views of their inputs need no kernel",
@@ -100,4 +102,4 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3,
 __all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
            "fuse_prologues", "plan_memory", "MemoryPlan", "needs_kernel", "optimize", "pipeline", "PIPELINES",
            "SUMMARIES", "fuse_qdq", "exact_float_products", "int8_dot_convs", "int8_channels_last",
-           "drop_identity_reshapes", "half_precision", "HALF_OPS"]
+           "drop_identity_reshapes", "lift_over_unit_reshapes", "half_precision", "HALF_OPS"]
