@@ -1,10 +1,9 @@
 """ONNX 3-D Conv and ConvTranspose (video and volume models: strides, dilations, pads, auto_pad, groups, bias,
-output_padding, output_shape) through the whole flow against onnxruntime."""
+output_padding, output_shape) through the whole flow against onnxruntime; whole video and volume models are model
+kinds (tests/test_model_kinds.py)."""
 import numpy as np
 import pytest
 from fixtures.onnx_struct_compare import make_model
-
-from tether.testing.volume_models import MODELS as VOLUME_MODELS
 
 RNG = np.random.default_rng(3)
 
@@ -78,12 +77,3 @@ def test_conv_3d_kernel_deeper_than_its_input_is_one_line():
     model = make_model("Conv", {"x": x}, {}, opset=11, initializers={"w": _r(3, 2, 3, 3, 3)})
     with pytest.raises(UnsupportedOpError, match="deeper than the padded input"):
         from_onnx(model)
-
-
-@pytest.mark.parametrize("name", sorted(VOLUME_MODELS))
-def test_volume_model_matches_onnxruntime(onnx_compare, name):
-    """An R(2+1)D-style video classifier (torchvision's r2plus1d_18 scaled down: (2+1)D stem and residual blocks,
-    strided 1x1x1 shortcut, 3-D pooling, linear head) and a two-level 3-D U-Net (3x3x3 convs, max pooling, a
-    stride-2 ConvTranspose, the skip concatenated, a softmax over classes)."""
-    model, feeds = VOLUME_MODELS[name]("test")
-    onnx_compare(model, feeds, rtol=1e-4, atol=1e-4)

@@ -34,12 +34,15 @@ Each builder takes ``size`` ("test" or "bench") and returns ``(model, feeds)``:
 - ``crnn_dynquant``: ``crnn_recognizer`` dynamically quantized as onnxruntime's ``quantize_dynamic`` writes it:
   ``DynamicQuantizeLinear`` on activations, ``ConvInteger``/``MatMulInteger`` with int8 weights, ``Cast`` and
   ``Mul`` by the scales, and ``DynamicQuantizeLSTM`` (com.microsoft) for the LSTMs.
+- ``r2plus1d_video`` and ``unet3d``: 3-D convolutions, from ``tether.testing.volume_models``.
 """
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from tether.testing import volume_models
 
 Feeds = Dict[str, np.ndarray]
 
@@ -796,4 +799,6 @@ KINDS: Dict[str, Callable[..., tuple]] = {
     "vad": vad, "mobilenetv3_cls": mobilenetv3_cls, "transformer_encoder": transformer_encoder,
     "efficientnet_b0": efficientnet_b0, "mobilevit_xs": mobilevit_xs, "wav2vec2_encoder": wav2vec2_encoder,
     "crnn_dynquant": crnn_dynquant,
+    # 3-D convolutions (tether.testing.volume_models)
+    "r2plus1d_video": volume_models.r2plus1d, "unet3d": volume_models.unet3d,
 }

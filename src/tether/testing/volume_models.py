@@ -35,13 +35,11 @@ class _Net:
         y = self.node("BatchNormalization", [y] + bn, name + "_bn")
         return self.node("Relu", [y], name) if relu else y
 
-    def model(self, x: np.ndarray, output: str):
-        from tether.testing.model_kinds import typed_outputs
-
+    def model(self, x: np.ndarray, output: str, out_shape: Tuple[int, ...]):
         inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in self.inits.items()]
         graph = helper.make_graph(self.nodes, "volume", [helper.make_tensor_value_info("x", 1, list(x.shape))],
-                                  [helper.ValueInfoProto(name=output)], inits)
-        return typed_outputs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])), {"x": x}
+                                  [helper.make_tensor_value_info(output, 1, list(out_shape))], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), {"x": x}
 
 
 def r2plus1d(size: str = "bench"):
@@ -67,7 +65,8 @@ def r2plus1d(size: str = "bench"):
     net.inits["fc_w"], net.inits["fc_b"] = 0.1 * net.r(400 if bench else 10, cin), 0.1 * net.r(400 if bench else 10)
     y = net.node("Flatten", [net.node("GlobalAveragePool", [y], "gap")], "flat")
     net.node("Gemm", [y, "fc_w", "fc_b"], "logits", transB=1)
-    return net.model(net.r(*((1, 3, 16, 112, 112) if bench else (2, 3, 8, 32, 32))), "logits")
+    x = net.r(*((1, 3, 16, 112, 112) if bench else (2, 3, 8, 32, 32)))
+    return net.model(x, "logits", (x.shape[0], 400 if bench else 10))
 
 
 def unet3d(size: str = "bench"):
@@ -85,7 +84,8 @@ def unet3d(size: str = "bench"):
     d1 = net.conv(net.node("Concat", ["up", e1], "cat", axis=1), 2 * c, c, (3, 3, 3), "d1")
     net.inits["head_w"], net.inits["head_b"] = 0.3 * net.r(3, c, 1, 1, 1), 0.1 * net.r(3)
     net.node("Softmax", [net.node("Conv", [d1, "head_w", "head_b"], "head")], "prob", axis=1)
-    return net.model(net.r(*((1, 1, 32, 64, 64) if bench else (1, 1, 8, 16, 16))), "prob")
+    x = net.r(*((1, 1, 32, 64, 64) if bench else (1, 1, 8, 16, 16)))
+    return net.model(x, "prob", (1, 3) + x.shape[2:])
 
 
 MODELS = {"r2plus1d_video": r2plus1d, "unet3d": unet3d}
