@@ -1,10 +1,9 @@
 """Every model kind users bring (tether.testing.model_kinds: a DB text detector, an SVTR and a CRNN recognizer,
 YOLOv8, YOLOX and PicoDet detectors, a voice-activity detector, MobileNetV3, EfficientNet and MobileViT
 classifiers, transformer and wav2vec2 encoders, a dynamically quantized CRNN, an R(2+1)D video classifier and
-a 3-D U-Net), built with onnx.helper at a small
-input size, compiled for the host and compared with onnxruntime: every output has onnxruntime's dtype and shape
-and a max relative error (max |tether - ort| / max |ort|) <= 1e-4 (float models; see TOLERANCE).
-scripts/bench_model_kinds.py times the same models at their real input sizes."""
+a 3-D U-Net), built with onnx.helper at a small input size, compiled for the host and compared with onnxruntime:
+every output has onnxruntime's dtype and shape and a max relative error (max |tether - ort| / max |ort|) <= 1e-4
+(float models; see TOLERANCE). scripts/bench_model_kinds.py times the same models at their real input sizes."""
 import numpy as np
 import onnxruntime as ort
 import pytest
