@@ -3,15 +3,10 @@
 // and round once to the output dtype, integers compute as BigInt and wrap to their width, sums accumulate in
 // index order. numpy_ops.js puts these ops in its OPS.
 import { convertValues, valuesOf, lookup } from "./dtypes.js";
-import { NumpyOpError, castTensor, tensor } from "./tensors.js";
+import { sizeOf as size } from "./ndarray.js";
+import { NumpyOpError, castTensor, takeAxis, tensor } from "./tensors.js";
 
 const FLOATS = new Set(["float16", "bfloat16", "float32", "float64"]);
-
-function size(shape) {
-  let n = 1;
-  for (const d of shape) n *= d;
-  return n;
-}
 
 function stridesOf(shape) {
   const st = new Array(shape.length);
@@ -183,20 +178,8 @@ function indices(values, dim, what) {
 
 function dynGather(attrs, x, idx) {
   const axis = Number(attrs.axis);
-  const ix = indices(idx.data, x.shape[axis], "Gather");
-  const outer = size(x.shape.slice(0, axis));
-  const inner = size(x.shape.slice(axis + 1));
-  const n = x.shape[axis];
-  const out = new (lookup(x.dtype).Typed)(outer * ix.length * inner);
-  let o = 0;
-  for (let a = 0; a < outer; a++) {
-    for (const i of ix) {
-      const at = (a * n + i) * inner;
-      out.set(x.data.subarray(at, at + inner), o);
-      o += inner;
-    }
-  }
-  return [tensor(x.dtype, [...x.shape.slice(0, axis), ...idx.shape, ...x.shape.slice(axis + 1)], out)];
+  const taken = takeAxis(x, axis, indices(idx.data, x.shape[axis], "Gather"));
+  return [tensor(x.dtype, [...x.shape.slice(0, axis), ...idx.shape, ...x.shape.slice(axis + 1)], taken.data)];
 }
 
 function dynGatherNd(attrs, x, idx) {

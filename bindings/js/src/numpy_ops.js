@@ -4,19 +4,14 @@
 // dtype's storage typed array (float16/bfloat16 as Uint16Array bit patterns), C order.
 import { lookup, valuesOf, convertValues } from "./dtypes.js";
 import { DYNAMIC_OPS } from "./dynamic_ops.js";
-import { NumpyOpError, tensor } from "./tensors.js";
+import { sizeOf as size } from "./ndarray.js";
+import { NumpyOpError, takeAxis, tensor } from "./tensors.js";
 
 export { NumpyOpError, castTensor, tensor } from "./tensors.js";
 
 
 const fr = Math.fround;
 
-
-function size(shape) {
-  let n = 1;
-  for (const d of shape) n *= d;
-  return n;
-}
 
 export function pyShape(shape) {
   return shape.length === 1 ? `(${shape[0]},)` : `(${shape.join(", ")})`;
@@ -47,25 +42,6 @@ function truthTest(dtype) {
 /** The first element as a number (int() / float() of a one-element array). */
 function first(t) {
   return Number(valuesOf(t.dtype, t.data.subarray(0, 1))[0]);
-}
-
-/** Slices of `x` along `axis` at `indices`, in that order. */
-function takeAxis(x, axis, indices) {
-  const outer = size(x.shape.slice(0, axis));
-  const n = x.shape[axis];
-  const inner = size(x.shape.slice(axis + 1));
-  const shape = x.shape.slice();
-  shape[axis] = indices.length;
-  const out = new (lookup(x.dtype).Typed)(outer * indices.length * inner);
-  let o = 0;
-  for (let a = 0; a < outer; a++) {
-    for (const i of indices) {
-      const at = (a * n + i) * inner;
-      out.set(x.data.subarray(at, at + inner), o);
-      o += inner;
-    }
-  }
-  return tensor(x.dtype, shape, out);
 }
 
 // ------------------------------------------------------------------------------------------------ ops
