@@ -10,6 +10,7 @@ hang (``timeout-*``). ``scripts/fuzz.py`` and ``tests/test_fuzz.py`` drive this 
 from __future__ import annotations
 
 import pathlib
+import resource
 import sys
 import tracemalloc
 
@@ -38,8 +39,14 @@ def main() -> None:
         check_one(target, data)
 
     pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+    # libFuzzer's memory limit reads the peak RSS getrusage reports, and on Linux a child starts with its parent's
+    # (a forked address space carries its high-water mark through exec): run from a test process of 2 GB, every
+    # input would be "out of memory". The budget is libFuzzer's default 2 GB above what this process starts with;
+    # what one input allocates is bounded by targets.check_one (tracemalloc) anyway.
+    inherited_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     argv = [sys.argv[0], out, *corpora, "-max_total_time=%d" % int(seconds), "-max_len=%d" % MAX_INPUT,
-            "-timeout=10", "-artifact_prefix=%s/" % out, "-print_final_stats=1", *extra]
+            "-timeout=10", "-artifact_prefix=%s/" % out, "-print_final_stats=1",
+            "-rss_limit_mb=%d" % (inherited_mb + 2048), *extra]
     atheris.Setup(argv, one_input)
     atheris.Fuzz()
 
