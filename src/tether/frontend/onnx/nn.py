@@ -86,7 +86,7 @@ def _conv3d(im, name: str, x: str, w: str, s, d, pads, g: int, bias, out: str) -
     x6 = emit_reshape(im, x, (n, g, cg, depth, h, wd))
     taps = np.arange(dout)[:, None] * s[0] + np.arange(kd)[None, :] * d[0]      # (output depth, tap) -> depth
     if taps.shape != (depth, 1) or taps[:, 0].tolist() != list(range(depth)):
-        # one gather of every tap's depth slice (an injective op the transpose after it fuses with: one pass)
+        # one gather of every tap's depth slice (not a slice per tap and a concat: a pass over the input fewer)
         x6 = im.emit("gather", [x6, im.add_const(taps.astype(np.int64), name + "_taps")],
                      {"axis": 3, "shape": [n, g, cg, dout, kd, h, wd]}, name + "_taps")
     x6 = emit_reshape(im, x6, (n, g, cg, dout, kd, h, wd))
