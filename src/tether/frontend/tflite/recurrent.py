@@ -11,6 +11,9 @@ starts at zero (or at their stored value), so they start there here.
 
 A projection layer, layer-normalized gates, a cell or projection clip (ONNX's clip bounds the gate inputs instead)
 or another activation take the Scan. Refused by name: auxiliary inputs and quantized (hybrid) weights.
+
+The one-step cells (LSTM, RNN, SVDF) read a (batch, input) input and a state variable: the LSTM is the sequence
+layer over one step; the RNN and SVDF fold their (constant) state into a bias.
 """
 from __future__ import annotations
 
@@ -119,17 +122,18 @@ class _LstmWeights:
             self.P = None
 
 
-def _lstm(ctx, op, dirs: List[_LstmWeights], states: List[int], time_major: bool, direction: str) -> List[str]:
-    """An ONNX LSTM over the op's input; returns Y as (batch, time, directions, hidden) or (time, directions,
-    batch, hidden) when time-major (ONNX layout 0/1)."""
+def _lstm(ctx, op, dirs: List[_LstmWeights], states: List[int], time_major: bool, direction: str,
+          x_value: Optional[str] = None) -> List[str]:
+    """An ONNX LSTM over the op's input (or ``x_value``, time-major); returns Y as (batch, time, directions,
+    hidden) or (time, directions, batch, hidden) when time-major (ONNX layout 0/1)."""
     x = op.inputs[0]
     shape = ctx.shape(x)
-    batch = shape[1] if time_major else shape[0]
+    batch = shape[1] if time_major and x_value is None else shape[0]
     hidden = dirs[0].hidden
     stack = lambda attr: ctx.add_const(np.stack([getattr(d, attr) for d in dirs]), attr)    # noqa: E731
     h0 = np.stack([_initial_state(ctx, op.inputs[s], (batch, hidden)) for s in states[0::2]])
     c0 = np.stack([_initial_state(ctx, op.inputs[s], (batch, hidden)) for s in states[1::2]])
-    inputs = [ctx.nhwc(x), stack("W"), stack("R"), stack("B"), "", ctx.add_const(h0, "h0"),
+    inputs = [x_value or ctx.nhwc(x), stack("W"), stack("R"), stack("B"), "", ctx.add_const(h0, "h0"),
               ctx.add_const(c0, "c0")]
     if any(d.P is not None for d in dirs):
         inputs.append(ctx.add_const(np.stack([d.P if d.P is not None else np.zeros((3 * hidden,), np.float32)
@@ -255,3 +259,90 @@ def _bidirectional_rnn(ctx, op) -> None:
     ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [fw_y, axes]))
     if len(op.outputs) > 1 and op.outputs[1] >= 0:
         ctx.set_output(op.outputs[1], ctx.emit1("Squeeze", [bw_y, axes]))
+
+
+# -- one-step cells: LSTM, RNN, SVDF (their state is a variable tensor, read at its starting value in one call)
+
+def _vector_activation(ctx, value: str, code: int) -> str:
+    """The activation these cells apply to their output vector (LiteRT's ApplyActivationToVector): unlike the
+    fused clamp of a convolution, TANH here is the tanh."""
+    if code == fused.TANH:
+        return ctx.emit1("Tanh", [value])
+    if code in (fused.NONE, fused.RELU, fused.RELU_N1_TO_1, fused.RELU6):
+        return fused.apply(ctx, value, code)
+    raise UnsupportedOpError("%s: activation %d (expected NONE, RELU, RELU_N1_TO_1, RELU6 or TANH)"
+                             % (ctx.where(), code))
+
+
+def _float_input(ctx, op) -> None:
+    dtype = ctx.tensor(op.inputs[0]).dtype
+    if dtype != "float32":
+        raise UnsupportedOpError("%s: a %s input (expected float32)" % (ctx.where(), dtype))
+
+
+@CONVERTERS.register("LSTM")
+def _lstm_cell(ctx, op) -> None:
+    """One step of the full LSTM kernel: the sequence layer's inputs and math, on a (batch, input) input."""
+    if int(op.options.get("kernel_type", 0) or 0) != 0:
+        raise UnsupportedOpError("%s: the BASIC kernel type (expected the FULL kernel)" % ctx.where())
+    _float_input(ctx, op)
+    d = _gates(ctx, op, 1, 9, 12, 16, 20, "the")
+    x_tm = ctx.emit1("Unsqueeze", [ctx.nhwc(op.inputs[0]), ctx.add_const(np.array([0], np.int64), "axes")])
+    batch = ctx.shape(op.inputs[0])[0]
+    if _onnx_expressible(op, [d]):
+        y = _lstm(ctx, op, [_LstmWeights(d)], [18, 19], True, "forward", x_value=x_tm)
+        axes = [0, 1]                               # (1, 1, B, H)
+    else:
+        o = op.options
+        h0 = _initial_state(ctx, op.inputs[18], (batch, d["outputs"]))
+        c0 = _initial_state(ctx, op.inputs[19], (batch, d["hidden"]))
+        y = lstm_scan.lstm_scan(ctx, x_tm, d, h0, c0, int(o.get("fused_activation_function", fused.TANH) or 0),
+                                float(o.get("cell_clip", 0.0) or 0.0), float(o.get("proj_clip", 0.0) or 0.0),
+                                False)
+        axes = [0]                                  # (1, B, outputs)
+    ctx.set_output(op.outputs[0], ctx.emit1("Squeeze", [y, ctx.add_const(np.array(axes, np.int64), "axes")]))
+
+
+@CONVERTERS.register("RNN")
+def _rnn_cell(ctx, op) -> None:
+    """``act(x W' + h R' + b)``: the state ``h`` is a constant here, so ``h R' + b`` folds into one bias."""
+    _float_input(ctx, op)
+    w = _weight(ctx, op.inputs[1], "input weights")
+    r = _weight(ctx, op.inputs[2], "recurrent weights")
+    b = _weight(ctx, op.inputs[3], "bias")
+    hidden, batch = w.shape[0], ctx.shape(op.inputs[0])[0]
+    h0 = _initial_state(ctx, op.inputs[4], (batch, hidden))
+    bias = h0 @ r.T + (b if b is not None else np.zeros((hidden,), np.float32))
+    z = ctx.emit1("Add", [ctx.emit1("MatMul", [ctx.nhwc(op.inputs[0]), ctx.add_const(np.ascontiguousarray(w.T),
+                                                                                      "W")]),
+                          ctx.add_const(bias.astype(np.float32), "bias")])
+    code = int(op.options.get("fused_activation_function", fused.NONE) or 0)
+    ctx.set_output(op.outputs[0], _vector_activation(ctx, z, code))
+
+
+@CONVERTERS.register("SVDF")
+def _svdf(ctx, op) -> None:
+    """LiteRT shifts each filter's memory left by one, writes ``x . feature_weights`` into the newest slot, takes
+    each filter's memory dotted with its time weights, and sums each unit's ``rank`` filters (+ bias). With the
+    state constant, every slot but the newest is known now: the output is ``x Wc + c``, where ``Wc`` is the
+    feature weights scaled by the newest slot's time weight and summed per unit, and ``c`` the older slots'."""
+    _float_input(ctx, op)
+    rank = int(op.options.get("rank", 0) or 0)
+    wf = _weight(ctx, op.inputs[1], "feature weights")
+    wt = _weight(ctx, op.inputs[2], "time weights")
+    b = _weight(ctx, op.inputs[3], "bias") if len(op.inputs) > 3 else None
+    filters, memory = wt.shape
+    if rank <= 0 or filters % rank:
+        raise UnsupportedOpError("%s: rank %d (expected a positive divisor of its %d filters)"
+                                 % (ctx.where(), rank, filters))
+    units, batch = filters // rank, ctx.shape(op.inputs[0])[0]
+    state = _initial_state(ctx, op.inputs[4], (batch, filters, memory))
+    per_unit = np.repeat(np.eye(units, dtype=np.float32), rank, axis=0)           # (filters, units)
+    weights = (wf.T * wt[:, -1]) @ per_unit                                         # (input, units)
+    older = (state[:, :, 1:] * wt[None, :, :-1]).sum(-1) @ per_unit                 # (batch, units)
+    if b is not None:
+        older = older + b
+    z = ctx.emit1("Add", [ctx.emit1("MatMul", [ctx.nhwc(op.inputs[0]), ctx.add_const(weights, "W")]),
+                          ctx.add_const(older.astype(np.float32), "bias")])
+    code = int(op.options.get("fused_activation_function", fused.NONE) or 0)
+    ctx.set_output(op.outputs[0], _vector_activation(ctx, z, code))
