@@ -10,9 +10,10 @@ import pytest
 from tether.errors import UnsupportedOpError
 from tether.frontend import from_tflite
 
-from test_frontend_tflite_ops import _Flatbuffer, assert_match, feeds_for, litert_outputs, tether_outputs
+from test_frontend_tflite_ops import _Flatbuffer, assert_match, convert, feeds_for, litert_outputs, tether_outputs
 
 tf = pytest.importorskip("tensorflow")
+S = tf.TensorSpec
 
 
 def _check(path, tmp_path, int_ranges=None, scale=1.0):
@@ -109,3 +110,61 @@ def test_basic_lstm_kernel_is_refused(tmp_path):
         from_tflite(str(path))
     msg = str(err.value)
     assert "\n" not in msg and "LSTM v1 (node 0:y)" in msg and "BASIC kernel type (expected the FULL" in msg
+
+
+# ---------------------------------------------------------------- made with the TF converter
+CONVERTED = {
+    "bucketize": (lambda x, i, d: [tf.raw_ops.Bucketize(input=x, boundaries=[-1.0, 0.0, 0.5, 0.5, 2.0]),
+                                   tf.raw_ops.Bucketize(input=i, boundaries=[-3.0, 0.0, 2.5, 7.0]),
+                                   tf.raw_ops.Bucketize(input=d, boundaries=[-0.25, 1.0])],
+                  [S((3, 4), tf.float32), S((5,), tf.int32), S((2, 1, 3, 2), tf.float64)], {1: (-6, 9)}),
+    # fft_length as the input (8 x 4 -> 8 x 3 frequencies), cropped rows and padded columns (the converter pads
+    # with a PAD before the RFFT2D), padded rows and cropped columns, two readers of one spectrum
+    "rfft2d": (lambda x: [tf.abs(tf.signal.rfft2d(x)), tf.math.real(tf.signal.rfft2d(x, [4, 8])),
+                          tf.math.imag(tf.signal.rfft2d(x, [16, 2])),
+                          tf.abs(tf.signal.rfft2d(x, [8, 2])) + tf.math.real(tf.signal.rfft2d(x, [8, 2]))],
+               [S((2, 8, 4), tf.float32)], {}),
+    "rfft2d_4d": (lambda x: [tf.abs(tf.signal.rfft2d(x, [16, 16])), tf.math.imag(tf.signal.rfft2d(x, [16, 16]))],
+                  [S((1, 2, 16, 16), tf.float32)], {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONVERTED))
+def test_converted_models_match_litert(case, tmp_path):
+    fn, specs, int_ranges = CONVERTED[case]
+    path = tmp_path / (case + ".tflite")
+    path.write_bytes(convert(fn, specs))
+    _check(path, tmp_path, int_ranges, scale=2.0)
+
+
+# ---------------------------------------------------------------- DILATE (written op by op)
+def make_dilate(path, shape, dilations, dtype="float32", pad_input=True):
+    fb = _Flatbuffer()
+    S_ = fb.schema
+    x = fb.tensor("x", shape, dtype=dtype)
+    d = fb.tensor("dilations", (len(shape),), np.array(dilations, np.int32), dtype="int32")
+    pad = fb.tensor("pad", (), None if pad_input else np.array(-7, dtype), dtype=dtype)
+    y = fb.tensor("y", [(n - 1) * k + 1 for n, k in zip(shape, dilations)], dtype=dtype)
+    fb.op(S_.BuiltinOperator.DILATE, [x, d, pad], [y], 0, None)     # its options (none) would be builtin_options_2
+    fb.save(path, [x, pad] if pad_input else [x], [y])
+
+
+DILATE = {"dilate_float": dict(shape=(2, 3, 4), dilations=[1, 2, 3]),
+          "dilate_4d": dict(shape=(1, 3, 3, 2), dilations=[2, 3, 2, 1]),
+          "dilate_int_const_pad": dict(shape=(3, 4), dilations=[3, 2], dtype="int32", pad_input=False)}
+
+
+@pytest.mark.parametrize("case", sorted(DILATE))
+def test_dilate_matches_litert(case, tmp_path):
+    path = tmp_path / (case + ".tflite")
+    make_dilate(path, **DILATE[case])
+    _check(path, tmp_path, {0: (-50, 50)})
+
+
+def test_rfft2d_read_by_another_op_is_refused(tmp_path):
+    path = tmp_path / "fft_mul.tflite"
+    path.write_bytes(convert(lambda x: [tf.abs(tf.signal.rfft2d(x) * tf.signal.rfft2d(x))], [S((4, 8), tf.float32)]))
+    with pytest.raises(UnsupportedOpError) as err:
+        from_tflite(str(path))
+    msg = str(err.value)
+    assert "\n" not in msg and "its complex output is read by MUL" in msg and "expected COMPLEX_ABS, REAL, IMAG" in msg

@@ -5,10 +5,10 @@ Modules: ``flatbuffer`` (the file as plain objects: tensors, constant data, quan
 with their options keyed by schema.fbs names, signatures), ``state`` (the translation ``Context``), ``table``
 (the converter table type), one module per op family (``nn``, ``elementwise``, ``tensor``, ``reduce``,
 ``resize``, ``weights``, ``pointwise``, ``indexing``, ``argmax``, ``accumulate``, ``spatial``, ``matmul``,
-``conv3d``, ``detection``, ``recurrent``, ``segments``, ``control_flow``, ``mediapipe``, ``mediapipe_transforms``)
-each with its own ``CONVERTERS``, ``converters`` (their merge: one converter per op), the quantized families
-(``quantized``, ``quantized_arith``, ``quantized_products``) merged in ``quantized_converters``, and ``translate``
-(the walk, the one-line error naming every unsupported op, the ``--check`` coverage rows).
+``conv3d``, ``detection``, ``recurrent``, ``segments``, ``control_flow``, ``mediapipe``, ``mediapipe_transforms``,
+``spectral``) each with its own ``CONVERTERS``, ``converters`` (their merge: one converter per op), the quantized
+families (``quantized``, ``quantized_arith``, ``quantized_products``) merged in ``quantized_converters``, and
+``translate`` (the walk, the one-line error naming every unsupported op, the ``--check`` coverage rows).
 
 Writing a converter: in a family module, ``CONVERTERS = table.ConverterTable("tflite <family>")`` and
 ``@CONVERTERS.register("OP_NAME") def conv(ctx, op)`` (a custom op: its custom code; ``op.custom_options_map()``

@@ -244,3 +244,32 @@ def _fake_quant(ctx, op) -> None:
     rounded = ctx.emit1("Floor", [ctx.emit1("Add", [steps, const(0.5, "half")])])
     y = ctx.emit1("Add", [ctx.emit1("Mul", [rounded, const(scale, "fq_scale")]), const(lo, "fq_min")])
     ctx.set_output(op.outputs[0], y, layout)
+
+
+@CONVERTERS.register("BUCKETIZE")
+def _bucketize(ctx, op) -> None:
+    """LiteRT's index is ``upper_bound(boundaries, x)``: the count of boundaries <= x (all of them for a NaN, as
+    ``x < b`` is false), compared as C++ compares the value with a float boundary (an integer becomes a float)."""
+    bounds = [float(b) for b in op.options.get("boundaries") or []]
+    if any(b > a for a, b in zip(bounds[1:], bounds)):
+        raise UnsupportedOpError("%s: boundaries %s are not sorted (LiteRT expects sorted ones)"
+                                 % (ctx.where(), bounds))
+    dtype = ctx.tensor(op.inputs[0]).dtype
+    if dtype not in ("float32", "float64", "int32", "int64"):
+        raise UnsupportedOpError("%s: a %s input (expected float32, float64, int32 or int64)" % (ctx.where(), dtype))
+    x, layout = ctx.held(op.inputs[0])
+    if not bounds:
+        from onnx import numpy_helper
+
+        zeros = ctx.emit1("ConstantOfShape", [ctx.emit1("Shape", [x])],
+                          value=numpy_helper.from_array(np.array([0], np.int32)))
+        ctx.set_output(op.outputs[0], zeros, layout)
+        return
+    compare = "float64" if dtype == "float64" else "float32"
+    if dtype != compare:
+        x = ctx.emit1("Cast", [x], to=onnx_dtype(compare))
+    column = ctx.emit1("Unsqueeze", [x, ctx.add_const(np.array([-1], np.int64), "axes")])
+    below = ctx.emit1("Not", [ctx.emit1("Less", [column, ctx.add_const(np.array(bounds, compare), "boundaries")])])
+    count = ctx.emit1("ReduceSum", [ctx.emit1("Cast", [below], to=onnx_dtype("int32")),
+                                    ctx.add_const(np.array([-1], np.int64), "axes")], keepdims=0)
+    ctx.set_output(op.outputs[0], count, layout)

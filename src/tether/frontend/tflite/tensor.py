@@ -145,3 +145,28 @@ def _depth_to_space(ctx, op) -> None:
     # TensorFlow's channel order (block row, block column, channel) is ONNX's DCR mode
     y = ctx.emit1("DepthToSpace", [ctx.nchw(op.inputs[0])], blocksize=int(op.options["block_size"]), mode="DCR")
     ctx.set_output(op.outputs[0], y, NCHW)
+
+
+@CONVERTERS.register("DILATE")
+def _dilate(ctx, op) -> None:
+    """Each axis with dilation ``d`` gets ``d - 1`` padding values between neighbours: the input with a block of
+    padding values after every element along the axis, flattened into it, less the trailing block."""
+    x = ctx.nhwc(op.inputs[0])
+    shape = ctx.shape(op.inputs[0])
+    dilations = ctx.int_list(op.inputs[1], "dilations")
+    if len(dilations) != len(shape) or min(dilations, default=1) < 1:
+        raise UnsupportedOpError("%s: dilations %s (expected one >= 1 per axis of its rank-%d input)"
+                                 % (ctx.where(), dilations, len(shape)))
+    pad = ctx.nhwc(op.inputs[2])
+    for axis, d in enumerate(dilations):
+        if d == 1 or shape[axis] == 0:
+            continue
+        block = shape[:axis + 1] + [d - 1] + shape[axis + 1:]
+        filler = ctx.emit1("Expand", [pad, _i64(ctx, block, "block")])
+        spread = ctx.emit1("Concat", [ctx.emit1("Unsqueeze", [x, _i64(ctx, [axis + 1], "axes")]), filler],
+                           axis=axis + 1)
+        flat = shape[:axis] + [shape[axis] * d] + shape[axis + 1:]
+        x = ctx.emit1("Slice", [ctx.emit1("Reshape", [spread, _i64(ctx, flat, "shape")]), _i64(ctx, [0], "starts"),
+                                _i64(ctx, [(shape[axis] - 1) * d + 1], "ends"), _i64(ctx, [axis], "axes")])
+        shape = shape[:axis] + [(shape[axis] - 1) * d + 1] + shape[axis + 1:]
+    ctx.set_output(op.outputs[0], x)
