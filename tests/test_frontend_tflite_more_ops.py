@@ -1,6 +1,7 @@
 """More TFLite builtins, each compared with LiteRT on the same input: the one-step recurrent cells (LSTM, RNN,
 SVDF: written op by op with LiteRT's schema, as the TF converter no longer emits them), BUCKETIZE, RFFT2D read
-through COMPLEX_ABS / REAL / IMAG (made with the TF converter), DILATE (written op by op), and one refused variant.
+through COMPLEX_ABS / REAL / IMAG (made with the TF converter), DILATE and REDUCE_WINDOW (written op by op), and
+refused variants (the BASIC LSTM kernel, a spectrum read by another op, a window past the input's end).
 
 Helpers (model writing, LiteRT and tether runs, the error reading) are test_frontend_tflite_ops's."""
 
@@ -168,3 +169,53 @@ def test_rfft2d_read_by_another_op_is_refused(tmp_path):
         from_tflite(str(path))
     msg = str(err.value)
     assert "\n" not in msg and "its complex output is read by MUL" in msg and "expected COMPLEX_ABS, REAL, IMAG" in msg
+
+
+# ---------------------------------------------------------------- REDUCE_WINDOW (written op by op)
+def make_reduce_window(path, function, shape, window, strides, dilations, dtype="float32", init=None):
+    """``init``: a constant init value, else a graph input."""
+    fb = _Flatbuffer()
+    S_ = fb.schema
+    x = fb.tensor("x", shape, dtype=dtype)
+    init_t = fb.tensor("init", (), None if init is None else np.array(init, dtype), dtype=dtype)
+    params = [fb.tensor(n, (len(shape),), np.array(v, np.int64), dtype="int64")
+              for n, v in (("window", window), ("strides", strides), ("dilations", dilations))]
+    out = [(n - (k - 1) * d - 1) // s + 1 for n, k, s, d in zip(shape, window, strides, dilations)]
+    y = fb.tensor("y", out, dtype=dtype)
+    fb.op(S_.BuiltinOperator.REDUCE_WINDOW, [x, init_t] + params, [y], 0, None)
+    o = S_.ReduceWindowOptionsT()
+    o.reduceFunction = getattr(S_.ReduceWindowFunction, function)
+    fb.g.operators[-1].builtinOptions2Type, fb.g.operators[-1].builtinOptions2 = \
+        S_.BuiltinOptions2.ReduceWindowOptions, o
+    fb.save(path, [x] if init is not None else [x, init_t], [y])
+
+
+WINDOWS = {"reduce_window_add": dict(function="ADD", shape=(4, 7, 6), window=[2, 3, 1], strides=[2, 2, 1],
+                                     dilations=[1, 2, 1]),
+           "reduce_window_max_4d": dict(function="MAXIMUM", shape=(1, 6, 6, 3), window=[1, 3, 3, 1],
+                                        strides=[1, 1, 3, 1], dilations=[1, 1, 1, 1], init=-1e30),
+           "reduce_window_min": dict(function="MINIMUM", shape=(5, 4), window=[3, 2], strides=[1, 2],
+                                     dilations=[2, 1], init=0.25),
+           "reduce_window_mul": dict(function="MUL", shape=(3, 8), window=[1, 4], strides=[1, 4],
+                                     dilations=[1, 1], init=1.0),
+           "reduce_window_max_int": dict(function="MAXIMUM", shape=(7, 5), window=[2, 2], strides=[2, 3],
+                                         dilations=[2, 1], dtype="int32"),
+           "reduce_window_any": dict(function="ANY", shape=(4, 6), window=[2, 3], strides=[2, 3], dilations=[1, 1],
+                                     dtype="bool", init=False),
+           "reduce_window_all": dict(function="ALL", shape=(4, 6), window=[3, 2], strides=[1, 2], dilations=[1, 3],
+                                     dtype="bool", init=True)}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOWS))
+def test_reduce_window_matches_litert(case, tmp_path):
+    path = tmp_path / (case + ".tflite")
+    make_reduce_window(path, **WINDOWS[case])
+    _check(path, tmp_path, {0: (-50, 50), 1: (-20, 20)})
+
+
+def test_reduce_window_past_the_end_is_refused(tmp_path):
+    path = tmp_path / "window_past_end.tflite"
+    make_reduce_window(path, "ADD", (5, 4), [2, 1], [2, 1], [1, 1], init=0.0)
+    with pytest.raises(UnsupportedOpError, match="REDUCE_WINDOW v1 .*window 2, stride 2, dilation 1 over 5 "
+                                                 "elements on axis 0 .expected windows that tile the axis"):
+        from_tflite(str(path))
