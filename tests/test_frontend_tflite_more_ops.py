@@ -219,3 +219,46 @@ def test_reduce_window_past_the_end_is_refused(tmp_path):
     with pytest.raises(UnsupportedOpError, match="REDUCE_WINDOW v1 .*window 2, stride 2, dilation 1 over 5 "
                                                  "elements on axis 0 .expected windows that tile the axis"):
         from_tflite(str(path))
+
+
+# ---------------------------------------------------------------- resource variables (a streaming model's state)
+class _Stateful(tf.Module):
+    """State initialised in a CALL_ONCE subgraph, read, updated and read again within the call."""
+
+    def __init__(self):
+        self.s = tf.Variable(np.arange(8, dtype=np.float32).reshape(2, 4) * 0.1)
+        self.n = tf.Variable(tf.constant(3, tf.int32))
+
+    @tf.function(input_signature=[S((2, 4), tf.float32)])
+    def __call__(self, x):
+        y = x * 2.0 + self.s
+        self.s.assign(y)
+        self.n.assign_add(1)
+        return {"y": y, "again": self.s * 3.0 - x, "n": self.n.read_value()}
+
+
+def test_resource_variables_first_call_matches_litert(tmp_path):
+    m = _Stateful()
+    path = tmp_path / "stateful.tflite"
+    path.write_bytes(tf.lite.TFLiteConverter.from_concrete_functions([m.__call__.get_concrete_function()], m)
+                     .convert())
+    _check(path, tmp_path)
+
+
+def test_variable_read_before_assignment_is_refused(tmp_path):
+    fb = _Flatbuffer()
+    S_ = fb.schema
+    x = fb.tensor("x", (2,))
+    handle = fb.tensor("handle", (), dtype="resource")
+    v, y = fb.tensor("v", (2,)), fb.tensor("y", (2,))
+    o = S_.VarHandleOptionsT()
+    o.sharedName = b"state"
+    fb.op(S_.BuiltinOperator.VAR_HANDLE, [], [handle], S_.BuiltinOptions.VarHandleOptions, o)
+    fb.op(S_.BuiltinOperator.READ_VARIABLE, [handle], [v], 0, None)
+    fb.op(S_.BuiltinOperator.ADD, [x, v], [y], 0, None)
+    path = tmp_path / "unset.tflite"
+    fb.save(path, [x], [y])
+    with pytest.raises(UnsupportedOpError) as err:
+        from_tflite(str(path))
+    msg = str(err.value)
+    assert "\n" not in msg and "READ_VARIABLE v1" in msg and "variable 'state' is read before a value is" in msg

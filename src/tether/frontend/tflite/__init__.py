@@ -6,9 +6,10 @@ with their options keyed by schema.fbs names, signatures), ``state`` (the transl
 (the converter table type), one module per op family (``nn``, ``elementwise``, ``tensor``, ``reduce``,
 ``resize``, ``weights``, ``pointwise``, ``indexing``, ``argmax``, ``accumulate``, ``spatial``, ``matmul``,
 ``conv3d``, ``detection``, ``recurrent``, ``segments``, ``control_flow``, ``mediapipe``, ``mediapipe_transforms``,
-``spectral``) each with its own ``CONVERTERS``, ``converters`` (their merge: one converter per op), the quantized
-families (``quantized``, ``quantized_arith``, ``quantized_products``) merged in ``quantized_converters``, and
-``translate`` (the walk, the one-line error naming every unsupported op, the ``--check`` coverage rows).
+``spectral``, ``variables``) each with its own ``CONVERTERS``, ``converters`` (their merge: one converter per op),
+the quantized families (``quantized``, ``quantized_arith``, ``quantized_products``) merged in
+``quantized_converters``, and ``translate`` (the walk, the one-line error naming every unsupported op, the
+``--check`` coverage rows).
 
 Writing a converter: in a family module, ``CONVERTERS = table.ConverterTable("tflite <family>")`` and
 ``@CONVERTERS.register("OP_NAME") def conv(ctx, op)`` (a custom op: its custom code; ``op.custom_options_map()``
@@ -32,6 +33,7 @@ an op needs it. The ``Context`` API:
   ``ctx.add_const(array, hint)`` -> initializer name; ``ctx.transposed_const(t, perm)`` -> permuted weights;
 - ``ctx.set_output(t, name, layout=NATIVE)`` binds an output (``NCHW`` for a rank-4 value held NCHW);
   ``ctx.set_const(t, array)`` binds a value folded now;
+- ``ctx.variables``: the resource variables' values so far, by (container, shared_name) (``variables``);
 - ``fused.apply_from(ctx, name)`` applies the op's ``fused_activation_function``;
 - raise ``UnsupportedOpError("%s: why" % ctx.where())`` for a case not covered: the walk collects it, and
   one error names every op not covered. ``translate.is_quantized(subgraph, t)`` tells quantized tensors.

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from tether.frontend.tflite import (accumulate, argmax, control_flow, conv3d, detection, elementwise, indexing, matmul,
                                    mediapipe, mediapipe_transforms, nn, pointwise, recurrent, reduce, resize, segments,
-                                   spatial, spectral, tensor, weights)
+                                   spatial, spectral, tensor, variables, weights)
 from tether.frontend.tflite.table import ConverterTable, merge_tables
 
 FAMILIES = (nn, elementwise, tensor, reduce, resize, weights,
             pointwise, indexing, argmax, accumulate, spatial, matmul, conv3d, detection, recurrent, segments,
-            control_flow, mediapipe, mediapipe_transforms, spectral)
+            control_flow, mediapipe, mediapipe_transforms, spectral, variables)
 
 CONVERTERS: ConverterTable = merge_tables("the TFLite converter families", [f.CONVERTERS for f in FAMILIES])
 

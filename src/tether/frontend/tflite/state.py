@@ -62,6 +62,9 @@ class Context:
         # and the converter lookup (passed in, as the converter tables include those ops)
         self.model: Optional[Any] = None
         self.converter_for: Optional[Callable[..., Any]] = None
+        # resource variables by (container, shared_name): the value the translation has reached so far, a
+        # constant (numpy) or an ONNX value as ``(name, layout)`` (``variables``)
+        self.variables: Dict[Tuple[str, str], Any] = {}
 
     # -- tensors -------------------------------------------------------------------------------------------
 
