@@ -1,7 +1,9 @@
 """More TFLite builtins, each compared with LiteRT on the same input: the one-step recurrent cells (LSTM, RNN,
-SVDF: written op by op with LiteRT's schema, as the TF converter no longer emits them), BUCKETIZE, RFFT2D read
-through COMPLEX_ABS / REAL / IMAG (made with the TF converter), DILATE and REDUCE_WINDOW (written op by op), and
-refused variants (the BASIC LSTM kernel, a spectrum read by another op, a window past the input's end).
+SVDF: written op by op with LiteRT's schema, as the TF converter no longer emits them), BUCKETIZE and RFFT2D read
+through COMPLEX_ABS / REAL / IMAG (made with the TF converter; one RFFT2D written op by op), DILATE and
+REDUCE_WINDOW (written op by op), resource variables with their CALL_ONCE init (a tf.Module's state, converted;
+LiteRT's first invoke), and refused variants (the BASIC LSTM kernel, a spectrum read by another op, a window past
+the input's end, a variable read before any assignment).
 
 Helpers (model writing, LiteRT and tether runs, the error reading) are test_frontend_tflite_ops's."""
 
@@ -262,3 +264,19 @@ def test_variable_read_before_assignment_is_refused(tmp_path):
         from_tflite(str(path))
     msg = str(err.value)
     assert "\n" not in msg and "READ_VARIABLE v1" in msg and "variable 'state' is read before a value is" in msg
+
+
+def test_rfft2d_zero_pads_a_short_input_as_litert(tmp_path):
+    """Written op by op: the TF converter pads a short input with a PAD first, LiteRT's kernel pads it itself."""
+    fb = _Flatbuffer()
+    S_ = fb.schema
+    x = fb.tensor("x", (2, 3, 5))
+    length = fb.tensor("fft_length", (2,), np.array([4, 8], np.int32), dtype="int32")
+    spectrum = fb.tensor("spectrum", (2, 4, 5), dtype="complex64")
+    outs = [fb.tensor(n, (2, 4, 5)) for n in ("abs", "re", "im")]
+    fb.op(S_.BuiltinOperator.RFFT2D, [x, length], [spectrum], 0, None)
+    for op, out in zip((S_.BuiltinOperator.COMPLEX_ABS, S_.BuiltinOperator.REAL, S_.BuiltinOperator.IMAG), outs):
+        fb.op(op, [spectrum], [out], 0, None)
+    path = tmp_path / "rfft2d_short.tflite"
+    fb.save(path, [x], outs)
+    _check(path, tmp_path)
