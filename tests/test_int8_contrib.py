@@ -131,3 +131,25 @@ def test_quantize_dynamic_mlp(onnx_compare, tmp_path):
     for _ in range(3):
         x = RNG.standard_normal((4, 32)).astype(np.float32)
         onnx_compare(model, {"x": x}, rtol=1e-6, atol=1e-6)
+
+
+def test_qlinear_add_rounding_attribute_refusals():
+    """tether's own ``rounding`` attribute (the TFLite frontend's "xnnpack") is refused in one line when unknown,
+    and when XNNPACK's parameters cannot be made (a run-time scale)."""
+    from onnx import TensorProto, helper
+
+    from tether.errors import UnsupportedOpError
+    from tether.frontend import from_onnx
+
+    a = _q((1, 4), "int8")
+    sz = {"sa": np.float32(0.05), "za": np.int8(3), "sb": np.float32(0.02), "zb": np.int8(-7),
+          "sc": np.float32(0.07), "zc": np.int8(1)}
+    order = ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"]
+    with pytest.raises(UnsupportedOpError, match="rounding 'bogus'"):
+        from_onnx(_model("QLinearAdd", {"a": a, "b": a}, sz, order, {"rounding": "bogus"}, out_type=3))
+    model = _model("QLinearAdd", {"a": a, "b": a}, {k: v for k, v in sz.items() if k != "sc"}, order,
+                   {"rounding": "xnnpack"}, out_type=3)
+    model.graph.input.append(helper.make_tensor_value_info("sc", TensorProto.FLOAT, []))
+    with pytest.raises(UnsupportedOpError, match="needs constant scales") as info:
+        from_onnx(model)
+    assert "\n" not in str(info.value)

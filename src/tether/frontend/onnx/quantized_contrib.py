@@ -22,7 +22,7 @@ from tether.frontend.onnx import quantized
 from tether.frontend.onnx.importer import ConverterTable, emit_reshape, node_output, norm_axis
 from tether.frontend.onnx.quantized import (PRODUCT_DTYPES, check_dtype, check_scale, int_matmul, minus_zero_point,
                                             optional_input, zero_point_const)
-from tether.kernels.quantize_ops import qadd_constants
+from tether.kernels.quantize_ops import qadd_constants, qadd_fixed_point_constants
 
 CONVERTERS = ConverterTable(__name__)
 
@@ -72,7 +72,28 @@ def _qlinear_add(im, node, ins, a):
     sa, sb, sc = (scalar_param(im, node, s, "scale") for s in (sa, sb, sc))
     za, zb, zc = (zero_point_or_zero(im, node, za, A), zero_point_or_zero(im, node, zb, B),
                   zero_point_or_zero(im, node, zc, A))
+    rounding = a.get("rounding", "mlas")
+    rounding = rounding.decode() if isinstance(rounding, bytes) else str(rounding)
+    if rounding == "xnnpack":
+        emit_fixed_point_qadd(im, node, A, B, sa, za, sb, zb, sc, zc)
+        return
+    if rounding != "mlas":
+        raise UnsupportedOpError("node %s: QLinearAdd rounding %r (tether reads 'mlas', onnxruntime's, and 'xnnpack', "
+                                 "XNNPACK's fixed-point sum)" % (node.name, rounding))
     emit_qadd(im, A, B, sa, za, sb, zb, sc, zc, node.name, node_output(node))
+
+
+def emit_fixed_point_qadd(im, node, A: str, B: str, sa: str, za: str, sb: str, zb: str, sc: str, zc: str) -> str:
+    """QLinearAdd rounded as XNNPACK's 8-bit addition (LiteRT's default CPU path), which the TFLite frontend asks
+    for with ``rounding="xnnpack"``: its parameters need constant scales and zero points in its ratio range."""
+    values = [im.const(v) for v in (sa, za, sb, zb, sc, zc)]
+    consts = qadd_fixed_point_constants(*values) if all(v is not None for v in values) else None
+    if consts is None:
+        raise UnsupportedOpError("node %s: QLinearAdd with rounding='xnnpack' needs constant scales and zero points "
+                                 "with input/output scale ratios in [2**-10, 2**8)" % node.name)
+    ra, rb, fixed, shift = consts
+    return im.emit("qadd", [A, B, im.add_const(ra), im.add_const(rb), im.add_const(fixed)],
+                   {"dtype": str(im.type(A).dtype), "shift": shift}, node.name, node_output(node))
 
 
 def emit_qadd(im, A: str, B: str, sa: str, za: str, sb: str, zb: str, sc: str, zc: str, name: str = "",

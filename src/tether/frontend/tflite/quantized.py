@@ -29,6 +29,7 @@ from tether.frontend.tflite.converters import CONVERTERS
 from tether.frontend.tflite.flatbuffer import Operator, Quantization, Tensor
 from tether.frontend.tflite.state import NCHW, nchw_axis, onnx_dtype
 from tether.frontend.tflite.table import ConverterTable
+from tether.kernels.quantize_ops import qadd_fixed_point_constants
 
 QUANTIZED = ConverterTable("tflite quantized")
 
@@ -310,7 +311,13 @@ def _integer_add(view: FloatView, name: str, t: Tensor) -> Optional[str]:
         sc, zp, _ = param_consts(view._ctx, s)
         ins += [value, sc, zp]
     sy, zy, _ = param_consts(view._ctx, t)
-    return view._ctx.emit("QLinearAdd", ins + [sy, zy], tensor_hint(t), domain=MS)[0]
+    # LiteRT's CPU delegate adds in fixed point where it takes the scales (else its builtin kernel, which the
+    # float sum rounded once matches within a step)
+    params = [float(x.quantization.scale[0]) if k % 2 == 0 else int(x.quantization.zero_point[0])
+              for x in tensors + [t] for k in (0, 1)]
+    xnn = qadd_fixed_point_constants(*params) is not None
+    return view._ctx.emit("QLinearAdd", ins + [sy, zy], tensor_hint(t), domain=MS,
+                          **({"rounding": "xnnpack"} if xnn else {}))[0]
 
 
 def float_converter(op: Operator):
