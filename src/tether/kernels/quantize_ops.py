@@ -8,8 +8,8 @@ with its scale and zero point as broadcast inputs: ``DEFINITIONS`` (shape/dtype 
 - ``dequantize(x, scale, zp)``: integer -> float, ``(int32(x) - zp) * scale``;
 - ``qadd(a, b, ra, rb, fixed) {dtype}``: ``saturate(round_half_even(a * ra + (b * rb + fixed)))``, the sum of two
   quantized tensors with ``ra = sa / sc``, ``rb = sb / sc``, ``fixed = zc - (ra * za + rb * zb)`` (MLAS's
-  QLinearAdd, its multiply-adds fused where the target has FMA); with ``{shift}``, XNNPACK's fixed-point sum
-  ``saturate(floor((a * ra + b * rb + fixed) / 2**shift))`` of integer multipliers (LiteRT's 8-bit ADD).
+  QLinearAdd, its multiply-adds fused where the target has FMA); with ``{shift, zero_point}``, XNNPACK's
+  fixed-point sum ``saturate(((a * ra + b * rb + fixed) >> shift) + zero_point)`` in int32 (LiteRT's 8-bit ADD).
 
 Integer convolutions and matrix products are the ordinary ``conv2d``/``dense``/``batch_matmul`` ops on int32
 operands (the zero points subtracted first), so they take every existing path through the passes and the build.
@@ -51,10 +51,10 @@ def _dequantize_ref(attrs, x, scale, zp):
 def _qadd_ref(attrs, a, b, ra, rb, fixed):
     """float64 holds a * ra and b * rb exactly: each multiply-add rounds once to float32, as a fused one does."""
     if attrs.get("shift") is not None:
-        f64 = np.float64
-        v = np.floor((a.astype(f64) * f64(ra) + b.astype(f64) * f64(rb) + f64(fixed)) * 2.0 ** -int(attrs["shift"]))
+        i64 = np.int64
+        acc = a.astype(i64) * i64(ra) + b.astype(i64) * i64(rb) + i64(fixed)
         lo, hi = RANGES[attrs["dtype"]]
-        return [np.clip(v, lo, hi).astype(attrs["dtype"])]
+        return [np.clip((acc >> int(attrs["shift"])) + int(attrs.get("zero_point", 0)), lo, hi).astype(attrs["dtype"])]
     f32 = np.float32
     inner = (b.astype(np.float64) * np.float64(rb) + np.float64(fixed)).astype(f32)
     v = (a.astype(np.float64) * np.float64(ra) + inner.astype(np.float64)).astype(f32)
@@ -76,18 +76,18 @@ FIXED_POINT_RATIOS = (2.0 ** -10, 2.0 ** 8)
 
 
 def qadd_fixed_point_constants(sa, za, sb, zb, sc, zc):
-    """(ra, rb, fixed, shift) of ``qadd {shift}`` as XNNPACK derives its addition's parameters: the ratios
-    ``s_a / s_c``, ``s_b / s_c`` in float32, the shift making the larger one a 21-bit multiplier, the multipliers
-    rounded half to even, and ``fixed`` the rounding half-unit less the zero points' products plus ``zc``
-    shifted up (so the floor adds it whole); None when a ratio is outside FIXED_POINT_RATIOS."""
+    """(ra, rb, fixed, shift) of ``qadd {shift, zero_point: zc}`` as XNNPACK derives its addition's parameters:
+    the ratios ``s_a / s_c``, ``s_b / s_c`` in float32, the shift making the larger one a 21-bit multiplier, the
+    multipliers rounded half to even, and ``fixed`` the rounding half-unit less the zero points' products (all
+    int32, as XNNPACK's); None when a ratio is outside FIXED_POINT_RATIOS."""
     f32 = np.float32
     ratios = [f32(f32(s) / f32(sc)) for s in (sa, sb)]
     if not all(FIXED_POINT_RATIOS[0] <= r < FIXED_POINT_RATIOS[1] for r in ratios):
         return None
     shift = 20 - (int(f32(max(ratios)).view(np.uint32) >> 23) - 127)
     ma, mb = (int(np.rint(np.float64(r) * 2.0 ** shift)) for r in ratios)
-    fixed = (1 << (shift - 1)) - ma * int(za) - mb * int(zb) + (int(zc) << shift)
-    return np.array(ma, np.float64), np.array(mb, np.float64), np.array(fixed, np.float64), shift
+    fixed = (1 << (shift - 1)) - ma * int(za) - mb * int(zb)
+    return np.array(ma, np.int32), np.array(mb, np.int32), np.array(fixed, np.int32), shift
 
 
 def _typed(dtype_of):
@@ -107,6 +107,7 @@ CPU_STRATEGIES: Dict[str, Strategy] = {
     "quantize": TeLowering(lambda attrs, x, s, z: qnn.quantize(x, s, z, attrs["dtype"])),
     "requantize": TeLowering(lambda attrs, a, m, z: qnn.requantize(a, m, z, attrs["dtype"])),
     "qadd": TeLowering(lambda attrs, a, b, ra, rb, k: qnn.qadd(a, b, ra, rb, k, attrs["dtype"],
-                                                              shift=attrs.get("shift"))),
+                                                              shift=attrs.get("shift"),
+                                                              zero_point=attrs.get("zero_point", 0))),
     "dequantize": TeLowering(lambda attrs, x, s, z: qnn.dequantize(x, s, z)),
 }

@@ -53,22 +53,20 @@ def dequantize(x, scale, zp, name: str = "dequantize"):
                        [x, scale, zp], name)
 
 
-def qadd(a, b, ra, rb, fixed, out_dtype: str, name: str = "qadd", shift: int | None = None):
+def qadd(a, b, ra, rb, fixed, out_dtype: str, name: str = "qadd", shift: int | None = None, zero_point: int = 0):
     """a, b integer -> out_dtype: saturate(round_half_even(a * ra + (b * rb + fixed))), the zero points folded into
     ``fixed``; each multiply-add contracts to one fused multiply-add where the target has one, as MLAS's.
 
-    With ``shift``: XNNPACK's fixed-point sum, ``saturate(floor((a * ra + b * rb + fixed) / 2**shift))`` with
-    integer ``ra``, ``rb``, ``fixed`` (kernels/quantize_ops.py qadd_fixed_point_constants), computed in float64,
-    where every term and sum is exact (an arithmetic right shift is that floor)."""
+    With ``shift``: XNNPACK's fixed-point sum in int32, ``saturate(((a * ra + b * rb + fixed) >> shift) +
+    zero_point)`` with int32 ``ra``, ``rb``, ``fixed`` (kernels/quantize_ops.py qadd_fixed_point_constants)."""
     _check_out(out_dtype, name)
     lo, hi = RANGES[out_dtype]
     if shift is not None:
-        scale = c.const(2.0 ** -int(shift), "float64")
-
         def fixed_point(x, y, p, q, k):
-            v = te.floor((x.astype("float64") * p + y.astype("float64") * q + k) * scale)
-            v = c.min2(c.max2(v, c.const(float(lo), "float64")), c.const(float(hi), "float64"))
-            return v.astype("int32").astype(out_dtype)
+            acc = x.astype("int32") * p + y.astype("int32") * q + k
+            v = te.bitwise("shr", acc, c.const(int(shift), "int32")) + c.const(int(zero_point), "int32")
+            v = c.min2(c.max2(v, c.const(lo, "int32")), c.const(hi, "int32"))
+            return v.astype(out_dtype)
         return elementwise(fixed_point, [a, b, ra, rb, fixed], name)
 
     def f(x, y, p, q, k):

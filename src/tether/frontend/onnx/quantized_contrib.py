@@ -93,7 +93,8 @@ def emit_fixed_point_qadd(im, node, A: str, B: str, sa: str, za: str, sb: str, z
                                  "with input/output scale ratios in [2**-10, 2**8)" % node.name)
     ra, rb, fixed, shift = consts
     return im.emit("qadd", [A, B, im.add_const(ra), im.add_const(rb), im.add_const(fixed)],
-                   {"dtype": str(im.type(A).dtype), "shift": shift}, node.name, node_output(node))
+                   {"dtype": str(im.type(A).dtype), "shift": shift, "zero_point": int(values[5])}, node.name,
+                   node_output(node))
 
 
 def emit_qadd(im, A: str, B: str, sa: str, za: str, sb: str, zb: str, sc: str, zc: str, name: str = "",
