@@ -37,6 +37,11 @@ CASES = {
                      "int8", "qdepthwise2d"),
     "depthwise_int8_acts": (8, 8, 7, 7, 3, {"pads": [0, 1, 2, 1], "group": 8}, "int8", False, "int8",
                             "qdepthwise2d"),
+    # 2- and 3-column rows: the narrow (unrolled scalar) form of the depthwise window
+    "depthwise_5x5_3x3_map": (40, 40, 3, 3, 5, {"pads": [2, 2, 2, 2], "group": 40}, "uint8", True, "int8",
+                              "qdepthwise2d"),
+    "depthwise_2x2_map": (17, 17, 2, 2, 3, {"pads": [1, 1, 1, 1], "group": 17}, "int8", False, "int8",
+                          "qdepthwise2d"),
     "grouped_stays": (8, 8, 6, 6, 3, {"pads": [1, 1, 1, 1], "group": 2}, "uint8", True, "int8", None),
 }
 
