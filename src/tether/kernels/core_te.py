@@ -289,6 +289,10 @@ def _softplus(v):
 
 
 def _round_even(v):
+    if v.dtype in ("float32", "float64"):
+        # IEEE roundeven: one instruction where the target rounds natively (codegen/mathlib.py); the formula
+        # below took 40 instructions a vector in float64 (an int8 TFLite MUL's requantize: 154 us @96x48x48)
+        return te.round_even(v)
     w = _wide(v)
     half, one, two = c.const(0.5, w.dtype), c.const(1.0, w.dtype), c.const(2.0, w.dtype)
     r = te.floor(w + half)
