@@ -160,9 +160,22 @@ class FunctionEmitter(ExprEmitter):
                 v = self.to_mem(self.splat(value, n), buf.dtype)
                 self.b.store(v, ptr, align=align)
                 return
+            # A linear stride addresses every lane as one pointer plus a constant: per-lane index arithmetic
+            # made each of an unrolled block's hundreds of scalar stores an opaque address, and dead-store
+            # elimination spent half of the -O3 time of such kernels proving them apart. Not for narrow elements:
+            # provably adjacent int8 stores were merged by the SLP vectorizer into shuffles costing more than
+            # they save (an int8 requantizing conv: 8% more instructions on Cortex-A72).
+            first = None
+            if coef is not None and align >= 4:
+                idx0 = self.ev_at_base(s.index)
+                first = self.b.gep(self.bufs[buf], [idx0], inbounds=True, source_etype=ety)
             for lane in range(n):
-                idx = self.ev_at_lane(s.index, lane)
-                ptr = self.b.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety)
+                if first is not None:
+                    ptr = first if lane == 0 else self.b.gep(first, [ir.Constant(idx0.type, lane * coef)],
+                                                             inbounds=True, source_etype=ety)
+                else:
+                    idx = self.ev_at_lane(s.index, lane)
+                    ptr = self.b.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety)
                 x = self.b.extract_element(value, ir.Constant(I32, lane)) if is_vec(value) else value
                 self.b.store(self.to_mem(x, buf.dtype), ptr, align=align)
             return
