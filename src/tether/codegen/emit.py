@@ -67,12 +67,31 @@ def _emit_asm(ir_text: str, target: Target, opt: int) -> str:
     return target.target_machine(opt).emit_assembly(mod)
 
 
+# How many memory defs dead-store elimination walks past per store (LLVM's default: 90). A kernel's unrolled
+# write-back is hundreds of stores to distinct addresses, none dead, and the default walk spent up to 0.4 s of
+# -O3 per kernel proving so; at 20 every kernel of mobilevit_xs, wav2vec2 and efficientnet_b0 optimises to the
+# same IR, 10% sooner.
+DSE_WALK_LIMIT = 20
+_llvm_options_set = False
+
+
+def _set_llvm_options() -> None:
+    """LLVM's command-line options are per process (build workers included): set once, before the first pass."""
+    global _llvm_options_set
+    if not _llvm_options_set:
+        import llvmlite.binding as llvm
+
+        llvm.set_option("tether", "-dse-memoryssa-walklimit=%d" % DSE_WALK_LIMIT)
+        _llvm_options_set = True
+
+
 def optimize(mod: Any, target: Target, opt: int = 3) -> None:
     """Run the standard -O<opt> pipeline (with loop and SLP vectorisation) on a parsed module, in place."""
     import llvmlite.binding as llvm
 
     if opt <= 0:
         return
+    _set_llvm_options()
     tm = target.target_machine(opt)
     pto = llvm.create_pipeline_tuning_options(speed_level=min(int(opt), 3))
     pto.loop_vectorization = True
