@@ -161,15 +161,6 @@ def _floor(e: _E, x):
     return _floor_ceil(e, x, up=False)
 
 
-def _round_even(e: _E, x):
-    """Round half to even (IEEE roundeven): one instruction where the target rounds natively (roundps,
-    frintn), else the add-and-remove rounding trick, which rounds half to even in the default rounding mode; the
-    int8 kernels' requantize. Its instructions carry no fast-math flags, so it survives fast_math."""
-    if e.target is not None and e.target.native_rounding:
-        return e.b.call(e.intrinsic("roundeven"), [x])
-    return e.sel(e.lt(e.fabs(x), e.c(2.0 ** e.fmt.mant)), e.copysign(e.round_nearest(x), x), x)
-
-
 def _ceil(e: _E, x):
     return _floor_ceil(e, x, up=True)
 
