@@ -146,8 +146,12 @@ def test_host_dense_panels_follow_the_family():
     (dense,) = [b for n in g.nodes for b in n.body() if b.op == "dense"]
     if fam.name == "x86" and fam.lanes >= 16:
         assert panel_block(tgt) == (WIDE_PANEL, WIDE_BLOCK)
-        assert dense.attrs["packed_block"] == WIDE_BLOCK
-        assert p[dense.inputs[1]].shape == (-(-100 // WIDE_PANEL), 64, WIDE_PANEL)
+        # 100 columns: 16-wide panels pad them to 112, 32-wide ones to 128; 8 columns: one 8-wide (ymm) panel;
+        # fewer rows than the block's: the block takes them all
+        assert panel_block(tgt, 100, 80) == (16, (12, 16)) and panel_block(tgt, 128, 80) == (WIDE_PANEL, WIDE_BLOCK)
+        assert panel_block(tgt, 8, 4096) == (8, (12, 8)) and panel_block(tgt, 960, 9) == (WIDE_PANEL, (9, 32))
+        assert dense.attrs["packed_block"] == (12, 16)
+        assert p[dense.inputs[1]].shape == (-(-100 // 16), 64, 16)
     else:
         assert "packed_block" not in dense.attrs
     # without a target, and for ARM, the 16-wide panels of ops.linear

@@ -22,7 +22,6 @@ def pack_dense_weights(graph: Graph, params: Dict[str, np.ndarray], target: Any 
     """Rewrite ``params``, ``graph.types`` and the dense nodes' attributes in place (run it on a copy);
     returns {weight name: N} for the weights packed. ``target`` (a Target) may ask for wider panels and a larger
     register block (``panel_block``)."""
-    width, block = panel_block(target)
     uses: Dict[str, int] = {}
     for node in graph.nodes:
         for v in set(node.body_params()):
@@ -38,8 +37,13 @@ def pack_dense_weights(graph: Graph, params: Dict[str, np.ndarray], target: Any 
                     or str(w.dtype) != "float32"):
                 continue
             xt = graph.types.get(b.inputs[0])
-            if xt is None or len(xt.shape) != 2 or not ops.linear.should_pack(int(xt.shape[0]), int(w.shape[0])):
-                continue      # few rows: the kernel reads the weight as it is (row dot products)
+            # A single row reads the weight as it is (row dot products). The packing costs nothing at run time, so
+            # a few rows and few columns take panels too: a pointwise conv on channels-last pixels
+            # (passes/float_layout.py) into 8 channels ran as 32768 dot products of 16 terms (4096 pixels: 55 us;
+            # in one padded panel 11 us), one over 3x3 pixels 160 -> 960 at 39 GFLOP/s (in panels: 150)
+            if xt is None or len(xt.shape) != 2 or int(xt.shape[0]) < PREPACK_MIN_ROWS:
+                continue
+            width, block = panel_block(target, int(w.shape[0]), int(xt.shape[0]))
             params[wname] = ops.linear.pack_panels_array(np.asarray(w), width)
             graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
             b.attrs["packed_n"] = int(w.shape[0])
@@ -49,15 +53,27 @@ def pack_dense_weights(graph: Graph, params: Dict[str, np.ndarray], target: Any 
     return packed
 
 
+# Rows of x from which a constant weight is packed (one row: the kernel reads the weight as it is)
+PREPACK_MIN_ROWS = 2
 # AVX-512's dense micro-kernel: panel width and (rows, columns) register block
 WIDE_PANEL = 32
 WIDE_BLOCK = (12, 32)
 
 
-def panel_block(target: Any) -> Tuple[int, Optional[Tuple[int, int]]]:
-    """(panel width, register block or None for the family's default) of a prepacked dense on ``target``."""
+def panel_block(target: Any, n: int = 0, m: int = 0) -> Tuple[int, Optional[Tuple[int, int]]]:
+    """(panel width, register block or None for the family's default) of a prepacked dense of ``m`` rows and
+    ``n`` output columns (0: not known) on ``target``. AVX-512: 32-wide panels unless they would pad the columns
+    by more than 16-wide ones plus 1/16 (48 -> 64 is a third more work), 8-wide (ymm) for 8 columns or fewer;
+    12 rows, or all of them when there are fewer."""
+    rows = min(12, m) if m else 12
     if target is not None:
         fam = family_of(target)
         if fam.name == "x86" and fam.lanes >= 16:
-            return WIDE_PANEL, WIDE_BLOCK
+            if n and n <= 8:
+                return 8, (rows, 8)
+            if n and -(-n // WIDE_PANEL) * WIDE_PANEL * 16 > -(-n // 16) * 16 * 17:
+                return 16, (rows, 16)
+            return WIDE_PANEL, (rows, WIDE_BLOCK[1])
+        if m and m < fam.mm_rows:
+            return ops.linear.PANEL, (m, ops.linear.PANEL)
     return ops.linear.PANEL, None

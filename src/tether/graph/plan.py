@@ -32,7 +32,7 @@ from tether.graph import numpy_nodes
 from tether.graph.conv_gemm import pack_conv_weights, panel_type, panel_weight
 from tether.graph.dense_panels import pack_dense_weights
 from tether.graph.ir import Graph, Node, TensorType
-from tether.graph.passes import concat_views, fuse_prologues, needs_kernel, optimize, pipeline
+from tether.graph.passes import concat_views, float_channels_last, fuse_prologues, needs_kernel, optimize, pipeline
 from tether.graph.to_te import lower_kernel
 from tether.kernels.qconv_ops import for_target as qconv_for_target
 from tether.kernels.registry import LoopKernel, Strategy, TeLowering, target_kind
@@ -106,8 +106,8 @@ def prepare_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 
 
 
 # passes a GPU build leaves out: concat views (a GPU kernel binds whole buffers, never a view at an offset) and the
-# prologue fusion made for the CPU's GEMM convs
-_CPU_ONLY_PASSES = (concat_views, fuse_prologues)
+# prologue fusion made for the CPU's GEMM convs, and the CPU's channels-last depthwise-separable blocks
+_CPU_ONLY_PASSES = (concat_views, fuse_prologues, float_channels_last)
 
 
 def _prepare_gpu_graph(graph: Graph, params: Dict[str, np.ndarray], opt_level: int, tgt: Target) -> tuple:

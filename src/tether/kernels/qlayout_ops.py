@@ -7,7 +7,7 @@ channels last.
 ``pad_value`` outside the image: kernels/qconv_ops.py's qdepthwise2d with the channel axis last
 (ops/qdepthwise_nhwc.py).
 ``max_pool_nhwc(x) {kernel, strides, pads}``: 2-D max pooling of x (1, H, W, C) uint8/int8 (no dilation, no
-ceil_mode), on the integers (ops/qpool_nhwc.py).
+ceil_mode), on the integers (ops/qpool_nhwc.py); float32 too, for graph/passes/float_layout.py.
 ``DEFINITIONS`` and ``CPU_STRATEGIES`` hold the ops and their lowerings for ``tether.kernels.table``.
 """
 from __future__ import annotations

@@ -33,16 +33,19 @@ COLUMNS = 8
 
 def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwise2d_nhwc"):
     """x (1, H, W, C) uint8/int8, w (KH, KW, C) float32 (integer values), bias (C,) float32 ->
-    (1, OH, OW, C) float32: bias[c] + sum_taps (x - x_zero) * w, exact while the sums stay below 2**24."""
+    (1, OH, OW, C) float32: bias[c] + sum_taps (x - x_zero) * w, exact while the sums stay below 2**24.
+    With x float32 (``depthwise2d_nhwc``) it is the float convolution itself, padding read as zeros."""
     (n, h, wd, ch), (kh, kw, wc) = c.shape_of(x), c.shape_of(w)
     ch, h, wd, kh, kw, sh, sw, p4, oh, ow = window_geometry((n, ch, h, wd), (wc, kh, kw), stride, padding, name)
     top, left, bottom, right = p4
     zero = c.const(0.0, "float32")
     zx = c.const(float(x_zero), "float32")
+    floating = str(x.dtype) == "float32"
 
     def plane(yy, xx, q):
         y, xc = yy - top, xx - left
-        v = x[0, c.clamp_index(y, h), c.clamp_index(xc, wd), q].astype("float32") - zx
+        v = x[0, c.clamp_index(y, h), c.clamp_index(xc, wd), q]
+        v = v if floating else v.astype("float32") - zx
         return te.if_then_else(c.all_of([y >= 0, y < h, xc >= 0, xc < wd]), v, zero) if any(p4) else v
 
     xf = c.compute((h + top + bottom, wd + left + right, ch), plane, f"{name}_planes", c.PAD)
@@ -54,6 +57,24 @@ def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qde
     return c.compute((1, oh, ow, ch), lambda b, y, xx, q: conv[b, y, xx, q] + bias[q], name, c.BROADCAST)
 
 
+def depthwise2d_nhwc(x, w, bias, stride, padding, name: str = "depthwise2d_nhwc"):
+    """x (1, H, W, C) float32, w (KH, KW, C), bias (C,) -> (1, OH, OW, C): the float depthwise convolution on
+    channels-last activations (graph/passes/float_layout.py), on the int8 kernel's loops."""
+    return qdepthwise2d_nhwc(x, w, bias, stride, padding, 0, name)
+
+
+def channel_vector(fam, channels: int, lanes: int = 0) -> int:
+    """The channels a channels-last kernel takes per vector: the family's lanes (``lanes``: per register, for
+    narrower elements), or a half or a quarter register where that divides the channels and the whole one does
+    not: a partial last vector (24 channels: 16 + 8) ran lane by lane, as scalar code (BlazeFace's 3x3 over 24
+    channels @64x64 on AVX-512: 264 us; in 8-lane vectors 23)."""
+    lanes = lanes or fam.lanes
+    for v in (lanes, lanes // 2, lanes // 4):
+        if v >= 4 and channels % v == 0:
+            return v
+    return lanes
+
+
 def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     """Channel vectors outermost (the parallel loop); inside, the accumulation of the task's whole output plane
     (or, when its float plane would not stay in cache, of one output row at a time), blocks of COLUMNS output
@@ -62,11 +83,11 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     b, y, x, q = out.op.axis
-    qo, qi = so.split(q, factor=fam.lanes)
+    qo, qi = so.split(q, factor=channel_vector(fam, int(out.shape[3])))
     # few channel vectors (mobilenet_v2's 32..144-channel layers: 2..9) are too few tasks for two threads to
     # share evenly (one 112x112 layer did not speed up at all): the rows are split into groups as well, to at least
     # twice the family's grain
-    oh, nchan = int(out.shape[1]), -(-int(out.shape[3]) // fam.lanes)
+    oh, nchan = int(out.shape[1]), -(-int(out.shape[3]) // channel_vector(fam, int(out.shape[3])))
     groups = max(1, min(oh, -(-2 * fam.parallel_tasks // nchan)))   # the tasks other schedules aim at
     yo, yi = so.split(y, nparts=groups)
     so.reorder(b, qo, yo, yi, x, qi)
@@ -77,8 +98,11 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     (src,) = [i for i in block.op.input_tensors if c.tag_of(i.op) == c.PAD]
     hp, wp = (int(d) for d in src.shape[:2])
     sb = s[block]
-    # a task's share of the plane (its row group's rows) stays whole up to PLANE_BYTES, and on the task's stack
-    whole = hp * wp * fam.lanes * 4 <= min(PLANE_BYTES, STACK_BYTES) * groups
+    # a task's share of the plane (its row group's rows) stays whole up to PLANE_BYTES, and on the task's stack;
+    # a float plane (no conversion to share) is always written per output row: whole, it ran 1.4-2x slower at every
+    # map size from 4x4 to 64x64 (AVX-512, 3x3 over 16..576 channels, stride 1 and 2)
+    floating = str(src.op.input_tensors[0].dtype) == "float32"
+    whole = hp * wp * fam.lanes * 4 <= min(PLANE_BYTES, STACK_BYTES) * groups and not floating
     sb.compute_at(so, chan if whole else yi)
     bb, by, bx, bq = block.op.axis
     ow = int(block.shape[2])

@@ -293,6 +293,19 @@ def accumulator_and_output(s, t, ctx):
     return t, anchor
 
 
+# A product with fewer column panels than this many (times the family's grain) and a right-hand side up to
+# ROWS_PARALLEL_MAX_B_BYTES runs its row blocks in parallel instead: a pointwise conv on channels-last pixels
+# ((4096 pixels, 8) x (8, 48): 3 panels) ran its 3 or 1 panels on one core of two; B is read by every task,
+# which a small one costs nothing.
+ROWS_PARALLEL_MAX_B_BYTES = 256 << 10
+
+
+def _rows_parallel(t, mr: int, nr: int, fam: Family) -> bool:
+    m, n = (int(v) for v in t.shape[-2:])
+    return (len(t.shape) == 2 and -(-n // nr) < fam.parallel_tasks and -(-m // mr) >= 2 * -(-n // nr)
+            and n * reduce_size(t) * 4 <= ROWS_PARALLEL_MAX_B_BYTES)
+
+
 def _schedule_matmul(s, t, fam: Family, ctx):
     """MR x NR register-blocked micro-kernel: k outermost inside the block, MR rows unrolled, NR columns as
     NR/lanes vectors; column panels outermost (parallel), each packing its own panel of B inside its task."""
@@ -345,7 +358,8 @@ def _schedule_matmul(s, t, fam: Family, ctx):
         io, jo, ii, ji = _tile_shifted(so, i, j, mr, nr)
     else:
         io, jo, ii, ji = so.tile(i, j, x_factor=mr, y_factor=nr)
-    first, second = (io, jo) if fam.parallel_axis == "rows" else (jo, io)
+    rows = fam.parallel_axis == "rows" or (fam.parallel_axis == "auto" and _rows_parallel(t, mr, nr, fam))
+    first, second = (io, jo) if rows else (jo, io)
     so.reorder(*lead, first, second, ii, ji)
     if contiguous:
         so.vectorize(ji)

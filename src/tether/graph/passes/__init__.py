@@ -23,6 +23,7 @@ from tether.graph.ir import Graph
 from tether.graph.passes.concat_views import concat_views, is_concat_view, view_layout
 from tether.graph.passes.constant_fold import constant_fold
 from tether.graph.passes.dce import dce
+from tether.graph.passes.float_layout import float_channels_last
 from tether.graph.passes.fold_batchnorm import fold_batchnorm
 from tether.graph.passes.fuse import fuse, fuse_prologues
 from tether.graph.passes.half_precision import HALF_OPS, half_precision
@@ -44,6 +45,8 @@ Pass = Callable[[Graph, Dict[str, np.ndarray]], Tuple[Graph, Dict[str, np.ndarra
 #   exact_float_products (which takes what they leave: grouped/depthwise convs, dense), all after the first fold.
 # - lift_over_unit_reshapes, then drop_identity_reshapes, right before fuse: such reshapes split conv1d ->
 #   activation and dense -> bias add.
+# - float_channels_last right before fuse (level 3: its dense kernels take prepacked weights), after the reshape
+#   passes, which would move its elementwise ops across the views it makes.
 # - concat_views after fuse: it splits fused groups headed by a concat it makes free.
 # - fuse_prologues last and only at level 3, where batch-1 convs run as GEMMs that read their input once.
 PIPELINES: Dict[int, List[Pass]] = {
@@ -59,7 +62,7 @@ PIPELINES: Dict[int, List[Pass]] = {
     3: [fuse_qdq, constant_fold, dce,
         int8_dot_convs, int8_channels_last, exact_float_products,
         fold_batchnorm, constant_fold, dce,
-        lift_over_unit_reshapes, drop_identity_reshapes, fuse, concat_views, fuse_prologues],
+        lift_over_unit_reshapes, drop_identity_reshapes, float_channels_last, fuse, concat_views, fuse_prologues],
 }
 
 # pass name -> what it does, in one line (``tether compile --print-passes``; docs/graph.md has the long form)
@@ -73,6 +76,7 @@ SUMMARIES: Dict[str, str] = {
     "fold_batchnorm": "batch norm becomes per-channel mul+add, folded into conv weights",
     "lift_over_unit_reshapes": "elementwise ops after a reshape that drops a unit axis run before it",
     "drop_identity_reshapes": "drop reshapes that keep their input's shape",
+    "float_channels_last": "float activations stay channels last through depthwise-separable blocks",
     "fuse": "elementwise chains join their producer's kernel",
     "concat_views": "concats that can be views of their inputs need no kernel",
     "fuse_prologues": "an elementwise chain read only by a batch-1 conv joins that conv's kernel",
@@ -102,4 +106,4 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3,
 __all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
            "fuse_prologues", "plan_memory", "MemoryPlan", "needs_kernel", "optimize", "pipeline", "PIPELINES",
            "SUMMARIES", "fuse_qdq", "exact_float_products", "int8_dot_convs", "int8_channels_last",
-           "drop_identity_reshapes", "lift_over_unit_reshapes", "half_precision", "HALF_OPS"]
+           "float_channels_last", "drop_identity_reshapes", "lift_over_unit_reshapes", "half_precision", "HALF_OPS"]

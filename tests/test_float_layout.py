@@ -1,0 +1,195 @@
+"""float activations channels last through depthwise-separable blocks (graph/passes/float_layout.py): a network of
+the MobileNet/BlazeFace kind (a 3x3 stem, depthwise convs at strides 1 and 2 with asymmetric padding, pointwise
+convs into 8, 20, 28 and 36 channels, a channel padding, a 2x2 max pool, residual adds, a squeeze-excite scale, a
+global pool and a classifier) with odd channel counts, checked against onnxruntime and against tether's own
+build without the pass; which kernels run channels last and where values go back to NCHW; and the same network on
+the emulated aarch64 device."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tether
+from tether import graph_executor, rpc
+from tether.frontend import from_onnx
+from tether.graph import passes
+from tether.graph.passes import float_channels_last, optimize
+from tether.rpc.graph_client import RemoteGraphExecutor
+
+SIZE = 20
+OUTPUTS = ("logits", "block", "pooled")
+
+
+def _net(seed: int = 0) -> onnx.ModelProto:
+    """x (1, 3, 20, 20) -> 3x3 conv 3->12 s1 + relu -> depthwise s1 -> pointwise 12->8 (a: 8 channels)
+    -> pointwise 8->20 + relu6 -> depthwise s2 (pads 0, 0, 1, 1) -> pointwise 20->20 (b, 10x10)
+    -> squeeze-excite (global pool, 1x1 20->5 relu, 1x1 5->20 sigmoid) scaling b -> + b -> relu ("block")
+    -> max pool 2x2 and a channel pad 20->28 of it -> + pointwise 28 of the depthwise of the pool -> relu
+    -> pointwise 28->36 -> depthwise 5x5 s1 -> global pool ("pooled") -> flatten -> gemm 36->10 ("logits")."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], {}
+
+    def conv(x, cin, cout, k, stride=1, group=1, act=None, pads=None, name=""):
+        w = rng.normal(0, 1.0 / np.sqrt(cin // group * k * k), (cout, cin // group, k, k)).astype(np.float32)
+        inits[name + "_w"] = w
+        inits[name + "_b"] = rng.normal(0, 0.1, cout).astype(np.float32)
+        out = name + "_y"
+        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [out], kernel_shape=[k, k],
+                                      pads=pads or [k // 2] * 4, strides=[stride, stride], group=group))
+        if act == "relu":
+            nodes.append(helper.make_node("Relu", [out], [name + "_r"]))
+            out = name + "_r"
+        elif act == "relu6":
+            nodes.append(helper.make_node("Clip", [out, "zero", "six"], [name + "_r"]))
+            out = name + "_r"
+        elif act == "sigmoid":
+            nodes.append(helper.make_node("Sigmoid", [out], [name + "_r"]))
+            out = name + "_r"
+        return out
+
+    inits["zero"], inits["six"] = np.array(0, np.float32), np.array(6, np.float32)
+    t = conv("input", 3, 12, 3, act="relu", name="stem")
+    t = conv(t, 12, 12, 3, group=12, act="relu", name="dw1")
+    t = conv(t, 12, 8, 1, name="pw1")
+    t = conv(t, 8, 20, 1, act="relu6", name="pw2")
+    t = conv(t, 20, 20, 3, stride=2, group=20, act="relu6", pads=[0, 0, 1, 1], name="dw2")
+    b = conv(t, 20, 20, 1, name="pw3")
+    nodes.append(helper.make_node("GlobalAveragePool", [b], ["se_pool"]))
+    s = conv("se_pool", 20, 5, 1, act="relu", name="se1")
+    s = conv(s, 5, 20, 1, act="sigmoid", name="se2")
+    nodes.append(helper.make_node("Mul", [b, s], ["se_scaled"]))
+    nodes.append(helper.make_node("Add", ["se_scaled", b], ["block_sum"]))
+    nodes.append(helper.make_node("Relu", ["block_sum"], ["block"]))
+    nodes.append(helper.make_node("MaxPool", ["block"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]))
+    inits["chan_pads"] = np.array([0, 0, 0, 0, 0, 8, 0, 0], np.int64)
+    nodes.append(helper.make_node("Pad", ["mp", "chan_pads"], ["mp_padded"], mode="constant"))
+    t = conv("mp", 20, 20, 3, group=20, name="dw3")
+    t = conv(t, 20, 28, 1, name="pw4")
+    nodes.append(helper.make_node("Add", ["mp_padded", t], ["res"]))
+    nodes.append(helper.make_node("Relu", ["res"], ["res_r"]))
+    t = conv("res_r", 28, 36, 1, act="relu", name="pw5")
+    t = conv(t, 36, 36, 5, group=36, act="relu", name="dw4")
+    nodes.append(helper.make_node("GlobalAveragePool", [t], ["pooled"]))
+    nodes.append(helper.make_node("Flatten", ["pooled"], ["flat"]))
+    inits["fc_w"] = rng.normal(0, 0.2, (10, 36)).astype(np.float32)
+    inits["fc_b"] = rng.normal(0, 0.1, 10).astype(np.float32)
+    nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], transB=1))
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                           [1, 3, SIZE, SIZE])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in OUTPUTS],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("float_layout") / "net.onnx"
+    onnx.save(_net(), str(path))
+    return str(path)
+
+
+def _inputs(n: int = 3):
+    rng = np.random.default_rng(7)
+    return [rng.uniform(-1, 1, (1, 3, SIZE, SIZE)).astype(np.float32) for _ in range(n)]
+
+
+def _run_host(path: str, folder, xs, layout: bool = True):
+    """tether's outputs on the host for each input, built with or without the channels-last pass."""
+    graph, params = from_onnx(onnx.load(path))
+    saved = {k: list(v) for k, v in passes.PIPELINES.items()}
+    try:
+        if not layout:
+            for v in passes.PIPELINES.values():
+                if float_channels_last in v:
+                    v.remove(float_channels_last)
+        tether.build_graph(graph, params, target="host").export(str(folder))
+    finally:
+        for k, v in saved.items():
+            passes.PIPELINES[k][:] = v
+    gm = graph_executor.load(str(folder))
+    outs = []
+    for x in xs:
+        gm.set_input("input", x)
+        gm.run()
+        outs.append([gm.get_output(k).copy() for k in range(len(OUTPUTS))])
+    return outs
+
+
+def _assert_close(got, want) -> None:
+    for name, g, w in zip(OUTPUTS, got, want):
+        assert g.shape == w.shape, name
+        err = float(np.abs(g.astype(np.float64) - w).max() / max(float(np.abs(w).max()), 1e-30))
+        assert err <= 1e-5, "%s: max relative error %.2g" % (name, err)
+
+
+def test_channels_last_matches_onnxruntime_and_the_nchw_build(model_path, tmp_path):
+    xs = _inputs()
+    with_pass = _run_host(model_path, tmp_path / "last", xs)
+    without = _run_host(model_path, tmp_path / "first", xs, layout=False)
+    sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    for x, a, b in zip(xs, with_pass, without):
+        _assert_close(a, sess.run(list(OUTPUTS), {"input": x}))
+        _assert_close(a, b)
+
+
+def test_kernels_run_channels_last(model_path):
+    """Every depthwise conv after the stem, every pointwise conv after the first depthwise one, the max pool and
+    the channel pad run channels last; values go back to NCHW only for the graph output "block" (its other
+    readers take it as it is), and the only transpose in is the stem's output."""
+    graph, params = from_onnx(onnx.load(model_path))
+    opt, p = optimize(graph, params, opt_level=3)
+    opt.validate(p)
+    bodies = [b for n in opt.nodes for b in n.body()]
+    ops = {}
+    for b in bodies:
+        ops[b.op] = ops.get(b.op, 0) + 1
+    assert ops.get("depthwise_conv2d_nhwc") == 4, ops
+    assert ops.get("max_pool_nhwc") == 1 and "max_pool" not in ops, ops
+    convs = [b for b in bodies if b.op == "conv2d"]
+    # left NCHW: the stem and the squeeze-excite's 1x1 convs over the pooled (1, 20, 1, 1) vector
+    assert len(convs) == 3 and convs[0].inputs[0] == "input", [c.inputs for c in convs]
+    assert ops.get("dense") == 6, ops         # pw1..pw5 and the classifier
+    transposes = [b for b in bodies if b.op == "transpose"]
+    ins = [t for t in transposes if list(t.attrs["axes"]) == [0, 2, 3, 1]]
+    outs = [t for t in transposes if list(t.attrs["axes"]) == [0, 3, 1, 2]]
+    assert len(ins) == 1 and opt.types[ins[0].inputs[0]].shape == (1, 12, SIZE, SIZE), ins
+    assert [t.outputs[0] for t in outs] == ["block"], outs
+    pads = [b for b in bodies if b.op == "pad"]
+    assert len(pads) == 1 and list(pads[0].attrs["pads"]) == [0, 0, 0, 0, 0, 0, 0, 8]
+
+
+def test_a_lone_depthwise_conv_keeps_its_layout():
+    """A depthwise conv that no pointwise conv reads (its output is the graph's) is left NCHW: channels last
+    would cost a transpose in and one out for one kernel."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 0.3, (6, 1, 3, 3)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4, group=6)
+    graph = helper.make_graph([node], "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 9, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    g, p = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    before, p = optimize(g, p, opt_level=0)
+    after, _ = float_channels_last(before, p)
+    assert [n.op for n in after.nodes] == [n.op for n in before.nodes]
+
+
+@pytest.mark.emulated
+def test_channels_last_on_emulated_aarch64(emulated_devices, model_path, tmp_path):
+    """The channels-last kernels built for the rasp4b (NEON, 4 lanes) match the host build on the emulated
+    device."""
+    device = emulated_devices.for_preset("rasp4b")
+    xs = _inputs(2)
+    want = _run_host(model_path, tmp_path / "host", xs)
+    graph, params = from_onnx(onnx.load(model_path))
+    factory = tether.build_graph(graph, params, target=device.preset)
+    assert "depthwise_conv2d_nhwc" in {b.op for n in factory.graph.nodes for b in n.body()}
+    factory.export(str(tmp_path / "arm"))
+    host, port = device.address
+    with rpc.connect(host, port, timeout=300) as sess, RemoteGraphExecutor(sess, str(tmp_path / "arm")) as gm:
+        for x, w in zip(xs, want):
+            gm.set_input("input", x)
+            gm.run()
+            _assert_close([gm.get_output(k) for k in range(len(OUTPUTS))], w)
