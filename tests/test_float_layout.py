@@ -1,9 +1,9 @@
 """float activations channels last through depthwise-separable blocks (graph/passes/float_layout.py): a network of
 the MobileNet/BlazeFace kind (a 3x3 stem, depthwise convs at strides 1 and 2 with asymmetric padding, pointwise
-convs into 8, 20, 28 and 36 channels, a channel padding, a 2x2 max pool, residual adds, a squeeze-excite scale, a
-global pool and a classifier) with odd channel counts, checked against onnxruntime and against tether's own
-build without the pass; which kernels run channels last and where values go back to NCHW; and the same network on
-the emulated aarch64 device."""
+convs into 8, 24, 40 and 56 channels, a channel padding, a 2x2 max pool, residual adds, a squeeze-excite scale, a
+global pool and a classifier) with channel counts that fill no 16-lane vector, checked against onnxruntime and
+against tether's own build without the pass; which kernels run channels last and where values go back to NCHW; a
+region with a depthwise conv over 28 channels left NCHW; and the same network on the emulated aarch64 device."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,11 +24,12 @@ OUTPUTS = ("logits", "block", "pooled")
 
 
 def _net(seed: int = 0) -> onnx.ModelProto:
-    """x (1, 3, 20, 20) -> 3x3 conv 3->12 s1 + relu -> depthwise s1 -> pointwise 12->8 (a: 8 channels)
-    -> pointwise 8->20 + relu6 -> depthwise s2 (pads 0, 0, 1, 1) -> pointwise 20->20 (b, 10x10)
-    -> squeeze-excite (global pool, 1x1 20->5 relu, 1x1 5->20 sigmoid) scaling b -> + b -> relu ("block")
-    -> max pool 2x2 and a channel pad 20->28 of it -> + pointwise 28 of the depthwise of the pool -> relu
-    -> pointwise 28->36 -> depthwise 5x5 s1 -> global pool ("pooled") -> flatten -> gemm 36->10 ("logits")."""
+    """x (1, 3, 20, 20) -> 3x3 conv 3->16 s1 + relu -> depthwise s1 -> pointwise 16->8 (a: 8 channels)
+    -> pointwise 8->24 + relu6 -> depthwise s2 (pads 0, 0, 1, 1) -> pointwise 24->24 (b, 10x10)
+    -> squeeze-excite (global pool, 1x1 24->6 relu, 1x1 6->24 sigmoid) scaling b -> + b -> relu ("block")
+    -> max pool 2x2 and a channel pad 24->40 of it -> + pointwise 40 of the depthwise of the pool -> relu
+    -> pointwise 40->56 -> depthwise 5x5 s1 -> global pool ("pooled") -> flatten -> gemm 56->10 ("logits").
+    Depthwise convs over 24 and 56 channels run on 8-lane vectors where AVX-512 has 16."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], {}
 
@@ -51,30 +52,30 @@ def _net(seed: int = 0) -> onnx.ModelProto:
         return out
 
     inits["zero"], inits["six"] = np.array(0, np.float32), np.array(6, np.float32)
-    t = conv("input", 3, 12, 3, act="relu", name="stem")
-    t = conv(t, 12, 12, 3, group=12, act="relu", name="dw1")
-    t = conv(t, 12, 8, 1, name="pw1")
-    t = conv(t, 8, 20, 1, act="relu6", name="pw2")
-    t = conv(t, 20, 20, 3, stride=2, group=20, act="relu6", pads=[0, 0, 1, 1], name="dw2")
-    b = conv(t, 20, 20, 1, name="pw3")
+    t = conv("input", 3, 16, 3, act="relu", name="stem")
+    t = conv(t, 16, 16, 3, group=16, act="relu", name="dw1")
+    t = conv(t, 16, 8, 1, name="pw1")
+    t = conv(t, 8, 24, 1, act="relu6", name="pw2")
+    t = conv(t, 24, 24, 3, stride=2, group=24, act="relu6", pads=[0, 0, 1, 1], name="dw2")
+    b = conv(t, 24, 24, 1, name="pw3")
     nodes.append(helper.make_node("GlobalAveragePool", [b], ["se_pool"]))
-    s = conv("se_pool", 20, 5, 1, act="relu", name="se1")
-    s = conv(s, 5, 20, 1, act="sigmoid", name="se2")
+    s = conv("se_pool", 24, 6, 1, act="relu", name="se1")
+    s = conv(s, 6, 24, 1, act="sigmoid", name="se2")
     nodes.append(helper.make_node("Mul", [b, s], ["se_scaled"]))
     nodes.append(helper.make_node("Add", ["se_scaled", b], ["block_sum"]))
     nodes.append(helper.make_node("Relu", ["block_sum"], ["block"]))
     nodes.append(helper.make_node("MaxPool", ["block"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]))
-    inits["chan_pads"] = np.array([0, 0, 0, 0, 0, 8, 0, 0], np.int64)
+    inits["chan_pads"] = np.array([0, 0, 0, 0, 0, 16, 0, 0], np.int64)
     nodes.append(helper.make_node("Pad", ["mp", "chan_pads"], ["mp_padded"], mode="constant"))
-    t = conv("mp", 20, 20, 3, group=20, name="dw3")
-    t = conv(t, 20, 28, 1, name="pw4")
+    t = conv("mp", 24, 24, 3, group=24, name="dw3")
+    t = conv(t, 24, 40, 1, name="pw4")
     nodes.append(helper.make_node("Add", ["mp_padded", t], ["res"]))
     nodes.append(helper.make_node("Relu", ["res"], ["res_r"]))
-    t = conv("res_r", 28, 36, 1, act="relu", name="pw5")
-    t = conv(t, 36, 36, 5, group=36, act="relu", name="dw4")
+    t = conv("res_r", 40, 56, 1, act="relu", name="pw5")
+    t = conv(t, 56, 56, 5, group=56, act="relu", name="dw4")
     nodes.append(helper.make_node("GlobalAveragePool", [t], ["pooled"]))
     nodes.append(helper.make_node("Flatten", ["pooled"], ["flat"]))
-    inits["fc_w"] = rng.normal(0, 0.2, (10, 36)).astype(np.float32)
+    inits["fc_w"] = rng.normal(0, 0.2, (10, 56)).astype(np.float32)
     inits["fc_b"] = rng.normal(0, 0.1, 10).astype(np.float32)
     nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], transB=1))
     graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
@@ -136,9 +137,9 @@ def test_channels_last_matches_onnxruntime_and_the_nchw_build(model_path, tmp_pa
 
 
 def test_kernels_run_channels_last(model_path):
-    """Every depthwise conv after the stem, every pointwise conv after the first depthwise one, the max pool and
-    the channel pad run channels last; values go back to NCHW only for the graph output "block" (its other
-    readers take it as it is), and the only transpose in is the stem's output."""
+    """Every depthwise and pointwise conv, the max pool and the channel pad run channels last, the stem writes
+    channels last; values go back to NCHW only for the graph output "block" (its other readers take it as it
+    is): no transpose in at all."""
     graph, params = from_onnx(onnx.load(model_path))
     opt, p = optimize(graph, params, opt_level=3)
     opt.validate(p)
@@ -149,16 +150,16 @@ def test_kernels_run_channels_last(model_path):
     assert ops.get("depthwise_conv2d_nhwc") == 4, ops
     assert ops.get("max_pool_nhwc") == 1 and "max_pool" not in ops, ops
     convs = [b for b in bodies if b.op == "conv2d"]
-    # left NCHW: the stem and the squeeze-excite's 1x1 convs over the pooled (1, 20, 1, 1) vector
-    assert len(convs) == 3 and convs[0].inputs[0] == "input", [c.inputs for c in convs]
+    # the stem reads the NCHW input and writes its pixels channels last, (400, 16); the squeeze-excite's 1x1
+    # convs over the pooled (1, 24, 1, 1) vector stay as they are
+    assert [c.inputs[0] for c in convs] == ["input", "se_pool", "se1_r"], [c.inputs for c in convs]
+    assert convs[0].attrs.get("channels_last_out") and opt.types[convs[0].outputs[0]].shape == (SIZE * SIZE, 16)
+    assert not any(c.attrs.get("channels_last_out") for c in convs[1:])
     assert ops.get("dense") == 6, ops         # pw1..pw5 and the classifier
     transposes = [b for b in bodies if b.op == "transpose"]
-    ins = [t for t in transposes if list(t.attrs["axes"]) == [0, 2, 3, 1]]
-    outs = [t for t in transposes if list(t.attrs["axes"]) == [0, 3, 1, 2]]
-    assert len(ins) == 1 and opt.types[ins[0].inputs[0]].shape == (1, 12, SIZE, SIZE), ins
-    assert [t.outputs[0] for t in outs] == ["block"], outs
+    assert [t.outputs[0] for t in transposes] == ["block"] and list(transposes[0].attrs["axes"]) == [0, 3, 1, 2]
     pads = [b for b in bodies if b.op == "pad"]
-    assert len(pads) == 1 and list(pads[0].attrs["pads"]) == [0, 0, 0, 0, 0, 0, 0, 8]
+    assert len(pads) == 1 and list(pads[0].attrs["pads"]) == [0, 0, 0, 0, 0, 0, 0, 16]
 
 
 def test_a_lone_depthwise_conv_keeps_its_layout():
@@ -174,6 +175,43 @@ def test_a_lone_depthwise_conv_keeps_its_layout():
     before, p = optimize(g, p, opt_level=0)
     after, _ = float_channels_last(before, p)
     assert [n.op for n in after.nodes] == [n.op for n in before.nodes]
+
+
+def test_a_region_with_a_depthwise_conv_over_odd_channels_stays_nchw():
+    """A depthwise conv over 28 channels (no 8-lane vector divides them) keeps its whole region NCHW, the 16-channel
+    depthwise conv and the pointwise convs around it included; a separate region of 16 channels goes channels
+    last."""
+    rng = np.random.default_rng(2)
+    nodes, inits = [], {}
+
+    def conv(x, cin, cout, k, group=1, name=""):
+        inits[name + "_w"] = rng.normal(0, 0.3, (cout, cin // group, k, k)).astype(np.float32)
+        nodes.append(helper.make_node("Conv", [x, name + "_w"], [name], kernel_shape=[k, k], pads=[k // 2] * 4,
+                                      group=group))
+        return name
+
+    t = conv("x", 16, 16, 3, 16, "dw_a")
+    t = conv(t, 16, 28, 1, name="pw_a")
+    t = conv(t, 28, 28, 3, 28, "dw_b")
+    odd = conv(t, 28, 16, 1, name="pw_b")
+    t = conv("x2", 16, 16, 3, 16, "dw_c")
+    even = conv(t, 16, 8, 1, name="pw_c")
+    graph = helper.make_graph(nodes, "odd", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 16, 9, 9])
+                                             for n in ("x", "x2")],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (odd, even)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    g, p = from_onnx(model)
+    before, p = optimize(g, p, opt_level=0)
+    after, p2 = float_channels_last(before, p)
+    ops = [n.op for n in after.nodes]
+    assert ops.count("depthwise_conv2d_nhwc") == 1 and ops.count("conv2d") == 4 and ops.count("dense") == 1, ops
+    feeds = {"x": rng.normal(size=(1, 16, 9, 9)).astype(np.float32),
+             "x2": rng.normal(size=(1, 16, 9, 9)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    gm = graph_executor.from_factory(tether.build_graph(g, p, target="host"))
+    gm.run(**feeds)
+    _assert_close([gm.get_output(0), gm.get_output(1)], want)
 
 
 @pytest.mark.emulated

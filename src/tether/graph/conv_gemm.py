@@ -134,11 +134,13 @@ def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optiona
     panel_weights = panel_weights or {}
     wname = conv.inputs[1]
     ws = panel_weights.get(wname) or types[wname].shape
-    xs, os_ = types[conv.inputs[0]].shape, types[conv.outputs[0]].shape
+    xs = types[conv.inputs[0]].shape
     n, ic, h, w = xs
     oc, _, kh, kw = ws
-    oh, ow = os_[2], os_[3]
+    oh, ow = conv_output_size(conv, types, ws)
     g = conv.attrs["groups"]
+    if conv.attrs.get("channels_last_out"):
+        return _channels_last_plan(body, ci, ws, types, (oh, ow))
     pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
     # a pointwise conv is a plain matrix product (a grouped one a batch of them, one per group); with few input
     # channels conv2d_pixels runs it faster (no per-run packing of the activations)
@@ -195,6 +197,40 @@ def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optiona
     return shapes
 
 
+def conv_output_size(conv, types: dict, ws=None) -> tuple:
+    """(OH, OW) of a conv2d node (its output may be the (OH*OW, O) pixels of ``channels_last_out``)."""
+    from tether.kernels.core import conv_out_size
+
+    _, _, h, w = types[conv.inputs[0]].shape
+    _, _, kh, kw = ws or types[conv.inputs[1]].shape
+    s, d, p = conv.attrs["strides"], conv.attrs["dilations"], conv.attrs["pads"]
+    return (conv_out_size(h, kh, s[0], d[0], p[0], p[2]), conv_out_size(w, kw, s[1], d[1], p[1], p[3]))
+
+
+def _channels_last_plan(body: List, ci: int, ws: tuple, types: dict, out_hw: tuple):
+    """gemm_plan of a conv2d writing (OH*OW, O) (``channels_last_out``, graph/passes/float_layout.py): always
+    conv2d_pixels (one image, groups 1), its epilogue's operands as they are ((O,) constants broadcast along the
+    channels, (OH*OW, O) values), or None."""
+    conv = body[ci]
+    n, ic, h, w = types[conv.inputs[0]].shape
+    oc, _, kh, kw = ws
+    if ci != 0 or n != 1 or conv.attrs["groups"] != 1 or conv.inputs[0] == conv.inputs[1]:
+        return None
+    pixels = out_hw[0] * out_hw[1]
+    for node in body[1:]:
+        if op_info.pattern(node.op) != "elemwise":
+            return None
+        for v in node.inputs:
+            if v in (conv.inputs[0], conv.inputs[1]):
+                return None
+            shape = tuple(types[v].shape)
+            if v not in {o for b in body for o in b.outputs} and shape not in ((), (1,), (oc,), (pixels, oc)):
+                return None
+    wname = conv.inputs[1]
+    return {conv.inputs[0]: (ic, h, w), wname: types[wname].shape if len(types[wname].shape) == 3
+            else (oc, ic * kh * kw), "__out__": (pixels, oc), "__data__": conv.inputs[0]}
+
+
 def conv_index(body: List) -> Optional[int]:
     """Where the body's conv2d is: first, or after an elementwise prologue (fuse_prologues), else None."""
     for k, node in enumerate(body):
@@ -243,7 +279,8 @@ def conv_as_gemm(conv, x, w, ws, prepacked: bool):
         return ops.matmul(w, x, block=DIRECT_POINTWISE_BLOCK if prepacked else None)
     pads = conv.attrs["pads"]
     return ops.conv2d_pixels(x, w, (kh, kw), conv.attrs["strides"], (pads[0], pads[1], pads[2], pads[3]),
-                             conv.attrs["dilations"], out_channels=oc, groups=conv.attrs["groups"], name="conv2d")
+                             conv.attrs["dilations"], out_channels=oc, groups=conv.attrs["groups"], name="conv2d",
+                             channels_last_out=bool(conv.attrs.get("channels_last_out")))
 
 
 def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) -> Dict[str, tuple]:
@@ -266,17 +303,16 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
         wname = conv.inputs[1]
         if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
             continue
-        xshape, oshape = graph.types[conv.inputs[0]].shape, graph.types[conv.outputs[0]].shape
-        pixels_max = pointwise_pixels_max(target, graph.types[wname].dtype, int(xshape[1]),
-                                          int(oshape[2]) * int(oshape[3]))
+        xshape = graph.types[conv.inputs[0]].shape
+        oh, ow = conv_output_size(conv, graph.types)
+        pixels_max = pointwise_pixels_max(target, graph.types[wname].dtype, int(xshape[1]), oh * ow)
         plan = gemm_plan(body, node.body_params(), graph.types, pixels_max=pixels_max)
         if plan is None or len(plan[wname]) != 2:
             continue
         w = np.asarray(params[wname])
-        out_shape = graph.types[conv.outputs[0]].shape
         if (w.shape[2:] == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
-                and conv.attrs["groups"] == 1
-                and pointwise_direct(target, w.shape[1], out_shape[2] * out_shape[3], w.shape[0])):
+                and conv.attrs["groups"] == 1 and not conv.attrs.get("channels_last_out")
+                and pointwise_direct(target, w.shape[1], oh * ow, w.shape[0])):
             # marked as the in-place matmul by its 2-D (oc, ic) weight in panel_weights (gemm_plan reads it so)
             params[wname] = np.ascontiguousarray(w.reshape(w.shape[0], -1))
             graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))

@@ -194,10 +194,18 @@ def _conv_infer(attrs, x, w, *bias):
     s, d, p = attrs["strides"], attrs["dilations"], attrs["pads"]
     oh = conv_out_size(x.shape[2], w.shape[2], s[0], d[0], p[0], p[2])
     ow = conv_out_size(x.shape[3], w.shape[3], s[1], d[1], p[1], p[3])
+    if attrs.get("channels_last_out"):
+        # (graph/passes/float_layout.py) one image's output as (OH*OW, O): the pixels of the NHWC image
+        if x.shape[0] != 1:
+            raise ValueError("conv2d with channels_last_out takes one image, got a batch of %d" % x.shape[0])
+        return [TensorType((oh * ow, w.shape[0]), x.dtype)]
     return [TensorType((x.shape[0], w.shape[0], oh, ow), x.dtype)]
 
 
 def _conv_ref(attrs, x, w, *bias):
+    if attrs.get("channels_last_out"):
+        (y,) = _conv_ref({k: v for k, v in attrs.items() if k != "channels_last_out"}, x, w, *bias)
+        return [np.ascontiguousarray(y[0].reshape(y.shape[1], -1).T)]
     (t,) = _conv_infer(attrs, TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype))
     s, d, p, g = attrs["strides"], attrs["dilations"], attrs["pads"], attrs["groups"]
     n, c, h, wd = x.shape

@@ -155,8 +155,13 @@ def _bmm(attrs, a, b):
 
 @lowering("conv2d")
 def _conv2d(attrs, x, w, *bias):
-    return ops.conv2d(x, w, stride=tuple(attrs["strides"]), padding=tuple(attrs["pads"]),
-                      dilation=tuple(attrs["dilations"]), groups=attrs["groups"], bias=bias[0] if bias else None)
+    y = ops.conv2d(x, w, stride=tuple(attrs["strides"]), padding=tuple(attrs["pads"]),
+                   dilation=tuple(attrs["dilations"]), groups=attrs["groups"], bias=bias[0] if bias else None)
+    if not attrs.get("channels_last_out"):
+        return y
+    # (a conv that does not run as a GEMM: its NCHW result read back as (OH*OW, O))
+    _, oc, oh, ow = (int(v) for v in y.shape)
+    return c.compute((oh * ow, oc), lambda p, o: y[0, o, p // ow, p % ow], "conv2d_channels_last", c.INJECTIVE)
 
 
 def _pool_nd(kind: str, attrs, x):

@@ -49,8 +49,9 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
 
 
 def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_channels: int | None = None,
-                  groups: int = 1, name: str = "conv2d_pixels", panel: int = PANEL):
-    """x (C, H, W) * w (O, C/groups*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened.
+                  groups: int = 1, name: str = "conv2d_pixels", panel: int = PANEL, channels_last_out: bool = False):
+    """x (C, H, W) * w (O, C/groups*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened
+    (``channels_last_out``: (OH*OW, O), the NHWC image's pixels, written as the register blocks hold them).
     ``w`` may also come packed already (ops.linear.pack_panels_array: (ceil(O/P), C/groups*KH*KW, P) for a panel
     width P, 16 by default); then ``out_channels`` gives O and the packing its panel width, else ``panel`` does.
     With groups, each group's output channels must fill whole panels (O/groups a multiple of the width), so that a
@@ -95,8 +96,12 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     # over whole panels: the padding channels are zero weights, and a partial panel would otherwise run its
     # vector of channels as a scalar remainder loop
     # "panel": the width the schedule blocks channels by; "group_channels": the widths a packing may choose divide it
-    conv = c.compute((oh * ow, int(panels.shape[0]) * pw), f, f"{name}_nc", c.CONV2D_PIXELS,
-                     attrs={"panel": pw, "group_channels": oc // groups if groups > 1 else 0})
+    attrs = {"panel": pw, "group_channels": oc // groups if groups > 1 else 0}
+    if channels_last_out:
+        attrs["channels_last_out"] = 1
+    conv = c.compute((oh * ow, int(panels.shape[0]) * pw), f, f"{name}_nc", c.CONV2D_PIXELS, attrs=attrs)
+    if channels_last_out:
+        return c.compute((oh * ow, oc), lambda p, o: conv[p, o], name, c.INJECTIVE)
     return c.compute((oc, oh * ow), lambda o, p: conv[p, o], name, c.INJECTIVE)
 
 

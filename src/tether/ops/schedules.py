@@ -510,7 +510,8 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     pixels' input patches once for every channel panel."""
     block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
-    o, p = list(out.op.axis)[-2:]
+    channels_last = bool(t.op.attrs.get("channels_last_out"))     # out is (pixels, channels)
+    p, o = list(out.op.axis)[-2:] if channels_last else list(out.op.axis)[-2:][::-1]
     nr = int(t.op.attrs.get("panel", PANEL))
     if fam.conv_panel and nr != fam.conv_panel:
         raise ScheduleError("%s packs its weights into %d-wide panels but the schedule asks for conv_panel=%d: "
@@ -546,15 +547,17 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     costly = out is not t and _calls_costly_math(out, t)
     # a costly epilogue runs along the block's channels (whole vectors, read contiguously), its results stored
     # per pixel: along the pixels it ran on 12- or 13-lane vectors read across the block, which LLVM legalized
-    # element by element (YOLOX's 96 -> 96 3x3 with SiLU: 4.5 ms against 2.7 without the SiLU)
-    first, second = (pi, oi) if costly else (oi, pi)
+    # element by element (YOLOX's 96 -> 96 3x3 with SiLU: 4.5 ms against 2.7 without the SiLU). A channels-last
+    # output is written so too, each pixel's channels one contiguous vector store.
+    along_channels = costly or channels_last
+    first, second = (pi, oi) if along_channels else (oi, pi)
     if chunk is not None:
         so.reorder(chunk, outer, inner, first, second)
     else:
         so.reorder(outer, inner, first, second)
     so.unroll(first)
-    if costly or (fam.name == "x86" and fam.lanes >= 16
-                  and reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE):
+    if along_channels or (fam.name == "x86" and fam.lanes >= 16
+                          and reduce_size(t) >= CONV_PIXELS_VECTOR_WRITEBACK_MIN_REDUCE):
         so.vectorize(second)
     else:
         so.unroll(second)

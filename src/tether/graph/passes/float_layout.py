@@ -9,19 +9,24 @@ the NCHW one transposes its register block on the way out. So MobileNet-style bl
 depthwise, pointwise project, residual add) run channels last from the first depthwise conv on:
 
 - a depthwise conv (one filter per channel, no dilation, batch 1) becomes ``depthwise_conv2d_nhwc``
-  (kernels/layout_ops.py), weights ``(KH, KW, C)``, and takes in the per-channel add that follows it as its bias;
-  its NCHW input, if any, is transposed once. It seeds the region only when a pointwise conv reads its result;
+  (kernels/layout_ops.py), weights ``(KH, KW, C)``, and takes in the per-channel add that follows it as its bias.
+  It seeds a region only when a pointwise conv reads its result (through elementwise ops);
+- a conv reading NCHW (groups 1, a map larger than 1x1) whose result a channels-last kernel reads writes
+  ``(OH*OW, O)`` itself (``conv2d {channels_last_out}``: conv2d_pixels' register blocks as they are); an NCHW
+  value any other channels-last node reads is transposed in, once;
 - a pointwise conv (1x1, stride 1, no padding, batch 1) whose input is channels last becomes ``dense`` on the
   ``(H*W, C)`` view of it, with the weights ``(O, C)`` (build time packs them into the matmul's panels);
-- an elementwise op whose image operands are all channels last runs on them as they are, its per-channel
-  constants reshaped to ``(C,)`` (they broadcast along the last axis);
-- global average pooling of a channels-last value averages over the pixels (``(1, C)``, viewed as
-  ``(1, C, 1, 1)``).
+- an elementwise op with a channels-last image operand runs on the images as they are, its per-channel constants
+  and computed ``(1, C, 1, 1)`` operands (a squeeze-excite scale) viewed as ``(C,)``;
+- max pools become ``max_pool_nhwc``, pads permute their pads, global average pooling averages over the pixels
+  (``(1, C)``, viewed as ``(1, C, 1, 1)``), and a transpose to NHWC of a channels-last value (a TFLite model's
+  output edge) is a view.
 
-A channels-last value is held as ``(H*W, C)`` or ``(1, H, W, C)``, whichever its producer writes; the other is a
-view (a reshape: no kernel, no copy). Every other reader (a graph output, a 3x3 conv, a resize...) reads it through
-one ``transpose`` back to NCHW under the value's original name, so nothing else in the graph changes. Float results
-differ from the NCHW kernels' only in the order of each sum's terms.
+A connected region that holds a depthwise conv over channels no 8-lane vector divides stays NCHW
+(``_vector_regions``). A channels-last value is held as ``(H*W, C)`` or ``(1, H, W, C)``, whichever its producer
+writes; the other is a view (a reshape: no kernel, no copy). Every other reader (a graph output, a 3x3 conv, a
+resize...) reads it through one ``transpose`` back to NCHW under the value's original name, so nothing else in the
+graph changes. Float results differ from the NCHW kernels' only in the order of each sum's terms.
 """
 from __future__ import annotations
 
@@ -36,6 +41,9 @@ from tether.graph.ir import Graph, Node, TensorType
 from tether.graph.passes.quantize import Rewriter
 
 log = logging.getLogger(__name__)
+
+# A depthwise conv over channels this does not divide keeps its region NCHW (_vector_regions)
+VECTOR_CHANNELS = 8
 
 
 
@@ -116,7 +124,12 @@ def _layouts(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, Lis
             src = n.inputs[0]
             if src in last or _feeds_pointwise(graph, params, readers, n.outputs[0]):
                 last.add(n.outputs[0])
-        elif _pointwise(graph, params, n) or _max_pool(graph, n) or _pad(graph, n):
+        elif _pointwise(graph, params, n) and n.inputs[0] in last:
+            last.add(n.outputs[0])
+        elif _conv(graph, params, n):
+            if _feeds_region(graph, params, readers, n.outputs[0]):
+                last.add(n.outputs[0])
+        elif _max_pool(graph, n) or _pad(graph, n):
             if n.inputs[0] in last:
                 last.add(n.outputs[0])
         else:
@@ -124,7 +137,57 @@ def _layouts(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, Lis
             images = _elementwise(graph, params, n)
             if images and any(v in last for v in images):
                 last.add(n.outputs[0])
-    return last
+    return _vector_regions(graph, params, last)
+
+
+def _vector_regions(graph: Graph, params: Dict[str, np.ndarray], last: Set[str]) -> Set[str]:
+    """`last` without its connected regions that hold a depthwise conv over channels no 8-lane vector divides:
+    such a conv runs channels last on quarter vectors or lane by lane, and BlazeFace's (28, 36 and 42 channels
+    at 32x32 and 64x64) ran slower so than on NCHW rows, for the whole model (AVX-512, one thread)."""
+    root: Dict[str, str] = {v: v for v in last}
+
+    def find(v: str) -> str:
+        while root[v] != v:
+            root[v] = root[root[v]]
+            v = root[v]
+        return v
+
+    for n in graph.nodes:
+        if n.outputs and n.outputs[0] in last:
+            for v in n.inputs:
+                if v in last:
+                    root[find(v)] = find(n.outputs[0])
+    bad = {find(n.outputs[0]) for n in graph.nodes
+           if n.outputs and n.outputs[0] in last and _depthwise(graph, params, n)
+           and graph.types[n.inputs[0]].shape[1] % VECTOR_CHANNELS}
+    return {v for v in last if find(v) not in bad}
+
+
+def _conv(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
+    """A conv2d that can write channels last (``channels_last_out``: conv2d_pixels' own (pixels, O) blocks):
+    one image, groups 1, constant float32 weights, a map larger than one pixel."""
+    if n.op != "conv2d" or len(n.inputs) != 2 or n.inputs[1] not in params or not _image(graph, n.inputs[0]):
+        return False
+    w = params[n.inputs[1]]
+    # (over a 1x1 map, a squeeze-excite's, both layouts are the same bytes: nothing to gain)
+    return (n.attrs["groups"] == 1 and w.ndim == 4 and str(w.dtype) == "float32"
+            and tuple(graph.types[n.inputs[0]].shape[2:]) != (1, 1))
+
+
+def _feeds_region(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, List[Node]], v: str) -> bool:
+    """Whether a channels-last kernel reads `v`, directly or through elementwise ops: a pointwise conv, or a
+    depthwise conv that starts a region (a pointwise conv reads its result)."""
+    frontier, seen = [v], set()
+    while frontier and len(seen) < 16:
+        x = frontier.pop()
+        seen.add(x)
+        for r in readers.get(x, []):
+            if r.inputs and r.inputs[0] == x and (_pointwise(graph, params, r) or (
+                    _depthwise(graph, params, r) and _feeds_pointwise(graph, params, readers, r.outputs[0]))):
+                return True
+            if _elementwise(graph, params, r) is not None and r.outputs[0] not in seen:
+                frontier.append(r.outputs[0])
+    return False
 
 
 def _feeds_pointwise(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, List[Node]], v: str) -> bool:
@@ -245,11 +308,15 @@ def float_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gr
                 bias = rw.const(np.zeros(ch, np.float32), n.inputs[1] + "_bias")
             attrs = dict(_marks(n), strides=list(n.attrs["strides"]), pads=list(n.attrs["pads"]))
             nodes.append(Node("depthwise_conv2d_nhwc", n.name, [x, wt, bias], [vals.new(out, 4)], attrs))
-        elif _pointwise(graph, params, n):
+        elif _pointwise(graph, params, n) and n.inputs[0] in last:
             x = read(n.inputs[0], 2)
             w = params[n.inputs[1]]
             wm = rw.const(np.ascontiguousarray(w.reshape(w.shape[0], w.shape[1])), n.inputs[1] + "_oc")
             nodes.append(Node("dense", n.name, [x, wm], [vals.new(out, 2)], _marks(n)))
+        elif _conv(graph, params, n):
+            # (its input is NCHW: a channels-last one is read through its transpose back)
+            nodes.append(Node("conv2d", n.name, list(n.inputs), [vals.new(out, 2)],
+                              dict(n.attrs, channels_last_out=1)))
         elif _max_pool(graph, n):
             attrs = dict(_marks(n), **{k: list(n.attrs[k]) for k in ("kernel", "strides", "pads")})
             nodes.append(Node("max_pool_nhwc", n.name, [read(n.inputs[0], 4)], [vals.new(out, 4)], attrs))

@@ -159,7 +159,9 @@ def fuse_prologues(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         user = users[0]
         ubody = user.body()
         conv = ubody[0]
+        # (a conv writing channels last, float_layout.py, runs as conv2d_pixels without a prologue)
         if (conv.op != "conv2d" or len(conv.inputs) != 2 or conv.inputs[0] != v or conv.inputs[1] == v
+                or conv.attrs.get("channels_last_out")
                 or any(v in b.inputs for b in ubody[1:]) or position[id(user)] in prologue_of):
             continue
         prologue_of[position[id(user)]] = node
