@@ -214,6 +214,19 @@ def test_a_region_with_a_depthwise_conv_over_odd_channels_stays_nchw():
     _assert_close([gm.get_output(0), gm.get_output(1)], want)
 
 
+def test_half_precision_builds_run_channels_last(model_path):
+    """With --precision fp16 (rasp5-fp16: half arithmetic) the float16 convs go channels last as well, in half:
+    the depthwise kernels and the dense products read and write float16."""
+    graph, params = from_onnx(onnx.load(model_path))
+    factory = tether.build_graph(graph, params, target="rasp5-fp16", precision="fp16")
+    g = factory.graph
+    dws = [b for n in g.nodes for b in n.body() if b.op == "depthwise_conv2d_nhwc"]
+    denses = [b for n in g.nodes for b in n.body() if b.op == "dense"]
+    assert len(dws) == 4 and len(denses) >= 5
+    assert all(str(g.types[b.inputs[0]].dtype) == "float16" for b in dws + denses)
+    assert "fmla" in factory.lib.get_source("asm") and ".8h" in factory.lib.get_source("asm")
+
+
 @pytest.mark.emulated
 def test_channels_last_on_emulated_aarch64(emulated_devices, model_path, tmp_path):
     """The channels-last kernels built for the rasp4b (NEON, 4 lanes) match the host build on the emulated

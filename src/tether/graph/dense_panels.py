@@ -34,7 +34,7 @@ def pack_dense_weights(graph: Graph, params: Dict[str, np.ndarray], target: Any 
             wname = b.inputs[1]
             w = params.get(wname)
             if (w is None or uses.get(wname) != 1 or wname in graph.outputs or wname in packed or w.ndim != 2
-                    or str(w.dtype) != "float32"):
+                    or str(w.dtype) not in ("float32", "float16")):
                 continue
             xt = graph.types.get(b.inputs[0])
             # A single row reads the weight as it is (row dot products). The packing costs nothing at run time, so

@@ -34,13 +34,13 @@ COLUMNS = 8
 def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qdepthwise2d_nhwc"):
     """x (1, H, W, C) uint8/int8, w (KH, KW, C) float32 (integer values), bias (C,) float32 ->
     (1, OH, OW, C) float32: bias[c] + sum_taps (x - x_zero) * w, exact while the sums stay below 2**24.
-    With x float32 (``depthwise2d_nhwc``) it is the float convolution itself, padding read as zeros."""
+    With float x (``depthwise2d_nhwc``) it is the float convolution itself, padding read as zeros."""
     (n, h, wd, ch), (kh, kw, wc) = c.shape_of(x), c.shape_of(w)
     ch, h, wd, kh, kw, sh, sw, p4, oh, ow = window_geometry((n, ch, h, wd), (wc, kh, kw), stride, padding, name)
     top, left, bottom, right = p4
-    zero = c.const(0.0, "float32")
+    floating = str(x.dtype) in ("float32", "float16")
+    zero = c.const(0.0, str(x.dtype) if floating else "float32")
     zx = c.const(float(x_zero), "float32")
-    floating = str(x.dtype) == "float32"
 
     def plane(yy, xx, q):
         y, xc = yy - top, xx - left
@@ -58,8 +58,9 @@ def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qde
 
 
 def depthwise2d_nhwc(x, w, bias, stride, padding, name: str = "depthwise2d_nhwc"):
-    """x (1, H, W, C) float32, w (KH, KW, C), bias (C,) -> (1, OH, OW, C): the float depthwise convolution on
-    channels-last activations (graph/passes/float_layout.py), on the int8 kernel's loops."""
+    """x (1, H, W, C) float32 or float16, w (KH, KW, C) and bias (C,) of its dtype -> (1, OH, OW, C): the float
+    depthwise convolution on channels-last activations (graph/passes/float_layout.py), on the int8 kernel's loops,
+    in the activations' dtype (float16: fmla on eight half lanes where the target computes in half)."""
     return qdepthwise2d_nhwc(x, w, bias, stride, padding, 0, name)
 
 
@@ -92,7 +93,7 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     yo, yi = so.split(y, nparts=groups)
     so.reorder(b, qo, yo, yi, x, qi)
     chan = so.fuse(b, qo, yo)
-    if numel(out) >= fam.parallel_min:
+    if numel(out) >= fam.parallel_min // int(__import__("os").environ.get("DW_PAR", "1")):
         so.parallel(chan)
     so.vectorize(qi)
     (src,) = [i for i in block.op.input_tensors if c.tag_of(i.op) == c.PAD]
@@ -101,7 +102,7 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     # a task's share of the plane (its row group's rows) stays whole up to PLANE_BYTES, and on the task's stack;
     # a float plane (no conversion to share) is always written per output row: whole, it ran 1.4-2x slower at every
     # map size from 4x4 to 64x64 (AVX-512, 3x3 over 16..576 channels, stride 1 and 2)
-    floating = str(src.op.input_tensors[0].dtype) == "float32"
+    floating = str(src.op.input_tensors[0].dtype) in ("float32", "float16")
     whole = hp * wp * fam.lanes * 4 <= min(PLANE_BYTES, STACK_BYTES) * groups and not floating
     sb.compute_at(so, chan if whole else yi)
     bb, by, bx, bq = block.op.axis

@@ -24,16 +24,16 @@ QMAX_POOL_NHWC = "qmax_pool_nhwc"     # the tag of the pool stage (its schedule:
 
 
 def max_pool2d_nhwc(x, kernel, stride, padding, name: str = "max_pool2d_nhwc"):
-    """x (1, H, W, C) uint8/int8 or float32 -> (1, OH, OW, C): the maximum over each kernel window (no
-    dilation). Float32 pools are the channels-last ones of graph/passes/float_layout.py."""
+    """x (1, H, W, C) uint8/int8, float32 or float16 -> (1, OH, OW, C): the maximum over each kernel window (no
+    dilation). Float pools are the channels-last ones of graph/passes/float_layout.py."""
     n, h, wd, ch = c.shape_of(x)
     dtype = str(x.dtype)
-    if dtype not in ("uint8", "int8", "float32"):
-        raise ValueError("%s: activations must be uint8, int8 or float32, got %s" % (name, dtype))
+    if dtype not in ("uint8", "int8", "float32", "float16"):
+        raise ValueError("%s: activations must be uint8, int8, float32 or float16, got %s" % (name, dtype))
     kh, kw = kernel
     sh, sw, _, _, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, 1, name)
     top, left = p4[0], p4[1]
-    lowest = c.const(RANGES[dtype][0] if dtype in RANGES else float(np.finfo(np.float32).min), dtype)
+    lowest = c.const(RANGES[dtype][0] if dtype in RANGES else float(np.finfo(dtype).min), dtype)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
@@ -51,6 +51,7 @@ def schedule_qmax_pool_nhwc(s, t, fam, ctx) -> None:
     st = s[t]
     b, y, x, q = t.op.axis
     lanes = fam.lanes * (4 if str(t.dtype) in ("uint8", "int8") else 1)    # bytes: four per float32 lane
+    # (a float16 kernel's family counts its lanes in halves already: schedules.family_of)
     qo, qi = st.split(q, factor=channel_vector(fam, int(t.shape[3]), lanes))
     rd = list(t.op.reduce_axis)
     st.reorder(b, y, x, qo, *rd, qi)

@@ -366,7 +366,7 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     so.unroll(ii)
     fuse_both = fam.parallel_axis == "fused"
     outer = lead + ([first, second] if fuse_both else [first])
-    if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
+    if numel(out) * reduce_size(t) >= fam.parallel_min * int(__import__("os").environ.get("DENSE_PAR", "64")):
         par = so.fuse(*outer) if len(outer) > 1 else outer[0]
         so.parallel(par)
         if fuse_both:

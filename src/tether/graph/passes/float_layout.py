@@ -42,6 +42,8 @@ from tether.graph.passes.quantize import Rewriter
 
 log = logging.getLogger(__name__)
 
+# the activations the pass moves: float32, and float16 where half_precision computes in it
+FLOATS = ("float32", "float16")
 # A depthwise conv over channels this does not divide keeps its region NCHW (_vector_regions)
 VECTOR_CHANNELS = 8
 
@@ -49,7 +51,12 @@ VECTOR_CHANNELS = 8
 
 def _image(graph: Graph, v: str) -> bool:
     t = graph.types.get(v)
-    return t is not None and len(t.shape) == 4 and t.shape[0] == 1 and str(t.dtype) == "float32"
+    return t is not None and len(t.shape) == 4 and t.shape[0] == 1 and str(t.dtype) in FLOATS
+
+
+def _same_float(graph: Graph, n: Node, w: np.ndarray) -> bool:
+    """Float weights of the dtype of the node's input (float32, or float16 after half_precision)."""
+    return str(w.dtype) in FLOATS and str(w.dtype) == str(graph.types[n.inputs[0]].dtype)
 
 
 def _depthwise(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
@@ -57,7 +64,7 @@ def _depthwise(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
         return False
     ch = graph.types[n.inputs[0]].shape[1]
     w = params[n.inputs[1]]
-    return (n.attrs["groups"] == ch and w.ndim == 4 and w.shape[:2] == (ch, 1) and str(w.dtype) == "float32"
+    return (n.attrs["groups"] == ch and w.ndim == 4 and w.shape[:2] == (ch, 1) and _same_float(graph, n, w)
             and list(n.attrs["dilations"]) == [1, 1])
 
 
@@ -65,7 +72,7 @@ def _pointwise(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
     if n.op != "conv2d" or len(n.inputs) != 2 or n.inputs[1] not in params or not _image(graph, n.inputs[0]):
         return False
     w = params[n.inputs[1]]
-    return (n.attrs["groups"] == 1 and w.ndim == 4 and w.shape[2:] == (1, 1) and str(w.dtype) == "float32"
+    return (n.attrs["groups"] == 1 and w.ndim == 4 and w.shape[2:] == (1, 1) and _same_float(graph, n, w)
             and list(n.attrs["strides"]) == [1, 1] and not any(n.attrs["pads"]))
 
 
@@ -91,7 +98,7 @@ def _elementwise(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> Option
         if v in params:
             if not _per_channel(params, v, shape[1]):
                 return None
-        elif tuple(graph.types[v].shape) == tuple(shape) and str(graph.types[v].dtype) == "float32":
+        elif tuple(graph.types[v].shape) == tuple(shape) and graph.types[v].dtype == graph.types[n.outputs[0]].dtype:
             images.append(v)
         elif tuple(graph.types[v].shape) != (1, shape[1], 1, 1):    # (a squeeze-excite scale: per channel)
             return None
@@ -165,25 +172,25 @@ def _vector_regions(graph: Graph, params: Dict[str, np.ndarray], last: Set[str])
 
 def _conv(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
     """A conv2d that can write channels last (``channels_last_out``: conv2d_pixels' own (pixels, O) blocks):
-    one image, groups 1, constant float32 weights, a map larger than one pixel."""
+    one image, groups 1, constant float weights, a map larger than one pixel."""
     if n.op != "conv2d" or len(n.inputs) != 2 or n.inputs[1] not in params or not _image(graph, n.inputs[0]):
         return False
     w = params[n.inputs[1]]
     # (over a 1x1 map, a squeeze-excite's, both layouts are the same bytes: nothing to gain)
-    return (n.attrs["groups"] == 1 and w.ndim == 4 and str(w.dtype) == "float32"
+    return (n.attrs["groups"] == 1 and w.ndim == 4 and _same_float(graph, n, w)
             and tuple(graph.types[n.inputs[0]].shape[2:]) != (1, 1))
 
 
 def _feeds_region(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, List[Node]], v: str) -> bool:
-    """Whether a channels-last kernel reads `v`, directly or through elementwise ops: a pointwise conv, or a
-    depthwise conv that starts a region (a pointwise conv reads its result)."""
+    """Whether a depthwise conv that starts a region (a pointwise conv reads its result) reads `v`, directly or
+    through elementwise ops. (Only depthwise convs start regions: a ResNet's 3x3 -> 1x1 pairs stay NCHW.)"""
     frontier, seen = [v], set()
     while frontier and len(seen) < 16:
         x = frontier.pop()
         seen.add(x)
         for r in readers.get(x, []):
-            if r.inputs and r.inputs[0] == x and (_pointwise(graph, params, r) or (
-                    _depthwise(graph, params, r) and _feeds_pointwise(graph, params, readers, r.outputs[0]))):
+            if (r.inputs and r.inputs[0] == x and _depthwise(graph, params, r)
+                    and _feeds_pointwise(graph, params, readers, r.outputs[0])):
                 return True
             if _elementwise(graph, params, r) is not None and r.outputs[0] not in seen:
                 frontier.append(r.outputs[0])
@@ -301,11 +308,11 @@ def float_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gr
             if bias_add is not None:
                 taken.add(id(bias_add))
                 b = params[next(v for v in bias_add.inputs if v != out)]
-                bias = rw.const(np.ascontiguousarray(np.broadcast_to(b.reshape(-1), (ch,)), dtype=np.float32),
+                bias = rw.const(np.ascontiguousarray(np.broadcast_to(b.reshape(-1), (ch,)), dtype=w.dtype),
                                 n.inputs[1] + "_bias")
                 out = bias_add.outputs[0]
             else:
-                bias = rw.const(np.zeros(ch, np.float32), n.inputs[1] + "_bias")
+                bias = rw.const(np.zeros(ch, w.dtype), n.inputs[1] + "_bias")
             attrs = dict(_marks(n), strides=list(n.attrs["strides"]), pads=list(n.attrs["pads"]))
             nodes.append(Node("depthwise_conv2d_nhwc", n.name, [x, wt, bias], [vals.new(out, 4)], attrs))
         elif _pointwise(graph, params, n) and n.inputs[0] in last:
