@@ -71,10 +71,6 @@ def panel_block(target: Any, n: int = 0, m: int = 0) -> Tuple[int, Optional[Tupl
         if fam.name == "x86" and fam.lanes >= 16:
             if n and n <= 8:
                 return 8, (rows, 8)
-            import os
-            if os.environ.get("PB"):
-                w, r, cc = (int(v) for v in os.environ["PB"].split(","))
-                return w, (min(r, m) if m else r, cc)
             if n and -(-n // WIDE_PANEL) * WIDE_PANEL * 16 > -(-n // 16) * 16 * 17:
                 return 16, (rows, 16)
             return WIDE_PANEL, (rows, WIDE_BLOCK[1])

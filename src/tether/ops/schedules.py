@@ -298,6 +298,11 @@ def accumulator_and_output(s, t, ctx):
 # ((4096 pixels, 8) x (8, 48): 3 panels) ran its 3 or 1 panels on one core of two; B is read by every task,
 # which a small one costs nothing.
 ROWS_PARALLEL_MAX_B_BYTES = 256 << 10
+# A matmul with a local register block runs in parallel from this many multiply-adds per parallel_min output
+# elements (262144 by default): channels-last pointwise convs of 5-12 us (MobileNetV2 0.5@128's 16x16 and 8x8
+# layers) ran on one core of two at 64 (1M); at 16, 7% faster at 2 threads, the same at 1 (x86 AVX-512; elsewhere
+# 64 until measured: each parallel loop adds its closure's loads to the ARM instruction counts).
+MATMUL_PARALLEL_MIN_PRODUCTS = 16
 
 
 def _rows_parallel(t, mr: int, nr: int, fam: Family) -> bool:
@@ -366,7 +371,7 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     so.unroll(ii)
     fuse_both = fam.parallel_axis == "fused"
     outer = lead + ([first, second] if fuse_both else [first])
-    if numel(out) * reduce_size(t) >= fam.parallel_min * int(__import__("os").environ.get("DENSE_PAR", "64")):
+    if numel(out) * reduce_size(t) >= fam.parallel_min * (MATMUL_PARALLEL_MIN_PRODUCTS if fam.name == "x86" else 64):
         par = so.fuse(*outer) if len(outer) > 1 else outer[0]
         so.parallel(par)
         if fuse_both:
