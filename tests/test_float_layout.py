@@ -10,14 +10,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from fixtures.pass_builds import run_host, run_on_device
 from onnx import TensorProto, helper, numpy_helper
 
 import tether
-from tether import graph_executor, rpc
+from tether import graph_executor
 from tether.frontend import from_onnx
-from tether.graph import passes
 from tether.graph.passes import float_channels_last, optimize
-from tether.rpc.graph_client import RemoteGraphExecutor
 
 SIZE = 20
 OUTPUTS = ("logits", "block", "pooled")
@@ -99,24 +98,7 @@ def _inputs(n: int = 3):
 
 def _run_host(path: str, folder, xs, layout: bool = True):
     """tether's outputs on the host for each input, built with or without the channels-last pass."""
-    graph, params = from_onnx(onnx.load(path))
-    saved = {k: list(v) for k, v in passes.PIPELINES.items()}
-    try:
-        if not layout:
-            for v in passes.PIPELINES.values():
-                if float_channels_last in v:
-                    v.remove(float_channels_last)
-        tether.build_graph(graph, params, target="host").export(str(folder))
-    finally:
-        for k, v in saved.items():
-            passes.PIPELINES[k][:] = v
-    gm = graph_executor.load(str(folder))
-    outs = []
-    for x in xs:
-        gm.set_input("input", x)
-        gm.run()
-        outs.append([gm.get_output(k).copy() for k in range(len(OUTPUTS))])
-    return outs
+    return run_host(path, folder, xs, len(OUTPUTS), without=None if layout else float_channels_last)
 
 
 def _assert_close(got, want) -> None:
@@ -238,9 +220,5 @@ def test_channels_last_on_emulated_aarch64(emulated_devices, model_path, tmp_pat
     factory = tether.build_graph(graph, params, target=device.preset)
     assert "depthwise_conv2d_nhwc" in {b.op for n in factory.graph.nodes for b in n.body()}
     factory.export(str(tmp_path / "arm"))
-    host, port = device.address
-    with rpc.connect(host, port, timeout=300) as sess, RemoteGraphExecutor(sess, str(tmp_path / "arm")) as gm:
-        for x, w in zip(xs, want):
-            gm.set_input("input", x)
-            gm.run()
-            _assert_close([gm.get_output(k) for k in range(len(OUTPUTS))], w)
+    for got, w in zip(run_on_device(device, tmp_path / "arm", xs, len(OUTPUTS)), want):
+        _assert_close(got, w)

@@ -14,15 +14,13 @@ import onnxruntime as ort
 import pytest
 from fixtures.int8_models import assert_within_one_step
 from fixtures.onnx_struct_compare import make_graph_model
+from fixtures.pass_builds import run_host, run_on_device
 from fixtures.scripts import load_script
 from onnx import TensorProto, helper, numpy_helper
 
 import tether
-from tether import graph_executor, rpc
 from tether.frontend import from_onnx
-from tether.graph import passes
 from tether.graph.passes import int8_channels_last, int8_dot_convs, optimize
-from tether.rpc.graph_client import RemoteGraphExecutor
 
 SIZE = 12
 
@@ -91,24 +89,7 @@ def _inputs(n: int = 3):
 
 def _run_host(path: str, folder, xs, layout: bool = True):
     """tether's outputs on the host for each input, built with or without the channels-last pass."""
-    graph, params = from_onnx(onnx.load(path))
-    saved = {k: list(v) for k, v in passes.PIPELINES.items()}
-    try:
-        if not layout:
-            for v in passes.PIPELINES.values():
-                if int8_channels_last in v:
-                    v.remove(int8_channels_last)
-        tether.build_graph(graph, params, target="host").export(str(folder))
-    finally:
-        for k, v in saved.items():
-            passes.PIPELINES[k][:] = v
-    gm = graph_executor.load(str(folder))
-    outs = []
-    for x in xs:
-        gm.set_input("input", x)
-        gm.run()
-        outs.append([gm.get_output(k).copy() for k in range(2)])
-    return outs
+    return run_host(path, folder, xs, 2, without=None if layout else int8_channels_last)
 
 
 def _assert_matches_ort(path: str, outs, xs) -> None:
@@ -197,13 +178,9 @@ def test_channels_last_on_emulated_arm(arm_device, quantized, tmp_path):
     if arm_device.preset == "rasp5":
         assert "sdot" in factory.lib.get_source("asm")
     factory.export(str(tmp_path / "arm"))
-    host, port = arm_device.address
-    with rpc.connect(host, port, timeout=300) as sess, RemoteGraphExecutor(sess, str(tmp_path / "arm")) as gm:
-        for x, w in zip(xs, want):
-            gm.set_input("input", x)
-            gm.run()
-            for k in range(2):
-                np.testing.assert_array_equal(gm.get_output(k), w[k])
+    for got, w in zip(run_on_device(arm_device, tmp_path / "arm", xs, 2), want):
+        for k in range(2):
+            np.testing.assert_array_equal(got[k], w[k])
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
