@@ -191,3 +191,52 @@ def test_planar_max_pool_pads_with_the_lowest_value(onnx_compare, dtype):
     x = np.random.default_rng(4).integers(lo, hi, (1, 5, 7, 9)).astype(dtype)
     node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
     onnx_compare(make_graph_model([node], {"x": x}, ["y"], opset=13), {"x": x}, rtol=0, atol=0)
+
+
+def _clipped_chain(seed: int = 4):
+    """QOperator uint8: pointwise 8->16, Clip, depthwise 3x3 over 16, Clip, pointwise 16->8 (the clips are a fused
+    ReLU6 whose bounds the output's range does not make a no-op, as in converted MobileNets)."""
+    rng = np.random.default_rng(seed)
+    inits = {"sx": np.array(0.02, np.float32), "zx": np.array(100, np.uint8),
+             "sa": np.array(0.05, np.float32), "za": np.array(90, np.uint8),
+             "sb": np.array(0.04, np.float32), "zb": np.array(120, np.uint8),
+             "sy": np.array(0.06, np.float32), "zy": np.array(128, np.uint8),
+             "lo_a": np.array(90, np.uint8), "hi_a": np.array(210, np.uint8),
+             "lo_b": np.array(120, np.uint8), "hi_b": np.array(240, np.uint8)}
+    nodes = []
+    for name, cin, cout, k, group, x, sx, zx, sy, zy in (("pw1", 8, 16, 1, 1, "input", "sx", "zx", "sa", "za"),
+                                                         ("dw", 16, 16, 3, 16, "a", "sa", "za", "sb", "zb"),
+                                                         ("pw2", 16, 8, 1, 1, "b", "sb", "zb", "sy", "zy")):
+        inits[name + "_w"] = rng.integers(-127, 128, (cout, cin // group, k, k)).astype(np.int8)
+        inits[name + "_sw"] = rng.uniform(0.002, 0.004, cout).astype(np.float32)
+        inits[name + "_zw"] = np.zeros(cout, np.int8)
+        out = {"pw1": "a_raw", "dw": "b_raw", "pw2": "y"}[name]
+        nodes.append(helper.make_node("QLinearConv", [x, sx, zx, name + "_w", name + "_sw", name + "_zw", sy, zy],
+                                      [out], pads=[k // 2] * 4, group=group))
+        if name != "pw2":
+            clipped = out[0]
+            nodes.append(helper.make_node("Clip", [out, "lo_" + clipped, "hi_" + clipped], [clipped]))
+    x = rng.integers(0, 256, (1, 8, 10, 10)).astype(np.uint8)
+    return make_graph_model(nodes, {"input": x}, ["y"], inits, opset=13), x
+
+
+def test_clips_between_int8_kernels_stay_channels_last(tmp_path):
+    """A clip an int8 conv's output goes through stays with the conv: the depthwise conv runs channels last, the
+    convs write and read channels last, nothing goes back to NCHW in between; bit for bit onnxruntime's output
+    and the build without the pass."""
+    model, x = _clipped_chain()
+    graph, params = from_onnx(model)
+    opt, p = optimize(graph, params, opt_level=1)
+    opt.validate(p)
+    ops = opt.ops_used()
+    assert ops.get("qdepthwise2d_nhwc") == 1 and "qdepthwise2d" not in ops and ops.get("clip") == 2, ops
+    convs = [n for n in opt.nodes if n.op == "qconv2d"]
+    assert convs[0].attrs.get("channels_last_out") and convs[1].attrs.get("channels_last_in"), convs
+    assert "transpose" not in ops, ops
+    path = str(tmp_path / "clipped.onnx")
+    onnx.save(model, path)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    assert (want != want.flat[0]).any()
+    for layout in (True, False):
+        (got,), = run_host(path, tmp_path / str(layout), [x], 1, without=None if layout else int8_channels_last)
+        np.testing.assert_array_equal(got, want)

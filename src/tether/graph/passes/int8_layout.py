@@ -12,6 +12,9 @@ int8_dot_convs) gives every 8-bit image value that an int8 kernel writes and an 
   the matmul form (planar pixels) becomes the pixel form with its weights repacked (same words, same bias);
 - ``requantize(qdepthwise2d(x, w, b), m, zy)`` becomes ``qdepthwise2d_nhwc`` (kernels/qlayout_ops.py), weights
   ``(KH, KW, C)``, the multiplier along the last axis;
+- a ``clip`` of a kernel's 8-bit output (a fused ReLU/ReLU6 whose bounds the output range does not make a no-op)
+  goes with the kernel: it is elementwise, and a conv applies it before its output's reshape, where the
+  write-back takes it in;
 - ``qadd(a, b, ...)`` with per-tensor constants is elementwise: it runs on channels-last operands as they are;
 - max pooling of 8-bit values (on them, or in the QDQ form between a cast to float32 and one back) runs on the
   bytes channels last (``max_pool_nhwc``, kernels/qlayout_ops.py): the maximum of integers is exact in them;
@@ -52,8 +55,29 @@ def _scalar_params(params: Dict[str, np.ndarray], names: List[str]) -> bool:
     return all(n in params and params[n].size == 1 for n in names)
 
 
+def _with_clips(graph: Graph, rw: Rewriter, readers: Dict[str, List[Node]], chain: _Chain) -> _Chain:
+    """`chain` with the clips that alone read its output, one after another, taken in (their bounds are attributes:
+    the same integers in either layout)."""
+    while rw.uses.get(chain.out) == 1 and len(readers.get(chain.out, [])) == 1:
+        clip = readers[chain.out][0]
+        if clip.op != "clip" or len(clip.inputs) != 1 or \
+                graph.types[clip.outputs[0]].dtype != graph.types[chain.out].dtype:
+            break
+        chain = _Chain(chain.kind, chain.nodes + [clip], chain.src, clip.outputs[0])
+    return chain
+
+
 def _chains(graph: Graph, params: Dict[str, np.ndarray], rw: Rewriter) -> List[_Chain]:
     """The int8 kernels in execution order: conv chains (pixel and matmul form), depthwise chains, qadds."""
+    readers: Dict[str, List[Node]] = {}
+    for n in graph.nodes:
+        for i in set(n.inputs):
+            readers.setdefault(i, []).append(n)
+    found = [_with_clips(graph, rw, readers, ch) for ch in _kernel_chains(graph, params, rw)]
+    return found
+
+
+def _kernel_chains(graph: Graph, params: Dict[str, np.ndarray], rw: Rewriter) -> List[_Chain]:
     producer, uses = rw.producer, rw.uses
     found = []
     for n in graph.nodes:
@@ -191,6 +215,41 @@ def int8_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gra
 def _rewrite(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: Rewriter, nhwc: Dict[str, str],
              last: Set[str]) -> List[Node]:
     """The chain's nodes reading its channels-last sources and writing its output in the layout decided."""
+    k = next((i for i, n in enumerate(ch.nodes) if n.op == "clip"), len(ch.nodes))
+    clips = ch.nodes[k:]
+    if not clips:
+        return _rewrite_kernel(ch, graph, params, rw, nhwc, last, [])
+    kernel_out = ch.nodes[k - 1].outputs[0]
+    if ch.kind in ("pixels", "pointwise"):
+        # before the reshape to the image: the conv's write-back takes the clips in
+        return _rewrite_kernel(_Chain(ch.kind, ch.nodes[:k], ch.src, ch.out), graph, params, rw, nhwc, last, clips)
+    if ch.out not in last:
+        return _rewrite_kernel(_Chain(ch.kind, ch.nodes[:k], ch.src, kernel_out), graph, params, rw, nhwc, last,
+                               []) + clips
+    mid = rw.fresh(kernel_out + "_nhwc")
+    graph.types[mid] = graph.types[nhwc[ch.out]]
+    nodes = _rewrite_kernel(_Chain(ch.kind, ch.nodes[:k], ch.src, kernel_out), graph, params, rw,
+                            dict(nhwc, **{kernel_out: mid}), last | {kernel_out}, [])
+    return nodes + _clips_between(clips, mid, nhwc[ch.out], graph, rw)
+
+
+def _clips_between(clips: List[Node], src: str, out: str, graph: Graph, rw: Rewriter) -> List[Node]:
+    """The clips rewritten to read `src` and write `out`, through fresh values of `src`'s type."""
+    nodes = []
+    for i, clip in enumerate(clips):
+        if i == len(clips) - 1:
+            dst = out
+        else:
+            dst = rw.fresh(clip.outputs[0] + "_nhwc")
+            graph.types[dst] = graph.types[src]
+        nodes.append(Node("clip", clip.name, [src], [dst], dict(clip.attrs)))
+        src = dst
+    return nodes
+
+
+def _rewrite_kernel(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: Rewriter, nhwc: Dict[str, str],
+                    last: Set[str], clips: List[Node]) -> List[Node]:
+    """`_rewrite` of the chain's kernel nodes; a conv applies `clips` to its requantized output."""
     out = nhwc.get(ch.out, ch.out)
     if ch.kind == "qadd":
         (n,) = ch.nodes
@@ -246,7 +305,13 @@ def _rewrite(ch: _Chain, graph: Graph, params: Dict[str, np.ndarray], rw: Rewrit
         graph.types[y] = TensorType((pixels, oc), graph.types[rq.outputs[0]].dtype)
         m = _along_last(params, rw, rq.inputs[1])
     nodes.append(Node("qconv2d", conv.name, [x, wname, conv.inputs[2]], [acc], attrs))
-    nodes.append(Node("requantize", rq.name, [acc, m] + list(rq.inputs[2:]), [y], dict(rq.attrs)))
+    if clips:
+        requantized = rw.fresh(y + "_requantized")
+        graph.types[requantized] = graph.types[y]
+        nodes.append(Node("requantize", rq.name, [acc, m] + list(rq.inputs[2:]), [requantized], dict(rq.attrs)))
+        nodes.extend(_clips_between(clips, requantized, y, graph, rw))
+    else:
+        nodes.append(Node("requantize", rq.name, [acc, m] + list(rq.inputs[2:]), [y], dict(rq.attrs)))
     nodes.append(Node("reshape", image.name, [y], [out], {"shape": tuple(graph.types[out].shape)}))
     return nodes
 
