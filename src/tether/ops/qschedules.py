@@ -12,6 +12,11 @@ from .schedules import accumulator_and_output, axis_extent, numel, reduce_size, 
 
 # x86 AVX-512 pixel form: accumulators (zmm) of one register block, leaving registers for the weight vectors
 QCONV_WIDE_MAX_ACCUMULATORS = 24
+# The fused requantize's vector operations per output vector (convert, bias, scale, round, clamps, zero point,
+# narrowing), counted as reduction steps when deciding whether a kernel goes parallel: a pointwise conv over 8 or
+# 16 input channels (2-4 dot-product steps) spends most of its time there (4096 pixels 8 -> 48: 34 us, which ran on
+# one core of two when counted by its 2 steps alone).
+QREQUANTIZE_STEPS = 8
 
 
 def schedule_qmatmul(s, t, fam, ctx) -> None:
@@ -45,7 +50,7 @@ def schedule_qmatmul(s, t, fam, ctx) -> None:
         so.reorder(outer, inner, oi, pi)
     so.unroll(oi)
     so.vectorize(pi)
-    if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
+    if numel(out) * (reduce_size(t) + QREQUANTIZE_STEPS) >= fam.parallel_min * schedules.parallel_products(fam):
         so.parallel(outer)
     s[block].compute_at(so, inner)
     sb = s[block]
@@ -104,7 +109,7 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
     so.unroll(pi)
     so.unroll(oio)
     so.vectorize(oii)
-    if numel(out) * reduce_size(t) >= fam.parallel_min * 64:
+    if numel(out) * (reduce_size(t) + QREQUANTIZE_STEPS) >= fam.parallel_min * schedules.parallel_products(fam):
         if panels_outer and n_panels < 2 * fam.parallel_tasks:
             inner = outer = so.fuse(outer, inner)
         so.parallel(outer)

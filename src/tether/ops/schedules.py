@@ -305,6 +305,12 @@ ROWS_PARALLEL_MAX_B_BYTES = 256 << 10
 MATMUL_PARALLEL_MIN_PRODUCTS = 16
 
 
+def parallel_products(fam: Family) -> int:
+    """Multiply-adds per parallel_min output elements from which a product with a register block (a matmul, an
+    int8 conv) runs in parallel on `fam`."""
+    return MATMUL_PARALLEL_MIN_PRODUCTS if fam.name == "x86" else 64
+
+
 def _rows_parallel(t, mr: int, nr: int, fam: Family) -> bool:
     m, n = (int(v) for v in t.shape[-2:])
     return (len(t.shape) == 2 and -(-n // nr) < fam.parallel_tasks and -(-m // mr) >= 2 * -(-n // nr)
@@ -371,7 +377,7 @@ def _schedule_matmul(s, t, fam: Family, ctx):
     so.unroll(ii)
     fuse_both = fam.parallel_axis == "fused"
     outer = lead + ([first, second] if fuse_both else [first])
-    if numel(out) * reduce_size(t) >= fam.parallel_min * (MATMUL_PARALLEL_MIN_PRODUCTS if fam.name == "x86" else 64):
+    if numel(out) * reduce_size(t) >= fam.parallel_min * parallel_products(fam):
         par = so.fuse(*outer) if len(outer) > 1 else outer[0]
         so.parallel(par)
         if fuse_both:
