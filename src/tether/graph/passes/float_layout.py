@@ -31,7 +31,7 @@ graph changes. Float results differ from the NCHW kernels' only in the order of 
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -59,20 +59,25 @@ def _same_float(graph: Graph, n: Node, w: np.ndarray) -> bool:
     return str(w.dtype) in FLOATS and str(w.dtype) == str(graph.types[n.inputs[0]].dtype)
 
 
-def _depthwise(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
+def _float_conv(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> Optional[np.ndarray]:
+    """The weights of a conv2d of one float image by constant 4-D weights of its dtype, or None."""
     if n.op != "conv2d" or len(n.inputs) != 2 or n.inputs[1] not in params or not _image(graph, n.inputs[0]):
+        return None
+    w = params[n.inputs[1]]
+    return w if w.ndim == 4 and _same_float(graph, n, w) else None
+
+
+def _depthwise(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
+    w = _float_conv(graph, params, n)
+    if w is None:
         return False
     ch = graph.types[n.inputs[0]].shape[1]
-    w = params[n.inputs[1]]
-    return (n.attrs["groups"] == ch and w.ndim == 4 and w.shape[:2] == (ch, 1) and _same_float(graph, n, w)
-            and list(n.attrs["dilations"]) == [1, 1])
+    return n.attrs["groups"] == ch and w.shape[:2] == (ch, 1) and list(n.attrs["dilations"]) == [1, 1]
 
 
 def _pointwise(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
-    if n.op != "conv2d" or len(n.inputs) != 2 or n.inputs[1] not in params or not _image(graph, n.inputs[0]):
-        return False
-    w = params[n.inputs[1]]
-    return (n.attrs["groups"] == 1 and w.ndim == 4 and w.shape[2:] == (1, 1) and _same_float(graph, n, w)
+    w = _float_conv(graph, params, n)
+    return (w is not None and n.attrs["groups"] == 1 and w.shape[2:] == (1, 1)
             and list(n.attrs["strides"]) == [1, 1] and not any(n.attrs["pads"]))
 
 
@@ -173,24 +178,21 @@ def _vector_regions(graph: Graph, params: Dict[str, np.ndarray], last: Set[str])
 def _conv(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
     """A conv2d that can write channels last (``channels_last_out``: conv2d_pixels' own (pixels, O) blocks):
     one image, groups 1, constant float weights, a map larger than one pixel."""
-    if n.op != "conv2d" or len(n.inputs) != 2 or n.inputs[1] not in params or not _image(graph, n.inputs[0]):
-        return False
-    w = params[n.inputs[1]]
     # (over a 1x1 map, a squeeze-excite's, both layouts are the same bytes: nothing to gain)
-    return (n.attrs["groups"] == 1 and w.ndim == 4 and _same_float(graph, n, w)
+    return (_float_conv(graph, params, n) is not None and n.attrs["groups"] == 1
             and tuple(graph.types[n.inputs[0]].shape[2:]) != (1, 1))
 
 
-def _feeds_region(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, List[Node]], v: str) -> bool:
-    """Whether a depthwise conv that starts a region (a pointwise conv reads its result) reads `v`, directly or
-    through elementwise ops. (Only depthwise convs start regions: a ResNet's 3x3 -> 1x1 pairs stay NCHW.)"""
+def _reaches(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, List[Node]], v: str,
+             target: Callable[[Node], bool]) -> bool:
+    """Whether a node for which `target` holds reads `v` as its image (first) input, directly or through
+    elementwise ops (a bias add, an activation), within a few values."""
     frontier, seen = [v], set()
     while frontier and len(seen) < 16:
         x = frontier.pop()
         seen.add(x)
         for r in readers.get(x, []):
-            if (r.inputs and r.inputs[0] == x and _depthwise(graph, params, r)
-                    and _feeds_pointwise(graph, params, readers, r.outputs[0])):
+            if r.inputs and r.inputs[0] == x and target(r):
                 return True
             if _elementwise(graph, params, r) is not None and r.outputs[0] not in seen:
                 frontier.append(r.outputs[0])
@@ -198,17 +200,24 @@ def _feeds_region(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str
 
 
 def _feeds_pointwise(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, List[Node]], v: str) -> bool:
-    """Whether a pointwise conv reads `v`, directly or through elementwise ops (a bias add, an activation)."""
-    frontier, seen = [v], set()
-    while frontier and len(seen) < 16:
-        x = frontier.pop()
-        seen.add(x)
-        for r in readers.get(x, []):
-            if _pointwise(graph, params, r) and r.inputs[0] == x:
-                return True
-            if _elementwise(graph, params, r) is not None and r.outputs[0] not in seen:
-                frontier.append(r.outputs[0])
-    return False
+    return _reaches(graph, params, readers, v, lambda r: _pointwise(graph, params, r))
+
+
+def _feeds_region(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, List[Node]], v: str) -> bool:
+    """Whether a depthwise conv that starts a region (a pointwise conv reads its result) reads `v`. (Only
+    depthwise convs start regions: a ResNet's 3x3 -> 1x1 pairs stay NCHW.)"""
+    return _reaches(graph, params, readers, v, lambda r: _depthwise(graph, params, r)
+                    and _feeds_pointwise(graph, params, readers, r.outputs[0]))
+
+
+def _form_type(graph: Graph, v: str, rank: int) -> TensorType:
+    """The type of NCHW image `v` channels last: (1, H, W, C) for `rank` 4, the (H*W, C) view for 2."""
+    _, c, h, w = graph.types[v].shape
+    return TensorType((1, h, w, c) if rank == 4 else (h * w, c), graph.types[v].dtype)
+
+
+def _form_suffix(rank: int) -> str:
+    return "_nhwc" if rank == 4 else "_pc"
 
 
 class _Values:
@@ -219,9 +228,8 @@ class _Values:
         self.forms: Dict[str, Dict[int, str]] = {}
 
     def new(self, v: str, rank: int) -> str:
-        n, c, h, w = self.graph.types[v].shape
-        name = self.rw.fresh(v + ("_nhwc" if rank == 4 else "_pc"))
-        self.graph.types[name] = TensorType((1, h, w, c) if rank == 4 else (h * w, c), self.graph.types[v].dtype)
+        name = self.rw.fresh(v + _form_suffix(rank))
+        self.graph.types[name] = _form_type(self.graph, v, rank)
         self.forms[v] = {rank: name}
         return name
 
@@ -230,13 +238,17 @@ class _Values:
         forms = self.forms[v]
         if rank not in forms:
             (have,) = forms.values()
-            n, c, h, w = self.graph.types[v].shape
-            shape = (1, h, w, c) if rank == 4 else (h * w, c)
-            name = self.rw.fresh(v + ("_nhwc" if rank == 4 else "_pc"))
-            self.graph.types[name] = TensorType(shape, self.graph.types[v].dtype)
-            out.append(Node("reshape", self.rw.fresh(name + "_view"), [have], [name], {"shape": shape}))
-            forms[rank] = name
+            forms[rank] = _view(self.graph, self.rw, v, have, rank, out)
         return forms[rank]
+
+
+def _view(graph: Graph, rw: Rewriter, v: str, have: str, rank: int, out: List[Node]) -> str:
+    """A reshape view of `have` (a channels-last form of `v`) as `rank` 4 or 2, added to `out`."""
+    t = _form_type(graph, v, rank)
+    name = rw.fresh(v + _form_suffix(rank))
+    graph.types[name] = t
+    out.append(Node("reshape", rw.fresh(name + "_view"), [have], [name], {"shape": t.shape}))
+    return name
 
 
 def float_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
@@ -252,7 +264,7 @@ def float_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gr
         return graph, params
     rw = Rewriter(graph, params)
     vals = _Values(graph, rw)
-    entered: Dict[str, str] = {}        # NCHW value -> its transpose to (1, H, W, C), made once
+    entered: Dict[str, Dict[int, str]] = {}     # NCHW value -> its transpose to (1, H, W, C) and views, made once
     taken: Set[int] = set()             # nodes folded into an earlier rewrite (a depthwise conv's bias add)
     nodes: List[Node] = []
     direct: Dict[str, int] = {}         # channels-last value -> readers that take it as it is
@@ -264,17 +276,13 @@ def float_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gr
             direct[v] = direct.get(v, 0) + 1
             return vals.get(v, rank, nodes)
         if v not in entered:
-            _, c, h, w = graph.types[v].shape
-            entered[v] = rw.fresh(v + "_to_nhwc")
-            graph.types[entered[v]] = TensorType((1, h, w, c), graph.types[v].dtype)
-            nodes.append(Node("transpose", rw.fresh(v + "_to_nhwc_node"), [v], [entered[v]], {"axes": [0, 2, 3, 1]}))
-        if rank == 4:
-            return entered[v]
-        _, c, h, w = graph.types[v].shape
-        name = rw.fresh(v + "_pc")
-        graph.types[name] = TensorType((h * w, c), graph.types[v].dtype)
-        nodes.append(Node("reshape", rw.fresh(name + "_view"), [entered[v]], [name], {"shape": (h * w, c)}))
-        return name
+            name = rw.fresh(v + "_to_nhwc")
+            graph.types[name] = _form_type(graph, v, 4)
+            nodes.append(Node("transpose", rw.fresh(v + "_to_nhwc_node"), [v], [name], {"axes": [0, 2, 3, 1]}))
+            entered[v] = {4: name}
+        if rank not in entered[v]:
+            entered[v][rank] = _view(graph, rw, v, entered[v][4], rank, nodes)
+        return entered[v][rank]
 
     def channel_view(v: str) -> str:
         """A computed (1, C, 1, 1) operand as (C,): the same memory."""
@@ -362,12 +370,7 @@ def float_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gr
         # read the form v's producer writes, right after it (a view made for a later reader comes too late)
         first = next(iter(vals.forms[v].values()))
         tmp: List[Node] = []
-        x = first
-        if len(graph.types[first].shape) == 2:
-            _, c, h, w = graph.types[v].shape
-            x = rw.fresh(v + "_nhwc")
-            graph.types[x] = TensorType((1, h, w, c), graph.types[v].dtype)
-            tmp.append(Node("reshape", rw.fresh(x + "_view"), [first], [x], {"shape": (1, h, w, c)}))
+        x = first if len(graph.types[first].shape) == 4 else _view(graph, rw, v, first, 4, tmp)
         tmp.append(Node("transpose", rw.fresh(v + "_to_nchw_node"), [x], [v], {"axes": [0, 3, 1, 2]}))
         inserts.setdefault(produced_at[first], []).extend(tmp)
     graph.nodes = [m for k, n in enumerate(nodes) for m in [n] + inserts.get(k, [])]
