@@ -1,0 +1,125 @@
+"""scripts/_alone.py: each runtime in a worker process of its own (real processes: tether's device runtime and
+onnxruntime on a small conv + relu), the errors of a worker that cannot load, dies or hangs, the rule that stops
+the rounds (on given samples, no processes)."""
+import os
+import re
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from fixtures.scripts import SCRIPTS
+
+sys.path.insert(0, str(SCRIPTS))
+import _alone  # noqa: E402
+from _alone import Worker, WorkerError, compare_alone, finished, settled  # noqa: E402
+
+@pytest.fixture(scope="module")
+def conv_relu(tmp_path_factory):
+    """(tether build folder, .onnx path, inputs .npz) of a 3x3 conv + relu on a 1x3x16x16 input."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import tether
+    from tether.frontend import from_onnx
+
+    folder = tmp_path_factory.mktemp("alone")
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        "conv_relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 16, 16))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 16, 16))],
+        [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx_path = str(folder / "conv_relu.onnx")
+    onnx.save(model, onnx_path)
+    g, params = from_onnx(model)
+    build = str(folder / "tether")
+    tether.build_graph(g, params, target="host", opt_level=3).export(build)
+    x = rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)
+    inputs = _alone.write_arrays(str(folder / "inputs.npz"), {"x": x})
+    return build, onnx_path, inputs
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_each_runtime_alone_agrees_and_is_compared_at_both_thread_counts(conv_relu):
+    build, onnx_path, inputs = conv_relu
+    with Worker("tether", build, inputs) as tw, Worker("onnxruntime", onnx_path, inputs) as ow:
+        pids = [tw.pid, ow.pid]
+        assert os.getpid() not in pids and not any(gone(p) for p in pids)
+        got, ref = tw.outputs(), ow.outputs()
+        report = compare_alone({"tether": tw, "onnxruntime": ow}, "onnxruntime", number=3, min_rounds=2,
+                               max_rounds=3)
+    assert len(got) == len(ref) == 1
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    assert sorted(report) == [1, 2]
+    for rep in report.values():
+        assert set(rep["ms"]) == {"tether", "onnxruntime"} and all(ms > 0 for ms in rep["ms"].values())
+        assert set(rep["ratio"]) == set(rep["spread"]) == {"tether"}
+        assert rep["ratio"]["tether"] > 0 and rep["spread"]["tether"] >= 0
+        assert 2 <= rep["rounds"] <= 3
+        assert isinstance(rep["stable"], bool)
+    assert all(gone(p) for p in pids), "a worker outlived its with block"
+
+
+def test_a_worker_that_cannot_load_fails_in_one_line_naming_its_runtime(conv_relu, tmp_path):
+    _, _, inputs = conv_relu
+    with pytest.raises(WorkerError) as info:
+        Worker("tether", str(tmp_path / "missing"), inputs)
+    msg = str(info.value)
+    assert msg.startswith("tether worker (pid ") and "\n" not in msg
+    assert "cannot load" in msg and "deploy.json" in msg
+    assert gone(int(re.search(r"pid (\d+)", msg).group(1)))
+
+
+def test_a_worker_that_dies_or_hangs_fails_in_one_line(conv_relu):
+    build, onnx_path, inputs = conv_relu
+    with Worker("onnxruntime", onnx_path, inputs) as ow:
+        os.kill(ow.pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match=r"^onnxruntime worker \(pid \d+\): exited \(status -9\)"):
+            ow.sample(1, 3)
+    with Worker("tether", build, inputs, timeout_s=1) as tw:
+        os.kill(tw.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(WorkerError, match=r"^tether worker \(pid \d+\): no answer in 1 s$"):
+                tw.sample(1, 3)
+        finally:
+            os.kill(tw.pid, signal.SIGCONT)
+    assert gone(ow.pid) and gone(tw.pid)
+
+
+def replay(sample, min_rounds=5, max_rounds=25, tolerance=0.02):
+    """The rounds compare_alone would take on the samples ``sample(round index)`` gives."""
+    rounds = []
+    while not finished(rounds, "ref", min_rounds, max_rounds, tolerance):
+        rounds.append(sample(len(rounds)))
+    return rounds
+
+
+def test_the_rounds_stop_once_two_more_no_longer_move_the_ratio():
+    steady = replay(lambda i: {1: {"a": 2.0, "ref": 1.0}, 2: {"a": 0.5, "ref": 1.0}})
+    assert len(steady) == 5 and settled(steady, "ref", 0.02)
+    # ---- below three rounds nothing is left to compare the median of all rounds with
+    assert len(replay(lambda i: {1: {"a": 2.0, "ref": 1.0}}, min_rounds=1)) == 3
+    # ---- noise that leaves the median in place settles too
+    noisy = replay(lambda i: {1: {"a": (1.0, 1.5, 0.5)[i % 3], "ref": 1.0}})
+    assert len(noisy) < 25 and settled(noisy, "ref", 0.02)
+
+
+def test_the_rounds_run_to_the_limit_while_the_ratio_keeps_moving():
+    drifting = replay(lambda i: {1: {"a": 1.1 ** i, "ref": 1.0}, 2: {"a": 1.0, "ref": 1.0}})
+    assert len(drifting) == 25 and not settled(drifting, "ref", 0.02)
+    # ---- one thread count settled is not enough; its own flag says so
+    assert settled(drifting, "ref", 0.02, threads=[2]) and not settled(drifting, "ref", 0.02, threads=[1])
+    # ---- the base drifting moves the ratio as much
+    assert len(replay(lambda i: {1: {"a": 1.0, "ref": 0.9 ** i}}, max_rounds=12)) == 12
+
