@@ -1,28 +1,35 @@
 #!/usr/bin/env python3
-"""Model latency: tether's graph executor vs onnxruntime, at 1 and 2 threads, plus tether's compile time.
+"""Model latency: tether's graph executor vs onnxruntime, at 1 and 2 threads, each runtime timed alone in a process
+of its own, plus tether's compile time.
 
-    python scripts/bench_models.py [--models squeezenet,resnet50,mobilenet_v2,digits] [--repeat 7] [--json out.json]
+    python scripts/bench_models.py [--models squeezenet,resnet50,mobilenet_v2,digits] [--min-rounds 5]
+                                   [--max-rounds 25] [--tolerance 0.02] [--number N] [--json out.json]
 
 Models: the nine light models inside the onnx wheel (weights set to constants; the structure and cost are the
 real networks'), mobilenet_v2 with random weights (scripts/make_mobilenet_v2.py) and the digits CNN
-(tests/data/digits_cnn.onnx, batch 1). Both runtimes get the same input. Latency is the median over `--repeat`
-samples; each sample is the mean of `--number` runs after warm-up. onnxruntime is measured in the same run, so
-the printed ratio (tether / onnxruntime, lower is better) is meaningful on a loaded machine; absolute times are
-not. Outputs are checked against onnxruntime before timing (max abs error is printed).
+(tests/data/digits_cnn.onnx, batch 1). This process compiles (compile time = from_onnx + build_graph); the exported
+build and the .onnx then run in two worker processes (``_alone.Worker``), which get the same input. Outputs are
+checked first (max abs error is printed). Timing goes in rounds (``_alone.compare_alone``): in each, every
+runtime gives one sample per thread count, alone (the other worker waits idle), after a pause and a warm-up call;
+a sample is the mean of ``--number`` calls (default: as many as last ~50 ms). The rounds go on until the ratio
+tether / onnxruntime (lower is better; the median of the per-round ratios) is stable, at least ``--min-rounds``,
+at most ``--max-rounds``; a ratio still moving then is marked ``*``. Times are medians over the rounds; on a loaded
+machine the ratio means something, absolute times do not.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
-import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
 
+from _alone import (UNSTABLE_NOTE, Worker, WorkerError, add_round_options, compare_alone, compare_args, ratio_cell,
+                    row_figures, write_arrays)
 from _rows import add_json_option, print_ratio_means, write_rows
-from _timing import add_sample_options, per_call_samples, settle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIGHT = ["squeezenet", "shufflenet", "resnet50", "densenet121", "inception_v1", "inception_v2", "bvlc_alexnet",
@@ -47,15 +54,9 @@ def load_model(name: str):
     raise SystemExit("unknown model %r (choose from %s)" % (name, ", ".join(ALL)))
 
 
-def median_ms(fn, number: int, repeat: int) -> float:
-    settle(fn)  # the other runtime's pool threads idle, then a warm-up call
-    return statistics.median(per_call_samples(fn, number, repeat)) * 1e3
-
-
-def compile_model(name: str, target: str):
-    """(onnx model, factory, loaded graph executor with its input set, input name, input, compile seconds)."""
+def build_model(name: str, target: str):
+    """(onnx model, tether graph, factory, compile seconds): from_onnx + build_graph, the input at batch 1."""
     import tether
-    from tether import graph_executor
     from tether.frontend import from_onnx
 
     model = load_model(name)
@@ -63,60 +64,70 @@ def compile_model(name: str, target: str):
     t0 = time.perf_counter()
     graph, params = from_onnx(model, shape=shape)
     factory = tether.build_graph(graph, params, target=target, opt_level=3)
-    compile_s = time.perf_counter() - t0
-    gm = graph_executor.from_factory(factory)
+    return model, graph, factory, time.perf_counter() - t0
+
+
+def model_input(graph) -> tuple:
+    """(name, value) of the model's one input, the same values on every run of the script."""
     in_name = graph.inputs[0]
-    x = np.random.default_rng(0).uniform(0, 1, graph.types[in_name].shape).astype(np.float32)
+    return in_name, np.random.default_rng(0).uniform(0, 1, graph.types[in_name].shape).astype(np.float32)
+
+
+def compile_model(name: str, target: str):
+    """(onnx model, factory, loaded graph executor with its input set, input name, input, compile seconds): the
+    model in this process, for the scripts that time it beside onnxruntime themselves."""
+    from tether import graph_executor
+
+    model, graph, factory, compile_s = build_model(name, target)
+    gm = graph_executor.from_factory(factory)
+    in_name, x = model_input(graph)
     gm.set_input(in_name, x)
     return model, factory, gm, in_name, x, compile_s
 
 
-def bench(name: str, number: int, repeat: int, target: str) -> dict:
-    import onnxruntime as ort
+def bench(name: str, folder: str, target: str, compare: dict) -> dict:
+    import onnx
 
-    from tether_rpc import parallel
-
-    model, factory, gm, in_name, x, compile_s = compile_model(name, target)
+    model, graph, factory, compile_s = build_model(name, target)
     row = {"model": name, "compile_s": compile_s, "kernels": factory.kernel_count}
-    for threads in (1, 2):
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        feeds = {in_name: x}
-        if threads == 1:
-            gm.run()
-            ref = sess.run(None, feeds)[0]
-            row["max_abs_err"] = float(np.abs(gm.get_output(0) - ref).max())
-        parallel.set_num_threads(threads)
-        t_tether = median_ms(gm.run, number, repeat)
-        t_ort = median_ms(lambda: sess.run(None, feeds), number, repeat)
-        row["tether_ms_%dt" % threads] = t_tether
-        row["ort_ms_%dt" % threads] = t_ort
-        row["ratio_%dt" % threads] = t_tether / t_ort
+    build, path = os.path.join(folder, name + "_tether"), os.path.join(folder, name + ".onnx")
+    factory.export(build)
+    onnx.save(model, path)
+    inputs = write_arrays(os.path.join(folder, name + "_inputs.npz"), dict([model_input(graph)]))
+    with Worker("tether", build, inputs) as tw, Worker("onnxruntime", path, inputs) as ow:
+        row["max_abs_err"] = float(np.abs(tw.outputs()[0] - ow.outputs()[0]).max())
+        report = compare_alone({"tether": tw, "onnxruntime": ow}, "onnxruntime", **compare)
+    row.update(row_figures(report, {"tether": "tether", "onnxruntime": "ort"}))
     return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(ALL), help="comma-separated, from: " + ", ".join(ALL))
-    add_sample_options(ap, number=3)
+    add_round_options(ap)
     ap.add_argument("--target", default="host")
     add_json_option(ap)
     args = ap.parse_args()
+    compare = compare_args(args)
     rows = []
-    print("%-13s %8s %5s %10s %10s %6s %10s %10s %6s %9s" % ("model", "compile", "kern", "tether 1t", "ort 1t",
-                                                            "ratio", "tether 2t", "ort 2t", "ratio", "max err"))
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        r = bench(name, args.number, args.repeat, args.target)
-        rows.append(r)
-        print("%-13s %7.2fs %5d %8.2fms %8.2fms %5.2fx %8.2fms %8.2fms %5.2fx %9.2g" % (
-            name, r["compile_s"], r["kernels"], r["tether_ms_1t"], r["ort_ms_1t"], r["ratio_1t"], r["tether_ms_2t"],
-            r["ort_ms_2t"], r["ratio_2t"], r["max_abs_err"]))
-        sys.stdout.flush()
+    print("%-13s %8s %5s %10s %10s %7s %10s %10s %7s %9s %6s" % ("model", "compile", "kern", "tether 1t", "ort 1t",
+                                                                "ratio", "tether 2t", "ort 2t", "ratio", "max err",
+                                                                "rounds"))
+    with tempfile.TemporaryDirectory() as folder:
+        for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+            try:
+                r = bench(name, folder, args.target, compare)
+            except WorkerError as exc:
+                raise SystemExit(str(exc)) from None
+            rows.append(r)
+            print("%-13s %7.2fs %5d %8.2fms %8.2fms %s %8.2fms %8.2fms %s %9.2g %6d" % (
+                name, r["compile_s"], r["kernels"], r["tether_ms_1t"], r["ort_ms_1t"], ratio_cell(r, 1),
+                r["tether_ms_2t"], r["ort_ms_2t"], ratio_cell(r, 2), r["max_abs_err"], r["rounds"]))
+            sys.stdout.flush()
     print_ratio_means(rows)
+    if any(not r["stable_%dt" % t] for r in rows for t in (1, 2)):
+        print(UNSTABLE_NOTE)
     write_rows(args.json, rows)
-
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,8 @@
 """scripts/_alone.py: each runtime in a worker process of its own (real processes: tether's device runtime and
 onnxruntime on a small conv + relu), the errors of a worker that cannot load, dies or hangs, the rule that stops
-the rounds (on given samples, no processes)."""
+the rounds (on given samples, no processes), and scripts/bench_models.py on it end to end."""
 import os
+import pathlib
 import re
 import signal
 import sys
@@ -9,11 +10,15 @@ import sys
 import numpy as np
 import pytest
 
-from fixtures.scripts import SCRIPTS
+from fixtures.scripts import SCRIPTS, run_bench_script
 
 sys.path.insert(0, str(SCRIPTS))
 import _alone  # noqa: E402
 from _alone import Worker, WorkerError, compare_alone, finished, settled  # noqa: E402
+
+ROW_KEYS = {"model", "compile_s", "kernels", "max_abs_err", "rounds"} | {
+    "%s_%dt" % (k, t) for k in ("tether_ms", "ort_ms", "ratio", "spread", "stable") for t in (1, 2)}
+
 
 @pytest.fixture(scope="module")
 def conv_relu(tmp_path_factory):
@@ -123,3 +128,15 @@ def test_the_rounds_run_to_the_limit_while_the_ratio_keeps_moving():
     # ---- the base drifting moves the ratio as much
     assert len(replay(lambda i: {1: {"a": 1.0, "ref": 0.9 ** i}}, max_rounds=12)) == 12
 
+
+def test_bench_models_times_each_runtime_alone(tmp_path: pathlib.Path):
+    proc, rows = run_bench_script("bench_models", tmp_path, "--models", "digits", "--min-rounds", "2",
+                                  "--max-rounds", "2", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["model"] for r in rows] == ["digits"]
+    (row,) = rows
+    assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
+    assert row["rounds"] == 2 and row["stable_1t"] is False and row["stable_2t"] is False  # 2 rounds never settle
+    assert all(row[k] > 0 for k in ROW_KEYS if k.startswith(("tether_ms", "ort_ms", "ratio")))
+    assert row["max_abs_err"] < 1e-4
+    assert re.search(r"^digits .*\*.* 2$", proc.stdout, re.M) and _alone.UNSTABLE_NOTE in proc.stdout
