@@ -12,6 +12,12 @@ from .schedules import accumulator_and_output, axis_extent, numel, reduce_size, 
 
 # x86 AVX-512 pixel form: accumulators (zmm) of one register block, leaving registers for the weight vectors
 QCONV_WIDE_MAX_ACCUMULATORS = 24
+# aarch64 pixel form: accumulator registers of one register block (half of the 32). The weights of a reduction
+# step and, without sdot, their widened halves and the byte products need the rest: 8 pixels x one 16-lane panel
+# (32 accumulators) spilled and rotated registers through chains of movs (MobileNetV2 int8 on the A72: 203.5 M
+# -> 190.0 M instructions per inference with 4 pixels; on the A76 with sdot 89.2 M -> 86.8 M). armv7 keeps 8
+# pixels: with 2 (8 of its 16 q registers) it counted 0.6% more.
+QCONV_NEON_MAX_ACCUMULATORS = {"aarch64": 16}
 # The fused requantize's vector operations per output vector (convert, bias, scale, round, clamps, zero point,
 # narrowing), counted as reduction steps when deciding whether a kernel goes parallel: a pointwise conv over 8 or
 # 16 input channels (2-4 dot-product steps) spends most of its time there (4096 pixels 8 -> 48: 34 us, which ran on
@@ -70,15 +76,19 @@ def _pixel_block(fam, pixels: int, channels: int, nr: int) -> tuple:
     (us at one thread): 64 @56x56 8x1 590, 8x2 482, 4x4 437; 128 @28x28 8x1 1026, 8x2 626, 7x2 548, 4x4 421 (blocks
     of 7 or 8 pixels keep as many broadcast addresses live across the unrolled taps); 96 @28x28 4x6 252, 4x3 272.
     So: 4 pixels (else the smallest count from 5 to 8 that divides them: a partial block runs guarded) by up to 4
-    panels, within QCONV_WIDE_MAX_ACCUMULATORS. Elsewhere (and AVX2): 8 pixels x one panel where 8 tiles the
-    pixels, else the family's pixel count (8 measured 1.8x faster than the fp32 family's 12 on a 3x3 conv 64 -> 64
-    at 56x56)."""
+    panels, within QCONV_WIDE_MAX_ACCUMULATORS. aarch64: as many pixels as QCONV_NEON_MAX_ACCUMULATORS allow (at most
+    8; else the largest count below that divides them) by one panel. Elsewhere (and AVX2): 8 pixels x one panel
+    where 8 tiles the pixels, else the family's pixel count (8 measured 1.8x faster than the fp32 family's 12 on a
+    3x3 conv 64 -> 64 at 56x56)."""
     if fam.name == "x86" and fam.lanes >= 16 and nr == fam.lanes:
         rows = next((r for r in range(4, 9) if pixels % r == 0), 0)
         n_panels = -(-channels // nr)
         if rows:
             panels = next(p for p in (4, 3, 2, 1) if n_panels % p == 0 and rows * p <= QCONV_WIDE_MAX_ACCUMULATORS)
             return rows, panels
+    if fam.name in QCONV_NEON_MAX_ACCUMULATORS:
+        most = max(1, min(8, QCONV_NEON_MAX_ACCUMULATORS[fam.name] // max(1, nr // fam.lanes)))
+        return next((r for r in range(most, 1, -1) if pixels % r == 0), most), 1
     return (8 if pixels % 8 == 0 else (fam.conv_pixels or fam.mm_rows)), 1
 
 
