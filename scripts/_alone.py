@@ -262,6 +262,37 @@ def compare_args(args: argparse.Namespace) -> Dict[str, Any]:
             "tolerance": args.tolerance}
 
 
+def comparison_options(description: str, models: Sequence[str]) -> tuple:
+    """(arguments, compare_alone's keywords) of a comparison script: ``--models`` (from ``models``), the round
+    options, ``--target`` and ``--json``; a bad value exits with one line before anything is compiled."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--models", default=",".join(models), help="comma-separated, from: " + ", ".join(models))
+    add_round_options(ap)
+    ap.add_argument("--target", default="host")
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args()
+    return args, compare_args(args)
+
+
+def table_line(width: int, cells: Sequence[Any]) -> str:
+    """One row of a comparison table: model (``width`` wide), compile, kernels, then per thread count tether,
+    the reference and the ratio, then the error and the rounds; cells already formatted as strings."""
+    return ("%-*s %8s %5s %10s %10s %7s %10s %10s %7s %9s %6s" % ((width,) + tuple(cells)))
+
+
+def table_header(width: int, reference: str) -> str:
+    return table_line(width, ("model", "compile", "kern", "tether 1t", reference + " 1t", "ratio", "tether 2t",
+                              reference + " 2t", "ratio", "max err", "rounds"))
+
+
+def table_row(width: int, name: str, row: Mapping[str, Any], reference: str, err_key: str) -> str:
+    return table_line(width, (name, "%.2fs" % row["compile_s"], row["kernels"],
+                              "%.2fms" % row["tether_ms_1t"], "%.2fms" % row["%s_ms_1t" % reference],
+                              ratio_cell(row, 1), "%.2fms" % row["tether_ms_2t"],
+                              "%.2fms" % row["%s_ms_2t" % reference], ratio_cell(row, 2),
+                              "%.2g" % row[err_key], row["rounds"]))
+
+
 def row_figures(report: Mapping[int, Mapping[str, Any]], columns: Mapping[str, str]) -> Dict[str, Any]:
     """A benchmark row's figures from a two-runtime :func:`compare_alone` report: ``<column>_ms_<N>t`` for each
     worker (``columns``: worker name -> column prefix), ``ratio_<N>t``, ``spread_<N>t``, ``stable_<N>t`` and

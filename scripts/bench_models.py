@@ -18,7 +18,6 @@ machine the ratio means something, absolute times do not.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -27,9 +26,9 @@ import time
 
 import numpy as np
 
-from _alone import (UNSTABLE_NOTE, Worker, WorkerError, add_round_options, compare_alone, compare_args, ratio_cell,
-                    row_figures, write_arrays)
-from _rows import add_json_option, print_ratio_means, write_rows
+from _alone import (UNSTABLE_NOTE, Worker, WorkerError, compare_alone, comparison_options, row_figures,
+                    table_header, table_row, write_arrays)
+from _rows import print_ratio_means, write_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIGHT = ["squeezenet", "shufflenet", "resnet50", "densenet121", "inception_v1", "inception_v2", "bvlc_alexnet",
@@ -102,17 +101,9 @@ def bench(name: str, folder: str, target: str, compare: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=",".join(ALL), help="comma-separated, from: " + ", ".join(ALL))
-    add_round_options(ap)
-    ap.add_argument("--target", default="host")
-    add_json_option(ap)
-    args = ap.parse_args()
-    compare = compare_args(args)
+    args, compare = comparison_options(__doc__.split("\n")[0], ALL)
     rows = []
-    print("%-13s %8s %5s %10s %10s %7s %10s %10s %7s %9s %6s" % ("model", "compile", "kern", "tether 1t", "ort 1t",
-                                                                "ratio", "tether 2t", "ort 2t", "ratio", "max err",
-                                                                "rounds"))
+    print(table_header(13, "ort"))
     with tempfile.TemporaryDirectory() as folder:
         for name in [m.strip() for m in args.models.split(",") if m.strip()]:
             try:
@@ -120,9 +111,7 @@ def main() -> None:
             except WorkerError as exc:
                 raise SystemExit(str(exc)) from None
             rows.append(r)
-            print("%-13s %7.2fs %5d %8.2fms %8.2fms %s %8.2fms %8.2fms %s %9.2g %6d" % (
-                name, r["compile_s"], r["kernels"], r["tether_ms_1t"], r["ort_ms_1t"], ratio_cell(r, 1),
-                r["tether_ms_2t"], r["ort_ms_2t"], ratio_cell(r, 2), r["max_abs_err"], r["rounds"]))
+            print(table_row(13, name, r, "ort", "max_abs_err"))
             sys.stdout.flush()
     print_ratio_means(rows)
     if any(not r["stable_%dt" % t] for r in rows for t in (1, 2)):

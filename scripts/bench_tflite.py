@@ -19,7 +19,6 @@ machine the ratio means something, absolute times do not. A model tether refuses
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -28,9 +27,9 @@ import time
 
 import numpy as np
 
-from _alone import (UNSTABLE_NOTE, Worker, WorkerError, add_round_options, compare_alone, compare_args, ratio_cell,
-                    row_figures, write_arrays)
-from _rows import add_json_option, geometric_mean, write_rows
+from _alone import (UNSTABLE_NOTE, Worker, WorkerError, compare_alone, comparison_options, row_figures,
+                    table_header, table_row, write_arrays)
+from _rows import geometric_mean, write_rows
 
 ALL = ["face_detection", "mobilenet", "mobilenet_int8"]
 
@@ -108,17 +107,9 @@ def bench(name: str, path: str, folder: str, target: str, compare: dict) -> dict
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=",".join(ALL), help="comma-separated, from: " + ", ".join(ALL))
-    add_round_options(ap)
-    ap.add_argument("--target", default="host")
-    add_json_option(ap)
-    args = ap.parse_args()
-    compare = compare_args(args)
+    args, compare = comparison_options(__doc__.split("\n")[0], ALL)
     rows = []
-    print("%-15s %8s %5s %10s %10s %7s %10s %10s %7s %9s %6s" % ("model", "compile", "kern", "tether 1t", "litert 1t",
-                                                                "ratio", "tether 2t", "litert 2t", "ratio", "max err",
-                                                                "rounds"))
+    print(table_header(15, "litert"))
     with tempfile.TemporaryDirectory() as folder:
         for name in [m.strip() for m in args.models.split(",") if m.strip()]:
             try:
@@ -129,9 +120,7 @@ def main() -> None:
             if "refused" in r:
                 print("%-15s refused: %s" % (name, r["refused"]))
             else:
-                print("%-15s %7.2fs %5d %8.2fms %8.2fms %s %8.2fms %8.2fms %s %9.2g %6d" % (
-                    name, r["compile_s"], r["kernels"], r["tether_ms_1t"], r["litert_ms_1t"], ratio_cell(r, 1),
-                    r["tether_ms_2t"], r["litert_ms_2t"], ratio_cell(r, 2), r["max_rel_err"], r["rounds"]))
+                print(table_row(15, name, r, "litert", "max_rel_err"))
             sys.stdout.flush()
     measured = [r for r in rows if "refused" not in r]
     for t in (1, 2):
