@@ -174,3 +174,31 @@ def test_emulated_arm_int8_convs(arm_device, tmp_path):
                 gm.set_input("x", x)
                 gm.run()
                 np.testing.assert_array_equal(gm.get_output(0), want, err_msg=case)
+
+
+@pytest.mark.emulated
+def test_emulated_aarch64_quantize_special_values(emulated_devices, tmp_path):
+    """On aarch64 a quantize's clamp, whose bounds are a constant minus the zero point converted, is fmaxnm/fminnm
+    (no compare and select): NaN, infinities, signed zeros, ties and values far outside the range quantize as
+    onnxruntime's QuantizeLinear does, bit for bit, on the emulated rasp5."""
+    device = emulated_devices.for_preset("rasp5")
+    special = [np.nan, np.inf, -np.inf, 0.0, -0.0, 0.025, -0.025, 0.075, -0.075, 1e30, -1e30, 6.375, 12.7, -6.4,
+               3.4e38, -3.4e38, 1e-40, -1e-40]
+    x = np.concatenate([np.array(special, np.float32), RNG.uniform(-8, 8, 64 - len(special)).astype(np.float32)])
+    inits = {"s": np.array(0.05, np.float32), "zu": np.array(10, np.uint8), "zs": np.array(-3, np.int8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zu"], ["yu"]),
+             helper.make_node("QuantizeLinear", ["x", "s", "zs"], ["ys"])]
+    model = make_graph_model(nodes, {"x": x.reshape(1, 64)}, ["yu", "ys"], inits, opset=13)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.reshape(1, 64)})
+    graph, params = from_onnx(model)
+    factory = tether.build_graph(graph, params, target="rasp5")
+    asm = factory.lib.get_source("asm")
+    assert "fmaxnm" in asm and "fminnm" in asm and "fcmgt" not in asm
+    factory.export(str(tmp_path / "q"))
+    host, port = device.address
+    with rpc.connect(host, port, timeout=300) as sess, RemoteGraphExecutor(sess, str(tmp_path / "q")) as gm:
+        gm.set_input("x", x.reshape(1, 64))
+        gm.run()
+        for k in range(2):
+            np.testing.assert_array_equal(gm.get_output(k), want[k])

@@ -33,6 +33,7 @@ _BOOL_OPS = {"and": "and_", "or": "or_"}
 _BIT_OPS = {"bitand": "and_", "bitor": "or_", "bitxor": "xor", "shl": "shl"}
 _DIV_OPS = ("floordiv", "floormod", "div")
 _MINMAX = {"min": "<", "max": ">"}
+_MINMAX_NUM = {"min": "llvm.minnum", "max": "llvm.maxnum"}
 # integer dtypes whose arithmetic cannot wrap (lowering's index math): add/sub/mul carry nsw
 _NSW_DTYPES = ("int32", "int64")
 
@@ -40,6 +41,19 @@ _NSW_DTYPES = ("int32", "int64")
 # const()'s shared integer constants, by (dtype, value); a constant is immutable once made
 _INT_CONSTANTS: Dict[tuple, ir.Constant] = {}
 _INT_CONSTANTS_MAX = 65536
+
+
+def _never_nan(e: Expr) -> bool:
+    """A float32/float64 expression that is never NaN: a finite constant, an integer converted, or the sum or
+    difference of a finite constant and an integer converted (finite: no inf - inf)."""
+    if isinstance(e, Const):
+        return e.value == e.value and abs(e.value) != float("inf")
+    if isinstance(e, Cast):
+        return not is_float(e.value.dtype) and not is_bool(e.value.dtype)
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        return any(isinstance(x, Const) and _never_nan(x) and isinstance(y, Cast) and _never_nan(y)
+                   for x, y in ((e.a, e.b), (e.b, e.a)))
+    return False
 
 
 def uses(e: Expr, var: Var) -> bool:
@@ -493,12 +507,7 @@ class ExprEmitter:
                 lanes = max((v.type.count for v in ops if is_vec(v)), default=0)
                 if lanes:
                     ops = [self.splat(v, lanes) for v in ops]
-                ty = ops[0].type
-                name = "llvm.fma." + ("v%d%s" % (lanes, _intrinsic_suffix(ty.element)) if lanes
-                                      else _intrinsic_suffix(ty))
-                module = self.b.module
-                fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ty, [ty] * 3), name)
-                return self.b.call(fn, ops)
+                return self.b.call(self.intrinsic_of("llvm.fma", ops[0].type, 3), ops)
         return None
 
     def float_binary(self, e: Binary, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -514,9 +523,29 @@ class ExprEmitter:
             if reduction:
                 # a max/min reduction: without these flags LLVM will not keep per-lane running maxima
                 fm = fm + ("nnan", "nsz")
+            elif self.native_minmax_num(e):
+                return B.call(self.intrinsic_of(_MINMAX_NUM[e.op], a.type), [a, b])
             cmp = B.fcmp_ordered(_MINMAX[e.op], a, b, flags=fm)
             return B.select(cmp, a, b, flags=fm)
         raise CompileError(f"codegen: float operator {e.op!r} is not supported")
+
+    def native_minmax_num(self, e: Binary) -> bool:
+        """Whether float ``max(a, b)``/``min(a, b)`` may be llvm.maxnum/minnum here: one instruction (AArch64 fmaxnm,
+        fminnm) where the select is a compare and a bit select. They agree with ``a > b ? a : b`` whenever ``b`` is
+        not NaN (a NaN ``a`` gives ``b`` in both), so only for a ``b`` that cannot be NaN: a constant, an integer
+        converted, or their sum or difference (a requantize's clamp, ``-128.0 - float(zero_point)``; with constant
+        bounds LLVM already selects fmaxnm). The sign of a zero result may differ (min(-0, +0))."""
+        target = getattr(self.ctx, "target", None)
+        return (target is not None and target.arch == "aarch64" and e.dtype in ("float32", "float64")
+                and _never_nan(e.b))
+
+    def intrinsic_of(self, name: str, ty: ir.Type, nargs: int = 2) -> ir.Function:
+        """The overloaded LLVM intrinsic ``name`` of ``nargs`` operands of type ``ty`` (scalar or vector)."""
+        suffix = ("v%d%s" % (ty.count, _intrinsic_suffix(ty.element)) if isinstance(ty, ir.VectorType)
+                  else _intrinsic_suffix(ty))
+        module = self.b.module
+        full = "%s.%s" % (name, suffix)
+        return module.globals.get(full) or ir.Function(module, ir.FunctionType(ty, [ty] * nargs), full)
 
     def int_division(self, e: Binary, a: ir.Value, b: ir.Value) -> ir.Value:
         """floordiv/floormod (and div, which floors too) of integers. 64-bit division on armv7 becomes a call of
