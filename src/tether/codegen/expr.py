@@ -203,7 +203,35 @@ class ExprEmitter:
         return self.b.select(c, t, f)
 
     def ev_cast(self, e: Cast) -> ir.Value:
+        v = e.value
+        if (e.dtype == "int32" and isinstance(v, Call) and v.name == "round_even" and v.dtype == "float32"
+                and getattr(getattr(self.ctx, "target", None), "arch", None) == "aarch64"):
+            return self.nearest_int32(self.ev(v.args[0]))
         return self.cast(self.ev(e.value), e.value.dtype, e.dtype)
+
+    def nearest_int32(self, x: ir.Value) -> ir.Value:
+        """``int32(round_even(x))`` of float32 on AArch64: fcvtns, which converts rounding to nearest with ties to
+        even itself, where frintn + fcvtzs were two instructions (every int8 requantize ends so). Both saturate and
+        give 0 for NaN. The intrinsic takes 4 lanes at most: wider vectors go by quarters."""
+        B = self.b
+        if not is_vec(x):
+            fn = self.b.module.globals.get("llvm.aarch64.neon.fcvtns.i32.f32") or ir.Function(
+                self.b.module, ir.FunctionType(I32, [F32]), "llvm.aarch64.neon.fcvtns.i32.f32")
+            return B.call(fn, [x])
+        name = "llvm.aarch64.neon.fcvtns.v4i32.v4f32"
+        fn = B.module.globals.get(name) or ir.Function(
+            B.module, ir.FunctionType(ir.VectorType(I32, 4), [ir.VectorType(F32, 4)]), name)
+        n = x.type.count
+        if n % 4:
+            return B.fptosi(B.call(self.intrinsic_of("llvm.roundeven", x.type, 1), [x]), ir.VectorType(I32, n))
+        undef = ir.Constant(x.type, ir.Undefined)
+        parts = [B.call(fn, [B.shuffle_vector(x, undef, ir.Constant(ir.VectorType(I32, 4), list(range(k, k + 4))))])
+                 for k in range(0, n, 4)]
+        while len(parts) > 1:
+            w = parts[0].type.count
+            joined = ir.Constant(ir.VectorType(I32, 2 * w), list(range(2 * w)))
+            parts = [B.shuffle_vector(parts[k], parts[k + 1], joined) for k in range(0, len(parts), 2)]
+        return parts[0]
 
     def load(self, e: Load) -> ir.Value:
         buf = e.buffer

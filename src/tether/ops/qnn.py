@@ -32,7 +32,9 @@ def _to_int(v, zp, out_dtype: str):
     lo, hi = RANGES[out_dtype]
     zf = zp.astype(v.dtype)
     v = c.min2(c.max2(v, c.const(float(lo), v.dtype) - zf), c.const(float(hi), v.dtype) - zf)
-    return (round_half_even(v) + zf).astype("int32").astype(out_dtype)
+    # (the zero point added to the integer: the same sum, as the rounded value is integral and small, and AArch64
+    # converts with rounding in one instruction, codegen/expr.py nearest_int32)
+    return (round_half_even(v).astype("int32") + zp.astype("int32")).astype(out_dtype)
 
 
 def quantize(x, scale, zp, out_dtype: str, name: str = "quantize"):
