@@ -179,8 +179,8 @@ def test_emulated_arm_int8_convs(arm_device, tmp_path):
 @pytest.mark.emulated
 def test_emulated_aarch64_quantize_special_values(emulated_devices, tmp_path):
     """On aarch64 a quantize's clamp, whose bounds are a constant minus the zero point converted, is fmaxnm/fminnm
-    (no compare and select): NaN, infinities, signed zeros, ties and values far outside the range quantize as
-    onnxruntime's QuantizeLinear does, bit for bit, on the emulated rasp5."""
+    (no compare and select) and its rounding conversion one fcvtns: NaN, infinities, signed zeros, ties and values
+    far outside the range quantize as onnxruntime's QuantizeLinear does, bit for bit, on the emulated rasp5."""
     device = emulated_devices.for_preset("rasp5")
     special = [np.nan, np.inf, -np.inf, 0.0, -0.0, 0.025, -0.025, 0.075, -0.075, 1e30, -1e30, 6.375, 12.7, -6.4,
                3.4e38, -3.4e38, 1e-40, -1e-40]
@@ -195,6 +195,7 @@ def test_emulated_aarch64_quantize_special_values(emulated_devices, tmp_path):
     factory = tether.build_graph(graph, params, target="rasp5")
     asm = factory.lib.get_source("asm")
     assert "fmaxnm" in asm and "fminnm" in asm and "fcmgt" not in asm
+    assert "fcvtns" in asm and "frintn" not in asm
     factory.export(str(tmp_path / "q"))
     host, port = device.address
     with rpc.connect(host, port, timeout=300) as sess, RemoteGraphExecutor(sess, str(tmp_path / "q")) as gm:
