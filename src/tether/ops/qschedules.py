@@ -15,8 +15,8 @@ QCONV_WIDE_MAX_ACCUMULATORS = 24
 # aarch64 pixel form: accumulator registers of one register block (half of the 32). The weights of a reduction
 # step and, without sdot, their widened halves and the byte products need the rest: 8 pixels x one 16-lane panel
 # (32 accumulators) spilled and rotated registers through chains of movs (MobileNetV2 int8 on the A72: 203.5 M
-# -> 190.0 M instructions per inference with 4 pixels; on the A76 with sdot 89.2 M -> 86.8 M). armv7 keeps 8
-# pixels: with 2 (8 of its 16 q registers) it counted 0.6% more.
+# -> 184.4 M instructions per inference in its kernels; on the A76 with sdot 89.2 M -> 86.8 M with 4 pixels where
+# 4 divide them). armv7 keeps 8 pixels: with 2 (8 of its 16 q registers) it counted 0.6% more.
 QCONV_NEON_MAX_ACCUMULATORS = {"aarch64": 16}
 # The fused requantize's vector operations per output vector (convert, bias, scale, round, clamps, zero point,
 # narrowing), counted as reduction steps when deciding whether a kernel goes parallel: a pointwise conv over 8 or
