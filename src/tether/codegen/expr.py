@@ -214,13 +214,14 @@ class ExprEmitter:
         even itself, where frintn + fcvtzs were two instructions (every int8 requantize ends so). Both saturate and
         give 0 for NaN. The intrinsic takes 4 lanes at most: wider vectors go by quarters."""
         B = self.b
+
+        def fcvtns(arg: ir.Type, ret: ir.Type, suffix: str) -> ir.Function:
+            name = "llvm.aarch64.neon.fcvtns." + suffix
+            return B.module.globals.get(name) or ir.Function(B.module, ir.FunctionType(ret, [arg]), name)
+
         if not is_vec(x):
-            fn = self.b.module.globals.get("llvm.aarch64.neon.fcvtns.i32.f32") or ir.Function(
-                self.b.module, ir.FunctionType(I32, [F32]), "llvm.aarch64.neon.fcvtns.i32.f32")
-            return B.call(fn, [x])
-        name = "llvm.aarch64.neon.fcvtns.v4i32.v4f32"
-        fn = B.module.globals.get(name) or ir.Function(
-            B.module, ir.FunctionType(ir.VectorType(I32, 4), [ir.VectorType(F32, 4)]), name)
+            return B.call(fcvtns(F32, I32, "i32.f32"), [x])
+        fn = fcvtns(ir.VectorType(F32, 4), ir.VectorType(I32, 4), "v4i32.v4f32")
         n = x.type.count
         if n % 4:
             return B.fptosi(B.call(self.intrinsic_of("llvm.roundeven", x.type, 1), [x]), ir.VectorType(I32, n))
