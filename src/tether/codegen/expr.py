@@ -564,9 +564,9 @@ class ExprEmitter:
         not NaN (a NaN ``a`` gives ``b`` in both), so only for a ``b`` that cannot be NaN: a constant, an integer
         converted, or their sum or difference (a requantize's clamp, ``-128.0 - float(zero_point)``; with constant
         bounds LLVM already selects fmaxnm). The sign of a zero result may differ (min(-0, +0))."""
-        target = getattr(self.ctx, "target", None)
-        return (target is not None and target.arch == "aarch64" and e.dtype in ("float32", "float64")
-                and _never_nan(e.b))
+        # (a GPU kernel's math target has no arch: it keeps the select)
+        arch = getattr(getattr(self.ctx, "target", None), "arch", None)
+        return arch == "aarch64" and e.dtype in ("float32", "float64") and _never_nan(e.b)
 
     def intrinsic_of(self, name: str, ty: ir.Type, nargs: int = 2) -> ir.Function:
         """The overloaded LLVM intrinsic ``name`` of ``nargs`` operands of type ``ty`` (scalar or vector)."""
