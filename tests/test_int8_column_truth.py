@@ -1,10 +1,12 @@
 """`tether targets`' int8 column (tether.target.int8_instructions) names what the int8 code of each target really
 contains: every instruction it lists for a preset (and a few x86 CPUs) shows in the disassembly of that target's
-te.dot4 kernels (codegen/int8dot.py), the load-time ones of android-arm64 included, and none it omits does."""
+te.dot4 kernels and widened byte_of products (codegen/int8dot.py), the load-time ones of android-arm64 included,
+and none it omits does."""
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 import tether
@@ -20,6 +22,8 @@ PATTERNS = {
     "sdot/udot (dotprod)": [r"\bsdot\s+v\d+\.4s", r"\budot\s+v\d+\.4s"],
     "smull/umull+saddlp/uaddlp (NEON)": [r"\bsmull2?\s+v\d+\.8h", r"\bumull2?\s+v\d+\.8h", r"\bsaddlp\s+v\d+\.4s",
                                           r"\buaddlp\s+v\d+\.4s"],
+    "smlal by element (NEON; dot4: smull/umull+saddlp/uaddlp)": [r"\bsmlal2?\s+v\d+\.4s, v\d+\.[48]h, v\d+\.h\[\d\]",
+                                                                  r"\bsmull2?\s+v\d+\.8h", r"\bsaddlp\s+v\d+\.4s"],
     "ushll/sshll+mul+saddlp (NEON, u8 x s8)": [r"\bushll\s+v\d+\.8h", r"\bsshll\s+v\d+\.8h", r"\bmul\s+v\d+\.8h",
                                                r"\bsaddlp\s+v\d+\.4s"],
     "vmull+vpaddl (NEON)": [r"\bvmull\.s8\b", r"\bvmull\.u8\b", r"\bvpaddl\.[su]16\b"],
@@ -32,9 +36,10 @@ X86_CPUS = ("x86_64-linux-gnu -mcpu=icelake-server", "x86_64-linux-gnu -mcpu=ald
 
 
 def _dot4_asm(target: str) -> str:
-    from test_int8_dot import _reduction
+    from test_int8_dot import _reduction, _widened_case
     funcs = [tether.lower(*_reduction(kind, 32, 9, factor), name="r_%s_%d" % (kind, factor))
              for kind in ("u8s8", "s8s8", "u8u8") for factor in (16, 4, 2, 1)]
+    funcs.append(tether.lower(*_widened_case(False, 32, 9, 16, np.random.default_rng(0))[:2], name="widened"))
     return tether.build(funcs, target=target, name="col", jobs=1).get_source("asm")
 
 

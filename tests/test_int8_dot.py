@@ -58,6 +58,17 @@ def test_dot4_is_an_int32_expression_and_checks_its_arguments():
         te.dot4(x.astype("int64"), x)
 
 
+def test_byte_of_is_an_int32_expression_and_checks_its_arguments():
+    x = te.var("x")
+    e = te.byte_of(x, 2, signed=True)
+    assert e.dtype == "int32" and tir.byte_of_parts(e) is True and tir.byte_of_parts(te.byte_of(x, 0, False)) is False
+    assert tir.byte_of_parts(x) is None and tir.byte_of_parts(te.dot4(x, x)) is None
+    with pytest.raises(ValueError, match="0, 1, 2 or 3"):
+        te.byte_of(x, 4, signed=False)
+    with pytest.raises(TypeError, match="int32"):
+        te.byte_of(x.astype("int64"), 0, signed=False)
+
+
 # ---- kernels ----------------------------------------------------------------------------------------------------
 # Each case: (name, schedule args builder, inputs builder, numpy reference). ``factor`` 1 is scalar code.
 
@@ -113,6 +124,46 @@ def _reduction_case(kind, n, k, factor, rng, parallel=False):
     return s, args, [a, w], want
 
 
+def _byte_case(signed: bool, n: int, factor: int, index, rng):
+    """C[i] = byte_of(A[i], index): a constant byte, or one that varies by element (B[i] & 3)."""
+    a = te.placeholder((n,), "int32", name="A")
+    b = te.placeholder((n,), "int32", name="B")
+    c = te.compute((n,), lambda i: te.byte_of(a[i], index if index is not None else te.bitwise("bitand", b[i], 3),
+                                              signed), name="C")
+    s = te.create_schedule(c.op)
+    if factor > 1:
+        _, xi = s[c].split(c.op.axis[0], factor=factor)
+        s[c].vectorize(xi)
+    av, bv = _words(rng, (n,)), rng.integers(0, 2**31, size=n, dtype=np.int64).astype(np.int32)
+    t = (bv & 3) if index is None else np.full(n, index)
+    want = np.ascontiguousarray(av).view(np.int8 if signed else np.uint8).reshape(n, 4)[np.arange(n), t]
+    return s, [a, b, c], [av, bv], want.astype(np.int64)
+
+
+def _widened_case(signed: bool, n: int, k: int, factor: int, rng):
+    """C[j] = sum_{r, t} byte_of(A[r], t) * W[4r + t, j] with W int16: the widened int8 conv's product (ops/qconv.py),
+    the byte index an unrolled reduction axis, the accumulator a vector over j."""
+    a = te.placeholder((k,), "int32", name="A")
+    w = te.placeholder((4 * k, n), "int16", name="W")
+    r = te.reduce_axis((0, k), name="r")
+    t = te.reduce_axis((0, 4), name="t")
+    c = te.compute((n,), lambda j: te.sum(te.byte_of(a[r], t, signed) * w[4 * r + t, j].astype("int32"),
+                                         axis=[r, t]), name="C")
+    s = te.create_schedule(c.op)
+    cl = s.cache_write(c, "local")
+    jo, ji = s[c].split(c.op.axis[0], factor=factor)
+    s[c].vectorize(ji)
+    s[cl].compute_at(s[c], jo)
+    s[cl].reorder(*s[cl].op.reduce_axis, s[cl].op.axis[0])
+    s[cl].unroll(s[cl].op.reduce_axis[1])
+    s[cl].vectorize(s[cl].op.axis[0])
+    av = _words(rng, (k,))
+    wv = rng.integers(-128, 128, size=(4 * k, n)).astype(np.int16)
+    wv[0] = -128
+    x = np.ascontiguousarray(av).view(np.int8 if signed else np.uint8).astype(np.int64).reshape(-1)
+    return s, [a, w, c], [av, wv], x @ wv.astype(np.int64)
+
+
 def cases(seed: int = 0):
     """(name, schedule, args, inputs, numpy result): every kind, scalar and several lane counts, with tails."""
     rng = np.random.default_rng(seed)
@@ -127,6 +178,16 @@ def cases(seed: int = 0):
             out.append(("red_%s_v%d" % (kind, factor), s, args, inputs, want))
         s, args, inputs, want = _reduction_case(kind, 64, 37, 16, rng, parallel=True)
         out.append(("red_%s_parallel" % kind, s, args, inputs, want))
+    for signed in (False, True):
+        sign = "s" if signed else "u"
+        for factor in (1, 4, 7, 16):
+            for index in (0, 3, None):
+                s, args, inputs, want = _byte_case(signed, 203, factor, index, rng)
+                out.append(("byte_%s_%s_v%d" % (sign, "var" if index is None else index, factor), s, args, inputs,
+                            want))
+        for factor in (4, 16):
+            s, args, inputs, want = _widened_case(signed, 48, 37, factor, rng)
+            out.append(("widened_%s_v%d" % (sign, factor), s, args, inputs, want))
     return out
 
 
@@ -215,7 +276,8 @@ def test_avx_vnni_without_avx512_vnni_uses_the_vex_form(tmp_path):
 # preset -> instructions its build must show (the rasp5 device is qemu's cortex-a76, which has the dot product)
 ARM_INSTRUCTIONS = {
     "rasp5": [r"\bsdot\s+v\d+\.4s", r"\budot\s+v\d+\.4s"],
-    "rasp4b": [r"\bsmull2?\s+v\d+\.8h", r"\bumull2?\s+v\d+\.8h", r"\bsaddlp\s+v\d+\.4s", r"\buaddlp\s+v\d+\.4s"],
+    "rasp4b": [r"\bsmull2?\s+v\d+\.8h", r"\bumull2?\s+v\d+\.8h", r"\bsaddlp\s+v\d+\.4s", r"\buaddlp\s+v\d+\.4s",
+               r"\bsmlal2?\s+v\d+\.4s, v\d+\.[48]h, v\d+\.h\[3\]"],    # byte_of: smlal by element
     "armv7-a7": [r"\bvmull\.s8\b", r"\bvmull\.u8\b", r"\bvpaddl\.s16\b", r"\bvpaddl\.u16\b"],
 }
 

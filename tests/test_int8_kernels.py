@@ -4,6 +4,8 @@ QLinearConv: odd channel counts, strides, pads, dilation, per-channel and per-te
 activations, uint8 weights with a zero point; what the pass leaves (a grouped conv) still matches. Then the choice
 of dot-product kind per target (flip + bias correction) and the same convs on emulated rasp5 (sdot in its
 disassembly) and armv7."""
+import re
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -148,15 +150,16 @@ def test_flip_keeps_the_integers():
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.fixture(params=("rasp5", "armv7-a7"))
+@pytest.fixture(params=("rasp5", "rasp4b", "armv7-a7"))
 def arm_device(request, emulated_devices):
     return emulated_devices.for_preset(request.param)
 
 
 @pytest.mark.emulated
 def test_emulated_arm_int8_convs(arm_device, tmp_path):
-    """The dot4 kernels built for rasp5 (sdot, u8 activations flipped to s8) and armv7 (widening multiplies), run
-    on the emulated devices, equal onnxruntime's output bit for bit."""
+    """The int8 conv kernels built for rasp5 (sdot, u8 activations flipped to s8), rasp4b (the widened form: int16
+    weights, smlal by element) and armv7 (dot4's widening multiplies), run on the emulated devices, equal
+    onnxruntime's output bit for bit."""
     host, port = arm_device.address
     with rpc.connect(host, port, timeout=300) as sess:
         for case in ("pointwise_matmul_form", "3x3_s2_asym_pads", "3x3_int8_acts", "depthwise_s2"):
@@ -166,6 +169,8 @@ def test_emulated_arm_int8_convs(arm_device, tmp_path):
             asm = factory.lib.get_source("asm")
             if arm_device.preset == "rasp5" and CASES[case][-1] == "qconv2d":
                 assert "sdot" in asm, case
+            if arm_device.preset == "rasp4b" and CASES[case][-1] == "qconv2d" and "matmul" not in case:
+                assert re.search(r"\bsmlal2?\s+v\d+\.4s, v\d+\.[48]h", asm) and "saddlp" not in asm, case
             folder = tmp_path / case
             factory.export(str(folder))
             want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(

@@ -160,15 +160,15 @@ def test_without_int8_readers_nothing_changes():
     assert not any(n.attrs.get("channels_last_out") for n in after.nodes)
 
 
-@pytest.fixture(params=("rasp5", "armv7-a7"))
+@pytest.fixture(params=("rasp5", "rasp4b", "armv7-a7"))
 def arm_device(request, emulated_devices):
     return emulated_devices.for_preset(request.param)
 
 
 @pytest.mark.emulated
 def test_channels_last_on_emulated_arm(arm_device, quantized, tmp_path):
-    """The channels-last kernels built for rasp5 (sdot, the activations flipped to int8) and armv7 give the host
-    build's outputs bit for bit, on the emulated devices."""
+    """The channels-last kernels built for rasp5 (sdot, the activations flipped to int8), rasp4b (the widened form,
+    smlal by element) and armv7 give the host build's outputs bit for bit, on the emulated devices."""
     path = quantized("qoperator", "uint8")
     xs = _inputs(2)
     want = _run_host(path, tmp_path / "host", xs)
@@ -177,6 +177,8 @@ def test_channels_last_on_emulated_arm(arm_device, quantized, tmp_path):
     assert "qdepthwise2d_nhwc" in {b.op for n in factory.graph.nodes for b in n.body()}
     if arm_device.preset == "rasp5":
         assert "sdot" in factory.lib.get_source("asm")
+    if arm_device.preset == "rasp4b":
+        assert ".h[3]" in factory.lib.get_source("asm") and "saddlp" not in factory.lib.get_source("asm")
     factory.export(str(tmp_path / "arm"))
     for got, w in zip(run_on_device(arm_device, tmp_path / "arm", xs, 2), want):
         for k in range(2):

@@ -664,6 +664,7 @@ _INT8_BY_FEATURE = (   # (architecture, hwcap/flag name, instructions): what cod
     ("wasm32", "simd128", "i16x8.extend+i32x4.dot_i16x8_s (SIMD128)"),
 )
 _INT8_NEON_BESIDE_DOT = "ushll/sshll+mul+saddlp (NEON, u8 x s8)"
+_INT8_NEON_WIDENED = "smlal by element (NEON; dot4: smull/umull+saddlp/uaddlp)"   # int8_widened targets
 _INT8_BASELINE = {"x86_64": "pmaddwd (SSE2)", "aarch64": "mul/add (scalar)", "armv7": "mul/add (scalar)",
                   "wasm32": "mul/add (scalar)"}
 
@@ -682,6 +683,8 @@ def int8_instructions(target: Union[str, "Target", None]) -> list:
             continue   # AVX512-VNNI with AVX512VL gives the narrow widths too (EVEX-encoded)
         if flag == "asimd" and "asimddp" in have:
             insns = _INT8_NEON_BESIDE_DOT   # s8s8/u8u8 take sdot/udot: only u8s8 widens
+        elif flag == "asimd" and int8_widened(t):
+            insns = _INT8_NEON_WIDENED
         if flag in have:
             out.append((insns, "always"))
         elif flag in optional:
@@ -703,6 +706,16 @@ def int8_dot_native(target: Union[str, "Target", None]) -> Tuple[str, ...]:
     if t.arch == "aarch64" and "asimddp" in t.requirements()["features"]:
         return ("s8s8", "u8u8")
     return ()
+
+
+def int8_widened(target: Union[str, "Target", None]) -> bool:
+    """Whether int8 convs multiply widened 16-bit operands (ops/qconv.py's widened form: smlal by element) on
+    ``target``: aarch64 NEON without a dot product, none chosen at load time either. armv7 keeps dot4's widening
+    sequence: with 16 q registers its 16-lane panel leaves room for too few pixels, and LLVM emitted vmla.i32 on
+    widened copies there, not vmlal by scalar."""
+    t = as_target(target)
+    have = set(t.requirements()["features"]) | {f[1:] for f in t.feature_set if f.startswith("+")}
+    return t.arch == "aarch64" and "asimd" in have and not int8_dot_native(t) and not int8_load_time_features(t)
 
 
 def int8_load_time_features(target: Union[str, "Target", None]) -> Tuple[str, ...]:

@@ -5,6 +5,11 @@ where the target has one for the kind (tether.target.int8_dot_native): x86 vpdpb
 aarch64 sdot/udot (s8s8/u8u8; 4 lanes). Lane counts that are not the instruction's width are split into
 instruction-wide pieces (the last one padded with zero lanes) and joined again.
 
+``byte_of(word, t, signed)`` (tether.tir.int8) is emitted as the word's four bytes widened together to 16 bits and
+lane t taken from that vector: broadcast into a vector loop and multiplied by sign-extended 16-bit weights, LLVM
+selects Arm's multiply-accumulate long by element (smlal v.4s, v.4h, v.h[t]) with one load and one widening per
+word; a byte extracted first and widened alone became a move to a general register and a dup per byte.
+
 Elsewhere the bytes are widened and multiplied exactly, then the four products of a lane are added pairwise; the
 pieces are written so that LLVM selects the target's widening instructions (x86 pmaddwd, Arm smull/saddlp or
 vmull/vpaddl, WebAssembly i32x4.dot_i16x8_s). Products of two bytes fit int16 except 255*255 (u8u8), which fits
@@ -19,7 +24,7 @@ from llvmlite import ir
 
 from tether.codegen.types import I8, I32, is_vec
 from tether.target import int8_dot_native
-from tether.tir import Binary, Call, Expr, dot4_kind
+from tether.tir import Binary, Call, Expr, byte_of_parts, dot4_kind
 
 I16 = ir.IntType(16)
 
@@ -59,6 +64,26 @@ def emit(em: Any, call: Call, acc: Optional[Expr] = None) -> ir.Value:
         return out
     out, acc_v = em.match(out, acc_v)
     return B.add(acc_v, out)
+
+
+def emit_byte(em: Any, call: Call) -> ir.Value:
+    """``byte_of(word, index, signed)`` for the expression emitter ``em``: an int32, or <n x i32> for a vector of
+    words (byte ``index`` of each lane)."""
+    signed = byte_of_parts(call)
+    B = em.b
+    word, index = em.ev(call.args[0]), em.ev(call.args[1])
+    ext = B.sext if signed else B.zext
+    if is_vec(word) and isinstance(index, ir.Constant):
+        n = word.type.count
+        return ext(_pick(B, _as_bytes(B, word), [4 * i + index.constant for i in range(n)]), _vec(I32, n))
+    if is_vec(word) or is_vec(index):   # a byte that varies by lane: shifted to the bottom, then extended
+        word, index = em.match(word, index)
+        n = word.type.count
+        shifted = B.lshr(word, B.mul(index, ir.Constant(word.type, [8] * n)))
+        return ext(B.trunc(shifted, _vec(I8, n)), word.type)
+    wide = ext(_as_bytes(B, word), _vec(I16, 4))
+    # the widened value fits int16 either way, so its sign extension is exact for unsigned bytes too
+    return B.sext(B.extract_element(wide, index), I32)
 
 
 # ---- lane groups --------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from tether.kernels.core import DEFINITIONS as CORE, conv_out_size
 from tether.kernels.registry import OpDef, Strategy, TeLowering
 from tether.ops import qconv as qops
 from tether.ops.qdepthwise import qdepthwise2d
-from tether.target import int8_dot_native, int8_load_time_features
+from tether.target import int8_dot_native, int8_load_time_features, int8_widened
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +119,24 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
     if not native and "asimddp" in int8_load_time_features(target):
         # android-arm64: s8s8/u8u8 dot4 kernels are built twice and the device's hwcaps pick one at load time
         native = ("s8s8", "u8u8")
+    widened = int8_widened(target)
+    if widened:     # the widened form reads unsigned bytes best (ops/qconv.py): int8 activations are flipped
+        native = ("u8s8",)
     if not native or not any(b.op == "qconv2d" for n in graph.nodes for b in n.body()):
         return graph, params
     params = dict(params)
+    out = graph.copy()
 
     def update(b: Node) -> Node:
         if b.op != "qconv2d" or b.attrs.get("flip"):
             return b
+        if widened:
+            wname = b.inputs[1]
+            if params[wname].ndim != 3:     # the pointwise matmul form keeps dot4
+                return b
+            if params[wname].dtype == np.int32:    # the pixel form's packed words, widened once
+                params[wname] = qops.widen_weights(params[wname])
+                out.types[wname] = TensorType(params[wname].shape, "int16")
         x_dtype = str(graph.types[b.inputs[0]].dtype)
         kind, flip = _choice(x_dtype, native)
         bname = b.inputs[2]
@@ -137,7 +148,6 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
             params[bname] = fixed.astype(np.int32)
         return Node(b.op, b.name, list(b.inputs), list(b.outputs), dict(b.attrs, kind=kind, flip=int(flip)))
 
-    out = graph.copy()
     nodes = []
     for n in graph.nodes:
         if n.op == "fused":

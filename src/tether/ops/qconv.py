@@ -17,6 +17,14 @@ Layouts (``te.dot4`` multiplies four bytes held in one int32 word):
   as the multiply-add: one vpdpbusd / sdot per word on targets that have it (codegen/int8dot.py);
 - the output ``(O, OH * OW)`` int32, the bias added in the write-back, where the graph fuses the requantize.
 
+The widened form, for cores without a dot product (Arm NEON without sdot): the same activation words, but the
+weights as 16-bit integers, ``(ceil(O / PANEL), KH * KW * C4 * 4, PANEL)`` int16 (``widen_weights``: row
+``4 * k4 + t`` holds byte t of every word of row k4), and the multiply-add ``acc + int32(byte_of(x, t)) *
+int32(w16)`` over t in 0..3: Arm's smlal by element, four products per instruction with both operands widened
+once (the dot4 fallback widens and adds pairwise per product: about 2.1 products per instruction against 3.2).
+The bytes are read as ``kind``'s activation type says; int8 activations are flipped to uint8 (``for_target``):
+LLVM turned a sign-extended byte into a move to a general register and a dup.
+
 ``kind`` is the dot4 kind the kernel multiplies with. With ``flip`` the activation bytes are xor-ed with 0x80
 (uint8 -> int8 for Arm's sdot, int8 -> uint8 for x86's vpdpbusd); the caller's bias then carries the matching
 ``-+128 * sum_k W[o, k]`` (``flip_correction``).
@@ -75,29 +83,38 @@ def pack_weights(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
     return np.ascontiguousarray(words.transpose(0, 2, 1))
 
 
+def widen_weights(wp: np.ndarray) -> np.ndarray:
+    """numpy: pack_weights' (P, K4, panel) int32 words -> the widened form's (P, K4 * 4, panel) int16."""
+    p, k4, pw = wp.shape
+    b = np.ascontiguousarray(wp).view(np.int8).reshape(p, k4, pw, 4)
+    return np.ascontiguousarray(b.transpose(0, 1, 3, 2).reshape(p, k4 * 4, pw).astype(np.int16))
+
+
 def pack_rows(w: np.ndarray) -> np.ndarray:
     """numpy: int8-valued pointwise weights (O, C, 1, 1) -> the matmul form's (O, C4) int32 words."""
     return pack_weights(w, panel=1)[:, :, 0].reshape(w.shape[0], -1)
 
 
-def _rows(wp: np.ndarray) -> np.ndarray:
-    """Packed weights (either form) as (rows, words) in output-channel order."""
-    return wp if wp.ndim == 2 else np.ascontiguousarray(wp.transpose(0, 2, 1)).reshape(-1, wp.shape[1])
+def _weight_rows(wp: np.ndarray) -> np.ndarray:
+    """Packed weights (any form) as (rows, k) int64 weights in output-channel order, k = (ky, kx, c) with the
+    channels padded to a multiple of 4."""
+    if wp.dtype == np.int16:    # widen_weights: (P, K4 * 4, panel)
+        return wp.transpose(0, 2, 1).reshape(-1, wp.shape[1]).astype(np.int64)
+    rows = wp if wp.ndim == 2 else np.ascontiguousarray(wp.transpose(0, 2, 1)).reshape(-1, wp.shape[1])
+    return np.ascontiguousarray(rows).view(np.int8).reshape(rows.shape[0], -1).astype(np.int64)
 
 
 def unpack_weights(wp: np.ndarray, out_channels: int, in_channels: int, kernel: tuple) -> np.ndarray:
-    """numpy: pack_weights / pack_rows undone, as int32 (O, C, KH, KW)."""
+    """numpy: pack_weights / pack_rows / widen_weights undone, as int32 (O, C, KH, KW)."""
     kh, kw = kernel
-    rows = _rows(wp)
-    taps = np.ascontiguousarray(rows).view(np.int8).reshape(rows.shape[0], kh, kw, -1)
+    rows = _weight_rows(wp)
+    taps = rows.reshape(rows.shape[0], kh, kw, -1)
     return np.transpose(taps[:out_channels, :, :, :in_channels], (0, 3, 1, 2)).astype(np.int32)
 
 
 def weight_sums(wp: np.ndarray, out_channels: int) -> np.ndarray:
     """numpy: sum_k W[o, k] of packed weights, as int64 (out_channels,)."""
-    rows = _rows(wp)
-    return np.ascontiguousarray(rows).view(np.int8).astype(np.int64).reshape(rows.shape[0], -1).sum(axis=1)[
-        :out_channels]
+    return _weight_rows(wp).sum(axis=1)[:out_channels]
 
 
 def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels: int, pad_value: int,
@@ -118,7 +135,8 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
     kh, kw = kernel
     c4 = -(-ch // 4)
     npanel, k4, pw = (int(d) for d in c.shape_of(wp))
-    if n != 1 or k4 != kh * kw * c4 or not 0 < out_channels <= npanel * pw:
+    widened = str(wp.dtype) == "int16"
+    if n != 1 or k4 != kh * kw * c4 * (4 if widened else 1) or not 0 < out_channels <= npanel * pw:
         raise ValueError("%s: input %s and packed weight %s do not fit a %dx%d kernel with %d output channels"
                          % (name, c.shape_of(x), c.shape_of(wp), kh, kw, out_channels))
     x_dtype = str(x.dtype)
@@ -152,14 +170,21 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
     rx = te.reduce_axis((0, kw), name="rx")
     rc = te.reduce_axis((0, c4), name="rc")
 
+    rt = te.reduce_axis((0, 4), name="rt")
+
     def f(p, o):
         y, xx = p // ow, p % ow
         k = (ry * kw + rx) * c4 + rc
-        return te.sum(te.dot4(xq(y * sh + ry * dh, xx * sw + rx * dw, rc) if channels_last_in
-                              else xq[y * sh + ry * dh, xx * sw + rx * dw, rc], wp[o // pw, k, o % pw], kind),
-                      axis=[ry, rx, rc])
+        xw = xq(y * sh + ry * dh, xx * sw + rx * dw, rc) if channels_last_in \
+            else xq[y * sh + ry * dh, xx * sw + rx * dw, rc]
+        if widened:
+            return te.sum(te.byte_of(xw, rt, kind[:2] == "s8") * wp[o // pw, k * 4 + rt, o % pw].astype("int32"),
+                          axis=[ry, rx, rc, rt])
+        return te.sum(te.dot4(xw, wp[o // pw, k, o % pw], kind), axis=[ry, rx, rc])
 
-    attrs = {"panel": pw, "channels_last_out": 1} if channels_last_out else {"panel": pw}
+    attrs = {"panel": pw, "widened": int(widened)}
+    if channels_last_out:
+        attrs["channels_last_out"] = 1
     conv = c.compute((oh * ow, npanel * pw), f, f"{name}_nc", QCONV_PIXELS, attrs=attrs)
     if channels_last_out:
         return c.compute((oh * ow, out_channels), lambda p, o: conv[p, o] + bias[o], name, c.INJECTIVE)

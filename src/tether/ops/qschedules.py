@@ -134,6 +134,8 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
         bo = boi
     else:
         sb.reorder(*block.op.reduce_axis, bp, bo)
+    if t.op.attrs.get("widened"):   # the byte index of byte_of: a constant lane of the widened word
+        sb.unroll(block.op.reduce_axis[-1])
     sb.unroll(bp)
     sb.vectorize(bo)
 

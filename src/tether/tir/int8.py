@@ -8,6 +8,11 @@ four products is at most 4 * 255 * 255 < 2**31.
 It is an ordinary scalar expression (a Call node): usable anywhere, also in a te.sum reduction and in vectorized
 loops, where codegen/int8dot.py turns ``acc + dot4(a, b)`` into one dot-product instruction when the target has
 one (tether.target.int8_dot_native) and into widening multiplies and pairwise adds otherwise.
+
+``byte_of(word, t, signed)`` is the other int8 primitive: byte t of an int32 word as an int32, sign- or
+zero-extended. Kernels for cores without a dot product multiply it by 16-bit weights (``int32(byte_of(x, t)) *
+int32(w16)``), which codegen/int8dot.py emits so that a broadcast byte becomes one lane of a widened vector:
+Arm's multiply-accumulate long by element (smlal v.4s, v.4h, v.h[t]), four products per instruction.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from tether.tir.expr import Call, Expr, convert
 
 DOT4_KINDS = ("u8s8", "s8s8", "u8u8")
 _PREFIX = "dot4_"
+_BYTE_PREFIX = "byte_of_"
 
 
 def dot4(a: Any, b: Any, kind: str = "u8s8") -> Expr:
@@ -35,4 +41,23 @@ def dot4_kind(e: Expr) -> str | None:
     """The kind of a dot4 node ("u8s8", ...), None for any other expression."""
     if isinstance(e, Call) and e.name.startswith(_PREFIX) and e.name[len(_PREFIX):] in DOT4_KINDS:
         return e.name[len(_PREFIX):]
+    return None
+
+
+def byte_of(word: Any, index: Any, signed: bool) -> Expr:
+    """Byte ``index`` (0..3, little-endian; an int32 expression, e.g. an unrolled reduction axis) of the int32
+    ``word`` as an int32: -128..127 if ``signed``, else 0..255. An index outside 0..3 is undefined."""
+    if isinstance(index, int) and index not in (0, 1, 2, 3):
+        raise ValueError("byte_of index must be 0, 1, 2 or 3, not %r" % (index,))
+    word, index = convert(word, "int32"), convert(index, "int32")
+    for name, x in (("word", word), ("index", index)):
+        if x.dtype != "int32":
+            raise TypeError("byte_of %s must be an int32, got %s (%s)" % (name, x.dtype, x))
+    return Call(_BYTE_PREFIX + ("s8" if signed else "u8"), [word, index], "int32")
+
+
+def byte_of_parts(e: Expr) -> bool | None:
+    """Whether a byte_of node reads its byte signed; None for any other expression."""
+    if isinstance(e, Call) and e.name in (_BYTE_PREFIX + "s8", _BYTE_PREFIX + "u8"):
+        return e.name.endswith("s8")
     return None
