@@ -167,22 +167,30 @@ def arm_device(request, emulated_devices):
 
 @pytest.mark.emulated
 def test_channels_last_on_emulated_arm(arm_device, quantized, tmp_path):
-    """The channels-last kernels built for rasp5 (sdot, the activations flipped to int8), rasp4b (the widened form,
-    smlal by element) and armv7 give the host build's outputs bit for bit, on the emulated devices."""
-    path = quantized("qoperator", "uint8")
-    xs = _inputs(2)
-    want = _run_host(path, tmp_path / "host", xs)
-    graph, params = from_onnx(onnx.load(path))
-    factory = tether.build_graph(graph, params, target=arm_device.preset)
-    assert "qdepthwise2d_nhwc" in {b.op for n in factory.graph.nodes for b in n.body()}
-    if arm_device.preset == "rasp5":
-        assert "sdot" in factory.lib.get_source("asm")
-    if arm_device.preset == "rasp4b":
-        assert ".h[3]" in factory.lib.get_source("asm") and "saddlp" not in factory.lib.get_source("asm")
-    factory.export(str(tmp_path / "arm"))
-    for got, w in zip(run_on_device(arm_device, tmp_path / "arm", xs, 2), want):
-        for k in range(2):
-            np.testing.assert_array_equal(got[k], w[k])
+    """The channels-last kernels built for rasp5 (sdot, the activations flipped to int8), rasp4b (the widened form:
+    convs by smlal by element, depthwise convs on int16 planes) and armv7 give the host build's outputs bit for
+    bit, on the emulated devices."""
+    # rasp4b also with int8 activations: its widened kernels flip them to uint8 (convs) and widen them signed
+    # (depthwise)
+    for activations in ("uint8", "int8") if arm_device.preset == "rasp4b" else ("uint8",):
+        path = quantized("qoperator", activations)
+        xs = _inputs(2)
+        want = _run_host(path, tmp_path / ("host" + activations), xs)
+        graph, params = from_onnx(onnx.load(path))
+        factory = tether.build_graph(graph, params, target=arm_device.preset)
+        assert "qdepthwise2d_nhwc" in {b.op for n in factory.graph.nodes for b in n.body()}
+        asm = factory.lib.get_source("asm")
+        if arm_device.preset == "rasp5":
+            assert "sdot" in asm
+        if arm_device.preset == "rasp4b":
+            assert ".h[3]" in asm and "saddlp" not in asm
+            dw_weights = [factory.params[b.inputs[1]] for n in factory.graph.nodes for b in n.body()
+                          if b.op == "qdepthwise2d_nhwc"]
+            assert dw_weights and all(w.dtype == np.int16 for w in dw_weights)
+        factory.export(str(tmp_path / ("arm" + activations)))
+        for got, w in zip(run_on_device(arm_device, tmp_path / ("arm" + activations), xs, 2), want):
+            for k in range(2):
+                np.testing.assert_array_equal(got[k], w[k], err_msg=activations)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])

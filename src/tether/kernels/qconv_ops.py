@@ -112,9 +112,23 @@ def _choice(x_dtype: str, native: Tuple[str, ...]) -> Tuple[str, bool]:
     return plain, False
 
 
+_CONVS = ("qconv2d", "qdepthwise2d_nhwc")
+
+
+def _widen_depthwise(params: Dict[str, np.ndarray], graph: Graph, wname: str) -> None:
+    """A channels-last depthwise conv's float32 weights (integers) as int16, for its widened form
+    (ops/qdepthwise_nhwc.py), where they fit."""
+    w = params[wname]
+    if w.dtype != np.float32 or not np.all(np.abs(w) <= 32767) or not np.array_equal(w, np.rint(w)):
+        return
+    params[wname] = w.astype(np.int16)
+    graph.types[wname] = TensorType(w.shape, "int16")
+
+
 def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Graph, Dict[str, np.ndarray]]:
     """Every qconv2d set to the target's dot-product instruction (its kind, and flip with the bias corrected),
-    in copies of the nodes and of the params that change."""
+    in copies of the nodes and of the params that change. Where the target multiplies widened operands
+    (target.int8_widened), the pixel-form convs' and the channels-last depthwise convs' weights become int16."""
     native = int8_dot_native(target)
     if not native and "asimddp" in int8_load_time_features(target):
         # android-arm64: s8s8/u8u8 dot4 kernels are built twice and the device's hwcaps pick one at load time
@@ -122,12 +136,16 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
     widened = int8_widened(target)
     if widened:     # the widened form reads unsigned bytes best (ops/qconv.py): int8 activations are flipped
         native = ("u8s8",)
-    if not native or not any(b.op == "qconv2d" for n in graph.nodes for b in n.body()):
+    if not native or not any(b.op in _CONVS for n in graph.nodes for b in n.body()):
         return graph, params
     params = dict(params)
     out = graph.copy()
 
     def update(b: Node) -> Node:
+        if b.op == "qdepthwise2d_nhwc":
+            if widened:
+                _widen_depthwise(params, out, b.inputs[1])
+            return b
         if b.op != "qconv2d" or b.attrs.get("flip"):
             return b
         if widened:

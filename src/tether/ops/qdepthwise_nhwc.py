@@ -12,11 +12,17 @@ channel block of the image as float ``x - zx`` with the padding (zeros), ``(H + 
 block of output columns is accumulated in registers over the unrolled taps (the taps' weights, one vector each,
 stay in registers across the row). When a channel block's plane would not stay in cache (the 112x112 layers),
 the stage is written per output row instead: the few input rows that row reads.
+
+Widened (int16 weights, Arm cores without a dot product: kernels/qconv_ops.for_target): the stage holds ``x - zx``
+as int16 and the taps multiply-add into int32 (smlal on 8 channels per vector: one load and two multiply-adds per
+tap where float32 took two of each), converted to float32 with the bias at the write-back, so the output is the same
+float32 either way.
 """
 from __future__ import annotations
 
 from tether import te
 from tether.codegen.function import STACK_BYTES
+from tether.tir.dtype import bits
 
 from . import common as c
 from . import schedules
@@ -39,18 +45,30 @@ def qdepthwise2d_nhwc(x, w, bias, stride, padding, x_zero: int, name: str = "qde
     ch, h, wd, kh, kw, sh, sw, p4, oh, ow = window_geometry((n, ch, h, wd), (wc, kh, kw), stride, padding, name)
     top, left, bottom, right = p4
     floating = str(x.dtype) in ("float32", "float16")
-    zero = c.const(0.0, str(x.dtype) if floating else "float32")
-    zx = c.const(float(x_zero), "float32")
+    widened = str(w.dtype) == "int16"
+    plane_dtype = str(x.dtype) if floating else ("int16" if widened else "float32")
+    zero = c.const(0, plane_dtype)
+    zx = c.const(x_zero, plane_dtype)
 
     def plane(yy, xx, q):
         y, xc = yy - top, xx - left
-        v = x[0, c.clamp_index(y, h), c.clamp_index(xc, wd), q]
-        v = v if floating else v.astype("float32") - zx
+        # widened: unclamped, the load sits under the padding test, which is one branch per pixel (the codegen
+        # guards a load it cannot prove in bounds), where the clamps cost a compare and select per coordinate
+        v = x[0, y, xc, q] if widened else x[0, c.clamp_index(y, h), c.clamp_index(xc, wd), q]
+        v = v if floating else v.astype(plane_dtype) - zx
         return te.if_then_else(c.all_of([y >= 0, y < h, xc >= 0, xc < wd]), v, zero) if any(p4) else v
 
-    xf = c.compute((h + top + bottom, wd + left + right, ch), plane, f"{name}_planes", c.PAD)
+    # widened: the plane is written in vectors of 8 int16 (one load of 8 bytes, one widening subtract, one store)
+    xf = c.compute((h + top + bottom, wd + left + right, ch), plane, f"{name}_planes", c.PAD,
+                   attrs={"vector_block": 8} if widened and ch % 8 == 0 else None)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
+    if widened:
+        conv = c.compute((1, oh, ow, ch), lambda b, y, xx, q: te.sum(
+            xf[y * sh + ry, xx * sw + rx, q].astype("int32") * w[ry, rx, q].astype("int32"), axis=[ry, rx]),
+            f"{name}_conv", QDEPTHWISE_NHWC)
+        return c.compute((1, oh, ow, ch), lambda b, y, xx, q: conv[b, y, xx, q].astype("float32") + bias[q], name,
+                         c.BROADCAST)
     conv = c.compute((1, oh, ow, ch),
                      lambda b, y, xx, q: te.sum(xf[y * sh + ry, xx * sw + rx, q] * w[ry, rx, q], axis=[ry, rx]),
                      f"{name}_conv", QDEPTHWISE_NHWC)
@@ -84,7 +102,10 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     block, out = accumulator_and_output(s, t, ctx)
     so = s[out]
     b, y, x, q = out.op.axis
-    qo, qi = so.split(q, factor=channel_vector(fam, int(out.shape[3])))
+    (src,) = [i for i in block.op.input_tensors if c.tag_of(i.op) == c.PAD]
+    # int16 planes (the widened form): a vector of 8 channels, one q register of the plane per tap
+    lanes = 2 * fam.lanes if str(src.dtype) == "int16" else fam.lanes
+    qo, qi = so.split(q, factor=channel_vector(fam, int(out.shape[3]), lanes))
     # the parallel loop runs over groups of output rows, each task taking every channel vector of its rows: split
     # by channel vectors, the threads wrote interleaved 64-byte pieces of the same pixels, and a depthwise conv
     # ran no faster on two threads than on one (96 channels @32x32: 43 -> 49 us; by rows 32 us; MobileNetV2
@@ -97,20 +118,19 @@ def schedule_qdepthwise_nhwc(s, t, fam, ctx) -> None:
     if numel(out) >= fam.parallel_min:
         so.parallel(rows)
     so.vectorize(qi)
-    (src,) = [i for i in block.op.input_tensors if c.tag_of(i.op) == c.PAD]
     hp, wp = (int(d) for d in src.shape[:2])
     sb = s[block]
     # a task's share of the plane (its row group's rows) stays whole up to PLANE_BYTES, and on the task's stack;
     # a float plane (no conversion to share) is always written per output row: whole, it ran 1.4-2x slower at every
     # map size from 4x4 to 64x64 (AVX-512, 3x3 over 16..576 channels, stride 1 and 2)
     floating = str(src.op.input_tensors[0].dtype) in ("float32", "float16")
-    whole = hp * wp * fam.lanes * 4 <= min(PLANE_BYTES, STACK_BYTES) * groups and not floating
+    whole = hp * wp * lanes * bits(str(src.dtype)) // 8 <= min(PLANE_BYTES, STACK_BYTES) * groups and not floating
     sb.compute_at(so, qo if whole else yi)
     bb, by, bx, bq = block.op.axis
     ow = int(block.shape[2])
     # the accumulators and the taps' weight vectors share the registers: half the family's accumulator budget
     # (AVX-512, aarch64: 8 columns; AVX2: 6; armv7: 4, with 9 weight vectors in its 16 q registers)
-    widest = max(1, min(COLUMNS, fam.acc_regs // 2))
+    widest = max(1, min(COLUMNS, fam.acc_regs // 2 // (lanes // fam.lanes)))
     cols = next((k for k in range(widest, 0, -1) if ow % k == 0), 1)
     bxo, bxi = sb.split(bx, factor=cols)
     rd = list(block.op.reduce_axis)
