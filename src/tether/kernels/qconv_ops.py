@@ -153,7 +153,7 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
             if params[wname].ndim != 3:     # the pointwise matmul form keeps dot4
                 return b
             if params[wname].dtype == np.int32:    # the pixel form's packed words, widened once
-                params[wname] = qops.widen_weights(params[wname])
+                params[wname] = qops.widen_weights(params[wname], b.attrs["out_channels"])
                 out.types[wname] = TensorType(params[wname].shape, "int16")
         x_dtype = str(graph.types[b.inputs[0]].dtype)
         kind, flip = _choice(x_dtype, native)

@@ -39,6 +39,7 @@ from . import common as c
 from .conv import output_geometry
 
 PANEL = 16
+NARROW_PANEL = 8    # the widened form's panel for up to 8 output channels (widen_weights)
 # the matmul form computes its pixels in multiples of this (the widest vector, AVX-512's 16 int32 lanes): a partial
 # vector of pixels would run as scalar code
 POINTWISE_PIXEL_MULTIPLE = 16
@@ -83,11 +84,15 @@ def pack_weights(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
     return np.ascontiguousarray(words.transpose(0, 2, 1))
 
 
-def widen_weights(wp: np.ndarray) -> np.ndarray:
-    """numpy: pack_weights' (P, K4, panel) int32 words -> the widened form's (P, K4 * 4, panel) int16."""
+def widen_weights(wp: np.ndarray, out_channels: int) -> np.ndarray:
+    """numpy: pack_weights' (P, K4, panel) int32 words -> the widened form's (P, K4 * 4, panel) int16. Up to 8
+    output channels take one 8-wide panel: a stem conv into 8 channels multiplied half a 16-wide panel of zeros."""
     p, k4, pw = wp.shape
     b = np.ascontiguousarray(wp).view(np.int8).reshape(p, k4, pw, 4)
-    return np.ascontiguousarray(b.transpose(0, 1, 3, 2).reshape(p, k4 * 4, pw).astype(np.int16))
+    wide = b.transpose(0, 1, 3, 2).reshape(p, k4 * 4, pw).astype(np.int16)
+    if p == 1 and out_channels <= NARROW_PANEL < pw:
+        wide = wide[:, :, :NARROW_PANEL]
+    return np.ascontiguousarray(wide)
 
 
 def pack_rows(w: np.ndarray) -> np.ndarray:
@@ -170,7 +175,9 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
     rx = te.reduce_axis((0, kw), name="rx")
     rc = te.reduce_axis((0, c4), name="rc")
 
-    rt = te.reduce_axis((0, 4), name="rt")
+    # the bytes of a word that hold channels: all four, but the first ch of one word (a stem's 3 channels: the
+    # fourth byte would multiply the padding's zero weights)
+    rt = te.reduce_axis((0, min(4, ch)), name="rt")
 
     def f(p, o):
         y, xx = p // ow, p % ow
