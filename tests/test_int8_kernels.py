@@ -32,6 +32,8 @@ CASES = {
     "3x3_s2_asym_pads": (16, 16, 10, 11, 3, {"pads": [0, 1, 1, 0], "strides": [2, 2]}, "uint8", False, "int8",
                          "qconv2d"),
     "3x3_int8_acts": (5, 9, 6, 6, 3, {"pads": [1, 1, 1, 1]}, "int8", True, "int8", "qconv2d"),
+    # a stem: 3 input channels (one word, three of its bytes), 8 output channels (the widened form's 8-wide panel)
+    "stem_3_to_8": (3, 8, 11, 10, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "uint8", True, "int8", "qconv2d"),
     "5x5_dilated": (6, 20, 12, 12, 5, {"pads": [2, 2, 2, 2], "dilations": [2, 1]}, "uint8", True, "int8", "qconv2d"),
     "uint8_weights": (9, 18, 6, 6, 3, {"pads": [1, 1, 1, 1]}, "uint8", False, "uint8", "qconv2d"),
     "depthwise_s1": (19, 19, 9, 9, 3, {"pads": [1, 1, 1, 1], "group": 19}, "uint8", True, "int8", "qdepthwise2d"),
@@ -162,7 +164,7 @@ def test_emulated_arm_int8_convs(arm_device, tmp_path):
     onnxruntime's output bit for bit."""
     host, port = arm_device.address
     with rpc.connect(host, port, timeout=300) as sess:
-        for case in ("pointwise_matmul_form", "3x3_s2_asym_pads", "3x3_int8_acts", "depthwise_s2"):
+        for case in ("pointwise_matmul_form", "3x3_s2_asym_pads", "3x3_int8_acts", "stem_3_to_8", "depthwise_s2"):
             model, x = _qlinearconv(*CASES[case][:-1])
             graph, params = from_onnx(model)
             factory = tether.build_graph(graph, params, target=arm_device.preset)
@@ -171,6 +173,10 @@ def test_emulated_arm_int8_convs(arm_device, tmp_path):
                 assert "sdot" in asm, case
             if arm_device.preset == "rasp4b" and CASES[case][-1] == "qconv2d" and "matmul" not in case:
                 assert re.search(r"\bsmlal2?\s+v\d+\.4s, v\d+\.[48]h", asm) and "saddlp" not in asm, case
+                if case == "stem_3_to_8":
+                    weights = [factory.params[b.inputs[1]] for n in factory.graph.nodes for b in n.body()
+                               if b.op == "qconv2d"]
+                    assert [w.shape for w in weights] == [(1, 36, 8)], case   # 9 taps x 4 bytes, 8 wide
             folder = tmp_path / case
             factory.export(str(folder))
             want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
