@@ -16,7 +16,7 @@ sys.path.insert(0, str(SCRIPTS))
 import _alone  # noqa: E402
 from _alone import Worker, WorkerError, compare_alone, finished, settled  # noqa: E402
 
-ROW_KEYS = {"model", "compile_s", "kernels", "max_abs_err", "rounds"} | {
+ROW_KEYS = {"model", "compile_s", "kernels", "max_abs_err", "rounds", "tether_speedup_2t", "ort_speedup_2t"} | {
     "%s_%dt" % (k, t) for k in ("tether_ms", "ort_ms", "ratio", "spread", "stable") for t in (1, 2)}
 
 
@@ -64,6 +64,9 @@ def test_each_runtime_alone_agrees_and_is_compared_at_both_thread_counts(conv_re
         got, ref = tw.outputs(), ow.outputs()
         report = compare_alone({"tether": tw, "onnxruntime": ow}, "onnxruntime", number=3, min_rounds=2,
                                max_rounds=3)
+        nodes = {t: tw.profile(t, 3) for t in (1, 2)}
+        with pytest.raises(WorkerError, match=r"^onnxruntime worker \(pid \d+\): profile failed: .*no per-node"):
+            ow.profile(1)
     assert len(got) == len(ref) == 1
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
     assert sorted(report) == [1, 2]
@@ -71,8 +74,13 @@ def test_each_runtime_alone_agrees_and_is_compared_at_both_thread_counts(conv_re
         assert set(rep["ms"]) == {"tether", "onnxruntime"} and all(ms > 0 for ms in rep["ms"].values())
         assert set(rep["ratio"]) == set(rep["spread"]) == {"tether"}
         assert rep["ratio"]["tether"] > 0 and rep["spread"]["tether"] >= 0
+        assert set(rep["speedup"]) == {"tether", "onnxruntime"} and all(s > 0 for s in rep["speedup"].values())
         assert 2 <= rep["rounds"] <= 3
         assert isinstance(rep["stable"], bool)
+    assert report[1]["speedup"] == {"tether": 1.0, "onnxruntime": 1.0}
+    for prof in nodes.values():
+        assert prof and all(set(n) >= {"name", "func", "ops", "seconds"} for n in prof)
+        assert sum(n["seconds"] for n in prof) > 0
     assert all(gone(p) for p in pids), "a worker outlived its with block"
 
 
