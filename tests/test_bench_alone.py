@@ -1,6 +1,6 @@
 """scripts/_alone.py: each runtime in a worker process of its own (real processes: tether's device runtime and
 onnxruntime on a small conv + relu), the errors of a worker that cannot load, dies or hangs, the rule that stops
-the rounds (on given samples, no processes), and scripts/bench_models.py on it end to end."""
+the rounds (on given samples, no processes), and scripts/bench_models.py and bench_threads.py on it end to end."""
 import os
 import pathlib
 import re
@@ -148,3 +148,20 @@ def test_bench_models_times_each_runtime_alone(tmp_path: pathlib.Path):
     assert all(row[k] > 0 for k in ROW_KEYS if k.startswith(("tether_ms", "ort_ms", "ratio")))
     assert row["max_abs_err"] < 1e-4
     assert re.search(r"^digits .*\*.* 2$", proc.stdout, re.M) and _alone.UNSTABLE_NOTE in proc.stdout
+
+
+def test_bench_threads_gives_each_runtimes_speedup_alone(tmp_path: pathlib.Path):
+    proc, rows = run_bench_script("bench_threads", tmp_path, "--models", "digits", "--min-rounds", "2",
+                                  "--max-rounds", "2", "--profile", "2", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("load average at start: ") and lines[-1].startswith("load average at end: ")
+    assert lines[1].split() == ["model", "compile", "kern", "tether", "1t", "ort", "1t", "ratio", "tether", "2t",
+                                "ort", "2t", "ratio", "max", "err", "rounds", "tth", "1/2", "ort", "1/2"]
+    assert re.match(r"digits .*\*.* 2 +\d+\.\d\dx +\d+\.\d\dx$", lines[2]), lines[2]
+    assert lines[3].startswith("  kernels alone: sum ") and all(ln.startswith("    deploy_") for ln in lines[4:6])
+    assert lines[6].startswith("geometric mean ratio at 1 thread(s)") and _alone.UNSTABLE_NOTE in lines
+    (row,) = rows
+    assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
+    assert row["rounds"] == 2 and row["max_abs_err"] < 1e-4
+    assert row["profile"] and all(p["seconds_1t"] > 0 and p["seconds_2t"] > 0 for p in row["profile"])
