@@ -51,12 +51,10 @@ def bench(name: str, size: str, folder: str, target: str, compare: dict, profile
         nodes = sorted(tw.profile(1), key=lambda r: -r["seconds"])[:profile]
         return [{"func": r["func"], "ops": r["ops"], "ms": r["seconds"] * 1e3} for r in nodes]
 
-    got, ref, figures, profiled = time_alone(os.path.join(folder, name), factory, model, feeds, compare,
-                                             slowest if profile else None)
+    got, ref, figures = time_alone(os.path.join(folder, name), factory, model, feeds, compare,
+                                   slowest if profile else None)
     row["max_rel_err"] = max(relative_error(g, r) for g, r in zip(got, ref))
     row.update(figures)
-    if profile:
-        row["profile"] = profiled
     return row
 
 

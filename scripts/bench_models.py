@@ -79,8 +79,8 @@ ORT_COLUMNS = {"tether": "tether", "onnxruntime": "ort"}
 def time_alone(stem: str, factory, model, feeds: Mapping[str, np.ndarray], compare: dict,
                profile: Optional[Callable[[Worker], Any]] = None) -> tuple:
     """The build ``factory`` and the onnx ``model`` on ``feeds``, each in a worker process of its own (their files
-    at ``stem`` + "_tether", ".onnx" and "_inputs.npz"): (tether's outputs, onnxruntime's, the row's figures
-    from ``compare_alone``, ``profile(tether's worker)`` or None, taken after the timing)."""
+    at ``stem`` + "_tether", ".onnx" and "_inputs.npz"): (tether's outputs, onnxruntime's, the row's figures from
+    ``compare_alone``, with ``profile(tether's worker)`` as "profile" when given, taken after the rounds)."""
     import onnx
 
     build, path = stem + "_tether", stem + ".onnx"
@@ -89,23 +89,22 @@ def time_alone(stem: str, factory, model, feeds: Mapping[str, np.ndarray], compa
     inputs = write_arrays(stem + "_inputs.npz", feeds)
     with Worker("tether", build, inputs) as tw, Worker("onnxruntime", path, inputs) as ow:
         got, ref = tw.outputs(), ow.outputs()
-        report = compare_alone({"tether": tw, "onnxruntime": ow}, "onnxruntime", **compare)
-        profiled = profile(tw) if profile else None
-    return got, ref, row_figures(report, ORT_COLUMNS), profiled
+        figures = row_figures(compare_alone({"tether": tw, "onnxruntime": ow}, "onnxruntime", **compare), ORT_COLUMNS)
+        if profile:
+            figures["profile"] = profile(tw)
+    return got, ref, figures
 
 
 def bench(name: str, folder: str, target: str, compare: dict,
           profile: Optional[Callable[[Worker], Any]] = None) -> dict:
     """One model's row: compile time and kernels here, the max abs error and the figures of :func:`time_alone`
-    (and ``profile`` of it, when given)."""
+    (with its "profile" when ``profile`` is given)."""
     model, graph, factory, compile_s = build_model(name, target)
     row = {"model": name, "compile_s": compile_s, "kernels": factory.kernel_count}
-    got, ref, figures, profiled = time_alone(os.path.join(folder, name), factory, model, dict([model_input(graph)]),
-                                             compare, profile)
+    got, ref, figures = time_alone(os.path.join(folder, name), factory, model, dict([model_input(graph)]), compare,
+                                   profile)
     row["max_abs_err"] = max(float(np.abs(g - r).max()) for g, r in zip(got, ref))
     row.update(figures)
-    if profile:
-        row["profile"] = profiled
     return row
 
 
