@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from _rows import add_json_option
 from _timing import per_call_samples, settle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -184,6 +185,12 @@ class Worker:
         a warm-up call; without ``number``, as many calls as last about 50 ms (the same count on every call)."""
         return float(self.request("sample", threads=int(threads), number=int(number or 0))["seconds"])
 
+    def profile(self, threads: int, number: Optional[int] = None, repeat: int = 1) -> List[Dict[str, Any]]:
+        """tether's per-node profile at ``threads`` threads (its graph executor's ``profile``: one record per node,
+        ``seconds`` the median of ``repeat`` means over ``number`` calls of that node alone); without ``number``,
+        as many as :meth:`sample` makes of the whole model. Only a tether worker has one."""
+        return self.request("profile", threads=int(threads), number=int(number or 0), repeat=int(repeat))["nodes"]
+
     def close(self) -> None:
         """Ask the worker to quit; SIGTERM, then SIGKILL (by its PID) where it does not; reap it; remove its
         folder. Safe to call twice."""
@@ -216,8 +223,9 @@ def compare_alone(workers: Mapping[str, Worker], base: str, threads: Sequence[in
     """Sample every worker at every thread count in rounds until :func:`finished` (the module's stopping rule).
 
     Per thread count: ``ms`` (runtime -> median ms per call), ``ratio`` and ``spread`` (runtime -> the median and
-    the interquartile range of its per-round ratios to ``base``, the base left out), ``rounds`` and ``stable``
-    (every ratio at this thread count settled)."""
+    the interquartile range of its per-round ratios to ``base``, the base left out), ``speedup`` (runtime -> the
+    median of its per-round speed-ups from the first thread count to this one), ``rounds`` and ``stable`` (every
+    ratio at this thread count settled; the speed-ups have no say in when the rounds stop)."""
     if base not in workers:
         raise ValueError("the base %r is not among the workers (%s)" % (base, ", ".join(workers)))
     if not 1 <= min_rounds <= max_rounds:
@@ -234,6 +242,7 @@ def compare_alone(workers: Mapping[str, Worker], base: str, threads: Sequence[in
             "ms": {n: statistics.median(r[t][n] for r in rounds) * 1e3 for n in names},
             "ratio": {n: statistics.median(s) for n, s in series.items()},
             "spread": {n: float(np.subtract(*np.percentile(s, [75, 25]))) for n, s in series.items()},
+            "speedup": {n: statistics.median(r[threads[0]][n] / r[t][n] for r in rounds) for n in names},
             "rounds": len(rounds),
             "stable": settled(rounds, base, tolerance, threads=[t]),
         }
@@ -262,16 +271,27 @@ def compare_args(args: argparse.Namespace) -> Dict[str, Any]:
             "tolerance": args.tolerance}
 
 
-def comparison_options(description: str, models: Sequence[str]) -> tuple:
-    """(arguments, compare_alone's keywords) of a comparison script: ``--models`` (from ``models``), the round
-    options, ``--target`` and ``--json``; a bad value exits with one line before anything is compiled."""
+def comparison_parser(description: str, models: Sequence[str], option: str = "--models") -> argparse.ArgumentParser:
+    """The options every comparison script has: ``option`` (comma-separated, from ``models``, all by default), the
+    round options, ``--target`` and ``--json``; a script adds its own, then calls :func:`parse_comparison`."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--models", default=",".join(models), help="comma-separated, from: " + ", ".join(models))
+    ap.add_argument(option, default=",".join(models), help="comma-separated, from: " + ", ".join(models))
     add_round_options(ap)
     ap.add_argument("--target", default="host")
-    ap.add_argument("--json", help="also write the rows as JSON here")
+    add_json_option(ap)
+    return ap
+
+
+def parse_comparison(ap: argparse.ArgumentParser) -> tuple:
+    """(arguments, compare_alone's keywords) from a :func:`comparison_parser`; a bad value exits with one line
+    before anything is compiled."""
     args = ap.parse_args()
     return args, compare_args(args)
+
+
+def comparison_options(description: str, models: Sequence[str]) -> tuple:
+    """:func:`parse_comparison` of a :func:`comparison_parser` the script adds nothing to."""
+    return parse_comparison(comparison_parser(description, models))
 
 
 def table_line(width: int, cells: Sequence[Any]) -> str:
@@ -280,8 +300,8 @@ def table_line(width: int, cells: Sequence[Any]) -> str:
     return ("%-*s %8s %5s %10s %10s %7s %10s %10s %7s %9s %6s" % ((width,) + tuple(cells)))
 
 
-def table_header(width: int, reference: str) -> str:
-    return table_line(width, ("model", "compile", "kern", "tether 1t", reference + " 1t", "ratio", "tether 2t",
+def table_header(width: int, reference: str, first: str = "model") -> str:
+    return table_line(width, (first, "compile", "kern", "tether 1t", reference + " 1t", "ratio", "tether 2t",
                               reference + " 2t", "ratio", "max err", "rounds"))
 
 
@@ -296,11 +316,14 @@ def table_row(width: int, name: str, row: Mapping[str, Any], reference: str, err
 def row_figures(report: Mapping[int, Mapping[str, Any]], columns: Mapping[str, str]) -> Dict[str, Any]:
     """A benchmark row's figures from a two-runtime :func:`compare_alone` report: ``<column>_ms_<N>t`` for each
     worker (``columns``: worker name -> column prefix), ``ratio_<N>t``, ``spread_<N>t``, ``stable_<N>t`` and
-    ``rounds``."""
+    ``rounds``; past the first thread count also ``<column>_speedup_<N>t``."""
     row: Dict[str, Any] = {}
+    first = next(iter(report))
     for t, rep in report.items():
         for name, prefix in columns.items():
             row["%s_ms_%dt" % (prefix, t)] = rep["ms"][name]
+            if t != first:
+                row["%s_speedup_%dt" % (prefix, t)] = rep["speedup"][name]
         (name,) = rep["ratio"]
         row["ratio_%dt" % t] = rep["ratio"][name]
         row["spread_%dt" % t] = rep["spread"][name]
@@ -341,6 +364,10 @@ class _Tether:
 
     def outputs(self) -> List[np.ndarray]:
         return [self.gm.get_output(k) for k in range(self.gm.get_num_outputs())]
+
+    def profile(self, threads: int, number: int, repeat: int) -> List[Dict[str, Any]]:
+        self.call(threads)
+        return self.gm.profile(number=number, repeat=repeat)["nodes"]
 
 
 class _LiteRT:
@@ -407,6 +434,12 @@ def _serve(kind: str, model: str, inputs_path: str, folder: str, reply: Callable
         return
     reply({"ready": kind})
     numbers: Dict[int, int] = {}     # threads -> the automatic number of calls, fixed on first use
+
+    def calls(threads: int, call: Callable[[], object]) -> int:
+        if threads not in numbers:
+            numbers[threads] = max(1, int(SAMPLE_S / max(per_call_samples(call, 1, 1)[0], 1e-6)))
+        return numbers[threads]
+
     for line in sys.stdin:           # the parent gone, stdin ends and so does the worker
         req = json.loads(line)
         cmd = req.get("cmd")
@@ -423,11 +456,16 @@ def _serve(kind: str, model: str, inputs_path: str, folder: str, reply: Callable
                 threads, number = int(req["threads"]), int(req.get("number") or 0)
                 call = runner.call(threads)
                 settle(call)             # whatever ran before has gone idle; this pool's wake-up is untimed
-                if not number:
-                    if threads not in numbers:
-                        numbers[threads] = max(1, int(SAMPLE_S / max(per_call_samples(call, 1, 1)[0], 1e-6)))
-                    number = numbers[threads]
+                number = number or calls(threads, call)
                 reply({"seconds": per_call_samples(call, number, 1)[0], "number": number})
+            elif cmd == "profile":
+                if not hasattr(runner, "profile"):
+                    raise ValueError("%s has no per-node profile" % kind)
+                threads, number = int(req["threads"]), int(req.get("number") or 0)
+                call = runner.call(threads)
+                settle(call)
+                nodes = runner.profile(threads, number or calls(threads, call), int(req.get("repeat") or 1))
+                reply({"nodes": nodes})
             else:
                 reply({"error": "unknown command %r" % (cmd,)})
         except Exception as exc:

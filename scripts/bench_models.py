@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any, Callable, List, Mapping, Optional
 
 import numpy as np
 
@@ -72,51 +73,71 @@ def model_input(graph) -> tuple:
     return in_name, np.random.default_rng(0).uniform(0, 1, graph.types[in_name].shape).astype(np.float32)
 
 
-def compile_model(name: str, target: str):
-    """(onnx model, factory, loaded graph executor with its input set, input name, input, compile seconds): the
-    model in this process, for the scripts that time it beside onnxruntime themselves."""
-    from tether import graph_executor
-
-    model, graph, factory, compile_s = build_model(name, target)
-    gm = graph_executor.from_factory(factory)
-    in_name, x = model_input(graph)
-    gm.set_input(in_name, x)
-    return model, factory, gm, in_name, x, compile_s
+ORT_COLUMNS = {"tether": "tether", "onnxruntime": "ort"}
 
 
-def bench(name: str, folder: str, target: str, compare: dict) -> dict:
+def time_alone(stem: str, factory, model, feeds: Mapping[str, np.ndarray], compare: dict,
+               profile: Optional[Callable[[Worker], Any]] = None) -> tuple:
+    """The build ``factory`` and the onnx ``model`` on ``feeds``, each in a worker process of its own (their files
+    at ``stem`` + "_tether", ".onnx" and "_inputs.npz"): (tether's outputs, onnxruntime's, the row's figures from
+    ``compare_alone``, with ``profile(tether's worker)`` as "profile" when given, taken after the rounds)."""
     import onnx
 
-    model, graph, factory, compile_s = build_model(name, target)
-    row = {"model": name, "compile_s": compile_s, "kernels": factory.kernel_count}
-    build, path = os.path.join(folder, name + "_tether"), os.path.join(folder, name + ".onnx")
+    build, path = stem + "_tether", stem + ".onnx"
     factory.export(build)
     onnx.save(model, path)
-    inputs = write_arrays(os.path.join(folder, name + "_inputs.npz"), dict([model_input(graph)]))
+    inputs = write_arrays(stem + "_inputs.npz", feeds)
     with Worker("tether", build, inputs) as tw, Worker("onnxruntime", path, inputs) as ow:
-        row["max_abs_err"] = float(np.abs(tw.outputs()[0] - ow.outputs()[0]).max())
-        report = compare_alone({"tether": tw, "onnxruntime": ow}, "onnxruntime", **compare)
-    row.update(row_figures(report, {"tether": "tether", "onnxruntime": "ort"}))
+        got, ref = tw.outputs(), ow.outputs()
+        figures = row_figures(compare_alone({"tether": tw, "onnxruntime": ow}, "onnxruntime", **compare), ORT_COLUMNS)
+        if profile:
+            figures["profile"] = profile(tw)
+    return got, ref, figures
+
+
+def bench(name: str, folder: str, target: str, compare: dict,
+          profile: Optional[Callable[[Worker], Any]] = None) -> dict:
+    """One model's row: compile time and kernels here, the max abs error and the figures of :func:`time_alone`
+    (with its "profile" when ``profile`` is given)."""
+    model, graph, factory, compile_s = build_model(name, target)
+    row = {"model": name, "compile_s": compile_s, "kernels": factory.kernel_count}
+    got, ref, figures = time_alone(os.path.join(folder, name), factory, model, dict([model_input(graph)]), compare,
+                                   profile)
+    row["max_abs_err"] = max(float(np.abs(g - r).max()) for g, r in zip(got, ref))
+    row.update(figures)
     return row
 
 
-def main() -> None:
-    args, compare = comparison_options(__doc__.split("\n")[0], ALL)
+def run_table(models: str, header: str, measure: Callable[[str, str], dict],
+              show: Callable[[str, dict], None]) -> List[dict]:
+    """The table of a comparison with onnxruntime: ``header``, then for each of the comma-separated ``models`` its
+    row, ``measure(name, folder)`` (a temporary folder for its files), printed by ``show(name, row)``; then the
+    geometric-mean ratios and, when a ratio did not settle, the note on it. A worker that fails ends the script
+    with its one line."""
+    print(header)
     rows = []
-    print(table_header(13, "ort"))
     with tempfile.TemporaryDirectory() as folder:
-        for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        for name in [m.strip() for m in models.split(",") if m.strip()]:
             try:
-                r = bench(name, folder, args.target, compare)
+                row = measure(name, folder)
             except WorkerError as exc:
                 raise SystemExit(str(exc)) from None
-            rows.append(r)
-            print(table_row(13, name, r, "ort", "max_abs_err"))
+            rows.append(row)
+            show(name, row)
             sys.stdout.flush()
     print_ratio_means(rows)
     if any(not r["stable_%dt" % t] for r in rows for t in (1, 2)):
         print(UNSTABLE_NOTE)
+    return rows
+
+
+def main() -> None:
+    args, compare = comparison_options(__doc__.split("\n")[0], ALL)
+    rows = run_table(args.models, table_header(13, "ort"),
+                     lambda name, folder: bench(name, folder, args.target, compare),
+                     lambda name, row: print(table_row(13, name, row, "ort", "max_abs_err")))
     write_rows(args.json, rows)
+
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """scripts/_alone.py: each runtime in a worker process of its own (real processes: tether's device runtime and
 onnxruntime on a small conv + relu), the errors of a worker that cannot load, dies or hangs, the rule that stops
-the rounds (on given samples, no processes), and scripts/bench_models.py on it end to end."""
+the rounds (on given samples, no processes), and scripts/bench_models.py and bench_threads.py on it end to end."""
 import os
 import pathlib
 import re
@@ -16,7 +16,7 @@ sys.path.insert(0, str(SCRIPTS))
 import _alone  # noqa: E402
 from _alone import Worker, WorkerError, compare_alone, finished, settled  # noqa: E402
 
-ROW_KEYS = {"model", "compile_s", "kernels", "max_abs_err", "rounds"} | {
+ROW_KEYS = {"model", "compile_s", "kernels", "max_abs_err", "rounds", "tether_speedup_2t", "ort_speedup_2t"} | {
     "%s_%dt" % (k, t) for k in ("tether_ms", "ort_ms", "ratio", "spread", "stable") for t in (1, 2)}
 
 
@@ -64,6 +64,9 @@ def test_each_runtime_alone_agrees_and_is_compared_at_both_thread_counts(conv_re
         got, ref = tw.outputs(), ow.outputs()
         report = compare_alone({"tether": tw, "onnxruntime": ow}, "onnxruntime", number=3, min_rounds=2,
                                max_rounds=3)
+        nodes = {t: tw.profile(t, 3) for t in (1, 2)}
+        with pytest.raises(WorkerError, match=r"^onnxruntime worker \(pid \d+\): profile failed: .*no per-node"):
+            ow.profile(1)
     assert len(got) == len(ref) == 1
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
     assert sorted(report) == [1, 2]
@@ -71,8 +74,13 @@ def test_each_runtime_alone_agrees_and_is_compared_at_both_thread_counts(conv_re
         assert set(rep["ms"]) == {"tether", "onnxruntime"} and all(ms > 0 for ms in rep["ms"].values())
         assert set(rep["ratio"]) == set(rep["spread"]) == {"tether"}
         assert rep["ratio"]["tether"] > 0 and rep["spread"]["tether"] >= 0
+        assert set(rep["speedup"]) == {"tether", "onnxruntime"} and all(s > 0 for s in rep["speedup"].values())
         assert 2 <= rep["rounds"] <= 3
         assert isinstance(rep["stable"], bool)
+    assert report[1]["speedup"] == {"tether": 1.0, "onnxruntime": 1.0}
+    for prof in nodes.values():
+        assert prof and all(set(n) >= {"name", "func", "ops", "seconds"} for n in prof)
+        assert sum(n["seconds"] for n in prof) > 0
     assert all(gone(p) for p in pids), "a worker outlived its with block"
 
 
@@ -140,3 +148,20 @@ def test_bench_models_times_each_runtime_alone(tmp_path: pathlib.Path):
     assert all(row[k] > 0 for k in ROW_KEYS if k.startswith(("tether_ms", "ort_ms", "ratio")))
     assert row["max_abs_err"] < 1e-4
     assert re.search(r"^digits .*\*.* 2$", proc.stdout, re.M) and _alone.UNSTABLE_NOTE in proc.stdout
+
+
+def test_bench_threads_gives_each_runtimes_speedup_alone(tmp_path: pathlib.Path):
+    proc, rows = run_bench_script("bench_threads", tmp_path, "--models", "digits", "--min-rounds", "2",
+                                  "--max-rounds", "2", "--profile", "2", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("load average at start: ") and lines[-1].startswith("load average at end: ")
+    assert lines[1].split() == ["model", "compile", "kern", "tether", "1t", "ort", "1t", "ratio", "tether", "2t",
+                                "ort", "2t", "ratio", "max", "err", "rounds", "tth", "1/2", "ort", "1/2"]
+    assert re.match(r"digits .*\*.* 2 +\d+\.\d\dx +\d+\.\d\dx$", lines[2]), lines[2]
+    assert lines[3].startswith("  kernels alone: sum ") and all(ln.startswith("    deploy_") for ln in lines[4:6])
+    assert lines[6].startswith("geometric mean ratio at 1 thread(s)") and _alone.UNSTABLE_NOTE in lines
+    (row,) = rows
+    assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
+    assert row["rounds"] == 2 and row["max_abs_err"] < 1e-4
+    assert row["profile"] and all(p["seconds_1t"] > 0 and p["seconds_2t"] > 0 for p in row["profile"])
