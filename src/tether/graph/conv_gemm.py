@@ -101,6 +101,11 @@ def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -
             and in_channels <= min(DIRECT_PARTIAL_MAX_INPUT_CHANNELS, pixels * 5 // 4))
 
 
+# Arm: a conv into at most this many channels takes a panel this wide (two q registers of float32), where a 16-wide
+# one multiplied half its lanes by padding (a 3 -> 8 stem conv at 16x16 on the A72: see panel_width)
+ARM_SMALL_PANEL = 8
+
+
 def panel_width(target, out_channels: int, groups: int, dtype: str = "float32") -> int:
     """Output channels per weight panel of a conv2d_pixels kernel on `target` for weights of ``dtype`` (the
     schedule's register block is a few output pixels by one panel).
@@ -114,6 +119,8 @@ def panel_width(target, out_channels: int, groups: int, dtype: str = "float32") 
     16-wide ones plus 1/16 (48 -> 64 is a third more work; 1000 -> 1024 is not), nor for grouped convs (a panel
     must lie in one group). Elsewhere ops.linear.PANEL, as measured there."""
     narrow = ops.linear.PANEL
+    if target is not None and target.arch in ("aarch64", "armv7") and out_channels <= ARM_SMALL_PANEL:
+        return ARM_SMALL_PANEL
     wide = target is not None and ((target.arch == "x86_64" and target.vector_lanes(32) >= 16)
                                    or (dtype == "float16" and has_half_arithmetic(target)))
     if wide and groups == 1 and -(-out_channels // 32) * 32 * 16 <= -(-out_channels // narrow) * narrow * 17:

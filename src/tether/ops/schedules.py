@@ -529,7 +529,7 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
                             "lower it with that panel width (build_graph(tuning_log=) and tether tune do)"
                             % (t.op.name, nr, fam.conv_panel))
     oo, oi = so.split(o, factor=nr)
-    rows = pixel_block(fam, int(t.shape[0]))
+    rows = pixel_block(fam, int(t.shape[0]), nr)
     po, pi = so.split(p, factor=rows)
     # Which operand streams from memory: with pixel blocks outermost the whole weight tensor is read once per
     # block, with channel panels outermost the whole input once per panel. Deep layers (512 channels, 3x3: 9 MB of
@@ -933,11 +933,15 @@ PIXEL_BLOCK_GROW = 1
 PIXEL_BLOCK_GROW_MIN_BLOCKS = 32
 
 
-def pixel_block(fam: Family, pixels: int) -> int:
+def pixel_block(fam: Family, pixels: int, panel: int = 0) -> int:
     """Output pixels per conv2d_pixels register block for a conv of ``pixels`` output pixels: the family's block,
     or on x86 AVX-512, where that leaves a partial last block, a block near it that divides the pixels (up to
-    PIXEL_BLOCK_SHRINK smaller on small maps, PIXEL_BLOCK_GROW larger on large ones; the two comments above)."""
+    PIXEL_BLOCK_SHRINK smaller on small maps, PIXEL_BLOCK_GROW larger on large ones; the two comments above).
+    On Arm a ``panel`` narrower than ops.linear.PANEL takes as many more pixels as fit the same accumulators."""
     rows = fam.conv_pixels or fam.mm_rows
+    if fam.name in ("aarch64", "armv7") and 0 < panel < PANEL and not fam.conv_pixels:
+        rows = rows * PANEL // panel
+        return next((r for r in range(rows, rows // 2, -1) if pixels % r == 0), rows)
     if fam.name != "x86" or fam.lanes < 16 or pixels % rows == 0:
         return rows
     if pixels % rows > rows // 2 and -(-pixels // rows) <= PIXEL_BLOCK_MAX_BLOCKS:
