@@ -255,8 +255,14 @@ class ExprEmitter:
             if buf.dtype == "bool":
                 v = self.b.icmp_unsigned("!=", v, ir.Constant(v.type, [0] * n))
             return self.from_half(v, buf.dtype)
-        ptr = self.b.gep(self.bufs[buf], [self.ev(e.index)], inbounds=True, source_etype=ety)
-        v = self.b.load(ptr, typ=ety, align=align)
+        def pointer(ld: Load) -> ir.Value:
+            return self.b.gep(self.bufs[buf], [self.ev(ld.index)], inbounds=True, source_etype=ety)
+
+        for groups in reversed(getattr(self, "lane_groups", ())):   # codegen/lane_groups.py
+            v = groups.load(self, e, pointer, ety, align)
+            if v is not None:
+                return v
+        v = self.b.load(pointer(e), typ=ety, align=align)
         if buf.dtype == "bool":
             v = self.b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
         return self.from_half(v, buf.dtype)

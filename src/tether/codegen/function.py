@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from llvmlite import ir
 
-from tether.codegen import cpu_dispatch, parallel, scratch
+from tether.codegen import cpu_dispatch, lane_groups, parallel, scratch
 from tether.codegen.expr import ExprEmitter, uses
 from tether.codegen.halfconv import TO_STORAGE
 from tether.codegen.types import (I1, I8, I32, PTR, elem_bytes, half_arithmetic, int_vector, is_vec, mem_type,
@@ -62,6 +62,8 @@ class FunctionEmitter(ExprEmitter):
         self.lane_memo: Dict[int, bool] = {}
         self.lane_keep: List[Expr] = []     # keeps memo keys (ids) alive
         self.in_task = False
+        self.unroll_copy: Dict[Var, int] = {}      # unrolled loop variable -> the copy being emitted
+        self.lane_groups: List[lane_groups.LaneGroups] = []    # of the unrolled loops being emitted, inner last
         self.fm = ("fast",) if getattr(ctx, "fast_math", False) else ("contract",)
 
     # ---- helpers --------------------------------------------------------------------------------------------
@@ -250,10 +252,21 @@ class FunctionEmitter(ExprEmitter):
         self.b.position_at_end(end_bb)
 
     def unrolled_body(self, s: For, start: ir.Value) -> None:
-        for k in range(s.max_extent):
-            self.env[s.var] = self.index_add(start, k) if k else start
-            self.stmt(s.body)
-        self.env.pop(s.var, None)
+        groups = lane_groups.plan(self.ctx.target, s) if self.vec is None and self.mask is None else None
+        if groups is not None:
+            self.lane_groups.append(groups)
+        try:
+            for k in range(s.max_extent):
+                self.env[s.var] = self.index_add(start, k) if k else start
+                self.unroll_copy[s.var] = k
+                if groups is not None:
+                    groups.copy = k
+                self.stmt(s.body)
+        finally:
+            if groups is not None:
+                self.lane_groups.pop()
+            self.env.pop(s.var, None)
+            self.unroll_copy.pop(s.var, None)
 
     def vector_body(self, s: For, start: ir.Value) -> None:
         n = s.max_extent

@@ -88,8 +88,11 @@ def family_of(target: Target, dtype: str = "float32") -> Family:
         # blocks, at most 12 accumulators, 4-pixel conv blocks. No x86/ARM-only path keys on this family's name.
         return Family("wasm32", lanes, mm_rows=4, acc_regs=12, max_col_vectors=2, conv_pixels=4)
     if arch == "aarch64":
-        # 32 q registers: 8 x 16 -> 32? no: 6 x 16 -> 24 accumulators + 4 B vectors
-        return Family("aarch64", lanes, mm_rows=6, acc_regs=24, max_col_vectors=4)
+        # 32 q registers. matmul: 5 x 16 -> 20 accumulators + 4 B vectors + the 5 A vectors whose lanes the
+        # unrolled reduction steps multiply by (codegen/lane_groups.py); with 6 rows those 34 spilled (MobileNetV2
+        # on the A72, in its kernels: 6 rows 130.7 M instructions, 5 rows 116.5 M, 4 rows 117.7 M). conv2d_pixels
+        # keeps 6 pixels x 16 channels (24 accumulators), its input read by broadcast loads
+        return Family("aarch64", lanes, mm_rows=5, acc_regs=24, max_col_vectors=4, conv_pixels=6)
     # armv7: 16 q registers: 2 x 16 -> 8 accumulators + 4 B vectors
     return Family("armv7", lanes, mm_rows=2, acc_regs=8, max_col_vectors=2)
 
@@ -939,7 +942,7 @@ def pixel_block(fam: Family, pixels: int, panel: int = 0) -> int:
     PIXEL_BLOCK_SHRINK smaller on small maps, PIXEL_BLOCK_GROW larger on large ones; the two comments above).
     On Arm a ``panel`` narrower than ops.linear.PANEL takes as many more pixels as fit the same accumulators."""
     rows = fam.conv_pixels or fam.mm_rows
-    if fam.name in ("aarch64", "armv7") and 0 < panel < PANEL and not fam.conv_pixels:
+    if fam.name in ("aarch64", "armv7") and 0 < panel < PANEL:
         rows = rows * PANEL // panel
         return next((r for r in range(rows, rows // 2, -1) if pixels % r == 0), rows)
     if fam.name != "x86" or fam.lanes < 16 or pixels % rows == 0:
