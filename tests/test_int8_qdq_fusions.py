@@ -117,6 +117,60 @@ def test_nearest_resize_with_equal_params_runs_on_integers(tmp_path, dtype):
     _assert_fused_exact(model, 1, dtype, tmp_path, kept=("resize",))
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("value", [0.0, 0.37])
+def test_constant_pad_with_equal_params_pads_the_integers(tmp_path, dtype, value):
+    """Q(pad(DQ(x), value)) is pad(x, Q(value)): exact, whatever the value quantizes to."""
+    extra_inits = [numpy_helper.from_array(np.array([0, 1, 2, 0, 0, 3, 1, 2], np.int64), "pads"),
+                   numpy_helper.from_array(np.array(value, np.float32), "cval")]
+    for k, (sx, _, zx, _) in enumerate(PARAMS):
+        model = _model("Pad", {"mode": "constant"}, dtype, sx, sx, zx, zx, extra=["pads", "cval"],
+                       extra_inits=extra_inits)
+        _assert_fused_exact(model, 1, dtype, tmp_path / ("m%d" % k), kept=("pad",))
+
+
+def _padded_conv(dtype: str, groups: int, pads: list):
+    """DQ(x) -> Pad(zero, ``pads``) -> Q -> DQ -> Conv 3x3 stride 2 (``groups``) -> Q: a TFLite converter's explicit
+    Pad ahead of a strided conv, as ONNX QDQ."""
+    rng = np.random.default_rng(4)
+    ch, oc = 8, (8 if groups > 1 else 12)
+    w = rng.integers(-127, 128, (oc, ch // groups, 3, 3)).astype(np.int8)
+    inits = [numpy_helper.from_array(a, n) for n, a in (
+        ("sx", np.array(0.03, np.float32)), ("zx", _zp(-7, dtype)), ("sy", np.array(0.2, np.float32)),
+        ("zy", _zp(4, dtype)), ("w", w), ("sw", np.array(0.004, np.float32)), ("zw", np.array(0, np.int8)),
+        ("b", rng.integers(-300, 300, oc).astype(np.int32)), ("sb", np.float32(0.03) * np.float32(0.004)),
+        ("zb", np.array(0, np.int32)), ("pads", np.array(pads, np.int64)))]
+    nodes = [helper.make_node("DequantizeLinear", ["x0", "sx", "zx"], ["f"]),
+             helper.make_node("Pad", ["f", "pads"], ["p"], mode="constant"),
+             helper.make_node("QuantizeLinear", ["p", "sx", "zx"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "sx", "zx"], ["pf"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"]),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"]),
+             helper.make_node("Conv", ["pf", "wf", "bf"], ["c"], strides=[2, 2], group=groups),
+             helper.make_node("QuantizeLinear", ["c", "sy", "zy"], ["y"])]
+    x = helper.make_tensor_value_info("x0", CODE[dtype], [1, ch, 15, 16])
+    g = helper.make_graph(nodes, "padded", [x], [helper.make_tensor_value_info("y", CODE[dtype], None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("groups", [1, 8])
+def test_a_zero_pad_before_an_int8_conv_becomes_its_padding(tmp_path, dtype, groups):
+    """The pad fills with the conv input's zero point, which the int8 conv reads outside the image anyway: it goes
+    into the conv's pads, no pad kernel is left, and the output is onnxruntime's bit for bit."""
+    model = _padded_conv(dtype, groups, [0, 0, 0, 1, 0, 0, 1, 1])
+    feeds = _feeds(dtype, 1)
+    feeds["x0"] = feeds["x0"][:, :8, :15, :16]
+    got, ref, _ = _run(model, feeds, tmp_path)
+    np.testing.assert_array_equal(got, ref)
+    graph, params = from_onnx(model)
+    planned = tether.build_graph(graph, params, target="host").graph
+    body = [b for n in planned.nodes for b in n.body()]
+    assert "pad" not in [b.op for b in body], [b.op for b in body]
+    (conv,) = [b for b in body if b.op in ("qconv2d", "qdepthwise2d", "qdepthwise2d_nhwc")]
+    assert list(conv.attrs["pads"]) == [0, 1, 1, 1], conv.attrs
+
+
 # ---- groups no pattern matches: unfused, and equal to onnxruntime, which runs them in float too
 def _assert_unfused_exact(model, n_in, dtype, tmp_path, op):
     got, ref, ops = _run(model, _feeds(dtype, n_in), tmp_path)

@@ -83,6 +83,11 @@ def emit_byte(em: Any, call: Call) -> ir.Value:
         return ext(B.trunc(shifted, _vec(I8, n)), word.type)
     wide = ext(_as_bytes(B, word), _vec(I16, 4))
     # the widened value fits int16 either way, so its sign extension is exact for unsigned bytes too
+    if em.vec is not None and isinstance(index, ir.Constant):
+        # broadcast in a vector loop: the lane splat of the widened vector, so that it stays one SIMD register
+        # (a sign-extended byte extracted first went through a general register: umov, sxtb, dup)
+        n = em.lanes()
+        return B.sext(_pick(B, wide, [index.constant] * n), _vec(I32, n))
     return B.sext(B.extract_element(wide, index), I32)
 
 

@@ -134,8 +134,8 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
         # android-arm64: s8s8/u8u8 dot4 kernels are built twice and the device's hwcaps pick one at load time
         native = ("s8s8", "u8u8")
     widened = int8_widened(target)
-    if widened:     # the widened form reads unsigned bytes best (ops/qconv.py): int8 activations are flipped
-        native = ("u8s8",)
+    if widened:     # the widened form reads the bytes as they are, signed or not (ops/qconv.py)
+        native = ("u8s8", "s8s8")
     if not native or not any(b.op in _CONVS for n in graph.nodes for b in n.body()):
         return graph, params
     params = dict(params)

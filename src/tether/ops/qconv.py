@@ -22,8 +22,8 @@ weights as 16-bit integers, ``(ceil(O / PANEL), KH * KW * C4 * 4, PANEL)`` int16
 ``4 * k4 + t`` holds byte t of every word of row k4), and the multiply-add ``acc + int32(byte_of(x, t)) *
 int32(w16)`` over t in 0..3: Arm's smlal by element, four products per instruction with both operands widened
 once (the dot4 fallback widens and adds pairwise per product: about 2.1 products per instruction against 3.2).
-The bytes are read as ``kind``'s activation type says; int8 activations are flipped to uint8 (``for_target``):
-LLVM turned a sign-extended byte into a move to a general register and a dup.
+The bytes are read as ``kind``'s activation type says (``for_target`` flips none: a flip's xor on the word kept it in
+a general register, 7 instructions a word where a load and a widening are 2).
 
 ``kind`` is the dot4 kind the kernel multiplies with. With ``flip`` the activation bytes are xor-ed with 0x80
 (uint8 -> int8 for Arm's sdot, int8 -> uint8 for x86's vpdpbusd); the caller's bias then carries the matching
@@ -228,8 +228,7 @@ def _channels_last_words(x, p4, pad_value: int, flip: bool, name: str):
     def word(yy, xx, q):
         out = None
         for t in range(4):
-            v = read(yy, xx, q * 4 + t).astype("int32")
-            v = te.bitwise("bitand", v, c.const(255, "int32")) if _BYTE_SIGNED[str(x.dtype)] else v
+            v = _unsigned_int32(read(yy, xx, q * 4 + t))
             v = te.bitwise("shl", v, c.const(8 * t, "int32")) if t else v
             out = v if out is None else te.bitwise("bitor", out, v)
         return te.bitwise("bitxor", out, c.const(_FLIP, "int32")) if flip else out
@@ -239,8 +238,14 @@ def _channels_last_words(x, p4, pad_value: int, flip: bool, name: str):
 
 def _byte(x, *index):
     """The activation byte at index as an int32 in 0..255."""
-    v = x[index].astype("int32")
-    return te.bitwise("bitand", v, c.const(255, "int32")) if _BYTE_SIGNED[str(x.dtype)] else v
+    return _unsigned_int32(x[index])
+
+
+def _unsigned_int32(v):
+    """An 8-bit value's byte as an int32 in 0..255. An int8 is reinterpreted as uint8 and zero-extended: LLVM
+    combines four such byte loads shifted into a word into one 32-bit load, where sign extension and a mask left
+    them four loads (MobileNetV2's int8 TFLite convs on the A72)."""
+    return (v.astype("uint8") if str(v.dtype) == "int8" else v).astype("int32")
 
 
 def _pointwise(x, wq, bias, kind: str, flip: bool, name: str):

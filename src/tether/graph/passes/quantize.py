@@ -23,9 +23,10 @@ Also (a later block, onnxruntime 1.32's x86 CPU QDQ transformer row by row; docs
 | ``Q(avg_pool(DQ(x)))`` 2-D, no dilation/ceil_mode | ``qavg_pool`` (kernels/qpool_ops.py) | QLinearAveragePool |
 | ``Q(concat(DQ(x_i)...))`` | ``concat(table_i[x_i])``, ``table_i = Q(DQ(v))`` | QLinearConcat |
 | ``Q(f(DQ(x)))``, f sigmoid or leaky_relu | ``table[x]``, ``table = Q(f(DQ(v)))`` | QLinearSigmoid/LeakyRelu |
-| ``Q(op(DQ(x)))``, op a max pool, nearest resize, transpose or slice; equal params | ``op(x)`` | drops Q/DQ |
+| ``Q(op(DQ(x)))``, op a max pool, nearest resize, transpose, slice or pad; equal params | ``op(x)`` | drops Q/DQ |
 
-HardSwish, HardSigmoid, Tanh and linear Resize stay float, as onnxruntime leaves them.
+A constant pad pads the integers with ``Q(value)``. HardSwish, HardSigmoid, Tanh and linear Resize stay float, as
+onnxruntime leaves them.
 
 With int8 activations the Add row and convs whose input dequantize has other readers stay unfused, as onnxruntime
 on x86 leaves them. A Relu or Clip right before the Q is looked through when Q's saturation already does what it
@@ -290,7 +291,7 @@ PATTERNS = (_product, _add, _global_avg_pool, _same_scale_reshape)
 # Each row is onnxruntime 1.32's CPU QDQ transformer on x86 (its selectors_actions): what it runs as an integer
 # kernel, tether does too, with the same roundings; what it leaves to float (HardSwish, HardSigmoid, Tanh, Relu
 # without a saturating Q, linear Resize) tether leaves to the unfused path as well.
-_MOVES = ("max_pool", "global_max_pool", "resize", "transpose", "strided_slice")
+_MOVES = ("max_pool", "global_max_pool", "resize", "transpose", "strided_slice", "pad")
 _LUT_OPS = ("sigmoid", "leaky_relu")          # onnxruntime's QLinearSigmoid / QLinearLeakyRelu: 256-entry tables
 
 
@@ -307,6 +308,8 @@ def _same_params_move(rw: Rewriter, q: Node) -> bool:
         return False
     if n.op == "resize" and any(a["weights"] or a["inside"] for a in n.attrs["axes"]):
         return False        # linear/cubic: onnxruntime interpolates in float
+    if n.op == "pad" and (n.attrs.get("mode", "constant") != "constant" or len(n.inputs) != 1):
+        return False        # edge/reflect copy elements too, but a run-time pad value is not known here
     out = _output_params(rw, q)
     a = rw.dq_tensor(n.inputs[0]) if out is not None else None
     dt = q.attrs["dtype"]
@@ -315,6 +318,12 @@ def _same_params_move(rw: Rewriter, q: Node) -> bool:
     if n.op in ("max_pool", "global_max_pool"):
         y = rw.emit(n.op, [rw.emit("cast", [a[0]], {"to": "float32"})] + list(n.inputs[1:]), n.attrs)
         rw.emit("cast", [y], {"to": dt}, out=q.outputs[0])
+    elif n.op == "pad":
+        # the padding is Q(value): a TFLite int8 model's explicit Pad before a strided depthwise conv pads with
+        # the zero point, which the conv then reads as its own padding
+        fill = op_info.evaluate("quantize", {"dtype": dt}, [np.array([n.attrs.get("value", 0.0)], F32),
+                                                           np.array(out[0], F32), rw.params[out[1]]])[0]
+        rw.emit("pad", [a[0]], dict(n.attrs, value=float(fill.reshape(-1)[0])), out=q.outputs[0])
     else:
         rw.emit(n.op, [a[0]] + list(n.inputs[1:]), n.attrs, out=q.outputs[0])
     return True
