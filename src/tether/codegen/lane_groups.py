@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional, Set, Tuple
 from llvmlite import ir
 
 from tether.codegen.types import I32, native_half
-from tether.tir import Binary, Const, Expr, For, IfThenElse, Load, Select, Stmt, Store, Var, walk
+from tether.tir import Binary, Const, Expr, For, IfThenElse, Load, Select, Stmt, Store, Var, substitute, walk
 from tether.tir.simplify import simplify
 
 GROUP = 4
@@ -94,14 +94,9 @@ def _exprs(body: Stmt):
 def _steps_by_one(index: Expr, var: Var) -> bool:
     if not _uses(index, var):
         return False
-    step = simplify(Binary("sub", _substitute(index, var, Binary("add", var, Const(1, var.dtype), var.dtype)), index,
-                           index.dtype))
+    moved = substitute(index, {var: Binary("add", var, Const(1, var.dtype), var.dtype)})
+    step = simplify(Binary("sub", moved, index, index.dtype))
     return isinstance(step, Const) and step.value == 1
-
-
-def _substitute(e: Expr, var: Var, value: Expr) -> Expr:
-    from tether.tir import substitute
-    return substitute(e, {var: value})
 
 
 def _uses(e: Expr, var: Var) -> bool:

@@ -309,7 +309,7 @@ def _same_params_move(rw: Rewriter, q: Node) -> bool:
     if n.op == "resize" and any(a["weights"] or a["inside"] for a in n.attrs["axes"]):
         return False        # linear/cubic: onnxruntime interpolates in float
     if n.op == "pad" and (n.attrs.get("mode", "constant") != "constant" or len(n.inputs) != 1):
-        return False        # edge/reflect copy elements too, but a run-time pad value is not known here
+        return False        # only a constant pad whose value the graph holds (edge/reflect modes stay float)
     out = _output_params(rw, q)
     a = rw.dq_tensor(n.inputs[0]) if out is not None else None
     dt = q.attrs["dtype"]
