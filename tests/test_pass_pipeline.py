@@ -37,7 +37,7 @@ def test_each_level_keeps_the_passes_of_the_level_below_in_order():
     for level in LEVELS[1:]:
         higher = iter(PIPELINES[level])
         assert all(any(p is q for q in higher) for p in PIPELINES[level - 1]), level
-    assert len(PIPELINES[3]) == 15
+    assert len(PIPELINES[3]) == 16
 
 
 def test_every_pass_has_a_one_line_summary():

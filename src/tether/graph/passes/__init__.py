@@ -6,7 +6,7 @@ The levels, each written out in full below:
   compile-time constants at run time; and it fuses the int8 QDQ groups, since that decides the rounding
   (onnxruntime's), not only the speed.
 - 1: adds the int8 kernels (dot-product convs, channels-last activations, exact float32 products), batch-norm
-  folding (then folding and DCE again) and concats as views.
+  folding, zero pads into float convs (then folding and DCE again) and concats as views.
 - 2: adds fusion: identity reshapes are dropped first, then elementwise chains join their producers.
 - 3 (the default): adds ``fuse_prologues``, and ``build_graph`` runs batch-1 convs as GEMMs.
 
@@ -29,6 +29,7 @@ from tether.graph.passes.fuse import fuse, fuse_prologues
 from tether.graph.passes.half_precision import HALF_OPS, half_precision
 from tether.graph.passes.identity_reshape import drop_identity_reshapes, lift_over_unit_reshapes
 from tether.graph.passes.int8_layout import int8_channels_last
+from tether.graph.passes.pad_into_conv import fold_pads
 from tether.graph.passes.memory_plan import MemoryPlan, needs_kernel, plan_memory
 from tether.graph.passes.quantize import fuse_qdq
 from tether.graph.passes.quantize_dot import int8_dot_convs
@@ -53,15 +54,15 @@ PIPELINES: Dict[int, List[Pass]] = {
     0: [fuse_qdq, constant_fold, dce],
     1: [fuse_qdq, constant_fold, dce,
         int8_dot_convs, int8_channels_last, exact_float_products,
-        fold_batchnorm, constant_fold, dce,
+        fold_batchnorm, fold_pads, constant_fold, dce,
         concat_views],
     2: [fuse_qdq, constant_fold, dce,
         int8_dot_convs, int8_channels_last, exact_float_products,
-        fold_batchnorm, constant_fold, dce,
+        fold_batchnorm, fold_pads, constant_fold, dce,
         lift_over_unit_reshapes, drop_identity_reshapes, fuse, concat_views],
     3: [fuse_qdq, constant_fold, dce,
         int8_dot_convs, int8_channels_last, exact_float_products,
-        fold_batchnorm, constant_fold, dce,
+        fold_batchnorm, fold_pads, constant_fold, dce,
         lift_over_unit_reshapes, drop_identity_reshapes, float_channels_last, fuse, concat_views, fuse_prologues],
 }
 
@@ -74,6 +75,7 @@ SUMMARIES: Dict[str, str] = {
     "int8_channels_last": "int8 activations stay channels last between int8 kernels",
     "exact_float_products": "integer products whose sums fit float32 exactly run as fp32 kernels",
     "fold_batchnorm": "batch norm becomes per-channel mul+add, folded into conv weights",
+    "fold_pads": "a zero pad of a float conv's input goes into the conv's own padding",
     "lift_over_unit_reshapes": "elementwise ops after a reshape that drops a unit axis run before it",
     "drop_identity_reshapes": "drop reshapes that keep their input's shape",
     "float_channels_last": "float activations stay channels last through depthwise-separable blocks",
@@ -103,7 +105,7 @@ def optimize(graph: Graph, params: Dict[str, np.ndarray], opt_level: int = 3,
     return graph, params
 
 
-__all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fuse",
-           "fuse_prologues", "plan_memory", "MemoryPlan", "needs_kernel", "optimize", "pipeline", "PIPELINES",
+__all__ = ["concat_views", "is_concat_view", "view_layout", "constant_fold", "dce", "fold_batchnorm", "fold_pads",
+           "fuse", "fuse_prologues", "plan_memory", "MemoryPlan", "needs_kernel", "optimize", "pipeline", "PIPELINES",
            "SUMMARIES", "fuse_qdq", "exact_float_products", "int8_dot_convs", "int8_channels_last",
            "float_channels_last", "drop_identity_reshapes", "lift_over_unit_reshapes", "half_precision", "HALF_OPS"]

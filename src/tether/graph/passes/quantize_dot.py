@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from tether.graph.ir import Graph, Node, TensorType
+from tether.graph.passes.pad_into_conv import input_pad, padded
 from tether.graph.passes.quantize import Rewriter
 from tether.graph.passes.quantize_float import int8_activation
 from tether.ops import qconv as qops
@@ -72,37 +73,6 @@ def _depthwise(graph: Graph, conv: Node, act, w: np.ndarray, bias: Optional[np.n
             Node("requantize", rq.name, [acc] + list(rq.inputs[1:]), list(rq.outputs), dict(rq.attrs))]
 
 
-def _fold_pad(graph: Graph, producer: Dict[str, Node], uses: Dict[str, int], fresh, conv: Node, act: tuple):
-    """``(conv, act, nodes to add first)`` with a constant pad of the conv's 8-bit input that fills with its zero
-    point taken into the conv's own padding (which reads the zero point too), or None. The pad may sit before a
-    NHWC -> NCHW transpose (a TFLite model's explicit Pad ahead of a strided depthwise conv): a transpose of the
-    unpadded tensor then takes its place. The pad (and transpose) are left to dce once the conv reads around them."""
-    src, zx = act[0], act[1]
-    n = producer.get(src)
-    tr = None
-    if n is not None and n.op == "transpose" and list(n.attrs["axes"]) == [0, 3, 1, 2] and uses.get(src) == 1:
-        tr, n = n, producer.get(n.inputs[0])
-    if n is None or n.op != "pad" or len(n.inputs) != 1 or n.attrs.get("mode", "constant") != "constant":
-        return None
-    if n.attrs.get("value", 0.0) != zx or uses.get(n.outputs[0]) != 1:
-        return None
-    pads = list(n.attrs["pads"])
-    # (top, left, bottom, right) of the image axes: H, W at 1, 2 (NHWC, before the transpose) or 2, 3 (NCHW)
-    hw = (1, 2) if tr is not None else (2, 3)
-    if len(pads) != 8 or min(pads) < 0 or any(pads[i] or pads[i + 4] for i in range(4) if i not in hw):
-        return None
-    extra = [pads[hw[0]], pads[hw[1]], pads[hw[0] + 4], pads[hw[1] + 4]]
-    pre: List[Node] = []
-    new_src = n.inputs[0]
-    if tr is not None:
-        nhwc = graph.types[new_src].shape
-        new_src = fresh(src + "_unpadded")
-        graph.types[new_src] = TensorType(tuple(nhwc[i] for i in (0, 3, 1, 2)), graph.types[src].dtype)
-        pre.append(Node("transpose", fresh(tr.name + "_unpadded"), [n.inputs[0]], [new_src], dict(tr.attrs)))
-    attrs = dict(conv.attrs, pads=[a + b for a, b in zip(conv.attrs["pads"], extra)])
-    return Node(conv.op, conv.name, list(conv.inputs), list(conv.outputs), attrs), (new_src,) + tuple(act[1:]), pre
-
-
 def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
     graph = graph.copy()
     graph.types = dict(graph.types)
@@ -123,9 +93,12 @@ def int8_dot_convs(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, 
         if w is None or w.dtype != np.int32 or act is None:
             continue
         if conv.op == "conv2d":
-            folded = _fold_pad(graph, producer, uses, fresh, conv, act)
-            if folded is not None:
-                conv, act, pre = folded
+            # a pad that fills with the zero point, which the int8 conv reads outside the image anyway
+            found = input_pad(graph, producer, uses, fresh, act[0], act[1])
+            if found is not None:
+                extra, new_src, pre = found
+                conv = padded(conv, extra, conv.inputs[0])
+                act = (new_src,) + tuple(act[1:])
         if conv.op == "dense":
             # one row: a 1x1 conv of a 1x1 image (the pixel form: output channels in vectors)
             if graph.types[conv.inputs[0]].shape[0] != 1:
