@@ -164,6 +164,50 @@ def _widened_case(signed: bool, n: int, k: int, factor: int, rng):
     return s, [a, w, c], [av, wv], x @ wv.astype(np.int64)
 
 
+def pair_dot_reference(a_lo, a_hi, b_lo, b_hi) -> np.ndarray:
+    """numpy: te.pair_dot on int16 arrays, the int16 sums wrapping as the primitive defines."""
+    def b8(v):
+        return np.ascontiguousarray(v, np.int16).view(np.int8).reshape(v.shape + (2,)).astype(np.int64)
+    sums = b8(a_lo) * b8(b_lo) + b8(a_hi) * b8(b_hi)
+    return (((sums + 2**15) % 2**16) - 2**15).sum(axis=-1)
+
+
+def _pair_case(n: int, factor: int, rng):
+    """C[i] = D[i] + pair_dot(A[i], B[i], E[i], F[i]) over every int16 (sums of two products that leave int16
+    included: they wrap)."""
+    ops = [te.placeholder((n,), "int16", name=x) for x in "ABEF"]
+    d = te.placeholder((n,), "int32", name="D")
+    c = te.compute((n,), lambda i: d[i] + te.pair_dot(*[x[i] for x in ops]), name="C")
+    s = te.create_schedule(c.op)
+    if factor > 1:
+        _, xi = s[c].split(c.op.axis[0], factor=factor)
+        s[c].vectorize(xi)
+    vals = [rng.integers(-2**15, 2**15, size=n).astype(np.int16) for _ in ops]
+    vals[0][:4] = vals[2][:4] = vals[1][:4] = vals[3][:4] = -0x7F80     # bytes -128 and -128: both sums wrap
+    dv = rng.integers(-2**24, 2**24, size=n, dtype=np.int64).astype(np.int32)
+    return s, ops + [d, c], vals + [dv], dv.astype(np.int64) + pair_dot_reference(*vals)
+
+
+def _pair_reduction_case(n: int, k: int, rng):
+    """C[j, l] = sum_r pair_dot(A[r, l], A[r, 4 + l], W[j, r, l], W[j, r, 4 + l]), the lanes l a vector of 4 (the
+    int8 pairs form's product, ops/qconv.py), W's bytes within [-127, 127]."""
+    a = te.placeholder((k, 8), "int16", name="A")
+    w = te.placeholder((n, k, 8), "int16", name="W")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((n, 4), lambda j, l: te.sum(te.pair_dot(a[r, l], a[r, 4 + l], w[j, r, l], w[j, r, 4 + l]), axis=r),
+                   name="C")
+    s = te.create_schedule(c.op)
+    cl = s.cache_write(c, "local")
+    s[c].vectorize(c.op.axis[1])
+    s[cl].compute_at(s[c], c.op.axis[0])
+    s[cl].reorder(s[cl].op.reduce_axis[0], s[cl].op.axis[1])
+    s[cl].vectorize(s[cl].op.axis[1])
+    av = rng.integers(-2**15, 2**15, size=(k, 8)).astype(np.int16)
+    wv = rng.integers(-127, 128, size=(n, k, 16)).astype(np.int8).view(np.int16)
+    want = pair_dot_reference(av[None, :, :4], av[None, :, 4:], wv[:, :, :4], wv[:, :, 4:]).sum(axis=1)
+    return s, [a, w, c], [av, wv], want
+
+
 def cases(seed: int = 0):
     """(name, schedule, args, inputs, numpy result): every kind, scalar and several lane counts, with tails."""
     rng = np.random.default_rng(seed)
@@ -188,6 +232,11 @@ def cases(seed: int = 0):
         for factor in (4, 16):
             s, args, inputs, want = _widened_case(signed, 48, 37, factor, rng)
             out.append(("widened_%s_v%d" % (sign, factor), s, args, inputs, want))
+    for factor in (1, 4, 5, 8, 16):
+        s, args, inputs, want = _pair_case(203, factor, rng)
+        out.append(("pair_v%d" % factor, s, args, inputs, want))
+    s, args, inputs, want = _pair_reduction_case(12, 37, rng)
+    out.append(("pair_reduction", s, args, inputs, want))
     return out
 
 
@@ -277,7 +326,8 @@ def test_avx_vnni_without_avx512_vnni_uses_the_vex_form(tmp_path):
 ARM_INSTRUCTIONS = {
     "rasp5": [r"\bsdot\s+v\d+\.4s", r"\budot\s+v\d+\.4s"],
     "rasp4b": [r"\bsmull2?\s+v\d+\.8h", r"\bumull2?\s+v\d+\.8h", r"\bsaddlp\s+v\d+\.4s", r"\buaddlp\s+v\d+\.4s",
-               r"\bsmlal2?\s+v\d+\.4s, v\d+\.[48]h, v\d+\.h\[3\]"],    # byte_of: smlal by element
+               r"\bsmlal2?\s+v\d+\.4s, v\d+\.[48]h, v\d+\.h\[3\]",    # byte_of: smlal by element
+               r"\bsmlal2?\s+v\d+\.8h, v\d+\.(8|16)b", r"\bsadalp\s+v\d+\.4s, v\d+\.8h"],    # pair_dot
     "armv7-a7": [r"\bvmull\.s8\b", r"\bvmull\.u8\b", r"\bvpaddl\.s16\b", r"\bvpaddl\.u16\b"],
 }
 

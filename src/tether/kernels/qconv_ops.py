@@ -125,10 +125,48 @@ def _widen_depthwise(params: Dict[str, np.ndarray], graph: Graph, wname: str) ->
     graph.types[wname] = TensorType(w.shape, "int16")
 
 
+# the pairs form from this many input channels: below, the write-back's lane sums cost more than the products save
+PAIRS_MIN_CHANNELS = 32
+# ... and up to this many pixels: the write-back adds each accumulator's four lanes, about 6 instructions per output
+# against the products' 3 per 16 multiply-adds, so convs over many pixels, whose outputs outnumber their input
+# channels' steps, came out slower (MobileNetV2 int8 on the A72: 119.6 M -> 139.4 M instructions per inference)
+PAIRS_MAX_PIXELS = 1
+
+
+def _flipped_bias(bias: np.ndarray, wp: np.ndarray, x_dtype: str, kind: str, out_channels: int):
+    """The int32 bias corrected for flipped activation bytes (ops.qconv.flip_correction), None if it leaves int32."""
+    fixed = bias.astype(np.int64) + qops.flip_correction(x_dtype, kind) * qops.weight_sums(wp, out_channels)
+    if fixed.min() < -2 ** 31 or fixed.max() >= 2 ** 31:
+        return None
+    return fixed.astype(np.int32)
+
+
+def _pair_form(b: Node, graph: Graph, wp: np.ndarray, bias: np.ndarray, x_dtype: str):
+    """(pair weights, bias) for a pixel-form qconv2d that the pairs form computes (ops/qconv.py: pointwise, on
+    channels-last pixels or one pixel, every weight within [-127, 127], at least PAIRS_MIN_CHANNELS input
+    channels), the bias corrected for flipped uint8 bytes; None otherwise."""
+    a = b.attrs
+    shape = graph.types[b.inputs[0]].shape
+    pixels = int(np.prod(shape[1:3] if a.get("channels_last_in") else shape[2:]))
+    if tuple(a["kernel"]) != (1, 1) or list(a["strides"]) != [1, 1] or any(a["pads"]) or \
+            a["channels"] < PAIRS_MIN_CHANNELS or pixels > PAIRS_MAX_PIXELS:
+        return None
+    w = qops.unpack_weights(wp, a["out_channels"], a["channels"], (1, 1))
+    if w.min(initial=0) < -127:
+        return None
+    pairs = qops.pair_weights(w)
+    kind, flip = _choice(x_dtype, ("s8s8",))
+    if not flip:
+        return pairs, bias
+    fixed = _flipped_bias(bias, pairs, x_dtype, kind, a["out_channels"])
+    return None if fixed is None else (pairs, fixed)
+
+
 def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Graph, Dict[str, np.ndarray]]:
     """Every qconv2d set to the target's dot-product instruction (its kind, and flip with the bias corrected),
     in copies of the nodes and of the params that change. Where the target multiplies widened operands
-    (target.int8_widened), the pixel-form convs' and the channels-last depthwise convs' weights become int16."""
+    (target.int8_widened), the pixel-form convs' and the channels-last depthwise convs' weights become int16: pointwise
+    convs that the pairs form computes take pair weights (``_pair_form``), the others widened ones."""
     native = int8_dot_native(target)
     if not native and "asimddp" in int8_load_time_features(target):
         # android-arm64: s8s8/u8u8 dot4 kernels are built twice and the device's hwcaps pick one at load time
@@ -148,22 +186,27 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
             return b
         if b.op != "qconv2d" or b.attrs.get("flip"):
             return b
+        wname, bname = b.inputs[1], b.inputs[2]
+        x_dtype = str(graph.types[b.inputs[0]].dtype)
         if widened:
-            wname = b.inputs[1]
             if params[wname].ndim != 3:     # the pointwise matmul form keeps dot4
                 return b
-            if params[wname].dtype == np.int32:    # the pixel form's packed words, widened once
+            if params[wname].dtype == np.int32:
+                pairs = _pair_form(b, graph, params[wname], params[bname], x_dtype)
+                if pairs is not None:   # the pairs form multiplies signed bytes: uint8 is flipped
+                    params[wname], params[bname] = pairs
+                    out.types[wname] = TensorType(pairs[0].shape, "int16")
+                    kind, flip = _choice(x_dtype, ("s8s8",))
+                    return Node(b.op, b.name, list(b.inputs), list(b.outputs), dict(b.attrs, kind=kind, flip=int(flip)))
+                # the pixel form's packed words, widened once
                 params[wname] = qops.widen_weights(params[wname], b.attrs["out_channels"])
                 out.types[wname] = TensorType(params[wname].shape, "int16")
-        x_dtype = str(graph.types[b.inputs[0]].dtype)
         kind, flip = _choice(x_dtype, native)
-        bname = b.inputs[2]
         if flip:
-            fixed = params[bname].astype(np.int64) + qops.flip_correction(x_dtype, kind) * qops.weight_sums(
-                params[b.inputs[1]], b.attrs["out_channels"])
-            if fixed.min() < -2 ** 31 or fixed.max() >= 2 ** 31:
+            fixed = _flipped_bias(params[bname], params[wname], x_dtype, kind, b.attrs["out_channels"])
+            if fixed is None:
                 return b        # the corrected bias would not fit int32: keep the plain kind
-            params[bname] = fixed.astype(np.int32)
+            params[bname] = fixed
         return Node(b.op, b.name, list(b.inputs), list(b.outputs), dict(b.attrs, kind=kind, flip=int(flip)))
 
     nodes = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import common as c
 from . import schedules
-from .qconv import QCONV_PIXELS, QMATMUL, QMATMUL_ACCUMULATORS, QMATMUL_COL_VECTORS
+from .qconv import PAIR_BLOCK, QCONV_PIXELS, QMATMUL, QMATMUL_ACCUMULATORS, QMATMUL_COL_VECTORS, QPAIRS
 from .qdepthwise import QDEPTHWISE
 from .schedules import accumulator_and_output, axis_extent, numel, reduce_size, row_columns
 
@@ -148,6 +148,46 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
     sb.vectorize(bo)
 
 
+# the pairs form's register block: pixels x PAIR_BLOCK output channels, each four int32 lanes
+QPAIRS_PIXELS = 2
+
+
+def schedule_qpairs(s, t, fam, ctx) -> None:
+    """The pairs form (ops.qconv._pairs): a block of QPAIRS_PIXELS pixels x PAIR_BLOCK output channels, each a
+    vector of four int32 lanes accumulated over all input channels (one pair_dot of 16 bytes per step), then the
+    write-back adding each accumulator's lanes, the output channels as the vector (the fused requantize runs on
+    whole vectors). Pixel blocks outermost (and parallel), the weights streamed through each."""
+    block, out = accumulator_and_output(s, t, ctx)
+    so = s[out]
+    o, p = list(out.op.axis)[-2:]
+    if t.op.attrs.get("channels_last_out"):     # (pixels, channels)
+        p, o = o, p
+    npix = int(t.shape[0])
+    rows = QPAIRS_PIXELS if npix % QPAIRS_PIXELS == 0 else 1
+    oo, oi = so.split(o, factor=PAIR_BLOCK)
+    po, pi = so.split(p, factor=rows)
+    outer, inner = (oo, po) if npix == 1 else (po, oo)
+    so.reorder(outer, inner, pi, oi)
+    so.unroll(pi)
+    so.vectorize(oi)
+    if numel(out) * (reduce_size(t) * 16 + QREQUANTIZE_STEPS) >= fam.parallel_min * schedules.parallel_products(fam):
+        so.parallel(outer)
+    s[block].compute_at(so, inner)
+    sb = s[block]
+    bp, bq = block.op.axis
+    bo, bl = sb.split(bq, factor=4)     # (output channel, lane)
+    (r,) = block.op.reduce_axis
+    if axis_extent(r) % 2 == 0:     # two steps per iteration: the loop's own instructions paid once per two
+        ro, ri = sb.split(r, factor=2)
+        sb.reorder(ro, ri, bp, bo, bl)
+        sb.unroll(ri)
+    else:
+        sb.reorder(r, bp, bo, bl)
+    sb.unroll(bp)
+    sb.unroll(bo)
+    sb.vectorize(bl)
+
+
 def schedule_qdepthwise(s, t, fam, ctx) -> None:
     """One channel per parallel task: its float planes, then its whole output plane accumulated in a local buffer
     (a block of output columns in vector registers over the unrolled taps), then the write-back through the fused
@@ -181,7 +221,8 @@ def schedule_qdepthwise(s, t, fam, ctx) -> None:
             ctx["serial"].add(id(src.op))
 
 
-_TAGS = {QCONV_PIXELS: schedule_qconv_pixels, QMATMUL: schedule_qmatmul, QDEPTHWISE: schedule_qdepthwise}
+_TAGS = {QCONV_PIXELS: schedule_qconv_pixels, QMATMUL: schedule_qmatmul, QDEPTHWISE: schedule_qdepthwise,
+         QPAIRS: schedule_qpairs}
 schedules._BY_TAG.update(_TAGS)
 schedules._EPILOGUE_KERNELS = schedules._EPILOGUE_KERNELS | set(_TAGS)
 schedules._MATERIALIZE_INPUTS_OF = schedules._MATERIALIZE_INPUTS_OF | set(_TAGS)

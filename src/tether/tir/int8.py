@@ -13,6 +13,13 @@ one (tether.target.int8_dot_native) and into widening multiplies and pairwise ad
 zero-extended. Kernels for cores without a dot product multiply it by 16-bit weights (``int32(byte_of(x, t)) *
 int32(w16)``), which codegen/int8dot.py emits so that a broadcast byte becomes one lane of a widened vector:
 Arm's multiply-accumulate long by element (smlal v.4s, v.4h, v.h[t]), four products per instruction.
+
+``pair_dot(a_lo, a_hi, b_lo, b_hi)`` multiplies bytes held two to an int16: for byte t (0, 1) of each operand,
+``a_lo.t * b_lo.t + a_hi.t * b_hi.t`` is taken modulo 2**16 (an int16), and the two sums are added as an int32,
+all bytes signed. It is what Arm's smull + smlal2 (eight int16 sums of two products) and sadalp (adjacent sums
+added into int32 lanes) compute on 16 bytes: four products per instruction with nothing widened first. It is exact
+when no sum of two products leaves int16, which holds when one side's bytes stay within [-127, 127] (2 * 128 *
+127 = 32512); the caller guarantees that (ops/qconv.py's pairs form checks its weights).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from tether.tir.expr import Call, Expr, convert
 DOT4_KINDS = ("u8s8", "s8s8", "u8u8")
 _PREFIX = "dot4_"
 _BYTE_PREFIX = "byte_of_"
+_PAIR_DOT = "pair_dot_s8"
 
 
 def dot4(a: Any, b: Any, kind: str = "u8s8") -> Expr:
@@ -61,3 +69,17 @@ def byte_of_parts(e: Expr) -> bool | None:
     if isinstance(e, Call) and e.name in (_BYTE_PREFIX + "s8", _BYTE_PREFIX + "u8"):
         return e.name.endswith("s8")
     return None
+
+
+def pair_dot(a_lo: Any, a_hi: Any, b_lo: Any, b_hi: Any) -> Expr:
+    """``sum_t int16(a_lo.t * b_lo.t + a_hi.t * b_hi.t)`` over the two signed bytes t of four int16 operands, as
+    an int32 (see the module doc: exact while each int16 sum fits)."""
+    args = [convert(x, "int16") for x in (a_lo, a_hi, b_lo, b_hi)]
+    for name, x in zip(("a_lo", "a_hi", "b_lo", "b_hi"), args):
+        if x.dtype != "int16":
+            raise TypeError("pair_dot operand %s must be an int16 holding two bytes, got %s (%s)" % (name, x.dtype, x))
+    return Call(_PAIR_DOT, args, "int32")
+
+
+def is_pair_dot(e: Expr) -> bool:
+    return isinstance(e, Call) and e.name == _PAIR_DOT
