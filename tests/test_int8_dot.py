@@ -208,6 +208,21 @@ def _pair_reduction_case(n: int, k: int, rng):
     return s, [a, w, c], [av, wv], want
 
 
+def _quad_case(n: int, factor: int, rng):
+    """C[j] = quad_sum(A[4j], A[4j + 1], A[4j + 2], A[4j + 3]) + D[j]: the pairs form's write-back, whose four
+    lanes per output Arm adds with addp."""
+    a = te.placeholder((4 * n,), "int32", name="A")
+    d = te.placeholder((n,), "int32", name="D")
+    c = te.compute((n,), lambda j: te.quad_sum(*(a[4 * j + t] for t in range(4))) + d[j], name="C")
+    s = te.create_schedule(c.op)
+    if factor > 1:
+        _, ji = s[c].split(c.op.axis[0], factor=factor)
+        s[c].vectorize(ji)
+    av = rng.integers(-2**28, 2**28, size=4 * n, dtype=np.int64).astype(np.int32)
+    dv = rng.integers(-2**28, 2**28, size=n, dtype=np.int64).astype(np.int32)
+    return s, [a, d, c], [av, dv], av.astype(np.int64).reshape(n, 4).sum(axis=1) + dv
+
+
 def cases(seed: int = 0):
     """(name, schedule, args, inputs, numpy result): every kind, scalar and several lane counts, with tails."""
     rng = np.random.default_rng(seed)
@@ -237,6 +252,9 @@ def cases(seed: int = 0):
         out.append(("pair_v%d" % factor, s, args, inputs, want))
     s, args, inputs, want = _pair_reduction_case(12, 37, rng)
     out.append(("pair_reduction", s, args, inputs, want))
+    for factor in (1, 4, 8, 6):     # 6: not a multiple of 4, and a tail (50 outputs)
+        s, args, inputs, want = _quad_case(50, factor, rng)
+        out.append(("quad_v%d" % factor, s, args, inputs, want))
     return out
 
 
@@ -340,6 +358,16 @@ def test_arm_builds_use_the_targets_instructions(preset, tmp_path):
         assert re.search(pattern, asm), (preset, pattern)
     if preset != "rasp5":
         assert not re.search(r"\b[su]dot\b", asm)
+
+
+def test_quad_sum_adds_pairwise_on_aarch64():
+    """quad_sum of four stride-4 loads in an 8-lane loop: one 32-element load and six addp, no shuffles."""
+    s, args, _, _ = _quad_case(64, 8, np.random.default_rng(0))
+    asm = tether.build([tether.lower(s, args, name="quad")], target="rasp4b", name="quad", jobs=1).get_source("asm")
+    body = asm[asm.index("quad__impl:"):]
+    body = body[:body.index(".Lfunc_end")]
+    assert len(re.findall(r"\baddp\s+v\d+\.4s", body)) == 6, body
+    assert not re.search(r"\b(uzp[12]|zip[12]|trn[12]|ext|ld4)\b", body), body
 
 
 @pytest.mark.emulated

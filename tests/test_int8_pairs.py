@@ -1,8 +1,9 @@
-"""The int8 pairs form (ops/qconv.py): on Arm cores without a dot product (rasp4b), pointwise convs over at least 32
-input channels, channels last or one pixel (a dense row), whose weights stay within [-127, 127], multiply 16 bytes
-per step with smull + smlal2 + sadalp (te.pair_dot). kernels/qconv_ops.for_target picks it and packs the weights as
-int16 pairs; the integers are the plain kernel's (numpy meaning, flip and bias correction included); built for the
-emulated A72 they equal onnxruntime bit for bit; convs it does not cover keep the widened form."""
+"""The int8 pairs form (ops/qconv.py): on Arm cores without a dot product (rasp4b), pointwise convs over at least
+128 input channels, channels last or one pixel (a dense row), whose weights stay within [-127, 127], multiply 16
+bytes per step with smull + smlal + sadalp (te.pair_dot) and add each output's four lanes with addp (te.quad_sum).
+kernels/qconv_ops.for_target picks it and packs the weights as int16 pairs; the integers are the plain kernel's
+(numpy meaning, flip and bias correction included); built for the emulated A72 they equal onnxruntime (a head) or
+the host build (a channels-last network) bit for bit; convs it does not cover keep the widened form."""
 from __future__ import annotations
 
 import re
@@ -55,9 +56,9 @@ def _for_rasp4b(model):
 
 
 @pytest.mark.parametrize("acts", ["uint8", "int8"])
-@pytest.mark.parametrize("k,n", [(52, 37), (32, 8), (256, 64)])
+@pytest.mark.parametrize("k,n", [(130, 37), (128, 8), (256, 64)])
 def test_heads_take_the_pairs_form_with_the_same_integers(acts, k, n):
-    """A one-row head over >= 32 channels: weights (ceil(n/8), ceil(k/16), 8, 8) int16, kind s8s8 (uint8 bytes
+    """A one-row head over >= 128 channels: weights (ceil(n/8), ceil(k/16), 8, 8) int16, kind s8s8 (uint8 bytes
     flipped, the bias corrected), and the numpy meaning of the node gives the plain node's integers."""
     model, x = _head(k, n, acts)
     (plain,), p, (pairs,), p2 = _for_rasp4b(model)
@@ -71,9 +72,9 @@ def test_heads_take_the_pairs_form_with_the_same_integers(acts, k, n):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("why,k,weight_low", [("a weight of -128", 64, -128), ("16 channels", 16, -127)])
+@pytest.mark.parametrize("why,k,weight_low", [("a weight of -128", 160, -128), ("96 channels", 96, -127)])
 def test_other_convs_keep_the_widened_form(why, k, weight_low):
-    """A weight of -128 (two such products can leave int16) or fewer than 32 channels: the widened form's 3-D
+    """A weight of -128 (two such products can leave int16) or fewer than 128 channels: the widened form's 3-D
     int16 panels."""
     model, _ = _head(k, 24, "uint8", weight_low=weight_low)
     _, _, (node,), p2 = _for_rasp4b(model)
@@ -98,7 +99,7 @@ def test_heads_on_the_emulated_a72_equal_onnxruntime(emulated_devices, tmp_path)
     device = emulated_devices.for_preset("rasp4b")
     with rpc.connect(*device.address, timeout=300) as sess:
         for acts in ("uint8", "int8"):
-            for k, n in ((52, 37), (512, 64), (40, 10)):
+            for k, n in ((130, 37), (512, 64), (144, 10)):
                 model, x = _head(k, n, acts, seed=k + n)
                 graph, params = from_onnx(model)
                 factory = tether.build_graph(graph, params, target="rasp4b")
@@ -113,3 +114,53 @@ def test_heads_on_the_emulated_a72_equal_onnxruntime(emulated_devices, tmp_path)
                     gm.set_input("x", x)
                     gm.run()
                     np.testing.assert_array_equal(gm.get_output(0), want, err_msg="%s %d %d" % (acts, k, n))
+
+
+def _network(path) -> None:
+    """x (1, 8, 10, 10) -> 3x3 conv 8->144 + relu -> pointwise 144->24 -> pointwise 24->136 + relu -> pointwise
+    136->20, in float32 (quantized by the test)."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+    rng = np.random.default_rng(7)
+    nodes, inits, x = [], [], "input"
+    for i, (cin, cout, k, relu) in enumerate([(8, 144, 3, True), (144, 24, 1, False), (24, 136, 1, True),
+                                              (136, 20, 1, False)]):
+        w = rng.normal(0, 1.0 / np.sqrt(cin * k * k), (cout, cin, k, k)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, "w%d" % i),
+                  numpy_helper.from_array(rng.normal(0, 0.1, cout).astype(np.float32), "b%d" % i)]
+        nodes.append(helper.make_node("Conv", [x, "w%d" % i, "b%d" % i], ["c%d" % i], kernel_shape=[k, k],
+                                      pads=[k // 2] * 4))
+        x = "c%d" % i
+        if relu:
+            nodes.append(helper.make_node("Relu", [x], ["r%d" % i]))
+            x = "r%d" % i
+    g = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 10, 10])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+@pytest.mark.emulated
+def test_channels_last_pointwise_convs_on_the_emulated_a72(emulated_devices, tmp_path):
+    """int8 activations channels last between convs: the 144 -> 24 and 136 -> 20 pointwise convs (100 pixels) run
+    in pairs on rasp4b and give the host build's outputs bit for bit; the 24 -> 136 one stays widened."""
+    from fixtures.pass_builds import run_host, run_on_device
+    from fixtures.scripts import load_script
+    import onnx
+
+    _network(tmp_path / "net.onnx")
+    quantized = str(tmp_path / "net_int8.onnx")
+    load_script("quantize_model").quantize(str(tmp_path / "net.onnx"), quantized, "qdq", per_channel=True,
+                                           activations="int8")
+    rng = np.random.default_rng(5)
+    xs = [rng.random((1, 8, 10, 10), dtype=np.float32) for _ in range(2)]
+    want = run_host(quantized, tmp_path / "host", xs, 1)
+    graph, params = from_onnx(onnx.load(quantized))
+    factory = tether.build_graph(graph, params, target="rasp4b")
+    pairs = sorted(b.attrs["channels"] for b in _qconvs(factory.graph) if factory.params[b.inputs[1]].ndim == 4)
+    assert pairs == [136, 144], pairs
+    asm = factory.lib.get_source("asm")
+    assert re.search(r"\baddp\s+v\d+\.4s", asm) and re.search(r"\bsadalp\s+v\d+\.4s", asm)
+    factory.export(str(tmp_path / "arm"))
+    device = emulated_devices.for_preset("rasp4b")
+    for got, w in zip(run_on_device(device, tmp_path / "arm", xs, 1), want):
+        np.testing.assert_array_equal(got[0], w[0])

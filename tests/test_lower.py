@@ -111,6 +111,34 @@ def test_reduction_init_and_update_nests():
     ]
 
 
+def test_reduction_init_reads_a_tensor_at_the_output_index(tmp_path):
+    """te.sum(..., init=bias[j]): the init store reads the tensor at the (split, cached) output's own index, and
+    the built kernel gives numpy's bias + a @ b."""
+    n, m, k = 6, 20, 5
+    a = te.placeholder((n, k), "float32", name="A")
+    b = te.placeholder((k, m), "float32", name="B")
+    bias = te.placeholder((m,), "float32", name="Bias")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((n, m), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r, init=bias[j]), name="C")
+    s = te.create_schedule(c.op)
+    cl = s.cache_write(c, "local")
+    jo, ji = s[c].split(c.op.axis[1], factor=8)
+    s[cl].compute_at(s[c], jo)
+    s[cl].reorder(s[cl].op.reduce_axis[0], *s[cl].op.axis)
+    s[cl].vectorize(s[cl].op.axis[1])
+    pf = tether.lower(s, [a, b, bias, c], "mm_bias")
+    assert "Bias[j.outer * 8 + j.c]" in str(pf), str(pf)
+    lib = tether.build(pf, target="host", name="mm_bias")
+    lib.export_library(str(tmp_path / "mm_bias.so"))
+    from tether import runtime
+    f = runtime.load_module(str(tmp_path / "mm_bias.so"))["mm_bias"]
+    rng = np.random.default_rng(0)
+    av, bv, biasv = (rng.standard_normal(sh).astype(np.float32) for sh in ((n, k), (k, m), (m,)))
+    out = np.zeros((n, m), np.float32)
+    f(av, bv, biasv, out)
+    np.testing.assert_allclose(out, biasv + av @ bv, rtol=1e-5, atol=1e-5)
+
+
 def test_cache_write_compute_at_allocates_tile_buffer():
     a, b, c = matmul(16, 32, 8)
     s = te.create_schedule(c.op)

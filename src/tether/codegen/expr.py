@@ -21,7 +21,8 @@ from tether.codegen.types import (F16, F32, I1, I8, I32, PTR, const_like, const_
                                   is_vec, like, mem_type, native_half, scalar_type, splat_const)
 from tether.errors import CompileError
 from tether.tir import (Binary, Buffer, Call, Cast, Compare, Const, Expr, Load, Not, PackedCall, Select, Var,
-                        byte_of_parts, children, dot4_kind, is_bool, is_pair_dot, is_float, substitute, walk)
+                        byte_of_parts, children, dot4_kind, is_bool, is_float, is_pair_dot, is_quad_sum, substitute,
+                        walk)
 from tether.tir.simplify import Simplifier
 from tether.tir.visit import by_class
 
@@ -670,6 +671,8 @@ class ExprEmitter:
             return int8dot.emit_byte(self, e)
         if is_pair_dot(e):
             return int8dot.emit_pair_dot(self, e)
+        if is_quad_sum(e):
+            return int8dot.emit_quad_sum(self, e)
         args = [self.ev(a) for a in e.args]
         if len(args) == 2:
             args = list(self.match(args[0], args[1]))

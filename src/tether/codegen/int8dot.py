@@ -29,7 +29,8 @@ from llvmlite import ir
 
 from tether.codegen.types import I8, I32, is_vec
 from tether.target import int8_dot_native
-from tether.tir import Binary, Call, Expr, byte_of_parts, dot4_kind
+from tether.tir import Binary, Call, Const, Expr, Load, byte_of_parts, dot4_kind
+from tether.tir.simplify import simplify
 
 I16 = ir.IntType(16)
 
@@ -119,6 +120,40 @@ def emit_pair_dot(em: Any, call: Call) -> ir.Value:
         sums = B.sext(B.add(B.mul(a_lo, b_lo), B.mul(a_hi, b_hi)), _vec(I32, 2 * n))
         out = B.add(_pick(B, sums, list(range(0, 2 * n, 2))), _pick(B, sums, list(range(1, 2 * n, 2))))
     return B.extract_element(out, ir.Constant(I32, 0)) if scalar else out
+
+
+def emit_quad_sum(em: Any, call: Call) -> ir.Value:
+    """``quad_sum(a0, a1, a2, a3)``: on aarch64, in a vector loop of n lanes (a multiple of 4) where a_j loads
+    element 4 * lane + j of one buffer, the 4n elements as one load and each group's lanes added pairwise with
+    addp, twice; elsewhere three adds."""
+    B = em.b
+    args = call.args
+    if em.vec is not None and em.ctx.target.arch == "aarch64" and em.lanes() % 4 == 0 and em.mask is None and \
+            all(isinstance(a, Load) and a.buffer is args[0].buffer for a in args) and \
+            all(em.lane_stride(a.index) == 4 for a in args) and \
+            all(_constant_offset(args[0].index, a.index) == j for j, a in enumerate(args)):
+        n = em.lanes()
+        ptr = B.gep(em.bufs[args[0].buffer], [em.ev_at_base(args[0].index)], inbounds=True, source_etype=I32)
+        wide = B.load(ptr, typ=_vec(I32, 4 * n), align=4)
+        groups = [_pick(B, wide, list(range(4 * g, 4 * g + 4))) for g in range(n)]
+        for _ in range(2):
+            groups = [_intrinsic(B, "llvm.aarch64.neon.addp.v4i32", _vec(I32, 4), [groups[k], groups[k + 1]])
+                      for k in range(0, len(groups), 2)]
+        while len(groups) > 1:
+            groups = [_join(B, groups[k], groups[k + 1]) for k in range(0, len(groups), 2)]
+        return groups[0]
+    vals = [em.ev(a) for a in args]
+    out = vals[0]
+    for v in vals[1:]:
+        out, v = em.match(out, v)
+        out = B.add(out, v)
+    return out
+
+
+def _constant_offset(a: Expr, b: Expr) -> Optional[int]:
+    """``b - a`` when it simplifies to a constant, else None."""
+    d = simplify(Binary("sub", b, a, "int32"))
+    return d.value if isinstance(d, Const) else None
 
 
 def _splat(B: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:

@@ -61,7 +61,7 @@ def _ref(attrs, x, wp, bias):
     p = attrs["pads"]
     img = np.pad(img, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])), constant_values=pad)
     (acc,) = CORE["conv2d"].ref(conv_attrs, img.astype(np.float64), wt.astype(np.float64))
-    acc = np.rint(acc).astype(np.int64).reshape(oc, -1) + bias.reshape(oc, 1)
+    acc = np.rint(acc).astype(np.int64).reshape(oc, -1) + bias[:oc].reshape(oc, 1)     # (a padded bias: the panels')
     if attrs.get("channels_last_out"):
         acc = np.ascontiguousarray(acc.T)
     return [acc.astype(np.int32)]
@@ -126,11 +126,11 @@ def _widen_depthwise(params: Dict[str, np.ndarray], graph: Graph, wname: str) ->
 
 
 # the pairs form from this many input channels: below, the write-back's lane sums cost more than the products save
-PAIRS_MIN_CHANNELS = 32
+PAIRS_MIN_CHANNELS = 128
 # ... and up to this many pixels: the write-back adds each accumulator's four lanes, about 6 instructions per output
 # against the products' 3 per 16 multiply-adds, so convs over many pixels, whose outputs outnumber their input
 # channels' steps, came out slower (MobileNetV2 int8 on the A72: 119.6 M -> 139.4 M instructions per inference)
-PAIRS_MAX_PIXELS = 1
+PAIRS_MAX_PIXELS = 1 << 30
 
 
 def _flipped_bias(bias: np.ndarray, wp: np.ndarray, x_dtype: str, kind: str, out_channels: int):
@@ -188,6 +188,7 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
             return b
         wname, bname = b.inputs[1], b.inputs[2]
         x_dtype = str(graph.types[b.inputs[0]].dtype)
+        pad_bias = False
         if widened:
             if params[wname].ndim != 3:     # the pointwise matmul form keeps dot4
                 return b
@@ -201,12 +202,18 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
                 # the pixel form's packed words, widened once
                 params[wname] = qops.widen_weights(params[wname], b.attrs["out_channels"])
                 out.types[wname] = TensorType(params[wname].shape, "int16")
+                pad_bias = True
         kind, flip = _choice(x_dtype, native)
         if flip:
             fixed = _flipped_bias(params[bname], params[wname], x_dtype, kind, b.attrs["out_channels"])
             if fixed is None:
                 return b        # the corrected bias would not fit int32: keep the plain kind
             params[bname] = fixed
+        if pad_bias:    # the sums start at the bias, one per panel lane (ops.qconv.qconv2d)
+            wp = params[wname]
+            lanes = wp.shape[0] * wp.shape[2]
+            params[bname] = np.concatenate([params[bname], np.zeros(lanes - params[bname].size, np.int32)])
+            out.types[bname] = TensorType(params[bname].shape, "int32")
         return Node(b.op, b.name, list(b.inputs), list(b.outputs), dict(b.attrs, kind=kind, flip=int(flip)))
 
     nodes = []

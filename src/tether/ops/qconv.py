@@ -156,7 +156,8 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
             kind: str = "", flip: bool = False, name: str = "qconv2d", channels_last_in: bool = False,
             channels_last_out: bool = False):
     """x (1, C, H, W) uint8/int8, wp packed (pack_weights, or pack_rows for a pointwise conv: the matmul form),
-    bias (O,) int32 -> (O, OH*OW) int32 (module doc). The matmul form takes x as (C, H*W).
+    bias (O,) int32 (or padded to the panels: the pixel form then starts its sums at it) -> (O, OH*OW) int32
+    (module doc). The matmul form takes x as (C, H*W).
     The pixel form also reads x channels last, (1, H, W, C), with ``channels_last_in`` and writes (OH*OW, O) with
     ``channels_last_out`` (graph/passes/int8_layout.py: int8 activations kept channels last between kernels)."""
     if len(c.shape_of(wp)) == 4:
@@ -211,23 +212,32 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
     # fourth byte would multiply the padding's zero weights)
     rt = te.reduce_axis((0, min(4, ch)), name="rt")
 
+    # a bias padded to the panels (kernels/qconv_ops.py does, for the widened form) starts the accumulators, where
+    # the write-back added it to every output vector
+    in_block = int(c.shape_of(bias)[0]) == npanel * pw
+
     def f(p, o):
         y, xx = p // ow, p % ow
         k = (ry * kw + rx) * c4 + rc
         xw = xq(y * sh + ry * dh, xx * sw + rx * dw, rc) if channels_last_in \
             else xq[y * sh + ry * dh, xx * sw + rx * dw, rc]
+        init = bias[o] if in_block else None
         if widened:
             return te.sum(te.byte_of(xw, rt, kind[:2] == "s8") * wp[o // pw, k * 4 + rt, o % pw].astype("int32"),
-                          axis=[ry, rx, rc, rt])
-        return te.sum(te.dot4(xw, wp[o // pw, k, o % pw], kind), axis=[ry, rx, rc])
+                          axis=[ry, rx, rc, rt], init=init)
+        return te.sum(te.dot4(xw, wp[o // pw, k, o % pw], kind), axis=[ry, rx, rc], init=init)
 
     attrs = {"panel": pw, "widened": int(widened)}
     if channels_last_out:
         attrs["channels_last_out"] = 1
     conv = c.compute((oh * ow, npanel * pw), f, f"{name}_nc", QCONV_PIXELS, attrs=attrs)
+
+    def out(p, o):
+        return conv[p, o] if in_block else conv[p, o] + bias[o]
+
     if channels_last_out:
-        return c.compute((oh * ow, out_channels), lambda p, o: conv[p, o] + bias[o], name, c.INJECTIVE)
-    return c.compute((out_channels, oh * ow), lambda o, p: conv[p, o] + bias[o], name, c.INJECTIVE)
+        return c.compute((oh * ow, out_channels), out, name, c.INJECTIVE)
+    return c.compute((out_channels, oh * ow), lambda o, p: out(p, o), name, c.INJECTIVE)
 
 
 def _channels_last_words(x, p4, pad_value: int, flip: bool, name: str):
@@ -365,7 +375,7 @@ def _pairs(x, wp, bias, out_channels: int, flip: bool, name: str, channels_last_
                     attrs={"channels_last_out": 1} if channels_last_out else None)
 
     def total(p, o):
-        return acc[p, o * half] + acc[p, o * half + 1] + acc[p, o * half + 2] + acc[p, o * half + 3] + bias[o]
+        return te.quad_sum(*(acc[p, o * half + j] for j in range(half))) + bias[o]
 
     if channels_last_out:
         return c.compute((npix, out_channels), total, name, c.INJECTIVE)

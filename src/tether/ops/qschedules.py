@@ -149,7 +149,7 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
 
 
 # the pairs form's register block: pixels x PAIR_BLOCK output channels, each four int32 lanes
-QPAIRS_PIXELS = 2
+QPAIRS_PIXELS = 1
 
 
 def schedule_qpairs(s, t, fam, ctx) -> None:

@@ -8,7 +8,7 @@ from tether.tir.expr import (Const, Expr, Var, all, any, bitwise, call_packed, c
 from tether.tir.op import abs, ceil, erf, exp, floor, log, pow, power, rsqrt, sigmoid, sqrt, tanh  # noqa: F401
 from tether.tir.op import round_even  # noqa: F401,E402  half to even
 from tether.tir.op import acos, asin, atan, cos, sin, tan  # noqa: F401
-from tether.tir.int8 import byte_of, dot4, pair_dot  # noqa: F401
+from tether.tir.int8 import byte_of, dot4, pair_dot, quad_sum  # noqa: F401
 
 
 def var(name: str = "v", dtype: str = "int32") -> Var:

@@ -159,7 +159,7 @@ class Lowering:
                     return substitute(self.eff_body[st], dict(zip(st.axis, idx)))
             return None
         if isinstance(body, Reduce):
-            return Reduce(body.combiner, rebuild(body.source, fn), body.axis, body.identity)
+            return Reduce(body.combiner, rebuild(body.source, fn), body.axis, rebuild(body.identity, fn))
         return rebuild(body, fn)
 
     # ---------------------------------------------------------------------------------------------------------
@@ -328,7 +328,8 @@ class Lowering:
             red_vars = [lv for lv in tail if lv.kind == "reduce"]
             if any(lv in st.bound for lv in red_vars):
                 return self._allreduce(st, info, body, value, sbuf, sidx, outer, tail, env, attach_stmts)
-            init = Store(sbuf, sidx, body.identity)
+            # an init value may read the output's indices and tensors (a conv's bias per output channel)
+            init = Store(sbuf, sidx, simplify(self._to_loads(substitute(body.identity, mapping)), self.ranges))
             update = Store(sbuf, sidx, simplify(_combine(body.combiner, Load(sbuf, sidx), value), self.ranges),
                            reduction=body.combiner)
             if info.gpu:

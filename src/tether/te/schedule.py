@@ -306,7 +306,8 @@ class Schedule:
         for st in reader_stages:
             body = st.body
             if isinstance(body, Reduce):
-                st.body = Reduce(body.combiner, rebuild(body.source, redirect), body.axis, body.identity)
+                st.body = Reduce(body.combiner, rebuild(body.source, redirect), body.axis,
+                                 rebuild(body.identity, redirect))
             else:
                 st.body = rebuild(body, redirect)
         return cache
@@ -331,7 +332,8 @@ class Schedule:
         mapping.update(zip(st.reduce_axis, new_raxis))
         body = st.body
         if isinstance(body, Reduce):
-            body = Reduce(body.combiner, substitute(body.source, mapping), new_raxis, body.identity)
+            body = Reduce(body.combiner, substitute(body.source, mapping), new_raxis,
+                          substitute(body.identity, mapping))
         else:
             body = substitute(body, mapping)
         cache_op = ComputeOp(tensor.name + suffix, getattr(st.op, "tag", ""), {}, new_axis, body)

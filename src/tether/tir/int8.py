@@ -20,6 +20,11 @@ all bytes signed. It is what Arm's smull + smlal2 (eight int16 sums of two produ
 added into int32 lanes) compute on 16 bytes: four products per instruction with nothing widened first. It is exact
 when no sum of two products leaves int16, which holds when one side's bytes stay within [-127, 127] (2 * 128 *
 127 = 32512); the caller guarantees that (ops/qconv.py's pairs form checks its weights).
+
+``quad_sum(a0, a1, a2, a3)`` is the int32 ``a0 + a1 + a2 + a3``. Where the four are, in a vector loop, loads 0..3 of
+groups of four consecutive elements (index 4 * lane + j: the pairs form's accumulators, four lanes per output),
+codegen/int8dot.py adds each group's lanes pairwise (Arm's addp: 3 instructions per 4 groups), where four
+strided loads became shuffles per lane.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ DOT4_KINDS = ("u8s8", "s8s8", "u8u8")
 _PREFIX = "dot4_"
 _BYTE_PREFIX = "byte_of_"
 _PAIR_DOT = "pair_dot_s8"
+_QUAD_SUM = "quad_sum"
 
 
 def dot4(a: Any, b: Any, kind: str = "u8s8") -> Expr:
@@ -83,3 +89,15 @@ def pair_dot(a_lo: Any, a_hi: Any, b_lo: Any, b_hi: Any) -> Expr:
 
 def is_pair_dot(e: Expr) -> bool:
     return isinstance(e, Call) and e.name == _PAIR_DOT
+
+
+def quad_sum(a0: Any, a1: Any, a2: Any, a3: Any) -> Expr:
+    """``a0 + a1 + a2 + a3`` of four int32s (see the module doc for how it is emitted)."""
+    args = [convert(x, "int32") for x in (a0, a1, a2, a3)]
+    if any(x.dtype != "int32" for x in args):
+        raise TypeError("quad_sum takes int32 operands, got %s" % ", ".join(x.dtype for x in args))
+    return Call(_QUAD_SUM, args, "int32")
+
+
+def is_quad_sum(e: Expr) -> bool:
+    return isinstance(e, Call) and e.name == _QUAD_SUM
