@@ -9,6 +9,7 @@ import re
 import numpy as np
 import onnxruntime as ort
 import pytest
+from fixtures.int8_models import assert_remote_equals_onnxruntime
 from fixtures.onnx_struct_compare import make_graph_model, make_model
 from onnx import helper
 
@@ -177,14 +178,7 @@ def test_emulated_arm_int8_convs(arm_device, tmp_path):
                     weights = [factory.params[b.inputs[1]] for n in factory.graph.nodes for b in n.body()
                                if b.op == "qconv2d"]
                     assert [w.shape for w in weights] == [(1, 36, 8)], case   # 9 taps x 4 bytes, 8 wide
-            folder = tmp_path / case
-            factory.export(str(folder))
-            want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-                None, {"x": x})[0]
-            with RemoteGraphExecutor(sess, str(folder)) as gm:
-                gm.set_input("x", x)
-                gm.run()
-                np.testing.assert_array_equal(gm.get_output(0), want, err_msg=case)
+            assert_remote_equals_onnxruntime(sess, factory, tmp_path / case, model, {"x": x}, case)
 
 
 @pytest.mark.emulated

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+from fixtures.int8_models import assert_remote_equals_onnxruntime
 from fixtures.onnx_struct_compare import make_graph_model
 from onnx import helper
 
@@ -20,7 +20,6 @@ from tether.frontend import from_onnx
 from tether.graph import op_info
 from tether.graph.passes import optimize
 from tether.kernels import qconv_ops
-from tether.rpc.graph_client import RemoteGraphExecutor
 
 
 def _head(k: int, n: int, acts: str, seed: int = 0, weight_low: int = -127):
@@ -106,14 +105,8 @@ def test_heads_on_the_emulated_a72_equal_onnxruntime(emulated_devices, tmp_path)
                 assert [w.ndim for w in (factory.params[b.inputs[1]] for b in _qconvs(factory.graph))] == [4]
                 asm = factory.lib.get_source("asm")
                 assert re.search(r"\bsadalp\s+v\d+\.4s, v\d+\.8h", asm) and re.search(r"\bsmlal2?\s+v\d+\.8h", asm)
-                folder = tmp_path / ("%s_%d_%d" % (acts, k, n))
-                factory.export(str(folder))
-                want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-                    None, {"x": x})[0]
-                with RemoteGraphExecutor(sess, str(folder)) as gm:
-                    gm.set_input("x", x)
-                    gm.run()
-                    np.testing.assert_array_equal(gm.get_output(0), want, err_msg="%s %d %d" % (acts, k, n))
+                assert_remote_equals_onnxruntime(sess, factory, tmp_path / ("%s_%d_%d" % (acts, k, n)), model,
+                                                 {"x": x}, "%s %d %d" % (acts, k, n))
 
 
 def _network(path) -> None:
