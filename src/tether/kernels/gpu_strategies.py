@@ -30,8 +30,8 @@ def _strategies() -> Dict[str, Strategy]:
     for name, d in core.DEFINITIONS.items():
         if d.pattern == "numpy":
             out[name] = DeviceNumpy()
-    for module in (quantize_ops, qconv_ops):
-        out.update({op: s for op, s in module.CPU_STRATEGIES.items() if op != "qadd"})
+    out.update({op: s for op, s in quantize_ops.CPU_STRATEGIES.items() if op != "qadd"})
+    out.update(qconv_ops.GPU_STRATEGIES)
     for name in list(detection_op.DEFINITIONS) + list(dynamic_op.DEFINITIONS):
         out[name] = DeviceNumpy()
     return out

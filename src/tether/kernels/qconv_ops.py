@@ -67,11 +67,11 @@ def _ref(attrs, x, wp, bias):
     return [acc.astype(np.int32)]
 
 
-def _lower(attrs, x, wp, bias):
+def _lower(attrs, x, wp, bias, bias_start: bool = True):
     return qops.qconv2d(x, wp, bias, tuple(attrs["kernel"]), tuple(attrs["strides"]), tuple(attrs["pads"]),
                         tuple(attrs["dilations"]), attrs["out_channels"], attrs["pad_value"], attrs["kind"],
                         bool(attrs["flip"]), channels_last_in=bool(attrs.get("channels_last_in")),
-                        channels_last_out=bool(attrs.get("channels_last_out")))
+                        channels_last_out=bool(attrs.get("channels_last_out")), bias_start=bias_start)
 
 
 
@@ -99,6 +99,9 @@ CPU_STRATEGIES: Dict[str, Strategy] = {
     "qdepthwise2d": TeLowering(lambda attrs, x, w, bias: qdepthwise2d(
         x, w, bias, tuple(attrs["strides"]), tuple(attrs["pads"]), attrs["pad_value"])),
 }
+# GPU kernels: the sums start at zero (the GPU lowering takes constant reduction inits only)
+GPU_STRATEGIES: Dict[str, Strategy] = dict(
+    CPU_STRATEGIES, qconv2d=TeLowering(lambda attrs, x, wp, bias: _lower(attrs, x, wp, bias, bias_start=False)))
 
 
 def _choice(x_dtype: str, native: Tuple[str, ...]) -> Tuple[str, bool]:

@@ -154,9 +154,10 @@ def weight_sums(wp: np.ndarray, out_channels: int) -> np.ndarray:
 
 def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels: int, pad_value: int,
             kind: str = "", flip: bool = False, name: str = "qconv2d", channels_last_in: bool = False,
-            channels_last_out: bool = False):
+            channels_last_out: bool = False, bias_start: bool = False):
     """x (1, C, H, W) uint8/int8, wp packed (pack_weights, or pack_rows for a pointwise conv: the matmul form),
-    bias (O,) int32 (or padded to the panels: the pixel form then starts its sums at it) -> (O, OH*OW) int32
+    bias (O,) int32 (or padded to the panels: with ``bias_start`` the pixel form's sums start at it) -> (O, OH*OW)
+    int32
     (module doc). The matmul form takes x as (C, H*W).
     The pixel form also reads x channels last, (1, H, W, C), with ``channels_last_in`` and writes (OH*OW, O) with
     ``channels_last_out`` (graph/passes/int8_layout.py: int8 activations kept channels last between kernels)."""
@@ -212,9 +213,9 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
     # fourth byte would multiply the padding's zero weights)
     rt = te.reduce_axis((0, min(4, ch)), name="rt")
 
-    # a bias padded to the panels (kernels/qconv_ops.py does, for the widened form) starts the accumulators, where
-    # the write-back added it to every output vector
-    in_block = int(c.shape_of(bias)[0]) == npanel * pw
+    # with bias_start, a bias of the panels' width starts the accumulators, where the write-back added it to every
+    # output vector (CPU kernels: the GPU lowering takes constant reduction inits only)
+    in_block = bias_start and int(c.shape_of(bias)[0]) == npanel * pw
 
     def f(p, o):
         y, xx = p // ow, p % ow
