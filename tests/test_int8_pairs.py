@@ -109,25 +109,32 @@ def test_heads_on_the_emulated_a72_equal_onnxruntime(emulated_devices, tmp_path)
                                                  {"x": x}, "%s %d %d" % (acts, k, n))
 
 
-def _network(path) -> None:
-    """x (1, 8, 10, 10) -> 3x3 conv 8->144 + relu -> pointwise 144->24 -> pointwise 24->136 + relu -> pointwise
-    136->20, in float32 (quantized by the test)."""
+NETWORK = [(8, 144, 3, True), (144, 24, 1, False), (24, 136, 1, True), (136, 20, 1, False)]
+# the first conv a pointwise one over 128 channels of the (NCHW) input, writing channels last for the depthwise conv
+NCHW_FIRST = [(128, 32, 1, True), (32, 32, 3, False), (32, 16, 1, False)]
+
+
+def _network(path, layers=NETWORK, channels: int = 8) -> None:
+    """x (1, channels, 10, 10) -> the convs of ``layers`` ((cin, cout, kernel, relu); a 3x3 conv with cin == cout
+    is depthwise), in float32 (quantized by the test). NETWORK: 3x3 conv 8->144 + relu -> pointwise 144->24 ->
+    pointwise 24->136 + relu -> pointwise 136->20."""
     import onnx
     from onnx import TensorProto, numpy_helper
     rng = np.random.default_rng(7)
     nodes, inits, x = [], [], "input"
-    for i, (cin, cout, k, relu) in enumerate([(8, 144, 3, True), (144, 24, 1, False), (24, 136, 1, True),
-                                              (136, 20, 1, False)]):
-        w = rng.normal(0, 1.0 / np.sqrt(cin * k * k), (cout, cin, k, k)).astype(np.float32)
+    for i, (cin, cout, k, relu) in enumerate(layers):
+        group = cin if (k == 3 and cin == cout and i) else 1
+        w = rng.normal(0, 1.0 / np.sqrt(cin // group * k * k), (cout, cin // group, k, k)).astype(np.float32)
         inits += [numpy_helper.from_array(w, "w%d" % i),
                   numpy_helper.from_array(rng.normal(0, 0.1, cout).astype(np.float32), "b%d" % i)]
         nodes.append(helper.make_node("Conv", [x, "w%d" % i, "b%d" % i], ["c%d" % i], kernel_shape=[k, k],
-                                      pads=[k // 2] * 4))
+                                      pads=[k // 2] * 4, group=group))
         x = "c%d" % i
         if relu:
             nodes.append(helper.make_node("Relu", [x], ["r%d" % i]))
             x = "r%d" % i
-    g = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 10, 10])],
+    g = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                       [1, channels, 10, 10])],
                           [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
 
@@ -153,6 +160,33 @@ def test_channels_last_pointwise_convs_on_the_emulated_a72(emulated_devices, tmp
     assert pairs == [136, 144], pairs
     asm = factory.lib.get_source("asm")
     assert re.search(r"\baddp\s+v\d+\.4s", asm) and re.search(r"\bsadalp\s+v\d+\.4s", asm)
+    factory.export(str(tmp_path / "arm"))
+    device = emulated_devices.for_preset("rasp4b")
+    for got, w in zip(run_on_device(device, tmp_path / "arm", xs, 1), want):
+        np.testing.assert_array_equal(got[0], w[0])
+
+
+@pytest.mark.emulated
+def test_a_pointwise_conv_reading_nchw_pixels_stays_widened(emulated_devices, tmp_path):
+    """A pointwise conv over 128 channels whose input is NCHW (the graph's) and whose output goes channels last:
+    the pairs form reads channels-last pixels or one pixel only, so it keeps the widened form, and the network
+    gives the host build's outputs bit for bit on the emulated A72."""
+    from fixtures.pass_builds import run_host, run_on_device
+    from fixtures.scripts import load_script
+    import onnx
+
+    _network(tmp_path / "net.onnx", NCHW_FIRST, channels=128)
+    quantized = str(tmp_path / "net_int8.onnx")
+    load_script("quantize_model").quantize(str(tmp_path / "net.onnx"), quantized, "qdq", per_channel=True,
+                                           activations="int8")
+    rng = np.random.default_rng(6)
+    xs = [rng.random((1, 128, 10, 10), dtype=np.float32)]
+    want = run_host(quantized, tmp_path / "host", xs, 1)
+    graph, params = from_onnx(onnx.load(quantized))
+    factory = tether.build_graph(graph, params, target="rasp4b")
+    first = [b for b in _qconvs(factory.graph) if b.attrs["channels"] == 128]
+    assert len(first) == 1 and not first[0].attrs.get("channels_last_in"), [b.attrs for b in first]
+    assert factory.params[first[0].inputs[1]].ndim == 3
     factory.export(str(tmp_path / "arm"))
     device = emulated_devices.for_preset("rasp4b")
     for got, w in zip(run_on_device(device, tmp_path / "arm", xs, 1), want):

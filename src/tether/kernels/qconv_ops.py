@@ -128,12 +128,10 @@ def _widen_depthwise(params: Dict[str, np.ndarray], graph: Graph, wname: str) ->
     graph.types[wname] = TensorType(w.shape, "int16")
 
 
-# the pairs form from this many input channels: below, the write-back's lane sums cost more than the products save
+# the pairs form from this many input channels: below, each output's lane sums (3 addp per 4 outputs) cost what its
+# products save (MobileNetV2 int8 on the A72, in its kernels: from 32 channels 115.9 M, from 64 115.4 M, from 128
+# 115.4 M)
 PAIRS_MIN_CHANNELS = 128
-# ... and up to this many pixels: the write-back adds each accumulator's four lanes, about 6 instructions per output
-# against the products' 3 per 16 multiply-adds, so convs over many pixels, whose outputs outnumber their input
-# channels' steps, came out slower (MobileNetV2 int8 on the A72: 119.6 M -> 139.4 M instructions per inference)
-PAIRS_MAX_PIXELS = 1 << 30
 
 
 def _flipped_bias(bias: np.ndarray, wp: np.ndarray, x_dtype: str, kind: str, out_channels: int):
@@ -145,24 +143,22 @@ def _flipped_bias(bias: np.ndarray, wp: np.ndarray, x_dtype: str, kind: str, out
 
 
 def _pair_form(b: Node, graph: Graph, wp: np.ndarray, bias: np.ndarray, x_dtype: str):
-    """(pair weights, bias) for a pixel-form qconv2d that the pairs form computes (ops/qconv.py: pointwise, on
-    channels-last pixels or one pixel, every weight within [-127, 127], at least PAIRS_MIN_CHANNELS input
-    channels), the bias corrected for flipped uint8 bytes; None otherwise."""
+    """(pair weights, bias, kind, flip) for a pixel-form qconv2d that the pairs form computes (ops/qconv.py:
+    pointwise, on channels-last pixels or one pixel, every weight within [-127, 127], at least PAIRS_MIN_CHANNELS
+    input channels), the bias corrected for flipped uint8 bytes; None otherwise."""
     a = b.attrs
-    shape = graph.types[b.inputs[0]].shape
-    pixels = int(np.prod(shape[1:3] if a.get("channels_last_in") else shape[2:]))
+    one_pixel = tuple(graph.types[b.inputs[0]].shape[2:]) == (1, 1)
     if tuple(a["kernel"]) != (1, 1) or list(a["strides"]) != [1, 1] or any(a["pads"]) or \
-            a["channels"] < PAIRS_MIN_CHANNELS or pixels > PAIRS_MAX_PIXELS:
+            a["channels"] < PAIRS_MIN_CHANNELS or not (a.get("channels_last_in") or one_pixel):
         return None
     w = qops.unpack_weights(wp, a["out_channels"], a["channels"], (1, 1))
     if w.min(initial=0) < -127:
         return None
     pairs = qops.pair_weights(w)
     kind, flip = _choice(x_dtype, ("s8s8",))
-    if not flip:
-        return pairs, bias
-    fixed = _flipped_bias(bias, pairs, x_dtype, kind, a["out_channels"])
-    return None if fixed is None else (pairs, fixed)
+    if flip:
+        bias = _flipped_bias(bias, pairs, x_dtype, kind, a["out_channels"])
+    return None if bias is None else (pairs, bias, kind, flip)
 
 
 def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Graph, Dict[str, np.ndarray]]:
@@ -198,9 +194,8 @@ def for_target(graph: Graph, params: Dict[str, np.ndarray], target) -> Tuple[Gra
             if params[wname].dtype == np.int32:
                 pairs = _pair_form(b, graph, params[wname], params[bname], x_dtype)
                 if pairs is not None:   # the pairs form multiplies signed bytes: uint8 is flipped
-                    params[wname], params[bname] = pairs
-                    out.types[wname] = TensorType(pairs[0].shape, "int16")
-                    kind, flip = _choice(x_dtype, ("s8s8",))
+                    params[wname], params[bname], kind, flip = pairs
+                    out.types[wname] = TensorType(params[wname].shape, "int16")
                     return Node(b.op, b.name, list(b.inputs), list(b.outputs), dict(b.attrs, kind=kind, flip=int(flip)))
                 # the pixel form's packed words, widened once
                 params[wname] = qops.widen_weights(params[wname], b.attrs["out_channels"])
