@@ -103,7 +103,7 @@ def emit_pair_dot(em: Any, call: Call) -> ir.Value:
     vals = [em.ev(x) for x in call.args]
     scalar = not any(is_vec(v) for v in vals)
     n = max(_lanes(v) for v in vals)
-    vals = [v if is_vec(v) else _splat(B, v, n) for v in vals]
+    vals = [em.splat(v, n) for v in vals]
     as8 = [B.bitcast(v, _vec(I8, 2 * n)) for v in vals]
     if em.ctx.target.arch == "aarch64" and n % 4 == 0 and n & (n - 1) == 0:
         parts = []
@@ -154,11 +154,6 @@ def _constant_offset(a: Expr, b: Expr) -> Optional[int]:
     """``b - a`` when it simplifies to a constant, else None."""
     d = simplify(Binary("sub", b, a, "int32"))
     return d.value if isinstance(d, Const) else None
-
-
-def _splat(B: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
-    one = B.insert_element(ir.Constant(ir.VectorType(v.type, 1), ir.Undefined), v, ir.Constant(I32, 0))
-    return B.shuffle_vector(one, ir.Constant(one.type, ir.Undefined), ir.Constant(_vec(I32, n), [0] * n))
 
 
 def _join(B: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:

@@ -157,8 +157,7 @@ def qconv2d(x, wp, bias, kernel: tuple, stride, padding, dilation, out_channels:
             channels_last_out: bool = False, bias_start: bool = False):
     """x (1, C, H, W) uint8/int8, wp packed (pack_weights, or pack_rows for a pointwise conv: the matmul form),
     bias (O,) int32 (or padded to the panels: with ``bias_start`` the pixel form's sums start at it) -> (O, OH*OW)
-    int32
-    (module doc). The matmul form takes x as (C, H*W).
+    int32 (module doc). The matmul form takes x as (C, H*W).
     The pixel form also reads x channels last, (1, H, W, C), with ``channels_last_in`` and writes (OH*OW, O) with
     ``channels_last_out`` (graph/passes/int8_layout.py: int8 activations kept channels last between kernels)."""
     if len(c.shape_of(wp)) == 4:

@@ -13,7 +13,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tether.graph.ir import Graph, Node, TensorType, unique_name
+from tether.graph.ir import Graph, Node, TensorType
+from tether.graph.passes.quantize import Rewriter
 
 # NHWC -> NCHW: the transpose a TFLite model's pad may sit behind
 _TO_NCHW = [0, 3, 1, 2]
@@ -57,27 +58,15 @@ def padded(conv: Node, extra: List[int], new_src: str) -> Node:
 
 def fold_pads(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Graph, Dict[str, np.ndarray]]:
     """Zero pads of a float conv2d's input taken into its pads (module doc)."""
-    producer = {o: n for n in graph.nodes for o in n.outputs}
-    uses: Dict[str, int] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            uses[i] = uses.get(i, 0) + 1
-    for o in graph.outputs:
-        uses[o] = uses.get(o, 0) + 1
     out = graph.copy()
     out.types = dict(graph.types)
-    taken = set(graph.types) | set(params)
-
-    def fresh(hint: str) -> str:
-        name = unique_name(hint, taken)
-        taken.add(name)
-        return name
+    rw = Rewriter(graph, params)     # producers, uses and fresh names
 
     nodes: List[Node] = []
     for n in graph.nodes:
         if n.op == "conv2d" and len(graph.types[n.inputs[0]].shape) == 4 and \
                 str(graph.types[n.inputs[0]].dtype) in ("float32", "float16"):
-            found = input_pad(out, producer, uses, fresh, n.inputs[0], 0.0)
+            found = input_pad(out, rw.producer, rw.uses, rw.fresh, n.inputs[0], 0.0)
             if found is not None:
                 extra, new_src, pre = found
                 nodes.extend(pre)
