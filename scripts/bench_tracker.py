@@ -541,6 +541,9 @@ class _LabClient:
         self.conn: Optional[LabConn] = None
         self.rid = 0
         self.current: Optional[_LabRequest] = None
+        # a plan to leave the queue that met no queue (the device was free) is kept for the next request, so the
+        # shares of cfg are shares of requests that left a queue, not of requests that could have
+        self.waiting_plan: Optional[str] = None
         self.dead = False
         self.welcome: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
 
@@ -606,6 +609,8 @@ class _LabClient:
                 plan = name
                 break
             r -= share
+        if self.waiting_plan is not None and plan == "normal":
+            plan, self.waiting_plan = self.waiting_plan, None
         self.rid += 1
         req = _LabRequest(self.rid, lab.pick_key(), asyncio.get_running_loop().create_future())
         self.current = req
@@ -627,6 +632,7 @@ class _LabClient:
                         self.current = None
                     lab.counts[plan] += 1
                     return
+            self.waiting_plan = plan
         try:
             await asyncio.wait_for(asyncio.shield(req.done), wait + 10.0)
         except asyncio.TimeoutError:

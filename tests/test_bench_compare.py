@@ -132,8 +132,13 @@ def test_compare_detects_a_20_percent_slower_build_and_calls_reruns_same(rpc_ser
 
 
 def test_compare_cli_exit_status_json_and_notes(rpc_server, builds, tmp_path):
-    docs = {name: measure(rpc_server, builds[name]) for name in ("base", "slow")}
-    docs["again"] = measure(rpc_server, builds["base"])
+    # taken again, as the interleaved test does, while the machine's speed moved between the first and the last
+    # measurement of the base build (one failed run: the 20% slower build measured 1.071x, called "same")
+    for _ in range(1 + RETAKES):
+        docs = {name: measure(rpc_server, builds[name]) for name in ("base", "slow")}
+        docs["again"] = measure(rpc_server, builds["base"])
+        if _stable(docs["base"], docs["again"]):
+            break
     paths = {}
     for name, doc in docs.items():
         paths[name] = tmp_path / (name + ".json")
