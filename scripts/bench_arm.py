@@ -5,17 +5,16 @@ aarch64 wheel (MLAS) and LiteRT's aarch64 wheel (ai-edge-litert, XNNPACK), fp32 
     python scripts/bench_arm.py [--models mobilenet_v2,conv_net,mlp] [--precisions fp32,int8]
         [--warm 3] [--extra 2] [--max-seconds 3000] [--json out.json]
 
-Every runtime runs in the Debian aarch64 userland (tether.emulate) under qemu-user with the instruction-count
-plugin (tether.bench.insn_count), on the same input. tether is counted as ``tether bench --count-instructions``
-counts (two guest processes of 10 and 14 inferences, the difference over 4); onnxruntime and LiteRT, whose
-start-up does not repeat exactly from process to process, inside one process: WARM inferences, then EXTRA in a
-window marked for the plugin (its mark system call), over EXTRA. tether's model is compiled for rasp4b and
-run by its device package; onnxruntime and LiteRT are their PyPI aarch64 wheels for the guest's Python (3.11),
-downloaded once with ``pip download`` and unpacked under ``$XDG_CACHE_HOME/tether/arm-wheels/`` (the userland
-itself is not changed). Both read /proc/cpuinfo at start-up through the cpuinfo library, which under qemu-user is
-the host's x86 text (onnxruntime then dies of SIGSEGV), so their guest processes run in a private mount namespace
-(``unshare -m``: root, or a user namespace where the kernel allows one) with a Cortex-A72's /proc/cpuinfo
-bind-mounted over the host's.
+Every runtime runs in the Debian aarch64 userland (tether.emulate) under qemu-user with the instruction-count plugin
+(tether.bench.insn_count), on the same input. tether is counted as ``tether bench --count-instructions`` counts (a
+window of 4 inferences after 10, marked for the plugin, over 4); onnxruntime and LiteRT the same way: WARM
+inferences, then EXTRA in a window marked for the plugin (its mark system call), over EXTRA. tether's model is
+compiled for rasp4b and run by its device package; onnxruntime and LiteRT are their PyPI aarch64 wheels for the
+guest's Python (3.11), downloaded once with ``pip download`` and unpacked under
+``$XDG_CACHE_HOME/tether/arm-wheels/`` (the userland itself is not changed). Both read /proc/cpuinfo at start-up
+through the cpuinfo library, which under qemu-user is the host's x86 text (onnxruntime then dies of SIGSEGV), so
+their guest processes run in a private mount namespace (``unshare -m``: root, or a user namespace where the kernel
+allows one) with a Cortex-A72's /proc/cpuinfo bind-mounted over the host's.
 
 The models exist as ONNX (tether, onnxruntime) and as TFLite (LiteRT, and tether's TFLite frontend): the ONNX
 network is rebuilt layer by layer in Keras with the same weights and converted with TensorFlow's TFLite converter.
@@ -298,9 +297,8 @@ def model_files(name: str, folder: str, precision: str) -> Tuple[str, str, np.nd
 # -- counting ------------------------------------------------------------------------------------------------------
 
 def count_tether(path: str, x: np.ndarray, work: str, timeout: float) -> Tuple[dict, np.ndarray, float]:
-    """tether's count as ``tether bench --count-instructions`` takes it (two processes, 10 and 14 inferences: the
-    executor's Python is steady only after CPython has specialized it; fewer warm runs leave single classes of
-    the difference off by a few hundred, even negative, on a tiny model)."""
+    """tether's count as ``tether bench --count-instructions`` takes it (a marked window of 4 inferences after 10:
+    the executor's Python is steady only after CPython has specialized it)."""
     import tether
     from tether.bench import insn_count
     from tether.frontend import from_onnx, from_tflite

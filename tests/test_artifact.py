@@ -21,7 +21,7 @@ from fixtures.schedules import elementwise
 from tether.driver import build_ir
 import tether
 from tether import te
-from tether.codegen import cpu_dispatch, threadpool
+from tether.codegen import call_list, cpu_dispatch, threadpool
 from tether.codegen.function import emit_function
 from tether.codegen.module import ModuleBuilder
 from tether.codegen.packed import error_code
@@ -32,7 +32,7 @@ from tether_rpc import elf
 ELF_PRESETS = [p for p in PRESET_NAMES if not Target(p).is_wasm]   # (wasm32: tests/test_wasm_target.py)
 N = 1024
 EXPECTED_EXPORTS = {"vadd", "vexp", "tether_set_parallel_launcher", "__tether_metadata"} | set(
-    threadpool.EXPORTED_SYMBOLS)
+    threadpool.EXPORTED_SYMBOLS) | set(call_list.EXPORTED_SYMBOLS)
 
 
 def _kernel_module(preset: str, name: str = "kern"):
@@ -490,7 +490,7 @@ def test_readme_vadd_end_to_end(tmp_path, host_linker):
     with elf.read_elf(path) as f:
         assert f.arch == "aarch64" and f.needed == [] and f.undefined_symbols == []
         assert set(f.exported_symbols) == {"vadd", "tether_set_parallel_launcher", "__tether_metadata"} | set(
-            threadpool.EXPORTED_SYMBOLS)
+            threadpool.EXPORTED_SYMBOLS) | set(call_list.EXPORTED_SYMBOLS)
     assert lib.metadata["functions"][0]["parallel"] is True
     assert re.search(r"\bfadd\s+v\d+\.4s", lib.get_source("asm"))
     host = tether.build(s, args, target="host", name="vadd").export_library(str(tmp_path / "vadd_host.so"))

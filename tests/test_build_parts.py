@@ -8,7 +8,7 @@ import pytest
 
 import tether
 from tether import ops, te
-from tether.codegen import threadpool
+from tether.codegen import call_list, threadpool
 from tether.errors import CompileError, ScheduleError
 from tether_rpc import elf
 
@@ -45,7 +45,7 @@ def test_parts_build_matches_a_one_process_build(tmp_path):
         assert f.needed == [] and f.undefined_symbols == []
         assert set(f.exported_symbols) == {"k%d" % i for i in range(6)} | {"mm", "par", "__tether_metadata",
                                                                          "tether_set_parallel_launcher"} | set(
-            threadpool.EXPORTED_SYMBOLS)
+            threadpool.EXPORTED_SYMBOLS) | set(call_list.EXPORTED_SYMBOLS)
     assert "k3__impl" in parts.get_source("asm") and "define" in parts.get_source("ll-opt")
 
     rng = np.random.default_rng(0)

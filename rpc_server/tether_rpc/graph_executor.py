@@ -134,6 +134,7 @@ class GraphExecutor:
         self._inputs_read_on_host: Set[int] = set()
         if getattr(module, "gpu", None) is not None:
             self._setup_gpu(graph, module, sizes)
+            self._steps = list(zip(self._calls, self._whens))
             return
         for node in graph["nodes"]:
             if "numpy" in node:
@@ -148,6 +149,26 @@ class GraphExecutor:
             self._nodes.append(node)
             self._calls.append(func.bind(*args))
             self._whens.append(self._guard(node))
+        self._steps = self._sequenced(module)
+
+    def _sequenced(self, module: Any) -> List[Tuple[Callable[[], None], Optional[List[Tuple[np.ndarray, bool]]]]]:
+        """What a run does, in order: each stretch of unguarded kernel calls as one native call of the module's
+        call list (Module.sequence), numpy nodes and guarded nodes on their own. Per kernel that saves the
+        interpreter's loop and a ctypes call, more than a small kernel's own work on a board's core."""
+        steps: List[Tuple[Callable[[], None], Optional[List[Tuple[np.ndarray, bool]]]]] = []
+        stretch: List[Callable[[], None]] = []
+        sequence = getattr(module, "sequence", None)
+        for node, call, when in zip(self._nodes, self._calls, self._whens):
+            if sequence is not None and when is None and "numpy" not in node:
+                stretch.append(call)
+                continue
+            if stretch:
+                steps.append((sequence(stretch), None))
+                stretch = []
+            steps.append((call, when))
+        if stretch:
+            steps.append((sequence(stretch), None))
+        return steps
 
     def _setup_gpu(self, graph: Dict[str, Any], module: Any, sizes: List[int]) -> None:
         """Bind a GPU module's nodes: GPU functions to device views of the storages, host functions and numpy
@@ -338,7 +359,7 @@ class GraphExecutor:
     def run(self, **inputs: Any) -> None:
         if inputs:
             self.set_input(**inputs)
-        for call, when in zip(self._calls, self._whens):
+        for call, when in self._steps:
             if when is None or self._holds(when):
                 call()
         if self._device_memory is not None:
@@ -397,22 +418,14 @@ class GraphExecutor:
         device = "%s:%d" % (gpu.device.name, gpu.device.index) if gpu is not None else "cpu"
         return {"inputs": describe(self.graph["inputs"]), "outputs": describe(self.graph["outputs"]),
                 "nodes": len(self._nodes), "storage_bytes": int(sum(s.nbytes for s in self._storages)),
-                "device": device}
+                "device": device, "calls_per_run": len(self._steps)}
 
     # -- timing --------------------------------------------------------------------------------------------------
     def benchmark(self, number: int = 10, repeat: int = 3, min_repeat_ms: float = 0, warmup: int = 1,
                   cooldown_ms: float = 0, on_sample: Optional[Callable[..., None]] = None) -> Dict[str, Any]:
         """Whole-model timing: ``{"samples": [seconds per run], "number", "median_ms", "mean_ms", "min_ms"}``."""
-        calls = self._calls
-        mem = self._device_memory
-
-        def run_all() -> None:
-            for call in calls:
-                call()
-            if mem is not None:
-                self._finish_gpu_run()
-
-        res = timing.time_evaluator(run_all, (), number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+        # (run itself: an untaken branch's nodes are skipped in a timed run as in any other)
+        res = timing.time_evaluator(self.run, (), number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                                     warmup=warmup, cooldown_ms=cooldown_ms, on_sample=on_sample)
         return _summarize(res)
 
@@ -443,6 +456,7 @@ class GraphExecutor:
         """Free the device memory and, when the executor owns its module (the RPC's create loaded it for this
         executor alone), the module (idempotent)."""
         self._calls = []
+        self._steps = []
         self._nodes = []
         if self._device_memory is not None:
             self._device_memory.free()

@@ -50,6 +50,15 @@ _ARCH_BITS = {"x86_64": 64, "aarch64": 64, "armv7": 32}
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # a packed function called with the addresses of its (pre-packed) value and type-code arrays: PackedFunc.bind
 _BOUND_CALL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+# metadata "call_list": the version of tether_run_calls this runtime drives (docs/abi.md "Call lists")
+CALL_LIST_VERSION = 1
+_RUN_CALLS = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
+
+
+class TetherCall(ctypes.Structure):
+    """One record of a call list: a packed function and its converted arguments (docs/abi.md "Call lists")."""
+    _fields_ = [("fn", ctypes.c_void_p), ("values", ctypes.c_void_p), ("codes", ctypes.c_void_p),
+                ("num_args", ctypes.c_int32)]
 
 _host_float_abi_cache: List[Optional[str]] = []
 
@@ -268,7 +277,8 @@ class PackedFunc:
         values, codes, n, keep = self._pack(args)
         # The packed arrays as plain addresses through a pointer-typed prototype: ctypes then skips the
         # POINTER(TetherValue) checks, a third of a bound call (0.61 -> 0.37 us, a graph of tiny kernels).
-        cfunc = _BOUND_CALL(ctypes.cast(self._cfunc, ctypes.c_void_p).value)
+        address = ctypes.cast(self._cfunc, ctypes.c_void_p).value
+        cfunc = _BOUND_CALL(address)
         values_at, codes_at = ctypes.addressof(values), ctypes.addressof(codes)
         decode = self.decode_error
         module = self.module
@@ -282,6 +292,9 @@ class PackedFunc:
 
         # the arrays behind the addresses and the DLTensors they point to must outlive every call
         call.keepalive = (values, codes, keep)  # type: ignore[attr-defined]
+        # what Module.sequence puts in a call list, and how a failure there reads
+        call.record = (address, values_at, codes_at, n)  # type: ignore[attr-defined]
+        call.error = lambda rc: decode(rc, args)  # type: ignore[attr-defined]
         return call
 
     def decode_error(self, rc: int, args: Sequence[Any] = ()) -> KernelError:
@@ -398,6 +411,40 @@ class Module:
         return f
 
     get_function = __getitem__
+
+    def sequence(self, calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
+        """One callable that makes ``calls`` (from :meth:`PackedFunc.bind` of this module's functions) in order,
+        stopping at the first error, which it raises as that call would. Through the module's
+        ``tether_run_calls`` (docs/abi.md "Call lists") that is one native call; a module without the export
+        (hand-written C, older builds) gets a Python loop doing the same."""
+        calls = list(calls)
+        run = None
+        if (self._lib is not None and self.metadata.get("call_list") == CALL_LIST_VERSION and len(calls) > 1
+                and all(getattr(c, "record", None) is not None for c in calls)):
+            export = getattr(self._lib, "tether_run_calls", None)
+            run = None if export is None else _RUN_CALLS(ctypes.cast(export, ctypes.c_void_p).value)
+        if run is None:
+            if len(calls) == 1:
+                return calls[0]
+
+            def each() -> None:
+                for call in calls:
+                    call()
+            return each
+        records = (TetherCall * len(calls))(*(TetherCall(*c.record) for c in calls))  # type: ignore[attr-defined]
+        failed = ctypes.c_int32(0)
+        records_at, failed_at, n = ctypes.addressof(records), ctypes.addressof(failed), len(calls)
+        module = self
+
+        def run_all() -> None:
+            if module._lib is None:
+                raise module.closed_error("tether_run_calls")
+            rc = run(records_at, n, failed_at)
+            if rc:
+                raise calls[failed.value].error(rc)  # type: ignore[attr-defined]
+
+        run_all.keepalive = (records, failed, calls)  # type: ignore[attr-defined]
+        return run_all
 
     def close(self) -> None:
         """Drop this object's reference (idempotent); the library is unloaded when no holder is left."""

@@ -3,8 +3,12 @@
 Timings under qemu mean nothing; the instructions the guest executes are exact. The plugin
 (``insn_count_plugin.c``, built here with ``zig cc`` at first use and cached by its source hash) counts them by
 class, and per kernel by the library's function symbols. A model is run in two fresh guest processes with the same
-input, one doing ``warm`` inferences and one ``warm + extra``; their difference over ``extra`` is the count per
-inference: the interpreter's start-up, the imports, loading the model and the first (cold) inference cancel.
+input, one doing ``warm`` inferences and one ``warm + extra``. The count per inference is the second process's
+window of ``extra`` inferences after the ``warm`` ones, marked for the plugin, over ``extra``: the interpreter's
+start-up, the imports, loading the model and the first (cold) inference stay outside it, and so does the
+process's exit, which moved by tens of thousands of instructions between processes that differ only in how
+many inferences they ran. The per-kernel counts are the two processes' difference over ``extra`` (the plugin
+attributes the whole process by symbol; a kernel's count repeats exactly whatever ran before it).
 
 Determinism is what makes the numbers a regression line: one guest thread (``TETHER_NUM_THREADS=1``, OpenBLAS
 serial), a fixed hash seed, the same input files, a clean environment, address-space randomisation off for the
@@ -188,8 +192,9 @@ class GuestRun:
 
 def run_guest(userland: Any, cpu: str, folder: str, inputs_dir: str, runs: int, work: str,
               symbols: Optional[str] = None, timeout: float = 600.0, disas: Optional[str] = None,
-              output: Optional[str] = None) -> GuestRun:
-    """Run the model in ``folder`` ``runs`` times in a fresh guest process under the counting plugin; ``output``:
+              output: Optional[str] = None, warm: Optional[int] = None) -> GuestRun:
+    """Run the model in ``folder`` ``runs`` times in a fresh guest process under the counting plugin, the runs
+    after the first ``warm`` (default: all of them) in a marked window (:func:`window_per_inference`); ``output``:
     save the graph's first output there (.npy); ``disas``: the plugin's per-instruction listing there."""
     plugin = plugin_path()
     tag = "%06d" % runs   # one length for every run: the guest sees paths of the same size
@@ -212,7 +217,8 @@ def run_guest(userland: Any, cpu: str, folder: str, inputs_dir: str, runs: int, 
     argv = [qemu, "-cpu", cpu, "-plugin", plugin_arg, "-E", "LD_PRELOAD=%s" % preload, "-L", str(userland.rootfs),
             str(userland.python),
             "-s", "-B", "-u", "-c", _GUEST_MAIN, "tether-rpc.pyz", _rel(folder, work), _rel(inputs_dir, work),
-            str(int(runs)), _rel(symbols, work) if symbols else "-", _rel(ranges, work) if symbols else "-",
+            str(int(runs)), str(int(runs if warm is None else warm)),
+            _rel(symbols, work) if symbols else "-", _rel(ranges, work) if symbols else "-",
             _rel(output, work) if output else "-"]
     try:
         proc = subprocess.run(argv, env=guest_env(), cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -231,6 +237,17 @@ def run_guest(userland: Any, cpu: str, folder: str, inputs_dir: str, runs: int, 
     with open(out) as fh:
         counts = json.load(fh)
     return GuestRun(runs, counts, stdout.strip())
+
+
+def window_per_inference(run: GuestRun, inferences: int) -> Dict[str, float]:
+    """{class: n} per inference of the ``inferences`` in ``run``'s marked window: the last mark less the third,
+    less what a mark costs (the third less the second, the same for every mark)."""
+    marks = run.counts.get("marks") or []
+    if len(marks) != 4:
+        raise InsnCountError("the plugin recorded %d marks of the guest's window, expected 4" % len(marks))
+    cost = {c: int(marks[2].get(c, 0)) - int(marks[1].get(c, 0)) for c in CLASSES}
+    start = {c: int(marks[2].get(c, 0)) + cost[c] for c in CLASSES}
+    return _diff(start, marks[3], inferences)
 
 
 def _diff(a: Mapping[str, int], b: Mapping[str, int], k: int) -> Dict[str, float]:
@@ -312,17 +329,20 @@ def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm:
         # Both runs see the same folder, inputs and symbol file paths: their processes differ only in RUNS.
         # Both runs save the output to the same path, so they differ in nothing but RUNS.
         saved = os.path.join(work, "output.npy")
-        a = run_guest(userland, cpu, folder_in_work, inputs_dir, warm, work, symbols, timeout, output=saved)
-        b = run_guest(userland, cpu, folder_in_work, inputs_dir, warm + extra, work, symbols, timeout, output=saved)
+        a = run_guest(userland, cpu, folder_in_work, inputs_dir, warm, work, symbols, timeout, output=saved,
+                      warm=warm)
+        b = run_guest(userland, cpu, folder_in_work, inputs_dir, warm + extra, work, symbols, timeout, output=saved,
+                      warm=warm)
         if output:
             shutil.copyfile(saved, output)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record: Dict[str, Any] = {
         "preset": preset, "arch": arch, "cpu": cpu, "classes": list(CLASSES),
-        "per_inference": _with_total(_diff(a.counts["total"], b.counts["total"], extra)),
+        "per_inference": _with_total(window_per_inference(b, extra)),
         "method": {"warm_runs": warm, "extra_runs": extra, "threads": 1,
-                   "counting": "qemu TCG plugin, inline per-translation-block counters",
+                   "counting": "qemu TCG plugin, inline per-translation-block counters; per inference: a "
+                               "marked window of one process, per kernel: two processes' difference",
                    "qemu": emulate.find_qemu(userland.spec)},
         "runs": [{"inferences": r.runs, "total": sum(int(v) for v in r.counts["total"].values())} for r in (a, b)],
     }

@@ -2,18 +2,27 @@
 compiled model with the device package, set its inputs, run it RUNS times, exit. Standard library, numpy and the
 device zipapp only (this file is shipped into the guest as is; it never imports ``tether``).
 
-argv: BUNDLE FOLDER INPUTS_DIR RUNS SYMBOLS RANGES OUTPUT
+The inferences after the first WARM are a window marked for the plugin (its MARK_SYSCALL, made through ctypes):
+mark, mark, mark, the rest of the RUNS, mark. The window counts what those inferences executed in this process
+alone, less what a mark costs (the second and third marks' difference): the process's start-up and exit, which
+move by tens of thousands of instructions between processes with different RUNS, stay outside it.
+
+argv: BUNDLE FOLDER INPUTS_DIR RUNS WARM SYMBOLS RANGES OUTPUT
   BUNDLE      the device zipapp (tether_rpc), put on sys.path
   FOLDER      the model folder (deploy.json, deploy.so, deploy.params)
   INPUTS_DIR  input K of the graph in K.npy
+  RUNS        inferences in all; WARM: those before the marked window (at most RUNS)
   SYMBOLS     "OFFSET SIZE NAME" lines (hex, relative to the library's load address): the library's functions
   RANGES      written here (atomically) as "START END NAME" guest addresses once the library is loaded and
               before it first runs, for the plugin's per-kernel attribution; "-" for none
   OUTPUT      the graph's first output after the last run is saved here (.npy); "-" for nowhere
 """
+import ctypes
 import gc
 import os
 import sys
+
+MARK_SYSCALL = 0x74e7   # insn_count_plugin.c
 
 
 def _load_base(lib_path):
@@ -30,7 +39,8 @@ def _load_base(lib_path):
 
 
 def main(argv):
-    bundle, folder, inputs_dir, runs, symbols, ranges, output = argv
+    bundle, folder, inputs_dir, runs, warm, symbols, ranges, output = argv
+    runs, warm = int(runs), min(int(warm), int(runs))
     sys.path.insert(0, bundle)
     import json
 
@@ -62,8 +72,14 @@ def main(argv):
     # before them, down to the length of a path. Off for the runs: an inference's count is the inference's.
     gc.collect()
     gc.disable()
-    for _ in range(int(runs)):
+    syscall = ctypes.CDLL(None).syscall
+    for _ in range(warm):
         gm.run()
+    for _ in range(3):
+        syscall(MARK_SYSCALL)
+    for _ in range(runs - warm):
+        gm.run()
+    syscall(MARK_SYSCALL)
     out = gm.get_output(0)
     if output != "-":
         np.save(output, out, allow_pickle=False)

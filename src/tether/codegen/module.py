@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from llvmlite import ir
 
-from tether.codegen import cpu_dispatch, hostcall, mathlib, threadpool
+from tether.codegen import call_list, cpu_dispatch, hostcall, mathlib, threadpool
 from tether.codegen.packed import ARG_CHECKER, ARG_CHECKER_IR, WrapperWriter
 from tether.codegen.runtime import (ARM_RUNTIME_FUNCTIONS, DEVICE_CODE_SYMBOL, EXPORTED_RUNTIME_SYMBOLS,
                                     MEMORY_FUNCTIONS, add_device_code_blob, add_launcher_slot, add_metadata_blob,
@@ -151,12 +151,14 @@ class ModuleBuilder:
         # "parallel_tasks": "chunked": every task function (codegen/parallel.py _make_task) runs chunk task_id of
         # num_tasks balanced chunks of its loop for ANY num_tasks >= 1, so the runtime may run a whole loop as one
         # task (docs/abi.md "Parallel loops", docs/parallel.md). "thread_pool": the version of the native pool
-        # protocol this module exports (codegen/threadpool.py).
+        # protocol this module exports (codegen/threadpool.py). "call_list": the version of tether_run_calls
+        # (codegen/call_list.py).
         self.metadata = {"abi_version": ABI_VERSION, "tether_version": __version__,
                          "target": self.target.to_dict(),
                          "requires": self.target.requirements(), "functions": self._functions}
         if not self.target.is_wasm:   # (wasm32: no launcher, no pool)
-            self.metadata.update({"parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION})
+            self.metadata.update({"parallel_tasks": "chunked", "thread_pool": threadpool.POOL_VERSION,
+                                  "call_list": call_list.CALL_LIST_VERSION})
         if self.cpu_dispatch_word is not None:   # the word's bits, set by the runtime at load
             self.metadata["cpu_dispatch"] = list(cpu_dispatch.features(self.target))
         if self._device is not None:
@@ -208,7 +210,7 @@ class ModuleBuilder:
         has_checker = ARG_CHECKER in dropped
         self._text = text + memory_functions_ir(self.target) + (ARG_CHECKER_IR if has_checker else "")
         if runtime:
-            self._text += threadpool.thread_pool_ir(self.target)
+            self._text += threadpool.thread_pool_ir(self.target) + call_list.call_list_ir(self.target)
         if self.target.arch == "armv7":
             self._text += arm_runtime_ir()
         return self._text

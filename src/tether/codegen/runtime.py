@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from tether.codegen import threadpool
+from tether.codegen import call_list, threadpool
 from tether.codegen.types import I8, PTR
 from tether.target import Target
 
 # The native thread pool (codegen/threadpool.py) is exported too: the runtime installs one module's
-# tether_pool_launch as every module's launcher (docs/parallel.md "The native pool").
-EXPORTED_RUNTIME_SYMBOLS = ("tether_set_parallel_launcher", "__tether_metadata") + threadpool.EXPORTED_SYMBOLS
+# tether_pool_launch as every module's launcher (docs/parallel.md "The native pool"). So is the call list
+# (codegen/call_list.py), through which a graph executor runs its kernels in one native call.
+EXPORTED_RUNTIME_SYMBOLS = (("tether_set_parallel_launcher", "__tether_metadata") + threadpool.EXPORTED_SYMBOLS
+                            + call_list.EXPORTED_SYMBOLS)
 MEMORY_FUNCTIONS = ("memcpy", "memmove", "memset")
 # What LLVM calls on armv7 for integer division (without hardware divide) and 64-bit int <-> float conversions.
 ARM_RUNTIME_FUNCTIONS = ("__aeabi_uidiv", "__aeabi_idiv", "__aeabi_uidivmod", "__aeabi_idivmod", "__aeabi_uldivmod",
