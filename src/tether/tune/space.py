@@ -174,7 +174,8 @@ def space_for(out, fam: Family) -> ConfigSpace:
         unroll = (("k_unroll_one_row", _uniq([fam.k_unroll_one_row, 4, 8, 32])) if one_row
                   else ("k_unroll", _uniq([fam.k_unroll, 1, 2, 8])))
         knobs = [("mm_rows", _uniq([fam.mm_rows, 1, 2, 3, 4, 5, 6, 8])), ("mm_cols", _uniq(cols)), unroll,
-                 ("direct_matmul", _uniq([fam.direct_matmul, not fam.direct_matmul])), grain, ("parallel_axis", _uniq([fam.parallel_axis, "auto", "rows", "fused"]))]
+                 ("direct_matmul", _uniq([fam.direct_matmul, not fam.direct_matmul])), grain,
+                 ("parallel_axis", _uniq([fam.parallel_axis, "auto", "rows", "fused"]))]
     elif kind == c.CONV2D:
         knobs = [("acc_regs", _uniq([fam.acc_regs, 4, 8, 16, 24])),
                  ("max_col_vectors", _uniq([fam.max_col_vectors, 1, 2, 4])), grain, tasks]
