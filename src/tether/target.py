@@ -402,6 +402,12 @@ class Target:
         "requires"; the device runtime refuses a module whose needs its CPU does not meet)."""
         return cpu_requirements(self.arch, self.triple, self.cpu, self.feature_list)
 
+    @property
+    def available_features(self) -> frozenset:
+        """The CPU features code for this target may use: the hwcap names its CPU guarantees (``requirements``)
+        and the LLVM features switched on in its spec (``+name``)."""
+        return frozenset(self.requirements()["features"]) | {f[1:] for f in self.feature_set if f.startswith("+")}
+
     # ---- llvmlite -----------------------------------------------------------------------------------------
     def target_machine(self, opt: int = 3) -> Any:
         """An llvmlite TargetMachine for this target (PIC, because every output is a shared object; static code on
@@ -714,8 +720,8 @@ def int8_widened(target: Union[str, "Target", None]) -> bool:
     sequence: with 16 q registers its 16-lane panel leaves room for too few pixels, and LLVM emitted vmla.i32 on
     widened copies there, not vmlal by scalar."""
     t = as_target(target)
-    have = set(t.requirements()["features"]) | {f[1:] for f in t.feature_set if f.startswith("+")}
-    return t.arch == "aarch64" and "asimd" in have and not int8_dot_native(t) and not int8_load_time_features(t)
+    return (t.arch == "aarch64" and "asimd" in t.available_features and not int8_dot_native(t)
+            and not int8_load_time_features(t))
 
 
 def int8_load_time_features(target: Union[str, "Target", None]) -> Tuple[str, ...]:

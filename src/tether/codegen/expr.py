@@ -63,7 +63,7 @@ def uses(e: Expr, var: Var) -> bool:
 
 class ExprEmitter:
     """The expression half of a function emitter (codegen/function.py supplies ``b``, ``fn``, ``bufs``, ``env``,
-    ``vec``, ``vec_index``, ``mask``, ``ranges``, ``clamps``, the memo tables, ``fm`` and ``ctx``)."""
+    ``vec``, ``vec_index``, ``mask``, ``ranges``, ``clamps``, the memo tables, ``fm``, ``ctx`` and ``lane_groups``)."""
 
     b: ir.IRBuilder
     fn: ir.Function
@@ -82,6 +82,7 @@ class ExprEmitter:
     fm: tuple
     ctx: Any
     expr_emitters: Dict[type, Any]
+    lane_groups: List[Any]   # codegen/lane_groups.LaneGroups of the unrolled loops being emitted, inner last
 
     # ---- helpers --------------------------------------------------------------------------------------------
     def lanes(self) -> int:
@@ -259,7 +260,7 @@ class ExprEmitter:
         def pointer(ld: Load) -> ir.Value:
             return self.b.gep(self.bufs[buf], [self.ev(ld.index)], inbounds=True, source_etype=ety)
 
-        for groups in reversed(getattr(self, "lane_groups", ())):   # codegen/lane_groups.py
+        for groups in reversed(self.lane_groups):   # codegen/lane_groups.py
             v = groups.load(self, e, pointer, ety, align)
             if v is not None:
                 return v

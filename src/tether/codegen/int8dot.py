@@ -318,7 +318,7 @@ def _split8(B: ir.IRBuilder, v: ir.Value) -> Tuple[ir.Value, ir.Value]:
 def _widening(target: Any) -> Optional[Tuple[Tuple[int, ...], GroupFn]]:
     """The widening sequence of the target: x86 pmaddwd (SSE2, AVX2 or AVX512BW wide), Arm NEON; None on
     targets without SIMD (armv7 without NEON)."""
-    have = set(target.requirements()["features"]) | {f[1:] for f in target.feature_set if f.startswith("+")}
+    have = target.available_features
     if target.arch == "x86_64":
         widths = ((8,) if "avx512bw" in have else ()) + ((4,) if "avx2" in have else ()) + (2,)
         return widths, _x86_widening
