@@ -26,35 +26,20 @@ is stable, lower is better; a ratio still moving is marked ``*``).
 """
 from __future__ import annotations
 
-import importlib
 import os
-import subprocess
-import sys
-import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
-from _alone import Worker, comparison_parser, parse_comparison, table_header, table_row
+from _alone import comparison_parser, parse_comparison, table_header, table_row
 from _rows import write_rows
-from bench_models import run_table, time_alone
-from bench_pytorch import TORCH_PINS
+from bench_model_kinds import measure
+from bench_models import run_table
+from bench_pytorch import TORCH_PINS, ensure_torch
 
+MODULES = ("torch", "torchvision", "onnxscript", "transformers")
 PINS = TORCH_PINS + ["transformers==5.25.0"]
 FAMILIES = ["efficientnet_b0", "mobilenet_v3_large", "mobilevit", "wav2vec2", "crnn_dynquant"]
-
-
-def ensure_packages() -> None:
-    """Import torch, torchvision, onnxscript and transformers, installing the missing ones with pip first."""
-    missing = []
-    for mod in ("torch", "torchvision", "onnxscript", "transformers"):
-        try:
-            importlib.import_module(mod)
-        except ImportError:
-            missing.append(mod)
-    if missing:
-        print("installing %s (missing: %s); this takes minutes" % (" ".join(PINS), ", ".join(missing)))
-        subprocess.run([sys.executable, "-m", "pip", "install"] + PINS, check=True)
 
 
 def _torchvision(name: str) -> Tuple[Any, Any]:
@@ -135,29 +120,11 @@ def export(name: str, folder: str):
 
 
 def bench(name: str, folder: str, target: str, compare: dict, profile: int) -> dict:
-    """One family's row: compile time and kernels here, the max relative error and the figures of
-    bench_models.time_alone, and with ``profile`` its slowest kernels at 1 thread."""
-    import tether
-    from tether.frontend import from_onnx
-    from tether.testing.model_kinds import relative_error
-
+    """One family's row (bench_model_kinds.measure)."""
     if name not in BUILDERS:
         raise SystemExit("unknown family %r (choose from %s)" % (name, ", ".join(FAMILIES)))
     model, feeds = export(name, folder)
-    t0 = time.perf_counter()
-    graph, params = from_onnx(model)
-    factory = tether.build_graph(graph, params, target=target, opt_level=3)
-    row = {"model": name, "compile_s": time.perf_counter() - t0, "kernels": factory.kernel_count}
-
-    def slowest(tw: Worker) -> List[Dict[str, Any]]:
-        nodes = sorted(tw.profile(1), key=lambda r: -r["seconds"])[:profile]
-        return [{"func": r["func"], "ops": r["ops"], "ms": r["seconds"] * 1e3} for r in nodes]
-
-    got, ref, figures = time_alone(os.path.join(folder, name), factory, model, feeds, compare,
-                                   slowest if profile else None)
-    row["max_rel_err"] = max(relative_error(g, r) for g, r in zip(got, ref))
-    row.update(figures)
-    return row
+    return measure({"model": name}, name, model, feeds, folder, target, compare, profile)
 
 
 def main() -> None:
@@ -165,7 +132,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="print the N slowest kernels at 1 thread")
     args, compare = parse_comparison(ap)
     os.environ.setdefault("TETHER_OBJECT_CACHE", "0")
-    ensure_packages()
+    ensure_torch(MODULES, PINS)
 
     def show(name: str, row: Dict[str, Any]) -> None:
         print(table_row(18, name, row, "ort", "max_rel_err"))

@@ -33,19 +33,28 @@ from bench_models import run_table, time_alone
 
 
 def bench(name: str, size: str, folder: str, target: str, compare: dict, profile: int) -> dict:
-    """One kind's row: compile time and kernels here, the max relative error and the figures of
-    bench_models.time_alone, and with ``profile`` its slowest kernels at 1 thread."""
-    import tether
-    from tether.frontend import from_onnx
-    from tether.testing.model_kinds import KINDS, relative_error
+    """One kind's row (:func:`measure`)."""
+    from tether.testing.model_kinds import KINDS
 
     if name not in KINDS:
         raise SystemExit("unknown kind %r (choose from %s)" % (name, ", ".join(KINDS)))
     model, feeds = KINDS[name](size)
+    return measure({"kind": name, "size": size}, name, model, feeds, folder, target, compare, profile)
+
+
+def measure(row: Dict[str, Any], name: str, model, feeds: Dict[str, Any], folder: str, target: str, compare: dict,
+            profile: int) -> dict:
+    """``row`` completed for the ONNX ``model`` on ``feeds``: compile time and kernels here, the max relative error
+    and the figures of bench_models.time_alone (its files named after ``name`` in ``folder``), and with
+    ``profile`` its slowest kernels at 1 thread."""
+    import tether
+    from tether.frontend import from_onnx
+    from tether.testing.model_kinds import relative_error
+
     t0 = time.perf_counter()
     graph, params = from_onnx(model)
     factory = tether.build_graph(graph, params, target=target, opt_level=3)
-    row = {"kind": name, "size": size, "compile_s": time.perf_counter() - t0, "kernels": factory.kernel_count}
+    row = dict(row, compile_s=time.perf_counter() - t0, kernels=factory.kernel_count)
 
     def slowest(tw: Worker) -> List[Dict[str, Any]]:
         nodes = sorted(tw.profile(1), key=lambda r: -r["seconds"])[:profile]

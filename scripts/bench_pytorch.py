@@ -45,17 +45,17 @@ EXPORTERS = ["torchscript", "dynamo"]
 TORCH_PINS = ["torch==2.14.1", "torchvision==0.29.1", "onnxscript"]
 
 
-def ensure_torch() -> None:
-    """Import torch, torchvision and onnxscript, installing them with pip first if any is missing."""
+def ensure_torch(modules=("torch", "torchvision", "onnxscript"), pins=TORCH_PINS) -> None:
+    """Import ``modules``, installing ``pins`` with pip first if any is missing."""
     missing = []
-    for mod in ("torch", "torchvision", "onnxscript"):
+    for mod in modules:
         try:
             importlib.import_module(mod)
         except ImportError:
             missing.append(mod)
     if missing:
-        print("installing %s (missing: %s); this takes minutes" % (" ".join(TORCH_PINS), ", ".join(missing)))
-        subprocess.run([sys.executable, "-m", "pip", "install"] + TORCH_PINS, check=True)
+        print("installing %s (missing: %s); this takes minutes" % (" ".join(pins), ", ".join(missing)))
+        subprocess.run([sys.executable, "-m", "pip", "install"] + list(pins), check=True)
 
 
 def build_model(name: str):

@@ -4,7 +4,8 @@
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from fixtures.onnx_struct_compare import make_graph_model
+from onnx import helper
 
 import tether
 from kernels import build_kernel
@@ -18,26 +19,21 @@ RNG = np.random.default_rng(5)
 
 def _model():
     """Convs, a residual add, pooling and a dense head: several kernels, none of them numpy nodes."""
-    inits = []
-
-    def w(name, *shape):
-        inits.append(numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name))
-        return name
+    weights = {name: (RNG.standard_normal(shape) * 0.3).astype(np.float32) for name, shape in (
+        ("w0", (8, 3, 3, 3)), ("b0", (8,)), ("w1", (8, 8, 3, 3)), ("b1", (8,)), ("fc", (10, 8)), ("fcb", (10,)))}
     nodes = [
-        helper.make_node("Conv", ["x", w("w0", 8, 3, 3, 3), w("b0", 8)], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c0"], ["r0"]),
-        helper.make_node("Conv", ["r0", w("w1", 8, 8, 3, 3), w("b1", 8)], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
         helper.make_node("Tanh", ["c1"], ["t1"]),
         helper.make_node("MaxPool", ["r0"], ["p0"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Add", ["t1", "p0"], ["s"]),
         helper.make_node("GlobalAveragePool", ["s"], ["g"]),
         helper.make_node("Flatten", ["g"], ["f"]),
-        helper.make_node("Gemm", ["f", w("fc", 10, 8), w("fcb", 10)], ["logits"], transB=1),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["logits"], transB=1),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=1),
     ]
-    g = helper.make_graph(nodes, "calls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 10])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return make_graph_model(nodes, {"x": np.zeros((1, 3, 16, 16), np.float32)}, ["probs"], weights, opset=13)
 
 
 @pytest.fixture(scope="module")
