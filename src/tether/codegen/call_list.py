@@ -1,4 +1,4 @@
-"""``tether_run_calls``: a module runs a list of its own packed-function calls in one native call.
+"""``tether_run_calls``: a module makes a list of packed-function calls in one native call.
 
 A graph executor in Python pays an interpreter round and a ctypes call per kernel: thousands of instructions per
 kernel on a board's core, more than the work of a small model's kernels. With this export the runtime packs the
