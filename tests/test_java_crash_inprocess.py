@@ -127,8 +127,11 @@ static volatile int armed, stop;
 
 TETHER_EXPORT int32_t tether_pool_launch(void *task, void *closure, int32_t n) { return -1; }
 TETHER_EXPORT void tether_pool_shutdown(void) { stop = 1; }
-TETHER_EXPORT void tether_pool_worker(void) {   /* no libc (-nostdlib): a bounded spin, a few seconds at most */
-  for (volatile long i = 0; !stop && i < 3000000000L; ++i) {
+/* No libc (-nostdlib), so no sleep: the worker spins until armed, bounded by minutes (the server is stopped by
+   PID after the test). A bound of a few seconds ran out on a loaded CI machine before the call armed it, and
+   the call then returned 0 with no fault. */
+TETHER_EXPORT void tether_pool_worker(void) {
+  for (volatile long i = 0; !stop && i < 300000000000L; ++i) {
     if (armed) {
       volatile uintptr_t addr = 16;  /* unmapped */
       *(volatile int32_t *)addr = 42;
@@ -137,7 +140,7 @@ TETHER_EXPORT void tether_pool_worker(void) {   /* no libc (-nostdlib): a bounde
 }
 TETHER_EXPORT int32_t fault_in_pool(const TetherValue *args, const int32_t *codes, int32_t n) {
   armed = 1;
-  for (volatile long i = 0; i < 3000000000L; ++i) {
+  for (volatile long i = 0; i < 10000000000L; ++i) {   /* the worker faults meanwhile; ~10 s bounds it */
   }
   return 0;
 }
