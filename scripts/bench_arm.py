@@ -383,8 +383,7 @@ def count_runtime(userland, site: str, cpuinfo: str, runtime: str, model: str, x
     x_path = os.path.join(work, "input-%s.npy" % runtime)
     np.save(x_path, to_nhwc(x) if runtime == "litert" else x, allow_pickle=False)
     m = _run_runtime(userland, site, cpuinfo, runtime, model, x_path, warm, extra, work, timeout)
-    window = {c: int(m[3][c]) - int(m[2][c]) - (int(m[2][c]) - int(m[1][c])) for c in insn_count.CLASSES}
-    per = insn_count._with_total({c: (v // extra if v % extra == 0 else v / extra) for c, v in window.items()})
+    per = insn_count._with_total(insn_count.window_per_inference(m, extra))
     return per, np.load(os.path.join(work, "out-%s.npy" % runtime))
 
 

@@ -239,10 +239,10 @@ def run_guest(userland: Any, cpu: str, folder: str, inputs_dir: str, runs: int, 
     return GuestRun(runs, counts, stdout.strip())
 
 
-def window_per_inference(run: GuestRun, inferences: int) -> Dict[str, float]:
-    """{class: n} per inference of the ``inferences`` in ``run``'s marked window: the last mark less the third,
-    less what a mark costs (the third less the second, the same for every mark)."""
-    marks = run.counts.get("marks") or []
+def window_per_inference(marks: Sequence[Mapping[str, int]], inferences: int) -> Dict[str, float]:
+    """{class: n} per inference of the ``inferences`` in a guest's marked window, from the plugin's four
+    ``marks`` (mark, mark, mark, the inferences, mark): the last mark less the third, less what a mark costs (the
+    third less the second, the same for every mark)."""
     if len(marks) != 4:
         raise InsnCountError("the plugin recorded %d marks of the guest's window, expected 4" % len(marks))
     cost = {c: int(marks[2].get(c, 0)) - int(marks[1].get(c, 0)) for c in CLASSES}
@@ -339,7 +339,7 @@ def count_model(folder: str, preset: str, inputs: Sequence[np.ndarray], *, warm:
         shutil.rmtree(work, ignore_errors=True)
     record: Dict[str, Any] = {
         "preset": preset, "arch": arch, "cpu": cpu, "classes": list(CLASSES),
-        "per_inference": _with_total(window_per_inference(b, extra)),
+        "per_inference": _with_total(window_per_inference(b.counts.get("marks") or [], extra)),
         "method": {"warm_runs": warm, "extra_runs": extra, "threads": 1,
                    "counting": "qemu TCG plugin, inline per-translation-block counters; per inference: a "
                                "marked window of one process, per kernel: two processes' difference",
