@@ -81,9 +81,11 @@ def one_conv_model(key, act: str, seed: int = 0):
 
 def macs(key) -> float:
     xs, ws, strides, pads, dil, group = key
-    oh = (xs[2] + pads[0] + pads[2] - ((ws[2] - 1) * dil[0] + 1)) // strides[0] + 1
-    ow = (xs[3] + pads[1] + pads[3] - ((ws[3] - 1) * dil[1] + 1)) // strides[1] + 1
-    return float(xs[0] * ws[0] * oh * ow * ws[1] * ws[2] * ws[3])
+    nd = len(ws) - 2
+    total = float(xs[0] * ws[0] * ws[1])
+    for a in range(nd):
+        total *= ws[2 + a] * ((xs[2 + a] + pads[a] + pads[nd + a] - ((ws[2 + a] - 1) * dil[a] + 1)) // strides[a] + 1)
+    return total
 
 
 def clocked_samples(fn, number: int, clock, evict=None) -> list:
@@ -184,14 +186,14 @@ def override_family(knobs: dict) -> None:
 
     config = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in knobs.items()}
     base = schedules.family_of
-    schedules.family_of = lambda target: schedules.with_config(base(target), config)
+    schedules.family_of = lambda target, *rest: schedules.with_config(base(target, *rest), config)
 
 
 def describe(key) -> str:
     xs, ws, strides, pads, dil, group = key
     kind = "dw" if group > 1 and group == xs[1] else ("g%d" % group if group > 1 else "")
-    return "%s %dx%d %d->%d @%dx%d s%d%s" % (kind or "conv", ws[2], ws[3], xs[1], ws[0], xs[2], xs[3], strides[0],
-                                            " p%d" % pads[0] if pads[0] else "")
+    return "%s %s %d->%d @%s s%d%s" % (kind or "conv", "x".join(map(str, ws[2:])), xs[1], ws[0],
+                                      "x".join(map(str, xs[2:])), strides[0], " p%d" % pads[0] if pads[0] else "")
 
 
 def main() -> int:
@@ -230,6 +232,9 @@ def main() -> int:
                                                                                       else k for k in key],
                       "gflops": 2 * macs(key) / r["tether_s"] / 1e9, "ort_gflops": 2 * macs(key) / r["ort_s"] / 1e9})
             rows.append(r)
+        if not rows:
+            print("\n%s: no convolution of known shapes" % name)
+            continue
         tt = sum(r["tether_s"] * r["count"] for r in rows)
         to = sum(r["ort_s"] * r["count"] for r in rows)
         print("\n%s: %d convs (%d distinct), conv time tether %.2f ms, onnxruntime %.2f ms, ratio %.2fx "

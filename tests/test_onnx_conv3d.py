@@ -17,6 +17,9 @@ CONV_CASES = [
     ({"pads": [1, 1, 1, 1, 1, 1]}, (3, 3, 3), 1, False),                             # C3D / 3-D U-Net
     ({"strides": [1, 2, 2], "pads": [1, 3, 3, 1, 3, 3]}, (3, 7, 7), 1, True),         # r3d stem
     ({"strides": [2, 1, 1], "pads": [1, 0, 0, 1, 0, 0]}, (3, 1, 1), 1, False),        # (2+1)D temporal conv
+    # depth-only kernels run as a 2-D conv over (depth, H*W): dilated, grouped, biased, padded unevenly; 1x1x1
+    ({"dilations": [2, 1, 1], "pads": [2, 0, 0, 1, 0, 0]}, (3, 1, 1), 2, True),
+    ({}, (1, 1, 1), 1, True),
     ({"strides": [1, 1, 1], "pads": [0, 1, 1, 0, 1, 1]}, (1, 3, 3), 1, True),         # (2+1)D spatial conv
     ({"dilations": [2, 1, 2], "pads": [2, 1, 0, 1, 0, 2]}, (2, 3, 2), 1, True),
     ({"strides": [2, 2, 2]}, (1, 1, 1), 1, False),                                     # downsampling shortcut

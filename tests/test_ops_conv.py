@@ -87,6 +87,30 @@ def test_conv2d_pixels_with_epilogue(run_ops, rng, xs, wk, stride, padding, dila
     np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("channels_last_out", [False, True], ids=["nchw-out", "nhwc-out"])
+@pytest.mark.parametrize("xs,wk,stride,padding,dilation", PIXEL_CASES + [((64, 1, 41), (24, 1, 3), (1, 2), 0, 1),
+                                                                       ((40, 1, 30), (48, 1, 5), 1, (0, 2, 0, 2), 1)])
+def test_conv2d_pixels_reads_channels_last(run_ops, rng, xs, wk, stride, padding, dilation, channels_last_out):
+    """The same conv on the NHWC image (H, W, C), its weights packed from (O, KH, KW, C): what a 1-D conv runs as
+    (graph/passes/float_layout.py), checked on 2-D windows, strides, dilation and padding as well."""
+    from tether.ops.linear import pack_panels_array
+
+    oc, kh, kw = wk
+    x = rng.standard_normal(xs).astype("float32")
+    w = rng.standard_normal((oc, xs[0], kh, kw)).astype("float32")
+    packed = pack_panels_array(np.ascontiguousarray(w.transpose(0, 2, 3, 1)).reshape(oc, -1))
+    nhwc = np.ascontiguousarray(x.transpose(1, 2, 0))
+    X = te.placeholder(nhwc.shape, "float32", name="X")
+    W = te.placeholder(packed.shape, "float32", name="W")
+    conv = ops.conv2d_pixels(X, W, (kh, kw), stride, padding, dilation, out_channels=oc, channels_last_in=True,
+                             channels_last_out=channels_last_out)
+    (out,) = run_ops([(X, nhwc), (W, packed)], [conv])
+    st = stride if isinstance(stride, tuple) else (stride, stride)
+    pad4 = padding if isinstance(padding, tuple) else (padding,) * 4
+    ref = _conv_ref(x[None], w, st, pad4, (dilation, dilation), 1)[0].reshape(oc, -1)
+    np.testing.assert_allclose(out, ref.T if channels_last_out else ref, rtol=1e-4, atol=1e-4)
+
+
 def test_grouped_conv2d_pixels(run_ops, rng):
     """Groups whose output channels fill whole panels (alexnet's two-group layers): each panel reads its group."""
     from tether.ops.linear import pack_panels_array
@@ -103,6 +127,22 @@ def test_grouped_conv2d_pixels(run_ops, rng):
     np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="whole 16-wide panels"):
         ops.conv2d_pixels(X, te.placeholder((1, 27, 16), "float32"), (kh, kw), out_channels=8, groups=2)
+
+
+def test_grouped_conv2d_pixels_on_8_wide_panels(run_ops, rng):
+    """Groups of 24 output channels (wav2vec2's positional conv) on 8-wide panels, a 1-D window of 9 taps."""
+    from tether.ops.linear import pack_panels_array
+
+    groups, ch, oc, kw = 4, 12, 96, 9
+    x = rng.standard_normal((ch, 1, 21)).astype("float32")
+    w = rng.standard_normal((oc, ch // groups, 1, kw)).astype("float32")
+    packed = pack_panels_array(w.reshape(oc, -1), 8)
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder(packed.shape, "float32", name="W")
+    (out,) = run_ops([(X, x), (W, packed)], [ops.conv2d_pixels(X, W, (1, kw), 1, (0, 4, 0, 4), out_channels=oc,
+                                                                  groups=groups)])
+    ref = _conv_ref(x[None], w, (1, 1), (0, 4, 0, 4), (1, 1), groups)[0]
+    np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("xs,k,stride,padding,mult", [((1, 8, 13, 15), 3, 1, 1, 1), ((2, 3, 11, 10), 3, 2, 1, 2),

@@ -106,6 +106,19 @@ def pointwise_direct_partial(in_channels: int, pixels: int, out_channels: int) -
 ARM_SMALL_PANEL = 8
 
 
+# A grouped conv whose groups' output channels fill no 16-wide panel but 8-wide ones runs as conv2d_pixels on these
+# (wav2vec2's positional conv: 16 groups of 24 channels, a 128-tap kernel over 49 frames, ran as the direct conv at
+# 15 GFLOP/s against onnxruntime's 42)
+GROUP_NARROW_PANEL = 8
+
+
+def group_panel(out_channels: int, groups: int) -> Optional[int]:
+    """The panel width of a grouped conv2d_pixels kernel: ops.linear.PANEL or GROUP_NARROW_PANEL, whichever
+    divides each group's output channels (a panel must lie in one group), else None (no such kernel)."""
+    ocg = out_channels // groups
+    return next((w for w in (ops.linear.PANEL, GROUP_NARROW_PANEL) if ocg % w == 0), None)
+
+
 def panel_width(target, out_channels: int, groups: int, dtype: str = "float32") -> int:
     """Output channels per weight panel of a conv2d_pixels kernel on `target` for weights of ``dtype`` (the
     schedule's register block is a few output pixels by one panel).
@@ -119,6 +132,8 @@ def panel_width(target, out_channels: int, groups: int, dtype: str = "float32") 
     16-wide ones plus 1/16 (48 -> 64 is a third more work; 1000 -> 1024 is not), nor for grouped convs (a panel
     must lie in one group). Elsewhere ops.linear.PANEL, as measured there."""
     narrow = ops.linear.PANEL
+    if groups > 1:
+        return group_panel(out_channels, groups) or narrow
     if target is not None and target.arch in ("aarch64", "armv7") and out_channels <= ARM_SMALL_PANEL:
         return ARM_SMALL_PANEL
     wide = target is not None and ((target.arch == "x86_64" and target.vector_lanes(32) >= 16)
@@ -141,11 +156,12 @@ def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optiona
     panel_weights = panel_weights or {}
     wname = conv.inputs[1]
     ws = panel_weights.get(wname) or types[wname].shape
-    xs = types[conv.inputs[0]].shape
-    n, ic, h, w = xs
+    n, ic, h, w = conv_input_geometry(conv, types)
     oc, _, kh, kw = ws
     oh, ow = conv_output_size(conv, types, ws)
     g = conv.attrs["groups"]
+    if conv.attrs.get("channels_last_in") and not conv.attrs.get("channels_last_out"):
+        return None     # (float_layout.py makes both: the NHWC input is read through kernels/core_te.py's view)
     if conv.attrs.get("channels_last_out"):
         return _channels_last_plan(body, ci, ws, types, (oh, ow))
     pointwise = (kh, kw) == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
@@ -156,18 +172,23 @@ def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optiona
     as_matmul = pointwise and (g != 1 or direct or (pixels_max is not None and oc > pixels_max
                                                     and wname not in panel_weights))
     # a grouped conv runs as conv2d_pixels when every group's output channels fill whole panels
-    grouped_pixels = g != 1 and not pointwise and (oc // g) % ops.linear.PANEL == 0
-    if n != 1 or conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise and not grouped_pixels):
+    grouped_pixels = g != 1 and not pointwise and group_panel(oc, g) is not None
+    if conv.inputs[0] == conv.inputs[1] or (g != 1 and not pointwise and not grouped_pixels):
         return None
+    # a batch (a video net's frames as images) runs as conv2d_pixels over all the images' pixels, without a
+    # prologue; the matmul forms take one image
+    if n != 1 and (ci != 0 or as_matmul or not (g == 1 or grouped_pixels)):
+        return None
+    batch = (n,) if n != 1 else ()
     data = conv.inputs[0] if ci == 0 else _prologue_input(body[:ci], conv.inputs[0], params, types)
     if data is None:
         return None
     if grouped_pixels:
-        shapes = {conv.inputs[0]: (ic, h, w),
+        shapes = {conv.inputs[0]: batch + (ic, h, w),
                   wname: types[wname].shape if wname in panel_weights else (oc, ic // g * kh * kw)}
         lead, rows = (), oc
     elif g == 1:
-        shapes = {conv.inputs[0]: (ic, h * w) if as_matmul else (ic, h, w),
+        shapes = {conv.inputs[0]: (ic, h * w) if as_matmul else batch + (ic, h, w),
                   wname: types[wname].shape if wname in panel_weights else (oc, ic * kh * kw)}
         lead, rows = (), oc
     else:
@@ -189,26 +210,36 @@ def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optiona
             if v in shapes or v not in params:
                 continue
             t = (1,) * (4 - len(types[v].shape)) + tuple(types[v].shape)
-            if len(t) != 4 or t[0] != 1 or t[1] not in (1, oc) or t[2:] not in ((oh, ow), (1, 1)):
+            if len(t) != 4 or t[0] not in (1, n) or t[1] not in (1, oc) or t[2:] not in ((oh, ow), (1, 1)):
                 return None
             if not lead:
-                shapes[v] = (t[1], t[2] * t[3])
+                # (per image: the batch's output is (N, O, OH*OW))
+                shapes[v] = (t[0], t[1], t[2] * t[3]) if t[0] != 1 else (t[1], t[2] * t[3])
             elif t[1] == 1:
                 shapes[v] = (1, 1, t[2] * t[3])
             else:
                 shapes[v] = (g, oc // g, t[2] * t[3])
     if any(p in (conv.inputs[0], conv.inputs[1], data) for node in body[ci + 1:] for p in node.inputs):
         return None
-    shapes["__out__"] = lead + (rows, oh * ow)
+    shapes["__out__"] = batch + lead + (rows, oh * ow)
     shapes["__data__"] = data
     return shapes
+
+
+def conv_input_geometry(conv, types: dict) -> tuple:
+    """(N, C, H, W) of a conv2d node's input, which is (N, H, W, C) with ``channels_last_in``."""
+    shape = tuple(types[conv.inputs[0]].shape)
+    if conv.attrs.get("channels_last_in"):
+        n, h, w, ch = shape
+        return n, ch, h, w
+    return shape
 
 
 def conv_output_size(conv, types: dict, ws=None) -> tuple:
     """(OH, OW) of a conv2d node (its output may be the (OH*OW, O) pixels of ``channels_last_out``)."""
     from tether.kernels.core import conv_out_size
 
-    _, _, h, w = types[conv.inputs[0]].shape
+    _, _, h, w = conv_input_geometry(conv, types)
     _, _, kh, kw = ws or types[conv.inputs[1]].shape
     s, d, p = conv.attrs["strides"], conv.attrs["dilations"], conv.attrs["pads"]
     return (conv_out_size(h, kh, s[0], d[0], p[0], p[2]), conv_out_size(w, kw, s[1], d[1], p[1], p[3]))
@@ -219,7 +250,7 @@ def _channels_last_plan(body: List, ci: int, ws: tuple, types: dict, out_hw: tup
     conv2d_pixels (one image, groups 1), its epilogue's operands as they are ((O,) constants broadcast along the
     channels, (OH*OW, O) values), or None."""
     conv = body[ci]
-    n, ic, h, w = types[conv.inputs[0]].shape
+    n, ic, h, w = conv_input_geometry(conv, types)
     oc, _, kh, kw = ws
     if ci != 0 or n != 1 or conv.attrs["groups"] != 1 or conv.inputs[0] == conv.inputs[1]:
         return None
@@ -234,7 +265,8 @@ def _channels_last_plan(body: List, ci: int, ws: tuple, types: dict, out_hw: tup
             if v not in {o for b in body for o in b.outputs} and shape not in ((), (1,), (oc,), (pixels, oc)):
                 return None
     wname = conv.inputs[1]
-    return {conv.inputs[0]: (ic, h, w), wname: types[wname].shape if len(types[wname].shape) == 3
+    view = (h, w, ic) if conv.attrs.get("channels_last_in") else (ic, h, w)
+    return {conv.inputs[0]: view, wname: types[wname].shape if len(types[wname].shape) == 3
             else (oc, ic * kh * kw), "__out__": (pixels, oc), "__data__": conv.inputs[0]}
 
 
@@ -285,9 +317,12 @@ def conv_as_gemm(conv, x, w, ws, prepacked: bool):
         # a build-time 2-D weight (pack_conv_weights, pointwise_direct): the in-place register block
         return ops.matmul(w, x, block=DIRECT_POINTWISE_BLOCK if prepacked else None)
     pads = conv.attrs["pads"]
+    groups = conv.attrs["groups"]
+    panel = group_panel(oc, groups) if groups > 1 else ops.linear.PANEL
     return ops.conv2d_pixels(x, w, (kh, kw), conv.attrs["strides"], (pads[0], pads[1], pads[2], pads[3]),
-                             conv.attrs["dilations"], out_channels=oc, groups=conv.attrs["groups"], name="conv2d",
-                             channels_last_out=bool(conv.attrs.get("channels_last_out")))
+                             conv.attrs["dilations"], out_channels=oc, groups=groups, name="conv2d", panel=panel,
+                             channels_last_out=bool(conv.attrs.get("channels_last_out")),
+                             channels_last_in=bool(conv.attrs.get("channels_last_in")))
 
 
 def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) -> Dict[str, tuple]:
@@ -310,25 +345,29 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
         wname = conv.inputs[1]
         if wname not in params or uses.get(wname) != 1 or wname in graph.outputs or wname in packed:
             continue
-        xshape = graph.types[conv.inputs[0]].shape
+        in_channels = int(conv_input_geometry(conv, graph.types)[1])
         oh, ow = conv_output_size(conv, graph.types)
-        pixels_max = pointwise_pixels_max(target, graph.types[wname].dtype, int(xshape[1]), oh * ow)
+        pixels_max = pointwise_pixels_max(target, graph.types[wname].dtype, in_channels, oh * ow)
         plan = gemm_plan(body, node.body_params(), graph.types, pixels_max=pixels_max)
         if plan is None or len(plan[wname]) != 2:
             continue
         w = np.asarray(params[wname])
-        if (w.shape[2:] == (1, 1) and list(conv.attrs["strides"]) == [1, 1] and not any(conv.attrs["pads"])
-                and conv.attrs["groups"] == 1 and not conv.attrs.get("channels_last_out")
+        last_in = bool(conv.attrs.get("channels_last_in"))
+        if (not last_in and w.shape[2:] == (1, 1) and list(conv.attrs["strides"]) == [1, 1]
+                and not any(conv.attrs["pads"]) and conv.attrs["groups"] == 1
+                and not conv.attrs.get("channels_last_out")
                 and pointwise_direct(target, w.shape[1], oh * ow, w.shape[0])):
             # marked as the in-place matmul by its 2-D (oc, ic) weight in panel_weights (gemm_plan reads it so)
             params[wname] = np.ascontiguousarray(w.reshape(w.shape[0], -1))
             graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
             packed[wname] = tuple(w.shape)
             continue
-        if len(plan[plan["__data__"]]) != 3:
+        if len(plan[plan["__data__"]]) != 3 + (conv_input_geometry(conv, graph.types)[0] != 1):
             continue      # not run as conv2d_pixels (pointwise as a matmul, grouped or batched)
         width = panel_width(target, w.shape[0], conv.attrs["groups"], str(w.dtype))
-        params[wname] = ops.linear.pack_panels_array(w.reshape(w.shape[0], -1), width)
+        # (ops.conv2d_pixels reduces a channels-last input over (KH, KW, C))
+        rows = w.transpose(0, 2, 3, 1) if last_in else w
+        params[wname] = ops.linear.pack_panels_array(np.ascontiguousarray(rows).reshape(w.shape[0], -1), width)
         graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
         packed[wname] = tuple(w.shape)
     return packed

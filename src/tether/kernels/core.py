@@ -192,8 +192,10 @@ def conv_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int) -> int:
 
 def _conv_infer(attrs, x, w, *bias):
     s, d, p = attrs["strides"], attrs["dilations"], attrs["pads"]
-    oh = conv_out_size(x.shape[2], w.shape[2], s[0], d[0], p[0], p[2])
-    ow = conv_out_size(x.shape[3], w.shape[3], s[1], d[1], p[1], p[3])
+    # channels_last_in (graph/passes/float_layout.py): x is the NHWC image (1, H, W, C)
+    h, wd = x.shape[1:3] if attrs.get("channels_last_in") else x.shape[2:4]
+    oh = conv_out_size(h, w.shape[2], s[0], d[0], p[0], p[2])
+    ow = conv_out_size(wd, w.shape[3], s[1], d[1], p[1], p[3])
     if attrs.get("channels_last_out"):
         # (graph/passes/float_layout.py) one image's output as (OH*OW, O): the pixels of the NHWC image
         if x.shape[0] != 1:
@@ -203,6 +205,9 @@ def _conv_infer(attrs, x, w, *bias):
 
 
 def _conv_ref(attrs, x, w, *bias):
+    if attrs.get("channels_last_in"):
+        nchw = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        return _conv_ref({k: v for k, v in attrs.items() if k != "channels_last_in"}, nchw, w, *bias)
     if attrs.get("channels_last_out"):
         (y,) = _conv_ref({k: v for k, v in attrs.items() if k != "channels_last_out"}, x, w, *bias)
         return [np.ascontiguousarray(y[0].reshape(y.shape[1], -1).T)]

@@ -49,8 +49,10 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, na
 
 
 def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_channels: int | None = None,
-                  groups: int = 1, name: str = "conv2d_pixels", panel: int = PANEL, channels_last_out: bool = False):
-    """x (C, H, W) * w (O, C/groups*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened
+                  groups: int = 1, name: str = "conv2d_pixels", panel: int = PANEL, channels_last_out: bool = False,
+                  channels_last_in: bool = False):
+    """x (C, H, W) * w (O, C/groups*KH*KW) -> (O, OH*OW): one image's convolution with the output pixels flattened;
+    a batch x (N, C, H, W) -> (N, O, OH*OW), its images' pixels one block axis
     (``channels_last_out``: (OH*OW, O), the NHWC image's pixels, written as the register blocks hold them).
     ``w`` may also come packed already (ops.linear.pack_panels_array: (ceil(O/P), C/groups*KH*KW, P) for a panel
     width P, 16 by default); then ``out_channels`` gives O and the packing its panel width, else ``panel`` does.
@@ -63,8 +65,20 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     where matmul broadcasts A), so it fills whole vectors at any output width; the flattened pixel axis leaves
     only one partial block per image rather than one per row. Narrow rows (13..55 wide) waste most lanes of a
     row-vectorized direct convolution, and an explicit im2col column buffer costs a pass over memory and an
-    index decode per element."""
-    ch, h, wd = c.shape_of(x)
+    index decode per element.
+
+    ``channels_last_in``: x is the NHWC image (H, W, C) and the weights' reduction runs (KH, KW, C) (packed from
+    (O, KH, KW, C)): each pixel's patch is then KH runs of KW*C contiguous elements, read in order by the
+    reduction, where the NCHW one steps to another input row (a page or more away) at every channel. With a long
+    reduction (wav2vec2's 512 -> 512 1-D convs: 1536 steps) the NCHW patches of a 12-pixel block touched two
+    lines of each of 512 rows, more than L1 holds, and ran at 60 GFLOP/s where a matmul does 100."""
+    batch = 1
+    if channels_last_in:
+        h, wd, ch = c.shape_of(x)
+    elif len(c.shape_of(x)) == 4:
+        batch, ch, h, wd = c.shape_of(x)
+    else:
+        ch, h, wd = c.shape_of(x)
     prepacked = len(c.shape_of(w)) == 3
     kk = c.shape_of(w)[1]
     oc = out_channels if prepacked else c.shape_of(w)[0]
@@ -76,7 +90,12 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
                          f"{kh}x{kw} kernel")
     sh, sw, dh, dw, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, dilation, name)
     top, left, bottom, right = p4
-    xp = pad_op(x, (0, top, left), (0, bottom, right), name=f"{name}_pad") if any(p4) else x
+    if channels_last_in:
+        xp = pad_op(x, (top, left, 0), (bottom, right, 0), name=f"{name}_pad") if any(p4) else x
+    elif len(c.shape_of(x)) == 4:
+        xp = pad_op(x, (0, 0, top, left), (0, 0, bottom, right), name=f"{name}_pad") if any(p4) else x
+    else:
+        xp = pad_op(x, (0, top, left), (0, bottom, right), name=f"{name}_pad") if any(p4) else x
     panels = w if prepacked else pack_panels(w, 0, f"{name}_panels", width=panel)
     pw = int(panels.shape[2])
     icg = ch // groups
@@ -86,11 +105,23 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
-    def f(p, o):
+    pixels = oh * ow
+    four_d = len(c.shape_of(xp)) == 4
+    if four_d and channels_last_out:
+        raise ValueError(f"{name}: channels_last_out takes one image, got a batch of {batch}")
+
+    def body(p, o, b):
         y, xx = p // ow, p % ow
-        k = (rc * kh + ry) * kw + rx
         # a panel lies in one group: its input channels follow from the panel index, the same for all lanes
         cin = rc if groups == 1 else (o // pw) // (oc // groups // pw) * icg + rc
+        if channels_last_in:
+            k = (ry * kw + rx) * icg + rc
+            return te.sum(xp[y * sh + ry * dh, xx * sw + rx * dw, cin] * panels[o // pw, k, o % pw],
+                          axis=[ry, rx, rc])
+        k = (rc * kh + ry) * kw + rx
+        if b is not None:
+            return te.sum(xp[b, cin, y * sh + ry * dh, xx * sw + rx * dw] * panels[o // pw, k, o % pw],
+                          axis=[rc, ry, rx])
         return te.sum(xp[cin, y * sh + ry * dh, xx * sw + rx * dw] * panels[o // pw, k, o % pw], axis=[rc, ry, rx])
 
     # over whole panels: the padding channels are zero weights, and a partial panel would otherwise run its
@@ -99,10 +130,15 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     attrs = {"panel": pw, "group_channels": oc // groups if groups > 1 else 0}
     if channels_last_out:
         attrs["channels_last_out"] = 1
-    conv = c.compute((oh * ow, int(panels.shape[0]) * pw), f, f"{name}_nc", c.CONV2D_PIXELS, attrs=attrs)
+    width = int(panels.shape[0]) * pw
+    if four_d:      # a batch: (N, pixels, channels) blocks, the schedule's loops over each image's pixels
+        conv = c.compute((batch, pixels, width), lambda b, p, o: body(p, o, b), f"{name}_nc", c.CONV2D_PIXELS,
+                         attrs=attrs)
+        return c.compute((batch, oc, pixels), lambda b, o, p: conv[b, p, o], name, c.INJECTIVE)
+    conv = c.compute((pixels, width), lambda p, o: body(p, o, None), f"{name}_nc", c.CONV2D_PIXELS, attrs=attrs)
     if channels_last_out:
-        return c.compute((oh * ow, oc), lambda p, o: conv[p, o], name, c.INJECTIVE)
-    return c.compute((oc, oh * ow), lambda o, p: conv[p, o], name, c.INJECTIVE)
+        return c.compute((pixels, oc), lambda p, o: conv[p, o], name, c.INJECTIVE)
+    return c.compute((oc, pixels), lambda o, p: conv[p, o], name, c.INJECTIVE)
 
 
 def depthwise_conv2d(x, w, stride=1, padding=0, dilation=1, bias=None, name: str = "depthwise_conv2d"):

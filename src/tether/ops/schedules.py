@@ -258,8 +258,44 @@ def ctx_inline(s) -> set:
     return {id(st.op) for st in s.stages if st.attach_type == "inline"}
 
 
+# A transpose whose output rows read down the input's columns runs in square tiles of this side: row by row, each
+# output row touched one line of every input row it read (a (512, 3199) -> (3199, 512) transpose: 512 lines, all
+# of L1), and the next output row needed the same lines again after they were gone (3.4 ms for 6.5 MB; tiled 1.0)
+TRANSPOSE_TILE = 16
+# ... when an output row reads at least this many input rows (a line each: 8 KB of L1) and the whole moves at least
+# TRANSPOSE_TILED_MIN_ELEMENTS: a small one (an attention's heads) stays in cache as it is, and its tiles' extra
+# loop levels cost instructions (the emulated A72's transformer: +4.6% in its head transpose)
+TRANSPOSE_TILED_MIN_ROWS = 128
+TRANSPOSE_TILED_MIN_ELEMENTS = 1 << 16
+
+
+def _tile_transpose(s, t, fam: Family) -> bool:
+    """Schedule ``t`` as tiles of TRANSPOSE_TILE x TRANSPOSE_TILE when its loads are strided along its innermost
+    axis but contiguous along another: the input lines of a tile stay in cache while it is written. False when
+    ``t`` is no such op."""
+    st = s[t]
+    axes = list(t.op.axis)
+    inline = ctx_inline(s)
+    if (len(axes) < 2 or axis_extent(axes[-1]) < TRANSPOSE_TILED_MIN_ROWS or numel(t) < TRANSPOSE_TILED_MIN_ELEMENTS
+            or _contiguous_along(t.op, axes[-1], inline)):
+        return False
+    along = next((ax for ax in reversed(axes[:-1]) if axis_extent(ax) >= TRANSPOSE_TILE
+                  and _contiguous_along(t.op, ax, inline)), None)
+    if along is None:
+        return False
+    inner = axes[-1]
+    ao, ai = st.split(along, factor=TRANSPOSE_TILE)
+    io, ii = st.split(inner, factor=TRANSPOSE_TILE)
+    rest = [ax for ax in axes if ax is not along and ax is not inner]
+    st.reorder(*rest, ao, io, ai, ii)
+    if numel(t) >= fam.parallel_min:
+        st.parallel(next((ax for ax in rest if axis_extent(ax) > 1), ao))
+    return True
+
+
 def _schedule_injective(s, t, fam: Family, ctx):
-    _vectorize_inner(s, t, fam)
+    if not _tile_transpose(s, t, fam):
+        _vectorize_inner(s, t, fam)
 
 
 def _schedule_reduce(s, t, fam: Family, ctx):
@@ -548,14 +584,14 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
                             "lower it with that panel width (build_graph(tuning_log=) and tether tune do)"
                             % (t.op.name, nr, fam.conv_panel))
     oo, oi = so.split(o, factor=nr)
-    rows = pixel_block(fam, int(t.shape[0]), nr)
+    rows = pixel_block(fam, int(t.shape[-2]), nr)     # (t: (pixels, channels), or a batch's (N, pixels, channels))
     po, pi = so.split(p, factor=rows)
     # Which operand streams from memory: with pixel blocks outermost the whole weight tensor is read once per
     # block, with channel panels outermost the whole input once per panel. Deep layers (512 channels, 3x3: 9 MB of
     # weights, few pixels) must keep a panel in cache across the pixel blocks; shallow ones the input patch.
-    n_blocks = -(-int(t.shape[0]) // rows)
-    n_panels = -(-int(t.shape[1]) // nr)
-    w_bytes = int(t.shape[1]) * reduce_size(t) * 4
+    n_blocks = -(-int(t.shape[-2]) // rows) * (int(t.shape[0]) if len(t.shape) == 3 else 1)
+    n_panels = -(-int(t.shape[-1]) // nr)
+    w_bytes = int(t.shape[-1]) * reduce_size(t) * 4
     x_bytes = numel(t.op.input_tensors[0]) * 4      # the (padded) input; [-1] is the weight panels
     panels_outer = w_bytes > fam.cache_bytes and n_panels * x_bytes < n_blocks * w_bytes
     # x86 AVX-512, short reductions into many channels: with pixel blocks outermost every block writes a piece of
@@ -563,7 +599,7 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
     # apart: they share 16 of its 64 sets); one panel at a time writes 32 rows while the input (L2-sized) is
     # re-read. resnet50's 1x1 64->256 @56x56: 1.47x -> 1.02x onnxruntime's time (that one now runs in place,
     # graph.conv_gemm.pointwise_direct), 128->512 @28x28: 1032 -> 888 us.
-    if (fam.name == "x86" and fam.lanes >= 16 and int(t.shape[1]) >= PANELS_OUTER_MIN_CHANNELS
+    if (fam.name == "x86" and fam.lanes >= 16 and int(t.shape[-1]) >= PANELS_OUTER_MIN_CHANNELS
             and reduce_size(t) <= PANELS_OUTER_MAX_REDUCE and x_bytes <= PANELS_OUTER_MAX_INPUT_BYTES):
         panels_outer = True
     if fam.conv_order != "auto":
@@ -609,7 +645,7 @@ def accumulate_block_at(s, block, so, inner) -> None:
     the reduction outermost, so each step updates every accumulator of the block from one load per operand."""
     s[block].compute_at(so, inner)
     sb = s[block]
-    bp, bo = block.op.axis
+    bp, bo = list(block.op.axis)[-2:]
     sb.reorder(*block.op.reduce_axis, bp, bo)
     sb.unroll(bp)
     sb.vectorize(bo)

@@ -64,7 +64,22 @@ def _conv(im, node, ins, a):
         emit_reshape(im, y, (t.shape[0], t.shape[1], t.shape[3]), node.name + "_squeeze", node.output[0])
 
 
-def _conv3d(im, name: str, x: str, w: str, s, d, pads, g: int, bias, out: str) -> str:
+def _temporal_conv(im, name: str, x: str, w: str, s: int, d: int, pads, g: int, bias, out) -> str:
+    """A 3-D conv whose kernel spans depth only (a (2+1)D video net's kd x 1 x 1 temporal conv) as a 2-D conv over
+    (depth, H*W) with a kd x 1 kernel: no gather of depth taps, no batch of frames, the input read in place."""
+    n, c, depth, h, wd = im.type(x).shape
+    m, cg, kd = im.type(w).shape[:3]
+    x4 = emit_reshape(im, x, (n, c, depth, h * wd))
+    w4 = emit_reshape(im, w, (m, cg, kd, 1))
+    y = im.emit("conv2d", [x4, w4], {"strides": [s, 1], "dilations": [d, 1], "pads": [pads[0], 0, pads[1], 0],
+                                     "groups": g}, name + "_conv2d")
+    if bias is not None:
+        y = im.emit("add", [y, emit_reshape(im, bias, (1, m, 1, 1))], {}, name + "_bias")
+    dout = im.type(y).shape[2]
+    return im.emit("reshape", [y], {"shape": (n, m, dout, h, wd)}, name + "_volume", out)
+
+
+def _conv3d(im, name: str, x: str, w: str, s, d, pads, g: int, bias, out) -> str:
     """A 3-D conv as one 2-D conv: the depth taps of each output depth become input channels. The input's depth
     frames each output depth reads are gathered as channels (group, tap, channel), the output depths join the
     batch, and the weight (m, c/g, kd, kh, kw) is laid out (m, kd, c/g, kh, kw) to match; so the 2-D conv
@@ -75,6 +90,8 @@ def _conv3d(im, name: str, x: str, w: str, s, d, pads, g: int, bias, out: str) -
     if c != cg * g or m % g:
         raise UnsupportedOpError("node %s: Conv weight %s for input %s and group %d"
                                  % (name, im.type(w).shape, im.type(x).shape, g))
+    if (kh, kw) == (1, 1) and list(s[1:]) == [1, 1] and not any(pads[i] for i in (1, 2, 4, 5)):
+        return _temporal_conv(im, name, x, w, s[0], d[0], (pads[0], pads[3]), g, bias, out)
     if pads[0] or pads[3]:
         x = im.emit("pad", [x], {"pads": [0, 0, pads[0], 0, 0, 0, 0, pads[3], 0, 0], "value": 0.0,
                                  "mode": "constant"}, name + "_dpad")

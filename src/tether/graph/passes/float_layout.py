@@ -11,6 +11,10 @@ depthwise, pointwise project, residual add) run channels last from the first dep
 - a depthwise conv (one filter per channel, no dilation, batch 1) becomes ``depthwise_conv2d_nhwc``
   (kernels/layout_ops.py), weights ``(KH, KW, C)``, and takes in the per-channel add that follows it as its bias.
   It seeds a region only when a pointwise conv reads its result (through elementwise ops);
+- a 1-D conv (a map one row high, a kernel wider than one tap or strided, groups 1) reads its input channels last
+  and writes ``(OW, O)``, wherever it is (``conv2d {channels_last_in, channels_last_out}``): its patches are
+  then runs of contiguous elements (ops.conv2d_pixels), and a chain of them (an audio encoder's feature
+  extractor) passes its activations on with no transpose between;
 - a conv reading NCHW (groups 1, a map larger than 1x1) whose result a channels-last kernel reads writes
   ``(OH*OW, O)`` itself (``conv2d {channels_last_out}``: conv2d_pixels' register blocks as they are); an NCHW
   value any other channels-last node reads is transposed in, once;
@@ -81,6 +85,23 @@ def _pointwise(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
             and list(n.attrs["strides"]) == [1, 1] and not any(n.attrs["pads"]))
 
 
+# A 1-D conv reduces over at least this many input elements per output to go channels last (_row_conv): below it
+# the transposes in and out cost more than the contiguous patches save
+ROW_CONV_MIN_REDUCE = 64
+
+
+def _row_conv(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
+    """A 1-D conv (one float image one row high, groups 1, no dilation) that is not a pointwise one, with at least
+    ROW_CONV_MIN_REDUCE products per output: it runs channels last in and out."""
+    w = _float_conv(graph, params, n)
+    if w is None or n.attrs["groups"] != 1 or list(n.attrs["dilations"]) != [1, 1]:
+        return False
+    _, ch, h, _ = graph.types[n.inputs[0]].shape
+    pads = list(n.attrs["pads"])
+    return (h == 1 and w.shape[2] == 1 and pads[0] == pads[2] == 0 and w.shape[1] * w.shape[3] >= ROW_CONV_MIN_REDUCE
+            and (w.shape[3] > 1 or list(n.attrs["strides"]) != [1, 1]))
+
+
 def _per_channel(params: Dict[str, np.ndarray], v: str, ch: int) -> bool:
     """A constant that broadcasts over an NCHW image along its channels only: (C, 1, 1), (1, C, 1, 1) or a scalar."""
     if v not in params:
@@ -137,6 +158,8 @@ def _layouts(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, Lis
             if src in last or _feeds_pointwise(graph, params, readers, n.outputs[0]):
                 last.add(n.outputs[0])
         elif _pointwise(graph, params, n) and n.inputs[0] in last:
+            last.add(n.outputs[0])
+        elif _row_conv(graph, params, n):
             last.add(n.outputs[0])
         elif _conv(graph, params, n):
             if _feeds_region(graph, params, readers, n.outputs[0]):
@@ -328,6 +351,9 @@ def float_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gr
             w = params[n.inputs[1]]
             wm = rw.const(np.ascontiguousarray(w.reshape(w.shape[0], w.shape[1])), n.inputs[1] + "_oc")
             nodes.append(Node("dense", n.name, [x, wm], [vals.new(out, 2)], _marks(n)))
+        elif _row_conv(graph, params, n):
+            nodes.append(Node("conv2d", n.name, [read(n.inputs[0], 4), n.inputs[1]], [vals.new(out, 2)],
+                              dict(n.attrs, channels_last_in=1, channels_last_out=1)))
         elif _conv(graph, params, n):
             # (its input is NCHW: a channels-last one is read through its transpose back)
             nodes.append(Node("conv2d", n.name, list(n.inputs), [vals.new(out, 2)],

@@ -6,6 +6,10 @@ that reshape changes nothing but still stands between the product and its bias `
 (passes/fuse.py) then leaves the add as a kernel of its own: one more pass over the output (80 x 6625 floats in a
 CTC classifier head, 0.27 ms). A reshape whose output is a graph output stays (it carries the output's name), and
 so does one with attributes beyond its shape (the guarded views of control_flow.py's If branches).
+
+A reshape of a reshape reads the first one's input instead (both are views of the same elements), so a 1-D conv's
+``(1, C, 1, L) -> (1, C, L) -> (1, C, 1, L)`` between two convs (the second's input unsqueezed again) is no
+reshape at all, and a pass that follows the image from conv to conv (float_layout.py) sees one value.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ def drop_identity_reshapes(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple
     # values named by guards (a run-time If's condition flag) are looked up by name later: they keep their node
     guard_flags = {str(w[0]) for n in graph.nodes for w in n.attrs.get(GUARD_ATTR, []) or []}
     alias: Dict[str, str] = {}
+    view_of: Dict[str, str] = {}        # the output of a plain reshape -> the value it views
     kept = []
     for node in graph.nodes:
         node.inputs = [alias.get(v, v) for v in node.inputs]
@@ -31,13 +36,21 @@ def drop_identity_reshapes(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple
         # guarded, precisely so that no branch kernel fuses with the select that always runs)
         if (node.op == "reshape" and len(node.inputs) == 1 and len(node.outputs) == 1
                 and set(node.attrs) <= {"shape"}):
+            if node.inputs[0] in view_of and node.inputs[0] not in guard_flags:
+                node.inputs = [view_of[node.inputs[0]]]
             src, out = node.inputs[0], node.outputs[0]
+            view_of[out] = src
             st, ot = graph.types.get(src), graph.types[out]
             if (out not in outputs and out not in guard_flags and st is not None and tuple(st.shape) == tuple(ot.shape)
                     and st.dtype == ot.dtype and not any(_nests(u) for u in consumers.get(out, []))):
                 alias[out] = src
                 continue
         kept.append(node)
+    # the reshapes that only fed other reshapes (now reading past them) go, unless a node with a body of its own
+    # could read them by name
+    read = set(outputs) | guard_flags | {v for n in kept for v in n.inputs}
+    if not any(_nests(n) for n in kept):
+        kept = [n for n in kept if not (n.op == "reshape" and n.outputs[0] in view_of and n.outputs[0] not in read)]
     graph.nodes = kept
     for v in alias:
         graph.types.pop(v, None)
