@@ -15,7 +15,10 @@ def test_pad(run_ops, rng, shape, before, after, value):
     np.testing.assert_array_equal(out, np.pad(x, widths, constant_values=value))
 
 
-@pytest.mark.parametrize("shape,axes", [((5, 7), None), ((2, 3, 9), (1, 2, 0)), ((2, 3, 4, 5), (0, 2, 3, 1))])
+@pytest.mark.parametrize("shape,axes", [((5, 7), None), ((2, 3, 9), (1, 2, 0)), ((2, 3, 4, 5), (0, 2, 3, 1)),
+                                        # large ones run in 16x16 tiles (ops/schedules.py _tile_transpose): partial
+                                        # tiles on both axes, and an axis between the two swapped
+                                        ((1, 131, 1, 517), (0, 2, 3, 1)), ((3, 200, 7, 150), (0, 3, 2, 1))])
 def test_transpose(run_ops, rng, shape, axes):
     x = rng.standard_normal(shape).astype("float32")
     X = te.placeholder(shape, "float32", name="X")
