@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from fixtures.pass_builds import run_host, run_on_device
+from fixtures.pass_builds import assert_outputs_close, assert_pass_keeps_results, run_host, run_on_device
 from onnx import TensorProto, helper, numpy_helper
 
 import tether
@@ -96,26 +96,17 @@ def _inputs(n: int = 3):
     return [rng.uniform(-1, 1, (1, 3, SIZE, SIZE)).astype(np.float32) for _ in range(n)]
 
 
-def _run_host(path: str, folder, xs, layout: bool = True):
-    """tether's outputs on the host for each input, built with or without the channels-last pass."""
-    return run_host(path, folder, xs, len(OUTPUTS), without=None if layout else float_channels_last)
+def _run_host(path: str, folder, xs):
+    """tether's outputs on the host for each input."""
+    return run_host(path, folder, xs, len(OUTPUTS))
 
 
 def _assert_close(got, want) -> None:
-    for name, g, w in zip(OUTPUTS, got, want):
-        assert g.shape == w.shape, name
-        err = float(np.abs(g.astype(np.float64) - w).max() / max(float(np.abs(w).max()), 1e-30))
-        assert err <= 1e-5, "%s: max relative error %.2g" % (name, err)
+    assert_outputs_close(OUTPUTS, got, want)
 
 
 def test_channels_last_matches_onnxruntime_and_the_nchw_build(model_path, tmp_path):
-    xs = _inputs()
-    with_pass = _run_host(model_path, tmp_path / "last", xs)
-    without = _run_host(model_path, tmp_path / "first", xs, layout=False)
-    sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-    for x, a, b in zip(xs, with_pass, without):
-        _assert_close(a, sess.run(list(OUTPUTS), {"input": x}))
-        _assert_close(a, b)
+    assert_pass_keeps_results(model_path, tmp_path, _inputs(), OUTPUTS, float_channels_last)
 
 
 def test_kernels_run_channels_last(model_path):

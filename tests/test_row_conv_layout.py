@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from fixtures.pass_builds import run_host, run_on_device
+from fixtures.pass_builds import assert_outputs_close, assert_pass_keeps_results, run_host, run_on_device
 from onnx import TensorProto, helper, numpy_helper
 
 import tether
@@ -35,13 +34,13 @@ def _gelu(nodes, inits, x: str, name: str) -> str:
 
 
 def _encoder(seed: int = 0) -> onnx.ModelProto:
-    """audio (1, 805) -> unsqueeze -> Conv1d 1->32 k10 s5 + GELU (160 frames) -> Conv1d 32->48 k3 s2, no bias,
+    """input (1, 805) audio -> unsqueeze -> Conv1d 1->32 k10 s5 + GELU (160 frames) -> Conv1d 32->48 k3 s2, no bias,
     + GELU (79) -> Conv1d 48->48 k2 s2 + bias + relu (39) -> Conv1d 48->40 k5 pads 2 + bias ("features", 39)
     -> transpose to (1, 39, 40) ("frames")."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], {}
     inits["axis"] = np.array([1], np.int64)
-    nodes.append(helper.make_node("Unsqueeze", ["audio", "axis"], ["wave"]))
+    nodes.append(helper.make_node("Unsqueeze", ["input", "axis"], ["wave"]))
 
     def conv(x, cin, cout, k, stride, pads=(0, 0), bias=True, name=""):
         inits[name + "_w"] = rng.normal(0, 1.0 / np.sqrt(cin * k), (cout, cin, k)).astype(np.float32)
@@ -58,7 +57,7 @@ def _encoder(seed: int = 0) -> onnx.ModelProto:
     nodes.append(helper.make_node("Relu", [t], ["r2"]))
     conv("r2", 48, 40, 5, 1, pads=(2, 2), name="features")
     nodes.append(helper.make_node("Transpose", ["features"], ["frames"], perm=[0, 2, 1]))
-    graph = helper.make_graph(nodes, "encoder", [helper.make_tensor_value_info("audio", TensorProto.FLOAT,
+    graph = helper.make_graph(nodes, "encoder", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
                                                                                [1, SAMPLES])],
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in OUTPUTS],
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])
@@ -77,32 +76,12 @@ def _inputs(n: int = 2):
     return [rng.normal(0, 0.5, (1, SAMPLES)).astype(np.float32) for _ in range(n)]
 
 
-def _run(path: str, folder, xs, layout: bool = True):
-    # (run_host feeds "input")
-    model = onnx.load(path)
-    model.graph.input[0].name = "input"
-    for n in model.graph.node:
-        n.input[:] = ["input" if v == "audio" else v for v in n.input]
-    renamed = str(folder) + ".onnx"
-    onnx.save(model, renamed)
-    return run_host(renamed, folder, xs, len(OUTPUTS), without=None if layout else float_channels_last)
-
-
 def _assert_close(got, want) -> None:
-    for name, g, w in zip(OUTPUTS, got, want):
-        assert g.shape == w.shape, name
-        err = float(np.abs(g.astype(np.float64) - w).max() / max(float(np.abs(w).max()), 1e-30))
-        assert err <= 1e-5, "%s: max relative error %.2g" % (name, err)
+    assert_outputs_close(OUTPUTS, got, want)
 
 
 def test_row_convs_match_onnxruntime_and_the_nchw_build(model_path, tmp_path):
-    xs = _inputs()
-    with_pass = _run(model_path, tmp_path / "last", xs)
-    without = _run(model_path, tmp_path / "first", xs, layout=False)
-    sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-    for x, a, b in zip(xs, with_pass, without):
-        _assert_close(a, sess.run(list(OUTPUTS), {"audio": x}))
-        _assert_close(a, b)
+    assert_pass_keeps_results(model_path, tmp_path, _inputs(), OUTPUTS, float_channels_last)
 
 
 def test_row_convs_read_and_write_channels_last(model_path):
@@ -185,9 +164,8 @@ def test_row_convs_on_emulated_aarch64(emulated_devices, model_path, tmp_path):
     device."""
     device = emulated_devices.for_preset("rasp4b")
     xs = _inputs(1)
-    want = _run(model_path, tmp_path / "host", xs)
-    model = onnx.load(str(tmp_path / "host") + ".onnx")
-    graph, params = from_onnx(model)
+    want = run_host(model_path, tmp_path / "host", xs, len(OUTPUTS))
+    graph, params = from_onnx(onnx.load(model_path))
     factory = tether.build_graph(graph, params, target=device.preset)
     assert any(b.attrs.get("channels_last_in") for n in factory.graph.nodes for b in n.body())
     factory.export(str(tmp_path / "arm"))
