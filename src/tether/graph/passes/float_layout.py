@@ -96,7 +96,7 @@ def _row_conv(graph: Graph, params: Dict[str, np.ndarray], n: Node) -> bool:
     w = _float_conv(graph, params, n)
     if w is None or n.attrs["groups"] != 1 or list(n.attrs["dilations"]) != [1, 1]:
         return False
-    _, ch, h, _ = graph.types[n.inputs[0]].shape
+    h = graph.types[n.inputs[0]].shape[2]
     pads = list(n.attrs["pads"])
     return (h == 1 and w.shape[2] == 1 and pads[0] == pads[2] == 0 and w.shape[1] * w.shape[3] >= ROW_CONV_MIN_REDUCE
             and (w.shape[3] > 1 or list(n.attrs["strides"]) != [1, 1]))
