@@ -171,3 +171,19 @@ def test_row_convs_on_emulated_aarch64(emulated_devices, model_path, tmp_path):
     factory.export(str(tmp_path / "arm"))
     for got, w in zip(run_on_device(device, tmp_path / "arm", xs, len(OUTPUTS)), want):
         _assert_close(got, w)
+
+
+@pytest.mark.emulated
+def test_row_convs_in_half_on_the_emulated_a76(emulated_devices, model_path, tmp_path):
+    """--precision fp16 on the rasp5-fp16 (half arithmetic): the row convs read and write float16 channels last;
+    the encoder's outputs on the emulated A76 stay within half precision's error of the host's float32 build."""
+    device = emulated_devices.for_preset("rasp5-fp16")
+    xs = _inputs(1)
+    want = run_host(model_path, tmp_path / "host", xs, len(OUTPUTS))
+    graph, params = from_onnx(onnx.load(model_path))
+    factory = tether.build_graph(graph, params, target="rasp5-fp16", precision="fp16")
+    rows = [b for n in factory.graph.nodes for b in n.body() if b.attrs.get("channels_last_in")]
+    assert len(rows) == 3 and all(str(factory.graph.types[b.inputs[0]].dtype) == "float16" for b in rows)
+    factory.export(str(tmp_path / "a76"))
+    for got, w in zip(run_on_device(device, tmp_path / "a76", xs, len(OUTPUTS)), want):
+        assert_outputs_close(OUTPUTS, got, w, limit=1e-2)
