@@ -158,6 +158,24 @@ def test_a_grouped_positional_conv_runs_as_a_gemm_on_8_wide_panels(onnx_compare)
     onnx_compare(model, {"x": x}, rtol=1e-4)
 
 
+def test_a_channels_last_conv_outside_the_gemm_reads_its_input_through_a_transpose(run_ops):
+    """``conv2d {channels_last_in}`` without ``channels_last_out`` does not run as a GEMM (graph/conv_gemm.py): its
+    lowering (kernels/core_te.py) reads the (1, H, W, C) input as NCHW for the direct kernel."""
+    from tether import te
+    from tether.graph.to_te import lower_node
+    from tether.kernels.core import DEFINITIONS
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 1, 20, 8)).astype(np.float32)
+    w = rng.standard_normal((6, 8, 1, 3)).astype(np.float32)
+    attrs = {"strides": [1, 2], "pads": [0, 1, 0, 1], "dilations": [1, 1], "groups": 1, "channels_last_in": 1}
+    X, W = te.placeholder(x.shape, "float32", name="X"), te.placeholder(w.shape, "float32", name="W")
+    (out,) = run_ops([(X, x), (W, w)], [lower_node("conv2d", attrs, [X, W])])
+    (ref,) = DEFINITIONS["conv2d"].ref(attrs, x, w)
+    assert out.shape == (1, 6, 1, 10)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.emulated
 def test_row_convs_on_emulated_aarch64(emulated_devices, model_path, tmp_path):
     """The channels-last row convs built for the rasp4b (NEON, 4 lanes) match the host build on the emulated

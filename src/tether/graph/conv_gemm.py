@@ -177,7 +177,7 @@ def gemm_plan(body: List, params: List[str], types: dict, panel_weights: Optiona
         return None
     # a batch (a video net's frames as images) runs as conv2d_pixels over all the images' pixels, without a
     # prologue; the matmul forms take one image
-    if n != 1 and (ci != 0 or as_matmul or not (g == 1 or grouped_pixels)):
+    if n != 1 and (ci != 0 or as_matmul):
         return None
     batch = (n,) if n != 1 else ()
     data = conv.inputs[0] if ci == 0 else _prologue_input(body[:ci], conv.inputs[0], params, types)
@@ -362,8 +362,8 @@ def pack_conv_weights(graph: Graph, params: Dict[str, np.ndarray], target=None) 
             graph.types[wname] = TensorType(params[wname].shape, str(w.dtype))
             packed[wname] = tuple(w.shape)
             continue
-        if len(plan[plan["__data__"]]) != 3 + (conv_input_geometry(conv, graph.types)[0] != 1):
-            continue      # not run as conv2d_pixels (pointwise as a matmul, grouped or batched)
+        if len(plan[plan["__data__"]]) == 2:
+            continue      # not run as conv2d_pixels: a pointwise conv as a matmul on the (ic, h*w) columns
         width = panel_width(target, w.shape[0], conv.attrs["groups"], str(w.dtype))
         # (ops.conv2d_pixels reduces a channels-last input over (KH, KW, C))
         rows = w.transpose(0, 2, 3, 1) if last_in else w

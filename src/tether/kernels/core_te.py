@@ -157,9 +157,7 @@ def _bmm(attrs, a, b):
 def _conv2d(attrs, x, w, *bias):
     if attrs.get("channels_last_in"):
         # (a conv that does not run as a GEMM: its NHWC input read as NCHW)
-        nhwc = x
-        x = c.compute(tuple(int(v) for v in (nhwc.shape[0], nhwc.shape[3], nhwc.shape[1], nhwc.shape[2])),
-                      lambda b, ch, y, xx: nhwc[b, y, xx, ch], "conv2d_nchw_in", c.INJECTIVE)
+        x = ops.transpose(x, (0, 3, 1, 2), name="conv2d_nchw_in")
     y = ops.conv2d(x, w, stride=tuple(attrs["strides"]), padding=tuple(attrs["pads"]),
                    dilation=tuple(attrs["dilations"]), groups=attrs["groups"], bias=bias[0] if bias else None)
     if not attrs.get("channels_last_out"):

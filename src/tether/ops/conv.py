@@ -90,12 +90,13 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
                          f"{kh}x{kw} kernel")
     sh, sw, dh, dw, p4, oh, ow = output_geometry(h, wd, kh, kw, stride, padding, dilation, name)
     top, left, bottom, right = p4
+    batched = not channels_last_in and len(c.shape_of(x)) == 4
     if channels_last_in:
-        xp = pad_op(x, (top, left, 0), (bottom, right, 0), name=f"{name}_pad") if any(p4) else x
-    elif len(c.shape_of(x)) == 4:
-        xp = pad_op(x, (0, 0, top, left), (0, 0, bottom, right), name=f"{name}_pad") if any(p4) else x
+        before, after = (top, left, 0), (bottom, right, 0)
     else:
-        xp = pad_op(x, (0, top, left), (0, bottom, right), name=f"{name}_pad") if any(p4) else x
+        lead = (0,) * (len(c.shape_of(x)) - 2)      # the batch and channel axes take no padding
+        before, after = lead + (top, left), lead + (bottom, right)
+    xp = pad_op(x, before, after, name=f"{name}_pad") if any(p4) else x
     panels = w if prepacked else pack_panels(w, 0, f"{name}_panels", width=panel)
     pw = int(panels.shape[2])
     icg = ch // groups
@@ -106,8 +107,7 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     rx = te.reduce_axis((0, kw), name="rx")
 
     pixels = oh * ow
-    four_d = len(c.shape_of(xp)) == 4
-    if four_d and channels_last_out:
+    if batched and channels_last_out:
         raise ValueError(f"{name}: channels_last_out takes one image, got a batch of {batch}")
 
     def body(p, o, b):
@@ -119,10 +119,9 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
             return te.sum(xp[y * sh + ry * dh, xx * sw + rx * dw, cin] * panels[o // pw, k, o % pw],
                           axis=[ry, rx, rc])
         k = (rc * kh + ry) * kw + rx
-        if b is not None:
-            return te.sum(xp[b, cin, y * sh + ry * dh, xx * sw + rx * dw] * panels[o // pw, k, o % pw],
-                          axis=[rc, ry, rx])
-        return te.sum(xp[cin, y * sh + ry * dh, xx * sw + rx * dw] * panels[o // pw, k, o % pw], axis=[rc, ry, rx])
+        image = (b,) if batched else ()
+        return te.sum(xp[image + (cin, y * sh + ry * dh, xx * sw + rx * dw)] * panels[o // pw, k, o % pw],
+                      axis=[rc, ry, rx])
 
     # over whole panels: the padding channels are zero weights, and a partial panel would otherwise run its
     # vector of channels as a scalar remainder loop
@@ -131,7 +130,7 @@ def conv2d_pixels(x, w, kernel: tuple, stride=1, padding=0, dilation=1, out_chan
     if channels_last_out:
         attrs["channels_last_out"] = 1
     width = int(panels.shape[0]) * pw
-    if four_d:      # a batch: (N, pixels, channels) blocks, the schedule's loops over each image's pixels
+    if batched:     # a batch: (N, pixels, channels) blocks, the schedule's loops over each image's pixels
         conv = c.compute((batch, pixels, width), lambda b, p, o: body(p, o, b), f"{name}_nc", c.CONV2D_PIXELS,
                          attrs=attrs)
         return c.compute((batch, oc, pixels), lambda b, o, p: conv[b, p, o], name, c.INJECTIVE)
