@@ -105,11 +105,32 @@ def phases(items) -> list:
     return rows
 
 
+def _models(kinds: str, zoo: str):
+    """(name, onnx model) pairs: the model kinds named, then the zoo models."""
+    from tether.testing.model_kinds import KINDS
+
+    for name in [k.strip() for k in kinds.split(",") if k.strip()]:
+        if name not in KINDS:
+            raise SystemExit("unknown kind %r (choose from %s)" % (name, ", ".join(KINDS)))
+        yield name, KINDS[name]("bench")[0]
+    if zoo:
+        sys.path.insert(0, HERE)
+        import bench_models
+
+        # (digits, an 8x8 toy with a symbolic input, compiles in well under a second: left out of "all")
+        names = [m for m in bench_models.ALL if m != "digits"] if zoo == "all" else \
+            [m.strip() for m in zoo.split(",") if m.strip()]
+        for name in names:
+            yield name, bench_models.load_model(name)
+
+
 def main() -> int:
     from tether.testing.model_kinds import KINDS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, from: " + ", ".join(KINDS))
+    ap.add_argument("--models", default="", help="comma-separated zoo models (bench_models.py's names) to time "
+                    "after the kinds; 'all' for every one")
     ap.add_argument("--phases", action="store_true", help="also the CPU time per phase, kernel by kernel")
     ap.add_argument("--top", type=int, default=5, help="with --phases: the N most expensive kernels")
     args = ap.parse_args()
@@ -117,10 +138,7 @@ def main() -> int:
     print("%-20s %8s %8s %8s %8s" % ("kind", "cold", "cold cpu", "warm", "warm cpu"))
     with tempfile.TemporaryDirectory(prefix="tether-bench-compile-") as cache:
         os.environ["TETHER_CACHE_DIR"] = cache     # a private cache: cold means cold
-        for name in [k.strip() for k in args.kinds.split(",") if k.strip()]:
-            if name not in KINDS:
-                raise SystemExit("unknown kind %r (choose from %s)" % (name, ", ".join(KINDS)))
-            model, _ = KINDS[name]("bench")
+        for name, model in _models(args.kinds, args.models):
             os.environ["TETHER_OBJECT_CACHE"] = "0"
             cold = compile_times(model)
             os.environ["TETHER_OBJECT_CACHE"] = "1"

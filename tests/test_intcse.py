@@ -31,6 +31,20 @@ def test_constants_fold_with_wraparound():
     assert not B.block.instructions
 
 
+def test_adding_zero_and_multiplying_by_one_emit_nothing():
+    cse = IntCSE()
+    fn, B = _builder()
+    x, _ = fn.args
+    never = lambda: (_ for _ in ()).throw(AssertionError("an identity was emitted"))  # noqa: E731
+    assert cse.emit(B, "add", x, ir.Constant(I32, 0), ("nsw",), never) is x
+    assert cse.emit(B, "add", ir.Constant(I32, 0), x, ("nsw",), never) is x
+    assert cse.emit(B, "sub", x, ir.Constant(I32, 0), ("nsw",), never) is x
+    assert cse.emit(B, "mul", ir.Constant(I32, 1), x, ("nsw",), never) is x
+    assert not B.block.instructions
+    minus = cse.emit(B, "sub", ir.Constant(I32, 0), x, ("nsw",), lambda: B.sub(ir.Constant(I32, 0), x))
+    assert minus is not x and minus.parent is B.block        # 0 - x is not x
+
+
 def test_reuse_within_a_block_only():
     cse = IntCSE()
     fn, B = _builder()

@@ -71,6 +71,27 @@ def test_partition_stays_an_if_when_the_outer_loop_is_not_constant():
     assert "if " in text and "== 8:" in text, text
 
 
+def test_the_remainder_copy_does_not_unroll_around_its_remainder_loops():
+    """In the partial copy an unrolled loop around a remainder loop runs as a loop (it would only copy that loop:
+    conv2d_pixels' write-back of a partial pixel block); the full copy keeps it unrolled."""
+    a = te.placeholder((41, 8), "float32", name="A")       # 41 = 3 x 12 + 5: a remainder of 5 lanes
+    c = te.compute((8, 41), lambda i, j: a[j, i] + 1.0, name="C")
+    s = te.create_schedule(c.op)
+    jo, ji = s[c].split(c.op.axis[1], factor=12)
+    s[c].reorder(jo, c.op.axis[0], ji)
+    s[c].unroll(c.op.axis[0])
+    s[c].vectorize(ji)
+    pf = tether.lower(s, [a, c], "k")
+    copies = [f for f in loops(pf) if f.var.name == "i"]
+    assert sorted(f.kind for f in copies) == ["serial", "unrolled"], [f.kind for f in copies]
+    rest = next(f for f in copies if f.kind == "serial")
+    assert rest.tail and isinstance(rest.body, tir.For) and rest.body.tail
+    x = np.arange(328, dtype=np.float32).reshape(41, 8)
+    out = np.zeros((8, 41), np.float32)
+    tether.build(s, [a, c], name="k").load()["k"](x, out)
+    np.testing.assert_array_equal(out, x.T + 1)
+
+
 def test_fused_index_simplifies_back_to_linear():
     a = te.placeholder((7, 9), "float32", name="A")
     c = te.compute((7, 9), lambda i, j: a[i, j] * 2.0, name="C")

@@ -439,7 +439,7 @@ class ExprEmitter:
         n = self.lanes()
         v = ir.Constant(ir.VectorType(ety, n), ir.Undefined)
         for lane in range(n):
-            idx = base if lane == 0 else B.add(base, ir.Constant(base.type, lane * stride), flags=("nsw",))
+            idx = base if lane == 0 else self.index_add(base, lane * stride)
             x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
             v = B.insert_element(v, x, ir.Constant(I32, lane))
         return v

@@ -273,9 +273,11 @@ class FunctionEmitter(ExprEmitter):
         saved = (self.vec, self.vec_index)
         self.vec = (s.var, n, start)
         self.lane_memo, self.lane_keep = {}, []
-        # Built up front so it dominates every use inside the body.
-        self.vec_index = self.b.add(self.splat(start, n), int_vector(I32, range(n)),
-                                    flags=("nsw",))
+        # Built up front so it dominates every use inside the body (a constant start: a constant, no instruction).
+        if isinstance(start, ir.Constant) and isinstance(start.constant, int):
+            self.vec_index = int_vector(I32, range(start.constant, start.constant + n))
+        else:
+            self.vec_index = self.b.add(self.splat(start, n), int_vector(I32, range(n)), flags=("nsw",))
         self.env[s.var] = start
         try:
             self.stmt(s.body)

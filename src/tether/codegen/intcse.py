@@ -5,7 +5,8 @@ same sub-expressions once per unrolled iteration (``urem fused, 134`` and its pr
 detectors of model_kinds half of all instructions were ``add``/``mul`` of indices. LLVM removes them again, but
 every one costs Python time to build and print, and LLVM time to parse and simplify. Here an integer
 ``add``/``sub``/``mul`` (and ``udiv``/``urem`` by a constant) whose operands are the same IR values as an earlier
-one in the same basic block reuses that instruction, and one of two integer constants is folded.
+one in the same basic block reuses that instruction, one of two integer constants is folded, and ``x + 0``,
+``x - 0`` and ``x * 1`` are ``x``.
 
 Sound because the builder only appends (every ``position_*`` in codegen is ``position_at_end``): an instruction
 earlier in the block dominates the rest of the block. Constants are compared by type and value, other operands
@@ -38,6 +39,21 @@ def _fold(op: str, a: ir.Value, b: ir.Value) -> Optional[ir.Constant]:
     return ir.Constant(ty, v)
 
 
+def _identity(op: str, a: ir.Value, b: ir.Value) -> Optional[ir.Value]:
+    """``a`` for ``a + 0``, ``a - 0`` and ``a * 1`` (``b`` for ``0 + b`` and ``1 * b``), else None: an unrolled
+    iteration's offset 0 and a unit stride are most of them."""
+    def is_const(v: ir.Value, k: int) -> bool:
+        return isinstance(v, ir.Constant) and isinstance(v.constant, int) and v.constant == k and v.type == \
+            (b.type if v is a else a.type)
+
+    unit = 1 if op == "mul" else 0
+    if op in ("add", "sub", "mul") and is_const(b, unit):
+        return a
+    if op in ("add", "mul") and is_const(a, unit):
+        return b
+    return None
+
+
 def _operand_key(v: ir.Value) -> Any:
     """A constant by its type and value (codegen makes a new one per use), anything else by identity."""
     if isinstance(v, ir.Constant) and isinstance(v.constant, int):
@@ -57,6 +73,9 @@ class IntCSE:
         folded = _fold(op, a, b)
         if folded is not None:
             return folded
+        same = _identity(op, a, b)
+        if same is not None:
+            return same
         key = (id(B.block), op, flags, _operand_key(a), _operand_key(b))
         hit = self._memo.get(key)
         if hit is not None:
