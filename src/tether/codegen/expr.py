@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from llvmlite import ir
 
-from tether.codegen import hostcall, int8dot
+from tether.codegen import block_transpose, hostcall, int8dot
 from tether.codegen.halfconv import FROM_STORAGE, TO_STORAGE, f64_to_f32_odd, half_value
 from tether.codegen.intcse import IntCSE
 from tether.codegen.types import (F16, F32, I1, I8, I32, PTR, const_like, const_of, elem_bytes, int_vector, is_unsigned,
@@ -71,6 +71,8 @@ class ExprEmitter:
     bufs: Dict[Buffer, ir.Value]
     vec: Optional[tuple]
     vec_index: Optional[ir.Value]
+    row_stores: Dict[Buffer, Optional[int]]
+    column_memo: Dict[tuple, tuple]
     mask: Optional[ir.Value]
     reassoc_node: Optional[Expr]
     ranges: Dict[Var, tuple]
@@ -437,12 +439,38 @@ class ExprEmitter:
         ety = mem_type(buf.dtype)
         align = elem_bytes(buf.dtype)
         n = self.lanes()
+        column = self.block_column(buf, base, stride, n)
+        if column is not None:
+            return column
         v = ir.Constant(ir.VectorType(ety, n), ir.Undefined)
         for lane in range(n):
             idx = base if lane == 0 else self.index_add(base, lane * stride)
             x = B.load(B.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety), typ=ety, align=align)
             v = B.insert_element(v, x, ir.Constant(I32, lane))
         return v
+
+    def block_column(self, buf: Buffer, base: ir.Value, stride: int, n: int) -> Optional[ir.Value]:
+        """Column ``base % stride`` of rows ``base // stride ..`` + n of a local block whose every store wrote
+        whole rows of ``stride`` elements (codegen/block_transpose.py), from the transposed block this basic block
+        already built when nothing since could have written the buffer; None where that does not apply."""
+        if not (isinstance(base, ir.Constant) and isinstance(base.constant, int)
+                and isinstance(self.bufs[buf], ir.AllocaInstr)     # (a register block: not shared scratch)
+                and self.row_stores.get(buf) == stride and block_transpose.usable(n, stride)):
+            return None
+        r0, c = divmod(base.constant, stride)
+        if (r0 + n) * stride > buf.size:
+            return None
+        B = self.b
+        key = (buf, n, r0)
+        hit = self.column_memo.get(key)
+        if hit is not None and hit[0] is B.block and not _may_write(B.block.instructions[hit[1]:], self.bufs[buf]):
+            return hit[2][c]
+        ety = mem_type(buf.dtype)
+        rows = [B.load(B.gep(self.bufs[buf], [ir.Constant(I32, (r0 + r) * stride)], inbounds=True, source_etype=ety),
+                       typ=ir.VectorType(ety, stride), align=elem_bytes(buf.dtype)) for r in range(n)]
+        cols = block_transpose.columns(B, rows, stride)
+        self.column_memo[key] = (B.block, len(B.block.instructions), cols)
+        return cols[c]
 
     def masked_gather(self, buf: Buffer, idxv: ir.Value, mask: ir.Value) -> ir.Value:
         """``llvm.masked.gather`` of the elements of ``buf`` at index vector ``idxv`` (lanes off in ``mask`` read
@@ -697,6 +725,24 @@ class ExprEmitter:
 _SHUFFLE_MAX_STRIDE = 4
 # local buffers: strided vectors up to this many lanes are loaded lane by lane (Emitter.local_lanes)
 _LOCAL_LANES_MAX = 16
+
+
+def _may_write(instructions: List[ir.Instruction], alloca: ir.Value) -> bool:
+    """Whether any of ``instructions`` may write the local buffer at ``alloca``: a store through it (or a GEP of
+    it, or a pointer of unknown origin) or a call other than an LLVM intrinsic that reads no memory."""
+    for ins in instructions:
+        if isinstance(ins, ir.StoreInstr):
+            ptr = ins.operands[1]
+            while ptr is not alloca and isinstance(ptr, ir.GEPInstr):
+                ptr = ptr.pointer
+            if ptr is alloca or not isinstance(ptr, (ir.Argument, ir.AllocaInstr, ir.GlobalVariable)):
+                return True
+        elif isinstance(ins, ir.CallInstr):
+            name = getattr(ins.callee, "name", "")
+            if not name.startswith("llvm.") or name.startswith(("llvm.mem", "llvm.masked.store",
+                                                                 "llvm.masked.scatter")):
+                return True
+    return False
 
 
 def _is_half(v: ir.Value) -> bool:

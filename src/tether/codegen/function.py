@@ -65,6 +65,11 @@ class FunctionEmitter(ExprEmitter):
         self.unroll_copy: Dict[Var, int] = {}      # unrolled loop variable -> the copy being emitted
         self.lane_groups: List[lane_groups.LaneGroups] = []    # of the unrolled loops being emitted, inner last
         self.fm = ("fast",) if getattr(ctx, "fast_math", False) else ("contract",)
+        # local buffer -> the width of the row vectors every store to it so far wrote (whole rows at constant
+        # offsets), None once another store did; and the blocks' columns built from those rows (ExprEmitter.
+        # local_lanes): (buffer, lanes, first row) -> (basic block, instructions before, column vectors)
+        self.row_stores: Dict[Buffer, Optional[int]] = {}
+        self.column_memo: Dict[tuple, tuple] = {}
 
     # ---- helpers --------------------------------------------------------------------------------------------
     def alloca(self, ty: ir.Type, count: int, name: str, align: int) -> ir.Value:
@@ -153,6 +158,8 @@ class FunctionEmitter(ExprEmitter):
             value = self.ev(s.value)
         finally:
             self.reassoc_node = None
+        if buf.scope == "local":
+            self.note_local_store(buf, s.index)
         if self.vec is not None and self.uses_lane(s.index):
             coef = self.lane_stride(s.index)
             n = self.lanes()
@@ -186,6 +193,17 @@ class FunctionEmitter(ExprEmitter):
         idx = self.ev(s.index)
         ptr = self.b.gep(self.bufs[buf], [idx], inbounds=True, source_etype=ety)
         self.b.store(self.to_mem(value, buf.dtype), ptr, align=align)
+
+    def note_local_store(self, buf: Buffer, index: Expr) -> None:
+        """Record whether this store to local ``buf`` writes a whole row vector at a constant offset (a register
+        block's row), keeping row_stores[buf] the common width of all such stores (None: not all are)."""
+        width = None
+        if self.vec is not None and self.uses_lane(index) and self.lane_stride(index) == 1:
+            base = self.ev_at_base(index)
+            n = self.lanes()
+            if isinstance(base, ir.Constant) and isinstance(base.constant, int) and base.constant % n == 0:
+                width = n
+        self.row_stores[buf] = width if self.row_stores.get(buf, width) == width else None
 
     def to_mem(self, v: ir.Value, dtype: str) -> ir.Value:
         if dtype in TO_STORAGE and not native_half(dtype):  # float16/bfloat16: round the float32 to its bits
