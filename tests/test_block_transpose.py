@@ -87,3 +87,32 @@ def test_a_long_conv_writes_back_through_the_network(run_ops, rng, xs, wk, pad, 
     patches = np.stack([xp[:, i:i + oh, j:j + ow] for i in range(kh) for j in range(kw)], 1)  # (C, KH*KW, OH, OW)
     ref = np.einsum("ckhw,ock->ohw", patches, w.reshape(oc, xs[0], kh * kw)).reshape(oc, -1)
     np.testing.assert_allclose(out, np.maximum(ref + bias, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("xs,wk,pad", [((24, 13, 13), (64, 3, 3), 1),      # 169 pixels: a partial block
+                                       ((40, 8, 12), (32, 1, 1), 0)])
+def test_a_costly_epilogue_stores_its_block_by_columns(run_ops, rng, xs, wk, pad):
+    """A conv with SiLU runs the epilogue along the block's channels (a vector sigmoid per pixel row); on AVX-512
+    the rows are then transposed and each channel's pixels stored as one vector, not element by element."""
+    from tether.target import Target
+
+    oc, kh, kw = wk
+    x = rng.standard_normal(xs).astype("float32")
+    w = (rng.standard_normal((oc, xs[0], kh, kw)) / np.sqrt(xs[0] * kh * kw)).astype("float32")
+    bias = rng.standard_normal((oc, 1)).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    W = te.placeholder((oc, xs[0] * kh * kw), "float32", name="W")
+    B = te.placeholder(bias.shape, "float32", name="B")
+    pre = ops.add(ops.conv2d_pixels(X, W, (kh, kw), 1, pad, panel=32), B)
+    out_t = ops.multiply(pre, ops.sigmoid(pre))
+    avx512 = Target("x86_64-linux-gnu -mattr=+avx2,+fma,+avx512f")
+    text = tether.build(ops.schedule([out_t], target=avx512), [X, W, B, out_t], target=avx512, name="c").ir_text
+    # element by element, each of a block's 12 x 32 results is a lane extracted and stored; only the one-pixel
+    # partial block of 169 = 14 x 12 + 1 pixels still stores its 32 channels so
+    assert "store <12 x float>" in text and text.count("extractelement <32 x float>") <= (32 if xs[1] == 13 else 0)
+    (out,) = run_ops([(X, x), (W, w.reshape(oc, -1)), (B, bias)], [out_t], schedule=ops.schedule([out_t]))
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad)))
+    oh, ow = xp.shape[1] - kh + 1, xp.shape[2] - kw + 1
+    patches = np.stack([xp[:, i:i + oh, j:j + ow] for i in range(kh) for j in range(kw)], 1)
+    ref = np.einsum("ckhw,ock->ohw", patches, w.reshape(oc, xs[0], kh * kw)).reshape(oc, -1) + bias
+    np.testing.assert_allclose(out, ref / (1 + np.exp(-ref)), rtol=1e-4, atol=1e-4)

@@ -57,6 +57,18 @@ def _never_nan(e: Expr) -> bool:
     return False
 
 
+def linear_coefficient(index: Expr, var: Var) -> Optional[int]:
+    """How far ``index`` moves per step of ``var``: an int, or None when it is not linear in it."""
+    terms, _ = Simplifier({}).linear(index)
+    coef = 0
+    for atom, c in terms.values():
+        if atom is var:
+            coef += c
+        elif uses(atom, var):
+            return None
+    return coef
+
+
 def uses(e: Expr, var: Var) -> bool:
     return any(n is var for n in walk(e))
 
@@ -132,16 +144,7 @@ class ExprEmitter:
     # ---- expressions ----------------------------------------------------------------------------------------
     def lane_stride(self, index: Expr) -> Optional[int]:
         """How far ``index`` moves per lane of the vector loop: an int, or None when it is not linear."""
-        var = self.vec[0]
-        s = Simplifier({})
-        terms, _ = s.linear(index)
-        coef = 0
-        for atom, c in terms.values():
-            if atom is var:
-                coef += c
-            elif uses(atom, var):
-                return None
-        return coef
+        return linear_coefficient(index, self.vec[0])
 
     def ev_at_base(self, e: Expr, unmasked: bool = False) -> ir.Value:
         """``e`` as a scalar, the vector loop variable at its first lane (``unmasked``: with every lane on)."""

@@ -15,15 +15,15 @@ from typing import Any, Callable, Dict, List, Optional
 
 from llvmlite import ir
 
-from tether.codegen import cpu_dispatch, lane_groups, parallel, scratch
-from tether.codegen.expr import ExprEmitter, uses
+from tether.codegen import block_transpose, cpu_dispatch, lane_groups, parallel, scratch
+from tether.codegen.expr import ExprEmitter, linear_coefficient, uses
 from tether.codegen.halfconv import TO_STORAGE
-from tether.codegen.types import (I1, I8, I32, PTR, elem_bytes, half_arithmetic, int_vector, is_vec, mem_type,
+from tether.codegen.types import (F32, I1, I8, I32, PTR, elem_bytes, half_arithmetic, int_vector, is_vec, mem_type,
                                   native_half)
 from tether.errors import CompileError
 from tether.target import has_half_arithmetic
-from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, PrimFunc, SeqStmt, Stmt, Store, Var,
-                        is_float, walk)
+from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, Load, PrimFunc, SeqStmt, Stmt, Store,
+                        Var, is_float, walk)
 from tether.tir.visit import by_class
 
 log = logging.getLogger(__name__)
@@ -270,6 +270,8 @@ class FunctionEmitter(ExprEmitter):
         self.b.position_at_end(end_bb)
 
     def unrolled_body(self, s: For, start: ir.Value) -> None:
+        if self.transposed_stores(s, start):
+            return
         groups = lane_groups.plan(self.ctx.target, s) if self.vec is None and self.mask is None else None
         if groups is not None:
             self.lane_groups.append(groups)
@@ -286,7 +288,50 @@ class FunctionEmitter(ExprEmitter):
             self.env.pop(s.var, None)
             self.unroll_copy.pop(s.var, None)
 
-    def vector_body(self, s: For, start: ir.Value) -> None:
+    def transposed_stores(self, s: For, start: ir.Value) -> bool:
+        """Emit unrolled loop ``s`` over a vectorized store whose lanes lie far apart and whose unrolled copies are
+        adjacent (``out[a + u + S*v]``, S >= the copies: a register block's rows written to NCHW channel rows) as
+        the copies' value vectors, transposed by codegen/block_transpose.py and stored one contiguous column per
+        lane. Lane by lane it was a scalar store per element (12 x 32 for a block), which LLVM's SLP vectorizer
+        then spent a fifth of such a conv's compile time on. False (nothing emitted) where the loop is no such
+        store. AVX-512 only: what the shuffles cost elsewhere is not measured."""
+        v = s.body
+        if not (self.vec is None and self.mask is None and isinstance(v, For) and v.kind == "vectorized"
+                and isinstance(v.min, Const) and isinstance(v.extent, Const) and v.extent.value == v.max_extent
+                and isinstance(v.body, Store) and vectorizable(v.body, v.var)):
+            return False
+        st, rows, cols = v.body, s.max_extent, v.max_extent
+        tgt = self.ctx.target
+        if (st.reduction or st.buffer.dtype != "float32" or st.buffer.scope == "local"
+                or not (tgt.arch == "x86_64" and tgt.vector_lanes(32) >= 16)
+                or not block_transpose.usable(rows, cols) or linear_coefficient(st.index, s.var) != 1):
+            return False
+        stride = linear_coefficient(st.index, v.var)
+        if stride is None or stride < rows or any(isinstance(n, Load) and n.buffer is st.buffer
+                                                  for n in walk(st.value)):
+            return False
+        lo = int(v.min.value)
+        self.ranges[v.var] = (lo, lo + cols - 1)
+        values = []
+        try:
+            for k in range(rows):
+                self.env[s.var] = self.index_add(start, k) if k else start
+                self.unroll_copy[s.var] = k
+                values.append(self.vector_body(v, ir.Constant(I32, lo), lambda: self.splat(self.ev(st.value), cols)))
+            self.env[s.var], self.env[v.var] = start, ir.Constant(I32, lo)
+            first = self.b.gep(self.bufs[st.buffer], [self.ev(st.index)], inbounds=True, source_etype=F32)
+        finally:
+            self.env.pop(s.var, None)
+            self.env.pop(v.var, None)
+            self.unroll_copy.pop(s.var, None)
+        for c, column in enumerate(block_transpose.columns(self.b, values, cols)):
+            ptr = first if c == 0 else self.b.gep(first, [ir.Constant(I32, c * stride)], inbounds=True,
+                                                  source_etype=F32)
+            self.b.store(column, ptr, align=4)
+        return True
+
+    def vector_body(self, s: For, start: ir.Value, body: Optional[Callable[[], Any]] = None) -> Any:
+        """Emit ``s``'s body (or call ``body``, returning what it returns) with ``s``'s variable as the lanes."""
         n = s.max_extent
         saved = (self.vec, self.vec_index)
         self.vec = (s.var, n, start)
@@ -298,7 +343,10 @@ class FunctionEmitter(ExprEmitter):
             self.vec_index = self.b.add(self.splat(start, n), int_vector(I32, range(n)), flags=("nsw",))
         self.env[s.var] = start
         try:
+            if body is not None:
+                return body()
             self.stmt(s.body)
+            return None
         finally:
             self.vec, self.vec_index = saved
             self.env.pop(s.var, None)
