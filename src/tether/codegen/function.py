@@ -196,7 +196,9 @@ class FunctionEmitter(ExprEmitter):
 
     def note_local_store(self, buf: Buffer, index: Expr) -> None:
         """Record whether this store to local ``buf`` writes a whole row vector at a constant offset (a register
-        block's row), keeping row_stores[buf] the common width of all such stores (None: not all are)."""
+        block's row), keeping row_stores[buf] the common width of all such stores (None: not all are). (It
+        evaluates the index at the first lane, as store() then does: integer arithmetic is reused (IntCSE), a
+        register block's index is a constant, and LLVM drops any other repeat.)"""
         width = None
         if self.vec is not None and self.uses_lane(index) and self.lane_stride(index) == 1:
             base = self.ev_at_base(index)
