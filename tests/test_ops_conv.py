@@ -4,26 +4,7 @@ import pytest
 
 from tether import ops, te
 
-
-def _conv_ref(x, w, stride, pad4, dilation, groups):
-    n, c, h, wd = x.shape
-    oc, icg, kh, kw = w.shape
-    sh, sw = stride
-    dh, dw = dilation
-    t, l, b, r = pad4
-    xp = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
-    oh = (h + t + b - (kh - 1) * dh - 1) // sh + 1
-    ow = (wd + l + r - (kw - 1) * dw - 1) // sw + 1
-    out = np.zeros((n, oc, oh, ow), np.float64)
-    ocg = oc // groups
-    for o in range(oc):
-        g = o // ocg
-        for ky in range(kh):
-            for kx in range(kw):
-                patch = xp[:, g * icg:(g + 1) * icg, ky * dh: ky * dh + (oh - 1) * sh + 1: sh,
-                           kx * dw: kx * dw + (ow - 1) * sw + 1: sw]
-                out[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, ky, kx])
-    return out
+from fixtures.conv_ref import conv_ref
 
 
 CONV_CASES = [
@@ -52,7 +33,7 @@ def test_conv2d(run_ops, rng, xs, wk, stride, padding, dilation, groups):
     dl = (dilation, dilation)
     p = padding
     pad4 = (p,) * 4 if isinstance(p, int) else (p[0], p[1], p[0], p[1]) if len(p) == 2 else p
-    np.testing.assert_allclose(out, _conv_ref(x, w, st, pad4, dl, groups), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, conv_ref(x, w, st, pad4, dl, groups), rtol=1e-4, atol=1e-4)
 
 
 PIXEL_CASES = [
@@ -82,7 +63,7 @@ def test_conv2d_pixels_with_epilogue(run_ops, rng, xs, wk, stride, padding, dila
     conv = ops.conv2d_pixels(X, W, (kh, kw), stride, padding, dilation, out_channels=oc if prepacked else None)
     (out,) = run_ops([(X, x), (W, wk_arr), (B, bias)], [ops.relu(ops.add(conv, B))])
     st = stride if isinstance(stride, tuple) else (stride, stride)
-    ref = _conv_ref(x[None], w, st, padding, (dilation, dilation), 1)[0]
+    ref = conv_ref(x[None], w, st, padding, (dilation, dilation), 1)[0]
     ref = np.maximum(ref + bias[:, :, None], 0)
     np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
 
@@ -107,7 +88,7 @@ def test_conv2d_pixels_reads_channels_last(run_ops, rng, xs, wk, stride, padding
     (out,) = run_ops([(X, nhwc), (W, packed)], [conv])
     st = stride if isinstance(stride, tuple) else (stride, stride)
     pad4 = padding if isinstance(padding, tuple) else (padding,) * 4
-    ref = _conv_ref(x[None], w, st, pad4, (dilation, dilation), 1)[0].reshape(oc, -1)
+    ref = conv_ref(x[None], w, st, pad4, (dilation, dilation), 1)[0].reshape(oc, -1)
     np.testing.assert_allclose(out, ref.T if channels_last_out else ref, rtol=1e-4, atol=1e-4)
 
 
@@ -123,7 +104,7 @@ def test_grouped_conv2d_pixels(run_ops, rng):
     W = te.placeholder(packed.shape, "float32", name="W")
     (out,) = run_ops([(X, x), (W, packed)], [ops.conv2d_pixels(X, W, (kh, kw), 1, 1, out_channels=oc,
                                                                   groups=groups)])
-    ref = _conv_ref(x[None], w, (1, 1), (1, 1, 1, 1), (1, 1), groups)[0]
+    ref = conv_ref(x[None], w, (1, 1), (1, 1, 1, 1), (1, 1), groups)[0]
     np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="whole 16-wide panels"):
         ops.conv2d_pixels(X, te.placeholder((1, 27, 16), "float32"), (kh, kw), out_channels=8, groups=2)
@@ -141,7 +122,7 @@ def test_grouped_conv2d_pixels_on_8_wide_panels(run_ops, rng):
     W = te.placeholder(packed.shape, "float32", name="W")
     (out,) = run_ops([(X, x), (W, packed)], [ops.conv2d_pixels(X, W, (1, kw), 1, (0, 4, 0, 4), out_channels=oc,
                                                                   groups=groups)])
-    ref = _conv_ref(x[None], w, (1, 1), (0, 4, 0, 4), (1, 1), groups)[0]
+    ref = conv_ref(x[None], w, (1, 1), (0, 4, 0, 4), (1, 1), groups)[0]
     np.testing.assert_allclose(out, ref.reshape(oc, -1), rtol=1e-4, atol=1e-4)
 
 
@@ -158,7 +139,7 @@ def test_depthwise_conv2d_with_bias_relu6(run_ops, rng, xs, k, stride, padding, 
     plain, fused = run_ops([(X, x), (W, w), (Bs, bias)],
                            [ops.depthwise_conv2d(X, W, stride, padding),
                             ops.relu6(ops.conv2d(X, W, stride, padding, groups=xs[1], bias=Bs))])
-    ref = _conv_ref(x, w, (stride, stride), (padding,) * 4, (1, 1), xs[1])
+    ref = conv_ref(x, w, (stride, stride), (padding,) * 4, (1, 1), xs[1])
     np.testing.assert_allclose(plain, ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(fused, np.clip(ref + bias[None, :, None, None], 0, 6), rtol=1e-4, atol=1e-4)
 
@@ -171,7 +152,7 @@ def test_conv2d_bias(run_ops, rng):
     W = te.placeholder(w.shape, "float32", name="W")
     Bs = te.placeholder(bias.shape, "float32", name="bias")
     (out,) = run_ops([(X, x), (W, w), (Bs, bias)], [ops.relu(ops.conv2d(X, W, padding=1, bias=Bs))])
-    ref = np.maximum(_conv_ref(x, w, (1, 1), (1,) * 4, (1, 1), 1) + bias[None, :, None, None], 0)
+    ref = np.maximum(conv_ref(x, w, (1, 1), (1,) * 4, (1, 1), 1) + bias[None, :, None, None], 0)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -252,8 +233,8 @@ def test_tiny_outputs_and_dilated_pool(run_ops, rng):
     conv, dw, mp, dil = run_ops([(X, x), (W, w), (WD, wd), (XB, xb)],
                                 [ops.conv2d(X, W), ops.conv2d(X, WD, groups=4), ops.max_pool2d(X, 3),
                                  ops.max_pool2d(XB, 2, 1, 1, dilation=2)])
-    np.testing.assert_allclose(conv, _conv_ref(x, w, (1, 1), (0,) * 4, (1, 1), 1), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(dw, _conv_ref(x, wd, (1, 1), (0,) * 4, (1, 1), 4), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(conv, conv_ref(x, w, (1, 1), (0,) * 4, (1, 1), 1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, conv_ref(x, wd, (1, 1), (0,) * 4, (1, 1), 4), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(mp, x.max(axis=(2, 3), keepdims=True), rtol=1e-6)
     ref = _ort_pool("MaxPool", xb, kernel_shape=[2, 2], strides=[1, 1], pads=[1, 1, 1, 1], dilations=[2, 2])
     np.testing.assert_allclose(dil, ref, rtol=1e-6)
