@@ -49,10 +49,10 @@ def _mixed():
 
 
 def _mixed_reference(x, wd, bd, wp, a, wl):
-    from test_ops_conv import _conv_ref
+    from fixtures.conv_ref import conv_ref
     from test_ops_elementwise import ACTIVATIONS
-    dw = _conv_ref(x, wd, (1, 1), (1,) * 4, (1, 1), 6) + bd[None, :, None, None]
-    pw = _conv_ref(x, wp, (1, 1), (0,) * 4, (1, 1), 1)
+    dw = conv_ref(x, wd, (1, 1), (1,) * 4, (1, 1), 6) + bd[None, :, None, None]
+    pw = conv_ref(x, wp, (1, 1), (0,) * 4, (1, 1), 1)
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
     mp = np.stack([np.stack([xp[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max(axis=(2, 3)) for j in range(7)], -1)
                    for i in range(6)], -2)
