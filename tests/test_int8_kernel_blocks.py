@@ -3,13 +3,15 @@ output pixels x 1..4 channel panels (and its fallback when no count from 4 to 8 
 form's pixels padded to two vectors with the requantize fused into each block (a vector tail, and a tail that is
 not a vector, written back one vector at a time), each bit for bit onnxruntime's QLinearConv: odd channel counts,
 strides 2, asymmetric pads, dilation, uint8 and int8 activations."""
+import re
+
 import pytest
 from fixtures.host_cpu import AVX512_TARGET
 from test_int8_kernels import _ops, _qlinearconv
 
 from tether.ops import qconv as qops
 from tether.ops import qschedules
-from tether.ops.schedules import family_of
+from tether.ops.schedules import family_of, schedule
 from tether.target import Target
 
 # name: ((C, O, H, W, kernel, attrs, activations, per_channel, weights), the pixel form's (pixels, panels) on
@@ -62,3 +64,21 @@ def test_matmul_form_pads_pixels_to_two_vectors():
         out = qops.qconv2d(x, wq, bias, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 8, 0)
         (mm,) = [t for t in out.op.input_tensors if t.op.name.endswith("_mm")]
         assert int(mm.shape[-1]) == padded, (npix, mm.shape)
+
+
+@pytest.mark.parametrize("order", ["pixels", "panels"])
+def test_the_pixel_form_takes_the_conv_order_knob(order):
+    """conv_order picks the int8 pixel form's outer loop as it does conv2d_pixels': the pixel blocks (the
+    weights streamed once per block) or the channel panels (the input once per panel)."""
+    import tether
+
+    x = qops.te.placeholder((1, 64, 14, 14), "uint8", name="x")
+    wq = qops.te.placeholder((8, 9 * 16, qops.PANEL), "int32", name="w")
+    bias = qops.te.placeholder((128,), "int32", name="b")
+    out = qops.qconv2d(x, wq, bias, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 128, 0)
+    text = str(tether.lower(schedule([out], target=AVX512_TARGET, config={"conv_order": order}),
+                            [x, wq, bias, out], "q"))
+    loops = re.findall(r"for (\S+) in range\((\d+)\)", text)
+    (block,) = [k for k, (var, _) in enumerate(loops) if var == "rc"][:1]
+    outer = [var for var, _ in loops[:block] if var.startswith(("p.", "o."))]
+    assert outer and outer[0].startswith("p." if order == "pixels" else "o."), text

@@ -22,8 +22,8 @@ from tether.codegen.types import (F32, I1, I8, I32, PTR, elem_bytes, half_arithm
                                   native_half)
 from tether.errors import CompileError
 from tether.target import has_half_arithmetic
-from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, Load, PrimFunc, SeqStmt, Stmt, Store,
-                        Var, is_float, walk)
+from tether.tir import (Allocate, Binary, Buffer, Const, Expr, For, IfThenElse, Load, Prefetch, PrimFunc, SeqStmt,
+                        Stmt, Store, Var, is_float, walk)
 from tether.tir.visit import by_class
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,16 @@ class FunctionEmitter(ExprEmitter):
             self.stmt(s.else_case)
             self.b.branch(end_bb)
         self.b.position_at_end(end_bb)
+
+    def prefetch(self, s: Prefetch) -> None:
+        """llvm.prefetch (read, keep in all levels, data) of the line holding ``buffer[index]``. The address may lie
+        past the buffer (a stream read ahead), so the GEP is not inbounds: a prefetch never faults."""
+        idx = self.ev_at_base(s.index) if self.vec is not None else self.ev(s.index)
+        ptr = self.b.gep(self.bufs[s.buffer], [idx], source_etype=mem_type(s.buffer.dtype))
+        module = self.b.module
+        fn = module.globals.get("llvm.prefetch.p0") or ir.Function(
+            module, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]), "llvm.prefetch.p0")
+        self.b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
     def store(self, s: Store) -> None:
         buf = s.buffer
@@ -469,6 +479,7 @@ def _emit_one(ctx: Any, primfunc: PrimFunc) -> ir.Function:
 _STMT_EMITTERS = {
     SeqStmt: FunctionEmitter.seq,
     Store: FunctionEmitter.store,
+    Prefetch: FunctionEmitter.prefetch,
     For: FunctionEmitter.loop,
     IfThenElse: FunctionEmitter.if_then_else,
     Allocate: FunctionEmitter.allocate,

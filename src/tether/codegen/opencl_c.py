@@ -48,7 +48,7 @@ from tether.tir.dtype import bits, is_float, is_int, is_unsigned
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
 from tether.tir.int8 import dot4_kind
 from tether.tir.simplify import Simplifier
-from tether.tir.stmt import Allocate, For, IfThenElse, SeqStmt, Stmt, Store
+from tether.tir.stmt import Allocate, For, IfThenElse, Prefetch, SeqStmt, Stmt, Store
 from tether.tir.visit import by_class, walk
 
 # dtype -> the C type its values are computed in
@@ -593,6 +593,7 @@ def _barrier(w: _Writer, s: Barrier, pad: str) -> None:
 
 _STMT: Dict[type, Callable[[_Writer, Stmt, str], None]] = {
     SeqStmt: _seq, For: _for, Store: _store, Allocate: _allocate, IfThenElse: _if, Barrier: _barrier,
+    Prefetch: lambda w, s, pad: None,     # (a CPU cache hint)
 }
 
 

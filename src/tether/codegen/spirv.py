@@ -39,7 +39,7 @@ from tether.tir.device import Barrier, DeviceKernel, tag_dim
 from tether.tir.dtype import bits, is_bool, is_float, is_unsigned
 from tether.tir.expr import Binary, Call, Cast, Compare, Const, Expr, Load, Not, Select, Var
 from tether.tir.int8 import DOT4_KINDS
-from tether.tir.stmt import Allocate, For, IfThenElse, SeqStmt, Stmt, Store
+from tether.tir.stmt import Allocate, For, IfThenElse, Prefetch, SeqStmt, Stmt, Store
 from tether.tir.visit import by_class, walk
 
 # scope of a buffer -> the SPIR-V storage class of its memory
@@ -786,4 +786,5 @@ _EXPR_EMITTERS: Dict[type, Callable] = {
 _STMT_EMITTERS: Dict[type, Callable] = {
     SeqStmt: _KernelEmitter.seq, For: _KernelEmitter.loop, IfThenElse: _KernelEmitter.if_then_else,
     Allocate: _KernelEmitter.allocate, Store: _KernelEmitter.store, Barrier: _KernelEmitter.barrier,
+    Prefetch: lambda emitter, s: None,    # (a CPU cache hint)
 }

@@ -112,6 +112,8 @@ def schedule_qconv_pixels(s, t, fam, ctx) -> None:
     x_bytes = numel(t.op.input_tensors[0]) * 4
     # the streamed operand: weights (pixel blocks outermost) or the packed input (panels outermost), as fp32's
     panels_outer = w_bytes > fam.cache_bytes and n_panels * x_bytes < n_blocks * w_bytes
+    if fam.conv_order != "auto":
+        panels_outer = fam.conv_order == "panels"
     outer, inner = (oo, po) if panels_outer else (po, oo)
     # one vector per panel: a vector of 48 lanes (3 panels) legalized into a 27x slower write-back
     oio, oii = so.split(oi, factor=nr)

@@ -27,12 +27,17 @@ from tether.te.schedule import Schedule, Split, Stage
 from tether.te.tensor import PlaceholderOp, Tensor, collect_tensors
 from tether.tir.buffer import Buffer
 from tether.tir.device import Barrier
-from tether.tir.dtype import is_int
+from tether.tir.dtype import bits as dtype_bits, is_int
 from tether.tir.expr import Binary, Compare, Const, Expr, Load, Reduce, TensorLoad, Var
 from tether.tir.simplify import Simplifier, simplify
-from tether.tir.stmt import Allocate, For, IfThenElse, PrimFunc, Stmt, Store, seq
+from tether.tir.stmt import Allocate, For, IfThenElse, Prefetch, PrimFunc, Stmt, Store, seq
 from tether.tir.transform import check_loops, partition_tails
 from tether.tir.visit import rebuild, substitute, uses_var, walk
+
+
+# Stage.prefetch: the cache line it assumes, and the most lines prefetched per read per iteration
+PREFETCH_LINE_BYTES = 64
+PREFETCH_MAX_LINES = 4
 
 
 def _c(v: int) -> Const:
@@ -73,6 +78,7 @@ class Lowering:
         self.buffers: Dict[Tensor, Tuple[Buffer, List[Expr]]] = {}
         self.eff_body: Dict[Stage, Expr] = {}
         self.children: Dict[int, List[Stage]] = {}   # id(attach ivar) -> stages
+        self.prefetch_at: Dict[int, List[Stmt]] = {}  # id(leaf) -> the prefetches opening each of its iterations
 
     # ---------------------------------------------------------------------------------------------------------
     def run(self) -> PrimFunc:
@@ -298,6 +304,9 @@ class Lowering:
         sbuf, sidx = self._address(t, out_idx)
         value = self._to_loads(src_abs)
         value = simplify(value, self.ranges)
+        for leaf, wanted in st.prefetches.items():
+            if leaf in info.leaves:
+                self.prefetch_at[id(leaf)] = self._prefetches(info, leaf, wanted, value)
 
         def attach_stmts(leaf: IterVar) -> List[Tuple[Stmt, Optional[Buffer]]]:
             out = []
@@ -344,6 +353,39 @@ class Lowering:
         if info.gpu:
             return self._make_loops(st, info, leaves, self._guard(store, info.guards), [], attach_stmts, top=True)
         return self._make_loops(st, info, leaves, store, info.guards, attach_stmts, top=True)
+
+    def _prefetches(self, info: _StageInfo, leaf: IterVar, wanted: list, value: Expr) -> List[Stmt]:
+        """The Prefetch statements of Stage.prefetch at ``leaf``: for each read of a wanted tensor in ``value``,
+        ``offset`` iterations on, the lines of what one iteration reads along the innermost loop inside ``leaf``
+        that the read's index uses, at each value of the other such loops (at most PREFETCH_MAX_LINES in all)."""
+        inner = info.leaves[info.leaves.index(leaf) + 1:]
+        out: List[Stmt] = []
+        seen = set()
+        for tensor, offset in wanted:
+            if tensor not in self.buffers:
+                continue
+            buf = self.buffers[tensor][0]
+            per_line = max(1, PREFETCH_LINE_BYTES * 8 // dtype_bits(buf.dtype))
+            for load in walk(value):
+                if not (isinstance(load, Load) and load.buffer is buf) or str(load.index) in seen:
+                    continue
+                seen.add(str(load.index))
+                ahead = substitute(load.index, {leaf: leaf + offset})
+                used = [lv for lv in inner if uses_var(ahead, [lv])]
+                along, others = (used[-1], used[:-1]) if used else (None, [])
+                points: List[Dict] = [{lv: _c(0) for lv in inner}]
+                for lv in others:      # (unrolled loops over panels: one stream each)
+                    points = [{**pt, lv: _c(k)} for pt in points for k in range(info.ext[lv])]
+                for pt in points[:PREFETCH_MAX_LINES]:
+                    first = simplify(substitute(ahead, pt), self.ranges)
+                    lines = 1
+                    if along is not None:
+                        last = simplify(substitute(ahead, {**pt, along: _c(info.ext[along] - 1)}), self.ranges)
+                        span = simplify(last - first, self.ranges)
+                        lines = span.value // per_line + 1 if isinstance(span, Const) and span.value >= 0 else 1
+                    for k in range(min(lines, PREFETCH_MAX_LINES)):
+                        out.append(Prefetch(buf, simplify(first + k * per_line, self.ranges)))
+        return out[:PREFETCH_MAX_LINES]
 
     def _allreduce(self, st: Stage, info: _StageInfo, body: Reduce, value: Expr, sbuf: Buffer, sidx: Expr,
                    outer: List[IterVar], tail: List[IterVar], env: Dict[str, Tuple[Var, int]], attach_fn) -> Stmt:
@@ -479,6 +521,9 @@ class Lowering:
                     ifs.append(g)
                 else:
                     extent = simplify(Binary("min", extent, bound), self.ranges)
+            prefetches = self.prefetch_at.get(id(lv))
+            if prefetches:
+                stmt = seq(*prefetches, stmt)
             if attach_fn is not None:
                 producers = attach_fn(lv)
                 if producers:

@@ -48,6 +48,8 @@ class Stage:
         self.relations: list[Any] = []
         self.iter_kind: dict[IterVar, str] = {}
         self.bound: dict[IterVar, ThreadAxis] = {}    # leaf -> the thread index it is bound to (kind "thread")
+        # leaf -> [(tensor, offset)]: read tensor `offset` iterations of that loop ahead (prefetch)
+        self.prefetches: dict[IterVar, list] = {}
         self.attach_type = "root"          # root | inline | scope
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
@@ -171,6 +173,19 @@ class Stage:
             raise ScheduleError(f"parallel: {iv.name!r} is a reduction axis of stage {self.name!r}; parallel "
                                 "iterations would race on the same output element")
         self._annotate(iv, "parallel")
+
+    def prefetch(self, tensor: Tensor, iv: IterVar, offset: int) -> None:
+        """At the top of every iteration of loop ``iv``, prefetch what this stage reads of ``tensor`` ``offset``
+        iterations later (TVM's Stage.prefetch): the cache lines one iteration's read of it starts at, moved on
+        ``offset`` steps of ``iv``. For a tensor read as a stream, so that its lines arrive before they are needed
+        (a hint: results never change, and reading past the tensor's end is allowed)."""
+        self._need_compute("prefetch")
+        self._leaf_index(iv, "prefetch")
+        if not isinstance(offset, int) or offset < 1:
+            raise ScheduleError(f"prefetch: offset must be a positive number of iterations, got {offset!r}")
+        if tensor.op not in {t.op for t in self.op.input_tensors}:
+            raise ScheduleError(f"prefetch: stage {self.name!r} does not read {tensor.op.name!r}")
+        self.prefetches.setdefault(iv, []).append((tensor, offset))
 
     def bind(self, iv: IterVar, thread_ivar: ThreadAxis) -> None:
         """Run leaf loop ``iv`` as the GPU thread index ``thread_ivar`` (te.thread_axis): one work-group per

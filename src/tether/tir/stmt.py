@@ -71,6 +71,18 @@ class Store(Stmt):
         out.append(f"{pad}{self.buffer.name}[{self.index}] = {self.value}")
 
 
+class Prefetch(Stmt):
+    """A hint that ``buffer[index]`` is read soon: the CPU code generator issues a cache prefetch of its line (never
+    a fault, whatever the address: an index past the buffer's end is allowed), others nothing. Results never
+    depend on it."""
+
+    def __init__(self, buffer: Buffer, index: Expr):
+        self.buffer, self.index = buffer, index
+
+    def _lines(self, pad: str, out: List[str]) -> None:
+        out.append(f"{pad}prefetch {self.buffer.name}[{self.index}]")
+
+
 class Allocate(Stmt):
     _fields = ("body",)
 
