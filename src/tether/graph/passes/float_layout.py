@@ -145,6 +145,18 @@ def _pad(graph: Graph, n: Node) -> bool:
     return n.op == "pad" and len(n.inputs) == 1 and len(n.attrs["pads"]) == 8 and _image(graph, n.inputs[0])
 
 
+def _resize(graph: Graph, n: Node) -> bool:
+    """A resize of an image over its height and width only (an FPN's upsampling)."""
+    return (n.op == "resize" and len(n.outputs) == 1 and _image(graph, n.inputs[0])
+            and all(a["axis"] in (2, 3) for a in n.attrs["axes"]))
+
+
+def _concat(graph: Graph, n: Node) -> bool:
+    """A concatenation of images along their channels."""
+    return (n.op == "concat" and len(n.outputs) == 1 and n.attrs["axis"] in (1, -3)
+            and all(_image(graph, v) for v in n.inputs))
+
+
 def _to_nhwc(graph: Graph, n: Node) -> bool:
     return n.op == "transpose" and list(n.attrs["axes"]) == [0, 2, 3, 1] and _image(graph, n.inputs[0])
 
@@ -164,15 +176,43 @@ def _layouts(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, Lis
         elif _conv(graph, params, n):
             if _feeds_region(graph, params, readers, n.outputs[0]):
                 last.add(n.outputs[0])
-        elif _max_pool(graph, n) or _pad(graph, n):
+        elif _max_pool(graph, n) or _pad(graph, n) or _resize(graph, n):
             if n.inputs[0] in last:
+                last.add(n.outputs[0])
+        elif _concat(graph, n):
+            if any(v in last for v in n.inputs):
                 last.add(n.outputs[0])
         else:
             # (an image operand still NCHW is transposed in: one pass, where the value itself would need two)
             images = _elementwise(graph, params, n)
             if images and any(v in last for v in images):
                 last.add(n.outputs[0])
-    return _vector_regions(graph, params, last)
+    return _unread_moves(graph, params, readers, _vector_regions(graph, params, last))
+
+
+def _unread_moves(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str, List[Node]],
+                  last: Set[str]) -> Set[str]:
+    """`last` without the resizes and concats whose result nothing reads channels last: moved, they would only
+    move the transpose back to NCHW after them (onto a resize's larger output). Only where a channels-last node
+    reads them (an FPN's upsample + concat feeding a depthwise conv: PicoDet's neck) they save a round trip."""
+    def reads_last(r: Node) -> bool:
+        if _to_nhwc(graph, r) or _global_pool(graph, r):
+            return True
+        return bool(r.outputs) and r.outputs[0] in last and not (
+            _conv(graph, params, r) and not _row_conv(graph, params, r))    # (that conv reads NCHW)
+
+    movable = {n.outputs[0]: n for n in graph.nodes
+               if n.outputs and n.outputs[0] in last and (_resize(graph, n) or _concat(graph, n))}
+    changed = True
+    while changed:
+        changed = False
+        for v in list(movable):
+            if v not in graph.outputs and any(reads_last(r) for r in readers.get(v, [])):
+                continue
+            last.discard(v)
+            del movable[v]
+            changed = True
+    return last
 
 
 def _vector_regions(graph: Graph, params: Dict[str, np.ndarray], last: Set[str]) -> Set[str]:
@@ -361,6 +401,14 @@ def float_channels_last(graph: Graph, params: Dict[str, np.ndarray]) -> Tuple[Gr
         elif _max_pool(graph, n):
             attrs = dict(_marks(n), **{k: list(n.attrs[k]) for k in ("kernel", "strides", "pads")})
             nodes.append(Node("max_pool_nhwc", n.name, [read(n.inputs[0], 4)], [vals.new(out, 4)], attrs))
+        elif _resize(graph, n):
+            nhwc_axis = {2: 1, 3: 2}
+            axes = [dict(a, axis=nhwc_axis[a["axis"]]) for a in n.attrs["axes"]]
+            nodes.append(Node("resize", n.name, [read(n.inputs[0], 4)] + list(n.inputs[1:]), [vals.new(out, 4)],
+                              dict(n.attrs, axes=axes, shape=list(_form_type(graph, out, 4).shape))))
+        elif _concat(graph, n):
+            nodes.append(Node("concat", n.name, [read(v, 4) for v in n.inputs], [vals.new(out, 4)],
+                              dict(n.attrs, axis=3)))
         elif _pad(graph, n):
             p8 = list(n.attrs["pads"])
             pads = [p8[i] for i in (0, 2, 3, 1, 4, 6, 7, 5)]
