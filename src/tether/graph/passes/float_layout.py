@@ -24,13 +24,15 @@ depthwise, pointwise project, residual add) run channels last from the first dep
   and computed ``(1, C, 1, 1)`` operands (a squeeze-excite scale) viewed as ``(C,)``;
 - max pools become ``max_pool_nhwc``, pads permute their pads, global average pooling averages over the pixels
   (``(1, C)``, viewed as ``(1, C, 1, 1)``), and a transpose to NHWC of a channels-last value (a TFLite model's
-  output edge) is a view.
+  output edge) is a view;
+- a resize over the height and width and a concat along the channels follow where a channels-last node reads
+  their result (an FPN neck feeding depthwise convs), else they stay NCHW (``_unread_moves``).
 
 A connected region that holds a depthwise conv over channels no 8-lane vector divides stays NCHW
 (``_vector_regions``). A channels-last value is held as ``(H*W, C)`` or ``(1, H, W, C)``, whichever its producer
-writes; the other is a view (a reshape: no kernel, no copy). Every other reader (a graph output, a 3x3 conv, a
-resize...) reads it through one ``transpose`` back to NCHW under the value's original name, so nothing else in the
-graph changes. Float results differ from the NCHW kernels' only in the order of each sum's terms.
+writes; the other is a view (a reshape: no kernel, no copy). Every other reader (a graph output, a 3x3 conv...)
+reads it through one ``transpose`` back to NCHW under the value's original name, so nothing else in the graph
+changes. Float results differ from the NCHW kernels' only in the order of each sum's terms.
 """
 from __future__ import annotations
 
