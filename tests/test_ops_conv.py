@@ -178,6 +178,8 @@ POOL_CASES = [
     ((3, 3), (2, 2), (1, 0, 1, 0), 1),
     ((3, 2), (1, 1), (0, 0, 0, 0), 0),
     ((3, 3), (1, 1), (1, 1, 1, 1), 0),
+    ((3, 3), (2, 2), (0, 0, 0, 0), 0),     # strided, unpadded: the window reads the input's columns strided
+    ((2, 2), (2, 2), (0, 0, 0, 0), 0),
 ]
 
 
@@ -203,6 +205,26 @@ def test_avg_pool(run_ops, rng, kernel, stride, pads, ceil_mode, width):
         ref = _ort_pool("AveragePool", x, kernel_shape=list(kernel), strides=list(stride), pads=list(pads),
                         ceil_mode=ceil_mode, count_include_pad=cip)
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=f"count_include_pad={cip}")
+
+
+@pytest.mark.parametrize("kernel,stride,width", [(3, 2, 111), (3, 2, 113), (2, 2, 56), (3, 3, 50), (5, 5, 61)])
+def test_unpadded_strided_pools_on_wide_rows(run_ops, rng, kernel, stride, width):
+    """A strided pool that needs no padding (squeezenet's 3x3 s2 over 111 columns) reads the input directly, each
+    vector of output columns from one load of the span and a shuffle, not from a column-phase copy of the input
+    (which strides over ops.pooling.STRIDED_READ_MAX keep)."""
+    from tether.ops.pooling import STRIDED_READ_MAX
+
+    x = rng.standard_normal((1, 4, 9, width)).astype("float32")
+    X = te.placeholder(x.shape, "float32", name="X")
+    mx = ops.max_pool2d(X, kernel, stride)
+    av = ops.avg_pool2d(X, kernel, stride)
+    reads = [t.op.name for t in mx.op.input_tensors + av.op.input_tensors[0].op.input_tensors]
+    assert any("phases" in r for r in reads) == (stride > STRIDED_READ_MAX), reads
+    got_max, got_avg = run_ops([(X, x)], [mx, av])
+    np.testing.assert_allclose(got_max, _ort_pool("MaxPool", x, kernel_shape=[kernel] * 2, strides=[stride] * 2),
+                               rtol=1e-6)
+    np.testing.assert_allclose(got_avg, _ort_pool("AveragePool", x, kernel_shape=[kernel] * 2,
+                                                  strides=[stride] * 2), rtol=1e-5, atol=1e-6)
 
 
 def test_global_pools(run_ops, rng):
