@@ -675,10 +675,10 @@ def _schedule_conv_pixels(s, t, fam: Family, ctx):
         so.parallel({"rows": po, "cols": oo}.get(axis, outer))
     accumulate_block_at(s, block, so, inner)
     if fam.prefetch_ahead and w_bytes > fam.cache_bytes:
-        prefetch_weights(s[block], t, fam.prefetch_ahead)
+        _prefetch_weights(s[block], t, fam.prefetch_ahead)
 
 
-def prefetch_weights(sb, t, ahead: int) -> None:
+def _prefetch_weights(sb, t, ahead: int) -> None:
     """Prefetch the packed weight panels of conv ``t`` (3-D, ``attrs["panel"]`` wide, read in order by the block
     ``sb``'s reduction) ``ahead`` bytes on, at the innermost reduction loop of more than one step. The first pixel
     block to read a panel streams it from memory at ~10 bytes per cycle, more than one core's share of memory

@@ -374,8 +374,9 @@ class Lowering:
                 used = [lv for lv in inner if uses_var(ahead, [lv])]
                 along, others = (used[-1], used[:-1]) if used else (None, [])
                 points: List[Dict] = [{lv: _c(0) for lv in inner}]
-                for lv in others:      # (unrolled loops over panels: one stream each)
-                    points = [{**pt, lv: _c(k)} for pt in points for k in range(info.ext[lv])]
+                for lv in others:      # (unrolled loops over panels: one stream each; never more than kept)
+                    points = [{**pt, lv: _c(k)} for pt in points
+                              for k in range(min(info.ext[lv], PREFETCH_MAX_LINES))][:PREFETCH_MAX_LINES]
                 for pt in points[:PREFETCH_MAX_LINES]:
                     first = simplify(substitute(ahead, pt), self.ranges)
                     lines = 1
