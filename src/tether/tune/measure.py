@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import fnmatch
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -107,8 +108,16 @@ class Builder:
         self._seq = itertools.count()
         self._pool = cf.ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"),
                                             initializer=_exit_with_parent, initargs=(os.getpid(),))
-        # fork every worker now, while this process has no other threads
-        list(self._pool.map(_ready, range(self.jobs), timeout=60))
+        # fork every worker now, while this process has no other threads. The workers inherit this process's
+        # objects frozen (gc.freeze): a worker's collector once freed the parent's garbage there, an onnxruntime
+        # session whose destructor waited forever on its thread pool's condition variable (threads the fork did
+        # not copy), and the pool never started (seen in the full test suite, after 4,000 tests)
+        gc.collect()
+        gc.freeze()
+        try:
+            list(self._pool.map(_ready, range(self.jobs), timeout=60))
+        finally:
+            gc.unfreeze()
 
     def submit(self, cand: Candidate, done: Callable[[Candidate, Optional[str]], None]) -> None:
         """Build `cand` in a worker; then `done(cand, error)` (in a pool thread) with cand.path set on success."""
