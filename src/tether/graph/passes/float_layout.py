@@ -203,7 +203,7 @@ def _unread_moves(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str
         return bool(r.outputs) and r.outputs[0] in last and not (
             _conv(graph, params, r) and not _row_conv(graph, params, r))    # (that conv reads NCHW)
 
-    movable = {n.outputs[0]: n for n in graph.nodes
+    movable = {n.outputs[0] for n in graph.nodes
                if n.outputs and n.outputs[0] in last and (_resize(graph, n) or _concat(graph, n))}
     changed = True
     while changed:
@@ -212,7 +212,7 @@ def _unread_moves(graph: Graph, params: Dict[str, np.ndarray], readers: Dict[str
             if v not in graph.outputs and any(reads_last(r) for r in readers.get(v, [])):
                 continue
             last.discard(v)
-            del movable[v]
+            movable.discard(v)
             changed = True
     return last
 
